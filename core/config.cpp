@@ -1,0 +1,947 @@
+// The YAML config loader: reads configs, machine files and the built-in machine presets (embedded at
+// build time from configs/machines/ by scripts/embed_presets.py) into RunConfig / MachineSpec, applies
+// `--set a.b=value` overrides, and validates every key, reporting file:line:column with a hint.
+// The schema is documented in docs/config.md; keep the two in step.
+#include "core/config.hpp"
+
+#include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <string_view>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "core/packing.hpp"
+#include "core/units.hpp"
+
+namespace harmony::core {
+
+namespace {
+
+struct EmbeddedPreset {
+  std::string_view name;
+  std::string_view yaml;
+};
+
+constexpr EmbeddedPreset kEmbeddedPresets[] = {
+#include "machine_presets.inc"
+};
+
+// ------------------------------------------------------------------------------------------------
+// A YAML tree that remembers where each node came from (yaml-cpp nodes cannot be re-located after
+// overrides are grafted in, and their marks are 0-based).
+
+struct Entry;
+
+struct Node {
+  enum class Kind { Null, Scalar, Seq, Map };
+  Kind kind = Kind::Null;
+  std::string scalar;
+  std::vector<Node> items;     // Seq
+  std::vector<Entry> entries;  // Map, in file order
+  SourceLoc loc;
+};
+
+struct Entry {
+  std::string key;
+  SourceLoc key_loc;
+  Node value;
+};
+
+// Aliases are expanded when copying, so a few lines of anchors could otherwise blow up.
+constexpr std::size_t kMaxNodes = 100'000;
+// The machine of a config without `machine:`.
+constexpr std::string_view kDefaultPreset = "paper-1080ti";
+// Machine files may name a base (preset or file); this bounds `file:` chains and cycles.
+constexpr int kMaxMachineDepth = 8;
+
+constexpr const char* kYamlHint =
+    "check the indentation (spaces, not tabs), that each `key: value` has a space after the colon, and that "
+    "brackets and quotes are closed; flow lists look like [a, b]";
+
+SourceLoc loc_from_mark(const YAML::Mark& mark, const std::string& file) {
+  if (mark.line < 0 || mark.column < 0) return SourceLoc{file, 0, 0};
+  return SourceLoc{file, mark.line + 1, mark.column + 1};
+}
+
+class TreeBuilder {
+ public:
+  // With `fixed`, every node gets that location (override values); otherwise the yaml-cpp mark.
+  TreeBuilder(std::string file, std::optional<SourceLoc> fixed) : file_(std::move(file)), fixed_(std::move(fixed)) {}
+
+  Node build(const YAML::Node& y, const SourceLoc& fallback) {
+    if (++count_ > kMaxNodes)
+      throw ConfigError(fallback, fmt::format("the YAML expands to more than {} nodes", kMaxNodes),
+                        "a config has a few dozen keys; check for runaway anchors and aliases");
+    Node n;
+    n.loc = located(y.Mark(), fallback);
+    switch (y.Type()) {
+      case YAML::NodeType::Undefined:
+      case YAML::NodeType::Null:
+        n.kind = Node::Kind::Null;
+        break;
+      case YAML::NodeType::Scalar:
+        n.kind = Node::Kind::Scalar;
+        n.scalar = y.Scalar();
+        break;
+      case YAML::NodeType::Sequence:
+        n.kind = Node::Kind::Seq;
+        for (const auto& item : y) n.items.push_back(build(item, n.loc));
+        break;
+      case YAML::NodeType::Map:
+        n.kind = Node::Kind::Map;
+        for (auto it = y.begin(); it != y.end(); ++it) {
+          const SourceLoc key_loc = located(it->first.Mark(), n.loc);
+          if (!it->first.IsScalar())
+            throw ConfigError(key_loc, "a key must be a plain name, not a list or mapping",
+                              "write keys as `name: value`");
+          Entry e{it->first.Scalar(), key_loc, {}};
+          for (const Entry& other : n.entries) {
+            if (other.key == e.key)
+              throw ConfigError(key_loc, fmt::format("duplicate key '{}'", e.key),
+                                fmt::format("'{}' is already given at {}; keep one", e.key, other.key_loc.str()));
+          }
+          e.value = build(it->second, key_loc);
+          n.entries.push_back(std::move(e));
+        }
+        break;
+    }
+    return n;
+  }
+
+ private:
+  SourceLoc located(const YAML::Mark& mark, const SourceLoc& fallback) const {
+    if (fixed_) return *fixed_;
+    if (mark.line < 0 || mark.column < 0) return fallback;
+    return SourceLoc{file_, mark.line + 1, mark.column + 1};
+  }
+
+  std::string file_;
+  std::optional<SourceLoc> fixed_;
+  std::size_t count_ = 0;
+};
+
+// Parses YAML text into a located tree. `fixed` pins every location (used for --set values).
+Node parse_yaml(const std::string& text, const std::string& file, const std::optional<SourceLoc>& fixed = {},
+                const std::string& what = "malformed YAML") {
+  YAML::Node y;
+  try {
+    y = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    throw ConfigError(fixed ? *fixed : loc_from_mark(e.mark, file), fmt::format("{}: nested too deeply", what),
+                      "a config nests a few levels; check for runaway brackets");
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fixed ? *fixed : loc_from_mark(e.mark, file), fmt::format("{}: {}", what, e.msg), kYamlHint);
+  }
+  try {
+    return TreeBuilder(file, fixed).build(y, fixed ? *fixed : SourceLoc{file, 0, 0});
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fixed ? *fixed : loc_from_mark(e.mark, file), fmt::format("{}: {}", what, e.msg), kYamlHint);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Small helpers
+
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ") {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
+std::string join_ints(const std::vector<int>& items) {
+  std::vector<std::string> s;
+  s.reserve(items.size());
+  for (int v : items) s.push_back(std::to_string(v));
+  return join(s);
+}
+
+std::string describe(const Node& n) {
+  switch (n.kind) {
+    case Node::Kind::Null:
+      return "nothing";
+    case Node::Kind::Scalar:
+      return fmt::format("'{}'", n.scalar);
+    case Node::Kind::Seq:
+      return "a list";
+    case Node::Kind::Map:
+      return "a mapping";
+  }
+  return "?";
+}
+
+std::string qualify(const std::string& section, std::string_view key) {
+  return section.empty() ? std::string(key) : section + "." + std::string(key);
+}
+
+std::string suggestion_hint(const std::string& word, const std::vector<std::string>& valid, std::string_view what) {
+  const std::string best = closest_match(word, valid);
+  std::string hint = best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best);
+  return hint + fmt::format("{}: {}", what, join(valid));
+}
+
+[[noreturn]] void fail(const SourceLoc& loc, const std::string& message, const std::string& hint = {}) {
+  throw ConfigError(loc, message, hint);
+}
+
+void check_keys(const Node& map, const std::string& section, const std::vector<std::string>& valid) {
+  for (const Entry& e : map.entries) {
+    if (std::find(valid.begin(), valid.end(), e.key) != valid.end()) continue;
+    const std::string message = section.empty() ? fmt::format("unknown top-level key '{}'", e.key)
+                                                : fmt::format("unknown key '{}' in {}", e.key, section);
+    fail(e.key_loc, message, suggestion_hint(e.key, valid, "valid keys"));
+  }
+}
+
+// The entry for `key` when present with a non-null value; null values count as absent (`key: ~`).
+const Entry* find(const Node& map, std::string_view key) {
+  for (const Entry& e : map.entries) {
+    if (e.key == key) return e.value.kind == Node::Kind::Null ? nullptr : &e;
+  }
+  return nullptr;
+}
+
+const Entry* find_any(const Node& map, std::string_view key) {
+  for (const Entry& e : map.entries) {
+    if (e.key == key) return &e;
+  }
+  return nullptr;
+}
+
+// A required key: missing -> error at the section's key; present but empty -> error at the key.
+const Entry& require(const Node& map, std::string_view key, const std::string& section, const SourceLoc& section_loc,
+                     const std::string& hint) {
+  if (const Entry* e = find(map, key)) return *e;
+  const std::string name = qualify(section, key);
+  if (const Entry* empty = find_any(map, key)) fail(empty->key_loc, fmt::format("{} has no value", name), hint);
+  fail(section_loc, fmt::format("missing required field {}", name), hint);
+}
+
+// A section that must be a mapping when given; nullptr when absent or null.
+const Node* section_map(const Node& root, std::string_view key) {
+  const Entry* e = find(root, key);
+  if (!e) return nullptr;
+  if (e->value.kind != Node::Kind::Map)
+    fail(e->value.loc, fmt::format("{} must be a mapping of keys, got {}", key, describe(e->value)),
+         fmt::format("write `{}:` followed by indented `key: value` lines, or {}: {{key: value}}", key, key));
+  return &e->value;
+}
+
+const std::string& expect_scalar(const Node& v, const std::string& what, std::string_view expected,
+                                 const std::string& hint = {}) {
+  if (v.kind != Node::Kind::Scalar)
+    fail(v.loc, fmt::format("{} must be {}, got {}", what, expected, describe(v)), hint);
+  return v.scalar;
+}
+
+std::string get_string(const Node& v, const std::string& what) {
+  const std::string& s = expect_scalar(v, what, "a string");
+  if (s.empty()) fail(v.loc, fmt::format("{} must not be empty", what));
+  return s;
+}
+
+int get_int(const Node& v, const std::string& what, int min) {
+  const std::string hint = fmt::format("write a whole number of at least {}", min);
+  const std::string& s = expect_scalar(v, what, "an integer", hint);
+  long long value = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ptr != s.data() + s.size() || s.empty() || (ec != std::errc() && ec != std::errc::result_out_of_range))
+    fail(v.loc, fmt::format("{} must be an integer, got '{}'", what, s), hint);
+  if (ec == std::errc::result_out_of_range || value > std::numeric_limits<int>::max() ||
+      value < std::numeric_limits<int>::min())
+    fail(v.loc, fmt::format("{} = {} is out of range", what, s), hint);
+  if (value < min) fail(v.loc, fmt::format("{} must be at least {}, got {}", what, min, value), hint);
+  return static_cast<int>(value);
+}
+
+bool get_bool(const Node& v, const std::string& what) {
+  const std::string hint = "write true or false";
+  const std::string& s = expect_scalar(v, what, "true or false", hint);
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  fail(v.loc, fmt::format("{} must be true or false, got '{}'", what, s), hint);
+}
+
+double get_positive_double(const Node& v, const std::string& what) {
+  const std::string hint = "write a positive number, e.g. 1.0 or 0.9";
+  const std::string& s = expect_scalar(v, what, "a number", hint);
+  double value = 0.0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(value))
+    fail(v.loc, fmt::format("{} must be a number, got '{}'", what, s), hint);
+  if (!(value > 0.0)) fail(v.loc, fmt::format("{} must be positive, got {}", what, s), hint);
+  return value;
+}
+
+bool starts_negative(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t");
+  return first != std::string::npos && s[first] == '-';
+}
+
+constexpr const char* kSizeHint =
+    "write a size like 10GiB, 512 MiB, 11GB or a byte count like 10737418240 (binary KiB/MiB/GiB/TiB, decimal "
+    "KB/MB/GB/TB; units are case-sensitive)";
+constexpr const char* kBandwidthHint =
+    "write a bandwidth like 11.5GiB/s, 16 GB/s, 500MiB/s or a plain number of bytes per second like 12348030976 "
+    "(units are case-sensitive)";
+constexpr const char* kDurationHint =
+    "write a duration like 40ms, 0.04s, 250us, 10ns or a plain number of seconds like 0.04";
+
+Bytes get_bytes(const Node& v, const std::string& what) {
+  const std::string& s = expect_scalar(v, what, "a size", kSizeHint);
+  if (starts_negative(s)) fail(v.loc, fmt::format("{} must be a positive size, got '{}'", what, s), kSizeHint);
+  const auto bytes = parse_bytes(s);
+  if (!bytes) fail(v.loc, fmt::format("{}: '{}' is not a valid size", what, s), kSizeHint);
+  if (*bytes <= 0) fail(v.loc, fmt::format("{} must be a positive size, got '{}'", what, s), kSizeHint);
+  return *bytes;
+}
+
+double get_bandwidth(const Node& v, const std::string& what) {
+  const std::string& s = expect_scalar(v, what, "a bandwidth", kBandwidthHint);
+  if (starts_negative(s))
+    fail(v.loc, fmt::format("{} must be a positive bandwidth, got '{}'", what, s), kBandwidthHint);
+  const auto bw = parse_bandwidth(s);
+  if (bw) return *bw;
+  if (const auto as_size = parse_bytes(s); as_size && *as_size > 0)
+    fail(v.loc, fmt::format("{}: '{}' is a size, not a bandwidth", what, s),
+         fmt::format("did you mean '{}/s'? {}", s, kBandwidthHint));
+  fail(v.loc, fmt::format("{}: '{}' is not a valid positive bandwidth", what, s), kBandwidthHint);
+}
+
+double get_duration(const Node& v, const std::string& what) {
+  const std::string& s = expect_scalar(v, what, "a duration", kDurationHint);
+  if (starts_negative(s)) fail(v.loc, fmt::format("{} must not be negative, got '{}'", what, s), kDurationHint);
+  const auto d = parse_duration_s(s);
+  if (!d) fail(v.loc, fmt::format("{}: '{}' is not a valid duration", what, s), kDurationHint);
+  return *d;
+}
+
+// A list value; a single scalar counts as a one-element list (handy for --set search.u_fwd=8).
+std::vector<const Node*> get_list(const Node& v, const std::string& what, std::string_view example) {
+  std::vector<const Node*> out;
+  if (v.kind == Node::Kind::Scalar) {
+    out.push_back(&v);
+  } else if (v.kind == Node::Kind::Seq) {
+    for (const Node& item : v.items) out.push_back(&item);
+  } else if (v.kind != Node::Kind::Null) {
+    fail(v.loc, fmt::format("{} must be a list, got {}", what, describe(v)), fmt::format("e.g. {}", example));
+  }
+  return out;
+}
+
+std::string resolve_path(const std::string& base_dir, const std::string& path) {
+  const std::filesystem::path p(path);
+  if (p.is_absolute() || base_dir.empty()) return p.lexically_normal().string();
+  return (std::filesystem::path(base_dir) / p).lexically_normal().string();
+}
+
+std::string parent_dir(const std::string& file) { return std::filesystem::path(file).parent_path().string(); }
+
+std::optional<std::string> read_text_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return std::nullopt;
+  return text.str();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Machines
+
+const std::vector<std::string> kMachineSpecKeys = {"name",    "gpu",    "gpus",   "gpu_memory", "memory_cap_scale",
+                                                   "bw_swap", "bw_p2p", "bw_msg", "time_del"};
+
+std::vector<std::string> machine_keys_with_base() {
+  std::vector<std::string> keys = {"preset", "file"};
+  keys.insert(keys.end(), kMachineSpecKeys.begin(), kMachineSpecKeys.end());
+  return keys;
+}
+
+const EmbeddedPreset* find_preset(std::string_view name) {
+  for (const EmbeddedPreset& p : kEmbeddedPresets) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+bool looks_like_path(const std::string& s) {
+  const auto ends_with = [&](std::string_view suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return s.find('/') != std::string::npos || s.find('\\') != std::string::npos || ends_with(".yaml") ||
+         ends_with(".yml");
+}
+
+[[noreturn]] void fail_unknown_preset(const std::string& name, const SourceLoc& loc) {
+  const std::vector<std::string> names = machine_preset_names();
+  const std::string best = closest_match(name, names);
+  std::string hint = best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best);
+  hint += fmt::format("built-in presets: {}; or give the path of a machine YAML file", join(names));
+  fail(loc, fmt::format("unknown machine preset '{}'", name), hint);
+}
+
+MachineSpec machine_from_preset(const std::string& name, const SourceLoc& loc, int depth);
+MachineSpec machine_from_file(const std::string& path, const SourceLoc& ref_loc, int depth);
+
+// A machine named by a string: a preset name, else a path (relative to `base_dir`).
+MachineSpec machine_from_reference(const std::string& ref, const SourceLoc& loc, const std::string& base_dir,
+                                   int depth) {
+  if (find_preset(ref)) return machine_from_preset(ref, loc, depth);
+  const std::string path = resolve_path(base_dir, ref);
+  std::error_code ec;
+  if (looks_like_path(ref) || std::filesystem::is_regular_file(path, ec)) return machine_from_file(path, loc, depth);
+  fail_unknown_preset(ref, loc);
+}
+
+// A machine mapping: an optional base (`preset: NAME` or `file: PATH`) whose values the other keys override.
+// Without a base it describes a machine from scratch: gpus and gpu_memory are required, the rest default to
+// the paper's scheduler constants (MachineSpec's defaults).
+MachineSpec machine_from_map(const Node& map, const std::string& section, const SourceLoc& owner_loc,
+                             const std::string& base_dir, const std::string& default_name, int depth) {
+  if (depth > kMaxMachineDepth)
+    fail(owner_loc, fmt::format("machine files nest more than {} levels deep", kMaxMachineDepth),
+         "check for a cycle of `file:` references");
+  check_keys(map, section, machine_keys_with_base());
+  const Entry* preset = find(map, "preset");
+  const Entry* file = find(map, "file");
+  MachineSpec m;
+  if (preset && file)
+    fail(file->key_loc, fmt::format("{} and {} are both given", qualify(section, "preset"), qualify(section, "file")),
+         "give at most one base machine: `preset: NAME` or `file: PATH`, then override single keys");
+  if (preset) {
+    const std::string name = get_string(preset->value, qualify(section, "preset"));
+    if (!find_preset(name)) fail_unknown_preset(name, preset->value.loc);
+    m = machine_from_preset(name, preset->value.loc, depth + 1);
+  } else if (file) {
+    const std::string path = resolve_path(base_dir, get_string(file->value, qualify(section, "file")));
+    m = machine_from_file(path, file->value.loc, depth + 1);
+  } else {
+    const std::string hint =
+        "a machine without `preset:` or `file:` must give gpus and gpu_memory, e.g. {gpus: 8, gpu_memory: 10GiB}; "
+        "or start from a preset: {preset: paper-1080ti}";
+    require(map, "gpus", section, owner_loc, hint);
+    require(map, "gpu_memory", section, owner_loc, hint);
+    m.name = default_name;
+  }
+  if (const Entry* e = find(map, "name")) m.name = get_string(e->value, qualify(section, "name"));
+  if (const Entry* e = find(map, "gpu")) m.gpu_name = get_string(e->value, qualify(section, "gpu"));
+  if (const Entry* e = find(map, "gpus")) m.gpus = get_int(e->value, qualify(section, "gpus"), 1);
+  if (const Entry* e = find(map, "gpu_memory"))
+    m.gpu_memory_bytes = get_bytes(e->value, qualify(section, "gpu_memory"));
+  if (const Entry* e = find(map, "memory_cap_scale"))
+    m.memory_cap_scale = get_positive_double(e->value, qualify(section, "memory_cap_scale"));
+  if (const Entry* e = find(map, "bw_swap"))
+    m.bw_swap_bytes_per_s = get_bandwidth(e->value, qualify(section, "bw_swap"));
+  if (const Entry* e = find(map, "bw_p2p")) m.bw_p2p_bytes_per_s = get_bandwidth(e->value, qualify(section, "bw_p2p"));
+  if (const Entry* e = find(map, "bw_msg")) m.bw_msg_bytes_per_s = get_bandwidth(e->value, qualify(section, "bw_msg"));
+  if (const Entry* e = find(map, "time_del")) m.time_del_s = get_duration(e->value, qualify(section, "time_del"));
+  return m;
+}
+
+// The top of a machine document: a mapping (null means "empty file").
+MachineSpec machine_from_document(const Node& root, const std::string& file, const std::string& default_name,
+                                  int depth) {
+  if (root.kind == Node::Kind::Null)
+    fail(SourceLoc{file, 0, 0}, "the machine file is empty",
+         "a machine file maps keys to values, e.g. gpus: 8 and gpu_memory: 10GiB (see docs/config.md)");
+  if (root.kind != Node::Kind::Map)
+    fail(root.loc, fmt::format("a machine file must be a mapping of keys, got {}", describe(root)),
+         "e.g. gpus: 8 and gpu_memory: 10GiB on separate lines (see docs/config.md)");
+  return machine_from_map(root, "", SourceLoc{file, 0, 0}, parent_dir(file), default_name, depth);
+}
+
+MachineSpec machine_from_preset(const std::string& name, const SourceLoc& loc, int depth) {
+  const EmbeddedPreset* preset = find_preset(name);
+  if (!preset) fail_unknown_preset(name, loc);
+  const std::string file = fmt::format("preset {}", name);
+  MachineSpec m = machine_from_document(parse_yaml(std::string(preset->yaml), file), file, name, depth);
+  m.name = name;
+  return m;
+}
+
+MachineSpec machine_from_file(const std::string& path, const SourceLoc& ref_loc, int depth) {
+  const auto text = read_text_file(path);
+  if (!text)
+    fail(ref_loc, fmt::format("cannot read machine file '{}'", path),
+         fmt::format("paths are relative to the folder of the file that names them; built-in presets: {}",
+                     join(machine_preset_names())));
+  return machine_from_document(parse_yaml(*text, path), path, std::filesystem::path(path).stem().string(), depth);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Overrides: "a.b.c=value", the value parsed as YAML (flow style allowed).
+
+SourceLoc override_loc(const std::string& text) { return SourceLoc{"--set " + text, 0, 0}; }
+
+constexpr const char* kOverrideHint =
+    "write --set section.key=value, e.g. --set plan.gpus=4, --set machine.gpu_memory=8GiB or "
+    "--set search.packing_fwd=[balanced_time, reuse]";
+
+void apply_override(Node& root, const std::string& text) {
+  const SourceLoc loc = override_loc(text);
+  const auto eq = text.find('=');
+  if (eq == std::string::npos) fail(loc, fmt::format("override '{}' has no '='", text), kOverrideHint);
+  std::string path_text = text.substr(0, eq);
+  path_text.erase(0, path_text.find_first_not_of(" \t"));
+  path_text.erase(path_text.find_last_not_of(" \t") + 1);
+  std::vector<std::string> path;
+  for (std::size_t start = 0;;) {
+    const auto dot = path_text.find('.', start);
+    path.push_back(path_text.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  for (const std::string& part : path) {
+    if (part.empty())
+      fail(loc, fmt::format("override path '{}' has an empty part", path_text),
+           "write dotted key names, e.g. plan.gpus or machine.gpu_memory");
+  }
+  Node value = parse_yaml(text.substr(eq + 1), loc.file, loc, fmt::format("malformed value in override '{}'", text));
+
+  if (root.kind == Node::Kind::Null) {
+    root.kind = Node::Kind::Map;
+    root.loc = loc;
+  }
+  if (root.kind != Node::Kind::Map)
+    fail(loc, fmt::format("cannot apply override '{}': the config is not a mapping", text), kOverrideHint);
+  Node* cur = &root;
+  std::string walked;
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    Entry* entry = nullptr;
+    for (Entry& e : cur->entries) {
+      if (e.key == path[i]) entry = &e;
+    }
+    if (!entry) {
+      cur->entries.push_back(Entry{path[i], loc, Node{}});
+      entry = &cur->entries.back();
+      entry->value.loc = loc;
+    }
+    walked = qualify(walked, path[i]);
+    if (i + 1 == path.size()) {
+      entry->value = std::move(value);
+      return;
+    }
+    Node& next = entry->value;
+    if (next.kind == Node::Kind::Null) {
+      next.kind = Node::Kind::Map;
+      next.loc = loc;
+      // A config without `machine:` runs on the default preset; overriding one key keeps that base.
+      if (i == 0 && path[0] == "machine" && path[1] != "preset" && path[1] != "file") {
+        Node preset;
+        preset.kind = Node::Kind::Scalar;
+        preset.scalar = std::string(kDefaultPreset);
+        preset.loc = loc;
+        next.entries.push_back(Entry{"preset", loc, std::move(preset)});
+      }
+    } else if (next.kind == Node::Kind::Scalar && i == 0 && path[0] == "machine") {
+      // `machine: NAME` becomes {preset: NAME} (or {file: PATH}) so single keys can be overridden.
+      Node base = next;
+      next = Node{};
+      next.kind = Node::Kind::Map;
+      next.loc = base.loc;
+      const std::string key = find_preset(base.scalar) ? "preset" : "file";
+      next.entries.push_back(Entry{key, base.loc, std::move(base)});
+    }
+    if (next.kind != Node::Kind::Map)
+      fail(loc, fmt::format("cannot apply override '{}': {} is {}, not a mapping", text, walked, describe(next)),
+           kOverrideHint);
+    cur = &next;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Config sections
+
+const std::vector<std::string> kTopKeys = {"model", "machine", "cost_model", "plan", "options", "search"};
+const std::vector<std::string> kModelKeys = {"profile"};
+const std::vector<std::string> kPlanKeys = {"mode",  "gpus",      "minibatch", "u_fwd",
+                                            "u_bwd", "pack_size", "packs_fwd", "packs_bwd"};
+const std::vector<std::string> kOptionKeys = {"prefetch", "unequal_microbatches"};
+const std::vector<std::string> kSearchKeys = {"packing_fwd", "packing_bwd", "top_k", "ubatch_step", "smaller_ufwd",
+                                              "fit_rule",    "u_fwd",       "u_bwd", "threads"};
+const std::vector<std::string> kModeNames = {"harmony-pp", "harmony-dp", "vPP", "vDP"};
+
+// Where plan values were written, for the checks that combine sections.
+struct PlanLocs {
+  SourceLoc gpus, minibatch, u_fwd, u_bwd;
+};
+
+struct SearchLocs {
+  std::vector<SourceLoc> u_fwd, u_bwd;
+};
+
+Mode parse_mode(const Node& v) {
+  const std::string hint_tail = "modes: harmony-pp, harmony-dp (the paper's aliases vPP, vDP)";
+  const std::string& s = expect_scalar(v, "plan.mode", "a mode name", hint_tail);
+  if (s == "harmony-pp" || s == "vPP") return Mode::HarmonyPP;
+  if (s == "harmony-dp" || s == "vDP") return Mode::HarmonyDP;
+  const std::string best = closest_match(s, kModeNames);
+  fail(v.loc, fmt::format("unknown plan.mode '{}'", s),
+       (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + hint_tail);
+}
+
+constexpr const char* kPacksHint =
+    "packs are inclusive [first, last] layer ranges, contiguous and ascending from layer 0, e.g. "
+    "packs_bwd: [[0, 6], [7, 13], [14, 27]]";
+
+Packs parse_packs(const Node& v, const std::string& what, bool allow_empty) {
+  if (v.kind != Node::Kind::Seq)
+    fail(v.loc, fmt::format("{} must be a list of packs, got {}", what, describe(v)), kPacksHint);
+  if (v.items.empty() && !allow_empty) fail(v.loc, fmt::format("{} must list at least one pack", what), kPacksHint);
+  Packs packs;
+  for (std::size_t i = 0; i < v.items.size(); ++i) {
+    const Node& item = v.items[i];
+    const std::string name = fmt::format("{}[{}]", what, i);
+    if (item.kind != Node::Kind::Seq || item.items.empty() || item.items.size() > 2)
+      fail(item.loc, fmt::format("{} must be [first, last] (an inclusive layer range), got {}", name, describe(item)),
+           kPacksHint);
+    LayerRange r;
+    r.first = get_int(item.items.front(), name + " first layer", 0);
+    r.last = get_int(item.items.back(), name + " last layer", 0);
+    if (r.first > r.last)
+      fail(item.loc, fmt::format("{} = [{}, {}] is reversed", name, r.first, r.last),
+           "write [first, last] with first <= last");
+    const int expected = packs.empty() ? 0 : packs.back().last + 1;
+    if (r.first != expected) {
+      const std::string what_wrong =
+          r.first > expected ? (r.first - 1 == expected ? fmt::format("skips layer {}", expected)
+                                                        : fmt::format("skips layers {}..{}", expected, r.first - 1))
+                             : fmt::format("overlaps the previous pack at layer {}", r.first);
+      fail(item.loc,
+           fmt::format("{} = [{}, {}] {}: packs must be contiguous and ascending, so it must start at layer {}", name,
+                       r.first, r.last, what_wrong, expected),
+           kPacksHint);
+    }
+    packs.push_back(r);
+  }
+  return packs;
+}
+
+PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& locs) {
+  check_keys(map, "plan", kPlanKeys);
+  PlanSpec plan;
+  plan.loc = plan_key_loc;
+  const Entry& mode = require(map, "mode", "plan", plan_key_loc, "add `mode: harmony-pp` (or harmony-dp) under plan:");
+  plan.mode = parse_mode(mode.value);
+  const Entry& gpus = require(map, "gpus", "plan", plan_key_loc, "add `gpus: N` (GPUs the plan uses) under plan:");
+  plan.gpus = get_int(gpus.value, "plan.gpus", 1);
+  locs.gpus = gpus.value.loc;
+  const Entry& minibatch =
+      require(map, "minibatch", "plan", plan_key_loc, "add `minibatch: D` (samples per iteration) under plan:");
+  plan.minibatch = get_int(minibatch.value, "plan.minibatch", 1);
+  locs.minibatch = minibatch.value.loc;
+
+  const Entry* u_fwd = find(map, "u_fwd");
+  const Entry* u_bwd = find(map, "u_bwd");
+  if (u_fwd && !u_bwd)
+    fail(u_fwd->key_loc, "plan.u_fwd is given without plan.u_bwd",
+         "give both microbatch sizes (e.g. u_fwd: 8 and u_bwd: 8), or neither for a search");
+  if (u_bwd && !u_fwd)
+    fail(u_bwd->key_loc, "plan.u_bwd is given without plan.u_fwd",
+         "give both microbatch sizes (e.g. u_fwd: 8 and u_bwd: 8), or neither for a search");
+  if (u_fwd) {
+    plan.u_fwd = get_int(u_fwd->value, "plan.u_fwd", 1);
+    plan.u_bwd = get_int(u_bwd->value, "plan.u_bwd", 1);
+    locs.u_fwd = u_fwd->value.loc;
+    locs.u_bwd = u_bwd->value.loc;
+  }
+
+  const Entry* pack_size = find(map, "pack_size");
+  const Entry* packs_fwd = find(map, "packs_fwd");
+  const Entry* packs_bwd = find(map, "packs_bwd");
+  if (pack_size && packs_bwd)
+    fail(packs_bwd->key_loc, "plan.pack_size and plan.packs_bwd are both given",
+         fmt::format("give exactly one: pack_size: P (backward packs of P layers counted from the end) or "
+                     "packs_bwd: [[first, last], ...]; pack_size is at {}",
+                     pack_size->key_loc.str()));
+  if (packs_fwd && !packs_bwd)
+    fail(packs_fwd->key_loc, "plan.packs_fwd needs plan.packs_bwd",
+         "give packs_bwd too (packs_fwd covers the layers before the last backward pack), or drop packs_fwd");
+  if (pack_size) plan.pack_size = get_int(pack_size->value, "plan.pack_size", 1);
+  if (packs_bwd) {
+    plan.packs_bwd = parse_packs(packs_bwd->value, "plan.packs_bwd", false);
+    const int fwd_end = plan.packs_bwd->back().first;  // forward packs cover layers [0, fwd_end)
+    if (packs_fwd) {
+      plan.packs_fwd = parse_packs(packs_fwd->value, "plan.packs_fwd", true);
+      const int covered = plan.packs_fwd->empty() ? 0 : plan.packs_fwd->back().last + 1;
+      if (covered != fwd_end) {
+        const std::string expected = fwd_end == 0 ? std::string("no layers ([]), as packs_bwd has a single pack")
+                                                  : fmt::format("layers 0..{}", fwd_end - 1);
+        fail(packs_fwd->value.loc,
+             fmt::format("plan.packs_fwd must cover {}: the layers before the last backward pack", expected),
+             "the last backward pack runs forward and backward in one task, so forward packs stop before it");
+      }
+    } else {
+      plan.packs_fwd = Packs(plan.packs_bwd->begin(), plan.packs_bwd->end() - 1);
+    }
+  }
+  return plan;
+}
+
+Options parse_options(const Node* map) {
+  Options o;
+  if (!map) return o;
+  check_keys(*map, "options", kOptionKeys);
+  if (const Entry* e = find(*map, "prefetch")) o.prefetch = get_bool(e->value, "options.prefetch");
+  if (const Entry* e = find(*map, "unequal_microbatches"))
+    o.unequal_microbatches = get_bool(e->value, "options.unequal_microbatches");
+  return o;
+}
+
+std::vector<std::string> parse_methods(const Entry& e, const std::string& what, bool forward) {
+  std::vector<std::string> valid;
+  for (const std::string& name : packing_method_names()) {
+    if (forward || name != "reuse") valid.push_back(name);
+  }
+  const std::string example = forward ? "[balanced_time, reuse]" : "[balanced_time]";
+  std::vector<std::string> methods;
+  for (const Node* item : get_list(e.value, what, fmt::format("{}: {}", what.substr(what.rfind('.') + 1), example))) {
+    const std::string& name =
+        expect_scalar(*item, what + " entries", "a packing method name", fmt::format("methods: {}", join(valid)));
+    if (!forward && name == "reuse")
+      fail(item->loc, fmt::format("'reuse' in {} is a forward-only packing method", what),
+           fmt::format("backward methods: {}", join(valid)));
+    if (!is_packing_method(name))
+      fail(item->loc, fmt::format("unknown packing method '{}' in {}", name, what),
+           suggestion_hint(name, valid, "methods"));
+    if (std::find(methods.begin(), methods.end(), name) != methods.end())
+      fail(item->loc, fmt::format("packing method '{}' is listed twice in {}", name, what), "list each method once");
+    methods.push_back(name);
+  }
+  if (methods.empty())
+    fail(e.key_loc, fmt::format("{} must list at least one packing method", what),
+         fmt::format("e.g. {}, or remove the key for the default methods", example));
+  return methods;
+}
+
+std::vector<int> parse_sizes(const Entry& e, const std::string& what, std::vector<SourceLoc>& locs) {
+  std::vector<int> sizes;
+  for (const Node* item : get_list(e.value, what, fmt::format("{}: [4, 8, 16]", what.substr(what.rfind('.') + 1)))) {
+    sizes.push_back(get_int(*item, what + " entries", 1));
+    locs.push_back(item->loc);
+  }
+  return sizes;
+}
+
+SearchSpec parse_search(const Node* map, SearchLocs& locs) {
+  SearchSpec s;
+  if (!map) return s;
+  check_keys(*map, "search", kSearchKeys);
+  if (const Entry* e = find(*map, "packing_fwd")) s.packing_fwd = parse_methods(*e, "search.packing_fwd", true);
+  if (const Entry* e = find(*map, "packing_bwd")) s.packing_bwd = parse_methods(*e, "search.packing_bwd", false);
+  if (const Entry* e = find(*map, "top_k")) {
+    s.top_k = get_int(e->value, "search.top_k", -1);
+    if (s.top_k == 0)
+      fail(e->value.loc, "search.top_k must be -1 (keep every candidate) or at least 1, got 0",
+           "e.g. top_k: 5, or top_k: -1 to keep all");
+  }
+  if (const Entry* e = find(*map, "ubatch_step")) s.ubatch_step = get_int(e->value, "search.ubatch_step", 1);
+  if (const Entry* e = find(*map, "smaller_ufwd")) s.smaller_ufwd = get_bool(e->value, "search.smaller_ufwd");
+  if (const Entry* e = find(*map, "fit_rule")) s.fit_rule = get_bool(e->value, "search.fit_rule");
+  if (const Entry* e = find(*map, "u_fwd")) s.u_fwd = parse_sizes(*e, "search.u_fwd", locs.u_fwd);
+  if (const Entry* e = find(*map, "u_bwd")) s.u_bwd = parse_sizes(*e, "search.u_bwd", locs.u_bwd);
+  if (const Entry* e = find(*map, "threads")) s.threads = get_int(e->value, "search.threads", 0);
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Cross-section checks
+
+// Samples per GPU: harmony-pp splits the whole minibatch into microbatches; harmony-dp gives rank n
+// DD_n = D//N (+1 if n < D%N) samples (the reference's split).
+std::vector<int> gpu_shares(const PlanSpec& plan) {
+  if (plan.mode == Mode::HarmonyPP) return {plan.minibatch};
+  std::vector<int> shares;
+  for (int n = 0; n < plan.gpus; ++n) shares.push_back(plan.minibatch / plan.gpus + (n < plan.minibatch % plan.gpus));
+  return shares;
+}
+
+std::vector<int> divisors(int value) {
+  std::vector<int> low, high;
+  for (int d = 1; static_cast<long long>(d) * d <= value; ++d) {
+    if (value % d) continue;
+    low.push_back(d);
+    if (d != value / d) high.push_back(value / d);
+  }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+void check_microbatch(int u, const std::string& what, const SourceLoc& loc, const PlanSpec& plan,
+                      const Options& options) {
+  const std::vector<int> shares = gpu_shares(plan);
+  const bool pp = plan.mode == Mode::HarmonyPP;
+  const int largest = *std::max_element(shares.begin(), shares.end());
+  if (options.unequal_microbatches) {
+    if (u > largest)
+      fail(loc,
+           pp ? fmt::format("{} = {} is larger than minibatch {}", what, u, plan.minibatch)
+              : fmt::format("{} = {} is larger than a GPU's share ({}) of minibatch {} in harmony-dp over {} GPUs",
+                            what, u, largest, plan.minibatch, plan.gpus),
+           fmt::format("use a microbatch size of at most {}", largest));
+    return;
+  }
+  if (std::all_of(shares.begin(), shares.end(), [u](int s) { return s % u == 0; })) return;
+  const int common = std::accumulate(shares.begin(), shares.end(), 0, [](int a, int b) { return std::gcd(a, b); });
+  const std::string fits = fmt::format("sizes that divide: {}", join_ints(divisors(common)));
+  const std::string escape =
+      "or set options.unequal_microbatches: true (the paper's --inequal_ubatchsize; the runtime does not support it)";
+  if (pp)
+    fail(loc,
+         fmt::format("{} = {} does not divide minibatch {}: harmony-pp needs D % u == 0 so that all microbatches are "
+                     "equal",
+                     what, u, plan.minibatch),
+         fmt::format("{}; {}", fits, escape));
+  const bool even = plan.minibatch % plan.gpus == 0;
+  fail(loc,
+       fmt::format("{} = {} does not divide every GPU's share of minibatch {}: harmony-dp over {} GPUs gives {} "
+                   "samples per GPU, and each share must be a multiple of u",
+                   what, u, plan.minibatch, plan.gpus,
+                   even ? std::to_string(shares.front()) : fmt::format("{} or {}", shares.front(), shares.back())),
+       even ? fmt::format("{}; {}", fits, escape)
+            : fmt::format("only u = 1 divides shares of {} and {}: make minibatch a multiple of gpus ({}), {}",
+                          shares.front(), shares.back(), plan.gpus, escape));
+}
+
+void check_plan(const RunConfig& cfg, const PlanLocs& plan_locs, const SearchLocs& search_locs) {
+  const PlanSpec& plan = cfg.plan;
+  if (plan.gpus > cfg.machine.gpus)
+    fail(plan_locs.gpus,
+         fmt::format("plan.gpus = {} exceeds machine.gpus = {} (machine '{}')", plan.gpus, cfg.machine.gpus,
+                     cfg.machine.name),
+         fmt::format("use plan.gpus <= {}, or raise machine.gpus", cfg.machine.gpus));
+  if (plan.mode == Mode::HarmonyDP && plan.minibatch < plan.gpus)
+    fail(plan_locs.minibatch,
+         fmt::format("plan.minibatch = {} leaves GPUs without samples in harmony-dp over {} GPUs", plan.minibatch,
+                     plan.gpus),
+         fmt::format("use a minibatch of at least {} (one sample per GPU), or fewer GPUs", plan.gpus));
+  if (plan.u_fwd) check_microbatch(*plan.u_fwd, "plan.u_fwd", plan_locs.u_fwd, plan, cfg.options);
+  if (plan.u_bwd) check_microbatch(*plan.u_bwd, "plan.u_bwd", plan_locs.u_bwd, plan, cfg.options);
+  for (std::size_t i = 0; i < cfg.search.u_fwd.size(); ++i)
+    check_microbatch(cfg.search.u_fwd[i], "search.u_fwd entry", search_locs.u_fwd[i], plan, cfg.options);
+  for (std::size_t i = 0; i < cfg.search.u_bwd.size(); ++i)
+    check_microbatch(cfg.search.u_bwd[i], "search.u_bwd entry", search_locs.u_bwd[i], plan, cfg.options);
+}
+
+RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides) {
+  for (const std::string& o : overrides) apply_override(root, o);
+  const char* start_hint =
+      "a config needs at least `model: {profile: PATH}` and `plan: {mode: harmony-pp, gpus: N, minibatch: D}`; "
+      "see configs/examples/ and docs/config.md";
+  if (root.kind == Node::Kind::Null) fail(SourceLoc{file, 0, 0}, "the config is empty", start_hint);
+  if (root.kind != Node::Kind::Map)
+    fail(root.loc, fmt::format("the config must be a mapping of sections, got {}", describe(root)), start_hint);
+  check_keys(root, "", kTopKeys);
+
+  RunConfig cfg;
+  cfg.file = file;
+  const std::string base_dir = parent_dir(file);
+
+  // model
+  const Node* model = section_map(root, "model");
+  if (!model) {
+    if (const Entry* e = find_any(root, "model")) fail(e->key_loc, "model has no value", start_hint);
+    fail(SourceLoc{file, 0, 0}, "missing required section 'model'", "add `model: {profile: PATH/TO/PROFILE.json}`");
+  }
+  check_keys(*model, "model", kModelKeys);
+  const Entry& profile = require(*model, "profile", "model", find(root, "model")->key_loc,
+                                 "add `profile: PATH/TO/PROFILE.json` under model: (relative to this file's folder)");
+  cfg.model.profile_path = resolve_path(base_dir, get_string(profile.value, "model.profile"));
+  cfg.model.loc = profile.value.loc;
+
+  // machine: absent -> the paper's testbed; a string -> preset or file; a mapping -> base + overrides.
+  if (const Entry* e = find(root, "machine")) {
+    if (e->value.kind == Node::Kind::Scalar) {
+      cfg.machine = machine_from_reference(e->value.scalar, e->value.loc, base_dir, 0);
+    } else if (e->value.kind == Node::Kind::Map) {
+      cfg.machine = machine_from_map(e->value, "machine", e->key_loc, base_dir, "custom", 0);
+    } else {
+      fail(e->value.loc,
+           fmt::format("machine must be a preset name, a file path or a mapping, got {}", describe(e->value)),
+           "e.g. machine: paper-1080ti, machine: ../machines/box.yaml or machine: {preset: paper-1080ti, gpus: 4}");
+    }
+  } else {
+    cfg.machine = machine_from_preset(std::string(kDefaultPreset), SourceLoc{file, 0, 0}, 0);
+  }
+
+  // cost_model
+  if (const Entry* e = find(root, "cost_model")) {
+    const std::string& name = expect_scalar(e->value, "cost_model", "a cost model name", "cost models: reference");
+    if (name == "native")
+      fail(e->value.loc, "cost model 'native' is not available yet",
+           "use cost_model: reference (the paper's scheduler model, reproduced exactly)");
+    if (name != "reference")
+      fail(e->value.loc, fmt::format("unknown cost_model '{}'", name),
+           suggestion_hint(name, {"reference"}, "cost models"));
+    cfg.cost_model = name;
+  }
+
+  // plan
+  const Node* plan = section_map(root, "plan");
+  if (!plan) {
+    if (const Entry* e = find_any(root, "plan")) fail(e->key_loc, "plan has no value", start_hint);
+    fail(SourceLoc{file, 0, 0}, "missing required section 'plan'",
+         "add `plan: {mode: harmony-pp, gpus: N, minibatch: D}`");
+  }
+  PlanLocs plan_locs;
+  cfg.plan = parse_plan(*plan, find(root, "plan")->key_loc, plan_locs);
+
+  cfg.options = parse_options(section_map(root, "options"));
+  SearchLocs search_locs;
+  cfg.search = parse_search(section_map(root, "search"), search_locs);
+
+  check_plan(cfg, plan_locs, search_locs);
+  return cfg;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  const auto text = read_text_file(path);
+  if (!text) fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}'", path), "check the path");
+  return build_config(parse_yaml(*text, path), path, overrides);
+}
+
+RunConfig load_config_text(const std::string& text, const std::string& name,
+                           const std::vector<std::string>& overrides) {
+  return build_config(parse_yaml(text, name), name, overrides);
+}
+
+MachineSpec load_machine_file(const std::string& path) {
+  const SourceLoc loc{path, 0, 0};
+  std::error_code ec;
+  if (find_preset(path) && !std::filesystem::is_regular_file(path, ec)) return machine_from_preset(path, loc, 0);
+  if (!looks_like_path(path) && !std::filesystem::exists(path, ec)) fail_unknown_preset(path, loc);
+  return machine_from_file(path, loc, 0);
+}
+
+MachineSpec machine_preset(const std::string& name) {
+  return machine_from_preset(name, SourceLoc{"machine preset", 0, 0}, 0);
+}
+
+std::vector<std::string> machine_preset_names() {
+  std::vector<std::string> names;
+  for (const EmbeddedPreset& p : kEmbeddedPresets) names.emplace_back(p.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace harmony::core

@@ -1,0 +1,49 @@
+// The error types harmony's libraries throw; only the mains print them and choose exit codes.
+// ConfigError points at a file:line:column and carries a hint on how to fix the input;
+// ScheduleError reports plans that cannot be built or run (bad packs, deadlocks).
+#pragma once
+
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace harmony::core {
+
+struct SourceLoc {
+  std::string file;
+  int line = 0;             // 1-based; 0 when unknown
+  int column = 0;           // 1-based; 0 when unknown
+  std::string str() const;  // "file:line:column" (parts omitted when unknown)
+};
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bad user input: YAML, JSON profiles, CLI values. what() = "file:line:col: error: message\n  hint: ..."
+class ConfigError : public Error {
+ public:
+  ConfigError(SourceLoc loc, const std::string& message, std::string hint = {});
+  const SourceLoc& loc() const { return loc_; }
+  const std::string& message() const { return message_; }
+  const std::string& hint() const { return hint_; }
+
+ private:
+  SourceLoc loc_;
+  std::string message_;
+  std::string hint_;
+};
+
+// A plan that cannot be scheduled or simulated (overlapping packs, deadlock, ...).
+class ScheduleError : public Error {
+ public:
+  using Error::Error;
+};
+
+// "did you mean" helper: the candidate closest to `word` by edit distance, or "" if none is close.
+std::string closest_match(const std::string& word, const std::initializer_list<std::string>& candidates);
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace harmony::core

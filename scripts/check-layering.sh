@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Enforces the dependency rule (docs: core <- sim, core <- backend; sim and backend never meet):
+#   core/    must not include "sim/..." or "backend/..."
+#   sim/     must not include "backend/..."
+#   backend/ must not include "sim/..."
+# Checks #include lines with "..." or <...>, also written with ../ prefixes. Exit 1 lists offenders.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# dir -> extended regex of the top-level folders it may not include
+declare -A forbidden=([core]='sim|backend' [sim]='backend' [backend]='sim')
+
+list_files() {  # list_files DIR: its C/C++/CUDA sources, headers and included fragments
+  local dir=$1
+  [[ -d $dir ]] || return 0
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard -- "$dir" |
+      grep -zE '\.(c|cc|cpp|cxx|h|hh|hpp|hxx|ipp|inc|cu|cuh)$' || true
+  else
+    find "$dir" -type f -regextype posix-extended -regex '.*\.(c|cc|cpp|cxx|h|hh|hpp|hxx|ipp|inc|cu|cuh)$' -print0
+  fi
+}
+
+violations=0
+checked=0
+for dir in core sim backend; do
+  pattern="^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"<](\.\./)*(${forbidden[$dir]})/"
+  while IFS= read -r -d '' f; do
+    [[ -f $f ]] || continue
+    checked=$((checked + 1))
+    if hits=$(grep -nE "$pattern" "$f"); then
+      while IFS= read -r hit; do
+        echo "$f:$hit"
+        violations=$((violations + 1))
+      done <<<"$hits"
+    fi
+  done < <(list_files "$dir")
+done
+
+if ((violations)); then
+  echo "check-layering: $violations forbidden include(s): core/ may include only core/; sim/ and backend/"
+  echo "  may include core/ but not each other. Move shared code into core/ (the mains wire things together)."
+  exit 1
+fi
+echo "check-layering: $checked files OK"

@@ -1,0 +1,103 @@
+// Durations and memory of the reference cost model (SEMANTICS.md §6.5 and §6.6). Every formula keeps
+// the reference's evaluation order so the doubles round identically before conversion to picoseconds.
+#include "sim/cost_reference.hpp"
+
+#include <algorithm>
+
+namespace harmony::sim {
+
+using core::Op;
+using core::OpKind;
+using core::Phase;
+using core::Stream;
+
+double ReferenceCostModel::duration_s(const core::Program& program, const Op& op) const {
+  const double n = static_cast<double>(program.bandwidth_sharers);
+  const double bytes = static_cast<double>(op.bytes);
+  const bool swap = op.stream == Stream::SwapIn || op.stream == Stream::SwapOut;
+  switch (op.kind) {
+    case OpKind::FWD:
+    case OpKind::REC: {
+      double s = 0.0;
+      for (int l = op.layers.first; l <= op.layers.last; ++l) s += model_.time_s(Phase::Fwd, op.ubs, l);
+      return s;
+    }
+    case OpKind::BWD: {
+      double b = 0.0;
+      double f = 0.0;
+      for (int l = op.layers.first; l <= op.layers.last; ++l) b += model_.time_s(Phase::Bwd, op.ubs, l);
+      for (int l = op.layers.first; l <= op.layers.last; ++l) f += model_.time_s(Phase::Fwd, op.ubs, l);
+      return b - f;
+    }
+    case OpKind::Update: {
+      double s = 0.0;
+      for (int l = op.layers.first; l <= op.layers.last; ++l)
+        s += model_.layers[static_cast<std::size_t>(l)].update_time_cpu_s;
+      return s;
+    }
+    case OpKind::DEL:
+      return machine_.time_del_s;
+    case OpKind::WB:
+    case OpKind::dWB:
+      return bytes / (machine_.bw_swap_bytes_per_s / n);
+    case OpKind::ARD:
+      return 2. * (n - 1) / n * bytes / machine_.bw_p2p_bytes_per_s;
+    case OpKind::X:
+    case OpKind::sX:
+    case OpKind::dX:
+    case OpKind::Y:
+    case OpKind::dY:
+      return swap ? bytes / (machine_.bw_swap_bytes_per_s / n) : bytes / machine_.bw_p2p_bytes_per_s;
+    case OpKind::MSGsX:
+    case OpKind::MSGY:
+      return bytes / (machine_.bw_msg_bytes_per_s / n) * 2.;
+  }
+  return 0.0;
+}
+
+std::vector<core::TimePs> ReferenceCostModel::durations(const core::Program& program) const {
+  std::vector<core::TimePs> d(program.ops.size());
+  for (std::size_t i = 0; i < program.ops.size(); ++i) d[i] = core::seconds_to_ps(duration_s(program, program.ops[i]));
+  return d;
+}
+
+core::Bytes ReferenceCostModel::pack_memory(Phase phase, int u, int first, int last) const {
+  core::Bytes s = 0;
+  for (int l = first; l <= last; ++l) {
+    s += model_.peak_bytes(phase, u, l);
+    if (l > first) s -= model_.input_bytes(u, l);
+  }
+  return s;
+}
+
+core::Bytes ReferenceCostModel::task_memory(const core::TaskGraph& graph, const core::Task& t) const {
+  if (t.type == core::TaskType::Upd) return 0;
+  const int u = t.ubatch_sizes.front();
+  const int a = t.layers.first;
+  const int b = t.layers.last;
+  const int R = graph.num_layers;
+  const core::Bytes input_x = model_.input_bytes(u, a);
+  const core::Bytes dx = a != 0 ? input_x : 0;
+  const core::Bytes y = b != R - 1 ? model_.input_bytes(u, b + 1) : 0;
+  const core::Bytes dy = y;
+  if (t.type == core::TaskType::Fwd) {
+    core::Bytes stash = 0;
+    for (const auto& st : t.stashes) stash += model_.input_bytes(u, st.layer);
+    return input_x + pack_memory(Phase::Fwd, u, a, b) + y + stash;
+  }
+  const core::Bytes stash = input_x;
+  return 2 * stash + dy + pack_memory(Phase::Bwd, u, a, b) + dx;
+}
+
+std::vector<core::Bytes> ReferenceCostModel::memory_per_gpu(const core::Program& program) const {
+  std::vector<core::Bytes> mem(static_cast<std::size_t>(program.num_devices()), 0);
+  for (int r : program.devices) {
+    for (int idx : program.graph.rank_tasks[static_cast<std::size_t>(r)]) {
+      const auto& t = program.graph.tasks[static_cast<std::size_t>(idx)];
+      mem[static_cast<std::size_t>(r)] = std::max(mem[static_cast<std::size_t>(r)], task_memory(program.graph, t));
+    }
+  }
+  return mem;
+}
+
+}  // namespace harmony::sim

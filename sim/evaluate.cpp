@@ -1,0 +1,28 @@
+// evaluate_plan: plan -> task graph -> Program -> simulated RunReport, with the named cost model.
+#include "sim/evaluate.hpp"
+
+#include "core/error.hpp"
+#include "sim/cost_reference.hpp"
+
+namespace harmony::sim {
+
+bool is_cost_model(const std::string& name) { return name == "reference"; }
+
+Evaluation evaluate_plan(const core::Model& model, const core::MachineSpec& machine, const core::Plan& plan,
+                         const core::LowerOptions& options, const std::string& cost_model) {
+  if (!is_cost_model(cost_model)) throw core::ScheduleError("unknown cost model '" + cost_model + "'");
+  core::validate_plan(plan, model.num_layers());
+  for (core::Phase ph : {core::Phase::Fwd, core::Phase::Bwd}) {
+    const int u = ph == core::Phase::Fwd ? plan.u_fwd : plan.u_bwd;
+    // a single-pack plan runs its forward inside the backward task at u_bwd: u_fwd is unused
+    if (ph == core::Phase::Fwd && plan.packs_fwd.empty()) continue;
+    if (!model.ubatch_in_range(ph, u)) (void)model.time_s(ph, u, 0);  // throws the range error
+  }
+  Evaluation e;
+  e.program = core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model, options);
+  ReferenceCostModel cost(model, machine);
+  e.report = simulate(e.program, cost, &e.timeline);
+  return e;
+}
+
+}  // namespace harmony::sim

@@ -1,0 +1,28 @@
+// One-call evaluation of a plan with a cost model: validate, compose the task graph, lower to a
+// Program and simulate. Used by `harmony-sim simulate`, the search, tests and benchmarks.
+#pragma once
+
+#include <string>
+
+#include "core/lower.hpp"
+#include "core/machine.hpp"
+#include "core/model.hpp"
+#include "core/report.hpp"
+#include "sim/simulator.hpp"
+
+namespace harmony::sim {
+
+struct Evaluation {
+  core::Program program;
+  Timeline timeline;
+  core::RunReport report;
+};
+
+// Throws core::ScheduleError for an invalid plan; a deadlock is reported in report.deadlock.
+Evaluation evaluate_plan(const core::Model& model, const core::MachineSpec& machine, const core::Plan& plan,
+                         const core::LowerOptions& options, const std::string& cost_model = "reference");
+
+// Cost model names `evaluate_plan` accepts.
+bool is_cost_model(const std::string& name);
+
+}  // namespace harmony::sim

@@ -1,0 +1,275 @@
+// harmony-sim: the command line of the simulator. `simulate` prices one plan, `search` ranks the
+// paper's search space; both read a YAML config (+ --set overrides) and can write a Chrome trace.
+// The only place (with harmony-run's main) that prints and chooses exit codes: 0 ok, 2 bad input.
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/profile.hpp"
+#include "core/search.hpp"
+#include "core/trace.hpp"
+#include "sim/evaluate.hpp"
+
+using namespace harmony;
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+
+struct Cli {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string format = "table";
+  std::string trace;
+};
+
+double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
+
+// Plan problems are input errors: point at the config's `plan:` section.
+[[noreturn]] void plan_error(const core::RunConfig& cfg, const std::string& msg, const std::string& hint) {
+  throw core::ConfigError(cfg.plan.loc.file.empty() ? core::SourceLoc{cfg.file, 0, 0} : cfg.plan.loc, msg, hint);
+}
+
+core::Plan plan_from_config(const core::RunConfig& cfg, const core::Model& model) {
+  const auto& ps = cfg.plan;
+  core::Plan p;
+  p.mode = ps.mode;
+  p.gpus = ps.gpus;
+  p.minibatch = ps.minibatch;
+  if (!ps.u_fwd || !ps.u_bwd) {
+    plan_error(cfg, "`simulate` needs plan.u_fwd and plan.u_bwd", "add e.g. `u_fwd: 8` and `u_bwd: 8` to `plan:`");
+  }
+  p.u_fwd = *ps.u_fwd;
+  p.u_bwd = *ps.u_bwd;
+  if (ps.pack_size) {
+    core::manual_packs(model.num_layers(), *ps.pack_size, p.packs_fwd, p.packs_bwd);
+  } else if (ps.packs_bwd) {
+    p.packs_bwd = *ps.packs_bwd;
+    if (ps.packs_fwd) {
+      p.packs_fwd = *ps.packs_fwd;
+    } else {
+      p.packs_fwd.assign(p.packs_bwd.begin(), p.packs_bwd.end() - 1);
+    }
+  } else {
+    plan_error(cfg, "`simulate` needs packs: plan.pack_size or plan.packs_bwd",
+               "add `pack_size: 7`, or `packs_bwd: [[0, 13], [14, 27]]` (inclusive layer ranges)");
+  }
+  try {
+    core::validate_plan(p, model.num_layers());
+  } catch (const core::ScheduleError& e) {
+    plan_error(cfg, e.what(),
+               fmt::format("the model has {} layers (0..{}); backward packs cover all of them, forward packs cover the "
+                           "layers before the last backward pack",
+                           model.num_layers(), model.num_layers() - 1));
+  }
+  for (core::Phase ph : {core::Phase::Fwd, core::Phase::Bwd}) {
+    const int u = ph == core::Phase::Fwd ? p.u_fwd : p.u_bwd;
+    if (ph == core::Phase::Fwd && p.packs_fwd.empty()) continue;
+    if (!model.ubatch_in_range(ph, u)) {
+      plan_error(cfg,
+                 fmt::format("{} microbatch size {} is outside the profiled range {}..{} of {}",
+                             ph == core::Phase::Fwd ? "u_fwd" : "u_bwd", u, model.ubatch_min(ph), model.ubatch_max(ph),
+                             model.name),
+                 "profiles cannot be extrapolated: pick a size inside the profiled range");
+    }
+  }
+  return p;
+}
+
+core::LowerOptions lower_options(const core::RunConfig& cfg) {
+  core::LowerOptions o;
+  o.prefetch = cfg.options.prefetch;
+  return o;
+}
+
+void write_trace(const std::string& path, const sim::Evaluation& e, const std::string& title) {
+  std::ofstream out(path);
+  if (!out)
+    throw core::ConfigError(core::SourceLoc{path, 0, 0}, "cannot write the trace file",
+                            "check the folder exists and is writable");
+  core::write_chrome_trace(out, e.program, e.timeline.begin_ps, e.timeline.end_ps,
+                           core::TraceMeta{"harmony-sim (" + e.report.cost_model + ")", title});
+  if (!out) throw core::ConfigError(core::SourceLoc{path, 0, 0}, "writing the trace failed", "check free disk space");
+}
+
+std::string plan_title(const core::RunReport& r) {
+  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", core::mode_name(r.plan.mode), r.plan.gpus, r.plan.minibatch,
+                     r.plan.u_fwd, r.plan.u_bwd, core::packs_to_string(r.plan.packs_fwd),
+                     core::packs_to_string(r.plan.packs_bwd));
+}
+
+void print_report_table(const core::RunReport& r) {
+  fmt::print("{}\n", plan_title(r));
+  if (r.deadlock) {
+    fmt::print("DEADLOCK: no op can start; blocked streams:\n{}", r.deadlock_report);
+    return;
+  }
+  fmt::print(
+      "iteration time  {:>12.6f} s\nthroughput      {:>12.3f} samples/s\npeak memory     {:>12.0f} MiB (cost "
+      "model: {})\n",
+      r.iteration_time_s, r.throughput_samples_per_s, mib(r.peak_memory_bytes), r.cost_model);
+  fmt::print("swap in {:.0f} MiB, swap out {:.0f} MiB, p2p {:.0f} MiB, cpu msg {:.0f} MiB; {} ops on {} streams\n\n",
+             mib(r.swap_in_bytes), mib(r.swap_out_bytes), mib(r.p2p_bytes), mib(r.msg_bytes), r.num_ops, r.num_streams);
+  fmt::print("{:>4}  {:>12}  {:>12}  {:>8}  {:>10}  {:>9}\n", "gpu", "end (s)", "compute (s)", "busy %", "memory MiB",
+             "end idle");
+  for (const auto& g : r.per_gpu) {
+    fmt::print("{:>4}  {:>12.6f}  {:>12.6f}  {:>7.1f}%  {:>10.0f}  {:>8.1f}%\n", g.gpu, g.end_time_s, g.compute_time_s,
+               g.end_time_s > 0 ? 100.0 * g.compute_time_s / g.end_time_s : 0.0, mib(g.peak_memory_bytes),
+               100.0 * g.end_idle);
+  }
+  fmt::print("\n{}\n", core::summary_line(r, "simulated"));
+}
+
+int cmd_simulate(const Cli& cli) {
+  const auto cfg = core::load_config(cli.config, cli.sets);
+  const auto model = core::load_profile(cfg.model.profile_path);
+  const auto plan = plan_from_config(cfg, model);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = sim::evaluate_plan(model, cfg.machine, plan, lower_options(cfg), cfg.cost_model);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!cli.trace.empty()) write_trace(cli.trace, e, plan_title(e.report));
+  if (cli.format == "json") {
+    nlohmann::json j = {{"command", "simulate"},
+                        {"config", cfg.file},
+                        {"profile", cfg.model.profile_path},
+                        {"machine", cfg.machine.name},
+                        {"prefetch", cfg.options.prefetch},
+                        {"result", core::report_to_json(e.report)},
+                        {"wall_time_s", dt}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    print_report_table(e.report);
+    fmt::print("simulated {} ops in {:.3f} ms\n", e.program.ops.size(), dt * 1e3);
+    if (!cli.trace.empty()) fmt::print("trace written to {}\n", cli.trace);
+  }
+  if (e.report.deadlock) {
+    fmt::print(stderr, "{}: error: the plan deadlocks\n{}", cfg.file, e.report.deadlock_report);
+    return kExitBadInput;
+  }
+  return 0;
+}
+
+int cmd_search(const Cli& cli) {
+  const auto cfg = core::load_config(cli.config, cli.sets);
+  const auto model = core::load_profile(cfg.model.profile_path);
+  core::SearchSpace space;
+  space.mode = cfg.plan.mode;
+  space.gpus = cfg.plan.gpus;
+  space.minibatch = cfg.plan.minibatch;
+  space.capacity_bytes =
+      static_cast<core::Bytes>(static_cast<double>(cfg.machine.gpu_memory_bytes) * cfg.machine.memory_cap_scale);
+  space.unequal_microbatches = cfg.options.unequal_microbatches;
+  space.spec = cfg.search;
+  const auto lower = lower_options(cfg);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto cands = core::enumerate_candidates(model, space);
+  std::atomic<std::size_t> ops{0};
+  const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
+    auto e = sim::evaluate_plan(model, cfg.machine, p, lower, cfg.cost_model);
+    ops += e.program.ops.size();
+    return e.report;
+  });
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!cli.trace.empty() && !res.ranked.empty()) {
+    const auto best = sim::evaluate_plan(model, cfg.machine, res.ranked.front().report.plan, lower, cfg.cost_model);
+    write_trace(cli.trace, best, plan_title(best.report));
+  }
+  if (cli.format == "json") {
+    nlohmann::json results = nlohmann::json::array();
+    for (std::size_t i = 0; i < res.ranked.size(); ++i) {
+      auto j = core::report_to_json(res.ranked[i].report);
+      j["rank"] = i + 1;
+      j["rank_time_s"] = res.ranked[i].rank_time_s;
+      results.push_back(std::move(j));
+    }
+    nlohmann::json j = {{"command", "search"},
+                        {"config", cfg.file},
+                        {"profile", cfg.model.profile_path},
+                        {"machine", cfg.machine.name},
+                        {"capacity_bytes", space.capacity_bytes},
+                        {"num_candidates", res.num_candidates},
+                        {"num_deadlocked", res.num_deadlocked},
+                        {"fit_rule", space.spec.fit_rule},
+                        {"results", std::move(results)},
+                        {"wall_time_s", dt}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  fmt::print("search: {} {} GPUs, minibatch {}, capacity {:.0f} MiB per GPU, {} on {}\n", core::mode_name(space.mode),
+             space.gpus, space.minibatch, mib(space.capacity_bytes), model.name, cfg.machine.name);
+  fmt::print("{} candidates ({} deadlocked) simulated in {:.1f} ms, {:.2f} M ops/s{}\n\n", res.num_candidates,
+             res.num_deadlocked, dt * 1e3, dt > 0 ? static_cast<double>(ops.load()) / dt / 1e6 : 0.0,
+             space.spec.fit_rule ? "; fit rule ON: single-pack plans ranked at time/1000" : "");
+  if (res.ranked.empty()) {
+    fmt::print("no feasible configuration: every packing exceeds the GPU capacity\n");
+    return 0;
+  }
+  fmt::print("{:>4}  {:>9}  {:>10}  {:>5}  {:>5}  {:>8}  {:>6}  {:<28}  {:<40}  {}\n", "rank", "time (s)", "samples/s",
+             "u_fwd", "u_bwd", "mem MiB", "idle%", "packs_fwd", "packs_bwd", "packing fwd / bwd");
+  for (std::size_t i = 0; i < res.ranked.size(); ++i) {
+    const auto& r = res.ranked[i].report;
+    fmt::print("{:>4}  {:>9.3f}  {:>10.3f}  {:>5}  {:>5}  {:>8.0f}  {:>5.0f}%  {:<28}  {:<40}  {} / {}\n", i + 1,
+               r.iteration_time_s, r.throughput_samples_per_s, r.plan.u_fwd, r.plan.u_bwd, mib(r.peak_memory_bytes),
+               100.0 * r.max_end_idle, core::packs_to_string(r.plan.packs_fwd), core::packs_to_string(r.plan.packs_bwd),
+               r.method_fwd.empty() ? "-" : r.method_fwd, r.method_bwd);
+  }
+  fmt::print("\n{}\n", core::summary_line(res.ranked.front().report, "Top1"));
+  if (!cli.trace.empty()) fmt::print("trace of the best plan written to {}\n", cli.trace);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "harmony-sim 0.1.0");
+  Cli cli;
+  auto add_common = [&](CLI::App* sub) {
+    sub->add_option("config", cli.config, "YAML configuration (see docs/config.md)")->required();
+    sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=4 (repeatable)");
+    sub->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
+    sub->add_option("--trace", cli.trace, "write a Chrome trace (Perfetto) of the plan (search: the best plan)");
+  };
+  auto* sim_cmd = app.add_subcommand("simulate", "simulate one plan (config `plan:` with u_fwd, u_bwd and packs)");
+  add_common(sim_cmd);
+  auto* search_cmd = app.add_subcommand("search", "rank the configurations of the paper's search space");
+  add_common(search_cmd);
+  auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitBadInput;
+  }
+  try {
+    if (*presets_cmd) {
+      for (const auto& n : core::machine_preset_names()) {
+        const auto m = core::machine_preset(n);
+        fmt::print("{:<16} {} x {}, {:.2f} GiB per GPU, swap {:.2f} GiB/s, p2p {:.2f} GiB/s\n", n, m.gpus, m.gpu_name,
+                   static_cast<double>(m.gpu_memory_bytes) / static_cast<double>(core::kGiB),
+                   m.bw_swap_bytes_per_s / static_cast<double>(core::kGiB),
+                   m.bw_p2p_bytes_per_s / static_cast<double>(core::kGiB));
+      }
+      return 0;
+    }
+    if (*sim_cmd) return cmd_simulate(cli);
+    return cmd_search(cli);
+  } catch (const core::ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const core::ScheduleError& e) {
+    std::cerr << cli.config << ": error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,41 @@
+// The discrete-event engine: runs a Program with op durations from a cost model. An op starts when
+// its dependencies and its stream predecessor have ended; same-time completions are handled in a
+// fixed (time, sequence) order. When ops remain that can never start, it reports a deadlock.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/program.hpp"
+#include "core/report.hpp"
+#include "sim/cost_model.hpp"
+
+namespace harmony::sim {
+
+struct BlockedOp {
+  int op = 0;
+  std::vector<int> waiting_for;  // unfinished dependencies (and the stream predecessor)
+};
+
+struct Timeline {
+  std::vector<core::TimePs> begin_ps;  // per op; -1 if never started
+  std::vector<core::TimePs> end_ps;
+  std::vector<core::TimePs> duration_ps;
+  bool deadlock = false;
+  std::vector<BlockedOp> blocked;  // head op of every stuck stream
+  std::size_t events_processed = 0;
+};
+
+// Runs the program. Never throws for a deadlock: the Timeline says so.
+Timeline run_timeline(const core::Program& program, std::vector<core::TimePs> durations);
+
+// "GPU1 P2PIn: t5 dY L13 mb0 u8 waits for t7 dX L14 mb0 u8 (GPU0 P2POut, not started)\n..."
+std::string deadlock_report(const core::Program& program, const Timeline& t);
+
+// Timeline + cost model memory -> RunReport (the reference's result fields).
+core::RunReport make_report(const core::Program& program, const Timeline& t, const CostModel& cost);
+
+// lower + price + run in one call.
+core::RunReport simulate(const core::Program& program, const CostModel& cost, Timeline* timeline_out = nullptr);
+
+}  // namespace harmony::sim

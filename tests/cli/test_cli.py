@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the harmony-sim command line: the README's commands, JSON output fields,
+traces, and bad input (exit code 2, file:line:column, a hint, no crash)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BIN = sys.argv[1]
+ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
+failures = []
+passed = 0
+
+
+def run(*args, cwd=None):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=300)
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {detail}")
+
+
+def write(tmp, name, text):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+PROFILE = os.path.join(ROOT, "configs/profiles/bert_large.json")
+
+with tempfile.TemporaryDirectory() as tmp:
+    # --- simulate: the reference worked example (SEMANTICS §6.8): 2.930 s, 7137 MB
+    cfg = write(tmp, "sim.yaml", f"""model: {{profile: {PROFILE}}}
+machine: {{preset: paper-1080ti}}
+cost_model: reference
+plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}}
+options: {{prefetch: false}}
+""")
+    trace = os.path.join(tmp, "t.json")
+    r = run("simulate", cfg, "--format", "json", "--trace", trace)
+    check("simulate exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        j = json.loads(r.stdout)["result"]
+        for key in ["iteration_time_s", "throughput_samples_per_s", "per_gpu", "u_fwd", "u_bwd", "packs_fwd",
+                    "packs_bwd", "swap_in_bytes", "swap_out_bytes", "p2p_bytes"]:
+            check(f"simulate json has {key}", key in j, r.stdout[:200])
+        check("simulate time", abs(j["iteration_time_s"] - 2.9299893261020515) < 1e-6, j["iteration_time_s"])
+        check("simulate packs", j["packs_bwd"] == [[0, 6], [7, 13], [14, 20], [21, 27]], j["packs_bwd"])
+        for g in j["per_gpu"]:
+            for key in ["end_time_s", "compute_time_s", "peak_memory_bytes"]:
+                check(f"per_gpu has {key}", key in g, g)
+        check("simulate memory", j["per_gpu"][0]["peak_memory_bytes"] == 7483408384, j["per_gpu"])
+        t = json.load(open(trace))
+        xs = [e for e in t["traceEvents"] if e["ph"] == "X"]
+        check("trace has 88 ops", len(xs) == 88, len(xs))
+
+    # --set overrides and the table output
+    r = run("simulate", cfg, "--set", "plan.gpus=4", "--set", "options.prefetch=true")
+    check("simulate --set exit 0", r.returncode == 0, r.stderr)
+    check("simulate --set result", "2.469568" in r.stdout, r.stdout)  # oracle: vPP N4 D16 P7 pf 2.469568 s
+
+    # --- search on the bundled default (the README's main job)
+    r = run("search", "configs/default.yaml", "--format", "json")
+    check("search default exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        j = json.loads(r.stdout)
+        check("search has results", len(j["results"]) >= 1, r.stdout[:300])
+        top = j["results"][0]
+        check("search default top1", abs(top["iteration_time_s"] - 4.829) < 5e-4, top["iteration_time_s"])
+        times = [x["iteration_time_s"] for x in j["results"]]
+        check("search ranked ascending", times == sorted(times), times)
+    r = run("search", "configs/default.yaml")
+    check("search table", r.returncode == 0 and "rank" in r.stdout and "Top1" in r.stdout, r.stdout + r.stderr)
+
+    # --- bad input: exit 2, location, hint
+    def bad(name, text, expect_loc, expect_words, args=()):
+        path = write(tmp, name + ".yaml", text)
+        r = run("simulate", path, *args)
+        check(f"{name}: exit 2", r.returncode == 2, f"rc={r.returncode} {r.stderr}")
+        check(f"{name}: location", expect_loc in r.stderr, r.stderr)
+        for w in expect_words:
+            check(f"{name}: says {w!r}", w in r.stderr, r.stderr)
+        check(f"{name}: no crash", "internal error" not in r.stderr and r.returncode >= 0, r.stderr)
+
+    base = f"model: {{profile: {PROFILE}}}\nmachine: {{preset: paper-1080ti}}\n"
+    bad("unknown_key", base + "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\noptoins: {}\n",
+        "unknown_key.yaml:4:1", ["options"])
+    bad("malformed", base + "plan: {mode: harmony-pp, gpus: 2\n", "malformed.yaml:", ["error"])
+    bad("missing", "machine: {preset: paper-1080ti}\nplan: {mode: harmony-pp, gpus: 2, minibatch: 16}\n",
+        "missing.yaml:", ["model"])
+    bad("out_of_range", base + "plan: {mode: harmony-pp, gpus: 2, minibatch: 160, u_fwd: 8, u_bwd: 80, pack_size: 7}\n",
+        "out_of_range.yaml:3:", ["1..78", "hint"])
+    bad("overlap", base + "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, packs_bwd: [[0, 13], [13, 27]]}\n",
+        "overlap.yaml:3:", ["overlaps", "hint"])
+    bad("skip", base + "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, packs_bwd: [[0, 12], [14, 27]]}\n",
+        "skip.yaml:3:", ["skips", "hint"])
+    bad("not_divisible", base + "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 5, u_bwd: 8, pack_size: 7}\n",
+        "not_divisible.yaml:3:", ["divid"])
+    bad("negative", base + "plan: {mode: harmony-pp, gpus: -2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\n",
+        "negative.yaml:3:", ["gpus"])
+    bad("bad_profile", "model: {profile: /nonexistent/profile.json}\nplan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\n",
+        "nonexistent", ["error"])
+    # a malformed profile: JSON syntax error names the profile's line and column
+    broken = write(tmp, "broken.json", '{\n  "format": "harmony-profile-json",\n  "layers": [1, 2,,]\n}\n')
+    bad("broken_profile", f"model: {{profile: {broken}}}\nplan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}}\n",
+        "broken.json:3:", ["error"])
+    # bad CLI flags
+    r = run("simulate")
+    check("missing config arg exit 2", r.returncode == 2, r.returncode)
+    r = run("simulate", cfg, "--format", "xml")
+    check("bad --format exit 2", r.returncode == 2, r.returncode)
+    r = run("frobnicate")
+    check("unknown subcommand exit 2", r.returncode == 2, r.returncode)
+    r = run("simulate", cfg, "--set", "plan.gpuz=4")
+    check("bad --set path exit 2", r.returncode == 2 and "gpus" in r.stderr, r.stderr)
+
+print(f"{passed} passed, {len(failures)} failed")
+for f in failures:
+    print("FAIL", f)
+sys.exit(1 if failures else 0)

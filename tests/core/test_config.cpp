@@ -1,0 +1,683 @@
+// Tests of core/config.cpp: every shipped config loads with the expected values, machine presets and
+// machine files, --set overrides, and one case per kind of bad input checking the exact file:line:column
+// and that the error carries a hint (a suggestion where one applies).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+using namespace harmony::core;
+
+namespace {
+
+std::string source_dir() {
+  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
+  return dir ? std::string(dir) : std::string(".");
+}
+
+std::string source_path(const std::string& relative) { return source_dir() + "/" + relative; }
+
+// The ConfigError that loading `yaml` (as "bad.yaml") with `overrides` throws.
+ConfigError config_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    load_config_text(yaml, "bad.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError for:\n" << yaml);
+  return ConfigError(SourceLoc{}, "unreachable");
+}
+
+void check_at(const ConfigError& e, const std::string& file, int line, int column) {
+  INFO(std::string(e.what()));
+  CHECK(e.loc().file == file);
+  CHECK(e.loc().line == line);
+  CHECK(e.loc().column == column);
+  CHECK_FALSE(e.hint().empty());
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A valid minimal config; tests append or replace lines.
+const std::string kModel = "model:\n  profile: model.json\n";
+
+// A temporary folder for machine files, removed at the end of the test.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    path = std::filesystem::temp_directory_path() / ("harmony_test_config_" + std::to_string(std::random_device{}()));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const auto file = path / name;
+    std::ofstream(file) << text;
+    return file.string();
+  }
+};
+
+void check_paper_machine(const MachineSpec& m) {
+  CHECK(m.name == "paper-1080ti");
+  CHECK(m.gpu_name == "GTX 1080 Ti");
+  CHECK(m.gpus == 8);
+  CHECK(m.gpu_memory_bytes == 10 * kGiB);
+  CHECK(m.memory_cap_scale == 1.0);
+  // Exactly the reference scheduler's constants (sched_args.py), not approximations.
+  CHECK(m.bw_swap_bytes_per_s == 11.5 * 1024 * 1024 * 1024);
+  CHECK(m.bw_p2p_bytes_per_s == 8.2 * 1024 * 1024 * 1024);
+  CHECK(m.bw_msg_bytes_per_s == 128.0 / 8 * 1024 * 1024 * 1024);
+  CHECK(m.time_del_s == 40.0 / 1000);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Shipped configs
+
+TEST_CASE("examples/bert_large_simulate.yaml: a fixed harmony-pp plan") {
+  const std::string file = source_path("configs/examples/bert_large_simulate.yaml");
+  const RunConfig c = load_config(file);
+  CHECK(c.file == file);
+  CHECK(std::filesystem::path(c.model.profile_path).filename() == "bert_large.json");
+  CHECK(std::filesystem::exists(c.model.profile_path));
+  CHECK(contains(c.model.profile_path, "configs/profiles/bert_large.json"));
+  CHECK_FALSE(contains(c.model.profile_path, ".."));
+  CHECK(c.model.loc.file == file);
+  CHECK(c.model.loc.line > 0);
+  check_paper_machine(c.machine);
+  CHECK(c.cost_model == "reference");
+  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.gpus == 2);
+  CHECK(c.plan.minibatch == 16);
+  CHECK(c.plan.u_fwd == 8);
+  CHECK(c.plan.u_bwd == 8);
+  CHECK(c.plan.pack_size == 7);
+  CHECK_FALSE(c.plan.packs_fwd.has_value());
+  CHECK_FALSE(c.plan.packs_bwd.has_value());
+  CHECK(c.plan.loc.file == file);
+  CHECK(c.plan.loc.line > 0);
+  CHECK_FALSE(c.options.prefetch);
+  CHECK_FALSE(c.options.unequal_microbatches);
+}
+
+TEST_CASE("examples/bert_large_search.yaml: the paper's default packing methods") {
+  const RunConfig c = load_config(source_path("configs/examples/bert_large_search.yaml"));
+  CHECK(std::filesystem::exists(c.model.profile_path));
+  check_paper_machine(c.machine);
+  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.gpus == 2);
+  CHECK(c.plan.minibatch == 32);
+  CHECK_FALSE(c.plan.u_fwd.has_value());
+  CHECK_FALSE(c.plan.u_bwd.has_value());
+  CHECK_FALSE(c.plan.pack_size.has_value());
+  const SearchSpec defaults;
+  CHECK(c.search.packing_fwd == defaults.packing_fwd);
+  CHECK(c.search.packing_bwd == defaults.packing_bwd);
+  CHECK(c.search.packing_fwd ==
+        std::vector<std::string>{"greedy_reverse_addx", "balanced_addx", "reuse", "balanced_time"});
+  CHECK(c.search.packing_bwd == std::vector<std::string>{"greedy_reverse_addx", "balanced_addx", "balanced_time"});
+  CHECK(c.search.top_k == 5);
+}
+
+TEST_CASE("examples/gpt2_medium_search.yaml") {
+  const RunConfig c = load_config(source_path("configs/examples/gpt2_medium_search.yaml"));
+  CHECK(std::filesystem::path(c.model.profile_path).filename() == "gpt2_medium.json");
+  CHECK(std::filesystem::exists(c.model.profile_path));
+  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.gpus == 2);
+  CHECK(c.plan.minibatch == 16);
+  CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});
+  CHECK(c.search.packing_bwd == std::vector<std::string>{"balanced_time"});
+}
+
+TEST_CASE("configs/default.yaml: the README's bert_large search") {
+  const RunConfig c = load_config(source_path("configs/default.yaml"));
+  CHECK(std::filesystem::path(c.model.profile_path).filename() == "bert_large.json");
+  CHECK(std::filesystem::exists(c.model.profile_path));
+  check_paper_machine(c.machine);
+  CHECK(c.cost_model == "reference");
+  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.gpus == 2);
+  CHECK(c.plan.minibatch == 32);
+  CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});
+  CHECK(c.search.packing_bwd == std::vector<std::string>{"balanced_time"});
+  CHECK(c.search.top_k == 5);
+  CHECK(c.search.ubatch_step == 1);
+  CHECK_FALSE(c.search.smaller_ufwd);
+  CHECK_FALSE(c.search.fit_rule);
+  CHECK(c.search.u_fwd.empty());
+  CHECK(c.search.u_bwd.empty());
+  CHECK(c.search.threads == 0);
+  CHECK_FALSE(c.options.prefetch);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Schema details that load
+
+TEST_CASE("a minimal config gets the documented defaults") {
+  const RunConfig c = load_config_text(kModel + "plan: {mode: harmony-dp, gpus: 4, minibatch: 64}\n", "dir/min.yaml");
+  CHECK(c.model.profile_path == "dir/model.json");  // relative to the config's folder
+  CHECK(c.model.loc.line == 2);
+  CHECK(c.model.loc.column == 12);
+  check_paper_machine(c.machine);  // no machine: -> the paper-1080ti preset
+  CHECK(c.cost_model == "reference");
+  CHECK(c.plan.mode == Mode::HarmonyDP);
+  CHECK(c.plan.loc.line == 3);
+  CHECK(c.plan.loc.column == 1);
+  const SearchSpec s;
+  CHECK(c.search.packing_fwd == s.packing_fwd);
+  CHECK(c.search.top_k == 5);
+  CHECK_FALSE(c.options.prefetch);
+}
+
+TEST_CASE("mode aliases, explicit packs, search lists and options") {
+  const RunConfig c = load_config_text(kModel + R"(plan:
+  mode: vPP
+  gpus: 2
+  minibatch: 32
+  u_fwd: 16
+  u_bwd: 8
+  packs_fwd: [[0, 6], [7, 13]]
+  packs_bwd: [[0, 6], [7, 13], [14, 27]]
+options: {prefetch: true, unequal_microbatches: false}
+search:
+  packing_fwd: [balanced_time, reuse]
+  packing_bwd: balanced_time
+  top_k: -1
+  ubatch_step: 2
+  smaller_ufwd: true
+  fit_rule: true
+  u_fwd: [8, 16]
+  u_bwd: 4
+  threads: 3
+)",
+                                       "/abs/c.yaml");
+  CHECK(c.model.profile_path == "/abs/model.json");
+  CHECK(c.plan.mode == Mode::HarmonyPP);
+  REQUIRE(c.plan.packs_fwd.has_value());
+  REQUIRE(c.plan.packs_bwd.has_value());
+  CHECK(*c.plan.packs_fwd == Packs{{0, 6}, {7, 13}});
+  CHECK(*c.plan.packs_bwd == Packs{{0, 6}, {7, 13}, {14, 27}});
+  CHECK(c.options.prefetch);
+  CHECK(c.search.packing_bwd == std::vector<std::string>{"balanced_time"});
+  CHECK(c.search.top_k == -1);
+  CHECK(c.search.ubatch_step == 2);
+  CHECK(c.search.smaller_ufwd);
+  CHECK(c.search.fit_rule);
+  CHECK(c.search.u_fwd == std::vector<int>{8, 16});
+  CHECK(c.search.u_bwd == std::vector<int>{4});
+  CHECK(c.search.threads == 3);
+
+  CHECK(load_config_text(kModel + "plan: {mode: vDP, gpus: 2, minibatch: 32}\n", "x.yaml").plan.mode ==
+        Mode::HarmonyDP);
+}
+
+TEST_CASE("packs_bwd alone implies packs_fwd = all backward packs but the last; single-pack plans") {
+  RunConfig c = load_config_text(
+      kModel + "plan: {mode: harmony-pp, gpus: 1, minibatch: 8, u_fwd: 8, u_bwd: 8, packs_bwd: [[0, 9], [10, 27]]}\n",
+      "x.yaml");
+  CHECK(*c.plan.packs_fwd == Packs{{0, 9}});
+  c = load_config_text(kModel +
+                           "plan: {mode: harmony-pp, gpus: 1, minibatch: 8, u_fwd: 2, u_bwd: 2, packs_fwd: [], "
+                           "packs_bwd: [[0, 27]]}\n",
+                       "x.yaml");
+  CHECK(c.plan.packs_fwd->empty());
+  CHECK(*c.plan.packs_bwd == Packs{{0, 27}});
+}
+
+TEST_CASE("null values count as absent; unequal microbatches lift the divisibility rule") {
+  RunConfig c = load_config_text(kModel +
+                                     "plan: {mode: harmony-pp, gpus: 2, minibatch: 32, u_fwd: ~, u_bwd: ~}\n"
+                                     "search:\n",
+                                 "x.yaml");
+  CHECK_FALSE(c.plan.u_fwd.has_value());
+  c = load_config_text(kModel +
+                           "plan: {mode: harmony-pp, gpus: 2, minibatch: 32, u_fwd: 7, u_bwd: 5}\n"
+                           "options: {unequal_microbatches: true}\n",
+                       "x.yaml");
+  CHECK(c.plan.u_fwd == 7);
+  CHECK(c.options.unequal_microbatches);
+  // harmony-dp over 3 GPUs with D = 32 gives shares 11, 11, 10: only u = 1 is equal.
+  c = load_config_text(kModel + "plan: {mode: harmony-dp, gpus: 3, minibatch: 32, u_fwd: 1, u_bwd: 1}\n", "x.yaml");
+  CHECK(c.plan.u_bwd == 1);
+}
+
+TEST_CASE("machine: preset with overrides, a full mapping, or a file path") {
+  TempDir dir;
+  dir.write("box.yaml",
+            "name: box\ngpu: A100\ngpus: 4\ngpu_memory: 80 GB\nbw_swap: 24GB/s\nbw_p2p: 300GB/s\n"
+            "bw_msg: 12348030976\ntime_del: 0.01\nmemory_cap_scale: 0.9\n");
+  const std::string cfg =
+      dir.write("cfg.yaml", kModel + "machine: box.yaml\nplan: {mode: vPP, gpus: 4, minibatch: 8}\n");
+  RunConfig c = load_config(cfg);
+  CHECK(c.machine.name == "box");
+  CHECK(c.machine.gpu_name == "A100");
+  CHECK(c.machine.gpus == 4);
+  CHECK(c.machine.gpu_memory_bytes == 80'000'000'000);
+  CHECK(c.machine.bw_swap_bytes_per_s == doctest::Approx(24e9));
+  CHECK(c.machine.bw_p2p_bytes_per_s == doctest::Approx(300e9));
+  CHECK(c.machine.bw_msg_bytes_per_s == doctest::Approx(12348030976.0));
+  CHECK(c.machine.time_del_s == doctest::Approx(0.01));
+  CHECK(c.machine.memory_cap_scale == doctest::Approx(0.9));
+  CHECK(c.model.profile_path == (dir.path / "model.json").string());
+
+  c = load_config(cfg, {"machine.gpu_memory=40GB"});  // `machine: FILE` + override
+  CHECK(c.machine.gpu_memory_bytes == 40'000'000'000);
+  CHECK(c.machine.gpu_name == "A100");
+
+  c = load_config_text(kModel +
+                           "machine: {preset: paper-1080ti, gpu_memory: 8GiB, gpus: 2, time_del: 0}\n"
+                           "plan: {mode: vPP, gpus: 2, minibatch: 8}\n",
+                       "x.yaml");
+  CHECK(c.machine.name == "paper-1080ti");
+  CHECK(c.machine.gpu_memory_bytes == 8 * kGiB);
+  CHECK(c.machine.gpus == 2);
+  CHECK(c.machine.time_del_s == 0.0);
+  CHECK(c.machine.bw_swap_bytes_per_s == 11.5 * 1024 * 1024 * 1024);
+
+  c = load_config_text(kModel + "machine: {gpus: 2, gpu_memory: 16GiB}\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n",
+                       "x.yaml");
+  CHECK(c.machine.name == "custom");
+  CHECK(c.machine.gpu_memory_bytes == 16 * kGiB);
+  CHECK(c.machine.time_del_s == 0.040);  // the paper's constants by default
+
+  const MachineSpec m = load_machine_file(dir.write("derived.yaml", "preset: paper-1080ti\ngpus: 2\n"));
+  CHECK(m.gpus == 2);
+  CHECK(m.gpu_memory_bytes == 10 * kGiB);
+}
+
+TEST_CASE("machine presets are built in; the shipped preset file matches the embedded one") {
+  check_paper_machine(machine_preset("paper-1080ti"));
+  const std::vector<std::string> names = machine_preset_names();
+  CHECK(std::find(names.begin(), names.end(), "paper-1080ti") != names.end());
+  check_paper_machine(load_machine_file("paper-1080ti"));
+  MachineSpec from_file = load_machine_file(source_path("configs/machines/paper-1080ti.yaml"));
+  CHECK(from_file.name == "paper-1080ti");  // the file stem
+  check_paper_machine(from_file);
+
+  try {
+    machine_preset("paper-1080");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(contains(e.message(), "paper-1080"));
+    CHECK(contains(e.hint(), "did you mean 'paper-1080ti'"));
+    CHECK(contains(e.hint(), "paper-1080ti"));
+  }
+  CHECK_THROWS_AS(load_machine_file("no-such-machine"), ConfigError);
+  CHECK_THROWS_AS(load_machine_file("/no/such/machine.yaml"), ConfigError);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Overrides
+
+TEST_CASE("--set overrides are applied before validation") {
+  const std::string file = source_path("configs/default.yaml");
+  RunConfig c =
+      load_config(file, {"plan.gpus=4", "machine.gpu_memory=8GiB", "search.packing_fwd=[balanced_time, reuse]",
+                         "search.top_k=-1", "plan.mode=vDP", "options.prefetch=true"});
+  CHECK(c.plan.gpus == 4);
+  CHECK(c.plan.mode == Mode::HarmonyDP);
+  CHECK(c.machine.gpu_memory_bytes == 8 * kGiB);
+  CHECK(c.machine.gpus == 8);  // the rest of the preset stays
+  CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});
+  CHECK(c.search.top_k == -1);
+  CHECK(c.options.prefetch);
+
+  // `machine: NAME` (a string) and a config without machine: both keep their preset under an override.
+  c = load_config(source_path("configs/examples/bert_large_search.yaml"), {"machine.gpus=2"});
+  CHECK(c.machine.gpus == 2);
+  CHECK(c.machine.gpu_name == "GTX 1080 Ti");
+  c = load_config_text(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", "x.yaml", {"machine.gpu_memory=6GiB"});
+  CHECK(c.machine.gpu_memory_bytes == 6 * kGiB);
+  CHECK(c.machine.bw_p2p_bytes_per_s == 8.2 * 1024 * 1024 * 1024);
+
+  // New sections and keys are created; an empty value or null unsets a key.
+  c = load_config(source_path("configs/examples/bert_large_simulate.yaml"),
+                  {"plan.pack_size=", "plan.packs_bwd=[[0, 13], [14, 27]]", "search.u_bwd=[4, 8]"});
+  CHECK_FALSE(c.plan.pack_size.has_value());
+  CHECK(*c.plan.packs_bwd == Packs{{0, 13}, {14, 27}});
+  CHECK(*c.plan.packs_fwd == Packs{{0, 13}});
+  CHECK(c.search.u_bwd == std::vector<int>{4, 8});
+
+  // Overrides can even supply whole required sections.
+  c = load_config_text("", "x.yaml", {"model.profile=m.json", "plan={mode: vPP, gpus: 1, minibatch: 4}"});
+  CHECK(c.model.profile_path == "m.json");
+  CHECK(c.plan.minibatch == 4);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Errors: one per kind of bad input, with the exact location and a hint
+
+TEST_CASE("error: unknown key, with the closest valid key suggested") {
+  const ConfigError e = config_error(kModel + "plan:\n  mode: harmony-pp\n  gpuz: 2\n  minibatch: 32\n");
+  check_at(e, "bad.yaml", 5, 3);
+  CHECK(contains(e.message(), "'gpuz'"));
+  CHECK(contains(e.hint(), "did you mean 'gpus'?"));
+  CHECK(contains(e.hint(), "mode, gpus, minibatch"));
+
+  const ConfigError top = config_error(kModel + "plans: {mode: vPP}\n");
+  check_at(top, "bad.yaml", 3, 1);
+  CHECK(contains(top.hint(), "did you mean 'plan'?"));
+
+  const ConfigError machine = config_error(kModel +
+                                           "machine: {preset: paper-1080ti, bw_swp: 1GiB/s}\n"
+                                           "plan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(machine, "bad.yaml", 3, 33);
+  CHECK(contains(machine.hint(), "did you mean 'bw_swap'?"));
+
+  const ConfigError unrelated = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8, zzzzzzzzzzzz: 1}\n");
+  CHECK(contains(unrelated.hint(), "valid keys:"));
+  CHECK_FALSE(contains(unrelated.hint(), "did you mean"));
+}
+
+TEST_CASE("error: malformed YAML reports the parser's position, 1-based") {
+  const ConfigError e = config_error(kModel + "plan:\n  mode: harmony-pp\n   gpus: 2\n");
+  check_at(e, "bad.yaml", 5, 8);
+  CHECK(contains(e.message(), "malformed YAML"));
+
+  const ConfigError unclosed = config_error("model: {profile: p.json}\nplan: {mode: vPP, gpus: 2\n");
+  check_at(unclosed, "bad.yaml", 3, 1);
+
+  const ConfigError dup = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\nplan: {}\n");
+  check_at(dup, "bad.yaml", 4, 1);
+  CHECK(contains(dup.message(), "duplicate key 'plan'"));
+  CHECK(contains(dup.hint(), "bad.yaml:3:1"));
+}
+
+TEST_CASE("error: missing required fields and sections") {
+  const ConfigError e = config_error(kModel + "plan:\n  mode: harmony-pp\n  gpus: 2\n");
+  check_at(e, "bad.yaml", 3, 1);  // at `plan:`
+  CHECK(contains(e.message(), "plan.minibatch"));
+  CHECK(contains(e.hint(), "minibatch:"));
+
+  const ConfigError empty_value = config_error(kModel + "plan:\n  mode: harmony-pp\n  gpus:\n  minibatch: 8\n");
+  check_at(empty_value, "bad.yaml", 5, 3);
+  CHECK(contains(empty_value.message(), "plan.gpus has no value"));
+
+  const ConfigError profile = config_error("model: {}\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(profile, "bad.yaml", 1, 1);
+  CHECK(contains(profile.message(), "model.profile"));
+
+  const ConfigError no_model = config_error("plan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(no_model, "bad.yaml", 0, 0);
+  CHECK(contains(no_model.message(), "'model'"));
+
+  const ConfigError no_plan = config_error(kModel);
+  check_at(no_plan, "bad.yaml", 0, 0);
+  CHECK(contains(no_plan.message(), "'plan'"));
+
+  check_at(config_error(""), "bad.yaml", 0, 0);
+
+  const ConfigError machine = config_error(kModel + "machine:\n  gpus: 2\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(machine, "bad.yaml", 3, 1);
+  CHECK(contains(machine.message(), "machine.gpu_memory"));
+}
+
+TEST_CASE("error: wrong types") {
+  const ConfigError e = config_error(kModel + "plan:\n  mode: harmony-pp\n  gpus: two\n  minibatch: 8\n");
+  check_at(e, "bad.yaml", 5, 9);
+  CHECK(contains(e.message(), "plan.gpus must be an integer, got 'two'"));
+
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2.5, minibatch: 8}\n"), "bad.yaml", 3, 25);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: [2], minibatch: 8}\n"), "bad.yaml", 3, 25);
+  check_at(config_error(kModel + "plan: [mode, gpus]\n"), "bad.yaml", 3, 7);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\noptions: {prefetch: maybe}\n"), "bad.yaml",
+           4, 21);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\nsearch: {top_k: 0}\n"), "bad.yaml", 4, 17);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\nsearch: {top_k: -2}\n"), "bad.yaml", 4, 17);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 99999999999, minibatch: 8}\n"), "bad.yaml", 3, 25);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 0, minibatch: 8}\n"), "bad.yaml", 3, 25);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\nmachine: [1]\n"), "bad.yaml", 4, 10);
+
+  const ConfigError mode = config_error(kModel + "plan: {mode: harmony-p, gpus: 2, minibatch: 8}\n");
+  check_at(mode, "bad.yaml", 3, 14);
+  CHECK(contains(mode.hint(), "did you mean 'harmony-pp'?"));
+
+  const ConfigError cost = config_error(kModel + "cost_model: native\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(cost, "bad.yaml", 3, 13);
+  CHECK(contains(cost.message(), "not available yet"));
+  const ConfigError cost2 = config_error(kModel + "cost_model: referense\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  CHECK(contains(cost2.hint(), "did you mean 'reference'?"));
+}
+
+TEST_CASE("error: negative and zero sizes") {
+  const ConfigError e = config_error(kModel +
+                                     "machine:\n  preset: paper-1080ti\n  gpu_memory: -1GiB\n"
+                                     "plan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(e, "bad.yaml", 5, 15);
+  CHECK(contains(e.message(), "positive"));
+  CHECK(contains(e.hint(), "10GiB"));
+  check_at(config_error(kModel + "machine: {preset: paper-1080ti, gpu_memory: 0}\nplan: {mode: vPP, gpus: 2, "
+                                 "minibatch: 8}\n"),
+           "bad.yaml", 3, 45);
+  check_at(config_error(kModel + "machine: {preset: paper-1080ti, bw_p2p: 0GiB/s}\nplan: {mode: vPP, gpus: 2, "
+                                 "minibatch: 8}\n"),
+           "bad.yaml", 3, 41);
+  check_at(config_error(kModel + "machine: {preset: paper-1080ti, time_del: -40ms}\nplan: {mode: vPP, gpus: 2, "
+                                 "minibatch: 8}\n"),
+           "bad.yaml", 3, 43);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: -8}\n"), "bad.yaml", 3, 39);
+}
+
+TEST_CASE("error: bad unit strings show the valid forms") {
+  const ConfigError e = config_error(kModel +
+                                     "machine:\n  preset: paper-1080ti\n  gpu_memory: 10gib\n"
+                                     "plan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(e, "bad.yaml", 5, 15);
+  CHECK(contains(e.message(), "'10gib'"));
+  CHECK(contains(e.hint(), "GiB"));
+  CHECK(contains(e.hint(), "case-sensitive"));
+
+  const ConfigError bw = config_error(kModel +
+                                      "machine:\n  preset: paper-1080ti\n  bw_swap: 11.5GiB\n"
+                                      "plan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(bw, "bad.yaml", 5, 12);
+  CHECK(contains(bw.hint(), "did you mean '11.5GiB/s'?"));
+
+  const ConfigError t = config_error(kModel +
+                                     "machine:\n  preset: paper-1080ti\n  time_del: 40 msec\n"
+                                     "plan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(t, "bad.yaml", 5, 13);
+  CHECK(contains(t.hint(), "40ms"));
+}
+
+TEST_CASE("error: unknown machine preset lists the presets") {
+  const ConfigError e =
+      config_error(kModel + "machine:\n  preset: paper-1080\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(e, "bad.yaml", 4, 11);
+  CHECK(contains(e.message(), "'paper-1080'"));
+  CHECK(contains(e.hint(), "did you mean 'paper-1080ti'?"));
+  CHECK(contains(e.hint(), "built-in presets: paper-1080ti"));
+
+  check_at(config_error(kModel + "machine: dgx\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n"), "bad.yaml", 3, 10);
+  const ConfigError file =
+      config_error(kModel + "machine: machines/none.yaml\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  check_at(file, "bad.yaml", 3, 10);
+  CHECK(contains(file.message(), "cannot read machine file 'machines/none.yaml'"));
+}
+
+TEST_CASE("error: unknown packing method, with a suggestion") {
+  const ConfigError e = config_error(kModel +
+                                     "plan: {mode: vPP, gpus: 2, minibatch: 8}\n"
+                                     "search:\n  packing_fwd: [balanced_time, balanced_tim]\n");
+  check_at(e, "bad.yaml", 5, 32);
+  CHECK(contains(e.message(), "'balanced_tim'"));
+  CHECK(contains(e.hint(), "did you mean 'balanced_time'?"));
+
+  const ConfigError reuse = config_error(kModel +
+                                         "plan: {mode: vPP, gpus: 2, minibatch: 8}\n"
+                                         "search:\n  packing_bwd:\n    - balanced_time\n    - reuse\n");
+  check_at(reuse, "bad.yaml", 7, 7);
+  CHECK(contains(reuse.message(), "forward-only"));
+
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\nsearch: {packing_bwd: []}\n"), "bad.yaml",
+           4, 10);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\nsearch: {packing_bwd: [reuse2, reuse2]}\n"),
+           "bad.yaml", 4, 24);
+}
+
+TEST_CASE("error: microbatch sizes that do not divide the minibatch") {
+  const ConfigError pp = config_error(kModel +
+                                      "plan:\n  mode: harmony-pp\n  gpus: 2\n  minibatch: 32\n  u_fwd: 7\n"
+                                      "  u_bwd: 8\n");
+  check_at(pp, "bad.yaml", 7, 10);
+  CHECK(contains(pp.message(), "plan.u_fwd = 7 does not divide minibatch 32"));
+  CHECK(contains(pp.hint(), "1, 2, 4, 8, 16, 32"));
+  CHECK(contains(pp.hint(), "unequal_microbatches"));
+
+  const ConfigError dp = config_error(kModel +
+                                      "plan:\n  mode: harmony-dp\n  gpus: 2\n  minibatch: 36\n  u_fwd: 6\n"
+                                      "  u_bwd: 4\n");
+  check_at(dp, "bad.yaml", 8, 10);
+  CHECK(contains(dp.message(), "harmony-dp"));
+  CHECK(contains(dp.hint(), "1, 2, 3, 6, 9, 18"));
+
+  const ConfigError uneven = config_error(kModel + "plan: {mode: vDP, gpus: 3, minibatch: 32, u_fwd: 2, u_bwd: 2}\n");
+  check_at(uneven, "bad.yaml", 3, 50);
+  CHECK(contains(uneven.hint(), "multiple of gpus"));
+
+  const ConfigError search =
+      config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 32}\nsearch: {u_bwd: [8, 12]}\n");
+  check_at(search, "bad.yaml", 4, 21);
+
+  const ConfigError too_big = config_error(kModel +
+                                           "plan: {mode: vPP, gpus: 2, minibatch: 32, u_fwd: 64, u_bwd: 8}\n"
+                                           "options: {unequal_microbatches: true}\n");
+  check_at(too_big, "bad.yaml", 3, 50);
+
+  check_at(config_error(kModel + "plan: {mode: vDP, gpus: 4, minibatch: 2}\n"), "bad.yaml", 3, 39);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 9, minibatch: 32}\n"), "bad.yaml", 3, 25);
+}
+
+TEST_CASE("error: exactly-one-of and pairing rules in plan") {
+  const ConfigError both = config_error(kModel +
+                                        "plan:\n  mode: vPP\n  gpus: 2\n  minibatch: 8\n  u_fwd: 8\n"
+                                        "  u_bwd: 8\n  pack_size: 7\n  packs_bwd: [[0, 6], [7, 27]]\n");
+  check_at(both, "bad.yaml", 10, 3);
+  CHECK(contains(both.message(), "pack_size and plan.packs_bwd"));
+  CHECK(contains(both.hint(), "bad.yaml:9:3"));
+
+  const ConfigError fwd_only = config_error(kModel +
+                                            "plan:\n  mode: vPP\n  gpus: 2\n  minibatch: 8\n"
+                                            "  packs_fwd: [[0, 6]]\n");
+  check_at(fwd_only, "bad.yaml", 7, 3);
+  CHECK(contains(fwd_only.message(), "packs_fwd needs plan.packs_bwd"));
+
+  const ConfigError u = config_error(kModel + "plan:\n  mode: vPP\n  gpus: 2\n  minibatch: 8\n  u_bwd: 8\n");
+  check_at(u, "bad.yaml", 7, 3);
+  CHECK(contains(u.message(), "u_bwd is given without plan.u_fwd"));
+
+  const ConfigError gap = config_error(kModel +
+                                       "plan: {mode: vPP, gpus: 2, minibatch: 8, u_fwd: 8, u_bwd: 8, "
+                                       "packs_bwd: [[0, 6], [8, 27]]}\n");
+  check_at(gap, "bad.yaml", 3, 82);
+  CHECK(contains(gap.message(), "skips layer 7"));
+  CHECK(contains(gap.message(), "must start at layer 7"));
+  const ConfigError overlap = config_error(kModel +
+                                           "plan: {mode: vPP, gpus: 2, minibatch: 8, u_fwd: 8, u_bwd: 8, "
+                                           "packs_bwd: [[0, 13], [13, 27]]}\n");
+  check_at(overlap, "bad.yaml", 3, 83);
+  CHECK(contains(overlap.message(), "overlaps the previous pack at layer 13"));
+  const ConfigError late = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8, packs_bwd: [[3, 27]]}\n");
+  check_at(late, "bad.yaml", 3, 54);
+  CHECK(contains(late.message(), "skips layers 0..2"));
+
+  const ConfigError cover = config_error(kModel +
+                                         "plan: {mode: vPP, gpus: 2, minibatch: 8, u_fwd: 8, u_bwd: 8, "
+                                         "packs_fwd: [[0, 5]], packs_bwd: [[0, 6], [7, 27]]}\n");
+  check_at(cover, "bad.yaml", 3, 73);
+  CHECK(contains(cover.message(), "layers 0..6"));
+
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8, packs_bwd: [[6, 0]]}\n"), "bad.yaml", 3, 54);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8, packs_bwd: [[0, 1, 2]]}\n"), "bad.yaml", 3,
+           54);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8, packs_bwd: []}\n"), "bad.yaml", 3, 53);
+}
+
+TEST_CASE("error: unknown override path, reported at the --set text with a suggestion") {
+  const ConfigError e = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"plan.gpuz=4"});
+  check_at(e, "--set plan.gpuz=4", 0, 0);
+  CHECK(contains(e.hint(), "did you mean 'gpus'?"));
+
+  const ConfigError section = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"serch.top_k=3"});
+  check_at(section, "--set serch.top_k=3", 0, 0);
+  CHECK(contains(section.hint(), "did you mean 'search'?"));
+
+  const ConfigError value = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"plan.gpus=four"});
+  check_at(value, "--set plan.gpus=four", 0, 0);
+  CHECK(contains(value.message(), "'four'"));
+
+  const ConfigError into_scalar =
+      config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"plan.mode.x=1"});
+  check_at(into_scalar, "--set plan.mode.x=1", 0, 0);
+
+  const ConfigError bad_yaml =
+      config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"search.packing_fwd=[reuse"});
+  check_at(bad_yaml, "--set search.packing_fwd=[reuse", 0, 0);
+  CHECK(contains(bad_yaml.message(), "malformed value"));
+}
+
+TEST_CASE("error: override without '='") {
+  const ConfigError e = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"plan.gpus4"});
+  check_at(e, "--set plan.gpus4", 0, 0);
+  CHECK(contains(e.message(), "'plan.gpus4'"));
+  CHECK(contains(e.hint(), "plan.gpus=4"));
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"=4"}), "--set =4", 0, 0);
+  check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"plan..gpus=4"}), "--set plan..gpus=4",
+           0, 0);
+}
+
+TEST_CASE("error: an unreadable config file") {
+  try {
+    load_config("/no/such/config.yaml");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(e.loc().file == "/no/such/config.yaml");
+    CHECK_FALSE(e.hint().empty());
+  }
+}
+
+TEST_CASE("errors in machine files point into the machine file") {
+  TempDir dir;
+  const std::string machine = dir.write("m.yaml", "gpus: 4\ngpu_memory: 10GiB\nbw_msg: fast\n");
+  try {
+    load_machine_file(machine);
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    check_at(e, machine, 3, 9);
+  }
+  const std::string loop = dir.write("loop.yaml", "file: loop.yaml\n");
+  CHECK_THROWS_AS(load_machine_file(loop), ConfigError);
+  const std::string cfg =
+      dir.write("c.yaml", kModel + "machine: {file: m.yaml}\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+  try {
+    load_config(cfg);
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    check_at(e, (dir.path / "m.yaml").string(), 3, 9);
+  }
+}
+
+TEST_CASE("hostile input: alias bombs and deep nesting fail cleanly") {
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'k'; ++c) {
+    const std::string alias = std::string("*") + static_cast<char>(c - 1);
+    bomb += std::string(1, c) + ": &" + c + " [";
+    for (int i = 0; i < 10; ++i) bomb += (i ? ", " : "") + alias;
+    bomb += "]\n";
+  }
+  CHECK_THROWS_AS(load_config_text(bomb, "bomb.yaml"), ConfigError);
+  const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+  CHECK_THROWS_AS(load_config_text(deep, "deep.yaml"), ConfigError);
+}
