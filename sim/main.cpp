@@ -211,14 +211,20 @@ int cmd_search(const Cli& cli) {
     fmt::print("no feasible configuration: every packing exceeds the GPU capacity\n");
     return 0;
   }
-  fmt::print("{:>4}  {:>9}  {:>10}  {:>5}  {:>5}  {:>8}  {:>6}  {:<28}  {:<40}  {}\n", "rank", "time (s)", "samples/s",
-             "u_fwd", "u_bwd", "mem MiB", "idle%", "packs_fwd", "packs_bwd", "packing fwd / bwd");
+  std::size_t wf = 9;
+  std::size_t wb = 9;
+  for (const auto& rr : res.ranked) {
+    wf = std::max(wf, core::packs_to_string(rr.report.plan.packs_fwd).size());
+    wb = std::max(wb, core::packs_to_string(rr.report.plan.packs_bwd).size());
+  }
+  fmt::print("{:>4}  {:>9}  {:>10}  {:>5}  {:>5}  {:>8}  {:>6}  {:<{}}  {:<{}}  {}\n", "rank", "time (s)", "samples/s",
+             "u_fwd", "u_bwd", "mem MiB", "idle%", "packs_fwd", wf, "packs_bwd", wb, "packing fwd / bwd");
   for (std::size_t i = 0; i < res.ranked.size(); ++i) {
     const auto& r = res.ranked[i].report;
-    fmt::print("{:>4}  {:>9.3f}  {:>10.3f}  {:>5}  {:>5}  {:>8.0f}  {:>5.0f}%  {:<28}  {:<40}  {} / {}\n", i + 1,
+    fmt::print("{:>4}  {:>9.3f}  {:>10.3f}  {:>5}  {:>5}  {:>8.0f}  {:>5.0f}%  {:<{}}  {:<{}}  {} / {}\n", i + 1,
                r.iteration_time_s, r.throughput_samples_per_s, r.plan.u_fwd, r.plan.u_bwd, mib(r.peak_memory_bytes),
-               100.0 * r.max_end_idle, core::packs_to_string(r.plan.packs_fwd), core::packs_to_string(r.plan.packs_bwd),
-               r.method_fwd.empty() ? "-" : r.method_fwd, r.method_bwd);
+               100.0 * r.max_end_idle, core::packs_to_string(r.plan.packs_fwd), wf,
+               core::packs_to_string(r.plan.packs_bwd), wb, r.method_fwd.empty() ? "-" : r.method_fwd, r.method_bwd);
   }
   fmt::print("\n{}\n", core::summary_line(res.ranked.front().report, "Top1"));
   if (!cli.trace.empty()) fmt::print("trace of the best plan written to {}\n", cli.trace);
