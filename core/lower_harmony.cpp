@@ -109,6 +109,25 @@ class Lowerer {
 
   Bytes xbytes(int u, int layer) const { return m_.input_bytes(u, layer); }
 
+  // Transient memory of a compute op beyond the tensors the Program allocates explicitly: the
+  // profiled peaks of its layers (minus inner inputs, as the reference's memory_of_pack) less the
+  // weights, input, output (and for BWD the gradients) that have their own allocations.
+  Bytes workspace(Phase ph, int u, LayerRange l) const {
+    Bytes peak = 0;
+    for (int k = l.first; k <= l.last; ++k) {
+      peak += m_.peak_bytes(ph, u, k);
+      if (k > l.first) peak -= m_.input_bytes(u, k);
+    }
+    Bytes own = m_.weight_bytes(l.first, l.last) + m_.buffer_bytes(l.first, l.last) + xbytes(u, l.first) +
+                xbytes(u, l.last + 1);
+    if (ph == Phase::Bwd) own += m_.weight_bytes(l.first, l.last) + (l.first != 0 ? xbytes(u, l.first) : 0);
+    return std::max<Bytes>(0, peak - own);
+  }
+  void set_workspace(int op, Phase ph) {
+    Op& o = prog_.ops[static_cast<std::size_t>(op)];
+    o.workspace_bytes = workspace(ph, o.ubs, o.layers);
+  }
+
   void alloc(int op, TensorKind k, LayerRange layers, int mb, Bytes b) {
     prog_.ops[static_cast<std::size_t>(op)].allocs.push_back(TensorRef{k, layers, mb, b});
   }
@@ -223,6 +242,7 @@ class Lowerer {
   int compute_fwd(const Task& vt, int i, int W, int X) {
     const int u = vt.ubatch_sizes[static_cast<std::size_t>(i)];
     int F = make(vt, i, 0, Stream::Compute, OpKind::FWD, subpack_layers(vt, 0), u, 0);
+    set_workspace(F, Phase::Fwd);
     if (i == 0) dep_op(F, W);
     dep_op(F, X);
     enqueue(F);
@@ -233,6 +253,7 @@ class Lowerer {
       } else {
         ++s;
         F = make(vt, i, s, Stream::Compute, OpKind::FWD, subpack_layers(vt, s), u, 0);
+        set_workspace(F, Phase::Fwd);
         enqueue(F);
       }
       if (!pf_) dep(F, key(vt, i, s, Stream::SwapOut, OpKind::sX));
@@ -358,10 +379,12 @@ class Lowerer {
   int compute_bwd(const Task& vt, int i, int W, int Xin, int G) {
     const int u = vt.ubatch_sizes[static_cast<std::size_t>(i)];
     int Rc = make(vt, i, 0, Stream::Compute, OpKind::REC, vt.layers, u, 0);
+    set_workspace(Rc, Phase::Fwd);
     if (i == 0) dep_op(Rc, W);
     dep_op(Rc, Xin);
     enqueue(Rc);
     int Bw = make(vt, i, 0, Stream::Compute, OpKind::BWD, vt.layers, u, 0);
+    set_workspace(Bw, Phase::Bwd);
     if (G >= 0) dep_op(Bw, G);
     enqueue(Bw);
     const Bytes w = m_.weight_bytes(vt.layers.first, vt.layers.last);

@@ -1,13 +1,55 @@
-// The machine a plan runs on, as the reference cost model sees it: GPU count and memory capacity
-// and the paper's scheduler constants (swap, P2P and CPU-message bandwidths, per-task free time).
-// Loaded from a machine YAML (configs/machines/*.yaml) or a built-in preset name.
+// The machine a plan runs on. The reference cost model reads only the paper's scheduler constants
+// (GPU count and memory, swap/P2P/CPU-message bandwidths, per-task free time); the native cost model
+// reads the Topology: the PCIe tree, GPU-to-GPU paths, copy engines, host memory and CPU cores.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/units.hpp"
 
 namespace harmony::core {
+
+// A PCIe switch (or a CPU root port) that GPUs hang off; its uplink goes to one CPU socket.
+struct PcieSwitch {
+  std::string name;
+  int socket = 0;
+  double uplink_bytes_per_s = 0;  // per direction
+};
+
+struct GpuSpec {
+  int pcie_switch = 0;          // index into Topology::switches
+  double link_bytes_per_s = 0;  // the GPU's own PCIe link, per direction
+  int copy_engines_h2d = 1;     // concurrent host->device copies
+  int copy_engines_d2h = 1;     // concurrent device->host copies
+};
+
+struct NvLink {
+  int gpu_a = 0;
+  int gpu_b = 0;
+  double bytes_per_s = 0;  // per direction
+};
+
+enum class P2PMode {
+  Pcie,  // GPU-to-GPU copies go through the PCIe tree (switch, or root complex across switches)
+  Host,  // no P2P: staged through pinned host memory (device->host, then host->device)
+};
+
+struct Topology {
+  std::vector<GpuSpec> gpus;  // size == MachineSpec::gpus
+  std::vector<PcieSwitch> switches;
+  int sockets = 1;
+  double inter_socket_bytes_per_s = 0;  // per direction (QPI/UPI/Infinity Fabric)
+  P2PMode p2p = P2PMode::Pcie;
+  std::vector<NvLink> nvlinks;         // pairs with a direct NVLink (take precedence over PCIe)
+  double transfer_latency_s = 0;       // fixed cost added to every transfer
+  Bytes host_memory_bytes = 0;         // 0 = unlimited
+  Bytes pinned_limit_bytes = 0;        // 0 = unlimited
+  double host_memcpy_bytes_per_s = 0;  // CPU-side copies (CPU messages, staging)
+  int cpu_cores = 1;                   // cores the optimizer may use
+  double free_time_s = 0;              // time to free one pack's tensors (paper: flat 40 ms)
+  bool valid() const { return !gpus.empty(); }
+};
 
 struct MachineSpec {
   std::string name;                    // preset or file name, for reports
@@ -19,6 +61,8 @@ struct MachineSpec {
   double bw_p2p_bytes_per_s = 8.2 * static_cast<double>(kGiB);    // GPU<->GPU, per direction
   double bw_msg_bytes_per_s = 16.0 * static_cast<double>(kGiB);   // CPU<->CPU message
   double time_del_s = 0.040;                                      // freeing one task's tensors
+  double price_per_hour = 0;                                      // optional, for cost estimates
+  Topology topology;  // the native model's view; empty for reference-only machines
 };
 
 }  // namespace harmony::core

@@ -16,8 +16,8 @@ const char* stream_name(Stream s) {
 }
 
 const char* op_kind_name(OpKind k) {
-  static const char* const names[] = {"WB",  "X", "sX", "dY",  "FWD",   "REC",  "BWD",   "ARD",
-                                      "DEL", "Y", "dX", "dWB", "MSGsX", "MSGY", "Update"};
+  static const char* const names[] = {"WB", "X",  "sX",  "dY",    "FWD",  "REC",    "BWD", "ARD", "DEL",
+                                      "Y",  "dX", "dWB", "MSGsX", "MSGY", "Update", "AG",  "RS"};
   return names[static_cast<int>(k)];
 }
 
@@ -34,6 +34,8 @@ bool is_transfer(OpKind k) {
     case OpKind::dWB:
     case OpKind::MSGsX:
     case OpKind::MSGY:
+    case OpKind::AG:
+    case OpKind::RS:
       return true;
     default:
       return false;
@@ -41,8 +43,28 @@ bool is_transfer(OpKind k) {
 }
 
 const char* tensor_kind_name(TensorKind k) {
-  static const char* const names[] = {"weights", "weight_grad", "activation", "stash", "act_grad"};
+  static const char* const names[] = {"weights", "weight_grad", "optimizer_state", "activation", "stash", "act_grad"};
   return names[static_cast<int>(k)];
+}
+
+TensorKind moved_tensor(OpKind k) {
+  switch (k) {
+    case OpKind::WB:
+    case OpKind::AG:
+      return TensorKind::Weights;
+    case OpKind::dWB:
+    case OpKind::RS:
+    case OpKind::ARD:
+      return TensorKind::WeightGrad;
+    case OpKind::sX:
+    case OpKind::MSGsX:
+      return TensorKind::Stash;
+    case OpKind::dX:
+    case OpKind::dY:
+      return TensorKind::ActGrad;
+    default:
+      return TensorKind::Activation;
+  }
 }
 
 std::string Program::op_id(int op) const {

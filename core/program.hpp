@@ -33,12 +33,19 @@ enum class OpKind : std::uint8_t {
   MSGsX,   // CPU-side message of a stash to the consumer's process
   MSGY,    // CPU-side message of Y (microbatch re-sizing)
   Update,  // CPU optimizer step of a pack
+  AG,      // all-gather of a layer range's parameters across GPUs (ZeRO-style baselines)
+  RS,      // reduce-scatter of a layer range's gradients across GPUs (ZeRO-style baselines)
 };
+inline constexpr int kNumOpKinds = 17;
 const char* op_kind_name(OpKind k);
 bool is_compute(OpKind k);   // FWD, REC, BWD
 bool is_transfer(OpKind k);  // ops that move bytes
 
-enum class TensorKind : std::uint8_t { Weights, WeightGrad, Activation, Stash, ActGrad };
+enum class TensorKind : std::uint8_t { Weights, WeightGrad, OptState, Activation, Stash, ActGrad };
+inline constexpr int kNumTensorKinds = 6;
+// The class of tensor a transfer op moves (swap ledger): WB -> Weights, dWB/RS -> WeightGrad, X/Y -> Activation,
+// sX/MSGsX -> Stash, dX/dY -> ActGrad, AG -> Weights, MSGY -> Activation.
+TensorKind moved_tensor(OpKind k);
 const char* tensor_kind_name(TensorKind k);
 
 struct TensorRef {
@@ -64,6 +71,7 @@ struct Op {
   int peer = -1;                  // P2P rendezvous partner (send <-> receive), else -1
   int queue = -1;                 // index into Program::queues
   int queue_pos = -1;             // position in that queue
+  Bytes workspace_bytes = 0;      // compute ops: transient device memory while running (beyond allocs)
   std::vector<TensorRef> allocs;  // device memory allocated when the op begins
   std::vector<TensorRef> frees;   // device memory freed when the op ends
 };

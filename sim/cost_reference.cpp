@@ -42,6 +42,10 @@ double ReferenceCostModel::duration_s(const core::Program& program, const Op& op
       return bytes / (machine_.bw_swap_bytes_per_s / n);
     case OpKind::ARD:
       return 2. * (n - 1) / n * bytes / machine_.bw_p2p_bytes_per_s;
+    case OpKind::AG:
+    case OpKind::RS:
+      // not in the paper's simulator: ring all-gather / reduce-scatter, half an all-reduce each
+      return (n - 1) / n * bytes / machine_.bw_p2p_bytes_per_s;
     case OpKind::X:
     case OpKind::sX:
     case OpKind::dX:

@@ -1,0 +1,347 @@
+// bench_sim: wall-clock benchmark of harmony-sim (profile loading, one simulation, full searches) on
+// the bundled profiles and on synthetic 400/500-layer "deep BERT" models, compared with the paper's
+// scheduler timings. Prints one aligned table; never asserts on time (docs/benchmarks.md has results).
+// Usage: bench_sim [SOURCE_ROOT] [--quick] [--min-time S] [--filter TEXT]  (root also from HARMONY_SOURCE_DIR)
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/machine.hpp"
+#include "core/model.hpp"
+#include "core/plan.hpp"
+#include "core/profile.hpp"
+#include "core/search.hpp"
+#include "sim/evaluate.hpp"
+
+using namespace harmony;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The paper's scheduler timings on the 2-core reference machine (from the issue).
+constexpr double kPaperBertPpS = 1.1;       // bert_large D32 vPP N2, 121 candidates
+constexpr double kPaperDeepCnnMinS = 38.0;  // 400-500-layer CNN searches: 38-90 s; the low end is used
+constexpr double kSearchSpeedupTarget = 100.0;
+constexpr double kSingleSimTargetS = 5e-3;  // one simulation of a 500-layer model
+
+const std::vector<std::string> kDefaultFwd{"greedy_reverse_addx", "balanced_addx", "reuse", "balanced_time"};
+const std::vector<std::string> kDefaultBwd{"greedy_reverse_addx", "balanced_addx", "balanced_time"};
+const std::vector<std::string> kScriptFwd{"balanced_time", "reuse"};  // the paper's published scripts
+const std::vector<std::string> kScriptBwd{"balanced_time"};
+
+struct Options {
+  std::string root = ".";
+  bool quick = false;
+  std::string filter;       // run only the cases whose name contains this
+  double min_time_s = 0.5;  // each case repeats until it has run this long in total
+  int min_reps = 3;
+};
+
+// What one run of a case did (identical on every repeat).
+struct Work {
+  int layers = 0;
+  std::size_t candidates = 0;  // 0 for non-search cases
+  std::size_t ops = 0;         // ops in the simulated programs
+  std::size_t events = 0;      // completion events the simulator processed
+  std::size_t deadlocked = 0;
+  std::string note;
+};
+
+struct Row {
+  std::string name;
+  Work work;
+  int reps = 0;
+  double best_s = 0.0;
+  double first_s = 0.0;            // the first (cold) run: fresh heap pages, cold caches
+  std::optional<double> paper_s;   // the paper's time for this search, if known
+  std::optional<double> target_s;  // an absolute target (single simulation), if any
+};
+
+// Runs `f` until it has run opts.min_time_s in total and at least opts.min_reps times; keeps the best.
+template <typename F>
+Row measure(const Options& opts, std::string name, F&& f) {
+  Row row;
+  row.name = std::move(name);
+  double total = 0.0;
+  row.best_s = 1e300;
+  do {
+    const auto t0 = Clock::now();
+    row.work = f();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    row.best_s = std::min(row.best_s, dt);
+    if (row.reps == 0) row.first_s = dt;
+    total += dt;
+    ++row.reps;
+  } while ((total < opts.min_time_s || row.reps < opts.min_reps) && row.reps < 1000000);
+  fmt::print(stderr, "  {:<44} best {:>10.3f} ms over {} runs\n", row.name, row.best_s * 1e3, row.reps);
+  return row;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Synthetic deep models. bert_large's 28 layers are: 0 embeddings, 1..24 encoder layers, 25 pooler,
+// 26 classifier, 27 criterion. Encoders 1..23 all take and produce the same hidden state (input
+// 2099200 B/sample); encoder 24 outputs the pooler's input. A deep BERT of R layers keeps the
+// embeddings first, then R-5 copies of encoders 1..23 taken cyclically, then encoder 24, the pooler,
+// the classifier and the criterion: every layer's input size still equals its predecessor's output.
+core::Model make_deep_bert(const core::Model& bert, int num_layers) {
+  if (bert.num_layers() != 28) throw core::ScheduleError("make_deep_bert expects bert_large's 28 layers");
+  if (num_layers < 5) throw core::ScheduleError("a deep BERT needs at least 5 layers");
+  core::Model m;
+  m.name = fmt::format("{}_deep{}", bert.name, num_layers);
+  m.source = bert.source + " (synthetic: encoders 1..23 replicated)";
+  m.ubatch_fwd = bert.ubatch_fwd;
+  m.ubatch_bwd = bert.ubatch_bwd;
+  m.layers.reserve(static_cast<std::size_t>(num_layers));
+  m.layers.push_back(bert.layers[0]);
+  for (int i = 0; i < num_layers - 5; ++i) m.layers.push_back(bert.layers[static_cast<std::size_t>(1 + i % 23)]);
+  for (std::size_t l = 24; l < 28; ++l) m.layers.push_back(bert.layers[l]);
+  for (std::size_t l = 0; l + 1 < m.layers.size(); ++l) m.layers[l].name = fmt::format("vlayer{}", l);
+  m.validate();
+  return m;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Cases.
+
+core::SearchSpace make_space(core::Mode mode, int gpus, int minibatch, const std::vector<std::string>& fwd,
+                             const std::vector<std::string>& bwd, int threads) {
+  core::SearchSpace s;
+  s.mode = mode;
+  s.gpus = gpus;
+  s.minibatch = minibatch;
+  s.capacity_bytes = 10 * core::kGiB;
+  s.spec.packing_fwd = fwd;
+  s.spec.packing_bwd = bwd;
+  s.spec.threads = threads;
+  s.spec.top_k = 5;
+  return s;
+}
+
+// One full search as harmony-sim runs it: enumerate (packing included), evaluate all, rank.
+Work search_once(const core::Model& model, const core::MachineSpec& machine, const core::SearchSpace& space) {
+  const auto cands = core::enumerate_candidates(model, space);
+  std::atomic<std::size_t> ops{0};
+  std::atomic<std::size_t> events{0};
+  const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
+    auto e = sim::evaluate_plan(model, machine, p, core::LowerOptions{});
+    ops += e.program.ops.size();
+    events += e.timeline.events_processed;
+    return std::move(e.report);
+  });
+  Work w;
+  w.layers = model.num_layers();
+  w.candidates = res.num_candidates;
+  w.ops = ops.load();
+  w.events = events.load();
+  w.deadlocked = res.num_deadlocked;
+  if (!res.ranked.empty()) {
+    const auto& top = res.ranked.front().report;
+    w.note = fmt::format("Top1 {:.3f} s, u {}/{}, bwd packs {}", top.iteration_time_s, top.plan.u_fwd, top.plan.u_bwd,
+                         top.plan.packs_bwd.size());
+  } else {
+    w.note = "no feasible candidate";
+  }
+  return w;
+}
+
+Work simulate_once(const core::Model& model, const core::MachineSpec& machine, const core::Plan& plan) {
+  const auto e = sim::evaluate_plan(model, machine, plan, core::LowerOptions{});
+  Work w;
+  w.layers = model.num_layers();
+  w.ops = e.program.ops.size();
+  w.events = e.timeline.events_processed;
+  w.note = fmt::format("iteration {:.3f} s{}", e.report.iteration_time_s, e.report.deadlock ? ", DEADLOCK" : "");
+  return w;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Output.
+
+std::string fmt_time(double s) {
+  if (s >= 1.0) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.2f} us", s * 1e6);
+}
+
+std::string fmt_count(std::size_t n) { return n == 0 ? "-" : fmt::format("{}", n); }
+
+std::string verdict(const Row& r) {
+  if (r.paper_s) return r.best_s * kSearchSpeedupTarget <= *r.paper_s ? "PASS (>=100x)" : "FAIL (<100x)";
+  if (r.target_s) return r.best_s < *r.target_s ? "PASS (<5 ms)" : "FAIL (>=5 ms)";
+  return "";
+}
+
+void print_table(const std::vector<Row>& rows) {
+  std::size_t w = 4;
+  for (const auto& r : rows) w = std::max(w, r.name.size());
+  fmt::print("{:<{}}  {:>6}  {:>5}  {:>8}  {:>7}  {:>11}  {:>11}  {:>11}  {:>10}  {:>8}  {:>9}  {}\n", "case", w,
+             "layers", "cands", "ops", "repeats", "first run", "best wall", "per cand", "Mevents/s", "paper", "speedup",
+             "target");
+  for (const auto& r : rows) {
+    const std::string per_cand =
+        r.work.candidates ? fmt_time(r.best_s / static_cast<double>(r.work.candidates)) : std::string("-");
+    const std::string eps =
+        r.work.events ? fmt::format("{:.2f}", static_cast<double>(r.work.events) / r.best_s / 1e6) : std::string("-");
+    const std::string paper = r.paper_s ? fmt::format("{:.1f} s", *r.paper_s) : std::string("-");
+    const std::string speedup = r.paper_s ? fmt::format("{:.0f}x", *r.paper_s / r.best_s) : std::string("-");
+    fmt::print("{:<{}}  {:>6}  {:>5}  {:>8}  {:>7}  {:>11}  {:>11}  {:>11}  {:>10}  {:>8}  {:>9}  {}\n", r.name, w,
+               r.work.layers, fmt_count(r.work.candidates), fmt_count(r.work.ops), r.reps, fmt_time(r.first_s),
+               fmt_time(r.best_s), per_cand, eps, paper, speedup, verdict(r));
+  }
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  if (const char* env = std::getenv("HARMONY_SOURCE_DIR")) o.root = env;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      o.quick = true;
+    } else if (std::strcmp(argv[i], "--min-time") == 0 && i + 1 < argc) {
+      o.min_time_s = std::atof(argv[++i]);
+    } else if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
+      o.filter = argv[++i];
+    } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      fmt::print(
+          "usage: bench_sim [SOURCE_ROOT] [--quick] [--min-time SECONDS] [--filter TEXT]\n"
+          "  SOURCE_ROOT   the harmony source tree (default $HARMONY_SOURCE_DIR, else .)\n"
+          "  --quick       one run per case (smoke test; times are cold and noisy)\n"
+          "  --min-time S  repeat each case until it has run S seconds in total (default 0.5)\n"
+          "  --filter TEXT run only the cases whose name contains TEXT\n");
+      std::exit(0);
+    } else if (argv[i][0] == '-') {
+      throw core::ScheduleError(fmt::format("unknown option '{}' (try --help)", argv[i]));
+    } else {
+      o.root = argv[i];
+    }
+  }
+  if (o.quick) {
+    o.min_time_s = std::min(o.min_time_s, 0.0);
+    o.min_reps = 1;
+  }
+  return o;
+}
+
+int run(const Options& opts) {
+  const std::string bert_path = opts.root + "/configs/profiles/bert_large.json";
+  const std::string gpt2_path = opts.root + "/configs/profiles/gpt2_medium.json";
+  const core::MachineSpec machine;  // the paper-1080ti constants (defaults of MachineSpec)
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<Row> rows;
+  std::vector<std::string> notes;
+  auto note = [&](const Row& r) {
+    if (!r.work.note.empty()) notes.push_back(fmt::format("{}: {}", r.name, r.work.note));
+    if (r.work.deadlocked) notes.push_back(fmt::format("{}: {} deadlocked candidates", r.name, r.work.deadlocked));
+  };
+  fmt::print(stderr, "bench_sim: root {}, {} hardware threads{}\n", opts.root, hw, opts.quick ? ", --quick" : "");
+  auto selected = [&](const std::string& name) { return name.find(opts.filter) != std::string::npos; };
+
+  // Profile loading (JSON parse + validation).
+  for (const auto& [label, path] :
+       {std::pair{"load profile bert_large.json", bert_path}, std::pair{"load profile gpt2_medium.json", gpt2_path}}) {
+    if (!selected(label)) continue;
+    rows.push_back(measure(opts, label, [&] {
+      const auto m = core::load_profile(path);
+      Work w;
+      w.layers = m.num_layers();
+      return w;
+    }));
+  }
+  const auto bert = core::load_profile(bert_path);
+  const auto gpt2 = core::load_profile(gpt2_path);
+
+  const std::string all = fmt::format("{} thr", hw);
+  struct SearchCase {
+    std::string name;
+    const core::Model* model;
+    core::Mode mode;
+    int minibatch;
+    const std::vector<std::string>* fwd;
+    const std::vector<std::string>* bwd;
+    std::optional<double> paper_s;
+    std::optional<std::size_t> expect_candidates;  // the paper scheduler's count, where known
+  };
+  std::vector<SearchCase> searches{
+      {"search bert_large pp D32 N2 default", &bert, core::Mode::HarmonyPP, 32, &kDefaultFwd, &kDefaultBwd,
+       kPaperBertPpS, 121},
+      {"search bert_large dp D32 N2 default", &bert, core::Mode::HarmonyDP, 32, &kDefaultFwd, &kDefaultBwd, {}, {}},
+      {"search gpt2_medium pp D16 N2 default", &gpt2, core::Mode::HarmonyPP, 16, &kDefaultFwd, &kDefaultBwd, {}, {}},
+  };
+  auto run_searches = [&](const std::vector<SearchCase>& cases) {
+    for (const auto& c : cases) {
+      for (int threads : {1, 0}) {
+        const auto space = make_space(c.mode, 2, c.minibatch, *c.fwd, *c.bwd, threads);
+        const std::string name = fmt::format("{}, {}", c.name, threads == 1 ? std::string("1 thr") : all);
+        if (!selected(name)) continue;
+        Row r = measure(opts, name, [&] { return search_once(*c.model, machine, space); });
+        if (c.expect_candidates && r.work.candidates != *c.expect_candidates) {
+          notes.push_back(fmt::format("WARNING: {}: {} candidates, the paper's scheduler evaluates {}", name,
+                                      r.work.candidates, *c.expect_candidates));
+        }
+        r.paper_s = c.paper_s;
+        note(r);
+        rows.push_back(std::move(r));
+      }
+    }
+  };
+  run_searches(searches);
+
+  // Synthetic deep models: one simulation of a fixed plan, then the paper scripts' search.
+  std::vector<core::Model> deep;
+  for (int layers : {400, 500}) deep.push_back(make_deep_bert(bert, layers));
+  for (const auto& m : deep) {
+    core::Plan plan;
+    plan.mode = core::Mode::HarmonyPP;
+    plan.gpus = 2;
+    plan.minibatch = 32;
+    plan.u_fwd = 4;
+    plan.u_bwd = 4;
+    core::manual_packs(m.num_layers(), 8, plan.packs_fwd, plan.packs_bwd);
+    const std::string name = fmt::format("simulate deep_bert{} pp D32 N2 u4/4 P8", m.num_layers());
+    if (!selected(name)) continue;
+    Row r = measure(opts, name, [&] { return simulate_once(m, machine, plan); });
+    if (m.num_layers() >= 500) r.target_s = kSingleSimTargetS;
+    note(r);
+    rows.push_back(std::move(r));
+  }
+  std::vector<SearchCase> deep_searches;
+  for (const auto& m : deep) {
+    deep_searches.push_back({fmt::format("search deep_bert{} pp D32 N2 bt+reuse/bt", m.num_layers()),
+                             &m,
+                             core::Mode::HarmonyPP,
+                             32,
+                             &kScriptFwd,
+                             &kScriptBwd,
+                             kPaperDeepCnnMinS,
+                             {}});
+  }
+  run_searches(deep_searches);
+
+  fmt::print("\n");
+  print_table(rows);
+  fmt::print("\n");
+  for (const auto& n : notes) fmt::print("  {}\n", n);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse_args(argc, argv));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_sim: error: {}\n", e.what());
+    return 2;
+  }
+}
