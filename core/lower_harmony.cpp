@@ -46,6 +46,18 @@ class Lowerer {
   }
 
   Program run() {
+    std::size_t estimate = 0;  // ops per task: a handful per microbatch (+ stash traffic) and per pack
+    for (int r : prog_.devices) {
+      for (int idx : g_.rank_tasks[static_cast<std::size_t>(r)]) {
+        const Task& t = task(idx);
+        estimate += t.ubatch_sizes.size() * (6 + 3 * t.stashes.size()) + 4;
+      }
+    }
+    prog_.ops.reserve(estimate);
+    dep_keys_.reserve(estimate);
+    peer_key_.reserve(estimate);
+    has_peer_.reserve(estimate);
+    index_.reserve(estimate);
     for (int r : prog_.devices) lower_rank(r);
     resolve();
     return std::move(prog_);

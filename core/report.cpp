@@ -53,6 +53,55 @@ nlohmann::json report_to_json(const RunReport& r) {
   j["msg_bytes"] = r.msg_bytes;
   j["num_ops"] = r.num_ops;
   j["num_streams"] = r.num_streams;
+  if (r.native) {
+    j["feasible"] = r.feasible;
+    if (!r.feasible) j["infeasible_reason"] = r.infeasible_reason;
+    if (r.memory_overflow.gpu >= 0) {
+      const auto& o = r.memory_overflow;
+      j["memory_overflow"] = {{"gpu", o.gpu},
+                              {"op_id", o.op_id},
+                              {"op_label", o.op_label},
+                              {"bytes_over", o.bytes_over},
+                              {"capacity_bytes", o.capacity_bytes},
+                              {"time_s", o.time_s}};
+    }
+    j["memory_overflow_ops"] = r.memory_overflow_ops;
+    j["memory_anomalies"] = r.memory_anomalies;
+    const auto& h = r.host_memory;
+    j["host_memory"] = {{"master_weights_bytes", h.master_weights_bytes},
+                        {"optimizer_state_bytes", h.optimizer_state_bytes},
+                        {"gradient_bytes", h.gradient_bytes},
+                        {"stash_bytes", h.stash_bytes},
+                        {"activation_bytes", h.activation_bytes},
+                        {"pinned_staging_bytes", h.pinned_staging_bytes},
+                        {"total_bytes", h.total_bytes},
+                        {"capacity_bytes", h.capacity_bytes},
+                        {"pinned_limit_bytes", h.pinned_limit_bytes}};
+    const auto& l = r.ledger;
+    nlohmann::json links = nlohmann::json::array();
+    for (const auto& u : l.links) {
+      links.push_back({{"name", u.name},
+                       {"kind", u.kind},
+                       {"capacity_bytes_per_s", u.capacity_bytes_per_s},
+                       {"bytes", u.bytes},
+                       {"busy_s", u.busy_s}});
+    }
+    j["swap_ledger"] = {{"per_link_class",
+                         {{"pcie_h2d", l.pcie_h2d_bytes},
+                          {"pcie_d2h", l.pcie_d2h_bytes},
+                          {"p2p_pcie", l.p2p_pcie_bytes},
+                          {"nvlink", l.nvlink_bytes},
+                          {"host_staging", l.host_staging_bytes},
+                          {"cpu_msg", l.cpu_msg_bytes}}},
+                        {"per_tensor_class",
+                         {{"weights", l.weights_bytes},
+                          {"weight_grad", l.weight_grad_bytes},
+                          {"optimizer_state", l.optimizer_state_bytes},
+                          {"activation", l.activation_bytes},
+                          {"stash", l.stash_bytes},
+                          {"act_grad", l.act_grad_bytes}}},
+                        {"links", std::move(links)}};
+  }
   return j;
 }
 

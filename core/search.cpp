@@ -87,7 +87,10 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
   std::vector<RunReport> reports(candidates.size());
   unsigned threads =
       space.spec.threads > 0 ? static_cast<unsigned>(space.spec.threads) : std::thread::hardware_concurrency();
-  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(candidates.size())));
+  // Starting threads costs more than a few dozen candidates take to simulate.
+  constexpr std::size_t kMinCandidatesPerThread = 32;
+  threads =
+      std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(candidates.size() / kMinCandidatesPerThread)));
   std::atomic<std::size_t> next{0};
   std::exception_ptr error;
   std::atomic<bool> failed{false};

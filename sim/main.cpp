@@ -231,9 +231,7 @@ int cmd_search(const Cli& cli) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_cli(int argc, char** argv) {
   CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "harmony-sim 0.1.0");
@@ -278,4 +276,17 @@ int main(int argc, char** argv) {
     std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_cli(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "harmony-sim: internal error\n";
+  }
+  return 1;
 }

@@ -1,0 +1,653 @@
+// Tests of the swapping baselines (core/baselines.hpp): closed-form swap volumes of every baseline on a
+// small synthetic model, Harmony's weight traffic against dp-swap's on bert_large, enumeration rules,
+// GPipe's balanced split, and a grid of bert_large plans that validate, balance their memory ledger and
+// run without deadlock under the reference cost model. Links sim/ for the timeline.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/baselines.hpp"
+#include "core/error.hpp"
+#include "core/lower.hpp"
+#include "core/profile.hpp"
+#include "sim/cost_reference.hpp"
+#include "sim/simulator.hpp"
+
+using namespace harmony;
+using core::Bytes;
+using core::OpKind;
+using core::PlanKind;
+using core::Stream;
+using core::SwapChoice;
+
+namespace {
+
+std::string source_dir() {
+  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
+  return dir != nullptr ? dir : ".";
+}
+
+const core::Model& bert_large() {
+  static const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
+  return model;
+}
+
+// The synthetic model: R = 4 layers (the last is the weightless criterion), measured at u = 1, 2, 4.
+// W and B are multiples of 4 so that ZeRO shards for N = 1, 2, 4 are exact; X_l(u) = u x_l exactly.
+constexpr Bytes kW[] = {4096, 8192, 12288, 0};
+constexpr Bytes kB[] = {1024, 0, 2048, 0};
+constexpr Bytes kX[] = {100, 1000, 2000, 3000};  // input bytes per sample
+constexpr int kR = 4;
+constexpr Bytes kGW = 4096 + 1024 + 8192 + 12288 + 2048;  // sum of W + B
+
+const core::Model& synthetic() {
+  static const core::Model model = [] {
+    core::Model m;
+    m.name = "synthetic4";
+    m.source = "test_baselines";
+    m.ubatch_fwd = {1, 2, 4};
+    m.ubatch_bwd = {1, 2, 4};
+    for (int l = 0; l < kR; ++l) {
+      core::Layer L;
+      L.name = "L" + std::to_string(l);
+      L.is_criterion = l == kR - 1;
+      L.weight_bytes = kW[l];
+      L.buffer_bytes = kB[l];
+      L.param_count = kW[l] / 4;
+      L.update_time_cpu_s = kW[l] > 0 ? 0.002 * (l + 1) : 0.0;
+      L.input_bytes_per_sample = kX[l];
+      for (int u : m.ubatch_fwd) {
+        L.fwd_time_s.push_back(0.001 * (l + 1) * u);
+        L.fwd_peak_bytes.push_back(kW[l] + kB[l] + 4 * kX[l] * u + 512);
+      }
+      for (int u : m.ubatch_bwd) {
+        L.bwd_time_s.push_back(0.003 * (l + 1) * u);
+        L.bwd_peak_bytes.push_back(2 * kW[l] + kB[l] + 6 * kX[l] * u + 1024);
+      }
+      m.layers.push_back(L);
+    }
+    m.validate();
+    return m;
+  }();
+  return model;
+}
+
+Bytes X(int u, int l) { return l < kR ? u * kX[l] : 0; }
+
+// Bytes moved by ops of `kind` on `stream`, summed over every GPU.
+Bytes moved(const core::Program& p, OpKind kind, Stream stream) {
+  Bytes s = 0;
+  for (const auto& o : p.ops) {
+    if (o.kind == kind && o.stream == stream) s += o.bytes;
+  }
+  return s;
+}
+int count(const core::Program& p, OpKind kind) {
+  return static_cast<int>(
+      std::count_if(p.ops.begin(), p.ops.end(), [kind](const core::Op& o) { return o.kind == kind; }));
+}
+
+// Runs the program on the reference cost model; fails the test on a deadlock.
+sim::Timeline run(const core::Program& p, const core::Model& model) {
+  sim::ReferenceCostModel cost(model, core::MachineSpec{});
+  auto t = sim::run_timeline(p, cost.durations(p));
+  INFO(sim::deadlock_report(p, t));
+  REQUIRE_FALSE(t.deadlock);
+  return t;
+}
+
+// Every allocation is freed once, on the same device, with the same tensor identity and size.
+void check_ledger(const core::Program& p) {
+  std::map<std::tuple<int, int, int, int, int, Bytes>, int> live;
+  for (const auto& o : p.ops) {
+    for (const auto& t : o.allocs)
+      ++live[{o.device, static_cast<int>(t.kind), t.layers.first, t.layers.last, t.microbatch, t.bytes}];
+    for (const auto& t : o.frees)
+      --live[{o.device, static_cast<int>(t.kind), t.layers.first, t.layers.last, t.microbatch, t.bytes}];
+  }
+  for (const auto& [key, n] : live) {
+    CAPTURE(std::get<0>(key));
+    CAPTURE(core::tensor_kind_name(static_cast<core::TensorKind>(std::get<1>(key))));
+    CAPTURE(std::get<2>(key));
+    CAPTURE(std::get<4>(key));
+    CHECK(n == 0);
+  }
+}
+
+// Peak of the memory ledger over the simulated timeline: allocations at their op's begin, frees at its
+// end, compute workspaces while the op runs.
+Bytes ledger_peak(const core::Program& p, const sim::Timeline& t, int device) {
+  std::vector<std::pair<core::TimePs, Bytes>> ev;
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const auto& o = p.ops[i];
+    if (o.device != device) continue;
+    for (const auto& a : o.allocs) ev.emplace_back(t.begin_ps[i], a.bytes);
+    for (const auto& f : o.frees) ev.emplace_back(t.end_ps[i], -f.bytes);
+    if (o.workspace_bytes > 0) {
+      ev.emplace_back(t.begin_ps[i], o.workspace_bytes);
+      ev.emplace_back(t.end_ps[i], -o.workspace_bytes);
+    }
+  }
+  std::sort(ev.begin(), ev.end());  // at equal times frees (negative) come first
+  Bytes cur = 0;
+  Bytes peak = 0;
+  for (const auto& e : ev) {
+    cur += e.second;
+    peak = std::max(peak, cur);
+  }
+  return peak;
+}
+
+core::BaselinePlan make_plan(PlanKind kind, int n, int d, int u, SwapChoice w, SwapChoice a) {
+  core::BaselinePlan p;
+  p.kind = kind;
+  p.gpus = n;
+  p.minibatch = d;
+  p.ubatch = u;
+  p.weights = w;
+  p.activations = a;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("plan kind names round-trip") {
+  CHECK(core::plan_kind_names() ==
+        std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l"});
+  for (const auto& name : core::plan_kind_names()) {
+    const auto k = core::parse_plan_kind(name);
+    REQUIRE(k.has_value());
+    CHECK(core::plan_kind_name(*k) == name);
+  }
+  CHECK_FALSE(core::parse_plan_kind("dpswap").has_value());
+  CHECK_FALSE(core::parse_plan_kind("").has_value());
+  CHECK(core::closest_match("zero_infinity", core::plan_kind_names()) == "zero-infinity");
+  CHECK_FALSE(core::is_baseline(PlanKind::HarmonyPP));
+  CHECK(core::baseline_kinds().size() == 4);
+  for (PlanKind k : core::baseline_kinds()) CHECK(core::is_baseline(k));
+}
+
+// Closed forms. N GPUs, minibatch D = 16, u = 2, GW = sum of W + B = 27648, X_l = u x_l.
+// dp-swap, m = D/(N u) microbatches per GPU:
+//   weights and stash swapped: WB = N m 2 GW (every layer in for every forward and backward),
+//     dWB = N m GW, ARD = N m GW (N > 1), sX out = sX in = N m (X_1 + X_2) (layers 1..R-2),
+//     X in = 2 N m X_0 (the data read again for the backward)
+//   nothing swapped: WB = dWB = N GW, ARD = N GW (N > 1), no sX, X in = N m X_0
+TEST_CASE("dp-swap swap bytes equal the closed form") {
+  const auto& model = synthetic();
+  const int D = 16;
+  const int u = 2;
+  for (int N : {1, 2, 4}) {
+    const Bytes m = D / N / u;
+    CAPTURE(N);
+    {
+      const auto p =
+          core::lower_baseline(make_plan(PlanKind::DpSwap, N, D, u, SwapChoice::Swap, SwapChoice::Swap), model);
+      CHECK(moved(p, OpKind::WB, Stream::SwapIn) == N * m * 2 * kGW);
+      CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == N * m * kGW);
+      CHECK(moved(p, OpKind::ARD, Stream::Compute) == (N > 1 ? N * m * kGW : 0));
+      CHECK(moved(p, OpKind::sX, Stream::SwapOut) == N * m * (X(u, 1) + X(u, 2)));
+      CHECK(moved(p, OpKind::sX, Stream::SwapIn) == N * m * (X(u, 1) + X(u, 2)));
+      CHECK(moved(p, OpKind::X, Stream::SwapIn) == 2 * N * m * X(u, 0));
+      CHECK(count(p, OpKind::FWD) == N * m * kR);
+      CHECK(count(p, OpKind::BWD) == N * m * kR);
+      CHECK(count(p, OpKind::Update) == N * 3);  // every replica updates its 3 weighted layers
+      CHECK(count(p, OpKind::DEL) == 0);
+      check_ledger(p);
+      run(p, model);
+    }
+    {
+      const auto p =
+          core::lower_baseline(make_plan(PlanKind::DpSwap, N, D, u, SwapChoice::Keep, SwapChoice::Keep), model);
+      CHECK(moved(p, OpKind::WB, Stream::SwapIn) == N * kGW);
+      CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == N * kGW);
+      CHECK(moved(p, OpKind::ARD, Stream::Compute) == (N > 1 ? N * kGW : 0));
+      CHECK(moved(p, OpKind::sX, Stream::SwapOut) == 0);
+      CHECK(moved(p, OpKind::X, Stream::SwapIn) == N * m * X(u, 0));
+      CHECK(count(p, OpKind::DEL) == N);
+      check_ledger(p);
+      run(p, model);
+    }
+  }
+}
+
+// pp-swap, m = D/u microbatches through every stage, stages given, everything swapped:
+//   WB = 2 m GW, dWB = m GW, sX out = sX in = m (X_1 + X_2 + X_3) (GPipe stashes every layer's input
+//   until the backward phase, the criterion's too), X in = 2 m X_0,
+//   P2P: Y = dX = m sum over stage boundaries of X_{first layer of the next stage}.
+//   Nothing swapped: WB = dWB = GW, X in = m X_0, no sX.
+TEST_CASE("pp-swap swap bytes equal the closed form") {
+  const auto& model = synthetic();
+  const int D = 16;
+  const int u = 2;
+  const Bytes m = D / u;
+  const std::vector<std::vector<core::LayerRange>> splits = {
+      {{0, 3}}, {{0, 1}, {2, 3}}, {{0, 0}, {1, 1}, {2, 2}, {3, 3}}};
+  for (const auto& stages : splits) {
+    const int N = static_cast<int>(stages.size());
+    CAPTURE(N);
+    Bytes boundary = 0;
+    for (std::size_t s = 1; s < stages.size(); ++s) boundary += X(u, stages[s].first);
+    auto plan = make_plan(PlanKind::PpSwap, N, D, u, SwapChoice::Swap, SwapChoice::Swap);
+    plan.stages = stages;
+    auto p = core::lower_baseline(plan, model);
+    CHECK(moved(p, OpKind::WB, Stream::SwapIn) == 2 * m * kGW);
+    CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == m * kGW);
+    CHECK(moved(p, OpKind::sX, Stream::SwapOut) == m * (X(u, 1) + X(u, 2) + X(u, 3)));
+    CHECK(moved(p, OpKind::sX, Stream::SwapIn) == m * (X(u, 1) + X(u, 2) + X(u, 3)));
+    CHECK(moved(p, OpKind::X, Stream::SwapIn) == 2 * m * X(u, 0));
+    CHECK(moved(p, OpKind::Y, Stream::P2POut) == m * boundary);
+    CHECK(moved(p, OpKind::dX, Stream::P2POut) == m * boundary);
+    CHECK(moved(p, OpKind::X, Stream::P2PIn) == m * boundary);
+    CHECK(moved(p, OpKind::dY, Stream::P2PIn) == m * boundary);
+    CHECK(count(p, OpKind::Update) == 3);
+    CHECK(p.devices.size() == stages.size());
+    check_ledger(p);
+    run(p, model);
+
+    plan.weights = SwapChoice::Keep;
+    plan.activations = SwapChoice::Keep;
+    p = core::lower_baseline(plan, model);
+    CHECK(moved(p, OpKind::WB, Stream::SwapIn) == kGW);
+    CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == kGW);
+    CHECK(moved(p, OpKind::sX, Stream::SwapOut) == 0);
+    CHECK(moved(p, OpKind::X, Stream::SwapIn) == m * X(u, 0));
+    CHECK(moved(p, OpKind::Y, Stream::P2POut) == m * boundary);
+    check_ledger(p);
+    run(p, model);
+  }
+}
+
+// zero-infinity, m = D/(N u) per GPU; N divides every layer's W and B so shards are exact:
+//   WB = N m 2 (GW / N) = 2 m GW (each GPU fetches its shard for every forward and backward),
+//   AG = N m 2 GW (N > 1; each GPU's all-gather yields the full layer), RS = N m GW (N > 1),
+//   dWB = N m (GW / N) = m GW (gradient shards to the host every microbatch),
+//   stash swapped: sX out = sX in = N m (X_1 + X_2), X in = 2 N m X_0.
+//   Updates: one per weighted layer in total (3), on the CPU of rank l mod N.
+TEST_CASE("zero-infinity swap bytes equal the closed form") {
+  const auto& model = synthetic();
+  const int D = 16;
+  const int u = 2;
+  for (int N : {1, 2, 4}) {
+    CAPTURE(N);
+    const Bytes m = D / N / u;
+    const auto p =
+        core::lower_baseline(make_plan(PlanKind::ZeroInfinity, N, D, u, SwapChoice::Auto, SwapChoice::Swap), model);
+    CHECK(moved(p, OpKind::WB, Stream::SwapIn) == 2 * m * kGW);
+    CHECK(moved(p, OpKind::AG, Stream::P2PIn) == (N > 1 ? N * m * 2 * kGW : 0));
+    CHECK(moved(p, OpKind::RS, Stream::P2POut) == (N > 1 ? N * m * kGW : 0));
+    CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == m * kGW);
+    CHECK(moved(p, OpKind::sX, Stream::SwapOut) == N * m * (X(u, 1) + X(u, 2)));
+    CHECK(moved(p, OpKind::sX, Stream::SwapIn) == N * m * (X(u, 1) + X(u, 2)));
+    CHECK(moved(p, OpKind::X, Stream::SwapIn) == 2 * N * m * X(u, 0));
+    CHECK(count(p, OpKind::Update) == 3);
+    for (const auto& o : p.ops) {
+      if (o.kind == OpKind::Update) CHECK(o.device == o.layers.first % N);
+    }
+    check_ledger(p);
+    run(p, model);
+  }
+}
+
+// l2l, m = D/(N u) per GPU, S = X_1 + X_2 + X_3 (every layer's input but the data):
+//   WB = 2 N GW (each layer once per pass), dWB = N GW, X in = 2 N m X_0, sX out = N m S (the stash),
+//   boundary kept on the GPU: sX in = N m S, no dX/dY;
+//   boundary through the host:  sX in = 2 N m S (forward input and stash), dX out = dY in = N m S.
+//   Updates: once per weighted layer, all on the parameter server (GPU 0's CPU).
+TEST_CASE("l2l swap bytes equal the closed form") {
+  const auto& model = synthetic();
+  const int D = 16;
+  const int u = 2;
+  const Bytes S = X(u, 1) + X(u, 2) + X(u, 3);
+  for (int N : {1, 2, 4}) {
+    for (SwapChoice a : {SwapChoice::Keep, SwapChoice::Swap}) {
+      CAPTURE(N);
+      const bool sa = a == SwapChoice::Swap;
+      CAPTURE(sa);
+      const Bytes m = D / N / u;
+      const auto p = core::lower_baseline(make_plan(PlanKind::L2L, N, D, u, SwapChoice::Auto, a), model);
+      CHECK(moved(p, OpKind::WB, Stream::SwapIn) == 2 * N * kGW);
+      CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == N * kGW);
+      CHECK(moved(p, OpKind::X, Stream::SwapIn) == 2 * N * m * X(u, 0));
+      CHECK(moved(p, OpKind::sX, Stream::SwapOut) == N * m * S);
+      CHECK(moved(p, OpKind::sX, Stream::SwapIn) == (sa ? 2 : 1) * N * m * S);
+      CHECK(moved(p, OpKind::dX, Stream::SwapOut) == (sa ? N * m * S : 0));
+      CHECK(moved(p, OpKind::dY, Stream::SwapIn) == (sa ? N * m * S : 0));
+      CHECK(count(p, OpKind::Update) == 3);
+      for (const auto& o : p.ops) {
+        if (o.kind == OpKind::Update) CHECK(o.device == 0);
+      }
+      check_ledger(p);
+      run(p, model);
+    }
+  }
+}
+
+TEST_CASE("automatic swap decisions follow the capacity") {
+  const auto& model = synthetic();
+  auto plan = make_plan(PlanKind::DpSwap, 1, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  plan.gpu_capacity_bytes = core::kGiB;
+  auto d = core::decide_swaps(plan, model);
+  REQUIRE(d.size() == 1);
+  CHECK_FALSE(d[0].weights);
+  CHECK_FALSE(d[0].activations);
+  CHECK(d[0].fits);
+  plan.gpu_capacity_bytes = 1;
+  d = core::decide_swaps(plan, model);
+  CHECK(d[0].weights);
+  CHECK(d[0].activations);
+  CHECK_FALSE(d[0].fits);
+  // zero-infinity and l2l always stream the weights
+  for (PlanKind k : {PlanKind::ZeroInfinity, PlanKind::L2L}) {
+    auto p = make_plan(k, 1, 16, 2, SwapChoice::Keep, SwapChoice::Auto);
+    p.gpu_capacity_bytes = core::kGiB;
+    d = core::decide_swaps(p, model);
+    CHECK(d[0].weights);
+    CHECK_FALSE(d[0].activations);
+  }
+  // bert_large, u = 64: as the capacity shrinks, the stash goes first, then the weights
+  auto bp = make_plan(PlanKind::DpSwap, 1, 64, 64, SwapChoice::Auto, SwapChoice::Auto);
+  std::vector<std::pair<bool, bool>> regimes;
+  bool prev_w = false;
+  bool prev_a = false;
+  for (Bytes cap = 16 * core::kGiB; cap > 0; cap -= 64 * core::kMiB) {
+    bp.gpu_capacity_bytes = cap;
+    const auto bd = core::decide_swaps(bp, bert_large())[0];
+    CHECK((bd.weights || !prev_w));  // monotone in the capacity
+    if (!bd.weights) CHECK((bd.activations || !prev_a));
+    if (regimes.empty() || regimes.back() != std::pair{bd.weights, bd.activations})
+      regimes.emplace_back(bd.weights, bd.activations);
+    prev_w = bd.weights;
+    prev_a = bd.activations;
+  }
+  CHECK(regimes.size() >= 3);
+  CHECK(regimes.front() == std::pair{false, false});
+  CHECK(regimes[1] == std::pair{false, true});
+  CHECK(regimes[2].first);
+  // pp-swap decides per stage
+  auto pp = make_plan(PlanKind::PpSwap, 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  CHECK(core::decide_swaps(pp, model).size() == 2);
+}
+
+TEST_CASE("Harmony moves weights once per pack per pass, dp-swap once per microbatch (bert_large)") {
+  const auto& model = bert_large();
+  Bytes gw_total = model.weight_bytes(0, model.num_layers() - 1) + model.buffer_bytes(0, model.num_layers() - 1);
+  const int N = 2;
+  const int D = 32;
+  for (int u : {2, 4, 8}) {
+    CAPTURE(u);
+    const Bytes m = D / N / u;
+    core::Plan hp;
+    hp.mode = core::Mode::HarmonyDP;
+    hp.gpus = N;
+    hp.minibatch = D;
+    hp.u_fwd = u;
+    hp.u_bwd = u;
+    core::manual_packs(model.num_layers(), 7, hp.packs_fwd, hp.packs_bwd);
+    core::LowerOptions lo;
+    lo.dp_first_gpu_only = false;
+    const auto harmony = core::lower_harmony(core::compose_task_graph(hp, model.num_layers()), model, lo);
+    // Harmony: every GPU swaps each FWD pack and each BWD pack in once, whatever m is
+    Bytes packs = 0;
+    for (const auto& r : hp.packs_fwd)
+      packs += model.weight_bytes(r.first, r.last) + model.buffer_bytes(r.first, r.last);
+    for (const auto& r : hp.packs_bwd)
+      packs += model.weight_bytes(r.first, r.last) + model.buffer_bytes(r.first, r.last);
+    const Bytes harmony_wb = moved(harmony, OpKind::WB, Stream::SwapIn);
+    CHECK(harmony_wb == N * packs);
+    CHECK(harmony_wb <= 2 * N * gw_total);
+    // dp-swap that cannot keep the weights: every layer for every forward and backward of every microbatch
+    auto bp = make_plan(PlanKind::DpSwap, N, D, u, SwapChoice::Auto, SwapChoice::Auto);
+    bp.gpu_capacity_bytes = 2 * core::kGiB;  // bert_large's W + grads (2.7 GB) do not fit
+    REQUIRE(core::decide_swaps(bp, model)[0].weights);
+    const auto base = core::lower_baseline(bp, model);
+    const Bytes base_wb = moved(base, OpKind::WB, Stream::SwapIn);
+    CHECK(base_wb == N * m * 2 * gw_total);
+    CHECK(base_wb >= m * harmony_wb);
+    // and with the weights resident, dp-swap moves them once per iteration like a single-pack plan
+    bp.gpu_capacity_bytes = 10 * core::kGiB;
+    bp.ubatch = 2;
+    REQUIRE_FALSE(core::decide_swaps(bp, model)[0].weights);
+    CHECK(moved(core::lower_baseline(bp, model), OpKind::WB, Stream::SwapIn) == N * gw_total);
+  }
+}
+
+TEST_CASE("every baseline validates and runs without deadlock on bert_large, N = 1, 2, 4") {
+  const auto& model = bert_large();
+  int programs = 0;
+  for (PlanKind kind : core::baseline_kinds()) {
+    for (int N : {1, 2, 4}) {
+      for (int u : {1, 2, 4}) {
+        for (auto [w, a] :
+             {std::pair{SwapChoice::Auto, SwapChoice::Auto}, std::pair{SwapChoice::Swap, SwapChoice::Swap},
+              std::pair{SwapChoice::Keep, SwapChoice::Swap}, std::pair{SwapChoice::Swap, SwapChoice::Keep}}) {
+          const int D = 8 * N;
+          CAPTURE(core::plan_kind_name(kind));
+          CAPTURE(N);
+          CAPTURE(u);
+          CAPTURE(static_cast<int>(w));
+          CAPTURE(static_cast<int>(a));
+          const auto plan = make_plan(kind, N, D, u, w, a);
+          const auto p = core::lower_baseline(plan, model);
+          REQUIRE_NOTHROW(core::validate_program(p));
+          CHECK(p.bandwidth_sharers == N);
+          CHECK_FALSE(p.pp_rules);
+          CHECK_FALSE(p.prefetch);
+          CHECK(p.graph.rank_tasks.size() == static_cast<std::size_t>(N));
+          CHECK(p.graph.plan.u_fwd == u);
+          CHECK(p.graph.plan.u_bwd == u);
+          CHECK(p.devices.size() == static_cast<std::size_t>(N));
+          for (std::size_t q = 1; q < p.queues.size(); ++q) CHECK(p.queues[q - 1].device <= p.queues[q].device);
+          check_ledger(p);
+          std::set<std::string> ids;
+          for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) ids.insert(p.op_id(i));
+          CHECK(ids.size() == p.ops.size());  // every op has its own reference-style id
+          const auto t = run(p, model);
+          sim::ReferenceCostModel cost(model, core::MachineSpec{});
+          const auto report = sim::make_report(p, t, cost);
+          CHECK(report.iteration_time_s > 0.0);
+          CHECK(report.per_gpu.size() == static_cast<std::size_t>(N));
+          ++programs;
+        }
+      }
+    }
+  }
+  CHECK(programs == 4 * 3 * 3 * 4);
+}
+
+TEST_CASE("streaming keeps the simulated memory ledger within the decision's estimate (bert_large)") {
+  const auto& model = bert_large();
+  for (PlanKind kind : core::baseline_kinds()) {
+    for (int N : {1, 2}) {
+      CAPTURE(core::plan_kind_name(kind));
+      CAPTURE(N);
+      auto plan = make_plan(kind, N, 16 * N, 4, SwapChoice::Swap, SwapChoice::Swap);
+      const auto decisions = core::decide_swaps(plan, model);
+      const auto p = core::lower_baseline(plan, model);
+      const auto t = run(p, model);
+      for (int g = 0; g < N; ++g) {
+        const Bytes est = decisions[kind == PlanKind::PpSwap ? static_cast<std::size_t>(g) : 0].estimate_bytes;
+        const Bytes peak = ledger_peak(p, t, g);
+        CAPTURE(g);
+        CHECK(peak > 0);
+        CHECK(peak <= est);
+        // far below the resident weights and gradients
+        CHECK(peak < 2 * model.weight_bytes(0, model.num_layers() - 1) / (kind == PlanKind::PpSwap ? N : 1));
+      }
+    }
+  }
+}
+
+TEST_CASE("enumerate_baseline_plans respects the profiled range and divisibility") {
+  const auto& model = bert_large();  // forward sizes 1..243, backward 1..78
+  const core::Bytes cap = 10 * core::kGiB;
+  core::BaselineSearchOptions all;
+  all.drop_infeasible = false;
+  for (PlanKind kind : core::baseline_kinds()) {
+    for (int N : {1, 2, 4}) {
+      for (int D : {24, 96, 512}) {
+        CAPTURE(core::plan_kind_name(kind));
+        CAPTURE(N);
+        CAPTURE(D);
+        const auto plans = core::enumerate_baseline_plans(kind, model, N, D, cap, all);
+        const int share = kind == PlanKind::PpSwap ? D : D / N;
+        std::vector<int> want;
+        for (int u = 1; u <= std::min(78, share); ++u) {
+          if (share % u == 0) want.push_back(u);
+        }
+        std::vector<int> got;
+        for (const auto& p : plans) {
+          got.push_back(p.ubatch);
+          CHECK(p.kind == kind);
+          CHECK(p.gpus == N);
+          CHECK(p.minibatch == D);
+          CHECK(p.gpu_capacity_bytes == cap);
+          CHECK(model.ubatch_in_range(core::Phase::Fwd, p.ubatch));
+          CHECK(model.ubatch_in_range(core::Phase::Bwd, p.ubatch));
+          CHECK_NOTHROW(core::validate_baseline_plan(p, model));
+          if (kind == PlanKind::PpSwap) {
+            REQUIRE(p.stages.size() == static_cast<std::size_t>(N));
+            int next = 0;
+            for (const auto& s : p.stages) {
+              CHECK(s.first == next);
+              CHECK(s.last >= s.first);
+              next = s.last + 1;
+            }
+            CHECK(next == model.num_layers());
+          }
+        }
+        CHECK(got == want);
+        // the default drops plans that do not fit; a subset, same order
+        const auto fit = core::enumerate_baseline_plans(kind, model, N, D, cap);
+        CHECK(fit.size() <= plans.size());
+        for (const auto& p : fit) {
+          for (const auto& dd : core::decide_swaps(p, model)) CHECK(dd.fits);
+        }
+      }
+    }
+  }
+  // N must divide D for the data-parallel kinds; pp-swap needs a layer per GPU
+  CHECK(core::enumerate_baseline_plans(PlanKind::DpSwap, model, 3, 16, cap, all).empty());
+  CHECK(core::enumerate_baseline_plans(PlanKind::PpSwap, model, 3, 16, cap, all).size() == 5);  // 1 2 4 8 16
+  CHECK(core::enumerate_baseline_plans(PlanKind::PpSwap, model, 29, 16, cap, all).empty());
+  // explicit sizes and a step are filtered by the same rules
+  core::BaselineSearchOptions some = all;
+  some.ubatch_sizes = {3, 4, 100, 8, 4};
+  CHECK(core::enumerate_baseline_plans(PlanKind::DpSwap, model, 2, 32, cap, some).size() == 2);  // 4 8
+  some.ubatch_sizes.clear();
+  some.ubatch_step = 4;  // 1 5 9 13 ... dividing 36: 1 9
+  CHECK(core::enumerate_baseline_plans(PlanKind::L2L, model, 1, 36, cap, some).size() == 2);
+  CHECK_THROWS_AS(core::enumerate_baseline_plans(PlanKind::HarmonyPP, model, 1, 8, cap), core::ScheduleError);
+}
+
+TEST_CASE("validate_baseline_plan rejects bad plans") {
+  const auto& model = synthetic();
+  auto p = make_plan(PlanKind::DpSwap, 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  CHECK_NOTHROW(core::validate_baseline_plan(p, model));
+  p.ubatch = 3;  // not profiled
+  CHECK_THROWS_AS(core::validate_baseline_plan(p, model), core::ScheduleError);
+  p.ubatch = 4;
+  p.minibatch = 12;  // share 6 not divisible by 4
+  CHECK_THROWS_AS(core::validate_baseline_plan(p, model), core::ScheduleError);
+  p.minibatch = 15;  // N does not divide D
+  CHECK_THROWS_AS(core::lower_baseline(p, model), core::ScheduleError);
+  auto pp = make_plan(PlanKind::PpSwap, 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  pp.stages = {{0, 1}, {3, 3}};
+  CHECK_THROWS_AS(core::lower_baseline(pp, model), core::ScheduleError);
+  pp.stages = {{0, 3}};
+  CHECK_THROWS_AS(core::lower_baseline(pp, model), core::ScheduleError);
+  pp.stages = {};
+  pp.gpus = 5;
+  CHECK_THROWS_AS(core::lower_baseline(pp, model), core::ScheduleError);
+  auto h = p;
+  h.kind = PlanKind::HarmonyDP;
+  CHECK_THROWS_AS(core::lower_baseline(h, model), core::ScheduleError);
+  h = make_plan(PlanKind::L2L, 1, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  CHECK_THROWS_AS(core::lower_dp_swap(h, model), core::ScheduleError);
+}
+
+TEST_CASE("balanced_stages minimizes the largest stage (brute force on a 7-layer model)") {
+  core::Model m;
+  m.name = "times7";
+  m.ubatch_fwd = {1};
+  m.ubatch_bwd = {1};
+  const std::vector<double> t = {0.5, 3.0, 1.0, 1.0, 2.5, 0.25, 4.0};
+  for (std::size_t l = 0; l < t.size(); ++l) {
+    core::Layer L;
+    L.is_criterion = l + 1 == t.size();
+    L.fwd_time_s = {t[l] / 3};
+    L.bwd_time_s = {t[l]};
+    L.fwd_peak_bytes = {1};
+    L.bwd_peak_bytes = {1};
+    m.layers.push_back(L);
+  }
+  m.validate();
+  const int R = static_cast<int>(t.size());
+  auto cost = [&](const std::vector<core::LayerRange>& st) {
+    double worst = 0;
+    for (const auto& s : st) {
+      double c = 0;
+      for (int l = s.first; l <= s.last; ++l) c += t[static_cast<std::size_t>(l)];
+      worst = std::max(worst, c);
+    }
+    return worst;
+  };
+  for (int n = 1; n <= R; ++n) {
+    CAPTURE(n);
+    const auto st = core::balanced_stages(m, 1, n);
+    REQUIRE(st.size() == static_cast<std::size_t>(n));
+    // brute force over all boundary sets (bitmask of cuts between layers)
+    double best = 1e9;
+    for (int mask = 0; mask < (1 << (R - 1)); ++mask) {
+      if (std::popcount(static_cast<unsigned>(mask)) != n - 1) continue;
+      std::vector<core::LayerRange> s;
+      int first = 0;
+      for (int c = 0; c < R - 1; ++c) {
+        if (mask & (1 << c)) {
+          s.push_back({first, c});
+          first = c + 1;
+        }
+      }
+      s.push_back({first, R - 1});
+      best = std::min(best, cost(s));
+    }
+    CHECK(cost(st) == doctest::Approx(best));
+  }
+  CHECK_THROWS_AS(core::balanced_stages(m, 1, 0), core::ScheduleError);
+  CHECK_THROWS_AS(core::balanced_stages(m, 1, R + 1), core::ScheduleError);
+}
+
+TEST_CASE("run_baseline_search ranks deterministically for any thread count") {
+  const auto& model = bert_large();
+  const core::MachineSpec machine;
+  auto evaluate = [&](const core::BaselinePlan& p) {
+    sim::ReferenceCostModel cost(model, machine);
+    return sim::simulate(core::lower_baseline(p, model), cost);
+  };
+  for (PlanKind kind : core::baseline_kinds()) {
+    CAPTURE(core::plan_kind_name(kind));
+    core::BaselineSearchOptions o;
+    o.ubatch_sizes = {1, 2, 4, 8};
+    const auto plans = core::enumerate_baseline_plans(kind, model, 2, 16, 10 * core::kGiB, o);
+    REQUIRE_FALSE(plans.empty());
+    const auto one = core::run_baseline_search(plans, evaluate, 1);
+    const auto many = core::run_baseline_search(plans, evaluate, 4);
+    CHECK(one.num_candidates == plans.size());
+    CHECK(one.num_deadlocked == 0);
+    REQUIRE(one.ranked.size() == many.ranked.size());
+    for (std::size_t i = 0; i < one.ranked.size(); ++i) {
+      CHECK(one.ranked[i].plan == many.ranked[i].plan);
+      CHECK(one.ranked[i].report.iteration_time_s == many.ranked[i].report.iteration_time_s);
+      if (i > 0) CHECK(one.ranked[i - 1].report.iteration_time_s <= one.ranked[i].report.iteration_time_s);
+    }
+    CHECK(core::run_baseline_search(plans, evaluate, 2, 1).ranked.size() == 1);
+  }
+}
