@@ -16,6 +16,7 @@ static nlohmann::json packs_json(const Packs& packs) {
 
 nlohmann::json report_to_json(const RunReport& r) {
   nlohmann::json j;
+  j["plan_kind"] = r.plan_kind.empty() ? std::string(mode_name(r.plan.mode)) : r.plan_kind;
   j["mode"] = mode_name(r.plan.mode);
   j["gpus"] = r.plan.gpus;
   j["minibatch"] = r.plan.minibatch;
@@ -50,6 +51,7 @@ nlohmann::json report_to_json(const RunReport& r) {
   j["swap_in_bytes"] = r.swap_in_bytes;
   j["swap_out_bytes"] = r.swap_out_bytes;
   j["p2p_bytes"] = r.p2p_bytes;
+  j["collective_bytes"] = r.collective_bytes;
   j["msg_bytes"] = r.msg_bytes;
   j["num_ops"] = r.num_ops;
   j["num_streams"] = r.num_streams;

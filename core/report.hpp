@@ -70,6 +70,7 @@ struct HostMemoryReport {
 };
 
 struct RunReport {
+  std::string plan_kind;  // "harmony-pp", "harmony-dp", or a baseline ("dp-swap", "pp-swap", "zero-infinity", "l2l")
   Plan plan;
   std::string method_fwd;  // packing methods that produced the packs (search), else ""
   std::string method_bwd;
@@ -87,6 +88,7 @@ struct RunReport {
   Bytes swap_in_bytes = 0;         // host -> GPU (weights, inputs, stashes, gradients in)
   Bytes swap_out_bytes = 0;        // GPU -> host
   Bytes p2p_bytes = 0;             // GPU -> GPU (counted once per transfer)
+  Bytes collective_bytes = 0;      // all-reduce / all-gather / reduce-scatter payloads (per GPU, summed)
   Bytes msg_bytes = 0;             // CPU -> CPU messages between processes
   std::size_t num_ops = 0;
   std::size_t num_streams = 0;

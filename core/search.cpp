@@ -121,6 +121,10 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
       ++res.num_deadlocked;
       continue;
     }
+    if (!reports[i].feasible) {
+      ++res.num_infeasible;
+      continue;
+    }
     double key = reports[i].iteration_time_s;
     if (space.spec.fit_rule && candidates[i].packs_bwd.size() == 1) key /= 1000.0;
     res.ranked.push_back(RankedResult{i, key, std::move(reports[i])});

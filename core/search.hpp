@@ -50,6 +50,7 @@ struct RankedResult {
 struct SearchResult {
   std::size_t num_candidates = 0;
   std::size_t num_deadlocked = 0;
+  std::size_t num_infeasible = 0;    // exceeded a capacity (native cost model)
   std::vector<RankedResult> ranked;  // best first, at most top_k (all when top_k = -1)
 };
 

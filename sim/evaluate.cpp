@@ -20,9 +20,16 @@ Evaluation evaluate_plan(const core::Model& model, const core::MachineSpec& mach
   }
   Evaluation e;
   e.program = core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model, options);
-  ReferenceCostModel cost(model, machine);
-  e.report = simulate(e.program, cost, &e.timeline);
+  e.report = simulate_program(e.program, model, machine, cost_model, &e.timeline);
   return e;
+}
+
+core::RunReport simulate_program(const core::Program& program, const core::Model& model,
+                                 const core::MachineSpec& machine, const std::string& cost_model,
+                                 Timeline* timeline_out) {
+  if (!is_cost_model(cost_model)) throw core::ScheduleError("unknown cost model '" + cost_model + "'");
+  ReferenceCostModel cost(model, machine);
+  return simulate(program, cost, timeline_out);
 }
 
 }  // namespace harmony::sim

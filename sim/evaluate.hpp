@@ -22,6 +22,11 @@ struct Evaluation {
 Evaluation evaluate_plan(const core::Model& model, const core::MachineSpec& machine, const core::Plan& plan,
                          const core::LowerOptions& options, const std::string& cost_model = "reference");
 
+// Prices and runs an already lowered Program with the named cost model.
+core::RunReport simulate_program(const core::Program& program, const core::Model& model,
+                                 const core::MachineSpec& machine, const std::string& cost_model,
+                                 Timeline* timeline_out = nullptr);
+
 // Cost model names `evaluate_plan` accepts.
 bool is_cost_model(const std::string& name);
 

@@ -3,6 +3,7 @@
 // The only place (with harmony-run's main) that prints and chooses exit codes: 0 ok, 2 bad input.
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 
@@ -15,6 +16,7 @@
 #include "core/profile.hpp"
 #include "core/search.hpp"
 #include "core/trace.hpp"
+#include "sim/compare.hpp"
 #include "sim/evaluate.hpp"
 
 using namespace harmony;
@@ -231,6 +233,63 @@ int cmd_search(const Cli& cli) {
   return 0;
 }
 
+int cmd_compare(const Cli& cli) {
+  const auto cfg = core::load_config(cli.config, cli.sets);
+  const auto model = core::load_profile(cfg.model.profile_path);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
+                                           cfg.search, cfg.options);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cli.format == "json") {
+    nlohmann::json results = nlohmann::json::array();
+    for (const auto& k : res.kinds) {
+      nlohmann::json j = k.feasible ? core::report_to_json(k.best) : nlohmann::json::object();
+      j["plan_kind"] = core::plan_kind_name(k.kind);
+      j["feasible"] = k.feasible;
+      j["candidates"] = k.candidates;
+      if (!k.feasible) j["reason"] = k.reason;
+      if (k.feasible && std::isfinite(res.best_baseline_time_s))
+        j["speedup_over_best_baseline"] = k.speedup_over_best_baseline;
+      results.push_back(std::move(j));
+    }
+    nlohmann::json j = {{"command", "compare"},
+                        {"config", cfg.file},
+                        {"profile", cfg.model.profile_path},
+                        {"machine", cfg.machine.name},
+                        {"gpus", cfg.plan.gpus},
+                        {"minibatch", cfg.plan.minibatch},
+                        {"cost_model", cfg.cost_model},
+                        {"results", std::move(results)},
+                        {"wall_time_s", dt}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  fmt::print("compare: {} on {} ({} GPUs used), minibatch {}, cost model {}; {:.1f} ms\n\n", model.name,
+             cfg.machine.name, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model, dt * 1e3);
+  fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9}  {}\n", "plan kind", "cands",
+             "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB", "coll MiB", "peak MiB",
+             "plan / reason");
+  for (const auto& k : res.kinds) {
+    if (!k.feasible) {
+      fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9}  does not fit: {}\n",
+                 core::plan_kind_name(k.kind), k.candidates, "-", "-", "-", "-", "-", "-", "-", "-", k.reason);
+      continue;
+    }
+    const auto& r = k.best;
+    const std::string plan = core::is_baseline(k.kind)
+                                 ? fmt::format("u {}", r.plan.u_bwd)
+                                 : fmt::format("fwd {} bwd {}", core::packs_to_string(r.plan.packs_fwd),
+                                               core::packs_to_string(r.plan.packs_bwd));
+    fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f}  {}\n",
+               core::plan_kind_name(k.kind), k.candidates, r.iteration_time_s, r.throughput_samples_per_s,
+               k.speedup_over_best_baseline, fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd),
+               mib(r.swap_in_bytes + r.swap_out_bytes), mib(r.p2p_bytes), mib(r.collective_bytes),
+               mib(r.peak_memory_bytes), plan);
+  }
+  fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
+  return 0;
+}
+
 int run_cli(int argc, char** argv) {
   CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
   app.require_subcommand(1);
@@ -246,6 +305,9 @@ int run_cli(int argc, char** argv) {
   add_common(sim_cmd);
   auto* search_cmd = app.add_subcommand("search", "rank the configurations of the paper's search space");
   add_common(search_cmd);
+  auto* compare_cmd =
+      app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
+  add_common(compare_cmd);
   auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
   try {
     app.parse(argc, argv);
@@ -265,6 +327,7 @@ int run_cli(int argc, char** argv) {
       return 0;
     }
     if (*sim_cmd) return cmd_simulate(cli);
+    if (*compare_cmd) return cmd_compare(cli);
     return cmd_search(cli);
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";

@@ -106,6 +106,7 @@ std::string deadlock_report(const Program& p, const Timeline& t) {
 core::RunReport make_report(const Program& p, const Timeline& t, const CostModel& cost) {
   core::RunReport r;
   r.plan = p.graph.plan;
+  r.plan_kind = core::mode_name(p.graph.plan.mode);
   r.cost_model = cost.name();
   r.num_ops = p.ops.size();
   r.num_streams = p.queues.size();
@@ -125,6 +126,9 @@ core::RunReport make_report(const Program& p, const Timeline& t, const CostModel
         break;
       default:
         break;
+    }
+    if (o.kind == core::OpKind::ARD || o.kind == core::OpKind::AG || o.kind == core::OpKind::RS) {
+      r.collective_bytes += o.bytes;
     }
   }
   const auto mem = cost.memory_per_gpu(p);

@@ -78,6 +78,29 @@ options: {{prefetch: false}}
     r = run("search", "configs/default.yaml")
     check("search table", r.returncode == 0 and "rank" in r.stdout and "Top1" in r.stdout, r.stdout + r.stderr)
 
+    # --- compare: every plan kind, each with plan_kind and feasible (and a reason when infeasible)
+    r = run("compare", "configs/default.yaml", "--format", "json")
+    check("compare exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        j = json.loads(r.stdout)
+        kinds = [x["plan_kind"] for x in j["results"]]
+        check("compare kinds", kinds == ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l"], kinds)
+        for x in j["results"]:
+            check(f"compare {x['plan_kind']} feasible field", "feasible" in x, x)
+            if x.get("feasible"):
+                check(f"compare {x['plan_kind']} time", x["iteration_time_s"] > 0, x)
+            else:
+                check(f"compare {x['plan_kind']} reason", bool(x.get("reason")), x)
+    # a GPU too small for anything: every kind says why
+    r = run("compare", "configs/default.yaml", "--format", "json", "--set", "machine.gpu_memory=64MiB")
+    check("compare tiny exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        j = json.loads(r.stdout)
+        for x in j["results"]:
+            check(f"compare tiny {x['plan_kind']} infeasible", not x["feasible"] and x["reason"], x)
+    r = run("compare", "configs/default.yaml")
+    check("compare table", r.returncode == 0 and "zero-infinity" in r.stdout and "speedup" in r.stdout, r.stdout)
+
     # --- bad input: exit 2, location, hint
     def bad(name, text, expect_loc, expect_words, args=()):
         path = write(tmp, name + ".yaml", text)

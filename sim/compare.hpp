@@ -1,0 +1,40 @@
+// `harmony-sim compare`: for one model, machine and minibatch, the best plan of every plan kind
+// (Harmony-PP, Harmony-DP and each swapping baseline), each searched over its own knobs with the
+// same cost model, or the reason it does not fit.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/baselines.hpp"
+#include "core/config.hpp"
+#include "core/model.hpp"
+#include "core/report.hpp"
+
+namespace harmony::sim {
+
+struct KindResult {
+  core::PlanKind kind = core::PlanKind::HarmonyPP;
+  bool feasible = false;
+  std::string reason;          // why no plan of this kind fits (when !feasible)
+  std::size_t candidates = 0;  // plans evaluated
+  core::RunReport best;        // valid when feasible
+  double speedup_over_best_baseline = 0.0;
+};
+
+struct CompareResult {
+  std::vector<KindResult> kinds;  // in core::plan_kind_names() order
+  double best_baseline_time_s = 0.0;
+};
+
+// Searches every plan kind. `search` and `options` shape the Harmony searches (packing methods,
+// microbatch lists, stride); baselines use the same microbatch stride and lists.
+CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
+                                 const std::string& cost_model, const core::SearchSpec& search,
+                                 const core::Options& options);
+
+// One baseline plan through the named cost model.
+core::RunReport evaluate_baseline(const core::Model& model, const core::MachineSpec& machine,
+                                  const core::BaselinePlan& plan, const std::string& cost_model);
+
+}  // namespace harmony::sim
