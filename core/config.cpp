@@ -1372,13 +1372,11 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
 
   // cost_model
   if (const Entry* e = find(root, "cost_model")) {
-    const std::string& name = expect_scalar(e->value, "cost_model", "a cost model name", "cost models: reference");
-    if (name == "native")
-      fail(e->value.loc, "cost model 'native' is not available yet",
-           "use cost_model: reference (the paper's scheduler model, reproduced exactly)");
-    if (name != "reference")
+    const std::string& name =
+        expect_scalar(e->value, "cost_model", "a cost model name", "cost models: reference, native");
+    if (name != "reference" && name != "native")
       fail(e->value.loc, fmt::format("unknown cost_model '{}'", name),
-           suggestion_hint(name, {"reference"}, "cost models"));
+           suggestion_hint(name, {"reference", "native"}, "cost models"));
     cfg.cost_model = name;
   }
 

@@ -526,6 +526,10 @@ class Lowerer {
   }
 
   void lower_rank(int r) {
+    if (has_conv_) {  // Harmony-DP with D % N != 0: each GPU has its own microbatch lists
+      conv_ = make_ubatch_converter(g_.ubatch_fwd[static_cast<std::size_t>(r)],
+                                    g_.ubatch_bwd[static_cast<std::size_t>(r)], g_.plan.u_bwd);
+    }
     queue_of_.fill(-1);
     L_ = nullptr;
     L2_ = nullptr;

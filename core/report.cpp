@@ -30,6 +30,7 @@ nlohmann::json report_to_json(const RunReport& r) {
   }
   j["cost_model"] = r.cost_model;
   j["deadlock"] = r.deadlock;
+  j["feasible"] = r.feasible;
   if (r.deadlock) j["deadlock_report"] = r.deadlock_report;
   // JSON has no infinity: a deadlocked plan reports null times
   auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
@@ -56,7 +57,6 @@ nlohmann::json report_to_json(const RunReport& r) {
   j["num_ops"] = r.num_ops;
   j["num_streams"] = r.num_streams;
   if (r.native) {
-    j["feasible"] = r.feasible;
     if (!r.feasible) j["infeasible_reason"] = r.infeasible_reason;
     if (r.memory_overflow.gpu >= 0) {
       const auto& o = r.memory_overflow;

@@ -11,6 +11,11 @@ namespace harmony::core {
 
 void write_chrome_trace(std::ostream& out, const Program& p, const std::vector<TimePs>& begin_ps,
                         const std::vector<TimePs>& end_ps, const TraceMeta& meta) {
+  out << chrome_trace_json(p, begin_ps, end_ps, meta).dump(1) << "\n";
+}
+
+nlohmann::json chrome_trace_json(const Program& p, const std::vector<TimePs>& begin_ps,
+                                 const std::vector<TimePs>& end_ps, const TraceMeta& meta) {
   nlohmann::json events = nlohmann::json::array();
   std::vector<int> devices;
   for (const auto& q : p.queues) {
@@ -63,10 +68,9 @@ void write_chrome_trace(std::ostream& out, const Program& p, const std::vector<T
                         {"args", std::move(args)}});
     }
   }
-  nlohmann::json doc = {{"traceEvents", std::move(events)},
-                        {"displayTimeUnit", "ms"},
-                        {"otherData", {{"source", meta.source}, {"title", meta.title}, {"time_unit", "us"}}}};
-  out << doc.dump(1) << "\n";
+  return {{"traceEvents", std::move(events)},
+          {"displayTimeUnit", "ms"},
+          {"otherData", {{"source", meta.source}, {"title", meta.title}, {"time_unit", "us"}}}};
 }
 
 }  // namespace harmony::core

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/program.hpp"
 
 namespace harmony::core {
@@ -15,6 +17,10 @@ struct TraceMeta {
   std::string source;  // "harmony-sim (reference)" or "harmony-run (cpu)"
   std::string title;   // plan summary
 };
+
+// The trace document ({"traceEvents": [...], ...}); callers may append events (e.g. counter tracks).
+nlohmann::json chrome_trace_json(const Program& program, const std::vector<TimePs>& begin_ps,
+                                 const std::vector<TimePs>& end_ps, const TraceMeta& meta);
 
 // begin/end per op in picoseconds; ops with begin < 0 (never ran) are left out.
 void write_chrome_trace(std::ostream& out, const Program& program, const std::vector<TimePs>& begin_ps,

@@ -17,6 +17,7 @@
 #include "core/search.hpp"
 #include "core/trace.hpp"
 #include "sim/compare.hpp"
+#include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
 
 using namespace harmony;
@@ -91,13 +92,22 @@ core::LowerOptions lower_options(const core::RunConfig& cfg) {
   return o;
 }
 
-void write_trace(const std::string& path, const sim::Evaluation& e, const std::string& title) {
+void write_trace(const std::string& path, const sim::Evaluation& e, const std::string& title, const core::Model& model,
+                 const core::MachineSpec& machine) {
   std::ofstream out(path);
   if (!out)
     throw core::ConfigError(core::SourceLoc{path, 0, 0}, "cannot write the trace file",
                             "check the folder exists and is writable");
-  core::write_chrome_trace(out, e.program, e.timeline.begin_ps, e.timeline.end_ps,
-                           core::TraceMeta{"harmony-sim (" + e.report.cost_model + ")", title});
+  auto doc = core::chrome_trace_json(e.program, e.timeline.begin_ps, e.timeline.end_ps,
+                                     core::TraceMeta{"harmony-sim (" + e.report.cost_model + ")", title});
+  if (e.report.cost_model == "native") {
+    // counter tracks: per-GPU memory in use and per-link bandwidth in use
+    sim::NativeOptions o;
+    o.record_counters = true;
+    const auto res = sim::run_native(e.program, model, machine, o);
+    sim::append_native_counters(doc["traceEvents"], res);
+  }
+  out << doc.dump(1) << "\n";
   if (!out) throw core::ConfigError(core::SourceLoc{path, 0, 0}, "writing the trace failed", "check free disk space");
 }
 
@@ -126,6 +136,29 @@ void print_report_table(const core::RunReport& r) {
                g.end_time_s > 0 ? 100.0 * g.compute_time_s / g.end_time_s : 0.0, mib(g.peak_memory_bytes),
                100.0 * g.end_idle);
   }
+  if (r.native) {
+    const auto& l = r.ledger;
+    fmt::print(
+        "\nswap ledger (MiB): PCIe h2d {:.0f}, PCIe d2h {:.0f}, P2P PCIe {:.0f}, NVLink {:.0f}, host staging {:.0f}, "
+        "CPU msg {:.0f}\n  by tensor: weights {:.0f}, weight grads {:.0f}, optimizer state {:.0f}, activations "
+        "{:.0f}, stashes {:.0f}, activation grads {:.0f}\n",
+        mib(l.pcie_h2d_bytes), mib(l.pcie_d2h_bytes), mib(l.p2p_pcie_bytes), mib(l.nvlink_bytes),
+        mib(l.host_staging_bytes), mib(l.cpu_msg_bytes), mib(l.weights_bytes), mib(l.weight_grad_bytes),
+        mib(l.optimizer_state_bytes), mib(l.activation_bytes), mib(l.stash_bytes), mib(l.act_grad_bytes));
+    fmt::print(
+        "host memory: {:.2f} GiB needed (master weights {:.2f}, optimizer {:.2f}, gradients {:.2f}, stashes "
+        "{:.2f}){}\n",
+        static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB),
+        static_cast<double>(r.host_memory.master_weights_bytes) / static_cast<double>(core::kGiB),
+        static_cast<double>(r.host_memory.optimizer_state_bytes) / static_cast<double>(core::kGiB),
+        static_cast<double>(r.host_memory.gradient_bytes) / static_cast<double>(core::kGiB),
+        static_cast<double>(r.host_memory.stash_bytes) / static_cast<double>(core::kGiB),
+        r.host_memory.capacity_bytes > 0
+            ? fmt::format(" of {:.0f} GiB",
+                          static_cast<double>(r.host_memory.capacity_bytes) / static_cast<double>(core::kGiB))
+            : std::string());
+  }
+  if (!r.feasible) fmt::print("\nINFEASIBLE: {}\n", r.infeasible_reason);
   fmt::print("\n{}\n", core::summary_line(r, "simulated"));
 }
 
@@ -136,7 +169,7 @@ int cmd_simulate(const Cli& cli) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto e = sim::evaluate_plan(model, cfg.machine, plan, lower_options(cfg), cfg.cost_model);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!cli.trace.empty()) write_trace(cli.trace, e, plan_title(e.report));
+  if (!cli.trace.empty()) write_trace(cli.trace, e, plan_title(e.report), model, cfg.machine);
   if (cli.format == "json") {
     nlohmann::json j = {{"command", "simulate"},
                         {"config", cfg.file},
@@ -153,6 +186,11 @@ int cmd_simulate(const Cli& cli) {
   }
   if (e.report.deadlock) {
     fmt::print(stderr, "{}: error: the plan deadlocks\n{}", cfg.file, e.report.deadlock_report);
+    return kExitBadInput;
+  }
+  if (!e.report.feasible) {
+    fmt::print(stderr, "{}: error: the plan does not fit: {}\n  hint: use more GPUs, smaller microbatches or packs\n",
+               cfg.file, e.report.infeasible_reason);
     return kExitBadInput;
   }
   return 0;
@@ -181,7 +219,7 @@ int cmd_search(const Cli& cli) {
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!cli.trace.empty() && !res.ranked.empty()) {
     const auto best = sim::evaluate_plan(model, cfg.machine, res.ranked.front().report.plan, lower, cfg.cost_model);
-    write_trace(cli.trace, best, plan_title(best.report));
+    write_trace(cli.trace, best, plan_title(best.report), model, cfg.machine);
   }
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();

@@ -78,6 +78,30 @@ options: {{prefetch: false}}
     r = run("search", "configs/default.yaml")
     check("search table", r.returncode == 0 and "rank" in r.stdout and "Top1" in r.stdout, r.stdout + r.stderr)
 
+    # --- native cost model: ledger, host memory, counters in the trace, infeasible plans exit 2
+    r = run("simulate", cfg, "--format", "json", "--set", "cost_model=native", "--trace", trace)
+    check("native exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        j = json.loads(r.stdout)["result"]
+        check("native feasible", j.get("feasible") is True, j.get("infeasible_reason"))
+        led = j.get("swap_ledger", {})
+        check("native ledger classes", set(led.get("per_tensor_class", {})) >= {"weights", "weight_grad", "optimizer_state",
+              "activation", "stash", "act_grad"}, led.keys())
+        check("native ledger sums to swap bytes",
+              led["per_link_class"]["pcie_h2d"] == j["swap_in_bytes"] and led["per_link_class"]["pcie_d2h"] == j["swap_out_bytes"],
+              (led.get("per_link_class"), j["swap_in_bytes"], j["swap_out_bytes"]))
+        t = json.load(open(trace))
+        check("native trace counters", any(e["ph"] == "C" for e in t["traceEvents"]), "no counter events")
+    r = run("simulate", cfg, "--set", "cost_model=native", "--set", "machine.gpu_memory=4GiB")
+    check("native infeasible exit 2", r.returncode == 2, r.returncode)
+    check("native infeasible names op", "exceeded at op" in r.stderr and "GPU" in r.stderr, r.stderr)
+    r = run("search", "configs/default.yaml", "--format", "json", "--set", "cost_model=native", "--set", "machine.gpu_memory=6GiB")
+    check("native search exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        j = json.loads(r.stdout)
+        for x in j["results"]:
+            check("native search results feasible", x["feasible"] and x["peak_memory_bytes"] <= 6 * 2**30, x["peak_memory_bytes"])
+
     # --- compare: every plan kind, each with plan_kind and feasible (and a reason when infeasible)
     r = run("compare", "configs/default.yaml", "--format", "json")
     check("compare exit 0", r.returncode == 0, r.stderr)

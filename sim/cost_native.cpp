@@ -1,0 +1,115 @@
+// The `native` cost model's report side: durations and memory for the CostModel seam, the RunReport
+// with feasibility, host account and swap ledger, and the Chrome-trace counter events.
+#include "sim/cost_native.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace harmony::sim {
+
+namespace {
+
+// Hands precomputed peaks to make_report.
+class NativePeaks final : public CostModel {
+ public:
+  explicit NativePeaks(std::vector<core::Bytes> peaks) : peaks_(std::move(peaks)) {}
+  std::string name() const override { return "native"; }
+  std::vector<core::TimePs> durations(const core::Program& program) const override {
+    return std::vector<core::TimePs>(program.ops.size(), 0);
+  }
+  std::vector<core::Bytes> memory_per_gpu(const core::Program&) const override { return peaks_; }
+
+ private:
+  std::vector<core::Bytes> peaks_;
+};
+
+}  // namespace
+
+std::vector<core::TimePs> NativeCostModel::durations(const core::Program& program) const {
+  const NativeResult r = run(program);
+  std::vector<core::TimePs> d(program.ops.size(), 0);
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    if (r.timeline.end_ps[i] >= 0) d[i] = r.timeline.end_ps[i] - r.ready_ps[i];
+  }
+  return d;
+}
+
+std::vector<core::Bytes> NativeCostModel::memory_per_gpu(const core::Program& program) const {
+  return run(program).peak_bytes;
+}
+
+core::RunReport native_report(const core::Program& program, const NativeResult& res) {
+  core::RunReport r = make_report(program, res.timeline, NativePeaks(res.peak_bytes));
+  r.native = true;
+  r.feasible = res.feasible;
+  r.infeasible_reason = res.infeasible_reason;
+  if (res.overflow.op >= 0) {
+    const auto& o = res.overflow;
+    r.memory_overflow = core::MemoryOverflowReport{o.device,     program.op_id(o.op), program.op_label(o.op),
+                                                   o.bytes_over, o.capacity_bytes,    core::ps_to_seconds(o.time_ps)};
+  }
+  r.memory_overflow_ops = res.overflow_count;
+  r.memory_anomalies = res.memory_anomalies;
+  const auto& h = res.host;
+  r.host_memory = core::HostMemoryReport{h.master_weights_bytes, h.optimizer_state_bytes, h.gradient_bytes,
+                                         h.stash_bytes,          h.activation_bytes,      h.pinned_staging_bytes,
+                                         h.total_bytes,          h.capacity_bytes,        h.pinned_limit_bytes};
+  auto& l = r.ledger;
+  auto cls = [&](TransferClass c) { return res.class_bytes[static_cast<int>(c)]; };
+  l.pcie_h2d_bytes = cls(TransferClass::PcieH2D);
+  l.pcie_d2h_bytes = cls(TransferClass::PcieD2H);
+  l.p2p_pcie_bytes = cls(TransferClass::P2PPcie);
+  l.nvlink_bytes = cls(TransferClass::NvLink);
+  l.host_staging_bytes = cls(TransferClass::HostStaging);
+  l.cpu_msg_bytes = cls(TransferClass::CpuMsg);
+  auto ten = [&](core::TensorKind k) { return res.tensor_bytes[static_cast<int>(k)]; };
+  l.weights_bytes = ten(core::TensorKind::Weights);
+  l.weight_grad_bytes = ten(core::TensorKind::WeightGrad);
+  l.optimizer_state_bytes = ten(core::TensorKind::OptState);
+  l.activation_bytes = ten(core::TensorKind::Activation);
+  l.stash_bytes = ten(core::TensorKind::Stash);
+  l.act_grad_bytes = ten(core::TensorKind::ActGrad);
+  for (std::size_t i = 0; i < res.graph.links.size(); ++i) {
+    const auto& link = res.graph.links[i];
+    const auto& st = res.link_stats[i];
+    l.links.push_back(core::LinkUsage{link.name, link_kind_name(link.kind), link.capacity > 0 ? link.capacity : 0.0,
+                                      st.bytes, core::ps_to_seconds(st.busy_ps)});
+  }
+  return r;
+}
+
+core::RunReport simulate_native(const core::Program& program, const core::Model& model,
+                                const core::MachineSpec& machine, const NativeOptions& options,
+                                NativeResult* result_out) {
+  NativeResult res = run_native(program, model, machine, options);
+  core::RunReport r = native_report(program, res);
+  if (result_out) *result_out = std::move(res);
+  return r;
+}
+
+void append_native_counters(nlohmann::json& trace_events, const NativeResult& res) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  constexpr double kGiB = 1024.0 * kMiB;
+  trace_events.push_back(
+      {{"ph", "M"}, {"name", "process_name"}, {"pid", kLinkCounterPid}, {"args", {{"name", "links"}}}});
+  trace_events.push_back(
+      {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", kLinkCounterPid}, {"args", {{"sort_index", 1000}}}});
+  auto ts = [](core::TimePs t) { return static_cast<double>(t) / 1e6; };
+  for (const auto& s : res.memory_samples) {
+    trace_events.push_back({{"ph", "C"},
+                            {"name", "memory"},
+                            {"pid", s.device},
+                            {"ts", ts(s.time_ps)},
+                            {"args", {{"MiB", static_cast<double>(s.bytes) / kMiB}}}});
+  }
+  for (const auto& s : res.bandwidth_samples) {
+    const auto& link = res.graph.links[static_cast<std::size_t>(s.link)];
+    const bool cpu = link.kind == LinkKind::CpuCores;
+    trace_events.push_back({{"ph", "C"},
+                            {"name", link.name},
+                            {"pid", kLinkCounterPid},
+                            {"ts", ts(s.time_ps)},
+                            {"args", {{cpu ? "cores" : "GiB/s", cpu ? s.rate : s.rate / kGiB}}}});
+  }
+}
+
+}  // namespace harmony::sim

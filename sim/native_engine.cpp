@@ -1,0 +1,817 @@
+// The native engine: link graph and transfer paths, a discrete-event loop over integer picoseconds with
+// fluid flows shared max-min fairly (progressive filling), FIFO copy engines, processor-shared CPU
+// updates, the per-GPU memory timeline and the static host-memory account.
+#include "sim/native_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <queue>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace harmony::sim {
+
+using core::Bytes;
+using core::Op;
+using core::OpKind;
+using core::Program;
+using core::Stream;
+using core::TimePs;
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kPs = 1e12;
+template <class T>
+std::size_t z(T i) {
+  return static_cast<std::size_t>(i);
+}
+}  // namespace
+
+const char* link_kind_name(LinkKind k) {
+  static const char* const names[] = {"gpu_down",     "gpu_up", "switch_down", "switch_up",
+                                      "inter_socket", "nvlink", "host_memcpy", "cpu_cores"};
+  return names[static_cast<int>(k)];
+}
+
+const char* transfer_class_name(TransferClass c) {
+  static const char* const names[] = {"pcie_h2d", "pcie_d2h", "p2p_pcie", "nvlink", "host_staging", "cpu_msg", "none"};
+  return names[static_cast<int>(c)];
+}
+
+// ---- topology and paths ----
+
+core::Topology derive_topology(const core::MachineSpec& m) {
+  core::Topology t;
+  t.switches.push_back(core::PcieSwitch{"switch0", 0, m.bw_swap_bytes_per_s});
+  for (int g = 0; g < m.gpus; ++g) t.gpus.push_back(core::GpuSpec{0, m.bw_swap_bytes_per_s, 1, 1});
+  t.sockets = 1;
+  t.p2p = core::P2PMode::Pcie;
+  t.host_memcpy_bytes_per_s = m.bw_msg_bytes_per_s;
+  t.cpu_cores = std::max(1, m.gpus);
+  t.free_time_s = 0;
+  return t;
+}
+
+LinkGraph build_link_graph(const core::MachineSpec& machine) {
+  const core::Topology t = machine.topology.valid() ? machine.topology : derive_topology(machine);
+  LinkGraph g;
+  const int n = static_cast<int>(t.gpus.size());
+  std::vector<core::PcieSwitch> switches = t.switches;
+  if (switches.empty()) switches.push_back(core::PcieSwitch{"root", 0, 0});
+  g.sockets = std::max(1, t.sockets);
+  for (const auto& s : switches) {
+    if (s.socket < 0) throw core::ScheduleError(fmt::format("topology: switch '{}' has a negative socket", s.name));
+    g.sockets = std::max(g.sockets, s.socket + 1);
+  }
+  g.p2p = t.p2p;
+  auto add = [&](std::string name, LinkKind k, double cap) {
+    g.links.push_back(Link{std::move(name), k, cap});
+    return static_cast<int>(g.links.size()) - 1;
+  };
+  for (int i = 0; i < n; ++i) {
+    const auto& spec = t.gpus[z(i)];
+    if (spec.pcie_switch < 0 || spec.pcie_switch >= static_cast<int>(switches.size()))
+      throw core::ScheduleError(
+          fmt::format("topology: GPU{} hangs off switch {}, which does not exist", i, spec.pcie_switch));
+    const double bw = spec.link_bytes_per_s > 0 ? spec.link_bytes_per_s : machine.bw_swap_bytes_per_s;
+    g.gpu_down.push_back(add(fmt::format("GPU{} PCIe H2D", i), LinkKind::GpuDown, bw));
+    g.gpu_up.push_back(add(fmt::format("GPU{} PCIe D2H", i), LinkKind::GpuUp, bw));
+    g.gpu_switch.push_back(spec.pcie_switch);
+  }
+  for (std::size_t s = 0; s < switches.size(); ++s) {
+    const auto& sw = switches[s];
+    const std::string name = sw.name.empty() ? fmt::format("switch{}", s) : sw.name;
+    g.switch_down.push_back(add(name + " uplink down", LinkKind::SwitchDown, sw.uplink_bytes_per_s));
+    g.switch_up.push_back(add(name + " uplink up", LinkKind::SwitchUp, sw.uplink_bytes_per_s));
+    g.switch_socket.push_back(sw.socket);
+  }
+  g.inter_socket.assign(z(g.sockets * g.sockets), -1);
+  for (int a = 0; a < g.sockets; ++a) {
+    for (int b = 0; b < g.sockets; ++b) {
+      if (a == b) continue;
+      g.inter_socket[z(a * g.sockets + b)] =
+          add(fmt::format("socket{}->{}", a, b), LinkKind::InterSocket, t.inter_socket_bytes_per_s);
+    }
+  }
+  g.nvlink.assign(z(n * n), -1);
+  for (const auto& nv : t.nvlinks) {
+    if (nv.gpu_a < 0 || nv.gpu_a >= n || nv.gpu_b < 0 || nv.gpu_b >= n || nv.gpu_a == nv.gpu_b)
+      throw core::ScheduleError(
+          fmt::format("topology: NVLink {}-{} names a GPU that does not exist", nv.gpu_a, nv.gpu_b));
+    for (auto [a, b] : {std::pair{nv.gpu_a, nv.gpu_b}, std::pair{nv.gpu_b, nv.gpu_a}}) {
+      int& slot = g.nvlink[z(a * n + b)];
+      if (slot < 0) slot = add(fmt::format("NVLink {}->{}", a, b), LinkKind::NvLink, nv.bytes_per_s);
+    }
+  }
+  g.host_memcpy = add("host memcpy", LinkKind::HostMemcpy,
+                      t.host_memcpy_bytes_per_s > 0 ? t.host_memcpy_bytes_per_s : machine.bw_msg_bytes_per_s);
+  g.cpu = add("CPU cores", LinkKind::CpuCores, t.cpu_cores > 0 ? static_cast<double>(t.cpu_cores) : 0.0);
+  return g;
+}
+
+std::vector<int> LinkGraph::h2d_path(int gpu) const { return {switch_down[z(gpu_switch[z(gpu)])], gpu_down[z(gpu)]}; }
+
+std::vector<int> LinkGraph::d2h_path(int gpu) const { return {gpu_up[z(gpu)], switch_up[z(gpu_switch[z(gpu)])]}; }
+
+std::vector<int> LinkGraph::p2p_path(int from, int to, TransferClass* cls) const {
+  const int n = static_cast<int>(gpu_down.size());
+  if (from == to) {
+    *cls = TransferClass::None;
+    return {};
+  }
+  if (const int nv = nvlink[z(from * n + to)]; nv >= 0) {
+    *cls = TransferClass::NvLink;
+    return {nv};
+  }
+  const int sa = gpu_switch[z(from)];
+  const int sb = gpu_switch[z(to)];
+  const int ka = switch_socket[z(sa)];
+  const int kb = switch_socket[z(sb)];
+  std::vector<int> path{gpu_up[z(from)]};
+  if (p2p == core::P2PMode::Pcie) {
+    *cls = TransferClass::P2PPcie;
+    if (sa != sb) {
+      path.push_back(switch_up[z(sa)]);
+      if (ka != kb) path.push_back(inter_socket[z(ka * sockets + kb)]);
+      path.push_back(switch_down[z(sb)]);
+    }
+  } else {
+    *cls = TransferClass::HostStaging;
+    path.push_back(switch_up[z(sa)]);
+    path.push_back(host_memcpy);
+    if (ka != kb) path.push_back(inter_socket[z(ka * sockets + kb)]);
+    path.push_back(switch_down[z(sb)]);
+  }
+  path.push_back(gpu_down[z(to)]);
+  return path;
+}
+
+// ---- host memory ----
+
+HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
+  HostAccount h;
+  const int R = m.num_layers();
+  if (R > 0) {
+    h.master_weights_bytes = m.weight_bytes(0, R - 1) + m.buffer_bytes(0, R - 1);
+    h.optimizer_state_bytes = m.optimizer_state_bytes(0, R - 1);
+    h.gradient_bytes = m.weight_bytes(0, R - 1);
+  }
+  const std::size_t nd = z(std::max(p.num_devices(), 1));
+  std::vector<Bytes> max_in(nd, 0);
+  std::vector<Bytes> max_out(nd, 0);
+  std::vector<Bytes> max_p2p(nd, 0);
+  for (const Op& o : p.ops) {
+    const std::size_t d = z(o.device);
+    if (d >= nd) continue;
+    switch (o.stream) {
+      case Stream::SwapIn:
+        max_in[d] = std::max(max_in[d], o.bytes);
+        break;
+      case Stream::SwapOut:
+        max_out[d] = std::max(max_out[d], o.bytes);
+        if (o.kind == OpKind::sX) h.stash_bytes += o.bytes;
+        if (o.kind == OpKind::Y || o.kind == OpKind::dX) h.activation_bytes += o.bytes;
+        break;
+      case Stream::P2POut:
+        max_p2p[d] = std::max(max_p2p[d], o.bytes);
+        break;
+      case Stream::Cpu:
+        if (o.kind == OpKind::MSGsX || o.kind == OpKind::MSGY) h.activation_bytes += o.bytes;
+        break;
+      default:
+        break;
+    }
+  }
+  for (std::size_t d = 0; d < nd; ++d) {
+    h.pinned_staging_bytes += 2 * (max_in[d] + max_out[d]);
+    if (p2p_staged) h.pinned_staging_bytes += 2 * max_p2p[d];
+  }
+  h.total_bytes = h.master_weights_bytes + h.optimizer_state_bytes + h.gradient_bytes + h.stash_bytes +
+                  h.activation_bytes + h.pinned_staging_bytes;
+  return h;
+}
+
+// ---- the engine ----
+
+namespace {
+
+enum class ActKind : std::uint8_t { Fixed, Flow };
+enum class EvKind : std::uint8_t { FixedEnd, LatencyEnd, FlowEnd };
+
+struct Activity {
+  int a = -1;
+  int b = -1;  // the P2P peer of `a`, or -1
+  ActKind kind = ActKind::Fixed;
+  TimePs fixed_ps = 0;
+  TimePs latency_ps = 0;
+  double volume = 0;  // bytes (core-seconds on the CPU)
+  double cap = 0;     // the flow's own rate limit; <= 0: none
+  std::vector<int> path;
+  int engine = -1;  // copy engine: gpu * 2 (+ 1 for device->host), -1 none
+  TransferClass cls = TransferClass::None;
+  core::TensorKind tensor = core::TensorKind::Activation;
+  Bytes ledger_bytes = 0;  // payload counted in the swap ledger (0: not a transfer)
+  // flow state
+  double remaining = 0;
+  double rate = -1;
+  std::uint64_t version = 0;
+  bool active = false;
+};
+
+struct Event {
+  TimePs t = 0;
+  std::uint64_t seq = 0;
+  int act = 0;
+  EvKind kind = EvKind::FixedEnd;
+  std::uint64_t version = 0;
+  bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+struct CopyEngine {
+  int slots = 1;
+  int in_use = 0;
+  std::deque<int> waiting;
+};
+
+class Engine {
+ public:
+  Engine(const Program& p, const core::Model& m, const core::MachineSpec& mach, const NativeOptions& opt)
+      : p_(p), m_(m), mach_(mach), opt_(opt) {
+    if (mach.topology.valid()) {
+      topo_ = mach.topology;
+    } else {
+      // a reference-only machine: derive its topology, wide enough for the plan
+      core::MachineSpec wide = mach;
+      wide.gpus = std::max(mach.gpus, p.num_devices());
+      topo_ = derive_topology(wide);
+    }
+    core::MachineSpec with_topology = mach;
+    with_topology.topology = topo_;
+    r_.graph = build_link_graph(with_topology);
+    const int ngpu = static_cast<int>(topo_.gpus.size());
+    if (p.num_devices() > ngpu)
+      throw core::ScheduleError(fmt::format("the plan uses {} GPUs but the machine '{}' has {} in its topology",
+                                            p.num_devices(), mach.name, ngpu));
+    for (const Op& o : p.ops) {
+      if (o.device < 0 || o.device >= ngpu)
+        throw core::ScheduleError(fmt::format("an op runs on GPU{}, which the machine's topology lacks", o.device));
+    }
+    nsim_ = static_cast<double>(std::max(1, p.bandwidth_sharers));
+    const auto& links = r_.graph.links;
+    cap_.resize(links.size());
+    for (std::size_t l = 0; l < links.size(); ++l) {
+      const bool bytes_link = links[l].kind != LinkKind::CpuCores;
+      cap_[l] = (opt.reference_bandwidths && bytes_link) || links[l].capacity <= 0 ? kInf : links[l].capacity;
+    }
+    load_.assign(links.size(), 0.0);
+    last_sample_.assign(links.size(), 0.0);
+    r_.link_stats.assign(links.size(), LinkStats{});
+    for (const auto& gs : topo_.gpus) {
+      engines_.push_back(CopyEngine{std::max(1, gs.copy_engines_h2d), 0, {}});
+      engines_.push_back(CopyEngine{std::max(1, gs.copy_engines_d2h), 0, {}});
+    }
+    const std::size_t nd = z(std::max(p.num_devices(), ngpu));
+    mem_.assign(nd, 0);
+    r_.peak_bytes.assign(z(std::max(p.num_devices(), 1)), 0);
+    latency_ps_ = opt.latency ? core::seconds_to_ps(topo_.transfer_latency_s) : 0;
+    build_successors();
+  }
+
+  NativeResult run() {
+    const std::size_t n = p_.ops.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (pending_[i] == 0) became_ready(static_cast<int>(i));
+    }
+    start_pending();
+    if (dirty_) recompute();
+    while (!heap_.empty()) {
+      const TimePs t = heap_.top().t;
+      if (t > now_) advance(t);
+      while (!heap_.empty() && heap_.top().t == now_) {
+        const Event e = heap_.top();
+        heap_.pop();
+        handle(e);
+      }
+      start_pending();
+      if (dirty_) recompute();
+    }
+    finish();
+    return std::move(r_);
+  }
+
+ private:
+  // ---- readiness (the same rule as run_timeline) ----
+  void build_successors() {
+    const std::size_t n = p_.ops.size();
+    auto& t = r_.timeline;
+    t.begin_ps.assign(n, -1);
+    t.end_ps.assign(n, -1);
+    t.duration_ps.assign(n, 0);
+    r_.ready_ps.assign(n, -1);
+    pending_.assign(n, 0);
+    count_.assign(n + 1, 0);
+    auto pred = [&](const Op& o) { return p_.queues[z(o.queue)].ops[z(o.queue_pos - 1)]; };
+    for (std::size_t i = 0; i < n; ++i) {
+      const Op& o = p_.ops[i];
+      if (o.peer >= 0 && (o.peer >= static_cast<int>(n) || p_.ops[z(o.peer)].peer != static_cast<int>(i)))
+        throw core::ScheduleError(
+            fmt::format("op {} has a rendezvous peer that does not point back", p_.op_id(static_cast<int>(i))));
+      for (int d : o.deps) ++count_[z(d) + 1];
+      pending_[i] = static_cast<int>(o.deps.size()) + (o.queue_pos > 0 ? 1 : 0);
+      if (o.queue_pos > 0) ++count_[z(pred(o)) + 1];
+    }
+    for (std::size_t i = 0; i < n; ++i) count_[i + 1] += count_[i];
+    succ_.assign(z(count_[n]), 0);
+    std::vector<int> fill(count_.begin(), count_.end() - 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Op& o = p_.ops[i];
+      for (int d : o.deps) succ_[z(fill[z(d)]++)] = static_cast<int>(i);
+      if (o.queue_pos > 0) succ_[z(fill[z(pred(o))]++)] = static_cast<int>(i);
+    }
+  }
+
+  void became_ready(int op) {
+    r_.ready_ps[z(op)] = now_;
+    const int peer = p_.ops[z(op)].peer;
+    if (peer >= 0) {
+      if (r_.ready_ps[z(peer)] < 0) return;  // the peer will launch the pair
+      launch(make_activity(op, peer));
+      return;
+    }
+    launch(make_activity(op, -1));
+  }
+
+  void launch(int act) { to_start_.push_back(act); }
+
+  // ---- pricing ----
+  double compute_s(const Op& o) const {
+    switch (o.kind) {
+      case OpKind::FWD:
+      case OpKind::REC: {
+        double s = 0.0;
+        for (int l = o.layers.first; l <= o.layers.last; ++l) s += m_.time_s(core::Phase::Fwd, o.ubs, l);
+        return s;
+      }
+      case OpKind::BWD: {
+        double b = 0.0;
+        double f = 0.0;
+        for (int l = o.layers.first; l <= o.layers.last; ++l) b += m_.time_s(core::Phase::Bwd, o.ubs, l);
+        for (int l = o.layers.first; l <= o.layers.last; ++l) f += m_.time_s(core::Phase::Fwd, o.ubs, l);
+        return b - f;
+      }
+      default:
+        return 0.0;
+    }
+  }
+
+  double update_s(const Op& o) const {
+    double s = 0.0;
+    for (int l = o.layers.first; l <= o.layers.last; ++l) s += m_.layers[z(l)].update_time_cpu_s;
+    return s;
+  }
+
+  void set_flow(Activity& x, double volume, std::vector<int> path, double cap, TransferClass cls, Bytes ledger,
+                core::TensorKind tensor, int engine) {
+    if (volume <= 0) return;  // nothing moves: a zero-length op
+    x.kind = ActKind::Flow;
+    x.volume = volume;
+    x.remaining = volume;
+    x.path = std::move(path);
+    x.cap = cap;
+    x.cls = cls;
+    x.ledger_bytes = ledger;
+    x.tensor = tensor;
+    x.engine = opt_.contention ? engine : -1;
+    x.latency_ps = latency_ps_;
+  }
+
+  int make_activity(int a, int b) {
+    Activity x;
+    x.a = a;
+    x.b = b;
+    const auto& g = r_.graph;
+    const bool ref = opt_.reference_bandwidths;
+    if (b >= 0) {
+      int s = a;
+      int rcv = b;
+      if (p_.ops[z(a)].stream != Stream::P2POut && (p_.ops[z(b)].stream == Stream::P2POut || b < a)) std::swap(s, rcv);
+      const Op& so = p_.ops[z(s)];
+      TransferClass cls = TransferClass::None;
+      auto path = g.p2p_path(so.device, p_.ops[z(rcv)].device, &cls);
+      set_flow(x, static_cast<double>(so.bytes), std::move(path), ref ? mach_.bw_p2p_bytes_per_s : 0, cls, so.bytes,
+               core::moved_tensor(so.kind), so.device * 2 + 1);
+    } else {
+      const Op& o = p_.ops[z(a)];
+      const double bytes = static_cast<double>(o.bytes);
+      switch (o.kind) {
+        case OpKind::FWD:
+        case OpKind::REC:
+        case OpKind::BWD:
+          x.fixed_ps = core::seconds_to_ps(compute_s(o));
+          break;
+        case OpKind::DEL:
+          x.fixed_ps = core::seconds_to_ps(ref ? mach_.time_del_s : topo_.free_time_s);
+          break;
+        case OpKind::Update:
+          if (ref) {
+            x.fixed_ps = core::seconds_to_ps(update_s(o));
+          } else if (const double w = update_s(o); w > 0) {
+            x.kind = ActKind::Flow;
+            x.volume = x.remaining = w;
+            x.path = {g.cpu};
+            x.cap = 1.0;  // one core per update
+          }
+          break;
+        case OpKind::ARD:
+        case OpKind::AG:
+        case OpKind::RS: {
+          const int nr = std::max(1, p_.bandwidth_sharers);
+          const double k = static_cast<double>(nr);
+          const double vol = o.kind == OpKind::ARD ? 2. * (k - 1) / k * bytes : (k - 1) / k * bytes;
+          TransferClass cls = TransferClass::None;
+          auto path = g.p2p_path(o.device, (o.device + 1) % nr, &cls);
+          if (!path.empty())
+            set_flow(x, vol, std::move(path), ref ? mach_.bw_p2p_bytes_per_s : 0, cls, std::llround(vol),
+                     core::moved_tensor(o.kind), -1);
+          break;
+        }
+        case OpKind::MSGsX:
+        case OpKind::MSGY:
+          // two host copies (sender -> shared buffer -> receiver): 2 x bytes over the memcpy link
+          set_flow(x, 2. * bytes, {g.host_memcpy}, ref ? mach_.bw_msg_bytes_per_s / nsim_ : 0, TransferClass::CpuMsg,
+                   o.bytes, core::moved_tensor(o.kind), -1);
+          break;
+        default:
+          transfer(x, o, bytes);
+          break;
+      }
+    }
+    acts_.push_back(std::move(x));
+    return static_cast<int>(acts_.size()) - 1;
+  }
+
+  void transfer(Activity& x, const Op& o, double bytes) {
+    const auto& g = r_.graph;
+    const bool ref = opt_.reference_bandwidths;
+    const double swap_cap = ref ? mach_.bw_swap_bytes_per_s / nsim_ : 0;
+    switch (o.stream) {
+      case Stream::SwapIn:
+        set_flow(x, bytes, g.h2d_path(o.device), swap_cap, TransferClass::PcieH2D, o.bytes, core::moved_tensor(o.kind),
+                 o.device * 2);
+        break;
+      case Stream::SwapOut:
+        set_flow(x, bytes, g.d2h_path(o.device), swap_cap, TransferClass::PcieD2H, o.bytes, core::moved_tensor(o.kind),
+                 o.device * 2 + 1);
+        break;
+      case Stream::P2PIn:
+      case Stream::P2POut:
+        throw core::ScheduleError(
+            fmt::format("P2P op {} ({}) has no rendezvous peer", p_.op_id(x.a), p_.op_label(x.a)));
+      case Stream::Cpu:
+        set_flow(x, 2. * bytes, {g.host_memcpy}, ref ? mach_.bw_msg_bytes_per_s / nsim_ : 0, TransferClass::CpuMsg,
+                 o.bytes, core::moved_tensor(o.kind), -1);
+        break;
+      case Stream::Compute:
+        break;  // a transfer kind on the compute stream moves nothing the engine can price
+    }
+  }
+
+  // ---- starting and ending ----
+  void start_pending() {
+    // copy-engine slots freed at this time go to the transfers already waiting (FIFO), then new requests
+    for (std::size_t e = 0; e < engines_.size(); ++e) {
+      auto& ce = engines_[e];
+      while (ce.in_use < ce.slots && !ce.waiting.empty()) {
+        const int act = ce.waiting.front();
+        ce.waiting.pop_front();
+        ++ce.in_use;
+        begin(act);
+      }
+    }
+    for (std::size_t k = 0; k < to_start_.size(); ++k) {
+      const int act = to_start_[k];
+      const int e = acts_[z(act)].engine;
+      if (e < 0) {
+        begin(act);
+        continue;
+      }
+      auto& ce = engines_[z(e)];
+      if (ce.waiting.empty() && ce.in_use < ce.slots) {
+        ++ce.in_use;
+        begin(act);
+      } else {
+        ce.waiting.push_back(act);
+      }
+    }
+    to_start_.clear();
+  }
+
+  void push(TimePs t, int act, EvKind k, std::uint64_t version = 0) { heap_.push(Event{t, seq_++, act, k, version}); }
+
+  void begin(int act) {
+    Activity& x = acts_[z(act)];
+    for (int op : {x.a, x.b}) {
+      if (op < 0) continue;
+      r_.timeline.begin_ps[z(op)] = now_;
+      allocate(op);
+    }
+    if (x.kind == ActKind::Fixed) {
+      push(now_ + x.fixed_ps, act, EvKind::FixedEnd);
+    } else if (x.latency_ps > 0) {
+      push(now_ + x.latency_ps, act, EvKind::LatencyEnd);
+    } else {
+      activate(act);
+    }
+  }
+
+  void activate(int act) {
+    acts_[z(act)].active = true;
+    active_.push_back(act);
+    dirty_ = true;
+  }
+
+  void handle(const Event& e) {
+    Activity& x = acts_[z(e.act)];
+    switch (e.kind) {
+      case EvKind::FixedEnd:
+        end(e.act);
+        break;
+      case EvKind::LatencyEnd:
+        activate(e.act);
+        break;
+      case EvKind::FlowEnd:
+        if (!x.active || x.version != e.version) return;  // superseded by a rate change
+        x.active = false;
+        active_.erase(std::find(active_.begin(), active_.end(), e.act));
+        dirty_ = true;
+        end(e.act);
+        break;
+    }
+  }
+
+  void end(int act) {
+    Activity& x = acts_[z(act)];
+    if (x.engine >= 0) --engines_[z(x.engine)].in_use;
+    if (x.kind == ActKind::Flow && x.ledger_bytes > 0) {
+      r_.class_bytes[static_cast<int>(x.cls)] += x.ledger_bytes;
+      r_.tensor_bytes[static_cast<int>(x.tensor)] += x.ledger_bytes;
+    }
+    if (x.kind == ActKind::Flow) {
+      for (int l : x.path) {
+        if (r_.graph.links[z(l)].kind != LinkKind::CpuCores) r_.link_stats[z(l)].bytes += std::llround(x.volume);
+      }
+    }
+    for (int op : {x.a, x.b}) {
+      if (op < 0) continue;
+      r_.timeline.end_ps[z(op)] = now_;
+      r_.timeline.duration_ps[z(op)] = now_ - r_.timeline.begin_ps[z(op)];
+      ++r_.timeline.events_processed;
+      release(op);
+    }
+    for (int op : {x.a, x.b}) {
+      if (op < 0) continue;
+      for (int k = count_[z(op)]; k < count_[z(op) + 1]; ++k) {
+        const auto s = z(succ_[z(k)]);
+        if (--pending_[s] == 0) became_ready(static_cast<int>(s));
+      }
+    }
+  }
+
+  // ---- memory ----
+  void sample_memory(int d) {
+    if (opt_.record_counters) r_.memory_samples.push_back(MemorySample{now_, d, mem_[z(d)]});
+  }
+
+  void allocate(int op) {
+    const Op& o = p_.ops[z(op)];
+    Bytes b = o.workspace_bytes;
+    for (const auto& t : o.allocs) b += t.bytes;
+    if (b == 0) return;
+    const std::size_t d = z(o.device);
+    mem_[d] += b;
+    if (d < r_.peak_bytes.size()) r_.peak_bytes[d] = std::max(r_.peak_bytes[d], mem_[d]);
+    sample_memory(o.device);
+    const Bytes capacity = mach_.gpu_memory_bytes;
+    if (opt_.capacities && mem_[d] > capacity) {
+      ++r_.overflow_count;
+      if (r_.overflow.op < 0) r_.overflow = MemoryOverflow{op, o.device, mem_[d] - capacity, mem_[d], capacity, now_};
+    }
+  }
+
+  void release(int op) {
+    const Op& o = p_.ops[z(op)];
+    Bytes b = o.workspace_bytes;
+    for (const auto& t : o.frees) b += t.bytes;
+    if (b == 0) return;
+    const std::size_t d = z(o.device);
+    if (b > mem_[d]) {
+      ++r_.memory_anomalies;
+      mem_[d] = 0;
+    } else {
+      mem_[d] -= b;
+    }
+    sample_memory(o.device);
+  }
+
+  // ---- fluid flows ----
+  void advance(TimePs t) {
+    const TimePs dt = t - now_;
+    const double dts = static_cast<double>(dt);
+    for (int a : active_) {
+      Activity& x = acts_[z(a)];
+      if (std::isfinite(x.rate)) x.remaining -= x.rate * dts / kPs;
+    }
+    for (std::size_t l = 0; l < load_.size(); ++l) {
+      if (load_[l] > 0) r_.link_stats[l].busy_ps += dt;
+    }
+    now_ = t;
+  }
+
+  // Max-min fair rates by progressive filling: raise all unfrozen flows together until a link is full
+  // (or a flow reaches its own cap); freeze the flows on it; repeat with the remaining capacity.
+  std::vector<double> fair_rates() const {
+    const std::size_t nf = active_.size();
+    std::vector<double> rate(nf, -1.0);
+    if (!opt_.contention) {
+      for (std::size_t f = 0; f < nf; ++f) {
+        const Activity& x = acts_[z(active_[f])];
+        double r = x.cap > 0 ? x.cap : kInf;
+        for (int l : x.path) r = std::min(r, cap_[z(l)]);
+        rate[f] = r;
+      }
+      return rate;
+    }
+    std::vector<double> residual = cap_;
+    std::vector<int> count(cap_.size(), 0);
+    for (int a : active_) {
+      for (int l : acts_[z(a)].path) {
+        if (std::isfinite(cap_[z(l)])) ++count[z(l)];
+      }
+    }
+    std::size_t unfrozen = nf;
+    std::vector<char> bottleneck(cap_.size(), 0);
+    while (unfrozen > 0) {
+      double best = kInf;
+      for (std::size_t l = 0; l < cap_.size(); ++l) {
+        if (count[l] > 0) best = std::min(best, std::max(0.0, residual[l]) / count[l]);
+      }
+      for (std::size_t f = 0; f < nf; ++f) {
+        const Activity& x = acts_[z(active_[f])];
+        if (rate[f] < 0 && x.cap > 0) best = std::min(best, x.cap);
+      }
+      if (!std::isfinite(best)) {
+        for (auto& r : rate) {
+          if (r < 0) r = kInf;
+        }
+        break;
+      }
+      for (std::size_t l = 0; l < cap_.size(); ++l)
+        bottleneck[l] = count[l] > 0 && std::max(0.0, residual[l]) / count[l] <= best;
+      std::vector<std::size_t> frozen;
+      for (std::size_t f = 0; f < nf; ++f) {
+        if (rate[f] >= 0) continue;
+        const Activity& x = acts_[z(active_[f])];
+        bool freeze = x.cap > 0 && x.cap <= best;
+        for (int l : x.path) freeze = freeze || bottleneck[z(l)];
+        if (freeze) frozen.push_back(f);
+      }
+      for (std::size_t f : frozen) {
+        rate[f] = best;
+        --unfrozen;
+        for (int l : acts_[z(active_[f])].path) {
+          if (!std::isfinite(cap_[z(l)])) continue;
+          residual[z(l)] -= best;
+          --count[z(l)];
+        }
+      }
+    }
+    return rate;
+  }
+
+  void recompute() {
+    dirty_ = false;
+    const auto rate = fair_rates();
+    std::fill(load_.begin(), load_.end(), 0.0);
+    for (std::size_t f = 0; f < active_.size(); ++f) {
+      const int a = active_[f];
+      Activity& x = acts_[z(a)];
+      if (rate[f] != x.rate) {
+        x.rate = rate[f];
+        ++x.version;
+        TimePs fin = now_;
+        if (std::isfinite(x.rate) && x.remaining > 0) {
+          const double ps = std::ceil(x.remaining * kPs / x.rate);
+          if (!(ps < 4e18))
+            throw core::ScheduleError(
+                fmt::format("op {} would take longer than the simulated time range", p_.op_id(x.a)));
+          fin = now_ + static_cast<TimePs>(ps);
+        }
+        push(fin, a, EvKind::FlowEnd, x.version);
+      }
+      if (std::isfinite(x.rate)) {
+        for (int l : x.path) load_[z(l)] += x.rate;
+      }
+    }
+    if (opt_.record_counters) {
+      for (std::size_t l = 0; l < load_.size(); ++l) {
+        if (load_[l] != last_sample_[l]) {
+          r_.bandwidth_samples.push_back(BandwidthSample{now_, static_cast<int>(l), load_[l]});
+          last_sample_[l] = load_[l];
+        }
+      }
+    }
+  }
+
+  // ---- results ----
+  void finish() {
+    auto& t = r_.timeline;
+    const std::size_t n = p_.ops.size();
+    if (t.events_processed < n) {
+      t.deadlock = true;
+      for (const auto& q : p_.queues) {
+        for (int op : q.ops) {
+          if (t.begin_ps[z(op)] >= 0) continue;
+          BlockedOp b{op, {}};
+          for (int d : p_.ops[z(op)].deps) {
+            if (t.end_ps[z(d)] < 0) b.waiting_for.push_back(d);
+          }
+          const int peer = p_.ops[z(op)].peer;
+          if (peer >= 0 && t.begin_ps[z(peer)] < 0 &&
+              std::find(b.waiting_for.begin(), b.waiting_for.end(), peer) == b.waiting_for.end())
+            b.waiting_for.push_back(peer);
+          t.blocked.push_back(std::move(b));
+          break;
+        }
+      }
+    }
+    const bool staged = topo_.p2p == core::P2PMode::Host;
+    r_.host = host_account(p_, m_, staged);
+    r_.host.capacity_bytes = topo_.host_memory_bytes;
+    r_.host.pinned_limit_bytes = topo_.pinned_limit_bytes;
+    std::string reason;
+    if (r_.overflow.op >= 0) {
+      const auto& o = r_.overflow;
+      reason = fmt::format("GPU{} memory exceeded at op {} ({}): {} in use > capacity {} by {} bytes", o.device,
+                           p_.op_id(o.op), p_.op_label(o.op), core::format_bytes(o.in_use_bytes),
+                           core::format_bytes(o.capacity_bytes), o.bytes_over);
+    }
+    auto add = [&](const std::string& s) { reason += (reason.empty() ? "" : "; ") + s; };
+    if (opt_.capacities) {
+      const auto& h = r_.host;
+      if (topo_.host_memory_bytes > 0 && h.total_bytes > topo_.host_memory_bytes) {
+        add(
+            fmt::format("host memory exceeded: needs {} (master weights {}, optimizer state {}, gradients {}, stashes "
+                        "{}, activations {}, pinned staging {}) > capacity {} by {} bytes",
+                        core::format_bytes(h.total_bytes), core::format_bytes(h.master_weights_bytes),
+                        core::format_bytes(h.optimizer_state_bytes), core::format_bytes(h.gradient_bytes),
+                        core::format_bytes(h.stash_bytes), core::format_bytes(h.activation_bytes),
+                        core::format_bytes(h.pinned_staging_bytes), core::format_bytes(topo_.host_memory_bytes),
+                        h.total_bytes - topo_.host_memory_bytes));
+      }
+      if (topo_.pinned_limit_bytes > 0 && h.pinned_staging_bytes > topo_.pinned_limit_bytes) {
+        add(fmt::format("pinned host memory exceeded: staging buffers need {} > limit {} by {} bytes",
+                        core::format_bytes(h.pinned_staging_bytes), core::format_bytes(topo_.pinned_limit_bytes),
+                        h.pinned_staging_bytes - topo_.pinned_limit_bytes));
+      }
+    }
+    r_.feasible = reason.empty();
+    r_.infeasible_reason = std::move(reason);
+  }
+
+  const Program& p_;
+  const core::Model& m_;
+  const core::MachineSpec& mach_;
+  NativeOptions opt_;
+  core::Topology topo_;
+  NativeResult r_;
+  double nsim_ = 1;
+  TimePs latency_ps_ = 0;
+  TimePs now_ = 0;
+  std::uint64_t seq_ = 0;
+  bool dirty_ = false;
+  std::vector<double> cap_;
+  std::vector<double> load_;
+  std::vector<double> last_sample_;
+  std::vector<CopyEngine> engines_;
+  std::vector<Bytes> mem_;
+  std::vector<int> pending_;
+  std::vector<int> count_;
+  std::vector<int> succ_;
+  std::vector<Activity> acts_;
+  std::vector<int> active_;
+  std::vector<int> to_start_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> heap_;
+};
+
+}  // namespace
+
+NativeResult run_native(const Program& program, const core::Model& model, const core::MachineSpec& machine,
+                        const NativeOptions& options) {
+  return Engine(program, model, machine, options).run();
+}
+
+}  // namespace harmony::sim

@@ -1,0 +1,140 @@
+// The native engine: runs a Program on a model of the real server. Transfers are fluid flows over a
+// path of links sharing each link max-min fairly (recomputed whenever a flow starts or ends), copy
+// engines are FIFO per direction, CPU updates share the cores, and device and host memory are checked.
+// docs/native-model.md describes the links, the paths, the memory accounts and the limitations.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/machine.hpp"
+#include "core/model.hpp"
+#include "core/program.hpp"
+#include "sim/simulator.hpp"
+
+namespace harmony::sim {
+
+struct NativeOptions {
+  // false: every flow runs alone at its path's bottleneck (and its own cap), copy engines never queue,
+  // every CPU update gets a whole core.
+  bool contention = true;
+  bool latency = true;     // false: topology.transfer_latency_s is not added to transfers
+  bool capacities = true;  // false: GPU and host memory are tracked and reported but never make a plan infeasible
+  // The paper's constants instead of the topology's links: host transfers at bw_swap / Nsim, P2P and
+  // collectives at bw_p2p, CPU messages at bw_msg / Nsim / 2, DEL at time_del, updates at their profiled
+  // time. With contention and latency off this reproduces the reference cost model.
+  bool reference_bandwidths = false;
+  bool record_counters = false;  // keep per-GPU memory and per-link bandwidth samples (Chrome trace counters)
+};
+
+// A physical link (one direction) or a shared resource the engine divides between flows.
+enum class LinkKind : std::uint8_t { GpuDown, GpuUp, SwitchDown, SwitchUp, InterSocket, NvLink, HostMemcpy, CpuCores };
+const char* link_kind_name(LinkKind k);  // "gpu_down", "gpu_up", "switch_down", ...
+
+// The class of a transfer in the swap ledger.
+enum class TransferClass : std::uint8_t { PcieH2D, PcieD2H, P2PPcie, NvLink, HostStaging, CpuMsg, None };
+inline constexpr int kNumTransferClasses = 6;
+const char* transfer_class_name(TransferClass c);  // "pcie_h2d", "pcie_d2h", "p2p_pcie", "nvlink", ...
+
+struct Link {
+  std::string name;  // "GPU0 PCIe H2D", "switch1 uplink down", "socket0->1", "NVLink 0->1", "host memcpy"
+  LinkKind kind = LinkKind::GpuDown;
+  double capacity = 0;  // bytes/s (cores for CpuCores); <= 0: unlimited
+};
+
+// The links of a machine and the path of every kind of transfer over them.
+struct LinkGraph {
+  std::vector<Link> links;
+  std::vector<int> gpu_down, gpu_up;        // per GPU
+  std::vector<int> switch_down, switch_up;  // per switch
+  std::vector<int> inter_socket;            // sockets x sockets (from * sockets + to), -1 on the diagonal
+  std::vector<int> nvlink;                  // gpus x gpus (from * gpus + to), -1 without NVLink
+  int host_memcpy = -1;
+  int cpu = -1;
+  int sockets = 1;
+  core::P2PMode p2p = core::P2PMode::Pcie;
+  std::vector<int> gpu_switch;  // per GPU
+  std::vector<int> switch_socket;
+
+  std::vector<int> h2d_path(int gpu) const;  // switch uplink down, GPU link down
+  std::vector<int> d2h_path(int gpu) const;  // GPU link up, switch uplink up
+  // GPU `from` -> GPU `to`: NVLink if present, else through the PCIe tree, else staged through host memory.
+  std::vector<int> p2p_path(int from, int to, TransferClass* cls) const;
+};
+
+// The topology the native model uses when the machine has none (widened to the plan's GPU count when the
+// plan uses more GPUs than machine.gpus): every GPU behind one switch whose
+// uplink is bw_swap (the reference's shared host bandwidth), GPU links at bw_swap, P2P over PCIe,
+// host memcpy at bw_msg, one core per GPU, no latency, free time 0, host memory unlimited.
+core::Topology derive_topology(const core::MachineSpec& machine);
+// machine.topology when valid, else derive_topology. Zero GPU-link and host-memcpy bandwidths fall back
+// to bw_swap and bw_msg; zero switch-uplink and inter-socket bandwidths mean "not a bottleneck".
+LinkGraph build_link_graph(const core::MachineSpec& machine);
+
+struct MemoryOverflow {
+  int op = -1;  // -1: none
+  int device = 0;
+  core::Bytes bytes_over = 0;  // in use after the op's allocation minus capacity
+  core::Bytes in_use_bytes = 0;
+  core::Bytes capacity_bytes = 0;
+  core::TimePs time_ps = 0;
+};
+
+// Host memory needed by one iteration (static upper bound, see docs/native-model.md).
+struct HostAccount {
+  core::Bytes master_weights_bytes = 0;   // W + B of every layer
+  core::Bytes optimizer_state_bytes = 0;  // every layer's optimizer state
+  core::Bytes gradient_bytes = 0;         // W of every layer (dW buffers the swap-out writes into)
+  core::Bytes stash_bytes = 0;            // every stashed X swapped out in the iteration
+  core::Bytes activation_bytes = 0;       // Y / dX swapped out, CPU-message copies
+  core::Bytes pinned_staging_bytes = 0;   // per GPU and direction: double buffer of the largest transfer
+  core::Bytes total_bytes = 0;
+  core::Bytes capacity_bytes = 0;      // topology.host_memory_bytes (0: unlimited)
+  core::Bytes pinned_limit_bytes = 0;  // topology.pinned_limit_bytes (0: unlimited)
+};
+
+struct MemorySample {
+  core::TimePs time_ps = 0;
+  int device = 0;
+  core::Bytes bytes = 0;  // in use after the change
+};
+struct BandwidthSample {
+  core::TimePs time_ps = 0;
+  int link = 0;
+  double rate = 0;  // bytes/s in use (cores for the CPU)
+};
+
+struct LinkStats {
+  core::Bytes bytes = 0;  // bytes that crossed the link (core-picoseconds are not counted for the CPU)
+  core::TimePs busy_ps = 0;
+};
+
+struct NativeResult {
+  Timeline timeline;                    // begin = when the op really started (copy engine granted)
+  std::vector<core::TimePs> ready_ps;   // when deps and stream predecessor (and the peer) were done
+  std::vector<core::Bytes> peak_bytes;  // per GPU
+  MemoryOverflow overflow;              // the first op that exceeded its GPU's memory
+  std::size_t overflow_count = 0;       // ops whose allocation exceeded capacity
+  std::size_t memory_anomalies = 0;     // frees larger than the memory in use (clamped to 0)
+  HostAccount host;
+  bool feasible = true;
+  std::string infeasible_reason;  // "" when feasible
+  core::Bytes class_bytes[kNumTransferClasses] = {};
+  core::Bytes tensor_bytes[core::kNumTensorKinds] = {};
+  LinkGraph graph;
+  std::vector<LinkStats> link_stats;  // indexed like graph.links
+  std::vector<MemorySample> memory_samples;
+  std::vector<BandwidthSample> bandwidth_samples;
+};
+
+// Runs `program`. Throws core::ScheduleError when the program uses more GPUs than the machine has,
+// or has a P2P op without a peer; a deadlock and infeasibility are reported in the result.
+NativeResult run_native(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
+                        const NativeOptions& options = {});
+
+// The static host-memory account of one iteration of `program`; `p2p_staged`: P2P copies go through
+// pinned host buffers (P2PMode::Host without NVLink), which then count as staging buffers too.
+HostAccount host_account(const core::Program& program, const core::Model& model, bool p2p_staged = false);
+
+}  // namespace harmony::sim
