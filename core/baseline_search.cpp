@@ -8,6 +8,7 @@
 #include <exception>
 #include <limits>
 #include <thread>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -491,9 +492,15 @@ Program ProgramBuilder::finish() {
     }
   }
   // rendezvous: both sides get both sides' deps and the op before the other side in its queue
-  const std::vector<Op> snapshot = ops;
+  // (the deps of the paired ops as they were before any pair was merged)
+  std::unordered_map<int, std::vector<int>> snapshot;
+  snapshot.reserve(2 * peers_.size());
+  for (const auto& [a, b] : peers_) {
+    snapshot.emplace(a, ops[static_cast<std::size_t>(a)].deps);
+    snapshot.emplace(b, ops[static_cast<std::size_t>(b)].deps);
+  }
   auto pred = [&](int op) {
-    const Op& o = snapshot[static_cast<std::size_t>(op)];
+    const Op& o = ops[static_cast<std::size_t>(op)];
     return o.queue_pos > 0
                ? prog_.queues[static_cast<std::size_t>(o.queue)].ops[static_cast<std::size_t>(o.queue_pos) - 1]
                : -1;
@@ -501,8 +508,8 @@ Program ProgramBuilder::finish() {
   for (const auto& [a, b] : peers_) {
     ops[static_cast<std::size_t>(a)].peer = b;
     ops[static_cast<std::size_t>(b)].peer = a;
-    for (int d : snapshot[static_cast<std::size_t>(b)].deps) dep(a, d);
-    for (int d : snapshot[static_cast<std::size_t>(a)].deps) dep(b, d);
+    for (int d : snapshot.at(b)) dep(a, d);
+    for (int d : snapshot.at(a)) dep(b, d);
     if (const int pb = pred(b); pb >= 0) dep(a, pb);
     if (const int pa = pred(a); pa >= 0) dep(b, pa);
   }

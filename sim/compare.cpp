@@ -1,7 +1,11 @@
 // Runs every plan kind's search with one cost model and ranks the kinds (sim/compare.hpp).
 #include "sim/compare.hpp"
 
+#include <atomic>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -24,9 +28,16 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
                                  const std::string& cost_model, const core::SearchSpec& search,
                                  const core::Options& options) {
   CompareResult out;
+  const auto& names = core::plan_kind_names();
+  out.kinds.resize(names.size());
+  // Each kind's search runs on one thread; the kinds run side by side on all cores (deterministic:
+  // every kind writes only its own slot).
+  core::SearchSpec one_thread = search;
+  one_thread.threads = 1;
   const auto capacity =
       static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
-  for (const auto& name : core::plan_kind_names()) {
+  auto solve = [&](std::size_t slot) {
+    const std::string& name = names[slot];
     const core::PlanKind kind = *core::parse_plan_kind(name);
     KindResult kr;
     kr.kind = kind;
@@ -37,7 +48,7 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
       space.minibatch = minibatch;
       space.capacity_bytes = capacity;
       space.unequal_microbatches = options.unequal_microbatches;
-      space.spec = search;
+      space.spec = one_thread;
       space.spec.top_k = 1;
       space.spec.fit_rule = false;
       core::LowerOptions lower;
@@ -69,8 +80,8 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
       kr.candidates = plans.size();
       if (!plans.empty()) {
         const auto res = core::run_baseline_search(
-            plans, [&](const core::BaselinePlan& p) { return evaluate_baseline(model, machine, p, cost_model); },
-            search.threads, -1);
+            plans, [&](const core::BaselinePlan& p) { return evaluate_baseline(model, machine, p, cost_model); }, 1,
+            -1);
         for (const auto& r : res.ranked) {
           if (r.report.deadlock || !r.report.feasible) continue;
           kr.feasible = true;
@@ -85,8 +96,28 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
                                 static_cast<double>(capacity) / static_cast<double>(core::kMiB));
       }
     }
-    out.kinds.push_back(std::move(kr));
-  }
+    out.kinds[slot] = std::move(kr);
+  };
+  unsigned threads = search.threads > 0 ? static_cast<unsigned>(search.threads) : std::thread::hardware_concurrency();
+  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(names.size())));
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto worker = [&] {
+    for (std::size_t slot = next++; slot < names.size(); slot = next++) {
+      try {
+        solve(slot);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
   out.best_baseline_time_s = std::numeric_limits<double>::infinity();
   for (const auto& k : out.kinds) {
     if (k.feasible && core::is_baseline(k.kind))
