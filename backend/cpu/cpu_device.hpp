@@ -1,0 +1,24 @@
+// The CPU device: a Device whose memory is a capped Arena (--gpu-memory), whose streams are host threads
+// draining FIFO queues, and whose kernels are the fp32 reference loops of backend/cpu/kernels.hpp; plus a
+// Communicator over CPU devices (send/recv and an all-reduce in fixed rank order).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/arena.hpp"
+#include "backend/device.hpp"
+
+namespace harmony::backend::cpu {
+
+struct CpuDeviceOptions {
+  Bytes capacity = 64 * core::kMiB;  // device memory; allocations beyond it throw OutOfMemory
+  bool poison = kPoisonByDefault;    // fill fresh and freed memory with 0xFF (NaN as float)
+};
+
+std::unique_ptr<Device> make_cpu_device(int index, const CpuDeviceOptions& options = {});
+
+// All devices must be CPU devices; rank r is devices[r].
+std::unique_ptr<Communicator> make_cpu_communicator(const std::vector<Device*>& devices);
+
+}  // namespace harmony::backend::cpu

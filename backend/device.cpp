@@ -1,0 +1,58 @@
+// Device-independent parts of the device interface: buffer handles, host buffers, the out-of-memory
+// error's message and stream-ordered frees.
+#include "backend/device.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
+namespace harmony::backend {
+
+namespace {
+std::string oom_message(const std::string& device, std::string_view label, Bytes requested, Bytes in_use,
+                        Bytes capacity, Bytes largest_free) {
+  std::string what = label.empty() ? std::string() : fmt::format(" '{}'", label);
+  std::string msg = fmt::format("{}: out of memory allocating{} ({}): {} of {} in use, largest free block {}", device,
+                                what, core::format_bytes(requested), core::format_bytes(in_use),
+                                core::format_bytes(capacity), core::format_bytes(largest_free));
+  if (requested <= capacity - in_use) msg += " (the free memory is fragmented)";
+  return msg;
+}
+}  // namespace
+
+OutOfMemory::OutOfMemory(const std::string& device, std::string_view label, Bytes requested, Bytes in_use,
+                         Bytes capacity, Bytes largest_free)
+    : DeviceError(oom_message(device, label, requested, in_use, capacity, largest_free)),
+      requested_(requested),
+      in_use_(in_use),
+      capacity_(capacity),
+      largest_free_(largest_free) {}
+
+void Buffer::reset() noexcept {
+  if (ptr_ != nullptr && owner_) owner_->release(ptr_);
+  owner_.reset();
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+void HostBuffer::Free::operator()(void* p) const noexcept { std::free(p); }
+
+HostBuffer::HostBuffer(Bytes bytes) : bytes_(bytes) {
+  if (bytes < 0) throw BackendError(fmt::format("host buffer of negative size {}", bytes));
+  if (bytes == 0) return;
+  constexpr Bytes kAlign = 64;
+  const Bytes rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, static_cast<std::size_t>(rounded));
+  if (p == nullptr) throw BackendError(fmt::format("cannot allocate {} of host memory", core::format_bytes(bytes)));
+  std::memset(p, 0, static_cast<std::size_t>(rounded));
+  ptr_.reset(p);
+}
+
+void Stream::release_after(Buffer buffer) {
+  auto held = std::make_shared<Buffer>(std::move(buffer));
+  launch_host([held]() { held->reset(); });
+}
+
+}  // namespace harmony::backend

@@ -1,0 +1,249 @@
+// The device interface the real executor runs a core::Program on: capped device memory (Buffer), host
+// buffers, streams (in-order queues) and events (cross-stream dependencies), host<->device and
+// device<->device copies, the fp32 kernels the GPT-2 model needs, and collectives between devices.
+// backend/cpu/ implements it on the host (one thread per stream); a CUDA device can implement it later.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/units.hpp"
+
+namespace harmony::backend {
+
+using core::Bytes;
+
+// Everything backend/ throws derives from this (and so from core::Error).
+class BackendError : public core::Error {
+ public:
+  using core::Error::Error;
+};
+
+// Misuse of a device: a pointer outside the device's live allocations, mixed device types, a failed kernel
+// (a token id out of range), mismatched collective sizes. Errors raised while a stream runs are kept and
+// rethrown by the next Stream::synchronize() / Device::synchronize() (sticky, as CUDA errors are).
+class DeviceError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+// An allocation that does not fit. what(): "cpu:0: out of memory allocating 'dW L3' (12.00 MiB): 60.00 MiB
+// of 64.00 MiB in use, largest free block 4.00 MiB".
+class OutOfMemory : public DeviceError {
+ public:
+  OutOfMemory(const std::string& device, std::string_view label, Bytes requested, Bytes in_use, Bytes capacity,
+              Bytes largest_free);
+  Bytes requested() const { return requested_; }
+  Bytes in_use() const { return in_use_; }
+  Bytes capacity() const { return capacity_; }
+  Bytes largest_free() const { return largest_free_; }
+
+ private:
+  Bytes requested_, in_use_, capacity_, largest_free_;
+};
+
+// Returns device memory to whoever allocated it. Implemented by each device's allocator.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  virtual void release(void* ptr) noexcept = 0;
+};
+
+// Owning handle to one device allocation (move-only). Freed (and, in debug/sanitizer builds, poisoned)
+// when destroyed or reset(); the caller must make sure no queued stream work still uses it (synchronize
+// the stream first, or hand it to Stream::release_after()).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::shared_ptr<DeviceAllocator> owner, void* ptr, Bytes bytes)
+      : owner_(std::move(owner)), ptr_(ptr), bytes_(bytes) {}
+  Buffer(Buffer&& other) noexcept { swap(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
+    Buffer tmp(std::move(other));
+    swap(tmp);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void reset() noexcept;
+  void* data() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  Bytes bytes() const { return bytes_; }
+  explicit operator bool() const { return ptr_ != nullptr; }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(owner_, o.owner_);
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+  }
+  std::shared_ptr<DeviceAllocator> owner_;
+  void* ptr_ = nullptr;
+  Bytes bytes_ = 0;
+};
+
+// Host memory for transfers (64-byte aligned, zero-initialised; a CUDA device would pin it). Move-only.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  explicit HostBuffer(Bytes bytes);
+  void* data() const { return ptr_.get(); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data());
+  }
+  template <class T>
+  std::span<T> span() const {
+    return {as<T>(), static_cast<std::size_t>(bytes_) / sizeof(T)};
+  }
+  Bytes bytes() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const noexcept;
+  };
+  std::unique_ptr<void, Free> ptr_;
+  Bytes bytes_ = 0;
+};
+
+struct MemoryStats {
+  Bytes capacity = 0;
+  Bytes in_use = 0;        // live allocations, rounded up to the allocation granularity
+  Bytes peak = 0;          // high-water mark of in_use since creation or reset_peak()
+  Bytes largest_free = 0;  // the largest allocation that would succeed now
+  std::int64_t live_allocations = 0;
+};
+
+class Device;
+
+// Marks a point in a stream. Stream::wait(e) makes a stream wait for the most recent record(e) made before
+// the wait call (CUDA semantics); an event never recorded counts as complete.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual void synchronize() = 0;  // host blocks until the recorded point has run
+  virtual bool query() = 0;        // whether it has
+};
+
+// An in-order queue of work on one device. Enqueueing returns at once; work runs in FIFO order.
+class Stream {
+ public:
+  virtual ~Stream() = default;  // waits for queued work to finish
+  virtual Device& device() = 0;
+  virtual const std::string& name() const = 0;
+  // Runs `fn` on the host when the stream reaches it (cudaLaunchHostFunc). An exception thrown by `fn`
+  // becomes the stream's sticky error.
+  virtual void launch_host(std::function<void()> fn) = 0;
+  virtual void record(Event& event) = 0;
+  virtual void wait(Event& event) = 0;
+  // Host blocks until all queued work has run; rethrows (once) the first error raised on the stream.
+  virtual void synchronize() = 0;
+  // Frees `buffer` when the stream reaches this point (stream-ordered free).
+  void release_after(Buffer buffer);
+};
+
+// How a weight matrix is laid out. InOut: [in, out] row-major, HF Conv1D (GPT-2's c_attn, c_proj, c_fc).
+// OutIn: [out, in] row-major, torch.nn.Linear (the LM head tied to wte, whose rows are tokens).
+enum class WeightLayout : std::uint8_t { InOut, OutIn };
+
+// The fp32 kernels of the GPT-2 model, enqueued on a stream; all pointers are device memory of the
+// stream's device. N = B*T rows. Every reduction runs in a fixed order that does not depend on how the rows
+// are split into calls, and every weight-gradient kernel accumulates (+=) row by row in row order, so
+// gradients summed over microbatches are bit-identical to the whole batch's (docs/backend.md).
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  // out[b,t,:] = wte[ids[b,t],:] + wpe[t,:]. Ids outside [0, V) are a DeviceError.
+  virtual void embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B,
+                             int T, int C, int V) = 0;  // out (B,T,C), ids (B,T), wte (V,C), wpe (>=T,C)
+  // dwte[ids[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
+  virtual void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B,
+                             int T, int C) = 0;
+  // out = (in - mean) * rstd * w + b per row; mean, rstd (N) kept for the backward.
+  virtual void layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w,
+                             const float* b, int N, int C, float eps) = 0;
+  // din += d/din (accumulates), dw += ..., db += ... .
+  virtual void layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in,
+                             const float* w, const float* mean, const float* rstd, int N, int C) = 0;
+  // out (N,OC) = in (N,IC) x W + bias; bias may be null.
+  virtual void matmul_fwd(Stream& s, float* out, const float* in, const float* w, const float* bias, int N, int IC,
+                          int OC, WeightLayout layout) = 0;
+  // din (N,IC) = dout x W^T (written; may be null), dw += in^T x dout, dbias += column sums (may be null).
+  virtual void matmul_bwd(Stream& s, float* din, float* dw, float* dbias, const float* dout, const float* in,
+                          const float* w, int N, int IC, int OC, WeightLayout layout) = 0;
+  // Causal self-attention over qkv (B,T,3C) = [q | k | v], H heads: out (B,T,C); att (B,H,T,T) the
+  // probabilities (zero above the diagonal), kept for the backward. Scores are q.k / sqrt(C/H).
+  virtual void attention_fwd(Stream& s, float* out, float* att, const float* qkv, int B, int T, int C, int H) = 0;
+  // dqkv (B,T,3C) written.
+  virtual void attention_bwd(Stream& s, float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                             int T, int C, int H) = 0;
+  // GPT-2's tanh approximation; din written (may alias dout).
+  virtual void gelu_fwd(Stream& s, float* out, const float* in, std::int64_t n) = 0;
+  virtual void gelu_bwd(Stream& s, float* din, const float* in, const float* dout, std::int64_t n) = 0;
+  // out = a + b (may alias either).
+  virtual void add(Stream& s, float* out, const float* a, const float* b, std::int64_t n) = 0;
+  // Per row: probs = softmax(logits), losses = -log softmax(logits)[target]. probs may alias logits.
+  // Targets outside [0, V) are a DeviceError.
+  virtual void crossentropy_fwd(Stream& s, float* losses, float* probs, const float* logits,
+                                const std::int32_t* targets, int N, int V) = 0;
+  // dlogits = (probs - onehot(target)) * scale; may alias probs.
+  virtual void crossentropy_bwd(Stream& s, float* dlogits, const float* probs, const std::int32_t* targets, float scale,
+                                int N, int V) = 0;
+};
+
+// One accelerator (or its CPU stand-in). Allocation is synchronous and thread-safe; copies and kernels are
+// enqueued on a stream of this device. Device pointers passed to copies must lie inside live allocations
+// of the device they are named for (checked: a DeviceError names the pointer), host pointers outside.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const std::string& name() const = 0;  // "cpu:0"
+  virtual int index() const = 0;
+
+  // Throws OutOfMemory when `bytes` does not fit; `label` names the allocation in that message.
+  virtual Buffer alloc(Bytes bytes, std::string_view label = {}) = 0;
+  virtual MemoryStats memory() const = 0;
+  virtual void reset_peak() = 0;
+
+  // Streams and events must be destroyed before their device.
+  virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
+  // Waits for every stream of this device; rethrows the first sticky error.
+  virtual void synchronize() = 0;
+
+  virtual void copy_h2d(Stream& s, void* dst_device, const void* src_host, Bytes bytes) = 0;
+  virtual void copy_d2h(Stream& s, void* dst_host, const void* src_device, Bytes bytes) = 0;
+  // src on this device, dst on this device or on `dst_device` (a peer copy).
+  virtual void copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Device* dst_device = nullptr) = 0;
+  virtual void fill_zero(Stream& s, void* dst_device, Bytes bytes) = 0;
+
+  virtual Kernels& kernels() = 0;
+};
+
+// Collectives among a fixed group of devices (ranks 0..size-1). Each call is enqueued on the calling rank's
+// stream; the operation happens when every participant's stream reaches it (all stall until then).
+// Sends and receives between one pair are matched in call order; all_reduce calls in call order.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int size() const = 0;
+  virtual Device& device(int rank) = 0;
+  virtual void send(int rank, Stream& s, const void* src, Bytes bytes, int peer) = 0;
+  virtual void recv(int rank, Stream& s, void* dst, Bytes bytes, int peer) = 0;
+  // buf (count floats on every rank) = sum over ranks, added in rank order 0, 1, ..., size-1 for every
+  // element, so the result is bit-identical on every rank and to a serial sum in that order.
+  virtual void all_reduce_sum(int rank, Stream& s, float* buf, std::int64_t count) = 0;
+};
+
+}  // namespace harmony::backend

@@ -1,0 +1,64 @@
+// The GPT-2 layer chain as a core::Model: exact byte sizes from the Gpt2 layouts and times estimated
+// from FLOP and parameter counts (see describe.hpp).
+#include "backend/model/describe.hpp"
+
+#include <fmt/format.h>
+
+namespace harmony::backend {
+
+double forward_flops(const Gpt2& model, int layer, int B, int T) {
+  const double N = double(B) * T, C = model.config().n_embd, V = model.config().vocab_size;
+  switch (model.kind(layer)) {
+    case LayerKind::Embedding:
+      return N * C;
+    case LayerKind::Block:
+      // c_attn, c_proj, c_fc, mlp c_proj, then scores and the weighted sum over T keys.
+      return 2 * N * (3 * C * C + C * C + 8 * C * C) + 4 * double(B) * T * T * C;
+    case LayerKind::Head:
+      return 2 * N * C * V + 5 * N * V;
+  }
+  return 0;
+}
+
+core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>& ubatch_sizes,
+                          const DescribeOptions& options) {
+  if (seq_len <= 0 || seq_len > model.config().max_seq_len)
+    throw BackendError(fmt::format("describe_gpt2: T = {} outside 1..{}", seq_len, model.config().max_seq_len));
+  core::Model m;
+  m.name = fmt::format("gpt2_L{}_C{}_H{}_V{}_T{}", model.config().n_layer, model.config().n_embd, model.config().n_head,
+                       model.config().vocab_size, seq_len);
+  m.source = "backend::describe_gpt2";
+  m.ubatch_fwd = ubatch_sizes;
+  m.ubatch_bwd = ubatch_sizes;
+  constexpr Bytes kF = sizeof(float);
+  const int T = seq_len;
+  for (int l = 0; l < model.num_layers(); ++l) {
+    core::Layer layer;
+    layer.name = model.layer_name(l);
+    layer.is_criterion = model.kind(l) == LayerKind::Head;
+    layer.weight_bytes = model.param_floats(l) * kF;
+    std::int64_t owned = 0;
+    for (const ParamSpec& p : model.params(l)) {
+      if (p.tied_to.empty()) owned += p.numel;
+    }
+    layer.param_count = owned;
+    layer.optimizer_state_bytes = 2 * owned * kF;
+    layer.update_time_cpu_s = double(owned) * options.update_seconds_per_param;
+    layer.input_bytes_per_sample = model.input_bytes(l, 1, T);
+    for (int u : ubatch_sizes) {
+      const double fwd = forward_flops(model, l, u, T) * options.seconds_per_flop;
+      const Bytes x = model.input_bytes(l, u, T), y = model.output_bytes(l, u, T);
+      const Bytes act = model.act_floats(l, u, T) * kF, scratch = model.scratch_floats(l, u, T) * kF;
+      const Bytes dx = l == 0 ? 0 : x, dy = layer.is_criterion ? 0 : y;
+      layer.fwd_time_s.push_back(fwd);
+      layer.bwd_time_s.push_back(3 * fwd);
+      layer.fwd_peak_bytes.push_back(x + y + act);
+      layer.bwd_peak_bytes.push_back(x + act + scratch + dy + dx + layer.weight_bytes);
+    }
+    m.layers.push_back(std::move(layer));
+  }
+  m.validate();
+  return m;
+}
+
+}  // namespace harmony::backend

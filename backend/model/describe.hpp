@@ -1,0 +1,29 @@
+// The GPT-2 layer chain as the core schedules it: a core::Model whose layers carry the exact byte sizes
+// the backend allocates (weights swapped per layer, host optimizer state, inputs, per-microbatch peaks)
+// and, until measured profiles exist, compute and update times estimated from FLOP and parameter counts.
+#pragma once
+
+#include <vector>
+
+#include "backend/model/gpt2.hpp"
+#include "core/model.hpp"
+
+namespace harmony::backend {
+
+struct DescribeOptions {
+  double seconds_per_flop = 0.0;          // forward time = FLOPs x this; backward (recompute + backward) 3x
+  double update_seconds_per_param = 0.0;  // CPU AdamW time per parameter
+};
+
+// Layer l of the result is layer l of `model` (the head is the criterion); ubatch_sizes (strictly
+// ascending) serve as both the forward and backward sizes. Per layer: weight_bytes = its block (the head's
+// includes its copy of wte), optimizer_state_bytes = AdamW's m and v of the parameters it owns (the tied
+// wte's belong to layer 0), input_bytes_per_sample = input_bytes(l, 1, T), fwd peak = x + y + act, bwd
+// peak = x + act + scratch + dy + dx + dW.
+core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>& ubatch_sizes,
+                          const DescribeOptions& options = {});
+
+// Forward FLOPs of one layer over B sequences of T tokens (multiply-adds count 2).
+double forward_flops(const Gpt2& model, int layer, int B, int T);
+
+}  // namespace harmony::backend

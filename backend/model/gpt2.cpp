@@ -1,0 +1,352 @@
+// GPT-2's layers: parameter tables (HF names, shapes, offsets in each layer's block), activation and
+// scratch layouts, and the forward/backward of the embedding, block and head layers written once against
+// the Ops interface, instantiated for the device (float) and the host (float, double).
+#include "backend/model/gpt2.hpp"
+
+#include <fmt/format.h>
+
+namespace harmony::backend {
+
+void Gpt2Config::validate() const {
+  auto positive = [](int v, const char* name) {
+    if (v <= 0) throw BackendError(fmt::format("GPT-2 config: {} must be positive, got {}", name, v));
+  };
+  positive(vocab_size, "vocab_size");
+  positive(max_seq_len, "max_seq_len");
+  if (n_layer < 0) throw BackendError(fmt::format("GPT-2 config: n_layer must be >= 0, got {}", n_layer));
+  positive(n_head, "n_head");
+  positive(n_embd, "n_embd");
+  if (n_embd % n_head != 0)
+    throw BackendError(fmt::format("GPT-2 config: n_embd {} is not a multiple of n_head {}", n_embd, n_head));
+  if (!(ln_eps > 0)) throw BackendError("GPT-2 config: ln_eps must be positive");
+}
+
+namespace {
+
+// Offsets of one block's tensors (floats) in HF order.
+struct BlockLayout {
+  std::int64_t ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b, total;
+  explicit BlockLayout(std::int64_t C) {
+    std::int64_t o = 0;
+    auto take = [&o](std::int64_t n) {
+      const std::int64_t at = o;
+      o += n;
+      return at;
+    };
+    ln1_w = take(C);
+    ln1_b = take(C);
+    attn_w = take(C * 3 * C);
+    attn_b = take(3 * C);
+    proj_w = take(C * C);
+    proj_b = take(C);
+    ln2_w = take(C);
+    ln2_b = take(C);
+    fc_w = take(C * 4 * C);
+    fc_b = take(4 * C);
+    fcp_w = take(4 * C * C);
+    fcp_b = take(C);
+    total = o;
+  }
+};
+
+// Saved activations of a block (floats), N = B*T rows.
+struct BlockActs {
+  std::int64_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fch, fchg, total;
+  BlockActs(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H) {
+    const std::int64_t N = B * T;
+    std::int64_t o = 0;
+    auto take = [&o](std::int64_t n) {
+      const std::int64_t at = o;
+      o += n;
+      return at;
+    };
+    ln1 = take(N * C);          // (B, T, C) ln_1(x)
+    ln1_mean = take(N);         // (B, T)
+    ln1_rstd = take(N);         // (B, T)
+    qkv = take(N * 3 * C);      // (B, T, 3C)
+    att = take(B * H * T * T);  // (B, H, T, T) attention probabilities
+    atty = take(N * C);         // (B, T, C) attention output before c_proj
+    res1 = take(N * C);         // (B, T, C) x + attn
+    ln2 = take(N * C);          // (B, T, C) ln_2(res1)
+    ln2_mean = take(N);         // (B, T)
+    ln2_rstd = take(N);         // (B, T)
+    fch = take(N * 4 * C);      // (B, T, 4C) c_fc output
+    fchg = take(N * 4 * C);     // (B, T, 4C) gelu(fch)
+    total = o;
+  }
+};
+
+struct HeadActs {
+  std::int64_t lnf, mean, rstd, probs, total;
+  HeadActs(std::int64_t N, std::int64_t C, std::int64_t V) {
+    lnf = 0;           // (B, T, C) ln_f(x)
+    mean = N * C;      // (B, T)
+    rstd = mean + N;   // (B, T)
+    probs = rstd + N;  // (B, T, V) softmax(logits); the backward turns it into dlogits
+    total = probs + N * V;
+  }
+};
+
+}  // namespace
+
+Gpt2::Gpt2(const Gpt2Config& config) : config_(config) {
+  config_.validate();
+  const std::int64_t V = config_.vocab_size, P = config_.max_seq_len, C = config_.n_embd;
+  auto add = [](std::vector<ParamSpec>& list, std::string name, std::vector<std::int64_t> shape,
+                std::string tied = {}) {
+    std::int64_t numel = 1;
+    for (auto d : shape) numel *= d;
+    const std::int64_t offset = list.empty() ? 0 : list.back().offset + list.back().numel;
+    list.push_back({std::move(name), std::move(shape), offset, numel, std::move(tied)});
+  };
+  params_.resize(static_cast<std::size_t>(num_layers()));
+  add(params_[0], "wte.weight", {V, C});
+  add(params_[0], "wpe.weight", {P, C});
+  for (int i = 0; i < config_.n_layer; ++i) {
+    auto& l = params_[static_cast<std::size_t>(i) + 1];
+    const std::string h = fmt::format("h.{}.", i);
+    add(l, h + "ln_1.weight", {C});
+    add(l, h + "ln_1.bias", {C});
+    add(l, h + "attn.c_attn.weight", {C, 3 * C});
+    add(l, h + "attn.c_attn.bias", {3 * C});
+    add(l, h + "attn.c_proj.weight", {C, C});
+    add(l, h + "attn.c_proj.bias", {C});
+    add(l, h + "ln_2.weight", {C});
+    add(l, h + "ln_2.bias", {C});
+    add(l, h + "mlp.c_fc.weight", {C, 4 * C});
+    add(l, h + "mlp.c_fc.bias", {4 * C});
+    add(l, h + "mlp.c_proj.weight", {4 * C, C});
+    add(l, h + "mlp.c_proj.bias", {C});
+  }
+  auto& head = params_.back();
+  add(head, "ln_f.weight", {C});
+  add(head, "ln_f.bias", {C});
+  add(head, "lm_head.weight", {V, C}, "wte.weight");
+  for (const auto& l : params_) param_floats_.push_back(l.back().offset + l.back().numel);
+  if (config_.n_layer > 0 && BlockLayout(C).total != param_floats_[1])
+    throw BackendError("internal: block parameter layout mismatch");
+}
+
+void Gpt2::check(int layer) const {
+  if (layer < 0 || layer >= num_layers())
+    throw BackendError(fmt::format("GPT-2: layer {} outside 0..{}", layer, num_layers() - 1));
+}
+
+LayerKind Gpt2::kind(int layer) const {
+  check(layer);
+  if (layer == 0) return LayerKind::Embedding;
+  if (layer == head_layer()) return LayerKind::Head;
+  return LayerKind::Block;
+}
+
+std::string Gpt2::layer_name(int layer) const {
+  switch (kind(layer)) {
+    case LayerKind::Embedding:
+      return "embedding";
+    case LayerKind::Head:
+      return "head";
+    case LayerKind::Block:
+      break;
+  }
+  return fmt::format("h.{}", layer - 1);
+}
+
+const std::vector<ParamSpec>& Gpt2::params(int layer) const {
+  check(layer);
+  return params_[static_cast<std::size_t>(layer)];
+}
+
+const ParamSpec& Gpt2::param(int layer, std::string_view name) const {
+  for (const auto& p : params(layer)) {
+    if (p.name == name) return p;
+  }
+  throw BackendError(fmt::format("GPT-2: layer {} has no parameter '{}'", layer, name));
+}
+
+std::int64_t Gpt2::param_floats(int layer) const {
+  check(layer);
+  return param_floats_[static_cast<std::size_t>(layer)];
+}
+
+std::int64_t Gpt2::param_count() const {
+  std::int64_t n = 0;
+  for (const auto& l : params_) {
+    for (const auto& p : l) {
+      if (p.tied_to.empty()) n += p.numel;
+    }
+  }
+  return n;
+}
+
+std::int64_t Gpt2::act_floats(int layer, int B, int T) const {
+  switch (kind(layer)) {
+    case LayerKind::Embedding:
+      return 0;
+    case LayerKind::Block:
+      return BlockActs(B, T, config_.n_embd, config_.n_head).total;
+    case LayerKind::Head:
+      return HeadActs(std::int64_t(B) * T, config_.n_embd, config_.vocab_size).total;
+  }
+  return 0;
+}
+
+std::int64_t Gpt2::scratch_floats(int layer, int B, int T) const {
+  const std::int64_t NC = std::int64_t(B) * T * config_.n_embd;
+  switch (kind(layer)) {
+    case LayerKind::Embedding:
+      return 0;
+    case LayerKind::Block:
+      return 6 * NC;  // dres1 (N,C) | dtmp (N,C) | dbig (N,4C)
+    case LayerKind::Head:
+      return NC;  // dlnf (N,C)
+  }
+  return 0;
+}
+
+Bytes Gpt2::input_bytes(int layer, int B, int T) const {
+  const Bytes N = Bytes(B) * T;
+  return kind(layer) == LayerKind::Embedding ? N * Bytes(sizeof(std::int32_t))
+                                             : N * config_.n_embd * Bytes(sizeof(float));
+}
+
+Bytes Gpt2::output_bytes(int layer, int B, int T) const {
+  const Bytes N = Bytes(B) * T;
+  return kind(layer) == LayerKind::Head ? N * Bytes(sizeof(float)) : N * config_.n_embd * Bytes(sizeof(float));
+}
+
+template <class S>
+void Gpt2::check_args(int layer, const LayerArgs<S>& a, bool backward) const {
+  const LayerKind k = kind(layer);
+  const std::string where =
+      fmt::format("GPT-2 layer {} ({}) {}", layer, layer_name(layer), backward ? "backward" : "forward");
+  if (a.B <= 0) throw BackendError(fmt::format("{}: microbatch size B = {} must be positive", where, a.B));
+  if (a.T <= 0 || a.T > config_.max_seq_len)
+    throw BackendError(fmt::format("{}: sequence length T = {} outside 1..{}", where, a.T, config_.max_seq_len));
+  auto need = [&](const void* p, const char* what) {
+    if (p == nullptr) throw BackendError(fmt::format("{}: {} is null", where, what));
+  };
+  need(a.w, "w");
+  if (k == LayerKind::Embedding) need(a.tokens, "tokens");
+  if (k != LayerKind::Embedding) {
+    need(a.x, "x");
+    need(a.act, "act");
+  }
+  if (k == LayerKind::Head) need(a.targets, "targets");
+  if (!backward) {
+    need(a.y, "y");
+    return;
+  }
+  need(a.dw, "dw");
+  if (k != LayerKind::Head) need(a.dy, "dy");
+  if (k != LayerKind::Embedding) {
+    need(a.dx, "dx");
+    need(a.scratch, "scratch");
+  }
+}
+
+template <class Ops>
+void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const {
+  using S = typename Ops::Scalar;
+  check_args(layer, a, false);
+  const int B = a.B, T = a.T, C = config_.n_embd, H = config_.n_head, V = config_.vocab_size;
+  const int N = B * T;
+  const S eps = S(config_.ln_eps);
+  const S* w = a.w;
+  switch (kind(layer)) {
+    case LayerKind::Embedding:
+      ops.embedding_fwd(a.y, a.tokens, w, w + std::int64_t(V) * C, B, T, C, V);
+      return;
+    case LayerKind::Block: {
+      const BlockLayout p(C);
+      const BlockActs s(B, T, C, H);
+      S* act = a.act;
+      const std::int64_t NC = std::int64_t(N) * C;
+      ops.layernorm_fwd(act + s.ln1, act + s.ln1_mean, act + s.ln1_rstd, a.x, w + p.ln1_w, w + p.ln1_b, N, C, eps);
+      ops.matmul_fwd(act + s.qkv, act + s.ln1, w + p.attn_w, w + p.attn_b, N, C, 3 * C, WeightLayout::InOut);
+      ops.attention_fwd(act + s.atty, act + s.att, act + s.qkv, B, T, C, H);
+      ops.matmul_fwd(a.y, act + s.atty, w + p.proj_w, w + p.proj_b, N, C, C, WeightLayout::InOut);
+      ops.add(act + s.res1, a.x, a.y, NC);
+      ops.layernorm_fwd(act + s.ln2, act + s.ln2_mean, act + s.ln2_rstd, act + s.res1, w + p.ln2_w, w + p.ln2_b, N, C,
+                        eps);
+      ops.matmul_fwd(act + s.fch, act + s.ln2, w + p.fc_w, w + p.fc_b, N, C, 4 * C, WeightLayout::InOut);
+      ops.gelu_fwd(act + s.fchg, act + s.fch, 4 * NC);
+      ops.matmul_fwd(a.y, act + s.fchg, w + p.fcp_w, w + p.fcp_b, N, 4 * C, C, WeightLayout::InOut);
+      ops.add(a.y, act + s.res1, a.y, NC);
+      return;
+    }
+    case LayerKind::Head: {
+      const HeadActs s(N, C, V);
+      const auto& ps = params_.back();
+      S* act = a.act;
+      ops.layernorm_fwd(act + s.lnf, act + s.mean, act + s.rstd, a.x, w + ps[0].offset, w + ps[1].offset, N, C, eps);
+      ops.matmul_fwd(act + s.probs, act + s.lnf, w + ps[2].offset, static_cast<const S*>(nullptr), N, C, V,
+                     WeightLayout::OutIn);
+      ops.crossentropy_fwd(a.y, act + s.probs, act + s.probs, a.targets, N, V);
+      return;
+    }
+  }
+}
+
+template <class Ops>
+void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const {
+  using S = typename Ops::Scalar;
+  check_args(layer, a, true);
+  const int B = a.B, T = a.T, C = config_.n_embd, H = config_.n_head, V = config_.vocab_size;
+  const int N = B * T;
+  const S* w = a.w;
+  S* dw = a.dw;
+  switch (kind(layer)) {
+    case LayerKind::Embedding:
+      ops.embedding_bwd(dw, dw + std::int64_t(V) * C, a.dy, a.tokens, B, T, C);
+      return;
+    case LayerKind::Block: {
+      const BlockLayout p(C);
+      const BlockActs s(B, T, C, H);
+      const S* act = a.act;
+      const std::int64_t NC = std::int64_t(N) * C;
+      S* dres1 = a.scratch;      // (B, T, C) gradient of res1
+      S* dtmp = a.scratch + NC;  // (B, T, C): dln2, then datty, then dln1
+      S* dbig = dtmp + NC;       // (B, T, 4C): dfchg, dfch, then dqkv (B, T, 3C)
+      // y = res1 + c_proj(gelu(c_fc(ln_2(res1))))
+      ops.copy(dres1, a.dy, NC);
+      ops.matmul_bwd(dbig, dw + p.fcp_w, dw + p.fcp_b, a.dy, act + s.fchg, w + p.fcp_w, N, 4 * C, C,
+                     WeightLayout::InOut);
+      ops.gelu_bwd(dbig, act + s.fch, dbig, 4 * NC);
+      ops.matmul_bwd(dtmp, dw + p.fc_w, dw + p.fc_b, dbig, act + s.ln2, w + p.fc_w, N, C, 4 * C, WeightLayout::InOut);
+      ops.layernorm_bwd(dres1, dw + p.ln2_w, dw + p.ln2_b, dtmp, act + s.res1, w + p.ln2_w, act + s.ln2_mean,
+                        act + s.ln2_rstd, N, C);
+      // res1 = x + c_proj(attention(c_attn(ln_1(x))))
+      ops.matmul_bwd(dtmp, dw + p.proj_w, dw + p.proj_b, dres1, act + s.atty, w + p.proj_w, N, C, C,
+                     WeightLayout::InOut);
+      ops.attention_bwd(dbig, dtmp, act + s.qkv, act + s.att, B, T, C, H);
+      ops.matmul_bwd(dtmp, dw + p.attn_w, dw + p.attn_b, dbig, act + s.ln1, w + p.attn_w, N, C, 3 * C,
+                     WeightLayout::InOut);
+      ops.copy(a.dx, dres1, NC);
+      ops.layernorm_bwd(a.dx, dw + p.ln1_w, dw + p.ln1_b, dtmp, a.x, w + p.ln1_w, act + s.ln1_mean, act + s.ln1_rstd, N,
+                        C);
+      return;
+    }
+    case LayerKind::Head: {
+      const HeadActs s(N, C, V);
+      const auto& ps = params_.back();
+      S* act = a.act;
+      S* dlnf = a.scratch;  // (B, T, C)
+      ops.crossentropy_bwd(act + s.probs, act + s.probs, a.targets, a.loss_scale, N, V);
+      ops.matmul_bwd(dlnf, dw + ps[2].offset, static_cast<S*>(nullptr), act + s.probs, act + s.lnf, w + ps[2].offset, N,
+                     C, V, WeightLayout::OutIn);
+      ops.zero(a.dx, std::int64_t(N) * C);
+      ops.layernorm_bwd(a.dx, dw + ps[0].offset, dw + ps[1].offset, dlnf, a.x, w + ps[0].offset, act + s.mean,
+                        act + s.rstd, N, C);
+      return;
+    }
+  }
+}
+
+template void Gpt2::forward<DeviceOps>(DeviceOps&, int, const LayerArgs<float>&) const;
+template void Gpt2::backward<DeviceOps>(DeviceOps&, int, const LayerArgs<float>&) const;
+template void Gpt2::forward<HostOps<float>>(HostOps<float>&, int, const LayerArgs<float>&) const;
+template void Gpt2::backward<HostOps<float>>(HostOps<float>&, int, const LayerArgs<float>&) const;
+template void Gpt2::forward<HostOps<double>>(HostOps<double>&, int, const LayerArgs<double>&) const;
+template void Gpt2::backward<HostOps<double>>(HostOps<double>&, int, const LayerArgs<double>&) const;
+
+}  // namespace harmony::backend

@@ -1,0 +1,103 @@
+// GPT-2 (Hugging Face layout) as the chain of layers the core schedules: layer 0 = token + position
+// embeddings, layers 1..L = transformer blocks, layer L+1 = final layer norm + LM head (tied to wte) + mean
+// cross-entropy (the criterion, last). Each layer owns one flat weight block (HF tensors back to back in HF
+// layout) and runs forward / backward over one microbatch through an Ops (ops.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/device.hpp"
+#include "backend/model/ops.hpp"
+
+namespace harmony::backend {
+
+struct Gpt2Config {
+  int vocab_size = 0;   // V
+  int max_seq_len = 0;  // rows of wpe (HF n_positions); T may not exceed it
+  int n_layer = 0;      // L transformer blocks
+  int n_head = 0;       // H
+  int n_embd = 0;       // C, a multiple of H
+  float ln_eps = 1e-5f;
+  void validate() const;  // throws BackendError naming the bad field
+  bool operator==(const Gpt2Config&) const = default;
+};
+
+enum class LayerKind : std::uint8_t { Embedding, Block, Head };
+
+struct ParamSpec {
+  std::string name;                 // HF name: "wte.weight", "h.3.attn.c_attn.weight", "ln_f.bias", ...
+  std::vector<std::int64_t> shape;  // HF shape; Conv1D weights are [in, out]
+  std::int64_t offset = 0;          // first float within the layer's weight block
+  std::int64_t numel = 0;
+  std::string tied_to;  // the head's "lm_head.weight" is tied to layer 0's "wte.weight"; else empty
+};
+
+// Arguments of one layer over one microbatch of B sequences of T tokens (N = B*T rows). Pointers are memory
+// the Ops can address (device memory for DeviceOps). Which fields a layer reads depends on its kind:
+//   forward   Embedding: tokens -> y        Block: x -> y, act        Head: x, targets -> y (losses), act
+//   backward  Embedding: tokens, dy -> dw   Block: x, act, dy -> dx, dw   Head: x, act, targets -> dx, dw
+// `act` is written by the forward and read by the backward over the same x (a recompute in Harmony); the
+// backward may overwrite it. dw is accumulated (+=); dx is written.
+template <class S>
+struct LayerArgs {
+  int B = 0;
+  int T = 0;
+  const S* w = nullptr;                   // param_floats(layer): the layer's weights
+  const std::int32_t* tokens = nullptr;   // (B, T) input ids, Embedding
+  const std::int32_t* targets = nullptr;  // (B, T) next-token ids, Head
+  const S* x = nullptr;                   // (B, T, C) input, Block and Head
+  S* y = nullptr;                         // (B, T, C) output; Head: (B, T) per-token cross-entropy
+  S* act = nullptr;                       // act_floats(layer, B, T)
+  S* dw = nullptr;                        // param_floats(layer): weight gradients, accumulated
+  const S* dy = nullptr;                  // (B, T, C) gradient of y, Embedding and Block
+  S* dx = nullptr;                        // (B, T, C) gradient of x, Block and Head
+  S* scratch = nullptr;                   // scratch_floats(layer, B, T), backward only
+  S loss_scale = S(1);                    // Head: d(loss)/d(per-token loss), 1/(tokens in the minibatch)
+};
+
+class Gpt2 {
+ public:
+  explicit Gpt2(const Gpt2Config& config);
+
+  const Gpt2Config& config() const { return config_; }
+  int num_layers() const { return config_.n_layer + 2; }
+  int head_layer() const { return config_.n_layer + 1; }
+  LayerKind kind(int layer) const;
+  std::string layer_name(int layer) const;  // "embedding", "h.3", "head"
+  const std::vector<ParamSpec>& params(int layer) const;
+  const ParamSpec& param(int layer, std::string_view name) const;  // throws BackendError if absent
+  std::int64_t param_floats(int layer) const;
+  std::int64_t param_count() const;  // unique parameters (the tied wte counted once)
+
+  // Sizes per microbatch, for the executor's allocations.
+  std::int64_t act_floats(int layer, int B, int T) const;
+  std::int64_t scratch_floats(int layer, int B, int T) const;
+  Bytes input_bytes(int layer, int B, int T) const;   // layer 0: (B, T) int32 ids; else (B, T, C) floats
+  Bytes output_bytes(int layer, int B, int T) const;  // head: (B, T) losses; else (B, T, C) floats
+
+  template <class Ops>
+  void forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const;
+  template <class Ops>
+  void backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const;
+
+ private:
+  void check(int layer) const;
+  template <class S>
+  void check_args(int layer, const LayerArgs<S>& a, bool backward) const;
+
+  Gpt2Config config_;
+  std::vector<std::vector<ParamSpec>> params_;  // per layer
+  std::vector<std::int64_t> param_floats_;
+};
+
+extern template void Gpt2::forward<DeviceOps>(DeviceOps&, int, const LayerArgs<float>&) const;
+extern template void Gpt2::backward<DeviceOps>(DeviceOps&, int, const LayerArgs<float>&) const;
+extern template void Gpt2::forward<HostOps<float>>(HostOps<float>&, int, const LayerArgs<float>&) const;
+extern template void Gpt2::backward<HostOps<float>>(HostOps<float>&, int, const LayerArgs<float>&) const;
+extern template void Gpt2::forward<HostOps<double>>(HostOps<double>&, int, const LayerArgs<double>&) const;
+extern template void Gpt2::backward<HostOps<double>>(HostOps<double>&, int, const LayerArgs<double>&) const;
+
+}  // namespace harmony::backend

@@ -1,0 +1,113 @@
+// The two ways the model's layers run their kernels, with one signature set so that the layer code is
+// written once (backend/model/gpt2.cpp): DeviceOps enqueues float kernels on a device stream; HostOps<T>
+// calls the reference loops synchronously on host memory (T = double for finite-difference checks).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cpu/kernels.hpp"
+#include "backend/device.hpp"
+
+namespace harmony::backend {
+
+class DeviceOps {
+ public:
+  using Scalar = float;
+  DeviceOps(Device& device, Stream& stream) : dev_(device), s_(stream), k_(device.kernels()) {}
+  Device& device() { return dev_; }
+  Stream& stream() { return s_; }
+
+  void copy(float* dst, const float* src, std::int64_t n) {
+    dev_.copy_d2d(s_, dst, src, n * static_cast<Bytes>(sizeof(float)));
+  }
+  void zero(float* dst, std::int64_t n) { dev_.fill_zero(s_, dst, n * static_cast<Bytes>(sizeof(float))); }
+  void embedding_fwd(float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B, int T, int C,
+                     int V) {
+    k_.embedding_fwd(s_, out, ids, wte, wpe, B, T, C, V);
+  }
+  void embedding_bwd(float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C) {
+    k_.embedding_bwd(s_, dwte, dwpe, dout, ids, B, T, C);
+  }
+  void layernorm_fwd(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b, int N,
+                     int C, float eps) {
+    k_.layernorm_fwd(s_, out, mean, rstd, in, w, b, N, C, eps);
+  }
+  void layernorm_bwd(float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
+                     const float* mean, const float* rstd, int N, int C) {
+    k_.layernorm_bwd(s_, din, dw, db, dout, in, w, mean, rstd, N, C);
+  }
+  void matmul_fwd(float* out, const float* in, const float* w, const float* bias, int N, int IC, int OC,
+                  WeightLayout layout) {
+    k_.matmul_fwd(s_, out, in, w, bias, N, IC, OC, layout);
+  }
+  void matmul_bwd(float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w, int N,
+                  int IC, int OC, WeightLayout layout) {
+    k_.matmul_bwd(s_, din, dw, dbias, dout, in, w, N, IC, OC, layout);
+  }
+  void attention_fwd(float* out, float* att, const float* qkv, int B, int T, int C, int H) {
+    k_.attention_fwd(s_, out, att, qkv, B, T, C, H);
+  }
+  void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H) {
+    k_.attention_bwd(s_, dqkv, dout, qkv, att, B, T, C, H);
+  }
+  void gelu_fwd(float* out, const float* in, std::int64_t n) { k_.gelu_fwd(s_, out, in, n); }
+  void gelu_bwd(float* din, const float* in, const float* dout, std::int64_t n) { k_.gelu_bwd(s_, din, in, dout, n); }
+  void add(float* out, const float* a, const float* b, std::int64_t n) { k_.add(s_, out, a, b, n); }
+  void crossentropy_fwd(float* losses, float* probs, const float* logits, const std::int32_t* targets, int N, int V) {
+    k_.crossentropy_fwd(s_, losses, probs, logits, targets, N, V);
+  }
+  void crossentropy_bwd(float* dlogits, const float* probs, const std::int32_t* targets, float scale, int N, int V) {
+    k_.crossentropy_bwd(s_, dlogits, probs, targets, scale, N, V);
+  }
+
+ private:
+  Device& dev_;
+  Stream& s_;
+  Kernels& k_;
+};
+
+template <class T>
+class HostOps {
+ public:
+  using Scalar = T;
+  void copy(T* dst, const T* src, std::int64_t n) { std::copy(src, src + n, dst); }
+  void zero(T* dst, std::int64_t n) { std::fill(dst, dst + n, T(0)); }
+  void embedding_fwd(T* out, const std::int32_t* ids, const T* wte, const T* wpe, int B, int T_, int C, int V) {
+    cpu::embedding_fwd<T>(out, ids, wte, wpe, B, T_, C, V);
+  }
+  void embedding_bwd(T* dwte, T* dwpe, const T* dout, const std::int32_t* ids, int B, int T_, int C) {
+    cpu::embedding_bwd<T>(dwte, dwpe, dout, ids, B, T_, C);
+  }
+  void layernorm_fwd(T* out, T* mean, T* rstd, const T* in, const T* w, const T* b, int N, int C, T eps) {
+    cpu::layernorm_fwd<T>(out, mean, rstd, in, w, b, N, C, eps);
+  }
+  void layernorm_bwd(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, const T* mean, const T* rstd, int N,
+                     int C) {
+    cpu::layernorm_bwd<T>(din, dw, db, dout, in, w, mean, rstd, N, C);
+  }
+  void matmul_fwd(T* out, const T* in, const T* w, const T* bias, int N, int IC, int OC, WeightLayout layout) {
+    cpu::matmul_fwd<T>(out, in, w, bias, N, IC, OC, layout);
+  }
+  void matmul_bwd(T* din, T* dw, T* dbias, const T* dout, const T* in, const T* w, int N, int IC, int OC,
+                  WeightLayout layout) {
+    cpu::matmul_bwd<T>(din, dw, dbias, dout, in, w, N, IC, OC, layout);
+  }
+  void attention_fwd(T* out, T* att, const T* qkv, int B, int T_, int C, int H) {
+    cpu::attention_fwd<T>(out, att, qkv, B, T_, C, H);
+  }
+  void attention_bwd(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int T_, int C, int H) {
+    cpu::attention_bwd<T>(dqkv, dout, qkv, att, B, T_, C, H);
+  }
+  void gelu_fwd(T* out, const T* in, std::int64_t n) { cpu::gelu_fwd<T>(out, in, n); }
+  void gelu_bwd(T* din, const T* in, const T* dout, std::int64_t n) { cpu::gelu_bwd<T>(din, in, dout, n); }
+  void add(T* out, const T* a, const T* b, std::int64_t n) { cpu::add<T>(out, a, b, n); }
+  void crossentropy_fwd(T* losses, T* probs, const T* logits, const std::int32_t* targets, int N, int V) {
+    cpu::crossentropy_fwd<T>(losses, probs, logits, targets, N, V);
+  }
+  void crossentropy_bwd(T* dlogits, const T* probs, const std::int32_t* targets, T scale, int N, int V) {
+    cpu::crossentropy_bwd<T>(dlogits, probs, targets, scale, N, V);
+  }
+};
+
+}  // namespace harmony::backend
