@@ -270,7 +270,9 @@ TEST_CASE("copy engines are FIFO per direction") {
   CHECK(two.timeline.end_ps[z(out)] == 2 * kMs);
   CHECK(two.timeline.end_ps[z(s)] == 2 * kMs);
   // the CostModel seam: end - ready per op, and run_timeline reproduces the native end times
-  const sim::NativeCostModel cost(tiny_model(), one_switch(2, 4e9, 1e9), quiet());
+  const core::Model model = tiny_model();  // the cost model keeps a reference: it must outlive it
+  const core::MachineSpec machine = one_switch(2, 4e9, 1e9);
+  const sim::NativeCostModel cost(model, machine, quiet());
   const auto d = cost.durations(b.p);
   CHECK(d[z(s)] == 2 * kMs);  // waited 1 ms for the engine, moved for 1 ms
   const auto t = sim::run_timeline(b.p, d);
