@@ -1061,7 +1061,7 @@ const std::vector<std::string> kTopKeys = {"model", "machine", "cost_model", "pl
 const std::vector<std::string> kModelKeys = {"profile"};
 const std::vector<std::string> kPlanKeys = {"mode",  "gpus",      "minibatch", "u_fwd",
                                             "u_bwd", "pack_size", "packs_fwd", "packs_bwd"};
-const std::vector<std::string> kOptionKeys = {"prefetch", "unequal_microbatches"};
+const std::vector<std::string> kOptionKeys = {"prefetch", "prefetch_buffers", "unequal_microbatches"};
 const std::vector<std::string> kSearchKeys = {"packing_fwd", "packing_bwd", "top_k", "ubatch_step", "smaller_ufwd",
                                               "fit_rule",    "u_fwd",       "u_bwd", "threads"};
 const std::vector<std::string> kModeNames = {"harmony-pp", "harmony-dp", "vPP", "vDP"};
@@ -1188,6 +1188,8 @@ Options parse_options(const Node* map) {
   if (!map) return o;
   check_keys(*map, "options", kOptionKeys);
   if (const Entry* e = find(*map, "prefetch")) o.prefetch = get_bool(e->value, "options.prefetch");
+  if (const Entry* e = find(*map, "prefetch_buffers"))
+    o.prefetch_buffers = get_int(e->value, "options.prefetch_buffers", 2);
   if (const Entry* e = find(*map, "unequal_microbatches"))
     o.unequal_microbatches = get_bool(e->value, "options.unequal_microbatches");
   return o;

@@ -45,6 +45,7 @@ struct SearchSpec {
 
 struct Options {
   bool prefetch = false;              // the paper's --prefetch_offload dependency model
+  int prefetch_buffers = 2;           // with prefetch: input buffers per stream (2 = the paper's double buffer)
   bool unequal_microbatches = false;  // allow D % u != 0 (paper's --inequal_ubatchsize; runtime unsupported)
 };
 

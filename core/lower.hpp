@@ -11,6 +11,10 @@ namespace harmony::core {
 
 struct LowerOptions {
   bool prefetch = false;  // the reference's --prefetch_offload dependency model
+  // With prefetch: how many microbatch inputs may be resident per input stream. Input i is fetched once
+  // microbatch i - prefetch_buffers has been computed (its buffer is free again); 2 is the paper's double
+  // buffering and reproduces its simulator exactly. The memory timeline counts every buffer in flight.
+  int prefetch_buffers = 2;
   // Harmony-DP: the reference simulates GPU 0 only (replicas are identical); false lowers every GPU.
   bool dp_first_gpu_only = true;
 };

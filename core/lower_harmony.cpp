@@ -27,7 +27,8 @@ std::uint64_t pack_key(int task, int ui, int spi, Stream s, OpKind k) {
 
 class Lowerer {
  public:
-  Lowerer(const TaskGraph& g, const Model& m, const LowerOptions& o) : g_(g), m_(m), pf_(o.prefetch) {
+  Lowerer(const TaskGraph& g, const Model& m, const LowerOptions& o)
+      : g_(g), m_(m), pf_(o.prefetch), buffers_(std::max(2, o.prefetch_buffers)) {
     prog_.graph = g;
     prog_.prefetch = pf_;
     const Plan& p = g.plan;
@@ -187,11 +188,11 @@ class Lowerer {
           enqueue(ev);
           if (w_for_enqueue >= 0) enqueue(w_for_enqueue);
         }
-      } else if (i == 1) {
+      } else if (i < buffers_) {
         if (L_ != nullptr) dep(ev, key(*L_, 0, 0, Stream::Compute, OpKind::DEL));
         enqueue(ev);
       } else {
-        dep(ev, key(vt, i - 2, -1, Stream::Compute, compute_kind(vt)));
+        dep(ev, key(vt, i - buffers_, -1, Stream::Compute, compute_kind(vt)));
         enqueue(ev);
       }
     } else {
@@ -572,6 +573,7 @@ class Lowerer {
   const TaskGraph& g_;
   const Model& m_;
   bool pf_;
+  int buffers_;
   Program prog_;
   UbatchConverter conv_;
   bool has_conv_ = false;

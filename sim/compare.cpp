@@ -53,6 +53,7 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
       space.spec.fit_rule = false;
       core::LowerOptions lower;
       lower.prefetch = options.prefetch;
+      lower.prefetch_buffers = options.prefetch_buffers;
       const auto cands = core::enumerate_candidates(model, space);
       kr.candidates = cands.size();
       const auto res = core::run_search(cands, space, [&](const core::Plan& p) {

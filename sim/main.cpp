@@ -89,6 +89,7 @@ core::Plan plan_from_config(const core::RunConfig& cfg, const core::Model& model
 core::LowerOptions lower_options(const core::RunConfig& cfg) {
   core::LowerOptions o;
   o.prefetch = cfg.options.prefetch;
+  o.prefetch_buffers = cfg.options.prefetch_buffers;
   return o;
 }
 
@@ -304,13 +305,13 @@ int cmd_compare(const Cli& cli) {
   }
   fmt::print("compare: {} on {} ({} GPUs used), minibatch {}, cost model {}; {:.1f} ms\n\n", model.name,
              cfg.machine.name, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model, dt * 1e3);
-  fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9}  {}\n", "plan kind", "cands",
-             "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB", "coll MiB", "peak MiB",
+  fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", "plan kind", "cands",
+             "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB", "coll MiB", "peak MiB", "host GiB",
              "plan / reason");
   for (const auto& k : res.kinds) {
     if (!k.feasible) {
-      fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9}  does not fit: {}\n",
-                 core::plan_kind_name(k.kind), k.candidates, "-", "-", "-", "-", "-", "-", "-", "-", k.reason);
+      fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  does not fit: {}\n",
+                 core::plan_kind_name(k.kind), k.candidates, "-", "-", "-", "-", "-", "-", "-", "-", "-", k.reason);
       continue;
     }
     const auto& r = k.best;
@@ -318,11 +319,15 @@ int cmd_compare(const Cli& cli) {
                                  ? fmt::format("u {}", r.plan.u_bwd)
                                  : fmt::format("fwd {} bwd {}", core::packs_to_string(r.plan.packs_fwd),
                                                core::packs_to_string(r.plan.packs_bwd));
-    fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f}  {}\n",
+    const std::string host =
+        r.native
+            ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB))
+            : std::string("-");
+    fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f} {:>8}  {}\n",
                core::plan_kind_name(k.kind), k.candidates, r.iteration_time_s, r.throughput_samples_per_s,
                k.speedup_over_best_baseline, fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd),
                mib(r.swap_in_bytes + r.swap_out_bytes), mib(r.p2p_bytes), mib(r.collective_bytes),
-               mib(r.peak_memory_bytes), plan);
+               mib(r.peak_memory_bytes), host, plan);
   }
   fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
   return 0;

@@ -681,3 +681,14 @@ TEST_CASE("hostile input: alias bombs and deep nesting fail cleanly") {
   const std::string deep = std::string(5000, '[') + std::string(5000, ']');
   CHECK_THROWS_AS(load_config_text(deep, "deep.yaml"), ConfigError);
 }
+
+TEST_CASE("options.prefetch_buffers: default 2, at least 2") {
+  const RunConfig c = load_config_text(
+      kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\noptions: {prefetch: true, prefetch_buffers: 3}\n", "ok.yaml");
+  CHECK(c.options.prefetch_buffers == 3);
+  const RunConfig d = load_config_text(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", "ok.yaml");
+  CHECK(d.options.prefetch_buffers == 2);
+  const ConfigError e =
+      config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\noptions: {prefetch_buffers: 1}\n");
+  check_at(e, "bad.yaml", 4, 29);
+}
