@@ -435,6 +435,33 @@ void ProgramBuilder::dep(int op, int on) {
   if (on != op && std::find(deps.begin(), deps.end(), on) == deps.end()) deps.push_back(on);
 }
 
+int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
+                                   std::vector<int> ins) {
+  const int R = num_layers();
+  const LayerRange L{l, l};
+  bool stashed = false;
+  if (stash_activations && l == 0) {
+    const int X = op(device, Stream::SwapIn, OpKind::X, bwd_task(device, 0), i, L, u, xbytes(u, 0));
+    alloc(X, TensorKind::Stash, L, i, xbytes(u, 0));
+    window(X, device, k);
+    ins.push_back(X);
+    stashed = true;
+  } else if (stash_activations && l < R - 1) {
+    const int S = op(device, Stream::SwapIn, OpKind::sX, bwd_task(device, l), i, L, u, xbytes(u, l));
+    alloc(S, TensorKind::Stash, L, i, xbytes(u, l));
+    dep(S, stash_out);
+    window(S, device, k);
+    ins.push_back(S);
+    stashed = true;
+  }
+  const int Bw = compute(device, OpKind::BWD, bwd_task(device, l), i, L, u);
+  for (int in : ins) dep(Bw, in);
+  if (l > 0) alloc(Bw, TensorKind::ActGrad, L, i, xbytes(u, l));
+  if (l < R - 1) free(Bw, TensorKind::ActGrad, LayerRange{l + 1, l + 1}, i, xbytes(u, l + 1));
+  free(Bw, stashed ? TensorKind::Stash : TensorKind::Activation, L, i, xbytes(u, l));
+  return Bw;
+}
+
 void ProgramBuilder::window(int op, int device, int consumer_step) {
   if (consumer_step < 2) return;
   const auto& steps = steps_[static_cast<std::size_t>(device)];

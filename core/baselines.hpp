@@ -145,6 +145,11 @@ class ProgramBuilder {
 
   void dep(int op, int on);
   void window(int op, int device, int consumer_step);  // `op` waits for step consumer_step - 2
+  // Backward of layer l for microbatch i at step k on `device`: brings the stashed input back from the
+  // host when `stash_activations` (the data X for layer 0, else the sX swapped out at `stash_out`), then
+  // the BWD op depending on `ins` and the stash, with its activation-gradient and stash allocs/frees.
+  int backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
+                     std::vector<int> ins);
   void output_of(int op, int device, int producer_step);
   void peer(int a, int b);  // P2P rendezvous pair (resolved at finish)
   // Collective `key`: every member waits for every other member's `ready` op (resolved at finish).

@@ -101,26 +101,7 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
         const int k = b.next_step(g);
         std::vector<int> ins;
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
-        bool stashed = false;
-        if (sa && l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.bwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Stash, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
-          ins.push_back(X);
-          stashed = true;
-        } else if (sa && l < R - 1) {
-          const int S = b.op(g, Stream::SwapIn, OpKind::sX, b.bwd_task(g, l), i, L, u, b.xbytes(u, l));
-          b.alloc(S, TensorKind::Stash, L, i, b.xbytes(u, l));
-          b.dep(S, sx_out[static_cast<std::size_t>(l)]);
-          b.window(S, g, k);
-          ins.push_back(S);
-          stashed = true;
-        }
-        const int Bw = b.compute(g, OpKind::BWD, b.bwd_task(g, l), i, L, u);
-        for (int in : ins) b.dep(Bw, in);
-        if (l > 0) b.alloc(Bw, TensorKind::ActGrad, L, i, b.xbytes(u, l));
-        if (l < R - 1) b.free(Bw, TensorKind::ActGrad, LayerRange{l + 1, l + 1}, i, b.xbytes(u, l + 1));
-        b.free(Bw, stashed ? TensorKind::Stash : TensorKind::Activation, L, i, b.xbytes(u, l));
+        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins);
         if (!b.has_params(l)) continue;
         b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
