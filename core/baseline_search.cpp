@@ -462,6 +462,26 @@ int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool 
   return Bw;
 }
 
+int ProgramBuilder::forward_layer(int device, int l, int i, int u, int k, bool stash_activations,
+                                  const std::vector<int>& ins, bool free_weights, int& stash_out) {
+  const int R = num_layers();
+  const LayerRange L{l, l};
+  const int F = compute(device, OpKind::FWD, fwd_task(device, l), i, L, u);
+  for (int in : ins) dep(F, in);
+  alloc(F, TensorKind::Activation, LayerRange{l + 1, l + 1}, i, xbytes(u, l + 1));
+  if (free_weights) free(F, TensorKind::Weights, L, -1, wbytes(l) + bbytes(l));
+  if (stash_activations && l == 0) {
+    free(F, TensorKind::Activation, L, i, xbytes(u, 0));  // the data stays on the host
+  } else if (stash_activations && l < R - 1) {
+    const int O = op(device, Stream::SwapOut, OpKind::sX, fwd_task(device, l), i, L, u, xbytes(u, l));
+    dep(O, F);
+    free(O, TensorKind::Activation, L, i, xbytes(u, l));
+    output_of(O, device, k);
+    stash_out = O;
+  }
+  return F;
+}
+
 void ProgramBuilder::window(int op, int device, int consumer_step) {
   if (consumer_step < 2) return;
   const auto& steps = steps_[static_cast<std::size_t>(device)];

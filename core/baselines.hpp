@@ -150,6 +150,11 @@ class ProgramBuilder {
   // the BWD op depending on `ins` and the stash, with its activation-gradient and stash allocs/frees.
   int backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
                      std::vector<int> ins);
+  // Forward of layer l for microbatch i at step k: the FWD op after `ins`, its output, the weights freed
+  // when `free_weights`, and with `stash_activations` the layer's input swapped out (its op id written
+  // to `stash_out`; the data of layer 0 stays on the host). Returns the FWD op.
+  int forward_layer(int device, int l, int i, int u, int k, bool stash_activations, const std::vector<int>& ins,
+                    bool free_weights, int& stash_out);
   void output_of(int op, int device, int producer_step);
   void peer(int a, int b);  // P2P rendezvous pair (resolved at finish)
   // Collective `key`: every member waits for every other member's `ready` op (resolved at finish).

@@ -64,19 +64,7 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
           resident = resident || !sw;
           ins.push_back(W);
         }
-        const int F = b.compute(g, OpKind::FWD, b.fwd_task(g, l), i, L, u);
-        for (int in : ins) b.dep(F, in);
-        b.alloc(F, TensorKind::Activation, LayerRange{l + 1, l + 1}, i, b.xbytes(u, l + 1));
-        if (sw) b.free(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-        if (sa && l == 0) {
-          b.free(F, TensorKind::Activation, L, i, b.xbytes(u, 0));  // the data stays on the host
-        } else if (sa && l < R - 1) {
-          const int O = b.op(g, Stream::SwapOut, OpKind::sX, b.fwd_task(g, l), i, L, u, b.xbytes(u, l));
-          b.dep(O, F);
-          b.free(O, TensorKind::Activation, L, i, b.xbytes(u, l));
-          b.output_of(O, g, k);
-          sx_out[static_cast<std::size_t>(l)] = O;
-        }
+        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/sw, sx_out[static_cast<std::size_t>(l)]);
       }
       // ---- backward ----
       for (int l = R - 1; l >= 0; --l) {

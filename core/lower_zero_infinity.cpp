@@ -82,19 +82,7 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
           ins.push_back(X);
         }
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
-        const int F = b.compute(g, OpKind::FWD, b.fwd_task(g, l), i, L, u);
-        for (int in : ins) b.dep(F, in);
-        b.alloc(F, TensorKind::Activation, LayerRange{l + 1, l + 1}, i, b.xbytes(u, l + 1));
-        b.free(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-        if (sa && l == 0) {
-          b.free(F, TensorKind::Activation, L, i, b.xbytes(u, 0));
-        } else if (sa && l < R - 1) {
-          const int O = b.op(g, Stream::SwapOut, OpKind::sX, b.fwd_task(g, l), i, L, u, b.xbytes(u, l));
-          b.dep(O, F);
-          b.free(O, TensorKind::Activation, L, i, b.xbytes(u, l));
-          b.output_of(O, g, k);
-          sx_out[static_cast<std::size_t>(l)] = O;
-        }
+        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true, sx_out[static_cast<std::size_t>(l)]);
       }
       for (int l = R - 1; l >= 0; --l) {
         const LayerRange L{l, l};
