@@ -96,6 +96,8 @@ struct Executor::Impl {
       rank_offset.push_back(dp ? off : 0);
       for (int u : p.graph.ubatch_bwd[static_cast<std::size_t>(r)]) off += u;
     }
+    for (std::size_t o = 0; o < p.ops.size(); ++o)
+      for (const auto& k : reads_of(static_cast<int>(o))) ++readers_total[k];
   }
 
   bool happens_before(int a, int b) const {
@@ -461,6 +463,76 @@ struct Executor::Impl {
   std::vector<int> grad_producer;
   std::set<std::pair<int, int>> updated;
 
+  // The device tensors op o reads, as run_op/run_pair/run_ard read them (the RecX/RecAct of BWD included).
+  // A tensor is freed once its last reader has run: memory follows the Program's data flow, so a device holds
+  // what the Program's allocs/frees say it holds (docs/backend.md, "Executor memory").
+  std::vector<std::pair<int, DevKey>> reads_of(int o) const {
+    const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+    const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
+    const int d = op.device;
+    const int lf = op.layers.first, ll = op.layers.last;
+    std::vector<std::pair<int, DevKey>> r;
+    auto mb = [&] { return samples(o); };
+    switch (op.kind) {
+      case OpKind::sX:
+        if (t.type == core::TaskType::Fwd) r.push_back({d, DevKey{DK::Act, lf, mb().first, mb().second}});
+        break;
+      case OpKind::Y:
+        r.push_back({d, DevKey{DK::Act, ll + 1, mb().first, mb().second}});
+        break;
+      case OpKind::dX:
+        r.push_back({d, DevKey{DK::Grad, lf, mb().first, mb().second}});
+        break;
+      case OpKind::FWD:
+        r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
+        r.push_back({d, DevKey{DK::Act, lf, mb().first, mb().second}});
+        break;
+      case OpKind::REC:
+        r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
+        r.push_back({d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, mb().first, mb().second}});
+        break;
+      case OpKind::BWD: {
+        const auto [s0, n] = mb();
+        r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
+        r.push_back({d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n}});
+        if (op.ui > 0) r.push_back({d, DevKey{DK::DW, op.task, 0, 0}});
+        if (!t.has_criterion) r.push_back({d, DevKey{DK::Grad, ll + 1, s0, n}});
+        for (int l = lf; l <= ll; ++l) {
+          if (l > lf) r.push_back({d, DevKey{DK::RecX, l, s0, n}});
+          r.push_back({d, DevKey{DK::RecAct, l, s0, n}});
+        }
+        break;
+      }
+      case OpKind::ARD:
+      case OpKind::dWB:
+        r.push_back({d, DevKey{DK::DW, op.task, 0, 0}});
+        break;
+      default:
+        break;
+    }
+    return r;
+  }
+  std::map<std::pair<int, DevKey>, int> readers_total;  // per (device, tensor): ops that read it
+  std::map<std::pair<int, DevKey>, int> readers_left;
+
+  // After op o ran: drop the tensors whose last reader it was, and those it produced that nobody reads.
+  void release(int o) {
+    for (const auto& k : reads_of(o)) {
+      auto it = readers_left.find(k);
+      if (it != readers_left.end() && --it->second == 0) dev[static_cast<std::size_t>(k.first)].erase(k.second);
+    }
+    for (int d = 0; d < static_cast<int>(dev.size()); ++d) {
+      auto& map = dev[static_cast<std::size_t>(d)];
+      for (auto it = map.begin(); it != map.end();) {
+        if (it->second.producer == o && readers_total.count({d, it->first}) == 0) {
+          it = map.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
   StepResult step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
     const auto bt = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
     if (inputs.size() != bt || targets.size() != bt)
@@ -473,6 +545,7 @@ struct Executor::Impl {
     for (auto& mp : dev) mp.clear();
     grad_producer.assign(static_cast<std::size_t>(m.num_layers()), -1);
     updated.clear();
+    readers_left = readers_total;
     const std::size_t nops = p.ops.size();
     StepResult res;
     res.begin.assign(nops, -1);
@@ -499,6 +572,7 @@ struct Executor::Impl {
       res.end[static_cast<std::size_t>(o)] = now();
       done[static_cast<std::size_t>(o)] = 1;
       ++head[static_cast<std::size_t>(p.ops[static_cast<std::size_t>(o)].queue)];
+      release(o);
     };
     std::size_t left = nops;
     while (left > 0) {

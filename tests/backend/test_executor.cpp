@@ -144,13 +144,16 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
           for (bool pf : {false, true}) {
             if (mode == core::Mode::HarmonyDP && gpus == 4 && (uf != 1 || ub != 1)) continue;
             if (pf && !(gpus == 2 && pack == 1)) continue;  // prefetch lowering: one configuration per mode
-            if (pack == 3 && gpus != 2)
-              continue;  // keeps the test short under ASan            cases.push_back({mode, gpus, uf, ub, pack, pf});
+            if (pack == 3 && gpus != 2) continue;  // keeps the test short under ASan
+            cases.push_back({mode, gpus, uf, ub, pack, pf});
           }
+  REQUIRE(cases.size() >= 20);  // the filters above must leave a real grid
   // DP shares of D/N = 2 and 1 samples; keep u <= share.
+  int checked = 0;
   for (const Case& c : cases) {
     const int share = c.mode == core::Mode::HarmonyDP ? kB / c.gpus : kB;
     if (c.u_fwd > share || c.u_bwd > share) continue;
+    ++checked;
     const std::string mode = core::mode_name(c.mode);
     CAPTURE(mode);
     CAPTURE(c.gpus);
@@ -182,6 +185,7 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
     }
     if (!exact) INFO("DP N=", c.gpus, " worst rel weight difference ", max_rel(r.weights[1], ref.weights[1]));
   }
+  CHECK(checked >= 20);
 }
 
 TEST_CASE("a measured trace is recorded for every op") {
