@@ -290,6 +290,8 @@ class Engine {
     if (dirty_) recompute();
     while (!heap_.empty()) {
       const TimePs t = heap_.top().t;
+      if (t < now_)
+        throw core::ScheduleError(fmt::format("internal: an event at {} ps is before the current time {} ps", t, now_));
       if (t > now_) advance(t);
       while (!heap_.empty() && heap_.top().t == now_) {
         const Event e = heap_.top();
@@ -361,7 +363,9 @@ class Engine {
         double f = 0.0;
         for (int l = o.layers.first; l <= o.layers.last; ++l) b += m_.time_s(core::Phase::Bwd, o.ubs, l);
         for (int l = o.layers.first; l <= o.layers.last; ++l) f += m_.time_s(core::Phase::Fwd, o.ubs, l);
-        return b - f;
+        // A noisy measured profile can time a layer's recompute + backward below its forward; the backward
+        // part then costs nothing rather than a negative time (docs/native-model.md).
+        return std::max(0.0, b - f);
       }
       default:
         return 0.0;

@@ -328,6 +328,21 @@ TEST_CASE("compute and DEL durations: the profile, and the free time") {
   CHECK(sim::run_native(b.p, tiny_model(), m, ref).timeline.end_ps[z(d)] == 46 * kMs);
 }
 
+TEST_CASE("a measured profile whose backward is timed below its forward gives a BWD of 0, not a hang") {
+  // Measurement noise (harmony-run profile on a loaded CPU) can make bwd < fwd; the BWD used to get a negative
+  // duration, an event in the past, and the event loop spun forever.
+  Builder b(1);
+  const int f = b.add(0, Stream::Compute, OpKind::FWD);
+  const int w = b.add(0, Stream::Compute, OpKind::BWD);
+  for (auto& op : b.p.ops) op.layers = {0, 1};
+  core::Model m = tiny_model();
+  for (auto& l : m.layers)
+    for (auto& t : l.bwd_time_s) t = 0.0001;  // below the 1 ms forward
+  const auto r = sim::run_native(b.p, m, one_switch(1, 1e9, 1e9), quiet());
+  CHECK(r.timeline.end_ps[z(f)] == 2 * kMs);
+  CHECK(r.timeline.end_ps[z(w)] == 2 * kMs);
+}
+
 TEST_CASE("a P2P send and its receive start together, when both are ready, as one flow") {
   // The receive on GPU1 depends on a 2 ms FWD on GPU1; the send is ready at 0. The pair begins at 2 ms and moves B at
   // the GPU link's W = 1e9 B/s: ends at 3 ms.
