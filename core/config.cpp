@@ -1331,6 +1331,27 @@ void check_plan(const RunConfig& cfg, const PlanLocs& plan_locs, const SearchLoc
     check_microbatch(cfg.search.u_bwd[i], "search.u_bwd entry", search_locs.u_bwd[i], plan, cfg.options);
 }
 
+// machine: absent -> the paper's testbed; a string -> preset or file; a mapping -> base + overrides.
+MachineSpec parse_machine_section(const Node& root, const std::string& file, const std::string& base_dir) {
+  if (const Entry* e = find(root, "machine")) {
+    if (e->value.kind == Node::Kind::Scalar) return machine_from_reference(e->value.scalar, e->value.loc, base_dir, 0);
+    if (e->value.kind == Node::Kind::Map)
+      return machine_from_map(e->value, "machine", e->key_loc, base_dir, "custom", 0);
+    fail(e->value.loc,
+         fmt::format("machine must be a preset name, a file path or a mapping, got {}", describe(e->value)),
+         "e.g. machine: paper-1080ti, machine: ../machines/box.yaml or machine: {preset: paper-1080ti, gpus: 4}");
+  }
+  return machine_from_preset(std::string(kDefaultPreset), SourceLoc{file, 0, 0}, 0);
+}
+
+std::string parse_cost_model(const Entry& e) {
+  const std::string& name = expect_scalar(e.value, "cost_model", "a cost model name", "cost models: reference, native");
+  if (name != "reference" && name != "native")
+    fail(e.value.loc, fmt::format("unknown cost_model '{}'", name),
+         suggestion_hint(name, {"reference", "native"}, "cost models"));
+  return name;
+}
+
 RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides) {
   for (const std::string& o : overrides) apply_override(root, o);
   const char* start_hint =
@@ -1357,30 +1378,8 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
   cfg.model.profile_path = resolve_path(base_dir, get_string(profile.value, "model.profile"));
   cfg.model.loc = profile.value.loc;
 
-  // machine: absent -> the paper's testbed; a string -> preset or file; a mapping -> base + overrides.
-  if (const Entry* e = find(root, "machine")) {
-    if (e->value.kind == Node::Kind::Scalar) {
-      cfg.machine = machine_from_reference(e->value.scalar, e->value.loc, base_dir, 0);
-    } else if (e->value.kind == Node::Kind::Map) {
-      cfg.machine = machine_from_map(e->value, "machine", e->key_loc, base_dir, "custom", 0);
-    } else {
-      fail(e->value.loc,
-           fmt::format("machine must be a preset name, a file path or a mapping, got {}", describe(e->value)),
-           "e.g. machine: paper-1080ti, machine: ../machines/box.yaml or machine: {preset: paper-1080ti, gpus: 4}");
-    }
-  } else {
-    cfg.machine = machine_from_preset(std::string(kDefaultPreset), SourceLoc{file, 0, 0}, 0);
-  }
-
-  // cost_model
-  if (const Entry* e = find(root, "cost_model")) {
-    const std::string& name =
-        expect_scalar(e->value, "cost_model", "a cost model name", "cost models: reference, native");
-    if (name != "reference" && name != "native")
-      fail(e->value.loc, fmt::format("unknown cost_model '{}'", name),
-           suggestion_hint(name, {"reference", "native"}, "cost models"));
-    cfg.cost_model = name;
-  }
+  cfg.machine = parse_machine_section(root, file, base_dir);
+  if (const Entry* e = find(root, "cost_model")) cfg.cost_model = parse_cost_model(*e);
 
   // plan
   const Node* plan = section_map(root, "plan");
@@ -1400,6 +1399,177 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
   return cfg;
 }
 
+// ------------------------------------------------------------------------------------------------
+// harmony-run's config: the sections above plus model shape, training, data and checkpoints.
+
+const std::vector<std::string> kTrainTopKeys = {"model",   "machine", "device", "cost_model", "plan",
+                                                "options", "search",  "train",  "checkpoint"};
+const std::vector<std::string> kTrainModelKeys = {"gpt2", "weights", "seq_len", "profile", "init_seed"};
+const std::vector<std::string> kGpt2Keys = {"vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
+const std::vector<std::string> kTrainKeys = {"steps", "data", "lr", "beta1", "beta2", "eps", "weight_decay"};
+const std::vector<std::string> kDataKeys = {"file", "synthetic_tokens", "seed"};
+const std::vector<std::string> kCheckpointKeys = {"dir", "every", "keep"};
+const std::vector<std::string> kDevices = {"cpu", "cuda"};
+
+double get_nonneg_double(const Node& v, const std::string& what, double below = 0.0) {
+  const std::string hint = below > 0.0 ? fmt::format("write a number in [0, {})", below)
+                                       : std::string("write a non-negative number, e.g. 0.001 or 1e-3");
+  const std::string& s = expect_scalar(v, what, "a number", hint);
+  double value = 0.0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(value))
+    fail(v.loc, fmt::format("{} must be a number, got '{}'", what, s), hint);
+  if (value < 0.0 || (below > 0.0 && value >= below))
+    fail(v.loc, fmt::format("{} = {} is out of range", what, s), hint);
+  return value;
+}
+
+std::uint64_t get_u64(const Node& v, const std::string& what) {
+  const std::string hint = "write a whole number, 0 or more";
+  const std::string& s = expect_scalar(v, what, "an integer", hint);
+  std::uint64_t value = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size())
+    fail(v.loc, fmt::format("{} must be a whole number, got '{}'", what, s), hint);
+  return value;
+}
+
+Gpt2Shape parse_gpt2_shape(const Entry& e) {
+  const std::string example = "gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}";
+  if (e.value.kind != Node::Kind::Map)
+    fail(e.value.loc, fmt::format("model.gpt2 must be a mapping, got {}", describe(e.value)), example);
+  check_keys(e.value, "model.gpt2", kGpt2Keys);
+  Gpt2Shape g;
+  auto need = [&](const char* key, int min) {
+    const Entry& k = require(e.value, key, "model.gpt2", e.key_loc, example);
+    return get_int(k.value, fmt::format("model.gpt2.{}", key), min);
+  };
+  g.vocab_size = need("vocab_size", 2);
+  if (g.vocab_size > 65536)
+    fail(
+        find(e.value, "vocab_size")->value.loc,
+        fmt::format("model.gpt2.vocab_size = {} exceeds 65536, the most a uint16 token file can address", g.vocab_size),
+        "use a vocabulary of at most 65536 tokens");
+  g.max_seq_len = need("max_seq_len", 1);
+  g.n_layer = need("n_layer", 1);
+  g.n_head = need("n_head", 1);
+  g.n_embd = need("n_embd", 1);
+  if (g.n_embd % g.n_head != 0)
+    fail(find(e.value, "n_embd")->value.loc,
+         fmt::format("model.gpt2.n_embd = {} is not a multiple of n_head = {}", g.n_embd, g.n_head),
+         "each head gets n_embd / n_head channels: pick n_embd divisible by n_head");
+  return g;
+}
+
+TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides) {
+  for (const std::string& o : overrides) apply_override(root, o);
+  const char* start_hint =
+      "a harmony-run config needs `model: {gpt2: {...}, seq_len: T}`, `plan: {mode: harmony-pp, gpus: N, "
+      "minibatch: B, ...}` and `train: {steps: S}`; see configs/run/default.yaml and docs/config.md";
+  if (root.kind == Node::Kind::Null) fail(SourceLoc{file, 0, 0}, "the config is empty", start_hint);
+  if (root.kind != Node::Kind::Map)
+    fail(root.loc, fmt::format("the config must be a mapping of sections, got {}", describe(root)), start_hint);
+  check_keys(root, "", kTrainTopKeys);
+  TrainConfig cfg;
+  cfg.file = file;
+  const std::string base_dir = parent_dir(file);
+
+  const Node* model = section_map(root, "model");
+  if (!model) fail(SourceLoc{file, 0, 0}, "missing required section 'model'", start_hint);
+  const SourceLoc model_loc = find(root, "model")->key_loc;
+  cfg.model.loc = model_loc;
+  check_keys(*model, "model", kTrainModelKeys);
+  const Entry* gpt2 = find(*model, "gpt2");
+  const Entry* weights = find(*model, "weights");
+  if (gpt2 && weights)
+    fail(weights->key_loc, "model.gpt2 and model.weights are both given",
+         fmt::format("give one: a shape to initialise (gpt2: at {}) or a safetensors file to load",
+                     gpt2->key_loc.str()));
+  if (!gpt2 && !weights)
+    fail(model_loc, "model needs model.gpt2 (a shape) or model.weights (a safetensors file)",
+         "e.g. gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}");
+  if (gpt2) cfg.model.gpt2 = parse_gpt2_shape(*gpt2);
+  if (weights) cfg.model.weights_path = resolve_path(base_dir, get_string(weights->value, "model.weights"));
+  const Entry& seq = require(*model, "seq_len", "model", model_loc, "add `seq_len: T` (tokens per sequence)");
+  cfg.model.seq_len = get_int(seq.value, "model.seq_len", 1);
+  if (cfg.model.gpt2 && cfg.model.seq_len > cfg.model.gpt2->max_seq_len)
+    fail(seq.value.loc,
+         fmt::format("model.seq_len = {} exceeds model.gpt2.max_seq_len = {}", cfg.model.seq_len,
+                     cfg.model.gpt2->max_seq_len),
+         "use a shorter sequence or a larger position table");
+  if (const Entry* e = find(*model, "profile"))
+    cfg.model.profile_path = resolve_path(base_dir, get_string(e->value, "model.profile"));
+  if (const Entry* e = find(*model, "init_seed")) cfg.model.init_seed = get_u64(e->value, "model.init_seed");
+
+  cfg.machine = parse_machine_section(root, file, base_dir);
+  if (const Entry* e = find(root, "cost_model")) cfg.cost_model = parse_cost_model(*e);
+  if (const Entry* e = find(root, "device")) {
+    const std::string& d = expect_scalar(e->value, "device", "a device kind", "devices: cpu, cuda");
+    if (std::find(kDevices.begin(), kDevices.end(), d) == kDevices.end())
+      fail(e->value.loc, fmt::format("unknown device '{}'", d), suggestion_hint(d, kDevices, "devices"));
+    cfg.device = d;
+  }
+
+  const Node* plan = section_map(root, "plan");
+  if (!plan) fail(SourceLoc{file, 0, 0}, "missing required section 'plan'", start_hint);
+  PlanLocs plan_locs;
+  cfg.plan = parse_plan(*plan, find(root, "plan")->key_loc, plan_locs);
+  cfg.options = parse_options(section_map(root, "options"));
+  SearchLocs search_locs;
+  cfg.search = parse_search(section_map(root, "search"), search_locs);
+  if (cfg.options.unequal_microbatches)
+    fail(find(*section_map(root, "options"), "unequal_microbatches")->value.loc,
+         "options.unequal_microbatches is not supported by harmony-run", "remove it: the runtime needs D % u == 0");
+  RunConfig as_run;
+  as_run.file = file;
+  as_run.machine = cfg.machine;
+  as_run.plan = cfg.plan;
+  as_run.search = cfg.search;
+  as_run.options = cfg.options;
+  check_plan(as_run, plan_locs, search_locs);
+
+  const Node* train = section_map(root, "train");
+  if (!train) fail(SourceLoc{file, 0, 0}, "missing required section 'train'", "add `train: {steps: 100}`");
+  const SourceLoc train_loc = find(root, "train")->key_loc;
+  check_keys(*train, "train", kTrainKeys);
+  cfg.train.steps = get_int(require(*train, "steps", "train", train_loc, "add `steps: S`").value, "train.steps", 1);
+  if (const Entry* e = find(*train, "lr")) cfg.train.lr = get_nonneg_double(e->value, "train.lr");
+  if (const Entry* e = find(*train, "beta1")) cfg.train.beta1 = get_nonneg_double(e->value, "train.beta1", 1.0);
+  if (const Entry* e = find(*train, "beta2")) cfg.train.beta2 = get_nonneg_double(e->value, "train.beta2", 1.0);
+  if (const Entry* e = find(*train, "eps")) cfg.train.eps = get_nonneg_double(e->value, "train.eps");
+  if (const Entry* e = find(*train, "weight_decay"))
+    cfg.train.weight_decay = get_nonneg_double(e->value, "train.weight_decay");
+  cfg.train.data.loc = train_loc;
+  if (const Entry* e = find(*train, "data")) {
+    cfg.train.data.loc = e->value.loc;
+    const char* data_hint =
+        "write `data: PATH` (llm.c uint16 token file), `data: {file: PATH}` or `data: {synthetic_tokens: 65536, "
+        "seed: 1}` for the synthetic task";
+    if (e->value.kind == Node::Kind::Scalar) {
+      cfg.train.data.path = resolve_path(base_dir, get_string(e->value, "train.data"));
+    } else if (e->value.kind == Node::Kind::Map) {
+      check_keys(e->value, "train.data", kDataKeys);
+      const Entry* f = find(e->value, "file");
+      const Entry* n = find(e->value, "synthetic_tokens");
+      if (f && n) fail(n->key_loc, "train.data.file and train.data.synthetic_tokens are both given", data_hint);
+      if (f) cfg.train.data.path = resolve_path(base_dir, get_string(f->value, "train.data.file"));
+      if (n) cfg.train.data.synthetic_tokens = get_int(n->value, "train.data.synthetic_tokens", 2);
+      if (const Entry* s = find(e->value, "seed")) cfg.train.data.seed = get_u64(s->value, "train.data.seed");
+    } else {
+      fail(e->value.loc, fmt::format("train.data must be a path or a mapping, got {}", describe(e->value)), data_hint);
+    }
+  }
+
+  if (const Node* ck = section_map(root, "checkpoint")) {
+    check_keys(*ck, "checkpoint", kCheckpointKeys);
+    if (const Entry* e = find(*ck, "dir"))
+      cfg.checkpoint.dir = resolve_path(base_dir, get_string(e->value, "checkpoint.dir"));
+    if (const Entry* e = find(*ck, "every")) cfg.checkpoint.every = get_int(e->value, "checkpoint.every", 0);
+    if (const Entry* e = find(*ck, "keep")) cfg.checkpoint.keep = get_int(e->value, "checkpoint.keep", 1);
+  }
+  return cfg;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -1413,6 +1583,17 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 RunConfig load_config_text(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides) {
   return build_config(parse_yaml(text, name), name, overrides);
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  const auto text = read_text_file(path);
+  if (!text) fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}'", path), "check the path");
+  return build_train_config(parse_yaml(*text, path), path, overrides);
+}
+
+TrainConfig load_train_config_text(const std::string& text, const std::string& name,
+                                   const std::vector<std::string>& overrides) {
+  return build_train_config(parse_yaml(text, name), name, overrides);
 }
 
 MachineSpec load_machine_file(const std::string& path) {
@@ -1432,6 +1613,64 @@ std::vector<std::string> machine_preset_names() {
   for (const EmbeddedPreset& p : kEmbeddedPresets) names.emplace_back(p.name);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Plan problems are input errors: point at the config's `plan:` section.
+[[noreturn]] void plan_error(const PlanSpec& ps, const std::string& file, const std::string& msg,
+                             const std::string& hint) {
+  throw ConfigError(ps.loc.file.empty() ? SourceLoc{file, 0, 0} : ps.loc, msg, hint);
+}
+
+}  // namespace
+
+Plan plan_from_spec(const PlanSpec& ps, const Model& model, const std::string& file, std::string_view who) {
+  Plan p;
+  p.mode = ps.mode;
+  p.gpus = ps.gpus;
+  p.minibatch = ps.minibatch;
+  if (!ps.u_fwd || !ps.u_bwd) {
+    plan_error(ps, file, fmt::format("{} needs plan.u_fwd and plan.u_bwd", who),
+               "add e.g. `u_fwd: 8` and `u_bwd: 8` to `plan:`");
+  }
+  p.u_fwd = *ps.u_fwd;
+  p.u_bwd = *ps.u_bwd;
+  if (ps.pack_size) {
+    manual_packs(model.num_layers(), *ps.pack_size, p.packs_fwd, p.packs_bwd);
+  } else if (ps.packs_bwd) {
+    p.packs_bwd = *ps.packs_bwd;
+    if (ps.packs_fwd) {
+      p.packs_fwd = *ps.packs_fwd;
+    } else {
+      p.packs_fwd.assign(p.packs_bwd.begin(), p.packs_bwd.end() - 1);
+    }
+  } else {
+    plan_error(ps, file, fmt::format("{} needs packs: plan.pack_size or plan.packs_bwd", who),
+               "add `pack_size: 7`, or `packs_bwd: [[0, 13], [14, 27]]` (inclusive layer ranges)");
+  }
+  try {
+    validate_plan(p, model.num_layers());
+  } catch (const ScheduleError& e) {
+    plan_error(ps, file, e.what(),
+               fmt::format("the model has {} layers (0..{}); backward packs cover all of them, forward packs cover the "
+                           "layers before the last backward pack",
+                           model.num_layers(), model.num_layers() - 1));
+  }
+  for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
+    const int u = ph == Phase::Fwd ? p.u_fwd : p.u_bwd;
+    if (ph == Phase::Fwd && p.packs_fwd.empty()) continue;
+    if (!model.ubatch_in_range(ph, u)) {
+      plan_error(
+          ps, file,
+          fmt::format("{} microbatch size {} is outside the profiled range {}..{} of {}",
+                      ph == Phase::Fwd ? "u_fwd" : "u_bwd", u, model.ubatch_min(ph), model.ubatch_max(ph), model.name),
+          "profiles cannot be extrapolated: pick a size inside the profiled range");
+    }
+  }
+  return p;
 }
 
 }  // namespace harmony::core

@@ -35,55 +35,8 @@ struct Cli {
 
 double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
 
-// Plan problems are input errors: point at the config's `plan:` section.
-[[noreturn]] void plan_error(const core::RunConfig& cfg, const std::string& msg, const std::string& hint) {
-  throw core::ConfigError(cfg.plan.loc.file.empty() ? core::SourceLoc{cfg.file, 0, 0} : cfg.plan.loc, msg, hint);
-}
-
 core::Plan plan_from_config(const core::RunConfig& cfg, const core::Model& model) {
-  const auto& ps = cfg.plan;
-  core::Plan p;
-  p.mode = ps.mode;
-  p.gpus = ps.gpus;
-  p.minibatch = ps.minibatch;
-  if (!ps.u_fwd || !ps.u_bwd) {
-    plan_error(cfg, "`simulate` needs plan.u_fwd and plan.u_bwd", "add e.g. `u_fwd: 8` and `u_bwd: 8` to `plan:`");
-  }
-  p.u_fwd = *ps.u_fwd;
-  p.u_bwd = *ps.u_bwd;
-  if (ps.pack_size) {
-    core::manual_packs(model.num_layers(), *ps.pack_size, p.packs_fwd, p.packs_bwd);
-  } else if (ps.packs_bwd) {
-    p.packs_bwd = *ps.packs_bwd;
-    if (ps.packs_fwd) {
-      p.packs_fwd = *ps.packs_fwd;
-    } else {
-      p.packs_fwd.assign(p.packs_bwd.begin(), p.packs_bwd.end() - 1);
-    }
-  } else {
-    plan_error(cfg, "`simulate` needs packs: plan.pack_size or plan.packs_bwd",
-               "add `pack_size: 7`, or `packs_bwd: [[0, 13], [14, 27]]` (inclusive layer ranges)");
-  }
-  try {
-    core::validate_plan(p, model.num_layers());
-  } catch (const core::ScheduleError& e) {
-    plan_error(cfg, e.what(),
-               fmt::format("the model has {} layers (0..{}); backward packs cover all of them, forward packs cover the "
-                           "layers before the last backward pack",
-                           model.num_layers(), model.num_layers() - 1));
-  }
-  for (core::Phase ph : {core::Phase::Fwd, core::Phase::Bwd}) {
-    const int u = ph == core::Phase::Fwd ? p.u_fwd : p.u_bwd;
-    if (ph == core::Phase::Fwd && p.packs_fwd.empty()) continue;
-    if (!model.ubatch_in_range(ph, u)) {
-      plan_error(cfg,
-                 fmt::format("{} microbatch size {} is outside the profiled range {}..{} of {}",
-                             ph == core::Phase::Fwd ? "u_fwd" : "u_bwd", u, model.ubatch_min(ph), model.ubatch_max(ph),
-                             model.name),
-                 "profiles cannot be extrapolated: pick a size inside the profiled range");
-    }
-  }
-  return p;
+  return core::plan_from_spec(cfg.plan, model, cfg.file, "`simulate`");
 }
 
 core::LowerOptions lower_options(const core::RunConfig& cfg) {
