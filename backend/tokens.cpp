@@ -55,6 +55,33 @@ TokenFile TokenFile::from_bytes(std::span<const std::uint8_t> bytes, const std::
   return f;
 }
 
+namespace {
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+TokenFile TokenFile::synthetic(int vocab, std::int64_t count, std::uint64_t seed) {
+  if (vocab < 2 || vocab > 65536) throw BackendError(fmt::format("synthetic task: vocab {} outside [2, 65536]", vocab));
+  if (count < 2) throw BackendError(fmt::format("synthetic task: {} tokens, need at least 2", count));
+  TokenFile f;
+  f.name_ = fmt::format("synthetic:markov{}:V={}:n={}:seed={}", kSyntheticSuccessors, vocab, count, seed);
+  const auto v = static_cast<std::uint64_t>(vocab);
+  std::uint64_t state = seed;
+  std::vector<std::uint16_t> next(static_cast<std::size_t>(vocab) * kSyntheticSuccessors);
+  for (auto& n : next) n = static_cast<std::uint16_t>(splitmix64(state) % v);
+  f.tokens_.resize(static_cast<std::size_t>(count));
+  std::uint64_t cur = splitmix64(state) % v;
+  for (auto& t : f.tokens_) {
+    t = static_cast<std::uint16_t>(cur);
+    cur = next[static_cast<std::size_t>(cur * kSyntheticSuccessors + splitmix64(state) % kSyntheticSuccessors)];
+  }
+  return f;
+}
+
 int TokenFile::max_token() const {
   if (tokens_.empty()) return -1;
   return *std::max_element(tokens_.begin(), tokens_.end());

@@ -22,6 +22,12 @@ class TokenFile {
   // not 1 or whose count disagrees with the file size.
   static TokenFile load(const std::string& path);
   static TokenFile from_bytes(std::span<const std::uint8_t> bytes, const std::string& name);
+  // The synthetic task: `count` tokens of a fixed random Markov chain over `vocab` ids in which every token
+  // has kSyntheticSuccessors equally likely successors (so the best achievable loss is ln 4 = 1.386 nats,
+  // against ln(vocab) for an untrained model). The chain and the walk come from `seed` through splitmix64
+  // only: the same on every platform and standard library. Named "synthetic:markov4:V=..:n=..:seed=..".
+  static TokenFile synthetic(int vocab, std::int64_t count, std::uint64_t seed);
+  static constexpr int kSyntheticSuccessors = 4;
 
   const std::string& name() const { return name_; }
   bool has_header() const { return has_header_; }

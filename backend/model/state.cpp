@@ -78,6 +78,13 @@ void HostState::update(const AdamWConfig& config, int first, int last) {
   }
 }
 
+void HostState::set_steps(int layer, std::int64_t steps) {
+  if (layer < 0 || layer >= model_.num_layers())
+    throw BackendError(fmt::format("host state: layer {} outside 0..{}", layer, model_.num_layers() - 1));
+  if (steps < 0) throw BackendError(fmt::format("host state: step count {} of layer {} is negative", steps, layer));
+  steps_[static_cast<std::size_t>(layer)] = steps;
+}
+
 void HostState::sync_tied() {
   const auto src = weight(0, "wte.weight");
   auto dst = weight(model_.head_layer(), "lm_head.weight");

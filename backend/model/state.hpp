@@ -23,7 +23,11 @@ class HostState {
   std::span<const float> grads(int layer) const { return block(grads_, layer); }
   std::span<float> exp_avg(int layer) { return block(exp_avg_, layer); }
   std::span<float> exp_avg_sq(int layer) { return block(exp_avg_sq_, layer); }
+  std::span<const float> exp_avg(int layer) const { return block(exp_avg_, layer); }
+  std::span<const float> exp_avg_sq(int layer) const { return block(exp_avg_sq_, layer); }
   std::int64_t steps(int layer) const { return steps_.at(static_cast<std::size_t>(layer)); }
+  // Sets a layer's AdamW step count (restoring a checkpoint). BackendError for a bad layer or steps < 0.
+  void set_steps(int layer, std::int64_t steps);
   // One parameter's slice of a layer's weight or gradient block.
   std::span<float> weight(int layer, std::string_view name);
   std::span<const float> weight(int layer, std::string_view name) const;

@@ -1,0 +1,386 @@
+// Measures a GPT-2's layers on a device (times as medians around synchronized streams, peaks from the
+// device's memory statistics) and the host AdamW per layer, and writes the result with metadata as a
+// harmony-profile-json v1 profile.
+#include "backend/profiler.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <memory>
+#include <random>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/model/describe.hpp"
+#include "backend/model/ops.hpp"
+#include "core/profile_write.hpp"
+
+namespace harmony::backend {
+
+namespace {
+
+constexpr Bytes kF = sizeof(float);
+constexpr Bytes kI = sizeof(std::int32_t);
+
+enum class Slot : std::uint8_t { W, dW, X, Tokens, Targets, Y, Act, dY, dX, Scratch };
+constexpr std::array<const char*, 10> kSlotNames = {"W", "dW",  "X",  "tokens", "targets",
+                                                    "Y", "act", "dY", "dX",     "scratch"};
+const char* slot_name(Slot s) { return kSlotNames[static_cast<std::size_t>(s)]; }
+
+std::vector<std::pair<Slot, Bytes>> buffer_plan(const Gpt2& m, int l, core::Phase phase, int u, int T) {
+  const LayerKind k = m.kind(l);
+  const bool bwd = phase == core::Phase::Bwd;
+  const Bytes ids = Bytes(u) * T * kI;
+  std::vector<std::pair<Slot, Bytes>> plan;
+  plan.emplace_back(Slot::W, m.param_floats(l) * kF);
+  if (bwd) plan.emplace_back(Slot::dW, m.param_floats(l) * kF);
+  if (k == LayerKind::Embedding) {
+    plan.emplace_back(Slot::Tokens, ids);
+  } else {
+    plan.emplace_back(Slot::X, m.input_bytes(l, u, T));
+  }
+  if (k == LayerKind::Head) plan.emplace_back(Slot::Targets, ids);
+  plan.emplace_back(Slot::Y, m.output_bytes(l, u, T));
+  plan.emplace_back(Slot::Act, m.act_floats(l, u, T) * kF);
+  if (bwd) {
+    if (k != LayerKind::Head) plan.emplace_back(Slot::dY, m.output_bytes(l, u, T));
+    if (k != LayerKind::Embedding) plan.emplace_back(Slot::dX, m.input_bytes(l, u, T));
+    plan.emplace_back(Slot::Scratch, m.scratch_floats(l, u, T) * kF);
+  }
+  std::erase_if(plan, [](const auto& e) { return e.second == 0; });
+  return plan;
+}
+
+const char* phase_word(core::Phase p) { return p == core::Phase::Fwd ? "forward" : "backward"; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Synchronizes a stream when leaving a scope (declared after the buffers its work uses, so that an
+// exception never frees memory a queued kernel still reads).
+class SyncOnExit {
+ public:
+  explicit SyncOnExit(Stream& s) : s_(s) {}
+  SyncOnExit(const SyncOnExit&) = delete;
+  SyncOnExit& operator=(const SyncOnExit&) = delete;
+  ~SyncOnExit() {
+    try {
+      s_.synchronize();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the error was already thrown to the caller, or will be
+    }
+  }
+
+ private:
+  Stream& s_;
+};
+
+struct Measurement {
+  double time_s = 0.0;
+  Bytes peak_bytes = 0;
+};
+
+class LayerProfiler {
+ public:
+  LayerProfiler(Device& device, const Gpt2& model, const HostState& state, const ProfileOptions& options)
+      : dev_(device), m_(model), state_(state), opt_(options), rng_(options.seed) {
+    stream_ = dev_.create_stream("profiler");
+  }
+  LayerProfiler(const LayerProfiler&) = delete;
+  LayerProfiler& operator=(const LayerProfiler&) = delete;
+
+  Measurement measure(int l, core::Phase phase, int u) {
+    const int T = opt_.seq_len, V = m_.config().vocab_size;
+    const LayerKind k = m_.kind(l);
+    const bool bwd = phase == core::Phase::Bwd;
+    Stream& s = *stream_;
+    s.synchronize();
+
+    // Host data (outlives the copies: declared before the guard).
+    const auto n_tok = static_cast<std::size_t>(u) * static_cast<std::size_t>(T);
+    HostBuffer ids_in, ids_tgt, x_host, dy_host;
+    std::uniform_int_distribution<std::int32_t> token(0, V - 1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    if (k == LayerKind::Embedding) {
+      ids_in = HostBuffer(Bytes(n_tok) * kI);
+      for (std::int32_t& t : ids_in.span<std::int32_t>()) t = token(rng_);
+    } else {
+      x_host = HostBuffer(m_.input_bytes(l, u, T));
+      for (float& v : x_host.span<float>()) v = normal(rng_);
+    }
+    if (k == LayerKind::Head) {
+      ids_tgt = HostBuffer(Bytes(n_tok) * kI);
+      for (std::int32_t& t : ids_tgt.span<std::int32_t>()) t = token(rng_);
+    }
+    if (bwd && k != LayerKind::Head) {
+      dy_host = HostBuffer(m_.output_bytes(l, u, T));
+      for (float& v : dy_host.span<float>()) v = 0.01f * normal(rng_);
+    }
+
+    dev_.reset_peak();
+    const Bytes base = dev_.memory().in_use;
+    std::array<Buffer, kSlotNames.size()> buf;
+    for (const auto& [slot, bytes] : buffer_plan(m_, l, phase, u, T)) {
+      buf[static_cast<std::size_t>(slot)] = dev_.alloc(
+          bytes,
+          fmt::format("profile layer {} ({}) {} u={}: {}", l, m_.layer_name(l), phase_word(phase), u, slot_name(slot)));
+    }
+    const SyncOnExit sync(s);
+    const auto ptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].data(); };
+    const auto fptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].as<float>(); };
+
+    dev_.copy_h2d(s, ptr(Slot::W), state_.weights(l).data(), m_.param_floats(l) * kF);
+    if (ids_in.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::Tokens), ids_in.data(), ids_in.bytes());
+    if (x_host.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::X), x_host.data(), x_host.bytes());
+    if (ids_tgt.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::Targets), ids_tgt.data(), ids_tgt.bytes());
+    if (dy_host.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::dY), dy_host.data(), dy_host.bytes());
+    if (bwd) dev_.fill_zero(s, ptr(Slot::dW), m_.param_floats(l) * kF);
+    s.synchronize();
+
+    LayerArgs<float> a;
+    a.B = u;
+    a.T = T;
+    a.w = fptr(Slot::W);
+    a.tokens = buf[static_cast<std::size_t>(Slot::Tokens)].as<std::int32_t>();
+    a.targets = buf[static_cast<std::size_t>(Slot::Targets)].as<std::int32_t>();
+    a.x = fptr(Slot::X);
+    a.y = fptr(Slot::Y);
+    a.act = fptr(Slot::Act);
+    a.dw = fptr(Slot::dW);
+    a.dy = fptr(Slot::dY);
+    a.dx = fptr(Slot::dX);
+    a.scratch = fptr(Slot::Scratch);
+    a.loss_scale = 1.0f / static_cast<float>(n_tok);
+
+    DeviceOps ops(dev_, s);
+    std::vector<double> times;
+    for (int i = 0; i < opt_.warmup + opt_.repeats; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      m_.forward(ops, l, a);
+      if (bwd) m_.backward(ops, l, a);
+      s.synchronize();
+      const double t = seconds_since(t0);
+      if (i >= opt_.warmup) times.push_back(t);
+    }
+    return {median(std::move(times)), dev_.memory().peak - base};
+  }
+
+ private:
+  Device& dev_;
+  const Gpt2& m_;
+  const HostState& state_;
+  const ProfileOptions& opt_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<Stream> stream_;
+};
+
+void validate(const Gpt2& model, const ProfileOptions& o) {
+  if (o.seq_len <= 0 || o.seq_len > model.config().max_seq_len)
+    throw BackendError(fmt::format("profile: sequence length {} outside 1..{} (the model's max_seq_len)", o.seq_len,
+                                   model.config().max_seq_len));
+  if (o.ubatch_sizes.empty()) throw BackendError("profile: no microbatch sizes to measure");
+  for (std::size_t i = 0; i < o.ubatch_sizes.size(); ++i) {
+    const int u = o.ubatch_sizes[i];
+    if (u <= 0) throw BackendError(fmt::format("profile: microbatch size {} must be positive", u));
+    if (i > 0 && u <= o.ubatch_sizes[i - 1])
+      throw BackendError(
+          fmt::format("profile: microbatch sizes must be strictly ascending ({} after {})", u, o.ubatch_sizes[i - 1]));
+    if (std::int64_t(u) * o.seq_len > INT_MAX)
+      throw BackendError(fmt::format("profile: microbatch {} x {} tokens is too large", u, o.seq_len));
+  }
+  if (o.warmup < 0) throw BackendError(fmt::format("profile: warm-up runs {} must be >= 0", o.warmup));
+  if (o.repeats < 1) throw BackendError(fmt::format("profile: repeats {} must be >= 1", o.repeats));
+  o.adamw.validate();
+}
+
+// Times state.update(l, l) with synthetic gradients; restores the layer's weights, gradients, moments and
+// step count (and, for layer 0, the head's weights and gradients, which the tied update reads and writes).
+double time_update(HostState& state, int l, const ProfileOptions& o, std::mt19937_64& rng) {
+  const Gpt2& m = state.model();
+  const int head = m.head_layer();
+  const auto copy = [](std::span<const float> s) { return std::vector<float>(s.begin(), s.end()); };
+  const auto restore = [](const std::vector<float>& from, std::span<float> to) {
+    std::copy(from.begin(), from.end(), to.begin());
+  };
+  const std::vector<float> w = copy(state.weights(l)), g = copy(state.grads(l)), mom1 = copy(state.exp_avg(l)),
+                           mom2 = copy(state.exp_avg_sq(l));
+  const std::int64_t steps = state.steps(l);
+  std::vector<float> head_w, head_g;
+  if (l == 0) {
+    head_w = copy(state.weights(head));
+    head_g = copy(state.grads(head));
+  }
+  std::uniform_real_distribution<float> grad(-1e-2f, 1e-2f);
+  for (float& v : state.grads(l)) v = grad(rng);
+  if (l == 0) {
+    for (float& v : state.grads(head)) v = grad(rng);
+  }
+  std::vector<double> times;
+  for (int i = 0; i < o.warmup + o.repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    state.update(o.adamw, l, l);
+    const double t = seconds_since(t0);
+    if (i >= o.warmup) times.push_back(t);
+  }
+  restore(w, state.weights(l));
+  restore(g, state.grads(l));
+  restore(mom1, state.exp_avg(l));
+  restore(mom2, state.exp_avg_sq(l));
+  state.set_steps(l, steps);
+  if (l == 0) {
+    restore(head_w, state.weights(head));
+    restore(head_g, state.grads(head));
+  }
+  return median(std::move(times));
+}
+
+}  // namespace
+
+std::vector<ProfileBuffer> profile_buffers(const Gpt2& model, int layer, core::Phase phase, int u, int seq_len) {
+  if (layer < 0 || layer >= model.num_layers())
+    throw BackendError(fmt::format("profile_buffers: layer {} outside 0..{}", layer, model.num_layers() - 1));
+  if (u <= 0 || seq_len <= 0)
+    throw BackendError(fmt::format("profile_buffers: microbatch {} x {} tokens must be positive", u, seq_len));
+  std::vector<ProfileBuffer> out;
+  for (const auto& [slot, bytes] : buffer_plan(model, layer, phase, u, seq_len))
+    out.push_back({slot_name(slot), bytes});
+  return out;
+}
+
+ProfileResult profile_gpt2(Device& device, HostState& state, const ProfileOptions& options,
+                           const ProgressFn& progress) {
+  const Gpt2& model = state.model();
+  validate(model, options);
+  const int R = model.num_layers();
+  const auto& sizes = options.ubatch_sizes;
+
+  ProfileResult res;
+  res.device_name = device.name();
+  res.device_capacity_bytes = device.memory().capacity;
+  res.config = model.config();
+  res.options = options;
+  // Sizes (weights, optimizer state, inputs) exactly as describe_gpt2 has them; times and peaks measured.
+  res.model = describe_gpt2(model, options.seq_len, sizes);
+  res.model.source = fmt::format("backend::profile_gpt2 on {}", device.name());
+  res.model.ubatch_fwd.clear();
+  res.model.ubatch_bwd.clear();
+  for (core::Layer& l : res.model.layers) {
+    l.fwd_time_s.clear();
+    l.bwd_time_s.clear();
+    l.fwd_peak_bytes.clear();
+    l.bwd_peak_bytes.clear();
+  }
+
+  ProfileProgress pg;
+  pg.total_steps = 2 * static_cast<int>(sizes.size()) * R + R;
+  const auto report = [&](ProfileStage stage, int layer, int u) {
+    ++pg.step;
+    if (!progress) return;
+    pg.stage = stage;
+    pg.layer = layer;
+    pg.ubatch = u;
+    progress(pg);
+  };
+
+  {
+    LayerProfiler prof(device, model, state, options);
+    for (const core::Phase phase : {core::Phase::Fwd, core::Phase::Bwd}) {
+      const bool fwd = phase == core::Phase::Fwd;
+      std::vector<int>& measured = fwd ? res.model.ubatch_fwd : res.model.ubatch_bwd;
+      std::vector<int>& dropped = fwd ? res.dropped_fwd : res.dropped_bwd;
+      std::string& reason = fwd ? res.dropped_fwd_reason : res.dropped_bwd_reason;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const int u = sizes[i];
+        std::vector<Measurement> column;
+        try {
+          for (int l = 0; l < R; ++l) {
+            report(fwd ? ProfileStage::Forward : ProfileStage::Backward, l, u);
+            column.push_back(prof.measure(l, phase, u));
+          }
+        } catch (const OutOfMemory& e) {
+          if (i == 0) throw;  // not even the smallest size fits: nothing to profile
+          dropped.assign(sizes.begin() + static_cast<std::ptrdiff_t>(i), sizes.end());
+          reason = e.what();
+          pg.step += static_cast<int>(sizes.size() - i) * R - static_cast<int>(column.size()) - 1;
+          break;
+        }
+        measured.push_back(u);
+        for (int l = 0; l < R; ++l) {
+          core::Layer& L = res.model.layers[static_cast<std::size_t>(l)];
+          (fwd ? L.fwd_time_s : L.bwd_time_s).push_back(column[static_cast<std::size_t>(l)].time_s);
+          (fwd ? L.fwd_peak_bytes : L.bwd_peak_bytes).push_back(column[static_cast<std::size_t>(l)].peak_bytes);
+        }
+      }
+    }
+  }
+
+  std::mt19937_64 rng(options.seed ^ 0x9E3779B97F4A7C15ULL);
+  for (int l = 0; l < R; ++l) {
+    report(ProfileStage::Update, l, 0);
+    res.model.layers[static_cast<std::size_t>(l)].update_time_cpu_s = time_update(state, l, options, rng);
+  }
+  res.model.validate();
+  return res;
+}
+
+std::string profile_json(const ProfileResult& result, const ProfileMeta& meta) {
+  using nlohmann::json;
+  core::Model model = result.model;
+  if (!meta.model_name.empty()) model.name = meta.model_name;
+  const Gpt2Config& c = result.config;
+  const ProfileOptions& o = result.options;
+  json md = json::object();
+  md["hardware"] = {{"device", result.device_name},
+                    {"device_kind", meta.device_kind},
+                    {"device_description", meta.device_description},
+                    {"device_memory_bytes", result.device_capacity_bytes},
+                    {"host", meta.host},
+                    {"threads", meta.threads}};
+  md["source"] = {{"tool", meta.tool},
+                  {"date_utc", meta.date_utc},
+                  {"model_family", "gpt2"},
+                  {"gpt2_config",
+                   {{"vocab_size", c.vocab_size},
+                    {"max_seq_len", c.max_seq_len},
+                    {"n_layer", c.n_layer},
+                    {"n_head", c.n_head},
+                    {"n_embd", c.n_embd},
+                    {"ln_eps", static_cast<double>(c.ln_eps)}}},
+                  {"seq_len", o.seq_len}};
+  md["units"] = {{"time",
+                  "seconds (float; median of the timed repeats after the warm-up, steady_clock around synchronized "
+                  "streams)"},
+                 {"memory",
+                  "bytes (int; device peak after reset_peak minus in-use at the layer's start: weights, inputs, "
+                  "outputs, activations, gradients and scratch of one layer, each rounded to the allocation "
+                  "granularity)"},
+                 {"size", "bytes (int)"},
+                 {"ubatch_size", "samples per microbatch"}};
+  md["profiler"] = {{"warmup", o.warmup},
+                    {"repeats", o.repeats},
+                    {"statistic", "median"},
+                    {"seed", o.seed},
+                    {"adamw",
+                     {{"lr", o.adamw.lr},
+                      {"beta1", o.adamw.beta1},
+                      {"beta2", o.adamw.beta2},
+                      {"eps", o.adamw.eps},
+                      {"weight_decay", o.adamw.weight_decay}}},
+                    {"requested_ubatch_sizes", o.ubatch_sizes},
+                    {"dropped_fwd", result.dropped_fwd},
+                    {"dropped_fwd_reason", result.dropped_fwd_reason},
+                    {"dropped_bwd", result.dropped_bwd},
+                    {"dropped_bwd_reason", result.dropped_bwd_reason}};
+  return core::write_profile_json(model, md);
+}
+
+}  // namespace harmony::backend
