@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# clang-tidy (checks in .clang-tidy: bugprone-*, performance-*) over core/ and sim/ sources, using
+# clang-tidy (checks in .clang-tidy: bugprone-*, performance-*) over core/, sim/, backend/ and apps/ sources, using
 # build/compile_commands.json (configures `build` if needed). Exit 1 on any finding.
-#   scripts/tidy.sh                 all core/ and sim/ .cpp files
+#   scripts/tidy.sh                 all core/, sim/, backend/ and apps/ .cpp files
 #   scripts/tidy.sh FILE...         only these
 #   BUILD_DIR=build-x scripts/tidy.sh
 # Slow (minutes): scripts/test.sh runs it only with HARMONY_TIDY=1.
@@ -44,14 +44,14 @@ seen = set()
 for entry in json.load(open(os.path.join(sys.argv[1], "compile_commands.json"))):
     path = os.path.normpath(os.path.join(entry["directory"], entry["file"]))
     rel = os.path.relpath(path, root)
-    if rel.split(os.sep)[0] in ("core", "sim") and rel.endswith(".cpp") and rel not in seen:
+    if rel.split(os.sep)[0] in ("core", "sim", "backend", "apps") and rel.endswith(".cpp") and rel not in seen:
         seen.add(rel)
         print(rel)
 PY
 )
 fi
 if ((${#files[@]} == 0)); then
-  echo "tidy: no core/ or sim/ sources in $build/compile_commands.json"
+  echo "tidy: no core/, sim/, backend/ or apps/ sources in $build/compile_commands.json"
   exit 0
 fi
 

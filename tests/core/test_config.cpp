@@ -692,3 +692,74 @@ TEST_CASE("options.prefetch_buffers: default 2, at least 2") {
       config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\noptions: {prefetch_buffers: 1}\n");
   check_at(e, "bad.yaml", 4, 29);
 }
+
+// ---- harmony-run configs (load_train_config) ----
+
+namespace {
+ConfigError train_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    load_train_config_text(yaml, "run.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError for:\n" << yaml);
+  return ConfigError(SourceLoc{}, "unreachable");
+}
+const std::string kTrain =
+    "model:\n"
+    "  gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 2, n_head: 4, n_embd: 64}\n"
+    "  seq_len: 32\n"
+    "plan: {mode: harmony-pp, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 1, pack_size: 1}\n"
+    "train: {steps: 5}\n";
+}  // namespace
+
+TEST_CASE("configs/run/default.yaml: the bundled harmony-run default") {
+  const TrainConfig c = load_train_config(source_path("configs/run/default.yaml"));
+  REQUIRE(c.model.gpt2.has_value());
+  CHECK(c.model.gpt2->n_layer == 8);
+  CHECK(c.model.seq_len == 32);
+  CHECK(c.machine.gpus == 4);
+  CHECK(c.machine.gpu_memory_bytes == kMiB);
+  CHECK(c.plan.gpus == 4);
+  CHECK(c.train.data.path.empty());  // the synthetic task
+  CHECK(c.cost_model == "native");
+}
+
+TEST_CASE("a minimal harmony-run config gets the documented defaults") {
+  const TrainConfig c = load_train_config_text(kTrain, "run.yaml");
+  CHECK(c.device == "cpu");
+  CHECK(c.model.init_seed == 1);
+  CHECK(c.train.steps == 5);
+  CHECK(c.train.lr == 1e-3);
+  CHECK(c.train.weight_decay == 0.0);
+  CHECK(c.train.data.synthetic_tokens == 65536);
+  CHECK(c.checkpoint.dir.empty());
+  CHECK(c.checkpoint.keep == 2);
+  CHECK(c.machine.name == "paper-1080ti");
+  const TrainConfig o =
+      load_train_config_text(kTrain, "dir/run.yaml", {"train.data=tokens.bin", "checkpoint.dir=ck", "train.lr=0.01"});
+  CHECK(o.train.data.path == "dir/tokens.bin");  // relative to the config's folder
+  CHECK(o.checkpoint.dir == "dir/ck");
+  CHECK(o.train.lr == 0.01);
+}
+
+TEST_CASE("harmony-run config errors are located and explained") {
+  CHECK(contains(train_error(kTrain + "trian: {}\n").what(), "did you mean 'train'"));
+  const ConfigError heads = train_error(kTrain, {"model.gpt2.n_embd=66"});
+  CHECK(contains(heads.what(), "not a multiple of n_head"));
+  CHECK(contains(train_error(kTrain, {"model.seq_len=65"}).what(), "exceeds model.gpt2.max_seq_len"));
+  CHECK(contains(train_error(kTrain, {"model.weights=w.safetensors"}).what(), "both given"));
+  CHECK(contains(train_error(kTrain, {"model.gpt2="}).what(), "needs model.gpt2"));
+  CHECK(contains(train_error(kTrain, {"train.steps=0"}).what(), "at least 1"));
+  CHECK(contains(train_error(kTrain, {"train.beta1=1"}).what(), "out of range"));
+  CHECK(contains(train_error(kTrain, {"train.data={file: a.bin, synthetic_tokens: 9}"}).what(), "both given"));
+  CHECK(contains(train_error(kTrain, {"device=tpu"}).what(), "unknown device"));
+  CHECK(contains(train_error(kTrain, {"options.unequal_microbatches=true"}).what(), "not supported by harmony-run"));
+  CHECK(contains(train_error(kTrain, {"plan.u_fwd=3"}).what(), "does not divide"));
+  CHECK(contains(train_error(kTrain, {"model.gpt2.vocab_size=70000"}).what(), "65536"));
+  const ConfigError missing = train_error(
+      "model: {gpt2: {vocab_size: 8, max_seq_len: 4, n_layer: 1, n_head: 1, n_embd: 4}, seq_len: 4}\n"
+      "plan: {mode: harmony-pp, gpus: 1, minibatch: 1}\n");
+  CHECK(contains(missing.what(), "missing required section 'train'"));
+  check_at(train_error(kTrain + "checkpoint: {every: -1}\n"), "run.yaml", 6, 21);
+}

@@ -1,0 +1,511 @@
+// harmony-run: the command line of real training. `train` runs a Harmony Program with real tensors on capped
+// devices (the CPU device today), with progress, traces, JSON output and checkpoints; `profile` measures a
+// model on a device into a profile harmony-sim reads. The composition root: the only file that sees core/,
+// sim/ (the search behind --plan auto) and backend/ together; it prints and picks exit codes (2: bad input).
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_device.hpp"
+#include "backend/executor.hpp"
+#include "backend/model/checkpoint.hpp"
+#include "backend/model/describe.hpp"
+#include "backend/profiler.hpp"
+#include "backend/tokens.hpp"
+#include "backend/train_checkpoint.hpp"
+#include "core/config.hpp"
+#include "core/lower.hpp"
+#include "core/profile.hpp"
+#include "core/search.hpp"
+#include "core/trace.hpp"
+#include "sim/evaluate.hpp"
+
+using namespace harmony;
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+constexpr int kExitInterrupted = 130;  // 128 + SIGINT, after the checkpoint is saved
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int /*signal*/) { g_interrupted.store(true); }
+
+struct Cli {
+  std::string config;
+  std::vector<std::string> sets;
+  int steps = 0;
+  std::string gpu_memory;
+  std::string data;
+  std::string plan = "config";
+  std::string trace;
+  std::string format = "table";
+  std::string checkpoint_dir;
+  int checkpoint_every = -1;
+  bool resume = false;
+  std::string save_weights;
+  bool quiet = false;
+  // profile
+  std::string out;
+  std::vector<int> ubatch;
+  int repeats = 3;
+};
+
+double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
+
+std::string absolute(const std::string& path) { return std::filesystem::absolute(path).lexically_normal().string(); }
+
+// CLI flags are config overrides; paths given on the command line are relative to the working directory.
+std::vector<std::string> overrides(const Cli& cli) {
+  std::vector<std::string> sets = cli.sets;
+  if (cli.steps > 0) sets.push_back(fmt::format("train.steps={}", cli.steps));
+  if (!cli.gpu_memory.empty()) sets.push_back("machine.gpu_memory=" + cli.gpu_memory);
+  if (!cli.data.empty()) sets.push_back("train.data=" + absolute(cli.data));
+  if (!cli.checkpoint_dir.empty()) sets.push_back("checkpoint.dir=" + absolute(cli.checkpoint_dir));
+  if (cli.checkpoint_every >= 0) sets.push_back(fmt::format("checkpoint.every={}", cli.checkpoint_every));
+  return sets;
+}
+
+struct Setup {
+  core::TrainConfig cfg;
+  std::unique_ptr<backend::Gpt2> model;
+  std::unique_ptr<backend::HostState> state;
+  backend::TokenFile tokens;
+  core::Model desc;  // exact byte sizes of the model (describe_gpt2), the Program's memory account
+};
+
+backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
+  if (cfg.model.gpt2) {
+    const auto& g = *cfg.model.gpt2;
+    return backend::Gpt2Config{.vocab_size = g.vocab_size,
+                               .max_seq_len = g.max_seq_len,
+                               .n_layer = g.n_layer,
+                               .n_head = g.n_head,
+                               .n_embd = g.n_embd};
+  }
+  return backend::gpt2_config_from(backend::SafetensorsReader::open(cfg.model.weights_path));
+}
+
+Setup make_setup(const Cli& cli) {
+  Setup s;
+  s.cfg = core::load_train_config(cli.config, overrides(cli));
+  const auto& cfg = s.cfg;
+  if (cfg.device != "cpu")
+    throw core::ConfigError(cfg.model.loc, fmt::format("device '{}' is not built into this harmony-run", cfg.device),
+                            "use `device: cpu` (the CUDA device is harmony-run v2)");
+  const backend::Gpt2Config gc = gpt2_config(cfg);
+  if (cfg.model.seq_len > gc.max_seq_len)
+    throw core::ConfigError(
+        cfg.model.loc,
+        fmt::format("model.seq_len = {} exceeds the model's {} positions", cfg.model.seq_len, gc.max_seq_len),
+        "use a shorter seq_len");
+  s.model = std::make_unique<backend::Gpt2>(gc);
+  s.state = std::make_unique<backend::HostState>(*s.model);
+  if (cfg.model.gpt2) {
+    s.state->init_weights(cfg.model.init_seed);
+  } else {
+    backend::load_gpt2_weights(backend::SafetensorsReader::open(cfg.model.weights_path), *s.state);
+  }
+  s.tokens = cfg.train.data.path.empty()
+                 ? backend::TokenFile::synthetic(gc.vocab_size, cfg.train.data.synthetic_tokens, cfg.train.data.seed)
+                 : backend::TokenFile::load(cfg.train.data.path);
+  if (s.tokens.max_token() >= gc.vocab_size)
+    throw core::ConfigError(cfg.train.data.loc,
+                            fmt::format("token file {} holds token id {}, outside the model's vocabulary of {}",
+                                        s.tokens.name(), s.tokens.max_token(), gc.vocab_size),
+                            "use a token file made with this model's tokenizer, or a larger vocab_size");
+  const int B = cfg.plan.minibatch, T = cfg.model.seq_len;
+  if (s.tokens.size() < std::int64_t(B) * T + 1)
+    throw core::ConfigError(cfg.train.data.loc,
+                            fmt::format("{} has {} tokens; one minibatch of {} x {} needs {}", s.tokens.name(),
+                                        s.tokens.size(), B, T, std::int64_t(B) * T + 1),
+                            "use more data, or a smaller plan.minibatch or model.seq_len");
+  std::vector<int> sizes(static_cast<std::size_t>(B));
+  for (int u = 1; u <= B; ++u) sizes[static_cast<std::size_t>(u - 1)] = u;
+  s.desc = backend::describe_gpt2(*s.model, T, sizes);
+  s.desc.name = fmt::format("gpt2 L{} C{} H{} V{} T{}", gc.n_layer, gc.n_embd, gc.n_head, gc.vocab_size, T);
+  return s;
+}
+
+std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConfig& cfg, int n) {
+  std::vector<std::unique_ptr<backend::Device>> devs;
+  for (int g = 0; g < n; ++g)
+    devs.push_back(backend::cpu::make_cpu_device(g, {.capacity = cfg.machine.gpu_memory_bytes}));
+  return devs;
+}
+
+std::string plan_title(const core::Plan& p) {
+  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", core::mode_name(p.mode), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
+                     core::packs_to_string(p.packs_fwd), core::packs_to_string(p.packs_bwd));
+}
+
+core::LowerOptions lower_options(const core::TrainConfig& cfg) {
+  return core::LowerOptions{
+      .prefetch = cfg.options.prefetch, .prefetch_buffers = cfg.options.prefetch_buffers, .dp_first_gpu_only = false};
+}
+
+// The profile --plan auto searches on: model.profile when given, else measured now on a device like the run's.
+core::Model search_profile(const Setup& s, bool quiet) {
+  const auto& cfg = s.cfg;
+  if (!cfg.model.profile_path.empty()) {
+    core::Model m = core::load_profile(cfg.model.profile_path);
+    if (m.num_layers() != s.model->num_layers())
+      throw core::ConfigError(cfg.model.loc,
+                              fmt::format("profile {} has {} layers, the model {}", cfg.model.profile_path,
+                                          m.num_layers(), s.model->num_layers()),
+                              "profile this model with `harmony-run profile`, or drop model.profile");
+    return m;
+  }
+  if (!quiet) fmt::print(stderr, "profiling the model on {} for the search ...\n", cfg.device);
+  auto dev = backend::cpu::make_cpu_device(0, {.capacity = cfg.machine.gpu_memory_bytes, .poison = false});
+  backend::HostState scratch(*s.model);
+  scratch.init_weights(cfg.model.init_seed);
+  backend::ProfileOptions po;
+  po.seq_len = cfg.model.seq_len;
+  po.ubatch_sizes = s.desc.ubatch_fwd;
+  po.warmup = 1;
+  po.repeats = 1;
+  return backend::profile_gpt2(*dev, scratch, po).model;
+}
+
+core::Plan auto_plan(const Setup& s, bool quiet) {
+  const auto& cfg = s.cfg;
+  const core::Model prof = search_profile(s, quiet);
+  core::SearchSpace space;
+  space.mode = cfg.plan.mode;
+  space.gpus = cfg.plan.gpus;
+  space.minibatch = cfg.plan.minibatch;
+  space.capacity_bytes = cfg.machine.gpu_memory_bytes;
+  space.spec = cfg.search;
+  const auto lower = lower_options(cfg);
+  const auto cands = core::enumerate_candidates(prof, space);
+  const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
+    return sim::evaluate_plan(prof, cfg.machine, p, lower, cfg.cost_model).report;
+  });
+  if (res.ranked.empty())
+    throw core::ConfigError(
+        cfg.plan.loc,
+        fmt::format("--plan auto: none of {} candidate plans fits {:.2f} MiB per device ({} "
+                    "deadlocked, {} over a capacity)",
+                    res.num_candidates, mib(cfg.machine.gpu_memory_bytes), res.num_deadlocked, res.num_infeasible),
+        "raise machine.gpu_memory (--gpu-memory) or use more devices");
+  const auto& best = res.ranked.front();
+  if (!quiet)
+    fmt::print(stderr, "--plan auto: best of {} candidates ({} cost model): {} predicted {:.4f} s/step\n",
+               res.num_candidates, cfg.cost_model, plan_title(best.report.plan), best.report.iteration_time_s);
+  return best.report.plan;
+}
+
+backend::CheckpointMeta checkpoint_meta(const Setup& s, const core::Plan& plan) {
+  backend::CheckpointMeta m;
+  m.model = s.model->config();
+  m.batch = plan.minibatch;
+  m.seq_len = s.cfg.model.seq_len;
+  m.plan = plan_title(plan);
+  m.data = fmt::format("{} ({} tokens)", s.tokens.name(), s.tokens.size());
+  m.adamw = backend::AdamWConfig{.lr = s.cfg.train.lr,
+                                 .beta1 = s.cfg.train.beta1,
+                                 .beta2 = s.cfg.train.beta2,
+                                 .eps = s.cfg.train.eps,
+                                 .weight_decay = s.cfg.train.weight_decay};
+  return m;
+}
+
+std::string hms(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const auto t = static_cast<long long>(seconds + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+                   : fmt::format("{:02}:{:02}", t / 60, t % 60);
+}
+
+// One progress line: "step 12/100 [#####.....] loss 4.1234 | 45.1 samples/s | ETA 00:35".
+void progress(int step, int steps, double loss, double samples_per_s, double eta_s, bool tty) {
+  constexpr int kWidth = 24;
+  const int fill = steps > 0 ? kWidth * step / steps : kWidth;
+  const std::string bar =
+      std::string(static_cast<std::size_t>(fill), '#') + std::string(static_cast<std::size_t>(kWidth - fill), '.');
+  fmt::print(stderr, "{}step {:>5}/{} [{}] loss {:.4f} | {:.1f} samples/s | ETA {}{}", tty ? "\r" : "", step, steps,
+             bar, loss, samples_per_s, hms(eta_s), tty ? "" : "\n");
+  if (tty && step == steps) fmt::print(stderr, "\n");
+}
+
+int cmd_train(const Cli& cli) {
+  Setup s = make_setup(cli);
+  const auto& cfg = s.cfg;
+  const bool json = cli.format == "json";
+  const bool quiet = cli.quiet || json;
+  const core::Plan plan =
+      cli.plan == "auto" ? auto_plan(s, quiet) : core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run");
+  const core::TaskGraph graph = core::compose_task_graph(plan, s.model->num_layers());
+  const core::Program program = core::lower_harmony(graph, s.desc, lower_options(cfg));
+  auto owned = make_devices(cfg, plan.gpus);
+  std::vector<backend::Device*> devs;
+  for (auto& d : owned) devs.push_back(d.get());
+  const backend::AdamWConfig adamw = checkpoint_meta(s, plan).adamw;
+  adamw.validate();
+  backend::Executor executor(program, devs, *s.state, {.seq_len = cfg.model.seq_len, .adamw = adamw});
+
+  const int B = plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
+  core::Bytes model_bytes = 0;
+  for (int l = 0; l < s.model->num_layers(); ++l) model_bytes += s.model->param_floats(l) * 4;
+  if (!quiet) {
+    fmt::print("model    {} ({} parameters, {:.2f} MiB of fp32 weights; {:.2f} MiB with AdamW state)\n", s.desc.name,
+               s.model->param_count(), mib(s.model->param_count() * 4), mib(s.model->param_count() * 12));
+    fmt::print("devices  {} x {} with {:.2f} MiB each\n", plan.gpus, cfg.device, mib(cfg.machine.gpu_memory_bytes));
+    fmt::print("plan     {} ({} ops)\n", plan_title(plan), program.ops.size());
+    fmt::print("data     {} ({} tokens; {} steps per epoch)\n", s.tokens.name(), s.tokens.size(),
+               s.tokens.steps_per_epoch(B, T));
+    std::fflush(stdout);
+  }
+
+  // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.
+  backend::CheckpointMeta meta = checkpoint_meta(s, plan);
+  int start = 0;
+  std::vector<double> losses;
+  const std::string& ckdir = cfg.checkpoint.dir;
+  if (cli.resume) {
+    if (ckdir.empty())
+      throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0}, "--resume needs a checkpoint directory",
+                              "give --checkpoint-dir DIR or checkpoint.dir in the config");
+    if (auto latest = backend::latest_checkpoint(ckdir)) {
+      const backend::CheckpointMeta got = backend::load_checkpoint(*latest, *s.state, &meta);
+      start = static_cast<int>(got.step);
+      losses = got.losses;
+      if (!quiet) fmt::print("resumed  {} at step {}\n", *latest, start);
+    } else if (!quiet) {
+      fmt::print("resume   no checkpoint in {}: starting at step 0\n", ckdir);
+    }
+  }
+  if (!cli.resume && !ckdir.empty()) {
+    if (auto latest = backend::latest_checkpoint(ckdir))
+      throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
+                              fmt::format("checkpoint directory {} already holds {}", ckdir, *latest),
+                              "continue that run with --resume, or give an empty --checkpoint-dir (a fresh run "
+                              "never overwrites saved checkpoints)");
+  }
+  auto save = [&](int done_steps) {
+    meta.step = done_steps;
+    meta.data_position = static_cast<std::uint64_t>(done_steps);
+    meta.losses = losses;
+    return backend::save_checkpoint(ckdir, meta, *s.state, cfg.checkpoint.keep);
+  };
+
+  std::signal(SIGINT, on_sigint);
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  std::vector<std::int32_t> in, tgt;
+  nlohmann::json step_log = nlohmann::json::array();
+  backend::StepResult last;
+  double run_s = 0.0;
+  int ran = 0;
+  for (int step = start; step < steps; ++step) {
+    s.tokens.batch(step, B, T, in, tgt);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      last = executor.step(in, tgt);
+    } catch (const backend::OutOfMemory& e) {
+      throw core::ConfigError(
+          core::SourceLoc{cfg.file, 0, 0},
+          fmt::format("the plan does not fit the devices' memory (machine.gpu_memory = {:.2f} MiB) at step {}: {}",
+                      mib(cfg.machine.gpu_memory_bytes), step, e.what()),
+          "raise --gpu-memory, use smaller packs (plan.pack_size) or microbatches, or let --plan auto pick a plan "
+          "that fits; no checkpoint was written by this run");
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    run_s += dt;
+    ++ran;
+    losses.push_back(last.loss);
+    const double sps = B / dt;
+    const double avg_sps = B * ran / run_s;
+    step_log.push_back({{"step", step + 1}, {"loss", last.loss}, {"time_s", dt}, {"samples_per_s", sps}});
+    if (!quiet) progress(step + 1, steps, last.loss, avg_sps, (steps - step - 1) * run_s / ran, tty);
+    const bool due = cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0;
+    if (!ckdir.empty() && (due || g_interrupted.load())) {
+      const std::string path = save(step + 1);
+      if (!quiet && !tty) fmt::print(stderr, "checkpoint {}\n", path);
+    }
+    if (g_interrupted.load()) {
+      if (tty && !quiet) fmt::print(stderr, "\n");
+      fmt::print(stderr, "interrupted after step {}{}\n", step + 1,
+                 ckdir.empty() ? " (no checkpoint directory: progress is lost)"
+                               : fmt::format("; checkpoint saved in {}; continue with --resume", ckdir));
+      return kExitInterrupted;
+    }
+  }
+  if (!ckdir.empty() && ran > 0 && (cfg.checkpoint.every == 0 || steps % cfg.checkpoint.every != 0)) save(steps);
+  if (!cli.save_weights.empty()) backend::save_gpt2_weights(cli.save_weights, *s.state);
+  if (!cli.trace.empty() && ran > 0) {
+    std::ofstream out(cli.trace);
+    if (!out)
+      throw core::ConfigError(core::SourceLoc{cli.trace, 0, 0}, "cannot write the trace file",
+                              "check the folder exists and is writable");
+    core::write_chrome_trace(out, program, last.begin, last.end,
+                             core::TraceMeta{"harmony-run (" + cfg.device + ")", plan_title(plan)});
+  }
+
+  std::vector<core::Bytes> peaks;
+  for (auto* d : devs) peaks.push_back(d->memory().peak);
+  const double mean_sps = ran > 0 ? B * ran / run_s : 0.0;
+  if (json) {
+    nlohmann::json doc = {{"command", "train"},
+                          {"config", cli.config},
+                          {"plan",
+                           {{"title", plan_title(plan)},
+                            {"mode", core::mode_name(plan.mode)},
+                            {"gpus", plan.gpus},
+                            {"minibatch", plan.minibatch},
+                            {"u_fwd", plan.u_fwd},
+                            {"u_bwd", plan.u_bwd},
+                            {"packs_fwd", core::packs_to_string(plan.packs_fwd)},
+                            {"packs_bwd", core::packs_to_string(plan.packs_bwd)}}},
+                          {"steps", step_log},
+                          {"summary",
+                           {{"first_step", start + 1},
+                            {"last_step", steps},
+                            {"steps_run", ran},
+                            {"first_loss", losses.empty() ? 0.0 : losses.front()},
+                            {"final_loss", losses.empty() ? 0.0 : losses.back()},
+                            {"losses", losses},
+                            {"wall_s", run_s},
+                            {"mean_step_s", ran > 0 ? run_s / ran : 0.0},
+                            {"samples_per_s", mean_sps},
+                            {"device_capacity_bytes", cfg.machine.gpu_memory_bytes},
+                            {"model_weight_bytes", model_bytes},
+                            {"parameters", s.model->param_count()},
+                            {"device_peak_bytes", peaks}}}};
+    fmt::print("{}\n", doc.dump(1));
+    return 0;
+  }
+  if (!quiet) {
+    fmt::print("done     {} steps in {:.2f} s ({:.1f} samples/s); loss {:.4f} -> {:.4f}\n", ran, run_s, mean_sps,
+               losses.empty() ? 0.0 : losses.front(), losses.empty() ? 0.0 : losses.back());
+    std::string p;
+    for (std::size_t g = 0; g < peaks.size(); ++g) p += fmt::format("{}{:.2f}", g ? ", " : "", mib(peaks[g]));
+    fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
+               mib(cfg.machine.gpu_memory_bytes), mib(model_bytes));
+  }
+  return 0;
+}
+
+int cmd_profile(const Cli& cli) {
+  Setup s = make_setup(cli);
+  const auto& cfg = s.cfg;
+  backend::ProfileOptions po;
+  po.seq_len = cfg.model.seq_len;
+  po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
+  po.repeats = cli.repeats;
+  auto dev = backend::cpu::make_cpu_device(0, {.capacity = cfg.machine.gpu_memory_bytes, .poison = false});
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  const backend::ProfileResult prof = backend::profile_gpt2(*dev, *s.state, po, [&](const backend::ProfileProgress& p) {
+    if (tty) fmt::print(stderr, "\rprofiling {}/{}", p.step, p.total_steps);
+  });
+  if (tty) fmt::print(stderr, "\n");
+  backend::ProfileMeta meta;
+  meta.model_name = s.desc.name;
+  meta.device_kind = cfg.device;
+  meta.threads = static_cast<int>(std::thread::hardware_concurrency());
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0) meta.host = host;
+  const std::time_t now = std::time(nullptr);
+  char date[32] = {};
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  meta.date_utc = date;
+  const std::string text = backend::profile_json(prof, meta);
+  std::ofstream out(cli.out);
+  if (!out)
+    throw core::ConfigError(core::SourceLoc{cli.out, 0, 0}, "cannot write the profile", "check the folder exists");
+  out << text;
+  if (!out)
+    throw core::ConfigError(core::SourceLoc{cli.out, 0, 0}, "writing the profile failed", "check free disk space");
+  fmt::print("profile of {} on {} ({} layers, microbatch {}..{}) written to {}\n", s.desc.name, prof.device_name,
+             prof.model.num_layers(), prof.model.ubatch_min(core::Phase::Fwd), prof.model.ubatch_max(core::Phase::Fwd),
+             cli.out);
+  if (!prof.dropped_fwd.empty() || !prof.dropped_bwd.empty())
+    fmt::print("sizes left out (did not fit {:.2f} MiB): forward {}, backward {}\n", mib(prof.device_capacity_bytes),
+               fmt::join(prof.dropped_fwd, ","), fmt::join(prof.dropped_bwd, ","));
+  return 0;
+}
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"harmony-run: train a GPT model with a Harmony schedule on capped devices (docs/backend.md)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "harmony-run 0.1.0");
+  Cli cli;
+  auto add_common = [&](CLI::App* sub) {
+    sub->add_option("config", cli.config, "YAML configuration (configs/run/, docs/config.md)")->required();
+    sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=2 (repeatable)");
+    sub->add_option("--gpu-memory", cli.gpu_memory, "each device's memory, e.g. 2MiB (machine.gpu_memory)");
+  };
+  auto* train = app.add_subcommand("train", "train for train.steps steps, printing loss, samples/s and ETA");
+  add_common(train);
+  train->add_option("--steps", cli.steps, "steps to train (train.steps)")->check(CLI::PositiveNumber);
+  train->add_option("--data", cli.data, "llm.c token file (uint16 ids) instead of the config's data");
+  train->add_option("--plan", cli.plan, "config (the plan: section) or auto (search the best plan that fits)")
+      ->check(CLI::IsMember({"config", "auto"}));
+  train->add_option("--trace", cli.trace, "write the measured Chrome trace (Perfetto) of the last step");
+  train->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
+  train->add_option("--checkpoint-dir", cli.checkpoint_dir, "save checkpoints here (checkpoint.dir)");
+  train->add_option("--checkpoint-every", cli.checkpoint_every, "steps between checkpoints (checkpoint.every)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_flag("--resume", cli.resume, "continue from the newest checkpoint in the checkpoint directory");
+  train->add_option("--save-weights", cli.save_weights, "write the trained weights (HF GPT-2 safetensors)");
+  train->add_flag("--quiet", cli.quiet, "no progress output");
+  auto* profile = app.add_subcommand("profile", "measure per-layer times and memory into a harmony-sim profile");
+  add_common(profile);
+  profile->add_option("--out", cli.out, "profile JSON to write")->required();
+  profile->add_option("--ubatch", cli.ubatch, "microbatch sizes (default 1..plan.minibatch)")->delimiter(',');
+  profile->add_option("--repeats", cli.repeats, "timed repetitions per measurement (median)")
+      ->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitBadInput;
+  }
+  try {
+    if (*profile) return cmd_profile(cli);
+    return cmd_train(cli);
+  } catch (const core::ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const backend::CheckpointError& e) {
+    std::cerr << "harmony-run: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const backend::FormatError& e) {
+    std::cerr << "harmony-run: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const core::ScheduleError& e) {
+    std::cerr << cli.config << ": error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const backend::BackendError& e) {
+    std::cerr << "harmony-run: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::cerr << "harmony-run: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_cli(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "harmony-run: internal error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "harmony-run: internal error\n";
+  }
+  return 1;
+}

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the harmony-run command line: the bundled default trains on capped CPU devices and the
+loss falls; traces, JSON, --plan auto, profile -> harmony-sim; checkpoints (kill at a random step and resume
+gives the same bits, SIGINT saves, corrupt/mismatched checkpoints are refused and kept); bad input exits 2."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+RUN = sys.argv[1]
+SIM = sys.argv[2]
+ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
+DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
+failures = []
+passed = 0
+
+
+def run(*args, binary=RUN, timeout=600):
+    return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {str(detail)[:2000]}")
+
+
+def write(tmp, name, text):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def train_json(*args):
+    r = run("train", *args, "--format", "json")
+    doc = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
+    return r, doc
+
+
+def checkpoints(d):
+    return sorted(f for f in os.listdir(d) if f.endswith(".hckpt")) if os.path.isdir(d) else []
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    # --- the bundled default: Harmony-PP over 4 CPU devices each smaller than the model; the loss falls
+    trace = os.path.join(tmp, "run_trace.json")
+    r, doc = train_json(DEFAULT, "--steps", "40", "--trace", trace)
+    check("default exit 0", r.returncode == 0, r.stderr)
+    if doc:
+        s = doc["summary"]
+        check("40 steps logged", len(doc["steps"]) == 40 and s["steps_run"] == 40, s)
+        for st in doc["steps"]:
+            for key in ["step", "loss", "time_s", "samples_per_s"]:
+                check(f"step has {key}", key in st, st)
+        first = sum(s["losses"][:5]) / 5
+        last = sum(s["losses"][-5:]) / 5
+        check("loss falls by > 0.5 nats in 40 steps", last < first - 0.5, (first, last))
+        check("devices smaller than the model", s["device_capacity_bytes"] < s["model_weight_bytes"], s)
+        check("peaks within capacity", all(0 < p <= s["device_capacity_bytes"] for p in s["device_peak_bytes"]), s)
+        check("4 devices", len(s["device_peak_bytes"]) == 4, s)
+        check("plan is harmony-pp", doc["plan"]["mode"] == "harmony-pp" and doc["plan"]["gpus"] == 4, doc["plan"])
+    if os.path.exists(trace):
+        t = json.load(open(trace))
+        xs = [e for e in t["traceEvents"] if e.get("ph") == "X"]
+        check("measured trace has ops", len(xs) > 100, len(xs))
+        check("measured trace names ops like the simulator", any(" BWD L" in e["name"] for e in xs), xs[:3])
+        check("measured trace has 4 GPUs", len({e["pid"] for e in xs}) == 4, {e["pid"] for e in xs})
+    else:
+        check("trace written", False, r.stderr)
+
+    # --- table output: progress with loss, samples/s and ETA, and the summary
+    r = run("train", DEFAULT, "--steps", "3")
+    check("table exit 0", r.returncode == 0, r.stderr)
+    check("progress shows loss, samples/s, ETA", "loss" in r.stderr and "samples/s" in r.stderr and "ETA" in r.stderr,
+          r.stderr)
+    check("summary printed", "done" in r.stdout and "peak per device" in r.stdout, r.stdout)
+
+    # --- same inputs, same outputs (bit for bit) under another schedule: Harmony-DP over 2 devices, u 1
+    w_pp = os.path.join(tmp, "pp.safetensors")
+    w_pp2 = os.path.join(tmp, "pp2.safetensors")
+    r1, d1 = train_json(DEFAULT, "--steps", "4", "--save-weights", w_pp)
+    r2, d2 = train_json(DEFAULT, "--steps", "4", "--save-weights", w_pp2, "--set", "plan.u_fwd=4",
+                        "--set", "plan.u_bwd=1", "--set", "plan.pack_size=3", "--set", "plan.gpus=2",
+                        "--gpu-memory", "4MiB")
+    check("two schedules run", r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr)
+    if d1 and d2:
+        check("Harmony-PP schedules give the same losses", d1["summary"]["losses"] == d2["summary"]["losses"],
+              (d1["summary"]["losses"], d2["summary"]["losses"]))
+        check("Harmony-PP schedules give the same weights", open(w_pp, "rb").read() == open(w_pp2, "rb").read())
+
+    # --- kill at a random step, resume: the same final parameters and losses, bit for bit
+    steps = 12
+    ref_w = os.path.join(tmp, "ref.safetensors")
+    r, ref = train_json(DEFAULT, "--steps", str(steps), "--save-weights", ref_w)
+    check("uninterrupted run", r.returncode == 0, r.stderr)
+    seed = int(time.time() * 1000) % 100000
+    kill_after = random.Random(seed).randint(1, steps - 2)
+    ck = os.path.join(tmp, "ck")
+    p = subprocess.Popen([RUN, "train", DEFAULT, "--steps", str(steps), "--checkpoint-dir", ck,
+                          "--checkpoint-every", "1", "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        if any(int(f[5:11]) >= kill_after for f in checkpoints(ck)):
+            break
+        time.sleep(0.005)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    check(f"killed mid-run (seed {seed}, after step {kill_after})", p.returncode == -signal.SIGKILL,
+          (p.returncode, checkpoints(ck)))
+    res_w = os.path.join(tmp, "resumed.safetensors")
+    r, res = train_json(DEFAULT, "--steps", str(steps), "--checkpoint-dir", ck, "--checkpoint-every", "1", "--resume",
+                        "--save-weights", res_w)
+    check("resume exit 0", r.returncode == 0, r.stderr)
+    if res and ref:
+        check("resume started after the kill", res["summary"]["first_step"] > 1, res["summary"])
+        check(f"resumed losses equal (seed {seed})", res["summary"]["losses"] == ref["summary"]["losses"],
+              (res["summary"]["losses"], ref["summary"]["losses"]))
+        check(f"resumed weights bit-identical (seed {seed})", open(res_w, "rb").read() == open(ref_w, "rb").read())
+    check("keep=2 checkpoints", len(checkpoints(ck)) == 2, checkpoints(ck))
+
+    # --- SIGINT saves a checkpoint and exits 130; resuming finishes the run with the same bits
+    ck2 = os.path.join(tmp, "ck2")
+    p = subprocess.Popen([RUN, "train", DEFAULT, "--steps", str(steps), "--checkpoint-dir", ck2, "--quiet"], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.8)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    if p.returncode == 0:
+        check("SIGINT arrived before the end (run too fast to interrupt)", False, err)
+    else:
+        check("SIGINT exits 130", p.returncode == 130, (p.returncode, err))
+        check("SIGINT message", "--resume" in err, err)
+        check("SIGINT saved a checkpoint", len(checkpoints(ck2)) == 1, checkpoints(ck2))
+        res_w2 = os.path.join(tmp, "resumed2.safetensors")
+        r = run("train", DEFAULT, "--steps", str(steps), "--checkpoint-dir", ck2, "--resume", "--quiet",
+                "--save-weights", res_w2)
+        check("resume after SIGINT", r.returncode == 0, r.stderr)
+        check("SIGINT + resume bit-identical", os.path.exists(res_w2) and
+              open(res_w2, "rb").read() == open(ref_w, "rb").read())
+
+    # --- a fresh run never writes into a directory holding checkpoints
+    before = {f: open(os.path.join(ck, f), "rb").read() for f in checkpoints(ck)}
+    r = run("train", DEFAULT, "--steps", "2", "--checkpoint-dir", ck, "--quiet")
+    check("fresh run into a used checkpoint dir exits 2", r.returncode == 2, r.stderr)
+    check("fresh run message says --resume", "--resume" in r.stderr, r.stderr)
+
+    # --- a corrupt checkpoint is refused, and kept
+    latest = os.path.join(ck, checkpoints(ck)[-1])
+    data = bytearray(open(latest, "rb").read())
+    data[len(data) // 2] ^= 0x40
+    open(latest, "wb").write(bytes(data))
+    r = run("train", DEFAULT, "--steps", str(steps + 2), "--checkpoint-dir", ck, "--resume", "--quiet")
+    check("corrupt checkpoint exits 2", r.returncode == 2, (r.returncode, r.stderr))
+    check("corrupt checkpoint message", "checksum" in r.stderr.lower() and latest in r.stderr, r.stderr)
+    check("corrupt checkpoint kept", os.path.exists(latest) and open(latest, "rb").read() == bytes(data))
+    check("the other checkpoint untouched",
+          all(open(os.path.join(ck, f), "rb").read() == b for f, b in before.items() if os.path.join(ck, f) != latest))
+
+    # --- a mismatched checkpoint (another sequence length) is refused
+    ck3 = os.path.join(tmp, "ck3")
+    r = run("train", DEFAULT, "--steps", "2", "--checkpoint-dir", ck3, "--quiet")
+    check("short run with checkpoint", r.returncode == 0 and len(checkpoints(ck3)) == 1, r.stderr)
+    r = run("train", DEFAULT, "--steps", "4", "--checkpoint-dir", ck3, "--resume", "--quiet", "--set",
+            "model.seq_len=16")
+    check("mismatched checkpoint exits 2", r.returncode == 2, r.stderr)
+    check("mismatched checkpoint names the field", "seq_len" in r.stderr, r.stderr)
+
+    # --- profile -> harmony-sim simulate with the measured profile; the trace names match harmony-run's
+    prof = os.path.join(tmp, "cpu_profile.json")
+    r = run("profile", DEFAULT, "--out", prof, "--ubatch", "1,2,4", "--repeats", "1")
+    check("profile exit 0", r.returncode == 0, r.stderr)
+    if os.path.exists(prof):
+        pj = json.load(open(prof))
+        check("profile format", pj.get("format") == "harmony-profile-json", list(pj)[:10])
+        check("profile has 10 layers", pj.get("num_layers") == 10, pj.get("num_layers"))
+        simcfg = write(tmp, "sim.yaml", f"""model: {{profile: {prof}}}
+machine: {{file: {os.path.join(ROOT, 'configs/run/cpu-4x.yaml')}, gpu_memory: 1MiB}}
+cost_model: native
+plan: {{mode: harmony-pp, gpus: 4, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 1}}
+""")
+        sim_trace = os.path.join(tmp, "sim_trace.json")
+        r = run("simulate", simcfg, "--format", "json", "--trace", sim_trace, binary=SIM)
+        check("harmony-sim simulates the measured profile", r.returncode == 0, r.stderr)
+        if r.returncode == 0 and os.path.exists(trace):
+            sim_names = {e["name"] for e in json.load(open(sim_trace))["traceEvents"] if e.get("ph") == "X"}
+            run_names = {e["name"] for e in json.load(open(trace))["traceEvents"] if e.get("ph") == "X"}
+            check("predicted and measured traces overlay (same op names)", sim_names == run_names,
+                  (len(sim_names), len(run_names), sorted(sim_names ^ run_names)[:5]))
+
+        # --plan auto with that profile: the search picks a plan that fits, and it trains
+        r, d = train_json(DEFAULT, "--steps", "2", "--plan", "auto", "--set", f"model.profile={prof}")
+        check("--plan auto with a profile", r.returncode == 0, r.stderr)
+        if d:
+            check("--plan auto plan fits", all(p <= d["summary"]["device_capacity_bytes"]
+                                               for p in d["summary"]["device_peak_bytes"]), d["summary"])
+    r, d = train_json(DEFAULT, "--steps", "1", "--plan", "auto", "--set", "plan.gpus=2", "--gpu-memory", "2MiB")
+    check("--plan auto profiles on the fly", r.returncode == 0, r.stderr)
+
+    # --- a user token file and a Hugging Face checkpoint (the committed PyTorch oracle's inputs)
+    tiny = os.path.join(ROOT, "tests/data/gpt2_tiny")
+    hf = write(tmp, "hf.yaml", f"""model: {{weights: {tiny}/model.safetensors, seq_len: 16}}
+machine: {{file: {os.path.join(ROOT, 'configs/run/cpu-4x.yaml')}, gpu_memory: 1MiB}}
+plan: {{mode: harmony-pp, gpus: 2, minibatch: 4, u_fwd: 2, u_bwd: 1, pack_size: 1}}
+train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
+""")
+    r, d = train_json(hf)
+    check("HF weights + token file", r.returncode == 0, r.stderr)
+
+    # --- bad input: exit 2 with file:line:column or the file named, and a hint
+    bad = write(tmp, "bad.yaml", open(DEFAULT).read().replace("  seq_len: 32", "  seq_len: 32\n  seq_lenn: 3"))
+    r = run("train", bad)
+    check("unknown key exits 2", r.returncode == 2, r.stderr)
+    check("unknown key located", "bad.yaml:9:3" in r.stderr and "did you mean 'seq_len'" in r.stderr, r.stderr)
+    odd = os.path.join(tmp, "odd.bin")
+    open(odd, "wb").write(b"\x01\x00\x02")
+    r = run("train", DEFAULT, "--data", odd)
+    check("odd token file exits 2", r.returncode == 2 and "odd.bin" in r.stderr, r.stderr)
+    big = os.path.join(tmp, "big.bin")
+    open(big, "wb").write(bytes([0, 1] * 2000))  # token id 256 > vocab 256
+    r = run("train", DEFAULT, "--data", big)
+    check("out-of-vocabulary tokens exit 2", r.returncode == 2 and "vocabulary" in r.stderr, r.stderr)
+    r = run("train", DEFAULT, "--gpu-memory", "128KiB", "--steps", "1")
+    check("plan that does not fit exits 2", r.returncode == 2, r.stderr)
+    check("does-not-fit message", "does not fit" in r.stderr and "--gpu-memory" in r.stderr, r.stderr)
+    r = run("train", DEFAULT, "--set", "plan.pack_size=", "--steps", "1")
+    check("plan without packs exits 2", r.returncode == 2 and "needs packs" in r.stderr, r.stderr)
+    r = run("train", DEFAULT, "--steps", "0")
+    check("bad flag exits 2", r.returncode == 2, r.stderr)
+    r = run("train", DEFAULT, "--resume")
+    check("--resume without a directory exits 2", r.returncode == 2 and "checkpoint" in r.stderr, r.stderr)
+    r = run("train", os.path.join(tmp, "missing.yaml"))
+    check("missing config exits 2", r.returncode == 2, r.stderr)
+    r = run("train", DEFAULT, "--set", "device=cuda")
+    check("cuda refused clearly", r.returncode == 2 and "cuda" in r.stderr, r.stderr)
+
+print(f"{passed} checks passed, {len(failures)} failed")
+for f in failures:
+    print("FAIL", f)
+sys.exit(1 if failures else 0)
