@@ -144,7 +144,7 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
           for (bool pf : {false, true}) {
             if (mode == core::Mode::HarmonyDP && gpus == 4 && (uf != 1 || ub != 1)) continue;
             if (pf && !(gpus == 2 && pack == 1)) continue;  // prefetch lowering: one configuration per mode
-            if (pack == 3 && gpus != 2) continue;  // keeps the test short under ASan
+            if (pack == 3 && gpus != 2) continue;           // keeps the test short under ASan
             cases.push_back({mode, gpus, uf, ub, pack, pf});
           }
   REQUIRE(cases.size() >= 20);  // the filters above must leave a real grid
