@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,10 +26,16 @@ std::string source_dir() {
 
 std::string source_path(const std::string& relative) { return source_dir() + "/" + relative; }
 
-// The ConfigError that loading `yaml` (as "bad.yaml") with `overrides` throws.
-ConfigError config_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+using Loader = std::function<void(const std::string&, const std::vector<std::string>&)>;
+
+// The ConfigError that loading `yaml` (as "bad.yaml", or with `load`) with `overrides` throws.
+ConfigError config_error(
+    const std::string& yaml, const std::vector<std::string>& overrides = {},
+    const Loader& load = [](const std::string& y, const std::vector<std::string>& o) {
+      load_config_text(y, "bad.yaml", o);
+    }) {
   try {
-    load_config_text(yaml, "bad.yaml", overrides);
+    load(yaml, overrides);
   } catch (const ConfigError& e) {
     return e;
   }
@@ -697,13 +704,9 @@ TEST_CASE("options.prefetch_buffers: default 2, at least 2") {
 
 namespace {
 ConfigError train_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
-  try {
-    load_train_config_text(yaml, "run.yaml", overrides);
-  } catch (const ConfigError& e) {
-    return e;
-  }
-  FAIL("expected a ConfigError for:\n" << yaml);
-  return ConfigError(SourceLoc{}, "unreachable");
+  return config_error(yaml, overrides, [](const std::string& y, const std::vector<std::string>& o) {
+    load_train_config_text(y, "run.yaml", o);
+  });
 }
 const std::string kTrain =
     "model:\n"
