@@ -258,8 +258,7 @@ int cmd_train(const Cli& cli) {
   backend::Executor executor(program, devs, *s.state, {.seq_len = cfg.model.seq_len, .adamw = adamw});
 
   const int B = plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
-  core::Bytes model_bytes = 0;
-  for (int l = 0; l < s.model->num_layers(); ++l) model_bytes += s.model->param_floats(l) * 4;
+  const core::Bytes model_bytes = s.model->param_count() * 4;  // fp32 weights, the tied wte counted once
   if (!quiet) {
     fmt::print("model    {} ({} parameters, {:.2f} MiB of fp32 weights; {:.2f} MiB with AdamW state)\n", s.desc.name,
                s.model->param_count(), mib(s.model->param_count() * 4), mib(s.model->param_count() * 12));
@@ -479,16 +478,10 @@ int run_cli(int argc, char** argv) {
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";
     return kExitBadInput;
-  } catch (const backend::CheckpointError& e) {
-    std::cerr << "harmony-run: error: " << e.what() << "\n";
-    return kExitBadInput;
-  } catch (const backend::FormatError& e) {
-    std::cerr << "harmony-run: error: " << e.what() << "\n";
-    return kExitBadInput;
   } catch (const core::ScheduleError& e) {
     std::cerr << cli.config << ": error: " << e.what() << "\n";
     return kExitBadInput;
-  } catch (const backend::BackendError& e) {
+  } catch (const backend::BackendError& e) {  // bad weights, token file or checkpoint (FormatError, CheckpointError)
     std::cerr << "harmony-run: error: " << e.what() << "\n";
     return kExitBadInput;
   } catch (const std::exception& e) {
