@@ -25,7 +25,9 @@
 
 #include <fmt/format.h>
 
+#include "core/analytic.hpp"
 #include "core/packing.hpp"
+#include "core/profile.hpp"
 #include "core/units.hpp"
 
 namespace harmony::core {
@@ -368,9 +370,9 @@ std::optional<std::string> read_text_file(const std::string& path) {
 // ------------------------------------------------------------------------------------------------
 // Machines
 
-const std::vector<std::string> kMachineSpecKeys = {"name",    "gpu",    "gpus",   "gpu_memory", "memory_cap_scale",
-                                                   "bw_swap", "bw_p2p", "bw_msg", "time_del",   "price_per_hour",
-                                                   "topology"};
+const std::vector<std::string> kMachineSpecKeys = {"name",     "gpu",       "gpus",    "gpu_memory", "memory_cap_scale",
+                                                   "bw_swap",  "bw_p2p",    "bw_msg",  "time_del",   "price_per_hour",
+                                                   "topology", "gpu_rates", "cpu_adam"};
 
 std::vector<std::string> machine_keys_with_base() {
   std::vector<std::string> keys = {"preset", "file"};
@@ -543,6 +545,101 @@ double get_price(const Node& v, const std::string& what) {
   const auto n = plain_number(s);
   if (!n) fail(v.loc, fmt::format("{} must be a number, got '{}'", what, s), hint);
   return *n;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Compute rates for analytic models (docs/machines.md, `gpu_rates` and `cpu_adam`): key by key over the base's.
+
+const std::vector<std::string> kGpuRatesKeys = {"matrix_fp32",     "matrix_fp16",       "memory",
+                                                "gemm_efficiency", "vector_efficiency", "overhead"};
+const std::vector<std::string> kGemmEfficiencyKeys = {"max", "half"};
+const std::vector<std::string> kOverheadKeys = {"kernel", "forward", "backward"};
+const std::vector<std::string> kCpuAdamKeys = {"bandwidth", "per_layer"};
+
+constexpr const char* kFlopsHint =
+    "write a rate with a unit, e.g. 11.3TFLOP/s, 312 TFLOP/s or 500GFLOP/s (prefixes k, M, G, T, P; case-sensitive)";
+
+double get_flops_per_s(const Node& v, const std::string& what) {
+  const std::string& s = expect_scalar(v, what, "a FLOP rate", kFlopsHint);
+  if (starts_negative(s)) fail(v.loc, fmt::format("{} must be a positive rate, got '{}'", what, s), kFlopsHint);
+  if (const auto n = plain_number(s)) {
+    if (*n == 0.0) fail(v.loc, fmt::format("{} must be a positive rate, got '{}'", what, s), kFlopsHint);
+    fail(v.loc, fmt::format("{}: '{}' has no unit", what, s),
+         fmt::format("did you mean '{}{}'? {}", trimmed(s), *n < 1e6 ? "TFLOP/s" : "FLOP/s", kFlopsHint));
+  }
+  if (const auto f = parse_flops_per_s(s)) return *f;
+  if (parse_flop_count(s))
+    fail(v.loc, fmt::format("{}: '{}' is an amount of work, not a rate", what, s),
+         fmt::format("did you mean '{}/s'? {}", trimmed(s), kFlopsHint));
+  fail(v.loc, fmt::format("{}: '{}' is not a valid FLOP rate", what, s), kFlopsHint);
+}
+
+double get_flop_count(const Node& v, const std::string& what) {
+  const char* hint = "write an amount of work with a unit, e.g. 0.7GFLOP or 500MFLOP (prefixes k, M, G, T, P)";
+  const std::string& s = expect_scalar(v, what, "a FLOP count", hint);
+  if (starts_negative(s)) fail(v.loc, fmt::format("{} must be positive, got '{}'", what, s), hint);
+  if (const auto n = plain_number(s); n && *n > 0.0)
+    fail(v.loc, fmt::format("{}: '{}' has no unit", what, s),
+         fmt::format("did you mean '{}GFLOP'? {}", trimmed(s), hint));
+  if (const auto f = parse_flop_count(s)) return *f;
+  fail(v.loc, fmt::format("{}: '{}' is not a valid FLOP count", what, s), hint);
+}
+
+// A fraction in (0, 1].
+double get_fraction(const Node& v, const std::string& what) {
+  const std::string hint = "write a number in (0, 1], the fraction of the peak reached, e.g. 0.8";
+  const std::string& s = expect_scalar(v, what, "a number", hint);
+  const auto n = plain_number(s);
+  if (!n || starts_negative(s)) fail(v.loc, fmt::format("{} must be a number in (0, 1], got '{}'", what, s), hint);
+  if (!(*n > 0.0) || *n > 1.0) fail(v.loc, fmt::format("{} must be in (0, 1], got {}", what, s), hint);
+  return *n;
+}
+
+const Node& sub_map(const Entry& e, const std::string& what, const std::vector<std::string>& keys,
+                    const char* example) {
+  if (e.value.kind != Node::Kind::Map)
+    fail(e.value.loc, fmt::format("{} must be a mapping, got {}", what, describe(e.value)), example);
+  check_keys(e.value, what, keys);
+  return e.value;
+}
+
+void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
+  const char* example =
+      "e.g. gpu_rates: {matrix_fp32: 11.3TFLOP/s, memory: 484GB/s, gemm_efficiency: {max: 0.8, half: 0.7GFLOP}}";
+  const Node& map = sub_map(e, what, kGpuRatesKeys, example);
+  if (const Entry* x = find(map, "matrix_fp32"))
+    r.matrix_fp32_flops_per_s = get_flops_per_s(x->value, what + ".matrix_fp32");
+  if (const Entry* x = find(map, "matrix_fp16"))
+    r.matrix_fp16_flops_per_s = get_flops_per_s(x->value, what + ".matrix_fp16");
+  if (const Entry* x = find(map, "memory")) r.memory_bytes_per_s = get_link_bandwidth(x->value, what + ".memory");
+  if (const Entry* x = find(map, "gemm_efficiency")) {
+    const std::string w = what + ".gemm_efficiency";
+    const Node& g = sub_map(*x, w, kGemmEfficiencyKeys, "e.g. gemm_efficiency: {max: 0.8, half: 0.7GFLOP}");
+    if (const Entry* y = find(g, "max")) r.gemm_efficiency_max = get_fraction(y->value, w + ".max");
+    if (const Entry* y = find(g, "half")) r.gemm_half_flops = get_flop_count(y->value, w + ".half");
+  }
+  if (const Entry* x = find(map, "vector_efficiency"))
+    r.vector_efficiency = get_fraction(x->value, what + ".vector_efficiency");
+  if (const Entry* x = find(map, "overhead")) {
+    const std::string w = what + ".overhead";
+    const Node& o = sub_map(*x, w, kOverheadKeys, "e.g. overhead: {kernel: 20us, forward: 90us, backward: 520us}");
+    if (const Entry* y = find(o, "kernel")) r.kernel_floor_s = get_topology_duration(y->value, w + ".kernel", "us");
+    if (const Entry* y = find(o, "forward"))
+      r.forward_overhead_s = get_topology_duration(y->value, w + ".forward", "us");
+    if (const Entry* y = find(o, "backward"))
+      r.backward_overhead_s = get_topology_duration(y->value, w + ".backward", "us");
+  }
+  if (!r.valid())
+    fail(e.key_loc, fmt::format("{} needs matrix_fp32 and memory", what),
+         "give at least the GPU's FP32 GEMM peak and its memory bandwidth, e.g. "
+         "gpu_rates: {matrix_fp32: 11.3TFLOP/s, memory: 484GB/s} (docs/machines.md)");
+}
+
+void apply_cpu_adam(CpuAdam& c, const Entry& e, const std::string& what) {
+  const Node& map = sub_map(e, what, kCpuAdamKeys, "e.g. cpu_adam: {bandwidth: 3.6GB/s, per_layer: 300us}");
+  if (const Entry* x = find(map, "bandwidth")) c.bytes_per_s = get_link_bandwidth(x->value, what + ".bandwidth");
+  if (const Entry* x = find(map, "per_layer"))
+    c.per_layer_s = get_topology_duration(x->value, what + ".per_layer", "us");
 }
 
 // The draft of a base machine's topology, cut or padded to `gpus` GPUs: GPUs beyond the base's are
@@ -939,6 +1036,8 @@ MachineSpec machine_from_map(const Node& map, const std::string& section, const 
   if (const Entry* e = find(map, "time_del")) m.time_del_s = get_duration(e->value, qualify(section, "time_del"));
   if (const Entry* e = find(map, "price_per_hour"))
     m.price_per_hour = get_price(e->value, qualify(section, "price_per_hour"));
+  if (const Entry* e = find(map, "gpu_rates")) apply_gpu_rates(m.gpu_rates, *e, qualify(section, "gpu_rates"));
+  if (const Entry* e = find(map, "cpu_adam")) apply_cpu_adam(m.cpu_adam, *e, qualify(section, "cpu_adam"));
   resolve_topology(m, map, section, base_loc);
   return m;
 }
@@ -1038,6 +1137,13 @@ void apply_override(Node& root, const std::string& text) {
         preset.loc = loc;
         next.entries.push_back(Entry{"preset", loc, std::move(preset)});
       }
+    } else if (next.kind == Node::Kind::Scalar && i == 1 && path[0] == "model" && path[1] == "analytic") {
+      // `analytic: NAME` becomes {preset: NAME} so single shape keys can be overridden.
+      Node base = next;
+      next = Node{};
+      next.kind = Node::Kind::Map;
+      next.loc = base.loc;
+      next.entries.push_back(Entry{"preset", base.loc, std::move(base)});
     } else if (next.kind == Node::Kind::Scalar && i == 0 && path[0] == "machine") {
       // `machine: NAME` becomes {preset: NAME} (or {file: PATH}) so single keys can be overridden.
       Node base = next;
@@ -1058,7 +1164,7 @@ void apply_override(Node& root, const std::string& text) {
 // Config sections
 
 const std::vector<std::string> kTopKeys = {"model", "machine", "cost_model", "plan", "options", "search"};
-const std::vector<std::string> kModelKeys = {"profile"};
+const std::vector<std::string> kModelKeys = {"profile", "analytic"};
 const std::vector<std::string> kPlanKeys = {"mode",  "gpus",      "minibatch", "u_fwd",
                                             "u_bwd", "pack_size", "packs_fwd", "packs_bwd"};
 const std::vector<std::string> kOptionKeys = {"prefetch", "prefetch_buffers", "unequal_microbatches"};
@@ -1344,6 +1450,173 @@ MachineSpec parse_machine_section(const Node& root, const std::string& file, con
   return machine_from_preset(std::string(kDefaultPreset), SourceLoc{file, 0, 0}, 0);
 }
 
+// ------------------------------------------------------------------------------------------------
+// model: {profile: PATH} or {analytic: NAME | {...}} (docs/config.md, "model")
+
+const std::vector<std::string> kAnalyticKeys = {"preset",    "family",  "name",       "layers",      "hidden",
+                                                "heads",     "ffn",     "seq_len",    "vocab",       "tied_head",
+                                                "head",      "labels",  "image_size", "classes",     "dtype",
+                                                "optimizer", "kernels", "dropout",    "ubatch_sizes"};
+const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet"};
+const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
+const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
+const std::vector<std::string> kKernelStyles = {"eager", "fused"};
+const std::vector<std::string> kBertHeads = {"mlm", "classifier"};
+
+// One of `names` (the enum value at the same index).
+std::size_t get_choice(const Node& v, const std::string& what, const std::vector<std::string>& names,
+                       std::string_view kind) {
+  const std::string& s = expect_scalar(v, what, std::string(kind), fmt::format("{}: {}", kind, join(names)));
+  const auto it = std::find(names.begin(), names.end(), s);
+  if (it == names.end())
+    fail(v.loc, fmt::format("unknown {} '{}'", what, s), suggestion_hint(s, names, std::string(kind)));
+  return static_cast<std::size_t>(it - names.begin());
+}
+
+[[noreturn]] void fail_unknown_model_preset(const std::string& name, const SourceLoc& loc) {
+  fail(loc, fmt::format("unknown analytic model preset '{}'", name),
+       suggestion_hint(name, analytic_preset_names(), "presets") +
+           "; or describe the shape: {family: gpt, layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
+}
+
+AnalyticSpec parse_analytic(const Entry& e) {
+  const std::string what = "model.analytic";
+  if (e.value.kind == Node::Kind::Scalar) {
+    const auto preset = analytic_preset(e.value.scalar);
+    if (!preset) fail_unknown_model_preset(e.value.scalar, e.value.loc);
+    return *preset;
+  }
+  if (e.value.kind != Node::Kind::Map)
+    fail(e.value.loc, fmt::format("{} must be a preset name or a mapping, got {}", what, describe(e.value)),
+         "e.g. analytic: gpt2-medium, or analytic: {preset: gpt3-13b, dtype: fp16}, or analytic: {family: gpt, "
+         "layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
+  const Node& map = e.value;
+  check_keys(map, what, kAnalyticKeys);
+  AnalyticSpec spec;
+  const Entry* preset = find(map, "preset");
+  const Entry* family = find(map, "family");
+  if (preset) {
+    const std::string name = get_string(preset->value, what + ".preset");
+    const auto p = analytic_preset(name);
+    if (!p) fail_unknown_model_preset(name, preset->value.loc);
+    spec = *p;
+  }
+  if (family) {
+    const auto f = static_cast<ModelFamily>(get_choice(family->value, what + ".family", kFamilies, "families"));
+    if (preset && f != spec.family)
+      fail(family->value.loc,
+           fmt::format("{}.family '{}' contradicts preset '{}' ({})", what, family->value.scalar, preset->value.scalar,
+                       kFamilies[static_cast<std::size_t>(spec.family)]),
+           "leave family out when a preset is given");
+    spec.family = f;
+  } else if (!preset) {
+    fail(e.key_loc, fmt::format("{} needs a family or a preset", what),
+         fmt::format("add family: gpt (or bert, resnet), or preset: NAME; presets: {}", join(analytic_preset_names())));
+  }
+  const bool resnet = spec.family == ModelFamily::Resnet;
+  const std::string& fam = kFamilies[static_cast<std::size_t>(spec.family)];
+  // Keys that belong to other families are errors, not silently ignored.
+  const auto only_for = [&](std::string_view key, bool ok, std::string_view families) {
+    if (const Entry* x = find_any(map, key); x && !ok)
+      fail(x->key_loc, fmt::format("{}.{} does not apply to family {}", what, key, fam),
+           fmt::format("{} is a key of {} models only", key, families));
+  };
+  only_for("hidden", !resnet, "gpt and bert");
+  only_for("heads", !resnet, "gpt and bert");
+  only_for("ffn", !resnet, "gpt and bert");
+  only_for("seq_len", !resnet, "gpt and bert");
+  only_for("vocab", !resnet, "gpt and bert");
+  only_for("tied_head", !resnet, "gpt and bert");
+  only_for("dropout", !resnet, "gpt and bert");
+  only_for("kernels", !resnet, "gpt and bert");
+  only_for("head", spec.family == ModelFamily::Bert, "bert");
+  only_for("labels", spec.family == ModelFamily::Bert, "bert");
+  only_for("image_size", resnet, "resnet");
+  only_for("classes", resnet, "resnet");
+  const auto int_key = [&](std::string_view key, int& field, int min, bool required) -> const Entry* {
+    const Entry* x = find(map, key);
+    if (x) {
+      field = get_int(x->value, fmt::format("{}.{}", what, key), min);
+    } else if (required) {
+      const std::string shape =
+          resnet ? "layers: 50 (the depth: 50, 101 or 152)" : "layers, hidden, heads, seq_len and vocab";
+      require(map, key, what, e.key_loc,
+              fmt::format("a {} model without a preset needs {}; or start from a preset: {}", fam, shape,
+                          join(analytic_preset_names())));
+    }
+    return x;
+  };
+  const Entry* layers = int_key("layers", spec.layers, 1, !preset);
+  const Entry* hidden = int_key("hidden", spec.hidden, 1, !preset && !resnet);
+  const Entry* heads = int_key("heads", spec.heads, 1, !preset && !resnet);
+  int_key("ffn", spec.ffn, 1, false);
+  int_key("seq_len", spec.seq_len, 2, !preset && !resnet);
+  int_key("vocab", spec.vocab, 2, !preset && !resnet);
+  int_key("labels", spec.labels, 1, false);
+  int_key("image_size", spec.image_size, 32, false);
+  int_key("classes", spec.classes, 1, false);
+  if (const Entry* x = find(map, "name")) spec.name = get_string(x->value, what + ".name");
+  if (const Entry* x = find(map, "tied_head")) spec.tied_head = get_bool(x->value, what + ".tied_head");
+  if (const Entry* x = find(map, "dropout")) spec.dropout = get_bool(x->value, what + ".dropout");
+  if (const Entry* x = find(map, "head"))
+    spec.bert_head = static_cast<BertHead>(get_choice(x->value, what + ".head", kBertHeads, "heads"));
+  if (const Entry* x = find(map, "dtype"))
+    spec.dtype = static_cast<DType>(get_choice(x->value, what + ".dtype", kDTypes, "dtypes"));
+  if (const Entry* x = find(map, "optimizer"))
+    spec.optimizer = static_cast<OptimizerKind>(get_choice(x->value, what + ".optimizer", kOptimizers, "optimizers"));
+  if (const Entry* x = find(map, "kernels"))
+    spec.kernels = static_cast<KernelStyle>(get_choice(x->value, what + ".kernels", kKernelStyles, "kernel styles"));
+  if (const Entry* x = find(map, "ubatch_sizes")) {
+    spec.ubatch_sizes.clear();
+    const std::string w = what + ".ubatch_sizes";
+    for (const Node* item : get_list(x->value, w, "ubatch_sizes: [1, 2, 4, 8, 16]")) {
+      const int u = get_int(*item, w + " entries", 1);
+      if (!spec.ubatch_sizes.empty() && u <= spec.ubatch_sizes.back())
+        fail(item->loc, fmt::format("{} must be strictly ascending: {} follows {}", w, u, spec.ubatch_sizes.back()),
+             "list each microbatch size once, smallest first, e.g. [1, 2, 4, 8, 16]");
+      spec.ubatch_sizes.push_back(u);
+    }
+    if (spec.ubatch_sizes.empty())
+      fail(x->value.loc, fmt::format("{} must list at least one size", w), "e.g. ubatch_sizes: [1, 2, 4, 8, 16]");
+  }
+  // Shape checks, located at the key that breaks them (the rest at `analytic:`).
+  if (resnet && spec.layers != 50 && spec.layers != 101 && spec.layers != 152)
+    fail(layers ? layers->value.loc : e.key_loc, fmt::format("{}.layers = {} is not a ResNet depth", what, spec.layers),
+         "resnet layers is the depth: 50, 101 or 152");
+  if (!resnet && spec.heads > 0 && spec.hidden % spec.heads != 0)
+    fail(heads ? heads->value.loc : (hidden ? hidden->value.loc : e.key_loc),
+         fmt::format("{}.heads = {} does not divide hidden = {}", what, spec.heads, spec.hidden),
+         "the head size is hidden / heads: pick heads that divide hidden");
+  if (const std::string problem = analytic_spec_problem(spec); !problem.empty())
+    fail(e.key_loc, fmt::format("{}: {}", what, problem), "see docs/config.md, model.analytic");
+  return spec;
+}
+
+ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::string& base_dir) {
+  check_keys(model, "model", kModelKeys);
+  const Entry* profile = find(model, "profile");
+  const Entry* analytic = find(model, "analytic");
+  const std::string hint =
+      "give `profile: PATH/TO/PROFILE.json` (a measured profile, relative to this file's folder) or `analytic: "
+      "NAME` / `analytic: {...}` (a model from formulas, docs/config.md)";
+  if (profile && analytic)
+    fail(analytic->key_loc, "model.profile and model.analytic are both given", "give exactly one: " + hint);
+  ModelSpec spec;
+  if (analytic) {
+    spec.analytic = parse_analytic(*analytic);
+    spec.loc = analytic->value.loc;
+    return spec;
+  }
+  if (!profile) {
+    if (const Entry* empty = find_any(model, "profile")) fail(empty->key_loc, "model.profile has no value", hint);
+    if (const Entry* empty = find_any(model, "analytic")) fail(empty->key_loc, "model.analytic has no value", hint);
+    fail(model_loc, "missing required field model.profile (or model.analytic)", hint);
+  }
+  spec.profile_path = resolve_path(base_dir, get_string(profile->value, "model.profile"));
+  spec.loc = profile->value.loc;
+  return spec;
+}
+
 std::string parse_cost_model(const Entry& e) {
   const std::string& name = expect_scalar(e.value, "cost_model", "a cost model name", "cost models: reference, native");
   if (name != "reference" && name != "native")
@@ -1372,11 +1645,7 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
     if (const Entry* e = find_any(root, "model")) fail(e->key_loc, "model has no value", start_hint);
     fail(SourceLoc{file, 0, 0}, "missing required section 'model'", "add `model: {profile: PATH/TO/PROFILE.json}`");
   }
-  check_keys(*model, "model", kModelKeys);
-  const Entry& profile = require(*model, "profile", "model", find(root, "model")->key_loc,
-                                 "add `profile: PATH/TO/PROFILE.json` under model: (relative to this file's folder)");
-  cfg.model.profile_path = resolve_path(base_dir, get_string(profile.value, "model.profile"));
-  cfg.model.loc = profile.value.loc;
+  cfg.model = parse_model(*model, find(root, "model")->key_loc, base_dir);
 
   cfg.machine = parse_machine_section(root, file, base_dir);
   if (const Entry* e = find(root, "cost_model")) cfg.cost_model = parse_cost_model(*e);
@@ -1626,6 +1895,23 @@ namespace {
 }
 
 }  // namespace
+
+Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
+  if (!spec.analytic) return load_profile(spec.profile_path);
+  if (!machine.gpu_rates.valid()) {
+    std::vector<std::string> with_rates;
+    for (const std::string& name : machine_preset_names()) {
+      if (machine_preset(name).gpu_rates.valid()) with_rates.push_back(name);
+    }
+    throw ConfigError(
+        spec.loc,
+        fmt::format("an analytic model needs the machine's gpu_rates, and machine '{}' has none", machine.name),
+        fmt::format("add gpu_rates: {{matrix_fp32: ..., memory: ...}} to the machine (docs/machines.md), "
+                    "or start from a preset that has them: {}",
+                    join(with_rates)));
+  }
+  return analytic_model(*spec.analytic, machine.gpu_rates, machine.cpu_adam);
+}
 
 Plan plan_from_spec(const PlanSpec& ps, const Model& model, const std::string& file, std::string_view who) {
   Plan p;

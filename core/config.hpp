@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/analytic.hpp"
 #include "core/error.hpp"
 #include "core/machine.hpp"
 #include "core/model.hpp"
@@ -16,9 +17,11 @@
 
 namespace harmony::core {
 
+// `model:` names a measured profile or describes a model the analytic formulas cost (core/analytic.hpp).
 struct ModelSpec {
-  std::string profile_path;  // resolved: relative paths are taken from the config file's folder
-  SourceLoc loc;             // where `profile:` was written, for errors about the file
+  std::string profile_path;              // resolved: relative paths are taken from the config file's folder
+  std::optional<AnalyticSpec> analytic;  // set for `analytic:` (then profile_path is empty)
+  SourceLoc loc;                         // where `profile:` or `analytic:` was written, for errors about it
 };
 
 // The plan section. mode/gpus/minibatch are needed by both commands; the rest only by simulate.
@@ -128,6 +131,9 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
 // packs must cover the model, sizes must lie in its profiled range. ConfigError at the `plan:` section (or
 // `file`), whose message starts with `who` ("`simulate`") where a field is missing.
 Plan plan_from_spec(const PlanSpec& spec, const Model& model, const std::string& file, std::string_view who);
+// The model a config names: its profile (core::load_profile), or the analytic model of its shape on `machine`'s
+// gpu_rates (ConfigError at the `analytic:` key when the machine has none).
+Model load_model(const ModelSpec& spec, const MachineSpec& machine);
 // A machine YAML file, or a built-in preset name ("paper-1080ti").
 MachineSpec load_machine_file(const std::string& path);
 MachineSpec machine_preset(const std::string& name);  // throws ConfigError listing the presets

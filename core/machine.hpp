@@ -51,6 +51,28 @@ struct Topology {
   bool valid() const { return !gpus.empty(); }
 };
 
+// What the analytic models (core/analytic.hpp) price a layer with: one GPU's peak rates, how close real
+// kernels come to them, and the framework's fixed costs (docs/machines.md, `gpu_rates`). Zero = not given.
+struct GpuRates {
+  double matrix_fp32_flops_per_s = 0;  // dense FP32 GEMM peak (CUDA cores; no TF32)
+  double matrix_fp16_flops_per_s = 0;  // dense FP16/BF16 GEMM peak with FP32 accumulation (tensor cores)
+  double memory_bytes_per_s = 0;       // DRAM bandwidth
+  double gemm_efficiency_max = 0;      // eff_max: the fraction of the peak a large GEMM reaches
+  double gemm_half_flops = 0;          // a GEMM of this many FLOPs reaches eff_max / 2
+  double vector_efficiency = 0;        // fraction of memory_bytes_per_s elementwise and reduction kernels reach
+  double kernel_floor_s = 0;           // the least time one kernel takes (launch and framework dispatch)
+  double forward_overhead_s = 0;       // fixed cost of one layer's forward call
+  double backward_overhead_s = 0;      // fixed extra cost of one layer's backward call (autograd)
+  bool valid() const { return matrix_fp32_flops_per_s > 0 && memory_bytes_per_s > 0; }
+};
+
+// The host-side optimizer step the analytic models charge per layer: Adam(W) over the layer's FP32
+// parameters at `bytes_per_s` of parameters, plus a fixed `per_layer_s`. Zero = the documented default.
+struct CpuAdam {
+  double bytes_per_s = 0;
+  double per_layer_s = 0;
+};
+
 struct MachineSpec {
   std::string name;                    // preset or file name, for reports
   std::string gpu_name;                // "GTX 1080 Ti"
@@ -62,6 +84,8 @@ struct MachineSpec {
   double bw_msg_bytes_per_s = 16.0 * static_cast<double>(kGiB);   // CPU<->CPU message
   double time_del_s = 0.040;                                      // freeing one task's tensors
   double price_per_hour = 0;                                      // optional, for cost estimates
+  GpuRates gpu_rates;                                             // optional: compute rates for analytic models
+  CpuAdam cpu_adam;   // optional: the CPU optimizer's throughput for analytic models
   Topology topology;  // the native model's view; empty for reference-only machines
 };
 

@@ -118,7 +118,7 @@ void print_report_table(const core::RunReport& r) {
 
 int cmd_simulate(const Cli& cli) {
   const auto cfg = core::load_config(cli.config, cli.sets);
-  const auto model = core::load_profile(cfg.model.profile_path);
+  const auto model = core::load_model(cfg.model, cfg.machine);
   const auto plan = plan_from_config(cfg, model);
   const auto t0 = std::chrono::steady_clock::now();
   const auto e = sim::evaluate_plan(model, cfg.machine, plan, lower_options(cfg), cfg.cost_model);
@@ -152,7 +152,7 @@ int cmd_simulate(const Cli& cli) {
 
 int cmd_search(const Cli& cli) {
   const auto cfg = core::load_config(cli.config, cli.sets);
-  const auto model = core::load_profile(cfg.model.profile_path);
+  const auto model = core::load_model(cfg.model, cfg.machine);
   core::SearchSpace space;
   space.mode = cfg.plan.mode;
   space.gpus = cfg.plan.gpus;
@@ -227,7 +227,7 @@ int cmd_search(const Cli& cli) {
 
 int cmd_compare(const Cli& cli) {
   const auto cfg = core::load_config(cli.config, cli.sets);
-  const auto model = core::load_profile(cfg.model.profile_path);
+  const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
                                            cfg.search, cfg.options);
