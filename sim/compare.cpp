@@ -24,6 +24,90 @@ core::RunReport evaluate_baseline(const core::Model& model, const core::MachineS
   return r;
 }
 
+KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
+                             int minibatch, const std::string& cost_model, const core::SearchSpec& search,
+                             const core::Options& options) {
+  const auto capacity =
+      static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
+  KindResult kr;
+  kr.kind = kind;
+  const std::string name = core::plan_kind_name(kind);
+  if (!core::is_baseline(kind)) {
+    if (kind == core::PlanKind::HarmonyDP && minibatch < gpus) {
+      kr.applicable = false;
+      kr.reason = fmt::format("harmony-dp over {} GPUs needs a minibatch of at least {} (one sample per GPU), not {}",
+                              gpus, gpus, minibatch);
+      return kr;
+    }
+    core::SearchSpace space;
+    space.mode = kind == core::PlanKind::HarmonyPP ? core::Mode::HarmonyPP : core::Mode::HarmonyDP;
+    space.gpus = gpus;
+    space.minibatch = minibatch;
+    space.capacity_bytes = capacity;
+    space.unequal_microbatches = options.unequal_microbatches;
+    space.spec = search;
+    space.spec.threads = 1;
+    space.spec.top_k = 1;
+    space.spec.fit_rule = false;
+    core::LowerOptions lower;
+    lower.prefetch = options.prefetch;
+    lower.prefetch_buffers = options.prefetch_buffers;
+    const auto cands = core::enumerate_candidates(model, space);
+    kr.candidates = cands.size();
+    const auto res = core::run_search(
+        cands, space, [&](const core::Plan& p) { return evaluate_plan(model, machine, p, lower, cost_model).report; });
+    kr.deadlocked = res.num_deadlocked;
+    if (!res.ranked.empty()) {
+      kr.feasible = true;
+      kr.best = res.ranked.front().report;
+      kr.best.plan_kind = name;
+    } else {
+      kr.reason = cands.empty() ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
+                                              static_cast<double>(capacity) / static_cast<double>(core::kMiB))
+                                : fmt::format("all {} candidates exceed a capacity or deadlock", cands.size());
+    }
+    return kr;
+  }
+  if (kind != core::PlanKind::PpSwap && minibatch % gpus != 0) {
+    kr.applicable = false;
+    kr.reason =
+        fmt::format("{} splits the minibatch evenly: {} GPUs do not divide minibatch {}", name, gpus, minibatch);
+    return kr;
+  }
+  if (kind == core::PlanKind::PpSwap && gpus > model.num_layers()) {
+    kr.applicable = false;
+    kr.reason = fmt::format("pp-swap needs a layer per stage: {} GPUs for {} layers", gpus, model.num_layers());
+    return kr;
+  }
+  core::BaselineSearchOptions bo;
+  bo.ubatch_step = search.ubatch_step;
+  bo.ubatch_sizes = search.u_bwd;
+  std::vector<core::BaselinePlan> plans;
+  try {
+    plans = core::enumerate_baseline_plans(kind, model, gpus, minibatch, capacity, bo);
+  } catch (const core::ScheduleError& e) {
+    kr.reason = e.what();
+  }
+  kr.candidates = plans.size();
+  if (!plans.empty()) {
+    const auto res = core::run_baseline_search(
+        plans, [&](const core::BaselinePlan& p) { return evaluate_baseline(model, machine, p, cost_model); }, 1, -1);
+    kr.deadlocked = res.num_deadlocked;
+    for (const auto& r : res.ranked) {
+      if (r.report.deadlock || !r.report.feasible) continue;
+      kr.feasible = true;
+      kr.best = r.report;
+      kr.baseline = plans[r.plan];
+      break;
+    }
+    if (!kr.feasible) kr.reason = fmt::format("all {} plans exceed a capacity or deadlock", plans.size());
+  } else if (kr.reason.empty()) {
+    kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
+                            static_cast<double>(capacity) / static_cast<double>(core::kMiB));
+  }
+  return kr;
+}
+
 CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
                                  const std::string& cost_model, const core::SearchSpec& search,
                                  const core::Options& options) {
@@ -32,72 +116,9 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
   out.kinds.resize(names.size());
   // Each kind's search runs on one thread; the kinds run side by side on all cores (deterministic:
   // every kind writes only its own slot).
-  core::SearchSpec one_thread = search;
-  one_thread.threads = 1;
-  const auto capacity =
-      static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
   auto solve = [&](std::size_t slot) {
-    const std::string& name = names[slot];
-    const core::PlanKind kind = *core::parse_plan_kind(name);
-    KindResult kr;
-    kr.kind = kind;
-    if (!core::is_baseline(kind)) {
-      core::SearchSpace space;
-      space.mode = kind == core::PlanKind::HarmonyPP ? core::Mode::HarmonyPP : core::Mode::HarmonyDP;
-      space.gpus = gpus;
-      space.minibatch = minibatch;
-      space.capacity_bytes = capacity;
-      space.unequal_microbatches = options.unequal_microbatches;
-      space.spec = one_thread;
-      space.spec.top_k = 1;
-      space.spec.fit_rule = false;
-      core::LowerOptions lower;
-      lower.prefetch = options.prefetch;
-      lower.prefetch_buffers = options.prefetch_buffers;
-      const auto cands = core::enumerate_candidates(model, space);
-      kr.candidates = cands.size();
-      const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
-        return evaluate_plan(model, machine, p, lower, cost_model).report;
-      });
-      if (!res.ranked.empty()) {
-        kr.feasible = true;
-        kr.best = res.ranked.front().report;
-        kr.best.plan_kind = name;
-      } else {
-        kr.reason = cands.empty() ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
-                                                static_cast<double>(capacity) / static_cast<double>(core::kMiB))
-                                  : fmt::format("all {} candidates exceed a capacity or deadlock", cands.size());
-      }
-    } else {
-      core::BaselineSearchOptions bo;
-      bo.ubatch_step = search.ubatch_step;
-      bo.ubatch_sizes = search.u_bwd;
-      std::vector<core::BaselinePlan> plans;
-      try {
-        plans = core::enumerate_baseline_plans(kind, model, gpus, minibatch, capacity, bo);
-      } catch (const core::ScheduleError& e) {
-        kr.reason = e.what();
-      }
-      kr.candidates = plans.size();
-      if (!plans.empty()) {
-        const auto res = core::run_baseline_search(
-            plans, [&](const core::BaselinePlan& p) { return evaluate_baseline(model, machine, p, cost_model); }, 1,
-            -1);
-        for (const auto& r : res.ranked) {
-          if (r.report.deadlock || !r.report.feasible) continue;
-          kr.feasible = true;
-          kr.best = r.report;
-          break;
-        }
-        if (!kr.feasible) {
-          kr.reason = fmt::format("all {} plans exceed a capacity or deadlock", plans.size());
-        }
-      } else if (kr.reason.empty()) {
-        kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
-                                static_cast<double>(capacity) / static_cast<double>(core::kMiB));
-      }
-    }
-    out.kinds[slot] = std::move(kr);
+    out.kinds[slot] = best_plan_of_kind(*core::parse_plan_kind(names[slot]), model, machine, gpus, minibatch,
+                                        cost_model, search, options);
   };
   unsigned threads = search.threads > 0 ? static_cast<unsigned>(search.threads) : std::thread::hardware_concurrency();
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(names.size())));

@@ -3,6 +3,7 @@
 // same cost model, or the reason it does not fit.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,9 +17,12 @@ namespace harmony::sim {
 struct KindResult {
   core::PlanKind kind = core::PlanKind::HarmonyPP;
   bool feasible = false;
-  std::string reason;          // why no plan of this kind fits (when !feasible)
-  std::size_t candidates = 0;  // plans evaluated
-  core::RunReport best;        // valid when feasible
+  bool applicable = true;                      // false: the kind cannot run this N and D at all (reason says why)
+  std::string reason;                          // why no plan of this kind fits (when !feasible)
+  std::size_t candidates = 0;                  // plans evaluated
+  std::size_t deadlocked = 0;                  // of which deadlocked
+  core::RunReport best;                        // valid when feasible
+  std::optional<core::BaselinePlan> baseline;  // baselines: the best plan's knobs (when feasible)
   double speedup_over_best_baseline = 0.0;
 };
 
@@ -26,6 +30,12 @@ struct CompareResult {
   std::vector<KindResult> kinds;  // in core::plan_kind_names() order
   double best_baseline_time_s = 0.0;
 };
+
+// The best plan of one kind, searched on the calling thread (search.threads is ignored): Harmony kinds
+// through core::run_search (top 1, no fit rule), baselines through core::run_baseline_search.
+KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
+                             int minibatch, const std::string& cost_model, const core::SearchSpec& search,
+                             const core::Options& options);
 
 // Searches every plan kind. `search` and `options` shape the Harmony searches (packing methods,
 // microbatch lists, stride); baselines use the same microbatch stride and lists.

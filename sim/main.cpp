@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -16,9 +17,11 @@
 #include "core/profile.hpp"
 #include "core/search.hpp"
 #include "core/trace.hpp"
+#include "sim/bottleneck.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
+#include "sim/sweep_cli.hpp"
 
 using namespace harmony;
 
@@ -44,6 +47,18 @@ core::LowerOptions lower_options(const core::RunConfig& cfg) {
   o.prefetch = cfg.options.prefetch;
   o.prefetch_buffers = cfg.options.prefetch_buffers;
   return o;
+}
+
+// The bottleneck report of a plan, re-simulated with the native engine (with the reference cost model: the
+// engine's reference settings, which reproduce it) — docs/bottleneck.md.
+sim::Bottleneck bottleneck_of(const core::Program& program, const core::Model& model, const core::RunConfig& cfg) {
+  sim::NativeOptions o;
+  if (cfg.cost_model == "reference") {
+    o.contention = false;
+    o.latency = false;
+    o.reference_bandwidths = true;
+  }
+  return sim::analyze_bottleneck(program, model, cfg.machine, sim::run_native(program, model, cfg.machine, o), o);
 }
 
 void write_trace(const std::string& path, const sim::Evaluation& e, const std::string& title, const core::Model& model,
@@ -132,9 +147,11 @@ int cmd_simulate(const Cli& cli) {
                         {"prefetch", cfg.options.prefetch},
                         {"result", core::report_to_json(e.report)},
                         {"wall_time_s", dt}};
+    if (!e.report.deadlock) j["bottleneck"] = sim::bottleneck_json(e.program, bottleneck_of(e.program, model, cfg));
     std::cout << j.dump(2) << "\n";
   } else {
     print_report_table(e.report);
+    if (!e.report.deadlock) fmt::print("\n{}", sim::bottleneck_text(e.program, bottleneck_of(e.program, model, cfg)));
     fmt::print("simulated {} ops in {:.3f} ms\n", e.program.ops.size(), dt * 1e3);
     if (!cli.trace.empty()) fmt::print("trace written to {}\n", cli.trace);
   }
@@ -171,9 +188,12 @@ int cmd_search(const Cli& cli) {
     return e.report;
   });
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!cli.trace.empty() && !res.ranked.empty()) {
-    const auto best = sim::evaluate_plan(model, cfg.machine, res.ranked.front().report.plan, lower, cfg.cost_model);
-    write_trace(cli.trace, best, plan_title(best.report), model, cfg.machine);
+  std::optional<sim::Evaluation> best;
+  std::optional<sim::Bottleneck> best_bottleneck;
+  if (!res.ranked.empty()) {
+    best = sim::evaluate_plan(model, cfg.machine, res.ranked.front().report.plan, lower, cfg.cost_model);
+    best_bottleneck = bottleneck_of(best->program, model, cfg);
+    if (!cli.trace.empty()) write_trace(cli.trace, *best, plan_title(best->report), model, cfg.machine);
   }
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();
@@ -193,6 +213,7 @@ int cmd_search(const Cli& cli) {
                         {"fit_rule", space.spec.fit_rule},
                         {"results", std::move(results)},
                         {"wall_time_s", dt}};
+    if (best_bottleneck) j["best_bottleneck"] = sim::bottleneck_json(best->program, *best_bottleneck);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -221,6 +242,7 @@ int cmd_search(const Cli& cli) {
                core::packs_to_string(r.plan.packs_bwd), wb, r.method_fwd.empty() ? "-" : r.method_fwd, r.method_bwd);
   }
   fmt::print("\n{}\n", core::summary_line(res.ranked.front().report, "Top1"));
+  fmt::print("\nTop1 {}", sim::bottleneck_text(best->program, *best_bottleneck));
   if (!cli.trace.empty()) fmt::print("trace of the best plan written to {}\n", cli.trace);
   return 0;
 }
@@ -305,6 +327,7 @@ int run_cli(int argc, char** argv) {
       app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
   add_common(compare_cmd);
   auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
+  sim::SweepCommands sweep_cmds(app);  // `sweep` and `merge` (sim/sweep_cli.cpp)
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -322,6 +345,7 @@ int run_cli(int argc, char** argv) {
       }
       return 0;
     }
+    if (sweep_cmds.selected()) return sweep_cmds.run();
     if (*sim_cmd) return cmd_simulate(cli);
     if (*compare_cmd) return cmd_compare(cli);
     return cmd_search(cli);

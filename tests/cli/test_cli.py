@@ -56,6 +56,13 @@ options: {{prefetch: false}}
             for key in ["end_time_s", "compute_time_s", "peak_memory_bytes"]:
                 check(f"per_gpu has {key}", key in g, g)
         check("simulate memory", j["per_gpu"][0]["peak_memory_bytes"] == 7483408384, j["per_gpu"])
+        bn = json.loads(r.stdout).get("bottleneck", {})
+        check("simulate json has a bottleneck report", bn.get("binding") in
+              {"compute", "host links", "gpu-gpu links", "cpu optimizer", "host memcpy"}, bn.get("binding"))
+        check("bottleneck per GPU", len(bn.get("per_gpu", [])) == 2, bn.get("per_gpu"))
+        check("bottleneck what-if", len(bn.get("what_if", [])) == 5 and
+              all(w["speedup"] > 0 for w in bn["what_if"]), bn.get("what_if"))
+        check("bottleneck critical path", len(bn.get("critical_path", {}).get("ops", [])) > 0, bn.get("critical_path"))
         t = json.load(open(trace))
         xs = [e for e in t["traceEvents"] if e["ph"] == "X"]
         check("trace has 88 ops", len(xs) == 88, len(xs))

@@ -1,0 +1,250 @@
+// The bottleneck report: gates (the predecessor of an op that ended last), the critical path walked back
+// from the last op, the compute-stream breakdown per GPU, and the what-if re-simulations (docs/bottleneck.md).
+#include "sim/bottleneck.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace harmony::sim {
+
+namespace {
+
+using core::Op;
+using core::OpKind;
+using core::Stream;
+
+std::size_t z(int i) { return static_cast<std::size_t>(i); }
+double secs(core::TimePs ps) { return static_cast<double>(ps) / static_cast<double>(core::kPsPerSecond); }
+
+// The ops that must end before `o` may begin: its deps, its stream predecessor and, for one side of a P2P
+// rendezvous, the other side's deps and predecessor too (the two start together).
+std::vector<int> gates_of(const core::Program& p, int o) {
+  std::vector<int> g;
+  auto add = [&](int x) {
+    const Op& op = p.ops[z(x)];
+    g.insert(g.end(), op.deps.begin(), op.deps.end());
+    if (op.queue_pos > 0) g.push_back(p.queues[z(op.queue)].ops[z(op.queue_pos - 1)]);
+  };
+  add(o);
+  if (p.ops[z(o)].peer >= 0) add(p.ops[z(o)].peer);
+  g.erase(std::remove(g.begin(), g.end(), o), g.end());
+  return g;
+}
+
+// The gate that ended last (ties: the lower op id); -1 when none ran.
+int last_gate(const core::Program& p, const Timeline& t, int o) {
+  int best = -1;
+  for (int g : gates_of(p, o)) {
+    if (t.end_ps[z(g)] < 0) continue;
+    if (best < 0 || t.end_ps[z(g)] > t.end_ps[z(best)] || (t.end_ps[z(g)] == t.end_ps[z(best)] && g < best)) best = g;
+  }
+  return best;
+}
+
+bool is_compute_kind(OpKind k) { return k == OpKind::FWD || k == OpKind::REC || k == OpKind::BWD; }
+bool is_collective(OpKind k) { return k == OpKind::ARD || k == OpKind::AG || k == OpKind::RS; }
+bool on_peer_stream(const Op& o) { return o.stream == Stream::P2PIn || o.stream == Stream::P2POut; }
+
+core::TimePs iteration_end(const Timeline& t) {
+  core::TimePs e = 0;
+  for (core::TimePs x : t.end_ps) e = std::max(e, x);
+  return e;
+}
+
+core::MachineSpec scaled_links(core::MachineSpec m, bool host, bool peer, bool memcpy) {
+  if (host) {
+    m.bw_swap_bytes_per_s *= 2;
+    for (auto& g : m.topology.gpus) g.link_bytes_per_s *= 2;
+    for (auto& s : m.topology.switches) s.uplink_bytes_per_s *= 2;
+    m.topology.inter_socket_bytes_per_s *= 2;
+  }
+  if (peer) {
+    m.bw_p2p_bytes_per_s *= 2;
+    for (auto& l : m.topology.nvlinks) l.bytes_per_s *= 2;
+  }
+  if (memcpy) {
+    m.bw_msg_bytes_per_s *= 2;
+    m.topology.host_memcpy_bytes_per_s *= 2;
+  }
+  return m;
+}
+
+}  // namespace
+
+Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
+                              const NativeResult& result, const NativeOptions& options) {
+  const Timeline& t = result.timeline;
+  Bottleneck b;
+  const core::TimePs end = iteration_end(t);
+  b.iteration_time_s = secs(end);
+  b.feasible = result.feasible;
+  if (t.deadlock || program.ops.empty()) return b;
+
+  // Critical path: from the op that ends last, back through the gate that ended last.
+  int cur = -1;
+  for (std::size_t o = 0; o < program.ops.size(); ++o)
+    if (cur < 0 || t.end_ps[o] > t.end_ps[z(cur)]) cur = static_cast<int>(o);
+  std::vector<CriticalStep> path;
+  while (cur >= 0) {
+    const int gate = last_gate(program, t, cur);
+    const core::TimePs ready = gate >= 0 ? t.end_ps[z(gate)] : 0;
+    path.push_back({cur, secs(std::max<core::TimePs>(0, t.begin_ps[z(cur)] - ready)), secs(t.duration_ps[z(cur)])});
+    cur = gate;
+  }
+  std::reverse(path.begin(), path.end());
+  for (const CriticalStep& s : path) {
+    const Op& op = program.ops[z(s.op)];
+    b.path_wait_s += s.wait_s;
+    if (is_compute_kind(op.kind)) {
+      b.path_compute_s += s.run_s;
+    } else if (op.stream == Stream::Cpu) {
+      b.path_cpu_s += s.run_s;
+    } else if (core::is_transfer(op.kind)) {
+      b.path_transfer_s += s.run_s;
+    } else {
+      b.path_other_s += s.run_s;
+    }
+  }
+  b.critical_path = std::move(path);
+
+  // Per GPU: walk its Compute queue(s) in order; a gap before an op is charged to what its last gate was.
+  for (int g = 0; g < program.num_devices(); ++g) {
+    GpuBreakdown gb;
+    gb.gpu = g;
+    core::TimePs cursor = 0;
+    for (const core::OpQueue& q : program.queues) {
+      if (q.device != g || q.stream != Stream::Compute) continue;
+      for (int o : q.ops) {
+        if (t.begin_ps[z(o)] < 0) continue;
+        const Op& op = program.ops[z(o)];
+        const double gap = secs(std::max<core::TimePs>(0, t.begin_ps[z(o)] - cursor));
+        if (gap > 0) {
+          const int gate = last_gate(program, t, o);
+          const Op* go = gate >= 0 ? &program.ops[z(gate)] : nullptr;
+          if (go == nullptr || is_compute_kind(go->kind) || go->kind == OpKind::DEL) {
+            gb.idle_s += gap;
+          } else if (go->stream == Stream::Cpu) {
+            gb.wait_cpu_s += gap;
+          } else if (on_peer_stream(*go) || is_collective(go->kind)) {
+            gb.wait_peer_s += gap;
+          } else {
+            gb.wait_swap_s += gap;
+          }
+        }
+        const double run = secs(t.duration_ps[z(o)]);
+        if (is_compute_kind(op.kind)) {
+          gb.compute_s += run;
+        } else if (is_collective(op.kind)) {
+          gb.wait_peer_s += run;
+        } else {
+          gb.idle_s += run;
+        }
+        cursor = std::max(cursor, t.end_ps[z(o)]);
+      }
+    }
+    gb.idle_s += secs(std::max<core::TimePs>(0, end - cursor));
+    b.per_gpu.push_back(gb);
+  }
+
+  // What if one resource were twice as fast?
+  auto variant = [&](const std::string& resource, const std::string& change, const core::Model& m,
+                     const core::MachineSpec& mach) {
+    const NativeResult r = run_native(program, m, mach, options);
+    WhatIf w;
+    w.resource = resource;
+    w.change = change;
+    w.iteration_time_s = secs(iteration_end(r.timeline));
+    w.feasible = r.feasible && !r.timeline.deadlock;
+    w.speedup = w.iteration_time_s > 0 ? b.iteration_time_s / w.iteration_time_s : 1.0;
+    b.what_if.push_back(w);
+  };
+  core::Model fast = model;
+  for (auto& l : fast.layers) {
+    for (double& x : l.fwd_time_s) x /= 2;
+    for (double& x : l.bwd_time_s) x /= 2;
+  }
+  variant("compute", "every layer's forward and backward time halved", fast, machine);
+  variant("host links", "PCIe host<->GPU bandwidth doubled (GPU links, switch uplinks, inter-socket, bw_swap)", model,
+          scaled_links(machine, true, false, false));
+  variant("gpu-gpu links", "GPU-to-GPU bandwidth doubled (NVLink, bw_p2p)", model,
+          scaled_links(machine, false, true, false));
+  core::Model cpu = model;
+  for (auto& l : cpu.layers) l.update_time_cpu_s /= 2;
+  variant("cpu optimizer", "every layer's CPU update time halved", cpu, machine);
+  variant("host memcpy", "host memory copies doubled (CPU messages, staging, bw_msg)", model,
+          scaled_links(machine, false, false, true));
+  if (!result.feasible) {
+    core::MachineSpec big = machine;
+    big.gpu_memory_bytes *= 2;
+    variant("memory", "GPU memory doubled", model, big);
+  }
+  std::stable_sort(b.what_if.begin(), b.what_if.end(), [](const WhatIf& x, const WhatIf& y) {
+    if (x.feasible != y.feasible) return x.feasible;
+    return x.speedup > y.speedup;
+  });
+  if (!result.feasible) {
+    b.binding = "memory";
+  } else if (!b.what_if.empty() && b.what_if.front().speedup > 1.0 + 1e-9) {
+    b.binding = b.what_if.front().resource;
+  } else {
+    b.binding = "none (no single resource doubled helps)";
+  }
+  return b;
+}
+
+nlohmann::json bottleneck_json(const core::Program& program, const Bottleneck& b) {
+  nlohmann::json j;
+  j["binding"] = b.binding;
+  j["iteration_time_s"] = b.iteration_time_s;
+  j["feasible"] = b.feasible;
+  j["what_if"] = nlohmann::json::array();
+  for (const WhatIf& w : b.what_if)
+    j["what_if"].push_back({{"resource", w.resource},
+                            {"change", w.change},
+                            {"iteration_time_s", w.iteration_time_s},
+                            {"feasible", w.feasible},
+                            {"speedup", w.speedup}});
+  j["per_gpu"] = nlohmann::json::array();
+  for (const GpuBreakdown& g : b.per_gpu)
+    j["per_gpu"].push_back({{"gpu", g.gpu},
+                            {"compute_s", g.compute_s},
+                            {"wait_swap_s", g.wait_swap_s},
+                            {"wait_peer_s", g.wait_peer_s},
+                            {"wait_cpu_s", g.wait_cpu_s},
+                            {"idle_s", g.idle_s}});
+  j["critical_path"] = {{"compute_s", b.path_compute_s}, {"transfer_s", b.path_transfer_s},
+                        {"cpu_s", b.path_cpu_s},         {"wait_s", b.path_wait_s},
+                        {"other_s", b.path_other_s},     {"ops", nlohmann::json::array()}};
+  for (const CriticalStep& s : b.critical_path)
+    j["critical_path"]["ops"].push_back({{"op", program.op_label(s.op)},
+                                         {"gpu", program.ops[z(s.op)].device},
+                                         {"stream", core::stream_name(program.ops[z(s.op)].stream)},
+                                         {"wait_s", s.wait_s},
+                                         {"run_s", s.run_s}});
+  return j;
+}
+
+std::string bottleneck_text(const core::Program& program, const Bottleneck& b) {
+  (void)program;
+  std::string s = fmt::format("bottleneck: {}\n", b.binding);
+  s += fmt::format("  {:<14} {:>12} {:>9}  {}\n", "2x resource", "time (s)", "speedup", "change");
+  for (const WhatIf& w : b.what_if)
+    s += fmt::format("  {:<14} {:>12.6f} {:>8.3f}x  {}{}\n", w.resource, w.iteration_time_s, w.speedup, w.change,
+                     w.feasible ? "" : " (still does not fit)");
+  s += fmt::format("  {:>4} {:>9} {:>10} {:>10} {:>10} {:>9}   (compute stream, % of the iteration)\n", "gpu",
+                   "compute", "wait swap", "wait peer", "wait cpu", "idle");
+  for (const GpuBreakdown& g : b.per_gpu) {
+    const double T = b.iteration_time_s > 0 ? b.iteration_time_s : 1.0;
+    s += fmt::format("  {:>4} {:>8.1f}% {:>9.1f}% {:>9.1f}% {:>9.1f}% {:>8.1f}%\n", g.gpu, 100 * g.compute_s / T,
+                     100 * g.wait_swap_s / T, 100 * g.wait_peer_s / T, 100 * g.wait_cpu_s / T, 100 * g.idle_s / T);
+  }
+  s += fmt::format(
+      "  critical path: {} ops; compute {:.6f} s, transfers {:.6f} s, cpu {:.6f} s, other {:.6f} s, waiting "
+      "{:.6f} s\n",
+      b.critical_path.size(), b.path_compute_s, b.path_transfer_s, b.path_cpu_s, b.path_other_s, b.path_wait_s);
+  return s;
+}
+
+}  // namespace harmony::sim

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `harmony-sim sweep` and `harmony-sim merge`: the bundled example's columns and rows
+(infeasible and invalid points with reasons), identical files for 1 and 2 threads, SIGKILL mid-run then
+rerun = the uninterrupted files, shards 0/3 1/3 2/3 merged = the unsharded files, a changed sweep refused on
+resume, bad sweep files (exit 2, file:line:column, a hint)."""
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = sys.argv[1]
+ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
+EXAMPLE = os.path.join(ROOT, "configs/sweeps/example.yaml")
+BASE = os.path.join(ROOT, "configs/sweeps/example_base.yaml")
+failures = []
+passed = 0
+
+
+def run(*args, timeout=300):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {str(detail)[:2000]}")
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def same_files(a, b, names=("results.csv", "results.jsonl", "sweep.json")):
+    return all(read(os.path.join(a, n)) == read(os.path.join(b, n)) for n in names)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "example")
+    r = run("sweep", EXAMPLE, "--out", out)
+    check("example exit 0", r.returncode == 0, r.stdout + r.stderr)
+    check("example summary", "96 points" in r.stdout, r.stdout)
+    check("progress on stderr", "points/s" in r.stderr and "ETA" in r.stderr, r.stderr)
+    rows = list(csv.DictReader(open(os.path.join(out, "results.csv"), newline="")))
+    lines = [json.loads(x) for x in open(os.path.join(out, "results.jsonl"))]
+    meta = json.load(open(os.path.join(out, "sweep.json")))
+    check("example 96 rows", len(rows) == 96 and len(lines) == 96, (len(rows), len(lines)))
+    check("sweep.json points", meta["points"] == 96 and meta["shard"] == {"index": 0, "count": 1}, meta)
+    cols = meta["columns"]
+    check("csv header = columns", list(rows[0].keys()) == cols, (list(rows[0].keys()), cols))
+    check("jsonl keys = columns", all(list(x.keys()) == cols for x in lines), list(lines[0].keys()))
+    for key in ["point", "id", "model.profile", "machine", "plan.gpus", "kind", "status", "feasible", "reason",
+                "iteration_time_s", "throughput_samples_per_s", "u_fwd", "u_bwd", "packs_fwd", "packs_bwd",
+                "swap_in_bytes", "swap_out_bytes", "p2p_bytes", "collective_bytes", "peak_memory_bytes",
+                "host_memory_bytes", "time_to_train_s", "price_per_hour", "cost"]:
+        check(f"column {key}", key in cols, cols)
+    check("points in order", [x["point"] for x in lines] == list(range(96)), [x["point"] for x in lines][:10])
+    check("kinds innermost", [x["kind"] for x in lines[:6]] ==
+          ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l"], lines[:6])
+    ok = [x for x in lines if x["status"] == "ok"]
+    check("some ok", len(ok) > 40, len(ok))
+    for x in ok:
+        check(f"ok row {x['point']} metrics", x["feasible"] is True and x["iteration_time_s"] > 0 and
+              x["throughput_samples_per_s"] > 0 and x["reason"] is None and x["time_to_train_s"] > 0, x)
+    invalid = [x for x in lines if x["status"] == "invalid"]
+    check("rtx4090-4x N=8 invalid", len(invalid) == 12 and all(x["plan.gpus"] == 8 for x in invalid),
+          [(x["point"], x["reason"]) for x in invalid])
+    check("invalid reason", all("exceeds machine.gpus = 4" in x["reason"] for x in invalid), invalid[:1])
+    check("invalid rows: no metrics", all(x["iteration_time_s"] is None and x["feasible"] is False
+                                          for x in invalid), invalid[:1])
+    priced = [x for x in ok if x["machine_name"] == "rtx4090-4x"]
+    check("cost on priced machine", priced and all(
+        abs(x["cost"] - x["time_to_train_s"] / 3600 * 2.4) <= 1e-9 * x["cost"] for x in priced), priced[:1])
+    check("no cost without price", all(x["cost"] is None for x in ok if x["machine_name"] == "paper-1080ti"), "")
+    check("time to train", all(x["time_to_train_s"] == x["iterations"] * x["iteration_time_s"] and
+                               x["iterations"] == -(-1000000 // x["minibatch"]) for x in ok), ok[:1])
+
+    # --- thread counts give the same bytes
+    t1 = os.path.join(tmp, "t1")
+    r = run("sweep", EXAMPLE, "--out", t1, "--threads", "1", "--quiet")
+    check("threads 1 exit 0", r.returncode == 0 and r.stderr == "", r.stderr)
+    t2 = os.path.join(tmp, "t2")
+    r = run("sweep", EXAMPLE, "--out", t2, "--threads", "2", "--quiet")
+    check("threads 1 = threads 2 = default", same_files(t1, t2) and same_files(t1, out), "files differ")
+
+    # --- rerunning a finished sweep computes nothing and leaves the bytes
+    r = run("sweep", EXAMPLE, "--out", t1, "--quiet")
+    check("rerun finished", r.returncode == 0 and "0 computed" in r.stdout and "96 from an earlier run" in r.stdout,
+          r.stdout)
+    check("rerun same bytes", same_files(t1, out), "")
+
+    # --- a slower sweep (native cost model, every packing method), killed mid-run and rerun
+    slow = write(os.path.join(tmp, "slow.yaml"), f"""base: {BASE}
+set:
+  cost_model: native
+  search.packing_fwd: [greedy_reverse_addx, balanced_addx, reuse, balanced_time]
+  search.packing_bwd: [greedy_reverse_addx, balanced_addx, balanced_time]
+grid:
+  model.profile: [../profiles/bert_large.json, ../profiles/gpt2_medium.json]
+  plan.minibatch: [32, 64]
+  plan.gpus: [1, 2, 3, 4]
+budget: {{tokens: 3e9, seq_len: 512}}
+""")
+    full = os.path.join(tmp, "slow_full")
+    r = run("sweep", slow, "--out", full, "--threads", "2", "--quiet")
+    check("slow exit 0", r.returncode == 0, r.stdout + r.stderr)
+    killed = os.path.join(tmp, "slow_killed")
+    total = 96
+    kills = 0
+    for attempt in range(3):  # stop after a few rows (Ctrl-C, then SIGKILL twice), rerun; resumes each time
+        sig = signal.SIGINT if attempt == 0 else signal.SIGKILL
+        p = subprocess.Popen([BIN, "sweep", slow, "--out", killed, "--threads", "1", "--quiet"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        jl = os.path.join(killed, "results.jsonl")
+        start = time.time()
+        target = 8 * (attempt + 1)
+        sent = False
+        while p.poll() is None and time.time() - start < 120:
+            if os.path.exists(jl) and read(jl).count(b"\n") >= target:
+                p.send_signal(sig)
+                sent = True
+                kills += 1
+                break
+            time.sleep(0.005)
+        pout, perr = p.communicate()
+        if sent and sig == signal.SIGINT and p.returncode != 0:
+            check("ctrl-c exit 130", p.returncode == 130 and "rerun the same command to resume" in perr,
+                  (p.returncode, pout, perr))
+    n = read(os.path.join(killed, "results.jsonl")).count(b"\n")
+    check("killed mid-run", kills > 0 and n < total, (kills, n))
+    # simulate a kill in the middle of a write: a partial last line
+    with open(os.path.join(killed, "results.jsonl"), "ab") as f:
+        f.write(b'{"point":9999,"id":"trunc')
+    r = run("sweep", slow, "--out", killed, "--threads", "2", "--quiet")
+    check("resume exit 0", r.returncode == 0, r.stdout + r.stderr)
+    m = [ln for ln in r.stdout.splitlines() if "from an earlier run" in ln]
+    check("resume computes only the rest", m and f"{n} from an earlier run" in m[0], r.stdout)
+    check("killed + rerun = uninterrupted", same_files(full, killed), "files differ")
+
+    # --- shards 0/3 1/3 2/3 (run one after another, as GNU parallel would) merged = unsharded
+    shard_dirs = []
+    for i in range(3):
+        d = os.path.join(tmp, f"shard{i}")
+        r = run("sweep", slow, "--out", d, "--shard", f"{i}/3", "--quiet")
+        check(f"shard {i} exit 0", r.returncode == 0, r.stderr)
+        check(f"shard {i} size", read(os.path.join(d, "results.jsonl")).count(b"\n") == 32, d)
+        shard_dirs.append(d)
+    merged = os.path.join(tmp, "merged")
+    r = run("merge", merged, *reversed(shard_dirs))
+    check("merge exit 0", r.returncode == 0, r.stderr)
+    check("merged = unsharded", same_files(full, merged), "files differ")
+    r = run("merge", os.path.join(tmp, "merged2"), shard_dirs[0], shard_dirs[2])
+    check("merge missing shard exit 2", r.returncode == 2 and "missing shard" in r.stderr and "1/3" in r.stderr,
+          r.stderr)
+    r = run("merge", os.path.join(tmp, "merged3"), shard_dirs[0], shard_dirs[1], shard_dirs[1], shard_dirs[2])
+    check("merge duplicate shard exit 2", r.returncode == 2 and "twice" in r.stderr, r.stderr)
+    r = run("merge", os.path.join(tmp, "merged4"), shard_dirs[0], shard_dirs[1], out)
+    check("merge other sweep exit 2", r.returncode == 2 and "different sweep" in r.stderr, r.stderr)
+    r = run("merge", merged, *shard_dirs)
+    check("merge into a full folder exit 2", r.returncode == 2 and "already holds" in r.stderr, r.stderr)
+    r = run("sweep", slow, "--out", shard_dirs[0], "--shard", "1/3")
+    check("resume with another shard exit 2", r.returncode == 2 and "shard 0/3" in r.stderr, r.stderr)
+
+    # --- the launchers of docs/sweeps.md: GNU parallel (when installed) and the Slurm array script (its
+    # environment set by hand, as sbatch --array=1-3 would: the shards count from 0 whatever the first task id)
+    if shutil.which("parallel"):
+        pdir = os.path.join(tmp, "parallel")
+        r = subprocess.run(["parallel", "--will-cite", BIN, "sweep", EXAMPLE, "--shard", "{}/4", "--out",
+                            os.path.join(pdir, "shard{}"), "--quiet", ":::", "0", "1", "2", "3"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300)
+        check("gnu parallel exit 0", r.returncode == 0, r.stdout + r.stderr)
+        r = run("merge", os.path.join(pdir, "merged"), *[os.path.join(pdir, f"shard{i}") for i in range(4)])
+        check("gnu parallel merged = unsharded", r.returncode == 0 and same_files(out, os.path.join(pdir, "merged")),
+              r.stderr)
+    else:
+        print("note: GNU parallel is not installed; its launcher is not tested")
+    sdir = os.path.join(tmp, "slurm")
+    for task in (1, 2, 3):
+        env = dict(os.environ, SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_MIN="1", SLURM_ARRAY_TASK_COUNT="3",
+                   SLURM_CPUS_PER_TASK="1", HARMONY_SIM=BIN)
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts/slurm-sweep.sh"), EXAMPLE, sdir], capture_output=True,
+                           text=True, cwd=ROOT, env=env, timeout=300)
+        check(f"slurm task {task} exit 0", r.returncode == 0, r.stdout + r.stderr)
+    r = run("merge", os.path.join(sdir, "merged"), *[os.path.join(sdir, f"shard-{i}") for i in range(3)])
+    check("slurm shards merged = unsharded", r.returncode == 0 and same_files(out, os.path.join(sdir, "merged")),
+          r.stderr)
+
+    # --- a changed sweep is refused on resume
+    changed = write(os.path.join(tmp, "changed.yaml"), read(slow).decode().replace("[32, 64]", "[32, 48]"))
+    r = run("sweep", changed, "--out", full)
+    check("changed sweep exit 2", r.returncode == 2 and "different sweep" in r.stderr and "hint" in r.stderr,
+          r.stderr)
+    check("changed sweep names sweep.json", os.path.join(full, "sweep.json") in r.stderr, r.stderr)
+
+    # --- bad sweep files: exit 2, location, hint
+    def bad(name, text, expect_loc, words, extra=()):
+        path = write(os.path.join(tmp, name + ".yaml"), text)
+        r = run("sweep", path, "--out", os.path.join(tmp, "bad_" + name), *extra)
+        check(f"{name}: exit 2", r.returncode == 2, f"rc={r.returncode} {r.stdout} {r.stderr}")
+        check(f"{name}: location", expect_loc in r.stderr, r.stderr)
+        for w in words:
+            check(f"{name}: says {w!r}", w in r.stderr, r.stderr)
+        check(f"{name}: no crash", "internal error" not in r.stderr, r.stderr)
+
+    bad("unknown_key", f"base: {BASE}\ngrid: {{plan.gpus: [1, 2]}}\nkind: [l2l]\n", "unknown_key.yaml:3:1",
+        ["unknown sweep key 'kind'", "did you mean 'kinds'"])
+    bad("bad_override_key", f"base: {BASE}\ngrid:\n  plan.gpus: [1, 2]\n  plan.minibatchh: [16]\n",
+        "bad_override_key.yaml:4:3", ["minibatchh", "did you mean 'minibatch'"])
+    bad("bad_section", f"base: {BASE}\ngrid:\n  plann.gpus: [1, 2]\n", "bad_section.yaml:3:3", ["plann", "'plan'"])
+    bad("bad_kind", f"base: {BASE}\nkinds: [harmony-pp, zero-infinty]\n", "bad_kind.yaml:2:21",
+        ["zero-infinity"])
+    bad("no_base", "grid: {plan.gpus: [1]}\n", "no_base.yaml", ["base"])
+    bad("missing_base", "base: nowhere.yaml\n", "missing_base.yaml:1:7", ["nowhere.yaml"])
+    bad("malformed", f"base: {BASE}\ngrid: {{plan.gpus: [1, 2}}\n", "malformed.yaml:2:", ["YAML"])
+    bad("bad_shard", f"base: {BASE}\n", "--shard 3/3", ["I/N"], extra=("--shard", "3/3"))
+    r = run("sweep", EXAMPLE)
+    check("missing --out exit 2", r.returncode == 2, r.returncode)
+    r = run("merge")
+    check("merge without args exit 2", r.returncode == 2, r.returncode)
+
+print(f"{passed} passed, {len(failures)} failed")
+for f in failures:
+    print("FAIL", f)
+sys.exit(1 if failures else 0)
