@@ -20,6 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_device.hpp"
+#ifdef HARMONY_HAVE_CUDA
+#include "backend/cuda/cuda_device.hpp"
+#endif
 #include "backend/executor.hpp"
 #include "backend/model/checkpoint.hpp"
 #include "backend/model/describe.hpp"
@@ -102,9 +105,17 @@ Setup make_setup(const Cli& cli) {
   Setup s;
   s.cfg = core::load_train_config(cli.config, overrides(cli));
   const auto& cfg = s.cfg;
-  if (cfg.device != "cpu")
-    throw core::ConfigError(cfg.model.loc, fmt::format("device '{}' is not built into this harmony-run", cfg.device),
-                            "use `device: cpu` (the CUDA device is harmony-run v2)");
+  if (cfg.device == "cuda") {
+#ifdef HARMONY_HAVE_CUDA
+    if (!backend::cuda::cuda_available())
+      throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
+                              "device: cuda, but no usable GPU: " + backend::cuda::cuda_unavailable_reason(),
+                              "run on a machine with an NVIDIA GPU, or use `device: cpu` (--set device=cpu)");
+#else
+    throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0}, "device 'cuda' is not built into this harmony-run",
+                            "rebuild where the CUDA toolkit is found (meson -Dcuda=enabled), or use `device: cpu`");
+#endif
+  }
   const backend::Gpt2Config gc = gpt2_config(cfg);
   if (cfg.model.seq_len > gc.max_seq_len)
     throw core::ConfigError(
@@ -139,10 +150,19 @@ Setup make_setup(const Cli& cli) {
   return s;
 }
 
+// Device g of the config's kind, capped at machine.gpu_memory; `timing`: unpoisoned (the profiler's timings).
+std::unique_ptr<backend::Device> make_device(const core::TrainConfig& cfg, int g, bool timing) {
+#ifdef HARMONY_HAVE_CUDA
+  if (cfg.device == "cuda")
+    return backend::cuda::make_cuda_device(g, {.capacity = cfg.machine.gpu_memory_bytes, .poison = !timing});
+#endif
+  return backend::cpu::make_cpu_device(
+      g, {.capacity = cfg.machine.gpu_memory_bytes, .poison = timing ? false : backend::cpu::kPoisonByDefault});
+}
+
 std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConfig& cfg, int n) {
   std::vector<std::unique_ptr<backend::Device>> devs;
-  for (int g = 0; g < n; ++g)
-    devs.push_back(backend::cpu::make_cpu_device(g, {.capacity = cfg.machine.gpu_memory_bytes}));
+  for (int g = 0; g < n; ++g) devs.push_back(make_device(cfg, g, false));
   return devs;
 }
 
@@ -169,7 +189,7 @@ core::Model search_profile(const Setup& s, bool quiet) {
     return m;
   }
   if (!quiet) fmt::print(stderr, "profiling the model on {} for the search ...\n", cfg.device);
-  auto dev = backend::cpu::make_cpu_device(0, {.capacity = cfg.machine.gpu_memory_bytes, .poison = false});
+  auto dev = make_device(cfg, 0, true);
   backend::HostState scratch(*s.model);
   scratch.init_weights(cfg.model.init_seed);
   backend::ProfileOptions po;
@@ -404,7 +424,7 @@ int cmd_profile(const Cli& cli) {
   po.seq_len = cfg.model.seq_len;
   po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
   po.repeats = cli.repeats;
-  auto dev = backend::cpu::make_cpu_device(0, {.capacity = cfg.machine.gpu_memory_bytes, .poison = false});
+  auto dev = make_device(cfg, 0, true);
   const bool tty = isatty(STDERR_FILENO) != 0;
   const backend::ProfileResult prof = backend::profile_gpt2(*dev, *s.state, po, [&](const backend::ProfileProgress& p) {
     if (tty) fmt::print(stderr, "\rprofiling {}/{}", p.step, p.total_steps);

@@ -5,7 +5,8 @@
 #
 #   1. checks       scripts/check-format.sh, scripts/check-layering.sh (seconds)
 #   2. release      build/      -Dbuildtype=release (-Werror from meson.build); meson test
-#   3. sanitizers   build-san/  ASan + UBSan, debug; meson test (detect_leaks=1, halt_on_error=1)
+#   3. sanitizers   build-san/  ASan + UBSan, debug, -Dcuda=disabled (nvcc and the sanitizers do not mix; the
+#                   release build compiles the CUDA device); meson test (detect_leaks=1, halt_on_error=1)
 #   4. fuzz         build-fuzz/ clang, -Dfuzz=enabled; each libFuzzer target for HARMONY_FUZZ_SECONDS
 #                   on a temp copy of fuzz/corpus/<target>/ (crash inputs land in out/fuzz/)
 #   5. tidy         scripts/tidy.sh, only with HARMONY_TIDY=1 (slow)
@@ -99,7 +100,7 @@ else
   export ASAN_OPTIONS="detect_leaks=$leaks"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   build_and_test sanitizers build-san --timeout-multiplier 4 -- \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dfuzz=disabled
+    -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dfuzz=disabled -Dcuda=disabled
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
 stage_done sanitizers
@@ -118,7 +119,7 @@ else
   # Only the fuzzers (and the core library) are built here. -Wno-error: clang-only warnings should not
   # stop the fuzzers; the release build's -Werror is the warning gate.
   fuzz_built=0
-  if CC=clang CXX=clang++ setup_build build-fuzz -Dfuzz=enabled -Dbuildtype=debugoptimized \
+  if CC=clang CXX=clang++ setup_build build-fuzz -Dfuzz=enabled -Dbuildtype=debugoptimized -Dcuda=disabled \
     -Db_sanitize=address,undefined -Db_lundef=false \
     "-Dcpp_args=-fsanitize=fuzzer-no-link -Wno-error" &&
     ninja -C build-fuzz -j "$jobs" "${fuzz_targets[@]/#/fuzz/}"; then

@@ -1,0 +1,252 @@
+// AdamW split across threads and vectorised by hand: the scalar factors are computed exactly as
+// adamw_update computes them, and the AVX2 / SSE2 loops apply multiply, add, sqrt and divide (each correctly
+// rounded, never fused) in adamw_update's order, so each element's result is bit-identical to it.
+#include "backend/adamw_parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/device.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HARMONY_ADAMW_X86 1
+#endif
+
+namespace harmony::backend {
+namespace {
+
+// adamw_update's factors, computed with the same expressions (backend/adamw.cpp).
+struct Factors {
+  float decay, b1, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
+};
+
+Factors factors(const AdamWConfig& c, std::int64_t step) {
+  if (step < 1) throw BackendError(fmt::format("AdamW: step {} must be >= 1", step));
+  const double bias_correction1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
+  Factors f{};
+  f.decay = static_cast<float>(1.0 - c.lr * c.weight_decay);
+  f.b1 = static_cast<float>(c.beta1);
+  f.one_minus_b1 = static_cast<float>(1.0 - c.beta1);
+  f.b2 = static_cast<float>(c.beta2);
+  f.one_minus_b2 = static_cast<float>(1.0 - c.beta2);
+  f.bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  f.eps = static_cast<float>(c.eps);
+  f.neg_step_size = static_cast<float>(-(c.lr / bias_correction1));
+  return f;
+}
+
+// adamw_update's loop body, statement for statement.
+inline void scalar_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                         std::int64_t begin, std::int64_t end) {
+  for (std::int64_t i = begin; i < end; ++i) {
+    const float g = grad[i];
+    float p = param[i] * f.decay;
+    const float m = exp_avg[i] * f.b1 + f.one_minus_b1 * g;
+    const float v = exp_avg_sq[i] * f.b2 + f.one_minus_b2 * g * g;
+    const float denom = std::sqrt(v) / f.bc2_sqrt + f.eps;
+    p = p + f.neg_step_size * m / denom;
+    param[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+  }
+}
+
+#ifdef HARMONY_ADAMW_X86
+// Eight lanes; every intrinsic is one IEEE operation rounded to float, as the scalar code's.
+__attribute__((target("avx2"))) void avx2_range(const Factors& f, float* param, const float* grad, float* exp_avg,
+                                                float* exp_avg_sq, std::int64_t n) {
+  const __m256 decay = _mm256_set1_ps(f.decay), b1 = _mm256_set1_ps(f.b1), omb1 = _mm256_set1_ps(f.one_minus_b1);
+  const __m256 b2 = _mm256_set1_ps(f.b2), omb2 = _mm256_set1_ps(f.one_minus_b2);
+  const __m256 bc2 = _mm256_set1_ps(f.bc2_sqrt), eps = _mm256_set1_ps(f.eps), nss = _mm256_set1_ps(f.neg_step_size);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(grad + i);
+    const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(param + i), decay);
+    const __m256 m = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(exp_avg + i), b1), _mm256_mul_ps(omb1, g));
+    const __m256 v =
+        _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(exp_avg_sq + i), b2), _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), bc2), eps);
+    _mm256_storeu_ps(param + i, _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(nss, m), denom)));
+    _mm256_storeu_ps(exp_avg + i, m);
+    _mm256_storeu_ps(exp_avg_sq + i, v);
+  }
+  scalar_range(f, param, grad, exp_avg, exp_avg_sq, i, n);
+}
+
+// Four lanes of SSE2, the x86-64 baseline.
+void sse2_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n) {
+  const __m128 decay = _mm_set1_ps(f.decay), b1 = _mm_set1_ps(f.b1), omb1 = _mm_set1_ps(f.one_minus_b1);
+  const __m128 b2 = _mm_set1_ps(f.b2), omb2 = _mm_set1_ps(f.one_minus_b2);
+  const __m128 bc2 = _mm_set1_ps(f.bc2_sqrt), eps = _mm_set1_ps(f.eps), nss = _mm_set1_ps(f.neg_step_size);
+  std::int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m128 g = _mm_loadu_ps(grad + i);
+    const __m128 p = _mm_mul_ps(_mm_loadu_ps(param + i), decay);
+    const __m128 m = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(exp_avg + i), b1), _mm_mul_ps(omb1, g));
+    const __m128 v = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(exp_avg_sq + i), b2), _mm_mul_ps(_mm_mul_ps(omb2, g), g));
+    const __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(v), bc2), eps);
+    _mm_storeu_ps(param + i, _mm_add_ps(p, _mm_div_ps(_mm_mul_ps(nss, m), denom)));
+    _mm_storeu_ps(exp_avg + i, m);
+    _mm_storeu_ps(exp_avg_sq + i, v);
+  }
+  scalar_range(f, param, grad, exp_avg, exp_avg_sq, i, n);
+}
+
+bool have_avx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2") != 0;
+  return avx2;
+}
+#endif
+
+void vector_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                  std::int64_t n) {
+#ifdef HARMONY_ADAMW_X86
+  if (have_avx2()) {
+    avx2_range(f, param, grad, exp_avg, exp_avg_sq, n);
+  } else {
+    sse2_range(f, param, grad, exp_avg, exp_avg_sq, n);
+  }
+#else
+  scalar_range(f, param, grad, exp_avg, exp_avg_sq, 0, n);
+#endif
+}
+
+constexpr std::int64_t kLineFloats = 16;  // one 64-byte cache line
+
+}  // namespace
+
+void adamw_update_vectorized(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
+                             float* exp_avg, float* exp_avg_sq, std::int64_t n) {
+  const Factors f = factors(config, step);
+  if (n > 0) vector_range(f, param, grad, exp_avg, exp_avg_sq, n);
+}
+
+void adamw_update_isa(std::string_view isa, const AdamWConfig& config, std::int64_t step, float* param,
+                      const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n) {
+  const Factors f = factors(config, step);
+  if (isa == "scalar") {
+    scalar_range(f, param, grad, exp_avg, exp_avg_sq, 0, n);
+    return;
+  }
+#ifdef HARMONY_ADAMW_X86
+  if (isa == "sse2") {
+    sse2_range(f, param, grad, exp_avg, exp_avg_sq, n);
+    return;
+  }
+  if (isa == "avx2" && have_avx2()) {
+    avx2_range(f, param, grad, exp_avg, exp_avg_sq, n);
+    return;
+  }
+#endif
+  throw BackendError(fmt::format("AdamW: instruction set '{}' is not available on this CPU", isa));
+}
+
+const char* adamw_vector_isa() {
+#ifdef HARMONY_ADAMW_X86
+  return have_avx2() ? "avx2" : "sse2";
+#else
+  return "scalar";
+#endif
+}
+
+struct ParallelAdamW::Impl {
+  int threads = 1;
+  std::int64_t min_per_thread = 1;
+  std::vector<std::thread> workers;  // threads - 1 of them; the caller takes range 0
+  std::mutex mu;
+  std::condition_variable start_cv, done_cv;
+  std::uint64_t generation = 0;
+  int pending = 0;
+  bool stop = false;
+  // The current job.
+  Factors f{};
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  std::int64_t n = 0;
+  int parts = 1;
+
+  // Range k of `parts`: whole cache lines (of the element index), the remainder in the last part.
+  void run_part(int k) const {
+    const std::int64_t lines = (n + kLineFloats - 1) / kLineFloats;
+    const std::int64_t begin = std::min(n, lines * k / parts * kLineFloats);
+    const std::int64_t end = std::min(n, lines * (k + 1) / parts * kLineFloats);
+    if (end > begin) vector_range(f, param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, end - begin);
+  }
+
+  void worker(int k) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mu);
+        start_cv.wait(lock, [&]() { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+        if (k >= parts) continue;  // not needed for this job (and not counted in pending)
+      }
+      run_part(k);
+      {
+        std::lock_guard lock(mu);
+        if (--pending == 0) done_cv.notify_one();
+      }
+    }
+  }
+};
+
+ParallelAdamW::ParallelAdamW(int threads, std::int64_t min_elements_per_thread) : impl_(std::make_unique<Impl>()) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  impl_->threads = threads;
+  impl_->min_per_thread = std::max<std::int64_t>(1, min_elements_per_thread);
+  impl_->workers.reserve(static_cast<std::size_t>(threads - 1));
+  for (int k = 1; k < threads; ++k) impl_->workers.emplace_back([this, k]() { impl_->worker(k); });
+}
+
+ParallelAdamW::~ParallelAdamW() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->start_cv.notify_all();
+  for (auto& t : impl_->workers) t.join();
+}
+
+int ParallelAdamW::threads() const { return impl_->threads; }
+
+void ParallelAdamW::update(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
+                           float* exp_avg, float* exp_avg_sq, std::int64_t n) {
+  const Factors f = factors(config, step);
+  if (n <= 0) return;
+  const auto parts = static_cast<int>(std::clamp<std::int64_t>(n / impl_->min_per_thread, 1, impl_->threads));
+  if (parts == 1) {
+    vector_range(f, param, grad, exp_avg, exp_avg_sq, n);
+    return;
+  }
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.mu);
+    s.f = f;
+    s.param = param;
+    s.grad = grad;
+    s.exp_avg = exp_avg;
+    s.exp_avg_sq = exp_avg_sq;
+    s.n = n;
+    s.parts = parts;
+    s.pending = parts - 1;
+    ++s.generation;
+  }
+  s.start_cv.notify_all();
+  s.run_part(0);
+  std::unique_lock lock(s.mu);
+  s.done_cv.wait(lock, [&]() { return s.pending == 0; });
+}
+
+}  // namespace harmony::backend

@@ -1,0 +1,787 @@
+// CUDA device implementation: the capped arena over one cudaMalloc'd block, streams as CUDA streams fed in
+// order by one submission thread each (sticky errors, HARMONY_SYNC_DEBUG), events with CUDA's record/wait
+// binding, checked copies, the kernels (cuBLAS + kernels.cu, each in an NVTX range), kernel error reports
+// through mapped memory, pinned host memory with its pre-flight check, and NVTX.
+#include "backend/cuda/cuda_device.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/cuda/check.hpp"
+#include "backend/cuda/cuda_internal.hpp"
+
+#ifdef HARMONY_HAVE_NVTX
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+namespace harmony::backend::cuda {
+
+using core::format_bytes;
+
+bool sync_debug_from_environment() {
+  const char* v = std::getenv("HARMONY_SYNC_DEBUG");
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+}
+
+int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it: nothing else should see it
+    return 0;
+  }
+  return n;
+}
+
+bool cuda_available() noexcept { return cuda_device_count() > 0; }
+
+std::string cuda_unavailable_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fmt::format("cudaGetDeviceCount: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  return n == 0 ? "cudaGetDeviceCount: no CUDA GPU" : "";
+}
+
+GpuInfo gpu_info(int gpu) {
+  cudaDeviceProp p{};
+  HARMONY_CUDA_CHECK(cudaGetDeviceProperties(&p, gpu));
+  detail::DeviceGuard guard(gpu);
+  std::size_t free_b = 0, total_b = 0;
+  HARMONY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return {
+      gpu, p.name, p.major, p.minor, p.multiProcessorCount, static_cast<Bytes>(total_b), static_cast<Bytes>(free_b)};
+}
+
+namespace detail {
+namespace {
+
+// Sets the current device without throwing (destructors, teardown paths).
+void set_device_quietly(int gpu) noexcept {
+  if (cudaSetDevice(gpu) != cudaSuccess) (void)cudaGetLastError();
+}
+
+// DeviceGuard for destructors: never throws, restores the caller's device.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int gpu) noexcept {
+    restore_ = cudaGetDevice(&previous_) == cudaSuccess;
+    if (!restore_) (void)cudaGetLastError();
+    set_device_quietly(gpu);
+  }
+  ~QuietDeviceGuard() {
+    if (restore_) set_device_quietly(previous_);
+  }
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+struct HostCall {
+  std::shared_ptr<StickyError> sticky;
+  std::function<void()> fn;
+};
+
+// cudaLaunchHostFunc's callback: runs the function; an exception becomes the stream's sticky error.
+void host_trampoline(void* p) noexcept {
+  std::unique_ptr<HostCall> call(static_cast<HostCall*>(p));
+  try {
+    call->fn();
+  } catch (...) {
+    call->sticky->set(std::current_exception());
+  }
+}
+
+CudaEvent& as_cuda_event(Event& e) {
+  auto* p = dynamic_cast<CudaEvent*>(&e);
+  if (p == nullptr) throw DeviceError("CUDA streams can only record and wait on CUDA events");
+  return *p;
+}
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int gpu) {
+  HARMONY_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != gpu) {
+    HARMONY_CUDA_CHECK(cudaSetDevice(gpu));
+    changed_ = true;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (changed_) set_device_quietly(previous_);
+}
+
+void enable_peer_access(int from_gpu, int to_gpu) {
+  if (from_gpu == to_gpu) return;
+  static std::mutex mu;
+  static std::set<std::pair<int, int>> done;
+  std::lock_guard lock(mu);
+  if (!done.insert({from_gpu, to_gpu}).second) return;
+  int can = 0;
+  HARMONY_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from_gpu, to_gpu));
+  if (can == 0) return;  // copies still work, staged through the host
+  DeviceGuard guard(from_gpu);
+  const cudaError_t e = cudaDeviceEnablePeerAccess(to_gpu, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+    return;
+  }
+  HARMONY_CUDA_CHECK(e);
+}
+
+// --- stream context ---
+
+StreamContext::~StreamContext() {
+  const QuietDeviceGuard guard(gpu_);
+  if (workspace_ != nullptr && cudaFreeAsync(workspace_, stream_) != cudaSuccess) (void)cudaGetLastError();
+  if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
+  if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+}
+
+cublasHandle_t StreamContext::cublas() {
+  if (cublas_ == nullptr) {
+    cublasHandle_t h = nullptr;
+    HARMONY_CUBLAS_CHECK(cublasCreate(&h));
+    try {
+      HARMONY_CUBLAS_CHECK(cublasSetStream(h, stream_));
+      HARMONY_CUBLAS_CHECK(cublasSetMathMode(h, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    } catch (...) {
+      (void)cublasDestroy(h);
+      throw;
+    }
+    cublas_ = h;
+  }
+  return cublas_;
+}
+
+void* StreamContext::workspace(std::size_t bytes) {
+  if (bytes <= workspace_bytes_) return workspace_;
+  constexpr std::size_t kStep = 1 << 20;
+  const std::size_t want = (bytes + kStep - 1) / kStep * kStep;
+  // Stream-ordered: the old block is freed after the work already enqueued, the new one is valid for what follows.
+  if (workspace_ != nullptr) HARMONY_CUDA_CHECK(cudaFreeAsync(workspace_, stream_));
+  workspace_ = nullptr;
+  workspace_bytes_ = 0;
+  HARMONY_CUDA_CHECK(cudaMallocAsync(&workspace_, want, stream_));
+  workspace_bytes_ = want;
+  return workspace_;
+}
+
+// --- events ---
+
+EventState::~EventState() {
+  if (event != nullptr && cudaEventDestroy(event) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void EventState::wait_issued(std::int64_t n) {
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&]() { return issued >= n; });
+}
+
+void EventState::mark_issued(std::int64_t n) {
+  {
+    std::lock_guard lock(mu);
+    issued = std::max(issued, n);
+  }
+  cv.notify_all();
+}
+
+CudaEvent::CudaEvent(int gpu) : state_(std::make_shared<EventState>()) {
+  state_->gpu = gpu;
+  DeviceGuard guard(gpu);
+  HARMONY_CUDA_CHECK(cudaEventCreateWithFlags(&state_->event, cudaEventDisableTiming));
+}
+
+void CudaEvent::synchronize() {
+  std::int64_t n = 0;
+  {
+    std::lock_guard lock(state_->mu);
+    n = state_->requested;
+  }
+  state_->wait_issued(n);
+  HARMONY_CUDA_CHECK(cudaEventSynchronize(state_->event));
+}
+
+bool CudaEvent::query() {
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->issued < state_->requested) return false;
+  }
+  const cudaError_t e = cudaEventQuery(state_->event);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  HARMONY_CUDA_CHECK(e);
+  return true;
+}
+
+// --- streams ---
+
+CudaStream::CudaStream(CudaDevice& device, std::string name) : device_(device), name_(std::move(name)) {
+  DeviceGuard guard(device.gpu());
+  HARMONY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  ctx_ = std::make_unique<StreamContext>(device.gpu(), stream_, device.options().tf32,
+                                         device.options().attention_workspace, device.errors_device());
+  thread_ = std::thread([this]() { run(); });
+  device_.add_stream(this);
+}
+
+CudaStream::~CudaStream() {
+  device_.remove_stream(this);
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();  // issues everything still queued first
+  ctx_.reset();    // synchronizes the stream
+  const QuietDeviceGuard guard(device_.gpu());
+  if (cudaStreamDestroy(stream_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+Device& CudaStream::device() { return device_; }
+
+void CudaStream::run() {
+  if (cudaSetDevice(ctx_->gpu()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    sticky_->set(std::make_exception_ptr(
+        DeviceError(fmt::format("{}: stream '{}': cannot select GPU {}", device_.name(), name_, ctx_->gpu()))));
+  }
+  for (;;) {
+    std::pair<const char*, Work> task;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this]() { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      task.second(*ctx_);
+      if (device_.options().sync_debug) {
+        const cudaError_t e = cudaStreamSynchronize(stream_);
+        if (e != cudaSuccess) {
+          (void)cudaGetLastError();
+          throw DeviceError(fmt::format("{}: stream '{}': {} failed (HARMONY_SYNC_DEBUG): cuda error {} {} ({})",
+                                        device_.name(), name_, task.first, static_cast<int>(e), cudaGetErrorName(e),
+                                        cudaGetErrorString(e)));
+        }
+        device_.check_kernel_errors();
+      }
+    } catch (...) {
+      sticky_->set(std::current_exception());
+    }
+  }
+}
+
+void CudaStream::submit(const char* op, Work work) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.emplace_back(op, std::move(work));
+  }
+  cv_.notify_one();
+}
+
+void CudaStream::drain() {
+  if (std::this_thread::get_id() == thread_.get_id())
+    throw DeviceError(fmt::format("stream '{}': synchronize called from its own thread", name_));
+  auto done = std::make_shared<std::promise<void>>();
+  auto f = done->get_future();
+  submit("drain", [done](StreamContext&) { done->set_value(); });
+  f.wait();
+}
+
+std::exception_ptr CudaStream::finish() {
+  drain();
+  const cudaError_t e = cudaStreamSynchronize(stream_);
+  std::exception_ptr first = sticky_->take();
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (!first) {
+      first = std::make_exception_ptr(DeviceError(
+          fmt::format("{}: stream '{}': cuda error {} {} ({}); run with HARMONY_SYNC_DEBUG=1 to find the operation",
+                      device_.name(), name_, static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e))));
+    }
+  }
+  if (!first) {
+    try {
+      device_.check_kernel_errors();
+    } catch (...) {
+      first = std::current_exception();
+    }
+  }
+  return first;
+}
+
+void CudaStream::synchronize() {
+  if (auto e = finish()) std::rethrow_exception(e);
+}
+
+void CudaStream::launch_host(std::function<void()> fn) {
+  submit("launch_host", [sticky = sticky_, fn = std::move(fn)](StreamContext& c) mutable {
+    auto call = std::make_unique<HostCall>(HostCall{sticky, std::move(fn)});
+    HARMONY_CUDA_CHECK(cudaLaunchHostFunc(c.stream(), host_trampoline, call.get()));
+    (void)call.release();  // the trampoline owns it now
+  });
+}
+
+void CudaStream::record(Event& event) {
+  std::shared_ptr<EventState> st = as_cuda_event(event).state();
+  if (st->gpu != device_.gpu())
+    throw DeviceError(fmt::format("{}: stream '{}': cannot record an event of GPU {} on GPU {}", device_.name(), name_,
+                                  st->gpu, device_.gpu()));
+  std::int64_t n = 0;
+  {
+    std::lock_guard lock(st->mu);
+    n = ++st->requested;
+  }
+  submit("record", [st, n](StreamContext& c) {
+    const cudaError_t e = cudaEventRecord(st->event, c.stream());
+    st->mark_issued(n);  // even on failure: waiters must not hang (the error is sticky on this stream)
+    HARMONY_CUDA_CHECK(e);
+  });
+}
+
+void CudaStream::wait(Event& event) {
+  std::shared_ptr<EventState> st = as_cuda_event(event).state();
+  std::int64_t n = 0;
+  {
+    std::lock_guard lock(st->mu);
+    n = st->requested;  // the latest record made before this call
+  }
+  submit("wait", [st, n](StreamContext& c) {
+    st->wait_issued(n);
+    HARMONY_CUDA_CHECK(cudaStreamWaitEvent(c.stream(), st->event, 0));
+  });
+}
+
+// --- device ---
+
+CudaDevice::CudaDevice(int index, const CudaDeviceOptions& options) : index_(index), options_(options) {
+  const int count = cuda_device_count();
+  if (count == 0) throw DeviceError(fmt::format("cuda:{}: no usable CUDA GPU ({})", index, cuda_unavailable_reason()));
+  if (index < 0) throw DeviceError(fmt::format("cuda: negative device index {}", index));
+  gpu_ = options.gpu >= 0 ? options.gpu : index % count;
+  if (gpu_ >= count)
+    throw DeviceError(fmt::format("cuda:{}: GPU {} does not exist (this machine has {})", index, gpu_, count));
+  name_ = gpu_ == index ? fmt::format("cuda:{}", index) : fmt::format("cuda:{}@gpu{}", index, gpu_);
+  if (options.capacity < 0) throw DeviceError(fmt::format("{}: negative memory capacity {}", name_, options.capacity));
+  if (options.attention_workspace < 0) throw DeviceError(fmt::format("{}: negative attention workspace", name_));
+
+  DeviceGuard guard(gpu_);
+  std::size_t free_b = 0, total_b = 0;
+  HARMONY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const auto free_bytes = static_cast<Bytes>(free_b);
+  Bytes capacity = options.capacity;
+  if (capacity == 0) {
+    capacity = free_bytes - options.reserve;
+    if (capacity <= 0)
+      throw DeviceError(fmt::format("{}: GPU {} has {} free, not more than the {} reserve (CudaDeviceOptions::reserve)",
+                                    name_, gpu_, format_bytes(free_bytes), format_bytes(options.reserve)));
+  } else if (capacity > free_bytes) {
+    throw DeviceError(fmt::format(
+        "{}: the requested device memory {} (--gpu-memory) exceeds GPU {}'s free memory: {} "
+        "of {}",
+        name_, format_bytes(capacity), gpu_, format_bytes(free_bytes), format_bytes(static_cast<Bytes>(total_b))));
+  }
+  capacity = capacity / kCudaArenaAlignment * kCudaArenaAlignment;
+  void* base = nullptr;
+  if (capacity > 0) {
+    const cudaError_t e = cudaMalloc(&base, static_cast<std::size_t>(capacity));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw DeviceError(fmt::format("{}: cudaMalloc of the {} device block failed: {} ({})", name_,
+                                    format_bytes(capacity), cudaGetErrorName(e), cudaGetErrorString(e)));
+    }
+  }
+  const int gpu = gpu_;
+  arena_ = std::make_shared<CudaArena>(name_, base, capacity, [gpu](void* p) {
+    const QuietDeviceGuard guard(gpu);
+    if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();  // also at exit, when the runtime is unloading
+  });
+  void* rec = nullptr;
+  HARMONY_CUDA_CHECK(cudaHostAlloc(&rec, sizeof(kern::ErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
+  errors_host_ = static_cast<kern::ErrorRecord*>(rec);
+  std::memset(errors_host_, 0, sizeof(kern::ErrorRecord));
+  void* dev_rec = nullptr;
+  HARMONY_CUDA_CHECK(cudaHostGetDevicePointer(&dev_rec, rec, 0));
+  errors_device_ = static_cast<kern::ErrorRecord*>(dev_rec);
+  if (options_.poison) HARMONY_CUDA_CHECK(cudaStreamCreateWithFlags(&poison_stream_, cudaStreamNonBlocking));
+}
+
+CudaDevice::~CudaDevice() {
+  const QuietDeviceGuard guard(gpu_);
+  if (poison_stream_ != nullptr && cudaStreamDestroy(poison_stream_) != cudaSuccess) (void)cudaGetLastError();
+  if (errors_host_ != nullptr && cudaFreeHost(errors_host_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+Buffer CudaDevice::alloc(Bytes bytes, std::string_view label) {
+  void* p = arena_->allocate(bytes, label);
+  Buffer buf(arena_, p, p == nullptr ? 0 : bytes);
+  if (p != nullptr && options_.poison) {
+    DeviceGuard guard(gpu_);
+    HARMONY_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, static_cast<std::size_t>(arena_->allocation_bytes(p)), poison_stream_));
+    HARMONY_CUDA_CHECK(cudaStreamSynchronize(poison_stream_));
+  }
+  return buf;
+}
+
+std::unique_ptr<Stream> CudaDevice::create_stream(std::string name) {
+  return std::make_unique<CudaStream>(*this, std::move(name));
+}
+
+std::unique_ptr<Event> CudaDevice::create_event() { return std::make_unique<CudaEvent>(gpu_); }
+
+void CudaDevice::add_stream(CudaStream* s) {
+  std::lock_guard lock(mu_);
+  streams_.insert(s);
+}
+
+void CudaDevice::remove_stream(CudaStream* s) {
+  std::lock_guard lock(mu_);
+  streams_.erase(s);
+}
+
+void CudaDevice::synchronize() {
+  std::vector<CudaStream*> streams;
+  {
+    std::lock_guard lock(mu_);
+    streams.assign(streams_.begin(), streams_.end());
+  }
+  std::exception_ptr first;
+  for (CudaStream* s : streams) {
+    if (auto e = s->finish(); e && !first) first = e;
+  }
+  if (!first) check_kernel_errors();
+  if (first) std::rethrow_exception(first);
+}
+
+void CudaDevice::check_kernel_errors() {
+  auto* rec = errors_host_;
+  const int code = __atomic_load_n(&rec->code, __ATOMIC_ACQUIRE);
+  if (code == kern::kErrNone) return;
+  const long long value = rec->value, a = rec->a, b = rec->b, limit = rec->limit;
+  int expected = code;
+  if (!__atomic_compare_exchange_n(&rec->code, &expected, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+  switch (code) {
+    case kern::kErrEmbeddingId:
+      throw DeviceError(fmt::format("{}: embedding: token id {} at (b={}, t={}) is outside the vocabulary [0, {})",
+                                    name_, value, a, b, limit));
+    case kern::kErrTargetId:
+      throw DeviceError(fmt::format("{}: cross-entropy: target id {} at row {} is outside the vocabulary [0, {})",
+                                    name_, value, a, limit));
+    case kern::kErrEmbeddingBwdId:
+      throw DeviceError(fmt::format("{}: embedding_bwd: negative token id {} at row {}", name_, value, a));
+    default:
+      throw DeviceError(fmt::format("{}: a kernel reported error code {}", name_, code));
+  }
+}
+
+CudaStream& CudaDevice::own(Stream& s, const char* op) {
+  auto* cs = dynamic_cast<CudaStream*>(&s);
+  if (cs == nullptr || &cs->cuda_device() != this)
+    throw DeviceError(fmt::format("{}: {}: stream '{}' does not belong to this device", name_, op, s.name()));
+  return *cs;
+}
+
+void CudaDevice::check_device(const void* p, Bytes bytes, const char* op, const char* role) const {
+  if (bytes == 0) return;
+  if (!arena_->contains(p, bytes))
+    throw DeviceError(fmt::format("{}: {}: {} {} ({} bytes) is not inside a live allocation of {}", name_, op, role, p,
+                                  bytes, name_));
+}
+
+void CudaDevice::check_host(const void* p, Bytes bytes, const char* op, const char* role) const {
+  if (bytes == 0) return;
+  if (p == nullptr) throw DeviceError(fmt::format("{}: {}: {} is null", name_, op, role));
+  cudaPointerAttributes attr{};
+  const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  if (arena_->in_block(p) || (e == cudaSuccess && attr.type == cudaMemoryTypeDevice))
+    throw DeviceError(fmt::format("{}: {}: {} {} is device memory, not host memory", name_, op, role, p));
+}
+
+namespace {
+void check_size(Bytes bytes, const std::string& name, const char* op) {
+  if (bytes < 0) throw DeviceError(fmt::format("{}: {}: negative size {}", name, op, bytes));
+}
+}  // namespace
+
+void CudaDevice::copy_h2d(Stream& s, void* dst, const void* src, Bytes bytes) {
+  CudaStream& cs = own(s, "copy_h2d");
+  check_size(bytes, name_, "copy_h2d");
+  check_device(dst, bytes, "copy_h2d", "destination");
+  check_host(src, bytes, "copy_h2d", "source");
+  if (bytes == 0) return;
+  cs.submit("copy_h2d", [=](StreamContext& c) {
+    HARMONY_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice, c.stream()));
+  });
+}
+
+void CudaDevice::copy_d2h(Stream& s, void* dst, const void* src, Bytes bytes) {
+  CudaStream& cs = own(s, "copy_d2h");
+  check_size(bytes, name_, "copy_d2h");
+  check_device(src, bytes, "copy_d2h", "source");
+  check_host(dst, bytes, "copy_d2h", "destination");
+  if (bytes == 0) return;
+  cs.submit("copy_d2h", [=](StreamContext& c) {
+    HARMONY_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToHost, c.stream()));
+  });
+}
+
+CudaDevice& as_cuda(Device& d) {
+  auto* p = dynamic_cast<CudaDevice*>(&d);
+  if (p == nullptr) throw DeviceError(fmt::format("{} is not a CUDA device", d.name()));
+  return *p;
+}
+
+void CudaDevice::copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Device* dst_device) {
+  CudaStream& cs = own(s, "copy_d2d");
+  check_size(bytes, name_, "copy_d2d");
+  check_device(src, bytes, "copy_d2d", "source");
+  CudaDevice& to = dst_device == nullptr ? *this : as_cuda(*dst_device);
+  to.check_device(dst, bytes, "copy_d2d", "destination");
+  if (bytes == 0) return;
+  const int from_gpu = gpu_, to_gpu = to.gpu();
+  if (from_gpu == to_gpu) {
+    cs.submit("copy_d2d", [=](StreamContext& c) {
+      HARMONY_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, c.stream()));
+    });
+  } else {
+    enable_peer_access(from_gpu, to_gpu);
+    cs.submit("copy_peer", [=](StreamContext& c) {
+      HARMONY_CUDA_CHECK(cudaMemcpyPeerAsync(dst, to_gpu, src, from_gpu, static_cast<std::size_t>(bytes), c.stream()));
+    });
+  }
+}
+
+void CudaDevice::fill_zero(Stream& s, void* dst, Bytes bytes) {
+  CudaStream& cs = own(s, "fill_zero");
+  check_size(bytes, name_, "fill_zero");
+  check_device(dst, bytes, "fill_zero", "destination");
+  if (bytes == 0) return;
+  cs.submit("fill_zero", [=](StreamContext& c) {
+    HARMONY_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(bytes), c.stream()));
+  });
+}
+
+// --- kernels: checked here, run by the stream's thread inside an NVTX range named after the kernel ---
+
+template <class F>
+void CudaDevice::launch(Stream& s, const char* op, F&& f) {
+  own(s, op).submit(op, [op, f = std::forward<F>(f)](StreamContext& c) {
+    const NvtxRange range(op);
+    f(c);
+  });
+}
+
+namespace {
+void check_dims(const std::string& name, const char* op, std::initializer_list<std::int64_t> dims) {
+  for (std::int64_t d : dims) {
+    if (d < 0) throw DeviceError(fmt::format("{}: {}: negative size {}", name, op, d));
+  }
+}
+}  // namespace
+
+void CudaDevice::embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe,
+                               int B, int T, int C, int V) {
+  check_dims(name_, "embedding_fwd", {B, T, C, V});
+  launch(s, "embedding_fwd",
+         [=](StreamContext& c) { kern::embedding_fwd(c.stream(), c.errors(), out, ids, wte, wpe, B, T, C, V); });
+}
+
+void CudaDevice::embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B,
+                               int T, int C) {
+  check_dims(name_, "embedding_bwd", {B, T, C});
+  launch(s, "embedding_bwd", [=](StreamContext& c) {
+    const std::size_t bytes = kern::embedding_bwd_workspace_bytes(B * T);
+    void* ws = c.workspace(bytes);
+    kern::embedding_bwd(c.stream(), c.errors(), ws, bytes, dwte, dwpe, dout, ids, B, T, C);
+  });
+}
+
+void CudaDevice::layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w,
+                               const float* b, int N, int C, float eps) {
+  check_dims(name_, "layernorm_fwd", {N, C});
+  launch(s, "layernorm_fwd",
+         [=](StreamContext& c) { kern::layernorm_fwd(c.stream(), out, mean, rstd, in, w, b, N, C, eps); });
+}
+
+void CudaDevice::layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in,
+                               const float* w, const float* mean, const float* rstd, int N, int C) {
+  check_dims(name_, "layernorm_bwd", {N, C});
+  launch(s, "layernorm_bwd",
+         [=](StreamContext& c) { kern::layernorm_bwd(c.stream(), din, dw, db, dout, in, w, mean, rstd, N, C); });
+}
+
+void CudaDevice::matmul_fwd(Stream& s, float* out, const float* in, const float* w, const float* bias, int N, int IC,
+                            int OC, WeightLayout layout) {
+  check_dims(name_, "matmul_fwd", {N, IC, OC});
+  launch(s, "matmul_fwd", [=](StreamContext& c) { detail::matmul_fwd(c, out, in, w, bias, N, IC, OC, layout); });
+}
+
+void CudaDevice::matmul_bwd(Stream& s, float* din, float* dw, float* dbias, const float* dout, const float* in,
+                            const float* w, int N, int IC, int OC, WeightLayout layout) {
+  check_dims(name_, "matmul_bwd", {N, IC, OC});
+  launch(s, "matmul_bwd",
+         [=](StreamContext& c) { detail::matmul_bwd(c, din, dw, dbias, dout, in, w, N, IC, OC, layout); });
+}
+
+void CudaDevice::attention_fwd(Stream& s, float* out, float* att, const float* qkv, int B, int T, int C, int H) {
+  check_dims(name_, "attention_fwd", {B, T, C, H});
+  if (H == 0 || C % H != 0)
+    throw DeviceError(fmt::format("{}: attention_fwd: {} channels do not split into {} heads", name_, C, H));
+  launch(s, "attention_fwd", [=](StreamContext& c) { detail::attention_fwd(c, out, att, qkv, B, T, C, H); });
+}
+
+void CudaDevice::attention_bwd(Stream& s, float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                               int T, int C, int H) {
+  check_dims(name_, "attention_bwd", {B, T, C, H});
+  if (H == 0 || C % H != 0)
+    throw DeviceError(fmt::format("{}: attention_bwd: {} channels do not split into {} heads", name_, C, H));
+  launch(s, "attention_bwd", [=](StreamContext& c) { detail::attention_bwd(c, dqkv, dout, qkv, att, B, T, C, H); });
+}
+
+void CudaDevice::gelu_fwd(Stream& s, float* out, const float* in, std::int64_t n) {
+  check_dims(name_, "gelu_fwd", {n});
+  launch(s, "gelu_fwd", [=](StreamContext& c) { kern::gelu_fwd(c.stream(), out, in, n); });
+}
+
+void CudaDevice::gelu_bwd(Stream& s, float* din, const float* in, const float* dout, std::int64_t n) {
+  check_dims(name_, "gelu_bwd", {n});
+  launch(s, "gelu_bwd", [=](StreamContext& c) { kern::gelu_bwd(c.stream(), din, in, dout, n); });
+}
+
+void CudaDevice::add(Stream& s, float* out, const float* a, const float* b, std::int64_t n) {
+  check_dims(name_, "add", {n});
+  launch(s, "add", [=](StreamContext& c) { kern::add(c.stream(), out, a, b, n); });
+}
+
+void CudaDevice::crossentropy_fwd(Stream& s, float* losses, float* probs, const float* logits,
+                                  const std::int32_t* targets, int N, int V) {
+  check_dims(name_, "crossentropy_fwd", {N, V});
+  launch(s, "crossentropy_fwd", [=](StreamContext& c) {
+    kern::crossentropy_fwd(c.stream(), c.errors(), losses, probs, logits, targets, N, V);
+  });
+}
+
+void CudaDevice::crossentropy_bwd(Stream& s, float* dlogits, const float* probs, const std::int32_t* targets,
+                                  float scale, int N, int V) {
+  check_dims(name_, "crossentropy_bwd", {N, V});
+  launch(s, "crossentropy_bwd",
+         [=](StreamContext& c) { kern::crossentropy_bwd(c.stream(), dlogits, probs, targets, scale, N, V); });
+}
+
+}  // namespace detail
+
+std::unique_ptr<Device> make_cuda_device(int index, const CudaDeviceOptions& options) {
+  return std::make_unique<detail::CudaDevice>(index, options);
+}
+
+// --- host memory ---
+
+HostMemory host_memory() {
+  HostMemory m;
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string key;
+    long long kib = 0;
+    ls >> key >> kib;
+    if (key == "MemTotal:") m.total = static_cast<Bytes>(kib) * core::kKiB;
+    if (key == "MemAvailable:") m.available = static_cast<Bytes>(kib) * core::kKiB;
+  }
+  return m;
+}
+
+void check_pinned_budget(Bytes needed, const std::string& what, Bytes limit, Bytes reserve) {
+  if (needed < 0) throw DeviceError(fmt::format("pinned host memory: negative size {} for {}", needed, what));
+  if (limit > 0 && needed > limit)
+    throw DeviceError(fmt::format("pinned host memory: {} needed for {}, more than the limit of {}",
+                                  format_bytes(needed), what, format_bytes(limit)));
+  const HostMemory m = host_memory();
+  if (m.total == 0) return;  // no /proc/meminfo: nothing to check against
+  const Bytes available = std::max<Bytes>(0, m.available - reserve);
+  if (needed > available)
+    throw DeviceError(fmt::format(
+        "pinned host memory: {} needed for {}, {} available ({} MemAvailable of {} less a {} reserve); pinned pages "
+        "cannot be swapped out: use smaller packs or microbatches, or a machine with more memory",
+        format_bytes(needed), what, format_bytes(available), format_bytes(m.available), format_bytes(m.total),
+        format_bytes(reserve)));
+}
+
+PinnedHostBuffer::PinnedHostBuffer(Bytes bytes, const std::string& what) : bytes_(bytes) {
+  check_pinned_budget(bytes, what);
+  if (bytes == 0) return;
+  HARMONY_CUDA_CHECK(cudaHostAlloc(&ptr_, static_cast<std::size_t>(bytes), cudaHostAllocPortable));
+  std::memset(ptr_, 0, static_cast<std::size_t>(bytes));
+}
+
+PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept {
+  if (this != &other) {
+    PinnedHostBuffer old(std::move(*this));
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+PinnedHostBuffer::~PinnedHostBuffer() {
+  if (ptr_ != nullptr && cudaFreeHost(ptr_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+HostRegistration::HostRegistration(void* ptr, Bytes bytes, const std::string& what) {
+  check_pinned_budget(bytes, what);
+  if (ptr == nullptr || bytes == 0) return;
+  HARMONY_CUDA_CHECK(cudaHostRegister(ptr, static_cast<std::size_t>(bytes), cudaHostRegisterPortable));
+  ptr_ = ptr;
+}
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)) {}
+
+HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
+  if (this != &other) {
+    HostRegistration old(std::move(*this));
+    ptr_ = std::exchange(other.ptr_, nullptr);
+  }
+  return *this;
+}
+
+HostRegistration::~HostRegistration() {
+  if (ptr_ != nullptr && cudaHostUnregister(ptr_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+// --- NVTX ---
+
+#ifdef HARMONY_HAVE_NVTX
+NvtxRange::NvtxRange(const char* name) { nvtxRangePushA(name); }
+NvtxRange::~NvtxRange() { nvtxRangePop(); }
+bool nvtx_built() { return true; }
+#else
+NvtxRange::NvtxRange(const char* /*name*/) {}
+NvtxRange::~NvtxRange() = default;
+bool nvtx_built() { return false; }
+#endif
+
+}  // namespace harmony::backend::cuda

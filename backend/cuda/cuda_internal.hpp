@@ -1,0 +1,242 @@
+// Internals of the CUDA device shared by its translation units (device, communicator, GEMMs): the device, its
+// streams (a CUDA stream fed in order by one submission thread, which owns the stream's cuBLAS handle and
+// workspace), its events, and a guard for the calling thread's current GPU. Not part of the public API.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_arena.hpp"
+#include "backend/cuda/cuda_device.hpp"
+#include "backend/cuda/kernels.hpp"
+
+namespace harmony::backend::cuda::detail {
+
+// Makes `gpu` the calling thread's current device for the guard's lifetime.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int gpu);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+// Lets device `from_gpu` address `to_gpu`'s memory directly when the hardware allows it (once per pair).
+void enable_peer_access(int from_gpu, int to_gpu);
+
+// What work on one stream needs; used only by the stream's submission thread.
+class StreamContext {
+ public:
+  StreamContext(int gpu, cudaStream_t stream, bool tf32, Bytes attention_workspace, kern::ErrorRecord* errors)
+      : gpu_(gpu), stream_(stream), tf32_(tf32), attention_workspace_(attention_workspace), errors_(errors) {}
+  ~StreamContext();
+  StreamContext(const StreamContext&) = delete;
+  StreamContext& operator=(const StreamContext&) = delete;
+
+  int gpu() const { return gpu_; }
+  cudaStream_t stream() const { return stream_; }
+  kern::ErrorRecord* errors() const { return errors_; }
+  Bytes attention_workspace() const { return attention_workspace_; }
+  cublasHandle_t cublas();  // created on first use, bound to this stream
+  // At least `bytes` of device scratch, valid for work enqueued from now on (growing synchronizes the stream).
+  void* workspace(std::size_t bytes);
+
+ private:
+  int gpu_;
+  cudaStream_t stream_;
+  bool tf32_;
+  Bytes attention_workspace_;
+  kern::ErrorRecord* errors_;
+  cublasHandle_t cublas_ = nullptr;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+};
+
+// The first error of a stream, shared with its host callbacks (which may outlive the stream object).
+class StickyError {
+ public:
+  void set(std::exception_ptr e) {
+    std::lock_guard lock(mu_);
+    if (!error_) error_ = std::move(e);
+  }
+  std::exception_ptr take() {
+    std::lock_guard lock(mu_);
+    return std::exchange(error_, nullptr);
+  }
+
+ private:
+  std::mutex mu_;
+  std::exception_ptr error_;
+};
+
+// The CUDA event plus the host-side record count: wait() binds to the record made last before it (CUDA
+// semantics) even though records are issued later by submission threads.
+struct EventState {
+  int gpu = 0;
+  cudaEvent_t event = nullptr;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::int64_t requested = 0;  // records asked for (host calls to Stream::record)
+  std::int64_t issued = 0;     // records issued to CUDA by the stream's thread
+  ~EventState();
+  void wait_issued(std::int64_t n);
+  void mark_issued(std::int64_t n);
+};
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(int gpu);
+  void synchronize() override;
+  bool query() override;
+  const std::shared_ptr<EventState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<EventState> state_;
+};
+
+class CudaDevice;
+
+class CudaStream final : public Stream {
+ public:
+  using Work = std::function<void(StreamContext&)>;
+  CudaStream(CudaDevice& device, std::string name);
+  ~CudaStream() override;
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  Device& device() override;
+  CudaDevice& cuda_device() { return device_; }
+  const std::string& name() const override { return name_; }
+  void launch_host(std::function<void()> fn) override;
+  void record(Event& event) override;
+  void wait(Event& event) override;
+  void synchronize() override;
+
+  // Enqueues `work` for the submission thread; `op` names it in errors (a string literal).
+  void submit(const char* op, Work work);
+  // Host blocks until the submission thread has issued everything enqueued so far.
+  void drain();
+  // Waits for the GPU side too; the first error (sticky, CUDA's or a kernel's report) is returned, not thrown.
+  std::exception_ptr finish();
+  cudaStream_t handle() const { return stream_; }
+  const std::shared_ptr<StickyError>& sticky() const { return sticky_; }
+
+ private:
+  void run();
+
+  CudaDevice& device_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  std::shared_ptr<StickyError> sticky_ = std::make_shared<StickyError>();
+  std::unique_ptr<StreamContext> ctx_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<const char*, Work>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class CudaDevice final : public Device, public Kernels {
+ public:
+  CudaDevice(int index, const CudaDeviceOptions& options);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  const std::string& name() const override { return name_; }
+  int index() const override { return index_; }
+  int gpu() const { return gpu_; }
+  const CudaDeviceOptions& options() const { return options_; }
+  kern::ErrorRecord* errors_device() const { return errors_device_; }
+
+  Buffer alloc(Bytes bytes, std::string_view label) override;
+  MemoryStats memory() const override { return arena_->stats(); }
+  void reset_peak() override { arena_->reset_peak(); }
+
+  std::unique_ptr<Stream> create_stream(std::string name) override;
+  std::unique_ptr<Event> create_event() override;
+  void synchronize() override;
+
+  void copy_h2d(Stream& s, void* dst, const void* src, Bytes bytes) override;
+  void copy_d2h(Stream& s, void* dst, const void* src, Bytes bytes) override;
+  void copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Device* dst_device) override;
+  void fill_zero(Stream& s, void* dst, Bytes bytes) override;
+  Kernels& kernels() override { return *this; }
+
+  void embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B, int T,
+                     int C, int V) override;
+  void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T,
+                     int C) override;
+  void layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
+                     int N, int C, float eps) override;
+  void layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
+                     const float* mean, const float* rstd, int N, int C) override;
+  void matmul_fwd(Stream& s, float* out, const float* in, const float* w, const float* bias, int N, int IC, int OC,
+                  WeightLayout layout) override;
+  void matmul_bwd(Stream& s, float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w,
+                  int N, int IC, int OC, WeightLayout layout) override;
+  void attention_fwd(Stream& s, float* out, float* att, const float* qkv, int B, int T, int C, int H) override;
+  void attention_bwd(Stream& s, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                     int H) override;
+  void gelu_fwd(Stream& s, float* out, const float* in, std::int64_t n) override;
+  void gelu_bwd(Stream& s, float* din, const float* in, const float* dout, std::int64_t n) override;
+  void add(Stream& s, float* out, const float* a, const float* b, std::int64_t n) override;
+  void crossentropy_fwd(Stream& s, float* losses, float* probs, const float* logits, const std::int32_t* targets, int N,
+                        int V) override;
+  void crossentropy_bwd(Stream& s, float* dlogits, const float* probs, const std::int32_t* targets, float scale, int N,
+                        int V) override;
+
+  // For the streams and the communicator.
+  CudaStream& own(Stream& s, const char* op);
+  void check_device(const void* p, Bytes bytes, const char* op, const char* role) const;
+  void check_host(const void* p, Bytes bytes, const char* op, const char* role) const;
+  // Throws (once) what a kernel reported through the error record since the last check.
+  void check_kernel_errors();
+  void add_stream(CudaStream* s);
+  void remove_stream(CudaStream* s);
+
+ private:
+  template <class F>
+  void launch(Stream& s, const char* op, F&& f);
+
+  std::string name_;
+  int index_;
+  int gpu_;
+  CudaDeviceOptions options_;
+  std::shared_ptr<CudaArena> arena_;
+  kern::ErrorRecord* errors_host_ = nullptr;    // mapped pinned memory
+  kern::ErrorRecord* errors_device_ = nullptr;  // the same, as kernels address it
+  cudaStream_t poison_stream_ = nullptr;
+  std::mutex mu_;
+  std::set<CudaStream*> streams_;
+};
+
+CudaDevice& as_cuda(Device& d);
+
+// cuBLAS-based kernels (gemm.cpp), run by a stream's submission thread.
+void matmul_fwd(StreamContext& c, float* out, const float* in, const float* w, const float* bias, int N, int IC, int OC,
+                WeightLayout layout);
+void matmul_bwd(StreamContext& c, float* din, float* dw, float* dbias, const float* dout, const float* in,
+                const float* w, int N, int IC, int OC, WeightLayout layout);
+void attention_fwd(StreamContext& c, float* out, float* att, const float* qkv, int B, int T, int C, int H);
+void attention_bwd(StreamContext& c, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                   int C, int H);
+
+}  // namespace harmony::backend::cuda::detail

@@ -1,0 +1,442 @@
+// The CUDA device's kernels besides cuBLAS: embeddings (a deterministic scatter-add through a stable radix
+// sort), LayerNorm, bias broadcast and gradient, the attention's causal softmax forward and backward, GELU,
+// residual adds and cross-entropy. Built with --fmad=false and fixed reduction trees, so every result is
+// reproducible run to run; parameter gradients accumulate row by row in row order like the CPU reference.
+#include "backend/cuda/kernels.hpp"
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "backend/cuda/check.hpp"
+
+namespace harmony::backend::cuda::kern {
+namespace {
+
+constexpr int kThreads = 256;  // threads per block
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFull = 0xffffffffu;
+
+// Blocks of a grid-stride loop over n elements (capped; the loop covers the rest).
+unsigned blocks_for(std::int64_t n, int per_block = kThreads) {
+  const std::int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(b < 65535 * 32 ? b : 65535 * 32);
+}
+// Blocks of a kernel with one item (row, column) per warp or thread and no loop: never capped.
+unsigned blocks_exact(std::int64_t items, int per_block) {
+  return static_cast<unsigned>((items + per_block - 1) / per_block);
+}
+
+__device__ void report(ErrorRecord* e, int code, long long value, long long a, long long b, long long limit) {
+  if (atomicCAS(&e->code, 0, -1) == 0) {
+    e->value = value;
+    e->a = a;
+    e->b = b;
+    e->limit = limit;
+    __threadfence_system();
+    atomicExch(&e->code, code);
+  }
+}
+
+// Butterfly sum over a warp: a fixed tree, and every lane ends with the same value (a + b == b + a).
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// Block-wide reductions for kThreads threads; every thread gets the result. `shared` holds kWarps floats.
+__device__ float block_sum(float v, float* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // `shared` may still be read from a previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < kWarps ? shared[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ float block_max(float v, float* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < kWarps ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// --- embeddings ---
+
+__global__ void embedding_fwd_kernel(ErrorRecord* err, float* out, const std::int32_t* ids, const float* wte,
+                                     const float* wpe, int T, int C, int V) {
+  const std::int64_t r = blockIdx.x;
+  const int t = static_cast<int>(r % T);
+  const std::int32_t id = ids[r];
+  if (id < 0 || id >= V) {
+    if (threadIdx.x == 0) report(err, kErrEmbeddingId, id, r / T, t, V);
+    return;
+  }
+  const float* e = wte + static_cast<std::int64_t>(id) * C;
+  const float* p = wpe + static_cast<std::int64_t>(t) * C;
+  float* o = out + r * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = e[c] + p[c];
+}
+
+// dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... (the CPU's row order restricted to position t).
+__global__ void embedding_dwpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+  const std::int64_t total = static_cast<std::int64_t>(T) * C;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t t = i / C, c = i % C;
+    float acc = dwpe[i];
+    for (int b = 0; b < B; ++b) acc += dout[(static_cast<std::int64_t>(b) * T + t) * C + c];
+    dwpe[i] = acc;
+  }
+}
+
+__global__ void iota_kernel(std::int32_t* v, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v[i] = i;
+}
+
+// One block per sorted position; the first position of each token id adds that id's rows in ascending row
+// order (the radix sort is stable), so dwte[id] gets exactly the CPU's sequence of additions.
+__global__ void embedding_dwte_kernel(ErrorRecord* err, float* dwte, const float* dout, const std::int32_t* keys,
+                                      const std::int32_t* rows, int N, int C) {
+  const int p = blockIdx.x;
+  const std::int32_t id = keys[p];
+  if (p > 0 && keys[p - 1] == id) return;
+  if (id < 0) {
+    if (threadIdx.x == 0) report(err, kErrEmbeddingBwdId, id, rows[p], -1, -1);
+    return;
+  }
+  float* d = dwte + static_cast<std::int64_t>(id) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = d[c];
+    for (int q = p; q < N && keys[q] == id; ++q) acc += dout[static_cast<std::int64_t>(rows[q]) * C + c];
+    d[c] = acc;
+  }
+}
+
+struct SortLayout {
+  std::size_t keys_out = 0, rows_in = 0, rows_out = 0, temp = 0, temp_bytes = 0, total = 0;
+};
+
+std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
+SortLayout sort_layout(int N) {
+  SortLayout l;
+  const std::size_t ints = align256(static_cast<std::size_t>(N) * sizeof(std::int32_t));
+  l.keys_out = 0;
+  l.rows_in = ints;
+  l.rows_out = 2 * ints;
+  l.temp = 3 * ints;
+  HARMONY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, l.temp_bytes, static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), N));
+  l.total = l.temp + align256(l.temp_bytes);
+  return l;
+}
+
+// --- LayerNorm: one warp per row for the row statistics and din; one thread per column for dw, db ---
+
+__global__ void layernorm_fwd_kernel(float* out, float* mean, float* rstd, const float* in, const float* w,
+                                     const float* b, int N, int C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= N) return;
+  const float* x = in + r * C;
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += 32) sum += x[c];
+  const float m = warp_sum(sum) / static_cast<float>(C);
+  float var = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = x[c] - m;
+    var += d * d;
+  }
+  var = warp_sum(var) / static_cast<float>(C);
+  const float s = 1.0f / sqrtf(var + eps);
+  float* o = out + r * C;
+  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * s * w[c] + b[c];
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+__global__ void layernorm_bwd_rows_kernel(float* din, const float* dout, const float* in, const float* w,
+                                          const float* mean, const float* rstd, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= N) return;
+  const float* x = in + r * C;
+  const float* d = dout + r * C;
+  const float m = mean[r], s = rstd[r];
+  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (x[c] - m) * s;
+    const float dnorm = w[c] * d[c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * norm;
+  }
+  dnorm_mean = warp_sum(dnorm_mean) / static_cast<float>(C);
+  dnorm_norm_mean = warp_sum(dnorm_norm_mean) / static_cast<float>(C);
+  float* dx = din + r * C;
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (x[c] - m) * s;
+    const float dnorm = w[c] * d[c];
+    dx[c] += s * ((dnorm - dnorm_mean) - norm * dnorm_norm_mean);
+  }
+}
+
+__global__ void layernorm_bwd_params_kernel(float* dw, float* db, const float* dout, const float* in, const float* mean,
+                                            const float* rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc_w = dw[c], acc_b = db[c];
+#pragma unroll 8
+  for (int r = 0; r < N; ++r) {
+    const std::int64_t i = static_cast<std::int64_t>(r) * C + c;
+    const float d = dout[i];
+    const float norm = (in[i] - mean[r]) * rstd[r];
+    acc_b += d;
+    acc_w += norm * d;
+  }
+  dw[c] = acc_w;
+  db[c] = acc_b;
+}
+
+// --- matmul helpers ---
+
+__global__ void fill_bias_rows_kernel(float* out, const float* bias, std::int64_t total, int OC) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    out[i] = bias[i % OC];
+}
+
+__global__ void bias_grad_kernel(float* dbias, const float* dout, int N, int OC) {
+  const int o = blockIdx.x * blockDim.x + threadIdx.x;
+  if (o >= OC) return;
+  float acc = dbias[o];
+#pragma unroll 8
+  for (int r = 0; r < N; ++r) acc += dout[static_cast<std::int64_t>(r) * OC + o];
+  dbias[o] = acc;
+}
+
+// --- attention softmax: one warp per row; lane k owns the columns t2 = k, k + 32, ... in every pass ---
+
+__global__ void causal_softmax_fwd_kernel(float* att, std::int64_t rows, int T, float sqrt_hs) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (q >= rows) return;
+  const int t = static_cast<int>(q % T);
+  float* a = att + q * T;
+  float mx = -INFINITY;
+  for (int t2 = lane; t2 <= t; t2 += 32) {
+    const float x = a[t2] / sqrt_hs;
+    a[t2] = x;
+    mx = fmaxf(mx, x);
+  }
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int t2 = lane; t2 <= t; t2 += 32) {
+    const float e = expf(a[t2] - mx);
+    a[t2] = e;
+    sum += e;
+  }
+  sum = warp_sum(sum);
+  for (int t2 = lane; t2 < T; t2 += 32) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
+}
+
+__global__ void causal_softmax_bwd_kernel(float* datt, const float* att, std::int64_t rows, int T, float sqrt_hs) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (q >= rows) return;
+  const int t = static_cast<int>(q % T);
+  float* d = datt + q * T;
+  const float* a = att + q * T;
+  float dsum = 0.0f;
+  for (int t2 = lane; t2 <= t; t2 += 32) dsum += a[t2] * d[t2];
+  dsum = warp_sum(dsum);
+  for (int t2 = lane; t2 < T; t2 += 32) d[t2] = t2 <= t ? a[t2] * (d[t2] - dsum) / sqrt_hs : 0.0f;
+}
+
+// --- element-wise ---
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi), as cpu::kGeluScale<float>
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
+
+__global__ void gelu_fwd_kernel(float* out, const float* in, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float x = in[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * (x * x * x))));
+  }
+}
+
+__global__ void gelu_bwd_kernel(float* din, const float* in, const float* dout, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float x = in[i];
+    const float u = kGeluScale * (x + kGeluCubic * (x * x * x));
+    const float th = tanhf(u);
+    const float du = kGeluScale * (1.0f + kGeluCubic3 * x * x);
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    din[i] = grad * dout[i];
+  }
+}
+
+__global__ void add_kernel(float* out, const float* a, const float* b, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+// --- cross-entropy: one block per row ---
+
+__global__ void crossentropy_fwd_kernel(ErrorRecord* err, float* losses, float* probs, const float* logits,
+                                        const std::int32_t* targets, int V) {
+  __shared__ float shared[kWarps];
+  const std::int64_t r = blockIdx.x;
+  const std::int32_t target = targets[r];
+  if (target < 0 || target >= V) {
+    if (threadIdx.x == 0) report(err, kErrTargetId, target, r, -1, V);
+    return;
+  }
+  const float* l = logits + r * V;
+  float* p = probs + r * V;  // may alias l: every read of l happens before the first write below
+  const float lt = l[target];
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  mx = block_max(mx, shared);
+  float sum = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(l[v] - mx);
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) losses[r] = (logf(sum) + mx) - lt;
+  const float inv = 1.0f / sum;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = expf(l[v] - mx) * inv;
+}
+
+__global__ void crossentropy_bwd_kernel(float* dlogits, const float* probs, const std::int32_t* targets, float scale,
+                                        std::int64_t total, int V) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / V, v = i % V;
+    dlogits[i] = (probs[i] - (v == targets[r] ? 1.0f : 0.0f)) * scale;
+  }
+}
+
+}  // namespace
+
+void embedding_fwd(cudaStream_t stream, ErrorRecord* err, float* out, const std::int32_t* ids, const float* wte,
+                   const float* wpe, int B, int T, int C, int V) {
+  const std::int64_t N = static_cast<std::int64_t>(B) * T;
+  if (N == 0) return;
+  embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, out, ids, wte, wpe, T, C, V);
+  HARMONY_CUDA_CHECK_LAUNCH("embedding_fwd_kernel");
+}
+
+std::size_t embedding_bwd_workspace_bytes(int N) { return N > 0 ? sort_layout(N).total : 0; }
+
+void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::size_t workspace_bytes, float* dwte,
+                   float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C) {
+  const int N = B * T;
+  if (N == 0) return;
+  embedding_dwpe_kernel<<<blocks_for(static_cast<std::int64_t>(T) * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
+  HARMONY_CUDA_CHECK_LAUNCH("embedding_dwpe_kernel");
+  SortLayout l = sort_layout(N);
+  if (workspace_bytes < l.total) throw_cuda_error(cudaErrorInvalidValue, "embedding_bwd workspace", __FILE__, __LINE__);
+  auto* base = static_cast<unsigned char*>(workspace);
+  auto* keys = reinterpret_cast<std::int32_t*>(base + l.keys_out);
+  auto* rows_in = reinterpret_cast<std::int32_t*>(base + l.rows_in);
+  auto* rows = reinterpret_cast<std::int32_t*>(base + l.rows_out);
+  iota_kernel<<<blocks_for(N), kThreads, 0, stream>>>(rows_in, N);
+  HARMONY_CUDA_CHECK_LAUNCH("iota_kernel");
+  HARMONY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + l.temp, l.temp_bytes, ids, keys, rows_in, rows, N, 0,
+                                                     static_cast<int>(8 * sizeof(std::int32_t)), stream));
+  embedding_dwte_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, dwte, dout, keys, rows, N, C);
+  HARMONY_CUDA_CHECK_LAUNCH("embedding_dwte_kernel");
+}
+
+void layernorm_fwd(cudaStream_t stream, float* out, float* mean, float* rstd, const float* in, const float* w,
+                   const float* b, int N, int C, float eps) {
+  if (N == 0 || C == 0) return;
+  layernorm_fwd_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(out, mean, rstd, in, w, b, N, C, eps);
+  HARMONY_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
+}
+
+void layernorm_bwd(cudaStream_t stream, float* din, float* dw, float* db, const float* dout, const float* in,
+                   const float* w, const float* mean, const float* rstd, int N, int C) {
+  if (N == 0 || C == 0) return;
+  layernorm_bwd_rows_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(din, dout, in, w, mean, rstd, N, C);
+  HARMONY_CUDA_CHECK_LAUNCH("layernorm_bwd_rows_kernel");
+  layernorm_bwd_params_kernel<<<blocks_exact(C, 128), 128, 0, stream>>>(dw, db, dout, in, mean, rstd, N, C);
+  HARMONY_CUDA_CHECK_LAUNCH("layernorm_bwd_params_kernel");
+}
+
+void fill_bias_rows(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
+  const std::int64_t total = static_cast<std::int64_t>(N) * OC;
+  if (total == 0) return;
+  fill_bias_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(out, bias, total, OC);
+  HARMONY_CUDA_CHECK_LAUNCH("fill_bias_rows_kernel");
+}
+
+void bias_grad(cudaStream_t stream, float* dbias, const float* dout, int N, int OC) {
+  if (N == 0 || OC == 0) return;
+  bias_grad_kernel<<<blocks_exact(OC, 128), 128, 0, stream>>>(dbias, dout, N, OC);
+  HARMONY_CUDA_CHECK_LAUNCH("bias_grad_kernel");
+}
+
+void causal_softmax_fwd(cudaStream_t stream, float* att, std::int64_t rows, int T, float sqrt_hs) {
+  if (rows == 0) return;
+  causal_softmax_fwd_kernel<<<blocks_exact(rows, kWarps), kThreads, 0, stream>>>(att, rows, T, sqrt_hs);
+  HARMONY_CUDA_CHECK_LAUNCH("causal_softmax_fwd_kernel");
+}
+
+void causal_softmax_bwd(cudaStream_t stream, float* datt, const float* att, std::int64_t rows, int T, float sqrt_hs) {
+  if (rows == 0) return;
+  causal_softmax_bwd_kernel<<<blocks_exact(rows, kWarps), kThreads, 0, stream>>>(datt, att, rows, T, sqrt_hs);
+  HARMONY_CUDA_CHECK_LAUNCH("causal_softmax_bwd_kernel");
+}
+
+void gelu_fwd(cudaStream_t stream, float* out, const float* in, std::int64_t n) {
+  if (n == 0) return;
+  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, in, n);
+  HARMONY_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
+}
+
+void gelu_bwd(cudaStream_t stream, float* din, const float* in, const float* dout, std::int64_t n) {
+  if (n == 0) return;
+  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(din, in, dout, n);
+  HARMONY_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
+}
+
+void add(cudaStream_t stream, float* out, const float* a, const float* b, std::int64_t n) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  HARMONY_CUDA_CHECK_LAUNCH("add_kernel");
+}
+
+void add_inplace(cudaStream_t stream, float* acc, const float* x, std::int64_t n) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(acc, acc, x, n);
+  HARMONY_CUDA_CHECK_LAUNCH("add_kernel");
+}
+
+void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, float* probs, const float* logits,
+                      const std::int32_t* targets, int N, int V) {
+  if (N == 0) return;
+  crossentropy_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, losses, probs, logits, targets, V);
+  HARMONY_CUDA_CHECK_LAUNCH("crossentropy_fwd_kernel");
+}
+
+void crossentropy_bwd(cudaStream_t stream, float* dlogits, const float* probs, const std::int32_t* targets, float scale,
+                      int N, int V) {
+  const std::int64_t total = static_cast<std::int64_t>(N) * V;
+  if (total == 0) return;
+  crossentropy_bwd_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dlogits, probs, targets, scale, total, V);
+  HARMONY_CUDA_CHECK_LAUNCH("crossentropy_bwd_kernel");
+}
+
+}  // namespace harmony::backend::cuda::kern
