@@ -29,6 +29,7 @@
 #include "backend/profiler.hpp"
 #include "backend/tokens.hpp"
 #include "backend/train_checkpoint.hpp"
+#include "core/baselines.hpp"
 #include "core/config.hpp"
 #include "core/lower.hpp"
 #include "core/profile.hpp"
@@ -228,12 +229,21 @@ core::Plan auto_plan(const Setup& s, bool quiet) {
   return best.report.plan;
 }
 
-backend::CheckpointMeta checkpoint_meta(const Setup& s, const core::Plan& plan) {
+// What runs: the plan (for a baseline: gpus, minibatch and its microbatch), its kind, title and Program.
+struct Chosen {
+  core::Plan plan;
+  std::string kind;  // "harmony-pp", "harmony-dp", "dp-swap", ...
+  std::string title;
+  core::Program program;
+};
+
+backend::CheckpointMeta checkpoint_meta(const Setup& s, const Chosen& chosen) {
+  const core::Plan& plan = chosen.plan;
   backend::CheckpointMeta m;
   m.model = s.model->config();
   m.batch = plan.minibatch;
   m.seq_len = s.cfg.model.seq_len;
-  m.plan = plan_title(plan);
+  m.plan = chosen.title;
   m.data = fmt::format("{} ({} tokens)", s.tokens.name(), s.tokens.size());
   m.adamw = backend::AdamWConfig{.lr = s.cfg.train.lr,
                                  .beta1 = s.cfg.train.beta1,
@@ -261,19 +271,82 @@ void progress(int step, int steps, double loss, double samples_per_s, double eta
   if (tty && step == steps) fmt::print(stderr, "\n");
 }
 
+std::string baseline_title(const core::BaselinePlan& b, const core::Model& model) {
+  const auto d = core::decide_swaps(b, model);
+  return fmt::format("{} N{} D{} u {} (weights {}, activations {})", core::plan_kind_name(b.kind), b.gpus, b.minibatch,
+                     b.ubatch, d.front().weights ? "swapped" : "kept", d.front().activations ? "swapped" : "kept");
+}
+
+// A baseline (plan.mode: dp-swap, ...): the config's microbatch (plan.u_bwd), or with --plan auto the best
+// of the baseline's candidates priced by harmony-sim on the search profile.
+core::BaselinePlan choose_baseline(const Setup& s, bool auto_plan, bool quiet) {
+  const auto& cfg = s.cfg;
+  const core::PlanKind kind = *core::parse_plan_kind(cfg.baseline_kind);
+  if (!auto_plan) {
+    if (!cfg.plan.u_bwd)
+      throw core::ConfigError(cfg.plan.loc,
+                              fmt::format("harmony-run {} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind),
+                              "add `u_fwd: U` and `u_bwd: U` to plan:, or use --plan auto");
+    core::BaselinePlan b;
+    b.kind = kind;
+    b.gpus = cfg.plan.gpus;
+    b.minibatch = cfg.plan.minibatch;
+    b.ubatch = *cfg.plan.u_bwd;
+    b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
+    core::validate_baseline_plan(b, s.desc);
+    return b;
+  }
+  const core::Model prof = search_profile(s, quiet);
+  auto plans =
+      core::enumerate_baseline_plans(kind, prof, cfg.plan.gpus, cfg.plan.minibatch, cfg.machine.gpu_memory_bytes);
+  const auto res = core::run_baseline_search(plans, [&](const core::BaselinePlan& b) {
+    return sim::simulate_program(core::lower_baseline(b, prof), prof, cfg.machine, cfg.cost_model);
+  });
+  if (res.ranked.empty())
+    throw core::ConfigError(cfg.plan.loc,
+                            fmt::format("--plan auto: no {} plan of {} candidates fits {:.2f} MiB per device",
+                                        cfg.baseline_kind, res.num_candidates, mib(cfg.machine.gpu_memory_bytes)),
+                            "raise machine.gpu_memory (--gpu-memory) or use more devices");
+  core::BaselinePlan best = plans[res.ranked.front().plan];
+  best.stages.clear();  // re-balanced on the run's exact sizes
+  if (!quiet)
+    fmt::print(stderr, "--plan auto: best of {} {} candidates: u {} predicted {:.4f} s/step\n", res.num_candidates,
+               cfg.baseline_kind, best.ubatch, res.ranked.front().report.iteration_time_s);
+  return best;
+}
+
+Chosen choose(const Setup& s, const Cli& cli, bool quiet) {
+  const auto& cfg = s.cfg;
+  Chosen c;
+  if (!cfg.baseline_kind.empty()) {
+    const core::BaselinePlan b = choose_baseline(s, cli.plan == "auto", quiet);
+    c.plan.gpus = b.gpus;
+    c.plan.minibatch = b.minibatch;
+    c.plan.u_fwd = c.plan.u_bwd = b.ubatch;
+    c.kind = cfg.baseline_kind;
+    c.title = baseline_title(b, s.desc);
+    c.program = core::lower_baseline(b, s.desc);
+    return c;
+  }
+  c.plan = cli.plan == "auto" ? auto_plan(s, quiet) : core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run");
+  c.kind = core::mode_name(c.plan.mode);
+  c.title = plan_title(c.plan);
+  c.program = core::lower_harmony(core::compose_task_graph(c.plan, s.model->num_layers()), s.desc, lower_options(cfg));
+  return c;
+}
+
 int cmd_train(const Cli& cli) {
   Setup s = make_setup(cli);
   const auto& cfg = s.cfg;
   const bool json = cli.format == "json";
   const bool quiet = cli.quiet || json;
-  const core::Plan plan =
-      cli.plan == "auto" ? auto_plan(s, quiet) : core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run");
-  const core::TaskGraph graph = core::compose_task_graph(plan, s.model->num_layers());
-  const core::Program program = core::lower_harmony(graph, s.desc, lower_options(cfg));
+  const Chosen chosen = choose(s, cli, quiet);
+  const core::Plan& plan = chosen.plan;
+  const core::Program& program = chosen.program;
   auto owned = make_devices(cfg, plan.gpus);
   std::vector<backend::Device*> devs;
   for (auto& d : owned) devs.push_back(d.get());
-  const backend::AdamWConfig adamw = checkpoint_meta(s, plan).adamw;
+  const backend::AdamWConfig adamw = checkpoint_meta(s, chosen).adamw;
   adamw.validate();
   backend::Executor executor(program, devs, *s.state, {.seq_len = cfg.model.seq_len, .adamw = adamw});
 
@@ -283,14 +356,14 @@ int cmd_train(const Cli& cli) {
     fmt::print("model    {} ({} parameters, {:.2f} MiB of fp32 weights; {:.2f} MiB with AdamW state)\n", s.desc.name,
                s.model->param_count(), mib(s.model->param_count() * 4), mib(s.model->param_count() * 12));
     fmt::print("devices  {} x {} with {:.2f} MiB each\n", plan.gpus, cfg.device, mib(cfg.machine.gpu_memory_bytes));
-    fmt::print("plan     {} ({} ops)\n", plan_title(plan), program.ops.size());
+    fmt::print("plan     {} ({} ops)\n", chosen.title, program.ops.size());
     fmt::print("data     {} ({} tokens; {} steps per epoch)\n", s.tokens.name(), s.tokens.size(),
                s.tokens.steps_per_epoch(B, T));
     std::fflush(stdout);
   }
 
   // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.
-  backend::CheckpointMeta meta = checkpoint_meta(s, plan);
+  backend::CheckpointMeta meta = checkpoint_meta(s, chosen);
   int start = 0;
   std::vector<double> losses;
   const std::string& ckdir = cfg.checkpoint.dir;
@@ -370,7 +443,7 @@ int cmd_train(const Cli& cli) {
       throw core::ConfigError(core::SourceLoc{cli.trace, 0, 0}, "cannot write the trace file",
                               "check the folder exists and is writable");
     core::write_chrome_trace(out, program, last.begin, last.end,
-                             core::TraceMeta{"harmony-run (" + cfg.device + ")", plan_title(plan)});
+                             core::TraceMeta{"harmony-run (" + cfg.device + ")", chosen.title});
   }
 
   std::vector<core::Bytes> peaks;
@@ -380,8 +453,8 @@ int cmd_train(const Cli& cli) {
     nlohmann::json doc = {{"command", "train"},
                           {"config", cli.config},
                           {"plan",
-                           {{"title", plan_title(plan)},
-                            {"mode", core::mode_name(plan.mode)},
+                           {{"title", chosen.title},
+                            {"mode", chosen.kind},
                             {"gpus", plan.gpus},
                             {"minibatch", plan.minibatch},
                             {"u_fwd", plan.u_fwd},

@@ -1,21 +1,132 @@
-// The v1 executor: a ready-queue loop over the Program's queues on the host thread (an op runs when it heads
-// its queue and its deps have ended; P2P pairs and ARD groups run together), synchronous device work, a
-// tensor store per device and per host channel with the producing op, and a happens-before check per read.
+// The executor: the ready-queue loop over a Program's queues on the host thread (an op runs when it heads its
+// queue and its deps have ended; P2P pairs and collectives run together), the happens-before relation the read
+// checks use, and the interpreter of Harmony Programs (synchronous device work, a tensor store per device and
+// per host channel with the producing op). Baseline Programs are interpreted in executor_baseline.cpp.
 #include "backend/executor.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include "backend/executor_detail.hpp"
 #include "core/task_graph.hpp"
 
 namespace harmony::backend {
+
+namespace detail {
+
+Ancestry::Ancestry(const core::Program& p, const std::vector<std::vector<int>>& extra) {
+  const std::size_t n = p.ops.size();
+  words_ = (n + 63) / 64;
+  bits_.assign(n * words_, 0);
+  // predecessors: deps, the op before in its queue, extra edges; Kahn's algorithm in op order
+  std::vector<std::vector<int>> preds(n), succs(n);
+  for (std::size_t o = 0; o < n; ++o) {
+    const core::Op& op = p.ops[o];
+    auto add = [&](int d) {
+      preds[o].push_back(d);
+      succs[static_cast<std::size_t>(d)].push_back(static_cast<int>(o));
+    };
+    for (int d : op.deps) add(d);
+    if (op.queue_pos > 0)
+      add(p.queues[static_cast<std::size_t>(op.queue)].ops[static_cast<std::size_t>(op.queue_pos - 1)]);
+    if (o < extra.size())
+      for (int d : extra[o]) add(d);
+  }
+  std::vector<std::size_t> indeg(n);
+  std::deque<std::size_t> ready;
+  for (std::size_t o = 0; o < n; ++o) {
+    indeg[o] = preds[o].size();
+    if (indeg[o] == 0) ready.push_back(o);
+  }
+  std::size_t seen = 0;
+  while (!ready.empty()) {
+    const std::size_t o = ready.front();
+    ready.pop_front();
+    ++seen;
+    std::uint64_t* row = &bits_[o * words_];
+    for (int d : preds[o]) {
+      const auto du = static_cast<std::size_t>(d);
+      const std::uint64_t* drow = &bits_[du * words_];
+      for (std::size_t w = 0; w < words_; ++w) row[w] |= drow[w];
+      row[du / 64] |= std::uint64_t{1} << (du % 64);
+    }
+    for (int s : succs[o])
+      if (--indeg[static_cast<std::size_t>(s)] == 0) ready.push_back(static_cast<std::size_t>(s));
+  }
+  if (seen != n)
+    throw ScheduleViolation(
+        "executor: the Program's dependencies and queue order (with the executor's added edges) "
+        "form a cycle");
+}
+
+std::string op_name(const core::Program& p, int op) { return p.op_label(op) + " (" + p.op_id(op) + ")"; }
+
+StepResult run_step(const core::Program& p, Interpreter& it) {
+  const std::size_t nops = p.ops.size();
+  const auto& extra = it.extra_deps();
+  StepResult res;
+  res.begin.assign(nops, -1);
+  res.end.assign(nops, -1);
+  std::vector<char> done(nops, 0);
+  std::vector<std::size_t> head(p.queues.size(), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto now = [&] {
+    return static_cast<core::TimePs>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
+        core::kPsPerNs);
+  };
+  auto ready = [&](int o) {
+    const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+    if (head[static_cast<std::size_t>(op.queue)] != static_cast<std::size_t>(op.queue_pos)) return false;
+    for (int dp : op.deps)
+      if (done[static_cast<std::size_t>(dp)] == 0) return false;
+    if (static_cast<std::size_t>(o) < extra.size())
+      for (int dp : extra[static_cast<std::size_t>(o)])
+        if (done[static_cast<std::size_t>(dp)] == 0) return false;
+    return true;
+  };
+  std::size_t left = nops;
+  while (left > 0) {
+    bool progress = false;
+    for (std::size_t q = 0; q < p.queues.size(); ++q) {
+      if (head[q] >= p.queues[q].ops.size()) continue;
+      const int o = p.queues[q].ops[head[q]];
+      if (!ready(o)) continue;
+      const std::vector<int> group = it.group(o);
+      if (!std::all_of(group.begin(), group.end(), ready)) continue;
+      const core::TimePs b = now();
+      it.run(group);
+      const core::TimePs e = now();
+      for (int g : group) {
+        res.begin[static_cast<std::size_t>(g)] = b;
+        res.end[static_cast<std::size_t>(g)] = e;
+        done[static_cast<std::size_t>(g)] = 1;
+        ++head[static_cast<std::size_t>(p.ops[static_cast<std::size_t>(g)].queue)];
+      }
+      for (int g : group) it.finished(g);
+      left -= group.size();
+      progress = true;
+    }
+    if (!progress) {
+      std::string stuck;
+      for (std::size_t q = 0; q < p.queues.size(); ++q)
+        if (head[q] < p.queues[q].ops.size()) stuck += "\n  " + op_name(p, p.queues[q].ops[head[q]]);
+      throw ScheduleViolation("executor: no op can start; queue heads:" + stuck);
+    }
+  }
+  return res;
+}
+
+}  // namespace detail
 
 namespace {
 using core::OpKind;
@@ -45,9 +156,9 @@ struct HostChan {
   std::vector<int> producer;  // per sample
 };
 using DevKey = std::tuple<DK, int, int, int>;  // kind, layer (or task), first sample, samples
-}  // namespace
 
-struct Executor::Impl {
+class HarmonyInterpreter final : public detail::Interpreter {
+ public:
   const core::Program& p;
   std::vector<Device*> devs;
   HostState& st;
@@ -55,41 +166,22 @@ struct Executor::Impl {
   const Gpt2& m;
   int B = 0, T = 0;
   std::vector<std::unique_ptr<Stream>> streams;
-  std::vector<std::vector<std::uint64_t>> anc;  // ancestor bitsets (deps + queue order, transitive)
-  std::vector<int> rank_offset;                 // first sample of each rank's share
+  detail::Ancestry anc;
+  std::vector<std::vector<int>> no_extra;
+  std::vector<int> rank_offset;  // first sample of each rank's share
   std::vector<std::map<DevKey, DevTensor>> dev;
   std::map<std::pair<HC, int>, HostChan> host;
   std::vector<float> losses;
   std::span<const std::int32_t> in, tgt;
 
-  Impl(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o)
-      : p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()) {
+  HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o)
+      : p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()), anc(prog, {}) {
     B = p.graph.plan.minibatch;
     T = opt.seq_len;
-    if (static_cast<int>(devs.size()) != p.num_devices())
-      throw BackendError(fmt::format("executor: {} devices for a Program of {} GPUs", devs.size(), p.num_devices()));
-    if (p.graph.num_layers != m.num_layers())
-      throw BackendError(
-          fmt::format("executor: Program has {} layers, the model {}", p.graph.num_layers, m.num_layers()));
     if (p.graph.plan.mode == core::Mode::HarmonyDP && static_cast<int>(p.devices.size()) != p.num_devices())
       throw BackendError("executor: Harmony-DP Program lowered for GPU 0 only (set dp_first_gpu_only = false)");
     for (auto* dv : devs) streams.push_back(dv->create_stream("executor"));
     dev.resize(devs.size());
-    core::validate_program(p);
-    const auto order = core::topological_order(p);
-    const std::size_t n = p.ops.size(), words = (n + 63) / 64;
-    anc.assign(n, std::vector<std::uint64_t>(words, 0));
-    auto add = [&](std::size_t op, int d) {
-      for (std::size_t w = 0; w < words; ++w) anc[op][w] |= anc[static_cast<std::size_t>(d)][w];
-      anc[op][static_cast<std::size_t>(d) / 64] |= std::uint64_t{1} << (d % 64);
-    };
-    for (int o : order) {
-      const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-      for (int d : op.deps) add(static_cast<std::size_t>(o), d);
-      if (op.queue_pos > 0)
-        add(static_cast<std::size_t>(o),
-            p.queues[static_cast<std::size_t>(op.queue)].ops[static_cast<std::size_t>(op.queue_pos - 1)]);
-    }
     const bool dp = p.graph.plan.mode == core::Mode::HarmonyDP;
     int off = 0;
     for (int r = 0; r < p.num_devices(); ++r) {
@@ -100,10 +192,8 @@ struct Executor::Impl {
       for (const auto& k : reads_of(static_cast<int>(o))) ++readers_total[k];
   }
 
-  bool happens_before(int a, int b) const {
-    return a == b || ((anc[static_cast<std::size_t>(b)][static_cast<std::size_t>(a) / 64] >> (a % 64)) & 1U) != 0;
-  }
-  std::string label(int op) const { return p.op_label(op) + " (" + p.op_id(op) + ")"; }
+  bool happens_before(int a, int b) const { return anc.before(a, b); }
+  std::string label(int op) const { return detail::op_name(p, op); }
 
   // Samples [first, first + n) of an op's microbatch.
   std::pair<int, int> samples(int o) const {
@@ -533,115 +623,125 @@ struct Executor::Impl {
     }
   }
 
-  StepResult step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
-    const auto bt = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
-    if (inputs.size() != bt || targets.size() != bt)
-      throw BackendError(
-          fmt::format("executor: expected {} inputs and targets, got {} and {}", bt, inputs.size(), targets.size()));
+  const std::vector<std::vector<int>>& extra_deps() const override { return no_extra; }
+
+  void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override {
     in = inputs;
     tgt = targets;
-    losses.assign(bt, 0.0f);
+    losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
     host.clear();
     for (auto& mp : dev) mp.clear();
     grad_producer.assign(static_cast<std::size_t>(m.num_layers()), -1);
     updated.clear();
     readers_left = readers_total;
-    const std::size_t nops = p.ops.size();
-    StepResult res;
-    res.begin.assign(nops, -1);
-    res.end.assign(nops, -1);
-    std::vector<char> done(nops, 0);
-    std::vector<std::size_t> head(p.queues.size(), 0);
-    const auto t0 = std::chrono::steady_clock::now();
-    auto now = [&] {
-      return static_cast<core::TimePs>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
-          core::kPsPerNs);
-    };
-    auto is_head = [&](int o) {
-      const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-      return head[static_cast<std::size_t>(op.queue)] == static_cast<std::size_t>(op.queue_pos);
-    };
-    auto deps_done = [&](int o) {
-      for (int dp : p.ops[static_cast<std::size_t>(o)].deps)
-        if (done[static_cast<std::size_t>(dp)] == 0) return false;
-      return true;
-    };
-    auto finish = [&](int o, core::TimePs b) {
-      res.begin[static_cast<std::size_t>(o)] = b;
-      res.end[static_cast<std::size_t>(o)] = now();
-      done[static_cast<std::size_t>(o)] = 1;
-      ++head[static_cast<std::size_t>(p.ops[static_cast<std::size_t>(o)].queue)];
-      release(o);
-    };
-    std::size_t left = nops;
-    while (left > 0) {
-      bool progress = false;
-      for (std::size_t q = 0; q < p.queues.size(); ++q) {
-        if (head[q] >= p.queues[q].ops.size()) continue;
-        const int o = p.queues[q].ops[head[q]];
-        const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-        if (!deps_done(o)) continue;
-        const core::TimePs b = now();
-        if (op.peer >= 0) {
-          if (!is_head(op.peer) || !deps_done(op.peer)) continue;
-          const bool send = op.kind == OpKind::Y || op.kind == OpKind::dX;
-          run_pair(send ? o : op.peer, send ? op.peer : o);
-          finish(o, b);
-          finish(op.peer, b);
-          left -= 2;
-        } else if (op.kind == OpKind::ARD) {
-          std::vector<int> group;
-          for (std::size_t a = 0; a < nops; ++a) {
-            const core::Op& x = p.ops[a];
-            if (x.kind == OpKind::ARD && x.layers == op.layers) group.push_back(static_cast<int>(a));
-          }
-          bool ready = true;
-          for (int a : group) ready = ready && is_head(a) && deps_done(a);
-          if (!ready) continue;
-          std::sort(group.begin(), group.end(), [&](int x, int y) {
-            return p.ops[static_cast<std::size_t>(x)].device < p.ops[static_cast<std::size_t>(y)].device;
-          });
-          run_ard(group);
-          for (int a : group) finish(a, b);
-          left -= group.size();
-        } else {
-          run_op(o);
-          finish(o, b);
-          --left;
-        }
-        progress = true;
-      }
-      if (!progress) {
-        std::string stuck;
-        for (std::size_t q = 0; q < p.queues.size(); ++q)
-          if (head[q] < p.queues[q].ops.size()) stuck += "\n  " + label(p.queues[q].ops[head[q]]);
-        throw ScheduleViolation("executor: no op can start; queue heads:" + stuck);
-      }
+  }
+
+  // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order.
+  std::vector<int> group(int o) const override {
+    const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+    if (op.peer >= 0) {
+      const bool send = op.kind == OpKind::Y || op.kind == OpKind::dX;
+      return send ? std::vector<int>{o, op.peer} : std::vector<int>{op.peer, o};
     }
+    if (op.kind != OpKind::ARD) return {o};
+    std::vector<int> g;
+    for (std::size_t a = 0; a < p.ops.size(); ++a) {
+      const core::Op& x = p.ops[a];
+      if (x.kind == OpKind::ARD && x.layers == op.layers) g.push_back(static_cast<int>(a));
+    }
+    std::sort(g.begin(), g.end(), [&](int x, int y) {
+      return p.ops[static_cast<std::size_t>(x)].device < p.ops[static_cast<std::size_t>(y)].device;
+    });
+    return g;
+  }
+
+  void run(const std::vector<int>& g) override {
+    const core::Op& op = p.ops[static_cast<std::size_t>(g.front())];
+    if (op.peer >= 0) {
+      run_pair(g[0], g[1]);
+    } else if (op.kind == OpKind::ARD) {
+      run_ard(g);
+    } else {
+      run_op(g.front());
+    }
+  }
+
+  void finished(int o) override { release(o); }
+
+  double end_step() override {
     for (auto& mp : dev) mp.clear();
     host.clear();
     double total = 0.0;
     for (const float x : losses) total += x;
-    res.loss = total / static_cast<double>(bt);
-    return res;
+    return total / static_cast<double>(losses.size());
+  }
+
+  void synchronize() override {
+    for (auto& s : streams) s->synchronize();
   }
 };
 
+}  // namespace
+
+namespace detail {
+std::unique_ptr<Interpreter> make_harmony_interpreter(const core::Program& program, std::vector<Device*> devices,
+                                                      HostState& state, const ExecutorOptions& options) {
+  return std::make_unique<HarmonyInterpreter>(program, std::move(devices), state, options);
+}
+}  // namespace detail
+
+struct Executor::Impl {
+  const core::Program& p;
+  int B = 0;
+  int T = 0;
+  std::unique_ptr<detail::Interpreter> interpreter;
+};
+
+namespace {
+// Baseline Programs (core::lower_baseline) carry no Harmony tasks: their ops have pseudo task ids.
+bool is_baseline_program(const core::Program& p) {
+  return p.graph.tasks.empty() &&
+         std::all_of(p.graph.rank_tasks.begin(), p.graph.rank_tasks.end(), [](const auto& r) { return r.empty(); });
+}
+}  // namespace
+
 Executor::Executor(const core::Program& program, std::vector<Device*> devices, HostState& state,
-                   const ExecutorOptions& options)
-    : impl_(new Impl(program, std::move(devices), state, options)) {}
+                   const ExecutorOptions& options) {
+  const Gpt2& m = state.model();
+  if (static_cast<int>(devices.size()) != program.num_devices())
+    throw BackendError(
+        fmt::format("executor: {} devices for a Program of {} GPUs", devices.size(), program.num_devices()));
+  if (program.graph.num_layers != m.num_layers())
+    throw BackendError(
+        fmt::format("executor: Program has {} layers, the model {}", program.graph.num_layers, m.num_layers()));
+  if (options.seq_len < 1 || options.seq_len > m.config().max_seq_len)
+    throw BackendError(
+        fmt::format("executor: sequence length {} outside 1..{}", options.seq_len, m.config().max_seq_len));
+  core::validate_program(program);
+  auto interpreter = is_baseline_program(program)
+                         ? detail::make_baseline_interpreter(program, std::move(devices), state, options)
+                         : detail::make_harmony_interpreter(program, std::move(devices), state, options);
+  impl_ = new Impl{program, program.graph.plan.minibatch, options.seq_len, std::move(interpreter)};
+}
 
 Executor::~Executor() {
   try {
-    for (auto& s : impl_->streams) s->synchronize();
+    impl_->interpreter->synchronize();
   } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
   }
   delete impl_;
 }
 
 StepResult Executor::step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
-  return impl_->step(inputs, targets);
+  const auto bt = static_cast<std::size_t>(impl_->B) * static_cast<std::size_t>(impl_->T);
+  if (inputs.size() != bt || targets.size() != bt)
+    throw BackendError(
+        fmt::format("executor: expected {} inputs and targets, got {} and {}", bt, inputs.size(), targets.size()));
+  detail::Interpreter& it = *impl_->interpreter;
+  it.begin_step(inputs, targets);
+  StepResult res = detail::run_step(impl_->p, it);
+  res.loss = it.end_step();
+  return res;
 }
 
 }  // namespace harmony::backend

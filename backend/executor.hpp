@@ -1,7 +1,8 @@
-// The real executor, v1: runs a Harmony-PP or Harmony-DP core::Program (lower_harmony, every GPU lowered)
-// for one training step with real tensors on N devices: weights swapped in per pack, forwards with stashes,
-// recompute + backward per microbatch, activations and gradients moved between packs, AdamW on the host.
-// Ops run one at a time on the host thread (no stream overlap yet); every tensor read is checked.
+// The real executor, v1: runs a core::Program — Harmony-PP or Harmony-DP (lower_harmony, every GPU lowered) or a
+// baseline (lower_baseline: dp-swap, pp-swap, zero-infinity, l2l) — for one training step with real tensors on N
+// devices: weights swapped in per pack or layer, forwards with stashes, recompute + backward per microbatch,
+// activations and gradients moved between packs, stages and replicas, AdamW on the host. Ops run one at a time on
+// the host thread (no stream overlap yet); every tensor read is checked.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,9 @@ struct StepResult {
 
 class Executor {
  public:
-  // devices[g] runs the Program's GPU g. `program` and `state` must outlive the executor.
+  // devices[g] runs the Program's GPU g. `program` and `state` must outlive the executor. BackendError for a
+  // Program that does not match the devices or the model; ScheduleViolation for a baseline Program whose data
+  // flow its dependencies do not order (checked here, before any step; Harmony Programs are checked per read).
   Executor(const core::Program& program, std::vector<Device*> devices, HostState& state,
            const ExecutorOptions& options);
   ~Executor();

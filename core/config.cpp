@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "core/analytic.hpp"
+#include "core/baselines.hpp"
 #include "core/packing.hpp"
 #include "core/profile.hpp"
 #include "core/units.hpp"
@@ -1782,7 +1783,16 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   const Node* plan = section_map(root, "plan");
   if (!plan) fail(SourceLoc{file, 0, 0}, "missing required section 'plan'", start_hint);
   PlanLocs plan_locs;
-  cfg.plan = parse_plan(*plan, find(root, "plan")->key_loc, plan_locs);
+  Node harmony_plan = *plan;  // a baseline kind in plan.mode is read as harmony-pp's keys, then recorded
+  for (Entry& e : harmony_plan.entries) {
+    if (e.key != "mode" || e.value.kind != Node::Kind::Scalar) continue;
+    const auto kind = parse_plan_kind(e.value.scalar);
+    if (kind && is_baseline(*kind)) {
+      cfg.baseline_kind = e.value.scalar;
+      e.value.scalar = "harmony-pp";
+    }
+  }
+  cfg.plan = parse_plan(harmony_plan, find(root, "plan")->key_loc, plan_locs);
   cfg.options = parse_options(section_map(root, "options"));
   SearchLocs search_locs;
   cfg.search = parse_search(section_map(root, "search"), search_locs);

@@ -110,6 +110,9 @@ struct TrainConfig {
   std::string device = "cpu";
   std::string cost_model = "native";  // for --plan auto
   PlanSpec plan;
+  // plan.mode given as a baseline kind ("dp-swap", "pp-swap", "zero-infinity", "l2l"): run that baseline with
+  // microbatch plan.u_bwd (packs are ignored); "" for Harmony (plan.mode).
+  std::string baseline_kind;
   SearchSpec search;
   Options options;
   TrainSpec train;

@@ -95,6 +95,26 @@ with tempfile.TemporaryDirectory() as tmp:
               (d1["summary"]["losses"], d2["summary"]["losses"]))
         check("Harmony-PP schedules give the same weights", open(w_pp, "rb").read() == open(w_pp2, "rb").read())
 
+    # --- the baselines run through the same executor: their losses match Harmony-PP's (pp-swap bit for bit:
+    # the same per-device summation order; the data-parallel kinds add replica gradients, rel 1e-6)
+    r, hp = train_json(DEFAULT, "--steps", "3", "--set", "plan.gpus=2", "--gpu-memory", "4MiB")
+    for kind in ["pp-swap", "dp-swap", "zero-infinity", "l2l"]:
+        r, d = train_json(DEFAULT, "--steps", "3", "--set", f"plan.mode={kind}", "--set", "plan.gpus=2",
+                          "--gpu-memory", "4MiB")
+        check(f"{kind} trains", r.returncode == 0 and d is not None, r.stderr)
+        if d and hp:
+            check(f"{kind} plan kind reported", d["plan"]["mode"] == kind and d["plan"]["title"].startswith(kind),
+                  d["plan"])
+            a, b = d["summary"]["losses"], hp["summary"]["losses"]
+            if kind == "pp-swap":
+                check("pp-swap losses bit-identical to Harmony-PP", a == b, (a, b))
+            else:
+                check(f"{kind} losses match Harmony-PP", all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
+    r, d = train_json(DEFAULT, "--steps", "1", "--plan", "auto", "--set", "plan.mode=dp-swap", "--set", "plan.gpus=2",
+                      "--gpu-memory", "4MiB")
+    check("--plan auto for a baseline", r.returncode == 0 and d is not None and d["plan"]["mode"] == "dp-swap",
+          r.stderr)
+
     # --- kill at a random step, resume: the same final parameters and losses, bit for bit
     steps = 12
     ref_w = os.path.join(tmp, "ref.safetensors")

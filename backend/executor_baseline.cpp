@@ -1,0 +1,882 @@
+// The executor's interpreter of the baselines' Programs (core::lower_baseline: dp-swap, pp-swap, zero-infinity,
+// l2l): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op that produced
+// them; which version an op reads (the latest producer among its ancestors) and every host gradient and weight
+// an Update touches are checked when the executor is built, so a missing dependency is refused before any step.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "backend/executor_detail.hpp"
+#include "core/baselines.hpp"
+
+namespace harmony::backend::detail {
+
+namespace {
+using core::OpKind;
+constexpr Bytes kF = sizeof(float);
+
+// Tensor kinds. Device: a layer's input activation (Act; layer 0: the token ids), a stashed input brought back
+// for the backward (Stash), the gradient of a layer's input (Grad), a layer's weights (W) or this rank's shard
+// of them (WShard, zero-infinity), its weight gradient (DW) or this rank's reduced shard (DWShard). Host memory
+// of the device's process: a swapped-out stash (HostStash), a swapped-out input gradient (HostGrad, l2l).
+enum class TK : std::uint8_t { Act, Stash, Grad, W, WShard, DW, DWShard, HostStash, HostGrad };
+const char* tk_name(TK k) {
+  constexpr const char* n[] = {"Act", "Stash", "dX", "W", "W shard", "dW", "dW shard", "host stash", "host dX"};
+  return n[static_cast<int>(k)];
+}
+bool on_host(TK k) { return k == TK::HostStash || k == TK::HostGrad; }
+
+struct Key {
+  int dev = 0;  // the device (host tensors: the host memory of that device's process)
+  TK kind = TK::Act;
+  int layer = 0;
+  int s0 = 0;  // first sample; 0 for per-layer tensors
+  int n = 0;   // samples; 0 for per-layer tensors
+  auto operator<=>(const Key&) const = default;
+};
+struct Version {  // a tensor as produced by one op
+  Key key;
+  int producer = -1;
+  auto operator<=>(const Version&) const = default;
+};
+struct Tensor {
+  Buffer buf;                  // device tensors
+  std::vector<std::byte> mem;  // host tensors
+  void* data() { return buf ? buf.data() : static_cast<void*>(mem.data()); }
+};
+
+enum class Pass : std::uint8_t { Fwd, Bwd, Upd };
+
+struct OpInfo {
+  Pass pass = Pass::Fwd;
+  int layer = 0;                           // the pseudo task's layer
+  int s0 = 0, n = 0;                       // the op's microbatch (ubs > 0)
+  std::vector<std::pair<Key, int>> reads;  // tensor and the version it reads (the producer)
+  std::vector<Key> writes;                 // tensors it produces
+  bool fresh_dw = false;                   // BWD: starts the weight gradient at zero (the op allocates it)
+  TK bwd_input = TK::Act;                  // BWD: Stash if the input was brought back, else Act
+  std::vector<int> group;                  // ops run together (P2P pair, collective), in run order
+};
+
+// The host's gradient of one layer in one process: the sum of the gradients (or shards) its dWB ops brought.
+struct HostSum {
+  std::vector<float> sum;
+  std::vector<std::uint8_t> has;  // per element: some dWB wrote it
+};
+
+class BaselineInterpreter final : public Interpreter {
+ public:
+  BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o)
+      : p_(prog), devs_(std::move(d)), st_(s), opt_(o), m_(s.model()) {
+    B_ = p_.graph.plan.minibatch;
+    T_ = opt_.seq_len;
+    R_ = m_.num_layers();
+    N_ = p_.num_devices();
+    pp_ = p_.graph.plan.mode == core::Mode::HarmonyPP;
+    analyse();
+    for (auto* dv : devs_) streams_.push_back(dv->create_stream("executor"));
+  }
+
+  const std::vector<std::vector<int>>& extra_deps() const override { return extra_; }
+
+  void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override {
+    in_ = inputs;
+    tgt_ = targets;
+    losses_.assign(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_), 0.0f);
+    loss_written_.assign(static_cast<std::size_t>(B_), 0);
+    store_.clear();
+    left_ = readers_;
+    acc_.clear();
+    updated_.assign(static_cast<std::size_t>(R_), 0);
+  }
+
+  std::vector<int> group(int o) const override { return info_[static_cast<std::size_t>(o)].group; }
+
+  void run(const std::vector<int>& g) override {
+    const core::Op& op = at(g.front());
+    if (op.peer >= 0) return run_pair(g[0], g[1]);
+    switch (op.kind) {
+      case OpKind::ARD:
+        return run_ard(g);
+      case OpKind::AG:
+        return run_ag(g);
+      case OpKind::RS:
+        return run_rs(g);
+      default:
+        return run_op(g.front());
+    }
+  }
+
+  void finished(int o) override {
+    const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+    for (const auto& [k, producer] : oi.reads) {
+      const Version v{k, producer};
+      auto it = left_.find(v);
+      if (it != left_.end() && --it->second == 0) store_.erase(v);
+    }
+    for (const Key& k : oi.writes)
+      if (readers_.count(Version{k, o}) == 0) store_.erase(Version{k, o});
+  }
+
+  double end_step() override {
+    store_.clear();
+    for (int s = 0; s < B_; ++s)
+      if (loss_written_[static_cast<std::size_t>(s)] != 1)
+        throw BackendError(fmt::format("executor: the Program's head forwards computed the loss of sample {} {} times",
+                                       s, static_cast<int>(loss_written_[static_cast<std::size_t>(s)])));
+    double total = 0.0;
+    for (const float x : losses_) total += x;
+    return total / static_cast<double>(losses_.size());
+  }
+
+  void synchronize() override {
+    for (auto& s : streams_) s->synchronize();
+  }
+
+ private:
+  const core::Op& at(int o) const { return p_.ops[static_cast<std::size_t>(o)]; }
+  std::string label(int o) const { return op_name(p_, o); }
+  Device& D(int d) { return *devs_[static_cast<std::size_t>(d)]; }
+  Stream& S(int d) { return *streams_[static_cast<std::size_t>(d)]; }
+  Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_); }
+  std::int64_t floats(int l) const { return m_.param_floats(l); }
+  // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
+  // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
+  std::int64_t shard_floats(int l) const { return (floats(l) + N_ - 1) / N_; }
+  std::int64_t shard_first(int l, int r) const { return std::min(floats(l), r * shard_floats(l)); }
+  std::int64_t shard_len(int l, int r) const {
+    return std::min(floats(l), (r + 1) * shard_floats(l)) - shard_first(l, r);
+  }
+
+  std::string tname(const Key& k) const {
+    const std::string dev = devs_[static_cast<std::size_t>(k.dev)]->name();
+    const std::string where = on_host(k.kind) ? "the host of " + dev : dev;
+    if (k.n == 0) return fmt::format("{} {} of layer {}", where, tk_name(k.kind), k.layer);
+    return fmt::format("{} {} of layer {} samples [{}, {})", where, tk_name(k.kind), k.layer, k.s0, k.s0 + k.n);
+  }
+
+  // ---------------------------------------------------------------------------------------------------------
+  // Static analysis: what every op reads and writes, which version each read sees, the groups, the checks.
+
+  void analyse() {
+    const std::size_t n = p_.ops.size();
+    info_.resize(n);
+    sharded_ = std::any_of(p_.ops.begin(), p_.ops.end(),
+                           [](const core::Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
+    offset_.assign(static_cast<std::size_t>(N_), 0);
+    for (int r = 0, off = 0; r < N_; ++r) {
+      offset_[static_cast<std::size_t>(r)] = pp_ ? 0 : off;
+      for (int u : p_.graph.ubatch_fwd.at(static_cast<std::size_t>(r))) off += u;
+    }
+    for (std::size_t o = 0; o < n; ++o) {
+      const core::Op& op = p_.ops[o];
+      OpInfo& oi = info_[o];
+      const int rel = op.task - op.device * 3 * R_;
+      if (rel < 0 || rel >= 3 * R_)
+        throw BackendError(fmt::format("executor: op {}: task {} is not a baseline pseudo task of GPU {}",
+                                       label(static_cast<int>(o)), op.task, op.device));
+      oi.pass = rel < R_ ? Pass::Fwd : rel < 2 * R_ ? Pass::Bwd : Pass::Upd;
+      oi.layer = rel < R_ ? rel : rel < 2 * R_ ? 2 * R_ - 1 - rel : 3 * R_ - 1 - rel;
+      if (op.ubs > 0) {
+        const auto& list = p_.graph.ubatch_fwd.at(static_cast<std::size_t>(op.device));
+        if (op.ui < 0 || op.ui >= static_cast<int>(list.size()) || list[static_cast<std::size_t>(op.ui)] != op.ubs)
+          throw BackendError(fmt::format("executor: op {}: microbatch {} of size {} is not in GPU {}'s list",
+                                         label(static_cast<int>(o)), op.ui, op.ubs, op.device));
+        oi.s0 = offset_[static_cast<std::size_t>(op.device)];
+        for (int i = 0; i < op.ui; ++i) oi.s0 += list[static_cast<std::size_t>(i)];
+        oi.n = op.ubs;
+      }
+      const bool per_layer = op.kind != OpKind::DEL;
+      if (per_layer && op.layers.first != op.layers.last)
+        throw BackendError(fmt::format("executor: op {} spans layers {}..{}; baseline ops are per layer",
+                                       label(static_cast<int>(o)), op.layers.first, op.layers.last));
+      if (op.kind == OpKind::REC || op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY)
+        throw BackendError(fmt::format("executor: op {}: {} is not a baseline op", label(static_cast<int>(o)),
+                                       core::op_kind_name(op.kind)));
+      oi.writes = writes_of(static_cast<int>(o));
+    }
+    for (std::size_t o = 0; o < n; ++o)
+      for (const Key& k : info_[o].writes) producers_[k].push_back(static_cast<int>(o));
+    for (std::size_t o = 0; o < n; ++o) {
+      OpInfo& oi = info_[o];
+      const core::Op& op = p_.ops[o];
+      if (op.kind == OpKind::BWD) {
+        oi.fresh_dw = std::any_of(op.allocs.begin(), op.allocs.end(),
+                                  [](const core::TensorRef& r) { return r.kind == core::TensorKind::WeightGrad; });
+        oi.bwd_input = producers_.count(Key{op.device, TK::Stash, oi.layer, oi.s0, oi.n}) > 0 ? TK::Stash : TK::Act;
+      }
+    }
+    build_groups();
+    build_update_edges();
+    const Ancestry anc(p_, extra_);
+    for (std::size_t o = 0; o < n; ++o) {
+      for (const Key& k : reads_of(static_cast<int>(o))) {
+        const int v = reaching(anc, static_cast<int>(o), k);
+        info_[o].reads.emplace_back(k, v);
+        ++readers_[Version{k, v}];
+      }
+    }
+    check_frees(anc);
+    check_updates(anc);
+  }
+
+  // The device tensor a Program free (TensorRef) of op o names: its kind and microbatch mapped to a Key. A
+  // weight or gradient free names the shard where the op reads the shard (AG; dWB under zero-infinity).
+  std::optional<Key> freed_key(int o, const core::TensorRef& r) const {
+    const core::Op& op = at(o);
+    const int d = op.device, l = r.layers.first;
+    auto mb = [&](TK k) {
+      const auto& list = p_.graph.ubatch_fwd.at(static_cast<std::size_t>(d));
+      if (r.microbatch < 0 || r.microbatch >= static_cast<int>(list.size()))
+        throw BackendError(fmt::format("executor: op {} frees a tensor of microbatch {}, not in GPU {}'s list",
+                                       label(o), r.microbatch, d));
+      int s0 = offset_[static_cast<std::size_t>(d)];
+      for (int i = 0; i < r.microbatch; ++i) s0 += list[static_cast<std::size_t>(i)];
+      return Key{d, k, l, s0, list[static_cast<std::size_t>(r.microbatch)]};
+    };
+    switch (r.kind) {
+      case core::TensorKind::Activation:
+        return mb(TK::Act);
+      case core::TensorKind::Stash:
+        return mb(TK::Stash);
+      case core::TensorKind::ActGrad:
+        return mb(TK::Grad);
+      case core::TensorKind::Weights:
+        return Key{d, op.kind == OpKind::AG ? TK::WShard : TK::W, l, 0, 0};
+      case core::TensorKind::WeightGrad:
+        return Key{d, op.kind == OpKind::dWB && sharded_ ? TK::DWShard : TK::DW, l, 0, 0};
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // The Program's frees are honoured: every read of a version happens before each op that frees that version
+  // (or is that op: an op frees at its end). The version a free names is the one the freeing op would read.
+  void check_frees(const Ancestry& anc) const {
+    std::map<Version, std::vector<int>> killers;
+    for (std::size_t f = 0; f < p_.ops.size(); ++f) {
+      const int fo = static_cast<int>(f);
+      for (const core::TensorRef& r : p_.ops[f].frees) {
+        const std::optional<Key> k = freed_key(fo, r);
+        if (!k) continue;
+        const auto& w = info_[f].writes;
+        int v = std::find(w.begin(), w.end(), *k) != w.end() ? fo : -1;
+        if (v < 0) {
+          try {
+            v = reaching(anc, fo, *k);
+          } catch (const ScheduleViolation& e) {
+            throw ScheduleViolation(fmt::format("executor: op {} frees {}: {}", label(fo), tname(*k), e.what()));
+          }
+        }
+        killers[Version{*k, v}].push_back(fo);
+      }
+    }
+    for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+      const int ro = static_cast<int>(o);
+      for (const auto& [k, v] : info_[o].reads) {
+        const auto it = killers.find(Version{k, v});
+        if (it == killers.end()) continue;
+        for (int f : it->second) {
+          if (f == ro || anc.before(ro, f)) continue;
+          if (anc.before(f, ro))
+            throw ScheduleViolation(fmt::format("executor: op {} reads {} (of op {}), which op {} frees before it",
+                                                label(ro), tname(k), label(v), label(f)));
+          throw ScheduleViolation(
+              fmt::format("executor: op {} reads {} (of op {}), which op {} may free first: "
+                          "neither depends on the other",
+                          label(ro), tname(k), label(v), label(f)));
+        }
+      }
+    }
+  }
+
+  // What op o produces (its own side of a pair or collective).
+  std::vector<Key> writes_of(int o) const {
+    const core::Op& op = at(o);
+    const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+    const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
+    switch (op.kind) {
+      case OpKind::X:  // the data (forward: the input; backward: re-read as the stash), or a stage input
+        if (op.peer >= 0) return {Key{d, TK::Act, l, s0, n}};
+        if (l != 0 || op.stream != core::Stream::SwapIn)
+          throw BackendError(
+              fmt::format("executor: op {}: an X of layer {} that is neither data nor P2P", label(o), l));
+        return {Key{d, oi.pass == Pass::Bwd ? TK::Stash : TK::Act, 0, s0, n}};
+      case OpKind::sX:
+        if (op.stream == core::Stream::SwapOut) return {Key{d, TK::HostStash, l, s0, n}};
+        return {Key{d, oi.pass == Pass::Bwd ? TK::Stash : TK::Act, l, s0, n}};
+      case OpKind::dY:
+        return {Key{d, TK::Grad, op.layers.last + 1, s0, n}};
+      case OpKind::dX:
+        return op.peer >= 0 ? std::vector<Key>{} : std::vector<Key>{Key{d, TK::HostGrad, l, s0, n}};
+      case OpKind::Y:
+        if (op.peer < 0) throw BackendError(fmt::format("executor: op {}: a Y without a P2P receiver", label(o)));
+        return {};
+      case OpKind::FWD:
+        return l + 1 < R_ ? std::vector<Key>{Key{d, TK::Act, l + 1, s0, n}} : std::vector<Key>{};
+      case OpKind::BWD: {
+        std::vector<Key> w{Key{d, TK::DW, l, 0, 0}};
+        if (l > 0) w.push_back(Key{d, TK::Grad, l, s0, n});
+        return w;
+      }
+      case OpKind::WB:
+        return {Key{d, sharded_ ? TK::WShard : TK::W, l, 0, 0}};
+      case OpKind::AG:
+        return {Key{d, TK::W, l, 0, 0}};
+      case OpKind::ARD:
+        return {Key{d, TK::DW, l, 0, 0}};
+      case OpKind::RS:
+        return {Key{d, TK::DWShard, l, 0, 0}};
+      default:  // dWB, Update, DEL: host gradients, host weights, nothing
+        return {};
+    }
+  }
+
+  // What op o reads (its own side of a pair or collective).
+  std::vector<Key> reads_of(int o) const {
+    const core::Op& op = at(o);
+    const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+    const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
+    switch (op.kind) {
+      case OpKind::sX:
+        if (op.stream == core::Stream::SwapOut) return {Key{d, TK::Act, l, s0, n}};
+        return {Key{d, TK::HostStash, l, s0, n}};
+      case OpKind::dY:
+        return op.peer >= 0 ? std::vector<Key>{} : std::vector<Key>{Key{d, TK::HostGrad, op.layers.last + 1, s0, n}};
+      case OpKind::dX:
+        return {Key{d, TK::Grad, l, s0, n}};
+      case OpKind::Y:
+        return {Key{d, TK::Act, op.layers.last + 1, s0, n}};
+      case OpKind::FWD:
+        return {Key{d, TK::W, l, 0, 0}, Key{d, TK::Act, l, s0, n}};
+      case OpKind::BWD: {
+        std::vector<Key> r{Key{d, TK::W, l, 0, 0}, Key{d, oi.bwd_input, l, s0, n}};
+        if (l + 1 < R_) r.push_back(Key{d, TK::Grad, l + 1, s0, n});
+        if (!oi.fresh_dw) r.push_back(Key{d, TK::DW, l, 0, 0});
+        return r;
+      }
+      case OpKind::AG:
+        return {Key{d, TK::WShard, l, 0, 0}};
+      case OpKind::ARD:
+      case OpKind::RS:
+        return {Key{d, TK::DW, l, 0, 0}};
+      case OpKind::dWB:
+        return {Key{d, sharded_ ? TK::DWShard : TK::DW, l, 0, 0}};
+      default:
+        return {};
+    }
+  }
+
+  // The version of k that op o reads: the latest of its producers among o's ancestors. They must exist and be
+  // ordered (two unordered producers would race for the same tensor).
+  int reaching(const Ancestry& anc, int o, const Key& k) const {
+    const auto it = producers_.find(k);
+    int best = -1;
+    if (it != producers_.end()) {
+      for (int c : it->second) {
+        if (c == o || !anc.before(c, o)) continue;
+        if (best < 0 || anc.before(best, c)) {
+          best = c;
+        } else if (!anc.before(c, best)) {
+          throw ScheduleViolation(
+              fmt::format("executor: op {} reads {}, produced by both op {} and op {}, which are "
+                          "not ordered",
+                          label(o), tname(k), label(best), label(c)));
+        }
+      }
+    }
+    if (best >= 0) {  // every ancestor producer must come before the chosen one
+      for (int c : it->second)
+        if (c != o && anc.before(c, o) && !anc.before(c, best))
+          throw ScheduleViolation(
+              fmt::format("executor: op {} reads {}, produced by both op {} and op {}, which are "
+                          "not ordered",
+                          label(o), tname(k), label(best), label(c)));
+      return best;
+    }
+    if (it == producers_.end())
+      throw ScheduleViolation(fmt::format("executor: op {} reads {}, which no op produces", label(o), tname(k)));
+    std::string names;
+    for (int c : it->second) {
+      if (c == o) continue;
+      names += (names.empty() ? "" : ", ") + label(c);
+    }
+    throw ScheduleViolation(fmt::format("executor: op {} reads {}, produced by op {}, on which it does not depend",
+                                        label(o), tname(k), names.empty() ? std::string("(itself)") : names));
+  }
+
+  // P2P pairs (send first) and collectives: ARD per (layer, microbatch), AG per (pass, layer, microbatch), RS per
+  // (layer, microbatch), one op per GPU, in device order.
+  void build_groups() {
+    std::map<std::tuple<int, int, int, int>, std::vector<int>> coll;
+    for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+      const core::Op& op = p_.ops[o];
+      const int oo = static_cast<int>(o);
+      OpInfo& oi = info_[o];
+      if (op.peer >= 0) {
+        const bool send = op.kind == OpKind::Y || op.kind == OpKind::dX;
+        oi.group = send ? std::vector<int>{oo, op.peer} : std::vector<int>{op.peer, oo};
+      } else if (op.kind == OpKind::ARD || op.kind == OpKind::AG || op.kind == OpKind::RS) {
+        coll[{static_cast<int>(op.kind), op.kind == OpKind::AG ? static_cast<int>(oi.pass) : 0, op.layers.first, op.ui}]
+            .push_back(oo);
+      } else {
+        oi.group = {oo};
+      }
+    }
+    for (auto& [key, members] : coll) {
+      std::sort(members.begin(), members.end(), [&](int a, int b) { return at(a).device < at(b).device; });
+      bool ok = static_cast<int>(members.size()) == N_;
+      for (std::size_t i = 0; ok && i < members.size(); ++i) ok = at(members[i]).device == static_cast<int>(i);
+      if (!ok)
+        throw BackendError(fmt::format("executor: collective {} has {} members for {} GPUs (one per GPU expected)",
+                                       label(members.front()), members.size(), N_));
+      for (int a : members) info_[static_cast<std::size_t>(a)].group = members;
+    }
+  }
+
+  // Which dWB ops bring the gradient an Update(l) on device `dev` uses: its own replica's when the gradient was
+  // all-reduced on the GPUs (ARD: every replica's process holds the sum), else every GPU's (l2l's parameter
+  // server adds the N gradients; zero-infinity's ranks bring disjoint shards).
+  std::vector<int> grad_sources(int l, int dev) const {
+    std::vector<int> r;
+    for (int o : dwb_[static_cast<std::size_t>(l)])
+      if (!replicated_[static_cast<std::size_t>(l)] || at(o).device == dev) r.push_back(o);
+    return r;
+  }
+
+  void build_update_edges() {
+    dwb_.assign(static_cast<std::size_t>(R_), {});
+    wb_.assign(static_cast<std::size_t>(R_), {});
+    replicated_.assign(static_cast<std::size_t>(R_), 0);
+    for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+      const core::Op& op = p_.ops[o];
+      const auto l = static_cast<std::size_t>(op.layers.first);
+      if (op.kind == OpKind::dWB) dwb_[l].push_back(static_cast<int>(o));
+      if (op.kind == OpKind::WB) wb_[l].push_back(static_cast<int>(o));
+      if (op.kind == OpKind::ARD) replicated_[l] = 1;
+    }
+    // The tie: layer 0's update also uses the head's lm_head gradient (HostState::update). core::Model knows no
+    // tied weights, so the lowering need not order the head's gradient transfers before Update(0) (pp-swap with
+    // the head on another stage does not); the executor waits for them.
+    extra_.assign(p_.ops.size(), {});
+    const int head = m_.head_layer();
+    for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+      const core::Op& op = p_.ops[o];
+      if (op.kind == OpKind::Update && op.layers.first == 0 && head != 0) extra_[o] = grad_sources(head, op.device);
+    }
+  }
+
+  // Every Update(l) comes after the dWB ops its gradient needs (grad_sources), and after every WB that reads the
+  // host weights it overwrites (layer l; layer 0 also rewrites the head's tied lm_head). Every layer is updated.
+  void check_updates(const Ancestry& anc) const {
+    const int head = m_.head_layer();
+    std::vector<char> seen(static_cast<std::size_t>(R_), 0);
+    for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+      const core::Op& op = p_.ops[o];
+      if (op.kind != OpKind::Update) continue;
+      const int u = static_cast<int>(o);
+      const int l = op.layers.first;
+      seen[static_cast<std::size_t>(l)] = 1;
+      std::vector<int> touched{l};
+      if (l == 0 && head != 0) touched.push_back(head);
+      for (int t : touched) {
+        const auto src = grad_sources(t, op.device);
+        if (src.empty())
+          throw ScheduleViolation(
+              fmt::format("executor: op {} updates layer {}, but no dWB brings its gradient to the host", label(u), t));
+        for (int g : src)
+          if (!anc.before(g, u))
+            throw ScheduleViolation(fmt::format(
+                "executor: op {} updates layer {} before {} reaches the host: it does not depend on op {}", label(u), l,
+                t == l ? std::string("its gradient") : fmt::format("layer {}'s gradient (the tied lm_head)", t),
+                label(g)));
+        for (int w : wb_[static_cast<std::size_t>(t)])
+          if (!anc.before(w, u))
+            throw ScheduleViolation(fmt::format(
+                "executor: op {} overwrites the host weights of layer {} that op {} reads, on which it does not depend",
+                label(u), t, label(w)));
+      }
+    }
+    for (int l = 0; l < R_; ++l)
+      if (seen[static_cast<std::size_t>(l)] == 0 && floats(l) > 0)
+        throw BackendError(fmt::format("executor: the Program never updates layer {}", l));
+  }
+
+  // ---------------------------------------------------------------------------------------------------------
+  // Tensors at run time.
+
+  Tensor& get(int o, const Key& k) {
+    for (const auto& [key, producer] : info_[static_cast<std::size_t>(o)].reads) {
+      if (!(key == k)) continue;
+      auto it = store_.find(Version{k, producer});
+      if (it == store_.end())
+        throw BackendError(fmt::format("executor: internal: op {} reads {} of op {}, which is gone", label(o), tname(k),
+                                       label(producer)));
+      return it->second;
+    }
+    throw BackendError(
+        fmt::format("executor: internal: op {} reads {}, which it does not declare", label(o), tname(k)));
+  }
+  Tensor& put(int o, const Key& k, Bytes bytes) {
+    const auto& w = info_[static_cast<std::size_t>(o)].writes;
+    if (std::find(w.begin(), w.end(), k) == w.end())
+      throw BackendError(
+          fmt::format("executor: internal: op {} writes {}, which it does not declare", label(o), tname(k)));
+    Tensor t;
+    if (on_host(k.kind)) {
+      t.mem.resize(static_cast<std::size_t>(bytes));
+    } else {
+      t.buf = D(k.dev).alloc(bytes, tname(k));
+    }
+    return store_[Version{k, o}] = std::move(t);
+  }
+  // Op o reads k and writes its next version: in place when o is the last reader of the old one, else a copy.
+  Tensor& update(int o, const Key& k, Bytes bytes) {
+    Tensor& old = get(o, k);
+    int producer = -1;
+    for (const auto& [key, v] : info_[static_cast<std::size_t>(o)].reads)
+      if (key == k) producer = v;
+    const Version ov{k, producer};
+    if (left_.at(ov) == 1) {
+      auto node = store_.extract(ov);
+      node.key() = Version{k, o};
+      return store_.insert(std::move(node)).position->second;
+    }
+    const void* src = old.data();
+    Tensor& t = put(o, k, bytes);
+    D(k.dev).copy_d2d(S(k.dev), t.data(), src, bytes);
+    return t;
+  }
+
+  // ---------------------------------------------------------------------------------------------------------
+  // Ops.
+
+  void run_op(int o) {
+    const core::Op& op = at(o);
+    const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+    const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
+    switch (op.kind) {
+      case OpKind::WB: {
+        if (!sharded_) {
+          Tensor& w = put(o, Key{d, TK::W, l, 0, 0}, floats(l) * kF);
+          D(d).copy_h2d(S(d), w.data(), st_.weights(l).data(), floats(l) * kF);
+        } else {
+          Tensor& w = put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * kF);
+          if (shard_len(l, d) > 0)
+            D(d).copy_h2d(S(d), w.data(), st_.weights(l).data() + shard_first(l, d), shard_len(l, d) * kF);
+        }
+        break;
+      }
+      case OpKind::X: {
+        const Key k = info_[static_cast<std::size_t>(o)].writes.front();
+        Tensor& x = put(o, k, Bytes(n) * per_sample(0));
+        D(d).copy_h2d(S(d), x.data(), in_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * per_sample(0));
+        break;
+      }
+      case OpKind::sX: {
+        const Bytes b = Bytes(n) * per_sample(l);
+        if (op.stream == core::Stream::SwapOut) {
+          const Tensor& x = get(o, Key{d, TK::Act, l, s0, n});
+          D(d).copy_d2h(S(d), put(o, Key{d, TK::HostStash, l, s0, n}, b).data(), x.buf.data(), b);
+        } else {
+          const void* src = get(o, Key{d, TK::HostStash, l, s0, n}).data();
+          D(d).copy_h2d(S(d), put(o, info_[static_cast<std::size_t>(o)].writes.front(), b).data(), src, b);
+        }
+        break;
+      }
+      case OpKind::dX: {  // to the host (l2l); a P2P dX runs as a pair
+        const Bytes b = Bytes(n) * per_sample(l);
+        const Tensor& g = get(o, Key{d, TK::Grad, l, s0, n});
+        D(d).copy_d2h(S(d), put(o, Key{d, TK::HostGrad, l, s0, n}, b).data(), g.buf.data(), b);
+        break;
+      }
+      case OpKind::dY: {  // from the host (l2l); a P2P dY runs as a pair
+        const int g = op.layers.last + 1;
+        const Bytes b = Bytes(n) * per_sample(g);
+        const void* src = get(o, Key{d, TK::HostGrad, g, s0, n}).data();
+        D(d).copy_h2d(S(d), put(o, Key{d, TK::Grad, g, s0, n}, b).data(), src, b);
+        break;
+      }
+      case OpKind::FWD:
+        forward(o);
+        break;
+      case OpKind::BWD:
+        backward(o);
+        break;
+      case OpKind::dWB:
+        grad_to_host(o);
+        break;
+      case OpKind::Update:
+        host_update(o);
+        break;
+      case OpKind::DEL:  // every tensor was released after its last reader
+        break;
+      default:
+        throw BackendError(fmt::format("executor: op {}: kind {} not supported in a baseline Program", label(o),
+                                       core::op_kind_name(op.kind)));
+    }
+    S(d).synchronize();
+  }
+
+  // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1); the head writes the per-token losses.
+  void forward(int o) {
+    const core::Op& op = at(o);
+    const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+    const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
+    const bool head = m_.kind(l) == LayerKind::Head;
+    LayerArgs<float> a;
+    a.B = n;
+    a.T = T_;
+    a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<float>();
+    const void* x = get(o, Key{d, TK::Act, l, s0, n}).buf.data();
+    if (l == 0) {
+      a.tokens = static_cast<const std::int32_t*>(x);
+    } else {
+      a.x = static_cast<const float*>(x);
+    }
+    Buffer targets, y, act;
+    if (head) {
+      targets = D(d).alloc(Bytes(n) * T_ * 4, "targets");
+      D(d).copy_h2d(S(d), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
+      a.targets = targets.as<std::int32_t>();
+      y = D(d).alloc(m_.output_bytes(l, n, T_), "losses");
+      a.y = y.as<float>();
+    } else {
+      a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m_.output_bytes(l, n, T_)).buf.as<float>();
+    }
+    act = D(d).alloc(m_.act_floats(l, n, T_) * kF, "act");
+    a.act = act.as<float>();
+    DeviceOps ops(D(d), S(d));
+    m_.forward(ops, l, a);
+    if (head) {
+      D(d).copy_d2h(S(d), losses_.data() + static_cast<std::size_t>(s0) * T_, a.y, Bytes(n) * T_ * kF);
+      for (int s = s0; s < s0 + n; ++s) ++loss_written_[static_cast<std::size_t>(s)];
+    }
+    S(d).synchronize();  // before the temporaries above are freed
+  }
+
+  // BWD(l): the forward recomputed from the layer's input (the model's backward needs the act of a forward over
+  // the same x; the profile's bwd time includes it), then the backward: dW accumulated (from zero where the op
+  // allocates the gradient), dX = Grad(l) written (l > 0).
+  void backward(int o) {
+    const core::Op& op = at(o);
+    const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+    const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
+    const bool head = m_.kind(l) == LayerKind::Head;
+    LayerArgs<float> a;
+    a.B = n;
+    a.T = T_;
+    a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<float>();
+    const void* x = get(o, Key{d, oi.bwd_input, l, s0, n}).buf.data();
+    if (l == 0) {
+      a.tokens = static_cast<const std::int32_t*>(x);
+    } else {
+      a.x = static_cast<const float*>(x);
+    }
+    const float* dy = l + 1 < R_ ? get(o, Key{d, TK::Grad, l + 1, s0, n}).buf.as<float>() : nullptr;
+    const Key dwk{d, TK::DW, l, 0, 0};
+    float* dw = nullptr;
+    if (oi.fresh_dw) {
+      Tensor& g = put(o, dwk, floats(l) * kF);
+      D(d).fill_zero(S(d), g.data(), floats(l) * kF);
+      dw = g.buf.as<float>();
+    } else {
+      dw = update(o, dwk, floats(l) * kF).buf.as<float>();
+    }
+    float* dx = l > 0 ? put(o, Key{d, TK::Grad, l, s0, n}, Bytes(n) * per_sample(l)).buf.as<float>() : nullptr;
+    Buffer targets, y, act, scratch;
+    if (head) {
+      targets = D(d).alloc(Bytes(n) * T_ * 4, "targets");
+      D(d).copy_h2d(S(d), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
+      a.targets = targets.as<std::int32_t>();
+    }
+    // The recompute's y is not read by the backward: it lands in dx (same size or larger) where there is one.
+    if (dx == nullptr) y = D(d).alloc(m_.output_bytes(l, n, T_), "y");
+    act = D(d).alloc(m_.act_floats(l, n, T_) * kF, "act");
+    scratch = D(d).alloc(std::max<std::int64_t>(1, m_.scratch_floats(l, n, T_)) * kF, "scratch");
+    DeviceOps ops(D(d), S(d));
+    a.y = dx != nullptr ? dx : y.as<float>();
+    a.act = act.as<float>();
+    m_.forward(ops, l, a);
+    a.y = nullptr;
+    a.dw = dw;
+    a.dy = dy;
+    a.dx = dx;
+    a.scratch = scratch.as<float>();
+    a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_));
+    m_.backward(ops, l, a);
+    S(d).synchronize();  // before the temporaries above are freed
+  }
+
+  // dWB: the gradient (zero-infinity: this rank's shard) to the host, added to this process's sum of the layer.
+  void grad_to_host(int o) {
+    const core::Op& op = at(o);
+    const int d = op.device, l = op.layers.first;
+    const std::int64_t first = sharded_ ? shard_first(l, d) : 0;
+    const std::int64_t len = sharded_ ? shard_len(l, d) : floats(l);
+    const Tensor& g = get(o, Key{d, sharded_ ? TK::DWShard : TK::DW, l, 0, 0});
+    std::vector<float> part(static_cast<std::size_t>(len));
+    if (len > 0) D(d).copy_d2h(S(d), part.data(), g.buf.data(), len * kF);
+    S(d).synchronize();
+    HostSum& h = acc_[{d, l}];
+    if (h.sum.empty()) {
+      h.sum.assign(static_cast<std::size_t>(floats(l)), 0.0f);
+      h.has.assign(static_cast<std::size_t>(floats(l)), 0);
+    }
+    for (std::int64_t i = 0; i < len; ++i) {
+      const auto e = static_cast<std::size_t>(first + i);
+      h.sum[e] = h.has[e] != 0 ? h.sum[e] + part[static_cast<std::size_t>(i)] : part[static_cast<std::size_t>(i)];
+      h.has[e] = 1;
+    }
+  }
+
+  // The host gradient of layer l an Update on `dev` uses (grad_sources): its own process's sum, or every
+  // process's added in device order.
+  void gather_grad(int o, int l, int dev) {
+    std::span<float> g = st_.grads(l);
+    std::vector<std::uint8_t> has(g.size(), 0);
+    for (int d = 0; d < N_; ++d) {
+      if (replicated_[static_cast<std::size_t>(l)] != 0 && d != dev) continue;
+      auto it = acc_.find({d, l});
+      if (it == acc_.end()) continue;
+      for (std::size_t e = 0; e < g.size(); ++e) {
+        if (it->second.has[e] == 0) continue;
+        g[e] = has[e] != 0 ? g[e] + it->second.sum[e] : it->second.sum[e];
+        has[e] = 1;
+      }
+    }
+    const auto miss = std::find(has.begin(), has.end(), 0);
+    if (miss != has.end())
+      throw BackendError(fmt::format("executor: op {}: no dWB brought element {} of layer {}'s gradient to the host",
+                                     label(o), miss - has.begin(), l));
+  }
+
+  // Update(l): AdamW on the host master copy (docs/backend.md: the tie's two gradients summed by layer 0). The
+  // replicas' Updates of one layer (dp-swap) see the same all-reduced gradient: the shared master is updated once.
+  void host_update(int o) {
+    const core::Op& op = at(o);
+    const int l = op.layers.first;
+    gather_grad(o, l, op.device);
+    if (l == 0 && m_.head_layer() != 0) gather_grad(o, m_.head_layer(), op.device);
+    if (updated_[static_cast<std::size_t>(l)] != 0) return;
+    updated_[static_cast<std::size_t>(l)] = 1;
+    st_.update(opt_.adamw, l, l);
+  }
+
+  // P2P (pp-swap): the sender's activation (Y) or input gradient (dX) copied into the receiver's device.
+  void run_pair(int send, int recv) {
+    const core::Op& so = at(send);
+    const core::Op& ro = at(recv);
+    const OpInfo& si = info_[static_cast<std::size_t>(send)];
+    const OpInfo& ri = info_[static_cast<std::size_t>(recv)];
+    const bool fwd = so.kind == OpKind::Y;
+    const int l = fwd ? so.layers.last + 1 : so.layers.first;
+    const Key src_key{so.device, fwd ? TK::Act : TK::Grad, l, si.s0, si.n};
+    const Key dst_key{ro.device, fwd ? TK::Act : TK::Grad, l, ri.s0, ri.n};
+    if (ri.writes.empty() || !(ri.writes.front() == dst_key))
+      throw ScheduleViolation(fmt::format("executor: P2P {} -> {} moves {} into {}", label(send), label(recv),
+                                          tname(src_key),
+                                          ri.writes.empty() ? std::string("nothing") : tname(ri.writes.front())));
+    const Bytes b = Bytes(si.n) * per_sample(l);
+    const void* src = get(send, src_key).buf.data();
+    Tensor& dst = put(recv, dst_key, b);
+    D(so.device).copy_d2d(S(so.device), dst.data(), src, b, &D(ro.device));
+    S(so.device).synchronize();
+  }
+
+  // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all.
+  void run_ard(const std::vector<int>& g) {
+    const int l = at(g.front()).layers.first;
+    const std::int64_t count = floats(l);
+    std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
+    for (std::size_t r = 0; r < g.size(); ++r) {
+      const int d = at(g[r]).device;
+      D(d).copy_d2h(S(d), part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count * kF);
+      S(d).synchronize();
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
+    }
+    for (int a : g) {
+      const int d = at(a).device;
+      Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * kF);
+      D(d).copy_h2d(S(d), t.data(), sum.data(), count * kF);
+      S(d).synchronize();
+    }
+  }
+
+  // AG (zero-infinity): every rank's shard copied into every rank's full copy of the layer.
+  void run_ag(const std::vector<int>& g) {
+    const int l = at(g.front()).layers.first;
+    std::vector<Tensor*> full;
+    full.reserve(g.size());
+    for (int a : g) full.push_back(&put(a, Key{at(a).device, TK::W, l, 0, 0}, floats(l) * kF));
+    for (int a : g) {
+      const int r = at(a).device;
+      if (shard_len(l, r) == 0) continue;
+      const void* src = get(a, Key{r, TK::WShard, l, 0, 0}).buf.data();
+      for (std::size_t q = 0; q < g.size(); ++q) {
+        const int dq = at(g[q]).device;
+        D(r).copy_d2d(S(r), full[q]->buf.as<float>() + shard_first(l, r), src, shard_len(l, r) * kF, &D(dq));
+      }
+      S(r).synchronize();
+    }
+  }
+
+  // RS (zero-infinity): the ranks' full dW summed in rank order; rank q keeps shard q of the sum.
+  void run_rs(const std::vector<int>& g) {
+    const int l = at(g.front()).layers.first;
+    const std::int64_t count = floats(l);
+    std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
+    for (std::size_t r = 0; r < g.size(); ++r) {
+      const int d = at(g[r]).device;
+      D(d).copy_d2h(S(d), part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count * kF);
+      S(d).synchronize();
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
+    }
+    for (int a : g) {
+      const int d = at(a).device;
+      Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * kF);
+      if (shard_len(l, d) > 0) D(d).copy_h2d(S(d), t.data(), sum.data() + shard_first(l, d), shard_len(l, d) * kF);
+      S(d).synchronize();
+    }
+  }
+
+  const core::Program& p_;
+  std::vector<Device*> devs_;
+  HostState& st_;
+  ExecutorOptions opt_;
+  const Gpt2& m_;
+  int B_ = 0, T_ = 0, R_ = 0, N_ = 0;
+  bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
+  bool sharded_ = false;  // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<int> offset_;  // per device: its first sample
+  std::vector<OpInfo> info_;
+  std::map<Key, std::vector<int>> producers_;
+  std::map<Version, int> readers_;  // per version: ops that read it
+  std::vector<std::vector<int>> extra_;
+  std::vector<std::vector<int>> dwb_, wb_;  // per layer
+  std::vector<char> replicated_;            // per layer: the gradient is all-reduced on the GPUs (ARD)
+  // per step
+  std::span<const std::int32_t> in_, tgt_;
+  std::vector<float> losses_;
+  std::vector<std::uint8_t> loss_written_;  // per sample
+  std::map<Version, Tensor> store_;
+  std::map<Version, int> left_;
+  std::map<std::pair<int, int>, HostSum> acc_;  // (device, layer)
+  std::vector<char> updated_;
+};
+
+}  // namespace
+
+std::unique_ptr<Interpreter> make_baseline_interpreter(const core::Program& program, std::vector<Device*> devices,
+                                                       HostState& state, const ExecutorOptions& options) {
+  return std::make_unique<BaselineInterpreter>(program, std::move(devices), state, options);
+}
+
+}  // namespace harmony::backend::detail
