@@ -21,6 +21,7 @@
 #include "backend/trainer.hpp"
 #include "core/lower.hpp"
 #include "core/trace.hpp"
+#include "tests/backend/executor_fixture.hpp"
 
 using namespace harmony::backend;
 using harmony::core::kMiB;
@@ -28,36 +29,7 @@ namespace core = harmony::core;
 
 namespace {
 
-constexpr int kB = 4, kT = 16, kSteps = 2;
-const AdamWConfig kAdamW{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-5, .weight_decay = 0.1};
-
-std::string data_dir() {
-  const char* root = std::getenv("HARMONY_SOURCE_DIR");
-  return std::string(root != nullptr ? root : ".") + "/tests/data/gpt2_tiny/";
-}
-
-struct Result {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> weights;
-};
-
-Result reference() {
-  const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
-  const Gpt2 model(gpt2_config_from(file));
-  HostState state(model);
-  load_gpt2_weights(file, state);
-  const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-  auto dev = cpu::make_cpu_device(0, {.capacity = 16 * kMiB});
-  PlainTrainer trainer(*dev, state, {.batch = kB, .seq_len = kT, .microbatches = {}});
-  Result r;
-  std::vector<std::int32_t> in, tgt;
-  for (int k = 0; k < kSteps; ++k) {
-    tokens.batch(k, kB, kT, in, tgt);
-    r.losses.push_back(trainer.step(in, tgt, kAdamW));
-  }
-  for (int l = 0; l < model.num_layers(); ++l) r.weights.emplace_back(state.weights(l).begin(), state.weights(l).end());
-  return r;
-}
+using namespace executor_fixture;
 
 core::Program lower(const Gpt2& model, core::Mode mode, int gpus, int u_fwd, int u_bwd, int pack_size, bool prefetch) {
   core::Plan plan;
@@ -72,44 +44,6 @@ core::Program lower(const Gpt2& model, core::Mode mode, int gpus, int u_fwd, int
   const core::Model desc = describe_gpt2(model, kT, sizes);
   const core::TaskGraph g = core::compose_task_graph(plan, model.num_layers());
   return core::lower_harmony(g, desc, {.prefetch = prefetch, .dp_first_gpu_only = false});
-}
-
-struct Setup {
-  std::unique_ptr<Gpt2> model;
-  std::unique_ptr<HostState> state;
-  std::vector<std::unique_ptr<Device>> devs;
-  std::vector<Device*> ptrs;
-  explicit Setup(int gpus) {
-    const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
-    model = std::make_unique<Gpt2>(gpt2_config_from(file));
-    state = std::make_unique<HostState>(*model);
-    load_gpt2_weights(file, *state);
-    for (int g = 0; g < gpus; ++g) {
-      devs.push_back(cpu::make_cpu_device(g, {.capacity = 16 * kMiB}));
-      ptrs.push_back(devs.back().get());
-    }
-  }
-};
-
-Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr) {
-  const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-  Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW});
-  Result r;
-  std::vector<std::int32_t> in, tgt;
-  for (int k = 0; k < kSteps; ++k) {
-    tokens.batch(k, kB, kT, in, tgt);
-    StepResult sr = ex.step(in, tgt);
-    r.losses.push_back(sr.loss);
-    if (steps != nullptr) steps->push_back(std::move(sr));
-  }
-  for (int l = 0; l < s.model->num_layers(); ++l)
-    r.weights.emplace_back(s.state->weights(l).begin(), s.state->weights(l).end());
-  for (auto* d : s.ptrs) CHECK(d->memory().in_use == 0);  // every device tensor released at the end of a step
-  return r;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
