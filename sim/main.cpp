@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
+#include "sim/report.hpp"
 #include "sim/sweep_cli.hpp"
 
 using namespace harmony;
@@ -52,12 +54,7 @@ core::LowerOptions lower_options(const core::RunConfig& cfg) {
 // The bottleneck report of a plan, re-simulated with the native engine (with the reference cost model: the
 // engine's reference settings, which reproduce it) — docs/bottleneck.md.
 sim::Bottleneck bottleneck_of(const core::Program& program, const core::Model& model, const core::RunConfig& cfg) {
-  sim::NativeOptions o;
-  if (cfg.cost_model == "reference") {
-    o.contention = false;
-    o.latency = false;
-    o.reference_bandwidths = true;
-  }
+  const sim::NativeOptions o = sim::native_options_for(cfg.cost_model);
   return sim::analyze_bottleneck(program, model, cfg.machine, sim::run_native(program, model, cfg.machine, o), o);
 }
 
@@ -308,6 +305,64 @@ int cmd_compare(const Cli& cli) {
   return 0;
 }
 
+struct ReportCli {
+  std::string results;
+  std::string out;
+  std::string rank_by = "throughput";
+  sim::ReportOptions options;
+};
+
+// `report`: a sweep folder or a config -> one HTML file, written to a temporary name and renamed, so an
+// interrupted run never leaves half a page where a good one was.
+int cmd_report(ReportCli& cli) {
+  namespace fs = std::filesystem;
+  if (!sim::parse_rank_by(cli.rank_by, &cli.options.rank_by))
+    throw core::ConfigError(core::SourceLoc{"--rank-by", 0, 0}, "unknown ranking '" + cli.rank_by + "'",
+                            "use throughput, iteration_time, time_to_train or cost");
+  const bool is_dir = fs::is_directory(cli.results);
+  if (!is_dir && !fs::exists(cli.results))
+    throw core::ConfigError(core::SourceLoc{cli.results, 0, 0}, "no such file or folder",
+                            "give a sweep's --out folder or a config YAML");
+  std::string out = cli.out;
+  if (out.empty()) {
+    if (!is_dir)
+      throw core::ConfigError(core::SourceLoc{"--out", 0, 0}, "a report of a config needs --out FILE.html",
+                              "e.g. --out /tmp/report.html (a sweep folder's report defaults to DIR/report.html)");
+    out = (fs::path(cli.results) / "report.html").string();
+  }
+  if (!is_dir && !cli.options.where.empty())
+    throw core::ConfigError(core::SourceLoc{"--where", 0, 0}, "--where filters the rows of a sweep",
+                            "give a sweep output folder, or use --set on a config");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto data =
+      is_dir ? sim::report_from_sweep(cli.results, cli.options) : sim::report_from_config(cli.results, cli.options);
+  const std::string html = sim::render_report_html(data);
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f)
+      throw core::ConfigError(core::SourceLoc{out, 0, 0}, "cannot write the report",
+                              "check the folder exists and is writable");
+    f << html;
+    f.close();
+    if (!f) throw core::ConfigError(core::SourceLoc{out, 0, 0}, "writing the report failed", "check free disk space");
+  }
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec)
+    throw core::ConfigError(core::SourceLoc{out, 0, 0}, "cannot rename " + tmp + ": " + ec.message(),
+                            "check the folder is writable");
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("report written to {} ({:.0f} KiB, {:.2f} s): {} ranked rows", out,
+             static_cast<double>(html.size()) / 1024.0, dt, data.rows.size());
+  if (data.has_best)
+    fmt::print(", best plan {} ({:.3f} samples/s, {} ops)\n", data.best.title,
+               data.best.report.throughput_samples_per_s, data.best.program.ops.size());
+  else
+    fmt::print(", no feasible plan\n");
+  return 0;
+}
+
 int run_cli(int argc, char** argv) {
   CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
   app.require_subcommand(1);
@@ -327,6 +382,19 @@ int run_cli(int argc, char** argv) {
       app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
   add_common(compare_cmd);
   auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
+  ReportCli report_cli;
+  auto* report_cmd =
+      app.add_subcommand("report", "one self-contained HTML page for a sweep folder or a config (docs/report.md)");
+  report_cmd->add_option("results", report_cli.results, "a sweep's --out folder, or a config YAML")->required();
+  report_cmd->add_option("--out", report_cli.out, "the HTML file (default for a sweep folder: DIR/report.html)");
+  report_cmd->add_option("--top", report_cli.options.top, "rows in the ranked table (0: all; default 50)");
+  report_cmd->add_option("--rank-by", report_cli.rank_by,
+                         "throughput (default), iteration_time, time_to_train or cost");
+  report_cmd->add_option("--where", report_cli.options.where,
+                         "sweep: keep rows whose column equals a value, e.g. --where machine_name=h100-sxm-8x");
+  report_cmd->add_option("--sweep", report_cli.options.sweep_file,
+                         "sweep: the sweep file, when it is not where sweep.json says");
+  report_cmd->add_option("--set", report_cli.options.overrides, "config: override a key (repeatable)");
   sim::SweepCommands sweep_cmds(app);  // `sweep` and `merge` (sim/sweep_cli.cpp)
   try {
     app.parse(argc, argv);
@@ -346,6 +414,7 @@ int run_cli(int argc, char** argv) {
       return 0;
     }
     if (sweep_cmds.selected()) return sweep_cmds.run();
+    if (*report_cmd) return cmd_report(report_cli);
     if (*sim_cmd) return cmd_simulate(cli);
     if (*compare_cmd) return cmd_compare(cli);
     return cmd_search(cli);
