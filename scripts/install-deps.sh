@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs harmony's build dependencies on Debian 12, only if one is missing (checked with dpkg -s),
 # so a second run is a no-op that needs no network. Runs as root (CI) or through sudo.
-#   scripts/install-deps.sh           build deps + the clang tools the checks and fuzzers use
+#   scripts/install-deps.sh           build deps + the clang tools the checks and fuzzers use + Jupyter and
+#                                     matplotlib for the notebooks (scripts/run-notebooks.sh) + headless chromium
 #   HARMONY_DEPS_MINIMAL=1 ...        build deps only (enough for scripts/demo.sh)
 set -euo pipefail
 
@@ -11,7 +12,11 @@ packages=(
 )
 # Used by check-format.sh, tidy.sh and the fuzzers (libclang-rt-14-dev carries libFuzzer).
 tools=(git clang clang-format clang-tidy libclang-rt-14-dev)
-[[ ${HARMONY_DEPS_MINIMAL:-0} == 1 ]] || packages+=("${tools[@]}")
+# scripts/run-notebooks.sh executes notebooks/ headless with the Debian Python (/usr/bin/python3) and its
+# "python3" kernel; chromium: headless browser for the tests that render pages.
+notebooks=(python3-matplotlib python3-nbformat python3-nbclient python3-ipykernel jupyter-nbconvert)
+browser=(chromium)
+[[ ${HARMONY_DEPS_MINIMAL:-0} == 1 ]] || packages+=("${tools[@]}" "${notebooks[@]}" "${browser[@]}")
 
 missing=()
 for p in "${packages[@]}"; do

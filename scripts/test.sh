@@ -5,14 +5,17 @@
 #
 #   1. checks       scripts/check-format.sh, scripts/check-layering.sh (seconds)
 #   2. release      build/      -Dbuildtype=release (-Werror from meson.build); meson test
-#   3. sanitizers   build-san/  ASan + UBSan, debug, -Dcuda=disabled (nvcc and the sanitizers do not mix; the
+#   3. notebooks    scripts/run-notebooks.sh build out/notebooks: the bundled GPT sweep with build/'s harmony-sim,
+#                   then every notebooks/*.ipynb executed headless (figures in out/notebooks/figures; ~1 min)
+#   4. sanitizers   build-san/  ASan + UBSan, debug, -Dcuda=disabled (nvcc and the sanitizers do not mix; the
 #                   release build compiles the CUDA device); meson test (detect_leaks=1, halt_on_error=1)
-#   4. fuzz         build-fuzz/ clang, -Dfuzz=enabled; each libFuzzer target for HARMONY_FUZZ_SECONDS
+#   5. fuzz         build-fuzz/ clang, -Dfuzz=enabled; each libFuzzer target for HARMONY_FUZZ_SECONDS
 #                   on a temp copy of fuzz/corpus/<target>/ (crash inputs land in out/fuzz/)
-#   5. tidy         scripts/tidy.sh, only with HARMONY_TIDY=1 (slow)
+#   6. tidy         scripts/tidy.sh, only with HARMONY_TIDY=1 (slow)
 #
 # Knobs (environment): JOBS=2 (ninja/meson test parallelism), HARMONY_FUZZ_SECONDS=20,
-# HARMONY_SAN=0 / HARMONY_FUZZ=0 to skip a stage (its steps count as skipped), HARMONY_TIDY=1.
+# HARMONY_SAN=0 / HARMONY_FUZZ=0 / HARMONY_NOTEBOOKS=0 to skip a stage (its steps count as skipped),
+# HARMONY_TIDY=1.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
@@ -81,6 +84,15 @@ stage_done checks
 section "release build and tests (build/)"
 build_and_test release build -- -Dbuildtype=release -Dwerror=true
 stage_done release
+
+if [[ ${HARMONY_NOTEBOOKS:-1} == 0 ]]; then
+  section "notebooks: skipped (HARMONY_NOTEBOOKS=0)"
+  record SKIP notebooks
+else
+  section "notebooks: bundled sweep + headless execution (out/notebooks/)"
+  run_step notebooks bash scripts/run-notebooks.sh build out/notebooks
+fi
+stage_done notebooks
 
 if [[ ${HARMONY_SAN:-1} == 0 ]]; then
   section "sanitizers: skipped (HARMONY_SAN=0)"
