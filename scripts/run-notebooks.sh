@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the bundled sweep (configs/sweeps/gpt_1b_100b.yaml) and executes every notebook in notebooks/ headless
-# against it: OUT_DIR/sweep (the sweep), OUT_DIR/*.ipynb (executed copies), OUT_DIR/figures/*.png. Exit 1 if a
-# cell raises or a committed notebook has outputs. scripts/test.sh runs it as the "notebooks" step.
+# against it: OUT_DIR/sweep (the sweep), OUT_DIR/report.html (harmony-sim report), OUT_DIR/*.ipynb (executed
+# copies), OUT_DIR/figures/*.png. Exit 1 if a cell raises or a committed notebook has outputs. scripts/test.sh
+# runs it as the "notebooks" step.
 #   scripts/run-notebooks.sh BUILD_DIR [OUT_DIR]        (default OUT_DIR: out/notebooks)
 # Knobs: HARMONY_NOTEBOOK_TIMEOUT=300 (seconds per cell), HARMONY_PYTHON=/usr/bin/python3 (the Debian Python
 # with matplotlib and Jupyter; not the first python3 on PATH, which may be a pyenv one without them).
@@ -86,6 +87,8 @@ echo "run-notebooks: $sim sweep $sweep_file --out $sweep_dir"
 start=$EPOCHREALTIME
 "$sim" sweep "$sweep_file" --out "$sweep_dir" || die "the sweep failed (above)"
 echo "run-notebooks: sweep took $(since "$start") s"
+# The sweep's HTML page (docs/report.md) next to the notebooks' output: CI exercises the report on a full sweep.
+"$sim" report "$sweep_dir" --out "$out/report.html" || die "harmony-sim report failed (above)"
 
 failed=()
 for nb in notebooks/*.ipynb; do
