@@ -24,6 +24,25 @@ core::RunReport evaluate_baseline(const core::Model& model, const core::MachineS
   return r;
 }
 
+namespace {
+
+// The first infeasible plan a search met (in enumeration order: the kind searches run on one thread), so
+// that "does not fit" says which capacity binds and by how much.
+class FirstMiss {
+ public:
+  void note(const std::string& plan, const std::string& reason) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (text_.empty() && !reason.empty()) text_ = plan + ": " + reason;
+  }
+  std::string suffix() const { return text_.empty() ? std::string() : "; first: " + text_; }
+
+ private:
+  std::mutex mutex_;
+  std::string text_;
+};
+
+}  // namespace
+
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
                              const core::Options& options) {
@@ -54,17 +73,22 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     lower.prefetch_buffers = options.prefetch_buffers;
     const auto cands = core::enumerate_candidates(model, space);
     kr.candidates = cands.size();
-    const auto res = core::run_search(
-        cands, space, [&](const core::Plan& p) { return evaluate_plan(model, machine, p, lower, cost_model).report; });
+    FirstMiss miss;
+    const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
+      core::RunReport r = evaluate_plan(model, machine, p, lower, cost_model).report;
+      if (!r.feasible) miss.note(fmt::format("u {}/{}", p.u_fwd, p.u_bwd), r.infeasible_reason);
+      return r;
+    });
     kr.deadlocked = res.num_deadlocked;
     if (!res.ranked.empty()) {
       kr.feasible = true;
       kr.best = res.ranked.front().report;
       kr.best.plan_kind = name;
     } else {
-      kr.reason = cands.empty() ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
-                                              static_cast<double>(capacity) / static_cast<double>(core::kMiB))
-                                : fmt::format("all {} candidates exceed a capacity or deadlock", cands.size());
+      kr.reason = cands.empty()
+                      ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
+                                    static_cast<double>(capacity) / static_cast<double>(core::kMiB))
+                      : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss.suffix());
     }
     return kr;
   }
@@ -90,8 +114,15 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   }
   kr.candidates = plans.size();
   if (!plans.empty()) {
+    FirstMiss miss;
     const auto res = core::run_baseline_search(
-        plans, [&](const core::BaselinePlan& p) { return evaluate_baseline(model, machine, p, cost_model); }, 1, -1);
+        plans,
+        [&](const core::BaselinePlan& p) {
+          core::RunReport r = evaluate_baseline(model, machine, p, cost_model);
+          if (!r.feasible) miss.note(fmt::format("u {}", p.ubatch), r.infeasible_reason);
+          return r;
+        },
+        1, -1);
     kr.deadlocked = res.num_deadlocked;
     for (const auto& r : res.ranked) {
       if (r.report.deadlock || !r.report.feasible) continue;
@@ -100,7 +131,8 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
       kr.baseline = plans[r.plan];
       break;
     }
-    if (!kr.feasible) kr.reason = fmt::format("all {} plans exceed a capacity or deadlock", plans.size());
+    if (!kr.feasible)
+      kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", plans.size(), miss.suffix());
   } else if (kr.reason.empty()) {
     kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
                             static_cast<double>(capacity) / static_cast<double>(core::kMiB));

@@ -88,7 +88,7 @@ struct HostAccount {
   core::Bytes gradient_bytes = 0;         // W of every layer (dW buffers the swap-out writes into)
   core::Bytes stash_bytes = 0;            // every stashed X swapped out in the iteration
   core::Bytes activation_bytes = 0;       // Y / dX swapped out, CPU-message copies
-  core::Bytes pinned_staging_bytes = 0;   // per GPU and direction: double buffer of the largest transfer
+  core::Bytes pinned_staging_bytes = 0;   // p2p: host only: per GPU, a double buffer of its largest P2P send
   core::Bytes total_bytes = 0;
   core::Bytes capacity_bytes = 0;      // topology.host_memory_bytes (0: unlimited)
   core::Bytes pinned_limit_bytes = 0;  // topology.pinned_limit_bytes (0: unlimited)
@@ -133,8 +133,9 @@ struct NativeResult {
 NativeResult run_native(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
                         const NativeOptions& options = {});
 
-// The static host-memory account of one iteration of `program`; `p2p_staged`: P2P copies go through
-// pinned host buffers (P2PMode::Host without NVLink), which then count as staging buffers too.
+// The static host-memory account of one iteration of `program`. Swaps copy straight from and into the host
+// tensors (pinned; no staging buffers); `p2p_staged`: P2P copies go through pinned host buffers
+// (P2PMode::Host without NVLink), which count as staging buffers.
 HostAccount host_account(const core::Program& program, const core::Model& model, bool p2p_staged = false);
 
 }  // namespace harmony::sim
