@@ -89,4 +89,8 @@ struct MachineSpec {
   Topology topology;  // the native model's view; empty for reference-only machines
 };
 
+// One line for listings (`harmony-sim presets`): "8 x H100 80GB SXM5, 74.00 GiB per GPU, swap 46.01 GiB/s,
+// p2p 335.28 GiB/s, 98.32 per hour" (the price in the machine file's currency; "no price" when it has none).
+std::string machine_summary(const MachineSpec& m);
+
 }  // namespace harmony::core

@@ -404,13 +404,8 @@ int run_cli(int argc, char** argv) {
   }
   try {
     if (*presets_cmd) {
-      for (const auto& n : core::machine_preset_names()) {
-        const auto m = core::machine_preset(n);
-        fmt::print("{:<16} {} x {}, {:.2f} GiB per GPU, swap {:.2f} GiB/s, p2p {:.2f} GiB/s\n", n, m.gpus, m.gpu_name,
-                   static_cast<double>(m.gpu_memory_bytes) / static_cast<double>(core::kGiB),
-                   m.bw_swap_bytes_per_s / static_cast<double>(core::kGiB),
-                   m.bw_p2p_bytes_per_s / static_cast<double>(core::kGiB));
-      }
+      for (const auto& n : core::machine_preset_names())
+        fmt::print("{:<16} {}\n", n, core::machine_summary(core::machine_preset(n)));
       return 0;
     }
     if (sweep_cmds.selected()) return sweep_cmds.run();

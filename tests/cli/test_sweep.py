@@ -84,7 +84,10 @@ with tempfile.TemporaryDirectory() as tmp:
     priced = [x for x in ok if x["machine_name"] == "rtx4090-4x"]
     check("cost on priced machine", priced and all(
         abs(x["cost"] - x["time_to_train_s"] / 3600 * 2.4) <= 1e-9 * x["cost"] for x in priced), priced[:1])
-    check("no cost without price", all(x["cost"] is None for x in ok if x["machine_name"] == "paper-1080ti"), "")
+    preset_priced = [x for x in ok if x["machine_name"] == "paper-1080ti"]  # the preset's price_per_hour: 1.20
+    check("cost at the preset's price", preset_priced and all(
+        x["price_per_hour"] == 1.2 and abs(x["cost"] - x["time_to_train_s"] / 3600 * 1.2) <= 1e-9 * x["cost"]
+        for x in preset_priced), preset_priced[:1])
     check("time to train", all(x["time_to_train_s"] == x["iterations"] * x["iteration_time_s"] and
                                x["iterations"] == -(-1000000 // x["minibatch"]) for x in ok), ok[:1])
 

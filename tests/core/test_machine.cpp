@@ -250,7 +250,7 @@ TEST_CASE("paper-1080ti keeps the paper's scheduler constants and gains a topolo
   CHECK(m.bw_p2p_bytes_per_s == 8.2 * kGiBf);
   CHECK(m.bw_msg_bytes_per_s == 16 * kGiBf);
   CHECK(m.time_del_s == 0.040);
-  CHECK(m.price_per_hour == 0.0);
+  CHECK(m.price_per_hour == 1.20);  // ASSUMPTION in the file: 8 x $0.15 per GPU-hour
 
   const Topology& t = m.topology;
   REQUIRE(t.valid());
@@ -340,6 +340,27 @@ TEST_CASE("every preset is consistent: reference keys against its own topology")
     CHECK(t.pinned_limit_bytes <= t.host_memory_bytes);
     CHECK(t.cpu_cores >= 1);
   }
+}
+
+TEST_CASE("every preset has a price per hour, the figures of the GPT sweep; summaries show it") {
+  // The illustrative prices configs/sweeps/gpt_1b_100b.yaml cites (ASSUMPTION in each machine file).
+  const std::pair<const char*, double> prices[] = {
+      {"paper-1080ti", 1.20}, {"rtx4090-4x", 1.60}, {"a100-pcie-8x", 16.00}, {"h100-sxm-8x", 98.32}};
+  for (const auto& [name, price] : prices) {
+    CAPTURE(name);
+    CHECK(machine_preset(name).price_per_hour == price);
+  }
+  CHECK(machine_preset_names().size() == std::size(prices));
+  CHECK(machine_summary(machine_preset("h100-sxm-8x")) ==
+        "8 x H100 80GB SXM5, 74.00 GiB per GPU, swap 46.01 GiB/s, p2p 335.28 GiB/s, 98.32 per hour");
+  // an override wins over the preset's price; a machine without one says so
+  const RunConfig c =
+      load_config_text(kModel + "machine: {preset: h100-sxm-8x, price_per_hour: 50}\n" + kPlan, "run.yaml");
+  CHECK(c.machine.price_per_hour == 50.0);
+  MachineSpec plain;
+  plain.gpus = 2;
+  plain.gpu_name = "X";
+  CHECK(machine_summary(plain) == "2 x X, 10.00 GiB per GPU, swap 11.50 GiB/s, p2p 8.20 GiB/s, no price");
 }
 
 TEST_CASE("every configs/machines/*.yaml is embedded, and equals its file") {
