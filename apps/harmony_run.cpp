@@ -33,9 +33,8 @@
 #include "core/config.hpp"
 #include "core/lower.hpp"
 #include "core/profile.hpp"
-#include "core/search.hpp"
 #include "core/trace.hpp"
-#include "sim/evaluate.hpp"
+#include "sim/compare.hpp"
 
 using namespace harmony;
 
@@ -201,32 +200,35 @@ core::Model search_profile(const Setup& s, bool quiet) {
   return backend::profile_gpt2(*dev, scratch, po).model;
 }
 
+// The best plan of one kind on the search profile: the same search as `harmony-sim compare`
+// (sim::best_plan_of_kind), so --plan auto picks what harmony-sim would predict best. Throws a ConfigError at
+// plan: when no plan of that kind fits.
+sim::KindResult search_kind(const Setup& s, const core::Model& prof, core::PlanKind kind) {
+  const auto& cfg = s.cfg;
+  core::Options opts = cfg.options;
+  opts.unequal_microbatches = false;  // the runtime needs D % u == 0 (the config loader refuses it too)
+  sim::KindResult kr = sim::best_plan_of_kind(kind, prof, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch,
+                                              cfg.cost_model, cfg.search, opts);
+  if (!kr.feasible)
+    throw core::ConfigError(cfg.plan.loc,
+                            fmt::format("--plan auto: no {} plan of {} candidates fits {:.2f} MiB per device ({} "
+                                        "deadlocked): {}",
+                                        core::plan_kind_name(kind), kr.candidates, mib(cfg.machine.gpu_memory_bytes),
+                                        kr.deadlocked, kr.reason),
+                            kr.applicable ? "raise machine.gpu_memory (--gpu-memory) or use more devices"
+                                          : "change plan.gpus or plan.minibatch");
+  return kr;
+}
+
 core::Plan auto_plan(const Setup& s, bool quiet) {
   const auto& cfg = s.cfg;
   const core::Model prof = search_profile(s, quiet);
-  core::SearchSpace space;
-  space.mode = cfg.plan.mode;
-  space.gpus = cfg.plan.gpus;
-  space.minibatch = cfg.plan.minibatch;
-  space.capacity_bytes = cfg.machine.gpu_memory_bytes;
-  space.spec = cfg.search;
-  const auto lower = lower_options(cfg);
-  const auto cands = core::enumerate_candidates(prof, space);
-  const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
-    return sim::evaluate_plan(prof, cfg.machine, p, lower, cfg.cost_model).report;
-  });
-  if (res.ranked.empty())
-    throw core::ConfigError(
-        cfg.plan.loc,
-        fmt::format("--plan auto: none of {} candidate plans fits {:.2f} MiB per device ({} "
-                    "deadlocked, {} over a capacity)",
-                    res.num_candidates, mib(cfg.machine.gpu_memory_bytes), res.num_deadlocked, res.num_infeasible),
-        "raise machine.gpu_memory (--gpu-memory) or use more devices");
-  const auto& best = res.ranked.front();
+  const sim::KindResult kr = search_kind(
+      s, prof, cfg.plan.mode == core::Mode::HarmonyPP ? core::PlanKind::HarmonyPP : core::PlanKind::HarmonyDP);
   if (!quiet)
     fmt::print(stderr, "--plan auto: best of {} candidates ({} cost model): {} predicted {:.4f} s/step\n",
-               res.num_candidates, cfg.cost_model, plan_title(best.report.plan), best.report.iteration_time_s);
-  return best.report.plan;
+               kr.candidates, cfg.cost_model, plan_title(kr.best.plan), kr.best.iteration_time_s);
+  return kr.best.plan;
 }
 
 // What runs: the plan (for a baseline: gpus, minibatch and its microbatch), its kind, title and Program.
@@ -297,21 +299,12 @@ core::BaselinePlan choose_baseline(const Setup& s, bool auto_plan, bool quiet) {
     return b;
   }
   const core::Model prof = search_profile(s, quiet);
-  auto plans =
-      core::enumerate_baseline_plans(kind, prof, cfg.plan.gpus, cfg.plan.minibatch, cfg.machine.gpu_memory_bytes);
-  const auto res = core::run_baseline_search(plans, [&](const core::BaselinePlan& b) {
-    return sim::simulate_program(core::lower_baseline(b, prof), prof, cfg.machine, cfg.cost_model);
-  });
-  if (res.ranked.empty())
-    throw core::ConfigError(cfg.plan.loc,
-                            fmt::format("--plan auto: no {} plan of {} candidates fits {:.2f} MiB per device",
-                                        cfg.baseline_kind, res.num_candidates, mib(cfg.machine.gpu_memory_bytes)),
-                            "raise machine.gpu_memory (--gpu-memory) or use more devices");
-  core::BaselinePlan best = plans[res.ranked.front().plan];
+  const sim::KindResult kr = search_kind(s, prof, kind);
+  core::BaselinePlan best = *kr.baseline;
   best.stages.clear();  // re-balanced on the run's exact sizes
   if (!quiet)
-    fmt::print(stderr, "--plan auto: best of {} {} candidates: u {} predicted {:.4f} s/step\n", res.num_candidates,
-               cfg.baseline_kind, best.ubatch, res.ranked.front().report.iteration_time_s);
+    fmt::print(stderr, "--plan auto: best of {} {} candidates: u {} predicted {:.4f} s/step\n", kr.candidates,
+               cfg.baseline_kind, best.ubatch, kr.best.iteration_time_s);
   return best;
 }
 
