@@ -1,5 +1,5 @@
 // Device-independent parts of the device interface: buffer handles, host buffers, the out-of-memory
-// error's message and stream-ordered frees.
+// error's message, stream-ordered frees, and the default (plain memory, no ranges) host-side services.
 #include "backend/device.hpp"
 
 #include <cstdlib>
@@ -37,8 +37,6 @@ void Buffer::reset() noexcept {
   bytes_ = 0;
 }
 
-void HostBuffer::Free::operator()(void* p) const noexcept { std::free(p); }
-
 HostBuffer::HostBuffer(Bytes bytes) : bytes_(bytes) {
   if (bytes < 0) throw BackendError(fmt::format("host buffer of negative size {}", bytes));
   if (bytes == 0) return;
@@ -47,8 +45,14 @@ HostBuffer::HostBuffer(Bytes bytes) : bytes_(bytes) {
   void* p = std::aligned_alloc(kAlign, static_cast<std::size_t>(rounded));
   if (p == nullptr) throw BackendError(fmt::format("cannot allocate {} of host memory", core::format_bytes(bytes)));
   std::memset(p, 0, static_cast<std::size_t>(rounded));
-  ptr_.reset(p);
+  owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  ptr_ = p;
 }
+
+void Device::check_pinnable(Bytes /*bytes*/, const std::string& /*what*/, Bytes /*limit*/) {}
+std::shared_ptr<void> Device::pin_host(void* /*ptr*/, Bytes /*bytes*/, const std::string& /*what*/) { return nullptr; }
+HostBuffer Device::alloc_host(Bytes bytes, const std::string& /*what*/) { return HostBuffer(bytes); }
+std::shared_ptr<void> Device::trace_range(const std::string& /*name*/) { return nullptr; }
 
 void Stream::release_after(Buffer buffer) {
   auto held = std::make_shared<Buffer>(std::move(buffer));

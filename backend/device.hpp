@@ -1,7 +1,8 @@
 // The device interface the real executor runs a core::Program on: capped device memory (Buffer), host
 // buffers, streams (in-order queues) and events (cross-stream dependencies), host<->device and
 // device<->device copies, the fp32 kernels the GPT-2 model needs, and collectives between devices.
-// backend/cpu/ implements it on the host (one thread per stream); a CUDA device can implement it later.
+// backend/cpu/ implements it on the host (one thread per stream), backend/cuda/ on NVIDIA GPUs; the host-side
+// services a device may specialise (pinned host memory, profiler ranges) default to plain memory and nothing.
 #pragma once
 
 #include <cstdint>
@@ -93,12 +94,30 @@ class Buffer {
   Bytes bytes_ = 0;
 };
 
-// Host memory for transfers (64-byte aligned, zero-initialised; a CUDA device would pin it). Move-only.
+// Host memory for transfers (64-byte aligned, zero-initialised; Device::alloc_host pins it on CUDA). Move-only.
 class HostBuffer {
  public:
   HostBuffer() = default;
   explicit HostBuffer(Bytes bytes);
-  void* data() const { return ptr_.get(); }
+  // Memory some other owner allocated (a pinned block): `owner` keeps it alive and frees it when released.
+  HostBuffer(void* ptr, Bytes bytes, std::shared_ptr<void> owner)
+      : ptr_(ptr), bytes_(bytes), owner_(std::move(owner)) {}
+  HostBuffer(HostBuffer&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)),
+        owner_(std::move(other.owner_)) {}
+  HostBuffer& operator=(HostBuffer&& other) noexcept {
+    HostBuffer tmp(std::move(other));
+    std::swap(ptr_, tmp.ptr_);
+    std::swap(bytes_, tmp.bytes_);
+    std::swap(owner_, tmp.owner_);
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() = default;
+
+  void* data() const { return ptr_; }
   template <class T>
   T* as() const {
     return static_cast<T*>(data());
@@ -110,11 +129,9 @@ class HostBuffer {
   Bytes bytes() const { return bytes_; }
 
  private:
-  struct Free {
-    void operator()(void* p) const noexcept;
-  };
-  std::unique_ptr<void, Free> ptr_;
+  void* ptr_ = nullptr;
   Bytes bytes_ = 0;
+  std::shared_ptr<void> owner_;  // frees ptr_ with the last reference
 };
 
 struct MemoryStats {
@@ -229,6 +246,24 @@ class Device {
   virtual void fill_zero(Stream& s, void* dst_device, Bytes bytes) = 0;
 
   virtual Kernels& kernels() = 0;
+
+  // Host-side services. The defaults (the CPU device) are plain memory and no ranges; the CUDA device pins and
+  // names NVTX ranges. They let the executor use them without knowing the device type (backend/ is built
+  // before, and without, backend/cuda/).
+  //
+  // Throws DeviceError (naming `what` and the numbers) unless `bytes` of host memory can be pinned: within
+  // `limit` when > 0, and within what the machine has available. Call once with the total before pinning.
+  virtual void check_pinnable(Bytes bytes, const std::string& what, Bytes limit);
+  // Page-locks [ptr, ptr + bytes) until the returned handle dies, so copies from and to it are asynchronous DMA
+  // (cudaHostRegister); nullptr where there is nothing to do. Pin a range once, through one device.
+  virtual std::shared_ptr<void> pin_host(void* ptr, Bytes bytes, const std::string& what);
+  // Host memory for transfers with this device: pinned on CUDA (cudaHostAlloc), else HostBuffer(bytes).
+  virtual HostBuffer alloc_host(Bytes bytes, const std::string& what);
+  // Whether trace_range names anything (so callers can skip building the names).
+  virtual bool names_ranges() const { return false; }
+  // A range on the calling thread's profiler timeline (NVTX on CUDA) until the returned handle dies; nullptr
+  // where the device names none.
+  virtual std::shared_ptr<void> trace_range(const std::string& name);
 };
 
 // Collectives among a fixed group of devices (ranks 0..size-1). Each call is enqueued on the calling rank's

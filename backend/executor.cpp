@@ -1,16 +1,21 @@
-// The executor: the ready-queue loop over a Program's queues on the host thread (an op runs when it heads its
-// queue and its deps have ended; P2P pairs and collectives run together), the happens-before relation the read
-// checks use, and the interpreter of Harmony Programs (synchronous device work, a tensor store per device and
-// per host channel with the producing op). Baseline Programs are interpreted in executor_baseline.cpp.
+// The executor: the step loops over a Program's queues (one worker thread per queue, or serially on the host
+// thread: an op runs when it heads its queue and its deps have ended; P2P pairs and collectives run together),
+// the happens-before relation the read checks use, the per-queue streams and AdamW pools, and the interpreter of
+// Harmony Programs (a tensor store per device and per host channel with the producing op). Baseline Programs
+// are interpreted in executor_baseline.cpp.
 #include "backend/executor.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -103,6 +108,7 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
       if (!ready(o)) continue;
       const std::vector<int> group = it.group(o);
       if (!std::all_of(group.begin(), group.end(), ready)) continue;
+      const std::lock_guard lock(it.mutex());  // uncontended: the interpreters release it around waits
       const core::TimePs b = now();
       it.run(group);
       const core::TimePs e = now();
@@ -124,6 +130,204 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
     }
   }
   return res;
+}
+
+namespace {
+std::string stuck_message(const core::Program& p, const std::vector<std::size_t>& head) {
+  std::string stuck;
+  for (std::size_t q = 0; q < p.queues.size(); ++q)
+    if (head[q] < p.queues[q].ops.size()) stuck += "\n  " + op_name(p, p.queues[q].ops[head[q]]);
+  return "executor: no op can start; queue heads:" + stuck;
+}
+}  // namespace
+
+StepResult run_step_concurrent(const core::Program& p, Interpreter& it) {
+  const std::size_t nops = p.ops.size(), nq = p.queues.size();
+  const auto& extra = it.extra_deps();
+  std::vector<std::vector<int>> groups(nops);
+  for (std::size_t o = 0; o < nops; ++o) groups[o] = it.group(static_cast<int>(o));
+  StepResult res;
+  res.begin.assign(nops, -1);
+  res.end.assign(nops, -1);
+  // Scheduler state, all under mu: done and claimed (a group's ops from when a worker takes it) per op, the
+  // position of each queue's next op, the groups in flight, and the first error.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> done(nops, 0), claimed(nops, 0);
+  std::vector<std::size_t> head(nq, 0);
+  int running = 0;
+  bool stop = false;
+  std::exception_ptr error;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto now = [&] {
+    return static_cast<core::TimePs>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
+        core::kPsPerNs);
+  };
+  auto ready = [&](int o) {
+    const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+    if (claimed[static_cast<std::size_t>(o)] != 0) return false;
+    if (head[static_cast<std::size_t>(op.queue)] != static_cast<std::size_t>(op.queue_pos)) return false;
+    for (int dp : op.deps)
+      if (done[static_cast<std::size_t>(dp)] == 0) return false;
+    if (static_cast<std::size_t>(o) < extra.size())
+      for (int dp : extra[static_cast<std::size_t>(o)])
+        if (done[static_cast<std::size_t>(dp)] == 0) return false;
+    return true;
+  };
+  auto runnable = [&](int o) {
+    const auto& g = groups[static_cast<std::size_t>(o)];
+    return std::all_of(g.begin(), g.end(), ready);
+  };
+  auto any_runnable = [&] {
+    for (std::size_t q = 0; q < nq; ++q)
+      if (head[q] < p.queues[q].ops.size() && runnable(p.queues[q].ops[head[q]])) return true;
+    return false;
+  };
+  auto fail = [&](std::exception_ptr e) {  // under mu
+    if (!error) error = std::move(e);
+    stop = true;
+    cv.notify_all();
+  };
+
+  auto worker = [&](std::size_t q) {
+    std::unique_lock lk(mu);
+    for (;;) {
+      if (stop || head[q] >= p.queues[q].ops.size()) return;
+      const int o = p.queues[q].ops[head[q]];
+      if (!runnable(o)) {
+        // Nothing in flight and nothing can start: the serial loop's deadlock (a group whose members wait for
+        // each other's queues). Checked by whichever worker sees it; every state change notifies all.
+        if (running == 0 && claimed[static_cast<std::size_t>(o)] == 0 && !any_runnable()) {
+          fail(std::make_exception_ptr(ScheduleViolation(stuck_message(p, head))));
+          return;
+        }
+        cv.wait(lk);
+        continue;
+      }
+      const std::vector<int>& g = groups[static_cast<std::size_t>(o)];
+      for (int x : g) claimed[static_cast<std::size_t>(x)] = 1;
+      ++running;
+      lk.unlock();
+      core::TimePs b = 0, e = 0;
+      std::exception_ptr err;
+      try {
+        const std::lock_guard il(it.mutex());
+        b = now();
+        it.run(g);
+        e = now();
+        for (int x : g) it.finished(x);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lk.lock();
+      --running;
+      if (err) {
+        fail(err);
+        return;
+      }
+      for (int x : g) {
+        const auto xu = static_cast<std::size_t>(x);
+        res.begin[xu] = b;
+        res.end[xu] = e;
+        done[xu] = 1;
+        ++head[static_cast<std::size_t>(p.ops[xu].queue)];
+      }
+      cv.notify_all();
+    }
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(nq);
+  try {
+    for (std::size_t q = 0; q < nq; ++q) threads.emplace_back(worker, q);
+  } catch (...) {  // cannot start a thread: stop those that run
+    {
+      const std::lock_guard lk(mu);
+      fail(std::current_exception());
+    }
+  }
+  for (auto& t : threads) t.join();
+  if (error) {
+    // Work a failed op enqueued may still be queued: let it drain before the caller frees anything.
+    try {
+      it.synchronize();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
+    }
+    std::rethrow_exception(error);
+  }
+  return res;
+}
+
+QueueResources::QueueResources(const core::Program& program, const std::vector<Device*>& devices,
+                               const ExecutorOptions& options)
+    : p_(program), devs_(devices) {
+  for (const core::OpQueue& q : p_.queues) {
+    Device& d = *devs_.at(static_cast<std::size_t>(q.device));
+    streams_.push_back(d.create_stream(core::stream_name(q.stream)));
+    const bool updates = std::any_of(q.ops.begin(), q.ops.end(), [&](int o) {
+      return p_.ops[static_cast<std::size_t>(o)].kind == core::OpKind::Update;
+    });
+    adamw_.push_back(updates ? std::make_unique<ParallelAdamW>(options.adamw_threads) : nullptr);
+  }
+}
+
+std::size_t QueueResources::queue(int op) const {
+  return static_cast<std::size_t>(p_.ops[static_cast<std::size_t>(op)].queue);
+}
+
+ParallelAdamW& QueueResources::adamw(int op) {
+  auto& a = adamw_[queue(op)];
+  if (!a) a = std::make_unique<ParallelAdamW>(1);  // an Update outside the queues scanned: cannot happen
+  return *a;
+}
+
+std::shared_ptr<void> QueueResources::range(int op) {
+  Device& d = *devs_[static_cast<std::size_t>(p_.ops[static_cast<std::size_t>(op)].device)];
+  if (!d.names_ranges()) return nullptr;
+  return d.trace_range(p_.op_label(op));
+}
+
+void QueueResources::synchronize() {
+  std::exception_ptr first;
+  for (auto& s : streams_) {
+    try {
+      s->synchronize();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+void update_layers(HostState& st, const AdamWConfig& config, int first, int last, ParallelAdamW& pool) {
+  config.validate();
+  const Gpt2& m = st.model();
+  if (first < 0 || last >= m.num_layers() || first > last)
+    throw BackendError(
+        fmt::format("host state: update of layers {}..{} outside 0..{}", first, last, m.num_layers() - 1));
+  const int head = m.head_layer();
+  for (int l = first; l <= last; ++l) {
+    const std::int64_t step = st.steps(l) + 1;
+    st.set_steps(l, step);
+    float* w = st.weights(l).data();
+    float* mo = st.exp_avg(l).data();
+    float* v = st.exp_avg_sq(l).data();
+    const float* g = st.grads(l).data();
+    for (const ParamSpec& ps : m.params(l)) {
+      if (!ps.tied_to.empty()) continue;  // lm_head: updated through layer 0's wte
+      if (l == 0 && ps.name == "wte.weight") {
+        const std::span<const float> gh = std::as_const(st).grads(head).subspan(
+            static_cast<std::size_t>(m.param(head, "lm_head.weight").offset), static_cast<std::size_t>(ps.numel));
+        std::vector<float> sum(static_cast<std::size_t>(ps.numel));
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = g[ps.offset + static_cast<std::int64_t>(i)] + gh[i];
+        pool.update(config, step, w + ps.offset, sum.data(), mo + ps.offset, v + ps.offset, ps.numel);
+        st.sync_tied();
+        continue;
+      }
+      pool.update(config, step, w + ps.offset, g + ps.offset, mo + ps.offset, v + ps.offset, ps.numel);
+    }
+  }
 }
 
 }  // namespace detail
@@ -152,8 +356,8 @@ struct DevTensor {
   int owner_task = -1;
 };
 struct HostChan {
-  std::vector<std::byte> data;
-  std::vector<int> producer;  // per sample
+  HostBuffer data;            // the whole minibatch; kept across steps (pinned where the devices pin)
+  std::vector<int> producer;  // per sample, this step
 };
 using DevKey = std::tuple<DK, int, int, int>;  // kind, layer (or task), first sample, samples
 
@@ -165,9 +369,13 @@ class HarmonyInterpreter final : public detail::Interpreter {
   ExecutorOptions opt;
   const Gpt2& m;
   int B = 0, T = 0;
-  std::vector<std::unique_ptr<Stream>> streams;
+  detail::QueueResources qr;
+  std::vector<std::vector<int>> extra;  // the tie's edges (tie_edges)
   detail::Ancestry anc;
-  std::vector<std::vector<int>> no_extra;
+  // Harmony-DP: every replica's Update of a pack sees the same all-reduced gradient, and the shared master is
+  // updated once, by the lowest device's Update (update_owner, per layer range); the other replicas' dWBs bring
+  // their (equal) gradients into scratch memory instead of HostState::grads, which that update reads.
+  std::map<std::pair<int, int>, int> update_owner;
   std::vector<int> rank_offset;  // first sample of each rank's share
   std::vector<std::map<DevKey, DevTensor>> dev;
   std::map<std::pair<HC, int>, HostChan> host;
@@ -175,12 +383,30 @@ class HarmonyInterpreter final : public detail::Interpreter {
   std::span<const std::int32_t> in, tgt;
 
   HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o)
-      : p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()), anc(prog, {}) {
+      : p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()), qr(prog, devs, o) {
     B = p.graph.plan.minibatch;
     T = opt.seq_len;
     if (p.graph.plan.mode == core::Mode::HarmonyDP && static_cast<int>(p.devices.size()) != p.num_devices())
       throw BackendError("executor: Harmony-DP Program lowered for GPU 0 only (set dp_first_gpu_only = false)");
-    for (auto* dv : devs) streams.push_back(dv->create_stream("executor"));
+    for (std::size_t o = 0; o < p.ops.size(); ++o) {
+      const core::Op& op = p.ops[o];
+      if (op.kind != OpKind::Update) continue;
+      const std::pair<int, int> r{op.layers.first, op.layers.last};
+      auto [it, fresh] = update_owner.emplace(r, op.device);
+      if (!fresh) it->second = std::min(it->second, op.device);
+    }
+    for (std::size_t o = 0; o < p.ops.size(); ++o) {  // the owner's dWB is the one that fills HostState::grads
+      const core::Op& op = p.ops[o];
+      if (op.kind != OpKind::Update || !owns_update(op)) continue;
+      const bool local = std::any_of(p.ops.begin(), p.ops.end(), [&](const core::Op& g) {
+        return g.kind == OpKind::dWB && g.device == op.device && g.layers == op.layers;
+      });
+      if (!local)
+        throw BackendError(
+            fmt::format("executor: op {} updates a pack whose dWB is on another GPU", label(static_cast<int>(o))));
+    }
+    tie_edges();
+    anc = detail::Ancestry(p, extra);
     dev.resize(devs.size());
     const bool dp = p.graph.plan.mode == core::Mode::HarmonyDP;
     int off = 0;
@@ -193,6 +419,75 @@ class HarmonyInterpreter final : public detail::Interpreter {
   }
 
   bool happens_before(int a, int b) const { return anc.before(a, b); }
+
+  // The tie: the Update of the pack holding layer 0 also reads the head's lm_head gradient (HostState::update), a
+  // dependency core::Model cannot express. The serial v1 loop happened to run the head's dWB first; here the
+  // owning Update waits for the owner's dWBs of the head's pack (an executor-added edge, also in `anc`).
+  void tie_edges() {
+    extra.assign(p.ops.size(), {});
+    const int head = m.head_layer();
+    if (head == 0) return;
+    for (std::size_t u = 0; u < p.ops.size(); ++u) {
+      const core::Op& up = p.ops[u];
+      if (up.kind != OpKind::Update || up.layers.first != 0 || !owns_update(up)) continue;
+      for (std::size_t g = 0; g < p.ops.size(); ++g) {
+        const core::Op& gp = p.ops[g];
+        if (gp.kind == OpKind::dWB && gp.layers.first <= head && head <= gp.layers.last && owns_update(gp))
+          extra[u].push_back(static_cast<int>(g));
+      }
+    }
+  }
+  bool owns_update(const core::Op& op) const {
+    auto it = update_owner.find({op.layers.first, op.layers.last});
+    return it == update_owner.end() || it->second == op.device;
+  }
+
+  // The host channels op o reads or writes (layer of the boundary).
+  std::vector<std::pair<HC, int>> chans_of(int o) const {
+    const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+    const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
+    const int lf = op.layers.first, ll = op.layers.last;
+    switch (op.kind) {
+      case OpKind::X:
+        if (t.has_data) return {};
+        if (t.in_x.medium == core::Medium::Msg) return {{HC::YMsg, lf}};
+        if (t.in_x.medium == core::Medium::Swap) return {{HC::YSwap, lf}};
+        return {};
+      case OpKind::sX:
+        return {{t.type == core::TaskType::Fwd ? HC::Stash : HC::StashMsg, lf}};
+      case OpKind::MSGsX:
+        return {{HC::Stash, lf}, {HC::StashMsg, lf}};
+      case OpKind::MSGY:
+        return {{HC::YSwap, ll + 1}, {HC::YMsg, ll + 1}};
+      case OpKind::Y:
+        return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::YSwap, ll + 1}};
+      case OpKind::dX:
+        return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::DXSwap, lf}};
+      case OpKind::dY:
+        return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::DXSwap, ll + 1}};
+      default:
+        return {};
+    }
+  }
+  std::set<std::pair<HC, int>> all_chans() const {
+    std::set<std::pair<HC, int>> r;
+    for (std::size_t o = 0; o < p.ops.size(); ++o)
+      for (const auto& c : chans_of(static_cast<int>(o))) r.insert(c);
+    return r;
+  }
+  Bytes chan_bytes(int l) const { return Bytes(B) * per_sample(l); }
+  Bytes host_bytes() const override {
+    Bytes total = 0;
+    for (const auto& [c, l] : all_chans()) total += chan_bytes(l);
+    return total;
+  }
+  void allocate_host() override {
+    for (const auto& [c, l] : all_chans()) {
+      HostChan& h = host[{c, l}];
+      h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
+      h.producer.assign(static_cast<std::size_t>(B), -1);
+    }
+  }
   std::string label(int op) const { return detail::op_name(p, op); }
 
   // Samples [first, first + n) of an op's microbatch.
@@ -220,10 +515,24 @@ class HarmonyInterpreter final : public detail::Interpreter {
     if (!happens_before(it->second.producer, o))
       throw ScheduleViolation(fmt::format("executor: op {} reads {}, produced by op {}, on which it does not depend",
                                           label(o), dname(d, k), label(it->second.producer)));
+    version_readers[{d, k}].push_back(o);
     return it->second;
   }
+  // A new version of k replaces the last one: every op that read the last one must come before o. Otherwise the
+  // reader may have read a stale version (the serial loop happened to order them; with concurrent queues it may
+  // still be reading the buffer o frees).
   DevTensor& make(int o, int d, const DevKey& k, Bytes bytes) {
     auto& map = dev[static_cast<std::size_t>(d)];
+    auto vr = version_readers.find({d, k});
+    if (vr != version_readers.end()) {
+      for (int r : vr->second)
+        if (r != o && !happens_before(r, o))
+          throw ScheduleViolation(
+              fmt::format("executor: op {} reads {}, which op {} replaces, on which it does not depend: neither "
+                          "depends on the other",
+                          label(r), dname(d, k), label(o)));
+      vr->second.clear();
+    }
     map.erase(k);
     DevTensor t;
     t.buf = devs[static_cast<std::size_t>(d)]->alloc(bytes, dname(d, k));
@@ -235,8 +544,8 @@ class HarmonyInterpreter final : public detail::Interpreter {
   // ---- host channels ----
   HostChan& chan(HC c, int l) {
     HostChan& h = host[{c, l}];
-    if (h.data.empty()) {
-      h.data.resize(static_cast<std::size_t>(B) * static_cast<std::size_t>(per_sample(l)));
+    if (h.data.bytes() == 0) {  // a channel allocate_host did not foresee
+      h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
       h.producer.assign(static_cast<std::size_t>(B), -1);
     }
     return h;
@@ -253,17 +562,18 @@ class HarmonyInterpreter final : public detail::Interpreter {
             fmt::format("executor: op {} reads {} {} sample {}, produced by op {}, on which it does not depend",
                         label(o), hc_name(c), l, s, label(pr)));
     }
-    return h.data.data() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
+    return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
   }
   std::byte* host_write(int o, HC c, int l, int s0, int n) {
     HostChan& h = chan(c, l);
     for (int s = s0; s < s0 + n; ++s) h.producer[static_cast<std::size_t>(s)] = o;
-    return h.data.data() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
+    return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
   }
 
   Device& D(int d) { return *devs[static_cast<std::size_t>(d)]; }
-  Stream& S(int d) { return *streams[static_cast<std::size_t>(d)]; }
-  void sync(int d) { S(d).synchronize(); }
+  Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
+  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile.
+  void sync(int o) { wait_unlocked(S(o)); }
 
   std::int64_t w_offset(const core::LayerRange& r, int l) const {
     std::int64_t o = 0;
@@ -276,7 +586,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
   // `keep` (REC), else writes the result to out. Returns nothing; losses of the head go to `losses`.
   void forward_range(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b, int s0, int n,
                      const void* x0, const DevKey* out_key, bool keep) {
-    DeviceOps ops(D(d), S(d));
+    DeviceOps ops(D(d), S(o));
     const void* x = x0;
     Buffer tmp_y, tmp_act, prev, targets;
     for (int l = a; l <= b; ++l) {
@@ -291,7 +601,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
       }
       if (m.kind(l) == LayerKind::Head) {
         targets = D(d).alloc(Bytes(n) * T * 4, "targets");
-        D(d).copy_h2d(S(d), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
+        D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
         args.targets = targets.as<std::int32_t>();
       }
       Buffer y;
@@ -313,14 +623,14 @@ class HarmonyInterpreter final : public detail::Interpreter {
       args.act = act;
       m.forward(ops, l, args);
       if (m.kind(l) == LayerKind::Head) {
-        D(d).copy_d2h(S(d), losses.data() + static_cast<std::size_t>(s0) * T, args.y, Bytes(n) * T * kF);
+        D(d).copy_d2h(S(o), losses.data() + static_cast<std::size_t>(s0) * T, args.y, Bytes(n) * T * kF);
       }
-      sync(d);
+      sync(o);
       if (l < b) {
         if (keep) {
           DevTensor& nx = make(o, d, DevKey{DK::RecX, l + 1, s0, n}, m.output_bytes(l, n, T));
-          D(d).copy_d2d(S(d), nx.buf.data(), y.data(), m.output_bytes(l, n, T));
-          sync(d);
+          D(d).copy_d2d(S(o), nx.buf.data(), y.data(), m.output_bytes(l, n, T));
+          sync(o);
           x = nx.buf.data();
         } else {
           prev = std::move(y);
@@ -339,8 +649,8 @@ class HarmonyInterpreter final : public detail::Interpreter {
       case OpKind::WB: {
         DevTensor& w = make(o, d, DevKey{DK::W, op.task, 0, 0}, w_floats(op.layers) * kF);
         for (int l = lf; l <= ll; ++l)
-          D(d).copy_h2d(S(d), w.buf.as<float>() + w_offset(op.layers, l), st.weights(l).data(), m.param_floats(l) * kF);
-        sync(d);
+          D(d).copy_h2d(S(o), w.buf.as<float>() + w_offset(op.layers, l), st.weights(l).data(), m.param_floats(l) * kF);
+        sync(o);
         return;
       }
       case OpKind::X: {
@@ -348,16 +658,16 @@ class HarmonyInterpreter final : public detail::Interpreter {
         const Bytes b = Bytes(n) * per_sample(lf);
         if (t.has_data) {
           DevTensor& x = make(o, d, DevKey{DK::Act, 0, s0, n}, b);
-          D(d).copy_h2d(S(d), x.buf.data(), in.data() + static_cast<std::size_t>(s0) * T, b);
+          D(d).copy_h2d(S(o), x.buf.data(), in.data() + static_cast<std::size_t>(s0) * T, b);
         } else if (t.in_x.medium == core::Medium::Msg || t.in_x.medium == core::Medium::Swap) {
           const HC c = t.in_x.medium == core::Medium::Msg ? HC::YMsg : HC::YSwap;
           const std::byte* src = host_read(o, c, lf, s0, n);
           DevTensor& x = make(o, d, DevKey{DK::Act, lf, s0, n}, b);
-          D(d).copy_h2d(S(d), x.buf.data(), src, b);
+          D(d).copy_h2d(S(o), x.buf.data(), src, b);
         } else {
           throw BackendError(fmt::format("executor: op {}: unsupported input medium", label(o)));
         }
-        sync(d);
+        sync(o);
         return;
       }
       case OpKind::sX: {
@@ -365,13 +675,13 @@ class HarmonyInterpreter final : public detail::Interpreter {
         const Bytes b = Bytes(n) * per_sample(lf);
         if (t.type == core::TaskType::Fwd) {  // stash out
           const DevTensor& x = read(o, d, DevKey{DK::Act, lf, s0, n});
-          D(d).copy_d2h(S(d), host_write(o, HC::Stash, lf, s0, n), x.buf.data(), b);
+          D(d).copy_d2h(S(o), host_write(o, HC::Stash, lf, s0, n), x.buf.data(), b);
         } else {  // stash in
           const std::byte* src = host_read(o, HC::StashMsg, lf, s0, n);
           DevTensor& x = make(o, d, DevKey{DK::Stash, lf, s0, n}, b);
-          D(d).copy_h2d(S(d), x.buf.data(), src, b);
+          D(d).copy_h2d(S(o), x.buf.data(), src, b);
         }
-        sync(d);
+        sync(o);
         return;
       }
       case OpKind::MSGsX:
@@ -387,23 +697,23 @@ class HarmonyInterpreter final : public detail::Interpreter {
       case OpKind::Y: {  // swap out (P2P runs as a pair)
         const auto [s0, n] = samples(o);
         const DevTensor& y = read(o, d, DevKey{DK::Act, ll + 1, s0, n});
-        D(d).copy_d2h(S(d), host_write(o, HC::YSwap, ll + 1, s0, n), y.buf.data(), Bytes(n) * per_sample(ll + 1));
-        sync(d);
+        D(d).copy_d2h(S(o), host_write(o, HC::YSwap, ll + 1, s0, n), y.buf.data(), Bytes(n) * per_sample(ll + 1));
+        sync(o);
         return;
       }
       case OpKind::dX: {
         const auto [s0, n] = samples(o);
         const DevTensor& g = read(o, d, DevKey{DK::Grad, lf, s0, n});
-        D(d).copy_d2h(S(d), host_write(o, HC::DXSwap, lf, s0, n), g.buf.data(), Bytes(n) * per_sample(lf));
-        sync(d);
+        D(d).copy_d2h(S(o), host_write(o, HC::DXSwap, lf, s0, n), g.buf.data(), Bytes(n) * per_sample(lf));
+        sync(o);
         return;
       }
       case OpKind::dY: {
         const auto [s0, n] = samples(o);
         const std::byte* src = host_read(o, HC::DXSwap, ll + 1, s0, n);
         DevTensor& g = make(o, d, DevKey{DK::Grad, ll + 1, s0, n}, Bytes(n) * per_sample(ll + 1));
-        D(d).copy_h2d(S(d), g.buf.data(), src, Bytes(n) * per_sample(ll + 1));
-        sync(d);
+        D(d).copy_h2d(S(o), g.buf.data(), src, Bytes(n) * per_sample(ll + 1));
+        sync(o);
         return;
       }
       case OpKind::FWD: {
@@ -428,7 +738,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
         const DevKey dwk{DK::DW, op.task, 0, 0};
         if (dev[static_cast<std::size_t>(d)].count(dwk) == 0) {
           DevTensor& g = make(o, d, dwk, w_floats(t.layers) * kF);
-          D(d).fill_zero(S(d), g.buf.data(), g.buf.bytes());
+          D(d).fill_zero(S(o), g.buf.data(), g.buf.bytes());
         } else {
           read(o, d, dwk).producer = o;
         }
@@ -442,9 +752,9 @@ class HarmonyInterpreter final : public detail::Interpreter {
         g_b = D(d).alloc(gb, "dx b");
         if (t.has_criterion) {
           targets = D(d).alloc(Bytes(n) * T * 4, "targets");
-          D(d).copy_h2d(S(d), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
+          D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
         }
-        DeviceOps ops(D(d), S(d));
+        DeviceOps ops(D(d), S(o));
         float* spare = g_a.as<float>();
         float* other = g_b.as<float>();
         for (int l = ll; l >= lf; --l) {
@@ -468,7 +778,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
           if (l > 0) dx = l == lf ? make(o, d, DevKey{DK::Grad, lf, s0, n}, gb).buf.as<float>() : spare;
           a.dx = dx;
           m.backward(ops, l, a);
-          sync(d);
+          sync(o);
           dy = dx;
           std::swap(spare, other);
         }
@@ -478,21 +788,31 @@ class HarmonyInterpreter final : public detail::Interpreter {
         return;  // run as a group (run_ard)
       case OpKind::dWB: {
         const DevTensor& g = read(o, d, DevKey{DK::DW, op.task, 0, 0});
-        for (int l = lf; l <= ll; ++l)
-          D(d).copy_d2h(S(d), st.grads(l).data(), g.buf.as<float>() + w_offset(op.layers, l), m.param_floats(l) * kF);
-        sync(d);
-        for (int l = lf; l <= ll; ++l) grad_producer[l] = o;
+        std::vector<float>* scratch = nullptr;
+        if (!owns_update(op)) {
+          scratch = &dwb_scratch[o];
+          scratch->resize(static_cast<std::size_t>(w_floats(op.layers)));
+        }
+        for (int l = lf; l <= ll; ++l) {
+          float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
+          D(d).copy_d2h(S(o), dst, g.buf.as<float>() + w_offset(op.layers, l), m.param_floats(l) * kF);
+        }
+        sync(o);
+        for (int l = lf; l <= ll; ++l) grad_producer[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] = o;
         return;
       }
       case OpKind::Update: {
         for (int l = lf; l <= ll; ++l) {
-          if (grad_producer[l] < 0 || !happens_before(grad_producer[l], o))
+          const int g = grad_producer[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)];
+          if (g < 0 || !happens_before(g, o))
             throw ScheduleViolation(
                 fmt::format("executor: op {} updates layer {} before its gradients reach the host", label(o), l));
         }
         // Harmony-DP: every replica's Update sees the same all-reduced gradients; the shared master copy is
-        // updated once per pack.
-        if (updated.insert({lf, ll}).second) st.update(opt.adamw, lf, ll);
+        // updated once per pack, by the owner. AdamW runs unlocked: what it touches (the pack's host weights,
+        // gradients and moments; for layer 0 also the head's lm_head gradient and weight) no other op touches
+        // until the next step — the deps order the pack's WBs and dWBs before it, tie_edges the head's dWB.
+        if (owns_update(op)) unlocked([&] { detail::update_layers(st, opt.adamw, lf, ll, qr.adamw(o)); });
         return;
       }
       case OpKind::DEL: {
@@ -525,8 +845,8 @@ class HarmonyInterpreter final : public detail::Interpreter {
       throw ScheduleViolation(fmt::format("executor: P2P {} -> {} moves different samples", label(send), label(recv)));
     const DevTensor& src = read(send, so.device, DevKey{fwd ? DK::Act : DK::Grad, l, s0, n});
     DevTensor& dst = make(recv, ro.device, DevKey{fwd ? DK::Act : DK::Grad, l, s0, n}, Bytes(n) * per_sample(l));
-    D(so.device).copy_d2d(S(so.device), dst.buf.data(), src.buf.data(), Bytes(n) * per_sample(l), &D(ro.device));
-    sync(so.device);
+    D(so.device).copy_d2d(S(send), dst.buf.data(), src.buf.data(), Bytes(n) * per_sample(l), &D(ro.device));
+    sync(send);
   }
 
   // ARD group: the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written back to all.
@@ -537,21 +857,21 @@ class HarmonyInterpreter final : public detail::Interpreter {
     for (std::size_t r = 0; r < group.size(); ++r) {
       const core::Op& op = p.ops[static_cast<std::size_t>(group[r])];
       const DevTensor& g = read(group[r], op.device, DevKey{DK::DW, op.task, 0, 0});
-      D(op.device).copy_d2h(S(op.device), part.data(), g.buf.data(), count * kF);
-      sync(op.device);
+      D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
+      sync(group[r]);
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
     }
     for (int a : group) {
       const core::Op& op = p.ops[static_cast<std::size_t>(a)];
       DevTensor& g = dev[static_cast<std::size_t>(op.device)][DevKey{DK::DW, op.task, 0, 0}];
-      D(op.device).copy_h2d(S(op.device), g.buf.data(), sum.data(), count * kF);
-      sync(op.device);
+      D(op.device).copy_h2d(S(a), g.buf.data(), sum.data(), count * kF);
+      sync(a);
       g.producer = a;
     }
   }
 
-  std::vector<int> grad_producer;
-  std::set<std::pair<int, int>> updated;
+  std::vector<std::vector<int>> grad_producer;    // per device, per layer: the dWB that brought it this step
+  std::map<int, std::vector<float>> dwb_scratch;  // per non-owning dWB op: where its gradient lands
 
   // The device tensors op o reads, as run_op/run_pair/run_ard read them (the RecX/RecAct of BWD included).
   // A tensor is freed once its last reader has run: memory follows the Program's data flow, so a device holds
@@ -604,6 +924,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
   }
   std::map<std::pair<int, DevKey>, int> readers_total;  // per (device, tensor): ops that read it
   std::map<std::pair<int, DevKey>, int> readers_left;
+  std::map<std::pair<int, DevKey>, std::vector<int>> version_readers;  // this step: the readers of its last version
 
   // After op o ran: drop the tensors whose last reader it was, and those it produced that nobody reads.
   void release(int o) {
@@ -623,17 +944,17 @@ class HarmonyInterpreter final : public detail::Interpreter {
     }
   }
 
-  const std::vector<std::vector<int>>& extra_deps() const override { return no_extra; }
+  const std::vector<std::vector<int>>& extra_deps() const override { return extra; }
 
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override {
     in = inputs;
     tgt = targets;
     losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
-    host.clear();
+    for (auto& [k, h] : host) h.producer.assign(static_cast<std::size_t>(B), -1);
     for (auto& mp : dev) mp.clear();
-    grad_producer.assign(static_cast<std::size_t>(m.num_layers()), -1);
-    updated.clear();
+    grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
     readers_left = readers_total;
+    version_readers.clear();
   }
 
   // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order.
@@ -656,6 +977,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
   }
 
   void run(const std::vector<int>& g) override {
+    const std::shared_ptr<void> range = qr.range(g.front());  // NVTX on CUDA, named like the trace's op
     const core::Op& op = p.ops[static_cast<std::size_t>(g.front())];
     if (op.peer >= 0) {
       run_pair(g[0], g[1]);
@@ -668,17 +990,18 @@ class HarmonyInterpreter final : public detail::Interpreter {
 
   void finished(int o) override { release(o); }
 
+  void abandon_step() override {
+    for (auto& mp : dev) mp.clear();
+  }
+
   double end_step() override {
     for (auto& mp : dev) mp.clear();
-    host.clear();
     double total = 0.0;
     for (const float x : losses) total += x;
     return total / static_cast<double>(losses.size());
   }
 
-  void synchronize() override {
-    for (auto& s : streams) s->synchronize();
-  }
+  void synchronize() override { qr.synchronize(); }
 };
 
 }  // namespace
@@ -694,6 +1017,8 @@ struct Executor::Impl {
   const core::Program& p;
   int B = 0;
   int T = 0;
+  bool concurrent = true;
+  std::vector<std::shared_ptr<void>> pins;  // HostState's weights and gradients, where the devices pin
   std::unique_ptr<detail::Interpreter> interpreter;
 };
 
@@ -718,10 +1043,26 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
     throw BackendError(
         fmt::format("executor: sequence length {} outside 1..{}", options.seq_len, m.config().max_seq_len));
   core::validate_program(program);
-  auto interpreter = is_baseline_program(program)
-                         ? detail::make_baseline_interpreter(program, std::move(devices), state, options)
-                         : detail::make_harmony_interpreter(program, std::move(devices), state, options);
-  impl_ = new Impl{program, program.graph.plan.minibatch, options.seq_len, std::move(interpreter)};
+  Device& first = *devices.at(0);
+  auto interpreter = is_baseline_program(program) ? detail::make_baseline_interpreter(program, devices, state, options)
+                                                  : detail::make_harmony_interpreter(program, devices, state, options);
+  // Pinned host memory (CUDA; nothing on the CPU device): HostState's weights (every WB reads them) and gradients
+  // (every dWB writes them), and the interpreter's stash/swap channels, checked once as a total so a plan that
+  // cannot pin is refused with the numbers before anything is pinned. The AdamW moments never cross the bus:
+  // pinning them would only shrink the budget. All through devices[0]: registrations are portable to every GPU.
+  Bytes state_bytes = 0;
+  for (int l = 0; l < m.num_layers(); ++l) state_bytes += 2 * m.param_floats(l) * Bytes{sizeof(float)};
+  first.check_pinnable(state_bytes + interpreter->host_bytes(), "the host weights, gradients and stash/swap buffers",
+                       options.pinned_limit);
+  std::vector<std::shared_ptr<void>> pins;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    const auto w = state.weights(l), g = state.grads(l);
+    pins.push_back(first.pin_host(w.data(), Bytes(w.size_bytes()), fmt::format("the host weights of layer {}", l)));
+    pins.push_back(first.pin_host(g.data(), Bytes(g.size_bytes()), fmt::format("the host gradients of layer {}", l)));
+  }
+  interpreter->allocate_host();
+  impl_ = new Impl{program,         program.graph.plan.minibatch, options.seq_len, options.concurrent,
+                   std::move(pins), std::move(interpreter)};
 }
 
 Executor::~Executor() {
@@ -739,7 +1080,18 @@ StepResult Executor::step(std::span<const std::int32_t> inputs, std::span<const 
         fmt::format("executor: expected {} inputs and targets, got {} and {}", bt, inputs.size(), targets.size()));
   detail::Interpreter& it = *impl_->interpreter;
   it.begin_step(inputs, targets);
-  StepResult res = detail::run_step(impl_->p, it);
+  StepResult res;
+  try {
+    res = impl_->concurrent ? detail::run_step_concurrent(impl_->p, it) : detail::run_step(impl_->p, it);
+  } catch (...) {
+    // Drain what the failed step enqueued, then free its device tensors, so the devices are empty again.
+    try {
+      it.synchronize();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the step's own error is the one to report
+    }
+    it.abandon_step();
+    throw;
+  }
   res.loss = it.end_step();
   return res;
 }

@@ -1,8 +1,9 @@
-// The real executor, v1: runs a core::Program — Harmony-PP or Harmony-DP (lower_harmony, every GPU lowered) or a
+// The real executor: runs a core::Program — Harmony-PP or Harmony-DP (lower_harmony, every GPU lowered) or a
 // baseline (lower_baseline: dp-swap, pp-swap, zero-infinity, l2l) — for one training step with real tensors on N
 // devices: weights swapped in per pack or layer, forwards with stashes, recompute + backward per microbatch,
-// activations and gradients moved between packs, stages and replicas, AdamW on the host. Ops run one at a time on
-// the host thread (no stream overlap yet); every tensor read is checked.
+// activations and gradients moved between packs, stages and replicas, AdamW on the host. One worker thread and one
+// device stream per Program queue, so copies overlap compute (or, for debugging, one op at a time on the calling
+// thread, with the same bits); every tensor read is checked.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +28,22 @@ class ScheduleViolation : public BackendError {
 struct ExecutorOptions {
   int seq_len = 0;  // T; the minibatch B is the Program's plan.minibatch
   AdamWConfig adamw;
+  // One worker thread per Program queue (device, stream), each on its own device stream: an op starts when its
+  // deps and its queue predecessor have completed. false: the ops one at a time on the calling thread, in the
+  // v1 ready-queue order (for debugging; the results are the same bits).
+  bool concurrent = true;
+  // Threads of each Update queue's ParallelAdamW; <= 0: std::thread::hardware_concurrency(). Updates on several
+  // devices' CPU queues run at the same time and share the cores.
+  int adamw_threads = 0;
+  // Devices that pin host memory (CUDA): at most this many bytes (the machine file's pinned_limit); 0: what the
+  // machine has available less a reserve. Checked once, before anything is pinned.
+  Bytes pinned_limit = 0;
 };
 
 struct StepResult {
   double loss = 0.0;                // mean cross-entropy over the B*T tokens (summed in double, token order)
-  std::vector<core::TimePs> begin;  // per op (Program::ops order), ps since the step began (steady clock)
-  std::vector<core::TimePs> end;    // for core::write_chrome_trace
+  std::vector<core::TimePs> begin;  // per op (Program::ops order), ps since the step began (steady clock);
+  std::vector<core::TimePs> end;    // ops of different queues overlap; for core::write_chrome_trace
 };
 
 class Executor {
@@ -40,13 +51,17 @@ class Executor {
   // devices[g] runs the Program's GPU g. `program` and `state` must outlive the executor. BackendError for a
   // Program that does not match the devices or the model; ScheduleViolation for a baseline Program whose data
   // flow its dependencies do not order (checked here, before any step; Harmony Programs are checked per read).
+  // Where the devices pin host memory (CUDA), pins the state's weights and gradients and the executor's host
+  // stash/swap buffers, after one check that the total fits (DeviceError with the numbers otherwise).
   Executor(const core::Program& program, std::vector<Device*> devices, HostState& state,
            const ExecutorOptions& options);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // One step: inputs and targets are B*T ids, row-major (B, T). Leaves the updated weights in state.
+  // One step: inputs and targets are B*T ids, row-major (B, T). Leaves the updated weights in state. An
+  // exception in any op (OutOfMemory, ScheduleViolation, a device error) stops every queue after its current op
+  // and is rethrown here; the next step starts afresh.
   StepResult step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets);
 
  private:

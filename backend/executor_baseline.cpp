@@ -2,6 +2,7 @@
 // l2l): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op that produced
 // them; which version an op reads (the latest producer among its ancestors) and every host gradient and weight
 // an Update touches are checked when the executor is built, so a missing dependency is refused before any step.
+// Ops of different queues run on their own streams and worker threads (executor_detail.hpp's lock discipline).
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -73,14 +74,13 @@ struct HostSum {
 class BaselineInterpreter final : public Interpreter {
  public:
   BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o)
-      : p_(prog), devs_(std::move(d)), st_(s), opt_(o), m_(s.model()) {
+      : p_(prog), devs_(std::move(d)), st_(s), opt_(o), m_(s.model()), qr_(prog, devs_, o) {
     B_ = p_.graph.plan.minibatch;
     T_ = opt_.seq_len;
     R_ = m_.num_layers();
     N_ = p_.num_devices();
     pp_ = p_.graph.plan.mode == core::Mode::HarmonyPP;
     analyse();
-    for (auto* dv : devs_) streams_.push_back(dv->create_stream("executor"));
   }
 
   const std::vector<std::vector<int>>& extra_deps() const override { return extra_; }
@@ -94,11 +94,13 @@ class BaselineInterpreter final : public Interpreter {
     left_ = readers_;
     acc_.clear();
     updated_.assign(static_cast<std::size_t>(R_), 0);
+    gathered_.assign(static_cast<std::size_t>(R_), 0);
   }
 
   std::vector<int> group(int o) const override { return info_[static_cast<std::size_t>(o)].group; }
 
   void run(const std::vector<int>& g) override {
+    const std::shared_ptr<void> range = qr_.range(g.front());  // NVTX on CUDA, named like the trace's op
     const core::Op& op = at(g.front());
     if (op.peer >= 0) return run_pair(g[0], g[1]);
     switch (op.kind) {
@@ -124,6 +126,8 @@ class BaselineInterpreter final : public Interpreter {
       if (readers_.count(Version{k, o}) == 0) store_.erase(Version{k, o});
   }
 
+  void abandon_step() override { store_.clear(); }
+
   double end_step() override {
     store_.clear();
     for (int s = 0; s < B_; ++s)
@@ -135,15 +139,15 @@ class BaselineInterpreter final : public Interpreter {
     return total / static_cast<double>(losses_.size());
   }
 
-  void synchronize() override {
-    for (auto& s : streams_) s->synchronize();
-  }
+  void synchronize() override { qr_.synchronize(); }
 
  private:
   const core::Op& at(int o) const { return p_.ops[static_cast<std::size_t>(o)]; }
   std::string label(int o) const { return op_name(p_, o); }
   Device& D(int d) { return *devs_[static_cast<std::size_t>(d)]; }
-  Stream& S(int d) { return *streams_[static_cast<std::size_t>(d)]; }
+  Stream& S(int o) { return qr_.stream(o); }  // the stream of op o's queue
+  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile.
+  void sync(int o) { wait_unlocked(S(o)); }
   Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_); }
   std::int64_t floats(int l) const { return m_.param_floats(l); }
   // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
@@ -550,7 +554,7 @@ class BaselineInterpreter final : public Interpreter {
     }
     const void* src = old.data();
     Tensor& t = put(o, k, bytes);
-    D(k.dev).copy_d2d(S(k.dev), t.data(), src, bytes);
+    D(k.dev).copy_d2d(S(o), t.data(), src, bytes);
     return t;
   }
 
@@ -565,42 +569,42 @@ class BaselineInterpreter final : public Interpreter {
       case OpKind::WB: {
         if (!sharded_) {
           Tensor& w = put(o, Key{d, TK::W, l, 0, 0}, floats(l) * kF);
-          D(d).copy_h2d(S(d), w.data(), st_.weights(l).data(), floats(l) * kF);
+          D(d).copy_h2d(S(o), w.data(), st_.weights(l).data(), floats(l) * kF);
         } else {
           Tensor& w = put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * kF);
           if (shard_len(l, d) > 0)
-            D(d).copy_h2d(S(d), w.data(), st_.weights(l).data() + shard_first(l, d), shard_len(l, d) * kF);
+            D(d).copy_h2d(S(o), w.data(), st_.weights(l).data() + shard_first(l, d), shard_len(l, d) * kF);
         }
         break;
       }
       case OpKind::X: {
         const Key k = info_[static_cast<std::size_t>(o)].writes.front();
         Tensor& x = put(o, k, Bytes(n) * per_sample(0));
-        D(d).copy_h2d(S(d), x.data(), in_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * per_sample(0));
+        D(d).copy_h2d(S(o), x.data(), in_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * per_sample(0));
         break;
       }
       case OpKind::sX: {
         const Bytes b = Bytes(n) * per_sample(l);
         if (op.stream == core::Stream::SwapOut) {
           const Tensor& x = get(o, Key{d, TK::Act, l, s0, n});
-          D(d).copy_d2h(S(d), put(o, Key{d, TK::HostStash, l, s0, n}, b).data(), x.buf.data(), b);
+          D(d).copy_d2h(S(o), put(o, Key{d, TK::HostStash, l, s0, n}, b).data(), x.buf.data(), b);
         } else {
           const void* src = get(o, Key{d, TK::HostStash, l, s0, n}).data();
-          D(d).copy_h2d(S(d), put(o, info_[static_cast<std::size_t>(o)].writes.front(), b).data(), src, b);
+          D(d).copy_h2d(S(o), put(o, info_[static_cast<std::size_t>(o)].writes.front(), b).data(), src, b);
         }
         break;
       }
       case OpKind::dX: {  // to the host (l2l); a P2P dX runs as a pair
         const Bytes b = Bytes(n) * per_sample(l);
         const Tensor& g = get(o, Key{d, TK::Grad, l, s0, n});
-        D(d).copy_d2h(S(d), put(o, Key{d, TK::HostGrad, l, s0, n}, b).data(), g.buf.data(), b);
+        D(d).copy_d2h(S(o), put(o, Key{d, TK::HostGrad, l, s0, n}, b).data(), g.buf.data(), b);
         break;
       }
       case OpKind::dY: {  // from the host (l2l); a P2P dY runs as a pair
         const int g = op.layers.last + 1;
         const Bytes b = Bytes(n) * per_sample(g);
         const void* src = get(o, Key{d, TK::HostGrad, g, s0, n}).data();
-        D(d).copy_h2d(S(d), put(o, Key{d, TK::Grad, g, s0, n}, b).data(), src, b);
+        D(d).copy_h2d(S(o), put(o, Key{d, TK::Grad, g, s0, n}, b).data(), src, b);
         break;
       }
       case OpKind::FWD:
@@ -621,7 +625,7 @@ class BaselineInterpreter final : public Interpreter {
         throw BackendError(fmt::format("executor: op {}: kind {} not supported in a baseline Program", label(o),
                                        core::op_kind_name(op.kind)));
     }
-    S(d).synchronize();
+    sync(o);
   }
 
   // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1); the head writes the per-token losses.
@@ -643,7 +647,7 @@ class BaselineInterpreter final : public Interpreter {
     Buffer targets, y, act;
     if (head) {
       targets = D(d).alloc(Bytes(n) * T_ * 4, "targets");
-      D(d).copy_h2d(S(d), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
+      D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
       a.targets = targets.as<std::int32_t>();
       y = D(d).alloc(m_.output_bytes(l, n, T_), "losses");
       a.y = y.as<float>();
@@ -652,13 +656,13 @@ class BaselineInterpreter final : public Interpreter {
     }
     act = D(d).alloc(m_.act_floats(l, n, T_) * kF, "act");
     a.act = act.as<float>();
-    DeviceOps ops(D(d), S(d));
+    DeviceOps ops(D(d), S(o));
     m_.forward(ops, l, a);
     if (head) {
-      D(d).copy_d2h(S(d), losses_.data() + static_cast<std::size_t>(s0) * T_, a.y, Bytes(n) * T_ * kF);
+      D(d).copy_d2h(S(o), losses_.data() + static_cast<std::size_t>(s0) * T_, a.y, Bytes(n) * T_ * kF);
       for (int s = s0; s < s0 + n; ++s) ++loss_written_[static_cast<std::size_t>(s)];
     }
-    S(d).synchronize();  // before the temporaries above are freed
+    sync(o);  // before the temporaries above are freed
   }
 
   // BWD(l): the forward recomputed from the layer's input (the model's backward needs the act of a forward over
@@ -684,7 +688,7 @@ class BaselineInterpreter final : public Interpreter {
     float* dw = nullptr;
     if (oi.fresh_dw) {
       Tensor& g = put(o, dwk, floats(l) * kF);
-      D(d).fill_zero(S(d), g.data(), floats(l) * kF);
+      D(d).fill_zero(S(o), g.data(), floats(l) * kF);
       dw = g.buf.as<float>();
     } else {
       dw = update(o, dwk, floats(l) * kF).buf.as<float>();
@@ -693,14 +697,14 @@ class BaselineInterpreter final : public Interpreter {
     Buffer targets, y, act, scratch;
     if (head) {
       targets = D(d).alloc(Bytes(n) * T_ * 4, "targets");
-      D(d).copy_h2d(S(d), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
+      D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
       a.targets = targets.as<std::int32_t>();
     }
     // The recompute's y is not read by the backward: it lands in dx (same size or larger) where there is one.
     if (dx == nullptr) y = D(d).alloc(m_.output_bytes(l, n, T_), "y");
     act = D(d).alloc(m_.act_floats(l, n, T_) * kF, "act");
     scratch = D(d).alloc(std::max<std::int64_t>(1, m_.scratch_floats(l, n, T_)) * kF, "scratch");
-    DeviceOps ops(D(d), S(d));
+    DeviceOps ops(D(d), S(o));
     a.y = dx != nullptr ? dx : y.as<float>();
     a.act = act.as<float>();
     m_.forward(ops, l, a);
@@ -711,7 +715,7 @@ class BaselineInterpreter final : public Interpreter {
     a.scratch = scratch.as<float>();
     a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_));
     m_.backward(ops, l, a);
-    S(d).synchronize();  // before the temporaries above are freed
+    sync(o);  // before the temporaries above are freed
   }
 
   // dWB: the gradient (zero-infinity: this rank's shard) to the host, added to this process's sum of the layer.
@@ -722,8 +726,8 @@ class BaselineInterpreter final : public Interpreter {
     const std::int64_t len = sharded_ ? shard_len(l, d) : floats(l);
     const Tensor& g = get(o, Key{d, sharded_ ? TK::DWShard : TK::DW, l, 0, 0});
     std::vector<float> part(static_cast<std::size_t>(len));
-    if (len > 0) D(d).copy_d2h(S(d), part.data(), g.buf.data(), len * kF);
-    S(d).synchronize();
+    if (len > 0) D(d).copy_d2h(S(o), part.data(), g.buf.data(), len * kF);
+    sync(o);
     HostSum& h = acc_[{d, l}];
     if (h.sum.empty()) {
       h.sum.assign(static_cast<std::size_t>(floats(l)), 0.0f);
@@ -759,14 +763,23 @@ class BaselineInterpreter final : public Interpreter {
 
   // Update(l): AdamW on the host master copy (docs/backend.md: the tie's two gradients summed by layer 0). The
   // replicas' Updates of one layer (dp-swap) see the same all-reduced gradient: the shared master is updated once.
+  //
+  // Each layer's host gradient is gathered once per step (every Update that gathers it sees the same dWBs done:
+  // the replicas' sums are equal, the other sources the same), so an Update running unlocked reads it while no
+  // other op writes it: the AdamW of different layers (and the tie's lm_head) overlaps safely.
   void host_update(int o) {
     const core::Op& op = at(o);
     const int l = op.layers.first;
-    gather_grad(o, l, op.device);
-    if (l == 0 && m_.head_layer() != 0) gather_grad(o, m_.head_layer(), op.device);
+    auto gather = [&](int layer) {
+      if (gathered_[static_cast<std::size_t>(layer)] != 0) return;
+      gather_grad(o, layer, op.device);
+      gathered_[static_cast<std::size_t>(layer)] = 1;
+    };
+    gather(l);
+    if (l == 0 && m_.head_layer() != 0) gather(m_.head_layer());
     if (updated_[static_cast<std::size_t>(l)] != 0) return;
     updated_[static_cast<std::size_t>(l)] = 1;
-    st_.update(opt_.adamw, l, l);
+    unlocked([&] { update_layers(st_, opt_.adamw, l, l, qr_.adamw(o)); });
   }
 
   // P2P (pp-swap): the sender's activation (Y) or input gradient (dX) copied into the receiver's device.
@@ -786,8 +799,8 @@ class BaselineInterpreter final : public Interpreter {
     const Bytes b = Bytes(si.n) * per_sample(l);
     const void* src = get(send, src_key).buf.data();
     Tensor& dst = put(recv, dst_key, b);
-    D(so.device).copy_d2d(S(so.device), dst.data(), src, b, &D(ro.device));
-    S(so.device).synchronize();
+    D(so.device).copy_d2d(S(send), dst.data(), src, b, &D(ro.device));
+    sync(send);
   }
 
   // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all.
@@ -797,15 +810,15 @@ class BaselineInterpreter final : public Interpreter {
     std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int d = at(g[r]).device;
-      D(d).copy_d2h(S(d), part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count * kF);
-      S(d).synchronize();
+      D(d).copy_d2h(S(g[r]), part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count * kF);
+      sync(g[r]);
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
     }
     for (int a : g) {
       const int d = at(a).device;
       Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * kF);
-      D(d).copy_h2d(S(d), t.data(), sum.data(), count * kF);
-      S(d).synchronize();
+      D(d).copy_h2d(S(a), t.data(), sum.data(), count * kF);
+      sync(a);
     }
   }
 
@@ -821,9 +834,9 @@ class BaselineInterpreter final : public Interpreter {
       const void* src = get(a, Key{r, TK::WShard, l, 0, 0}).buf.data();
       for (std::size_t q = 0; q < g.size(); ++q) {
         const int dq = at(g[q]).device;
-        D(r).copy_d2d(S(r), full[q]->buf.as<float>() + shard_first(l, r), src, shard_len(l, r) * kF, &D(dq));
+        D(r).copy_d2d(S(a), full[q]->buf.as<float>() + shard_first(l, r), src, shard_len(l, r) * kF, &D(dq));
       }
-      S(r).synchronize();
+      sync(a);
     }
   }
 
@@ -834,15 +847,15 @@ class BaselineInterpreter final : public Interpreter {
     std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int d = at(g[r]).device;
-      D(d).copy_d2h(S(d), part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count * kF);
-      S(d).synchronize();
+      D(d).copy_d2h(S(g[r]), part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count * kF);
+      sync(g[r]);
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
     }
     for (int a : g) {
       const int d = at(a).device;
       Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * kF);
-      if (shard_len(l, d) > 0) D(d).copy_h2d(S(d), t.data(), sum.data() + shard_first(l, d), shard_len(l, d) * kF);
-      S(d).synchronize();
+      if (shard_len(l, d) > 0) D(d).copy_h2d(S(a), t.data(), sum.data() + shard_first(l, d), shard_len(l, d) * kF);
+      sync(a);
     }
   }
 
@@ -854,7 +867,7 @@ class BaselineInterpreter final : public Interpreter {
   int B_ = 0, T_ = 0, R_ = 0, N_ = 0;
   bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
   bool sharded_ = false;  // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
-  std::vector<std::unique_ptr<Stream>> streams_;
+  QueueResources qr_;
   std::vector<int> offset_;  // per device: its first sample
   std::vector<OpInfo> info_;
   std::map<Key, std::vector<int>> producers_;
@@ -870,6 +883,7 @@ class BaselineInterpreter final : public Interpreter {
   std::map<Version, int> left_;
   std::map<std::pair<int, int>, HostSum> acc_;  // (device, layer)
   std::vector<char> updated_;
+  std::vector<char> gathered_;  // per layer: HostState::grads holds this step's gradient (gather_grad ran)
 };
 
 }  // namespace

@@ -1,15 +1,18 @@
 // The executor's internals, shared by its two interpreters and not part of the public API: the
 // happens-before relation of a Program (deps + queue order + executor-added edges), the Interpreter
-// interface (what one Program dialect does with its ops) and the ready-queue loop that runs one step.
+// interface (what one Program dialect does with its ops, and the lock that guards its bookkeeping) and the
+// two loops that run one step: serial on the calling thread, or one worker thread per Program queue.
 // Harmony Programs: executor.cpp; the baselines' Programs: executor_baseline.cpp.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "backend/adamw_parallel.hpp"
 #include "backend/executor.hpp"
 
 namespace harmony::backend::detail {
@@ -18,6 +21,7 @@ namespace harmony::backend::detail {
 // must also wait for) leads from a to b. Throws ScheduleViolation if the edges form a cycle.
 class Ancestry {
  public:
+  Ancestry() = default;
   Ancestry(const core::Program& program, const std::vector<std::vector<int>>& extra);
   bool before(int a, int b) const {  // a == b, or a is an ancestor of b
     return a == b || ((bits_[static_cast<std::size_t>(b) * words_ + static_cast<std::size_t>(a) / 64] >>
@@ -33,8 +37,12 @@ class Ancestry {
 // "t3 BWD L2 mb0 u1 (3.0.0.Compute.BWD)": the label and the reference id, for messages.
 std::string op_name(const core::Program& program, int op);
 
-// One Program dialect. run_step calls begin_step, then run() per ready group and finished() per op of it,
-// then end_step.
+// One Program dialect. A step calls begin_step, then run() per ready group and finished() per op of it, then
+// end_step. With concurrent queues, run() and finished() of different groups are called from different worker
+// threads: the step loops call them with mutex() held, and an interpreter releases it only where it waits
+// for device work (wait_unlocked) or does long host work that touches nothing another op may touch at the
+// same time (unlocked). So its maps and counters need no locking of their own, and device work and host
+// updates of different queues overlap.
 class Interpreter {
  public:
   Interpreter() = default;
@@ -50,13 +58,45 @@ class Interpreter {
   virtual void run(const std::vector<int>& group) = 0;
   virtual void finished(int op) = 0;  // after every op of a group ran: release what it was the last reader of
   virtual double end_step() = 0;      // the mean loss; every device tensor released
+  virtual void abandon_step() = 0;    // after a failed step (streams drained): every device tensor released
   virtual void synchronize() = 0;     // waits for every device stream
+  // Host transfer buffers the interpreter keeps across steps (stash and swap channels), for the pinned-memory
+  // pre-flight; allocate_host() allocates them (pinned where the devices pin) after that check.
+  virtual Bytes host_bytes() const { return 0; }
+  virtual void allocate_host() {}
+
+  std::mutex& mutex() { return mu_; }
+
+ protected:
+  // Runs fn with mutex() released (the caller holds it), and takes it again, also when fn throws.
+  template <class F>
+  void unlocked(F&& fn) {
+    struct Relock {
+      std::mutex& m;
+      explicit Relock(std::mutex& mu) : m(mu) { m.unlock(); }
+      ~Relock() { m.lock(); }
+      Relock(const Relock&) = delete;
+      Relock& operator=(const Relock&) = delete;
+    } relock(mu_);
+    fn();
+  }
+  void wait_unlocked(Stream& s) {
+    unlocked([&] { s.synchronize(); });
+  }
+
+ private:
+  std::mutex mu_;
 };
 
 // One training step over the Program's queues on the calling thread: a queue's head runs when it and every
 // op of its group head their queues and have their deps (and extra deps) done. Per op begin/end times.
 // ScheduleViolation when no op can start.
 StepResult run_step(const core::Program& program, Interpreter& interpreter);
+// The same step with one worker thread per Program queue: each runs its queue's ops in order, an op (or its
+// group, run by whichever member's worker finds it ready first) once its deps and extra deps have completed.
+// The first exception of any worker stops the others after their current op and is rethrown here; a state in
+// which nothing runs and nothing can start is the serial loop's ScheduleViolation.
+StepResult run_step_concurrent(const core::Program& program, Interpreter& interpreter);
 
 // Harmony-PP / Harmony-DP Programs (core::lower_harmony, every replica lowered).
 std::unique_ptr<Interpreter> make_harmony_interpreter(const core::Program& program, std::vector<Device*> devices,
@@ -64,5 +104,31 @@ std::unique_ptr<Interpreter> make_harmony_interpreter(const core::Program& progr
 // The baselines' Programs (core::lower_baseline: dp-swap, pp-swap, zero-infinity, l2l).
 std::unique_ptr<Interpreter> make_baseline_interpreter(const core::Program& program, std::vector<Device*> devices,
                                                        HostState& state, const ExecutorOptions& options);
+
+// What both interpreters keep per Program queue: a stream on the queue's device (so a device's compute, swap-in,
+// swap-out and P2P queues are separate streams and their work overlaps), an AdamW pool where the queue has
+// Update ops (concurrently running Updates each need their own), and per op its trace label for the device's
+// profiler ranges (NVTX on CUDA; the same names as core::write_chrome_trace).
+class QueueResources {
+ public:
+  QueueResources(const core::Program& program, const std::vector<Device*>& devices, const ExecutorOptions& options);
+  Stream& stream(int op) { return *streams_[queue(op)]; }
+  ParallelAdamW& adamw(int op);
+  // Device::trace_range of the op's device, named after the op (nullptr where the device names no ranges).
+  std::shared_ptr<void> range(int op);
+  void synchronize();  // every stream; rethrows the first error after waiting for all
+
+ private:
+  std::size_t queue(int op) const;
+  const core::Program& p_;
+  std::vector<Device*> devs_;
+  std::vector<std::unique_ptr<Stream>> streams_;       // per queue
+  std::vector<std::unique_ptr<ParallelAdamW>> adamw_;  // per queue (null without Update ops)
+};
+
+// HostState::update(config, first, last) with the element loops on `pool` (bit-identical: ParallelAdamW is
+// adamw_update element for element): AdamW per parameter, the tied wte updated with its two gradients summed
+// (layer 0's and the head's lm_head), the head's lm_head then a copy of it, each layer's step count advanced.
+void update_layers(HostState& state, const AdamWConfig& config, int first, int last, ParallelAdamW& pool);
 
 }  // namespace harmony::backend::detail

@@ -1,7 +1,8 @@
 // CUDA device implementation: the capped arena over one cudaMalloc'd block, streams as CUDA streams fed in
 // order by one submission thread each (sticky errors, HARMONY_SYNC_DEBUG), events with CUDA's record/wait
 // binding, checked copies, the kernels (cuBLAS + kernels.cu, each in an NVTX range), kernel error reports
-// through mapped memory, pinned host memory with its pre-flight check, and NVTX.
+// through mapped memory, pinned host memory with its pre-flight check, NVTX, and the Device host-side services (pin,
+// pinned host buffers, ranges) the executor uses.
 #include "backend/cuda/cuda_device.hpp"
 
 #include <algorithm>
@@ -440,6 +441,27 @@ Buffer CudaDevice::alloc(Bytes bytes, std::string_view label) {
     HARMONY_CUDA_CHECK(cudaStreamSynchronize(poison_stream_));
   }
   return buf;
+}
+
+void CudaDevice::check_pinnable(Bytes bytes, const std::string& what, Bytes limit) {
+  check_pinned_budget(bytes, what, limit);
+}
+
+std::shared_ptr<void> CudaDevice::pin_host(void* ptr, Bytes bytes, const std::string& what) {
+  if (ptr == nullptr || bytes == 0) return nullptr;
+  return std::make_shared<HostRegistration>(ptr, bytes, what);
+}
+
+HostBuffer CudaDevice::alloc_host(Bytes bytes, const std::string& what) {
+  if (bytes == 0) return {};
+  auto pinned = std::make_shared<PinnedHostBuffer>(bytes, what);
+  void* p = pinned->data();
+  return HostBuffer(p, bytes, std::move(pinned));
+}
+
+std::shared_ptr<void> CudaDevice::trace_range(const std::string& name) {
+  if (!nvtx_built()) return nullptr;
+  return std::make_shared<NvtxRange>(name);
 }
 
 std::unique_ptr<Stream> CudaDevice::create_stream(std::string name) {

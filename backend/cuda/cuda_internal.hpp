@@ -180,6 +180,14 @@ class CudaDevice final : public Device, public Kernels {
   void fill_zero(Stream& s, void* dst, Bytes bytes) override;
   Kernels& kernels() override { return *this; }
 
+  // Host-side services: check_pinned_budget, HostRegistration, PinnedHostBuffer and NvtxRange behind the
+  // device interface, so the executor (built without CUDA headers) pins and names ranges on CUDA devices.
+  void check_pinnable(Bytes bytes, const std::string& what, Bytes limit) override;
+  std::shared_ptr<void> pin_host(void* ptr, Bytes bytes, const std::string& what) override;
+  HostBuffer alloc_host(Bytes bytes, const std::string& what) override;
+  bool names_ranges() const override { return nvtx_built(); }
+  std::shared_ptr<void> trace_range(const std::string& name) override;
+
   void embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B, int T,
                      int C, int V) override;
   void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T,

@@ -1,6 +1,7 @@
 // Shared set-up of the executor tests (test_executor.cpp, test_executor_baselines.cpp): the tiny GPT-2 of
 // tests/data/gpt2_tiny, its plain-trainer reference after kSteps AdamW steps (computed once), N capped CPU
-// devices, and a run of a Program through the Executor that checks every device is empty after each step.
+// devices, and a run of a Program through the Executor (concurrent queues or serial) that checks every device is
+// empty after each step.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -63,21 +64,23 @@ struct Setup {
   std::unique_ptr<HostState> state;
   std::vector<std::unique_ptr<Device>> devs;
   std::vector<Device*> ptrs;
-  explicit Setup(int gpus) {
+  explicit Setup(int gpus, Bytes capacity = 16 * kMiB) {
     const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
     model = std::make_unique<Gpt2>(gpt2_config_from(file));
     state = std::make_unique<HostState>(*model);
     load_gpt2_weights(file, *state);
     for (int g = 0; g < gpus; ++g) {
-      devs.push_back(cpu::make_cpu_device(g, {.capacity = 16 * kMiB}));
+      devs.push_back(cpu::make_cpu_device(g, {.capacity = capacity}));
       ptrs.push_back(devs.back().get());
     }
   }
 };
 
-inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr) {
+// concurrent: ExecutorOptions::concurrent (one worker per Program queue) or the serial loop.
+inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr,
+                  bool concurrent = true) {
   const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-  Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW});
+  Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .concurrent = concurrent});
   Result r;
   std::vector<std::int32_t> in, tgt;
   for (int k = 0; k < kSteps; ++k) {
