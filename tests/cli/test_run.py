@@ -49,6 +49,14 @@ def checkpoints(d):
 
 
 with tempfile.TemporaryDirectory() as tmp:
+    # --- --serial: the executor's one-op-at-a-time loop gives the concurrent executor's bits
+    r1, d1 = train_json(DEFAULT, "--steps", "3", "--quiet")
+    r2, d2 = train_json(DEFAULT, "--steps", "3", "--quiet", "--serial")
+    check("--serial exit 0", r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr)
+    if d1 and d2:
+        check("--serial: the same losses bit for bit", d1["summary"]["losses"] == d2["summary"]["losses"],
+              (d1["summary"]["losses"], d2["summary"]["losses"]))
+
     # --- the bundled default: Harmony-PP over 4 CPU devices each smaller than the model; the loss falls
     trace = os.path.join(tmp, "run_trace.json")
     r, doc = train_json(DEFAULT, "--steps", "40", "--trace", trace)
