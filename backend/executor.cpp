@@ -75,6 +75,43 @@ Ancestry::Ancestry(const core::Program& p, const std::vector<std::vector<int>>& 
 
 std::string op_name(const core::Program& p, int op) { return p.op_label(op) + " (" + p.op_id(op) + ")"; }
 
+namespace {
+
+// Both step loops' shared parts: the clock of the per-op times, the readiness of an op (it heads its queue, its
+// deps and the executor's extra deps are done), the deadlock message.
+class StepClock {
+ public:
+  core::TimePs now() const {
+    return static_cast<core::TimePs>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count() *
+        core::kPsPerNs);
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+bool heads_and_deps_done(const core::Program& p, const std::vector<std::vector<int>>& extra,
+                         const std::vector<char>& done, const std::vector<std::size_t>& head, int o) {
+  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+  if (head[static_cast<std::size_t>(op.queue)] != static_cast<std::size_t>(op.queue_pos)) return false;
+  for (int dp : op.deps)
+    if (done[static_cast<std::size_t>(dp)] == 0) return false;
+  if (static_cast<std::size_t>(o) < extra.size())
+    for (int dp : extra[static_cast<std::size_t>(o)])
+      if (done[static_cast<std::size_t>(dp)] == 0) return false;
+  return true;
+}
+
+std::string stuck_message(const core::Program& p, const std::vector<std::size_t>& head) {
+  std::string stuck;
+  for (std::size_t q = 0; q < p.queues.size(); ++q)
+    if (head[q] < p.queues[q].ops.size()) stuck += "\n  " + op_name(p, p.queues[q].ops[head[q]]);
+  return "executor: no op can start; queue heads:" + stuck;
+}
+
+}  // namespace
+
 StepResult run_step(const core::Program& p, Interpreter& it) {
   const std::size_t nops = p.ops.size();
   const auto& extra = it.extra_deps();
@@ -83,22 +120,8 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
   res.end.assign(nops, -1);
   std::vector<char> done(nops, 0);
   std::vector<std::size_t> head(p.queues.size(), 0);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto now = [&] {
-    return static_cast<core::TimePs>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
-        core::kPsPerNs);
-  };
-  auto ready = [&](int o) {
-    const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-    if (head[static_cast<std::size_t>(op.queue)] != static_cast<std::size_t>(op.queue_pos)) return false;
-    for (int dp : op.deps)
-      if (done[static_cast<std::size_t>(dp)] == 0) return false;
-    if (static_cast<std::size_t>(o) < extra.size())
-      for (int dp : extra[static_cast<std::size_t>(o)])
-        if (done[static_cast<std::size_t>(dp)] == 0) return false;
-    return true;
-  };
+  const StepClock clock;
+  auto ready = [&](int o) { return heads_and_deps_done(p, extra, done, head, o); };
   std::size_t left = nops;
   while (left > 0) {
     bool progress = false;
@@ -109,9 +132,9 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
       const std::vector<int> group = it.group(o);
       if (!std::all_of(group.begin(), group.end(), ready)) continue;
       const std::lock_guard lock(it.mutex());  // uncontended: the interpreters release it around waits
-      const core::TimePs b = now();
+      const core::TimePs b = clock.now();
       it.run(group);
-      const core::TimePs e = now();
+      const core::TimePs e = clock.now();
       for (int g : group) {
         res.begin[static_cast<std::size_t>(g)] = b;
         res.end[static_cast<std::size_t>(g)] = e;
@@ -122,24 +145,10 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
       left -= group.size();
       progress = true;
     }
-    if (!progress) {
-      std::string stuck;
-      for (std::size_t q = 0; q < p.queues.size(); ++q)
-        if (head[q] < p.queues[q].ops.size()) stuck += "\n  " + op_name(p, p.queues[q].ops[head[q]]);
-      throw ScheduleViolation("executor: no op can start; queue heads:" + stuck);
-    }
+    if (!progress) throw ScheduleViolation(stuck_message(p, head));
   }
   return res;
 }
-
-namespace {
-std::string stuck_message(const core::Program& p, const std::vector<std::size_t>& head) {
-  std::string stuck;
-  for (std::size_t q = 0; q < p.queues.size(); ++q)
-    if (head[q] < p.queues[q].ops.size()) stuck += "\n  " + op_name(p, p.queues[q].ops[head[q]]);
-  return "executor: no op can start; queue heads:" + stuck;
-}
-}  // namespace
 
 StepResult run_step_concurrent(const core::Program& p, Interpreter& it) {
   const std::size_t nops = p.ops.size(), nq = p.queues.size();
@@ -158,22 +167,9 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it) {
   int running = 0;
   bool stop = false;
   std::exception_ptr error;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto now = [&] {
-    return static_cast<core::TimePs>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
-        core::kPsPerNs);
-  };
+  const StepClock clock;
   auto ready = [&](int o) {
-    const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-    if (claimed[static_cast<std::size_t>(o)] != 0) return false;
-    if (head[static_cast<std::size_t>(op.queue)] != static_cast<std::size_t>(op.queue_pos)) return false;
-    for (int dp : op.deps)
-      if (done[static_cast<std::size_t>(dp)] == 0) return false;
-    if (static_cast<std::size_t>(o) < extra.size())
-      for (int dp : extra[static_cast<std::size_t>(o)])
-        if (done[static_cast<std::size_t>(dp)] == 0) return false;
-    return true;
+    return claimed[static_cast<std::size_t>(o)] == 0 && heads_and_deps_done(p, extra, done, head, o);
   };
   auto runnable = [&](int o) {
     const auto& g = groups[static_cast<std::size_t>(o)];
@@ -213,9 +209,9 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it) {
       std::exception_ptr err;
       try {
         const std::lock_guard il(it.mutex());
-        b = now();
+        b = clock.now();
         it.run(g);
-        e = now();
+        e = clock.now();
         for (int x : g) it.finished(x);
       } catch (...) {
         err = std::current_exception();

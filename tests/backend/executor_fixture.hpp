@@ -15,8 +15,11 @@
 #include "backend/cpu/cpu_device.hpp"
 #include "backend/executor.hpp"
 #include "backend/model/checkpoint.hpp"
+#include "backend/model/describe.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
+#include "core/baselines.hpp"
+#include "core/lower.hpp"
 
 namespace executor_fixture {
 
@@ -97,6 +100,37 @@ inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* 
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The grids' Programs. Harmony: manual packs of pack_size layers, every replica lowered (as harmony-run does).
+inline core::Program lower_harmony_plan(const Gpt2& model, core::Mode mode, int gpus, int u_fwd, int u_bwd,
+                                        int pack_size, bool prefetch) {
+  core::Plan plan;
+  plan.mode = mode;
+  plan.gpus = gpus;
+  plan.minibatch = kB;
+  plan.u_fwd = u_fwd;
+  plan.u_bwd = u_bwd;
+  core::manual_packs(model.num_layers(), pack_size, plan.packs_fwd, plan.packs_bwd);
+  core::validate_plan(plan, model.num_layers());
+  const core::Model desc = describe_gpt2(model, kT, {1, 2, 3, 4});
+  const core::TaskGraph g = core::compose_task_graph(plan, model.num_layers());
+  return core::lower_harmony(g, desc, {.prefetch = prefetch, .dp_first_gpu_only = false});
+}
+
+inline core::BaselinePlan baseline_plan(core::PlanKind kind, int gpus, int u, core::SwapChoice w, core::SwapChoice a) {
+  core::BaselinePlan p;
+  p.kind = kind;
+  p.gpus = gpus;
+  p.minibatch = kB;
+  p.ubatch = u;
+  p.weights = w;
+  p.activations = a;
+  return p;
+}
+
+inline core::Program lower_baseline_plan(const Gpt2& model, const core::BaselinePlan& plan) {
+  return core::lower_baseline(plan, describe_gpt2(model, kT, {1, 2, 3, 4}));
 }
 
 }  // namespace executor_fixture

@@ -31,21 +31,6 @@ namespace {
 
 using namespace executor_fixture;
 
-core::Program lower(const Gpt2& model, core::Mode mode, int gpus, int u_fwd, int u_bwd, int pack_size, bool prefetch) {
-  core::Plan plan;
-  plan.mode = mode;
-  plan.gpus = gpus;
-  plan.minibatch = kB;
-  plan.u_fwd = u_fwd;
-  plan.u_bwd = u_bwd;
-  core::manual_packs(model.num_layers(), pack_size, plan.packs_fwd, plan.packs_bwd);
-  core::validate_plan(plan, model.num_layers());
-  std::vector<int> sizes{1, 2, 3, 4};
-  const core::Model desc = describe_gpt2(model, kT, sizes);
-  const core::TaskGraph g = core::compose_task_graph(plan, model.num_layers());
-  return core::lower_harmony(g, desc, {.prefetch = prefetch, .dp_first_gpu_only = false});
-}
-
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   double w = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -96,7 +81,7 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
     CAPTURE(c.pack);
     CAPTURE(c.prefetch);
     Setup s(c.gpus);
-    const core::Program prog = lower(*s.model, c.mode, c.gpus, c.u_fwd, c.u_bwd, c.pack, c.prefetch);
+    const core::Program prog = lower_harmony_plan(*s.model, c.mode, c.gpus, c.u_fwd, c.u_bwd, c.pack, c.prefetch);
     const Result r = run(prog, s);
     const bool exact = c.mode == core::Mode::HarmonyPP || c.gpus == 1;
     for (int k = 0; k < kSteps; ++k) {
@@ -124,7 +109,7 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
 
 TEST_CASE("a measured trace is recorded for every op") {
   Setup s(2);
-  const core::Program prog = lower(*s.model, core::Mode::HarmonyPP, 2, 2, 1, 1, true);
+  const core::Program prog = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 2, 2, 1, 1, true);
   std::vector<StepResult> steps;
   run(prog, s, &steps);
   const StepResult& sr = steps.back();
@@ -148,7 +133,7 @@ TEST_CASE("a Program missing the dependency of a BWD on its dY is rejected") {
     {
       CAPTURE(pf);
       Setup s(2);
-      core::Program prog = lower(*s.model, mode, 2, 1, 1, 1, pf);
+      core::Program prog = lower_harmony_plan(*s.model, mode, 2, 1, 1, 1, pf);
       int victim = -1;
       for (std::size_t o = 0; o < prog.ops.size() && victim < 0; ++o) {
         core::Op& op = prog.ops[o];

@@ -36,22 +36,6 @@ namespace {
 
 using namespace executor_fixture;
 
-core::BaselinePlan plan_of(core::PlanKind kind, int gpus, int u, core::SwapChoice w, core::SwapChoice a) {
-  core::BaselinePlan p;
-  p.kind = kind;
-  p.gpus = gpus;
-  p.minibatch = kB;
-  p.ubatch = u;
-  p.weights = w;
-  p.activations = a;
-  return p;
-}
-
-core::Program lower(const Gpt2& model, const core::BaselinePlan& plan) {
-  const core::Model desc = describe_gpt2(model, kT, {1, 2, 3, 4});
-  return core::lower_baseline(plan, desc);
-}
-
 int count_ops(const core::Program& p, core::OpKind kind) {
   return static_cast<int>(std::count_if(p.ops.begin(), p.ops.end(), [&](const core::Op& o) { return o.kind == kind; }));
 }
@@ -117,8 +101,8 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
             CAPTURE(weights);
             CAPTURE(activations);
             Setup s(gpus);
-            const core::BaselinePlan plan = plan_of(kind, gpus, u, w, a);
-            const core::Program prog = lower(*s.model, plan);
+            const core::BaselinePlan plan = baseline_plan(kind, gpus, u, w, a);
+            const core::Program prog = lower_baseline_plan(*s.model, plan);
             // the forced decisions are real: streamed weights swap in per microbatch, swapped stashes move
             const int m = share / u;
             const int R = s.model->num_layers();
@@ -187,8 +171,8 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
 
 TEST_CASE("a baseline step records a time for every op and writes a trace") {
   Setup s(2);
-  const core::Program prog =
-      lower(*s.model, plan_of(core::PlanKind::ZeroInfinity, 2, 1, core::SwapChoice::Auto, core::SwapChoice::Swap));
+  const core::Program prog = lower_baseline_plan(
+      *s.model, baseline_plan(core::PlanKind::ZeroInfinity, 2, 1, core::SwapChoice::Auto, core::SwapChoice::Swap));
   std::vector<StepResult> steps;
   run(prog, s, &steps);
   const StepResult& sr = steps.back();
@@ -218,32 +202,33 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
     const char* message;  // after "executor: op <victim> "
   };
   const std::vector<Case> cases{
-      {"dp-swap BWD without its stash swap-in", plan_of(PlanKind::DpSwap, 1, 2, SwapChoice::Swap, SwapChoice::Swap),
-       OpKind::BWD, OpKind::sX, Stream::SwapIn, "reads"},
-      {"pp-swap BWD without its P2P dY", plan_of(PlanKind::PpSwap, 2, 1, SwapChoice::Keep, SwapChoice::Keep),
+      {"dp-swap BWD without its stash swap-in",
+       baseline_plan(PlanKind::DpSwap, 1, 2, SwapChoice::Swap, SwapChoice::Swap), OpKind::BWD, OpKind::sX,
+       Stream::SwapIn, "reads"},
+      {"pp-swap BWD without its P2P dY", baseline_plan(PlanKind::PpSwap, 2, 1, SwapChoice::Keep, SwapChoice::Keep),
        OpKind::BWD, OpKind::dY, Stream::P2PIn, "reads"},
-      {"pp-swap FWD without its P2P X", plan_of(PlanKind::PpSwap, 4, 2, SwapChoice::Swap, SwapChoice::Swap),
+      {"pp-swap FWD without its P2P X", baseline_plan(PlanKind::PpSwap, 4, 2, SwapChoice::Swap, SwapChoice::Swap),
        OpKind::FWD, OpKind::X, Stream::P2PIn, "reads"},
       {"zero-infinity FWD without its all-gather",
-       plan_of(PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::FWD, OpKind::AG,
+       baseline_plan(PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::FWD, OpKind::AG,
        Stream::P2PIn, "reads"},
       {"zero-infinity dWB without its reduce-scatter",
-       plan_of(PlanKind::ZeroInfinity, 4, 1, SwapChoice::Auto, SwapChoice::Swap), OpKind::dWB, OpKind::RS,
+       baseline_plan(PlanKind::ZeroInfinity, 4, 1, SwapChoice::Auto, SwapChoice::Swap), OpKind::dWB, OpKind::RS,
        Stream::P2POut, "reads"},
-      {"l2l BWD without its host dY", plan_of(PlanKind::L2L, 2, 1, SwapChoice::Auto, SwapChoice::Swap), OpKind::BWD,
-       OpKind::dY, Stream::SwapIn, "reads"},
-      {"dp-swap dWB without its all-reduce", plan_of(PlanKind::DpSwap, 2, 1, SwapChoice::Keep, SwapChoice::Keep),
+      {"l2l BWD without its host dY", baseline_plan(PlanKind::L2L, 2, 1, SwapChoice::Auto, SwapChoice::Swap),
+       OpKind::BWD, OpKind::dY, Stream::SwapIn, "reads"},
+      {"dp-swap dWB without its all-reduce", baseline_plan(PlanKind::DpSwap, 2, 1, SwapChoice::Keep, SwapChoice::Keep),
        OpKind::dWB, OpKind::ARD, Stream::Compute, "reads"},
-      {"dp-swap Update without its dWB", plan_of(PlanKind::DpSwap, 1, 1, SwapChoice::Swap, SwapChoice::Keep),
+      {"dp-swap Update without its dWB", baseline_plan(PlanKind::DpSwap, 1, 1, SwapChoice::Swap, SwapChoice::Keep),
        OpKind::Update, OpKind::dWB, Stream::SwapOut, "updates layer"},
-      {"l2l Update without a GPU's dWB", plan_of(PlanKind::L2L, 4, 1, SwapChoice::Auto, SwapChoice::Keep),
+      {"l2l Update without a GPU's dWB", baseline_plan(PlanKind::L2L, 4, 1, SwapChoice::Auto, SwapChoice::Keep),
        OpKind::Update, OpKind::dWB, Stream::SwapOut, "updates layer"},
   };
   for (const Case& c : cases) {
     const std::string what = c.what;
     CAPTURE(what);
     Setup s(c.plan.gpus);
-    core::Program prog = lower(*s.model, c.plan);
+    core::Program prog = lower_baseline_plan(*s.model, c.plan);
     const int victim = remove_dep(prog, c.victim, c.on, c.stream);
     REQUIRE(victim >= 0);
     core::validate_program(prog);  // still structurally valid: only the data check can see it

@@ -24,33 +24,6 @@ namespace {
 
 using namespace executor_fixture;
 
-core::Program lower_harmony(const Gpt2& model, core::Mode mode, int gpus, int u_fwd, int u_bwd, int pack_size,
-                            bool prefetch) {
-  core::Plan plan;
-  plan.mode = mode;
-  plan.gpus = gpus;
-  plan.minibatch = kB;
-  plan.u_fwd = u_fwd;
-  plan.u_bwd = u_bwd;
-  core::manual_packs(model.num_layers(), pack_size, plan.packs_fwd, plan.packs_bwd);
-  core::validate_plan(plan, model.num_layers());
-  const core::Model desc = describe_gpt2(model, kT, {1, 2, 3, 4});
-  const core::TaskGraph g = core::compose_task_graph(plan, model.num_layers());
-  return core::lower_harmony(g, desc, {.prefetch = prefetch, .dp_first_gpu_only = false});
-}
-
-core::Program lower_baseline(const Gpt2& model, core::PlanKind kind, int gpus, int u, core::SwapChoice w,
-                             core::SwapChoice a) {
-  core::BaselinePlan p;
-  p.kind = kind;
-  p.gpus = gpus;
-  p.minibatch = kB;
-  p.ubatch = u;
-  p.weights = w;
-  p.activations = a;
-  return core::lower_baseline(p, describe_gpt2(model, kT, {1, 2, 3, 4}));
-}
-
 bool same(const Result& a, const Result& b) {
   if (a.losses != b.losses || a.weights.size() != b.weights.size()) return false;
   for (std::size_t l = 0; l < a.weights.size(); ++l)
@@ -88,7 +61,7 @@ TEST_CASE("concurrent queues give the serial loop's bits for every plan kind") {
             CAPTURE(pack);
             CAPTURE(pf);
             check_serial_equals_concurrent(
-                gpus, [&](const Gpt2& m) { return lower_harmony(m, mode, gpus, uf, ub, pack, pf); });
+                gpus, [&](const Gpt2& m) { return lower_harmony_plan(m, mode, gpus, uf, ub, pack, pf); });
             ++checked;
           }
   for (core::PlanKind kind : core::baseline_kinds())
@@ -105,7 +78,8 @@ TEST_CASE("concurrent queues give the serial loop's bits for every plan kind") {
           CAPTURE(gpus);
           CAPTURE(u);
           CAPTURE(static_cast<int>(a));
-          check_serial_equals_concurrent(gpus, [&](const Gpt2& m) { return lower_baseline(m, kind, gpus, u, w, a); });
+          check_serial_equals_concurrent(
+              gpus, [&](const Gpt2& m) { return lower_baseline_plan(m, baseline_plan(kind, gpus, u, w, a)); });
           ++checked;
         }
       }
@@ -121,7 +95,7 @@ TEST_CASE("repeated concurrent runs of a 4-GPU Harmony-PP Program give identical
   for (int rep = 0; rep < 20; ++rep) {
     CAPTURE(rep);
     Setup s(4);
-    const core::Program prog = lower_harmony(*s.model, core::Mode::HarmonyPP, 4, 2, 1, 1, rep % 2 == 1);
+    const core::Program prog = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 4, 2, 1, 1, rep % 2 == 1);
     std::vector<StepResult> steps;
     const Result r = run(prog, s, &steps);
     if (same(r, ref)) ++identical;
@@ -144,7 +118,7 @@ TEST_CASE("an OutOfMemory inside a worker is reported, not hung") {
     std::string messages[2];
     for (int k = 0; k < 2; ++k) {
       Setup s(1, 64 * kKiB);  // smaller than the first pack's weights
-      const core::Program prog = lower_harmony(*s.model, core::Mode::HarmonyPP, 1, 1, 1, 4, false);
+      const core::Program prog = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 1, 1, 1, 4, false);
       const bool concurrent = k == 1;
       try {
         run(prog, s, nullptr, concurrent);
@@ -161,10 +135,11 @@ TEST_CASE("an OutOfMemory inside a worker is reported, not hung") {
     for (int kind = 0; kind < 3; ++kind) {
       CAPTURE(kind);
       Setup s(4, 100 * kKiB);  // room for a block's weights and activations, not also its gradient
-      const core::Program prog = kind == 0   ? lower_harmony(*s.model, core::Mode::HarmonyPP, 4, 1, 1, 1, false)
-                                 : kind == 1 ? lower_harmony(*s.model, core::Mode::HarmonyDP, 4, 1, 1, 1, false)
-                                             : lower_baseline(*s.model, core::PlanKind::PpSwap, 4, 1,
-                                                              core::SwapChoice::Keep, core::SwapChoice::Keep);
+      const core::Program prog =
+          kind == 0   ? lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 4, 1, 1, 1, false)
+          : kind == 1 ? lower_harmony_plan(*s.model, core::Mode::HarmonyDP, 4, 1, 1, 1, false)
+                      : lower_baseline_plan(*s.model, baseline_plan(core::PlanKind::PpSwap, 4, 1,
+                                                                    core::SwapChoice::Keep, core::SwapChoice::Keep));
       const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
       Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW});
       std::vector<std::int32_t> in, tgt;
