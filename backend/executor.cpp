@@ -233,6 +233,16 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it) {
     }
   };
 
+  // Memory: an op out of device memory waits while another group runs (not itself waiting) or can start.
+  struct Hook {
+    Interpreter& it;
+    ~Hook() { it.others_progressing = nullptr; }
+  } hook{it};
+  it.others_progressing = [&](int waiting) {
+    const std::lock_guard lk(mu);
+    return !stop && (running - 1 - waiting > 0 || any_runnable());
+  };
+
   std::vector<std::thread> threads;
   threads.reserve(nq);
   try {
@@ -531,7 +541,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     }
     map.erase(k);
     DevTensor t;
-    t.buf = devs[static_cast<std::size_t>(d)]->alloc(bytes, dname(d, k));
+    t.buf = alloc_or_wait(*devs[static_cast<std::size_t>(d)], bytes, dname(d, k));
     t.producer = o;
     t.owner_task = p.ops[static_cast<std::size_t>(o)].task;
     return map[k] = std::move(t);
@@ -596,7 +606,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
         args.x = static_cast<const float*>(x);
       }
       if (m.kind(l) == LayerKind::Head) {
-        targets = D(d).alloc(Bytes(n) * T * 4, "targets");
+        targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
         D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
         args.targets = targets.as<std::int32_t>();
       }
@@ -606,14 +616,14 @@ class HarmonyInterpreter final : public detail::Interpreter {
         yt = &make(o, d, *out_key, m.output_bytes(l, n, T));
         args.y = yt->buf.as<float>();
       } else {
-        y = D(d).alloc(m.output_bytes(l, n, T), "y");
+        y = alloc_or_wait(D(d), m.output_bytes(l, n, T), "y");
         args.y = y.as<float>();
       }
       float* act = nullptr;
       if (keep) {
         act = make(o, d, DevKey{DK::RecAct, l, s0, n}, m.act_floats(l, n, T) * kF).buf.as<float>();
       } else {
-        tmp_act = D(d).alloc(m.act_floats(l, n, T) * kF, "act");
+        tmp_act = alloc_or_wait(D(d), m.act_floats(l, n, T) * kF, "act");
         act = tmp_act.as<float>();
       }
       args.act = act;
@@ -742,12 +752,12 @@ class HarmonyInterpreter final : public detail::Interpreter {
         const float* dy = t.has_criterion ? nullptr : read(o, d, DevKey{DK::Grad, ll + 1, s0, n}).buf.as<float>();
         std::int64_t scratch = 0;
         for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
-        Buffer scr = D(d).alloc(scratch * kF, "scratch"), targets, g_a, g_b;
+        Buffer scr = alloc_or_wait(D(d), scratch * kF, "scratch"), targets, g_a, g_b;
         const Bytes gb = Bytes(n) * T * m.config().n_embd * kF;
-        g_a = D(d).alloc(gb, "dx a");
-        g_b = D(d).alloc(gb, "dx b");
+        g_a = alloc_or_wait(D(d), gb, "dx a");
+        g_b = alloc_or_wait(D(d), gb, "dx b");
         if (t.has_criterion) {
-          targets = D(d).alloc(Bytes(n) * T * 4, "targets");
+          targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
           D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
         }
         DeviceOps ops(D(d), S(o));

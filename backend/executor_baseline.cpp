@@ -536,7 +536,7 @@ class BaselineInterpreter final : public Interpreter {
     if (on_host(k.kind)) {
       t.mem.resize(static_cast<std::size_t>(bytes));
     } else {
-      t.buf = D(k.dev).alloc(bytes, tname(k));
+      t.buf = alloc_or_wait(D(k.dev), bytes, tname(k));
     }
     return store_[Version{k, o}] = std::move(t);
   }
@@ -646,15 +646,15 @@ class BaselineInterpreter final : public Interpreter {
     }
     Buffer targets, y, act;
     if (head) {
-      targets = D(d).alloc(Bytes(n) * T_ * 4, "targets");
+      targets = alloc_or_wait(D(d), Bytes(n) * T_ * 4, "targets");
       D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
       a.targets = targets.as<std::int32_t>();
-      y = D(d).alloc(m_.output_bytes(l, n, T_), "losses");
+      y = alloc_or_wait(D(d), m_.output_bytes(l, n, T_), "losses");
       a.y = y.as<float>();
     } else {
       a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m_.output_bytes(l, n, T_)).buf.as<float>();
     }
-    act = D(d).alloc(m_.act_floats(l, n, T_) * kF, "act");
+    act = alloc_or_wait(D(d), m_.act_floats(l, n, T_) * kF, "act");
     a.act = act.as<float>();
     DeviceOps ops(D(d), S(o));
     m_.forward(ops, l, a);
@@ -696,14 +696,14 @@ class BaselineInterpreter final : public Interpreter {
     float* dx = l > 0 ? put(o, Key{d, TK::Grad, l, s0, n}, Bytes(n) * per_sample(l)).buf.as<float>() : nullptr;
     Buffer targets, y, act, scratch;
     if (head) {
-      targets = D(d).alloc(Bytes(n) * T_ * 4, "targets");
+      targets = alloc_or_wait(D(d), Bytes(n) * T_ * 4, "targets");
       D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
       a.targets = targets.as<std::int32_t>();
     }
     // The recompute's y is not read by the backward: it lands in dx (same size or larger) where there is one.
-    if (dx == nullptr) y = D(d).alloc(m_.output_bytes(l, n, T_), "y");
-    act = D(d).alloc(m_.act_floats(l, n, T_) * kF, "act");
-    scratch = D(d).alloc(std::max<std::int64_t>(1, m_.scratch_floats(l, n, T_)) * kF, "scratch");
+    if (dx == nullptr) y = alloc_or_wait(D(d), m_.output_bytes(l, n, T_), "y");
+    act = alloc_or_wait(D(d), m_.act_floats(l, n, T_) * kF, "act");
+    scratch = alloc_or_wait(D(d), std::max<std::int64_t>(1, m_.scratch_floats(l, n, T_)) * kF, "scratch");
     DeviceOps ops(D(d), S(o));
     a.y = dx != nullptr ? dx : y.as<float>();
     a.act = act.as<float>();

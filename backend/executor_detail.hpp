@@ -5,11 +5,14 @@
 // Harmony Programs: executor.cpp; the baselines' Programs: executor_baseline.cpp.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/adamw_parallel.hpp"
@@ -67,7 +70,29 @@ class Interpreter {
 
   std::mutex& mutex() { return mu_; }
 
+  // Set by run_step_concurrent for one step (empty in the serial loop): whether another group may still free
+  // device memory: one is running and not itself waiting for memory (`waiting` of them are), or one can start.
+  // Called with mutex() held.
+  std::function<bool(int waiting)> others_progressing;
+
  protected:
+  // Device::alloc, except that when the device is out of memory while other ops run or can start (their frees
+  // may make room: with concurrent queues the order of allocations and frees depends on timing, so a plan that
+  // fits can meet a fragmented or momentarily full device), it lets them run and retries. The OutOfMemory is
+  // thrown when nothing else can free memory, which in the serial loop is at once, as before.
+  Buffer alloc_or_wait(Device& device, Bytes bytes, std::string_view label) {
+    for (;;) {
+      try {
+        return device.alloc(bytes, label);
+      } catch (const OutOfMemory&) {
+        if (!others_progressing || !others_progressing(mem_waiters_)) throw;
+      }
+      ++mem_waiters_;
+      unlocked([] { std::this_thread::sleep_for(std::chrono::microseconds(100)); });
+      --mem_waiters_;
+    }
+  }
+
   // Runs fn with mutex() released (the caller holds it), and takes it again, also when fn throws.
   template <class F>
   void unlocked(F&& fn) {
@@ -86,6 +111,7 @@ class Interpreter {
 
  private:
   std::mutex mu_;
+  int mem_waiters_ = 0;  // ops of this step sleeping in alloc_or_wait (under mu_)
 };
 
 // One training step over the Program's queues on the calling thread: a queue's head runs when it and every
