@@ -60,7 +60,7 @@ struct Cli {
   bool resume = false;
   std::string save_weights;
   bool quiet = false;
-  bool serial = false;  // the executor's one-op-at-a-time loop (debugging; same results)
+  std::string executor = "auto";  // serial | concurrent | auto (serial on CPU devices, concurrent on CUDA)
   // profile
   std::string out;
   std::vector<int> ubatch;
@@ -342,8 +342,11 @@ int cmd_train(const Cli& cli) {
   for (auto& d : owned) devs.push_back(d.get());
   const backend::AdamWConfig adamw = checkpoint_meta(s, chosen).adamw;
   adamw.validate();
-  backend::Executor executor(program, devs, *s.state,
-                             {.seq_len = cfg.model.seq_len, .adamw = adamw, .concurrent = !cli.serial});
+  backend::Executor executor(
+      program, devs, *s.state,
+      {.seq_len = cfg.model.seq_len,
+       .adamw = adamw,
+       .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda")});
 
   const int B = plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
   const core::Bytes model_bytes = s.model->param_count() * 4;  // fp32 weights, the tied wte counted once
@@ -548,8 +551,12 @@ int run_cli(int argc, char** argv) {
   train->add_flag("--resume", cli.resume, "continue from the newest checkpoint in the checkpoint directory");
   train->add_option("--save-weights", cli.save_weights, "write the trained weights (HF GPT-2 safetensors)");
   train->add_flag("--quiet", cli.quiet, "no progress output");
-  train->add_flag("--serial", cli.serial,
-                  "run the ops one at a time on one thread instead of a worker per queue (debugging; same results)");
+  train
+      ->add_option("--executor", cli.executor,
+                   "serial: one op at a time; concurrent: a worker and stream per Program queue (copies overlap "
+                   "compute; allocation order then varies with timing); auto (default): serial on CPU devices, "
+                   "concurrent on CUDA")
+      ->check(CLI::IsMember({"auto", "serial", "concurrent"}));
   auto* profile = app.add_subcommand("profile", "measure per-layer times and memory into a harmony-sim profile");
   add_common(profile);
   profile->add_option("--out", cli.out, "profile JSON to write")->required();

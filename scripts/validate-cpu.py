@@ -44,7 +44,8 @@ sh(RUN, "profile", DEFAULT, "--out", profile, "--gpu-memory", "64MiB", "--repeat
 rows = []
 for name, plan, mem in PLANS:
     keys = "{" + plan + "}"
-    run = json.loads(sh(RUN, "train", DEFAULT, "--steps", str(STEPS), "--format", "json", "--gpu-memory", mem,
+    run = json.loads(sh(RUN, "train", DEFAULT, "--steps", str(STEPS), "--format", "json", "--executor", "concurrent",
+                        "--gpu-memory", mem,
                         "--set", f"plan={keys}", "--trace", os.path.join(OUT, f"run_{len(rows)}.json")))
     times = [s["time_s"] for s in run["steps"][1:]]
     measured = statistics.mean(times)
