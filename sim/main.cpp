@@ -330,9 +330,6 @@ int cmd_report(ReportCli& cli) {
                               "e.g. --out /tmp/report.html (a sweep folder's report defaults to DIR/report.html)");
     out = (fs::path(cli.results) / "report.html").string();
   }
-  if (!is_dir && !cli.options.where.empty())
-    throw core::ConfigError(core::SourceLoc{"--where", 0, 0}, "--where filters the rows of a sweep",
-                            "give a sweep output folder, or use --set on a config");
   const auto t0 = std::chrono::steady_clock::now();
   const auto data =
       is_dir ? sim::report_from_sweep(cli.results, cli.options) : sim::report_from_config(cli.results, cli.options);
