@@ -29,11 +29,11 @@
 #include "backend/profiler.hpp"
 #include "backend/tokens.hpp"
 #include "backend/train_checkpoint.hpp"
-#include "core/baselines.hpp"
-#include "core/config.hpp"
-#include "core/lower.hpp"
-#include "core/profile.hpp"
-#include "core/trace.hpp"
+#include "core/config/config.hpp"
+#include "core/model/profile.hpp"
+#include "core/output/trace.hpp"
+#include "core/program/baselines/baselines.hpp"
+#include "core/program/lower.hpp"
 #include "sim/compare.hpp"
 
 using namespace harmony;

@@ -13,8 +13,8 @@
 #include <string_view>
 #include <utility>
 
-#include "core/error.hpp"
-#include "core/units.hpp"
+#include "core/base/error.hpp"
+#include "core/base/units.hpp"
 
 namespace harmony::backend {
 

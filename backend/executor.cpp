@@ -22,7 +22,7 @@
 #include <fmt/format.h>
 
 #include "backend/executor_detail.hpp"
-#include "core/task_graph.hpp"
+#include "core/program/task_graph.hpp"
 
 namespace harmony::backend {
 

@@ -13,8 +13,8 @@
 #include "backend/adamw.hpp"
 #include "backend/device.hpp"
 #include "backend/model/state.hpp"
-#include "core/program.hpp"
-#include "core/units.hpp"
+#include "core/base/units.hpp"
+#include "core/program/program.hpp"
 
 namespace harmony::backend {
 

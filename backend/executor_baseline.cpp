@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "backend/executor_detail.hpp"
-#include "core/baselines.hpp"
+#include "core/program/baselines/baselines.hpp"
 
 namespace harmony::backend::detail {
 

@@ -16,7 +16,7 @@
 
 #include "backend/model/describe.hpp"
 #include "backend/model/ops.hpp"
-#include "core/profile_write.hpp"
+#include "core/model/profile_write.hpp"
 
 namespace harmony::backend {
 

@@ -1,7 +1,7 @@
 // The library behind `harmony-run profile`: measures a GPT-2's layers on a device (per-layer forward and
 // recompute+backward time and peak device memory per microbatch size, host AdamW time per layer) into the
 // core::Model the search packs, and writes it as a "harmony-profile-json" v1 profile with device and
-// model metadata (core/profile_write.hpp), so that profile -> search -> run closes the loop.
+// model metadata (core/model/profile_write.hpp), so that profile -> search -> run closes the loop.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include "backend/device.hpp"
 #include "backend/model/gpt2.hpp"
 #include "backend/model/state.hpp"
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 
 namespace harmony::backend {
 

@@ -12,8 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "core/analytic.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
+#include "core/model/analytic.hpp"
 
 using namespace harmony;
 

@@ -15,13 +15,13 @@
 
 #include <fmt/format.h>
 
-#include "core/config.hpp"
-#include "core/error.hpp"
-#include "core/machine.hpp"
-#include "core/model.hpp"
-#include "core/plan.hpp"
-#include "core/profile.hpp"
-#include "core/search.hpp"
+#include "core/base/error.hpp"
+#include "core/config/config.hpp"
+#include "core/machine/machine.hpp"
+#include "core/model/model.hpp"
+#include "core/model/profile.hpp"
+#include "core/plan/plan.hpp"
+#include "core/search/search.hpp"
 #include "sim/compare.hpp"
 #include "sim/evaluate.hpp"
 

@@ -3,6 +3,8 @@
 #   core/    must not include "sim/..." or "backend/..."
 #   sim/     must not include "backend/..."
 #   backend/ must not include "sim/..."
+#   core/<room>/ may include only its own and lower rooms of core/, bottom to top:
+#     base ← machine ← model ← plan ← program ← output ← search ← config
 # Checks #include lines with "..." or <...>, also written with ../ prefixes. Exit 1 lists offenders.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,9 +39,34 @@ for dir in core sim backend; do
   done < <(list_files "$dir")
 done
 
+# core's rooms: each may include only rooms at or below its own level.
+rooms=(base machine model plan program output search config)
+for ((i = 0; i < ${#rooms[@]}; i++)); do
+  room=${rooms[$i]}
+  above=("${rooms[@]:$((i + 1))}")
+  ((${#above[@]})) || continue
+  pattern="^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"<](\.\./)*core/($(IFS='|'; echo "${above[*]}"))/"
+  while IFS= read -r -d '' f; do
+    [[ -f $f ]] || continue
+    if hits=$(grep -nE "$pattern" "$f"); then
+      while IFS= read -r hit; do
+        echo "$f:$hit  (core/$room/ may not include a room above it)"
+        violations=$((violations + 1))
+      done <<<"$hits"
+    fi
+  done < <(list_files "core/$room")
+done
+# Every core source lives in a room.
+while IFS= read -r -d '' f; do
+  [[ $f == core/*/* ]] && continue
+  echo "$f: core/ sources live in a room (core/base/, core/machine/, ... core/config/)"
+  violations=$((violations + 1))
+done < <(list_files core)
+
 if ((violations)); then
-  echo "check-layering: $violations forbidden include(s): core/ may include only core/; sim/ and backend/"
-  echo "  may include core/ but not each other. Move shared code into core/ (the mains wire things together)."
+  echo "check-layering: $violations forbidden include(s): core/ may include only core/, each room only the"
+  echo "  rooms below it ($(IFS=' '; echo "${rooms[*]}"), bottom to top); sim/ and backend/ may include core/"
+  echo "  but not each other. Move shared code down (the mains wire things together)."
   exit 1
 fi
 echo "check-layering: $checked files OK"

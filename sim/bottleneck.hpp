@@ -8,9 +8,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "core/machine.hpp"
-#include "core/model.hpp"
-#include "core/program.hpp"
+#include "core/machine/machine.hpp"
+#include "core/model/model.hpp"
+#include "core/program/program.hpp"
 #include "sim/native_engine.hpp"
 
 namespace harmony::sim {

@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
-#include "core/error.hpp"
-#include "core/search.hpp"
+#include "core/base/error.hpp"
+#include "core/search/search.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
 

@@ -7,10 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "core/baselines.hpp"
-#include "core/config.hpp"
-#include "core/model.hpp"
-#include "core/report.hpp"
+#include "core/config/config.hpp"
+#include "core/model/model.hpp"
+#include "core/output/report.hpp"
+#include "core/program/baselines/baselines.hpp"
+#include "core/search/baseline_search.hpp"
 
 namespace harmony::sim {
 

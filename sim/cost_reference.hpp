@@ -2,8 +2,8 @@
 // term for term: static 1/N bandwidth shares, flat free time, P2P at bw_p2p, half-duplex CPU messages.
 #pragma once
 
-#include "core/machine.hpp"
-#include "core/model.hpp"
+#include "core/machine/machine.hpp"
+#include "core/model/model.hpp"
 #include "sim/cost_model.hpp"
 
 namespace harmony::sim {

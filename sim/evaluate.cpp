@@ -1,7 +1,7 @@
 // evaluate_plan: plan -> task graph -> Program -> simulated RunReport, with the named cost model.
 #include "sim/evaluate.hpp"
 
-#include "core/error.hpp"
+#include "core/base/error.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/cost_reference.hpp"
 

@@ -4,10 +4,10 @@
 
 #include <string>
 
-#include "core/lower.hpp"
-#include "core/machine.hpp"
-#include "core/model.hpp"
-#include "core/report.hpp"
+#include "core/machine/machine.hpp"
+#include "core/model/model.hpp"
+#include "core/output/report.hpp"
+#include "core/program/lower.hpp"
 #include "sim/simulator.hpp"
 
 namespace harmony::sim {

@@ -13,11 +13,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/config.hpp"
-#include "core/error.hpp"
-#include "core/profile.hpp"
-#include "core/search.hpp"
-#include "core/trace.hpp"
+#include "core/base/error.hpp"
+#include "core/config/config.hpp"
+#include "core/model/profile.hpp"
+#include "core/output/trace.hpp"
+#include "core/search/search.hpp"
 #include "sim/bottleneck.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"

@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.hpp"
+#include "core/base/error.hpp"
 
 namespace harmony::sim {
 

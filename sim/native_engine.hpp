@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/machine.hpp"
-#include "core/model.hpp"
-#include "core/program.hpp"
+#include "core/machine/machine.hpp"
+#include "core/model/model.hpp"
+#include "core/program/program.hpp"
 #include "sim/simulator.hpp"
 
 namespace harmony::sim {

@@ -15,9 +15,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/baselines.hpp"
-#include "core/error.hpp"
-#include "core/lower.hpp"
+#include "core/base/error.hpp"
+#include "core/program/baselines/baselines.hpp"
+#include "core/program/lower.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"

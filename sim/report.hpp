@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "core/config.hpp"
-#include "core/model.hpp"
-#include "core/program.hpp"
-#include "core/report.hpp"
+#include "core/config/config.hpp"
+#include "core/model/model.hpp"
+#include "core/output/report.hpp"
+#include "core/program/program.hpp"
 #include "sim/bottleneck.hpp"
 #include "sim/native_engine.hpp"
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "core/program.hpp"
-#include "core/report.hpp"
+#include "core/output/report.hpp"
+#include "core/program/program.hpp"
 #include "sim/cost_model.hpp"
 
 namespace harmony::sim {

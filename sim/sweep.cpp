@@ -23,10 +23,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/config.hpp"
-#include "core/model.hpp"
-#include "core/plan.hpp"
-#include "core/report.hpp"
+#include "core/config/config.hpp"
+#include "core/model/model.hpp"
+#include "core/output/report.hpp"
+#include "core/plan/plan.hpp"
 #include "sim/compare.hpp"
 
 namespace harmony::sim {

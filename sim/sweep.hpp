@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/baselines.hpp"
-#include "core/error.hpp"
+#include "core/base/error.hpp"
+#include "core/program/baselines/baselines.hpp"
 
 namespace harmony::sim {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backend/model/gpt2.hpp"
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 
 namespace harmony::backend {
 

@@ -18,8 +18,8 @@
 #include "backend/model/describe.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
-#include "core/baselines.hpp"
-#include "core/lower.hpp"
+#include "core/program/baselines/baselines.hpp"
+#include "core/program/lower.hpp"
 
 namespace executor_fixture {
 

@@ -27,7 +27,7 @@
 #include "backend/safetensors.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
-#include "core/lower.hpp"
+#include "core/program/lower.hpp"
 
 using namespace harmony::backend;
 using harmony::core::kKiB;

@@ -19,8 +19,8 @@
 #include "backend/model/describe.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
-#include "core/lower.hpp"
-#include "core/trace.hpp"
+#include "core/output/trace.hpp"
+#include "core/program/lower.hpp"
 #include "tests/backend/executor_fixture.hpp"
 
 using namespace harmony::backend;

@@ -24,8 +24,8 @@
 #include "backend/model/describe.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
-#include "core/baselines.hpp"
-#include "core/trace.hpp"
+#include "core/output/trace.hpp"
+#include "core/program/baselines/baselines.hpp"
 #include "tests/backend/executor_fixture.hpp"
 
 using namespace harmony::backend;

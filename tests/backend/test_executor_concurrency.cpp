@@ -11,8 +11,8 @@
 
 #include "backend/executor.hpp"
 #include "backend/model/describe.hpp"
-#include "core/baselines.hpp"
-#include "core/lower.hpp"
+#include "core/program/baselines/baselines.hpp"
+#include "core/program/lower.hpp"
 #include "tests/backend/executor_fixture.hpp"
 
 using namespace harmony::backend;

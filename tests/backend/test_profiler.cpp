@@ -16,12 +16,12 @@
 #include "backend/cpu/cpu_device.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/profiler.hpp"
-#include "core/error.hpp"
-#include "core/lower.hpp"
-#include "core/profile.hpp"
-#include "core/profile_write.hpp"
-#include "core/search.hpp"
-#include "core/task_graph.hpp"
+#include "core/base/error.hpp"
+#include "core/model/profile.hpp"
+#include "core/model/profile_write.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/task_graph.hpp"
+#include "core/search/search.hpp"
 
 using namespace harmony::backend;
 using harmony::core::kMiB;

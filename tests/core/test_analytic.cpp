@@ -1,6 +1,6 @@
-// Tests of the analytic models (core/analytic.cpp) and their config keys (core/config.cpp): parameter and FLOP
-// counts against closed forms, memory and optimizer-state formulas, monotonicity in the microbatch size, the
-// fp16 path, gpu_rates / model.analytic parsing and errors, and the calibration against the bundled profiles.
+// Tests of the analytic models (core/model/analytic.cpp) and their config keys (core/config/config.cpp): parameter and
+// FLOP counts against closed forms, memory and optimizer-state formulas, monotonicity in the microbatch size, the fp16
+// path, gpu_rates / model.analytic parsing and errors, and the calibration against the bundled profiles.
 // HARMONY_ANALYTIC_TABLE=1 prints the error table of docs/validation.md (scripts/analytic-vs-profile.py).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "core/analytic.hpp"
-#include "core/config.hpp"
-#include "core/profile.hpp"
-#include "core/profile_write.hpp"
+#include "core/config/config.hpp"
+#include "core/model/analytic.hpp"
+#include "core/model/profile.hpp"
+#include "core/model/profile_write.hpp"
 
 using namespace harmony::core;
 

@@ -1,7 +1,7 @@
-// Tests of the swapping baselines (core/baselines.hpp): closed-form swap volumes of every baseline on a
-// small synthetic model, Harmony's weight traffic against dp-swap's on bert_large, enumeration rules,
-// GPipe's balanced split, and a grid of bert_large plans that validate, balance their memory ledger and
-// run without deadlock under the reference cost model. Links sim/ for the timeline.
+// Tests of the swapping baselines (core/program/baselines/baselines.hpp): closed-form swap volumes of every baseline on
+// a small synthetic model, Harmony's weight traffic against dp-swap's on bert_large, enumeration rules, GPipe's
+// balanced split, and a grid of bert_large plans that validate, balance their memory ledger and run without deadlock
+// under the reference cost model. Links sim/ for the timeline.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -14,10 +14,11 @@
 #include <tuple>
 #include <vector>
 
-#include "core/baselines.hpp"
-#include "core/error.hpp"
-#include "core/lower.hpp"
-#include "core/profile.hpp"
+#include "core/base/error.hpp"
+#include "core/model/profile.hpp"
+#include "core/program/baselines/baselines.hpp"
+#include "core/program/lower.hpp"
+#include "core/search/baseline_search.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/simulator.hpp"
 

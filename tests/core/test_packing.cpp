@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/error.hpp"
-#include "core/packing.hpp"
-#include "core/profile.hpp"
+#include "core/base/error.hpp"
+#include "core/model/profile.hpp"
+#include "core/plan/packing.hpp"
 
 using namespace harmony::core;
 

@@ -1,5 +1,5 @@
-// Tests of the profile loader (core/profile.cpp) and the JSON locator behind its error positions
-// (core/json_locate.cpp): the bundled paper profiles load with the values the JSON holds, interpolation
+// Tests of the profile loader (core/model/profile.cpp) and the JSON locator behind its error positions
+// (core/base/json_locate.cpp): the bundled paper profiles load with the values the JSON holds, interpolation
 // at unmeasured sizes matches hand-derived numbers, and every kind of bad input is a ConfigError at the
 // right line:column with a hint.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -13,10 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "core/json_locate.hpp"
-#include "core/model.hpp"
-#include "core/profile.hpp"
+#include "core/base/error.hpp"
+#include "core/base/json_locate.hpp"
+#include "core/model/model.hpp"
+#include "core/model/profile.hpp"
 
 using harmony::core::Bytes;
 using harmony::core::ConfigError;

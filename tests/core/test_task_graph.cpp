@@ -4,8 +4,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "core/error.hpp"
-#include "core/task_graph.hpp"
+#include "core/base/error.hpp"
+#include "core/program/task_graph.hpp"
 
 using namespace harmony::core;
 

@@ -1,11 +1,11 @@
-// Tests of core/units.cpp: the size, bandwidth and duration parsers (accepted forms, case-sensitive
+// Tests of core/base/units.cpp: the size, bandwidth and duration parsers (accepted forms, case-sensitive
 // units, rejection of negatives, garbage and overflow) and the human-readable formatters.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <string>
 
-#include "core/units.hpp"
+#include "core/base/units.hpp"
 
 using namespace harmony::core;
 

@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/config.hpp"
-#include "core/lower.hpp"
-#include "core/profile.hpp"
+#include "core/config/config.hpp"
+#include "core/model/profile.hpp"
+#include "core/program/lower.hpp"
 #include "sim/bottleneck.hpp"
 
 using namespace harmony;

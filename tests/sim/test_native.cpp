@@ -10,11 +10,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/analytic.hpp"
-#include "core/config.hpp"
-#include "core/error.hpp"
-#include "core/profile.hpp"
-#include "core/report.hpp"
+#include "core/base/error.hpp"
+#include "core/config/config.hpp"
+#include "core/model/analytic.hpp"
+#include "core/model/profile.hpp"
+#include "core/output/report.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/cost_reference.hpp"

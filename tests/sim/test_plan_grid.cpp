@@ -5,7 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "core/profile.hpp"
+#include "core/model/profile.hpp"
 #include "sim/evaluate.hpp"
 
 using namespace harmony;

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/profile.hpp"
+#include "core/model/profile.hpp"
 #include "sim/evaluate.hpp"
 
 using namespace harmony;

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/profile.hpp"
+#include "core/model/profile.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
 

@@ -4,8 +4,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "core/profile.hpp"
-#include "core/search.hpp"
+#include "core/model/profile.hpp"
+#include "core/search/search.hpp"
 #include "sim/evaluate.hpp"
 
 using namespace harmony;

@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "core/profile.hpp"
-#include "core/trace.hpp"
+#include "core/base/error.hpp"
+#include "core/model/profile.hpp"
+#include "core/output/trace.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
 

@@ -13,7 +13,7 @@
 
 #include <unistd.h>
 
-#include "core/error.hpp"
+#include "core/base/error.hpp"
 #include "sim/sweep.hpp"
 
 using namespace harmony;

@@ -1,0 +1,128 @@
+// The YAML configuration of harmony-sim: model source, machine, cost model, a plan (simulate) or a
+// search space (search), and options. Keys are strict (unknown keys are errors with a suggestion);
+// every error names file:line:column. `--set a.b=value` overrides are applied before validation.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/base/error.hpp"
+#include "core/machine/machine.hpp"
+#include "core/model/analytic.hpp"
+#include "core/model/model.hpp"
+#include "core/plan/plan.hpp"
+#include "core/search/search.hpp"
+
+namespace harmony::core {
+
+// `model:` names a measured profile or describes a model the analytic formulas cost (core/model/analytic.hpp).
+struct ModelSpec {
+  std::string profile_path;              // resolved: relative paths are taken from the config file's folder
+  std::optional<AnalyticSpec> analytic;  // set for `analytic:` (then profile_path is empty)
+  SourceLoc loc;                         // where `profile:` or `analytic:` was written, for errors about it
+};
+
+// The plan section. mode/gpus/minibatch are needed by both commands; the rest only by simulate.
+struct PlanSpec {
+  Mode mode = Mode::HarmonyPP;
+  int gpus = 1;
+  int minibatch = 1;
+  std::optional<int> u_fwd;
+  std::optional<int> u_bwd;
+  std::optional<int> pack_size;    // manual packing: packs of P layers counted from the end
+  std::optional<Packs> packs_fwd;  // explicit packs (inclusive [first, last])
+  std::optional<Packs> packs_bwd;
+  SourceLoc loc;  // the `plan:` mapping, for plan-level errors
+};
+
+struct RunConfig {
+  std::string file;  // the YAML it was read from
+  ModelSpec model;
+  MachineSpec machine;
+  std::string cost_model = "reference";
+  PlanSpec plan;
+  SearchSpec search;
+  Options options;
+};
+
+// ---- harmony-run: the same model/machine/plan/options/search keys, plus what training needs ----
+
+struct Gpt2Shape {
+  int vocab_size = 0;
+  int max_seq_len = 0;  // rows of the position embedding (HF n_positions)
+  int n_layer = 0;
+  int n_head = 0;
+  int n_embd = 0;
+};
+
+struct TrainModelSpec {
+  std::optional<Gpt2Shape> gpt2;  // a fresh model of this shape, initialised from init_seed
+  std::string weights_path;       // or Hugging Face GPT-2 weights (safetensors); exactly one of the two
+  int seq_len = 0;                // T, tokens per sequence
+  std::string profile_path;       // optional: a measured profile for --plan auto (else measured on the fly)
+  std::uint64_t init_seed = 1;
+  SourceLoc loc;  // the `model:` key
+};
+
+struct DataSpec {
+  std::string path;                       // a token file (llm.c uint16); empty: the synthetic task
+  std::int64_t synthetic_tokens = 65536;  // length of the synthetic token stream
+  std::uint64_t seed = 1;                 // the synthetic stream's seed
+  SourceLoc loc;
+};
+
+struct TrainSpec {
+  int steps = 0;
+  DataSpec data;
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+
+struct CheckpointSpec {
+  std::string dir;  // empty: no checkpoints
+  int every = 0;    // steps between checkpoints (0: only at the end and on SIGINT)
+  int keep = 2;     // newest checkpoints kept
+};
+
+struct TrainConfig {
+  std::string file;
+  TrainModelSpec model;
+  MachineSpec machine;  // machine.gpu_memory is each device's capacity
+  std::string device = "cpu";
+  std::string cost_model = "native";  // for --plan auto
+  PlanSpec plan;
+  // plan.mode given as a baseline kind ("dp-swap", "pp-swap", "zero-infinity", "l2l"): run that baseline with
+  // microbatch plan.u_bwd (packs are ignored); "" for Harmony (plan.mode).
+  std::string baseline_kind;
+  SearchSpec search;
+  Options options;
+  TrainSpec train;
+  CheckpointSpec checkpoint;
+};
+
+// harmony-run's config (docs/config.md, "harmony-run"): strict keys and file:line:column errors as above.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+TrainConfig load_train_config_text(const std::string& text, const std::string& name,
+                                   const std::vector<std::string>& overrides = {});
+
+// Reads `path`, applies `overrides` ("plan.gpus=4", "machine.gpu_memory=8GiB", ...) and validates.
+// Throws ConfigError with file:line:column and a hint.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from text (tests, fuzzing); `name` is used in messages and to resolve relative paths.
+RunConfig load_config_text(const std::string& text, const std::string& name,
+                           const std::vector<std::string>& overrides = {});
+// The Plan a PlanSpec fixes for `model`: microbatch sizes and packs (pack_size or explicit packs) are required,
+// packs must cover the model, sizes must lie in its profiled range. ConfigError at the `plan:` section (or
+// `file`), whose message starts with `who` ("`simulate`") where a field is missing.
+Plan plan_from_spec(const PlanSpec& spec, const Model& model, const std::string& file, std::string_view who);
+// The model a config names: its profile (core::load_profile), or the analytic model of its shape on `machine`'s
+// gpu_rates (ConfigError at the `analytic:` key when the machine has none).
+Model load_model(const ModelSpec& spec, const MachineSpec& machine);
+// A machine YAML file, or a built-in preset name ("paper-1080ti").
+MachineSpec load_machine_file(const std::string& path);
+MachineSpec machine_preset(const std::string& name);  // throws ConfigError listing the presets
+std::vector<std::string> machine_preset_names();
+
+}  // namespace harmony::core

@@ -1,0 +1,19 @@
+// One-line descriptions of machines for listings (core/machine/machine.hpp). The loaders, checks and presets are in
+// core/config/config.cpp; this file only formats.
+#include "core/machine/machine.hpp"
+
+#include <fmt/format.h>
+
+namespace harmony::core {
+
+std::string machine_summary(const MachineSpec& m) {
+  const double gib = static_cast<double>(kGiB);
+  std::string s =
+      fmt::format("{} x {}, {:.2f} GiB per GPU, swap {:.2f} GiB/s, p2p {:.2f} GiB/s", m.gpus,
+                  m.gpu_name.empty() ? std::string("GPU") : m.gpu_name, static_cast<double>(m.gpu_memory_bytes) / gib,
+                  m.bw_swap_bytes_per_s / gib, m.bw_p2p_bytes_per_s / gib);
+  s += m.price_per_hour > 0 ? fmt::format(", {:.2f} per hour", m.price_per_hour) : std::string(", no price");
+  return s;
+}
+
+}  // namespace harmony::core

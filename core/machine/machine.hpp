@@ -1,0 +1,96 @@
+// The machine a plan runs on. The reference cost model reads only the paper's scheduler constants
+// (GPU count and memory, swap/P2P/CPU-message bandwidths, per-task free time); the native cost model
+// reads the Topology: the PCIe tree, GPU-to-GPU paths, copy engines, host memory and CPU cores.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/base/units.hpp"
+
+namespace harmony::core {
+
+// A PCIe switch (or a CPU root port) that GPUs hang off; its uplink goes to one CPU socket.
+struct PcieSwitch {
+  std::string name;
+  int socket = 0;
+  double uplink_bytes_per_s = 0;  // per direction
+};
+
+struct GpuSpec {
+  int pcie_switch = 0;          // index into Topology::switches
+  double link_bytes_per_s = 0;  // the GPU's own PCIe link, per direction
+  int copy_engines_h2d = 1;     // concurrent host->device copies
+  int copy_engines_d2h = 1;     // concurrent device->host copies
+};
+
+struct NvLink {
+  int gpu_a = 0;
+  int gpu_b = 0;
+  double bytes_per_s = 0;  // per direction
+};
+
+enum class P2PMode {
+  Pcie,  // GPU-to-GPU copies go through the PCIe tree (switch, or root complex across switches)
+  Host,  // no P2P: staged through pinned host memory (device->host, then host->device)
+};
+
+struct Topology {
+  std::vector<GpuSpec> gpus;  // size == MachineSpec::gpus
+  std::vector<PcieSwitch> switches;
+  int sockets = 1;
+  double inter_socket_bytes_per_s = 0;  // per direction (QPI/UPI/Infinity Fabric)
+  P2PMode p2p = P2PMode::Pcie;
+  std::vector<NvLink> nvlinks;         // pairs with a direct NVLink (take precedence over PCIe)
+  double transfer_latency_s = 0;       // fixed cost added to every transfer
+  Bytes host_memory_bytes = 0;         // 0 = unlimited
+  Bytes pinned_limit_bytes = 0;        // 0 = unlimited
+  double host_memcpy_bytes_per_s = 0;  // CPU-side copies (CPU messages, staging)
+  int cpu_cores = 1;                   // cores the optimizer may use
+  double free_time_s = 0;              // time to free one pack's tensors (paper: flat 40 ms)
+  bool valid() const { return !gpus.empty(); }
+};
+
+// What the analytic models (core/model/analytic.hpp) price a layer with: one GPU's peak rates, how close real
+// kernels come to them, and the framework's fixed costs (docs/machines.md, `gpu_rates`). Zero = not given.
+struct GpuRates {
+  double matrix_fp32_flops_per_s = 0;  // dense FP32 GEMM peak (CUDA cores; no TF32)
+  double matrix_fp16_flops_per_s = 0;  // dense FP16/BF16 GEMM peak with FP32 accumulation (tensor cores)
+  double memory_bytes_per_s = 0;       // DRAM bandwidth
+  double gemm_efficiency_max = 0;      // eff_max: the fraction of the peak a large GEMM reaches
+  double gemm_half_flops = 0;          // a GEMM of this many FLOPs reaches eff_max / 2
+  double vector_efficiency = 0;        // fraction of memory_bytes_per_s elementwise and reduction kernels reach
+  double kernel_floor_s = 0;           // the least time one kernel takes (launch and framework dispatch)
+  double forward_overhead_s = 0;       // fixed cost of one layer's forward call
+  double backward_overhead_s = 0;      // fixed extra cost of one layer's backward call (autograd)
+  bool valid() const { return matrix_fp32_flops_per_s > 0 && memory_bytes_per_s > 0; }
+};
+
+// The host-side optimizer step the analytic models charge per layer: Adam(W) over the layer's FP32
+// parameters at `bytes_per_s` of parameters, plus a fixed `per_layer_s`. Zero = the documented default.
+struct CpuAdam {
+  double bytes_per_s = 0;
+  double per_layer_s = 0;
+};
+
+struct MachineSpec {
+  std::string name;                    // preset or file name, for reports
+  std::string gpu_name;                // "GTX 1080 Ti"
+  int gpus = 1;                        // GPUs present in the box (a plan may use fewer)
+  Bytes gpu_memory_bytes = 10 * kGiB;  // the per-GPU capacity the search packs against
+  double memory_cap_scale = 1.0;       // multiplies gpu_memory_bytes in the search (paper's flag)
+  double bw_swap_bytes_per_s = 11.5 * static_cast<double>(kGiB);  // host<->GPU, per direction, shared
+  double bw_p2p_bytes_per_s = 8.2 * static_cast<double>(kGiB);    // GPU<->GPU, per direction
+  double bw_msg_bytes_per_s = 16.0 * static_cast<double>(kGiB);   // CPU<->CPU message
+  double time_del_s = 0.040;                                      // freeing one task's tensors
+  double price_per_hour = 0;                                      // optional, for cost estimates
+  GpuRates gpu_rates;                                             // optional: compute rates for analytic models
+  CpuAdam cpu_adam;   // optional: the CPU optimizer's throughput for analytic models
+  Topology topology;  // the native model's view; empty for reference-only machines
+};
+
+// One line for listings (`harmony-sim presets`): "8 x H100 80GB SXM5, 74.00 GiB per GPU, swap 46.01 GiB/s,
+// p2p 335.28 GiB/s, 98.32 per hour" (the price in the machine file's currency; "no price" when it has none).
+std::string machine_summary(const MachineSpec& m);
+
+}  // namespace harmony::core

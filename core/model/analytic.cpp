@@ -1,0 +1,1245 @@
+// Analytic models: each layer is a small graph of tensors and ops (GEMMs, elementwise and reduction kernels)
+// written once per family; from it come FLOPs, bytes moved, kernel counts, and — by walking tensor lifetimes
+// as PyTorch's eager autograd keeps them — the forward and backward peak memory. Times use the GPU's rates.
+// docs/validation.md ("Analytic models against measured profiles") documents the formulas and calibration.
+#include "core/model/analytic.hpp"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
+
+namespace harmony::core {
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// A layer as a graph. Sizes are `fixed + per_sample * u` elements; everything below is per layer call.
+
+struct Tensor {
+  double fixed = 0;       // elements independent of the microbatch (position ids, the causal-mask temporaries)
+  double per_sample = 0;  // elements per sample
+  double bpe = 4;         // bytes per element
+  bool needs_grad = false;
+  double bytes(double u) const { return (fixed + per_sample * u) * bpe; }
+};
+
+// One kernel. A GEMM costs max(compute, memory) (roofline); anything else is memory-bound.
+struct Kernel {
+  bool gemm = false;
+  std::array<double, 4> dims{};  // batch, m, n, k of a GEMM
+  int scaled = 1;                // the GEMM dimension that grows with u (index into dims)
+  double fixed_bytes = 0;        // bytes read + written, fixed part
+  double per_sample_bytes = 0;   // bytes read + written per sample
+  double flops(double u) const {
+    std::array<double, 4> d = dims;
+    d[static_cast<std::size_t>(scaled)] *= u;
+    return 2.0 * d[0] * d[1] * d[2] * d[3];
+  }
+};
+
+struct GradInput {
+  int tensor = -1;
+  bool passthrough = false;  // receives the output's gradient unchanged (add, a residual)
+};
+
+struct Op {
+  const char* name = "";
+  std::vector<int> inputs;
+  int output = -1;  // == inputs[0] for an in-place op
+  bool inplace = false;
+  std::vector<int> extras;  // other tensors it allocates (dropout masks, pooling indices)
+  std::vector<int> saved;   // tensors autograd keeps for its backward
+  std::vector<GradInput> grads;
+  double weight_grad_bytes = 0;  // parameter gradients its backward allocates
+  std::vector<Kernel> fwd, bwd;
+};
+
+struct Graph {
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;
+  std::vector<int> inputs;   // held by the caller for the whole call
+  std::vector<int> outputs;  // returned (and their gradients given) by the caller
+};
+
+// What a layer is besides its graph.
+struct LayerDef {
+  std::string name;
+  std::string kind;
+  Graph graph;
+  std::int64_t owned_params = 0;     // parameters it owns (its optimizer state, its update)
+  std::int64_t resident_params = 0;  // parameters on the GPU while it runs (a tied head's are the embedding's)
+  double buffer_bytes = 0;
+  bool is_criterion = false;
+  int copy_of = -1;  // the index of an earlier layer with the same graph: its costs are reused, not recomputed
+};
+
+// Layer `name`, the same as layer `index` of the list.
+LayerDef copy_of(const std::vector<LayerDef>& layers, std::size_t index, std::string name) {
+  LayerDef d;
+  d.name = std::move(name);
+  d.kind = layers[index].kind;
+  d.copy_of = static_cast<int>(index);
+  return d;
+}
+
+constexpr double kIdBytes = 8;    // int64 token ids, labels, pooling indices
+constexpr double kMaskBytes = 1;  // bool dropout masks
+
+double dtype_bytes(DType d) { return d == DType::Fp32 ? 4.0 : 2.0; }
+
+// Builds one layer's graph; `bpe` is the activation and weight element size.
+class Builder {
+ public:
+  explicit Builder(const AnalyticSpec& spec) : bpe_(dtype_bytes(spec.dtype)), spec_(spec) {}
+
+  Graph graph;
+  std::int64_t params = 0;  // parameters of the ops built (weights + biases + norms)
+  double buffer_bytes = 0;
+
+  int input(double per_sample, double bpe, bool needs_grad) {
+    const int t = tensor(per_sample, bpe, needs_grad);
+    graph.inputs.push_back(t);
+    return t;
+  }
+  int act(double per_sample) { return tensor(per_sample, bpe_, true); }
+  int tensor(double per_sample, double bpe, bool needs_grad, double fixed = 0) {
+    graph.tensors.push_back(Tensor{fixed, per_sample, bpe, needs_grad});
+    return static_cast<int>(graph.tensors.size()) - 1;
+  }
+  const Tensor& t(int id) const { return graph.tensors[static_cast<std::size_t>(id)]; }
+  double bpe() const { return bpe_; }
+
+  // A memory-bound kernel reading and writing `per_sample_bytes` per sample, plus `fixed_bytes`.
+  static Kernel mem(double per_sample_bytes, double fixed_bytes = 0) {
+    Kernel k;
+    k.per_sample_bytes = per_sample_bytes;
+    k.fixed_bytes = fixed_bytes;
+    return k;
+  }
+  // A GEMM of dims (batch, m, n, k), `scaled` the dimension that grows with u, reading and writing `bytes`.
+  static Kernel gemm(std::array<double, 4> dims, int scaled, double per_sample_bytes, double fixed_bytes) {
+    Kernel k;
+    k.gemm = true;
+    k.dims = dims;
+    k.scaled = scaled;
+    k.per_sample_bytes = per_sample_bytes;
+    k.fixed_bytes = fixed_bytes;
+    return k;
+  }
+  double ps_bytes(int id) const { return t(id).per_sample * t(id).bpe; }
+  double fixed_bytes(int id) const { return t(id).fixed * t(id).bpe; }
+
+  void add_grad(Op& op, int id, bool passthrough = false) const {
+    if (t(id).needs_grad) op.grads.push_back(GradInput{id, passthrough});
+  }
+  // Python keeps `t` alive (a variable not yet reassigned) until the op that made `until` has run.
+  void hold(int t, int until) {
+    for (std::size_t i = graph.ops.size(); i-- > 0;) {
+      if (graph.ops[i].output == until) {
+        graph.ops[i].inputs.push_back(t);
+        return;
+      }
+    }
+  }
+  int push(Op op) {
+    const int out = op.output;
+    graph.ops.push_back(std::move(op));
+    return out;
+  }
+
+  // y = x W (+ b): x is rows x k per sample, W is k x n.
+  int linear(const char* name, int x, double rows, double k, double n, bool bias) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(rows * n);
+    op.saved = {x};
+    const double w_elems = k * n + (bias ? n : 0.0);
+    params += static_cast<std::int64_t>(w_elems);
+    op.weight_grad_bytes = w_elems * bpe_;
+    const double a = rows * k * bpe_, c = rows * n * bpe_, w = w_elems * bpe_;
+    op.fwd.push_back(gemm({1, rows, n, k}, 1, a + c, w));
+    if (t(x).needs_grad) op.bwd.push_back(gemm({1, rows, k, n}, 1, a + c, w));  // dX = dY W^T
+    op.bwd.push_back(gemm({1, k, n, rows}, 3, a + c, w));                       // dW = X^T dY
+    if (bias) op.bwd.push_back(mem(c, n * bpe_));                               // db = sum dY
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+  // A tied projection: like linear without a bias, its weight resident but owned by the embedding.
+  int tied_linear(const char* name, int x, double rows, double k, double n) {
+    const std::int64_t before = params;
+    const int y = linear(name, x, rows, k, n, false);
+    params = before;
+    return y;
+  }
+
+  // C = A B per (batch) matrix: m x k times k x n; `batch` per sample.
+  int bmm(const char* name, int a, int b, double batch, double m, double n, double k) {
+    Op op;
+    op.name = name;
+    op.inputs = {a, b};
+    op.output = act(batch * m * n);
+    op.saved = {a, b};
+    const double bytes = batch * (m * k + k * n + m * n) * bpe_;
+    op.fwd.push_back(gemm({batch, m, n, k}, 0, bytes, 0));
+    op.bwd.push_back(gemm({batch, m, k, n}, 0, bytes, 0));  // dA = dC B^T
+    op.bwd.push_back(gemm({batch, k, n, m}, 0, bytes, 0));  // dB = A^T dC
+    add_grad(op, a);
+    add_grad(op, b);
+    return push(std::move(op));
+  }
+
+  // A copy of `elems` per sample of x into a new contiguous tensor (permute + contiguous, matmul's reshape).
+  int copy(const char* name, int x, double elems) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(elems);
+    op.fwd.push_back(mem(2 * elems * bpe_));
+    op.bwd.push_back(mem(2 * elems * bpe_));
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // A contiguous copy of a slice of x: the backward zero-fills all of dX, then copies dY into the slice.
+  int slice_copy(const char* name, int x, double elems) {
+    const int y = copy(name, x, elems);
+    Op& op = graph.ops.back();
+    op.bwd = {mem(ps_bytes(x)), mem(2 * elems * bpe_)};
+    return y;
+  }
+
+  // y = c * x (or x / c): no saved tensor; backward scales dY.
+  int scale(const char* name, int x) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = tensor(t(x).per_sample, t(x).bpe, t(x).needs_grad, t(x).fixed);
+    op.fwd.push_back(mem(2 * ps_bytes(x), 2 * fixed_bytes(x)));
+    if (t(x).needs_grad) op.bwd.push_back(mem(2 * ps_bytes(x), 2 * fixed_bytes(x)));
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // y = x + c: backward passes dY through.
+  int add_scalar(const char* name, int x) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = tensor(t(x).per_sample, t(x).bpe, t(x).needs_grad, t(x).fixed);
+    op.fwd.push_back(mem(2 * ps_bytes(x), 2 * fixed_bytes(x)));
+    add_grad(op, x, true);
+    return push(std::move(op));
+  }
+
+  // y = a + b (or a - b), b possibly broadcast: backward passes dY through to both.
+  int add(const char* name, int a, int b) {
+    Op op;
+    op.name = name;
+    op.inputs = {a, b};
+    const bool grad = t(a).needs_grad || t(b).needs_grad;
+    op.output = tensor(std::max(t(a).per_sample, t(b).per_sample), std::max(t(a).bpe, t(b).bpe), grad,
+                       std::max(t(a).fixed, t(b).fixed));
+    op.fwd.push_back(
+        mem(ps_bytes(a) + ps_bytes(b) + ps_bytes(op.output), fixed_bytes(a) + fixed_bytes(b) + fixed_bytes(op.output)));
+    add_grad(op, a, true);
+    add_grad(op, b, true);
+    return push(std::move(op));
+  }
+
+  // y = a * b, b possibly broadcast: saves both; backward: one kernel per input that needs a gradient.
+  int mul(const char* name, int a, int b) {
+    Op op;
+    op.name = name;
+    op.inputs = {a, b};
+    const bool grad = t(a).needs_grad || t(b).needs_grad;
+    op.output = tensor(std::max(t(a).per_sample, t(b).per_sample), std::max(t(a).bpe, t(b).bpe), grad,
+                       std::max(t(a).fixed, t(b).fixed));
+    op.saved = {a, b};
+    const double ps = ps_bytes(a) + ps_bytes(b) + ps_bytes(op.output);
+    const double fx = fixed_bytes(a) + fixed_bytes(b) + fixed_bytes(op.output);
+    op.fwd.push_back(mem(ps, fx));
+    for (int in : {a, b}) {
+      if (t(in).needs_grad) op.bwd.push_back(mem(ps, fx));
+    }
+    add_grad(op, a);
+    add_grad(op, b);
+    return push(std::move(op));
+  }
+
+  // A unary op: 1 forward kernel; `save` 0 nothing, 1 its input, 2 its output; backward kernels each moving
+  // `bwd_passes` x n bytes (n = the tensor's bytes).
+  int unary(const char* name, int x, int save, const std::vector<double>& bwd_passes) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(t(x).per_sample);
+    if (save == 1) op.saved = {x};
+    if (save == 2) op.saved = {op.output};
+    const double n = ps_bytes(x);
+    op.fwd.push_back(mem(2 * n));
+    for (double p : bwd_passes) op.bwd.push_back(mem(p * n));
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // LayerNorm over the last dimension `h`: saves its input (and per-row statistics, ignored). Eager is
+  // PyTorch 1.x's kernels: row moments, then normalise; backward: per-row sums, dX, then dgamma/dbeta.
+  // Fused is one pass forward, two backward (Apex style).
+  int layernorm(const char* name, int x, double h) {
+    params += static_cast<std::int64_t>(2 * h);
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(t(x).per_sample);
+    op.saved = {x};
+    op.weight_grad_bytes = 2 * h * bpe_;
+    const double n = ps_bytes(x);
+    if (spec_.kernels == KernelStyle::Eager) {
+      op.fwd = {mem(n), mem(2 * n)};                  // moments (read X); normalise (read X, write Y)
+      op.bwd = {mem(2 * n), mem(3 * n), mem(2 * n)};  // row sums of dY, dY*X; dX; dgamma, dbeta
+    } else {
+      op.fwd = {mem(2 * n)};
+      op.bwd = {mem(3 * n), mem(2 * n)};
+    }
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // Softmax over the last dimension: saves its output; backward reads Y and dY, writes dX.
+  int softmax(const char* name, int x) { return unary(name, x, 2, {3}); }
+
+  // Dropout (training mode): writes its output and a bool mask, which the backward reads.
+  int dropout(const char* name, int x) {
+    if (!spec_.dropout) return x;
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(t(x).per_sample);
+    const int mask = tensor(t(x).per_sample, kMaskBytes, false);
+    op.extras = {mask};
+    op.saved = {mask};
+    const double n = ps_bytes(x) * 2 + ps_bytes(mask);
+    op.fwd.push_back(mem(n));
+    op.bwd.push_back(mem(n));
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // Fused dropout(y) + residual: one kernel; the residual's gradient passes through.
+  int dropout_add(const char* name, int y, int residual) {
+    if (!spec_.dropout) return add(name, y, residual);
+    Op op;
+    op.name = name;
+    op.inputs = {y, residual};
+    op.output = act(t(y).per_sample);
+    const int mask = tensor(t(y).per_sample, kMaskBytes, false);
+    op.extras = {mask};
+    op.saved = {mask};
+    op.fwd.push_back(mem(3 * ps_bytes(y) + ps_bytes(mask)));
+    op.bwd.push_back(mem(2 * ps_bytes(y) + ps_bytes(mask)));
+    add_grad(op, y);
+    add_grad(op, residual, true);
+    return push(std::move(op));
+  }
+
+  // Row lookup in a vocab x h table: saves the ids; the backward zero-fills the dense weight gradient,
+  // sorts the ids and accumulates rows.
+  int embedding(const char* name, int ids, double rows, double vocab, double h) {
+    Op op;
+    op.name = name;
+    op.inputs = {ids};
+    op.output = act(rows * h);
+    op.saved = {ids};
+    params += static_cast<std::int64_t>(vocab * h);
+    op.weight_grad_bytes = vocab * h * bpe_;
+    const double out = rows * h * bpe_;
+    op.fwd.push_back(mem(2 * out + ps_bytes(ids), fixed_bytes(ids)));
+    op.bwd.push_back(mem(0, vocab * h * bpe_));                      // zero the dense gradient
+    op.bwd.push_back(mem(2 * ps_bytes(ids), 2 * fixed_bytes(ids)));  // sort the ids
+    op.bwd.push_back(mem(3 * out));                                  // accumulate rows
+    return push(std::move(op));
+  }
+
+  // Cross-entropy over `classes` for `rows` per sample: log-softmax (reads its input three times: max, sum
+  // and output) and the NLL gather; the backward zero-fills and scatters dLogP, then log-softmax backward.
+  int cross_entropy(int logits, double rows, double classes) {
+    const double n = rows * classes * bpe_;
+    Op ls;
+    ls.name = "log_softmax";
+    ls.inputs = {logits};
+    ls.output = act(rows * classes);
+    ls.saved = {ls.output};
+    ls.fwd.push_back(mem(4 * n));  // max, sum of exp, then write: three reads and a write
+    ls.bwd.push_back(mem(4 * n));  // dX = dY - exp(Y) sum(dY): reads dY twice and Y, writes dX
+    add_grad(ls, logits);
+    const int logp = push(std::move(ls));
+    Op nll;
+    nll.name = "nll_loss";
+    nll.inputs = {logp};
+    nll.output = tensor(0, 4, true, 1);
+    const int labels = tensor(rows, kIdBytes, false);
+    nll.extras = {labels};
+    nll.saved = {labels};
+    nll.fwd.push_back(mem(rows * (kIdBytes + bpe_)));
+    nll.bwd.push_back(mem(n));                         // zero-fill dLogP
+    nll.bwd.push_back(mem(rows * (kIdBytes + bpe_)));  // scatter -1/N
+    add_grad(nll, logp);
+    return push(std::move(nll));
+  }
+
+  // Convolution as an implicit GEMM: M = output pixels, N = cout, K = cin x k x k; no bias.
+  int conv(const char* name, int x, double cin, double cout, double k, double out_hw) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(cout * out_hw);
+    op.saved = {x};
+    const double w_elems = cout * cin * k * k;
+    params += static_cast<std::int64_t>(w_elems);
+    op.weight_grad_bytes = w_elems * bpe_;
+    const double io = ps_bytes(x) + cout * out_hw * bpe_, w = w_elems * bpe_;
+    op.fwd.push_back(gemm({1, out_hw, cout, cin * k * k}, 1, io, w));
+    if (t(x).needs_grad) op.bwd.push_back(gemm({1, out_hw, cin * k * k, cout}, 1, io, w));  // dgrad
+    op.bwd.push_back(gemm({1, cout, cin * k * k, out_hw}, 3, io, w));                       // wgrad
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // BatchNorm (training): statistics, then normalise; running mean and variance are buffers.
+  int batchnorm(const char* name, int x, double channels) {
+    params += static_cast<std::int64_t>(2 * channels);
+    buffer_bytes += 2 * channels * 4 + 8;  // running_mean, running_var (FP32), num_batches_tracked
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(t(x).per_sample);
+    op.saved = {x};
+    op.weight_grad_bytes = 2 * channels * bpe_;
+    const double n = ps_bytes(x);
+    op.fwd.push_back(mem(n));      // statistics
+    op.fwd.push_back(mem(2 * n));  // normalise
+    op.bwd.push_back(mem(2 * n));  // reduce dY, dY * x-hat
+    op.bwd.push_back(mem(3 * n));  // dX
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // In-place ReLU: no new tensor; saves its output; backward reads Y and dY into a new dX.
+  int relu_(const char* name, int x) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = x;
+    op.inplace = true;
+    op.saved = {x};
+    op.fwd.push_back(mem(2 * ps_bytes(x)));
+    op.bwd.push_back(mem(3 * ps_bytes(x)));
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // 3x3 stride-2 max pooling with int64 indices (saved with the input).
+  int maxpool(const char* name, int x, double channels, double out_hw) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(channels * out_hw);
+    const int idx = tensor(channels * out_hw, kIdBytes, false);
+    op.extras = {idx};
+    op.saved = {x, idx};
+    op.fwd.push_back(mem(ps_bytes(x) + ps_bytes(op.output) + ps_bytes(idx)));
+    op.bwd.push_back(mem(ps_bytes(x)));                              // zero dX
+    op.bwd.push_back(mem(ps_bytes(op.output) * 2 + ps_bytes(idx)));  // scatter dY
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+  // Global average pooling to `channels` per sample.
+  int avgpool(const char* name, int x, double channels) {
+    Op op;
+    op.name = name;
+    op.inputs = {x};
+    op.output = act(channels);
+    op.fwd.push_back(mem(ps_bytes(x)));
+    op.bwd.push_back(mem(ps_bytes(x)));
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
+ private:
+  double bpe_;
+  const AnalyticSpec& spec_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Families
+
+// Autograd runs the backward only of ops on a path to an output that receives a gradient (not, e.g., GPT-2's
+// `present`): drop the backward of the others.
+void prune_backward(Graph& g) {
+  std::vector<char> wants(g.tensors.size(), 0);
+  for (int t : g.outputs) wants[static_cast<std::size_t>(t)] = g.tensors[static_cast<std::size_t>(t)].needs_grad;
+  for (std::size_t i = g.ops.size(); i-- > 0;) {
+    Op& op = g.ops[i];
+    if (!wants[static_cast<std::size_t>(op.output)]) {
+      op.bwd.clear();
+      op.grads.clear();
+      op.saved.clear();
+      op.weight_grad_bytes = 0;
+      continue;
+    }
+    for (const GradInput& gi : op.grads) wants[static_cast<std::size_t>(gi.tensor)] = 1;
+  }
+}
+
+LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int> outputs) {
+  LayerDef d;
+  d.name = std::move(name);
+  d.kind = std::move(kind);
+  b.graph.outputs = std::move(outputs);
+  d.graph = std::move(b.graph);
+  prune_backward(d.graph);
+  d.owned_params = b.params;
+  d.resident_params = b.params;
+  d.buffer_bytes = b.buffer_bytes;
+  return d;
+}
+
+// GELU: eager runs the Python formula op by op; fused is one kernel.
+int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form) {
+  if (s.kernels == KernelStyle::Fused) return b.unary("gelu", x, 1, {3});
+  if (tanh_form) {
+    // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  (Hugging Face gelu_new)
+    const int half = b.scale("gelu.0.5x", x);
+    const int cube = b.unary("gelu.pow3", x, 1, {2, 2, 3});  // grad * 3 * x.pow(2): three kernels
+    const int c1 = b.scale("gelu.0.044715", cube);
+    const int c2 = b.add("gelu.add", x, c1);
+    const int c3 = b.scale("gelu.sqrt2/pi", c2);
+    const int th = b.unary("gelu.tanh", c3, 2, {3});
+    const int one = b.add_scalar("gelu.1+", th);
+    return b.mul("gelu.mul", half, one);
+  }
+  // x * 0.5 * (1 + erf(x / sqrt(2)))  (pytorch-pretrained-BERT)
+  const int half = b.scale("gelu.x*0.5", x);
+  const int div = b.scale("gelu.x/sqrt2", x);
+  const int erf = b.unary("gelu.erf", div, 1, {2, 2, 3});  // grad * 2/sqrt(pi) * exp(-x^2)
+  const int one = b.add_scalar("gelu.1+", erf);
+  return b.mul("gelu.mul", half, one);
+}
+
+// One transformer block. Inputs: hidden (s x h), and for BERT the additive attention mask; outputs: hidden
+// (and the mask, passed on, when `pass_mask`).
+LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask) {
+  Builder b(s);
+  const bool gpt = s.family == ModelFamily::Gpt;
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh, f = s.ffn > 0 ? s.ffn : 4.0 * h;
+  const int x = b.input(T * h, b.bpe(), true);
+  const int mask = gpt ? -1 : b.input(T, b.bpe(), false);
+  int ctx = -1;
+  int present = -1;
+  const int resid = x;
+  if (gpt) {
+    const int a = b.layernorm("ln_1", x, h);
+    const int qkv = b.linear("c_attn", a, T, h, 3 * h, true);
+    int q = qkv, k = qkv, v = qkv;
+    if (eager) {  // split_heads views; matmul makes them contiguous
+      // Hugging Face GPT-2 (transformers 2.x) also stacks key and value into `present`, kept to the block's end
+      present = b.copy("present", qkv, 2 * T * h);
+      q = b.copy("q.contiguous", qkv, T * h);
+      k = b.copy("k.contiguous", qkv, T * h);
+      v = b.copy("v.contiguous", qkv, T * h);
+    }
+    const int sc = b.bmm("q@k", q, k, nh, T, T, d);
+    int p = -1;
+    if (eager) {
+      // w = w / sqrt(d); w = w * b - 1e4 * (1 - b), b the registered causal-mask buffer (T x T); the old `w`
+      // lives until the whole expression is assigned
+      b.buffer_bytes += T * T * b.bpe();
+      const int causal = b.tensor(0, b.bpe(), false, T * T);
+      const int w1 = b.scale("scores/sqrt(d)", sc);
+      const int w2 = b.mul("scores*mask", w1, causal);
+      const int one_minus = b.add_scalar("1-mask", causal);
+      const int big = b.scale("1e4*(1-mask)", one_minus);
+      const int w3 = b.add("scores-1e4(1-mask)", w2, big);
+      b.hold(w1, w3);
+      p = b.softmax("softmax", w3);
+    } else {
+      p = b.softmax("scale_mask_softmax", sc);
+    }
+    p = b.dropout("attn_dropout", p);
+    ctx = b.bmm("p@v", p, v, nh, T, d, T);
+  } else {
+    int q = b.linear("query", x, T, h, h, true);
+    int k = b.linear("key", x, T, h, h, true);
+    int v = b.linear("value", x, T, h, h, true);
+    if (eager) {
+      q = b.copy("q.contiguous", q, T * h);
+      k = b.copy("k.contiguous", k, T * h);
+      v = b.copy("v.contiguous", v, T * h);
+    }
+    const int sc = b.bmm("q@k", q, k, nh, T, T, d);
+    int p = -1;
+    if (eager) {
+      const int w1 = b.scale("scores/sqrt(d)", sc);
+      const int w2 = b.add("scores+mask", w1, mask);
+      p = b.softmax("softmax", w2);
+    } else {
+      p = b.softmax("scale_mask_softmax", sc);  // the mask's read (T per sample) is negligible
+    }
+    p = b.dropout("attn_dropout", p);
+    ctx = b.bmm("p@v", p, v, nh, T, d, T);
+  }
+  const int merged = b.copy("merge_heads", ctx, T * h);
+  const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
+  int x1 = -1;
+  if (gpt) {
+    x1 = eager ? b.add("residual_1", resid, b.dropout("resid_dropout", o)) : b.dropout_add("dropout_add_1", o, resid);
+  } else {
+    const int r =
+        eager ? b.add("residual_1", b.dropout("attn.dropout", o), resid) : b.dropout_add("dropout_add_1", o, resid);
+    x1 = b.layernorm("attn.LayerNorm", r, h);
+  }
+  const int m_in = gpt ? b.layernorm("ln_2", x1, h) : x1;
+  const int f1 = b.linear(gpt ? "c_fc" : "intermediate.dense", m_in, T, h, f, true);
+  const int g = gelu(b, s, f1, gpt);
+  const int f2 = b.linear(gpt ? "mlp.c_proj" : "output.dense", g, T, f, h, true);
+  int y = -1;
+  if (gpt) {
+    y = eager ? b.add("residual_2", x1, b.dropout("mlp_dropout", f2)) : b.dropout_add("dropout_add_2", f2, x1);
+    if (present >= 0) b.hold(present, y);
+  } else {
+    const int r =
+        eager ? b.add("residual_2", b.dropout("output.dropout", f2), x1) : b.dropout_add("dropout_add_2", f2, x1);
+    y = b.layernorm("output.LayerNorm", r, h);
+  }
+  std::vector<int> outs = {y};
+  if (pass_mask) outs.push_back(mask);
+  return finish(b, fmt::format("block{}", index), "block", outs);
+}
+
+std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
+  const double T = s.seq_len, h = s.hidden, V = s.vocab;
+  std::vector<LayerDef> out;
+  {
+    Builder b(s);
+    const int ids = b.input(T, kIdBytes, false);
+    const int pos = b.tensor(0, kIdBytes, false, T);  // arange(T), expanded to the microbatch
+    const int wte = b.embedding("wte", ids, T, V, h);
+    const int wpe = b.embedding("wpe", pos, T, T, h);
+    const int e = b.add("wte+wpe", wte, wpe);
+    out.push_back(finish(b, "embedding", "embedding", {b.dropout("embd_dropout", e)}));
+  }
+  // every block is the same graph: built once, copied
+  out.push_back(transformer_block(s, 0, false));
+  for (int i = 1; i < s.layers; ++i) out.push_back(copy_of(out, 1, fmt::format("block{}", i)));
+  {
+    Builder b(s);
+    const int x = b.input(T * h, b.bpe(), true);
+    out.push_back(finish(b, "final_norm", "final_norm", {b.layernorm("ln_f", x, h)}));
+  }
+  {
+    Builder b(s);
+    const int x = b.input(T * h, b.bpe(), true);
+    const int y = s.tied_head ? b.tied_linear("lm_head", x, T, h, V) : b.linear("lm_head", x, T, h, V, false);
+    LayerDef d = finish(b, "lm_head", "lm_head", {y});
+    if (s.tied_head) d.resident_params = static_cast<std::int64_t>(V * h);
+    out.push_back(std::move(d));
+  }
+  {
+    Builder b(s);
+    const int logits = b.input(T * V, b.bpe(), true);
+    int x = logits;
+    double rows = T;
+    if (s.kernels == KernelStyle::Eager) {  // logits[..., :-1, :].contiguous()
+      rows = T - 1;
+      x = b.slice_copy("shift_logits", logits, rows * V);
+    }
+    LayerDef d = finish(b, "criterion", "criterion", {b.cross_entropy(x, rows, V)});
+    d.is_criterion = true;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::vector<LayerDef> bert_layers(const AnalyticSpec& s) {
+  const double T = s.seq_len, h = s.hidden, V = s.vocab;
+  std::vector<LayerDef> out;
+  {
+    Builder b(s);
+    const int ids = b.input(T, kIdBytes, false);
+    const int types = b.input(T, kIdBytes, false);
+    const int mask = b.input(T, b.bpe(), false);
+    const int pos = b.tensor(0, kIdBytes, false, T);
+    const int we = b.embedding("word_embeddings", ids, T, V, h);
+    const int pe = b.embedding("position_embeddings", pos, T, T, h);
+    const int te = b.embedding("token_type_embeddings", types, T, 2, h);
+    const int e1 = b.add("words+positions", we, pe);
+    const int e2 = b.add("+token_types", e1, te);
+    const int n = b.layernorm("LayerNorm", e2, h);
+    const int y = b.dropout("dropout", n);
+    for (int held : {we, pe, te}) b.hold(held, y);  // Python variables until the function returns
+    out.push_back(finish(b, "embedding", "embedding", {y, mask}));
+  }
+  // every block is the same graph (the last one passes no mask on, which changes no cost of its own)
+  out.push_back(transformer_block(s, 0, true));
+  for (int i = 1; i < s.layers; ++i) out.push_back(copy_of(out, 1, fmt::format("block{}", i)));
+  if (s.bert_head == BertHead::Classifier) {
+    {
+      Builder b(s);
+      const int x = b.input(T * h, b.bpe(), true);
+      const int first = b.slice_copy("first_token", x, h);
+      const int d = b.linear("pooler.dense", first, 1, h, h, true);
+      out.push_back(finish(b, "pooler", "pooler", {b.unary("tanh", d, 2, {3})}));
+    }
+    {
+      Builder b(s);
+      const int x = b.input(h, b.bpe(), true);
+      out.push_back(finish(b, "classifier", "classifier", {b.linear("classifier", x, 1, h, s.labels, true)}));
+    }
+    Builder b(s);
+    const int logits = b.input(s.labels, b.bpe(), true);
+    LayerDef d = finish(b, "criterion", "criterion", {b.cross_entropy(logits, 1, s.labels)});
+    d.is_criterion = true;
+    out.push_back(std::move(d));
+    return out;
+  }
+  {
+    Builder b(s);
+    const int x = b.input(T * h, b.bpe(), true);
+    const int t = b.linear("transform.dense", x, T, h, h, true);
+    const int g = gelu(b, s, t, false);
+    const int n = b.layernorm("transform.LayerNorm", g, h);
+    const std::int64_t owned = b.params;
+    int y = s.tied_head ? b.tied_linear("decoder", n, T, h, V) : b.linear("decoder", n, T, h, V, false);
+    // the decoder's bias (V) is the head's own parameter
+    y = b.add("decoder.bias", y, b.tensor(0, b.bpe(), false, V));
+    b.params += static_cast<std::int64_t>(V);
+    LayerDef d = finish(b, "mlm_head", "mlm_head", {y});
+    if (s.tied_head) d.resident_params = owned + static_cast<std::int64_t>(V) + static_cast<std::int64_t>(V * h);
+    out.push_back(std::move(d));
+  }
+  Builder b(s);
+  const int logits = b.input(T * V, b.bpe(), true);
+  LayerDef d = finish(b, "criterion", "criterion", {b.cross_entropy(logits, T, V)});
+  d.is_criterion = true;
+  out.push_back(std::move(d));
+  return out;
+}
+
+std::array<int, 4> resnet_blocks(int depth) {
+  if (depth == 50) return {3, 4, 6, 3};
+  if (depth == 101) return {3, 4, 23, 3};
+  return {3, 8, 36, 3};  // 152
+}
+
+std::vector<LayerDef> resnet_layers(const AnalyticSpec& s) {
+  std::vector<LayerDef> out;
+  double hw = s.image_size;  // spatial side
+  {
+    Builder b(s);
+    const int img = b.input(3 * hw * hw, b.bpe(), false);
+    hw = std::floor((hw + 2 * 3 - 7) / 2 + 1);
+    const int c = b.conv("conv1", img, 3, 64, 7, hw * hw);
+    const int n = b.batchnorm("bn1", c, 64);
+    const int r = b.relu_("relu", n);
+    hw = std::floor((hw + 2 * 1 - 3) / 2 + 1);
+    out.push_back(finish(b, "stem", "stem", {b.maxpool("maxpool", r, 64, hw * hw)}));
+  }
+  const std::array<int, 4> blocks = resnet_blocks(s.layers);
+  double cin = 64;
+  int index = 0;
+  for (int stage = 0; stage < 4; ++stage) {
+    const double mid = 64.0 * std::pow(2.0, stage);
+    for (int i = 0; i < blocks[static_cast<std::size_t>(stage)]; ++i) {
+      const double stride = (i == 0 && stage > 0) ? 2 : 1;
+      const double in_hw = hw;
+      const double out_hw = std::floor((in_hw - 1) / stride + 1);
+      if (i >= 2) {  // the same graph as the stage's second block
+        out.push_back(copy_of(out, out.size() - static_cast<std::size_t>(i - 1), fmt::format("block{}", index++)));
+        continue;
+      }
+      Builder b(s);
+      const int x = b.input(cin * in_hw * in_hw, b.bpe(), true);
+      int y = b.relu_("relu1", b.batchnorm("bn1", b.conv("conv1", x, cin, mid, 1, in_hw * in_hw), mid));
+      y = b.relu_("relu2", b.batchnorm("bn2", b.conv("conv2", y, mid, mid, 3, out_hw * out_hw), mid));
+      y = b.batchnorm("bn3", b.conv("conv3", y, mid, 4 * mid, 1, out_hw * out_hw), 4 * mid);
+      int identity = x;
+      if (i == 0)
+        identity = b.batchnorm("downsample.bn", b.conv("downsample", x, cin, 4 * mid, 1, out_hw * out_hw), 4 * mid);
+      const int sum = b.add("residual", y, identity);
+      out.push_back(finish(b, fmt::format("block{}", index++), "bottleneck", {b.relu_("relu3", sum)}));
+      cin = 4 * mid;
+      hw = out_hw;
+    }
+  }
+  {
+    Builder b(s);
+    const int x = b.input(cin * hw * hw, b.bpe(), true);
+    const int p = b.avgpool("avgpool", x, cin);
+    out.push_back(finish(b, "head", "head", {b.linear("fc", p, 1, cin, s.classes, true)}));
+  }
+  Builder b(s);
+  const int logits = b.input(s.classes, b.bpe(), true);
+  LayerDef d = finish(b, "criterion", "criterion", {b.cross_entropy(logits, 1, s.classes)});
+  d.is_criterion = true;
+  out.push_back(std::move(d));
+  return out;
+}
+
+std::vector<LayerDef> build_layers(const AnalyticSpec& s) {
+  switch (s.family) {
+    case ModelFamily::Gpt:
+      return gpt_layers(s);
+    case ModelFamily::Bert:
+      return bert_layers(s);
+    case ModelFamily::Resnet:
+      return resnet_layers(s);
+  }
+  return {};
+}
+
+// ------------------------------------------------------------------------------------------------
+// Costs
+
+struct Rates {
+  double peak_flops = 0, gemm_max = 0, gemm_half = 0, mem_bw = 0, vec_eff = 0, floor_s = 0;
+};
+
+double kernel_time_s(const Kernel& k, double u, const Rates& r) {
+  const double bytes = k.fixed_bytes + k.per_sample_bytes * u;
+  double t = bytes / (r.mem_bw * r.vec_eff);
+  if (k.gemm) {
+    const double flops = k.flops(u);
+    const double eff = r.gemm_max * flops / (flops + r.gemm_half);
+    t = std::max(t, flops / (r.peak_flops * eff));
+  }
+  return std::max(t, r.floor_s);
+}
+
+// Peak bytes alive (activations and gradients; weights and buffers excluded) of a no-grad forward.
+double peak_nograd(const Graph& g, double u, std::vector<double>& size, std::vector<int>& last_use,
+                   std::vector<char>& alive, std::vector<char>& keep) {
+  const std::size_t n = g.tensors.size();
+  size.assign(n, 0.0);
+  last_use.assign(n, -1);
+  alive.assign(n, 0);
+  keep.assign(n, 0);
+  for (std::size_t t = 0; t < n; ++t) size[t] = g.tensors[t].bytes(u);
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    for (int t : g.ops[i].inputs) last_use[static_cast<std::size_t>(t)] = static_cast<int>(i);
+  }
+  for (int t : g.inputs) keep[static_cast<std::size_t>(t)] = 1;
+  for (int t : g.outputs) keep[static_cast<std::size_t>(t)] = 1;
+  double cur = 0;
+  for (int t : g.inputs) {
+    alive[static_cast<std::size_t>(t)] = 1;
+    cur += size[static_cast<std::size_t>(t)];
+  }
+  double peak = cur;
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    const auto born = [&](int t) {
+      auto& a = alive[static_cast<std::size_t>(t)];
+      if (!a) cur += size[static_cast<std::size_t>(t)];
+      a = 1;
+    };
+    if (!op.inplace) born(op.output);
+    for (int t : op.extras) born(t);
+    peak = std::max(peak, cur);
+    const auto maybe_free = [&](int t) {
+      const auto k = static_cast<std::size_t>(t);
+      if (alive[k] && !keep[k] && last_use[k] <= static_cast<int>(i)) {
+        alive[k] = 0;
+        cur -= size[k];
+      }
+    };
+    for (int t : op.inputs) maybe_free(t);
+    maybe_free(op.output);
+    for (int t : op.extras) maybe_free(t);
+  }
+  return peak;
+}
+
+// Peak bytes alive of a forward with grad (saved tensors kept) followed by the backward, which allocates
+// input gradients (shared through pass-through ops) and weight gradients and frees what it has consumed.
+double peak_backward(const Graph& g, double u) {
+  const std::size_t n = g.tensors.size();
+  std::vector<double> size(n);
+  std::vector<int> last_use(n, -1), saved_until(n, -1);
+  std::vector<char> alive(n, 0), keep(n, 0);
+  for (std::size_t t = 0; t < n; ++t) size[t] = g.tensors[t].bytes(u);
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    for (int t : g.ops[i].inputs) last_use[static_cast<std::size_t>(t)] = static_cast<int>(i);
+    for (int t : g.ops[i].saved) {
+      int& s = saved_until[static_cast<std::size_t>(t)];
+      if (s < 0) s = static_cast<int>(i);  // freed after the backward of the first op that saves it
+    }
+  }
+  std::vector<char> is_output(n, 0);
+  for (int t : g.inputs) keep[static_cast<std::size_t>(t)] = 1;
+  for (int t : g.outputs) keep[static_cast<std::size_t>(t)] = is_output[static_cast<std::size_t>(t)] = 1;
+  double cur = 0;
+  for (int t : g.inputs) {
+    alive[static_cast<std::size_t>(t)] = 1;
+    cur += size[static_cast<std::size_t>(t)];
+  }
+  double peak = cur;
+  // forward with grad
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    const auto born = [&](int t) {
+      auto& a = alive[static_cast<std::size_t>(t)];
+      if (!a) cur += size[static_cast<std::size_t>(t)];
+      a = 1;
+    };
+    if (!op.inplace) born(op.output);
+    for (int t : op.extras) born(t);
+    peak = std::max(peak, cur);
+    const auto maybe_free = [&](int t) {
+      const auto k = static_cast<std::size_t>(t);
+      if (alive[k] && !keep[k] && saved_until[k] < 0 && last_use[k] <= static_cast<int>(i)) {
+        alive[k] = 0;
+        cur -= size[k];
+      }
+    };
+    for (int t : op.inputs) maybe_free(t);
+    maybe_free(op.output);
+    for (int t : op.extras) maybe_free(t);
+  }
+  // backward: gradient buffers with reference counts (pass-through ops share one buffer)
+  std::vector<int> grad_buf(n, -1);
+  std::vector<double> buf_size;
+  std::vector<int> buf_refs;
+  const auto new_buf = [&](std::size_t t) {
+    buf_size.push_back(size[t]);
+    buf_refs.push_back(1);
+    cur += size[t];
+    grad_buf[t] = static_cast<int>(buf_size.size()) - 1;
+  };
+  const auto release = [&](std::size_t t) {
+    const int b = grad_buf[t];
+    if (b < 0) return;
+    grad_buf[t] = -1;
+    if (--buf_refs[static_cast<std::size_t>(b)] == 0) cur -= buf_size[static_cast<std::size_t>(b)];
+  };
+  for (int t : g.outputs) {
+    if (g.tensors[static_cast<std::size_t>(t)].needs_grad && grad_buf[static_cast<std::size_t>(t)] < 0)
+      new_buf(static_cast<std::size_t>(t));  // dY, given by the caller
+  }
+  for (std::size_t i = g.ops.size(); i-- > 0;) {
+    const Op& op = g.ops[i];
+    const auto out = static_cast<std::size_t>(op.output);
+    cur += op.weight_grad_bytes;
+    double transient = 0;
+    if (op.inplace) {
+      transient += size[out];  // dX is a new tensor; dY is dropped after
+    } else {
+      for (const GradInput& gi : op.grads) {
+        const auto in = static_cast<std::size_t>(gi.tensor);
+        if (grad_buf[in] >= 0) {
+          transient += size[in];  // a second gradient, summed into the first
+        } else if (gi.passthrough && grad_buf[out] >= 0 && size[in] == size[out]) {
+          grad_buf[in] = grad_buf[out];
+          ++buf_refs[static_cast<std::size_t>(grad_buf[out])];
+        } else {
+          new_buf(in);
+        }
+      }
+    }
+    peak = std::max(peak, cur + transient);
+    if (!op.inplace && !is_output[out]) release(out);
+    for (int t : op.saved) {
+      const auto k = static_cast<std::size_t>(t);
+      if (saved_until[k] == static_cast<int>(i) && alive[k] && !keep[k]) {
+        alive[k] = 0;
+        cur -= size[k];
+      }
+    }
+  }
+  return peak;
+}
+
+struct LayerCosts {
+  std::vector<double> fwd_s, bwd_s;
+  std::vector<Bytes> fwd_peak, bwd_peak;
+};
+
+LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const Rates& r, const GpuRates& gpu,
+                       double resident_bytes) {
+  LayerCosts c;
+  std::vector<double> size;
+  std::vector<int> last_use;
+  std::vector<char> alive, keep;
+  for (int ui : sizes) {
+    const auto u = static_cast<double>(ui);
+    double fwd = gpu.forward_overhead_s;
+    double bwd = gpu.backward_overhead_s;
+    for (const Op& op : d.graph.ops) {
+      for (const Kernel& k : op.fwd) fwd += kernel_time_s(k, u, r);
+      for (const Kernel& k : op.bwd) bwd += kernel_time_s(k, u, r);
+    }
+    c.fwd_s.push_back(fwd);
+    c.bwd_s.push_back(fwd + bwd);  // the profile's backward includes the recomputed forward
+    const double f = peak_nograd(d.graph, u, size, last_use, alive, keep);
+    const double b = peak_backward(d.graph, u);
+    c.fwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + f)));
+    c.bwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + b)));
+  }
+  return c;
+}
+
+// The paper testbed's PyTorch Adam step, fitted to the bundled GPT-2 Medium profile (docs/validation.md).
+constexpr double kDefaultAdamBytesPerS = 3.6e9;
+constexpr double kDefaultAdamLayerS = 340e-6;
+
+// Optimizer state bytes per parameter (CPU side) and the step's cost relative to Adam's (memory traffic:
+// Adam reads and writes the parameter and two moments and reads the gradient, 7 x 4 bytes).
+double state_bytes_per_param(const AnalyticSpec& s) {
+  const double master = s.dtype == DType::Fp32 ? 0.0 : 4.0;
+  switch (s.optimizer) {
+    case OptimizerKind::Adam:
+      return 8.0 + master;
+    case OptimizerKind::Momentum:
+      return 4.0 + master;
+    case OptimizerKind::Sgd:
+      return master;
+  }
+  return 0;
+}
+double step_cost_vs_adam(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::Adam:
+      return 1.0;
+    case OptimizerKind::Momentum:
+      return 5.0 / 7.0;
+    case OptimizerKind::Sgd:
+      return 3.0 / 7.0;
+  }
+  return 1.0;
+}
+
+std::string family_name(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::Gpt:
+      return "gpt";
+    case ModelFamily::Bert:
+      return "bert";
+    case ModelFamily::Resnet:
+      return "resnet";
+  }
+  return "?";
+}
+
+std::string derived_name(const AnalyticSpec& s) {
+  if (s.family == ModelFamily::Resnet) return fmt::format("resnet{}", s.layers);
+  return fmt::format("{}_L{}_h{}_s{}", family_name(s.family), s.layers, s.hidden, s.seq_len);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Units
+
+std::optional<double> parse_scaled(std::string_view text, std::string_view unit) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+  if (text.empty() || !((text.front() >= '0' && text.front() <= '9') || text.front() == '.')) return std::nullopt;
+  double value = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || !std::isfinite(value)) return std::nullopt;
+  std::string_view rest(ptr, static_cast<std::size_t>(text.data() + text.size() - ptr));
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  double scale = 1;
+  if (!rest.empty()) {
+    static constexpr std::pair<char, double> kPrefixes[] = {
+        {'k', 1e3}, {'M', 1e6}, {'G', 1e9}, {'T', 1e12}, {'P', 1e15}};
+    for (const auto& [p, sc] : kPrefixes) {
+      if (rest.front() == p) {
+        scale = sc;
+        rest.remove_prefix(1);
+        break;
+      }
+    }
+    if (rest != unit) return std::nullopt;
+  }
+  const double v = value * scale;
+  if (!(v > 0) || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+
+std::optional<double> parse_flops_per_s(std::string_view text) { return parse_scaled(text, "FLOP/s"); }
+std::optional<double> parse_flop_count(std::string_view text) { return parse_scaled(text, "FLOP"); }
+
+namespace {
+
+AnalyticSpec shape(ModelFamily f, int layers, int hidden, int heads, int seq, int vocab, const char* name) {
+  AnalyticSpec s;
+  s.family = f;
+  s.layers = layers;
+  s.hidden = hidden;
+  s.heads = heads;
+  s.seq_len = seq;
+  s.vocab = vocab;
+  s.name = name;
+  return s;
+}
+
+// Shapes: GPT-2 (Radford et al. 2019, Hugging Face configs), GPT-3 (Brown et al. 2020, Table 2.1; 1.3B with
+// 16 heads of 128 and 13B with d_model 5120, as the table's own numbers do not divide), BERT (Devlin et al.
+// 2019), ResNet (He et al. 2016; torchvision v1.5).
+std::vector<std::pair<std::string, AnalyticSpec>> presets() {
+  constexpr int kGpt2Vocab = 50257, kBertVocab = 30522;
+  std::vector<std::pair<std::string, AnalyticSpec>> p = {
+      {"gpt2-small", shape(ModelFamily::Gpt, 12, 768, 12, 1024, kGpt2Vocab, "gpt2-small")},
+      {"gpt2-medium", shape(ModelFamily::Gpt, 24, 1024, 16, 1024, kGpt2Vocab, "gpt2-medium")},
+      {"gpt2-large", shape(ModelFamily::Gpt, 36, 1280, 20, 1024, kGpt2Vocab, "gpt2-large")},
+      {"gpt2-xl", shape(ModelFamily::Gpt, 48, 1600, 25, 1024, kGpt2Vocab, "gpt2-xl")},
+      {"gpt3-1.3b", shape(ModelFamily::Gpt, 24, 2048, 16, 2048, kGpt2Vocab, "gpt3-1.3b")},
+      {"gpt3-2.7b", shape(ModelFamily::Gpt, 32, 2560, 32, 2048, kGpt2Vocab, "gpt3-2.7b")},
+      {"gpt3-6.7b", shape(ModelFamily::Gpt, 32, 4096, 32, 2048, kGpt2Vocab, "gpt3-6.7b")},
+      {"gpt3-13b", shape(ModelFamily::Gpt, 40, 5120, 40, 2048, kGpt2Vocab, "gpt3-13b")},
+      {"gpt3-175b", shape(ModelFamily::Gpt, 96, 12288, 96, 2048, kGpt2Vocab, "gpt3-175b")},
+      {"bert-base", shape(ModelFamily::Bert, 12, 768, 12, 512, kBertVocab, "bert-base")},
+      {"bert-large", shape(ModelFamily::Bert, 24, 1024, 16, 512, kBertVocab, "bert-large")},
+  };
+  for (int depth : {50, 101, 152}) {
+    AnalyticSpec r;
+    r.family = ModelFamily::Resnet;
+    r.layers = depth;
+    r.name = fmt::format("resnet{}", depth);
+    p.emplace_back(r.name, r);
+  }
+  return p;
+}
+
+}  // namespace
+
+std::optional<AnalyticSpec> analytic_preset(std::string_view name) {
+  for (auto& [n, s] : presets()) {
+    if (n == name) return s;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> analytic_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) names.push_back(p.first);
+  return names;
+}
+
+std::string analytic_spec_problem(const AnalyticSpec& s) {
+  constexpr int kMaxDim = 1 << 20;
+  if (s.ubatch_sizes.empty()) return "ubatch_sizes is empty";
+  for (std::size_t i = 0; i < s.ubatch_sizes.size(); ++i) {
+    if (s.ubatch_sizes[i] < 1) return fmt::format("ubatch_sizes[{}] = {} is not positive", i, s.ubatch_sizes[i]);
+    if (i > 0 && s.ubatch_sizes[i] <= s.ubatch_sizes[i - 1])
+      return fmt::format("ubatch_sizes must be strictly ascending ({} follows {})", s.ubatch_sizes[i],
+                         s.ubatch_sizes[i - 1]);
+  }
+  if (s.family == ModelFamily::Resnet) {
+    if (s.layers != 50 && s.layers != 101 && s.layers != 152)
+      return fmt::format("resnet depth (layers) must be 50, 101 or 152, got {}", s.layers);
+    if (s.image_size < 32 || s.image_size > 8192) return fmt::format("image_size {} is outside 32..8192", s.image_size);
+    if (s.classes < 1 || s.classes > kMaxDim) return fmt::format("classes {} is outside 1..{}", s.classes, kMaxDim);
+    return {};
+  }
+  if (s.layers < 1 || s.layers > 10000) return fmt::format("layers {} is outside 1..10000", s.layers);
+  if (s.hidden < 1 || s.hidden > kMaxDim) return fmt::format("hidden {} is outside 1..{}", s.hidden, kMaxDim);
+  if (s.heads < 1 || s.heads > s.hidden) return fmt::format("heads {} is outside 1..hidden ({})", s.heads, s.hidden);
+  if (s.hidden % s.heads != 0) return fmt::format("heads ({}) must divide hidden ({})", s.heads, s.hidden);
+  if (s.ffn < 0 || s.ffn > 4 * kMaxDim) return fmt::format("ffn {} is out of range", s.ffn);
+  if (s.seq_len < 2 || s.seq_len > kMaxDim) return fmt::format("seq_len {} is outside 2..{}", s.seq_len, kMaxDim);
+  if (s.vocab < 2 || s.vocab > 16 * kMaxDim) return fmt::format("vocab {} is outside 2..{}", s.vocab, 16 * kMaxDim);
+  if (s.family == ModelFamily::Bert && s.bert_head == BertHead::Classifier && (s.labels < 1 || s.labels > kMaxDim))
+    return fmt::format("labels {} is outside 1..{}", s.labels, kMaxDim);
+  return {};
+}
+
+std::vector<AnalyticLayerInfo> analytic_layer_info(const AnalyticSpec& spec) {
+  if (const std::string p = analytic_spec_problem(spec); !p.empty()) throw ScheduleError("analytic model: " + p);
+  const std::vector<LayerDef> layers = build_layers(spec);
+  std::vector<AnalyticLayerInfo> out;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerDef& d = layers[i].copy_of >= 0 ? layers[static_cast<std::size_t>(layers[i].copy_of)] : layers[i];
+    AnalyticLayerInfo info;
+    info.kind = layers[i].kind;
+    info.param_count = d.owned_params;
+    for (const Op& op : d.graph.ops) {
+      for (const Kernel& k : op.fwd) {
+        if (k.gemm) info.fwd_flops_per_sample += k.flops(1.0);
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAdam& cpu) {
+  if (const std::string p = analytic_spec_problem(spec); !p.empty()) throw ScheduleError("analytic model: " + p);
+  if (!gpu.valid())
+    throw ScheduleError("analytic model: the machine has no gpu_rates (matrix_fp32 and memory are required)");
+  Rates r;
+  r.peak_flops = spec.dtype == DType::Fp32 || gpu.matrix_fp16_flops_per_s <= 0 ? gpu.matrix_fp32_flops_per_s
+                                                                               : gpu.matrix_fp16_flops_per_s;
+  r.gemm_max = gpu.gemm_efficiency_max > 0 ? gpu.gemm_efficiency_max : 1.0;
+  r.gemm_half = gpu.gemm_half_flops;
+  r.mem_bw = gpu.memory_bytes_per_s;
+  r.vec_eff = gpu.vector_efficiency > 0 ? gpu.vector_efficiency : 1.0;
+  r.floor_s = gpu.kernel_floor_s;
+  const double adam_bps = cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
+  const double adam_layer_s = cpu.per_layer_s > 0 ? cpu.per_layer_s : kDefaultAdamLayerS;
+  const double bpe = dtype_bytes(spec.dtype);
+
+  Model m;
+  m.name = spec.name.empty() ? derived_name(spec) : spec.name;
+  m.source = "analytic";
+  m.ubatch_fwd = spec.ubatch_sizes;
+  m.ubatch_bwd = spec.ubatch_sizes;
+
+  const std::vector<LayerDef> defs = build_layers(spec);
+  m.layers.reserve(defs.size());
+  for (const LayerDef& d : defs) {
+    if (d.copy_of >= 0) {
+      Layer l = m.layers[static_cast<std::size_t>(d.copy_of)];
+      l.name = d.name;
+      m.layers.push_back(std::move(l));
+      continue;
+    }
+    Layer l;
+    l.name = d.name;
+    l.is_criterion = d.is_criterion;
+    l.param_count = d.owned_params;
+    l.weight_bytes = static_cast<Bytes>(std::llround(static_cast<double>(d.resident_params) * bpe));
+    l.buffer_bytes = static_cast<Bytes>(std::llround(d.buffer_bytes));
+    l.optimizer_state_bytes =
+        static_cast<Bytes>(std::llround(static_cast<double>(d.owned_params) * state_bytes_per_param(spec)));
+    l.update_time_cpu_s =
+        d.owned_params > 0
+            ? static_cast<double>(d.owned_params) * 4.0 / adam_bps * step_cost_vs_adam(spec.optimizer) + adam_layer_s
+            : 0.0;
+    double in_bytes = 0;
+    for (int t : d.graph.inputs) in_bytes += d.graph.tensors[static_cast<std::size_t>(t)].bytes(1.0);
+    l.input_bytes_per_sample = static_cast<Bytes>(std::llround(in_bytes));
+    const LayerCosts c =
+        layer_costs(d, spec.ubatch_sizes, r, gpu, static_cast<double>(l.weight_bytes + l.buffer_bytes));
+    l.fwd_time_s = c.fwd_s;
+    l.bwd_time_s = c.bwd_s;
+    l.fwd_peak_bytes = c.fwd_peak;
+    l.bwd_peak_bytes = c.bwd_peak;
+    m.layers.push_back(std::move(l));
+  }
+  m.validate();
+  return m;
+}
+
+}  // namespace harmony::core

@@ -1,0 +1,82 @@
+// Analytic models: a core::Model built from a model's shape (transformer decoder or encoder, ResNet) and a
+// GPU's rates instead of a measured profile. Per-layer FLOPs, bytes moved, kernels and tensor lifetimes come
+// from formulas; times from the rates (GEMM efficiency curve, memory roofline); memory from a liveness walk.
+// The model and its calibration against the bundled profiles are documented in docs/validation.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/machine/machine.hpp"
+#include "core/model/model.hpp"
+
+namespace harmony::core {
+
+enum class ModelFamily {
+  Gpt,     // decoder: embeddings, blocks (causal attention), final norm, LM head, loss
+  Bert,    // encoder: embeddings, blocks, head (masked-LM, or pooler + classifier), loss
+  Resnet,  // ResNet v1.5: stem, one layer per bottleneck block, pool + FC head, loss
+};
+enum class DType { Fp32, Fp16, Bf16 };
+enum class OptimizerKind {
+  Adam,      // 2 FP32 moments per parameter
+  Sgd,       // no state
+  Momentum,  // SGD with momentum: 1 FP32 buffer per parameter
+};
+enum class KernelStyle {
+  Eager,  // op by op as PyTorch eager runs the Hugging Face code the bundled profiles measured
+  Fused,  // fused scale-mask-softmax, GELU and bias-dropout-residual kernels (Megatron style); no flash attention
+};
+enum class BertHead { Mlm, Classifier };
+
+struct AnalyticSpec {
+  ModelFamily family = ModelFamily::Gpt;
+  std::string name;  // shown in reports; empty: derived from the shape
+  int layers = 0;    // transformer blocks; resnet: the depth (50, 101 or 152)
+  int hidden = 0;
+  int heads = 0;
+  int ffn = 0;  // MLP width; 0: 4 x hidden
+  int seq_len = 0;
+  int vocab = 0;
+  bool tied_head = true;               // gpt, bert mlm: the output projection is the token embedding
+  BertHead bert_head = BertHead::Mlm;  // bert
+  int labels = 2;                      // bert classifier
+  int image_size = 224;                // resnet
+  int classes = 1000;                  // resnet
+  DType dtype = DType::Fp32;           // activations and GPU weights; fp16/bf16 keep FP32 masters on the CPU
+  OptimizerKind optimizer = OptimizerKind::Adam;
+  KernelStyle kernels = KernelStyle::Eager;
+  bool dropout = true;                                   // dropout layers are present (training mode)
+  std::vector<int> ubatch_sizes = {1, 2, 4, 8, 16, 32};  // the sizes costs are computed at, ascending
+};
+
+// Named shapes (gpt2-small..xl, gpt3-1.3b..175b, bert-base, bert-large, resnet50/101/152); nullopt if unknown.
+std::optional<AnalyticSpec> analytic_preset(std::string_view name);
+std::vector<std::string> analytic_preset_names();
+
+// Why `spec` cannot be built ("heads (16) must divide hidden (1000)"), or "" when it can.
+std::string analytic_spec_problem(const AnalyticSpec& spec);
+
+// The model: one Layer per embedding / block / head / loss, costed at spec.ubatch_sizes for both phases.
+// Throws ScheduleError when analytic_spec_problem(spec) is not empty or `gpu` is not valid().
+// `cpu` zeros take the documented defaults (the paper testbed's measured Adam step).
+Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAdam& cpu = {});
+
+// What each layer of the analytic model is, for tests and the validation table.
+struct AnalyticLayerInfo {
+  std::string kind;                 // embedding, block, final_norm, lm_head, mlm_head, pooler, classifier, stem,
+                                    // bottleneck, head, criterion
+  double fwd_flops_per_sample = 0;  // 2 x multiply-adds of its GEMMs and convolutions, per sample
+  std::int64_t param_count = 0;     // parameters it owns (a tied head owns none)
+};
+std::vector<AnalyticLayerInfo> analytic_layer_info(const AnalyticSpec& spec);
+
+// "11.3TFLOP/s", "312 TFLOP/s", "1e12" -> FLOP/s (prefixes k M G T P); nullopt when malformed or not positive.
+std::optional<double> parse_flops_per_s(std::string_view text);
+// "2GFLOP", "500 MFLOP", "1e9" -> FLOPs; nullopt when malformed or not positive.
+std::optional<double> parse_flop_count(std::string_view text);
+
+}  // namespace harmony::core

@@ -1,0 +1,62 @@
+// The model the scheduler packs: a chain of layers (the last one is the loss) with per-layer
+// costs measured at a set of microbatch sizes. Lookups at unmeasured sizes interpolate linearly
+// per layer exactly as the paper's scheduler does (np.interp; memory truncated to an integer).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/units.hpp"
+
+namespace harmony::core {
+
+enum class Phase { Fwd, Bwd };
+
+struct Layer {
+  std::string name;
+  bool is_criterion = false;
+  Bytes weight_bytes = 0;
+  Bytes buffer_bytes = 0;
+  Bytes optimizer_state_bytes = 0;
+  std::int64_t param_count = 0;
+  double update_time_cpu_s = 0.0;
+  Bytes input_bytes_per_sample = 0;  // X[l] per sample: the previous layer's output (data for l = 0)
+  // Aligned with Model::ubatch_fwd / Model::ubatch_bwd.
+  std::vector<double> fwd_time_s;  // no-grad forward
+  std::vector<double> bwd_time_s;  // forward-with-grad (recompute) + backward
+  std::vector<Bytes> fwd_peak_bytes;
+  std::vector<Bytes> bwd_peak_bytes;
+};
+
+class Model {
+ public:
+  std::string name;
+  std::string source;           // where it came from (profile path), for messages
+  std::vector<int> ubatch_fwd;  // measured forward microbatch sizes, strictly ascending
+  std::vector<int> ubatch_bwd;  // measured backward microbatch sizes, strictly ascending
+  std::vector<Layer> layers;    // R layers; layers.back() is the criterion
+
+  int num_layers() const { return static_cast<int>(layers.size()); }
+  int ubatch_min(Phase p) const;
+  int ubatch_max(Phase p) const;
+  bool ubatch_in_range(Phase p, int u) const;
+
+  // Per-layer time in seconds at microbatch u (np.interp between measured sizes).
+  // Throws ScheduleError when u is outside the measured range.
+  double time_s(Phase p, int u, int layer) const;
+  // Per-layer peak memory at u: interpolated, then truncated to an integer (as the reference).
+  Bytes peak_bytes(Phase p, int u, int layer) const;
+  // Bytes of X[layer] (the input of `layer`) at microbatch u; 0 for layer == R (after the loss).
+  Bytes input_bytes(int u, int layer) const;
+  // W + B of layers [first, last].
+  Bytes weight_bytes(int first, int last) const;
+  Bytes buffer_bytes(int first, int last) const;
+  Bytes optimizer_state_bytes(int first, int last) const;
+
+  // Checks internal consistency (sizes aligned, ascending ubatch lists, criterion last).
+  // Throws ScheduleError naming the first problem.
+  void validate() const;
+};
+
+}  // namespace harmony::core

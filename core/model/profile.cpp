@@ -1,0 +1,523 @@
+// Loads "harmony-profile-json" v1 files (the paper's measured per-layer profiles) into a Model and owns
+// the schema checks: every problem, from a JSON syntax error to a misaligned per-size array, becomes a
+// ConfigError at the offending key or value (positions from JsonLocator) with a hint on how to fix it.
+#include "core/model/profile.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.hpp"
+#include "core/base/json_locate.hpp"
+
+namespace harmony::core {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kFormat = "harmony-profile-json";
+constexpr std::int64_t kFormatVersion = 1;
+constexpr const char* kSchemaDoc = "configs/profiles/README.md";
+
+// Every key the schema defines (README "Schema"), read or not. A missing required key is suggested a
+// replacement only among the keys present that are not in these lists, so that a missing "fwd_time" is
+// never "corrected" to the legitimate "bwd_time".
+const std::vector<std::string>& top_level_keys() {
+  static const std::vector<std::string> keys = {
+      "format",       "format_version",  "model",        "variant",
+      "aliases",      "source",          "hardware",     "units",
+      "num_layers",   "criterion_layer", "availability", "interpolation_used_by_reference",
+      "ubatch_sizes", "probe_umax",      "targets",      "targets_ubatch_sizes",
+      "layers",       "totals"};
+  return keys;
+}
+const std::vector<std::string>& layer_keys() {
+  static const std::vector<std::string> keys = {"index",
+                                                "name",
+                                                "is_criterion",
+                                                "modules",
+                                                "input_names",
+                                                "output_names",
+                                                "inputs",
+                                                "input_bytes_per_sample",
+                                                "input_bytes",
+                                                "weight_bytes",
+                                                "param_count",
+                                                "params",
+                                                "buffer_bytes",
+                                                "buffers",
+                                                "optimizer_state_bytes",
+                                                "optimizer_state_names",
+                                                "update_time_cpu",
+                                                "fwd_time",
+                                                "bwd_time",
+                                                "fwd_peak_memory",
+                                                "bwd_peak_memory",
+                                                "output_bytes_per_sample"};
+  return keys;
+}
+const std::vector<std::string>& ubatch_keys() {
+  static const std::vector<std::string> keys = {"fwd", "bwd", "inputs"};
+  return keys;
+}
+
+// What a value must be, for messages ("... must be <what>") and hints ("e.g. <example>").
+struct Expect {
+  const char* what;
+  const char* example;
+};
+constexpr Expect kObject{"an object", "{ ... }"};
+constexpr Expect kArray{"an array", "[ ... ]"};
+constexpr Expect kText{"a string", "\"bert_large\""};
+constexpr Expect kBool{"a boolean", "false"};
+constexpr Expect kInteger{"an integer", "1"};
+constexpr Expect kBytes{"a non-negative integer number of bytes", "4096"};
+constexpr Expect kCount{"a non-negative integer", "1024"};
+constexpr Expect kSeconds{"a non-negative number of seconds", "0.0125"};
+constexpr Expect kUbatch{"a positive integer microbatch size", "8"};
+
+// "the string \"abc\"", "the floating-point number 1.5", "an array", ...: what a value actually is.
+std::string describe(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return fmt::format("the boolean {}", v.get<bool>());
+    case json::value_t::string: {
+      std::string s = v.dump();
+      if (s.size() > 40) s = s.substr(0, 36) + "...\"";
+      return "the string " + s;
+    }
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "the integer " + v.dump();
+    case json::value_t::number_float:
+      return "the floating-point number " + v.dump();
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a non-JSON value";
+  }
+}
+
+// Reads one document. Pointers are built only for the fields read (a handful per layer); array elements
+// get theirs through a callable, invoked only when something is wrong, so that loading stays allocation-light.
+class Reader {
+ public:
+  Reader(std::string_view text, const std::string& file) : loc_(text), file_(file) {}
+
+  [[noreturn]] void fail(const std::string& ptr, const std::string& message, const std::string& hint,
+                         bool at_key = false) const {
+    const TextPos p = at_key ? loc_.key_pos(ptr) : loc_.value_pos(ptr);
+    throw ConfigError(SourceLoc{file_, p.line, p.column}, message, hint);
+  }
+
+  [[noreturn]] void wrong_type(const json& v, const std::string& ptr, const Expect& e) const {
+    const std::string path = pointer_to_path(ptr);
+    if (ptr.empty()) {
+      fail(ptr, fmt::format("the document must be {}, not {}", e.what, describe(v)),
+           fmt::format("a harmony profile is one JSON object, {{\"format\": \"{}\", \"format_version\": {}, ...}}; "
+                       "see {}",
+                       kFormat, kFormatVersion, kSchemaDoc));
+    }
+    fail(ptr, fmt::format("{} must be {}, not {}", path, e.what, describe(v)),
+         fmt::format("write {} as {}, e.g. {}", path, e.what, e.example));
+  }
+
+  void expect_object(const json& v, const std::string& ptr) const {
+    if (!v.is_object()) wrong_type(v, ptr, kObject);
+  }
+  void expect_array(const json& v, const std::string& ptr) const {
+    if (!v.is_array()) wrong_type(v, ptr, kArray);
+  }
+
+  // The member `key` of object `obj` (at `obj_ptr`); a ConfigError at the object when it is missing.
+  const json& member(const json& obj, const std::string& obj_ptr, const std::string& key, const Expect& e,
+                     const std::vector<std::string>& known_keys) const {
+    const auto it = obj.find(key);
+    if (it != obj.end()) return *it;
+    std::vector<std::string> unknown;
+    for (const auto& item : obj.items()) {
+      if (std::find(known_keys.begin(), known_keys.end(), item.key()) == known_keys.end())
+        unknown.push_back(item.key());
+    }
+    const std::string guess = closest_match(key, unknown);
+    const std::string where = obj_ptr.empty() ? "at the top level" : "in " + pointer_to_path(obj_ptr);
+    std::string hint = fmt::format("add \"{}\": {} ({})", key, e.example, e.what);
+    if (!guess.empty()) hint += fmt::format("; this object has \"{}\": did you mean \"{}\"?", guess, key);
+    hint += fmt::format("; the schema is in {}", kSchemaDoc);
+    fail(obj_ptr, fmt::format("missing required field \"{}\" {}", key, where), hint);
+  }
+  const json* optional_member(const json& obj, const std::string& key) const {
+    const auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+  }
+
+  std::string text(const json& v, const std::string& ptr) const {
+    if (!v.is_string()) wrong_type(v, ptr, kText);
+    return v.get<std::string>();
+  }
+  bool boolean(const json& v, const std::string& ptr) const {
+    if (!v.is_boolean()) wrong_type(v, ptr, kBool);
+    return v.get<bool>();
+  }
+
+  template <typename Ptr>
+  std::int64_t integer(const json& v, const Ptr& ptr, const Expect& e) const {
+    if (!v.is_number_integer()) wrong_type(v, ptr(), e);
+    if (v.is_number_unsigned() &&
+        v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      const std::string p = ptr();
+      fail(p, fmt::format("{} is {}, too large for a 64-bit signed integer", pointer_to_path(p), v.dump()),
+           fmt::format("write {} as {} below 2^63, e.g. {}", pointer_to_path(p), e.what, e.example));
+    }
+    return v.get<std::int64_t>();
+  }
+
+  // A byte count or other count: an integer >= 0.
+  template <typename Ptr>
+  std::int64_t size(const json& v, const Ptr& ptr, const Expect& e = kBytes) const {
+    const std::int64_t n = integer(v, ptr, e);
+    if (n < 0) {
+      const std::string p = ptr();
+      fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), n, e.what),
+           fmt::format("sizes and counts are measured quantities and never negative: correct {} (e.g. {}) or "
+                       "re-export the profile",
+                       pointer_to_path(p), e.example));
+    }
+    return n;
+  }
+
+  // A time in seconds: any JSON number >= 0.
+  template <typename Ptr>
+  double seconds(const json& v, const Ptr& ptr) const {
+    if (!v.is_number()) wrong_type(v, ptr(), kSeconds);
+    const double s = v.get<double>();
+    if (!(s >= 0.0) || !std::isfinite(s)) {
+      const std::string p = ptr();
+      fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), v.dump(), kSeconds.what),
+           fmt::format("times are measured durations and never negative: correct {} (e.g. {}) or re-export the "
+                       "profile",
+                       pointer_to_path(p), kSeconds.example));
+    }
+    return s;
+  }
+
+  // A list of measured microbatch sizes: positive, strictly ascending, non-empty.
+  std::vector<int> ubatch_list(const json& v, const std::string& ptr) const {
+    expect_array(v, ptr);
+    if (v.empty()) {
+      fail(ptr, fmt::format("{} is empty", pointer_to_path(ptr)),
+           "list the microbatch sizes the profile was measured at, e.g. [1, 2, 4, 8]");
+    }
+    std::vector<int> sizes;
+    sizes.reserve(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const auto elem = [&] { return ptr + "/" + std::to_string(i); };
+      const std::int64_t u = integer(v[i], elem, kUbatch);
+      if (u < 1 || u > std::numeric_limits<int>::max()) {
+        fail(elem(), fmt::format("{} is {}, but it must be {}", pointer_to_path(elem()), u, kUbatch.what),
+             "microbatch sizes count samples: use whole numbers from 1 up");
+      }
+      if (!sizes.empty() && u <= sizes.back()) {
+        fail(elem(),
+             fmt::format("{} is {}, not larger than the size before it ({}): the sizes must be strictly ascending",
+                         pointer_to_path(elem()), u, sizes.back()),
+             fmt::format("list the sizes in {} in ascending order without duplicates, and keep every per-size "
+                         "array of every layer in the same order",
+                         pointer_to_path(ptr)));
+      }
+      sizes.push_back(static_cast<int>(u));
+    }
+    return sizes;
+  }
+
+  // A per-layer array with one entry per microbatch size of `sizes_ptr` (e.g. "/ubatch_sizes/fwd").
+  const json& aligned_array(const json& layer, const std::string& layer_ptr, const std::string& key,
+                            std::size_t expected, const std::string& sizes_ptr, const Expect& e) const {
+    const std::string ptr = layer_ptr + "/" + key;
+    const json& a =
+        member(layer, layer_ptr, key, Expect{"an array of numbers, one per microbatch size", "[...]"}, layer_keys());
+    expect_array(a, ptr);
+    if (a.size() != expected) {
+      // Too long: point at the first extra entry. Too short: at the array.
+      const std::string at = a.size() > expected ? ptr + "/" + std::to_string(expected) : ptr;
+      fail(at,
+           fmt::format("{} has {} entries but {} lists {} microbatch sizes", pointer_to_path(ptr), a.size(),
+                       pointer_to_path(sizes_ptr), expected),
+           fmt::format("give exactly one value ({}) per size in {}, in the same order", e.what,
+                       pointer_to_path(sizes_ptr)));
+    }
+    return a;
+  }
+
+  std::vector<double> time_array(const json& layer, const std::string& layer_ptr, const std::string& key,
+                                 std::size_t expected, const std::string& sizes_ptr) const {
+    const json& a = aligned_array(layer, layer_ptr, key, expected, sizes_ptr, kSeconds);
+    std::vector<double> out;
+    out.reserve(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      out.push_back(seconds(a[i], [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
+    }
+    return out;
+  }
+
+  std::vector<Bytes> bytes_array(const json& layer, const std::string& layer_ptr, const std::string& key,
+                                 std::size_t expected, const std::string& sizes_ptr) const {
+    const json& a = aligned_array(layer, layer_ptr, key, expected, sizes_ptr, kBytes);
+    std::vector<Bytes> out;
+    out.reserve(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      out.push_back(size(a[i], [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
+    }
+    return out;
+  }
+
+ private:
+  JsonLocator loc_;
+  const std::string& file_;
+};
+
+// A callable returning a fixed pointer, for the scalar readers.
+struct At {
+  const std::string& ptr;
+  const std::string& operator()() const { return ptr; }
+};
+
+// "syntax error while parsing value - unexpected '}'; ..." from nlohmann's what(), without the
+// "[json.exception.parse_error.101] parse error at line 1, column 7: " prefix (we report our own position).
+std::string parse_message(std::string_view what) {
+  if (!what.empty() && what.front() == '[') {
+    const std::size_t close = what.find("] ");
+    if (close != std::string_view::npos) what.remove_prefix(close + 2);
+  }
+  if (what.substr(0, 11) == "parse error") {
+    const std::size_t colon = what.find(": ");
+    if (colon != std::string_view::npos) what.remove_prefix(colon + 2);
+  }
+  return std::string(what);
+}
+
+std::string parse_hint(std::string_view message) {
+  const auto has = [&](std::string_view s) { return message.find(s) != std::string_view::npos; };
+  if (has("end of input"))
+    return "the text ends before the JSON is complete: the file may be truncated, or a closing '}' or ']' is missing";
+  if (has("number overflow"))
+    return "this number is too large for a double; sizes are integers below 2^63 and times are seconds";
+  if (has("invalid string"))
+    return "strings may not contain raw control characters or line breaks; escape them (\\n, \\t, \\u001f) and "
+           "check backslash escapes";
+  if (has("invalid literal")) return "bare words must be true, false or null; put strings in double quotes";
+  if (has("invalid number"))
+    return "write numbers like 12, -3.5 or 1e-3 (no leading '+', no leading zeros, digits after '.')";
+  if (has("expected string literal"))
+    return "object keys must be double-quoted strings, and JSON allows no trailing comma before '}'";
+  return "check the JSON syntax here: a missing or extra comma, colon, quote or bracket is the usual cause "
+         "(JSON allows no comments and no trailing commas)";
+}
+
+Model read_model(const json& doc, Reader& r) {
+  const std::string root;
+  r.expect_object(doc, root);
+
+  // format and version first: a different file type should not be reported field by field
+  {
+    const std::string ptr = "/format";
+    const std::string format = r.text(r.member(doc, root, "format", kText, top_level_keys()), ptr);
+    if (format != kFormat) {
+      r.fail(ptr, fmt::format("unsupported profile format \"{}\"; expected \"{}\"", format, kFormat),
+             fmt::format("harmony reads profiles with \"format\": \"{}\", \"format_version\": {}; see {}", kFormat,
+                         kFormatVersion, kSchemaDoc));
+    }
+  }
+  {
+    const std::string ptr = "/format_version";
+    const std::int64_t version =
+        r.integer(r.member(doc, root, "format_version", kInteger, top_level_keys()), At{ptr}, kInteger);
+    if (version != kFormatVersion) {
+      r.fail(ptr, fmt::format("unsupported format_version {}; this harmony reads version {}", version, kFormatVersion),
+             fmt::format("convert the profile to \"format_version\": {} (see {})", kFormatVersion, kSchemaDoc));
+    }
+  }
+
+  Model m;
+  m.name = r.text(r.member(doc, root, "model", kText, top_level_keys()), "/model");
+  if (m.name.empty()) r.fail("/model", "model is empty", "name the model, e.g. \"model\": \"bert_large\"");
+  if (const json* variant = r.optional_member(doc, "variant"); variant && !variant->is_null()) {
+    const std::string v = r.text(*variant, "/variant");
+    if (!v.empty()) m.name += "_" + v;
+  }
+
+  const std::string ub_ptr = "/ubatch_sizes";
+  const json& ub = r.member(doc, root, "ubatch_sizes", kObject, top_level_keys());
+  r.expect_object(ub, ub_ptr);
+  const std::string fwd_ptr = ub_ptr + "/fwd", bwd_ptr = ub_ptr + "/bwd", inputs_ptr = ub_ptr + "/inputs";
+  m.ubatch_fwd = r.ubatch_list(
+      r.member(ub, ub_ptr, "fwd", Expect{"an array of microbatch sizes", "[1, 2, 4, 8]"}, ubatch_keys()), fwd_ptr);
+  m.ubatch_bwd = r.ubatch_list(
+      r.member(ub, ub_ptr, "bwd", Expect{"an array of microbatch sizes", "[1, 2, 4, 8]"}, ubatch_keys()), bwd_ptr);
+  std::vector<int> ubatch_inputs;
+  const json* inputs_json = r.optional_member(ub, "inputs");
+  if (inputs_json) ubatch_inputs = r.ubatch_list(*inputs_json, inputs_ptr);
+
+  const std::string num_ptr = "/num_layers", layers_ptr = "/layers";
+  const std::int64_t num_layers = r.integer(r.member(doc, root, "num_layers", kCount, top_level_keys()), At{num_ptr},
+                                            Expect{"a positive integer (layers incl. the loss)", "28"});
+  const json& layers =
+      r.member(doc, root, "layers", Expect{"an array of layer objects", "[{...}, ...]"}, top_level_keys());
+  r.expect_array(layers, layers_ptr);
+  if (layers.empty()) {
+    r.fail(layers_ptr, "layers is empty; a profile has at least the criterion (loss) layer",
+           "list one object per layer, ordered by index, ending with the criterion layer");
+  }
+  const std::size_t n_layers = layers.size();
+  if (num_layers != static_cast<std::int64_t>(n_layers)) {
+    r.fail(num_ptr, fmt::format("num_layers is {} but layers has {} entries", num_layers, n_layers),
+           fmt::format("num_layers counts every entry of layers, the criterion included: set it to {}, or add or "
+                       "remove layers",
+                       n_layers));
+  }
+  if (const json* crit = r.optional_member(doc, "criterion_layer")) {
+    const std::string ptr = "/criterion_layer";
+    const std::int64_t c = r.integer(*crit, At{ptr}, kInteger);
+    if (c != static_cast<std::int64_t>(n_layers) - 1) {
+      r.fail(ptr, fmt::format("criterion_layer is {} but the criterion is the last layer, {}", c, n_layers - 1),
+             fmt::format("set \"criterion_layer\": {} (num_layers - 1)", n_layers - 1));
+    }
+  }
+
+  m.layers.reserve(n_layers);
+  for (std::size_t i = 0; i < n_layers; ++i) {
+    const std::string lp = layers_ptr + "/" + std::to_string(i);
+    const json& lj = layers[i];
+    r.expect_object(lj, lp);
+    const auto field = [&](const char* key, const Expect& e) -> const json& {
+      return r.member(lj, lp, key, e, layer_keys());
+    };
+    const auto ptr_of = [&](const char* key) { return lp + "/" + key; };
+
+    {
+      const std::string p = ptr_of("index");
+      const std::int64_t index = r.integer(field("index", kInteger), At{p}, kInteger);
+      if (index != static_cast<std::int64_t>(i)) {
+        r.fail(p, fmt::format("layers[{}] has index {}; layers must be listed in order 0..{}", i, index, n_layers - 1),
+               fmt::format("set \"index\": {} or move this layer to position {}", i, index));
+      }
+    }
+    Layer l;
+    l.name = r.text(field("name", kText), ptr_of("name"));
+    {
+      const std::string p = ptr_of("is_criterion");
+      l.is_criterion = r.boolean(field("is_criterion", kBool), p);
+      if (l.is_criterion && i + 1 != n_layers) {
+        r.fail(p,
+               fmt::format("layers[{}] ({}) is marked as the criterion but is not the last layer (the last is {})", i,
+                           l.name, n_layers - 1),
+               "only the loss may have \"is_criterion\": true, and it must be the last entry of layers: set this "
+               "one to false or move the loss to the end");
+      }
+      if (!l.is_criterion && i + 1 == n_layers) {
+        r.fail(p, fmt::format("the last layer, layers[{}] ({}), is not marked as the criterion", i, l.name),
+               "the last entry of layers must be the loss layer with \"is_criterion\": true");
+      }
+    }
+    l.weight_bytes = r.size(field("weight_bytes", kBytes), At{ptr_of("weight_bytes")});
+    l.buffer_bytes = r.size(field("buffer_bytes", kBytes), At{ptr_of("buffer_bytes")});
+    l.optimizer_state_bytes = r.size(field("optimizer_state_bytes", kBytes), At{ptr_of("optimizer_state_bytes")});
+    l.param_count = r.size(field("param_count", kCount), At{ptr_of("param_count")}, kCount);
+    l.update_time_cpu_s = r.seconds(field("update_time_cpu", kSeconds), At{ptr_of("update_time_cpu")});
+    l.input_bytes_per_sample = r.size(field("input_bytes_per_sample", kBytes), At{ptr_of("input_bytes_per_sample")});
+    l.fwd_time_s = r.time_array(lj, lp, "fwd_time", m.ubatch_fwd.size(), fwd_ptr);
+    l.bwd_time_s = r.time_array(lj, lp, "bwd_time", m.ubatch_bwd.size(), bwd_ptr);
+    l.fwd_peak_bytes = r.bytes_array(lj, lp, "fwd_peak_memory", m.ubatch_fwd.size(), fwd_ptr);
+    l.bwd_peak_bytes = r.bytes_array(lj, lp, "bwd_peak_memory", m.ubatch_bwd.size(), bwd_ptr);
+
+    // input_bytes is redundant (always u * input_bytes_per_sample); check it when present
+    if (r.optional_member(lj, "input_bytes")) {
+      const std::string p = ptr_of("input_bytes");
+      if (!inputs_json) {
+        r.fail(p,
+               fmt::format("{} is given but ubatch_sizes.inputs, the sizes it is measured at, is missing",
+                           pointer_to_path(p)),
+               "add \"inputs\": [...] to ubatch_sizes (one size per input_bytes entry), or drop input_bytes");
+      }
+      const std::vector<Bytes> in = r.bytes_array(lj, lp, "input_bytes", ubatch_inputs.size(), inputs_ptr);
+      for (std::size_t j = 0; j < in.size(); ++j) {
+        const Bytes u = ubatch_inputs[j];
+        Bytes expected = 0;
+        const bool overflow = __builtin_mul_overflow(u, l.input_bytes_per_sample, &expected);
+        if (overflow || in[j] != expected) {
+          const std::string ep = p + "/" + std::to_string(j);
+          r.fail(ep,
+                 fmt::format("{} is {}, but ubatch_sizes.inputs[{}] x input_bytes_per_sample = {} x {} = {}",
+                             pointer_to_path(ep), in[j], j, u, l.input_bytes_per_sample,
+                             overflow ? std::string("(overflow)") : std::to_string(expected)),
+                 "input bytes are exact (u x input_bytes_per_sample): correct input_bytes_per_sample or this entry");
+        }
+      }
+    }
+    m.layers.push_back(std::move(l));
+  }
+  return m;
+}
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+}  // namespace
+
+Model load_profile_text(const std::string& text, const std::string& name) {
+  Reader reader(text, name);
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    const TextPos p = JsonLocator(text).parse_error_pos(e.byte, e.what());
+    const std::string msg = parse_message(e.what());
+    throw ConfigError(SourceLoc{name, p.line, p.column}, "malformed JSON: " + msg, parse_hint(msg));
+  } catch (const json::exception& e) {  // out_of_range.406: a number too large for a double
+    const TextPos p = JsonLocator(text).parse_error_pos(0, e.what());
+    const std::string msg = parse_message(e.what());
+    throw ConfigError(SourceLoc{name, p.line, p.column}, "malformed JSON: " + msg, parse_hint(msg));
+  }
+  Model m = read_model(doc, reader);
+  m.source = name;
+  try {
+    m.validate();
+  } catch (const ScheduleError& e) {  // not reachable after the checks above; kept as a safety net
+    reader.fail("/layers", e.what(), fmt::format("fix the profile so that it follows the schema in {}", kSchemaDoc));
+  }
+  return m;
+}
+
+Model load_profile(const std::string& path) {
+  const auto fail = [&](int err) {
+    throw ConfigError(SourceLoc{path, 0, 0}, fmt::format("cannot read profile {}: {}", path, std::strerror(err)),
+                      "check the path (relative paths start at the current directory); the bundled profiles are "
+                      "configs/profiles/bert_large.json and configs/profiles/gpt2_medium.json");
+  };
+  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
+  if (!f) fail(errno);
+  std::string text;
+  char buf[1 << 16];
+  std::size_t n = 0;
+  errno = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
+  if (std::ferror(f.get())) fail(errno != 0 ? errno : EIO);
+  return load_profile_text(text, path);
+}
+
+}  // namespace harmony::core

@@ -1,0 +1,73 @@
+// Plan helpers: the paper's manual packing, plan validation and minibatch splitting.
+#include "core/plan/plan.hpp"
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
+
+namespace harmony::core {
+
+const char* mode_name(Mode m) { return m == Mode::HarmonyPP ? "harmony-pp" : "harmony-dp"; }
+
+void manual_packs(int num_layers, int pack_size, Packs& packs_fwd, Packs& packs_bwd) {
+  if (pack_size < 1) throw ScheduleError(fmt::format("pack size {} is not positive", pack_size));
+  packs_bwd.clear();
+  // splits = range(R-1, -1, -P) reversed: packs end at R-1, R-1-P, ...; the first takes the remainder.
+  for (int last = num_layers - 1; last >= 0; last -= pack_size) {
+    packs_bwd.insert(packs_bwd.begin(), LayerRange{std::max(0, last - pack_size + 1), last});
+  }
+  packs_fwd.assign(packs_bwd.begin(), packs_bwd.end() - 1);
+}
+
+static void check_cover(const Packs& packs, int first, int end, const char* what) {
+  int next = first;
+  for (std::size_t i = 0; i < packs.size(); ++i) {
+    const LayerRange& p = packs[i];
+    if (p.first > p.last)
+      throw ScheduleError(
+          fmt::format("{} pack {} [{}, {}] is empty or reversed: write [first, last] with first <= last", what, i,
+                      p.first, p.last));
+    if (p.first != next) {
+      throw ScheduleError(fmt::format("{} pack {} [{}, {}] {} layer {}: packs must be contiguous and ascending", what,
+                                      i, p.first, p.last, p.first > next ? "skips to after" : "overlaps at",
+                                      p.first > next ? next : p.first));
+    }
+    next = p.last + 1;
+  }
+  if (next != end)
+    throw ScheduleError(
+        fmt::format("{} packs cover layers {}..{} but must cover {}..{}", what, first, next - 1, first, end - 1));
+}
+
+void validate_plan(const Plan& plan, int num_layers) {
+  if (plan.gpus < 1) throw ScheduleError(fmt::format("gpus = {} must be at least 1", plan.gpus));
+  if (plan.minibatch < 1) throw ScheduleError(fmt::format("minibatch = {} must be at least 1", plan.minibatch));
+  if (plan.u_fwd < 1 || plan.u_bwd < 1)
+    throw ScheduleError(
+        fmt::format("microbatch sizes u_fwd = {}, u_bwd = {} must be at least 1", plan.u_fwd, plan.u_bwd));
+  if (plan.packs_bwd.empty()) throw ScheduleError("no backward packs");
+  check_cover(plan.packs_bwd, 0, num_layers, "backward");
+  check_cover(plan.packs_fwd, 0, plan.packs_bwd.back().first, "forward");
+  const int local = plan.mode == Mode::HarmonyDP ? plan.minibatch / plan.gpus : plan.minibatch;
+  if (local < 1)
+    throw ScheduleError(fmt::format("minibatch {} gives GPUs no samples with {} GPUs in {}", plan.minibatch, plan.gpus,
+                                    mode_name(plan.mode)));
+}
+
+std::string packs_to_string(const Packs& packs) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < packs.size(); ++i) {
+    if (i) s += ", ";
+    s += packs[i].first == packs[i].last ? fmt::format("[{}]", packs[i].first)
+                                         : fmt::format("[{}-{}]", packs[i].first, packs[i].last);
+  }
+  return s + "]";
+}
+
+std::vector<int> split_minibatch(int samples, int ubatch) {
+  std::vector<int> v(static_cast<std::size_t>(samples / ubatch), ubatch);
+  if (samples % ubatch) v.push_back(samples % ubatch);
+  return v;
+}
+
+}  // namespace harmony::core

@@ -1,0 +1,55 @@
+// A Plan is one point of the configuration space the search explores: the execution mode,
+// the number of GPUs, the minibatch, the forward/backward microbatch sizes and layer packs.
+// Harmony-PP is the paper's vPP (packs round-robin over GPUs), Harmony-DP its vDP (replicas).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace harmony::core {
+
+enum class Mode { HarmonyPP, HarmonyDP };
+
+const char* mode_name(Mode m);  // "harmony-pp" / "harmony-dp"
+
+struct LayerRange {
+  int first = 0;
+  int last = 0;  // inclusive
+  int size() const { return last - first + 1; }
+  bool operator==(const LayerRange&) const = default;
+};
+
+using Packs = std::vector<LayerRange>;
+
+// The config's `options:` section: how a plan is lowered.
+struct Options {
+  bool prefetch = false;              // the paper's --prefetch_offload dependency model
+  int prefetch_buffers = 2;           // with prefetch: input buffers per stream (2 = the paper's double buffer)
+  bool unequal_microbatches = false;  // allow D % u != 0 (paper's --inequal_ubatchsize; runtime unsupported)
+};
+
+struct Plan {
+  Mode mode = Mode::HarmonyPP;
+  int gpus = 1;
+  int minibatch = 1;  // D, samples per iteration (global)
+  int u_fwd = 1;
+  int u_bwd = 1;
+  Packs packs_fwd;  // cover layers 0 .. packs_bwd.back().first - 1 (empty if one backward pack)
+  Packs packs_bwd;  // cover layers 0 .. R-1
+};
+
+// The paper's manual packing: backward packs of `pack_size` layers counted from the end (the first
+// pack takes the remainder), forward packs = all backward packs but the last.
+void manual_packs(int num_layers, int pack_size, Packs& packs_fwd, Packs& packs_bwd);
+
+// Throws ScheduleError if the packs skip or overlap layers, are not ascending, or the forward packs
+// do not cover exactly the layers before the last backward pack; or sizes are not positive.
+void validate_plan(const Plan& plan, int num_layers);
+
+// "[[0-6], [7-13]]"
+std::string packs_to_string(const Packs& packs);
+
+// split_minibatchsize(D, U) = [U]*(D//U) (+ [D%U] if non-zero)
+std::vector<int> split_minibatch(int samples, int ubatch);
+
+}  // namespace harmony::core

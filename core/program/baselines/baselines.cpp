@@ -1,0 +1,428 @@
+// The baselines' common ground: plan validation, the swap decisions, lower_baseline's dispatch, the
+// op-building kit the four lowerings share (detail::ProgramBuilder) and GPipe's balanced stage split.
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
+#include "core/program/baselines/baselines.hpp"
+
+namespace harmony::core {
+
+void require_baseline(PlanKind k, const char* what) {
+  if (!is_baseline(k))
+    throw ScheduleError(
+        fmt::format("{}: {} is a Harmony mode, not a baseline; Harmony plans are {}", what, plan_kind_name(k),
+                    "built by compose_task_graph + lower_harmony and searched by enumerate_candidates"));
+}
+
+// ---- validation and swap decisions ----
+
+namespace {
+
+// Microbatches per GPU: D/N for data-parallel kinds, D for pp-swap (every stage sees every sample).
+int microbatches(const BaselinePlan& p) {
+  return (is_data_parallel(p.kind) ? p.minibatch / p.gpus : p.minibatch) / p.ubatch;
+}
+
+struct SpanMemory {
+  Bytes resident = 0;  // sum of W+B and of W (gradient accumulators)
+  Bytes streamed = 0;  // two layers' W+B and gradients in flight
+  Bytes stash = 0;     // inputs of every layer of the span for the microbatches alive at once
+  Bytes window = 0;    // four largest activations (stash out/in, boundary in/out) in flight
+  Bytes boundary = 0;  // l2l: all microbatches' activations at the current layer's two boundaries
+  Bytes peak = 0;      // the largest per-layer profiled peak (forward or backward)
+};
+
+SpanMemory span_memory(const Model& m, LayerRange span, int u, int alive) {
+  SpanMemory s;
+  Bytes gw_max = 0;
+  Bytes w_max = 0;
+  Bytes x_max = m.input_bytes(u, span.last + 1);
+  for (int l = span.first; l <= span.last; ++l) {
+    const Bytes w = m.weight_bytes(l, l);
+    const Bytes gw = w + m.buffer_bytes(l, l);
+    s.resident += gw + w;
+    gw_max = std::max(gw_max, gw);
+    w_max = std::max(w_max, w);
+    x_max = std::max(x_max, m.input_bytes(u, l));
+    s.stash += static_cast<Bytes>(alive) * m.input_bytes(u, l);
+    s.peak = std::max({s.peak, m.peak_bytes(Phase::Fwd, u, l), m.peak_bytes(Phase::Bwd, u, l)});
+  }
+  s.streamed = 2 * gw_max + 2 * w_max;
+  s.window = 4 * x_max;
+  s.boundary = 2 * static_cast<Bytes>(alive) * x_max + 2 * x_max;
+  return s;
+}
+
+SwapDecision decide(const BaselinePlan& p, const Model& m, LayerRange span) {
+  const int mb = microbatches(p);
+  const Bytes cap = p.gpu_capacity_bytes;
+  SwapDecision d;
+  if (p.kind == PlanKind::L2L) {
+    const SpanMemory s = span_memory(m, span, p.ubatch, mb);
+    d.weights = true;
+    d.activations = p.activations == SwapChoice::Swap ||
+                    (p.activations == SwapChoice::Auto && s.streamed + s.boundary + s.peak > cap);
+    d.estimate_bytes = s.streamed + (d.activations ? s.window : s.boundary) + s.peak;
+  } else {
+    const SpanMemory s = span_memory(m, span, p.ubatch, p.kind == PlanKind::PpSwap ? mb : 1);
+    const Bytes window = std::min(s.window, s.stash);  // swapping never holds more than keeping
+    if (p.kind == PlanKind::ZeroInfinity) {
+      d.weights = true;
+    } else {
+      d.weights =
+          p.weights == SwapChoice::Swap || (p.weights == SwapChoice::Auto && s.resident + window + s.peak > cap);
+    }
+    const Bytes w = d.weights ? s.streamed : s.resident;
+    d.activations =
+        p.activations == SwapChoice::Swap || (p.activations == SwapChoice::Auto && w + s.stash + s.peak > cap);
+    d.estimate_bytes = w + (d.activations ? window : s.stash) + s.peak;
+  }
+  d.fits = d.estimate_bytes <= cap;
+  return d;
+}
+
+void check_stages(const std::vector<LayerRange>& stages, int gpus, int num_layers) {
+  if (static_cast<int>(stages.size()) != gpus)
+    throw ScheduleError(
+        fmt::format("pp-swap has {} stages for {} GPUs: give one contiguous layer range per GPU", stages.size(), gpus));
+  int next = 0;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s].first != next || stages[s].last < stages[s].first)
+      throw ScheduleError(
+          fmt::format("pp-swap stage {} [{}, {}] does not start at layer {} or is empty: stages must "
+                      "be contiguous, ascending and non-empty",
+                      s, stages[s].first, stages[s].last, next));
+    next = stages[s].last + 1;
+  }
+  if (next != num_layers)
+    throw ScheduleError(
+        fmt::format("pp-swap stages cover layers 0..{} but must cover 0..{}", next - 1, num_layers - 1));
+}
+
+}  // namespace
+
+void validate_baseline_plan(const BaselinePlan& p, const Model& m) {
+  require_baseline(p.kind, "validate_baseline_plan");
+  const char* name = plan_kind_name(p.kind);
+  if (p.gpus < 1 || p.minibatch < 1 || p.ubatch < 1)
+    throw ScheduleError(fmt::format("{}: gpus ({}), minibatch ({}) and microbatch ({}) must be positive", name, p.gpus,
+                                    p.minibatch, p.ubatch));
+  for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
+    if (!m.ubatch_in_range(ph, p.ubatch)) (void)m.time_s(ph, p.ubatch, 0);  // throws the range error
+  }
+  const int R = m.num_layers();
+  if (is_data_parallel(p.kind)) {
+    if (p.minibatch % p.gpus != 0)
+      throw ScheduleError(fmt::format("{}: {} GPUs do not divide the minibatch {}: every replica gets D/N samples",
+                                      name, p.gpus, p.minibatch));
+    if ((p.minibatch / p.gpus) % p.ubatch != 0)
+      throw ScheduleError(
+          fmt::format("{}: microbatch {} does not divide the per-GPU share {}", name, p.ubatch, p.minibatch / p.gpus));
+  } else {
+    if (p.gpus > R)
+      throw ScheduleError(fmt::format("pp-swap: {} GPUs but only {} layers: every stage needs a layer", p.gpus, R));
+    if (p.minibatch % p.ubatch != 0)
+      throw ScheduleError(
+          fmt::format("pp-swap: microbatch {} does not divide the minibatch {}", p.ubatch, p.minibatch));
+    if (!p.stages.empty()) check_stages(p.stages, p.gpus, R);
+  }
+}
+
+std::vector<SwapDecision> decide_swaps(const BaselinePlan& plan, const Model& model) {
+  validate_baseline_plan(plan, model);
+  std::vector<SwapDecision> out;
+  if (plan.kind == PlanKind::PpSwap) {
+    const auto stages = plan.stages.empty() ? balanced_stages(model, plan.ubatch, plan.gpus) : plan.stages;
+    for (const LayerRange& s : stages) out.push_back(decide(plan, model, s));
+  } else {
+    out.push_back(decide(plan, model, LayerRange{0, model.num_layers() - 1}));
+  }
+  return out;
+}
+
+Program lower_baseline(const BaselinePlan& plan, const Model& model) {
+  validate_baseline_plan(plan, model);
+  switch (plan.kind) {
+    case PlanKind::DpSwap:
+      return lower_dp_swap(plan, model);
+    case PlanKind::PpSwap: {
+      if (!plan.stages.empty()) return lower_pp_swap(plan, model);
+      BaselinePlan p = plan;
+      p.stages = balanced_stages(model, plan.ubatch, plan.gpus);
+      return lower_pp_swap(p, model);
+    }
+    case PlanKind::ZeroInfinity:
+      return lower_zero_infinity(plan, model);
+    case PlanKind::L2L:
+      return lower_l2l(plan, model);
+    default:
+      break;
+  }
+  require_baseline(plan.kind, "lower_baseline");
+  return {};
+}
+
+// ---- GPipe's balanced split ----
+
+std::vector<LayerRange> balanced_stages(const Model& model, int u, int stages) {
+  const int R = model.num_layers();
+  if (stages < 1 || stages > R)
+    throw ScheduleError(fmt::format("cannot split {} layers into {} non-empty stages", R, stages));
+  std::vector<double> prefix(static_cast<std::size_t>(R) + 1, 0.0);
+  for (int l = 0; l < R; ++l)
+    prefix[static_cast<std::size_t>(l) + 1] = prefix[static_cast<std::size_t>(l)] + model.time_s(Phase::Bwd, u, l);
+  auto sum = [&](int i, int j) { return prefix[static_cast<std::size_t>(j)] - prefix[static_cast<std::size_t>(i)]; };
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][j]: smallest max stage time splitting layers [0, j) into k stages; cut[k][j]: start of the last.
+  std::vector<std::vector<double>> best(static_cast<std::size_t>(stages) + 1,
+                                        std::vector<double>(static_cast<std::size_t>(R) + 1, inf));
+  std::vector<std::vector<int>> cut(static_cast<std::size_t>(stages) + 1,
+                                    std::vector<int>(static_cast<std::size_t>(R) + 1, 0));
+  best[0][0] = 0.0;
+  for (int k = 1; k <= stages; ++k) {
+    for (int j = k; j <= R; ++j) {
+      for (int i = k - 1; i < j; ++i) {
+        const double prev = best[static_cast<std::size_t>(k) - 1][static_cast<std::size_t>(i)];
+        if (prev == inf) continue;
+        const double v = std::max(prev, sum(i, j));
+        if (v < best[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)]) {
+          best[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)] = v;
+          cut[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)] = i;
+        }
+      }
+    }
+  }
+  std::vector<LayerRange> out(static_cast<std::size_t>(stages));
+  int j = R;
+  for (int k = stages; k >= 1; --k) {
+    const int i = cut[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)];
+    out[static_cast<std::size_t>(k) - 1] = LayerRange{i, j - 1};
+    j = i;
+  }
+  return out;
+}
+
+// ---- the shared op-building kit ----
+
+namespace detail {
+
+ProgramBuilder::ProgramBuilder(const Model& model, const BaselinePlan& plan) : model_(model) {
+  const int R = model.num_layers();
+  const int N = plan.gpus;
+  Plan& gp = prog_.graph.plan;
+  gp.mode = plan.kind == PlanKind::PpSwap ? Mode::HarmonyPP : Mode::HarmonyDP;
+  gp.gpus = N;
+  gp.minibatch = plan.minibatch;
+  gp.u_fwd = plan.ubatch;
+  gp.u_bwd = plan.ubatch;
+  if (plan.kind == PlanKind::PpSwap && !plan.stages.empty()) {
+    gp.packs_bwd = plan.stages;
+  } else {
+    gp.packs_bwd = {LayerRange{0, R - 1}};
+  }
+  gp.packs_fwd.assign(gp.packs_bwd.begin(), gp.packs_bwd.end() - 1);
+  prog_.graph.num_layers = R;
+  prog_.graph.rank_tasks.assign(static_cast<std::size_t>(N), {});
+  const int share = plan.kind == PlanKind::PpSwap ? plan.minibatch : plan.minibatch / N;
+  const auto lists = split_minibatch(share, plan.ubatch);
+  prog_.graph.ubatch_fwd.assign(static_cast<std::size_t>(N), lists);
+  prog_.graph.ubatch_bwd.assign(static_cast<std::size_t>(N), lists);
+  prog_.prefetch = false;
+  prog_.pp_rules = false;
+  prog_.bandwidth_sharers = N;
+  steps_.assign(static_cast<std::size_t>(N), {});
+  outputs_.assign(static_cast<std::size_t>(N), {});
+}
+
+int ProgramBuilder::op(int device, Stream stream, OpKind kind, int task, int ui, LayerRange layers, int ubs,
+                       Bytes bytes) {
+  Op o;
+  o.task = task;
+  o.ui = ui;
+  o.device = device;
+  o.stream = stream;
+  o.kind = kind;
+  o.layers = layers;
+  o.ubs = ubs;
+  o.bytes = bytes;
+  prog_.ops.push_back(std::move(o));
+  return static_cast<int>(prog_.ops.size()) - 1;
+}
+
+int ProgramBuilder::weight_op(int device, Stream stream, OpKind kind, int task, int ui, LayerRange layers, Bytes w,
+                              Bytes b) {
+  const int id = op(device, stream, kind, task, ui, layers, 0, w + b);
+  prog_.ops[static_cast<std::size_t>(id)].bytes_w = w;
+  prog_.ops[static_cast<std::size_t>(id)].bytes_b = b;
+  return id;
+}
+
+Bytes ProgramBuilder::workspace(Phase ph, int u, int l) const {
+  Bytes own = wbytes(l) + bbytes(l) + xbytes(u, l) + xbytes(u, l + 1);
+  if (ph == Phase::Bwd) own += wbytes(l) + (l != 0 ? xbytes(u, l) : 0);
+  return std::max<Bytes>(0, model_.peak_bytes(ph, u, l) - own);
+}
+
+int ProgramBuilder::compute(int device, OpKind kind, int task, int ui, LayerRange layers, int ubs, Bytes w, Bytes b) {
+  const int id = kind == OpKind::ARD ? weight_op(device, Stream::Compute, kind, task, ui, layers, w, b)
+                                     : op(device, Stream::Compute, kind, task, ui, layers, ubs, 0);
+  if (kind == OpKind::FWD || kind == OpKind::BWD) {
+    prog_.ops[static_cast<std::size_t>(id)].workspace_bytes =
+        workspace(kind == OpKind::FWD ? Phase::Fwd : Phase::Bwd, ubs, layers.first);
+  }
+  auto& steps = steps_[static_cast<std::size_t>(device)];
+  const int k = static_cast<int>(steps.size());
+  steps.push_back(id);
+  auto& outs = outputs_[static_cast<std::size_t>(device)];
+  if (auto it = outs.find(k - 2); it != outs.end()) {
+    for (int o : it->second) dep(id, o);
+  }
+  return id;
+}
+
+int ProgramBuilder::next_step(int device) const {
+  return static_cast<int>(steps_[static_cast<std::size_t>(device)].size());
+}
+
+void ProgramBuilder::dep(int op, int on) {
+  auto& deps = prog_.ops[static_cast<std::size_t>(op)].deps;
+  if (on != op && std::find(deps.begin(), deps.end(), on) == deps.end()) deps.push_back(on);
+}
+
+int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
+                                   std::vector<int> ins) {
+  const int R = num_layers();
+  const LayerRange L{l, l};
+  bool stashed = false;
+  if (stash_activations && l == 0) {
+    const int X = op(device, Stream::SwapIn, OpKind::X, bwd_task(device, 0), i, L, u, xbytes(u, 0));
+    alloc(X, TensorKind::Stash, L, i, xbytes(u, 0));
+    window(X, device, k);
+    ins.push_back(X);
+    stashed = true;
+  } else if (stash_activations && l < R - 1) {
+    const int S = op(device, Stream::SwapIn, OpKind::sX, bwd_task(device, l), i, L, u, xbytes(u, l));
+    alloc(S, TensorKind::Stash, L, i, xbytes(u, l));
+    dep(S, stash_out);
+    window(S, device, k);
+    ins.push_back(S);
+    stashed = true;
+  }
+  const int Bw = compute(device, OpKind::BWD, bwd_task(device, l), i, L, u);
+  for (int in : ins) dep(Bw, in);
+  if (l > 0) alloc(Bw, TensorKind::ActGrad, L, i, xbytes(u, l));
+  if (l < R - 1) free(Bw, TensorKind::ActGrad, LayerRange{l + 1, l + 1}, i, xbytes(u, l + 1));
+  free(Bw, stashed ? TensorKind::Stash : TensorKind::Activation, L, i, xbytes(u, l));
+  return Bw;
+}
+
+int ProgramBuilder::forward_layer(int device, int l, int i, int u, int k, bool stash_activations,
+                                  const std::vector<int>& ins, bool free_weights, int& stash_out) {
+  const int R = num_layers();
+  const LayerRange L{l, l};
+  const int F = compute(device, OpKind::FWD, fwd_task(device, l), i, L, u);
+  for (int in : ins) dep(F, in);
+  alloc(F, TensorKind::Activation, LayerRange{l + 1, l + 1}, i, xbytes(u, l + 1));
+  if (free_weights) free(F, TensorKind::Weights, L, -1, wbytes(l) + bbytes(l));
+  if (stash_activations && l == 0) {
+    free(F, TensorKind::Activation, L, i, xbytes(u, 0));  // the data stays on the host
+  } else if (stash_activations && l < R - 1) {
+    const int O = op(device, Stream::SwapOut, OpKind::sX, fwd_task(device, l), i, L, u, xbytes(u, l));
+    dep(O, F);
+    free(O, TensorKind::Activation, L, i, xbytes(u, l));
+    output_of(O, device, k);
+    stash_out = O;
+  }
+  return F;
+}
+
+void ProgramBuilder::window(int op, int device, int consumer_step) {
+  if (consumer_step < 2) return;
+  const auto& steps = steps_[static_cast<std::size_t>(device)];
+  if (consumer_step - 2 >= static_cast<int>(steps.size()))
+    throw ScheduleError("internal: a baseline input is windowed to a step not yet created");
+  dep(op, steps[static_cast<std::size_t>(consumer_step) - 2]);
+}
+
+void ProgramBuilder::output_of(int op, int device, int producer_step) {
+  outputs_[static_cast<std::size_t>(device)][producer_step].push_back(op);
+  const auto& steps = steps_[static_cast<std::size_t>(device)];
+  if (producer_step + 2 < static_cast<int>(steps.size())) dep(steps[static_cast<std::size_t>(producer_step) + 2], op);
+}
+
+void ProgramBuilder::peer(int a, int b) { peers_.emplace_back(a, b); }
+
+void ProgramBuilder::collective(std::uint64_t key, int op, int ready) { collectives_[key].emplace_back(op, ready); }
+
+void ProgramBuilder::alloc(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes) {
+  if (bytes > 0) prog_.ops[static_cast<std::size_t>(op)].allocs.push_back(TensorRef{kind, layers, mb, bytes});
+}
+
+void ProgramBuilder::free(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes) {
+  if (bytes > 0) prog_.ops[static_cast<std::size_t>(op)].frees.push_back(TensorRef{kind, layers, mb, bytes});
+}
+
+Program ProgramBuilder::finish() {
+  auto& ops = prog_.ops;
+  // queues: devices ascending, then streams in order of first use on that device
+  int max_dev = -1;
+  for (const Op& o : ops) max_dev = std::max(max_dev, o.device);
+  for (int d = 0; d <= max_dev; ++d) {
+    std::array<int, kNumStreams> q{};
+    q.fill(-1);
+    bool any = false;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      Op& o = ops[i];
+      if (o.device != d) continue;
+      any = true;
+      int& qi = q[static_cast<std::size_t>(o.stream)];
+      if (qi < 0) {
+        qi = static_cast<int>(prog_.queues.size());
+        prog_.queues.push_back(OpQueue{d, o.stream, {}});
+      }
+      auto& qops = prog_.queues[static_cast<std::size_t>(qi)].ops;
+      o.queue = qi;
+      o.queue_pos = static_cast<int>(qops.size());
+      qops.push_back(static_cast<int>(i));
+    }
+    if (any) prog_.devices.push_back(d);
+  }
+  for (const auto& group : collectives_) {
+    for (const auto& member : group.second) {
+      for (const auto& other : group.second) dep(member.first, other.second);
+    }
+  }
+  // rendezvous: both sides get both sides' deps and the op before the other side in its queue
+  // (the deps of the paired ops as they were before any pair was merged)
+  std::unordered_map<int, std::vector<int>> snapshot;
+  snapshot.reserve(2 * peers_.size());
+  for (const auto& [a, b] : peers_) {
+    snapshot.emplace(a, ops[static_cast<std::size_t>(a)].deps);
+    snapshot.emplace(b, ops[static_cast<std::size_t>(b)].deps);
+  }
+  auto pred = [&](int op) {
+    const Op& o = ops[static_cast<std::size_t>(op)];
+    return o.queue_pos > 0
+               ? prog_.queues[static_cast<std::size_t>(o.queue)].ops[static_cast<std::size_t>(o.queue_pos) - 1]
+               : -1;
+  };
+  for (const auto& [a, b] : peers_) {
+    ops[static_cast<std::size_t>(a)].peer = b;
+    ops[static_cast<std::size_t>(b)].peer = a;
+    for (int d : snapshot.at(b)) dep(a, d);
+    for (int d : snapshot.at(a)) dep(b, d);
+    if (const int pb = pred(b); pb >= 0) dep(a, pb);
+    if (const int pa = pred(a); pa >= 0) dep(b, pa);
+  }
+  for (Op& o : ops) std::sort(o.deps.begin(), o.deps.end());
+  return std::move(prog_);
+}
+
+}  // namespace detail
+
+}  // namespace harmony::core

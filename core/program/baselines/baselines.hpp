@@ -1,0 +1,150 @@
+// The swapping baselines Harmony is compared against (dp-swap, pp-swap, zero-infinity, l2l): the
+// BaselinePlan a baseline is lowered from, each baseline's swap decisions and the lowering to a Program
+// (one file per baseline). Their search is core/search/baseline_search.hpp; docs/baselines.md
+// describes every baseline and its swap volume.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/model/model.hpp"
+#include "core/plan/plan.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/program.hpp"
+
+namespace harmony::core {
+
+// Throws ScheduleError naming `what` unless k is a baseline kind.
+void require_baseline(PlanKind k, const char* what);
+
+// A forced or automatic swap decision. Auto decides from the profile and gpu_capacity_bytes.
+enum class SwapChoice { Auto, Keep, Swap };
+
+struct BaselinePlan {
+  PlanKind kind = PlanKind::DpSwap;
+  int gpus = 1;       // N
+  int minibatch = 1;  // D, samples per iteration (global)
+  int ubatch = 1;     // u, forward and backward microbatch size
+  // pp-swap: one contiguous layer range per GPU, ascending, covering every layer. Empty: lower_baseline
+  // uses balanced_stages(model, ubatch, gpus). Ignored by the other kinds.
+  std::vector<LayerRange> stages;
+  Bytes gpu_capacity_bytes = 10 * kGiB;  // what the swap decisions fit against
+  // dp-swap, pp-swap: stream every layer's W+B (and gradients) per microbatch (zero-infinity and l2l
+  // always stream weights; the choice is ignored there).
+  SwapChoice weights = SwapChoice::Auto;
+  // dp-swap, pp-swap, zero-infinity: swap stashed layer inputs out in forward and in for backward.
+  // l2l (its stash always lives on the host): send the activations and gradients at the current
+  // layer's boundary through the host instead of keeping all microbatches' on the GPU.
+  SwapChoice activations = SwapChoice::Auto;
+};
+
+// What one GPU (pp-swap: one stage) swaps, and the memory estimate the decision was made with.
+struct SwapDecision {
+  bool weights = false;      // W+B swapped in per layer per microbatch (gradients out per microbatch)
+  bool activations = false;  // see BaselinePlan::activations
+  Bytes estimate_bytes = 0;  // per-GPU memory estimate under this decision
+  bool fits = false;         // estimate_bytes <= gpu_capacity_bytes
+};
+
+// The decision of every GPU (pp-swap: one per stage, in stage order; others: one, shared by all GPUs).
+// Auto policy (docs/baselines.md): keep the weights unless W+B + gradients + the layer peak + a
+// double-buffered activation window exceed capacity; then keep the stash unless it does not fit beside
+// what the weights need. Throws ScheduleError for a plan validate_baseline_plan rejects.
+std::vector<SwapDecision> decide_swaps(const BaselinePlan& plan, const Model& model);
+
+// Throws ScheduleError unless: the kind is a baseline, N, D, u are positive, u is in the profiled
+// forward and backward range, (data-parallel kinds) N divides D and u divides D/N, (pp-swap) N <= R,
+// u divides D and the stages (if given) are N contiguous ascending ranges covering 0..R-1.
+void validate_baseline_plan(const BaselinePlan& plan, const Model& model);
+
+// Lowers a baseline plan to a Program priceable by the reference cost model: all N GPUs lowered,
+// bandwidth_sharers = N, pp_rules = prefetch = false, graph with the plan's mode/gpus/minibatch/u,
+// num_layers and N empty rank_tasks (baselines have no Harmony tasks). Throws ScheduleError for an
+// invalid plan or a Harmony kind (use lower_harmony for those).
+Program lower_baseline(const BaselinePlan& plan, const Model& model);
+
+// The per-kind lowerings lower_baseline dispatches to (one file each). They assume a validated plan.
+Program lower_dp_swap(const BaselinePlan& plan, const Model& model);
+Program lower_pp_swap(const BaselinePlan& plan, const Model& model);
+Program lower_zero_infinity(const BaselinePlan& plan, const Model& model);
+Program lower_l2l(const BaselinePlan& plan, const Model& model);
+
+// GPipe's time-balanced contiguous split of the R layers into `stages` ranges, minimizing the largest
+// stage's compute time at u (per layer: the profile's bwd time, which includes a forward). Ties go to
+// the split with the earliest boundaries. Throws ScheduleError if stages < 1 or stages > R.
+std::vector<LayerRange> balanced_stages(const Model& model, int u, int stages);
+
+namespace detail {
+
+// The op-building kit the baseline lowerings share. Ops go to (device, stream) queues in creation
+// order; queues are laid out at finish() (devices ascending, streams in order of first use).
+// Flow control is by compute "steps" (every Compute-stream op is one): an input transfer windowed
+// to step k waits for step k-2 to end (double buffering), and step k waits for the output
+// transfers registered to step k-2 (bounded in-flight swap-outs).
+class ProgramBuilder {
+ public:
+  ProgramBuilder(const Model& model, const BaselinePlan& plan);
+
+  const Model& model() const { return model_; }
+  int num_layers() const { return model_.num_layers(); }
+  // Pseudo task ids (unique per GPU): forward of layer l, backward of layer l, update of layer l.
+  int fwd_task(int device, int layer) const { return device * 3 * num_layers() + layer; }
+  int bwd_task(int device, int layer) const { return device * 3 * num_layers() + 2 * num_layers() - 1 - layer; }
+  int upd_task(int device, int layer) const { return device * 3 * num_layers() + 3 * num_layers() - 1 - layer; }
+
+  // A non-compute op appended to (device, stream).
+  int op(int device, Stream stream, OpKind kind, int task, int ui, LayerRange layers, int ubs, Bytes bytes);
+  // WB / dWB / ARD / AG / RS: bytes = w + b, bytes_w = w, bytes_b = b.
+  int weight_op(int device, Stream stream, OpKind kind, int task, int ui, LayerRange layers, Bytes w, Bytes b);
+  // A Compute-stream op (FWD, BWD, ARD, DEL) = the next step of `device`. FWD/BWD get the workspace
+  // of their layers; ARD is priced by bytes (w + b). Step k depends on outputs registered to step k-2.
+  int compute(int device, OpKind kind, int task, int ui, LayerRange layers, int ubs, Bytes w = 0, Bytes b = 0);
+  int next_step(int device) const;  // the step index the next compute op of `device` gets
+
+  void dep(int op, int on);
+  void window(int op, int device, int consumer_step);  // `op` waits for step consumer_step - 2
+  // Backward of layer l for microbatch i at step k on `device`: brings the stashed input back from the
+  // host when `stash_activations` (the data X for layer 0, else the sX swapped out at `stash_out`), then
+  // the BWD op depending on `ins` and the stash, with its activation-gradient and stash allocs/frees.
+  int backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
+                     std::vector<int> ins);
+  // Forward of layer l for microbatch i at step k: the FWD op after `ins`, its output, the weights freed
+  // when `free_weights`, and with `stash_activations` the layer's input swapped out (its op id written
+  // to `stash_out`; the data of layer 0 stays on the host). Returns the FWD op.
+  int forward_layer(int device, int l, int i, int u, int k, bool stash_activations, const std::vector<int>& ins,
+                    bool free_weights, int& stash_out);
+  void output_of(int op, int device, int producer_step);
+  void peer(int a, int b);  // P2P rendezvous pair (resolved at finish)
+  // Collective `key`: every member waits for every other member's `ready` op (resolved at finish).
+  void collective(std::uint64_t key, int op, int ready);
+  void alloc(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes);  // skipped when bytes == 0
+  void free(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes);   // skipped when bytes == 0
+
+  Bytes xbytes(int u, int layer) const { return model_.input_bytes(u, layer); }
+  Bytes wbytes(int layer) const { return model_.weight_bytes(layer, layer); }
+  Bytes bbytes(int layer) const { return model_.buffer_bytes(layer, layer); }
+  bool has_params(int layer) const { return wbytes(layer) + bbytes(layer) > 0; }
+  const Op& at(int op) const { return prog_.ops[static_cast<std::size_t>(op)]; }
+
+  // Lays out the queues, resolves collectives and rendezvous (each side gets both sides' deps and
+  // the op before its peer in the peer's queue), fills Program::devices. The builder is spent.
+  Program finish();
+
+ private:
+  Bytes workspace(Phase ph, int u, int layer) const;
+
+  const Model& model_;
+  Program prog_;
+  std::vector<std::vector<int>> steps_;                   // per device: compute ops in order
+  std::vector<std::map<int, std::vector<int>>> outputs_;  // per device: step -> output transfers
+  std::vector<std::pair<int, int>> peers_;
+  std::map<std::uint64_t, std::vector<std::pair<int, int>>> collectives_;
+};
+
+}  // namespace detail
+
+}  // namespace harmony::core

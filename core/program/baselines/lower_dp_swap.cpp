@@ -1,0 +1,119 @@
+// dp-swap: data parallelism over virtualized GPU memory (vDNN, IBM Large Model Support, CUDA unified
+// memory). Each of the N GPUs runs the whole model on D/N samples, microbatch by microbatch, swapping
+// each layer's weights in on demand and activations out and in as memory requires; gradients
+// accumulate, are all-reduced across the replicas, and the optimizer runs on the CPU.
+#include <string>
+
+#include "core/base/error.hpp"
+#include "core/program/baselines/baselines.hpp"
+
+namespace harmony::core {
+
+// Per iteration, on every GPU g (m = D/(N u) microbatches, layers l = 0..R-1), with the decisions of
+// decide_swaps (weights streamed: sw; stash swapped: sa):
+//   sw off: WB(l) once, before the first forward of l; the weights stay until the closing DEL.
+//   for each microbatch i:
+//     forward, l ascending: X (data, l = 0) | WB(l) if sw | FWD(l) | sa: sX out of the stash X_l
+//       (1 <= l <= R-2; the data X_0 is dropped and re-read, the criterion's input is used at once)
+//     backward, l descending: WB(l) if sw | sa: sX in of X_l (X re-read for l = 0) | BWD(l) |
+//       sw: [ARD(l) if N > 1] dWB(l) out — the gradient cannot stay, so every microbatch's gradient
+//       is all-reduced (DDP without no_sync) and summed on the host;
+//       sw off, last microbatch: [ARD(l) if N > 1] dWB(l) out once (accumulated on the GPU).
+//   Update(l) on every GPU's CPU after its last dWB(l) (each replica's process updates its own copy,
+//   as Harmony-DP does), and, sw off, one DEL freeing the resident weights.
+// FWD is priced at the profile's fwd time and BWD at bwd - fwd: the profile's bwd time includes a
+// forward, and dp-swap does not recompute, so a layer's compute per microbatch is the profile's bwd.
+// Swap volume per iteration (all GPUs, GW = W + B summed over layers, X_l = input bytes at u):
+//   WB = N m 2 GW (sw) or N GW; dWB = N m GW (sw) or N GW; ARD = the same as dWB when N > 1;
+//   sX out = sX in = N m sum_{l=1}^{R-2} X_l (sa); X in = N m X_0 (2 N m X_0 with sa).
+Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
+  if (plan.kind != PlanKind::DpSwap)
+    throw ScheduleError(std::string("lower_dp_swap called with a ") + plan_kind_name(plan.kind) + " plan");
+  const SwapDecision sd = decide_swaps(plan, model).front();
+  detail::ProgramBuilder b(model, plan);
+  const int R = model.num_layers();
+  const int N = plan.gpus;
+  const int u = plan.ubatch;
+  const int m = plan.minibatch / N / u;
+  const bool sw = sd.weights;
+  const bool sa = sd.activations;
+  auto collective_key = [](int l, int i) {
+    return (static_cast<std::uint64_t>(l) << 32) | static_cast<std::uint32_t>(i);
+  };
+
+  for (int g = 0; g < N; ++g) {
+    std::vector<int> last_dwb(static_cast<std::size_t>(R), -1);
+    std::vector<int> sx_out(static_cast<std::size_t>(R), -1);
+    bool resident = false;
+    for (int i = 0; i < m; ++i) {
+      // ---- forward ----
+      for (int l = 0; l < R; ++l) {
+        const LayerRange L{l, l};
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (l == 0) {
+          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
+          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
+          b.window(X, g, k);
+          ins.push_back(X);
+        }
+        if (b.has_params(l) && (sw || i == 0)) {
+          const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.fwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
+          b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+          if (sw) b.window(W, g, k);
+          resident = resident || !sw;
+          ins.push_back(W);
+        }
+        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/sw, sx_out[static_cast<std::size_t>(l)]);
+      }
+      // ---- backward ----
+      for (int l = R - 1; l >= 0; --l) {
+        const LayerRange L{l, l};
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (b.has_params(l) && sw) {
+          const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
+          b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+          b.window(W, g, k);
+          ins.push_back(W);
+        }
+        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins);
+        if (!b.has_params(l)) continue;
+        if (sw) {
+          b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+          b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+        } else if (i == 0) {
+          b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+        }
+        if (!sw && i != m - 1) continue;
+        // gradient out: every microbatch (sw) or once after the last one
+        int src = Bw;
+        int src_step = k;
+        if (N > 1) {
+          src_step = b.next_step(g);
+          src = b.compute(g, OpKind::ARD, b.bwd_task(g, l), sw ? i : 0, L, 0, b.wbytes(l), b.bbytes(l));
+          b.dep(src, Bw);
+          b.collective(collective_key(l, sw ? i : 0), src, Bw);
+        }
+        const int O =
+            b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), sw ? i : 0, L, b.wbytes(l), b.bbytes(l));
+        b.dep(O, src);
+        b.free(O, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+        b.output_of(O, g, src_step);
+        last_dwb[static_cast<std::size_t>(l)] = O;
+      }
+    }
+    for (int l = R - 1; l >= 0; --l) {
+      if (last_dwb[static_cast<std::size_t>(l)] < 0) continue;
+      const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
+      b.dep(U, last_dwb[static_cast<std::size_t>(l)]);
+    }
+    if (resident) {
+      const int D = b.compute(g, OpKind::DEL, b.bwd_task(g, 0), 0, LayerRange{0, R - 1}, 0);
+      for (int l = 0; l < R; ++l) b.free(D, TensorKind::Weights, LayerRange{l, l}, -1, b.wbytes(l) + b.bbytes(l));
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace harmony::core

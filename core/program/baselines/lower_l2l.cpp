@@ -1,0 +1,160 @@
+// l2l: layer-to-layer training (Pudipeddi et al. 2020, "Training Large Neural Networks with Constant
+// Memory using a New Execution Algorithm"). One layer is resident at a time and runs every microbatch
+// before the next layer is loaded; activations are stashed on the host, and the host-side eager
+// parameter server (EPS) reduces gradients and runs the optimizer while the GPUs move on.
+#include <string>
+
+#include "core/base/error.hpp"
+#include "core/program/baselines/baselines.hpp"
+
+namespace harmony::core {
+
+// Per iteration, on every GPU g (data parallel over D/N samples, m = D/(N u) microbatches):
+//   forward, l ascending: WB(l) once | for each microbatch i: its input (l = 0: X data in; else the
+//     previous layer's output: kept on the GPU, or, sa, sX in from the host) | FWD(l, i) | sX out of
+//     its output X_{l+1} to the host (the stash of BWD(l+1); with sa it also frees the GPU copy)
+//   backward, l descending: WB(l) once | for each microbatch i: the stash X_l in from the host (sX;
+//     l = 0: the data X re-read) | dY: the gradient from BWD(l+1, i), kept on the GPU, or, sa, dX out
+//     after BWD(l+1, i) and dY in before BWD(l, i) | BWD(l, i), accumulating dW on the GPU |
+//     after the last microbatch: dWB(l) out once
+//   Update(l) on the EPS (GPU 0's CPU) once every GPU's dWB(l) is on the host: the EPS sums the N
+//     gradients (no GPU all-reduce) and updates layer l while the GPUs run layer l-1.
+// The weights of the current and the next layer are resident (prefetch); no DEL is needed (the last
+// compute of a layer frees it). sa = decide_swaps' activations: all microbatches' activations at the
+// current layer's boundaries do not fit beside the layer. FWD at fwd time, BWD at bwd - fwd.
+// Swap volume per iteration (all GPUs; S = sum_{l=1}^{R-1} X_l, GW = W + B summed over layers):
+//   WB = 2 N GW; dWB = N GW; X in = 2 N m X_0; sX out = N m S; sX in = N m S (2 N m S with sa);
+//   with sa also dX out = dY in = N m S.
+Program lower_l2l(const BaselinePlan& plan, const Model& model) {
+  if (plan.kind != PlanKind::L2L)
+    throw ScheduleError(std::string("lower_l2l called with a ") + plan_kind_name(plan.kind) + " plan");
+  const SwapDecision sd = decide_swaps(plan, model).front();
+  detail::ProgramBuilder b(model, plan);
+  const int R = model.num_layers();
+  const int N = plan.gpus;
+  const int u = plan.ubatch;
+  const int m = plan.minibatch / N / u;
+  const bool sa = sd.activations;
+  const auto M = static_cast<std::size_t>(m);
+  std::vector<std::vector<int>> dwb(static_cast<std::size_t>(N), std::vector<int>(static_cast<std::size_t>(R), -1));
+
+  for (int g = 0; g < N; ++g) {
+    // per microbatch: the stash sX out of X_l (index l), the last boundary transfer of the previous layer
+    std::vector<std::vector<int>> stash_out(static_cast<std::size_t>(R) + 1, std::vector<int>(M, -1));
+    std::vector<int> dx_out(M, -1);
+    // ---- forward, layer by layer ----
+    for (int l = 0; l < R; ++l) {
+      const LayerRange L{l, l};
+      int W = -1;
+      for (int i = 0; i < m; ++i) {
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (i == 0 && b.has_params(l)) {
+          W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.fwd_task(g, l), 0, L, b.wbytes(l), b.bbytes(l));
+          b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+          b.window(W, g, k);
+          ins.push_back(W);
+        }
+        const auto iu = static_cast<std::size_t>(i);
+        if (l == 0) {
+          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
+          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
+          b.window(X, g, k);
+          ins.push_back(X);
+        } else if (b.xbytes(u, l) > 0 && sa) {
+          const int S = b.op(g, Stream::SwapIn, OpKind::sX, b.fwd_task(g, l), i, L, u, b.xbytes(u, l));
+          b.alloc(S, TensorKind::Activation, L, i, b.xbytes(u, l));
+          b.dep(S, stash_out[static_cast<std::size_t>(l)][iu]);
+          b.window(S, g, k);
+          ins.push_back(S);
+        } else if (b.xbytes(u, l) > 0) {
+          ins.push_back(stash_out[static_cast<std::size_t>(l)][iu]);  // the copy must be out before the free
+        }
+        const int F = b.compute(g, OpKind::FWD, b.fwd_task(g, l), i, L, u);
+        for (int in : ins) b.dep(F, in);
+        b.free(F, TensorKind::Activation, L, i, b.xbytes(u, l));
+        if (i == m - 1 && b.has_params(l)) b.free(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+        const Bytes y = b.xbytes(u, l + 1);
+        if (y > 0) {
+          const LayerRange L1{l + 1, l + 1};
+          b.alloc(F, TensorKind::Activation, L1, i, y);
+          const int O = b.op(g, Stream::SwapOut, OpKind::sX, b.fwd_task(g, l), i, L1, u, y);
+          b.dep(O, F);
+          if (sa) b.free(O, TensorKind::Activation, L1, i, y);
+          b.output_of(O, g, k);
+          stash_out[static_cast<std::size_t>(l) + 1][iu] = O;
+        }
+      }
+    }
+    // ---- backward, layer by layer ----
+    for (int l = R - 1; l >= 0; --l) {
+      const LayerRange L{l, l};
+      for (int i = 0; i < m; ++i) {
+        const int k = b.next_step(g);
+        const auto iu = static_cast<std::size_t>(i);
+        std::vector<int> ins;
+        if (i == 0 && b.has_params(l)) {
+          const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.bwd_task(g, l), 0, L, b.wbytes(l), b.bbytes(l));
+          b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+          b.window(W, g, k);
+          ins.push_back(W);
+        }
+        if (l == 0) {
+          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.bwd_task(g, 0), i, L, u, b.xbytes(u, 0));
+          b.alloc(X, TensorKind::Stash, L, i, b.xbytes(u, 0));
+          b.window(X, g, k);
+          ins.push_back(X);
+        } else if (b.xbytes(u, l) > 0) {
+          const int S = b.op(g, Stream::SwapIn, OpKind::sX, b.bwd_task(g, l), i, L, u, b.xbytes(u, l));
+          b.alloc(S, TensorKind::Stash, L, i, b.xbytes(u, l));
+          b.dep(S, stash_out[static_cast<std::size_t>(l)][iu]);
+          b.window(S, g, k);
+          ins.push_back(S);
+        }
+        const Bytes dy = b.xbytes(u, l + 1);
+        const LayerRange L1{l + 1, l + 1};
+        if (l < R - 1 && sa && dy > 0) {
+          const int G = b.op(g, Stream::SwapIn, OpKind::dY, b.bwd_task(g, l), i, L, u, dy);
+          b.alloc(G, TensorKind::ActGrad, L1, i, dy);
+          b.dep(G, dx_out[iu]);
+          b.window(G, g, k);
+          ins.push_back(G);
+        }
+        const int Bw = b.compute(g, OpKind::BWD, b.bwd_task(g, l), i, L, u);
+        for (int in : ins) b.dep(Bw, in);
+        b.free(Bw, TensorKind::Stash, L, i, b.xbytes(u, l));
+        if (l < R - 1) b.free(Bw, TensorKind::ActGrad, L1, i, dy);
+        if (b.has_params(l)) {
+          if (i == 0) b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+          if (i == m - 1) b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+        }
+        if (l > 0) {
+          b.alloc(Bw, TensorKind::ActGrad, L, i, b.xbytes(u, l));
+          if (sa && b.xbytes(u, l) > 0) {
+            const int O = b.op(g, Stream::SwapOut, OpKind::dX, b.bwd_task(g, l), i, L, u, b.xbytes(u, l));
+            b.dep(O, Bw);
+            b.free(O, TensorKind::ActGrad, L, i, b.xbytes(u, l));
+            b.output_of(O, g, k);
+            dx_out[iu] = O;
+          }
+        }
+        if (i == m - 1 && b.has_params(l)) {
+          const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), 0, L, b.wbytes(l), b.bbytes(l));
+          b.dep(O, Bw);
+          b.free(O, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+          b.output_of(O, g, k);
+          dwb[static_cast<std::size_t>(g)][static_cast<std::size_t>(l)] = O;
+        }
+      }
+    }
+  }
+  // the eager parameter server: GPU 0's process, one update per layer once every GPU's gradient is in
+  for (int l = R - 1; l >= 0; --l) {
+    if (!b.has_params(l)) continue;
+    const int U = b.op(0, Stream::Cpu, OpKind::Update, b.upd_task(0, l), 0, LayerRange{l, l}, 0, 0);
+    for (int g = 0; g < N; ++g) b.dep(U, dwb[static_cast<std::size_t>(g)][static_cast<std::size_t>(l)]);
+  }
+  return b.finish();
+}
+
+}  // namespace harmony::core

@@ -1,0 +1,128 @@
+// zero-infinity: ZeRO stage 3 with CPU offload (DeepSpeed ZeRO-Offload / ZeRO-Infinity, CPU tier).
+// Parameters, gradients and optimizer state are partitioned across the N data-parallel ranks and live
+// in host memory; each layer's parameters are gathered for every forward and backward of every
+// microbatch, gradients are reduce-scattered and their shards sent to the host, CPU Adam runs after
+// the backward pass.
+#include <string>
+
+#include "core/base/error.hpp"
+#include "core/program/baselines/baselines.hpp"
+
+namespace harmony::core {
+
+namespace {
+Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // ZeRO pads partitions to equal sizes
+}  // namespace
+
+// Per iteration, on every GPU g (m = D/(N u) microbatches), for every layer l with parameters:
+//   forward of microbatch i, l ascending: X (data, l = 0) | WB(l) of g's shard, ceil(W/N) + ceil(B/N),
+//     from the host over PCIe | AG(l) on P2PIn (N > 1): the ring all-gather of the full W+B, waiting
+//     for every rank's shard | FWD(l), which releases the gathered parameters | sa: sX out of the
+//     stash X_l (1 <= l <= R-2), the data X_0 dropped and re-read
+//   backward of microbatch i, l descending: WB(l) shard | AG(l) | sa: sX (or X) in | BWD(l) |
+//     RS(l) on P2POut (N > 1): reduce-scatter of the layer's W+B gradient, waiting for every rank's
+//     BWD(l) | dWB(l) out of g's gradient shard (the full gradient when N = 1); the host sums
+//     microbatches. ZeRO-3 keeps no full gradient on the GPU, so this happens every microbatch.
+//   Update(l) (CPU Adam) after the backward pass: every GPU's last dWB. The reference prices Update
+//   by whole layers, so layer l's update runs on the CPU of rank l mod N: the N processes share the
+//   same total optimizer work ZeRO spreads over them by shards.
+// Parameters and gradients are always streamed (the defining trait); activations follow decide_swaps
+// (ZeRO-Infinity's activation offload), without recompute: FWD at fwd time, BWD at bwd - fwd.
+// Buffers (B) are partitioned with the weights. Swap volume per iteration (all GPUs, GW = W + B):
+//   WB = 2 N m sum_l shard(GW_l) (= 2 m GW when N divides every layer's W and B); AG = 2 N m GW;
+//   RS = N m GW; dWB = N m sum_l shard(GW_l); sX and X as in dp-swap.
+Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
+  if (plan.kind != PlanKind::ZeroInfinity)
+    throw ScheduleError(std::string("lower_zero_infinity called with a ") + plan_kind_name(plan.kind) + " plan");
+  const SwapDecision sd = decide_swaps(plan, model).front();
+  detail::ProgramBuilder b(model, plan);
+  const int R = model.num_layers();
+  const int N = plan.gpus;
+  const int u = plan.ubatch;
+  const int m = plan.minibatch / N / u;
+  const bool sa = sd.activations;
+  // collective keys: (pass, layer, microbatch)
+  auto key = [](int pass, int l, int i) {
+    return (static_cast<std::uint64_t>(pass) << 60) | (static_cast<std::uint64_t>(l) << 32) |
+           static_cast<std::uint32_t>(i);
+  };
+  std::vector<int> last_out(static_cast<std::size_t>(N), -1);
+
+  // Gathers layer l's parameters for step k of GPU g; returns the ops the compute waits for.
+  auto gather = [&](int g, int l, int i, int task, int pass, int k) {
+    const LayerRange L{l, l};
+    const Bytes w = b.wbytes(l);
+    const Bytes bb = b.bbytes(l);
+    const Bytes sw = N > 1 ? shard(w, N) : w;
+    const Bytes sb = N > 1 ? shard(bb, N) : bb;
+    const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, task, i, L, sw, sb);
+    b.alloc(W, TensorKind::Weights, L, -1, sw + sb);
+    b.window(W, g, k);
+    if (N == 1) return W;
+    const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, w, bb);
+    b.dep(A, W);
+    b.window(A, g, k);
+    b.collective(key(pass, l, i), A, W);
+    b.free(A, TensorKind::Weights, L, -1, sw + sb);
+    b.alloc(A, TensorKind::Weights, L, -1, w + bb);
+    return A;
+  };
+
+  for (int g = 0; g < N; ++g) {
+    std::vector<int> sx_out(static_cast<std::size_t>(R), -1);
+    for (int i = 0; i < m; ++i) {
+      for (int l = 0; l < R; ++l) {
+        const LayerRange L{l, l};
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (l == 0) {
+          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
+          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
+          b.window(X, g, k);
+          ins.push_back(X);
+        }
+        if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
+        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true, sx_out[static_cast<std::size_t>(l)]);
+      }
+      for (int l = R - 1; l >= 0; --l) {
+        const LayerRange L{l, l};
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
+        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins);
+        if (!b.has_params(l)) continue;
+        b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+        b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+        const Bytes gw = N > 1 ? shard(b.wbytes(l), N) : b.wbytes(l);
+        int src = Bw;
+        if (N > 1) {
+          src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
+          b.dep(src, Bw);
+          b.collective(key(2, l, i), src, Bw);
+          b.free(src, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+          b.alloc(src, TensorKind::WeightGrad, L, -1, gw);
+          b.output_of(src, g, k);
+        }
+        const Bytes sw = N > 1 ? shard(b.wbytes(l), N) : b.wbytes(l);
+        const Bytes sb = N > 1 ? shard(b.bbytes(l), N) : b.bbytes(l);
+        const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
+        b.dep(O, src);
+        b.free(O, TensorKind::WeightGrad, L, -1, gw);
+        b.output_of(O, g, k);
+        last_out[static_cast<std::size_t>(g)] = O;
+      }
+    }
+  }
+  // CPU Adam after the backward pass of every rank
+  for (int l = R - 1; l >= 0; --l) {
+    if (!b.has_params(l)) continue;
+    const int g = l % N;
+    const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
+    for (int h = 0; h < N; ++h) {
+      if (last_out[static_cast<std::size_t>(h)] >= 0) b.dep(U, last_out[static_cast<std::size_t>(h)]);
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace harmony::core

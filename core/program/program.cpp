@@ -1,0 +1,131 @@
+// Program naming (reference ids, trace labels) and structural validation with Boost.Graph:
+// dependency and peer consistency, and acyclicity of dependencies plus queue order.
+#include "core/program/program.hpp"
+
+#include <fmt/format.h>
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/topological_sort.hpp>
+
+#include "core/base/error.hpp"
+
+namespace harmony::core {
+
+const char* stream_name(Stream s) {
+  static const char* const names[] = {"SwapIn", "P2PIn", "Compute", "P2POut", "SwapOut", "CPU"};
+  return names[static_cast<int>(s)];
+}
+
+const char* op_kind_name(OpKind k) {
+  static const char* const names[] = {"WB", "X",  "sX",  "dY",    "FWD",  "REC",    "BWD", "ARD", "DEL",
+                                      "Y",  "dX", "dWB", "MSGsX", "MSGY", "Update", "AG",  "RS"};
+  return names[static_cast<int>(k)];
+}
+
+bool is_compute(OpKind k) { return k == OpKind::FWD || k == OpKind::REC || k == OpKind::BWD; }
+
+bool is_transfer(OpKind k) {
+  switch (k) {
+    case OpKind::WB:
+    case OpKind::X:
+    case OpKind::sX:
+    case OpKind::dY:
+    case OpKind::Y:
+    case OpKind::dX:
+    case OpKind::dWB:
+    case OpKind::MSGsX:
+    case OpKind::MSGY:
+    case OpKind::AG:
+    case OpKind::RS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+const char* tensor_kind_name(TensorKind k) {
+  static const char* const names[] = {"weights", "weight_grad", "optimizer_state", "activation", "stash", "act_grad"};
+  return names[static_cast<int>(k)];
+}
+
+TensorKind moved_tensor(OpKind k) {
+  switch (k) {
+    case OpKind::WB:
+    case OpKind::AG:
+      return TensorKind::Weights;
+    case OpKind::dWB:
+    case OpKind::RS:
+    case OpKind::ARD:
+      return TensorKind::WeightGrad;
+    case OpKind::sX:
+    case OpKind::MSGsX:
+      return TensorKind::Stash;
+    case OpKind::dX:
+    case OpKind::dY:
+      return TensorKind::ActGrad;
+    default:
+      return TensorKind::Activation;
+  }
+}
+
+std::string Program::op_id(int op) const {
+  const Op& o = ops[static_cast<std::size_t>(op)];
+  return fmt::format("{}.{}.{}.{}.{}", o.task, o.ui, o.spi, stream_name(o.stream), op_kind_name(o.kind));
+}
+
+std::string Program::op_label(int op) const {
+  const Op& o = ops[static_cast<std::size_t>(op)];
+  std::string layers = o.layers.first == o.layers.last ? fmt::format("L{}", o.layers.first)
+                                                       : fmt::format("L{}-{}", o.layers.first, o.layers.last);
+  if (o.ubs > 0) return fmt::format("t{} {} {} mb{} u{}", o.task, op_kind_name(o.kind), layers, o.ui, o.ubs);
+  return fmt::format("t{} {} {}", o.task, op_kind_name(o.kind), layers);
+}
+
+namespace {
+using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
+
+Graph build_graph(const Program& p) {
+  Graph g(p.ops.size());
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    for (int d : p.ops[i].deps) boost::add_edge(static_cast<std::size_t>(d), i, g);
+  }
+  for (const OpQueue& q : p.queues) {
+    for (std::size_t k = 1; k < q.ops.size(); ++k) {
+      boost::add_edge(static_cast<std::size_t>(q.ops[k - 1]), static_cast<std::size_t>(q.ops[k]), g);
+    }
+  }
+  return g;
+}
+}  // namespace
+
+std::vector<int> topological_order(const Program& p) {
+  Graph g = build_graph(p);
+  std::vector<std::size_t> rev;
+  rev.reserve(p.ops.size());
+  try {
+    boost::topological_sort(g, std::back_inserter(rev));
+  } catch (const boost::not_a_dag&) {
+    throw ScheduleError("the program has a dependency cycle (through dependencies and stream order)");
+  }
+  return std::vector<int>(rev.rbegin(), rev.rend());
+}
+
+void validate_program(const Program& p) {
+  const int n = static_cast<int>(p.ops.size());
+  for (int i = 0; i < n; ++i) {
+    const Op& o = p.ops[static_cast<std::size_t>(i)];
+    for (int d : o.deps) {
+      if (d < 0 || d >= n || d == i)
+        throw ScheduleError(fmt::format("op {} ({}) has an invalid dependency {}", p.op_id(i), p.op_label(i), d));
+    }
+    if (o.peer >= 0) {
+      if (o.peer >= n || p.ops[static_cast<std::size_t>(o.peer)].peer != i)
+        throw ScheduleError(fmt::format("op {} has a rendezvous peer that does not point back", p.op_id(i)));
+    }
+    if (o.queue < 0 || o.queue >= static_cast<int>(p.queues.size()) ||
+        p.queues[static_cast<std::size_t>(o.queue)].ops[static_cast<std::size_t>(o.queue_pos)] != i)
+      throw ScheduleError(fmt::format("op {} is not in its stream queue", p.op_id(i)));
+  }
+  (void)topological_order(p);
+}
+
+}  // namespace harmony::core

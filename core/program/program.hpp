@@ -1,0 +1,107 @@
+// The Program: the lowered schedule both executors consume. Per device and stream, an ordered list
+// of ops (transfers, compute, frees, CPU updates) with explicit dependencies, rendezvous peers,
+// the tensors each op moves, and where device memory is allocated and freed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/units.hpp"
+#include "core/program/task_graph.hpp"
+
+namespace harmony::core {
+
+// Stream order is the reference's trace order.
+enum class Stream : std::uint8_t { SwapIn, P2PIn, Compute, P2POut, SwapOut, Cpu };
+inline constexpr int kNumStreams = 6;
+const char* stream_name(Stream s);  // "SwapIn", "P2PIn", "Compute", "P2POut", "SwapOut", "CPU"
+
+enum class OpKind : std::uint8_t {
+  WB,      // swap in W+B of a pack
+  X,       // input activation in (data, swap, P2P or CPU message)
+  sX,      // stashed input: out in FWD, in in BWD
+  dY,      // output gradient in
+  FWD,     // forward of a (sub-)pack over one microbatch
+  REC,     // recompute forward in BWD
+  BWD,     // backward (without the recompute)
+  ARD,     // all-reduce of dW across replicas (Harmony-DP)
+  DEL,     // free the pack's tensors
+  Y,       // output activation out
+  dX,      // input gradient out
+  dWB,     // swap out dW (+ B)
+  MSGsX,   // CPU-side message of a stash to the consumer's process
+  MSGY,    // CPU-side message of Y (microbatch re-sizing)
+  Update,  // CPU optimizer step of a pack
+  AG,      // all-gather of a layer range's parameters across GPUs (ZeRO-style baselines)
+  RS,      // reduce-scatter of a layer range's gradients across GPUs (ZeRO-style baselines)
+};
+inline constexpr int kNumOpKinds = 17;
+const char* op_kind_name(OpKind k);
+bool is_compute(OpKind k);   // FWD, REC, BWD
+bool is_transfer(OpKind k);  // ops that move bytes
+
+enum class TensorKind : std::uint8_t { Weights, WeightGrad, OptState, Activation, Stash, ActGrad };
+inline constexpr int kNumTensorKinds = 6;
+// The class of tensor a transfer op moves (swap ledger): WB -> Weights, dWB/RS -> WeightGrad, X/Y -> Activation,
+// sX/MSGsX -> Stash, dX/dY -> ActGrad, AG -> Weights, MSGY -> Activation.
+TensorKind moved_tensor(OpKind k);
+const char* tensor_kind_name(TensorKind k);
+
+struct TensorRef {
+  TensorKind kind = TensorKind::Activation;
+  LayerRange layers;
+  int microbatch = -1;  // -1 for per-pack tensors (weights, gradients)
+  Bytes bytes = 0;
+};
+
+struct Op {
+  int task = 0;
+  int ui = 0;   // microbatch index (BWD index for MSG ops)
+  int spi = 0;  // FWD sub-pack index
+  int device = 0;
+  Stream stream = Stream::Compute;
+  OpKind kind = OpKind::FWD;
+  LayerRange layers;
+  int ubs = 0;                    // microbatch size; 0 where the op is per pack
+  Bytes bytes = 0;                // bytes moved (transfers, ARD); 0 otherwise
+  Bytes bytes_w = 0;              // WB/dWB/ARD: the weight part of `bytes`
+  Bytes bytes_b = 0;              // WB/dWB/ARD: the buffer part
+  std::vector<int> deps;          // ops that must end before this one begins (after rendezvous resolution)
+  int peer = -1;                  // P2P rendezvous partner (send <-> receive), else -1
+  int queue = -1;                 // index into Program::queues
+  int queue_pos = -1;             // position in that queue
+  Bytes workspace_bytes = 0;      // compute ops: transient device memory while running (beyond allocs)
+  std::vector<TensorRef> allocs;  // device memory allocated when the op begins
+  std::vector<TensorRef> frees;   // device memory freed when the op ends
+};
+
+struct OpQueue {
+  int device = 0;
+  Stream stream = Stream::Compute;
+  std::vector<int> ops;  // FIFO order
+};
+
+struct Program {
+  TaskGraph graph;
+  bool prefetch = false;        // lowered with the reference's prefetch/offload dependency model
+  bool pp_rules = false;        // lowered with the Harmony-PP event rules (the reference's sim_mode vPP)
+  int bandwidth_sharers = 1;    // the reference's Nsim: GPUs sharing host bandwidth
+  std::vector<int> devices;     // devices that have ops (Harmony-DP under the reference: only GPU 0)
+  std::vector<Op> ops;          // creation order
+  std::vector<OpQueue> queues;  // devices ascending, then streams in order of first use
+
+  std::string op_id(int op) const;     // the reference's id: "<task>.<ui>.<spi>.<stream>.<kind>"
+  std::string op_label(int op) const;  // trace name: "t3 BWD L21-27 mb0 u8"
+  int num_devices() const { return graph.plan.gpus; }
+};
+
+// Structural checks: dependency indices in range, peers symmetric, every queue position consistent,
+// and no cycle through dependencies and queue order (Boost.Graph). Throws ScheduleError naming ops.
+void validate_program(const Program& program);
+
+// Ops in an order where every op comes after its dependencies and queue predecessors
+// (Boost.Graph topological sort). Throws ScheduleError on a cycle.
+std::vector<int> topological_order(const Program& program);
+
+}  // namespace harmony::core

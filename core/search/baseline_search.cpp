@@ -1,0 +1,98 @@
+// Baseline candidates over each kind's knobs and their deterministic parallel ranking.
+#include "core/search/baseline_search.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
+
+namespace harmony::core {
+
+std::vector<BaselinePlan> enumerate_baseline_plans(PlanKind kind, const Model& model, int gpus, int minibatch,
+                                                   Bytes capacity_bytes, const BaselineSearchOptions& options) {
+  require_baseline(kind, "enumerate_baseline_plans");
+  if (gpus < 1 || minibatch < 1)
+    throw ScheduleError(
+        fmt::format("{}: gpus ({}) and minibatch ({}) must be positive", plan_kind_name(kind), gpus, minibatch));
+  std::vector<BaselinePlan> out;
+  if (is_data_parallel(kind) && minibatch % gpus != 0) return out;
+  if (!is_data_parallel(kind) && gpus > model.num_layers()) return out;
+  const int share = is_data_parallel(kind) ? minibatch / gpus : minibatch;
+  const int lo = std::max(model.ubatch_min(Phase::Fwd), model.ubatch_min(Phase::Bwd));
+  const int hi = std::min({model.ubatch_max(Phase::Fwd), model.ubatch_max(Phase::Bwd), share});
+  std::vector<int> sizes;
+  if (!options.ubatch_sizes.empty()) {
+    sizes = options.ubatch_sizes;
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  } else {
+    for (int u = lo; u <= hi; u += std::max(1, options.ubatch_step)) sizes.push_back(u);
+  }
+  for (int u : sizes) {
+    if (u < lo || u > hi || share % u != 0) continue;
+    BaselinePlan p;
+    p.kind = kind;
+    p.gpus = gpus;
+    p.minibatch = minibatch;
+    p.ubatch = u;
+    p.gpu_capacity_bytes = capacity_bytes;
+    if (kind == PlanKind::PpSwap) p.stages = balanced_stages(model, u, gpus);
+    if (options.drop_infeasible) {
+      const auto ds = decide_swaps(p, model);
+      if (!std::all_of(ds.begin(), ds.end(), [](const SwapDecision& d) { return d.fits; })) continue;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+BaselineSearchResult run_baseline_search(const std::vector<BaselinePlan>& plans, const BaselineEvaluator& evaluate,
+                                         int threads, int top_k) {
+  BaselineSearchResult res;
+  res.num_candidates = plans.size();
+  std::vector<RunReport> reports(plans.size());
+  unsigned n = threads > 0 ? static_cast<unsigned>(threads) : std::thread::hardware_concurrency();
+  n = std::max(1u, std::min<unsigned>(n, static_cast<unsigned>(std::max<std::size_t>(1, plans.size()))));
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  auto worker = [&] {
+    for (;;) {
+      const std::size_t i = next.fetch_add(1);
+      if (i >= plans.size() || failed.load()) return;
+      try {
+        reports[i] = evaluate(plans[i]);
+      } catch (...) {
+        if (!failed.exchange(true)) error = std::current_exception();
+        return;
+      }
+    }
+  };
+  if (n <= 1) {
+    worker();
+  } else {
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < n; ++t) pool.emplace_back(worker);
+    for (auto& t : pool) t.join();
+  }
+  if (error) std::rethrow_exception(error);
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    if (reports[i].deadlock) {
+      ++res.num_deadlocked;
+      continue;
+    }
+    res.ranked.push_back(BaselineRanked{i, std::move(reports[i])});
+  }
+  std::stable_sort(res.ranked.begin(), res.ranked.end(), [](const BaselineRanked& a, const BaselineRanked& b) {
+    return a.report.iteration_time_s < b.report.iteration_time_s;
+  });
+  if (top_k >= 0 && res.ranked.size() > static_cast<std::size_t>(top_k))
+    res.ranked.resize(static_cast<std::size_t>(top_k));
+  return res;
+}
+
+}  // namespace harmony::core

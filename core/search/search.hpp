@@ -1,0 +1,76 @@
+// The paper's configuration search (searcher.py): candidate microbatch sizes, packing methods per
+// direction, candidates evaluated by a caller-supplied cost function on all cores, ranked with a
+// deterministic order (time, then enumeration order). The single-pack "/1000" rule is opt-in.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/model/model.hpp"
+#include "core/output/report.hpp"
+#include "core/plan/plan.hpp"
+
+namespace harmony::core {
+
+// The search space of the config's `search:` section (docs/config.md).
+struct SearchSpec {
+  std::vector<std::string> packing_fwd{"greedy_reverse_addx", "balanced_addx", "reuse", "balanced_time"};
+  std::vector<std::string> packing_bwd{"greedy_reverse_addx", "balanced_addx", "balanced_time"};
+  int top_k = 5;              // -1 keeps every candidate
+  int ubatch_step = 1;        // stride of candidate microbatch sizes
+  bool smaller_ufwd = false;  // allow u_fwd < u_bwd
+  bool fit_rule = false;      // the paper's quirk: a single-pack plan's time / 1000 for ranking
+  std::vector<int> u_fwd;     // explicit candidate lists (empty = all valid sizes)
+  std::vector<int> u_bwd;
+  int threads = 0;  // 0 = all hardware threads
+};
+
+struct Candidate {
+  int u_fwd = 0;
+  Packs packs_fwd;
+  std::string method_fwd;  // "" for a single-pack plan (no forward tasks)
+  int u_bwd = 0;
+  Packs packs_bwd;
+  std::string method_bwd;
+};
+
+struct SearchSpace {
+  Mode mode = Mode::HarmonyPP;
+  int gpus = 1;
+  int minibatch = 1;
+  Bytes capacity_bytes = 10 * kGiB;  // per-GPU memory the packers fit against (cap x scale)
+  bool unequal_microbatches = false;
+  SearchSpec spec;
+};
+
+// Candidate microbatch sizes for one direction (§7.1): profiled range, capped at D (PP) or D/N (DP),
+// stepped, and (unless unequal sizes are allowed) dividing every GPU's share of the minibatch.
+std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space);
+
+// All candidates in the paper's enumeration order. Identical packs from different methods are kept.
+std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpace& space);
+
+Plan candidate_plan(const Candidate& c, const SearchSpace& space);
+
+struct RankedResult {
+  std::size_t candidate = 0;  // index into the candidate list
+  double rank_time_s = 0.0;   // the ranking key (iteration time, / 1000 for single packs with fit_rule)
+  RunReport report;
+};
+
+struct SearchResult {
+  std::size_t num_candidates = 0;
+  std::size_t num_deadlocked = 0;
+  std::size_t num_infeasible = 0;    // exceeded a capacity (native cost model)
+  std::vector<RankedResult> ranked;  // best first, at most top_k (all when top_k = -1)
+};
+
+using Evaluator = std::function<RunReport(const Plan&)>;
+
+// Evaluates every candidate with `evaluate` on `threads` threads (0 = hardware concurrency).
+// Deadlocked candidates are counted and left out of the ranking. Deterministic for any thread count.
+SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate);
+
+}  // namespace harmony::core
