@@ -41,6 +41,7 @@ using namespace harmony;
 namespace {
 
 constexpr int kExitBadInput = 2;
+constexpr int kExitInternal = 70;      // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
 constexpr int kExitInterrupted = 130;  // 128 + SIGINT, after the checkpoint is saved
 
 std::atomic<bool> g_interrupted{false};
@@ -575,6 +576,10 @@ int run_cli(int argc, char** argv) {
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";
     return kExitBadInput;
+  } catch (const core::InternalError& e) {
+    std::cerr << "harmony-run: " << e.what()
+              << "\n  this is a bug in harmony; please report it with the command line\n";
+    return kExitInternal;
   } catch (const core::ScheduleError& e) {
     std::cerr << cli.config << ": error: " << e.what() << "\n";
     return kExitBadInput;

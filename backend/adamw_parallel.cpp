@@ -20,12 +20,16 @@
 #endif
 
 namespace harmony::backend {
-namespace {
-
-// adamw_update's factors, computed with the same expressions (backend/adamw.cpp).
+namespace adamw_detail {
+// adamw_update's factors, computed with the same expressions (backend/adamw.cpp). Named (not in the anonymous
+// namespace) because ParallelAdamW::Impl holds one: GCC's -Wsubobject-linkage fires on that in a unity build.
 struct Factors {
   float decay, b1, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
 };
+}  // namespace adamw_detail
+using adamw_detail::Factors;
+
+namespace {
 
 Factors factors(const AdamWConfig& c, std::int64_t step) {
   if (step < 1) throw BackendError(fmt::format("AdamW: step {} must be >= 1", step));

@@ -4,6 +4,7 @@
 // Harmony Programs (a tensor store per device and per host channel with the producing op). Baseline Programs
 // are interpreted in executor_baseline.cpp.
 #include "backend/executor.hpp"
+#include "backend/model/describe.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -340,7 +341,6 @@ void update_layers(HostState& st, const AdamWConfig& config, int first, int last
 
 namespace {
 using core::OpKind;
-constexpr Bytes kF = sizeof(float);
 
 // Device tensors: activation at the input of layer l (Act), stash (Stash), gradient of the input of layer l
 // (Grad), recompute inputs/acts per layer (RecX, RecAct), a task's weights (W) and weight gradients (DW).

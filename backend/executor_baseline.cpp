@@ -14,13 +14,13 @@
 #include <fmt/format.h>
 
 #include "backend/executor_detail.hpp"
+#include "backend/model/describe.hpp"
 #include "core/program/baselines/baselines.hpp"
 
 namespace harmony::backend::detail {
 
 namespace {
 using core::OpKind;
-constexpr Bytes kF = sizeof(float);
 
 // Tensor kinds. Device: a layer's input activation (Act; layer 0: the token ids), a stashed input brought back
 // for the backward (Stash), the gradient of a layer's input (Grad), a layer's weights (W) or this rank's shard
@@ -520,18 +520,17 @@ class BaselineInterpreter final : public Interpreter {
       if (!(key == k)) continue;
       auto it = store_.find(Version{k, producer});
       if (it == store_.end())
-        throw BackendError(fmt::format("executor: internal: op {} reads {} of op {}, which is gone", label(o), tname(k),
-                                       label(producer)));
+        throw core::InternalError(
+            fmt::format("executor: op {} reads {} of op {}, which is gone", label(o), tname(k), label(producer)));
       return it->second;
     }
-    throw BackendError(
-        fmt::format("executor: internal: op {} reads {}, which it does not declare", label(o), tname(k)));
+    throw core::InternalError(fmt::format("executor: op {} reads {}, which it does not declare", label(o), tname(k)));
   }
   Tensor& put(int o, const Key& k, Bytes bytes) {
     const auto& w = info_[static_cast<std::size_t>(o)].writes;
     if (std::find(w.begin(), w.end(), k) == w.end())
-      throw BackendError(
-          fmt::format("executor: internal: op {} writes {}, which it does not declare", label(o), tname(k)));
+      throw core::InternalError(
+          fmt::format("executor: op {} writes {}, which it does not declare", label(o), tname(k)));
     Tensor t;
     if (on_host(k.kind)) {
       t.mem.resize(static_cast<std::size_t>(bytes));

@@ -22,7 +22,6 @@ namespace harmony::backend {
 
 namespace {
 
-constexpr Bytes kF = sizeof(float);
 constexpr Bytes kI = sizeof(std::int32_t);
 
 enum class Slot : std::uint8_t { W, dW, X, Tokens, Targets, Y, Act, dY, dX, Scratch };

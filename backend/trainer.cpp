@@ -1,6 +1,7 @@
 // The plain (everything resident) trainer: per microbatch a forward through all layers and a backward
 // accumulating weight gradients on the device; then gradients to the host, AdamW, weights back.
 #include "backend/trainer.hpp"
+#include "backend/model/describe.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -9,9 +10,7 @@
 
 namespace harmony::backend {
 
-namespace {
-constexpr Bytes kF = sizeof(float);
-}
+namespace {}
 
 PlainTrainer::PlainTrainer(Device& device, HostState& state, const TrainerOptions& options)
     : device_(device), state_(state), options_(options) {

@@ -30,6 +30,7 @@ using namespace harmony;
 namespace {
 
 constexpr int kExitBadInput = 2;
+constexpr int kExitInternal = 70;  // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
 
 struct Cli {
   std::string config;
@@ -413,6 +414,10 @@ int run_cli(int argc, char** argv) {
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";
     return kExitBadInput;
+  } catch (const core::InternalError& e) {
+    std::cerr << "harmony-sim: " << e.what()
+              << "\n  this is a bug in harmony; please report it with the command line\n";
+    return kExitInternal;
   } catch (const core::ScheduleError& e) {
     std::cerr << cli.config << ": error: " << e.what() << "\n";
     return kExitBadInput;

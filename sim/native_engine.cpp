@@ -289,7 +289,7 @@ class Engine {
     while (!heap_.empty()) {
       const TimePs t = heap_.top().t;
       if (t < now_)
-        throw core::ScheduleError(fmt::format("internal: an event at {} ps is before the current time {} ps", t, now_));
+        throw core::InternalError(fmt::format("an event at {} ps is before the current time {} ps", t, now_));
       if (t > now_) advance(t);
       while (!heap_.empty() && heap_.top().t == now_) {
         const Event e = heap_.top();

@@ -30,7 +30,6 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
   m.source = "backend::describe_gpt2";
   m.ubatch_fwd = ubatch_sizes;
   m.ubatch_bwd = ubatch_sizes;
-  constexpr Bytes kF = sizeof(float);
   const int T = seq_len;
   for (int l = 0; l < model.num_layers(); ++l) {
     core::Layer layer;

@@ -10,6 +10,9 @@
 
 namespace harmony::backend {
 
+// Bytes per element of the fp32 tensors the CPU and CUDA devices hold.
+inline constexpr core::Bytes kF = sizeof(float);
+
 struct DescribeOptions {
   double seconds_per_flop = 0.0;          // forward time = FLOPs x this; backward (recompute + backward) 3x
   double update_seconds_per_param = 0.0;  // CPU AdamW time per parameter

@@ -124,7 +124,7 @@ Gpt2::Gpt2(const Gpt2Config& config) : config_(config) {
   add(head, "lm_head.weight", {V, C}, "wte.weight");
   for (const auto& l : params_) param_floats_.push_back(l.back().offset + l.back().numel);
   if (config_.n_layer > 0 && BlockLayout(C).total != param_floats_[1])
-    throw BackendError("internal: block parameter layout mismatch");
+    throw core::InternalError("block parameter layout mismatch");
 }
 
 void Gpt2::check(int layer) const {

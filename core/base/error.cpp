@@ -23,6 +23,8 @@ static std::string format_config_error(const SourceLoc& loc, const std::string& 
 ConfigError::ConfigError(SourceLoc loc, const std::string& message, std::string hint)
     : Error(format_config_error(loc, message, hint)), loc_(std::move(loc)), message_(message), hint_(std::move(hint)) {}
 
+InternalError::InternalError(const std::string& message) : Error("internal: " + message) {}
+
 static std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;

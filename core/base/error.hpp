@@ -1,6 +1,7 @@
 // The error types harmony's libraries throw; only the mains print them and choose exit codes.
 // ConfigError points at a file:line:column and carries a hint on how to fix the input;
-// ScheduleError reports plans that cannot be built or run (bad packs, deadlocks).
+// ScheduleError reports plans that cannot be built or run (bad packs, deadlocks); InternalError a broken
+// invariant inside harmony (a bug, never bad input: the mains exit 70, EX_SOFTWARE, not 2).
 #pragma once
 
 #include <initializer_list>
@@ -40,6 +41,12 @@ class ConfigError : public Error {
 class ScheduleError : public Error {
  public:
   using Error::Error;
+};
+
+// A broken invariant: a bug in harmony, not in the user's input. what() starts with "internal: ".
+class InternalError : public Error {
+ public:
+  explicit InternalError(const std::string& message);
 };
 
 // "did you mean" helper: the candidate closest to `word` by edit distance, or "" if none is close.

@@ -88,7 +88,7 @@ class Lowerer {
     const int id = static_cast<int>(prog_.ops.size());
     const std::uint64_t kk = pack_key(t.idx, ui, spi, s, k);
     if (!index_.emplace(kk, id).second) {
-      throw ScheduleError("internal: duplicate op " + std::to_string(t.idx) + "." + std::to_string(ui) + "." +
+      throw InternalError("duplicate op " + std::to_string(t.idx) + "." + std::to_string(ui) + "." +
                           std::to_string(spi) + "." + stream_name(s) + "." + op_kind_name(k));
     }
     prog_.ops.push_back(std::move(op));
@@ -225,7 +225,7 @@ class Lowerer {
       dep(X, key(*L_, has_conv_ && vt.type == TaskType::Bwd ? conv_.fwd_of_bwd[static_cast<std::size_t>(i)] : i, -1,
                  Stream::SwapOut, OpKind::Y));
     } else {
-      throw ScheduleError("internal: task " + std::to_string(vt.idx) + " has no input channel");
+      throw InternalError("task " + std::to_string(vt.idx) + " has no input channel");
     }
     alloc(X, TensorKind::Activation, l1, i, b);
     input_order(vt, X, i, w_for_enqueue, prev);
@@ -544,7 +544,7 @@ class Lowerer {
       auto it = index_.find(k);
       if (it == index_.end()) {
         const Op& o = ops[static_cast<std::size_t>(from)];
-        throw ScheduleError("internal: op t" + std::to_string(o.task) + " " + op_kind_name(o.kind) +
+        throw InternalError("op t" + std::to_string(o.task) + " " + op_kind_name(o.kind) +
                             " depends on an op that was never created");
       }
       return it->second;

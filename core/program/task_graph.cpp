@@ -60,7 +60,7 @@ int TaskGraph::subpack_of_stash(const Task& fwd, int layer) const {
   for (std::size_t k = 0; k < fwd.stashes.size(); ++k) {
     if (fwd.stashes[k].layer == layer) return static_cast<int>(k) + (first_stashed ? 0 : 1);
   }
-  throw ScheduleError("internal: no stash at layer " + std::to_string(layer) + " in task " + std::to_string(fwd.idx));
+  throw InternalError("no stash at layer " + std::to_string(layer) + " in task " + std::to_string(fwd.idx));
 }
 
 namespace {

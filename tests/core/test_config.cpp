@@ -92,6 +92,16 @@ void check_paper_machine(const MachineSpec& m) {
 // ------------------------------------------------------------------------------------------------
 // Shipped configs
 
+TEST_CASE("InternalError: a bug reads as a bug, never as bad input or an infeasible plan") {
+  // The mains exit 70 on InternalError and 2 on ConfigError/ScheduleError; the search and the sweep treat a
+  // ScheduleError as "this candidate cannot run", so an InternalError must not be one.
+  const InternalError e("a broken invariant");
+  CHECK(std::string(e.what()) == "internal: a broken invariant");
+  const Error& base = e;
+  CHECK(dynamic_cast<const ScheduleError*>(&base) == nullptr);
+  CHECK(dynamic_cast<const ConfigError*>(&base) == nullptr);
+}
+
 TEST_CASE("examples/bert_large_simulate.yaml: a fixed harmony-pp plan") {
   const std::string file = source_path("configs/examples/bert_large_simulate.yaml");
   const RunConfig c = load_config(file);

@@ -345,7 +345,7 @@ void ProgramBuilder::window(int op, int device, int consumer_step) {
   if (consumer_step < 2) return;
   const auto& steps = steps_[static_cast<std::size_t>(device)];
   if (consumer_step - 2 >= static_cast<int>(steps.size()))
-    throw ScheduleError("internal: a baseline input is windowed to a step not yet created");
+    throw InternalError("a baseline input is windowed to a step not yet created");
   dep(op, steps[static_cast<std::size_t>(consumer_step) - 2]);
 }
 
