@@ -22,6 +22,7 @@
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
+#include "sim/progress_cli.hpp"
 #include "sim/report.hpp"
 #include "sim/sweep_cli.hpp"
 
@@ -30,6 +31,7 @@ using namespace harmony;
 namespace {
 
 constexpr int kExitBadInput = 2;
+constexpr double kProgressDelayS = 2.0;  // search and compare show progress once they run longer than this
 
 struct Cli {
   std::string config;
@@ -179,11 +181,15 @@ int cmd_search(const Cli& cli) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto cands = core::enumerate_candidates(model, space);
   std::atomic<std::size_t> ops{0};
-  const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
-    auto e = sim::evaluate_plan(model, cfg.machine, p, lower, cfg.cost_model);
-    ops += e.program.ops.size();
-    return e.report;
-  });
+  sim::ProgressPrinter printer("search", "candidates", false, kProgressDelayS);
+  const auto res = core::run_search(
+      cands, space,
+      [&](const core::Plan& p) {
+        auto e = sim::evaluate_plan(model, cfg.machine, p, lower, cfg.cost_model);
+        ops += e.program.ops.size();
+        return e.report;
+      },
+      [&](const core::SearchProgress& p) { printer.update(p.done, p.total, p.done == p.total); });
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::optional<sim::Evaluation> best;
   std::optional<sim::Bottleneck> best_bottleneck;
@@ -248,8 +254,13 @@ int cmd_compare(const Cli& cli) {
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
-                                           cfg.search, cfg.options);
+  sim::ProgressPrinter printer("compare", "candidates", false, kProgressDelayS);
+  const auto res =
+      sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model, cfg.search,
+                              cfg.options, [&](const sim::CompareProgress& p) {
+                                printer.update(p.candidates_done, p.candidates_total, p.kinds_done == p.kinds,
+                                               fmt::format("{}/{} kinds finished", p.kinds_done, p.kinds));
+                              });
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();

@@ -3,15 +3,12 @@
 // (a live bar on a terminal, a line every 10 s otherwise) and the summary.
 #include "sim/sweep_cli.hpp"
 
-#include <unistd.h>
-
 #include <atomic>
-#include <chrono>
 #include <csignal>
-#include <cstdio>
 
 #include <fmt/format.h>
 
+#include "sim/progress_cli.hpp"
 #include "sim/sweep.hpp"
 
 namespace harmony::sim {
@@ -21,46 +18,6 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 extern "C" void on_sigint(int /*sig*/) { g_stop = true; }
-
-std::string duration_text(double s) {
-  if (s < 0) return "?";
-  const auto t = static_cast<long long>(s);
-  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
-  return fmt::format("{}:{:02}", t / 60, t % 60);
-}
-
-class ProgressPrinter {
- public:
-  explicit ProgressPrinter(bool quiet) : quiet_(quiet), tty_(isatty(fileno(stderr)) != 0) {}
-
-  void operator()(const SweepProgress& p) {
-    if (quiet_) return;
-    const double pct = p.total > 0 ? 100.0 * static_cast<double>(p.done) / static_cast<double>(p.total) : 100.0;
-    const std::string stats =
-        fmt::format("{}/{} points {:5.1f}%  {:.1f} points/s  elapsed {}  ETA {}", p.done, p.total, pct, p.points_per_s,
-                    duration_text(p.elapsed_s), p.finished ? "0:00" : duration_text(p.eta_s));
-    if (tty_) {
-      constexpr int kWidth = 30;
-      const int fill = static_cast<int>(pct / 100.0 * kWidth);
-      fmt::print(stderr, "\r[{}{}] {}\033[K", std::string(static_cast<std::size_t>(fill), '#'),
-                 std::string(static_cast<std::size_t>(kWidth - fill), '.'), stats);
-      if (p.finished) fmt::print(stderr, "\n");
-      std::fflush(stderr);
-      return;
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (!p.finished && started_ && now - last_ < std::chrono::seconds(10)) return;
-    started_ = true;
-    last_ = now;
-    fmt::print(stderr, "sweep: {}\n", stats);
-  }
-
- private:
-  bool quiet_;
-  bool tty_;
-  bool started_ = false;
-  std::chrono::steady_clock::time_point last_;
-};
 
 }  // namespace
 
@@ -93,10 +50,12 @@ int SweepCommands::run() {
   o.stop = &g_stop;
   g_stop = false;
   auto* previous = std::signal(SIGINT, on_sigint);
-  ProgressPrinter printer(quiet_);
+  ProgressPrinter printer("sweep", "points", quiet_);
   SweepSummary s;
   try {
-    s = run_sweep(sweep, o, [&](const SweepProgress& p) { printer(p); });
+    s = run_sweep(sweep, o, [&](const SweepProgress& p) {
+      printer.update(p.done, p.total, p.points_per_s, p.eta_s, p.finished);
+    });
   } catch (...) {
     std::signal(SIGINT, previous);
     throw;
