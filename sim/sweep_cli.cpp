@@ -28,6 +28,8 @@ SweepCommands::SweepCommands(CLI::App& app) {
   sweep_->add_option("--shard", shard_, "evaluate only the points p with p % N == I (I/N, default 0/1)");
   sweep_->add_option("--threads", threads_, "worker threads (default 0 = all cores)")->check(CLI::NonNegativeNumber);
   sweep_->add_flag("--quiet", quiet_, "no progress on stderr");
+  sweep_->add_flag("--allow-large-grid", allow_large_grid_,
+                   fmt::format("run a sweep of more than {} points", kLargeGridPoints));
   merge_ = app.add_subcommand("merge", "join the output folders of a sharded sweep into one");
   merge_->add_option("out", merge_out_, "folder for the merged sweep.json, results.csv, results.jsonl")->required();
   merge_->add_option("shards", merge_in_, "the shards' --out folders")->required();
@@ -48,6 +50,7 @@ int SweepCommands::run() {
   o.shard = shard;
   o.threads = threads_;
   o.stop = &g_stop;
+  o.allow_large_grid = allow_large_grid_;
   g_stop = false;
   auto* previous = std::signal(SIGINT, on_sigint);
   ProgressPrinter printer("sweep", "points", quiet_);
@@ -64,10 +67,14 @@ int SweepCommands::run() {
   std::string statuses;
   for (const auto& [status, n] : s.by_status)
     statuses += fmt::format("{}{} {}", statuses.empty() ? "" : ", ", status, n);
-  fmt::print("sweep: {} points{} ({} computed in {:.1f} s, {:.1f} points/s; {} from an earlier run){}\n", s.total,
-             shard.count > 1 ? fmt::format(" in shard {}/{}", shard.index, shard.count) : std::string(), s.computed,
-             s.wall_s, s.wall_s > 0 ? static_cast<double>(s.computed) / s.wall_s : 0.0, s.resumed,
-             statuses.empty() ? std::string() : "; " + statuses);
+  // Totals over the files (this run's rows and the earlier run's kept ones), then what this run did.
+  fmt::print(
+      "sweep: {} points{}, {} done ({} computed in {:.1f} s, {:.1f} points/s{}; {} from an earlier run, skipped as "
+      "already done){}\n",
+      s.total, shard.count > 1 ? fmt::format(" in shard {}/{}", shard.index, shard.count) : std::string(), s.done(),
+      s.computed, s.wall_s, s.wall_s > 0 ? static_cast<double>(s.computed) / s.wall_s : 0.0,
+      s.stale > 0 ? fmt::format(", {} of them recomputed because a file they read changed", s.stale) : std::string(),
+      s.resumed, statuses.empty() ? std::string() : "; " + statuses);
   for (const auto& r : s.invalid_reasons) fmt::print("  invalid: {}\n", r);
   if (s.interrupted) {
     fmt::print(stderr, "sweep: interrupted after {} of {} points; rerun the same command to resume\n",

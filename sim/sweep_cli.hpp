@@ -23,6 +23,7 @@ class SweepCommands {
   std::string shard_ = "0/1";
   int threads_ = 0;
   bool quiet_ = false;
+  bool allow_large_grid_ = false;
   std::string merge_out_;
   std::vector<std::string> merge_in_;
 };
