@@ -153,10 +153,12 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
   std::mutex progress_mutex;
   std::vector<core::SearchProgress> per_kind(names.size());
   std::size_t kinds_done = 0;
+  std::size_t kinds_started = 0;
   auto report = [&] {  // with progress_mutex held
     CompareProgress p;
     p.kinds = names.size();
     p.kinds_done = kinds_done;
+    p.kinds_started = kinds_started;
     for (const auto& k : per_kind) {
       p.candidates_done += k.done;
       p.candidates_total += k.total;
@@ -168,6 +170,10 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
   auto solve = [&](std::size_t slot) {
     core::SearchProgressFn on_search;
     if (progress) {
+      {
+        const std::lock_guard<std::mutex> lock(progress_mutex);
+        ++kinds_started;
+      }
       on_search = [&, slot](const core::SearchProgress& sp) {
         const std::lock_guard<std::mutex> lock(progress_mutex);
         per_kind[slot] = sp;

@@ -46,6 +46,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
 // count once its search starts), and kinds finished.
 struct CompareProgress {
   std::size_t kinds_done = 0;
+  std::size_t kinds_started = 0;  // until every kind has started, candidates_total is still growing
   std::size_t kinds = 0;
   std::size_t candidates_done = 0;
   std::size_t candidates_total = 0;

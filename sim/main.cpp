@@ -255,12 +255,17 @@ int cmd_compare(const Cli& cli) {
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
   sim::ProgressPrinter printer("compare", "candidates", false, kProgressDelayS);
-  const auto res =
-      sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model, cfg.search,
-                              cfg.options, [&](const sim::CompareProgress& p) {
-                                printer.update(p.candidates_done, p.candidates_total, p.kinds_done == p.kinds,
-                                               fmt::format("{}/{} kinds finished", p.kinds_done, p.kinds));
-                              });
+  // The total grows while kinds are still to start: no ETA until every kind has enumerated its candidates.
+  auto on_progress = [&](const sim::CompareProgress& p) {
+    const double t = printer.elapsed_s();
+    const double rate = t > 0 ? static_cast<double>(p.candidates_done) / t : 0.0;
+    const bool known = p.kinds_started == p.kinds && rate > 0;
+    printer.update(p.candidates_done, p.candidates_total, rate,
+                   known ? static_cast<double>(p.candidates_total - p.candidates_done) / rate : -1.0,
+                   p.kinds_done == p.kinds, fmt::format("{}/{} kinds finished", p.kinds_done, p.kinds));
+  };
+  const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
+                                           cfg.search, cfg.options, on_progress);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();

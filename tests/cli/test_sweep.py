@@ -4,7 +4,7 @@
 rerun = the uninterrupted files, shards 0/3 1/3 2/3 merged = the unsharded files, a changed sweep refused on
 resume, bad sweep files (exit 2, file:line:column, a hint); an edited profile recomputed on rerun, two sweeps on
 one --out (the second exits 2 naming the first), a huge grid refused fast unless --allow-large-grid (then it
-streams in little memory)."""
+streams in little memory); the progress display shared with search and compare."""
 import csv
 import json
 import os
@@ -287,6 +287,21 @@ grid:
     check("huge grid allowed: rows stream", rss_kib is not None, (p.returncode, pout, perr))
     check("huge grid allowed: small memory", rss_kib is not None and rss_kib < 512 * 1024, rss_kib)
     check("huge grid allowed: ctrl-c exit 130", p.returncode == 130 and "6181806 points" in pout, (p.returncode, pout))
+
+    # --- the progress display sweep shares with search and compare: silent for a quick search; a compare that
+    # runs past 2 s prints progress lines with ETA on stderr (not a terminal here), its JSON on stdout unchanged
+    r = run("search", os.path.join(ROOT, "configs/examples/bert_large_search.yaml"), "--format", "json")
+    check("quick search: no progress", r.returncode == 0 and r.stderr == "", r.stderr)
+    r = run("compare", os.path.join(ROOT, "configs/examples/bert_large_search.yaml"), "--format", "json",
+            "--set", "plan.minibatch=2048", "--set", "cost_model=native", "--set", "search.threads=1")
+    doc = json.loads(r.stdout) if r.returncode == 0 else {}
+    check("long compare: json on stdout", doc.get("command") == "compare" and len(doc.get("results", [])) == 6,
+          r.stdout[:500] + r.stderr)
+    progress = [ln for ln in r.stderr.splitlines() if ln.startswith("compare: ")]
+    if doc.get("wall_time_s", 0) > 3:  # on a machine fast enough to finish within 2 s there is nothing to show
+        check("long compare: progress lines", progress and all("candidates/s" in ln and "ETA" in ln for ln in progress)
+              and "6/6 kinds finished" in progress[-1], r.stderr)
+    check("long compare: stderr is only progress", len(progress) == len(r.stderr.splitlines()), r.stderr)
 
     # --- bad sweep files: exit 2, location, hint
     def bad(name, text, expect_loc, words, extra=()):
