@@ -1148,10 +1148,48 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
   Resumable old = resumable_rows(sweep, shard, csv_path, jsonl_path);
   const std::size_t found = old.rows.size();
   std::vector<char> fresh(found, 0);
-  parallel_for(found, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(found, 1))),
-               [&](std::size_t k) {
-                 fresh[k] = sweep_point_inputs(sweep, shard.point(k), &cache) == old.rows[k].inputs ? 1 : 0;
-               });
+  {
+    // Re-hash on the workers; this thread reports progress (a resume of a million rows takes a while).
+    std::atomic<std::size_t> checked{0};
+    std::atomic<bool> check_finished{false};
+    std::exception_ptr check_error;
+    std::thread checker([&] {
+      try {
+        parallel_for(found, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(found, 1))),
+                     [&](std::size_t k) {
+                       if (options.stop != nullptr && options.stop->load()) return;
+                       fresh[k] = sweep_point_inputs(sweep, shard.point(k), &cache) == old.rows[k].inputs ? 1 : 0;
+                       ++checked;
+                     });
+      } catch (...) {
+        check_error = std::current_exception();
+      }
+      check_finished = true;
+    });
+    const auto interval = std::chrono::duration<double>(std::max(0.01, options.progress_interval_s));
+    while (!check_finished.load()) {
+      std::this_thread::sleep_for(std::min(interval, std::chrono::duration<double>(0.05)));
+      if (progress && !check_finished.load()) {
+        SweepProgress pr;
+        pr.total = summary.total;
+        pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        pr.checking = true;
+        pr.checked = checked.load();
+        pr.to_check = found;
+        progress(pr);
+      }
+    }
+    checker.join();
+    if (check_error) std::rethrow_exception(check_error);
+    if (options.stop != nullptr && options.stop->load() && checked.load() < found) {
+      // Stopped while checking: nothing was changed on disk.
+      summary.resumed = found;
+      for (const auto& row : old.rows) count_row(summary, row.status, row.reason);
+      summary.interrupted = true;
+      summary.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      return summary;
+    }
+  }
   const std::size_t prefix = static_cast<std::size_t>(std::find(fresh.begin(), fresh.end(), 0) - fresh.begin());
   for (std::size_t k = 0; k < prefix; ++k) count_row(summary, old.rows[k].status, old.rows[k].reason);
   const auto truncate = [&](const fs::path& p, std::uint64_t size) {

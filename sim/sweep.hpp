@@ -124,6 +124,11 @@ struct SweepProgress {
   double points_per_s = 0.0;  // computed / elapsed
   double eta_s = -1.0;        // -1: unknown
   bool finished = false;
+  // Before computing, a resume re-hashes the input files of the earlier run's rows: while it does, `checking`
+  // is set and checked / to_check count those rows (done and the rates are not yet meaningful).
+  bool checking = false;
+  std::size_t checked = 0;
+  std::size_t to_check = 0;
 };
 using SweepProgressFn = std::function<void(const SweepProgress&)>;
 

@@ -54,9 +54,14 @@ int SweepCommands::run() {
   g_stop = false;
   auto* previous = std::signal(SIGINT, on_sigint);
   ProgressPrinter printer("sweep", "points", quiet_);
+  ProgressPrinter checking("sweep", "rows", quiet_, 1.0);  // a resume's check of the earlier rows, when slow
   SweepSummary s;
   try {
     s = run_sweep(sweep, o, [&](const SweepProgress& p) {
+      if (p.checking) {
+        checking.update(p.checked, p.to_check, false, "rows of the earlier run: re-hashing the files they read");
+        return;
+      }
       printer.update(p.done, p.total, p.points_per_s, p.eta_s, p.finished);
     });
   } catch (...) {

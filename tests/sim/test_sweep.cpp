@@ -412,6 +412,24 @@ TEST_CASE("a resume recomputes exactly the rows whose files changed; the totals 
   st = sim::run_sweep(s, o);
   CHECK(st.computed == 0);
   CHECK(st.resumed == 8);
+  // Ctrl-C while a resume re-hashes the earlier rows (after another edit) leaves the files as they were.
+  write_file(gpt, slurp(gpt) + "\n");
+  const std::string before = slurp(t / "out" / "results.jsonl");
+  std::atomic<bool> stop{true};
+  o.stop = &stop;
+  st = sim::run_sweep(s, o);
+  CHECK(st.interrupted);
+  CHECK(st.computed == 0);
+  CHECK(st.resumed == 8);
+  CHECK(slurp(t / "out" / "results.jsonl") == before);
+  o.stop = nullptr;
+  st = sim::run_sweep(s, o, [&](const sim::SweepProgress& p) {
+    if (p.checking) {
+      CHECK(p.to_check == 8);
+      CHECK(p.checked <= 8);
+    }
+  });
+  CHECK(st.stale == 4);
   fs::remove_all(t);
 }
 
