@@ -1,6 +1,6 @@
 // `harmony-sim sweep SWEEP.yaml --out DIR [--shard I/N] [--threads N]` and `harmony-sim merge OUT DIR...`:
-// options, Ctrl-C (finish the points in flight, keep the files, exit 130; rerun to resume), the progress bar
-// (a live bar on a terminal, a line every 10 s otherwise) and the summary.
+// options, Ctrl-C (finish the points in flight, keep the files, exit 130; rerun to resume), progress through
+// sim/progress_cli.hpp's printer (a live bar on a terminal, a line every 10 s otherwise) and the summary.
 #include "sim/sweep_cli.hpp"
 
 #include <atomic>

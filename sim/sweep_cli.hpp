@@ -1,5 +1,5 @@
-// The `sweep` and `merge` subcommands of harmony-sim (docs/sweeps.md): their CLI11 options, the progress bar
-// with ETA on stderr, the summary on stdout. Part of the harmony-sim executable (it prints), not of the library.
+// The `sweep` and `merge` subcommands of harmony-sim (docs/sweeps.md): their CLI11 options, progress on stderr
+// (sim/progress_cli.hpp), the summary on stdout. Part of the harmony-sim executable (it prints), not of the library.
 #pragma once
 
 #include <string>
