@@ -45,7 +45,7 @@ class FirstMiss {
 
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
-                             const core::Options& options) {
+                             const core::Options& options, const core::SearchProgressFn& progress) {
   const auto capacity =
       static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
   KindResult kr;
@@ -74,11 +74,14 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     const auto cands = core::enumerate_candidates(model, space);
     kr.candidates = cands.size();
     FirstMiss miss;
-    const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
-      core::RunReport r = evaluate_plan(model, machine, p, lower, cost_model).report;
-      if (!r.feasible) miss.note(fmt::format("u {}/{}", p.u_fwd, p.u_bwd), r.infeasible_reason);
-      return r;
-    });
+    const auto res = core::run_search(
+        cands, space,
+        [&](const core::Plan& p) {
+          core::RunReport r = evaluate_plan(model, machine, p, lower, cost_model).report;
+          if (!r.feasible) miss.note(fmt::format("u {}/{}", p.u_fwd, p.u_bwd), r.infeasible_reason);
+          return r;
+        },
+        progress);
     kr.deadlocked = res.num_deadlocked;
     if (!res.ranked.empty()) {
       kr.feasible = true;
@@ -122,7 +125,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
           if (!r.feasible) miss.note(fmt::format("u {}", p.ubatch), r.infeasible_reason);
           return r;
         },
-        1, -1);
+        1, -1, progress);
     kr.deadlocked = res.num_deadlocked;
     for (const auto& r : res.ranked) {
       if (r.report.deadlock || !r.report.feasible) continue;
@@ -142,15 +145,48 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
 
 CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
                                  const std::string& cost_model, const core::SearchSpec& search,
-                                 const core::Options& options) {
+                                 const core::Options& options, const CompareProgressFn& progress) {
   CompareResult out;
   const auto& names = core::plan_kind_names();
   out.kinds.resize(names.size());
+  // Progress: each kind's search reports its own counts; the sums go to `progress`, one call at a time.
+  std::mutex progress_mutex;
+  std::vector<core::SearchProgress> per_kind(names.size());
+  std::size_t kinds_done = 0;
+  std::size_t kinds_started = 0;
+  auto report = [&] {  // with progress_mutex held
+    CompareProgress p;
+    p.kinds = names.size();
+    p.kinds_done = kinds_done;
+    p.kinds_started = kinds_started;
+    for (const auto& k : per_kind) {
+      p.candidates_done += k.done;
+      p.candidates_total += k.total;
+    }
+    progress(p);
+  };
   // Each kind's search runs on one thread; the kinds run side by side on all cores (deterministic:
   // every kind writes only its own slot).
   auto solve = [&](std::size_t slot) {
+    core::SearchProgressFn on_search;
+    if (progress) {
+      {
+        const std::lock_guard<std::mutex> lock(progress_mutex);
+        ++kinds_started;
+      }
+      on_search = [&, slot](const core::SearchProgress& sp) {
+        const std::lock_guard<std::mutex> lock(progress_mutex);
+        per_kind[slot] = sp;
+        report();
+      };
+    }
     out.kinds[slot] = best_plan_of_kind(*core::parse_plan_kind(names[slot]), model, machine, gpus, minibatch,
-                                        cost_model, search, options);
+                                        cost_model, search, options, on_search);
+    if (progress) {
+      const std::lock_guard<std::mutex> lock(progress_mutex);
+      ++kinds_done;
+      report();
+    }
   };
   unsigned threads = search.threads > 0 ? static_cast<unsigned>(search.threads) : std::thread::hardware_concurrency();
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(names.size())));

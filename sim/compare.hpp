@@ -3,6 +3,8 @@
 // same cost model, or the reason it does not fit.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "core/output/report.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/search/baseline_search.hpp"
+#include "core/search/progress.hpp"
 
 namespace harmony::sim {
 
@@ -34,15 +37,27 @@ struct CompareResult {
 
 // The best plan of one kind, searched on the calling thread (search.threads is ignored): Harmony kinds
 // through core::run_search (top 1, no fit rule), baselines through core::run_baseline_search.
+// `progress` (optional) hears the search's candidates done / total (core/search/progress.hpp).
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
-                             const core::Options& options);
+                             const core::Options& options, const core::SearchProgressFn& progress = {});
+
+// Progress of compare_plan_kinds over all kinds: candidates done of those enumerated so far (a kind's candidates
+// count once its search starts), and kinds finished.
+struct CompareProgress {
+  std::size_t kinds_done = 0;
+  std::size_t kinds_started = 0;  // until every kind has started, candidates_total is still growing
+  std::size_t kinds = 0;
+  std::size_t candidates_done = 0;
+  std::size_t candidates_total = 0;
+};
+using CompareProgressFn = std::function<void(const CompareProgress&)>;
 
 // Searches every plan kind. `search` and `options` shape the Harmony searches (packing methods,
 // microbatch lists, stride); baselines use the same microbatch stride and lists.
 CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
                                  const std::string& cost_model, const core::SearchSpec& search,
-                                 const core::Options& options);
+                                 const core::Options& options, const CompareProgressFn& progress = {});
 
 // One baseline plan through the named cost model.
 core::RunReport evaluate_baseline(const core::Model& model, const core::MachineSpec& machine,

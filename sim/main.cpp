@@ -22,6 +22,7 @@
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
+#include "sim/progress_cli.hpp"
 #include "sim/report.hpp"
 #include "sim/sweep_cli.hpp"
 
@@ -31,6 +32,7 @@ namespace {
 
 constexpr int kExitBadInput = 2;
 constexpr int kExitInternal = 70;  // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
+constexpr double kProgressDelayS = 2.0;  // search and compare show progress once they run longer than this
 
 struct Cli {
   std::string config;
@@ -180,11 +182,15 @@ int cmd_search(const Cli& cli) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto cands = core::enumerate_candidates(model, space);
   std::atomic<std::size_t> ops{0};
-  const auto res = core::run_search(cands, space, [&](const core::Plan& p) {
-    auto e = sim::evaluate_plan(model, cfg.machine, p, lower, cfg.cost_model);
-    ops += e.program.ops.size();
-    return e.report;
-  });
+  sim::ProgressPrinter printer("search", "candidates", false, kProgressDelayS);
+  const auto res = core::run_search(
+      cands, space,
+      [&](const core::Plan& p) {
+        auto e = sim::evaluate_plan(model, cfg.machine, p, lower, cfg.cost_model);
+        ops += e.program.ops.size();
+        return e.report;
+      },
+      [&](const core::SearchProgress& p) { printer.update(p.done, p.total, p.done == p.total); });
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::optional<sim::Evaluation> best;
   std::optional<sim::Bottleneck> best_bottleneck;
@@ -249,8 +255,18 @@ int cmd_compare(const Cli& cli) {
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
+  sim::ProgressPrinter printer("compare", "candidates", false, kProgressDelayS);
+  // The total grows while kinds are still to start: no ETA until every kind has enumerated its candidates.
+  auto on_progress = [&](const sim::CompareProgress& p) {
+    const double t = printer.elapsed_s();
+    const double rate = t > 0 ? static_cast<double>(p.candidates_done) / t : 0.0;
+    const bool known = p.kinds_started == p.kinds && rate > 0;
+    printer.update(p.candidates_done, p.candidates_total, rate,
+                   known ? static_cast<double>(p.candidates_total - p.candidates_done) / rate : -1.0,
+                   p.kinds_done == p.kinds, fmt::format("{}/{} kinds finished", p.kinds_done, p.kinds));
+  };
   const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
-                                           cfg.search, cfg.options);
+                                           cfg.search, cfg.options, on_progress);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();

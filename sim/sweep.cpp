@@ -3,12 +3,17 @@
 // workers, resumes a killed run and merges shards. Prints nothing; progress goes through a callback.
 #include "sim/sweep.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -50,16 +55,37 @@ class ModelCache {
     return models_.emplace(key, std::move(model)).first->second;  // a racing loader's copy wins: same bits
   }
 
+  // The FNV-1a digest and size of a file's bytes, read once per run; "missing" when it cannot be read.
+  std::string file_digest(const std::string& path) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = digests_.find(path); it != digests_.end()) return it->second;
+    }
+    std::string digest = "missing";
+    std::error_code ec;
+    if (!std::filesystem::is_directory(path, ec)) {
+      std::ifstream in(path, std::ios::binary);
+      if (in) {
+        std::ostringstream ss;
+        ss << in.rdbuf();
+        if (!in.bad()) digest = fnv1a_hex(ss.str()) + " " + std::to_string(ss.str().size());
+      }
+    }
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return digests_.emplace(path, std::move(digest)).first->second;
+  }
+
  private:
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const core::Model>> models_;
+  std::map<std::string, std::string> digests_;
 };
 
 namespace {
 
 constexpr const char* kFormat = "harmony-sweep-results";
-constexpr int kFormatVersion = 1;
-constexpr std::size_t kMaxPoints = 100'000'000;
+constexpr int kFormatVersion = 2;                      // 2: the `inputs` column
+constexpr std::size_t kMaxPoints = 1'000'000'000'000;  // a guard against overflow; see kLargeGridPoints
 
 const std::vector<std::string> kSweepKeys = {"base", "grid", "set", "kinds", "budget"};
 const std::vector<std::string> kBudgetKeys = {"samples", "tokens", "seq_len", "bill"};
@@ -494,7 +520,8 @@ std::vector<std::string> sweep_columns(const Sweep& sweep) {
                            "iterations",
                            "time_to_train_s",
                            "price_per_hour",
-                           "cost"})
+                           "cost",
+                           "inputs"})
     c.emplace_back(name);
   return c;
 }
@@ -597,7 +624,33 @@ std::string config_reason(const core::ConfigError& e) {
   return one_line(fmt::format("{}: {}", loc.str(), e.message()));
 }
 
+// What a point's row depends on besides the sweep file and the base config (both in the fingerprint): the
+// bytes of every file its config read, or the error that kept the config from being built.
+std::string inputs_digest(const core::RunConfig* cfg, const std::string& config_error, ModelCache& cache) {
+  std::string t = fmt::format("inputs {}\n", kFormatVersion);
+  if (cfg) {
+    for (const auto& f : cfg->inputs) t += "file " + cache.file_digest(f) + "\n";
+  } else {
+    t += "error " + config_error + "\n";
+  }
+  return fnv1a_hex(t);
+}
+
 }  // namespace
+
+std::string sweep_point_inputs(const Sweep& sweep, std::size_t index, ModelCache* cache) {
+  ModelCache local;
+  if (!cache) cache = &local;
+  const SweepPoint p = sweep_point(sweep, index);
+  try {
+    const auto cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
+    return inputs_digest(&cfg, {}, *cache);
+  } catch (const core::ConfigError& e) {
+    return inputs_digest(nullptr, config_reason(e), *cache);
+  } catch (const core::ScheduleError& e) {
+    return inputs_digest(nullptr, one_line(e.what()), *cache);
+  }
+}
 
 SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache* cache) {
   ModelCache local;
@@ -614,11 +667,21 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
 
   std::string status;
   std::string reason;
+  std::string inputs;
   std::optional<core::RunConfig> cfg;
   std::shared_ptr<const core::Model> model;
   std::optional<KindResult> kr;
   try {
-    cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
+    try {
+      cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
+    } catch (const core::ConfigError& e) {
+      inputs = inputs_digest(nullptr, config_reason(e), *cache);
+      throw;
+    } catch (const core::ScheduleError& e) {
+      inputs = inputs_digest(nullptr, one_line(e.what()), *cache);
+      throw;
+    }
+    inputs = inputs_digest(&*cfg, {}, *cache);
     std::string key = "profile " + cfg->model.profile_path;
     if (cfg->model.profile_path.empty()) {
       key = "overrides";
@@ -712,6 +775,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   } else {
     cells.push_back(null_cell());
   }
+  cells.push_back(text_cell(inputs));
 
   if (cells.size() != columns.size())
     throw std::logic_error(fmt::format("sweep row has {} cells for {} columns", cells.size(), columns.size()));
@@ -719,6 +783,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   row.point = index;
   row.status = status;
   row.reason = reason;
+  row.inputs = inputs;
   for (std::size_t i = 0; i < cells.size(); ++i) {
     row.csv += (i ? "," : "") + cell_csv(cells[i]);
     row.json += (i ? "," : "{") + json_string(columns[i]) + ":" + cell_json(cells[i]);
@@ -736,6 +801,7 @@ namespace {
 constexpr const char* kMetaFile = "sweep.json";
 constexpr const char* kCsvFile = "results.csv";
 constexpr const char* kJsonlFile = "results.jsonl";
+constexpr const char* kLockFile = "sweep.lock";
 constexpr const char* kFreshHint = "use a new --out folder, or delete this one to start the sweep over";
 
 std::string csv_header(const Sweep& s) {
@@ -874,13 +940,27 @@ std::optional<std::pair<std::size_t, std::string>> row_key(std::string_view line
   }
 }
 
-// How many rows of an earlier run are valid (the shard's first points, in order, in both files); throws for
-// rows that belong to another sweep. Fills the byte offsets to truncate each file to.
-std::size_t resumable_rows(const Sweep& sweep, const Shard& shard, const fs::path& csv_path, const fs::path& jsonl_path,
-                           std::uint64_t& csv_end, std::uint64_t& jsonl_end) {
+// A row of an earlier run, as read back for a resume.
+struct OldRow {
+  std::string csv;   // the line with its '\n'
+  std::string json;  // the line with its '\n'
+  std::string inputs;
+  std::string status;
+  std::string reason;
+};
+
+// The valid rows of an earlier run (the shard's first points, in order, in both files), and the byte offsets to
+// truncate each file to for keeping the first k of them (csv_ends[k], jsonl_ends[k]); throws for rows that belong
+// to another sweep.
+struct Resumable {
+  std::vector<OldRow> rows;
+  std::vector<std::uint64_t> csv_ends;    // 0 when the file has no header
+  std::vector<std::uint64_t> jsonl_ends;  // jsonl_ends[0] = 0
+};
+
+Resumable resumable_rows(const Sweep& sweep, const Shard& shard, const fs::path& csv_path, const fs::path& jsonl_path) {
   const std::size_t total = shard.size(sweep.num_points());
-  csv_end = 0;
-  jsonl_end = 0;
+  Resumable out;
   const std::string header = csv_header(sweep);
   std::string csv = fs::exists(csv_path) ? slurp(csv_path) : std::string();
   std::string jsonl = fs::exists(jsonl_path) ? slurp(jsonl_path) : std::string();
@@ -896,22 +976,121 @@ std::size_t resumable_rows(const Sweep& sweep, const Shard& shard, const fs::pat
   if (csv_rows > total || jl.lines.size() > total)
     fail(file_loc(csv_rows > total ? csv_path : jsonl_path),
          fmt::format("it has more rows than the {} points of this shard", total), kFreshHint);
-  std::size_t k = 0;
-  for (; k < n; ++k) {
+  out.csv_ends.push_back(cl.lines.empty() ? 0 : cl.ends[0]);
+  out.jsonl_ends.push_back(0);
+  // Rows beyond n in the longer file are complete but unmatched in the other: recomputed (same bytes).
+  for (std::size_t k = 0; k < n; ++k) {
     const std::size_t p = shard.point(k);
     const std::string id = sweep_point(sweep, p).id;
-    const auto key = row_key(jl.lines[k]);
-    if (!key || key->first != p || key->second != id)
+    OldRow row;
+    bool ok = false;
+    try {
+      const auto j = nlohmann::json::parse(jl.lines[k]);
+      ok = j.is_object() && j.contains("point") && j.contains("id") && j.at("point").get<std::size_t>() == p &&
+           j.at("id").get<std::string>() == id;
+      if (ok) {
+        row.inputs = j.contains("inputs") && j.at("inputs").is_string() ? j.at("inputs").get<std::string>() : "";
+        row.status = j.value("status", "");
+        row.reason = j.contains("reason") && j.at("reason").is_string() ? j.at("reason").get<std::string>() : "";
+      }
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (!ok)
       fail(file_loc(jsonl_path, static_cast<int>(k + 1)),
            fmt::format("row {} is not point {} (id {}) of this sweep", k + 1, p, id), kFreshHint);
     if (!starts_with(cl.lines[k + 1], fmt::format("{},{},", p, id)))
       fail(file_loc(csv_path, static_cast<int>(k + 2)),
            fmt::format("row {} is not point {} (id {}) of this sweep", k + 1, p, id), kFreshHint);
+    row.csv = std::string(cl.lines[k + 1]) + "\n";
+    row.json = std::string(jl.lines[k]) + "\n";
+    out.rows.push_back(std::move(row));
+    out.csv_ends.push_back(cl.ends[k + 1]);
+    out.jsonl_ends.push_back(jl.ends[k]);
   }
-  // Rows beyond k in the longer file are complete but unmatched in the other: recomputed (same bytes).
-  if (!cl.lines.empty()) csv_end = cl.ends[k];  // header + k rows
-  jsonl_end = k > 0 ? jl.ends[k - 1] : 0;
-  return k;
+  return out;
+}
+
+// An exclusive flock on DIR/sweep.lock for the life of a run. The file holds the holder's pid and host, so a
+// second run names it; the file stays (unlocked) afterwards: deleting it would let two runs lock different files.
+class FolderLock {
+ public:
+  explicit FolderLock(const fs::path& dir) {
+    const fs::path path = dir / kLockFile;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      fail(file_loc(path), fmt::format("cannot create the lock file: {}", std::strerror(errno)),
+           "pick a writable --out folder");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      std::string holder;
+      // The holder writes its name just after locking: give it a moment when the file is still empty.
+      for (int attempt = 0; attempt < 50 && holder.empty() && err == EWOULDBLOCK; ++attempt) {
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        char buf[256];
+        const ssize_t got = ::pread(fd_, buf, sizeof buf - 1, 0);
+        if (got > 0) holder = one_line(std::string(buf, static_cast<std::size_t>(got)));
+      }
+      ::close(fd_);
+      fd_ = -1;
+      if (err == EWOULDBLOCK)
+        fail(file_loc(dir),
+             fmt::format("another sweep is writing into this folder ({})",
+                         holder.empty() ? "holder not recorded yet" : holder),
+             fmt::format("wait for it to finish or stop it (Ctrl-C keeps its rows), or use another --out folder; "
+                         "{} names the holder",
+                         path.generic_string()));
+      fail(file_loc(path), fmt::format("cannot lock the folder: {}", std::strerror(err)),
+           "use a --out folder on a local file system");
+    }
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
+    const std::string text = fmt::format("pid {} on host {}\n", static_cast<long>(::getpid()), host);
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+      fail(file_loc(path), "cannot write the lock file", "check the folder is writable and the disk has space");
+  }
+  ~FolderLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Counts a row into the summary's statuses and invalid reasons.
+void count_row(SweepSummary& summary, const std::string& status, const std::string& reason) {
+  ++summary.by_status[status];
+  if (status == "invalid" && summary.invalid_reasons.size() < 5 &&
+      std::find(summary.invalid_reasons.begin(), summary.invalid_reasons.end(), reason) ==
+          summary.invalid_reasons.end())
+    summary.invalid_reasons.push_back(reason);
+}
+
+// Runs f(0) .. f(n - 1) on `threads` threads; the first exception is rethrown after all have stopped.
+template <class F>
+void parallel_for(std::size_t n, unsigned threads, const F& f) {
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex mutex;
+  auto worker = [&] {
+    for (std::size_t i = next++; i < n && !failed.load(); i = next++) {
+      try {
+        f(i);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace
@@ -920,12 +1099,19 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   const Shard shard = options.shard;
+  if (sweep.num_points() > kLargeGridPoints && !options.allow_large_grid)
+    fail(core::SourceLoc{sweep.file, 0, 0},
+         fmt::format("the sweep has {} points, more than {} (grid combinations x {} plan kinds)", sweep.num_points(),
+                     kLargeGridPoints, sweep.kinds.size()),
+         "pass --allow-large-grid to run it anyway (points stream: memory does not grow with the grid), or shrink "
+         "the grid or split it into several sweep files (docs/sweeps.md)");
   const fs::path dir(options.out_dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
     fail(file_loc(dir), fmt::format("cannot create the output folder: {}", ec ? ec.message() : "not a folder"),
          "pick a writable --out folder");
+  const FolderLock folder_lock(dir);
   const fs::path meta_path = dir / kMetaFile;
   const fs::path csv_path = dir / kCsvFile;
   const fs::path jsonl_path = dir / kJsonlFile;
@@ -936,7 +1122,7 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
     if (old.at("fingerprint") != meta.at("fingerprint"))
       fail(file_loc(meta_path),
            fmt::format("this folder holds the results of a different sweep (fingerprint {}, this sweep {}): the "
-                       "sweep file or its base config changed since it was started",
+                       "sweep file or its base config changed since it was started, or harmony-sim's output format",
                        old.at("fingerprint").dump(), meta.at("fingerprint").dump()),
            kFreshHint);
     const Shard was = meta_shard(old, meta_path);
@@ -953,46 +1139,116 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
 
   SweepSummary summary;
   summary.total = shard.size(sweep.num_points());
-  std::uint64_t csv_end = 0;
-  std::uint64_t jsonl_end = 0;
-  const std::size_t resumed = resumable_rows(sweep, shard, csv_path, jsonl_path, csv_end, jsonl_end);
-  summary.resumed = resumed;
+  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads) : std::thread::hardware_concurrency();
+  threads = std::max(1u, threads);
+  ModelCache cache;
+
+  // Rows of an earlier run: kept when the files their point reads are unchanged, else recomputed. The files are
+  // cut after the last row before the first stale one; later kept rows are written again from memory.
+  Resumable old = resumable_rows(sweep, shard, csv_path, jsonl_path);
+  const std::size_t found = old.rows.size();
+  std::vector<char> fresh(found, 0);
+  {
+    // Re-hash on the workers; this thread reports progress (a resume of a million rows takes a while).
+    std::atomic<std::size_t> checked{0};
+    std::atomic<bool> check_finished{false};
+    std::exception_ptr check_error;
+    std::thread checker([&] {
+      try {
+        parallel_for(found, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(found, 1))),
+                     [&](std::size_t k) {
+                       if (options.stop != nullptr && options.stop->load()) return;
+                       fresh[k] = sweep_point_inputs(sweep, shard.point(k), &cache) == old.rows[k].inputs ? 1 : 0;
+                       ++checked;
+                     });
+      } catch (...) {
+        check_error = std::current_exception();
+      }
+      check_finished = true;
+    });
+    const auto interval = std::chrono::duration<double>(std::max(0.01, options.progress_interval_s));
+    while (!check_finished.load()) {
+      std::this_thread::sleep_for(std::min(interval, std::chrono::duration<double>(0.05)));
+      if (progress && !check_finished.load()) {
+        SweepProgress pr;
+        pr.total = summary.total;
+        pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        pr.checking = true;
+        pr.checked = checked.load();
+        pr.to_check = found;
+        progress(pr);
+      }
+    }
+    checker.join();
+    if (check_error) std::rethrow_exception(check_error);
+    if (options.stop != nullptr && options.stop->load() && checked.load() < found) {
+      // Stopped while checking: nothing was changed on disk.
+      summary.resumed = found;
+      for (const auto& row : old.rows) count_row(summary, row.status, row.reason);
+      summary.interrupted = true;
+      summary.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      return summary;
+    }
+  }
+  const std::size_t prefix = static_cast<std::size_t>(std::find(fresh.begin(), fresh.end(), 0) - fresh.begin());
+  for (std::size_t k = 0; k < prefix; ++k) count_row(summary, old.rows[k].status, old.rows[k].reason);
   const auto truncate = [&](const fs::path& p, std::uint64_t size) {
     if (!fs::exists(p)) return;
     fs::resize_file(p, size, ec);
     if (ec) fail(file_loc(p), fmt::format("cannot truncate the file: {}", ec.message()), "check its permissions");
   };
-  truncate(csv_path, csv_end);
-  truncate(jsonl_path, jsonl_end);
+  truncate(csv_path, old.csv_ends[prefix]);
+  truncate(jsonl_path, old.jsonl_ends[prefix]);
   std::ofstream csv(csv_path, std::ios::binary | std::ios::app);
   std::ofstream jsonl(jsonl_path, std::ios::binary | std::ios::app);
   if (!csv || !jsonl) fail(file_loc(dir), "cannot open the result files for writing", "check the folder is writable");
-  if (csv_end == 0) {
+  if (old.csv_ends[prefix] == 0) {
     csv << csv_header(sweep);
     csv.flush();
   }
 
-  const std::size_t todo = summary.total - resumed;
-  std::vector<std::optional<SweepRow>> slots(todo);
+  // The points after the prefix, in order, through a window of slots: a worker takes the next point only when it
+  // is fewer than `window` ahead of the last row written, so memory stays bounded for any grid.
+  const std::size_t todo = summary.total - prefix;
+  const std::size_t window = std::max<std::size_t>(64, std::size_t{8} * threads);
+  std::vector<std::optional<SweepRow>> slots(std::min(window, std::max<std::size_t>(todo, 1)));
+  const std::size_t nslots = slots.size();
   std::mutex mutex;
   std::condition_variable cv;
-  std::size_t completed = 0;
-  std::atomic<std::size_t> next{0};
+  std::size_t completed = 0;  // evaluated by this run (not kept rows)
+  std::size_t next = 0;
+  std::size_t written = 0;
   std::atomic<bool> abort{false};
   std::exception_ptr error;
   std::size_t running = 0;
-  ModelCache cache;
   auto stopped = [&] { return abort.load() || (options.stop != nullptr && options.stop->load()); };
   auto worker = [&] {
     for (;;) {
-      if (stopped()) break;
-      const std::size_t j = next++;
-      if (j >= todo) break;
+      std::size_t j = 0;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        cv.wait(lock, [&] { return stopped() || next >= todo || next < written + nslots; });
+        if (stopped() || next >= todo) break;
+        j = next++;
+      }
       try {
-        SweepRow row = evaluate_sweep_point(sweep, shard.point(resumed + j), &cache);
+        const std::size_t k = prefix + j;  // position in the shard
+        SweepRow row;
+        bool evaluated = true;
+        if (k < found && fresh[k]) {
+          row.point = shard.point(k);
+          row.csv = std::move(old.rows[k].csv);
+          row.json = std::move(old.rows[k].json);
+          row.status = old.rows[k].status;
+          row.reason = old.rows[k].reason;
+          row.inputs = old.rows[k].inputs;
+          evaluated = false;
+        } else {
+          row = evaluate_sweep_point(sweep, shard.point(k), &cache);
+        }
         const std::lock_guard<std::mutex> lock(mutex);
-        slots[j] = std::move(row);
-        ++completed;
+        slots[j % nslots] = std::move(row);
+        if (evaluated) ++completed;
       } catch (...) {
         const std::lock_guard<std::mutex> lock(mutex);
         if (!error) error = std::current_exception();
@@ -1004,24 +1260,29 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
     --running;
     cv.notify_all();
   };
-  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads) : std::thread::hardware_concurrency();
-  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(todo, 1))));
+  const unsigned pool_size = std::min<unsigned>(
+      threads, static_cast<unsigned>(std::min<std::size_t>(std::max<std::size_t>(todo, 1), 1u << 16)));
   std::vector<std::thread> pool;
-  running = todo > 0 ? threads : 0;
+  running = todo > 0 ? pool_size : 0;
   for (unsigned t = 0; t < running; ++t) pool.emplace_back(worker);
 
-  std::size_t written = 0;
-  auto report = [&](bool finished) {
+  std::size_t kept = prefix;  // rows of the earlier run in the files
+  std::size_t computed = 0;
+  auto report = [&](bool finished) {  // with mutex not held
     if (!progress) return;
     SweepProgress pr;
     pr.total = summary.total;
-    pr.resumed = resumed;
-    pr.computed = written;
-    pr.done = resumed + written;
+    pr.resumed = kept;
+    pr.computed = computed;
+    pr.done = kept + computed;
     pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    const std::size_t rate_base = std::max(completed, written);
+    std::size_t rate_base = 0;
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      rate_base = std::max(completed, computed);
+    }
     pr.points_per_s = pr.elapsed_s > 0 ? static_cast<double>(rate_base) / pr.elapsed_s : 0.0;
-    pr.eta_s = pr.points_per_s > 0 ? static_cast<double>(todo - written) / pr.points_per_s : -1.0;
+    pr.eta_s = pr.points_per_s > 0 ? static_cast<double>(summary.total - pr.done) / pr.points_per_s : -1.0;
     pr.finished = finished;
     progress(pr);
   };
@@ -1030,44 +1291,55 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
   const auto interval = std::chrono::duration<double>(std::max(0.01, options.progress_interval_s));
   std::unique_lock<std::mutex> lock(mutex);
   while (written < todo) {
-    cv.wait_for(lock, interval, [&] { return (written < todo && slots[written].has_value()) || running == 0; });
+    cv.wait_for(lock, interval, [&] { return slots[written % nslots].has_value() || running == 0; });
     std::vector<SweepRow> ready;
-    while (written + ready.size() < todo && slots[written + ready.size()].has_value()) {
-      ready.push_back(std::move(*slots[written + ready.size()]));
-      slots[written + ready.size() - 1].reset();
+    while (written + ready.size() < todo && ready.size() < nslots &&
+           slots[(written + ready.size()) % nslots].has_value()) {
+      auto& slot = slots[(written + ready.size()) % nslots];
+      ready.push_back(std::move(*slot));
+      slot.reset();
     }
     const bool done_running = running == 0;
     lock.unlock();
-    for (const auto& row : ready) {
+    for (std::size_t i = 0; i < ready.size(); ++i) {
+      const SweepRow& row = ready[i];
       csv << row.csv;
       jsonl << row.json;
       csv.flush();
       jsonl.flush();
       if (!csv || !jsonl) {
         abort = true;
+        cv.notify_all();
         for (auto& t : pool) t.join();
         fail(file_loc(dir), "writing the result files failed", "check free disk space");
       }
-      ++summary.by_status[row.status];
-      if (row.status == "invalid" && summary.invalid_reasons.size() < 5 &&
-          std::find(summary.invalid_reasons.begin(), summary.invalid_reasons.end(), row.reason) ==
-              summary.invalid_reasons.end())
-        summary.invalid_reasons.push_back(row.reason);
+      count_row(summary, row.status, row.reason);
+      const std::size_t k = prefix + written + i;  // position in the shard
+      if (k < found && fresh[k]) {
+        ++kept;
+      } else {
+        ++computed;
+        if (k < found) ++summary.stale;
+      }
     }
     lock.lock();
     written += ready.size();
+    cv.notify_all();  // workers waiting for the window
     if (!ready.empty() || Clock::now() - last_report >= interval) {
       lock.unlock();
       report(false);
       last_report = Clock::now();
       lock.lock();
     }
-    if (done_running && ready.empty() && (written >= todo || !slots[written].has_value())) break;
+    if (done_running && ready.empty() && (written >= todo || !slots[written % nslots].has_value())) break;
   }
   lock.unlock();
+  abort = abort.load() || written < todo;  // interrupted: let the workers stop
+  cv.notify_all();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
-  summary.computed = written;
+  summary.resumed = kept;
+  summary.computed = computed;
   summary.interrupted = written < todo;
   summary.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   report(true);

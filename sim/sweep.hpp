@@ -50,7 +50,8 @@ struct Sweep {
   std::vector<SweepAxis> grid;        // in file order: the first key varies slowest
   std::vector<core::PlanKind> kinds;  // the innermost dimension, in the order given
   SweepBudget budget;
-  std::string fingerprint;  // 16 hex digits over the sweep's content and the base config's bytes
+  std::string fingerprint;  // 16 hex digits over the sweep's content and the base config's bytes (not the files
+                            // the points read: each row's `inputs` digest covers those)
 
   std::size_t num_combos() const;  // product of the grid's value counts (1 for an empty grid)
   std::size_t num_points() const { return num_combos() * kinds.size(); }
@@ -73,6 +74,11 @@ struct SweepPoint {
 };
 SweepPoint sweep_point(const Sweep& sweep, std::size_t index);
 
+// Grids of more points than this need SweepRunOptions::allow_large_grid (`--allow-large-grid`): the points are
+// enumerated one by one and rows stream to the files, so memory does not grow with the grid, but such a run is
+// usually a mistake (a forgotten axis, a long list pasted twice) and takes days.
+constexpr std::size_t kLargeGridPoints = 1'000'000;
+
 // `--shard I/N`: the points p with p % N == I.
 struct Shard {
   std::size_t index = 0;
@@ -92,6 +98,7 @@ struct SweepRow {
   std::size_t point = 0;
   std::string status;  // ok, does_not_fit, deadlock, invalid
   std::string reason;
+  std::string inputs;  // the `inputs` column: sweep_point_inputs()
   std::string csv;
   std::string json;
 };
@@ -103,15 +110,25 @@ class ModelCache;  // models loaded once per run, shared by the workers
 // `invalid` and a reason; only internal errors propagate.
 SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache* cache = nullptr);
 
+// The `inputs` digest of point `index` (16 hex digits): the bytes of every file its config reads besides the
+// base config (machine files and the files they name, the model's profile; core::RunConfig::inputs), or, when
+// its config cannot be built, the error. A resumed run recomputes the rows whose digest changed.
+std::string sweep_point_inputs(const Sweep& sweep, std::size_t index, ModelCache* cache = nullptr);
+
 struct SweepProgress {
   std::size_t total = 0;     // points of this shard
   std::size_t done = 0;      // rows in the files (resumed + computed)
-  std::size_t resumed = 0;   // rows found from an earlier run
-  std::size_t computed = 0;  // rows computed by this run
+  std::size_t resumed = 0;   // rows of an earlier run kept so far (their inputs unchanged)
+  std::size_t computed = 0;  // rows computed by this run so far
   double elapsed_s = 0.0;
   double points_per_s = 0.0;  // computed / elapsed
   double eta_s = -1.0;        // -1: unknown
   bool finished = false;
+  // Before computing, a resume re-hashes the input files of the earlier run's rows: while it does, `checking`
+  // is set and checked / to_check count those rows (done and the rates are not yet meaningful).
+  bool checking = false;
+  std::size_t checked = 0;
+  std::size_t to_check = 0;
 };
 using SweepProgressFn = std::function<void(const SweepProgress&)>;
 
@@ -122,22 +139,29 @@ struct SweepRunOptions {
   int threads = 0;                          // 0: all hardware threads
   double progress_interval_s = 0.25;        // the callback's cadence (and after every written row)
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): finish the points in flight, return
+  bool allow_large_grid = false;            // run sweeps of more than kLargeGridPoints points
 };
 
 struct SweepSummary {
-  std::size_t total = 0;  // points of this shard
-  std::size_t resumed = 0;
-  std::size_t computed = 0;
-  bool interrupted = false;                      // stopped by `stop` before the last point
-  std::map<std::string, std::size_t> by_status;  // over the rows computed by this run
-  std::vector<std::string> invalid_reasons;      // distinct reasons of this run's invalid rows (first 5)
+  std::size_t total = 0;     // points of this shard
+  std::size_t resumed = 0;   // rows of an earlier run kept: skipped as already done
+  std::size_t computed = 0;  // rows computed by this run (stale ones included)
+  std::size_t stale = 0;     // rows of an earlier run recomputed because a file they read changed
+  std::size_t done() const { return resumed + computed; }  // rows in the files now
+  bool interrupted = false;                                // stopped by `stop` before the last point
+  std::map<std::string, std::size_t> by_status;            // over all rows in the files (kept and computed)
+  std::vector<std::string> invalid_reasons;                // distinct reasons of invalid rows (first 5)
   double wall_s = 0.0;
 };
 
 // Runs (or resumes) a sweep into out_dir: sweep.json, results.csv, results.jsonl. A folder written by a
 // different sweep or shard is refused (ConfigError naming its sweep.json); rows from an earlier run are
-// validated and kept, a truncated last row is dropped and recomputed; the files end up byte-identical to an
-// uninterrupted run's, for any thread count.
+// validated and kept unless their `inputs` digest changed (those are recomputed), a truncated last row is
+// dropped and recomputed; the files end up byte-identical to an uninterrupted run's, for any thread count.
+// The run holds an exclusive lock on out_dir/sweep.lock (flock; the file names the holder's pid and host): a
+// second run on the same folder is refused with a ConfigError naming the holder. Grids above kLargeGridPoints
+// are refused unless options.allow_large_grid. Memory does not grow with the grid (only with an earlier run's
+// rows, which are read back).
 SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const SweepProgressFn& progress = {});
 
 struct MergeSummary {

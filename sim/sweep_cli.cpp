@@ -1,17 +1,14 @@
 // `harmony-sim sweep SWEEP.yaml --out DIR [--shard I/N] [--threads N]` and `harmony-sim merge OUT DIR...`:
-// options, Ctrl-C (finish the points in flight, keep the files, exit 130; rerun to resume), the progress bar
-// (a live bar on a terminal, a line every 10 s otherwise) and the summary.
+// options, Ctrl-C (finish the points in flight, keep the files, exit 130; rerun to resume), progress through
+// sim/progress_cli.hpp's printer (a live bar on a terminal, a line every 10 s otherwise) and the summary.
 #include "sim/sweep_cli.hpp"
 
-#include <unistd.h>
-
 #include <atomic>
-#include <chrono>
 #include <csignal>
-#include <cstdio>
 
 #include <fmt/format.h>
 
+#include "sim/progress_cli.hpp"
 #include "sim/sweep.hpp"
 
 namespace harmony::sim {
@@ -22,46 +19,6 @@ std::atomic<bool> g_stop{false};
 
 extern "C" void on_sigint(int /*sig*/) { g_stop = true; }
 
-std::string duration_text(double s) {
-  if (s < 0) return "?";
-  const auto t = static_cast<long long>(s);
-  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
-  return fmt::format("{}:{:02}", t / 60, t % 60);
-}
-
-class ProgressPrinter {
- public:
-  explicit ProgressPrinter(bool quiet) : quiet_(quiet), tty_(isatty(fileno(stderr)) != 0) {}
-
-  void operator()(const SweepProgress& p) {
-    if (quiet_) return;
-    const double pct = p.total > 0 ? 100.0 * static_cast<double>(p.done) / static_cast<double>(p.total) : 100.0;
-    const std::string stats =
-        fmt::format("{}/{} points {:5.1f}%  {:.1f} points/s  elapsed {}  ETA {}", p.done, p.total, pct, p.points_per_s,
-                    duration_text(p.elapsed_s), p.finished ? "0:00" : duration_text(p.eta_s));
-    if (tty_) {
-      constexpr int kWidth = 30;
-      const int fill = static_cast<int>(pct / 100.0 * kWidth);
-      fmt::print(stderr, "\r[{}{}] {}\033[K", std::string(static_cast<std::size_t>(fill), '#'),
-                 std::string(static_cast<std::size_t>(kWidth - fill), '.'), stats);
-      if (p.finished) fmt::print(stderr, "\n");
-      std::fflush(stderr);
-      return;
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (!p.finished && started_ && now - last_ < std::chrono::seconds(10)) return;
-    started_ = true;
-    last_ = now;
-    fmt::print(stderr, "sweep: {}\n", stats);
-  }
-
- private:
-  bool quiet_;
-  bool tty_;
-  bool started_ = false;
-  std::chrono::steady_clock::time_point last_;
-};
-
 }  // namespace
 
 SweepCommands::SweepCommands(CLI::App& app) {
@@ -71,6 +28,8 @@ SweepCommands::SweepCommands(CLI::App& app) {
   sweep_->add_option("--shard", shard_, "evaluate only the points p with p % N == I (I/N, default 0/1)");
   sweep_->add_option("--threads", threads_, "worker threads (default 0 = all cores)")->check(CLI::NonNegativeNumber);
   sweep_->add_flag("--quiet", quiet_, "no progress on stderr");
+  sweep_->add_flag("--allow-large-grid", allow_large_grid_,
+                   fmt::format("run a sweep of more than {} points", kLargeGridPoints));
   merge_ = app.add_subcommand("merge", "join the output folders of a sharded sweep into one");
   merge_->add_option("out", merge_out_, "folder for the merged sweep.json, results.csv, results.jsonl")->required();
   merge_->add_option("shards", merge_in_, "the shards' --out folders")->required();
@@ -91,12 +50,20 @@ int SweepCommands::run() {
   o.shard = shard;
   o.threads = threads_;
   o.stop = &g_stop;
+  o.allow_large_grid = allow_large_grid_;
   g_stop = false;
   auto* previous = std::signal(SIGINT, on_sigint);
-  ProgressPrinter printer(quiet_);
+  ProgressPrinter printer("sweep", "points", quiet_);
+  ProgressPrinter checking("sweep", "rows", quiet_, 1.0);  // a resume's check of the earlier rows, when slow
   SweepSummary s;
   try {
-    s = run_sweep(sweep, o, [&](const SweepProgress& p) { printer(p); });
+    s = run_sweep(sweep, o, [&](const SweepProgress& p) {
+      if (p.checking) {
+        checking.update(p.checked, p.to_check, false, "rows of the earlier run: re-hashing the files they read");
+        return;
+      }
+      printer.update(p.done, p.total, p.points_per_s, p.eta_s, p.finished);
+    });
   } catch (...) {
     std::signal(SIGINT, previous);
     throw;
@@ -105,10 +72,14 @@ int SweepCommands::run() {
   std::string statuses;
   for (const auto& [status, n] : s.by_status)
     statuses += fmt::format("{}{} {}", statuses.empty() ? "" : ", ", status, n);
-  fmt::print("sweep: {} points{} ({} computed in {:.1f} s, {:.1f} points/s; {} from an earlier run){}\n", s.total,
-             shard.count > 1 ? fmt::format(" in shard {}/{}", shard.index, shard.count) : std::string(), s.computed,
-             s.wall_s, s.wall_s > 0 ? static_cast<double>(s.computed) / s.wall_s : 0.0, s.resumed,
-             statuses.empty() ? std::string() : "; " + statuses);
+  // Totals over the files (this run's rows and the earlier run's kept ones), then what this run did.
+  fmt::print(
+      "sweep: {} points{}, {} done ({} computed in {:.1f} s, {:.1f} points/s{}; {} from an earlier run, skipped as "
+      "already done){}\n",
+      s.total, shard.count > 1 ? fmt::format(" in shard {}/{}", shard.index, shard.count) : std::string(), s.done(),
+      s.computed, s.wall_s, s.wall_s > 0 ? static_cast<double>(s.computed) / s.wall_s : 0.0,
+      s.stale > 0 ? fmt::format(", {} of them recomputed because a file they read changed", s.stale) : std::string(),
+      s.resumed, statuses.empty() ? std::string() : "; " + statuses);
   for (const auto& r : s.invalid_reasons) fmt::print("  invalid: {}\n", r);
   if (s.interrupted) {
     fmt::print(stderr, "sweep: interrupted after {} of {} points; rerun the same command to resume\n",

@@ -1,5 +1,5 @@
-// The `sweep` and `merge` subcommands of harmony-sim (docs/sweeps.md): their CLI11 options, the progress bar
-// with ETA on stderr, the summary on stdout. Part of the harmony-sim executable (it prints), not of the library.
+// The `sweep` and `merge` subcommands of harmony-sim (docs/sweeps.md): their CLI11 options, progress on stderr
+// (sim/progress_cli.hpp), the summary on stdout. Part of the harmony-sim executable (it prints), not of the library.
 #pragma once
 
 #include <string>
@@ -23,6 +23,7 @@ class SweepCommands {
   std::string shard_ = "0/1";
   int threads_ = 0;
   bool quiet_ = false;
+  bool allow_large_grid_ = false;
   std::string merge_out_;
   std::vector<std::string> merge_in_;
 };

@@ -357,7 +357,34 @@ std::string resolve_path(const std::string& base_dir, const std::string& path) {
 
 std::string parent_dir(const std::string& file) { return std::filesystem::path(file).parent_path().string(); }
 
+// The files read while one load_config / load_config_text call builds its RunConfig (RunConfig::inputs); per
+// thread, since configs are loaded on many threads at once (sweeps).
+thread_local std::vector<std::string>* t_files_read = nullptr;
+
+class RecordFilesRead {
+ public:
+  RecordFilesRead() : previous_(t_files_read) { t_files_read = &files_; }
+  ~RecordFilesRead() { t_files_read = previous_; }
+  RecordFilesRead(const RecordFilesRead&) = delete;
+  RecordFilesRead& operator=(const RecordFilesRead&) = delete;
+  // The files read, then the profile the config names (read later by load_model), each once.
+  std::vector<std::string> take(const RunConfig& cfg) {
+    std::vector<std::string> out;
+    for (auto& f : files_) {
+      if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(std::move(f));
+    }
+    if (!cfg.model.profile_path.empty() && std::find(out.begin(), out.end(), cfg.model.profile_path) == out.end())
+      out.push_back(cfg.model.profile_path);
+    return out;
+  }
+
+ private:
+  std::vector<std::string> files_;
+  std::vector<std::string>* previous_;
+};
+
 std::optional<std::string> read_text_file(const std::string& path) {
+  if (t_files_read) t_files_read->push_back(path);
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
@@ -1854,14 +1881,20 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
 // ------------------------------------------------------------------------------------------------
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  RecordFilesRead record;
   const auto text = read_text_file(path);
   if (!text) fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}'", path), "check the path");
-  return build_config(parse_yaml(*text, path), path, overrides);
+  RunConfig cfg = build_config(parse_yaml(*text, path), path, overrides);
+  cfg.inputs = record.take(cfg);
+  return cfg;
 }
 
 RunConfig load_config_text(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides) {
-  return build_config(parse_yaml(text, name), name, overrides);
+  RecordFilesRead record;
+  RunConfig cfg = build_config(parse_yaml(text, name), name, overrides);
+  cfg.inputs = record.take(cfg);
+  return cfg;
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -46,6 +46,9 @@ struct RunConfig {
   PlanSpec plan;
   SearchSpec search;
   Options options;
+  // Every file the config was built from, in the order first read: the config file (load_config only), machine
+  // files (and those they name), then the profile `model:` names (read by load_model). Sweeps hash their bytes.
+  std::vector<std::string> inputs;
 };
 
 // ---- harmony-run: the same model/machine/plan/options/search keys, plus what training needs ----

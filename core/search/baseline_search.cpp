@@ -51,7 +51,7 @@ std::vector<BaselinePlan> enumerate_baseline_plans(PlanKind kind, const Model& m
 }
 
 BaselineSearchResult run_baseline_search(const std::vector<BaselinePlan>& plans, const BaselineEvaluator& evaluate,
-                                         int threads, int top_k) {
+                                         int threads, int top_k, const SearchProgressFn& progress) {
   BaselineSearchResult res;
   res.num_candidates = plans.size();
   std::vector<RunReport> reports(plans.size());
@@ -60,12 +60,14 @@ BaselineSearchResult run_baseline_search(const std::vector<BaselinePlan>& plans,
   std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
+  SearchProgressTicker ticker(progress, plans.size());
   auto worker = [&] {
     for (;;) {
       const std::size_t i = next.fetch_add(1);
       if (i >= plans.size() || failed.load()) return;
       try {
         reports[i] = evaluate(plans[i]);
+        ticker.tick();
       } catch (...) {
         if (!failed.exchange(true)) error = std::current_exception();
         return;
@@ -80,6 +82,7 @@ BaselineSearchResult run_baseline_search(const std::vector<BaselinePlan>& plans,
     for (auto& t : pool) t.join();
   }
   if (error) std::rethrow_exception(error);
+  ticker.finish();
   for (std::size_t i = 0; i < plans.size(); ++i) {
     if (reports[i].deadlock) {
       ++res.num_deadlocked;

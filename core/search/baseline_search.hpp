@@ -8,6 +8,7 @@
 
 #include "core/output/report.hpp"
 #include "core/program/baselines/baselines.hpp"
+#include "core/search/progress.hpp"
 
 namespace harmony::core {
 
@@ -36,7 +37,8 @@ struct BaselineSearchResult {
 using BaselineEvaluator = std::function<RunReport(const BaselinePlan&)>;
 // Evaluates every plan on `threads` threads (0 = hardware concurrency), drops deadlocks, ranks by
 // iteration time with a stable sort and keeps top_k (-1 = all). Deterministic for any thread count.
+// `progress` (optional) hears how many plans are done, at most every ~0.1 s and once at the end.
 BaselineSearchResult run_baseline_search(const std::vector<BaselinePlan>& plans, const BaselineEvaluator& evaluate,
-                                         int threads = 0, int top_k = -1);
+                                         int threads = 0, int top_k = -1, const SearchProgressFn& progress = {});
 
 }  // namespace harmony::core

@@ -81,7 +81,8 @@ Plan candidate_plan(const Candidate& c, const SearchSpace& space) {
   return p;
 }
 
-SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate) {
+SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate,
+                        const SearchProgressFn& progress) {
   SearchResult res;
   res.num_candidates = candidates.size();
   std::vector<RunReport> reports(candidates.size());
@@ -94,6 +95,7 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
   std::atomic<std::size_t> next{0};
   std::exception_ptr error;
   std::atomic<bool> failed{false};
+  SearchProgressTicker ticker(progress, candidates.size());
   auto worker = [&] {
     for (;;) {
       const std::size_t i = next.fetch_add(1);
@@ -102,6 +104,7 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
         reports[i] = evaluate(candidate_plan(candidates[i], space));
         reports[i].method_fwd = candidates[i].method_fwd;
         reports[i].method_bwd = candidates[i].method_bwd;
+        ticker.tick();
       } catch (...) {
         if (!failed.exchange(true)) error = std::current_exception();
         return;
@@ -116,6 +119,7 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
     for (auto& t : pool) t.join();
   }
   if (error) std::rethrow_exception(error);
+  ticker.finish();
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     if (reports[i].deadlock) {
       ++res.num_deadlocked;

@@ -11,6 +11,7 @@
 #include "core/model/model.hpp"
 #include "core/output/report.hpp"
 #include "core/plan/plan.hpp"
+#include "core/search/progress.hpp"
 
 namespace harmony::core {
 
@@ -71,6 +72,8 @@ using Evaluator = std::function<RunReport(const Plan&)>;
 
 // Evaluates every candidate with `evaluate` on `threads` threads (0 = hardware concurrency).
 // Deadlocked candidates are counted and left out of the ranking. Deterministic for any thread count.
-SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate);
+// `progress` (optional) hears how many candidates are done, at most every ~0.1 s and once at the end.
+SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate,
+                        const SearchProgressFn& progress = {});
 
 }  // namespace harmony::core

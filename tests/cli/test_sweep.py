@@ -2,7 +2,9 @@
 """End-to-end tests of `harmony-sim sweep` and `harmony-sim merge`: the bundled example's columns and rows
 (infeasible and invalid points with reasons), identical files for 1 and 2 threads, SIGKILL mid-run then
 rerun = the uninterrupted files, shards 0/3 1/3 2/3 merged = the unsharded files, a changed sweep refused on
-resume, bad sweep files (exit 2, file:line:column, a hint)."""
+resume, bad sweep files (exit 2, file:line:column, a hint); an edited profile recomputed on rerun, two sweeps on
+one --out (the second exits 2 naming the first), a huge grid refused fast unless --allow-large-grid (then it
+streams in little memory); the progress display shared with search and compare."""
 import csv
 import json
 import os
@@ -103,6 +105,8 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("sweep", EXAMPLE, "--out", t1, "--quiet")
     check("rerun finished", r.returncode == 0 and "0 computed" in r.stdout and "96 from an earlier run" in r.stdout,
           r.stdout)
+    check("rerun totals", "96 points, 96 done" in r.stdout and "ok 84" in r.stdout and "invalid 12" in r.stdout,
+          r.stdout)
     check("rerun same bytes", same_files(t1, out), "")
 
     # --- a slower sweep (native cost model, every packing method), killed mid-run and rerun
@@ -151,6 +155,7 @@ budget: {{tokens: 3e9, seq_len: 512}}
     check("resume exit 0", r.returncode == 0, r.stdout + r.stderr)
     m = [ln for ln in r.stdout.splitlines() if "from an earlier run" in ln]
     check("resume computes only the rest", m and f"{n} from an earlier run" in m[0], r.stdout)
+    check("resume totals", m and f"{total} points, {total} done ({total - n} computed" in m[0], r.stdout)
     check("killed + rerun = uninterrupted", same_files(full, killed), "files differ")
 
     # --- shards 0/3 1/3 2/3 (run one after another, as GNU parallel would) merged = unsharded
@@ -207,6 +212,96 @@ budget: {{tokens: 3e9, seq_len: 512}}
     check("changed sweep exit 2", r.returncode == 2 and "different sweep" in r.stderr and "hint" in r.stderr,
           r.stderr)
     check("changed sweep names sweep.json", os.path.join(full, "sweep.json") in r.stderr, r.stderr)
+
+    # --- an edited profile: its rows are recomputed on rerun, the others kept; = a fresh run on the new files
+    edir = os.path.join(tmp, "edit")
+    os.makedirs(os.path.join(edir, "sweeps"))
+    os.makedirs(os.path.join(edir, "profiles"))
+    for f in ("example.yaml", "example_base.yaml"):
+        shutil.copy(os.path.join(ROOT, "configs/sweeps", f), os.path.join(edir, "sweeps", f))
+    for f in ("bert_large.json", "gpt2_medium.json"):
+        shutil.copy(os.path.join(ROOT, "configs/profiles", f), os.path.join(edir, "profiles", f))
+    esweep = os.path.join(edir, "sweeps", "example.yaml")
+    eout = os.path.join(edir, "out")
+    r = run("sweep", esweep, "--out", eout, "--quiet")
+    check("edit: first run exit 0", r.returncode == 0, r.stderr)
+    gpt = os.path.join(edir, "profiles", "gpt2_medium.json")
+    text = open(gpt).read()
+    check("edit: profile names its model", '"model":"gpt2_medium"' in text, text[:200])
+    write(gpt, text.replace('"model":"gpt2_medium"', '"model":"gpt2_edited"'))
+    r = run("sweep", esweep, "--out", eout, "--quiet")
+    lines = [json.loads(x) for x in open(os.path.join(eout, "results.jsonl"))]
+    names = {x["model_name"] for x in lines}
+    check("edit: rerun exit 0", r.returncode == 0, r.stderr)
+    check("edit: rows reflect the new profile", "gpt2_edited" in names and "gpt2_medium" not in names, names)
+    # 48 gpt2 points, of which the 6 with plan.gpus=8 on the 4-GPU machine never read the profile
+    check("edit: only its rows recomputed", "42 computed" in r.stdout and "42 of them recomputed" in r.stdout and
+          "54 from an earlier run" in r.stdout, r.stdout)
+    r = run("sweep", esweep, "--out", os.path.join(edir, "fresh"), "--quiet")
+    check("edit: = a fresh run", same_files(eout, os.path.join(edir, "fresh"), ("results.csv", "results.jsonl")), "")
+
+    # --- two sweeps on one --out: one runs, the other exits 2 naming the holder; the rows are not doubled
+    two = os.path.join(tmp, "two")
+    ps = [subprocess.Popen([BIN, "sweep", slow, "--out", two, "--threads", "1", "--quiet"], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in ps]
+    rcs = sorted(p.returncode for p in ps)
+    loser = [o for p, o in zip(ps, outs) if p.returncode == 2]
+    check("two writers: one exit 0, one exit 2", rcs == [0, 2], (rcs, outs))
+    winner_pid = [p.pid for p in ps if p.returncode == 0]
+    check("two writers: the refusal names the holder", loser and winner_pid and
+          "another sweep is writing into this folder" in loser[0][1] and f"pid {winner_pid[0]} " in loser[0][1],
+          loser)
+    check("two writers: rows not doubled", same_files(full, two, ("results.csv", "results.jsonl")), "files differ")
+
+    # --- a huge grid (101^3 x 6 = 6,181,806 points): refused at once with exit 2 unless --allow-large-grid;
+    # allowed, it streams (rows appear at once, memory stays small) and stops on Ctrl-C
+    vals = ", ".join(str(i) for i in range(1, 102))
+    huge = write(os.path.join(tmp, "huge.yaml"), f"""base: {BASE}
+grid:
+  plan.minibatch: [{vals}]
+  search.ubatch_step: [{vals}]
+  search.top_k: [{vals}]
+""")
+    hout = os.path.join(tmp, "huge")
+    start = time.time()
+    r = run("sweep", huge, "--out", hout, timeout=60)
+    check("huge grid: exit 2", r.returncode == 2, (r.returncode, r.stderr))
+    check("huge grid: names the count and the flag", "6181806 points" in r.stderr and "--allow-large-grid" in r.stderr,
+          r.stderr)
+    check("huge grid: refused fast, writes nothing", time.time() - start < 20 and not os.path.exists(hout),
+          time.time() - start)
+    p = subprocess.Popen([BIN, "sweep", huge, "--out", hout, "--allow-large-grid", "--threads", "2", "--quiet"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jl = os.path.join(hout, "results.jsonl")
+    start = time.time()
+    rss_kib = None
+    while p.poll() is None and time.time() - start < 120:
+        if os.path.exists(jl) and read(jl).count(b"\n") >= 50:
+            with open(f"/proc/{p.pid}/status") as f:
+                rss_kib = int(next(ln for ln in f if ln.startswith("VmRSS:")).split()[1])
+            p.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.01)
+    pout, perr = p.communicate(timeout=120)
+    check("huge grid allowed: rows stream", rss_kib is not None, (p.returncode, pout, perr))
+    check("huge grid allowed: small memory", rss_kib is not None and rss_kib < 512 * 1024, rss_kib)
+    check("huge grid allowed: ctrl-c exit 130", p.returncode == 130 and "6181806 points" in pout, (p.returncode, pout))
+
+    # --- the progress display sweep shares with search and compare: silent for a quick search; a compare that
+    # runs past 2 s prints progress lines with ETA on stderr (not a terminal here), its JSON on stdout unchanged
+    r = run("search", os.path.join(ROOT, "configs/examples/bert_large_search.yaml"), "--format", "json")
+    check("quick search: no progress", r.returncode == 0 and r.stderr == "", r.stderr)
+    r = run("compare", os.path.join(ROOT, "configs/examples/bert_large_search.yaml"), "--format", "json",
+            "--set", "plan.minibatch=2048", "--set", "cost_model=native", "--set", "search.threads=1")
+    doc = json.loads(r.stdout) if r.returncode == 0 else {}
+    check("long compare: json on stdout", doc.get("command") == "compare" and len(doc.get("results", [])) == 6,
+          r.stdout[:500] + r.stderr)
+    progress = [ln for ln in r.stderr.splitlines() if ln.startswith("compare: ")]
+    if doc.get("wall_time_s", 0) > 3:  # on a machine fast enough to finish within 2 s there is nothing to show
+        check("long compare: progress lines", progress and all("candidates/s" in ln and "ETA" in ln for ln in progress)
+              and "6/6 kinds finished" in progress[-1], r.stderr)
+    check("long compare: stderr is only progress", len(progress) == len(r.stderr.splitlines()), r.stderr)
 
     # --- bad sweep files: exit 2, location, hint
     def bad(name, text, expect_loc, words, extra=()):

@@ -776,3 +776,21 @@ TEST_CASE("harmony-run config errors are located and explained") {
   CHECK(contains(missing.what(), "missing required section 'train'"));
   check_at(train_error(kTrain + "checkpoint: {every: -1}\n"), "run.yaml", 6, 21);
 }
+
+TEST_CASE("RunConfig::inputs lists every file the config was built from, then its profile") {
+  const std::string file = source_path("configs/examples/bert_large_search.yaml");
+  const RunConfig c = load_config(file);
+  CHECK(c.inputs == std::vector<std::string>{file, c.model.profile_path});  // machine: a preset, no file
+  const std::string machine = source_path("configs/machines/rtx4090-4x.yaml");
+  const RunConfig m = load_config(file, {"machine=" + machine});
+  REQUIRE(m.inputs.size() == 3);
+  CHECK(m.inputs[0] == file);
+  CHECK(std::filesystem::equivalent(m.inputs[1], machine));
+  CHECK(m.inputs[2] == m.model.profile_path);
+  // from text: no config file, only what it names
+  const RunConfig t = load_config_text(
+      "model: {profile: configs/profiles/bert_large.json}\n"
+      "plan: {mode: harmony-pp, gpus: 1, minibatch: 8}\n",
+      source_path("inline.yaml"));
+  CHECK(t.inputs == std::vector<std::string>{t.model.profile_path});
+}

@@ -4,6 +4,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "core/model/profile.hpp"
 #include "core/search/search.hpp"
 #include "sim/evaluate.hpp"
@@ -106,4 +109,32 @@ TEST_CASE("ranking is identical with 1 and 2 threads and keeps every candidate w
     CHECK(a.ranked[i].report.iteration_time_s == b.ranked[i].report.iteration_time_s);
   }
   for (std::size_t i = 1; i < a.ranked.size(); ++i) CHECK(a.ranked[i - 1].rank_time_s <= a.ranked[i].rank_time_s);
+}
+
+TEST_CASE("run_search reports progress: throttled, monotonic, ending at done = total; same ranking") {
+  core::SearchSpace s;
+  s.mode = core::Mode::HarmonyPP;
+  s.gpus = 2;
+  s.minibatch = 32;
+  s.capacity_bytes = 10 * core::kGiB;
+  s.spec.threads = 4;
+  const core::MachineSpec machine;
+  const auto cands = core::enumerate_candidates(bert(), s);
+  REQUIRE(cands.size() > 10);
+  std::vector<core::SearchProgress> calls;  // the ticker makes one call at a time
+  auto evaluate = [&](const core::Plan& p) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));  // ~0.1 s of work in all: some calls before the end
+    return sim::evaluate_plan(bert(), machine, p, core::LowerOptions{}).report;
+  };
+  const auto with = core::run_search(cands, s, evaluate, [&](const core::SearchProgress& p) { calls.push_back(p); });
+  REQUIRE(!calls.empty());
+  CHECK(calls.size() < cands.size());  // throttled, not one call per candidate
+  CHECK(calls.back().done == cands.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    CHECK(calls[i].total == cands.size());
+    if (i > 0) CHECK(calls[i - 1].done <= calls[i].done);
+  }
+  const auto without = core::run_search(cands, s, evaluate);
+  REQUIRE(with.ranked.size() == without.ranked.size());
+  for (std::size_t i = 0; i < with.ranked.size(); ++i) CHECK(with.ranked[i].candidate == without.ranked[i].candidate);
 }

@@ -1,6 +1,7 @@
 // Sweeps (sim/sweep.hpp): the sweep file's errors and their locations, the grid's point order and ids,
 // shards partitioning the points, CSV quoting, rows of invalid and unfit points, and the runner's files:
-// identical for 1 and 2 threads, after a resume from a truncated file and after merging shards.
+// identical for 1 and 2 threads, after a resume from a truncated file and after merging shards; a resume
+// recomputes the rows whose files changed; the folder lock; the large-grid guard.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -11,6 +12,8 @@
 #include <sstream>
 #include <string>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "core/base/error.hpp"
@@ -333,4 +336,163 @@ TEST_CASE("the bundled sweeps load; the GPT sweep has at least 1,000 points and 
   CHECK(r.json.find("\"cost\":null") == std::string::npos);  // priced machines: a cost
   r = sim::evaluate_sweep_point(gpt, gpt.num_points() - 1);
   CHECK(!r.status.empty());
+}
+
+namespace {
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+}  // namespace
+
+TEST_CASE("a resume recomputes exactly the rows whose files changed; the totals cover every row") {
+  // A private copy of the base config and the two profiles, so one profile can be edited.
+  const fs::path t = fresh_dir("inputs");
+  fs::create_directories(t / "sweeps");
+  fs::create_directories(t / "profiles");
+  fs::copy_file(root() + "/configs/sweeps/example_base.yaml", t / "sweeps" / "example_base.yaml");
+  for (const char* p : {"bert_large.json", "gpt2_medium.json"})
+    fs::copy_file(root() + "/configs/profiles/" + p, t / "profiles" / p);
+  const std::string text =
+      "base: example_base.yaml\n"
+      "grid:\n"
+      "  model.profile: [../profiles/bert_large.json, ../profiles/gpt2_medium.json]\n"
+      "  plan.gpus: [1, 2]\n"
+      "kinds: [harmony-pp, l2l]\n";
+  const auto s = sim::load_sweep_text(text, (t / "sweeps" / "s.yaml").string());
+  REQUIRE(s.num_points() == 8);
+  const auto row0 = sim::evaluate_sweep_point(s, 0);
+  CHECK(row0.inputs == sim::sweep_point_inputs(s, 0));
+  CHECK(row0.json.find("\"inputs\":\"" + row0.inputs + "\"") != std::string::npos);
+  const std::string gpt_before = sim::sweep_point_inputs(s, 4);  // points 4..7 read gpt2_medium.json
+
+  sim::SweepRunOptions o;
+  o.out_dir = (t / "out").string();
+  o.threads = 2;
+  auto st = sim::run_sweep(s, o);
+  CHECK(st.computed == 8);
+  CHECK(slurp(t / "out" / "results.jsonl").find("\"model_name\":\"gpt2_medium\"") != std::string::npos);
+
+  // Edit the second profile: its points (the last four) are stale, the first four are kept.
+  const fs::path gpt = t / "profiles" / "gpt2_medium.json";
+  std::string prof = slurp(gpt);
+  const std::string from = "\"model\":\"gpt2_medium\"";
+  REQUIRE(prof.find(from) != std::string::npos);
+  prof.replace(prof.find(from), from.size(), "\"model\":\"gpt2_edited\"");
+  write_file(gpt, prof);
+  CHECK(sim::sweep_point_inputs(s, 4) != gpt_before);
+  CHECK(sim::sweep_point_inputs(s, 0) == row0.inputs);
+  st = sim::run_sweep(s, o);
+  CHECK(st.resumed == 4);
+  CHECK(st.computed == 4);
+  CHECK(st.stale == 4);
+  CHECK(st.done() == 8);
+  std::size_t rows = 0;
+  for (const auto& [status, n] : st.by_status) rows += n;
+  CHECK(rows == 8);  // the totals count the kept rows too
+  const std::string jsonl = slurp(t / "out" / "results.jsonl");
+  CHECK(jsonl.find("\"model_name\":\"gpt2_medium\"") == std::string::npos);
+  CHECK(jsonl.find("\"model_name\":\"gpt2_edited\"") != std::string::npos);
+  // the same bytes as a fresh run on the edited files
+  o.out_dir = (t / "fresh").string();
+  (void)sim::run_sweep(s, o);
+  CHECK(slurp(t / "fresh" / "results.jsonl") == jsonl);
+  CHECK(slurp(t / "fresh" / "results.csv") == slurp(t / "out" / "results.csv"));
+
+  // Editing the first profile makes the first rows stale: the files are cut there and the later, unchanged
+  // rows written again from memory.
+  const fs::path bert = t / "profiles" / "bert_large.json";
+  write_file(bert, slurp(bert) + "\n");
+  o.out_dir = (t / "out").string();
+  st = sim::run_sweep(s, o);
+  CHECK(st.stale == 4);
+  CHECK(st.resumed == 4);
+  CHECK(slurp(t / "out" / "results.jsonl").size() == jsonl.size());
+  CHECK(slurp(t / "out" / "results.jsonl") != jsonl);  // new inputs digests in the first four rows
+  st = sim::run_sweep(s, o);
+  CHECK(st.computed == 0);
+  CHECK(st.resumed == 8);
+  // Ctrl-C while a resume re-hashes the earlier rows (after another edit) leaves the files as they were.
+  write_file(gpt, slurp(gpt) + "\n");
+  const std::string before = slurp(t / "out" / "results.jsonl");
+  std::atomic<bool> stop{true};
+  o.stop = &stop;
+  st = sim::run_sweep(s, o);
+  CHECK(st.interrupted);
+  CHECK(st.computed == 0);
+  CHECK(st.resumed == 8);
+  CHECK(slurp(t / "out" / "results.jsonl") == before);
+  o.stop = nullptr;
+  st = sim::run_sweep(s, o, [&](const sim::SweepProgress& p) {
+    if (p.checking) {
+      CHECK(p.to_check == 8);
+      CHECK(p.checked <= 8);
+    }
+  });
+  CHECK(st.stale == 4);
+  fs::remove_all(t);
+}
+
+TEST_CASE("the output folder is locked while a run writes it; the refusal names the holder") {
+  const auto s = load(kSmall);
+  const fs::path d = fresh_dir("lock");
+  fs::create_directories(d);
+  // Another writer: its own open file description of the lock file, flocked, with its pid and host.
+  const int fd = ::open((d / "sweep.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  const std::string holder = "pid 4242 on host elsewhere\n";
+  REQUIRE(::write(fd, holder.data(), holder.size()) == static_cast<ssize_t>(holder.size()));
+  sim::SweepRunOptions o;
+  o.out_dir = d.string();
+  o.threads = 1;
+  try {
+    (void)sim::run_sweep(s, o);
+    FAIL("a locked folder was written");
+  } catch (const core::ConfigError& e) {
+    CHECK(std::string(e.what()).find("another sweep is writing into this folder") != std::string::npos);
+    CHECK(std::string(e.what()).find("pid 4242 on host elsewhere") != std::string::npos);
+  }
+  CHECK(!fs::exists(d / "results.jsonl"));
+  ::close(fd);  // the other writer is gone: the run proceeds and records itself
+  const auto st = sim::run_sweep(s, o);
+  CHECK(st.computed == 12);
+  CHECK(slurp(d / "sweep.lock").find("pid " + std::to_string(::getpid()) + " on host ") == 0);
+  fs::remove_all(d);
+}
+
+TEST_CASE("a grid above kLargeGridPoints is refused unless allowed, and then streams") {
+  std::string values;
+  for (int i = 1; i <= 101; ++i) values += (i > 1 ? ", " : "") + std::to_string(i);
+  const auto s = load("base: example_base.yaml\nkinds: [harmony-pp]\ngrid:\n  plan.minibatch: [" + values +
+                      "]\n  search.ubatch_step: [" + values + "]\n  search.top_k: [" + values + "]\n");
+  REQUIRE(s.num_points() == 101u * 101u * 101u);
+  REQUIRE(s.num_points() > sim::kLargeGridPoints);
+  const fs::path d = fresh_dir("large");
+  sim::SweepRunOptions o;
+  o.out_dir = d.string();
+  o.threads = 2;
+  try {
+    (void)sim::run_sweep(s, o);
+    FAIL("a large grid ran without allow_large_grid");
+  } catch (const core::ConfigError& e) {
+    CHECK(std::string(e.what()).find("1030301 points") != std::string::npos);
+    CHECK(std::string(e.what()).find("--allow-large-grid") != std::string::npos);
+  }
+  CHECK(!fs::exists(d));  // refused before anything is written
+  o.allow_large_grid = true;
+  std::atomic<bool> stop{false};
+  o.stop = &stop;
+  std::size_t seen = 0;
+  const auto st = sim::run_sweep(s, o, [&](const sim::SweepProgress& p) {
+    seen = p.done;
+    if (p.done >= 20) stop = true;  // a few rows, then Ctrl-C
+  });
+  CHECK(st.interrupted);
+  CHECK(st.computed >= 20);
+  CHECK(st.computed < 1000);  // the window keeps the workers close to the rows written
+  CHECK(seen >= 20);
+  const std::string jsonl = slurp(d / "results.jsonl");
+  CHECK(static_cast<std::size_t>(std::count(jsonl.begin(), jsonl.end(), '\n')) == st.computed);
+  fs::remove_all(d);
 }
