@@ -8,10 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -29,6 +30,7 @@
 #include "backend/profiler.hpp"
 #include "backend/tokens.hpp"
 #include "backend/train_checkpoint.hpp"
+#include "core/base/atomic_file.hpp"
 #include "core/config/config.hpp"
 #include "core/model/profile.hpp"
 #include "core/output/trace.hpp"
@@ -41,10 +43,33 @@ using namespace harmony;
 namespace {
 
 constexpr int kExitBadInput = 2;
-constexpr int kExitInterrupted = 130;  // 128 + SIGINT, after the checkpoint is saved
+constexpr int kExitFailure = 1;  // a failed write to stdout
 
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int /*signal*/) { g_interrupted.store(true); }
+// SIGINT, SIGTERM and SIGHUP during training: finish the step, save a checkpoint, exit 128 + the signal's
+// number (130, 143, 129). The first one puts all three back to their default action, so a second signal (of
+// any of the three) ends the process at once.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+std::atomic<int> g_signal{0};
+extern "C" void on_stop_signal(int signo) {
+  g_signal.store(signo);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (const int s : kStopSignals) sigaction(s, &dfl, nullptr);  // async-signal-safe
+}
+
+const char* signal_name(int signo) {
+  return signo == SIGINT ? "SIGINT" : signo == SIGTERM ? "SIGTERM" : signo == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (const int s : kStopSignals) sigaddset(&sa.sa_mask, s);  // one handler at a time
+  sa.sa_flags = SA_RESTART;
+  for (const int s : kStopSignals) sigaction(s, &sa, nullptr);
+}
 
 struct Cli {
   std::string config;
@@ -329,9 +354,17 @@ Chosen choose(const Setup& s, const Cli& cli, bool quiet) {
   return c;
 }
 
+// Every file the run will write, checked before any work so that a bad path never throws a run away.
+void check_train_outputs(const Cli& cli, const core::TrainConfig& cfg) {
+  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
+  if (!cli.save_weights.empty()) core::check_output_file(cli.save_weights, "the weights (--save-weights)");
+  if (!cfg.checkpoint.dir.empty()) core::check_output_dir(cfg.checkpoint.dir, "the checkpoint directory");
+}
+
 int cmd_train(const Cli& cli) {
   Setup s = make_setup(cli);
   const auto& cfg = s.cfg;
+  check_train_outputs(cli, cfg);
   const bool json = cli.format == "json";
   const bool quiet = cli.quiet || json;
   const Chosen chosen = choose(s, cli, quiet);
@@ -392,7 +425,7 @@ int cmd_train(const Cli& cli) {
     return backend::save_checkpoint(ckdir, meta, *s.state, cfg.checkpoint.keep);
   };
 
-  std::signal(SIGINT, on_sigint);
+  install_stop_handlers();
   const bool tty = isatty(STDERR_FILENO) != 0;
   std::vector<std::int32_t> in, tgt;
   nlohmann::json step_log = nlohmann::json::array();
@@ -421,27 +454,26 @@ int cmd_train(const Cli& cli) {
     step_log.push_back({{"step", step + 1}, {"loss", last.loss}, {"time_s", dt}, {"samples_per_s", sps}});
     if (!quiet) progress(step + 1, steps, last.loss, avg_sps, (steps - step - 1) * run_s / ran, tty);
     const bool due = cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0;
-    if (!ckdir.empty() && (due || g_interrupted.load())) {
+    const int stop = g_signal.load();
+    if (!ckdir.empty() && (due || stop != 0)) {
       const std::string path = save(step + 1);
       if (!quiet && !tty) fmt::print(stderr, "checkpoint {}\n", path);
     }
-    if (g_interrupted.load()) {
+    if (stop != 0) {
       if (tty && !quiet) fmt::print(stderr, "\n");
-      fmt::print(stderr, "interrupted after step {}{}\n", step + 1,
+      fmt::print(stderr, "interrupted by {} after step {}{}\n", signal_name(stop), step + 1,
                  ckdir.empty() ? " (no checkpoint directory: progress is lost)"
                                : fmt::format("; checkpoint saved in {}; continue with --resume", ckdir));
-      return kExitInterrupted;
+      return 128 + stop;
     }
   }
   if (!ckdir.empty() && ran > 0 && (cfg.checkpoint.every == 0 || steps % cfg.checkpoint.every != 0)) save(steps);
   if (!cli.save_weights.empty()) backend::save_gpt2_weights(cli.save_weights, *s.state);
   if (!cli.trace.empty() && ran > 0) {
-    std::ofstream out(cli.trace);
-    if (!out)
-      throw core::ConfigError(core::SourceLoc{cli.trace, 0, 0}, "cannot write the trace file",
-                              "check the folder exists and is writable");
+    std::ostringstream out;
     core::write_chrome_trace(out, program, last.begin, last.end,
                              core::TraceMeta{"harmony-run (" + cfg.device + ")", chosen.title});
+    core::write_file_atomic(cli.trace, out.str(), "the trace");
   }
 
   std::vector<core::Bytes> peaks;
@@ -489,6 +521,7 @@ int cmd_train(const Cli& cli) {
 }
 
 int cmd_profile(const Cli& cli) {
+  core::check_output_file(cli.out, "the profile (--out)");
   Setup s = make_setup(cli);
   const auto& cfg = s.cfg;
   backend::ProfileOptions po;
@@ -512,12 +545,7 @@ int cmd_profile(const Cli& cli) {
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   meta.date_utc = date;
   const std::string text = backend::profile_json(prof, meta);
-  std::ofstream out(cli.out);
-  if (!out)
-    throw core::ConfigError(core::SourceLoc{cli.out, 0, 0}, "cannot write the profile", "check the folder exists");
-  out << text;
-  if (!out)
-    throw core::ConfigError(core::SourceLoc{cli.out, 0, 0}, "writing the profile failed", "check free disk space");
+  core::write_file_atomic(cli.out, text, "the profile");
   fmt::print("profile of {} on {} ({} layers, microbatch {}..{}) written to {}\n", s.desc.name, prof.device_name,
              prof.model.num_layers(), prof.model.ubatch_min(core::Phase::Fwd), prof.model.ubatch_max(core::Phase::Fwd),
              cli.out);
@@ -589,9 +617,23 @@ int run_cli(int argc, char** argv) {
 
 }  // namespace
 
+// run_cli, then the check that stdout took every byte (`--format json > /dev/full` must not exit 0).
+int run_and_flush(int argc, char** argv) {
+  // Into a file or pipe, stdout is buffered whole (up to 1 MiB) so that a failed write is seen by the final
+  // flush with its reason (errno), not lost inside an earlier implicit flush.
+  static char stdout_buffer[std::size_t{1} << 20];  // glibc ignores the size unless given the buffer
+  if (isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
+  const int rc = run_cli(argc, argv);
+  if (const auto problem = core::stdout_write_problem()) {
+    std::cerr << "harmony-run: error: writing stdout: " << *problem << "\n";
+    return rc != 0 ? rc : kExitFailure;
+  }
+  return rc;
+}
+
 int main(int argc, char** argv) {
   try {
-    return run_cli(argc, argv);
+    return run_and_flush(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "harmony-run: internal error: " << e.what() << "\n";
   } catch (...) {
