@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -37,6 +39,7 @@
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
 #include "sim/compare.hpp"
+#include "sim/native_engine.hpp"
 
 using namespace harmony;
 
@@ -149,12 +152,6 @@ Setup make_setup(const Cli& cli) {
         fmt::format("model.seq_len = {} exceeds the model's {} positions", cfg.model.seq_len, gc.max_seq_len),
         "use a shorter seq_len");
   s.model = std::make_unique<backend::Gpt2>(gc);
-  s.state = std::make_unique<backend::HostState>(*s.model);
-  if (cfg.model.gpt2) {
-    s.state->init_weights(cfg.model.init_seed);
-  } else {
-    backend::load_gpt2_weights(backend::SafetensorsReader::open(cfg.model.weights_path), *s.state);
-  }
   s.tokens = cfg.train.data.path.empty()
                  ? backend::TokenFile::synthetic(gc.vocab_size, cfg.train.data.synthetic_tokens, cfg.train.data.seed)
                  : backend::TokenFile::load(cfg.train.data.path);
@@ -174,6 +171,52 @@ Setup make_setup(const Cli& cli) {
   s.desc = backend::describe_gpt2(*s.model, T, sizes);
   s.desc.name = fmt::format("gpt2 L{} C{} H{} V{} T{}", gc.n_layer, gc.n_embd, gc.n_head, gc.vocab_size, T);
   return s;
+}
+
+// The host-side model (weights, gradients, AdamW state), allocated only after check_host_memory: fresh from
+// init_seed or loaded from model.weights.
+void init_state(Setup& s) {
+  const auto& cfg = s.cfg;
+  s.state = std::make_unique<backend::HostState>(*s.model);
+  if (cfg.model.gpt2) {
+    s.state->init_weights(cfg.model.init_seed);
+  } else {
+    backend::load_gpt2_weights(backend::SafetensorsReader::open(cfg.model.weights_path), *s.state);
+  }
+}
+
+// MemAvailable from /proc/meminfo (what can be allocated without swapping), else free pages; nullopt when
+// neither can be read.
+std::optional<core::Bytes> host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  long long kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return static_cast<core::Bytes>(kib) * 1024;
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) return static_cast<core::Bytes>(pages) * static_cast<core::Bytes>(page);
+  return std::nullopt;
+}
+
+double gib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kGiB); }
+
+// Host memory up front, before the weights are allocated: the run's static upper bound (sim::host_account on
+// the model's exact sizes: master weights, gradients, optimizer state, stashes and activations swapped to the
+// host, P2P staging) against what the host can give. A run that cannot fit is refused, not killed later.
+void check_host_memory(const Setup& s, const core::Program& program) {
+  const sim::HostAccount h = sim::host_account(program, s.desc);
+  const std::optional<core::Bytes> avail = host_memory_available();
+  if (!avail || h.total_bytes <= *avail) return;
+  throw core::ConfigError(
+      core::SourceLoc{s.cfg.file, 0, 0},
+      fmt::format("the run needs {:.2f} GiB of host memory (master weights {:.2f}, gradients {:.2f}, optimizer "
+                  "state {:.2f}, stashes {:.2f}, activations {:.2f} GiB); the host has {:.2f} GiB available "
+                  "(MemAvailable)",
+                  gib(h.total_bytes), gib(h.master_weights_bytes), gib(h.gradient_bytes), gib(h.optimizer_state_bytes),
+                  gib(h.stash_bytes), gib(h.activation_bytes), gib(*avail)),
+      "use a smaller model (model.gpt2: n_layer, n_embd, vocab_size), a smaller plan.minibatch or model.seq_len "
+      "(the stashes), or free host memory; nothing was allocated");
 }
 
 // Device g of the config's kind, capped at machine.gpu_memory; `timing`: unpoisoned (the profiler's timings).
@@ -368,6 +411,8 @@ int cmd_train(const Cli& cli) {
   const bool json = cli.format == "json";
   const bool quiet = cli.quiet || json;
   const Chosen chosen = choose(s, cli, quiet);
+  check_host_memory(s, chosen.program);
+  init_state(s);
   const core::Plan& plan = chosen.plan;
   const core::Program& program = chosen.program;
   auto owned = make_devices(cfg, plan.gpus);
@@ -528,6 +573,7 @@ int cmd_profile(const Cli& cli) {
   po.seq_len = cfg.model.seq_len;
   po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
   po.repeats = cli.repeats;
+  init_state(s);
   auto dev = make_device(cfg, 0, true);
   const bool tty = isatty(STDERR_FILENO) != 0;
   const backend::ProfileResult prof = backend::profile_gpt2(*dev, *s.state, po, [&](const backend::ProfileProgress& p) {

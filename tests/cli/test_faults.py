@@ -2,7 +2,8 @@
 """The fault suite of harmony-run and harmony-sim (issue 11): bad output paths are refused before any work;
 SIGTERM/SIGHUP save a checkpoint like SIGINT and a second signal ends the process; failed writes (file size
 limit, full tmpfs) exit non-zero naming the path, keep the previous file and leave no *.tmp; the atomic writer
-never replaces a device or a symlink; a failed write to stdout is an error; folders and FIFOs as inputs exit 2.
+never replaces a device or a symlink; a failed write to stdout is an error; folders and FIFOs as inputs exit 2;
+a run that cannot fit host memory is refused up front.
 Arguments: harmony-run and harmony-sim paths."""
 import json
 import os
@@ -274,6 +275,15 @@ train: {{steps: 1, data: {tiny}/tokens.bin}}
         r = run("train", DEFAULT, "--data", unreadable)
         check("unreadable --data: exit 2, Permission denied", r.returncode == 2 and "Permission denied" in r.stderr,
               (r.returncode, r.stderr))
+
+    # --- 7. host memory is estimated up front: a model of ~150 G parameters is refused before any allocation
+    t0 = time.time()
+    r = run("train", DEFAULT, "--steps", "1", "--set", "model.gpt2.n_embd=8192", "--set", "model.gpt2.n_layer=48",
+            "--gpu-memory", "1TiB", timeout=60)
+    check("a run that cannot fit host memory: exit 2 naming the numbers", r.returncode == 2 and
+          "GiB of host memory" in r.stderr and "MemAvailable" in r.stderr and "optimizer state" in r.stderr and
+          "hint:" in r.stderr, (r.returncode, r.stderr))
+    check("refused before allocating (fast)", time.time() - t0 < 30, time.time() - t0)
 
 print(f"{passed} checks passed, {len(failures)} failed")
 for f in failures:
