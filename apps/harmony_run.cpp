@@ -8,10 +8,13 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -29,23 +32,51 @@
 #include "backend/profiler.hpp"
 #include "backend/tokens.hpp"
 #include "backend/train_checkpoint.hpp"
+#include "core/base/atomic_file.hpp"
 #include "core/config/config.hpp"
 #include "core/model/profile.hpp"
 #include "core/output/trace.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
 #include "sim/compare.hpp"
+#include "sim/native_engine.hpp"
 
 using namespace harmony;
 
 namespace {
 
 constexpr int kExitBadInput = 2;
-constexpr int kExitInternal = 70;      // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
-constexpr int kExitInterrupted = 130;  // 128 + SIGINT, after the checkpoint is saved
+constexpr int kExitInternal = 70;  // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
+constexpr int kExitFailure = 1;    // a failed write to stdout
 
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int /*signal*/) { g_interrupted.store(true); }
+// SIGINT, SIGTERM and SIGHUP during training: finish the step, save a checkpoint, exit 128 + the signal's
+// number (130, 143, 129). The first one puts all three back to their default action, so a second signal (of
+// any of the three) ends the process at once.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+std::atomic<int> g_signal{0};
+extern "C" void on_stop_signal(int signo) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (const int s : kStopSignals) sigaction(s, &dfl, nullptr);  // async-signal-safe
+  // Two signals can reach two threads' handlers at once (the mask only blocks within one thread): the one
+  // that is not first re-raises with the default action, which ends the process when its handler returns.
+  int none = 0;
+  if (!g_signal.compare_exchange_strong(none, signo)) raise(signo);
+}
+
+const char* signal_name(int signo) {
+  return signo == SIGINT ? "SIGINT" : signo == SIGTERM ? "SIGTERM" : signo == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (const int s : kStopSignals) sigaddset(&sa.sa_mask, s);  // one handler at a time
+  sa.sa_flags = SA_RESTART;
+  for (const int s : kStopSignals) sigaction(s, &sa, nullptr);
+}
 
 struct Cli {
   std::string config;
@@ -125,12 +156,6 @@ Setup make_setup(const Cli& cli) {
         fmt::format("model.seq_len = {} exceeds the model's {} positions", cfg.model.seq_len, gc.max_seq_len),
         "use a shorter seq_len");
   s.model = std::make_unique<backend::Gpt2>(gc);
-  s.state = std::make_unique<backend::HostState>(*s.model);
-  if (cfg.model.gpt2) {
-    s.state->init_weights(cfg.model.init_seed);
-  } else {
-    backend::load_gpt2_weights(backend::SafetensorsReader::open(cfg.model.weights_path), *s.state);
-  }
   s.tokens = cfg.train.data.path.empty()
                  ? backend::TokenFile::synthetic(gc.vocab_size, cfg.train.data.synthetic_tokens, cfg.train.data.seed)
                  : backend::TokenFile::load(cfg.train.data.path);
@@ -150,6 +175,52 @@ Setup make_setup(const Cli& cli) {
   s.desc = backend::describe_gpt2(*s.model, T, sizes);
   s.desc.name = fmt::format("gpt2 L{} C{} H{} V{} T{}", gc.n_layer, gc.n_embd, gc.n_head, gc.vocab_size, T);
   return s;
+}
+
+// The host-side model (weights, gradients, AdamW state), allocated only after check_host_memory: fresh from
+// init_seed or loaded from model.weights.
+void init_state(Setup& s) {
+  const auto& cfg = s.cfg;
+  s.state = std::make_unique<backend::HostState>(*s.model);
+  if (cfg.model.gpt2) {
+    s.state->init_weights(cfg.model.init_seed);
+  } else {
+    backend::load_gpt2_weights(backend::SafetensorsReader::open(cfg.model.weights_path), *s.state);
+  }
+}
+
+// MemAvailable from /proc/meminfo (what can be allocated without swapping), else free pages; nullopt when
+// neither can be read.
+std::optional<core::Bytes> host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  long long kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return static_cast<core::Bytes>(kib) * 1024;
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) return static_cast<core::Bytes>(pages) * static_cast<core::Bytes>(page);
+  return std::nullopt;
+}
+
+double gib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kGiB); }
+
+// Host memory up front, before the weights are allocated: the run's static upper bound (sim::host_account on
+// the model's exact sizes: master weights, gradients, optimizer state, stashes and activations swapped to the
+// host, P2P staging) against what the host can give. A run that cannot fit is refused, not killed later.
+void check_host_memory(const Setup& s, const core::Program& program) {
+  const sim::HostAccount h = sim::host_account(program, s.desc);
+  const std::optional<core::Bytes> avail = host_memory_available();
+  if (!avail || h.total_bytes <= *avail) return;
+  throw core::ConfigError(
+      core::SourceLoc{s.cfg.file, 0, 0},
+      fmt::format("the run needs {:.2f} GiB of host memory (master weights {:.2f}, gradients {:.2f}, optimizer "
+                  "state {:.2f}, stashes {:.2f}, activations {:.2f} GiB); the host has {:.2f} GiB available "
+                  "(MemAvailable)",
+                  gib(h.total_bytes), gib(h.master_weights_bytes), gib(h.gradient_bytes), gib(h.optimizer_state_bytes),
+                  gib(h.stash_bytes), gib(h.activation_bytes), gib(*avail)),
+      "use a smaller model (model.gpt2: n_layer, n_embd, vocab_size), a smaller plan.minibatch or model.seq_len "
+      "(the stashes), or free host memory; nothing was allocated");
 }
 
 // Device g of the config's kind, capped at machine.gpu_memory; `timing`: unpoisoned (the profiler's timings).
@@ -330,12 +401,22 @@ Chosen choose(const Setup& s, const Cli& cli, bool quiet) {
   return c;
 }
 
+// Every file the run will write, checked before any work so that a bad path never throws a run away.
+void check_train_outputs(const Cli& cli, const core::TrainConfig& cfg) {
+  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
+  if (!cli.save_weights.empty()) core::check_output_file(cli.save_weights, "the weights (--save-weights)");
+  if (!cfg.checkpoint.dir.empty()) core::check_output_dir(cfg.checkpoint.dir, "the checkpoint directory");
+}
+
 int cmd_train(const Cli& cli) {
   Setup s = make_setup(cli);
   const auto& cfg = s.cfg;
+  check_train_outputs(cli, cfg);
   const bool json = cli.format == "json";
   const bool quiet = cli.quiet || json;
   const Chosen chosen = choose(s, cli, quiet);
+  check_host_memory(s, chosen.program);
+  init_state(s);
   const core::Plan& plan = chosen.plan;
   const core::Program& program = chosen.program;
   auto owned = make_devices(cfg, plan.gpus);
@@ -393,7 +474,7 @@ int cmd_train(const Cli& cli) {
     return backend::save_checkpoint(ckdir, meta, *s.state, cfg.checkpoint.keep);
   };
 
-  std::signal(SIGINT, on_sigint);
+  install_stop_handlers();
   const bool tty = isatty(STDERR_FILENO) != 0;
   std::vector<std::int32_t> in, tgt;
   nlohmann::json step_log = nlohmann::json::array();
@@ -422,27 +503,26 @@ int cmd_train(const Cli& cli) {
     step_log.push_back({{"step", step + 1}, {"loss", last.loss}, {"time_s", dt}, {"samples_per_s", sps}});
     if (!quiet) progress(step + 1, steps, last.loss, avg_sps, (steps - step - 1) * run_s / ran, tty);
     const bool due = cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0;
-    if (!ckdir.empty() && (due || g_interrupted.load())) {
+    const int stop = g_signal.load();
+    if (!ckdir.empty() && (due || stop != 0)) {
       const std::string path = save(step + 1);
       if (!quiet && !tty) fmt::print(stderr, "checkpoint {}\n", path);
     }
-    if (g_interrupted.load()) {
+    if (stop != 0) {
       if (tty && !quiet) fmt::print(stderr, "\n");
-      fmt::print(stderr, "interrupted after step {}{}\n", step + 1,
+      fmt::print(stderr, "interrupted by {} after step {}{}\n", signal_name(stop), step + 1,
                  ckdir.empty() ? " (no checkpoint directory: progress is lost)"
                                : fmt::format("; checkpoint saved in {}; continue with --resume", ckdir));
-      return kExitInterrupted;
+      return 128 + stop;
     }
   }
   if (!ckdir.empty() && ran > 0 && (cfg.checkpoint.every == 0 || steps % cfg.checkpoint.every != 0)) save(steps);
   if (!cli.save_weights.empty()) backend::save_gpt2_weights(cli.save_weights, *s.state);
   if (!cli.trace.empty() && ran > 0) {
-    std::ofstream out(cli.trace);
-    if (!out)
-      throw core::ConfigError(core::SourceLoc{cli.trace, 0, 0}, "cannot write the trace file",
-                              "check the folder exists and is writable");
+    std::ostringstream out;
     core::write_chrome_trace(out, program, last.begin, last.end,
                              core::TraceMeta{"harmony-run (" + cfg.device + ")", chosen.title});
+    core::write_file_atomic(cli.trace, out.str(), "the trace");
   }
 
   std::vector<core::Bytes> peaks;
@@ -490,12 +570,14 @@ int cmd_train(const Cli& cli) {
 }
 
 int cmd_profile(const Cli& cli) {
+  core::check_output_file(cli.out, "the profile (--out)");
   Setup s = make_setup(cli);
   const auto& cfg = s.cfg;
   backend::ProfileOptions po;
   po.seq_len = cfg.model.seq_len;
   po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
   po.repeats = cli.repeats;
+  init_state(s);
   auto dev = make_device(cfg, 0, true);
   const bool tty = isatty(STDERR_FILENO) != 0;
   const backend::ProfileResult prof = backend::profile_gpt2(*dev, *s.state, po, [&](const backend::ProfileProgress& p) {
@@ -513,12 +595,7 @@ int cmd_profile(const Cli& cli) {
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   meta.date_utc = date;
   const std::string text = backend::profile_json(prof, meta);
-  std::ofstream out(cli.out);
-  if (!out)
-    throw core::ConfigError(core::SourceLoc{cli.out, 0, 0}, "cannot write the profile", "check the folder exists");
-  out << text;
-  if (!out)
-    throw core::ConfigError(core::SourceLoc{cli.out, 0, 0}, "writing the profile failed", "check free disk space");
+  core::write_file_atomic(cli.out, text, "the profile");
   fmt::print("profile of {} on {} ({} layers, microbatch {}..{}) written to {}\n", s.desc.name, prof.device_name,
              prof.model.num_layers(), prof.model.ubatch_min(core::Phase::Fwd), prof.model.ubatch_max(core::Phase::Fwd),
              cli.out);
@@ -594,9 +671,23 @@ int run_cli(int argc, char** argv) {
 
 }  // namespace
 
+// run_cli, then the check that stdout took every byte (`--format json > /dev/full` must not exit 0).
+int run_and_flush(int argc, char** argv) {
+  // Into a file or pipe, stdout is buffered whole (up to 1 MiB) so that a failed write is seen by the final
+  // flush with its reason (errno), not lost inside an earlier implicit flush.
+  static char stdout_buffer[std::size_t{1} << 20];  // glibc ignores the size unless given the buffer
+  if (isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
+  const int rc = run_cli(argc, argv);
+  if (const auto problem = core::stdout_write_problem()) {
+    std::cerr << "harmony-run: error: writing stdout: " << *problem << "\n";
+    return rc != 0 ? rc : kExitFailure;
+  }
+  return rc;
+}
+
 int main(int argc, char** argv) {
   try {
-    return run_cli(argc, argv);
+    return run_and_flush(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "harmony-run: internal error: " << e.what() << "\n";
   } catch (...) {

@@ -1,16 +1,18 @@
 // safetensors reading (the whole header validated up front, tensor data read on demand) and F32
-// writing through a temporary file; see safetensors.hpp.
+// writing through core::AtomicFile; see safetensors.hpp.
 #include "backend/safetensors.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "core/base/atomic_file.hpp"
+#include "core/base/input_file.hpp"
 
 namespace harmony::backend {
 
@@ -35,6 +37,8 @@ FormatError::FormatError(std::string file, std::uint64_t offset, const std::stri
     : BackendError(fmt::format("{}: byte {}: {}", file, offset, message)), file_(std::move(file)), offset_(offset) {}
 
 SafetensorsReader SafetensorsReader::open(const std::string& path) {
+  if (const auto problem = core::input_file_problem(path))  // folders, FIFOs, devices refused
+    throw FormatError(path, 0, "cannot open the file: " + *problem);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw FormatError(path, 0, "cannot open the file");
   in.seekg(0, std::ios::end);
@@ -240,17 +244,8 @@ std::vector<std::uint8_t> encode_safetensors(const std::vector<TensorView>& tens
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   const std::vector<std::uint8_t> bytes = encode_safetensors(tensors, metadata);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw BackendError(fmt::format("{}: cannot open for writing", tmp));
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) throw BackendError(fmt::format("{}: write failed", tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw BackendError(fmt::format("cannot rename {} to {}: {}", tmp, path, ec.message()));
+  core::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                          "the weights");
 }
 
 }  // namespace harmony::backend

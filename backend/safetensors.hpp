@@ -73,7 +73,9 @@ struct TensorView {
 // F32 tensors in the given order; the header is padded with spaces to a multiple of 8 bytes.
 std::vector<std::uint8_t> encode_safetensors(const std::vector<TensorView>& tensors,
                                              const std::map<std::string, std::string>& metadata = {});
-// Writes PATH.tmp and renames it over PATH. Throws BackendError on I/O failure.
+// Writes PATH atomically through core::AtomicFile (a regular file is replaced, a symlink written through, a
+// device, FIFO or folder refused). Throws BackendError on a bad tensor, core::FileError on I/O failure (PATH
+// untouched, no temp file left).
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

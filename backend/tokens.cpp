@@ -4,22 +4,19 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
+#include <string>
 
 #include <fmt/format.h>
+
+#include "core/base/input_file.hpp"
 
 namespace harmony::backend {
 
 TokenFile TokenFile::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw FormatError(path, 0, "cannot open the token file");
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<std::size_t>(in.tellg());
-  in.seekg(0);
-  std::vector<std::uint8_t> bytes(size);
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
-  if (!in) throw FormatError(path, 0, "read error");
-  return from_bytes(bytes, path);
+  std::string problem;
+  const auto text = core::try_read_input_file(path, &problem);  // folders, FIFOs, devices refused
+  if (!text) throw FormatError(path, 0, "cannot open the token file: " + problem);
+  return from_bytes(std::span(reinterpret_cast<const std::uint8_t*>(text->data()), text->size()), path);
 }
 
 TokenFile TokenFile::from_bytes(std::span<const std::uint8_t> bytes, const std::string& name) {

@@ -1,6 +1,6 @@
-// Training checkpoint files (see train_checkpoint.hpp): the atomic writer (temp file, fsync, rename, directory
-// fsync, then pruning), the two-pass reader (verify every length and the checksum, then fill the state), the
-// checkpoint directory listing and XXH64.
+// Training checkpoint files (see train_checkpoint.hpp): the writer (through core::AtomicFile: temp file, fsync,
+// rename, directory fsync; then pruning), the two-pass reader (verify every length and the checksum, then fill the
+// state), the checkpoint directory listing and XXH64.
 #include "backend/train_checkpoint.hpp"
 
 #include <fcntl.h>
@@ -20,6 +20,9 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "core/base/atomic_file.hpp"
+#include "core/base/input_file.hpp"
 
 namespace harmony::backend {
 
@@ -350,11 +353,11 @@ struct Verified {
 // Every check that needs no state: magic, version, lengths against the file size, the checksum over the whole
 // file, the header's fields and their consistency with the payload length.
 Verified open_and_verify(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::string problem;
+  Fd fd(core::open_input_file(path, &problem));  // folders, FIFOs and devices refused, never blocks
   if (fd.get() < 0) {
-    const int err = errno;
-    throw CheckpointError(path, fmt::format("cannot open: {}", errno_message(err)),
-                          err == ENOENT
+    throw CheckpointError(path, fmt::format("cannot open: {}", problem),
+                          problem == errno_message(ENOENT)
                               ? "check the path: checkpoints are DIR/step-NNNNNN.hckpt, the largest step the newest"
                               : "check the file's permissions");
   }
@@ -451,18 +454,16 @@ void read_tail(const Verified& v, const std::string& path, std::vector<std::int6
 
 // ---- writing ----------------------------------------------------------------------------------------------
 
-// Buffered writes to a file descriptor, hashing every byte.
+// Buffered writes to an AtomicFile, hashing every byte.
 class HashingWriter {
  public:
-  HashingWriter(int fd, const std::string& path, std::string hint) : fd_(fd), path_(path), hint_(std::move(hint)) {
-    buffer_.reserve(kIoChunkBytes);
-  }
+  explicit HashingWriter(core::AtomicFile& file) : file_(file) { buffer_.reserve(kIoChunkBytes); }
   void put(const void* data, std::size_t n) {
     hash_.update(data, n);
     const auto* p = static_cast<const unsigned char*>(data);
     if (buffer_.size() + n > kIoChunkBytes) flush();
     if (n >= kIoChunkBytes) {
-      write_all(p, n);
+      file_.write(p, n);
     } else {
       buffer_.insert(buffer_.end(), p, p + n);
     }
@@ -472,41 +473,16 @@ class HashingWriter {
     put(&v, sizeof v);
   }
   void flush() {
-    write_all(buffer_.data(), buffer_.size());
+    file_.write(buffer_.data(), buffer_.size());
     buffer_.clear();
   }
   std::uint64_t digest() const { return hash_.digest(); }
 
  private:
-  void write_all(const unsigned char* p, std::size_t n) {
-    while (n > 0) {
-      const ssize_t done = ::write(fd_, p, std::min(n, kIoChunkBytes));
-      if (done < 0) {
-        if (errno == EINTR) continue;
-        throw CheckpointError(path_, fmt::format("cannot write: {}", errno_message(errno)), hint_);
-      }
-      p += done;
-      n -= static_cast<std::size_t>(done);
-    }
-  }
-
-  int fd_;
-  const std::string& path_;
-  std::string hint_;
+  core::AtomicFile& file_;
   XxHash64 hash_;
   std::vector<unsigned char> buffer_;
 };
-
-void fsync_dir(const std::string& dir, const std::string& saved) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  int err = fd.get() < 0 ? errno : 0;
-  if (err == 0 && ::fsync(fd.get()) != 0) err = errno;
-  if (err == 0) err = fd.close();
-  if (err != 0)
-    throw CheckpointError(saved, fmt::format("written, but syncing its directory failed: {}", errno_message(err)),
-                          "the file may not survive a crash; check the disk and save again (older "
-                          "checkpoints were kept)");
-}
 
 // Deletes the checkpoints older than the newest keep-1 before `step`, and stale temp files. Best effort.
 void prune(const std::string& dir, std::int64_t step, int keep) {
@@ -679,12 +655,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta, 
 
   const std::string write_hint = fmt::format(
       "free space in {} or choose another checkpoint directory; the previous checkpoints are untouched", dir);
-  Fd fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0)
-    throw CheckpointError(tmp_path, fmt::format("cannot create: {}", errno_message(errno)),
-                          fmt::format("make {} writable; the previous checkpoints are untouched", dir));
   try {
-    HashingWriter w(fd.get(), tmp_path, write_hint);
+    core::AtomicFile file(final_path, "the checkpoint", write_hint);  // DIR/step-NNNNNN.hckpt.tmp, then renamed
+    HashingWriter w(file);
     w.put(kMagic.data(), kMagic.size());
     w.put_value<std::uint32_t>(kCheckpointVersion);
     w.put_value<std::uint32_t>(0);  // flags
@@ -700,19 +673,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta, 
     const std::uint64_t checksum = w.digest();
     w.put_value<std::uint64_t>(checksum);
     w.flush();
-    if (::fsync(fd.get()) != 0)
-      throw CheckpointError(tmp_path, fmt::format("cannot fsync: {}", errno_message(errno)), write_hint);
-    if (const int err = fd.close(); err != 0)
-      throw CheckpointError(tmp_path, fmt::format("cannot close: {}", errno_message(err)), write_hint);
-    if (::rename(tmp_path.c_str(), final_path.c_str()) != 0)
-      throw CheckpointError(tmp_path, fmt::format("cannot rename to {}: {}", final_path, errno_message(errno)),
-                            fmt::format("make {} writable; the previous checkpoints are untouched", dir));
-  } catch (...) {
-    fd.close();
-    ::unlink(tmp_path.c_str());
-    throw;
+    file.commit();  // fsync, rename over the final name, fsync DIR; the temp file is removed on any failure
+  } catch (const core::FileError& e) {
+    throw CheckpointError(e.path(), e.message(), write_hint);
   }
-  fsync_dir(dir, final_path);
   prune(dir, meta.step, keep);
   return final_path;
 }

@@ -1,9 +1,12 @@
 // harmony-sim: the command line of the simulator. `simulate` prices one plan, `search` ranks the
 // paper's search space; both read a YAML config (+ --set overrides) and can write a Chrome trace.
 // The only place (with harmony-run's main) that prints and chooses exit codes: 0 ok, 2 bad input.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -13,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/base/atomic_file.hpp"
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
 #include "core/model/profile.hpp"
@@ -31,7 +35,7 @@ using namespace harmony;
 namespace {
 
 constexpr int kExitBadInput = 2;
-constexpr int kExitInternal = 70;  // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
+constexpr int kExitInternal = 70;        // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
 constexpr double kProgressDelayS = 2.0;  // search and compare show progress once they run longer than this
 
 struct Cli {
@@ -63,10 +67,6 @@ sim::Bottleneck bottleneck_of(const core::Program& program, const core::Model& m
 
 void write_trace(const std::string& path, const sim::Evaluation& e, const std::string& title, const core::Model& model,
                  const core::MachineSpec& machine) {
-  std::ofstream out(path);
-  if (!out)
-    throw core::ConfigError(core::SourceLoc{path, 0, 0}, "cannot write the trace file",
-                            "check the folder exists and is writable");
   auto doc = core::chrome_trace_json(e.program, e.timeline.begin_ps, e.timeline.end_ps,
                                      core::TraceMeta{"harmony-sim (" + e.report.cost_model + ")", title});
   if (e.report.cost_model == "native") {
@@ -76,8 +76,7 @@ void write_trace(const std::string& path, const sim::Evaluation& e, const std::s
     const auto res = sim::run_native(e.program, model, machine, o);
     sim::append_native_counters(doc["traceEvents"], res);
   }
-  out << doc.dump(1) << "\n";
-  if (!out) throw core::ConfigError(core::SourceLoc{path, 0, 0}, "writing the trace failed", "check free disk space");
+  core::write_file_atomic(path, doc.dump(1) + "\n", "the trace");
 }
 
 std::string plan_title(const core::RunReport& r) {
@@ -132,6 +131,7 @@ void print_report_table(const core::RunReport& r) {
 }
 
 int cmd_simulate(const Cli& cli) {
+  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto plan = plan_from_config(cfg, model);
@@ -168,6 +168,7 @@ int cmd_simulate(const Cli& cli) {
 }
 
 int cmd_search(const Cli& cli) {
+  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   core::SearchSpace space;
@@ -329,7 +330,7 @@ struct ReportCli {
   sim::ReportOptions options;
 };
 
-// `report`: a sweep folder or a config -> one HTML file, written to a temporary name and renamed, so an
+// `report`: a sweep folder or a config -> one HTML file, written atomically (core::AtomicFile), so an
 // interrupted run never leaves half a page where a good one was.
 int cmd_report(ReportCli& cli) {
   namespace fs = std::filesystem;
@@ -347,25 +348,12 @@ int cmd_report(ReportCli& cli) {
                               "e.g. --out /tmp/report.html (a sweep folder's report defaults to DIR/report.html)");
     out = (fs::path(cli.results) / "report.html").string();
   }
+  core::check_output_file(out, "the report (--out)");
   const auto t0 = std::chrono::steady_clock::now();
   const auto data =
       is_dir ? sim::report_from_sweep(cli.results, cli.options) : sim::report_from_config(cli.results, cli.options);
   const std::string html = sim::render_report_html(data);
-  const std::string tmp = out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f)
-      throw core::ConfigError(core::SourceLoc{out, 0, 0}, "cannot write the report",
-                              "check the folder exists and is writable");
-    f << html;
-    f.close();
-    if (!f) throw core::ConfigError(core::SourceLoc{out, 0, 0}, "writing the report failed", "check free disk space");
-  }
-  std::error_code ec;
-  fs::rename(tmp, out, ec);
-  if (ec)
-    throw core::ConfigError(core::SourceLoc{out, 0, 0}, "cannot rename " + tmp + ": " + ec.message(),
-                            "check the folder is writable");
+  core::write_file_atomic(out, html, "the report");
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("report written to {} ({:.0f} KiB, {:.2f} s): {} ranked rows", out,
              static_cast<double>(html.size()) / 1024.0, dt, data.rows.size());
@@ -445,9 +433,23 @@ int run_cli(int argc, char** argv) {
 
 }  // namespace
 
+// run_cli, then the check that stdout took every byte (`--format json > /dev/full` must not exit 0).
+int run_and_flush(int argc, char** argv) {
+  // Into a file or pipe, stdout is buffered whole (up to 1 MiB) so that a failed write is seen by the final
+  // flush with its reason (errno), not lost inside an earlier implicit flush.
+  static char stdout_buffer[std::size_t{1} << 20];  // glibc ignores the size unless given the buffer
+  if (isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
+  const int rc = run_cli(argc, argv);
+  if (const auto problem = core::stdout_write_problem()) {
+    std::cerr << "harmony-sim: error: writing stdout: " << *problem << "\n";
+    return rc != 0 ? rc : 1;
+  }
+  return rc;
+}
+
 int main(int argc, char** argv) {
   try {
-    return run_cli(argc, argv);
+    return run_and_flush(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
   } catch (...) {

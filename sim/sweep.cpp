@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/atomic_file.hpp"
 #include "core/config/config.hpp"
 #include "core/model/model.hpp"
 #include "core/output/report.hpp"
@@ -875,16 +876,7 @@ std::string slurp(const fs::path& p) {
 }
 
 void write_atomically(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) fail(file_loc(p), "cannot write the file", "check the folder is writable and the disk has space");
-  }
-  std::error_code ec;
-  fs::rename(tmp, p, ec);
-  if (ec) fail(file_loc(p), fmt::format("cannot write the file: {}", ec.message()), "check the folder is writable");
+  core::write_file_atomic(p.string(), text, "the file", "check the folder is writable and the disk has space");
 }
 
 // The complete ('\n'-terminated) lines of a text, with the byte offset after each; a partial last line (a

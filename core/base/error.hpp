@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace harmony::core {
@@ -35,6 +36,15 @@ class ConfigError : public Error {
   SourceLoc loc_;
   std::string message_;
   std::string hint_;
+};
+
+// A file that cannot be read or written, named with the OS's reason: what() = "PATH: error: MESSAGE\n  hint: ...".
+// A ConfigError (the path is the user's input), so every main reports it as bad input.
+class FileError : public ConfigError {
+ public:
+  FileError(const std::string& path, const std::string& message, std::string hint = {})
+      : ConfigError(SourceLoc{path, 0, 0}, message, std::move(hint)) {}
+  const std::string& path() const { return loc().file; }
 };
 
 // A plan that cannot be scheduled or simulated (overlapping packs, deadlock, ...).

@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include "core/base/input_file.hpp"
 #include "core/base/units.hpp"
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
@@ -383,16 +384,11 @@ class RecordFilesRead {
   std::vector<std::string>* previous_;
 };
 
-std::optional<std::string> read_text_file(const std::string& path) {
+// Reads one input file through the shared check (core::try_read_input_file: regular files only, never blocks on
+// a FIFO), recording it in RunConfig::inputs. nullopt with *problem = the reason when it cannot be read.
+std::optional<std::string> read_text_file(const std::string& path, std::string* problem) {
   if (t_files_read) t_files_read->push_back(path);
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return text.str();
+  return try_read_input_file(path, problem);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1092,9 +1088,10 @@ MachineSpec machine_from_preset(const std::string& name, const SourceLoc& loc, i
 }
 
 MachineSpec machine_from_file(const std::string& path, const SourceLoc& ref_loc, int depth) {
-  const auto text = read_text_file(path);
+  std::string problem;
+  const auto text = read_text_file(path, &problem);
   if (!text)
-    fail(ref_loc, fmt::format("cannot read machine file '{}'", path),
+    fail(ref_loc, fmt::format("cannot read machine file '{}': {}", path, problem),
          fmt::format("paths are relative to the folder of the file that names them; built-in presets: {}",
                      join(machine_preset_names())));
   return machine_from_document(parse_yaml(*text, path), path, std::filesystem::path(path).stem().string(), depth);
@@ -1882,8 +1879,11 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   RecordFilesRead record;
-  const auto text = read_text_file(path);
-  if (!text) fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}'", path), "check the path");
+  std::string problem;
+  const auto text = read_text_file(path, &problem);
+  if (!text)
+    fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}': {}", path, problem),
+         "check the path: a config is a YAML file");
   RunConfig cfg = build_config(parse_yaml(*text, path), path, overrides);
   cfg.inputs = record.take(cfg);
   return cfg;
@@ -1898,8 +1898,11 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  const auto text = read_text_file(path);
-  if (!text) fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}'", path), "check the path");
+  std::string problem;
+  const auto text = read_text_file(path, &problem);
+  if (!text)
+    fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}': {}", path, problem),
+         "check the path: a config is a YAML file");
   return build_train_config(parse_yaml(*text, path), path, overrides);
 }
 

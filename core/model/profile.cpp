@@ -3,6 +3,8 @@
 // ConfigError at the offending key or value (positions from JsonLocator) with a hint on how to fix it.
 #include "core/model/profile.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
+#include "core/base/input_file.hpp"
 #include "core/base/json_locate.hpp"
 
 namespace harmony::core {
@@ -509,8 +512,18 @@ Model load_profile(const std::string& path) {
                       "check the path (relative paths start at the current directory); the bundled profiles are "
                       "configs/profiles/bert_large.json and configs/profiles/gpt2_medium.json");
   };
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) fail(errno);
+  std::string problem;
+  const int fd = open_input_file(path, &problem);  // refuses folders, FIFOs and devices with the reason
+  if (fd < 0)
+    throw ConfigError(SourceLoc{path, 0, 0}, fmt::format("cannot read profile {}: {}", path, problem),
+                      "check the path (relative paths start at the current directory); the bundled profiles are "
+                      "configs/profiles/bert_large.json and configs/profiles/gpt2_medium.json");
+  std::unique_ptr<std::FILE, FileCloser> f(::fdopen(fd, "rb"));
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    fail(err);
+  }
   std::string text;
   char buf[1 << 16];
   std::size_t n = 0;

@@ -1,0 +1,172 @@
+// Tests of core/base/atomic_file.cpp and core/base/input_file.cpp: regular files replaced (permissions kept),
+// symlinks written through, folders/FIFOs refused with the OS's reason and nothing created, a failed write
+// (file size limit) keeps the previous file and removes the temp; the up-front output checks; the input gate.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "core/base/atomic_file.hpp"
+#include "core/base/error.hpp"
+#include "core/base/input_file.hpp"
+
+using namespace harmony::core;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = fs::temp_directory_path() /
+            ("harmony_test_files_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  std::set<std::string> names() const {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(path_)) out.insert(e.path().filename().string());
+    return out;
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void put(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+template <class F>
+std::string file_error_of(F&& f) {
+  try {
+    f();
+  } catch (const FileError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("write_file_atomic creates and replaces a regular file, keeping its permission bits") {
+  TempDir d;
+  write_file_atomic(d / "a.txt", "one", "the file");
+  CHECK(slurp(d / "a.txt") == "one");
+  ::chmod((d / "a.txt").c_str(), 0600);
+  write_file_atomic(d / "a.txt", "two", "the file");
+  CHECK(slurp(d / "a.txt") == "two");
+  struct stat st {};
+  REQUIRE(::stat((d / "a.txt").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(d.names() == std::set<std::string>{"a.txt"});
+}
+
+TEST_CASE("a symlink is written through: the link stays, its target is replaced") {
+  TempDir d;
+  fs::create_directories(d / "real");
+  put(d / "real/t.txt", "old");
+  fs::create_symlink("real/t.txt", d / "link.txt");  // relative to the link's folder
+  write_file_atomic(d / "link.txt", "new", "the file");
+  CHECK(fs::is_symlink(d / "link.txt"));
+  CHECK(slurp(d / "real/t.txt") == "new");
+  CHECK(output_target(d / "link.txt") == d / "real/t.txt");
+  fs::create_symlink(d / "real/missing.txt", d / "dangling.txt");
+  write_file_atomic(d / "dangling.txt", "made", "the file");
+  CHECK(slurp(d / "real/missing.txt") == "made");
+  CHECK(d.names() == std::set<std::string>{"real", "link.txt", "dangling.txt"});
+  fs::create_symlink(d / "loop1", d / "loop2");
+  fs::create_symlink(d / "loop2", d / "loop1");
+  CHECK(has(file_error_of([&] { write_file_atomic(d / "loop1", "x", "the file"); }), "symbolic links"));
+}
+
+TEST_CASE("folders and FIFOs are refused before anything is created") {
+  TempDir d;
+  fs::create_directories(d / "dir");
+  REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);
+  CHECK(has(file_error_of([&] { write_file_atomic(d / "dir", "x", "the trace"); }), "Is a directory"));
+  CHECK(has(file_error_of([&] { write_file_atomic(d / "fifo", "x", "the trace"); }), "not a regular file (a FIFO)"));
+  CHECK(has(file_error_of([&] { check_output_file(d / "fifo", "the trace"); }), "not a regular file (a FIFO)"));
+  CHECK(has(file_error_of([&] { check_output_file(d / "dir", "the trace"); }), "the trace: Is a directory"));
+  CHECK(has(file_error_of([&] { check_output_file(d / "no/t.json", "the trace"); }), "No such file or directory"));
+  CHECK(file_error_of([&] { check_output_file(d / "new.json", "the trace"); }) == "(no error)");
+  CHECK(fs::is_fifo(d / "fifo"));
+  CHECK(d.names() == std::set<std::string>{"dir", "fifo"});
+}
+
+TEST_CASE("check_output_dir: a writable folder, or one that can be created; never a file") {
+  TempDir d;
+  put(d / "file", "x");
+  CHECK(file_error_of([&] { check_output_dir(d / "a/b/c", "the checkpoint directory"); }) == "(no error)");
+  CHECK(!fs::exists(d / "a"));  // checked, not created
+  CHECK(has(file_error_of([&] { check_output_dir(d / "file", "the checkpoint directory"); }), "Not a directory"));
+  CHECK(has(file_error_of([&] { check_output_dir(d / "file/sub", "the checkpoint directory"); }), "Not a directory"));
+}
+
+TEST_CASE("a failed write keeps the previous file and removes the temp file") {
+  TempDir d;
+  put(d / "out.bin", "previous");
+  struct rlimit old {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // write() fails with EFBIG instead
+  struct rlimit small = old;
+  small.rlim_cur = 16;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  const std::string e = file_error_of([&] { write_file_atomic(d / "out.bin", std::string(1000, 'x'), "the file"); });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous_handler);
+  CHECK(has(e, d / "out.bin"));
+  CHECK(has(e, "File too large"));
+  CHECK(slurp(d / "out.bin") == "previous");
+  CHECK(d.names() == std::set<std::string>{"out.bin"});
+  {
+    AtomicFile f(d / "out.bin", "the file");  // never committed: the temp goes with it
+    f.write("half");
+    CHECK(fs::exists(f.temp_path()));
+  }
+  CHECK(slurp(d / "out.bin") == "previous");
+  CHECK(d.names() == std::set<std::string>{"out.bin"});
+}
+
+TEST_CASE("the input gate: regular files only, with the OS's reason, never blocking on a FIFO") {
+  TempDir d;
+  put(d / "in.txt", "hello");
+  fs::create_directories(d / "dir");
+  REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);
+  CHECK(read_input_file(d / "in.txt", "the input") == "hello");
+  CHECK(!input_file_problem(d / "in.txt"));
+  CHECK(input_file_problem(d / "dir") == std::optional<std::string>("Is a directory"));
+  CHECK(input_file_problem(d / "fifo") == std::optional<std::string>("not a regular file (a FIFO)"));
+  CHECK(input_file_problem(d / "missing") == std::optional<std::string>("No such file or directory"));
+  const std::string e = file_error_of([&] { read_input_file(d / "dir", "the config"); });
+  CHECK(has(e, d / "dir"));
+  CHECK(has(e, "cannot read the config: Is a directory"));
+  if (::geteuid() != 0) {  // root reads anything
+    ::chmod((d / "in.txt").c_str(), 0);
+    CHECK(input_file_problem(d / "in.txt") == std::optional<std::string>("Permission denied"));
+  }
+}
