@@ -21,6 +21,7 @@ core::RunReport evaluate_baseline(const core::Model& model, const core::MachineS
   const core::Program program = core::lower_baseline(plan, model);
   core::RunReport r = simulate_program(program, model, machine, cost_model);
   r.plan_kind = core::plan_kind_name(plan.kind);
+  r.activation_policy = core::activation_policy_name(plan.activation_policy);
   return r;
 }
 
@@ -106,6 +107,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   core::BaselineSearchOptions bo;
   bo.ubatch_step = search.ubatch_step;
   bo.ubatch_sizes = search.u_bwd;
+  bo.activation_policies = {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep};
   std::vector<core::BaselinePlan> plans;
   try {
     plans = core::enumerate_baseline_plans(kind, model, gpus, minibatch, capacity, bo);
@@ -126,10 +128,12 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     kr.deadlocked = res.num_deadlocked;
     for (const auto& r : res.ranked) {
       if (r.report.deadlock || !r.report.feasible) continue;
+      const std::string policy = core::activation_policy_name(plans[r.plan].activation_policy);
+      if (!kr.policy_best_time_s.count(policy)) kr.policy_best_time_s[policy] = r.report.iteration_time_s;
+      if (kr.feasible) continue;
       kr.feasible = true;
       kr.best = r.report;
       kr.baseline = plans[r.plan];
-      break;
     }
     if (!kr.feasible)
       kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", plans.size(), miss.suffix());

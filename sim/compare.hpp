@@ -3,6 +3,7 @@
 // same cost model, or the reason it does not fit.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ struct KindResult {
   std::size_t deadlocked = 0;                  // of which deadlocked
   core::RunReport best;                        // valid when feasible
   std::optional<core::BaselinePlan> baseline;  // baselines: the best plan's knobs (when feasible)
+  // baselines: the best feasible time under each activation policy searched ("checkpoint", "keep"); the
+  // winner is best.activation_policy. A policy with no feasible plan is absent.
+  std::map<std::string, double> policy_best_time_s;
   double speedup_over_best_baseline = 0.0;
 };
 
@@ -33,7 +37,8 @@ struct CompareResult {
 };
 
 // The best plan of one kind, searched on the calling thread (search.threads is ignored): Harmony kinds
-// through core::run_search (top 1, no fit rule), baselines through core::run_baseline_search.
+// through core::run_search (top 1, no fit rule), baselines through core::run_baseline_search over both
+// activation policies (checkpoint and keep; the winner is best.activation_policy).
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
                              const core::Options& options);
