@@ -208,8 +208,9 @@ sim::KindResult search_kind(const Setup& s, const core::Model& prof, core::PlanK
   const auto& cfg = s.cfg;
   core::Options opts = cfg.options;
   opts.unequal_microbatches = false;  // the runtime needs D % u == 0 (the config loader refuses it too)
+  // a baseline runs the config's activation policy (plan.activations): only its plans are candidates
   sim::KindResult kr = sim::best_plan_of_kind(kind, prof, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch,
-                                              cfg.cost_model, cfg.search, opts);
+                                              cfg.cost_model, cfg.search, opts, {cfg.baseline_activations});
   if (!kr.feasible)
     throw core::ConfigError(cfg.plan.loc,
                             fmt::format("--plan auto: no {} plan of {} candidates fits {:.2f} MiB per device ({} "

@@ -46,7 +46,7 @@ class FirstMiss {
 
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
-                             const core::Options& options) {
+                             const core::Options& options, const std::vector<core::ActivationPolicy>& policies) {
   const auto capacity =
       static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
   KindResult kr;
@@ -107,7 +107,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   core::BaselineSearchOptions bo;
   bo.ubatch_step = search.ubatch_step;
   bo.ubatch_sizes = search.u_bwd;
-  bo.activation_policies = {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep};
+  bo.activation_policies = policies;
   std::vector<core::BaselinePlan> plans;
   try {
     plans = core::enumerate_baseline_plans(kind, model, gpus, minibatch, capacity, bo);

@@ -39,9 +39,12 @@ struct CompareResult {
 // The best plan of one kind, searched on the calling thread (search.threads is ignored): Harmony kinds
 // through core::run_search (top 1, no fit rule), baselines through core::run_baseline_search over both
 // activation policies (checkpoint and keep; the winner is best.activation_policy).
+// `policies`: the activation policies a baseline is searched under (ignored for Harmony kinds).
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
-                             const core::Options& options);
+                             const core::Options& options,
+                             const std::vector<core::ActivationPolicy>& policies = {core::ActivationPolicy::Checkpoint,
+                                                                                    core::ActivationPolicy::Keep});
 
 // Searches every plan kind. `search` and `options` shape the Harmony searches (packing methods,
 // microbatch lists, stride); baselines use the same microbatch stride and lists.
