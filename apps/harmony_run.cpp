@@ -280,8 +280,9 @@ sim::KindResult search_kind(const Setup& s, const core::Model& prof, core::PlanK
   const auto& cfg = s.cfg;
   core::Options opts = cfg.options;
   opts.unequal_microbatches = false;  // the runtime needs D % u == 0 (the config loader refuses it too)
+  // a baseline runs the config's activation policy (plan.activations): only its plans are candidates
   sim::KindResult kr = sim::best_plan_of_kind(kind, prof, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch,
-                                              cfg.cost_model, cfg.search, opts);
+                                              cfg.cost_model, cfg.search, opts, {cfg.baseline_activations});
   if (!kr.feasible)
     throw core::ConfigError(cfg.plan.loc,
                             fmt::format("--plan auto: no {} plan of {} candidates fits {:.2f} MiB per device ({} "
@@ -348,8 +349,9 @@ void progress(int step, int steps, double loss, double samples_per_s, double eta
 
 std::string baseline_title(const core::BaselinePlan& b, const core::Model& model) {
   const auto d = core::decide_swaps(b, model);
-  return fmt::format("{} N{} D{} u {} (weights {}, activations {})", core::plan_kind_name(b.kind), b.gpus, b.minibatch,
-                     b.ubatch, d.front().weights ? "swapped" : "kept", d.front().activations ? "swapped" : "kept");
+  return fmt::format("{} N{} D{} u {} (weights {}, activations {}, {})", core::plan_kind_name(b.kind), b.gpus,
+                     b.minibatch, b.ubatch, d.front().weights ? "swapped" : "kept",
+                     d.front().activations ? "swapped" : "kept", core::activation_policy_name(b.activation_policy));
 }
 
 // A baseline (plan.mode: dp-swap, ...): the config's microbatch (plan.u_bwd), or with --plan auto the best
@@ -367,6 +369,7 @@ core::BaselinePlan choose_baseline(const Setup& s, bool auto_plan, bool quiet) {
     b.gpus = cfg.plan.gpus;
     b.minibatch = cfg.plan.minibatch;
     b.ubatch = *cfg.plan.u_bwd;
+    b.activation_policy = cfg.baseline_activations;
     b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
     core::validate_baseline_plan(b, s.desc);
     return b;

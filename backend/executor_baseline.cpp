@@ -24,14 +24,21 @@ using core::OpKind;
 
 // Tensor kinds. Device: a layer's input activation (Act; layer 0: the token ids), a stashed input brought back
 // for the backward (Stash), the gradient of a layer's input (Grad), a layer's weights (W) or this rank's shard
-// of them (WShard, zero-infinity), its weight gradient (DW) or this rank's reduced shard (DWShard). Host memory
-// of the device's process: a swapped-out stash (HostStash), a swapped-out input gradient (HostGrad, l2l).
-enum class TK : std::uint8_t { Act, Stash, Grad, W, WShard, DW, DWShard, HostStash, HostGrad };
+// of them (WShard, zero-infinity), its weight gradient (DW) or this rank's reduced shard (DWShard), the saved
+// activations of a layer's forward its backward reads (Saved: written by the REC of the checkpoint policy, or
+// kept by the FWD under keep). Host memory of the device's process: a swapped-out stash (HostStash), a
+// swapped-out input gradient (HostGrad, l2l), swapped-out saved activations (HostSaved, keep).
+enum class TK : std::uint8_t { Act, Stash, Grad, W, WShard, DW, DWShard, HostStash, HostGrad, Saved, HostSaved };
 const char* tk_name(TK k) {
-  constexpr const char* n[] = {"Act", "Stash", "dX", "W", "W shard", "dW", "dW shard", "host stash", "host dX"};
+  constexpr const char* n[] = {"Act",      "Stash",      "dX",      "W",     "W shard",   "dW",
+                               "dW shard", "host stash", "host dX", "saved", "host saved"};
   return n[static_cast<int>(k)];
 }
-bool on_host(TK k) { return k == TK::HostStash || k == TK::HostGrad; }
+bool on_host(TK k) { return k == TK::HostStash || k == TK::HostGrad || k == TK::HostSaved; }
+bool names_saved(const std::vector<core::TensorRef>& refs) {
+  return std::any_of(refs.begin(), refs.end(),
+                     [](const core::TensorRef& r) { return r.kind == core::TensorKind::Saved; });
+}
 
 struct Key {
   int dev = 0;  // the device (host tensors: the host memory of that device's process)
@@ -61,8 +68,9 @@ struct OpInfo {
   std::vector<std::pair<Key, int>> reads;  // tensor and the version it reads (the producer)
   std::vector<Key> writes;                 // tensors it produces
   bool fresh_dw = false;                   // BWD: starts the weight gradient at zero (the op allocates it)
-  TK bwd_input = TK::Act;                  // BWD: Stash if the input was brought back, else Act
-  std::vector<int> group;                  // ops run together (P2P pair, collective), in run order
+  TK bwd_input = TK::Act;                  // REC, BWD: Stash if the input was brought back, else Act
+  bool saved = false;      // FWD: keeps its saved activations (keep); sX: moves saved activations, not an input
+  std::vector<int> group;  // ops run together (P2P pair, collective), in run order
 };
 
 // The host's gradient of one layer in one process: the sum of the gradients (or shards) its dWB ops brought.
@@ -149,6 +157,7 @@ class BaselineInterpreter final : public Interpreter {
   // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile.
   void sync(int o) { wait_unlocked(S(o)); }
   Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_); }
+  Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_) * kF; }  // the forward's act of layer l
   std::int64_t floats(int l) const { return m_.param_floats(l); }
   // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
   // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
@@ -200,7 +209,9 @@ class BaselineInterpreter final : public Interpreter {
       if (per_layer && op.layers.first != op.layers.last)
         throw BackendError(fmt::format("executor: op {} spans layers {}..{}; baseline ops are per layer",
                                        label(static_cast<int>(o)), op.layers.first, op.layers.last));
-      if (op.kind == OpKind::REC || op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY)
+      if (op.kind == OpKind::FWD) oi.saved = names_saved(op.allocs);
+      if (op.kind == OpKind::sX) oi.saved = names_saved(op.stream == core::Stream::SwapOut ? op.frees : op.allocs);
+      if (op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY)
         throw BackendError(fmt::format("executor: op {}: {} is not a baseline op", label(static_cast<int>(o)),
                                        core::op_kind_name(op.kind)));
       oi.writes = writes_of(static_cast<int>(o));
@@ -210,11 +221,11 @@ class BaselineInterpreter final : public Interpreter {
     for (std::size_t o = 0; o < n; ++o) {
       OpInfo& oi = info_[o];
       const core::Op& op = p_.ops[o];
-      if (op.kind == OpKind::BWD) {
+      if (op.kind == OpKind::BWD)
         oi.fresh_dw = std::any_of(op.allocs.begin(), op.allocs.end(),
                                   [](const core::TensorRef& r) { return r.kind == core::TensorKind::WeightGrad; });
+      if (op.kind == OpKind::BWD || op.kind == OpKind::REC)
         oi.bwd_input = producers_.count(Key{op.device, TK::Stash, oi.layer, oi.s0, oi.n}) > 0 ? TK::Stash : TK::Act;
-      }
     }
     build_groups();
     build_update_edges();
@@ -251,6 +262,8 @@ class BaselineInterpreter final : public Interpreter {
         return mb(TK::Stash);
       case core::TensorKind::ActGrad:
         return mb(TK::Grad);
+      case core::TensorKind::Saved:
+        return mb(TK::Saved);
       case core::TensorKind::Weights:
         return Key{d, op.kind == OpKind::AG ? TK::WShard : TK::W, l, 0, 0};
       case core::TensorKind::WeightGrad:
@@ -313,6 +326,7 @@ class BaselineInterpreter final : public Interpreter {
               fmt::format("executor: op {}: an X of layer {} that is neither data nor P2P", label(o), l));
         return {Key{d, oi.pass == Pass::Bwd ? TK::Stash : TK::Act, 0, s0, n}};
       case OpKind::sX:
+        if (oi.saved) return {Key{d, op.stream == core::Stream::SwapOut ? TK::HostSaved : TK::Saved, l, s0, n}};
         if (op.stream == core::Stream::SwapOut) return {Key{d, TK::HostStash, l, s0, n}};
         return {Key{d, oi.pass == Pass::Bwd ? TK::Stash : TK::Act, l, s0, n}};
       case OpKind::dY:
@@ -322,8 +336,14 @@ class BaselineInterpreter final : public Interpreter {
       case OpKind::Y:
         if (op.peer < 0) throw BackendError(fmt::format("executor: op {}: a Y without a P2P receiver", label(o)));
         return {};
-      case OpKind::FWD:
-        return l + 1 < R_ ? std::vector<Key>{Key{d, TK::Act, l + 1, s0, n}} : std::vector<Key>{};
+      case OpKind::FWD: {
+        std::vector<Key> w;
+        if (l + 1 < R_) w.push_back(Key{d, TK::Act, l + 1, s0, n});
+        if (oi.saved) w.push_back(Key{d, TK::Saved, l, s0, n});
+        return w;
+      }
+      case OpKind::REC:
+        return {Key{d, TK::Saved, l, s0, n}};
       case OpKind::BWD: {
         std::vector<Key> w{Key{d, TK::DW, l, 0, 0}};
         if (l > 0) w.push_back(Key{d, TK::Grad, l, s0, n});
@@ -349,6 +369,7 @@ class BaselineInterpreter final : public Interpreter {
     const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
     switch (op.kind) {
       case OpKind::sX:
+        if (oi.saved) return {Key{d, op.stream == core::Stream::SwapOut ? TK::Saved : TK::HostSaved, l, s0, n}};
         if (op.stream == core::Stream::SwapOut) return {Key{d, TK::Act, l, s0, n}};
         return {Key{d, TK::HostStash, l, s0, n}};
       case OpKind::dY:
@@ -359,8 +380,10 @@ class BaselineInterpreter final : public Interpreter {
         return {Key{d, TK::Act, op.layers.last + 1, s0, n}};
       case OpKind::FWD:
         return {Key{d, TK::W, l, 0, 0}, Key{d, TK::Act, l, s0, n}};
+      case OpKind::REC:
+        return {Key{d, TK::W, l, 0, 0}, Key{d, oi.bwd_input, l, s0, n}};
       case OpKind::BWD: {
-        std::vector<Key> r{Key{d, TK::W, l, 0, 0}, Key{d, oi.bwd_input, l, s0, n}};
+        std::vector<Key> r{Key{d, TK::W, l, 0, 0}, Key{d, oi.bwd_input, l, s0, n}, Key{d, TK::Saved, l, s0, n}};
         if (l + 1 < R_) r.push_back(Key{d, TK::Grad, l + 1, s0, n});
         if (!oi.fresh_dw) r.push_back(Key{d, TK::DW, l, 0, 0});
         return r;
@@ -583,6 +606,18 @@ class BaselineInterpreter final : public Interpreter {
         break;
       }
       case OpKind::sX: {
+        if (info_[static_cast<std::size_t>(o)].saved) {
+          const Bytes b = saved_bytes(l, n);
+          const bool out = op.stream == core::Stream::SwapOut;
+          const void* src = get(o, Key{d, out ? TK::Saved : TK::HostSaved, l, s0, n}).data();
+          void* dst = put(o, Key{d, out ? TK::HostSaved : TK::Saved, l, s0, n}, b).data();
+          if (out) {
+            D(d).copy_d2h(S(o), dst, src, b);
+          } else {
+            D(d).copy_h2d(S(o), dst, src, b);
+          }
+          break;
+        }
         const Bytes b = Bytes(n) * per_sample(l);
         if (op.stream == core::Stream::SwapOut) {
           const Tensor& x = get(o, Key{d, TK::Act, l, s0, n});
@@ -607,7 +642,10 @@ class BaselineInterpreter final : public Interpreter {
         break;
       }
       case OpKind::FWD:
-        forward(o);
+        forward(o, false);
+        break;
+      case OpKind::REC:
+        forward(o, true);
         break;
       case OpKind::BWD:
         backward(o);
@@ -627,8 +665,11 @@ class BaselineInterpreter final : public Interpreter {
     sync(o);
   }
 
-  // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1); the head writes the per-token losses.
-  void forward(int o) {
+  // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1), the head writing the per-token losses; the
+  // forward's activations are kept as Saved(l) when the FWD keeps them (keep), else dropped. REC(l), the
+  // checkpoint policy's recompute: the same forward from the backward's input (Stash or Act), writing Saved(l)
+  // only (its output and the head's losses are not used).
+  void forward(int o, bool recompute) {
     const core::Op& op = at(o);
     const OpInfo& oi = info_[static_cast<std::size_t>(o)];
     const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
@@ -637,7 +678,7 @@ class BaselineInterpreter final : public Interpreter {
     a.B = n;
     a.T = T_;
     a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<float>();
-    const void* x = get(o, Key{d, TK::Act, l, s0, n}).buf.data();
+    const void* x = get(o, Key{d, recompute ? oi.bwd_input : TK::Act, l, s0, n}).buf.data();
     if (l == 0) {
       a.tokens = static_cast<const std::int32_t*>(x);
     } else {
@@ -648,25 +689,30 @@ class BaselineInterpreter final : public Interpreter {
       targets = alloc_or_wait(D(d), Bytes(n) * T_ * 4, "targets");
       D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
       a.targets = targets.as<std::int32_t>();
-      y = alloc_or_wait(D(d), m_.output_bytes(l, n, T_), "losses");
+    }
+    if (head || recompute) {
+      y = alloc_or_wait(D(d), m_.output_bytes(l, n, T_), head ? "losses" : "y");
       a.y = y.as<float>();
     } else {
       a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m_.output_bytes(l, n, T_)).buf.as<float>();
     }
-    act = alloc_or_wait(D(d), m_.act_floats(l, n, T_) * kF, "act");
-    a.act = act.as<float>();
+    if (recompute || oi.saved) {
+      a.act = put(o, Key{d, TK::Saved, l, s0, n}, saved_bytes(l, n)).buf.as<float>();
+    } else {
+      act = alloc_or_wait(D(d), saved_bytes(l, n), "act");
+      a.act = act.as<float>();
+    }
     DeviceOps ops(D(d), S(o));
     m_.forward(ops, l, a);
-    if (head) {
+    if (head && !recompute) {
       D(d).copy_d2h(S(o), losses_.data() + static_cast<std::size_t>(s0) * T_, a.y, Bytes(n) * T_ * kF);
       for (int s = s0; s < s0 + n; ++s) ++loss_written_[static_cast<std::size_t>(s)];
     }
     sync(o);  // before the temporaries above are freed
   }
 
-  // BWD(l): the forward recomputed from the layer's input (the model's backward needs the act of a forward over
-  // the same x; the profile's bwd time includes it), then the backward: dW accumulated (from zero where the op
-  // allocates the gradient), dX = Grad(l) written (l > 0).
+  // BWD(l): the backward from the layer's input and the forward's activations (Saved(l), of the REC or the FWD):
+  // dW accumulated (from zero where the op allocates the gradient), dX = Grad(l) written (l > 0).
   void backward(int o) {
     const core::Op& op = at(o);
     const OpInfo& oi = info_[static_cast<std::size_t>(o)];
@@ -693,20 +739,15 @@ class BaselineInterpreter final : public Interpreter {
       dw = update(o, dwk, floats(l) * kF).buf.as<float>();
     }
     float* dx = l > 0 ? put(o, Key{d, TK::Grad, l, s0, n}, Bytes(n) * per_sample(l)).buf.as<float>() : nullptr;
-    Buffer targets, y, act, scratch;
+    Buffer targets, scratch;
     if (head) {
       targets = alloc_or_wait(D(d), Bytes(n) * T_ * 4, "targets");
       D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
       a.targets = targets.as<std::int32_t>();
     }
-    // The recompute's y is not read by the backward: it lands in dx (same size or larger) where there is one.
-    if (dx == nullptr) y = alloc_or_wait(D(d), m_.output_bytes(l, n, T_), "y");
-    act = alloc_or_wait(D(d), m_.act_floats(l, n, T_) * kF, "act");
     scratch = alloc_or_wait(D(d), std::max<std::int64_t>(1, m_.scratch_floats(l, n, T_)) * kF, "scratch");
     DeviceOps ops(D(d), S(o));
-    a.y = dx != nullptr ? dx : y.as<float>();
-    a.act = act.as<float>();
-    m_.forward(ops, l, a);
+    a.act = get(o, Key{d, TK::Saved, l, s0, n}).buf.as<float>();
     a.y = nullptr;
     a.dw = dw;
     a.dy = dy;

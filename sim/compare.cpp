@@ -21,6 +21,7 @@ core::RunReport evaluate_baseline(const core::Model& model, const core::MachineS
   const core::Program program = core::lower_baseline(plan, model);
   core::RunReport r = simulate_program(program, model, machine, cost_model);
   r.plan_kind = core::plan_kind_name(plan.kind);
+  r.activation_policy = core::activation_policy_name(plan.activation_policy);
   return r;
 }
 
@@ -45,7 +46,8 @@ class FirstMiss {
 
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
-                             const core::Options& options, const core::SearchProgressFn& progress) {
+                             const core::Options& options, const std::vector<core::ActivationPolicy>& policies,
+                             const core::SearchProgressFn& progress) {
   const auto capacity =
       static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
   KindResult kr;
@@ -109,6 +111,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   core::BaselineSearchOptions bo;
   bo.ubatch_step = search.ubatch_step;
   bo.ubatch_sizes = search.u_bwd;
+  bo.activation_policies = policies;
   std::vector<core::BaselinePlan> plans;
   try {
     plans = core::enumerate_baseline_plans(kind, model, gpus, minibatch, capacity, bo);
@@ -129,10 +132,12 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     kr.deadlocked = res.num_deadlocked;
     for (const auto& r : res.ranked) {
       if (r.report.deadlock || !r.report.feasible) continue;
+      const std::string policy = core::activation_policy_name(plans[r.plan].activation_policy);
+      if (!kr.policy_best_time_s.count(policy)) kr.policy_best_time_s[policy] = r.report.iteration_time_s;
+      if (kr.feasible) continue;
       kr.feasible = true;
       kr.best = r.report;
       kr.baseline = plans[r.plan];
-      break;
     }
     if (!kr.feasible)
       kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", plans.size(), miss.suffix());
@@ -180,8 +185,9 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
         report();
       };
     }
-    out.kinds[slot] = best_plan_of_kind(*core::parse_plan_kind(names[slot]), model, machine, gpus, minibatch,
-                                        cost_model, search, options, on_search);
+    out.kinds[slot] =
+        best_plan_of_kind(*core::parse_plan_kind(names[slot]), model, machine, gpus, minibatch, cost_model, search,
+                          options, {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
     if (progress) {
       const std::lock_guard<std::mutex> lock(progress_mutex);
       ++kinds_done;

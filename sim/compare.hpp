@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct KindResult {
   std::size_t deadlocked = 0;                  // of which deadlocked
   core::RunReport best;                        // valid when feasible
   std::optional<core::BaselinePlan> baseline;  // baselines: the best plan's knobs (when feasible)
+  // baselines: the best feasible time under each activation policy searched ("checkpoint", "keep"); the
+  // winner is best.activation_policy. A policy with no feasible plan is absent.
+  std::map<std::string, double> policy_best_time_s;
   double speedup_over_best_baseline = 0.0;
 };
 
@@ -36,11 +40,16 @@ struct CompareResult {
 };
 
 // The best plan of one kind, searched on the calling thread (search.threads is ignored): Harmony kinds
-// through core::run_search (top 1, no fit rule), baselines through core::run_baseline_search.
-// `progress` (optional) hears the search's candidates done / total (core/search/progress.hpp).
+// through core::run_search (top 1, no fit rule), baselines through core::run_baseline_search over the given
+// activation policies (by default both, checkpoint and keep; the winner is best.activation_policy; ignored for
+// Harmony kinds, which recompute by design). `progress` (optional) hears the search's candidates done / total
+// (core/search/progress.hpp).
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
-                             const core::Options& options, const core::SearchProgressFn& progress = {});
+                             const core::Options& options,
+                             const std::vector<core::ActivationPolicy>& policies = {core::ActivationPolicy::Checkpoint,
+                                                                                    core::ActivationPolicy::Keep},
+                             const core::SearchProgressFn& progress = {});
 
 // Progress of compare_plan_kinds over all kinds: candidates done of those enumerated so far (a kind's candidates
 // count once its search starts), and kinds finished.

@@ -279,6 +279,15 @@ int cmd_compare(const Cli& cli) {
       if (!k.feasible) j["reason"] = k.reason;
       if (k.feasible && std::isfinite(res.best_baseline_time_s))
         j["speedup_over_best_baseline"] = k.speedup_over_best_baseline;
+      if (core::is_baseline(k.kind)) {
+        // both activation policies are searched; the winner is activation_policy
+        nlohmann::json pol = nlohmann::json::object();
+        for (const std::string& name : core::activation_policy_names()) {
+          const auto it = k.policy_best_time_s.find(name);
+          pol[name] = it == k.policy_best_time_s.end() ? nlohmann::json(nullptr) : nlohmann::json(it->second);
+        }
+        j["policy_best_time_s"] = std::move(pol);
+      }
       results.push_back(std::move(j));
     }
     nlohmann::json j = {{"command", "compare"},
@@ -305,10 +314,12 @@ int cmd_compare(const Cli& cli) {
       continue;
     }
     const auto& r = k.best;
-    const std::string plan = core::is_baseline(k.kind)
-                                 ? fmt::format("u {}", r.plan.u_bwd)
-                                 : fmt::format("fwd {} bwd {}", core::packs_to_string(r.plan.packs_fwd),
-                                               core::packs_to_string(r.plan.packs_bwd));
+    std::string plan = core::is_baseline(k.kind)
+                           ? fmt::format("u {}, {}", r.plan.u_bwd, r.activation_policy)
+                           : fmt::format("fwd {} bwd {}, {}", core::packs_to_string(r.plan.packs_fwd),
+                                         core::packs_to_string(r.plan.packs_bwd), r.activation_policy);
+    for (const auto& [policy, t] : k.policy_best_time_s)
+      if (policy != r.activation_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
     const std::string host =
         r.native
             ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB))
@@ -320,6 +331,10 @@ int cmd_compare(const Cli& cli) {
                mib(r.peak_memory_bytes), host, plan);
   }
   fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
+  fmt::print(
+      "activations: checkpoint recomputes each layer's forward in the backward (Harmony always does); keep holds "
+      "or swaps the saved activations. Each baseline is searched under both; the other policy's best time is in "
+      "parentheses.\n");
   return 0;
 }
 

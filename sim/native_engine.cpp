@@ -422,10 +422,14 @@ class Engine {
           if (ref) {
             x.fixed_ps = core::seconds_to_ps(update_s(o));
           } else if (const double w = update_s(o); w > 0) {
+            // update_time_cpu_s is the whole machine's time (cpu_adam: the multi-threaded rate of every
+            // core): w * cores core-seconds, with no per-update cap, so one update alone takes w and the
+            // updates of all GPUs' processes running at once share the cores (processor sharing).
+            const double cores = std::max(1, topo_.cpu_cores);
             x.kind = ActKind::Flow;
-            x.volume = x.remaining = w;
+            x.volume = x.remaining = w * cores;
             x.path = {g.cpu};
-            x.cap = 1.0;  // one core per update
+            x.cap = 0.0;  // no per-update cap: an update alone uses every core
           }
           break;
         case OpKind::ARD:

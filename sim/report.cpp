@@ -98,7 +98,8 @@ std::string fmt_duration(double s) {
 
 std::string plan_title(const core::RunReport& r) {
   if (core::parse_plan_kind(r.plan_kind) && core::is_baseline(*core::parse_plan_kind(r.plan_kind)))
-    return fmt::format("{} N{} D{} u {}", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd);
+    return fmt::format("{} N{} D{} u {} ({})", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd,
+                       r.activation_policy);
   return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}",
                      r.plan_kind.empty() ? core::mode_name(r.plan.mode) : r.plan_kind, r.plan.gpus, r.plan.minibatch,
                      r.plan.u_fwd, r.plan.u_bwd, core::packs_to_string(r.plan.packs_fwd),
@@ -122,6 +123,7 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
   o.record_counters = true;
   b.report = simulate_native(b.program, model, cfg.machine, o, &b.native);
   b.report.plan_kind = kr.best.plan_kind.empty() ? core::plan_kind_name(kr.kind) : kr.best.plan_kind;
+  b.report.activation_policy = kr.best.activation_policy;
   b.report.method_fwd = kr.best.method_fwd;
   b.report.method_bwd = kr.best.method_bwd;
   b.report.cost_model = cfg.cost_model;
@@ -439,10 +441,12 @@ ReportData report_from_config(const std::string& config_path, const ReportOption
     }
     ++feasible;
     const auto& r = k.best;
-    const std::string plan = core::is_baseline(k.kind)
-                                 ? fmt::format("u {}", r.plan.u_bwd)
-                                 : fmt::format("fwd {} bwd {}", core::packs_to_string(r.plan.packs_fwd),
-                                               core::packs_to_string(r.plan.packs_bwd));
+    std::string plan = core::is_baseline(k.kind)
+                           ? fmt::format("u {}, {}", r.plan.u_bwd, r.activation_policy)
+                           : fmt::format("fwd {} bwd {}, {}", core::packs_to_string(r.plan.packs_fwd),
+                                         core::packs_to_string(r.plan.packs_bwd), r.activation_policy);
+    for (const auto& [policy, t] : k.policy_best_time_s)
+      if (policy != r.activation_policy) plan += fmt::format(" ({} {})", policy, fmt_duration(t));
     d.rows.push_back({std::to_string(feasible), name, std::to_string(k.candidates),
                       fmt::format("{:.3f}", r.throughput_samples_per_s), fmt_duration(r.iteration_time_s),
                       std::isfinite(res.best_baseline_time_s) ? fmt::format("{:.2f}x", k.speedup_over_best_baseline)

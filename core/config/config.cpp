@@ -1816,6 +1816,24 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
       e.value.scalar = "harmony-pp";
     }
   }
+  // plan.activations: a baseline's activation policy (Harmony's plans always recompute)
+  for (auto it = harmony_plan.entries.begin(); it != harmony_plan.entries.end(); ++it) {
+    if (it->key != "activations") continue;
+    const std::string hint =
+        "activation policies: checkpoint (recompute each layer's forward in the backward), "
+        "keep (hold or swap the saved activations)";
+    if (cfg.baseline_kind.empty())
+      fail(it->key_loc, "plan.activations applies to baseline kinds (dp-swap, pp-swap, zero-infinity, l2l)",
+           "Harmony's plans recompute by design (checkpoint); remove the key");
+    const std::string& v = expect_scalar(it->value, "plan.activations", "an activation policy", hint);
+    const auto policy = parse_activation_policy(v);
+    if (!policy)
+      fail(it->value.loc, fmt::format("unknown plan.activations '{}'", v),
+           suggestion_hint(v, activation_policy_names(), "activation policies"));
+    cfg.baseline_activations = *policy;
+    harmony_plan.entries.erase(it);
+    break;
+  }
   cfg.plan = parse_plan(harmony_plan, find(root, "plan")->key_loc, plan_locs);
   cfg.options = parse_options(section_map(root, "options"));
   SearchLocs search_locs;

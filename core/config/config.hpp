@@ -14,6 +14,7 @@
 #include "core/model/analytic.hpp"
 #include "core/model/model.hpp"
 #include "core/plan/plan.hpp"
+#include "core/program/baselines/baselines.hpp"
 #include "core/search/search.hpp"
 
 namespace harmony::core {
@@ -99,6 +100,8 @@ struct TrainConfig {
   // plan.mode given as a baseline kind ("dp-swap", "pp-swap", "zero-infinity", "l2l"): run that baseline with
   // microbatch plan.u_bwd (packs are ignored); "" for Harmony (plan.mode).
   std::string baseline_kind;
+  // plan.activations (baselines only): checkpoint (the default; recompute in the backward) or keep.
+  ActivationPolicy baseline_activations = ActivationPolicy::Checkpoint;
   SearchSpec search;
   Options options;
   TrainSpec train;

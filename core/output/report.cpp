@@ -18,6 +18,7 @@ nlohmann::json report_to_json(const RunReport& r) {
   nlohmann::json j;
   j["plan_kind"] = r.plan_kind.empty() ? std::string(mode_name(r.plan.mode)) : r.plan_kind;
   j["mode"] = mode_name(r.plan.mode);
+  j["activation_policy"] = r.activation_policy;
   j["gpus"] = r.plan.gpus;
   j["minibatch"] = r.plan.minibatch;
   j["u_fwd"] = r.plan.u_fwd;

@@ -71,6 +71,9 @@ struct HostMemoryReport {
 
 struct RunReport {
   std::string plan_kind;  // "harmony-pp", "harmony-dp", or a baseline ("dp-swap", "pp-swap", "zero-infinity", "l2l")
+  // What the backward's activations come from: "checkpoint" (recomputed from the layer input; Harmony always,
+  // by design) or "keep" (held or swapped since the forward; a baseline plan's choice, set by its evaluator).
+  std::string activation_policy = "checkpoint";
   Plan plan;
   std::string method_fwd;  // packing methods that produced the packs (search), else ""
   std::string method_bwd;

@@ -43,7 +43,8 @@ bool is_transfer(OpKind k) {
 }
 
 const char* tensor_kind_name(TensorKind k) {
-  static const char* const names[] = {"weights", "weight_grad", "optimizer_state", "activation", "stash", "act_grad"};
+  static const char* const names[] = {"weights",  "weight_grad", "optimizer_state", "activation", "stash",
+                                      "act_grad", "saved"};
   return names[static_cast<int>(k)];
 }
 

@@ -41,8 +41,10 @@ const char* op_kind_name(OpKind k);
 bool is_compute(OpKind k);   // FWD, REC, BWD
 bool is_transfer(OpKind k);  // ops that move bytes
 
-enum class TensorKind : std::uint8_t { Weights, WeightGrad, OptState, Activation, Stash, ActGrad };
-inline constexpr int kNumTensorKinds = 6;
+// Saved: the tensors a layer's forward keeps for its backward beyond its input (the baselines' keep
+// policy holds them from FWD to BWD; checkpoint's REC allocates them for the BWD).
+enum class TensorKind : std::uint8_t { Weights, WeightGrad, OptState, Activation, Stash, ActGrad, Saved };
+inline constexpr int kNumTensorKinds = 7;
 // The class of tensor a transfer op moves (swap ledger): WB -> Weights, dWB/RS -> WeightGrad, X/Y -> Activation,
 // sX/MSGsX -> Stash, dX/dY -> ActGrad, AG -> Weights, MSGY -> Activation.
 TensorKind moved_tensor(OpKind k);

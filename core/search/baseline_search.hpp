@@ -16,10 +16,12 @@ struct BaselineSearchOptions {
   std::vector<int> ubatch_sizes;  // explicit candidates (filtered by the same rules); empty = all valid
   int ubatch_step = 1;            // stride through the profiled range when ubatch_sizes is empty
   bool drop_infeasible = true;    // leave out plans whose decisions do not fit gpu_capacity_bytes
+  // the activation policies to enumerate (each policy's plans in turn); `harmony-sim compare` passes both
+  std::vector<ActivationPolicy> activation_policies = {ActivationPolicy::Checkpoint};
 };
 
-// Candidate plans of one baseline, ascending u: u in the profiled forward and backward range, u <= the
-// per-GPU share (D/N for data-parallel kinds, D for pp-swap) and dividing it; pp-swap gets
+// Candidate plans of one baseline, per activation policy (in options' order) ascending u: u in the profiled forward and
+// backward range, u <= the per-GPU share (D/N for data-parallel kinds, D for pp-swap) and dividing it; pp-swap gets
 // balanced_stages(u, N). Empty when N does not divide D (data-parallel kinds) or N > R (pp-swap).
 // Throws ScheduleError for a Harmony kind (use core::enumerate_candidates) or N, D < 1.
 std::vector<BaselinePlan> enumerate_baseline_plans(PlanKind kind, const Model& model, int gpus, int minibatch,

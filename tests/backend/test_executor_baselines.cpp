@@ -43,14 +43,25 @@ int count_ops(const core::Program& p, core::OpKind kind) {
 const char* choice_name(core::SwapChoice c) { return c == core::SwapChoice::Swap ? "swap" : "keep"; }
 
 // Removes from the first op of kind `victim` its dependency on an op of kind `on` (on `stream`); returns the op.
-int remove_dep(core::Program& prog, core::OpKind victim, core::OpKind on, core::Stream stream) {
+core::BaselinePlan keep_policy(core::BaselinePlan p) {
+  p.activation_policy = core::ActivationPolicy::Keep;
+  return p;
+}
+
+// Removes the first (`last`: the last) dependency of the first `victim` op on an `on` op of `stream`.
+int remove_dep(core::Program& prog, core::OpKind victim, core::OpKind on, core::Stream stream, bool last = false) {
   for (std::size_t o = 0; o < prog.ops.size(); ++o) {
     core::Op& op = prog.ops[o];
     if (op.kind != victim) continue;
-    auto it = std::find_if(op.deps.begin(), op.deps.end(), [&](int d) {
+    auto match = [&](int d) {
       const core::Op& x = prog.ops[static_cast<std::size_t>(d)];
       return x.kind == on && x.stream == stream;
-    });
+    };
+    auto it = std::find_if(op.deps.begin(), op.deps.end(), match);
+    if (last) {
+      const auto rit = std::find_if(op.deps.rbegin(), op.deps.rend(), match);
+      it = rit == op.deps.rend() ? op.deps.end() : std::prev(rit.base());
+    }
     if (it != op.deps.end()) {
       op.deps.erase(it);
       return static_cast<int>(o);
@@ -93,65 +104,74 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
         for (SwapChoice w : {SwapChoice::Keep, SwapChoice::Swap}) {
           if (!weights_choice && w == SwapChoice::Swap) continue;  // zero-infinity and l2l always stream
           for (SwapChoice a : {SwapChoice::Keep, SwapChoice::Swap}) {
-            const std::string name = core::plan_kind_name(kind);
-            CAPTURE(name);
-            CAPTURE(gpus);
-            CAPTURE(u);
-            const std::string weights = choice_name(w), activations = choice_name(a);
-            CAPTURE(weights);
-            CAPTURE(activations);
-            Setup s(gpus);
-            const core::BaselinePlan plan = baseline_plan(kind, gpus, u, w, a);
-            const core::Program prog = lower_baseline_plan(*s.model, plan);
-            // the forced decisions are real: streamed weights swap in per microbatch, swapped stashes move
-            const int m = share / u;
-            const int R = s.model->num_layers();
-            const int replicas = kind == PlanKind::PpSwap ? 1 : gpus;              // pp-swap: each layer on one stage
-            int wb = kind == PlanKind::L2L ? 2 * R * gpus : replicas * 2 * m * R;  // per layer, pass (and microbatch)
-            if (weights_choice && w == SwapChoice::Keep) wb = replicas * R;        // once
-            CHECK(count_ops(prog, core::OpKind::WB) == wb);
-            if (kind == PlanKind::L2L) {
-              CHECK((count_ops(prog, core::OpKind::dY) > 0) == (a == SwapChoice::Swap));
-            } else {
-              CHECK((count_ops(prog, core::OpKind::sX) > 0) == (a == SwapChoice::Swap));
-            }
-            const Result r = run(prog, s);
-            ++checked;
-            Bytes pk = 0;
-            for (auto* d : s.ptrs) pk = std::max(pk, d->memory().peak);
-            peak[fmt::format("{} {} {} {} {}", name, gpus, u, weights, activations)] = pk;
-            const bool owner1 = !dp || gpus == 1;
-            const bool exact = owner1 && (m == 1 || (kind == PlanKind::DpSwap && w == SwapChoice::Keep) ||
-                                          (kind == PlanKind::PpSwap && w == SwapChoice::Keep) || kind == PlanKind::L2L);
-            CHECK(r.losses[0] == ref.losses[0]);
-            CHECK(std::abs(r.losses[1] - ref.losses[1]) <= 1e-6 * std::abs(ref.losses[1]));
-            if (exact) CHECK(r.losses[1] == ref.losses[1]);
-            Worst& wst = worst[name];
-            ++wst.cases;
-            wst.loss = std::max(wst.loss, std::abs(r.losses[1] - ref.losses[1]) / std::abs(ref.losses[1]));
-            bool all_same = true;
-            for (std::size_t l = 0; l < ref.weights.size(); ++l) {
-              CAPTURE(l);
-              all_same = all_same && same_bits(r.weights[l], ref.weights[l]);
-              if (exact) CHECK(same_bits(r.weights[l], ref.weights[l]));
-              for (std::size_t i = 0; i < ref.weights[l].size(); ++i) {
-                const double x = r.weights[l][i], y = ref.weights[l][i];
-                const double d = std::abs(x - y);
-                wst.abs = std::max(wst.abs, d);
-                wst.bound = std::max(wst.bound, d / (1e-6 + 1e-4 * std::abs(y)));
-                if (!(d <= 1e-6 + 1e-4 * std::abs(y))) {
-                  CHECK(x == doctest::Approx(y));
-                  break;
+            for (core::ActivationPolicy policy : {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}) {
+              const std::string name = core::plan_kind_name(kind);
+              const std::string policy_name = core::activation_policy_name(policy);
+              CAPTURE(policy_name);
+              CAPTURE(name);
+              CAPTURE(gpus);
+              CAPTURE(u);
+              const std::string weights = choice_name(w), activations = choice_name(a);
+              CAPTURE(weights);
+              CAPTURE(activations);
+              Setup s(gpus);
+              core::BaselinePlan plan = baseline_plan(kind, gpus, u, w, a);
+              plan.activation_policy = policy;
+              const core::Program prog = lower_baseline_plan(*s.model, plan);
+              // checkpoint recomputes every backward's forward (REC); keep recomputes nothing
+              const bool ckpt = policy == core::ActivationPolicy::Checkpoint;
+              CHECK(count_ops(prog, core::OpKind::REC) == (ckpt ? count_ops(prog, core::OpKind::BWD) : 0));
+              // the forced decisions are real: streamed weights swap in per microbatch, swapped stashes move
+              const int m = share / u;
+              const int R = s.model->num_layers();
+              const int replicas = kind == PlanKind::PpSwap ? 1 : gpus;              // pp-swap: each layer on one stage
+              int wb = kind == PlanKind::L2L ? 2 * R * gpus : replicas * 2 * m * R;  // per layer, pass (and microbatch)
+              if (weights_choice && w == SwapChoice::Keep) wb = replicas * R;        // once
+              CHECK(count_ops(prog, core::OpKind::WB) == wb);
+              if (kind == PlanKind::L2L) {
+                CHECK((count_ops(prog, core::OpKind::dY) > 0) == (a == SwapChoice::Swap));
+              } else {
+                CHECK((count_ops(prog, core::OpKind::sX) > 0) == (a == SwapChoice::Swap));
+              }
+              const Result r = run(prog, s);
+              ++checked;
+              Bytes pk = 0;
+              for (auto* d : s.ptrs) pk = std::max(pk, d->memory().peak);
+              peak[fmt::format("{} {} {} {} {} {}", name, gpus, u, weights, activations, policy_name)] = pk;
+              const bool owner1 = !dp || gpus == 1;
+              const bool exact =
+                  owner1 && (m == 1 || (kind == PlanKind::DpSwap && w == SwapChoice::Keep) ||
+                             (kind == PlanKind::PpSwap && w == SwapChoice::Keep) || kind == PlanKind::L2L);
+              CHECK(r.losses[0] == ref.losses[0]);
+              CHECK(std::abs(r.losses[1] - ref.losses[1]) <= 1e-6 * std::abs(ref.losses[1]));
+              if (exact) CHECK(r.losses[1] == ref.losses[1]);
+              Worst& wst = worst[name];
+              ++wst.cases;
+              wst.loss = std::max(wst.loss, std::abs(r.losses[1] - ref.losses[1]) / std::abs(ref.losses[1]));
+              bool all_same = true;
+              for (std::size_t l = 0; l < ref.weights.size(); ++l) {
+                CAPTURE(l);
+                all_same = all_same && same_bits(r.weights[l], ref.weights[l]);
+                if (exact) CHECK(same_bits(r.weights[l], ref.weights[l]));
+                for (std::size_t i = 0; i < ref.weights[l].size(); ++i) {
+                  const double x = r.weights[l][i], y = ref.weights[l][i];
+                  const double d = std::abs(x - y);
+                  wst.abs = std::max(wst.abs, d);
+                  wst.bound = std::max(wst.bound, d / (1e-6 + 1e-4 * std::abs(y)));
+                  if (!(d <= 1e-6 + 1e-4 * std::abs(y))) {
+                    CHECK(x == doctest::Approx(y));
+                    break;
+                  }
                 }
               }
+              if (all_same) ++wst.exact;
             }
-            if (all_same) ++wst.exact;
           }
         }
       }
     }
   }
-  CHECK(checked == 84);  // the grid above: 24 dp-swap, 36 pp-swap, 12 zero-infinity, 12 l2l
+  CHECK(checked == 168);  // the grid above, under both policies: 48 dp-swap, 72 pp-swap, 24 zero-infinity, 24 l2l
   for (const auto& [name, wst] : worst)
     MESSAGE(
         fmt::format("{}: {} configurations, {} bit-exact; worst weight difference {:.3g} ({:.2g} of the bound), "
@@ -159,13 +179,22 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
                     name, wst.cases, wst.exact, wst.abs, wst.bound, wst.loss));
   // Swapping is real: streaming the weights and swapping the stash lowers the device peak (one GPU, u = 1).
   for (const char* kind : {"dp-swap", "pp-swap"}) {
-    const Bytes keep = peak.at(fmt::format("{} 1 1 keep keep", kind));
-    const Bytes swap = peak.at(fmt::format("{} 1 1 swap swap", kind));
+    const Bytes keep = peak.at(fmt::format("{} 1 1 keep keep checkpoint", kind));
+    const Bytes swap = peak.at(fmt::format("{} 1 1 swap swap checkpoint", kind));
     const std::string name = kind;
     CAPTURE(name);
     CHECK(swap < keep);
     MESSAGE(
         fmt::format("{} on one GPU, u = 1: device peak {} bytes with everything kept, {} swapped", kind, keep, swap));
+    // The keep policy really holds every layer's forward activations until the backward; swapping moves them.
+    const Bytes held = peak.at(fmt::format("{} 1 1 keep keep keep", kind));
+    const Bytes held_swapped = peak.at(fmt::format("{} 1 1 keep swap keep", kind));
+    CHECK(held > keep);
+    CHECK(held_swapped < held);
+    MESSAGE(
+        fmt::format("{} on one GPU, u = 1, weights kept: device peak {} bytes under keep, {} with its saved "
+                    "activations swapped, {} under checkpoint",
+                    kind, held, held_swapped, keep));
   }
 }
 
@@ -199,12 +228,22 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
     core::BaselinePlan plan;
     OpKind victim, on;
     Stream stream;
-    const char* message;  // after "executor: op <victim> "
+    const char* message;    // after "executor: op <victim> "
+    bool last_dep = false;  // remove the victim's last such dependency (an earlier one of its queue implies it)
   };
   const std::vector<Case> cases{
-      {"dp-swap BWD without its stash swap-in",
-       baseline_plan(PlanKind::DpSwap, 1, 2, SwapChoice::Swap, SwapChoice::Swap), OpKind::BWD, OpKind::sX,
+      {"dp-swap REC without its stash swap-in",
+       baseline_plan(PlanKind::DpSwap, 1, 2, SwapChoice::Swap, SwapChoice::Swap), OpKind::REC, OpKind::sX,
        Stream::SwapIn, "reads"},
+      {"dp-swap (keep) BWD without its saved swap-in",
+       keep_policy(baseline_plan(PlanKind::DpSwap, 1, 2, SwapChoice::Swap, SwapChoice::Swap)), OpKind::BWD, OpKind::sX,
+       Stream::SwapIn, "reads", true},
+      {"l2l (keep) BWD without its saved swap-in",
+       keep_policy(baseline_plan(PlanKind::L2L, 2, 1, SwapChoice::Auto, SwapChoice::Keep)), OpKind::BWD, OpKind::sX,
+       Stream::SwapIn, "reads", true},
+      {"zero-infinity REC without its all-gather",
+       baseline_plan(PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::REC, OpKind::AG,
+       Stream::P2PIn, "reads"},
       {"pp-swap BWD without its P2P dY", baseline_plan(PlanKind::PpSwap, 2, 1, SwapChoice::Keep, SwapChoice::Keep),
        OpKind::BWD, OpKind::dY, Stream::P2PIn, "reads"},
       {"pp-swap FWD without its P2P X", baseline_plan(PlanKind::PpSwap, 4, 2, SwapChoice::Swap, SwapChoice::Swap),
@@ -229,7 +268,7 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
     CAPTURE(what);
     Setup s(c.plan.gpus);
     core::Program prog = lower_baseline_plan(*s.model, c.plan);
-    const int victim = remove_dep(prog, c.victim, c.on, c.stream);
+    const int victim = remove_dep(prog, c.victim, c.on, c.stream, c.last_dep);
     REQUIRE(victim >= 0);
     core::validate_program(prog);  // still structurally valid: only the data check can see it
     const std::string want = "executor: op " + prog.op_label(victim) + " (" + prog.op_id(victim) + ") " + c.message;

@@ -120,6 +120,15 @@ options: {{prefetch: false}}
             check(f"compare {x['plan_kind']} feasible field", "feasible" in x, x)
             if x.get("feasible"):
                 check(f"compare {x['plan_kind']} time", x["iteration_time_s"] > 0, x)
+                # Harmony recomputes by design; each baseline is searched under both activation policies
+                if x["plan_kind"].startswith("harmony"):
+                    check(f"compare {x['plan_kind']} checkpoint", x.get("activation_policy") == "checkpoint", x)
+                else:
+                    pol = x.get("policy_best_time_s", {})
+                    check(f"compare {x['plan_kind']} both policies", sorted(pol) == ["checkpoint", "keep"], x)
+                    times = {k: v for k, v in pol.items() if v is not None}
+                    check(f"compare {x['plan_kind']} winner", bool(times) and
+                          x.get("activation_policy") == min(times, key=times.get), x)
             else:
                 check(f"compare {x['plan_kind']} reason", bool(x.get("reason")), x)
     # a GPU too small for anything: every kind says why

@@ -19,6 +19,7 @@
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
 #include "core/search/baseline_search.hpp"
+#include "sim/compare.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/simulator.hpp"
 
@@ -651,4 +652,150 @@ TEST_CASE("run_baseline_search ranks deterministically for any thread count") {
     }
     CHECK(core::run_baseline_search(plans, evaluate, 2, 1).ranked.size() == 1);
   }
+}
+
+// ---- activation policies (docs/baselines.md "Activation policies") ----
+
+// Sum of the reference durations of the compute ops (FWD, REC, BWD) of a program, in seconds.
+double compute_s(const core::Program& p, const core::Model& model) {
+  sim::ReferenceCostModel cost(model, core::MachineSpec{});
+  const auto d = cost.durations(p);
+  double s = 0;
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const OpKind k = p.ops[i].kind;
+    if (k == OpKind::FWD || k == OpKind::REC || k == OpKind::BWD) s += core::ps_to_seconds(d[i]);
+  }
+  return s;
+}
+
+core::TimePs makespan(const sim::Timeline& t) { return *std::max_element(t.end_ps.begin(), t.end_ps.end()); }
+
+core::BaselinePlan with_policy(core::BaselinePlan p, core::ActivationPolicy a) {
+  p.activation_policy = a;
+  return p;
+}
+
+// Synthetic model at u = 2: peak_bwd(l) = 2 W + B + 6 X_l + 1024, so the saved activations are
+// 6 X_l + 1024 - X_l (input) - X_{l+1} (dY) - X_l (dX, l > 0):
+//   l = 0: 5 * 200 + 1024 - 2000 = 24; l = 1: 4 * 2000 + 1024 - 4000 = 5024;
+//   l = 2: 4 * 4000 + 1024 - 6000 = 11024; l = 3 (criterion, no dY): 4 * 6000 + 1024 = 25024.
+constexpr Bytes kSaved2[] = {24, 5024, 11024, 25024};
+
+TEST_CASE("saved activation bytes are the backward peak less the layer's own tensors (hand derivation)") {
+  for (int l = 0; l < kR; ++l) {
+    CAPTURE(l);
+    CHECK(core::saved_activation_bytes(synthetic(), 2, l) == kSaved2[l]);
+  }
+  CHECK(core::saved_activation_bytes(synthetic(), 4, 0) == 0);  // 5 * 400 + 1024 < 4000: clamped at zero
+}
+
+TEST_CASE("the default activation policy is checkpoint, and the names round-trip") {
+  CHECK(core::BaselinePlan{}.activation_policy == core::ActivationPolicy::Checkpoint);
+  for (const std::string& name : core::activation_policy_names()) {
+    const auto p = core::parse_activation_policy(name);
+    REQUIRE(p);
+    CHECK(core::activation_policy_name(*p) == name);
+  }
+  CHECK_FALSE(core::parse_activation_policy("recompute"));
+}
+
+// Per microbatch and layer, checkpoint costs fwd (FWD) + fwd (REC) + bwd - fwd (BWD) = fwd + bwd, keep
+// fwd + bwd - fwd = bwd. Synthetic: fwd = 0.001 (l+1) u, bwd = 0.003 (l+1) u, sum over l of (l+1) = 10, so
+// per GPU (m = D/(N u) microbatches; pp-swap: the stages split the layers) checkpoint = 0.04 u m s, keep 0.03 u m s.
+TEST_CASE("checkpoint recomputes every layer (REC), keep does not: compute time by hand") {
+  const int D = 8;
+  const int u = 2;
+  for (PlanKind kind : core::baseline_kinds()) {
+    for (int N : {1, 2}) {
+      CAPTURE(core::plan_kind_name(kind));
+      CAPTURE(N);
+      const auto base = make_plan(kind, N, D, u, SwapChoice::Auto, SwapChoice::Auto);
+      const auto ck = core::lower_baseline(with_policy(base, core::ActivationPolicy::Checkpoint), synthetic());
+      const auto kp = core::lower_baseline(with_policy(base, core::ActivationPolicy::Keep), synthetic());
+      CHECK(count(ck, OpKind::REC) == count(ck, OpKind::BWD));
+      CHECK(count(kp, OpKind::REC) == 0);
+      CHECK(count(kp, OpKind::BWD) == count(ck, OpKind::BWD));
+      const int m = kind == PlanKind::PpSwap ? D / u : D / N / u;
+      const int replicas = kind == PlanKind::PpSwap ? 1 : N;  // pp-swap: each layer on one stage
+      CHECK(compute_s(ck, synthetic()) == doctest::Approx(replicas * 0.04 * u * m).epsilon(1e-9));
+      CHECK(compute_s(kp, synthetic()) == doctest::Approx(replicas * 0.03 * u * m).epsilon(1e-9));
+      check_ledger(ck);
+      check_ledger(kp);
+      // the same plan, everything else equal: recomputing takes longer
+      CHECK(makespan(run(ck, synthetic())) > makespan(run(kp, synthetic())));
+    }
+  }
+}
+
+// dp-swap, N = 1, D = 4, u = 2 (m = 2), nothing swapped: checkpoint holds each layer's input only; keep also
+// holds every layer's saved activations from its forward to its backward, so the decision's estimate grows
+// by sum_l kSaved2 and the simulated ledger peaks higher. With the stash swapped, keep's saved activations
+// of layers 0..R-2 travel with it (the criterion's backward follows its forward): sX grows by
+// m (kSaved2[0] + kSaved2[1] + kSaved2[2]) each way.
+TEST_CASE("keep holds or swaps the saved activations: memory and swap bytes by hand") {
+  const auto& model = synthetic();
+  const int u = 2;
+  const Bytes m = 2;
+  const auto kept = make_plan(PlanKind::DpSwap, 1, 4, u, SwapChoice::Keep, SwapChoice::Keep);
+  const auto dk = core::decide_swaps(with_policy(kept, core::ActivationPolicy::Keep), model).front();
+  const auto dc = core::decide_swaps(with_policy(kept, core::ActivationPolicy::Checkpoint), model).front();
+  CHECK(dk.estimate_bytes - dc.estimate_bytes == kSaved2[0] + kSaved2[1] + kSaved2[2] + kSaved2[3]);
+  {
+    const auto pk = core::lower_baseline(with_policy(kept, core::ActivationPolicy::Keep), model);
+    const auto pc = core::lower_baseline(with_policy(kept, core::ActivationPolicy::Checkpoint), model);
+    CHECK(ledger_peak(pk, run(pk, model), 0) > ledger_peak(pc, run(pc, model), 0));
+    CHECK(moved(pk, OpKind::sX, Stream::SwapOut) == 0);
+  }
+  const auto swapped = make_plan(PlanKind::DpSwap, 1, 4, u, SwapChoice::Keep, SwapChoice::Swap);
+  const auto pk = core::lower_baseline(with_policy(swapped, core::ActivationPolicy::Keep), model);
+  const auto pc = core::lower_baseline(with_policy(swapped, core::ActivationPolicy::Checkpoint), model);
+  const Bytes stash = m * (X(u, 1) + X(u, 2));
+  const Bytes saved = m * (kSaved2[0] + kSaved2[1] + kSaved2[2]);
+  CHECK(moved(pc, OpKind::sX, Stream::SwapOut) == stash);
+  CHECK(moved(pk, OpKind::sX, Stream::SwapOut) == stash + saved);
+  CHECK(moved(pk, OpKind::sX, Stream::SwapIn) == stash + saved);
+  check_ledger(pk);
+  // l2l (its stash lives on the host): every layer's saved activations go out and back, the criterion's too
+  const auto l2l = make_plan(PlanKind::L2L, 1, 4, u, SwapChoice::Auto, SwapChoice::Keep);
+  const auto lk = core::lower_baseline(with_policy(l2l, core::ActivationPolicy::Keep), model);
+  const auto lc = core::lower_baseline(with_policy(l2l, core::ActivationPolicy::Checkpoint), model);
+  const Bytes all_saved = m * (kSaved2[0] + kSaved2[1] + kSaved2[2] + kSaved2[3]);
+  CHECK(moved(lk, OpKind::sX, Stream::SwapOut) - moved(lc, OpKind::sX, Stream::SwapOut) == all_saved);
+  CHECK(moved(lk, OpKind::sX, Stream::SwapIn) - moved(lc, OpKind::sX, Stream::SwapIn) == all_saved);
+  check_ledger(lk);
+  run(lk, model);
+}
+
+TEST_CASE("compare searches both activation policies for every baseline and reports the winner (bert_large)") {
+  const auto& model = bert_large();
+  core::MachineSpec machine;
+  core::SearchSpec search;
+  search.u_bwd = {4, 8};
+  for (PlanKind kind : core::baseline_kinds()) {
+    CAPTURE(core::plan_kind_name(kind));
+    const auto kr = sim::best_plan_of_kind(kind, model, machine, 2, 32, "reference", search, {});
+    REQUIRE(kr.feasible);
+    REQUIRE(kr.baseline);
+    // both policies' plans were candidates
+    core::BaselineSearchOptions one;
+    one.ubatch_sizes = search.u_bwd;
+    const auto capacity = static_cast<Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
+    auto both = one;
+    both.activation_policies = {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep};
+    CHECK(kr.candidates == core::enumerate_baseline_plans(kind, model, 2, 32, capacity, both).size());
+    CHECK(kr.candidates > core::enumerate_baseline_plans(kind, model, 2, 32, capacity, one).size());
+    REQUIRE(kr.policy_best_time_s.size() == 2);
+    const double ck = kr.policy_best_time_s.at("checkpoint");
+    const double kp = kr.policy_best_time_s.at("keep");
+    // the winner is the faster policy, and the report says which
+    const std::string winner = kp < ck ? "keep" : "checkpoint";
+    CHECK(kr.best.activation_policy == winner);
+    CHECK(core::activation_policy_name(kr.baseline->activation_policy) == winner);
+    CHECK(kr.best.iteration_time_s == std::min(ck, kp));
+  }
+  // Harmony recomputes by design and says so
+  const auto pp = sim::best_plan_of_kind(PlanKind::HarmonyPP, model, machine, 2, 32, "reference", search, {});
+  REQUIRE(pp.feasible);
+  CHECK(pp.best.activation_policy == "checkpoint");
+  CHECK(pp.policy_best_time_s.empty());
 }

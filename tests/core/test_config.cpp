@@ -794,3 +794,25 @@ TEST_CASE("RunConfig::inputs lists every file the config was built from, then it
       source_path("inline.yaml"));
   CHECK(t.inputs == std::vector<std::string>{t.model.profile_path});
 }
+
+TEST_CASE("harmony-run plan.activations: a baseline's activation policy, located errors") {
+  const std::string dp =
+      "model:\n"
+      "  gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 2, n_head: 4, n_embd: 64}\n"
+      "  seq_len: 32\n"
+      "plan: {mode: dp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, activations: ";
+  CHECK(load_train_config_text(dp + "keep}\ntrain: {steps: 5}\n", "run.yaml").baseline_activations ==
+        ActivationPolicy::Keep);
+  const TrainConfig c = load_train_config_text(dp + "checkpoint}\ntrain: {steps: 5}\n", "run.yaml");
+  CHECK(c.baseline_activations == ActivationPolicy::Checkpoint);
+  CHECK(c.baseline_kind == "dp-swap");
+  // the default is checkpoint
+  CHECK(load_train_config_text(kTrain, "run.yaml").baseline_activations == ActivationPolicy::Checkpoint);
+  const ConfigError bad = train_error(dp + "kep}\ntrain: {steps: 5}\n");
+  CHECK(contains(bad.what(), "unknown plan.activations 'kep'"));
+  CHECK(contains(bad.what(), "did you mean 'keep'"));
+  check_at(bad, "run.yaml", 4, 79);  // at the value
+  // Harmony recomputes by design: the key is refused on a Harmony mode
+  const ConfigError harmony = train_error(kTrain, {"plan.activations=keep"});
+  CHECK(contains(harmony.what(), "applies to baseline kinds"));
+}

@@ -282,10 +282,12 @@ TEST_CASE("copy engines are FIFO per direction") {
   CHECK(t.end_ps == one.timeline.end_ps);
 }
 
-TEST_CASE("CPU updates share the cores, at most one core each") {
-  // Four updates (one per GPU process), each 2 layers x 0.25 s = 0.5 core-seconds, all ready at t = 0.
-  // 2 cores: each gets 2/4 = 0.5 core and ends at 0.5 / 0.5 = 1 s. 8 cores: each is capped at one core
-  // and ends at 0.5 s. A second update in the same process waits for the first (stream FIFO).
+TEST_CASE("CPU updates share the whole machine: cpu_adam is every core's rate (processor sharing)") {
+  // Four updates (one per GPU process), each 2 layers x 0.25 s = 0.5 s of the whole machine (C cores: 0.5 C
+  // core-seconds), all ready at t = 0. They share the C cores: C/4 each, ending at 0.5 C / (C/4) = 2 s for
+  // any C (the old model capped each at one core and let 8 cores run all four at once in 0.5 s: four
+  // machines' worth). A second update in the same process waits for the first (stream FIFO), then runs
+  // alone on every core: 0.5 s, 2 s to 2.5 s.
   Builder b(4);
   std::vector<int> ups;
   for (int g = 0; g < 4; ++g) {
@@ -295,22 +297,27 @@ TEST_CASE("CPU updates share the cores, at most one core each") {
   const int later = b.add(0, Stream::Cpu, OpKind::Update);
   b.p.ops[z(later)].layers = {0, 1};
   auto m = one_switch(4, 1e9, 1e9);
-  m.topology.cpu_cores = 2;
-  const auto r = sim::run_native(b.p, tiny_model(), m, quiet());
-  for (int u : ups) CHECK(r.timeline.end_ps[z(u)] == 1000 * kMs);
-  // `later` runs alone from 1 s: one core, 0.5 s
-  CHECK(r.timeline.begin_ps[z(later)] == 1000 * kMs);
-  CHECK(r.timeline.end_ps[z(later)] == 1500 * kMs);
-  m.topology.cpu_cores = 8;
-  const auto r8 = sim::run_native(b.p, tiny_model(), m, quiet());
-  for (int u : ups) CHECK(r8.timeline.end_ps[z(u)] == 500 * kMs);
-  // three updates on two cores: 2/3 core each, 0.5 / (2/3) = 0.75 s (within a picosecond of rounding)
+  for (int cores : {2, 8}) {
+    CAPTURE(cores);
+    m.topology.cpu_cores = cores;
+    const auto r = sim::run_native(b.p, tiny_model(), m, quiet());
+    for (int u : ups) CHECK(r.timeline.end_ps[z(u)] == 2000 * kMs);
+    CHECK(r.timeline.begin_ps[z(later)] == 2000 * kMs);
+    CHECK(r.timeline.end_ps[z(later)] == 2500 * kMs);
+  }
+  // three updates: 1/3 of the machine each, 0.5 / (1/3) = 1.5 s (within a picosecond of rounding)
   Builder c(3);
   for (int g = 0; g < 3; ++g) c.add(g, Stream::Cpu, OpKind::Update);
   for (auto& op : c.p.ops) op.layers = {0, 1};
   m.topology.cpu_cores = 2;
   const auto r3 = sim::run_native(c.p, tiny_model(), m, quiet());
-  for (std::size_t i = 0; i < 3; ++i) CHECK(std::llabs(r3.timeline.end_ps[i] - 750 * kMs) <= 1);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(std::llabs(r3.timeline.end_ps[i] - 1500 * kMs) <= 1);
+  // one update alone takes its time on any number of cores
+  Builder one(1);
+  one.add(0, Stream::Cpu, OpKind::Update);
+  one.p.ops[0].layers = {0, 1};
+  m.topology.cpu_cores = 36;
+  CHECK(sim::run_native(one.p, tiny_model(), m, quiet()).timeline.end_ps[0] == 500 * kMs);
 }
 
 TEST_CASE("compute and DEL durations: the profile, and the free time") {

@@ -19,6 +19,26 @@ void require_baseline(PlanKind k, const char* what) {
                     "built by compose_task_graph + lower_harmony and searched by enumerate_candidates"));
 }
 
+const char* activation_policy_name(ActivationPolicy p) { return p == ActivationPolicy::Keep ? "keep" : "checkpoint"; }
+
+const std::vector<std::string>& activation_policy_names() {
+  static const std::vector<std::string> names = {"checkpoint", "keep"};
+  return names;
+}
+
+std::optional<ActivationPolicy> parse_activation_policy(const std::string& name) {
+  if (name == "checkpoint") return ActivationPolicy::Checkpoint;
+  if (name == "keep") return ActivationPolicy::Keep;
+  return std::nullopt;
+}
+
+Bytes saved_activation_bytes(const Model& model, int u, int l) {
+  const Bytes w = model.weight_bytes(l, l);
+  const Bytes x = model.input_bytes(u, l);
+  const Bytes own = w + model.buffer_bytes(l, l) + w + x + model.input_bytes(u, l + 1) + (l != 0 ? x : 0);
+  return std::max<Bytes>(0, model.peak_bytes(Phase::Bwd, u, l) - own);
+}
+
 // ---- validation and swap decisions ----
 
 namespace {
@@ -29,47 +49,59 @@ int microbatches(const BaselinePlan& p) {
 }
 
 struct SpanMemory {
-  Bytes resident = 0;  // sum of W+B and of W (gradient accumulators)
-  Bytes streamed = 0;  // two layers' W+B and gradients in flight
-  Bytes stash = 0;     // inputs of every layer of the span for the microbatches alive at once
-  Bytes window = 0;    // four largest activations (stash out/in, boundary in/out) in flight
-  Bytes boundary = 0;  // l2l: all microbatches' activations at the current layer's two boundaries
-  Bytes peak = 0;      // the largest per-layer profiled peak (forward or backward)
+  Bytes resident = 0;      // sum of W+B and of W (gradient accumulators)
+  Bytes streamed = 0;      // two layers' W+B and gradients in flight
+  Bytes stash = 0;         // what every layer of the span keeps for its backward (its input; under keep also its
+                           // saved activations) for the microbatches alive at once
+  Bytes window = 0;        // four largest stashes (stash out/in, boundary in/out) in flight
+  Bytes x_window = 0;      // four largest layer inputs in flight (l2l's boundaries through the host)
+  Bytes boundary = 0;      // l2l: all microbatches' activations at the current layer's two boundaries
+  Bytes saved_window = 0;  // l2l under keep: four layers' saved activations in flight to and from the host
+  Bytes peak = 0;          // the largest per-layer profiled peak (forward or backward)
 };
 
-SpanMemory span_memory(const Model& m, LayerRange span, int u, int alive) {
+SpanMemory span_memory(const Model& m, LayerRange span, int u, int alive, bool keep) {
   SpanMemory s;
   Bytes gw_max = 0;
   Bytes w_max = 0;
   Bytes x_max = m.input_bytes(u, span.last + 1);
+  Bytes kept_max = 0;
+  Bytes saved_max = 0;
   for (int l = span.first; l <= span.last; ++l) {
     const Bytes w = m.weight_bytes(l, l);
     const Bytes gw = w + m.buffer_bytes(l, l);
+    const Bytes saved = keep ? saved_activation_bytes(m, u, l) : 0;
     s.resident += gw + w;
     gw_max = std::max(gw_max, gw);
     w_max = std::max(w_max, w);
     x_max = std::max(x_max, m.input_bytes(u, l));
-    s.stash += static_cast<Bytes>(alive) * m.input_bytes(u, l);
+    kept_max = std::max(kept_max, m.input_bytes(u, l) + saved);
+    saved_max = std::max(saved_max, saved);
+    s.stash += static_cast<Bytes>(alive) * (m.input_bytes(u, l) + saved);
     s.peak = std::max({s.peak, m.peak_bytes(Phase::Fwd, u, l), m.peak_bytes(Phase::Bwd, u, l)});
   }
   s.streamed = 2 * gw_max + 2 * w_max;
-  s.window = 4 * x_max;
+  s.window = 4 * std::max(x_max, kept_max);
+  s.x_window = 4 * x_max;
   s.boundary = 2 * static_cast<Bytes>(alive) * x_max + 2 * x_max;
+  s.saved_window = 4 * saved_max;
   return s;
 }
 
 SwapDecision decide(const BaselinePlan& p, const Model& m, LayerRange span) {
   const int mb = microbatches(p);
   const Bytes cap = p.gpu_capacity_bytes;
+  const bool keep = p.activation_policy == ActivationPolicy::Keep;
   SwapDecision d;
   if (p.kind == PlanKind::L2L) {
-    const SpanMemory s = span_memory(m, span, p.ubatch, mb);
+    // the stash (inputs and, under keep, saved activations) always lives on the host
+    const SpanMemory s = span_memory(m, span, p.ubatch, mb, keep);
     d.weights = true;
     d.activations = p.activations == SwapChoice::Swap ||
-                    (p.activations == SwapChoice::Auto && s.streamed + s.boundary + s.peak > cap);
-    d.estimate_bytes = s.streamed + (d.activations ? s.window : s.boundary) + s.peak;
+                    (p.activations == SwapChoice::Auto && s.streamed + s.boundary + s.saved_window + s.peak > cap);
+    d.estimate_bytes = s.streamed + (d.activations ? s.x_window : s.boundary) + s.saved_window + s.peak;
   } else {
-    const SpanMemory s = span_memory(m, span, p.ubatch, p.kind == PlanKind::PpSwap ? mb : 1);
+    const SpanMemory s = span_memory(m, span, p.ubatch, p.kind == PlanKind::PpSwap ? mb : 1, keep);
     const Bytes window = std::min(s.window, s.stash);  // swapping never holds more than keeping
     if (p.kind == PlanKind::ZeroInfinity) {
       d.weights = true;
@@ -211,7 +243,8 @@ std::vector<LayerRange> balanced_stages(const Model& model, int u, int stages) {
 
 namespace detail {
 
-ProgramBuilder::ProgramBuilder(const Model& model, const BaselinePlan& plan) : model_(model) {
+ProgramBuilder::ProgramBuilder(const Model& model, const BaselinePlan& plan)
+    : model_(model), policy_(plan.activation_policy) {
   const int R = model.num_layers();
   const int N = plan.gpus;
   Plan& gp = prog_.graph.plan;
@@ -262,9 +295,12 @@ int ProgramBuilder::weight_op(int device, Stream stream, OpKind kind, int task, 
   return id;
 }
 
+// FWD: the profiled forward peak less the layer's weights, input and output (under keep also less the saved
+// activations the FWD allocates: its temporaries are what it saves). BWD: the backward peak less the weights,
+// gradient, input, dY and dX is exactly the saved activations (REC or FWD allocates them), so nothing is left.
 Bytes ProgramBuilder::workspace(Phase ph, int u, int l) const {
-  Bytes own = wbytes(l) + bbytes(l) + xbytes(u, l) + xbytes(u, l + 1);
-  if (ph == Phase::Bwd) own += wbytes(l) + (l != 0 ? xbytes(u, l) : 0);
+  if (ph == Phase::Bwd) return 0;
+  const Bytes own = wbytes(l) + bbytes(l) + xbytes(u, l) + xbytes(u, l + 1) + (keep() ? sbytes(u, l) : 0);
   return std::max<Bytes>(0, model_.peak_bytes(ph, u, l) - own);
 }
 
@@ -294,8 +330,49 @@ void ProgramBuilder::dep(int op, int on) {
   if (on != op && std::find(deps.begin(), deps.end(), on) == deps.end()) deps.push_back(on);
 }
 
+void ProgramBuilder::alloc_saved(int op, int l, int mb, int u) {
+  prog_.ops[static_cast<std::size_t>(op)].allocs.push_back(
+      TensorRef{TensorKind::Saved, LayerRange{l, l}, mb, sbytes(u, l)});
+}
+
+void ProgramBuilder::free_saved(int op, int l, int mb, int u) {
+  prog_.ops[static_cast<std::size_t>(op)].frees.push_back(
+      TensorRef{TensorKind::Saved, LayerRange{l, l}, mb, sbytes(u, l)});
+}
+
+int ProgramBuilder::swap_out_saved(int device, int l, int i, int u, int fwd, int k_fwd) {
+  const int O = op(device, Stream::SwapOut, OpKind::sX, fwd_task(device, l), i, LayerRange{l, l}, u, sbytes(u, l));
+  dep(O, fwd);
+  free_saved(O, l, i, u);
+  output_of(O, device, k_fwd);
+  return O;
+}
+
+int ProgramBuilder::swap_in_saved(int device, int l, int i, int u, int out, int k_bwd) {
+  const int S = op(device, Stream::SwapIn, OpKind::sX, bwd_task(device, l), i, LayerRange{l, l}, u, sbytes(u, l));
+  alloc_saved(S, l, i, u);
+  dep(S, out);
+  window(S, device, k_bwd);
+  return S;
+}
+
+int ProgramBuilder::recompute(int device, int l, int i, int u, const std::vector<int>& ins) {
+  if (keep()) return -1;
+  // Not a step of its own: REC and BWD of a layer share the step's inputs and outputs.
+  const int Rc = op(device, Stream::Compute, OpKind::REC, bwd_task(device, l), i, LayerRange{l, l}, u, 0);
+  for (int in : ins) {
+    if (at(in).kind != OpKind::dY) dep(Rc, in);  // what it reads: weights, input, not the output gradient
+  }
+  const auto& outs = outputs_[static_cast<std::size_t>(device)];
+  if (auto it = outs.find(next_step(device) - 2); it != outs.end()) {
+    for (int o : it->second) dep(Rc, o);
+  }
+  alloc_saved(Rc, l, i, u);
+  return Rc;
+}
+
 int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
-                                   std::vector<int> ins) {
+                                   std::vector<int> ins, int saved_out) {
   const int R = num_layers();
   const LayerRange L{l, l};
   bool stashed = false;
@@ -313,21 +390,26 @@ int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool 
     ins.push_back(S);
     stashed = true;
   }
+  if (keep() && saved_out >= 0) ins.push_back(swap_in_saved(device, l, i, u, saved_out, k));
+  const int Rc = recompute(device, l, i, u, ins);
+  if (Rc >= 0) ins.push_back(Rc);
   const int Bw = compute(device, OpKind::BWD, bwd_task(device, l), i, L, u);
   for (int in : ins) dep(Bw, in);
   if (l > 0) alloc(Bw, TensorKind::ActGrad, L, i, xbytes(u, l));
   if (l < R - 1) free(Bw, TensorKind::ActGrad, LayerRange{l + 1, l + 1}, i, xbytes(u, l + 1));
   free(Bw, stashed ? TensorKind::Stash : TensorKind::Activation, L, i, xbytes(u, l));
+  free_saved(Bw, l, i, u);
   return Bw;
 }
 
 int ProgramBuilder::forward_layer(int device, int l, int i, int u, int k, bool stash_activations,
-                                  const std::vector<int>& ins, bool free_weights, int& stash_out) {
+                                  const std::vector<int>& ins, bool free_weights, int& stash_out, int& saved_out) {
   const int R = num_layers();
   const LayerRange L{l, l};
   const int F = compute(device, OpKind::FWD, fwd_task(device, l), i, L, u);
   for (int in : ins) dep(F, in);
   alloc(F, TensorKind::Activation, LayerRange{l + 1, l + 1}, i, xbytes(u, l + 1));
+  if (keep()) alloc_saved(F, l, i, u);
   if (free_weights) free(F, TensorKind::Weights, L, -1, wbytes(l) + bbytes(l));
   if (stash_activations && l == 0) {
     free(F, TensorKind::Activation, L, i, xbytes(u, 0));  // the data stays on the host
@@ -338,6 +420,7 @@ int ProgramBuilder::forward_layer(int device, int l, int i, int u, int k, bool s
     output_of(O, device, k);
     stash_out = O;
   }
+  saved_out = keep() && stash_activations && l < R - 1 ? swap_out_saved(device, l, i, u, F, k) : -1;
   return F;
 }
 

@@ -24,6 +24,22 @@ void require_baseline(PlanKind k, const char* what);
 // A forced or automatic swap decision. Auto decides from the profile and gpu_capacity_bytes.
 enum class SwapChoice { Auto, Keep, Swap };
 
+// What a baseline does with the tensors its backward needs (docs/baselines.md "Activation policies").
+// Checkpoint: only each layer's input is kept (or swapped); the backward recomputes the layer's forward
+// (a REC op, priced at the fwd time like Harmony's) before the BWD. Keep: the forward also keeps the
+// layer's saved activations (saved_activation_bytes) on the GPU, or swaps them out and in with the
+// stash, and the backward does not recompute. Harmony's plans always recompute (checkpoint).
+enum class ActivationPolicy { Checkpoint, Keep };
+const char* activation_policy_name(ActivationPolicy p);  // "checkpoint", "keep"
+std::optional<ActivationPolicy> parse_activation_policy(const std::string& name);
+const std::vector<std::string>& activation_policy_names();  // {"checkpoint", "keep"}
+
+// The bytes a keep-policy forward holds for layer l's backward at microbatch u: the layer's profiled
+// backward peak less its weights, weight gradient, input, output (= dY) and input gradient — the part
+// of the backward's memory the ledger otherwise charges as the BWD's transient workspace. The profile
+// does not separate the saved tensors from the backward's own temporaries, so this is an upper bound.
+Bytes saved_activation_bytes(const Model& model, int u, int layer);
+
 struct BaselinePlan {
   PlanKind kind = PlanKind::DpSwap;
   int gpus = 1;       // N
@@ -40,6 +56,8 @@ struct BaselinePlan {
   // l2l (its stash always lives on the host): send the activations and gradients at the current
   // layer's boundary through the host instead of keeping all microbatches' on the GPU.
   SwapChoice activations = SwapChoice::Auto;
+  // Recompute in the backward (the default, as DeepSpeed, GPipe and L2L run) or keep every saved activation.
+  ActivationPolicy activation_policy = ActivationPolicy::Checkpoint;
 };
 
 // What one GPU (pp-swap: one stage) swaps, and the memory estimate the decision was made with.
@@ -108,15 +126,33 @@ class ProgramBuilder {
   void dep(int op, int on);
   void window(int op, int device, int consumer_step);  // `op` waits for step consumer_step - 2
   // Backward of layer l for microbatch i at step k on `device`: brings the stashed input back from the
-  // host when `stash_activations` (the data X for layer 0, else the sX swapped out at `stash_out`), then
-  // the BWD op depending on `ins` and the stash, with its activation-gradient and stash allocs/frees.
+  // host when `stash_activations` (the data X for layer 0, else the sX swapped out at `stash_out`), and
+  // under keep the saved activations (the sX swapped out at `saved_out`, when not -1); then, under
+  // checkpoint, the REC op; then the BWD op depending on `ins` and the stash, with its
+  // activation-gradient, stash and saved allocs/frees.
   int backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
-                     std::vector<int> ins);
+                     std::vector<int> ins, int saved_out = -1);
   // Forward of layer l for microbatch i at step k: the FWD op after `ins`, its output, the weights freed
   // when `free_weights`, and with `stash_activations` the layer's input swapped out (its op id written
-  // to `stash_out`; the data of layer 0 stays on the host). Returns the FWD op.
+  // to `stash_out`; the data of layer 0 stays on the host). Under keep the FWD also allocates the
+  // layer's saved activations, swapped out by their own sX (id to `saved_out`) when `stash_activations`
+  // and l < R-1 (the criterion's backward follows its forward at once). Returns the FWD op.
   int forward_layer(int device, int l, int i, int u, int k, bool stash_activations, const std::vector<int>& ins,
-                    bool free_weights, int& stash_out);
+                    bool free_weights, int& stash_out, int& saved_out);
+  // keep: the sX pair of layer l's saved activations for microbatch i, out after `fwd` (registered as an
+  // output of step k_fwd) and, by swap_in_saved, in before the backward at step k_bwd (the in op waits
+  // for the out op). swap_out_saved returns the out op; swap_in_saved the in op.
+  int swap_out_saved(int device, int l, int i, int u, int fwd, int k_fwd);
+  int swap_in_saved(int device, int l, int i, int u, int out, int k_bwd);
+  // The REC (checkpoint) or nothing (keep) before the BWD of layer l, microbatch i: REC depends on `ins`
+  // but an output gradient (dY: only the BWD reads it) and on the outputs of step next_step - 2, allocates the saved
+  // activations the BWD frees. Returns the REC op, or -1.
+  int recompute(int device, int l, int i, int u, const std::vector<int>& ins);
+  bool keep() const { return policy_ == ActivationPolicy::Keep; }
+  Bytes sbytes(int u, int layer) const { return saved_activation_bytes(model_, u, layer); }
+  // Saved-activation refs are recorded even at 0 bytes: they name the tensor the executor moves.
+  void alloc_saved(int op, int l, int mb, int u);
+  void free_saved(int op, int l, int mb, int u);
   void output_of(int op, int device, int producer_step);
   void peer(int a, int b);  // P2P rendezvous pair (resolved at finish)
   // Collective `key`: every member waits for every other member's `ready` op (resolved at finish).
@@ -138,6 +174,7 @@ class ProgramBuilder {
   Bytes workspace(Phase ph, int u, int layer) const;
 
   const Model& model_;
+  ActivationPolicy policy_;
   Program prog_;
   std::vector<std::vector<int>> steps_;                   // per device: compute ops in order
   std::vector<std::map<int, std::vector<int>>> outputs_;  // per device: step -> output transfers

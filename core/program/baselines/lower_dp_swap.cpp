@@ -21,8 +21,10 @@ namespace harmony::core {
 //       sw off, last microbatch: [ARD(l) if N > 1] dWB(l) out once (accumulated on the GPU).
 //   Update(l) on every GPU's CPU after its last dWB(l) (each replica's process updates its own copy,
 //   as Harmony-DP does), and, sw off, one DEL freeing the resident weights.
-// FWD is priced at the profile's fwd time and BWD at bwd - fwd: the profile's bwd time includes a
-// forward, and dp-swap does not recompute, so a layer's compute per microbatch is the profile's bwd.
+// Activations follow plan.activation_policy (docs/baselines.md): FWD is priced at the profile's fwd time and
+// BWD at bwd - fwd; checkpoint adds a REC (fwd time) before each BWD, so a layer costs fwd + bwd per
+// microbatch like Harmony's; keep holds the saved activations from FWD to BWD instead (swapped out and in
+// beside the stash with sa, except the criterion's), a layer then costing the profile's bwd.
 // Swap volume per iteration (all GPUs, GW = W + B summed over layers, X_l = input bytes at u):
 //   WB = N m 2 GW (sw) or N GW; dWB = N m GW (sw) or N GW; ARD = the same as dWB when N > 1;
 //   sX out = sX in = N m sum_{l=1}^{R-2} X_l (sa); X in = N m X_0 (2 N m X_0 with sa).
@@ -44,6 +46,7 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
   for (int g = 0; g < N; ++g) {
     std::vector<int> last_dwb(static_cast<std::size_t>(R), -1);
     std::vector<int> sx_out(static_cast<std::size_t>(R), -1);
+    std::vector<int> saved_out(static_cast<std::size_t>(R), -1);
     bool resident = false;
     for (int i = 0; i < m; ++i) {
       // ---- forward ----
@@ -64,7 +67,8 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
           resident = resident || !sw;
           ins.push_back(W);
         }
-        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/sw, sx_out[static_cast<std::size_t>(l)]);
+        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/sw, sx_out[static_cast<std::size_t>(l)],
+                        saved_out[static_cast<std::size_t>(l)]);
       }
       // ---- backward ----
       for (int l = R - 1; l >= 0; --l) {
@@ -77,7 +81,8 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
           b.window(W, g, k);
           ins.push_back(W);
         }
-        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins);
+        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins,
+                                        saved_out[static_cast<std::size_t>(l)]);
         if (!b.has_params(l)) continue;
         if (sw) {
           b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));

@@ -21,7 +21,9 @@ namespace harmony::core {
 //     gradients (no GPU all-reduce) and updates layer l while the GPUs run layer l-1.
 // The weights of the current and the next layer are resident (prefetch); no DEL is needed (the last
 // compute of a layer frees it). sa = decide_swaps' activations: all microbatches' activations at the
-// current layer's boundaries do not fit beside the layer. FWD at fwd time, BWD at bwd - fwd.
+// current layer's boundaries do not fit beside the layer. Activations follow plan.activation_policy:
+// checkpoint adds a REC (fwd time) before each BWD (bwd - fwd); keep swaps every layer's saved activations
+// out after its FWD and in before its BWD (sX of saved_activation_bytes; the stash lives on the host).
 // Swap volume per iteration (all GPUs; S = sum_{l=1}^{R-1} X_l, GW = W + B summed over layers):
 //   WB = 2 N GW; dWB = N GW; X in = 2 N m X_0; sX out = N m S; sX in = N m S (2 N m S with sa);
 //   with sa also dX out = dY in = N m S.
@@ -42,6 +44,7 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
     // per microbatch: the stash sX out of X_l (index l), the last boundary transfer of the previous layer
     std::vector<std::vector<int>> stash_out(static_cast<std::size_t>(R) + 1, std::vector<int>(M, -1));
     std::vector<int> dx_out(M, -1);
+    std::vector<std::vector<int>> saved_out(static_cast<std::size_t>(R), std::vector<int>(M, -1));
     // ---- forward, layer by layer ----
     for (int l = 0; l < R; ++l) {
       const LayerRange L{l, l};
@@ -73,6 +76,10 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
         const int F = b.compute(g, OpKind::FWD, b.fwd_task(g, l), i, L, u);
         for (int in : ins) b.dep(F, in);
         b.free(F, TensorKind::Activation, L, i, b.xbytes(u, l));
+        if (b.keep()) {  // the saved activations go to the host with the stash
+          b.alloc_saved(F, l, i, u);
+          saved_out[static_cast<std::size_t>(l)][iu] = b.swap_out_saved(g, l, i, u, F, k);
+        }
         if (i == m - 1 && b.has_params(l)) b.free(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         const Bytes y = b.xbytes(u, l + 1);
         if (y > 0) {
@@ -120,8 +127,11 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
           b.window(G, g, k);
           ins.push_back(G);
         }
+        if (b.keep()) ins.push_back(b.swap_in_saved(g, l, i, u, saved_out[static_cast<std::size_t>(l)][iu], k));
+        if (const int Rc = b.recompute(g, l, i, u, ins); Rc >= 0) ins.push_back(Rc);
         const int Bw = b.compute(g, OpKind::BWD, b.bwd_task(g, l), i, L, u);
         for (int in : ins) b.dep(Bw, in);
+        b.free_saved(Bw, l, i, u);
         b.free(Bw, TensorKind::Stash, L, i, b.xbytes(u, l));
         if (l < R - 1) b.free(Bw, TensorKind::ActGrad, L1, i, dy);
         if (b.has_params(l)) {

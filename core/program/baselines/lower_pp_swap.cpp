@@ -20,7 +20,9 @@ namespace harmony::core {
 //     | WB(l) if sw | sa: sX in of X_l (X re-read for l = 0) | BWD(l) | sw: dWB(l) out per microbatch,
 //     summed on the host; sw off: dWB(l) out after the last microbatch | l = a, s > 0: dX on P2POut
 //   Update(l) on stage s's CPU after its last dWB(l). No all-reduce: every stage owns its layers.
-// No recompute (FWD at fwd time, BWD at bwd - fwd). Swap volume per iteration (GW_s = W + B of stage
+// Activations follow plan.activation_policy (docs/baselines.md): checkpoint adds a REC (at fwd time) before
+// every BWD (at bwd - fwd); keep allocates the saved activations in the FWD and, sa, swaps them out and in
+// beside the stash (sX of saved_activation_bytes). Swap volume per iteration (GW_s = W + B of stage
 // s, S_s = sum of X_l over its layers but layer 0):
 //   WB = sum_s (2 m GW_s if sw_s else GW_s); dWB = sum_s (m GW_s if sw_s else GW_s);
 //   sX out = sX in = m sum_{s: sa_s} S_s; X in = m X_0 (2 m X_0 if stage 0 swaps);
@@ -52,6 +54,7 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
     bool resident = false;
     std::vector<int> last_dwb(static_cast<std::size_t>(R), -1);
     std::vector<std::vector<int>> sx_out(static_cast<std::size_t>(R), std::vector<int>(M, -1));
+    std::vector<std::vector<int>> saved_out(static_cast<std::size_t>(R), std::vector<int>(M, -1));
     // ---- all forwards ----
     for (int i = 0; i < m; ++i) {
       const auto iu = static_cast<std::size_t>(i);
@@ -77,6 +80,7 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
         const int F = b.compute(s, OpKind::FWD, b.fwd_task(s, l), i, L, u);
         for (int in : ins) b.dep(F, in);
         b.alloc(F, TensorKind::Activation, LayerRange{l + 1, l + 1}, i, b.xbytes(u, l + 1));
+        if (b.keep()) b.alloc_saved(F, l, i, u);
         if (sw) b.free(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         if (sa && l == 0) {
           b.free(F, TensorKind::Activation, L, i, b.xbytes(u, 0));
@@ -87,6 +91,7 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
           b.output_of(O, s, k);
           sx_out[static_cast<std::size_t>(l)][iu] = O;
         }
+        if (b.keep() && sa) saved_out[static_cast<std::size_t>(l)][iu] = b.swap_out_saved(s, l, i, u, F, k);
         if (l == z && s < N - 1) {
           const LayerRange L1{z + 1, z + 1};
           const int Y = b.op(s, Stream::P2POut, OpKind::Y, b.fwd_task(s, z), i, L, u, b.xbytes(u, z + 1));
@@ -129,8 +134,11 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
           b.window(S, s, k);
           ins.push_back(S);
         }
+        if (b.keep() && sa) ins.push_back(b.swap_in_saved(s, l, i, u, saved_out[static_cast<std::size_t>(l)][iu], k));
+        if (const int Rc = b.recompute(s, l, i, u, ins); Rc >= 0) ins.push_back(Rc);
         const int Bw = b.compute(s, OpKind::BWD, b.bwd_task(s, l), i, L, u);
         for (int in : ins) b.dep(Bw, in);
+        b.free_saved(Bw, l, i, u);
         if (l > 0) b.alloc(Bw, TensorKind::ActGrad, L, i, b.xbytes(u, l));
         if (l < R - 1) b.free(Bw, TensorKind::ActGrad, LayerRange{l + 1, l + 1}, i, b.xbytes(u, l + 1));
         b.free(Bw, sa ? TensorKind::Stash : TensorKind::Activation, L, i, b.xbytes(u, l));

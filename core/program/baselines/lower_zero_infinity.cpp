@@ -27,7 +27,8 @@ Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // ZeRO pads pa
 //   by whole layers, so layer l's update runs on the CPU of rank l mod N: the N processes share the
 //   same total optimizer work ZeRO spreads over them by shards.
 // Parameters and gradients are always streamed (the defining trait); activations follow decide_swaps
-// (ZeRO-Infinity's activation offload), without recompute: FWD at fwd time, BWD at bwd - fwd.
+// (ZeRO-Infinity's activation offload); plan.activation_policy decides between recomputing each layer
+// (checkpoint: REC before BWD, as DeepSpeed's activation checkpointing) and keeping its saved activations.
 // Buffers (B) are partitioned with the weights. Swap volume per iteration (all GPUs, GW = W + B):
 //   WB = 2 N m sum_l shard(GW_l) (= 2 m GW when N divides every layer's W and B); AG = 2 N m GW;
 //   RS = N m GW; dWB = N m sum_l shard(GW_l); sX and X as in dp-swap.
@@ -70,6 +71,7 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
 
   for (int g = 0; g < N; ++g) {
     std::vector<int> sx_out(static_cast<std::size_t>(R), -1);
+    std::vector<int> saved_out(static_cast<std::size_t>(R), -1);
     for (int i = 0; i < m; ++i) {
       for (int l = 0; l < R; ++l) {
         const LayerRange L{l, l};
@@ -82,14 +84,16 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
           ins.push_back(X);
         }
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
-        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true, sx_out[static_cast<std::size_t>(l)]);
+        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true, sx_out[static_cast<std::size_t>(l)],
+                        saved_out[static_cast<std::size_t>(l)]);
       }
       for (int l = R - 1; l >= 0; --l) {
         const LayerRange L{l, l};
         const int k = b.next_step(g);
         std::vector<int> ins;
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
-        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins);
+        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins,
+                                        saved_out[static_cast<std::size_t>(l)]);
         if (!b.has_params(l)) continue;
         b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
