@@ -15,6 +15,7 @@ import tempfile
 RUN = sys.argv[1]
 ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
 FIXTURE = os.path.join(ROOT, "scripts/make-hub-fixture.py")
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 hub = __import__("make-hub-fixture")  # expected_value, param_shapes, CONFIG
 failures = []
