@@ -119,6 +119,10 @@ with tempfile.TemporaryDirectory() as tmp:
         s = json.loads(r.stdout)["summary"]
         check("training from a Hub folder: the loss falls", s["final_loss"] < s["first_loss"], s)
 
+    # --- the README's example config, pointed at the fixture folder
+    r = run("train", os.path.join(ROOT, "configs/run/hub-gpt2.yaml"), "--set", f"model.weights={base}", "--steps", "2")
+    check("configs/run/hub-gpt2.yaml trains from a Hub folder: exit 0", r.returncode == 0, r.stderr)
+
     # --- config.json checked against the tensors: a located error, exit 2
     for key, value, says in (("n_layer", 3, "blocks h.0 .. h.1"), ("n_embd", 32, "wte.weight is [96, 16]"),
                              ("vocab_size", 50257, "wte.weight is [96, 16]"),
