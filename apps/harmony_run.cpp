@@ -131,7 +131,7 @@ backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
                                .n_head = g.n_head,
                                .n_embd = g.n_embd};
   }
-  return backend::gpt2_config_from(backend::SafetensorsReader::open(cfg.model.weights_path));
+  return backend::gpt2_config_at(cfg.model.weights_path, cfg.model.n_head);
 }
 
 Setup make_setup(const Cli& cli) {
@@ -185,7 +185,7 @@ void init_state(Setup& s) {
   if (cfg.model.gpt2) {
     s.state->init_weights(cfg.model.init_seed);
   } else {
-    backend::load_gpt2_weights(backend::SafetensorsReader::open(cfg.model.weights_path), *s.state);
+    backend::load_gpt2_weights_at(cfg.model.weights_path, *s.state);
   }
 }
 

@@ -1,9 +1,10 @@
-// safetensors reading (the whole header validated up front, tensor data read on demand) and F32
-// writing through core::AtomicFile; see safetensors.hpp.
+// safetensors reading (the whole header validated up front, tensor data read on demand, F16/BF16 widened
+// to F32) and F32 writing through core::AtomicFile; see safetensors.hpp.
 #include "backend/safetensors.hpp"
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -32,6 +33,27 @@ std::optional<std::uint64_t> dtype_size(const std::string& dtype) {
 }
 
 }  // namespace
+
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  const std::uint32_t mant = h & 0x3ffu;
+  std::uint32_t bits = 0;
+  if (exp == 0) {
+    if (mant == 0) return std::bit_cast<float>(sign);  // +-0
+    // Subnormal: mant * 2^-24, a normal float (exact: 10 bits of mantissa, exponent >= -24).
+    const float mag = std::ldexp(static_cast<float>(mant), -24);
+    return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(mag));
+  }
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf (mant 0) or NaN with its payload
+  } else {
+    bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+float bf16_to_f32(std::uint16_t bits) { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
 
 FormatError::FormatError(std::string file, std::uint64_t offset, const std::string& message)
     : BackendError(fmt::format("{}: byte {}: {}", file, offset, message)), file_(std::move(file)), offset_(offset) {}
@@ -197,13 +219,25 @@ std::vector<float> SafetensorsReader::read_f32(std::string_view name) const {
 void SafetensorsReader::read_f32(std::string_view name, std::span<float> out) const {
   const TensorInfo* t = find(name);
   if (t == nullptr) throw FormatError(name_, 0, fmt::format("no tensor named '{}'", name));
-  if (t->dtype != "F32")
-    throw FormatError(name_, data_start_ + t->begin,
-                      fmt::format("tensor '{}' is {}; only F32 tensors can be read", t->name, t->dtype));
+  const bool half = t->dtype == "F16", bhalf = t->dtype == "BF16";
+  if (t->dtype != "F32" && !half && !bhalf)
+    throw FormatError(
+        name_, data_start_ + t->begin,
+        fmt::format("tensor '{}' is {}; only F32, F16 and BF16 tensors can be read as floats", t->name, t->dtype));
   if (static_cast<std::int64_t>(out.size()) != t->numel)
     throw BackendError(
         fmt::format("{}: tensor '{}' has {} elements, the destination {}", name_, t->name, t->numel, out.size()));
   read_bytes(data_start_ + t->begin, out.data(), t->end - t->begin);
+  if (!half && !bhalf) return;
+  // The 16-bit values fill the first half of `out`; widen in place from the back, so that each float written
+  // (bytes 4i..4i+3) only covers 16-bit values at index >= i, already converted.
+  auto* raw = reinterpret_cast<unsigned char*>(out.data());
+  for (std::size_t i = out.size(); i-- > 0;) {
+    std::uint16_t v = 0;
+    std::memcpy(&v, raw + 2 * i, 2);
+    const float f = half ? f16_to_f32(v) : bf16_to_f32(v);
+    std::memcpy(raw + 4 * i, &f, 4);
+  }
 }
 
 std::vector<std::uint8_t> encode_safetensors(const std::vector<TensorView>& tensors,

@@ -2,7 +2,8 @@
 // JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {string: string}}, then the raw tensor
 // bytes. The reader validates the whole header up front (offsets inside the file, sizes matching shapes,
 // no overlaps), so truncated or malformed input is a FormatError naming the file and byte offset, never
-// a crash; tensor data is read on demand. The writer writes F32 tensors.
+// a crash; tensor data is read on demand, F16 and BF16 converted to F32 (exactly: every half and bfloat16
+// value, subnormals, infinities and NaNs included, is a float). The writer writes F32 tensors.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +50,8 @@ class SafetensorsReader {
   const TensorInfo* find(std::string_view name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   std::uint64_t data_start() const { return data_start_; }  // file offset of the data section
-  // An F32 tensor's values (little-endian in the file). FormatError if absent or not F32.
+  // A floating-point tensor's values as floats (little-endian in the file): F32 as stored, F16 and BF16
+  // widened (f16_to_f32, bf16_to_f32). FormatError if absent or of another dtype (F64, integers, F8).
   std::vector<float> read_f32(std::string_view name) const;
   void read_f32(std::string_view name, std::span<float> out) const;  // out.size() must equal numel
 
@@ -63,6 +65,11 @@ class SafetensorsReader {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// IEEE binary16 (bits) to float: normals, subnormals (mantissa * 2^-24), +-0, +-inf and NaN (payload kept).
+float f16_to_f32(std::uint16_t bits);
+// bfloat16 (the upper 16 bits of a float) to float.
+float bf16_to_f32(std::uint16_t bits);
 
 struct TensorView {
   std::string name;

@@ -3,6 +3,8 @@
 # so a second run is a no-op that needs no network. Runs as root (CI) or through sudo.
 #   scripts/install-deps.sh           build deps + the clang tools the checks and fuzzers use + Jupyter and
 #                                     matplotlib for the notebooks (scripts/run-notebooks.sh) + headless chromium
+#                                     + Node.js and GPT-2's BPE (js-tiktoken, `npm ci` in scripts/tokenizer, only
+#                                     when the locked version is not there) for scripts/tokenizer/tokenize.mjs
 #   HARMONY_DEPS_MINIMAL=1 ...        build deps only (enough for scripts/demo.sh)
 set -euo pipefail
 
@@ -16,7 +18,26 @@ tools=(git clang clang-format clang-tidy libclang-rt-14-dev)
 # "python3" kernel; chromium: headless browser for the tests that render pages.
 notebooks=(python3-matplotlib python3-nbformat python3-nbclient python3-ipykernel jupyter-nbconvert)
 browser=(chromium)
-[[ ${HARMONY_DEPS_MINIMAL:-0} == 1 ]] || packages+=("${tools[@]}" "${notebooks[@]}" "${browser[@]}")
+# scripts/tokenizer/tokenize.mjs: text -> llm.c token file with GPT-2's BPE (js-tiktoken, from the npm registry).
+node=(nodejs npm)
+[[ ${HARMONY_DEPS_MINIMAL:-0} == 1 ]] || packages+=("${tools[@]}" "${notebooks[@]}" "${browser[@]}" "${node[@]}")
+
+# js-tiktoken as pinned by scripts/tokenizer/package-lock.json; `npm ci` only when that version is not installed.
+install_tokenizer() {
+  [[ ${HARMONY_DEPS_MINIMAL:-0} == 1 ]] && return 0
+  local dir want have
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/tokenizer"
+  want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["packages"]["node_modules/js-tiktoken"]["version"])' \
+    "$dir/package-lock.json")
+  have=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["version"])' \
+    "$dir/node_modules/js-tiktoken/package.json" 2>/dev/null || true)
+  if [[ $have == "$want" ]]; then
+    echo "install-deps: js-tiktoken $want present"
+    return 0
+  fi
+  echo "install-deps: npm ci in scripts/tokenizer (js-tiktoken $want)"
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -28,6 +49,7 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#packages[@]} packages present"
+  install_tokenizer
   exit 0
 fi
 
@@ -43,3 +65,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+install_tokenizer

@@ -1,14 +1,20 @@
-// Loading and saving GPT-2 weights under Hugging Face names (see checkpoint.hpp): config inference from
-// shapes, the transformer. prefix, the tied lm_head and ignored mask buffers.
+// Loading and saving GPT-2 weights under Hugging Face names (see checkpoint.hpp): the Hub's folder layout
+// (model.safetensors + config.json), config inference from shapes checked against config.json, the
+// transformer. prefix, the tied lm_head, ignored mask buffers and F16/BF16 tensors.
 #include "backend/model/checkpoint.hpp"
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/input_file.hpp"
 
 namespace harmony::backend {
 namespace {
@@ -40,6 +46,72 @@ bool is_ignored_buffer(std::string_view rest) {
   return rest.ends_with(".attn.bias") || rest.ends_with(".attn.masked_bias");
 }
 
+bool is_float(const std::string& dtype) { return dtype == "F32" || dtype == "F16" || dtype == "BF16"; }
+
+// "PATH:LINE:COL" of the first occurrence of "key" in a JSON text (of the text's start when absent).
+std::string json_loc(const std::string& path, const std::string& text, const std::string& key) {
+  auto pos = text.find(nlohmann::json(key).dump());
+  if (pos == std::string::npos) pos = 0;
+  const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(pos), '\n');
+  const auto nl = text.rfind('\n', pos == 0 ? std::string::npos : pos - 1);
+  const auto col = pos == 0 ? 1 : (nl == std::string::npos ? pos + 1 : pos - nl);
+  return fmt::format("{}:{}:{}", path, line, col);
+}
+
+// A Hugging Face config.json, read and parsed; errors name the file, line and column.
+struct ConfigJson {
+  std::string path;
+  std::string text;
+  nlohmann::json json;
+
+  static ConfigJson read(const std::string& path) {
+    ConfigJson c;
+    c.path = path;
+    std::string problem;
+    auto text = core::try_read_input_file(path, &problem);
+    if (!text) throw BackendError(fmt::format("{}: cannot read the model's config.json: {}", path, problem));
+    c.text = std::move(*text);
+    try {
+      c.json = nlohmann::json::parse(c.text);
+    } catch (const nlohmann::json::exception& e) {
+      throw BackendError(
+          fmt::format("{}: not valid JSON ({}); it should be the Hugging Face config.json that "
+                      "came with the weights",
+                      path, e.what()));
+    }
+    if (!c.json.is_object()) throw BackendError(fmt::format("{}:1:1: config.json must be a JSON object", path));
+    return c;
+  }
+  std::string loc(const std::string& key) const { return json_loc(path, text, key); }
+  // A positive integer under KEY, nullopt when absent or null.
+  std::optional<int> positive(const std::string& key) const {
+    const auto it = json.find(key);
+    if (it == json.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number_integer() || it->get<std::int64_t>() <= 0 || it->get<std::int64_t>() > 1'000'000'000)
+      throw BackendError(fmt::format("{}: {} must be a positive integer, got {}", loc(key), key, it->dump()));
+    return static_cast<int>(it->get<std::int64_t>());
+  }
+  // A string under KEY that must equal WANT when present.
+  void must_be(const std::string& key, const std::string& want, const std::string& why) const {
+    const auto it = json.find(key);
+    if (it == json.end() || it->is_null()) return;
+    if (!it->is_string() || it->get<std::string>() != want)
+      throw BackendError(fmt::format("{}: {} is {}, but {}", loc(key), key, it->dump(), why));
+  }
+};
+
+// n_head from the file's metadata, 0 when absent.
+int metadata_heads(const SafetensorsReader& f) {
+  const auto it = f.metadata().find("n_head");
+  if (it == f.metadata().end()) return 0;
+  int m = 0;
+  const auto& s = it->second;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), m);
+  if (ec != std::errc() || p != s.data() + s.size() || m <= 0)
+    throw FormatError(f.name(), 8, fmt::format("metadata n_head '{}' is not a positive integer", s));
+  return m;
+}
+
 }  // namespace
 
 Gpt2Config gpt2_config_from(const SafetensorsReader& f, int n_head) {
@@ -58,19 +130,13 @@ Gpt2Config gpt2_config_from(const SafetensorsReader& f, int n_head) {
   const int n_layer = static_cast<int>(blocks.size());
   if (!blocks.empty() && *blocks.rbegin() != n_layer - 1)
     throw FormatError(f.name(), 8, fmt::format("block indices {} are not 0..{}", fmt::join(blocks, ", "), n_layer - 1));
-  int heads = n_head;
-  if (auto it = f.metadata().find("n_head"); it != f.metadata().end()) {
-    int m = 0;
-    const auto& s = it->second;
-    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), m);
-    if (ec != std::errc() || p != s.data() + s.size() || m <= 0)
-      throw FormatError(f.name(), 8, fmt::format("metadata n_head '{}' is not a positive integer", s));
-    if (heads > 0 && heads != m)
-      throw FormatError(f.name(), 8, fmt::format("n_head {} was asked for but the file's metadata says {}", heads, m));
-    heads = m;
-  }
+  const int heads = n_head > 0 ? n_head : metadata_heads(f);
   if (heads <= 0)
-    throw FormatError(f.name(), 8, "n_head is not in the file's metadata: pass it (GPT-2 small: 12, medium: 16)");
+    throw FormatError(f.name(), 8,
+                      "n_head is not in the file's metadata (the Hub's files carry only {\"format\": \"pt\"}) and no "
+                      "config.json is beside it: put the model's config.json next to the weights (or point "
+                      "model.weights at the Hub's model folder), or set model.n_head (GPT-2 small: 12, medium: 16, "
+                      "large: 20, xl: 25)");
   Gpt2Config c;
   c.vocab_size = static_cast<int>(wte.shape[0]);
   c.n_embd = static_cast<int>(wte.shape[1]);
@@ -96,9 +162,9 @@ void load_gpt2_weights(const SafetensorsReader& f, HostState& state) {
       expected.insert(name);
       const TensorInfo& t = need(f, name);
       const std::uint64_t at = f.data_start() + t.begin;
-      if (t.dtype != "F32")
+      if (!is_float(t.dtype))
         throw FormatError(f.name(), at,
-                          fmt::format("tensor '{}' is {}; only F32 checkpoints are supported", name, t.dtype));
+                          fmt::format("tensor '{}' is {}; GPT-2 weights must be F32, F16 or BF16", name, t.dtype));
       if (t.shape != p.shape)
         throw FormatError(f.name(), at,
                           fmt::format("tensor '{}' has shape [{}], the model expects [{}]", name,
@@ -116,7 +182,7 @@ void load_gpt2_weights(const SafetensorsReader& f, HostState& state) {
     if (t.name == "lm_head.weight" || rest == "lm_head.weight") {
       const auto wte = state.weight(0, "wte.weight");
       const std::uint64_t at = f.data_start() + t.begin;
-      if (t.dtype != "F32" || t.numel != static_cast<std::int64_t>(wte.size()))
+      if (!is_float(t.dtype) || t.numel != static_cast<std::int64_t>(wte.size()))
         throw FormatError(f.name(), at,
                           "lm_head.weight does not match wte.weight's shape: untied heads are not supported");
       const std::vector<float> head = f.read_f32(t.name);
@@ -130,6 +196,95 @@ void load_gpt2_weights(const SafetensorsReader& f, HostState& state) {
     if (unknown.size() > 5) unknown.resize(5);
     throw FormatError(f.name(), 8, fmt::format("tensors the GPT-2 model does not have: {}", fmt::join(unknown, ", ")));
   }
+}
+
+Gpt2Files locate_gpt2_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  Gpt2Files files;
+  if (fs::is_directory(path, ec)) {
+    const fs::path dir(path);
+    files.weights = (dir / "model.safetensors").string();
+    if (!fs::exists(files.weights, ec)) {
+      std::string why = "it should hold model.safetensors (and config.json), as a Hugging Face model folder does";
+      if (fs::exists(dir / "model.safetensors.index.json", ec))
+        why =
+            "it holds a sharded checkpoint (model.safetensors.index.json), which is not supported: save the "
+            "model as one file (save_pretrained(..., max_shard_size=\"100GB\"))";
+      else if (fs::exists(dir / "pytorch_model.bin", ec))
+        why =
+            "it holds only pytorch_model.bin: harmony reads safetensors; convert it (transformers: "
+            "AutoModel.from_pretrained(dir).save_pretrained(dir, safe_serialization=True))";
+      throw FormatError(path, 0, fmt::format("model folder has no model.safetensors: {}", why));
+    }
+    const fs::path cj = dir / "config.json";
+    if (fs::exists(cj, ec)) files.config_json = cj.string();
+    return files;
+  }
+  files.weights = path;
+  const fs::path cj = fs::path(path).parent_path() / "config.json";
+  if (fs::exists(cj, ec)) files.config_json = cj.string();
+  return files;
+}
+
+Gpt2Config gpt2_config_at(const std::string& path, int n_head) {
+  const Gpt2Files files = locate_gpt2_files(path);
+  const auto f = SafetensorsReader::open(files.weights);
+  if (files.config_json.empty()) return gpt2_config_from(f, n_head);
+  const ConfigJson cj = ConfigJson::read(files.config_json);
+  cj.must_be("model_type", "gpt2", "harmony-run trains GPT-2 models only");
+  cj.must_be("activation_function", "gelu_new",
+             "harmony's GPT-2 computes gelu_new (the tanh approximation), so these weights would compute another "
+             "function");
+  const int file_heads = metadata_heads(f);
+  const std::optional<int> json_heads = cj.positive("n_head");
+  if (json_heads && file_heads > 0 && *json_heads != file_heads && n_head <= 0)
+    throw BackendError(fmt::format("{}: n_head = {}, but {} carries n_head {} in its metadata", cj.loc("n_head"),
+                                   *json_heads, f.name(), file_heads));
+  int heads = n_head > 0 ? n_head : json_heads.value_or(0);
+  if (heads <= 0 && file_heads <= 0)
+    throw BackendError(
+        fmt::format("{}: no n_head, and {} carries none in its metadata: add \"n_head\" to "
+                    "config.json, or set model.n_head (GPT-2 small: 12, medium: 16)",
+                    cj.path, f.name()));
+  Gpt2Config c;
+  try {
+    c = gpt2_config_from(f, heads);
+  } catch (const FormatError& e) {
+    // n_embd not a multiple of config.json's n_head: name config.json too.
+    if (json_heads && n_head <= 0 && std::string(e.what()).find("n_head") != std::string::npos)
+      throw BackendError(
+          fmt::format("{}: n_head = {} does not fit the weights: {}", cj.loc("n_head"), heads, e.what()));
+    throw;
+  }
+  const std::string blocks = c.n_layer == 0 ? "no blocks" : fmt::format("blocks h.0 .. h.{}", c.n_layer - 1);
+  auto check = [&](const char* key, int tensors, const std::string& from) {
+    const std::optional<int> v = cj.positive(key);
+    if (v && *v != tensors)
+      throw BackendError(
+          fmt::format("{}: {} = {}, but {} has {} ({}): config.json and the weights are from "
+                      "different models; use the config.json that came with these weights",
+                      cj.loc(key), key, *v, f.name(), tensors, from));
+  };
+  const std::string p = prefix_of(f);
+  check("n_layer", c.n_layer, blocks);
+  check("n_embd", c.n_embd, fmt::format("{}wte.weight is [{}, {}]", p, c.vocab_size, c.n_embd));
+  check("vocab_size", c.vocab_size, fmt::format("{}wte.weight is [{}, {}]", p, c.vocab_size, c.n_embd));
+  check("n_positions", c.max_seq_len, fmt::format("{}wpe.weight is [{}, {}]", p, c.max_seq_len, c.n_embd));
+  if (const auto inner = cj.positive("n_inner"); inner && *inner != 4 * c.n_embd)
+    throw BackendError(fmt::format("{}: n_inner = {}, but harmony's GPT-2 MLP is 4 * n_embd = {} wide",
+                                   cj.loc("n_inner"), *inner, 4 * c.n_embd));
+  if (const auto it = cj.json.find("layer_norm_epsilon"); it != cj.json.end() && !it->is_null()) {
+    if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>()))
+      throw BackendError(fmt::format("{}: layer_norm_epsilon must be a positive number, got {}",
+                                     cj.loc("layer_norm_epsilon"), it->dump()));
+    c.ln_eps = static_cast<float>(it->get<double>());
+  }
+  return c;
+}
+
+void load_gpt2_weights_at(const std::string& path, HostState& state) {
+  load_gpt2_weights(SafetensorsReader::open(locate_gpt2_files(path).weights), state);
 }
 
 void save_gpt2_weights(const std::string& path, const HostState& state) {

@@ -1,7 +1,9 @@
-// GPT-2 weights in Hugging Face's safetensors layout: wte.weight, wpe.weight, h.{i}.ln_1.weight, ...,
-// h.{i}.attn.c_attn.weight as Conv1D [in, out], ..., ln_f.bias, optionally under "transformer.", with the LM
-// head tied to wte (an lm_head.weight present in the file must equal wte). Causal-mask buffers
-// (h.{i}.attn.bias, h.{i}.attn.masked_bias) are ignored. Only F32 tensors.
+// GPT-2 weights in Hugging Face's layout, as the Hub ships them: a model folder holding model.safetensors
+// (wte.weight, wpe.weight, h.{i}.ln_1.weight, ..., h.{i}.attn.c_attn.weight as Conv1D [in, out], ...,
+// ln_f.bias, optionally under "transformer.", the LM head tied to wte: an lm_head.weight present must equal
+// it; causal-mask buffers h.{i}.attn.bias / masked_bias ignored; F32, F16 or BF16 tensors, loaded into the
+// fp32 master copy) and config.json (n_head, checked against the tensors' n_layer, n_embd, vocab_size,
+// n_positions).
 #pragma once
 
 #include <string>
@@ -11,14 +13,32 @@
 
 namespace harmony::backend {
 
-// The architecture from the tensor shapes; n_head from the argument (> 0) or else the metadata key
-// "n_head" (which the files written here and by scripts/make_gpt2_oracle.py carry). FormatError when
-// tensors are missing or inconsistent, or n_head is known from neither.
+// The architecture from the tensor shapes; n_head from the argument (> 0, an explicit setting: it wins) or
+// else the metadata key "n_head" (which the files written here and by scripts/make_gpt2_oracle.py carry; the
+// Hub's carry only {"format": "pt"}). FormatError when tensors are missing or inconsistent, or n_head is
+// known from neither.
 Gpt2Config gpt2_config_from(const SafetensorsReader& file, int n_head = 0);
 
-// Copies every parameter into state's weights (and the tie into the head's block). FormatError naming the
-// tensor for a missing, unknown, non-F32 or misshapen one.
+// Where a model.weights PATH's files are: a folder means PATH/model.safetensors (FormatError naming the
+// folder when it has none: a sharded index or only pytorch_model.bin is named in the message); a file is
+// the weights itself. config_json: the config.json in that folder (or beside the file), empty if none.
+struct Gpt2Files {
+  std::string weights;
+  std::string config_json;
+};
+Gpt2Files locate_gpt2_files(const std::string& path);
+
+// The architecture of the model at PATH (locate_gpt2_files): the tensor shapes, with n_head from the
+// argument (> 0 wins), else config.json, else the file's metadata. config.json's n_layer, n_embd,
+// vocab_size and n_positions must match the tensors, model_type be gpt2, activation_function gelu_new, n_inner
+// null or 4 * n_embd; layer_norm_epsilon sets ln_eps. BackendError "config.json:LINE:COL: ..." on a mismatch.
+Gpt2Config gpt2_config_at(const std::string& path, int n_head = 0);
+
+// Copies every parameter into state's weights (and the tie into the head's block), F16/BF16 widened to
+// fp32. FormatError naming the tensor for a missing, unknown, non-float or misshapen one.
 void load_gpt2_weights(const SafetensorsReader& file, HostState& state);
+// The same for the model at PATH (locate_gpt2_files).
+void load_gpt2_weights_at(const std::string& path, HostState& state);
 
 // Writes state's weights with HF names (no prefix, no lm_head) and metadata {"format": "pt", "n_head": H}.
 void save_gpt2_weights(const std::string& path, const HostState& state);

@@ -1698,7 +1698,7 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
 
 const std::vector<std::string> kTrainTopKeys = {"model",   "machine", "device", "cost_model", "plan",
                                                 "options", "search",  "train",  "checkpoint"};
-const std::vector<std::string> kTrainModelKeys = {"gpt2", "weights", "seq_len", "profile", "init_seed"};
+const std::vector<std::string> kTrainModelKeys = {"gpt2", "weights", "n_head", "seq_len", "profile", "init_seed"};
 const std::vector<std::string> kGpt2Keys = {"vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
 const std::vector<std::string> kTrainKeys = {"steps", "data", "lr", "beta1", "beta2", "eps", "weight_decay"};
 const std::vector<std::string> kDataKeys = {"file", "synthetic_tokens", "seed"};
@@ -1784,6 +1784,12 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
          "e.g. gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}");
   if (gpt2) cfg.model.gpt2 = parse_gpt2_shape(*gpt2);
   if (weights) cfg.model.weights_path = resolve_path(base_dir, get_string(weights->value, "model.weights"));
+  if (const Entry* e = find(*model, "n_head")) {
+    if (!weights)
+      fail(e->key_loc, "model.n_head goes with model.weights (it overrides the heads of loaded weights)",
+           "for a fresh model give the heads in model.gpt2: {..., n_head: H}");
+    cfg.model.n_head = get_int(e->value, "model.n_head", 1);
+  }
   const Entry& seq = require(*model, "seq_len", "model", model_loc, "add `seq_len: T` (tokens per sequence)");
   cfg.model.seq_len = get_int(seq.value, "model.seq_len", 1);
   if (cfg.model.gpt2 && cfg.model.seq_len > cfg.model.gpt2->max_seq_len)

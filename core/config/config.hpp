@@ -64,7 +64,8 @@ struct Gpt2Shape {
 
 struct TrainModelSpec {
   std::optional<Gpt2Shape> gpt2;  // a fresh model of this shape, initialised from init_seed
-  std::string weights_path;       // or Hugging Face GPT-2 weights (safetensors); exactly one of the two
+  std::string weights_path;       // or Hugging Face GPT-2 weights (a safetensors file or model folder); exactly one
+  int n_head = 0;                 // with weights_path: heads, over config.json and the file's metadata; 0: theirs
   int seq_len = 0;                // T, tokens per sequence
   std::string profile_path;       // optional: a measured profile for --plan auto (else measured on the fly)
   std::uint64_t init_seed = 1;
