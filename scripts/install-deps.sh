@@ -19,8 +19,12 @@ tools=(git clang clang-format clang-tidy libclang-rt-14-dev)
 notebooks=(python3-matplotlib python3-nbformat python3-nbclient python3-ipykernel jupyter-nbconvert)
 browser=(chromium)
 # scripts/tokenizer/tokenize.mjs: text -> llm.c token file with GPT-2's BPE (js-tiktoken, from the npm registry).
-node=(nodejs npm)
-[[ ${HARMONY_DEPS_MINIMAL:-0} == 1 ]] || packages+=("${tools[@]}" "${notebooks[@]}" "${browser[@]}" "${node[@]}")
+# A Node.js already on PATH (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm) is used
+# as it is; Debian's packages only fill what is missing.
+node=()
+command -v node >/dev/null 2>&1 || node+=(nodejs)
+command -v npm >/dev/null 2>&1 || node+=(npm)
+[[ ${HARMONY_DEPS_MINIMAL:-0} == 1 ]] || packages+=("${tools[@]}" "${notebooks[@]}" "${browser[@]}" ${node[@]+"${node[@]}"})
 
 # js-tiktoken as pinned by scripts/tokenizer/package-lock.json; `npm ci` only when that version is not installed.
 install_tokenizer() {
