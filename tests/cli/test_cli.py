@@ -164,6 +164,40 @@ options: {{prefetch: false}}
     broken = write(tmp, "broken.json", '{\n  "format": "harmony-profile-json",\n  "layers": [1, 2,,]\n}\n')
     bad("broken_profile", f"model: {{profile: {broken}}}\nplan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}}\n",
         "broken.json:3:", ["error"])
+    # quantities beyond their documented range (issue 11): located errors with the range in the hint, exit 2
+    for key, value, words in [("time_del", "1e300", ["too long", "0 to 1e6 s"]),
+                              ("gpu_memory", "9223372036854775807", ["too large", "1 PiB"]),
+                              ("bw_swap", "1B/s", ["too small", "1 KB/s"])]:
+        bad(f"range_{key}", f"model: {{profile: {PROFILE}}}\nmachine: {{preset: paper-1080ti, {key}: {value}}}\n"
+            "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\n",
+            f"range_{key}.yaml:2:", words + ["hint"])
+        r = run("simulate", cfg, "--set", f"machine.{key}={value}")
+        check(f"--set {key}={value}: exit 2 with the range", r.returncode == 2 and words[1] in r.stderr, r.stderr)
+    # a 1e300 s layer time in a profile: located at the value
+    prof = json.load(open(PROFILE))
+    prof["layers"][0]["fwd_time"][0] = 1e300
+    huge = write(tmp, "huge.json", json.dumps(prof, indent=1))
+    bad("range_profile", f"model: {{profile: {huge}}}\nplan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, "
+        "u_bwd: 8, pack_size: 7}\n", "huge.json:", ["fwd_time[0]", "too long", "0 to 1e6 s"])
+    # in-range times whose sum leaves the simulated time range: the op, its times and what to change
+    for layer in prof["layers"]:
+        layer["fwd_time"] = [1e6 for _ in layer["fwd_time"]]
+    slow = write(tmp, "slow.json", json.dumps(prof))
+    slow_cfg = write(tmp, "slow.yaml", f"model: {{profile: {slow}}}\nmachine: {{preset: paper-1080ti}}\n"
+                     "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\n")
+    for model in ["reference", "native"]:
+        r = run("simulate", slow_cfg, "--set", f"cost_model={model}")
+        check(f"{model}: time range exit 2", r.returncode == 2, f"rc={r.returncode} {r.stderr}")
+        check(f"{model}: time range names the op and the fix",
+              "FWD L0-6" in r.stderr and "simulated time range" in r.stderr and "smaller layer times" in r.stderr
+              and "internal" not in r.stderr, r.stderr)
+    # a transfer too slow for the range names its bytes, its bandwidth and the links to raise
+    r = run("simulate", cfg, "--set", "cost_model=native", "--set", "machine.topology.gpus.0.link=1KB/s",
+            "--set", "machine.topology.gpus.1.link=1KB/s", "--set", "plan.minibatch=1024")
+    check("slow link: exit 2", r.returncode == 2, f"rc={r.returncode} {r.stderr}")
+    check("slow link: bytes, bandwidth, fix", "to move at 1000.00 B/s" in r.stderr and "MiB" in r.stderr
+          and "raise the bandwidth" in r.stderr, r.stderr)
+
     # bad CLI flags
     r = run("simulate")
     check("missing config arg exit 2", r.returncode == 2, r.returncode)
