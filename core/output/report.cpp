@@ -114,7 +114,7 @@ std::string summary_line(const RunReport& r, const std::string& title) {
     per += fmt::format("{:.0f}", static_cast<double>(r.per_gpu[i].peak_memory_bytes) / 1024.0 / 1024.0);
   }
   return fmt::format(
-      "=== {} : {:.3f} sec (idle max/avg: {:.0f}%/{:.0f}%) (compute2global/compute2rank: {:.0f}%/{:.0f}%), {:.0f} MB "
+      "=== {} : {:.3f} sec (idle max/avg: {:.0f}%/{:.0f}%) (compute2global/compute2rank: {:.0f}%/{:.0f}%), {:.0f} MiB "
       "({}) ===",
       title, r.iteration_time_s, r.max_end_idle * 100, r.avg_end_idle * 100, r.compute_to_global * 100,
       r.compute_to_rank * 100, static_cast<double>(r.peak_memory_bytes) / 1024.0 / 1024.0, per);
