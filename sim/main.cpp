@@ -252,7 +252,26 @@ int cmd_search(const Cli& cli) {
   return 0;
 }
 
+// compare --trace: the fastest kind's best plan, re-evaluated to get its Program and timeline; nullopt when no
+// kind fits.
+std::optional<sim::Evaluation> winner_of(const sim::CompareResult& res, const core::Model& model,
+                                         const core::RunConfig& cfg) {
+  const sim::KindResult* win = nullptr;
+  for (const auto& k : res.kinds) {
+    if (k.feasible && (!win || k.best.iteration_time_s < win->best.iteration_time_s)) win = &k;
+  }
+  if (!win) return std::nullopt;
+  if (!core::is_baseline(win->kind))
+    return sim::evaluate_plan(model, cfg.machine, win->best.plan, lower_options(cfg), cfg.cost_model);
+  sim::Evaluation e;
+  e.program = core::lower_baseline(*win->baseline, model);
+  e.report = sim::simulate_program(e.program, model, cfg.machine, cfg.cost_model, &e.timeline);
+  e.report.plan_kind = core::plan_kind_name(win->kind);
+  return e;
+}
+
 int cmd_compare(const Cli& cli) {
+  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
@@ -269,6 +288,20 @@ int cmd_compare(const Cli& cli) {
   const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
                                            cfg.search, cfg.options, on_progress);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string trace_note;
+  if (!cli.trace.empty()) {
+    if (const auto win = winner_of(res, model, cfg)) {
+      const auto& r = win->report;
+      const std::string title =
+          r.plan_kind == core::mode_name(r.plan.mode)
+              ? plan_title(r)
+              : fmt::format("{} N{} D{} u {}", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd);
+      write_trace(cli.trace, *win, title, model, cfg.machine);
+      trace_note = fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan_kind, cli.trace);
+    } else {
+      trace_note = "no trace written: no plan kind fits";
+    }
+  }
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();
     for (const auto& k : res.kinds) {
@@ -320,6 +353,7 @@ int cmd_compare(const Cli& cli) {
                mib(r.peak_memory_bytes), host, plan);
   }
   fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
+  if (!trace_note.empty()) fmt::print("{}\n", trace_note);
   return 0;
 }
 
@@ -374,7 +408,8 @@ int run_cli(int argc, char** argv) {
     sub->add_option("config", cli.config, "YAML configuration (see docs/config.md)")->required();
     sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=4 (repeatable)");
     sub->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
-    sub->add_option("--trace", cli.trace, "write a Chrome trace (Perfetto) of the plan (search: the best plan)");
+    sub->add_option("--trace", cli.trace,
+                    "write a Chrome trace (Perfetto) of the plan (search: the best plan; compare: the fastest kind's)");
   };
   auto* sim_cmd = app.add_subcommand("simulate", "simulate one plan (config `plan:` with u_fwd, u_bwd and packs)");
   add_common(sim_cmd);

@@ -132,6 +132,24 @@ options: {{prefetch: false}}
     r = run("compare", "configs/default.yaml")
     check("compare table", r.returncode == 0 and "zero-infinity" in r.stdout and "speedup" in r.stdout, r.stdout)
 
+    # compare --trace writes the fastest kind's Chrome trace (it wrote nothing before)
+    ctrace = os.path.join(tmp, "compare_trace.json")
+    r = run("compare", "configs/default.yaml", "--format", "json", "--trace", ctrace)
+    check("compare --trace exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        res = [x for x in json.loads(r.stdout)["results"] if x.get("feasible")]
+        fastest = min(res, key=lambda x: x["iteration_time_s"])
+        check("compare --trace file written", os.path.exists(ctrace), os.listdir(tmp))
+        if os.path.exists(ctrace):
+            t = json.load(open(ctrace))
+            ends = [e["ts"] + e["dur"] for e in t["traceEvents"] if e.get("ph") == "X"]
+            check("compare --trace is the fastest plan's", ends and
+                  abs(max(ends) / 1e6 - fastest["iteration_time_s"]) < 1e-3 * fastest["iteration_time_s"],
+                  (max(ends) if ends else None, fastest["plan_kind"], fastest["iteration_time_s"]))
+    r = run("compare", "configs/default.yaml", "--trace", ctrace + ".2", "--set", "machine.gpu_memory=64MiB")
+    check("compare --trace with nothing fitting says so", r.returncode == 0 and "no trace written" in r.stdout
+          and not os.path.exists(ctrace + ".2"), r.stdout[-300:])
+
     # --- bad input: exit 2, location, hint
     def bad(name, text, expect_loc, expect_words, args=()):
         path = write(tmp, name + ".yaml", text)
