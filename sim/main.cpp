@@ -126,6 +126,10 @@ void print_report_table(const core::RunReport& r) {
                           static_cast<double>(r.host_memory.capacity_bytes) / static_cast<double>(core::kGiB))
             : std::string());
   }
+  if (!r.fits)
+    fmt::print("\nDOES NOT FIT: peak {:.0f} MiB > GPU capacity {:.0f} MiB by {} bytes{}\n", mib(r.peak_memory_bytes),
+               mib(r.gpu_capacity_bytes), r.excess_bytes,
+               r.native ? "" : " (flagged only: the reference model keeps the paper's timings)");
   if (!r.feasible) fmt::print("\nINFEASIBLE: {}\n", r.infeasible_reason);
   fmt::print("\n{}\n", core::summary_line(r, "simulated"));
 }
@@ -239,13 +243,20 @@ int cmd_search(const Cli& cli) {
   }
   fmt::print("{:>4}  {:>9}  {:>10}  {:>5}  {:>5}  {:>8}  {:>6}  {:<{}}  {:<{}}  {}\n", "rank", "time (s)", "samples/s",
              "u_fwd", "u_bwd", "mem MiB", "idle%", "packs_fwd", wf, "packs_bwd", wb, "packing fwd / bwd");
+  std::size_t over = 0;
   for (std::size_t i = 0; i < res.ranked.size(); ++i) {
     const auto& r = res.ranked[i].report;
-    fmt::print("{:>4}  {:>9.3f}  {:>10.3f}  {:>5}  {:>5}  {:>8.0f}  {:>5.0f}%  {:<{}}  {:<{}}  {} / {}\n", i + 1,
+    over += r.fits ? 0 : 1;
+    fmt::print("{:>4}  {:>9.3f}  {:>10.3f}  {:>5}  {:>5}  {:>8.0f}{} {:>5.0f}%  {:<{}}  {:<{}}  {} / {}\n", i + 1,
                r.iteration_time_s, r.throughput_samples_per_s, r.plan.u_fwd, r.plan.u_bwd, mib(r.peak_memory_bytes),
-               100.0 * r.max_end_idle, core::packs_to_string(r.plan.packs_fwd), wf,
+               r.fits ? " " : "!", 100.0 * r.max_end_idle, core::packs_to_string(r.plan.packs_fwd), wf,
                core::packs_to_string(r.plan.packs_bwd), wb, r.method_fwd.empty() ? "-" : r.method_fwd, r.method_bwd);
   }
+  if (over > 0)
+    fmt::print(
+        "\n! {} of {} plans do not fit: peak memory above the GPU capacity ({:.0f} MiB); flagged, not "
+        "demoted, under the reference model\n",
+        over, res.ranked.size(), mib(res.ranked.front().report.gpu_capacity_bytes));
   fmt::print("\n{}\n", core::summary_line(res.ranked.front().report, "Top1"));
   fmt::print("\nTop1 {}", sim::bottleneck_text(best->program, *best_bottleneck));
   if (!cli.trace.empty()) fmt::print("trace of the best plan written to {}\n", cli.trace);
@@ -342,6 +353,9 @@ int cmd_compare(const Cli& cli) {
                                  ? fmt::format("u {}", r.plan.u_bwd)
                                  : fmt::format("fwd {} bwd {}", core::packs_to_string(r.plan.packs_fwd),
                                                core::packs_to_string(r.plan.packs_bwd));
+    const std::string fit = r.fits ? std::string()
+                                   : fmt::format("DOES NOT FIT: peak {:.0f} MiB > {:.0f} MiB by {} bytes; ",
+                                                 mib(r.peak_memory_bytes), mib(r.gpu_capacity_bytes), r.excess_bytes);
     const std::string host =
         r.native
             ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB))
@@ -350,7 +364,7 @@ int cmd_compare(const Cli& cli) {
                core::plan_kind_name(k.kind), k.candidates, r.iteration_time_s, r.throughput_samples_per_s,
                k.speedup_over_best_baseline, fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd),
                mib(r.swap_in_bytes + r.swap_out_bytes), mib(r.p2p_bytes), mib(r.collective_bytes),
-               mib(r.peak_memory_bytes), host, plan);
+               mib(r.peak_memory_bytes), host, fit + plan);
   }
   fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
   if (!trace_note.empty()) fmt::print("{}\n", trace_note);

@@ -49,6 +49,9 @@ nlohmann::json report_to_json(const RunReport& r) {
   j["compute_to_global"] = num(r.compute_to_global);
   j["compute_to_rank"] = num(r.compute_to_rank);
   j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["fits"] = r.fits;
+  j["gpu_capacity_bytes"] = r.gpu_capacity_bytes > 0 ? nlohmann::json(r.gpu_capacity_bytes) : nlohmann::json(nullptr);
+  j["excess_bytes"] = r.excess_bytes;
   j["swap_in_bytes"] = r.swap_in_bytes;
   j["swap_out_bytes"] = r.swap_out_bytes;
   j["p2p_bytes"] = r.p2p_bytes;

@@ -132,6 +132,36 @@ options: {{prefetch: false}}
     r = run("compare", "configs/default.yaml")
     check("compare table", r.returncode == 0 and "zero-infinity" in r.stdout and "speedup" in r.stdout, r.stdout)
 
+    # every output flags a plan whose peak exceeds the GPU: fits false plus the excess (issue 11)
+    r = run("simulate", cfg, "--format", "json", "--set", "machine.gpu_memory=1GiB")
+    check("1 GiB reference simulate exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        j = json.loads(r.stdout)["result"]
+        check("reference keeps the paper's time", abs(j["iteration_time_s"] - 2.9299893261020515) < 1e-6, j)
+        check("1 GiB: fits false with the excess", j["fits"] is False and j["gpu_capacity_bytes"] == 2**30 and
+              j["excess_bytes"] == j["peak_memory_bytes"] - 2**30, (j["fits"], j["excess_bytes"]))
+    r = run("simulate", cfg, "--set", "machine.gpu_memory=1GiB")
+    check("1 GiB table says DOES NOT FIT", r.returncode == 0 and "DOES NOT FIT" in r.stdout, r.stdout[-400:])
+    r = run("simulate", cfg, "--format", "json")
+    check("10 GiB fits", r.returncode == 0 and json.loads(r.stdout)["result"]["fits"] is True, r.stdout[:200])
+    r = run("search", "configs/default.yaml", "--format", "json", "--set", "machine.gpu_memory=7GiB")
+    if r.returncode == 0:
+        res = json.loads(r.stdout)["results"]
+        check("reference search flags, every row has fits", all("fits" in x for x in res), res[:1])
+        for x in res:
+            check("search fits agrees with the peak", x["fits"] == (x["peak_memory_bytes"] <= x["gpu_capacity_bytes"]), x)
+    r = run("compare", "configs/default.yaml", "--format", "json")
+    if r.returncode == 0:
+        for x in json.loads(r.stdout)["results"]:
+            if x.get("feasible"):
+                check(f"compare {x['plan_kind']} reports its peak under reference", x["peak_memory_bytes"] > 0 and
+                      "fits" in x, x.get("peak_memory_bytes"))
+    r = run("compare", "configs/default.yaml", "--format", "json", "--set", "cost_model=native")
+    if r.returncode == 0:
+        for x in json.loads(r.stdout)["results"]:
+            if x.get("feasible"):
+                check(f"native compare {x['plan_kind']}: peak and fits", x["peak_memory_bytes"] > 0 and x["fits"], x)
+
     # compare --trace writes the fastest kind's Chrome trace (it wrote nothing before)
     ctrace = os.path.join(tmp, "compare_trace.json")
     r = run("compare", "configs/default.yaml", "--format", "json", "--trace", ctrace)
