@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -48,6 +49,10 @@ namespace {
 constexpr int kExitBadInput = 2;
 constexpr int kExitInternal = 70;  // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
 constexpr int kExitFailure = 1;    // a failed write to stdout
+
+// Integer flag ranges with finite bounds: CLI11's PositiveNumber prints DBL_MAX's 309 digits.
+const CLI::Range kPositiveInt(1, std::numeric_limits<int>::max());
+const CLI::Range kNonNegativeInt(0, std::numeric_limits<int>::max());
 
 // SIGINT, SIGTERM and SIGHUP during training: finish the step, save a checkpoint, exit 128 + the signal's
 // number (130, 143, 129). The first one puts all three back to their default action, so a second signal (of
@@ -620,7 +625,7 @@ int run_cli(int argc, char** argv) {
   };
   auto* train = app.add_subcommand("train", "train for train.steps steps, printing loss, samples/s and ETA");
   add_common(train);
-  train->add_option("--steps", cli.steps, "steps to train (train.steps)")->check(CLI::PositiveNumber);
+  train->add_option("--steps", cli.steps, "steps to train (train.steps)")->check(kPositiveInt);
   train->add_option("--data", cli.data, "llm.c token file (uint16 ids) instead of the config's data");
   train->add_option("--plan", cli.plan, "config (the plan: section) or auto (search the best plan that fits)")
       ->check(CLI::IsMember({"config", "auto"}));
@@ -628,7 +633,7 @@ int run_cli(int argc, char** argv) {
   train->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
   train->add_option("--checkpoint-dir", cli.checkpoint_dir, "save checkpoints here (checkpoint.dir)");
   train->add_option("--checkpoint-every", cli.checkpoint_every, "steps between checkpoints (checkpoint.every)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeInt);
   train->add_flag("--resume", cli.resume, "continue from the newest checkpoint in the checkpoint directory");
   train->add_option("--save-weights", cli.save_weights, "write the trained weights (HF GPT-2 safetensors)");
   train->add_flag("--quiet", cli.quiet, "no progress output");
@@ -642,8 +647,7 @@ int run_cli(int argc, char** argv) {
   add_common(profile);
   profile->add_option("--out", cli.out, "profile JSON to write")->required();
   profile->add_option("--ubatch", cli.ubatch, "microbatch sizes (default 1..plan.minibatch)")->delimiter(',');
-  profile->add_option("--repeats", cli.repeats, "timed repetitions per measurement (median)")
-      ->check(CLI::PositiveNumber);
+  profile->add_option("--repeats", cli.repeats, "timed repetitions per measurement (median)")->check(kPositiveInt);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

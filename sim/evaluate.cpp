@@ -1,9 +1,14 @@
 // evaluate_plan: plan -> task graph -> Program -> simulated RunReport, with the named cost model.
 #include "sim/evaluate.hpp"
 
+#include <algorithm>
+
+#include <fmt/format.h>
+
 #include "core/base/error.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/cost_reference.hpp"
+#include "sim/native_engine.hpp"
 
 namespace harmony::sim {
 
@@ -36,14 +41,41 @@ core::RunReport simulate_program(const core::Program& program, const core::Model
                                  const core::MachineSpec& machine, const std::string& cost_model,
                                  Timeline* timeline_out) {
   if (!is_cost_model(cost_model)) throw core::ScheduleError("unknown cost model '" + cost_model + "'");
+  core::RunReport r;
   if (cost_model == "native") {
     NativeResult res;
-    core::RunReport r = simulate_native(program, model, machine, NativeOptions{}, &res);
+    r = simulate_native(program, model, machine, NativeOptions{}, &res);
     if (timeline_out) *timeline_out = std::move(res.timeline);
-    return r;
+    r.gpu_capacity_bytes = machine.gpu_memory_bytes;
+  } else {
+    ReferenceCostModel cost(model, machine);
+    r = simulate(program, cost, timeline_out);
+    if (r.peak_memory_bytes == 0 && !program.ops.empty()) {
+      // The reference model prices memory per Harmony pack only; a baseline's peak comes from replaying the
+      // Program's allocations and frees with the engine's reference settings (no contention, no latency).
+      NativeOptions o;
+      o.contention = false;
+      o.latency = false;
+      o.reference_bandwidths = true;
+      const NativeResult replay = run_native(program, model, machine, o);
+      for (auto& g : r.per_gpu) {
+        const auto i = static_cast<std::size_t>(g.gpu);
+        if (g.gpu >= 0 && i < replay.peak_bytes.size()) g.peak_memory_bytes = replay.peak_bytes[i];
+      }
+      for (const core::Bytes b : replay.peak_bytes) r.peak_memory_bytes = std::max(r.peak_memory_bytes, b);
+    }
+    r.gpu_capacity_bytes =
+        static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
   }
-  ReferenceCostModel cost(model, machine);
-  return simulate(program, cost, timeline_out);
+  // Flag, do not demote: under `reference` a plan over the capacity keeps its time and rank (the paper's).
+  r.fits = r.gpu_capacity_bytes <= 0 || r.peak_memory_bytes <= r.gpu_capacity_bytes;
+  r.excess_bytes = r.fits ? 0 : r.peak_memory_bytes - r.gpu_capacity_bytes;
+  if (cost_model == "native" && !r.fits && r.feasible) {
+    r.feasible = false;  // never ranked above a plan that fits
+    r.infeasible_reason = fmt::format("peak {} bytes exceeds the GPU memory {} bytes by {} bytes", r.peak_memory_bytes,
+                                      r.gpu_capacity_bytes, r.excess_bytes);
+  }
+  return r;
 }
 
 }  // namespace harmony::sim

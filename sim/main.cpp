@@ -126,6 +126,10 @@ void print_report_table(const core::RunReport& r) {
                           static_cast<double>(r.host_memory.capacity_bytes) / static_cast<double>(core::kGiB))
             : std::string());
   }
+  if (!r.fits)
+    fmt::print("\nDOES NOT FIT: peak {:.0f} MiB > GPU capacity {:.0f} MiB by {} bytes{}\n", mib(r.peak_memory_bytes),
+               mib(r.gpu_capacity_bytes), r.excess_bytes,
+               r.native ? "" : " (flagged only: the reference model keeps the paper's timings)");
   if (!r.feasible) fmt::print("\nINFEASIBLE: {}\n", r.infeasible_reason);
   fmt::print("\n{}\n", core::summary_line(r, "simulated"));
 }
@@ -239,20 +243,46 @@ int cmd_search(const Cli& cli) {
   }
   fmt::print("{:>4}  {:>9}  {:>10}  {:>5}  {:>5}  {:>8}  {:>6}  {:<{}}  {:<{}}  {}\n", "rank", "time (s)", "samples/s",
              "u_fwd", "u_bwd", "mem MiB", "idle%", "packs_fwd", wf, "packs_bwd", wb, "packing fwd / bwd");
+  std::size_t over = 0;
   for (std::size_t i = 0; i < res.ranked.size(); ++i) {
     const auto& r = res.ranked[i].report;
-    fmt::print("{:>4}  {:>9.3f}  {:>10.3f}  {:>5}  {:>5}  {:>8.0f}  {:>5.0f}%  {:<{}}  {:<{}}  {} / {}\n", i + 1,
+    over += r.fits ? 0 : 1;
+    fmt::print("{:>4}  {:>9.3f}  {:>10.3f}  {:>5}  {:>5}  {:>8.0f}{} {:>5.0f}%  {:<{}}  {:<{}}  {} / {}\n", i + 1,
                r.iteration_time_s, r.throughput_samples_per_s, r.plan.u_fwd, r.plan.u_bwd, mib(r.peak_memory_bytes),
-               100.0 * r.max_end_idle, core::packs_to_string(r.plan.packs_fwd), wf,
+               r.fits ? " " : "!", 100.0 * r.max_end_idle, core::packs_to_string(r.plan.packs_fwd), wf,
                core::packs_to_string(r.plan.packs_bwd), wb, r.method_fwd.empty() ? "-" : r.method_fwd, r.method_bwd);
   }
+  if (over > 0)
+    fmt::print(
+        "\n! {} of {} plans do not fit: peak memory above the GPU capacity ({:.0f} MiB); flagged, not "
+        "demoted, under the reference model\n",
+        over, res.ranked.size(), mib(res.ranked.front().report.gpu_capacity_bytes));
   fmt::print("\n{}\n", core::summary_line(res.ranked.front().report, "Top1"));
   fmt::print("\nTop1 {}", sim::bottleneck_text(best->program, *best_bottleneck));
   if (!cli.trace.empty()) fmt::print("trace of the best plan written to {}\n", cli.trace);
   return 0;
 }
 
+// compare --trace: the fastest kind's best plan, re-evaluated to get its Program and timeline; nullopt when no
+// kind fits.
+std::optional<sim::Evaluation> winner_of(const sim::CompareResult& res, const core::Model& model,
+                                         const core::RunConfig& cfg) {
+  const sim::KindResult* win = nullptr;
+  for (const auto& k : res.kinds) {
+    if (k.feasible && (!win || k.best.iteration_time_s < win->best.iteration_time_s)) win = &k;
+  }
+  if (!win) return std::nullopt;
+  if (!core::is_baseline(win->kind))
+    return sim::evaluate_plan(model, cfg.machine, win->best.plan, lower_options(cfg), cfg.cost_model);
+  sim::Evaluation e;
+  e.program = core::lower_baseline(*win->baseline, model);
+  e.report = sim::simulate_program(e.program, model, cfg.machine, cfg.cost_model, &e.timeline);
+  e.report.plan_kind = core::plan_kind_name(win->kind);
+  return e;
+}
+
 int cmd_compare(const Cli& cli) {
+  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
@@ -269,6 +299,20 @@ int cmd_compare(const Cli& cli) {
   const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
                                            cfg.search, cfg.options, on_progress);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string trace_note;
+  if (!cli.trace.empty()) {
+    if (const auto win = winner_of(res, model, cfg)) {
+      const auto& r = win->report;
+      const std::string title =
+          r.plan_kind == core::mode_name(r.plan.mode)
+              ? plan_title(r)
+              : fmt::format("{} N{} D{} u {}", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd);
+      write_trace(cli.trace, *win, title, model, cfg.machine);
+      trace_note = fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan_kind, cli.trace);
+    } else {
+      trace_note = "no trace written: no plan kind fits";
+    }
+  }
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();
     for (const auto& k : res.kinds) {
@@ -320,6 +364,9 @@ int cmd_compare(const Cli& cli) {
                                          core::packs_to_string(r.plan.packs_bwd), r.activation_policy);
     for (const auto& [policy, t] : k.policy_best_time_s)
       if (policy != r.activation_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
+    const std::string fit = r.fits ? std::string()
+                                   : fmt::format("DOES NOT FIT: peak {:.0f} MiB > {:.0f} MiB by {} bytes; ",
+                                                 mib(r.peak_memory_bytes), mib(r.gpu_capacity_bytes), r.excess_bytes);
     const std::string host =
         r.native
             ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB))
@@ -328,13 +375,14 @@ int cmd_compare(const Cli& cli) {
                core::plan_kind_name(k.kind), k.candidates, r.iteration_time_s, r.throughput_samples_per_s,
                k.speedup_over_best_baseline, fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd),
                mib(r.swap_in_bytes + r.swap_out_bytes), mib(r.p2p_bytes), mib(r.collective_bytes),
-               mib(r.peak_memory_bytes), host, plan);
+               mib(r.peak_memory_bytes), host, fit + plan);
   }
   fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
   fmt::print(
       "activations: checkpoint recomputes each layer's forward in the backward (Harmony always does); keep holds "
       "or swaps the saved activations. Each baseline is searched under both; the other policy's best time is in "
       "parentheses.\n");
+  if (!trace_note.empty()) fmt::print("{}\n", trace_note);
   return 0;
 }
 
@@ -389,7 +437,8 @@ int run_cli(int argc, char** argv) {
     sub->add_option("config", cli.config, "YAML configuration (see docs/config.md)")->required();
     sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=4 (repeatable)");
     sub->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
-    sub->add_option("--trace", cli.trace, "write a Chrome trace (Perfetto) of the plan (search: the best plan)");
+    sub->add_option("--trace", cli.trace,
+                    "write a Chrome trace (Perfetto) of the plan (search: the best plan; compare: the fastest kind's)");
   };
   auto* sim_cmd = app.add_subcommand("simulate", "simulate one plan (config `plan:` with u_fwd, u_bwd and packs)");
   add_common(sim_cmd);

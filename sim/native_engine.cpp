@@ -526,6 +526,11 @@ class Engine {
       allocate(op);
     }
     if (x.kind == ActKind::Fixed) {
+      if (x.fixed_ps > core::kMaxTimePs - now_)
+        throw core::ScheduleError(fmt::format(
+            "op {} ({}) starts at {:.6g} s and lasts {:.6g} s: it would end past the simulated time range (about "
+            "9.2e6 s); shorten the step: smaller layer times in the profile, a smaller time_del, or faster rates",
+            p_.op_label(x.a), p_.op_id(x.a), core::ps_to_seconds(now_), core::ps_to_seconds(x.fixed_ps)));
       push(now_ + x.fixed_ps, act, EvKind::FixedEnd);
     } else if (x.latency_ps > 0) {
       push(now_ + x.latency_ps, act, EvKind::LatencyEnd);
@@ -711,9 +716,18 @@ class Engine {
         TimePs fin = now_;
         if (std::isfinite(x.rate) && x.remaining > 0) {
           const double ps = std::ceil(x.remaining * kPs / x.rate);
-          if (!(ps < 4e18))
-            throw core::ScheduleError(
-                fmt::format("op {} would take longer than the simulated time range", p_.op_id(x.a)));
+          if (!(ps < static_cast<double>(core::kMaxTimePs - now_)) && p_.ops[z(x.a)].kind == OpKind::Update)
+            throw core::ScheduleError(fmt::format(
+                "op {} ({}) needs {:.6g} core-seconds of optimizer work: it would end past the simulated time range "
+                "(about 9.2e6 s); raise the CPU Adam rate (cpu_adam) or shrink the model",
+                p_.op_label(x.a), p_.op_id(x.a), x.remaining));
+          if (!(ps < static_cast<double>(core::kMaxTimePs - now_)))
+            throw core::ScheduleError(fmt::format(
+                "op {} ({}) still has {} to move at {}: it would end past the simulated time range (about 9.2e6 s, "
+                "106 days); raise the bandwidth of its links (the topology's link, uplink, nvlink, inter_socket, "
+                "host_memcpy; bw_p2p under the reference keys) or shorten the step (a smaller minibatch or model)",
+                p_.op_label(x.a), p_.op_id(x.a), core::format_bytes(static_cast<Bytes>(x.remaining)),
+                core::format_bandwidth(x.rate)));
           fin = now_ + static_cast<TimePs>(ps);
         }
         push(fin, a, EvKind::FlowEnd, x.version);

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "core/base/error.hpp"
+
 namespace harmony::sim {
 
 using core::Program;
@@ -49,8 +51,14 @@ Timeline run_timeline(const Program& p, std::vector<TimePs> durations) {
   seq_op.reserve(n);
   std::vector<TimePs> ready(n, 0);
   auto start = [&](int op, TimePs now) {
+    const TimePs d = t.duration_ps[static_cast<std::size_t>(op)];
+    if (d > core::kMaxTimePs - now)
+      throw core::ScheduleError(fmt::format(
+          "op {} ({}) starts at {:.6g} s and lasts {:.6g} s: it would end past the simulated time range (about "
+          "9.2e6 s); shorten the step: smaller layer times in the profile, a smaller time_del, or faster rates",
+          p.op_label(op), p.op_id(op), core::ps_to_seconds(now), core::ps_to_seconds(d)));
     t.begin_ps[static_cast<std::size_t>(op)] = now;
-    t.end_ps[static_cast<std::size_t>(op)] = now + t.duration_ps[static_cast<std::size_t>(op)];
+    t.end_ps[static_cast<std::size_t>(op)] = now + d;
     heap.emplace(t.end_ps[static_cast<std::size_t>(op)], seq_op.size());
     seq_op.push_back(op);
   };

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -26,7 +27,8 @@ SweepCommands::SweepCommands(CLI::App& app) {
   sweep_->add_option("sweep", sweep_file_, "sweep file (see docs/sweeps.md)")->required();
   sweep_->add_option("--out", out_, "output folder: sweep.json, results.csv, results.jsonl")->required();
   sweep_->add_option("--shard", shard_, "evaluate only the points p with p % N == I (I/N, default 0/1)");
-  sweep_->add_option("--threads", threads_, "worker threads (default 0 = all cores)")->check(CLI::NonNegativeNumber);
+  sweep_->add_option("--threads", threads_, "worker threads (default 0 = all cores)")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   sweep_->add_flag("--quiet", quiet_, "no progress on stderr");
   sweep_->add_flag("--allow-large-grid", allow_large_grid_,
                    fmt::format("run a sweep of more than {} points", kLargeGridPoints));

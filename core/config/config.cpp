@@ -262,7 +262,7 @@ std::string get_string(const Node& v, const std::string& what) {
 }
 
 int get_int(const Node& v, const std::string& what, int min) {
-  const std::string hint = fmt::format("write a whole number of at least {}", min);
+  const std::string hint = fmt::format("write a whole number from {} to {}", min, std::numeric_limits<int>::max());
   const std::string& s = expect_scalar(v, what, "an integer", hint);
   long long value = 0;
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
@@ -308,13 +308,42 @@ constexpr const char* kBandwidthHint =
 constexpr const char* kDurationHint =
     "write a duration like 40ms, 0.04s, 250us, 10ns or a plain number of seconds like 0.04";
 
+// Range checks for quantities (the bounds and their reasons: core/base/units.hpp, docs/config.md).
+const std::string kBytesRange = "sizes range from 1 B to 1 PiB (2^50 = 1125899906842624 bytes)";
+const std::string kBandwidthRange = "bandwidths range from 1 KB/s (1000 B/s) to 1 EB/s (1e18 B/s)";
+const std::string kDurationRange =
+    "durations range from 0 to 1e6 s (11.6 days), so sums of them fit the "
+    "simulated time range of about 9.2e6 s";
+
+Bytes check_bytes_range(const Node& v, const std::string& what, const std::string& s, Bytes bytes,
+                        const std::string& hint) {
+  if (bytes > kMaxInputBytes)
+    fail(v.loc, fmt::format("{} = '{}' is too large", what, s), fmt::format("{}; {}", kBytesRange, hint));
+  return bytes;
+}
+
+double check_bandwidth_range(const Node& v, const std::string& what, const std::string& s, double bytes_per_s,
+                             const std::string& hint) {
+  if (!(bytes_per_s >= kMinInputBytesPerS) || !(bytes_per_s <= kMaxInputBytesPerS))
+    fail(v.loc, fmt::format("{} = '{}' is too {}", what, s, bytes_per_s < kMinInputBytesPerS ? "small" : "large"),
+         fmt::format("{}; {}", kBandwidthRange, hint));
+  return bytes_per_s;
+}
+
+double check_duration_range(const Node& v, const std::string& what, const std::string& s, double seconds,
+                            const std::string& hint) {
+  if (!(seconds <= kMaxInputSeconds))
+    fail(v.loc, fmt::format("{} = '{}' is too long", what, s), fmt::format("{}; {}", kDurationRange, hint));
+  return seconds;
+}
+
 Bytes get_bytes(const Node& v, const std::string& what) {
   const std::string& s = expect_scalar(v, what, "a size", kSizeHint);
   if (starts_negative(s)) fail(v.loc, fmt::format("{} must be a positive size, got '{}'", what, s), kSizeHint);
   const auto bytes = parse_bytes(s);
   if (!bytes) fail(v.loc, fmt::format("{}: '{}' is not a valid size", what, s), kSizeHint);
   if (*bytes <= 0) fail(v.loc, fmt::format("{} must be a positive size, got '{}'", what, s), kSizeHint);
-  return *bytes;
+  return check_bytes_range(v, what, s, *bytes, kSizeHint);
 }
 
 double get_bandwidth(const Node& v, const std::string& what) {
@@ -322,7 +351,7 @@ double get_bandwidth(const Node& v, const std::string& what) {
   if (starts_negative(s))
     fail(v.loc, fmt::format("{} must be a positive bandwidth, got '{}'", what, s), kBandwidthHint);
   const auto bw = parse_bandwidth(s);
-  if (bw) return *bw;
+  if (bw) return check_bandwidth_range(v, what, s, *bw, kBandwidthHint);
   if (const auto as_size = parse_bytes(s); as_size && *as_size > 0)
     fail(v.loc, fmt::format("{}: '{}' is a size, not a bandwidth", what, s),
          fmt::format("did you mean '{}/s'? {}", s, kBandwidthHint));
@@ -334,7 +363,7 @@ double get_duration(const Node& v, const std::string& what) {
   if (starts_negative(s)) fail(v.loc, fmt::format("{} must not be negative, got '{}'", what, s), kDurationHint);
   const auto d = parse_duration_s(s);
   if (!d) fail(v.loc, fmt::format("{}: '{}' is not a valid duration", what, s), kDurationHint);
-  return *d;
+  return check_duration_range(v, what, s, *d, kDurationHint);
 }
 
 // A list value; a single scalar counts as a one-element list (handy for --set search.u_fwd=8).
@@ -521,7 +550,7 @@ Bytes get_capacity(const Node& v, const std::string& what) {
   if (!bytes) fail(v.loc, fmt::format("{}: '{}' is not a valid size", what, s), kTopologySizeHint);
   if (*bytes <= 0)
     fail(v.loc, fmt::format("{} must be a positive size, got '{}'", what, s), kTopologySizeHint + leave_out);
-  return *bytes;
+  return check_bytes_range(v, what, s, *bytes, kTopologySizeHint);
 }
 
 // A link bandwidth: a bandwidth with a unit, > 0.
@@ -536,7 +565,7 @@ double get_link_bandwidth(const Node& v, const std::string& what) {
     fail(v.loc, fmt::format("{}: '{}' has no unit", what, s),
          fmt::format("did you mean '{}'? {}", suggestion, kTopologyBandwidthHint));
   }
-  if (const auto bw = parse_bandwidth(s)) return *bw;
+  if (const auto bw = parse_bandwidth(s)) return check_bandwidth_range(v, what, s, *bw, kTopologyBandwidthHint);
   const std::string_view t = trimmed(s);
   if (t.size() > 2 && t.substr(t.size() - 2) == "/s") {
     if (const auto size = parse_bytes(t.substr(0, t.size() - 2)); size && *size == 0)
@@ -559,7 +588,7 @@ double get_topology_duration(const Node& v, const std::string& what, std::string
   }
   const auto d = parse_duration_s(s);
   if (!d) fail(v.loc, fmt::format("{}: '{}' is not a valid duration", what, s), kTopologyDurationHint);
-  return *d;
+  return check_duration_range(v, what, s, *d, kTopologyDurationHint);
 }
 
 double get_price(const Node& v, const std::string& what) {
@@ -591,7 +620,12 @@ double get_flops_per_s(const Node& v, const std::string& what) {
     fail(v.loc, fmt::format("{}: '{}' has no unit", what, s),
          fmt::format("did you mean '{}{}'? {}", trimmed(s), *n < 1e6 ? "TFLOP/s" : "FLOP/s", kFlopsHint));
   }
-  if (const auto f = parse_flops_per_s(s)) return *f;
+  if (const auto f = parse_flops_per_s(s)) {
+    if (!(*f >= kMinInputFlopsPerS) || !(*f <= kMaxInputFlopsPerS))
+      fail(v.loc, fmt::format("{} = '{}' is too {}", what, s, *f < kMinInputFlopsPerS ? "small" : "large"),
+           fmt::format("FLOP rates range from 1 MFLOP/s to 1000 PFLOP/s (1e18 FLOP/s); {}", kFlopsHint));
+    return *f;
+  }
   if (parse_flop_count(s))
     fail(v.loc, fmt::format("{}: '{}' is an amount of work, not a rate", what, s),
          fmt::format("did you mean '{}/s'? {}", trimmed(s), kFlopsHint));
@@ -605,7 +639,12 @@ double get_flop_count(const Node& v, const std::string& what) {
   if (const auto n = plain_number(s); n && *n > 0.0)
     fail(v.loc, fmt::format("{}: '{}' has no unit", what, s),
          fmt::format("did you mean '{}GFLOP'? {}", trimmed(s), hint));
-  if (const auto f = parse_flop_count(s)) return *f;
+  if (const auto f = parse_flop_count(s)) {
+    if (!(*f <= kMaxInputFlops))
+      fail(v.loc, fmt::format("{} = '{}' is too large", what, s),
+           fmt::format("FLOP counts range up to 1000 PFLOP (1e18 FLOP); {}", hint));
+    return *f;
+  }
   fail(v.loc, fmt::format("{}: '{}' is not a valid FLOP count", what, s), hint);
 }
 

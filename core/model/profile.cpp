@@ -200,6 +200,13 @@ class Reader {
                        "re-export the profile",
                        pointer_to_path(p), e.example));
     }
+    if (n > kMaxInputBytes) {  // the bound and its reason: core/base/units.hpp
+      const std::string p = ptr();
+      fail(p, fmt::format("{} is {}, too large", pointer_to_path(p), n),
+           fmt::format("sizes and counts range from 0 to 2^50 (1125899906842624, 1 PiB of bytes): correct {} (e.g. "
+                       "{}) or re-export the profile",
+                       pointer_to_path(p), e.example));
+    }
     return n;
   }
 
@@ -213,6 +220,13 @@ class Reader {
       fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), v.dump(), kSeconds.what),
            fmt::format("times are measured durations and never negative: correct {} (e.g. {}) or re-export the "
                        "profile",
+                       pointer_to_path(p), kSeconds.example));
+    }
+    if (s > kMaxInputSeconds) {  // the bound and its reason: core/base/units.hpp
+      const std::string p = ptr();
+      fail(p, fmt::format("{} is {} s, too long", pointer_to_path(p), v.dump()),
+           fmt::format("times range from 0 to 1e6 s (11.6 days), so sums of them fit the simulated time range of "
+                       "about 9.2e6 s: correct {} (e.g. {}) or re-export the profile",
                        pointer_to_path(p), kSeconds.example));
     }
     return s;

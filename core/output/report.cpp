@@ -50,6 +50,9 @@ nlohmann::json report_to_json(const RunReport& r) {
   j["compute_to_global"] = num(r.compute_to_global);
   j["compute_to_rank"] = num(r.compute_to_rank);
   j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["fits"] = r.fits;
+  j["gpu_capacity_bytes"] = r.gpu_capacity_bytes > 0 ? nlohmann::json(r.gpu_capacity_bytes) : nlohmann::json(nullptr);
+  j["excess_bytes"] = r.excess_bytes;
   j["swap_in_bytes"] = r.swap_in_bytes;
   j["swap_out_bytes"] = r.swap_out_bytes;
   j["p2p_bytes"] = r.p2p_bytes;
@@ -115,7 +118,7 @@ std::string summary_line(const RunReport& r, const std::string& title) {
     per += fmt::format("{:.0f}", static_cast<double>(r.per_gpu[i].peak_memory_bytes) / 1024.0 / 1024.0);
   }
   return fmt::format(
-      "=== {} : {:.3f} sec (idle max/avg: {:.0f}%/{:.0f}%) (compute2global/compute2rank: {:.0f}%/{:.0f}%), {:.0f} MB "
+      "=== {} : {:.3f} sec (idle max/avg: {:.0f}%/{:.0f}%) (compute2global/compute2rank: {:.0f}%/{:.0f}%), {:.0f} MiB "
       "({}) ===",
       title, r.iteration_time_s, r.max_end_idle * 100, r.avg_end_idle * 100, r.compute_to_global * 100,
       r.compute_to_rank * 100, static_cast<double>(r.peak_memory_bytes) / 1024.0 / 1024.0, per);

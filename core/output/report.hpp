@@ -95,6 +95,12 @@ struct RunReport {
   Bytes msg_bytes = 0;             // CPU -> CPU messages between processes
   std::size_t num_ops = 0;
   std::size_t num_streams = 0;
+  // Every cost model: whether peak_memory_bytes fits the GPU memory (the scheduler's cap, gpu_memory x
+  // memory_cap_scale, under `reference`; gpu_memory under `native`). `reference` only flags a plan that does
+  // not fit (its timings and ranking stay the paper's); under `native` such a plan is also infeasible.
+  Bytes gpu_capacity_bytes = 0;  // 0: not known (the report was not made by sim::simulate_program)
+  bool fits = true;
+  Bytes excess_bytes = 0;  // peak_memory_bytes - gpu_capacity_bytes when !fits, else 0
   // native cost model (left at defaults by `reference`)
   bool native = false;            // the fields below are filled
   bool feasible = true;           // false: a GPU or host capacity is exceeded; the search skips the plan

@@ -141,6 +141,54 @@ options: {{prefetch: false}}
     r = run("compare", "configs/default.yaml")
     check("compare table", r.returncode == 0 and "zero-infinity" in r.stdout and "speedup" in r.stdout, r.stdout)
 
+    # every output flags a plan whose peak exceeds the GPU: fits false plus the excess (issue 11)
+    r = run("simulate", cfg, "--format", "json", "--set", "machine.gpu_memory=1GiB")
+    check("1 GiB reference simulate exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        j = json.loads(r.stdout)["result"]
+        check("reference keeps the paper's time", abs(j["iteration_time_s"] - 2.9299893261020515) < 1e-6, j)
+        check("1 GiB: fits false with the excess", j["fits"] is False and j["gpu_capacity_bytes"] == 2**30 and
+              j["excess_bytes"] == j["peak_memory_bytes"] - 2**30, (j["fits"], j["excess_bytes"]))
+    r = run("simulate", cfg, "--set", "machine.gpu_memory=1GiB")
+    check("1 GiB table says DOES NOT FIT", r.returncode == 0 and "DOES NOT FIT" in r.stdout, r.stdout[-400:])
+    r = run("simulate", cfg, "--format", "json")
+    check("10 GiB fits", r.returncode == 0 and json.loads(r.stdout)["result"]["fits"] is True, r.stdout[:200])
+    r = run("search", "configs/default.yaml", "--format", "json", "--set", "machine.gpu_memory=7GiB")
+    if r.returncode == 0:
+        res = json.loads(r.stdout)["results"]
+        check("reference search flags, every row has fits", all("fits" in x for x in res), res[:1])
+        for x in res:
+            check("search fits agrees with the peak", x["fits"] == (x["peak_memory_bytes"] <= x["gpu_capacity_bytes"]), x)
+    r = run("compare", "configs/default.yaml", "--format", "json")
+    if r.returncode == 0:
+        for x in json.loads(r.stdout)["results"]:
+            if x.get("feasible"):
+                check(f"compare {x['plan_kind']} reports its peak under reference", x["peak_memory_bytes"] > 0 and
+                      "fits" in x, x.get("peak_memory_bytes"))
+    r = run("compare", "configs/default.yaml", "--format", "json", "--set", "cost_model=native")
+    if r.returncode == 0:
+        for x in json.loads(r.stdout)["results"]:
+            if x.get("feasible"):
+                check(f"native compare {x['plan_kind']}: peak and fits", x["peak_memory_bytes"] > 0 and x["fits"], x)
+
+    # compare --trace writes the fastest kind's Chrome trace (it wrote nothing before)
+    ctrace = os.path.join(tmp, "compare_trace.json")
+    r = run("compare", "configs/default.yaml", "--format", "json", "--trace", ctrace)
+    check("compare --trace exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        res = [x for x in json.loads(r.stdout)["results"] if x.get("feasible")]
+        fastest = min(res, key=lambda x: x["iteration_time_s"])
+        check("compare --trace file written", os.path.exists(ctrace), os.listdir(tmp))
+        if os.path.exists(ctrace):
+            t = json.load(open(ctrace))
+            ends = [e["ts"] + e["dur"] for e in t["traceEvents"] if e.get("ph") == "X"]
+            check("compare --trace is the fastest plan's", ends and
+                  abs(max(ends) / 1e6 - fastest["iteration_time_s"]) < 1e-3 * fastest["iteration_time_s"],
+                  (max(ends) if ends else None, fastest["plan_kind"], fastest["iteration_time_s"]))
+    r = run("compare", "configs/default.yaml", "--trace", ctrace + ".2", "--set", "machine.gpu_memory=64MiB")
+    check("compare --trace with nothing fitting says so", r.returncode == 0 and "no trace written" in r.stdout
+          and not os.path.exists(ctrace + ".2"), r.stdout[-300:])
+
     # --- bad input: exit 2, location, hint
     def bad(name, text, expect_loc, expect_words, args=()):
         path = write(tmp, name + ".yaml", text)
@@ -173,6 +221,40 @@ options: {{prefetch: false}}
     broken = write(tmp, "broken.json", '{\n  "format": "harmony-profile-json",\n  "layers": [1, 2,,]\n}\n')
     bad("broken_profile", f"model: {{profile: {broken}}}\nplan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}}\n",
         "broken.json:3:", ["error"])
+    # quantities beyond their documented range (issue 11): located errors with the range in the hint, exit 2
+    for key, value, words in [("time_del", "1e300", ["too long", "0 to 1e6 s"]),
+                              ("gpu_memory", "9223372036854775807", ["too large", "1 PiB"]),
+                              ("bw_swap", "1B/s", ["too small", "1 KB/s"])]:
+        bad(f"range_{key}", f"model: {{profile: {PROFILE}}}\nmachine: {{preset: paper-1080ti, {key}: {value}}}\n"
+            "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\n",
+            f"range_{key}.yaml:2:", words + ["hint"])
+        r = run("simulate", cfg, "--set", f"machine.{key}={value}")
+        check(f"--set {key}={value}: exit 2 with the range", r.returncode == 2 and words[1] in r.stderr, r.stderr)
+    # a 1e300 s layer time in a profile: located at the value
+    prof = json.load(open(PROFILE))
+    prof["layers"][0]["fwd_time"][0] = 1e300
+    huge = write(tmp, "huge.json", json.dumps(prof, indent=1))
+    bad("range_profile", f"model: {{profile: {huge}}}\nplan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, "
+        "u_bwd: 8, pack_size: 7}\n", "huge.json:", ["fwd_time[0]", "too long", "0 to 1e6 s"])
+    # in-range times whose sum leaves the simulated time range: the op, its times and what to change
+    for layer in prof["layers"]:
+        layer["fwd_time"] = [1e6 for _ in layer["fwd_time"]]
+    slow = write(tmp, "slow.json", json.dumps(prof))
+    slow_cfg = write(tmp, "slow.yaml", f"model: {{profile: {slow}}}\nmachine: {{preset: paper-1080ti}}\n"
+                     "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\n")
+    for model in ["reference", "native"]:
+        r = run("simulate", slow_cfg, "--set", f"cost_model={model}")
+        check(f"{model}: time range exit 2", r.returncode == 2, f"rc={r.returncode} {r.stderr}")
+        check(f"{model}: time range names the op and the fix",
+              "FWD L0-6" in r.stderr and "simulated time range" in r.stderr and "smaller layer times" in r.stderr
+              and "internal" not in r.stderr, r.stderr)
+    # a transfer too slow for the range names its bytes, its bandwidth and the links to raise
+    r = run("simulate", cfg, "--set", "cost_model=native", "--set", "machine.topology.gpus.0.link=1KB/s",
+            "--set", "machine.topology.gpus.1.link=1KB/s", "--set", "plan.minibatch=1024")
+    check("slow link: exit 2", r.returncode == 2, f"rc={r.returncode} {r.stderr}")
+    check("slow link: bytes, bandwidth, fix", "to move at 1000.00 B/s" in r.stderr and "MiB" in r.stderr
+          and "raise the bandwidth" in r.stderr, r.stderr)
+
     # bad CLI flags
     r = run("simulate")
     check("missing config arg exit 2", r.returncode == 2, r.returncode)

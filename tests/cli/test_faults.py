@@ -287,6 +287,18 @@ train: {{steps: 1, data: {tiny}/tokens.bin}}
           "hint:" in r.stderr, (r.returncode, r.stderr))
     check("refused before allocating (fast)", time.time() - t0 < 30, time.time() - t0)
 
+    # --- 8. numeric flag ranges read as finite bounds, not DBL_MAX's 309 digits; quantities name their range
+    for args, binary in [(("train", DEFAULT, "--steps", "-5"), RUN), (("train", DEFAULT, "--checkpoint-every", "-1"), RUN),
+                         (("profile", DEFAULT, "--out", "/tmp/unused.json", "--repeats", "0"), RUN),
+                         (("sweep", "x.yaml", "--out", "/tmp/unused", "--threads", "-1"), SIM)]:
+        r = run(*args, binary=binary)
+        longest = max((len(w) for w in r.stderr.replace(".", " ").split()), default=0)
+        check(f"{args[-2]} {args[-1]}: exit 2 with a readable range", r.returncode == 2 and "2147483647" in r.stderr
+              and longest < 20, (r.returncode, r.stderr))
+    r = run("train", DEFAULT, "--steps", "1", "--gpu-memory", "9223372036854775807")
+    check("--gpu-memory 2^63-1: exit 2, the size range", r.returncode == 2 and "too large" in r.stderr and
+          "1 PiB" in r.stderr, (r.returncode, r.stderr))
+
 print(f"{passed} checks passed, {len(failures)} failed")
 for f in failures:
     print("FAIL", f)

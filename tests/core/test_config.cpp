@@ -487,6 +487,50 @@ TEST_CASE("error: negative and zero sizes") {
   check_at(config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: -8}\n"), "bad.yaml", 3, 39);
 }
 
+TEST_CASE("error: quantities out of their documented range (issue 11)") {
+  struct Case {
+    std::string key, value, message, hint;
+  };
+  const std::vector<Case> cases = {
+      // each wrapped or overflowed before: an event at a negative time, a negative capacity, a silent 1e300 s
+      {"time_del", "1e300", "machine.time_del = '1e300' is too long", "0 to 1e6 s"},
+      {"time_del", "1000001s", "is too long", "0 to 1e6 s"},
+      {"gpu_memory", "9223372036854775807", "machine.gpu_memory = '9223372036854775807' is too large", "1 PiB"},
+      {"gpu_memory", "1025TiB", "is too large", "2^50"},
+      {"bw_swap", "1B/s", "machine.bw_swap = '1B/s' is too small", "1 KB/s (1000 B/s) to 1 EB/s"},
+      {"bw_p2p", "999", "is too small", "1 KB/s"},
+      {"bw_msg", "2e18B/s", "is too large", "1 EB/s"},
+  };
+  for (const Case& c : cases) {
+    const std::string line = "machine: {preset: paper-1080ti, " + c.key + ": " + c.value + "}\n";
+    INFO(line);
+    const ConfigError e = config_error(kModel + line + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n");
+    check_at(e, "bad.yaml", 3, static_cast<int>(line.find(c.value)) + 1);
+    CHECK(contains(e.message(), c.message));
+    CHECK(contains(e.hint(), c.hint));
+  }
+  // the bounds themselves are valid
+  const RunConfig ok = load_config_text(kModel +
+                                            "machine: {preset: paper-1080ti, time_del: 1000000s, gpu_memory: "
+                                            "1125899906842624, bw_swap: 1KB/s, bw_p2p: 1e18}\n"
+                                            "plan: {mode: vPP, gpus: 2, minibatch: 8}\n",
+                                        "ok.yaml");
+  CHECK(ok.machine.time_del_s == 1e6);
+  CHECK(ok.machine.gpu_memory_bytes == Bytes{1} << 50);
+  CHECK(ok.machine.bw_swap_bytes_per_s == 1e3);
+  // counts name their range too
+  const ConfigError n = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 99999999999}\n");
+  CHECK(contains(n.hint(), "from 1 to 2147483647"));
+  // FLOP rates and counts of an analytic machine
+  const ConfigError f =
+      config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n", {"machine.gpu_rates.matrix_fp32=1kFLOP/s"});
+  CHECK(contains(f.message(), "too small"));
+  CHECK(contains(f.hint(), "1 MFLOP/s to 1000 PFLOP/s"));
+  const ConfigError h = config_error(kModel + "plan: {mode: vPP, gpus: 2, minibatch: 8}\n",
+                                     {"machine.gpu_rates.gemm_efficiency.half=2000PFLOP"});
+  CHECK(contains(h.hint(), "up to 1000 PFLOP"));
+}
+
 TEST_CASE("error: bad unit strings show the valid forms") {
   const ConfigError e = config_error(kModel +
                                      "machine:\n  preset: paper-1080ti\n  gpu_memory: 10gib\n"

@@ -642,6 +642,27 @@ TEST_CASE("error: topology quantities need units (plain numbers are bytes only i
   check_at(f.error(text), f.file, pos_of(text, "64gib"));
 }
 
+TEST_CASE("error: topology quantities out of their documented range (issue 11)") {
+  MachineFile f;
+  struct Case {
+    std::string from, to, needle, hint;
+  };
+  const std::vector<Case> cases = {
+      {"host_memory: 64GiB", "host_memory: 2048TiB", "2048TiB", "1 PiB"},
+      {"{switch: plx0, link: 12GB/s}", "{switch: plx0, link: 10B/s}", "10B/s", "1 KB/s"},
+      {"inter_socket: 19.2GB/s", "inter_socket: 2000000TB/s", "2000000TB/s", "1 EB/s"},
+      {"latency: 10us", "latency: 2000000s", "2000000s", "0 to 1e6 s"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.to);
+    const std::string text = with(kBox, c.from, c.to);
+    const ConfigError e = f.error(text);
+    check_at(e, f.file, pos_of(text, c.needle));
+    CHECK(contains(e.message(), "too"));
+    CHECK(contains(e.hint(), c.hint));
+  }
+}
+
 TEST_CASE("error: NVLinks naming a GPU out of range or the GPU itself, or a pair twice") {
   MachineFile f;
   std::string text = with(kBox, "{gpus: [0, 1], bandwidth", "{gpus: [0, 4], bandwidth");

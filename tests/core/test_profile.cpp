@@ -382,6 +382,23 @@ TEST_CASE("negative weight_bytes is reported at the value") {
   check_error(error_of(edit("[0.25, 1.75]", "[0.25, -1.75]")), 20, 26, "layers[0].fwd_time[1] is -1.75");
 }
 
+TEST_CASE("times and sizes beyond their documented range are reported at the value (issue 11)") {
+  // A 1e300 s layer time printed "internal: an event at -9223371662538665028 ps" before.
+  ConfigError e = error_of(edit("[0.25, 1.75]", "[0.25, 1e300]"));
+  check_error(e, 20, 26, "layers[0].fwd_time[1] is 1e+300 s, too long");
+  CHECK(e.hint().find("0 to 1e6 s") != std::string::npos);
+  check_error(error_of(edit("\"update_time_cpu\": 0.5", "\"update_time_cpu\": 1000000.5")), 17, 26,
+              "update_time_cpu is 1000000.5 s, too long");
+  // Line 13: `      "weight_bytes": 1000,` -> 2^50 + 1, one byte past the bound.
+  e = error_of(edit("\"weight_bytes\": 1000", "\"weight_bytes\": 1125899906842625"));
+  check_error(e, 13, 23, "layers[0].weight_bytes is 1125899906842625, too large");
+  CHECK(e.hint().find("2^50") != std::string::npos);
+  check_error(error_of(edit("[100, 201]", "[100, 9223372036854775807]")), 22, 32, "too large");
+  // the bounds themselves load
+  CHECK_NOTHROW(load_profile_text(edit("[0.25, 1.75]", "[0.25, 1e6]"), "mini.json"));
+  CHECK_NOTHROW(load_profile_text(edit("\"weight_bytes\": 1000", "\"weight_bytes\": 1125899906842624"), "mini.json"));
+}
+
 TEST_CASE("wrong format or format_version") {
   // Line 2 `  "format": "harmony-profile-json",`: value at 3 + len("\"format\"") + 2 = column 13.
   const auto e = error_of(edit("\"harmony-profile-json\"", "\"harmony-profile-yaml\""));
