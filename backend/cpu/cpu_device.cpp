@@ -21,6 +21,12 @@
 namespace harmony::backend::cpu {
 namespace {
 
+// memcpy with a null pointer is undefined even for 0 bytes (UBSan flags it), and an empty host vector's data()
+// is null: every copy of a device goes through this.
+void copy_bytes(void* dst, const void* src, core::Bytes bytes) {
+  if (bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+}
+
 class CpuDevice;
 
 class CpuEvent final : public Event {
@@ -155,21 +161,23 @@ class CpuDevice final : public Device, public Kernels {
     check_size(bytes, name_, "copy_h2d");
     check_device(dst, bytes, "copy_h2d", "destination");
     check_host(src, bytes, "copy_h2d", "source");
-    cs.launch_host([=]() { std::memcpy(dst, src, static_cast<std::size_t>(bytes)); });
+    cs.launch_host([=]() { copy_bytes(dst, src, bytes); });
   }
   void copy_d2h(Stream& s, void* dst, const void* src, Bytes bytes) override {
     CpuStream& cs = own(s, "copy_d2h");
     check_size(bytes, name_, "copy_d2h");
     check_device(src, bytes, "copy_d2h", "source");
     check_host(dst, bytes, "copy_d2h", "destination");
-    cs.launch_host([=]() { std::memcpy(dst, src, static_cast<std::size_t>(bytes)); });
+    cs.launch_host([=]() { copy_bytes(dst, src, bytes); });
   }
   void copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Device* dst_device) override;
   void fill_zero(Stream& s, void* dst, Bytes bytes) override {
     CpuStream& cs = own(s, "fill_zero");
     check_size(bytes, name_, "fill_zero");
     check_device(dst, bytes, "fill_zero", "destination");
-    cs.launch_host([=]() { std::memset(dst, 0, static_cast<std::size_t>(bytes)); });
+    cs.launch_host([=]() {
+      if (bytes > 0) std::memset(dst, 0, static_cast<std::size_t>(bytes));
+    });
   }
 
   Kernels& kernels() override { return *this; }
@@ -248,7 +256,9 @@ void CpuDevice::copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Dev
   check_device(src, bytes, "copy_d2d", "source");
   CpuDevice& to = dst_device == nullptr ? *this : as_cpu(*dst_device);
   to.check_device(dst, bytes, "copy_d2d", "destination");
-  cs.launch_host([=]() { std::memmove(dst, src, static_cast<std::size_t>(bytes)); });
+  cs.launch_host([=]() {
+    if (bytes > 0) std::memmove(dst, src, static_cast<std::size_t>(bytes));
+  });
 }
 
 // --- streams ---
@@ -394,7 +404,7 @@ class CpuCommunicator final : public Communicator {
         error = fmt::format("recv on rank {} from rank {} (message {}): expected {} bytes, the sender sent {}", rank,
                             peer, seq, bytes, slot.bytes);
       } else {
-        std::memcpy(dst, slot.src, static_cast<std::size_t>(bytes));
+        copy_bytes(dst, slot.src, bytes);
       }
       slot.error = error;
       slot.done = true;
