@@ -165,7 +165,9 @@ with tempfile.TemporaryDirectory() as tmp:
     t_second = time.time()
     p.communicate(timeout=120)
     waited = time.time() - t_second
-    check("a second signal kills the process (default action)", p.returncode == -signal.SIGTERM,
+    # Sent back to back, the two can reach two threads at once, in either order: whichever is handled second
+    # re-raises with the default action, so the process dies by SIGINT or SIGTERM, never exits 130/143.
+    check("a second signal kills the process (default action)", p.returncode in (-signal.SIGINT, -signal.SIGTERM),
           (p.returncode, t_step))
     check("a second signal ends it promptly (not after the step)", waited < 1.0, waited)
 
