@@ -377,16 +377,12 @@ int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool 
   const LayerRange L{l, l};
   bool stashed = false;
   if (stash_activations && l == 0) {
-    const int X = op(device, Stream::SwapIn, OpKind::X, bwd_task(device, 0), i, L, u, xbytes(u, 0));
-    alloc(X, TensorKind::Stash, L, i, xbytes(u, 0));
-    window(X, device, k);
+    const int X = input_in(device, Stream::SwapIn, OpKind::X, bwd_task(device, 0), 0, i, u, k, TensorKind::Stash);
     ins.push_back(X);
     stashed = true;
   } else if (stash_activations && l < R - 1) {
-    const int S = op(device, Stream::SwapIn, OpKind::sX, bwd_task(device, l), i, L, u, xbytes(u, l));
-    alloc(S, TensorKind::Stash, L, i, xbytes(u, l));
-    dep(S, stash_out);
-    window(S, device, k);
+    const int S =
+        input_in(device, Stream::SwapIn, OpKind::sX, bwd_task(device, l), l, i, u, k, TensorKind::Stash, stash_out);
     ins.push_back(S);
     stashed = true;
   }
@@ -422,6 +418,16 @@ int ProgramBuilder::forward_layer(int device, int l, int i, int u, int k, bool s
   }
   saved_out = keep() && stash_activations && l < R - 1 ? swap_out_saved(device, l, i, u, F, k) : -1;
   return F;
+}
+
+int ProgramBuilder::input_in(int device, Stream stream, OpKind kind, int task, int l, int i, int u, int k,
+                             TensorKind as, int after) {
+  const LayerRange L{l, l};
+  const int in = op(device, stream, kind, task, i, L, u, xbytes(u, l));
+  alloc(in, as, L, i, xbytes(u, l));
+  if (after >= 0) dep(in, after);
+  window(in, device, k);
+  return in;
 }
 
 void ProgramBuilder::window(int op, int device, int consumer_step) {

@@ -124,6 +124,10 @@ class ProgramBuilder {
   int next_step(int device) const;  // the step index the next compute op of `device` gets
 
   void dep(int op, int on);
+  // Layer l's input for microbatch i coming in to `device` (the data X, a stashed sX, a peer's X) on `stream`:
+  // the op, its alloc as `as`, a dependency on `after` when >= 0, windowed to step k. Returns the op.
+  int input_in(int device, Stream stream, OpKind kind, int task, int l, int i, int u, int k, TensorKind as,
+               int after = -1);
   void window(int op, int device, int consumer_step);  // `op` waits for step consumer_step - 2
   // Backward of layer l for microbatch i at step k on `device`: brings the stashed input back from the
   // host when `stash_activations` (the data X for layer 0, else the sX swapped out at `stash_out`), and

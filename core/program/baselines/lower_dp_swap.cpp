@@ -55,9 +55,7 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
         const int k = b.next_step(g);
         std::vector<int> ins;
         if (l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
+          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
           ins.push_back(X);
         }
         if (b.has_params(l) && (sw || i == 0)) {

@@ -60,15 +60,11 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
         }
         const auto iu = static_cast<std::size_t>(i);
         if (l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
+          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
           ins.push_back(X);
         } else if (b.xbytes(u, l) > 0 && sa) {
-          const int S = b.op(g, Stream::SwapIn, OpKind::sX, b.fwd_task(g, l), i, L, u, b.xbytes(u, l));
-          b.alloc(S, TensorKind::Activation, L, i, b.xbytes(u, l));
-          b.dep(S, stash_out[static_cast<std::size_t>(l)][iu]);
-          b.window(S, g, k);
+          const int S = b.input_in(g, Stream::SwapIn, OpKind::sX, b.fwd_task(g, l), l, i, u, k, TensorKind::Activation,
+                                   stash_out[static_cast<std::size_t>(l)][iu]);
           ins.push_back(S);
         } else if (b.xbytes(u, l) > 0) {
           ins.push_back(stash_out[static_cast<std::size_t>(l)][iu]);  // the copy must be out before the free
@@ -107,15 +103,11 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
           ins.push_back(W);
         }
         if (l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.bwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Stash, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
+          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.bwd_task(g, 0), 0, i, u, k, TensorKind::Stash);
           ins.push_back(X);
         } else if (b.xbytes(u, l) > 0) {
-          const int S = b.op(g, Stream::SwapIn, OpKind::sX, b.bwd_task(g, l), i, L, u, b.xbytes(u, l));
-          b.alloc(S, TensorKind::Stash, L, i, b.xbytes(u, l));
-          b.dep(S, stash_out[static_cast<std::size_t>(l)][iu]);
-          b.window(S, g, k);
+          const int S = b.input_in(g, Stream::SwapIn, OpKind::sX, b.bwd_task(g, l), l, i, u, k, TensorKind::Stash,
+                                   stash_out[static_cast<std::size_t>(l)][iu]);
           ins.push_back(S);
         }
         const Bytes dy = b.xbytes(u, l + 1);

@@ -63,10 +63,8 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
         const int k = b.next_step(s);
         std::vector<int> ins;
         if (l == a) {
-          const int X =
-              b.op(s, s == 0 ? Stream::SwapIn : Stream::P2PIn, OpKind::X, b.fwd_task(s, a), i, L, u, b.xbytes(u, a));
-          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, a));
-          b.window(X, s, k);
+          const int X = b.input_in(s, s == 0 ? Stream::SwapIn : Stream::P2PIn, OpKind::X, b.fwd_task(s, a), a, i, u, k,
+                                   TensorKind::Activation);
           ins.push_back(X);
           if (s > 0) xin[su][iu] = X;
         }
@@ -123,15 +121,11 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
           ins.push_back(W);
         }
         if (sa && l == 0) {
-          const int X = b.op(s, Stream::SwapIn, OpKind::X, b.bwd_task(s, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Stash, L, i, b.xbytes(u, 0));
-          b.window(X, s, k);
+          const int X = b.input_in(s, Stream::SwapIn, OpKind::X, b.bwd_task(s, 0), 0, i, u, k, TensorKind::Stash);
           ins.push_back(X);
         } else if (sa) {
-          const int S = b.op(s, Stream::SwapIn, OpKind::sX, b.bwd_task(s, l), i, L, u, b.xbytes(u, l));
-          b.alloc(S, TensorKind::Stash, L, i, b.xbytes(u, l));
-          b.dep(S, sx_out[static_cast<std::size_t>(l)][iu]);
-          b.window(S, s, k);
+          const int S = b.input_in(s, Stream::SwapIn, OpKind::sX, b.bwd_task(s, l), l, i, u, k, TensorKind::Stash,
+                                   sx_out[static_cast<std::size_t>(l)][iu]);
           ins.push_back(S);
         }
         if (b.keep() && sa) ins.push_back(b.swap_in_saved(s, l, i, u, saved_out[static_cast<std::size_t>(l)][iu], k));

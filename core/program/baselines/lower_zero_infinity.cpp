@@ -74,13 +74,10 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
     std::vector<int> saved_out(static_cast<std::size_t>(R), -1);
     for (int i = 0; i < m; ++i) {
       for (int l = 0; l < R; ++l) {
-        const LayerRange L{l, l};
         const int k = b.next_step(g);
         std::vector<int> ins;
         if (l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
+          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
           ins.push_back(X);
         }
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
