@@ -61,12 +61,13 @@ step() {
   return "$rc"
 }
 finish() {
-  python3 - "$out" "$gpt2" "$seq_len" "$batch" "${PEAK_BF16_TFLOPS:-}" "$((SECONDS - start))" "${bf16:-false}" <<'PY'
+  python3 - "$out" "$gpt2" "$seq_len" "$batch" "${PEAK_BF16_TFLOPS:-}" "$((SECONDS - start))" "${bf16:-false}" \
+    "$deadline_s" <<'PY'
 import json, re, sys
-out, gpt2, T, B, peak, elapsed, bf16 = sys.argv[1:]
+out, gpt2, T, B, peak, elapsed, bf16, deadline = sys.argv[1:]
 g = {k: int(v) for k, v in re.findall(r"(vocab_size|max_seq_len|n_layer|n_head|n_embd):\s*(\d+)", gpt2)}
 json.dump({"gpt2": g, "seq_len": int(T), "batch": int(B), "peak_bf16_tflops": float(peak) if peak else None,
-           "elapsed_s": int(elapsed), "bf16_implemented": bf16 == "true"}, open(f"{out}/params.json", "w"), indent=1)
+           "elapsed_s": int(elapsed), "deadline_s": int(deadline), "bf16_implemented": bf16 == "true"}, open(f"{out}/params.json", "w"), indent=1)
 PY
   echo
   python3 "$root/scripts/gpu_verdict.py" "$out" --markdown "$out/table.md"

@@ -19,7 +19,7 @@ MFU_SEQ_LEN = 1024  # ... at T = 1024
 CAPPED_FRACTION = 0.85  # Harmony under a memory cap vs in-memory throughput
 SIM_ERROR = 0.10  # |harmony-sim - measured| / measured
 LOSS_RTOL = 1e-4  # CUDA vs CPU device losses over 3 steps (fp32, strict: no TF32, row-order sums)
-DEADLINE_S = 480  # the whole check, build included
+DEADLINE_S = 480  # the whole check, build included (a smaller DEADLINE_S recorded in params.json is used instead)
 PLAN_KINDS = ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l"]
 TESTS = ["backend_cuda_device", "backend_adamw_parallel", "backend_cuda_index"]
 # Dense BF16 tensor-core peaks (TFLOP/s, no sparsity) by GPU name; PEAK_BF16_TFLOPS overrides (params.json).
@@ -72,18 +72,29 @@ def version_tuple(v):
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def first_error(name):
+    """The first line of NAME.log that mentions an error (or its last line), for the detail column."""
+    try:
+        with open(os.path.join(OUT, f"{name}.log"), errors="replace") as f:
+            lines = [x.strip() for x in f if x.strip()]
+    except OSError:
+        return ""
+    hit = next((x for x in lines if "error" in x.lower()), lines[-1] if lines else "")
+    return f": {hit[:160]}" if hit else ""
+
+
 def step_problem(steps, name):
     """None when step `name` ran and exited 0; otherwise why not, in words."""
     s = steps.get(name)
     if s is None:
         return "not run"
     if s.get("deadline"):
-        return f"not run: the {DEADLINE_S} s deadline had passed" if s.get("rc") is None else \
-            f"cut off by the {DEADLINE_S} s deadline after {s.get('s', 0):.0f} s"
+        return f"not run: the {DEADLINE} s deadline had passed" if s.get("rc") is None else \
+            f"cut off by the {DEADLINE} s deadline after {s.get('s', 0):.0f} s"
     if s.get("rc") in (124, 137):
         return f"timed out after {s.get('s', 0):.0f} s"
     if s.get("rc") != 0:
-        return f"exit {s.get('rc')} (log {name}.log)"
+        return f"exit {s.get('rc')} (log {name}.log){first_error(name)}"
     return None
 
 
@@ -273,10 +284,17 @@ def check_losses(v, out, steps):
                   f"worst relative difference {worst:.1e} (tolerance {LOSS_RTOL:.0e}); CUDA {lg[-1]:.6f}, CPU {lc[-1]:.6f}")
 
 
+OUT = "."  # the folder being judged (for the logs step_problem quotes)
+DEADLINE = DEADLINE_S  # the deadline of the run being judged
+
+
 def verdict(out):
+    global OUT, DEADLINE
+    OUT = out
     v = Verdict()
     env = load_json(out, "env.json")
     params = load_json(out, "params.json") or {}
+    DEADLINE = min(int(params.get("deadline_s") or DEADLINE_S), DEADLINE_S)
     steps = load_steps(out)
     if not check_env(v, env):
         return v  # nothing else was run
@@ -311,9 +329,9 @@ def verdict(out):
     check_losses(v, out, steps)
     elapsed = params.get("elapsed_s")
     if elapsed is None:
-        v.add(f"whole check within {DEADLINE_S} s", "FAILED", "params.json has no elapsed_s")
+        v.add(f"whole check within {DEADLINE} s", "FAILED", "params.json has no elapsed_s")
     else:
-        v.add(f"whole check within {DEADLINE_S} s", "PASSED" if elapsed <= DEADLINE_S else "FAILED", f"{elapsed:.0f} s")
+        v.add(f"whole check within {DEADLINE} s", "PASSED" if elapsed <= DEADLINE else "FAILED", f"{elapsed:.0f} s")
     return v
 
 

@@ -162,6 +162,9 @@ def main():
                        "harmony-sim prediction within 10%", ["timed out after 90 s"])
         expect_failure(tmp, "over-deadline", lambda d: edit_json(d, "params.json", lambda p: p.update(elapsed_s=481)),
                        "whole check within 480 s", ["481 s"])
+        expect_failure(tmp, "over-own-deadline",  # DEADLINE_S=300: judged against 300 s, not 480
+                       lambda d: edit_json(d, "params.json", lambda p: p.update(deadline_s=300)),
+                       "whole check within 300 s", ["431 s"])
         expect_failure(tmp, "missing-output", lambda d: os.remove(os.path.join(d, "c_auto.json")),
                        "Harmony under a memory cap >= 85% of in-memory", ["not JSON"])
         expect_failure(tmp, "step-never-ran",
