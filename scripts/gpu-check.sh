@@ -77,14 +77,24 @@ PY
 # --- 0. environment --------------------------------------------------------------------------------------------
 nvcc_bin=$(command -v nvcc || true)
 [[ -z $nvcc_bin && -x /usr/local/cuda/bin/nvcc ]] && nvcc_bin=/usr/local/cuda/bin/nvcc
-[[ -n $nvcc_bin ]] && export PATH="$(dirname "$nvcc_bin"):$PATH"
+if [[ -n $nvcc_bin ]]; then
+  PATH="$(dirname "$nvcc_bin"):$PATH"
+  export PATH
+fi
 smi_err=""
 smi=$(nvidia-smi 2>&1) || smi_err=$(printf '%s' "$smi" | head -n 1)
 printf '%s\n' "$smi" >"$out/nvidia-smi.txt"
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
-driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
-driver_cuda=$(printf '%s' "$smi" | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)
+smi_q() {  # one field of GPU 0, or nothing when nvidia-smi fails (its error text is not a value)
+  local v
+  [[ -z $smi_err ]] || return 0
+  v=$(nvidia-smi --query-gpu="$1" --format=csv,noheader,nounits 2>/dev/null) || return 0
+  printf '%s' "$v" | head -n 1
+}
+gpu_name=$(smi_q name)
+cc=$(smi_q compute_cap | tr -d ' ')
+driver=$(smi_q driver_version | tr -d ' ')
+driver_cuda=""
+[[ -z $smi_err ]] && driver_cuda=$(printf '%s' "$smi" | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)
 toolkit_cuda=""
 [[ -n $nvcc_bin ]] && toolkit_cuda=$("$nvcc_bin" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p' | head -n 1)
 cuda_root=$([[ -n $nvcc_bin ]] && cd "$(dirname "$nvcc_bin")/.." && pwd)
@@ -148,7 +158,7 @@ step bench_adamw 60 "$build/bench/bench_adamw" --params 33554432 --repeats 3 &&
 
 # --- 4. training ---------------------------------------------------------------------------------------------------
 h2d=$(python3 -c "import json; print(json.load(open('$out/bench_cuda.json'))['h2d_device_GBps'])" 2>/dev/null || echo 25)
-free_mib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -n 1 | tr -d ' ')
+free_mib=$(smi_q memory.free | tr -d ' ')
 big="$((free_mib - 4096))MiB"  # less 4 GiB for the CUDA context, cuBLAS and the streams' workspaces
 cat >"$out/machine.yaml" <<EOF
 # Written by scripts/gpu-check.sh: one $gpu_name, the host link at harmony's measured pinned H2D rate.

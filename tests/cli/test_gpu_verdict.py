@@ -171,6 +171,28 @@ def main():
                        lambda d: edit_step(d, "test_backend_cuda_index", name="something_else"),
                        "test backend_cuda_index", ["not run"])
 
+        # --- gpu-check.sh itself where nvidia-smi cannot reach a driver (a stand-in first on PATH, so this is the
+        # same on any machine): it stops after the environment, records env.json and fails with the reason
+        fake = os.path.join(tmp, "bin")
+        os.makedirs(fake)
+        with open(os.path.join(fake, "nvidia-smi"), "w") as f:
+            f.write("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\n"
+                    "exit 9\n")
+        os.chmod(os.path.join(fake, "nvidia-smi"), 0o755)
+        out = os.path.join(tmp, "gc-out")
+        env = dict(os.environ, PATH=fake + os.pathsep + os.environ.get("PATH", ""))
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu-check.sh"), out], capture_output=True, text=True,
+                           env=env, timeout=120)
+        check("gpu-check.sh without a driver: exit 1", r.returncode == 1, r.stdout + r.stderr)
+        check("gpu-check.sh without a driver: environment FAILED with nvidia-smi's reason",
+              "| environment | FAILED |" in r.stdout and "couldn't communicate with the NVIDIA driver" in r.stdout, r.stdout)
+        envj = json.load(open(os.path.join(out, "env.json"))) if os.path.exists(os.path.join(out, "env.json")) else {}
+        check("gpu-check.sh without a driver: env.json recorded", envj.get("gpu") is None and "libs" in envj, envj)
+        check("gpu-check.sh without a driver: table.md written", os.path.exists(os.path.join(out, "table.md")))
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu-check.sh")], capture_output=True, text=True,
+                           timeout=60)
+        check("gpu-check.sh without OUT_DIR: usage, exit 2", r.returncode == 2 and "usage" in r.stderr, r.stderr)
+
         # --- usage
         r, _ = verdict(os.path.join(tmp, "does-not-exist"))
         check("usage: a missing folder is exit 2", r.returncode == 2, r.stdout + r.stderr)
