@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
+#include "core/output/trace.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
-#include "core/output/trace.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
@@ -356,9 +356,10 @@ void mark_pareto(std::vector<CostPoint>& pts) {
 }
 
 // The sweep file the results came from: --sweep FILE, else the path sweep.json records: its absolute form when
-// it has one (`sweep_file_absolute`), as given (absolute, or relative to the working folder), then relative to the results folder and each folder above it, then beside
-// the results. The first with the results' fingerprint wins; a file found with another fingerprint is an error
-// (its points are other plans). nullopt: none found (`tried` lists where it looked).
+// it has one (`sweep_file_absolute`), as given (absolute, or relative to the working folder), then relative to the
+// results folder and each folder above it, then beside the results. The first with the results' fingerprint wins; a
+// file found with another fingerprint is an error (its points are other plans). nullopt: none found (`tried` lists
+// where it looked).
 std::optional<Sweep> find_sweep(const fs::path& dir, const fs::path& meta_path, const std::string& recorded,
                                 const std::string& recorded_absolute, const std::string& fingerprint,
                                 const std::string& given, std::string* tried) {
@@ -662,8 +663,7 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
       row.push_back(num_or_dash(r.throughput, "{:.3f}"));
       row.push_back(r.iteration_s ? fmt_duration(*r.iteration_s) : "-");
       row.push_back(num_or_dash(r.u_fwd, "{:.0f}") + "/" + num_or_dash(r.u_bwd, "{:.0f}"));
-      row.push_back(num_or_dash(r.peak_bytes, "{:.2f}", 1.0 / kGiB) +
-                    (r.fits && !*r.fits ? " (over capacity)" : ""));
+      row.push_back(num_or_dash(r.peak_bytes, "{:.2f}", 1.0 / kGiB) + (r.fits && !*r.fits ? " (over capacity)" : ""));
       row.push_back(num_or_dash(r.swap_bytes, "{:.2f}", 1.0 / kGiB));
       row.push_back(num_or_dash(r.p2p_bytes, "{:.2f}", 1.0 / kGiB));
       row.push_back(num_or_dash(r.collective_bytes, "{:.2f}", 1.0 / kGiB));
@@ -674,9 +674,9 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
       }
       s.rows.push_back(std::move(row));
     }
-    s.ranked_note = fmt::format("{} feasible rows of {} for this model ranked by {} ({}); {} shown.", ranked.size(),
-                                mine.size(), metric_column(by),
-                                higher_is_better(by) ? "highest first" : "lowest first", shown);
+    s.ranked_note =
+        fmt::format("{} feasible rows of {} for this model ranked by {} ({}); {} shown.", ranked.size(), mine.size(),
+                    metric_column(by), higher_is_better(by) ? "highest first" : "lowest first", shown);
 
     // Throughput vs GPUs, one chart per machine: per kind the best samples/s at each GPU count.
     for (const auto& hk : machines.order) {
@@ -685,8 +685,7 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
       for (const auto& kind : kinds_in_order) {
         std::map<std::int64_t, double> best;
         for (const auto* r : mine) {
-          if (!is_ok(*r) || r->kind != kind || !r->throughput || !r->gpus ||
-              group_key(*r, grid_keys, "machine") != hk)
+          if (!is_ok(*r) || r->kind != kind || !r->throughput || !r->gpus || group_key(*r, grid_keys, "machine") != hk)
             continue;
           const auto n = static_cast<std::int64_t>(*r->gpus);
           if (!best.count(n) || *r->throughput > best[n]) best[n] = *r->throughput;
@@ -717,16 +716,18 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
   for (const auto& r : ranked_of) any_ranked = any_ranked || !r.empty();
   if (!any_ranked) return d;
   std::string tried;
-  const auto sweep = find_sweep(dir, meta_path, sweep_file, meta.contains("sweep_file_absolute") && meta["sweep_file_absolute"].is_string()
-                                           ? meta["sweep_file_absolute"].get<std::string>()
-                                           : std::string(),
+  const auto sweep = find_sweep(dir, meta_path, sweep_file,
+                                meta.contains("sweep_file_absolute") && meta["sweep_file_absolute"].is_string()
+                                    ? meta["sweep_file_absolute"].get<std::string>()
+                                    : std::string(),
                                 fingerprint, options.sweep_file, &tried);
   if (!sweep) {
+    // The page names the recorded path only (no paths of this machine); stderr says where it looked.
     const std::string why = fmt::format(
-        "the sweep file '{}' is not found (tried {}), so the best plans are not re-simulated: no timeline, memory, "
-        "ledger, bottleneck or trace",
-        sweep_file, tried);
-    d.warnings.push_back(why + "; give the sweep file with --sweep FILE");
+        "the sweep file '{}' is not found from here, so the best plans are not re-simulated (no timeline, memory, "
+        "ledger, bottleneck or trace)",
+        sweep_file);
+    d.warnings.push_back(why + "; tried " + tried + "; give the sweep file with --sweep FILE");
     for (auto& s : d.models) s.best_note = why + ". Rerun with --sweep FILE.";
   }
   for (std::size_t m = 0; m < d.models.size(); ++m) {
@@ -755,8 +756,8 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
       if (o.rfind("plan.mode=", 0) != 0) where += ", " + o;  // the kind is in the title
     s.has_best = true;
     s.best = make_best(kr, model, cfg, where);
-    s.facts.emplace_back("best plan on", cfg.machine.name + " (" + cfg.machine.gpu_name + "), cost model " +
-                                             cfg.cost_model);
+    s.facts.emplace_back("best plan on",
+                         cfg.machine.name + " (" + cfg.machine.gpu_name + "), cost model " + cfg.cost_model);
   }
   return d;
 }
@@ -989,8 +990,7 @@ std::string timeline_svg(const BestPlan& b, const std::string& id) {
 
   std::string out = fmt::format(
       R"(<svg id="{}" class="timeline" xmlns="http://www.w3.org/2000/svg" width="{:.0f}" height="{:.0f}" viewBox="0 0 {:.0f} {:.0f}" shape-rendering="crispEdges" role="img" aria-label="timeline of the best plan">)",
-      id,
-      kLabelWidth + kPlotWidth + 40, height, kLabelWidth + kPlotWidth + 40, height);
+      id, kLabelWidth + kPlotWidth + 40, height, kLabelWidth + kPlotWidth + 40, height);
   axis_ticks(out, ax, kTop - 6, height - 4);
   for (std::size_t q = 0; q < prog.queues.size(); ++q) {
     const auto& queue = prog.queues[q];
@@ -1238,9 +1238,9 @@ std::string bottleneck_html(const BestPlan& b) {
 
 // Plan kind colours of the sweep charts: disjoint from the op colours (the screenshot test counts those).
 const char* kind_color(const std::string& kind) {
-  static const std::pair<const char*, const char*> kColors[] = {
-      {"harmony-pp", "#1f77b4"}, {"harmony-dp", "#17becf"},    {"dp-swap", "#d62728"},
-      {"pp-swap", "#9467bd"},    {"zero-infinity", "#8c564b"}, {"l2l", "#7f7f7f"}};
+  static const std::pair<const char*, const char*> kColors[] = {{"harmony-pp", "#1f77b4"},    {"harmony-dp", "#17becf"},
+                                                                {"dp-swap", "#d62728"},       {"pp-swap", "#9467bd"},
+                                                                {"zero-infinity", "#8c564b"}, {"l2l", "#7f7f7f"}};
   for (const auto& [k, c] : kColors)
     if (kind == k) return c;
   return "#bcbd22";
@@ -1292,8 +1292,8 @@ std::string throughput_svg(const ThroughputChart& c, const std::string& id) {
   for (const auto n : xs)
     out += fmt::format(R"(<text x="{:.1f}" y="{:.0f}" class="tick" text-anchor="middle">{}</text>)", x_of(n),
                        kChartH - kChartB + 16, n);
-  out += fmt::format(R"(<text x="{:.0f}" y="{:.0f}" class="tick" text-anchor="middle">GPUs</text>)",
-                     kChartL + pw / 2, kChartH - 6);
+  out += fmt::format(R"(<text x="{:.0f}" y="{:.0f}" class="tick" text-anchor="middle">GPUs</text>)", kChartL + pw / 2,
+                     kChartH - 6);
   out += fmt::format(
       R"svg(<text x="14" y="{:.0f}" class="tick" text-anchor="middle" transform="rotate(-90 14 {:.0f})">samples/s</text>)svg",
       kChartT + ph / 2, kChartT + ph / 2);
@@ -1514,8 +1514,8 @@ std::string model_html(const ReportData& d, const ModelSection& s, std::size_t i
       std::vector<std::string> kinds;
       for (std::size_t c = 0; c < s.throughput.size(); ++c) {
         const auto& chart = s.throughput[c];
-        out += "<figure>" + throughput_svg(chart, fmt::format("throughput-svg-{}-{}", i, c)) +
-               "<figcaption>" + html_escape(chart.machine) + "</figcaption></figure>";
+        out += "<figure>" + throughput_svg(chart, fmt::format("throughput-svg-{}-{}", i, c)) + "<figcaption>" +
+               html_escape(chart.machine) + "</figcaption></figure>";
         for (const auto& ser : chart.series)
           if (std::find(kinds.begin(), kinds.end(), ser.kind) == kinds.end()) kinds.push_back(ser.kind);
       }
