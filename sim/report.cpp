@@ -303,6 +303,16 @@ struct Groups {
   std::map<std::string, std::string> label;
 };
 
+std::string group_key(const RowView& r, const std::vector<std::string>& grid_keys, const char* prefix) {
+  const bool model = std::string(prefix) == "model";
+  const std::string& name = model ? r.model_name : r.machine_name;
+  if (name.empty()) return {};
+  std::string extra;
+  for (std::size_t a = 0; a < grid_keys.size(); ++a)
+    if (key_in(grid_keys[a], prefix)) extra += (extra.empty() ? "" : ", ") + r.grid[a];
+  return name + '\x1f' + extra;
+}
+
 Groups make_groups(const std::vector<RowView>& rows, const std::vector<std::string>& grid_keys, const char* prefix) {
   Groups g;
   std::map<std::string, std::string> name_of, extra_of;
@@ -312,9 +322,13 @@ Groups make_groups(const std::vector<RowView>& rows, const std::vector<std::stri
     const std::string& name = model ? r.model_name : r.machine_name;
     if (name.empty()) continue;
     std::string extra;
-    for (std::size_t a = 0; a < grid_keys.size(); ++a)
-      if (key_in(grid_keys[a], prefix)) extra += (extra.empty() ? "" : ", ") + r.grid[a];
-    const std::string key = name + '\x1f' + extra;
+    for (std::size_t a = 0; a < grid_keys.size(); ++a) {
+      if (!key_in(grid_keys[a], prefix)) continue;
+      std::string v = r.grid[a];  // a flow map's braces are noise in a label: "preset: x, price_per_hour: 2"
+      if (v.size() >= 2 && v.front() == '{' && v.back() == '}') v = v.substr(1, v.size() - 2);
+      extra += (extra.empty() ? "" : ", ") + v;
+    }
+    const std::string key = group_key(r, grid_keys, prefix);
     if (name_of.count(key)) continue;
     g.order.push_back(key);
     name_of[key] = name;
@@ -322,20 +336,10 @@ Groups make_groups(const std::vector<RowView>& rows, const std::vector<std::stri
     ++name_count[name];
   }
   for (const auto& key : g.order)
-    g.label[key] = name_count[name_of[key]] > 1 && !extra_of[key].empty()
+    g.label[key] = name_count[name_of[key]] > 1 && !extra_of[key].empty() && extra_of[key] != name_of[key]
                        ? fmt::format("{} ({})", name_of[key], extra_of[key])
                        : name_of[key];
   return g;
-}
-
-std::string group_key(const RowView& r, const std::vector<std::string>& grid_keys, const char* prefix) {
-  const bool model = std::string(prefix) == "model";
-  const std::string& name = model ? r.model_name : r.machine_name;
-  if (name.empty()) return {};
-  std::string extra;
-  for (std::size_t a = 0; a < grid_keys.size(); ++a)
-    if (key_in(grid_keys[a], prefix)) extra += (extra.empty() ? "" : ", ") + r.grid[a];
-  return name + '\x1f' + extra;
 }
 
 // Marks the rows no other row beats on both time to train and cost (ties: the first of equal points).

@@ -486,6 +486,22 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("report", elsewhere, cwd=tmp)
     check("sweep_file_absolute", r.returncode == 0 and "warning" not in r.stderr, r.stdout + r.stderr)
 
+    # one preset at two prices: two machines, told apart by their grid values (without YAML braces)
+    with open(os.path.join(proj, "sweeps", "prices.yaml"), "w") as f:
+        f.write("base: tiny_base.yaml\n"
+                "grid:\n"
+                "  machine: [paper-1080ti, {preset: paper-1080ti, price_per_hour: 2.5}]\n"
+                "kinds: [harmony-pp]\n")
+    r = run("sweep", "sweeps/prices.yaml", "--out", "runs/prices", "--quiet", cwd=proj)
+    check("prices sweep", r.returncode == 0, r.stdout + r.stderr)
+    r = run("report", "runs/prices", cwd=proj)
+    check("prices report", r.returncode == 0, r.stdout + r.stderr)
+    if r.returncode == 0:
+        pp, _ = parse(os.path.join(proj, "runs", "prices", "report.html"))
+        heads = pp.tables.get("heatmap", [[]])[0][1:]
+        check("one preset at two prices: two labelled columns",
+              heads == ["paper-1080ti", "paper-1080ti (preset: paper-1080ti, price_per_hour: 2.5)"], heads)
+
     # --- a config: every plan kind ranked, its best plan's trace beside the page
     cfg_page = os.path.join(tmp, "config.html")
     r = run("report", "configs/examples/gpt2_medium_search.yaml", "--out", cfg_page, "--set", "plan.gpus=2")
