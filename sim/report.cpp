@@ -180,29 +180,39 @@ RowView read_row(const nlohmann::json& r, const std::vector<std::string>& grid_k
     }
     return std::string();
   };
+  // Numbers beyond +-1e300 are unknown: every later product, log and cast stays finite and defined.
   const auto number = [&](std::initializer_list<const char*> keys) -> std::optional<double> {
     for (const char* k : keys) {
       const auto it = r.find(k);
-      if (it != r.end() && it->is_number()) return it->get<double>();
+      if (it != r.end() && it->is_number()) {
+        const double x = it->get<double>();
+        return std::isfinite(x) && std::fabs(x) < 1e300 ? std::optional<double>(x) : std::nullopt;
+      }
     }
     return std::nullopt;
   };
+  // Counts (point, GPUs, minibatch, u): whole numbers in [0, 2^53], else unknown.
+  const auto count = [&](std::initializer_list<const char*> keys) -> std::optional<double> {
+    const auto x = number(keys);
+    return x && *x >= 0 && *x <= 9007199254740992.0 && std::floor(*x) == *x ? x : std::nullopt;
+  };
   RowView v;
-  v.point = static_cast<std::size_t>(number({"point"}).value_or(0));
+  const auto point = count({"point"});
+  v.point = point ? static_cast<std::size_t>(*point) : std::numeric_limits<std::size_t>::max();
   v.kind = text({"plan_kind", "kind"});
   v.model_name = text({"model_name"});
   v.machine_name = text({"machine_name"});
   v.status = text({"status"});
   v.reason = text({"reason"});
   if (const auto it = r.find("fits"); it != r.end() && it->is_boolean()) v.fits = it->get<bool>();
-  v.gpus = number({"gpus"});
-  v.minibatch = number({"minibatch"});
+  v.gpus = count({"gpus"});
+  v.minibatch = count({"minibatch"});
   v.throughput = number({"throughput_samples_per_s"});
   v.iteration_s = number({"iteration_time_s"});
   v.time_to_train_s = number({"time_to_train_s"});
   v.cost = number({"cost"});
-  v.u_fwd = number({"u_fwd"});
-  v.u_bwd = number({"u_bwd"});
+  v.u_fwd = count({"u_fwd"});
+  v.u_bwd = count({"u_bwd"});
   v.peak_bytes = number({"peak_memory_bytes"});
   const auto in = number({"swap_in_bytes"});
   const auto out = number({"swap_out_bytes"});
