@@ -1573,7 +1573,7 @@ body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2
 h1{font-size:22px;margin:0 0 8px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd} h3{font-size:15px;margin:16px 0 6px} h4{font-size:14px;margin:14px 0 6px}
 table{border-collapse:collapse;margin:6px 0 12px;font-size:13px} th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
 th{background:#f4f4f4} td.num,th.num{text-align:right;font-variant-numeric:tabular-nums} table[id^="ranked-table"] tbody tr:nth-child(1) td{font-weight:600}
-table.heat td.cell{text-align:center;min-width:120px;border:2px solid #fff}
+table.heat td.cell{text-align:center;min-width:120px;border:1px solid #d8d8d8}
 dl.facts{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:8px 0} dl.facts dt{color:#666} dl.facts dd{margin:0}
 nav a{margin-right:14px} .note{color:#555;font-size:13px}
 .charts{display:flex;flex-wrap:wrap;gap:8px} figure{margin:0} figcaption{font-size:12px;color:#555;text-align:center}
