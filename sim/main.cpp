@@ -413,18 +413,29 @@ int cmd_report(ReportCli& cli) {
   }
   core::check_output_file(out, "the report (--out)");
   const auto t0 = std::chrono::steady_clock::now();
-  const auto data =
+  auto data =
       is_dir ? sim::report_from_sweep(cli.results, cli.options) : sim::report_from_config(cli.results, cli.options);
+  for (const auto& w : data.warnings) fmt::print(stderr, "warning: {}\n", w);
+  // Each model's best-plan trace beside the page (the page links them), written before the page.
+  const auto traces = sim::report_traces(data, out);
+  for (const auto& [path, json] : traces) {
+    core::check_output_file(path, "the trace");
+    core::write_file_atomic(path, json, "the trace");
+  }
   const std::string html = sim::render_report_html(data);
   core::write_file_atomic(out, html, "the report");
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("report written to {} ({:.0f} KiB, {:.2f} s): {} ranked rows", out,
-             static_cast<double>(html.size()) / 1024.0, dt, data.rows.size());
-  if (data.has_best)
-    fmt::print(", best plan {} ({:.3f} samples/s, {} ops)\n", data.best.title,
-               data.best.report.throughput_samples_per_s, data.best.program.ops.size());
-  else
-    fmt::print(", no feasible plan\n");
+  fmt::print("report written to {} ({:.0f} KiB, {:.2f} s): {} model{}\n", out,
+             static_cast<double>(html.size()) / 1024.0, dt, data.models.size(), data.models.size() == 1 ? "" : "s");
+  const fs::path dir = fs::path(out).parent_path();
+  for (const auto& m : data.models) {
+    if (m.has_best)
+      fmt::print("  {}: {} ranked rows, best plan {} ({:.3f} samples/s, {} ops), trace {}\n", m.name, m.rows.size(),
+                 m.best.title, m.best.report.throughput_samples_per_s, m.best.program.ops.size(),
+                 (dir / m.trace_file).string());
+    else
+      fmt::print("  {}: {} ranked rows, no best plan shown\n", m.name, m.rows.size());
+  }
   return 0;
 }
 
@@ -453,7 +464,9 @@ int run_cli(int argc, char** argv) {
       app.add_subcommand("report", "one self-contained HTML page for a sweep folder or a config (docs/report.md)");
   report_cmd->add_option("results", report_cli.results, "a sweep's --out folder, or a config YAML")->required();
   report_cmd->add_option("--out", report_cli.out, "the HTML file (default for a sweep folder: DIR/report.html)");
-  report_cmd->add_option("--top", report_cli.options.top, "rows in the ranked table (0: all; default 50)");
+  report_cmd->add_option("--top", report_cli.options.top, "rows in each model's ranked table (0: all; default 50)");
+  report_cmd->add_option("--model", report_cli.options.model,
+                         "sweep: only this model (its model_name); default: one section per model");
   report_cmd->add_option("--rank-by", report_cli.rank_by,
                          "throughput (default), iteration_time, time_to_train or cost");
   report_cmd->add_option("--where", report_cli.options.where,

@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
-"""End-to-end tests of `harmony-sim report`: the page of the bundled example sweep (sections, ranked table equal
-to the CSV's best rows, one timeline rect per op, one memory line per GPU, no network references, the same bytes
-twice), --where / --rank-by / --top, a config's report, bad input (exit 2, the file named, a hint), and a
-screenshot in headless Chromium whose pixels show the timeline's forward and backward colours (SKIP, exit 77,
-when no Chromium is installed and CI is not set; CI installs it)."""
+"""End-to-end tests of `harmony-sim report`: the page of the bundled example sweep (one section per model titled
+with it, ranked within the model; the best kind per (model, machine) and its speedup over the best baseline, as
+a table and a heatmap, equal to what the rows say; throughput-vs-GPUs and cost-vs-time-to-train SVGs with the
+expected series and Pareto front; machines by name; one timeline rect per op; one memory line per distinct
+curve; each best plan's Chrome trace written beside the page and linked; no network references; the same bytes
+twice), --model / --where / --rank-by / --top, a tiny hand-checkable sweep reported from other working folders,
+a config's report, bad input (exit 2, the file named, a hint), and a screenshot in headless Chromium whose pixels
+show the timeline's forward and backward colours (SKIP, exit 77, when no Chromium is installed and CI is not set;
+CI installs it)."""
+import json
 import csv
 import html.parser
 import os
@@ -15,7 +20,7 @@ import sys
 import tempfile
 import zlib
 
-BIN = sys.argv[1]
+BIN = os.path.abspath(sys.argv[1])
 ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 EXAMPLE = os.path.join(ROOT, "configs/sweeps/example.yaml")
 failures = []
@@ -24,8 +29,8 @@ FWD_RGB = (0x4E, 0x79, 0xA7)  # sim/report.cpp kind_style: FWD and BWD fills
 BWD_RGB = (0xF2, 0x8E, 0x2B)
 
 
-def run(*args, timeout=600):
-    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+def run(*args, timeout=600, cwd=ROOT):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
 
 
 def check(name, cond, detail=""):
@@ -50,6 +55,11 @@ class Page(html.parser.HTMLParser):
         self.cell = None
         self.row = None
         self.resources = []
+        self.elems = {}  # svg id -> [(tag, attrs)]
+        self.h2 = None
+        self.model_titles = []
+        self.title = None
+        self.in_title = False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -64,6 +74,12 @@ class Page(html.parser.HTMLParser):
         if self.svg:
             key = (self.svg, tag, a.get("class", ""))
             self.svg_counts[key] = self.svg_counts.get(key, 0) + 1
+            self.elems.setdefault(self.svg, []).append((tag, a))
+        if tag == "h2" and a.get("class") == "model-title":
+            self.h2 = ""
+        if tag == "title" and self.svg is None:
+            self.in_title = True
+            self.title = ""
         if tag == "table":
             self.table = a.get("id", "")
             self.tables.setdefault(self.table, [])
@@ -73,6 +89,11 @@ class Page(html.parser.HTMLParser):
             self.cell = ""
 
     def handle_endtag(self, tag):
+        if tag == "h2" and self.h2 is not None:
+            self.model_titles.append(self.h2)
+            self.h2 = None
+        if tag == "title":
+            self.in_title = False
         if tag == "svg":
             self.svg = None
         if tag in ("td", "th") and self.cell is not None:
@@ -87,6 +108,10 @@ class Page(html.parser.HTMLParser):
     def handle_data(self, data):
         if self.cell is not None:
             self.cell += data
+        if self.h2 is not None:
+            self.h2 += data
+        if self.in_title:
+            self.title += data
 
 
 def parse(path):
@@ -95,6 +120,66 @@ def parse(path):
         text = f.read()
     p.feed(text)
     return p, text
+
+
+def svg_elems(page, svg, tag, cls):
+    """The attrs of the <tag> elements of svg `svg` whose class list has `cls`."""
+    return [a for t, a in page.elems.get(svg, []) if t == tag and cls in a.get("class", "").split()]
+
+
+def gpus_of(text):
+    """'GPU0-3, GPU6' -> {0, 1, 2, 3, 6}."""
+    out = set()
+    for part in text.split(", "):
+        m = re.fullmatch(r"GPU(\d+)(?:-(\d+))?", part)
+        assert m, text
+        lo = int(m.group(1))
+        out |= set(range(lo, int(m.group(2) or lo) + 1))
+    return out
+
+
+def jsonl(folder):
+    return [json.loads(x) for x in open(os.path.join(folder, "results.jsonl"))]
+
+
+def kind_of(r):
+    return r.get("plan_kind", r.get("kind"))
+
+
+BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "l2l"}
+
+
+def expected_best_kinds(rows):
+    """Per (model_name, machine_name), in order of appearance: (best kind, its N, best baseline, speedup text)."""
+    groups = {}
+    for r in rows:
+        if r["model_name"] is None or r["machine_name"] is None:
+            continue
+        groups.setdefault((r["model_name"], r["machine_name"]), [])
+        if r["status"] == "ok":
+            groups[(r["model_name"], r["machine_name"])].append(r)
+    out = {}
+    for key, ok in groups.items():
+        if not ok:
+            out[key] = ("nothing fits", None, None, "-")
+            continue
+        best = max(ok, key=lambda r: r["throughput_samples_per_s"])  # the first of equals, like the report
+        base = [r for r in ok if kind_of(r) in BASELINES]
+        bb = max(base, key=lambda r: r["throughput_samples_per_s"]) if base else None
+        sp = f'{best["throughput_samples_per_s"] / bb["throughput_samples_per_s"]:.2f}x' if bb else "no baseline fits"
+        out[key] = (kind_of(best), best["gpus"], kind_of(bb) if bb else None, sp)
+    return out
+
+
+def pareto(points):
+    """Indices of the (time, cost) points no other point beats on both (ties: the first)."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    front, best = [], float("inf")
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
 
 
 def count(page, svg, tag, cls_prefix):
@@ -173,53 +258,143 @@ def screenshot(browser, page, png, tmp):
 
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "example")
-    r = run("sweep", EXAMPLE, "--out", out, "--quiet")
+    # The sweep file as a relative path (run from the source folder): sweep.json records it so.
+    r = run("sweep", "configs/sweeps/example.yaml", "--out", out, "--quiet")
     check("sweep exit 0", r.returncode == 0, r.stdout + r.stderr)
-    rows = list(csv.DictReader(open(os.path.join(out, "results.csv"), newline="")))
+    rows = jsonl(out)
     ok = [x for x in rows if x["status"] == "ok"]
+    models = list(dict.fromkeys(x["model_name"] for x in rows if x["model_name"]))
+    machines = set(x["machine_name"] for x in rows if x["machine_name"])
+    check("example: two models", len(models) == 2, models)
 
-    # --- the default page of a sweep folder
+    # --- the default page of a sweep folder: one section per model
     r = run("report", out)
     page_path = os.path.join(out, "report.html")
     check("report exit 0", r.returncode == 0, r.stdout + r.stderr)
-    check("report says where", page_path in r.stdout and "best plan" in r.stdout, r.stdout)
-    m = re.search(r"best plan (.*) \(([0-9.]+) samples/s, (\d+) ops\)", r.stdout)
-    check("report names the best plan", m is not None, r.stdout)
+    check("report says where", page_path in r.stdout, r.stdout)
+    best_lines = re.findall(r"^  (\S+): (\d+) ranked rows, best plan (.*) \(([0-9.]+) samples/s, (\d+) ops\), trace (.*)$",
+                            r.stdout, re.M)
+    check("report names each model's best plan", [b[0] for b in best_lines] == models, r.stdout)
     page, text = parse(page_path)
-    for sec in ("ranked", "best", "timeline", "memory", "ledger", "bottleneck", "status", "timeline-svg",
-                "memory-svg", "ranked-table", "status-table"):
+    for sec in ("overview", "best-kinds-table", "heatmap", "status", "status-table"):
         check(f"section {sec}", sec in page.ids, sorted(page.ids))
-    check("self-contained: no src/href out of the page", page.resources == [], page.resources)
+    check("page titles per model", page.model_titles == [f"Model: {m}" for m in models], page.model_titles)
+    check("the page title names no single model", not any(m in page.title for m in models), page.title)
+    check("self-contained: only links to the traces beside the page",
+          all(re.fullmatch(r"a href=[\w.-]+\.trace\.json", x) for x in page.resources) and len(page.resources) == 2,
+          page.resources)
     check("self-contained: no script, link, import or url()",
           not re.search(r"<script|<link|@import|url\(|<img|<iframe", text, re.I), "")
-    ranked = page.tables["ranked-table"]
-    head, body = ranked[0], ranked[1:]
-    check("ranked rows = min(50, ok rows)", len(body) == min(50, len(ok)), (len(body), len(ok)))
-    best_csv = max(ok, key=lambda x: float(x["throughput_samples_per_s"]))
-    i_sps = head.index("samples/s")
-    i_point = head.index("point")
-    check("rank 1 = the CSV's highest throughput",
-          abs(float(body[0][i_sps]) - float(best_csv["throughput_samples_per_s"])) < 1e-3,
-          (body[0], best_csv["throughput_samples_per_s"]))
-    sps = [float(x[i_sps]) for x in body]
-    check("ranked by throughput, highest first", sps == sorted(sps, reverse=True), sps)
-    if m:
-        check("best plan throughput = rank 1's", abs(float(m.group(2)) - float(body[0][i_sps])) < 1e-3,
-              (m.group(2), body[0][i_sps]))
-        n_ops = int(m.group(3))
-        check("one timeline rect per op", count(page, "timeline-svg", "rect", "op") == n_ops,
-              (count(page, "timeline-svg", "rect", "op"), n_ops))
-        check("critical path outlined", count(page, "timeline-svg", "rect", "op crit") > 0, page.svg_counts)
-        best_row = next(x for x in rows if x["point"] == body[0][i_point])
-        check("one memory line per GPU used", count(page, "memory-svg", "polyline", "mem") >= int(best_row["gpus"]),
-              (count(page, "memory-svg", "polyline", "mem"), best_row["gpus"]))
-    status = page.tables["status-table"][1:]
+    check("no raw YAML anywhere in a table", not any("{" in c for t in page.tables.values() for row in t for c in row),
+          [row for t in page.tables.values() for row in t if any("{" in c for c in row)][:3])
+    by_point = {x["point"]: x for x in rows}
+    for i, model in enumerate(models):
+        for sec in (f"model-{i}", f"ranked-table-{i}", f"timeline-svg-{i}", f"memory-svg-{i}", f"cost-svg-{i}",
+                    f"pareto-table-{i}", f"trace-link-{i}"):
+            check(f"{model}: section {sec}", sec in page.ids, sorted(page.ids))
+        mine = [x for x in ok if x["model_name"] == model]
+        ranked = page.tables.get(f"ranked-table-{i}", [[]])
+        head, body = ranked[0], ranked[1:]
+        if not body:
+            check(f"{model}: ranked rows", False, ranked)
+            continue
+        i_sps, i_point, i_machine = head.index("samples/s"), head.index("point"), head.index("machine")
+        check(f"{model}: ranked rows = min(50, its ok rows)", len(body) == min(50, len(mine)), (len(body), len(mine)))
+        check(f"{model}: ranked within the model",
+              all(by_point[int(x[i_point])]["model_name"] == model for x in body), [x[i_point] for x in body])
+        best = max(mine, key=lambda x: x["throughput_samples_per_s"])
+        check(f"{model}: rank 1 = its highest throughput",
+              abs(float(body[0][i_sps]) - best["throughput_samples_per_s"]) < 1e-3, (body[0], best))
+        sps = [float(x[i_sps]) for x in body]
+        check(f"{model}: highest first", sps == sorted(sps, reverse=True), sps)
+        check(f"{model}: machine column by name",
+              all(x[i_machine] == by_point[int(x[i_point])]["machine_name"] for x in body),
+              [(x[i_machine], by_point[int(x[i_point])]["machine_name"]) for x in body][:5])
+        bl = next((b for b in best_lines if b[0] == model), None)
+        if bl:
+            check(f"{model}: best plan throughput = rank 1's", abs(float(bl[3]) - float(body[0][i_sps])) < 1e-3,
+                  (bl, body[0]))
+            n_ops = int(bl[4])
+            check(f"{model}: one timeline rect per op", count(page, f"timeline-svg-{i}", "rect", "op") == n_ops,
+                  (count(page, f"timeline-svg-{i}", "rect", "op"), n_ops))
+            check(f"{model}: critical path outlined", count(page, f"timeline-svg-{i}", "rect", "op crit") > 0, "")
+            # the trace beside the page, linked, valid Chrome trace JSON with one X event per op
+            link = re.search(rf'<a id="trace-link-{i}" class="trace" href="([^"]+)"', text)
+            trace_path = os.path.join(out, link.group(1)) if link else ""
+            check(f"{model}: trace linked and written", link is not None and os.path.isfile(trace_path)
+                  and os.path.abspath(trace_path) == os.path.abspath(bl[5]), (link and link.group(1), bl[5]))
+            if link and os.path.isfile(trace_path):
+                try:
+                    events = json.load(open(trace_path))["traceEvents"]
+                    xs = [e for e in events if e.get("ph") == "X"]
+                    check(f"{model}: trace has one X event per op", len(xs) == n_ops, (len(xs), n_ops))
+                    check(f"{model}: trace has memory counters", any(e.get("ph") == "C" for e in events), "")
+                except (ValueError, KeyError) as e:
+                    check(f"{model}: trace is Chrome trace JSON", False, e)
+        # memory: one line per distinct curve, every GPU of the best plan labelled once
+        mem = svg_elems(page, f"memory-svg-{i}", "polyline", "mem")
+        pts = [a["points"] for a in mem]
+        check(f"{model}: no duplicate memory lines", len(pts) == len(set(pts)) and pts, len(pts) - len(set(pts)))
+        labelled = [g for a in mem for g in sorted(gpus_of(a.get("data-gpus", "GPU999")))]
+        check(f"{model}: each GPU on one memory line", sorted(labelled) == list(range(best["gpus"])),
+              (labelled, best["gpus"]))
+        # throughput vs GPUs: per machine one chart, one series per kind that fits there, one dot per GPU count
+        mach = list(dict.fromkeys(x["machine_name"] for x in mine))
+        for j, mn in enumerate(mach):
+            svg = f"throughput-svg-{i}-{j}"
+            series = [a.get("data-series") for a in svg_elems(page, svg, "polyline", "series")]
+            want = list(dict.fromkeys(kind_of(x) for x in mine if x["machine_name"] == mn))
+            check(f"{model} on {mn}: throughput series", series == want, (series, want))
+            dots = len(svg_elems(page, svg, "circle", "pt"))
+            want_dots = len(set((kind_of(x), x["gpus"]) for x in mine if x["machine_name"] == mn))
+            check(f"{model} on {mn}: one dot per kind and GPU count", dots == want_dots, (dots, want_dots))
+        # cost vs time to train: a dot per costed row; the Pareto front marked and tabled
+        costed = [x for x in mine if x["cost"] and x["time_to_train_s"]]
+        dots = svg_elems(page, f"cost-svg-{i}", "circle", "pt")
+        front = pareto([(x["time_to_train_s"], x["cost"]) for x in costed])
+        check(f"{model}: a cost dot per costed row", len(dots) == len(costed) > 0, (len(dots), len(costed)))
+        check(f"{model}: Pareto front marked", len(svg_elems(page, f"cost-svg-{i}", "circle", "front")) == len(front),
+              (len(svg_elems(page, f"cost-svg-{i}", "circle", "front")), len(front)))
+        check(f"{model}: Pareto line", len(svg_elems(page, f"cost-svg-{i}", "polyline", "pareto")) == 1, "")
+        pt = page.tables.get(f"pareto-table-{i}", [[]])
+        check(f"{model}: Pareto table", sorted(int(x[-1]) for x in pt[1:]) == sorted(costed[k]["point"] for k in front),
+              (pt, [costed[k]["point"] for k in front]))
+
+    # best kind per (model, machine): table and heatmap equal to what the rows say
+    want = expected_best_kinds(rows)
+    table_rows = page.tables.get("best-kinds-table", [[]])[1:]
+    check("best-kinds: one row per (model, machine)", len(table_rows) == len(want), (table_rows, want))
+    for t in table_rows:
+        w = want.get((t[0], t[1]))
+        check(f"best-kinds {t[0]} on {t[1]}", w is not None and t[2] == f"{w[0]} (N={w[1]})" and t[4] == w[3],
+              (t, w))
+    heat = page.tables.get("heatmap", [[]])
+    for row in heat[1:]:
+        for mn, cell in zip(heat[0][1:], row[1:]):
+            w = want.get((row[0], mn))
+            check(f"heatmap {row[0]} on {mn}", w is not None and cell == f"{w[0]}{w[3]}", (cell, w))
+    check("heatmap: models by machines", len(heat) == 1 + len(models) and len(heat[0]) == 1 + len(machines), heat)
+
+    status = page.tables.get("status-table", [[]])[1:]
     check("feasibility: one row per plan kind", len(status) == 6, status)
     check("feasibility counts add up", sum(int(s[1]) + int(s[2]) + int(s[3]) for s in status) == len(rows), status)
     check("invalid reason shown", any("exceeds machine.gpus" in s[4] for s in status if s[3] != "0"), status)
     first = open(page_path, "rb").read()
+    traces = {b[5]: open(b[5], "rb").read() for b in best_lines if os.path.isfile(b[5])}
     r = run("report", out)
     check("same inputs, same bytes", r.returncode == 0 and open(page_path, "rb").read() == first, r.stderr)
+    check("same traces", all(open(p, "rb").read() == b for p, b in traces.items()), "")
+
+    # --- --model: that model only, named in the title
+    one = os.path.join(tmp, "one.html")
+    r = run("report", out, "--model", models[1], "--out", one)
+    check("--model exit 0", r.returncode == 0, r.stdout + r.stderr)
+    if r.returncode == 0:
+        p1, _ = parse(one)
+        check("--model: one section, its title", p1.model_titles == [f"Model: {models[1]}"], p1.model_titles)
+        check("--model: the page title names it", models[1] in p1.title, p1.title)
+        check("--model: trace beside --out", os.path.isfile(os.path.join(tmp, f"one.{models[1]}.trace.json")),
+              os.listdir(tmp))
 
     # --- --where, --rank-by, --top
     small = os.path.join(tmp, "paper.html")
@@ -227,31 +402,119 @@ with tempfile.TemporaryDirectory() as tmp:
     check("--where exit 0", r.returncode == 0, r.stdout + r.stderr)
     if r.returncode == 0:
         p2, _ = parse(small)
-        want = [x for x in ok if x["machine_name"] == "paper-1080ti"]
-        check("--where keeps the matching ok rows", len(p2.tables["ranked-table"]) - 1 == len(want),
-              (len(p2.tables["ranked-table"]) - 1, len(want)))
-    r = run("report", out, "--rank-by", "cost", "--top", "5", "--out", os.path.join(tmp, "cost.html"))
+        for i, model in enumerate(models):
+            want_n = [x for x in ok if x["machine_name"] == "paper-1080ti" and x["model_name"] == model]
+            check(f"--where keeps the matching ok rows ({model})",
+                  len(p2.tables.get(f"ranked-table-{i}", [[]])) - 1 == len(want_n),
+                  (len(p2.tables.get(f"ranked-table-{i}", [[]])) - 1, len(want_n)))
+    r = run("report", out, "--rank-by", "cost", "--top", "5", "--model", models[0], "--out",
+            os.path.join(tmp, "cost.html"))
     check("--rank-by cost exit 0", r.returncode == 0, r.stdout + r.stderr)
     if r.returncode == 0:
         p3, _ = parse(os.path.join(tmp, "cost.html"))
-        t = p3.tables["ranked-table"]
-        costs = [float(x[t[0].index("cost")]) for x in t[1:]]
-        cheapest = min(float(x["cost"]) for x in ok if x["cost"])
-        check("--rank-by cost: cheapest first", costs == sorted(costs) and abs(costs[0] - cheapest) < 1, (costs, cheapest))
-        check("--top 5", len(t) - 1 == 5, len(t))
+        for i, model in enumerate(models[:1]):
+            t = p3.tables.get(f"ranked-table-{i}", [["cost"]])
+            costs = [float(x[t[0].index("cost")]) for x in t[1:]]
+            cheapest = min(x["cost"] for x in ok if x["cost"] and x["model_name"] == model)
+            check(f"--rank-by cost: cheapest first ({model})", costs == sorted(costs) and len(costs) > 0 and abs(costs[0] - cheapest) < 1,
+                  (costs, cheapest))
+            check(f"--top 5 ({model})", len(t) - 1 == 5, len(t))
 
-    # --- a config: every plan kind ranked
+    # --- a tiny sweep, hand-checkable, run and reported from other working folders
+    proj = os.path.join(tmp, "proj")
+    os.makedirs(os.path.join(proj, "sweeps"))
+    shutil.copytree(os.path.join(ROOT, "configs/profiles"), os.path.join(proj, "profiles"))
+    shutil.copy(os.path.join(ROOT, "configs/sweeps/example_base.yaml"), os.path.join(proj, "sweeps", "tiny_base.yaml"))
+    with open(os.path.join(proj, "sweeps", "tiny.yaml"), "w") as f:
+        f.write("base: tiny_base.yaml\n"
+                "grid:\n"
+                "  model.profile: [../profiles/gpt2_medium.json]\n"
+                "  machine: [paper-1080ti, {preset: rtx4090-4x, price_per_hour: 2.4}]\n"
+                "  plan.gpus: [1, 2]\n"
+                "kinds: [harmony-pp, dp-swap]\n"
+                "budget: {samples: 100000}\n")
+    r = run("sweep", "sweeps/tiny.yaml", "--out", "runs/tiny", "--quiet", cwd=proj)
+    check("tiny sweep", r.returncode == 0, r.stdout + r.stderr)
+    tiny = os.path.join(proj, "runs", "tiny")
+    trows = jsonl(tiny) if r.returncode == 0 else []
+    check("tiny: 8 rows", len(trows) == 8, len(trows))
+    # from another folder: the sweep file is found from the results folder's parents
+    r = run("report", "proj/runs/tiny", cwd=tmp)
+    check("report from another folder: exit 0", r.returncode == 0, r.stdout + r.stderr)
+    check("report from another folder: no warning", "warning" not in r.stderr, r.stderr)
+    if r.returncode == 0:
+        pt, _ = parse(os.path.join(tiny, "report.html"))
+        check("tiny: best plan re-simulated", count(pt, "timeline-svg-0", "rect", "op") > 0, sorted(pt.ids))
+        check("tiny: trace beside the page", os.path.isfile(os.path.join(tiny, "report.gpt2_medium.trace.json")),
+              os.listdir(tiny))
+        # hand-checkable: 2 machines, each its best kind by throughput and the speedup over dp-swap
+        want = expected_best_kinds(trows)
+        got = {(t[0], t[1]): t for t in pt.tables.get("best-kinds-table", [[]])[1:]}
+        check("tiny: best-kinds rows", set(got) == set(want) and len(want) == 2, (got, want))
+        for key, w in want.items():
+            t = got.get(key)
+            ok_rows = [x for x in trows if x["status"] == "ok" and (x["model_name"], x["machine_name"]) == key]
+            hp = max((x for x in ok_rows if kind_of(x) == "harmony-pp"), key=lambda x: x["throughput_samples_per_s"])
+            ds = max((x for x in ok_rows if kind_of(x) == "dp-swap"), key=lambda x: x["throughput_samples_per_s"])
+            win = hp if hp["throughput_samples_per_s"] > ds["throughput_samples_per_s"] else ds
+            sp = f'{win["throughput_samples_per_s"] / ds["throughput_samples_per_s"]:.2f}x'
+            check(f"tiny: best kind on {key[1]}", t is not None and t[2] == f'{kind_of(win)} (N={win["gpus"]})'
+                  and t[4] == sp and t[5] == f'dp-swap (N={ds["gpus"]})', (t, kind_of(win), sp))
+    # results outside the project: found only with --sweep; without it, the page has all but the re-simulation
+    elsewhere = os.path.join(tmp, "elsewhere")
+    r = run("sweep", "sweeps/tiny.yaml", "--out", elsewhere, "--quiet", cwd=proj)
+    check("tiny sweep elsewhere", r.returncode == 0, r.stdout + r.stderr)
+    r = run("report", elsewhere, cwd=tmp)
+    check("sweep file not found: exit 0", r.returncode == 0, r.stdout + r.stderr)
+    check("sweep file not found: warning with the hint", "warning" in r.stderr and "--sweep" in r.stderr, r.stderr)
+    if r.returncode == 0:
+        pe, _ = parse(os.path.join(elsewhere, "report.html"))
+        check("without the sweep file: overview and charts", "heatmap" in pe.ids and "throughput-svg-0-0" in pe.ids,
+              sorted(pe.ids))
+        check("without the sweep file: no timeline", "timeline-svg-0" not in pe.ids, "")
+    r = run("report", elsewhere, "--sweep", "proj/sweeps/tiny.yaml", "--out", "elsewhere.html", cwd=tmp)
+    check("--sweep from another folder", r.returncode == 0 and "warning" not in r.stderr, r.stdout + r.stderr)
+    if r.returncode == 0:
+        pe, _ = parse(os.path.join(tmp, "elsewhere.html"))
+        check("--sweep: timeline", "timeline-svg-0" in pe.ids, sorted(pe.ids))
+        check("--sweep: trace beside the relative --out", os.path.isfile(os.path.join(tmp,
+              "elsewhere.gpt2_medium.trace.json")), os.listdir(tmp))
+    # a sweep.json that records the sweep file's absolute path (sweep_file_absolute) needs no --sweep
+    meta = json.load(open(os.path.join(elsewhere, "sweep.json")))
+    meta["sweep_file_absolute"] = os.path.join(proj, "sweeps", "tiny.yaml")
+    json.dump(meta, open(os.path.join(elsewhere, "sweep.json"), "w"))
+    r = run("report", elsewhere, cwd=tmp)
+    check("sweep_file_absolute", r.returncode == 0 and "warning" not in r.stderr, r.stdout + r.stderr)
+
+    # one preset at two prices: two machines, told apart by their grid values (without YAML braces)
+    with open(os.path.join(proj, "sweeps", "prices.yaml"), "w") as f:
+        f.write("base: tiny_base.yaml\n"
+                "grid:\n"
+                "  machine: [paper-1080ti, {preset: paper-1080ti, price_per_hour: 2.5}]\n"
+                "kinds: [harmony-pp]\n")
+    r = run("sweep", "sweeps/prices.yaml", "--out", "runs/prices", "--quiet", cwd=proj)
+    check("prices sweep", r.returncode == 0, r.stdout + r.stderr)
+    r = run("report", "runs/prices", cwd=proj)
+    check("prices report", r.returncode == 0, r.stdout + r.stderr)
+    if r.returncode == 0:
+        pp, _ = parse(os.path.join(proj, "runs", "prices", "report.html"))
+        heads = pp.tables.get("heatmap", [[]])[0][1:]
+        check("one preset at two prices: two labelled columns",
+              heads == ["paper-1080ti", "paper-1080ti (preset: paper-1080ti, price_per_hour: 2.5)"], heads)
+
+    # --- a config: every plan kind ranked, its best plan's trace beside the page
     cfg_page = os.path.join(tmp, "config.html")
     r = run("report", "configs/examples/gpt2_medium_search.yaml", "--out", cfg_page, "--set", "plan.gpus=2")
     check("config report exit 0", r.returncode == 0, r.stdout + r.stderr)
     if r.returncode == 0:
         p4, _ = parse(cfg_page)
-        check("config: six plan kinds", len(p4.tables["ranked-table"]) - 1 == 6, p4.tables["ranked-table"])
-        check("config: a timeline", count(p4, "timeline-svg", "rect", "op") > 0, p4.svg_counts)
+        check("config: six plan kinds", len(p4.tables.get("ranked-table-0", [])) - 1 == 6, p4.tables.get("ranked-table-0"))
+        check("config: a timeline", count(p4, "timeline-svg-0", "rect", "op") > 0, p4.svg_counts)
+        check("config: trace", os.path.isfile(os.path.join(tmp, "config.trace.json")), os.listdir(tmp))
 
     # --- bad input: exit 2, the file or flag named, a hint; never a half-written page
-    def bad(name, args, *needles):
-        r = run("report", *args)
+    def bad(name, args, *needles, cwd=ROOT):
+        r = run("report", *args, cwd=cwd)
         msg = r.stderr
         check(f"{name}: exit 2", r.returncode == 2, (r.returncode, r.stdout, msg))
         for n in needles:
@@ -263,6 +526,7 @@ with tempfile.TemporaryDirectory() as tmp:
     bad("unknown column", [out, "--where", "colour=red"], "--where", "colour", "throughput_samples_per_s")
     bad("not KEY=VALUE", [out, "--where", "kind"], "KEY=VALUE")
     bad("unknown ranking", [out, "--rank-by", "speed"], "speed", "time_to_train")
+    bad("unknown model", [out, "--model", "gpt5"], "--model", "gpt5", models[0], models[1])
     empty = os.path.join(tmp, "empty")
     os.mkdir(empty)
     bad("not a sweep folder", [empty], "sweep.json")
@@ -277,11 +541,9 @@ with tempfile.TemporaryDirectory() as tmp:
     sw_out = os.path.join(tmp, "sw-out")
     r = run("sweep", os.path.join(sw_dir, "example.yaml"), "--out", sw_out, "--quiet")
     check("copied sweep runs", r.returncode == 0, r.stdout + r.stderr)
-    r = run("report", sw_out)
+    r = run("report", sw_out, "--model", models[0])
     check("copied sweep report", r.returncode == 0, r.stdout + r.stderr)
     before = open(os.path.join(sw_out, "report.html"), "rb").read()
-    with open(os.path.join(sw_dir, "example.yaml"), "a") as f:
-        f.write("# edited\n")
     with open(os.path.join(sw_dir, "example.yaml")) as f:
         edited = f.read().replace("samples: 1000000", "samples: 2000000")
     with open(os.path.join(sw_dir, "example.yaml"), "w") as f:
@@ -307,7 +569,7 @@ with tempfile.TemporaryDirectory() as tmp:
             skipped = True
     else:
         shot_page = os.path.join(tmp, "shot.html")
-        r = run("report", out, "--top", "5", "--out", shot_page)
+        r = run("report", out, "--model", models[0], "--top", "5", "--out", shot_page)
         check("screenshot page", r.returncode == 0, r.stderr)
         png = os.path.join(tmp, "shot.png")
         s = screenshot(browser, shot_page, png, tmp)
@@ -315,7 +577,7 @@ with tempfile.TemporaryDirectory() as tmp:
         # The same page without its timeline: the forward/backward colours only in the legend.
         no_tl = os.path.join(tmp, "no-timeline.html")
         t = open(shot_page, encoding="utf-8").read()
-        t = re.sub(r'<svg id="timeline-svg".*?</svg>', "", t, flags=re.S)
+        t = re.sub(r'<svg id="timeline-svg-[^"]*".*?</svg>', "", t, flags=re.S)
         open(no_tl, "w", encoding="utf-8").write(t)
         png2 = os.path.join(tmp, "no-timeline.png")
         s2 = screenshot(browser, no_tl, png2, tmp)
