@@ -201,7 +201,8 @@ TEST_CASE("issue 13 defaults: the native model searches wide pack counts with pr
   CHECK_FALSE(off.options.prefetch);
   CHECK(off.search.pack_counts == PackCounts::Minimum);
   CHECK(off.search.packs_per_gpu == 0);
-  const RunConfig on = load_config_text(kModel + plan, "dir/on.yaml", {"search.pack_counts=wide", "options.prefetch=true"});
+  const RunConfig on =
+      load_config_text(kModel + plan, "dir/on.yaml", {"search.pack_counts=wide", "options.prefetch=true"});
   CHECK(on.options.prefetch);
   CHECK(on.search.pack_counts == PackCounts::Wide);
   check_at(config_error(kModel + plan + "search: {pack_counts: widest}\n"), "bad.yaml", 4, 23);
