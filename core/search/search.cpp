@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "core/plan/packing.hpp"
 
