@@ -220,6 +220,9 @@ int cmd_search(const Cli& cli) {
                         {"num_candidates", res.num_candidates},
                         {"num_deadlocked", res.num_deadlocked},
                         {"fit_rule", space.spec.fit_rule},
+                        {"pack_counts", core::pack_counts_name(space.spec.pack_counts)},
+                        {"max_packs", core::max_pack_count(model, space)},
+                        {"prefetch", cfg.options.prefetch},
                         {"results", std::move(results)},
                         {"wall_time_s", dt}};
     if (best_bottleneck) j["best_bottleneck"] = sim::bottleneck_json(best->program, *best_bottleneck);
@@ -228,6 +231,11 @@ int cmd_search(const Cli& cli) {
   }
   fmt::print("search: {} {} GPUs, minibatch {}, capacity {:.0f} MiB per GPU, {} on {}\n", core::mode_name(space.mode),
              space.gpus, space.minibatch, mib(space.capacity_bytes), model.name, cfg.machine.name);
+  fmt::print("pack counts: {}{}, prefetch {}\n", core::pack_counts_name(space.spec.pack_counts),
+             space.spec.pack_counts == core::PackCounts::Wide
+                 ? fmt::format(" (up to {} packs beyond each method's minimum)", core::max_pack_count(model, space))
+                 : std::string(" (the paper's: each method's memory minimum)"),
+             cfg.options.prefetch ? "on" : "off");
   fmt::print("{} candidates ({} deadlocked) simulated in {:.1f} ms, {:.2f} M ops/s{}\n\n", res.num_candidates,
              res.num_deadlocked, dt * 1e3, dt > 0 ? static_cast<double>(ops.load()) / dt / 1e6 : 0.0,
              space.spec.fit_rule ? "; fit rule ON: single-pack plans ranked at time/1000" : "");

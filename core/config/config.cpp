@@ -1232,8 +1232,9 @@ const std::vector<std::string> kModelKeys = {"profile", "analytic"};
 const std::vector<std::string> kPlanKeys = {"mode",  "gpus",      "minibatch", "u_fwd",
                                             "u_bwd", "pack_size", "packs_fwd", "packs_bwd"};
 const std::vector<std::string> kOptionKeys = {"prefetch", "prefetch_buffers", "unequal_microbatches"};
-const std::vector<std::string> kSearchKeys = {"packing_fwd", "packing_bwd", "top_k", "ubatch_step", "smaller_ufwd",
-                                              "fit_rule",    "u_fwd",       "u_bwd", "threads"};
+const std::vector<std::string> kSearchKeys = {"packing_fwd",  "packing_bwd", "top_k",        "ubatch_step",
+                                              "smaller_ufwd", "fit_rule",    "u_fwd",        "u_bwd",
+                                              "threads",      "pack_counts", "packs_per_gpu"};
 const std::vector<std::string> kModeNames = {"harmony-pp", "harmony-dp", "vPP", "vDP"};
 
 // Where plan values were written, for the checks that combine sections.
@@ -1353,8 +1354,11 @@ PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& lo
   return plan;
 }
 
-Options parse_options(const Node* map) {
+// `prefetch_default`: the value when options.prefetch is not given (harmony-sim: on with the native cost model,
+// off with the paper's reference model; harmony-run: off).
+Options parse_options(const Node* map, bool prefetch_default) {
   Options o;
+  o.prefetch = prefetch_default;
   if (!map) return o;
   check_keys(*map, "options", kOptionKeys);
   if (const Entry* e = find(*map, "prefetch")) o.prefetch = get_bool(e->value, "options.prefetch");
@@ -1400,10 +1404,26 @@ std::vector<int> parse_sizes(const Entry& e, const std::string& what, std::vecto
   return sizes;
 }
 
-SearchSpec parse_search(const Node* map, SearchLocs& locs) {
+// `pack_counts_default`: the value when search.pack_counts is not given (harmony-sim: wide with the native cost
+// model, the paper's minimum with the reference model; harmony-run: minimum).
+SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default) {
   SearchSpec s;
+  s.pack_counts = pack_counts_default;
   if (!map) return s;
   check_keys(*map, "search", kSearchKeys);
+  if (const Entry* e = find(*map, "pack_counts")) {
+    const std::string& v =
+        expect_scalar(e->value, "search.pack_counts", "a pack-count rule", "pack_counts: minimum or wide");
+    if (v == "minimum") {
+      s.pack_counts = PackCounts::Minimum;
+    } else if (v == "wide") {
+      s.pack_counts = PackCounts::Wide;
+    } else {
+      fail(e->value.loc, fmt::format("unknown search.pack_counts '{}'", v),
+           suggestion_hint(v, {"minimum", "wide"}, "pack-count rules"));
+    }
+  }
+  if (const Entry* e = find(*map, "packs_per_gpu")) s.packs_per_gpu = get_int(e->value, "search.packs_per_gpu", 0);
   if (const Entry* e = find(*map, "packing_fwd")) s.packing_fwd = parse_methods(*e, "search.packing_fwd", true);
   if (const Entry* e = find(*map, "packing_bwd")) s.packing_bwd = parse_methods(*e, "search.packing_bwd", false);
   if (const Entry* e = find(*map, "top_k")) {
@@ -1724,9 +1744,12 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
   PlanLocs plan_locs;
   cfg.plan = parse_plan(*plan, find(root, "plan")->key_loc, plan_locs);
 
-  cfg.options = parse_options(section_map(root, "options"));
+  // Harmony at its best with the native model; the paper's scheduler (prefetch off, minimum pack counts) with
+  // the reference model, whose oracles are the paper's.
+  const bool native = cfg.cost_model == "native";
+  cfg.options = parse_options(section_map(root, "options"), native);
   SearchLocs search_locs;
-  cfg.search = parse_search(section_map(root, "search"), search_locs);
+  cfg.search = parse_search(section_map(root, "search"), search_locs, native ? PackCounts::Wide : PackCounts::Minimum);
 
   check_plan(cfg, plan_locs, search_locs);
   return cfg;
@@ -1880,9 +1903,11 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
     break;
   }
   cfg.plan = parse_plan(harmony_plan, find(root, "plan")->key_loc, plan_locs);
-  cfg.options = parse_options(section_map(root, "options"));
+  // harmony-run keeps the paper's defaults (prefetch off, minimum pack counts): its runs and --plan auto
+  // choices stay as they were; both keys can be set.
+  cfg.options = parse_options(section_map(root, "options"), false);
   SearchLocs search_locs;
-  cfg.search = parse_search(section_map(root, "search"), search_locs);
+  cfg.search = parse_search(section_map(root, "search"), search_locs, PackCounts::Minimum);
   if (cfg.options.unequal_microbatches)
     fail(find(*section_map(root, "options"), "unequal_microbatches")->value.loc,
          "options.unequal_microbatches is not supported by harmony-run", "remove it: the runtime needs D % u == 0");

@@ -206,6 +206,21 @@ std::optional<Packs> balanced_memory(const PackingInput& in, bool addx) {
   return std::nullopt;
 }
 
+// Every feasible S of balanced_memory's loop from its first (the paper's answer) up to `max_packs`:
+// the same splits and tests, the loop just does not stop at the first feasible S. An S whose split
+// has an empty pack or does not fit is skipped; the paper's S is always included, even above max_packs.
+template <typename Split, typename Fits>
+std::vector<Packs> balanced_upto(const PackingInput& in, int max_packs, Split split, Fits fits) {
+  std::vector<Packs> out;
+  for (int s = first_pack_count(in); s <= in.n; ++s) {
+    if (!out.empty() && s > max_packs) break;
+    std::optional<Packs> packs = split(s);
+    if (!packs || !fits(*packs)) continue;
+    out.push_back(std::move(*packs));
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The methods, one function each.
 
@@ -254,27 +269,56 @@ std::optional<Packs> pack_reuse(const PackingInput& in) {
   return packs;
 }
 
+// The pack-count variants of the balanced methods (find_packs_upto): the same split and feasibility
+// test as the method, for every feasible S up to a bound.
+using PackUptoFn = std::vector<Packs> (*)(const PackingInput&, int max_packs);
+
+std::vector<Packs> upto_balanced(const PackingInput& in, int max_packs, bool addx) {
+  return balanced_upto(
+      in, max_packs, [&](int s) { return balanced_sum_split(in.m, s); },
+      [&](const Packs& p) { return addx ? fits_addx(in, p) : fits_no_x(in, p); });
+}
+std::vector<Packs> upto_balanced_no_x(const PackingInput& in, int max_packs) {
+  return upto_balanced(in, max_packs, false);
+}
+std::vector<Packs> upto_balanced_addx(const PackingInput& in, int max_packs) {
+  return upto_balanced(in, max_packs, true);
+}
+std::vector<Packs> upto_balanced_time(const PackingInput& in, int max_packs) {
+  std::vector<double> times(static_cast<std::size_t>(in.n));
+  for (int l = 0; l < in.n; ++l) times[static_cast<std::size_t>(l)] = in.model.time_s(in.phase, in.u, l);
+  return balanced_upto(
+      in, max_packs, [&](int s) { return balanced_sum_split(times, s); },
+      [&](const Packs& p) { return fits_addx(in, p); });
+}
+
 struct MethodEntry {
   const char* name;
   PackFn fn;
+  PackUptoFn upto;  // nullptr: the method has no pack-count parameter (one packing)
 };
 
 constexpr MethodEntry kMethods[] = {
-    {"greedy", pack_greedy},
-    {"greedy_addx", pack_greedy_addx},
-    {"greedy_reverse", pack_greedy_reverse},
-    {"greedy_reverse_addx", pack_greedy_reverse_addx},
-    {"balanced", pack_balanced},
-    {"balanced_addx", pack_balanced_addx},
-    {"balanced_time", pack_balanced_time},
-    {"reuse", pack_reuse},
+    {"greedy", pack_greedy, nullptr},
+    {"greedy_addx", pack_greedy_addx, nullptr},
+    {"greedy_reverse", pack_greedy_reverse, nullptr},
+    {"greedy_reverse_addx", pack_greedy_reverse_addx, nullptr},
+    {"balanced", pack_balanced, upto_balanced_no_x},
+    {"balanced_addx", pack_balanced_addx, upto_balanced_addx},
+    {"balanced_time", pack_balanced_time, upto_balanced_time},
+    {"reuse", pack_reuse, nullptr},
 };
 
-PackFn lookup(const std::string& name) {
+const MethodEntry* lookup_entry(const std::string& name) {
   for (const MethodEntry& e : kMethods) {
-    if (name == e.name) return e.fn;
+    if (name == e.name) return &e;
   }
   return nullptr;
+}
+
+PackFn lookup(const std::string& name) {
+  const MethodEntry* e = lookup_entry(name);
+  return e == nullptr ? nullptr : e->fn;
 }
 
 }  // namespace
@@ -290,10 +334,11 @@ const std::vector<std::string>& packing_method_names() {
 
 bool is_packing_method(const std::string& name) { return lookup(name) != nullptr; }
 
-std::optional<Packs> find_packs(const Model& model, Phase phase, const std::string& method, int u, int num_layers,
-                                Bytes capacity_bytes, const Packs* reuse_from) {
-  const PackFn fn = lookup(method);
-  if (fn == nullptr) {
+namespace {
+
+PackingInput make_input(const Model& model, Phase phase, const std::string& method, int u, int num_layers,
+                        Bytes capacity_bytes, const Packs* reuse_from) {
+  if (lookup(method) == nullptr) {
     const std::string hint = closest_match(method, packing_method_names());
     throw ScheduleError(fmt::format("unknown packing method '{}'{}; known: {}", method,
                                     hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint),
@@ -313,7 +358,25 @@ std::optional<Packs> find_packs(const Model& model, Phase phase, const std::stri
     in.x[static_cast<std::size_t>(l)] = x;
     in.m[static_cast<std::size_t>(l)] = model.peak_bytes(phase, u, l) - x;
   }
-  return fn(in);
+  return in;
+}
+
+}  // namespace
+
+std::optional<Packs> find_packs(const Model& model, Phase phase, const std::string& method, int u, int num_layers,
+                                Bytes capacity_bytes, const Packs* reuse_from) {
+  const PackingInput in = make_input(model, phase, method, u, num_layers, capacity_bytes, reuse_from);
+  return lookup(method)(in);
+}
+
+std::vector<Packs> find_packs_upto(const Model& model, Phase phase, const std::string& method, int u, int num_layers,
+                                   Bytes capacity_bytes, int max_packs, const Packs* reuse_from) {
+  const PackingInput in = make_input(model, phase, method, u, num_layers, capacity_bytes, reuse_from);
+  const MethodEntry* e = lookup_entry(method);
+  if (e->upto != nullptr) return e->upto(in, max_packs);
+  std::vector<Packs> out;
+  if (std::optional<Packs> packs = e->fn(in)) out.push_back(std::move(*packs));
+  return out;
 }
 
 }  // namespace harmony::core

@@ -1,14 +1,39 @@
-// Candidate enumeration (the paper's searcher.search) and the parallel, deterministic ranking.
+// Candidate enumeration (the paper's searcher.search, optionally widened to more pack counts) and the
+// parallel, deterministic ranking.
 #include "core/search/search.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <set>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "core/plan/packing.hpp"
 
 namespace harmony::core {
+
+namespace {
+
+// Orders (u_fwd, packs_fwd, u_bwd, packs_bwd) keys; LayerRange has only ==.
+struct PlanKeyLess {
+  static bool less(const Packs& a, const Packs& b) {
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(),
+                                        [](const LayerRange& x, const LayerRange& y) {
+                                          return std::pair(x.first, x.last) < std::pair(y.first, y.last);
+                                        });
+  }
+  bool operator()(const std::tuple<int, Packs, int, Packs>& a, const std::tuple<int, Packs, int, Packs>& b) const {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) < std::get<0>(b);
+    if (std::get<2>(a) != std::get<2>(b)) return std::get<2>(a) < std::get<2>(b);
+    if (less(std::get<1>(a), std::get<1>(b))) return true;
+    if (less(std::get<1>(b), std::get<1>(a))) return false;
+    return less(std::get<3>(a), std::get<3>(b));
+  }
+};
+
+}  // namespace
 
 std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space) {
   const int dlim = space.mode == Mode::HarmonyPP ? space.minibatch : space.minibatch / space.gpus;
@@ -41,27 +66,69 @@ std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const S
   return out;
 }
 
+const char* pack_counts_name(PackCounts p) { return p == PackCounts::Wide ? "wide" : "minimum"; }
+
+int max_pack_count(const Model& model, const SearchSpace& space) {
+  const int layers = model.num_layers();
+  if (space.spec.packs_per_gpu <= 0) return layers;
+  return static_cast<int>(std::min<long long>(layers, static_cast<long long>(space.spec.packs_per_gpu) * space.gpus));
+}
+
+namespace {
+
+// A method's packings: the paper's one (Minimum), or every count up to `max_packs` (Wide).
+std::vector<Packs> packings(const Model& model, Phase phase, const std::string& method, int u, int layers,
+                            const SearchSpace& space, int max_packs, const Packs* reuse) {
+  if (space.spec.pack_counts == PackCounts::Wide)
+    return find_packs_upto(model, phase, method, u, layers, space.capacity_bytes, max_packs, reuse);
+  std::vector<Packs> out;
+  if (auto p = find_packs(model, phase, method, u, layers, space.capacity_bytes, reuse)) out.push_back(std::move(*p));
+  return out;
+}
+
+// Forward packings over `layers` for backward packs whose forward part has `reuse_count` packs: the method's own
+// (Minimum), plus with Wide its packing with the most packs up to reuse_count (the count `reuse` gives), so a
+// widened backward packing is paired with a forward of as many packs without crossing every count with every other.
+std::vector<Packs> forward_packings(const Model& model, const std::string& method, int u, int layers,
+                                    const SearchSpace& space, int reuse_count, const Packs* reuse) {
+  if (space.spec.pack_counts != PackCounts::Wide)
+    return packings(model, Phase::Fwd, method, u, layers, space, 0, reuse);
+  std::vector<Packs> all =
+      find_packs_upto(model, Phase::Fwd, method, u, layers, space.capacity_bytes, reuse_count, reuse);
+  if (all.size() > 2) all.erase(all.begin() + 1, all.end() - 1);
+  return all;
+}
+
+}  // namespace
+
 std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpace& space) {
   const int R = model.num_layers();
   const auto ub_bwd = candidate_ubatch_sizes(model, Phase::Bwd, space);
   const auto ub_fwd = candidate_ubatch_sizes(model, Phase::Fwd, space);
+  const bool wide = space.spec.pack_counts == PackCounts::Wide;
+  const int max_packs = max_pack_count(model, space);
   std::vector<Candidate> out;
+  // Wide: identical candidates (same sizes and packs from different methods or counts) are searched once.
+  std::set<std::tuple<int, Packs, int, Packs>, PlanKeyLess> seen;
+  auto add = [&](Candidate c) {
+    if (wide && !seen.insert({c.u_fwd, c.packs_fwd, c.u_bwd, c.packs_bwd}).second) return;
+    out.push_back(std::move(c));
+  };
   for (int u_bwd : ub_bwd) {
     for (const auto& mb : space.spec.packing_bwd) {
-      auto pb = find_packs(model, Phase::Bwd, mb, u_bwd, R, space.capacity_bytes);
-      if (!pb) continue;
-      if (pb->size() == 1) {
-        out.push_back(Candidate{u_bwd, {}, "", u_bwd, *pb, mb});
-        continue;
-      }
-      const int r_fwd = pb->back().first;
-      const Packs reuse(pb->begin(), pb->end() - 1);
-      for (int u_fwd : ub_fwd) {
-        if (u_fwd < u_bwd && !space.spec.smaller_ufwd) continue;
-        for (const auto& mf : space.spec.packing_fwd) {
-          auto pf = find_packs(model, Phase::Fwd, mf, u_fwd, r_fwd, space.capacity_bytes, &reuse);
-          if (!pf) continue;
-          out.push_back(Candidate{u_fwd, *pf, mf, u_bwd, *pb, mb});
+      for (const Packs& pb : packings(model, Phase::Bwd, mb, u_bwd, R, space, max_packs, nullptr)) {
+        if (pb.size() == 1) {
+          add(Candidate{u_bwd, {}, "", u_bwd, pb, mb});
+          continue;
+        }
+        const int r_fwd = pb.back().first;
+        const Packs reuse(pb.begin(), pb.end() - 1);
+        for (int u_fwd : ub_fwd) {
+          if (u_fwd < u_bwd && !space.spec.smaller_ufwd) continue;
+          for (const auto& mf : space.spec.packing_fwd) {
+            for (Packs& pf : forward_packings(model, mf, u_fwd, r_fwd, space, static_cast<int>(reuse.size()), &reuse))
+              add(Candidate{u_fwd, std::move(pf), mf, u_bwd, pb, mb});
+          }
         }
       }
     }

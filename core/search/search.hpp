@@ -1,6 +1,7 @@
 // The paper's configuration search (searcher.py): candidate microbatch sizes, packing methods per
 // direction, candidates evaluated by a caller-supplied cost function on all cores, ranked with a
 // deterministic order (time, then enumeration order). The single-pack "/1000" rule is opt-in.
+// search.pack_counts: wide widens the balanced methods beyond the paper's memory-minimum pack count.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +16,14 @@
 
 namespace harmony::core {
 
+// Which pack counts the balanced packing methods offer (docs/config.md, search.pack_counts).
+enum class PackCounts {
+  Minimum,  // the paper's: each method's smallest feasible pack count (the S loop from ceil(Σm / C))
+  Wide,     // also every further feasible count up to max_packs(); identical candidates are searched once
+};
+
+const char* pack_counts_name(PackCounts p);  // "minimum" / "wide"
+
 // The search space of the config's `search:` section (docs/config.md).
 struct SearchSpec {
   std::vector<std::string> packing_fwd{"greedy_reverse_addx", "balanced_addx", "reuse", "balanced_time"};
@@ -26,6 +35,8 @@ struct SearchSpec {
   std::vector<int> u_fwd;     // explicit candidate lists (empty = all valid sizes)
   std::vector<int> u_bwd;
   int threads = 0;  // 0 = all hardware threads
+  PackCounts pack_counts = PackCounts::Minimum;
+  int packs_per_gpu = 4;  // Wide: counts up to packs_per_gpu x GPUs (0 = up to the layer count)
 };
 
 struct Candidate {
@@ -50,7 +61,13 @@ struct SearchSpace {
 // stepped, and (unless unequal sizes are allowed) dividing every GPU's share of the minibatch.
 std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space);
 
-// All candidates in the paper's enumeration order. Identical packs from different methods are kept.
+// The largest pack count a Wide search offers beyond each method's minimum: min(layers, packs_per_gpu x gpus), or
+// the layer count when packs_per_gpu is 0. A method's own (minimum) packing is kept even when it has more packs.
+int max_pack_count(const Model& model, const SearchSpace& space);
+
+// All candidates in the paper's enumeration order. Identical packs from different methods are kept (Minimum).
+// With Wide, each balanced method contributes its packings for every pack count up to max_pack_count, in
+// increasing count right after its paper packing, and a candidate identical to an earlier one is left out.
 std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpace& space);
 
 Plan candidate_plan(const Candidate& c, const SearchSpace& space);

@@ -179,6 +179,44 @@ TEST_CASE("configs/default.yaml: the README's bert_large search") {
   CHECK_FALSE(c.options.prefetch);
 }
 
+TEST_CASE("issue 13 defaults: the native model searches wide pack counts with prefetch, the reference the paper's") {
+  const std::string plan = "plan: {mode: harmony-pp, gpus: 2, minibatch: 8}\n";
+  // reference (the default cost model): the paper's scheduler, prefetch off, memory-minimum pack counts
+  const RunConfig ref = load_config_text(kModel + plan, "dir/ref.yaml");
+  CHECK_FALSE(ref.options.prefetch);
+  CHECK(ref.search.pack_counts == PackCounts::Minimum);
+  // native: double-buffered prefetch and wide pack counts, up to 4 packs per GPU
+  const RunConfig nat = load_config_text(kModel + "cost_model: native\n" + plan, "dir/nat.yaml");
+  CHECK(nat.options.prefetch);
+  CHECK(nat.options.prefetch_buffers == 2);
+  CHECK(nat.search.pack_counts == PackCounts::Wide);
+  CHECK(nat.search.packs_per_gpu == 4);
+  // the same through --set, and each default can be overridden either way
+  const RunConfig set = load_config_text(kModel + plan, "dir/set.yaml", {"cost_model=native"});
+  CHECK(set.options.prefetch);
+  CHECK(set.search.pack_counts == PackCounts::Wide);
+  const RunConfig off = load_config_text(kModel + "cost_model: native\n" + plan + "options: {prefetch: false}\n" +
+                                             "search: {pack_counts: minimum, packs_per_gpu: 0}\n",
+                                         "dir/off.yaml");
+  CHECK_FALSE(off.options.prefetch);
+  CHECK(off.search.pack_counts == PackCounts::Minimum);
+  CHECK(off.search.packs_per_gpu == 0);
+  const RunConfig on =
+      load_config_text(kModel + plan, "dir/on.yaml", {"search.pack_counts=wide", "options.prefetch=true"});
+  CHECK(on.options.prefetch);
+  CHECK(on.search.pack_counts == PackCounts::Wide);
+  check_at(config_error(kModel + plan + "search: {pack_counts: widest}\n"), "bad.yaml", 4, 23);
+  CHECK(contains(config_error(kModel + plan + "search: {pack_counts: widest}\n").hint(), "wide"));
+  check_at(config_error(kModel + plan + "search: {packs_per_gpu: -1}\n"), "bad.yaml", 4, 25);
+  // the 40 ms per-pack free time is the paper's scheduler's (time_del, reference model) only: no native preset
+  // charges it
+  for (const std::string& name : machine_preset_names()) {
+    CAPTURE(name);
+    CHECK(machine_preset(name).topology.free_time_s == 0.0);
+  }
+  CHECK(machine_preset("paper-1080ti").time_del_s == 40.0 / 1000);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Schema details that load
 

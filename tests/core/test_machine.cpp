@@ -275,7 +275,8 @@ TEST_CASE("paper-1080ti keeps the paper's scheduler constants and gains a topolo
   CHECK(t.pinned_limit_bytes == 700 * kGiB);
   CHECK(t.host_memcpy_bytes_per_s == doctest::Approx(10e9));
   CHECK(t.cpu_cores == 36);
-  CHECK(t.free_time_s == doctest::Approx(0.040));
+  // the paper's 40 ms stays time_del (the reference model); the native model frees through the caching allocator
+  CHECK(t.free_time_s == 0.0);
 }
 
 TEST_CASE("the new presets: rtx4090-4x, a100-pcie-8x, h100-sxm-8x") {

@@ -293,3 +293,56 @@ TEST_CASE("errors") {
   CHECK_THROWS_AS(pack(a, "greedy", 0), ScheduleError);
   CHECK_THROWS_AS(pack(a, "greedy", 100, Phase::Bwd, 2, 2), ScheduleError);  // u outside the profile
 }
+
+// ---------------------------------------------------------------------------------------------
+// find_packs_upto (search.pack_counts: wide): the method's own packing first, then more pack counts.
+
+TEST_CASE("find_packs_upto: balanced methods add every feasible pack count up to the bound") {
+  const Model a = synthetic({30, 30, 30, 30, 30}, {5, 5, 5, 5, 5}, {1, 1, 1, 1, 4});
+  auto upto = [&](const std::string& method, int max_packs) {
+    std::vector<std::string> out;
+    for (const Packs& p : find_packs_upto(a, Phase::Bwd, method, 1, 5, 100, max_packs)) out.push_back(show(p));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  // balanced_addx, C = 100: S = 2 is the paper's [0-1][2-4] (above).
+  // S = 3: target 150 // 3 = 50, keys [50, 100] on prefix [30,60,90,120,150] -> cuts [1, 3] -> [0][1-2][3-4],
+  //   costs 35, 65, 65 <= 100.
+  // S = 4: target 37, keys [37, 74, 111] -> cuts [1, 2, 3] -> [0][1][2][3-4], costs 35, 35, 35, 65.
+  // S = 5: target 30, keys [30, ...] -> first cut 0: an empty pack, skipped.
+  CHECK(upto("balanced_addx", 5) == V{"[[0-1], [2-4]]", "[[0], [1-2], [3-4]]", "[[0], [1], [2], [3-4]]"});
+  CHECK(upto("balanced", 5) == V{"[[0-1], [2-4]]", "[[0], [1-2], [3-4]]", "[[0], [1], [2], [3-4]]"});
+  CHECK(upto("balanced_addx", 3) == V{"[[0-1], [2-4]]", "[[0], [1-2], [3-4]]"});
+  // A bound below the paper's count keeps the paper's packing alone.
+  CHECK(upto("balanced_addx", 1) == V{"[[0-1], [2-4]]"});
+  // balanced_time, times [1,1,1,1,4] (prefix [1,2,3,4,8]): S = 2 is the paper's [0-2][3-4].
+  // S = 3: target 8/3, keys [2.67, 5.33] -> cuts [2, 4] -> [0-1][2-3][4] (65, 65, 35).
+  // S = 4: target 2, keys [2, 4, 6] -> cuts [1, 3, 4] -> [0][1-2][3][4] (35, 65, 35, 35).
+  // S = 5: target 1.6, keys [1.6, 3.2, 4.8, 6.4] -> cuts [1, 3, 4, 4]: an empty pack, skipped.
+  CHECK(upto("balanced_time", 5) == V{"[[0-2], [3-4]]", "[[0-1], [2-3], [4]]", "[[0], [1-2], [3], [4]]"});
+  // Methods without a pack count give their one packing.
+  CHECK(upto("greedy_reverse_addx", 5) == V{show(pack(a, "greedy_reverse_addx", 100))});
+  CHECK(upto("greedy", 5) == V{show(pack(a, "greedy", 100))});
+  // Nothing fits: empty.
+  CHECK(find_packs_upto(a, Phase::Bwd, "balanced_addx", 1, 5, 30, 5).empty());
+  CHECK_THROWS_AS(find_packs_upto(a, Phase::Bwd, "balancd", 1, 5, 100, 5), ScheduleError);
+}
+
+TEST_CASE("find_packs_upto: the first packing is exactly find_packs' on bert_large, every method") {
+  for (int u : {1, 4, 8, 16}) {
+    for (const std::string& method : packing_method_names()) {
+      if (method == "reuse") continue;
+      for (Phase phase : {Phase::Fwd, Phase::Bwd}) {
+        CAPTURE(u);
+        CAPTURE(method);
+        const int n = bert_large().num_layers();
+        const auto paper = find_packs(bert_large(), phase, method, u, n, kCap);
+        const auto all = find_packs_upto(bert_large(), phase, method, u, n, kCap, n);
+        REQUIRE(all.empty() == !paper.has_value());
+        if (!paper) continue;
+        CHECK(all.front() == *paper);
+        for (std::size_t i = 1; i < all.size(); ++i) CHECK(all[i].size() > all[i - 1].size());
+      }
+    }
+  }
+}

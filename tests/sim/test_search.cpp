@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -137,4 +138,146 @@ TEST_CASE("run_search reports progress: throttled, monotonic, ending at done = t
   const auto without = core::run_search(cands, s, evaluate);
   REQUIRE(with.ranked.size() == without.ranked.size());
   for (std::size_t i = 0; i < with.ranked.size(); ++i) CHECK(with.ranked[i].candidate == without.ranked[i].candidate);
+}
+
+// ---------------------------------------------------------------------------------------------
+// search.pack_counts: wide — pack counts beyond the paper's memory minimum.
+
+namespace {
+
+// Two layers, measured at u = 1 only: forward 1 ms each; forward-with-grad + backward 3 ms for layer 0 and 5 ms for
+// layer 1 (a BWD op after its forward or recompute costs the difference); no weights, no update time, 1 byte of input
+// per sample. Both layers fit one 1 MiB GPU together, so the paper's minimum is one pack. (Layer 1 is the slower one
+// so that balanced_time's two-pack split cuts between them: numpy's searchsorted puts an exact half before layer 0.)
+core::Model two_layers() {
+  core::Model m;
+  m.name = "two-layers";
+  m.source = "test_search";
+  m.ubatch_fwd = {1};
+  m.ubatch_bwd = {1};
+  for (int l = 0; l < 2; ++l) {
+    core::Layer L;
+    L.name = "L" + std::to_string(l);
+    L.is_criterion = l == 1;
+    L.input_bytes_per_sample = 1;
+    L.fwd_time_s = {0.001};
+    L.bwd_time_s = {l == 0 ? 0.003 : 0.005};
+    L.fwd_peak_bytes = {100};
+    L.bwd_peak_bytes = {200};
+    m.layers.push_back(L);
+  }
+  m.validate();
+  return m;
+}
+
+// Two GPUs behind one switch, links so fast (1e15 B/s) and latency-free that moving a byte costs ~1 fs, which the
+// picosecond clock rounds away; frees cost 0.
+core::MachineSpec fast_pair() {
+  core::MachineSpec m;
+  m.name = "fast-pair";
+  m.gpus = 2;
+  m.gpu_memory_bytes = core::kMiB;
+  m.topology.switches = {{"sw0", 0, 1e15}};
+  for (int g = 0; g < 2; ++g) m.topology.gpus.push_back(core::GpuSpec{0, 1e15, 1, 1});
+  m.topology.transfer_latency_s = 0;
+  m.topology.free_time_s = 0;
+  m.topology.cpu_cores = 2;
+  return m;
+}
+
+core::SearchSpace pair_space(core::PackCounts counts) {
+  core::SearchSpace s;
+  s.mode = core::Mode::HarmonyPP;
+  s.gpus = 2;
+  s.minibatch = 4;
+  s.capacity_bytes = core::kMiB;
+  s.spec.packing_fwd = {"balanced_time", "reuse"};
+  s.spec.packing_bwd = {"balanced_time"};
+  s.spec.pack_counts = counts;
+  s.spec.top_k = -1;
+  return s;
+}
+
+core::SearchResult native_search(const core::Model& model, const core::MachineSpec& machine,
+                                 const core::SearchSpace& space) {
+  core::LowerOptions lower;
+  lower.prefetch = true;
+  return core::run_search(core::enumerate_candidates(model, space), space, [&](const core::Plan& p) {
+    return sim::evaluate_plan(model, machine, p, lower, "native").report;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("wide pack counts: two layers on two GPUs, one pack per GPU beats the memory minimum (hand derivation)") {
+  const core::Model model = two_layers();
+  const core::MachineSpec machine = fast_pair();
+  // D = 4, u = 1: four microbatches.
+  // Minimum: Σm = (200 - 1) x 2 bytes fit 1 MiB, so S = 1: one pack [0-1] on GPU 0 runs each microbatch's forward and
+  // backward, 3 + 5 = 8 ms: 4 x 8 ms = 32 ms; GPU 1 idles.
+  const auto minimum = native_search(model, machine, pair_space(core::PackCounts::Minimum));
+  REQUIRE(minimum.ranked.size() == 1);
+  const auto& one = minimum.ranked.front().report;
+  CHECK(one.plan.packs_bwd == core::Packs{{0, 1}});
+  CHECK(one.iteration_time_s == doctest::Approx(0.032).epsilon(1e-9));
+
+  // Wide (bound min(2 layers, 4 x 2 GPUs) = 2): balanced_time also offers S = 2 (time prefix [3, 8] ms, target 4 ms:
+  // cut after layer 0), bwd [0] [1], fwd [0] (reuse and balanced_time give the same forward, searched once): 2
+  // candidates.
+  // GPU 0 runs the forward of layer 0: microbatch i (1..4) is done at i ms and goes to GPU 1 at once.
+  // GPU 1 runs pack [1] (the last: forward 1 ms + backward 4 ms = 5 ms per microbatch) once it is free and microbatch
+  //   i has arrived: 1-6, 6-11, 11-16, 16-21 ms; each gradient goes back to GPU 0 at once.
+  // GPU 0, done with its forward at 4 ms, runs pack [0]'s backward: for microbatch i the recompute (1 ms) needs only
+  //   the stashed input, the backward (3 - 1 = 2 ms) also the gradient: REC 4-5, BWD 6-8 (gradient at 6), REC 8-9,
+  //   BWD 11-13, REC 13-14, BWD 16-18, REC 18-19, BWD 21-23 ms.
+  // The iteration takes 23 ms (no updates, frees or transfers cost anything): 32/23 = 1.39x the minimum's speed.
+  const auto wide = native_search(model, machine, pair_space(core::PackCounts::Wide));
+  CHECK(wide.num_candidates == 2);
+  REQUIRE(!wide.ranked.empty());
+  const auto& best = wide.ranked.front().report;
+  CHECK(best.plan.packs_bwd == core::Packs{{0, 0}, {1, 1}});
+  CHECK(best.plan.packs_fwd == core::Packs{{0, 0}});
+  CHECK(best.iteration_time_s == doctest::Approx(0.023).epsilon(1e-9));
+  CHECK(best.plan.packs_bwd.size() > one.plan.packs_bwd.size());
+  // the minimum's plan is still among the candidates, ranked second
+  REQUIRE(wide.ranked.size() == 2);
+  CHECK(wide.ranked[1].report.iteration_time_s == doctest::Approx(0.032).epsilon(1e-9));
+}
+
+TEST_CASE("wide pack counts: the paper's candidates come first and Minimum is the paper's search, untouched") {
+  // bert_large, D32 N2, default methods. Minimum is the published search (121 candidates, Top1 4.399 s, checked
+  // above); Wide keeps every distinct Minimum candidate and adds more, and the bound is min(layers, 4 x GPUs).
+  core::SearchSpace s;
+  s.mode = core::Mode::HarmonyPP;
+  s.gpus = 2;
+  s.minibatch = 32;
+  s.capacity_bytes = 10 * core::kGiB;
+  s.spec.packing_fwd = kDefaultFwd;
+  s.spec.packing_bwd = kDefaultBwd;
+  const auto minimum = core::enumerate_candidates(bert(), s);
+  CHECK(minimum.size() == 121);
+  CHECK(s.spec.pack_counts == core::PackCounts::Minimum);  // the library default is the paper's
+  s.spec.pack_counts = core::PackCounts::Wide;
+  CHECK(core::max_pack_count(bert(), s) == 8);
+  s.spec.packs_per_gpu = 0;
+  CHECK(core::max_pack_count(bert(), s) == 28);
+  s.spec.packs_per_gpu = 100;
+  CHECK(core::max_pack_count(bert(), s) == 28);
+  s.spec.packs_per_gpu = 4;
+  const auto wide = core::enumerate_candidates(bert(), s);
+  CHECK(wide.size() > minimum.size());
+  auto same = [](const core::Candidate& a, const core::Candidate& b) {
+    return a.u_fwd == b.u_fwd && a.u_bwd == b.u_bwd && a.packs_fwd == b.packs_fwd && a.packs_bwd == b.packs_bwd;
+  };
+  for (const auto& c : minimum)
+    CHECK(std::any_of(wide.begin(), wide.end(), [&](const core::Candidate& w) { return same(w, c); }));
+  std::size_t max_added = 0;
+  for (const auto& c : wide) {
+    CHECK(std::count_if(wide.begin(), wide.end(), [&](const core::Candidate& w) { return same(w, c); }) == 1);
+    // beyond the paper's own backward packings (which may have more: 13 at u = 32), none has more than 8 packs
+    if (std::none_of(minimum.begin(), minimum.end(),
+                     [&](const core::Candidate& m) { return m.u_bwd == c.u_bwd && m.packs_bwd == c.packs_bwd; }))
+      max_added = std::max(max_added, c.packs_bwd.size());
+  }
+  CHECK(max_added == 8);
 }
