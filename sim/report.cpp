@@ -197,6 +197,14 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
     throw core::ConfigError(file_loc(meta_path), std::string("not a sweep.json written by harmony-sim: ") + e.what(),
                             "rerun the sweep into a fresh --out folder");
   }
+  // Rows are read by the names of this output schema (docs/output-schema.md).
+  if (meta.value("version", 0) != kSweepFormatVersion || meta.value("schema_version", 0) != core::kOutputSchemaVersion)
+    throw core::ConfigError(file_loc(meta_path),
+                            fmt::format("the sweep's results are in sweep format {} (output schema {}); this "
+                                        "harmony-sim reads format {} (output schema {}, docs/output-schema.md)",
+                                        meta.value("version", 0), meta.value("schema_version", 0), kSweepFormatVersion,
+                                        core::kOutputSchemaVersion),
+                            "rerun the sweep into a new --out folder with this harmony-sim");
   const auto columns = meta.at("columns").get<std::vector<std::string>>();
   const std::size_t total_points = meta.value("points", std::size_t{0});
 
@@ -274,7 +282,7 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
   std::map<std::string, std::map<std::string, std::size_t>> reasons;
   std::vector<std::string> kind_order;
   for (const auto* r : kept) {
-    const std::string kind = cell_text(r->value("kind", nlohmann::json()));
+    const std::string kind = cell_text(r->value("plan_kind", nlohmann::json()));
     if (!by_kind.count(kind)) kind_order.push_back(kind);
     const std::string status = cell_text(r->value("status", nlohmann::json()));
     ++by_kind[kind][status];
@@ -340,7 +348,7 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
     const auto& r = *ranked[i];
     std::vector<std::string> row = {std::to_string(i + 1), cell_text(r.value("point", nlohmann::json()))};
     for (const auto& g : grid_keys) row.push_back(cell_text(r.value(g, nlohmann::json())));
-    row.push_back(cell_text(r.value("kind", nlohmann::json())));
+    row.push_back(cell_text(r.value("plan_kind", nlohmann::json())));
     row.push_back(cell_text(r.value("gpus", nlohmann::json())));
     row.push_back(cell_text(r.value("minibatch", nlohmann::json())));
     row.push_back(num_or_dash(r, "throughput_samples_per_s", "{:.3f}"));
