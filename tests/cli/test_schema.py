@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every JSON document and row of both tools against the committed JSON Schemas (schemas/, docs/output-schema.md):
 harmony-sim simulate/search/compare (reference and native, a plan that does not fit, kinds that find nothing),
-presets, a sweep's results.jsonl rows and sweep.json, and harmony-run train (a Harmony plan and a baseline). The
+presets, sweep and merge summaries, a sweep's results.jsonl rows and sweep.json, and harmony-run train (a Harmony plan and a baseline). The
 schemas are strict (additionalProperties false, every field required), so a field added, renamed or dropped in
 the code without the schema fails here. Also: a sweep folder of an older results format is refused with the fix."""
 import json
@@ -109,7 +109,8 @@ def main():
             check(f"{name} is a valid draft-07 schema", False, e.message)
         bad = strict(schema)
         check(f"{name} is strict", not bad, bad)
-    for want in ["simulate", "search", "compare", "presets", "sweep-row", "sweep-meta", "harmony-run-train"]:
+    for want in ["simulate", "search", "compare", "presets", "sweep-row", "sweep-meta", "sweep-summary",
+                 "merge-summary", "harmony-run-train"]:
         check(f"schemas/{want}.schema.json exists", f"{want}.schema.json" in STORE, sorted(STORE))
 
     cfg = "configs/examples/bert_large_simulate.yaml"
@@ -175,7 +176,18 @@ kinds: [harmony-pp, dp-swap, l2l]
 budget: {{samples: 1000}}
 """)
         out = os.path.join(tmp, "out")
-        run(SIM, "sweep", sweep, "--out", out, "--quiet", "--threads", "2")
+        d = sim_json("sweep-summary.schema.json", "sweep", sweep, "--out", out, "--quiet", "--threads", "2")
+        if d:
+            check("sweep summary: totals", d["points"] == 12 and d["done"] == 12 and
+                  sum(d["by_status"].values()) == 12, d)
+        # shards and their merge: the same rows, a merge summary
+        for i in range(2):
+            sim_json("sweep-summary.schema.json", "sweep", sweep, "--out", os.path.join(tmp, f"s{i}"), "--shard",
+                     f"{i}/2", "--quiet", "--threads", "1")
+        d = sim_json("merge-summary.schema.json", "merge", os.path.join(tmp, "merged"), os.path.join(tmp, "s0"),
+                     os.path.join(tmp, "s1"))
+        if d:
+            check("merge summary", d["shards"] == 2 and d["points"] == 12, d)
         with open(os.path.join(out, "results.jsonl")) as f:
             rows = [json.loads(line) for line in f]
         check("sweep: 12 rows", len(rows) == 12, len(rows))
@@ -198,9 +210,11 @@ budget: {{samples: 1000}}
         del meta["schema_version"]
         with open(os.path.join(out, "sweep.json"), "w") as f:
             json.dump(meta, f)
-        r = run(SIM, "sweep", sweep, "--out", out, "--quiet", rc=2)
+        r = run(SIM, "sweep", sweep, "--out", out, "--quiet", "--format", "json", rc=2)
         check("older sweep folder: the error names the format and the fix",
-              "sweep format 2" in r.stderr and "new --out folder" in r.stderr, r.stderr)
+              "sweep format 2" in r.stderr and "new --out folder" in r.stderr and r.stdout == "", r.stderr)
+        r = run(SIM, "report", out, "--out", os.path.join(tmp, "r.html"), rc=2)
+        check("older sweep folder: report refuses it too", "sweep format 2" in r.stderr, r.stderr)
 
         # --- harmony-run train: a Harmony plan and a baseline (packs null)
         for extra, what in [([], "harmony-pp"), (["--set", "plan.mode=dp-swap", "--set", "plan.gpus=2"], "dp-swap")]:
