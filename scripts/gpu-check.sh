@@ -158,11 +158,11 @@ import json, re, sys
 out, gpu, peak_env, gpt2, T = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 b = json.load(open(f"{out}/b.json"))
 s = b["summary"]
-steps = [x["time_s"] for x in b["steps"]][1:] or [x["time_s"] for x in b["steps"]]  # the first step warms up
+steps = [x["step_time_s"] for x in b["steps"]][1:] or [x["step_time_s"] for x in b["steps"]]  # the first step warms up
 step_s = sum(steps) / len(steps)
 g = {k: int(v) for k, v in re.findall(r"(vocab_size|max_seq_len|n_layer|n_head|n_embd):\s*(\d+)", gpt2)}
 B = b["plan"]["minibatch"]
-N = s["parameters"]
+N = s["num_parameters"]
 # Model FLOPs per step (PaLM's count): 6 N per token, plus 12 L C T per token for attention scores and values.
 flops = (6 * N + 12 * g["n_layer"] * g["n_embd"] * T) * B * T
 peak = float(peak_env) if peak_env else (67.0 if ("H100" in gpu or "H200" in gpu) else None)
@@ -170,9 +170,9 @@ if peak is None:
     peak = json.load(open(f"{out}/bench_cuda.json"))["sgemm_TFLOPs"]
 mfu = flops / step_s / (peak * 1e12)
 json.dump({"step_s": step_s, "samples_per_s": B / step_s, "mfu": mfu, "peak_tflops": peak,
-           "footprint_bytes": max(s["device_peak_bytes"]), "model_flops_per_step": flops}, open(f"{out}/b_summary.json", "w"))
+           "footprint_bytes": s["peak_memory_bytes"], "model_flops_per_step": flops}, open(f"{out}/b_summary.json", "w"))
 print(f"(b) in memory: {N / 1e6:.0f}M params, B={B} T={T}\t{B / step_s:.2f} samples/s, {step_s:.3f} s/step, "
-      f"MFU {100 * mfu:.1f}% of {peak:.0f} TFLOP/s fp32; footprint {max(s['device_peak_bytes']) / 2**30:.2f} GiB")
+      f"MFU {100 * mfu:.1f}% of {peak:.0f} TFLOP/s fp32; footprint {s['peak_memory_bytes'] / 2**30:.2f} GiB")
 PY
   while IFS=$'\t' read -r k v; do row "$k" "$v"; done <"$out/b.txt"
   footprint=$(python3 -c "import json; print(json.load(open('$out/b_summary.json'))['footprint_bytes'])")
@@ -196,7 +196,7 @@ out, rc_auto, rc_swap, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sy
 ref = json.load(open(f"{out}/b_summary.json"))
 def measured(name):
     b = json.load(open(f"{out}/{name}.json"))
-    t = [x["time_s"] for x in b["steps"]][1:] or [x["time_s"] for x in b["steps"]]
+    t = [x["step_time_s"] for x in b["steps"]][1:] or [x["step_time_s"] for x in b["steps"]]
     return b, sum(t) / len(t)
 def first_error(name):
     for line in open(f"{out}/{name}.log"):
@@ -206,7 +206,7 @@ def first_error(name):
 if rc_auto == 0:
     b, step = measured("c_auto")
     print(f"(c) --plan auto at {cap} MiB: {b['plan']['title']}\t{b['plan']['minibatch'] / step:.2f} samples/s, "
-          f"{step:.3f} s/step ({step / ref['step_s']:.2f}x in-memory); peak {max(b['summary']['device_peak_bytes']) / 2**20:.0f} MiB")
+          f"{step:.3f} s/step ({step / ref['step_s']:.2f}x in-memory); peak {b['summary']['peak_memory_bytes'] / 2**20:.0f} MiB")
     json.dump({"step_s": step, "plan": b["plan"]}, open(f"{out}/c_auto_summary.json", "w"))
 else:
     print(f"(c) --plan auto at {cap} MiB\tFAILED (rc {rc_auto}): {first_error('c_auto')}")
@@ -222,16 +222,14 @@ PY
   section "(d) harmony-sim's prediction for (c)"
   if [[ -f $out/c_auto_summary.json && -f $out/profile.json ]]; then
     python3 - "$out" "$cap_mib" >"$out/sim.yaml" <<'PY'
-import json, re, sys
+import json, sys
 out, cap = sys.argv[1], sys.argv[2]
-p = json.load(open(f"{out}/c_auto_summary.json"))["plan"]
-def packs(s):  # "[[0-3], [4]]" -> [[0, 3], [4, 4]]
-    return [[int(a), int(b or a)] for a, b in re.findall(r"\[(\d+)(?:-(\d+))?\]", s[1:-1])]
+p = json.load(open(f"{out}/c_auto_summary.json"))["plan"]  # packs: [[first, last], ...] (docs/output-schema.md)
 print(f"model: {{profile: {out}/profile.json}}")
 print(f"machine: {{file: {out}/machine.yaml, gpu_memory: {cap}MiB}}")
 print("cost_model: native")
-print(f"plan: {{mode: {p['mode']}, gpus: {p['gpus']}, minibatch: {p['minibatch']}, u_fwd: {p['u_fwd']}, "
-      f"u_bwd: {p['u_bwd']}, packs_bwd: {json.dumps(packs(p['packs_bwd']))}, packs_fwd: {json.dumps(packs(p['packs_fwd']))}}}")
+print(f"plan: {{mode: {p['plan_kind']}, gpus: {p['gpus']}, minibatch: {p['minibatch']}, u_fwd: {p['u_fwd']}, "
+      f"u_bwd: {p['u_bwd']}, packs_bwd: {json.dumps(p['packs_bwd'])}, packs_fwd: {json.dumps(p['packs_fwd'])}}}")
 PY
     if timeout 120 "$sim" simulate "$out/sim.yaml" --format json --trace "$out/d_sim_trace.json" >"$out/d_sim.json" \
       2>"$out/d_sim.log"; then
