@@ -188,6 +188,10 @@ budget: {{samples: 1000}}
                      os.path.join(tmp, "s1"))
         if d:
             check("merge summary", d["shards"] == 2 and d["points"] == 12, d)
+        with open(os.path.join(tmp, "merged", "sweep.json")) as f:
+            validate("merged sweep.json", "sweep-meta.schema.json", json.load(f))
+        with open(os.path.join(tmp, "merged", "results.jsonl")) as f, open(os.path.join(out, "results.jsonl")) as g:
+            check("merged rows = unsharded rows", f.read() == g.read(), "")
         with open(os.path.join(out, "results.jsonl")) as f:
             rows = [json.loads(line) for line in f]
         check("sweep: 12 rows", len(rows) == 12, len(rows))
