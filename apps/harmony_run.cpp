@@ -85,6 +85,13 @@ void install_stop_handlers() {
   for (const int s : kStopSignals) sigaction(s, &sa, nullptr);
 }
 
+// Device options from the command line.
+struct DeviceFlags {
+  bool tf32 = false;       // --tf32 (CUDA): TF32 tensor-core GEMMs
+  bool tree_sums = false;  // --tree-sums (CUDA): tree column sums for bias and LayerNorm gradients
+  bool poison = false;     // --poison: fill fresh device memory with NaN (by default in debug builds only)
+};
+
 struct Cli {
   std::string config;
   std::vector<std::string> sets;
@@ -100,6 +107,7 @@ struct Cli {
   std::string save_weights;
   bool quiet = false;
   std::string executor = "auto";  // serial | concurrent | auto (serial on CPU devices, concurrent on CUDA)
+  DeviceFlags device_flags;
   // profile
   std::string out;
   std::vector<int> ubatch;
@@ -127,6 +135,7 @@ struct Setup {
   std::unique_ptr<backend::HostState> state;
   backend::TokenFile tokens;
   core::Model desc;  // exact byte sizes of the model (describe_gpt2), the Program's memory account
+  DeviceFlags device_flags;
 };
 
 backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
@@ -144,7 +153,13 @@ backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
 Setup make_setup(const Cli& cli) {
   Setup s;
   s.cfg = core::load_train_config(cli.config, overrides(cli));
+  s.device_flags = cli.device_flags;
   const auto& cfg = s.cfg;
+  if (cfg.device != "cuda" && (cli.device_flags.tf32 || cli.device_flags.tree_sums))
+    throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
+                            fmt::format("{} applies to device: cuda only; this run's device is {}",
+                                        cli.device_flags.tf32 ? "--tf32" : "--tree-sums", cfg.device),
+                            "drop the flag (the CPU device computes in fp32 in row order), or use --set device=cuda");
   if (cfg.device == "cuda") {
 #ifdef HARMONY_HAVE_CUDA
     if (!backend::cuda::cuda_available())
@@ -230,19 +245,23 @@ void check_host_memory(const Setup& s, const core::Program& program) {
       "(the stashes), or free host memory; nothing was allocated");
 }
 
-// Device g of the config's kind, capped at machine.gpu_memory; `timing`: unpoisoned (the profiler's timings).
-std::unique_ptr<backend::Device> make_device(const core::TrainConfig& cfg, int g, bool timing) {
+// Device g of the config's kind, capped at machine.gpu_memory, with the command line's --tf32, --tree-sums
+// (CUDA) and --poison; `timing`: never poisoned (the profiler's timings).
+std::unique_ptr<backend::Device> make_device(const core::TrainConfig& cfg, const DeviceFlags& f, int g, bool timing) {
 #ifdef HARMONY_HAVE_CUDA
   if (cfg.device == "cuda")
-    return backend::cuda::make_cuda_device(g, {.capacity = cfg.machine.gpu_memory_bytes, .poison = !timing});
+    return backend::cuda::make_cuda_device(g, {.capacity = cfg.machine.gpu_memory_bytes,
+                                               .tf32 = f.tf32,
+                                               .tree_sums = f.tree_sums,
+                                               .poison = !timing && (f.poison || backend::cuda::kCudaPoisonByDefault)});
 #endif
   return backend::cpu::make_cpu_device(
-      g, {.capacity = cfg.machine.gpu_memory_bytes, .poison = timing ? false : backend::cpu::kPoisonByDefault});
+      g, {.capacity = cfg.machine.gpu_memory_bytes, .poison = !timing && (f.poison || backend::cpu::kPoisonByDefault)});
 }
 
-std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConfig& cfg, int n) {
+std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConfig& cfg, const DeviceFlags& f, int n) {
   std::vector<std::unique_ptr<backend::Device>> devs;
-  for (int g = 0; g < n; ++g) devs.push_back(make_device(cfg, g, false));
+  for (int g = 0; g < n; ++g) devs.push_back(make_device(cfg, f, g, false));
   return devs;
 }
 
@@ -269,7 +288,7 @@ core::Model search_profile(const Setup& s, bool quiet) {
     return m;
   }
   if (!quiet) fmt::print(stderr, "profiling the model on {} for the search ...\n", cfg.device);
-  auto dev = make_device(cfg, 0, true);
+  auto dev = make_device(cfg, s.device_flags, 0, true);
   backend::HostState scratch(*s.model);
   scratch.init_weights(cfg.model.init_seed);
   backend::ProfileOptions po;
@@ -429,7 +448,7 @@ int cmd_train(const Cli& cli) {
   init_state(s);
   const core::Plan& plan = chosen.plan;
   const core::Program& program = chosen.program;
-  auto owned = make_devices(cfg, plan.gpus);
+  auto owned = make_devices(cfg, s.device_flags, plan.gpus);
   std::vector<backend::Device*> devs;
   for (auto& d : owned) devs.push_back(d.get());
   const backend::AdamWConfig adamw = checkpoint_meta(s, chosen).adamw;
@@ -602,7 +621,7 @@ int cmd_profile(const Cli& cli) {
   po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
   po.repeats = cli.repeats;
   init_state(s);
-  auto dev = make_device(cfg, 0, true);
+  auto dev = make_device(cfg, s.device_flags, 0, true);
   const bool tty = isatty(STDERR_FILENO) != 0;
   const backend::ProfileResult prof = backend::profile_gpt2(*dev, *s.state, po, [&](const backend::ProfileProgress& p) {
     if (tty) fmt::print(stderr, "\rprofiling {}/{}", p.step, p.total_steps);
@@ -638,6 +657,13 @@ int run_cli(int argc, char** argv) {
     sub->add_option("config", cli.config, "YAML configuration (configs/run/, docs/config.md)")->required();
     sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=2 (repeatable)");
     sub->add_option("--gpu-memory", cli.gpu_memory, "each device's memory, e.g. 2MiB (machine.gpu_memory)");
+    sub->add_flag("--tf32", cli.device_flags.tf32,
+                  "device: cuda: fp32 GEMMs on TF32 tensor cores (faster; ~1e-3 relative error)");
+    sub->add_flag("--tree-sums", cli.device_flags.tree_sums,
+                  "device: cuda: bias and LayerNorm gradients by parallel tree sums (faster; no longer bit-identical "
+                  "to the CPU device)");
+    sub->add_flag("--poison", cli.device_flags.poison,
+                  "fill fresh device memory with NaN to catch reads before writes (default only in debug builds)");
   };
   auto* train = app.add_subcommand("train", "train for train.steps steps, printing loss, samples/s and ETA");
   add_common(train);

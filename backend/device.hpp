@@ -184,9 +184,10 @@ class Kernels {
   // out[b,t,:] = wte[ids[b,t],:] + wpe[t,:]. Ids outside [0, V) are a DeviceError.
   virtual void embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B,
                              int T, int C, int V) = 0;  // out (B,T,C), ids (B,T), wte (V,C), wpe (>=T,C)
-  // dwte[ids[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
+  // dwte[ids[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. Ids outside [0, V) are a DeviceError, and then
+  // nothing is written (dwte and dwpe keep their values) on every device.
   virtual void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B,
-                             int T, int C) = 0;
+                             int T, int C, int V) = 0;
   // out = (in - mean) * rstd * w + b per row; mean, rstd (N) kept for the backward.
   virtual void layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w,
                              const float* b, int N, int C, float eps) = 0;

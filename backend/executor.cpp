@@ -151,7 +151,60 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
   return res;
 }
 
-StepResult run_step_concurrent(const core::Program& p, Interpreter& it) {
+WorkerPool::WorkerPool(std::size_t n) {
+  threads_.reserve(n);
+  try {
+    for (std::size_t k = 0; k < n; ++k) threads_.emplace_back([this, k]() { loop(k); });
+  } catch (...) {  // cannot start a thread: stop those that run
+    {
+      const std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    start_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    throw;
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    const std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void WorkerPool::run(const std::function<void(std::size_t)>& fn) {
+  std::unique_lock lk(mu_);
+  job_ = &fn;
+  pending_ = threads_.size();
+  ++generation_;
+  start_cv_.notify_all();
+  done_cv_.wait(lk, [&] { return pending_ == 0; });
+  job_ = nullptr;
+}
+
+void WorkerPool::loop(std::size_t k) {
+  std::uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(std::size_t)>* job = nullptr;
+    {
+      std::unique_lock lk(mu_);
+      start_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    (*job)(k);
+    {
+      const std::lock_guard lk(mu_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPool* pool) {
   const std::size_t nops = p.ops.size(), nq = p.queues.size();
   const auto& extra = it.extra_deps();
   std::vector<std::vector<int>> groups(nops);
@@ -244,17 +297,21 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it) {
     return !stop && (running - 1 - waiting > 0 || any_runnable());
   };
 
-  std::vector<std::thread> threads;
-  threads.reserve(nq);
-  try {
-    for (std::size_t q = 0; q < nq; ++q) threads.emplace_back(worker, q);
-  } catch (...) {  // cannot start a thread: stop those that run
-    {
-      const std::lock_guard lk(mu);
-      fail(std::current_exception());
+  if (pool != nullptr && pool->size() == nq) {
+    pool->run(worker);
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(nq);
+    try {
+      for (std::size_t q = 0; q < nq; ++q) threads.emplace_back(worker, q);
+    } catch (...) {  // cannot start a thread: stop those that run
+      {
+        const std::lock_guard lk(mu);
+        fail(std::current_exception());
+      }
     }
+    for (auto& t : threads) t.join();
   }
-  for (auto& t : threads) t.join();
   if (error) {
     // Work a failed op enqueued may still be queued: let it drain before the caller frees anything.
     try {
@@ -1026,6 +1083,9 @@ struct Executor::Impl {
   bool concurrent = true;
   std::vector<std::shared_ptr<void>> pins;  // HostState's weights and gradients, where the devices pin
   std::unique_ptr<detail::Interpreter> interpreter;
+  // Concurrent steps: one persistent thread per queue (made at the first step; idle between steps). Declared
+  // last, so destroyed first: its threads are joined before the interpreter goes.
+  std::unique_ptr<detail::WorkerPool> workers = nullptr;
 };
 
 namespace {
@@ -1068,7 +1128,7 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
   }
   interpreter->allocate_host();
   impl_ = new Impl{program,         program.graph.plan.minibatch, options.seq_len, options.concurrent,
-                   std::move(pins), std::move(interpreter)};
+                   std::move(pins), std::move(interpreter),       nullptr};
 }
 
 Executor::~Executor() {
@@ -1084,11 +1144,14 @@ StepResult Executor::step(std::span<const std::int32_t> inputs, std::span<const 
   if (inputs.size() != bt || targets.size() != bt)
     throw BackendError(
         fmt::format("executor: expected {} inputs and targets, got {} and {}", bt, inputs.size(), targets.size()));
+  if (impl_->concurrent && !impl_->workers)
+    impl_->workers = std::make_unique<detail::WorkerPool>(impl_->p.queues.size());
   detail::Interpreter& it = *impl_->interpreter;
   it.begin_step(inputs, targets);
   StepResult res;
   try {
-    res = impl_->concurrent ? detail::run_step_concurrent(impl_->p, it) : detail::run_step(impl_->p, it);
+    res = impl_->concurrent ? detail::run_step_concurrent(impl_->p, it, impl_->workers.get())
+                            : detail::run_step(impl_->p, it);
   } catch (...) {
     // Drain what the failed step enqueued, then free its device tensors, so the devices are empty again.
     try {

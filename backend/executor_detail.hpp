@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -122,7 +123,33 @@ StepResult run_step(const core::Program& program, Interpreter& interpreter);
 // group, run by whichever member's worker finds it ready first) once its deps and extra deps have completed.
 // The first exception of any worker stops the others after their current op and is rethrown here; a state in
 // which nothing runs and nothing can start is the serial loop's ScheduleViolation.
-StepResult run_step_concurrent(const core::Program& program, Interpreter& interpreter);
+// `pool`: its threads run the workers (one per queue; the Executor keeps one pool for all its steps); null: the
+// step starts and joins its own threads.
+class WorkerPool;
+StepResult run_step_concurrent(const core::Program& program, Interpreter& interpreter, WorkerPool* pool = nullptr);
+
+// n persistent threads: run(fn) has thread k call fn(k) for every k < n and returns when all have returned, so
+// a concurrent step costs two hand-offs per queue instead of creating and joining a thread per queue. fn must
+// not throw (an exception escaping it ends the program, as from a std::thread).
+class WorkerPool {
+ public:
+  explicit WorkerPool(std::size_t n);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+  std::size_t size() const { return threads_.size(); }
+  void run(const std::function<void(std::size_t)>& fn);
+
+ private:
+  void loop(std::size_t k);
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<void(std::size_t)>* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  std::size_t pending_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
 
 // Harmony-PP / Harmony-DP Programs (core::lower_harmony, every replica lowered).
 std::unique_ptr<Interpreter> make_harmony_interpreter(const core::Program& program, std::vector<Device*> devices,

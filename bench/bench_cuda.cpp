@@ -1,15 +1,21 @@
 // bench_cuda: what a CUDA GPU gives harmony-run — pinned and pageable host<->device copy bandwidth (the swap
-// links harmony-sim's machine files describe) and cuBLAS SGEMM rates in strict fp32 and with TF32 tensor cores.
+// links harmony-sim's machine files describe): the ceiling (raw cudaMemcpyAsync, best of several sizes) and
+// harmony's own path (CudaDevice::copy_h2d / copy_d2h in chunks, as the executor swaps packs); cuBLAS GEMM
+// rates in strict fp32, with TF32 tensor cores and in BF16 (fp32 accumulation).
 // Prints a table, or one JSON object with --json (scripts/gpu-check.sh reads it). Exits 77 without a GPU.
 // Usage: bench_cuda [--gpu G] [--copy-mib M] [--gemm N] [--repeats R] [--json]
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -54,8 +60,45 @@ double median_ms(cudaStream_t stream, int repeats, F&& fn) {
 
 struct Result {
   double h2d_pinned_gbs = 0, d2h_pinned_gbs = 0, h2d_pageable_gbs = 0, d2h_pageable_gbs = 0;
-  double sgemm_tflops = 0, tf32_tflops = 0;
+  double h2d_ceiling_gbs = 0, d2h_ceiling_gbs = 0;  // raw cudaMemcpyAsync, pinned, best size
+  double h2d_device_gbs = 0, d2h_device_gbs = 0;    // CudaDevice copies of kChunkMiB each, pinned
+  double sgemm_tflops = 0, tf32_tflops = 0, bf16_tflops = 0;
 };
+
+constexpr int kChunkMiB = 16;  // harmony's copies: one pack's weights or stash is a few to tens of MiB
+
+// GB/s of harmony's copy path: `bytes` in kChunkMiB copies enqueued on one stream of a CudaDevice, then one
+// synchronize; the median of `repeats` wall-clock timings after one warm-up.
+std::pair<double, double> device_copy_rates(const Options& o, std::size_t bytes) {
+  auto dev =
+      cuda::make_cuda_device(0, {.gpu = o.gpu, .capacity = static_cast<Bytes>(bytes) + 16 * harmony::core::kMiB});
+  auto s = dev->create_stream("swap");
+  Buffer d = dev->alloc(static_cast<Bytes>(bytes), "copy benchmark");
+  HostBuffer h = dev->alloc_host(static_cast<Bytes>(bytes), "copy benchmark");
+  const std::size_t chunk = std::size_t{kChunkMiB} << 20;
+  const auto time = [&](bool h2d) {
+    std::vector<double> t;
+    for (int r = 0; r <= o.repeats; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (std::size_t off = 0; off < bytes; off += chunk) {
+        const auto n = static_cast<Bytes>(std::min(chunk, bytes - off));
+        if (h2d) {
+          dev->copy_h2d(*s, d.as<char>() + off, h.as<char>() + off, n);
+        } else {
+          dev->copy_d2h(*s, h.as<char>() + off, d.as<char>() + off, n);
+        }
+      }
+      s->synchronize();
+      const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+      if (r > 0) t.push_back(dt.count());  // r = 0 warms up
+    }
+    std::sort(t.begin(), t.end());
+    return static_cast<double>(bytes) / 1e9 / t[t.size() / 2];
+  };
+  const double h2d = time(true);
+  const double d2h = time(false);
+  return {h2d, d2h};
+}
 
 Result run(const Options& o) {
   Result res;
@@ -76,10 +119,25 @@ Result run(const Options& o) {
     };
     res.h2d_pinned_gbs = rate(dev, pinned.data(), cudaMemcpyHostToDevice);
     res.d2h_pinned_gbs = rate(pinned.data(), dev, cudaMemcpyDeviceToHost);
+    // The ceiling: the best raw rate over sizes from one chunk to the whole buffer.
+    res.h2d_ceiling_gbs = res.h2d_pinned_gbs;
+    res.d2h_ceiling_gbs = res.d2h_pinned_gbs;
+    for (std::size_t mib : {std::size_t{kChunkMiB}, std::size_t{64}, std::size_t{1024}}) {
+      const std::size_t n = std::min(bytes, mib << 20);
+      const double g = static_cast<double>(n) / 1e9;
+      const auto best = [&](void* dst, const void* src, cudaMemcpyKind kind) {
+        return g / (median_ms(stream, o.repeats,
+                              [&]() { HARMONY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, kind, stream)); }) /
+                    1e3);
+      };
+      res.h2d_ceiling_gbs = std::max(res.h2d_ceiling_gbs, best(dev, pinned.data(), cudaMemcpyHostToDevice));
+      res.d2h_ceiling_gbs = std::max(res.d2h_ceiling_gbs, best(pinned.data(), dev, cudaMemcpyDeviceToHost));
+    }
     res.h2d_pageable_gbs = rate(dev, pageable.data(), cudaMemcpyHostToDevice);
     res.d2h_pageable_gbs = rate(pageable.data(), dev, cudaMemcpyDeviceToHost);
   }
   HARMONY_CUDA_CHECK(cudaFree(dev));
+  std::tie(res.h2d_device_gbs, res.d2h_device_gbs) = device_copy_rates(o, bytes);
 
   const auto n = static_cast<std::size_t>(o.gemm);
   float *A = nullptr, *B = nullptr, *C = nullptr;
@@ -101,6 +159,16 @@ Result run(const Options& o) {
       HARMONY_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, A, m, B, m, &beta, C, m));
     });
     (tf32 ? res.tf32_tflops : res.sgemm_tflops) = flop / (ms / 1e3) / 1e12;
+  }
+  {  // BF16 inputs and output, fp32 accumulation: the dense tensor-core rate the MFU target is measured against
+    HARMONY_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    const float alpha = 1, beta = 0;
+    const int m = o.gemm;
+    const double ms = median_ms(stream, std::max(3, o.repeats / 2), [&]() {
+      HARMONY_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, A, CUDA_R_16BF, m, B, CUDA_R_16BF,
+                                        m, &beta, C, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+    res.bf16_tflops = flop / (ms / 1e3) / 1e12;
   }
   HARMONY_CUBLAS_CHECK(cublasDestroy(h));
   HARMONY_CUDA_CHECK(cudaFree(A));
@@ -148,10 +216,13 @@ int main(int argc, char** argv) {
           "{{\"gpu\": \"{}\", \"compute_capability\": \"{}.{}\", \"multiprocessors\": {}, \"memory_bytes\": {}, "
           "\"copy_bytes\": {}, \"h2d_pinned_GBps\": {:.2f}, \"d2h_pinned_GBps\": {:.2f}, \"h2d_pageable_GBps\": "
           "{:.2f}, "
-          "\"d2h_pageable_GBps\": {:.2f}, \"gemm_n\": {}, \"sgemm_TFLOPs\": {:.2f}, \"tf32_TFLOPs\": {:.2f}}}\n",
+          "\"d2h_pageable_GBps\": {:.2f}, \"h2d_ceiling_GBps\": {:.2f}, \"d2h_ceiling_GBps\": {:.2f}, "
+          "\"h2d_device_GBps\": {:.2f}, \"d2h_device_GBps\": {:.2f}, \"copy_chunk_bytes\": {}, "
+          "\"gemm_n\": {}, \"sgemm_TFLOPs\": {:.2f}, \"tf32_TFLOPs\": {:.2f}, \"bf16_TFLOPs\": {:.2f}}}\n",
           g.name, g.compute_major, g.compute_minor, g.multiprocessors, g.total_memory,
           static_cast<long long>(o.copy_mib) << 20, r.h2d_pinned_gbs, r.d2h_pinned_gbs, r.h2d_pageable_gbs,
-          r.d2h_pageable_gbs, o.gemm, r.sgemm_tflops, r.tf32_tflops);
+          r.d2h_pageable_gbs, r.h2d_ceiling_gbs, r.d2h_ceiling_gbs, r.h2d_device_gbs, r.d2h_device_gbs,
+          static_cast<long long>(kChunkMiB) << 20, o.gemm, r.sgemm_tflops, r.tf32_tflops, r.bf16_tflops);
     } else {
       fmt::print("GPU {}: {} (sm_{}{}, {} SMs, {:.1f} GiB)\n", o.gpu, g.name, g.compute_major, g.compute_minor,
                  g.multiprocessors, double(g.total_memory) / double(1LL << 30));
@@ -160,8 +231,13 @@ int main(int argc, char** argv) {
       fmt::print("{:<34} {:>10.2f} GB/s\n", fmt::format("D2H pinned ({} MiB)", o.copy_mib), r.d2h_pinned_gbs);
       fmt::print("{:<34} {:>10.2f} GB/s\n", "H2D pageable", r.h2d_pageable_gbs);
       fmt::print("{:<34} {:>10.2f} GB/s\n", "D2H pageable", r.d2h_pageable_gbs);
+      fmt::print("{:<34} {:>10.2f} GB/s\n", "H2D pinned ceiling (best size)", r.h2d_ceiling_gbs);
+      fmt::print("{:<34} {:>10.2f} GB/s\n", "D2H pinned ceiling (best size)", r.d2h_ceiling_gbs);
+      fmt::print("{:<34} {:>10.2f} GB/s\n", fmt::format("H2D CudaDevice ({} MiB copies)", kChunkMiB), r.h2d_device_gbs);
+      fmt::print("{:<34} {:>10.2f} GB/s\n", fmt::format("D2H CudaDevice ({} MiB copies)", kChunkMiB), r.d2h_device_gbs);
       fmt::print("{:<34} {:>10.2f} TFLOP/s\n", fmt::format("cuBLAS SGEMM fp32 (n={})", o.gemm), r.sgemm_tflops);
       fmt::print("{:<34} {:>10.2f} TFLOP/s\n", fmt::format("cuBLAS SGEMM TF32 (n={})", o.gemm), r.tf32_tflops);
+      fmt::print("{:<34} {:>10.2f} TFLOP/s\n", fmt::format("cuBLAS GEMM BF16 (n={})", o.gemm), r.bf16_tflops);
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_cuda: {}\n", e.what());

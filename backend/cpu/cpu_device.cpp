@@ -192,8 +192,8 @@ class CpuDevice final : public Device, public Kernels {
     launch(s, "embedding_fwd", [=]() { cpu::embedding_fwd<float>(out, ids, wte, wpe, B, T, C, V); });
   }
   void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T,
-                     int C) override {
-    launch(s, "embedding_bwd", [=]() { cpu::embedding_bwd<float>(dwte, dwpe, dout, ids, B, T, C); });
+                     int C, int V) override {
+    launch(s, "embedding_bwd", [=]() { cpu::embedding_bwd<float>(dwte, dwpe, dout, ids, B, T, C, V); });
   }
   void layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
                      int N, int C, float eps) override {

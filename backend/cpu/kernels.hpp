@@ -39,15 +39,24 @@ inline void axpy(T* y, T a, const T* x, Index n) {
   for (Index j = 0; j < n; ++j) y[j] += a * x[j];
 }
 
+// Throws a DeviceError naming the first id (in row order) outside [0, V), prefixed by `op`.
+inline void check_token_ids(const char* op, const std::int32_t* ids, int B, int T_, int V, const char* suffix) {
+  for (Index r = 0; r < Index(B) * T_; ++r) {
+    const std::int32_t id = ids[r];
+    if (id < 0 || id >= V)
+      throw DeviceError(fmt::format("{}: token id {} at (b={}, t={}) is outside the vocabulary [0, {}){}", op, id,
+                                    r / T_, r % T_, V, suffix));
+  }
+}
+
+// Every id is checked before anything is written (a bad one leaves `out` as it was).
 template <class T>
 void embedding_fwd(T* out, const std::int32_t* ids, const T* wte, const T* wpe, int B, int T_, int C, int V) {
+  check_token_ids("embedding", ids, B, T_, V, "");
   for (Index b = 0; b < B; ++b) {
     for (Index t = 0; t < T_; ++t) {
       const Index r = b * T_ + t;
       const std::int32_t id = ids[r];
-      if (id < 0 || id >= V)
-        throw DeviceError(
-            fmt::format("embedding: token id {} at (b={}, t={}) is outside the vocabulary [0, {})", id, b, t, V));
       const T* e = wte + Index(id) * C;
       const T* p = wpe + t * C;
       T* o = out + r * C;
@@ -56,8 +65,10 @@ void embedding_fwd(T* out, const std::int32_t* ids, const T* wte, const T* wpe, 
   }
 }
 
+// Every id is checked before anything is written: a bad one leaves dwte and dwpe as they were (as on CUDA).
 template <class T>
-void embedding_bwd(T* dwte, T* dwpe, const T* dout, const std::int32_t* ids, int B, int T_, int C) {
+void embedding_bwd(T* dwte, T* dwpe, const T* dout, const std::int32_t* ids, int B, int T_, int C, int V) {
+  check_token_ids("embedding_bwd", ids, B, T_, V, "; nothing was written");
   for (Index b = 0; b < B; ++b) {
     for (Index t = 0; t < T_; ++t) {
       const Index r = b * T_ + t;

@@ -237,7 +237,7 @@ bool CudaEvent::query() {
 CudaStream::CudaStream(CudaDevice& device, std::string name) : device_(device), name_(std::move(name)) {
   DeviceGuard guard(device.gpu());
   HARMONY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  ctx_ = std::make_unique<StreamContext>(device.gpu(), stream_, device.options().tf32,
+  ctx_ = std::make_unique<StreamContext>(device.gpu(), stream_, device.options().tf32, device.options().tree_sums,
                                          device.options().attention_workspace, device.errors_device());
   thread_ = std::thread([this]() { run(); });
   device_.add_stream(this);
@@ -509,7 +509,9 @@ void CudaDevice::check_kernel_errors() {
       throw DeviceError(fmt::format("{}: cross-entropy: target id {} at row {} is outside the vocabulary [0, {})",
                                     name_, value, a, limit));
     case kern::kErrEmbeddingBwdId:
-      throw DeviceError(fmt::format("{}: embedding_bwd: negative token id {} at row {}", name_, value, a));
+      throw DeviceError(fmt::format(
+          "{}: embedding_bwd: token id {} at (b={}, t={}) is outside the vocabulary [0, {}); nothing was written",
+          name_, value, a, b, limit));
     default:
       throw DeviceError(fmt::format("{}: a kernel reported error code {}", name_, code));
   }
@@ -630,12 +632,12 @@ void CudaDevice::embedding_fwd(Stream& s, float* out, const std::int32_t* ids, c
 }
 
 void CudaDevice::embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B,
-                               int T, int C) {
-  check_dims(name_, "embedding_bwd", {B, T, C});
+                               int T, int C, int V) {
+  check_dims(name_, "embedding_bwd", {B, T, C, V});
   launch(s, "embedding_bwd", [=](StreamContext& c) {
     const std::size_t bytes = kern::embedding_bwd_workspace_bytes(B * T);
     void* ws = c.workspace(bytes);
-    kern::embedding_bwd(c.stream(), c.errors(), ws, bytes, dwte, dwpe, dout, ids, B, T, C);
+    kern::embedding_bwd(c.stream(), c.errors(), ws, bytes, dwte, dwpe, dout, ids, B, T, C, V);
   });
 }
 
@@ -649,8 +651,9 @@ void CudaDevice::layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, 
 void CudaDevice::layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in,
                                const float* w, const float* mean, const float* rstd, int N, int C) {
   check_dims(name_, "layernorm_bwd", {N, C});
-  launch(s, "layernorm_bwd",
-         [=](StreamContext& c) { kern::layernorm_bwd(c.stream(), din, dw, db, dout, in, w, mean, rstd, N, C); });
+  launch(s, "layernorm_bwd", [=](StreamContext& c) {
+    kern::layernorm_bwd(c.stream(), din, dw, db, dout, in, w, mean, rstd, N, C, c.column_sums_workspace(N, C, true));
+  });
 }
 
 void CudaDevice::matmul_fwd(Stream& s, float* out, const float* in, const float* w, const float* bias, int N, int IC,

@@ -34,12 +34,18 @@ struct CudaDeviceOptions {
   // cuBLAS may use TF32 tensor cores for fp32 GEMMs (~10 bits of mantissa in the products: relative errors
   // ~1e-3 instead of ~1e-6). Off: results track the CPU reference.
   bool tf32 = false;
+  // Bias and LayerNorm parameter gradients by a tree (backend/cuda/index.hpp: column tiles x row parts, then
+  // the parts in order) instead of one thread per column adding the rows in order: ~1000 blocks instead of
+  // C/128, deterministic on every GPU, but rounded differently from the CPU device and from the same rows split
+  // into microbatches (relative differences ~1e-6). Off: bit-identical to the CPU's row order.
+  bool tree_sums = false;
   // Synchronize after every enqueued operation and check for errors, so an asynchronous fault (an illegal
   // address in a kernel) is reported against the operation that caused it. Slow; for debugging.
   bool sync_debug = sync_debug_from_environment();
   // Fill every fresh allocation with 0xFF bytes (a float NaN), synchronously, so reads of never-written memory
-  // show up. Freed memory is not poisoned (a free may run inside a CUDA host callback, where CUDA calls are
-  // not allowed).
+  // show up. A blocking memset per allocation: on by default only in debug builds (harmony-run --poison turns
+  // it on in release). Freed memory is not poisoned (a free may run inside a CUDA host callback, where CUDA
+  // calls are not allowed).
   bool poison = kCudaPoisonByDefault;
   // Per stream, outside the block: the attention backward's score-gradient tiles (split into chunks of
   // (b, h) pairs that fit; at least one T x T tile) and the embedding backward's sort buffers.

@@ -44,8 +44,14 @@ void enable_peer_access(int from_gpu, int to_gpu);
 // What work on one stream needs; used only by the stream's submission thread.
 class StreamContext {
  public:
-  StreamContext(int gpu, cudaStream_t stream, bool tf32, Bytes attention_workspace, kern::ErrorRecord* errors)
-      : gpu_(gpu), stream_(stream), tf32_(tf32), attention_workspace_(attention_workspace), errors_(errors) {}
+  StreamContext(int gpu, cudaStream_t stream, bool tf32, bool tree_sums, Bytes attention_workspace,
+                kern::ErrorRecord* errors)
+      : gpu_(gpu),
+        stream_(stream),
+        tf32_(tf32),
+        tree_sums_(tree_sums),
+        attention_workspace_(attention_workspace),
+        errors_(errors) {}
   ~StreamContext();
   StreamContext(const StreamContext&) = delete;
   StreamContext& operator=(const StreamContext&) = delete;
@@ -54,6 +60,11 @@ class StreamContext {
   cudaStream_t stream() const { return stream_; }
   kern::ErrorRecord* errors() const { return errors_; }
   Bytes attention_workspace() const { return attention_workspace_; }
+  // Scratch for the tree column sums over N rows of C columns, or null when they run in row order
+  // (CudaDeviceOptions::tree_sums off).
+  void* column_sums_workspace(int N, int C, bool layernorm) {
+    return tree_sums_ ? workspace(kern::column_sums_workspace_bytes(N, C, layernorm)) : nullptr;
+  }
   cublasHandle_t cublas();  // created on first use, bound to this stream
   // At least `bytes` of device scratch, valid for work enqueued from now on (growing synchronizes the stream).
   void* workspace(std::size_t bytes);
@@ -62,6 +73,7 @@ class StreamContext {
   int gpu_;
   cudaStream_t stream_;
   bool tf32_;
+  bool tree_sums_;
   Bytes attention_workspace_;
   kern::ErrorRecord* errors_;
   cublasHandle_t cublas_ = nullptr;
@@ -191,7 +203,7 @@ class CudaDevice final : public Device, public Kernels {
   void embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B, int T,
                      int C, int V) override;
   void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T,
-                     int C) override;
+                     int C, int V) override;
   void layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
                      int N, int C, float eps) override;
   void layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in, const float* w,

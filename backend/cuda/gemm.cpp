@@ -61,7 +61,7 @@ void matmul_bwd(StreamContext& c, float* din, float* dw, float* dbias, const flo
     if (din != nullptr) sgemm(c.cublas(), kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, IC);
     sgemm(c.cublas(), kN, kT, IC, OC, N, in, IC, dout, OC, 1.0f, dw, IC);
   }
-  if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC);
+  if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false));
 }
 
 // Per sequence b, the H heads are a strided batch (stride hs within qkv's rows of 3C, T*T within att):

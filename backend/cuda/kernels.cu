@@ -7,6 +7,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "backend/cuda/check.hpp"
+#include "backend/cuda/index.hpp"
 
 namespace harmony::backend::cuda::kern {
 namespace {
@@ -17,13 +18,19 @@ constexpr unsigned kFull = 0xffffffffu;
 
 // Blocks of a grid-stride loop over n elements (capped; the loop covers the rest).
 unsigned blocks_for(std::int64_t n, int per_block = kThreads) {
-  const std::int64_t b = (n + per_block - 1) / per_block;
-  return static_cast<unsigned>(b < 65535 * 32 ? b : 65535 * 32);
+  return static_cast<unsigned>(idx::blocks_for(n, per_block));
 }
 // Blocks of a kernel with one item (row, column) per warp or thread and no loop: never capped.
 unsigned blocks_exact(std::int64_t items, int per_block) {
-  return static_cast<unsigned>((items + per_block - 1) / per_block);
+  const std::int64_t b = idx::blocks_exact(items, per_block);
+  if (b > idx::kMaxGridX) throw_cuda_error(cudaErrorInvalidConfiguration, "grid too large", __FILE__, __LINE__);
+  return static_cast<unsigned>(b);
 }
+
+// The grid-stride loop over [0, n) of the calling thread.
+#define HARMONY_GRID_STRIDE(i, n)                                                        \
+  for (std::int64_t i = idx::stride_first(blockIdx.x, blockDim.x, threadIdx.x); i < (n); \
+       i += idx::stride_step(gridDim.x, blockDim.x))
 
 __device__ void report(ErrorRecord* e, int code, long long value, long long a, long long b, long long limit) {
   if (atomicCAS(&e->code, 0, -1) == 0) {
@@ -77,20 +84,27 @@ __global__ void embedding_fwd_kernel(ErrorRecord* err, float* out, const std::in
     if (threadIdx.x == 0) report(err, kErrEmbeddingId, id, r / T, t, V);
     return;
   }
-  const float* e = wte + static_cast<std::int64_t>(id) * C;
-  const float* p = wpe + static_cast<std::int64_t>(t) * C;
-  float* o = out + r * C;
+  const float* e = wte + idx::at(id, C, 0);
+  const float* p = wpe + idx::at(t, C, 0);
+  float* o = out + idx::at(r, C, 0);
   for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = e[c] + p[c];
 }
 
+// Whether the sorted ids keys[0..N) all lie in [0, V): the smallest is first and the largest last. Checked by
+// every block of the backward before it writes, so a bad id anywhere leaves dwte and dwpe untouched.
+__device__ __forceinline__ bool sorted_ids_valid(const std::int32_t* keys, int N, int V) {
+  return keys[0] >= 0 && keys[N - 1] < V;
+}
+
 // dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... (the CPU's row order restricted to position t).
-__global__ void embedding_dwpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+__global__ void embedding_dwpe_kernel(float* dwpe, const float* dout, const std::int32_t* keys, int B, int T, int C,
+                                      int V) {
+  if (!sorted_ids_valid(keys, B * T, V)) return;  // reported by embedding_dwte_kernel
   const std::int64_t total = static_cast<std::int64_t>(T) * C;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t t = i / C, c = i % C;
+  HARMONY_GRID_STRIDE(i, total) {
+    const auto [t, c] = idx::row_col(i, C);
     float acc = dwpe[i];
-    for (int b = 0; b < B; ++b) acc += dout[(static_cast<std::int64_t>(b) * T + t) * C + c];
+    for (int b = 0; b < B; ++b) acc += dout[idx::at(idx::at(b, T, t), C, c)];
     dwpe[i] = acc;
   }
 }
@@ -100,20 +114,24 @@ __global__ void iota_kernel(std::int32_t* v, int n) {
 }
 
 // One block per sorted position; the first position of each token id adds that id's rows in ascending row
-// order (the radix sort is stable), so dwte[id] gets exactly the CPU's sequence of additions.
+// order (the radix sort is stable), so dwte[id] gets exactly the CPU's sequence of additions. A bad id (< 0 sorts
+// first, >= V last) is reported once and nothing is written.
 __global__ void embedding_dwte_kernel(ErrorRecord* err, float* dwte, const float* dout, const std::int32_t* keys,
-                                      const std::int32_t* rows, int N, int C) {
+                                      const std::int32_t* rows, int N, int T, int C, int V) {
   const int p = blockIdx.x;
-  const std::int32_t id = keys[p];
-  if (p > 0 && keys[p - 1] == id) return;
-  if (id < 0) {
-    if (threadIdx.x == 0) report(err, kErrEmbeddingBwdId, id, rows[p], -1, -1);
+  if (!sorted_ids_valid(keys, N, V)) {
+    if (p == 0 && threadIdx.x == 0) {
+      const int bad = keys[0] < 0 ? 0 : N - 1;
+      report(err, kErrEmbeddingBwdId, keys[bad], rows[bad] / T, rows[bad] % T, V);
+    }
     return;
   }
-  float* d = dwte + static_cast<std::int64_t>(id) * C;
+  const std::int32_t id = keys[p];
+  if (p > 0 && keys[p - 1] == id) return;
+  float* d = dwte + idx::at(id, C, 0);
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     float acc = d[c];
-    for (int q = p; q < N && keys[q] == id; ++q) acc += dout[static_cast<std::int64_t>(rows[q]) * C + c];
+    for (int q = p; q < N && keys[q] == id; ++q) acc += dout[idx::at(rows[q], C, c)];
     d[c] = acc;
   }
 }
@@ -145,7 +163,7 @@ __global__ void layernorm_fwd_kernel(float* out, float* mean, float* rstd, const
   const int lane = threadIdx.x % 32;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= N) return;
-  const float* x = in + r * C;
+  const float* x = in + idx::at(r, C, 0);
   float sum = 0.0f;
   for (int c = lane; c < C; c += 32) sum += x[c];
   const float m = warp_sum(sum) / static_cast<float>(C);
@@ -156,7 +174,7 @@ __global__ void layernorm_fwd_kernel(float* out, float* mean, float* rstd, const
   }
   var = warp_sum(var) / static_cast<float>(C);
   const float s = 1.0f / sqrtf(var + eps);
-  float* o = out + r * C;
+  float* o = out + idx::at(r, C, 0);
   for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * s * w[c] + b[c];
   if (lane == 0) {
     mean[r] = m;
@@ -169,8 +187,8 @@ __global__ void layernorm_bwd_rows_kernel(float* din, const float* dout, const f
   const int lane = threadIdx.x % 32;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= N) return;
-  const float* x = in + r * C;
-  const float* d = dout + r * C;
+  const float* x = in + idx::at(r, C, 0);
+  const float* d = dout + idx::at(r, C, 0);
   const float m = mean[r], s = rstd[r];
   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
   for (int c = lane; c < C; c += 32) {
@@ -181,7 +199,7 @@ __global__ void layernorm_bwd_rows_kernel(float* din, const float* dout, const f
   }
   dnorm_mean = warp_sum(dnorm_mean) / static_cast<float>(C);
   dnorm_norm_mean = warp_sum(dnorm_norm_mean) / static_cast<float>(C);
-  float* dx = din + r * C;
+  float* dx = din + idx::at(r, C, 0);
   for (int c = lane; c < C; c += 32) {
     const float norm = (x[c] - m) * s;
     const float dnorm = w[c] * d[c];
@@ -196,7 +214,7 @@ __global__ void layernorm_bwd_params_kernel(float* dw, float* db, const float* d
   float acc_w = dw[c], acc_b = db[c];
 #pragma unroll 8
   for (int r = 0; r < N; ++r) {
-    const std::int64_t i = static_cast<std::int64_t>(r) * C + c;
+    const std::int64_t i = idx::at(r, C, c);
     const float d = dout[i];
     const float norm = (in[i] - mean[r]) * rstd[r];
     acc_b += d;
@@ -206,12 +224,63 @@ __global__ void layernorm_bwd_params_kernel(float* dw, float* db, const float* d
   db[c] = acc_b;
 }
 
+// The tree alternative (idx::column_parts): block (tile, p) sums rows of part p for kColTile columns, kColRows
+// threads per column each taking every kColRows-th row, then the kColRows partial sums in thread order; the
+// partials of the parts go to `partial` ([parts, C] per output), and column_parts_add_kernel adds them to the
+// gradients in part order. Deterministic, but not the CPU's row order.
+template <bool kLayerNorm>
+__global__ void column_parts_kernel(float* partial, const float* dout, const float* in, const float* mean,
+                                    const float* rstd, int N, int C, int parts) {
+  __shared__ float sh_b[idx::kColRows][idx::kColTile];
+  __shared__ float sh_w[idx::kColRows][idx::kColTile];
+  const int tx = threadIdx.x % idx::kColTile, ty = threadIdx.x / idx::kColTile;
+  const std::int64_t c = idx::at(blockIdx.x, idx::kColTile, tx);
+  const std::int64_t p = blockIdx.y;
+  const std::int64_t begin = idx::part_begin(N, parts, p), end = idx::part_begin(N, parts, p + 1);
+  float acc_b = 0.0f, acc_w = 0.0f;
+  if (c < C) {
+    for (std::int64_t r = begin + ty; r < end; r += idx::kColRows) {
+      const std::int64_t i = idx::at(r, C, c);
+      const float d = dout[i];
+      acc_b += d;
+      if constexpr (kLayerNorm) acc_w += (in[i] - mean[r]) * rstd[r] * d;
+    }
+  }
+  sh_b[ty][tx] = acc_b;
+  sh_w[ty][tx] = acc_w;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    float sb = sh_b[0][tx], sw = sh_w[0][tx];
+    for (int k = 1; k < idx::kColRows; ++k) {
+      sb += sh_b[k][tx];
+      sw += sh_w[k][tx];
+    }
+    const std::int64_t total = static_cast<std::int64_t>(parts) * C;
+    partial[idx::at(p, C, c)] = sb;
+    if constexpr (kLayerNorm) partial[total + idx::at(p, C, c)] = sw;
+  }
+}
+
+// db[c] += sum of the parts in order (and dw[c] from the second half of `partial` when dw is not null).
+__global__ void column_parts_add_kernel(float* db, float* dw, const float* partial, int C, int parts) {
+  const std::int64_t total = static_cast<std::int64_t>(parts) * C;
+  HARMONY_GRID_STRIDE(c, static_cast<std::int64_t>(C)) {
+    float acc_b = db[c];
+    for (int p = 0; p < parts; ++p) acc_b += partial[idx::at(p, C, c)];
+    db[c] = acc_b;
+    if (dw != nullptr) {
+      float acc_w = dw[c];
+      for (int p = 0; p < parts; ++p) acc_w += partial[total + idx::at(p, C, c)];
+      dw[c] = acc_w;
+    }
+  }
+}
+
 // --- matmul helpers ---
 
 __global__ void fill_bias_rows_kernel(float* out, const float* bias, std::int64_t total, int OC) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    out[i] = bias[i % OC];
+  HARMONY_GRID_STRIDE(i, total)
+  out[i] = bias[idx::row_col(i, OC).c];
 }
 
 __global__ void bias_grad_kernel(float* dbias, const float* dout, int N, int OC) {
@@ -219,7 +288,7 @@ __global__ void bias_grad_kernel(float* dbias, const float* dout, int N, int OC)
   if (o >= OC) return;
   float acc = dbias[o];
 #pragma unroll 8
-  for (int r = 0; r < N; ++r) acc += dout[static_cast<std::int64_t>(r) * OC + o];
+  for (int r = 0; r < N; ++r) acc += dout[idx::at(r, OC, o)];
   dbias[o] = acc;
 }
 
@@ -230,7 +299,7 @@ __global__ void causal_softmax_fwd_kernel(float* att, std::int64_t rows, int T, 
   const std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (q >= rows) return;
   const int t = static_cast<int>(q % T);
-  float* a = att + q * T;
+  float* a = att + idx::at(q, T, 0);
   float mx = -INFINITY;
   for (int t2 = lane; t2 <= t; t2 += 32) {
     const float x = a[t2] / sqrt_hs;
@@ -253,8 +322,8 @@ __global__ void causal_softmax_bwd_kernel(float* datt, const float* att, std::in
   const std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (q >= rows) return;
   const int t = static_cast<int>(q % T);
-  float* d = datt + q * T;
-  const float* a = att + q * T;
+  float* d = datt + idx::at(q, T, 0);
+  const float* a = att + idx::at(q, T, 0);
   float dsum = 0.0f;
   for (int t2 = lane; t2 <= t; t2 += 32) dsum += a[t2] * d[t2];
   dsum = warp_sum(dsum);
@@ -268,16 +337,14 @@ constexpr float kGeluCubic = 0.044715f;
 constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
 
 __global__ void gelu_fwd_kernel(float* out, const float* in, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  HARMONY_GRID_STRIDE(i, n) {
     const float x = in[i];
     out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * (x * x * x))));
   }
 }
 
 __global__ void gelu_bwd_kernel(float* din, const float* in, const float* dout, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  HARMONY_GRID_STRIDE(i, n) {
     const float x = in[i];
     const float u = kGeluScale * (x + kGeluCubic * (x * x * x));
     const float th = tanhf(u);
@@ -288,9 +355,8 @@ __global__ void gelu_bwd_kernel(float* din, const float* in, const float* dout, 
 }
 
 __global__ void add_kernel(float* out, const float* a, const float* b, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    out[i] = a[i] + b[i];
+  HARMONY_GRID_STRIDE(i, n)
+  out[i] = a[i] + b[i];
 }
 
 // --- cross-entropy: one block per row ---
@@ -304,8 +370,8 @@ __global__ void crossentropy_fwd_kernel(ErrorRecord* err, float* losses, float* 
     if (threadIdx.x == 0) report(err, kErrTargetId, target, r, -1, V);
     return;
   }
-  const float* l = logits + r * V;
-  float* p = probs + r * V;  // may alias l: every read of l happens before the first write below
+  const float* l = logits + idx::at(r, V, 0);
+  float* p = probs + idx::at(r, V, 0);  // may alias l: every read of l happens before the first write below
   const float lt = l[target];
   float mx = -INFINITY;
   for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
@@ -320,9 +386,8 @@ __global__ void crossentropy_fwd_kernel(ErrorRecord* err, float* losses, float* 
 
 __global__ void crossentropy_bwd_kernel(float* dlogits, const float* probs, const std::int32_t* targets, float scale,
                                         std::int64_t total, int V) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / V, v = i % V;
+  HARMONY_GRID_STRIDE(i, total) {
+    const auto [r, v] = idx::row_col(i, V);
     dlogits[i] = (probs[i] - (v == targets[r] ? 1.0f : 0.0f)) * scale;
   }
 }
@@ -340,11 +405,9 @@ void embedding_fwd(cudaStream_t stream, ErrorRecord* err, float* out, const std:
 std::size_t embedding_bwd_workspace_bytes(int N) { return N > 0 ? sort_layout(N).total : 0; }
 
 void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::size_t workspace_bytes, float* dwte,
-                   float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C) {
+                   float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C, int V) {
   const int N = B * T;
   if (N == 0) return;
-  embedding_dwpe_kernel<<<blocks_for(static_cast<std::int64_t>(T) * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
-  HARMONY_CUDA_CHECK_LAUNCH("embedding_dwpe_kernel");
   SortLayout l = sort_layout(N);
   if (workspace_bytes < l.total) throw_cuda_error(cudaErrorInvalidValue, "embedding_bwd workspace", __FILE__, __LINE__);
   auto* base = static_cast<unsigned char*>(workspace);
@@ -355,7 +418,10 @@ void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::
   HARMONY_CUDA_CHECK_LAUNCH("iota_kernel");
   HARMONY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + l.temp, l.temp_bytes, ids, keys, rows_in, rows, N, 0,
                                                      static_cast<int>(8 * sizeof(std::int32_t)), stream));
-  embedding_dwte_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, dwte, dout, keys, rows, N, C);
+  embedding_dwpe_kernel<<<blocks_for(static_cast<std::int64_t>(T) * C), kThreads, 0, stream>>>(dwpe, dout, keys, B, T,
+                                                                                               C, V);
+  HARMONY_CUDA_CHECK_LAUNCH("embedding_dwpe_kernel");
+  embedding_dwte_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, dwte, dout, keys, rows, N, T, C, V);
   HARMONY_CUDA_CHECK_LAUNCH("embedding_dwte_kernel");
 }
 
@@ -366,11 +432,38 @@ void layernorm_fwd(cudaStream_t stream, float* out, float* mean, float* rstd, co
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
 }
 
+std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm) {
+  const std::int64_t parts = idx::column_parts(N, C);
+  return static_cast<std::size_t>(parts * C * (layernorm ? 2 : 1)) * sizeof(float);
+}
+
+namespace {
+void column_sums_tree(cudaStream_t stream, float* db, float* dw, const float* dout, const float* in, const float* mean,
+                      const float* rstd, int N, int C, void* workspace) {
+  const auto parts = static_cast<int>(idx::column_parts(N, C));
+  auto* partial = static_cast<float*>(workspace);
+  const dim3 grid(static_cast<unsigned>(idx::column_tiles(C)), static_cast<unsigned>(parts));
+  constexpr auto threads = static_cast<unsigned>(idx::kColTile * idx::kColRows);
+  if (dw != nullptr) {
+    column_parts_kernel<true><<<grid, threads, 0, stream>>>(partial, dout, in, mean, rstd, N, C, parts);
+  } else {
+    column_parts_kernel<false><<<grid, threads, 0, stream>>>(partial, dout, in, mean, rstd, N, C, parts);
+  }
+  HARMONY_CUDA_CHECK_LAUNCH("column_parts_kernel");
+  column_parts_add_kernel<<<blocks_for(C), kThreads, 0, stream>>>(db, dw, partial, C, parts);
+  HARMONY_CUDA_CHECK_LAUNCH("column_parts_add_kernel");
+}
+}  // namespace
+
 void layernorm_bwd(cudaStream_t stream, float* din, float* dw, float* db, const float* dout, const float* in,
-                   const float* w, const float* mean, const float* rstd, int N, int C) {
+                   const float* w, const float* mean, const float* rstd, int N, int C, void* tree_workspace) {
   if (N == 0 || C == 0) return;
   layernorm_bwd_rows_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(din, dout, in, w, mean, rstd, N, C);
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_bwd_rows_kernel");
+  if (tree_workspace != nullptr) {
+    column_sums_tree(stream, db, dw, dout, in, mean, rstd, N, C, tree_workspace);
+    return;
+  }
   layernorm_bwd_params_kernel<<<blocks_exact(C, 128), 128, 0, stream>>>(dw, db, dout, in, mean, rstd, N, C);
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_bwd_params_kernel");
 }
@@ -382,8 +475,12 @@ void fill_bias_rows(cudaStream_t stream, float* out, const float* bias, int N, i
   HARMONY_CUDA_CHECK_LAUNCH("fill_bias_rows_kernel");
 }
 
-void bias_grad(cudaStream_t stream, float* dbias, const float* dout, int N, int OC) {
+void bias_grad(cudaStream_t stream, float* dbias, const float* dout, int N, int OC, void* tree_workspace) {
   if (N == 0 || OC == 0) return;
+  if (tree_workspace != nullptr) {
+    column_sums_tree(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, OC, tree_workspace);
+    return;
+  }
   bias_grad_kernel<<<blocks_exact(OC, 128), 128, 0, stream>>>(dbias, dout, N, OC);
   HARMONY_CUDA_CHECK_LAUNCH("bias_grad_kernel");
 }

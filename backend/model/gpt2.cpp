@@ -297,7 +297,7 @@ void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& 
   S* dw = a.dw;
   switch (kind(layer)) {
     case LayerKind::Embedding:
-      ops.embedding_bwd(dw, dw + std::int64_t(V) * C, a.dy, a.tokens, B, T, C);
+      ops.embedding_bwd(dw, dw + std::int64_t(V) * C, a.dy, a.tokens, B, T, C, V);
       return;
     case LayerKind::Block: {
       const BlockLayout p(C);

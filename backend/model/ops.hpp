@@ -26,8 +26,8 @@ class DeviceOps {
                      int V) {
     k_.embedding_fwd(s_, out, ids, wte, wpe, B, T, C, V);
   }
-  void embedding_bwd(float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C) {
-    k_.embedding_bwd(s_, dwte, dwpe, dout, ids, B, T, C);
+  void embedding_bwd(float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C, int V) {
+    k_.embedding_bwd(s_, dwte, dwpe, dout, ids, B, T, C, V);
   }
   void layernorm_fwd(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b, int N,
                      int C, float eps) {
@@ -76,8 +76,8 @@ class HostOps {
   void embedding_fwd(T* out, const std::int32_t* ids, const T* wte, const T* wpe, int B, int T_, int C, int V) {
     cpu::embedding_fwd<T>(out, ids, wte, wpe, B, T_, C, V);
   }
-  void embedding_bwd(T* dwte, T* dwpe, const T* dout, const std::int32_t* ids, int B, int T_, int C) {
-    cpu::embedding_bwd<T>(dwte, dwpe, dout, ids, B, T_, C);
+  void embedding_bwd(T* dwte, T* dwpe, const T* dout, const std::int32_t* ids, int B, int T_, int C, int V) {
+    cpu::embedding_bwd<T>(dwte, dwpe, dout, ids, B, T_, C, V);
   }
   void layernorm_fwd(T* out, T* mean, T* rstd, const T* in, const T* w, const T* b, int N, int C, T eps) {
     cpu::layernorm_fwd<T>(out, mean, rstd, in, w, b, N, C, eps);

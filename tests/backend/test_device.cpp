@@ -234,6 +234,45 @@ TEST_CASE("a stream's errors are sticky until synchronize rethrows them") {
   CHECK(dev->memory().in_use == before - 1024);
 }
 
+TEST_CASE("embedding ids outside [0, V) are a DeviceError in both directions, and nothing is written") {
+  // The policy every device follows (the CUDA device's kernels check the same before writing).
+  auto dev = cpu::make_cpu_device(0, {.capacity = 64 * kKiB});
+  auto s = dev->create_stream("compute");
+  const int B = 2, T = 3, C = 4, V = 5;
+  Buffer ids = dev->alloc(B * T * 4, "ids");
+  Buffer wte = dev->alloc(V * C * 4, "wte"), wpe = dev->alloc(T * C * 4, "wpe");
+  Buffer out = dev->alloc(B * T * C * 4, "out"), dout = dev->alloc(B * T * C * 4, "dout");
+  const auto wte0 = random_floats(V * C, 31), wpe0 = random_floats(T * C, 32), out0 = random_floats(B * T * C, 33);
+  const auto dout0 = random_floats(B * T * C, 34);
+  for (const std::int32_t bad : {V, 1 << 30, -1, -(1 << 30)}) {
+    CAPTURE(bad);
+    const std::int32_t host_ids[B * T] = {0, 1, 2, 3, bad, 4};  // the bad one at (b=1, t=1)
+    dev->copy_h2d(*s, ids.data(), host_ids, sizeof(host_ids));
+    dev->copy_h2d(*s, wte.data(), wte0.data(), V * C * 4);
+    dev->copy_h2d(*s, wpe.data(), wpe0.data(), T * C * 4);
+    dev->copy_h2d(*s, out.data(), out0.data(), B * T * C * 4);
+    dev->copy_h2d(*s, dout.data(), dout0.data(), B * T * C * 4);
+    const std::string at = "token id " + std::to_string(bad) + " at (b=1, t=1) is outside the vocabulary [0, 5)";
+    dev->kernels().embedding_fwd(*s, out.as<float>(), ids.as<std::int32_t>(), wte.as<float>(), wpe.as<float>(), B, T, C,
+                                 V);
+    CHECK_THROWS_WITH_AS(s->synchronize(), doctest::Contains(("embedding: " + at).c_str()), DeviceError);
+    dev->kernels().embedding_bwd(*s, wte.as<float>(), wpe.as<float>(), dout.as<float>(), ids.as<std::int32_t>(), B, T,
+                                 C, V);
+    CHECK_THROWS_WITH_AS(s->synchronize(),
+                         doctest::Contains(("embedding_bwd: " + at + "; nothing was written").c_str()), DeviceError);
+    CHECK(std::memcmp(out.data(), out0.data(), out0.size() * 4) == 0);
+    CHECK(std::memcmp(wte.data(), wte0.data(), wte0.size() * 4) == 0);
+    CHECK(std::memcmp(wpe.data(), wpe0.data(), wpe0.size() * 4) == 0);
+  }
+  // The last id, V - 1, is in range.
+  const std::int32_t good[B * T] = {0, 1, 2, 3, V - 1, 0};
+  dev->copy_h2d(*s, ids.data(), good, sizeof(good));
+  dev->kernels().embedding_bwd(*s, wte.as<float>(), wpe.as<float>(), dout.as<float>(), ids.as<std::int32_t>(), B, T, C,
+                               V);
+  s->synchronize();
+  CHECK(wte.as<float>()[(V - 1) * C] == wte0[(V - 1) * C] + dout0[4 * C]);
+}
+
 TEST_CASE("send/recv move bytes between devices in call order; size mismatches fail on both sides") {
   auto d0 = cpu::make_cpu_device(0, {.capacity = 256 * kKiB});
   auto d1 = cpu::make_cpu_device(1, {.capacity = 256 * kKiB});

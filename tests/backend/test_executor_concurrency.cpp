@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/executor.hpp"
+#include "backend/executor_detail.hpp"
 #include "backend/model/describe.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
@@ -89,6 +90,19 @@ TEST_CASE("concurrent queues give the serial loop's bits for every plan kind") {
 // A race (a tensor freed while a reader still runs, a buffer reused too early, a missing edge between queues)
 // shows as different bits on some run; 20 runs of 2 steps of a 4-GPU Harmony-PP Program with one-layer packs
 // (the most queues and cross-queue edges of the grid) must all give the PlainTrainer's bits.
+TEST_CASE("the executor's persistent worker pool runs fn(k) once for every k per run, run after run") {
+  for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{8}}) {
+    CAPTURE(n);
+    detail::WorkerPool pool(n);
+    CHECK(pool.size() == n);
+    std::vector<int> calls(n, 0);  // thread k writes only calls[k]; run() returns after every fn returned
+    for (int r = 0; r < 50; ++r) pool.run([&](std::size_t k) { ++calls[k]; });
+    CHECK(calls == std::vector<int>(n, 50));
+  }
+  detail::WorkerPool none(0);  // no queues: run returns at once
+  none.run([](std::size_t) { FAIL("called"); });
+}
+
 TEST_CASE("repeated concurrent runs of a 4-GPU Harmony-PP Program give identical bits") {
   const Result& ref = reference();
   int identical = 0;

@@ -59,6 +59,15 @@ with tempfile.TemporaryDirectory() as tmp:
               (d1["summary"]["losses"], d2["summary"]["losses"]))
     r = run("train", DEFAULT, "--steps", "1", "--executor", "parallel")
     check("--executor parallel refused", r.returncode == 2 and "concurrent" in r.stderr, r.stderr)
+    # --tf32 / --tree-sums are CUDA-only: refused on the CPU device, naming the flag; --poison is accepted and
+    # changes no bit (it only fills fresh memory before it is written)
+    for flag in ["--tf32", "--tree-sums"]:
+        r = run("train", DEFAULT, "--steps", "1", flag)
+        check(f"{flag} refused on device: cpu", r.returncode == 2 and f"{flag} applies to device: cuda only" in r.stderr,
+              (r.returncode, r.stderr))
+    r3, d3 = train_json(DEFAULT, "--steps", "3", "--quiet", "--gpu-memory", "2MiB", "--poison")
+    check("--poison: the same losses bit for bit", r3.returncode == 0 and d1 and d3 and
+          d1["summary"]["losses"] == d3["summary"]["losses"], r3.stderr)
 
     # --- the bundled default: Harmony-PP over 4 CPU devices each smaller than the model; the loss falls
     trace = os.path.join(tmp, "run_trace.json")

@@ -345,13 +345,14 @@ int ProgramBuilder::swap_out_saved(int device, int l, int i, int u, int fwd, int
   dep(O, fwd);
   free_saved(O, l, i, u);
   output_of(O, device, k_fwd);
+  saved_[slot(device, l, i)] = O;
   return O;
 }
 
-int ProgramBuilder::swap_in_saved(int device, int l, int i, int u, int out, int k_bwd) {
+int ProgramBuilder::swap_in_saved(int device, int l, int i, int u, int k_bwd) {
   const int S = op(device, Stream::SwapIn, OpKind::sX, bwd_task(device, l), i, LayerRange{l, l}, u, sbytes(u, l));
   alloc_saved(S, l, i, u);
-  dep(S, out);
+  dep(S, saved_of(device, l, i));
   window(S, device, k_bwd);
   return S;
 }
@@ -371,26 +372,22 @@ int ProgramBuilder::recompute(int device, int l, int i, int u, const std::vector
   return Rc;
 }
 
-int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
-                                   std::vector<int> ins, int saved_out) {
+int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool stash_activations,
+                                   std::vector<int> ins) {
   const int R = num_layers();
   const LayerRange L{l, l};
   bool stashed = false;
   if (stash_activations && l == 0) {
-    const int X = op(device, Stream::SwapIn, OpKind::X, bwd_task(device, 0), i, L, u, xbytes(u, 0));
-    alloc(X, TensorKind::Stash, L, i, xbytes(u, 0));
-    window(X, device, k);
+    const int X = input_in(device, Stream::SwapIn, OpKind::X, bwd_task(device, 0), 0, i, u, k, TensorKind::Stash);
     ins.push_back(X);
     stashed = true;
   } else if (stash_activations && l < R - 1) {
-    const int S = op(device, Stream::SwapIn, OpKind::sX, bwd_task(device, l), i, L, u, xbytes(u, l));
-    alloc(S, TensorKind::Stash, L, i, xbytes(u, l));
-    dep(S, stash_out);
-    window(S, device, k);
+    const int S = input_in(device, Stream::SwapIn, OpKind::sX, bwd_task(device, l), l, i, u, k, TensorKind::Stash,
+                           stash_of(device, l, i));
     ins.push_back(S);
     stashed = true;
   }
-  if (keep() && saved_out >= 0) ins.push_back(swap_in_saved(device, l, i, u, saved_out, k));
+  if (keep() && saved_of(device, l, i) >= 0) ins.push_back(swap_in_saved(device, l, i, u, k));
   const int Rc = recompute(device, l, i, u, ins);
   if (Rc >= 0) ins.push_back(Rc);
   const int Bw = compute(device, OpKind::BWD, bwd_task(device, l), i, L, u);
@@ -403,7 +400,7 @@ int ProgramBuilder::backward_layer(int device, int l, int i, int u, int k, bool 
 }
 
 int ProgramBuilder::forward_layer(int device, int l, int i, int u, int k, bool stash_activations,
-                                  const std::vector<int>& ins, bool free_weights, int& stash_out, int& saved_out) {
+                                  const std::vector<int>& ins, bool free_weights) {
   const int R = num_layers();
   const LayerRange L{l, l};
   const int F = compute(device, OpKind::FWD, fwd_task(device, l), i, L, u);
@@ -418,10 +415,20 @@ int ProgramBuilder::forward_layer(int device, int l, int i, int u, int k, bool s
     dep(O, F);
     free(O, TensorKind::Activation, L, i, xbytes(u, l));
     output_of(O, device, k);
-    stash_out = O;
+    record_stash(device, l, i, O);
   }
-  saved_out = keep() && stash_activations && l < R - 1 ? swap_out_saved(device, l, i, u, F, k) : -1;
+  if (keep() && stash_activations && l < R - 1) swap_out_saved(device, l, i, u, F, k);
   return F;
+}
+
+int ProgramBuilder::input_in(int device, Stream stream, OpKind kind, int task, int l, int i, int u, int k,
+                             TensorKind as, int after) {
+  const LayerRange L{l, l};
+  const int in = op(device, stream, kind, task, i, L, u, xbytes(u, l));
+  alloc(in, as, L, i, xbytes(u, l));
+  if (after >= 0) dep(in, after);
+  window(in, device, k);
+  return in;
 }
 
 void ProgramBuilder::window(int op, int device, int consumer_step) {

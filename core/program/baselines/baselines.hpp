@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/model/model.hpp"
@@ -124,26 +125,34 @@ class ProgramBuilder {
   int next_step(int device) const;  // the step index the next compute op of `device` gets
 
   void dep(int op, int on);
+  // Layer l's input for microbatch i coming in to `device` (the data X, a stashed sX, a peer's X) on `stream`:
+  // the op, its alloc as `as`, a dependency on `after` when >= 0, windowed to step k. Returns the op.
+  int input_in(int device, Stream stream, OpKind kind, int task, int l, int i, int u, int k, TensorKind as,
+               int after = -1);
   void window(int op, int device, int consumer_step);  // `op` waits for step consumer_step - 2
   // Backward of layer l for microbatch i at step k on `device`: brings the stashed input back from the
   // host when `stash_activations` (the data X for layer 0, else the sX swapped out at `stash_out`), and
   // under keep the saved activations (the sX swapped out at `saved_out`, when not -1); then, under
   // checkpoint, the REC op; then the BWD op depending on `ins` and the stash, with its
   // activation-gradient, stash and saved allocs/frees.
-  int backward_layer(int device, int l, int i, int u, int k, bool stash_activations, int stash_out,
-                     std::vector<int> ins, int saved_out = -1);
+  int backward_layer(int device, int l, int i, int u, int k, bool stash_activations, std::vector<int> ins);
   // Forward of layer l for microbatch i at step k: the FWD op after `ins`, its output, the weights freed
   // when `free_weights`, and with `stash_activations` the layer's input swapped out (its op id written
   // to `stash_out`; the data of layer 0 stays on the host). Under keep the FWD also allocates the
   // layer's saved activations, swapped out by their own sX (id to `saved_out`) when `stash_activations`
   // and l < R-1 (the criterion's backward follows its forward at once). Returns the FWD op.
   int forward_layer(int device, int l, int i, int u, int k, bool stash_activations, const std::vector<int>& ins,
-                    bool free_weights, int& stash_out, int& saved_out);
+                    bool free_weights);
   // keep: the sX pair of layer l's saved activations for microbatch i, out after `fwd` (registered as an
   // output of step k_fwd) and, by swap_in_saved, in before the backward at step k_bwd (the in op waits
   // for the out op). swap_out_saved returns the out op; swap_in_saved the in op.
   int swap_out_saved(int device, int l, int i, int u, int fwd, int k_fwd);
-  int swap_in_saved(int device, int l, int i, int u, int out, int k_bwd);
+  int swap_in_saved(int device, int l, int i, int u, int k_bwd);
+  // The op that took layer l's input of microbatch i off `device` (a stash sX), set by forward_layer or
+  // by a lowering's own swap-out; -1 when none. The saved-activation sX the same way (swap_out_saved).
+  void record_stash(int device, int l, int i, int op) { stash_[slot(device, l, i)] = op; }
+  int stash_of(int device, int l, int i) const { return find_slot(stash_, device, l, i); }
+  int saved_of(int device, int l, int i) const { return find_slot(saved_, device, l, i); }
   // The REC (checkpoint) or nothing (keep) before the BWD of layer l, microbatch i: REC depends on `ins`
   // but an output gradient (dY: only the BWD reads it) and on the outputs of step next_step - 2, allocates the saved
   // activations the BWD frees. Returns the REC op, or -1.
@@ -172,6 +181,14 @@ class ProgramBuilder {
 
  private:
   Bytes workspace(Phase ph, int u, int layer) const;
+  static std::uint64_t slot(int device, int l, int i) {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(device)) << 42) |
+           (static_cast<std::uint64_t>(static_cast<std::uint32_t>(l)) << 21) | static_cast<std::uint32_t>(i);
+  }
+  static int find_slot(const std::unordered_map<std::uint64_t, int>& m, int device, int l, int i) {
+    const auto it = m.find(slot(device, l, i));
+    return it == m.end() ? -1 : it->second;
+  }
 
   const Model& model_;
   ActivationPolicy policy_;
@@ -180,6 +197,8 @@ class ProgramBuilder {
   std::vector<std::map<int, std::vector<int>>> outputs_;  // per device: step -> output transfers
   std::vector<std::pair<int, int>> peers_;
   std::map<std::uint64_t, std::vector<std::pair<int, int>>> collectives_;
+  std::unordered_map<std::uint64_t, int> stash_;  // (device, layer, microbatch) -> its stash sX out
+  std::unordered_map<std::uint64_t, int> saved_;  // (device, layer, microbatch) -> its saved sX out
 };
 
 }  // namespace detail

@@ -45,8 +45,6 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
 
   for (int g = 0; g < N; ++g) {
     std::vector<int> last_dwb(static_cast<std::size_t>(R), -1);
-    std::vector<int> sx_out(static_cast<std::size_t>(R), -1);
-    std::vector<int> saved_out(static_cast<std::size_t>(R), -1);
     bool resident = false;
     for (int i = 0; i < m; ++i) {
       // ---- forward ----
@@ -55,9 +53,7 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
         const int k = b.next_step(g);
         std::vector<int> ins;
         if (l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
+          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
           ins.push_back(X);
         }
         if (b.has_params(l) && (sw || i == 0)) {
@@ -67,8 +63,7 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
           resident = resident || !sw;
           ins.push_back(W);
         }
-        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/sw, sx_out[static_cast<std::size_t>(l)],
-                        saved_out[static_cast<std::size_t>(l)]);
+        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/sw);
       }
       // ---- backward ----
       for (int l = R - 1; l >= 0; --l) {
@@ -81,8 +76,7 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
           b.window(W, g, k);
           ins.push_back(W);
         }
-        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins,
-                                        saved_out[static_cast<std::size_t>(l)]);
+        const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
         if (!b.has_params(l)) continue;
         if (sw) {
           b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));

@@ -41,10 +41,9 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
   std::vector<std::vector<int>> dwb(static_cast<std::size_t>(N), std::vector<int>(static_cast<std::size_t>(R), -1));
 
   for (int g = 0; g < N; ++g) {
-    // per microbatch: the stash sX out of X_l (index l), the last boundary transfer of the previous layer
-    std::vector<std::vector<int>> stash_out(static_cast<std::size_t>(R) + 1, std::vector<int>(M, -1));
+    // per microbatch: the last boundary transfer of the previous layer (the stash sX out of X_l is the
+    // builder's stash_of(g, l, i))
     std::vector<int> dx_out(M, -1);
-    std::vector<std::vector<int>> saved_out(static_cast<std::size_t>(R), std::vector<int>(M, -1));
     // ---- forward, layer by layer ----
     for (int l = 0; l < R; ++l) {
       const LayerRange L{l, l};
@@ -58,27 +57,22 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
           b.window(W, g, k);
           ins.push_back(W);
         }
-        const auto iu = static_cast<std::size_t>(i);
         if (l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
+          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
           ins.push_back(X);
         } else if (b.xbytes(u, l) > 0 && sa) {
-          const int S = b.op(g, Stream::SwapIn, OpKind::sX, b.fwd_task(g, l), i, L, u, b.xbytes(u, l));
-          b.alloc(S, TensorKind::Activation, L, i, b.xbytes(u, l));
-          b.dep(S, stash_out[static_cast<std::size_t>(l)][iu]);
-          b.window(S, g, k);
+          const int S = b.input_in(g, Stream::SwapIn, OpKind::sX, b.fwd_task(g, l), l, i, u, k, TensorKind::Activation,
+                                   b.stash_of(g, l, i));
           ins.push_back(S);
         } else if (b.xbytes(u, l) > 0) {
-          ins.push_back(stash_out[static_cast<std::size_t>(l)][iu]);  // the copy must be out before the free
+          ins.push_back(b.stash_of(g, l, i));  // the copy must be out before the free
         }
         const int F = b.compute(g, OpKind::FWD, b.fwd_task(g, l), i, L, u);
         for (int in : ins) b.dep(F, in);
         b.free(F, TensorKind::Activation, L, i, b.xbytes(u, l));
         if (b.keep()) {  // the saved activations go to the host with the stash
           b.alloc_saved(F, l, i, u);
-          saved_out[static_cast<std::size_t>(l)][iu] = b.swap_out_saved(g, l, i, u, F, k);
+          b.swap_out_saved(g, l, i, u, F, k);
         }
         if (i == m - 1 && b.has_params(l)) b.free(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         const Bytes y = b.xbytes(u, l + 1);
@@ -89,7 +83,7 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
           b.dep(O, F);
           if (sa) b.free(O, TensorKind::Activation, L1, i, y);
           b.output_of(O, g, k);
-          stash_out[static_cast<std::size_t>(l) + 1][iu] = O;
+          b.record_stash(g, l + 1, i, O);
         }
       }
     }
@@ -107,15 +101,11 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
           ins.push_back(W);
         }
         if (l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.bwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Stash, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
+          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.bwd_task(g, 0), 0, i, u, k, TensorKind::Stash);
           ins.push_back(X);
         } else if (b.xbytes(u, l) > 0) {
-          const int S = b.op(g, Stream::SwapIn, OpKind::sX, b.bwd_task(g, l), i, L, u, b.xbytes(u, l));
-          b.alloc(S, TensorKind::Stash, L, i, b.xbytes(u, l));
-          b.dep(S, stash_out[static_cast<std::size_t>(l)][iu]);
-          b.window(S, g, k);
+          const int S = b.input_in(g, Stream::SwapIn, OpKind::sX, b.bwd_task(g, l), l, i, u, k, TensorKind::Stash,
+                                   b.stash_of(g, l, i));
           ins.push_back(S);
         }
         const Bytes dy = b.xbytes(u, l + 1);
@@ -127,7 +117,7 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
           b.window(G, g, k);
           ins.push_back(G);
         }
-        if (b.keep()) ins.push_back(b.swap_in_saved(g, l, i, u, saved_out[static_cast<std::size_t>(l)][iu], k));
+        if (b.keep()) ins.push_back(b.swap_in_saved(g, l, i, u, k));
         if (const int Rc = b.recompute(g, l, i, u, ins); Rc >= 0) ins.push_back(Rc);
         const int Bw = b.compute(g, OpKind::BWD, b.bwd_task(g, l), i, L, u);
         for (int in : ins) b.dep(Bw, in);

@@ -53,8 +53,6 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
     const bool sa = decisions[su].activations;
     bool resident = false;
     std::vector<int> last_dwb(static_cast<std::size_t>(R), -1);
-    std::vector<std::vector<int>> sx_out(static_cast<std::size_t>(R), std::vector<int>(M, -1));
-    std::vector<std::vector<int>> saved_out(static_cast<std::size_t>(R), std::vector<int>(M, -1));
     // ---- all forwards ----
     for (int i = 0; i < m; ++i) {
       const auto iu = static_cast<std::size_t>(i);
@@ -63,10 +61,8 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
         const int k = b.next_step(s);
         std::vector<int> ins;
         if (l == a) {
-          const int X =
-              b.op(s, s == 0 ? Stream::SwapIn : Stream::P2PIn, OpKind::X, b.fwd_task(s, a), i, L, u, b.xbytes(u, a));
-          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, a));
-          b.window(X, s, k);
+          const int X = b.input_in(s, s == 0 ? Stream::SwapIn : Stream::P2PIn, OpKind::X, b.fwd_task(s, a), a, i, u, k,
+                                   TensorKind::Activation);
           ins.push_back(X);
           if (s > 0) xin[su][iu] = X;
         }
@@ -89,9 +85,9 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
           b.dep(O, F);
           b.free(O, TensorKind::Activation, L, i, b.xbytes(u, l));
           b.output_of(O, s, k);
-          sx_out[static_cast<std::size_t>(l)][iu] = O;
+          b.record_stash(s, l, i, O);
         }
-        if (b.keep() && sa) saved_out[static_cast<std::size_t>(l)][iu] = b.swap_out_saved(s, l, i, u, F, k);
+        if (b.keep() && sa) b.swap_out_saved(s, l, i, u, F, k);
         if (l == z && s < N - 1) {
           const LayerRange L1{z + 1, z + 1};
           const int Y = b.op(s, Stream::P2POut, OpKind::Y, b.fwd_task(s, z), i, L, u, b.xbytes(u, z + 1));
@@ -123,18 +119,14 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
           ins.push_back(W);
         }
         if (sa && l == 0) {
-          const int X = b.op(s, Stream::SwapIn, OpKind::X, b.bwd_task(s, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Stash, L, i, b.xbytes(u, 0));
-          b.window(X, s, k);
+          const int X = b.input_in(s, Stream::SwapIn, OpKind::X, b.bwd_task(s, 0), 0, i, u, k, TensorKind::Stash);
           ins.push_back(X);
         } else if (sa) {
-          const int S = b.op(s, Stream::SwapIn, OpKind::sX, b.bwd_task(s, l), i, L, u, b.xbytes(u, l));
-          b.alloc(S, TensorKind::Stash, L, i, b.xbytes(u, l));
-          b.dep(S, sx_out[static_cast<std::size_t>(l)][iu]);
-          b.window(S, s, k);
+          const int S = b.input_in(s, Stream::SwapIn, OpKind::sX, b.bwd_task(s, l), l, i, u, k, TensorKind::Stash,
+                                   b.stash_of(s, l, i));
           ins.push_back(S);
         }
-        if (b.keep() && sa) ins.push_back(b.swap_in_saved(s, l, i, u, saved_out[static_cast<std::size_t>(l)][iu], k));
+        if (b.keep() && sa) ins.push_back(b.swap_in_saved(s, l, i, u, k));
         if (const int Rc = b.recompute(s, l, i, u, ins); Rc >= 0) ins.push_back(Rc);
         const int Bw = b.compute(s, OpKind::BWD, b.bwd_task(s, l), i, L, u);
         for (int in : ins) b.dep(Bw, in);

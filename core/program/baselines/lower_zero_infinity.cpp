@@ -70,30 +70,23 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
   };
 
   for (int g = 0; g < N; ++g) {
-    std::vector<int> sx_out(static_cast<std::size_t>(R), -1);
-    std::vector<int> saved_out(static_cast<std::size_t>(R), -1);
     for (int i = 0; i < m; ++i) {
       for (int l = 0; l < R; ++l) {
-        const LayerRange L{l, l};
         const int k = b.next_step(g);
         std::vector<int> ins;
         if (l == 0) {
-          const int X = b.op(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), i, L, u, b.xbytes(u, 0));
-          b.alloc(X, TensorKind::Activation, L, i, b.xbytes(u, 0));
-          b.window(X, g, k);
+          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
           ins.push_back(X);
         }
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
-        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true, sx_out[static_cast<std::size_t>(l)],
-                        saved_out[static_cast<std::size_t>(l)]);
+        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true);
       }
       for (int l = R - 1; l >= 0; --l) {
         const LayerRange L{l, l};
         const int k = b.next_step(g);
         std::vector<int> ins;
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
-        const int Bw = b.backward_layer(g, l, i, u, k, sa, sx_out[static_cast<std::size_t>(l)], ins,
-                                        saved_out[static_cast<std::size_t>(l)]);
+        const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
         if (!b.has_params(l)) continue;
         b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Tests of scripts/gpu_verdict.py, gpu-check.sh's verdict, on recorded outputs (tests/data/gpu-check/): a complete
+passing run, the real output of gpu-check.sh on a machine without a GPU, and failing variants made by changing one
+recorded file at a time (an old driver, a test that skips itself on a GPU, slow copies, low MFU, bf16 missing, a
+NaN loss, CUDA losses off the CPU's, a step cut by the deadline, a wrong harmony-sim prediction, a slow capped run,
+a missing file). Every failure must give exit 1 and FAILED in its row; the passing run exit 0. Needs no GPU."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
+VERDICT = os.path.join(ROOT, "scripts/gpu_verdict.py")
+DATA = os.path.join(ROOT, "tests/data/gpu-check")
+failures = []
+passed = 0
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {str(detail)[:3000]}")
+
+
+def verdict(out, *extra):
+    r = subprocess.run([sys.executable, VERDICT, out, *extra], capture_output=True, text=True, timeout=60)
+    rows = {}
+    for line in r.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1] in ("PASSED", "FAILED", "SKIPPED"):
+            rows[cells[0]] = (cells[1], cells[2])
+    return r, rows
+
+
+def variant(tmp, name, change):
+    """A copy of the passing run with `change(dir)` applied."""
+    d = os.path.join(tmp, name)
+    shutil.copytree(os.path.join(DATA, "pass"), d)
+    change(d)
+    return d
+
+
+def edit_json(d, name, fn):
+    p = os.path.join(d, name)
+    with open(p) as f:
+        obj = json.load(f)
+    fn(obj)
+    with open(p, "w") as f:
+        json.dump(obj, f)
+
+
+def edit_step(d, step, **fields):
+    p = os.path.join(d, "steps.jsonl")
+    lines = [json.loads(x) for x in open(p) if x.strip()]
+    for x in lines:
+        if x["name"] == step:
+            x.update(fields)
+    with open(p, "w") as f:
+        f.writelines(json.dumps(x) + "\n" for x in lines)
+
+
+def expect_failure(tmp, name, change, row, words):
+    d = variant(tmp, name, change)
+    r, rows = verdict(d)
+    check(f"{name}: exit 1", r.returncode == 1, r.stdout + r.stderr)
+    check(f"{name}: overall FAILED", "gpu-check: FAILED" in r.stdout, r.stdout)
+    got = rows.get(row)
+    check(f"{name}: row '{row}' FAILED", got is not None and got[0] == "FAILED", r.stdout)
+    for w in words:
+        check(f"{name}: row says '{w}'", got is not None and w in got[1], got)
+    # Only the changed check fails (the rest of the run was good), unless the change stops what follows.
+    return rows
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        # --- the complete passing run: every row PASSED, exit 0, the table also as Markdown
+        md = os.path.join(tmp, "table.md")
+        r, rows = verdict(os.path.join(DATA, "pass"), "--markdown", md)
+        check("pass: exit 0", r.returncode == 0, r.stdout + r.stderr)
+        check("pass: every row PASSED", rows and all(v == "PASSED" for v, _ in rows.values()), r.stdout)
+        check("pass: 20 rows", len(rows) == 20, sorted(rows))
+        check("pass: markdown written", os.path.exists(md) and open(md).read().startswith("| check | verdict"))
+        for kind in ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l"]:
+            check(f"pass: a loss row for {kind}", f"losses {kind}: finite, CUDA = CPU over 3 steps" in rows, sorted(rows))
+        mfu = rows.get("in-memory MFU >= 35% of dense BF16 peak", ("", ""))[1]
+        check("pass: MFU computed from the recorded run (PaLM count, H200 peak)", "MFU 50.3% of 989 TFLOP/s" in mfu, mfu)
+        adamw = rows.get("host AdamW (best thread count)", ("", ""))[1]
+        check("pass: AdamW in GB/s of parameters and of traffic, not mixed up",
+              "33.6 GB/s of fp32 parameters" in adamw and "235.0 GB/s of memory traffic" in adamw, adamw)
+
+        # --- recorded on a machine without a GPU: the environment row fails and nothing else runs
+        r, rows = verdict(os.path.join(DATA, "no-gpu"))
+        check("no-gpu: exit 1", r.returncode == 1, r.stdout)
+        check("no-gpu: environment FAILED, names the missing GPU",
+              rows.get("environment", ("", ""))[0] == "FAILED" and "no GPU" in rows["environment"][1], r.stdout)
+        check("no-gpu: one row only", len(rows) == 1, rows)
+
+        # --- one thing wrong at a time
+        expect_failure(tmp, "old-driver", lambda d: edit_json(d, "env.json", lambda e: e.update(driver_cuda="12.4")),
+                       "environment", ["supports CUDA up to 12.4", "update the driver"])
+        expect_failure(tmp, "no-nvcc", lambda d: edit_json(d, "env.json", lambda e: e.update(nvcc=None)),
+                       "environment", ["nvcc not found"])
+        expect_failure(tmp, "no-cublas",
+                       lambda d: edit_json(d, "env.json", lambda e: e["libs"].update(libcublas=None)),
+                       "environment", ["libcublas"])
+        rows = expect_failure(tmp, "build-failed", lambda d: edit_step(d, "build", rc=1), "build (release, CUDA)",
+                              ["exit 1"])
+        check("build-failed: stops there", len(rows) == 2, rows)
+        expect_failure(tmp, "test-skipped-on-gpu", lambda d: edit_step(d, "test_backend_cuda_device", rc=77),
+                       "test backend_cuda_device", ["skipped itself (exit 77) on a machine with a GPU"])
+        expect_failure(tmp, "test-failed", lambda d: edit_step(d, "test_backend_adamw_parallel", rc=1),
+                       "test backend_adamw_parallel", ["exit 1"])
+        expect_failure(tmp, "slow-copies",
+                       lambda d: edit_json(d, "bench_cuda.json", lambda b: b.update(h2d_device_GBps=40.0)),
+                       "pinned H2D copies >= 80% of ceiling", ["73%"])
+        expect_failure(tmp, "bench-cuda-crashed", lambda d: edit_step(d, "bench_cuda", rc=1), "bench_cuda", ["exit 1"])
+        expect_failure(tmp, "low-mfu",  # today's fp32 path: ~0.6 s/step on GPT-2 350M at T = 1024
+                       lambda d: edit_json(d, "b.json", lambda b: [s.update(step_time_s=0.6) for s in b["steps"]]),
+                       "in-memory MFU >= 35% of dense BF16 peak", ["MFU 3.4%", "< 35%"])
+        expect_failure(tmp, "small-model",
+                       lambda d: edit_json(d, "b.json", lambda b: b["summary"].update(num_parameters=124_439_808)),
+                       "in-memory MFU >= 35% of dense BF16 peak", ["124M < 350M"])
+        expect_failure(tmp, "short-sequence", lambda d: edit_json(d, "params.json", lambda p: p.update(seq_len=512)),
+                       "in-memory MFU >= 35% of dense BF16 peak", ["T = 512"])
+        expect_failure(tmp, "unknown-gpu", lambda d: edit_json(d, "env.json", lambda e: e.update(gpu="NVIDIA X1")),
+                       "in-memory MFU >= 35% of dense BF16 peak", ["PEAK_BF16_TFLOPS"])
+        expect_failure(tmp, "no-bf16", lambda d: edit_json(d, "params.json", lambda p: p.update(bf16_implemented=False)),
+                       "bf16 mixed precision", ["not implemented"])
+        expect_failure(tmp, "training-failed", lambda d: edit_step(d, "b_in_memory", rc=1), "in-memory training",
+                       ["exit 1"])
+        expect_failure(tmp, "nan-loss-in-memory",
+                       lambda d: edit_json(d, "b.json", lambda b: b["steps"][2].update(loss=float("nan"))),
+                       "in-memory training", ["not finite"])
+        expect_failure(tmp, "slow-capped",
+                       lambda d: edit_json(d, "c_auto.json", lambda b: [s.update(step_time_s=0.06) for s in b["steps"]]),
+                       "Harmony under a memory cap >= 85% of in-memory", ["67%"])
+        expect_failure(tmp, "dpswap-failed", lambda d: edit_step(d, "c_dpswap", rc=2), "dp-swap under the same cap",
+                       ["exit 2"])
+        expect_failure(tmp, "sim-off",
+                       lambda d: edit_json(d, "d_sim.json", lambda s: s["result"].update(iteration_time_s=0.05)),
+                       "harmony-sim prediction within 10%", ["+12.8%"])
+        expect_failure(tmp, "nan-loss-kind",
+                       lambda d: edit_json(d, "loss_zero-infinity_cuda.json",
+                                           lambda b: b["steps"][1].update(loss=float("inf"))),
+                       "losses zero-infinity: finite, CUDA = CPU over 3 steps", ["not finite"])
+        expect_failure(tmp, "loss-mismatch",
+                       lambda d: edit_json(d, "loss_l2l_cuda.json", lambda b: b["steps"][2].update(loss=5.49)),
+                       "losses l2l: finite, CUDA = CPU over 3 steps", ["tolerance 1e-04"])
+        expect_failure(tmp, "two-steps-only",
+                       lambda d: edit_json(d, "loss_dp-swap_cpu.json", lambda b: b["steps"].pop()),
+                       "losses dp-swap: finite, CUDA = CPU over 3 steps", ["want 3"])
+        expect_failure(tmp, "deadline-not-run", lambda d: edit_step(d, "loss_l2l_cpu", rc=None, deadline=True),
+                       "losses l2l: finite, CUDA = CPU over 3 steps", ["deadline had passed"])
+        expect_failure(tmp, "deadline-cut", lambda d: edit_step(d, "c_auto", rc=124, deadline=True, s=33),
+                       "Harmony under a memory cap >= 85% of in-memory", ["cut off by the 480 s deadline"])
+        expect_failure(tmp, "timeout", lambda d: edit_step(d, "d_profile", rc=124, s=90),
+                       "harmony-sim prediction within 10%", ["timed out after 90 s"])
+        expect_failure(tmp, "over-deadline", lambda d: edit_json(d, "params.json", lambda p: p.update(elapsed_s=481)),
+                       "whole check within 480 s", ["481 s"])
+        expect_failure(tmp, "over-own-deadline",  # DEADLINE_S=300: judged against 300 s, not 480
+                       lambda d: edit_json(d, "params.json", lambda p: p.update(deadline_s=300)),
+                       "whole check within 300 s", ["431 s"])
+        expect_failure(tmp, "missing-output", lambda d: os.remove(os.path.join(d, "c_auto.json")),
+                       "Harmony under a memory cap >= 85% of in-memory", ["not JSON"])
+        expect_failure(tmp, "step-never-ran",
+                       lambda d: edit_step(d, "test_backend_cuda_index", name="something_else"),
+                       "test backend_cuda_index", ["not run"])
+
+        # --- gpu-check.sh itself where nvidia-smi cannot reach a driver (a stand-in first on PATH, so this is the
+        # same on any machine): it stops after the environment, records env.json and fails with the reason
+        fake = os.path.join(tmp, "bin")
+        os.makedirs(fake)
+        with open(os.path.join(fake, "nvidia-smi"), "w") as f:
+            f.write("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\n"
+                    "exit 9\n")
+        os.chmod(os.path.join(fake, "nvidia-smi"), 0o755)
+        out = os.path.join(tmp, "gc-out")
+        env = dict(os.environ, PATH=fake + os.pathsep + os.environ.get("PATH", ""))
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu-check.sh"), out], capture_output=True, text=True,
+                           env=env, timeout=120)
+        check("gpu-check.sh without a driver: exit 1", r.returncode == 1, r.stdout + r.stderr)
+        check("gpu-check.sh without a driver: environment FAILED with nvidia-smi's reason",
+              "| environment | FAILED |" in r.stdout and "couldn't communicate with the NVIDIA driver" in r.stdout, r.stdout)
+        envj = json.load(open(os.path.join(out, "env.json"))) if os.path.exists(os.path.join(out, "env.json")) else {}
+        check("gpu-check.sh without a driver: env.json recorded", envj.get("gpu") is None and "libs" in envj, envj)
+        check("gpu-check.sh without a driver: table.md written", os.path.exists(os.path.join(out, "table.md")))
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu-check.sh")], capture_output=True, text=True,
+                           timeout=60)
+        check("gpu-check.sh without OUT_DIR: usage, exit 2", r.returncode == 2 and "usage" in r.stderr, r.stderr)
+
+        # --- usage
+        r, _ = verdict(os.path.join(tmp, "does-not-exist"))
+        check("usage: a missing folder is exit 2", r.returncode == 2, r.stdout + r.stderr)
+
+    print(f"{passed} checks passed, {len(failures)} failed")
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
