@@ -4,6 +4,7 @@
 // sim/ (the search behind --plan auto) and backend/ together; it prints and picks exit codes (2: bad input).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -36,6 +37,7 @@
 #include "core/base/atomic_file.hpp"
 #include "core/config/config.hpp"
 #include "core/model/profile.hpp"
+#include "core/output/report.hpp"
 #include "core/output/trace.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
@@ -527,7 +529,8 @@ int cmd_train(const Cli& cli) {
     losses.push_back(last.loss);
     const double sps = B / dt;
     const double avg_sps = B * ran / run_s;
-    step_log.push_back({{"step", step + 1}, {"loss", last.loss}, {"time_s", dt}, {"samples_per_s", sps}});
+    step_log.push_back(
+        {{"step", step + 1}, {"loss", last.loss}, {"step_time_s", dt}, {"throughput_samples_per_s", sps}});
     if (!quiet) progress(step + 1, steps, last.loss, avg_sps, (steps - step - 1) * run_s / ran, tty);
     const bool due = cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0;
     const int stop = g_signal.load();
@@ -556,32 +559,45 @@ int cmd_train(const Cli& cli) {
   for (auto* d : devs) peaks.push_back(d->memory().peak);
   const double mean_sps = ran > 0 ? B * ran / run_s : 0.0;
   if (json) {
-    nlohmann::json doc = {{"command", "train"},
-                          {"config", cli.config},
-                          {"plan",
-                           {{"title", chosen.title},
-                            {"mode", chosen.kind},
-                            {"gpus", plan.gpus},
-                            {"minibatch", plan.minibatch},
-                            {"u_fwd", plan.u_fwd},
-                            {"u_bwd", plan.u_bwd},
-                            {"packs_fwd", core::packs_to_string(plan.packs_fwd)},
-                            {"packs_bwd", core::packs_to_string(plan.packs_bwd)}}},
-                          {"steps", step_log},
-                          {"summary",
-                           {{"first_step", start + 1},
-                            {"last_step", steps},
-                            {"steps_run", ran},
-                            {"first_loss", losses.empty() ? 0.0 : losses.front()},
-                            {"final_loss", losses.empty() ? 0.0 : losses.back()},
-                            {"losses", losses},
-                            {"wall_s", run_s},
-                            {"mean_step_s", ran > 0 ? run_s / ran : 0.0},
-                            {"samples_per_s", mean_sps},
-                            {"device_capacity_bytes", cfg.machine.gpu_memory_bytes},
-                            {"model_weight_bytes", model_bytes},
-                            {"parameters", s.model->param_count()},
-                            {"device_peak_bytes", peaks}}}};
+    // docs/output-schema.md, schemas/harmony-run-train.schema.json; unknown values (nothing ran) are null
+    using nlohmann::json;
+    const bool baseline =
+        core::parse_plan_kind(chosen.kind).has_value() && core::is_baseline(*core::parse_plan_kind(chosen.kind));
+    json per_gpu = json::array();
+    core::Bytes peak = 0;
+    for (std::size_t g = 0; g < peaks.size(); ++g) {
+      per_gpu.push_back({{"gpu", g}, {"peak_memory_bytes", peaks[g]}});
+      peak = std::max(peak, peaks[g]);
+    }
+    const json doc = {{"schema_version", core::kOutputSchemaVersion},
+                      {"command", "train"},
+                      {"config_path", cli.config},
+                      {"device", cfg.device},
+                      {"plan",
+                       {{"title", chosen.title},
+                        {"plan_kind", chosen.kind},
+                        {"gpus", plan.gpus},
+                        {"minibatch", plan.minibatch},
+                        {"u_fwd", plan.u_fwd},
+                        {"u_bwd", plan.u_bwd},
+                        {"packs_fwd", baseline ? json(nullptr) : core::packs_to_json(plan.packs_fwd)},
+                        {"packs_bwd", baseline ? json(nullptr) : core::packs_to_json(plan.packs_bwd)}}},
+                      {"steps", step_log},
+                      {"summary",
+                       {{"first_step", start + 1},
+                        {"last_step", steps},
+                        {"steps_run", ran},
+                        {"first_loss", losses.empty() ? json(nullptr) : json(losses.front())},
+                        {"final_loss", losses.empty() ? json(nullptr) : json(losses.back())},
+                        {"losses", losses},
+                        {"train_time_s", run_s},
+                        {"step_time_s", ran > 0 ? json(run_s / ran) : json(nullptr)},
+                        {"throughput_samples_per_s", ran > 0 ? json(mean_sps) : json(nullptr)},
+                        {"gpu_capacity_bytes", cfg.machine.gpu_memory_bytes},
+                        {"model_weight_bytes", model_bytes},
+                        {"num_parameters", s.model->param_count()},
+                        {"peak_memory_bytes", peaks.empty() ? json(nullptr) : json(peak)},
+                        {"per_gpu", std::move(per_gpu)}}}};
     fmt::print("{}\n", doc.dump(1));
     return 0;
   }

@@ -189,7 +189,7 @@ EOF
 
 echo "== (b) in memory"
 step b_in_memory 120 "$run" train "$out/gpt.yaml" "${fast[@]}" --format json --quiet && cp "$out/b_in_memory.out" "$out/b.json"
-cap_mib=$(python3 -c "import json; print(max(json.load(open('$out/b.json'))['summary']['device_peak_bytes']) // 4 // 2**20)" \
+cap_mib=$(python3 -c "import json; print(json.load(open('$out/b.json'))['summary']['peak_memory_bytes'] // 4 // 2**20)" \
   2>/dev/null || echo 0)
 echo "== (d) profile, (c) capped to a quarter: $cap_mib MiB"
 step d_profile 90 "$run" profile "$out/gpt.yaml" "${fast[@]}" --out "$out/profile.json" --repeats 3
@@ -200,16 +200,14 @@ step c_dpswap 90 "$run" train "$out/gpt.yaml" "${fast[@]}" --plan auto --gpu-mem
   cp "$out/c_dpswap.out" "$out/c_dpswap.json"
 if [[ -f $out/c_auto.json ]]; then
   python3 - "$out" "$cap_mib" >"$out/sim.yaml" <<'PY'
-import json, re, sys
+import json, sys
 out, cap = sys.argv[1], sys.argv[2]
-p = json.load(open(f"{out}/c_auto.json"))["plan"]
-def packs(s):  # "[[0-3], [4]]" -> [[0, 3], [4, 4]]
-    return [[int(a), int(b or a)] for a, b in re.findall(r"\[(\d+)(?:-(\d+))?\]", s[1:-1])]
+p = json.load(open(f"{out}/c_auto.json"))["plan"]  # packs: [[first, last], ...] (docs/output-schema.md)
 print(f"model: {{profile: {out}/profile.json}}")
 print(f"machine: {{file: {out}/machine.yaml, gpu_memory: {cap}MiB}}")
 print("cost_model: native")
-print(f"plan: {{mode: {p['mode']}, gpus: {p['gpus']}, minibatch: {p['minibatch']}, u_fwd: {p['u_fwd']}, "
-      f"u_bwd: {p['u_bwd']}, packs_bwd: {json.dumps(packs(p['packs_bwd']))}, packs_fwd: {json.dumps(packs(p['packs_fwd']))}}}")
+print(f"plan: {{mode: {p['plan_kind']}, gpus: {p['gpus']}, minibatch: {p['minibatch']}, u_fwd: {p['u_fwd']}, "
+      f"u_bwd: {p['u_bwd']}, packs_bwd: {json.dumps(p['packs_bwd'])}, packs_fwd: {json.dumps(p['packs_fwd'])}}}")
 PY
   step d_sim 30 "$sim" simulate "$out/sim.yaml" --format json && cp "$out/d_sim.out" "$out/d_sim.json"
 fi

@@ -100,7 +100,7 @@ def step_problem(steps, name):
 
 def mean_step_s(run):
     """Mean step time without the first (warm-up) step."""
-    t = [x["time_s"] for x in run["steps"]]
+    t = [x["step_time_s"] for x in run["steps"]]
     t = t[1:] or t
     return sum(t) / len(t)
 
@@ -199,7 +199,7 @@ def check_training(v, out, steps, env, params):
     step_s = mean_step_s(b)
     B = b["plan"]["minibatch"]
     gpt2, T = params["gpt2"], params["seq_len"]
-    n = b["summary"]["parameters"]
+    n = b["summary"]["num_parameters"]
     flops = model_flops_per_step(n, gpt2, T, B)
     peak, source = bf16_peak(env, params)
     what = f"{n / 1e6:.0f}M params, B={B} T={T}, {B / step_s:.2f} samples/s, {step_s:.3f} s/step"

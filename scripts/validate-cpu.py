@@ -47,7 +47,7 @@ for name, plan, mem in PLANS:
     run = json.loads(sh(RUN, "train", DEFAULT, "--steps", str(STEPS), "--format", "json", "--executor", "concurrent",
                         "--gpu-memory", mem,
                         "--set", f"plan={keys}", "--trace", os.path.join(OUT, f"run_{len(rows)}.json")))
-    times = [s["time_s"] for s in run["steps"][1:]]
+    times = [s["step_time_s"] for s in run["steps"][1:]]
     measured = statistics.mean(times)
     cfg = os.path.join(OUT, f"sim_{len(rows)}.yaml")
     with open(cfg, "w") as f:

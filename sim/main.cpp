@@ -47,6 +47,18 @@ struct Cli {
 
 double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
 
+// The fields every harmony-sim document of a config opens with (docs/output-schema.md).
+nlohmann::json document_head(const char* command, const core::RunConfig& cfg, const core::Model& model) {
+  return {{"schema_version", core::kOutputSchemaVersion},
+          {"command", command},
+          {"config_path", cfg.file},
+          {"profile_path",
+           cfg.model.profile_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(cfg.model.profile_path)},
+          {"model_name", model.name},
+          {"machine_name", cfg.machine.name},
+          {"cost_model", cfg.cost_model}};
+}
+
 core::Plan plan_from_config(const core::RunConfig& cfg, const core::Model& model) {
   return core::plan_from_spec(cfg.plan, model, cfg.file, "`simulate`");
 }
@@ -144,14 +156,12 @@ int cmd_simulate(const Cli& cli) {
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!cli.trace.empty()) write_trace(cli.trace, e, plan_title(e.report), model, cfg.machine);
   if (cli.format == "json") {
-    nlohmann::json j = {{"command", "simulate"},
-                        {"config", cfg.file},
-                        {"profile", cfg.model.profile_path},
-                        {"machine", cfg.machine.name},
-                        {"prefetch", cfg.options.prefetch},
-                        {"result", core::report_to_json(e.report)},
-                        {"wall_time_s", dt}};
-    if (!e.report.deadlock) j["bottleneck"] = sim::bottleneck_json(e.program, bottleneck_of(e.program, model, cfg));
+    nlohmann::json j = document_head("simulate", cfg, model);
+    j["prefetch"] = cfg.options.prefetch;
+    j["result"] = core::report_to_json(e.report);
+    j["bottleneck"] = e.report.deadlock ? nlohmann::json(nullptr)
+                                        : sim::bottleneck_json(e.program, bottleneck_of(e.program, model, cfg));
+    j["wall_time_s"] = dt;
     std::cout << j.dump(2) << "\n";
   } else {
     print_report_table(e.report);
@@ -212,20 +222,21 @@ int cmd_search(const Cli& cli) {
       j["rank_time_s"] = res.ranked[i].rank_time_s;
       results.push_back(std::move(j));
     }
-    nlohmann::json j = {{"command", "search"},
-                        {"config", cfg.file},
-                        {"profile", cfg.model.profile_path},
-                        {"machine", cfg.machine.name},
-                        {"capacity_bytes", space.capacity_bytes},
-                        {"num_candidates", res.num_candidates},
-                        {"num_deadlocked", res.num_deadlocked},
-                        {"fit_rule", space.spec.fit_rule},
-                        {"pack_counts", core::pack_counts_name(space.spec.pack_counts)},
-                        {"max_packs", core::max_pack_count(model, space)},
-                        {"prefetch", cfg.options.prefetch},
-                        {"results", std::move(results)},
-                        {"wall_time_s", dt}};
-    if (best_bottleneck) j["best_bottleneck"] = sim::bottleneck_json(best->program, *best_bottleneck);
+    nlohmann::json j = document_head("search", cfg, model);
+    j["plan_kind"] = core::mode_name(space.mode);
+    j["gpus"] = space.gpus;
+    j["minibatch"] = space.minibatch;
+    j["gpu_capacity_bytes"] = space.capacity_bytes;
+    j["num_candidates"] = res.num_candidates;
+    j["num_deadlocked"] = res.num_deadlocked;
+    j["fit_rule"] = space.spec.fit_rule;
+    j["pack_counts"] = core::pack_counts_name(space.spec.pack_counts);
+    j["max_packs"] = core::max_pack_count(model, space);
+    j["prefetch"] = cfg.options.prefetch;
+    j["results"] = std::move(results);
+    j["best_bottleneck"] =
+        best_bottleneck ? sim::bottleneck_json(best->program, *best_bottleneck) : nlohmann::json(nullptr);
+    j["wall_time_s"] = dt;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -308,6 +319,7 @@ int cmd_compare(const Cli& cli) {
                                            cfg.search, cfg.options, on_progress);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string trace_note;
+  bool trace_written = false;
   if (!cli.trace.empty()) {
     if (const auto win = winner_of(res, model, cfg)) {
       const auto& r = win->report;
@@ -316,6 +328,7 @@ int cmd_compare(const Cli& cli) {
               ? plan_title(r)
               : fmt::format("{} N{} D{} u {}", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd);
       write_trace(cli.trace, *win, title, model, cfg.machine);
+      trace_written = true;
       trace_note = fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan_kind, cli.trace);
     } else {
       trace_note = "no trace written: no plan kind fits";
@@ -324,33 +337,35 @@ int cmd_compare(const Cli& cli) {
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();
     for (const auto& k : res.kinds) {
-      nlohmann::json j = k.feasible ? core::report_to_json(k.best) : nlohmann::json::object();
+      nlohmann::json j;
       j["plan_kind"] = core::plan_kind_name(k.kind);
       j["feasible"] = k.feasible;
-      j["candidates"] = k.candidates;
-      if (!k.feasible) j["reason"] = k.reason;
-      if (k.feasible && std::isfinite(res.best_baseline_time_s))
-        j["speedup_over_best_baseline"] = k.speedup_over_best_baseline;
+      j["num_candidates"] = k.candidates;
+      j["reason"] = k.feasible ? nlohmann::json(nullptr) : nlohmann::json(k.reason);
+      j["speedup_over_best_baseline"] = k.feasible && std::isfinite(res.best_baseline_time_s)
+                                            ? nlohmann::json(k.speedup_over_best_baseline)
+                                            : nlohmann::json(nullptr);
+      // baselines: both activation policies are searched; the winner is best.activation_policy
+      nlohmann::json pol = nullptr;
       if (core::is_baseline(k.kind)) {
-        // both activation policies are searched; the winner is activation_policy
-        nlohmann::json pol = nlohmann::json::object();
+        pol = nlohmann::json::object();
         for (const std::string& name : core::activation_policy_names()) {
           const auto it = k.policy_best_time_s.find(name);
           pol[name] = it == k.policy_best_time_s.end() ? nlohmann::json(nullptr) : nlohmann::json(it->second);
         }
-        j["policy_best_time_s"] = std::move(pol);
       }
+      j["policy_best_time_s"] = std::move(pol);
+      j["best"] = k.feasible ? core::report_to_json(k.best) : nlohmann::json(nullptr);
       results.push_back(std::move(j));
     }
-    nlohmann::json j = {{"command", "compare"},
-                        {"config", cfg.file},
-                        {"profile", cfg.model.profile_path},
-                        {"machine", cfg.machine.name},
-                        {"gpus", cfg.plan.gpus},
-                        {"minibatch", cfg.plan.minibatch},
-                        {"cost_model", cfg.cost_model},
-                        {"results", std::move(results)},
-                        {"wall_time_s", dt}};
+    nlohmann::json j = document_head("compare", cfg, model);
+    j["gpus"] = cfg.plan.gpus;
+    j["minibatch"] = cfg.plan.minibatch;
+    j["best_baseline_time_s"] =
+        std::isfinite(res.best_baseline_time_s) ? nlohmann::json(res.best_baseline_time_s) : nlohmann::json(nullptr);
+    j["results"] = std::move(results);
+    j["trace_path"] = trace_written ? nlohmann::json(cli.trace) : nlohmann::json(nullptr);
+    j["wall_time_s"] = dt;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -391,6 +406,34 @@ int cmd_compare(const Cli& cli) {
       "or swaps the saved activations. Each baseline is searched under both; the other policy's best time is in "
       "parentheses.\n");
   if (!trace_note.empty()) fmt::print("{}\n", trace_note);
+  return 0;
+}
+
+// `presets`: one line per built-in machine, or (--format json) their figures (docs/output-schema.md).
+int cmd_presets(const Cli& cli) {
+  if (cli.format != "json") {
+    for (const auto& n : core::machine_preset_names())
+      fmt::print("{:<16} {}\n", n, core::machine_summary(core::machine_preset(n)));
+    return 0;
+  }
+  nlohmann::json presets = nlohmann::json::array();
+  for (const auto& n : core::machine_preset_names()) {
+    const auto m = core::machine_preset(n);
+    presets.push_back(
+        {{"machine_name", n},
+         {"gpu_name", m.gpu_name.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.gpu_name)},
+         {"gpus", m.gpus},
+         {"gpu_memory_bytes", m.gpu_memory_bytes},
+         {"gpu_capacity_bytes", static_cast<core::Bytes>(static_cast<double>(m.gpu_memory_bytes) * m.memory_cap_scale)},
+         {"bw_swap_bytes_per_s", m.bw_swap_bytes_per_s},
+         {"bw_p2p_bytes_per_s", m.bw_p2p_bytes_per_s},
+         {"bw_msg_bytes_per_s", m.bw_msg_bytes_per_s},
+         {"price_per_hour", m.price_per_hour > 0 ? nlohmann::json(m.price_per_hour) : nlohmann::json(nullptr)},
+         {"summary", core::machine_summary(m)}});
+  }
+  const nlohmann::json j = {
+      {"schema_version", core::kOutputSchemaVersion}, {"command", "presets"}, {"presets", std::move(presets)}};
+  std::cout << j.dump(2) << "\n";
   return 0;
 }
 
@@ -467,6 +510,8 @@ int run_cli(int argc, char** argv) {
       app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
   add_common(compare_cmd);
   auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
+  presets_cmd->add_option("--format", cli.format, "output: table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
   ReportCli report_cli;
   auto* report_cmd =
       app.add_subcommand("report", "one self-contained HTML page for a sweep folder or a config (docs/report.md)");
@@ -490,11 +535,7 @@ int run_cli(int argc, char** argv) {
     return rc == 0 ? 0 : kExitBadInput;
   }
   try {
-    if (*presets_cmd) {
-      for (const auto& n : core::machine_preset_names())
-        fmt::print("{:<16} {}\n", n, core::machine_summary(core::machine_preset(n)));
-      return 0;
-    }
+    if (*presets_cmd) return cmd_presets(cli);
     if (sweep_cmds.selected()) return sweep_cmds.run();
     if (*report_cmd) return cmd_report(report_cli);
     if (*sim_cmd) return cmd_simulate(cli);

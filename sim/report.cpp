@@ -441,6 +441,14 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
     throw core::ConfigError(file_loc(meta_path), std::string("not a sweep.json written by harmony-sim: ") + e.what(),
                             "rerun the sweep into a fresh --out folder");
   }
+  // Rows are read by the names of this output schema (docs/output-schema.md).
+  if (meta.value("version", 0) != kSweepFormatVersion || meta.value("schema_version", 0) != core::kOutputSchemaVersion)
+    throw core::ConfigError(file_loc(meta_path),
+                            fmt::format("the sweep's results are in sweep format {} (output schema {}); this "
+                                        "harmony-sim reads format {} (output schema {}, docs/output-schema.md)",
+                                        meta.value("version", 0), meta.value("schema_version", 0), kSweepFormatVersion,
+                                        core::kOutputSchemaVersion),
+                            "rerun the sweep into a new --out folder with this harmony-sim");
   const auto columns = meta.at("columns").get<std::vector<std::string>>();
   const std::size_t total_points = meta.value("points", std::size_t{0});
   const std::string fingerprint = meta.at("fingerprint").get<std::string>();

@@ -85,7 +85,9 @@ class ModelCache {
 namespace {
 
 constexpr const char* kFormat = "harmony-sweep-results";
-constexpr int kFormatVersion = 2;                      // 2: the `inputs` column
+// 2: the `inputs` column; 3: output schema 1 (docs/output-schema.md): plan_kind, cost_model, packing_fwd/bwd,
+// num_candidates, gpu_capacity_bytes, fits, excess_bytes, packs as JSON arrays, schema_version in every row.
+constexpr int kFormatVersion = kSweepFormatVersion;
 constexpr std::size_t kMaxPoints = 1'000'000'000'000;  // a guard against overflow; see kLargeGridPoints
 
 const std::vector<std::string> kSweepKeys = {"base", "grid", "set", "kinds", "budget"};
@@ -486,27 +488,36 @@ SweepPoint sweep_point(const Sweep& sweep, std::size_t index) {
   return p;
 }
 
+namespace {
+
+// A grid key that is also a result column (`cost_model`: the resolved name is the grid's value) gets no column
+// of its own.
+bool grid_key_is_column(const std::string& key) { return key == "cost_model"; }
+
+}  // namespace
+
 std::vector<std::string> sweep_columns(const Sweep& sweep) {
   std::vector<std::string> c = {"point", "id"};
-  for (const auto& a : sweep.grid) c.push_back(a.key);
-  for (const char* name : {"kind",
+  for (const auto& a : sweep.grid)
+    if (!grid_key_is_column(a.key)) c.push_back(a.key);
+  for (const char* name : {"plan_kind",
                            "model_name",
                            "machine_name",
                            "gpus",
                            "minibatch",
-                           "cost_model_name",
+                           "cost_model",
                            "status",
                            "feasible",
                            "reason",
-                           "candidates",
+                           "num_candidates",
                            "iteration_time_s",
                            "throughput_samples_per_s",
                            "u_fwd",
                            "u_bwd",
                            "packs_fwd",
                            "packs_bwd",
-                           "method_fwd",
-                           "method_bwd",
+                           "packing_fwd",
+                           "packing_bwd",
                            "swap_weights",
                            "swap_activations",
                            "swap_in_bytes",
@@ -515,7 +526,9 @@ std::vector<std::string> sweep_columns(const Sweep& sweep) {
                            "collective_bytes",
                            "msg_bytes",
                            "peak_memory_bytes",
-                           "gpu_memory_bytes",
+                           "gpu_capacity_bytes",
+                           "fits",
+                           "excess_bytes",
                            "host_memory_bytes",
                            "samples",
                            "iterations",
@@ -529,7 +542,8 @@ std::vector<std::string> sweep_columns(const Sweep& sweep) {
 
 namespace {
 
-// A cell: null, text, a JSON-ready literal (numbers, booleans), or a grid value (YAML text).
+// A cell: null, text, a JSON-ready literal (numbers, booleans, packs' arrays; the CSV gets the same text), or
+// a grid value (YAML text).
 struct Cell {
   enum class Kind { Null, Text, Literal, Yaml };
   Kind kind = Kind::Null;
@@ -662,8 +676,13 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   cells.reserve(columns.size());
   cells.push_back(int_cell(static_cast<std::int64_t>(index)));
   cells.push_back(text_cell(p.id));
-  for (std::size_t a = 0; a < sweep.grid.size(); ++a)
-    cells.push_back(Cell{Cell::Kind::Yaml, sweep.grid[a].values[p.value_index[a]]});
+  std::optional<std::string> grid_cost_model;  // the grid's value of `cost_model`, when it has that key
+  for (std::size_t a = 0; a < sweep.grid.size(); ++a) {
+    if (grid_key_is_column(sweep.grid[a].key))
+      grid_cost_model = sweep.grid[a].values[p.value_index[a]];
+    else
+      cells.push_back(Cell{Cell::Kind::Yaml, sweep.grid[a].values[p.value_index[a]]});
+  }
   cells.push_back(text_cell(core::plan_kind_name(p.kind)));
 
   std::string status;
@@ -716,7 +735,10 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   cells.push_back(when(cfg.has_value(), text_cell(cfg ? cfg->machine.name : "")));
   cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.gpus : 0)));
   cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.minibatch : 0)));
-  cells.push_back(when(cfg.has_value(), text_cell(cfg ? cfg->cost_model : "")));
+  if (cfg)
+    cells.push_back(text_cell(cfg->cost_model));
+  else
+    cells.push_back(grid_cost_model ? Cell{Cell::Kind::Yaml, *grid_cost_model} : null_cell());
   cells.push_back(text_cell(status));
   cells.push_back(bool_cell(ok));
   cells.push_back(ok ? null_cell() : text_cell(reason));
@@ -726,8 +748,8 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
     cells.push_back(num_cell(r->throughput_samples_per_s));
     cells.push_back(int_cell(r->plan.u_fwd));
     cells.push_back(int_cell(r->plan.u_bwd));
-    cells.push_back(text_cell(packs_text(r->plan.packs_fwd)));
-    cells.push_back(text_cell(packs_text(r->plan.packs_bwd)));
+    cells.push_back(Cell{Cell::Kind::Literal, packs_text(r->plan.packs_fwd)});
+    cells.push_back(Cell{Cell::Kind::Literal, packs_text(r->plan.packs_bwd)});
     cells.push_back(r->method_fwd.empty() ? null_cell() : text_cell(r->method_fwd));
     cells.push_back(r->method_bwd.empty() ? null_cell() : text_cell(r->method_bwd));
     if (kr->baseline) {
@@ -752,6 +774,11 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   cells.push_back(
       when(m != nullptr,
            int_cell(m ? static_cast<core::Bytes>(static_cast<double>(m->gpu_memory_bytes) * m->memory_cap_scale) : 0)));
+  // fits / excess_bytes: whether the best plan's peak fits the GPU capacity (null without a plan or a known
+  // peak); the excess is null when it fits.
+  const bool fit_known = r != nullptr && r->gpu_capacity_bytes > 0 && (r->peak_memory_bytes > 0 || r->native);
+  cells.push_back(fit_known ? bool_cell(r->fits) : null_cell());
+  cells.push_back(fit_known && !r->fits ? int_cell(r->excess_bytes) : null_cell());
   cells.push_back(when(r != nullptr && r->native, int_cell(r ? r->host_memory.total_bytes : 0)));
   const bool budget = sweep.budget.samples > 0;
   cells.push_back(budget ? int_cell(sweep.budget.samples) : null_cell());
@@ -785,9 +812,10 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   row.status = status;
   row.reason = reason;
   row.inputs = inputs;
+  row.json = fmt::format("{{\"schema_version\":{}", core::kOutputSchemaVersion);
   for (std::size_t i = 0; i < cells.size(); ++i) {
     row.csv += (i ? "," : "") + cell_csv(cells[i]);
-    row.json += (i ? "," : "{") + json_string(columns[i]) + ":" + cell_json(cells[i]);
+    row.json += "," + json_string(columns[i]) + ":" + cell_json(cells[i]);
   }
   row.csv += "\n";
   row.json += "}\n";
@@ -821,9 +849,12 @@ nlohmann::ordered_json shard_json(const Shard& sh) {
 
 nlohmann::ordered_json sweep_meta(const Sweep& s, const std::string& file_as_given, const Shard& shard) {
   nlohmann::ordered_json j;
+  j["schema_version"] = core::kOutputSchemaVersion;
   j["format"] = kFormat;
   j["version"] = kFormatVersion;
   j["sweep_file"] = file_as_given;
+  // Lets `report` find the sweep file from any working folder (docs/report.md).
+  j["sweep_file_absolute"] = fs::absolute(s.file).lexically_normal().generic_string();
   j["base"] = s.base;
   j["fingerprint"] = s.fingerprint;
   j["points"] = s.num_points();
@@ -1111,6 +1142,13 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
       sweep_meta(sweep, options.sweep_file_as_given.empty() ? sweep.file : options.sweep_file_as_given, shard);
   if (fs::exists(meta_path)) {
     const auto old = read_meta(meta_path);
+    if (const auto v = old.value("version", 0); v != kFormatVersion)
+      fail(
+          file_loc(meta_path),
+          fmt::format("this folder holds results in sweep format {}, written by {} harmony-sim; this one writes format "
+                      "{} (output schema {}, docs/output-schema.md) and cannot resume the older rows",
+                      v, v < kFormatVersion ? "an older" : "a newer", kFormatVersion, core::kOutputSchemaVersion),
+          "rerun the sweep into a new --out folder (or delete this one): every point is computed again");
     if (old.at("fingerprint") != meta.at("fingerprint"))
       fail(file_loc(meta_path),
            fmt::format("this folder holds the results of a different sweep (fingerprint {}, this sweep {}): the "
@@ -1370,6 +1408,7 @@ MergeSummary merge_sweeps(const std::string& out_dir, const std::vector<std::str
     in->meta_text = meta.dump();
     meta.erase("shard");
     meta.erase("sweep_file");
+    meta.erase("sweep_file_absolute");
     in->identity = meta.dump();
     ins.push_back(in.get());
     held.push_back(std::move(in));

@@ -8,7 +8,9 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include "core/output/report.hpp"
 #include "sim/progress_cli.hpp"
 #include "sim/sweep.hpp"
 
@@ -32,9 +34,13 @@ SweepCommands::SweepCommands(CLI::App& app) {
   sweep_->add_flag("--quiet", quiet_, "no progress on stderr");
   sweep_->add_flag("--allow-large-grid", allow_large_grid_,
                    fmt::format("run a sweep of more than {} points", kLargeGridPoints));
+  sweep_->add_option("--format", format_, "the summary: table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
   merge_ = app.add_subcommand("merge", "join the output folders of a sharded sweep into one");
   merge_->add_option("out", merge_out_, "folder for the merged sweep.json, results.csv, results.jsonl")->required();
   merge_->add_option("shards", merge_in_, "the shards' --out folders")->required();
+  merge_->add_option("--format", format_, "the summary: table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
 }
 
 bool SweepCommands::selected() const { return *sweep_ || *merge_; }
@@ -42,6 +48,15 @@ bool SweepCommands::selected() const { return *sweep_ || *merge_; }
 int SweepCommands::run() {
   if (*merge_) {
     const auto m = merge_sweeps(merge_out_, merge_in_);
+    if (format_ == "json") {
+      const nlohmann::ordered_json j = {{"schema_version", core::kOutputSchemaVersion},
+                                        {"command", "merge"},
+                                        {"out_dir", merge_out_},
+                                        {"shards", m.shards},
+                                        {"points", m.points}};
+      fmt::print("{}\n", j.dump(2));
+      return 0;
+    }
     fmt::print("merged {} shards, {} points into {}\n", m.shards, m.points, merge_out_);
     return 0;
   }
@@ -71,6 +86,32 @@ int SweepCommands::run() {
     throw;
   }
   std::signal(SIGINT, previous);
+  if (format_ == "json") {
+    // Totals over the files (this run's rows and the earlier run's kept ones), then what this run did.
+    nlohmann::ordered_json by_status = nlohmann::ordered_json::object();
+    for (const auto& [status, n] : s.by_status) by_status[status] = n;
+    const nlohmann::ordered_json j = {{"schema_version", core::kOutputSchemaVersion},
+                                      {"command", "sweep"},
+                                      {"sweep_file", sweep_file_},
+                                      {"out_dir", out_},
+                                      {"shard", {{"index", shard.index}, {"count", shard.count}}},
+                                      {"points", s.total},
+                                      {"done", s.done()},
+                                      {"computed", s.computed},
+                                      {"resumed", s.resumed},
+                                      {"recomputed", s.stale},
+                                      {"by_status", std::move(by_status)},
+                                      {"invalid_reasons", s.invalid_reasons},
+                                      {"interrupted", s.interrupted},
+                                      {"results_csv", out_ + "/results.csv"},
+                                      {"results_jsonl", out_ + "/results.jsonl"},
+                                      {"wall_time_s", s.wall_s}};
+    fmt::print("{}\n", j.dump(2));
+    if (s.interrupted)
+      fmt::print(stderr, "sweep: interrupted after {} of {} points; rerun the same command to resume\n",
+                 s.resumed + s.computed, s.total);
+    return s.interrupted ? 130 : 0;
+  }
   std::string statuses;
   for (const auto& [status, n] : s.by_status)
     statuses += fmt::format("{}{} {}", statuses.empty() ? "" : ", ", status, n);

@@ -112,7 +112,15 @@ struct RunReport {
   SwapLedger ledger;
 };
 
+// The version of every JSON document and row both tools write (docs/output-schema.md, schemas/): bumped when a
+// field is renamed, removed or changes type or unit.
+inline constexpr int kOutputSchemaVersion = 1;
+
+// A plan's result as one JSON object (docs/output-schema.md, "plan result"): every field present, unknown or
+// not-applicable values null (native-only figures under `reference`, times of a deadlocked plan).
 nlohmann::json report_to_json(const RunReport& r);
+// Packs as [[first, last], ...] (layer indices, inclusive).
+nlohmann::json packs_to_json(const Packs& packs);
 // The reference's one-line summary: "=== title : 4.399 sec (idle max/avg: 4%/2%) (compute2global/...) ==="
 std::string summary_line(const RunReport& r, const std::string& title);
 

@@ -92,10 +92,10 @@ options: {{prefetch: false}}
         j = json.loads(r.stdout)["result"]
         check("native feasible", j.get("feasible") is True, j.get("infeasible_reason"))
         led = j.get("swap_ledger", {})
-        check("native ledger classes", set(led.get("per_tensor_class", {})) >= {"weights", "weight_grad", "optimizer_state",
-              "activation", "stash", "act_grad"}, led.keys())
+        check("native ledger classes", set(led.get("per_tensor_class", {})) >= {"weights_bytes", "weight_grad_bytes",
+              "optimizer_state_bytes", "activation_bytes", "stash_bytes", "act_grad_bytes"}, led.keys())
         check("native ledger sums to swap bytes",
-              led["per_link_class"]["pcie_h2d"] == j["swap_in_bytes"] and led["per_link_class"]["pcie_d2h"] == j["swap_out_bytes"],
+              led["per_link_class"]["pcie_h2d_bytes"] == j["swap_in_bytes"] and led["per_link_class"]["pcie_d2h_bytes"] == j["swap_out_bytes"],
               (led.get("per_link_class"), j["swap_in_bytes"], j["swap_out_bytes"]))
         t = json.load(open(trace))
         check("native trace counters", any(e["ph"] == "C" for e in t["traceEvents"]), "no counter events")
@@ -119,16 +119,18 @@ options: {{prefetch: false}}
         for x in j["results"]:
             check(f"compare {x['plan_kind']} feasible field", "feasible" in x, x)
             if x.get("feasible"):
-                check(f"compare {x['plan_kind']} time", x["iteration_time_s"] > 0, x)
+                b = x["best"]
+                check(f"compare {x['plan_kind']} time", b["iteration_time_s"] > 0, x)
+                check(f"compare {x['plan_kind']} best is its own kind", b["plan_kind"] == x["plan_kind"], x)
                 # Harmony recomputes by design; each baseline is searched under both activation policies
                 if x["plan_kind"].startswith("harmony"):
-                    check(f"compare {x['plan_kind']} checkpoint", x.get("activation_policy") == "checkpoint", x)
+                    check(f"compare {x['plan_kind']} checkpoint", b.get("activation_policy") == "checkpoint", x)
                 else:
                     pol = x.get("policy_best_time_s", {})
                     check(f"compare {x['plan_kind']} both policies", sorted(pol) == ["checkpoint", "keep"], x)
                     times = {k: v for k, v in pol.items() if v is not None}
                     check(f"compare {x['plan_kind']} winner", bool(times) and
-                          x.get("activation_policy") == min(times, key=times.get), x)
+                          b.get("activation_policy") == min(times, key=times.get), x)
             else:
                 check(f"compare {x['plan_kind']} reason", bool(x.get("reason")), x)
     # a GPU too small for anything: every kind says why
@@ -163,20 +165,21 @@ options: {{prefetch: false}}
     if r.returncode == 0:
         for x in json.loads(r.stdout)["results"]:
             if x.get("feasible"):
-                check(f"compare {x['plan_kind']} reports its peak under reference", x["peak_memory_bytes"] > 0 and
-                      "fits" in x, x.get("peak_memory_bytes"))
+                check(f"compare {x['plan_kind']} reports its peak under reference",
+                      x["best"]["peak_memory_bytes"] > 0 and x["best"]["fits"] is not None, x["best"])
     r = run("compare", "configs/default.yaml", "--format", "json", "--set", "cost_model=native")
     if r.returncode == 0:
         for x in json.loads(r.stdout)["results"]:
             if x.get("feasible"):
-                check(f"native compare {x['plan_kind']}: peak and fits", x["peak_memory_bytes"] > 0 and x["fits"], x)
+                check(f"native compare {x['plan_kind']}: peak and fits",
+                      x["best"]["peak_memory_bytes"] > 0 and x["best"]["fits"], x)
 
     # compare --trace writes the fastest kind's Chrome trace (it wrote nothing before)
     ctrace = os.path.join(tmp, "compare_trace.json")
     r = run("compare", "configs/default.yaml", "--format", "json", "--trace", ctrace)
     check("compare --trace exit 0", r.returncode == 0, r.stderr)
     if r.returncode == 0:
-        res = [x for x in json.loads(r.stdout)["results"] if x.get("feasible")]
+        res = [x["best"] for x in json.loads(r.stdout)["results"] if x.get("feasible")]
         fastest = min(res, key=lambda x: x["iteration_time_s"])
         check("compare --trace file written", os.path.exists(ctrace), os.listdir(tmp))
         if os.path.exists(ctrace):

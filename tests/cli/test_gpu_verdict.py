@@ -120,10 +120,10 @@ def main():
                        "pinned H2D copies >= 80% of ceiling", ["73%"])
         expect_failure(tmp, "bench-cuda-crashed", lambda d: edit_step(d, "bench_cuda", rc=1), "bench_cuda", ["exit 1"])
         expect_failure(tmp, "low-mfu",  # today's fp32 path: ~0.6 s/step on GPT-2 350M at T = 1024
-                       lambda d: edit_json(d, "b.json", lambda b: [s.update(time_s=0.6) for s in b["steps"]]),
+                       lambda d: edit_json(d, "b.json", lambda b: [s.update(step_time_s=0.6) for s in b["steps"]]),
                        "in-memory MFU >= 35% of dense BF16 peak", ["MFU 3.4%", "< 35%"])
         expect_failure(tmp, "small-model",
-                       lambda d: edit_json(d, "b.json", lambda b: b["summary"].update(parameters=124_439_808)),
+                       lambda d: edit_json(d, "b.json", lambda b: b["summary"].update(num_parameters=124_439_808)),
                        "in-memory MFU >= 35% of dense BF16 peak", ["124M < 350M"])
         expect_failure(tmp, "short-sequence", lambda d: edit_json(d, "params.json", lambda p: p.update(seq_len=512)),
                        "in-memory MFU >= 35% of dense BF16 peak", ["T = 512"])
@@ -137,7 +137,7 @@ def main():
                        lambda d: edit_json(d, "b.json", lambda b: b["steps"][2].update(loss=float("nan"))),
                        "in-memory training", ["not finite"])
         expect_failure(tmp, "slow-capped",
-                       lambda d: edit_json(d, "c_auto.json", lambda b: [s.update(time_s=0.06) for s in b["steps"]]),
+                       lambda d: edit_json(d, "c_auto.json", lambda b: [s.update(step_time_s=0.06) for s in b["steps"]]),
                        "Harmony under a memory cap >= 85% of in-memory", ["67%"])
         expect_failure(tmp, "dpswap-failed", lambda d: edit_step(d, "c_dpswap", rc=2), "dp-swap under the same cap",
                        ["exit 2"])

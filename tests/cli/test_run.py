@@ -77,15 +77,19 @@ with tempfile.TemporaryDirectory() as tmp:
         s = doc["summary"]
         check("40 steps logged", len(doc["steps"]) == 40 and s["steps_run"] == 40, s)
         for st in doc["steps"]:
-            for key in ["step", "loss", "time_s", "samples_per_s"]:
+            for key in ["step", "loss", "step_time_s", "throughput_samples_per_s"]:
                 check(f"step has {key}", key in st, st)
         first = sum(s["losses"][:5]) / 5
         last = sum(s["losses"][-5:]) / 5
         check("loss falls by > 0.5 nats in 40 steps", last < first - 0.5, (first, last))
-        check("devices smaller than the model", s["device_capacity_bytes"] < s["model_weight_bytes"], s)
-        check("peaks within capacity", all(0 < p <= s["device_capacity_bytes"] for p in s["device_peak_bytes"]), s)
-        check("4 devices", len(s["device_peak_bytes"]) == 4, s)
-        check("plan is harmony-pp", doc["plan"]["mode"] == "harmony-pp" and doc["plan"]["gpus"] == 4, doc["plan"])
+        check("devices smaller than the model", s["gpu_capacity_bytes"] < s["model_weight_bytes"], s)
+        check("peaks within capacity",
+              all(0 < g["peak_memory_bytes"] <= s["gpu_capacity_bytes"] for g in s["per_gpu"]), s)
+        check("4 devices", len(s["per_gpu"]) == 4, s)
+        check("peak is the devices' max", s["peak_memory_bytes"] == max(g["peak_memory_bytes"] for g in s["per_gpu"]),
+              s)
+        check("plan is harmony-pp", doc["plan"]["plan_kind"] == "harmony-pp" and doc["plan"]["gpus"] == 4,
+              doc["plan"])
     if os.path.exists(trace):
         t = json.load(open(trace))
         xs = [e for e in t["traceEvents"] if e.get("ph") == "X"]
@@ -123,7 +127,7 @@ with tempfile.TemporaryDirectory() as tmp:
                           "--gpu-memory", "4MiB")
         check(f"{kind} trains", r.returncode == 0 and d is not None, r.stderr)
         if d and hp:
-            check(f"{kind} plan kind reported", d["plan"]["mode"] == kind and d["plan"]["title"].startswith(kind),
+            check(f"{kind} plan kind reported", d["plan"]["plan_kind"] == kind and d["plan"]["title"].startswith(kind),
                   d["plan"])
             a, b = d["summary"]["losses"], hp["summary"]["losses"]
             if kind == "pp-swap":
@@ -132,7 +136,7 @@ with tempfile.TemporaryDirectory() as tmp:
                 check(f"{kind} losses match Harmony-PP", all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
     r, d = train_json(DEFAULT, "--steps", "1", "--plan", "auto", "--set", "plan.mode=dp-swap", "--set", "plan.gpus=2",
                       "--gpu-memory", "4MiB")
-    check("--plan auto for a baseline", r.returncode == 0 and d is not None and d["plan"]["mode"] == "dp-swap",
+    check("--plan auto for a baseline", r.returncode == 0 and d is not None and d["plan"]["plan_kind"] == "dp-swap",
           r.stderr)
 
     # --- kill at a random step, resume: the same final parameters and losses, bit for bit
@@ -246,8 +250,8 @@ plan: {{mode: harmony-pp, gpus: 4, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 
         r, d = train_json(DEFAULT, "--steps", "2", "--plan", "auto", "--set", f"model.profile={prof}")
         check("--plan auto with a profile", r.returncode == 0, r.stderr)
         if d:
-            check("--plan auto plan fits", all(p <= d["summary"]["device_capacity_bytes"]
-                                               for p in d["summary"]["device_peak_bytes"]), d["summary"])
+            check("--plan auto plan fits", all(g["peak_memory_bytes"] <= d["summary"]["gpu_capacity_bytes"]
+                                               for g in d["summary"]["per_gpu"]), d["summary"])
     r, d = train_json(DEFAULT, "--steps", "1", "--plan", "auto", "--set", "plan.gpus=2", "--gpu-memory", "2MiB")
     check("--plan auto profiles on the fly", r.returncode == 0, r.stderr)
 

@@ -63,20 +63,24 @@ with tempfile.TemporaryDirectory() as tmp:
     check("sweep.json points", meta["points"] == 96 and meta["shard"] == {"index": 0, "count": 1}, meta)
     cols = meta["columns"]
     check("csv header = columns", list(rows[0].keys()) == cols, (list(rows[0].keys()), cols))
-    check("jsonl keys = columns", all(list(x.keys()) == cols for x in lines), list(lines[0].keys()))
-    for key in ["point", "id", "model.profile", "machine", "plan.gpus", "kind", "status", "feasible", "reason",
+    check("jsonl keys = schema_version + columns", all(list(x.keys()) == ["schema_version"] + cols for x in lines),
+          list(lines[0].keys()))
+    for key in ["point", "id", "model.profile", "machine", "plan.gpus", "plan_kind", "status", "feasible", "reason",
                 "iteration_time_s", "throughput_samples_per_s", "u_fwd", "u_bwd", "packs_fwd", "packs_bwd",
                 "swap_in_bytes", "swap_out_bytes", "p2p_bytes", "collective_bytes", "peak_memory_bytes",
-                "host_memory_bytes", "time_to_train_s", "price_per_hour", "cost"]:
+                "gpu_capacity_bytes", "fits", "excess_bytes", "host_memory_bytes", "time_to_train_s",
+                "price_per_hour", "cost"]:
         check(f"column {key}", key in cols, cols)
     check("points in order", [x["point"] for x in lines] == list(range(96)), [x["point"] for x in lines][:10])
-    check("kinds innermost", [x["kind"] for x in lines[:6]] ==
+    check("kinds innermost", [x["plan_kind"] for x in lines[:6]] ==
           ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l"], lines[:6])
     ok = [x for x in lines if x["status"] == "ok"]
     check("some ok", len(ok) > 40, len(ok))
     for x in ok:
         check(f"ok row {x['point']} metrics", x["feasible"] is True and x["iteration_time_s"] > 0 and
-              x["throughput_samples_per_s"] > 0 and x["reason"] is None and x["time_to_train_s"] > 0, x)
+              x["throughput_samples_per_s"] > 0 and x["reason"] is None and x["time_to_train_s"] > 0 and
+              isinstance(x["packs_bwd"], list) and x["fits"] is (x["peak_memory_bytes"] <= x["gpu_capacity_bytes"])
+              and (x["excess_bytes"] is None) == x["fits"], x)
     invalid = [x for x in lines if x["status"] == "invalid"]
     check("rtx4090-4x N=8 invalid", len(invalid) == 12 and all(x["plan.gpus"] == 8 for x in invalid),
           [(x["point"], x["reason"]) for x in invalid])

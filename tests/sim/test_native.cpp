@@ -661,8 +661,8 @@ TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible 
   CHECK(r.host_memory.pinned_limit_bytes == 700 * core::kGiB);
   const auto j = core::report_to_json(r);
   CHECK(j["feasible"] == true);
-  CHECK(j["swap_ledger"]["per_link_class"]["pcie_h2d"] == r.swap_in_bytes);
-  CHECK(j["swap_ledger"]["per_tensor_class"]["stash"] == r.ledger.stash_bytes);
+  CHECK(j["swap_ledger"]["per_link_class"]["pcie_h2d_bytes"] == r.swap_in_bytes);
+  CHECK(j["swap_ledger"]["per_tensor_class"]["stash_bytes"] == r.ledger.stash_bytes);
 
   const auto small = sim::simulate_native(program, model, paper_1080ti_like(4 * core::kGiB));
   CHECK_FALSE(small.feasible);

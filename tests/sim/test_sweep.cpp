@@ -215,7 +215,11 @@ TEST_CASE("rows: ok, invalid with the config's reason, does not fit") {
   // point 0: gpt2_medium, paper-1080ti, N = 2, harmony-pp
   auto r = sim::evaluate_sweep_point(s, 0);
   CHECK(r.status == "ok");
-  CHECK(r.json.find("\"kind\":\"harmony-pp\"") != std::string::npos);
+  CHECK(r.json.rfind("{\"schema_version\":1,\"point\":0,", 0) == 0);
+  CHECK(r.json.find("\"plan_kind\":\"harmony-pp\"") != std::string::npos);
+  CHECK(r.json.find("\"packs_bwd\":[[") != std::string::npos);  // a JSON array, not a string
+  CHECK(r.json.find("\"fits\":true,\"excess_bytes\":null") != std::string::npos);
+  CHECK(r.csv.find(",\"[[") != std::string::npos);  // the CSV holds the packs as quoted text
   CHECK(r.json.find("\"samples\":976563") != std::string::npos);
   CHECK(r.csv.back() == '\n');
   CHECK(std::count(r.csv.begin(), r.csv.end(), '\n') == 1);
