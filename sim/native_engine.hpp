@@ -29,8 +29,19 @@ struct NativeOptions {
 };
 
 // A physical link (one direction) or a shared resource the engine divides between flows.
-enum class LinkKind : std::uint8_t { GpuDown, GpuUp, SwitchDown, SwitchUp, InterSocket, NvLink, HostMemcpy, CpuCores };
-const char* link_kind_name(LinkKind k);  // "gpu_down", "gpu_up", "switch_down", ...
+// ComputeUnits: the pool of compute every device shares (machine.compute.units > 0 only; capacity in units).
+enum class LinkKind : std::uint8_t {
+  GpuDown,
+  GpuUp,
+  SwitchDown,
+  SwitchUp,
+  InterSocket,
+  NvLink,
+  HostMemcpy,
+  CpuCores,
+  ComputeUnits
+};
+const char* link_kind_name(LinkKind k);  // "gpu_down", "gpu_up", "switch_down", ..., "compute_units"
 
 // The class of a transfer in the swap ledger.
 enum class TransferClass : std::uint8_t { PcieH2D, PcieD2H, P2PPcie, NvLink, HostStaging, CpuMsg, None };
@@ -52,6 +63,7 @@ struct LinkGraph {
   std::vector<int> nvlink;                  // gpus x gpus (from * gpus + to), -1 without NVLink
   int host_memcpy = -1;
   int cpu = -1;
+  int compute = -1;  // the shared compute pool; -1 when every device computes alone
   int sockets = 1;
   core::P2PMode p2p = core::P2PMode::Pcie;
   std::vector<int> gpu_switch;  // per GPU
@@ -69,7 +81,8 @@ struct LinkGraph {
 // host memcpy at bw_msg, one core per GPU, no latency, free time 0, host memory unlimited.
 core::Topology derive_topology(const core::MachineSpec& machine);
 // machine.topology when valid, else derive_topology. Zero GPU-link and host-memcpy bandwidths fall back
-// to bw_swap and bw_msg; zero switch-uplink and inter-socket bandwidths mean "not a bottleneck".
+// to bw_swap and bw_msg; zero switch-uplink and inter-socket bandwidths mean "not a bottleneck". With
+// machine.compute.units > 0 the graph ends with the shared compute pool (LinkKind::ComputeUnits).
 LinkGraph build_link_graph(const core::MachineSpec& machine);
 
 struct MemoryOverflow {
