@@ -194,6 +194,37 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   return h;
 }
 
+// ---- profiled op times ----
+
+double profiled_compute_s(const Op& o, const core::Model& m) {
+  switch (o.kind) {
+    case OpKind::FWD:
+    case OpKind::REC: {
+      double s = 0.0;
+      for (int l = o.layers.first; l <= o.layers.last; ++l) s += m.time_s(core::Phase::Fwd, o.ubs, l);
+      return s;
+    }
+    case OpKind::BWD: {
+      double b = 0.0;
+      double f = 0.0;
+      for (int l = o.layers.first; l <= o.layers.last; ++l) b += m.time_s(core::Phase::Bwd, o.ubs, l);
+      for (int l = o.layers.first; l <= o.layers.last; ++l) f += m.time_s(core::Phase::Fwd, o.ubs, l);
+      // A noisy measured profile can time a layer's recompute + backward below its forward; the backward
+      // part then costs nothing rather than a negative time (docs/native-model.md).
+      return std::max(0.0, b - f);
+    }
+    default:
+      return 0.0;
+  }
+}
+
+double profiled_update_s(const Op& o, const core::Model& m) {
+  if (o.kind != OpKind::Update) return 0.0;
+  double s = 0.0;
+  for (int l = o.layers.first; l <= o.layers.last; ++l) s += m.layers[z(l)].update_time_cpu_s;
+  return s;
+}
+
 // ---- the engine ----
 
 namespace {
@@ -349,33 +380,8 @@ class Engine {
   void launch(int act) { to_start_.push_back(act); }
 
   // ---- pricing ----
-  double compute_s(const Op& o) const {
-    switch (o.kind) {
-      case OpKind::FWD:
-      case OpKind::REC: {
-        double s = 0.0;
-        for (int l = o.layers.first; l <= o.layers.last; ++l) s += m_.time_s(core::Phase::Fwd, o.ubs, l);
-        return s;
-      }
-      case OpKind::BWD: {
-        double b = 0.0;
-        double f = 0.0;
-        for (int l = o.layers.first; l <= o.layers.last; ++l) b += m_.time_s(core::Phase::Bwd, o.ubs, l);
-        for (int l = o.layers.first; l <= o.layers.last; ++l) f += m_.time_s(core::Phase::Fwd, o.ubs, l);
-        // A noisy measured profile can time a layer's recompute + backward below its forward; the backward
-        // part then costs nothing rather than a negative time (docs/native-model.md).
-        return std::max(0.0, b - f);
-      }
-      default:
-        return 0.0;
-    }
-  }
-
-  double update_s(const Op& o) const {
-    double s = 0.0;
-    for (int l = o.layers.first; l <= o.layers.last; ++l) s += m_.layers[z(l)].update_time_cpu_s;
-    return s;
-  }
+  double compute_s(const Op& o) const { return profiled_compute_s(o, m_); }
+  double update_s(const Op& o) const { return profiled_update_s(o, m_); }
 
   void set_flow(Activity& x, double volume, std::vector<int> path, double cap, TransferClass cls, Bytes ledger,
                 core::TensorKind tensor, int engine) {

@@ -141,6 +141,11 @@ struct NativeResult {
   std::vector<BandwidthSample> bandwidth_samples;
 };
 
+// An op's time from the profile alone, before machine.compute's scales and any sharing: a FWD/REC/BWD's
+// compute (0 for other kinds), an Update's CPU time (0 for other kinds).
+double profiled_compute_s(const core::Op& op, const core::Model& model);
+double profiled_update_s(const core::Op& op, const core::Model& model);
+
 // Runs `program`. Throws core::ScheduleError when the program uses more GPUs than the machine has,
 // or has a P2P op without a peer; a deadlock and infeasibility are reported in the result.
 NativeResult run_native(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
