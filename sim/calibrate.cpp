@@ -451,14 +451,19 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
     Fitted f = base;
     fit_compute(runs, units, f);
     const double scale = f.compute.time_scale;
-    for (int g = 80; g <= 120; ++g) {
-      Fitted h = f;
-      h.compute.time_scale = scale * g / 100.0;
-      const double obj = step_objective(runs, h);
-      if (!have || obj < best_obj) {
-        best = h;
-        best_obj = obj;
-        have = true;
+    const double launch = f.dispatch.compute_s;
+    // the whole step: time_scale x 2^(g/20), g = -20..20 (x0.5..x2), and dispatch.compute x {0, 0.5, .., 3}
+    for (int d = 0; d <= 6; ++d) {
+      for (int g = -20; g <= 20; ++g) {
+        Fitted h = f;
+        h.compute.time_scale = std::clamp(scale * std::exp2(g / 20.0), 0.01, 100.0);
+        h.dispatch.compute_s = std::min(1.0, launch * d / 2.0);
+        const double obj = step_objective(runs, h);
+        if (!have || obj < best_obj) {
+          best = h;
+          best_obj = obj;
+          have = true;
+        }
       }
     }
   }

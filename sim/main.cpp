@@ -444,32 +444,74 @@ struct CalibrateCli {
   bool check = false;  // no fit: the machine's predictions against the measurements
 };
 
-// The Program harmony-run trains for a harmony-run config (apps/harmony_run.cpp, `choose` without --plan auto),
-// lowered on the config's measured profile (model.profile, required here).
-core::Program measured_program(const core::TrainConfig& cfg, const core::Model& model) {
-  if (!cfg.baseline_kind.empty()) {
-    if (!cfg.plan.u_bwd)
-      throw core::ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind),
-                              "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
-    core::BaselinePlan b;
-    b.kind = *core::parse_plan_kind(cfg.baseline_kind);
-    b.gpus = cfg.plan.gpus;
-    b.minibatch = cfg.plan.minibatch;
-    b.ubatch = *cfg.plan.u_bwd;
-    b.activation_policy = cfg.baseline_activations;
-    b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
-    core::validate_baseline_plan(b, model);
-    return core::lower_baseline(b, model);
+// The Programs harmony-run may have trained for a harmony-run config (apps/harmony_run.cpp, `choose` without
+// --plan auto), lowered on the config's measured profile (model.profile, required here). A Harmony plan has one.
+// A baseline's swap decisions and pp-swap's stages are made on harmony-run's own description of the model, whose
+// sizes and times differ from the profile's: the candidates are the profile's decisions, then every forced
+// weights/activations choice, with pp-swap's stages read off the trace (the layers each device computes).
+std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, const core::Model& model,
+                                              const std::string& trace_text) {
+  std::vector<core::Program> out;
+  if (cfg.baseline_kind.empty()) {
+    const core::Plan plan = core::plan_from_spec(cfg.plan, model, cfg.file, "`calibrate`");
+    out.push_back(core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model,
+                                      core::LowerOptions{.prefetch = cfg.options.prefetch,
+                                                         .prefetch_buffers = cfg.options.prefetch_buffers,
+                                                         .dp_first_gpu_only = false}));
+    return out;
   }
-  const core::Plan plan = core::plan_from_spec(cfg.plan, model, cfg.file, "`calibrate`");
-  return core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model,
-                             core::LowerOptions{.prefetch = cfg.options.prefetch,
-                                                .prefetch_buffers = cfg.options.prefetch_buffers,
-                                                .dp_first_gpu_only = false});
+  if (!cfg.plan.u_bwd)
+    throw core::ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind),
+                            "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
+  core::BaselinePlan b;
+  b.kind = *core::parse_plan_kind(cfg.baseline_kind);
+  b.gpus = cfg.plan.gpus;
+  b.minibatch = cfg.plan.minibatch;
+  b.ubatch = *cfg.plan.u_bwd;
+  b.activation_policy = cfg.baseline_activations;
+  b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
+  core::validate_baseline_plan(b, model);
+  std::vector<core::LayerRange> stages;  // pp-swap: per device, the layers its compute ops cover in the trace
+  if (b.kind == core::PlanKind::PpSwap) {
+    try {
+      const auto doc = nlohmann::json::parse(trace_text);
+      std::vector<core::LayerRange> seen(static_cast<std::size_t>(b.gpus), core::LayerRange{-1, -1});
+      for (const auto& e : doc.at("traceEvents")) {
+        if (!e.is_object() || e.value("ph", "") != "X" || e.value("cat", "") != "FWD") continue;
+        const int d = e.at("pid").get<int>();
+        const auto& l = e.at("args").at("layers");
+        if (d < 0 || d >= b.gpus) continue;
+        auto& r = seen[static_cast<std::size_t>(d)];
+        r.first = r.first < 0 ? l[0].get<int>() : std::min(r.first, l[0].get<int>());
+        r.last = std::max(r.last, l[1].get<int>());
+      }
+      stages = seen;
+    } catch (const std::exception&) {
+      stages.clear();  // read_measured_trace reports what is wrong with the trace
+    }
+  }
+  for (int with_stages = 0; with_stages < (stages.empty() ? 1 : 2); ++with_stages) {
+    core::BaselinePlan c = b;
+    if (with_stages == 1) c.stages = stages;
+    try {
+      if (with_stages == 1) core::validate_baseline_plan(c, model);
+    } catch (const core::ScheduleError&) {
+      continue;
+    }
+    for (auto w : {core::SwapChoice::Auto, core::SwapChoice::Keep, core::SwapChoice::Swap}) {
+      for (auto a : {core::SwapChoice::Auto, core::SwapChoice::Keep, core::SwapChoice::Swap}) {
+        if ((w == core::SwapChoice::Auto) != (a == core::SwapChoice::Auto)) continue;
+        c.weights = w;
+        c.activations = a;
+        out.push_back(core::lower_baseline(c, model));
+      }
+    }
+  }
+  return out;
 }
 
-// The measured time per step of harmony-run's `train --format json` output: the median of the steps after the
-// first (the warm-up), or the only step. Its plan must be the config's.
+// The measured time per step of harmony-run's `train --format json` output: the fastest step after the first
+// (the warm-up), or the only step. Its plan must be the config's.
 double measured_step_s(const std::string& path, const core::TrainConfig& cfg) {
   const std::string hint = "give the JSON harmony-run train --format json printed for the same config and plan";
   const std::string text = core::read_input_file(path, "the measured run");
@@ -492,25 +534,25 @@ double measured_step_s(const std::string& path, const core::TrainConfig& cfg) {
         return !pl.contains(key) || pl[key] == want;
       }
     };
-    if (!same("gpus", cfg.plan.gpus) || !same("minibatch", cfg.plan.minibatch) || !same("u_fwd", cfg.plan.u_fwd) ||
-        !same("u_bwd", cfg.plan.u_bwd))
+    const std::string mode = cfg.baseline_kind.empty() ? core::mode_name(cfg.plan.mode) : cfg.baseline_kind;
+    if (!same("mode", mode) || !same("gpus", cfg.plan.gpus) || !same("minibatch", cfg.plan.minibatch) ||
+        !same("u_fwd", cfg.plan.u_fwd) || !same("u_bwd", cfg.plan.u_bwd))
       throw core::ConfigError(core::SourceLoc{path, 1, 1},
                               fmt::format("the measured run's plan ({}) is not the config's ({}): a run of another "
                                           "Program",
                                           pl.value("title", std::string("?")), cfg.file),
                               hint);
   }
-  // the median of the steps after the first (the warm-up): robust to a step slowed by other load
+  // the fastest step after the first (the warm-up): on a shared machine, the step least slowed by other load
   const auto& steps = j["steps"];
-  std::vector<double> t;
+  double best = 0;
   for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) {
     if (!steps[i].is_object() || !steps[i].contains("time_s") || !steps[i]["time_s"].is_number())
       throw core::ConfigError(core::SourceLoc{path, 1, 1}, fmt::format("step {} has no time_s", i + 1), hint);
-    t.push_back(steps[i]["time_s"].get<double>());
+    const double t = steps[i]["time_s"].get<double>();
+    best = i == (steps.size() > 1 ? 1u : 0u) ? t : std::min(best, t);
   }
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  return n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  return best;
 }
 
 // The fitted values (unless --check), the residual per run and per op class; table or JSON.
@@ -614,10 +656,22 @@ int cmd_calibrate(const CalibrateCli& cli) {
     r.model = &model;
     r.machine = base;
     r.machine.gpu_memory_bytes = cfg.machine.gpu_memory_bytes;
-    programs.push_back(std::make_unique<core::Program>(measured_program(cfg, model)));
-    r.program = programs.back().get();
     const std::string trace_text = core::read_input_file(parts[1], "the measured trace");
-    r.measured = sim::read_measured_trace(parts[1], trace_text, *r.program);
+    // the first candidate the trace matches; none: the first candidate's error
+    const auto candidates = candidate_programs(cfg, model, trace_text);
+    std::optional<core::ConfigError> first_error;
+    for (const auto& p : candidates) {
+      try {
+        r.measured = sim::read_measured_trace(parts[1], trace_text, p);
+      } catch (const core::ConfigError& e) {
+        if (!first_error) first_error = e;
+        continue;
+      }
+      programs.push_back(std::make_unique<core::Program>(p));
+      break;
+    }
+    if (programs.size() != runs.size() + 1) throw *first_error;
+    r.program = programs.back().get();
     r.measured_step_s = parts.size() == 3 ? measured_step_s(parts[2], cfg) : r.measured.span_s;
     std::string line = fmt::format("run {}: config {} ({})", runs.size() + 1, r.name,
                                    sim::fingerprint(core::read_input_file(parts[0], "the config")));
