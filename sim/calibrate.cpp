@@ -27,7 +27,7 @@ std::size_t z(int i) { return static_cast<std::size_t>(i); }
 
 constexpr const char* kTraceHint =
     "give the Chrome trace harmony-run writes of the Program the config describes: harmony-run train CONFIG "
-    "--trace FILE (same model, plan, gpu_memory and options as the harmony-sim config)";
+    "--trace FILE (same model, plan, gpu_memory and options as the config)";
 
 // line:column of byte `pos` in `text` (1-based).
 core::SourceLoc loc_at(const std::string& path, const std::string& text, std::size_t pos) {

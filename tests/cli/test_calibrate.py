@@ -46,7 +46,7 @@ with tempfile.TemporaryDirectory(prefix="harmony-calibrate-") as tmp:
             "--repeats", "1", "--ubatch", "2")
     check("profile", r.returncode == 0, r.stderr)
     plans = [("a", "mode: harmony-dp, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 5", "8MiB"),
-             ("b", "mode: pp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2", "2MiB")]
+             ("b", "mode: pp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2", "16MiB")]
     runs = {}
     for name, plan, mem in plans:
         cfg = config(tmp, f"{name}.yaml", profile, MACHINE, plan, mem)
