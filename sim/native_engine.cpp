@@ -420,7 +420,8 @@ class Engine {
         case OpKind::FWD:
         case OpKind::REC:
         case OpKind::BWD:
-          if (const double s = compute_s(o) * mach_.compute.time_scale; g.compute >= 0 && s > 0) {
+          // machine.compute and machine.dispatch are the native model's: the reference settings ignore them
+          if (const double s = compute_s(o) * (ref ? 1.0 : mach_.compute.time_scale); g.compute >= 0 && !ref && s > 0) {
             // shared compute (machine.compute): s x units_per_op unit-seconds on the pool, at most units_per_op
             // units at a time, so an op alone takes s and n ops at once on a pool of C units take
             // s x max(1, n x units_per_op / C) each (processor sharing, via the max-min fair rates).
@@ -438,7 +439,7 @@ class Engine {
           break;
         case OpKind::Update:
           if (ref) {
-            x.fixed_ps = core::seconds_to_ps(update_s(o) * mach_.compute.update_time_scale);
+            x.fixed_ps = core::seconds_to_ps(update_s(o));
           } else if (const double w = update_s(o) * mach_.compute.update_time_scale; w > 0) {
             // update_time_cpu_s is the whole machine's time (cpu_adam: the multi-threaded rate of every
             // core): w * cores core-seconds, with no per-update cap, so one update alone takes w and the
@@ -482,6 +483,7 @@ class Engine {
   // The op class's dispatch overhead (machine.dispatch), paid before the work: a fixed op lasts that much
   // longer, a flow starts that much later (after its latency, holding its copy engine).
   void add_dispatch(Activity& x) const {
+    if (opt_.reference_bandwidths) return;
     const auto& d = mach_.dispatch;
     const OpKind k = p_.ops[z(x.a)].kind;
     double s = 0;

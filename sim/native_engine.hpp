@@ -23,7 +23,8 @@ struct NativeOptions {
   bool capacities = true;  // false: GPU and host memory are tracked and reported but never make a plan infeasible
   // The paper's constants instead of the topology's links: host transfers at bw_swap / Nsim, P2P and
   // collectives at bw_p2p, CPU messages at bw_msg / Nsim / 2, DEL at time_del, updates at their profiled
-  // time. With contention and latency off this reproduces the reference cost model.
+  // time. With contention and latency off this reproduces the reference cost model. machine.compute and
+  // machine.dispatch (the native model's shared compute, time scales and per-op overheads) are then ignored.
   bool reference_bandwidths = false;
   bool record_counters = false;  // keep per-GPU memory and per-link bandwidth samples (Chrome trace counters)
 };

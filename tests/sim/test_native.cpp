@@ -371,6 +371,10 @@ TEST_CASE("shared compute: two logical devices on one unit take 2x (processor sh
   const auto wide = sim::run_native(b.p, tiny_model(), m, quiet());
   CHECK(wide.timeline.end_ps[z(f0)] == 6 * kMs);
   CHECK(wide.timeline.end_ps[z(g0)] == 9 * kMs);
+  // the reference settings ignore the native model's compute keys: the profile's 2 ms, each device alone
+  auto ref = quiet();
+  ref.reference_bandwidths = true;
+  CHECK(sim::run_native(b.p, tiny_model(), m, ref).timeline.end_ps == alone.timeline.end_ps);
 }
 
 TEST_CASE("dispatch overheads: x per op on the critical path, by class") {
