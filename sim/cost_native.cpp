@@ -104,11 +104,16 @@ void append_native_counters(nlohmann::json& trace_events, const NativeResult& re
   for (const auto& s : res.bandwidth_samples) {
     const auto& link = res.graph.links[static_cast<std::size_t>(s.link)];
     const bool cpu = link.kind == LinkKind::CpuCores;
+    const bool units = link.kind == LinkKind::ComputeUnits;
     trace_events.push_back({{"ph", "C"},
                             {"name", link.name},
                             {"pid", kLinkCounterPid},
                             {"ts", ts(s.time_ps)},
-                            {"args", {{cpu ? "cores" : "GiB/s", cpu ? s.rate : s.rate / kGiB}}}});
+                            {"args",
+                             {{cpu     ? "cores"
+                               : units ? "units"
+                                       : "GiB/s",
+                               cpu || units ? s.rate : s.rate / kGiB}}}});
   }
 }
 

@@ -3,6 +3,7 @@
 // The only place (with harmony-run's main) that prints and chooses exit codes: 0 ok, 2 bad input.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
@@ -18,11 +20,15 @@
 
 #include "core/base/atomic_file.hpp"
 #include "core/base/error.hpp"
+#include "core/base/input_file.hpp"
 #include "core/config/config.hpp"
 #include "core/model/profile.hpp"
 #include "core/output/trace.hpp"
+#include "core/program/baselines/baselines.hpp"
+#include "core/program/task_graph.hpp"
 #include "core/search/search.hpp"
 #include "sim/bottleneck.hpp"
+#include "sim/calibrate.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
@@ -490,6 +496,279 @@ int cmd_report(ReportCli& cli) {
   return 0;
 }
 
+// ---- calibrate (docs/validation.md#calibrate) ----
+
+struct CalibrateCli {
+  std::string machine;
+  std::vector<std::string> runs;  // CONFIG,TRACE[,RUN_JSON]
+  std::string out;
+  std::string format = "table";
+  bool check = false;  // no fit: the machine's predictions against the measurements
+};
+
+// The Programs harmony-run may have trained for a harmony-run config (apps/harmony_run.cpp, `choose` without
+// --plan auto), lowered on the config's measured profile (model.profile, required here). A Harmony plan has one.
+// A baseline's swap decisions and pp-swap's stages are made on harmony-run's own description of the model, whose
+// sizes and times differ from the profile's: the candidates are the profile's decisions, then every forced
+// weights/activations choice, with pp-swap's stages read off the trace (the layers each device computes).
+std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, const core::Model& model,
+                                              const std::string& trace_text) {
+  std::vector<core::Program> out;
+  if (cfg.baseline_kind.empty()) {
+    const core::Plan plan = core::plan_from_spec(cfg.plan, model, cfg.file, "`calibrate`");
+    out.push_back(core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model,
+                                      core::LowerOptions{.prefetch = cfg.options.prefetch,
+                                                         .prefetch_buffers = cfg.options.prefetch_buffers,
+                                                         .dp_first_gpu_only = false}));
+    return out;
+  }
+  if (!cfg.plan.u_bwd)
+    throw core::ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind),
+                            "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
+  core::BaselinePlan b;
+  b.kind = *core::parse_plan_kind(cfg.baseline_kind);
+  b.gpus = cfg.plan.gpus;
+  b.minibatch = cfg.plan.minibatch;
+  b.ubatch = *cfg.plan.u_bwd;
+  b.activation_policy = cfg.baseline_activations;
+  b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
+  core::validate_baseline_plan(b, model);
+  std::vector<core::LayerRange> stages;  // pp-swap: per device, the layers its compute ops cover in the trace
+  if (b.kind == core::PlanKind::PpSwap) {
+    try {
+      const auto doc = nlohmann::json::parse(trace_text);
+      std::vector<core::LayerRange> seen(static_cast<std::size_t>(b.gpus), core::LayerRange{-1, -1});
+      for (const auto& e : doc.at("traceEvents")) {
+        if (!e.is_object() || e.value("ph", "") != "X" || e.value("cat", "") != "FWD") continue;
+        const int d = e.at("pid").get<int>();
+        const auto& l = e.at("args").at("layers");
+        if (d < 0 || d >= b.gpus) continue;
+        auto& r = seen[static_cast<std::size_t>(d)];
+        r.first = r.first < 0 ? l[0].get<int>() : std::min(r.first, l[0].get<int>());
+        r.last = std::max(r.last, l[1].get<int>());
+      }
+      stages = seen;
+    } catch (const std::exception&) {
+      stages.clear();  // read_measured_trace reports what is wrong with the trace
+    }
+  }
+  for (int with_stages = 0; with_stages < (stages.empty() ? 1 : 2); ++with_stages) {
+    core::BaselinePlan c = b;
+    if (with_stages == 1) c.stages = stages;
+    try {
+      if (with_stages == 1) core::validate_baseline_plan(c, model);
+    } catch (const core::ScheduleError&) {
+      continue;
+    }
+    for (auto w : {core::SwapChoice::Auto, core::SwapChoice::Keep, core::SwapChoice::Swap}) {
+      for (auto a : {core::SwapChoice::Auto, core::SwapChoice::Keep, core::SwapChoice::Swap}) {
+        if ((w == core::SwapChoice::Auto) != (a == core::SwapChoice::Auto)) continue;
+        c.weights = w;
+        c.activations = a;
+        out.push_back(core::lower_baseline(c, model));
+      }
+    }
+  }
+  return out;
+}
+
+// The measured time per step of harmony-run's `train --format json` output: the fastest step after the first
+// (the warm-up), or the only step. Its plan must be the config's.
+double measured_step_s(const std::string& path, const core::TrainConfig& cfg) {
+  const std::string hint = "give the JSON harmony-run train --format json printed for the same config and plan";
+  const std::string text = core::read_input_file(path, "the measured run");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw core::ConfigError(core::SourceLoc{path, 1, 1}, fmt::format("the measured run is not JSON: {}", e.what()),
+                            hint);
+  }
+  if (!j.is_object() || !j.contains("steps") || !j["steps"].is_array() || j["steps"].empty())
+    throw core::ConfigError(core::SourceLoc{path, 1, 1}, "the measured run has no steps (not harmony-run train JSON)",
+                            hint);
+  if (j.contains("plan") && j["plan"].is_object()) {
+    const auto& pl = j["plan"];
+    auto same = [&](const char* key, const auto& want) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(want)>, std::optional<int>>) {
+        return !want || !pl.contains(key) || pl[key] == *want;
+      } else {
+        return !pl.contains(key) || pl[key] == want;
+      }
+    };
+    const std::string mode = cfg.baseline_kind.empty() ? core::mode_name(cfg.plan.mode) : cfg.baseline_kind;
+    if (!same("plan_kind", mode) || !same("gpus", cfg.plan.gpus) || !same("minibatch", cfg.plan.minibatch) ||
+        !same("u_fwd", cfg.plan.u_fwd) || !same("u_bwd", cfg.plan.u_bwd))
+      throw core::ConfigError(core::SourceLoc{path, 1, 1},
+                              fmt::format("the measured run's plan ({}) is not the config's ({}): a run of another "
+                                          "Program",
+                                          pl.value("title", std::string("?")), cfg.file),
+                              hint);
+  }
+  // the fastest step after the first (the warm-up): on a shared machine, the step least slowed by other load
+  const auto& steps = j["steps"];
+  double best = 0;
+  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) {
+    if (!steps[i].is_object() || !steps[i].contains("step_time_s") || !steps[i]["step_time_s"].is_number())
+      throw core::ConfigError(core::SourceLoc{path, 1, 1}, fmt::format("step {} has no step_time_s", i + 1), hint);
+    const double t = steps[i]["step_time_s"].get<double>();
+    best = i == (steps.size() > 1 ? 1u : 0u) ? t : std::min(best, t);
+  }
+  return best;
+}
+
+// The fitted values (unless --check), the residual per run and per op class; table or JSON.
+int print_calibration(const CalibrateCli& cli, const sim::Calibration& c) {
+  auto err = [](double p, double m) { return m > 0 ? 100.0 * (p / m - 1.0) : 0.0; };
+  if (cli.format == "json") {
+    nlohmann::json runs_j = nlohmann::json::array();
+    auto classes_json = [&](const std::vector<sim::ClassResidual>& cs) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& k : cs)
+        a.push_back({{"op_class", sim::op_class_name(k.cls)},
+                     {"num_ops", k.ops},
+                     {"measured_s", k.measured_s},
+                     {"predicted_s", k.predicted_s},
+                     {"rms_op_s", k.rms_op_s}});
+      return a;
+    };
+    for (const auto& r : c.runs)
+      runs_j.push_back({{"name", r.name},
+                        {"num_ops", r.ops},
+                        {"measured_step_time_s", r.measured_step_s},
+                        {"predicted_step_time_s", r.predicted_step_s},
+                        {"prediction_error", (r.measured_step_s - r.predicted_step_s) / r.predicted_step_s},
+                        {"classes", classes_json(r.classes)}});
+    const nlohmann::json j = {{"schema_version", core::kOutputSchemaVersion},
+                              {"command", "calibrate"},
+                              {"machine_path", cli.machine},
+                              {"out_path", cli.check ? nlohmann::json(nullptr) : nlohmann::json(cli.out)},
+                              {"fitted", !cli.check},
+                              {"values",
+                               {{"compute",
+                                 {{"units", c.compute.units},
+                                  {"units_per_op", c.compute.units_per_op},
+                                  {"time_scale", c.compute.time_scale},
+                                  {"update_time_scale", c.compute.update_time_scale}}},
+                                {"dispatch_s",
+                                 {{"compute", c.dispatch.compute_s},
+                                  {"copy", c.dispatch.copy_s},
+                                  {"p2p", c.dispatch.p2p_s},
+                                  {"update", c.dispatch.update_s}}},
+                                {"copy_bandwidth_bytes_per_s",
+                                 c.bandwidth_fitted ? nlohmann::json(c.copy_bytes_per_s) : nlohmann::json(nullptr)}}},
+                              {"runs", runs_j},
+                              {"classes", classes_json(c.classes)},
+                              {"notes", c.notes}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  fmt::print("{}: compute units {} (0: not shared), time_scale {:.4f}, update_time_scale {:.4f}\n",
+             cli.check ? "machine" : "fitted", c.compute.units, c.compute.time_scale, c.compute.update_time_scale);
+  fmt::print("        dispatch compute {:.1f} us, copy {:.1f} us, p2p {:.1f} us, update {:.1f} us; copy bandwidth {}\n",
+             c.dispatch.compute_s * 1e6, c.dispatch.copy_s * 1e6, c.dispatch.p2p_s * 1e6, c.dispatch.update_s * 1e6,
+             c.bandwidth_fitted ? fmt::format("{:.3f} GB/s", c.copy_bytes_per_s / 1e9) : std::string("kept"));
+  for (const auto& n : c.notes) fmt::print("note: {}\n", n);
+  fmt::print("\n{:<28} {:>6} {:>14} {:>14} {:>8}\n", "run", "ops", "measured s", "predicted s", "error");
+  for (const auto& r : c.runs)
+    fmt::print("{:<28} {:>6} {:>14.6f} {:>14.6f} {:>+7.1f}%\n", r.name, r.ops, r.measured_step_s, r.predicted_step_s,
+               err(r.predicted_step_s, r.measured_step_s));
+  fmt::print("\nper op class (all runs; sums of op durations):\n{:<10} {:>6} {:>14} {:>14} {:>8} {:>12}\n", "class",
+             "ops", "measured s", "predicted s", "error", "rms/op us");
+  for (const auto& k : c.classes)
+    fmt::print("{:<10} {:>6} {:>14.6f} {:>14.6f} {:>+7.1f}% {:>12.1f}\n", sim::op_class_name(k.cls), k.ops,
+               k.measured_s, k.predicted_s, err(k.predicted_s, k.measured_s), k.rms_op_s * 1e6);
+  if (!cli.check) fmt::print("\ncalibrated machine written to {}\n", cli.out);
+  return 0;
+}
+
+int cmd_calibrate(const CalibrateCli& cli) {
+  if (!cli.check && cli.out.empty()) {
+    fmt::print(stderr,
+               "harmony-sim calibrate: error: --out FILE is required (or --check to predict without fitting)\n");
+    return kExitBadInput;
+  }
+  if (!cli.check) core::check_output_file(cli.out, "the calibrated machine (--out)");
+  const std::string machine_text = core::read_input_file(cli.machine, "the machine file");
+  const core::MachineSpec base = core::load_machine_file(cli.machine);
+  std::vector<std::unique_ptr<core::Model>> models;
+  std::vector<std::unique_ptr<core::Program>> programs;
+  std::vector<sim::CalibrationRun> runs;
+  std::vector<std::string> provenance;
+  auto file_name = [](const std::string& p) { return std::filesystem::path(p).filename().string(); };
+  for (const std::string& spec : cli.runs) {
+    std::vector<std::string> parts;
+    std::size_t at = 0;
+    while (true) {
+      const auto comma = spec.find(',', at);
+      parts.push_back(spec.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    if (parts.size() < 2 || parts.size() > 3 || parts[0].empty() || parts[1].empty()) {
+      fmt::print(stderr, "harmony-sim calibrate: error: --run '{}' is not CONFIG,TRACE[,RUN_JSON]\n", spec);
+      return kExitBadInput;
+    }
+    const auto cfg = core::load_train_config(parts[0]);
+    if (cfg.model.profile_path.empty())
+      throw core::ConfigError(cfg.model.loc, "calibrate needs the run's measured profile in model.profile",
+                              "add `profile: FILE` (written by harmony-run profile) under model:");
+    models.push_back(std::make_unique<core::Model>(core::load_profile(cfg.model.profile_path)));
+    const core::Model& model = *models.back();
+    sim::CalibrationRun r;
+    r.name = file_name(parts[0]);
+    r.model = &model;
+    r.machine = base;
+    r.machine.gpu_memory_bytes = cfg.machine.gpu_memory_bytes;
+    const std::string trace_text = core::read_input_file(parts[1], "the measured trace");
+    // the first candidate the trace matches; none: the first candidate's error
+    const auto candidates = candidate_programs(cfg, model, trace_text);
+    std::optional<core::ConfigError> first_error;
+    for (const auto& p : candidates) {
+      try {
+        r.measured = sim::read_measured_trace(parts[1], trace_text, p);
+      } catch (const core::ConfigError& e) {
+        if (!first_error) first_error = e;
+        continue;
+      }
+      programs.push_back(std::make_unique<core::Program>(p));
+      break;
+    }
+    if (programs.size() != runs.size() + 1) throw *first_error;
+    r.program = programs.back().get();
+    r.measured_step_s = parts.size() == 3 ? measured_step_s(parts[2], cfg) : r.measured.span_s;
+    std::string line = fmt::format("run {}: config {} ({})", runs.size() + 1, r.name,
+                                   sim::fingerprint(core::read_input_file(parts[0], "the config")));
+    if (!cfg.model.profile_path.empty())
+      line += fmt::format(", profile {} ({})", file_name(cfg.model.profile_path),
+                          sim::fingerprint(core::read_input_file(cfg.model.profile_path, "the profile")));
+    line += fmt::format(", trace {} ({})", file_name(parts[1]), sim::fingerprint(trace_text));
+    if (parts.size() == 3)
+      line += fmt::format(", run {} ({})", file_name(parts[2]),
+                          sim::fingerprint(core::read_input_file(parts[2], "the measured run")));
+    provenance.push_back(line);
+    runs.push_back(std::move(r));
+  }
+  if (cli.check) return print_calibration(cli, sim::check_machine(runs));
+  const sim::Calibration c = sim::calibrate(runs);
+  std::vector<std::string> header = {
+      fmt::format("fitted by `harmony-sim calibrate` (docs/validation.md#calibrate) on {} from {} measured run{} "
+                  "(fingerprints: FNV-1a 64 of each input file):",
+                  file_name(cli.machine), runs.size(), runs.size() == 1 ? "" : "s")};
+  header.insert(header.end(), provenance.begin(), provenance.end());
+  for (const auto& r : c.runs)
+    header.push_back(fmt::format("{}: {} ops, measured {:.4f} s/step, predicted {:.4f} s/step ({:+.1f}%)", r.name,
+                                 r.ops, r.measured_step_s, r.predicted_step_s,
+                                 100.0 * (r.predicted_step_s / r.measured_step_s - 1.0)));
+  for (const auto& n : c.notes) header.push_back("note: " + n);
+  const std::string text = sim::calibrated_machine_text(machine_text, c, header);
+  core::write_file_atomic(cli.out, text, "the calibrated machine");
+  const core::MachineSpec check = core::load_machine_file(cli.out);  // what was written reads back
+  if (check.compute.units != c.compute.units)
+    throw core::InternalError(fmt::format("the calibrated machine {} does not read back its fitted units", cli.out));
+  return print_calibration(cli, c);
+}
+
 int run_cli(int argc, char** argv) {
   CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
   app.require_subcommand(1);
@@ -527,6 +806,20 @@ int run_cli(int argc, char** argv) {
   report_cmd->add_option("--sweep", report_cli.options.sweep_file,
                          "sweep: the sweep file, when it is not where sweep.json says");
   report_cmd->add_option("--set", report_cli.options.overrides, "config: override a key (repeatable)");
+  CalibrateCli calibrate_cli;
+  auto* calibrate_cmd = app.add_subcommand(
+      "calibrate", "fit a machine file's native-model parameters to measured runs (docs/validation.md#calibrate)");
+  calibrate_cmd->add_option("machine", calibrate_cli.machine, "the machine YAML to fit")->required();
+  calibrate_cmd
+      ->add_option("--run", calibrate_cli.runs,
+                   "CONFIG,TRACE[,RUN_JSON]: the harmony-run config trained (with model.profile), harmony-run's trace "
+                   "of it (train --trace), and optionally its train --format json output (repeatable)")
+      ->required();
+  calibrate_cmd->add_option("--out", calibrate_cli.out, "the calibrated machine YAML to write");
+  calibrate_cmd->add_flag("--check", calibrate_cli.check,
+                          "no fit: print the machine's predictions of the runs against their measurements");
+  calibrate_cmd->add_option("--format", calibrate_cli.format, "output: table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
   sim::SweepCommands sweep_cmds(app);  // `sweep` and `merge` (sim/sweep_cli.cpp)
   try {
     app.parse(argc, argv);
@@ -538,6 +831,7 @@ int run_cli(int argc, char** argv) {
     if (*presets_cmd) return cmd_presets(cli);
     if (sweep_cmds.selected()) return sweep_cmds.run();
     if (*report_cmd) return cmd_report(report_cli);
+    if (*calibrate_cmd) return cmd_calibrate(calibrate_cli);
     if (*sim_cmd) return cmd_simulate(cli);
     if (*compare_cmd) return cmd_compare(cli);
     return cmd_search(cli);

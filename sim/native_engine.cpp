@@ -32,8 +32,8 @@ std::size_t z(T i) {
 }  // namespace
 
 const char* link_kind_name(LinkKind k) {
-  static const char* const names[] = {"gpu_down",     "gpu_up", "switch_down", "switch_up",
-                                      "inter_socket", "nvlink", "host_memcpy", "cpu_cores"};
+  static const char* const names[] = {"gpu_down", "gpu_up",      "switch_down", "switch_up",    "inter_socket",
+                                      "nvlink",   "host_memcpy", "cpu_cores",   "compute_units"};
   return names[static_cast<int>(k)];
 }
 
@@ -110,6 +110,7 @@ LinkGraph build_link_graph(const core::MachineSpec& machine) {
   g.host_memcpy = add("host memcpy", LinkKind::HostMemcpy,
                       t.host_memcpy_bytes_per_s > 0 ? t.host_memcpy_bytes_per_s : machine.bw_msg_bytes_per_s);
   g.cpu = add("CPU cores", LinkKind::CpuCores, t.cpu_cores > 0 ? static_cast<double>(t.cpu_cores) : 0.0);
+  if (machine.compute.shared()) g.compute = add("compute units", LinkKind::ComputeUnits, machine.compute.units);
   return g;
 }
 
@@ -193,6 +194,37 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   return h;
 }
 
+// ---- profiled op times ----
+
+double profiled_compute_s(const Op& o, const core::Model& m) {
+  switch (o.kind) {
+    case OpKind::FWD:
+    case OpKind::REC: {
+      double s = 0.0;
+      for (int l = o.layers.first; l <= o.layers.last; ++l) s += m.time_s(core::Phase::Fwd, o.ubs, l);
+      return s;
+    }
+    case OpKind::BWD: {
+      double b = 0.0;
+      double f = 0.0;
+      for (int l = o.layers.first; l <= o.layers.last; ++l) b += m.time_s(core::Phase::Bwd, o.ubs, l);
+      for (int l = o.layers.first; l <= o.layers.last; ++l) f += m.time_s(core::Phase::Fwd, o.ubs, l);
+      // A noisy measured profile can time a layer's recompute + backward below its forward; the backward
+      // part then costs nothing rather than a negative time (docs/native-model.md).
+      return std::max(0.0, b - f);
+    }
+    default:
+      return 0.0;
+  }
+}
+
+double profiled_update_s(const Op& o, const core::Model& m) {
+  if (o.kind != OpKind::Update) return 0.0;
+  double s = 0.0;
+  for (int l = o.layers.first; l <= o.layers.last; ++l) s += m.layers[z(l)].update_time_cpu_s;
+  return s;
+}
+
 // ---- the engine ----
 
 namespace {
@@ -262,7 +294,7 @@ class Engine {
     const auto& links = r_.graph.links;
     cap_.resize(links.size());
     for (std::size_t l = 0; l < links.size(); ++l) {
-      const bool bytes_link = links[l].kind != LinkKind::CpuCores;
+      const bool bytes_link = links[l].kind != LinkKind::CpuCores && links[l].kind != LinkKind::ComputeUnits;
       cap_[l] = (opt.reference_bandwidths && bytes_link) || links[l].capacity <= 0 ? kInf : links[l].capacity;
     }
     load_.assign(links.size(), 0.0);
@@ -348,33 +380,8 @@ class Engine {
   void launch(int act) { to_start_.push_back(act); }
 
   // ---- pricing ----
-  double compute_s(const Op& o) const {
-    switch (o.kind) {
-      case OpKind::FWD:
-      case OpKind::REC: {
-        double s = 0.0;
-        for (int l = o.layers.first; l <= o.layers.last; ++l) s += m_.time_s(core::Phase::Fwd, o.ubs, l);
-        return s;
-      }
-      case OpKind::BWD: {
-        double b = 0.0;
-        double f = 0.0;
-        for (int l = o.layers.first; l <= o.layers.last; ++l) b += m_.time_s(core::Phase::Bwd, o.ubs, l);
-        for (int l = o.layers.first; l <= o.layers.last; ++l) f += m_.time_s(core::Phase::Fwd, o.ubs, l);
-        // A noisy measured profile can time a layer's recompute + backward below its forward; the backward
-        // part then costs nothing rather than a negative time (docs/native-model.md).
-        return std::max(0.0, b - f);
-      }
-      default:
-        return 0.0;
-    }
-  }
-
-  double update_s(const Op& o) const {
-    double s = 0.0;
-    for (int l = o.layers.first; l <= o.layers.last; ++l) s += m_.layers[z(l)].update_time_cpu_s;
-    return s;
-  }
+  double compute_s(const Op& o) const { return profiled_compute_s(o, m_); }
+  double update_s(const Op& o) const { return profiled_update_s(o, m_); }
 
   void set_flow(Activity& x, double volume, std::vector<int> path, double cap, TransferClass cls, Bytes ledger,
                 core::TensorKind tensor, int engine) {
@@ -413,7 +420,19 @@ class Engine {
         case OpKind::FWD:
         case OpKind::REC:
         case OpKind::BWD:
-          x.fixed_ps = core::seconds_to_ps(compute_s(o));
+          // machine.compute and machine.dispatch are the native model's: the reference settings ignore them
+          if (const double s = compute_s(o) * (ref ? 1.0 : mach_.compute.time_scale); g.compute >= 0 && !ref && s > 0) {
+            // shared compute (machine.compute): s x units_per_op unit-seconds on the pool, at most units_per_op
+            // units at a time, so an op alone takes s and n ops at once on a pool of C units take
+            // s x max(1, n x units_per_op / C) each (processor sharing, via the max-min fair rates).
+            const double per_op = mach_.compute.units_per_op;
+            x.kind = ActKind::Flow;
+            x.volume = x.remaining = s * per_op;
+            x.path = {g.compute};
+            x.cap = per_op;
+          } else {
+            x.fixed_ps = core::seconds_to_ps(s);
+          }
           break;
         case OpKind::DEL:
           x.fixed_ps = core::seconds_to_ps(ref ? mach_.time_del_s : topo_.free_time_s);
@@ -421,7 +440,7 @@ class Engine {
         case OpKind::Update:
           if (ref) {
             x.fixed_ps = core::seconds_to_ps(update_s(o));
-          } else if (const double w = update_s(o); w > 0) {
+          } else if (const double w = update_s(o) * mach_.compute.update_time_scale; w > 0) {
             // update_time_cpu_s is the whole machine's time (cpu_adam: the multi-threaded rate of every
             // core): w * cores core-seconds, with no per-update cap, so one update alone takes w and the
             // updates of all GPUs' processes running at once share the cores (processor sharing).
@@ -456,8 +475,36 @@ class Engine {
           break;
       }
     }
+    add_dispatch(x);
     acts_.push_back(std::move(x));
     return static_cast<int>(acts_.size()) - 1;
+  }
+
+  // The op class's dispatch overhead (machine.dispatch), paid before the work: a fixed op lasts that much
+  // longer, a flow starts that much later (after its latency, holding its copy engine).
+  void add_dispatch(Activity& x) const {
+    if (opt_.reference_bandwidths) return;
+    const auto& d = mach_.dispatch;
+    const OpKind k = p_.ops[z(x.a)].kind;
+    double s = 0;
+    if (k == OpKind::FWD || k == OpKind::REC || k == OpKind::BWD) {
+      s = d.compute_s;
+    } else if (k == OpKind::Update) {
+      s = d.update_s;
+    } else if (k == OpKind::DEL) {
+      s = 0;  // freeing is priced by free_time / time_del
+    } else if (x.b >= 0 || k == OpKind::ARD || k == OpKind::AG || k == OpKind::RS) {
+      s = d.p2p_s;
+    } else {
+      s = d.copy_s;
+    }
+    if (s <= 0) return;
+    const TimePs ps = core::seconds_to_ps(s);
+    if (x.kind == ActKind::Fixed) {
+      x.fixed_ps += ps;
+    } else {
+      x.latency_ps += ps;
+    }
   }
 
   void transfer(Activity& x, const Op& o, double bytes) {
@@ -573,7 +620,8 @@ class Engine {
     }
     if (x.kind == ActKind::Flow) {
       for (int l : x.path) {
-        if (r_.graph.links[z(l)].kind != LinkKind::CpuCores) r_.link_stats[z(l)].bytes += std::llround(x.volume);
+        const LinkKind k = r_.graph.links[z(l)].kind;
+        if (k != LinkKind::CpuCores && k != LinkKind::ComputeUnits) r_.link_stats[z(l)].bytes += std::llround(x.volume);
       }
     }
     for (int op : {x.a, x.b}) {

@@ -23,14 +23,26 @@ struct NativeOptions {
   bool capacities = true;  // false: GPU and host memory are tracked and reported but never make a plan infeasible
   // The paper's constants instead of the topology's links: host transfers at bw_swap / Nsim, P2P and
   // collectives at bw_p2p, CPU messages at bw_msg / Nsim / 2, DEL at time_del, updates at their profiled
-  // time. With contention and latency off this reproduces the reference cost model.
+  // time. With contention and latency off this reproduces the reference cost model. machine.compute and
+  // machine.dispatch (the native model's shared compute, time scales and per-op overheads) are then ignored.
   bool reference_bandwidths = false;
   bool record_counters = false;  // keep per-GPU memory and per-link bandwidth samples (Chrome trace counters)
 };
 
 // A physical link (one direction) or a shared resource the engine divides between flows.
-enum class LinkKind : std::uint8_t { GpuDown, GpuUp, SwitchDown, SwitchUp, InterSocket, NvLink, HostMemcpy, CpuCores };
-const char* link_kind_name(LinkKind k);  // "gpu_down", "gpu_up", "switch_down", ...
+// ComputeUnits: the pool of compute every device shares (machine.compute.units > 0 only; capacity in units).
+enum class LinkKind : std::uint8_t {
+  GpuDown,
+  GpuUp,
+  SwitchDown,
+  SwitchUp,
+  InterSocket,
+  NvLink,
+  HostMemcpy,
+  CpuCores,
+  ComputeUnits
+};
+const char* link_kind_name(LinkKind k);  // "gpu_down", "gpu_up", "switch_down", ..., "compute_units"
 
 // The class of a transfer in the swap ledger.
 enum class TransferClass : std::uint8_t { PcieH2D, PcieD2H, P2PPcie, NvLink, HostStaging, CpuMsg, None };
@@ -52,6 +64,7 @@ struct LinkGraph {
   std::vector<int> nvlink;                  // gpus x gpus (from * gpus + to), -1 without NVLink
   int host_memcpy = -1;
   int cpu = -1;
+  int compute = -1;  // the shared compute pool; -1 when every device computes alone
   int sockets = 1;
   core::P2PMode p2p = core::P2PMode::Pcie;
   std::vector<int> gpu_switch;  // per GPU
@@ -69,7 +82,8 @@ struct LinkGraph {
 // host memcpy at bw_msg, one core per GPU, no latency, free time 0, host memory unlimited.
 core::Topology derive_topology(const core::MachineSpec& machine);
 // machine.topology when valid, else derive_topology. Zero GPU-link and host-memcpy bandwidths fall back
-// to bw_swap and bw_msg; zero switch-uplink and inter-socket bandwidths mean "not a bottleneck".
+// to bw_swap and bw_msg; zero switch-uplink and inter-socket bandwidths mean "not a bottleneck". With
+// machine.compute.units > 0 the graph ends with the shared compute pool (LinkKind::ComputeUnits).
 LinkGraph build_link_graph(const core::MachineSpec& machine);
 
 struct MemoryOverflow {
@@ -127,6 +141,11 @@ struct NativeResult {
   std::vector<MemorySample> memory_samples;
   std::vector<BandwidthSample> bandwidth_samples;
 };
+
+// An op's time from the profile alone, before machine.compute's scales and any sharing: a FWD/REC/BWD's
+// compute (0 for other kinds), an Update's CPU time (0 for other kinds).
+double profiled_compute_s(const core::Op& op, const core::Model& model);
+double profiled_update_s(const core::Op& op, const core::Model& model);
 
 // Runs `program`. Throws core::ScheduleError when the program uses more GPUs than the machine has,
 // or has a P2P op without a peer; a deadlock and infeasibility are reported in the result.

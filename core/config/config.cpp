@@ -423,9 +423,10 @@ std::optional<std::string> read_text_file(const std::string& path, std::string* 
 // ------------------------------------------------------------------------------------------------
 // Machines
 
-const std::vector<std::string> kMachineSpecKeys = {"name",     "gpu",       "gpus",    "gpu_memory", "memory_cap_scale",
-                                                   "bw_swap",  "bw_p2p",    "bw_msg",  "time_del",   "price_per_hour",
-                                                   "topology", "gpu_rates", "cpu_adam"};
+const std::vector<std::string> kMachineSpecKeys = {
+    "name",     "gpu",       "gpus",     "gpu_memory", "memory_cap_scale",
+    "bw_swap",  "bw_p2p",    "bw_msg",   "time_del",   "price_per_hour",
+    "topology", "gpu_rates", "cpu_adam", "compute",    "dispatch"};
 
 std::vector<std::string> machine_keys_with_base() {
   std::vector<std::string> keys = {"preset", "file"};
@@ -703,6 +704,66 @@ void apply_cpu_adam(CpuAdam& c, const Entry& e, const std::string& what) {
   if (const Entry* x = find(map, "bandwidth")) c.bytes_per_s = get_link_bandwidth(x->value, what + ".bandwidth");
   if (const Entry* x = find(map, "per_layer"))
     c.per_layer_s = get_topology_duration(x->value, what + ".per_layer", "us");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Shared compute and dispatch overheads for the native model (docs/machines.md, `compute` and `dispatch`).
+
+const std::vector<std::string> kComputeKeys = {"units", "units_per_op", "time_scale", "update_time_scale"};
+const std::vector<std::string> kDispatchKeys = {"compute", "copy", "p2p", "update"};
+
+// A plain number in [lo, hi] (lo itself only when `lo_inclusive`).
+double get_number_in(const Node& v, const std::string& what, double lo, bool lo_inclusive, double hi,
+                     const std::string& hint) {
+  const std::string& s = expect_scalar(v, what, "a number", hint);
+  const auto n = plain_number(s);
+  if (!n || starts_negative(s)) {
+    if (starts_negative(s) && !lo_inclusive) fail(v.loc, fmt::format("{} must be positive, got '{}'", what, s), hint);
+    fail(v.loc, fmt::format("{} must be a plain number, got '{}'", what, s), hint);
+  }
+  if ((lo_inclusive ? *n < lo : *n <= lo) || *n > hi)
+    fail(v.loc, fmt::format("{} = {} is out of range", what, s), hint);
+  return *n;
+}
+
+void apply_compute(ComputeSharing& c, const Entry& e, const std::string& what) {
+  const Node& map = sub_map(e, what, kComputeKeys, "e.g. compute: {units: 2, units_per_op: 1, time_scale: 1.1}");
+  if (const Entry* x = find(map, "units"))
+    c.units = get_number_in(x->value, what + ".units", 0.0, true, 1e6,
+                            "the compute units every device shares, from 0 (not shared: each device computes alone) "
+                            "to 1e6, e.g. units: 2 for logical devices on a 2-core host");
+  if (const Entry* x = find(map, "units_per_op"))
+    c.units_per_op =
+        get_number_in(x->value, what + ".units_per_op", 0.0, false, 1e6,
+                      "the most units one compute op uses, in (0, units], e.g. 1 for one thread per kernel");
+  if (const Entry* x = find(map, "time_scale"))
+    c.time_scale = get_number_in(x->value, what + ".time_scale", 0.0, false, 1000.0,
+                                 "a factor in (0, 1000] on every profiled FWD/REC/BWD time, e.g. 1.1");
+  if (const Entry* x = find(map, "update_time_scale"))
+    c.update_time_scale = get_number_in(x->value, what + ".update_time_scale", 0.0, false, 1000.0,
+                                        "a factor in (0, 1000] on every profiled CPU update time, e.g. 0.9");
+  if (c.shared() && c.units_per_op > c.units)
+    fail(e.key_loc, fmt::format("{}.units_per_op ({}) exceeds {}.units ({})", what, c.units_per_op, what, c.units),
+         "one op cannot use more units than the pool has: lower units_per_op or raise units");
+}
+
+void apply_dispatch(DispatchOverheads& d, const Entry& e, const std::string& what) {
+  const Node& map =
+      sub_map(e, what, kDispatchKeys, "e.g. dispatch: {compute: 40us, copy: 20us, p2p: 20us, update: 50us}");
+  // At most 1 s per op: a dispatch cost is a launch, not work, and this keeps every op's end in range.
+  auto overhead = [&](const char* key, double& out) {
+    const Entry* x = find(map, key);
+    if (!x) return;
+    const std::string w = what + "." + key;
+    out = get_topology_duration(x->value, w, "us");
+    if (out > 1.0)
+      fail(x->value.loc, fmt::format("{} = '{}' is too long", w, x->value.scalar),
+           "a dispatch overhead is a per-op launch cost from 0 to 1s, e.g. 40us");
+  };
+  overhead("compute", d.compute_s);
+  overhead("copy", d.copy_s);
+  overhead("p2p", d.p2p_s);
+  overhead("update", d.update_s);
 }
 
 // The draft of a base machine's topology, cut or padded to `gpus` GPUs: GPUs beyond the base's are
@@ -1101,6 +1162,8 @@ MachineSpec machine_from_map(const Node& map, const std::string& section, const 
     m.price_per_hour = get_price(e->value, qualify(section, "price_per_hour"));
   if (const Entry* e = find(map, "gpu_rates")) apply_gpu_rates(m.gpu_rates, *e, qualify(section, "gpu_rates"));
   if (const Entry* e = find(map, "cpu_adam")) apply_cpu_adam(m.cpu_adam, *e, qualify(section, "cpu_adam"));
+  if (const Entry* e = find(map, "compute")) apply_compute(m.compute, *e, qualify(section, "compute"));
+  if (const Entry* e = find(map, "dispatch")) apply_dispatch(m.dispatch, *e, qualify(section, "dispatch"));
   resolve_topology(m, map, section, base_loc);
   return m;
 }

@@ -73,6 +73,29 @@ struct CpuAdam {
   double per_layer_s = 0;
 };
 
+// Compute the devices share (docs/machines.md, `compute`): the native engine runs every FWD/REC/BWD as work of
+// units_per_op units x its (scaled) profiled time on one pool of `units` shared by all devices, divided by
+// processor sharing. units = 0 (the default): every device computes alone at its profiled speed (a GPU each).
+// N logical devices on C cores: units = C, units_per_op = threads per kernel; several logical devices on one
+// GPU: units = 1, units_per_op = 1.
+struct ComputeSharing {
+  double units = 0;              // 0: not shared
+  double units_per_op = 1;       // the most units one compute op can use (<= units)
+  double time_scale = 1;         // multiplies every profiled FWD/REC/BWD time
+  double update_time_scale = 1;  // multiplies every profiled CPU update time (the optimizer's rate)
+  bool shared() const { return units > 0; }
+};
+
+// A fixed dispatch cost per op, by class (docs/machines.md, `dispatch`), paid by the native engine before the
+// op's work (a transfer holds its copy engine meanwhile): compute = FWD/REC/BWD; copy = swaps and CPU messages;
+// p2p = device-to-device copies and collectives; update = the CPU optimizer step. 0 by default.
+struct DispatchOverheads {
+  double compute_s = 0;
+  double copy_s = 0;
+  double p2p_s = 0;
+  double update_s = 0;
+};
+
 struct MachineSpec {
   std::string name;                    // preset or file name, for reports
   std::string gpu_name;                // "GTX 1080 Ti"
@@ -85,8 +108,10 @@ struct MachineSpec {
   double time_del_s = 0.040;                                      // freeing one task's tensors
   double price_per_hour = 0;                                      // optional, for cost estimates
   GpuRates gpu_rates;                                             // optional: compute rates for analytic models
-  CpuAdam cpu_adam;   // optional: the CPU optimizer's throughput for analytic models
-  Topology topology;  // the native model's view; empty for reference-only machines
+  CpuAdam cpu_adam;            // optional: the CPU optimizer's throughput for analytic models
+  Topology topology;           // the native model's view; empty for reference-only machines
+  ComputeSharing compute;      // native model only: shared compute and the profile's time scales
+  DispatchOverheads dispatch;  // native model only: per-op fixed costs
 };
 
 // One line for listings (`harmony-sim presets`): "8 x H100 80GB SXM5, 74.00 GiB per GPU, swap 46.01 GiB/s,

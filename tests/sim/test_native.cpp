@@ -5,7 +5,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -336,6 +339,120 @@ TEST_CASE("compute and DEL durations: the profile, and the free time") {
   auto ref = quiet();
   ref.reference_bandwidths = true;  // DEL takes machine.time_del_s (40 ms)
   CHECK(sim::run_native(b.p, tiny_model(), m, ref).timeline.end_ps[z(d)] == 46 * kMs);
+}
+
+TEST_CASE("shared compute: two logical devices on one unit take 2x (processor sharing)") {
+  // Each device runs a FWD of layers 0-1: 2 ms alone. On a pool of units = 1 with units_per_op = 1, both
+  // run at once at 1/2 unit each: 2 x 1 unit-ms / (1/2 unit) = 4 ms, ending together. On units = 2 each
+  // gets a whole unit: 2 ms, today's behaviour. A third op queued behind device 0's FWD then runs alone.
+  Builder b(2);
+  const int f0 = b.add(0, Stream::Compute, OpKind::FWD);
+  const int f1 = b.add(1, Stream::Compute, OpKind::FWD);
+  const int g0 = b.add(0, Stream::Compute, OpKind::FWD);
+  for (auto& op : b.p.ops) op.layers = {0, 1};
+  auto m = one_switch(2, 1e9, 1e9);
+  const auto alone = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(alone.timeline.end_ps[z(f0)] == 2 * kMs);
+  CHECK(alone.timeline.end_ps[z(f1)] == 2 * kMs);
+  CHECK(alone.timeline.end_ps[z(g0)] == 4 * kMs);
+  m.compute.units = 1;
+  const auto shared = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(shared.timeline.end_ps[z(f0)] == 4 * kMs);
+  CHECK(shared.timeline.end_ps[z(f1)] == 4 * kMs);
+  CHECK(shared.timeline.end_ps[z(g0)] == 6 * kMs);  // alone on the unit: 2 ms after 4 ms
+  CHECK(shared.graph.links.back().kind == sim::LinkKind::ComputeUnits);
+  m.compute.units = 2;
+  const auto two = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(two.timeline.end_ps == alone.timeline.end_ps);
+  // time_scale multiplies the profile: 1.5 x 2 ms = 3 ms per FWD; three ops on a pool of 2 units whose ops
+  // use 2 units each: f0 and f1 at 1 unit each, 2 x 3 unit-ms / 1 unit = 6 ms; then g0 alone at 2 units: 3 ms
+  m.compute.units_per_op = 2;
+  m.compute.time_scale = 1.5;
+  const auto wide = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(wide.timeline.end_ps[z(f0)] == 6 * kMs);
+  CHECK(wide.timeline.end_ps[z(g0)] == 9 * kMs);
+  // the reference settings ignore the native model's compute keys: the profile's 2 ms, each device alone
+  auto ref = quiet();
+  ref.reference_bandwidths = true;
+  CHECK(sim::run_native(b.p, tiny_model(), m, ref).timeline.end_ps == alone.timeline.end_ps);
+}
+
+TEST_CASE("dispatch overheads: x per op on the critical path, by class") {
+  // Device 0: FWD (2 ms), a swap-out of 1e6 B at 1e9 B/s (1 ms), an update (0.5 s); a P2P send of 1e6 B to
+  // device 1 after the swap-out. Overheads: compute 100 us, copy 10 us, p2p 20 us, update 1 ms, each paid
+  // once per op before its work: FWD ends at 2.1 ms, the swap-out (after it) at 2.1 + 0.01 + 1 = 3.11 ms,
+  // the send at 3.11 + 0.02 + 1 = 4.13 ms, the update (ready at t = 0) at 1 + 500 = 501 ms.
+  const Bytes B = 1'000'000;
+  Builder b(2);
+  const int f = b.add(0, Stream::Compute, OpKind::FWD);
+  b.p.ops[z(f)].layers = {0, 1};
+  const int out = b.add(0, Stream::SwapOut, OpKind::Y, B, {f});
+  const auto [s, rv] = b.p2p(0, 1, B);
+  b.p.ops[z(s)].deps = {out};
+  const int up = b.add(0, Stream::Cpu, OpKind::Update);
+  b.p.ops[z(up)].layers = {0, 1};
+  auto m = one_switch(2, 4e9, 1e9);
+  const auto base = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(base.timeline.end_ps[z(f)] == 2 * kMs);
+  CHECK(base.timeline.end_ps[z(out)] == 3 * kMs);
+  CHECK(base.timeline.end_ps[z(s)] == 4 * kMs);
+  CHECK(base.timeline.end_ps[z(up)] == 500 * kMs);
+  m.dispatch = {100e-6, 10e-6, 20e-6, 1e-3};
+  const auto r = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(r.timeline.end_ps[z(f)] == 2 * kMs + 100'000'000);
+  CHECK(r.timeline.end_ps[z(out)] == 3 * kMs + 110'000'000);
+  CHECK(r.timeline.end_ps[z(s)] == 4 * kMs + 130'000'000);
+  CHECK(r.timeline.end_ps[z(rv)] == r.timeline.end_ps[z(s)]);
+  CHECK(r.timeline.end_ps[z(up)] == 501 * kMs);
+  // a chain of n compute ops on one device: n x (t + x)
+  Builder c(1);
+  for (int i = 0; i < 5; ++i) c.add(0, Stream::Compute, OpKind::FWD);
+  for (auto& op : c.p.ops) op.layers = {0, 0};
+  auto m1 = one_switch(1, 1e9, 1e9);
+  m1.dispatch.compute_s = 250e-6;
+  CHECK(sim::run_native(c.p, tiny_model(), m1, quiet()).timeline.end_ps[4] == 5 * (kMs + 250'000'000));
+}
+
+TEST_CASE("compute and dispatch keys in a machine file: read with units, range-checked, located") {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("harmony-native-keys-{}", ::getpid())).string();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  };
+  const auto ok = core::load_machine_file(
+      write("ok.yaml",
+            "gpus: 4\ngpu_memory: 1MiB\ncompute: {units: 2, units_per_op: 1, time_scale: 1.25, "
+            "update_time_scale: 0.5}\ndispatch: {compute: 40us, copy: 20us, p2p: 0.03ms, update: 1ms}\n"));
+  CHECK(ok.compute.units == 2);
+  CHECK(ok.compute.time_scale == 1.25);
+  CHECK(ok.compute.update_time_scale == 0.5);
+  CHECK(ok.dispatch.compute_s == doctest::Approx(40e-6));
+  CHECK(ok.dispatch.p2p_s == doctest::Approx(30e-6));
+  CHECK(ok.dispatch.update_s == doctest::Approx(1e-3));
+  const auto dflt = core::load_machine_file(write("plain.yaml", "gpus: 2\ngpu_memory: 1MiB\n"));
+  CHECK(!dflt.compute.shared());
+  CHECK(dflt.dispatch.compute_s == 0);
+  auto error = [&](const std::string& name, const std::string& text) {
+    try {
+      core::load_machine_file(write(name, text));
+    } catch (const core::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error("a.yaml", "gpus: 2\ngpu_memory: 1MiB\ndispatch: {compute: 40}\n").find("a.yaml:3:") != std::string::npos);
+  CHECK(error("b.yaml", "gpus: 2\ngpu_memory: 1MiB\ndispatch: {compute: 2s}\n").find("too long") != std::string::npos);
+  CHECK(error("c.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {units: -1}\n").find("c.yaml:3:") != std::string::npos);
+  CHECK(error("d.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {units: 1, units_per_op: 2}\n").find("units_per_op") !=
+        std::string::npos);
+  CHECK(error("e.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {threads: 1}\n").find("threads") != std::string::npos);
+  CHECK(error("f.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {time_scale: 0}\n").find("out of range") !=
+        std::string::npos);
+  std::filesystem::remove_all(dir, ec);
 }
 
 TEST_CASE("a measured profile whose backward is timed below its forward gives a BWD of 0, not a hang") {
