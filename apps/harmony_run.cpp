@@ -4,6 +4,7 @@
 // sim/ (the search behind --plan auto) and backend/ together; it prints and picks exit codes (2: bad input).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -602,6 +603,31 @@ Chosen choose(const Setup& s, const Cli& cli, bool quiet) {
   return chosen_harmony(s, core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run"));
 }
 
+// harmony-sim's prediction (native cost model) of the run's Program on the config's machine, priced on the
+// model --plan auto searched on, else on a profile (model.profile, or measured now at the Program's microbatch
+// sizes only). nullopt with the reason when it cannot be made (the profile lacks a size, a profile step ran out of
+// memory): a missing prediction never fails a finished run.
+struct Prediction {
+  std::optional<double> step_s;
+  std::string why_not;
+};
+
+Prediction predict(const Setup& s, const Chosen& c, bool quiet) {
+  try {
+    std::vector<int> sizes = {c.plan.u_fwd, c.plan.u_bwd};
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    const core::Model priced = c.priced ? *c.priced : priced_model(s, measured_profile(s, sizes, quiet));
+    const core::RunReport r = sim::simulate_program(c.program, priced, s.cfg.machine, "native");
+    if (r.deadlock) return {std::nullopt, "harmony-sim finds the Program deadlocks"};
+    return {r.iteration_time_s, ""};
+  } catch (const backend::OutOfMemory& e) {
+    return {std::nullopt, fmt::format("profiling for the prediction ran out of device memory: {}", e.what())};
+  } catch (const core::ScheduleError& e) {
+    return {std::nullopt, e.what()};
+  }
+}
+
 // Every file the run will write, checked before any work so that a bad path never throws a run away.
 void check_train_outputs(const Cli& cli, const core::TrainConfig& cfg) {
   if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
@@ -724,6 +750,12 @@ int cmd_train(const Cli& cli) {
   std::vector<core::Bytes> peaks;
   for (auto* d : devs) peaks.push_back(d->memory().peak);
   const double mean_sps = ran > 0 ? B * ran / run_s : 0.0;
+  const double mean_step_s = ran > 0 ? run_s / ran : 0.0;
+  const Prediction predicted = ran > 0 ? predict(s, chosen, quiet) : Prediction{std::nullopt, "no step ran"};
+  // (measured - predicted) / predicted: + means the run was slower than predicted; NaN: no prediction
+  const double error = predicted.step_s && *predicted.step_s > 0 ? (mean_step_s - *predicted.step_s) / *predicted.step_s
+                                                                 : std::numeric_limits<double>::quiet_NaN();
+  const auto or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
   if (json) {
     nlohmann::json doc = {{"command", "train"},
                           {"config", cli.config},
@@ -745,7 +777,9 @@ int cmd_train(const Cli& cli) {
                             {"final_loss", losses.empty() ? 0.0 : losses.back()},
                             {"losses", losses},
                             {"wall_s", run_s},
-                            {"mean_step_s", ran > 0 ? run_s / ran : 0.0},
+                            {"mean_step_s", mean_step_s},
+                            {"predicted_step_time_s", or_null(predicted.step_s.value_or(std::nan("")))},
+                            {"prediction_error", or_null(error)},
                             {"samples_per_s", mean_sps},
                             {"device_capacity_bytes", cfg.machine.gpu_memory_bytes},
                             {"model_weight_bytes", model_bytes},
@@ -761,6 +795,11 @@ int cmd_train(const Cli& cli) {
     for (std::size_t g = 0; g < peaks.size(); ++g) p += fmt::format("{}{:.2f}", g ? ", " : "", mib(peaks[g]));
     fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
                mib(cfg.machine.gpu_memory_bytes), mib(model_bytes));
+    if (predicted.step_s && std::isfinite(error))
+      fmt::print("predict  {:.4f} s/step by harmony-sim (native) on machine {}; measured {:.4f} s/step ({:+.1f}%)\n",
+                 *predicted.step_s, cfg.machine.name, mean_step_s, 100.0 * error);
+    else if (ran > 0)
+      fmt::print("predict  none: {}; measured {:.4f} s/step\n", predicted.why_not, mean_step_s);
   }
   return 0;
 }
