@@ -16,6 +16,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -41,7 +42,9 @@
 #include "core/output/trace.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
+#include "core/search/search.hpp"
 #include "sim/compare.hpp"
+#include "sim/evaluate.hpp"
 #include "sim/native_engine.hpp"
 
 using namespace harmony;
@@ -152,7 +155,7 @@ backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
 
 Setup make_setup(const Cli& cli) {
   Setup s;
-  s.cfg = core::load_train_config(cli.config, overrides(cli));
+  s.cfg = core::load_train_config(cli.config, overrides(cli), cli.plan == "auto");
   s.device_flags = cli.device_flags;
   const auto& cfg = s.cfg;
   if (cfg.device != "cuda" && (cli.device_flags.tf32 || cli.device_flags.tree_sums))
@@ -265,18 +268,9 @@ std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConf
   return devs;
 }
 
-std::string plan_title(const core::Plan& p) {
-  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", core::mode_name(p.mode), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
-                     core::packs_to_string(p.packs_fwd), core::packs_to_string(p.packs_bwd));
-}
-
-core::LowerOptions lower_options(const core::TrainConfig& cfg) {
-  return core::LowerOptions{
-      .prefetch = cfg.options.prefetch, .prefetch_buffers = cfg.options.prefetch_buffers, .dp_first_gpu_only = false};
-}
-
-// The profile --plan auto searches on: model.profile when given, else measured now on a device like the run's.
-core::Model search_profile(const Setup& s, bool quiet) {
+// A profile of the run's model: model.profile when given, else measured now on a device like the run's at the
+// microbatch sizes given (what the run's Program uses, or every size for --plan auto; warm-up 1, one timed repeat).
+core::Model measured_profile(const Setup& s, const std::vector<int>& sizes, bool quiet) {
   const auto& cfg = s.cfg;
   if (!cfg.model.profile_path.empty()) {
     core::Model m = core::load_profile(cfg.model.profile_path);
@@ -287,48 +281,50 @@ core::Model search_profile(const Setup& s, bool quiet) {
                               "profile this model with `harmony-run profile`, or drop model.profile");
     return m;
   }
-  if (!quiet) fmt::print(stderr, "profiling the model on {} for the search ...\n", cfg.device);
+  if (!quiet) fmt::print(stderr, "profiling the model on {} (microbatch {}) ...\n", cfg.device, fmt::join(sizes, ","));
   auto dev = make_device(cfg, s.device_flags, 0, true);
   backend::HostState scratch(*s.model);
   scratch.init_weights(cfg.model.init_seed);
   backend::ProfileOptions po;
   po.seq_len = cfg.model.seq_len;
-  po.ubatch_sizes = s.desc.ubatch_fwd;
+  po.ubatch_sizes = sizes;
   po.warmup = 1;
   po.repeats = 1;
   return backend::profile_gpt2(*dev, scratch, po).model;
 }
 
-// The best plan of one kind on the search profile: the same search as `harmony-sim compare`
-// (sim::best_plan_of_kind), so --plan auto picks what harmony-sim would predict best. Throws a ConfigError at
-// plan: when no plan of that kind fits.
-sim::KindResult search_kind(const Setup& s, const core::Model& prof, core::PlanKind kind) {
-  const auto& cfg = s.cfg;
-  core::Options opts = cfg.options;
-  opts.unequal_microbatches = false;  // the runtime needs D % u == 0 (the config loader refuses it too)
-  // a baseline runs the config's activation policy (plan.activations): only its plans are candidates
-  sim::KindResult kr = sim::best_plan_of_kind(kind, prof, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch,
-                                              cfg.cost_model, cfg.search, opts, {cfg.baseline_activations});
-  if (!kr.feasible)
-    throw core::ConfigError(cfg.plan.loc,
-                            fmt::format("--plan auto: no {} plan of {} candidates fits {:.2f} MiB per device ({} "
-                                        "deadlocked): {}",
-                                        core::plan_kind_name(kind), kr.candidates, mib(cfg.machine.gpu_memory_bytes),
-                                        kr.deadlocked, kr.reason),
-                            kr.applicable ? "raise machine.gpu_memory (--gpu-memory) or use more devices"
-                                          : "change plan.gpus or plan.minibatch");
-  return kr;
+// The model harmony-sim prices the run's Programs on: the profile's times with the run's exact byte sizes (s.desc,
+// which the executed Program is lowered from), so the search's memory ledger is the Program the executor runs
+// and not the profiler's per-layer peaks (which count a layer's weights in its forward too).
+core::Model priced_model(const Setup& s, core::Model prof) {
+  const core::Model& exact = s.desc;
+  for (int l = 0; l < prof.num_layers(); ++l) {
+    core::Layer& L = prof.layers[static_cast<std::size_t>(l)];
+    const core::Layer& E = exact.layers[static_cast<std::size_t>(l)];
+    L.weight_bytes = E.weight_bytes;
+    L.buffer_bytes = E.buffer_bytes;
+    L.optimizer_state_bytes = E.optimizer_state_bytes;
+    L.param_count = E.param_count;
+    L.input_bytes_per_sample = E.input_bytes_per_sample;
+    for (const core::Phase ph : {core::Phase::Fwd, core::Phase::Bwd}) {
+      const bool fwd = ph == core::Phase::Fwd;
+      const std::vector<int>& sizes = fwd ? prof.ubatch_fwd : prof.ubatch_bwd;
+      std::vector<core::Bytes>& peaks = fwd ? L.fwd_peak_bytes : L.bwd_peak_bytes;
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        if (exact.ubatch_in_range(ph, sizes[i])) peaks[i] = exact.peak_bytes(ph, sizes[i], l);
+    }
+  }
+  return prof;
 }
 
-core::Plan auto_plan(const Setup& s, bool quiet) {
-  const auto& cfg = s.cfg;
-  const core::Model prof = search_profile(s, quiet);
-  const sim::KindResult kr = search_kind(
-      s, prof, cfg.plan.mode == core::Mode::HarmonyPP ? core::PlanKind::HarmonyPP : core::PlanKind::HarmonyDP);
-  if (!quiet)
-    fmt::print(stderr, "--plan auto: best of {} candidates ({} cost model): {} predicted {:.4f} s/step\n",
-               kr.candidates, cfg.cost_model, plan_title(kr.best.plan), kr.best.iteration_time_s);
-  return kr.best.plan;
+std::string plan_title(const core::Plan& p) {
+  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", core::mode_name(p.mode), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
+                     core::packs_to_string(p.packs_fwd), core::packs_to_string(p.packs_bwd));
+}
+
+core::LowerOptions lower_options(const core::TrainConfig& cfg) {
+  return core::LowerOptions{
+      .prefetch = cfg.options.prefetch, .prefetch_buffers = cfg.options.prefetch_buffers, .dp_first_gpu_only = false};
 }
 
 // What runs: the plan (for a baseline: gpus, minibatch and its microbatch), its kind, title and Program.
@@ -337,7 +333,22 @@ struct Chosen {
   std::string kind;  // "harmony-pp", "harmony-dp", "dp-swap", ...
   std::string title;
   core::Program program;
+  std::optional<core::Model> priced;  // --plan auto: the model it was priced on (reused for the prediction)
 };
+
+backend::AdamWConfig adamw_config(const core::TrainConfig& cfg) {
+  return backend::AdamWConfig{.lr = cfg.train.lr,
+                              .beta1 = cfg.train.beta1,
+                              .beta2 = cfg.train.beta2,
+                              .eps = cfg.train.eps,
+                              .weight_decay = cfg.train.weight_decay};
+}
+
+backend::ExecutorOptions executor_options(const Cli& cli, const core::TrainConfig& cfg) {
+  return {.seq_len = cfg.model.seq_len,
+          .adamw = adamw_config(cfg),
+          .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda")};
+}
 
 backend::CheckpointMeta checkpoint_meta(const Setup& s, const Chosen& chosen) {
   const core::Plan& plan = chosen.plan;
@@ -347,11 +358,7 @@ backend::CheckpointMeta checkpoint_meta(const Setup& s, const Chosen& chosen) {
   m.seq_len = s.cfg.model.seq_len;
   m.plan = chosen.title;
   m.data = fmt::format("{} ({} tokens)", s.tokens.name(), s.tokens.size());
-  m.adamw = backend::AdamWConfig{.lr = s.cfg.train.lr,
-                                 .beta1 = s.cfg.train.beta1,
-                                 .beta2 = s.cfg.train.beta2,
-                                 .eps = s.cfg.train.eps,
-                                 .weight_decay = s.cfg.train.weight_decay};
+  m.adamw = adamw_config(s.cfg);
   return m;
 }
 
@@ -380,54 +387,265 @@ std::string baseline_title(const core::BaselinePlan& b, const core::Model& model
                      d.front().activations ? "swapped" : "kept", core::activation_policy_name(b.activation_policy));
 }
 
-// A baseline (plan.mode: dp-swap, ...): the config's microbatch (plan.u_bwd), or with --plan auto the best
-// of the baseline's candidates priced by harmony-sim on the search profile.
-core::BaselinePlan choose_baseline(const Setup& s, bool auto_plan, bool quiet) {
+Chosen chosen_harmony(const Setup& s, const core::Plan& plan) {
+  Chosen c;
+  c.plan = plan;
+  c.kind = core::mode_name(plan.mode);
+  c.title = plan_title(plan);
+  c.program = core::lower_harmony(core::compose_task_graph(plan, s.model->num_layers()), s.desc, lower_options(s.cfg));
+  return c;
+}
+
+Chosen chosen_baseline(const Setup& s, const core::BaselinePlan& b) {
+  Chosen c;
+  c.plan.gpus = b.gpus;
+  c.plan.minibatch = b.minibatch;
+  c.plan.u_fwd = c.plan.u_bwd = b.ubatch;
+  c.kind = core::plan_kind_name(b.kind);
+  c.title = baseline_title(b, s.desc);
+  c.program = core::lower_baseline(b, s.desc);
+  return c;
+}
+
+// Whether the runtime can run `u` on every GPU's share of the minibatch (D % u == 0 per share).
+bool divides_shares(const core::Plan& p, int u) {
+  if (u < 1) return false;
+  if (p.mode == core::Mode::HarmonyPP) return p.minibatch % u == 0;
+  for (int n = 0; n < p.gpus; ++n)
+    if ((p.minibatch / p.gpus + (n < p.minibatch % p.gpus ? 1 : 0)) % u != 0) return false;
+  return true;
+}
+
+// --plan auto's candidates of the config's kind, each as the run would execute it (its Program lowered on the
+// exact sizes), priced by harmony-sim on `priced`: Harmony kinds the search's candidates (core::enumerate_candidates
+// at the device capacity), plus one layer per pack at every microbatch pair (the least memory any packing takes,
+// so a capacity too small for the packers still has candidates), plus the config's own plan when it is a valid one;
+// baselines every microbatch of core::enumerate_baseline_plans, whatever its swap estimate says.
+struct Candidate {
+  Chosen chosen;
+  core::RunReport report;
+};
+
+std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced, std::string& why_none) {
   const auto& cfg = s.cfg;
-  const core::PlanKind kind = *core::parse_plan_kind(cfg.baseline_kind);
-  if (!auto_plan) {
-    if (!cfg.plan.u_bwd)
-      throw core::ConfigError(cfg.plan.loc,
-                              fmt::format("harmony-run {} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind),
-                              "add `u_fwd: U` and `u_bwd: U` to plan:, or use --plan auto");
-    core::BaselinePlan b;
-    b.kind = kind;
-    b.gpus = cfg.plan.gpus;
-    b.minibatch = cfg.plan.minibatch;
-    b.ubatch = *cfg.plan.u_bwd;
-    b.activation_policy = cfg.baseline_activations;
-    b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
-    core::validate_baseline_plan(b, s.desc);
-    return b;
+  const auto capacity =
+      static_cast<core::Bytes>(static_cast<double>(cfg.machine.gpu_memory_bytes) * cfg.machine.memory_cap_scale);
+  std::vector<Candidate> out;
+  std::set<std::string> seen;
+  auto add = [&](Chosen c) {
+    if (!seen.insert(c.title).second) return;
+    core::RunReport r = sim::simulate_program(c.program, priced, cfg.machine, cfg.cost_model);
+    r.plan_kind = c.kind;
+    out.push_back(Candidate{std::move(c), std::move(r)});
+  };
+  if (!cfg.baseline_kind.empty()) {
+    const core::PlanKind kind = *core::parse_plan_kind(cfg.baseline_kind);
+    core::BaselineSearchOptions bo;
+    bo.ubatch_step = cfg.search.ubatch_step;
+    bo.ubatch_sizes = cfg.search.u_bwd;
+    bo.drop_infeasible = false;  // the swap decisions' estimate is not the executor: the trial step decides
+    bo.activation_policies = {cfg.baseline_activations};
+    for (const core::BaselinePlan& b :
+         core::enumerate_baseline_plans(kind, priced, cfg.plan.gpus, cfg.plan.minibatch, capacity, bo))
+      add(chosen_baseline(s, b));  // pp-swap keeps the stages balanced on the profile's times
+    if (out.empty())
+      why_none =
+          core::is_data_parallel(kind) && cfg.plan.minibatch % cfg.plan.gpus != 0
+              ? fmt::format("{} splits the minibatch evenly: {} devices do not divide minibatch {}", cfg.baseline_kind,
+                            cfg.plan.gpus, cfg.plan.minibatch)
+              : fmt::format("no microbatch size of the profile ({}..{}) divides a device's share of minibatch {}",
+                            priced.ubatch_min(core::Phase::Bwd), priced.ubatch_max(core::Phase::Bwd),
+                            cfg.plan.minibatch);
+    return out;
   }
-  const core::Model prof = search_profile(s, quiet);
-  const sim::KindResult kr = search_kind(s, prof, kind);
-  core::BaselinePlan best = *kr.baseline;
-  best.stages.clear();  // re-balanced on the run's exact sizes
+  const core::Mode mode = cfg.plan.mode;
+  if (mode == core::Mode::HarmonyDP && cfg.plan.minibatch < cfg.plan.gpus) {
+    why_none = fmt::format("harmony-dp over {} devices needs a minibatch of at least {}", cfg.plan.gpus, cfg.plan.gpus);
+    return out;
+  }
+  core::SearchSpace space;
+  space.mode = mode;
+  space.gpus = cfg.plan.gpus;
+  space.minibatch = cfg.plan.minibatch;
+  space.capacity_bytes = capacity;
+  space.unequal_microbatches = false;  // the runtime needs D % u == 0
+  space.spec = cfg.search;
+  auto try_add = [&](const core::Plan& p) {
+    try {
+      core::validate_plan(p, priced.num_layers());
+      if (!divides_shares(p, p.u_bwd) || (!p.packs_fwd.empty() && !divides_shares(p, p.u_fwd))) return;
+      if (!priced.ubatch_in_range(core::Phase::Bwd, p.u_bwd)) return;
+      if (!p.packs_fwd.empty() && !priced.ubatch_in_range(core::Phase::Fwd, p.u_fwd)) return;
+      add(chosen_harmony(s, p));
+    } catch (const core::ScheduleError&) {
+      // not a plan this model can run: not a candidate
+    }
+  };
+  for (const core::Candidate& c : core::enumerate_candidates(priced, space)) try_add(core::candidate_plan(c, space));
+  const int R = priced.num_layers();
+  core::Plan fine;
+  fine.mode = mode;
+  fine.gpus = cfg.plan.gpus;
+  fine.minibatch = cfg.plan.minibatch;
+  for (int l = 0; l < R; ++l) fine.packs_bwd.push_back({l, l});
+  fine.packs_fwd.assign(fine.packs_bwd.begin(), fine.packs_bwd.end() - 1);
+  for (const int uf : core::candidate_ubatch_sizes(priced, core::Phase::Fwd, space))
+    for (const int ub : core::candidate_ubatch_sizes(priced, core::Phase::Bwd, space)) {
+      fine.u_fwd = uf;
+      fine.u_bwd = ub;
+      try_add(fine);
+    }
+  if (cfg.plan.u_fwd && cfg.plan.u_bwd && (cfg.plan.pack_size || cfg.plan.packs_bwd)) {
+    try {
+      try_add(core::plan_from_spec(cfg.plan, priced, cfg.file, "harmony-run"));
+    } catch (const core::ConfigError&) {
+      // the config's plan is not valid here (e.g. its u_fwd does not divide a new minibatch): the search replaces it
+    }
+  }
+  if (out.empty())
+    why_none = fmt::format("no microbatch size of the profile divides minibatch {} over {} devices", cfg.plan.minibatch,
+                           cfg.plan.gpus);
+  return out;
+}
+
+// One step of `c` on fresh devices like the run's, with a scratch copy of the model and the run's first batch:
+// the executor's own verdict on memory (allocation order, granularity and fragmentation included). Returns the
+// out-of-memory message, or nullopt when the step ran.
+std::optional<std::string> trial_step(const Setup& s, const Cli& cli, const Chosen& c) {
+  check_host_memory(s, c.program);
+  backend::HostState scratch(*s.model);
+  scratch.init_weights(s.cfg.model.init_seed);
+  auto owned = make_devices(s.cfg, c.plan.gpus);
+  std::vector<backend::Device*> devs;
+  for (auto& d : owned) devs.push_back(d.get());
+  std::vector<std::int32_t> in, tgt;
+  s.tokens.batch(0, c.plan.minibatch, s.cfg.model.seq_len, in, tgt);
+  try {
+    backend::Executor executor(c.program, devs, scratch, executor_options(cli, s.cfg));
+    (void)executor.step(in, tgt);
+  } catch (const backend::OutOfMemory& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+// At most this many candidates get a trial step before --plan auto gives up (the most promising first).
+constexpr std::size_t kAutoTrials = 24;
+
+// --plan auto: the candidates ranked (those harmony-sim predicts to fit by predicted step time; then the others by
+// how far they exceed the capacity, then time; deadlocked ones never), and the first that runs a trial step on the
+// devices wins. So a plan an explicit config proves possible is never reported impossible because the model's
+// memory account disagrees with the executor's.
+Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
+  const auto& cfg = s.cfg;
+  const std::string kind = cfg.baseline_kind.empty() ? core::mode_name(cfg.plan.mode) : cfg.baseline_kind;
+  const core::Model priced = priced_model(s, measured_profile(s, s.desc.ubatch_fwd, quiet));
+  std::string why_none;
+  std::vector<Candidate> cands = auto_candidates(s, priced, why_none);
+  const std::size_t total = cands.size();
+  std::size_t deadlocked = 0, predicted_fit = 0;
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    const core::RunReport& r = cands[i].report;
+    if (r.deadlock) {
+      ++deadlocked;
+      continue;
+    }
+    if (r.feasible && r.fits) ++predicted_fit;
+    order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const core::RunReport &x = cands[a].report, &y = cands[b].report;
+    const bool fx = x.feasible && x.fits, fy = y.feasible && y.fits;
+    if (fx != fy) return fx;
+    if (!fx && x.excess_bytes != y.excess_bytes) return x.excess_bytes < y.excess_bytes;
+    return x.iteration_time_s < y.iteration_time_s;
+  });
+  const std::string hint =
+      "raise machine.gpu_memory (--gpu-memory), use more devices (plan.gpus) or a smaller "
+      "plan.minibatch";
+  if (order.empty())
+    throw core::ConfigError(cfg.plan.loc,
+                            total == 0 ? fmt::format("--plan auto: no {} candidate: {}", kind, why_none)
+                                       : fmt::format("--plan auto: all {} {} candidates deadlock", total, kind),
+                            total == 0 ? "change plan.gpus or plan.minibatch" : hint);
   if (!quiet)
-    fmt::print(stderr, "--plan auto: best of {} {} candidates: u {} predicted {:.4f} s/step\n", kr.candidates,
-               cfg.baseline_kind, best.ubatch, kr.best.iteration_time_s);
-  return best;
+    fmt::print(stderr,
+               "--plan auto: {} {} candidates ({} cost model, {} deadlocked), {} predicted to fit {:.2f} MiB; "
+               "trying the best on the devices\n",
+               total, kind, cfg.cost_model, deadlocked, predicted_fit, mib(cfg.machine.gpu_memory_bytes));
+  std::string first_oom;
+  const std::size_t trials = std::min(order.size(), kAutoTrials);
+  for (std::size_t t = 0; t < trials; ++t) {
+    Candidate& c = cands[order[t]];
+    const std::optional<std::string> oom = trial_step(s, cli, c.chosen);
+    if (!oom) {
+      if (!quiet)
+        fmt::print(stderr, "--plan auto: {} predicted {:.4f} s/step{}\n", c.chosen.title, c.report.iteration_time_s,
+                   c.report.fits ? ""
+                                 : fmt::format(" (predicted peak {:.2f} MiB; the trial step ran)",
+                                               mib(c.report.peak_memory_bytes)));
+      c.chosen.priced = priced;
+      return std::move(c.chosen);
+    }
+    if (first_oom.empty()) first_oom = *oom;
+    if (!quiet) fmt::print(stderr, "--plan auto: {} ran out of device memory in a trial step; next\n", c.chosen.title);
+  }
+  throw core::ConfigError(cfg.plan.loc,
+                          fmt::format("--plan auto: the {} most promising of {} {} candidates all ran out of memory "
+                                      "in a trial step on {:.2f} MiB devices; first: {}",
+                                      trials, total, kind, mib(cfg.machine.gpu_memory_bytes), first_oom),
+                          hint);
+}
+
+// A baseline given explicitly (plan.mode: dp-swap, ...): the config's microbatch (plan.u_bwd).
+core::BaselinePlan config_baseline(const Setup& s) {
+  const auto& cfg = s.cfg;
+  if (!cfg.plan.u_bwd)
+    throw core::ConfigError(cfg.plan.loc,
+                            fmt::format("harmony-run {} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind),
+                            "add `u_fwd: U` and `u_bwd: U` to plan:, or use --plan auto");
+  core::BaselinePlan b;
+  b.kind = *core::parse_plan_kind(cfg.baseline_kind);
+  b.gpus = cfg.plan.gpus;
+  b.minibatch = cfg.plan.minibatch;
+  b.ubatch = *cfg.plan.u_bwd;
+  b.activation_policy = cfg.baseline_activations;
+  b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
+  core::validate_baseline_plan(b, s.desc);
+  return b;
 }
 
 Chosen choose(const Setup& s, const Cli& cli, bool quiet) {
   const auto& cfg = s.cfg;
-  Chosen c;
-  if (!cfg.baseline_kind.empty()) {
-    const core::BaselinePlan b = choose_baseline(s, cli.plan == "auto", quiet);
-    c.plan.gpus = b.gpus;
-    c.plan.minibatch = b.minibatch;
-    c.plan.u_fwd = c.plan.u_bwd = b.ubatch;
-    c.kind = cfg.baseline_kind;
-    c.title = baseline_title(b, s.desc);
-    c.program = core::lower_baseline(b, s.desc);
-    return c;
+  if (cli.plan == "auto") return auto_choose(s, cli, quiet);
+  if (!cfg.baseline_kind.empty()) return chosen_baseline(s, config_baseline(s));
+  return chosen_harmony(s, core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run"));
+}
+
+// harmony-sim's prediction (native cost model) of the run's Program on the config's machine, priced on the
+// model --plan auto searched on, else on a profile (model.profile, or measured now at the Program's microbatch
+// sizes only). nullopt with the reason when it cannot be made (the profile lacks a size, a profile step ran out of
+// memory): a missing prediction never fails a finished run.
+struct Prediction {
+  std::optional<double> step_s;
+  std::string why_not;
+};
+
+Prediction predict(const Setup& s, const Chosen& c, bool quiet) {
+  try {
+    std::vector<int> sizes = {c.plan.u_fwd, c.plan.u_bwd};
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    const core::Model priced = c.priced ? *c.priced : priced_model(s, measured_profile(s, sizes, quiet));
+    const core::RunReport r = sim::simulate_program(c.program, priced, s.cfg.machine, "native");
+    if (r.deadlock) return {std::nullopt, "harmony-sim finds the Program deadlocks"};
+    return {r.iteration_time_s, ""};
+  } catch (const backend::OutOfMemory& e) {
+    return {std::nullopt, fmt::format("profiling for the prediction ran out of device memory: {}", e.what())};
+  } catch (const core::ScheduleError& e) {
+    return {std::nullopt, e.what()};
   }
-  c.plan = cli.plan == "auto" ? auto_plan(s, quiet) : core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run");
-  c.kind = core::mode_name(c.plan.mode);
-  c.title = plan_title(c.plan);
-  c.program = core::lower_harmony(core::compose_task_graph(c.plan, s.model->num_layers()), s.desc, lower_options(cfg));
-  return c;
 }
 
 // Every file the run will write, checked before any work so that a bad path never throws a run away.
@@ -443,6 +661,7 @@ int cmd_train(const Cli& cli) {
   check_train_outputs(cli, cfg);
   const bool json = cli.format == "json";
   const bool quiet = cli.quiet || json;
+  adamw_config(cfg).validate();
   const Chosen chosen = choose(s, cli, quiet);
   check_host_memory(s, chosen.program);
   init_state(s);
@@ -451,13 +670,7 @@ int cmd_train(const Cli& cli) {
   auto owned = make_devices(cfg, s.device_flags, plan.gpus);
   std::vector<backend::Device*> devs;
   for (auto& d : owned) devs.push_back(d.get());
-  const backend::AdamWConfig adamw = checkpoint_meta(s, chosen).adamw;
-  adamw.validate();
-  backend::Executor executor(
-      program, devs, *s.state,
-      {.seq_len = cfg.model.seq_len,
-       .adamw = adamw,
-       .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda")});
+  backend::Executor executor(program, devs, *s.state, executor_options(cli, cfg));
 
   const int B = plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
   const core::Bytes model_bytes = s.model->param_count() * 4;  // fp32 weights, the tied wte counted once
@@ -558,6 +771,12 @@ int cmd_train(const Cli& cli) {
   std::vector<core::Bytes> peaks;
   for (auto* d : devs) peaks.push_back(d->memory().peak);
   const double mean_sps = ran > 0 ? B * ran / run_s : 0.0;
+  const double mean_step_s = ran > 0 ? run_s / ran : 0.0;
+  const Prediction predicted = ran > 0 ? predict(s, chosen, quiet) : Prediction{std::nullopt, "no step ran"};
+  // (measured - predicted) / predicted: + means the run was slower than predicted; NaN: no prediction
+  const double error = predicted.step_s && *predicted.step_s > 0 ? (mean_step_s - *predicted.step_s) / *predicted.step_s
+                                                                 : std::numeric_limits<double>::quiet_NaN();
+  const auto or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
   if (json) {
     // docs/output-schema.md, schemas/harmony-run-train.schema.json; unknown values (nothing ran) are null
     using nlohmann::json;
@@ -591,7 +810,9 @@ int cmd_train(const Cli& cli) {
                         {"final_loss", losses.empty() ? json(nullptr) : json(losses.back())},
                         {"losses", losses},
                         {"train_time_s", run_s},
-                        {"step_time_s", ran > 0 ? json(run_s / ran) : json(nullptr)},
+                        {"step_time_s", ran > 0 ? json(mean_step_s) : json(nullptr)},
+                        {"predicted_step_time_s", or_null(predicted.step_s.value_or(std::nan("")))},
+                        {"prediction_error", or_null(error)},
                         {"throughput_samples_per_s", ran > 0 ? json(mean_sps) : json(nullptr)},
                         {"gpu_capacity_bytes", cfg.machine.gpu_memory_bytes},
                         {"model_weight_bytes", model_bytes},
@@ -608,6 +829,11 @@ int cmd_train(const Cli& cli) {
     for (std::size_t g = 0; g < peaks.size(); ++g) p += fmt::format("{}{:.2f}", g ? ", " : "", mib(peaks[g]));
     fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
                mib(cfg.machine.gpu_memory_bytes), mib(model_bytes));
+    if (predicted.step_s && std::isfinite(error))
+      fmt::print("predict  {:.4f} s/step by harmony-sim (native) on machine {}; measured {:.4f} s/step ({:+.1f}%)\n",
+                 *predicted.step_s, cfg.machine.name, mean_step_s, 100.0 * error);
+    else if (ran > 0)
+      fmt::print("predict  none: {}; measured {:.4f} s/step\n", predicted.why_not, mean_step_s);
   }
   return 0;
 }

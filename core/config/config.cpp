@@ -1880,7 +1880,8 @@ Gpt2Shape parse_gpt2_shape(const Entry& e) {
   return g;
 }
 
-TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides) {
+TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
+                               bool plan_searched) {
   for (const std::string& o : overrides) apply_override(root, o);
   const char* start_hint =
       "a harmony-run config needs `model: {gpt2: {...}, seq_len: T}`, `plan: {mode: harmony-pp, gpus: N, "
@@ -1978,6 +1979,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   as_run.file = file;
   as_run.machine = cfg.machine;
   as_run.plan = cfg.plan;
+  if (plan_searched) as_run.plan.u_fwd = as_run.plan.u_bwd = std::nullopt;  // the search replaces them
   as_run.search = cfg.search;
   as_run.options = cfg.options;
   check_plan(as_run, plan_locs, search_locs);
@@ -2048,18 +2050,18 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
   return cfg;
 }
 
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides, bool plan_searched) {
   std::string problem;
   const auto text = read_text_file(path, &problem);
   if (!text)
     fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}': {}", path, problem),
          "check the path: a config is a YAML file");
-  return build_train_config(parse_yaml(*text, path), path, overrides);
+  return build_train_config(parse_yaml(*text, path), path, overrides, plan_searched);
 }
 
 TrainConfig load_train_config_text(const std::string& text, const std::string& name,
-                                   const std::vector<std::string>& overrides) {
-  return build_train_config(parse_yaml(text, name), name, overrides);
+                                   const std::vector<std::string>& overrides, bool plan_searched) {
+  return build_train_config(parse_yaml(text, name), name, overrides, plan_searched);
 }
 
 MachineSpec load_machine_file(const std::string& path) {

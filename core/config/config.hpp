@@ -110,9 +110,12 @@ struct TrainConfig {
 };
 
 // harmony-run's config (docs/config.md, "harmony-run"): strict keys and file:line:column errors as above.
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// `plan_searched` (harmony-run --plan auto): the search replaces plan.u_fwd and plan.u_bwd, so they are read but
+// not checked against the minibatch (a u_fwd that does not divide a new minibatch is what the search replaces).
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                              bool plan_searched = false);
 TrainConfig load_train_config_text(const std::string& text, const std::string& name,
-                                   const std::vector<std::string>& overrides = {});
+                                   const std::vector<std::string>& overrides = {}, bool plan_searched = false);
 
 // Reads `path`, applies `overrides` ("plan.gpus=4", "machine.gpu_memory=8GiB", ...) and validates.
 // Throws ConfigError with file:line:column and a hint.

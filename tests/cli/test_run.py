@@ -48,6 +48,65 @@ def checkpoints(d):
     return sorted(f for f in os.listdir(d) if f.endswith(".hckpt")) if os.path.isdir(d) else []
 
 
+def check_prediction(name, doc):
+    """harmony-sim's native prediction beside the measured step time: a positive number, and the relative error
+    (measured - predicted) / predicted."""
+    s = doc["summary"]
+    pred, err = s.get("predicted_step_time_s"), s.get("prediction_error")
+    check(f"{name}: predicted_step_time_s > 0", isinstance(pred, float) and pred > 0, s)
+    if isinstance(pred, float) and pred > 0:
+        check(f"{name}: prediction_error = (measured - predicted) / predicted",
+              isinstance(err, float) and abs(err - (s["step_time_s"] - pred) / pred) <= 1e-9 * max(1.0, abs(err)), s)
+
+
+def test_auto_finds_what_explicit_proves(tmp):
+    """--plan auto finds a plan wherever an explicit plan of the same kind trains (issue 11): per kind, a capacity
+    at which the explicit u = 1 plan trains (2 devices, minibatch 4), and auto must train there too. One small
+    profile (u 1, 2) serves every run, so nothing is profiled on the fly."""
+    prof = os.path.join(tmp, "auto_prof.json")
+    r = run("profile", DEFAULT, "--out", prof, "--ubatch", "1,2", "--repeats", "1")
+    check("auto: profile for the search", r.returncode == 0, r.stderr)
+    common = [DEFAULT, "--steps", "1", "--set", "plan.gpus=2", "--set", "plan.minibatch=4", "--set", f"model.profile={prof}"]
+    # the explicit plan trains at each capacity (measured on the CPU device's allocator, a little above the least)
+    capacity = {"harmony-pp": "740KiB", "harmony-dp": "740KiB", "dp-swap": "680KiB", "l2l": "1100KiB",
+                "pp-swap": "1100KiB", "zero-infinity": "1100KiB"}
+    for kind, cap in capacity.items():
+        args = [*common, "--set", f"plan.mode={kind}", "--gpu-memory", cap]
+        explicit = [*args, "--set", "plan.u_fwd=1", "--set", "plan.u_bwd=1"]
+        if kind == "harmony-pp":  # the table names the prediction beside the measured time
+            r = run("train", *explicit)
+            check(f"auto: explicit {kind} u 1 trains at {cap}", r.returncode == 0, r.stderr)
+            check("table prints predicted beside measured", "predict " in r.stdout and "by harmony-sim (native)" in
+                  r.stdout and "measured" in r.stdout, r.stdout + r.stderr)
+        else:
+            r, d = train_json(*explicit)
+            check(f"auto: explicit {kind} u 1 trains at {cap}", r.returncode == 0 and d is not None, r.stderr)
+            if d:
+                check_prediction(f"explicit {kind}", d)
+        r, d = train_json(*args, "--plan", "auto")
+        check(f"auto: --plan auto finds a {kind} plan at {cap}", r.returncode == 0 and d is not None, r.stderr)
+        if d:
+            check(f"auto: {kind} kind kept", d["plan"]["plan_kind"] == kind, d["plan"])
+            check_prediction(f"auto {kind}", d)
+    # D = 7: the config's u_fwd 2 does not divide it, and --plan auto is what replaces it (not an error)
+    r, d = train_json(DEFAULT, "--steps", "1", "--plan", "auto", "--set", "plan.minibatch=7", "--set", "plan.gpus=2",
+                      "--set", f"model.profile={prof}")
+    check("auto: D = 7 replaces the config's u_fwd", r.returncode == 0 and d is not None, r.stderr)
+    if d:
+        check("auto: D = 7 plan divides the minibatch", d["plan"]["minibatch"] == 7 and 7 % d["plan"]["u_bwd"] == 0,
+              d["plan"])
+    r = run("train", DEFAULT, "--steps", "1", "--set", "plan.minibatch=7")
+    check("explicit D = 7 with u_fwd 2 still refused", r.returncode == 2 and "does not divide" in r.stderr, r.stderr)
+    # a profile without the run's microbatch size: no prediction (null), and the run still succeeds
+    r, d = train_json(DEFAULT, "--steps", "1", "--set", "plan.u_fwd=4", "--set", "plan.u_bwd=4", "--set", "plan.gpus=2",
+                      "--set", f"model.profile={prof}", "--gpu-memory", "4MiB")
+    check("no prediction: run succeeds", r.returncode == 0 and d is not None, r.stderr)
+    if d:
+        s = d["summary"]
+        check("no prediction: null fields", "predicted_step_time_s" in s and s["predicted_step_time_s"] is None
+              and "prediction_error" in s and s["prediction_error"] is None, s)
+
+
 with tempfile.TemporaryDirectory() as tmp:
     # --- --executor concurrent (a worker per queue) gives the default serial loop's bits
     # (2 MiB devices: the concurrent allocation order varies with timing, docs/backend.md; the bits do not)
@@ -291,6 +350,8 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     check("missing config exits 2", r.returncode == 2, r.stderr)
     r = run("train", DEFAULT, "--set", "device=cuda")
     check("cuda refused clearly", r.returncode == 2 and "cuda" in r.stderr, r.stderr)
+
+    test_auto_finds_what_explicit_proves(tmp)
 
 print(f"{passed} checks passed, {len(failures)} failed")
 for f in failures:

@@ -64,7 +64,7 @@ def validate(what, name, doc):
 
 def strict(node, path="#"):
     """Every object schema in a file closes its properties and requires them (optional ones are listed)."""
-    optional = {"rank", "rank_time_s", "predicted_step_time_s", "prediction_error", "tokens", "seq_len"}
+    optional = {"rank", "rank_time_s", "tokens", "seq_len"}
     bad = []
     if isinstance(node, dict):
         if node.get("type") == "object" and "properties" in node:
@@ -232,10 +232,14 @@ budget: {{samples: 1000}}
             check(f"train {what}: plan_kind", doc["plan"]["plan_kind"] == what, doc["plan"])
             if what == "dp-swap":
                 check("baseline run: packs null", doc["plan"]["packs_fwd"] is None, doc["plan"])
-        # the fields another change adds (predicted step time) are accepted, as numbers or null
+        # the prediction beside the measurement: numbers, or null when none could be made; never absent
         doc["summary"]["predicted_step_time_s"] = 0.5
         doc["summary"]["prediction_error"] = None
         validate("train with predicted_step_time_s", "harmony-run-train.schema.json", doc)
+        del doc["summary"]["prediction_error"]
+        check("prediction_error is required",
+              len(list(validator("harmony-run-train.schema.json").iter_errors(doc))) > 0, "")
+        doc["summary"]["prediction_error"] = None
         doc["summary"]["unknown_field"] = 1
         errors = list(validator("harmony-run-train.schema.json").iter_errors(doc))
         check("an unknown field fails the schema", len(errors) > 0, "")
