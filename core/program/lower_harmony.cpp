@@ -1,9 +1,12 @@
 // Lowers a Harmony-PP / Harmony-DP task graph to a Program, event for event as the paper's
 // simulator builds them (SEMANTICS.md §6.3): creation order, stream FIFOs, dependencies by id,
 // the prefetch/offload switch and the P2P rendezvous resolution (Event.solve_peer).
+// Lowering runs once per search candidate, so its bookkeeping is flat: open-addressing key tables and one
+// list of (op, dependency key) pairs, no node-based maps and no per-op vectors of its own.
 #include <algorithm>
 #include <array>
-#include <unordered_map>
+#include <cstdint>
+#include <vector>
 
 #include "core/base/error.hpp"
 #include "core/program/lower.hpp"
@@ -24,6 +27,58 @@ std::uint64_t pack_key(int task, int ui, int spi, Stream s, OpKind k) {
          (static_cast<std::uint64_t>(spi & 0xFFF) << 8) | (static_cast<std::uint64_t>(s) << 4) |
          static_cast<std::uint64_t>(k);
 }
+
+// An open-addressing hash table from 64-bit keys (never kNoKey) to values: no allocation per entry.
+template <typename Value>
+class FlatTable {
+ public:
+  static constexpr std::uint64_t kNoKey = ~std::uint64_t{0};
+
+  void reserve(std::size_t n) {
+    std::size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    if (cap > keys_.size()) rehash(cap);
+  }
+  // Adds key -> value; false (and no change) when the key is present.
+  bool insert(std::uint64_t key, Value value) {
+    if (2 * (size_ + 1) > keys_.size()) rehash(std::max<std::size_t>(16, 2 * keys_.size()));
+    std::size_t i = slot(key);
+    while (keys_[i] != kNoKey) {
+      if (keys_[i] == key) return false;
+      i = (i + 1) & (keys_.size() - 1);
+    }
+    keys_[i] = key;
+    values_[i] = value;
+    ++size_;
+    return true;
+  }
+  const Value* find(std::uint64_t key) const {
+    if (keys_.empty()) return nullptr;
+    for (std::size_t i = slot(key);; i = (i + 1) & (keys_.size() - 1)) {
+      if (keys_[i] == key) return &values_[i];
+      if (keys_[i] == kNoKey) return nullptr;
+    }
+  }
+
+ private:
+  std::size_t slot(std::uint64_t key) const {
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 32) & (keys_.size() - 1);
+  }
+  void rehash(std::size_t cap) {
+    std::vector<std::uint64_t> keys(cap, kNoKey);
+    std::vector<Value> values(cap);
+    keys.swap(keys_);
+    values.swap(values_);
+    size_ = 0;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] != kNoKey) insert(keys[i], values[i]);
+    }
+  }
+
+  std::vector<std::uint64_t> keys_;
+  std::vector<Value> values_;
+  std::size_t size_ = 0;
+};
 
 class Lowerer {
  public:
@@ -55,7 +110,8 @@ class Lowerer {
       }
     }
     prog_.ops.reserve(estimate);
-    dep_keys_.reserve(estimate);
+    dep_op_.reserve(2 * estimate);
+    dep_key_.reserve(2 * estimate);
     peer_key_.reserve(estimate);
     has_peer_.reserve(estimate);
     index_.reserve(estimate);
@@ -87,18 +143,20 @@ class Lowerer {
     op.bytes = bytes;
     const int id = static_cast<int>(prog_.ops.size());
     const std::uint64_t kk = pack_key(t.idx, ui, spi, s, k);
-    if (!index_.emplace(kk, id).second) {
+    if (!index_.insert(kk, id)) {
       throw InternalError("duplicate op " + std::to_string(t.idx) + "." + std::to_string(ui) + "." +
                           std::to_string(spi) + "." + stream_name(s) + "." + op_kind_name(k));
     }
     prog_.ops.push_back(std::move(op));
-    dep_keys_.emplace_back();
     peer_key_.push_back(0);
     has_peer_.push_back(false);
     return id;
   }
 
-  void dep(int op, std::uint64_t k) { dep_keys_[static_cast<std::size_t>(op)].push_back(k); }
+  void dep(int op, std::uint64_t k) {
+    dep_op_.push_back(op);
+    dep_key_.push_back(k);
+  }
   void dep_op(int op, int other) {
     const Op& o = prog_.ops[static_cast<std::size_t>(other)];
     dep(op, pack_key(o.task, o.ui, o.spi, o.stream, o.kind));
@@ -125,7 +183,21 @@ class Lowerer {
   // Transient memory of a compute op beyond the tensors the Program allocates explicitly: the
   // profiled peaks of its layers (minus inner inputs, as the reference's memory_of_pack) less the
   // weights, input, output (and for BWD the gradients) that have their own allocations.
-  Bytes workspace(Phase ph, int u, LayerRange l) const {
+  // Memoized: every microbatch of a pack at the same size asks again.
+  Bytes workspace(Phase ph, int u, LayerRange l) {
+    constexpr int kBits = 20;
+    const bool memo = u >= 0 && u < (1 << kBits) && l.first >= 0 && l.last < (1 << kBits) && l.first <= l.last;
+    const std::uint64_t mk = (static_cast<std::uint64_t>(ph == Phase::Bwd) << (3 * kBits)) |
+                             (static_cast<std::uint64_t>(u) << (2 * kBits)) |
+                             (static_cast<std::uint64_t>(l.first) << kBits) | static_cast<std::uint64_t>(l.last);
+    if (memo) {
+      if (const Bytes* b = workspace_memo_.find(mk)) return *b;
+    }
+    const Bytes w = workspace_of(ph, u, l);
+    if (memo) workspace_memo_.insert(mk, w);
+    return w;
+  }
+  Bytes workspace_of(Phase ph, int u, LayerRange l) const {
     Bytes peak = 0;
     for (int k = l.first; k <= l.last; ++k) {
       peak += m_.peak_bytes(ph, u, k);
@@ -244,12 +316,16 @@ class Lowerer {
     return S;
   }
 
+  // Sub-pack s of a FWD task: the sub-packs start at the pack's first layer and at every stash layer.
   LayerRange subpack_layers(const Task& vt, int s) const {
-    std::vector<int> bounds;
-    if (vt.stashes.empty() || vt.stashes.front().layer != vt.layers.first) bounds.push_back(vt.layers.first);
-    for (const Stash& st : vt.stashes) bounds.push_back(st.layer);
-    bounds.push_back(vt.layers.last + 1);
-    return LayerRange{bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1] - 1};
+    // bounds: [first unless a stash starts there] + stash layers + [last + 1]
+    const std::size_t lead = vt.stashes.empty() || vt.stashes.front().layer != vt.layers.first ? 1 : 0;
+    const auto bound = [&](std::size_t j) {
+      if (j < lead) return vt.layers.first;
+      if (j - lead < vt.stashes.size()) return vt.stashes[j - lead].layer;
+      return vt.layers.last + 1;
+    };
+    return LayerRange{bound(static_cast<std::size_t>(s)), bound(static_cast<std::size_t>(s) + 1) - 1};
   }
 
   int compute_fwd(const Task& vt, int i, int W, int X) {
@@ -541,18 +617,30 @@ class Lowerer {
   void resolve() {
     auto& ops = prog_.ops;
     auto find = [&](std::uint64_t k, int from) {
-      auto it = index_.find(k);
-      if (it == index_.end()) {
+      const int* id = index_.find(k);
+      if (id == nullptr) {
         const Op& o = ops[static_cast<std::size_t>(from)];
         throw InternalError("op t" + std::to_string(o.task) + " " + op_kind_name(o.kind) +
                             " depends on an op that was never created");
       }
-      return it->second;
+      return *id;
     };
+    // Group the (op, key) pairs by op, keeping each op's keys in the order they were added (counting sort).
+    std::vector<int> start(ops.size() + 1, 0);
+    for (int op : dep_op_) ++start[static_cast<std::size_t>(op) + 1];
+    for (std::size_t i = 0; i < ops.size(); ++i) start[i + 1] += start[i];
+    std::vector<std::uint64_t> keys(dep_key_.size());
+    {
+      std::vector<int> fill(start.begin(), start.end() - 1);
+      for (std::size_t j = 0; j < dep_op_.size(); ++j)
+        keys[static_cast<std::size_t>(fill[static_cast<std::size_t>(dep_op_[j])]++)] = dep_key_[j];
+    }
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      for (std::uint64_t k : dep_keys_[i]) {
-        const int d = find(k, static_cast<int>(i));
-        if (std::find(ops[i].deps.begin(), ops[i].deps.end(), d) == ops[i].deps.end()) ops[i].deps.push_back(d);
+      std::vector<int>& deps = ops[i].deps;
+      deps.reserve(static_cast<std::size_t>(start[i + 1] - start[i]));
+      for (int j = start[i]; j < start[i + 1]; ++j) {
+        const int d = find(keys[static_cast<std::size_t>(j)], static_cast<int>(i));
+        if (std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
       }
       if (has_peer_[i]) ops[i].peer = find(peer_key_[i], static_cast<int>(i));
     }
@@ -577,8 +665,10 @@ class Lowerer {
   Program prog_;
   UbatchConverter conv_;
   bool has_conv_ = false;
-  std::unordered_map<std::uint64_t, int> index_;
-  std::vector<std::vector<std::uint64_t>> dep_keys_;
+  FlatTable<int> index_;                // op key -> op id
+  FlatTable<Bytes> workspace_memo_;     // (phase, u, layers) -> workspace bytes
+  std::vector<int> dep_op_;             // dependency by key: the op ...
+  std::vector<std::uint64_t> dep_key_;  // ... and the key of the op it waits for
   std::vector<std::uint64_t> peer_key_;
   std::vector<bool> has_peer_;
   std::array<int, kNumStreams> queue_of_{};
