@@ -36,47 +36,47 @@ class FlatTable {
 
   void reserve(std::size_t n) {
     std::size_t cap = 16;
-    while (cap < 2 * n) cap *= 2;
-    if (cap > keys_.size()) rehash(cap);
+    while (3 * cap < 4 * n) cap *= 2;  // at most 3/4 full: small enough to stay in cache
+    if (cap > slots_.size()) rehash(cap);
   }
   // Adds key -> value; false (and no change) when the key is present.
   bool insert(std::uint64_t key, Value value) {
-    if (2 * (size_ + 1) > keys_.size()) rehash(std::max<std::size_t>(16, 2 * keys_.size()));
+    if (4 * (size_ + 1) > 3 * slots_.size()) rehash(std::max<std::size_t>(16, 2 * slots_.size()));
     std::size_t i = slot(key);
-    while (keys_[i] != kNoKey) {
-      if (keys_[i] == key) return false;
-      i = (i + 1) & (keys_.size() - 1);
+    while (slots_[i].key != kNoKey) {
+      if (slots_[i].key == key) return false;
+      i = (i + 1) & (slots_.size() - 1);
     }
-    keys_[i] = key;
-    values_[i] = value;
+    slots_[i] = Slot{key, value};
     ++size_;
     return true;
   }
   const Value* find(std::uint64_t key) const {
-    if (keys_.empty()) return nullptr;
-    for (std::size_t i = slot(key);; i = (i + 1) & (keys_.size() - 1)) {
-      if (keys_[i] == key) return &values_[i];
-      if (keys_[i] == kNoKey) return nullptr;
+    if (slots_.empty()) return nullptr;
+    for (std::size_t i = slot(key);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i].key == key) return &slots_[i].value;
+      if (slots_[i].key == kNoKey) return nullptr;
     }
   }
 
  private:
+  struct Slot {
+    std::uint64_t key = kNoKey;
+    Value value{};
+  };
   std::size_t slot(std::uint64_t key) const {
-    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 32) & (keys_.size() - 1);
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 32) & (slots_.size() - 1);
   }
   void rehash(std::size_t cap) {
-    std::vector<std::uint64_t> keys(cap, kNoKey);
-    std::vector<Value> values(cap);
-    keys.swap(keys_);
-    values.swap(values_);
+    std::vector<Slot> old(cap);
+    old.swap(slots_);
     size_ = 0;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (keys[i] != kNoKey) insert(keys[i], values[i]);
+    for (const Slot& e : old) {
+      if (e.key != kNoKey) insert(e.key, e.value);
     }
   }
 
-  std::vector<std::uint64_t> keys_;
-  std::vector<Value> values_;
+  std::vector<Slot> slots_;  // key and value side by side: one cache line per probe
   std::size_t size_ = 0;
 };
 
@@ -647,14 +647,14 @@ class Lowerer {
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].peer < 0) continue;
       const Op& p = ops[static_cast<std::size_t>(ops[i].peer)];
-      std::vector<int> merged = ops[i].deps;
+      std::vector<int>& merged = ops[i].deps;
+      merged.reserve(merged.size() + p.deps.size() + 1);
       merged.insert(merged.end(), p.deps.begin(), p.deps.end());
       if (p.queue_pos > 0)
         merged.push_back(
             prog_.queues[static_cast<std::size_t>(p.queue)].ops[static_cast<std::size_t>(p.queue_pos - 1)]);
       std::sort(merged.begin(), merged.end());
       merged.erase(std::unique(merged.begin(), merged.end()), merged.end());
-      ops[i].deps = std::move(merged);
     }
   }
 
