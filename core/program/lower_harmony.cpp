@@ -110,8 +110,7 @@ class Lowerer {
       }
     }
     prog_.ops.reserve(estimate);
-    dep_op_.reserve(2 * estimate);
-    dep_key_.reserve(2 * estimate);
+    deps_.reserve(2 * estimate);
     peer_key_.reserve(estimate);
     has_peer_.reserve(estimate);
     index_.reserve(estimate);
@@ -153,14 +152,13 @@ class Lowerer {
     return id;
   }
 
+  // A dependency on the op with key k: resolved now when that op exists (it was created moments ago, so its
+  // table slot is still in cache), else by resolve() once every op exists.
   void dep(int op, std::uint64_t k) {
-    dep_op_.push_back(op);
-    dep_key_.push_back(k);
+    const int* id = index_.find(k);
+    deps_.push_back(PendingDep{op, id ? *id : -1, k});
   }
-  void dep_op(int op, int other) {
-    const Op& o = prog_.ops[static_cast<std::size_t>(other)];
-    dep(op, pack_key(o.task, o.ui, o.spi, o.stream, o.kind));
-  }
+  void dep_op(int op, int other) { deps_.push_back(PendingDep{op, other, 0}); }
   void peer(int op, std::uint64_t k) {
     peer_key_[static_cast<std::size_t>(op)] = k;
     has_peer_[static_cast<std::size_t>(op)] = true;
@@ -625,21 +623,22 @@ class Lowerer {
       }
       return *id;
     };
-    // Group the (op, key) pairs by op, keeping each op's keys in the order they were added (counting sort).
+    // Group the dependencies by op, keeping each op's in the order they were added (counting sort).
     std::vector<int> start(ops.size() + 1, 0);
-    for (int op : dep_op_) ++start[static_cast<std::size_t>(op) + 1];
+    for (const PendingDep& pd : deps_) ++start[static_cast<std::size_t>(pd.op) + 1];
     for (std::size_t i = 0; i < ops.size(); ++i) start[i + 1] += start[i];
-    std::vector<std::uint64_t> keys(dep_key_.size());
+    std::vector<int> ids(deps_.size());
     {
       std::vector<int> fill(start.begin(), start.end() - 1);
-      for (std::size_t j = 0; j < dep_op_.size(); ++j)
-        keys[static_cast<std::size_t>(fill[static_cast<std::size_t>(dep_op_[j])]++)] = dep_key_[j];
+      for (const PendingDep& pd : deps_) {
+        ids[static_cast<std::size_t>(fill[static_cast<std::size_t>(pd.op)]++)] = pd.id >= 0 ? pd.id : find(pd.key, pd.op);
+      }
     }
     for (std::size_t i = 0; i < ops.size(); ++i) {
       std::vector<int>& deps = ops[i].deps;
       deps.reserve(static_cast<std::size_t>(start[i + 1] - start[i]));
       for (int j = start[i]; j < start[i + 1]; ++j) {
-        const int d = find(keys[static_cast<std::size_t>(j)], static_cast<int>(i));
+        const int d = ids[static_cast<std::size_t>(j)];
         if (std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
       }
       if (has_peer_[i]) ops[i].peer = find(peer_key_[i], static_cast<int>(i));
@@ -667,8 +666,12 @@ class Lowerer {
   bool has_conv_ = false;
   FlatTable<int> index_;                // op key -> op id
   FlatTable<Bytes> workspace_memo_;     // (phase, u, layers) -> workspace bytes
-  std::vector<int> dep_op_;             // dependency by key: the op ...
-  std::vector<std::uint64_t> dep_key_;  // ... and the key of the op it waits for
+  struct PendingDep {
+    int op;             // the op that waits ...
+    int id;             // ... for this op, or -1: not created yet when the dependency was added ...
+    std::uint64_t key;  // ... then found by its key
+  };
+  std::vector<PendingDep> deps_;  // in the order added
   std::vector<std::uint64_t> peer_key_;
   std::vector<bool> has_peer_;
   std::array<int, kNumStreams> queue_of_{};
