@@ -631,7 +631,8 @@ class Lowerer {
     {
       std::vector<int> fill(start.begin(), start.end() - 1);
       for (const PendingDep& pd : deps_) {
-        ids[static_cast<std::size_t>(fill[static_cast<std::size_t>(pd.op)]++)] = pd.id >= 0 ? pd.id : find(pd.key, pd.op);
+        ids[static_cast<std::size_t>(fill[static_cast<std::size_t>(pd.op)]++)] =
+            pd.id >= 0 ? pd.id : find(pd.key, pd.op);
       }
     }
     for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -664,8 +665,8 @@ class Lowerer {
   Program prog_;
   UbatchConverter conv_;
   bool has_conv_ = false;
-  FlatTable<int> index_;                // op key -> op id
-  FlatTable<Bytes> workspace_memo_;     // (phase, u, layers) -> workspace bytes
+  FlatTable<int> index_;             // op key -> op id
+  FlatTable<Bytes> workspace_memo_;  // (phase, u, layers) -> workspace bytes
   struct PendingDep {
     int op;             // the op that waits ...
     int id;             // ... for this op, or -1: not created yet when the dependency was added ...
