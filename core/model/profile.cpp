@@ -5,6 +5,7 @@
 // when that walk meets any problem, nlohmann-json again to produce the located message.
 #include "core/model/profile.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -688,6 +689,10 @@ Model load_profile(const std::string& path) {
     fail(err);
   }
   std::string text;
+  // Room for the whole file plus simdjson's padding, so that neither growing nor parsing copies it.
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0)
+    text.reserve(static_cast<std::size_t>(st.st_size) + simdjson::SIMDJSON_PADDING);
   char buf[1 << 16];
   std::size_t n = 0;
   errno = 0;
