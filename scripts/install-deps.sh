@@ -12,6 +12,7 @@ packages=(
   meson ninja-build pkg-config python3
   libfmt-dev libyaml-cpp-dev doctest-dev libboost-graph-dev nlohmann-json3-dev libcli11-dev
   python3-jsonschema  # tests/cli/test_schema.py validates every JSON output against schemas/
+  libsimdjson-dev  # the profile loader's fast JSON path (core/model/profile.cpp): parsing speed
 )
 # Used by check-format.sh, tidy.sh and the fuzzers (libclang-rt-14-dev carries libFuzzer).
 tools=(git clang clang-format clang-tidy libclang-rt-14-dev)

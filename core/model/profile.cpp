@@ -1,8 +1,11 @@
 // Loads "harmony-profile-json" v1 files (the paper's measured per-layer profiles) into a Model and owns
 // the schema checks: every problem, from a JSON syntax error to a misaligned per-size array, becomes a
 // ConfigError at the offending key or value (positions from JsonLocator) with a hint on how to fix it.
+// One schema walker (read_model) runs over either parser's tree: simdjson for speed on valid input, and,
+// when that walk meets any problem, nlohmann-json again to produce the located message.
 #include "core/model/profile.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,10 +16,12 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+#include <simdjson.h>
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
@@ -115,83 +120,191 @@ std::string describe(const json& v) {
   }
 }
 
+// Thrown by the fast walk at its first problem of any kind; load_profile_text then walks nlohmann's tree,
+// which finds the same problem and words it.
+struct NeedsLocatedPath {};
+
+// The schema walker sees a value through one of two nodes with the same few calls. JsonNode (nlohmann-json)
+// is the located path: it can describe a value for a message. SimdNode (simdjson's DOM) is the fast path: it
+// never words a problem (kLocates is false), the Reader throws NeedsLocatedPath instead.
+class JsonNode {
+ public:
+  static constexpr bool kLocates = true;
+  JsonNode(const json& v) : v_(&v) {}  // NOLINT(google-explicit-constructor): elements convert on iteration
+
+  bool is_object() const { return v_->is_object(); }
+  bool is_array() const { return v_->is_array(); }
+  bool is_string() const { return v_->is_string(); }
+  bool is_boolean() const { return v_->is_boolean(); }
+  bool is_null() const { return v_->is_null(); }
+  bool is_number() const { return v_->is_number(); }
+  bool is_number_integer() const { return v_->is_number_integer(); }
+  // An integer above the int64 range (nlohmann keeps those as unsigned).
+  bool is_big_unsigned() const {
+    return v_->is_number_unsigned() &&
+           v_->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  }
+  std::size_t size() const { return v_->size(); }
+  const json& elements() const { return *v_; }
+  // The member `key` of an object (the last one when the key repeats, as nlohmann keeps the last).
+  std::optional<JsonNode> find(const std::string& key) const {
+    const auto it = v_->find(key);
+    if (it == v_->end()) return std::nullopt;
+    return JsonNode(*it);
+  }
+  std::vector<std::string> keys() const {
+    std::vector<std::string> out;
+    for (const auto& item : v_->items()) out.push_back(item.key());
+    return out;
+  }
+  std::string text() const { return v_->get<std::string>(); }
+  bool boolean() const { return v_->get<bool>(); }
+  std::int64_t int64() const { return v_->get<std::int64_t>(); }
+  double number() const { return v_->get<double>(); }
+  std::string dump() const { return v_->dump(); }
+  std::string describe() const { return harmony::core::describe(*v_); }
+
+ private:
+  const json* v_;
+};
+
+class SimdNode {
+ public:
+  static constexpr bool kLocates = false;
+  SimdNode(simdjson::dom::element e) : e_(e) {}  // NOLINT(google-explicit-constructor): as JsonNode
+
+  using Type = simdjson::dom::element_type;
+  bool is_object() const { return e_.type() == Type::OBJECT; }
+  bool is_array() const { return e_.type() == Type::ARRAY; }
+  bool is_string() const { return e_.type() == Type::STRING; }
+  bool is_boolean() const { return e_.type() == Type::BOOL; }
+  bool is_null() const { return e_.type() == Type::NULL_VALUE; }
+  bool is_number() const { return is_number_integer() || e_.type() == Type::DOUBLE; }
+  bool is_number_integer() const { return e_.type() == Type::INT64 || e_.type() == Type::UINT64; }
+  // simdjson keeps integers in the int64 range as INT64, larger ones as UINT64.
+  bool is_big_unsigned() const { return e_.type() == Type::UINT64; }
+  std::size_t size() const {
+    std::size_t n = 0;
+    if (is_array()) {
+      n = array().size();
+    } else if (is_object()) {
+      n = object().size();
+    }
+    if (n >= 0xFFFFFF) throw NeedsLocatedPath{};  // simdjson saturates sizes there
+    return n;
+  }
+  simdjson::dom::array elements() const { return array(); }
+  std::optional<SimdNode> find(std::string_view key) const {
+    std::optional<SimdNode> found;
+    if (!is_object()) return found;
+    for (const simdjson::dom::key_value_pair kv : object()) {
+      if (kv.key == key) found = SimdNode(kv.value);  // keep scanning: the last duplicate wins, as in nlohmann
+    }
+    return found;
+  }
+  std::string text() const { return std::string(get<std::string_view>()); }
+  bool boolean() const { return get<bool>(); }
+  std::int64_t int64() const { return get<std::int64_t>(); }
+  double number() const { return get<double>(); }
+
+ private:
+  template <typename T>
+  T get() const {
+    T v{};
+    if (e_.get(v) != simdjson::SUCCESS) throw NeedsLocatedPath{};
+    return v;
+  }
+  simdjson::dom::array array() const { return get<simdjson::dom::array>(); }
+  simdjson::dom::object object() const { return get<simdjson::dom::object>(); }
+
+  simdjson::dom::element e_;
+};
+
 // Reads one document. Pointers are built only for the fields read (a handful per layer); array elements
 // get theirs through a callable, invoked only when something is wrong, so that loading stays allocation-light.
+template <typename Node>
 class Reader {
  public:
   Reader(std::string_view text, const std::string& file) : loc_(text), file_(file) {}
 
   [[noreturn]] void fail(const std::string& ptr, const std::string& message, const std::string& hint,
                          bool at_key = false) const {
+    if constexpr (!Node::kLocates) throw NeedsLocatedPath{};  // the fast path words no problem
     const TextPos p = at_key ? loc_.key_pos(ptr) : loc_.value_pos(ptr);
     throw ConfigError(SourceLoc{file_, p.line, p.column}, message, hint);
   }
 
-  [[noreturn]] void wrong_type(const json& v, const std::string& ptr, const Expect& e) const {
-    const std::string path = pointer_to_path(ptr);
-    if (ptr.empty()) {
-      fail(ptr, fmt::format("the document must be {}, not {}", e.what, describe(v)),
-           fmt::format("a harmony profile is one JSON object, {{\"format\": \"{}\", \"format_version\": {}, ...}}; "
-                       "see {}",
-                       kFormat, kFormatVersion, kSchemaDoc));
+  [[noreturn]] void wrong_type(const Node& v, const std::string& ptr, const Expect& e) const {
+    if constexpr (!Node::kLocates) {
+      throw NeedsLocatedPath{};
+    } else {
+      const std::string path = pointer_to_path(ptr);
+      if (ptr.empty()) {
+        fail(ptr, fmt::format("the document must be {}, not {}", e.what, v.describe()),
+             fmt::format(
+                 "a harmony profile is one JSON object, {{\"format\": \"{}\", \"format_version\": {}, ...}}; see {}",
+                 kFormat, kFormatVersion, kSchemaDoc));
+      }
+      fail(ptr, fmt::format("{} must be {}, not {}", path, e.what, v.describe()),
+           fmt::format("write {} as {}, e.g. {}", path, e.what, e.example));
     }
-    fail(ptr, fmt::format("{} must be {}, not {}", path, e.what, describe(v)),
-         fmt::format("write {} as {}, e.g. {}", path, e.what, e.example));
   }
 
-  void expect_object(const json& v, const std::string& ptr) const {
+  void expect_object(const Node& v, const std::string& ptr) const {
     if (!v.is_object()) wrong_type(v, ptr, kObject);
   }
-  void expect_array(const json& v, const std::string& ptr) const {
+  void expect_array(const Node& v, const std::string& ptr) const {
     if (!v.is_array()) wrong_type(v, ptr, kArray);
   }
 
   // The member `key` of object `obj` (at `obj_ptr`); a ConfigError at the object when it is missing.
-  const json& member(const json& obj, const std::string& obj_ptr, const std::string& key, const Expect& e,
-                     const std::vector<std::string>& known_keys) const {
-    const auto it = obj.find(key);
-    if (it != obj.end()) return *it;
-    std::vector<std::string> unknown;
-    for (const auto& item : obj.items()) {
-      if (std::find(known_keys.begin(), known_keys.end(), item.key()) == known_keys.end())
-        unknown.push_back(item.key());
+  Node member(const Node& obj, const std::string& obj_ptr, const std::string& key, const Expect& e,
+              const std::vector<std::string>& known_keys) const {
+    if (const auto found = obj.find(key)) return *found;
+    if constexpr (!Node::kLocates) {
+      throw NeedsLocatedPath{};
+    } else {
+      std::vector<std::string> unknown;
+      for (const std::string& k : obj.keys()) {
+        if (std::find(known_keys.begin(), known_keys.end(), k) == known_keys.end()) unknown.push_back(k);
+      }
+      const std::string guess = closest_match(key, unknown);
+      const std::string where = obj_ptr.empty() ? "at the top level" : "in " + pointer_to_path(obj_ptr);
+      std::string hint = fmt::format("add \"{}\": {} ({})", key, e.example, e.what);
+      if (!guess.empty()) hint += fmt::format("; this object has \"{}\": did you mean \"{}\"?", guess, key);
+      hint += fmt::format("; the schema is in {}", kSchemaDoc);
+      fail(obj_ptr, fmt::format("missing required field \"{}\" {}", key, where), hint);
     }
-    const std::string guess = closest_match(key, unknown);
-    const std::string where = obj_ptr.empty() ? "at the top level" : "in " + pointer_to_path(obj_ptr);
-    std::string hint = fmt::format("add \"{}\": {} ({})", key, e.example, e.what);
-    if (!guess.empty()) hint += fmt::format("; this object has \"{}\": did you mean \"{}\"?", guess, key);
-    hint += fmt::format("; the schema is in {}", kSchemaDoc);
-    fail(obj_ptr, fmt::format("missing required field \"{}\" {}", key, where), hint);
   }
-  const json* optional_member(const json& obj, const std::string& key) const {
-    const auto it = obj.find(key);
-    return it == obj.end() ? nullptr : &*it;
-  }
+  std::optional<Node> optional_member(const Node& obj, const std::string& key) const { return obj.find(key); }
 
-  std::string text(const json& v, const std::string& ptr) const {
+  std::string text(const Node& v, const std::string& ptr) const {
     if (!v.is_string()) wrong_type(v, ptr, kText);
-    return v.get<std::string>();
+    return v.text();
   }
-  bool boolean(const json& v, const std::string& ptr) const {
+  bool boolean(const Node& v, const std::string& ptr) const {
     if (!v.is_boolean()) wrong_type(v, ptr, kBool);
-    return v.get<bool>();
+    return v.boolean();
   }
 
   template <typename Ptr>
-  std::int64_t integer(const json& v, const Ptr& ptr, const Expect& e) const {
+  std::int64_t integer(const Node& v, const Ptr& ptr, const Expect& e) const {
     if (!v.is_number_integer()) wrong_type(v, ptr(), e);
-    if (v.is_number_unsigned() &&
-        v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      const std::string p = ptr();
-      fail(p, fmt::format("{} is {}, too large for a 64-bit signed integer", pointer_to_path(p), v.dump()),
-           fmt::format("write {} as {} below 2^63, e.g. {}", pointer_to_path(p), e.what, e.example));
+    if (v.is_big_unsigned()) {
+      if constexpr (!Node::kLocates) {
+        throw NeedsLocatedPath{};
+      } else {
+        const std::string p = ptr();
+        fail(p, fmt::format("{} is {}, too large for a 64-bit signed integer", pointer_to_path(p), v.dump()),
+             fmt::format("write {} as {} below 2^63, e.g. {}", pointer_to_path(p), e.what, e.example));
+      }
     }
-    return v.get<std::int64_t>();
+    return v.int64();
   }
 
   // A byte count or other count: an integer >= 0.
   template <typename Ptr>
-  std::int64_t size(const json& v, const Ptr& ptr, const Expect& e = kBytes) const {
+  std::int64_t size(const Node& v, const Ptr& ptr, const Expect& e = kBytes) const {
     const std::int64_t n = integer(v, ptr, e);
     if (n < 0) {
       const std::string p = ptr();
@@ -212,38 +325,44 @@ class Reader {
 
   // A time in seconds: any JSON number >= 0.
   template <typename Ptr>
-  double seconds(const json& v, const Ptr& ptr) const {
+  double seconds(const Node& v, const Ptr& ptr) const {
     if (!v.is_number()) wrong_type(v, ptr(), kSeconds);
-    const double s = v.get<double>();
-    if (!(s >= 0.0) || !std::isfinite(s)) {
-      const std::string p = ptr();
-      fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), v.dump(), kSeconds.what),
-           fmt::format("times are measured durations and never negative: correct {} (e.g. {}) or re-export the "
-                       "profile",
-                       pointer_to_path(p), kSeconds.example));
-    }
-    if (s > kMaxInputSeconds) {  // the bound and its reason: core/base/units.hpp
-      const std::string p = ptr();
-      fail(p, fmt::format("{} is {} s, too long", pointer_to_path(p), v.dump()),
-           fmt::format("times range from 0 to 1e6 s (11.6 days), so sums of them fit the simulated time range of "
-                       "about 9.2e6 s: correct {} (e.g. {}) or re-export the profile",
-                       pointer_to_path(p), kSeconds.example));
+    const double s = v.number();
+    const bool negative = !(s >= 0.0) || !std::isfinite(s);
+    if (negative || s > kMaxInputSeconds) {
+      if constexpr (!Node::kLocates) {
+        throw NeedsLocatedPath{};
+      } else {
+        const std::string p = ptr();
+        if (negative) {
+          fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), v.dump(), kSeconds.what),
+               fmt::format("times are measured durations and never negative: correct {} (e.g. {}) or re-export "
+                           "the profile",
+                           pointer_to_path(p), kSeconds.example));
+        }
+        // the bound and its reason: core/base/units.hpp
+        fail(p, fmt::format("{} is {} s, too long", pointer_to_path(p), v.dump()),
+             fmt::format("times range from 0 to 1e6 s (11.6 days), so sums of them fit the simulated time range "
+                         "of about 9.2e6 s: correct {} (e.g. {}) or re-export the profile",
+                         pointer_to_path(p), kSeconds.example));
+      }
     }
     return s;
   }
 
   // A list of measured microbatch sizes: positive, strictly ascending, non-empty.
-  std::vector<int> ubatch_list(const json& v, const std::string& ptr) const {
+  std::vector<int> ubatch_list(const Node& v, const std::string& ptr) const {
     expect_array(v, ptr);
-    if (v.empty()) {
+    if (v.size() == 0) {
       fail(ptr, fmt::format("{} is empty", pointer_to_path(ptr)),
            "list the microbatch sizes the profile was measured at, e.g. [1, 2, 4, 8]");
     }
     std::vector<int> sizes;
     sizes.reserve(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) {
+    std::size_t i = 0;
+    for (const Node x : v.elements()) {
       const auto elem = [&] { return ptr + "/" + std::to_string(i); };
-      const std::int64_t u = integer(v[i], elem, kUbatch);
+      const std::int64_t u = integer(x, elem, kUbatch);
       if (u < 1 || u > std::numeric_limits<int>::max()) {
         fail(elem(), fmt::format("{} is {}, but it must be {}", pointer_to_path(elem()), u, kUbatch.what),
              "microbatch sizes count samples: use whole numbers from 1 up");
@@ -257,15 +376,16 @@ class Reader {
                          pointer_to_path(ptr)));
       }
       sizes.push_back(static_cast<int>(u));
+      ++i;
     }
     return sizes;
   }
 
   // A per-layer array with one entry per microbatch size of `sizes_ptr` (e.g. "/ubatch_sizes/fwd").
-  const json& aligned_array(const json& layer, const std::string& layer_ptr, const std::string& key,
-                            std::size_t expected, const std::string& sizes_ptr, const Expect& e) const {
+  Node aligned_array(const Node& layer, const std::string& layer_ptr, const std::string& key, std::size_t expected,
+                     const std::string& sizes_ptr, const Expect& e) const {
     const std::string ptr = layer_ptr + "/" + key;
-    const json& a =
+    const Node a =
         member(layer, layer_ptr, key, Expect{"an array of numbers, one per microbatch size", "[...]"}, layer_keys());
     expect_array(a, ptr);
     if (a.size() != expected) {
@@ -280,24 +400,26 @@ class Reader {
     return a;
   }
 
-  std::vector<double> time_array(const json& layer, const std::string& layer_ptr, const std::string& key,
+  std::vector<double> time_array(const Node& layer, const std::string& layer_ptr, const std::string& key,
                                  std::size_t expected, const std::string& sizes_ptr) const {
-    const json& a = aligned_array(layer, layer_ptr, key, expected, sizes_ptr, kSeconds);
+    const Node a = aligned_array(layer, layer_ptr, key, expected, sizes_ptr, kSeconds);
     std::vector<double> out;
-    out.reserve(a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      out.push_back(seconds(a[i], [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
+    out.reserve(expected);
+    for (const Node x : a.elements()) {
+      const std::size_t i = out.size();
+      out.push_back(seconds(x, [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
     }
     return out;
   }
 
-  std::vector<Bytes> bytes_array(const json& layer, const std::string& layer_ptr, const std::string& key,
+  std::vector<Bytes> bytes_array(const Node& layer, const std::string& layer_ptr, const std::string& key,
                                  std::size_t expected, const std::string& sizes_ptr) const {
-    const json& a = aligned_array(layer, layer_ptr, key, expected, sizes_ptr, kBytes);
+    const Node a = aligned_array(layer, layer_ptr, key, expected, sizes_ptr, kBytes);
     std::vector<Bytes> out;
-    out.reserve(a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      out.push_back(size(a[i], [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
+    out.reserve(expected);
+    for (const Node x : a.elements()) {
+      const std::size_t i = out.size();
+      out.push_back(size(x, [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
     }
     return out;
   }
@@ -345,7 +467,8 @@ std::string parse_hint(std::string_view message) {
          "(JSON allows no comments and no trailing commas)";
 }
 
-Model read_model(const json& doc, Reader& r) {
+template <typename Node>
+Model read_model(const Node& doc, Reader<Node>& r) {
   const std::string root;
   r.expect_object(doc, root);
 
@@ -372,13 +495,13 @@ Model read_model(const json& doc, Reader& r) {
   Model m;
   m.name = r.text(r.member(doc, root, "model", kText, top_level_keys()), "/model");
   if (m.name.empty()) r.fail("/model", "model is empty", "name the model, e.g. \"model\": \"bert_large\"");
-  if (const json* variant = r.optional_member(doc, "variant"); variant && !variant->is_null()) {
+  if (const auto variant = r.optional_member(doc, "variant"); variant && !variant->is_null()) {
     const std::string v = r.text(*variant, "/variant");
     if (!v.empty()) m.name += "_" + v;
   }
 
   const std::string ub_ptr = "/ubatch_sizes";
-  const json& ub = r.member(doc, root, "ubatch_sizes", kObject, top_level_keys());
+  const Node ub = r.member(doc, root, "ubatch_sizes", kObject, top_level_keys());
   r.expect_object(ub, ub_ptr);
   const std::string fwd_ptr = ub_ptr + "/fwd", bwd_ptr = ub_ptr + "/bwd", inputs_ptr = ub_ptr + "/inputs";
   m.ubatch_fwd = r.ubatch_list(
@@ -386,16 +509,16 @@ Model read_model(const json& doc, Reader& r) {
   m.ubatch_bwd = r.ubatch_list(
       r.member(ub, ub_ptr, "bwd", Expect{"an array of microbatch sizes", "[1, 2, 4, 8]"}, ubatch_keys()), bwd_ptr);
   std::vector<int> ubatch_inputs;
-  const json* inputs_json = r.optional_member(ub, "inputs");
+  const std::optional<Node> inputs_json = r.optional_member(ub, "inputs");
   if (inputs_json) ubatch_inputs = r.ubatch_list(*inputs_json, inputs_ptr);
 
   const std::string num_ptr = "/num_layers", layers_ptr = "/layers";
   const std::int64_t num_layers = r.integer(r.member(doc, root, "num_layers", kCount, top_level_keys()), At{num_ptr},
                                             Expect{"a positive integer (layers incl. the loss)", "28"});
-  const json& layers =
+  const Node layers =
       r.member(doc, root, "layers", Expect{"an array of layer objects", "[{...}, ...]"}, top_level_keys());
   r.expect_array(layers, layers_ptr);
-  if (layers.empty()) {
+  if (layers.size() == 0) {
     r.fail(layers_ptr, "layers is empty; a profile has at least the criterion (loss) layer",
            "list one object per layer, ordered by index, ending with the criterion layer");
   }
@@ -406,7 +529,7 @@ Model read_model(const json& doc, Reader& r) {
                        "remove layers",
                        n_layers));
   }
-  if (const json* crit = r.optional_member(doc, "criterion_layer")) {
+  if (const auto crit = r.optional_member(doc, "criterion_layer")) {
     const std::string ptr = "/criterion_layer";
     const std::int64_t c = r.integer(*crit, At{ptr}, kInteger);
     if (c != static_cast<std::int64_t>(n_layers) - 1) {
@@ -416,13 +539,11 @@ Model read_model(const json& doc, Reader& r) {
   }
 
   m.layers.reserve(n_layers);
-  for (std::size_t i = 0; i < n_layers; ++i) {
+  std::size_t i = 0;
+  for (const Node lj : layers.elements()) {
     const std::string lp = layers_ptr + "/" + std::to_string(i);
-    const json& lj = layers[i];
     r.expect_object(lj, lp);
-    const auto field = [&](const char* key, const Expect& e) -> const json& {
-      return r.member(lj, lp, key, e, layer_keys());
-    };
+    const auto field = [&](const char* key, const Expect& e) -> Node { return r.member(lj, lp, key, e, layer_keys()); };
     const auto ptr_of = [&](const char* key) { return lp + "/" + key; };
 
     {
@@ -486,18 +607,27 @@ Model read_model(const json& doc, Reader& r) {
       }
     }
     m.layers.push_back(std::move(l));
+    ++i;
   }
   return m;
 }
 
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
+// The fast path: simdjson's DOM walked by read_model. Empty when simdjson refuses the text or the walk meets
+// any problem; the located path then finds it again and says what and where.
+std::optional<Model> read_fast(const std::string& text, const std::string& name) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(text).get(doc) != simdjson::SUCCESS) return std::nullopt;
+  Reader<SimdNode> reader(text, name);
+  try {
+    return read_model(SimdNode(doc), reader);
+  } catch (const NeedsLocatedPath&) {
+    return std::nullopt;
+  }
+}
 
-}  // namespace
-
-Model load_profile_text(const std::string& text, const std::string& name) {
-  Reader reader(text, name);
+// The located path: nlohmann-json's tree, every problem a ConfigError at file:line:column with a hint.
+Model read_located(const std::string& text, const std::string& name) {
   json doc;
   try {
     doc = json::parse(text);
@@ -510,14 +640,34 @@ Model load_profile_text(const std::string& text, const std::string& name) {
     const std::string msg = parse_message(e.what());
     throw ConfigError(SourceLoc{name, p.line, p.column}, "malformed JSON: " + msg, parse_hint(msg));
   }
-  Model m = read_model(doc, reader);
+  Reader<JsonNode> reader(text, name);
+  return read_model(JsonNode(doc), reader);
+}
+
+Model finish(Model m, const std::string& text, const std::string& name) {
   m.source = name;
   try {
     m.validate();
   } catch (const ScheduleError& e) {  // not reachable after the checks above; kept as a safety net
-    reader.fail("/layers", e.what(), fmt::format("fix the profile so that it follows the schema in {}", kSchemaDoc));
+    Reader<JsonNode>(text, name)
+        .fail("/layers", e.what(), fmt::format("fix the profile so that it follows the schema in {}", kSchemaDoc));
   }
   return m;
+}
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+}  // namespace
+
+Model load_profile_text(const std::string& text, const std::string& name) {
+  std::optional<Model> m = read_fast(text, name);
+  return finish(m ? std::move(*m) : read_located(text, name), text, name);
+}
+
+Model load_profile_text_located(const std::string& text, const std::string& name) {
+  return finish(read_located(text, name), text, name);
 }
 
 Model load_profile(const std::string& path) {
@@ -539,6 +689,10 @@ Model load_profile(const std::string& path) {
     fail(err);
   }
   std::string text;
+  // Room for the whole file plus simdjson's padding, so that neither growing nor parsing copies it.
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0)
+    text.reserve(static_cast<std::size_t>(st.st_size) + simdjson::SIMDJSON_PADDING);
   char buf[1 << 16];
   std::size_t n = 0;
   errno = 0;

@@ -1,9 +1,12 @@
 // Lowers a Harmony-PP / Harmony-DP task graph to a Program, event for event as the paper's
 // simulator builds them (SEMANTICS.md §6.3): creation order, stream FIFOs, dependencies by id,
 // the prefetch/offload switch and the P2P rendezvous resolution (Event.solve_peer).
+// Lowering runs once per search candidate, so its bookkeeping is flat: open-addressing key tables and one
+// list of (op, dependency key) pairs, no node-based maps and no per-op vectors of its own.
 #include <algorithm>
 #include <array>
-#include <unordered_map>
+#include <cstdint>
+#include <vector>
 
 #include "core/base/error.hpp"
 #include "core/program/lower.hpp"
@@ -24,6 +27,58 @@ std::uint64_t pack_key(int task, int ui, int spi, Stream s, OpKind k) {
          (static_cast<std::uint64_t>(spi & 0xFFF) << 8) | (static_cast<std::uint64_t>(s) << 4) |
          static_cast<std::uint64_t>(k);
 }
+
+// An open-addressing hash table from 64-bit keys (never kNoKey) to values: no allocation per entry.
+template <typename Value>
+class FlatTable {
+ public:
+  static constexpr std::uint64_t kNoKey = ~std::uint64_t{0};
+
+  void reserve(std::size_t n) {
+    std::size_t cap = 16;
+    while (3 * cap < 4 * n) cap *= 2;  // at most 3/4 full: small enough to stay in cache
+    if (cap > slots_.size()) rehash(cap);
+  }
+  // Adds key -> value; false (and no change) when the key is present.
+  bool insert(std::uint64_t key, Value value) {
+    if (4 * (size_ + 1) > 3 * slots_.size()) rehash(std::max<std::size_t>(16, 2 * slots_.size()));
+    std::size_t i = slot(key);
+    while (slots_[i].key != kNoKey) {
+      if (slots_[i].key == key) return false;
+      i = (i + 1) & (slots_.size() - 1);
+    }
+    slots_[i] = Slot{key, value};
+    ++size_;
+    return true;
+  }
+  const Value* find(std::uint64_t key) const {
+    if (slots_.empty()) return nullptr;
+    for (std::size_t i = slot(key);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i].key == key) return &slots_[i].value;
+      if (slots_[i].key == kNoKey) return nullptr;
+    }
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t key = kNoKey;
+    Value value{};
+  };
+  std::size_t slot(std::uint64_t key) const {
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 32) & (slots_.size() - 1);
+  }
+  void rehash(std::size_t cap) {
+    std::vector<Slot> old(cap);
+    old.swap(slots_);
+    size_ = 0;
+    for (const Slot& e : old) {
+      if (e.key != kNoKey) insert(e.key, e.value);
+    }
+  }
+
+  std::vector<Slot> slots_;  // key and value side by side: one cache line per probe
+  std::size_t size_ = 0;
+};
 
 class Lowerer {
  public:
@@ -55,7 +110,7 @@ class Lowerer {
       }
     }
     prog_.ops.reserve(estimate);
-    dep_keys_.reserve(estimate);
+    deps_.reserve(2 * estimate);
     peer_key_.reserve(estimate);
     has_peer_.reserve(estimate);
     index_.reserve(estimate);
@@ -87,22 +142,23 @@ class Lowerer {
     op.bytes = bytes;
     const int id = static_cast<int>(prog_.ops.size());
     const std::uint64_t kk = pack_key(t.idx, ui, spi, s, k);
-    if (!index_.emplace(kk, id).second) {
+    if (!index_.insert(kk, id)) {
       throw InternalError("duplicate op " + std::to_string(t.idx) + "." + std::to_string(ui) + "." +
                           std::to_string(spi) + "." + stream_name(s) + "." + op_kind_name(k));
     }
     prog_.ops.push_back(std::move(op));
-    dep_keys_.emplace_back();
     peer_key_.push_back(0);
     has_peer_.push_back(false);
     return id;
   }
 
-  void dep(int op, std::uint64_t k) { dep_keys_[static_cast<std::size_t>(op)].push_back(k); }
-  void dep_op(int op, int other) {
-    const Op& o = prog_.ops[static_cast<std::size_t>(other)];
-    dep(op, pack_key(o.task, o.ui, o.spi, o.stream, o.kind));
+  // A dependency on the op with key k: resolved now when that op exists (it was created moments ago, so its
+  // table slot is still in cache), else by resolve() once every op exists.
+  void dep(int op, std::uint64_t k) {
+    const int* id = index_.find(k);
+    deps_.push_back(PendingDep{op, id ? *id : -1, k});
   }
+  void dep_op(int op, int other) { deps_.push_back(PendingDep{op, other, 0}); }
   void peer(int op, std::uint64_t k) {
     peer_key_[static_cast<std::size_t>(op)] = k;
     has_peer_[static_cast<std::size_t>(op)] = true;
@@ -125,7 +181,21 @@ class Lowerer {
   // Transient memory of a compute op beyond the tensors the Program allocates explicitly: the
   // profiled peaks of its layers (minus inner inputs, as the reference's memory_of_pack) less the
   // weights, input, output (and for BWD the gradients) that have their own allocations.
-  Bytes workspace(Phase ph, int u, LayerRange l) const {
+  // Memoized: every microbatch of a pack at the same size asks again.
+  Bytes workspace(Phase ph, int u, LayerRange l) {
+    constexpr int kBits = 20;
+    const bool memo = u >= 0 && u < (1 << kBits) && l.first >= 0 && l.last < (1 << kBits) && l.first <= l.last;
+    const std::uint64_t mk = (static_cast<std::uint64_t>(ph == Phase::Bwd) << (3 * kBits)) |
+                             (static_cast<std::uint64_t>(u) << (2 * kBits)) |
+                             (static_cast<std::uint64_t>(l.first) << kBits) | static_cast<std::uint64_t>(l.last);
+    if (memo) {
+      if (const Bytes* b = workspace_memo_.find(mk)) return *b;
+    }
+    const Bytes w = workspace_of(ph, u, l);
+    if (memo) workspace_memo_.insert(mk, w);
+    return w;
+  }
+  Bytes workspace_of(Phase ph, int u, LayerRange l) const {
     Bytes peak = 0;
     for (int k = l.first; k <= l.last; ++k) {
       peak += m_.peak_bytes(ph, u, k);
@@ -244,12 +314,16 @@ class Lowerer {
     return S;
   }
 
+  // Sub-pack s of a FWD task: the sub-packs start at the pack's first layer and at every stash layer.
   LayerRange subpack_layers(const Task& vt, int s) const {
-    std::vector<int> bounds;
-    if (vt.stashes.empty() || vt.stashes.front().layer != vt.layers.first) bounds.push_back(vt.layers.first);
-    for (const Stash& st : vt.stashes) bounds.push_back(st.layer);
-    bounds.push_back(vt.layers.last + 1);
-    return LayerRange{bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1] - 1};
+    // bounds: [first unless a stash starts there] + stash layers + [last + 1]
+    const std::size_t lead = vt.stashes.empty() || vt.stashes.front().layer != vt.layers.first ? 1 : 0;
+    const auto bound = [&](std::size_t j) {
+      if (j < lead) return vt.layers.first;
+      if (j - lead < vt.stashes.size()) return vt.stashes[j - lead].layer;
+      return vt.layers.last + 1;
+    };
+    return LayerRange{bound(static_cast<std::size_t>(s)), bound(static_cast<std::size_t>(s) + 1) - 1};
   }
 
   int compute_fwd(const Task& vt, int i, int W, int X) {
@@ -541,32 +615,46 @@ class Lowerer {
   void resolve() {
     auto& ops = prog_.ops;
     auto find = [&](std::uint64_t k, int from) {
-      auto it = index_.find(k);
-      if (it == index_.end()) {
+      const int* id = index_.find(k);
+      if (id == nullptr) {
         const Op& o = ops[static_cast<std::size_t>(from)];
         throw InternalError("op t" + std::to_string(o.task) + " " + op_kind_name(o.kind) +
                             " depends on an op that was never created");
       }
-      return it->second;
+      return *id;
     };
+    // Group the dependencies by op, keeping each op's in the order they were added (counting sort).
+    std::vector<int> start(ops.size() + 1, 0);
+    for (const PendingDep& pd : deps_) ++start[static_cast<std::size_t>(pd.op) + 1];
+    for (std::size_t i = 0; i < ops.size(); ++i) start[i + 1] += start[i];
+    std::vector<int> ids(deps_.size());
+    {
+      std::vector<int> fill(start.begin(), start.end() - 1);
+      for (const PendingDep& pd : deps_) {
+        ids[static_cast<std::size_t>(fill[static_cast<std::size_t>(pd.op)]++)] =
+            pd.id >= 0 ? pd.id : find(pd.key, pd.op);
+      }
+    }
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      for (std::uint64_t k : dep_keys_[i]) {
-        const int d = find(k, static_cast<int>(i));
-        if (std::find(ops[i].deps.begin(), ops[i].deps.end(), d) == ops[i].deps.end()) ops[i].deps.push_back(d);
+      std::vector<int>& deps = ops[i].deps;
+      deps.reserve(static_cast<std::size_t>(start[i + 1] - start[i]));
+      for (int j = start[i]; j < start[i + 1]; ++j) {
+        const int d = ids[static_cast<std::size_t>(j)];
+        if (std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
       }
       if (has_peer_[i]) ops[i].peer = find(peer_key_[i], static_cast<int>(i));
     }
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].peer < 0) continue;
       const Op& p = ops[static_cast<std::size_t>(ops[i].peer)];
-      std::vector<int> merged = ops[i].deps;
+      std::vector<int>& merged = ops[i].deps;
+      merged.reserve(merged.size() + p.deps.size() + 1);
       merged.insert(merged.end(), p.deps.begin(), p.deps.end());
       if (p.queue_pos > 0)
         merged.push_back(
             prog_.queues[static_cast<std::size_t>(p.queue)].ops[static_cast<std::size_t>(p.queue_pos - 1)]);
       std::sort(merged.begin(), merged.end());
       merged.erase(std::unique(merged.begin(), merged.end()), merged.end());
-      ops[i].deps = std::move(merged);
     }
   }
 
@@ -577,8 +665,14 @@ class Lowerer {
   Program prog_;
   UbatchConverter conv_;
   bool has_conv_ = false;
-  std::unordered_map<std::uint64_t, int> index_;
-  std::vector<std::vector<std::uint64_t>> dep_keys_;
+  FlatTable<int> index_;             // op key -> op id
+  FlatTable<Bytes> workspace_memo_;  // (phase, u, layers) -> workspace bytes
+  struct PendingDep {
+    int op;             // the op that waits ...
+    int id;             // ... for this op, or -1: not created yet when the dependency was added ...
+    std::uint64_t key;  // ... then found by its key
+  };
+  std::vector<PendingDep> deps_;  // in the order added
   std::vector<std::uint64_t> peer_key_;
   std::vector<bool> has_peer_;
   std::array<int, kNumStreams> queue_of_{};

@@ -17,6 +17,7 @@
 #include "core/base/json_locate.hpp"
 #include "core/model/model.hpp"
 #include "core/model/profile.hpp"
+#include "core/model/profile_write.hpp"
 
 using harmony::core::Bytes;
 using harmony::core::ConfigError;
@@ -543,4 +544,43 @@ TEST_CASE("every truncation and single-character deletion of a profile loads or 
   CHECK(misplaced == 0);
   CHECK(rejected > 0);
   CHECK(loaded > 0);  // deleting a space, say, changes nothing
+}
+
+TEST_CASE("the simdjson fast path and the located path agree: the same Model or the same message") {
+  // load_profile_text walks simdjson's tree and, at any problem, nlohmann's; load_profile_text_located walks
+  // only nlohmann's. Both must give the same Model (compared as written-out profile text, so every double
+  // bit and the sign of a zero count) or the same error text.
+  const auto outcome = [](auto load) -> std::string {
+    try {
+      return harmony::core::write_profile_json(load());
+    } catch (const harmony::core::Error& e) {
+      return std::string("error: ") + e.what();
+    }
+  };
+  const auto agree = [&](const std::string& text) {
+    const std::string fast = outcome([&] { return load_profile_text(text, "mini.json"); });
+    const std::string located = outcome([&] { return harmony::core::load_profile_text_located(text, "mini.json"); });
+    CHECK_MESSAGE(fast == located, "text:\n", text);
+    return fast.rfind("error: ", 0) != 0;
+  };
+  CHECK(agree(kMini));
+  CHECK(agree(read_text(profile_path("bert_large.json"))));
+  CHECK(agree(read_text(profile_path("gpt2_medium.json"))));
+  // Where the parsers could differ: a repeated key (the last wins), a negative zero time, integers as times,
+  // exponents, a UTF-8 byte order mark, escapes in names.
+  CHECK(agree(edit("\"weight_bytes\": 1000,", "\"weight_bytes\": 5, \"weight_bytes\": 1000,")));
+  CHECK(agree(edit("\"update_time_cpu\": 0.5,", "\"update_time_cpu\": -0.0,")));
+  CHECK(agree(edit("\"update_time_cpu\": 0.5,", "\"update_time_cpu\": -0,")));
+  CHECK(agree(edit("\"fwd_time\": [0.25, 1.75],", "\"fwd_time\": [2.5e-1, 175E-2],")));
+  CHECK(agree(edit("\"name\": \"vlayer0\",", "\"name\": \"v\\u00e9\\ud83d\\ude00\\n\",")));
+  CHECK(agree("\xEF\xBB\xBF" + kMini));
+  // Refused by both, with the same message.
+  CHECK_FALSE(agree(edit("\"weight_bytes\": 1000,", "\"weight_bytes\": 9223372036854775808,")));
+  CHECK_FALSE(agree(edit("\"weight_bytes\": 1000,", "\"weight_bytes\": 18446744073709551616,")));
+  CHECK_FALSE(agree(edit("\"weight_bytes\": 1000,", "\"weight_bytes\": 1000.0,")));
+  CHECK_FALSE(agree(edit("\"update_time_cpu\": 0.5,", "\"update_time_cpu\": 1e400,")));
+  CHECK_FALSE(agree(edit("\"name\": \"vlayer0\",", "\"name\": \"\\udc00\",")));
+  CHECK_FALSE(agree(edit("\"is_criterion\": false,", "\"is_criterion\": 0,")));
+  CHECK_FALSE(agree(kMini + " x"));
+  for (std::size_t i = 0; i < kMini.size(); i += 3) agree(kMini.substr(0, i) + kMini.substr(i + 1));
 }
