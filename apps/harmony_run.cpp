@@ -515,7 +515,7 @@ std::optional<std::string> trial_step(const Setup& s, const Cli& cli, const Chos
   check_host_memory(s, c.program);
   backend::HostState scratch(*s.model);
   scratch.init_weights(s.cfg.model.init_seed);
-  auto owned = make_devices(s.cfg, c.plan.gpus);
+  auto owned = make_devices(s.cfg, s.device_flags, c.plan.gpus);
   std::vector<backend::Device*> devs;
   for (auto& d : owned) devs.push_back(d.get());
   std::vector<std::int32_t> in, tgt;

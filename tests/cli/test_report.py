@@ -460,10 +460,23 @@ with tempfile.TemporaryDirectory() as tmp:
             sp = f'{win["throughput_samples_per_s"] / ds["throughput_samples_per_s"]:.2f}x'
             check(f"tiny: best kind on {key[1]}", t is not None and t[2] == f'{kind_of(win)} (N={win["gpus"]})'
                   and t[4] == sp and t[5] == f'dp-swap (N={ds["gpus"]})', (t, kind_of(win), sp))
-    # results outside the project: found only with --sweep; without it, the page has all but the re-simulation
+    # results outside the project: sweep.json records the sweep file's absolute path (sweep_file_absolute), so
+    # the report finds it from any folder; without that key (a folder written elsewhere, the key removed) only
+    # --sweep finds it, and the page has all but the re-simulation
     elsewhere = os.path.join(tmp, "elsewhere")
     r = run("sweep", "sweeps/tiny.yaml", "--out", elsewhere, "--quiet", cwd=proj)
     check("tiny sweep elsewhere", r.returncode == 0, r.stdout + r.stderr)
+    meta = json.load(open(os.path.join(elsewhere, "sweep.json")))
+    check("sweep.json: sweep_file_absolute", os.path.isabs(meta.get("sweep_file_absolute", "")) and os.path.realpath(
+        meta["sweep_file_absolute"]) == os.path.realpath(os.path.join(proj, "sweeps", "tiny.yaml")), meta)
+    r = run("report", elsewhere, cwd=tmp)
+    check("sweep_file_absolute: found from another folder", r.returncode == 0 and "warning" not in r.stderr,
+          r.stdout + r.stderr)
+    if r.returncode == 0:
+        pe, _ = parse(os.path.join(elsewhere, "report.html"))
+        check("sweep_file_absolute: timeline", "timeline-svg-0" in pe.ids, sorted(pe.ids))
+    del meta["sweep_file_absolute"]
+    json.dump(meta, open(os.path.join(elsewhere, "sweep.json"), "w"))
     r = run("report", elsewhere, cwd=tmp)
     check("sweep file not found: exit 0", r.returncode == 0, r.stdout + r.stderr)
     check("sweep file not found: warning with the hint", "warning" in r.stderr and "--sweep" in r.stderr, r.stderr)
@@ -479,12 +492,6 @@ with tempfile.TemporaryDirectory() as tmp:
         check("--sweep: timeline", "timeline-svg-0" in pe.ids, sorted(pe.ids))
         check("--sweep: trace beside the relative --out", os.path.isfile(os.path.join(tmp,
               "elsewhere.gpt2_medium.trace.json")), os.listdir(tmp))
-    # a sweep.json that records the sweep file's absolute path (sweep_file_absolute) needs no --sweep
-    meta = json.load(open(os.path.join(elsewhere, "sweep.json")))
-    meta["sweep_file_absolute"] = os.path.join(proj, "sweeps", "tiny.yaml")
-    json.dump(meta, open(os.path.join(elsewhere, "sweep.json"), "w"))
-    r = run("report", elsewhere, cwd=tmp)
-    check("sweep_file_absolute", r.returncode == 0 and "warning" not in r.stderr, r.stdout + r.stderr)
 
     # one preset at two prices: two machines, told apart by their grid values (without YAML braces)
     with open(os.path.join(proj, "sweeps", "prices.yaml"), "w") as f:
