@@ -1034,17 +1034,24 @@ Resumable resumable_rows(const Sweep& sweep, const Shard& shard, const fs::path&
   return out;
 }
 
-// An exclusive flock on DIR/sweep.lock for the life of a run. The file holds the holder's pid and host, so a
-// second run names it; the file stays (unlocked) afterwards: deleting it would let two runs lock different files.
+// A flock on DIR/sweep.lock for the life of a run: exclusive for a writer (a sweep, a merge's output folder),
+// shared for a reader (merge reading a shard, so a sweep cannot write into it meanwhile, and two merges may read
+// it at once). A writer records its pid and host in the file, so a second run names it; the file stays
+// (unlocked) afterwards: deleting it would let two runs lock different files. A reader opens the file read-only
+// and skips a folder that has none (no locking sweep ever wrote there; read-only copies merge as before).
+enum class LockMode { Write, Read };
+
 class FolderLock {
  public:
-  explicit FolderLock(const fs::path& dir) {
+  explicit FolderLock(const fs::path& dir, LockMode mode = LockMode::Write) {
     const fs::path path = dir / kLockFile;
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const bool write = mode == LockMode::Write;
+    fd_ = ::open(path.c_str(), write ? O_RDWR | O_CREAT | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0644);
+    if (fd_ < 0 && !write && errno == ENOENT) return;
     if (fd_ < 0)
-      fail(file_loc(path), fmt::format("cannot create the lock file: {}", std::strerror(errno)),
-           "pick a writable --out folder");
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      fail(file_loc(path), fmt::format("cannot {} the lock file: {}", write ? "create" : "open", std::strerror(errno)),
+           write ? "pick a writable --out folder" : "check the folder's permissions");
+    if (::flock(fd_, (write ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
       const int err = errno;
       std::string holder;
       // The holder writes its name just after locking: give it a moment when the file is still empty.
@@ -1056,16 +1063,22 @@ class FolderLock {
       }
       ::close(fd_);
       fd_ = -1;
+      if (err == EWOULDBLOCK && !write)
+        fail(file_loc(dir),
+             fmt::format("a sweep is writing into this shard folder ({})",
+                         holder.empty() ? "holder not recorded yet" : holder),
+             "wait for it to finish (or stop it: Ctrl-C keeps its rows, and a rerun resumes), then merge");
       if (err == EWOULDBLOCK)
         fail(file_loc(dir),
-             fmt::format("another sweep is writing into this folder ({})",
-                         holder.empty() ? "holder not recorded yet" : holder),
+             fmt::format("another sweep is writing into this folder, or a merge is using it ({})",
+                         holder.empty() ? "holder not recorded yet" : "last locked by " + holder),
              fmt::format("wait for it to finish or stop it (Ctrl-C keeps its rows), or use another --out folder; "
-                         "{} names the holder",
+                         "{} names the last writer",
                          path.generic_string()));
       fail(file_loc(path), fmt::format("cannot lock the folder: {}", std::strerror(err)),
            "use a --out folder on a local file system");
     }
+    if (!write) return;
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
     const std::string text = fmt::format("pid {} on host {}\n", static_cast<long>(::getpid()), host);
@@ -1395,7 +1408,9 @@ MergeSummary merge_sweeps(const std::string& out_dir, const std::vector<std::str
   std::vector<In*> ins;
   held.reserve(shard_dirs.size());
   ins.reserve(shard_dirs.size());
+  std::vector<std::unique_ptr<FolderLock>> locks;  // shared on every shard: no sweep writes into one meanwhile
   for (const auto& d : shard_dirs) {
+    if (fs::is_directory(d)) locks.push_back(std::make_unique<FolderLock>(fs::path(d), LockMode::Read));
     auto in = std::make_unique<In>();
     in->dir = d;
     const fs::path meta_path = in->dir / kMetaFile;
@@ -1470,10 +1485,17 @@ MergeSummary merge_sweeps(const std::string& out_dir, const std::vector<std::str
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out))
     fail(file_loc(out), "cannot create the output folder", "pick a writable folder for the merged results");
-  for (const char* f : {kMetaFile, kCsvFile, kJsonlFile}) {
-    if (fs::exists(out / f))
-      fail(file_loc(out / f), "the merge output folder already holds results", "merge into a new, empty folder");
-  }
+  const auto refuse_results = [&] {
+    for (const char* f : {kMetaFile, kCsvFile, kJsonlFile}) {
+      if (fs::exists(out / f))
+        fail(file_loc(out / f), "the merge output folder already holds results", "merge into a new, empty folder");
+    }
+  };
+  refuse_results();  // before locking: a shard folder given as the output is named as such
+  // exclusive on the output: a concurrent merge (or sweep) into it is refused naming the holder; checked again
+  // under the lock for one that finished in between
+  const FolderLock out_lock(out);
+  refuse_results();
   std::string csv = header + "\n";
   std::string jsonl;
   for (std::size_t p = 0; p < points; ++p) {

@@ -6,6 +6,7 @@ resume, bad sweep files (exit 2, file:line:column, a hint); an edited profile re
 one --out (the second exits 2 naming the first), a huge grid refused fast unless --allow-large-grid (then it
 streams in little memory); the progress display shared with search and compare."""
 import csv
+import fcntl
 import json
 import os
 import shutil
@@ -184,6 +185,30 @@ budget: {{tokens: 3e9, seq_len: 512}}
     check("merge other sweep exit 2", r.returncode == 2 and "different sweep" in r.stderr, r.stderr)
     r = run("merge", merged, *shard_dirs)
     check("merge into a full folder exit 2", r.returncode == 2 and "already holds" in r.stderr, r.stderr)
+    # merge locks: a shard a sweep is writing into (its exclusive flock, held here as the sweep holds it) is
+    # refused, naming the holder; an output folder another merge holds likewise; a shard another merge reads
+    # (a shared flock) merges at the same time
+    with open(os.path.join(shard_dirs[1], "sweep.lock")) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = run("merge", os.path.join(tmp, "merged5"), *shard_dirs)
+        check("merge of a shard a sweep writes: exit 2", r.returncode == 2 and "a sweep is writing into this shard"
+              in r.stderr and "pid " in r.stderr, r.stderr)
+        check("merge of a shard a sweep writes: nothing written",
+              not os.path.exists(os.path.join(tmp, "merged5", "results.jsonl")), os.listdir(tmp))
+    busy = os.path.join(tmp, "merged6")
+    os.makedirs(busy)
+    with open(os.path.join(busy, "sweep.lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = run("merge", busy, *shard_dirs)
+        check("merge into a folder in use: exit 2", r.returncode == 2 and "a merge is using it" in r.stderr, r.stderr)
+    with open(os.path.join(shard_dirs[0], "sweep.lock")) as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        r = run("merge", busy, *shard_dirs)
+        check("merge while another merge reads a shard: exit 0", r.returncode == 0 and same_files(full, busy),
+              r.stderr)
+        r = run("sweep", slow, "--out", shard_dirs[0], "--shard", "0/3", "--quiet")
+        check("sweep into a shard a merge reads: exit 2", r.returncode == 2 and "a merge is using it" in r.stderr,
+              r.stderr)
     r = run("sweep", slow, "--out", shard_dirs[0], "--shard", "1/3")
     check("resume with another shard exit 2", r.returncode == 2 and "shard 0/3" in r.stderr, r.stderr)
 

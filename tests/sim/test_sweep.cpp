@@ -454,7 +454,8 @@ TEST_CASE("the output folder is locked while a run writes it; the refusal names 
     (void)sim::run_sweep(s, o);
     FAIL("a locked folder was written");
   } catch (const core::ConfigError& e) {
-    CHECK(std::string(e.what()).find("another sweep is writing into this folder") != std::string::npos);
+    CHECK(std::string(e.what()).find("another sweep is writing into this folder, or a merge is using it") !=
+          std::string::npos);
     CHECK(std::string(e.what()).find("pid 4242 on host elsewhere") != std::string::npos);
   }
   CHECK(!fs::exists(d / "results.jsonl"));
