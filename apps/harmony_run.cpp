@@ -718,6 +718,10 @@ int cmd_train(const Cli& cli) {
 
   install_stop_handlers();
   const bool tty = isatty(STDERR_FILENO) != 0;
+  // Off a terminal (a log file, Slurm's output) one progress line for the first step, then one every
+  // kProgressLineEvery_s and one for the last, as harmony-sim's sweeps and searches write theirs.
+  constexpr double kProgressLineEvery_s = 10.0;
+  auto last_line = std::chrono::steady_clock::now();
   std::vector<std::int32_t> in, tgt;
   nlohmann::json step_log = nlohmann::json::array();
   backend::StepResult last;
@@ -744,7 +748,12 @@ int cmd_train(const Cli& cli) {
     const double avg_sps = B * ran / run_s;
     step_log.push_back(
         {{"step", step + 1}, {"loss", last.loss}, {"step_time_s", dt}, {"throughput_samples_per_s", sps}});
-    if (!quiet) progress(step + 1, steps, last.loss, avg_sps, (steps - step - 1) * run_s / ran, tty);
+    const auto now = std::chrono::steady_clock::now();
+    if (!quiet && (tty || step == start || step + 1 == steps ||
+                   std::chrono::duration<double>(now - last_line).count() >= kProgressLineEvery_s)) {
+      progress(step + 1, steps, last.loss, avg_sps, (steps - step - 1) * run_s / ran, tty);
+      last_line = now;
+    }
     const bool due = cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0;
     const int stop = g_signal.load();
     if (!ckdir.empty() && (due || stop != 0)) {

@@ -159,8 +159,12 @@ with tempfile.TemporaryDirectory() as tmp:
         check("trace written", False, r.stderr)
 
     # --- table output: progress with loss, samples/s and ETA, and the summary
-    r = run("train", DEFAULT, "--steps", "3")
+    r = run("train", DEFAULT, "--steps", "5")
     check("table exit 0", r.returncode == 0, r.stderr)
+    # stderr is not a terminal here: the first and the last step's lines only (then one every 10 s)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("step ")]
+    check("off a terminal: progress throttled to the first and last step",
+          len(lines) == 2 and lines[0].startswith("step     1/5") and lines[1].startswith("step     5/5"), r.stderr)
     check("progress shows loss, samples/s, ETA", "loss" in r.stderr and "samples/s" in r.stderr and "ETA" in r.stderr,
           r.stderr)
     check("summary printed", "done" in r.stdout and "peak per device" in r.stdout, r.stdout)
@@ -231,7 +235,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # --- SIGINT saves a checkpoint and exits 130; resuming finishes the run with the same bits
     ck2 = os.path.join(tmp, "ck2")
-    # the signal goes after the first step's progress line (stderr is not a tty: one line per step), so it always
+    # the signal goes after the first step's progress line (stderr is not a tty: the first step's line is always written), so it always
     # finds the handler installed and a step done, however long the start-up takes on a loaded machine
     p = subprocess.Popen([RUN, "train", DEFAULT, "--steps", str(steps), "--checkpoint-dir", ck2], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
