@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
+#include "core/base/input_file.hpp"
 #include "core/output/trace.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
@@ -142,11 +143,7 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
 core::SourceLoc file_loc(const fs::path& p, int line = 0) { return core::SourceLoc{p.string(), line, 0}; }
 
 std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw core::ConfigError(file_loc(p), "cannot read the file", "check the path and its permissions");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return core::read_input_file(p.string(), "the file", "check the path and its permissions");
 }
 
 // A cell as the table shows it: strings bare, numbers as written, null as "-".

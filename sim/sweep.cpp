@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/atomic_file.hpp"
+#include "core/base/input_file.hpp"
 #include "core/config/config.hpp"
 #include "core/model/model.hpp"
 #include "core/output/report.hpp"
@@ -63,15 +64,9 @@ class ModelCache {
       if (auto it = digests_.find(path); it != digests_.end()) return it->second;
     }
     std::string digest = "missing";
-    std::error_code ec;
-    if (!std::filesystem::is_directory(path, ec)) {
-      std::ifstream in(path, std::ios::binary);
-      if (in) {
-        std::ostringstream ss;
-        ss << in.rdbuf();
-        if (!in.bad()) digest = fnv1a_hex(ss.str()) + " " + std::to_string(ss.str().size());
-      }
-    }
+    std::string problem;  // a file that cannot be read (or a directory, FIFO, device) digests as "missing"
+    if (const auto text = core::try_read_input_file(path, &problem))
+      digest = fnv1a_hex(*text) + " " + std::to_string(text->size());
     const std::lock_guard<std::mutex> lock(mutex_);
     return digests_.emplace(path, std::move(digest)).first->second;
   }
@@ -197,13 +192,15 @@ std::int64_t get_count(const YAML::Node& v, const std::string& what, const std::
   return static_cast<std::int64_t>(x);
 }
 
+// The one input check (core/base/input_file): a directory, FIFO or unreadable file is refused with the reason,
+// located where the sweep names it.
 std::string read_file(const std::string& path, const core::SourceLoc& where, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    fail(where, fmt::format("cannot read {} '{}'", what, path), "check the path (relative to the sweep file's folder)");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string problem;
+  auto text = core::try_read_input_file(path, &problem);
+  if (!text)
+    fail(where, fmt::format("cannot read {} '{}': {}", what, path, problem),
+         "check the path (relative to the sweep file's folder)");
+  return std::move(*text);
 }
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
@@ -898,13 +895,7 @@ std::string dump_meta(const nlohmann::ordered_json& j) {
 
 core::SourceLoc file_loc(const fs::path& p, int line = 0) { return core::SourceLoc{p.generic_string(), line, 0}; }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail(file_loc(p), "cannot read the file", "check its permissions");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string slurp(const fs::path& p) { return read_file(p.string(), file_loc(p), "the file"); }
 
 void write_atomically(const fs::path& p, const std::string& text) {
   core::write_file_atomic(p.string(), text, "the file", "check the folder is writable and the disk has space");

@@ -259,6 +259,11 @@ train: {{steps: 1, data: {tiny}/tokens.bin}}
 """)
         return cfg
 
+    def sweep_with_base(path):
+        sw = os.path.join(tmp, f"base-{os.path.basename(path)}.yaml")
+        open(sw, "w").write(f"base: {path}\ngrid:\n  plan.gpus: [1]\nkinds: [harmony-pp]\n")
+        return sw
+
     for path, reason in [(folder, "Is a directory"), (fifo, "not a regular file (a FIFO)")]:
         kind = os.path.basename(path)
         cases = [("--data", RUN, ["train", DEFAULT, "--data", path]),
@@ -267,7 +272,9 @@ train: {{steps: 1, data: {tiny}/tokens.bin}}
                  ("weights", RUN, ["train", weights_config(path)]),
                  ("profile", RUN, ["train", DEFAULT, "--plan", "auto", "--set", f"model.profile={path}"]),
                  ("sim config", SIM, ["simulate", path]),
-                 ("sim profile", SIM, ["simulate", SIMCFG, "--set", f"model.profile={path}"])]
+                 ("sim profile", SIM, ["simulate", SIMCFG, "--set", f"model.profile={path}"]),
+                 ("sweep file", SIM, ["sweep", path, "--out", os.path.join(tmp, f"sw-{kind}-file")]),
+                 ("sweep base", SIM, ["sweep", sweep_with_base(path), "--out", os.path.join(tmp, f"sw-{kind}-base")])]
         for what, binary, args in cases:
             r = run(*args, binary=binary, timeout=60)
             # model.weights may name a Hugging Face model folder: an empty one lacks model.safetensors
