@@ -8,7 +8,8 @@
 #   3. notebooks    scripts/run-notebooks.sh build out/notebooks: the bundled GPT sweep with build/'s harmony-sim,
 #                   then every notebooks/*.ipynb executed headless (figures in out/notebooks/figures; ~1 min)
 #   4. sanitizers   build-san/  ASan + UBSan, debugoptimized (-O2 -g, asserts on: the sanitizers catch the same
-#                   bugs at -O2 and the tests run ~3x faster than at -O0), -Dcuda=disabled (nvcc and the sanitizers do not mix; the
+#                   bugs at -O2; tests ~9 min instead of ~16 at -O0, but a cold compile ~5x -O0's: docs/benchmarks.md,
+#                   "CI"), -Dcuda=disabled (nvcc and the sanitizers do not mix; the
 #                   release build compiles the CUDA device); meson test (detect_leaks=1, halt_on_error=1)
 #   5. fuzz         build-fuzz/ clang, -Dfuzz=enabled; each libFuzzer target for HARMONY_FUZZ_SECONDS
 #                   on a temp copy of fuzz/corpus/<target>/ (crash inputs land in out/fuzz/)
