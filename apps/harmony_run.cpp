@@ -600,20 +600,7 @@ Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
 
 // A baseline given explicitly (plan.mode: dp-swap, ...): the config's microbatch (plan.u_bwd).
 core::BaselinePlan config_baseline(const Setup& s) {
-  const auto& cfg = s.cfg;
-  if (!cfg.plan.u_bwd)
-    throw core::ConfigError(cfg.plan.loc,
-                            fmt::format("harmony-run {} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind),
-                            "add `u_fwd: U` and `u_bwd: U` to plan:, or use --plan auto");
-  core::BaselinePlan b;
-  b.kind = *core::parse_plan_kind(cfg.baseline_kind);
-  b.gpus = cfg.plan.gpus;
-  b.minibatch = cfg.plan.minibatch;
-  b.ubatch = *cfg.plan.u_bwd;
-  b.activation_policy = cfg.baseline_activations;
-  b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
-  core::validate_baseline_plan(b, s.desc);
-  return b;
+  return core::baseline_plan_of(s.cfg, s.desc, "add `u_fwd: U` and `u_bwd: U` to plan:, or use --plan auto");
 }
 
 Chosen choose(const Setup& s, const Cli& cli, bool quiet) {

@@ -522,17 +522,8 @@ std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, cons
                                                          .dp_first_gpu_only = false}));
     return out;
   }
-  if (!cfg.plan.u_bwd)
-    throw core::ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind),
-                            "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
-  core::BaselinePlan b;
-  b.kind = *core::parse_plan_kind(cfg.baseline_kind);
-  b.gpus = cfg.plan.gpus;
-  b.minibatch = cfg.plan.minibatch;
-  b.ubatch = *cfg.plan.u_bwd;
-  b.activation_policy = cfg.baseline_activations;
-  b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
-  core::validate_baseline_plan(b, model);
+  core::BaselinePlan b =
+      core::baseline_plan_of(cfg, model, "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
   std::vector<core::LayerRange> stages;  // pp-swap: per device, the layers its compute ops cover in the trace
   if (b.kind == core::PlanKind::PpSwap) {
     try {

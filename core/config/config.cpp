@@ -2050,6 +2050,20 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
   return cfg;
 }
 
+BaselinePlan baseline_plan_of(const TrainConfig& cfg, const Model& model, const std::string& hint) {
+  if (!cfg.plan.u_bwd)
+    throw ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind), hint);
+  BaselinePlan b;
+  b.kind = *parse_plan_kind(cfg.baseline_kind);
+  b.gpus = cfg.plan.gpus;
+  b.minibatch = cfg.plan.minibatch;
+  b.ubatch = *cfg.plan.u_bwd;
+  b.activation_policy = cfg.baseline_activations;
+  b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
+  validate_baseline_plan(b, model);
+  return b;
+}
+
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides, bool plan_searched) {
   std::string problem;
   const auto text = read_text_file(path, &problem);

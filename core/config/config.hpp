@@ -117,6 +117,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 TrainConfig load_train_config_text(const std::string& text, const std::string& name,
                                    const std::vector<std::string>& overrides = {}, bool plan_searched = false);
 
+// The baseline plan a harmony-run config names (plan.mode: dp-swap, ...): its microbatch is plan.u_bwd, its
+// capacity machine.gpu_memory; validated against `model`. A missing u_bwd is a located error with `hint`.
+BaselinePlan baseline_plan_of(const TrainConfig& cfg, const Model& model, const std::string& hint);
+
 // Reads `path`, applies `overrides` ("plan.gpus=4", "machine.gpu_memory=8GiB", ...) and validates.
 // Throws ConfigError with file:line:column and a hint.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
