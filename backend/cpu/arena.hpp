@@ -1,16 +1,14 @@
-// The CPU device's memory: one block of `capacity` bytes carved by a best-fit allocator with coalescing
-// free lists, so a "GPU" of 64 MiB really holds 64 MiB, fragmentation included. Allocations beyond it
+// The CPU device's memory: one block of `capacity` bytes carved by the shared best-fit OffsetAllocator
+// (coalescing free lists), so a "GPU" of 64 MiB really holds 64 MiB, fragmentation included. Allocations beyond it
 // throw OutOfMemory; freed (and fresh) memory is filled with 0xFF (a float NaN) when poisoning is on.
 #pragma once
 
 #include <cstddef>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include "backend/device.hpp"
+#include "backend/offset_allocator.hpp"
 
 namespace harmony::backend::cpu {
 
@@ -44,22 +42,14 @@ class Arena final : public DeviceAllocator {
   bool contains(const void* ptr, Bytes bytes) const;
   // Whether ptr lies anywhere inside the arena's block (live or not).
   bool in_block(const void* ptr) const;
-  MemoryStats stats() const;
-  void reset_peak();
+  MemoryStats stats() const { return alloc_.stats(); }
+  void reset_peak() { alloc_.reset_peak(); }
   bool poison() const { return poison_; }
 
  private:
-  Bytes largest_free_locked() const;
-
-  std::string device_name_;
-  Bytes capacity_ = 0;
+  OffsetAllocator alloc_;  // the policy shared with the CUDA arena
   bool poison_ = false;
   std::byte* base_ = nullptr;
-  mutable std::mutex mu_;
-  std::map<Bytes, Bytes> free_;  // offset -> size, disjoint, coalesced
-  std::map<Bytes, Bytes> used_;  // offset -> size
-  Bytes in_use_ = 0;
-  Bytes peak_ = 0;
 };
 
 }  // namespace harmony::backend::cpu

@@ -1,17 +1,17 @@
-// The CUDA device's memory cap: the CPU arena's allocator (best fit, 256-byte granularity, coalescing frees,
-// OutOfMemory with the same message) as pure bookkeeping over one block of device memory that it never
-// touches, so it needs no CUDA and frees are safe inside CUDA host callbacks (Stream::release_after).
+// The CUDA device's memory cap: backend::OffsetAllocator, the CPU arena's allocator (best fit, 256-byte
+// granularity, coalescing frees, OutOfMemory with the same message), as pure bookkeeping over one block of device
+// memory that it never touches, so it needs no CUDA and frees are safe inside CUDA host callbacks
+// (Stream::release_after).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include "backend/device.hpp"
+#include "backend/offset_allocator.hpp"
 
 namespace harmony::backend::cuda {
 
@@ -35,23 +35,16 @@ class CudaArena final : public DeviceAllocator {
   bool in_block(const void* ptr) const;
   // The allocation's rounded size (0 if ptr is not the start of a live allocation).
   Bytes allocation_bytes(const void* ptr) const;
-  MemoryStats stats() const;
-  void reset_peak();
-  Bytes capacity() const { return capacity_; }
+  MemoryStats stats() const { return alloc_.stats(); }
+  void reset_peak() { alloc_.reset_peak(); }
+  Bytes capacity() const { return alloc_.capacity(); }
 
  private:
   Bytes offset_of(const void* ptr) const;  // -1 outside the block
-  Bytes largest_free_locked() const;
 
-  std::string device_name_;
+  OffsetAllocator alloc_;
   std::byte* base_ = nullptr;
-  Bytes capacity_ = 0;
   std::function<void(void*)> free_block_;
-  mutable std::mutex mu_;
-  std::map<Bytes, Bytes> free_;  // offset -> size, disjoint, coalesced
-  std::map<Bytes, Bytes> used_;  // offset -> size
-  Bytes in_use_ = 0;
-  Bytes peak_ = 0;
 };
 
 }  // namespace harmony::backend::cuda
