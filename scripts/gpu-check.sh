@@ -9,7 +9,9 @@
 #   3. bench_cuda (pinned copy ceiling vs harmony's copies, cuBLAS fp32/TF32/BF16) and bench_adamw;
 #   4. (b) a GPT-2 of >= 350M parameters at T = 1024 trained in memory (MFU against the dense BF16 peak),
 #      (c) the same under a quarter of (b)'s memory, --plan auto (Harmony) and dp-swap, (d) harmony-sim's
-#      prediction of (c) from a profile taken here; losses of every plan kind on CUDA vs the CPU device.
+#      a-priori prediction of (c) from a profile taken here, (e) the loop closed (docs/validation.md#calibrate):
+#      `harmony-sim calibrate` fits this GPU's machine file to the traces of (b) and (c) dp-swap, then predicts
+#      (c) Harmony, a Program it was not fitted on; losses of every plan kind on CUDA vs the CPU device.
 # Every command runs under `timeout` cut to the time left; a step the deadline prevents is recorded as such.
 #
 # usage: scripts/gpu-check.sh OUT_DIR
@@ -188,16 +190,18 @@ train: {steps: $steps, lr: 3e-4, weight_decay: 0.0, data: {synthetic_tokens: 104
 EOF
 
 echo "== (b) in memory"
-step b_in_memory 120 "$run" train "$out/gpt.yaml" "${fast[@]}" --format json --quiet && cp "$out/b_in_memory.out" "$out/b.json"
+step b_in_memory 120 "$run" train "$out/gpt.yaml" "${fast[@]}" --format json --quiet --trace "$out/b.trace.json" &&
+  cp "$out/b_in_memory.out" "$out/b.json"
 cap_mib=$(python3 -c "import json; print(json.load(open('$out/b.json'))['summary']['peak_memory_bytes'] // 4 // 2**20)" \
   2>/dev/null || echo 0)
 echo "== (d) profile, (c) capped to a quarter: $cap_mib MiB"
 step d_profile 90 "$run" profile "$out/gpt.yaml" "${fast[@]}" --out "$out/profile.json" --repeats 3
 step c_auto 90 "$run" train "$out/gpt.yaml" "${fast[@]}" --plan auto --gpu-memory "${cap_mib}MiB" \
-  --set "model.profile=$out/profile.json" --format json --quiet && cp "$out/c_auto.out" "$out/c_auto.json"
+  --set "model.profile=$out/profile.json" --format json --quiet --trace "$out/c_auto.trace.json" &&
+  cp "$out/c_auto.out" "$out/c_auto.json"
 step c_dpswap 90 "$run" train "$out/gpt.yaml" "${fast[@]}" --plan auto --gpu-memory "${cap_mib}MiB" \
-  --set "model.profile=$out/profile.json" --set plan.mode=dp-swap --format json --quiet &&
-  cp "$out/c_dpswap.out" "$out/c_dpswap.json"
+  --set "model.profile=$out/profile.json" --set plan.mode=dp-swap --format json --quiet \
+  --trace "$out/c_dpswap.trace.json" && cp "$out/c_dpswap.out" "$out/c_dpswap.json"
 if [[ -f $out/c_auto.json ]]; then
   python3 - "$out" "$cap_mib" >"$out/sim.yaml" <<'PY'
 import json, sys
@@ -210,6 +214,45 @@ print(f"plan: {{mode: {p['plan_kind']}, gpus: {p['gpus']}, minibatch: {p['miniba
       f"u_bwd: {p['u_bwd']}, packs_bwd: {json.dumps(p['packs_bwd'])}, packs_fwd: {json.dumps(p['packs_fwd'])}}}")
 PY
   step d_sim 30 "$sim" simulate "$out/sim.yaml" --format json && cp "$out/d_sim.out" "$out/d_sim.json"
+fi
+
+# (e) calibrate on (b) and (c) dp-swap, predict (c) Harmony. Each run's Program as a harmony-run config: gpt.yaml
+# with the measured profile, the run's memory cap and the plan it trained (from its JSON), so calibrate lowers
+# exactly the Program the trace recorded (flags like --tf32 change kernels, not the Program).
+echo "== (e) calibrate on (b) + (c) dp-swap, predict (c) Harmony"
+program_config() {  # program_config RUN_JSON CAP_MIB ("" = gpt.yaml's memory) > CONFIG
+  python3 - "$out" "$1" "$2" <<'PY'
+import json, re, sys
+out, run, cap = sys.argv[1:]
+p = json.load(open(run))["plan"]
+kind = p["plan_kind"]
+plan = f"mode: {kind}, gpus: {p['gpus']}, minibatch: {p['minibatch']}, u_fwd: {p['u_fwd']}, u_bwd: {p['u_bwd']}"
+if kind.startswith("harmony"):
+    plan += f", packs_bwd: {json.dumps(p['packs_bwd'])}, packs_fwd: {json.dumps(p['packs_fwd'])}"
+text = open(f"{out}/gpt.yaml").read()
+text = text.replace("model:\n", f"model:\n  profile: {out}/profile.json\n", 1)
+if cap:
+    text = re.sub(r"gpu_memory: [^}]*}", f"gpu_memory: {cap}}}", text, count=1)
+text = re.sub(r"^plan: .*$", "plan: {" + plan + "}", text, count=1, flags=re.M)
+print(f"# Written by gpu-check.sh: the Program {run} trained, for harmony-sim calibrate.")
+print(text.rstrip())
+PY
+}
+calibrated=false
+if [[ -f $out/b.json && -f $out/b.trace.json && -f $out/c_dpswap.json && -f $out/c_dpswap.trace.json ]]; then
+  program_config "$out/b.json" "" >"$out/e_b.yaml" &&
+    program_config "$out/c_dpswap.json" "${cap_mib}MiB" >"$out/e_dpswap.yaml" &&
+    step e_calibrate 60 "$sim" calibrate "$out/machine.yaml" \
+      --run "$out/e_b.yaml,$out/b.trace.json,$out/b.json" \
+      --run "$out/e_dpswap.yaml,$out/c_dpswap.trace.json,$out/c_dpswap.json" \
+      --out "$out/machine-calibrated.yaml" --format json && cp "$out/e_calibrate.out" "$out/e_calibrate.json" &&
+    calibrated=true
+fi
+if [[ $calibrated == true && -f $out/c_auto.json && -f $out/c_auto.trace.json ]]; then
+  program_config "$out/c_auto.json" "${cap_mib}MiB" >"$out/e_auto.yaml" &&
+    step e_predict 60 "$sim" calibrate "$out/machine-calibrated.yaml" \
+      --run "$out/e_auto.yaml,$out/c_auto.trace.json,$out/c_auto.json" --check --format json &&
+    cp "$out/e_predict.out" "$out/e_predict.json"
 fi
 
 echo "== losses of every plan kind, CUDA vs CPU (3 steps, strict fp32)"

@@ -265,6 +265,21 @@ def check_sim(v, out, steps, c):
           f"{pred:.3f} s predicted vs {meas:.3f} s measured: {err:+.1%}")
 
 
+def check_calibrated(v, out, steps, c):
+    """(e): calibrate fitted on (b) and (c) dp-swap; its --check prediction of (c) Harmony, not fitted on."""
+    name = f"calibrated prediction of (c) within {SIM_ERROR:.0%}"
+    p = step_problem(steps, "e_calibrate") or step_problem(steps, "e_predict")
+    pred = load_json(out, "e_predict.json") if p is None else None
+    runs = (pred or {}).get("runs") or []
+    if c is None or len(runs) != 1:
+        v.add(name, "FAILED", p or ("needs the capped run" if c is None else "e_predict.json has no run"))
+        return
+    meas, sim = runs[0]["measured_step_time_s"], runs[0]["predicted_step_time_s"]
+    err = (sim - meas) / meas if meas > 0 else math.inf
+    v.add(name, "PASSED" if abs(err) <= SIM_ERROR else "FAILED",
+          f"{sim:.3f} s predicted on the fitted machine vs {meas:.3f} s measured (fastest step): {err:+.1%}")
+
+
 def check_losses(v, out, steps):
     for kind in PLAN_KINDS:
         name = f"losses {kind}: finite, CUDA = CPU over 3 steps"
@@ -326,6 +341,7 @@ def verdict(out):
     ref = check_training(v, out, steps, env, params)
     c = check_capped(v, out, steps, ref)
     check_sim(v, out, steps, c)
+    check_calibrated(v, out, steps, c)
     check_losses(v, out, steps)
     elapsed = params.get("elapsed_s")
     if elapsed is None:

@@ -83,7 +83,7 @@ def main():
         r, rows = verdict(os.path.join(DATA, "pass"), "--markdown", md)
         check("pass: exit 0", r.returncode == 0, r.stdout + r.stderr)
         check("pass: every row PASSED", rows and all(v == "PASSED" for v, _ in rows.values()), r.stdout)
-        check("pass: 20 rows", len(rows) == 20, sorted(rows))
+        check("pass: 21 rows", len(rows) == 21, sorted(rows))
         check("pass: markdown written", os.path.exists(md) and open(md).read().startswith("| check | verdict"))
         for kind in ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l"]:
             check(f"pass: a loss row for {kind}", f"losses {kind}: finite, CUDA = CPU over 3 steps" in rows, sorted(rows))
@@ -144,6 +144,14 @@ def main():
         expect_failure(tmp, "sim-off",
                        lambda d: edit_json(d, "d_sim.json", lambda s: s["result"].update(iteration_time_s=0.05)),
                        "harmony-sim prediction within 10%", ["+12.8%"])
+        expect_failure(tmp, "calibrated-off",  # 0.0441 s measured, 0.0500 s predicted on the fitted machine
+                       lambda d: edit_json(d, "e_predict.json",
+                                           lambda s: s["runs"][0].update(predicted_step_time_s=0.0500)),
+                       "calibrated prediction of (c) within 10%", ["+13.4%"])
+        expect_failure(tmp, "calibrate-failed", lambda d: edit_step(d, "e_calibrate", rc=2),
+                       "calibrated prediction of (c) within 10%", ["exit 2"])
+        expect_failure(tmp, "calibrate-no-run", lambda d: edit_json(d, "e_predict.json", lambda s: s.update(runs=[])),
+                       "calibrated prediction of (c) within 10%", ["no run"])
         expect_failure(tmp, "nan-loss-kind",
                        lambda d: edit_json(d, "loss_zero-infinity_cuda.json",
                                            lambda b: b["steps"][1].update(loss=float("inf"))),
