@@ -78,7 +78,7 @@ SweepPoint sweep_point(const Sweep& sweep, std::size_t index);
 // enumerated one by one and rows stream to the files, so memory does not grow with the grid, but such a run is
 // usually a mistake (a forgotten axis, a long list pasted twice) and takes days.
 constexpr std::size_t kLargeGridPoints = 1'000'000;
-// The results format of a sweep folder (sweep.json's "version"); see kFormatVersion in sweep.cpp.
+// The results format of a sweep folder (sweep.json's "version"); see kFormatVersion in sweep_internal.hpp.
 constexpr int kSweepFormatVersion = 3;
 
 // `--shard I/N`: the points p with p % N == I.

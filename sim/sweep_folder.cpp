@@ -1,0 +1,143 @@
+// The results folder's shared plumbing (sweep_internal.hpp): reading and writing its files, sweep.json's
+// shard, the folder lock that keeps two writers (or a writer and a merge) apart.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/base/atomic_file.hpp"
+#include "core/base/input_file.hpp"
+#include "sim/sweep_internal.hpp"
+
+namespace harmony::sim::sweep_detail {
+
+// The one input check (core/base/input_file): a directory, FIFO or unreadable file is refused with the reason,
+// located where the sweep names it.
+std::string read_file(const std::string& path, const core::SourceLoc& where, const std::string& what) {
+  std::string problem;
+  auto text = core::try_read_input_file(path, &problem);
+  if (!text)
+    fail(where, fmt::format("cannot read {} '{}': {}", what, path, problem),
+         "check the path (relative to the sweep file's folder)");
+  return std::move(*text);
+}
+
+// One line: newlines and runs of spaces in messages (deadlock reports) become "; " and " ".
+std::string one_line(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\n' || c == '\r') {
+      while (!out.empty() && out.back() == ' ') out.pop_back();
+      if (!out.empty() && out.back() != ';') out += "; ";
+      continue;
+    }
+    if (c == ' ' && !out.empty() && out.back() == ' ') continue;
+    out += c;
+  }
+  while (!out.empty() && (out.back() == ' ' || out.back() == ';')) out.pop_back();
+  return out;
+}
+
+std::string slurp(const fs::path& p) { return read_file(p.string(), file_loc(p), "the file"); }
+
+void write_atomically(const fs::path& p, const std::string& text) {
+  core::write_file_atomic(p.string(), text, "the file", "check the folder is writable and the disk has space");
+}
+
+Lines complete_lines(const std::string& text) {
+  Lines l;
+  std::size_t start = 0;
+  for (std::size_t nl = text.find('\n'); nl != std::string::npos; nl = text.find('\n', start)) {
+    l.lines.push_back(std::string_view(text).substr(start, nl - start));
+    l.ends.push_back(nl + 1);
+    start = nl + 1;
+  }
+  return l;
+}
+
+nlohmann::ordered_json shard_json(const Shard& sh) {
+  nlohmann::ordered_json j;
+  j["index"] = sh.index;
+  j["count"] = sh.count;
+  return j;
+}
+
+std::string dump_meta(const nlohmann::ordered_json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+nlohmann::ordered_json read_meta(const fs::path& p) {
+  const std::string text = slurp(p);
+  try {
+    auto j = nlohmann::ordered_json::parse(text);
+    if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("fingerprint") || !j.contains("points") ||
+        !j.contains("shard"))
+      fail(file_loc(p), "not a harmony-sim sweep description", kFreshHint);
+    return j;
+  } catch (const nlohmann::json::exception& e) {
+    fail(file_loc(p), fmt::format("malformed sweep description: {}", e.what()), kFreshHint);
+  }
+}
+
+Shard meta_shard(const nlohmann::ordered_json& meta, const fs::path& p) {
+  try {
+    Shard sh;
+    sh.index = meta.at("shard").at("index").get<std::size_t>();
+    sh.count = meta.at("shard").at("count").get<std::size_t>();
+    if (sh.count < 1 || sh.index >= sh.count) throw std::out_of_range("shard");
+    return sh;
+  } catch (const std::exception&) {
+    fail(file_loc(p), "its `shard` is not {index: I, count: N} with I < N", kFreshHint);
+  }
+}
+
+FolderLock::FolderLock(const fs::path& dir, LockMode mode) {
+  const fs::path path = dir / kLockFile;
+  const bool write = mode == LockMode::Write;
+  fd_ = ::open(path.c_str(), write ? O_RDWR | O_CREAT | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0644);
+  if (fd_ < 0 && !write && errno == ENOENT) return;
+  if (fd_ < 0)
+    fail(file_loc(path), fmt::format("cannot {} the lock file: {}", write ? "create" : "open", std::strerror(errno)),
+         write ? "pick a writable --out folder" : "check the folder's permissions");
+  if (::flock(fd_, (write ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder;
+    // The holder writes its name just after locking: give it a moment when the file is still empty.
+    for (int attempt = 0; attempt < 50 && holder.empty() && err == EWOULDBLOCK; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      char buf[256];
+      const ssize_t got = ::pread(fd_, buf, sizeof buf - 1, 0);
+      if (got > 0) holder = one_line(std::string(buf, static_cast<std::size_t>(got)));
+    }
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK && !write)
+      fail(file_loc(dir),
+           fmt::format("a sweep is writing into this shard folder ({})",
+                       holder.empty() ? "holder not recorded yet" : holder),
+           "wait for it to finish (or stop it: Ctrl-C keeps its rows, and a rerun resumes), then merge");
+    if (err == EWOULDBLOCK)
+      fail(file_loc(dir),
+           fmt::format("another sweep is writing into this folder, or a merge is using it ({})",
+                       holder.empty() ? "holder not recorded yet" : "last locked by " + holder),
+           fmt::format("wait for it to finish or stop it (Ctrl-C keeps its rows), or use another --out folder; "
+                       "{} names the last writer",
+                       path.generic_string()));
+    fail(file_loc(path), fmt::format("cannot lock the folder: {}", std::strerror(err)),
+         "use a --out folder on a local file system");
+  }
+  if (!write) return;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
+  const std::string text = fmt::format("pid {} on host {}\n", static_cast<long>(::getpid()), host);
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+    fail(file_loc(path), "cannot write the lock file", "check the folder is writable and the disk has space");
+}
+
+}  // namespace harmony::sim::sweep_detail
