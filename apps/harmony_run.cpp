@@ -317,11 +317,6 @@ core::Model priced_model(const Setup& s, core::Model prof) {
   return prof;
 }
 
-std::string plan_title(const core::Plan& p) {
-  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", core::mode_name(p.mode), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
-                     core::packs_to_string(p.packs_fwd), core::packs_to_string(p.packs_bwd));
-}
-
 core::LowerOptions lower_options(const core::TrainConfig& cfg) {
   return core::LowerOptions{
       .prefetch = cfg.options.prefetch, .prefetch_buffers = cfg.options.prefetch_buffers, .dp_first_gpu_only = false};
@@ -391,7 +386,7 @@ Chosen chosen_harmony(const Setup& s, const core::Plan& plan) {
   Chosen c;
   c.plan = plan;
   c.kind = core::mode_name(plan.mode);
-  c.title = plan_title(plan);
+  c.title = core::plan_title(plan);
   c.program = core::lower_harmony(core::compose_task_graph(plan, s.model->num_layers()), s.desc, lower_options(s.cfg));
   return c;
 }

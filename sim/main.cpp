@@ -97,14 +97,8 @@ void write_trace(const std::string& path, const sim::Evaluation& e, const std::s
   core::write_file_atomic(path, doc.dump(1) + "\n", "the trace");
 }
 
-std::string plan_title(const core::RunReport& r) {
-  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", core::mode_name(r.plan.mode), r.plan.gpus, r.plan.minibatch,
-                     r.plan.u_fwd, r.plan.u_bwd, core::packs_to_string(r.plan.packs_fwd),
-                     core::packs_to_string(r.plan.packs_bwd));
-}
-
 void print_report_table(const core::RunReport& r) {
-  fmt::print("{}\n", plan_title(r));
+  fmt::print("{}\n", core::report_title(r));
   if (r.deadlock) {
     fmt::print("DEADLOCK: no op can start; blocked streams:\n{}", r.deadlock_report);
     return;
@@ -160,7 +154,7 @@ int cmd_simulate(const Cli& cli) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto e = sim::evaluate_plan(model, cfg.machine, plan, lower_options(cfg), cfg.cost_model);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!cli.trace.empty()) write_trace(cli.trace, e, plan_title(e.report), model, cfg.machine);
+  if (!cli.trace.empty()) write_trace(cli.trace, e, core::report_title(e.report), model, cfg.machine);
   if (cli.format == "json") {
     nlohmann::json j = document_head("simulate", cfg, model);
     j["prefetch"] = cfg.options.prefetch;
@@ -218,7 +212,7 @@ int cmd_search(const Cli& cli) {
   if (!res.ranked.empty()) {
     best = sim::evaluate_plan(model, cfg.machine, res.ranked.front().report.plan, lower, cfg.cost_model);
     best_bottleneck = bottleneck_of(best->program, model, cfg);
-    if (!cli.trace.empty()) write_trace(cli.trace, *best, plan_title(best->report), model, cfg.machine);
+    if (!cli.trace.empty()) write_trace(cli.trace, *best, core::report_title(best->report), model, cfg.machine);
   }
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();
@@ -328,12 +322,7 @@ int cmd_compare(const Cli& cli) {
   bool trace_written = false;
   if (!cli.trace.empty()) {
     if (const auto win = winner_of(res, model, cfg)) {
-      const auto& r = win->report;
-      const std::string title =
-          r.plan_kind == core::mode_name(r.plan.mode)
-              ? plan_title(r)
-              : fmt::format("{} N{} D{} u {}", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd);
-      write_trace(cli.trace, *win, title, model, cfg.machine);
+      write_trace(cli.trace, *win, core::report_title(win->report), model, cfg.machine);
       trace_written = true;
       trace_note = fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan_kind, cli.trace);
     } else {

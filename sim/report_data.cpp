@@ -84,16 +84,6 @@ std::string html_escape(std::string_view text) {
 
 namespace {
 
-std::string plan_title(const core::RunReport& r) {
-  if (core::parse_plan_kind(r.plan_kind) && core::is_baseline(*core::parse_plan_kind(r.plan_kind)))
-    return fmt::format("{} N{} D{} u {} ({})", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd,
-                       r.activation_policy);
-  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}",
-                     r.plan_kind.empty() ? core::mode_name(r.plan.mode) : r.plan_kind, r.plan.gpus, r.plan.minibatch,
-                     r.plan.u_fwd, r.plan.u_bwd, core::packs_to_string(r.plan.packs_fwd),
-                     core::packs_to_string(r.plan.packs_bwd));
-}
-
 // The best plan of `kr` lowered again and run on the native engine with counters on.
 BestPlan make_best(const KindResult& kr, const core::Model& model, const core::RunConfig& cfg, std::string where) {
   BestPlan b;
@@ -117,7 +107,7 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
   b.report.cost_model = cfg.cost_model;
   o.record_counters = false;  // the what-if re-simulations need no samples
   b.bottleneck = analyze_bottleneck(b.program, model, cfg.machine, b.native, o);
-  b.title = plan_title(kr.best);
+  b.title = core::report_title(kr.best);
   b.capacity_bytes_per_gpu = static_cast<double>(cfg.machine.gpu_memory_bytes) * cfg.machine.memory_cap_scale;
   return b;
 }

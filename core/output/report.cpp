@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/plan/plan_kind.hpp"
+
 namespace harmony::core {
 
 nlohmann::json packs_to_json(const Packs& packs) {
@@ -113,6 +115,17 @@ nlohmann::json report_to_json(const RunReport& r) {
                                     {"act_grad_bytes", l.act_grad_bytes}}},
                                   {"links", std::move(links)}});
   return j;
+}
+
+std::string report_title(const RunReport& r) {
+  const auto kind = parse_plan_kind(r.plan_kind);
+  if (kind && is_baseline(*kind))
+    return fmt::format("{} N{} D{} u {} ({})", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd,
+                       r.activation_policy);
+  Plan p = r.plan;
+  if (kind == PlanKind::HarmonyDP) p.mode = Mode::HarmonyDP;
+  if (kind == PlanKind::HarmonyPP) p.mode = Mode::HarmonyPP;
+  return plan_title(p);
 }
 
 std::string summary_line(const RunReport& r, const std::string& title) {

@@ -121,6 +121,10 @@ inline constexpr int kOutputSchemaVersion = 1;
 nlohmann::json report_to_json(const RunReport& r);
 // Packs as [[first, last], ...] (layer indices, inclusive).
 nlohmann::json packs_to_json(const Packs& packs);
+// The one-line title of the plan a report describes, for every kind: Harmony as core::plan_title (under its
+// plan_kind's name), a baseline as "dp-swap N4 D32 u 8 (checkpoint)": its microbatch and activation policy.
+std::string report_title(const RunReport& r);
+
 // The reference's one-line summary: "=== title : 4.399 sec (idle max/avg: 4%/2%) (compute2global/...) ==="
 std::string summary_line(const RunReport& r, const std::string& title);
 

@@ -64,6 +64,11 @@ std::string packs_to_string(const Packs& packs) {
   return s + "]";
 }
 
+std::string plan_title(const Plan& p) {
+  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", mode_name(p.mode), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
+                     packs_to_string(p.packs_fwd), packs_to_string(p.packs_bwd));
+}
+
 std::vector<int> split_minibatch(int samples, int ubatch) {
   std::vector<int> v(static_cast<std::size_t>(samples / ubatch), ubatch);
   if (samples % ubatch) v.push_back(samples % ubatch);

@@ -49,6 +49,9 @@ void validate_plan(const Plan& plan, int num_layers);
 // "[[0-6], [7-13]]"
 std::string packs_to_string(const Packs& packs);
 
+// The one-line title of a Harmony plan: "harmony-pp N4 D32 u 2/4 fwd [[0-6]] bwd [[0-6], [7-13]]".
+std::string plan_title(const Plan& p);
+
 // split_minibatchsize(D, U) = [U]*(D//U) (+ [D%U] if non-zero)
 std::vector<int> split_minibatch(int samples, int ubatch);
 
