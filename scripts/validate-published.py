@@ -131,6 +131,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--sim", help="the harmony-sim binary (default: BUILD/sim/harmony-sim)")
+    ap.add_argument("--doc", default=DOC, help="the markdown file holding the table (default: docs/validation.md)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 when docs/validation.md's table is not current")
     mode.add_argument("--calibrate", action="store_true", help="print the fitted gemm_efficiency of each preset")
@@ -145,23 +146,23 @@ def main():
         calibrate(sim, pub)
         return 0
     table = build_table(sim, pub)
-    with open(DOC) as f:
+    with open(args.doc) as f:
         doc = f.read()
     if BEGIN not in doc or END not in doc:
-        print(f"validate-published: {DOC} lacks the markers {BEGIN} ... {END}", file=sys.stderr)
+        print(f"validate-published: {args.doc} lacks the markers {BEGIN} ... {END}", file=sys.stderr)
         return 2
     head, rest = doc.split(BEGIN, 1)
     old, tail = rest.split(END, 1)
     new_doc = head + BEGIN + "\n" + table + END + tail
     if args.check:
         if old.strip() != table.strip():
-            print("validate-published: the table in docs/validation.md is not what harmony-sim computes now; "
+            print(f"validate-published: the table in {args.doc} is not what harmony-sim computes now; "
                   "regenerate it: python3 scripts/validate-published.py", file=sys.stderr)
             print(table)
             return 1
-        print(f"validate-published: docs/validation.md is current ({len(pub['points'])} points)")
+        print(f"validate-published: {args.doc} is current ({len(pub['points'])} points)")
         return 0
-    with open(DOC, "w") as f:
+    with open(args.doc, "w") as f:
         f.write(new_doc)
     print(table, end="")
     return 0
