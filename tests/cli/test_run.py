@@ -19,6 +19,9 @@ failures = []
 passed = 0
 
 
+SANITIZED = os.environ.get("HARMONY_SANITIZED") == "1"  # tests/meson.build: an ASan/UBSan build
+
+
 def run(*args, binary=RUN, timeout=600):
     return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
 
@@ -130,17 +133,21 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # --- the bundled default: Harmony-PP over 4 CPU devices each smaller than the model; the loss falls
     trace = os.path.join(tmp, "run_trace.json")
-    r, doc = train_json(DEFAULT, "--steps", "40", "--trace", trace)
+    # Under the sanitizers (HARMONY_SANITIZED, ~15x slower) 20 steps: the loss still falls by ~0.36 nats by then
+    # (0.5+ by step 40), so the check below asks for 0.25 there; the release tree runs the full 40.
+    n = 20 if SANITIZED else 40
+    r, doc = train_json(DEFAULT, "--steps", str(n), "--trace", trace)
     check("default exit 0", r.returncode == 0, r.stderr)
     if doc:
         s = doc["summary"]
-        check("40 steps logged", len(doc["steps"]) == 40 and s["steps_run"] == 40, s)
+        check(f"{n} steps logged", len(doc["steps"]) == n and s["steps_run"] == n, s)
         for st in doc["steps"]:
             for key in ["step", "loss", "step_time_s", "throughput_samples_per_s"]:
                 check(f"step has {key}", key in st, st)
         first = sum(s["losses"][:5]) / 5
         last = sum(s["losses"][-5:]) / 5
-        check("loss falls by > 0.5 nats in 40 steps", last < first - 0.5, (first, last))
+        fall = 0.25 if SANITIZED else 0.5
+        check(f"loss falls by > {fall} nats in {n} steps", last < first - fall, (first, last))
         check("devices smaller than the model", s["gpu_capacity_bytes"] < s["model_weight_bytes"], s)
         check("peaks within capacity",
               all(0 < g["peak_memory_bytes"] <= s["gpu_capacity_bytes"] for g in s["per_gpu"]), s)
