@@ -1751,6 +1751,7 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
   ModelSpec spec;
   if (analytic) {
     spec.analytic = parse_analytic(*analytic);
+    spec.analytic_dtype_given = analytic->value.kind == Node::Kind::Map && find(analytic->value, "dtype") != nullptr;
     spec.loc = analytic->value.loc;
     return spec;
   }
@@ -2123,7 +2124,11 @@ Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
                     "or start from a preset that has them: {}",
                     join(with_rates)));
   }
-  return analytic_model(*spec.analytic, machine.gpu_rates, machine.cpu_adam);
+  AnalyticSpec a = *spec.analytic;
+  if (!spec.analytic_dtype_given)
+    a.dtype = machine.gpu_rates.matrix_fp16_flops_per_s > machine.gpu_rates.matrix_fp32_flops_per_s ? DType::Bf16
+                                                                                                      : DType::Fp32;
+  return analytic_model(a, machine.gpu_rates, machine.cpu_adam);
 }
 
 Plan plan_from_spec(const PlanSpec& ps, const Model& model, const std::string& file, std::string_view who) {

@@ -23,6 +23,9 @@ namespace harmony::core {
 struct ModelSpec {
   std::string profile_path;              // resolved: relative paths are taken from the config file's folder
   std::optional<AnalyticSpec> analytic;  // set for `analytic:` (then profile_path is empty)
+  // Whether `analytic:` named its dtype. If not, load_model picks mixed precision (bf16) on a machine whose
+  // gpu_rates have a tensor-core rate above the FP32 one, else fp32 (docs/config.md, "model").
+  bool analytic_dtype_given = false;
   SourceLoc loc;                         // where `profile:` or `analytic:` was written, for errors about it
 };
 

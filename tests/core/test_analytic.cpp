@@ -673,3 +673,19 @@ TEST_CASE("calibration: GPT-2 Medium and BERT-Large on paper-1080ti against the 
   CHECK(median_abs(b.at("block")[1]) < 0.25);
   CHECK(median_abs(b.at("block")[3]) < 0.20);
 }
+
+TEST_CASE("an analytic model without dtype: bf16 mixed precision on tensor-core machines, fp32 on the 1080 Ti") {
+  auto weights = [](const std::string& machine, const std::string& dtype) {
+    const std::string yaml = "model: {analytic: {preset: gpt2-medium" + dtype + "}}\nmachine: " + machine +
+                             "\nplan: {mode: harmony-pp, gpus: 1, minibatch: 8}\n";
+    const RunConfig c = load_config_text(yaml, "dtype.yaml");
+    const Model m = load_model(c.model, c.machine);
+    return m.weight_bytes(0, m.num_layers() - 1);
+  };
+  const Bytes fp32 = weights("a100-pcie-8x", ", dtype: fp32");
+  CHECK(weights("a100-pcie-8x", "") * 2 == fp32);  // the default on an A100: 2 bytes per weight
+  CHECK(weights("a100-pcie-8x", ", dtype: bf16") * 2 == fp32);
+  CHECK(weights("h100-sxm-8x", "") * 2 == fp32);
+  CHECK(weights("paper-1080ti", "") == fp32);  // no tensor-core rate above FP32's: fp32
+  CHECK(weights("paper-1080ti", ", dtype: bf16") * 2 == fp32);
+}
