@@ -44,6 +44,63 @@ class FirstMiss {
 
 }  // namespace
 
+namespace {
+// The plan ran out of host memory (or pinned memory) rather than GPU memory.
+bool host_bound(const core::RunReport& r) {
+  const auto& h = r.host_memory;
+  return (h.capacity_bytes > 0 && h.total_bytes > h.capacity_bytes) ||
+         (h.pinned_limit_bytes > 0 && h.total_bytes - h.optimizer_state_bytes > h.pinned_limit_bytes);
+}
+}  // namespace
+
+namespace {
+void search_baselines(KindResult& kr, core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine,
+                      int gpus, int minibatch, const std::string& cost_model, const core::BaselineSearchOptions& bo,
+                      core::Bytes capacity, const core::SearchProgressFn& progress, bool* all_host_bound) {
+  std::vector<core::BaselinePlan> plans;
+  try {
+    plans = core::enumerate_baseline_plans(kind, model, gpus, minibatch, capacity, bo);
+  } catch (const core::ScheduleError& e) {
+    kr.reason = e.what();
+  }
+  kr.candidates += plans.size();
+  bool any_host_bound = false;
+  if (!plans.empty()) {
+    FirstMiss miss;
+    std::atomic<bool> host_miss{false};
+    const auto res = core::run_baseline_search(
+        plans,
+        [&](const core::BaselinePlan& p) {
+          core::RunReport r = evaluate_baseline(model, machine, p, cost_model);
+          if (!r.feasible) {
+            miss.note(fmt::format("u {}", p.ubatch), r.infeasible_reason);
+            if (host_bound(r)) host_miss = true;
+          }
+          return r;
+        },
+        1, -1, progress);
+    any_host_bound = host_miss;
+    kr.deadlocked += res.num_deadlocked;
+    for (const auto& r : res.ranked) {
+      if (r.report.deadlock || !r.report.feasible) continue;
+      const std::string policy = core::activation_policy_name(plans[r.plan].activation_policy);
+      if (!kr.policy_best_time_s.count(policy)) kr.policy_best_time_s[policy] = r.report.iteration_time_s;
+      if (kr.feasible) continue;
+      kr.feasible = true;
+      kr.best = r.report;
+      kr.baseline = plans[r.plan];
+      if (kind == core::PlanKind::ZeroInfinity) kr.offload = core::offload_tier_name(plans[r.plan].offload);
+    }
+    if (!kr.feasible)
+      kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", plans.size(), miss.suffix());
+  } else if (kr.reason.empty()) {
+    kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
+                            static_cast<double>(capacity) / static_cast<double>(core::kMiB));
+  }
+  if (all_host_bound) *all_host_bound = !kr.feasible && any_host_bound;
+}
+}  // namespace
+
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
                              const core::Options& options, const std::vector<core::ActivationPolicy>& policies,
@@ -112,38 +169,16 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   bo.ubatch_step = search.ubatch_step;
   bo.ubatch_sizes = search.u_bwd;
   bo.activation_policies = policies;
-  std::vector<core::BaselinePlan> plans;
-  try {
-    plans = core::enumerate_baseline_plans(kind, model, gpus, minibatch, capacity, bo);
-  } catch (const core::ScheduleError& e) {
-    kr.reason = e.what();
-  }
-  kr.candidates = plans.size();
-  if (!plans.empty()) {
-    FirstMiss miss;
-    const auto res = core::run_baseline_search(
-        plans,
-        [&](const core::BaselinePlan& p) {
-          core::RunReport r = evaluate_baseline(model, machine, p, cost_model);
-          if (!r.feasible) miss.note(fmt::format("u {}", p.ubatch), r.infeasible_reason);
-          return r;
-        },
-        1, -1, progress);
-    kr.deadlocked = res.num_deadlocked;
-    for (const auto& r : res.ranked) {
-      if (r.report.deadlock || !r.report.feasible) continue;
-      const std::string policy = core::activation_policy_name(plans[r.plan].activation_policy);
-      if (!kr.policy_best_time_s.count(policy)) kr.policy_best_time_s[policy] = r.report.iteration_time_s;
-      if (kr.feasible) continue;
-      kr.feasible = true;
-      kr.best = r.report;
-      kr.baseline = plans[r.plan];
-    }
-    if (!kr.feasible)
-      kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", plans.size(), miss.suffix());
-  } else if (kr.reason.empty()) {
-    kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
-                            static_cast<double>(capacity) / static_cast<double>(core::kMiB));
+  bool host = false;
+  search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, &host);
+  // zero-infinity: host memory is the binding limit and the machine has NVMe: keep parameters and optimizer
+  // state there instead (DeepSpeed's offload device: nvme); the native model prices the drives
+  if (kind == core::PlanKind::ZeroInfinity && host && cost_model == "native" && machine.topology.nvme.present()) {
+    const std::string cpu_reason = kr.reason;
+    kr.reason.clear();
+    bo.offloads = {core::OffloadTier::Nvme};
+    search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, nullptr);
+    if (!kr.feasible) kr.reason = fmt::format("offload cpu: {}; offload nvme: {}", cpu_reason, kr.reason);
   }
   return kr;
 }

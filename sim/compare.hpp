@@ -31,6 +31,9 @@ struct KindResult {
   // baselines: the best feasible time under each activation policy searched ("checkpoint", "keep"); the
   // winner is best.activation_policy. A policy with no feasible plan is absent.
   std::map<std::string, double> policy_best_time_s;
+  // zero-infinity: the offload tier of the best plan ("cpu", or "nvme" when no cpu plan fits host memory and
+  // the machine has an NVMe tier); "" for the other kinds.
+  std::string offload;
   double speedup_over_best_baseline = 0.0;
 };
 

@@ -350,6 +350,7 @@ int cmd_compare(const Cli& cli) {
         }
       }
       j["policy_best_time_s"] = std::move(pol);
+      j["offload"] = k.offload.empty() ? nlohmann::json(nullptr) : nlohmann::json(k.offload);
       j["best"] = k.feasible ? core::report_to_json(k.best) : nlohmann::json(nullptr);
       results.push_back(std::move(j));
     }
@@ -382,6 +383,7 @@ int cmd_compare(const Cli& cli) {
                                          core::packs_to_string(r.plan.packs_bwd), r.activation_policy);
     for (const auto& [policy, t] : k.policy_best_time_s)
       if (policy != r.activation_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
+    if (!k.offload.empty()) plan += fmt::format(", offload {}", k.offload);
     const std::string fit = r.fits ? std::string()
                                    : fmt::format("DOES NOT FIT: peak {:.0f} MiB > {:.0f} MiB by {} bytes; ",
                                                  mib(r.peak_memory_bytes), mib(r.gpu_capacity_bytes), r.excess_bytes);

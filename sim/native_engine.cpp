@@ -32,8 +32,9 @@ std::size_t z(T i) {
 }  // namespace
 
 const char* link_kind_name(LinkKind k) {
-  static const char* const names[] = {"gpu_down", "gpu_up",      "switch_down", "switch_up",    "inter_socket",
-                                      "nvlink",   "host_memcpy", "cpu_cores",   "compute_units"};
+  static const char* const names[] = {"gpu_down",      "gpu_up",    "switch_down", "switch_up",
+                                      "inter_socket",  "nvlink",    "host_memcpy", "cpu_cores",
+                                      "compute_units", "nvme_read", "nvme_write",  "host_memory"};
   return names[static_cast<int>(k)];
 }
 
@@ -111,6 +112,12 @@ LinkGraph build_link_graph(const core::MachineSpec& machine) {
                       t.host_memcpy_bytes_per_s > 0 ? t.host_memcpy_bytes_per_s : machine.bw_msg_bytes_per_s);
   g.cpu = add("CPU cores", LinkKind::CpuCores, t.cpu_cores > 0 ? static_cast<double>(t.cpu_cores) : 0.0);
   if (machine.compute.shared()) g.compute = add("compute units", LinkKind::ComputeUnits, machine.compute.units);
+  if (t.nvme.present()) {
+    g.nvme_read = add("NVMe read", LinkKind::NvmeRead, t.nvme.read_bytes_per_s);
+    g.nvme_write = add("NVMe write", LinkKind::NvmeWrite, t.nvme.write_bytes_per_s);
+  }
+  if (t.host_memory_bytes_per_s > 0)
+    g.host_memory = add("host memory", LinkKind::HostMemory, t.host_memory_bytes_per_s);
   return g;
 }
 
@@ -189,6 +196,18 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   if (p2p_staged) {
     for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_p2p[d];
   }
+  if (p.offload_nvme) {
+    // the masters and the optimizer state live on the drives; each process double-buffers its largest
+    // NVMe read (a layer's parameter shard, or a layer's optimizer state and masters) in pinned memory
+    h.nvme_bytes = h.master_weights_bytes + h.optimizer_state_bytes;
+    h.master_weights_bytes = 0;
+    h.optimizer_state_bytes = 0;
+    std::vector<Bytes> max_read(nd, 0);
+    for (const Op& o : p.ops) {
+      if (z(o.device) < nd) max_read[z(o.device)] = std::max(max_read[z(o.device)], o.nvme_read_bytes);
+    }
+    for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_read[d];
+  }
   h.total_bytes = h.master_weights_bytes + h.optimizer_state_bytes + h.gradient_bytes + h.stash_bytes +
                   h.activation_bytes + h.pinned_staging_bytes;
   return h;
@@ -232,16 +251,26 @@ namespace {
 enum class ActKind : std::uint8_t { Fixed, Flow };
 enum class EvKind : std::uint8_t { FixedEnd, LatencyEnd, FlowEnd };
 
-struct Activity {
-  int a = -1;
-  int b = -1;  // the P2P peer of `a`, or -1
+// One stage of an activity: a fixed delay, or a fluid flow over a path after a latency. Most ops are one
+// stage; with the native model's host work an op runs several in turn (an NVMe read before a swap-in, a
+// host gradient sum after a swap-out, NVMe I/O and dtype conversions around a CPU update).
+struct Stage {
   ActKind kind = ActKind::Fixed;
   TimePs fixed_ps = 0;
   TimePs latency_ps = 0;
   double volume = 0;  // bytes (core-seconds on the CPU)
   double cap = 0;     // the flow's own rate limit; <= 0: none
   std::vector<int> path;
-  int engine = -1;  // copy engine: gpu * 2 (+ 1 for device->host), -1 none
+  std::vector<double> coef;  // per path link: what one unit of volume uses of it; empty: 1 each
+};
+
+struct Activity : Stage {  // the Stage part is the stage running now
+  int a = -1;
+  int b = -1;                // the P2P peer of `a`, or -1
+  std::vector<Stage> later;  // the stages still to run, in order
+  int engine_stage = 0;      // the copy engine is given back when the stage of this index ends (0: the first)
+  int stage = 0;             // index of the running stage
+  int engine = -1;           // copy engine: gpu * 2 (+ 1 for device->host), -1 none
   TransferClass cls = TransferClass::None;
   core::TensorKind tensor = core::TensorKind::Activation;
   Bytes ledger_bytes = 0;  // payload counted in the swap ledger (0: not a transfer)
@@ -251,6 +280,8 @@ struct Activity {
   std::uint64_t version = 0;
   bool active = false;
 };
+
+double coef_of(const Stage& x, std::size_t i) { return x.coef.empty() ? 1.0 : x.coef[i]; }
 
 struct Event {
   TimePs t = 0;
@@ -395,7 +426,99 @@ class Engine {
     x.ledger_bytes = ledger;
     x.tensor = tensor;
     x.engine = opt_.contention ? engine : -1;
-    x.latency_ps = latency_ps_;
+    // a transfer split into io_count I/Os (ZeRO-3's buckets) pays the latency once per I/O
+    const int ios = opt_.reference_bandwidths ? 1 : std::max(1, p_.ops[z(x.a)].io_count);
+    x.latency_ps = latency_ps_ * ios;
+    if (!opt_.reference_bandwidths && r_.graph.host_memory >= 0) {
+      // DMA to or from host memory crosses DRAM once per byte (staged P2P twice); a host copy reads and writes
+      if (cls == TransferClass::PcieH2D || cls == TransferClass::PcieD2H) add_host_memory(x, 1.0);
+      if (cls == TransferClass::HostStaging) add_host_memory(x, 2.0);
+      if (cls == TransferClass::CpuMsg) add_host_memory(x, 2.0);
+    }
+  }
+
+  void add_host_memory(Stage& x, double coef) const {
+    if (x.coef.empty()) x.coef.assign(x.path.size(), 1.0);
+    x.path.push_back(r_.graph.host_memory);
+    x.coef.push_back(coef);
+  }
+
+  // A host-side flow stage of `volume` bytes over `link`, crossing host memory `mem_coef` times per byte.
+  Stage host_stage(int link, double volume, double mem_coef, TimePs latency) const {
+    Stage st;
+    st.kind = ActKind::Flow;
+    st.volume = volume;
+    st.path = {link};
+    st.latency_ps = latency;
+    if (r_.graph.host_memory >= 0) add_host_memory(st, mem_coef);
+    return st;
+  }
+
+  // The host work around op `o`'s own stage (native model only; docs/native-model.md "Offload tiers and host
+  // work"): NVMe reads before it, the dtype conversion before an update, host gradient sums and NVMe writes
+  // after it, and the op's fixed overhead before everything.
+  void add_host_work(Activity& x, const Op& o) {
+    const auto& g = r_.graph;
+    std::vector<Stage> before;
+    std::vector<Stage> after;
+    const int ios = std::max(1, o.io_count);
+    const TimePs nvme_lat = opt_.latency ? core::seconds_to_ps(topo_.nvme.latency_s) * ios : 0;
+    if ((o.nvme_read_bytes > 0 || o.nvme_write_bytes > 0) && g.nvme_read < 0)
+      throw core::ScheduleError(fmt::format(
+          "op {} ({}) reads or writes the NVMe tier, but the machine '{}' has none: add topology.nvme, or use "
+          "plan.offload: cpu",
+          p_.op_id(x.a), p_.op_label(x.a), mach_.name));
+    if (o.nvme_read_bytes > 0)
+      before.push_back(host_stage(g.nvme_read, static_cast<double>(o.nvme_read_bytes), 1.0, nvme_lat));
+    if (o.kind == OpKind::Update) {
+      if (const double c = conversion_bytes(o); c > 0) before.push_back(host_stage(g.host_memcpy, c, 2.0, 0));
+    }
+    if (o.host_sum_bytes > 0) after.push_back(host_stage(g.host_memcpy, static_cast<double>(o.host_sum_bytes), 3.0, 0));
+    if (o.nvme_write_bytes > 0)
+      after.push_back(host_stage(g.nvme_write, static_cast<double>(o.nvme_write_bytes), 1.0, nvme_lat));
+    if (!before.empty() || !after.empty()) {
+      std::vector<Stage> all = std::move(before);
+      x.engine_stage = static_cast<int>(all.size());
+      all.push_back(static_cast<Stage&>(x));
+      for (auto& st : after) all.push_back(std::move(st));
+      static_cast<Stage&>(x) = std::move(all.front());
+      x.later.assign(std::make_move_iterator(all.begin() + 1), std::make_move_iterator(all.end()));
+    }
+    if (o.overhead_s > 0) {
+      const TimePs ps = core::seconds_to_ps(o.overhead_s);
+      if (x.kind == ActKind::Fixed) {
+        x.fixed_ps += ps;
+      } else {
+        x.latency_ps += ps;
+      }
+    }
+  }
+
+  // Bytes the host converts between the GPU dtype and FP32 at an update: for every layer whose weights are
+  // stored in under 4 bytes per parameter (fp16/bf16), the gradient up to FP32 and the updated weights down,
+  // each counted as a copy of the FP32 side (2 x 4 bytes per parameter).
+  double conversion_bytes(const Op& o) const {
+    double c = 0;
+    for (int l = o.layers.first; l <= o.layers.last; ++l) {
+      const auto& L = m_.layers[z(l)];
+      if (L.param_count > 0 && L.weight_bytes < 3 * L.param_count) c += 8.0 * static_cast<double>(L.param_count);
+    }
+    return c;
+  }
+
+  // DRAM bytes one CPU Adam step touches for the op's layers: it reads the FP32 master weights, the FP32
+  // gradient and the optimizer state and writes the masters and the state back (fp32 Adam: 16 bytes read +
+  // 12 written = 28 bytes per parameter). FP32 bytes are 4 per parameter (the weight bytes when the profile
+  // has no parameter count).
+  double update_traffic_bytes(const Op& o) const {
+    double t = 0;
+    for (int l = o.layers.first; l <= o.layers.last; ++l) {
+      const auto& L = m_.layers[z(l)];
+      const double fp32 =
+          L.param_count > 0 ? 4.0 * static_cast<double>(L.param_count) : static_cast<double>(L.weight_bytes);
+      t += 3.0 * fp32 + 2.0 * static_cast<double>(L.optimizer_state_bytes);
+    }
+    return t;
   }
 
   int make_activity(int a, int b) {
@@ -449,6 +572,14 @@ class Engine {
             x.volume = x.remaining = w * cores;
             x.path = {g.cpu};
             x.cap = 0.0;  // no per-update cap: an update alone uses every core
+            if (const double t = update_traffic_bytes(o); g.host_memory >= 0 && t > 0) {
+              // with a host memory bandwidth the update is t bytes of DRAM traffic, each byte w * cores / t
+              // core-seconds: alone it still takes w (or t / bandwidth if that is longer), and it shares DRAM
+              // with the DMA byte for byte
+              x.volume = x.remaining = t;
+              x.path = {g.cpu, g.host_memory};
+              x.coef = {w * cores / t, 1.0};
+            }
           }
           break;
         case OpKind::ARD:
@@ -476,6 +607,8 @@ class Engine {
       }
     }
     add_dispatch(x);
+    if (!ref && b < 0) add_host_work(x, p_.ops[z(a)]);
+    x.remaining = x.volume;
     acts_.push_back(std::move(x));
     return static_cast<int>(acts_.size()) - 1;
   }
@@ -572,6 +705,11 @@ class Engine {
       r_.timeline.begin_ps[z(op)] = now_;
       allocate(op);
     }
+    start_stage(act);
+  }
+
+  void start_stage(int act) {
+    Activity& x = acts_[z(act)];
     if (x.kind == ActKind::Fixed) {
       if (x.fixed_ps > core::kMaxTimePs - now_)
         throw core::ScheduleError(fmt::format(
@@ -596,7 +734,7 @@ class Engine {
     Activity& x = acts_[z(e.act)];
     switch (e.kind) {
       case EvKind::FixedEnd:
-        end(e.act);
+        stage_end(e.act);
         break;
       case EvKind::LatencyEnd:
         activate(e.act);
@@ -606,23 +744,46 @@ class Engine {
         x.active = false;
         active_.erase(std::find(active_.begin(), active_.end(), e.act));
         dirty_ = true;
-        end(e.act);
+        stage_end(e.act);
         break;
     }
+  }
+
+  // The running stage of `act` is done: count its bytes, give back the copy engine after the DMA stage,
+  // then start the next stage or end the activity.
+  void stage_end(int act) {
+    Activity& x = acts_[z(act)];
+    if (x.kind == ActKind::Flow) {
+      for (std::size_t i = 0; i < x.path.size(); ++i) {
+        const int l = x.path[i];
+        const LinkKind k = r_.graph.links[z(l)].kind;
+        if (k != LinkKind::CpuCores && k != LinkKind::ComputeUnits)
+          r_.link_stats[z(l)].bytes += std::llround(x.volume * coef_of(x, i));
+      }
+    }
+    if (x.stage == x.engine_stage && x.engine >= 0) {
+      --engines_[z(x.engine)].in_use;
+      x.engine = -1;
+    }
+    if (x.later.empty()) {
+      end(act);
+      return;
+    }
+    static_cast<Stage&>(x) = std::move(x.later.front());
+    x.later.erase(x.later.begin());
+    ++x.stage;
+    x.remaining = x.volume;
+    x.rate = -1;
+    ++x.version;
+    start_stage(act);
   }
 
   void end(int act) {
     Activity& x = acts_[z(act)];
     if (x.engine >= 0) --engines_[z(x.engine)].in_use;
-    if (x.kind == ActKind::Flow && x.ledger_bytes > 0) {
+    if (x.ledger_bytes > 0) {
       r_.class_bytes[static_cast<int>(x.cls)] += x.ledger_bytes;
       r_.tensor_bytes[static_cast<int>(x.tensor)] += x.ledger_bytes;
-    }
-    if (x.kind == ActKind::Flow) {
-      for (int l : x.path) {
-        const LinkKind k = r_.graph.links[z(l)].kind;
-        if (k != LinkKind::CpuCores && k != LinkKind::ComputeUnits) r_.link_stats[z(l)].bytes += std::llround(x.volume);
-      }
     }
     for (int op : {x.a, x.b}) {
       if (op < 0) continue;
@@ -699,16 +860,23 @@ class Engine {
       for (std::size_t f = 0; f < nf; ++f) {
         const Activity& x = acts_[z(active_[f])];
         double r = x.cap > 0 ? x.cap : kInf;
-        for (int l : x.path) r = std::min(r, cap_[z(l)]);
+        for (std::size_t i = 0; i < x.path.size(); ++i) r = std::min(r, cap_[z(x.path[i])] / coef_of(x, i));
         rate[f] = r;
       }
       return rate;
     }
+    // weighted progressive filling: a flow at rate r uses coef x r of each link on its path; weight[l] is the
+    // sum of the coefficients of the unfrozen flows on l, count[l] their number
     std::vector<double> residual = cap_;
     std::vector<int> count(cap_.size(), 0);
+    std::vector<double> weight(cap_.size(), 0.0);
     for (int a : active_) {
-      for (int l : acts_[z(a)].path) {
-        if (std::isfinite(cap_[z(l)])) ++count[z(l)];
+      const Activity& x = acts_[z(a)];
+      for (std::size_t i = 0; i < x.path.size(); ++i) {
+        const int l = x.path[i];
+        if (!std::isfinite(cap_[z(l)])) continue;
+        ++count[z(l)];
+        weight[z(l)] += coef_of(x, i);
       }
     }
     std::size_t unfrozen = nf;
@@ -716,7 +884,7 @@ class Engine {
     while (unfrozen > 0) {
       double best = kInf;
       for (std::size_t l = 0; l < cap_.size(); ++l) {
-        if (count[l] > 0) best = std::min(best, std::max(0.0, residual[l]) / count[l]);
+        if (count[l] > 0) best = std::min(best, std::max(0.0, residual[l]) / weight[l]);
       }
       for (std::size_t f = 0; f < nf; ++f) {
         const Activity& x = acts_[z(active_[f])];
@@ -729,7 +897,7 @@ class Engine {
         break;
       }
       for (std::size_t l = 0; l < cap_.size(); ++l)
-        bottleneck[l] = count[l] > 0 && std::max(0.0, residual[l]) / count[l] <= best;
+        bottleneck[l] = count[l] > 0 && std::max(0.0, residual[l]) / weight[l] <= best;
       std::vector<std::size_t> frozen;
       for (std::size_t f = 0; f < nf; ++f) {
         if (rate[f] >= 0) continue;
@@ -741,10 +909,13 @@ class Engine {
       for (std::size_t f : frozen) {
         rate[f] = best;
         --unfrozen;
-        for (int l : acts_[z(active_[f])].path) {
+        const Activity& x = acts_[z(active_[f])];
+        for (std::size_t i = 0; i < x.path.size(); ++i) {
+          const int l = x.path[i];
           if (!std::isfinite(cap_[z(l)])) continue;
-          residual[z(l)] -= best;
-          --count[z(l)];
+          residual[z(l)] -= best * coef_of(x, i);
+          weight[z(l)] -= coef_of(x, i);
+          if (--count[z(l)] == 0) weight[z(l)] = 0;
         }
       }
     }
@@ -781,7 +952,7 @@ class Engine {
         push(fin, a, EvKind::FlowEnd, x.version);
       }
       if (std::isfinite(x.rate)) {
-        for (int l : x.path) load_[z(l)] += x.rate;
+        for (std::size_t i = 0; i < x.path.size(); ++i) load_[z(x.path[i])] += x.rate * coef_of(x, i);
       }
     }
     if (opt_.record_counters) {
@@ -820,6 +991,7 @@ class Engine {
     r_.host = host_account(p_, m_, staged);
     r_.host.capacity_bytes = topo_.host_memory_bytes;
     r_.host.pinned_limit_bytes = topo_.pinned_limit_bytes;
+    r_.host.nvme_capacity_bytes = topo_.nvme.capacity_bytes;
     std::string reason;
     if (r_.overflow.op >= 0) {
       const auto& o = r_.overflow;
@@ -839,6 +1011,14 @@ class Engine {
                         core::format_bytes(h.stash_bytes), core::format_bytes(h.activation_bytes),
                         core::format_bytes(h.pinned_staging_bytes), core::format_bytes(topo_.host_memory_bytes),
                         h.total_bytes - topo_.host_memory_bytes));
+      }
+      if (h.nvme_bytes > 0 && !topo_.nvme.present()) {
+        add("the plan keeps parameters and optimizer state on NVMe (plan.offload: nvme), but the machine has no "
+            "NVMe tier (topology.nvme)");
+      } else if (topo_.nvme.capacity_bytes > 0 && h.nvme_bytes > topo_.nvme.capacity_bytes) {
+        add(fmt::format("NVMe capacity exceeded: master weights and optimizer state need {} > capacity {} by {} bytes",
+                        core::format_bytes(h.nvme_bytes), core::format_bytes(topo_.nvme.capacity_bytes),
+                        h.nvme_bytes - topo_.nvme.capacity_bytes));
       }
       // everything but the optimizer state is a DMA source or target, hence page-locked
       const Bytes pinned = h.total_bytes - h.optimizer_state_bytes;

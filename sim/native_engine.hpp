@@ -40,9 +40,12 @@ enum class LinkKind : std::uint8_t {
   NvLink,
   HostMemcpy,
   CpuCores,
-  ComputeUnits
+  ComputeUnits,
+  NvmeRead,    // the NVMe array, host <- drives (topology.nvme.read)
+  NvmeWrite,   // host -> drives (topology.nvme.write)
+  HostMemory,  // DRAM bandwidth shared by DMA, host copies and the CPU optimizer (topology.host_memory_bandwidth)
 };
-const char* link_kind_name(LinkKind k);  // "gpu_down", "gpu_up", "switch_down", ..., "compute_units"
+const char* link_kind_name(LinkKind k);  // "gpu_down", ..., "compute_units", "nvme_read", "nvme_write", "host_memory"
 
 // The class of a transfer in the swap ledger.
 enum class TransferClass : std::uint8_t { PcieH2D, PcieD2H, P2PPcie, NvLink, HostStaging, CpuMsg, None };
@@ -64,7 +67,10 @@ struct LinkGraph {
   std::vector<int> nvlink;                  // gpus x gpus (from * gpus + to), -1 without NVLink
   int host_memcpy = -1;
   int cpu = -1;
-  int compute = -1;  // the shared compute pool; -1 when every device computes alone
+  int compute = -1;      // the shared compute pool; -1 when every device computes alone
+  int nvme_read = -1;    // -1 without an NVMe tier
+  int nvme_write = -1;   // -1 without an NVMe tier
+  int host_memory = -1;  // -1 when host memory bandwidth is unlimited
   int sockets = 1;
   core::P2PMode p2p = core::P2PMode::Pcie;
   std::vector<int> gpu_switch;  // per GPU
@@ -103,9 +109,12 @@ struct HostAccount {
   core::Bytes stash_bytes = 0;            // every stashed X swapped out in the iteration
   core::Bytes activation_bytes = 0;       // Y / dX swapped out, CPU-message copies
   core::Bytes pinned_staging_bytes = 0;   // p2p: host only: per GPU, a double buffer of its largest P2P send
+                                          // offload: nvme: also the NVMe swap buffers (two largest reads)
   core::Bytes total_bytes = 0;
-  core::Bytes capacity_bytes = 0;      // topology.host_memory_bytes (0: unlimited)
-  core::Bytes pinned_limit_bytes = 0;  // topology.pinned_limit_bytes (0: unlimited)
+  core::Bytes nvme_bytes = 0;           // offload: nvme: master weights and optimizer state on the NVMe tier
+  core::Bytes nvme_capacity_bytes = 0;  // topology.nvme.capacity (0: unlimited)
+  core::Bytes capacity_bytes = 0;       // topology.host_memory_bytes (0: unlimited)
+  core::Bytes pinned_limit_bytes = 0;   // topology.pinned_limit_bytes (0: unlimited)
 };
 
 struct MemorySample {

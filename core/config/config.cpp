@@ -483,9 +483,10 @@ MachineSpec machine_from_reference(const std::string& ref, const SourceLoc& loc,
 // A topology's per-GPU tables and NVLink pairs grow with the GPU count; this keeps them small.
 constexpr int kMaxTopologyGpus = 1024;
 
-const std::vector<std::string> kTopologyKeys = {"sockets",      "inter_socket", "switches",  "gpus",
-                                                "p2p",          "nvlink",       "latency",   "host_memory",
-                                                "pinned_limit", "host_memcpy",  "cpu_cores", "free_time"};
+const std::vector<std::string> kTopologyKeys = {
+    "sockets",     "inter_socket", "switches",    "gpus",      "p2p",       "nvlink", "latency",
+    "host_memory", "pinned_limit", "host_memcpy", "cpu_cores", "free_time", "nvme",   "host_memory_bandwidth"};
+const std::vector<std::string> kNvmeKeys = {"read", "write", "capacity", "latency"};
 const std::vector<std::string> kSwitchKeys = {"name", "socket", "uplink"};
 const std::vector<std::string> kGpuKeys = {"switch", "link", "copy_engines"};
 const std::vector<std::string> kCopyEngineKeys = {"h2d", "d2h"};
@@ -986,6 +987,29 @@ void parse_nvlinks(TopologyDraft& d, const Entry& e, const std::string& what, in
   }
 }
 
+// topology.nvme: {read: BW, write: BW, capacity: SIZE, latency: DURATION}; read and write are required, the
+// rest default to unlimited capacity and no latency. `nvme: none` drops an inherited tier.
+void parse_nvme(NvmeSpec& out, const Entry& e, const std::string& what) {
+  const std::string hint =
+      "write nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us} (the drive array's aggregate "
+      "bandwidth per direction, its capacity and the latency of one I/O), or nvme: none";
+  if (e.value.kind == Node::Kind::Scalar && e.value.scalar == "none") {
+    out = NvmeSpec{};
+    return;
+  }
+  if (e.value.kind != Node::Kind::Map) fail(e.value.loc, fmt::format("{} must be a mapping", what), hint);
+  check_keys(e.value, what, kNvmeKeys);
+  NvmeSpec n;
+  const Entry* r = find(e.value, "read");
+  const Entry* w = find(e.value, "write");
+  if (!r || !w) fail(e.key_loc, fmt::format("{} needs both read and write bandwidths", what), hint);
+  n.read_bytes_per_s = get_link_bandwidth(r->value, what + ".read");
+  n.write_bytes_per_s = get_link_bandwidth(w->value, what + ".write");
+  if (const Entry* c = find(e.value, "capacity")) n.capacity_bytes = get_capacity(c->value, what + ".capacity");
+  if (const Entry* l = find(e.value, "latency")) n.latency_s = get_topology_duration(l->value, what + ".latency", "us");
+  out = n;
+}
+
 void apply_topology(TopologyDraft& d, const Entry& topo_entry, const std::string& what, int gpus) {
   const Node& map = topo_entry.value;
   check_keys(map, what, kTopologyKeys);
@@ -1028,6 +1052,9 @@ void apply_topology(TopologyDraft& d, const Entry& topo_entry, const std::string
   if (const Entry* e = find(map, "cpu_cores")) d.topo.cpu_cores = get_int(e->value, what + ".cpu_cores", 1);
   if (const Entry* e = find(map, "free_time"))
     d.topo.free_time_s = get_topology_duration(e->value, what + ".free_time", "ms");
+  if (const Entry* e = find(map, "host_memory_bandwidth"))
+    d.topo.host_memory_bytes_per_s = get_link_bandwidth(e->value, what + ".host_memory_bandwidth");
+  if (const Entry* e = find(map, "nvme")) parse_nvme(d.topo.nvme, *e, what + ".nvme");
 }
 
 // Checks that need the whole draft, pointing at what the mapping wrote rather than at its base.
@@ -1881,6 +1908,49 @@ Gpt2Shape parse_gpt2_shape(const Entry& e) {
   return g;
 }
 
+// plan.offload (cpu | nvme) and plan.zero3 ({module_latency: DURATION, bucket: ELEMENTS}): zero-infinity's
+// offload tier and ZeRO-3 overheads (docs/baselines.md). Removed from `plan` once read.
+void parse_zero_infinity_keys(Node& plan, TrainConfig& cfg) {
+  for (auto it = plan.entries.begin(); it != plan.entries.end();) {
+    if (it->key != "offload" && it->key != "zero3") {
+      ++it;
+      continue;
+    }
+    const std::string what = "plan." + it->key;
+    if (cfg.baseline_kind != "zero-infinity")
+      fail(it->key_loc, fmt::format("{} applies to plan.mode: zero-infinity only", what),
+           "remove the key, or set mode: zero-infinity");
+    if (it->key == "offload") {
+      const std::string hint =
+          "offload tiers: cpu (parameters and optimizer state in host memory) or nvme (on the machine's "
+          "topology.nvme drives, as DeepSpeed's offload_param/offload_optimizer device: nvme)";
+      const std::string& v = expect_scalar(it->value, what, "an offload tier", hint);
+      const auto tier = parse_offload_tier(v);
+      if (!tier)
+        fail(it->value.loc, fmt::format("unknown {} '{}'", what, v), suggestion_hint(v, offload_tier_names(), "tiers"));
+      if (*tier == OffloadTier::Nvme && !cfg.machine.topology.nvme.present())
+        fail(it->value.loc, "plan.offload: nvme needs a machine with an NVMe tier",
+             "add topology.nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us} to the machine, or "
+             "use plan.offload: cpu");
+      cfg.baseline_offload = *tier;
+    } else {
+      const std::string hint =
+          "write zero3: {module_latency: 200us, bucket: 5e7} (the per-module hook cost and the prefetch bucket in "
+          "parameter elements, DeepSpeed's stage3_prefetch_bucket_size)";
+      if (it->value.kind != Node::Kind::Map) fail(it->value.loc, fmt::format("{} must be a mapping", what), hint);
+      check_keys(it->value, what, {"module_latency", "bucket"});
+      if (const Entry* e = find(it->value, "module_latency"))
+        cfg.baseline_zero3.module_latency_s = get_topology_duration(e->value, what + ".module_latency", "us");
+      if (const Entry* e = find(it->value, "bucket")) {
+        const double v = get_positive_double(e->value, what + ".bucket");
+        if (v < 1) fail(e->value.loc, fmt::format("{}.bucket must be at least 1 element, got {}", what, v), hint);
+        cfg.baseline_zero3.bucket_elements = v;
+      }
+    }
+    it = plan.entries.erase(it);
+  }
+}
+
 TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
                                bool plan_searched) {
   for (const std::string& o : overrides) apply_override(root, o);
@@ -1967,6 +2037,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
     harmony_plan.entries.erase(it);
     break;
   }
+  parse_zero_infinity_keys(harmony_plan, cfg);
   cfg.plan = parse_plan(harmony_plan, find(root, "plan")->key_loc, plan_locs);
   // harmony-run keeps the paper's defaults (prefetch off, minimum pack counts): its runs and --plan auto
   // choices stay as they were; both keys can be set.
@@ -2060,6 +2131,8 @@ BaselinePlan baseline_plan_of(const TrainConfig& cfg, const Model& model, const 
   b.minibatch = cfg.plan.minibatch;
   b.ubatch = *cfg.plan.u_bwd;
   b.activation_policy = cfg.baseline_activations;
+  b.offload = cfg.baseline_offload;
+  b.zero3 = cfg.baseline_zero3;
   b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
   validate_baseline_plan(b, model);
   return b;

@@ -106,6 +106,9 @@ struct TrainConfig {
   std::string baseline_kind;
   // plan.activations (baselines only): checkpoint (the default; recompute in the backward) or keep.
   ActivationPolicy baseline_activations = ActivationPolicy::Checkpoint;
+  // plan.offload and plan.zero3 (zero-infinity only; docs/baselines.md): the offload tier and ZeRO-3's overheads.
+  OffloadTier baseline_offload = OffloadTier::Cpu;
+  Zero3Overheads baseline_zero3;
   SearchSpec search;
   Options options;
   TrainSpec train;

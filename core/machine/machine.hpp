@@ -35,6 +35,16 @@ enum class P2PMode {
   Host,  // no P2P: staged through pinned host memory (device->host, then host->device)
 };
 
+// An NVMe offload tier (docs/machines.md, `topology.nvme`): the drive array behind the host, read and written
+// through pinned host buffers. Bandwidths are the array's aggregate per direction; latency is paid per I/O.
+struct NvmeSpec {
+  double read_bytes_per_s = 0;   // 0 = no NVMe tier
+  double write_bytes_per_s = 0;  // 0 = no NVMe tier
+  Bytes capacity_bytes = 0;      // 0 = unlimited
+  double latency_s = 0;          // per I/O (one bucket or one layer's read or write)
+  bool present() const { return read_bytes_per_s > 0 && write_bytes_per_s > 0; }
+};
+
 struct Topology {
   std::vector<GpuSpec> gpus;  // size == MachineSpec::gpus
   std::vector<PcieSwitch> switches;
@@ -46,8 +56,11 @@ struct Topology {
   Bytes host_memory_bytes = 0;         // 0 = unlimited
   Bytes pinned_limit_bytes = 0;        // 0 = unlimited
   double host_memcpy_bytes_per_s = 0;  // CPU-side copies (CPU messages, staging)
-  int cpu_cores = 1;                   // cores the optimizer may use
-  double free_time_s = 0;              // time to free one pack's tensors (paper: flat 40 ms)
+  // DRAM bandwidth shared by DMA (swaps, NVMe I/O), host copies and the CPU optimizer; 0 = unlimited
+  double host_memory_bytes_per_s = 0;
+  NvmeSpec nvme;           // absent (not present()) = no NVMe tier
+  int cpu_cores = 1;       // cores the optimizer may use
+  double free_time_s = 0;  // time to free one pack's tensors (paper: flat 40 ms)
   bool valid() const { return !gpus.empty(); }
 };
 

@@ -76,6 +76,12 @@ struct Op {
   Bytes workspace_bytes = 0;      // compute ops: transient device memory while running (beyond allocs)
   std::vector<TensorRef> allocs;  // device memory allocated when the op begins
   std::vector<TensorRef> frees;   // device memory freed when the op ends
+  // Native cost model only (the reference ignores them; docs/native-model.md "Offload tiers and host work"):
+  Bytes nvme_read_bytes = 0;   // read from the NVMe tier into pinned host memory before the op's work
+  Bytes nvme_write_bytes = 0;  // written from host memory to the NVMe tier after the op's work
+  Bytes host_sum_bytes = 0;    // gradient bytes the CPU adds into a host accumulator after the op's work
+  int io_count = 0;            // the op's transfer is this many I/Os (buckets), each paying the latency; 0 = 1
+  double overhead_s = 0;       // fixed host-side cost before the op's work (ZeRO-3 module gather/partition)
 };
 
 struct OpQueue {
@@ -86,9 +92,12 @@ struct OpQueue {
 
 struct Program {
   TaskGraph graph;
-  bool prefetch = false;        // lowered with the reference's prefetch/offload dependency model
-  bool pp_rules = false;        // lowered with the Harmony-PP event rules (the reference's sim_mode vPP)
-  int bandwidth_sharers = 1;    // the reference's Nsim: GPUs sharing host bandwidth
+  bool prefetch = false;      // lowered with the reference's prefetch/offload dependency model
+  bool pp_rules = false;      // lowered with the Harmony-PP event rules (the reference's sim_mode vPP)
+  int bandwidth_sharers = 1;  // the reference's Nsim: GPUs sharing host bandwidth
+  // Native model: parameters (fp32 masters) and optimizer state live on the NVMe tier, not in host memory
+  // (zero-infinity with plan.offload: nvme); the host keeps pinned staging buffers.
+  bool offload_nvme = false;
   std::vector<int> devices;     // devices that have ops (Harmony-DP under the reference: only GPU 0)
   std::vector<Op> ops;          // creation order
   std::vector<OpQueue> queues;  // devices ascending, then streams in order of first use

@@ -32,22 +32,28 @@ std::vector<BaselinePlan> enumerate_baseline_plans(PlanKind kind, const Model& m
   } else {
     for (int u = lo; u <= hi; u += std::max(1, options.ubatch_step)) sizes.push_back(u);
   }
+  const std::vector<OffloadTier> tiers =
+      kind == PlanKind::ZeroInfinity ? options.offloads : std::vector<OffloadTier>{OffloadTier::Cpu};
   for (ActivationPolicy policy : options.activation_policies) {
-    for (int u : sizes) {
-      if (u < lo || u > hi || share % u != 0) continue;
-      BaselinePlan p;
-      p.activation_policy = policy;
-      p.kind = kind;
-      p.gpus = gpus;
-      p.minibatch = minibatch;
-      p.ubatch = u;
-      p.gpu_capacity_bytes = capacity_bytes;
-      if (kind == PlanKind::PpSwap) p.stages = balanced_stages(model, u, gpus);
-      if (options.drop_infeasible) {
-        const auto ds = decide_swaps(p, model);
-        if (!std::all_of(ds.begin(), ds.end(), [](const SwapDecision& d) { return d.fits; })) continue;
+    for (OffloadTier tier : tiers) {
+      for (int u : sizes) {
+        if (u < lo || u > hi || share % u != 0) continue;
+        BaselinePlan p;
+        p.activation_policy = policy;
+        p.offload = tier;
+        p.zero3 = options.zero3;
+        p.kind = kind;
+        p.gpus = gpus;
+        p.minibatch = minibatch;
+        p.ubatch = u;
+        p.gpu_capacity_bytes = capacity_bytes;
+        if (kind == PlanKind::PpSwap) p.stages = balanced_stages(model, u, gpus);
+        if (options.drop_infeasible) {
+          const auto ds = decide_swaps(p, model);
+          if (!std::all_of(ds.begin(), ds.end(), [](const SwapDecision& d) { return d.fits; })) continue;
+        }
+        out.push_back(std::move(p));
       }
-      out.push_back(std::move(p));
     }
   }
   return out;

@@ -18,6 +18,11 @@ struct BaselineSearchOptions {
   bool drop_infeasible = true;    // leave out plans whose decisions do not fit gpu_capacity_bytes
   // the activation policies to enumerate (each policy's plans in turn); `harmony-sim compare` passes both
   std::vector<ActivationPolicy> activation_policies = {ActivationPolicy::Checkpoint};
+  // zero-infinity: the offload tiers to enumerate (each tier's plans in turn, inside each policy) and the
+  // ZeRO-3 overheads every plan gets; ignored by the other kinds. `harmony-sim compare` searches cpu, then
+  // nvme when no cpu plan fits host memory and the machine has an NVMe tier.
+  std::vector<OffloadTier> offloads = {OffloadTier::Cpu};
+  Zero3Overheads zero3;
 };
 
 // Candidate plans of one baseline, per activation policy (in options' order) ascending u: u in the profiled forward and

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/base/error.hpp"
+#include "core/config/config.hpp"
 #include "core/model/profile.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
@@ -798,4 +799,48 @@ TEST_CASE("compare searches both activation policies for every baseline and repo
   REQUIRE(pp.feasible);
   CHECK(pp.best.activation_policy == "checkpoint");
   CHECK(pp.policy_best_time_s.empty());
+}
+
+TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defaults and located errors") {
+  const std::string head =
+      "model:\n"
+      "  gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 2, n_head: 4, n_embd: 64}\n"
+      "  seq_len: 32\n"
+      "machine:\n"
+      "  gpus: 2\n"
+      "  gpu_memory: 10GiB\n"
+      "  topology:\n"
+      "    switches: [{name: rc, socket: 0, uplink: 12GB/s}]\n"
+      "    gpus: [{switch: rc, link: 12GB/s}, {switch: rc, link: 12GB/s}]\n";
+  const std::string nvme = "    nvme: {read: 6GB/s, write: 5GB/s, capacity: 2TB, latency: 80us}\n";
+  const std::string plan = "plan: {mode: zero-infinity, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2";
+  const std::string tail = "}\ntrain: {steps: 5}\n";
+  const auto load = [](const std::string& text) { return core::load_train_config_text(text, "run.yaml"); };
+  const auto error = [&](const std::string& text) {
+    try {
+      load(text);
+    } catch (const core::ConfigError& e) {
+      CHECK(e.loc().file == "run.yaml");
+      CHECK_FALSE(e.hint().empty());
+      return std::string(e.what());
+    }
+    FAIL("expected a core::ConfigError");
+    return std::string();
+  };
+  // defaults: cpu, 200 us per module, buckets of 5e7 elements
+  const core::TrainConfig d = load(head + plan + tail);
+  CHECK(d.baseline_offload == core::OffloadTier::Cpu);
+  CHECK(d.baseline_zero3.module_latency_s == doctest::Approx(200e-6));
+  CHECK(d.baseline_zero3.bucket_elements == doctest::Approx(5e7));
+  const core::TrainConfig c =
+      load(head + nvme + plan + ", offload: nvme, zero3: {module_latency: 50us, bucket: 1e6}" + tail);
+  CHECK(c.baseline_offload == core::OffloadTier::Nvme);
+  CHECK(c.baseline_zero3.module_latency_s == doctest::Approx(50e-6));
+  CHECK(c.baseline_zero3.bucket_elements == doctest::Approx(1e6));
+  // errors: nvme without drives, an unknown tier, an unknown zero3 key, another kind
+  CHECK(error(head + plan + ", offload: nvme" + tail).find("needs a machine with an NVMe tier") != std::string::npos);
+  CHECK(error(head + nvme + plan + ", offload: nvm" + tail).find("unknown plan.offload 'nvm'") != std::string::npos);
+  CHECK(error(head + plan + ", zero3: {latency: 1us}" + tail).find("latency") != std::string::npos);
+  CHECK(error(head + "plan: {mode: dp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, offload: cpu" + tail)
+            .find("zero-infinity only") != std::string::npos);
 }

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -804,4 +805,35 @@ TEST_CASE("error: other topology mistakes") {
   e = config_error(kModel + kPlan, {"machine.topology.gpus.0.link=0"});
   CHECK(e.loc().file == "--set machine.topology.gpus.0.link=0");
   CHECK(contains(e.message(), "machine.topology.gpus.0.link must be a positive bandwidth"));
+}
+
+TEST_CASE("topology.nvme and topology.host_memory_bandwidth: parsed, optional, located errors") {
+  MachineFile f;
+  const MachineSpec plain = f.load(kBox);
+  CHECK_FALSE(plain.topology.nvme.present());
+  CHECK(plain.topology.host_memory_bytes_per_s == 0);
+  const std::string nvme = with(kBox, "  host_memcpy: 10GB/s\n",
+                                "  host_memcpy: 10GB/s\n  host_memory_bandwidth: 200GB/s\n"
+                                "  nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us}\n");
+  const MachineSpec m = f.load(nvme);
+  CHECK(m.topology.nvme.present());
+  CHECK(m.topology.nvme.read_bytes_per_s == doctest::Approx(25e9));
+  CHECK(m.topology.nvme.write_bytes_per_s == doctest::Approx(20e9));
+  CHECK(m.topology.nvme.capacity_bytes == 7'600'000'000'000LL);
+  CHECK(m.topology.nvme.latency_s == doctest::Approx(100e-6));
+  CHECK(m.topology.host_memory_bytes_per_s == doctest::Approx(200e9));
+  // capacity and latency are optional
+  const MachineSpec bare = f.load(with(nvme, ", capacity: 7.6TB, latency: 100us", ""));
+  CHECK(bare.topology.nvme.capacity_bytes == 0);
+  CHECK(bare.topology.nvme.latency_s == 0);
+  // an unknown key, a missing direction, a bandwidth without a unit: located, with a hint
+  for (const auto& [from, to, at] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"latency: 100us}", "latency: 100us, iops: 1e6}", "iops"},
+           {"read: 25GB/s, ", "", "nvme"},
+           {"write: 20GB/s", "write: 20", "20, capacity"},
+           {"host_memory_bandwidth: 200GB/s", "host_memory_bandwidth: -1GB/s", "-1GB/s"}}) {
+    const std::string text = with(nvme, from, to);
+    const ConfigError e = f.error(text);
+    check_at(e, f.file, pos_of(text, at));
+  }
 }

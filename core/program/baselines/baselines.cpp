@@ -2,6 +2,7 @@
 // op-building kit the four lowerings share (detail::ProgramBuilder) and GPipe's balanced stage split.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <limits>
 #include <unordered_map>
 
@@ -29,6 +30,19 @@ const std::vector<std::string>& activation_policy_names() {
 std::optional<ActivationPolicy> parse_activation_policy(const std::string& name) {
   if (name == "checkpoint") return ActivationPolicy::Checkpoint;
   if (name == "keep") return ActivationPolicy::Keep;
+  return std::nullopt;
+}
+
+const char* offload_tier_name(OffloadTier t) { return t == OffloadTier::Nvme ? "nvme" : "cpu"; }
+
+const std::vector<std::string>& offload_tier_names() {
+  static const std::vector<std::string> names = {"cpu", "nvme"};
+  return names;
+}
+
+std::optional<OffloadTier> parse_offload_tier(const std::string& name) {
+  if (name == "cpu") return OffloadTier::Cpu;
+  if (name == "nvme") return OffloadTier::Nvme;
   return std::nullopt;
 }
 
@@ -147,6 +161,10 @@ void validate_baseline_plan(const BaselinePlan& p, const Model& m) {
   for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
     if (!m.ubatch_in_range(ph, p.ubatch)) (void)m.time_s(ph, p.ubatch, 0);  // throws the range error
   }
+  if (!(p.zero3.module_latency_s >= 0) || !std::isfinite(p.zero3.module_latency_s) || !(p.zero3.bucket_elements >= 1) ||
+      !std::isfinite(p.zero3.bucket_elements))
+    throw ScheduleError(fmt::format("{}: zero3 module latency ({} s) must be >= 0 and bucket ({} elements) >= 1", name,
+                                    p.zero3.module_latency_s, p.zero3.bucket_elements));
   const int R = m.num_layers();
   if (is_data_parallel(p.kind)) {
     if (p.minibatch % p.gpus != 0)
@@ -448,6 +466,13 @@ void ProgramBuilder::output_of(int op, int device, int producer_step) {
 void ProgramBuilder::peer(int a, int b) { peers_.emplace_back(a, b); }
 
 void ProgramBuilder::collective(std::uint64_t key, int op, int ready) { collectives_[key].emplace_back(op, ready); }
+
+void ProgramBuilder::set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_write) {
+  Op& o = prog_.ops[static_cast<std::size_t>(op)];
+  o.io_count = io_count;
+  o.nvme_read_bytes = nvme_read;
+  o.nvme_write_bytes = nvme_write;
+}
 
 void ProgramBuilder::alloc(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes) {
   if (bytes > 0) prog_.ops[static_cast<std::size_t>(op)].allocs.push_back(TensorRef{kind, layers, mb, bytes});

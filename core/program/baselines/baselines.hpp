@@ -41,6 +41,29 @@ const std::vector<std::string>& activation_policy_names();  // {"checkpoint", "k
 // does not separate the saved tensors from the backward's own temporaries, so this is an upper bound.
 Bytes saved_activation_bytes(const Model& model, int u, int layer);
 
+// Where zero-infinity keeps parameters and optimizer state (DeepSpeed's offload_param / offload_optimizer
+// device): host memory (cpu, the default) or the machine's NVMe tier (topology.nvme), read into pinned host
+// buffers before each parameter fetch and each optimizer step and written back after the step.
+enum class OffloadTier { Cpu, Nvme };
+const char* offload_tier_name(OffloadTier t);  // "cpu", "nvme"
+std::optional<OffloadTier> parse_offload_tier(const std::string& name);
+const std::vector<std::string>& offload_tier_names();  // {"cpu", "nvme"}
+
+// ZeRO-3's implementation overheads the zero-infinity lowering prices (native cost model only;
+// docs/baselines.md "ZeRO-3 overheads").
+struct Zero3Overheads {
+  // ASSUMPTION (not measured here): the fixed host-side cost of one module's (layer's) pre-forward or
+  // pre-backward hook in DeepSpeed stage 3 (fetch bookkeeping, all-gather launch, stream waits, re-partition
+  // after use), paid on the compute stream by every FWD and BWD of a layer with parameters.
+  static constexpr double kDefaultModuleLatencyS = 200e-6;
+  // DeepSpeed's stage3_prefetch_bucket_size default, in parameter elements (deepspeed/runtime/zero/config.py:
+  // prefetch_bucket_size = 5e7): a layer's parameters are fetched in buckets of at most this many elements,
+  // each bucket one transfer paying the transfer latency (and the NVMe latency under offload: nvme).
+  static constexpr double kDefaultBucketElements = 5e7;
+  double module_latency_s = kDefaultModuleLatencyS;
+  double bucket_elements = kDefaultBucketElements;
+};
+
 struct BaselinePlan {
   PlanKind kind = PlanKind::DpSwap;
   int gpus = 1;       // N
@@ -59,6 +82,9 @@ struct BaselinePlan {
   SwapChoice activations = SwapChoice::Auto;
   // Recompute in the backward (the default, as DeepSpeed, GPipe and L2L run) or keep every saved activation.
   ActivationPolicy activation_policy = ActivationPolicy::Checkpoint;
+  // zero-infinity only (ignored by the other kinds): the offload tier and ZeRO-3's overheads.
+  OffloadTier offload = OffloadTier::Cpu;
+  Zero3Overheads zero3;
 };
 
 // What one GPU (pp-swap: one stage) swaps, and the memory estimate the decision was made with.
@@ -166,6 +192,10 @@ class ProgramBuilder {
   void peer(int a, int b);  // P2P rendezvous pair (resolved at finish)
   // Collective `key`: every member waits for every other member's `ready` op (resolved at finish).
   void collective(std::uint64_t key, int op, int ready);
+  // Native-model extras of an op (core::Op): its I/O count and NVMe bytes, its host gradient sum, its overhead.
+  void set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_write);
+  void set_host_sum(int op, Bytes bytes) { prog_.ops[static_cast<std::size_t>(op)].host_sum_bytes = bytes; }
+  void set_overhead(int op, double s) { prog_.ops[static_cast<std::size_t>(op)].overhead_s = s; }
   void alloc(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes);  // skipped when bytes == 0
   void free(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes);   // skipped when bytes == 0
 

@@ -17,7 +17,7 @@ namespace harmony::core {
 //       (1 <= l <= R-2; the data X_0 is dropped and re-read, the criterion's input is used at once)
 //     backward, l descending: WB(l) if sw | sa: sX in of X_l (X re-read for l = 0) | BWD(l) |
 //       sw: [ARD(l) if N > 1] dWB(l) out — the gradient cannot stay, so every microbatch's gradient
-//       is all-reduced (DDP without no_sync) and summed on the host;
+//       is all-reduced (DDP without no_sync) and summed on the host (host_sum on microbatches 1..m-1);
 //       sw off, last microbatch: [ARD(l) if N > 1] dWB(l) out once (accumulated on the GPU).
 //   Update(l) on every GPU's CPU after its last dWB(l) (each replica's process updates its own copy,
 //   as Harmony-DP does), and, sw off, one DEL freeing the resident weights.
@@ -97,6 +97,7 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
         const int O =
             b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), sw ? i : 0, L, b.wbytes(l), b.bbytes(l));
         b.dep(O, src);
+        if (sw && i > 0) b.set_host_sum(O, b.wbytes(l));  // the host sums the microbatches' gradients
         b.free(O, TensorKind::WeightGrad, L, -1, b.wbytes(l));
         b.output_of(O, g, src_step);
         last_dwb[static_cast<std::size_t>(l)] = O;

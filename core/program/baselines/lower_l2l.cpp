@@ -17,7 +17,8 @@ namespace harmony::core {
 //     l = 0: the data X re-read) | dY: the gradient from BWD(l+1, i), kept on the GPU, or, sa, dX out
 //     after BWD(l+1, i) and dY in before BWD(l, i) | BWD(l, i), accumulating dW on the GPU |
 //     after the last microbatch: dWB(l) out once
-//   Update(l) on the EPS (GPU 0's CPU) once every GPU's dWB(l) is on the host: the EPS sums the N
+//   Update(l) on the EPS (GPU 0's CPU) once every GPU's dWB(l) is on the host: the EPS sums the N (host_sum on the dWB
+//   of GPUs 1..N-1)
 //     gradients (no GPU all-reduce) and updates layer l while the GPUs run layer l-1.
 // The weights of the current and the next layer are resident (prefetch); no DEL is needed (the last
 // compute of a layer frees it). sa = decide_swaps' activations: all microbatches' activations at the
@@ -141,6 +142,7 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
         if (i == m - 1 && b.has_params(l)) {
           const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), 0, L, b.wbytes(l), b.bbytes(l));
           b.dep(O, Bw);
+          if (g > 0) b.set_host_sum(O, b.wbytes(l));  // the EPS adds replica g's gradient into replica 0's
           b.free(O, TensorKind::WeightGrad, L, -1, b.wbytes(l));
           b.output_of(O, g, k);
           dwb[static_cast<std::size_t>(g)][static_cast<std::size_t>(l)] = O;

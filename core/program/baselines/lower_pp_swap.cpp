@@ -18,7 +18,8 @@ namespace harmony::core {
 //     the stash of all m microbatches is what has to fit | l = b, s < N-1: Y on P2POut
 //   backward, microbatch i = 0..m-1, l = b..a: dY on P2PIn (s < N-1; the rendezvous of stage s+1's dX)
 //     | WB(l) if sw | sa: sX in of X_l (X re-read for l = 0) | BWD(l) | sw: dWB(l) out per microbatch,
-//     summed on the host; sw off: dWB(l) out after the last microbatch | l = a, s > 0: dX on P2POut
+//     summed on the host (host_sum on microbatches 1..m-1); sw off: dWB(l) out after the last microbatch | l = a, s >
+//     0: dX on P2POut
 //   Update(l) on stage s's CPU after its last dWB(l). No all-reduce: every stage owns its layers.
 // Activations follow plan.activation_policy (docs/baselines.md): checkpoint adds a REC (at fwd time) before
 // every BWD (at bwd - fwd); keep allocates the saved activations in the FWD and, sa, swaps them out and in
@@ -145,6 +146,7 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
             const int O =
                 b.weight_op(s, Stream::SwapOut, OpKind::dWB, b.bwd_task(s, l), sw ? i : 0, L, b.wbytes(l), b.bbytes(l));
             b.dep(O, Bw);
+            if (sw && i > 0) b.set_host_sum(O, b.wbytes(l));  // the host sums the microbatches' gradients
             b.free(O, TensorKind::WeightGrad, L, -1, b.wbytes(l));
             b.output_of(O, s, k);
             last_dwb[static_cast<std::size_t>(l)] = O;

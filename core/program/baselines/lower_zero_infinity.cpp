@@ -3,6 +3,8 @@
 // in host memory; each layer's parameters are gathered for every forward and backward of every
 // microbatch, gradients are reduce-scattered and their shards sent to the host, CPU Adam runs after
 // the backward pass.
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/base/error.hpp"
@@ -12,6 +14,19 @@ namespace harmony::core {
 
 namespace {
 Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // ZeRO pads partitions to equal sizes
+
+// Parameter elements of layer l (the profile's count; W+B over 4 bytes when it has none).
+double elements(const Model& m, int l) {
+  const auto& L = m.layers[static_cast<std::size_t>(l)];
+  return L.param_count > 0 ? static_cast<double>(L.param_count)
+                           : static_cast<double>(m.weight_bytes(l, l) + m.buffer_bytes(l, l)) / 4.0;
+}
+
+// FP32 master bytes of layer l (4 per parameter; W+B when the profile has no count or is FP32 already).
+Bytes master_bytes(const Model& m, int l) {
+  const auto& L = m.layers[static_cast<std::size_t>(l)];
+  return L.param_count > 0 ? 4 * L.param_count : m.weight_bytes(l, l) + m.buffer_bytes(l, l);
+}
 }  // namespace
 
 // Per iteration, on every GPU g (m = D/(N u) microbatches), for every layer l with parameters:
@@ -26,6 +41,12 @@ Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // ZeRO pads pa
 //   Update(l) (CPU Adam) after the backward pass: every GPU's last dWB. The reference prices Update
 //   by whole layers, so layer l's update runs on the CPU of rank l mod N: the N processes share the
 //   same total optimizer work ZeRO spreads over them by shards.
+// Native-model extras (the reference ignores them): ZeRO-3's overheads (plan.zero3) put module_latency on
+// every FWD and BWD of a layer with parameters and split each WB and AG into ceil(elements / bucket)
+// transfers; the host sums each rank's gradient shard over microbatches (host_sum on every dWB but the
+// first microbatch's). With offload: nvme the WB first reads g's shard from NVMe, and Update(l) reads the
+// layer's optimizer state and FP32 masters from NVMe and writes them back (plus the GPU-dtype parameters
+// when they are not FP32: the next fetch reads those).
 // Parameters and gradients are always streamed (the defining trait); activations follow decide_swaps
 // (ZeRO-Infinity's activation offload); plan.activation_policy decides between recomputing each layer
 // (checkpoint: REC before BWD, as DeepSpeed's activation checkpointing) and keeping its saved activations.
@@ -48,6 +69,12 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
            static_cast<std::uint32_t>(i);
   };
   std::vector<int> last_out(static_cast<std::size_t>(N), -1);
+  const bool nvme = plan.offload == OffloadTier::Nvme;
+  auto buckets = [&](int l) {
+    const double e = elements(model, l);
+    return std::max(1, static_cast<int>(std::ceil(e / std::max(1.0, plan.zero3.bucket_elements))));
+  };
+  auto charge_module = [&](int op) { b.set_overhead(op, plan.zero3.module_latency_s); };
 
   // Gathers layer l's parameters for step k of GPU g; returns the ops the compute waits for.
   auto gather = [&](int g, int l, int i, int task, int pass, int k) {
@@ -59,8 +86,10 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
     const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, task, i, L, sw, sb);
     b.alloc(W, TensorKind::Weights, L, -1, sw + sb);
     b.window(W, g, k);
+    b.set_io(W, buckets(l), nvme ? sw + sb : 0, 0);
     if (N == 1) return W;
     const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, w, bb);
+    b.set_io(A, buckets(l), 0, 0);
     b.dep(A, W);
     b.window(A, g, k);
     b.collective(key(pass, l, i), A, W);
@@ -79,7 +108,8 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
           ins.push_back(X);
         }
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
-        b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true);
+        const int F = b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true);
+        if (b.has_params(l)) charge_module(F);
       }
       for (int l = R - 1; l >= 0; --l) {
         const LayerRange L{l, l};
@@ -88,6 +118,7 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
         const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
         if (!b.has_params(l)) continue;
+        charge_module(Bw);
         b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
         const Bytes gw = N > 1 ? shard(b.wbytes(l), N) : b.wbytes(l);
@@ -104,6 +135,7 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
         const Bytes sb = N > 1 ? shard(b.bbytes(l), N) : b.bbytes(l);
         const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
         b.dep(O, src);
+        if (i > 0) b.set_host_sum(O, sw);  // the rank's process adds this microbatch's shard into its sum
         b.free(O, TensorKind::WeightGrad, L, -1, gw);
         b.output_of(O, g, k);
         last_out[static_cast<std::size_t>(g)] = O;
@@ -115,11 +147,19 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
     if (!b.has_params(l)) continue;
     const int g = l % N;
     const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
+    if (nvme) {
+      const auto& layer = model.layers[static_cast<std::size_t>(l)];
+      const Bytes state = model.optimizer_state_bytes(l, l) + master_bytes(model, l);
+      const bool low = layer.param_count > 0 && layer.weight_bytes < 3 * layer.param_count;
+      b.set_io(U, 1, state, state + (low ? b.wbytes(l) + b.bbytes(l) : 0));
+    }
     for (int h = 0; h < N; ++h) {
       if (last_out[static_cast<std::size_t>(h)] >= 0) b.dep(U, last_out[static_cast<std::size_t>(h)]);
     }
   }
-  return b.finish();
+  Program prog = b.finish();
+  prog.offload_nvme = nvme;
+  return prog;
 }
 
 }  // namespace harmony::core

@@ -1,0 +1,277 @@
+// The native model's offload tier and host work (issue 13), each priced on a hand-built Program or a two-layer
+// model whose cost is derived in the test: NVMe reads in series with the H2D copy (bandwidth, per-I/O latency,
+// buckets), host memory bandwidth shared byte for byte by DMA and the CPU optimizer, host gradient sums, dtype
+// conversions at the update, ZeRO-3's per-module latency, zero-infinity's offload: nvme and compare's fallback.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
+#include "core/program/baselines/baselines.hpp"
+#include "sim/compare.hpp"
+#include "sim/cost_native.hpp"
+
+using namespace harmony;
+using core::Bytes;
+using core::OpKind;
+using core::Stream;
+using core::TimePs;
+
+namespace {
+
+std::size_t z(int i) { return static_cast<std::size_t>(i); }
+constexpr TimePs kUs = 1'000'000;  // picoseconds per microsecond
+constexpr TimePs kMs = 1000 * kUs;
+
+// Ops appended to (device, stream) queues in call order.
+struct Builder {
+  core::Program p;
+  Builder() { p.graph.plan.gpus = 1; }
+  int add(Stream s, OpKind k, Bytes bytes = 0, int layer = 0) {
+    core::Op o;
+    o.stream = s;
+    o.kind = k;
+    o.bytes = bytes;
+    o.layers = {layer, layer};
+    o.task = static_cast<int>(p.ops.size());
+    o.ubs = 1;
+    int q = -1;
+    for (std::size_t i = 0; i < p.queues.size(); ++i) {
+      if (p.queues[i].stream == s) q = static_cast<int>(i);
+    }
+    if (q < 0) {
+      q = static_cast<int>(p.queues.size());
+      p.queues.push_back({0, s, {}});
+    }
+    o.queue = q;
+    o.queue_pos = static_cast<int>(p.queues[z(q)].ops.size());
+    const int id = static_cast<int>(p.ops.size());
+    p.queues[z(q)].ops.push_back(id);
+    p.ops.push_back(o);
+    return id;
+  }
+  core::Op& op(int id) { return p.ops[z(id)]; }
+};
+
+// Two layers: forward 1 ms, backward (recompute + backward) 3 ms, update `update_s`; weights `w` bytes for
+// `params` parameters (4 bytes each: fp32; 2: bf16), optimizer state 8 bytes per parameter (Adam).
+core::Model two_layers(double update_s = 1e-3, Bytes w = 4000, std::int64_t params = 1000, int layers = 2) {
+  core::Model m;
+  m.name = "two";
+  m.ubatch_fwd = {1};
+  m.ubatch_bwd = {1};
+  for (int l = 0; l < layers; ++l) {
+    core::Layer L;
+    L.name = fmt::format("l{}", l);
+    L.is_criterion = l == layers - 1;
+    L.weight_bytes = w;
+    L.param_count = params;
+    L.optimizer_state_bytes = 8 * params;
+    L.update_time_cpu_s = update_s;
+    L.input_bytes_per_sample = 100;
+    L.fwd_time_s = {0.001};
+    L.bwd_time_s = {0.003};
+    L.fwd_peak_bytes = {500};
+    L.bwd_peak_bytes = {800};
+    m.layers.push_back(L);
+  }
+  return m;
+}
+
+// One GPU behind a switch: uplink 1e9 B/s, GPU link 4e9 B/s, host memcpy 2e9 B/s, 8 cores, no latency.
+core::MachineSpec box() {
+  core::MachineSpec m;
+  m.name = "box";
+  m.gpus = 1;
+  m.topology.switches = {{"sw0", 0, 1e9}};
+  m.topology.gpus = {core::GpuSpec{0, 4e9, 1, 1}};
+  m.topology.host_memcpy_bytes_per_s = 2e9;
+  m.topology.cpu_cores = 8;
+  return m;
+}
+
+core::MachineSpec with_nvme(core::MachineSpec m, double read, double write, double latency_s, Bytes capacity = 0) {
+  m.topology.nvme = core::NvmeSpec{read, write, capacity, latency_s};
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("an NVMe read runs before the H2D copy, paying the drive latency once per I/O") {
+  // WB of B = 1e6 bytes, all read from NVMe first: latency 100 us + B / 5e8 = 2 ms on the drives, then
+  // B / 1e9 = 1 ms over the uplink (the bottleneck of the H2D path): 3.1 ms. In 4 buckets (io_count 4):
+  // 4 x 100 us of latency: 3.4 ms. The NVMe link carries B, the uplink B.
+  const Bytes B = 1'000'000;
+  for (const auto& [ios, expect] : std::vector<std::pair<int, TimePs>>{{1, 3100 * kUs}, {4, 3400 * kUs}}) {
+    Builder b;
+    const int wb = b.add(Stream::SwapIn, OpKind::WB, B);
+    b.op(wb).nvme_read_bytes = B;
+    b.op(wb).io_count = ios;
+    const auto r = sim::run_native(b.p, two_layers(), with_nvme(box(), 5e8, 4e8, 100e-6));
+    CHECK(r.timeline.end_ps[z(wb)] == expect);
+    CHECK(r.link_stats[z(r.graph.nvme_read)].bytes == B);
+    CHECK(r.link_stats[z(r.graph.switch_down[0])].bytes == B);
+  }
+  // without an NVMe tier the op cannot run
+  Builder b;
+  b.op(b.add(Stream::SwapIn, OpKind::WB, B)).nvme_read_bytes = B;
+  CHECK_THROWS_AS(sim::run_native(b.p, two_layers(), box()), core::ScheduleError);
+}
+
+TEST_CASE("an update with NVMe state reads it, steps, and writes it back in turn") {
+  // Update of layer 0 (1 ms of CPU work) reading S = 1e6 bytes at 5e8 B/s (2 ms) and writing 2e6 bytes at
+  // 4e8 B/s (5 ms), no latency: 2 + 1 + 5 = 8 ms.
+  Builder b;
+  const int u = b.add(Stream::Cpu, OpKind::Update);
+  b.op(u).nvme_read_bytes = 1'000'000;
+  b.op(u).nvme_write_bytes = 2'000'000;
+  const auto r = sim::run_native(b.p, two_layers(), with_nvme(box(), 5e8, 4e8, 0));
+  CHECK(r.timeline.end_ps[z(u)] == 8 * kMs);
+  CHECK(r.link_stats[z(r.graph.nvme_write)].bytes == 2'000'000);
+}
+
+TEST_CASE("host memory bandwidth: the optimizer's DRAM traffic bounds it and it shares DRAM with DMA") {
+  // Layer 0: 1000 fp32 parameters, Adam: the update touches 3 x 4000 (masters read and written, gradient
+  // read) + 2 x 8000 (moments read and written) = 28000 bytes (28 per parameter) in w = 1 ms of CPU time,
+  // i.e. it needs 2.8e7 B/s of DRAM. With 1.4e7 B/s of DRAM it is memory-bound: 28000 / 1.4e7 = 2 ms.
+  const auto model = two_layers();
+  {
+    Builder b;
+    const int u = b.add(Stream::Cpu, OpKind::Update);
+    auto m = box();
+    CHECK(sim::run_native(b.p, model, m).timeline.end_ps[z(u)] == 1 * kMs);  // no key: CPU time only
+    m.topology.host_memory_bytes_per_s = 1.4e7;
+    CHECK(sim::run_native(b.p, model, m).timeline.end_ps[z(u)] == 2 * kMs);
+  }
+  // With 4e7 B/s of DRAM and a swap-in of 40000 bytes at the same time (PCIe 1e9: not a bottleneck), max-min
+  // in bytes gives each 2e7 B/s (below the update's CPU limit 2.8e7): the update ends at 28000 / 2e7 = 1.4 ms,
+  // the swap has 40000 - 28000 = 12000 left and then gets 4e7: 12000 / 4e7 = 0.3 ms more, ending at 1.7 ms.
+  Builder b;
+  const int u = b.add(Stream::Cpu, OpKind::Update);
+  const int wb = b.add(Stream::SwapIn, OpKind::WB, 40'000);
+  auto m = box();
+  m.topology.host_memory_bytes_per_s = 4e7;
+  const auto r = sim::run_native(b.p, model, m);
+  CHECK(r.timeline.end_ps[z(u)] == 1400 * kUs);
+  CHECK(r.timeline.end_ps[z(wb)] == 1700 * kUs);
+  CHECK(r.link_stats[z(r.graph.host_memory)].bytes == 68'000);
+}
+
+TEST_CASE("host gradient sums cost host memcpy time after the D2H copy") {
+  // dWB of B = 1e6 bytes (1 ms over the 1e9 uplink), then the CPU adds S = 1e6 bytes into the host
+  // accumulator at the host memcpy rate 2e9: 0.5 ms more, 1.5 ms in all.
+  const Bytes B = 1'000'000;
+  Builder b;
+  const int o = b.add(Stream::SwapOut, OpKind::dWB, B);
+  b.op(o).host_sum_bytes = B;
+  const auto r = sim::run_native(b.p, two_layers(), box());
+  CHECK(r.timeline.end_ps[z(o)] == 1500 * kUs);
+  CHECK(r.link_stats[z(r.graph.host_memcpy)].bytes == B);
+  CHECK(r.class_bytes[static_cast<int>(sim::TransferClass::PcieD2H)] == B);
+}
+
+TEST_CASE("bf16 weights: the update first converts gradient and weights at the host memcpy rate") {
+  // 1e6 parameters: bf16 weights are 2e6 bytes (2 per parameter); the conversion counts the FP32 side of
+  // the gradient (up) and the weights (down): 8 bytes per parameter = 8e6 bytes at 2e9 B/s = 4 ms, then the
+  // update's 2 ms: 6 ms. FP32 weights (4e6 bytes) need no conversion: 2 ms.
+  for (const auto& [w, expect] : std::vector<std::pair<Bytes, TimePs>>{{2'000'000, 6 * kMs}, {4'000'000, 2 * kMs}}) {
+    Builder b;
+    const int u = b.add(Stream::Cpu, OpKind::Update);
+    const auto r = sim::run_native(b.p, two_layers(2e-3, w, 1'000'000), box());
+    CHECK(r.timeline.end_ps[z(u)] == expect);
+  }
+}
+
+TEST_CASE("zero-infinity: ZeRO-3's module latency adds to every FWD and BWD on the critical path") {
+  // One GPU, one microbatch, fast links (1e12 B/s): the compute stream FWD0 FWD1 BWD1 BWD0 is the critical
+  // path, so a module latency L on each of the 4 compute ops delays the iteration by exactly 4 L.
+  const auto model = two_layers();
+  auto m = box();
+  m.topology.switches[0].uplink_bytes_per_s = 1e12;
+  m.topology.gpus[0].link_bytes_per_s = 1e12;
+  m.topology.host_memcpy_bytes_per_s = 1e12;
+  core::BaselinePlan p;
+  p.kind = core::PlanKind::ZeroInfinity;
+  p.gpus = 1;
+  p.minibatch = 1;
+  p.ubatch = 1;
+  p.gpu_capacity_bytes = core::kGiB;
+  p.zero3.module_latency_s = 0;
+  const auto t0 = sim::simulate_native(core::lower_baseline(p, model), model, m).iteration_time_s;
+  p.zero3.module_latency_s = 1e-3;
+  const auto prog = core::lower_baseline(p, model);
+  int charged = 0;
+  for (const auto& o : prog.ops) charged += o.overhead_s > 0 ? 1 : 0;
+  CHECK(charged == 4);
+  const auto t1 = sim::simulate_native(prog, model, m).iteration_time_s;
+  CHECK(t1 - t0 == doctest::Approx(4e-3).epsilon(1e-9));
+  // buckets: 1000 elements per layer in buckets of 300: ceil(1000 / 300) = 4 I/Os per fetch
+  p.zero3.bucket_elements = 300;
+  for (const auto& o : core::lower_baseline(p, model).ops) {
+    if (o.kind == OpKind::WB) CHECK(o.io_count == 4);
+  }
+}
+
+TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and reads them per fetch and step") {
+  // Two fp32 layers of 1000 parameters: W = 4000, optimizer state 8000, masters 4000 bytes per layer. Two
+  // microbatches on one GPU: every WB reads its 4000 bytes from NVMe (2 passes x 2 microbatches x 2 layers =
+  // 8 reads, 32000 bytes); each Update reads state + masters (12000) and writes them back; the second
+  // microbatch's dWB adds its gradient (4000) into the host sum.
+  const auto model = two_layers();
+  core::BaselinePlan p;
+  p.kind = core::PlanKind::ZeroInfinity;
+  p.gpus = 1;
+  p.minibatch = 2;
+  p.ubatch = 1;
+  p.gpu_capacity_bytes = core::kGiB;
+  p.offload = core::OffloadTier::Nvme;
+  const auto prog = core::lower_baseline(p, model);
+  CHECK(prog.offload_nvme);
+  Bytes wb_reads = 0;
+  Bytes sums = 0;
+  for (const auto& o : prog.ops) {
+    if (o.kind == OpKind::WB) wb_reads += o.nvme_read_bytes;
+    if (o.kind == OpKind::dWB) sums += o.host_sum_bytes;
+    if (o.kind == OpKind::Update) {
+      CHECK(o.nvme_read_bytes == 12000);
+      CHECK(o.nvme_write_bytes == 12000);
+    }
+  }
+  CHECK(wb_reads == 32000);
+  CHECK(sums == 2 * 4000);
+  // the host keeps no masters or state; the drives hold 2 x (4000 + 8000); pinned buffers: 2 x 12000
+  const auto m = with_nvme(box(), 1e9, 1e9, 0, 24000);
+  const auto r = sim::run_native(prog, model, m);
+  CHECK(r.feasible);
+  CHECK(r.host.nvme_bytes == 24000);
+  CHECK(r.host.master_weights_bytes == 0);
+  CHECK(r.host.optimizer_state_bytes == 0);
+  CHECK(r.host.pinned_staging_bytes == 24000);
+  const auto small = sim::run_native(prog, model, with_nvme(box(), 1e9, 1e9, 0, 23999));
+  CHECK_FALSE(small.feasible);
+  CHECK(small.infeasible_reason.find("NVMe capacity exceeded") != std::string::npos);
+}
+
+TEST_CASE("compare: zero-infinity falls back to offload nvme when host memory is the binding limit") {
+  // Eight fp32 layers of 1000 parameters; host memory for cpu offload: masters 32000 + state 64000 +
+  // gradients 32000 = 128000 bytes. With 100000 bytes of host memory no cpu plan fits; with nvme the host
+  // keeps the gradients (32000) and two 12000-byte buffers = 56000.
+  const auto model = two_layers(1e-3, 4000, 1000, 8);
+  auto m = with_nvme(box(), 1e9, 1e9, 0);
+  m.gpu_memory_bytes = core::kGiB;
+  m.topology.host_memory_bytes = 100000;
+  core::SearchSpec search;
+  const auto kr =
+      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "native", search, core::Options{});
+  REQUIRE(kr.feasible);
+  CHECK(kr.offload == "nvme");
+  CHECK(kr.baseline->offload == core::OffloadTier::Nvme);
+  CHECK(kr.best.host_memory.total_bytes == 56000);
+  // with enough host memory it stays on the CPU tier
+  m.topology.host_memory_bytes = 200000;
+  const auto cpu =
+      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "native", search, core::Options{});
+  REQUIRE(cpu.feasible);
+  CHECK(cpu.offload == "cpu");
+}
