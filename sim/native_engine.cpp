@@ -470,9 +470,6 @@ class Engine {
           p_.op_id(x.a), p_.op_label(x.a), mach_.name));
     if (o.nvme_read_bytes > 0)
       before.push_back(host_stage(g.nvme_read, static_cast<double>(o.nvme_read_bytes), 1.0, nvme_lat));
-    if (o.kind == OpKind::Update) {
-      if (const double c = conversion_bytes(o); c > 0) before.push_back(host_stage(g.host_memcpy, c, 2.0, 0));
-    }
     if (o.host_sum_bytes > 0) after.push_back(host_stage(g.host_memcpy, static_cast<double>(o.host_sum_bytes), 3.0, 0));
     if (o.nvme_write_bytes > 0)
       after.push_back(host_stage(g.nvme_write, static_cast<double>(o.nvme_write_bytes), 1.0, nvme_lat));
@@ -496,7 +493,10 @@ class Engine {
 
   // Bytes the host converts between the GPU dtype and FP32 at an update: for every layer whose weights are
   // stored in under 4 bytes per parameter (fp16/bf16), the gradient up to FP32 and the updated weights down,
-  // each counted as a copy of the FP32 side (2 x 4 bytes per parameter).
+  // each counted as a copy of the FP32 side (2 x 4 bytes per parameter). They are DRAM traffic of the update
+  // itself, not a pass of their own: DeepSpeed's CPU Adam writes the 2-byte copy inside its multi-threaded step
+  // (Adam_Optimizer::Step_AVX's fp16 output) and casts gradients as it reads them, so the conversion costs CPU
+  // time only through cpu_adam's measured rate and DRAM bandwidth through update_traffic_bytes.
   double conversion_bytes(const Op& o) const {
     double c = 0;
     for (int l = o.layers.first; l <= o.layers.last; ++l) {
@@ -518,6 +518,7 @@ class Engine {
           L.param_count > 0 ? 4.0 * static_cast<double>(L.param_count) : static_cast<double>(L.weight_bytes);
       t += 3.0 * fp32 + 2.0 * static_cast<double>(L.optimizer_state_bytes);
     }
+    t += conversion_bytes(o);
     return t;
   }
 

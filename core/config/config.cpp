@@ -2200,7 +2200,7 @@ Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
   AnalyticSpec a = *spec.analytic;
   if (!spec.analytic_dtype_given)
     a.dtype = machine.gpu_rates.matrix_fp16_flops_per_s > machine.gpu_rates.matrix_fp32_flops_per_s ? DType::Bf16
-                                                                                                      : DType::Fp32;
+                                                                                                    : DType::Fp32;
   return analytic_model(a, machine.gpu_rates, machine.cpu_adam);
 }
 
