@@ -679,7 +679,10 @@ int cmd_train(const Cli& cli) {
   if (!quiet) {
     fmt::print("model    {} ({} parameters, {:.2f} MiB of fp32 weights; {:.2f} MiB with AdamW state)\n", s.desc.name,
                s.model->param_count(), mib(s.model->param_count() * 4), mib(s.model->param_count() * 12));
-    fmt::print("devices  {} x {} with {:.2f} MiB each\n", plan.gpus, cfg.device, mib(cfg.machine.gpu_memory_bytes));
+    fmt::print("devices  {} x {} with {:.2f} MiB each{}\n", plan.gpus, cfg.device, mib(cfg.machine.gpu_memory_bytes),
+               cfg.train.dtype == "bf16"
+                   ? "; bf16 weights, activations and gradients (fp32 masters and AdamW on the host)"
+                   : "");
     fmt::print("plan     {} ({} ops)\n", chosen.title, program.ops.size());
     fmt::print("data     {} ({} tokens; {} steps per epoch)\n", s.tokens.name(), s.tokens.size(),
                s.tokens.steps_per_epoch(B, T));
