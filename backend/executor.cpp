@@ -1172,11 +1172,6 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
         fmt::format("executor: sequence length {} outside 1..{}", options.seq_len, m.config().max_seq_len));
   core::validate_program(program);
   Device& first = *devices.at(0);
-  if (options.dtype != DType::F32 && is_baseline_program(program))
-    throw BackendError(
-        fmt::format("executor: dtype {} runs Harmony Programs only; baseline Programs (dp-swap, "
-                    "pp-swap, zero-infinity, l2l) run in fp32 for now",
-                    dtype_name(options.dtype)));
   auto interpreter = is_baseline_program(program) ? detail::make_baseline_interpreter(program, devices, state, options)
                                                   : detail::make_harmony_interpreter(program, devices, state, options);
   // Pinned host memory (CUDA; nothing on the CPU device): HostState's weights (every WB reads them) and gradients

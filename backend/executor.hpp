@@ -41,8 +41,8 @@ struct ExecutorOptions {
   // Device storage (docs/backend.md, "Mixed precision"). BF16: weights, activations, gradients and their swaps
   // in bf16 on the devices (a WB rounds the fp32 masters to nearest even on the host; a dWB widens the gradients
   // exactly; replica sums add the widened gradients in fp32 and round once); the masters and AdamW state stay
-  // fp32 on the host. Harmony Programs only: a baseline Program is a BackendError at construction (not yet
-  // ported). Needs the devices' bf16 kernels (DeviceError at construction otherwise).
+  // fp32 on the host. Harmony and baseline Programs alike. Needs the devices' bf16 kernels (DeviceError at
+  // construction otherwise).
   DType dtype = DType::F32;
 };
 

@@ -151,8 +151,8 @@ inline core::BaselinePlan baseline_plan(core::PlanKind kind, int gpus, int u, co
   return p;
 }
 
-inline core::Program lower_baseline_plan(const Gpt2& model, const core::BaselinePlan& plan) {
-  return core::lower_baseline(plan, describe_gpt2(model, kT, {1, 2, 3, 4}));
+inline core::Program lower_baseline_plan(const Gpt2& model, const core::BaselinePlan& plan, DType dtype = DType::F32) {
+  return core::lower_baseline(plan, describe_gpt2(model, kT, {1, 2, 3, 4}, {.dtype = dtype}));
 }
 
 }  // namespace executor_fixture
