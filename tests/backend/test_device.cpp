@@ -562,3 +562,46 @@ TEST_CASE("bf16 kernels: widen, compute in fp32, round once (bit-exact against t
   cpu::gelu_bwd<float>(rg.data(), fgx.data(), fgd.data(), 64);
   check_rounded(b.down(gdd, 64), rg, "gelu_bwd");
 }
+
+namespace {
+
+// A device without bf16 kernels (as the CUDA device is today): the CPU device with bf16_kernels() null.
+class NoBf16Device final : public Device {
+ public:
+  NoBf16Device() : inner_(cpu::make_cpu_device(7, {.capacity = 4 * kMiB})), name_("gpu:7") {}
+  const std::string& name() const override { return name_; }
+  int index() const override { return 7; }
+  Buffer alloc(Bytes bytes, std::string_view label) override { return inner_->alloc(bytes, label); }
+  MemoryStats memory() const override { return inner_->memory(); }
+  void reset_peak() override { inner_->reset_peak(); }
+  std::unique_ptr<Stream> create_stream(std::string name) override { return inner_->create_stream(std::move(name)); }
+  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
+  void synchronize() override { inner_->synchronize(); }
+  void copy_h2d(Stream& s, void* dst, const void* src, Bytes bytes) override { inner_->copy_h2d(s, dst, src, bytes); }
+  void copy_d2h(Stream& s, void* dst, const void* src, Bytes bytes) override { inner_->copy_d2h(s, dst, src, bytes); }
+  void copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Device* dst_device) override {
+    inner_->copy_d2d(s, dst, src, bytes, dst_device);
+  }
+  void fill_zero(Stream& s, void* dst, Bytes bytes) override { inner_->fill_zero(s, dst, bytes); }
+  Kernels& kernels() override { return inner_->kernels(); }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  std::string name_;
+};
+
+}  // namespace
+
+TEST_CASE("a device without bf16 kernels is refused by name when bf16 is set up") {
+  auto cpu_dev = cpu::make_cpu_device(0, {.capacity = kMiB});
+  CHECK(cpu_dev->bf16_kernels() != nullptr);
+  CHECK(&require_bf16(*cpu_dev, "trainer") == cpu_dev->bf16_kernels());
+  NoBf16Device dev;
+  CHECK(dev.bf16_kernels() == nullptr);
+  CHECK_THROWS_WITH_AS(require_bf16(dev, "trainer"), "gpu:7: trainer: bf16 not supported on gpu yet (use dtype fp32)",
+                       DeviceError);
+  auto s = dev.create_stream("s");
+  CHECK_THROWS_AS(DeviceOpsBf16(dev, *s), DeviceError);
+  DeviceOps fp32(dev, *s);  // fp32 still works on it
+  CHECK(&fp32.device() == &dev);
+}
