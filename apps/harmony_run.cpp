@@ -110,6 +110,7 @@ struct Cli {
   std::string save_weights;
   bool quiet = false;
   std::string executor = "auto";  // serial | concurrent | auto (serial on CPU devices, concurrent on CUDA)
+  std::string dtype;              // --dtype: train.dtype (fp32 | bf16)
   DeviceFlags device_flags;
   // profile
   std::string out;
@@ -129,6 +130,7 @@ std::vector<std::string> overrides(const Cli& cli) {
   if (!cli.data.empty()) sets.push_back("train.data=" + absolute(cli.data));
   if (!cli.checkpoint_dir.empty()) sets.push_back("checkpoint.dir=" + absolute(cli.checkpoint_dir));
   if (cli.checkpoint_every >= 0) sets.push_back(fmt::format("checkpoint.every={}", cli.checkpoint_every));
+  if (!cli.dtype.empty()) sets.push_back("train.dtype=" + cli.dtype);
   return sets;
 }
 
@@ -140,6 +142,11 @@ struct Setup {
   core::Model desc;  // exact byte sizes of the model (describe_gpt2), the Program's memory account
   DeviceFlags device_flags;
 };
+
+// train.dtype (validated by the config loader).
+backend::DType run_dtype(const core::TrainConfig& cfg) {
+  return backend::parse_dtype(cfg.train.dtype).value_or(backend::DType::F32);
+}
 
 backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
   if (cfg.model.gpt2) {
@@ -197,7 +204,7 @@ Setup make_setup(const Cli& cli) {
                             "use more data, or a smaller plan.minibatch or model.seq_len");
   std::vector<int> sizes(static_cast<std::size_t>(B));
   for (int u = 1; u <= B; ++u) sizes[static_cast<std::size_t>(u - 1)] = u;
-  s.desc = backend::describe_gpt2(*s.model, T, sizes);
+  s.desc = backend::describe_gpt2(*s.model, T, sizes, {.dtype = run_dtype(cfg)});
   s.desc.name = fmt::format("gpt2 L{} C{} H{} V{} T{}", gc.n_layer, gc.n_embd, gc.n_head, gc.vocab_size, T);
   return s;
 }
@@ -279,6 +286,12 @@ core::Model measured_profile(const Setup& s, const std::vector<int>& sizes, bool
                               fmt::format("profile {} has {} layers, the model {}", cfg.model.profile_path,
                                           m.num_layers(), s.model->num_layers()),
                               "profile this model with `harmony-run profile`, or drop model.profile");
+    if (m.dtype != cfg.train.dtype)
+      throw core::ConfigError(
+          cfg.model.loc,
+          fmt::format("profile {} was measured in {}, the run trains in {} (train.dtype)", cfg.model.profile_path,
+                      m.dtype, cfg.train.dtype),
+          fmt::format("profile with `harmony-run profile --dtype {}`, or drop model.profile", cfg.train.dtype));
     return m;
   }
   if (!quiet) fmt::print(stderr, "profiling the model on {} (microbatch {}) ...\n", cfg.device, fmt::join(sizes, ","));
@@ -290,6 +303,7 @@ core::Model measured_profile(const Setup& s, const std::vector<int>& sizes, bool
   po.ubatch_sizes = sizes;
   po.warmup = 1;
   po.repeats = 1;
+  po.dtype = run_dtype(cfg);
   return backend::profile_gpt2(*dev, scratch, po).model;
 }
 
@@ -342,7 +356,8 @@ backend::AdamWConfig adamw_config(const core::TrainConfig& cfg) {
 backend::ExecutorOptions executor_options(const Cli& cli, const core::TrainConfig& cfg) {
   return {.seq_len = cfg.model.seq_len,
           .adamw = adamw_config(cfg),
-          .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda")};
+          .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda"),
+          .dtype = run_dtype(cfg)};
 }
 
 backend::CheckpointMeta checkpoint_meta(const Setup& s, const Chosen& chosen) {
@@ -659,7 +674,10 @@ int cmd_train(const Cli& cli) {
   if (!quiet) {
     fmt::print("model    {} ({} parameters, {:.2f} MiB of fp32 weights; {:.2f} MiB with AdamW state)\n", s.desc.name,
                s.model->param_count(), mib(s.model->param_count() * 4), mib(s.model->param_count() * 12));
-    fmt::print("devices  {} x {} with {:.2f} MiB each\n", plan.gpus, cfg.device, mib(cfg.machine.gpu_memory_bytes));
+    fmt::print("devices  {} x {} with {:.2f} MiB each{}\n", plan.gpus, cfg.device, mib(cfg.machine.gpu_memory_bytes),
+               cfg.train.dtype == "bf16"
+                   ? "; bf16 weights, activations and gradients (fp32 masters and AdamW on the host)"
+                   : "");
     fmt::print("plan     {} ({} ops)\n", chosen.title, program.ops.size());
     fmt::print("data     {} ({} tokens; {} steps per epoch)\n", s.tokens.name(), s.tokens.size(),
                s.tokens.steps_per_epoch(B, T));
@@ -837,6 +855,7 @@ int cmd_profile(const Cli& cli) {
   po.seq_len = cfg.model.seq_len;
   po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
   po.repeats = cli.repeats;
+  po.dtype = run_dtype(cfg);
   init_state(s);
   auto dev = make_device(cfg, s.device_flags, 0, true);
   const bool tty = isatty(STDERR_FILENO) != 0;
@@ -873,6 +892,10 @@ int run_cli(int argc, char** argv) {
   auto add_common = [&](CLI::App* sub) {
     sub->add_option("config", cli.config, "YAML configuration (configs/run/, docs/config.md)")->required();
     sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=2 (repeatable)");
+    sub->add_option("--dtype", cli.dtype,
+                    "device storage: fp32 (default) or bf16 (mixed precision: bf16 weights, activations and "
+                    "gradients on the devices, fp32 master weights and AdamW on the host; train.dtype)")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
     sub->add_option("--gpu-memory", cli.gpu_memory, "each device's memory, e.g. 2MiB (machine.gpu_memory)");
     sub->add_flag("--tf32", cli.device_flags.tf32,
                   "device: cuda: fp32 GEMMs on TF32 tensor cores (faster; ~1e-3 relative error)");

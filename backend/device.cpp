@@ -59,4 +59,14 @@ void Stream::release_after(Buffer buffer) {
   launch_host([held]() { held->reset(); });
 }
 
+Bf16Kernels& require_bf16(Device& device, std::string_view who) {
+  Bf16Kernels* k = device.bf16_kernels();
+  if (k == nullptr) {
+    const std::string& name = device.name();
+    const std::string kind = name.substr(0, name.find(':'));
+    throw DeviceError(fmt::format("{}: {}: bf16 not supported on {} yet (use dtype fp32)", name, who, kind));
+  }
+  return *k;
+}
+
 }  // namespace harmony::backend

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <utility>
 
+#include "backend/bf16.hpp"
 #include "core/base/error.hpp"
 #include "core/base/units.hpp"
 
@@ -220,6 +221,39 @@ class Kernels {
                                 int N, int V) = 0;
 };
 
+// The same kernels over bf16 tensors (mixed precision, docs/backend.md): every input is widened to fp32, the
+// kernel computes in fp32 exactly as its fp32 twin (every sum and GEMM accumulates in fp32) and each output is
+// rounded to nearest even once when stored; an accumulated output (dw +=, din += of layernorm_bwd) is widened,
+// accumulated in fp32 and rounded back. Exceptions: the per-token cross-entropy `losses` and the `eps` and
+// `scale` arguments stay fp32. Aliasing is allowed where the fp32 twin allows it.
+class Bf16Kernels {
+ public:
+  virtual ~Bf16Kernels() = default;
+  virtual void embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe, int B,
+                             int T, int C, int V) = 0;
+  virtual void embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B, int T,
+                             int C, int V) = 0;
+  virtual void layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w, const Bf16* b,
+                             int N, int C, float eps) = 0;
+  virtual void layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in, const Bf16* w,
+                             const Bf16* mean, const Bf16* rstd, int N, int C) = 0;
+  virtual void matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
+                          WeightLayout layout) = 0;
+  virtual void matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w,
+                          int N, int IC, int OC, WeightLayout layout) = 0;
+  virtual void attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) = 0;
+  virtual void attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
+                             int C, int H) = 0;
+  virtual void gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) = 0;
+  virtual void gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) = 0;
+  virtual void add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) = 0;
+  // losses (N) in fp32; probs in bf16.
+  virtual void crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits, const std::int32_t* targets,
+                                int N, int V) = 0;
+  virtual void crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets, float scale,
+                                int N, int V) = 0;
+};
+
 // One accelerator (or its CPU stand-in). Allocation is synchronous and thread-safe; copies and kernels are
 // enqueued on a stream of this device. Device pointers passed to copies must lie inside live allocations
 // of the device they are named for (checked: a DeviceError names the pointer), host pointers outside.
@@ -247,6 +281,9 @@ class Device {
   virtual void fill_zero(Stream& s, void* dst_device, Bytes bytes) = 0;
 
   virtual Kernels& kernels() = 0;
+  // The bf16 kernels, or nullptr where the device has none yet (CUDA today): mixed-precision trainers check this
+  // when they are set up and throw a DeviceError naming the device (require_bf16 below).
+  virtual Bf16Kernels* bf16_kernels() { return nullptr; }
 
   // Host-side services. The defaults (the CPU device) are plain memory and no ranges; the CUDA device pins and
   // names NVTX ranges. They let the executor use them without knowing the device type (backend/ is built
@@ -281,5 +318,9 @@ class Communicator {
   // element, so the result is bit-identical on every rank and to a serial sum in that order.
   virtual void all_reduce_sum(int rank, Stream& s, float* buf, std::int64_t count) = 0;
 };
+
+// device.bf16_kernels(), or a DeviceError "<device>: bf16 not supported on <device kind> yet" (`who` names the
+// caller, e.g. "trainer").
+Bf16Kernels& require_bf16(Device& device, std::string_view who);
 
 }  // namespace harmony::backend

@@ -432,6 +432,8 @@ class HarmonyInterpreter final : public detail::Interpreter {
   ExecutorOptions opt;
   const Gpt2& m;
   int B = 0, T = 0;
+  DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
+  Bytes es = 4;           // bytes per device element
   detail::QueueResources qr;
   std::vector<std::vector<int>> extra;  // the tie's edges (tie_edges)
   detail::Ancestry anc;
@@ -449,6 +451,10 @@ class HarmonyInterpreter final : public detail::Interpreter {
       : p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()), qr(prog, devs, o) {
     B = p.graph.plan.minibatch;
     T = opt.seq_len;
+    dt = opt.dtype;
+    es = dtype_bytes(dt);
+    if (dt == DType::BF16)
+      for (Device* dev_ptr : devs) require_bf16(*dev_ptr, "executor");
     if (p.graph.plan.mode == core::Mode::HarmonyDP && static_cast<int>(p.devices.size()) != p.num_devices())
       throw BackendError("executor: Harmony-DP Program lowered for GPU 0 only (set dp_first_gpu_only = false)");
     for (std::size_t o = 0; o < p.ops.size(); ++o) {
@@ -563,7 +569,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     for (int i = 0; i < op.ui; ++i) s += list[static_cast<std::size_t>(i)];
     return {s, list[static_cast<std::size_t>(op.ui)]};
   }
-  Bytes per_sample(int l) const { return m.input_bytes(l, 1, T); }
+  Bytes per_sample(int l) const { return m.input_bytes(l, 1, T, dt); }
 
   // ---- device tensors ----
   std::string dname(int d, const DevKey& k) const {
@@ -649,18 +655,27 @@ class HarmonyInterpreter final : public detail::Interpreter {
   // `keep` (REC), else writes the result to out. Returns nothing; losses of the head go to `losses`.
   void forward_range(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b, int s0, int n,
                      const void* x0, const DevKey* out_key, bool keep) {
-    DeviceOps ops(D(d), S(o));
+    if (dt == DType::BF16) {
+      forward_range_as<Bf16>(o, d, wr, W, a, b, s0, n, x0, out_key, keep);
+    } else {
+      forward_range_as<float>(o, d, wr, W, a, b, s0, n, x0, out_key, keep);
+    }
+  }
+  template <class E>
+  void forward_range_as(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b, int s0, int n,
+                        const void* x0, const DevKey* out_key, bool keep) {
+    BasicDeviceOps<E> ops(D(d), S(o));
     const void* x = x0;
     Buffer tmp_y, tmp_act, prev, targets;
     for (int l = a; l <= b; ++l) {
-      LayerArgs<float> args;
+      LayerArgs<E> args;
       args.B = n;
       args.T = T;
-      args.w = W.buf.as<float>() + w_offset(wr, l);
+      args.w = W.buf.as<E>() + w_offset(wr, l);
       if (l == 0) {
         args.tokens = static_cast<const std::int32_t*>(x);
       } else {
-        args.x = static_cast<const float*>(x);
+        args.x = static_cast<const E*>(x);
       }
       if (m.kind(l) == LayerKind::Head) {
         targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
@@ -670,18 +685,18 @@ class HarmonyInterpreter final : public detail::Interpreter {
       Buffer y;
       DevTensor* yt = nullptr;
       if (l == b && !keep) {
-        yt = &make(o, d, *out_key, m.output_bytes(l, n, T));
-        args.y = yt->buf.as<float>();
+        yt = &make(o, d, *out_key, m.output_bytes(l, n, T, dt));
+        args.y = yt->buf.as<E>();
       } else {
-        y = alloc_or_wait(D(d), m.output_bytes(l, n, T), "y");
-        args.y = y.as<float>();
+        y = alloc_or_wait(D(d), m.output_bytes(l, n, T, dt), "y");
+        args.y = y.as<E>();
       }
-      float* act = nullptr;
+      E* act = nullptr;
       if (keep) {
-        act = make(o, d, DevKey{DK::RecAct, l, s0, n}, m.act_floats(l, n, T) * kF).buf.as<float>();
+        act = make(o, d, DevKey{DK::RecAct, l, s0, n}, m.act_floats(l, n, T) * es).buf.as<E>();
       } else {
-        tmp_act = alloc_or_wait(D(d), m.act_floats(l, n, T) * kF, "act");
-        act = tmp_act.as<float>();
+        tmp_act = alloc_or_wait(D(d), m.act_floats(l, n, T) * es, "act");
+        act = tmp_act.as<E>();
       }
       args.act = act;
       m.forward(ops, l, args);
@@ -691,8 +706,8 @@ class HarmonyInterpreter final : public detail::Interpreter {
       sync(o);
       if (l < b) {
         if (keep) {
-          DevTensor& nx = make(o, d, DevKey{DK::RecX, l + 1, s0, n}, m.output_bytes(l, n, T));
-          D(d).copy_d2d(S(o), nx.buf.data(), y.data(), m.output_bytes(l, n, T));
+          DevTensor& nx = make(o, d, DevKey{DK::RecX, l + 1, s0, n}, m.output_bytes(l, n, T, dt));
+          D(d).copy_d2d(S(o), nx.buf.data(), y.data(), m.output_bytes(l, n, T, dt));
           sync(o);
           x = nx.buf.data();
         } else {
@@ -703,6 +718,64 @@ class HarmonyInterpreter final : public detail::Interpreter {
     }
   }
 
+  // Recompute inputs were kept by REC; the backward of the task's layers [lf, ll] over one microbatch, in the
+  // device dtype S (dW accumulated across microbatches in S).
+  template <class E>
+  void run_bwd(int o, const core::Op& op, const core::Task& t) {
+    const int d = op.device;
+    const int lf = op.layers.first, ll = op.layers.last;
+    const auto [s0, n] = samples(o);
+    const DevTensor& W = read(o, d, DevKey{DK::W, op.task, 0, 0});
+    const DevTensor& x0 = read(o, d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n});
+    const DevKey dwk{DK::DW, op.task, 0, 0};
+    if (dev[static_cast<std::size_t>(d)].count(dwk) == 0) {
+      DevTensor& g = make(o, d, dwk, w_floats(t.layers) * es);
+      D(d).fill_zero(S(o), g.buf.data(), g.buf.bytes());
+    } else {
+      read(o, d, dwk).producer = o;
+    }
+    E* dw = dev[static_cast<std::size_t>(d)][dwk].buf.as<E>();
+    const E* dy = t.has_criterion ? nullptr : read(o, d, DevKey{DK::Grad, ll + 1, s0, n}).buf.as<E>();
+    std::int64_t scratch = 0;
+    for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
+    Buffer scr = alloc_or_wait(D(d), scratch * es, "scratch"), targets, g_a, g_b;
+    const Bytes gb = Bytes(n) * T * m.config().n_embd * es;
+    g_a = alloc_or_wait(D(d), gb, "dx a");
+    g_b = alloc_or_wait(D(d), gb, "dx b");
+    if (t.has_criterion) {
+      targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
+      D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
+    }
+    BasicDeviceOps<E> ops(D(d), S(o));
+    E* spare = g_a.as<E>();
+    E* other = g_b.as<E>();
+    for (int l = ll; l >= lf; --l) {
+      LayerArgs<E> a;
+      a.B = n;
+      a.T = T;
+      a.w = W.buf.as<E>() + w_offset(t.layers, l);
+      a.dw = dw + w_offset(t.layers, l);
+      const void* x = l == lf ? x0.buf.data() : read(o, d, DevKey{DK::RecX, l, s0, n}).buf.data();
+      if (l == 0) {
+        a.tokens = static_cast<const std::int32_t*>(x);
+      } else {
+        a.x = static_cast<const E*>(x);
+      }
+      a.targets = targets.as<std::int32_t>();
+      a.act = read(o, d, DevKey{DK::RecAct, l, s0, n}).buf.as<E>();
+      a.dy = dy;
+      a.scratch = scr.as<E>();
+      a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B) * static_cast<std::size_t>(T));
+      E* dx = nullptr;
+      if (l > 0) dx = l == lf ? make(o, d, DevKey{DK::Grad, lf, s0, n}, gb).buf.as<E>() : spare;
+      a.dx = dx;
+      m.backward(ops, l, a);
+      sync(o);
+      dy = dx;
+      std::swap(spare, other);
+    }
+  }
+
   void run_op(int o) {
     const core::Op& op = p.ops[static_cast<std::size_t>(o)];
     const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
@@ -710,7 +783,18 @@ class HarmonyInterpreter final : public detail::Interpreter {
     const int lf = op.layers.first, ll = op.layers.last;
     switch (op.kind) {
       case OpKind::WB: {
-        DevTensor& w = make(o, d, DevKey{DK::W, op.task, 0, 0}, w_floats(op.layers) * kF);
+        DevTensor& w = make(o, d, DevKey{DK::W, op.task, 0, 0}, w_floats(op.layers) * es);
+        if (dt == DType::BF16) {  // the fp32 masters rounded to nearest even on the host, then one copy
+          std::vector<Bf16> up(static_cast<std::size_t>(w_floats(op.layers)));
+          for (int l = lf; l <= ll; ++l) {
+            const auto src = st.weights(l);
+            Bf16* dst = up.data() + w_offset(op.layers, l);
+            for (std::size_t i = 0; i < src.size(); ++i) dst[i] = to_bf16(src[i]);
+          }
+          D(d).copy_h2d(S(o), w.buf.data(), up.data(), w.buf.bytes());
+          sync(o);  // before `up` goes
+          return;
+        }
         for (int l = lf; l <= ll; ++l)
           D(d).copy_h2d(S(o), w.buf.as<float>() + w_offset(op.layers, l), st.weights(l).data(), m.param_floats(l) * kF);
         sync(o);
@@ -795,55 +879,10 @@ class HarmonyInterpreter final : public detail::Interpreter {
         return;
       }
       case OpKind::BWD: {
-        const auto [s0, n] = samples(o);
-        const DevTensor& W = read(o, d, DevKey{DK::W, op.task, 0, 0});
-        const DevTensor& x0 = read(o, d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n});
-        const DevKey dwk{DK::DW, op.task, 0, 0};
-        if (dev[static_cast<std::size_t>(d)].count(dwk) == 0) {
-          DevTensor& g = make(o, d, dwk, w_floats(t.layers) * kF);
-          D(d).fill_zero(S(o), g.buf.data(), g.buf.bytes());
+        if (dt == DType::BF16) {
+          run_bwd<Bf16>(o, op, t);
         } else {
-          read(o, d, dwk).producer = o;
-        }
-        float* dw = dev[static_cast<std::size_t>(d)][dwk].buf.as<float>();
-        const float* dy = t.has_criterion ? nullptr : read(o, d, DevKey{DK::Grad, ll + 1, s0, n}).buf.as<float>();
-        std::int64_t scratch = 0;
-        for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
-        Buffer scr = alloc_or_wait(D(d), scratch * kF, "scratch"), targets, g_a, g_b;
-        const Bytes gb = Bytes(n) * T * m.config().n_embd * kF;
-        g_a = alloc_or_wait(D(d), gb, "dx a");
-        g_b = alloc_or_wait(D(d), gb, "dx b");
-        if (t.has_criterion) {
-          targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
-          D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
-        }
-        DeviceOps ops(D(d), S(o));
-        float* spare = g_a.as<float>();
-        float* other = g_b.as<float>();
-        for (int l = ll; l >= lf; --l) {
-          LayerArgs<float> a;
-          a.B = n;
-          a.T = T;
-          a.w = W.buf.as<float>() + w_offset(t.layers, l);
-          a.dw = dw + w_offset(t.layers, l);
-          const void* x = l == lf ? x0.buf.data() : read(o, d, DevKey{DK::RecX, l, s0, n}).buf.data();
-          if (l == 0) {
-            a.tokens = static_cast<const std::int32_t*>(x);
-          } else {
-            a.x = static_cast<const float*>(x);
-          }
-          a.targets = targets.as<std::int32_t>();
-          a.act = read(o, d, DevKey{DK::RecAct, l, s0, n}).buf.as<float>();
-          a.dy = dy;
-          a.scratch = scr.as<float>();
-          a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B) * static_cast<std::size_t>(T));
-          float* dx = nullptr;
-          if (l > 0) dx = l == lf ? make(o, d, DevKey{DK::Grad, lf, s0, n}, gb).buf.as<float>() : spare;
-          a.dx = dx;
-          m.backward(ops, l, a);
-          sync(o);
-          dy = dx;
-          std::swap(spare, other);
+          run_bwd<float>(o, op, t);
         }
         return;
       }
@@ -856,11 +895,22 @@ class HarmonyInterpreter final : public detail::Interpreter {
           scratch = &dwb_scratch[o];
           scratch->resize(static_cast<std::size_t>(w_floats(op.layers)));
         }
-        for (int l = lf; l <= ll; ++l) {
-          float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
-          D(d).copy_d2h(S(o), dst, g.buf.as<float>() + w_offset(op.layers, l), m.param_floats(l) * kF);
+        if (dt == DType::BF16) {  // one copy of the pack's bf16 gradients, widened exactly on the host
+          std::vector<Bf16> down(static_cast<std::size_t>(w_floats(op.layers)));
+          D(d).copy_d2h(S(o), down.data(), g.buf.data(), g.buf.bytes());
+          sync(o);
+          for (int l = lf; l <= ll; ++l) {
+            float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
+            const Bf16* src = down.data() + w_offset(op.layers, l);
+            for (std::int64_t i = 0; i < m.param_floats(l); ++i) dst[i] = to_f32(src[i]);
+          }
+        } else {
+          for (int l = lf; l <= ll; ++l) {
+            float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
+            D(d).copy_d2h(S(o), dst, g.buf.as<float>() + w_offset(op.layers, l), m.param_floats(l) * kF);
+          }
+          sync(o);
         }
-        sync(o);
         for (int l = lf; l <= ll; ++l) grad_producer[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] = o;
         return;
       }
@@ -917,17 +967,29 @@ class HarmonyInterpreter final : public detail::Interpreter {
     const core::Op& o0 = p.ops[static_cast<std::size_t>(group.front())];
     const std::int64_t count = w_floats(o0.layers);
     std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
+    std::vector<Bf16> raw(dt == DType::BF16 ? static_cast<std::size_t>(count) : 0);  // bf16: the device's bits
     for (std::size_t r = 0; r < group.size(); ++r) {
       const core::Op& op = p.ops[static_cast<std::size_t>(group[r])];
       const DevTensor& g = read(group[r], op.device, DevKey{DK::DW, op.task, 0, 0});
-      D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
-      sync(group[r]);
+      if (dt == DType::BF16) {
+        D(op.device).copy_d2h(S(group[r]), raw.data(), g.buf.data(), count * es);
+        sync(group[r]);
+        for (std::size_t i = 0; i < raw.size(); ++i) part[i] = to_f32(raw[i]);
+      } else {
+        D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
+        sync(group[r]);
+      }
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
     }
+    for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = to_bf16(sum[i]);  // the fp32 sum rounded once
     for (int a : group) {
       const core::Op& op = p.ops[static_cast<std::size_t>(a)];
       DevTensor& g = dev[static_cast<std::size_t>(op.device)][DevKey{DK::DW, op.task, 0, 0}];
-      D(op.device).copy_h2d(S(a), g.buf.data(), sum.data(), count * kF);
+      if (dt == DType::BF16) {
+        D(op.device).copy_h2d(S(a), g.buf.data(), raw.data(), count * es);
+      } else {
+        D(op.device).copy_h2d(S(a), g.buf.data(), sum.data(), count * kF);
+      }
       sync(a);
       g.producer = a;
     }

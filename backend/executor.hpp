@@ -38,6 +38,12 @@ struct ExecutorOptions {
   // Devices that pin host memory (CUDA): at most this many bytes (the machine file's pinned_limit); 0: what the
   // machine has available less a reserve. Checked once, before anything is pinned.
   Bytes pinned_limit = 0;
+  // Device storage (docs/backend.md, "Mixed precision"). BF16: weights, activations, gradients and their swaps
+  // in bf16 on the devices (a WB rounds the fp32 masters to nearest even on the host; a dWB widens the gradients
+  // exactly; replica sums add the widened gradients in fp32 and round once); the masters and AdamW state stay
+  // fp32 on the host. Harmony and baseline Programs alike. Needs the devices' bf16 kernels (DeviceError at
+  // construction otherwise).
+  DType dtype = DType::F32;
 };
 
 struct StepResult {

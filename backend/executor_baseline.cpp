@@ -88,6 +88,10 @@ class BaselineInterpreter final : public Interpreter {
     R_ = m_.num_layers();
     N_ = p_.num_devices();
     pp_ = p_.graph.plan.mode == core::Mode::HarmonyPP;
+    dt_ = opt_.dtype;
+    es_ = dtype_bytes(dt_);
+    if (dt_ == DType::BF16)
+      for (Device* dev : devs_) require_bf16(*dev, "executor");
     analyse();
   }
 
@@ -156,8 +160,44 @@ class BaselineInterpreter final : public Interpreter {
   Stream& S(int o) { return qr_.stream(o); }  // the stream of op o's queue
   // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile.
   void sync(int o) { wait_unlocked(S(o)); }
-  Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_); }
-  Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_) * kF; }  // the forward's act of layer l
+  Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_, dt_); }
+  Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_) * es_; }  // the forward's act of layer l
+  // bf16: [first, first + len) of layer l's fp32 master weights rounded to nearest even, for one copy up.
+  std::vector<Bf16> rounded_weights(int l, std::int64_t first, std::int64_t len) const {
+    const std::span<const float> w =
+        st_.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
+    std::vector<Bf16> out(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) out[i] = to_bf16(w[i]);
+    return out;
+  }
+  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: widened exactly), then waits.
+  void grads_down(int o, int d, float* dst, const void* src, std::int64_t count) {
+    if (count == 0) {
+      sync(o);
+      return;
+    }
+    if (dt_ == DType::F32) {
+      D(d).copy_d2h(S(o), dst, src, count * kF);
+      sync(o);
+      return;
+    }
+    std::vector<Bf16> raw(static_cast<std::size_t>(count));
+    D(d).copy_d2h(S(o), raw.data(), src, count * es_);
+    sync(o);
+    for (std::size_t i = 0; i < raw.size(); ++i) dst[i] = to_f32(raw[i]);
+  }
+  // Copies `count` fp32 host gradient elements to device memory (bf16: rounded once), then waits.
+  void grads_up(int o, int d, void* dst, const float* src, std::int64_t count) {
+    if (dt_ == DType::F32) {
+      D(d).copy_h2d(S(o), dst, src, count * kF);
+      sync(o);
+      return;
+    }
+    std::vector<Bf16> raw(static_cast<std::size_t>(count));
+    for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = to_bf16(src[i]);
+    D(d).copy_h2d(S(o), dst, raw.data(), count * es_);
+    sync(o);
+  }
   std::int64_t floats(int l) const { return m_.param_floats(l); }
   // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
   // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
@@ -589,13 +629,16 @@ class BaselineInterpreter final : public Interpreter {
     const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
     switch (op.kind) {
       case OpKind::WB: {
-        if (!sharded_) {
-          Tensor& w = put(o, Key{d, TK::W, l, 0, 0}, floats(l) * kF);
-          D(d).copy_h2d(S(o), w.data(), st_.weights(l).data(), floats(l) * kF);
+        const std::int64_t first = sharded_ ? shard_first(l, d) : 0, len = sharded_ ? shard_len(l, d) : floats(l);
+        Tensor& w = sharded_ ? put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_)
+                             : put(o, Key{d, TK::W, l, 0, 0}, floats(l) * es_);
+        if (len == 0) break;
+        if (dt_ == DType::BF16) {
+          const std::vector<Bf16> up = rounded_weights(l, first, len);
+          D(d).copy_h2d(S(o), w.data(), up.data(), len * es_);
+          sync(o);  // before `up` goes
         } else {
-          Tensor& w = put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * kF);
-          if (shard_len(l, d) > 0)
-            D(d).copy_h2d(S(o), w.data(), st_.weights(l).data() + shard_first(l, d), shard_len(l, d) * kF);
+          D(d).copy_h2d(S(o), w.data(), st_.weights(l).data() + first, len * kF);
         }
         break;
       }
@@ -670,19 +713,27 @@ class BaselineInterpreter final : public Interpreter {
   // checkpoint policy's recompute: the same forward from the backward's input (Stash or Act), writing Saved(l)
   // only (its output and the head's losses are not used).
   void forward(int o, bool recompute) {
+    if (dt_ == DType::BF16) {
+      forward_as<Bf16>(o, recompute);
+    } else {
+      forward_as<float>(o, recompute);
+    }
+  }
+  template <class E>
+  void forward_as(int o, bool recompute) {
     const core::Op& op = at(o);
     const OpInfo& oi = info_[static_cast<std::size_t>(o)];
     const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
     const bool head = m_.kind(l) == LayerKind::Head;
-    LayerArgs<float> a;
+    LayerArgs<E> a;
     a.B = n;
     a.T = T_;
-    a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<float>();
+    a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
     const void* x = get(o, Key{d, recompute ? oi.bwd_input : TK::Act, l, s0, n}).buf.data();
     if (l == 0) {
       a.tokens = static_cast<const std::int32_t*>(x);
     } else {
-      a.x = static_cast<const float*>(x);
+      a.x = static_cast<const E*>(x);
     }
     Buffer targets, y, act;
     if (head) {
@@ -691,18 +742,18 @@ class BaselineInterpreter final : public Interpreter {
       a.targets = targets.as<std::int32_t>();
     }
     if (head || recompute) {
-      y = alloc_or_wait(D(d), m_.output_bytes(l, n, T_), head ? "losses" : "y");
-      a.y = y.as<float>();
+      y = alloc_or_wait(D(d), m_.output_bytes(l, n, T_, dt_), head ? "losses" : "y");
+      a.y = y.as<E>();
     } else {
-      a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m_.output_bytes(l, n, T_)).buf.as<float>();
+      a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m_.output_bytes(l, n, T_, dt_)).buf.as<E>();
     }
     if (recompute || oi.saved) {
-      a.act = put(o, Key{d, TK::Saved, l, s0, n}, saved_bytes(l, n)).buf.as<float>();
+      a.act = put(o, Key{d, TK::Saved, l, s0, n}, saved_bytes(l, n)).buf.as<E>();
     } else {
       act = alloc_or_wait(D(d), saved_bytes(l, n), "act");
-      a.act = act.as<float>();
+      a.act = act.as<E>();
     }
-    DeviceOps ops(D(d), S(o));
+    BasicDeviceOps<E> ops(D(d), S(o));
     m_.forward(ops, l, a);
     if (head && !recompute) {
       D(d).copy_d2h(S(o), losses_.data() + static_cast<std::size_t>(s0) * T_, a.y, Bytes(n) * T_ * kF);
@@ -714,45 +765,53 @@ class BaselineInterpreter final : public Interpreter {
   // BWD(l): the backward from the layer's input and the forward's activations (Saved(l), of the REC or the FWD):
   // dW accumulated (from zero where the op allocates the gradient), dX = Grad(l) written (l > 0).
   void backward(int o) {
+    if (dt_ == DType::BF16) {
+      backward_as<Bf16>(o);
+    } else {
+      backward_as<float>(o);
+    }
+  }
+  template <class E>
+  void backward_as(int o) {
     const core::Op& op = at(o);
     const OpInfo& oi = info_[static_cast<std::size_t>(o)];
     const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
     const bool head = m_.kind(l) == LayerKind::Head;
-    LayerArgs<float> a;
+    LayerArgs<E> a;
     a.B = n;
     a.T = T_;
-    a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<float>();
+    a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
     const void* x = get(o, Key{d, oi.bwd_input, l, s0, n}).buf.data();
     if (l == 0) {
       a.tokens = static_cast<const std::int32_t*>(x);
     } else {
-      a.x = static_cast<const float*>(x);
+      a.x = static_cast<const E*>(x);
     }
-    const float* dy = l + 1 < R_ ? get(o, Key{d, TK::Grad, l + 1, s0, n}).buf.as<float>() : nullptr;
+    const E* dy = l + 1 < R_ ? get(o, Key{d, TK::Grad, l + 1, s0, n}).buf.as<E>() : nullptr;
     const Key dwk{d, TK::DW, l, 0, 0};
-    float* dw = nullptr;
+    E* dw = nullptr;
     if (oi.fresh_dw) {
-      Tensor& g = put(o, dwk, floats(l) * kF);
-      D(d).fill_zero(S(o), g.data(), floats(l) * kF);
-      dw = g.buf.as<float>();
+      Tensor& g = put(o, dwk, floats(l) * es_);
+      D(d).fill_zero(S(o), g.data(), floats(l) * es_);
+      dw = g.buf.as<E>();
     } else {
-      dw = update(o, dwk, floats(l) * kF).buf.as<float>();
+      dw = update(o, dwk, floats(l) * es_).buf.as<E>();
     }
-    float* dx = l > 0 ? put(o, Key{d, TK::Grad, l, s0, n}, Bytes(n) * per_sample(l)).buf.as<float>() : nullptr;
+    E* dx = l > 0 ? put(o, Key{d, TK::Grad, l, s0, n}, Bytes(n) * per_sample(l)).buf.as<E>() : nullptr;
     Buffer targets, scratch;
     if (head) {
       targets = alloc_or_wait(D(d), Bytes(n) * T_ * 4, "targets");
       D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
       a.targets = targets.as<std::int32_t>();
     }
-    scratch = alloc_or_wait(D(d), std::max<std::int64_t>(1, m_.scratch_floats(l, n, T_)) * kF, "scratch");
-    DeviceOps ops(D(d), S(o));
-    a.act = get(o, Key{d, TK::Saved, l, s0, n}).buf.as<float>();
+    scratch = alloc_or_wait(D(d), std::max<std::int64_t>(1, m_.scratch_floats(l, n, T_)) * es_, "scratch");
+    BasicDeviceOps<E> ops(D(d), S(o));
+    a.act = get(o, Key{d, TK::Saved, l, s0, n}).buf.as<E>();
     a.y = nullptr;
     a.dw = dw;
     a.dy = dy;
     a.dx = dx;
-    a.scratch = scratch.as<float>();
+    a.scratch = scratch.as<E>();
     a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_));
     m_.backward(ops, l, a);
     sync(o);  // before the temporaries above are freed
@@ -766,8 +825,7 @@ class BaselineInterpreter final : public Interpreter {
     const std::int64_t len = sharded_ ? shard_len(l, d) : floats(l);
     const Tensor& g = get(o, Key{d, sharded_ ? TK::DWShard : TK::DW, l, 0, 0});
     std::vector<float> part(static_cast<std::size_t>(len));
-    if (len > 0) D(d).copy_d2h(S(o), part.data(), g.buf.data(), len * kF);
-    sync(o);
+    grads_down(o, d, part.data(), g.buf.data(), len);
     HostSum& h = acc_[{d, l}];
     if (h.sum.empty()) {
       h.sum.assign(static_cast<std::size_t>(floats(l)), 0.0f);
@@ -850,15 +908,13 @@ class BaselineInterpreter final : public Interpreter {
     std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int d = at(g[r]).device;
-      D(d).copy_d2h(S(g[r]), part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count * kF);
-      sync(g[r]);
+      grads_down(g[r], d, part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count);
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
     }
     for (int a : g) {
       const int d = at(a).device;
-      Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * kF);
-      D(d).copy_h2d(S(a), t.data(), sum.data(), count * kF);
-      sync(a);
+      Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * es_);
+      grads_up(a, d, t.data(), sum.data(), count);
     }
   }
 
@@ -867,14 +923,14 @@ class BaselineInterpreter final : public Interpreter {
     const int l = at(g.front()).layers.first;
     std::vector<Tensor*> full;
     full.reserve(g.size());
-    for (int a : g) full.push_back(&put(a, Key{at(a).device, TK::W, l, 0, 0}, floats(l) * kF));
+    for (int a : g) full.push_back(&put(a, Key{at(a).device, TK::W, l, 0, 0}, floats(l) * es_));
     for (int a : g) {
       const int r = at(a).device;
       if (shard_len(l, r) == 0) continue;
       const void* src = get(a, Key{r, TK::WShard, l, 0, 0}).buf.data();
       for (std::size_t q = 0; q < g.size(); ++q) {
         const int dq = at(g[q]).device;
-        D(r).copy_d2d(S(a), full[q]->buf.as<float>() + shard_first(l, r), src, shard_len(l, r) * kF, &D(dq));
+        D(r).copy_d2d(S(a), full[q]->buf.as<std::byte>() + shard_first(l, r) * es_, src, shard_len(l, r) * es_, &D(dq));
       }
       sync(a);
     }
@@ -887,15 +943,17 @@ class BaselineInterpreter final : public Interpreter {
     std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int d = at(g[r]).device;
-      D(d).copy_d2h(S(g[r]), part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count * kF);
-      sync(g[r]);
+      grads_down(g[r], d, part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count);
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
     }
     for (int a : g) {
       const int d = at(a).device;
-      Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * kF);
-      if (shard_len(l, d) > 0) D(d).copy_h2d(S(a), t.data(), sum.data() + shard_first(l, d), shard_len(l, d) * kF);
-      sync(a);
+      Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_);
+      if (shard_len(l, d) > 0) {
+        grads_up(a, d, t.data(), sum.data() + shard_first(l, d), shard_len(l, d));
+      } else {
+        sync(a);
+      }
     }
   }
 
@@ -905,8 +963,10 @@ class BaselineInterpreter final : public Interpreter {
   ExecutorOptions opt_;
   const Gpt2& m_;
   int B_ = 0, T_ = 0, R_ = 0, N_ = 0;
-  bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
-  bool sharded_ = false;  // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
+  bool pp_ = false;        // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
+  bool sharded_ = false;   // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
+  DType dt_ = DType::F32;  // device storage (bf16: weights rounded on the way up, gradients widened back)
+  Bytes es_ = 4;           // bytes per device element
   QueueResources qr_;
   std::vector<int> offset_;  // per device: its first sample
   std::vector<OpInfo> info_;

@@ -9,6 +9,7 @@
 #include <climits>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -29,25 +30,26 @@ constexpr std::array<const char*, 10> kSlotNames = {"W", "dW",  "X",  "tokens", 
                                                     "Y", "act", "dY", "dX",     "scratch"};
 const char* slot_name(Slot s) { return kSlotNames[static_cast<std::size_t>(s)]; }
 
-std::vector<std::pair<Slot, Bytes>> buffer_plan(const Gpt2& m, int l, core::Phase phase, int u, int T) {
+std::vector<std::pair<Slot, Bytes>> buffer_plan(const Gpt2& m, int l, core::Phase phase, int u, int T, DType dt) {
+  const Bytes es = dtype_bytes(dt);
   const LayerKind k = m.kind(l);
   const bool bwd = phase == core::Phase::Bwd;
   const Bytes ids = Bytes(u) * T * kI;
   std::vector<std::pair<Slot, Bytes>> plan;
-  plan.emplace_back(Slot::W, m.param_floats(l) * kF);
-  if (bwd) plan.emplace_back(Slot::dW, m.param_floats(l) * kF);
+  plan.emplace_back(Slot::W, m.param_floats(l) * es);
+  if (bwd) plan.emplace_back(Slot::dW, m.param_floats(l) * es);
   if (k == LayerKind::Embedding) {
     plan.emplace_back(Slot::Tokens, ids);
   } else {
-    plan.emplace_back(Slot::X, m.input_bytes(l, u, T));
+    plan.emplace_back(Slot::X, m.input_bytes(l, u, T, dt));
   }
   if (k == LayerKind::Head) plan.emplace_back(Slot::Targets, ids);
-  plan.emplace_back(Slot::Y, m.output_bytes(l, u, T));
-  plan.emplace_back(Slot::Act, m.act_floats(l, u, T) * kF);
+  plan.emplace_back(Slot::Y, m.output_bytes(l, u, T, dt));
+  plan.emplace_back(Slot::Act, m.act_floats(l, u, T) * es);
   if (bwd) {
-    if (k != LayerKind::Head) plan.emplace_back(Slot::dY, m.output_bytes(l, u, T));
-    if (k != LayerKind::Embedding) plan.emplace_back(Slot::dX, m.input_bytes(l, u, T));
-    plan.emplace_back(Slot::Scratch, m.scratch_floats(l, u, T) * kF);
+    if (k != LayerKind::Head) plan.emplace_back(Slot::dY, m.output_bytes(l, u, T, dt));
+    if (k != LayerKind::Embedding) plan.emplace_back(Slot::dX, m.input_bytes(l, u, T, dt));
+    plan.emplace_back(Slot::Scratch, m.scratch_floats(l, u, T) * es);
   }
   std::erase_if(plan, [](const auto& e) { return e.second == 0; });
   return plan;
@@ -98,6 +100,20 @@ class LayerProfiler {
   LayerProfiler& operator=(const LayerProfiler&) = delete;
 
   Measurement measure(int l, core::Phase phase, int u) {
+    return opt_.dtype == DType::BF16 ? measure_as<Bf16>(l, phase, u) : measure_as<float>(l, phase, u);
+  }
+
+  // E: the device element (float, or Bf16: synthetic data and weights rounded to nearest even on the host).
+  template <class E>
+  Measurement measure_as(int l, core::Phase phase, int u) {
+    const DType dt = opt_.dtype;
+    const auto elem = [](float v) {
+      if constexpr (std::is_same_v<E, Bf16>) {
+        return to_bf16(v);
+      } else {
+        return v;
+      }
+    };
     const int T = opt_.seq_len, V = m_.config().vocab_size;
     const LayerKind k = m_.kind(l);
     const bool bwd = phase == core::Phase::Bwd;
@@ -113,39 +129,41 @@ class LayerProfiler {
       ids_in = HostBuffer(Bytes(n_tok) * kI);
       for (std::int32_t& t : ids_in.span<std::int32_t>()) t = token(rng_);
     } else {
-      x_host = HostBuffer(m_.input_bytes(l, u, T));
-      for (float& v : x_host.span<float>()) v = normal(rng_);
+      x_host = HostBuffer(m_.input_bytes(l, u, T, dt));
+      for (E& v : x_host.span<E>()) v = elem(normal(rng_));
     }
     if (k == LayerKind::Head) {
       ids_tgt = HostBuffer(Bytes(n_tok) * kI);
       for (std::int32_t& t : ids_tgt.span<std::int32_t>()) t = token(rng_);
     }
     if (bwd && k != LayerKind::Head) {
-      dy_host = HostBuffer(m_.output_bytes(l, u, T));
-      for (float& v : dy_host.span<float>()) v = 0.01f * normal(rng_);
+      dy_host = HostBuffer(m_.output_bytes(l, u, T, dt));
+      for (E& v : dy_host.span<E>()) v = elem(0.01f * normal(rng_));
     }
 
     dev_.reset_peak();
     const Bytes base = dev_.memory().in_use;
     std::array<Buffer, kSlotNames.size()> buf;
-    for (const auto& [slot, bytes] : buffer_plan(m_, l, phase, u, T)) {
+    for (const auto& [slot, bytes] : buffer_plan(m_, l, phase, u, T, dt)) {
       buf[static_cast<std::size_t>(slot)] = dev_.alloc(
           bytes,
           fmt::format("profile layer {} ({}) {} u={}: {}", l, m_.layer_name(l), phase_word(phase), u, slot_name(slot)));
     }
     const SyncOnExit sync(s);
     const auto ptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].data(); };
-    const auto fptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].as<float>(); };
+    const auto fptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].as<E>(); };
 
-    dev_.copy_h2d(s, ptr(Slot::W), state_.weights(l).data(), m_.param_floats(l) * kF);
+    std::vector<E> w_host(state_.weights(l).size());
+    std::transform(state_.weights(l).begin(), state_.weights(l).end(), w_host.begin(), elem);
+    dev_.copy_h2d(s, ptr(Slot::W), w_host.data(), m_.param_floats(l) * Bytes(sizeof(E)));
     if (ids_in.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::Tokens), ids_in.data(), ids_in.bytes());
     if (x_host.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::X), x_host.data(), x_host.bytes());
     if (ids_tgt.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::Targets), ids_tgt.data(), ids_tgt.bytes());
     if (dy_host.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::dY), dy_host.data(), dy_host.bytes());
-    if (bwd) dev_.fill_zero(s, ptr(Slot::dW), m_.param_floats(l) * kF);
+    if (bwd) dev_.fill_zero(s, ptr(Slot::dW), m_.param_floats(l) * Bytes(sizeof(E)));
     s.synchronize();
 
-    LayerArgs<float> a;
+    LayerArgs<E> a;
     a.B = u;
     a.T = T;
     a.w = fptr(Slot::W);
@@ -160,7 +178,7 @@ class LayerProfiler {
     a.scratch = fptr(Slot::Scratch);
     a.loss_scale = 1.0f / static_cast<float>(n_tok);
 
-    DeviceOps ops(dev_, s);
+    BasicDeviceOps<E> ops(dev_, s);
     std::vector<double> times;
     for (int i = 0; i < opt_.warmup + opt_.repeats; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -244,13 +262,14 @@ double time_update(HostState& state, int l, const ProfileOptions& o, std::mt1993
 
 }  // namespace
 
-std::vector<ProfileBuffer> profile_buffers(const Gpt2& model, int layer, core::Phase phase, int u, int seq_len) {
+std::vector<ProfileBuffer> profile_buffers(const Gpt2& model, int layer, core::Phase phase, int u, int seq_len,
+                                           DType dtype) {
   if (layer < 0 || layer >= model.num_layers())
     throw BackendError(fmt::format("profile_buffers: layer {} outside 0..{}", layer, model.num_layers() - 1));
   if (u <= 0 || seq_len <= 0)
     throw BackendError(fmt::format("profile_buffers: microbatch {} x {} tokens must be positive", u, seq_len));
   std::vector<ProfileBuffer> out;
-  for (const auto& [slot, bytes] : buffer_plan(model, layer, phase, u, seq_len))
+  for (const auto& [slot, bytes] : buffer_plan(model, layer, phase, u, seq_len, dtype))
     out.push_back({slot_name(slot), bytes});
   return out;
 }
@@ -268,7 +287,7 @@ ProfileResult profile_gpt2(Device& device, HostState& state, const ProfileOption
   res.config = model.config();
   res.options = options;
   // Sizes (weights, optimizer state, inputs) exactly as describe_gpt2 has them; times and peaks measured.
-  res.model = describe_gpt2(model, options.seq_len, sizes);
+  res.model = describe_gpt2(model, options.seq_len, sizes, {.dtype = options.dtype});
   res.model.source = fmt::format("backend::profile_gpt2 on {}", device.name());
   res.model.ubatch_fwd.clear();
   res.model.ubatch_bwd.clear();

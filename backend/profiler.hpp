@@ -24,6 +24,9 @@ struct ProfileOptions {
   int repeats = 3;                // timed runs; the median is recorded (>= 1)
   AdamWConfig adamw;              // the optimizer whose host update is timed
   std::uint64_t seed = 0;         // synthetic inputs, targets, output gradients and update gradients
+  // Device storage of weights, activations and gradients: the layers run in this dtype and every byte count is
+  // in its elements; the written profile records it ("dtype": "bf16"; nothing for fp32, which old profiles are).
+  DType dtype = DType::F32;
 };
 
 // What the profiler is doing, for a progress display. `step` counts from 1 to at most `total_steps`
@@ -86,7 +89,8 @@ struct ProfileBuffer {
 // recompute + backward (Phase::Bwd: those plus dW, dY unless the head, dX unless the embedding, scratch) at
 // microbatch u, zero-sized ones left out. Compared with describe_gpt2's peaks: fwd = describe + W (+
 // targets for the head); bwd = describe + W + Y (+ targets), describe's "dW" term being our dW.
-std::vector<ProfileBuffer> profile_buffers(const Gpt2& model, int layer, core::Phase phase, int u, int seq_len);
+std::vector<ProfileBuffer> profile_buffers(const Gpt2& model, int layer, core::Phase phase, int u, int seq_len,
+                                           DType dtype = DType::F32);
 
 // Metadata the caller adds to the written profile (the rest comes from ProfileResult).
 struct ProfileMeta {

@@ -19,6 +19,11 @@ struct TrainerOptions {
   int batch = 0;                  // B sequences per minibatch
   int seq_len = 0;                // T tokens per sequence
   std::vector<int> microbatches;  // sizes in order, summing to B; empty: the whole minibatch at once
+  // Device storage (docs/backend.md, "Mixed precision"). BF16: weights, activations and gradients in bf16 on
+  // the device (the upload rounds the fp32 master weights to nearest even; gradients are widened exactly on
+  // the way back), fp32 master weights and AdamW on the host. Needs the device's bf16 kernels (DeviceError
+  // at construction otherwise).
+  DType dtype = DType::F32;
 };
 
 class PlainTrainer {
@@ -49,6 +54,10 @@ class PlainTrainer {
   std::vector<Buffer> w_, dw_, y_, act_;
   Buffer tokens_, targets_, scratch_, grad_a_, grad_b_;
   std::vector<float> losses_;
+  std::vector<Bf16> staging_;  // bf16: the rounded weights on their way up, the gradients on their way down
+
+  template <class S>
+  void run_minibatch(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets);
 };
 
 }  // namespace harmony::backend

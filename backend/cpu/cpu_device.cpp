@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -28,6 +29,52 @@ void copy_bytes(void* dst, const void* src, core::Bytes bytes) {
 }
 
 class CpuDevice;
+
+// bf16 emulation: tensors widened to fp32 temporaries, the fp32 reference loop, outputs rounded once.
+std::vector<float> widen(const Bf16* p, Index n) {
+  std::vector<float> v(static_cast<std::size_t>(p == nullptr ? 0 : n));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_f32(p[i]);
+  return v;
+}
+void store(Bf16* p, const std::vector<float>& v) {
+  for (std::size_t i = 0; i < v.size(); ++i) p[i] = to_bf16(v[i]);
+}
+// Null for an absent optional tensor (a bias), else the temporary's data.
+float* opt(std::vector<float>& v, const void* p) { return p == nullptr ? nullptr : v.data(); }
+
+// The Bf16Kernels of a CPU device: each call enqueues widen -> fp32 reference loop -> round-to-nearest-even store
+// on the stream, so the CPU tests see the numerics a bf16 device computes (fp32 arithmetic, bf16 storage).
+class CpuBf16Kernels final : public Bf16Kernels {
+ public:
+  explicit CpuBf16Kernels(CpuDevice& device) : dev_(device) {}
+  void embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe, int B, int T,
+                     int C, int V) override;
+  void embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B, int T, int C,
+                     int V) override;
+  void layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w, const Bf16* b, int N,
+                     int C, float eps) override;
+  void layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in, const Bf16* w,
+                     const Bf16* mean, const Bf16* rstd, int N, int C) override;
+  void matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
+                  WeightLayout layout) override;
+  void matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w, int N,
+                  int IC, int OC, WeightLayout layout) override;
+  void attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) override;
+  void attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T, int C,
+                     int H) override;
+  void gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) override;
+  void gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) override;
+  void add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) override;
+  void crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits, const std::int32_t* targets, int N,
+                        int V) override;
+  void crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets, float scale, int N,
+                        int V) override;
+
+ private:
+  template <class F>
+  void launch(Stream& s, const char* op, F&& f);
+  CpuDevice& dev_;
+};
 
 class CpuEvent final : public Event {
  public:
@@ -181,6 +228,7 @@ class CpuDevice final : public Device, public Kernels {
   }
 
   Kernels& kernels() override { return *this; }
+  Bf16Kernels* bf16_kernels() override { return &bf16_; }
 
   // Kernels: each call enqueues the float reference loop.
   template <class F>
@@ -242,7 +290,137 @@ class CpuDevice final : public Device, public Kernels {
   std::shared_ptr<Arena> arena_;
   std::mutex mu_;
   std::set<CpuStream*> streams_;
+  CpuBf16Kernels bf16_{*this};
 };
+
+template <class F>
+void CpuBf16Kernels::launch(Stream& s, const char* op, F&& f) {
+  dev_.own(s, op).launch_host(std::forward<F>(f));
+}
+
+void CpuBf16Kernels::embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe,
+                                   int B, int T, int C, int V) {
+  launch(s, "embedding_fwd", [=]() {
+    auto e = widen(wte, Index(V) * C), p = widen(wpe, Index(T) * C);
+    std::vector<float> o(static_cast<std::size_t>(Index(B) * T * C));
+    cpu::embedding_fwd<float>(o.data(), ids, e.data(), p.data(), B, T, C, V);
+    store(out, o);
+  });
+}
+void CpuBf16Kernels::embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B,
+                                   int T, int C, int V) {
+  launch(s, "embedding_bwd", [=]() {
+    auto de = widen(dwte, Index(V) * C), dp = widen(dwpe, Index(T) * C), d = widen(dout, Index(B) * T * C);
+    cpu::embedding_bwd<float>(de.data(), dp.data(), d.data(), ids, B, T, C, V);  // throws before writing
+    store(dwte, de);
+    store(dwpe, dp);
+  });
+}
+void CpuBf16Kernels::layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w,
+                                   const Bf16* b, int N, int C, float eps) {
+  launch(s, "layernorm_fwd", [=]() {
+    auto x = widen(in, Index(N) * C), ww = widen(w, C), bb = widen(b, C);
+    std::vector<float> o(x.size()), m(static_cast<std::size_t>(N)), r(static_cast<std::size_t>(N));
+    cpu::layernorm_fwd<float>(o.data(), m.data(), r.data(), x.data(), ww.data(), bb.data(), N, C, eps);
+    store(out, o);
+    store(mean, m);
+    store(rstd, r);
+  });
+}
+void CpuBf16Kernels::layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in,
+                                   const Bf16* w, const Bf16* mean, const Bf16* rstd, int N, int C) {
+  launch(s, "layernorm_bwd", [=]() {
+    const Index NC = Index(N) * C;
+    auto dx = widen(din, NC), dww = widen(dw, C), dbb = widen(db, C), d = widen(dout, NC), x = widen(in, NC),
+         ww = widen(w, C), m = widen(mean, N), r = widen(rstd, N);
+    cpu::layernorm_bwd<float>(dx.data(), dww.data(), dbb.data(), d.data(), x.data(), ww.data(), m.data(), r.data(), N,
+                              C);
+    store(din, dx);
+    store(dw, dww);
+    store(db, dbb);
+  });
+}
+void CpuBf16Kernels::matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC,
+                                int OC, WeightLayout layout) {
+  launch(s, "matmul_fwd", [=]() {
+    auto x = widen(in, Index(N) * IC), ww = widen(w, Index(IC) * OC), bb = widen(bias, OC);
+    std::vector<float> o(static_cast<std::size_t>(Index(N) * OC));
+    cpu::matmul_fwd<float>(o.data(), x.data(), ww.data(), opt(bb, bias), N, IC, OC, layout);
+    store(out, o);
+  });
+}
+void CpuBf16Kernels::matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
+                                const Bf16* w, int N, int IC, int OC, WeightLayout layout) {
+  launch(s, "matmul_bwd", [=]() {
+    auto d = widen(dout, Index(N) * OC), x = widen(in, Index(N) * IC), ww = widen(w, Index(IC) * OC),
+         dww = widen(dw, Index(IC) * OC), dbb = widen(dbias, OC);
+    std::vector<float> dx(static_cast<std::size_t>(din == nullptr ? 0 : Index(N) * IC));
+    cpu::matmul_bwd<float>(opt(dx, din), dww.data(), opt(dbb, dbias), d.data(), x.data(), ww.data(), N, IC, OC, layout);
+    if (din != nullptr) store(din, dx);
+    store(dw, dww);
+    if (dbias != nullptr) store(dbias, dbb);
+  });
+}
+void CpuBf16Kernels::attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) {
+  launch(s, "attention_fwd", [=]() {
+    auto q = widen(qkv, Index(B) * T * 3 * C);
+    std::vector<float> o(static_cast<std::size_t>(Index(B) * T * C)), a(static_cast<std::size_t>(Index(B) * H * T * T));
+    cpu::attention_fwd<float>(o.data(), a.data(), q.data(), B, T, C, H);
+    store(out, o);
+    store(att, a);
+  });
+}
+void CpuBf16Kernels::attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B,
+                                   int T, int C, int H) {
+  launch(s, "attention_bwd", [=]() {
+    auto d = widen(dout, Index(B) * T * C), q = widen(qkv, Index(B) * T * 3 * C), a = widen(att, Index(B) * H * T * T);
+    std::vector<float> dq(q.size());
+    cpu::attention_bwd<float>(dq.data(), d.data(), q.data(), a.data(), B, T, C, H);
+    store(dqkv, dq);
+  });
+}
+void CpuBf16Kernels::gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) {
+  launch(s, "gelu_fwd", [=]() {
+    auto x = widen(in, n);
+    std::vector<float> o(x.size());
+    cpu::gelu_fwd<float>(o.data(), x.data(), n);
+    store(out, o);
+  });
+}
+void CpuBf16Kernels::gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) {
+  launch(s, "gelu_bwd", [=]() {
+    auto x = widen(in, n), d = widen(dout, n);
+    std::vector<float> dx(x.size());
+    cpu::gelu_bwd<float>(dx.data(), x.data(), d.data(), n);
+    store(din, dx);
+  });
+}
+void CpuBf16Kernels::add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) {
+  launch(s, "add", [=]() {
+    auto x = widen(a, n), y = widen(b, n);
+    std::vector<float> o(x.size());
+    cpu::add<float>(o.data(), x.data(), y.data(), n);
+    store(out, o);
+  });
+}
+void CpuBf16Kernels::crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits,
+                                      const std::int32_t* targets, int N, int V) {
+  launch(s, "crossentropy_fwd", [=]() {
+    auto l = widen(logits, Index(N) * V);
+    std::vector<float> p(l.size());
+    cpu::crossentropy_fwd<float>(losses, p.data(), l.data(), targets, N, V);
+    store(probs, p);
+  });
+}
+void CpuBf16Kernels::crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets,
+                                      float scale, int N, int V) {
+  launch(s, "crossentropy_bwd", [=]() {
+    auto p = widen(probs, Index(N) * V);
+    std::vector<float> d(p.size());
+    cpu::crossentropy_bwd<float>(d.data(), p.data(), targets, scale, N, V);
+    store(dlogits, d);
+  });
+}
 
 CpuDevice& as_cpu(Device& d) {
   auto* p = dynamic_cast<CpuDevice*>(&d);

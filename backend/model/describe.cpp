@@ -25,9 +25,13 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
   if (seq_len <= 0 || seq_len > model.config().max_seq_len)
     throw BackendError(fmt::format("describe_gpt2: T = {} outside 1..{}", seq_len, model.config().max_seq_len));
   core::Model m;
-  m.name = fmt::format("gpt2_L{}_C{}_H{}_V{}_T{}", model.config().n_layer, model.config().n_embd, model.config().n_head,
-                       model.config().vocab_size, seq_len);
+  m.name =
+      fmt::format("gpt2_L{}_C{}_H{}_V{}_T{}{}", model.config().n_layer, model.config().n_embd, model.config().n_head,
+                  model.config().vocab_size, seq_len, options.dtype == DType::F32 ? "" : "_bf16");
+  const DType dt = options.dtype;
+  const Bytes es = dtype_bytes(dt);
   m.source = "backend::describe_gpt2";
+  m.dtype = std::string(dtype_name(options.dtype));
   m.ubatch_fwd = ubatch_sizes;
   m.ubatch_bwd = ubatch_sizes;
   const int T = seq_len;
@@ -35,7 +39,7 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
     core::Layer layer;
     layer.name = model.layer_name(l);
     layer.is_criterion = model.kind(l) == LayerKind::Head;
-    layer.weight_bytes = model.param_floats(l) * kF;
+    layer.weight_bytes = model.param_floats(l) * es;
     std::int64_t owned = 0;
     for (const ParamSpec& p : model.params(l)) {
       if (p.tied_to.empty()) owned += p.numel;
@@ -43,11 +47,11 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
     layer.param_count = owned;
     layer.optimizer_state_bytes = 2 * owned * kF;
     layer.update_time_cpu_s = double(owned) * options.update_seconds_per_param;
-    layer.input_bytes_per_sample = model.input_bytes(l, 1, T);
+    layer.input_bytes_per_sample = model.input_bytes(l, 1, T, dt);
     for (int u : ubatch_sizes) {
       const double fwd = forward_flops(model, l, u, T) * options.seconds_per_flop;
-      const Bytes x = model.input_bytes(l, u, T), y = model.output_bytes(l, u, T);
-      const Bytes act = model.act_floats(l, u, T) * kF, scratch = model.scratch_floats(l, u, T) * kF;
+      const Bytes x = model.input_bytes(l, u, T, dt), y = model.output_bytes(l, u, T, dt);
+      const Bytes act = model.act_floats(l, u, T) * es, scratch = model.scratch_floats(l, u, T) * es;
       const Bytes dx = l == 0 ? 0 : x, dy = layer.is_criterion ? 0 : y;
       layer.fwd_time_s.push_back(fwd);
       layer.bwd_time_s.push_back(3 * fwd);

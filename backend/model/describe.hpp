@@ -16,6 +16,9 @@ inline constexpr core::Bytes kF = sizeof(float);
 struct DescribeOptions {
   double seconds_per_flop = 0.0;          // forward time = FLOPs x this; backward (recompute + backward) 3x
   double update_seconds_per_param = 0.0;  // CPU AdamW time per parameter
+  // The device storage of weights, activations and gradients: every device byte count (weights, inputs,
+  // peaks) uses its element size; optimizer_state_bytes (fp32 moments on the host) does not change.
+  DType dtype = DType::F32;
 };
 
 // Layer l of the result is layer l of `model` (the head is the criterion); ubatch_sizes (strictly

@@ -3,6 +3,8 @@
 // the Ops interface, instantiated for the device (float) and the host (float, double).
 #include "backend/model/gpt2.hpp"
 
+#include <type_traits>
+
 #include <fmt/format.h>
 
 namespace harmony::backend {
@@ -203,15 +205,15 @@ std::int64_t Gpt2::scratch_floats(int layer, int B, int T) const {
   return 0;
 }
 
-Bytes Gpt2::input_bytes(int layer, int B, int T) const {
+Bytes Gpt2::input_bytes(int layer, int B, int T, DType dtype) const {
   const Bytes N = Bytes(B) * T;
   return kind(layer) == LayerKind::Embedding ? N * Bytes(sizeof(std::int32_t))
-                                             : N * config_.n_embd * Bytes(sizeof(float));
+                                             : N * config_.n_embd * dtype_bytes(dtype);
 }
 
-Bytes Gpt2::output_bytes(int layer, int B, int T) const {
+Bytes Gpt2::output_bytes(int layer, int B, int T, DType dtype) const {
   const Bytes N = Bytes(B) * T;
-  return kind(layer) == LayerKind::Head ? N * Bytes(sizeof(float)) : N * config_.n_embd * Bytes(sizeof(float));
+  return kind(layer) == LayerKind::Head ? N * Bytes(sizeof(float)) : N * config_.n_embd * dtype_bytes(dtype);
 }
 
 template <class S>
@@ -247,10 +249,11 @@ void Gpt2::check_args(int layer, const LayerArgs<S>& a, bool backward) const {
 template <class Ops>
 void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const {
   using S = typename Ops::Scalar;
+  using R = typename Ops::Real;
   check_args(layer, a, false);
   const int B = a.B, T = a.T, C = config_.n_embd, H = config_.n_head, V = config_.vocab_size;
   const int N = B * T;
-  const S eps = S(config_.ln_eps);
+  const R eps = R(config_.ln_eps);
   const S* w = a.w;
   switch (kind(layer)) {
     case LayerKind::Embedding:
@@ -281,7 +284,13 @@ void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a
       ops.layernorm_fwd(act + s.lnf, act + s.mean, act + s.rstd, a.x, w + ps[0].offset, w + ps[1].offset, N, C, eps);
       ops.matmul_fwd(act + s.probs, act + s.lnf, w + ps[2].offset, static_cast<const S*>(nullptr), N, C, V,
                      WeightLayout::OutIn);
-      ops.crossentropy_fwd(a.y, act + s.probs, act + s.probs, a.targets, N, V);
+      R* losses = nullptr;  // the head's y holds real_t<S> losses whatever S (fp32 in bf16 storage)
+      if constexpr (std::is_same_v<S, R>) {
+        losses = a.y;
+      } else {
+        losses = reinterpret_cast<R*>(a.y);
+      }
+      ops.crossentropy_fwd(losses, act + s.probs, act + s.probs, a.targets, N, V);
       return;
     }
   }
@@ -344,6 +353,8 @@ void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& 
 
 template void Gpt2::forward<DeviceOps>(DeviceOps&, int, const LayerArgs<float>&) const;
 template void Gpt2::backward<DeviceOps>(DeviceOps&, int, const LayerArgs<float>&) const;
+template void Gpt2::forward<DeviceOpsBf16>(DeviceOpsBf16&, int, const LayerArgs<Bf16>&) const;
+template void Gpt2::backward<DeviceOpsBf16>(DeviceOpsBf16&, int, const LayerArgs<Bf16>&) const;
 template void Gpt2::forward<HostOps<float>>(HostOps<float>&, int, const LayerArgs<float>&) const;
 template void Gpt2::backward<HostOps<float>>(HostOps<float>&, int, const LayerArgs<float>&) const;
 template void Gpt2::forward<HostOps<double>>(HostOps<double>&, int, const LayerArgs<double>&) const;

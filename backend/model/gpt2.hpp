@@ -35,6 +35,19 @@ struct ParamSpec {
   std::string tied_to;  // the head's "lm_head.weight" is tied to layer 0's "wte.weight"; else empty
 };
 
+// The type of a layer's real-valued scalars (eps, the loss scale, the head's per-token losses) for storage S:
+// S itself, except fp32 for bf16 storage.
+template <class S>
+struct RealOf {
+  using type = S;
+};
+template <>
+struct RealOf<Bf16> {
+  using type = float;
+};
+template <class S>
+using real_t = typename RealOf<S>::type;
+
 // Arguments of one layer over one microbatch of B sequences of T tokens (N = B*T rows). Pointers are memory
 // the Ops can address (device memory for DeviceOps). Which fields a layer reads depends on its kind:
 //   forward   Embedding: tokens -> y        Block: x -> y, act        Head: x, targets -> y (losses), act
@@ -49,13 +62,13 @@ struct LayerArgs {
   const std::int32_t* tokens = nullptr;   // (B, T) input ids, Embedding
   const std::int32_t* targets = nullptr;  // (B, T) next-token ids, Head
   const S* x = nullptr;                   // (B, T, C) input, Block and Head
-  S* y = nullptr;                         // (B, T, C) output; Head: (B, T) per-token cross-entropy
+  S* y = nullptr;                         // (B, T, C) output; Head: (B, T) per-token cross-entropy as real_t<S>
   S* act = nullptr;                       // act_floats(layer, B, T)
   S* dw = nullptr;                        // param_floats(layer): weight gradients, accumulated
   const S* dy = nullptr;                  // (B, T, C) gradient of y, Embedding and Block
   S* dx = nullptr;                        // (B, T, C) gradient of x, Block and Head
   S* scratch = nullptr;                   // scratch_floats(layer, B, T), backward only
-  S loss_scale = S(1);                    // Head: d(loss)/d(per-token loss), 1/(tokens in the minibatch)
+  real_t<S> loss_scale = real_t<S>(1);    // Head: d(loss)/d(per-token loss), 1/(tokens in the minibatch)
 };
 
 class Gpt2 {
@@ -72,11 +85,14 @@ class Gpt2 {
   std::int64_t param_floats(int layer) const;
   std::int64_t param_count() const;  // unique parameters (the tied wte counted once)
 
-  // Sizes per microbatch, for the executor's allocations.
+  // Sizes per microbatch, for the executor's allocations. The *_floats counts are elements (of the device
+  // dtype: 4 bytes in fp32, 2 in bf16).
   std::int64_t act_floats(int layer, int B, int T) const;
   std::int64_t scratch_floats(int layer, int B, int T) const;
-  Bytes input_bytes(int layer, int B, int T) const;   // layer 0: (B, T) int32 ids; else (B, T, C) floats
-  Bytes output_bytes(int layer, int B, int T) const;  // head: (B, T) losses; else (B, T, C) floats
+  // layer 0: (B, T) int32 ids; else (B, T, C) elements of `dtype`.
+  Bytes input_bytes(int layer, int B, int T, DType dtype = DType::F32) const;
+  // head: (B, T) fp32 losses (in every dtype); else (B, T, C) elements of `dtype`.
+  Bytes output_bytes(int layer, int B, int T, DType dtype = DType::F32) const;
 
   template <class Ops>
   void forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const;
@@ -95,6 +111,8 @@ class Gpt2 {
 
 extern template void Gpt2::forward<DeviceOps>(DeviceOps&, int, const LayerArgs<float>&) const;
 extern template void Gpt2::backward<DeviceOps>(DeviceOps&, int, const LayerArgs<float>&) const;
+extern template void Gpt2::forward<DeviceOpsBf16>(DeviceOpsBf16&, int, const LayerArgs<Bf16>&) const;
+extern template void Gpt2::backward<DeviceOpsBf16>(DeviceOpsBf16&, int, const LayerArgs<Bf16>&) const;
 extern template void Gpt2::forward<HostOps<float>>(HostOps<float>&, int, const LayerArgs<float>&) const;
 extern template void Gpt2::backward<HostOps<float>>(HostOps<float>&, int, const LayerArgs<float>&) const;
 extern template void Gpt2::forward<HostOps<double>>(HostOps<double>&, int, const LayerArgs<double>&) const;

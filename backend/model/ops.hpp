@@ -1,76 +1,88 @@
 // The two ways the model's layers run their kernels, with one signature set so that the layer code is
-// written once (backend/model/gpt2.cpp): DeviceOps enqueues float kernels on a device stream; HostOps<T>
+// written once (backend/model/gpt2.cpp): DeviceOps enqueues float kernels on a device stream (DeviceOpsBf16 the
+// bf16 ones, mixed precision); HostOps<T>
 // calls the reference loops synchronously on host memory (T = double for finite-difference checks).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cpu/kernels.hpp"
 #include "backend/device.hpp"
 
 namespace harmony::backend {
 
-class DeviceOps {
+// S = float: the device's fp32 Kernels; S = Bf16: its Bf16Kernels (mixed precision; require_bf16 throws a
+// DeviceError on a device that has none). Real is the type of eps, loss scales and the head's per-token losses.
+template <class S>
+class BasicDeviceOps {
  public:
-  using Scalar = float;
-  DeviceOps(Device& device, Stream& stream) : dev_(device), s_(stream), k_(device.kernels()) {}
+  using Scalar = S;
+  using Real = float;
+  BasicDeviceOps(Device& device, Stream& stream) : dev_(device), s_(stream), k_(kernels_of(device)) {}
   Device& device() { return dev_; }
   Stream& stream() { return s_; }
 
-  void copy(float* dst, const float* src, std::int64_t n) {
-    dev_.copy_d2d(s_, dst, src, n * static_cast<Bytes>(sizeof(float)));
-  }
-  void zero(float* dst, std::int64_t n) { dev_.fill_zero(s_, dst, n * static_cast<Bytes>(sizeof(float))); }
-  void embedding_fwd(float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B, int T, int C,
-                     int V) {
+  void copy(S* dst, const S* src, std::int64_t n) { dev_.copy_d2d(s_, dst, src, n * static_cast<Bytes>(sizeof(S))); }
+  void zero(S* dst, std::int64_t n) { dev_.fill_zero(s_, dst, n * static_cast<Bytes>(sizeof(S))); }
+  void embedding_fwd(S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T, int C, int V) {
     k_.embedding_fwd(s_, out, ids, wte, wpe, B, T, C, V);
   }
-  void embedding_bwd(float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C, int V) {
+  void embedding_bwd(S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C, int V) {
     k_.embedding_bwd(s_, dwte, dwpe, dout, ids, B, T, C, V);
   }
-  void layernorm_fwd(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b, int N,
-                     int C, float eps) {
+  void layernorm_fwd(S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C, float eps) {
     k_.layernorm_fwd(s_, out, mean, rstd, in, w, b, N, C, eps);
   }
-  void layernorm_bwd(float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
-                     const float* mean, const float* rstd, int N, int C) {
+  void layernorm_bwd(S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean, const S* rstd, int N,
+                     int C) {
     k_.layernorm_bwd(s_, din, dw, db, dout, in, w, mean, rstd, N, C);
   }
-  void matmul_fwd(float* out, const float* in, const float* w, const float* bias, int N, int IC, int OC,
-                  WeightLayout layout) {
+  void matmul_fwd(S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC, WeightLayout layout) {
     k_.matmul_fwd(s_, out, in, w, bias, N, IC, OC, layout);
   }
-  void matmul_bwd(float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w, int N,
-                  int IC, int OC, WeightLayout layout) {
+  void matmul_bwd(S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N, int IC, int OC,
+                  WeightLayout layout) {
     k_.matmul_bwd(s_, din, dw, dbias, dout, in, w, N, IC, OC, layout);
   }
-  void attention_fwd(float* out, float* att, const float* qkv, int B, int T, int C, int H) {
+  void attention_fwd(S* out, S* att, const S* qkv, int B, int T, int C, int H) {
     k_.attention_fwd(s_, out, att, qkv, B, T, C, H);
   }
-  void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H) {
+  void attention_bwd(S* dqkv, const S* dout, const S* qkv, const S* att, int B, int T, int C, int H) {
     k_.attention_bwd(s_, dqkv, dout, qkv, att, B, T, C, H);
   }
-  void gelu_fwd(float* out, const float* in, std::int64_t n) { k_.gelu_fwd(s_, out, in, n); }
-  void gelu_bwd(float* din, const float* in, const float* dout, std::int64_t n) { k_.gelu_bwd(s_, din, in, dout, n); }
-  void add(float* out, const float* a, const float* b, std::int64_t n) { k_.add(s_, out, a, b, n); }
-  void crossentropy_fwd(float* losses, float* probs, const float* logits, const std::int32_t* targets, int N, int V) {
+  void gelu_fwd(S* out, const S* in, std::int64_t n) { k_.gelu_fwd(s_, out, in, n); }
+  void gelu_bwd(S* din, const S* in, const S* dout, std::int64_t n) { k_.gelu_bwd(s_, din, in, dout, n); }
+  void add(S* out, const S* a, const S* b, std::int64_t n) { k_.add(s_, out, a, b, n); }
+  void crossentropy_fwd(float* losses, S* probs, const S* logits, const std::int32_t* targets, int N, int V) {
     k_.crossentropy_fwd(s_, losses, probs, logits, targets, N, V);
   }
-  void crossentropy_bwd(float* dlogits, const float* probs, const std::int32_t* targets, float scale, int N, int V) {
+  void crossentropy_bwd(S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N, int V) {
     k_.crossentropy_bwd(s_, dlogits, probs, targets, scale, N, V);
   }
 
  private:
+  using K = std::conditional_t<std::is_same_v<S, Bf16>, Bf16Kernels, Kernels>;
+  static K& kernels_of(Device& d) {
+    if constexpr (std::is_same_v<S, Bf16>) {
+      return require_bf16(d, "bf16 kernels");
+    } else {
+      return d.kernels();
+    }
+  }
   Device& dev_;
   Stream& s_;
-  Kernels& k_;
+  K& k_;
 };
+using DeviceOps = BasicDeviceOps<float>;
+using DeviceOpsBf16 = BasicDeviceOps<Bf16>;
 
 template <class T>
 class HostOps {
  public:
   using Scalar = T;
+  using Real = T;
   void copy(T* dst, const T* src, std::int64_t n) { std::copy(src, src + n, dst); }
   void zero(T* dst, std::int64_t n) { std::fill(dst, dst + n, T(0)); }
   void embedding_fwd(T* out, const std::int32_t* ids, const T* wte, const T* wpe, int B, int T_, int C, int V) {

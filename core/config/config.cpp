@@ -1853,7 +1853,7 @@ const std::vector<std::string> kTrainTopKeys = {"model",   "machine", "device", 
                                                 "options", "search",  "train",  "checkpoint"};
 const std::vector<std::string> kTrainModelKeys = {"gpt2", "weights", "n_head", "seq_len", "profile", "init_seed"};
 const std::vector<std::string> kGpt2Keys = {"vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
-const std::vector<std::string> kTrainKeys = {"steps", "data", "lr", "beta1", "beta2", "eps", "weight_decay"};
+const std::vector<std::string> kTrainKeys = {"steps", "data", "lr", "beta1", "beta2", "eps", "weight_decay", "dtype"};
 const std::vector<std::string> kDataKeys = {"file", "synthetic_tokens", "seed"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every", "keep"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
@@ -2067,6 +2067,13 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   if (const Entry* e = find(*train, "eps")) cfg.train.eps = get_nonneg_double(e->value, "train.eps");
   if (const Entry* e = find(*train, "weight_decay"))
     cfg.train.weight_decay = get_nonneg_double(e->value, "train.weight_decay");
+  if (const Entry* e = find(*train, "dtype")) {
+    cfg.train.dtype = get_string(e->value, "train.dtype");
+    if (cfg.train.dtype != "fp32" && cfg.train.dtype != "bf16")
+      fail(e->value.loc, fmt::format("train.dtype must be fp32 or bf16, got '{}'", cfg.train.dtype),
+           "fp32 (the default) or bf16 (mixed precision: bf16 on the devices, fp32 master weights and AdamW on the "
+           "host; docs/backend.md)");
+  }
   cfg.train.data.loc = train_loc;
   if (const Entry* e = find(*train, "data")) {
     cfg.train.data.loc = e->value.loc;

@@ -86,6 +86,9 @@ struct TrainSpec {
   int steps = 0;
   DataSpec data;
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  // Device storage: "fp32" (the default) or "bf16" (mixed precision: bf16 weights, activations and gradients on
+  // the devices, fp32 master weights and AdamW on the host; docs/backend.md).
+  std::string dtype = "fp32";
 };
 
 struct CheckpointSpec {

@@ -33,6 +33,7 @@ class Model {
  public:
   std::string name;
   std::string source;           // where it came from (profile path), for messages
+  std::string dtype = "fp32";   // element type the device byte counts assume: "fp32" or "bf16" (mixed precision)
   std::vector<int> ubatch_fwd;  // measured forward microbatch sizes, strictly ascending
   std::vector<int> ubatch_bwd;  // measured backward microbatch sizes, strictly ascending
   std::vector<Layer> layers;    // R layers; layers.back() is the criterion

@@ -41,12 +41,25 @@ constexpr const char* kSchemaDoc = "configs/profiles/README.md";
 // replacement only among the keys present that are not in these lists, so that a missing "fwd_time" is
 // never "corrected" to the legitimate "bwd_time".
 const std::vector<std::string>& top_level_keys() {
-  static const std::vector<std::string> keys = {
-      "format",       "format_version",  "model",        "variant",
-      "aliases",      "source",          "hardware",     "units",
-      "num_layers",   "criterion_layer", "availability", "interpolation_used_by_reference",
-      "ubatch_sizes", "probe_umax",      "targets",      "targets_ubatch_sizes",
-      "layers",       "totals"};
+  static const std::vector<std::string> keys = {"format",
+                                                "format_version",
+                                                "model",
+                                                "variant",
+                                                "dtype",
+                                                "aliases",
+                                                "source",
+                                                "hardware",
+                                                "units",
+                                                "num_layers",
+                                                "criterion_layer",
+                                                "availability",
+                                                "interpolation_used_by_reference",
+                                                "ubatch_sizes",
+                                                "probe_umax",
+                                                "targets",
+                                                "targets_ubatch_sizes",
+                                                "layers",
+                                                "totals"};
   return keys;
 }
 const std::vector<std::string>& layer_keys() {
@@ -498,6 +511,13 @@ Model read_model(const Node& doc, Reader<Node>& r) {
   if (const auto variant = r.optional_member(doc, "variant"); variant && !variant->is_null()) {
     const std::string v = r.text(*variant, "/variant");
     if (!v.empty()) m.name += "_" + v;
+  }
+  // Optional (profiles written before mixed precision have none: fp32): the element type of the device tensors
+  // whose bytes the layers record. The sizes are taken as written; the field says what they mean.
+  if (const auto dtype = r.optional_member(doc, "dtype"); dtype && !dtype->is_null()) {
+    m.dtype = r.text(*dtype, "/dtype");
+    if (m.dtype != "fp32" && m.dtype != "bf16")
+      r.fail("/dtype", fmt::format("unknown dtype \"{}\"", m.dtype), "use \"fp32\" or \"bf16\"");
   }
 
   const std::string ub_ptr = "/ubatch_sizes";

@@ -17,8 +17,8 @@ namespace {
 using ordered = nlohmann::ordered_json;
 
 // The top-level keys the writer emits itself; metadata may not replace them.
-constexpr std::array<std::string_view, 8> kSchemaKeys = {"format",     "format_version",  "model",        "variant",
-                                                         "num_layers", "criterion_layer", "ubatch_sizes", "layers"};
+constexpr std::array<std::string_view, 9> kSchemaKeys = {
+    "format", "format_version", "model", "variant", "dtype", "num_layers", "criterion_layer", "ubatch_sizes", "layers"};
 
 void check_size(const Layer& l, int index, const char* field, std::int64_t v) {
   if (v < 0)
@@ -97,6 +97,7 @@ std::string write_profile_json(const Model& model, const nlohmann::json& metadat
   }
   append_member(out, "model", ordered(model.name).dump());
   append_member(out, "variant", "null");
+  if (model.dtype != "fp32") append_member(out, "dtype", ordered(model.dtype).dump());  // absent means fp32
   append_member(out, "num_layers", ordered(model.num_layers()).dump());
   append_member(out, "criterion_layer", ordered(model.num_layers() - 1).dump());
   ordered ub = ordered::object();

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -39,6 +40,27 @@ struct Result {
   std::vector<double> losses;
   std::vector<std::vector<float>> weights;
 };
+
+// The PlainTrainer in `dtype` over microbatches of u (0: the whole minibatch).
+inline Result plain_run(DType dtype, int u) {
+  const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
+  const Gpt2 model(gpt2_config_from(file));
+  HostState state(model);
+  load_gpt2_weights(file, state);
+  const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
+  auto dev = cpu::make_cpu_device(0, {.capacity = 16 * kMiB});
+  std::vector<int> micro;
+  for (int s = 0; u > 0 && s < kB; s += u) micro.push_back(std::min(u, kB - s));
+  PlainTrainer trainer(*dev, state, {.batch = kB, .seq_len = kT, .microbatches = micro, .dtype = dtype});
+  Result r;
+  std::vector<std::int32_t> in, tgt;
+  for (int k = 0; k < kSteps; ++k) {
+    tokens.batch(k, kB, kT, in, tgt);
+    r.losses.push_back(trainer.step(in, tgt, kAdamW));
+  }
+  for (int l = 0; l < model.num_layers(); ++l) r.weights.emplace_back(state.weights(l).begin(), state.weights(l).end());
+  return r;
+}
 
 inline const Result& reference() {
   static const Result ref = [] {
@@ -80,10 +102,10 @@ struct Setup {
 };
 
 // concurrent: ExecutorOptions::concurrent (one worker per Program queue) or the serial loop.
-inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr,
-                  bool concurrent = true) {
+inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr, bool concurrent = true,
+                  DType dtype = DType::F32) {
   const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-  Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .concurrent = concurrent});
+  Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .concurrent = concurrent, .dtype = dtype});
   Result r;
   std::vector<std::int32_t> in, tgt;
   for (int k = 0; k < kSteps; ++k) {
@@ -104,7 +126,7 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 
 // The grids' Programs. Harmony: manual packs of pack_size layers, every replica lowered (as harmony-run does).
 inline core::Program lower_harmony_plan(const Gpt2& model, core::Mode mode, int gpus, int u_fwd, int u_bwd,
-                                        int pack_size, bool prefetch) {
+                                        int pack_size, bool prefetch, DType dtype = DType::F32) {
   core::Plan plan;
   plan.mode = mode;
   plan.gpus = gpus;
@@ -113,7 +135,7 @@ inline core::Program lower_harmony_plan(const Gpt2& model, core::Mode mode, int 
   plan.u_bwd = u_bwd;
   core::manual_packs(model.num_layers(), pack_size, plan.packs_fwd, plan.packs_bwd);
   core::validate_plan(plan, model.num_layers());
-  const core::Model desc = describe_gpt2(model, kT, {1, 2, 3, 4});
+  const core::Model desc = describe_gpt2(model, kT, {1, 2, 3, 4}, {.dtype = dtype});
   const core::TaskGraph g = core::compose_task_graph(plan, model.num_layers());
   return core::lower_harmony(g, desc, {.prefetch = prefetch, .dp_first_gpu_only = false});
 }
@@ -129,8 +151,8 @@ inline core::BaselinePlan baseline_plan(core::PlanKind kind, int gpus, int u, co
   return p;
 }
 
-inline core::Program lower_baseline_plan(const Gpt2& model, const core::BaselinePlan& plan) {
-  return core::lower_baseline(plan, describe_gpt2(model, kT, {1, 2, 3, 4}));
+inline core::Program lower_baseline_plan(const Gpt2& model, const core::BaselinePlan& plan, DType dtype = DType::F32) {
+  return core::lower_baseline(plan, describe_gpt2(model, kT, {1, 2, 3, 4}, {.dtype = dtype}));
 }
 
 }  // namespace executor_fixture

@@ -152,3 +152,82 @@ TEST_CASE("a Program missing the dependency of a BWD on its dY is rejected") {
     }
   }
 }
+
+// bf16 mixed precision. Harmony-PP on any GPU count and Harmony-DP on one GPU run each layer's bf16 kernels on the
+// same rows in the same order as the bf16 PlainTrainer over microbatches of u_bwd (a pack's dW is rounded to bf16
+// after each microbatch, as the trainer's is), and round the same fp32 masters: bit-exact. Harmony-DP on 2 GPUs
+// adds the replicas' bf16 partial sums in fp32 and rounds once, where the trainer accumulates in bf16 microbatch
+// after microbatch: a different rounding sequence, bounded like the bf16 oracle (tests/backend/test_oracle.cpp):
+// losses within 2e-4 relative, and every weight within 2 lr steps (AdamW moves a weight by at most ~lr per step,
+// so a noise-level gradient difference moves it by at most 2 lr after 2 steps; a wrong average or a dropped
+// replica's gradient moves many weights further, and the loss by more than 2e-4).
+TEST_CASE("bf16: Harmony Programs train like the bf16 PlainTrainer; the Program counts 2-byte tensors") {
+  struct Case {
+    core::Mode mode;
+    int gpus, u_fwd, u_bwd, pack;
+  };
+  const std::vector<Case> cases = {
+      {core::Mode::HarmonyPP, 1, 1, 1, 1}, {core::Mode::HarmonyPP, 2, 2, 1, 1}, {core::Mode::HarmonyPP, 2, 1, 2, 4},
+      {core::Mode::HarmonyPP, 4, 1, 1, 1}, {core::Mode::HarmonyDP, 1, 1, 2, 1}, {core::Mode::HarmonyDP, 2, 1, 1, 1},
+  };
+  for (const Case& c : cases) {
+    const std::string mode = core::mode_name(c.mode);
+    CAPTURE(mode);
+    CAPTURE(c.gpus);
+    CAPTURE(c.u_fwd);
+    CAPTURE(c.u_bwd);
+    CAPTURE(c.pack);
+    const Result ref = plain_run(DType::BF16, c.u_bwd);
+    Setup s(c.gpus);
+    const core::Program prog =
+        lower_harmony_plan(*s.model, c.mode, c.gpus, c.u_fwd, c.u_bwd, c.pack, false, DType::BF16);
+    const Result r = run(prog, s, nullptr, true, DType::BF16);
+    const bool exact = c.mode == core::Mode::HarmonyPP || c.gpus == 1;
+    for (int k = 0; k < kSteps; ++k) {
+      if (exact) {
+        CHECK(r.losses[k] == ref.losses[k]);
+      } else {
+        CHECK(std::abs(r.losses[k] - ref.losses[k]) <= 2e-4 * std::abs(ref.losses[k]));
+      }
+    }
+    for (std::size_t l = 0; l < ref.weights.size(); ++l) {
+      CAPTURE(l);
+      if (exact) {
+        CHECK(same_bits(r.weights[l], ref.weights[l]));
+      } else {
+        double worst = 0;
+        for (std::size_t i = 0; i < ref.weights[l].size(); ++i)
+          worst = std::max(worst, std::abs(double(r.weights[l][i]) - double(ref.weights[l][i])));
+        CHECK(worst <= 2 * kSteps * kAdamW.lr);
+      }
+    }
+  }
+  // bf16 really differs from fp32 (the rounding is on), by about bf16's precision.
+  const Result f32 = plain_run(DType::F32, 1), b16 = plain_run(DType::BF16, 1);
+  CHECK(f32.losses[1] != b16.losses[1]);
+  CHECK(std::abs(f32.losses[1] - b16.losses[1]) <= 1e-3 * std::abs(f32.losses[1]));
+
+  // The Program's byte counts: every weight, activation and gradient transfer of a bf16 Program is half the fp32
+  // Program's (the head's fp32 losses never move; the token ids a layer-0 X or sX moves stay int32).
+  Setup s(2);
+  const core::Program p32 = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 2, 1, 1, 1, false, DType::F32);
+  const core::Program p16 = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 2, 1, 1, 1, false, DType::BF16);
+  REQUIRE(p32.ops.size() == p16.ops.size());
+  Bytes moved32 = 0, moved16 = 0;
+  for (std::size_t o = 0; o < p32.ops.size(); ++o) {
+    const core::Op& a = p32.ops[o];
+    const core::Op& b = p16.ops[o];
+    CHECK(a.kind == b.kind);
+    const bool ids = (a.kind == core::OpKind::X || a.kind == core::OpKind::sX) && a.layers.first == 0;  // int32
+    if (!ids && (a.kind == core::OpKind::WB || a.kind == core::OpKind::dWB || a.kind == core::OpKind::Y ||
+                 a.kind == core::OpKind::dX || a.kind == core::OpKind::dY || a.kind == core::OpKind::sX ||
+                 a.kind == core::OpKind::X)) {
+      CAPTURE(p32.op_label(static_cast<int>(o)));
+      CHECK(b.bytes * 2 == a.bytes);
+    }
+    moved32 += a.bytes;
+    moved16 += b.bytes;
+  }
+  CHECK(moved16 < moved32);
+  MESSAGE("bytes moved per step: fp32 ", moved32, ", bf16 ", moved16);
+}

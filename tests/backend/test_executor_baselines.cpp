@@ -276,3 +276,53 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
                          doctest::Contains(want.c_str()), ScheduleViolation);
   }
 }
+
+// bf16 mixed precision on the baselines' Programs. Bit-exact against the bf16 PlainTrainer over microbatches of u
+// where each layer's dW is accumulated on one device, microbatch after microbatch in sample order, and reaches the
+// host once (bf16 rounds dW after each microbatch, as the trainer does): dp-swap on one GPU with the weights kept,
+// pp-swap with the weights kept, l2l on one GPU. Replicated or sharded gradients (dp-swap, zero-infinity on 2 GPUs)
+// are partial sums added in fp32 and rounded once: the bounds of the Harmony-DP bf16 case (test_executor.cpp).
+TEST_CASE("bf16: baseline Programs train like the bf16 PlainTrainer") {
+  struct Case {
+    core::PlanKind kind;
+    int gpus, u;
+    core::SwapChoice w;
+    bool exact;
+  };
+  const std::vector<Case> cases = {
+      {core::PlanKind::DpSwap, 1, 1, core::SwapChoice::Keep, true},
+      {core::PlanKind::PpSwap, 2, 2, core::SwapChoice::Keep, true},
+      {core::PlanKind::L2L, 1, 2, core::SwapChoice::Swap, true},
+      {core::PlanKind::DpSwap, 2, 1, core::SwapChoice::Swap, false},
+      {core::PlanKind::ZeroInfinity, 2, 1, core::SwapChoice::Swap, false},
+  };
+  for (const Case& c : cases) {
+    const std::string kind = core::plan_kind_name(c.kind);
+    CAPTURE(kind);
+    CAPTURE(c.gpus);
+    CAPTURE(c.u);
+    const Result ref = plain_run(DType::BF16, c.u);
+    Setup s(c.gpus);
+    const core::Program prog =
+        lower_baseline_plan(*s.model, baseline_plan(c.kind, c.gpus, c.u, c.w, core::SwapChoice::Swap), DType::BF16);
+    const Result r = run(prog, s, nullptr, true, DType::BF16);
+    for (int k = 0; k < kSteps; ++k) {
+      if (c.exact) {
+        CHECK(r.losses[k] == ref.losses[k]);
+      } else {
+        CHECK(std::abs(r.losses[k] - ref.losses[k]) <= 2e-4 * std::abs(ref.losses[k]));
+      }
+    }
+    for (std::size_t l = 0; l < ref.weights.size(); ++l) {
+      CAPTURE(l);
+      if (c.exact) {
+        CHECK(same_bits(r.weights[l], ref.weights[l]));
+      } else {
+        double worst = 0;
+        for (std::size_t i = 0; i < ref.weights[l].size(); ++i)
+          worst = std::max(worst, std::abs(double(r.weights[l][i]) - double(ref.weights[l][i])));
+        CHECK(worst <= 2 * kSteps * kAdamW.lr);
+      }
+    }
+  }
+}

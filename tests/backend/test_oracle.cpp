@@ -1,10 +1,11 @@
-// The PyTorch oracle (tests/data/gpt2_tiny, made by scripts/make_gpt2_oracle.py with torch 1.13): from the
-// same initial weights (HF safetensors) and llm.c token file, the plain trainer on a CPU device must
-// reproduce torch's step-0 gradients, its per-step losses over 5 AdamW steps and its final weights within
-// the tolerances below (reasons in docs/backend.md, "Tolerances").
+// The PyTorch oracles (tests/data/gpt2_tiny and gpt2_tiny_bf16, made by scripts/make_gpt2_oracle.py with torch
+// 1.13): from the same initial weights (HF safetensors) and llm.c token file, the plain trainer on a CPU device must
+// reproduce torch's step-0 gradients, its per-step losses over 5 AdamW steps and its final weights within the
+// tolerances below (reasons in docs/backend.md, "Tolerances" and "Mixed precision"), in fp32 and in bf16.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -21,14 +22,14 @@ using namespace harmony::backend;
 
 namespace {
 
-std::string data_dir() {
+std::string data_dir(const char* name = "gpt2_tiny") {
   const char* root = std::getenv("HARMONY_SOURCE_DIR");
-  return std::string(root != nullptr ? root : ".") + "/tests/data/gpt2_tiny/";
+  return std::string(root != nullptr ? root : ".") + "/tests/data/" + name + "/";
 }
 
-nlohmann::json load_oracle() {
-  std::ifstream in(data_dir() + "oracle.json");
-  REQUIRE_MESSAGE(in.good(), "cannot open ", data_dir(), "oracle.json (set HARMONY_SOURCE_DIR)");
+nlohmann::json load_oracle(const char* name = "gpt2_tiny") {
+  std::ifstream in(data_dir(name) + "oracle.json");
+  REQUIRE_MESSAGE(in.good(), "cannot open ", data_dir(name), "oracle.json (set HARMONY_SOURCE_DIR)");
   return nlohmann::json::parse(in);
 }
 
@@ -156,4 +157,123 @@ TEST_CASE("PyTorch oracle: the headerless token file gives the same batches") {
   CHECK(with.size() == oracle["tokens"]["count"].get<std::int64_t>());
   REQUIRE(with.size() == raw.size());
   CHECK(std::equal(with.tokens().begin(), with.tokens().end(), raw.tokens().begin()));
+}
+
+// ---- bf16 mixed precision (tests/data/gpt2_tiny_bf16, docs/backend.md "Mixed precision") ----
+
+namespace {
+
+// Per HF tensor, the relative L2 error ||got - want|| / ||want - base|| (base: zero for gradients, the initial
+// weights for final weights, so that the error is relative to what training moved); the worst tensor.
+struct WorstL2 {
+  double rel = 0;
+  std::string where;
+  void add(const std::string& name, std::span<const float> got, const std::vector<float>& want,
+           std::span<const float> base = {}) {
+    REQUIRE(got.size() == want.size());
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const double d = double(got[i]) - double(want[i]);
+      const double w = double(want[i]) - (base.empty() ? 0.0 : double(base[i]));
+      num += d * d;
+      den += w * w;
+    }
+    const double r = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1e30 : 0.0);
+    if (!(r <= rel)) {
+      rel = std::isnan(r) ? 1e30 : r;
+      where = name;
+    }
+  }
+};
+
+struct Bf16Run {
+  WorstL2 grads, weights;
+  double loss_rel = 0;  // worst |loss - want| / want over the steps
+};
+
+// Trains from the bf16 oracle's initial weights with `dtype` storage on a CPU device, microbatched as given,
+// and measures the errors against the bf16 oracle.
+Bf16Run run_against_bf16_oracle(DType dtype, const std::vector<int>& microbatches) {
+  const nlohmann::json oracle = load_oracle("gpt2_tiny_bf16");
+  CHECK(oracle.at("dtype") == "bf16");
+  const auto dir = data_dir("gpt2_tiny_bf16");
+  const SafetensorsReader init = SafetensorsReader::open(dir + oracle.at("initial_weights").get<std::string>());
+  const Gpt2 model(gpt2_config_from(init));
+  HostState state(model);
+  load_gpt2_weights(init, state);
+  const TokenFile tokens = TokenFile::load(dir + oracle["tokens"]["with_header"].get<std::string>());
+  const int B = oracle.at("batch_size"), T = oracle.at("seq_len"), steps = oracle.at("steps");
+  const AdamWConfig adamw = adamw_of(oracle.at("adamw"));
+  auto device = cpu::make_cpu_device(0, {.capacity = 16 * harmony::core::kMiB});
+  PlainTrainer trainer(*device, state, {.batch = B, .seq_len = T, .microbatches = microbatches, .dtype = dtype});
+  const std::vector<double> want_losses = oracle.at("losses");
+  REQUIRE(static_cast<int>(want_losses.size()) == steps);
+  Bf16Run run;
+  std::vector<std::int32_t> inputs, targets;
+  for (int k = 0; k < steps; ++k) {
+    tokens.batch(k, B, T, inputs, targets);
+    const double loss = trainer.forward_backward(inputs, targets);
+    run.loss_rel = std::max(run.loss_rel, std::fabs(loss - want_losses[k]) / std::fabs(want_losses[k]));
+    if (k == 0) {
+      const SafetensorsReader grads = SafetensorsReader::open(dir + oracle.at("grads_step0").get<std::string>());
+      for (int l = 0; l < model.num_layers(); ++l) {
+        for (const ParamSpec& p : model.params(l)) {
+          if (!p.tied_to.empty()) continue;
+          std::vector<float> g(state.grad(l, p.name).begin(), state.grad(l, p.name).end());
+          if (p.name == "wte.weight") {  // the tie: both bf16 contributions added in fp32 on the host
+            const auto gh = state.grad(model.head_layer(), "lm_head.weight");
+            for (std::size_t i = 0; i < g.size(); ++i) g[i] += gh[i];
+          }
+          run.grads.add(p.name, g, grads.read_f32(p.name));
+        }
+      }
+    }
+    state.update(adamw, 0, model.num_layers() - 1);
+    trainer.upload_weights();
+  }
+  const SafetensorsReader final_w = SafetensorsReader::open(dir + oracle.at("final_weights").get<std::string>());
+  for (int l = 0; l < model.num_layers(); ++l) {
+    for (const ParamSpec& p : model.params(l)) {
+      if (p.tied_to.empty())
+        run.weights.add(p.name, state.weight(l, p.name), final_w.read_f32(p.name), init.read_f32(p.name));
+    }
+  }
+  return run;
+}
+
+void report(const std::string& what, const Bf16Run& r) {
+  MESSAGE(what, ": step-0 gradients worst relative L2 ", r.grads.rel, " (", r.grads.where, "), losses worst relative ",
+          r.loss_rel, ", weight updates worst relative L2 ", r.weights.rel, " (", r.weights.where, ")");
+}
+
+}  // namespace
+
+// Tolerances for bf16 (docs/backend.md, "Mixed precision"). bf16 keeps 8 significant bits: one rounding errs
+// by up to 2^-9 = 0.2% of the value. Both sides round at nearly the same points (the forward matches torch's to
+// 1e-7 at step 0), but not all: ours keeps layer-norm mean/rstd and the attention probabilities in bf16 for the
+// backward where torch keeps fp32, and a residual's gradient is summed before rather than after its rounding.
+// Each such difference is one bf16 rounding, and through the two blocks' backward they add up to errors of the
+// size of bf16 noise itself, so elementwise tolerances are meaningless (an element that cancels to ~0 has any
+// relative error); the measure is each tensor's relative L2 error. Observed (GCC 12, x86-64): step-0 gradients
+// 0.76% (h.0.ln_1.bias, the end of the backward chain), losses 6.3e-5 relative, weight updates after 5 AdamW
+// steps 3.5% of the update (AdamW divides by sqrt(v), so a gradient element at the noise level still moves its
+// weight by up to lr). Bounds: 3x those. The bf16 rounding itself moves our results by the same amount (fp32
+// storage against this oracle: 0.80%, 8.3e-5 and 5.8%), so this test checks that the bf16 path trains like
+// torch's bf16 within bf16 noise, not the rounding points: tests/backend/test_device.cpp checks every bf16
+// kernel bit-exactly against round(fp32 kernel(widened inputs)) and the rounding function against its
+// definition. A real bug moves far more: a sign, scale or missing gradient contribution moves a tensor's
+// gradient by >= 100%; a lost weight decay moves a weight update by lr * wd * |w| / lr ~ 13% for |w| = 0.02.
+constexpr double kBf16GradRelL2 = 2.5e-2;
+constexpr double kBf16LossRtol = 2e-4;
+constexpr double kBf16UpdateRelL2 = 1.1e-1;
+
+TEST_CASE("bf16 PyTorch oracle: step-0 gradients, losses and final weights, whole minibatch and microbatched") {
+  for (const std::vector<int>& micro : {std::vector<int>{}, std::vector<int>{1, 3}}) {
+    CAPTURE(micro.size());
+    const Bf16Run r = run_against_bf16_oracle(DType::BF16, micro);
+    report(micro.empty() ? "bf16 whole minibatch" : "bf16 microbatches 1+3", r);
+    CHECK(r.grads.rel <= kBf16GradRelL2);
+    CHECK(r.loss_rel <= kBf16LossRtol);
+    CHECK(r.weights.rel <= kBf16UpdateRelL2);
+  }
 }

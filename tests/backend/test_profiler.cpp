@@ -64,6 +64,7 @@ Bytes buffer(const Gpt2& m, int l, Phase p, int u, const std::string& name) {
 // Every field load_profile reads, compared exactly (doubles too: the writer keeps full precision).
 void check_same(const core::Model& a, const core::Model& b) {
   CHECK(a.name == b.name);
+  CHECK(a.dtype == b.dtype);
   CHECK(a.ubatch_fwd == b.ubatch_fwd);
   CHECK(a.ubatch_bwd == b.ubatch_bwd);
   REQUIRE(a.layers.size() == b.layers.size());
@@ -390,4 +391,53 @@ TEST_CASE("the writer refuses what the reader would reject") {
   const std::string text = core::write_profile_json(good, nlohmann::json{{"hardware", {{"gpu", "x"}}}});
   CHECK(nlohmann::json::parse(text)["hardware"]["gpu"] == "x");
   check_same(core::load_profile_text(text, "m.json"), good);
+}
+
+TEST_CASE("a bf16 profile: 2-byte sizes and peaks, \"dtype\": \"bf16\" recorded; a profile without dtype is fp32") {
+  Tiny t;
+  const Gpt2& m = t.model;
+  auto dev = cpu::make_cpu_device(0, {.capacity = 64 * kMiB});
+  ProfileOptions o = options();
+  o.repeats = 1;
+  const ProfileResult f32 = profile_gpt2(*dev, t.state, o);
+  o.dtype = DType::BF16;
+  const ProfileResult b16 = profile_gpt2(*dev, t.state, o);
+  CHECK(f32.model.dtype == "fp32");
+  CHECK(b16.model.dtype == "bf16");
+  for (int l = 0; l < m.num_layers(); ++l) {
+    CAPTURE(l);
+    const core::Layer &a = f32.model.layers[static_cast<std::size_t>(l)],
+                      &b = b16.model.layers[static_cast<std::size_t>(l)];
+    CHECK(b.weight_bytes * 2 == a.weight_bytes);
+    CHECK(b.optimizer_state_bytes == a.optimizer_state_bytes);  // fp32 moments on the host either way
+    if (l > 0) CHECK(b.input_bytes_per_sample * 2 == a.input_bytes_per_sample);
+    for (std::size_t i = 0; i < a.bwd_peak_bytes.size(); ++i) {
+      CHECK(b.bwd_peak_bytes[i] < a.bwd_peak_bytes[i]);  // measured: about half (fp32 losses and ids stay)
+      CHECK(b.bwd_peak_bytes[i] * 10 <= a.bwd_peak_bytes[i] * 6);
+    }
+    for (const ProfileBuffer& pb : profile_buffers(m, l, Phase::Bwd, 2, kT, DType::BF16)) {
+      CAPTURE(pb.name);
+      const bool same = pb.name == "tokens" || pb.name == "targets" || (pb.name == "Y" && l == m.head_layer());
+      CHECK(pb.bytes * (same ? 1 : 2) == buffer(m, l, Phase::Bwd, 2, pb.name));
+    }
+  }
+  // The written profile records the dtype and round-trips; fp32 writes none (the format before mixed precision).
+  const std::string text = profile_json(b16);
+  CHECK(nlohmann::json::parse(text)["dtype"] == "bf16");
+  const core::Model back = core::load_profile_text(text, "b.json");
+  CHECK(back.dtype == "bf16");
+  check_same(back, b16.model);
+  const std::string old = profile_json(f32);
+  CHECK_FALSE(nlohmann::json::parse(old).contains("dtype"));
+  CHECK(core::load_profile_text(old, "f.json").dtype == "fp32");
+  // A bad dtype is a located error.
+  std::string bad = text;
+  bad.replace(bad.find("\"bf16\""), 6, "\"fp8\"");
+  try {
+    (void)core::load_profile_text(bad, "bad.json");
+    FAIL("expected a ConfigError");
+  } catch (const core::ConfigError& e) {
+    CHECK(std::string(e.what()).find("unknown dtype \"fp8\"") != std::string::npos);
+    CHECK(std::string(e.what()).find("bad.json:") != std::string::npos);
+  }
 }

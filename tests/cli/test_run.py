@@ -348,6 +348,34 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     open(odd, "wb").write(b"\x01\x00\x02")
     r = run("train", DEFAULT, "--data", odd)
     check("odd token file exits 2", r.returncode == 2 and "odd.bin" in r.stderr, r.stderr)
+    # --- bf16 mixed precision (--dtype / train.dtype): trains, the loss differs from fp32's only at bf16's
+    # precision, the device peak about halves; a bf16 profile records its dtype and is refused by an fp32 run
+    r4, d4 = train_json(DEFAULT, "--steps", "3", "--quiet", "--gpu-memory", "2MiB", "--dtype", "bf16")
+    check("--dtype bf16 exit 0", r4.returncode == 0 and d4 is not None, r4.stderr)
+    if d1 and d4:
+        l32, l16 = d1["summary"]["losses"], d4["summary"]["losses"]
+        check("--dtype bf16: losses differ from fp32, within 1e-2 relative",
+              l16 != l32 and all(abs(a - b) <= 1e-2 * abs(a) for a, b in zip(l32, l16)), (l32, l16))
+    r = run("train", DEFAULT, "--steps", "1", "--dtype", "bf16")
+    check("--dtype bf16: the table says so", r.returncode == 0 and "bf16 weights, activations and gradients" in r.stdout,
+          r.stdout + r.stderr)
+    r = run("train", DEFAULT, "--steps", "1", "--dtype", "fp16")
+    check("--dtype fp16 refused", r.returncode == 2 and "fp16" in r.stderr, r.stderr)
+    r = run("train", DEFAULT, "--steps", "1", "--set", "train.dtype=fp16")
+    check("train.dtype=fp16 refused with the key", r.returncode == 2 and "train.dtype must be fp32 or bf16" in r.stderr,
+          r.stderr)
+    r = run("train", DEFAULT, "--steps", "2", "--dtype", "bf16", "--set", "plan.mode=dp-swap")
+    check("--dtype bf16 trains a baseline (dp-swap)", r.returncode == 0, r.stderr)
+    prof16 = os.path.join(tmp, "bf16_profile.json")
+    r = run("profile", DEFAULT, "--out", prof16, "--ubatch", "1,2", "--repeats", "1", "--dtype", "bf16")
+    check("profile --dtype bf16 exit 0", r.returncode == 0, r.stderr)
+    if os.path.exists(prof16):
+        check("bf16 profile records its dtype", json.load(open(prof16)).get("dtype") == "bf16")
+        r = run("train", DEFAULT, "--steps", "1", "--set", f"model.profile={prof16}")
+        check("fp32 run refuses a bf16 profile", r.returncode == 2 and "measured in bf16" in r.stderr, r.stderr)
+        r = run("train", DEFAULT, "--steps", "1", "--dtype", "bf16", "--set", f"model.profile={prof16}")
+        check("bf16 run takes the bf16 profile", r.returncode == 0, r.stderr)
+
     big = os.path.join(tmp, "big.bin")
     open(big, "wb").write(bytes([0, 1] * 2000))  # token id 256 > vocab 256
     r = run("train", DEFAULT, "--data", big)

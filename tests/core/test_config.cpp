@@ -859,6 +859,22 @@ TEST_CASE("harmony-run config errors are located and explained") {
   check_at(train_error(kTrain + "checkpoint: {every: -1}\n"), "run.yaml", 6, 21);
 }
 
+TEST_CASE("harmony-run train.dtype: fp32 by default, bf16 on request, a located error otherwise") {
+  CHECK(load_train_config_text(kTrain, "run.yaml").train.dtype == "fp32");
+  CHECK(load_train_config_text(kTrain, "run.yaml", {"train.dtype=bf16"}).train.dtype == "bf16");
+  const std::string bf16 =
+      "model:\n"
+      "  gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 2, n_head: 4, n_embd: 64}\n"
+      "  seq_len: 32\n"
+      "plan: {mode: harmony-pp, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 1, pack_size: 1}\n"
+      "train: {steps: 5, dtype: ";
+  CHECK(load_train_config_text(bf16 + "bf16}\n", "run.yaml").train.dtype == "bf16");
+  const ConfigError bad = train_error(bf16 + "fp16}\n");
+  CHECK(contains(bad.what(), "train.dtype must be fp32 or bf16, got 'fp16'"));
+  check_at(bad, "run.yaml", 5, 26);  // at the value
+  CHECK(contains(train_error(kTrain, {"train.dtype=3"}).what(), "train.dtype"));
+}
+
 TEST_CASE("RunConfig::inputs lists every file the config was built from, then its profile") {
   const std::string file = source_path("configs/examples/bert_large_search.yaml");
   const RunConfig c = load_config(file);
