@@ -143,8 +143,14 @@ else
 fi || finish
 run="$build/apps/harmony-run"
 sim="$build/sim/harmony-sim"
+# bf16 counts as implemented when a short bf16 run trains on the CUDA device (a --dtype flag alone proves
+# nothing: the CPU device has bf16 before the CUDA kernels do); (b)-(d) then train in bf16.
 bf16=false
-"$run" train --help 2>/dev/null | grep -q -- '--dtype' && bf16=true
+dtype=()
+if "$run" train --help 2>/dev/null | grep -q -- '--dtype'; then
+  step bf16_cuda 60 "$run" train configs/run/default.yaml --steps 2 --set device=cuda --dtype bf16 --quiet &&
+    bf16=true && dtype=(--dtype bf16)
+fi
 
 # --- 2. tests ---------------------------------------------------------------------------------------------------
 echo "== tests"
@@ -190,16 +196,16 @@ train: {steps: $steps, lr: 3e-4, weight_decay: 0.0, data: {synthetic_tokens: 104
 EOF
 
 echo "== (b) in memory"
-step b_in_memory 120 "$run" train "$out/gpt.yaml" "${fast[@]}" --format json --quiet --trace "$out/b.trace.json" &&
+step b_in_memory 120 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --format json --quiet --trace "$out/b.trace.json" &&
   cp "$out/b_in_memory.out" "$out/b.json"
 cap_mib=$(python3 -c "import json; print(json.load(open('$out/b.json'))['summary']['peak_memory_bytes'] // 4 // 2**20)" \
   2>/dev/null || echo 0)
 echo "== (d) profile, (c) capped to a quarter: $cap_mib MiB"
-step d_profile 90 "$run" profile "$out/gpt.yaml" "${fast[@]}" --out "$out/profile.json" --repeats 3
-step c_auto 90 "$run" train "$out/gpt.yaml" "${fast[@]}" --plan auto --gpu-memory "${cap_mib}MiB" \
+step d_profile 90 "$run" profile "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --out "$out/profile.json" --repeats 3
+step c_auto 90 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --plan auto --gpu-memory "${cap_mib}MiB" \
   --set "model.profile=$out/profile.json" --format json --quiet --trace "$out/c_auto.trace.json" &&
   cp "$out/c_auto.out" "$out/c_auto.json"
-step c_dpswap 90 "$run" train "$out/gpt.yaml" "${fast[@]}" --plan auto --gpu-memory "${cap_mib}MiB" \
+step c_dpswap 90 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --plan auto --gpu-memory "${cap_mib}MiB" \
   --set "model.profile=$out/profile.json" --set plan.mode=dp-swap --format json --quiet \
   --trace "$out/c_dpswap.trace.json" && cp "$out/c_dpswap.out" "$out/c_dpswap.json"
 if [[ -f $out/c_auto.json ]]; then

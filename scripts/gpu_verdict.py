@@ -187,8 +187,10 @@ def check_training(v, out, steps, env, params):
     b = load_json(out, "b.json") if ok_b is None else None
     # bf16: a named missing feature is still a FAILED row: the throughput target needs it.
     if not params.get("bf16_implemented"):
+        p = step_problem(steps, "bf16_cuda") if "bf16_cuda" in steps else None
         v.add("bf16 mixed precision", "FAILED",
-              "not implemented: harmony-run trains in fp32 only (no --dtype bf16); the MFU target below assumes it")
+              f"a 2-step `--dtype bf16` run on the CUDA device failed: {p}; the MFU target below assumes bf16" if p
+              else "not implemented: harmony-run trains in fp32 only (no --dtype bf16); the MFU target below assumes it")
     if b is None:
         v.add("in-memory training", "FAILED", ok_b or "b.json is not JSON")
         return None

@@ -131,6 +131,10 @@ def main():
                        "in-memory MFU >= 35% of dense BF16 peak", ["PEAK_BF16_TFLOPS"])
         expect_failure(tmp, "no-bf16", lambda d: edit_json(d, "params.json", lambda p: p.update(bf16_implemented=False)),
                        "bf16 mixed precision", ["not implemented"])
+        expect_failure(tmp, "bf16-cuda-failed",  # the flag exists (CPU device) but the CUDA device refuses bf16
+                       lambda d: (edit_json(d, "params.json", lambda p: p.update(bf16_implemented=False)),
+                                  edit_step(d, "bf16_cuda", rc=2)),
+                       "bf16 mixed precision", ["--dtype bf16", "exit 2"])
         expect_failure(tmp, "training-failed", lambda d: edit_step(d, "b_in_memory", rc=1), "in-memory training",
                        ["exit 1"])
         expect_failure(tmp, "nan-loss-in-memory",
