@@ -84,7 +84,7 @@ def build_table(sim, pub):
             err = pct(p / e["published"] - 1)
             if not role:
                 errs.append(p / e["published"] - 1)
-        tag = {"calibration": " (calibration)", "pending": " (pending NVMe)"}.get(role, "")
+        tag = {"calibration": " (calibration)", "pending": " (pending)"}.get(role, "")
         lines.append(f"| `{e['name']}`{tag} | {e['system']} | {e['hardware']} | {shape} | "
                      f"{e['published']:g} {e['unit']} | {pred} | {err} |")
     lines.append("")

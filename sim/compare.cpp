@@ -170,10 +170,25 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   bo.ubatch_sizes = search.u_bwd;
   bo.activation_policies = policies;
   bool host = false;
+  using Offload = core::SearchSpec::Offload;
+  if (kind == core::PlanKind::ZeroInfinity && search.offload == Offload::Nvme) {
+    // search.offload: nvme: parameters and optimizer state on the drives whether or not host memory binds
+    if (cost_model != "native" || !machine.topology.nvme.present()) {
+      kr.applicable = false;
+      kr.reason = cost_model != "native"
+                      ? "search.offload: nvme needs the native cost model (the reference model has no NVMe tier)"
+                      : fmt::format("search.offload: nvme, but machine '{}' has no topology.nvme", machine.name);
+      return kr;
+    }
+    bo.offloads = {core::OffloadTier::Nvme};
+    search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, nullptr);
+    return kr;
+  }
   search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, &host);
   // zero-infinity: host memory is the binding limit and the machine has NVMe: keep parameters and optimizer
   // state there instead (DeepSpeed's offload device: nvme); the native model prices the drives
-  if (kind == core::PlanKind::ZeroInfinity && host && cost_model == "native" && machine.topology.nvme.present()) {
+  if (kind == core::PlanKind::ZeroInfinity && search.offload == Offload::Auto && host && cost_model == "native" &&
+      machine.topology.nvme.present()) {
     const std::string cpu_reason = kr.reason;
     kr.reason.clear();
     bo.offloads = {core::OffloadTier::Nvme};

@@ -1322,9 +1322,9 @@ const std::vector<std::string> kModelKeys = {"profile", "analytic"};
 const std::vector<std::string> kPlanKeys = {"mode",  "gpus",      "minibatch", "u_fwd",
                                             "u_bwd", "pack_size", "packs_fwd", "packs_bwd"};
 const std::vector<std::string> kOptionKeys = {"prefetch", "prefetch_buffers", "unequal_microbatches"};
-const std::vector<std::string> kSearchKeys = {"packing_fwd",  "packing_bwd", "top_k",        "ubatch_step",
-                                              "smaller_ufwd", "fit_rule",    "u_fwd",        "u_bwd",
-                                              "threads",      "pack_counts", "packs_per_gpu"};
+const std::vector<std::string> kSearchKeys = {"packing_fwd",  "packing_bwd", "top_k",         "ubatch_step",
+                                              "smaller_ufwd", "fit_rule",    "u_fwd",         "u_bwd",
+                                              "threads",      "pack_counts", "packs_per_gpu", "offload"};
 const std::vector<std::string> kModeNames = {"harmony-pp", "harmony-dp", "vPP", "vDP"};
 
 // Where plan values were written, for the checks that combine sections.
@@ -1512,6 +1512,14 @@ SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_count
       fail(e->value.loc, fmt::format("unknown search.pack_counts '{}'", v),
            suggestion_hint(v, {"minimum", "wide"}, "pack-count rules"));
     }
+  }
+  if (const Entry* e = find(*map, "offload")) {
+    const std::string& v = expect_scalar(e->value, "search.offload", "an offload tier", "offload: auto, cpu or nvme");
+    const std::vector<std::string> names = {"auto", "cpu", "nvme"};
+    const auto it = std::find(names.begin(), names.end(), v);
+    if (it == names.end())
+      fail(e->value.loc, fmt::format("unknown search.offload '{}'", v), suggestion_hint(v, names, "offload tiers"));
+    s.offload = static_cast<SearchSpec::Offload>(it - names.begin());
   }
   if (const Entry* e = find(*map, "packs_per_gpu")) s.packs_per_gpu = get_int(e->value, "search.packs_per_gpu", 0);
   if (const Entry* e = find(*map, "packing_fwd")) s.packing_fwd = parse_methods(*e, "search.packing_fwd", true);

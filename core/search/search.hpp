@@ -37,6 +37,10 @@ struct SearchSpec {
   int threads = 0;  // 0 = all hardware threads
   PackCounts pack_counts = PackCounts::Minimum;
   int packs_per_gpu = 4;  // Wide: counts up to packs_per_gpu x GPUs (0 = up to the layer count)
+  // zero-infinity's offload tier in compare and sweeps: Auto = host memory, and the machine's NVMe tier only
+  // when host memory binds; Cpu / Nvme = that tier only (DeepSpeed's offload_param/offload_optimizer device).
+  enum class Offload { Auto, Cpu, Nvme };
+  Offload offload = Offload::Auto;
 };
 
 struct Candidate {

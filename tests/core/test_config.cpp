@@ -914,3 +914,16 @@ TEST_CASE("harmony-run plan.activations: a baseline's activation policy, located
   const ConfigError harmony = train_error(kTrain, {"plan.activations=keep"});
   CHECK(contains(harmony.what(), "applies to baseline kinds"));
 }
+
+TEST_CASE("search.offload: auto by default, cpu or nvme when given, a located error otherwise") {
+  const std::string plan = "plan: {mode: harmony-pp, gpus: 1, minibatch: 8}\n";
+  CHECK(load_config_text(kModel + plan, "dir/a.yaml").search.offload == SearchSpec::Offload::Auto);
+  CHECK(load_config_text(kModel + plan + "search: {offload: nvme}\n", "dir/n.yaml").search.offload ==
+        SearchSpec::Offload::Nvme);
+  CHECK(load_config_text(kModel + plan, "dir/c.yaml", {"search.offload=cpu"}).search.offload ==
+        SearchSpec::Offload::Cpu);
+  const ConfigError e = config_error(kModel + plan + "search: {offload: nvm}\n");
+  CHECK(e.loc().line == 4);
+  CHECK(std::string(e.what()).find("unknown search.offload 'nvm'") != std::string::npos);
+  CHECK(std::string(e.what()).find("nvme") != std::string::npos);
+}

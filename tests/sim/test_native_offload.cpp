@@ -279,3 +279,35 @@ TEST_CASE("compare: zero-infinity falls back to offload nvme when host memory is
   REQUIRE(cpu.feasible);
   CHECK(cpu.offload == "cpu");
 }
+
+TEST_CASE("compare: search.offload pins zero-infinity's tier (cpu never falls back, nvme even when host fits)") {
+  const auto model = two_layers(1e-3, 4000, 1000, 8);
+  auto m = with_nvme(box(), 1e9, 1e9, 0);
+  m.gpu_memory_bytes = core::kGiB;
+  m.topology.host_memory_bytes = 200000;  // the cpu tier fits (128000 bytes, the case above)
+  core::SearchSpec search;
+  search.offload = core::SearchSpec::Offload::Nvme;
+  const auto nv =
+      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "native", search, core::Options{});
+  REQUIRE(nv.feasible);
+  CHECK(nv.offload == "nvme");
+  CHECK(nv.best.host_memory.total_bytes == 56000);
+  // the reference model has no NVMe tier, nor does a machine without topology.nvme: not applicable, said why
+  const auto ref =
+      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "reference", search, core::Options{});
+  CHECK_FALSE(ref.feasible);
+  CHECK(ref.reason.find("native cost model") != std::string::npos);
+  auto plain = box();
+  plain.gpu_memory_bytes = core::kGiB;
+  const auto none =
+      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, plain, 1, 1, "native", search, core::Options{});
+  CHECK_FALSE(none.feasible);
+  CHECK(none.reason.find("no topology.nvme") != std::string::npos);
+  // cpu: with 100000 bytes of host memory no cpu plan fits, and there is no fallback to the drives
+  search.offload = core::SearchSpec::Offload::Cpu;
+  m.topology.host_memory_bytes = 100000;
+  const auto cpu =
+      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "native", search, core::Options{});
+  CHECK_FALSE(cpu.feasible);
+  CHECK(cpu.offload != "nvme");
+}
