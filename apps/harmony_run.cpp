@@ -29,9 +29,9 @@
 #ifdef HARMONY_HAVE_CUDA
 #include "backend/cuda/cuda_device.hpp"
 #endif
-#include "backend/executor.hpp"
-#include "backend/model/checkpoint.hpp"
+#include "backend/executor/executor.hpp"
 #include "backend/model/describe.hpp"
+#include "backend/model/hf_weights.hpp"
 #include "backend/profiler.hpp"
 #include "backend/tokens.hpp"
 #include "backend/train_checkpoint.hpp"

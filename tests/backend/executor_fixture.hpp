@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_device.hpp"
-#include "backend/executor.hpp"
-#include "backend/model/checkpoint.hpp"
+#include "backend/executor/executor.hpp"
 #include "backend/model/describe.hpp"
+#include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
 #include "core/program/baselines/baselines.hpp"

@@ -19,9 +19,9 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_device.hpp"
-#include "backend/executor.hpp"
-#include "backend/model/checkpoint.hpp"
+#include "backend/executor/executor.hpp"
 #include "backend/model/describe.hpp"
+#include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
 #include "core/output/trace.hpp"

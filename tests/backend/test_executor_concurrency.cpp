@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/executor.hpp"
-#include "backend/executor_detail.hpp"
+#include "backend/executor/detail.hpp"
+#include "backend/executor/executor.hpp"
 #include "backend/model/describe.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/model/checkpoint.hpp"
+#include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 
 using namespace harmony::backend;

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_device.hpp"
-#include "backend/model/checkpoint.hpp"
+#include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
 

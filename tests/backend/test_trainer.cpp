@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_device.hpp"
-#include "backend/model/checkpoint.hpp"
+#include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
 

@@ -2,7 +2,7 @@
 // l2l): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op that produced
 // them; which version an op reads (the latest producer among its ancestors) and every host gradient and weight
 // an Update touches are checked when the executor is built, so a missing dependency is refused before any step.
-// Ops of different queues run on their own streams and worker threads (executor_detail.hpp's lock discipline).
+// Ops of different queues run on their own streams and worker threads (detail.hpp's lock discipline).
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "backend/executor_detail.hpp"
+#include "backend/executor/detail.hpp"
 #include "backend/model/describe.hpp"
 #include "core/program/baselines/baselines.hpp"
 

@@ -2,8 +2,8 @@
 // thread: an op runs when it heads its queue and its deps have ended; P2P pairs and collectives run together),
 // the happens-before relation the read checks use, the per-queue streams and AdamW pools, and the interpreter of
 // Harmony Programs (a tensor store per device and per host channel with the producing op). Baseline Programs
-// are interpreted in executor_baseline.cpp.
-#include "backend/executor.hpp"
+// are interpreted in baseline.cpp.
+#include "backend/executor/executor.hpp"
 #include "backend/model/describe.hpp"
 
 #include <algorithm>
@@ -22,7 +22,7 @@
 
 #include <fmt/format.h>
 
-#include "backend/executor_detail.hpp"
+#include "backend/executor/detail.hpp"
 #include "core/program/task_graph.hpp"
 
 namespace harmony::backend {

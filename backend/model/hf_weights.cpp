@@ -1,7 +1,7 @@
-// Loading and saving GPT-2 weights under Hugging Face names (see checkpoint.hpp): the Hub's folder layout
+// Loading and saving GPT-2 weights under Hugging Face names (see hf_weights.hpp): the Hub's folder layout
 // (model.safetensors + config.json), config inference from shapes checked against config.json, the
 // transformer. prefix, the tied lm_head, ignored mask buffers and F16/BF16 tensors.
-#include "backend/model/checkpoint.hpp"
+#include "backend/model/hf_weights.hpp"
 
 #include <algorithm>
 #include <charconv>

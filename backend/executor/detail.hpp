@@ -2,7 +2,7 @@
 // happens-before relation of a Program (deps + queue order + executor-added edges), the Interpreter
 // interface (what one Program dialect does with its ops, and the lock that guards its bookkeeping) and the
 // two loops that run one step: serial on the calling thread, or one worker thread per Program queue.
-// Harmony Programs: executor.cpp; the baselines' Programs: executor_baseline.cpp.
+// Harmony Programs: executor.cpp; the baselines' Programs: baseline.cpp (both in backend/executor/).
 #pragma once
 
 #include <chrono>
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/adamw_parallel.hpp"
-#include "backend/executor.hpp"
+#include "backend/executor/executor.hpp"
 
 namespace harmony::backend::detail {
 
