@@ -438,8 +438,7 @@ struct Candidate {
 
 std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced, std::string& why_none) {
   const auto& cfg = s.cfg;
-  const auto capacity =
-      static_cast<core::Bytes>(static_cast<double>(cfg.machine.gpu_memory_bytes) * cfg.machine.memory_cap_scale);
+  const auto capacity = cfg.machine.search_capacity_bytes();
   std::vector<Candidate> out;
   std::set<std::string> seen;
   auto add = [&](Chosen c) {

@@ -105,8 +105,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
                              int minibatch, const std::string& cost_model, const core::SearchSpec& search,
                              const core::Options& options, const std::vector<core::ActivationPolicy>& policies,
                              const core::SearchProgressFn& progress) {
-  const auto capacity =
-      static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
+  const auto capacity = machine.search_capacity_bytes();
   KindResult kr;
   kr.kind = kind;
   const std::string name = core::plan_kind_name(kind);

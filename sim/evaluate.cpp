@@ -64,8 +64,7 @@ core::RunReport simulate_program(const core::Program& program, const core::Model
       }
       for (const core::Bytes b : replay.peak_bytes) r.peak_memory_bytes = std::max(r.peak_memory_bytes, b);
     }
-    r.gpu_capacity_bytes =
-        static_cast<core::Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
+    r.gpu_capacity_bytes = machine.search_capacity_bytes();
   }
   // Flag, do not demote: under `reference` a plan over the capacity keeps its time and rank (the paper's).
   r.fits = r.gpu_capacity_bytes <= 0 || r.peak_memory_bytes <= r.gpu_capacity_bytes;

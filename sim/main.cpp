@@ -189,8 +189,7 @@ int cmd_search(const Cli& cli) {
   space.mode = cfg.plan.mode;
   space.gpus = cfg.plan.gpus;
   space.minibatch = cfg.plan.minibatch;
-  space.capacity_bytes =
-      static_cast<core::Bytes>(static_cast<double>(cfg.machine.gpu_memory_bytes) * cfg.machine.memory_cap_scale);
+  space.capacity_bytes = cfg.machine.search_capacity_bytes();
   space.unequal_microbatches = cfg.options.unequal_microbatches;
   space.spec = cfg.search;
   const auto lower = lower_options(cfg);
@@ -421,7 +420,7 @@ int cmd_presets(const Cli& cli) {
          {"gpu_name", m.gpu_name.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.gpu_name)},
          {"gpus", m.gpus},
          {"gpu_memory_bytes", m.gpu_memory_bytes},
-         {"gpu_capacity_bytes", static_cast<core::Bytes>(static_cast<double>(m.gpu_memory_bytes) * m.memory_cap_scale)},
+         {"gpu_capacity_bytes", m.search_capacity_bytes()},
          {"bw_swap_bytes_per_s", m.bw_swap_bytes_per_s},
          {"bw_p2p_bytes_per_s", m.bw_p2p_bytes_per_s},
          {"bw_msg_bytes_per_s", m.bw_msg_bytes_per_s},

@@ -108,7 +108,7 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
   o.record_counters = false;  // the what-if re-simulations need no samples
   b.bottleneck = analyze_bottleneck(b.program, model, cfg.machine, b.native, o);
   b.title = core::report_title(kr.best);
-  b.capacity_bytes_per_gpu = static_cast<double>(cfg.machine.gpu_memory_bytes) * cfg.machine.memory_cap_scale;
+  b.capacity_bytes_per_gpu = static_cast<double>(cfg.machine.search_capacity_bytes());
   return b;
 }
 

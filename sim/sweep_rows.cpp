@@ -308,9 +308,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
     for (int i = 0; i < 16; ++i) cells.push_back(null_cell());
   }
   const core::MachineSpec* m = cfg ? &cfg->machine : nullptr;
-  cells.push_back(
-      when(m != nullptr,
-           int_cell(m ? static_cast<core::Bytes>(static_cast<double>(m->gpu_memory_bytes) * m->memory_cap_scale) : 0)));
+  cells.push_back(when(m != nullptr, int_cell(m ? m->search_capacity_bytes() : 0)));
   // fits / excess_bytes: whether the best plan's peak fits the GPU capacity (null without a plan or a known
   // peak); the excess is null when it fits.
   const bool fit_known = r != nullptr && r->gpu_capacity_bytes > 0 && (r->peak_memory_bytes > 0 || r->native);

@@ -115,6 +115,11 @@ struct MachineSpec {
   int gpus = 1;                        // GPUs present in the box (a plan may use fewer)
   Bytes gpu_memory_bytes = 10 * kGiB;  // the per-GPU capacity the search packs against
   double memory_cap_scale = 1.0;       // multiplies gpu_memory_bytes in the search (paper's flag)
+  // The per-GPU capacity the search packs against: gpu_memory_bytes x memory_cap_scale, rounded down (the
+  // paper's --memory_cap x --memory_cap_scale). The native model's memory check uses gpu_memory_bytes itself.
+  Bytes search_capacity_bytes() const {
+    return static_cast<Bytes>(static_cast<double>(gpu_memory_bytes) * memory_cap_scale);
+  }
   double bw_swap_bytes_per_s = 11.5 * static_cast<double>(kGiB);  // host<->GPU, per direction, shared
   double bw_p2p_bytes_per_s = 8.2 * static_cast<double>(kGiB);    // GPU<->GPU, per direction
   double bw_msg_bytes_per_s = 16.0 * static_cast<double>(kGiB);   // CPU<->CPU message
