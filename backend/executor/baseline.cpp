@@ -901,16 +901,23 @@ class BaselineInterpreter final : public Interpreter {
     sync(send);
   }
 
-  // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all.
-  void run_ard(const std::vector<int>& g) {
-    const int l = at(g.front()).layers.first;
-    const std::int64_t count = floats(l);
+  // The group's dW of layer l brought down (widened from bf16 when stored so) and summed in fp32 in rank order,
+  // as Communicator::all_reduce_sum adds: what ARD writes back to every replica and RS shards.
+  std::vector<float> summed_dw(const std::vector<int>& g, int l, std::int64_t count) {
     std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int d = at(g[r]).device;
       grads_down(g[r], d, part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count);
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
     }
+    return sum;
+  }
+
+  // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all.
+  void run_ard(const std::vector<int>& g) {
+    const int l = at(g.front()).layers.first;
+    const std::int64_t count = floats(l);
+    const std::vector<float> sum = summed_dw(g, l, count);
     for (int a : g) {
       const int d = at(a).device;
       Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * es_);
@@ -940,12 +947,7 @@ class BaselineInterpreter final : public Interpreter {
   void run_rs(const std::vector<int>& g) {
     const int l = at(g.front()).layers.first;
     const std::int64_t count = floats(l);
-    std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
-    for (std::size_t r = 0; r < g.size(); ++r) {
-      const int d = at(g[r]).device;
-      grads_down(g[r], d, part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count);
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
-    }
+    const std::vector<float> sum = summed_dw(g, l, count);
     for (int a : g) {
       const int d = at(a).device;
       Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_);
