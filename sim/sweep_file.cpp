@@ -1,8 +1,6 @@
 // The sweep file (sim/sweep.hpp, docs/sweeps.md): loading and checking its YAML (base, grid, set, kinds,
 // budget) with located errors, preflighting every grid value against the base config, the fingerprint, shards
 // (--shard I/N) and the FNV-1a / CSV helpers the rows use.
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -13,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/config/config.hpp"
+#include "core/config/yaml_tree.hpp"
 #include "core/plan/plan.hpp"
 #include "sim/sweep_internal.hpp"
 
@@ -31,57 +30,27 @@ constexpr const char* kSweepHint =
     "a sweep file has `base: CONFIG.yaml`, `grid: {KEY: [VALUES]}` and optionally `set:`, `kinds:` and "
     "`budget:`; see docs/sweeps.md";
 
-core::SourceLoc loc_of(const YAML::Node& n, const std::string& file) {
-  const YAML::Mark m = n.Mark();
-  if (m.line < 0 || m.column < 0) return core::SourceLoc{file, 0, 0};
-  return core::SourceLoc{file, m.line + 1, m.column + 1};
-}
+using core::YamlEntry;
+using core::YamlNode;
 
-// The canonical text of a value: flow-style YAML, the form a `--set key=value` override takes.
-std::string canonical_yaml(const YAML::Node& n) {
-  YAML::Emitter e;
-  e.SetMapFormat(YAML::Flow);
-  e.SetSeqFormat(YAML::Flow);
-  if (n.IsScalar() && n.Tag() == "!") {
-    e << YAML::DoubleQuoted << n.Scalar();  // a quoted string stays a string
-  } else {
-    e << n;
-  }
-  return e.c_str();
-}
+bool is_scalar(const YamlNode& n) { return n.kind == YamlNode::Kind::Scalar; }
+bool is_null(const YamlNode& n) { return n.kind == YamlNode::Kind::Null; }
 
-// The key/value pairs of a mapping, in file order; duplicate and non-scalar keys are errors.
-std::vector<std::pair<YAML::Node, YAML::Node>> entries(const YAML::Node& map, const std::string& file) {
-  std::vector<std::pair<YAML::Node, YAML::Node>> out;
-  for (auto it = map.begin(); it != map.end(); ++it) {
-    if (!it->first.IsScalar())
-      fail(loc_of(it->first, file), "a key must be a plain name, not a list or mapping", "write keys as `name: value`");
-    for (const auto& [k, v] : out) {
-      if (k.Scalar() == it->first.Scalar())
-        fail(loc_of(it->first, file), fmt::format("duplicate key '{}'", it->first.Scalar()),
-             fmt::format("'{}' is already given at {}; keep one", k.Scalar(), loc_of(k, file).str()));
-    }
-    out.emplace_back(it->first, it->second);
-  }
-  return out;
-}
-
-void check_keys(const std::vector<std::pair<YAML::Node, YAML::Node>>& es, const std::string& section,
-                const std::vector<std::string>& valid, const std::string& file) {
-  for (const auto& [k, v] : es) {
-    if (std::find(valid.begin(), valid.end(), k.Scalar()) != valid.end()) continue;
-    const std::string best = core::closest_match(k.Scalar(), valid);
-    fail(loc_of(k, file),
-         section.empty() ? fmt::format("unknown sweep key '{}'", k.Scalar())
-                         : fmt::format("unknown key '{}' in {}", k.Scalar(), section),
+void check_keys(const YamlNode& map, const std::string& section, const std::vector<std::string>& valid) {
+  for (const YamlEntry& e : map.entries) {
+    if (std::find(valid.begin(), valid.end(), e.key) != valid.end()) continue;
+    const std::string best = core::closest_match(e.key, valid);
+    fail(e.key_loc,
+         section.empty() ? fmt::format("unknown sweep key '{}'", e.key)
+                         : fmt::format("unknown key '{}' in {}", e.key, section),
          (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) +
              fmt::format("valid keys: {}", join(valid, ", ")));
   }
 }
 
 // A dotted config key: non-empty parts, no '=' or spaces.
-void check_config_key(const YAML::Node& key, const std::string& file, const std::string& section) {
-  const std::string& k = key.Scalar();
+void check_config_key(const YamlEntry& key, const std::string& section) {
+  const std::string& k = key.key;
   bool ok = !k.empty() && k.find_first_of("= \t") == std::string::npos;
   for (std::size_t start = 0; ok;) {
     const auto dot = k.find('.', start);
@@ -90,20 +59,19 @@ void check_config_key(const YAML::Node& key, const std::string& file, const std:
     start = dot + 1;
   }
   if (!ok)
-    fail(loc_of(key, file), fmt::format("'{}' in {} is not a dotted config key", k, section),
+    fail(key.key_loc, fmt::format("'{}' in {} is not a dotted config key", k, section),
          "write config keys like plan.gpus, machine.gpu_memory or search.ubatch_step (docs/config.md)");
   if (k == "plan.mode")
-    fail(loc_of(key, file),
-         fmt::format("{} cannot set plan.mode: every point's plan kind comes from `kinds:`", section),
+    fail(key.key_loc, fmt::format("{} cannot set plan.mode: every point's plan kind comes from `kinds:`", section),
          "list the plan kinds to sweep under `kinds:` (harmony-pp, harmony-dp, dp-swap, pp-swap, zero-infinity, l2l)");
 }
 
 // A positive whole number, written plainly or with an exponent (1e9).
-std::int64_t get_count(const YAML::Node& v, const std::string& what, const std::string& file) {
-  const auto loc = loc_of(v, file);
+std::int64_t get_count(const YamlNode& v, const std::string& what) {
+  const auto& loc = v.loc;
   const std::string hint = fmt::format("write {} as a whole number, e.g. 1000000 or 3e11", what);
-  if (!v.IsScalar()) fail(loc, fmt::format("{} must be a number", what), hint);
-  const std::string& s = v.Scalar();
+  if (!is_scalar(v)) fail(loc, fmt::format("{} must be a number", what), hint);
+  const std::string& s = v.scalar;
   std::size_t used = 0;
   double x = 0;
   try {
@@ -198,19 +166,12 @@ Shard parse_shard(std::string_view text, const std::string& where) {
 Sweep load_sweep_text(const std::string& text, const std::string& name) {
   Sweep s;
   s.file = name;
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    fail(core::SourceLoc{name, e.mark.line >= 0 ? e.mark.line + 1 : 0, e.mark.column >= 0 ? e.mark.column + 1 : 0},
-         fmt::format("malformed YAML: {}", e.msg), kSweepHint);
-  }
-  if (!root.IsMap()) fail(core::SourceLoc{name, 0, 0}, "a sweep file must be a mapping", kSweepHint);
-  const auto top = entries(root, name);
-  check_keys(top, "", kSweepKeys, name);
-  auto find = [&](const char* key) -> const std::pair<YAML::Node, YAML::Node>* {
-    for (const auto& e : top) {
-      if (e.first.Scalar() == key && !e.second.IsNull()) return &e;
+  const YamlNode root = core::parse_yaml_tree(text, name);
+  if (root.kind != YamlNode::Kind::Map) fail(core::SourceLoc{name, 0, 0}, "a sweep file must be a mapping", kSweepHint);
+  check_keys(root, "", kSweepKeys);
+  auto find = [&](const char* key) -> const YamlEntry* {
+    for (const auto& e : root.entries) {
+      if (e.key == key && !is_null(e.value)) return &e;
     }
     return nullptr;
   };
@@ -219,60 +180,50 @@ Sweep load_sweep_text(const std::string& text, const std::string& name) {
   const auto* base = find("base");
   if (!base)
     fail(core::SourceLoc{name, 0, 0}, "missing `base:`, the harmony-sim config every point starts from", kSweepHint);
-  if (!base->second.IsScalar())
-    fail(loc_of(base->second, name), "base must be the path of a harmony-sim config", "e.g. base: ../default.yaml");
-  s.base = base->second.Scalar();
+  if (!is_scalar(base->value))
+    fail(base->value.loc, "base must be the path of a harmony-sim config", "e.g. base: ../default.yaml");
+  s.base = base->value.scalar;
   {
     fs::path p(s.base);
     if (p.is_relative()) p = fs::path(name).parent_path() / p;
     s.base_path = p.lexically_normal().generic_string();
   }
-  s.base_text = read_file(s.base_path, loc_of(base->second, name), "the base config");
+  s.base_text = read_file(s.base_path, base->value.loc, "the base config");
   const std::string& base_text = s.base_text;
-  try {
-    (void)YAML::Load(base_text);
-  } catch (const YAML::Exception& e) {
-    fail(core::SourceLoc{s.base_path, e.mark.line >= 0 ? e.mark.line + 1 : 0,
-                         e.mark.column >= 0 ? e.mark.column + 1 : 0},
-         fmt::format("malformed YAML: {}", e.msg), "the sweep's base config must be a valid harmony-sim config");
-  }
+  (void)core::parse_yaml_tree(base_text, s.base_path);  // its syntax errors, located in the base config
 
   // set
   std::set<std::string> keys_seen;
   if (const auto* set = find("set")) {
-    if (!set->second.IsMap())
-      fail(loc_of(set->second, name), "set must be a mapping of config keys to values",
+    if (set->value.kind != YamlNode::Kind::Map)
+      fail(set->value.loc, "set must be a mapping of config keys to values",
            "e.g. set: {search.ubatch_step: 2, cost_model: native}");
-    for (const auto& [k, v] : entries(set->second, name)) {
-      check_config_key(k, name, "set");
-      keys_seen.insert(k.Scalar());
-      s.set.push_back(SweepSetting{k.Scalar(), canonical_yaml(v), loc_of(k, name)});
+    for (const YamlEntry& e : set->value.entries) {
+      check_config_key(e, "set");
+      keys_seen.insert(e.key);
+      s.set.push_back(SweepSetting{e.key, core::flow_yaml(e.value), e.key_loc});
     }
   }
 
   // grid
   if (const auto* grid = find("grid")) {
-    if (!grid->second.IsMap())
-      fail(loc_of(grid->second, name), "grid must be a mapping of config keys to lists of values",
+    if (grid->value.kind != YamlNode::Kind::Map)
+      fail(grid->value.loc, "grid must be a mapping of config keys to lists of values",
            "e.g. grid: {plan.gpus: [1, 2, 4, 8], plan.minibatch: [32, 64]}");
-    for (const auto& [k, v] : entries(grid->second, name)) {
-      check_config_key(k, name, "grid");
-      if (keys_seen.count(k.Scalar()))
-        fail(loc_of(k, name), fmt::format("'{}' is both in set and in grid", k.Scalar()), "keep it in one of them");
-      SweepAxis axis{k.Scalar(), {}, loc_of(k, name)};
-      std::vector<YAML::Node> items;
-      if (v.IsSequence()) {
-        for (const auto& item : v) items.push_back(item);
-      } else {
-        items.push_back(v);
-      }
+    for (const YamlEntry& e : grid->value.entries) {
+      check_config_key(e, "grid");
+      if (keys_seen.count(e.key))
+        fail(e.key_loc, fmt::format("'{}' is both in set and in grid", e.key), "keep it in one of them");
+      SweepAxis axis{e.key, {}, e.key_loc};
+      const std::vector<YamlNode> one{e.value};
+      const std::vector<YamlNode>& items = e.value.kind == YamlNode::Kind::Seq ? e.value.items : one;
       if (items.empty())
-        fail(loc_of(v, name), fmt::format("grid key '{}' has no values", k.Scalar()),
+        fail(e.value.loc, fmt::format("grid key '{}' has no values", e.key),
              "list at least one value; a list-valued config key needs a list of lists, e.g. [[balanced_time]]");
       for (const auto& item : items) {
-        std::string value = canonical_yaml(item);
+        std::string value = core::flow_yaml(item);
         if (std::find(axis.values.begin(), axis.values.end(), value) != axis.values.end())
-          fail(loc_of(item, name), fmt::format("grid key '{}' lists the value {} twice", k.Scalar(), value),
+          fail(item.loc, fmt::format("grid key '{}' lists the value {} twice", e.key, value),
                "each value once: the same point would be evaluated twice");
         axis.values.push_back(std::move(value));
       }
@@ -282,24 +233,20 @@ Sweep load_sweep_text(const std::string& text, const std::string& name) {
 
   // kinds
   if (const auto* kinds = find("kinds")) {
-    std::vector<YAML::Node> items;
-    if (kinds->second.IsSequence()) {
-      for (const auto& item : kinds->second) items.push_back(item);
-    } else {
-      items.push_back(kinds->second);
-    }
-    if (items.empty()) fail(loc_of(kinds->second, name), "kinds lists no plan kind", "leave kinds out for every kind");
+    const std::vector<YamlNode> one{kinds->value};
+    const std::vector<YamlNode>& items = kinds->value.kind == YamlNode::Kind::Seq ? kinds->value.items : one;
+    if (items.empty()) fail(kinds->value.loc, "kinds lists no plan kind", "leave kinds out for every kind");
     for (const auto& item : items) {
       const std::string hint_tail = "plan kinds: " + join(core::plan_kind_names(), ", ");
-      if (!item.IsScalar()) fail(loc_of(item, name), "a plan kind must be a name", hint_tail);
-      const auto kind = core::parse_plan_kind(item.Scalar());
+      if (!is_scalar(item)) fail(item.loc, "a plan kind must be a name", hint_tail);
+      const auto kind = core::parse_plan_kind(item.scalar);
       if (!kind) {
-        const std::string best = core::closest_match(item.Scalar(), core::plan_kind_names());
-        fail(loc_of(item, name), fmt::format("unknown plan kind '{}'", item.Scalar()),
+        const std::string best = core::closest_match(item.scalar, core::plan_kind_names());
+        fail(item.loc, fmt::format("unknown plan kind '{}'", item.scalar),
              (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + hint_tail);
       }
       if (std::find(s.kinds.begin(), s.kinds.end(), *kind) != s.kinds.end())
-        fail(loc_of(item, name), fmt::format("plan kind '{}' is listed twice", item.Scalar()), "list each kind once");
+        fail(item.loc, fmt::format("plan kind '{}' is listed twice", item.scalar), "list each kind once");
       s.kinds.push_back(*kind);
     }
   } else {
@@ -309,32 +256,31 @@ Sweep load_sweep_text(const std::string& text, const std::string& name) {
   // budget
   if (const auto* budget = find("budget")) {
     const std::string hint = "budget: {samples: N} or {tokens: N, seq_len: T}, optionally bill: machine | gpus";
-    if (!budget->second.IsMap()) fail(loc_of(budget->second, name), "budget must be a mapping", hint);
-    const auto es = entries(budget->second, name);
-    check_keys(es, "budget", kBudgetKeys, name);
-    const YAML::Node* samples = nullptr;
-    const YAML::Node* tokens = nullptr;
-    const YAML::Node* seq_len = nullptr;
-    for (const auto& [k, v] : es) {
-      if (k.Scalar() == "samples") samples = &v;
-      if (k.Scalar() == "tokens") tokens = &v;
-      if (k.Scalar() == "seq_len") seq_len = &v;
-      if (k.Scalar() == "bill") {
-        if (!v.IsScalar() || (v.Scalar() != "machine" && v.Scalar() != "gpus"))
-          fail(loc_of(v, name), "budget.bill must be machine or gpus",
+    if (budget->value.kind != YamlNode::Kind::Map) fail(budget->value.loc, "budget must be a mapping", hint);
+    check_keys(budget->value, "budget", kBudgetKeys);
+    const YamlNode* samples = nullptr;
+    const YamlNode* tokens = nullptr;
+    const YamlNode* seq_len = nullptr;
+    for (const auto& [k, k_loc, v] : budget->value.entries) {
+      if (k == "samples") samples = &v;
+      if (k == "tokens") tokens = &v;
+      if (k == "seq_len") seq_len = &v;
+      if (k == "bill") {
+        if (!is_scalar(v) || (v.scalar != "machine" && v.scalar != "gpus"))
+          fail(v.loc, "budget.bill must be machine or gpus",
                "machine: the whole machine's price per hour; gpus: the share of the GPUs the plan uses");
-        s.budget.bill_gpus = v.Scalar() == "gpus";
+        s.budget.bill_gpus = v.scalar == "gpus";
       }
     }
     if ((samples != nullptr) == (tokens != nullptr))
-      fail(loc_of(budget->second, name), "budget needs exactly one of samples and tokens", hint);
+      fail(budget->value.loc, "budget needs exactly one of samples and tokens", hint);
     if (samples) {
-      if (seq_len) fail(loc_of(*seq_len, name), "budget.seq_len goes with tokens, not samples", hint);
-      s.budget.samples = get_count(*samples, "budget.samples", name);
+      if (seq_len) fail(seq_len->loc, "budget.seq_len goes with tokens, not samples", hint);
+      s.budget.samples = get_count(*samples, "budget.samples");
     } else {
-      if (!seq_len) fail(loc_of(budget->second, name), "budget.tokens needs budget.seq_len (tokens per sample)", hint);
-      s.budget.tokens = get_count(*tokens, "budget.tokens", name);
-      s.budget.seq_len = get_count(*seq_len, "budget.seq_len", name);
+      if (!seq_len) fail(budget->value.loc, "budget.tokens needs budget.seq_len (tokens per sample)", hint);
+      s.budget.tokens = get_count(*tokens, "budget.tokens");
+      s.budget.seq_len = get_count(*seq_len, "budget.seq_len");
       s.budget.samples = (s.budget.tokens + s.budget.seq_len - 1) / s.budget.seq_len;
     }
   }

@@ -67,7 +67,8 @@ void apply_override(Node& root, const std::string& text) {
       fail(loc, fmt::format("override path '{}' has an empty part", path_text),
            "write dotted key names, e.g. plan.gpus or machine.gpu_memory");
   }
-  Node value = parse_yaml(text.substr(eq + 1), loc.file, loc, fmt::format("malformed value in override '{}'", text));
+  Node value =
+      parse_yaml_tree(text.substr(eq + 1), loc.file, loc, fmt::format("malformed value in override '{}'", text));
 
   if (root.kind == Node::Kind::Null) {
     root.kind = Node::Kind::Map;
@@ -937,7 +938,7 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   if (!text)
     fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}': {}", path, problem),
          "check the path: a config is a YAML file");
-  RunConfig cfg = build_config(parse_yaml(*text, path), path, overrides);
+  RunConfig cfg = build_config(parse_yaml_tree(*text, path), path, overrides);
   cfg.inputs = record.take(cfg);
   return cfg;
 }
@@ -945,7 +946,7 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 RunConfig load_config_text(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides) {
   RecordFilesRead record;
-  RunConfig cfg = build_config(parse_yaml(text, name), name, overrides);
+  RunConfig cfg = build_config(parse_yaml_tree(text, name), name, overrides);
   cfg.inputs = record.take(cfg);
   return cfg;
 }
@@ -972,12 +973,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (!text)
     fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}': {}", path, problem),
          "check the path: a config is a YAML file");
-  return build_train_config(parse_yaml(*text, path), path, overrides, plan_searched);
+  return build_train_config(parse_yaml_tree(*text, path), path, overrides, plan_searched);
 }
 
 TrainConfig load_train_config_text(const std::string& text, const std::string& name,
                                    const std::vector<std::string>& overrides, bool plan_searched) {
-  return build_train_config(parse_yaml(text, name), name, overrides, plan_searched);
+  return build_train_config(parse_yaml_tree(text, name), name, overrides, plan_searched);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -16,25 +16,12 @@
 #include "core/base/error.hpp"
 #include "core/base/units.hpp"
 #include "core/config/config.hpp"
+#include "core/config/yaml_tree.hpp"
 
 namespace harmony::core::config_detail {
 
-struct Entry;
-
-struct Node {
-  enum class Kind { Null, Scalar, Seq, Map };
-  Kind kind = Kind::Null;
-  std::string scalar;
-  std::vector<Node> items;     // Seq
-  std::vector<Entry> entries;  // Map, in file order
-  SourceLoc loc;
-};
-
-struct Entry {
-  std::string key;
-  SourceLoc key_loc;
-  Node value;
-};
+using Node = YamlNode;
+using Entry = YamlEntry;
 
 // The machine of a config without `machine:`.
 constexpr std::string_view kDefaultPreset = "paper-1080ti";
@@ -91,8 +78,6 @@ class RecordFilesRead {
 // ---- config_yaml.cpp: the located tree, small helpers, quantities, files
 
 SourceLoc loc_from_mark(const YAML::Mark& mark, const std::string& file);
-Node parse_yaml(const std::string& text, const std::string& file, const std::optional<SourceLoc>& fixed = {},
-                const std::string& what = "malformed YAML");
 std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
 std::string join_ints(const std::vector<int>& items);
 std::string describe(const Node& n);

@@ -812,7 +812,7 @@ MachineSpec machine_from_preset(const std::string& name, const SourceLoc& loc, i
   const EmbeddedPreset* preset = find_preset(name);
   if (!preset) fail_unknown_preset(name, loc);
   const std::string file = fmt::format("preset {}", name);
-  MachineSpec m = machine_from_document(parse_yaml(std::string(preset->yaml), file), file, name, depth);
+  MachineSpec m = machine_from_document(parse_yaml_tree(std::string(preset->yaml), file), file, name, depth);
   m.name = name;
   return m;
 }
@@ -824,7 +824,7 @@ MachineSpec machine_from_file(const std::string& path, const SourceLoc& ref_loc,
     fail(ref_loc, fmt::format("cannot read machine file '{}': {}", path, problem),
          fmt::format("paths are relative to the folder of the file that names them; built-in presets: {}",
                      join(machine_preset_names())));
-  return machine_from_document(parse_yaml(*text, path), path, std::filesystem::path(path).stem().string(), depth);
+  return machine_from_document(parse_yaml_tree(*text, path), path, std::filesystem::path(path).stem().string(), depth);
 }
 
 }  // namespace config_detail

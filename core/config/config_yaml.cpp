@@ -24,6 +24,8 @@ thread_local std::vector<std::string>* t_files_read = nullptr;
 
 // Aliases are expanded when copying, so a few lines of anchors could otherwise blow up.
 constexpr std::size_t kMaxNodes = 100'000;
+// Deeper than any config; bounds the recursion below (yaml-cpp's own guard covers the text, not aliases).
+constexpr std::size_t kMaxDepth = 256;
 
 SourceLoc loc_from_mark(const YAML::Mark& mark, const std::string& file) {
   if (mark.line < 0 || mark.column < 0) return SourceLoc{file, 0, 0};
@@ -41,6 +43,19 @@ class TreeBuilder {
                         "a config has a few dozen keys; check for runaway anchors and aliases");
     Node n;
     n.loc = located(y.Mark(), fallback);
+    n.tag = y.Tag();
+    if (y.IsSequence() || y.IsMap()) {
+      // An alias inside the node its anchor names (`a: &x {b: *x}`) makes yaml-cpp's graph a cycle.
+      for (const YAML::Node& open : path_) {
+        if (open.is(y))
+          throw ConfigError(n.loc, "an alias refers to the list or mapping that contains it (a recursive anchor)",
+                            "an anchor (&name) can only be used (*name) after its node ends; copy the values instead");
+      }
+      if (path_.size() >= kMaxDepth)
+        throw ConfigError(n.loc, fmt::format("the YAML nests more than {} levels", kMaxDepth),
+                          "a config nests a few levels; check for runaway anchors and aliases");
+      path_.push_back(y);
+    }
     switch (y.Type()) {
       case YAML::NodeType::Undefined:
       case YAML::NodeType::Null:
@@ -72,6 +87,7 @@ class TreeBuilder {
         }
         break;
     }
+    if (n.kind == Node::Kind::Seq || n.kind == Node::Kind::Map) path_.pop_back();
     return n;
   }
 
@@ -85,11 +101,40 @@ class TreeBuilder {
   std::string file_;
   std::optional<SourceLoc> fixed_;
   std::size_t count_ = 0;
+  std::vector<YAML::Node> path_;  // the lists and mappings being built, outermost first
 };
 
-// Parses YAML text into a located tree. `fixed` pins every location (used for --set values).
-Node parse_yaml(const std::string& text, const std::string& file, const std::optional<SourceLoc>& fixed,
-                const std::string& what) {
+// The located tree back as a yaml-cpp node (same structure, scalars and tags), for the emitter.
+YAML::Node to_yaml_cpp(const Node& n) {
+  YAML::Node y;
+  switch (n.kind) {
+    case Node::Kind::Null:
+      y = YAML::Node(YAML::NodeType::Null);
+      break;
+    case Node::Kind::Scalar:
+      y = YAML::Node(n.scalar);
+      break;
+    case Node::Kind::Seq:
+      y = YAML::Node(YAML::NodeType::Sequence);
+      for (const Node& item : n.items) y.push_back(to_yaml_cpp(item));
+      break;
+    case Node::Kind::Map:
+      y = YAML::Node(YAML::NodeType::Map);
+      for (const Entry& e : n.entries) y[e.key] = to_yaml_cpp(e.value);
+      break;
+  }
+  if (!n.tag.empty()) y.SetTag(n.tag);
+  return y;
+}
+
+}  // namespace harmony::core::config_detail
+
+namespace harmony::core {
+
+YamlNode parse_yaml_tree(const std::string& text, const std::string& file, const std::optional<SourceLoc>& fixed,
+                         const std::string& what) {
+  using config_detail::kYamlHint;
+  using config_detail::loc_from_mark;
   YAML::Node y;
   try {
     y = YAML::Load(text);
@@ -100,11 +145,27 @@ Node parse_yaml(const std::string& text, const std::string& file, const std::opt
     throw ConfigError(fixed ? *fixed : loc_from_mark(e.mark, file), fmt::format("{}: {}", what, e.msg), kYamlHint);
   }
   try {
-    return TreeBuilder(file, fixed).build(y, fixed ? *fixed : SourceLoc{file, 0, 0});
+    return config_detail::TreeBuilder(file, fixed).build(y, fixed ? *fixed : SourceLoc{file, 0, 0});
   } catch (const YAML::Exception& e) {
     throw ConfigError(fixed ? *fixed : loc_from_mark(e.mark, file), fmt::format("{}: {}", what, e.msg), kYamlHint);
   }
 }
+
+std::string flow_yaml(const YamlNode& node) {
+  YAML::Emitter e;
+  e.SetMapFormat(YAML::Flow);
+  e.SetSeqFormat(YAML::Flow);
+  if (node.kind == YamlNode::Kind::Scalar && node.tag == "!") {
+    e << YAML::DoubleQuoted << node.scalar;  // a quoted string stays a string
+  } else {
+    e << config_detail::to_yaml_cpp(node);
+  }
+  return e.c_str();
+}
+
+}  // namespace harmony::core
+
+namespace harmony::core::config_detail {
 
 // ------------------------------------------------------------------------------------------------
 // Small helpers

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config/config.hpp"
+#include "core/config/yaml_tree.hpp"
 
 using namespace harmony::core;
 
@@ -779,6 +780,49 @@ TEST_CASE("hostile input: alias bombs and deep nesting fail cleanly") {
   CHECK_THROWS_AS(load_config_text(bomb, "bomb.yaml"), ConfigError);
   const std::string deep = std::string(5000, '[') + std::string(5000, ']');
   CHECK_THROWS_AS(load_config_text(deep, "deep.yaml"), ConfigError);
+}
+
+TEST_CASE("hostile input: an alias inside its own anchor is a located error, not a stack overflow") {
+  // The fuzzer's find (CI, stop 19): `extra: &anchor {more: *anchor}` makes yaml-cpp's graph a cycle, and the
+  // tree builder recursed until the stack ran out. Every place a list or mapping can hold itself:
+  const std::vector<std::pair<std::string, int>> cycles = {
+      {kModel + "extra: &anchor\n  more: *anchor\n", 3},                      // a mapping holding itself
+      {kModel + "plan: &p [1, *p]\n", 3},                                     // a list holding itself
+      {"model: &m\n  profile: model.json\n  nested:\n    - inner: *m\n", 1},  // two levels down
+  };
+  for (const auto& [yaml, line] : cycles) {
+    const ConfigError e = config_error(yaml);
+    INFO(yaml);
+    CHECK(contains(e.message(), "recursive anchor"));
+    check_at(e, "bad.yaml", line, e.loc().column);
+  }
+  // The same in an override value, located at the --set text.
+  const ConfigError o = config_error(kModel, {"plan.packs=&x [*x]"});
+  CHECK(contains(o.message(), "recursive anchor"));
+  CHECK(o.loc().file == "--set plan.packs=&x [*x]");
+  // An alias used after its anchor's node ends is fine, however often.
+  const YamlNode ok = parse_yaml_tree("a: &a [1, 2]\nb: [*a, *a]\nc: *a\n", "ok.yaml");
+  REQUIRE(ok.entries.size() == 3);
+  CHECK(ok.entries[1].value.items.size() == 2);
+  CHECK(ok.entries[2].value.items[1].scalar == "2");
+}
+
+TEST_CASE("flow_yaml: a node's canonical flow text reads back to the same tree") {
+  const YamlNode doc = parse_yaml_tree(
+      "a: [1, 2.5, x]\nb: {c: d, e: [f]}\nq: \"4\"\nn: ~\nl:\n  - - p\n    - r\nt: !!str 7\n", "f.yaml");
+  std::vector<std::string> flows;
+  for (const YamlEntry& e : doc.entries) flows.push_back(flow_yaml(e.value));
+  CHECK(flows[0] == "[1, 2.5, x]");
+  CHECK(flows[1] == "{c: d, e: [f]}");
+  CHECK(flows[2] == "\"4\"");  // a quoted string stays a string
+  CHECK(flows[3] == "~");
+  CHECK(flows[4] == "[[p, r]]");  // block style written, flow text out
+  for (std::size_t i = 0; i < doc.entries.size(); ++i) {
+    INFO(flows[i]);
+    const YamlNode back = parse_yaml_tree(flows[i], "back.yaml");
+    CHECK(back.kind == doc.entries[i].value.kind);
+    CHECK(flow_yaml(back) == flows[i]);
+  }
 }
 
 TEST_CASE("options.prefetch_buffers: default 2, at least 2") {

@@ -171,6 +171,17 @@ TEST_CASE("sweep file errors are located, with a hint") {
   e = error_of("base: example_base.yaml\ngrid: {plan.gpus: [1, 2}\n");
   CHECK(e.loc().line == 2);
   CHECK(e.message().find("YAML") != std::string::npos);
+  // Sweep files read YAML through the config's tree (core/config/yaml_tree.hpp): duplicate keys and an alias
+  // inside its own anchor are located errors (the latter overflowed the stack in the emitter before).
+  e = error_of("base: example_base.yaml\ngrid: {plan.gpus: [1]}\ngrid: {plan.gpus: [2]}\n");
+  CHECK(e.loc().line == 3);
+  CHECK(e.message().find("duplicate key") != std::string::npos);
+  e = error_of("base: example_base.yaml\nset:\n  machine: &m {preset: rtx4090-4x, more: *m}\n");
+  CHECK(e.loc().line == 3);
+  CHECK(e.message().find("recursive anchor") != std::string::npos);
+  e = error_of("base: example_base.yaml\ngrid:\n  plan.gpus: &g [1, *g]\n");
+  CHECK(e.loc().line == 3);
+  CHECK(e.message().find("recursive anchor") != std::string::npos);
 }
 
 TEST_CASE("shards partition the points") {
