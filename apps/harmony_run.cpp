@@ -357,6 +357,7 @@ backend::ExecutorOptions executor_options(const Cli& cli, const core::TrainConfi
   return {.seq_len = cfg.model.seq_len,
           .adamw = adamw_config(cfg),
           .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda"),
+          .pinned_limit = cfg.machine.topology.pinned_limit_bytes,
           .dtype = run_dtype(cfg)};
 }
 

@@ -49,7 +49,18 @@ HostBuffer::HostBuffer(Bytes bytes) : bytes_(bytes) {
   ptr_ = p;
 }
 
-void Device::check_pinnable(Bytes /*bytes*/, const std::string& /*what*/, Bytes /*limit*/) {}
+void check_pinned_limit(Bytes needed, const std::string& what, Bytes limit) {
+  if (needed < 0) throw DeviceError(fmt::format("pinned host memory: negative size {} for {}", needed, what));
+  if (limit > 0 && needed > limit)
+    throw DeviceError(fmt::format(
+        "pinned host memory: {} needed for {}, more than the limit of {} (the machine's topology.pinned_limit); "
+        "raise pinned_limit in the machine file if the host allows it, or use smaller packs or microbatches",
+        core::format_bytes(needed), what, core::format_bytes(limit)));
+}
+
+void Device::check_pinnable(Bytes bytes, const std::string& what, Bytes limit) {
+  check_pinned_limit(bytes, what, limit);
+}
 std::shared_ptr<void> Device::pin_host(void* /*ptr*/, Bytes /*bytes*/, const std::string& /*what*/) { return nullptr; }
 HostBuffer Device::alloc_host(Bytes bytes, const std::string& /*what*/) { return HostBuffer(bytes); }
 std::shared_ptr<void> Device::trace_range(const std::string& /*name*/) { return nullptr; }

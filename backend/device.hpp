@@ -50,6 +50,10 @@ class OutOfMemory : public DeviceError {
   Bytes requested_, in_use_, capacity_, largest_free_;
 };
 
+// DeviceError unless `needed` bytes of pinned host memory fit `limit` (> 0; 0: no limit): the machine file's
+// topology.pinned_limit. Every device's check_pinnable starts with it.
+void check_pinned_limit(Bytes needed, const std::string& what, Bytes limit);
+
 // Returns device memory to whoever allocated it. Implemented by each device's allocator.
 class DeviceAllocator {
  public:
@@ -290,7 +294,9 @@ class Device {
   // before, and without, backend/cuda/).
   //
   // Throws DeviceError (naming `what` and the numbers) unless `bytes` of host memory can be pinned: within
-  // `limit` when > 0, and within what the machine has available. Call once with the total before pinning.
+  // `limit` when > 0, and (CUDA) within what the machine has available. Call once with the total before
+  // pinning. The CPU device pins nothing but enforces `limit` too, so a plan the machine file cannot pin is
+  // refused on every device, as harmony-sim refuses it.
   virtual void check_pinnable(Bytes bytes, const std::string& what, Bytes limit);
   // Page-locks [ptr, ptr + bytes) until the returned handle dies, so copies from and to it are asynchronous DMA
   // (cudaHostRegister); nullptr where there is nothing to do. Pin a range once, through one device.

@@ -738,10 +738,7 @@ HostMemory host_memory() {
 }
 
 void check_pinned_budget(Bytes needed, const std::string& what, Bytes limit, Bytes reserve) {
-  if (needed < 0) throw DeviceError(fmt::format("pinned host memory: negative size {} for {}", needed, what));
-  if (limit > 0 && needed > limit)
-    throw DeviceError(fmt::format("pinned host memory: {} needed for {}, more than the limit of {}",
-                                  format_bytes(needed), what, format_bytes(limit)));
+  check_pinned_limit(needed, what, limit);
   const HostMemory m = host_memory();
   if (m.total == 0) return;  // no /proc/meminfo: nothing to check against
   const Bytes available = std::max<Bytes>(0, m.available - reserve);

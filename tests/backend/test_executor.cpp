@@ -123,6 +123,40 @@ TEST_CASE("a measured trace is recorded for every op") {
   CHECK(out.str().find("traceEvents") != std::string::npos);
 }
 
+// topology.pinned_limit reaches the executor (harmony-run passes the machine file's) and is enforced on every
+// device, the CPU device too: the total is the host weights and gradients (2 x 4 bytes per parameter) plus the
+// interpreter's stash/swap channels, so at that total the executor is built and one byte less is refused with
+// the numbers and the machine-file key. Before, the option never left harmony-run's defaults and the CPU device
+// ignored it.
+TEST_CASE("pinned_limit: the executor refuses a Program whose host buffers exceed the machine's pinned limit") {
+  Setup s(2);
+  const core::Program prog = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 2, 2, 1, 1, true);
+  const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
+  Bytes weights_and_grads = 0;
+  for (int l = 0; l < s.model->num_layers(); ++l) weights_and_grads += 2 * s.model->param_floats(l) * Bytes{4};
+  // Find the exact total by bisection on the limit: the refusal must switch at one byte.
+  auto builds = [&](Bytes limit) {
+    try {
+      Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .pinned_limit = limit});
+      return true;
+    } catch (const DeviceError& e) {
+      CHECK(std::string(e.what()).find("pinned_limit") != std::string::npos);
+      return false;
+    }
+  };
+  CHECK(builds(0));                        // 0: no limit
+  CHECK_FALSE(builds(weights_and_grads));  // the stash/swap channels come on top
+  Bytes lo = weights_and_grads, hi = 64 * weights_and_grads;
+  REQUIRE(builds(hi));
+  while (hi - lo > 1) {
+    const Bytes mid = lo + (hi - lo) / 2;
+    (builds(mid) ? hi : lo) = mid;
+  }
+  CHECK(hi > weights_and_grads);
+  CHECK_FALSE(builds(hi - 1));
+  CHECK(builds(hi));
+}
+
 // Not by luck: the check is static (the producer of every tensor read must be an ancestor of the reader
 // through deps and queue order), so it fails whether or not the executor happens to run dY first.
 TEST_CASE("a Program missing the dependency of a BWD on its dY is rejected") {

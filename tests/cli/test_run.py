@@ -383,6 +383,15 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     r = run("train", DEFAULT, "--gpu-memory", "128KiB", "--steps", "1")
     check("plan that does not fit exits 2", r.returncode == 2, r.stderr)
     check("does-not-fit message", "does not fit" in r.stderr and "--gpu-memory" in r.stderr, r.stderr)
+    # topology.pinned_limit reaches the executor: its host buffers (4.33 MiB here) are checked against it before
+    # anything is pinned, on the CPU device too; under a roomy limit the same run trains.
+    topo = ("machine.topology={sockets: 1, switches: [{name: rc0, socket: 0, uplink: 8GB/s}], "
+            "gpus: {all: {switch: rc0, link: 8GB/s}}, host_memory: 1GiB, pinned_limit: %s}")
+    r = run("train", DEFAULT, "--steps", "1", "--set", topo % "64KiB")
+    check("pinned_limit below the host buffers exits 2", r.returncode == 2 and "topology.pinned_limit" in r.stderr
+          and "64.00 KiB" in r.stderr, r.stderr)
+    r = run("train", DEFAULT, "--steps", "1", "--set", topo % "64MiB")
+    check("a roomy pinned_limit trains", r.returncode == 0, r.stderr)
     r = run("train", DEFAULT, "--set", "plan.pack_size=", "--steps", "1")
     check("plan without packs exits 2", r.returncode == 2 and "needs packs" in r.stderr, r.stderr)
     r = run("train", DEFAULT, "--steps", "0")
