@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/base/error.hpp"
+#include "core/base/input_file.hpp"
 
 namespace harmony::core {
 
@@ -28,14 +29,6 @@ std::string folder_of(const std::string& path) {
   return parent.empty() ? std::string(".") : parent.string();
 }
 
-const char* kind_of(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a file";
-}
-
 // Why an existing node at TARGET cannot be replaced by a file (nullopt: it is a regular file or absent).
 std::optional<std::string> node_problem(const std::string& target, struct stat* out) {
   struct stat st {};
@@ -46,7 +39,7 @@ std::optional<std::string> node_problem(const std::string& target, struct stat* 
   if (out != nullptr) *out = st;
   if (S_ISREG(st.st_mode)) return std::nullopt;
   if (S_ISDIR(st.st_mode)) return std::string(std::strerror(EISDIR));
-  return std::string("not a regular file (") + kind_of(st.st_mode) + ")";
+  return std::string("not a regular file (") + special_file_kind(st.st_mode) + ")";
 }
 
 std::string refuse_hint(const std::string& what) {

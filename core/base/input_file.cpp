@@ -13,17 +13,14 @@
 
 namespace harmony::core {
 
-namespace {
-
-const char* kind_of(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
+const char* special_file_kind(unsigned mode) {
+  const auto m = static_cast<mode_t>(mode);
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
   return "not a file";
 }
-
-}  // namespace
 
 int open_input_file(const std::string& path, std::string* problem) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -38,7 +35,7 @@ int open_input_file(const std::string& path, std::string* problem) {
   } else if (S_ISDIR(st.st_mode)) {
     why = std::strerror(EISDIR);
   } else if (!S_ISREG(st.st_mode)) {
-    why = std::string("not a regular file (") + kind_of(st.st_mode) + ")";
+    why = std::string("not a regular file (") + special_file_kind(st.st_mode) + ")";
   } else {
     const int flags = ::fcntl(fd, F_GETFL);
     if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) why = std::strerror(errno);

@@ -8,6 +8,10 @@
 
 namespace harmony::core {
 
+// What a node that is not a regular file or folder is, from its st_mode: "a FIFO", "a character device",
+// "a block device", "a socket" ("not a file" otherwise); the words of every "not a regular file (...)" message.
+const char* special_file_kind(unsigned mode);
+
 // Opens PATH read-only (O_CLOEXEC; never blocks on a FIFO) and returns the descriptor, in blocking mode, of a
 // regular file; the caller closes it. On failure returns -1 and sets *problem to the reason: strerror(errno)
 // ("No such file or directory", "Permission denied", "Is a directory") or "not a regular file (a FIFO)"
