@@ -15,7 +15,9 @@ packages=(
   libsimdjson-dev  # the profile loader's fast JSON path (core/model/profile.cpp): parsing speed
 )
 # Used by check-format.sh, tidy.sh and the fuzzers (libclang-rt-14-dev carries libFuzzer).
-tools=(git clang clang-format clang-tidy libclang-rt-14-dev)
+# ccache: Meson compiles through it when it is on PATH, so a rebuild of unchanged sources (a fresh clone, the
+# next CI run on the same machine) is a cache hit; scripts/test.sh sets CCACHE_NOHASHDIR for the -g trees.
+tools=(git clang clang-format clang-tidy libclang-rt-14-dev ccache)
 # scripts/run-notebooks.sh executes notebooks/ headless with the Debian Python (/usr/bin/python3) and its
 # "python3" kernel; chromium: headless browser for the tests that render pages.
 notebooks=(python3-matplotlib python3-nbformat python3-nbclient python3-ipykernel jupyter-nbconvert)
