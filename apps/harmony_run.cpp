@@ -370,6 +370,7 @@ backend::CheckpointMeta checkpoint_meta(const Setup& s, const Chosen& chosen) {
   m.plan = chosen.title;
   m.data = fmt::format("{} ({} tokens)", s.tokens.name(), s.tokens.size());
   m.adamw = adamw_config(s.cfg);
+  m.dtype = run_dtype(s.cfg);
   return m;
 }
 
@@ -801,6 +802,7 @@ int cmd_train(const Cli& cli) {
                       {"command", "train"},
                       {"config_path", cli.config},
                       {"device", cfg.device},
+                      {"dtype", cfg.train.dtype},
                       {"plan",
                        {{"title", chosen.title},
                         {"plan_kind", chosen.kind},

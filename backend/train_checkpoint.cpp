@@ -162,6 +162,7 @@ nlohmann::ordered_json header_json(const CheckpointMeta& m, const Gpt2& model) {
   j["seq_len"] = m.seq_len;
   j["plan"] = m.plan;
   j["data"] = m.data;
+  if (m.dtype) j["dtype"] = std::string(dtype_name(*m.dtype));
   j["adamw"] = {{"lr", m.adamw.lr},
                 {"beta1", m.adamw.beta1},
                 {"beta2", m.adamw.beta2},
@@ -288,6 +289,12 @@ Parsed parse_header(const std::string& path, const std::string& text, std::uint6
   m.seq_len = static_cast<int>(r.i64(j, "seq_len", "", 1, kIntMax));
   m.plan = r.str(j, "plan", "");
   m.data = r.str(j, "data", "");
+  m.dtype = std::nullopt;
+  if (j.contains("dtype")) {
+    const std::string d = r.str(j, "dtype", "");
+    m.dtype = parse_dtype(d);
+    if (!m.dtype) r.fail(fmt::format("dtype '{}' is neither fp32 nor bf16", d));
+  }
   m.adamw.lr = std::bit_cast<double>(r.bits("adamw.lr", 16));
   m.adamw.beta1 = std::bit_cast<double>(r.bits("adamw.beta1", 16));
   m.adamw.beta2 = std::bit_cast<double>(r.bits("adamw.beta2", 16));
@@ -716,6 +723,8 @@ CheckpointMeta load_checkpoint(const std::string& path, HostState& state, const 
     check_int("batch", got.batch, expect->batch);
     check_int("seq_len", got.seq_len, expect->seq_len);
     if (got.data != expect->data) mismatch("data", '"' + got.data + '"', '"' + expect->data + '"');
+    if (got.dtype && expect->dtype && *got.dtype != *expect->dtype)
+      mismatch("train.dtype", std::string(dtype_name(*got.dtype)), std::string(dtype_name(*expect->dtype)));
     check_double("adamw.lr", got.adamw.lr, expect->adamw.lr);
     check_double("adamw.beta1", got.adamw.beta1, expect->adamw.beta1);
     check_double("adamw.beta2", got.adamw.beta2, expect->adamw.beta2);

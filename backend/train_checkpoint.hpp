@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/adamw.hpp"
+#include "backend/bf16.hpp"
 #include "backend/device.hpp"
 #include "backend/model/gpt2.hpp"
 #include "backend/model/state.hpp"
@@ -52,7 +53,11 @@ struct CheckpointMeta {
   std::string plan;
   // Data source fingerprint (file name + token count + hash, or "synthetic:seed=..."); must match.
   std::string data;
-  AdamWConfig adamw;                // must match, bit for bit
+  AdamWConfig adamw;  // must match, bit for bit
+  // The devices' storage precision (train.dtype); must match when both sides record it: a bf16 run resumed in
+  // fp32 (or the reverse) would continue with other numerics than the run that wrote it. nullopt: not recorded
+  // (checkpoints written before harmony-run recorded it, which then resume under either).
+  std::optional<DType> dtype = DType::F32;
   std::int64_t step = 0;            // steps completed
   std::uint64_t data_position = 0;  // where the data continues (the caller's unit: token offset or batch)
   std::uint64_t rng_seed = 0;       // RNG state
@@ -91,9 +96,9 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 // truncated, corrupt (checksum), not a checkpoint, a newer format version, a malformed header.
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 
-// read_checkpoint_meta, then: if `expect` is given, its model, batch, seq_len, data and adamw must equal the
-// file's (plan, step, positions, RNG and losses are not compared); a mismatch is a CheckpointError naming the
-// field, the file's value and the expected one. `state` must have been built for the file's model. Only then
+// read_checkpoint_meta, then: if `expect` is given, its model, batch, seq_len, data, adamw and dtype (when both record
+// one) must equal the file's (plan, step, positions, RNG and losses are not compared); a mismatch is a CheckpointError
+// naming the field, the file's value and the expected one. `state` must have been built for the file's model. Only then
 // is `state` filled: weights, exp_avg, exp_avg_sq and step counts from the file, gradients zeroed (on any
 // error before this point `state` is untouched; an I/O error during it leaves it unspecified).
 CheckpointMeta load_checkpoint(const std::string& path, HostState& state, const CheckpointMeta* expect = nullptr);

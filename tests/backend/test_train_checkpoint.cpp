@@ -489,6 +489,9 @@ TEST_CASE("mismatched checkpoints are refused naming the field, the file's value
   m = meta;
   m.model.ln_eps = 1e-6f;
   refused(m, "model.ln_eps differs");
+  m = meta;
+  m.dtype = DType::BF16;  // the file says fp32 (make_meta's default)
+  refused(m, "train.dtype differs: the checkpoint has fp32, this run has bf16");
 
   // A state built for another model, with or without `expect`.
   const Gpt2 other(tiny_config(3));
@@ -507,6 +510,35 @@ TEST_CASE("mismatched checkpoints are refused naming the field, the file's value
   const CheckpointMeta got = load_checkpoint(path, target, &m);
   CHECK(got.plan == meta.plan);
   CHECK(same_state(target, s));
+}
+
+TEST_CASE("dtype: recorded and compared; a checkpoint that does not record it resumes under either") {
+  TempDir dir;
+  const Gpt2 model(tiny_config());
+  HostState s(model);
+  fill_state(s, 4);
+  CheckpointMeta meta = make_meta(model.config(), 3);
+  meta.dtype = DType::BF16;
+  const std::string path = save_checkpoint(dir.str(), meta, s);
+  HostState target(model);
+  CHECK(read_checkpoint_meta(path).dtype == DType::BF16);
+  CheckpointMeta expect = meta;
+  CHECK_NOTHROW(load_checkpoint(path, target, &expect));
+  expect.dtype = DType::F32;
+  CHECK(error_of([&] {
+          load_checkpoint(path, target, &expect);
+        }).find("train.dtype differs: the checkpoint has bf16, this run has fp32") != std::string::npos);
+
+  // Written without a dtype (as before harmony-run recorded it): no "dtype" key, read back as nullopt, and a
+  // run of either precision may resume it.
+  TempDir legacy_dir;
+  meta.dtype = std::nullopt;
+  const std::string legacy = save_checkpoint(legacy_dir.str(), meta, s);
+  CHECK(read_checkpoint_meta(legacy).dtype == std::nullopt);
+  for (const DType d : {DType::F32, DType::BF16}) {
+    expect.dtype = d;
+    CHECK_NOTHROW(load_checkpoint(legacy, target, &expect));
+  }
 }
 
 TEST_CASE("a failed save throws and leaves the previous checkpoint intact") {

@@ -297,6 +297,10 @@ with tempfile.TemporaryDirectory() as tmp:
             "model.seq_len=16")
     check("mismatched checkpoint exits 2", r.returncode == 2, r.stderr)
     check("mismatched checkpoint names the field", "seq_len" in r.stderr, r.stderr)
+    # ... and so is one of the other precision: ck3 was written by an fp32 run
+    r = run("train", DEFAULT, "--steps", "4", "--checkpoint-dir", ck3, "--resume", "--quiet", "--dtype", "bf16")
+    check("bf16 resume of an fp32 checkpoint exits 2",
+          r.returncode == 2 and "train.dtype differs: the checkpoint has fp32, this run has bf16" in r.stderr, r.stderr)
 
     # --- profile -> harmony-sim simulate with the measured profile; the trace names match harmony-run's
     prof = os.path.join(tmp, "cpu_profile.json")
@@ -353,6 +357,7 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     r4, d4 = train_json(DEFAULT, "--steps", "3", "--quiet", "--gpu-memory", "2MiB", "--dtype", "bf16")
     check("--dtype bf16 exit 0", r4.returncode == 0 and d4 is not None, r4.stderr)
     if d1 and d4:
+        check("the JSON names the precision", d1["dtype"] == "fp32" and d4["dtype"] == "bf16", (d1["dtype"], d4["dtype"]))
         l32, l16 = d1["summary"]["losses"], d4["summary"]["losses"]
         check("--dtype bf16: losses differ from fp32, within 1e-2 relative",
               l16 != l32 and all(abs(a - b) <= 1e-2 * abs(a) for a, b in zip(l32, l16)), (l32, l16))
