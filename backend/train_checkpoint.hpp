@@ -15,6 +15,7 @@
 #include "backend/device.hpp"
 #include "backend/model/gpt2.hpp"
 #include "backend/model/state.hpp"
+#include "backend/xxhash64.hpp"  // the format's checksum (XxHash64)
 
 namespace harmony::backend {
 
@@ -102,21 +103,5 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 // is `state` filled: weights, exp_avg, exp_avg_sq and step counts from the file, gradients zeroed (on any
 // error before this point `state` is untouched; an I/O error during it leaves it unspecified).
 CheckpointMeta load_checkpoint(const std::string& path, HostState& state, const CheckpointMeta* expect = nullptr);
-
-// XXH64 (https://github.com/Cyan4973/xxHash, the 64-bit variant), streaming: update() in any pieces gives the
-// same digest as one call over the concatenation.
-class XxHash64 {
- public:
-  explicit XxHash64(std::uint64_t seed = 0);
-  void update(const void* data, std::size_t bytes);
-  std::uint64_t digest() const;
-
- private:
-  std::uint64_t v_[4];
-  std::uint64_t seed_;
-  std::uint64_t total_bytes_ = 0;
-  unsigned char buffer_[32] = {};
-  std::size_t buffered_bytes_ = 0;
-};
 
 }  // namespace harmony::backend
