@@ -130,26 +130,60 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     lower.prefetch = options.prefetch;
     lower.prefetch_buffers = options.prefetch_buffers;
     const auto cands = core::enumerate_candidates(model, space);
-    kr.candidates = cands.size();
-    FirstMiss miss;
-    const auto res = core::run_search(
-        cands, space,
-        [&](const core::Plan& p) {
-          core::RunReport r = evaluate_plan(model, machine, p, lower, cost_model).report;
-          if (!r.feasible) miss.note(fmt::format("u {}/{}", p.u_fwd, p.u_bwd), r.infeasible_reason);
-          return r;
-        },
-        progress);
-    kr.deadlocked = res.num_deadlocked;
-    if (!res.ranked.empty()) {
-      kr.feasible = true;
-      kr.best = res.ranked.front().report;
-      kr.best.plan_kind = name;
-    } else {
-      kr.reason = cands.empty()
-                      ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
-                                    static_cast<double>(capacity) / static_cast<double>(core::kMiB))
-                      : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss.suffix());
+    // One search over the candidates with the masters and optimizer state in host memory or on the drives;
+    // *host_miss: every infeasible plan ran out of host (or pinned) memory, not GPU memory.
+    auto search_tier = [&](bool nvme, bool* host_miss) {
+      lower.offload_nvme = nvme;
+      kr.candidates += cands.size();
+      FirstMiss miss;
+      std::atomic<bool> any_gpu_miss{false};
+      const auto res = core::run_search(
+          cands, space,
+          [&](const core::Plan& p) {
+            core::RunReport r = evaluate_plan(model, machine, p, lower, cost_model).report;
+            if (!r.feasible) {
+              miss.note(fmt::format("u {}/{}", p.u_fwd, p.u_bwd), r.infeasible_reason);
+              if (!host_bound(r)) any_gpu_miss = true;
+            }
+            return r;
+          },
+          progress);
+      kr.deadlocked += res.num_deadlocked;
+      if (host_miss) *host_miss = res.ranked.empty() && !cands.empty() && !any_gpu_miss;
+      if (!res.ranked.empty()) {
+        kr.feasible = true;
+        kr.best = res.ranked.front().report;
+        kr.best.plan_kind = name;
+        kr.offload = nvme ? "nvme" : "";
+        kr.reason.clear();
+      } else {
+        kr.reason = cands.empty()
+                        ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
+                                      static_cast<double>(capacity) / static_cast<double>(core::kMiB))
+                        : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss.suffix());
+      }
+    };
+    using Offload = core::SearchSpec::Offload;
+    const bool drives = cost_model == "native" && machine.topology.nvme.present();
+    if (search.offload == Offload::Nvme) {
+      if (!drives) {
+        kr.applicable = false;
+        kr.reason = cost_model != "native"
+                        ? "search.offload: nvme needs the native cost model (the reference model has no NVMe tier)"
+                        : fmt::format("search.offload: nvme, but machine '{}' has no topology.nvme", machine.name);
+        return kr;
+      }
+      search_tier(true, nullptr);
+      return kr;
+    }
+    bool host_miss = false;
+    search_tier(false, &host_miss);
+    // Harmony's host state outgrows host memory (every plan misses there, none on the GPU) and the machine has
+    // drives: the masters and optimizer state go to NVMe, as zero-infinity's auto does (issue 13).
+    if (search.offload == Offload::Auto && host_miss && drives) {
+      const std::string cpu_reason = kr.reason;
+      search_tier(true, nullptr);
+      if (!kr.feasible) kr.reason = fmt::format("offload cpu: {}; offload nvme: {}", cpu_reason, kr.reason);
     }
     return kr;
   }

@@ -32,7 +32,8 @@ struct KindResult {
   // winner is best.activation_policy. A policy with no feasible plan is absent.
   std::map<std::string, double> policy_best_time_s;
   // zero-infinity: the offload tier of the best plan ("cpu", or "nvme" when no cpu plan fits host memory and
-  // the machine has an NVMe tier); "" for the other kinds.
+  // the machine has an NVMe tier); Harmony kinds: "nvme" when their masters and optimizer state went to the
+  // drives (the same rule: search.offload, or auto when host memory binds), else ""; "" for the other kinds.
   std::string offload;
   double speedup_over_best_baseline = 0.0;
 };

@@ -290,8 +290,11 @@ std::optional<sim::Evaluation> winner_of(const sim::CompareResult& res, const co
     if (k.feasible && (!win || k.best.iteration_time_s < win->best.iteration_time_s)) win = &k;
   }
   if (!win) return std::nullopt;
-  if (!core::is_baseline(win->kind))
-    return sim::evaluate_plan(model, cfg.machine, win->best.plan, lower_options(cfg), cfg.cost_model);
+  if (!core::is_baseline(win->kind)) {
+    core::LowerOptions lower = lower_options(cfg);
+    lower.offload_nvme = win->offload == "nvme";  // the tier the search chose
+    return sim::evaluate_plan(model, cfg.machine, win->best.plan, lower, cfg.cost_model);
+  }
   sim::Evaluation e;
   e.program = core::lower_baseline(*win->baseline, model);
   e.report = sim::simulate_program(e.program, model, cfg.machine, cfg.cost_model, &e.timeline);

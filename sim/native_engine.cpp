@@ -198,13 +198,15 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   }
   if (p.offload_nvme) {
     // the masters and the optimizer state live on the drives; each process double-buffers its largest
-    // NVMe read (a layer's parameter shard, or a layer's optimizer state and masters) in pinned memory
+    // NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer state and masters: an op's read
+    // split over its io_count I/Os) in pinned memory
     h.nvme_bytes = h.master_weights_bytes + h.optimizer_state_bytes;
     h.master_weights_bytes = 0;
     h.optimizer_state_bytes = 0;
     std::vector<Bytes> max_read(nd, 0);
     for (const Op& o : p.ops) {
-      if (z(o.device) < nd) max_read[z(o.device)] = std::max(max_read[z(o.device)], o.nvme_read_bytes);
+      const Bytes per_io = (o.nvme_read_bytes + std::max(1, o.io_count) - 1) / std::max(1, o.io_count);
+      if (z(o.device) < nd) max_read[z(o.device)] = std::max(max_read[z(o.device)], per_io);
     }
     for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_read[d];
   }
@@ -500,8 +502,7 @@ class Engine {
   double conversion_bytes(const Op& o) const {
     double c = 0;
     for (int l = o.layers.first; l <= o.layers.last; ++l) {
-      const auto& L = m_.layers[z(l)];
-      if (L.param_count > 0 && L.weight_bytes < 3 * L.param_count) c += 8.0 * static_cast<double>(L.param_count);
+      if (m_.narrow_weights(l)) c += 8.0 * static_cast<double>(m_.layers[z(l)].param_count);
     }
     return c;
   }

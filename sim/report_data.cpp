@@ -95,6 +95,7 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
     core::LowerOptions lower;
     lower.prefetch = cfg.options.prefetch;
     lower.prefetch_buffers = cfg.options.prefetch_buffers;
+    lower.offload_nvme = kr.offload == "nvme";  // the tier the search chose (compare.hpp)
     b.program = evaluate_plan(model, cfg.machine, kr.best.plan, lower, cfg.cost_model).program;
   }
   NativeOptions o = native_options_for(cfg.cost_model);

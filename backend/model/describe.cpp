@@ -45,7 +45,7 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
       if (p.tied_to.empty()) owned += p.numel;
     }
     layer.param_count = owned;
-    layer.optimizer_state_bytes = 2 * owned * kF;
+    layer.optimizer_state_bytes = (options.dtype == DType::BF16 ? 3 : 2) * owned * kF;  // m, v (+ masters)
     layer.update_time_cpu_s = double(owned) * options.update_seconds_per_param;
     layer.input_bytes_per_sample = model.input_bytes(l, 1, T, dt);
     for (int u : ubatch_sizes) {

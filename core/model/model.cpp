@@ -84,6 +84,20 @@ Bytes Model::optimizer_state_bytes(int first, int last) const {
   return s;
 }
 
+Bytes Model::master_bytes(int first, int last) const {
+  Bytes s = 0;
+  for (int l = first; l <= last; ++l) {
+    const Layer& L = layers[static_cast<std::size_t>(l)];
+    if (narrow_weights(l)) continue;  // in the optimizer state
+    s += L.param_count > 0 ? 4 * L.param_count : L.weight_bytes + L.buffer_bytes;
+  }
+  return s;
+}
+bool Model::narrow_weights(int l) const {
+  const Layer& L = layers[static_cast<std::size_t>(l)];
+  return L.param_count > 0 && L.weight_bytes < 3 * L.param_count;
+}
+
 void Model::validate() const {
   if (layers.size() < 1) throw ScheduleError(fmt::format("model {} has no layers", name));
   for (Phase p : {Phase::Fwd, Phase::Bwd}) {

@@ -54,6 +54,14 @@ class Model {
   Bytes weight_bytes(int first, int last) const;
   Bytes buffer_bytes(int first, int last) const;
   Bytes optimizer_state_bytes(int first, int last) const;
+  // The FP32 master copy of layers [first, last] that optimizer_state_bytes does not already hold: for FP32
+  // weights the weights themselves (4 bytes per parameter, or W + B without a parameter count); for 2-byte
+  // weights 0, since mixed-precision optimizer state includes the masters (analytic models and bf16 profiles
+  // record 12 bytes per parameter for Adam). What an offloaded optimizer step reads and writes besides the state.
+  Bytes master_bytes(int first, int last) const;
+  // Whether layer l's device weights are narrower than its FP32 masters (fp16/bf16: under 3 bytes a parameter),
+  // so the update writes a converted device copy beside the masters.
+  bool narrow_weights(int l) const;
 
   // Checks internal consistency (sizes aligned, ascending ubatch lists, criterion last).
   // Throws ScheduleError naming the first problem.

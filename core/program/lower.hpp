@@ -17,6 +17,11 @@ struct LowerOptions {
   int prefetch_buffers = 2;
   // Harmony-DP: the reference simulates GPU 0 only (replicas are identical); false lowers every GPU.
   bool dp_first_gpu_only = true;
+  // The NVMe tier (search.offload: nvme, or auto when host memory binds): the FP32 masters and the optimizer
+  // state live on the drives, as zero-infinity's offload: nvme keeps them. Every WB first reads its pack's
+  // weights from NVMe; every Update reads the pack's state and masters and writes them back (plus the device
+  // copy of 2-byte weights, which the next WB reads). Priced by the native model only.
+  bool offload_nvme = false;
 };
 
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options);

@@ -83,9 +83,10 @@ class FlatTable {
 class Lowerer {
  public:
   Lowerer(const TaskGraph& g, const Model& m, const LowerOptions& o)
-      : g_(g), m_(m), pf_(o.prefetch), buffers_(std::max(2, o.prefetch_buffers)) {
+      : g_(g), m_(m), pf_(o.prefetch), buffers_(std::max(2, o.prefetch_buffers)), nvme_(o.offload_nvme) {
     prog_.graph = g;
     prog_.prefetch = pf_;
+    prog_.offload_nvme = nvme_;
     const Plan& p = g.plan;
     prog_.pp_rules = p.mode == Mode::HarmonyPP && p.gpus > 1;
     prog_.bandwidth_sharers = std::max(1, g.non_empty_ranks());
@@ -224,8 +225,13 @@ class Lowerer {
     const Bytes w = m_.weight_bytes(vt.layers.first, vt.layers.last);
     const Bytes b = m_.buffer_bytes(vt.layers.first, vt.layers.last);
     int W = make(vt, 0, 0, Stream::SwapIn, OpKind::WB, vt.layers, 0, w + b);
-    prog_.ops[static_cast<std::size_t>(W)].bytes_w = w;
-    prog_.ops[static_cast<std::size_t>(W)].bytes_b = b;
+    Op& wb = prog_.ops[static_cast<std::size_t>(W)];
+    wb.bytes_w = w;
+    wb.bytes_b = b;
+    if (nvme_) {
+      wb.nvme_read_bytes = w + b;  // the pack's weights from the drives, then over PCIe, one I/O per layer
+      wb.io_count = vt.layers.size();
+    }
     alloc(W, TensorKind::Weights, vt.layers, -1, w + b);
     if (L_ == nullptr) {
       enqueue(W);
@@ -550,6 +556,16 @@ class Lowerer {
 
   void cpu_update(const Task& vt) {
     int U = make(vt, 0, 0, Stream::Cpu, OpKind::Update, vt.layers, 0, 0);
+    if (nvme_) {
+      Op& u = prog_.ops[static_cast<std::size_t>(U)];
+      const int f = vt.layers.first, l = vt.layers.last;
+      const Bytes state = m_.optimizer_state_bytes(f, l) + m_.master_bytes(f, l);
+      Bytes narrow = 0;  // 2-byte device weights converted by the update: written for the next fetch
+      for (int x = f; x <= l; ++x) narrow += m_.narrow_weights(x) ? m_.weight_bytes(x, x) + m_.buffer_bytes(x, x) : 0;
+      u.nvme_read_bytes = state;
+      u.nvme_write_bytes = state + narrow;
+      u.io_count = vt.layers.size();  // streamed layer by layer through the pinned buffers
+    }
     dep(U, key(*L_, 0, 0, Stream::SwapOut, OpKind::dWB));
     enqueue(U);
   }
@@ -662,6 +678,7 @@ class Lowerer {
   const Model& m_;
   bool pf_;
   int buffers_;
+  bool nvme_;
   Program prog_;
   UbatchConverter conv_;
   bool has_conv_ = false;

@@ -1,14 +1,19 @@
 // The native model's offload tier and host work (issue 13), each priced on a hand-built Program or a two-layer
 // model whose cost is derived in the test: NVMe reads in series with the H2D copy (bandwidth, per-I/O latency,
 // buckets), host memory bandwidth shared byte for byte by DMA and the CPU optimizer, host gradient sums, dtype
-// conversions at the update, ZeRO-3's per-module latency, zero-infinity's offload: nvme and compare's fallback.
+// conversions at the update, ZeRO-3's per-module latency, zero-infinity's and Harmony's offload: nvme and
+// compare's fallback.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+
+#include <algorithm>
 
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
 #include "core/program/baselines/baselines.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/task_graph.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 
@@ -89,6 +94,12 @@ core::MachineSpec box() {
   m.topology.host_memcpy_bytes_per_s = 2e9;
   m.topology.cpu_cores = 8;
   return m;
+}
+
+TimePs makespan(const sim::NativeResult& r) {
+  TimePs t = 0;
+  for (const TimePs e : r.timeline.end_ps) t = std::max(t, e);
+  return t;
 }
 
 core::MachineSpec with_nvme(core::MachineSpec m, double read, double write, double latency_s, Bytes capacity = 0) {
@@ -255,6 +266,118 @@ TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and
   const auto small = sim::run_native(prog, model, with_nvme(box(), 1e9, 1e9, 0, 23999));
   CHECK_FALSE(small.feasible);
   CHECK(small.infeasible_reason.find("NVMe capacity exceeded") != std::string::npos);
+}
+
+TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer state, read and written once") {
+  // bf16 layers of 1000 parameters: W = 2000, optimizer state 12000 (m, v and the fp32 masters, as analytic
+  // models and bf16 profiles record it). Update reads the 12000 and writes them back with the new 2000-byte
+  // device copy: 12000 / 14000. (Before, the masters were added again: 16000 / 18000.)
+  auto model = two_layers(1e-3, 2000, 1000);
+  for (auto& L : model.layers) L.optimizer_state_bytes = 12000;
+  CHECK(model.master_bytes(0, 1) == 0);
+  CHECK(two_layers().master_bytes(0, 1) == 8000);  // fp32: the weights are the masters
+  core::BaselinePlan p;
+  p.kind = core::PlanKind::ZeroInfinity;
+  p.gpus = 1;
+  p.minibatch = 1;
+  p.ubatch = 1;
+  p.gpu_capacity_bytes = core::kGiB;
+  p.offload = core::OffloadTier::Nvme;
+  int updates = 0;
+  for (const auto& o : core::lower_baseline(p, model).ops) {
+    if (o.kind != OpKind::Update) continue;
+    ++updates;
+    CHECK(o.nvme_read_bytes == 12000);
+    CHECK(o.nvme_write_bytes == 14000);
+  }
+  CHECK(updates == 2);
+}
+
+// Harmony-PP on one GPU, two fp32 layers (W = 4000, state 8000 each), minibatch 2 at u = 1, backward packs
+// [[0], [1]] and forward pack [[0]].
+core::Program harmony_two_packs(const core::Model& model, bool nvme) {
+  core::Plan plan;
+  plan.mode = core::Mode::HarmonyPP;
+  plan.gpus = 1;
+  plan.minibatch = 2;
+  plan.u_fwd = 1;
+  plan.u_bwd = 1;
+  plan.packs_fwd = {{0, 0}};
+  plan.packs_bwd = {{0, 0}, {1, 1}};
+  core::LowerOptions lo;
+  lo.offload_nvme = nvme;
+  return core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model, lo);
+}
+
+TEST_CASE("Harmony offload: nvme: each pack's WB reads its weights from the drives, each Update its state") {
+  // WBs: forward pack [0], backward packs [1] and [0]: 3 x 4000 = 12000 bytes read from NVMe, once per pack
+  // per pass (not per microbatch: the pack's weights stay on the GPU over both microbatches). Updates: one per
+  // backward pack, state 8000 + masters 4000 = 12000 read and written back.
+  const auto model = two_layers();
+  const auto prog = harmony_two_packs(model, true);
+  CHECK(prog.offload_nvme);
+  Bytes wb_reads = 0;
+  int wbs = 0, updates = 0;
+  for (const auto& o : prog.ops) {
+    if (o.kind == OpKind::WB) {
+      ++wbs;
+      wb_reads += o.nvme_read_bytes;
+    }
+    if (o.kind == OpKind::Update) {
+      ++updates;
+      CHECK(o.nvme_read_bytes == 12000);
+      CHECK(o.nvme_write_bytes == 12000);
+    }
+  }
+  CHECK(wbs == 3);
+  CHECK(wb_reads == 12000);
+  CHECK(updates == 2);
+  const auto cpu = harmony_two_packs(model, false);
+  for (const auto& o : cpu.ops) CHECK(o.nvme_read_bytes + o.nvme_write_bytes == 0);
+  // The host keeps gradients and buffers only; the drives hold masters 8000 + state 16000. With slow drives
+  // (1e6 B/s, no latency) the step pays at least the reads of the first WB (4 ms) and both updates' reads and
+  // writes (4 x 12 ms) on top of the CPU-tier step.
+  const auto m = with_nvme(box(), 1e6, 1e6, 0, 24000);
+  const auto r = sim::run_native(prog, model, m);
+  REQUIRE(r.feasible);
+  CHECK(r.host.nvme_bytes == 24000);
+  CHECK(r.host.master_weights_bytes == 0);
+  CHECK(r.host.optimizer_state_bytes == 0);
+  const auto base = sim::run_native(cpu, model, m);
+  REQUIRE(base.feasible);
+  CHECK(makespan(r) >= makespan(base) + 4 * kMs + 4 * 12 * kMs);
+  CHECK_FALSE(sim::run_native(prog, model, with_nvme(box(), 1e6, 1e6, 0, 23999)).feasible);
+}
+
+TEST_CASE("compare: Harmony moves to offload nvme only when host memory binds, or when search.offload says so") {
+  // Eight fp32 layers: on the CPU tier the host holds masters 32000 + state 64000 + gradients 32000 and more;
+  // with 100000 bytes no Harmony plan fits there, every miss is host memory, and on the drives they fit.
+  const auto model = two_layers(1e-3, 4000, 1000, 8);
+  auto m = with_nvme(box(), 1e9, 1e9, 0);
+  m.gpu_memory_bytes = core::kGiB;
+  m.topology.host_memory_bytes = 100000;
+  core::SearchSpec search;
+  const auto kr = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, "native", search, core::Options{});
+  INFO(kr.reason);
+  REQUIRE(kr.feasible);
+  CHECK(kr.offload == "nvme");
+  CHECK(kr.best.host_memory.master_weights_bytes == 0);  // on the drives
+  CHECK(kr.best.host_memory.optimizer_state_bytes == 0);
+  // room on the host: the CPU tier, as before
+  m.topology.host_memory_bytes = 1'000'000;
+  const auto cpu = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, "native", search, core::Options{});
+  REQUIRE(cpu.feasible);
+  CHECK(cpu.offload.empty());
+  // search.offload: nvme pins the drives; cpu never falls back
+  search.offload = core::SearchSpec::Offload::Nvme;
+  const auto nv = sim::best_plan_of_kind(core::PlanKind::HarmonyDP, model, m, 1, 2, "native", search, core::Options{});
+  REQUIRE(nv.feasible);
+  CHECK(nv.offload == "nvme");
+  search.offload = core::SearchSpec::Offload::Cpu;
+  m.topology.host_memory_bytes = 100000;
+  const auto no = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, "native", search, core::Options{});
+  CHECK_FALSE(no.feasible);
+  CHECK(no.offload.empty());
 }
 
 TEST_CASE("compare: zero-infinity falls back to offload nvme when host memory is the binding limit") {

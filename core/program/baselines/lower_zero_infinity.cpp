@@ -22,11 +22,6 @@ double elements(const Model& m, int l) {
                            : static_cast<double>(m.weight_bytes(l, l) + m.buffer_bytes(l, l)) / 4.0;
 }
 
-// FP32 master bytes of layer l (4 per parameter; W+B when the profile has no count or is FP32 already).
-Bytes master_bytes(const Model& m, int l) {
-  const auto& L = m.layers[static_cast<std::size_t>(l)];
-  return L.param_count > 0 ? 4 * L.param_count : m.weight_bytes(l, l) + m.buffer_bytes(l, l);
-}
 }  // namespace
 
 // Per iteration, on every GPU g (m = D/(N u) microbatches), for every layer l with parameters:
@@ -148,10 +143,8 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
     const int g = l % N;
     const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
     if (nvme) {
-      const auto& layer = model.layers[static_cast<std::size_t>(l)];
-      const Bytes state = model.optimizer_state_bytes(l, l) + master_bytes(model, l);
-      const bool low = layer.param_count > 0 && layer.weight_bytes < 3 * layer.param_count;
-      b.set_io(U, 1, state, state + (low ? b.wbytes(l) + b.bbytes(l) : 0));
+      const Bytes state = model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
+      b.set_io(U, 1, state, state + (model.narrow_weights(l) ? b.wbytes(l) + b.bbytes(l) : 0));
     }
     for (int h = 0; h < N; ++h) {
       if (last_out[static_cast<std::size_t>(h)] >= 0) b.dep(U, last_out[static_cast<std::size_t>(h)]);
