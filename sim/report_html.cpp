@@ -7,8 +7,10 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/output/trace.hpp"
+#include "core/plan/plan_kind.hpp"
 #include "sim/report.hpp"
 #include "sim/report_internal.hpp"
 
@@ -537,9 +539,8 @@ std::string overview_html(const ReportData& d) {
   std::string out;
   out += fmt::format(
       "<p class=\"note\">Per model and machine, over every GPU count and grid value, the best feasible row by {} "
-      "and its speedup over the best baseline (dp-swap, pp-swap, zero-infinity, l2l): {}. 1.00x: a baseline is "
-      "the best kind.</p>\n",
-      metric_column(by),
+      "and its speedup over the best baseline ({}): {}. 1.00x: a baseline is the best kind.</p>\n",
+      metric_column(by), fmt::join(core::baseline_kind_names(), ", "),
       higher_is_better(by) ? "its samples/s / the baseline's" : "the baseline's value / its value (lower is better)");
   std::vector<std::vector<std::string>> rows;
   const auto speed = [&](double a, double b) {

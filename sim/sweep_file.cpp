@@ -63,7 +63,7 @@ void check_config_key(const YamlEntry& key, const std::string& section) {
          "write config keys like plan.gpus, machine.gpu_memory or search.ubatch_step (docs/config.md)");
   if (k == "plan.mode")
     fail(key.key_loc, fmt::format("{} cannot set plan.mode: every point's plan kind comes from `kinds:`", section),
-         "list the plan kinds to sweep under `kinds:` (harmony-pp, harmony-dp, dp-swap, pp-swap, zero-infinity, l2l)");
+         fmt::format("list the plan kinds to sweep under `kinds:` ({})", join(core::plan_kind_names(), ", ")));
 }
 
 // A positive whole number, written plainly or with an exponent (1e9).

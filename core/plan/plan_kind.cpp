@@ -1,36 +1,55 @@
-// Plan kind names and their parser.
+// The plan-kind registry: one row per kind (as nccl-tests keeps one table per collective). Adding a kind
+// is a row here, a value in PlanKind, and its lowering in core/program (docs/design.md, "Plan kinds").
 #include "core/plan/plan_kind.hpp"
 
-#include <array>
+#include <algorithm>
+#include <string>
+
+#include "core/base/error.hpp"
 
 namespace harmony::core {
 
+const std::vector<PlanKindInfo>& plan_kinds() {
+  static const std::vector<PlanKindInfo> table = {
+      // kind, name, is_baseline, data_parallel, description
+      {PlanKind::HarmonyPP, "harmony-pp", false, false,
+       "Harmony's vPP: layer packs round-robin over the GPUs, every GPU sees the whole minibatch"},
+      {PlanKind::HarmonyDP, "harmony-dp", false, true,
+       "Harmony's vDP: every GPU a replica running all packs on its share of the minibatch"},
+      {PlanKind::DpSwap, "dp-swap", true, true,
+       "data parallelism over virtualized GPU memory: weights swapped in per layer, activations as memory requires"},
+      {PlanKind::PpSwap, "pp-swap", true, false,
+       "GPipe-style pipeline over time-balanced contiguous stages, each swapping like dp-swap"},
+      {PlanKind::ZeroInfinity, "zero-infinity", true, true,
+       "ZeRO stage 3: parameters, gradients and optimizer state partitioned and offloaded to host (or NVMe)"},
+      {PlanKind::L2L, "l2l", true, true,
+       "layer-to-layer: one layer resident at a time over all microbatches, activations stashed on the host"},
+  };
+  return table;
+}
+
 namespace {
-constexpr std::array<PlanKind, 6> kAllKinds = {PlanKind::HarmonyPP, PlanKind::HarmonyDP,    PlanKind::DpSwap,
-                                               PlanKind::PpSwap,    PlanKind::ZeroInfinity, PlanKind::L2L};
+const PlanKindInfo* find_kind(PlanKind k) {
+  const auto& t = plan_kinds();
+  const auto it = std::find_if(t.begin(), t.end(), [k](const PlanKindInfo& i) { return i.kind == k; });
+  return it == t.end() ? nullptr : &*it;
+}
 }  // namespace
 
+const PlanKindInfo& plan_kind_info(PlanKind k) {
+  const PlanKindInfo* info = find_kind(k);
+  if (!info) throw InternalError("plan kind " + std::to_string(static_cast<int>(k)) + " is not in plan_kinds()");
+  return *info;
+}
+
 const char* plan_kind_name(PlanKind k) {
-  switch (k) {
-    case PlanKind::HarmonyPP:
-      return "harmony-pp";
-    case PlanKind::HarmonyDP:
-      return "harmony-dp";
-    case PlanKind::DpSwap:
-      return "dp-swap";
-    case PlanKind::PpSwap:
-      return "pp-swap";
-    case PlanKind::ZeroInfinity:
-      return "zero-infinity";
-    case PlanKind::L2L:
-      return "l2l";
-  }
-  return "?";
+  const PlanKindInfo* info = find_kind(k);
+  return info ? info->name : "?";
 }
 
 std::optional<PlanKind> parse_plan_kind(std::string_view name) {
-  for (PlanKind k : kAllKinds) {
-    if (name == plan_kind_name(k)) return k;
+  for (const PlanKindInfo& i : plan_kinds()) {
+    if (name == i.name) return i.kind;
   }
   return std::nullopt;
 }
@@ -38,20 +57,33 @@ std::optional<PlanKind> parse_plan_kind(std::string_view name) {
 const std::vector<std::string>& plan_kind_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (PlanKind k : kAllKinds) v.emplace_back(plan_kind_name(k));
+    for (const PlanKindInfo& i : plan_kinds()) v.emplace_back(i.name);
     return v;
   }();
   return names;
 }
 
-bool is_baseline(PlanKind k) { return k != PlanKind::HarmonyPP && k != PlanKind::HarmonyDP; }
+bool is_baseline(PlanKind k) { return plan_kind_info(k).is_baseline; }
 
 const std::vector<PlanKind>& baseline_kinds() {
-  static const std::vector<PlanKind> kinds = {PlanKind::DpSwap, PlanKind::PpSwap, PlanKind::ZeroInfinity,
-                                              PlanKind::L2L};
+  static const std::vector<PlanKind> kinds = [] {
+    std::vector<PlanKind> v;
+    for (const PlanKindInfo& i : plan_kinds())
+      if (i.is_baseline) v.push_back(i.kind);
+    return v;
+  }();
   return kinds;
 }
 
-bool is_data_parallel(PlanKind k) { return k != PlanKind::PpSwap && k != PlanKind::HarmonyPP; }
+const std::vector<std::string>& baseline_kind_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (PlanKind k : baseline_kinds()) v.emplace_back(plan_kind_name(k));
+    return v;
+  }();
+  return names;
+}
+
+bool is_data_parallel(PlanKind k) { return plan_kind_info(k).data_parallel; }
 
 }  // namespace harmony::core

@@ -176,6 +176,7 @@ TEST_CASE("plan kind names round-trip") {
   CHECK_FALSE(core::is_baseline(PlanKind::HarmonyPP));
   CHECK(core::baseline_kinds().size() == 4);
   for (PlanKind k : core::baseline_kinds()) CHECK(core::is_baseline(k));
+  CHECK(core::baseline_kind_names() == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l"});
 }
 
 // Closed forms. N GPUs, minibatch D = 16, u = 2, GW = sum of W + B = 27648, X_l = u x_l.
