@@ -402,7 +402,7 @@ std::string baseline_title(const core::BaselinePlan& b, const core::Model& model
 Chosen chosen_harmony(const Setup& s, const core::Plan& plan) {
   Chosen c;
   c.plan = plan;
-  c.kind = core::mode_name(plan.mode);
+  c.kind = core::plan_kind_name(plan.kind);
   c.title = core::plan_title(plan);
   c.program = core::lower_harmony(core::compose_task_graph(plan, s.model->num_layers()), s.desc, lower_options(s.cfg));
   return c;
@@ -422,7 +422,7 @@ Chosen chosen_baseline(const Setup& s, const core::BaselinePlan& b) {
 // Whether the runtime can run `u` on every GPU's share of the minibatch (D % u == 0 per share).
 bool divides_shares(const core::Plan& p, int u) {
   if (u < 1) return false;
-  if (p.mode == core::Mode::HarmonyPP) return p.minibatch % u == 0;
+  if (p.kind == core::PlanKind::HarmonyPP) return p.minibatch % u == 0;
   for (int n = 0; n < p.gpus; ++n)
     if ((p.minibatch / p.gpus + (n < p.minibatch % p.gpus ? 1 : 0)) % u != 0) return false;
   return true;
@@ -469,13 +469,13 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
                             cfg.plan.minibatch);
     return out;
   }
-  const core::Mode mode = cfg.plan.mode;
-  if (mode == core::Mode::HarmonyDP && cfg.plan.minibatch < cfg.plan.gpus) {
+  const core::PlanKind mode = cfg.plan.kind;
+  if (mode == core::PlanKind::HarmonyDP && cfg.plan.minibatch < cfg.plan.gpus) {
     why_none = fmt::format("harmony-dp over {} devices needs a minibatch of at least {}", cfg.plan.gpus, cfg.plan.gpus);
     return out;
   }
   core::SearchSpace space;
-  space.mode = mode;
+  space.kind = mode;
   space.gpus = cfg.plan.gpus;
   space.minibatch = cfg.plan.minibatch;
   space.capacity_bytes = capacity;
@@ -495,7 +495,7 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
   for (const core::Candidate& c : core::enumerate_candidates(priced, space)) try_add(core::candidate_plan(c, space));
   const int R = priced.num_layers();
   core::Plan fine;
-  fine.mode = mode;
+  fine.kind = mode;
   fine.gpus = cfg.plan.gpus;
   fine.minibatch = cfg.plan.minibatch;
   for (int l = 0; l < R; ++l) fine.packs_bwd.push_back({l, l});
@@ -549,7 +549,7 @@ constexpr std::size_t kAutoTrials = 24;
 // memory account disagrees with the executor's.
 Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
   const auto& cfg = s.cfg;
-  const std::string kind = cfg.baseline_kind.empty() ? core::mode_name(cfg.plan.mode) : cfg.baseline_kind;
+  const std::string kind = cfg.baseline_kind.empty() ? core::plan_kind_name(cfg.plan.kind) : cfg.baseline_kind;
   const core::Model priced = priced_model(s, measured_profile(s, s.desc.ubatch_fwd, quiet));
   std::string why_none;
   std::vector<Candidate> cands = auto_candidates(s, priced, why_none);

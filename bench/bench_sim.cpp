@@ -189,10 +189,10 @@ std::string default_harmony_sim() {
 // ----------------------------------------------------------------------------------------------
 // Cases.
 
-core::SearchSpace make_space(core::Mode mode, int gpus, int minibatch, const std::vector<std::string>& fwd,
+core::SearchSpace make_space(core::PlanKind mode, int gpus, int minibatch, const std::vector<std::string>& fwd,
                              const std::vector<std::string>& bwd, int threads) {
   core::SearchSpace s;
-  s.mode = mode;
+  s.kind = mode;
   s.gpus = gpus;
   s.minibatch = minibatch;
   s.capacity_bytes = 10 * core::kGiB;
@@ -347,7 +347,7 @@ int run(const Options& opts) {
   struct SearchCase {
     std::string name;
     const core::Model* model;
-    core::Mode mode;
+    core::PlanKind kind;
     int minibatch;
     const std::vector<std::string>* fwd;
     const std::vector<std::string>* bwd;
@@ -355,15 +355,22 @@ int run(const Options& opts) {
     std::optional<std::size_t> expect_candidates;  // the paper scheduler's count, where known
   };
   std::vector<SearchCase> searches{
-      {"search bert_large pp D32 N2 default", &bert, core::Mode::HarmonyPP, 32, &kDefaultFwd, &kDefaultBwd,
+      {"search bert_large pp D32 N2 default", &bert, core::PlanKind::HarmonyPP, 32, &kDefaultFwd, &kDefaultBwd,
        kPaperBertPpS, 121},
-      {"search bert_large dp D32 N2 default", &bert, core::Mode::HarmonyDP, 32, &kDefaultFwd, &kDefaultBwd, {}, {}},
-      {"search gpt2_medium pp D16 N2 default", &gpt2, core::Mode::HarmonyPP, 16, &kDefaultFwd, &kDefaultBwd, {}, {}},
+      {"search bert_large dp D32 N2 default", &bert, core::PlanKind::HarmonyDP, 32, &kDefaultFwd, &kDefaultBwd, {}, {}},
+      {"search gpt2_medium pp D16 N2 default",
+       &gpt2,
+       core::PlanKind::HarmonyPP,
+       16,
+       &kDefaultFwd,
+       &kDefaultBwd,
+       {},
+       {}},
   };
   auto run_searches = [&](const std::vector<SearchCase>& cases) {
     for (const auto& c : cases) {
       for (int threads : {1, 0}) {
-        const auto space = make_space(c.mode, 2, c.minibatch, *c.fwd, *c.bwd, threads);
+        const auto space = make_space(c.kind, 2, c.minibatch, *c.fwd, *c.bwd, threads);
         const std::string name = fmt::format("{}, {}", c.name, threads == 1 ? std::string("1 thr") : all);
         if (!selected(name)) continue;
         Row r = measure(opts, name, [&] { return search_once(*c.model, machine, space); });
@@ -384,7 +391,7 @@ int run(const Options& opts) {
   for (int layers : {400, 500}) deep.push_back(make_deep_bert(bert, layers));
   for (const auto& m : deep) {
     core::Plan plan;
-    plan.mode = core::Mode::HarmonyPP;
+    plan.kind = core::PlanKind::HarmonyPP;
     plan.gpus = 2;
     plan.minibatch = 32;
     plan.u_fwd = 4;
@@ -415,7 +422,7 @@ int run(const Options& opts) {
   for (const auto& m : deep) {
     deep_searches.push_back({fmt::format("search deep_bert{} pp D32 N2 bt+reuse/bt", m.num_layers()),
                              &m,
-                             core::Mode::HarmonyPP,
+                             core::PlanKind::HarmonyPP,
                              32,
                              &kScriptFwd,
                              &kScriptBwd,

@@ -117,7 +117,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
       return kr;
     }
     core::SearchSpace space;
-    space.mode = kind == core::PlanKind::HarmonyPP ? core::Mode::HarmonyPP : core::Mode::HarmonyDP;
+    space.kind = kind;
     space.gpus = gpus;
     space.minibatch = minibatch;
     space.capacity_bytes = capacity;
@@ -187,13 +187,13 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     }
     return kr;
   }
-  if (kind != core::PlanKind::PpSwap && minibatch % gpus != 0) {
+  if (core::is_data_parallel(kind) && minibatch % gpus != 0) {
     kr.applicable = false;
     kr.reason =
         fmt::format("{} splits the minibatch evenly: {} GPUs do not divide minibatch {}", name, gpus, minibatch);
     return kr;
   }
-  if (kind == core::PlanKind::PpSwap && gpus > model.num_layers()) {
+  if (!core::is_data_parallel(kind) && gpus > model.num_layers()) {
     kr.applicable = false;
     kr.reason = fmt::format("pp-swap needs a layer per stage: {} GPUs for {} layers", gpus, model.num_layers());
     return kr;

@@ -186,7 +186,7 @@ int cmd_search(const Cli& cli) {
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   core::SearchSpace space;
-  space.mode = cfg.plan.mode;
+  space.kind = cfg.plan.kind;
   space.gpus = cfg.plan.gpus;
   space.minibatch = cfg.plan.minibatch;
   space.capacity_bytes = cfg.machine.search_capacity_bytes();
@@ -222,7 +222,7 @@ int cmd_search(const Cli& cli) {
       results.push_back(std::move(j));
     }
     nlohmann::json j = document_head("search", cfg, model);
-    j["plan_kind"] = core::mode_name(space.mode);
+    j["plan_kind"] = core::plan_kind_name(space.kind);
     j["gpus"] = space.gpus;
     j["minibatch"] = space.minibatch;
     j["gpu_capacity_bytes"] = space.capacity_bytes;
@@ -239,8 +239,9 @@ int cmd_search(const Cli& cli) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  fmt::print("search: {} {} GPUs, minibatch {}, capacity {:.0f} MiB per GPU, {} on {}\n", core::mode_name(space.mode),
-             space.gpus, space.minibatch, mib(space.capacity_bytes), model.name, cfg.machine.name);
+  fmt::print("search: {} {} GPUs, minibatch {}, capacity {:.0f} MiB per GPU, {} on {}\n",
+             core::plan_kind_name(space.kind), space.gpus, space.minibatch, mib(space.capacity_bytes), model.name,
+             cfg.machine.name);
   fmt::print("pack counts: {}{}, prefetch {}\n", core::pack_counts_name(space.spec.pack_counts),
              space.spec.pack_counts == core::PackCounts::Wide
                  ? fmt::format(" (up to {} packs beyond each method's minimum)", core::max_pack_count(model, space))
@@ -580,7 +581,7 @@ double measured_step_s(const std::string& path, const core::TrainConfig& cfg) {
         return !pl.contains(key) || pl[key] == want;
       }
     };
-    const std::string mode = cfg.baseline_kind.empty() ? core::mode_name(cfg.plan.mode) : cfg.baseline_kind;
+    const std::string mode = cfg.baseline_kind.empty() ? core::plan_kind_name(cfg.plan.kind) : cfg.baseline_kind;
     if (!same("plan_kind", mode) || !same("gpus", cfg.plan.gpus) || !same("minibatch", cfg.plan.minibatch) ||
         !same("u_fwd", cfg.plan.u_fwd) || !same("u_bwd", cfg.plan.u_bwd))
       throw core::ConfigError(core::SourceLoc{path, 1, 1},

@@ -114,7 +114,7 @@ std::string deadlock_report(const Program& p, const Timeline& t) {
 core::RunReport make_report(const Program& p, const Timeline& t, const CostModel& cost) {
   core::RunReport r;
   r.plan = p.graph.plan;
-  r.plan_kind = core::mode_name(p.graph.plan.mode);
+  r.plan_kind = core::plan_kind_name(p.graph.plan.kind);
   r.cost_model = cost.name();
   r.num_ops = p.ops.size();
   r.num_streams = p.queues.size();

@@ -94,7 +94,7 @@ inline bool starts_with(std::string_view s, std::string_view prefix) { return s.
 inline const char* mode_for(core::PlanKind k) {
   // Harmony kinds run in their mode; baselines are validated as harmony-pp (the rules that need D % N are the
   // baseline search's, which reports them per point).
-  return k == core::PlanKind::HarmonyDP ? "harmony-dp" : "harmony-pp";
+  return core::is_baseline(k) ? "harmony-pp" : core::plan_kind_name(k);
 }
 
 // One line: newlines and runs of spaces in messages (deadlock reports) become "; " and " " (sweep_rows.cpp).

@@ -87,7 +87,7 @@ class BaselineInterpreter final : public Interpreter {
     T_ = opt_.seq_len;
     R_ = m_.num_layers();
     N_ = p_.num_devices();
-    pp_ = p_.graph.plan.mode == core::Mode::HarmonyPP;
+    pp_ = !core::is_data_parallel(p_.graph.plan.kind);  // pp-swap
     dt_ = opt_.dtype;
     es_ = dtype_bytes(dt_);
     if (dt_ == DType::BF16)

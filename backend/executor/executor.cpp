@@ -455,7 +455,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     es = dtype_bytes(dt);
     if (dt == DType::BF16)
       for (Device* dev_ptr : devs) require_bf16(*dev_ptr, "executor");
-    if (p.graph.plan.mode == core::Mode::HarmonyDP && static_cast<int>(p.devices.size()) != p.num_devices())
+    if (p.graph.plan.kind == core::PlanKind::HarmonyDP && static_cast<int>(p.devices.size()) != p.num_devices())
       throw BackendError("executor: Harmony-DP Program lowered for GPU 0 only (set dp_first_gpu_only = false)");
     for (std::size_t o = 0; o < p.ops.size(); ++o) {
       const core::Op& op = p.ops[o];
@@ -477,7 +477,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     tie_edges();
     anc = detail::Ancestry(p, extra);
     dev.resize(devs.size());
-    const bool dp = p.graph.plan.mode == core::Mode::HarmonyDP;
+    const bool dp = p.graph.plan.kind == core::PlanKind::HarmonyDP;
     int off = 0;
     for (int r = 0; r < p.num_devices(); ++r) {
       rank_offset.push_back(dp ? off : 0);

@@ -150,11 +150,11 @@ struct SearchLocs {
   std::vector<SourceLoc> u_fwd, u_bwd;
 };
 
-Mode parse_mode(const Node& v) {
+PlanKind parse_mode(const Node& v) {
   const std::string hint_tail = "modes: harmony-pp, harmony-dp (the paper's aliases vPP, vDP)";
   const std::string& s = expect_scalar(v, "plan.mode", "a mode name", hint_tail);
-  if (s == "harmony-pp" || s == "vPP") return Mode::HarmonyPP;
-  if (s == "harmony-dp" || s == "vDP") return Mode::HarmonyDP;
+  if (s == "harmony-pp" || s == "vPP") return PlanKind::HarmonyPP;
+  if (s == "harmony-dp" || s == "vDP") return PlanKind::HarmonyDP;
   const std::string best = closest_match(s, kModeNames);
   fail(v.loc, fmt::format("unknown plan.mode '{}'", s),
        (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + hint_tail);
@@ -202,7 +202,7 @@ PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& lo
   PlanSpec plan;
   plan.loc = plan_key_loc;
   const Entry& mode = require(map, "mode", "plan", plan_key_loc, "add `mode: harmony-pp` (or harmony-dp) under plan:");
-  plan.mode = parse_mode(mode.value);
+  plan.kind = parse_mode(mode.value);
   const Entry& gpus = require(map, "gpus", "plan", plan_key_loc, "add `gpus: N` (GPUs the plan uses) under plan:");
   plan.gpus = get_int(gpus.value, "plan.gpus", 1);
   locs.gpus = gpus.value.loc;
@@ -359,7 +359,7 @@ SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_count
 // Samples per GPU: harmony-pp splits the whole minibatch into microbatches; harmony-dp gives rank n
 // DD_n = D//N (+1 if n < D%N) samples (the reference's split).
 std::vector<int> gpu_shares(const PlanSpec& plan) {
-  if (plan.mode == Mode::HarmonyPP) return {plan.minibatch};
+  if (plan.kind == PlanKind::HarmonyPP) return {plan.minibatch};
   std::vector<int> shares;
   shares.reserve(static_cast<std::size_t>(std::max(0, plan.gpus)));
   for (int n = 0; n < plan.gpus; ++n) shares.push_back(plan.minibatch / plan.gpus + (n < plan.minibatch % plan.gpus));
@@ -380,7 +380,7 @@ std::vector<int> divisors(int value) {
 void check_microbatch(int u, const std::string& what, const SourceLoc& loc, const PlanSpec& plan,
                       const Options& options) {
   const std::vector<int> shares = gpu_shares(plan);
-  const bool pp = plan.mode == Mode::HarmonyPP;
+  const bool pp = plan.kind == PlanKind::HarmonyPP;
   const int largest = *std::max_element(shares.begin(), shares.end());
   if (options.unequal_microbatches) {
     if (u > largest)
@@ -420,7 +420,7 @@ void check_plan(const RunConfig& cfg, const PlanLocs& plan_locs, const SearchLoc
          fmt::format("plan.gpus = {} exceeds machine.gpus = {} (machine '{}')", plan.gpus, cfg.machine.gpus,
                      cfg.machine.name),
          fmt::format("use plan.gpus <= {}, or raise machine.gpus", cfg.machine.gpus));
-  if (plan.mode == Mode::HarmonyDP && plan.minibatch < plan.gpus)
+  if (plan.kind == PlanKind::HarmonyDP && plan.minibatch < plan.gpus)
     fail(plan_locs.minibatch,
          fmt::format("plan.minibatch = {} leaves GPUs without samples in harmony-dp over {} GPUs", plan.minibatch,
                      plan.gpus),
@@ -848,7 +848,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
         "activation policies: checkpoint (recompute each layer's forward in the backward), "
         "keep (hold or swap the saved activations)";
     if (cfg.baseline_kind.empty())
-      fail(it->key_loc, "plan.activations applies to baseline kinds (dp-swap, pp-swap, zero-infinity, l2l)",
+      fail(it->key_loc, fmt::format("plan.activations applies to baseline kinds ({})", join(baseline_kind_names())),
            "Harmony's plans recompute by design (checkpoint); remove the key");
     const std::string& v = expect_scalar(it->value, "plan.activations", "an activation policy", hint);
     const auto policy = parse_activation_policy(v);
@@ -1016,7 +1016,7 @@ Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
 
 Plan plan_from_spec(const PlanSpec& ps, const Model& model, const std::string& file, std::string_view who) {
   Plan p;
-  p.mode = ps.mode;
+  p.kind = ps.kind;
   p.gpus = ps.gpus;
   p.minibatch = ps.minibatch;
   if (!ps.u_fwd || !ps.u_bwd) {

@@ -31,7 +31,7 @@ struct ModelSpec {
 
 // The plan section. mode/gpus/minibatch are needed by both commands; the rest only by simulate.
 struct PlanSpec {
-  Mode mode = Mode::HarmonyPP;
+  PlanKind kind = PlanKind::HarmonyPP;  // plan.mode: harmony-pp or harmony-dp
   int gpus = 1;
   int minibatch = 1;
   std::optional<int> u_fwd;
@@ -105,7 +105,7 @@ struct TrainConfig {
   std::string cost_model = "native";  // for --plan auto
   PlanSpec plan;
   // plan.mode given as a baseline kind ("dp-swap", "pp-swap", "zero-infinity", "l2l"): run that baseline with
-  // microbatch plan.u_bwd (packs are ignored); "" for Harmony (plan.mode).
+  // microbatch plan.u_bwd (packs are ignored; plan.kind is then harmony-pp); "" for Harmony (plan.kind).
   std::string baseline_kind;
   // plan.activations (baselines only): checkpoint (the default; recompute in the backward) or keep.
   ActivationPolicy baseline_activations = ActivationPolicy::Checkpoint;

@@ -24,7 +24,7 @@ nlohmann::json report_to_json(const RunReport& r) {
   auto native_only = [&](json v) { return r.native ? std::move(v) : json(nullptr); };
   const bool capacity_known = r.gpu_capacity_bytes > 0;
   json j;
-  j["plan_kind"] = r.plan_kind.empty() ? std::string(mode_name(r.plan.mode)) : r.plan_kind;
+  j["plan_kind"] = r.plan_kind.empty() ? std::string(plan_kind_name(r.plan.kind)) : r.plan_kind;
   j["activation_policy"] = r.activation_policy;
   j["gpus"] = r.plan.gpus;
   j["minibatch"] = r.plan.minibatch;
@@ -123,8 +123,7 @@ std::string report_title(const RunReport& r) {
     return fmt::format("{} N{} D{} u {} ({})", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd,
                        r.activation_policy);
   Plan p = r.plan;
-  if (kind == PlanKind::HarmonyDP) p.mode = Mode::HarmonyDP;
-  if (kind == PlanKind::HarmonyPP) p.mode = Mode::HarmonyPP;
+  if (kind) p.kind = *kind;
   return plan_title(p);
 }
 

@@ -7,8 +7,6 @@
 
 namespace harmony::core {
 
-const char* mode_name(Mode m) { return m == Mode::HarmonyPP ? "harmony-pp" : "harmony-dp"; }
-
 void manual_packs(int num_layers, int pack_size, Packs& packs_fwd, Packs& packs_bwd) {
   if (pack_size < 1) throw ScheduleError(fmt::format("pack size {} is not positive", pack_size));
   packs_bwd.clear();
@@ -40,6 +38,11 @@ static void check_cover(const Packs& packs, int first, int end, const char* what
 }
 
 void validate_plan(const Plan& plan, int num_layers) {
+  if (is_baseline(plan.kind))
+    throw ScheduleError(
+        fmt::format("{} is a baseline kind, not a Harmony mode: a Harmony plan is harmony-pp or "
+                    "harmony-dp (baselines are lowered by lower_baseline from a BaselinePlan)",
+                    plan_kind_name(plan.kind)));
   if (plan.gpus < 1) throw ScheduleError(fmt::format("gpus = {} must be at least 1", plan.gpus));
   if (plan.minibatch < 1) throw ScheduleError(fmt::format("minibatch = {} must be at least 1", plan.minibatch));
   if (plan.u_fwd < 1 || plan.u_bwd < 1)
@@ -48,10 +51,10 @@ void validate_plan(const Plan& plan, int num_layers) {
   if (plan.packs_bwd.empty()) throw ScheduleError("no backward packs");
   check_cover(plan.packs_bwd, 0, num_layers, "backward");
   check_cover(plan.packs_fwd, 0, plan.packs_bwd.back().first, "forward");
-  const int local = plan.mode == Mode::HarmonyDP ? plan.minibatch / plan.gpus : plan.minibatch;
+  const int local = is_data_parallel(plan.kind) ? plan.minibatch / plan.gpus : plan.minibatch;
   if (local < 1)
     throw ScheduleError(fmt::format("minibatch {} gives GPUs no samples with {} GPUs in {}", plan.minibatch, plan.gpus,
-                                    mode_name(plan.mode)));
+                                    plan_kind_name(plan.kind)));
 }
 
 std::string packs_to_string(const Packs& packs) {
@@ -65,7 +68,7 @@ std::string packs_to_string(const Packs& packs) {
 }
 
 std::string plan_title(const Plan& p) {
-  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", mode_name(p.mode), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
+  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", plan_kind_name(p.kind), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
                      packs_to_string(p.packs_fwd), packs_to_string(p.packs_bwd));
 }
 

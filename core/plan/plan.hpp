@@ -1,4 +1,4 @@
-// A Plan is one point of the configuration space the search explores: the execution mode,
+// A Plan is one point of the configuration space the search explores: the plan kind (a Harmony mode),
 // the number of GPUs, the minibatch, the forward/backward microbatch sizes and layer packs.
 // Harmony-PP is the paper's vPP (packs round-robin over GPUs), Harmony-DP its vDP (replicas).
 #pragma once
@@ -6,11 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "core/plan/plan_kind.hpp"
+
 namespace harmony::core {
-
-enum class Mode { HarmonyPP, HarmonyDP };
-
-const char* mode_name(Mode m);  // "harmony-pp" / "harmony-dp"
 
 struct LayerRange {
   int first = 0;
@@ -29,7 +27,9 @@ struct Options {
 };
 
 struct Plan {
-  Mode mode = Mode::HarmonyPP;
+  // HarmonyPP or HarmonyDP (validate_plan rejects the rest). A baseline's Program carries its own kind
+  // here too (core::lower_baseline), with the fields below describing its microbatches and stages.
+  PlanKind kind = PlanKind::HarmonyPP;
   int gpus = 1;
   int minibatch = 1;  // D, samples per iteration (global)
   int u_fwd = 1;
@@ -42,8 +42,9 @@ struct Plan {
 // pack takes the remainder), forward packs = all backward packs but the last.
 void manual_packs(int num_layers, int pack_size, Packs& packs_fwd, Packs& packs_bwd);
 
-// Throws ScheduleError if the packs skip or overlap layers, are not ascending, or the forward packs
-// do not cover exactly the layers before the last backward pack; or sizes are not positive.
+// Throws ScheduleError if the kind is not a Harmony mode (harmony-pp, harmony-dp), the packs skip or overlap
+// layers, are not ascending, or the forward packs do not cover exactly the layers before the last backward
+// pack; or sizes are not positive.
 void validate_plan(const Plan& plan, int num_layers);
 
 // "[[0-6], [7-13]]"

@@ -88,7 +88,7 @@ class Lowerer {
     prog_.prefetch = pf_;
     prog_.offload_nvme = nvme_;
     const Plan& p = g.plan;
-    prog_.pp_rules = p.mode == Mode::HarmonyPP && p.gpus > 1;
+    prog_.pp_rules = p.kind == PlanKind::HarmonyPP && p.gpus > 1;
     prog_.bandwidth_sharers = std::max(1, g.non_empty_ranks());
     for (int r = 0; r < p.gpus; ++r) {
       if (g.rank_tasks[static_cast<std::size_t>(r)].empty()) continue;

@@ -10,6 +10,9 @@
 #include <tuple>
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
 #include "core/plan/packing.hpp"
 
 namespace harmony::core {
@@ -36,9 +39,10 @@ struct PlanKeyLess {
 }  // namespace
 
 std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space) {
-  const int dlim = space.mode == Mode::HarmonyPP ? space.minibatch : space.minibatch / space.gpus;
+  const bool dp = is_data_parallel(space.kind);
+  const int dlim = dp ? space.minibatch / space.gpus : space.minibatch;
   std::vector<int> shares;  // every GPU's share of the minibatch
-  if (space.mode == Mode::HarmonyPP) {
+  if (!dp) {
     shares.push_back(space.minibatch);
   } else {
     for (int n = 0; n < space.gpus; ++n)
@@ -102,6 +106,11 @@ std::vector<Packs> forward_packings(const Model& model, const std::string& metho
 }  // namespace
 
 std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpace& space) {
+  if (is_baseline(space.kind))
+    throw ScheduleError(
+        fmt::format("enumerate_candidates: {} is a baseline kind; its plans are enumerated by "
+                    "enumerate_baseline_plans",
+                    plan_kind_name(space.kind)));
   const int R = model.num_layers();
   const auto ub_bwd = candidate_ubatch_sizes(model, Phase::Bwd, space);
   const auto ub_fwd = candidate_ubatch_sizes(model, Phase::Fwd, space);
@@ -138,7 +147,7 @@ std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpac
 
 Plan candidate_plan(const Candidate& c, const SearchSpace& space) {
   Plan p;
-  p.mode = space.mode;
+  p.kind = space.kind;
   p.gpus = space.gpus;
   p.minibatch = space.minibatch;
   p.u_fwd = c.u_fwd;

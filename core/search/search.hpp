@@ -53,7 +53,7 @@ struct Candidate {
 };
 
 struct SearchSpace {
-  Mode mode = Mode::HarmonyPP;
+  PlanKind kind = PlanKind::HarmonyPP;  // harmony-pp or harmony-dp (enumerate_candidates rejects baselines)
   int gpus = 1;
   int minibatch = 1;
   Bytes capacity_bytes = 10 * kGiB;  // per-GPU memory the packers fit against (cap x scale)

@@ -125,10 +125,10 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 }
 
 // The grids' Programs. Harmony: manual packs of pack_size layers, every replica lowered (as harmony-run does).
-inline core::Program lower_harmony_plan(const Gpt2& model, core::Mode mode, int gpus, int u_fwd, int u_bwd,
+inline core::Program lower_harmony_plan(const Gpt2& model, core::PlanKind mode, int gpus, int u_fwd, int u_bwd,
                                         int pack_size, bool prefetch, DType dtype = DType::F32) {
   core::Plan plan;
-  plan.mode = mode;
+  plan.kind = mode;
   plan.gpus = gpus;
   plan.minibatch = kB;
   plan.u_fwd = u_fwd;

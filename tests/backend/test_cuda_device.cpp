@@ -786,7 +786,7 @@ TEST_SUITE("gpu") {
 
     // Harmony-PP over two logical CUDA devices on GPU 0 (1-layer packs, u_fwd 2, u_bwd 1, 16 MiB each).
     core::Plan plan;
-    plan.mode = core::Mode::HarmonyPP;
+    plan.kind = core::PlanKind::HarmonyPP;
     plan.gpus = 2;
     plan.minibatch = kB;
     plan.u_fwd = 2;

@@ -51,17 +51,17 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
   const Result ref = reference();
   struct Case {
-    core::Mode mode;
+    core::PlanKind kind;
     int gpus, u_fwd, u_bwd, pack;
     bool prefetch;
   };
   std::vector<Case> cases;
-  for (core::Mode mode : {core::Mode::HarmonyPP, core::Mode::HarmonyDP})
+  for (core::PlanKind mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP})
     for (int gpus : {1, 2, 4})
       for (auto [uf, ub] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}})
         for (int pack : {1, 3, 4})
           for (bool pf : {false, true}) {
-            if (mode == core::Mode::HarmonyDP && gpus == 4 && (uf != 1 || ub != 1)) continue;
+            if (mode == core::PlanKind::HarmonyDP && gpus == 4 && (uf != 1 || ub != 1)) continue;
             if (pf && !(gpus == 2 && pack == 1)) continue;  // prefetch lowering: one configuration per mode
             if (pack == 3 && gpus != 2) continue;           // keeps the test short under ASan
             cases.push_back({mode, gpus, uf, ub, pack, pf});
@@ -70,10 +70,10 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
   // DP shares of D/N = 2 and 1 samples; keep u <= share.
   int checked = 0;
   for (const Case& c : cases) {
-    const int share = c.mode == core::Mode::HarmonyDP ? kB / c.gpus : kB;
+    const int share = c.kind == core::PlanKind::HarmonyDP ? kB / c.gpus : kB;
     if (c.u_fwd > share || c.u_bwd > share) continue;
     ++checked;
-    const std::string mode = core::mode_name(c.mode);
+    const std::string mode = core::plan_kind_name(c.kind);
     CAPTURE(mode);
     CAPTURE(c.gpus);
     CAPTURE(c.u_fwd);
@@ -81,9 +81,9 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
     CAPTURE(c.pack);
     CAPTURE(c.prefetch);
     Setup s(c.gpus);
-    const core::Program prog = lower_harmony_plan(*s.model, c.mode, c.gpus, c.u_fwd, c.u_bwd, c.pack, c.prefetch);
+    const core::Program prog = lower_harmony_plan(*s.model, c.kind, c.gpus, c.u_fwd, c.u_bwd, c.pack, c.prefetch);
     const Result r = run(prog, s);
-    const bool exact = c.mode == core::Mode::HarmonyPP || c.gpus == 1;
+    const bool exact = c.kind == core::PlanKind::HarmonyPP || c.gpus == 1;
     for (int k = 0; k < kSteps; ++k) {
       CHECK(std::abs(r.losses[k] - ref.losses[k]) <= 1e-6 * std::abs(ref.losses[k]));
       if (exact) CHECK(r.losses[k] == ref.losses[k]);
@@ -109,7 +109,7 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
 
 TEST_CASE("a measured trace is recorded for every op") {
   Setup s(2);
-  const core::Program prog = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 2, 2, 1, 1, true);
+  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 2, 1, 1, true);
   std::vector<StepResult> steps;
   run(prog, s, &steps);
   const StepResult& sr = steps.back();
@@ -130,7 +130,7 @@ TEST_CASE("a measured trace is recorded for every op") {
 // ignored it.
 TEST_CASE("pinned_limit: the executor refuses a Program whose host buffers exceed the machine's pinned limit") {
   Setup s(2);
-  const core::Program prog = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 2, 2, 1, 1, true);
+  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 2, 1, 1, true);
   const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
   Bytes weights_and_grads = 0;
   for (int l = 0; l < s.model->num_layers(); ++l) weights_and_grads += 2 * s.model->param_floats(l) * Bytes{4};
@@ -162,8 +162,8 @@ TEST_CASE("pinned_limit: the executor refuses a Program whose host buffers excee
 TEST_CASE("a Program missing the dependency of a BWD on its dY is rejected") {
   // Harmony-DP with prefetch is left out on purpose: there dY is queued before the pack's WB on the SwapIn
   // stream and REC waits for WB, so dY still precedes BWD and removing the edge is harmless.
-  for (auto [mode, pf] : std::vector<std::pair<core::Mode, bool>>{
-           {core::Mode::HarmonyPP, false}, {core::Mode::HarmonyPP, true}, {core::Mode::HarmonyDP, false}}) {
+  for (auto [mode, pf] : std::vector<std::pair<core::PlanKind, bool>>{
+           {core::PlanKind::HarmonyPP, false}, {core::PlanKind::HarmonyPP, true}, {core::PlanKind::HarmonyDP, false}}) {
     {
       CAPTURE(pf);
       Setup s(2);
@@ -197,15 +197,16 @@ TEST_CASE("a Program missing the dependency of a BWD on its dY is rejected") {
 // replica's gradient moves many weights further, and the loss by more than 2e-4).
 TEST_CASE("bf16: Harmony Programs train like the bf16 PlainTrainer; the Program counts 2-byte tensors") {
   struct Case {
-    core::Mode mode;
+    core::PlanKind kind;
     int gpus, u_fwd, u_bwd, pack;
   };
   const std::vector<Case> cases = {
-      {core::Mode::HarmonyPP, 1, 1, 1, 1}, {core::Mode::HarmonyPP, 2, 2, 1, 1}, {core::Mode::HarmonyPP, 2, 1, 2, 4},
-      {core::Mode::HarmonyPP, 4, 1, 1, 1}, {core::Mode::HarmonyDP, 1, 1, 2, 1}, {core::Mode::HarmonyDP, 2, 1, 1, 1},
+      {core::PlanKind::HarmonyPP, 1, 1, 1, 1}, {core::PlanKind::HarmonyPP, 2, 2, 1, 1},
+      {core::PlanKind::HarmonyPP, 2, 1, 2, 4}, {core::PlanKind::HarmonyPP, 4, 1, 1, 1},
+      {core::PlanKind::HarmonyDP, 1, 1, 2, 1}, {core::PlanKind::HarmonyDP, 2, 1, 1, 1},
   };
   for (const Case& c : cases) {
-    const std::string mode = core::mode_name(c.mode);
+    const std::string mode = core::plan_kind_name(c.kind);
     CAPTURE(mode);
     CAPTURE(c.gpus);
     CAPTURE(c.u_fwd);
@@ -214,9 +215,9 @@ TEST_CASE("bf16: Harmony Programs train like the bf16 PlainTrainer; the Program 
     const Result ref = plain_run(DType::BF16, c.u_bwd);
     Setup s(c.gpus);
     const core::Program prog =
-        lower_harmony_plan(*s.model, c.mode, c.gpus, c.u_fwd, c.u_bwd, c.pack, false, DType::BF16);
+        lower_harmony_plan(*s.model, c.kind, c.gpus, c.u_fwd, c.u_bwd, c.pack, false, DType::BF16);
     const Result r = run(prog, s, nullptr, true, DType::BF16);
-    const bool exact = c.mode == core::Mode::HarmonyPP || c.gpus == 1;
+    const bool exact = c.kind == core::PlanKind::HarmonyPP || c.gpus == 1;
     for (int k = 0; k < kSteps; ++k) {
       if (exact) {
         CHECK(r.losses[k] == ref.losses[k]);
@@ -244,8 +245,8 @@ TEST_CASE("bf16: Harmony Programs train like the bf16 PlainTrainer; the Program 
   // The Program's byte counts: every weight, activation and gradient transfer of a bf16 Program is half the fp32
   // Program's (the head's fp32 losses never move; the token ids a layer-0 X or sX moves stay int32).
   Setup s(2);
-  const core::Program p32 = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 2, 1, 1, 1, false, DType::F32);
-  const core::Program p16 = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 2, 1, 1, 1, false, DType::BF16);
+  const core::Program p32 = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 1, 1, 1, false, DType::F32);
+  const core::Program p16 = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 1, 1, 1, false, DType::BF16);
   REQUIRE(p32.ops.size() == p16.ops.size());
   Bytes moved32 = 0, moved16 = 0;
   for (std::size_t o = 0; o < p32.ops.size(); ++o) {

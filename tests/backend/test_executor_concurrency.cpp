@@ -45,16 +45,16 @@ void check_serial_equals_concurrent(int gpus, const std::function<core::Program(
 
 TEST_CASE("concurrent queues give the serial loop's bits for every plan kind") {
   int checked = 0;
-  for (core::Mode mode : {core::Mode::HarmonyPP, core::Mode::HarmonyDP})
+  for (core::PlanKind mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP})
     for (int gpus : {1, 2, 4})
       for (auto [uf, ub] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}})
         for (int pack : {1, 3, 4})
           for (bool pf : {false, true}) {
-            const int share = mode == core::Mode::HarmonyDP ? kB / gpus : kB;
+            const int share = mode == core::PlanKind::HarmonyDP ? kB / gpus : kB;
             if (uf > share || ub > share) continue;
             if (pf && !(gpus == 2 && pack == 1)) continue;
             if (pack == 3 && gpus != 2) continue;
-            const std::string name = core::mode_name(mode);
+            const std::string name = core::plan_kind_name(mode);
             CAPTURE(name);
             CAPTURE(gpus);
             CAPTURE(uf);
@@ -109,7 +109,7 @@ TEST_CASE("repeated concurrent runs of a 4-GPU Harmony-PP Program give identical
   for (int rep = 0; rep < 20; ++rep) {
     CAPTURE(rep);
     Setup s(4);
-    const core::Program prog = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 4, 2, 1, 1, rep % 2 == 1);
+    const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 4, 2, 1, 1, rep % 2 == 1);
     std::vector<StepResult> steps;
     const Result r = run(prog, s, &steps);
     if (same(r, ref)) ++identical;
@@ -132,7 +132,7 @@ TEST_CASE("an OutOfMemory inside a worker is reported, not hung") {
     std::string messages[2];
     for (int k = 0; k < 2; ++k) {
       Setup s(1, 64 * kKiB);  // smaller than the first pack's weights
-      const core::Program prog = lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 1, 1, 1, 4, false);
+      const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 1, 1, 1, 4, false);
       const bool concurrent = k == 1;
       try {
         run(prog, s, nullptr, concurrent);
@@ -150,8 +150,8 @@ TEST_CASE("an OutOfMemory inside a worker is reported, not hung") {
       CAPTURE(kind);
       Setup s(4, 100 * kKiB);  // room for a block's weights and activations, not also its gradient
       const core::Program prog =
-          kind == 0   ? lower_harmony_plan(*s.model, core::Mode::HarmonyPP, 4, 1, 1, 1, false)
-          : kind == 1 ? lower_harmony_plan(*s.model, core::Mode::HarmonyDP, 4, 1, 1, 1, false)
+          kind == 0   ? lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 4, 1, 1, 1, false)
+          : kind == 1 ? lower_harmony_plan(*s.model, core::PlanKind::HarmonyDP, 4, 1, 1, 1, false)
                       : lower_baseline_plan(*s.model, baseline_plan(core::PlanKind::PpSwap, 4, 1,
                                                                     core::SwapChoice::Keep, core::SwapChoice::Keep));
       const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");

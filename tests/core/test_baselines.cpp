@@ -390,7 +390,7 @@ TEST_CASE("Harmony moves weights once per pack per pass, dp-swap once per microb
     CAPTURE(u);
     const Bytes m = D / N / u;
     core::Plan hp;
-    hp.mode = core::Mode::HarmonyDP;
+    hp.kind = core::PlanKind::HarmonyDP;
     hp.gpus = N;
     hp.minibatch = D;
     hp.u_fwd = u;
@@ -446,6 +446,7 @@ TEST_CASE("every baseline validates and runs without deadlock on bert_large, N =
           CHECK_FALSE(p.pp_rules);
           CHECK_FALSE(p.prefetch);
           CHECK(p.graph.rank_tasks.size() == static_cast<std::size_t>(N));
+          CHECK(p.graph.plan.kind == kind);  // a baseline's Program carries its own kind
           CHECK(p.graph.plan.u_fwd == u);
           CHECK(p.graph.plan.u_bwd == u);
           CHECK(p.devices.size() == static_cast<std::size_t>(N));

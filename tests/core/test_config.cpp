@@ -115,7 +115,7 @@ TEST_CASE("examples/bert_large_simulate.yaml: a fixed harmony-pp plan") {
   CHECK(c.model.loc.line > 0);
   check_paper_machine(c.machine);
   CHECK(c.cost_model == "reference");
-  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.kind == PlanKind::HarmonyPP);
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 16);
   CHECK(c.plan.u_fwd == 8);
@@ -133,7 +133,7 @@ TEST_CASE("examples/bert_large_search.yaml: the paper's default packing methods"
   const RunConfig c = load_config(source_path("configs/examples/bert_large_search.yaml"));
   CHECK(std::filesystem::exists(c.model.profile_path));
   check_paper_machine(c.machine);
-  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.kind == PlanKind::HarmonyPP);
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 32);
   CHECK_FALSE(c.plan.u_fwd.has_value());
@@ -152,7 +152,7 @@ TEST_CASE("examples/gpt2_medium_search.yaml") {
   const RunConfig c = load_config(source_path("configs/examples/gpt2_medium_search.yaml"));
   CHECK(std::filesystem::path(c.model.profile_path).filename() == "gpt2_medium.json");
   CHECK(std::filesystem::exists(c.model.profile_path));
-  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.kind == PlanKind::HarmonyPP);
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 16);
   CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});
@@ -165,7 +165,7 @@ TEST_CASE("configs/default.yaml: the README's bert_large search") {
   CHECK(std::filesystem::exists(c.model.profile_path));
   check_paper_machine(c.machine);
   CHECK(c.cost_model == "reference");
-  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.kind == PlanKind::HarmonyPP);
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 32);
   CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});
@@ -228,7 +228,7 @@ TEST_CASE("a minimal config gets the documented defaults") {
   CHECK(c.model.loc.column == 12);
   check_paper_machine(c.machine);  // no machine: -> the paper-1080ti preset
   CHECK(c.cost_model == "reference");
-  CHECK(c.plan.mode == Mode::HarmonyDP);
+  CHECK(c.plan.kind == PlanKind::HarmonyDP);
   CHECK(c.plan.loc.line == 3);
   CHECK(c.plan.loc.column == 1);
   const SearchSpec s;
@@ -260,7 +260,7 @@ search:
 )",
                                        "/abs/c.yaml");
   CHECK(c.model.profile_path == "/abs/model.json");
-  CHECK(c.plan.mode == Mode::HarmonyPP);
+  CHECK(c.plan.kind == PlanKind::HarmonyPP);
   REQUIRE(c.plan.packs_fwd.has_value());
   REQUIRE(c.plan.packs_bwd.has_value());
   CHECK(*c.plan.packs_fwd == Packs{{0, 6}, {7, 13}});
@@ -275,8 +275,8 @@ search:
   CHECK(c.search.u_bwd == std::vector<int>{4});
   CHECK(c.search.threads == 3);
 
-  CHECK(load_config_text(kModel + "plan: {mode: vDP, gpus: 2, minibatch: 32}\n", "x.yaml").plan.mode ==
-        Mode::HarmonyDP);
+  CHECK(load_config_text(kModel + "plan: {mode: vDP, gpus: 2, minibatch: 32}\n", "x.yaml").plan.kind ==
+        PlanKind::HarmonyDP);
 }
 
 TEST_CASE("packs_bwd alone implies packs_fwd = all backward packs but the last; single-pack plans") {
@@ -383,7 +383,7 @@ TEST_CASE("--set overrides are applied before validation") {
       load_config(file, {"plan.gpus=4", "machine.gpu_memory=8GiB", "search.packing_fwd=[balanced_time, reuse]",
                          "search.top_k=-1", "plan.mode=vDP", "options.prefetch=true"});
   CHECK(c.plan.gpus == 4);
-  CHECK(c.plan.mode == Mode::HarmonyDP);
+  CHECK(c.plan.kind == PlanKind::HarmonyDP);
   CHECK(c.machine.gpu_memory_bytes == 8 * kGiB);
   CHECK(c.machine.gpus == 8);  // the rest of the preset stays
   CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});

@@ -694,7 +694,7 @@ TEST_CASE(
   std::string worst_name;
   for (const auto& o : oracles) {
     core::Plan plan;
-    plan.mode = o["mode"] == "vPP" ? core::Mode::HarmonyPP : core::Mode::HarmonyDP;
+    plan.kind = o["mode"] == "vPP" ? core::PlanKind::HarmonyPP : core::PlanKind::HarmonyDP;
     plan.gpus = o["N"];
     plan.minibatch = o["D"];
     plan.u_fwd = o["u_fwd"];
@@ -739,7 +739,7 @@ TEST_CASE(
 TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible at 10 GiB, not at 4 GiB") {
   const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   core::Plan plan;
-  plan.mode = core::Mode::HarmonyPP;
+  plan.kind = core::PlanKind::HarmonyPP;
   plan.gpus = 4;
   plan.minibatch = 32;
   plan.u_fwd = 16;
@@ -797,7 +797,7 @@ TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible 
 TEST_CASE("the native model is deterministic, and the trace gets memory and bandwidth counters") {
   const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   core::Plan plan;
-  plan.mode = core::Mode::HarmonyDP;
+  plan.kind = core::PlanKind::HarmonyDP;
   plan.gpus = 4;
   plan.minibatch = 32;
   plan.u_fwd = 4;
@@ -860,7 +860,7 @@ TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, 
   const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   const auto machine = paper_1080ti_like();
   int plans = 0;
-  for (auto mode : {core::Mode::HarmonyPP, core::Mode::HarmonyDP}) {
+  for (auto mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
     for (int n : {1, 2, 3, 4}) {
       for (int d : {6, 8}) {
         for (int uf = 1; uf <= d; ++uf) {
@@ -868,7 +868,7 @@ TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, 
             for (int pack : {1, 5, 13, 28}) {
               for (bool pf : {false, true}) {
                 core::Plan p;
-                p.mode = mode;
+                p.kind = mode;
                 p.gpus = n;
                 p.minibatch = d;
                 p.u_fwd = uf;
@@ -881,7 +881,7 @@ TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, 
                 o.dp_first_gpu_only = d % n != 0;
                 const auto program = core::lower_harmony(core::compose_task_graph(p, 28), model, o);
                 const auto r = sim::simulate_native(program, model, machine);
-                CAPTURE(core::mode_name(mode));
+                CAPTURE(core::plan_kind_name(mode));
                 CAPTURE(n);
                 CAPTURE(d);
                 CAPTURE(uf);
@@ -907,7 +907,7 @@ TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, 
 TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its time, native makes it infeasible") {
   const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   core::Plan plan;
-  plan.mode = core::Mode::HarmonyPP;
+  plan.kind = core::PlanKind::HarmonyPP;
   plan.gpus = 2;
   plan.minibatch = 16;
   plan.u_fwd = 8;

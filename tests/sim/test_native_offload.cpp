@@ -297,7 +297,7 @@ TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer s
 // [[0], [1]] and forward pack [[0]].
 core::Program harmony_two_packs(const core::Model& model, bool nvme) {
   core::Plan plan;
-  plan.mode = core::Mode::HarmonyPP;
+  plan.kind = core::PlanKind::HarmonyPP;
   plan.gpus = 1;
   plan.minibatch = 2;
   plan.u_fwd = 1;

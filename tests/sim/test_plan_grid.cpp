@@ -14,7 +14,7 @@ TEST_CASE("a grid of 3,000+ plans lowers, validates and simulates without deadlo
   const char* root = std::getenv("HARMONY_SOURCE_DIR");
   const auto model = core::load_profile(std::string(root ? root : ".") + "/configs/profiles/bert_large.json");
   int plans = 0;
-  for (auto mode : {core::Mode::HarmonyPP, core::Mode::HarmonyDP}) {
+  for (auto mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
     for (int n : {1, 2, 3, 4}) {
       for (int d : {6, 8}) {
         for (int uf = 1; uf <= d; ++uf) {
@@ -22,7 +22,7 @@ TEST_CASE("a grid of 3,000+ plans lowers, validates and simulates without deadlo
             for (int pack : {1, 5, 13, 28}) {
               for (bool pf : {false, true}) {
                 core::Plan p;
-                p.mode = mode;
+                p.kind = mode;
                 p.gpus = n;
                 p.minibatch = d;
                 p.u_fwd = uf;
@@ -31,7 +31,7 @@ TEST_CASE("a grid of 3,000+ plans lowers, validates and simulates without deadlo
                 core::LowerOptions o;
                 o.prefetch = pf;
                 const auto e = sim::evaluate_plan(model, core::MachineSpec{}, p, o);
-                CAPTURE(core::mode_name(mode));
+                CAPTURE(core::plan_kind_name(mode));
                 CAPTURE(n);
                 CAPTURE(d);
                 CAPTURE(uf);

@@ -30,7 +30,7 @@ TEST_CASE("all 42 reference oracles reproduce") {
   int n = 0;
   for (const auto& o : oracles) {
     core::Plan plan;
-    plan.mode = o["mode"] == "vPP" ? core::Mode::HarmonyPP : core::Mode::HarmonyDP;
+    plan.kind = o["mode"] == "vPP" ? core::PlanKind::HarmonyPP : core::PlanKind::HarmonyDP;
     plan.gpus = o["N"];
     plan.minibatch = o["D"];
     plan.u_fwd = o["u_fwd"];

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/base/error.hpp"
 #include "core/model/profile.hpp"
 #include "core/search/search.hpp"
 #include "sim/evaluate.hpp"
@@ -24,10 +25,10 @@ const core::Model& bert() {
   return m;
 }
 
-core::SearchResult search(core::Mode mode, std::vector<std::string> fwd, std::vector<std::string> bwd,
+core::SearchResult search(core::PlanKind mode, std::vector<std::string> fwd, std::vector<std::string> bwd,
                           bool fit_rule = false, int threads = 0, int top_k = 5) {
   core::SearchSpace s;
-  s.mode = mode;
+  s.kind = mode;
   s.gpus = 2;
   s.minibatch = 32;
   s.capacity_bytes = 10 * core::kGiB;
@@ -50,7 +51,7 @@ double mb(core::Bytes b) { return static_cast<double>(b) / 1024.0 / 1024.0; }
 }  // namespace
 
 TEST_CASE("D32 N2 harmony-pp, default methods: Top1 4.399 s, u 8/8, 121 candidates") {
-  const auto r = search(core::Mode::HarmonyPP, kDefaultFwd, kDefaultBwd);
+  const auto r = search(core::PlanKind::HarmonyPP, kDefaultFwd, kDefaultBwd);
   CHECK(r.num_candidates == 121);  // the paper's scheduler evaluates 121 candidates here
   REQUIRE(!r.ranked.empty());
   const auto& top = r.ranked.front().report;
@@ -66,7 +67,7 @@ TEST_CASE("D32 N2 harmony-pp, default methods: Top1 4.399 s, u 8/8, 121 candidat
 }
 
 TEST_CASE("D32 N2 harmony-dp, default methods: Top1 4.608 s, u 16/4") {
-  const auto r = search(core::Mode::HarmonyDP, kDefaultFwd, kDefaultBwd);
+  const auto r = search(core::PlanKind::HarmonyDP, kDefaultFwd, kDefaultBwd);
   REQUIRE(!r.ranked.empty());
   const auto& top = r.ranked.front().report;
   CHECK(top.iteration_time_s == doctest::Approx(4.608).epsilon(0.0005 / 4.608));
@@ -78,7 +79,7 @@ TEST_CASE("D32 N2 harmony-dp, default methods: Top1 4.608 s, u 16/4") {
 }
 
 TEST_CASE("D32 N2 harmony-pp, balanced_time reuse / balanced_time: Top1 4.829 s, u 8/4") {
-  const auto r = search(core::Mode::HarmonyPP, {"balanced_time", "reuse"}, {"balanced_time"});
+  const auto r = search(core::PlanKind::HarmonyPP, {"balanced_time", "reuse"}, {"balanced_time"});
   REQUIRE(!r.ranked.empty());
   const auto& top = r.ranked.front().report;
   CHECK(top.iteration_time_s == doctest::Approx(4.829).epsilon(0.0005 / 4.829));
@@ -90,7 +91,7 @@ TEST_CASE("D32 N2 harmony-pp, balanced_time reuse / balanced_time: Top1 4.829 s,
 }
 
 TEST_CASE("the paper's fit rule (opt-in) makes the single-pack plan Top1: u 2, 10.114 s, 7474 MB") {
-  const auto r = search(core::Mode::HarmonyPP, kDefaultFwd, kDefaultBwd, /*fit_rule=*/true);
+  const auto r = search(core::PlanKind::HarmonyPP, kDefaultFwd, kDefaultBwd, /*fit_rule=*/true);
   REQUIRE(!r.ranked.empty());
   const auto& top = r.ranked.front();
   CHECK(top.report.plan.packs_bwd.size() == 1);
@@ -101,8 +102,8 @@ TEST_CASE("the paper's fit rule (opt-in) makes the single-pack plan Top1: u 2, 1
 }
 
 TEST_CASE("ranking is identical with 1 and 2 threads and keeps every candidate with top_k = -1") {
-  const auto a = search(core::Mode::HarmonyPP, kDefaultFwd, kDefaultBwd, false, 1, -1);
-  const auto b = search(core::Mode::HarmonyPP, kDefaultFwd, kDefaultBwd, false, 2, -1);
+  const auto a = search(core::PlanKind::HarmonyPP, kDefaultFwd, kDefaultBwd, false, 1, -1);
+  const auto b = search(core::PlanKind::HarmonyPP, kDefaultFwd, kDefaultBwd, false, 2, -1);
   REQUIRE(a.ranked.size() == b.ranked.size());
   CHECK(a.ranked.size() + a.num_deadlocked == a.num_candidates);
   for (std::size_t i = 0; i < a.ranked.size(); ++i) {
@@ -112,9 +113,20 @@ TEST_CASE("ranking is identical with 1 and 2 threads and keeps every candidate w
   for (std::size_t i = 1; i < a.ranked.size(); ++i) CHECK(a.ranked[i - 1].rank_time_s <= a.ranked[i].rank_time_s);
 }
 
+TEST_CASE("enumerate_candidates takes Harmony kinds only") {
+  core::SearchSpace s;
+  s.gpus = 2;
+  s.minibatch = 32;
+  for (core::PlanKind k : core::baseline_kinds()) {
+    s.kind = k;
+    CHECK_THROWS_WITH_AS(core::enumerate_candidates(bert(), s), doctest::Contains("enumerate_baseline_plans"),
+                         core::ScheduleError);
+  }
+}
+
 TEST_CASE("run_search reports progress: throttled, monotonic, ending at done = total; same ranking") {
   core::SearchSpace s;
-  s.mode = core::Mode::HarmonyPP;
+  s.kind = core::PlanKind::HarmonyPP;
   s.gpus = 2;
   s.minibatch = 32;
   s.capacity_bytes = 10 * core::kGiB;
@@ -187,7 +199,7 @@ core::MachineSpec fast_pair() {
 
 core::SearchSpace pair_space(core::PackCounts counts) {
   core::SearchSpace s;
-  s.mode = core::Mode::HarmonyPP;
+  s.kind = core::PlanKind::HarmonyPP;
   s.gpus = 2;
   s.minibatch = 4;
   s.capacity_bytes = core::kMiB;
@@ -248,7 +260,7 @@ TEST_CASE("wide pack counts: the paper's candidates come first and Minimum is th
   // bert_large, D32 N2, default methods. Minimum is the published search (121 candidates, Top1 4.399 s, checked
   // above); Wide keeps every distinct Minimum candidate and adds more, and the bound is min(layers, 4 x GPUs).
   core::SearchSpace s;
-  s.mode = core::Mode::HarmonyPP;
+  s.kind = core::PlanKind::HarmonyPP;
   s.gpus = 2;
   s.minibatch = 32;
   s.capacity_bytes = 10 * core::kGiB;

@@ -97,9 +97,9 @@ TEST_CASE("same-time completions are deterministic and the engine equals a topol
   const auto model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   const core::MachineSpec machine;
   for (bool pf : {false, true}) {
-    for (auto mode : {core::Mode::HarmonyPP, core::Mode::HarmonyDP}) {
+    for (auto mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
       core::Plan p;
-      p.mode = mode;
+      p.kind = mode;
       p.gpus = 2;
       p.minibatch = 32;
       p.u_fwd = 8;

@@ -266,7 +266,7 @@ ProgramBuilder::ProgramBuilder(const Model& model, const BaselinePlan& plan)
   const int R = model.num_layers();
   const int N = plan.gpus;
   Plan& gp = prog_.graph.plan;
-  gp.mode = plan.kind == PlanKind::PpSwap ? Mode::HarmonyPP : Mode::HarmonyDP;
+  gp.kind = plan.kind;
   gp.gpus = N;
   gp.minibatch = plan.minibatch;
   gp.u_fwd = plan.ubatch;
