@@ -179,6 +179,30 @@ TEST_CASE("plan kind names round-trip") {
   CHECK(core::baseline_kind_names() == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l"});
 }
 
+TEST_CASE("the plan-kind registry has one row per kind, in enum order, and every baseline one lowering") {
+  const auto& rows = core::plan_kinds();
+  REQUIRE(rows.size() == 6);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    CAPTURE(rows[i].name);
+    CHECK(static_cast<std::size_t>(rows[i].kind) == i);
+    CHECK(&core::plan_kind_info(rows[i].kind) == &rows[i]);
+    CHECK(std::string(rows[i].description).size() > 10);
+  }
+  // data-parallel: all but pp-swap and harmony-pp (each GPU takes D/N)
+  for (const auto& r : rows) CHECK(r.data_parallel == (r.kind != PlanKind::PpSwap && r.kind != PlanKind::HarmonyPP));
+  CHECK(core::plan_kind_info(PlanKind::HarmonyDP).data_parallel);
+  CHECK_FALSE(core::plan_kind_info(PlanKind::HarmonyDP).is_baseline);
+  CHECK_THROWS_AS(core::plan_kind_info(static_cast<PlanKind>(99)), core::InternalError);
+  CHECK(std::string(core::plan_kind_name(static_cast<PlanKind>(99))) == "?");
+  // core/program's lowering table: exactly the baseline kinds, once each
+  std::vector<PlanKind> lowered;
+  for (const auto& l : core::baseline_lowerings()) {
+    CHECK(static_cast<bool>(l.lower));
+    lowered.push_back(l.kind);
+  }
+  CHECK(lowered == core::baseline_kinds());
+}
+
 // Closed forms. N GPUs, minibatch D = 16, u = 2, GW = sum of W + B = 27648, X_l = u x_l.
 // dp-swap, m = D/(N u) microbatches per GPU:
 //   weights and stash swapped: WB = N m 2 GW (every layer in for every forward and backward),

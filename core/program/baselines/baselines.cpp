@@ -1,4 +1,4 @@
-// The baselines' common ground: plan validation, the swap decisions, lower_baseline's dispatch, the
+// The baselines' common ground: plan validation, the swap decisions, the lowering table lower_baseline reads, the
 // op-building kit the four lowerings share (detail::ProgramBuilder) and GPipe's balanced stage split.
 #include <algorithm>
 #include <array>
@@ -195,26 +195,25 @@ std::vector<SwapDecision> decide_swaps(const BaselinePlan& plan, const Model& mo
   return out;
 }
 
+const std::vector<BaselineLowering>& baseline_lowerings() {
+  static const std::vector<BaselineLowering> table = {
+      {PlanKind::DpSwap, lower_dp_swap},
+      {PlanKind::PpSwap, lower_pp_swap},  // balanced_stages when the plan gives none
+      {PlanKind::ZeroInfinity, lower_zero_infinity},
+      {PlanKind::L2L, lower_l2l},
+  };
+  return table;
+}
+
 Program lower_baseline(const BaselinePlan& plan, const Model& model) {
-  validate_baseline_plan(plan, model);
-  switch (plan.kind) {
-    case PlanKind::DpSwap:
-      return lower_dp_swap(plan, model);
-    case PlanKind::PpSwap: {
-      if (!plan.stages.empty()) return lower_pp_swap(plan, model);
-      BaselinePlan p = plan;
-      p.stages = balanced_stages(model, plan.ubatch, plan.gpus);
-      return lower_pp_swap(p, model);
-    }
-    case PlanKind::ZeroInfinity:
-      return lower_zero_infinity(plan, model);
-    case PlanKind::L2L:
-      return lower_l2l(plan, model);
-    default:
-      break;
-  }
-  require_baseline(plan.kind, "lower_baseline");
-  return {};
+  validate_baseline_plan(plan, model);  // a Harmony kind is a ScheduleError here
+  const auto& table = baseline_lowerings();
+  const auto row =
+      std::find_if(table.begin(), table.end(), [&](const BaselineLowering& l) { return l.kind == plan.kind; });
+  if (row == table.end())
+    throw InternalError(
+        fmt::format("lower_baseline: baseline kind {} has no row in baseline_lowerings()", plan_kind_name(plan.kind)));
+  return row->lower(plan, model);
 }
 
 // ---- GPipe's balanced split ----

@@ -107,12 +107,22 @@ std::vector<SwapDecision> decide_swaps(const BaselinePlan& plan, const Model& mo
 void validate_baseline_plan(const BaselinePlan& plan, const Model& model);
 
 // Lowers a baseline plan to a Program priceable by the reference cost model: all N GPUs lowered,
-// bandwidth_sharers = N, pp_rules = prefetch = false, graph with the plan's mode/gpus/minibatch/u,
+// bandwidth_sharers = N, pp_rules = prefetch = false, graph with the plan's kind/gpus/minibatch/u,
 // num_layers and N empty rank_tasks (baselines have no Harmony tasks). Throws ScheduleError for an
 // invalid plan or a Harmony kind (use lower_harmony for those).
 Program lower_baseline(const BaselinePlan& plan, const Model& model);
 
-// The per-kind lowerings lower_baseline dispatches to (one file each). They assume a validated plan.
+// The lowering of each baseline kind: one row per kind, which lower_baseline looks up (after
+// validate_baseline_plan). core/plan/plan_kind.cpp's row names and describes a kind; this is the row
+// core/program adds. Every baseline kind of plan_kinds() has exactly one row.
+using BaselineLowerFn = Program (*)(const BaselinePlan& plan, const Model& model);
+struct BaselineLowering {
+  PlanKind kind;
+  BaselineLowerFn lower;
+};
+const std::vector<BaselineLowering>& baseline_lowerings();
+
+// The per-kind lowerings of the table (one file each). They assume a validated plan.
 Program lower_dp_swap(const BaselinePlan& plan, const Model& model);
 Program lower_pp_swap(const BaselinePlan& plan, const Model& model);
 Program lower_zero_infinity(const BaselinePlan& plan, const Model& model);
