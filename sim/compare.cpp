@@ -1,6 +1,7 @@
 // Runs every plan kind's search with one cost model and ranks the kinds (sim/compare.hpp).
 #include "sim/compare.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <limits>
@@ -89,15 +90,62 @@ void search_baselines(KindResult& kr, core::PlanKind kind, const core::Model& mo
       kr.feasible = true;
       kr.best = r.report;
       kr.baseline = plans[r.plan];
-      if (kind == core::PlanKind::ZeroInfinity) kr.offload = core::offload_tier_name(plans[r.plan].offload);
+      if (core::has_offload_tiers(kind)) kr.offload = core::offload_tier_name(plans[r.plan].offload);
     }
     if (!kr.feasible)
       kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", plans.size(), miss.suffix());
+  } else if (kr.reason.empty() && core::is_one_microbatch(kind)) {
+    const int share = minibatch / gpus;
+    const int hi = std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd));
+    kr.reason =
+        share > hi || !model.ubatch_in_range(core::Phase::Bwd, share)
+            ? fmt::format("{} runs each GPU's {} samples as one microbatch, outside the profiled sizes (up to {})",
+                          core::plan_kind_name(kind), share, hi)
+            : fmt::format("{} runs each GPU's {} samples as one microbatch, which does not fit {:.0f} MiB per GPU",
+                          core::plan_kind_name(kind), share,
+                          static_cast<double>(capacity) / static_cast<double>(core::kMiB));
   } else if (kr.reason.empty()) {
     kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
                             static_cast<double>(capacity) / static_cast<double>(core::kMiB));
   }
   if (all_host_bound) *all_host_bound = !kr.feasible && any_host_bound;
+}
+}  // namespace
+
+namespace {
+// The offload tier of a kind that has tiers (core::has_offload_tiers; issue 13), one rule for every such kind.
+// `search_tier(nvme, host_miss)` searches the kind's plans on one tier into kr; *host_miss (when not null) is set when
+// every plan that missed ran out of host (or pinned) memory rather than GPU memory. search.offload: nvme searches the
+// drives only (not applicable without the native model or topology.nvme); cpu host memory only; auto host memory,
+// then the drives when host memory is what binds and the machine has them. A kind without tiers: host memory.
+template <class SearchTier>
+void search_offload_tiers(KindResult& kr, core::PlanKind kind, const core::MachineSpec& machine,
+                          const std::string& cost_model, core::SearchSpec::Offload offload, SearchTier search_tier) {
+  using Offload = core::SearchSpec::Offload;
+  if (!core::has_offload_tiers(kind)) {
+    search_tier(false, nullptr);
+    return;
+  }
+  const bool drives = cost_model == "native" && machine.topology.nvme.present();
+  if (offload == Offload::Nvme) {
+    if (!drives) {
+      kr.applicable = false;
+      kr.reason = cost_model != "native"
+                      ? "search.offload: nvme needs the native cost model (the reference model has no NVMe tier)"
+                      : fmt::format("search.offload: nvme, but machine '{}' has no topology.nvme", machine.name);
+      return;
+    }
+    search_tier(true, nullptr);
+    return;
+  }
+  bool host_miss = false;
+  search_tier(false, &host_miss);
+  if (offload == Offload::Auto && host_miss && drives) {
+    const std::string cpu_reason = kr.reason;
+    kr.reason.clear();
+    search_tier(true, nullptr);
+    if (!kr.feasible) kr.reason = fmt::format("offload cpu: {}; offload nvme: {}", cpu_reason, kr.reason);
+  }
 }
 }  // namespace
 
@@ -130,8 +178,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     lower.prefetch = options.prefetch;
     lower.prefetch_buffers = options.prefetch_buffers;
     const auto cands = core::enumerate_candidates(model, space);
-    // One search over the candidates with the masters and optimizer state in host memory or on the drives;
-    // *host_miss: every infeasible plan ran out of host (or pinned) memory, not GPU memory.
+    // One search over the candidates with the masters and optimizer state in host memory or on the drives.
     auto search_tier = [&](bool nvme, bool* host_miss) {
       lower.offload_nvme = nvme;
       kr.candidates += cands.size();
@@ -163,28 +210,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
                         : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss.suffix());
       }
     };
-    using Offload = core::SearchSpec::Offload;
-    const bool drives = cost_model == "native" && machine.topology.nvme.present();
-    if (search.offload == Offload::Nvme) {
-      if (!drives) {
-        kr.applicable = false;
-        kr.reason = cost_model != "native"
-                        ? "search.offload: nvme needs the native cost model (the reference model has no NVMe tier)"
-                        : fmt::format("search.offload: nvme, but machine '{}' has no topology.nvme", machine.name);
-        return kr;
-      }
-      search_tier(true, nullptr);
-      return kr;
-    }
-    bool host_miss = false;
-    search_tier(false, &host_miss);
-    // Harmony's host state outgrows host memory (every plan misses there, none on the GPU) and the machine has
-    // drives: the masters and optimizer state go to NVMe, as zero-infinity's auto does (issue 13).
-    if (search.offload == Offload::Auto && host_miss && drives) {
-      const std::string cpu_reason = kr.reason;
-      search_tier(true, nullptr);
-      if (!kr.feasible) kr.reason = fmt::format("offload cpu: {}; offload nvme: {}", cpu_reason, kr.reason);
-    }
+    search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);
     return kr;
   }
   if (core::is_data_parallel(kind) && minibatch % gpus != 0) {
@@ -202,32 +228,11 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   bo.ubatch_step = search.ubatch_step;
   bo.ubatch_sizes = search.u_bwd;
   bo.activation_policies = policies;
-  bool host = false;
-  using Offload = core::SearchSpec::Offload;
-  if (kind == core::PlanKind::ZeroInfinity && search.offload == Offload::Nvme) {
-    // search.offload: nvme: parameters and optimizer state on the drives whether or not host memory binds
-    if (cost_model != "native" || !machine.topology.nvme.present()) {
-      kr.applicable = false;
-      kr.reason = cost_model != "native"
-                      ? "search.offload: nvme needs the native cost model (the reference model has no NVMe tier)"
-                      : fmt::format("search.offload: nvme, but machine '{}' has no topology.nvme", machine.name);
-      return kr;
-    }
-    bo.offloads = {core::OffloadTier::Nvme};
-    search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, nullptr);
-    return kr;
-  }
-  search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, &host);
-  // zero-infinity: host memory is the binding limit and the machine has NVMe: keep parameters and optimizer
-  // state there instead (DeepSpeed's offload device: nvme); the native model prices the drives
-  if (kind == core::PlanKind::ZeroInfinity && search.offload == Offload::Auto && host && cost_model == "native" &&
-      machine.topology.nvme.present()) {
-    const std::string cpu_reason = kr.reason;
-    kr.reason.clear();
-    bo.offloads = {core::OffloadTier::Nvme};
-    search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, nullptr);
-    if (!kr.feasible) kr.reason = fmt::format("offload cpu: {}; offload nvme: {}", cpu_reason, kr.reason);
-  }
+  auto search_tier = [&](bool nvme, bool* host_miss) {
+    bo.offloads = {nvme ? core::OffloadTier::Nvme : core::OffloadTier::Cpu};
+    search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, host_miss);
+  };
+  search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);
   return kr;
 }
 

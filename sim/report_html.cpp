@@ -385,9 +385,9 @@ std::string bottleneck_html(const BestPlan& b) {
 
 // Plan kind colours of the sweep charts: disjoint from the op colours (the screenshot test counts those).
 const char* kind_color(const std::string& kind) {
-  static const std::pair<const char*, const char*> kColors[] = {{"harmony-pp", "#1f77b4"},    {"harmony-dp", "#17becf"},
-                                                                {"dp-swap", "#d62728"},       {"pp-swap", "#9467bd"},
-                                                                {"zero-infinity", "#8c564b"}, {"l2l", "#7f7f7f"}};
+  static const std::pair<const char*, const char*> kColors[] = {
+      {"harmony-pp", "#1f77b4"},    {"harmony-dp", "#17becf"}, {"dp-swap", "#d62728"}, {"pp-swap", "#9467bd"},
+      {"zero-infinity", "#8c564b"}, {"l2l", "#7f7f7f"},        {"lohan", "#bcbd22"}};
   for (const auto& [k, c] : kColors)
     if (kind == k) return c;
   return "#bcbd22";

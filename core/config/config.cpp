@@ -730,8 +730,8 @@ Gpt2Shape parse_gpt2_shape(const Entry& e) {
   return g;
 }
 
-// plan.offload (cpu | nvme) and plan.zero3 ({module_latency: DURATION, bucket: ELEMENTS}): zero-infinity's
-// offload tier and ZeRO-3 overheads (docs/baselines.md). Removed from `plan` once read.
+// plan.offload (cpu | nvme; zero-infinity and lohan) and plan.zero3 ({module_latency: DURATION, bucket: ELEMENTS};
+// zero-infinity): the offload tier and ZeRO-3's overheads (docs/baselines.md). Removed from `plan` once read.
 void parse_zero_infinity_keys(Node& plan, TrainConfig& cfg) {
   for (auto it = plan.entries.begin(); it != plan.entries.end();) {
     if (it->key != "offload" && it->key != "zero3") {
@@ -739,8 +739,12 @@ void parse_zero_infinity_keys(Node& plan, TrainConfig& cfg) {
       continue;
     }
     const std::string what = "plan." + it->key;
-    if (cfg.baseline_kind != "zero-infinity")
-      fail(it->key_loc, fmt::format("{} applies to plan.mode: zero-infinity only", what),
+    const auto kind = parse_plan_kind(cfg.baseline_kind);
+    if (it->key == "offload" && !(kind && is_baseline(*kind) && has_offload_tiers(*kind)))
+      fail(it->key_loc, "plan.offload applies to plan.mode: zero-infinity or lohan only",
+           "remove the key, or set mode: zero-infinity or lohan");
+    if (it->key == "zero3" && cfg.baseline_kind != "zero-infinity")
+      fail(it->key_loc, "plan.zero3 applies to plan.mode: zero-infinity only",
            "remove the key, or set mode: zero-infinity");
     if (it->key == "offload") {
       const std::string hint =
@@ -963,7 +967,11 @@ BaselinePlan baseline_plan_of(const TrainConfig& cfg, const Model& model, const 
   b.offload = cfg.baseline_offload;
   b.zero3 = cfg.baseline_zero3;
   b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
-  validate_baseline_plan(b, model);
+  try {
+    validate_baseline_plan(b, model);
+  } catch (const ScheduleError& e) {  // located at the plan, as a Harmony plan's problems are
+    throw ConfigError(cfg.plan.loc, e.what(), hint);
+  }
   return b;
 }
 

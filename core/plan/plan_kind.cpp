@@ -11,19 +11,22 @@ namespace harmony::core {
 
 const std::vector<PlanKindInfo>& plan_kinds() {
   static const std::vector<PlanKindInfo> table = {
-      // kind, name, is_baseline, data_parallel, description
-      {PlanKind::HarmonyPP, "harmony-pp", false, false,
+      // kind, name, is_baseline, data_parallel, offload_tiers, one_microbatch, description
+      {PlanKind::HarmonyPP, "harmony-pp", false, false, true, false,
        "Harmony's vPP: layer packs round-robin over the GPUs, every GPU sees the whole minibatch"},
-      {PlanKind::HarmonyDP, "harmony-dp", false, true,
+      {PlanKind::HarmonyDP, "harmony-dp", false, true, true, false,
        "Harmony's vDP: every GPU a replica running all packs on its share of the minibatch"},
-      {PlanKind::DpSwap, "dp-swap", true, true,
+      {PlanKind::DpSwap, "dp-swap", true, true, false, false,
        "data parallelism over virtualized GPU memory: weights swapped in per layer, activations as memory requires"},
-      {PlanKind::PpSwap, "pp-swap", true, false,
+      {PlanKind::PpSwap, "pp-swap", true, false, false, false,
        "GPipe-style pipeline over time-balanced contiguous stages, each swapping like dp-swap"},
-      {PlanKind::ZeroInfinity, "zero-infinity", true, true,
+      {PlanKind::ZeroInfinity, "zero-infinity", true, true, true, false,
        "ZeRO stage 3: parameters, gradients and optimizer state partitioned and offloaded to host (or NVMe)"},
-      {PlanKind::L2L, "l2l", true, true,
+      {PlanKind::L2L, "l2l", true, true, false, false,
        "layer-to-layer: one layer resident at a time over all microbatches, activations stashed on the host"},
+      {PlanKind::LoHan, "lohan", true, true, true, true,
+       "LoHan (Fuyou): each layer's parameters streamed from host or NVMe, checkpoints on the host, each layer's CPU "
+       "Adam overlapped with the rest of the backward"},
   };
   return table;
 }
@@ -85,5 +88,9 @@ const std::vector<std::string>& baseline_kind_names() {
 }
 
 bool is_data_parallel(PlanKind k) { return plan_kind_info(k).data_parallel; }
+
+bool has_offload_tiers(PlanKind k) { return plan_kind_info(k).offload_tiers; }
+
+bool is_one_microbatch(PlanKind k) { return plan_kind_info(k).one_microbatch; }
 
 }  // namespace harmony::core

@@ -33,11 +33,11 @@ std::vector<BaselinePlan> enumerate_baseline_plans(PlanKind kind, const Model& m
     for (int u = lo; u <= hi; u += std::max(1, options.ubatch_step)) sizes.push_back(u);
   }
   const std::vector<OffloadTier> tiers =
-      kind == PlanKind::ZeroInfinity ? options.offloads : std::vector<OffloadTier>{OffloadTier::Cpu};
+      has_offload_tiers(kind) ? options.offloads : std::vector<OffloadTier>{OffloadTier::Cpu};
   for (ActivationPolicy policy : options.activation_policies) {
     for (OffloadTier tier : tiers) {
       for (int u : sizes) {
-        if (u < lo || u > hi || share % u != 0) continue;
+        if (u < lo || u > hi || share % u != 0 || (is_one_microbatch(kind) && u != share)) continue;
         BaselinePlan p;
         p.activation_policy = policy;
         p.offload = tier;

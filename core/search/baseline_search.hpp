@@ -18,15 +18,16 @@ struct BaselineSearchOptions {
   bool drop_infeasible = true;    // leave out plans whose decisions do not fit gpu_capacity_bytes
   // the activation policies to enumerate (each policy's plans in turn); `harmony-sim compare` passes both
   std::vector<ActivationPolicy> activation_policies = {ActivationPolicy::Checkpoint};
-  // zero-infinity: the offload tiers to enumerate (each tier's plans in turn, inside each policy) and the
-  // ZeRO-3 overheads every plan gets; ignored by the other kinds. `harmony-sim compare` searches cpu, then
-  // nvme when no cpu plan fits host memory and the machine has an NVMe tier.
+  // Kinds with offload tiers (zero-infinity, lohan): the tiers to enumerate (each tier's plans in turn, inside each
+  // policy); ignored by the other kinds. The ZeRO-3 overheads every plan gets (zero-infinity's lowering reads them).
+  // `harmony-sim compare` searches cpu, then nvme when no cpu plan fits host memory and the machine has an NVMe tier.
   std::vector<OffloadTier> offloads = {OffloadTier::Cpu};
   Zero3Overheads zero3;
 };
 
 // Candidate plans of one baseline, per activation policy (in options' order) ascending u: u in the profiled forward and
-// backward range, u <= the per-GPU share (D/N for data-parallel kinds, D for pp-swap) and dividing it; pp-swap gets
+// backward range, u <= the per-GPU share (D/N for data-parallel kinds, D for pp-swap) and dividing it (lohan: equal
+// to it); pp-swap gets
 // balanced_stages(u, N). Empty when N does not divide D (data-parallel kinds) or N > R (pp-swap).
 // Throws ScheduleError for a Harmony kind (use core::enumerate_candidates) or N, D < 1.
 std::vector<BaselinePlan> enumerate_baseline_plans(PlanKind kind, const Model& model, int gpus, int minibatch,

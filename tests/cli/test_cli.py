@@ -115,7 +115,7 @@ options: {{prefetch: false}}
     if r.returncode == 0:
         j = json.loads(r.stdout)
         kinds = [x["plan_kind"] for x in j["results"]]
-        check("compare kinds", kinds == ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l"], kinds)
+        check("compare kinds", kinds == ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"], kinds)
         for x in j["results"]:
             check(f"compare {x['plan_kind']} feasible field", "feasible" in x, x)
             if x.get("feasible"):

@@ -146,7 +146,7 @@ def kind_of(r):
     return r.get("plan_kind", r.get("kind"))
 
 
-BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "l2l"}
+BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"}
 
 
 def expected_best_kinds(rows):

@@ -196,8 +196,9 @@ with tempfile.TemporaryDirectory() as tmp:
     # --- the baselines run through the same executor: their losses match Harmony-PP's (pp-swap bit for bit:
     # the same per-device summation order; the data-parallel kinds add replica gradients, rel 1e-6)
     r, hp = train_json(DEFAULT, "--steps", "3", "--set", "plan.gpus=2", "--gpu-memory", "4MiB")
-    for kind in ["pp-swap", "dp-swap", "zero-infinity", "l2l"]:
-        r, d = train_json(DEFAULT, "--steps", "3", "--set", f"plan.mode={kind}", "--set", "plan.gpus=2",
+    for kind in ["pp-swap", "dp-swap", "zero-infinity", "l2l", "lohan"]:
+        one = ["--set", "plan.u_fwd=4", "--set", "plan.u_bwd=4"] if kind == "lohan" else []  # lohan: u = D/N
+        r, d = train_json(DEFAULT, "--steps", "3", "--set", f"plan.mode={kind}", "--set", "plan.gpus=2", *one,
                           "--gpu-memory", "4MiB")
         check(f"{kind} trains", r.returncode == 0 and d is not None, r.stderr)
         if d and hp:
@@ -208,6 +209,10 @@ with tempfile.TemporaryDirectory() as tmp:
                 check("pp-swap losses bit-identical to Harmony-PP", a == b, (a, b))
             else:
                 check(f"{kind} losses match Harmony-PP", all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
+    # lohan has no gradient accumulation: a microbatch below the share is a located error, not a crash
+    r = run("train", DEFAULT, "--steps", "1", "--set", "plan.mode=lohan", "--set", "plan.gpus=2")
+    check("lohan with u below D/N refused", r.returncode == 2 and "default.yaml:" in r.stderr and
+          "one microbatch" in r.stderr, r.stderr)
     r, d = train_json(DEFAULT, "--steps", "1", "--plan", "auto", "--set", "plan.mode=dp-swap", "--set", "plan.gpus=2",
                       "--gpu-memory", "4MiB")
     check("--plan auto for a baseline", r.returncode == 0 and d is not None and d["plan"]["plan_kind"] == "dp-swap",

@@ -131,7 +131,7 @@ budget: {{tokens: 3e9, seq_len: 512}}
     r = run("sweep", slow, "--out", full, "--threads", "2", "--quiet")
     check("slow exit 0", r.returncode == 0, r.stdout + r.stderr)
     killed = os.path.join(tmp, "slow_killed")
-    total = 96
+    total = 112  # 16 points x 7 kinds (no kinds: every kind)
     kills = 0
     for attempt in range(3):  # stop after a few rows (Ctrl-C, then SIGKILL twice), rerun; resumes each time
         sig = signal.SIGINT if attempt == 0 else signal.SIGKILL
@@ -327,12 +327,12 @@ grid:
             "--set", "plan.minibatch=" + ("256" if os.environ.get("HARMONY_SANITIZED") == "1" else "2048"),
             "--set", "cost_model=native", "--set", "search.threads=1", "--set", "search.pack_counts=minimum")
     doc = json.loads(r.stdout) if r.returncode == 0 else {}
-    check("long compare: json on stdout", doc.get("command") == "compare" and len(doc.get("results", [])) == 6,
+    check("long compare: json on stdout", doc.get("command") == "compare" and len(doc.get("results", [])) == 7,
           r.stdout[:500] + r.stderr)
     progress = [ln for ln in r.stderr.splitlines() if ln.startswith("compare: ")]
     if doc.get("wall_time_s", 0) > 3:  # on a machine fast enough to finish within 2 s there is nothing to show
         check("long compare: progress lines", progress and all("candidates/s" in ln and "ETA" in ln for ln in progress)
-              and "6/6 kinds finished" in progress[-1], r.stderr)
+              and "7/7 kinds finished" in progress[-1], r.stderr)
     check("long compare: stderr is only progress", len(progress) == len(r.stderr.splitlines()), r.stderr)
 
     # --- bad sweep files: exit 2, location, hint

@@ -164,7 +164,7 @@ core::BaselinePlan make_plan(PlanKind kind, int n, int d, int u, SwapChoice w, S
 
 TEST_CASE("plan kind names round-trip") {
   CHECK(core::plan_kind_names() ==
-        std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l"});
+        std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
   for (const auto& name : core::plan_kind_names()) {
     const auto k = core::parse_plan_kind(name);
     REQUIRE(k.has_value());
@@ -174,14 +174,14 @@ TEST_CASE("plan kind names round-trip") {
   CHECK_FALSE(core::parse_plan_kind("").has_value());
   CHECK(core::closest_match("zero_infinity", core::plan_kind_names()) == "zero-infinity");
   CHECK_FALSE(core::is_baseline(PlanKind::HarmonyPP));
-  CHECK(core::baseline_kinds().size() == 4);
+  CHECK(core::baseline_kinds().size() == 5);
   for (PlanKind k : core::baseline_kinds()) CHECK(core::is_baseline(k));
-  CHECK(core::baseline_kind_names() == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l"});
+  CHECK(core::baseline_kind_names() == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
 }
 
 TEST_CASE("the plan-kind registry has one row per kind, in enum order, and every baseline one lowering") {
   const auto& rows = core::plan_kinds();
-  REQUIRE(rows.size() == 6);
+  REQUIRE(rows.size() == 7);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     CAPTURE(rows[i].name);
     CHECK(static_cast<std::size_t>(rows[i].kind) == i);
@@ -191,6 +191,12 @@ TEST_CASE("the plan-kind registry has one row per kind, in enum order, and every
   // data-parallel: all but pp-swap and harmony-pp (each GPU takes D/N)
   for (const auto& r : rows) CHECK(r.data_parallel == (r.kind != PlanKind::PpSwap && r.kind != PlanKind::HarmonyPP));
   CHECK(core::plan_kind_info(PlanKind::HarmonyDP).data_parallel);
+  // NVMe tiers: Harmony's two modes, zero-infinity and lohan; one microbatch: lohan only
+  for (const auto& r : rows) {
+    CHECK(r.offload_tiers == (r.kind == PlanKind::HarmonyPP || r.kind == PlanKind::HarmonyDP ||
+                              r.kind == PlanKind::ZeroInfinity || r.kind == PlanKind::LoHan));
+    CHECK(r.one_microbatch == (r.kind == PlanKind::LoHan));
+  }
   CHECK_FALSE(core::plan_kind_info(PlanKind::HarmonyDP).is_baseline);
   CHECK_THROWS_AS(core::plan_kind_info(static_cast<PlanKind>(99)), core::InternalError);
   CHECK(std::string(core::plan_kind_name(static_cast<PlanKind>(99))) == "?");
@@ -359,6 +365,66 @@ TEST_CASE("l2l swap bytes equal the closed form") {
   }
 }
 
+// lohan, N GPUs, u = D/N = 2 (one microbatch per GPU), weights always streamed, the stash always on the host:
+//   WB = 2 N GW, dWB = N GW, ARD = N GW (N > 1), sX out = sX in = N (X_1 + X_2), X in = 2 N X_0;
+//   one Update per weighted layer per replica (3 N), each depending on nothing but its own layer's dWB, so the
+//   reference timeline starts Update(2) before the backward of layer 0 ends (the optimizer overlaps the backward).
+//   offload: nvme: every WB reads its W+B from the drives (2 N GW), every Update reads the layer's state and
+//   masters and writes them back (the synthetic model is FP32: no narrow copy).
+TEST_CASE("lohan swap bytes equal the closed form, and each update overlaps the rest of the backward") {
+  const auto& model = synthetic();
+  const int u = 2;
+  for (int N : {1, 2, 4}) {
+    CAPTURE(N);
+    const int D = N * u;
+    auto plan = make_plan(PlanKind::LoHan, N, D, u, SwapChoice::Auto, SwapChoice::Auto);
+    const auto p = core::lower_baseline(plan, model);
+    CHECK(moved(p, OpKind::WB, Stream::SwapIn) == 2 * N * kGW);
+    CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == N * kGW);
+    CHECK(moved(p, OpKind::ARD, Stream::Compute) == (N > 1 ? N * kGW : 0));
+    CHECK(moved(p, OpKind::sX, Stream::SwapOut) == N * (X(u, 1) + X(u, 2)));
+    CHECK(moved(p, OpKind::sX, Stream::SwapIn) == N * (X(u, 1) + X(u, 2)));
+    CHECK(moved(p, OpKind::X, Stream::SwapIn) == 2 * N * X(u, 0));
+    CHECK(count(p, OpKind::REC) == N * kR);  // checkpoint: every layer recomputed
+    CHECK(count(p, OpKind::Update) == 3 * N);
+    CHECK_FALSE(p.offload_nvme);
+    for (const auto& o : p.ops) {
+      if (o.kind != OpKind::Update) continue;
+      REQUIRE(o.deps.size() == 1);
+      const auto& d = p.ops[static_cast<std::size_t>(o.deps[0])];
+      CHECK(d.kind == OpKind::dWB);
+      CHECK(d.layers.first == o.layers.first);
+      CHECK(d.device == o.device);
+      CHECK(o.nvme_read_bytes == 0);
+    }
+    check_ledger(p);
+    const auto t = run(p, model);
+    core::TimePs upd2_begin_ps = -1, bwd0_end_ps = -1;
+    for (std::size_t i = 0; i < p.ops.size(); ++i) {
+      const auto& o = p.ops[i];
+      if (o.device != 0) continue;
+      if (o.kind == OpKind::Update && o.layers.first == 2) upd2_begin_ps = t.begin_ps[i];
+      if (o.kind == OpKind::BWD && o.layers.first == 0) bwd0_end_ps = t.end_ps[i];
+    }
+    CHECK(upd2_begin_ps >= 0);
+    CHECK(upd2_begin_ps < bwd0_end_ps);
+
+    plan.offload = core::OffloadTier::Nvme;
+    const auto q = core::lower_baseline(plan, model);
+    CHECK(q.offload_nvme);
+    Bytes read = 0, write = 0, state = 0;
+    for (int l = 0; l < kR; ++l) state += model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
+    for (const auto& o : q.ops) {
+      read += o.nvme_read_bytes;
+      write += o.nvme_write_bytes;
+      if (o.kind == OpKind::WB) CHECK(o.nvme_read_bytes == o.bytes);
+    }
+    CHECK(read == 2 * N * kGW + N * state);
+    CHECK(write == N * state);
+    check_ledger(q);
+  }
+}
+
 TEST_CASE("automatic swap decisions follow the capacity") {
   const auto& model = synthetic();
   auto plan = make_plan(PlanKind::DpSwap, 1, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
@@ -457,7 +523,7 @@ TEST_CASE("every baseline validates and runs without deadlock on bert_large, N =
         for (auto [w, a] :
              {std::pair{SwapChoice::Auto, SwapChoice::Auto}, std::pair{SwapChoice::Swap, SwapChoice::Swap},
               std::pair{SwapChoice::Keep, SwapChoice::Swap}, std::pair{SwapChoice::Swap, SwapChoice::Keep}}) {
-          const int D = 8 * N;
+          const int D = core::is_one_microbatch(kind) ? u * N : 8 * N;  // lohan: the share is its microbatch
           CAPTURE(core::plan_kind_name(kind));
           CAPTURE(N);
           CAPTURE(u);
@@ -489,7 +555,7 @@ TEST_CASE("every baseline validates and runs without deadlock on bert_large, N =
       }
     }
   }
-  CHECK(programs == 4 * 3 * 3 * 4);
+  CHECK(programs == 5 * 3 * 3 * 4);
 }
 
 TEST_CASE("streaming keeps the simulated memory ledger within the decision's estimate (bert_large)") {
@@ -498,7 +564,8 @@ TEST_CASE("streaming keeps the simulated memory ledger within the decision's est
     for (int N : {1, 2}) {
       CAPTURE(core::plan_kind_name(kind));
       CAPTURE(N);
-      auto plan = make_plan(kind, N, 16 * N, 4, SwapChoice::Swap, SwapChoice::Swap);
+      auto plan =
+          make_plan(kind, N, (core::is_one_microbatch(kind) ? 4 : 16) * N, 4, SwapChoice::Swap, SwapChoice::Swap);
       const auto decisions = core::decide_swaps(plan, model);
       const auto p = core::lower_baseline(plan, model);
       const auto t = run(p, model);
@@ -530,7 +597,7 @@ TEST_CASE("enumerate_baseline_plans respects the profiled range and divisibility
         const int share = kind == PlanKind::PpSwap ? D : D / N;
         std::vector<int> want;
         for (int u = 1; u <= std::min(78, share); ++u) {
-          if (share % u == 0) want.push_back(u);
+          if (share % u == 0 && (kind != PlanKind::LoHan || u == share)) want.push_back(u);
         }
         std::vector<int> got;
         for (const auto& p : plans) {
@@ -601,6 +668,13 @@ TEST_CASE("validate_baseline_plan rejects bad plans") {
   CHECK_THROWS_AS(core::lower_baseline(h, model), core::ScheduleError);
   h = make_plan(PlanKind::L2L, 1, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
   CHECK_THROWS_AS(core::lower_dp_swap(h, model), core::ScheduleError);
+  // lohan runs each GPU's share as its one microbatch
+  auto lo = make_plan(PlanKind::LoHan, 2, 8, 4, SwapChoice::Auto, SwapChoice::Auto);
+  CHECK_NOTHROW(core::validate_baseline_plan(lo, model));
+  lo.ubatch = 2;  // share 4 in two microbatches: no gradient accumulation in LoHan
+  CHECK_THROWS_WITH_AS(core::validate_baseline_plan(lo, model), doctest::Contains("one microbatch"),
+                       core::ScheduleError);
+  CHECK_THROWS_AS(core::lower_lohan(p, model), core::ScheduleError);  // a dp-swap plan
 }
 
 TEST_CASE("balanced_stages minimizes the largest stage (brute force on a 7-layer model)") {
@@ -730,10 +804,10 @@ TEST_CASE("the default activation policy is checkpoint, and the names round-trip
 // fwd + bwd - fwd = bwd. Synthetic: fwd = 0.001 (l+1) u, bwd = 0.003 (l+1) u, sum over l of (l+1) = 10, so
 // per GPU (m = D/(N u) microbatches; pp-swap: the stages split the layers) checkpoint = 0.04 u m s, keep 0.03 u m s.
 TEST_CASE("checkpoint recomputes every layer (REC), keep does not: compute time by hand") {
-  const int D = 8;
   const int u = 2;
   for (PlanKind kind : core::baseline_kinds()) {
     for (int N : {1, 2}) {
+      const int D = core::is_one_microbatch(kind) ? u * N : 8;  // lohan: the share is its one microbatch
       CAPTURE(core::plan_kind_name(kind));
       CAPTURE(N);
       const auto base = make_plan(kind, N, D, u, SwapChoice::Auto, SwapChoice::Auto);
@@ -800,6 +874,7 @@ TEST_CASE("compare searches both activation policies for every baseline and repo
   search.u_bwd = {4, 8};
   for (PlanKind kind : core::baseline_kinds()) {
     CAPTURE(core::plan_kind_name(kind));
+    search.u_bwd = core::is_one_microbatch(kind) ? std::vector<int>{16} : std::vector<int>{4, 8};  // lohan: D/N
     const auto kr = sim::best_plan_of_kind(kind, model, machine, 2, 32, "reference", search, {});
     REQUIRE(kr.feasible);
     REQUIRE(kr.baseline);
@@ -868,5 +943,10 @@ TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defau
   CHECK(error(head + nvme + plan + ", offload: nvm" + tail).find("unknown plan.offload 'nvm'") != std::string::npos);
   CHECK(error(head + plan + ", zero3: {latency: 1us}" + tail).find("latency") != std::string::npos);
   CHECK(error(head + "plan: {mode: dp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, offload: cpu" + tail)
-            .find("zero-infinity only") != std::string::npos);
+            .find("zero-infinity or lohan only") != std::string::npos);
+  CHECK(error(head + "plan: {mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4, zero3: {bucket: 1e6}" + tail)
+            .find("plan.zero3 applies to plan.mode: zero-infinity only") != std::string::npos);
+  const auto lo =
+      load(head + nvme + "plan: {mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4, offload: nvme" + tail);
+  CHECK(lo.baseline_offload == core::OffloadTier::Nvme);
 }

@@ -117,15 +117,16 @@ SwapDecision decide(const BaselinePlan& p, const Model& m, LayerRange span) {
   } else {
     const SpanMemory s = span_memory(m, span, p.ubatch, p.kind == PlanKind::PpSwap ? mb : 1, keep);
     const Bytes window = std::min(s.window, s.stash);  // swapping never holds more than keeping
-    if (p.kind == PlanKind::ZeroInfinity) {
+    if (p.kind == PlanKind::ZeroInfinity || p.kind == PlanKind::LoHan) {
       d.weights = true;
     } else {
       d.weights =
           p.weights == SwapChoice::Swap || (p.weights == SwapChoice::Auto && s.resident + window + s.peak > cap);
     }
     const Bytes w = d.weights ? s.streamed : s.resident;
-    d.activations =
-        p.activations == SwapChoice::Swap || (p.activations == SwapChoice::Auto && w + s.stash + s.peak > cap);
+    // lohan's checkpoints always go to pinned host memory (the artifact's save_on_cpu around every checkpoint)
+    d.activations = p.kind == PlanKind::LoHan || p.activations == SwapChoice::Swap ||
+                    (p.activations == SwapChoice::Auto && w + s.stash + s.peak > cap);
     d.estimate_bytes = w + (d.activations ? window : s.stash) + s.peak;
   }
   d.fits = d.estimate_bytes <= cap;
@@ -173,6 +174,11 @@ void validate_baseline_plan(const BaselinePlan& p, const Model& m) {
     if ((p.minibatch / p.gpus) % p.ubatch != 0)
       throw ScheduleError(
           fmt::format("{}: microbatch {} does not divide the per-GPU share {}", name, p.ubatch, p.minibatch / p.gpus));
+    if (is_one_microbatch(p.kind) && p.ubatch != p.minibatch / p.gpus)
+      throw ScheduleError(
+          fmt::format("{}: microbatch {} is not the per-GPU share {}: {} runs each GPU's share as one "
+                      "microbatch (no gradient accumulation)",
+                      name, p.ubatch, p.minibatch / p.gpus, name));
   } else {
     if (p.gpus > R)
       throw ScheduleError(fmt::format("pp-swap: {} GPUs but only {} layers: every stage needs a layer", p.gpus, R));
@@ -201,6 +207,7 @@ const std::vector<BaselineLowering>& baseline_lowerings() {
       {PlanKind::PpSwap, lower_pp_swap},  // balanced_stages when the plan gives none
       {PlanKind::ZeroInfinity, lower_zero_infinity},
       {PlanKind::L2L, lower_l2l},
+      {PlanKind::LoHan, lower_lohan},
   };
   return table;
 }

@@ -1,4 +1,4 @@
-// The swapping baselines Harmony is compared against (dp-swap, pp-swap, zero-infinity, l2l): the
+// The swapping baselines Harmony is compared against (dp-swap, pp-swap, zero-infinity, l2l, lohan): the
 // BaselinePlan a baseline is lowered from, each baseline's swap decisions and the lowering to a Program
 // (one file per baseline). Their search is core/search/baseline_search.hpp; docs/baselines.md
 // describes every baseline and its swap volume.
@@ -82,7 +82,8 @@ struct BaselinePlan {
   SwapChoice activations = SwapChoice::Auto;
   // Recompute in the backward (the default, as DeepSpeed, GPipe and L2L run) or keep every saved activation.
   ActivationPolicy activation_policy = ActivationPolicy::Checkpoint;
-  // zero-infinity only (ignored by the other kinds): the offload tier and ZeRO-3's overheads.
+  // The offload tier (zero-infinity and lohan; ignored by the other kinds) and ZeRO-3's overheads
+  // (zero-infinity only).
   OffloadTier offload = OffloadTier::Cpu;
   Zero3Overheads zero3;
 };
@@ -102,7 +103,7 @@ struct SwapDecision {
 std::vector<SwapDecision> decide_swaps(const BaselinePlan& plan, const Model& model);
 
 // Throws ScheduleError unless: the kind is a baseline, N, D, u are positive, u is in the profiled
-// forward and backward range, (data-parallel kinds) N divides D and u divides D/N, (pp-swap) N <= R,
+// forward and backward range, (data-parallel kinds) N divides D and u divides D/N (lohan: u = D/N), (pp-swap) N <= R,
 // u divides D and the stages (if given) are N contiguous ascending ranges covering 0..R-1.
 void validate_baseline_plan(const BaselinePlan& plan, const Model& model);
 
@@ -127,6 +128,7 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model);
 Program lower_pp_swap(const BaselinePlan& plan, const Model& model);
 Program lower_zero_infinity(const BaselinePlan& plan, const Model& model);
 Program lower_l2l(const BaselinePlan& plan, const Model& model);
+Program lower_lohan(const BaselinePlan& plan, const Model& model);
 
 // GPipe's time-balanced contiguous split of the R layers into `stages` ranges, minimizing the largest
 // stage's compute time at u (per layer: the profile's bwd time, which includes a forward). Ties go to

@@ -1,0 +1,90 @@
+// lohan: LoHan (ICDE 2025; first published as Fuyou, arXiv 2403.06504), as its artifact (github.com/RC4ML/LoHan)
+// runs: one GPU streams every layer's fp16 parameters in from host memory or NVMe for the forward and again for
+// the backward, keeps each checkpointed layer input in pinned host memory and recomputes the layer in the
+// backward, and runs each layer's CPU Adam (state on the same tier) as soon as its gradient lands.
+#include <string>
+
+#include "core/base/error.hpp"
+#include "core/program/baselines/baselines.hpp"
+
+namespace harmony::core {
+
+// Per iteration, on every GPU g (each GPU's share D/N is one microbatch: the artifact does not accumulate):
+//   forward, l ascending: X (data, l = 0) | WB(l) (from NVMe first under offload: nvme) | FWD(l) |
+//     sX out of the layer input (1 <= l <= R-2: torch.utils.checkpoint inside save_on_cpu(pin_memory=True))
+//   backward, l descending: WB(l) again | sX in (X re-read for l = 0) | REC(l) (checkpoint) | BWD(l) |
+//     [ARD(l) if N > 1: the replicas' all-reduce] | dWB(l): the fp16 gradient to the host
+//   Update(l) on the CPU (of every replica, as dp-swap and Harmony-DP) depending only on that dWB(l): the queue
+//     runs it while the GPU goes on with layer l-1, which is LoHan's "optimizer overlapped with the backward";
+//     under offload: nvme it reads the layer's optimizer state and fp32 masters from the drives and writes them
+//     back with the fp16 parameters the next fetch reads.
+// Under keep (the artifact's swap mode) the FWD's saved activations go out to the host beside the input and
+// come back for the BWD instead of a REC. ZeRO-3's hook and bucket terms do not apply (LoHan fetches whole layers).
+// Swap volume per iteration (all GPUs, GW = W + B): WB = 2 N GW; dWB = N GW; sX out = sX in =
+// N sum_{l=1}^{R-2} X_l; X = 2 N X_0; NVMe (offload: nvme) reads 2 N GW + state + masters, writes state + masters
+// (+ GW when the GPU weights are 2-byte).
+Program lower_lohan(const BaselinePlan& plan, const Model& model) {
+  if (plan.kind != PlanKind::LoHan)
+    throw ScheduleError(std::string("lower_lohan called with a ") + plan_kind_name(plan.kind) + " plan");
+  const SwapDecision sd = decide_swaps(plan, model).front();
+  detail::ProgramBuilder b(model, plan);
+  const int R = model.num_layers();
+  const int N = plan.gpus;
+  const int u = plan.ubatch;  // == D/N (validate_baseline_plan)
+  const bool sa = sd.activations;
+  const bool nvme = plan.offload == OffloadTier::Nvme;
+  constexpr int i = 0;  // the one microbatch
+
+  auto fetch = [&](int g, int l, int task, int k) {
+    const LayerRange L{l, l};
+    const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, task, i, L, b.wbytes(l), b.bbytes(l));
+    b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+    b.window(W, g, k);
+    if (nvme) b.set_io(W, 1, b.wbytes(l) + b.bbytes(l), 0);
+    return W;
+  };
+
+  for (int g = 0; g < N; ++g) {
+    for (int l = 0; l < R; ++l) {
+      const int k = b.next_step(g);
+      std::vector<int> ins;
+      if (l == 0)
+        ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
+      if (b.has_params(l)) ins.push_back(fetch(g, l, b.fwd_task(g, l), k));
+      b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true);
+    }
+    for (int l = R - 1; l >= 0; --l) {
+      const LayerRange L{l, l};
+      const int k = b.next_step(g);
+      std::vector<int> ins;
+      if (b.has_params(l)) ins.push_back(fetch(g, l, b.bwd_task(g, l), k));
+      const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
+      if (!b.has_params(l)) continue;
+      b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+      b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+      int src = Bw;
+      int src_step = k;
+      if (N > 1) {
+        src_step = b.next_step(g);
+        src = b.compute(g, OpKind::ARD, b.bwd_task(g, l), i, L, 0, b.wbytes(l), b.bbytes(l));
+        b.dep(src, Bw);
+        b.collective(static_cast<std::uint64_t>(l), src, Bw);
+      }
+      const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
+      b.dep(O, src);
+      b.free(O, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+      b.output_of(O, g, src_step);
+      const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, L, 0, 0);
+      b.dep(U, O);
+      if (nvme) {
+        const Bytes state = model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
+        b.set_io(U, 1, state, state + (model.narrow_weights(l) ? b.wbytes(l) + b.bbytes(l) : 0));
+      }
+    }
+  }
+  Program prog = b.finish();
+  prog.offload_nvme = nvme;
+  return prog;
+}
+
+}  // namespace harmony::core
