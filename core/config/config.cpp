@@ -456,8 +456,9 @@ const std::vector<std::string> kAnalyticKeys = {"preset",    "family",  "name", 
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
 const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
-const std::vector<std::string> kKernelStyles = {"eager", "fused"};
+const std::vector<std::string> kKernelStyles = {"eager", "fused", "flash"};
 const std::vector<std::string> kBertHeads = {"mlm", "classifier"};
+const std::vector<std::string> kGptHeads = {"lm", "none"};
 
 // One of `names` (the enum value at the same index).
 std::size_t get_choice(const Node& v, const std::string& what, const std::vector<std::string>& names,
@@ -525,7 +526,7 @@ AnalyticSpec parse_analytic(const Entry& e) {
   only_for("tied_head", !resnet, "gpt and bert");
   only_for("dropout", !resnet, "gpt and bert");
   only_for("kernels", !resnet, "gpt and bert");
-  only_for("head", spec.family == ModelFamily::Bert, "bert");
+  only_for("head", !resnet, "gpt and bert");
   only_for("labels", spec.family == ModelFamily::Bert, "bert");
   only_for("image_size", resnet, "resnet");
   only_for("classes", resnet, "resnet");
@@ -554,8 +555,25 @@ AnalyticSpec parse_analytic(const Entry& e) {
   if (const Entry* x = find(map, "name")) spec.name = get_string(x->value, what + ".name");
   if (const Entry* x = find(map, "tied_head")) spec.tied_head = get_bool(x->value, what + ".tied_head");
   if (const Entry* x = find(map, "dropout")) spec.dropout = get_bool(x->value, what + ".dropout");
-  if (const Entry* x = find(map, "head"))
-    spec.bert_head = static_cast<BertHead>(get_choice(x->value, what + ".head", kBertHeads, "heads"));
+  if (const Entry* x = find(map, "head")) {
+    // gpt and bert take different heads; one of the other family's is named as such, not as unknown
+    const bool gpt = spec.family == ModelFamily::Gpt;
+    const std::vector<std::string>& own = gpt ? kGptHeads : kBertHeads;
+    const std::vector<std::string>& other = gpt ? kBertHeads : kGptHeads;
+    const std::string own_kind = fmt::format("{} heads", fam);
+    if (x->value.kind == Node::Kind::Scalar && std::find(other.begin(), other.end(), x->value.scalar) != other.end())
+      fail(x->value.loc, fmt::format("{}.head '{}' does not apply to family {}", what, x->value.scalar, fam),
+           fmt::format("{}: {} ({} are {} heads)", own_kind, join(own), join(other), gpt ? "bert" : "gpt"));
+    const std::size_t choice = get_choice(x->value, what + ".head", own, own_kind);
+    if (gpt) {
+      spec.gpt_head = static_cast<GptHead>(choice);
+    } else {
+      spec.bert_head = static_cast<BertHead>(choice);
+    }
+  }
+  if (const Entry* x = find(map, "tied_head"); x && spec.gpt_head == GptHead::None)
+    fail(x->key_loc, fmt::format("{}.tied_head does not apply with head: none", what),
+         "a GPT without an LM head has no output projection to tie to the embedding: drop tied_head, or use head: lm");
   if (const Entry* x = find(map, "dtype"))
     spec.dtype = static_cast<DType>(get_choice(x->value, what + ".dtype", kDTypes, "dtypes"));
   if (const Entry* x = find(map, "optimizer"))

@@ -195,6 +195,35 @@ class Builder {
     return push(std::move(op));
   }
 
+  // FlashAttention (v1, Dao et al. 2022): softmax(q k^T / sqrt(d) + mask) v, with dropout on the
+  // probabilities, over `heads` heads of T x d per sample, in one kernel that tiles over T and never writes
+  // the T x T scores. `qkv` lists the distinct tensors holding q, k and v (GPT's packed c_attn output, or
+  // BERT's three projections); h = heads x d.
+  // Forward: the FLOPs of the two GEMMs it replaces, S = Q K^T and O = P V, each 2 heads T^2 d per sample
+  // (one kernel of batch 2 x heads); traffic: reads q, k, v, writes o (4 T h elements) and the softmax's
+  // log-sum-exp L (T x heads, FP32). Saved for the backward: q, k, v, o and L; no dropout mask (the
+  // backward regenerates it from the RNG seed and offset) and no probabilities.
+  // Backward: recomputes S = Q K^T (and P from S and L), then dV = P^T dO, dP = dO V^T, dQ = dS K and
+  // dK = dS^T Q: 5 GEMMs of the same dims, 2.5 x the forward's FLOPs; traffic: reads q, k, v, o, dO and
+  // L, writes dq, dk, dv (8 T h elements). The causal tiles FlashAttention skips are counted, as the fused
+  // style's bmms count them: the FLOPs of causal attention are an upper bound.
+  int flash_attention(const char* name, const std::vector<int>& qkv, double heads, double T, double d) {
+    Op op;
+    op.name = name;
+    op.inputs = qkv;
+    op.output = act(T * heads * d);
+    const int lse = tensor(T * heads, 4, false);
+    op.extras = {lse};
+    op.saved = qkv;
+    op.saved.push_back(op.output);
+    op.saved.push_back(lse);
+    const double x = T * heads * d * bpe_;  // one of q, k, v, o per sample
+    op.fwd.push_back(gemm({2 * heads, T, T, d}, 0, 4 * x + ps_bytes(lse), 0));
+    op.bwd.push_back(gemm({5 * heads, T, T, d}, 0, 8 * x + ps_bytes(lse), 0));
+    for (int in : qkv) add_grad(op, in);
+    return push(std::move(op));
+  }
+
   // A copy of `elems` per sample of x into a new contiguous tensor (permute + contiguous, matmul's reshape).
   int copy(const char* name, int x, double elems) {
     Op op;
@@ -394,6 +423,20 @@ class Builder {
     return push(std::move(nll));
   }
 
+  // Mean squared error between x and `target`, a tensor of x's shape the caller gives (no gradient): the
+  // forward reads both and writes a scalar; the backward reads both again and writes dX = 2 (x - target) / n.
+  int mse_loss(int x, int target) {
+    Op op;
+    op.name = "mse_loss";
+    op.inputs = {x, target};
+    op.output = tensor(0, 4, true, 1);
+    op.saved = {x, target};
+    op.fwd.push_back(mem(ps_bytes(x) + ps_bytes(target), 4));
+    op.bwd.push_back(mem(2 * ps_bytes(x) + ps_bytes(target), 4));
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+
   // Convolution as an implicit GEMM: M = output pixels, N = cout, K = cin x k x k; no bias.
   int conv(const char* name, int x, double cin, double cout, double k, double out_hw) {
     Op op;
@@ -512,9 +555,9 @@ LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int>
   return d;
 }
 
-// GELU: eager runs the Python formula op by op; fused is one kernel.
+// GELU: eager runs the Python formula op by op; fused (and flash) is one kernel.
 int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form) {
-  if (s.kernels == KernelStyle::Fused) return b.unary("gelu", x, 1, {3});
+  if (s.kernels != KernelStyle::Eager) return b.unary("gelu", x, 1, {3});
   if (tanh_form) {
     // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  (Hugging Face gelu_new)
     const int half = b.scale("gelu.0.5x", x);
@@ -540,6 +583,7 @@ LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask) {
   Builder b(s);
   const bool gpt = s.family == ModelFamily::Gpt;
   const bool eager = s.kernels == KernelStyle::Eager;
+  const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
   const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh, f = s.ffn > 0 ? s.ffn : 4.0 * h;
   const int x = b.input(T * h, b.bpe(), true);
   const int mask = gpt ? -1 : b.input(T, b.bpe(), false);
@@ -557,25 +601,29 @@ LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask) {
       k = b.copy("k.contiguous", qkv, T * h);
       v = b.copy("v.contiguous", qkv, T * h);
     }
-    const int sc = b.bmm("q@k", q, k, nh, T, T, d);
-    int p = -1;
-    if (eager) {
-      // w = w / sqrt(d); w = w * b - 1e4 * (1 - b), b the registered causal-mask buffer (T x T); the old `w`
-      // lives until the whole expression is assigned
-      b.buffer_bytes += T * T * b.bpe();
-      const int causal = b.tensor(0, b.bpe(), false, T * T);
-      const int w1 = b.scale("scores/sqrt(d)", sc);
-      const int w2 = b.mul("scores*mask", w1, causal);
-      const int one_minus = b.add_scalar("1-mask", causal);
-      const int big = b.scale("1e4*(1-mask)", one_minus);
-      const int w3 = b.add("scores-1e4(1-mask)", w2, big);
-      b.hold(w1, w3);
-      p = b.softmax("softmax", w3);
+    if (flash) {
+      ctx = b.flash_attention("flash_attention", {qkv}, nh, T, d);  // q, k, v: views of the packed qkv
     } else {
-      p = b.softmax("scale_mask_softmax", sc);
+      const int sc = b.bmm("q@k", q, k, nh, T, T, d);
+      int p = -1;
+      if (eager) {
+        // w = w / sqrt(d); w = w * b - 1e4 * (1 - b), b the registered causal-mask buffer (T x T); the old `w`
+        // lives until the whole expression is assigned
+        b.buffer_bytes += T * T * b.bpe();
+        const int causal = b.tensor(0, b.bpe(), false, T * T);
+        const int w1 = b.scale("scores/sqrt(d)", sc);
+        const int w2 = b.mul("scores*mask", w1, causal);
+        const int one_minus = b.add_scalar("1-mask", causal);
+        const int big = b.scale("1e4*(1-mask)", one_minus);
+        const int w3 = b.add("scores-1e4(1-mask)", w2, big);
+        b.hold(w1, w3);
+        p = b.softmax("softmax", w3);
+      } else {
+        p = b.softmax("scale_mask_softmax", sc);
+      }
+      p = b.dropout("attn_dropout", p);
+      ctx = b.bmm("p@v", p, v, nh, T, d, T);
     }
-    p = b.dropout("attn_dropout", p);
-    ctx = b.bmm("p@v", p, v, nh, T, d, T);
   } else {
     int q = b.linear("query", x, T, h, h, true);
     int k = b.linear("key", x, T, h, h, true);
@@ -585,17 +633,21 @@ LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask) {
       k = b.copy("k.contiguous", k, T * h);
       v = b.copy("v.contiguous", v, T * h);
     }
-    const int sc = b.bmm("q@k", q, k, nh, T, T, d);
-    int p = -1;
-    if (eager) {
-      const int w1 = b.scale("scores/sqrt(d)", sc);
-      const int w2 = b.add("scores+mask", w1, mask);
-      p = b.softmax("softmax", w2);
+    if (flash) {
+      ctx = b.flash_attention("flash_attention", {q, k, v}, nh, T, d);  // the mask's read is negligible
     } else {
-      p = b.softmax("scale_mask_softmax", sc);  // the mask's read (T per sample) is negligible
+      const int sc = b.bmm("q@k", q, k, nh, T, T, d);
+      int p = -1;
+      if (eager) {
+        const int w1 = b.scale("scores/sqrt(d)", sc);
+        const int w2 = b.add("scores+mask", w1, mask);
+        p = b.softmax("softmax", w2);
+      } else {
+        p = b.softmax("scale_mask_softmax", sc);  // the mask's read (T per sample) is negligible
+      }
+      p = b.dropout("attn_dropout", p);
+      ctx = b.bmm("p@v", p, v, nh, T, d, T);
     }
-    p = b.dropout("attn_dropout", p);
-    ctx = b.bmm("p@v", p, v, nh, T, d, T);
   }
   const int merged = b.copy("merge_heads", ctx, T * h);
   const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
@@ -644,6 +696,17 @@ std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
     Builder b(s);
     const int x = b.input(T * h, b.bpe(), true);
     out.push_back(finish(b, "final_norm", "final_norm", {b.layernorm("ln_f", x, h)}));
+  }
+  if (s.gpt_head == GptHead::None) {
+    // No LM head (LoHan/Fuyou's benchmark GPT): MSE between the final hidden states and a random target of
+    // their shape; nothing here scales with the vocabulary, whose table stays the embedding's.
+    Builder b(s);
+    const int x = b.input(T * h, b.bpe(), true);
+    const int target = b.input(T * h, b.bpe(), false);
+    LayerDef d = finish(b, "criterion", "criterion", {b.mse_loss(x, target)});
+    d.is_criterion = true;
+    out.push_back(std::move(d));
+    return out;
   }
   {
     Builder b(s);
@@ -1174,6 +1237,15 @@ std::vector<AnalyticLayerInfo> analytic_layer_info(const AnalyticSpec& spec) {
     AnalyticLayerInfo info;
     info.kind = layers[i].kind;
     info.param_count = d.owned_params;
+    std::vector<char> counted(d.graph.tensors.size(), 0);
+    for (const Op& op : d.graph.ops) {
+      for (int t : op.saved) {
+        if (counted[static_cast<std::size_t>(t)]) continue;
+        counted[static_cast<std::size_t>(t)] = 1;
+        const Tensor& x = d.graph.tensors[static_cast<std::size_t>(t)];
+        info.saved_bytes_per_sample += x.per_sample * x.bpe;
+      }
+    }
     for (const Op& op : d.graph.ops) {
       for (const Kernel& k : op.fwd) {
         if (k.gemm) info.fwd_flops_per_sample += k.flops(1.0);

@@ -16,7 +16,7 @@
 namespace harmony::core {
 
 enum class ModelFamily {
-  Gpt,     // decoder: embeddings, blocks (causal attention), final norm, LM head, loss
+  Gpt,     // decoder: embeddings, blocks (causal attention), final norm, LM head (or none), loss
   Bert,    // encoder: embeddings, blocks, head (masked-LM, or pooler + classifier), loss
   Resnet,  // ResNet v1.5: stem, one layer per bottleneck block, pool + FC head, loss
 };
@@ -29,8 +29,13 @@ enum class OptimizerKind {
 enum class KernelStyle {
   Eager,  // op by op as PyTorch eager runs the Hugging Face code the bundled profiles measured
   Fused,  // fused scale-mask-softmax, GELU and bias-dropout-residual kernels (Megatron style); no flash attention
+  Flash,  // as Fused, with the attention core (q k^T, softmax, dropout, p v) one FlashAttention (v1) kernel
 };
 enum class BertHead { Mlm, Classifier };
+enum class GptHead {
+  Lm,    // LM head (vocabulary projection) and cross-entropy over the vocabulary
+  None,  // no head: an MSE loss between the final norm's output and a target of its shape (LoHan/Fuyou's GPT)
+};
 
 struct AnalyticSpec {
   ModelFamily family = ModelFamily::Gpt;
@@ -41,8 +46,9 @@ struct AnalyticSpec {
   int ffn = 0;  // MLP width; 0: 4 x hidden
   int seq_len = 0;
   int vocab = 0;
-  bool tied_head = true;               // gpt, bert mlm: the output projection is the token embedding
+  bool tied_head = true;               // gpt (head lm), bert mlm: the output projection is the token embedding
   BertHead bert_head = BertHead::Mlm;  // bert
+  GptHead gpt_head = GptHead::Lm;      // gpt; with None, tied_head has no meaning and is ignored
   int labels = 2;                      // bert classifier
   int image_size = 224;                // resnet
   int classes = 1000;                  // resnet
@@ -67,10 +73,12 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
 
 // What each layer of the analytic model is, for tests and the validation table.
 struct AnalyticLayerInfo {
-  std::string kind;                 // embedding, block, final_norm, lm_head, mlm_head, pooler, classifier, stem,
-                                    // bottleneck, head, criterion
-  double fwd_flops_per_sample = 0;  // 2 x multiply-adds of its GEMMs and convolutions, per sample
-  std::int64_t param_count = 0;     // parameters it owns (a tied head owns none)
+  std::string kind;                   // embedding, block, final_norm, lm_head, mlm_head, pooler, classifier, stem,
+                                      // bottleneck, head, criterion
+  double fwd_flops_per_sample = 0;    // 2 x multiply-adds of its GEMMs and convolutions, per sample
+  std::int64_t param_count = 0;       // parameters it owns (a tied head owns none)
+  double saved_bytes_per_sample = 0;  // bytes per sample of the tensors autograd keeps from the forward for the
+                                      // backward (each counted once; the layer's input too when an op saves it)
 };
 std::vector<AnalyticLayerInfo> analytic_layer_info(const AnalyticSpec& spec);
 

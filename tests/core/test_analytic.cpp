@@ -342,6 +342,149 @@ TEST_CASE("fused kernels are faster and smaller than eager; no causal-mask buffe
   CHECK(fused.layers[1].param_count == eager.layers[1].param_count);
 }
 
+// ------------------------------------------------------------------------------------------------
+// kernels: flash (FlashAttention v1) and head: none (LoHan/Fuyou's GPT: no LM head, MSE on the hidden states)
+
+TEST_CASE("flash: the fused block's forward FLOPs, no T x T tensor, FlashAttention's saved tensors") {
+  AnalyticSpec s = preset("gpt2-medium");  // h 1024, 16 heads of 64, T 1024, fp32
+  s.ubatch_sizes = {8};
+  s.kernels = KernelStyle::Fused;
+  const std::vector<AnalyticLayerInfo> fused_info = analytic_layer_info(s);
+  const Model fused = analytic_model(s, paper_rates());
+  s.kernels = KernelStyle::Flash;
+  const std::vector<AnalyticLayerInfo> flash_info = analytic_layer_info(s);
+  const Model flash = analytic_model(s, paper_rates());
+  const double h = 1024, T = 1024, nh = 16, u = 8, bpe = 4;
+  // The same GEMMs forward: 24 h^2 T dense, 4 T^2 h in attention.
+  CHECK(flash_info[1].fwd_flops_per_sample == doctest::Approx(fused_info[1].fwd_flops_per_sample).epsilon(1e-12));
+  CHECK(flash_info[1].fwd_flops_per_sample == doctest::Approx(24 * h * h * T + 4 * T * T * h).epsilon(1e-12));
+  CHECK(flash.layers[1].param_count == fused.layers[1].param_count);
+  CHECK(flash.layers[1].buffer_bytes == 0);
+  // Without the scores (u x heads x T x T, 512 MiB here) both peaks drop by at least one score tensor.
+  const double scores = u * nh * T * T * bpe;
+  CHECK(static_cast<double>(fused.layers[1].fwd_peak_bytes[0] - flash.layers[1].fwd_peak_bytes[0]) >= scores);
+  CHECK(static_cast<double>(fused.layers[1].bwd_peak_bytes[0] - flash.layers[1].bwd_peak_bytes[0]) >= scores);
+  // Saved for the backward, per sample. Both: ln_1's x, c_attn's input, c_proj's input, ln_2's x, c_fc's
+  // input (T h each), GELU's input and mlp.c_proj's input (4 T h each), two dropout masks (T h bytes each).
+  // Fused adds qkv (3 T h), softmax's output, the dropout mask and its output (heads T^2 each, the mask in
+  // bytes); flash adds q, k, v (the packed qkv, 3 T h), its output o (T h) and the log-sum-exp (T heads FP32).
+  const double common = (5 + 8) * T * h * bpe + 2 * T * h;
+  CHECK(fused_info[1].saved_bytes_per_sample == common + 3 * T * h * bpe + nh * T * T * (2 * bpe + 1));
+  CHECK(flash_info[1].saved_bytes_per_sample == common + 4 * T * h * bpe + 4 * T * nh);
+  // The rest of the model is the fused one.
+  for (std::size_t i : {std::size_t{0}, std::size_t{25}, std::size_t{26}, std::size_t{27}}) {
+    CHECK(flash.layers[i].fwd_time_s == fused.layers[i].fwd_time_s);
+    CHECK(flash.layers[i].bwd_peak_bytes == fused.layers[i].bwd_peak_bytes);
+  }
+}
+
+TEST_CASE("flash: the backward recomputes, 5 attention GEMMs against fused's 4 (compute-bound rates)") {
+  AnalyticSpec s = preset("gpt3-13b");  // 40 heads of 128, T 2048
+  s.layers = 2;
+  s.dtype = DType::Fp16;
+  s.ubatch_sizes = {4};
+  GpuRates r = machine_preset("h100-sxm-8x").gpu_rates;
+  r.memory_bytes_per_s = 1e21;  // memory-bound kernels take ~0: only the GEMMs count
+  r.kernel_floor_s = 0;
+  s.kernels = KernelStyle::Fused;
+  const Model fused = analytic_model(s, r);
+  s.kernels = KernelStyle::Flash;
+  const Model flash = analytic_model(s, r);
+  CHECK(flash.layers[1].bwd_time_s[0] > fused.layers[1].bwd_time_s[0]);
+  // With e(F) = e_max F / (F + F_half) a GEMM takes (F + F_half) / (P e_max). One attention GEMM is
+  // a = 2 heads T^2 d u FLOPs. Fused: 2 forward + 4 backward GEMMs, 6 (a + F_half); flash: one forward
+  // kernel of 2a and one backward kernel of 5a, 7a + 2 F_half. The recomputed forward is in both.
+  const double a = 2.0 * 40 * 2048 * 2048 * 128 * 4;
+  const double gemm_s = r.matrix_fp16_flops_per_s * r.gemm_efficiency_max;
+  CHECK(flash.layers[1].bwd_time_s[0] - fused.layers[1].bwd_time_s[0] ==
+        doctest::Approx((a - 4 * r.gemm_half_flops) / gemm_s).epsilon(1e-3));
+  CHECK(fused.layers[1].fwd_time_s[0] - flash.layers[1].fwd_time_s[0] ==
+        doctest::Approx(r.gemm_half_flops / gemm_s).epsilon(1e-3));
+}
+
+TEST_CASE("flash: BERT's three projections feed one FlashAttention kernel") {
+  AnalyticSpec s = preset("bert-base");
+  s.ubatch_sizes = {8};
+  s.kernels = KernelStyle::Fused;
+  const std::vector<AnalyticLayerInfo> fused_info = analytic_layer_info(s);
+  const Model fused = analytic_model(s, paper_rates());
+  s.kernels = KernelStyle::Flash;
+  const std::vector<AnalyticLayerInfo> flash_info = analytic_layer_info(s);
+  const Model flash = analytic_model(s, paper_rates());
+  CHECK(flash_info[1].fwd_flops_per_sample == doctest::Approx(fused_info[1].fwd_flops_per_sample).epsilon(1e-12));
+  const double scores = 8.0 * 12 * 512 * 512 * 4;
+  CHECK(static_cast<double>(fused.layers[1].bwd_peak_bytes[0] - flash.layers[1].bwd_peak_bytes[0]) >= scores);
+  // q, k, v (3 T h) and o (T h) and the log-sum-exp instead of q, k, v, the probabilities, mask and dropped
+  // probabilities.
+  const double T = 512, h = 768, nh = 12;
+  CHECK(fused_info[1].saved_bytes_per_sample - flash_info[1].saved_bytes_per_sample ==
+        nh * T * T * (2 * 4 + 1) - T * h * 4 - 4 * T * nh);
+}
+
+TEST_CASE("head none: embedding, blocks, final norm, an MSE criterion that does not scale with the vocabulary") {
+  AnalyticSpec s = preset("gpt2-medium");
+  s.ubatch_sizes = {1, 8};
+  const std::int64_t tied = total_params(s);
+  s.gpt_head = GptHead::None;
+  const std::vector<AnalyticLayerInfo> info = analytic_layer_info(s);
+  REQUIRE(info.size() == 24 + 3);
+  CHECK(info.front().kind == "embedding");
+  CHECK(info[24].kind == "block");
+  CHECK(info[25].kind == "final_norm");
+  CHECK(info[26].kind == "criterion");
+  CHECK(std::none_of(info.begin(), info.end(), [](const AnalyticLayerInfo& l) { return l.kind == "lm_head"; }));
+  // The embedding still owns the token table: the count is the tied-head model's.
+  CHECK(total_params(s) == tied);
+  CHECK(info[0].param_count == 50257 * 1024 + 1024 * 1024);
+  CHECK(info[26].param_count == 0);
+  CHECK(info[26].fwd_flops_per_sample == 0);
+  CHECK(info[26].saved_bytes_per_sample == 2 * 1024 * 1024 * 4);  // x and the target
+
+  const Model m = analytic_model(s, paper_rates());
+  REQUIRE(m.num_layers() == 27);
+  const Layer& loss = m.layers[26];
+  CHECK(loss.is_criterion);
+  CHECK(loss.name == "criterion");
+  CHECK(loss.weight_bytes == 0);
+  CHECK(loss.input_bytes_per_sample == 2 * 4 * 1024 * 1024);  // the hidden states and the target
+  // Forward: x, target and the scalar loss; backward: + dX and the loss's gradient.
+  const Bytes th = 4 * 1024 * 1024;
+  CHECK(loss.fwd_peak_bytes[1] == 2 * 8 * th + 4);
+  CHECK(loss.bwd_peak_bytes[1] == 3 * 8 * th + 8);
+  CHECK(loss.bwd_time_s[1] > loss.fwd_time_s[1]);
+  s.vocab = 1000;
+  const Model small = analytic_model(s, paper_rates());
+  CHECK(small.layers[26].fwd_peak_bytes == loss.fwd_peak_bytes);
+  CHECK(small.layers[26].bwd_peak_bytes == loss.bwd_peak_bytes);
+  CHECK(small.layers[26].bwd_time_s == loss.bwd_time_s);
+  CHECK(small.layers[0].param_count == 1000 * 1024 + 1024 * 1024);
+  // The LM model's last layers are the vocabulary-sized ones that head none removes.
+  s.vocab = 50257;
+  s.gpt_head = GptHead::Lm;
+  const Model lm = analytic_model(s, paper_rates());
+  CHECK(lm.layers[27].bwd_peak_bytes[1] > 4 * loss.bwd_peak_bytes[1]);
+}
+
+TEST_CASE("GPT 13B at T 1024, u 64: 16 GiB with flash and no head, 28 GiB fused with the LM head") {
+  AnalyticSpec s = preset("gpt3-13b");
+  s.seq_len = 1024;
+  s.dtype = DType::Fp16;
+  s.ubatch_sizes = {64};
+  s.kernels = KernelStyle::Flash;
+  s.gpt_head = GptHead::None;
+  const Model lohan = analytic_model(s, machine_preset("h100-sxm-8x").gpu_rates);
+  CHECK(lohan.num_layers() == 40 + 3);
+  s.kernels = KernelStyle::Fused;
+  s.gpt_head = GptHead::Lm;
+  const Model fused = analytic_model(s, machine_preset("h100-sxm-8x").gpu_rates);
+  Bytes lohan_max = 0, fused_max = 0;
+  for (const Layer& l : lohan.layers) lohan_max = std::max(lohan_max, l.bwd_peak_bytes[0]);
+  for (const Layer& l : fused.layers) fused_max = std::max(fused_max, l.bwd_peak_bytes[0]);
+  const Bytes gib24 = Bytes{24} << 30;
+  CHECK(lohan_max < gib24);
+  CHECK(fused_max > gib24);
+}
+
 TEST_CASE("same inputs, same model bit for bit; it writes and reads back as a profile") {
   AnalyticSpec s = preset("gpt3-2.7b");
   s.dtype = DType::Fp16;
@@ -596,6 +739,45 @@ TEST_CASE("error: model.analytic problems are located and explained") {
   CHECK(contains(e.message(), "model.profile"));
   e = config_error("model: {analytic: }\n" + kPlan);
   check_at(e, 1, 9);
+}
+
+TEST_CASE("model.analytic: kernels flash and head none; tied_head with head none is refused") {
+  RunConfig c =
+      load_config_text("model: {analytic: {preset: gpt3-13b, kernels: flash, head: none}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->kernels == KernelStyle::Flash);
+  CHECK(c.model.analytic->gpt_head == GptHead::None);
+  CHECK(load_model(c.model, c.machine).num_layers() == 40 + 3);
+  c = load_config_text("model: {analytic: {preset: gpt2-small, head: lm, tied_head: false}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->gpt_head == GptHead::Lm);
+  CHECK_FALSE(c.model.analytic->tied_head);
+  c = load_config_text("model: {analytic: {preset: bert-base, kernels: flash}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->kernels == KernelStyle::Flash);
+  CHECK(c.model.analytic->bert_head == BertHead::Mlm);
+
+  ConfigError e = config_error("model: {analytic: {preset: gpt3-13b, head: none, tied_head: true}}\n" + kPlan);
+  check_at(e, 1, 50);
+  CHECK(contains(e.message(), "tied_head"));
+  CHECK(contains(e.message(), "head: none"));
+  e = config_error("model:\n  analytic:\n    preset: gpt3-13b\n    tied_head: false\n    head: none\n" + kPlan);
+  check_at(e, 4, 5);
+  e = config_error("model: {analytic: {preset: gpt2-small, head: bogus}}\n" + kPlan);
+  check_at(e, 1, 46);
+  CHECK(contains(e.message(), "unknown model.analytic.head 'bogus'"));
+  CHECK(contains(e.hint(), "lm, none"));
+  e = config_error("model: {analytic: {preset: gpt2-small, head: classifier}}\n" + kPlan);
+  check_at(e, 1, 46);
+  CHECK(contains(e.message(), "does not apply to family gpt"));
+  CHECK(contains(e.hint(), "lm, none"));
+  e = config_error("model: {analytic: {preset: bert-base, head: none}}\n" + kPlan);
+  check_at(e, 1, 45);
+  CHECK(contains(e.message(), "does not apply to family bert"));
+  CHECK(contains(e.hint(), "mlm, classifier"));
+  e = config_error("model: {analytic: {preset: resnet50, head: none}}\n" + kPlan);
+  CHECK(contains(e.message(), "does not apply to family resnet"));
+  e = config_error("model: {analytic: {preset: gpt2-small, kernels: flsh}}\n" + kPlan);
+  check_at(e, 1, 49);
+  CHECK(contains(e.hint(), "did you mean 'flash'"));
+  CHECK(contains(e.hint(), "eager, fused, flash"));
 }
 
 TEST_CASE("load_model: an analytic model needs the machine's gpu_rates") {
