@@ -332,8 +332,9 @@ core::Model priced_model(const Setup& s, core::Model prof) {
 }
 
 core::LowerOptions lower_options(const core::TrainConfig& cfg) {
-  return core::LowerOptions{
-      .prefetch = cfg.options.prefetch, .prefetch_buffers = cfg.options.prefetch_buffers, .dp_first_gpu_only = false};
+  core::LowerOptions o = core::lower_options(cfg.options);
+  o.dp_first_gpu_only = false;  // the executor runs every GPU
+  return o;
 }
 
 // What runs: the plan (for a baseline: gpus, minibatch and its microbatch), its kind, title and Program.

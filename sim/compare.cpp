@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/program/lower.hpp"
 #include "core/search/search.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
@@ -174,9 +175,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     space.spec.threads = 1;
     space.spec.top_k = 1;
     space.spec.fit_rule = false;
-    core::LowerOptions lower;
-    lower.prefetch = options.prefetch;
-    lower.prefetch_buffers = options.prefetch_buffers;
+    core::LowerOptions lower = core::lower_options(options);
     const auto cands = core::enumerate_candidates(model, space);
     // One search over the candidates with the masters and optimizer state in host memory or on the drives.
     auto search_tier = [&](bool nvme, bool* host_miss) {

@@ -25,6 +25,7 @@
 #include "core/model/profile.hpp"
 #include "core/output/trace.hpp"
 #include "core/program/baselines/baselines.hpp"
+#include "core/program/lower.hpp"
 #include "core/program/task_graph.hpp"
 #include "core/search/search.hpp"
 #include "sim/bottleneck.hpp"
@@ -69,10 +70,11 @@ core::Plan plan_from_config(const core::RunConfig& cfg, const core::Model& model
   return core::plan_from_spec(cfg.plan, model, cfg.file, "`simulate`");
 }
 
-core::LowerOptions lower_options(const core::RunConfig& cfg) {
-  core::LowerOptions o;
-  o.prefetch = cfg.options.prefetch;
-  o.prefetch_buffers = cfg.options.prefetch_buffers;
+core::LowerOptions lower_options(const core::RunConfig& cfg) { return core::lower_options(cfg.options); }
+
+// Every GPU lowered (calibrate compares per-op timings of every device).
+core::LowerOptions all_gpus(core::LowerOptions o) {
+  o.dp_first_gpu_only = false;
   return o;
 }
 
@@ -511,9 +513,7 @@ std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, cons
   if (cfg.baseline_kind.empty()) {
     const core::Plan plan = core::plan_from_spec(cfg.plan, model, cfg.file, "`calibrate`");
     out.push_back(core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model,
-                                      core::LowerOptions{.prefetch = cfg.options.prefetch,
-                                                         .prefetch_buffers = cfg.options.prefetch_buffers,
-                                                         .dp_first_gpu_only = false}));
+                                      all_gpus(core::lower_options(cfg.options))));
     return out;
   }
   core::BaselinePlan b =

@@ -92,9 +92,7 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
     if (!kr.baseline) throw core::ScheduleError("best baseline plan without its knobs");
     b.program = core::lower_baseline(*kr.baseline, model);
   } else {
-    core::LowerOptions lower;
-    lower.prefetch = cfg.options.prefetch;
-    lower.prefetch_buffers = cfg.options.prefetch_buffers;
+    core::LowerOptions lower = core::lower_options(cfg.options);
     lower.offload_nvme = kr.offload == "nvme";  // the tier the search chose (compare.hpp)
     b.program = evaluate_plan(model, cfg.machine, kr.best.plan, lower, cfg.cost_model).program;
   }

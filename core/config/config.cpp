@@ -358,13 +358,7 @@ SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_count
 
 // Samples per GPU: harmony-pp splits the whole minibatch into microbatches; harmony-dp gives rank n
 // DD_n = D//N (+1 if n < D%N) samples (the reference's split).
-std::vector<int> gpu_shares(const PlanSpec& plan) {
-  if (plan.kind == PlanKind::HarmonyPP) return {plan.minibatch};
-  std::vector<int> shares;
-  shares.reserve(static_cast<std::size_t>(std::max(0, plan.gpus)));
-  for (int n = 0; n < plan.gpus; ++n) shares.push_back(plan.minibatch / plan.gpus + (n < plan.minibatch % plan.gpus));
-  return shares;
-}
+std::vector<int> gpu_shares(const PlanSpec& plan) { return minibatch_shares(plan.kind, plan.minibatch, plan.gpus); }
 
 std::vector<int> divisors(int value) {
   std::vector<int> low, high;

@@ -1,6 +1,8 @@
 // Plan helpers: the paper's manual packing, plan validation and minibatch splitting.
 #include "core/plan/plan.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
@@ -70,6 +72,14 @@ std::string packs_to_string(const Packs& packs) {
 std::string plan_title(const Plan& p) {
   return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", plan_kind_name(p.kind), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
                      packs_to_string(p.packs_fwd), packs_to_string(p.packs_bwd));
+}
+
+std::vector<int> minibatch_shares(PlanKind kind, int minibatch, int gpus) {
+  if (!is_data_parallel(kind)) return {minibatch};
+  std::vector<int> shares;
+  shares.reserve(static_cast<std::size_t>(std::max(0, gpus)));
+  for (int n = 0; n < gpus; ++n) shares.push_back(minibatch / gpus + (n < minibatch % gpus ? 1 : 0));
+  return shares;
 }
 
 std::vector<int> split_minibatch(int samples, int ubatch) {

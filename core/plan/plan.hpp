@@ -56,4 +56,9 @@ std::string plan_title(const Plan& p);
 // split_minibatchsize(D, U) = [U]*(D//U) (+ [D%U] if non-zero)
 std::vector<int> split_minibatch(int samples, int ubatch);
 
+// Each GPU's share of the minibatch under `kind`: data-parallel kinds split D over the N GPUs as the reference
+// does, DD_n = D // N (+1 if n < D % N); the others (harmony-pp, pp-swap) run all D samples through every stage:
+// one share of D.
+std::vector<int> minibatch_shares(PlanKind kind, int minibatch, int gpus);
+
 }  // namespace harmony::core

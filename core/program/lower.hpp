@@ -24,6 +24,15 @@ struct LowerOptions {
   bool offload_nvme = false;
 };
 
+// The lowering a config's `options:` section asks for (prefetch and its buffers); dp_first_gpu_only and
+// offload_nvme keep their defaults for the caller to set.
+inline LowerOptions lower_options(const Options& options) {
+  LowerOptions o;
+  o.prefetch = options.prefetch;
+  o.prefetch_buffers = options.prefetch_buffers;
+  return o;
+}
+
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options);
 
 }  // namespace harmony::core

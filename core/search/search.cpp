@@ -41,13 +41,7 @@ struct PlanKeyLess {
 std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space) {
   const bool dp = is_data_parallel(space.kind);
   const int dlim = dp ? space.minibatch / space.gpus : space.minibatch;
-  std::vector<int> shares;  // every GPU's share of the minibatch
-  if (!dp) {
-    shares.push_back(space.minibatch);
-  } else {
-    for (int n = 0; n < space.gpus; ++n)
-      shares.push_back(space.minibatch / space.gpus + (n < space.minibatch % space.gpus ? 1 : 0));
-  }
+  const std::vector<int> shares = minibatch_shares(space.kind, space.minibatch, space.gpus);
   auto ok = [&](int u) {
     if (!model.ubatch_in_range(phase, u) || u > dlim) return false;
     if (space.unequal_microbatches) return true;
