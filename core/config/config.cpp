@@ -443,10 +443,10 @@ MachineSpec parse_machine_section(const Node& root, const std::string& file, con
 // ------------------------------------------------------------------------------------------------
 // model: {profile: PATH} or {analytic: NAME | {...}} (docs/config.md, "model")
 
-const std::vector<std::string> kAnalyticKeys = {"preset",    "family",  "name",       "layers",      "hidden",
-                                                "heads",     "ffn",     "seq_len",    "vocab",       "tied_head",
-                                                "head",      "labels",  "image_size", "classes",     "dtype",
-                                                "optimizer", "kernels", "dropout",    "ubatch_sizes"};
+const std::vector<std::string> kAnalyticKeys = {
+    "preset",  "family",    "name",      "layers",  "hidden",       "heads",           "ffn",
+    "seq_len", "vocab",     "tied_head", "head",    "labels",       "image_size",      "classes",
+    "dtype",   "optimizer", "kernels",   "dropout", "ubatch_sizes", "layers_per_block"};
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
 const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
@@ -524,6 +524,7 @@ AnalyticSpec parse_analytic(const Entry& e) {
   only_for("labels", spec.family == ModelFamily::Bert, "bert");
   only_for("image_size", resnet, "resnet");
   only_for("classes", resnet, "resnet");
+  only_for("layers_per_block", spec.family == ModelFamily::Gpt, "gpt");
   const auto int_key = [&](std::string_view key, int& field, int min, bool required) -> const Entry* {
     const Entry* x = find(map, key);
     if (x) {
@@ -546,6 +547,12 @@ AnalyticSpec parse_analytic(const Entry& e) {
   int_key("labels", spec.labels, 1, false);
   int_key("image_size", spec.image_size, 32, false);
   int_key("classes", spec.classes, 1, false);
+  if (const Entry* x = find(map, "layers_per_block")) {
+    spec.layers_per_block = get_int(x->value, what + ".layers_per_block", std::numeric_limits<int>::min());
+    if (spec.layers_per_block != 1 && spec.layers_per_block != 2)
+      fail(x->value.loc, fmt::format("{}.layers_per_block = {} is not 1 or 2", what, spec.layers_per_block),
+           "layers_per_block: 1 (a layer per block) or 2 (its attention and MLP halves, as LoHan checkpoints them)");
+  }
   if (const Entry* x = find(map, "name")) spec.name = get_string(x->value, what + ".name");
   if (const Entry* x = find(map, "tied_head")) spec.tied_head = get_bool(x->value, what + ".tied_head");
   if (const Entry* x = find(map, "dropout")) spec.dropout = get_bool(x->value, what + ".dropout");

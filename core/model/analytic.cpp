@@ -577,9 +577,14 @@ int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form) {
   return b.mul("gelu.mul", half, one);
 }
 
-// One transformer block. Inputs: hidden (s x h), and for BERT the additive attention mask; outputs: hidden
-// (and the mask, passed on, when `pass_mask`).
-LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask) {
+// Which part of a transformer block one layer is: the whole block, or (GPT, layers_per_block: 2) its
+// attention half (ln_1 .. the first residual add) or its MLP half (ln_2 .. the second residual add), as
+// LoHan/Fuyou's gpt_model.py checkpoints func1 and func2.
+enum class BlockPart { Whole, Attn, Mlp };
+
+// One transformer block (or a GPT block's half). Inputs: hidden (s x h), and for BERT the additive attention
+// mask; outputs: hidden (and the mask, passed on, when `pass_mask`).
+LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask, BlockPart part = BlockPart::Whole) {
   Builder b(s);
   const bool gpt = s.family == ModelFamily::Gpt;
   const bool eager = s.kernels == KernelStyle::Eager;
@@ -590,7 +595,10 @@ LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask) {
   int ctx = -1;
   int present = -1;
   const int resid = x;
-  if (gpt) {
+  int x1 = -1;
+  if (part == BlockPart::Mlp) {
+    x1 = x;  // the block's hidden state after the attention half: this layer's input
+  } else if (gpt) {
     const int a = b.layernorm("ln_1", x, h);
     const int qkv = b.linear("c_attn", a, T, h, 3 * h, true);
     int q = qkv, k = qkv, v = qkv;
@@ -649,15 +657,20 @@ LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask) {
       ctx = b.bmm("p@v", p, v, nh, T, d, T);
     }
   }
-  const int merged = b.copy("merge_heads", ctx, T * h);
-  const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
-  int x1 = -1;
-  if (gpt) {
-    x1 = eager ? b.add("residual_1", resid, b.dropout("resid_dropout", o)) : b.dropout_add("dropout_add_1", o, resid);
-  } else {
-    const int r =
-        eager ? b.add("residual_1", b.dropout("attn.dropout", o), resid) : b.dropout_add("dropout_add_1", o, resid);
-    x1 = b.layernorm("attn.LayerNorm", r, h);
+  if (part != BlockPart::Mlp) {
+    const int merged = b.copy("merge_heads", ctx, T * h);
+    const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
+    if (gpt) {
+      x1 = eager ? b.add("residual_1", resid, b.dropout("resid_dropout", o)) : b.dropout_add("dropout_add_1", o, resid);
+    } else {
+      const int r =
+          eager ? b.add("residual_1", b.dropout("attn.dropout", o), resid) : b.dropout_add("dropout_add_1", o, resid);
+      x1 = b.layernorm("attn.LayerNorm", r, h);
+    }
+  }
+  if (part == BlockPart::Attn) {
+    if (present >= 0) b.hold(present, x1);  // `present` lives to the end of func1, the half's end
+    return finish(b, fmt::format("block{}.attn", index), "block_attn", {x1});
   }
   const int m_in = gpt ? b.layernorm("ln_2", x1, h) : x1;
   const int f1 = b.linear(gpt ? "c_fc" : "intermediate.dense", m_in, T, h, f, true);
@@ -674,6 +687,7 @@ LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask) {
   }
   std::vector<int> outs = {y};
   if (pass_mask) outs.push_back(mask);
+  if (part == BlockPart::Mlp) return finish(b, fmt::format("block{}.mlp", index), "block_mlp", outs);
   return finish(b, fmt::format("block{}", index), "block", outs);
 }
 
@@ -690,8 +704,17 @@ std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
     out.push_back(finish(b, "embedding", "embedding", {b.dropout("embd_dropout", e)}));
   }
   // every block is the same graph: built once, copied
-  out.push_back(transformer_block(s, 0, false));
-  for (int i = 1; i < s.layers; ++i) out.push_back(copy_of(out, 1, fmt::format("block{}", i)));
+  if (s.layers_per_block == 2) {  // two layers a block: templates at 1 (attention half) and 2 (MLP half)
+    out.push_back(transformer_block(s, 0, false, BlockPart::Attn));
+    out.push_back(transformer_block(s, 0, false, BlockPart::Mlp));
+    for (int i = 1; i < s.layers; ++i) {
+      out.push_back(copy_of(out, 1, fmt::format("block{}.attn", i)));
+      out.push_back(copy_of(out, 2, fmt::format("block{}.mlp", i)));
+    }
+  } else {
+    out.push_back(transformer_block(s, 0, false));
+    for (int i = 1; i < s.layers; ++i) out.push_back(copy_of(out, 1, fmt::format("block{}", i)));
+  }
   {
     Builder b(s);
     const int x = b.input(T * h, b.bpe(), true);
@@ -1209,6 +1232,10 @@ std::string analytic_spec_problem(const AnalyticSpec& s) {
       return fmt::format("ubatch_sizes must be strictly ascending ({} follows {})", s.ubatch_sizes[i],
                          s.ubatch_sizes[i - 1]);
   }
+  if (s.layers_per_block != 1 && s.layers_per_block != 2)
+    return fmt::format("layers_per_block must be 1 or 2, got {}", s.layers_per_block);
+  if (s.layers_per_block == 2 && s.family != ModelFamily::Gpt)
+    return "layers_per_block 2 (a block's attention and MLP halves) is for the gpt family only";
   if (s.family == ModelFamily::Resnet) {
     if (s.layers != 50 && s.layers != 101 && s.layers != 152)
       return fmt::format("resnet depth (layers) must be 50, 101 or 152, got {}", s.layers);

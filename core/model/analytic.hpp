@@ -55,7 +55,8 @@ struct AnalyticSpec {
   DType dtype = DType::Fp32;           // activations and GPU weights; fp16/bf16 keep FP32 masters on the CPU
   OptimizerKind optimizer = OptimizerKind::Adam;
   KernelStyle kernels = KernelStyle::Eager;
-  bool dropout = true;                                   // dropout layers are present (training mode)
+  bool dropout = true;       // dropout layers are present (training mode)
+  int layers_per_block = 1;  // gpt: 1, one layer a block; 2, its attention and MLP halves (block{i}.attn, .mlp)
   std::vector<int> ubatch_sizes = {1, 2, 4, 8, 16, 32};  // the sizes costs are computed at, ascending
 };
 
@@ -66,15 +67,15 @@ std::vector<std::string> analytic_preset_names();
 // Why `spec` cannot be built ("heads (16) must divide hidden (1000)"), or "" when it can.
 std::string analytic_spec_problem(const AnalyticSpec& spec);
 
-// The model: one Layer per embedding / block / head / loss, costed at spec.ubatch_sizes for both phases.
-// Throws ScheduleError when analytic_spec_problem(spec) is not empty or `gpu` is not valid().
-// `cpu` zeros take the documented defaults (the paper testbed's measured Adam step).
+// The model: one Layer per embedding / block (or GPT block half) / head / loss, costed at spec.ubatch_sizes for both
+// phases. Throws ScheduleError when analytic_spec_problem(spec) is not empty or `gpu` is not valid(). `cpu` zeros take
+// the documented defaults (the paper testbed's measured Adam step).
 Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAdam& cpu = {});
 
 // What each layer of the analytic model is, for tests and the validation table.
 struct AnalyticLayerInfo {
-  std::string kind;                   // embedding, block, final_norm, lm_head, mlm_head, pooler, classifier, stem,
-                                      // bottleneck, head, criterion
+  std::string kind;                   // embedding, block (block_attn, block_mlp), final_norm, lm_head, mlm_head,
+                                      // pooler, classifier, stem, bottleneck, head, criterion
   double fwd_flops_per_sample = 0;    // 2 x multiply-adds of its GEMMs and convolutions, per sample
   std::int64_t param_count = 0;       // parameters it owns (a tied head owns none)
   double saved_bytes_per_sample = 0;  // bytes per sample of the tensors autograd keeps from the forward for the

@@ -485,6 +485,102 @@ TEST_CASE("GPT 13B at T 1024, u 64: 16 GiB with flash and no head, 28 GiB fused 
   CHECK(fused_max > gib24);
 }
 
+TEST_CASE("layers_per_block 2: a GPT block's attention and MLP halves split its FLOPs, parameters and time") {
+  for (const KernelStyle style : {KernelStyle::Eager, KernelStyle::Fused, KernelStyle::Flash}) {
+    CAPTURE(static_cast<int>(style));
+    AnalyticSpec one = preset("gpt2-medium");
+    one.kernels = style;
+    one.ubatch_sizes = {1, 4};
+    AnalyticSpec two = one;
+    two.layers_per_block = 2;
+    const std::vector<AnalyticLayerInfo> a = analytic_layer_info(one), b = analytic_layer_info(two);
+    REQUIRE(a.size() == 24 + 4);
+    REQUIRE(b.size() == 2 * 24 + 4);  // embedding, 2 x 24 halves, final_norm, lm_head, criterion
+    CHECK(b[0].kind == "embedding");
+    for (int i = 0; i < 24; ++i) {
+      CHECK(b[static_cast<std::size_t>(1 + 2 * i)].kind == "block_attn");
+      CHECK(b[static_cast<std::size_t>(2 + 2 * i)].kind == "block_mlp");
+    }
+    CHECK(b[49].kind == "final_norm");
+    CHECK(b[50].kind == "lm_head");
+    CHECK(b[51].kind == "criterion");
+    // The halves partition the block: FLOPs and parameters add up exactly; the totals are unchanged.
+    CHECK(b[1].fwd_flops_per_sample + b[2].fwd_flops_per_sample == a[1].fwd_flops_per_sample);
+    CHECK(b[1].param_count + b[2].param_count == a[1].param_count);
+    CHECK(total_params(two) == total_params(one));
+    const double h = 1024;
+    CHECK(b[2].param_count == static_cast<std::int64_t>(8 * h * h + 5 * h + 2 * h));  // c_fc, mlp.c_proj, ln_2
+    CHECK(b[1].param_count == static_cast<std::int64_t>(4 * h * h + 4 * h + 2 * h));  // c_attn, c_proj, ln_1
+
+    const Model ma = analytic_model(one, paper_rates()), mb = analytic_model(two, paper_rates());
+    REQUIRE(mb.num_layers() == 2 * 24 + 4);
+    CHECK(mb.layers[1].name == "block0.attn");
+    CHECK(mb.layers[2].name == "block0.mlp");
+    CHECK(mb.layers[47].name == "block23.attn");
+    CHECK(mb.layers[48].name == "block23.mlp");
+    CHECK(mb.layers[49].name == "final_norm");
+    // Each half's input is the block's hidden state (T x h); the copies equal their templates.
+    CHECK(mb.layers[1].input_bytes_per_sample == ma.layers[1].input_bytes_per_sample);
+    CHECK(mb.layers[2].input_bytes_per_sample == 4 * 1024 * 1024);
+    CHECK(mb.layers[47].bwd_peak_bytes == mb.layers[1].bwd_peak_bytes);
+    CHECK(mb.layers[48].fwd_time_s == mb.layers[2].fwd_time_s);
+    CHECK(mb.layers[1].weight_bytes + mb.layers[2].weight_bytes == ma.layers[1].weight_bytes);
+    // Every kernel is priced the same: the halves' forward times add up to the block's, less the second
+    // layer call's fixed overhead.
+    const double overhead = paper_rates().forward_overhead_s;
+    for (std::size_t k = 0; k < 2; ++k) {
+      const double whole = ma.layers[1].fwd_time_s[k];
+      const double halves = mb.layers[1].fwd_time_s[k] + mb.layers[2].fwd_time_s[k] - overhead;
+      CHECK(std::abs(halves - whole) <= 1e-9 * whole);
+      // a half never needs the whole block's working set
+      CHECK(mb.layers[1].bwd_peak_bytes[k] < ma.layers[1].bwd_peak_bytes[k]);
+      CHECK(mb.layers[2].bwd_peak_bytes[k] < ma.layers[1].bwd_peak_bytes[k]);
+    }
+    // head none: + 2 (embedding, final_norm, criterion)
+    two.gpt_head = GptHead::None;
+    CHECK(analytic_layer_info(two).size() == 2 * 24 + 3);
+  }
+  // layers_per_block 1 is the default and builds the one-layer-a-block model
+  CHECK(AnalyticSpec{}.layers_per_block == 1);
+  AnalyticSpec bert = preset("bert-base");
+  bert.layers_per_block = 2;
+  CHECK(contains(analytic_spec_problem(bert), "gpt family only"));
+  AnalyticSpec three = preset("gpt2-small");
+  three.layers_per_block = 3;
+  CHECK(contains(analytic_spec_problem(three), "1 or 2"));
+  CHECK_THROWS_AS(analytic_model(three, paper_rates()), ScheduleError);
+}
+
+TEST_CASE("LoHan's GPT 13B (T 1024, fp16, flash, head none) at u 128 fits a 4090's 22 GiB only as block halves") {
+  AnalyticSpec s;
+  s.family = ModelFamily::Gpt;
+  s.layers = 40;
+  s.hidden = 5120;
+  s.heads = 40;
+  s.seq_len = 1024;
+  s.vocab = 50257;
+  s.dtype = DType::Fp16;
+  s.kernels = KernelStyle::Flash;
+  s.gpt_head = GptHead::None;
+  s.ubatch_sizes = {128};
+  const GpuRates rates = machine_preset("rtx4090-4x").gpu_rates;
+  const auto max_bwd_peak = [&](const Model& m) {
+    Bytes peak = 0;
+    for (const Layer& l : m.layers) peak = std::max(peak, l.bwd_peak_bytes[0]);
+    return peak;
+  };
+  const Model whole = analytic_model(s, rates);
+  s.layers_per_block = 2;
+  const Model halves = analytic_model(s, rates);
+  REQUIRE(halves.num_layers() == 2 * 40 + 3);  // embedding, 80 halves, final_norm, criterion
+  const Bytes gib22 = Bytes{22} << 30;
+  const double gib = static_cast<double>(Bytes{1} << 30);
+  MESSAGE("largest backward peak at u 128: ", static_cast<double>(max_bwd_peak(whole)) / gib,
+          " GiB one layer a block, ", static_cast<double>(max_bwd_peak(halves)) / gib, " GiB two");
+  CHECK(max_bwd_peak(halves) < gib22);
+  CHECK(max_bwd_peak(whole) > gib22);
+}
+
 TEST_CASE("same inputs, same model bit for bit; it writes and reads back as a profile") {
   AnalyticSpec s = preset("gpt3-2.7b");
   s.dtype = DType::Fp16;
@@ -778,6 +874,26 @@ TEST_CASE("model.analytic: kernels flash and head none; tied_head with head none
   check_at(e, 1, 49);
   CHECK(contains(e.hint(), "did you mean 'flash'"));
   CHECK(contains(e.hint(), "eager, fused, flash"));
+}
+
+TEST_CASE("model.analytic.layers_per_block: 1 or 2, gpt only") {
+  RunConfig c = load_config_text("model: {analytic: {preset: gpt2-small, layers_per_block: 2}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->layers_per_block == 2);
+  CHECK(load_model(c.model, c.machine).num_layers() == 2 * 12 + 4);
+  c = load_config_text("model: {analytic: {preset: gpt2-small}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->layers_per_block == 1);
+  ConfigError e = config_error("model: {analytic: {preset: gpt2-small, layers_per_block: 3}}\n" + kPlan);
+  check_at(e, 1, 58);
+  CHECK(contains(e.message(), "model.analytic.layers_per_block = 3"));
+  CHECK(contains(e.message(), "1 or 2"));
+  e = config_error("model: {analytic: {preset: gpt2-small, layers_per_block: 0}}\n" + kPlan);
+  check_at(e, 1, 58);
+  CHECK(contains(e.message(), "1 or 2"));
+  e = config_error("model: {analytic: {preset: bert-base, layers_per_block: 2}}\n" + kPlan);
+  check_at(e, 1, 39);
+  CHECK(contains(e.message(), "does not apply to family bert"));
+  e = config_error("model: {analytic: {preset: resnet50, layers_per_block: 1}}\n" + kPlan);
+  CHECK(contains(e.message(), "does not apply to family resnet"));
 }
 
 TEST_CASE("load_model: an analytic model needs the machine's gpu_rates") {
