@@ -170,7 +170,8 @@ budget: {{tokens: 3e9, seq_len: 512}}
         d = os.path.join(tmp, f"shard{i}")
         r = run("sweep", slow, "--out", d, "--shard", f"{i}/3", "--quiet")
         check(f"shard {i} exit 0", r.returncode == 0, r.stderr)
-        check(f"shard {i} size", read(os.path.join(d, "results.jsonl")).count(b"\n") == 32, d)
+        rows = read(os.path.join(d, "results.jsonl")).count(b"\n")
+        check(f"shard {i} size", abs(rows - total / 3) < 1, (d, rows))  # 112 points: 38, 37, 37
         shard_dirs.append(d)
     merged = os.path.join(tmp, "merged")
     r = run("merge", merged, *reversed(shard_dirs))
@@ -284,7 +285,7 @@ budget: {{tokens: 3e9, seq_len: 512}}
           loser)
     check("two writers: rows not doubled", same_files(full, two, ("results.csv", "results.jsonl")), "files differ")
 
-    # --- a huge grid (101^3 x 6 = 6,181,806 points): refused at once with exit 2 unless --allow-large-grid;
+    # --- a huge grid (101^3 x 7 = 7,212,107 points): refused at once with exit 2 unless --allow-large-grid;
     # allowed, it streams (rows appear at once, memory stays small) and stops on Ctrl-C
     vals = ", ".join(str(i) for i in range(1, 102))
     huge = write(os.path.join(tmp, "huge.yaml"), f"""base: {BASE}
@@ -297,7 +298,7 @@ grid:
     start = time.time()
     r = run("sweep", huge, "--out", hout, timeout=60)
     check("huge grid: exit 2", r.returncode == 2, (r.returncode, r.stderr))
-    check("huge grid: names the count and the flag", "6181806 points" in r.stderr and "--allow-large-grid" in r.stderr,
+    check("huge grid: names the count and the flag", "7212107 points" in r.stderr and "--allow-large-grid" in r.stderr,
           r.stderr)
     check("huge grid: refused fast, writes nothing", time.time() - start < 20 and not os.path.exists(hout),
           time.time() - start)
@@ -316,7 +317,7 @@ grid:
     pout, perr = p.communicate(timeout=120)
     check("huge grid allowed: rows stream", rss_kib is not None, (p.returncode, pout, perr))
     check("huge grid allowed: small memory", rss_kib is not None and rss_kib < 512 * 1024, rss_kib)
-    check("huge grid allowed: ctrl-c exit 130", p.returncode == 130 and "6181806 points" in pout, (p.returncode, pout))
+    check("huge grid allowed: ctrl-c exit 130", p.returncode == 130 and "7212107 points" in pout, (p.returncode, pout))
 
     # --- the progress display sweep shares with search and compare: silent for a quick search; a compare that
     # runs past 2 s prints progress lines with ETA on stderr (not a terminal here), its JSON on stdout unchanged

@@ -343,7 +343,7 @@ TEST_CASE("the bundled sweeps load; the GPT sweep has at least 1,000 points and 
   CHECK(example.num_points() == 96);
   const auto gpt = sim::load_sweep(root() + "/configs/sweeps/gpt_1b_100b.yaml");
   CHECK(gpt.num_points() >= 1000);
-  CHECK(gpt.kinds.size() == 6);
+  CHECK(gpt.kinds.size() == 7);  // every kind, lohan included
   CHECK(gpt.budget.samples > 0);
   // the smallest model on the first machine with one GPU, Harmony-PP, and the 100B model's last point
   auto r = sim::evaluate_sweep_point(gpt, 0);
