@@ -27,7 +27,7 @@ MACHINE = os.path.join(ROOT, "configs/run/cpu-4x.yaml")
 STEPS = 3 if SMALL else 8  # the first step is a warm-up and left out
 REPEATS = 1 if SMALL else 9
 
-# (name, role, plan keys, device memory): fit on at most 3, predict the rest; all six plan kinds, 1-4 devices,
+# (name, role, plan keys, device memory): fit on at most 3, predict the rest; all seven plan kinds, 1-4 devices,
 # several packs and microbatch sizes, every device capped below the model (1.6 MiB of weights + 3.3 MiB of state)
 PROGRAMS = [
     ("Harmony-PP N4 u2/2, 1-layer packs", "fit",
@@ -48,6 +48,7 @@ PROGRAMS = [
     ("pp-swap N4 u1", "predict", "mode: pp-swap, gpus: 4, minibatch: 8, u_fwd: 1, u_bwd: 1", "16MiB"),
     ("zero-infinity N2 u2", "predict", "mode: zero-infinity, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2", "2MiB"),
     ("l2l N1 u4", "predict", "mode: l2l, gpus: 1, minibatch: 8, u_fwd: 4, u_bwd: 4", "2MiB"),
+    ("lohan N2 u4", "predict", "mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4", "2MiB"),
 ]
 if SMALL:
     PROGRAMS = [PROGRAMS[1], PROGRAMS[4], PROGRAMS[8]]
