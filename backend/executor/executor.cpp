@@ -1151,10 +1151,17 @@ struct Executor::Impl {
 };
 
 namespace {
-// Baseline Programs (core::lower_baseline) carry no Harmony tasks: their ops have pseudo task ids.
+// Which interpreter runs a Program: its kind says (a baseline's Program keeps its own kind, core::lower_baseline).
+// Baseline Programs carry no Harmony tasks (their ops have pseudo task ids) and Harmony Programs do: a Program
+// whose task graph contradicts its kind is malformed and refused, not guessed at.
 bool is_baseline_program(const core::Program& p) {
-  return p.graph.tasks.empty() &&
-         std::all_of(p.graph.rank_tasks.begin(), p.graph.rank_tasks.end(), [](const auto& r) { return r.empty(); });
+  const bool baseline = core::is_baseline(p.graph.plan.kind);
+  const bool no_tasks = p.graph.tasks.empty() && std::all_of(p.graph.rank_tasks.begin(), p.graph.rank_tasks.end(),
+                                                             [](const auto& r) { return r.empty(); });
+  if (baseline != no_tasks)
+    throw BackendError(fmt::format("executor: a {} Program {} Harmony tasks: its kind and its task graph disagree",
+                                   core::plan_kind_name(p.graph.plan.kind), baseline ? "with" : "without"));
+  return baseline;
 }
 }  // namespace
 

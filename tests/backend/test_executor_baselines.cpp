@@ -280,6 +280,26 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
   }
 }
 
+// The executor picks its interpreter by the Program's kind and refuses a Program whose task graph contradicts it
+// (a baseline kind with Harmony tasks, a Harmony kind without): it used to guess the dialect from the tasks alone.
+TEST_CASE("a Program whose kind and task graph disagree is refused") {
+  {
+    Setup s(2);
+    core::Program prog = lower_baseline_plan(
+        *s.model, baseline_plan(core::PlanKind::DpSwap, 2, 2, core::SwapChoice::Auto, core::SwapChoice::Auto));
+    prog.graph.plan.kind = core::PlanKind::HarmonyDP;
+    CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
+                         doctest::Contains("a harmony-dp Program without Harmony tasks"), BackendError);
+  }
+  {
+    Setup s(2);
+    core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 2, 2, 1, false);
+    prog.graph.plan.kind = core::PlanKind::LoHan;
+    CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
+                         doctest::Contains("a lohan Program with Harmony tasks"), BackendError);
+  }
+}
+
 // bf16 mixed precision on the baselines' Programs. Bit-exact against the bf16 PlainTrainer over microbatches of u
 // where each layer's dW is accumulated on one device, microbatch after microbatch in sample order, and reaches the
 // host once (bf16 rounds dW after each microbatch, as the trainer does): dp-swap on one GPU with the weights kept,
