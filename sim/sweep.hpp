@@ -79,7 +79,7 @@ SweepPoint sweep_point(const Sweep& sweep, std::size_t index);
 // usually a mistake (a forgotten axis, a long list pasted twice) and takes days.
 constexpr std::size_t kLargeGridPoints = 1'000'000;
 // The results format of a sweep folder (sweep.json's "version"); see kFormatVersion in sweep_internal.hpp.
-constexpr int kSweepFormatVersion = 3;
+constexpr int kSweepFormatVersion = 4;  // 4: activation_policy and offload columns
 
 // `--shard I/N`: the points p with p % N == I.
 struct Shard {

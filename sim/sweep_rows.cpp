@@ -73,6 +73,8 @@ std::vector<std::string> sweep_columns(const Sweep& sweep) {
                            "packing_bwd",
                            "swap_weights",
                            "swap_activations",
+                           "activation_policy",
+                           "offload",
                            "swap_in_bytes",
                            "swap_out_bytes",
                            "p2p_bytes",
@@ -297,6 +299,12 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
       cells.push_back(null_cell());
       cells.push_back(null_cell());
     }
+    // What decided the plan besides its shape: the activation policy (Harmony recomputes by design) and, for the
+    // kinds with offload tiers, where parameters and optimizer state lived (cpu: host memory, nvme: the drives).
+    cells.push_back(kr->baseline ? text_cell(core::activation_policy_name(kr->baseline->activation_policy))
+                                 : text_cell("checkpoint"));
+    cells.push_back(core::has_offload_tiers(p.kind) ? text_cell(kr->offload.empty() ? "cpu" : kr->offload)
+                                                    : null_cell());
     cells.push_back(int_cell(r->swap_in_bytes));
     cells.push_back(int_cell(r->swap_out_bytes));
     cells.push_back(int_cell(r->p2p_bytes));
@@ -305,7 +313,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
     // The reference model estimates no memory for the baselines (0): unknown, not zero.
     cells.push_back(r->peak_memory_bytes > 0 || r->native ? int_cell(r->peak_memory_bytes) : null_cell());
   } else {
-    for (int i = 0; i < 16; ++i) cells.push_back(null_cell());
+    for (int i = 0; i < 18; ++i) cells.push_back(null_cell());
   }
   const core::MachineSpec* m = cfg ? &cfg->machine : nullptr;
   cells.push_back(when(m != nullptr, int_cell(m ? m->search_capacity_bytes() : 0)));

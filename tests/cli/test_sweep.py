@@ -68,6 +68,7 @@ with tempfile.TemporaryDirectory() as tmp:
           list(lines[0].keys()))
     for key in ["point", "id", "model.profile", "machine", "plan.gpus", "plan_kind", "status", "feasible", "reason",
                 "iteration_time_s", "throughput_samples_per_s", "u_fwd", "u_bwd", "packs_fwd", "packs_bwd",
+                "activation_policy", "offload",
                 "swap_in_bytes", "swap_out_bytes", "p2p_bytes", "collective_bytes", "peak_memory_bytes",
                 "gpu_capacity_bytes", "fits", "excess_bytes", "host_memory_bytes", "time_to_train_s",
                 "price_per_hour", "cost"]:
@@ -77,6 +78,13 @@ with tempfile.TemporaryDirectory() as tmp:
           ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l"], lines[:6])
     ok = [x for x in lines if x["status"] == "ok"]
     check("some ok", len(ok) > 40, len(ok))
+    tiers = {"harmony-pp", "harmony-dp", "zero-infinity", "lohan"}
+    check("ok rows name their activation policy and (kinds with tiers) their offload tier",
+          all(x["activation_policy"] in ("checkpoint", "keep") and
+              (x["offload"] in ("cpu", "nvme") if x["plan_kind"] in tiers else x["offload"] is None) for x in ok),
+          [(x["plan_kind"], x["activation_policy"], x["offload"]) for x in ok][:8])
+    check("Harmony rows recompute", all(x["activation_policy"] == "checkpoint" for x in ok
+                                        if x["plan_kind"].startswith("harmony")), "")
     for x in ok:
         check(f"ok row {x['point']} metrics", x["feasible"] is True and x["iteration_time_s"] > 0 and
               x["throughput_samples_per_s"] > 0 and x["reason"] is None and x["time_to_train_s"] > 0 and

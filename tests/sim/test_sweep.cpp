@@ -230,6 +230,9 @@ TEST_CASE("rows: ok, invalid with the config's reason, does not fit") {
   CHECK(r.json.find("\"plan_kind\":\"harmony-pp\"") != std::string::npos);
   CHECK(r.json.find("\"packs_bwd\":[[") != std::string::npos);  // a JSON array, not a string
   CHECK(r.json.find("\"fits\":true,\"excess_bytes\":null") != std::string::npos);
+  // Harmony recomputes by design; its masters and optimizer state stayed in host memory (no NVMe tier here)
+  CHECK(r.json.find("\"swap_activations\":null,\"activation_policy\":\"checkpoint\",\"offload\":\"cpu\"") !=
+        std::string::npos);
   CHECK(r.csv.find(",\"[[") != std::string::npos);  // the CSV holds the packs as quoted text
   CHECK(r.json.find("\"samples\":976563") != std::string::npos);
   CHECK(r.csv.back() == '\n');
