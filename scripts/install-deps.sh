@@ -10,7 +10,7 @@ set -euo pipefail
 
 packages=(
   meson ninja-build pkg-config python3
-  libfmt-dev libyaml-cpp-dev doctest-dev libboost-graph-dev nlohmann-json3-dev libcli11-dev
+  libfmt-dev libyaml-cpp-dev doctest-dev nlohmann-json3-dev libcli11-dev
   python3-jsonschema  # tests/cli/test_schema.py validates every JSON output against schemas/
   libsimdjson-dev  # the profile loader's fast JSON path (core/model/profile.cpp): parsing speed
 )

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/program/program_graph.hpp"
+
 namespace harmony::sim {
 
 namespace {
@@ -25,7 +27,7 @@ std::vector<int> gates_of(const core::Program& p, int o) {
   auto add = [&](int x) {
     const Op& op = p.ops[z(x)];
     g.insert(g.end(), op.deps.begin(), op.deps.end());
-    if (op.queue_pos > 0) g.push_back(p.queues[z(op.queue)].ops[z(op.queue_pos - 1)]);
+    if (const int pred = core::queue_predecessor(p, x); pred >= 0) g.push_back(pred);
   };
   add(o);
   if (p.ops[z(o)].peer >= 0) add(p.ops[z(o)].peer);
@@ -43,7 +45,6 @@ int last_gate(const core::Program& p, const Timeline& t, int o) {
   return best;
 }
 
-bool is_compute_kind(OpKind k) { return k == OpKind::FWD || k == OpKind::REC || k == OpKind::BWD; }
 bool is_collective(OpKind k) { return k == OpKind::ARD || k == OpKind::AG || k == OpKind::RS; }
 bool on_peer_stream(const Op& o) { return o.stream == Stream::P2PIn || o.stream == Stream::P2POut; }
 
@@ -97,7 +98,7 @@ Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& m
   for (const CriticalStep& s : path) {
     const Op& op = program.ops[z(s.op)];
     b.path_wait_s += s.wait_s;
-    if (is_compute_kind(op.kind)) {
+    if (core::is_compute(op.kind)) {
       b.path_compute_s += s.run_s;
     } else if (op.stream == Stream::Cpu) {
       b.path_cpu_s += s.run_s;
@@ -123,7 +124,7 @@ Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& m
         if (gap > 0) {
           const int gate = last_gate(program, t, o);
           const Op* go = gate >= 0 ? &program.ops[z(gate)] : nullptr;
-          if (go == nullptr || is_compute_kind(go->kind) || go->kind == OpKind::DEL) {
+          if (go == nullptr || core::is_compute(go->kind) || go->kind == OpKind::DEL) {
             gb.idle_s += gap;
           } else if (go->stream == Stream::Cpu) {
             gb.wait_cpu_s += gap;
@@ -134,7 +135,7 @@ Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& m
           }
         }
         const double run = secs(t.duration_ps[z(o)]);
-        if (is_compute_kind(op.kind)) {
+        if (core::is_compute(op.kind)) {
           gb.compute_s += run;
         } else if (is_collective(op.kind)) {
           gb.wait_peer_s += run;

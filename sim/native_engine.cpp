@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/program/program_graph.hpp"
 
 namespace harmony::sim {
 
@@ -303,7 +304,7 @@ struct CopyEngine {
 class Engine {
  public:
   Engine(const Program& p, const core::Model& m, const core::MachineSpec& mach, const NativeOptions& opt)
-      : p_(p), m_(m), mach_(mach), opt_(opt) {
+      : p_(p), m_(m), mach_(mach), opt_(opt), graph_(p) {
     if (mach.topology.valid()) {
       topo_ = mach.topology;
     } else {
@@ -341,7 +342,7 @@ class Engine {
     mem_.assign(nd, 0);
     r_.peak_bytes.assign(z(std::max(p.num_devices(), 1)), 0);
     latency_ps_ = opt.latency ? core::seconds_to_ps(topo_.transfer_latency_s) : 0;
-    build_successors();
+    init_readiness();
   }
 
   NativeResult run() {
@@ -370,7 +371,7 @@ class Engine {
 
  private:
   // ---- readiness (the same rule as run_timeline) ----
-  void build_successors() {
+  void init_readiness() {
     const std::size_t n = p_.ops.size();
     auto& t = r_.timeline;
     t.begin_ps.assign(n, -1);
@@ -378,24 +379,12 @@ class Engine {
     t.duration_ps.assign(n, 0);
     r_.ready_ps.assign(n, -1);
     pending_.assign(n, 0);
-    count_.assign(n + 1, 0);
-    auto pred = [&](const Op& o) { return p_.queues[z(o.queue)].ops[z(o.queue_pos - 1)]; };
     for (std::size_t i = 0; i < n; ++i) {
       const Op& o = p_.ops[i];
       if (o.peer >= 0 && (o.peer >= static_cast<int>(n) || p_.ops[z(o.peer)].peer != static_cast<int>(i)))
         throw core::ScheduleError(
             fmt::format("op {} has a rendezvous peer that does not point back", p_.op_id(static_cast<int>(i))));
-      for (int d : o.deps) ++count_[z(d) + 1];
-      pending_[i] = static_cast<int>(o.deps.size()) + (o.queue_pos > 0 ? 1 : 0);
-      if (o.queue_pos > 0) ++count_[z(pred(o)) + 1];
-    }
-    for (std::size_t i = 0; i < n; ++i) count_[i + 1] += count_[i];
-    succ_.assign(z(count_[n]), 0);
-    std::vector<int> fill(count_.begin(), count_.end() - 1);
-    for (std::size_t i = 0; i < n; ++i) {
-      const Op& o = p_.ops[i];
-      for (int d : o.deps) succ_[z(fill[z(d)]++)] = static_cast<int>(i);
-      if (o.queue_pos > 0) succ_[z(fill[z(pred(o))]++)] = static_cast<int>(i);
+      pending_[i] = graph_.predecessor_count(static_cast<int>(i));
     }
   }
 
@@ -796,10 +785,8 @@ class Engine {
     }
     for (int op : {x.a, x.b}) {
       if (op < 0) continue;
-      for (int k = count_[z(op)]; k < count_[z(op) + 1]; ++k) {
-        const auto s = z(succ_[z(k)]);
-        if (--pending_[s] == 0) became_ready(static_cast<int>(s));
-      }
+      for (const int s : graph_.successors(op))
+        if (--pending_[z(s)] == 0) became_ready(s);
     }
   }
 
@@ -1054,9 +1041,8 @@ class Engine {
   std::vector<double> last_sample_;
   std::vector<CopyEngine> engines_;
   std::vector<Bytes> mem_;
+  core::ProgramGraph graph_;
   std::vector<int> pending_;
-  std::vector<int> count_;
-  std::vector<int> succ_;
   std::vector<Activity> acts_;
   std::vector<int> active_;
   std::vector<int> to_start_;

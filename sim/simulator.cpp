@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/program/program_graph.hpp"
 
 namespace harmony::sim {
 
@@ -21,29 +22,10 @@ Timeline run_timeline(const Program& p, std::vector<TimePs> durations) {
   t.duration_ps = std::move(durations);
   t.begin_ps.assign(n, -1);
   t.end_ps.assign(n, -1);
-  // successors in CSR form: dependencies, then the stream successor
+  // readiness: an op starts once all its predecessors (deps, then its stream predecessor) have ended
+  const core::ProgramGraph g(p);
   std::vector<int> pending(n, 0);
-  std::vector<int> count(n + 1, 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto& o = p.ops[i];
-    for (int d : o.deps) ++count[static_cast<std::size_t>(d) + 1];
-    pending[i] = static_cast<int>(o.deps.size()) + (o.queue_pos > 0 ? 1 : 0);
-    if (o.queue_pos > 0) {
-      const int pred = p.queues[static_cast<std::size_t>(o.queue)].ops[static_cast<std::size_t>(o.queue_pos - 1)];
-      ++count[static_cast<std::size_t>(pred) + 1];
-    }
-  }
-  for (std::size_t i = 0; i < n; ++i) count[i + 1] += count[i];
-  std::vector<int> succ(static_cast<std::size_t>(count[n]));
-  std::vector<int> fill(count.begin(), count.end() - 1);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto& o = p.ops[i];
-    for (int d : o.deps) succ[static_cast<std::size_t>(fill[static_cast<std::size_t>(d)]++)] = static_cast<int>(i);
-    if (o.queue_pos > 0) {
-      const int pred = p.queues[static_cast<std::size_t>(o.queue)].ops[static_cast<std::size_t>(o.queue_pos - 1)];
-      succ[static_cast<std::size_t>(fill[static_cast<std::size_t>(pred)]++)] = static_cast<int>(i);
-    }
-  }
+  for (std::size_t i = 0; i < n; ++i) pending[i] = g.predecessor_count(static_cast<int>(i));
   // completion heap ordered by (end time, sequence of start)
   using Entry = std::pair<TimePs, std::uint64_t>;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
@@ -70,8 +52,8 @@ Timeline run_timeline(const Program& p, std::vector<TimePs> durations) {
     heap.pop();
     const int op = seq_op[static_cast<std::size_t>(seq)];
     ++t.events_processed;
-    for (int k = count[static_cast<std::size_t>(op)]; k < count[static_cast<std::size_t>(op) + 1]; ++k) {
-      const auto s = static_cast<std::size_t>(succ[static_cast<std::size_t>(k)]);
+    for (const int succ : g.successors(op)) {
+      const auto s = static_cast<std::size_t>(succ);
       ready[s] = std::max(ready[s], now);
       if (--pending[s] == 0) start(static_cast<int>(s), ready[s]);
     }

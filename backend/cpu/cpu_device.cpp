@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/kernels.hpp"
+#include "backend/rank_sum.hpp"
 
 namespace harmony::backend::cpu {
 namespace {
@@ -619,11 +620,8 @@ class CpuCommunicator final : public Communicator {
         }
         if (c.error.empty()) {
           // Element-wise sum in rank order 0, 1, ..., n-1, then the same result written to every rank.
-          std::vector<float> sum(c.bufs[0], c.bufs[0] + count);
-          for (int r = 1; r < n; ++r) {
-            const float* b = c.bufs[r];
-            for (std::int64_t i = 0; i < count; ++i) sum[i] += b[i];
-          }
+          std::vector<float> sum(static_cast<std::size_t>(count));
+          for (int r = 0; r < n; ++r) add_in_rank_order(sum, {c.bufs[r], sum.size()}, static_cast<std::size_t>(r));
           for (int r = 0; r < n; ++r) std::memcpy(c.bufs[r], sum.data(), sum.size() * sizeof(float));
         }
         c.done = true;

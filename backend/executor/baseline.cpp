@@ -15,6 +15,7 @@
 
 #include "backend/executor/detail.hpp"
 #include "backend/model/describe.hpp"
+#include "backend/rank_sum.hpp"
 #include "core/program/baselines/baselines.hpp"
 
 namespace harmony::backend::detail {
@@ -908,7 +909,7 @@ class BaselineInterpreter final : public Interpreter {
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int d = at(g[r]).device;
       grads_down(g[r], d, part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count);
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
+      add_in_rank_order(sum, part, r);
     }
     return sum;
   }

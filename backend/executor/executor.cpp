@@ -10,7 +10,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
@@ -23,6 +22,8 @@
 #include <fmt/format.h>
 
 #include "backend/executor/detail.hpp"
+#include "backend/rank_sum.hpp"
+#include "core/program/program_graph.hpp"
 #include "core/program/task_graph.hpp"
 
 namespace harmony::backend {
@@ -33,45 +34,22 @@ Ancestry::Ancestry(const core::Program& p, const std::vector<std::vector<int>>& 
   const std::size_t n = p.ops.size();
   words_ = (n + 63) / 64;
   bits_.assign(n * words_, 0);
-  // predecessors: deps, the op before in its queue, extra edges; Kahn's algorithm in op order
-  std::vector<std::vector<int>> preds(n), succs(n);
-  for (std::size_t o = 0; o < n; ++o) {
-    const core::Op& op = p.ops[o];
-    auto add = [&](int d) {
-      preds[o].push_back(d);
-      succs[static_cast<std::size_t>(d)].push_back(static_cast<int>(o));
-    };
-    for (int d : op.deps) add(d);
-    if (op.queue_pos > 0)
-      add(p.queues[static_cast<std::size_t>(op.queue)].ops[static_cast<std::size_t>(op.queue_pos - 1)]);
-    if (o < extra.size())
-      for (int d : extra[o]) add(d);
-  }
-  std::vector<std::size_t> indeg(n);
-  std::deque<std::size_t> ready;
-  for (std::size_t o = 0; o < n; ++o) {
-    indeg[o] = preds[o].size();
-    if (indeg[o] == 0) ready.push_back(o);
-  }
-  std::size_t seen = 0;
-  while (!ready.empty()) {
-    const std::size_t o = ready.front();
-    ready.pop_front();
-    ++seen;
-    std::uint64_t* row = &bits_[o * words_];
-    for (int d : preds[o]) {
+  // ancestors = the union of the predecessors' ancestors, filled in a topological order
+  const core::ProgramGraph g(p, extra);
+  const std::vector<int> order = g.topological_order();
+  if (order.size() != n)
+    throw ScheduleViolation(
+        "executor: the Program's dependencies and queue order (with the executor's added edges) "
+        "form a cycle");
+  for (const int op : order) {
+    std::uint64_t* row = &bits_[static_cast<std::size_t>(op) * words_];
+    for (const int d : g.predecessors(op)) {
       const auto du = static_cast<std::size_t>(d);
       const std::uint64_t* drow = &bits_[du * words_];
       for (std::size_t w = 0; w < words_; ++w) row[w] |= drow[w];
       row[du / 64] |= std::uint64_t{1} << (du % 64);
     }
-    for (int s : succs[o])
-      if (--indeg[static_cast<std::size_t>(s)] == 0) ready.push_back(static_cast<std::size_t>(s));
   }
-  if (seen != n)
-    throw ScheduleViolation(
-        "executor: the Program's dependencies and queue order (with the executor's added edges) "
-        "form a cycle");
 }
 
 std::string op_name(const core::Program& p, int op) { return p.op_label(op) + " (" + p.op_id(op) + ")"; }
@@ -979,7 +957,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
         D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
         sync(group[r]);
       }
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
+      add_in_rank_order(sum, part, r);
     }
     for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = to_bf16(sum[i]);  // the fp32 sum rounded once
     for (int a : group) {

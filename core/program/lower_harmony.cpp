@@ -10,6 +10,7 @@
 
 #include "core/base/error.hpp"
 #include "core/program/lower.hpp"
+#include "core/program/program_graph.hpp"
 
 namespace harmony::core {
 namespace {
@@ -666,9 +667,7 @@ class Lowerer {
       std::vector<int>& merged = ops[i].deps;
       merged.reserve(merged.size() + p.deps.size() + 1);
       merged.insert(merged.end(), p.deps.begin(), p.deps.end());
-      if (p.queue_pos > 0)
-        merged.push_back(
-            prog_.queues[static_cast<std::size_t>(p.queue)].ops[static_cast<std::size_t>(p.queue_pos - 1)]);
+      if (const int pred = queue_predecessor(prog_, ops[i].peer); pred >= 0) merged.push_back(pred);
       std::sort(merged.begin(), merged.end());
       merged.erase(std::unique(merged.begin(), merged.end()), merged.end());
     }

@@ -1,12 +1,11 @@
-// Program naming (reference ids, trace labels) and structural validation with Boost.Graph:
-// dependency and peer consistency, and acyclicity of dependencies plus queue order.
+// Program naming (reference ids, trace labels) and structural validation: dependency and peer consistency,
+// and acyclicity of dependencies plus queue order (over the ProgramGraph).
 #include "core/program/program.hpp"
 
 #include <fmt/format.h>
-#include <boost/graph/adjacency_list.hpp>
-#include <boost/graph/topological_sort.hpp>
 
 #include "core/base/error.hpp"
+#include "core/program/program_graph.hpp"
 
 namespace harmony::core {
 
@@ -81,33 +80,11 @@ std::string Program::op_label(int op) const {
   return fmt::format("t{} {} {}", o.task, op_kind_name(o.kind), layers);
 }
 
-namespace {
-using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
-
-Graph build_graph(const Program& p) {
-  Graph g(p.ops.size());
-  for (std::size_t i = 0; i < p.ops.size(); ++i) {
-    for (int d : p.ops[i].deps) boost::add_edge(static_cast<std::size_t>(d), i, g);
-  }
-  for (const OpQueue& q : p.queues) {
-    for (std::size_t k = 1; k < q.ops.size(); ++k) {
-      boost::add_edge(static_cast<std::size_t>(q.ops[k - 1]), static_cast<std::size_t>(q.ops[k]), g);
-    }
-  }
-  return g;
-}
-}  // namespace
-
 std::vector<int> topological_order(const Program& p) {
-  Graph g = build_graph(p);
-  std::vector<std::size_t> rev;
-  rev.reserve(p.ops.size());
-  try {
-    boost::topological_sort(g, std::back_inserter(rev));
-  } catch (const boost::not_a_dag&) {
+  std::vector<int> order = ProgramGraph(p).topological_order();
+  if (order.size() != p.ops.size())
     throw ScheduleError("the program has a dependency cycle (through dependencies and stream order)");
-  }
-  return std::vector<int>(rev.rbegin(), rev.rend());
+  return order;
 }
 
 void validate_program(const Program& p) {

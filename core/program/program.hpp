@@ -108,11 +108,11 @@ struct Program {
 };
 
 // Structural checks: dependency indices in range, peers symmetric, every queue position consistent,
-// and no cycle through dependencies and queue order (Boost.Graph). Throws ScheduleError naming ops.
+// and no cycle through dependencies and queue order (ProgramGraph). Throws ScheduleError naming ops.
 void validate_program(const Program& program);
 
 // Ops in an order where every op comes after its dependencies and queue predecessors
-// (Boost.Graph topological sort). Throws ScheduleError on a cycle.
+// (ProgramGraph::topological_order). Throws ScheduleError on a cycle.
 std::vector<int> topological_order(const Program& program);
 
 }  // namespace harmony::core
