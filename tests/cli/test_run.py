@@ -355,7 +355,8 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     check("unknown key located", "bad.yaml:9:3" in r.stderr and "did you mean 'seq_len'" in r.stderr, r.stderr)
     # a baseline is checked under its own rule (u divides D/N), not harmony-pp's, and located at plan.u_bwd
     dpswap = write(tmp, "dpswap.yaml", open(DEFAULT).read().replace("mode: harmony-pp", "mode: dp-swap")
-                   .replace("  gpus: 4", "  gpus: 2").replace("  u_fwd: 2\n  u_bwd: 2", "  u_fwd: 3\n  u_bwd: 8"))
+                   .replace("  gpus: 4", "  gpus: 2").replace("  u_fwd: 2\n  u_bwd: 2", "  u_fwd: 3\n  u_bwd: 8")
+                   .replace("file: cpu-4x.yaml", "file: " + os.path.join(ROOT, "configs/run/cpu-4x.yaml")))
     r = run("train", dpswap, "--steps", "1")
     check("baseline u not dividing D/N exits 2", r.returncode == 2, r.stderr)
     check("baseline rule located at plan.u_bwd with a hint",
