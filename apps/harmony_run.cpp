@@ -40,6 +40,7 @@
 #include "core/model/profile.hpp"
 #include "core/output/report.hpp"
 #include "core/output/trace.hpp"
+#include "core/plan/plan_rules.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/program/lower.hpp"
 #include "core/search/search.hpp"
@@ -420,15 +421,6 @@ Chosen chosen_baseline(const Setup& s, const core::BaselinePlan& b) {
   return c;
 }
 
-// Whether the runtime can run `u` on every GPU's share of the minibatch (D % u == 0 per share).
-bool divides_shares(const core::Plan& p, int u) {
-  if (u < 1) return false;
-  if (p.kind == core::PlanKind::HarmonyPP) return p.minibatch % u == 0;
-  for (int n = 0; n < p.gpus; ++n)
-    if ((p.minibatch / p.gpus + (n < p.minibatch % p.gpus ? 1 : 0)) % u != 0) return false;
-  return true;
-}
-
 // --plan auto's candidates of the config's kind, each as the run would execute it (its Program lowered on the
 // exact sizes), priced by harmony-sim on `priced`: Harmony kinds the search's candidates (core::enumerate_candidates
 // at the device capacity), plus one layer per pack at every microbatch pair (the least memory any packing takes,
@@ -460,19 +452,21 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
     for (const core::BaselinePlan& b :
          core::enumerate_baseline_plans(kind, priced, cfg.plan.gpus, cfg.plan.minibatch, capacity, bo))
       add(chosen_baseline(s, b));  // pp-swap keeps the stages balanced on the profile's times
-    if (out.empty())
+    if (out.empty()) {
+      auto problem = core::split_problem(kind, cfg.plan.gpus, cfg.plan.minibatch);
+      if (!problem) problem = core::stage_problem(kind, cfg.plan.gpus, priced.num_layers());
       why_none =
-          core::is_data_parallel(kind) && cfg.plan.minibatch % cfg.plan.gpus != 0
-              ? fmt::format("{} splits the minibatch evenly: {} devices do not divide minibatch {}", cfg.baseline_kind,
-                            cfg.plan.gpus, cfg.plan.minibatch)
-              : fmt::format("no microbatch size of the profile ({}..{}) divides a device's share of minibatch {}",
-                            priced.ubatch_min(core::Phase::Bwd), priced.ubatch_max(core::Phase::Bwd),
-                            cfg.plan.minibatch);
+          problem ? problem->message
+                  : fmt::format(
+                        "no microbatch size of the profile ({}..{}) divides a device's share of "
+                        "minibatch {}",
+                        priced.ubatch_min(core::Phase::Bwd), priced.ubatch_max(core::Phase::Bwd), cfg.plan.minibatch);
+    }
     return out;
   }
   const core::PlanKind mode = cfg.plan.kind;
-  if (mode == core::PlanKind::HarmonyDP && cfg.plan.minibatch < cfg.plan.gpus) {
-    why_none = fmt::format("harmony-dp over {} devices needs a minibatch of at least {}", cfg.plan.gpus, cfg.plan.gpus);
+  if (const auto problem = core::split_problem(mode, cfg.plan.gpus, cfg.plan.minibatch)) {
+    why_none = problem->message;
     return out;
   }
   core::SearchSpace space;
@@ -485,7 +479,10 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
   auto try_add = [&](const core::Plan& p) {
     try {
       core::validate_plan(p, priced.num_layers());
-      if (!divides_shares(p, p.u_bwd) || (!p.packs_fwd.empty() && !divides_shares(p, p.u_fwd))) return;
+      // the runtime's rule: equal microbatches on every device's share (core/plan/plan_rules)
+      if (!core::microbatch_fits(p.kind, p.gpus, p.minibatch, p.u_bwd) ||
+          (!p.packs_fwd.empty() && !core::microbatch_fits(p.kind, p.gpus, p.minibatch, p.u_fwd)))
+        return;
       if (!priced.ubatch_in_range(core::Phase::Bwd, p.u_bwd)) return;
       if (!p.packs_fwd.empty() && !priced.ubatch_in_range(core::Phase::Fwd, p.u_fwd)) return;
       add(chosen_harmony(s, p));

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
 #include "core/search/search.hpp"
 #include "sim/cost_reference.hpp"
@@ -159,10 +160,9 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   kr.kind = kind;
   const std::string name = core::plan_kind_name(kind);
   if (!core::is_baseline(kind)) {
-    if (kind == core::PlanKind::HarmonyDP && minibatch < gpus) {
+    if (const auto problem = core::split_problem(kind, gpus, minibatch)) {
       kr.applicable = false;
-      kr.reason = fmt::format("harmony-dp over {} GPUs needs a minibatch of at least {} (one sample per GPU), not {}",
-                              gpus, gpus, minibatch);
+      kr.reason = problem->message;
       return kr;
     }
     core::SearchSpace space;
@@ -212,15 +212,11 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);
     return kr;
   }
-  if (core::is_data_parallel(kind) && minibatch % gpus != 0) {
+  auto problem = core::split_problem(kind, gpus, minibatch);
+  if (!problem) problem = core::stage_problem(kind, gpus, model.num_layers());
+  if (problem) {
     kr.applicable = false;
-    kr.reason =
-        fmt::format("{} splits the minibatch evenly: {} GPUs do not divide minibatch {}", name, gpus, minibatch);
-    return kr;
-  }
-  if (!core::is_data_parallel(kind) && gpus > model.num_layers()) {
-    kr.applicable = false;
-    kr.reason = fmt::format("pp-swap needs a layer per stage: {} GPUs for {} layers", gpus, model.num_layers());
+    kr.reason = problem->message;
     return kr;
   }
   core::BaselineSearchOptions bo;

@@ -31,6 +31,7 @@
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
 #include "core/plan/packing.hpp"
+#include "core/plan/plan_rules.hpp"
 #include "core/program/baselines/baselines.hpp"
 
 namespace harmony::core {
@@ -356,75 +357,40 @@ SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_count
 // ------------------------------------------------------------------------------------------------
 // Cross-section checks
 
-// Samples per GPU: harmony-pp splits the whole minibatch into microbatches; harmony-dp gives rank n
-// DD_n = D//N (+1 if n < D%N) samples (the reference's split).
-std::vector<int> gpu_shares(const PlanSpec& plan) { return minibatch_shares(plan.kind, plan.minibatch, plan.gpus); }
+// The plan rules (core/plan/plan_rules) for the kind the config runs, each problem located at the key it is
+// about: plan.gpus, plan.minibatch, or the microbatch key or search entry that breaks it.
+struct RuleCheck {
+  PlanKind kind = PlanKind::HarmonyPP;  // a baseline's own kind for harmony-run's plan.mode: dp-swap, ...
+  UnequalMicrobatches unequal = UnequalMicrobatches::Offered;
+  bool uses_u_fwd = true;  // baselines run one microbatch size, plan.u_bwd (and search.u_bwd): u_fwd is not read
+};
 
-std::vector<int> divisors(int value) {
-  std::vector<int> low, high;
-  for (int d = 1; static_cast<long long>(d) * d <= value; ++d) {
-    if (value % d) continue;
-    low.push_back(d);
-    if (d != value / d) high.push_back(value / d);
-  }
-  low.insert(low.end(), high.rbegin(), high.rend());
-  return low;
+[[noreturn]] void fail_problem(const PlanProblem& p, const PlanLocs& plan_locs, const SourceLoc& u_loc) {
+  fail(p.field == PlanField::Gpus        ? plan_locs.gpus
+       : p.field == PlanField::Minibatch ? plan_locs.minibatch
+                                         : u_loc,
+       p.message, p.hint);
 }
 
-void check_microbatch(int u, const std::string& what, const SourceLoc& loc, const PlanSpec& plan,
-                      const Options& options) {
-  const std::vector<int> shares = gpu_shares(plan);
-  const bool pp = plan.kind == PlanKind::HarmonyPP;
-  const int largest = *std::max_element(shares.begin(), shares.end());
-  if (options.unequal_microbatches) {
-    if (u > largest)
-      fail(loc,
-           pp ? fmt::format("{} = {} is larger than minibatch {}", what, u, plan.minibatch)
-              : fmt::format("{} = {} is larger than a GPU's share ({}) of minibatch {} in harmony-dp over {} GPUs",
-                            what, u, largest, plan.minibatch, plan.gpus),
-           fmt::format("use a microbatch size of at most {}", largest));
-    return;
-  }
-  if (std::all_of(shares.begin(), shares.end(), [u](int s) { return s % u == 0; })) return;
-  const int common = std::accumulate(shares.begin(), shares.end(), 0, [](int a, int b) { return std::gcd(a, b); });
-  const std::string fits = fmt::format("sizes that divide: {}", join_ints(divisors(common)));
-  const std::string escape =
-      "or set options.unequal_microbatches: true (the paper's --inequal_ubatchsize; the runtime does not support it)";
-  if (pp)
-    fail(loc,
-         fmt::format("{} = {} does not divide minibatch {}: harmony-pp needs D % u == 0 so that all microbatches are "
-                     "equal",
-                     what, u, plan.minibatch),
-         fmt::format("{}; {}", fits, escape));
-  const bool even = plan.minibatch % plan.gpus == 0;
-  fail(loc,
-       fmt::format("{} = {} does not divide every GPU's share of minibatch {}: harmony-dp over {} GPUs gives {} "
-                   "samples per GPU, and each share must be a multiple of u",
-                   what, u, plan.minibatch, plan.gpus,
-                   even ? std::to_string(shares.front()) : fmt::format("{} or {}", shares.front(), shares.back())),
-       even ? fmt::format("{}; {}", fits, escape)
-            : fmt::format("only u = 1 divides shares of {} and {}: make minibatch a multiple of gpus ({}), {}",
-                          shares.front(), shares.back(), plan.gpus, escape));
-}
-
-void check_plan(const RunConfig& cfg, const PlanLocs& plan_locs, const SearchLocs& search_locs) {
+void check_plan(const RunConfig& cfg, const RuleCheck& rules, const PlanLocs& plan_locs,
+                const SearchLocs& search_locs) {
   const PlanSpec& plan = cfg.plan;
   if (plan.gpus > cfg.machine.gpus)
     fail(plan_locs.gpus,
          fmt::format("plan.gpus = {} exceeds machine.gpus = {} (machine '{}')", plan.gpus, cfg.machine.gpus,
                      cfg.machine.name),
          fmt::format("use plan.gpus <= {}, or raise machine.gpus", cfg.machine.gpus));
-  if (plan.kind == PlanKind::HarmonyDP && plan.minibatch < plan.gpus)
-    fail(plan_locs.minibatch,
-         fmt::format("plan.minibatch = {} leaves GPUs without samples in harmony-dp over {} GPUs", plan.minibatch,
-                     plan.gpus),
-         fmt::format("use a minibatch of at least {} (one sample per GPU), or fewer GPUs", plan.gpus));
-  if (plan.u_fwd) check_microbatch(*plan.u_fwd, "plan.u_fwd", plan_locs.u_fwd, plan, cfg.options);
-  if (plan.u_bwd) check_microbatch(*plan.u_bwd, "plan.u_bwd", plan_locs.u_bwd, plan, cfg.options);
-  for (std::size_t i = 0; i < cfg.search.u_fwd.size(); ++i)
-    check_microbatch(cfg.search.u_fwd[i], "search.u_fwd entry", search_locs.u_fwd[i], plan, cfg.options);
+  if (const auto p = split_problem(rules.kind, plan.gpus, plan.minibatch)) fail_problem(*p, plan_locs, plan.loc);
+  auto check = [&](int u, const std::string& what, const SourceLoc& loc) {
+    if (const auto p = microbatch_problem(rules.kind, plan.gpus, plan.minibatch, u, what, rules.unequal))
+      fail_problem(*p, plan_locs, loc);
+  };
+  if (plan.u_fwd && rules.uses_u_fwd) check(*plan.u_fwd, "plan.u_fwd", plan_locs.u_fwd);
+  if (plan.u_bwd) check(*plan.u_bwd, "plan.u_bwd", plan_locs.u_bwd);
+  for (std::size_t i = 0; rules.uses_u_fwd && i < cfg.search.u_fwd.size(); ++i)
+    check(cfg.search.u_fwd[i], "search.u_fwd entry", search_locs.u_fwd[i]);
   for (std::size_t i = 0; i < cfg.search.u_bwd.size(); ++i)
-    check_microbatch(cfg.search.u_bwd[i], "search.u_bwd entry", search_locs.u_bwd[i], plan, cfg.options);
+    check(cfg.search.u_bwd[i], "search.u_bwd entry", search_locs.u_bwd[i]);
 }
 
 // machine: absent -> the paper's testbed; a string -> preset or file; a mapping -> base + overrides.
@@ -683,7 +649,11 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
   SearchLocs search_locs;
   cfg.search = parse_search(section_map(root, "search"), search_locs, native ? PackCounts::Wide : PackCounts::Minimum);
 
-  check_plan(cfg, plan_locs, search_locs);
+  check_plan(
+      cfg,
+      RuleCheck{cfg.plan.kind,
+                cfg.options.unequal_microbatches ? UnequalMicrobatches::Allowed : UnequalMicrobatches::Offered, true},
+      plan_locs, search_locs);
   return cfg;
 }
 
@@ -899,7 +869,12 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   if (plan_searched) as_run.plan.u_fwd = as_run.plan.u_bwd = std::nullopt;  // the search replaces them
   as_run.search = cfg.search;
   as_run.options = cfg.options;
-  check_plan(as_run, plan_locs, search_locs);
+  // A baseline is checked under its own rules (N divides D, u divides D/N, lohan's u = D/N), on the one
+  // microbatch size it runs (plan.u_bwd); Harmony under its mode's, with equal microbatches (the runtime's).
+  const auto baseline = parse_plan_kind(cfg.baseline_kind);
+  check_plan(as_run,
+             RuleCheck{baseline ? *baseline : cfg.plan.kind, UnequalMicrobatches::Refused, !baseline.has_value()},
+             plan_locs, search_locs);
 
   const Node* train = section_map(root, "train");
   if (!train) fail(SourceLoc{file, 0, 0}, "missing required section 'train'", "add `train: {steps: 100}`");

@@ -2,10 +2,12 @@
 #include "core/plan/plan.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/plan/plan_rules.hpp"
 
 namespace harmony::core {
 
@@ -45,18 +47,14 @@ void validate_plan(const Plan& plan, int num_layers) {
         fmt::format("{} is a baseline kind, not a Harmony mode: a Harmony plan is harmony-pp or "
                     "harmony-dp (baselines are lowered by lower_baseline from a BaselinePlan)",
                     plan_kind_name(plan.kind)));
-  if (plan.gpus < 1) throw ScheduleError(fmt::format("gpus = {} must be at least 1", plan.gpus));
-  if (plan.minibatch < 1) throw ScheduleError(fmt::format("minibatch = {} must be at least 1", plan.minibatch));
-  if (plan.u_fwd < 1 || plan.u_bwd < 1)
-    throw ScheduleError(
-        fmt::format("microbatch sizes u_fwd = {}, u_bwd = {} must be at least 1", plan.u_fwd, plan.u_bwd));
+  // The size and split rules (core/plan/plan_rules); whether u divides the shares depends on
+  // options.unequal_microbatches, which the plan does not carry: only u >= 1 here.
+  if (const auto p = split_problem(plan.kind, plan.gpus, plan.minibatch)) throw ScheduleError(p->message);
+  for (const auto& [what, u] : {std::pair{"u_fwd", plan.u_fwd}, std::pair{"u_bwd", plan.u_bwd}})
+    if (const auto p = positive_microbatch_problem(u, what)) throw ScheduleError(p->message);
   if (plan.packs_bwd.empty()) throw ScheduleError("no backward packs");
   check_cover(plan.packs_bwd, 0, num_layers, "backward");
   check_cover(plan.packs_fwd, 0, plan.packs_bwd.back().first, "forward");
-  const int local = is_data_parallel(plan.kind) ? plan.minibatch / plan.gpus : plan.minibatch;
-  if (local < 1)
-    throw ScheduleError(fmt::format("minibatch {} gives GPUs no samples with {} GPUs in {}", plan.minibatch, plan.gpus,
-                                    plan_kind_name(plan.kind)));
 }
 
 std::string packs_to_string(const Packs& packs) {

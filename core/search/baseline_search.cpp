@@ -6,21 +6,17 @@
 #include <exception>
 #include <thread>
 
-#include <fmt/format.h>
-
 #include "core/base/error.hpp"
+#include "core/plan/plan_rules.hpp"
 
 namespace harmony::core {
 
 std::vector<BaselinePlan> enumerate_baseline_plans(PlanKind kind, const Model& model, int gpus, int minibatch,
                                                    Bytes capacity_bytes, const BaselineSearchOptions& options) {
   require_baseline(kind, "enumerate_baseline_plans");
-  if (gpus < 1 || minibatch < 1)
-    throw ScheduleError(
-        fmt::format("{}: gpus ({}) and minibatch ({}) must be positive", plan_kind_name(kind), gpus, minibatch));
+  if (const auto problem = size_problem(gpus, minibatch)) throw ScheduleError(problem->message);
   std::vector<BaselinePlan> out;
-  if (is_data_parallel(kind) && minibatch % gpus != 0) return out;
-  if (!is_data_parallel(kind) && gpus > model.num_layers()) return out;
+  if (split_problem(kind, gpus, minibatch) || stage_problem(kind, gpus, model.num_layers())) return out;
   const int share = is_data_parallel(kind) ? minibatch / gpus : minibatch;
   const int lo = std::max(model.ubatch_min(Phase::Fwd), model.ubatch_min(Phase::Bwd));
   const int hi = std::min({model.ubatch_max(Phase::Fwd), model.ubatch_max(Phase::Bwd), share});
@@ -37,7 +33,7 @@ std::vector<BaselinePlan> enumerate_baseline_plans(PlanKind kind, const Model& m
   for (ActivationPolicy policy : options.activation_policies) {
     for (OffloadTier tier : tiers) {
       for (int u : sizes) {
-        if (u < lo || u > hi || share % u != 0 || (is_one_microbatch(kind) && u != share)) continue;
+        if (u < lo || u > hi || !microbatch_fits(kind, gpus, minibatch, u)) continue;
         BaselinePlan p;
         p.activation_policy = policy;
         p.offload = tier;

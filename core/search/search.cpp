@@ -14,6 +14,7 @@
 
 #include "core/base/error.hpp"
 #include "core/plan/packing.hpp"
+#include "core/plan/plan_rules.hpp"
 
 namespace harmony::core {
 
@@ -41,11 +42,13 @@ struct PlanKeyLess {
 std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space) {
   const bool dp = is_data_parallel(space.kind);
   const int dlim = dp ? space.minibatch / space.gpus : space.minibatch;
-  const std::vector<int> shares = minibatch_shares(space.kind, space.minibatch, space.gpus);
+  // The profiled range and the paper's cap (D, or D/N rounded down) bound the sizes; the plan rules decide which
+  // of them the kind can run (core/plan/plan_rules: dividing every GPU's share, or any with unequal microbatches).
+  const UnequalMicrobatches unequal =
+      space.unequal_microbatches ? UnequalMicrobatches::Allowed : UnequalMicrobatches::Refused;
   auto ok = [&](int u) {
     if (!model.ubatch_in_range(phase, u) || u > dlim) return false;
-    if (space.unequal_microbatches) return true;
-    return std::all_of(shares.begin(), shares.end(), [u](int dd) { return dd % u == 0; });
+    return microbatch_fits(space.kind, space.gpus, space.minibatch, u, unequal);
   };
   std::vector<int> out;
   const auto& given = phase == Phase::Fwd ? space.spec.u_fwd : space.spec.u_bwd;

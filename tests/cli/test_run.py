@@ -353,6 +353,15 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     r = run("train", bad)
     check("unknown key exits 2", r.returncode == 2, r.stderr)
     check("unknown key located", "bad.yaml:9:3" in r.stderr and "did you mean 'seq_len'" in r.stderr, r.stderr)
+    # a baseline is checked under its own rule (u divides D/N), not harmony-pp's, and located at plan.u_bwd
+    dpswap = write(tmp, "dpswap.yaml", open(DEFAULT).read().replace("mode: harmony-pp", "mode: dp-swap")
+                   .replace("  gpus: 4", "  gpus: 2").replace("  u_fwd: 2\n  u_bwd: 2", "  u_fwd: 3\n  u_bwd: 8")
+                   .replace("file: cpu-4x.yaml", "file: " + os.path.join(ROOT, "configs/run/cpu-4x.yaml")))
+    r = run("train", dpswap, "--steps", "1")
+    check("baseline u not dividing D/N exits 2", r.returncode == 2, r.stderr)
+    check("baseline rule located at plan.u_bwd with a hint",
+          "dpswap.yaml:23:10: error: plan.u_bwd = 8 does not divide every GPU's share of minibatch 8: dp-swap" in r.stderr
+          and "hint: sizes that divide: 1, 2, 4" in r.stderr and "u_fwd" not in r.stderr, r.stderr)
     odd = os.path.join(tmp, "odd.bin")
     open(odd, "wb").write(b"\x01\x00\x02")
     r = run("train", DEFAULT, "--data", odd)

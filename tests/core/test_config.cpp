@@ -937,6 +937,52 @@ TEST_CASE("RunConfig::inputs lists every file the config was built from, then it
   CHECK(t.inputs == std::vector<std::string>{t.model.profile_path});
 }
 
+TEST_CASE("harmony-run baselines are checked under their own rules, located at the key, with a hint") {
+  const std::string head =
+      "model:\n"
+      "  gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 2, n_head: 4, n_embd: 64}\n"
+      "  seq_len: 32\n"
+      "plan:\n"
+      "  mode: ";
+  auto yaml = [&](const std::string& mode, int gpus, int minibatch, int u_fwd, int u_bwd) {
+    return head + mode + "\n  gpus: " + std::to_string(gpus) + "\n  minibatch: " + std::to_string(minibatch) +
+           "\n  u_fwd: " + std::to_string(u_fwd) + "\n  u_bwd: " + std::to_string(u_bwd) + "\ntrain: {steps: 5}\n";
+  };
+  // a baseline runs one microbatch, plan.u_bwd: u_fwd = 3 (which harmony-pp's D % u rule refuses) is not read
+  CHECK(load_train_config_text(yaml("dp-swap", 2, 8, 3, 2), "run.yaml").baseline_kind == "dp-swap");
+  CHECK(load_train_config_text(yaml("pp-swap", 2, 8, 3, 4), "run.yaml").baseline_kind == "pp-swap");
+  // the baseline's own rule: u divides D/N = 4, not D = 8 (harmony-pp's rule would take u = 8)
+  const ConfigError share = train_error(yaml("dp-swap", 2, 8, 8, 8));
+  check_at(share, "run.yaml", 9, 10);  // at plan.u_bwd's value
+  CHECK(share.message() ==
+        "plan.u_bwd = 8 does not divide every GPU's share of minibatch 8: dp-swap over 2 GPUs gives 4 samples per GPU, "
+        "and each share must be a multiple of u");
+  CHECK(contains(share.hint(), "sizes that divide: 1, 2, 4"));
+  CHECK_FALSE(contains(share.hint(), "unequal_microbatches"));  // neither harmony-run nor a baseline has it
+  // N divides D, at plan.gpus
+  const ConfigError split = train_error(yaml("zero-infinity", 3, 8, 1, 1));
+  check_at(split, "run.yaml", 6, 9);
+  CHECK(split.message() == "zero-infinity splits the minibatch evenly: 3 GPUs do not divide minibatch 8");
+  CHECK(contains(split.hint(), "1, 2, 4, 8"));
+  // lohan: u = D/N
+  const ConfigError lohan = train_error(yaml("lohan", 2, 8, 2, 2));
+  check_at(lohan, "run.yaml", 9, 10);
+  CHECK(contains(lohan.message(), "one microbatch"));
+  CHECK(lohan.hint() == "use plan.u_bwd = 4 (minibatch / gpus)");
+  // pp-swap: u divides D
+  const ConfigError pp = train_error(yaml("pp-swap", 2, 8, 3, 3));
+  check_at(pp, "run.yaml", 9, 10);
+  CHECK(contains(pp.message(), "pp-swap needs D % u == 0"));
+  // search.u_bwd entries too (what --plan auto would try)
+  const ConfigError entry = train_error(yaml("l2l", 2, 8, 2, 2) + "search: {u_bwd: [2, 8]}\n");
+  check_at(entry, "run.yaml", 11, 21);
+  CHECK(contains(entry.message(), "search.u_bwd entry = 8"));
+  // harmony-run's Harmony plans: the runtime's equal microbatches, no unequal_microbatches escape in the hint
+  const ConfigError harmony = train_error(kTrain, {"plan.u_fwd=3"});
+  CHECK(contains(harmony.message(), "harmony-pp needs D % u == 0"));
+  CHECK_FALSE(contains(harmony.hint(), "unequal_microbatches"));
+}
+
 TEST_CASE("harmony-run plan.activations: a baseline's activation policy, located errors") {
   const std::string dp =
       "model:\n"

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/plan/plan_rules.hpp"
 #include "core/program/baselines/baselines.hpp"
 
 namespace harmony::core {
@@ -156,9 +157,8 @@ void check_stages(const std::vector<LayerRange>& stages, int gpus, int num_layer
 void validate_baseline_plan(const BaselinePlan& p, const Model& m) {
   require_baseline(p.kind, "validate_baseline_plan");
   const char* name = plan_kind_name(p.kind);
-  if (p.gpus < 1 || p.minibatch < 1 || p.ubatch < 1)
-    throw ScheduleError(fmt::format("{}: gpus ({}), minibatch ({}) and microbatch ({}) must be positive", name, p.gpus,
-                                    p.minibatch, p.ubatch));
+  if (const auto problem = size_problem(p.gpus, p.minibatch)) throw ScheduleError(problem->message);
+  if (const auto problem = positive_microbatch_problem(p.ubatch)) throw ScheduleError(problem->message);
   for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
     if (!m.ubatch_in_range(ph, p.ubatch)) (void)m.time_s(ph, p.ubatch, 0);  // throws the range error
   }
@@ -166,27 +166,13 @@ void validate_baseline_plan(const BaselinePlan& p, const Model& m) {
       !std::isfinite(p.zero3.bucket_elements))
     throw ScheduleError(fmt::format("{}: zero3 module latency ({} s) must be >= 0 and bucket ({} elements) >= 1", name,
                                     p.zero3.module_latency_s, p.zero3.bucket_elements));
+  // The kind's rules on N, D and u (core/plan/plan_rules): N divides D and u divides D/N (lohan: u = D/N) for the
+  // data-parallel kinds; pp-swap: a layer per stage, u divides D.
   const int R = m.num_layers();
-  if (is_data_parallel(p.kind)) {
-    if (p.minibatch % p.gpus != 0)
-      throw ScheduleError(fmt::format("{}: {} GPUs do not divide the minibatch {}: every replica gets D/N samples",
-                                      name, p.gpus, p.minibatch));
-    if ((p.minibatch / p.gpus) % p.ubatch != 0)
-      throw ScheduleError(
-          fmt::format("{}: microbatch {} does not divide the per-GPU share {}", name, p.ubatch, p.minibatch / p.gpus));
-    if (is_one_microbatch(p.kind) && p.ubatch != p.minibatch / p.gpus)
-      throw ScheduleError(
-          fmt::format("{}: microbatch {} is not the per-GPU share {}: {} runs each GPU's share as one "
-                      "microbatch (no gradient accumulation)",
-                      name, p.ubatch, p.minibatch / p.gpus, name));
-  } else {
-    if (p.gpus > R)
-      throw ScheduleError(fmt::format("pp-swap: {} GPUs but only {} layers: every stage needs a layer", p.gpus, R));
-    if (p.minibatch % p.ubatch != 0)
-      throw ScheduleError(
-          fmt::format("pp-swap: microbatch {} does not divide the minibatch {}", p.ubatch, p.minibatch));
-    if (!p.stages.empty()) check_stages(p.stages, p.gpus, R);
-  }
+  if (const auto problem = stage_problem(p.kind, p.gpus, R)) throw ScheduleError(problem->message);
+  if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.ubatch))
+    throw ScheduleError(problem->message);
+  if (!is_data_parallel(p.kind) && !p.stages.empty()) check_stages(p.stages, p.gpus, R);
 }
 
 std::vector<SwapDecision> decide_swaps(const BaselinePlan& plan, const Model& model) {
