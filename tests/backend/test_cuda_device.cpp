@@ -1017,21 +1017,22 @@ TEST_SUITE("gpu") {
     CHECK(same_bits(bx, rank0));
   }
 
-  // Training, 3 steps of the plain trainer (microbatches {1, 3}) and of a Harmony-PP Program through the Executor on
-  // two logical CUDA devices sharing GPU 0, against the same on CPU devices. Bounds per dtype:
+  // Training, 3 steps of the plain trainer (microbatches {1, 3}; bf16 {1, 1, 1, 1}) and of a Harmony-PP Program
+  // through the Executor on two logical CUDA devices sharing GPU 0, against the same on CPU devices. Bounds:
   //   fp32: gradients differ from the CPU's by summation order (~1e-6 relative); AdamW (lr 3e-3, eps 1e-5) turns that
   //   into weight differences far below lr (a sign, scale or indexing error moves weights by ~lr). Losses rel 1e-5;
   //   weights 2e-5 + 1e-4 |w| after the steps.
   //   bf16: the same fp32 differences, each then rounded to bf16 where a boundary falls between the two values (one
   //   ulp, 2^-8 to 2^-7 relative, in a fraction of every activation and gradient), carried through the layers: noise
-  //   of the size of bf16 rounding itself, as between two bf16 implementations (test_executor's bf16 Harmony-DP and
-  //   the bf16 oracle). So the bf16 oracle's measures and bounds: losses within 2e-4 relative (a flipped activation
-  //   moves the loss by ~2^-8 of its share, averaged over 64 tokens); every weight within 2 lr per step (AdamW moves a
-  //   weight by at most ~lr per step whatever its gradient, so a gradient at the noise level may move it either way);
-  //   and per layer the weight updates (w - w0) within 0.11 of the CPU's update norm (relative L2; the oracle's
-  //   bound, whose observed 3.5% comes from more differences than these: other rounding points and torch's sums). A
-  //   sign or scale error in a gradient, a missing contribution or a rounding that truncates moves whole tensors by
-  //   ~lr and a layer's update by far more than 11%.
+  //   of the size of bf16 rounding itself, smaller than the whole difference between fp32 and bf16 storage. Measured
+  //   on the CPU device with this set-up (GCC 12, x86-64, 3 steps): fp32 vs bf16 training moves the losses by 2.3e-5
+  //   relative, a weight by at most 5.0e-3 and each layer's update (w - w0) by at most 2.8% of its norm (relative
+  //   L2); a bf16 run with another dW rounding sequence (microbatches {1, 3} vs {1, 1, 1, 1}) by 3.9e-5, 9.9e-4 and
+  //   0.55%. Bounds (the bf16 oracle's measures, >= 3.5x those): losses within 2e-4 relative; every weight within
+  //   2 lr per step (AdamW moves a weight by at most ~lr per step whatever its gradient); per layer the updates within
+  //   0.11 of the CPU's update norm. A sign or scale error in a gradient or a missing contribution moves whole tensors
+  //   by ~lr (~100% of their update) and the later losses by far more than 2e-4; the rounding itself (ties to even,
+  //   not truncation) is pinned by the exact kernel tests above.
   struct TrainRun {
     std::vector<double> losses;
     std::vector<std::vector<float>> weights;
@@ -1059,7 +1060,11 @@ TEST_SUITE("gpu") {
       INFO(what << (bf16 ? " (bf16)" : " (fp32)"));
       for (int k = 0; k < kSteps; ++k) {
         INFO("step " << k << ": loss " << got.losses[k] << " vs " << want.losses[k]);
-        CHECK(std::abs(got.losses[k] - want.losses[k]) <= (bf16 ? 2e-4 : 1e-5) * std::abs(want.losses[k]));
+        if (bf16) {
+          CHECK(std::abs(got.losses[k] - want.losses[k]) <= 2e-4 * std::abs(want.losses[k]));
+        } else {
+          CHECK(got.losses[k] == doctest::Approx(want.losses[k]).epsilon(1e-5));
+        }
       }
       for (int l = 0; l < model.num_layers(); ++l) {
         INFO("layer " << l);
@@ -1083,7 +1088,9 @@ TEST_SUITE("gpu") {
     const auto plain = [&](Device& dev) {
       HostState st(model);
       load_gpt2_weights(file, st);
-      PlainTrainer trainer(dev, st, {.batch = kB, .seq_len = kT, .microbatches = {1, 3}, .dtype = dtype});
+      // bf16: the Program's u_bwd = 1, so the trainer rounds dW after the same microbatches (bit-exact on the CPU).
+      const std::vector<int> micro = bf16 ? std::vector<int>{1, 1, 1, 1} : std::vector<int>{1, 3};
+      PlainTrainer trainer(dev, st, {.batch = kB, .seq_len = kT, .microbatches = micro, .dtype = dtype});
       TrainRun r;
       std::vector<std::int32_t> in, tgt;
       for (int k = 0; k < kSteps; ++k) {
@@ -1132,8 +1139,7 @@ TEST_SUITE("gpu") {
       gpus.push_back(cuda::make_cuda_device(g, {.gpu = 0, .capacity = 16 * kMiB}));
     }
     const TrainRun pp_cpu = program_run(cpus);
-    // fp32: bit-exact in test_executor, a sanity check here. bf16: the Program rounds dW after each backward
-    // microbatch (u_bwd = 1), the trainer after each of {1, 3}: a different rounding sequence, the same bounds.
+    // Bit-exact in test_executor (bf16: the trainer over u_bwd's microbatches), a sanity check of the set-up here.
     compare("Harmony-PP CPU vs plain CPU", pp_cpu, ref);
     compare("Harmony-PP on CUDA", program_run(gpus), pp_cpu);
   }
