@@ -1,6 +1,7 @@
 // Internals of the CUDA device shared by its translation units (device, communicator, GEMMs): the device, its
 // streams (a CUDA stream fed in order by one submission thread, which owns the stream's cuBLAS handle and
-// workspace), its events, and a guard for the calling thread's current GPU. Not part of the public API.
+// workspace), its events, its bf16 kernels (CudaBf16Kernels, the same templates as the fp32 ones), and a guard for
+// the calling thread's current GPU. Not part of the public API.
 #pragma once
 
 #include <condition_variable>
