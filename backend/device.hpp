@@ -285,8 +285,8 @@ class Device {
   virtual void fill_zero(Stream& s, void* dst_device, Bytes bytes) = 0;
 
   virtual Kernels& kernels() = 0;
-  // The bf16 kernels, or nullptr where the device has none yet (CUDA today): mixed-precision trainers check this
-  // when they are set up and throw a DeviceError naming the device (require_bf16 below).
+  // The bf16 kernels, or nullptr where the device has none (the CPU and CUDA devices have them): mixed-precision
+  // trainers check this when they are set up and throw a DeviceError naming the device (require_bf16 below).
   virtual Bf16Kernels* bf16_kernels() { return nullptr; }
 
   // Host-side services. The defaults (the CPU device) are plain memory and no ranges; the CUDA device pins and

@@ -144,7 +144,8 @@ fi || finish
 run="$build/apps/harmony-run"
 sim="$build/sim/harmony-sim"
 # bf16 counts as implemented when a short bf16 run trains on the CUDA device (a --dtype flag alone proves
-# nothing: the CPU device has bf16 before the CUDA kernels do); (b)-(d) then train in bf16.
+# nothing: the flag also serves the CPU device); the CUDA device's bf16 kernels (CudaBf16Kernels) make it train,
+# and (b)-(d) then train in bf16. A device without bf16 kernels fails this step at setup ("bf16 not supported").
 bf16=false
 dtype=()
 if "$run" train --help 2>/dev/null | grep -q -- '--dtype'; then

@@ -1,6 +1,7 @@
 // Internals of the CUDA device shared by its translation units (device, communicator, GEMMs): the device, its
 // streams (a CUDA stream fed in order by one submission thread, which owns the stream's cuBLAS handle and
-// workspace), its events, and a guard for the calling thread's current GPU. Not part of the public API.
+// workspace), its events, its bf16 kernels (CudaBf16Kernels, the same templates as the fp32 ones), and a guard for
+// the calling thread's current GPU. Not part of the public API.
 #pragma once
 
 #include <condition_variable>
@@ -125,6 +126,37 @@ class CudaEvent final : public Event {
 
 class CudaDevice;
 
+// The device's Bf16Kernels: the same kernels (templates over the storage) on __nv_bfloat16 tensors.
+class CudaBf16Kernels final : public Bf16Kernels {
+ public:
+  explicit CudaBf16Kernels(CudaDevice& device) : dev_(device) {}
+  void embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe, int B, int T,
+                     int C, int V) override;
+  void embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B, int T, int C,
+                     int V) override;
+  void layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w, const Bf16* b, int N,
+                     int C, float eps) override;
+  void layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in, const Bf16* w,
+                     const Bf16* mean, const Bf16* rstd, int N, int C) override;
+  void matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
+                  WeightLayout layout) override;
+  void matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w, int N,
+                  int IC, int OC, WeightLayout layout) override;
+  void attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) override;
+  void attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T, int C,
+                     int H) override;
+  void gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) override;
+  void gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) override;
+  void add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) override;
+  void crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits, const std::int32_t* targets, int N,
+                        int V) override;
+  void crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets, float scale, int N,
+                        int V) override;
+
+ private:
+  CudaDevice& dev_;
+};
+
 class CudaStream final : public Stream {
  public:
   using Work = std::function<void(StreamContext&)>;
@@ -191,6 +223,7 @@ class CudaDevice final : public Device, public Kernels {
   void copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Device* dst_device) override;
   void fill_zero(Stream& s, void* dst, Bytes bytes) override;
   Kernels& kernels() override { return *this; }
+  Bf16Kernels* bf16_kernels() override { return &bf16_; }
 
   // Host-side services: check_pinned_budget, HostRegistration, PinnedHostBuffer and NvtxRange behind the
   // device interface, so the executor (built without CUDA headers) pins and names ranges on CUDA devices.
@@ -223,6 +256,42 @@ class CudaDevice final : public Device, public Kernels {
   void crossentropy_bwd(Stream& s, float* dlogits, const float* probs, const std::int32_t* targets, float scale, int N,
                         int V) override;
 
+  // The kernels over storage S (float for Kernels, Bf16 for Bf16Kernels): checked here, run by the stream's thread.
+  template <class S>
+  void embedding_fwd_as(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T, int C,
+                        int V);
+  template <class S>
+  void embedding_bwd_as(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C,
+                        int V);
+  template <class S>
+  void layernorm_fwd_as(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+                        float eps);
+  template <class S>
+  void layernorm_bwd_as(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
+                        const S* rstd, int N, int C);
+  template <class S>
+  void matmul_fwd_as(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
+                     WeightLayout layout);
+  template <class S>
+  void matmul_bwd_as(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N, int IC, int OC,
+                     WeightLayout layout);
+  template <class S>
+  void attention_fwd_as(Stream& s, S* out, S* att, const S* qkv, int B, int T, int C, int H);
+  template <class S>
+  void attention_bwd_as(Stream& s, S* dqkv, const S* dout, const S* qkv, const S* att, int B, int T, int C, int H);
+  template <class S>
+  void gelu_fwd_as(Stream& s, S* out, const S* in, std::int64_t n);
+  template <class S>
+  void gelu_bwd_as(Stream& s, S* din, const S* in, const S* dout, std::int64_t n);
+  template <class S>
+  void add_as(Stream& s, S* out, const S* a, const S* b, std::int64_t n);
+  template <class S>
+  void crossentropy_fwd_as(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets, int N,
+                           int V);
+  template <class S>
+  void crossentropy_bwd_as(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
+                           int V);
+
   // For the streams and the communicator.
   CudaStream& own(Stream& s, const char* op);
   void check_device(const void* p, Bytes bytes, const char* op, const char* role) const;
@@ -246,6 +315,7 @@ class CudaDevice final : public Device, public Kernels {
   cudaStream_t poison_stream_ = nullptr;
   std::mutex mu_;
   std::set<CudaStream*> streams_;
+  CudaBf16Kernels bf16_{*this};
 };
 
 CudaDevice& as_cuda(Device& d);
@@ -257,6 +327,14 @@ void matmul_bwd(StreamContext& c, float* din, float* dw, float* dbias, const flo
                 const float* w, int N, int IC, int OC, WeightLayout layout);
 void attention_fwd(StreamContext& c, float* out, float* att, const float* qkv, int B, int T, int C, int H);
 void attention_bwd(StreamContext& c, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                   int C, int H);
+// The same over bf16 tensors: cublasGemmEx with fp32 accumulation, rounded where the CPU's bf16 kernels round.
+void matmul_fwd(StreamContext& c, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
+                WeightLayout layout);
+void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w,
+                int N, int IC, int OC, WeightLayout layout);
+void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H);
+void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
                    int C, int H);
 
 }  // namespace harmony::backend::cuda::detail

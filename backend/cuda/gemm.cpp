@@ -1,6 +1,8 @@
 // The CUDA device's GEMM-shaped kernels through cuBLAS: matmul forward/backward for both weight layouts
 // (row-major tensors read as column-major transposes), and attention as strided-batched GEMMs around the causal
 // softmax kernels, the backward in chunks of (b, h) pairs whose T x T score gradients fit the stream's workspace.
+// The bf16 versions: cublasGemmEx on bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F), rounded once
+// where the CPU's bf16 kernels round; attention keeps its probabilities and score gradients in fp32 scratch.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +29,30 @@ void sgemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
   const float alpha = 1.0f, beta = 0.0f;
   HARMONY_CUBLAS_CHECK(cublasSgemmStridedBatched(h, ta, tb, m, n, k, &alpha, A, lda, stride_a, B, ldb, stride_b, &beta,
                                                  C, ldc, stride_c, batch));
+}
+
+// The same with bf16 operands: C (CUDA_R_16BF, or CUDA_R_32F scratch) = op(A) op(B) + beta C, products summed in
+// fp32 (CUBLAS_COMPUTE_32F), beta C added in fp32 and the sum rounded once to C's type.
+void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const Bf16* A,
+               int lda, const Bf16* B, int ldb, float beta, void* C, cudaDataType_t c_type, int ldc) {
+  const float alpha = 1.0f;
+  HARMONY_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &beta, C,
+                                    c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_bf16_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const Bf16* A,
+                       int lda, long long stride_a, const Bf16* B, int ldb, long long stride_b, void* C,
+                       cudaDataType_t c_type, int ldc, long long stride_c, int batch) {
+  const float alpha = 1.0f, beta = 0.0f;
+  HARMONY_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, stride_a, B,
+                                                  CUDA_R_16BF, ldb, stride_b, &beta, C, c_type, ldc, stride_c, batch,
+                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// (b, h) pairs per chunk of the attention's T x T fp32 tiles: as many as attention_workspace holds, 1 to H.
+int attention_chunk(const StreamContext& c, int T, int H) {
+  const auto tile_bytes = static_cast<Bytes>(static_cast<long long>(T) * T * static_cast<long long>(sizeof(float)));
+  return static_cast<int>(std::clamp<Bytes>(c.attention_workspace() / tile_bytes, 1, H));
 }
 
 }  // namespace
@@ -94,9 +120,8 @@ void attention_bwd(StreamContext& c, float* dqkv, const float* dout, const float
   const int hs = C / H, C3 = 3 * C;
   const long long TT = static_cast<long long>(T) * T;
   const float sqrt_hs = std::sqrt(static_cast<float>(hs));
-  const auto tile_bytes = static_cast<Bytes>(TT * static_cast<long long>(sizeof(float)));
-  const int chunk = static_cast<int>(std::clamp<Bytes>(c.attention_workspace() / tile_bytes, 1, H));
-  auto* W = static_cast<float*>(c.workspace(static_cast<std::size_t>(chunk * tile_bytes)));
+  const int chunk = attention_chunk(c, T, H);
+  auto* W = static_cast<float*>(c.workspace(static_cast<std::size_t>(chunk * TT) * sizeof(float)));
   cublasHandle_t h = c.cublas();
   for (int b = 0; b < B; ++b) {
     const float* base = qkv + static_cast<std::int64_t>(b) * T * C3;
@@ -112,6 +137,106 @@ void attention_bwd(StreamContext& c, float* dqkv, const float* dout, const float
       sgemm_batched(h, kN, kN, hs, T, T, base + C + off, C3, hs, W, T, TT, dbase + off, C3, hs, n);
       sgemm_batched(h, kN, kT, hs, T, T, base + off, C3, hs, W, T, TT, dbase + C + off, C3, hs, n);
     }
+  }
+}
+
+// --- bf16 ---
+
+void matmul_fwd(StreamContext& c, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
+                WeightLayout layout) {
+  if (N == 0 || OC == 0) return;
+  float beta = 0.0f;
+  if (bias != nullptr) {  // out = round(bias + in . W): the bias enters cuBLAS's fp32 epilogue, one rounding
+    kern::fill_bias_rows(c.stream(), out, bias, N, OC);
+    beta = 1.0f;
+  }
+  if (layout == WeightLayout::InOut) {
+    gemm_bf16(c.cublas(), kN, kN, OC, N, IC, w, OC, in, IC, beta, out, CUDA_R_16BF, OC);
+  } else {
+    gemm_bf16(c.cublas(), kT, kN, OC, N, IC, w, IC, in, IC, beta, out, CUDA_R_16BF, OC);
+  }
+}
+
+// dW += in^T . dout: cuBLAS widens dW, adds the fp32 product and rounds once (beta = 1), as the CPU's bf16 kernel.
+void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w,
+                int N, int IC, int OC, WeightLayout layout) {
+  if (N == 0) return;
+  cublasHandle_t h = c.cublas();
+  if (layout == WeightLayout::InOut) {
+    if (din != nullptr) gemm_bf16(h, kT, kN, IC, N, OC, w, OC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
+    gemm_bf16(h, kN, kT, OC, IC, N, dout, OC, in, IC, 1.0f, dw, CUDA_R_16BF, OC);
+  } else {
+    if (din != nullptr) gemm_bf16(h, kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
+    gemm_bf16(h, kN, kT, IC, OC, N, in, IC, dout, OC, 1.0f, dw, CUDA_R_16BF, IC);
+  }
+  if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false));
+}
+
+// The CPU's bf16 attention rounds only its outputs: the probabilities that out = att . V multiplies, and the score
+// gradients that dQ, dK multiply, stay fp32. So per sequence b and chunk of heads, in the workspace:
+//   W (n x T x T, fp32) = K . Q^T by GemmEx (bf16 operands, fp32 result); the causal softmax in place in fp32;
+//   att (bf16) = round(W); O_f (T x C, fp32) += per head W . V_f, V_f = V widened (fp32 cuBLAS, no further rounding);
+// then out = round(O_f). The products with fp32 probabilities run as fp32 GEMMs on exactly widened operands.
+void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) {
+  if (B == 0 || T == 0) return;
+  const int hs = C / H, C3 = 3 * C;
+  const long long TT = static_cast<long long>(T) * T, TC = static_cast<long long>(T) * C;
+  const float sqrt_hs = std::sqrt(static_cast<float>(hs));
+  const int chunk = attention_chunk(c, T, H);
+  auto* W = static_cast<float*>(c.workspace(static_cast<std::size_t>(chunk * TT + 2 * TC) * sizeof(float)));
+  float* Vf = W + chunk * TT;
+  float* Of = Vf + TC;
+  cublasHandle_t h = c.cublas();
+  for (int b = 0; b < B; ++b) {
+    const Bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3;
+    kern::convert_rows(c.stream(), Vf, C, base + 2 * C, C3, T, C);
+    for (int h0 = 0; h0 < H; h0 += chunk) {
+      const int n = std::min(chunk, H - h0);
+      const int off = h0 * hs;
+      gemm_bf16_batched(h, kT, kN, T, T, hs, base + C + off, C3, hs, base + off, C3, hs, W, CUDA_R_32F, T, TT, n);
+      kern::causal_softmax_fwd(c.stream(), W, static_cast<std::int64_t>(n) * T, T, sqrt_hs);
+      kern::convert_rows(c.stream(), att + (static_cast<std::int64_t>(b) * H + h0) * TT, T, W, T,
+                         static_cast<std::int64_t>(n) * T, T);
+      sgemm_batched(h, kN, kN, hs, T, T, Vf + off, C, hs, W, T, TT, Of + off, C, hs, n);
+    }
+    kern::convert_rows(c.stream(), out + static_cast<std::int64_t>(b) * TC, C, Of, C, T, C);
+  }
+}
+
+// dV = att^T . dout by GemmEx (both stored bf16; one rounding). Per chunk: W = dout . V^T (GemmEx, fp32 result),
+// the softmax backward in place on the stored probabilities, then dQ_f = W . K_f and dK_f = W^T . Q_f in fp32
+// on the widened Q, K; dQ, dK rounded once into dqkv after the last chunk.
+void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
+                   int C, int H) {
+  if (B == 0 || T == 0) return;
+  const int hs = C / H, C3 = 3 * C;
+  const long long TT = static_cast<long long>(T) * T, TC = static_cast<long long>(T) * C;
+  const float sqrt_hs = std::sqrt(static_cast<float>(hs));
+  const int chunk = attention_chunk(c, T, H);
+  auto* W = static_cast<float*>(c.workspace(static_cast<std::size_t>(chunk * TT + 4 * TC) * sizeof(float)));
+  float* Qf = W + chunk * TT;
+  float* Kf = Qf + TC;
+  float* dQf = Kf + TC;
+  float* dKf = dQf + TC;
+  cublasHandle_t h = c.cublas();
+  for (int b = 0; b < B; ++b) {
+    const Bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3;
+    Bf16* dbase = dqkv + static_cast<std::int64_t>(b) * T * C3;
+    const Bf16* dob = dout + static_cast<std::int64_t>(b) * TC;
+    const Bf16* attb = att + static_cast<std::int64_t>(b) * H * TT;
+    kern::convert_rows(c.stream(), Qf, C, base, C3, T, C);
+    kern::convert_rows(c.stream(), Kf, C, base + C, C3, T, C);
+    gemm_bf16_batched(h, kN, kT, hs, T, T, dob, C, hs, attb, T, TT, dbase + 2 * C, CUDA_R_16BF, C3, hs, H);
+    for (int h0 = 0; h0 < H; h0 += chunk) {
+      const int n = std::min(chunk, H - h0);
+      const int off = h0 * hs;
+      gemm_bf16_batched(h, kT, kN, T, T, hs, base + 2 * C + off, C3, hs, dob + off, C, hs, W, CUDA_R_32F, T, TT, n);
+      kern::causal_softmax_bwd(c.stream(), W, attb + h0 * TT, static_cast<std::int64_t>(n) * T, T, sqrt_hs);
+      sgemm_batched(h, kN, kN, hs, T, T, Kf + off, C, hs, W, T, TT, dQf + off, C, hs, n);
+      sgemm_batched(h, kN, kT, hs, T, T, Qf + off, C, hs, W, T, TT, dKf + off, C, hs, n);
+    }
+    kern::convert_rows(c.stream(), dbase, C3, dQf, C, T, C);
+    kern::convert_rows(c.stream(), dbase + C, C3, dKf, C, T, C);
   }
 }
 

@@ -1,16 +1,51 @@
 // The CUDA device's kernels besides cuBLAS: embeddings (a deterministic scatter-add through a stable radix
 // sort), LayerNorm, bias broadcast and gradient, the attention's causal softmax forward and backward, GELU,
 // residual adds and cross-entropy. Built with --fmad=false and fixed reduction trees, so every result is
-// reproducible run to run; parameter gradients accumulate row by row in row order like the CPU reference.
+// reproducible run to run; parameter gradients accumulate row by row in row order like the CPU reference. Every
+// tensor kernel is a template over its storage (float, or __nv_bfloat16 for the Bf16Kernels): ld() widens,
+// arithmetic is fp32, st() stores (rounding to nearest even for bf16), so the fp32 instantiation is the fp32 code.
 #include "backend/cuda/kernels.hpp"
+
+#include <cuda_bf16.h>
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include "backend/bf16.hpp"
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/index.hpp"
 
 namespace harmony::backend::cuda::kern {
+
+// The project's Bf16 (its bits) is what the devices store; the kernels address the same bytes as __nv_bfloat16.
+static_assert(sizeof(Bf16) == sizeof(__nv_bfloat16) && alignof(Bf16) == alignof(__nv_bfloat16));
+
 namespace {
+
+// The device element type of a launcher's storage type: float, or __nv_bfloat16 for Bf16.
+template <class S>
+struct DevType {
+  using type = S;
+};
+template <>
+struct DevType<Bf16> {
+  using type = __nv_bfloat16;
+};
+template <class S>
+using Dev = typename DevType<S>::type;
+template <class S>
+Dev<S>* dev(S* p) {
+  return reinterpret_cast<Dev<S>*>(p);
+}
+template <class S>
+const Dev<S>* dev(const S* p) {
+  return reinterpret_cast<const Dev<S>*>(p);
+}
+
+// Load widened to fp32; store from fp32 (bf16: round to nearest even, once).
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ float ld(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void st(float& dst, float v) { dst = v; }
+__device__ __forceinline__ void st(__nv_bfloat16& dst, float v) { dst = __float2bfloat16_rn(v); }
 
 constexpr int kThreads = 256;  // threads per block
 constexpr int kWarps = kThreads / 32;
@@ -75,8 +110,9 @@ __device__ float block_max(float v, float* shared) {
 
 // --- embeddings ---
 
-__global__ void embedding_fwd_kernel(ErrorRecord* err, float* out, const std::int32_t* ids, const float* wte,
-                                     const float* wpe, int T, int C, int V) {
+template <class D>
+__global__ void embedding_fwd_kernel(ErrorRecord* err, D* out, const std::int32_t* ids, const D* wte, const D* wpe,
+                                     int T, int C, int V) {
   const std::int64_t r = blockIdx.x;
   const int t = static_cast<int>(r % T);
   const std::int32_t id = ids[r];
@@ -84,10 +120,10 @@ __global__ void embedding_fwd_kernel(ErrorRecord* err, float* out, const std::in
     if (threadIdx.x == 0) report(err, kErrEmbeddingId, id, r / T, t, V);
     return;
   }
-  const float* e = wte + idx::at(id, C, 0);
-  const float* p = wpe + idx::at(t, C, 0);
-  float* o = out + idx::at(r, C, 0);
-  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = e[c] + p[c];
+  const D* e = wte + idx::at(id, C, 0);
+  const D* p = wpe + idx::at(t, C, 0);
+  D* o = out + idx::at(r, C, 0);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) st(o[c], ld(e[c]) + ld(p[c]));
 }
 
 // Whether the sorted ids keys[0..N) all lie in [0, V): the smallest is first and the largest last. Checked by
@@ -97,15 +133,15 @@ __device__ __forceinline__ bool sorted_ids_valid(const std::int32_t* keys, int N
 }
 
 // dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... (the CPU's row order restricted to position t).
-__global__ void embedding_dwpe_kernel(float* dwpe, const float* dout, const std::int32_t* keys, int B, int T, int C,
-                                      int V) {
+template <class D>
+__global__ void embedding_dwpe_kernel(D* dwpe, const D* dout, const std::int32_t* keys, int B, int T, int C, int V) {
   if (!sorted_ids_valid(keys, B * T, V)) return;  // reported by embedding_dwte_kernel
   const std::int64_t total = static_cast<std::int64_t>(T) * C;
   HARMONY_GRID_STRIDE(i, total) {
     const auto [t, c] = idx::row_col(i, C);
-    float acc = dwpe[i];
-    for (int b = 0; b < B; ++b) acc += dout[idx::at(idx::at(b, T, t), C, c)];
-    dwpe[i] = acc;
+    float acc = ld(dwpe[i]);
+    for (int b = 0; b < B; ++b) acc += ld(dout[idx::at(idx::at(b, T, t), C, c)]);
+    st(dwpe[i], acc);
   }
 }
 
@@ -116,7 +152,8 @@ __global__ void iota_kernel(std::int32_t* v, int n) {
 // One block per sorted position; the first position of each token id adds that id's rows in ascending row
 // order (the radix sort is stable), so dwte[id] gets exactly the CPU's sequence of additions. A bad id (< 0 sorts
 // first, >= V last) is reported once and nothing is written.
-__global__ void embedding_dwte_kernel(ErrorRecord* err, float* dwte, const float* dout, const std::int32_t* keys,
+template <class D>
+__global__ void embedding_dwte_kernel(ErrorRecord* err, D* dwte, const D* dout, const std::int32_t* keys,
                                       const std::int32_t* rows, int N, int T, int C, int V) {
   const int p = blockIdx.x;
   if (!sorted_ids_valid(keys, N, V)) {
@@ -128,11 +165,11 @@ __global__ void embedding_dwte_kernel(ErrorRecord* err, float* dwte, const float
   }
   const std::int32_t id = keys[p];
   if (p > 0 && keys[p - 1] == id) return;
-  float* d = dwte + idx::at(id, C, 0);
+  D* d = dwte + idx::at(id, C, 0);
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = d[c];
-    for (int q = p; q < N && keys[q] == id; ++q) acc += dout[idx::at(rows[q], C, c)];
-    d[c] = acc;
+    float acc = ld(d[c]);
+    for (int q = p; q < N && keys[q] == id; ++q) acc += ld(dout[idx::at(rows[q], C, c)]);
+    st(d[c], acc);
   }
 }
 
@@ -158,79 +195,82 @@ SortLayout sort_layout(int N) {
 
 // --- LayerNorm: one warp per row for the row statistics and din; one thread per column for dw, db ---
 
-__global__ void layernorm_fwd_kernel(float* out, float* mean, float* rstd, const float* in, const float* w,
-                                     const float* b, int N, int C, float eps) {
+template <class D>
+__global__ void layernorm_fwd_kernel(D* out, D* mean, D* rstd, const D* in, const D* w, const D* b, int N, int C,
+                                     float eps) {
   const int lane = threadIdx.x % 32;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= N) return;
-  const float* x = in + idx::at(r, C, 0);
+  const D* x = in + idx::at(r, C, 0);
   float sum = 0.0f;
-  for (int c = lane; c < C; c += 32) sum += x[c];
+  for (int c = lane; c < C; c += 32) sum += ld(x[c]);
   const float m = warp_sum(sum) / static_cast<float>(C);
   float var = 0.0f;
   for (int c = lane; c < C; c += 32) {
-    const float d = x[c] - m;
+    const float d = ld(x[c]) - m;
     var += d * d;
   }
   var = warp_sum(var) / static_cast<float>(C);
   const float s = 1.0f / sqrtf(var + eps);
-  float* o = out + idx::at(r, C, 0);
-  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * s * w[c] + b[c];
-  if (lane == 0) {
-    mean[r] = m;
-    rstd[r] = s;
+  D* o = out + idx::at(r, C, 0);
+  for (int c = lane; c < C; c += 32) st(o[c], (ld(x[c]) - m) * s * ld(w[c]) + ld(b[c]));
+  if (lane == 0) {  // the output above used the unrounded statistics, as the CPU's bf16 kernel does
+    st(mean[r], m);
+    st(rstd[r], s);
   }
 }
 
-__global__ void layernorm_bwd_rows_kernel(float* din, const float* dout, const float* in, const float* w,
-                                          const float* mean, const float* rstd, int N, int C) {
+template <class D>
+__global__ void layernorm_bwd_rows_kernel(D* din, const D* dout, const D* in, const D* w, const D* mean, const D* rstd,
+                                          int N, int C) {
   const int lane = threadIdx.x % 32;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= N) return;
-  const float* x = in + idx::at(r, C, 0);
-  const float* d = dout + idx::at(r, C, 0);
-  const float m = mean[r], s = rstd[r];
+  const D* x = in + idx::at(r, C, 0);
+  const D* d = dout + idx::at(r, C, 0);
+  const float m = ld(mean[r]), s = ld(rstd[r]);
   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
   for (int c = lane; c < C; c += 32) {
-    const float norm = (x[c] - m) * s;
-    const float dnorm = w[c] * d[c];
+    const float norm = (ld(x[c]) - m) * s;
+    const float dnorm = ld(w[c]) * ld(d[c]);
     dnorm_mean += dnorm;
     dnorm_norm_mean += dnorm * norm;
   }
   dnorm_mean = warp_sum(dnorm_mean) / static_cast<float>(C);
   dnorm_norm_mean = warp_sum(dnorm_norm_mean) / static_cast<float>(C);
-  float* dx = din + idx::at(r, C, 0);
+  D* dx = din + idx::at(r, C, 0);
   for (int c = lane; c < C; c += 32) {
-    const float norm = (x[c] - m) * s;
-    const float dnorm = w[c] * d[c];
-    dx[c] += s * ((dnorm - dnorm_mean) - norm * dnorm_norm_mean);
+    const float norm = (ld(x[c]) - m) * s;
+    const float dnorm = ld(w[c]) * ld(d[c]);
+    st(dx[c], ld(dx[c]) + s * ((dnorm - dnorm_mean) - norm * dnorm_norm_mean));
   }
 }
 
-__global__ void layernorm_bwd_params_kernel(float* dw, float* db, const float* dout, const float* in, const float* mean,
-                                            const float* rstd, int N, int C) {
+template <class D>
+__global__ void layernorm_bwd_params_kernel(D* dw, D* db, const D* dout, const D* in, const D* mean, const D* rstd,
+                                            int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float acc_w = dw[c], acc_b = db[c];
+  float acc_w = ld(dw[c]), acc_b = ld(db[c]);
 #pragma unroll 8
   for (int r = 0; r < N; ++r) {
     const std::int64_t i = idx::at(r, C, c);
-    const float d = dout[i];
-    const float norm = (in[i] - mean[r]) * rstd[r];
+    const float d = ld(dout[i]);
+    const float norm = (ld(in[i]) - ld(mean[r])) * ld(rstd[r]);
     acc_b += d;
     acc_w += norm * d;
   }
-  dw[c] = acc_w;
-  db[c] = acc_b;
+  st(dw[c], acc_w);
+  st(db[c], acc_b);
 }
 
 // The tree alternative (idx::column_parts): block (tile, p) sums rows of part p for kColTile columns, kColRows
 // threads per column each taking every kColRows-th row, then the kColRows partial sums in thread order; the
 // partials of the parts go to `partial` ([parts, C] per output), and column_parts_add_kernel adds them to the
 // gradients in part order. Deterministic, but not the CPU's row order.
-template <bool kLayerNorm>
-__global__ void column_parts_kernel(float* partial, const float* dout, const float* in, const float* mean,
-                                    const float* rstd, int N, int C, int parts) {
+template <bool kLayerNorm, class D>
+__global__ void column_parts_kernel(float* partial, const D* dout, const D* in, const D* mean, const D* rstd, int N,
+                                    int C, int parts) {
   __shared__ float sh_b[idx::kColRows][idx::kColTile];
   __shared__ float sh_w[idx::kColRows][idx::kColTile];
   const int tx = threadIdx.x % idx::kColTile, ty = threadIdx.x / idx::kColTile;
@@ -241,9 +281,9 @@ __global__ void column_parts_kernel(float* partial, const float* dout, const flo
   if (c < C) {
     for (std::int64_t r = begin + ty; r < end; r += idx::kColRows) {
       const std::int64_t i = idx::at(r, C, c);
-      const float d = dout[i];
+      const float d = ld(dout[i]);
       acc_b += d;
-      if constexpr (kLayerNorm) acc_w += (in[i] - mean[r]) * rstd[r] * d;
+      if constexpr (kLayerNorm) acc_w += (ld(in[i]) - ld(mean[r])) * ld(rstd[r]) * d;
     }
   }
   sh_b[ty][tx] = acc_b;
@@ -262,34 +302,37 @@ __global__ void column_parts_kernel(float* partial, const float* dout, const flo
 }
 
 // db[c] += sum of the parts in order (and dw[c] from the second half of `partial` when dw is not null).
-__global__ void column_parts_add_kernel(float* db, float* dw, const float* partial, int C, int parts) {
+template <class D>
+__global__ void column_parts_add_kernel(D* db, D* dw, const float* partial, int C, int parts) {
   const std::int64_t total = static_cast<std::int64_t>(parts) * C;
   HARMONY_GRID_STRIDE(c, static_cast<std::int64_t>(C)) {
-    float acc_b = db[c];
+    float acc_b = ld(db[c]);
     for (int p = 0; p < parts; ++p) acc_b += partial[idx::at(p, C, c)];
-    db[c] = acc_b;
+    st(db[c], acc_b);
     if (dw != nullptr) {
-      float acc_w = dw[c];
+      float acc_w = ld(dw[c]);
       for (int p = 0; p < parts; ++p) acc_w += partial[total + idx::at(p, C, c)];
-      dw[c] = acc_w;
+      st(dw[c], acc_w);
     }
   }
 }
 
 // --- matmul helpers ---
 
-__global__ void fill_bias_rows_kernel(float* out, const float* bias, std::int64_t total, int OC) {
+template <class D>
+__global__ void fill_bias_rows_kernel(D* out, const D* bias, std::int64_t total, int OC) {
   HARMONY_GRID_STRIDE(i, total)
-  out[i] = bias[idx::row_col(i, OC).c];
+  out[i] = bias[idx::row_col(i, OC).c];  // a copy: exact in either storage
 }
 
-__global__ void bias_grad_kernel(float* dbias, const float* dout, int N, int OC) {
+template <class D>
+__global__ void bias_grad_kernel(D* dbias, const D* dout, int N, int OC) {
   const int o = blockIdx.x * blockDim.x + threadIdx.x;
   if (o >= OC) return;
-  float acc = dbias[o];
+  float acc = ld(dbias[o]);
 #pragma unroll 8
-  for (int r = 0; r < N; ++r) acc += dout[idx::at(r, OC, o)];
-  dbias[o] = acc;
+  for (int r = 0; r < N; ++r) acc += ld(dout[idx::at(r, OC, o)]);
+  st(dbias[o], acc);
 }
 
 // --- attention softmax: one warp per row; lane k owns the columns t2 = k, k + 32, ... in every pass ---
@@ -317,17 +360,18 @@ __global__ void causal_softmax_fwd_kernel(float* att, std::int64_t rows, int T, 
   for (int t2 = lane; t2 < T; t2 += 32) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
 }
 
-__global__ void causal_softmax_bwd_kernel(float* datt, const float* att, std::int64_t rows, int T, float sqrt_hs) {
+template <class D>
+__global__ void causal_softmax_bwd_kernel(float* datt, const D* att, std::int64_t rows, int T, float sqrt_hs) {
   const int lane = threadIdx.x % 32;
   const std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (q >= rows) return;
   const int t = static_cast<int>(q % T);
   float* d = datt + idx::at(q, T, 0);
-  const float* a = att + idx::at(q, T, 0);
+  const D* a = att + idx::at(q, T, 0);
   float dsum = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += 32) dsum += a[t2] * d[t2];
+  for (int t2 = lane; t2 <= t; t2 += 32) dsum += ld(a[t2]) * d[t2];
   dsum = warp_sum(dsum);
-  for (int t2 = lane; t2 < T; t2 += 32) d[t2] = t2 <= t ? a[t2] * (d[t2] - dsum) / sqrt_hs : 0.0f;
+  for (int t2 = lane; t2 < T; t2 += 32) d[t2] = t2 <= t ? ld(a[t2]) * (d[t2] - dsum) / sqrt_hs : 0.0f;
 }
 
 // --- element-wise ---
@@ -336,32 +380,45 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi), as cpu::kGel
 constexpr float kGeluCubic = 0.044715f;
 constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
 
-__global__ void gelu_fwd_kernel(float* out, const float* in, std::int64_t n) {
+template <class D>
+__global__ void gelu_fwd_kernel(D* out, const D* in, std::int64_t n) {
   HARMONY_GRID_STRIDE(i, n) {
-    const float x = in[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * (x * x * x))));
+    const float x = ld(in[i]);
+    st(out[i], 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * (x * x * x)))));
   }
 }
 
-__global__ void gelu_bwd_kernel(float* din, const float* in, const float* dout, std::int64_t n) {
+template <class D>
+__global__ void gelu_bwd_kernel(D* din, const D* in, const D* dout, std::int64_t n) {
   HARMONY_GRID_STRIDE(i, n) {
-    const float x = in[i];
+    const float x = ld(in[i]);
     const float u = kGeluScale * (x + kGeluCubic * (x * x * x));
     const float th = tanhf(u);
     const float du = kGeluScale * (1.0f + kGeluCubic3 * x * x);
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    din[i] = grad * dout[i];
+    st(din[i], grad * ld(dout[i]));
   }
 }
 
-__global__ void add_kernel(float* out, const float* a, const float* b, std::int64_t n) {
+template <class D>
+__global__ void add_kernel(D* out, const D* a, const D* b, std::int64_t n) {
   HARMONY_GRID_STRIDE(i, n)
-  out[i] = a[i] + b[i];
+  st(out[i], ld(a[i]) + ld(b[i]));
+}
+
+template <class Dst, class Src>
+__global__ void convert_rows_kernel(Dst* dst, std::int64_t ld_dst, const Src* src, std::int64_t ld_src,
+                                    std::int64_t total, std::int64_t cols) {
+  HARMONY_GRID_STRIDE(i, total) {
+    const auto [r, c] = idx::row_col(i, cols);
+    st(dst[idx::at(r, ld_dst, c)], ld(src[idx::at(r, ld_src, c)]));
+  }
 }
 
 // --- cross-entropy: one block per row ---
 
-__global__ void crossentropy_fwd_kernel(ErrorRecord* err, float* losses, float* probs, const float* logits,
+template <class D>
+__global__ void crossentropy_fwd_kernel(ErrorRecord* err, float* losses, D* probs, const D* logits,
                                         const std::int32_t* targets, int V) {
   __shared__ float shared[kWarps];
   const std::int64_t r = blockIdx.x;
@@ -370,42 +427,46 @@ __global__ void crossentropy_fwd_kernel(ErrorRecord* err, float* losses, float* 
     if (threadIdx.x == 0) report(err, kErrTargetId, target, r, -1, V);
     return;
   }
-  const float* l = logits + idx::at(r, V, 0);
-  float* p = probs + idx::at(r, V, 0);  // may alias l: every read of l happens before the first write below
-  const float lt = l[target];
+  const D* l = logits + idx::at(r, V, 0);
+  D* p = probs + idx::at(r, V, 0);  // may alias l: every read of l happens before the first write below
+  const float lt = ld(l[target]);
   float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(l[v]));
   mx = block_max(mx, shared);
   float sum = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(l[v] - mx);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(ld(l[v]) - mx);
   sum = block_sum(sum, shared);
   if (threadIdx.x == 0) losses[r] = (logf(sum) + mx) - lt;
   const float inv = 1.0f / sum;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = expf(l[v] - mx) * inv;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) st(p[v], expf(ld(l[v]) - mx) * inv);
 }
 
-__global__ void crossentropy_bwd_kernel(float* dlogits, const float* probs, const std::int32_t* targets, float scale,
+template <class D>
+__global__ void crossentropy_bwd_kernel(D* dlogits, const D* probs, const std::int32_t* targets, float scale,
                                         std::int64_t total, int V) {
   HARMONY_GRID_STRIDE(i, total) {
     const auto [r, v] = idx::row_col(i, V);
-    dlogits[i] = (probs[i] - (v == targets[r] ? 1.0f : 0.0f)) * scale;
+    st(dlogits[i], (ld(probs[i]) - (v == targets[r] ? 1.0f : 0.0f)) * scale);
   }
 }
 
 }  // namespace
 
-void embedding_fwd(cudaStream_t stream, ErrorRecord* err, float* out, const std::int32_t* ids, const float* wte,
-                   const float* wpe, int B, int T, int C, int V) {
+template <class S>
+void embedding_fwd(cudaStream_t stream, ErrorRecord* err, S* out, const std::int32_t* ids, const S* wte, const S* wpe,
+                   int B, int T, int C, int V) {
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   if (N == 0) return;
-  embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, out, ids, wte, wpe, T, C, V);
+  embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, dev(out), ids, dev(wte), dev(wpe), T, C,
+                                                                          V);
   HARMONY_CUDA_CHECK_LAUNCH("embedding_fwd_kernel");
 }
 
 std::size_t embedding_bwd_workspace_bytes(int N) { return N > 0 ? sort_layout(N).total : 0; }
 
-void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::size_t workspace_bytes, float* dwte,
-                   float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C, int V) {
+template <class S>
+void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::size_t workspace_bytes, S* dwte,
+                   S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C, int V) {
   const int N = B * T;
   if (N == 0) return;
   SortLayout l = sort_layout(N);
@@ -418,17 +479,20 @@ void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::
   HARMONY_CUDA_CHECK_LAUNCH("iota_kernel");
   HARMONY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + l.temp, l.temp_bytes, ids, keys, rows_in, rows, N, 0,
                                                      static_cast<int>(8 * sizeof(std::int32_t)), stream));
-  embedding_dwpe_kernel<<<blocks_for(static_cast<std::int64_t>(T) * C), kThreads, 0, stream>>>(dwpe, dout, keys, B, T,
-                                                                                               C, V);
+  embedding_dwpe_kernel<<<blocks_for(static_cast<std::int64_t>(T) * C), kThreads, 0, stream>>>(dev(dwpe), dev(dout),
+                                                                                               keys, B, T, C, V);
   HARMONY_CUDA_CHECK_LAUNCH("embedding_dwpe_kernel");
-  embedding_dwte_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, dwte, dout, keys, rows, N, T, C, V);
+  embedding_dwte_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, dev(dwte), dev(dout), keys, rows, N, T,
+                                                                           C, V);
   HARMONY_CUDA_CHECK_LAUNCH("embedding_dwte_kernel");
 }
 
-void layernorm_fwd(cudaStream_t stream, float* out, float* mean, float* rstd, const float* in, const float* w,
-                   const float* b, int N, int C, float eps) {
+template <class S>
+void layernorm_fwd(cudaStream_t stream, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+                   float eps) {
   if (N == 0 || C == 0) return;
-  layernorm_fwd_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(out, mean, rstd, in, w, b, N, C, eps);
+  layernorm_fwd_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(out), dev(mean), dev(rstd), dev(in),
+                                                                         dev(w), dev(b), N, C, eps);
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
 }
 
@@ -438,16 +502,17 @@ std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm) {
 }
 
 namespace {
-void column_sums_tree(cudaStream_t stream, float* db, float* dw, const float* dout, const float* in, const float* mean,
-                      const float* rstd, int N, int C, void* workspace) {
+template <class D>
+void column_sums_tree(cudaStream_t stream, D* db, D* dw, const D* dout, const D* in, const D* mean, const D* rstd,
+                      int N, int C, void* workspace) {
   const auto parts = static_cast<int>(idx::column_parts(N, C));
   auto* partial = static_cast<float*>(workspace);
   const dim3 grid(static_cast<unsigned>(idx::column_tiles(C)), static_cast<unsigned>(parts));
   constexpr auto threads = static_cast<unsigned>(idx::kColTile * idx::kColRows);
   if (dw != nullptr) {
-    column_parts_kernel<true><<<grid, threads, 0, stream>>>(partial, dout, in, mean, rstd, N, C, parts);
+    column_parts_kernel<true, D><<<grid, threads, 0, stream>>>(partial, dout, in, mean, rstd, N, C, parts);
   } else {
-    column_parts_kernel<false><<<grid, threads, 0, stream>>>(partial, dout, in, mean, rstd, N, C, parts);
+    column_parts_kernel<false, D><<<grid, threads, 0, stream>>>(partial, dout, in, mean, rstd, N, C, parts);
   }
   HARMONY_CUDA_CHECK_LAUNCH("column_parts_kernel");
   column_parts_add_kernel<<<blocks_for(C), kThreads, 0, stream>>>(db, dw, partial, C, parts);
@@ -455,33 +520,39 @@ void column_sums_tree(cudaStream_t stream, float* db, float* dw, const float* do
 }
 }  // namespace
 
-void layernorm_bwd(cudaStream_t stream, float* din, float* dw, float* db, const float* dout, const float* in,
-                   const float* w, const float* mean, const float* rstd, int N, int C, void* tree_workspace) {
+template <class S>
+void layernorm_bwd(cudaStream_t stream, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
+                   const S* rstd, int N, int C, void* tree_workspace) {
   if (N == 0 || C == 0) return;
-  layernorm_bwd_rows_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(din, dout, in, w, mean, rstd, N, C);
+  layernorm_bwd_rows_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(din), dev(dout), dev(in), dev(w),
+                                                                              dev(mean), dev(rstd), N, C);
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_bwd_rows_kernel");
   if (tree_workspace != nullptr) {
-    column_sums_tree(stream, db, dw, dout, in, mean, rstd, N, C, tree_workspace);
+    column_sums_tree(stream, dev(db), dev(dw), dev(dout), dev(in), dev(mean), dev(rstd), N, C, tree_workspace);
     return;
   }
-  layernorm_bwd_params_kernel<<<blocks_exact(C, 128), 128, 0, stream>>>(dw, db, dout, in, mean, rstd, N, C);
+  layernorm_bwd_params_kernel<<<blocks_exact(C, 128), 128, 0, stream>>>(dev(dw), dev(db), dev(dout), dev(in), dev(mean),
+                                                                        dev(rstd), N, C);
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_bwd_params_kernel");
 }
 
-void fill_bias_rows(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
+template <class S>
+void fill_bias_rows(cudaStream_t stream, S* out, const S* bias, int N, int OC) {
   const std::int64_t total = static_cast<std::int64_t>(N) * OC;
   if (total == 0) return;
-  fill_bias_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(out, bias, total, OC);
+  fill_bias_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dev(out), dev(bias), total, OC);
   HARMONY_CUDA_CHECK_LAUNCH("fill_bias_rows_kernel");
 }
 
-void bias_grad(cudaStream_t stream, float* dbias, const float* dout, int N, int OC, void* tree_workspace) {
+template <class S>
+void bias_grad(cudaStream_t stream, S* dbias, const S* dout, int N, int OC, void* tree_workspace) {
   if (N == 0 || OC == 0) return;
+  using D = Dev<S>;
   if (tree_workspace != nullptr) {
-    column_sums_tree(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, OC, tree_workspace);
+    column_sums_tree<D>(stream, dev(dbias), nullptr, dev(dout), nullptr, nullptr, nullptr, N, OC, tree_workspace);
     return;
   }
-  bias_grad_kernel<<<blocks_exact(OC, 128), 128, 0, stream>>>(dbias, dout, N, OC);
+  bias_grad_kernel<<<blocks_exact(OC, 128), 128, 0, stream>>>(dev(dbias), dev(dout), N, OC);
   HARMONY_CUDA_CHECK_LAUNCH("bias_grad_kernel");
 }
 
@@ -491,49 +562,91 @@ void causal_softmax_fwd(cudaStream_t stream, float* att, std::int64_t rows, int 
   HARMONY_CUDA_CHECK_LAUNCH("causal_softmax_fwd_kernel");
 }
 
-void causal_softmax_bwd(cudaStream_t stream, float* datt, const float* att, std::int64_t rows, int T, float sqrt_hs) {
+template <class S>
+void causal_softmax_bwd(cudaStream_t stream, float* datt, const S* att, std::int64_t rows, int T, float sqrt_hs) {
   if (rows == 0) return;
-  causal_softmax_bwd_kernel<<<blocks_exact(rows, kWarps), kThreads, 0, stream>>>(datt, att, rows, T, sqrt_hs);
+  causal_softmax_bwd_kernel<<<blocks_exact(rows, kWarps), kThreads, 0, stream>>>(datt, dev(att), rows, T, sqrt_hs);
   HARMONY_CUDA_CHECK_LAUNCH("causal_softmax_bwd_kernel");
 }
 
-void gelu_fwd(cudaStream_t stream, float* out, const float* in, std::int64_t n) {
+template <class S>
+void gelu_fwd(cudaStream_t stream, S* out, const S* in, std::int64_t n) {
   if (n == 0) return;
-  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, in, n);
+  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dev(out), dev(in), n);
   HARMONY_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
 }
 
-void gelu_bwd(cudaStream_t stream, float* din, const float* in, const float* dout, std::int64_t n) {
+template <class S>
+void gelu_bwd(cudaStream_t stream, S* din, const S* in, const S* dout, std::int64_t n) {
   if (n == 0) return;
-  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(din, in, dout, n);
+  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dev(din), dev(in), dev(dout), n);
   HARMONY_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
 }
 
-void add(cudaStream_t stream, float* out, const float* a, const float* b, std::int64_t n) {
+template <class S>
+void add(cudaStream_t stream, S* out, const S* a, const S* b, std::int64_t n) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dev(out), dev(a), dev(b), n);
   HARMONY_CUDA_CHECK_LAUNCH("add_kernel");
 }
 
 void add_inplace(cudaStream_t stream, float* acc, const float* x, std::int64_t n) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(acc, acc, x, n);
+  add_kernel<float><<<blocks_for(n), kThreads, 0, stream>>>(acc, acc, x, n);
   HARMONY_CUDA_CHECK_LAUNCH("add_kernel");
 }
 
-void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, float* probs, const float* logits,
+template <class S>
+void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, S* probs, const S* logits,
                       const std::int32_t* targets, int N, int V) {
   if (N == 0) return;
-  crossentropy_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, losses, probs, logits, targets, V);
+  crossentropy_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, losses, dev(probs), dev(logits),
+                                                                             targets, V);
   HARMONY_CUDA_CHECK_LAUNCH("crossentropy_fwd_kernel");
 }
 
-void crossentropy_bwd(cudaStream_t stream, float* dlogits, const float* probs, const std::int32_t* targets, float scale,
-                      int N, int V) {
+template <class S>
+void crossentropy_bwd(cudaStream_t stream, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
+                      int V) {
   const std::int64_t total = static_cast<std::int64_t>(N) * V;
   if (total == 0) return;
-  crossentropy_bwd_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dlogits, probs, targets, scale, total, V);
+  crossentropy_bwd_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dev(dlogits), dev(probs), targets, scale, total,
+                                                                      V);
   HARMONY_CUDA_CHECK_LAUNCH("crossentropy_bwd_kernel");
 }
+
+template <class Dst, class Src>
+void convert_rows(cudaStream_t stream, Dst* dst, std::int64_t ld_dst, const Src* src, std::int64_t ld_src,
+                  std::int64_t rows, std::int64_t cols) {
+  const std::int64_t total = rows * cols;
+  if (total == 0) return;
+  convert_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dev(dst), ld_dst, dev(src), ld_src, total, cols);
+  HARMONY_CUDA_CHECK_LAUNCH("convert_rows_kernel");
+}
+
+// The launchers' instantiations: fp32 (Kernels) and bf16 (Bf16Kernels) storage.
+#define HARMONY_KERNELS_FOR(S)                                                                                         \
+  template void embedding_fwd<S>(cudaStream_t, ErrorRecord*, S*, const std::int32_t*, const S*, const S*, int, int,    \
+                                 int, int);                                                                            \
+  template void embedding_bwd<S>(cudaStream_t, ErrorRecord*, void*, std::size_t, S*, S*, const S*,                     \
+                                 const std::int32_t*, int, int, int, int);                                             \
+  template void layernorm_fwd<S>(cudaStream_t, S*, S*, S*, const S*, const S*, const S*, int, int, float);             \
+  template void layernorm_bwd<S>(cudaStream_t, S*, S*, S*, const S*, const S*, const S*, const S*, const S*, int, int, \
+                                 void*);                                                                               \
+  template void fill_bias_rows<S>(cudaStream_t, S*, const S*, int, int);                                               \
+  template void bias_grad<S>(cudaStream_t, S*, const S*, int, int, void*);                                             \
+  template void causal_softmax_bwd<S>(cudaStream_t, float*, const S*, std::int64_t, int, float);                       \
+  template void gelu_fwd<S>(cudaStream_t, S*, const S*, std::int64_t);                                                 \
+  template void gelu_bwd<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                       \
+  template void add<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                            \
+  template void crossentropy_fwd<S>(cudaStream_t, ErrorRecord*, float*, S*, const S*, const std::int32_t*, int, int);  \
+  template void crossentropy_bwd<S>(cudaStream_t, S*, const S*, const std::int32_t*, float, int, int);
+HARMONY_KERNELS_FOR(float)
+HARMONY_KERNELS_FOR(Bf16)
+#undef HARMONY_KERNELS_FOR
+template void convert_rows<float, Bf16>(cudaStream_t, float*, std::int64_t, const Bf16*, std::int64_t, std::int64_t,
+                                        std::int64_t);
+template void convert_rows<Bf16, float>(cudaStream_t, Bf16*, std::int64_t, const float*, std::int64_t, std::int64_t,
+                                        std::int64_t);
 
 }  // namespace harmony::backend::cuda::kern

@@ -1,12 +1,18 @@
 // Host launchers of the CUDA device's own kernels (backend/cuda/kernels.cu): everything but the GEMMs, which
 // are cuBLAS calls (gemm.cpp). Plain C++ so the device code stays in one nvcc unit. Every launcher enqueues
-// on `stream` and checks the launch; bad token ids are reported through the device's ErrorRecord.
+// on `stream` and checks the launch; bad token ids are reported through the device's ErrorRecord. The tensor
+// launchers are templates over the storage type S, instantiated for float and Bf16 (stored as __nv_bfloat16:
+// loads widen to fp32, every kernel computes in fp32, stores round to nearest even once).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
+
+namespace harmony::backend {
+struct Bf16;  // backend/bf16.hpp
+}  // namespace harmony::backend
 
 namespace harmony::backend::cuda::kern {
 
@@ -21,41 +27,60 @@ struct ErrorRecord {
 };
 enum ErrorCode : int { kErrNone = 0, kErrEmbeddingId = 1, kErrEmbeddingBwdId = 2, kErrTargetId = 3 };
 
-void embedding_fwd(cudaStream_t stream, ErrorRecord* err, float* out, const std::int32_t* ids, const float* wte,
-                   const float* wpe, int B, int T, int C, int V);
+template <class S>
+void embedding_fwd(cudaStream_t stream, ErrorRecord* err, S* out, const std::int32_t* ids, const S* wte, const S* wpe,
+                   int B, int T, int C, int V);
 // Scratch the backward's deterministic scatter-add needs for N = B*T rows (a stable radix sort by token id).
 std::size_t embedding_bwd_workspace_bytes(int N);
 // Ids outside [0, V) are reported (kErrEmbeddingBwdId) and then nothing is written: dwte and dwpe stay as they were.
-void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::size_t workspace_bytes, float* dwte,
-                   float* dwpe, const float* dout, const std::int32_t* ids, int B, int T, int C, int V);
-void layernorm_fwd(cudaStream_t stream, float* out, float* mean, float* rstd, const float* in, const float* w,
-                   const float* b, int N, int C, float eps);
+template <class S>
+void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::size_t workspace_bytes, S* dwte,
+                   S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C, int V);
+template <class S>
+void layernorm_fwd(cudaStream_t stream, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+                   float eps);
 // Scratch of the tree column sums (idx::column_parts) over N rows of C columns: one output (bias) or two
 // (LayerNorm's dw and db).
 std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm);
 // tree_workspace null: dw and db accumulate row by row in row order (the CPU's order, one thread per column).
 // Otherwise by the tree (column_sums_workspace_bytes(N, C, true) of scratch): ~10x more parallel, deterministic,
 // but rounded differently from the CPU (and from the same rows split into microbatches).
-void layernorm_bwd(cudaStream_t stream, float* din, float* dw, float* db, const float* dout, const float* in,
-                   const float* w, const float* mean, const float* rstd, int N, int C, void* tree_workspace);
+template <class S>
+void layernorm_bwd(cudaStream_t stream, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
+                   const S* rstd, int N, int C, void* tree_workspace);
 // out[r, :] = bias (before a GEMM with beta = 1).
-void fill_bias_rows(cudaStream_t stream, float* out, const float* bias, int N, int OC);
+template <class S>
+void fill_bias_rows(cudaStream_t stream, S* out, const S* bias, int N, int OC);
 // dbias[o] += dout[r, o] for r = 0, 1, ..., N-1 in order; or by the tree as layernorm_bwd when tree_workspace
 // (column_sums_workspace_bytes(N, OC, false)) is given.
-void bias_grad(cudaStream_t stream, float* dbias, const float* dout, int N, int OC, void* tree_workspace);
+template <class S>
+void bias_grad(cudaStream_t stream, S* dbias, const S* dout, int N, int OC, void* tree_workspace);
 // rows = pairs * T rows of T scores each (row t of its (b, h) pair): scores / sqrt_hs, causal softmax, zeros
 // above the diagonal; in place.
 void causal_softmax_fwd(cudaStream_t stream, float* att, std::int64_t rows, int T, float sqrt_hs);
 // In place: datt -> dscore = att * (datt - sum(att * datt)) / sqrt_hs below the diagonal, 0 above.
-void causal_softmax_bwd(cudaStream_t stream, float* datt, const float* att, std::int64_t rows, int T, float sqrt_hs);
-void gelu_fwd(cudaStream_t stream, float* out, const float* in, std::int64_t n);
-void gelu_bwd(cudaStream_t stream, float* din, const float* in, const float* dout, std::int64_t n);
-void add(cudaStream_t stream, float* out, const float* a, const float* b, std::int64_t n);
+// att in float or Bf16 (the stored probabilities); datt is fp32 scratch.
+template <class S>
+void causal_softmax_bwd(cudaStream_t stream, float* datt, const S* att, std::int64_t rows, int T, float sqrt_hs);
+template <class S>
+void gelu_fwd(cudaStream_t stream, S* out, const S* in, std::int64_t n);
+template <class S>
+void gelu_bwd(cudaStream_t stream, S* din, const S* in, const S* dout, std::int64_t n);
+template <class S>
+void add(cudaStream_t stream, S* out, const S* a, const S* b, std::int64_t n);
 // acc += x (the communicator's rank-order sum).
 void add_inplace(cudaStream_t stream, float* acc, const float* x, std::int64_t n);
-void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, float* probs, const float* logits,
+// losses in fp32 for either storage.
+template <class S>
+void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, S* probs, const S* logits,
                       const std::int32_t* targets, int N, int V);
-void crossentropy_bwd(cudaStream_t stream, float* dlogits, const float* probs, const std::int32_t* targets, float scale,
-                      int N, int V);
+template <class S>
+void crossentropy_bwd(cudaStream_t stream, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
+                      int V);
+// dst[r * ld_dst + c] = src[r * ld_src + c] for r < rows, c < cols: Bf16 -> float widens exactly, float -> Bf16
+// rounds to nearest even (the bf16 attention's fp32 scratch around its fp32 GEMMs).
+template <class Dst, class Src>
+void convert_rows(cudaStream_t stream, Dst* dst, std::int64_t ld_dst, const Src* src, std::int64_t ld_src,
+                  std::int64_t rows, std::int64_t cols);
 
 }  // namespace harmony::backend::cuda::kern

@@ -128,6 +128,50 @@ struct Twin {
     INFO(what);
     CHECK(same_bits(g, c));
   }
+
+  // bf16 tensors: the host values rounded to nearest even (to_bf16) and uploaded as 2-byte elements to both
+  // devices; read back widened (exactly) to fp32.
+  struct Buf16 {
+    Buffer c, g;
+    std::size_t n = 0;
+    Bf16* cb() const { return c.as<Bf16>(); }
+    Bf16* gb() const { return g.as<Bf16>(); }
+  };
+  Buf16 up16(const std::vector<float>& host) {
+    std::vector<Bf16> h(host.size());
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = to_bf16(host[i]);
+    const auto bytes = static_cast<Bytes>(h.size() * sizeof(Bf16));
+    Buf16 b{cpu->alloc(bytes), gpu->alloc(bytes), h.size()};
+    cpu->copy_h2d(*cs, b.c.data(), h.data(), bytes);
+    gpu->copy_h2d(*gs, b.g.data(), h.data(), bytes);
+    sync();
+    return b;
+  }
+  Buf16 empty16(std::size_t n) { return up16(std::vector<float>(n, 0.0f)); }
+  std::pair<std::vector<float>, std::vector<float>> down16(const Buf16& b) {
+    std::vector<Bf16> g(b.n), c(b.n);
+    const auto bytes = static_cast<Bytes>(b.n * sizeof(Bf16));
+    gpu->copy_d2h(*gs, g.data(), b.g.data(), bytes);
+    cpu->copy_d2h(*cs, c.data(), b.c.data(), bytes);
+    sync();
+    std::vector<float> gf(b.n), cf(b.n);
+    for (std::size_t i = 0; i < b.n; ++i) {
+      gf[i] = to_f32(g[i]);
+      cf[i] = to_f32(c[i]);
+    }
+    return {gf, cf};
+  }
+  void close16(const char* what, const Buf16& b, double atol, double rtol) {
+    auto [g, c] = down16(b);
+    check_close(what, g, c, atol, rtol);
+  }
+  void exact16(const char* what, const Buf16& b) {
+    auto [g, c] = down16(b);
+    INFO(what);
+    CHECK(same_bits(g, c));
+  }
+  Bf16Kernels& gk16() { return require_bf16(*gpu, "test"); }
+  Bf16Kernels& ck16() { return require_bf16(*cpu, "test"); }
 };
 
 std::string data_dir() {
@@ -636,6 +680,236 @@ TEST_SUITE("gpu") {
     }
   }
 
+  // bf16 kernels against the CPU device's bf16 kernels, on the same bf16 inputs. Both widen the inputs exactly, compute
+  // in fp32 and round each output once to nearest even, so the fp32 values differ as in the fp32 tests above (same
+  // atol + rtol |cpu|: summation order, CUDA's expf/tanhf) and then each side rounds. Where a rounding boundary falls
+  // between the two fp32 values the stored results differ by one bf16 ulp: with 8 significant bits an ulp is at most
+  // 2^-7 |v| (2^-8 |v| just below the next power of two), so kFlip = 2^-7 relative is added to every non-exact bound
+  // (|round(a) - round(b)| <= |a - b| + 1 ulp). Exact where both sides do the same fp32 operations in the same order
+  // (embedding gathers and scatter-adds, the residual add, the bias and LayerNorm parameter gradients given the same
+  // statistics, the cross-entropy backward): those also pin the rounding itself (ties to even, below).
+  constexpr double kFlip = 1.0 / 128;
+
+  TEST_CASE("bf16 kernels: embedding forward and backward are bit-identical to the CPU's; bad ids write nothing") {
+    Twin t;
+    const int B = 3, T = 50, C = 40, V = 17;
+    auto ids = random_ids(B * T, V, 11);
+    auto id = t.up(ids);
+    auto wte = t.up16(random_floats(V * C, 12)), wpe = t.up16(random_floats(T * C, 13));
+    auto out = t.empty16(B * T * C);
+    t.gk16().embedding_fwd(*t.gs, out.gb(), id.gi(), wte.gb(), wpe.gb(), B, T, C, V);
+    t.ck16().embedding_fwd(*t.cs, out.cb(), id.ci(), wte.cb(), wpe.cb(), B, T, C, V);
+    t.exact16("bf16 embedding_fwd", out);
+    auto dout = t.up16(random_floats(B * T * C, 14));
+    auto dwte = t.up16(random_floats(V * C, 15)), dwpe = t.up16(random_floats(T * C, 16));
+    for (int rep = 0; rep < 2; ++rep) {
+      t.gk16().embedding_bwd(*t.gs, dwte.gb(), dwpe.gb(), dout.gb(), id.gi(), B, T, C, V);
+      t.ck16().embedding_bwd(*t.cs, dwte.cb(), dwpe.cb(), dout.cb(), id.ci(), B, T, C, V);
+    }
+    t.exact16("bf16 embedding_bwd dwte", dwte);
+    t.exact16("bf16 embedding_bwd dwpe", dwpe);
+    // A bad id: reported by both, nothing written.
+    ids[7] = V;
+    auto bad = t.up(ids);
+    const auto [g_before, c_before] = t.down16(dwte);
+    t.gk16().embedding_bwd(*t.gs, dwte.gb(), dwpe.gb(), dout.gb(), bad.gi(), B, T, C, V);
+    t.ck16().embedding_bwd(*t.cs, dwte.cb(), dwpe.cb(), dout.cb(), bad.ci(), B, T, C, V);
+    CHECK_THROWS_WITH_AS(t.gs->synchronize(), doctest::Contains("token id 17 at (b=0, t=7)"), DeviceError);
+    CHECK_THROWS_WITH_AS(t.cs->synchronize(), doctest::Contains("token id 17 at (b=0, t=7)"), DeviceError);
+    const auto [g_after, c_after] = t.down16(dwte);
+    CHECK(same_bits(g_after, g_before));
+    CHECK(same_bits(c_after, c_before));
+    t.gk16().embedding_fwd(*t.gs, out.gb(), bad.gi(), wte.gb(), wpe.gb(), B, T, C, V);
+    CHECK_THROWS_WITH_AS(t.gs->synchronize(), doctest::Contains("token id 17 at (b=0, t=7)"), DeviceError);
+  }
+
+  TEST_CASE("bf16 kernels: LayerNorm forward and backward") {
+    for (const bool tree : {false, true}) {
+      Twin t({.capacity = 256 * kMiB, .tree_sums = tree});
+      for (int C : {40, 777}) {
+        const int N = tree ? 1000 : 67;
+        INFO("C " << C << ", tree_sums " << tree);
+        auto in = t.up16(random_floats(N * C, 21, 2.0f));
+        auto w = t.up16(random_floats(C, 22)), b = t.up16(random_floats(C, 23));
+        auto out = t.empty16(N * C), mean = t.empty16(N), rstd = t.empty16(N);
+        t.gk16().layernorm_fwd(*t.gs, out.gb(), mean.gb(), rstd.gb(), in.gb(), w.gb(), b.gb(), N, C, 1e-5f);
+        t.ck16().layernorm_fwd(*t.cs, out.cb(), mean.cb(), rstd.cb(), in.cb(), w.cb(), b.cb(), N, C, 1e-5f);
+        t.close16("bf16 layernorm_fwd out", out, 1e-5, 1e-5 + kFlip);
+        t.close16("bf16 layernorm_fwd mean", mean, 1e-6, 1e-5 + kFlip);
+        t.close16("bf16 layernorm_fwd rstd", rstd, 1e-6, 1e-5 + kFlip);
+        // The backward on the CPU's (bf16) statistics for both.
+        auto [gm, cm] = t.down16(mean);
+        auto [gr, cr] = t.down16(rstd);
+        auto m2 = t.up16(cm), r2 = t.up16(cr);
+        auto dout = t.up16(random_floats(N * C, 24));
+        auto din = t.up16(random_floats(N * C, 25)), dw = t.up16(random_floats(C, 26)),
+             db = t.up16(random_floats(C, 27));
+        t.gk16().layernorm_bwd(*t.gs, din.gb(), dw.gb(), db.gb(), dout.gb(), in.gb(), w.gb(), m2.gb(), r2.gb(), N, C);
+        t.ck16().layernorm_bwd(*t.cs, din.cb(), dw.cb(), db.cb(), dout.cb(), in.cb(), w.cb(), m2.cb(), r2.cb(), N, C);
+        t.close16("bf16 layernorm_bwd din (accumulated)", din, 1e-5 * std::sqrt(double(C)), 1e-4 + kFlip);
+        if (tree) {  // the tree's order: as the fp32 tree test, plus the flip
+          t.close16("bf16 layernorm_bwd dw (tree)", dw, 2e-7 * N + 1e-6, 1e-5 + kFlip);
+          t.close16("bf16 layernorm_bwd db (tree)", db, 2e-7 * N + 1e-6, 1e-5 + kFlip);
+        } else {
+          t.exact16("bf16 layernorm_bwd dw", dw);
+          t.exact16("bf16 layernorm_bwd db", db);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("bf16 kernels: matmul forward and backward through cublasGemmEx, both layouts, with and without bias") {
+    Twin t;
+    const int N = 37, IC = 48, OC = 80;
+    for (WeightLayout layout : {WeightLayout::InOut, WeightLayout::OutIn}) {
+      for (bool with_bias : {true, false}) {
+        INFO("layout " << (layout == WeightLayout::InOut ? "InOut" : "OutIn") << ", bias " << with_bias);
+        auto in = t.up16(random_floats(N * IC, 31)), w = t.up16(random_floats(IC * OC, 32));
+        auto bias = t.up16(random_floats(OC, 33));
+        auto out = t.empty16(N * OC);
+        t.gk16().matmul_fwd(*t.gs, out.gb(), in.gb(), w.gb(), with_bias ? bias.gb() : nullptr, N, IC, OC, layout);
+        t.ck16().matmul_fwd(*t.cs, out.cb(), in.cb(), w.cb(), with_bias ? bias.cb() : nullptr, N, IC, OC, layout);
+        // One rounding of bias + product (two would err by up to an ulp of the larger of them, which the cancelling
+        // cases here exceed).
+        t.close16("bf16 matmul_fwd", out, 1e-5 * std::sqrt(double(IC)), 1e-5 + kFlip);
+        auto dout = t.up16(random_floats(N * OC, 34));
+        auto din = t.up16(random_floats(N * IC, 35));
+        auto dw = t.up16(random_floats(IC * OC, 36)), dbias = t.up16(random_floats(OC, 37));
+        t.gk16().matmul_bwd(*t.gs, din.gb(), dw.gb(), with_bias ? dbias.gb() : nullptr, dout.gb(), in.gb(), w.gb(), N,
+                            IC, OC, layout);
+        t.ck16().matmul_bwd(*t.cs, din.cb(), dw.cb(), with_bias ? dbias.cb() : nullptr, dout.cb(), in.cb(), w.cb(), N,
+                            IC, OC, layout);
+        t.close16("bf16 matmul_bwd din", din, 1e-5 * std::sqrt(double(OC)), 1e-5 + kFlip);
+        t.close16("bf16 matmul_bwd dw (accumulated)", dw, 1e-5 * std::sqrt(double(N)), 1e-5 + kFlip);
+        t.exact16("bf16 matmul_bwd dbias (accumulated, row order)", dbias);
+        t.gk16().matmul_bwd(*t.gs, nullptr, dw.gb(), nullptr, dout.gb(), in.gb(), w.gb(), N, IC, OC, layout);
+        t.ck16().matmul_bwd(*t.cs, nullptr, dw.cb(), nullptr, dout.cb(), in.cb(), w.cb(), N, IC, OC, layout);
+        // Two accumulations, each ending in a rounding that may flip: two ulps.
+        t.close16("bf16 matmul_bwd dw, din null", dw, 2e-5 * std::sqrt(double(N)), 1e-5 + 2 * kFlip);
+      }
+    }
+  }
+
+  TEST_CASE("bf16 kernels: causal attention forward and backward, whole and in workspace chunks") {
+    struct Shape {
+      int B, T, C, H;
+    };
+    for (const Shape sh : {Shape{2, 19, 48, 4}, Shape{1, 70, 64, 2}, Shape{3, 8, 24, 3}}) {
+      for (Bytes workspace : {Bytes(64) * kMiB, Bytes(1)}) {  // 1 byte: one (b, h) pair per chunk
+        INFO("B " << sh.B << " T " << sh.T << " C " << sh.C << " H " << sh.H << ", workspace " << workspace);
+        Twin t({.capacity = 64 * kMiB, .attention_workspace = workspace});
+        const int B = sh.B, T = sh.T, C = sh.C, H = sh.H;
+        auto qkv = t.up16(random_floats(B * T * 3 * C, 51));
+        auto out = t.empty16(B * T * C), att = t.up16(random_floats(B * H * T * T, 52));  // att fully overwritten
+        t.gk16().attention_fwd(*t.gs, out.gb(), att.gb(), qkv.gb(), B, T, C, H);
+        t.ck16().attention_fwd(*t.cs, out.cb(), att.cb(), qkv.cb(), B, T, C, H);
+        // out multiplies the fp32 probabilities on both devices (not the rounded att): only its own rounding flips.
+        t.close16("bf16 attention_fwd out", out, 1e-5, 1e-4 + kFlip);
+        t.close16("bf16 attention_fwd att", att, 1e-6, 1e-4 + kFlip);
+        {
+          auto [g, c] = t.down16(att);
+          bool zeros = true;
+          for (std::size_t i = 0; i < g.size(); ++i) {
+            const auto t1 = static_cast<int>((i / T) % T), t2 = static_cast<int>(i % T);
+            if (t2 > t1 && g[i] != 0.0f) zeros = false;
+          }
+          CHECK(zeros);
+        }
+        // The backward on the CPU's stored probabilities for both.
+        auto [ga, ca] = t.down16(att);
+        auto att2 = t.up16(ca);
+        auto dout = t.up16(random_floats(B * T * C, 53));
+        auto dqkv = t.up16(random_floats(B * T * 3 * C, 54));  // written, not accumulated
+        t.gk16().attention_bwd(*t.gs, dqkv.gb(), dout.gb(), qkv.gb(), att2.gb(), B, T, C, H);
+        t.ck16().attention_bwd(*t.cs, dqkv.cb(), dout.cb(), qkv.cb(), att2.cb(), B, T, C, H);
+        t.close16("bf16 attention_bwd dqkv", dqkv, 1e-5 * std::sqrt(double(T)), 1e-4 + kFlip);
+      }
+    }
+  }
+
+  TEST_CASE("bf16 kernels: GELU, residual add (ties to even), cross-entropy (also in place)") {
+    Twin t;
+    const std::int64_t n = 100000;
+    auto in = t.up16(random_floats(n, 61, 4.0f)), dout = t.up16(random_floats(n, 62));
+    auto out = t.empty16(n), din = t.empty16(n);
+    t.gk16().gelu_fwd(*t.gs, out.gb(), in.gb(), n);
+    t.ck16().gelu_fwd(*t.cs, out.cb(), in.cb(), n);
+    t.close16("bf16 gelu_fwd", out, 1e-6, 1e-5 + kFlip);
+    t.gk16().gelu_bwd(*t.gs, din.gb(), in.gb(), dout.gb(), n);
+    t.ck16().gelu_bwd(*t.cs, din.cb(), in.cb(), dout.cb(), n);
+    const double tanh_margin = (0.5 + 4.0 * 0.7978845608 * (1.0 + 3 * 0.044715 * 16.0)) * std::ldexp(1.0, -23);
+    t.close16("bf16 gelu_bwd", din, 1e-6 + tanh_margin, 1e-5 + kFlip);
+    t.gk16().gelu_bwd(*t.gs, dout.gb(), in.gb(), dout.gb(), n);  // din aliasing dout
+    t.ck16().gelu_bwd(*t.cs, dout.cb(), in.cb(), dout.cb(), n);
+    t.close16("bf16 gelu_bwd in place", dout, 1e-6 + tanh_margin, 1e-5 + kFlip);
+    {
+      // add is one fp32 addition and one rounding on both sides: bit-identical, also in place.
+      auto a = t.up16(random_floats(n, 65)), b = t.up16(random_floats(n, 66, 0.01f)), o = t.empty16(n);
+      t.gk16().add(*t.gs, o.gb(), a.gb(), b.gb(), n);
+      t.ck16().add(*t.cs, o.cb(), a.cb(), b.cb(), n);
+      t.exact16("bf16 add", o);
+      t.gk16().add(*t.gs, a.gb(), a.gb(), b.gb(), n);
+      t.ck16().add(*t.cs, a.cb(), a.cb(), b.cb(), n);
+      t.exact16("bf16 add in place", a);
+    }
+    {
+      // Round to nearest, ties to even: 1 + 2^-8 (halfway) rounds to 1, 1 + 3 * 2^-8 to 1 + 2^-6, -(1 + 2^-8) to -1;
+      // a truncating store would give 1 + 2^-7 for the second, a round-half-up one 1 + 2^-7 for the first.
+      const float h = std::ldexp(1.0f, -8);
+      auto a = t.up16({1.0f, 1.0f, -1.0f, 1.0f}), b = t.up16({h, 3 * h, -h, 2 * h}), o = t.empty16(4);
+      t.gk16().add(*t.gs, o.gb(), a.gb(), b.gb(), 4);
+      t.ck16().add(*t.cs, o.cb(), a.cb(), b.cb(), 4);
+      const auto [g, c] = t.down16(o);
+      CHECK(g == std::vector<float>{1.0f, 1.0f + 4 * h, -1.0f, 1.0f + 2 * h});
+      CHECK(same_bits(g, c));
+    }
+    for (int V : {7, 1000, 5003}) {
+      const int N = 13;
+      INFO("V " << V);
+      auto logits = t.up16(random_floats(N * V, 63, 5.0f));
+      auto tgt = t.up(random_ids(N, V, 64));
+      auto losses = t.empty(N);  // fp32
+      auto probs = t.empty16(N * V);
+      t.gk16().crossentropy_fwd(*t.gs, losses.gf(), probs.gb(), logits.gb(), tgt.gi(), N, V);
+      t.ck16().crossentropy_fwd(*t.cs, losses.cf(), probs.cb(), logits.cb(), tgt.ci(), N, V);
+      t.close("bf16 crossentropy_fwd losses (fp32)", losses, 1e-5, 1e-5);
+      t.close16("bf16 crossentropy_fwd probs", probs, 1e-7, 1e-5 + kFlip);
+      t.gk16().crossentropy_fwd(*t.gs, losses.gf(), logits.gb(), logits.gb(), tgt.gi(), N, V);
+      t.ck16().crossentropy_fwd(*t.cs, losses.cf(), logits.cb(), logits.cb(), tgt.ci(), N, V);
+      t.close16("bf16 crossentropy_fwd in place", logits, 1e-7, 1e-5 + kFlip);
+      auto [gp, cp] = t.down16(probs);
+      auto p2 = t.up16(cp);
+      auto dlogits = t.empty16(N * V);
+      t.gk16().crossentropy_bwd(*t.gs, dlogits.gb(), p2.gb(), tgt.gi(), 1.0f / 52, N, V);
+      t.ck16().crossentropy_bwd(*t.cs, dlogits.cb(), p2.cb(), tgt.ci(), 1.0f / 52, N, V);
+      t.exact16("bf16 crossentropy_bwd", dlogits);
+      t.gk16().crossentropy_bwd(*t.gs, p2.gb(), p2.gb(), tgt.gi(), 1.0f / 52, N, V);  // in place
+      t.ck16().crossentropy_bwd(*t.cs, p2.cb(), p2.cb(), tgt.ci(), 1.0f / 52, N, V);
+      t.exact16("bf16 crossentropy_bwd in place", p2);
+    }
+    // A bad target is reported as in fp32.
+    auto tgt = t.up(std::vector<std::int32_t>{0, 1, -1});
+    auto logits = t.up16(random_floats(3 * 5, 4));
+    auto losses = t.empty(3);
+    t.gk16().crossentropy_fwd(*t.gs, losses.gf(), logits.gb(), logits.gb(), tgt.gi(), 3, 5);
+    CHECK_THROWS_WITH_AS(t.gs->synchronize(), doctest::Contains("target id -1 at row 2"), DeviceError);
+  }
+
+  TEST_CASE("bf16 kernels: results are identical run to run") {
+    Twin t;
+    const int B = 2, T = 33, C = 64, H = 4;
+    auto qkv = t.up16(random_floats(B * T * 3 * C, 71)), dout = t.up16(random_floats(B * T * C, 72));
+    auto out = t.empty16(B * T * C), att = t.empty16(B * H * T * T), dqkv = t.empty16(B * T * 3 * C);
+    std::vector<float> first;
+    for (int rep = 0; rep < 3; ++rep) {
+      t.gk16().attention_fwd(*t.gs, out.gb(), att.gb(), qkv.gb(), B, T, C, H);
+      t.gk16().attention_bwd(*t.gs, dqkv.gb(), dout.gb(), qkv.gb(), att.gb(), B, T, C, H);
+      auto [g, c] = t.down16(dqkv);
+      if (rep == 0) first = g;
+      CHECK(same_bits(g, first));
+    }
+  }
+
   TEST_CASE("communicator over logical devices sharing a GPU: send/recv and rank-order all-reduce, bit-exact") {
     const int n = 3;
     std::vector<std::unique_ptr<Device>> devs;
@@ -743,34 +1017,81 @@ TEST_SUITE("gpu") {
     CHECK(same_bits(bx, rank0));
   }
 
-  // Training: gradients differ from the CPU's by summation order (~1e-6 relative); AdamW (lr 3e-3, eps 1e-5)
-  // turns that into weight differences far below lr (a sign, scale or indexing error moves weights by ~lr).
-  // Bounds: losses rel 1e-5; weights 2e-5 + 1e-4 |w| after the steps.
-  TEST_CASE("training: the plain trainer and a Harmony-PP Program on CUDA devices track the CPU device") {
+  // Training, 3 steps of the plain trainer (microbatches {1, 3}; bf16 {1, 1, 1, 1}) and of a Harmony-PP Program
+  // through the Executor on two logical CUDA devices sharing GPU 0, against the same on CPU devices. Bounds:
+  //   fp32: gradients differ from the CPU's by summation order (~1e-6 relative); AdamW (lr 3e-3, eps 1e-5) turns that
+  //   into weight differences far below lr (a sign, scale or indexing error moves weights by ~lr). Losses rel 1e-5;
+  //   weights 2e-5 + 1e-4 |w| after the steps.
+  //   bf16: the same fp32 differences, each then rounded to bf16 where a boundary falls between the two values (one
+  //   ulp, 2^-8 to 2^-7 relative, in a fraction of every activation and gradient), carried through the layers: noise
+  //   of the size of bf16 rounding itself, smaller than the whole difference between fp32 and bf16 storage. Measured
+  //   on the CPU device with this set-up (GCC 12, x86-64, 3 steps): fp32 vs bf16 training moves the losses by 2.3e-5
+  //   relative, a weight by at most 5.0e-3 and each layer's update (w - w0) by at most 2.8% of its norm (relative
+  //   L2); a bf16 run with another dW rounding sequence (microbatches {1, 3} vs {1, 1, 1, 1}) by 3.9e-5, 9.9e-4 and
+  //   0.55%. Bounds (the bf16 oracle's measures, >= 3.5x those): losses within 2e-4 relative; every weight within
+  //   2 lr per step (AdamW moves a weight by at most ~lr per step whatever its gradient); per layer the updates within
+  //   0.11 of the CPU's update norm. A sign or scale error in a gradient or a missing contribution moves whole tensors
+  //   by ~lr (~100% of their update) and the later losses by far more than 2e-4; the rounding itself (ties to even,
+  //   not truncation) is pinned by the exact kernel tests above.
+  struct TrainRun {
+    std::vector<double> losses;
+    std::vector<std::vector<float>> weights;
+  };
+
+  void training_vs_cpu(DType dtype) {
     constexpr int kB = 4, kT = 16, kSteps = 3;
     const AdamWConfig adamw{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-5, .weight_decay = 0.1};
+    const bool bf16 = dtype == DType::BF16;
     const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
     const Gpt2 model(gpt2_config_from(file));
     const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-    struct Run {
-      std::vector<double> losses;
-      std::vector<std::vector<float>> weights;
-    };
     const auto weights_of = [&](const HostState& st) {
       std::vector<std::vector<float>> w;
       for (int l = 0; l < model.num_layers(); ++l) w.emplace_back(st.weights(l).begin(), st.weights(l).end());
       return w;
     };
-    const auto compare = [&](const char* what, const Run& got, const Run& want) {
-      INFO(what);
-      for (int k = 0; k < kSteps; ++k) CHECK(got.losses[k] == doctest::Approx(want.losses[k]).epsilon(1e-5));
-      for (int l = 0; l < model.num_layers(); ++l) check_close("weights", got.weights[l], want.weights[l], 2e-5, 1e-4);
+    std::vector<std::vector<float>> initial;
+    {
+      HostState st(model);
+      load_gpt2_weights(file, st);
+      initial = weights_of(st);
+    }
+    const auto compare = [&](const char* what, const TrainRun& got, const TrainRun& want) {
+      INFO(what << (bf16 ? " (bf16)" : " (fp32)"));
+      for (int k = 0; k < kSteps; ++k) {
+        INFO("step " << k << ": loss " << got.losses[k] << " vs " << want.losses[k]);
+        if (bf16) {
+          CHECK(std::abs(got.losses[k] - want.losses[k]) <= 2e-4 * std::abs(want.losses[k]));
+        } else {
+          CHECK(got.losses[k] == doctest::Approx(want.losses[k]).epsilon(1e-5));
+        }
+      }
+      for (int l = 0; l < model.num_layers(); ++l) {
+        INFO("layer " << l);
+        if (!bf16) {
+          check_close("weights", got.weights[l], want.weights[l], 2e-5, 1e-4);
+          continue;
+        }
+        check_close("weights", got.weights[l], want.weights[l], 2 * kSteps * adamw.lr, 0.0);
+        double diff = 0, norm = 0;
+        for (std::size_t i = 0; i < initial[l].size(); ++i) {
+          const double u_want = double(want.weights[l][i]) - initial[l][i];
+          const double u_got = double(got.weights[l][i]) - initial[l][i];
+          diff += (u_got - u_want) * (u_got - u_want);
+          norm += u_want * u_want;
+        }
+        const double rel = std::sqrt(diff / norm);
+        MESSAGE(what, " layer ", l, ": weight updates relative L2 ", rel);
+        CHECK(rel <= 0.11);
+      }
     };
     const auto plain = [&](Device& dev) {
       HostState st(model);
       load_gpt2_weights(file, st);
-      PlainTrainer trainer(dev, st, {.batch = kB, .seq_len = kT, .microbatches = {1, 3}});
-      Run r;
+      // bf16: the Program's u_bwd = 1, so the trainer rounds dW after the same microbatches (bit-exact on the CPU).
+      const std::vector<int> micro = bf16 ? std::vector<int>{1, 1, 1, 1} : std::vector<int>{1, 3};
+      PlainTrainer trainer(dev, st, {.batch = kB, .seq_len = kT, .microbatches = micro, .dtype = dtype});
+      TrainRun r;
       std::vector<std::int32_t> in, tgt;
       for (int k = 0; k < kSteps; ++k) {
         tokens.batch(k, kB, kT, in, tgt);
@@ -781,7 +1102,7 @@ TEST_SUITE("gpu") {
     };
     auto cpu_dev = cpu::make_cpu_device(0, {.capacity = 64 * kMiB});
     auto gpu_dev = cuda::make_cuda_device(0, {.capacity = 64 * kMiB});
-    const Run ref = plain(*cpu_dev);
+    const TrainRun ref = plain(*cpu_dev);
     compare("plain trainer", plain(*gpu_dev), ref);
 
     // Harmony-PP over two logical CUDA devices on GPU 0 (1-layer packs, u_fwd 2, u_bwd 1, 16 MiB each).
@@ -793,7 +1114,7 @@ TEST_SUITE("gpu") {
     plan.u_bwd = 1;
     core::manual_packs(model.num_layers(), 1, plan.packs_fwd, plan.packs_bwd);
     core::validate_plan(plan, model.num_layers());
-    const core::Model desc = describe_gpt2(model, kT, std::vector<int>{1, 2, 3, 4});
+    const core::Model desc = describe_gpt2(model, kT, std::vector<int>{1, 2, 3, 4}, {.dtype = dtype});
     const core::Program prog =
         core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), desc, {.dp_first_gpu_only = false});
     const auto program_run = [&](std::vector<std::unique_ptr<Device>>& devs) {
@@ -801,8 +1122,8 @@ TEST_SUITE("gpu") {
       load_gpt2_weights(file, st);
       std::vector<Device*> ptrs;
       for (auto& d : devs) ptrs.push_back(d.get());
-      Executor ex(prog, ptrs, st, {.seq_len = kT, .adamw = adamw});
-      Run r;
+      Executor ex(prog, ptrs, st, {.seq_len = kT, .adamw = adamw, .dtype = dtype});
+      TrainRun r;
       std::vector<std::int32_t> in, tgt;
       for (int k = 0; k < kSteps; ++k) {
         tokens.batch(k, kB, kT, in, tgt);
@@ -817,9 +1138,19 @@ TEST_SUITE("gpu") {
       cpus.push_back(cpu::make_cpu_device(g, {.capacity = 16 * kMiB}));
       gpus.push_back(cuda::make_cuda_device(g, {.gpu = 0, .capacity = 16 * kMiB}));
     }
-    const Run pp_cpu = program_run(cpus);
-    compare("Harmony-PP CPU vs plain CPU", pp_cpu, ref);  // bit-exact in test_executor; a sanity check here
+    const TrainRun pp_cpu = program_run(cpus);
+    // Bit-exact in test_executor (bf16: the trainer over u_bwd's microbatches), a sanity check of the set-up here.
+    compare("Harmony-PP CPU vs plain CPU", pp_cpu, ref);
     compare("Harmony-PP on CUDA", program_run(gpus), pp_cpu);
+  }
+
+  TEST_CASE("training: the plain trainer and a Harmony-PP Program on CUDA devices track the CPU device") {
+    training_vs_cpu(DType::F32);
+  }
+
+  TEST_CASE("training in bf16: the plain trainer and a Harmony-PP Program on CUDA devices track the CPU device") {
+    CHECK(cuda::make_cuda_device(0, {.capacity = 1 * kMiB})->bf16_kernels() != nullptr);
+    training_vs_cpu(DType::BF16);
   }
 }
 
