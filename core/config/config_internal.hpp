@@ -79,7 +79,6 @@ class RecordFilesRead {
 
 SourceLoc loc_from_mark(const YAML::Mark& mark, const std::string& file);
 std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
-std::string join_ints(const std::vector<int>& items);
 std::string describe(const Node& n);
 std::string qualify(const std::string& section, std::string_view key);
 std::string suggestion_hint(const std::string& word, const std::vector<std::string>& valid, std::string_view what);

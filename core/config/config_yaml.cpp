@@ -179,13 +179,6 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
   return out;
 }
 
-std::string join_ints(const std::vector<int>& items) {
-  std::vector<std::string> s;
-  s.reserve(items.size());
-  for (int v : items) s.push_back(std::to_string(v));
-  return join(s);
-}
-
 std::string describe(const Node& n) {
   switch (n.kind) {
     case Node::Kind::Null:

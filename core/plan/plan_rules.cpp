@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "core/base/strings.hpp"
 #include "core/plan/plan.hpp"
 
 namespace harmony::core {
@@ -15,12 +16,6 @@ namespace {
 
 constexpr const char* kUnequalEscape =
     "or set options.unequal_microbatches: true (the paper's --inequal_ubatchsize; the runtime does not support it)";
-
-std::string join_ints(const std::vector<int>& v) {
-  std::string s;
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s;
-}
 
 bool splits_evenly(PlanKind kind) { return is_baseline(kind) && is_data_parallel(kind); }
 bool one_stage_per_gpu(PlanKind kind) { return is_baseline(kind) && !is_data_parallel(kind); }
