@@ -55,6 +55,29 @@ int attention_chunk(const StreamContext& c, int T, int H) {
   return static_cast<int>(std::clamp<Bytes>(c.attention_workspace() / tile_bytes, 1, H));
 }
 
+// What the chunked attention kernels share: the head size hs, qkv's row stride C3 = 3C, one T x T tile (TT) and one
+// T x C block (TC) in elements, the softmax scale sqrt(hs), the chunk of heads per pass, and the stream's workspace W
+// sized for chunk fp32 tiles followed by blocks fp32 T x C blocks.
+struct AttentionShape {
+  int hs, C3;
+  long long TT, TC;
+  float sqrt_hs;
+  int chunk;
+  float* W;
+};
+
+AttentionShape attention_shape(StreamContext& c, int T, int C, int H, int blocks) {
+  AttentionShape s{};
+  s.hs = C / H;
+  s.C3 = 3 * C;
+  s.TT = static_cast<long long>(T) * T;
+  s.TC = static_cast<long long>(T) * C;
+  s.sqrt_hs = std::sqrt(static_cast<float>(s.hs));
+  s.chunk = attention_chunk(c, T, H);
+  s.W = static_cast<float*>(c.workspace(static_cast<std::size_t>(s.chunk * s.TT + blocks * s.TC) * sizeof(float)));
+  return s;
+}
+
 }  // namespace
 
 // A row-major (r x c) array is the column-major (c x r) matrix of its transpose with leading dimension c.
@@ -117,11 +140,7 @@ void attention_fwd(StreamContext& c, float* out, float* att, const float* qkv, i
 void attention_bwd(StreamContext& c, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                    int C, int H) {
   if (B == 0 || T == 0) return;
-  const int hs = C / H, C3 = 3 * C;
-  const long long TT = static_cast<long long>(T) * T;
-  const float sqrt_hs = std::sqrt(static_cast<float>(hs));
-  const int chunk = attention_chunk(c, T, H);
-  auto* W = static_cast<float*>(c.workspace(static_cast<std::size_t>(chunk * TT) * sizeof(float)));
+  const auto [hs, C3, TT, TC, sqrt_hs, chunk, W] = attention_shape(c, T, C, H, 0);
   cublasHandle_t h = c.cublas();
   for (int b = 0; b < B; ++b) {
     const float* base = qkv + static_cast<std::int64_t>(b) * T * C3;
@@ -179,11 +198,7 @@ void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* 
 // then out = round(O_f). The products with fp32 probabilities run as fp32 GEMMs on exactly widened operands.
 void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) {
   if (B == 0 || T == 0) return;
-  const int hs = C / H, C3 = 3 * C;
-  const long long TT = static_cast<long long>(T) * T, TC = static_cast<long long>(T) * C;
-  const float sqrt_hs = std::sqrt(static_cast<float>(hs));
-  const int chunk = attention_chunk(c, T, H);
-  auto* W = static_cast<float*>(c.workspace(static_cast<std::size_t>(chunk * TT + 2 * TC) * sizeof(float)));
+  const auto [hs, C3, TT, TC, sqrt_hs, chunk, W] = attention_shape(c, T, C, H, 2);
   float* Vf = W + chunk * TT;
   float* Of = Vf + TC;
   cublasHandle_t h = c.cublas();
@@ -209,11 +224,7 @@ void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int 
 void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
                    int C, int H) {
   if (B == 0 || T == 0) return;
-  const int hs = C / H, C3 = 3 * C;
-  const long long TT = static_cast<long long>(T) * T, TC = static_cast<long long>(T) * C;
-  const float sqrt_hs = std::sqrt(static_cast<float>(hs));
-  const int chunk = attention_chunk(c, T, H);
-  auto* W = static_cast<float*>(c.workspace(static_cast<std::size_t>(chunk * TT + 4 * TC) * sizeof(float)));
+  const auto [hs, C3, TT, TC, sqrt_hs, chunk, W] = attention_shape(c, T, C, H, 4);
   float* Qf = W + chunk * TT;
   float* Kf = Qf + TC;
   float* dQf = Kf + TC;
