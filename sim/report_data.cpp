@@ -23,6 +23,7 @@
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
+#include "sim/file_loc.hpp"
 #include "sim/report_internal.hpp"
 #include "sim/sweep.hpp"
 
@@ -113,8 +114,6 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
 
 // ---------------------------------------------------------------------------------------------------------
 // Sweep input
-
-core::SourceLoc file_loc(const fs::path& p, int line = 0) { return core::SourceLoc{p.string(), line, 0}; }
 
 std::string read_text(const fs::path& p) {
   return core::read_input_file(p.string(), "the file", "check the path and its permissions");

@@ -21,6 +21,7 @@
 #include "core/config/config.hpp"
 #include "core/model/model.hpp"
 #include "core/plan/plan_kind.hpp"
+#include "sim/file_loc.hpp"
 #include "sim/sweep.hpp"
 
 namespace harmony::sim {
@@ -104,9 +105,6 @@ std::string one_line(const std::string& s);
 // located where the sweep names it (sweep_folder.cpp, as the rest below).
 std::string read_file(const std::string& path, const core::SourceLoc& where, const std::string& what);
 
-inline core::SourceLoc file_loc(const fs::path& p, int line = 0) {
-  return core::SourceLoc{p.generic_string(), line, 0};
-}
 std::string slurp(const fs::path& p);
 void write_atomically(const fs::path& p, const std::string& text);
 
