@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Prediction against measurement on the CPU device (docs/validation.md), fit then predict: profile the bundled
 model with `harmony-run profile`, train every Program of PROGRAMS with `harmony-run train` (trace + step times),
-fit configs/run/cpu-4x.yaml to the FIT Programs with `harmony-sim calibrate`, then predict every Program with
-`harmony-sim calibrate --check` on the uncalibrated and the calibrated machine. Prints one Markdown table and the
+fit configs/run/cpu-4x.yaml, with this host's core count as `compute: {units: CORES, host_cores: true}`, to the FIT
+Programs with `harmony-sim calibrate`, then predict every Program with `harmony-sim calibrate --check` on the
+uncalibrated and the calibrated machine. Prints one Markdown table and the
 summary of the predicted (not fitted) Programs' errors; the calibrated machine lands in OUT_DIR.
 
-usage: scripts/validate-cpu.py BUILD_DIR [OUT_DIR] [--small]
+usage: scripts/validate-cpu.py BUILD_DIR [OUT_DIR] [--small] [--reuse]
   BUILD_DIR holds apps/harmony-run and sim/harmony-sim; --small: 1 fitted + 2 predicted Programs, 3 steps,
-  profile repeats 1 (CI's check that the loop runs: tests/cli/test_calibrate.py does the same by hand)
+  profile repeats 1 (CI's check that the loop runs: tests/cli/test_calibrate.py does the same by hand);
+  --reuse: take the profile, traces and step times already in OUT_DIR (an earlier run's) and only fit and
+  predict again, so that two versions of the model are compared on the same measurements
 """
 import json
 import os
@@ -19,6 +22,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 SMALL = "--small" in sys.argv
+REUSE = "--reuse" in sys.argv
 BUILD = os.path.abspath(args[0])
 OUT = os.path.abspath(args[1]) if len(args) > 1 else tempfile.mkdtemp(prefix="harmony-validate-")
 RUN = os.path.join(BUILD, "apps/harmony-run")
@@ -68,8 +72,11 @@ def git(*argv):
 
 os.makedirs(OUT, exist_ok=True)
 profile = os.path.join(OUT, "cpu_profile.json")
-sh(RUN, "profile", os.path.join(ROOT, "configs/run/default.yaml"), "--out", profile, "--gpu-memory", "64MiB",
-   "--repeats", str(REPEATS))
+if REUSE and not os.path.exists(profile):
+    sys.exit(f"--reuse: {profile} does not exist (run once without --reuse to measure)")
+if not REUSE:
+    sh(RUN, "profile", os.path.join(ROOT, "configs/run/default.yaml"), "--out", profile, "--gpu-memory", "64MiB",
+       "--repeats", str(REPEATS))
 runs = []  # (name, role, config, trace, run json, fastest step, median step, ops)
 for i, (name, role, plan, mem) in enumerate(PROGRAMS):
     cfg = os.path.join(OUT, f"program_{i}.yaml")
@@ -83,28 +90,38 @@ for i, (name, role, plan, mem) in enumerate(PROGRAMS):
     run_json = os.path.join(OUT, f"run_{i}.json")
     # The trace is of the last step: on a machine shared with other jobs, train again (at most 3 times) while
     # that step is more than 25% slower than the fastest, so that the op timings come from an unloaded step.
-    for attempt in range(1 if SMALL else 3):
+    for attempt in range(0 if REUSE else 1 if SMALL else 3):
         out = sh(RUN, "train", cfg, "--steps", str(STEPS), "--format", "json", "--executor", "concurrent", "--trace",
                  trace)
         times = [s["step_time_s"] for s in json.loads(out)["steps"][1:]]
         if times[-1] <= 1.25 * min(times):
             break
+    if REUSE:
+        out = open(run_json).read()
+        times = [s["step_time_s"] for s in json.loads(out)["steps"][1:]]
     with open(run_json, "w") as f:
         f.write(out)
     ops = sum(1 for e in json.load(open(trace))["traceEvents"] if e.get("ph") == "X")
     runs.append((name, role, cfg, trace, run_json, min(times), statistics.median(times), ops))
 
+# The machine calibrate starts from: cpu-4x.yaml and a fact, the host's core count, which the CPU device's
+# compute, copy and optimizer threads all share (compute.host_cores; calibrate keeps the given units)
+CORES = os.cpu_count() or 1
+host_machine = os.path.join(OUT, "cpu-4x-host.yaml")
+with open(MACHINE) as src, open(host_machine, "w") as f:
+    f.write(src.read().rstrip("\n") + f"\n# written by scripts/validate-cpu.py: this host's {CORES} cores\n"
+            f"compute: {{units: {CORES}, host_cores: true}}\n")
 fitted = os.path.join(OUT, "cpu-4x-calibrated.yaml")
 fit_args = [arg for r in runs if r[1] == "fit" for arg in ("--run", f"{r[2]},{r[3]},{r[4]}")]
-print(sh(SIM, "calibrate", MACHINE, *fit_args, "--out", fitted))
+print(sh(SIM, "calibrate", host_machine, *fit_args, "--out", fitted))
 all_args = [arg for r in runs for arg in ("--run", f"{r[2]},{r[3]},{r[4]}")]
-before = json.loads(sh(SIM, "calibrate", MACHINE, *all_args, "--check", "--format", "json"))["runs"]
+before = json.loads(sh(SIM, "calibrate", host_machine, *all_args, "--check", "--format", "json"))["runs"]
 after = json.loads(sh(SIM, "calibrate", fitted, *all_args, "--check", "--format", "json"))["runs"]
 
 print(f"commit {git('rev-parse', '--short', 'HEAD')}, {sh('date', '-u', '+%Y-%m-%d %H:%M UTC').strip()}, "
       f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; profile {profile} ({REPEATS} repeats); "
       f"{STEPS - 1} timed steps per Program (the fastest is the measurement); outputs in {OUT}\n")
-print("| Program | role | ops | measured s/step (fastest; median) | predicted, cpu-4x.yaml | error | predicted, "
+print("| Program | role | ops | measured s/step (fastest; median) | predicted, uncalibrated | error | predicted, "
       "calibrated | error |")
 print("|---|---|---|---|---|---|---|---|")
 errors = []

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -24,6 +25,7 @@ using core::Stream;
 namespace {
 
 std::size_t z(int i) { return static_cast<std::size_t>(i); }
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 constexpr const char* kTraceHint =
     "give the Chrome trace harmony-run writes of the Program the config describes: harmony-run train CONFIG "
@@ -224,6 +226,76 @@ double slowdown(const MeasuredOps& m, const std::vector<int>& set, int i, double
   return acc / (e - b);
 }
 
+// Ops counted once: a P2P pair by its sender.
+bool counted(const Program& p, int op) { return !(p.ops[z(op)].peer >= 0 && p.ops[z(op)].stream == Stream::P2PIn); }
+
+// compute.host_cores: every op's measured slowdown when the ops running at each instant share `units` host cores
+// max-min fairly, as the engine shares its pool: a compute op or a copy wants one unit, an update every unit
+// (its threads), a DEL none. The slowdown of op i is the time average over its measured interval of
+// want / rate (1 while the cores are not oversubscribed). One sweep over the run's op boundaries.
+std::vector<double> host_slowdowns(const CalibrationRun& r, double units) {
+  const Program& p = *r.program;
+  const auto& m = r.measured;
+  const int n = static_cast<int>(p.ops.size());
+  std::vector<double> want(z(n), 0.0);
+  std::vector<double> cuts;
+  for (int i = 0; i < n; ++i) {
+    const OpClass c = op_class(p, i);
+    if (c == OpClass::Del || !counted(p, i) || !(m.dur_s[z(i)] > 0)) continue;
+    want[z(i)] = c == OpClass::Update ? units : 1.0;
+    cuts.push_back(m.begin_s[z(i)]);
+    cuts.push_back(m.begin_s[z(i)] + m.dur_s[z(i)]);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  // ops sorted by begin; `running` holds those begun and not yet ended at a segment's midpoint
+  std::vector<int> order;
+  for (int i = 0; i < n; ++i) {
+    if (want[z(i)] > 0) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return m.begin_s[z(a)] < m.begin_s[z(b)]; });
+  std::vector<double> acc(z(n), 0.0);
+  std::vector<int> running;
+  std::vector<double> wants;
+  std::size_t next = 0;
+  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+    const double lo = cuts[c];
+    const double hi = cuts[c + 1];
+    const double mid = 0.5 * (lo + hi);
+    while (next < order.size() && m.begin_s[z(order[next])] <= mid) running.push_back(order[next++]);
+    running.erase(
+        std::remove_if(running.begin(), running.end(), [&](int j) { return m.begin_s[z(j)] + m.dur_s[z(j)] <= mid; }),
+        running.end());
+    if (running.empty()) continue;
+    // water-filling: the level L with sum min(want, L) = units (no level while the wants fit)
+    wants.clear();
+    double total = 0;
+    for (int j : running) {
+      wants.push_back(want[z(j)]);
+      total += want[z(j)];
+    }
+    double level = kInfinity;
+    if (total > units) {
+      std::sort(wants.begin(), wants.end());
+      double left = units;
+      for (std::size_t k = 0; k < wants.size(); ++k) {
+        const double share = left / static_cast<double>(wants.size() - k);
+        if (wants[k] > share) {
+          level = share;
+          break;
+        }
+        left -= wants[k];
+      }
+    }
+    for (int j : running) acc[z(j)] += want[z(j)] / std::min(want[z(j)], level) * (hi - lo);
+  }
+  std::vector<double> k(z(n), 1.0);
+  for (int i = 0; i < n; ++i) {
+    if (want[z(i)] > 0) k[z(i)] = std::max(1.0, acc[z(i)] / m.dur_s[z(i)]);
+  }
+  return k;
+}
+
 // The bytes an op's transfer moves through the engine (what its bandwidth term divides).
 double moved_bytes(const Program& p, int op) {
   const core::Op& o = p.ops[z(op)];
@@ -236,8 +308,14 @@ double moved_bytes(const Program& p, int op) {
   return bytes;
 }
 
-// Ops counted once: a P2P pair by its sender.
-bool counted(const Program& p, int op) { return !(p.ops[z(op)].peer >= 0 && p.ops[z(op)].stream == Stream::P2PIn); }
+// The sharing a candidate fit assumes: compute units (0: not shared) and whether they are the host's cores,
+// with each run's measured host slowdowns in that case (host_slowdowns; empty otherwise).
+struct Sharing {
+  double units = 0;
+  bool host = false;
+  std::vector<std::vector<double>> slow;  // per run, per op
+  double k(std::size_t run, int op) const { return host ? slow[run][z(op)] : 1.0; }
+};
 
 struct Fitted {
   core::ComputeSharing compute;
@@ -255,65 +333,93 @@ core::MachineSpec with(core::MachineSpec m, const Fitted& f) {
 
 // Copy and P2P: y = o_copy [copy] + o_p2p [p2p] + bytes / bw, least squares with o >= 0 and 1/bw > 0 (else
 // the bandwidth is not fitted and each class's overhead is its mean).
-void fit_transfers(const std::vector<CalibrationRun>& runs, Fitted& f, std::vector<std::string>& notes) {
+// With host cores, each duration is first divided by its measured slowdown (the fit is of the op's work alone).
+void fit_transfers(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fitted& f,
+                   std::vector<std::string>& notes) {
   struct Row {
     bool p2p;
     double bytes, y;
   };
   std::vector<Row> rows;
   bool topology = false;
-  for (const auto& r : runs) {
+  for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+    const auto& r = runs[ri];
     topology = topology || r.machine.topology.valid();
     for (int i = 0; i < static_cast<int>(r.program->ops.size()); ++i) {
       const OpClass c = op_class(*r.program, i);
       if ((c != OpClass::Copy && c != OpClass::P2P) || !counted(*r.program, i)) continue;
-      rows.push_back({c == OpClass::P2P, moved_bytes(*r.program, i), r.measured.dur_s[z(i)]});
+      rows.push_back({c == OpClass::P2P, moved_bytes(*r.program, i), r.measured.dur_s[z(i)] / sh.k(ri, i)});
     }
   }
   bool has[2] = {false, false};
   for (const auto& r : rows) has[r.p2p ? 1 : 0] = true;
   // normal equations over the columns [copy, p2p, bytes] that have data; drop a negative intercept and refit
-  std::array<bool, 3> on = {has[0], has[1], !topology};
-  std::array<double, 3> beta = {0, 0, 0};
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    std::array<std::array<double, 4>, 3> a{};
-    for (const auto& r : rows) {
-      const std::array<double, 3> x = {r.p2p ? 0.0 : 1.0, r.p2p ? 1.0 : 0.0, r.bytes};
+  std::array<bool, 3> on{};
+  std::array<double, 3> beta{};
+  auto solve = [&]() {
+    on = {has[0], has[1], !topology};
+    beta = {0, 0, 0};
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      std::array<std::array<double, 4>, 3> a{};
+      for (const auto& r : rows) {
+        const std::array<double, 3> x = {r.p2p ? 0.0 : 1.0, r.p2p ? 1.0 : 0.0, r.bytes};
+        for (int i = 0; i < 3; ++i) {
+          for (int j = 0; j < 3; ++j) a[z(i)][z(j)] += x[z(i)] * x[z(j)];
+          a[z(i)][3] += x[z(i)] * r.y;
+        }
+      }
       for (int i = 0; i < 3; ++i) {
-        for (int j = 0; j < 3; ++j) a[z(i)][z(j)] += x[z(i)] * x[z(j)];
-        a[z(i)][3] += x[z(i)] * r.y;
-      }
-    }
-    for (int i = 0; i < 3; ++i) {
-      if (on[z(i)] && a[z(i)][z(i)] > 0) continue;
-      on[z(i)] = false;
-      for (int j = 0; j < 4; ++j) a[z(i)][z(j)] = 0;
-      for (int j = 0; j < 3; ++j) a[z(j)][z(i)] = 0;
-      a[z(i)][z(i)] = 1;
-    }
-    // Gaussian elimination with partial pivoting on the 3 x 3 system
-    for (int c = 0; c < 3; ++c) {
-      int piv = c;
-      for (int r = c + 1; r < 3; ++r) {
-        if (std::abs(a[z(r)][z(c)]) > std::abs(a[z(piv)][z(c)])) piv = r;
-      }
-      std::swap(a[z(c)], a[z(piv)]);
-      if (std::abs(a[z(c)][z(c)]) < 1e-300) continue;
-      for (int r = 0; r < 3; ++r) {
-        if (r == c) continue;
-        const double q = a[z(r)][z(c)] / a[z(c)][z(c)];
-        for (int j = c; j < 4; ++j) a[z(r)][z(j)] -= q * a[z(c)][z(j)];
-      }
-    }
-    for (int i = 0; i < 3; ++i) beta[z(i)] = on[z(i)] && a[z(i)][z(i)] != 0 ? a[z(i)][3] / a[z(i)][z(i)] : 0.0;
-    bool changed = false;
-    for (int i = 0; i < 3; ++i) {
-      if (on[z(i)] && !(beta[z(i)] > 0)) {
+        if (on[z(i)] && a[z(i)][z(i)] > 0) continue;
         on[z(i)] = false;
-        changed = true;
+        for (int j = 0; j < 4; ++j) a[z(i)][z(j)] = 0;
+        for (int j = 0; j < 3; ++j) a[z(j)][z(i)] = 0;
+        a[z(i)][z(i)] = 1;
       }
+      // Gaussian elimination with partial pivoting on the 3 x 3 system
+      for (int c = 0; c < 3; ++c) {
+        int piv = c;
+        for (int r = c + 1; r < 3; ++r) {
+          if (std::abs(a[z(r)][z(c)]) > std::abs(a[z(piv)][z(c)])) piv = r;
+        }
+        std::swap(a[z(c)], a[z(piv)]);
+        if (std::abs(a[z(c)][z(c)]) < 1e-300) continue;
+        for (int r = 0; r < 3; ++r) {
+          if (r == c) continue;
+          const double q = a[z(r)][z(c)] / a[z(c)][z(c)];
+          for (int j = c; j < 4; ++j) a[z(r)][z(j)] -= q * a[z(c)][z(j)];
+        }
+      }
+      for (int i = 0; i < 3; ++i) beta[z(i)] = on[z(i)] && a[z(i)][z(i)] != 0 ? a[z(i)][3] / a[z(i)][z(i)] : 0.0;
+      bool changed = false;
+      for (int i = 0; i < 3; ++i) {
+        if (on[z(i)] && !(beta[z(i)] > 0)) {
+          on[z(i)] = false;
+          changed = true;
+        }
+      }
+      if (!changed) break;
     }
-    if (!changed) break;
+  };
+  solve();
+  // With host cores a copy's measured time also holds the wait for a core when every core is busy, a delay of
+  // scheduler time slices that processor sharing does not describe: the few ops it hit (a tail 10-50x the
+  // median) would set the bandwidth. Drop the rows more than 3 median absolute residuals above the fit, twice.
+  for (int pass = 0; pass < (sh.host ? 2 : 0) && rows.size() > 3; ++pass) {
+    std::vector<double> res;
+    for (const auto& r : rows)
+      res.push_back(std::abs(r.y - (r.p2p ? beta[1] : beta[0]) - (on[2] ? beta[2] * r.bytes : 0.0)));
+    std::vector<double> sorted = res;
+    std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+    const double mad = sorted[sorted.size() / 2];
+    std::vector<Row> kept;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      const double fit = (r.p2p ? beta[1] : beta[0]) + (on[2] ? beta[2] * r.bytes : 0.0);
+      if (r.y - fit <= 3.0 * mad) kept.push_back(r);
+    }
+    if (kept.size() == rows.size() || kept.size() < 3) break;
+    rows = std::move(kept);
+    solve();
   }
   f.dispatch.copy_s = std::max(0.0, beta[0]);
   f.dispatch.p2p_s = std::max(0.0, beta[1]);
@@ -329,16 +435,22 @@ void fit_transfers(const std::vector<CalibrationRun>& runs, Fitted& f, std::vect
   if (!has[1]) notes.push_back("no P2P ops measured: dispatch.p2p is 0");
 }
 
-void fit_updates(const std::vector<CalibrationRun>& runs, Fitted& f, std::vector<std::string>& notes) {
+void fit_updates(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fitted& f,
+                 std::vector<std::string>& notes) {
   std::vector<Sample> s;
-  for (const auto& r : runs) {
+  for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+    const auto& r = runs[ri];
     std::vector<int> ups;
     for (int i = 0; i < static_cast<int>(r.program->ops.size()); ++i) {
       if (op_class(*r.program, i) == OpClass::Update) ups.push_back(i);
     }
     for (int i : ups) {
       const double w = profiled_update_s(r.program->ops[z(i)], *r.model);
-      s.push_back({w * slowdown(r.measured, ups, i, 0.0, 1.0), r.measured.dur_s[z(i)]});
+      if (sh.host) {
+        s.push_back({w, r.measured.dur_s[z(i)] / sh.k(ri, i)});
+      } else {
+        s.push_back({w * slowdown(r.measured, ups, i, 0.0, 1.0), r.measured.dur_s[z(i)]});
+      }
     }
   }
   if (s.empty()) {
@@ -350,24 +462,31 @@ void fit_updates(const std::vector<CalibrationRun>& runs, Fitted& f, std::vector
   f.compute.update_time_scale = std::clamp(b, 0.01, 100.0);
 }
 
-// Compute for a pool of `units` (0: not shared): y = o + scale x profiled x measured slowdown.
-void fit_compute(const std::vector<CalibrationRun>& runs, double units, Fitted& f) {
+// Compute for a pool of `units` (0: not shared): y = o + scale x profiled x measured slowdown among the compute
+// ops; with host cores y / (measured slowdown among all host work) = o + scale x profiled.
+void fit_compute(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fitted& f) {
   std::vector<Sample> s;
-  for (const auto& r : runs) {
+  for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+    const auto& r = runs[ri];
     std::vector<int> ops;
     for (int i = 0; i < static_cast<int>(r.program->ops.size()); ++i) {
       if (op_class(*r.program, i) == OpClass::Compute) ops.push_back(i);
     }
     for (int i : ops) {
       const double t = profiled_compute_s(r.program->ops[z(i)], *r.model);
-      const double k = units > 0 ? slowdown(r.measured, ops, i, units, 1.0) : 1.0;
-      s.push_back({t * k, r.measured.dur_s[z(i)]});
+      if (sh.host) {
+        s.push_back({t, r.measured.dur_s[z(i)] / sh.k(ri, i)});
+      } else {
+        const double k = sh.units > 0 ? slowdown(r.measured, ops, i, sh.units, 1.0) : 1.0;
+        s.push_back({t * k, r.measured.dur_s[z(i)]});
+      }
     }
   }
   const auto [a, b] = fit_line(s);
   f.dispatch.compute_s = a;
-  f.compute.units = units;
+  f.compute.units = sh.units;
   f.compute.units_per_op = 1;
+  f.compute.host_cores = sh.host;
   f.compute.time_scale = std::clamp(b > 0 ? b : 1.0, 0.01, 100.0);
 }
 
@@ -437,19 +556,36 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
     throw core::ConfigError(core::SourceLoc{}, "calibrate needs at least one measured run",
                             "give --run CONFIG,TRACE[,RUN_JSON] at least once");
   Calibration c;
-  Fitted base;
-  fit_transfers(runs, base, c.notes);
-  fit_updates(runs, base, c.notes);
   int max_devices = 1;
   for (const auto& r : runs) max_devices = std::max(max_devices, r.program->num_devices());
-  // candidates: not shared, then 1 .. max_devices - 1 units of one-op width (max_devices units or more never
-  // slow a compute op: the same as not shared)
+  // candidates: a machine with compute.host_cores keeps its units (the host's core count); else not shared,
+  // then 1 .. max_devices - 1 units of one-op width (max_devices units or more never slow a compute op: the
+  // same as not shared), then host cores, 1 .. max(2, max_devices) units (copies and updates share them too,
+  // so more units than devices still matter)
+  std::vector<Sharing> candidates;
+  const core::ComputeSharing& given = runs.front().machine.compute;
+  auto add_host = [&](double units) {
+    Sharing sh{units, true, {}};
+    for (const auto& r : runs) sh.slow.push_back(host_slowdowns(r, units));
+    candidates.push_back(std::move(sh));
+  };
+  if (given.host_cores && given.shared()) {
+    add_host(given.units);  // the machine says how many cores: a fact, not a free parameter
+  } else {
+    for (int units = 0; units < max_devices; ++units)
+      candidates.push_back(Sharing{static_cast<double>(units), false, {}});
+    for (int units = 1; units <= std::max(2, max_devices); ++units) add_host(units);
+  }
   Fitted best;
   double best_obj = 0;
   bool have = false;
-  for (int units = 0; units < max_devices; ++units) {
-    Fitted f = base;
-    fit_compute(runs, units, f);
+  std::vector<std::string> best_notes;
+  for (const Sharing& sh : candidates) {
+    Fitted f;
+    std::vector<std::string> notes;
+    fit_transfers(runs, sh, f, notes);
+    fit_updates(runs, sh, f, notes);
+    fit_compute(runs, sh, f);
     const double scale = f.compute.time_scale;
     const double launch = f.dispatch.compute_s;
     // the whole step: time_scale x 2^(g/20), g = -20..20 (x0.5..x2), and dispatch.compute x {0, 0.5, .., 3}
@@ -462,11 +598,13 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
         if (!have || obj < best_obj) {
           best = h;
           best_obj = obj;
+          best_notes = notes;
           have = true;
         }
       }
     }
   }
+  c.notes = std::move(best_notes);
   c.compute = best.compute;
   c.dispatch = best.dispatch;
   c.bandwidth_fitted = best.bandwidth;
@@ -522,8 +660,9 @@ std::string calibrated_machine_text(const std::string& original, const Calibrati
   out += "\n";
   for (const auto& p : provenance) out += "# calibrate: " + p + "\n";
   auto us = [](double s) { return fmt::format("{:.1f}us", s * 1e6); };
-  out += fmt::format("compute: {{units: {}, units_per_op: {}, time_scale: {:.4f}, update_time_scale: {:.4f}}}\n",
-                     c.compute.units, c.compute.units_per_op, c.compute.time_scale, c.compute.update_time_scale);
+  out += fmt::format("compute: {{units: {}, units_per_op: {}, time_scale: {:.4f}, update_time_scale: {:.4f}{}}}\n",
+                     c.compute.units, c.compute.units_per_op, c.compute.time_scale, c.compute.update_time_scale,
+                     c.compute.host_cores ? ", host_cores: true" : "");
   out += fmt::format("dispatch: {{compute: {}, copy: {}, p2p: {}, update: {}}}\n", us(c.dispatch.compute_s),
                      us(c.dispatch.copy_s), us(c.dispatch.p2p_s), us(c.dispatch.update_s));
   if (c.bandwidth_fitted) {

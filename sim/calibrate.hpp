@@ -71,9 +71,12 @@ struct Calibration {
 // The fit: (1) per class, least squares over the measured op durations: compute = dispatch.compute +
 // time_scale x profiled time x the measured processor-sharing slowdown for each candidate number of units;
 // copy and p2p = their dispatch + bytes moved / bandwidth (one bandwidth); update = dispatch.update +
-// update_time_scale x profiled time x the measured number of updates sharing the cores; (2) the units, a factor
-// on time_scale (2^(k/20), k = -20..20) and one on dispatch.compute (0, 0.5, .., 3) that minimise the sum over
-// runs of the squared relative step error (first minimum in that order).
+// update_time_scale x profiled time x the measured number of updates sharing the cores; with compute.host_cores
+// (copies, updates and dispatch on the same cores) each class's duration is first divided by its measured
+// slowdown among all host work, and copies more than 3 median residuals above the fit are dropped (twice);
+// (2) the sharing (host cores with the machine's units when it gives them, else the candidates of calibrate.cpp),
+// a factor on time_scale (2^(k/20), k = -20..20) and one on dispatch.compute (0, 0.5, .., 3) that minimise the
+// sum over runs of the squared relative step error (first minimum in that order).
 // Deterministic; throws core::ConfigError when no run is given.
 Calibration calibrate(const std::vector<CalibrationRun>& runs);
 

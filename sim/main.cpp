@@ -634,7 +634,8 @@ int print_calibration(const CalibrateCli& cli, const sim::Calibration& c) {
                                  {{"units", c.compute.units},
                                   {"units_per_op", c.compute.units_per_op},
                                   {"time_scale", c.compute.time_scale},
-                                  {"update_time_scale", c.compute.update_time_scale}}},
+                                  {"update_time_scale", c.compute.update_time_scale},
+                                  {"host_cores", c.compute.host_cores}}},
                                 {"dispatch_s",
                                  {{"compute", c.dispatch.compute_s},
                                   {"copy", c.dispatch.copy_s},
@@ -648,8 +649,10 @@ int print_calibration(const CalibrateCli& cli, const sim::Calibration& c) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  fmt::print("{}: compute units {} (0: not shared), time_scale {:.4f}, update_time_scale {:.4f}\n",
-             cli.check ? "machine" : "fitted", c.compute.units, c.compute.time_scale, c.compute.update_time_scale);
+  fmt::print("{}: compute units {} (0: not shared){}, time_scale {:.4f}, update_time_scale {:.4f}\n",
+             cli.check ? "machine" : "fitted", c.compute.units,
+             c.compute.host_cores ? " on the host's cores (copies, updates and dispatch share them)" : "",
+             c.compute.time_scale, c.compute.update_time_scale);
   fmt::print("        dispatch compute {:.1f} us, copy {:.1f} us, p2p {:.1f} us, update {:.1f} us; copy bandwidth {}\n",
              c.dispatch.compute_s * 1e6, c.dispatch.copy_s * 1e6, c.dispatch.p2p_s * 1e6, c.dispatch.update_s * 1e6,
              c.bandwidth_fitted ? fmt::format("{:.3f} GB/s", c.copy_bytes_per_s / 1e9) : std::string("kept"));

@@ -554,7 +554,19 @@ class Engine {
         case OpKind::Update:
           if (ref) {
             x.fixed_ps = core::seconds_to_ps(update_s(o));
-          } else if (const double w = update_s(o) * mach_.compute.update_time_scale; w > 0) {
+          } else if (const double w = update_s(o) * mach_.compute.update_time_scale; w > 0 && host_pool()) {
+            // compute.host_cores: the optimizer's threads run on the pool's C units, all of them when alone (w x C
+            // unit-seconds, at most C at a time), and share them with compute, copies and dispatch
+            const double units = mach_.compute.units;
+            x.kind = ActKind::Flow;
+            x.volume = x.remaining = w * units;
+            x.path = {g.compute};
+            x.cap = units;
+            if (const double t = update_traffic_bytes(o); g.host_memory >= 0 && t > 0) {
+              x.path.push_back(g.host_memory);
+              x.coef = {1.0, t / (w * units)};
+            }
+          } else if (w > 0) {
             // update_time_cpu_s is the whole machine's time (cpu_adam: the multi-threaded rate of every
             // core): w * cores core-seconds, with no per-update cap, so one update alone takes w and the
             // updates of all GPUs' processes running at once share the cores (processor sharing).
@@ -599,15 +611,78 @@ class Engine {
     }
     add_dispatch(x);
     if (!ref && b < 0) add_host_work(x, p_.ops[z(a)]);
+    if (host_pool()) share_host_pool(x);
     x.remaining = x.volume;
     acts_.push_back(std::move(x));
     return static_cast<int>(acts_.size()) - 1;
   }
 
+  // machine.compute.host_cores on the native model: the pool of compute units is the host's cores.
+  bool host_pool() const { return !opt_.reference_bandwidths && mach_.compute.host_cores && r_.graph.compute >= 0; }
+
+  // compute.host_cores: every copy stage (a swap, a P2P copy, a CPU message, a host sum) is a thread copying at
+  // its path's bandwidth B: bytes / B unit-seconds of work on the pool, at most one unit (B bytes/s) at a time,
+  // on no link but host memory (the logical devices have no PCIe between them); and the op's dispatch is a stage of its
+  // own before the op's work: that many unit-seconds of one thread on the pool (holding the op's copy engine), slowed
+  // like any other thread.
+  void share_host_pool(Activity& x) {
+    const int pool = r_.graph.compute;
+    auto add_pool = [&](Stage& st) {
+      if (st.kind != ActKind::Flow || st.path.empty()) return;
+      if (std::find(st.path.begin(), st.path.end(), pool) != st.path.end()) return;  // compute or update
+      double bw = kInf;
+      for (std::size_t i = 0; i < st.path.size(); ++i) {
+        const int l = st.path[z(i)];
+        if (r_.graph.links[z(l)].kind != LinkKind::HostMemory) bw = std::min(bw, cap_[z(l)] / coef_of(st, i));
+      }
+      if (!(bw < kInf) || !(bw > 0)) return;
+      // the thread, not a link shared with the other devices' copies, bounds it: the path keeps host memory only.
+      // The volume becomes unit-seconds (bytes / B), as every other flow on the pool, so that max-min fairness
+      // compares like with like: at most one unit, B bytes per unit-second on the other links.
+      std::vector<int> path;
+      std::vector<double> coef;
+      for (std::size_t i = 0; i < st.path.size(); ++i) {
+        if (r_.graph.links[z(st.path[i])].kind != LinkKind::HostMemory) continue;
+        path.push_back(st.path[i]);
+        coef.push_back(coef_of(st, i) * bw);
+      }
+      path.push_back(pool);
+      coef.push_back(1.0);
+      st.path = std::move(path);
+      st.coef = std::move(coef);
+      st.volume /= bw;
+      st.cap = st.cap > 0 ? std::min(1.0, st.cap / bw) : 1.0;
+    };
+    add_pool(x);
+    for (Stage& st : x.later) add_pool(st);
+    const double s = dispatch_s(x);
+    if (s <= 0) return;
+    Stage d;
+    d.kind = ActKind::Flow;
+    d.volume = s;
+    d.path = {pool};
+    d.cap = 1.0;
+    x.later.insert(x.later.begin(), static_cast<Stage&>(x));
+    static_cast<Stage&>(x) = std::move(d);
+    ++x.engine_stage;
+  }
+
   // The op class's dispatch overhead (machine.dispatch), paid before the work: a fixed op lasts that much
-  // longer, a flow starts that much later (after its latency, holding its copy engine).
+  // longer, a flow starts that much later (after its latency, holding its copy engine). With
+  // compute.host_cores it is a stage on the pool instead (share_host_pool).
   void add_dispatch(Activity& x) const {
-    if (opt_.reference_bandwidths) return;
+    if (opt_.reference_bandwidths || host_pool()) return;
+    const double s = dispatch_s(x);
+    if (s <= 0) return;
+    const TimePs ps = core::seconds_to_ps(s);
+    if (x.kind == ActKind::Fixed) {
+      x.fixed_ps += ps;
+    } else {
+      x.latency_ps += ps;
+    }
+  }
+
+  double dispatch_s(const Activity& x) const {
     const auto& d = mach_.dispatch;
     const OpKind k = p_.ops[z(x.a)].kind;
     double s = 0;
@@ -622,13 +697,7 @@ class Engine {
     } else {
       s = d.copy_s;
     }
-    if (s <= 0) return;
-    const TimePs ps = core::seconds_to_ps(s);
-    if (x.kind == ActKind::Fixed) {
-      x.fixed_ps += ps;
-    } else {
-      x.latency_ps += ps;
-    }
+    return s;
   }
 
   void transfer(Activity& x, const Op& o, double bytes) {

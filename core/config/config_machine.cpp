@@ -311,7 +311,8 @@ void apply_cpu_adam(CpuAdam& c, const Entry& e, const std::string& what) {
 // ------------------------------------------------------------------------------------------------
 // Shared compute and dispatch overheads for the native model (docs/machines.md, `compute` and `dispatch`).
 
-const std::vector<std::string> kComputeKeys = {"units", "units_per_op", "time_scale", "update_time_scale"};
+const std::vector<std::string> kComputeKeys = {"units", "units_per_op", "time_scale", "update_time_scale",
+                                               "host_cores"};
 const std::vector<std::string> kDispatchKeys = {"compute", "copy", "p2p", "update"};
 
 // A plain number in [lo, hi] (lo itself only when `lo_inclusive`).
@@ -344,6 +345,10 @@ void apply_compute(ComputeSharing& c, const Entry& e, const std::string& what) {
   if (const Entry* x = find(map, "update_time_scale"))
     c.update_time_scale = get_number_in(x->value, what + ".update_time_scale", 0.0, false, 1000.0,
                                         "a factor in (0, 1000] on every profiled CPU update time, e.g. 0.9");
+  if (const Entry* x = find(map, "host_cores")) c.host_cores = get_bool(x->value, what + ".host_cores");
+  if (c.host_cores && !c.shared())
+    fail(e.key_loc, fmt::format("{}.host_cores is true but {}.units is 0", what, what),
+         "host_cores says the pool is the host's cores: give their number, e.g. compute: {units: 2, host_cores: true}");
   if (c.shared() && c.units_per_op > c.units)
     fail(e.key_loc, fmt::format("{}.units_per_op ({}) exceeds {}.units ({})", what, c.units_per_op, what, c.units),
          "one op cannot use more units than the pool has: lower units_per_op or raise units");

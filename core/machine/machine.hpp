@@ -90,12 +90,14 @@ struct CpuAdam {
 // units_per_op units x its (scaled) profiled time on one pool of `units` shared by all devices, divided by
 // processor sharing. units = 0 (the default): every device computes alone at its profiled speed (a GPU each).
 // N logical devices on C cores: units = C, units_per_op = threads per kernel; several logical devices on one
-// GPU: units = 1, units_per_op = 1.
+// GPU: units = 1, units_per_op = 1. host_cores: the units are the host's cores, which the devices' copy and
+// optimizer threads and every op's dispatch also run on (the CPU device: docs/machines.md, `compute.host_cores`).
 struct ComputeSharing {
   double units = 0;              // 0: not shared
   double units_per_op = 1;       // the most units one compute op can use (<= units)
   double time_scale = 1;         // multiplies every profiled FWD/REC/BWD time
   double update_time_scale = 1;  // multiplies every profiled CPU update time (the optimizer's rate)
+  bool host_cores = false;       // copies (one unit each), updates (every unit) and dispatch share the pool too
   bool shared() const { return units > 0; }
 };
 

@@ -102,6 +102,24 @@ with tempfile.TemporaryDirectory(prefix="harmony-calibrate-") as tmp:
     check("calibrating a calibrated file replaces its keys", r.returncode == 0 and
           open(refit).read().count("\ncompute:") == 1 and open(refit).read().count("fitted by") == 1, r.stderr)
 
+    # a machine that says its devices are threads on 2 host cores: the fit keeps the cores (a fact) and says so
+    host = os.path.join(tmp, "host.yaml")
+    with open(host, "w") as f:
+        f.write(open(MACHINE).read() + "compute: {units: 2, host_cores: true}\n")
+    host_fit = os.path.join(tmp, "host-fitted.yaml")
+    r = run(SIM, "calibrate", host, "--run", a, "--run", ",".join(runs["b"]), "--out", host_fit, "--format", "json")
+    hdoc = json.loads(r.stdout) if r.returncode == 0 else {}
+    check("host cores: calibrate exits 0", r.returncode == 0, r.stderr)
+    check("host cores: units kept, host_cores true", hdoc.get("values", {}).get("compute", {}).get("units") == 2 and
+          hdoc["values"]["compute"]["host_cores"] is True, r.stdout)
+    validate("calibrate --format json (host cores)", hdoc)
+    htext = open(host_fit).read() if os.path.exists(host_fit) else ""
+    check("host cores: written to the machine file", "host_cores: true}" in htext and htext.count("\ncompute:") == 1,
+          htext)
+    r = run(SIM, "calibrate", host_fit, "--run", a, "--check", "--format", "json")
+    check("host cores: the fitted file predicts", r.returncode == 0 and
+          json.loads(r.stdout)["runs"][0]["predicted_step_time_s"] > 0, r.stderr)
+
     # predict both Programs on the calibrated machine
     r = run(SIM, "calibrate", fitted, "--run", a, "--run", ",".join(runs["b"]), "--check", "--format", "json")
     check("predict (--check) exits 0", r.returncode == 0, r.stderr)

@@ -377,6 +377,63 @@ TEST_CASE("shared compute: two logical devices on one unit take 2x (processor sh
   CHECK(sim::run_native(b.p, tiny_model(), m, ref).timeline.end_ps == alone.timeline.end_ps);
 }
 
+TEST_CASE("host cores: copies, updates and dispatch share the compute pool (the CPU device)") {
+  // Two devices on a pool of 2 units that are the host's cores. FWD on each device (layers 0-1: 2 unit-ms) and
+  // a swap-in of 1e6 B on device 0 at 1e9 B/s (a thread copying: 1 unit-ms), all ready at t = 0. Three threads
+  // on two cores: 2/3 unit each; the copy ends at 1.5 ms, both FWDs have 1 unit-ms left and then run at one
+  // unit each: 2.5 ms. Without host_cores the copy runs on its link beside the pool: 1 ms, FWDs 2 ms.
+  const Bytes B = 1'000'000;
+  Builder b(2);
+  const int f0 = b.add(0, Stream::Compute, OpKind::FWD);
+  const int f1 = b.add(1, Stream::Compute, OpKind::FWD);
+  b.p.ops[z(f0)].layers = b.p.ops[z(f1)].layers = {0, 1};
+  const int in = b.add(0, Stream::SwapIn, OpKind::WB, B);
+  auto m = one_switch(2, 1e9, 1e9);
+  m.compute.units = 2;
+  const auto beside = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(beside.timeline.end_ps[z(in)] == 1 * kMs);
+  CHECK(beside.timeline.end_ps[z(f0)] == 2 * kMs);
+  m.compute.host_cores = true;
+  const auto host = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(std::llabs(host.timeline.end_ps[z(in)] - 1500 * kMs / 1000) <= 1);
+  CHECK(std::llabs(host.timeline.end_ps[z(f0)] - 2500 * kMs / 1000) <= 1);
+  CHECK(std::llabs(host.timeline.end_ps[z(f1)] - 2500 * kMs / 1000) <= 1);
+  // the copy still counts its bytes in the ledger and on no PCIe link (the threads have none between them)
+  CHECK(host.class_bytes[static_cast<int>(sim::TransferClass::PcieH2D)] == B);
+
+  // An update (2 layers x 0.25 s: 0.5 s of every core, 1 unit-s, at most 2 units) beside device 1's FWD: max-min
+  // fair, one unit each until the FWD ends at 2 ms, then both units: 2 ms + (1 - 0.002) / 2 s = 501 ms.
+  Builder u(2);
+  const int up = u.add(0, Stream::Cpu, OpKind::Update);
+  u.p.ops[z(up)].layers = {0, 1};
+  const int g1 = u.add(1, Stream::Compute, OpKind::FWD);
+  u.p.ops[z(g1)].layers = {0, 1};
+  const auto ru = sim::run_native(u.p, tiny_model(), m, quiet());
+  CHECK(ru.timeline.end_ps[z(g1)] == 2 * kMs);
+  CHECK(std::llabs(ru.timeline.end_ps[z(up)] - 501 * kMs) <= 1);
+
+  // Dispatch is a thread's work on the pool, not a private delay: 1 ms per compute op, one unit, two devices'
+  // FWDs. Host cores: both dispatches share the unit (2 ms), then both FWDs (4 ms): 6 ms. Without: the
+  // dispatch is a delay of 1 ms each, then the FWDs share the unit: 1 + 4 = 5 ms.
+  Builder d(2);
+  const int d0 = d.add(0, Stream::Compute, OpKind::FWD);
+  const int d1 = d.add(1, Stream::Compute, OpKind::FWD);
+  d.p.ops[z(d0)].layers = d.p.ops[z(d1)].layers = {0, 1};
+  auto one = one_switch(2, 1e9, 1e9);
+  one.compute.units = 1;
+  one.dispatch.compute_s = 1e-3;
+  CHECK(sim::run_native(d.p, tiny_model(), one, quiet()).timeline.end_ps[z(d1)] == 5 * kMs);
+  one.compute.host_cores = true;
+  const auto rd = sim::run_native(d.p, tiny_model(), one, quiet());
+  CHECK(std::llabs(rd.timeline.end_ps[z(d0)] - 6 * kMs) <= 1);
+  CHECK(std::llabs(rd.timeline.end_ps[z(d1)] - 6 * kMs) <= 1);
+  // the reference settings ignore it all
+  auto ref = quiet();
+  ref.reference_bandwidths = true;
+  CHECK(sim::run_native(b.p, tiny_model(), m, ref).timeline.end_ps ==
+        sim::run_native(b.p, tiny_model(), one_switch(2, 1e9, 1e9), ref).timeline.end_ps);
+}
+
 TEST_CASE("dispatch overheads: x per op on the critical path, by class") {
   // Device 0: FWD (2 ms), a swap-out of 1e6 B at 1e9 B/s (1 ms), an update (0.5 s); a P2P send of 1e6 B to
   // device 1 after the swap-out. Overheads: compute 100 us, copy 10 us, p2p 20 us, update 1 ms, each paid
@@ -451,6 +508,15 @@ TEST_CASE("compute and dispatch keys in a machine file: read with units, range-c
         std::string::npos);
   CHECK(error("e.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {threads: 1}\n").find("threads") != std::string::npos);
   CHECK(error("f.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {time_scale: 0}\n").find("out of range") !=
+        std::string::npos);
+  // host_cores: a boolean, and only with the cores' number
+  CHECK(!ok.compute.host_cores);
+  CHECK(core::load_machine_file(write("h.yaml", "gpus: 4\ngpu_memory: 1MiB\ncompute: {units: 2, host_cores: true}\n"))
+            .compute.host_cores);
+  const std::string no_units = error("g.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {host_cores: true}\n");
+  CHECK(no_units.find("g.yaml:3:") != std::string::npos);
+  CHECK(no_units.find("units") != std::string::npos);
+  CHECK(error("i.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {units: 2, host_cores: 2}\n").find("true or false") !=
         std::string::npos);
   std::filesystem::remove_all(dir, ec);
 }
