@@ -65,6 +65,30 @@ def sh(*argv):
     return r.stdout
 
 
+def cpu_jiffies():
+    """(steal, total) jiffies of all CPUs from /proc/stat; (0, 0) where there is none (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return (0, 0)
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user and nice]
+    return (fields[7] if len(fields) > 7 else 0, sum(fields[:8]))
+
+
+def steal_since(start):
+    """The share of CPU time the hypervisor took from this VM since `start` (cpu_jiffies())."""
+    steal, total = cpu_jiffies()
+    return (steal - start[0]) / (total - start[1]) if total > start[1] else 0.0
+
+
+def train_fastest(cfg, *extra):
+    """harmony-run train: (its JSON output, step times after the first, steal share while it ran)."""
+    t0 = cpu_jiffies()
+    out = sh(RUN, "train", cfg, "--steps", str(STEPS), "--format", "json", "--executor", "concurrent", *extra)
+    return out, [s["step_time_s"] for s in json.loads(out)["steps"][1:]], steal_since(t0)
+
+
 def git(*argv):
     r = subprocess.run(["git", *argv], capture_output=True, text=True, cwd=ROOT)
     return r.stdout.strip() if r.returncode == 0 else "?"
@@ -74,9 +98,15 @@ os.makedirs(OUT, exist_ok=True)
 profile = os.path.join(OUT, "cpu_profile.json")
 if REUSE and not os.path.exists(profile):
     sys.exit(f"--reuse: {profile} does not exist (run once without --reuse to measure)")
+steal = {}  # what the hypervisor took while each measurement ran (kept in OUT/steal.json for --reuse)
+steal_path = os.path.join(OUT, "steal.json")
+if REUSE and os.path.exists(steal_path):
+    steal = json.load(open(steal_path))
 if not REUSE:
+    t0 = cpu_jiffies()
     sh(RUN, "profile", os.path.join(ROOT, "configs/run/default.yaml"), "--out", profile, "--gpu-memory", "64MiB",
        "--repeats", str(REPEATS))
+    steal["profile"] = steal_since(t0)
 runs = []  # (name, role, config, trace, run json, fastest step, median step, ops)
 for i, (name, role, plan, mem) in enumerate(PROGRAMS):
     cfg = os.path.join(OUT, f"program_{i}.yaml")
@@ -91,9 +121,7 @@ for i, (name, role, plan, mem) in enumerate(PROGRAMS):
     # The trace is of the last step: on a machine shared with other jobs, train again (at most 3 times) while
     # that step is more than 25% slower than the fastest, so that the op timings come from an unloaded step.
     for attempt in range(0 if REUSE else 1 if SMALL else 3):
-        out = sh(RUN, "train", cfg, "--steps", str(STEPS), "--format", "json", "--executor", "concurrent", "--trace",
-                 trace)
-        times = [s["step_time_s"] for s in json.loads(out)["steps"][1:]]
+        out, times, steal[f"run_{i}"] = train_fastest(cfg, "--trace", trace)
         if times[-1] <= 1.25 * min(times):
             break
     if REUSE:
@@ -103,6 +131,21 @@ for i, (name, role, plan, mem) in enumerate(PROGRAMS):
         f.write(out)
     ops = sum(1 for e in json.load(open(trace))["traceEvents"] if e.get("ph") == "X")
     runs.append((name, role, cfg, trace, run_json, min(times), statistics.median(times), ops))
+
+# A second pass over every Program after the first, untraced: how far the same measurement moves minutes
+# later on this machine (the noise floor any prediction is judged against; --small skips it).
+second = {}
+second_path = os.path.join(OUT, "second.json")
+if REUSE and os.path.exists(second_path):
+    second = json.load(open(second_path))
+elif not REUSE and not SMALL:
+    for i, r in enumerate(runs):
+        _out, times, steal[f"second_{i}"] = train_fastest(r[2])
+        second[str(i)] = min(times)
+    with open(second_path, "w") as f:
+        json.dump(second, f)
+with open(steal_path, "w") as f:
+    json.dump(steal, f)
 
 # The machine calibrate starts from: cpu-4x.yaml and a fact, the host's core count, which the CPU device's
 # compute, copy and optimizer threads all share (compute.host_cores; calibrate keeps the given units)
@@ -121,18 +164,31 @@ after = json.loads(sh(SIM, "calibrate", fitted, *all_args, "--check", "--format"
 print(f"commit {git('rev-parse', '--short', 'HEAD')}, {sh('date', '-u', '+%Y-%m-%d %H:%M UTC').strip()}, "
       f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; profile {profile} ({REPEATS} repeats); "
       f"{STEPS - 1} timed steps per Program (the fastest is the measurement); outputs in {OUT}\n")
-print("| Program | role | ops | measured s/step (fastest; median) | predicted, uncalibrated | error | predicted, "
-      "calibrated | error |")
-print("|---|---|---|---|---|---|---|---|")
-errors = []
-for (name, role, _c, _t, _j, m, med, n), b, a in zip(runs, before, after):
+def pct(x):
+    return f"{100 * x:.0f}%" if x is not None else "-"
+
+
+print("| Program | role | ops | measured s/step (fastest; median) | steal | 2nd pass (fastest) | predicted, "
+      "uncalibrated | error | predicted, calibrated | error |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+errors, errors_before, moves = [], [], []
+for i, ((name, role, _c, _t, _j, m, med, n), b, a) in enumerate(zip(runs, before, after)):
     eb = b["predicted_step_time_s"] / m - 1
     ea = a["predicted_step_time_s"] / m - 1
     if role == "predict":
         errors.append(abs(ea))
-    print(f"| {name} | {role} | {n} | {m:.4f}; {med:.4f} | {b['predicted_step_time_s']:.4f} | {100 * eb:+.0f}% | "
-          f"{a['predicted_step_time_s']:.4f} | {100 * ea:+.0f}% |")
+        errors_before.append(abs(eb))
+    again = second.get(str(i))
+    if again is not None:
+        moves.append(abs(again / m - 1))
+    again_text = f"{again:.4f} ({100 * (again / m - 1):+.0f}%)" if again is not None else "-"
+    print(f"| {name} | {role} | {n} | {m:.4f}; {med:.4f} | {pct(steal.get(f'run_{i}'))} | {again_text} | "
+          f"{b['predicted_step_time_s']:.4f} | {100 * eb:+.0f}% | {a['predicted_step_time_s']:.4f} | {100 * ea:+.0f}% |")
 if errors:
     print(f"\npredicted Programs: {len(errors)}, median |error| {100 * statistics.median(errors):.1f}%, "
-          f"worst {100 * max(errors):.1f}%")
+          f"worst {100 * max(errors):.1f}% (uncalibrated: {100 * statistics.median(errors_before):.1f}%, "
+          f"{100 * max(errors_before):.1f}%)")
+if moves:
+    print(f"repeatability: the second pass moved the fastest step by a median {100 * statistics.median(moves):.1f}%, "
+          f"at most {100 * max(moves):.1f}%; steal while profiling {pct(steal.get('profile'))}")
 print(f"calibrated machine: {fitted}")

@@ -1027,24 +1027,7 @@ class Engine {
   void finish() {
     auto& t = r_.timeline;
     const std::size_t n = p_.ops.size();
-    if (t.events_processed < n) {
-      t.deadlock = true;
-      for (const auto& q : p_.queues) {
-        for (int op : q.ops) {
-          if (t.begin_ps[z(op)] >= 0) continue;
-          BlockedOp b{op, {}};
-          for (int d : p_.ops[z(op)].deps) {
-            if (t.end_ps[z(d)] < 0) b.waiting_for.push_back(d);
-          }
-          const int peer = p_.ops[z(op)].peer;
-          if (peer >= 0 && t.begin_ps[z(peer)] < 0 &&
-              std::find(b.waiting_for.begin(), b.waiting_for.end(), peer) == b.waiting_for.end())
-            b.waiting_for.push_back(peer);
-          t.blocked.push_back(std::move(b));
-          break;
-        }
-      }
-    }
+    if (t.events_processed < n) mark_deadlock(p_, t, true);
     const bool staged = topo_.p2p == core::P2PMode::Host;
     r_.host = host_account(p_, m_, staged);
     r_.host.capacity_bytes = topo_.host_memory_bytes;

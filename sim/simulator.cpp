@@ -58,21 +58,27 @@ Timeline run_timeline(const Program& p, std::vector<TimePs> durations) {
       if (--pending[s] == 0) start(static_cast<int>(s), ready[s]);
     }
   }
-  if (t.events_processed < n) {
-    t.deadlock = true;
-    for (const auto& q : p.queues) {
-      for (int op : q.ops) {
-        if (t.begin_ps[static_cast<std::size_t>(op)] >= 0) continue;
-        BlockedOp b{op, {}};
-        for (int d : p.ops[static_cast<std::size_t>(op)].deps) {
-          if (t.end_ps[static_cast<std::size_t>(d)] < 0) b.waiting_for.push_back(d);
-        }
-        t.blocked.push_back(std::move(b));
-        break;  // only the head of each stuck stream
+  if (t.events_processed < n) mark_deadlock(p, t, false);
+  return t;
+}
+
+void mark_deadlock(const Program& p, Timeline& t, bool rendezvous) {
+  t.deadlock = true;
+  for (const auto& q : p.queues) {
+    for (int op : q.ops) {
+      if (t.begin_ps[static_cast<std::size_t>(op)] >= 0) continue;
+      BlockedOp b{op, {}};
+      for (int d : p.ops[static_cast<std::size_t>(op)].deps) {
+        if (t.end_ps[static_cast<std::size_t>(d)] < 0) b.waiting_for.push_back(d);
       }
+      const int peer = p.ops[static_cast<std::size_t>(op)].peer;
+      if (rendezvous && peer >= 0 && t.begin_ps[static_cast<std::size_t>(peer)] < 0 &&
+          std::find(b.waiting_for.begin(), b.waiting_for.end(), peer) == b.waiting_for.end())
+        b.waiting_for.push_back(peer);
+      t.blocked.push_back(std::move(b));
+      break;  // only the head of each stuck stream
     }
   }
-  return t;
 }
 
 std::string deadlock_report(const Program& p, const Timeline& t) {

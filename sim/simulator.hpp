@@ -29,6 +29,10 @@ struct Timeline {
 // Runs the program. Never throws for a deadlock: the Timeline says so.
 Timeline run_timeline(const core::Program& program, std::vector<core::TimePs> durations);
 
+// Some ops never started: sets t.deadlock and lists the head of every stuck queue with its unfinished
+// dependencies (with `rendezvous`, also its P2P peer when that has not started: the native engine's pairs).
+void mark_deadlock(const core::Program& program, Timeline& t, bool rendezvous);
+
 // "GPU1 P2PIn: t5 dY L13 mb0 u8 waits for t7 dX L14 mb0 u8 (GPU0 P2POut, not started)\n..."
 std::string deadlock_report(const core::Program& program, const Timeline& t);
 
