@@ -4,8 +4,10 @@
 #include "backend/adamw_parallel.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -125,6 +127,25 @@ void vector_range(const Factors& f, float* param, const float* grad, float* exp_
 
 constexpr std::int64_t kLineFloats = 16;  // one 64-byte cache line
 
+// Elements [begin, end) of an update; with grad2, the gradient is grad + grad2, summed in chunks on the stack
+// (elements are independent, so chunking changes no result); with copy_to, param is then copied there.
+void run_range(const Factors& f, float* param, const float* grad, const float* grad2, float* exp_avg, float* exp_avg_sq,
+               float* copy_to, std::int64_t begin, std::int64_t end) {
+  if (grad2 == nullptr) {
+    vector_range(f, param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, end - begin);
+  } else {
+    constexpr std::int64_t kChunk = 4096;
+    std::array<float, kChunk> sum{};
+    for (std::int64_t i = begin; i < end; i += kChunk) {
+      const std::int64_t c = std::min(kChunk, end - i);
+      for (std::int64_t j = 0; j < c; ++j) sum[static_cast<std::size_t>(j)] = grad[i + j] + grad2[i + j];
+      vector_range(f, param + i, sum.data(), exp_avg + i, exp_avg_sq + i, c);
+    }
+  }
+  if (copy_to != nullptr)
+    std::memcpy(copy_to + begin, param + begin, static_cast<std::size_t>(end - begin) * sizeof(float));
+}
+
 }  // namespace
 
 void adamw_update_vectorized(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
@@ -176,6 +197,8 @@ struct ParallelAdamW::Impl {
   const float* grad = nullptr;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
+  const float* grad2 = nullptr;  // update_tied: the twin's gradient, added to grad
+  float* copy_to = nullptr;      // update_tied: the twin's weights, overwritten with param
   std::int64_t n = 0;
   int parts = 1;
 
@@ -184,7 +207,7 @@ struct ParallelAdamW::Impl {
     const std::int64_t lines = (n + kLineFloats - 1) / kLineFloats;
     const std::int64_t begin = std::min(n, lines * k / parts * kLineFloats);
     const std::int64_t end = std::min(n, lines * (k + 1) / parts * kLineFloats);
-    if (end > begin) vector_range(f, param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, end - begin);
+    if (end > begin) run_range(f, param, grad, grad2, exp_avg, exp_avg_sq, copy_to, begin, end);
   }
 
   void worker(int k) {
@@ -227,11 +250,16 @@ int ParallelAdamW::threads() const { return impl_->threads; }
 
 void ParallelAdamW::update(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
                            float* exp_avg, float* exp_avg_sq, std::int64_t n) {
+  update_tied(config, step, param, grad, nullptr, exp_avg, exp_avg_sq, n, nullptr);
+}
+
+void ParallelAdamW::update_tied(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
+                                const float* grad2, float* exp_avg, float* exp_avg_sq, std::int64_t n, float* copy_to) {
   const Factors f = factors(config, step);
   if (n <= 0) return;
   const auto parts = static_cast<int>(std::clamp<std::int64_t>(n / impl_->min_per_thread, 1, impl_->threads));
   if (parts == 1) {
-    vector_range(f, param, grad, exp_avg, exp_avg_sq, n);
+    run_range(f, param, grad, grad2, exp_avg, exp_avg_sq, copy_to, 0, n);
     return;
   }
   Impl& s = *impl_;
@@ -240,6 +268,8 @@ void ParallelAdamW::update(const AdamWConfig& config, std::int64_t step, float* 
     s.f = f;
     s.param = param;
     s.grad = grad;
+    s.grad2 = grad2;
+    s.copy_to = copy_to;
     s.exp_avg = exp_avg;
     s.exp_avg_sq = exp_avg_sq;
     s.n = n;

@@ -41,6 +41,11 @@ class ParallelAdamW {
   // As adamw_update (throws BackendError for step < 1 before touching anything).
   void update(const AdamWConfig& config, std::int64_t step, float* param, const float* grad, float* exp_avg,
               float* exp_avg_sq, std::int64_t n);
+  // A tied pair (GPT-2's wte and lm_head): AdamW over grad + grad2 (one float add per element, as summing into
+  // a buffer first: bit-identical to that sum followed by update()), then the updated `param` copied into
+  // `copy_to` (the twin; null: no copy), every pass split across the pool: no serial pass over the tensor.
+  void update_tied(const AdamWConfig& config, std::int64_t step, float* param, const float* grad, const float* grad2,
+                   float* exp_avg, float* exp_avg_sq, std::int64_t n, float* copy_to);
 
  private:
   struct Impl;

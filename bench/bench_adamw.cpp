@@ -1,6 +1,8 @@
 // bench_adamw: the host optimizer's speed — AdamW over N parameters with adamw_update (scalar reference),
 // adamw_update_vectorized (one thread) and ParallelAdamW for 1..nproc threads, in GB/s of parameters
 // updated (4 bytes each) and of memory traffic (28 bytes per parameter: read p, g, m, v; write p, m, v).
+// The tied rows: GPT-2's wte/lm_head update as the executor did it before (one thread sums the two gradients,
+// the pool updates, one thread copies into the twin) and as ParallelAdamW::update_tied does it (one pass).
 // Usage: bench_adamw [--params N] [--repeats R] [--max-threads T]   (defaults: 16M, 5, nproc)
 #include <algorithm>
 #include <chrono>
@@ -74,9 +76,12 @@ int main(int argc, char** argv) {
       "median of {}; vector ISA {}\n",
       o.params, 4.0 * double(o.params) / (1 << 20), 16.0 * double(o.params) / (1 << 20), o.repeats, adamw_vector_isa());
   fmt::print("{:<28} {:>8} {:>12} {:>14} {:>13}\n", "variant", "threads", "time (ms)", "params GB/s", "traffic GB/s");
-  const auto row = [&](const std::string& name, int threads, double s) {
+  // traffic: floats moved per parameter (AdamW: 7; the tied pair adds the second gradient and the twin's write,
+  // and the serial form its summed buffer written and read again and the copy's read)
+  const auto row = [&](const std::string& name, int threads, double s, double floats_per_param = 7.0) {
     const double params_gbs = 4.0 * double(o.params) / s / 1e9;
-    fmt::print("{:<28} {:>8} {:>12.3f} {:>14.2f} {:>13.2f}\n", name, threads, s * 1e3, params_gbs, 7.0 * params_gbs);
+    fmt::print("{:<28} {:>8} {:>12.3f} {:>14.2f} {:>13.2f}\n", name, threads, s * 1e3, params_gbs,
+               floats_per_param * params_gbs);
   };
   row("adamw_update (scalar ref)", 1, median_seconds(o.repeats, [&](std::int64_t step) {
         adamw_update(config, step, p.data(), g.data(), m.data(), v.data(), o.params);
@@ -90,5 +95,22 @@ int main(int argc, char** argv) {
           opt.update(config, step, p.data(), g.data(), m.data(), v.data(), o.params);
         }));
   }
+  std::vector<float> g2(n, 2e-3f), twin(n, 0.0f), sum(n);
+  ParallelAdamW pool(o.max_threads);
+  row("tied: sum, update, copy", o.max_threads,
+      median_seconds(o.repeats,
+                     [&](std::int64_t step) {
+                       for (std::size_t i = 0; i < n; ++i) sum[i] = g[i] + g2[i];
+                       pool.update(config, step, p.data(), sum.data(), m.data(), v.data(), o.params);
+                       std::copy(p.begin(), p.end(), twin.begin());
+                     }),
+      12.0);
+  row("tied: update_tied", o.max_threads,
+      median_seconds(o.repeats,
+                     [&](std::int64_t step) {
+                       pool.update_tied(config, step, p.data(), g.data(), g2.data(), m.data(), v.data(), o.params,
+                                        twin.data());
+                     }),
+      9.0);
   return 0;
 }

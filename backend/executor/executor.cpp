@@ -359,12 +359,12 @@ void update_layers(HostState& st, const AdamWConfig& config, int first, int last
     for (const ParamSpec& ps : m.params(l)) {
       if (!ps.tied_to.empty()) continue;  // lm_head: updated through layer 0's wte
       if (l == 0 && ps.name == "wte.weight") {
-        const std::span<const float> gh = std::as_const(st).grads(head).subspan(
-            static_cast<std::size_t>(m.param(head, "lm_head.weight").offset), static_cast<std::size_t>(ps.numel));
-        std::vector<float> sum(static_cast<std::size_t>(ps.numel));
-        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = g[ps.offset + static_cast<std::int64_t>(i)] + gh[i];
-        pool.update(config, step, w + ps.offset, sum.data(), mo + ps.offset, v + ps.offset, ps.numel);
-        st.sync_tied();
+        // the tie: wte's and lm_head's gradients summed, wte updated and copied into lm_head, in one parallel pass
+        // (HostState::sync_tied's copy, split across the pool)
+        const std::int64_t head_offset = m.param(head, "lm_head.weight").offset;
+        const float* gh = std::as_const(st).grads(head).data() + head_offset;
+        float* wh = st.weights(head).data() + head_offset;
+        pool.update_tied(config, step, w + ps.offset, g + ps.offset, gh, mo + ps.offset, v + ps.offset, ps.numel, wh);
         continue;
       }
       pool.update(config, step, w + ps.offset, g + ps.offset, mo + ps.offset, v + ps.offset, ps.numel);

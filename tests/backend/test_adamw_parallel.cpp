@@ -1,6 +1,7 @@
 // Tests of the parallel, vectorised AdamW (backend/adamw_parallel): every element is bit-identical to
 // adamw_update's over several steps, for sizes around the vector widths and the thread split, unaligned
-// pointers, 1..8 threads and pools reused across calls; invalid steps are rejected before any write.
+// pointers, 1..8 threads and pools reused across calls, the tied pair's fused pass; invalid steps are rejected
+// before any write.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -115,6 +116,43 @@ TEST_CASE("parallel AdamW is bit-identical to adamw_update for 1..8 threads") {
                   [&](std::int64_t step, float* p, const float* g, float* m, float* v, std::int64_t count) {
                     defaults.update(kConfig, step, p, g, m, v, count);
                   });
+}
+
+TEST_CASE("the tied update: sum, update and copy in one parallel pass, bit-identical to doing them in turn") {
+  // The executor's wte/lm_head update: before, one thread summed the two gradients into a buffer, the pool
+  // updated wte, one thread copied wte into lm_head (HostState::sync_tied). update_tied must give the same bits
+  // in all three outputs (the parameters, both moments and the twin), for sizes around the 4096-element chunk.
+  for (int threads : {1, 2, 3, 8}) {
+    ParallelAdamW opt(threads, 5);
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{4095}, std::size_t{4096},
+                          std::size_t{4097}, std::size_t{8193}, std::size_t{200003}}) {
+      INFO("threads " << threads << ", n " << n);
+      State ref{values(n, 7, 1.0f), std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)};
+      State got = ref;
+      std::vector<float> twin_ref(n, -1.0f), twin_got(n, -2.0f);
+      for (int k = 1; k <= 3; ++k) {
+        const auto g = values(n, 200 + static_cast<std::uint64_t>(k), 0.1f);
+        const auto g2 = values(n, 300 + static_cast<std::uint64_t>(k), 0.1f);
+        std::vector<float> sum(n);
+        for (std::size_t i = 0; i < n; ++i) sum[i] = g[i] + g2[i];
+        adamw_update(kConfig, k, ref.p.data(), sum.data(), ref.m.data(), ref.v.data(), static_cast<std::int64_t>(n));
+        twin_ref = ref.p;
+        opt.update_tied(kConfig, k, got.p.data(), g.data(), g2.data(), got.m.data(), got.v.data(),
+                        static_cast<std::int64_t>(n), twin_got.data());
+        REQUIRE(same_bits(ref.p, got.p));
+        REQUIRE(same_bits(ref.m, got.m));
+        REQUIRE(same_bits(ref.v, got.v));
+        REQUIRE(same_bits(twin_ref, twin_got));
+      }
+    }
+  }
+  // no twin: the update alone, as update() with the summed gradient
+  ParallelAdamW opt(2, 5);
+  std::vector<float> p(100, 0.5f), g(100, 0.25f), g2(100, 0.5f), m(100, 0.0f), v(100, 0.0f);
+  std::vector<float> p2 = p, sum(100, 0.75f), m2 = m, v2 = v;
+  opt.update_tied(kConfig, 1, p.data(), g.data(), g2.data(), m.data(), v.data(), 100, nullptr);
+  opt.update(kConfig, 1, p2.data(), sum.data(), m2.data(), v2.data(), 100);
+  CHECK(same_bits(p, p2));
 }
 
 TEST_CASE("parallel AdamW rejects an invalid step before writing") {
