@@ -173,7 +173,8 @@ if not REUSE:
 CORES = os.cpu_count() or 1
 host_machine = os.path.join(OUT, "cpu-4x-host.yaml")
 with open(MACHINE) as src, open(host_machine, "w") as f:
-    f.write(src.read().rstrip("\n") + f"\n# written by scripts/validate-cpu.py: this host's {CORES} cores\n"
+    kept = [line for line in src.read().splitlines() if not line.startswith("compute:")]
+    f.write("\n".join(kept) + f"\n# written by scripts/validate-cpu.py: this host's {CORES} cores\n"
             f"compute: {{units: {CORES}, host_cores: true}}\n")
 fitted = os.path.join(OUT, "cpu-4x-calibrated.yaml")
 fit_args = [arg for r in runs if r[1] == "fit" for arg in ("--run", f"{r[2]},{r[3]},{r[4]}")]

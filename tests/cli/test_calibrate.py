@@ -105,7 +105,8 @@ with tempfile.TemporaryDirectory(prefix="harmony-calibrate-") as tmp:
     # a machine that says its devices are threads on 2 host cores: the fit keeps the cores (a fact) and says so
     host = os.path.join(tmp, "host.yaml")
     with open(host, "w") as f:
-        f.write(open(MACHINE).read() + "compute: {units: 2, host_cores: true}\n")
+        f.write("".join(x for x in open(MACHINE).readlines() if not x.startswith("compute:")) +
+                "compute: {units: 2, host_cores: true}\n")
     host_fit = os.path.join(tmp, "host-fitted.yaml")
     r = run(SIM, "calibrate", host, "--run", a, "--run", ",".join(runs["b"]), "--out", host_fit, "--format", "json")
     hdoc = json.loads(r.stdout) if r.returncode == 0 else {}
