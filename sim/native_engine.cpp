@@ -622,27 +622,41 @@ class Engine {
 
   // compute.host_cores: every copy stage (a swap, a P2P copy, a CPU message, a host sum) is a thread copying at
   // its path's bandwidth B: bytes / B unit-seconds of work on the pool, at most one unit (B bytes/s) at a time,
-  // on no link but host memory (the logical devices have no PCIe between them); and the op's dispatch is a stage of its
-  // own before the op's work: that many unit-seconds of one thread on the pool (holding the op's copy engine), slowed
-  // like any other thread.
+  // on no PCIe, NVLink or memcpy link (the logical devices have none between them; host memory and drives stay);
+  // and the op's dispatch is a stage of its own before the op's work: that many unit-seconds of one thread on the
+  // pool (holding the op's copy engine), slowed like any other thread.
   void share_host_pool(Activity& x) {
     const int pool = r_.graph.compute;
     auto add_pool = [&](Stage& st) {
       if (st.kind != ActKind::Flow || st.path.empty()) return;
       if (std::find(st.path.begin(), st.path.end(), pool) != st.path.end()) return;  // compute or update
+      // the links a copy between devices crosses (not host memory, not the drives: a thread does not bound them)
+      auto copy_link = [&](int l) {
+        switch (r_.graph.links[z(l)].kind) {
+          case LinkKind::GpuDown:
+          case LinkKind::GpuUp:
+          case LinkKind::SwitchDown:
+          case LinkKind::SwitchUp:
+          case LinkKind::InterSocket:
+          case LinkKind::NvLink:
+          case LinkKind::HostMemcpy:
+            return true;
+          default:
+            return false;
+        }
+      };
       double bw = kInf;
       for (std::size_t i = 0; i < st.path.size(); ++i) {
-        const int l = st.path[z(i)];
-        if (r_.graph.links[z(l)].kind != LinkKind::HostMemory) bw = std::min(bw, cap_[z(l)] / coef_of(st, i));
+        if (copy_link(st.path[i])) bw = std::min(bw, cap_[z(st.path[i])] / coef_of(st, i));
       }
-      if (!(bw < kInf) || !(bw > 0)) return;
-      // the thread, not a link shared with the other devices' copies, bounds it: the path keeps host memory only.
+      if (!(bw < kInf) || !(bw > 0)) return;  // no copy link (an NVMe transfer: the drive's DMA)
+      // the thread, not a link shared with the other devices' copies, bounds it: the copy links leave the path.
       // The volume becomes unit-seconds (bytes / B), as every other flow on the pool, so that max-min fairness
-      // compares like with like: at most one unit, B bytes per unit-second on the other links.
+      // compares like with like: at most one unit, B bytes per unit-second on the remaining links.
       std::vector<int> path;
       std::vector<double> coef;
       for (std::size_t i = 0; i < st.path.size(); ++i) {
-        if (r_.graph.links[z(st.path[i])].kind != LinkKind::HostMemory) continue;
+        if (copy_link(st.path[i])) continue;
         path.push_back(st.path[i]);
         coef.push_back(coef_of(st, i) * bw);
       }

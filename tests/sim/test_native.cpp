@@ -427,6 +427,23 @@ TEST_CASE("host cores: copies, updates and dispatch share the compute pool (the 
   const auto rd = sim::run_native(d.p, tiny_model(), one, quiet());
   CHECK(std::llabs(rd.timeline.end_ps[z(d0)] - 6 * kMs) <= 1);
   CHECK(std::llabs(rd.timeline.end_ps[z(d1)] - 6 * kMs) <= 1);
+  // A drive's read before a swap-in is the drive's DMA, not a thread: it keeps its bandwidth (1e6 B at 1e9 B/s =
+  // 1 ms) beside two FWDs on a one-core pool; the copy after it is a thread sharing that core with them.
+  Builder n(2);
+  const int n0 = n.add(0, Stream::Compute, OpKind::FWD);
+  const int n1 = n.add(1, Stream::Compute, OpKind::FWD);
+  n.p.ops[z(n0)].layers = n.p.ops[z(n1)].layers = {0, 1};
+  const int nin = n.add(0, Stream::SwapIn, OpKind::WB, B);
+  n.p.ops[z(nin)].nvme_read_bytes = B;
+  auto drives = one_switch(2, 1e9, 1e9);
+  drives.topology.nvme = core::NvmeSpec{1e9, 1e9, 0, 0};
+  drives.compute.units = 1;
+  drives.compute.host_cores = true;
+  const auto rn = sim::run_native(n.p, tiny_model(), drives, quiet());
+  // 0-1 ms: the read alone on the drive, the FWDs at 1/2 unit (0.5 unit-ms done each); then three threads on one
+  // unit: the copy's 1 unit-ms at 1/3 ends at 4 ms (FWDs 1.5 unit-ms done), the FWDs' last 0.5 at 1/2: 5 ms
+  CHECK(std::llabs(rn.timeline.end_ps[z(nin)] - 4 * kMs) <= 1);
+  CHECK(std::llabs(rn.timeline.end_ps[z(n0)] - 5 * kMs) <= 1);
   // the reference settings ignore it all
   auto ref = quiet();
   ref.reference_bandwidths = true;
