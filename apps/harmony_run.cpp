@@ -45,6 +45,7 @@
 #include "core/program/lower.hpp"
 #include "core/search/search.hpp"
 #include "sim/compare.hpp"
+#include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
 #include "sim/native_engine.hpp"
 
@@ -628,13 +629,17 @@ struct Prediction {
   std::string why_not;
 };
 
-Prediction predict(const Setup& s, const Chosen& c, bool quiet) {
+// `serial`: the run used the serial executor (one op at a time), so the prediction runs the ops one at a time
+// too (sim::NativeOptions::serial); with concurrent queues, the default engine.
+Prediction predict(const Setup& s, const Chosen& c, bool serial, bool quiet) {
   try {
     std::vector<int> sizes = {c.plan.u_fwd, c.plan.u_bwd};
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
     const core::Model priced = c.priced ? *c.priced : priced_model(s, measured_profile(s, sizes, quiet));
-    const core::RunReport r = sim::simulate_program(c.program, priced, s.cfg.machine, "native");
+    sim::NativeOptions options;
+    options.serial = serial;
+    const core::RunReport r = sim::simulate_native(c.program, priced, s.cfg.machine, options);
     if (r.deadlock) return {std::nullopt, "harmony-sim finds the Program deadlocks"};
     return {r.iteration_time_s, ""};
   } catch (const backend::OutOfMemory& e) {
@@ -780,7 +785,8 @@ int cmd_train(const Cli& cli) {
   for (auto* d : devs) peaks.push_back(d->memory().peak);
   const double mean_sps = ran > 0 ? B * ran / run_s : 0.0;
   const double mean_step_s = ran > 0 ? run_s / ran : 0.0;
-  const Prediction predicted = ran > 0 ? predict(s, chosen, quiet) : Prediction{std::nullopt, "no step ran"};
+  const bool serial = !executor_options(cli, cfg).concurrent;
+  const Prediction predicted = ran > 0 ? predict(s, chosen, serial, quiet) : Prediction{std::nullopt, "no step ran"};
   // (measured - predicted) / predicted: + means the run was slower than predicted; NaN: no prediction
   const double error = predicted.step_s && *predicted.step_s > 0 ? (mean_step_s - *predicted.step_s) / *predicted.step_s
                                                                  : std::numeric_limits<double>::quiet_NaN();
@@ -839,8 +845,9 @@ int cmd_train(const Cli& cli) {
     fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
                mib(cfg.machine.gpu_memory_bytes), mib(model_bytes));
     if (predicted.step_s && std::isfinite(error))
-      fmt::print("predict  {:.4f} s/step by harmony-sim (native) on machine {}; measured {:.4f} s/step ({:+.1f}%)\n",
-                 *predicted.step_s, cfg.machine.name, mean_step_s, 100.0 * error);
+      fmt::print("predict  {:.4f} s/step by harmony-sim (native{}) on machine {}; measured {:.4f} s/step ({:+.1f}%)\n",
+                 *predicted.step_s, serial ? ", one op at a time as the serial executor" : "", cfg.machine.name,
+                 mean_step_s, 100.0 * error);
     else if (ran > 0)
       fmt::print("predict  none: {}; measured {:.4f} s/step\n", predicted.why_not, mean_step_s);
   }

@@ -82,16 +82,6 @@ def steal_since(start):
     return (steal - start[0]) / (total - start[1]) if total > start[1] else 0.0
 
 
-def probe():
-    """The machine's speed now: seconds of one forward + backward of every layer at u = 2 (harmony-run profile,
-    5 repeats, ~0.5 s). This VM's speed drifts by up to 2x over minutes (steal, neighbours); a probe next to each
-    measurement rescales it to the speed the profile saw."""
-    path = os.path.join(OUT, "probe.json")
-    sh(RUN, "profile", os.path.join(ROOT, "configs/run/default.yaml"), "--out", path, "--gpu-memory", "64MiB",
-       "--repeats", "5", "--ubatch", "2")
-    return sum(l["fwd_time"][0] + l["bwd_time"][0] for l in json.load(open(path))["layers"])
-
-
 def train_fastest(cfg, *extra):
     """harmony-run train: (its JSON output, step times after the first, steal share while it ran)."""
     t0 = cpu_jiffies()
@@ -112,17 +102,11 @@ steal = {}  # what the hypervisor took while each measurement ran (kept in OUT/s
 steal_path = os.path.join(OUT, "steal.json")
 if REUSE and os.path.exists(steal_path):
     steal = json.load(open(steal_path))
-speed = {}  # probe seconds around each measurement (OUT/speed.json)
-speed_path = os.path.join(OUT, "speed.json")
-if REUSE and os.path.exists(speed_path):
-    speed = json.load(open(speed_path))
 if not REUSE:
-    speed["profile_before"] = probe()
     t0 = cpu_jiffies()
     sh(RUN, "profile", os.path.join(ROOT, "configs/run/default.yaml"), "--out", profile, "--gpu-memory", "64MiB",
        "--repeats", str(REPEATS))
     steal["profile"] = steal_since(t0)
-    speed["profile_after"] = probe()
 runs = []  # (name, role, config, trace, run json, fastest step, median step, ops)
 for i, (name, role, plan, mem) in enumerate(PROGRAMS):
     cfg = os.path.join(OUT, f"program_{i}.yaml")
@@ -137,9 +121,7 @@ for i, (name, role, plan, mem) in enumerate(PROGRAMS):
     # The trace is of the last step: on a machine shared with other jobs, train again (at most 3 times) while
     # that step is more than 25% slower than the fastest, so that the op timings come from an unloaded step.
     for attempt in range(0 if REUSE else 1 if SMALL else 3):
-        before_probe = probe()
         out, times, steal[f"run_{i}"] = train_fastest(cfg, "--trace", trace)
-        speed[f"run_{i}"] = 0.5 * (before_probe + probe())
         if times[-1] <= 1.25 * min(times):
             break
     if REUSE:
@@ -164,9 +146,6 @@ elif not REUSE and not SMALL:
         json.dump(second, f)
 with open(steal_path, "w") as f:
     json.dump(steal, f)
-if not REUSE:
-    with open(speed_path, "w") as f:
-        json.dump(speed, f)
 
 # The machine calibrate starts from: cpu-4x.yaml and a fact, the host's core count, which the CPU device's
 # compute, copy and optimizer threads all share (compute.host_cores; calibrate keeps the given units)
@@ -190,50 +169,26 @@ def pct(x):
     return f"{100 * x:.0f}%" if x is not None else "-"
 
 
-# Speed factors: a run's probe over the profile's (the uncalibrated model's inputs) and over the fit runs' mean
-# (what the calibrated machine absorbed). "normalized" errors compare with the measurement rescaled by them.
-base = 0.5 * (speed["profile_before"] + speed["profile_after"]) if "profile_before" in speed else None
-fit_probe = [speed[f"run_{i}"] for i, r in enumerate(runs) if r[1] == "fit" and f"run_{i}" in speed]
-fit_speed = statistics.mean(fit_probe) if fit_probe else None
-
-
-def factor(i, ref):
-    return speed[f"run_{i}"] / ref if ref and f"run_{i}" in speed else None
-
-
-print("| Program | role | ops | measured s/step (fastest; median) | steal | speed | 2nd pass (fastest) | predicted, "
-      "uncalibrated | error (normalized) | predicted, calibrated | error (normalized) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
-errors, errors_before, moves, norm, norm_before = [], [], [], [], []
+print("| Program | role | ops | measured s/step (fastest; median) | steal | 2nd pass (fastest) | predicted, "
+      "uncalibrated | error | predicted, calibrated | error |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+errors, errors_before, moves = [], [], []
 for i, ((name, role, _c, _t, _j, m, med, n), b, a) in enumerate(zip(runs, before, after)):
-    pb, pa = b["predicted_step_time_s"], a["predicted_step_time_s"]
-    eb, ea = pb / m - 1, pa / m - 1
-    fb, fa = factor(i, base), factor(i, fit_speed)
-    nb = pb / (m / fb) - 1 if fb else None
-    na = pa / (m / fa) - 1 if fa else None
+    eb = b["predicted_step_time_s"] / m - 1
+    ea = a["predicted_step_time_s"] / m - 1
     if role == "predict":
         errors.append(abs(ea))
         errors_before.append(abs(eb))
-        if na is not None and nb is not None:
-            norm.append(abs(na))
-            norm_before.append(abs(nb))
     again = second.get(str(i))
     if again is not None:
         moves.append(abs(again / m - 1))
     again_text = f"{again:.4f} ({100 * (again / m - 1):+.0f}%)" if again is not None else "-"
-    sp = f"{fb:.2f}" if fb else "-"
-    nbt = f" ({100 * nb:+.0f}%)" if nb is not None else ""
-    nat = f" ({100 * na:+.0f}%)" if na is not None else ""
-    print(f"| {name} | {role} | {n} | {m:.4f}; {med:.4f} | {pct(steal.get(f'run_{i}'))} | {sp} | {again_text} | "
-          f"{pb:.4f} | {100 * eb:+.0f}%{nbt} | {pa:.4f} | {100 * ea:+.0f}%{nat} |")
+    print(f"| {name} | {role} | {n} | {m:.4f}; {med:.4f} | {pct(steal.get(f'run_{i}'))} | {again_text} | "
+          f"{b['predicted_step_time_s']:.4f} | {100 * eb:+.0f}% | {a['predicted_step_time_s']:.4f} | {100 * ea:+.0f}% |")
 if errors:
     print(f"\npredicted Programs: {len(errors)}, median |error| {100 * statistics.median(errors):.1f}%, "
           f"worst {100 * max(errors):.1f}% (uncalibrated: {100 * statistics.median(errors_before):.1f}%, "
           f"{100 * max(errors_before):.1f}%)")
-if norm:
-    print(f"normalized by the speed probe: median |error| {100 * statistics.median(norm):.1f}%, worst "
-          f"{100 * max(norm):.1f}% (uncalibrated: {100 * statistics.median(norm_before):.1f}%, "
-          f"{100 * max(norm_before):.1f}%)")
 if moves:
     print(f"repeatability: the second pass moved the fastest step by a median {100 * statistics.median(moves):.1f}%, "
           f"at most {100 * max(moves):.1f}%; steal while profiling {pct(steal.get('profile'))}")

@@ -742,6 +742,18 @@ class Engine {
 
   // ---- starting and ending ----
   void start_pending() {
+    if (opt_.serial) {
+      // one activity at a time, FIFO in the order they became ready (nothing else runs: no engine to wait for)
+      serial_wait_.insert(serial_wait_.end(), to_start_.begin(), to_start_.end());
+      to_start_.clear();
+      if (serial_running_ || serial_wait_.empty()) return;
+      serial_running_ = true;
+      const int act = serial_wait_.front();
+      serial_wait_.pop_front();
+      acts_[z(act)].engine = -1;  // alone: no copy engine to hold
+      begin(act);
+      return;
+    }
     // copy-engine slots freed at this time go to the transfers already waiting (FIFO), then new requests
     for (std::size_t e = 0; e < engines_.size(); ++e) {
       auto& ce = engines_[e];
@@ -854,6 +866,7 @@ class Engine {
 
   void end(int act) {
     Activity& x = acts_[z(act)];
+    serial_running_ = false;
     if (x.engine >= 0) --engines_[z(x.engine)].in_use;
     if (x.ledger_bytes > 0) {
       r_.class_bytes[static_cast<int>(x.cls)] += x.ledger_bytes;
@@ -1112,6 +1125,8 @@ class Engine {
   std::vector<Activity> acts_;
   std::vector<int> active_;
   std::vector<int> to_start_;
+  std::deque<int> serial_wait_;  // NativeOptions::serial: ready activities not yet begun
+  bool serial_running_ = false;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> heap_;
 };
 

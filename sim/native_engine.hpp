@@ -27,6 +27,9 @@ struct NativeOptions {
   // machine.dispatch (the native model's shared compute, time scales and per-op overheads) are then ignored.
   bool reference_bandwidths = false;
   bool record_counters = false;  // keep per-GPU memory and per-link bandwidth samples (Chrome trace counters)
+  // One op (a P2P pair: one transfer) at a time, in the order they become ready, as harmony-run's serial
+  // executor runs a step: nothing overlaps, so the step is the sum of every op's time alone.
+  bool serial = false;
 };
 
 // A physical link (one direction) or a shared resource the engine divides between flows.

@@ -79,8 +79,14 @@ def test_auto_finds_what_explicit_proves(tmp):
         if kind == "harmony-pp":  # the table names the prediction beside the measured time
             r = run("train", *explicit)
             check(f"auto: explicit {kind} u 1 trains at {cap}", r.returncode == 0, r.stderr)
-            check("table prints predicted beside measured", "predict " in r.stdout and "by harmony-sim (native)" in
+            check("table prints predicted beside measured", "predict " in r.stdout and "by harmony-sim (native" in
                   r.stdout and "measured" in r.stdout, r.stdout + r.stderr)
+            # the default (serial) executor runs one op at a time, and the prediction says it priced that
+            check("the prediction follows the serial executor", "one op at a time as the serial executor" in r.stdout,
+                  r.stdout)
+            r = run("train", *explicit, "--executor", "concurrent")
+            check("the concurrent executor's prediction overlaps the queues", r.returncode == 0 and
+                  "by harmony-sim (native) on machine" in r.stdout, r.stdout + r.stderr)
         else:
             r, d = train_json(*explicit)
             check(f"auto: explicit {kind} u 1 trains at {cap}", r.returncode == 0 and d is not None, r.stderr)

@@ -451,6 +451,30 @@ TEST_CASE("host cores: copies, updates and dispatch share the compute pool (the 
         sim::run_native(b.p, tiny_model(), one_switch(2, 1e9, 1e9), ref).timeline.end_ps);
 }
 
+TEST_CASE("serial: one op (a P2P pair: one transfer) at a time, as harmony-run's serial executor") {
+  // Two devices' FWDs (2 ms each) and a P2P copy of 1e6 B at 1e9 B/s (1 ms) from device 0 after its FWD. Concurrent:
+  // the FWDs overlap, the copy follows device 0's: 3 ms. Serial: FWD, FWD, copy in the order they became ready:
+  // 2 + 2 + 1 = 5 ms, nothing overlapping.
+  Builder b(2);
+  const int f0 = b.add(0, Stream::Compute, OpKind::FWD);
+  const int f1 = b.add(1, Stream::Compute, OpKind::FWD);
+  b.p.ops[z(f0)].layers = b.p.ops[z(f1)].layers = {0, 1};
+  const auto [s, rv] = b.p2p(0, 1, 1'000'000);
+  b.p.ops[z(s)].deps = {f0};
+  const auto m = one_switch(2, 1e9, 1e9);
+  const auto together = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(together.timeline.end_ps[z(f1)] == 2 * kMs);
+  CHECK(together.timeline.end_ps[z(rv)] == 3 * kMs);
+  auto o = quiet();
+  o.serial = true;
+  const auto one = sim::run_native(b.p, tiny_model(), m, o);
+  CHECK(one.timeline.begin_ps[z(f1)] == 2 * kMs);
+  CHECK(one.timeline.begin_ps[z(s)] == 4 * kMs);
+  CHECK(one.timeline.begin_ps[z(rv)] == 4 * kMs);
+  CHECK(one.timeline.end_ps[z(rv)] == 5 * kMs);
+  CHECK(!one.timeline.deadlock);
+}
+
 TEST_CASE("dispatch overheads: x per op on the critical path, by class") {
   // Device 0: FWD (2 ms), a swap-out of 1e6 B at 1e9 B/s (1 ms), an update (0.5 s); a P2P send of 1e6 B to
   // device 1 after the swap-out. Overheads: compute 100 us, copy 10 us, p2p 20 us, update 1 ms, each paid
