@@ -229,13 +229,10 @@ double slowdown(const MeasuredOps& m, const std::vector<int>& set, int i, double
 // Ops counted once: a P2P pair by its sender.
 bool counted(const Program& p, int op) { return !(p.ops[z(op)].peer >= 0 && p.ops[z(op)].stream == Stream::P2PIn); }
 
-// compute.host_cores: every op's measured slowdown when the ops running at each instant share `units` host cores
-// max-min fairly, as the engine shares its pool: a compute op or a copy wants one unit, an update every unit
-// (its threads), a DEL none. The slowdown of op i is the time average over its measured interval of
-// want / rate (1 while the cores are not oversubscribed). One sweep over the run's op boundaries.
-std::vector<double> host_slowdowns(const CalibrationRun& r, double units) {
-  const Program& p = *r.program;
-  const auto& m = r.measured;
+}  // namespace
+
+// As the engine shares its pool; one sweep over the run's op boundaries.
+std::vector<double> host_slowdowns(const Program& p, const MeasuredOps& m, double units) {
   const int n = static_cast<int>(p.ops.size());
   std::vector<double> want(z(n), 0.0);
   std::vector<double> cuts;
@@ -295,6 +292,8 @@ std::vector<double> host_slowdowns(const CalibrationRun& r, double units) {
   }
   return k;
 }
+
+namespace {
 
 // The bytes an op's transfer moves through the engine (what its bandwidth term divides).
 double moved_bytes(const Program& p, int op) {
@@ -566,7 +565,7 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
   const core::ComputeSharing& given = runs.front().machine.compute;
   auto add_host = [&](double units) {
     Sharing sh{units, true, {}};
-    for (const auto& r : runs) sh.slow.push_back(host_slowdowns(r, units));
+    for (const auto& r : runs) sh.slow.push_back(host_slowdowns(*r.program, r.measured, units));
     candidates.push_back(std::move(sh));
   };
   if (given.host_cores && given.shared()) {

@@ -33,6 +33,11 @@ struct MeasuredOps {
 // another Program (another model, plan or lowering).
 MeasuredOps read_measured_trace(const std::string& path, const std::string& text, const core::Program& program);
 
+// compute.host_cores: each op's measured slowdown when the ops running at each instant of `measured` share
+// `units` host cores max-min fairly (a compute op or a copy wants one unit, an update all of them, a DEL and a
+// P2P receive none): the time average over the op's interval of want / fair rate; 1 for ops that want none.
+std::vector<double> host_slowdowns(const core::Program& program, const MeasuredOps& measured, double units);
+
 struct CalibrationRun {
   std::string name;  // shown in reports (the config's file name)
   const core::Program* program = nullptr;

@@ -18,6 +18,7 @@
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
 #include "core/output/report.hpp"
+#include "sim/calibrate.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/cost_reference.hpp"
@@ -449,6 +450,37 @@ TEST_CASE("host cores: copies, updates and dispatch share the compute pool (the 
   ref.reference_bandwidths = true;
   CHECK(sim::run_native(b.p, tiny_model(), m, ref).timeline.end_ps ==
         sim::run_native(b.p, tiny_model(), one_switch(2, 1e9, 1e9), ref).timeline.end_ps);
+}
+
+TEST_CASE("calibrate's host slowdowns: each op's measured want / fair rate, time-averaged (hand-derived)") {
+  // Two units. A and B compute over [0, 4) ms, C compute over [2, 4): alone-or-fitting until 2 ms (factor 1),
+  // then three single-unit wants on two units, 2/3 each (factor 1.5): A and B average (2 x 1 + 2 x 1.5) / 4 =
+  // 1.25, C 1.5. An update (wants both units) over [4, 6) alone: 1; beside a swap-out over [6, 8): wants 2 + 1
+  // on 2 units, water-filling gives the swap its 1 and the update the other 1: update 2/1 = 2, swap 1. A DEL
+  // wants nothing: 1.
+  Builder b(2);
+  const int a = b.add(0, Stream::Compute, OpKind::FWD);
+  const int bb = b.add(1, Stream::Compute, OpKind::FWD);
+  const int c = b.add(0, Stream::Compute, OpKind::BWD);
+  const int u = b.add(0, Stream::Cpu, OpKind::Update);
+  const int u2 = b.add(1, Stream::Cpu, OpKind::Update);
+  const int y = b.add(0, Stream::SwapOut, OpKind::Y, 1000);
+  const int d = b.add(0, Stream::Compute, OpKind::DEL);
+  sim::MeasuredOps m;
+  m.begin_s = {0, 0, 2e-3, 4e-3, 6e-3, 6e-3, 0};
+  m.dur_s = {4e-3, 4e-3, 2e-3, 2e-3, 2e-3, 2e-3, 8e-3};
+  const auto k = sim::host_slowdowns(b.p, m, 2.0);
+  CHECK(k[z(a)] == doctest::Approx(1.25));
+  CHECK(k[z(bb)] == doctest::Approx(1.25));
+  CHECK(k[z(c)] == doctest::Approx(1.5));
+  CHECK(k[z(u)] == doctest::Approx(1.0));
+  CHECK(k[z(u2)] == doctest::Approx(2.0));
+  CHECK(k[z(y)] == doctest::Approx(1.0));
+  CHECK(k[z(d)] == 1.0);
+  // one unit: A, B at 1/2 until 2 ms, then A, B, C at 1/3: A (2 x 2 + 2 x 3) / 4 = 2.5, C 3
+  const auto one = sim::host_slowdowns(b.p, m, 1.0);
+  CHECK(one[z(a)] == doctest::Approx(2.5));
+  CHECK(one[z(c)] == doctest::Approx(3.0));
 }
 
 TEST_CASE("serial: one op (a P2P pair: one transfer) at a time, as harmony-run's serial executor") {
