@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prediction against measurement on the CPU device (docs/validation.md), fit then predict: profile the bundled
 model with `harmony-run profile`, train every Program of PROGRAMS with `harmony-run train` (trace + step times),
-fit configs/run/cpu-4x.yaml, with this host's core count as `compute: {units: CORES, host_cores: true}`, to the FIT
+fit configs/machines/cpu-4x.yaml, with this host's core count as `compute: {units: CORES, host_cores: true}`, to the FIT
 Programs with `harmony-sim calibrate`, then predict every Program with `harmony-sim calibrate --check` on the
 uncalibrated and the calibrated machine. Prints one Markdown table and the
 summary of the predicted (not fitted) Programs' errors; the calibrated machine lands in OUT_DIR.
@@ -27,7 +27,7 @@ BUILD = os.path.abspath(args[0])
 OUT = os.path.abspath(args[1]) if len(args) > 1 else tempfile.mkdtemp(prefix="harmony-validate-")
 RUN = os.path.join(BUILD, "apps/harmony-run")
 SIM = os.path.join(BUILD, "sim/harmony-sim")
-MACHINE = os.path.join(ROOT, "configs/run/cpu-4x.yaml")
+MACHINE = os.path.join(ROOT, "configs/machines/cpu-4x.yaml")
 STEPS = 3 if SMALL else 8  # the first step is a warm-up and left out
 REPEATS = 1 if SMALL else 9
 
@@ -118,13 +118,11 @@ for i, (name, role, plan, mem) in enumerate(PROGRAMS):
                 "  data: {synthetic_tokens: 65536, seed: 1}\n")
     trace = os.path.join(OUT, f"run_{i}.trace.json")
     run_json = os.path.join(OUT, f"run_{i}.json")
-    # The trace is of the last step: on a machine shared with other jobs, train again (at most 3 times) while
-    # that step is more than 25% slower than the fastest, so that the op timings come from an unloaded step.
-    for attempt in range(0 if REUSE else 1 if SMALL else 3):
+    # harmony-run traces the fastest step after the first, the step calibrate measures the run by (until stop 24
+    # the trace was of the last step, and this script trained again while that one was > 25% slower).
+    if not REUSE:
         out, times, steal[f"run_{i}"] = train_fastest(cfg, "--trace", trace)
-        if times[-1] <= 1.25 * min(times):
-            break
-    if REUSE:
+    else:
         out = open(run_json).read()
         times = [s["step_time_s"] for s in json.loads(out)["steps"][1:]]
     with open(run_json, "w") as f:

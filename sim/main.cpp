@@ -414,8 +414,10 @@ int cmd_compare(const Cli& cli) {
 // `presets`: one line per built-in machine, or (--format json) their figures (docs/output-schema.md).
 int cmd_presets(const Cli& cli) {
   if (cli.format != "json") {
-    for (const auto& n : core::machine_preset_names())
-      fmt::print("{:<16} {}\n", n, core::machine_summary(core::machine_preset(n)));
+    const std::vector<std::string> names = core::machine_preset_names();
+    std::size_t width = 0;
+    for (const auto& n : names) width = std::max(width, n.size());
+    for (const auto& n : names) fmt::print("{:<{}} {}\n", n, width + 1, core::machine_summary(core::machine_preset(n)));
     return 0;
   }
   nlohmann::json presets = nlohmann::json::array();

@@ -16,7 +16,7 @@ import jsonschema
 RUN = sys.argv[1]
 SIM = sys.argv[2]
 ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
-MACHINE = os.path.join(ROOT, "configs/run/cpu-4x.yaml")
+MACHINE = os.path.join(ROOT, "configs/machines/cpu-4x.yaml")
 failures = []
 passed = 0
 

@@ -253,7 +253,7 @@ with tempfile.TemporaryDirectory() as tmp:
     def weights_config(path):
         cfg = os.path.join(tmp, "weights.yaml")
         open(cfg, "w").write(f"""model: {{weights: {path}, seq_len: 16}}
-machine: {{file: {os.path.join(ROOT, 'configs/run/cpu-4x.yaml')}, gpu_memory: 1MiB}}
+machine: {{file: {os.path.join(ROOT, 'configs/machines/cpu-4x.yaml')}, gpu_memory: 1MiB}}
 plan: {{mode: harmony-pp, gpus: 2, minibatch: 4, u_fwd: 2, u_bwd: 1, pack_size: 1}}
 train: {{steps: 1, data: {tiny}/tokens.bin}}
 """)

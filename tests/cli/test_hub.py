@@ -42,7 +42,7 @@ def config(tmp, name, weights, extra_model="", steps=1, lr="0"):
   weights: {weights}
   seq_len: 16
 {extra_model}machine:
-  file: {os.path.abspath(os.path.join(ROOT, "configs/run/cpu-4x.yaml"))}
+  file: {os.path.abspath(os.path.join(ROOT, "configs/machines/cpu-4x.yaml"))}
   gpu_memory: 8MiB
 device: cpu
 plan: {{mode: harmony-pp, gpus: 4, minibatch: 4, u_fwd: 2, u_bwd: 2, pack_size: 1}}

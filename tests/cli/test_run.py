@@ -125,6 +125,7 @@ with tempfile.TemporaryDirectory() as tmp:
     if d1 and d2:
         check("--executor concurrent: the same losses bit for bit", d1["summary"]["losses"] == d2["summary"]["losses"],
               (d1["summary"]["losses"], d2["summary"]["losses"]))
+        check("no --trace: traced_step null", d1["summary"]["traced_step"] is None, d1["summary"])
     r = run("train", DEFAULT, "--steps", "1", "--executor", "parallel")
     check("--executor parallel refused", r.returncode == 2 and "concurrent" in r.stderr, r.stderr)
     # --tf32 / --tree-sums are CUDA-only: refused on the CPU device, naming the flag; --poison is accepted and
@@ -168,6 +169,16 @@ with tempfile.TemporaryDirectory() as tmp:
         check("measured trace has ops", len(xs) > 100, len(xs))
         check("measured trace names ops like the simulator", any(" BWD L" in e["name"] for e in xs), xs[:3])
         check("measured trace has 4 GPUs", len({e["pid"] for e in xs}) == 4, {e["pid"] for e in xs})
+        if doc:
+            # the step traced is the fastest after the first (the one harmony-sim calibrate measures the run by)
+            later = doc["steps"][1:]
+            fastest = min(later, key=lambda st: st["step_time_s"])
+            check("the trace is of the fastest step after the first",
+                  doc["summary"]["traced_step"] == fastest["step"] and t["otherData"]["step"] == fastest["step"],
+                  (doc["summary"]["traced_step"], t["otherData"], fastest))
+            span_s = (max(e["ts"] + e["dur"] for e in xs) - min(e["ts"] for e in xs)) / 1e6
+            check("its ops lie within that step's time", 0 < span_s <= fastest["step_time_s"] * (1 + 1e-6),
+                  (span_s, fastest))
     else:
         check("trace written", False, r.stderr)
 
@@ -322,7 +333,7 @@ with tempfile.TemporaryDirectory() as tmp:
         check("profile format", pj.get("format") == "harmony-profile-json", list(pj)[:10])
         check("profile has 10 layers", pj.get("num_layers") == 10, pj.get("num_layers"))
         simcfg = write(tmp, "sim.yaml", f"""model: {{profile: {prof}}}
-machine: {{file: {os.path.join(ROOT, 'configs/run/cpu-4x.yaml')}, gpu_memory: 1MiB}}
+machine: {{file: {os.path.join(ROOT, 'configs/machines/cpu-4x.yaml')}, gpu_memory: 1MiB}}
 cost_model: native
 plan: {{mode: harmony-pp, gpus: 4, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 1}}
 """)
@@ -347,7 +358,7 @@ plan: {{mode: harmony-pp, gpus: 4, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 
     # --- a user token file and a Hugging Face checkpoint (the committed PyTorch oracle's inputs)
     tiny = os.path.join(ROOT, "tests/data/gpt2_tiny")
     hf = write(tmp, "hf.yaml", f"""model: {{weights: {tiny}/model.safetensors, seq_len: 16}}
-machine: {{file: {os.path.join(ROOT, 'configs/run/cpu-4x.yaml')}, gpu_memory: 1MiB}}
+machine: {{file: {os.path.join(ROOT, 'configs/machines/cpu-4x.yaml')}, gpu_memory: 1MiB}}
 plan: {{mode: harmony-pp, gpus: 2, minibatch: 4, u_fwd: 2, u_bwd: 1, pack_size: 1}}
 train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
 """)
@@ -362,7 +373,7 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     # a baseline is checked under its own rule (u divides D/N), not harmony-pp's, and located at plan.u_bwd
     dpswap = write(tmp, "dpswap.yaml", open(DEFAULT).read().replace("mode: harmony-pp", "mode: dp-swap")
                    .replace("  gpus: 4", "  gpus: 2").replace("  u_fwd: 2\n  u_bwd: 2", "  u_fwd: 3\n  u_bwd: 8")
-                   .replace("file: cpu-4x.yaml", "file: " + os.path.join(ROOT, "configs/run/cpu-4x.yaml")))
+                   .replace("file: ../machines/cpu-4x.yaml", "preset: cpu-4x"))
     r = run("train", dpswap, "--steps", "1")
     check("baseline u not dividing D/N exits 2", r.returncode == 2, r.stderr)
     check("baseline rule located at plan.u_bwd with a hint",

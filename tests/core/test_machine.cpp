@@ -320,9 +320,39 @@ TEST_CASE("the new presets: rtx4090-4x, a100-pcie-8x, h100-sxm-8x") {
   CHECK(h100.bw_p2p_bytes_per_s < 450e9);
 }
 
+// The built-in machines of harmony-run's CPU device (no topology, rates or price: threads on the host's cores).
+const std::vector<std::string> kCpuPresets = {"cpu-4x", "cpu-4x-calibrated"};
+bool is_cpu_preset(const std::string& name) {
+  return std::find(kCpuPresets.begin(), kCpuPresets.end(), name) != kCpuPresets.end();
+}
+
+TEST_CASE("the CPU device's presets: four devices on the CI VM's two host cores, the calibrated one fitted") {
+  for (const std::string& name : kCpuPresets) {
+    INFO(name);
+    const MachineSpec m = machine_preset(name);
+    CHECK(m.name == name);
+    CHECK(m.gpu_name == "harmony CPU device");
+    CHECK(m.gpus == 4);
+    CHECK(m.compute.units == 2);
+    CHECK(m.compute.host_cores);
+    CHECK_FALSE(m.topology.valid());
+    CHECK_FALSE(m.gpu_rates.valid());
+    CHECK(m.price_per_hour == 0);
+    CHECK(contains(machine_summary(m), "4 x harmony CPU device, 2.00 MiB per GPU"));
+  }
+  // Fitted by harmony-sim calibrate: dispatch costs and a bandwidth of its own, not cpu-4x's assumed 8 GB/s.
+  const MachineSpec plain = machine_preset("cpu-4x"), fitted = machine_preset("cpu-4x-calibrated");
+  CHECK(plain.bw_swap_bytes_per_s == 8e9);
+  CHECK(fitted.bw_swap_bytes_per_s != plain.bw_swap_bytes_per_s);
+  CHECK(fitted.dispatch.compute_s > 0);
+  CHECK(plain.dispatch.compute_s == 0);
+  CHECK(fitted.compute.time_scale != 1.0);
+}
+
 TEST_CASE("every preset is consistent: reference keys against its own topology") {
   for (const std::string& name : machine_preset_names()) {
     INFO(name);
+    if (is_cpu_preset(name)) continue;  // checked above: no topology
     const MachineSpec m = machine_preset(name);
     CHECK(m.name == name);
     CHECK_FALSE(m.gpu_name.empty());
@@ -356,7 +386,7 @@ TEST_CASE("every preset has a price per hour, the figures of the GPT sweep; summ
     CAPTURE(name);
     CHECK(machine_preset(name).price_per_hour == price);
   }
-  CHECK(machine_preset_names().size() == std::size(prices));
+  CHECK(machine_preset_names().size() == std::size(prices) + kCpuPresets.size());  // the CPU device's: no price
   CHECK(machine_summary(machine_preset("h100-sxm-8x")) ==
         "8 x H100 80GB SXM5, 74.00 GiB per GPU, swap 46.01 GiB/s, p2p 335.28 GiB/s, 98.32 per hour");
   // an override wins over the preset's price; a machine without one says so
@@ -372,7 +402,8 @@ TEST_CASE("every preset has a price per hour, the figures of the GPT sweep; summ
 TEST_CASE("every configs/machines/*.yaml is embedded, and equals its file") {
   const std::vector<std::string> names = machine_preset_names();
   CHECK(std::is_sorted(names.begin(), names.end()));
-  for (const char* expected : {"paper-1080ti", "rtx4090-4x", "a100-pcie-8x", "h100-sxm-8x", "v100-dgx2-16x"})
+  for (const char* expected :
+       {"paper-1080ti", "rtx4090-4x", "a100-pcie-8x", "h100-sxm-8x", "v100-dgx2-16x", "cpu-4x", "cpu-4x-calibrated"})
     CHECK(std::find(names.begin(), names.end(), expected) != names.end());
   std::size_t files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(source_dir() + "/configs/machines")) {
@@ -395,7 +426,8 @@ TEST_CASE("an unknown preset lists the default first, then the rest") {
     CHECK(contains(e.hint(), "did you mean 'h100-sxm-8x'?"));
     CHECK(
         contains(e.hint(),
-                 "built-in presets: paper-1080ti (the default), a100-pcie-8x, h100-sxm-8x, rtx4090-4x, v100-dgx2-16x"));
+                 "built-in presets: paper-1080ti (the default), a100-pcie-8x, cpu-4x, cpu-4x-calibrated, h100-sxm-8x, "
+                 "rtx4090-4x, v100-dgx2-16x"));
   }
 }
 
