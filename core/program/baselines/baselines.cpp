@@ -305,6 +305,37 @@ int ProgramBuilder::weight_op(int device, Stream stream, OpKind kind, int task, 
   return id;
 }
 
+int ProgramBuilder::fetch_weights(int device, int l, int task, int ui, int k, Bytes w, Bytes b, bool windowed) {
+  const LayerRange L{l, l};
+  const int W = weight_op(device, Stream::SwapIn, OpKind::WB, task, ui, L, w, b);
+  alloc(W, TensorKind::Weights, L, -1, w + b);
+  if (windowed) window(W, device, k);
+  return W;
+}
+
+int ProgramBuilder::gradient_out(int device, int l, int ui, int bwd, int k, std::uint64_t key, Bytes host_sum) {
+  const LayerRange L{l, l};
+  int src = bwd;
+  int src_step = k;
+  if (prog_.graph.plan.gpus > 1) {
+    src_step = next_step(device);
+    src = compute(device, OpKind::ARD, bwd_task(device, l), ui, L, 0, wbytes(l), bbytes(l));
+    dep(src, bwd);
+    collective(key, src, bwd);
+  }
+  const int O = weight_op(device, Stream::SwapOut, OpKind::dWB, bwd_task(device, l), ui, L, wbytes(l), bbytes(l));
+  dep(O, src);
+  if (host_sum > 0) set_host_sum(O, host_sum);
+  free(O, TensorKind::WeightGrad, L, -1, wbytes(l));
+  output_of(O, device, src_step);
+  return O;
+}
+
+void ProgramBuilder::nvme_update_io(int update, int l) {
+  const Bytes state = model_.optimizer_state_bytes(l, l) + model_.master_bytes(l, l);
+  set_io(update, 1, state, state + (model_.narrow_weights(l) ? wbytes(l) + bbytes(l) : 0));
+}
+
 // FWD: the profiled forward peak less the layer's weights, input and output (under keep also less the saved
 // activations the FWD allocates: its temporaries are what it saves). BWD: the backward peak less the weights,
 // gradient, input, dY and dX is exactly the saved activations (REC or FWD allocates them), so nothing is left.

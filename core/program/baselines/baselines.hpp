@@ -162,6 +162,18 @@ class ProgramBuilder {
   int compute(int device, OpKind kind, int task, int ui, LayerRange layers, int ubs, Bytes w = 0, Bytes b = 0);
   int next_step(int device) const;  // the step index the next compute op of `device` gets
 
+  // The per-layer streaming blocks dp-swap, zero-infinity and lohan share:
+  // layer l's weights (w + b bytes: the whole layer or a shard) in to `device` on SwapIn for microbatch ui of
+  // `task`, allocated as Weights and, when `windowed`, made to wait for step k - 2 (window). Returns the WB op.
+  int fetch_weights(int device, int l, int task, int ui, int k, Bytes w, Bytes b, bool windowed);
+  // Layer l's weight gradient out after its BWD `bwd` (step k, which allocated it): with more than one GPU an
+  // ARD all-reduce of the replicas (collective `key`, its own step) first; then dWB to the host (a host sum of
+  // `host_sum` bytes when > 0), which frees the gradient and is the output of the last step. Returns the dWB op.
+  int gradient_out(int device, int l, int ui, int bwd, int k, std::uint64_t key, Bytes host_sum);
+  // offload: nvme: layer l's CPU update reads its optimizer state and FP32 masters from the drives and writes
+  // them back, plus the GPU-dtype parameters when those are narrower than FP32 (the next fetch reads them).
+  void nvme_update_io(int update, int l);
+
   void dep(int op, int on);
   // Layer l's input for microbatch i coming in to `device` (the data X, a stashed sX, a peer's X) on `stream`:
   // the op, its alloc as `as`, a dependency on `after` when >= 0, windowed to step k. Returns the op.

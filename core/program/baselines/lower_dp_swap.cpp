@@ -49,7 +49,6 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
     for (int i = 0; i < m; ++i) {
       // ---- forward ----
       for (int l = 0; l < R; ++l) {
-        const LayerRange L{l, l};
         const int k = b.next_step(g);
         std::vector<int> ins;
         if (l == 0) {
@@ -57,11 +56,8 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
           ins.push_back(X);
         }
         if (b.has_params(l) && (sw || i == 0)) {
-          const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.fwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
-          b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-          if (sw) b.window(W, g, k);
+          ins.push_back(b.fetch_weights(g, l, b.fwd_task(g, l), i, k, b.wbytes(l), b.bbytes(l), /*windowed=*/sw));
           resident = resident || !sw;
-          ins.push_back(W);
         }
         b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/sw);
       }
@@ -70,12 +66,8 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
         const LayerRange L{l, l};
         const int k = b.next_step(g);
         std::vector<int> ins;
-        if (b.has_params(l) && sw) {
-          const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
-          b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-          b.window(W, g, k);
-          ins.push_back(W);
-        }
+        if (b.has_params(l) && sw)
+          ins.push_back(b.fetch_weights(g, l, b.bwd_task(g, l), i, k, b.wbytes(l), b.bbytes(l), /*windowed=*/true));
         const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
         if (!b.has_params(l)) continue;
         if (sw) {
@@ -85,22 +77,10 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
           b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
         }
         if (!sw && i != m - 1) continue;
-        // gradient out: every microbatch (sw) or once after the last one
-        int src = Bw;
-        int src_step = k;
-        if (N > 1) {
-          src_step = b.next_step(g);
-          src = b.compute(g, OpKind::ARD, b.bwd_task(g, l), sw ? i : 0, L, 0, b.wbytes(l), b.bbytes(l));
-          b.dep(src, Bw);
-          b.collective(collective_key(l, sw ? i : 0), src, Bw);
-        }
-        const int O =
-            b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), sw ? i : 0, L, b.wbytes(l), b.bbytes(l));
-        b.dep(O, src);
-        if (sw && i > 0) b.set_host_sum(O, b.wbytes(l));  // the host sums the microbatches' gradients
-        b.free(O, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-        b.output_of(O, g, src_step);
-        last_dwb[static_cast<std::size_t>(l)] = O;
+        // gradient out: every microbatch (sw; the host sums the microbatches' gradients) or once after the last
+        const int ui = sw ? i : 0;
+        last_dwb[static_cast<std::size_t>(l)] =
+            b.gradient_out(g, l, ui, Bw, k, collective_key(l, ui), sw && i > 0 ? b.wbytes(l) : 0);
       }
     }
     for (int l = R - 1; l >= 0; --l) {

@@ -36,10 +36,7 @@ Program lower_lohan(const BaselinePlan& plan, const Model& model) {
   constexpr int i = 0;  // the one microbatch
 
   auto fetch = [&](int g, int l, int task, int k) {
-    const LayerRange L{l, l};
-    const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, task, i, L, b.wbytes(l), b.bbytes(l));
-    b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-    b.window(W, g, k);
+    const int W = b.fetch_weights(g, l, task, i, k, b.wbytes(l), b.bbytes(l), /*windowed=*/true);
     if (nvme) b.set_io(W, 1, b.wbytes(l) + b.bbytes(l), 0);
     return W;
   };
@@ -62,24 +59,10 @@ Program lower_lohan(const BaselinePlan& plan, const Model& model) {
       if (!b.has_params(l)) continue;
       b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
       b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-      int src = Bw;
-      int src_step = k;
-      if (N > 1) {
-        src_step = b.next_step(g);
-        src = b.compute(g, OpKind::ARD, b.bwd_task(g, l), i, L, 0, b.wbytes(l), b.bbytes(l));
-        b.dep(src, Bw);
-        b.collective(static_cast<std::uint64_t>(l), src, Bw);
-      }
-      const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
-      b.dep(O, src);
-      b.free(O, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-      b.output_of(O, g, src_step);
+      const int O = b.gradient_out(g, l, i, Bw, k, static_cast<std::uint64_t>(l), /*host_sum=*/0);
       const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, L, 0, 0);
       b.dep(U, O);
-      if (nvme) {
-        const Bytes state = model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
-        b.set_io(U, 1, state, state + (model.narrow_weights(l) ? b.wbytes(l) + b.bbytes(l) : 0));
-      }
+      if (nvme) b.nvme_update_io(U, l);
     }
   }
   Program prog = b.finish();

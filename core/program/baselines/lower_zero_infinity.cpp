@@ -78,9 +78,7 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
     const Bytes bb = b.bbytes(l);
     const Bytes sw = N > 1 ? shard(w, N) : w;
     const Bytes sb = N > 1 ? shard(bb, N) : bb;
-    const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, task, i, L, sw, sb);
-    b.alloc(W, TensorKind::Weights, L, -1, sw + sb);
-    b.window(W, g, k);
+    const int W = b.fetch_weights(g, l, task, i, k, sw, sb, /*windowed=*/true);
     b.set_io(W, buckets(l), nvme ? sw + sb : 0, 0);
     if (N == 1) return W;
     const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, w, bb);
@@ -142,10 +140,7 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
     if (!b.has_params(l)) continue;
     const int g = l % N;
     const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
-    if (nvme) {
-      const Bytes state = model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
-      b.set_io(U, 1, state, state + (model.narrow_weights(l) ? b.wbytes(l) + b.bbytes(l) : 0));
-    }
+    if (nvme) b.nvme_update_io(U, l);
     for (int h = 0; h < N; ++h) {
       if (last_out[static_cast<std::size_t>(h)] >= 0) b.dep(U, last_out[static_cast<std::size_t>(h)]);
     }
