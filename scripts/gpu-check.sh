@@ -11,7 +11,8 @@
 #      (c) the same under a quarter of (b)'s memory, --plan auto (Harmony) and dp-swap, (d) harmony-sim's
 #      a-priori prediction of (c) from a profile taken here, (e) the loop closed (docs/validation.md#calibrate):
 #      `harmony-sim calibrate` fits this GPU's machine file to the traces of (b) and (c) dp-swap, then predicts
-#      (c) Harmony, a Program it was not fitted on; losses of every plan kind on CUDA vs the CPU device.
+#      (c) Harmony, a Program it was not fitted on; losses of every plan kind on CUDA vs the CPU device, in fp32
+#      and (when the CUDA device trains bf16) in bf16 against the CPU device's bf16 emulation.
 # Every command runs under `timeout` cut to the time left; a step the deadline prevents is recorded as such.
 #
 # usage: scripts/gpu-check.sh OUT_DIR
@@ -262,12 +263,20 @@ if [[ $calibrated == true && -f $out/c_auto.json && -f $out/c_auto.trace.json ]]
     cp "$out/e_predict.out" "$out/e_predict.json"
 fi
 
-echo "== losses of every plan kind, CUDA vs CPU (3 steps, strict fp32)"
-for kind in harmony-pp harmony-dp pp-swap dp-swap zero-infinity l2l; do
-  for dev in cuda cpu; do
-    step "loss_${kind}_$dev" 30 "$run" train configs/run/default.yaml --steps 3 --set "plan.mode=$kind" \
-      --set plan.gpus=2 --gpu-memory 4MiB --set "device=$dev" --format json --quiet &&
-      cp "$out/loss_${kind}_$dev.out" "$out/loss_${kind}_$dev.json"
+echo "== losses of every plan kind, CUDA vs CPU (3 steps, strict fp32; then bf16 when the CUDA device trains it)"
+for kind in harmony-pp harmony-dp pp-swap dp-swap zero-infinity l2l lohan; do
+  u=()
+  [[ $kind == lohan ]] && u=(--set plan.u_fwd=4 --set plan.u_bwd=4)  # lohan: one microbatch per GPU (D/N = 8/2)
+  for prec in fp32 bf16; do
+    [[ $prec == bf16 && $bf16 != true ]] && continue
+    tag=$kind
+    prec_args=()
+    [[ $prec == bf16 ]] && tag=bf16_$kind && prec_args=(--dtype bf16)
+    for dev in cuda cpu; do
+      step "loss_${tag}_$dev" 30 "$run" train configs/run/default.yaml --steps 3 --set "plan.mode=$kind" \
+        --set plan.gpus=2 "${u[@]}" "${prec_args[@]}" --gpu-memory 4MiB --set "device=$dev" --format json --quiet &&
+        cp "$out/loss_${tag}_$dev.out" "$out/loss_${tag}_$dev.json"
+    done
   done
 done
 finish

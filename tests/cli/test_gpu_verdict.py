@@ -83,10 +83,12 @@ def main():
         r, rows = verdict(os.path.join(DATA, "pass"), "--markdown", md)
         check("pass: exit 0", r.returncode == 0, r.stdout + r.stderr)
         check("pass: every row PASSED", rows and all(v == "PASSED" for v, _ in rows.values()), r.stdout)
-        check("pass: 21 rows", len(rows) == 21, sorted(rows))
+        check("pass: 29 rows", len(rows) == 29, sorted(rows))
         check("pass: markdown written", os.path.exists(md) and open(md).read().startswith("| check | verdict"))
-        for kind in ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l"]:
+        for kind in ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l", "lohan"]:
             check(f"pass: a loss row for {kind}", f"losses {kind}: finite, CUDA = CPU over 3 steps" in rows, sorted(rows))
+            check(f"pass: a bf16 loss row for {kind}",
+                  f"losses {kind} in bf16: finite, CUDA = CPU (bf16) over 3 steps" in rows, sorted(rows))
         mfu = rows.get("in-memory MFU >= 35% of dense BF16 peak", ("", ""))[1]
         check("pass: MFU computed from the recorded run (PaLM count, H200 peak)", "MFU 50.3% of 989 TFLOP/s" in mfu, mfu)
         adamw = rows.get("host AdamW (best thread count)", ("", ""))[1]
@@ -129,8 +131,23 @@ def main():
                        "in-memory MFU >= 35% of dense BF16 peak", ["T = 512"])
         expect_failure(tmp, "unknown-gpu", lambda d: edit_json(d, "env.json", lambda e: e.update(gpu="NVIDIA X1")),
                        "in-memory MFU >= 35% of dense BF16 peak", ["PEAK_BF16_TFLOPS"])
-        expect_failure(tmp, "no-bf16", lambda d: edit_json(d, "params.json", lambda p: p.update(bf16_implemented=False)),
-                       "bf16 mixed precision", ["not implemented"])
+        rows = expect_failure(tmp, "no-bf16",
+                              lambda d: edit_json(d, "params.json", lambda p: p.update(bf16_implemented=False)),
+                              "bf16 mixed precision", ["not implemented"])
+        check("no-bf16: no bf16 loss rows (nothing trained in bf16)", not any("in bf16" in k for k in rows), sorted(rows))
+        # bf16 rows are judged by bf16's bound (2e-4), not fp32's (1e-4): 1.5e-4 passes, 5e-4 fails
+        d = variant(tmp, "bf16-loss-within", lambda d: edit_json(
+            d, "loss_bf16_lohan_cuda.json", lambda b: b["steps"][2].update(loss=b["steps"][2]["loss"] * (1 + 1.5e-4))))
+        r, rows = verdict(d)
+        check("bf16-loss-within: 1.5e-4 in bf16 passes", r.returncode == 0 and rows.get(
+            "losses lohan in bf16: finite, CUDA = CPU (bf16) over 3 steps", ("", ""))[0] == "PASSED", r.stdout)
+        expect_failure(tmp, "bf16-loss-mismatch",
+                       lambda d: edit_json(d, "loss_bf16_lohan_cuda.json",
+                                           lambda b: b["steps"][2].update(loss=b["steps"][2]["loss"] * (1 + 5e-4))),
+                       "losses lohan in bf16: finite, CUDA = CPU (bf16) over 3 steps", ["tolerance 2e-04"])
+        expect_failure(tmp, "bf16-loss-missing",  # bf16 trains, but a kind's bf16 row did not run
+                       lambda d: os.remove(os.path.join(d, "loss_bf16_pp-swap_cpu.json")),
+                       "losses pp-swap in bf16: finite, CUDA = CPU (bf16) over 3 steps", [])
         expect_failure(tmp, "bf16-cuda-failed",  # the flag exists (CPU device) but the CUDA device refuses bf16
                        lambda d: (edit_json(d, "params.json", lambda p: p.update(bf16_implemented=False)),
                                   edit_step(d, "bf16_cuda", rc=2)),
