@@ -938,9 +938,12 @@ class Engine {
 
   // Max-min fair rates by progressive filling: raise all unfrozen flows together until a link is full
   // (or a flow reaches its own cap); freeze the flows on it; repeat with the remaining capacity.
-  std::vector<double> fair_rates() const {
+  // The rates are indexed like active_; the buffers are the engine's (fair_rates runs at every rate change and
+  // allocated six vectors a call: a quarter of a sweep's time went to malloc and free).
+  const std::vector<double>& fair_rates() const {
     const std::size_t nf = active_.size();
-    std::vector<double> rate(nf, -1.0);
+    std::vector<double>& rate = fr_rate_;
+    rate.assign(nf, -1.0);
     if (!opt_.contention) {
       for (std::size_t f = 0; f < nf; ++f) {
         const Activity& x = acts_[z(active_[f])];
@@ -952,9 +955,12 @@ class Engine {
     }
     // weighted progressive filling: a flow at rate r uses coef x r of each link on its path; weight[l] is the
     // sum of the coefficients of the unfrozen flows on l, count[l] their number
-    std::vector<double> residual = cap_;
-    std::vector<int> count(cap_.size(), 0);
-    std::vector<double> weight(cap_.size(), 0.0);
+    std::vector<double>& residual = fr_residual_;
+    residual.assign(cap_.begin(), cap_.end());
+    std::vector<int>& count = fr_count_;
+    count.assign(cap_.size(), 0);
+    std::vector<double>& weight = fr_weight_;
+    weight.assign(cap_.size(), 0.0);
     for (int a : active_) {
       const Activity& x = acts_[z(a)];
       for (std::size_t i = 0; i < x.path.size(); ++i) {
@@ -965,7 +971,8 @@ class Engine {
       }
     }
     std::size_t unfrozen = nf;
-    std::vector<char> bottleneck(cap_.size(), 0);
+    std::vector<char>& bottleneck = fr_bottleneck_;
+    bottleneck.assign(cap_.size(), 0);
     while (unfrozen > 0) {
       double best = kInf;
       for (std::size_t l = 0; l < cap_.size(); ++l) {
@@ -983,7 +990,8 @@ class Engine {
       }
       for (std::size_t l = 0; l < cap_.size(); ++l)
         bottleneck[l] = count[l] > 0 && std::max(0.0, residual[l]) / weight[l] <= best;
-      std::vector<std::size_t> frozen;
+      std::vector<std::size_t>& frozen = fr_frozen_;
+      frozen.clear();
       for (std::size_t f = 0; f < nf; ++f) {
         if (rate[f] >= 0) continue;
         const Activity& x = acts_[z(active_[f])];
@@ -1009,7 +1017,7 @@ class Engine {
 
   void recompute() {
     dirty_ = false;
-    const auto rate = fair_rates();
+    const std::vector<double>& rate = fair_rates();
     std::fill(load_.begin(), load_.end(), 0.0);
     for (std::size_t f = 0; f < active_.size(); ++f) {
       const int a = active_[f];
@@ -1117,6 +1125,11 @@ class Engine {
   bool dirty_ = false;
   std::vector<double> cap_;
   std::vector<double> load_;
+  // fair_rates' working buffers, reused across calls (their contents never outlive one call)
+  mutable std::vector<double> fr_rate_, fr_residual_, fr_weight_;
+  mutable std::vector<int> fr_count_;
+  mutable std::vector<char> fr_bottleneck_;
+  mutable std::vector<std::size_t> fr_frozen_;
   std::vector<double> last_sample_;
   std::vector<CopyEngine> engines_;
   std::vector<Bytes> mem_;
