@@ -275,7 +275,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.gpus : 0)));
   cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.minibatch : 0)));
   if (cfg)
-    cells.push_back(text_cell(cfg->cost_model));
+    cells.push_back(text_cell(core::cost_model_name(cfg->cost_model)));
   else
     cells.push_back(grid_cost_model ? Cell{Cell::Kind::Yaml, *grid_cost_model} : null_cell());
   cells.push_back(text_cell(status));

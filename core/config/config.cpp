@@ -599,12 +599,13 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
   return spec;
 }
 
-std::string parse_cost_model(const Entry& e) {
+CostModelKind parse_cost_model(const Entry& e) {
   const std::string& name = expect_scalar(e.value, "cost_model", "a cost model name", "cost models: reference, native");
-  if (name != "reference" && name != "native")
+  const std::optional<CostModelKind> kind = parse_cost_model_kind(name);
+  if (!kind)
     fail(e.value.loc, fmt::format("unknown cost_model '{}'", name),
          suggestion_hint(name, {"reference", "native"}, "cost models"));
-  return name;
+  return *kind;
 }
 
 RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides) {
@@ -644,7 +645,7 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
 
   // Harmony at its best with the native model; the paper's scheduler (prefetch off, minimum pack counts) with
   // the reference model, whose oracles are the paper's.
-  const bool native = cfg.cost_model == "native";
+  const bool native = cfg.cost_model == CostModelKind::Native;
   cfg.options = parse_options(section_map(root, "options"), native);
   SearchLocs search_locs;
   cfg.search = parse_search(section_map(root, "search"), search_locs, native ? PackCounts::Wide : PackCounts::Minimum);
