@@ -3,6 +3,7 @@
 // (load_config, load_train_config, load_model, plan_from_spec). The located YAML tree and quantity getters are
 // config_yaml.cpp, machines and presets config_machine.cpp (config_internal.hpp); docs/config.md keeps the schema.
 #include "core/config/config.hpp"
+#include "core/config/config_as_kind.hpp"
 #include "core/config/config_internal.hpp"
 
 #include <yaml-cpp/depthguard.h>
@@ -608,7 +609,9 @@ CostModelKind parse_cost_model(const Entry& e) {
   return *kind;
 }
 
-RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides) {
+// `rules_kind`: the plan kind whose plan rules check the plan (load_config_text_as); nullopt: plan.mode's.
+RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
+                       std::optional<PlanKind> rules_kind = std::nullopt) {
   for (const std::string& o : overrides) apply_override(root, o);
   const char* start_hint =
       "a config needs at least `model: {profile: PATH}` and `plan: {mode: harmony-pp, gpus: N, minibatch: D}`; "
@@ -650,11 +653,17 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
   SearchLocs search_locs;
   cfg.search = parse_search(section_map(root, "search"), search_locs, native ? PackCounts::Wide : PackCounts::Minimum);
 
-  check_plan(
-      cfg,
-      RuleCheck{cfg.plan.kind,
-                cfg.options.unequal_microbatches ? UnequalMicrobatches::Allowed : UnequalMicrobatches::Offered, true},
-      plan_locs, search_locs);
+  // A baseline kind is checked under its own rules (N divides D, u divides D/N, lohan's u = D/N) on the one
+  // microbatch size it runs (plan.u_bwd, search.u_bwd), with equal microbatches, as harmony-run checks it.
+  const PlanKind rules = rules_kind ? *rules_kind : cfg.plan.kind;
+  if (is_baseline(rules))
+    check_plan(cfg, RuleCheck{rules, UnequalMicrobatches::Refused, false}, plan_locs, search_locs);
+  else
+    check_plan(
+        cfg,
+        RuleCheck{rules, cfg.options.unequal_microbatches ? UnequalMicrobatches::Allowed : UnequalMicrobatches::Offered,
+                  true},
+        plan_locs, search_locs);
   return cfg;
 }
 
@@ -946,6 +955,14 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides) {
   RecordFilesRead record;
   RunConfig cfg = build_config(parse_yaml_tree(text, name), name, overrides);
+  cfg.inputs = record.take(cfg);
+  return cfg;
+}
+
+RunConfig load_config_text_as(PlanKind kind, const std::string& text, const std::string& name,
+                              const std::vector<std::string>& overrides) {
+  RecordFilesRead record;
+  RunConfig cfg = build_config(parse_yaml_tree(text, name), name, overrides, kind);
   cfg.inputs = record.take(cfg);
   return cfg;
 }
