@@ -437,9 +437,10 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
   const auto capacity = cfg.machine.search_capacity_bytes();
   std::vector<Candidate> out;
   std::set<std::string> seen;
+  const auto engine = sim::make_engine(cfg.cost_model, priced, cfg.machine);
   auto add = [&](Chosen c) {
     if (!seen.insert(c.title).second) return;
-    core::RunReport r = sim::simulate_program(c.program, priced, cfg.machine, cfg.cost_model);
+    core::RunReport r = engine->run(c.program).report;
     r.plan_kind = c.kind;
     out.push_back(Candidate{std::move(c), std::move(r)});
   };
@@ -583,7 +584,8 @@ Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
     fmt::print(stderr,
                "--plan auto: {} {} candidates ({} cost model, {} deadlocked), {} predicted to fit {:.2f} MiB; "
                "trying the best on the devices\n",
-               total, kind, cfg.cost_model, deadlocked, predicted_fit, mib(cfg.machine.gpu_memory_bytes));
+               total, kind, core::cost_model_name(cfg.cost_model), deadlocked, predicted_fit,
+               mib(cfg.machine.gpu_memory_bytes));
   std::string first_oom;
   const std::size_t trials = std::min(order.size(), kAutoTrials);
   for (std::size_t t = 0; t < trials; ++t) {
@@ -639,7 +641,7 @@ Prediction predict(const Setup& s, const Chosen& c, bool serial, bool quiet) {
     const core::Model priced = c.priced ? *c.priced : priced_model(s, measured_profile(s, sizes, quiet));
     sim::NativeOptions options;
     options.serial = serial;
-    const core::RunReport r = sim::simulate_native(c.program, priced, s.cfg.machine, options);
+    const core::RunReport r = sim::NativeEngine(priced, s.cfg.machine, options).run(c.program).report;
     if (r.deadlock) return {std::nullopt, "harmony-sim finds the Program deadlocks"};
     return {r.iteration_time_s, ""};
   } catch (const backend::OutOfMemory& e) {

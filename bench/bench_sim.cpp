@@ -479,7 +479,7 @@ int run(const Options& opts) {
       spec.packing_fwd = kScriptFwd;
       spec.packing_bwd = kScriptBwd;
       Row r = measure(opts, name, [&] {
-        const auto res = sim::compare_plan_kinds(m, preset, 2, 32, "native", spec, core::Options{});
+        const auto res = sim::compare_plan_kinds(m, preset, 2, 32, core::CostModelKind::Native, spec, core::Options{});
         Work w;
         w.layers = m.num_layers();
         std::string best;

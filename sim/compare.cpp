@@ -20,7 +20,7 @@
 namespace harmony::sim {
 
 core::RunReport evaluate_baseline(const core::Model& model, const core::MachineSpec& machine,
-                                  const core::BaselinePlan& plan, const std::string& cost_model) {
+                                  const core::BaselinePlan& plan, core::CostModelKind cost_model) {
   const core::Program program = core::lower_baseline(plan, model);
   core::RunReport r = simulate_program(program, model, machine, cost_model);
   r.plan_kind = core::plan_kind_name(plan.kind);
@@ -58,7 +58,7 @@ bool host_bound(const core::RunReport& r) {
 
 namespace {
 void search_baselines(KindResult& kr, core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine,
-                      int gpus, int minibatch, const std::string& cost_model, const core::BaselineSearchOptions& bo,
+                      int gpus, int minibatch, core::CostModelKind cost_model, const core::BaselineSearchOptions& bo,
                       core::Bytes capacity, const core::SearchProgressFn& progress, bool* all_host_bound) {
   std::vector<core::BaselinePlan> plans;
   try {
@@ -122,17 +122,17 @@ namespace {
 // then the drives when host memory is what binds and the machine has them. A kind without tiers: host memory.
 template <class SearchTier>
 void search_offload_tiers(KindResult& kr, core::PlanKind kind, const core::MachineSpec& machine,
-                          const std::string& cost_model, core::SearchSpec::Offload offload, SearchTier search_tier) {
+                          core::CostModelKind cost_model, core::SearchSpec::Offload offload, SearchTier search_tier) {
   using Offload = core::SearchSpec::Offload;
   if (!core::has_offload_tiers(kind)) {
     search_tier(false, nullptr);
     return;
   }
-  const bool drives = cost_model == "native" && machine.topology.nvme.present();
+  const bool drives = cost_model == core::CostModelKind::Native && machine.topology.nvme.present();
   if (offload == Offload::Nvme) {
     if (!drives) {
       kr.applicable = false;
-      kr.reason = cost_model != "native"
+      kr.reason = cost_model != core::CostModelKind::Native
                       ? "search.offload: nvme needs the native cost model (the reference model has no NVMe tier)"
                       : fmt::format("search.offload: nvme, but machine '{}' has no topology.nvme", machine.name);
       return;
@@ -152,7 +152,7 @@ void search_offload_tiers(KindResult& kr, core::PlanKind kind, const core::Machi
 }  // namespace
 
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
-                             int minibatch, const std::string& cost_model, const core::SearchSpec& search,
+                             int minibatch, core::CostModelKind cost_model, const core::SearchSpec& search,
                              const core::Options& options, const std::vector<core::ActivationPolicy>& policies,
                              const core::SearchProgressFn& progress) {
   const auto capacity = machine.search_capacity_bytes();
@@ -177,6 +177,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     space.spec.fit_rule = false;
     core::LowerOptions lower = core::lower_options(options);
     const auto cands = core::enumerate_candidates(model, space);
+    const auto engine = make_engine(cost_model, model, machine);
     // One search over the candidates with the masters and optimizer state in host memory or on the drives.
     auto search_tier = [&](bool nvme, bool* host_miss) {
       lower.offload_nvme = nvme;
@@ -186,7 +187,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
       const auto res = core::run_search(
           cands, space,
           [&](const core::Plan& p) {
-            core::RunReport r = evaluate_plan(model, machine, p, lower, cost_model).report;
+            core::RunReport r = evaluate_plan(*engine, model, p, lower).report;
             if (!r.feasible) {
               miss.note(fmt::format("u {}/{}", p.u_fwd, p.u_bwd), r.infeasible_reason);
               if (!host_bound(r)) any_gpu_miss = true;
@@ -232,7 +233,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
 }
 
 CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
-                                 const std::string& cost_model, const core::SearchSpec& search,
+                                 core::CostModelKind cost_model, const core::SearchSpec& search,
                                  const core::Options& options, const CompareProgressFn& progress) {
   CompareResult out;
   const auto& names = core::plan_kind_names();

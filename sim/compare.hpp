@@ -49,7 +49,7 @@ struct CompareResult {
 // Harmony kinds, which recompute by design). `progress` (optional) hears the search's candidates done / total
 // (core/search/progress.hpp).
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
-                             int minibatch, const std::string& cost_model, const core::SearchSpec& search,
+                             int minibatch, core::CostModelKind cost_model, const core::SearchSpec& search,
                              const core::Options& options,
                              const std::vector<core::ActivationPolicy>& policies = {core::ActivationPolicy::Checkpoint,
                                                                                     core::ActivationPolicy::Keep},
@@ -69,11 +69,11 @@ using CompareProgressFn = std::function<void(const CompareProgress&)>;
 // Searches every plan kind. `search` and `options` shape the Harmony searches (packing methods,
 // microbatch lists, stride); baselines use the same microbatch stride and lists.
 CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
-                                 const std::string& cost_model, const core::SearchSpec& search,
+                                 core::CostModelKind cost_model, const core::SearchSpec& search,
                                  const core::Options& options, const CompareProgressFn& progress = {});
 
-// One baseline plan through the named cost model.
+// One baseline plan, lowered and run once on the engine of `cost_model`.
 core::RunReport evaluate_baseline(const core::Model& model, const core::MachineSpec& machine,
-                                  const core::BaselinePlan& plan, const std::string& cost_model);
+                                  const core::BaselinePlan& plan, core::CostModelKind cost_model);
 
 }  // namespace harmony::sim

@@ -1,31 +1,27 @@
-// The `native` cost model's report side: durations and memory for the CostModel seam, the RunReport
-// with feasibility, host account and swap ledger, and the Chrome-trace counter events.
+// The `native` cost model's report side: NativeEngine's one run, the RunReport with feasibility, host account
+// and swap ledger, and the Chrome-trace counter events.
 #include "sim/cost_native.hpp"
 
 #include <nlohmann/json.hpp>
 
 namespace harmony::sim {
 
-namespace {
-
-// Hands precomputed peaks to make_report.
-class NativePeaks final : public CostModel {
- public:
-  explicit NativePeaks(std::vector<core::Bytes> peaks) : peaks_(std::move(peaks)) {}
-  std::string name() const override { return "native"; }
-  std::vector<core::TimePs> durations(const core::Program& program) const override {
-    return std::vector<core::TimePs>(program.ops.size(), 0);
+EngineResult NativeEngine::run(const core::Program& program) const {
+  NativeResult res = run_native(program, model_, machine_, options_);
+  EngineResult e;
+  e.report = native_report(program, res);
+  apply_capacity(e.report, machine_.gpu_memory_bytes, true);
+  e.peak_bytes = res.peak_bytes;
+  if (options_.record_counters) {
+    e.timeline = res.timeline;
+    e.native = std::make_shared<const NativeResult>(std::move(res));
+  } else {
+    e.timeline = std::move(res.timeline);
   }
-  std::vector<core::Bytes> memory_per_gpu(const core::Program&) const override { return peaks_; }
+  return e;
+}
 
- private:
-  std::vector<core::Bytes> peaks_;
-};
-
-}  // namespace
-
-std::vector<core::TimePs> NativeCostModel::durations(const core::Program& program) const {
-  const NativeResult r = run(program);
+std::vector<core::TimePs> native_durations(const core::Program& program, const NativeResult& r) {
   std::vector<core::TimePs> d(program.ops.size(), 0);
   for (std::size_t i = 0; i < d.size(); ++i) {
     if (r.timeline.end_ps[i] >= 0) d[i] = r.timeline.end_ps[i] - r.ready_ps[i];
@@ -33,12 +29,8 @@ std::vector<core::TimePs> NativeCostModel::durations(const core::Program& progra
   return d;
 }
 
-std::vector<core::Bytes> NativeCostModel::memory_per_gpu(const core::Program& program) const {
-  return run(program).peak_bytes;
-}
-
 core::RunReport native_report(const core::Program& program, const NativeResult& res) {
-  core::RunReport r = make_report(program, res.timeline, NativePeaks(res.peak_bytes));
+  core::RunReport r = make_report(program, res.timeline, core::CostModelKind::Native, res.peak_bytes);
   r.native = true;
   r.feasible = res.feasible;
   r.infeasible_reason = res.infeasible_reason;

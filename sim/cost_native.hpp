@@ -1,26 +1,25 @@
-// The `native` cost model: the CostModel seam over the native engine, the one-call simulate_native
-// (timeline + RunReport with feasibility, the first memory overflow, the host account and the swap
-// ledger) and the Chrome-trace counter tracks (per-GPU memory, per-link bandwidth in use).
+// The `native` cost model: NativeEngine (the Engine seam over run_native: one run yields timeline, peaks and
+// report), native_report and simulate_native (the RunReport with feasibility, the first memory overflow, the
+// host account and the swap ledger) and the Chrome-trace counter tracks (per-GPU memory, per-link bandwidth).
 #pragma once
+
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "sim/cost_model.hpp"
+#include "sim/engine.hpp"
 #include "sim/native_engine.hpp"
 
 namespace harmony::sim {
 
-class NativeCostModel final : public CostModel {
+// The native engine behind the Engine seam: run_native once, native_report, the capacity machine.gpu_memory_bytes
+// (a plan over it is infeasible). With options.record_counters, EngineResult::native keeps the engine's result.
+class NativeEngine final : public Engine {
  public:
-  NativeCostModel(const core::Model& model, const core::MachineSpec& machine, NativeOptions options = {})
+  NativeEngine(const core::Model& model, const core::MachineSpec& machine, NativeOptions options = {})
       : model_(model), machine_(machine), options_(options) {}
-  std::string name() const override { return "native"; }
-  // Per op, its end minus its ready time (a transfer's wait for a copy engine counts): run_timeline
-  // with these durations reproduces the native end times exactly. Each call runs the engine.
-  std::vector<core::TimePs> durations(const core::Program& program) const override;
-  // Peak device memory per GPU from the memory timeline (allocations, workspaces, frees).
-  std::vector<core::Bytes> memory_per_gpu(const core::Program& program) const override;
-  NativeResult run(const core::Program& program) const { return run_native(program, model_, machine_, options_); }
+  core::CostModelKind kind() const override { return core::CostModelKind::Native; }
+  EngineResult run(const core::Program& program) const override;
   const NativeOptions& options() const { return options_; }
 
  private:
@@ -28,6 +27,10 @@ class NativeCostModel final : public CostModel {
   core::MachineSpec machine_;
   NativeOptions options_;
 };
+
+// Per op, its end minus its ready time (a transfer's wait for a copy engine counts; 0 for an op that never
+// ended): run_timeline with these durations reproduces the native end times exactly.
+std::vector<core::TimePs> native_durations(const core::Program& program, const NativeResult& result);
 
 // make_report's fields from the native timeline and memory peaks, plus the native ones (feasible,
 // infeasible_reason, memory_overflow, host_memory, ledger).

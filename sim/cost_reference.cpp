@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "sim/native_engine.hpp"
+
 namespace harmony::sim {
 
 using core::Op;
@@ -134,6 +136,39 @@ std::vector<core::Bytes> ReferenceCostModel::memory_per_gpu(const core::Program&
     }
   }
   return mem;
+}
+
+core::RunReport simulate(const core::Program& program, const ReferenceCostModel& cost, Timeline* timeline_out) {
+  Timeline t = run_timeline(program, cost.durations(program));
+  core::RunReport r = make_report(program, t, core::CostModelKind::Reference, cost.memory_per_gpu(program));
+  if (timeline_out) *timeline_out = std::move(t);
+  return r;
+}
+
+EngineResult ReferenceEngine::run(const core::Program& program) const {
+  EngineResult e;
+  e.timeline = run_timeline(program, cost_.durations(program));
+  e.peak_bytes = cost_.memory_per_gpu(program);
+  core::RunReport& r = e.report;
+  r = make_report(program, e.timeline, kind(), e.peak_bytes);
+  if (r.peak_memory_bytes == 0 && !program.ops.empty()) {
+    // The reference model prices memory per Harmony pack only; a baseline's peak comes from replaying the
+    // Program's allocations and frees with the engine's reference settings (no contention, no latency).
+    NativeOptions o;
+    o.contention = false;
+    o.latency = false;
+    o.reference_bandwidths = true;
+    NativeResult replay = run_native(program, model_, machine_, o);
+    for (auto& g : r.per_gpu) {
+      const auto i = static_cast<std::size_t>(g.gpu);
+      if (g.gpu >= 0 && i < replay.peak_bytes.size()) g.peak_memory_bytes = replay.peak_bytes[i];
+    }
+    for (const core::Bytes b : replay.peak_bytes) r.peak_memory_bytes = std::max(r.peak_memory_bytes, b);
+    e.peak_bytes = std::move(replay.peak_bytes);
+  }
+  // Flag, do not demote: under `reference` a plan over the capacity keeps its time and rank (the paper's).
+  apply_capacity(r, machine_.search_capacity_bytes(), false);
+  return e;
 }
 
 }  // namespace harmony::sim

@@ -1,19 +1,23 @@
 // The `reference` cost model: the paper's simulator (Executor._duration and CofTask), reproduced
 // term for term: static 1/N bandwidth shares, flat free time, P2P at bw_p2p, half-duplex CPU messages.
+// ReferenceCostModel prices ops and packs; ReferenceEngine runs a Program with it (the Engine seam).
 #pragma once
+
+#include <vector>
 
 #include "core/machine/machine.hpp"
 #include "core/model/model.hpp"
-#include "sim/cost_model.hpp"
+#include "sim/engine.hpp"
 
 namespace harmony::sim {
 
-class ReferenceCostModel final : public CostModel {
+class ReferenceCostModel {
  public:
   ReferenceCostModel(const core::Model& model, const core::MachineSpec& machine) : model_(model), machine_(machine) {}
-  std::string name() const override { return "reference"; }
-  std::vector<core::TimePs> durations(const core::Program& program) const override;
-  std::vector<core::Bytes> memory_per_gpu(const core::Program& program) const override;
+  // Duration of every op of `program`, indexed like program.ops.
+  std::vector<core::TimePs> durations(const core::Program& program) const;
+  // The reference's memory per GPU (indexed by GPU id; 0 for GPUs not simulated): the largest task_memory.
+  std::vector<core::Bytes> memory_per_gpu(const core::Program& program) const;
 
   // The reference's duration of one op, in seconds, with its evaluation order.
   double duration_s(const core::Program& program, const core::Op& op) const;
@@ -26,5 +30,25 @@ class ReferenceCostModel final : public CostModel {
   const core::Model& model_;
   core::MachineSpec machine_;
 };
+
+// The reference simulator: run_timeline on ReferenceCostModel's durations. A Program without pack memory (a
+// baseline's) gets its peaks from replaying its allocations and frees on the native engine's reference
+// settings; the capacity is machine.search_capacity_bytes(), and a plan over it keeps its time and rank.
+class ReferenceEngine final : public Engine {
+ public:
+  ReferenceEngine(const core::Model& model, const core::MachineSpec& machine)
+      : model_(model), machine_(machine), cost_(model, machine) {}
+  core::CostModelKind kind() const override { return core::CostModelKind::Reference; }
+  EngineResult run(const core::Program& program) const override;
+
+ private:
+  const core::Model& model_;
+  core::MachineSpec machine_;
+  ReferenceCostModel cost_;
+};
+
+// The reference's run without the baseline replay and the capacity: run_timeline + make_report.
+core::RunReport simulate(const core::Program& program, const ReferenceCostModel& cost,
+                         Timeline* timeline_out = nullptr);
 
 }  // namespace harmony::sim

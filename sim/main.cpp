@@ -63,7 +63,7 @@ nlohmann::json document_head(const char* command, const core::RunConfig& cfg, co
            cfg.model.profile_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(cfg.model.profile_path)},
           {"model_name", model.name},
           {"machine_name", cfg.machine.name},
-          {"cost_model", cfg.cost_model}};
+          {"cost_model", core::cost_model_name(cfg.cost_model)}};
 }
 
 core::Plan plan_from_config(const core::RunConfig& cfg, const core::Model& model) {
@@ -85,17 +85,12 @@ sim::Bottleneck bottleneck_of(const core::Program& program, const core::Model& m
   return sim::analyze_bottleneck(program, model, cfg.machine, sim::run_native(program, model, cfg.machine, o), o);
 }
 
-void write_trace(const std::string& path, const sim::Evaluation& e, const std::string& title, const core::Model& model,
-                 const core::MachineSpec& machine) {
+// The Chrome trace of `e`; with the native engine's result (an engine made with counters on: the same run),
+// its counter tracks: per-GPU memory in use and per-link bandwidth in use.
+void write_trace(const std::string& path, const sim::Evaluation& e, const std::string& title) {
   auto doc = core::chrome_trace_json(e.program, e.timeline.begin_ps, e.timeline.end_ps,
                                      core::TraceMeta{"harmony-sim (" + e.report.cost_model + ")", title});
-  if (e.report.cost_model == "native") {
-    // counter tracks: per-GPU memory in use and per-link bandwidth in use
-    sim::NativeOptions o;
-    o.record_counters = true;
-    const auto res = sim::run_native(e.program, model, machine, o);
-    sim::append_native_counters(doc["traceEvents"], res);
-  }
+  if (e.native) sim::append_native_counters(doc["traceEvents"], *e.native);
   core::write_file_atomic(path, doc.dump(1) + "\n", "the trace");
 }
 
@@ -154,9 +149,10 @@ int cmd_simulate(const Cli& cli) {
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto plan = plan_from_config(cfg, model);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto e = sim::evaluate_plan(model, cfg.machine, plan, lower_options(cfg), cfg.cost_model);
+  const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine, !cli.trace.empty());
+  const auto e = sim::evaluate_plan(*engine, model, plan, lower_options(cfg));
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!cli.trace.empty()) write_trace(cli.trace, e, core::report_title(e.report), model, cfg.machine);
+  if (!cli.trace.empty()) write_trace(cli.trace, e, core::report_title(e.report));
   if (cli.format == "json") {
     nlohmann::json j = document_head("simulate", cfg, model);
     j["prefetch"] = cfg.options.prefetch;
@@ -197,12 +193,13 @@ int cmd_search(const Cli& cli) {
   const auto lower = lower_options(cfg);
   const auto t0 = std::chrono::steady_clock::now();
   const auto cands = core::enumerate_candidates(model, space);
+  const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
   std::atomic<std::size_t> ops{0};
   sim::ProgressPrinter printer("search", "candidates", false, kProgressDelayS);
   const auto res = core::run_search(
       cands, space,
       [&](const core::Plan& p) {
-        auto e = sim::evaluate_plan(model, cfg.machine, p, lower, cfg.cost_model);
+        auto e = sim::evaluate_plan(*engine, model, p, lower);
         ops += e.program.ops.size();
         return e.report;
       },
@@ -211,9 +208,10 @@ int cmd_search(const Cli& cli) {
   std::optional<sim::Evaluation> best;
   std::optional<sim::Bottleneck> best_bottleneck;
   if (!res.ranked.empty()) {
-    best = sim::evaluate_plan(model, cfg.machine, res.ranked.front().report.plan, lower, cfg.cost_model);
+    const auto traced = sim::make_engine(cfg.cost_model, model, cfg.machine, !cli.trace.empty());
+    best = sim::evaluate_plan(*traced, model, res.ranked.front().report.plan, lower);
     best_bottleneck = bottleneck_of(best->program, model, cfg);
-    if (!cli.trace.empty()) write_trace(cli.trace, *best, core::report_title(best->report), model, cfg.machine);
+    if (!cli.trace.empty()) write_trace(cli.trace, *best, core::report_title(best->report));
   }
   if (cli.format == "json") {
     nlohmann::json results = nlohmann::json::array();
@@ -293,14 +291,13 @@ std::optional<sim::Evaluation> winner_of(const sim::CompareResult& res, const co
     if (k.feasible && (!win || k.best.iteration_time_s < win->best.iteration_time_s)) win = &k;
   }
   if (!win) return std::nullopt;
+  const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine, true);  // the trace's counters
   if (!core::is_baseline(win->kind)) {
     core::LowerOptions lower = lower_options(cfg);
     lower.offload_nvme = win->offload == "nvme";  // the tier the search chose
-    return sim::evaluate_plan(model, cfg.machine, win->best.plan, lower, cfg.cost_model);
+    return sim::evaluate_plan(*engine, model, win->best.plan, lower);
   }
-  sim::Evaluation e;
-  e.program = core::lower_baseline(*win->baseline, model);
-  e.report = sim::simulate_program(e.program, model, cfg.machine, cfg.cost_model, &e.timeline);
+  sim::Evaluation e = sim::evaluate_program(*engine, core::lower_baseline(*win->baseline, model));
   e.report.plan_kind = core::plan_kind_name(win->kind);
   return e;
 }
@@ -327,7 +324,7 @@ int cmd_compare(const Cli& cli) {
   bool trace_written = false;
   if (!cli.trace.empty()) {
     if (const auto win = winner_of(res, model, cfg)) {
-      write_trace(cli.trace, *win, core::report_title(win->report), model, cfg.machine);
+      write_trace(cli.trace, *win, core::report_title(win->report));
       trace_written = true;
       trace_note = fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan_kind, cli.trace);
     } else {
@@ -371,7 +368,7 @@ int cmd_compare(const Cli& cli) {
     return 0;
   }
   fmt::print("compare: {} on {} ({} GPUs used), minibatch {}, cost model {}; {:.1f} ms\n\n", model.name,
-             cfg.machine.name, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model, dt * 1e3);
+             cfg.machine.name, cfg.plan.gpus, cfg.plan.minibatch, core::cost_model_name(cfg.cost_model), dt * 1e3);
   fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", "plan kind", "cands",
              "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB", "coll MiB", "peak MiB", "host GiB",
              "plan / reason");

@@ -301,9 +301,9 @@ struct CopyEngine {
   std::deque<int> waiting;
 };
 
-class Engine {
+class FlowEngine {
  public:
-  Engine(const Program& p, const core::Model& m, const core::MachineSpec& mach, const NativeOptions& opt)
+  FlowEngine(const Program& p, const core::Model& m, const core::MachineSpec& mach, const NativeOptions& opt)
       : p_(p), m_(m), mach_(mach), opt_(opt), graph_(p) {
     if (mach.topology.valid()) {
       topo_ = mach.topology;
@@ -1147,7 +1147,7 @@ class Engine {
 
 NativeResult run_native(const Program& program, const core::Model& model, const core::MachineSpec& machine,
                         const NativeOptions& options) {
-  return Engine(program, model, machine, options).run();
+  return FlowEngine(program, model, machine, options).run();
 }
 
 }  // namespace harmony::sim

@@ -20,7 +20,7 @@ namespace harmony::sim {
 
 // The native engine's settings that price a Program like `cost_model` does ("native": the defaults;
 // "reference": no contention, no latency, the paper's bandwidths — which reproduce the reference's times).
-NativeOptions native_options_for(const std::string& cost_model);
+NativeOptions native_options_for(core::CostModelKind cost_model);
 
 // What the ranked table is ordered by.
 enum class RankBy { Throughput, IterationTime, TimeToTrain, Cost };

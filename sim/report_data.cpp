@@ -32,9 +32,9 @@ namespace harmony::sim {
 namespace fs = std::filesystem;
 using namespace report_detail;  // NOLINT(google-build-using-namespace): the report's own formatting
 
-NativeOptions native_options_for(const std::string& cost_model) {
+NativeOptions native_options_for(core::CostModelKind cost_model) {
   NativeOptions o;
-  if (cost_model == "reference") {
+  if (cost_model == core::CostModelKind::Reference) {
     o.contention = false;
     o.latency = false;
     o.reference_bandwidths = true;
@@ -104,7 +104,7 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
   b.report.activation_policy = kr.best.activation_policy;
   b.report.method_fwd = kr.best.method_fwd;
   b.report.method_bwd = kr.best.method_bwd;
-  b.report.cost_model = cfg.cost_model;
+  b.report.cost_model = core::cost_model_name(cfg.cost_model);
   o.record_counters = false;  // the what-if re-simulations need no samples
   b.bottleneck = analyze_bottleneck(b.program, model, cfg.machine, b.native, o);
   b.title = core::report_title(kr.best);
@@ -701,8 +701,8 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
       if (o.rfind("plan.mode=", 0) != 0) where += ", " + o;  // the kind is in the title
     s.has_best = true;
     s.best = make_best(kr, model, cfg, where);
-    s.facts.emplace_back("best plan on",
-                         cfg.machine.name + " (" + cfg.machine.gpu_name + "), cost model " + cfg.cost_model);
+    s.facts.emplace_back("best plan on", cfg.machine.name + " (" + cfg.machine.gpu_name + "), cost model " +
+                                             core::cost_model_name(cfg.cost_model));
   }
   return d;
 }
@@ -728,7 +728,7 @@ ReportData report_from_config(const std::string& config_path, const ReportOption
              {"model", model.name},
              {"machine", cfg.machine.name + " (" + cfg.machine.gpu_name + ")"},
              {"GPUs, minibatch", fmt::format("{}, {}", cfg.plan.gpus, cfg.plan.minibatch)},
-             {"cost model", cfg.cost_model}};
+             {"cost model", core::cost_model_name(cfg.cost_model)}};
   std::vector<const KindResult*> order;
   for (const auto& k : res.kinds) order.push_back(&k);
   std::stable_sort(order.begin(), order.end(), [&](const KindResult* a, const KindResult* b) {

@@ -99,11 +99,12 @@ std::string deadlock_report(const Program& p, const Timeline& t) {
   return s;
 }
 
-core::RunReport make_report(const Program& p, const Timeline& t, const CostModel& cost) {
+core::RunReport make_report(const Program& p, const Timeline& t, core::CostModelKind kind,
+                            const std::vector<core::Bytes>& mem) {
   core::RunReport r;
   r.plan = p.graph.plan;
   r.plan_kind = core::plan_kind_name(p.graph.plan.kind);
-  r.cost_model = cost.name();
+  r.cost_model = core::cost_model_name(kind);
   r.num_ops = p.ops.size();
   r.num_streams = p.queues.size();
   for (const auto& o : p.ops) {
@@ -127,7 +128,6 @@ core::RunReport make_report(const Program& p, const Timeline& t, const CostModel
       r.collective_bytes += o.bytes;
     }
   }
-  const auto mem = cost.memory_per_gpu(p);
   if (t.deadlock) {
     r.deadlock = true;
     r.deadlock_report = deadlock_report(p, t);
@@ -181,13 +181,6 @@ core::RunReport make_report(const Program& p, const Timeline& t, const CostModel
   r.avg_end_idle /= k;
   r.compute_to_global = c2g / k;
   r.compute_to_rank = c2r / k;
-  return r;
-}
-
-core::RunReport simulate(const Program& program, const CostModel& cost, Timeline* timeline_out) {
-  Timeline t = run_timeline(program, cost.durations(program));
-  core::RunReport r = make_report(program, t, cost);
-  if (timeline_out) *timeline_out = std::move(t);
   return r;
 }
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "core/base/cost_model_kind.hpp"
 #include "core/output/report.hpp"
 #include "core/program/program.hpp"
-#include "sim/cost_model.hpp"
 
 namespace harmony::sim {
 
@@ -36,10 +36,8 @@ void mark_deadlock(const core::Program& program, Timeline& t, bool rendezvous);
 // "GPU1 P2PIn: t5 dY L13 mb0 u8 waits for t7 dX L14 mb0 u8 (GPU0 P2POut, not started)\n..."
 std::string deadlock_report(const core::Program& program, const Timeline& t);
 
-// Timeline + cost model memory -> RunReport (the reference's result fields).
-core::RunReport make_report(const core::Program& program, const Timeline& t, const CostModel& cost);
-
-// lower + price + run in one call.
-core::RunReport simulate(const core::Program& program, const CostModel& cost, Timeline* timeline_out = nullptr);
+// Timeline + per-GPU peak memory (indexed by GPU id) -> RunReport (the reference's result fields), for `kind`.
+core::RunReport make_report(const core::Program& program, const Timeline& t, core::CostModelKind kind,
+                            const std::vector<core::Bytes>& peak_bytes);
 
 }  // namespace harmony::sim

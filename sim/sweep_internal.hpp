@@ -93,8 +93,8 @@ inline std::string join(const std::vector<std::string>& items, std::string_view 
 inline bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 inline const char* mode_for(core::PlanKind k) {
-  // Harmony kinds run in their mode; baselines are validated as harmony-pp (the rules that need D % N are the
-  // baseline search's, which reports them per point).
+  // Harmony kinds run in their mode; a baseline's config reads as harmony-pp (plan.mode names Harmony modes only)
+  // and is checked under the baseline's own plan rules (core::load_config_text_as, sweep_rows.cpp).
   return core::is_baseline(k) ? "harmony-pp" : core::plan_kind_name(k);
 }
 

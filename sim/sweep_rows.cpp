@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config/config.hpp"
+#include "core/config/config_as_kind.hpp"
 #include "core/output/report.hpp"
 #include "core/plan/plan.hpp"
 #include "sim/compare.hpp"
@@ -197,7 +198,7 @@ std::string sweep_point_inputs(const Sweep& sweep, std::size_t index, ModelCache
   if (!cache) cache = &local;
   const SweepPoint p = sweep_point(sweep, index);
   try {
-    const auto cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
+    const auto cfg = core::load_config_text_as(p.kind, sweep.base_text, sweep.base_path, p.overrides);
     return inputs_digest(&cfg, {}, *cache);
   } catch (const core::ConfigError& e) {
     return inputs_digest(nullptr, config_reason(e), *cache);
@@ -232,7 +233,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   std::optional<KindResult> kr;
   try {
     try {
-      cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
+      cfg = core::load_config_text_as(p.kind, sweep.base_text, sweep.base_path, p.overrides);
     } catch (const core::ConfigError& e) {
       inputs = inputs_digest(nullptr, config_reason(e), *cache);
       throw;
@@ -275,7 +276,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.gpus : 0)));
   cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.minibatch : 0)));
   if (cfg)
-    cells.push_back(text_cell(cfg->cost_model));
+    cells.push_back(text_cell(core::cost_model_name(cfg->cost_model)));
   else
     cells.push_back(grid_cost_model ? Cell{Cell::Kind::Yaml, *grid_cost_model} : null_cell());
   cells.push_back(text_cell(status));

@@ -3,6 +3,7 @@
 // (load_config, load_train_config, load_model, plan_from_spec). The located YAML tree and quantity getters are
 // config_yaml.cpp, machines and presets config_machine.cpp (config_internal.hpp); docs/config.md keeps the schema.
 #include "core/config/config.hpp"
+#include "core/config/config_as_kind.hpp"
 #include "core/config/config_internal.hpp"
 
 #include <yaml-cpp/depthguard.h>
@@ -599,15 +600,18 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
   return spec;
 }
 
-std::string parse_cost_model(const Entry& e) {
+CostModelKind parse_cost_model(const Entry& e) {
   const std::string& name = expect_scalar(e.value, "cost_model", "a cost model name", "cost models: reference, native");
-  if (name != "reference" && name != "native")
+  const std::optional<CostModelKind> kind = parse_cost_model_kind(name);
+  if (!kind)
     fail(e.value.loc, fmt::format("unknown cost_model '{}'", name),
          suggestion_hint(name, {"reference", "native"}, "cost models"));
-  return name;
+  return *kind;
 }
 
-RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides) {
+// `rules_kind`: the plan kind whose plan rules check the plan (load_config_text_as); nullopt: plan.mode's.
+RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
+                       std::optional<PlanKind> rules_kind = std::nullopt) {
   for (const std::string& o : overrides) apply_override(root, o);
   const char* start_hint =
       "a config needs at least `model: {profile: PATH}` and `plan: {mode: harmony-pp, gpus: N, minibatch: D}`; "
@@ -644,16 +648,22 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
 
   // Harmony at its best with the native model; the paper's scheduler (prefetch off, minimum pack counts) with
   // the reference model, whose oracles are the paper's.
-  const bool native = cfg.cost_model == "native";
+  const bool native = cfg.cost_model == CostModelKind::Native;
   cfg.options = parse_options(section_map(root, "options"), native);
   SearchLocs search_locs;
   cfg.search = parse_search(section_map(root, "search"), search_locs, native ? PackCounts::Wide : PackCounts::Minimum);
 
-  check_plan(
-      cfg,
-      RuleCheck{cfg.plan.kind,
-                cfg.options.unequal_microbatches ? UnequalMicrobatches::Allowed : UnequalMicrobatches::Offered, true},
-      plan_locs, search_locs);
+  // A baseline kind is checked under its own rules (N divides D, u divides D/N, lohan's u = D/N) on the one
+  // microbatch size it runs (plan.u_bwd, search.u_bwd), with equal microbatches, as harmony-run checks it.
+  const PlanKind rules = rules_kind ? *rules_kind : cfg.plan.kind;
+  if (is_baseline(rules))
+    check_plan(cfg, RuleCheck{rules, UnequalMicrobatches::Refused, false}, plan_locs, search_locs);
+  else
+    check_plan(
+        cfg,
+        RuleCheck{rules, cfg.options.unequal_microbatches ? UnequalMicrobatches::Allowed : UnequalMicrobatches::Offered,
+                  true},
+        plan_locs, search_locs);
   return cfg;
 }
 
@@ -945,6 +955,14 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides) {
   RecordFilesRead record;
   RunConfig cfg = build_config(parse_yaml_tree(text, name), name, overrides);
+  cfg.inputs = record.take(cfg);
+  return cfg;
+}
+
+RunConfig load_config_text_as(PlanKind kind, const std::string& text, const std::string& name,
+                              const std::vector<std::string>& overrides) {
+  RecordFilesRead record;
+  RunConfig cfg = build_config(parse_yaml_tree(text, name), name, overrides, kind);
   cfg.inputs = record.take(cfg);
   return cfg;
 }

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/base/cost_model_kind.hpp"
 #include "core/base/error.hpp"
 #include "core/machine/machine.hpp"
 #include "core/model/analytic.hpp"
@@ -46,7 +47,7 @@ struct RunConfig {
   std::string file;  // the YAML it was read from
   ModelSpec model;
   MachineSpec machine;
-  std::string cost_model = "reference";
+  CostModelKind cost_model = CostModelKind::Reference;
   PlanSpec plan;
   SearchSpec search;
   Options options;
@@ -102,7 +103,7 @@ struct TrainConfig {
   TrainModelSpec model;
   MachineSpec machine;  // machine.gpu_memory is each device's capacity
   std::string device = "cpu";
-  std::string cost_model = "native";  // for --plan auto
+  CostModelKind cost_model = CostModelKind::Native;  // for --plan auto
   PlanSpec plan;
   // plan.mode given as a baseline kind ("dp-swap", "pp-swap", "zero-infinity", "l2l"): run that baseline with
   // microbatch plan.u_bwd (packs are ignored; plan.kind is then harmony-pp); "" for Harmony (plan.kind).

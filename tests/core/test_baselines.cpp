@@ -547,7 +547,7 @@ TEST_CASE("every baseline validates and runs without deadlock on bert_large, N =
           CHECK(ids.size() == p.ops.size());  // every op has its own reference-style id
           const auto t = run(p, model);
           sim::ReferenceCostModel cost(model, core::MachineSpec{});
-          const auto report = sim::make_report(p, t, cost);
+          const auto report = sim::make_report(p, t, core::CostModelKind::Reference, cost.memory_per_gpu(p));
           CHECK(report.iteration_time_s > 0.0);
           CHECK(report.per_gpu.size() == static_cast<std::size_t>(N));
           ++programs;
@@ -875,7 +875,7 @@ TEST_CASE("compare searches both activation policies for every baseline and repo
   for (PlanKind kind : core::baseline_kinds()) {
     CAPTURE(core::plan_kind_name(kind));
     search.u_bwd = core::is_one_microbatch(kind) ? std::vector<int>{16} : std::vector<int>{4, 8};  // lohan: D/N
-    const auto kr = sim::best_plan_of_kind(kind, model, machine, 2, 32, "reference", search, {});
+    const auto kr = sim::best_plan_of_kind(kind, model, machine, 2, 32, core::CostModelKind::Reference, search, {});
     REQUIRE(kr.feasible);
     REQUIRE(kr.baseline);
     // both policies' plans were candidates
@@ -896,7 +896,8 @@ TEST_CASE("compare searches both activation policies for every baseline and repo
     CHECK(kr.best.iteration_time_s == std::min(ck, kp));
   }
   // Harmony recomputes by design and says so
-  const auto pp = sim::best_plan_of_kind(PlanKind::HarmonyPP, model, machine, 2, 32, "reference", search, {});
+  const auto pp =
+      sim::best_plan_of_kind(PlanKind::HarmonyPP, model, machine, 2, 32, core::CostModelKind::Reference, search, {});
   REQUIRE(pp.feasible);
   CHECK(pp.best.activation_policy == "checkpoint");
   CHECK(pp.policy_best_time_s.empty());

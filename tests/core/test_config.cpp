@@ -114,7 +114,7 @@ TEST_CASE("examples/bert_large_simulate.yaml: a fixed harmony-pp plan") {
   CHECK(c.model.loc.file == file);
   CHECK(c.model.loc.line > 0);
   check_paper_machine(c.machine);
-  CHECK(c.cost_model == "reference");
+  CHECK(c.cost_model == CostModelKind::Reference);
   CHECK(c.plan.kind == PlanKind::HarmonyPP);
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 16);
@@ -164,7 +164,7 @@ TEST_CASE("configs/default.yaml: the README's bert_large search") {
   CHECK(std::filesystem::path(c.model.profile_path).filename() == "bert_large.json");
   CHECK(std::filesystem::exists(c.model.profile_path));
   check_paper_machine(c.machine);
-  CHECK(c.cost_model == "reference");
+  CHECK(c.cost_model == CostModelKind::Reference);
   CHECK(c.plan.kind == PlanKind::HarmonyPP);
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 32);
@@ -227,7 +227,7 @@ TEST_CASE("a minimal config gets the documented defaults") {
   CHECK(c.model.loc.line == 2);
   CHECK(c.model.loc.column == 12);
   check_paper_machine(c.machine);  // no machine: -> the paper-1080ti preset
-  CHECK(c.cost_model == "reference");
+  CHECK(c.cost_model == CostModelKind::Reference);
   CHECK(c.plan.kind == PlanKind::HarmonyDP);
   CHECK(c.plan.loc.line == 3);
   CHECK(c.plan.loc.column == 1);
@@ -505,6 +505,16 @@ TEST_CASE("error: wrong types") {
   CHECK(contains(cost.hint(), "did you mean 'native'?"));
   const ConfigError cost2 = config_error(kModel + "cost_model: referense\nplan: {mode: vPP, gpus: 2, minibatch: 8}\n");
   CHECK(contains(cost2.hint(), "did you mean 'reference'?"));
+  CHECK(std::string(cost.what()).find("unknown cost_model 'natve'") != std::string::npos);
+}
+
+TEST_CASE("cost model kinds: parsed once, printed with the config's names") {
+  for (const CostModelKind k : {CostModelKind::Reference, CostModelKind::Native})
+    CHECK(parse_cost_model_kind(cost_model_name(k)) == k);
+  CHECK(std::string(cost_model_name(CostModelKind::Reference)) == "reference");
+  CHECK(std::string(cost_model_name(CostModelKind::Native)) == "native");
+  CHECK_FALSE(parse_cost_model_kind("natve").has_value());
+  CHECK_FALSE(parse_cost_model_kind("").has_value());
 }
 
 TEST_CASE("error: negative and zero sizes") {
@@ -861,7 +871,7 @@ TEST_CASE("configs/run/default.yaml: the bundled harmony-run default") {
   CHECK(c.machine.gpu_memory_bytes == kMiB);
   CHECK(c.plan.gpus == 4);
   CHECK(c.train.data.path.empty());  // the synthetic task
-  CHECK(c.cost_model == "native");
+  CHECK(c.cost_model == CostModelKind::Native);
 }
 
 TEST_CASE("a minimal harmony-run config gets the documented defaults") {

@@ -276,11 +276,8 @@ TEST_CASE("copy engines are FIFO per direction") {
   CHECK(two.timeline.begin_ps[z(s)] == 0);
   CHECK(two.timeline.end_ps[z(out)] == 2 * kMs);
   CHECK(two.timeline.end_ps[z(s)] == 2 * kMs);
-  // the CostModel seam: end - ready per op, and run_timeline reproduces the native end times
-  const core::Model model = tiny_model();  // the cost model keeps a reference: it must outlive it
-  const core::MachineSpec machine = one_switch(2, 4e9, 1e9);
-  const sim::NativeCostModel cost(model, machine, quiet());
-  const auto d = cost.durations(b.p);
+  // native durations: end - ready per op, and run_timeline reproduces the native end times
+  const auto d = sim::native_durations(b.p, sim::run_native(b.p, tiny_model(), one_switch(2, 4e9, 1e9), quiet()));
   CHECK(d[z(s)] == 2 * kMs);  // waited 1 ms for the engine, moved for 1 ms
   const auto t = sim::run_timeline(b.p, d);
   CHECK(t.end_ps == one.timeline.end_ps);
@@ -788,18 +785,21 @@ TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too
   core::SearchSpec search;
   search.packing_fwd = {"balanced_time", "reuse"};
   search.packing_bwd = {"balanced_time"};
-  const auto pp = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 8, 32, "native", search, {});
+  const auto pp =
+      sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK(pp.feasible);
   CHECK(pp.best.host_memory.pinned_staging_bytes == 0);  // NVLink P2P, swaps straight from pinned tensors
   CHECK(pp.best.host_memory.total_bytes < m.topology.host_memory_bytes);
   // 1.5 TiB cannot hold the 1,513 GiB of weights, gradients and optimizer state plus any stash
   m.topology.host_memory_bytes = 1536 * core::kGiB;
   m.topology.pinned_limit_bytes = 1440 * core::kGiB;
-  const auto tight = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 8, 32, "native", search, {});
+  const auto tight =
+      sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK_FALSE(tight.feasible);
   CHECK(tight.reason.find("exceed a capacity or deadlock; first: u ") != std::string::npos);
   CHECK(tight.reason.find("host memory exceeded") != std::string::npos);
-  const auto l2l = sim::best_plan_of_kind(core::PlanKind::L2L, model, m, 8, 32, "native", search, {});
+  const auto l2l =
+      sim::best_plan_of_kind(core::PlanKind::L2L, model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK_FALSE(l2l.feasible);
   CHECK(l2l.reason.find("first: u 1: host memory exceeded") != std::string::npos);
 }
@@ -985,10 +985,11 @@ TEST_CASE("the native model is deterministic, and the trace gets memory and band
   CHECK(bw == a.bandwidth_samples.size());
   CHECK(mem > 0);
   CHECK(bw > 0);
-  // NativeCostModel through the generic simulate(): same end times, peaks as memory
-  const sim::NativeCostModel cost(model, paper_1080ti_like());
-  sim::Timeline t;
-  const auto rep = sim::simulate(program, cost, &t);
+  // NativeEngine through the Engine seam: one run, same end times, peaks as memory
+  const sim::NativeEngine engine(model, paper_1080ti_like());
+  const sim::EngineResult run = engine.run(program);
+  const sim::Timeline& t = run.timeline;
+  const auto& rep = run.report;
   const auto direct = sim::run_native(program, model, paper_1080ti_like());
   CHECK(t.end_ps == direct.timeline.end_ps);
   CHECK(rep.cost_model == "native");
@@ -1055,8 +1056,8 @@ TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its
   core::MachineSpec big = core::machine_preset("paper-1080ti");
   core::MachineSpec small = big;
   small.gpu_memory_bytes = core::kGiB;
-  for (const std::string cm : {"reference", "native"}) {
-    INFO(cm);
+  for (const core::CostModelKind cm : {core::CostModelKind::Reference, core::CostModelKind::Native}) {
+    INFO(core::cost_model_name(cm));
     const auto ok = sim::evaluate_plan(model, big, plan, core::LowerOptions{}, cm).report;
     const auto over = sim::evaluate_plan(model, small, plan, core::LowerOptions{}, cm).report;
     CHECK(ok.fits);
@@ -1065,7 +1066,7 @@ TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its
     CHECK(over.gpu_capacity_bytes == core::kGiB);
     CHECK(over.excess_bytes == over.peak_memory_bytes - core::kGiB);
     CHECK(core::report_to_json(over)["fits"] == false);
-    if (cm == "reference") {
+    if (cm == core::CostModelKind::Reference) {
       CHECK(over.feasible);  // flagged, not demoted: the paper's time
       CHECK(over.iteration_time_s == ok.iteration_time_s);
     } else {
@@ -1073,14 +1074,14 @@ TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its
     }
   }
   // baselines report their peak under every cost model, from the Program's allocations
-  for (const std::string cm : {"reference", "native"}) {
+  for (const core::CostModelKind cm : {core::CostModelKind::Reference, core::CostModelKind::Native}) {
     core::BaselinePlan b;
     b.kind = core::PlanKind::DpSwap;
     b.gpus = 2;
     b.minibatch = 16;
     b.ubatch = 8;
     const auto r = sim::evaluate_baseline(model, big, b, cm);
-    INFO(cm);
+    INFO(core::cost_model_name(cm));
     CHECK(r.peak_memory_bytes > 0);
     for (const auto& g : r.per_gpu) CHECK(g.peak_memory_bytes > 0);
   }

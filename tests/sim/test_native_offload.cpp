@@ -357,7 +357,8 @@ TEST_CASE("compare: Harmony moves to offload nvme only when host memory binds, o
   m.gpu_memory_bytes = core::kGiB;
   m.topology.host_memory_bytes = 100000;
   core::SearchSpec search;
-  const auto kr = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, "native", search, core::Options{});
+  const auto kr = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, core::CostModelKind::Native, search,
+                                         core::Options{});
   INFO(kr.reason);
   REQUIRE(kr.feasible);
   CHECK(kr.offload == "nvme");
@@ -365,17 +366,20 @@ TEST_CASE("compare: Harmony moves to offload nvme only when host memory binds, o
   CHECK(kr.best.host_memory.optimizer_state_bytes == 0);
   // room on the host: the CPU tier, as before
   m.topology.host_memory_bytes = 1'000'000;
-  const auto cpu = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, "native", search, core::Options{});
+  const auto cpu = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, core::CostModelKind::Native,
+                                          search, core::Options{});
   REQUIRE(cpu.feasible);
   CHECK(cpu.offload.empty());
   // search.offload: nvme pins the drives; cpu never falls back
   search.offload = core::SearchSpec::Offload::Nvme;
-  const auto nv = sim::best_plan_of_kind(core::PlanKind::HarmonyDP, model, m, 1, 2, "native", search, core::Options{});
+  const auto nv = sim::best_plan_of_kind(core::PlanKind::HarmonyDP, model, m, 1, 2, core::CostModelKind::Native, search,
+                                         core::Options{});
   REQUIRE(nv.feasible);
   CHECK(nv.offload == "nvme");
   search.offload = core::SearchSpec::Offload::Cpu;
   m.topology.host_memory_bytes = 100000;
-  const auto no = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, "native", search, core::Options{});
+  const auto no = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, core::CostModelKind::Native, search,
+                                         core::Options{});
   CHECK_FALSE(no.feasible);
   CHECK(no.offload.empty());
 }
@@ -389,16 +393,16 @@ TEST_CASE("compare: zero-infinity falls back to offload nvme when host memory is
   m.gpu_memory_bytes = core::kGiB;
   m.topology.host_memory_bytes = 100000;
   core::SearchSpec search;
-  const auto kr =
-      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "native", search, core::Options{});
+  const auto kr = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Native,
+                                         search, core::Options{});
   REQUIRE(kr.feasible);
   CHECK(kr.offload == "nvme");
   CHECK(kr.baseline->offload == core::OffloadTier::Nvme);
   CHECK(kr.best.host_memory.total_bytes == 56000);
   // with enough host memory it stays on the CPU tier
   m.topology.host_memory_bytes = 200000;
-  const auto cpu =
-      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "native", search, core::Options{});
+  const auto cpu = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Native,
+                                          search, core::Options{});
   REQUIRE(cpu.feasible);
   CHECK(cpu.offload == "cpu");
 }
@@ -410,27 +414,27 @@ TEST_CASE("compare: search.offload pins zero-infinity's tier (cpu never falls ba
   m.topology.host_memory_bytes = 200000;  // the cpu tier fits (128000 bytes, the case above)
   core::SearchSpec search;
   search.offload = core::SearchSpec::Offload::Nvme;
-  const auto nv =
-      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "native", search, core::Options{});
+  const auto nv = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Native,
+                                         search, core::Options{});
   REQUIRE(nv.feasible);
   CHECK(nv.offload == "nvme");
   CHECK(nv.best.host_memory.total_bytes == 56000);
   // the reference model has no NVMe tier, nor does a machine without topology.nvme: not applicable, said why
-  const auto ref =
-      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "reference", search, core::Options{});
+  const auto ref = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Reference,
+                                          search, core::Options{});
   CHECK_FALSE(ref.feasible);
   CHECK(ref.reason.find("native cost model") != std::string::npos);
   auto plain = box();
   plain.gpu_memory_bytes = core::kGiB;
-  const auto none =
-      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, plain, 1, 1, "native", search, core::Options{});
+  const auto none = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, plain, 1, 1,
+                                           core::CostModelKind::Native, search, core::Options{});
   CHECK_FALSE(none.feasible);
   CHECK(none.reason.find("no topology.nvme") != std::string::npos);
   // cpu: with 100000 bytes of host memory no cpu plan fits, and there is no fallback to the drives
   search.offload = core::SearchSpec::Offload::Cpu;
   m.topology.host_memory_bytes = 100000;
-  const auto cpu =
-      sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, "native", search, core::Options{});
+  const auto cpu = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Native,
+                                          search, core::Options{});
   CHECK_FALSE(cpu.feasible);
   CHECK(cpu.offload != "nvme");
 }

@@ -215,7 +215,7 @@ core::SearchResult native_search(const core::Model& model, const core::MachineSp
   core::LowerOptions lower;
   lower.prefetch = true;
   return core::run_search(core::enumerate_candidates(model, space), space, [&](const core::Plan& p) {
-    return sim::evaluate_plan(model, machine, p, lower, "native").report;
+    return sim::evaluate_plan(model, machine, p, lower, core::CostModelKind::Native).report;
   });
 }
 

@@ -252,6 +252,28 @@ TEST_CASE("rows: ok, invalid with the config's reason, does not fit") {
   }
 }
 
+TEST_CASE("a baseline point is checked under its own plan rules, not harmony-pp's") {
+  // D = 32 on 2 GPUs with search.u_fwd: [3]: 3 does not divide D, so harmony-pp is invalid; dp-swap runs one
+  // microbatch size (u_bwd) and never reads u_fwd, so its point loads and is searched.
+  const auto s =
+      load("base: example_base.yaml\nset: {plan.gpus: 2, search.u_fwd: [3]}\nkinds: [harmony-pp, dp-swap]\n");
+  REQUIRE(s.num_points() == 2);
+  const auto pp = sim::evaluate_sweep_point(s, 0);
+  CHECK(pp.status == "invalid");
+  CHECK(pp.reason.find("search.u_fwd") != std::string::npos);
+  const auto dp = sim::evaluate_sweep_point(s, 1);
+  CHECK(dp.status == "ok");
+  CHECK(dp.reason.empty());
+  CHECK(dp.json.find("\"plan_kind\":\"dp-swap\"") != std::string::npos);
+  // lohan runs u = D/N = 16: search.u_bwd: [4] suits harmony-pp (4 divides D) but not lohan, whose point is
+  // invalid at the config, located at the entry
+  const auto l = load("base: example_base.yaml\nset: {plan.gpus: 2, search.u_bwd: [4]}\nkinds: [harmony-pp, lohan]\n");
+  CHECK(sim::evaluate_sweep_point(l, 0).status != "invalid");
+  const auto lo = sim::evaluate_sweep_point(l, 1);
+  CHECK(lo.status == "invalid");
+  CHECK(lo.reason.find("search.u_bwd") != std::string::npos);
+}
+
 TEST_CASE("run, stop, resume, threads and shards give the same bytes") {
   const auto s = load(kSmall);
   const fs::path a = fresh_dir("a");
