@@ -10,7 +10,9 @@
 #   4. sanitizers   build-san/  ASan + UBSan, debugoptimized (-O2 -g, asserts on: the sanitizers catch the same
 #                   bugs at -O2; tests ~9 min instead of ~16 at -O0, but a cold compile ~5x -O0's: docs/benchmarks.md,
 #                   "CI"), -Dcuda=disabled (nvcc and the sanitizers do not mix; the
-#                   release build compiles the CUDA device); meson test (detect_leaks=1, halt_on_error=1)
+#                   release build compiles the CUDA device); meson test (detect_leaks=1, halt_on_error=1).
+#                   tests/meson.build sets HARMONY_SANITIZED=1 there: the CLI tests run their long cases on
+#                   fewer steps / smaller grids (same checks), and the longest tests start first (priority)
 #   5. fuzz         build-fuzz/ clang, -Dfuzz=enabled; each libFuzzer target for HARMONY_FUZZ_SECONDS
 #                   on a temp copy of fuzz/corpus/<target>/ (crash inputs land in out/fuzz/)
 #   6. tidy         scripts/tidy.sh, only with HARMONY_TIDY=1 (slow)
