@@ -83,7 +83,7 @@ Gpt2Shape parse_gpt2_shape(const Entry& e) {
 
 // plan.offload (cpu | nvme; zero-infinity and lohan) and plan.zero3 ({module_latency: DURATION, bucket: ELEMENTS};
 // zero-infinity): the offload tier and ZeRO-3's overheads (docs/baselines.md). Removed from `plan` once read.
-void parse_zero_infinity_keys(Node& plan, TrainConfig& cfg) {
+void parse_offload_keys(Node& plan, TrainConfig& cfg) {
   for (auto it = plan.entries.begin(); it != plan.entries.end();) {
     if (it->key != "offload" && it->key != "zero3") {
       ++it;
@@ -216,7 +216,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
     harmony_plan.entries.erase(it);
     break;
   }
-  parse_zero_infinity_keys(harmony_plan, cfg);
+  parse_offload_keys(harmony_plan, cfg);
   cfg.plan = parse_plan(harmony_plan, find(root, "plan")->key_loc, plan_locs);
   // harmony-run keeps the paper's defaults (prefetch off, minimum pack counts): its runs and --plan auto
   // choices stay as they were; both keys can be set.
