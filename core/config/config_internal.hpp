@@ -1,4 +1,5 @@
-// The config loader's internals shared by its files (config.cpp: sections, model, train, the public loaders;
+// The config loader's internals shared by its files (config.cpp: overrides and the loaders; config_model.cpp: model,
+// cost_model; config_plan.cpp: plan, options, search and their checks; config_train.cpp: harmony-run's TrainConfig;
 // config_yaml.cpp: the located YAML tree, key checks and quantity getters; config_machine.cpp: machine files,
 // presets, topology, rates): nothing outside core/config includes it.
 #pragma once
@@ -17,6 +18,8 @@
 #include "core/base/units.hpp"
 #include "core/config/config.hpp"
 #include "core/config/yaml_tree.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/plan/plan_rules.hpp"
 
 namespace harmony::core::config_detail {
 
@@ -124,5 +127,48 @@ MachineSpec machine_from_reference(const std::string& ref, const SourceLoc& loc,
 double get_topology_duration(const Node& v, const std::string& what, std::string_view unit);
 MachineSpec machine_from_map(const Node& map, const std::string& section, const SourceLoc& owner_loc,
                              const std::string& base_dir, const std::string& default_name, int depth);
+
+// machine: absent -> the paper's testbed; a string -> preset or file; a mapping -> base + overrides.
+MachineSpec parse_machine_section(const Node& root, const std::string& file, const std::string& base_dir);
+
+// ---- config.cpp: overrides
+
+// Applies one `--set a.b.c=value` override to the config tree (the value parsed as YAML, flow style allowed).
+void apply_override(Node& root, const std::string& text);
+
+// ---- config_model.cpp: model and cost_model
+
+ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::string& base_dir);
+CostModelKind parse_cost_model(const Entry& e);
+
+// ---- config_plan.cpp: plan, options, search, and the checks that combine sections
+
+// Where plan values were written, for the checks that combine sections.
+struct PlanLocs {
+  SourceLoc gpus, minibatch, u_fwd, u_bwd;
+};
+
+struct SearchLocs {
+  std::vector<SourceLoc> u_fwd, u_bwd;
+};
+
+PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& locs);
+Options parse_options(const Node* map, bool prefetch_default);
+SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default);
+
+// The plan rules (core/plan/plan_rules) for the kind the config runs, each problem located at the key it is
+// about: plan.gpus, plan.minibatch, or the microbatch key or search entry that breaks it.
+struct RuleCheck {
+  PlanKind kind = PlanKind::HarmonyPP;  // a baseline's own kind for harmony-run's plan.mode: dp-swap, ...
+  UnequalMicrobatches unequal = UnequalMicrobatches::Offered;
+  bool uses_u_fwd = true;  // baselines run one microbatch size, plan.u_bwd (and search.u_bwd): u_fwd is not read
+};
+
+void check_plan(const RunConfig& cfg, const RuleCheck& rules, const PlanLocs& plan_locs, const SearchLocs& search_locs);
+
+// ---- config_train.cpp: harmony-run's TrainConfig
+
+TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
+                               bool plan_searched);
 
 }  // namespace harmony::core::config_detail

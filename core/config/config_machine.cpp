@@ -832,6 +832,19 @@ MachineSpec machine_from_file(const std::string& path, const SourceLoc& ref_loc,
   return machine_from_document(parse_yaml_tree(*text, path), path, std::filesystem::path(path).stem().string(), depth);
 }
 
+// machine: absent -> the paper's testbed; a string -> preset or file; a mapping -> base + overrides.
+MachineSpec parse_machine_section(const Node& root, const std::string& file, const std::string& base_dir) {
+  if (const Entry* e = find(root, "machine")) {
+    if (e->value.kind == Node::Kind::Scalar) return machine_from_reference(e->value.scalar, e->value.loc, base_dir, 0);
+    if (e->value.kind == Node::Kind::Map)
+      return machine_from_map(e->value, "machine", e->key_loc, base_dir, "custom", 0);
+    fail(e->value.loc,
+         fmt::format("machine must be a preset name, a file path or a mapping, got {}", describe(e->value)),
+         "e.g. machine: paper-1080ti, machine: ../machines/box.yaml or machine: {preset: paper-1080ti, gpus: 4}");
+  }
+  return machine_from_preset(std::string(kDefaultPreset), SourceLoc{file, 0, 0}, 0);
+}
+
 }  // namespace config_detail
 
 using namespace config_detail;  // NOLINT(google-build-using-namespace): the loader's own internals

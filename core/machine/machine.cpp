@@ -1,5 +1,5 @@
 // One-line descriptions of machines for listings (core/machine/machine.hpp). The loaders, checks and presets are in
-// core/config/config.cpp; this file only formats.
+// core/config/config_machine.cpp; this file only formats.
 #include "core/machine/machine.hpp"
 
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
-// Tests of the analytic models (core/model/analytic.cpp) and their config keys (core/config/config.cpp): parameter and
-// FLOP counts against closed forms, memory and optimizer-state formulas, monotonicity in the microbatch size, the fp16
-// path, gpu_rates / model.analytic parsing and errors, and the calibration against the bundled profiles.
+// Tests of the analytic models (core/model/analytic.cpp) and their config keys (core/config/config_model.cpp):
+// parameter and FLOP counts against closed forms, memory and optimizer-state formulas, monotonicity in the microbatch
+// size, the fp16 path, gpu_rates / model.analytic parsing and errors, and the calibration against the bundled profiles.
 // HARMONY_ANALYTIC_TABLE=1 prints the error table of docs/validation.md (scripts/analytic-vs-profile.py).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

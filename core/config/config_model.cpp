@@ -1,0 +1,250 @@
+// The model side of a config: `model:` ({profile: PATH} or {analytic: NAME | {...}}, the analytic shape keys
+// checked per family), `cost_model:`, and load_model, which turns a ModelSpec into a Model on a machine
+// (docs/config.md, "model"). Shared with config.cpp and config_train.cpp through config_internal.hpp.
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/config/config_internal.hpp"
+#include "core/model/analytic.hpp"
+#include "core/model/profile.hpp"
+
+namespace harmony::core {
+namespace config_detail {
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// model: {profile: PATH} or {analytic: NAME | {...}} (docs/config.md, "model")
+const std::vector<std::string> kModelKeys = {"profile", "analytic"};
+const std::vector<std::string> kAnalyticKeys = {
+    "preset",  "family",    "name",      "layers",  "hidden",       "heads",           "ffn",
+    "seq_len", "vocab",     "tied_head", "head",    "labels",       "image_size",      "classes",
+    "dtype",   "optimizer", "kernels",   "dropout", "ubatch_sizes", "layers_per_block"};
+const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet"};
+const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
+const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
+const std::vector<std::string> kKernelStyles = {"eager", "fused", "flash"};
+const std::vector<std::string> kBertHeads = {"mlm", "classifier"};
+const std::vector<std::string> kGptHeads = {"lm", "none"};
+
+// One of `names` (the enum value at the same index).
+std::size_t get_choice(const Node& v, const std::string& what, const std::vector<std::string>& names,
+                       std::string_view kind) {
+  const std::string& s = expect_scalar(v, what, std::string(kind), fmt::format("{}: {}", kind, join(names)));
+  const auto it = std::find(names.begin(), names.end(), s);
+  if (it == names.end())
+    fail(v.loc, fmt::format("unknown {} '{}'", what, s), suggestion_hint(s, names, std::string(kind)));
+  return static_cast<std::size_t>(it - names.begin());
+}
+
+[[noreturn]] void fail_unknown_model_preset(const std::string& name, const SourceLoc& loc) {
+  fail(loc, fmt::format("unknown analytic model preset '{}'", name),
+       suggestion_hint(name, analytic_preset_names(), "presets") +
+           "; or describe the shape: {family: gpt, layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
+}
+
+AnalyticSpec parse_analytic(const Entry& e) {
+  const std::string what = "model.analytic";
+  if (e.value.kind == Node::Kind::Scalar) {
+    const auto preset = analytic_preset(e.value.scalar);
+    if (!preset) fail_unknown_model_preset(e.value.scalar, e.value.loc);
+    return *preset;
+  }
+  if (e.value.kind != Node::Kind::Map)
+    fail(e.value.loc, fmt::format("{} must be a preset name or a mapping, got {}", what, describe(e.value)),
+         "e.g. analytic: gpt2-medium, or analytic: {preset: gpt3-13b, dtype: fp16}, or analytic: {family: gpt, "
+         "layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
+  const Node& map = e.value;
+  check_keys(map, what, kAnalyticKeys);
+  AnalyticSpec spec;
+  const Entry* preset = find(map, "preset");
+  const Entry* family = find(map, "family");
+  if (preset) {
+    const std::string name = get_string(preset->value, what + ".preset");
+    const auto p = analytic_preset(name);
+    if (!p) fail_unknown_model_preset(name, preset->value.loc);
+    spec = *p;
+  }
+  if (family) {
+    const auto f = static_cast<ModelFamily>(get_choice(family->value, what + ".family", kFamilies, "families"));
+    if (preset && f != spec.family)
+      fail(family->value.loc,
+           fmt::format("{}.family '{}' contradicts preset '{}' ({})", what, family->value.scalar, preset->value.scalar,
+                       kFamilies[static_cast<std::size_t>(spec.family)]),
+           "leave family out when a preset is given");
+    spec.family = f;
+  } else if (!preset) {
+    fail(e.key_loc, fmt::format("{} needs a family or a preset", what),
+         fmt::format("add family: gpt (or bert, resnet), or preset: NAME; presets: {}", join(analytic_preset_names())));
+  }
+  const bool resnet = spec.family == ModelFamily::Resnet;
+  const std::string& fam = kFamilies[static_cast<std::size_t>(spec.family)];
+  // Keys that belong to other families are errors, not silently ignored.
+  const auto only_for = [&](std::string_view key, bool ok, std::string_view families) {
+    if (const Entry* x = find_any(map, key); x && !ok)
+      fail(x->key_loc, fmt::format("{}.{} does not apply to family {}", what, key, fam),
+           fmt::format("{} is a key of {} models only", key, families));
+  };
+  only_for("hidden", !resnet, "gpt and bert");
+  only_for("heads", !resnet, "gpt and bert");
+  only_for("ffn", !resnet, "gpt and bert");
+  only_for("seq_len", !resnet, "gpt and bert");
+  only_for("vocab", !resnet, "gpt and bert");
+  only_for("tied_head", !resnet, "gpt and bert");
+  only_for("dropout", !resnet, "gpt and bert");
+  only_for("kernels", !resnet, "gpt and bert");
+  only_for("head", !resnet, "gpt and bert");
+  only_for("labels", spec.family == ModelFamily::Bert, "bert");
+  only_for("image_size", resnet, "resnet");
+  only_for("classes", resnet, "resnet");
+  only_for("layers_per_block", spec.family == ModelFamily::Gpt, "gpt");
+  const auto int_key = [&](std::string_view key, int& field, int min, bool required) -> const Entry* {
+    const Entry* x = find(map, key);
+    if (x) {
+      field = get_int(x->value, fmt::format("{}.{}", what, key), min);
+    } else if (required) {
+      const std::string shape =
+          resnet ? "layers: 50 (the depth: 50, 101 or 152)" : "layers, hidden, heads, seq_len and vocab";
+      require(map, key, what, e.key_loc,
+              fmt::format("a {} model without a preset needs {}; or start from a preset: {}", fam, shape,
+                          join(analytic_preset_names())));
+    }
+    return x;
+  };
+  const Entry* layers = int_key("layers", spec.layers, 1, !preset);
+  const Entry* hidden = int_key("hidden", spec.hidden, 1, !preset && !resnet);
+  const Entry* heads = int_key("heads", spec.heads, 1, !preset && !resnet);
+  int_key("ffn", spec.ffn, 1, false);
+  int_key("seq_len", spec.seq_len, 2, !preset && !resnet);
+  int_key("vocab", spec.vocab, 2, !preset && !resnet);
+  int_key("labels", spec.labels, 1, false);
+  int_key("image_size", spec.image_size, 32, false);
+  int_key("classes", spec.classes, 1, false);
+  if (const Entry* x = find(map, "layers_per_block")) {
+    spec.layers_per_block = get_int(x->value, what + ".layers_per_block", std::numeric_limits<int>::min());
+    if (spec.layers_per_block != 1 && spec.layers_per_block != 2)
+      fail(x->value.loc, fmt::format("{}.layers_per_block = {} is not 1 or 2", what, spec.layers_per_block),
+           "layers_per_block: 1 (a layer per block) or 2 (its attention and MLP halves, as LoHan checkpoints them)");
+  }
+  if (const Entry* x = find(map, "name")) spec.name = get_string(x->value, what + ".name");
+  if (const Entry* x = find(map, "tied_head")) spec.tied_head = get_bool(x->value, what + ".tied_head");
+  if (const Entry* x = find(map, "dropout")) spec.dropout = get_bool(x->value, what + ".dropout");
+  if (const Entry* x = find(map, "head")) {
+    // gpt and bert take different heads; one of the other family's is named as such, not as unknown
+    const bool gpt = spec.family == ModelFamily::Gpt;
+    const std::vector<std::string>& own = gpt ? kGptHeads : kBertHeads;
+    const std::vector<std::string>& other = gpt ? kBertHeads : kGptHeads;
+    const std::string own_kind = fmt::format("{} heads", fam);
+    if (x->value.kind == Node::Kind::Scalar && std::find(other.begin(), other.end(), x->value.scalar) != other.end())
+      fail(x->value.loc, fmt::format("{}.head '{}' does not apply to family {}", what, x->value.scalar, fam),
+           fmt::format("{}: {} ({} are {} heads)", own_kind, join(own), join(other), gpt ? "bert" : "gpt"));
+    const std::size_t choice = get_choice(x->value, what + ".head", own, own_kind);
+    if (gpt) {
+      spec.gpt_head = static_cast<GptHead>(choice);
+    } else {
+      spec.bert_head = static_cast<BertHead>(choice);
+    }
+  }
+  if (const Entry* x = find(map, "tied_head"); x && spec.gpt_head == GptHead::None)
+    fail(x->key_loc, fmt::format("{}.tied_head does not apply with head: none", what),
+         "a GPT without an LM head has no output projection to tie to the embedding: drop tied_head, or use head: lm");
+  if (const Entry* x = find(map, "dtype"))
+    spec.dtype = static_cast<DType>(get_choice(x->value, what + ".dtype", kDTypes, "dtypes"));
+  if (const Entry* x = find(map, "optimizer"))
+    spec.optimizer = static_cast<OptimizerKind>(get_choice(x->value, what + ".optimizer", kOptimizers, "optimizers"));
+  if (const Entry* x = find(map, "kernels"))
+    spec.kernels = static_cast<KernelStyle>(get_choice(x->value, what + ".kernels", kKernelStyles, "kernel styles"));
+  if (const Entry* x = find(map, "ubatch_sizes")) {
+    spec.ubatch_sizes.clear();
+    const std::string w = what + ".ubatch_sizes";
+    for (const Node* item : get_list(x->value, w, "ubatch_sizes: [1, 2, 4, 8, 16]")) {
+      const int u = get_int(*item, w + " entries", 1);
+      if (!spec.ubatch_sizes.empty() && u <= spec.ubatch_sizes.back())
+        fail(item->loc, fmt::format("{} must be strictly ascending: {} follows {}", w, u, spec.ubatch_sizes.back()),
+             "list each microbatch size once, smallest first, e.g. [1, 2, 4, 8, 16]");
+      spec.ubatch_sizes.push_back(u);
+    }
+    if (spec.ubatch_sizes.empty())
+      fail(x->value.loc, fmt::format("{} must list at least one size", w), "e.g. ubatch_sizes: [1, 2, 4, 8, 16]");
+  }
+  // Shape checks, located at the key that breaks them (the rest at `analytic:`).
+  if (resnet && spec.layers != 50 && spec.layers != 101 && spec.layers != 152)
+    fail(layers ? layers->value.loc : e.key_loc, fmt::format("{}.layers = {} is not a ResNet depth", what, spec.layers),
+         "resnet layers is the depth: 50, 101 or 152");
+  if (!resnet && spec.heads > 0 && spec.hidden % spec.heads != 0)
+    fail(heads ? heads->value.loc : (hidden ? hidden->value.loc : e.key_loc),
+         fmt::format("{}.heads = {} does not divide hidden = {}", what, spec.heads, spec.hidden),
+         "the head size is hidden / heads: pick heads that divide hidden");
+  if (const std::string problem = analytic_spec_problem(spec); !problem.empty())
+    fail(e.key_loc, fmt::format("{}: {}", what, problem), "see docs/config.md, model.analytic");
+  return spec;
+}
+
+}  // namespace
+
+ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::string& base_dir) {
+  check_keys(model, "model", kModelKeys);
+  const Entry* profile = find(model, "profile");
+  const Entry* analytic = find(model, "analytic");
+  const std::string hint =
+      "give `profile: PATH/TO/PROFILE.json` (a measured profile, relative to this file's folder) or `analytic: "
+      "NAME` / `analytic: {...}` (a model from formulas, docs/config.md)";
+  if (profile && analytic)
+    fail(analytic->key_loc, "model.profile and model.analytic are both given", "give exactly one: " + hint);
+  ModelSpec spec;
+  if (analytic) {
+    spec.analytic = parse_analytic(*analytic);
+    spec.analytic_dtype_given = analytic->value.kind == Node::Kind::Map && find(analytic->value, "dtype") != nullptr;
+    spec.loc = analytic->value.loc;
+    return spec;
+  }
+  if (!profile) {
+    if (const Entry* empty = find_any(model, "profile")) fail(empty->key_loc, "model.profile has no value", hint);
+    if (const Entry* empty = find_any(model, "analytic")) fail(empty->key_loc, "model.analytic has no value", hint);
+    fail(model_loc, "missing required field model.profile (or model.analytic)", hint);
+  }
+  spec.profile_path = resolve_path(base_dir, get_string(profile->value, "model.profile"));
+  spec.loc = profile->value.loc;
+  return spec;
+}
+
+CostModelKind parse_cost_model(const Entry& e) {
+  const std::string& name = expect_scalar(e.value, "cost_model", "a cost model name", "cost models: reference, native");
+  const std::optional<CostModelKind> kind = parse_cost_model_kind(name);
+  if (!kind)
+    fail(e.value.loc, fmt::format("unknown cost_model '{}'", name),
+         suggestion_hint(name, {"reference", "native"}, "cost models"));
+  return *kind;
+}
+
+}  // namespace config_detail
+
+using namespace config_detail;  // NOLINT(google-build-using-namespace): the loader's own internals
+
+Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
+  if (!spec.analytic) return load_profile(spec.profile_path);
+  if (!machine.gpu_rates.valid()) {
+    std::vector<std::string> with_rates;
+    for (const std::string& name : machine_preset_names()) {
+      if (machine_preset(name).gpu_rates.valid()) with_rates.push_back(name);
+    }
+    throw ConfigError(
+        spec.loc,
+        fmt::format("an analytic model needs the machine's gpu_rates, and machine '{}' has none", machine.name),
+        fmt::format("add gpu_rates: {{matrix_fp32: ..., memory: ...}} to the machine (docs/machines.md), "
+                    "or start from a preset that has them: {}",
+                    join(with_rates)));
+  }
+  AnalyticSpec a = *spec.analytic;
+  if (!spec.analytic_dtype_given)
+    a.dtype = machine.gpu_rates.matrix_fp16_flops_per_s > machine.gpu_rates.matrix_fp32_flops_per_s ? DType::Bf16
+                                                                                                    : DType::Fp32;
+  return analytic_model(a, machine.gpu_rates, machine.cpu_adam);
+}
+
+}  // namespace harmony::core

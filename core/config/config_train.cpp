@@ -1,0 +1,316 @@
+// harmony-run's config (TrainConfig): the sections of a harmony-sim config plus the model shape or weights,
+// `device:`, a baseline's plan keys (plan.activations, plan.offload, plan.zero3), `train:` with its data, and
+// `checkpoint:`; and baseline_plan_of, a baseline TrainConfig's BaselinePlan. The loaders are in config.cpp.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/config/config_internal.hpp"
+#include "core/program/baselines/baselines.hpp"
+
+namespace harmony::core {
+namespace config_detail {
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// harmony-run's config: the harmony-sim sections plus model shape, training, data and checkpoints.
+
+const std::vector<std::string> kTrainTopKeys = {"model",   "machine", "device", "cost_model", "plan",
+                                                "options", "search",  "train",  "checkpoint"};
+const std::vector<std::string> kTrainModelKeys = {"gpt2", "weights", "n_head", "seq_len", "profile", "init_seed"};
+const std::vector<std::string> kGpt2Keys = {"vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
+const std::vector<std::string> kTrainKeys = {"steps", "data", "lr", "beta1", "beta2", "eps", "weight_decay", "dtype"};
+const std::vector<std::string> kDataKeys = {"file", "synthetic_tokens", "seed"};
+const std::vector<std::string> kCheckpointKeys = {"dir", "every", "keep"};
+const std::vector<std::string> kDevices = {"cpu", "cuda"};
+
+double get_nonneg_double(const Node& v, const std::string& what, double below = 0.0) {
+  const std::string hint = below > 0.0 ? fmt::format("write a number in [0, {})", below)
+                                       : std::string("write a non-negative number, e.g. 0.001 or 1e-3");
+  const std::string& s = expect_scalar(v, what, "a number", hint);
+  double value = 0.0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(value))
+    fail(v.loc, fmt::format("{} must be a number, got '{}'", what, s), hint);
+  if (value < 0.0 || (below > 0.0 && value >= below))
+    fail(v.loc, fmt::format("{} = {} is out of range", what, s), hint);
+  return value;
+}
+
+std::uint64_t get_u64(const Node& v, const std::string& what) {
+  const std::string hint = "write a whole number, 0 or more";
+  const std::string& s = expect_scalar(v, what, "an integer", hint);
+  std::uint64_t value = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size())
+    fail(v.loc, fmt::format("{} must be a whole number, got '{}'", what, s), hint);
+  return value;
+}
+
+Gpt2Shape parse_gpt2_shape(const Entry& e) {
+  const std::string example = "gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}";
+  if (e.value.kind != Node::Kind::Map)
+    fail(e.value.loc, fmt::format("model.gpt2 must be a mapping, got {}", describe(e.value)), example);
+  check_keys(e.value, "model.gpt2", kGpt2Keys);
+  Gpt2Shape g;
+  auto need = [&](const char* key, int min) {
+    const Entry& k = require(e.value, key, "model.gpt2", e.key_loc, example);
+    return get_int(k.value, fmt::format("model.gpt2.{}", key), min);
+  };
+  g.vocab_size = need("vocab_size", 2);
+  if (g.vocab_size > 65536)
+    fail(
+        find(e.value, "vocab_size")->value.loc,
+        fmt::format("model.gpt2.vocab_size = {} exceeds 65536, the most a uint16 token file can address", g.vocab_size),
+        "use a vocabulary of at most 65536 tokens");
+  g.max_seq_len = need("max_seq_len", 1);
+  g.n_layer = need("n_layer", 1);
+  g.n_head = need("n_head", 1);
+  g.n_embd = need("n_embd", 1);
+  if (g.n_embd % g.n_head != 0)
+    fail(find(e.value, "n_embd")->value.loc,
+         fmt::format("model.gpt2.n_embd = {} is not a multiple of n_head = {}", g.n_embd, g.n_head),
+         "each head gets n_embd / n_head channels: pick n_embd divisible by n_head");
+  return g;
+}
+
+// plan.offload (cpu | nvme; zero-infinity and lohan) and plan.zero3 ({module_latency: DURATION, bucket: ELEMENTS};
+// zero-infinity): the offload tier and ZeRO-3's overheads (docs/baselines.md). Removed from `plan` once read.
+void parse_offload_keys(Node& plan, TrainConfig& cfg) {
+  for (auto it = plan.entries.begin(); it != plan.entries.end();) {
+    if (it->key != "offload" && it->key != "zero3") {
+      ++it;
+      continue;
+    }
+    const std::string what = "plan." + it->key;
+    const auto kind = parse_plan_kind(cfg.baseline_kind);
+    if (it->key == "offload" && !(kind && is_baseline(*kind) && has_offload_tiers(*kind)))
+      fail(it->key_loc, "plan.offload applies to plan.mode: zero-infinity or lohan only",
+           "remove the key, or set mode: zero-infinity or lohan");
+    if (it->key == "zero3" && cfg.baseline_kind != "zero-infinity")
+      fail(it->key_loc, "plan.zero3 applies to plan.mode: zero-infinity only",
+           "remove the key, or set mode: zero-infinity");
+    if (it->key == "offload") {
+      const std::string hint =
+          "offload tiers: cpu (parameters and optimizer state in host memory) or nvme (on the machine's "
+          "topology.nvme drives, as DeepSpeed's offload_param/offload_optimizer device: nvme)";
+      const std::string& v = expect_scalar(it->value, what, "an offload tier", hint);
+      const auto tier = parse_offload_tier(v);
+      if (!tier)
+        fail(it->value.loc, fmt::format("unknown {} '{}'", what, v), suggestion_hint(v, offload_tier_names(), "tiers"));
+      if (*tier == OffloadTier::Nvme && !cfg.machine.topology.nvme.present())
+        fail(it->value.loc, "plan.offload: nvme needs a machine with an NVMe tier",
+             "add topology.nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us} to the machine, or "
+             "use plan.offload: cpu");
+      cfg.baseline_offload = *tier;
+    } else {
+      const std::string hint =
+          "write zero3: {module_latency: 200us, bucket: 5e7} (the per-module hook cost and the prefetch bucket in "
+          "parameter elements, DeepSpeed's stage3_prefetch_bucket_size)";
+      if (it->value.kind != Node::Kind::Map) fail(it->value.loc, fmt::format("{} must be a mapping", what), hint);
+      check_keys(it->value, what, {"module_latency", "bucket"});
+      if (const Entry* e = find(it->value, "module_latency"))
+        cfg.baseline_zero3.module_latency_s = get_topology_duration(e->value, what + ".module_latency", "us");
+      if (const Entry* e = find(it->value, "bucket")) {
+        const double v = get_positive_double(e->value, what + ".bucket");
+        if (v < 1) fail(e->value.loc, fmt::format("{}.bucket must be at least 1 element, got {}", what, v), hint);
+        cfg.baseline_zero3.bucket_elements = v;
+      }
+    }
+    it = plan.entries.erase(it);
+  }
+}
+
+}  // namespace
+
+TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
+                               bool plan_searched) {
+  for (const std::string& o : overrides) apply_override(root, o);
+  const char* start_hint =
+      "a harmony-run config needs `model: {gpt2: {...}, seq_len: T}`, `plan: {mode: harmony-pp, gpus: N, "
+      "minibatch: B, ...}` and `train: {steps: S}`; see configs/run/default.yaml and docs/config.md";
+  if (root.kind == Node::Kind::Null) fail(SourceLoc{file, 0, 0}, "the config is empty", start_hint);
+  if (root.kind != Node::Kind::Map)
+    fail(root.loc, fmt::format("the config must be a mapping of sections, got {}", describe(root)), start_hint);
+  check_keys(root, "", kTrainTopKeys);
+  TrainConfig cfg;
+  cfg.file = file;
+  const std::string base_dir = parent_dir(file);
+
+  const Node* model = section_map(root, "model");
+  if (!model) fail(SourceLoc{file, 0, 0}, "missing required section 'model'", start_hint);
+  const SourceLoc model_loc = find(root, "model")->key_loc;
+  cfg.model.loc = model_loc;
+  check_keys(*model, "model", kTrainModelKeys);
+  const Entry* gpt2 = find(*model, "gpt2");
+  const Entry* weights = find(*model, "weights");
+  if (gpt2 && weights)
+    fail(weights->key_loc, "model.gpt2 and model.weights are both given",
+         fmt::format("give one: a shape to initialise (gpt2: at {}) or a safetensors file to load",
+                     gpt2->key_loc.str()));
+  if (!gpt2 && !weights)
+    fail(model_loc, "model needs model.gpt2 (a shape) or model.weights (a safetensors file)",
+         "e.g. gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}");
+  if (gpt2) cfg.model.gpt2 = parse_gpt2_shape(*gpt2);
+  if (weights) cfg.model.weights_path = resolve_path(base_dir, get_string(weights->value, "model.weights"));
+  if (const Entry* e = find(*model, "n_head")) {
+    if (!weights)
+      fail(e->key_loc, "model.n_head goes with model.weights (it overrides the heads of loaded weights)",
+           "for a fresh model give the heads in model.gpt2: {..., n_head: H}");
+    cfg.model.n_head = get_int(e->value, "model.n_head", 1);
+  }
+  const Entry& seq = require(*model, "seq_len", "model", model_loc, "add `seq_len: T` (tokens per sequence)");
+  cfg.model.seq_len = get_int(seq.value, "model.seq_len", 1);
+  if (cfg.model.gpt2 && cfg.model.seq_len > cfg.model.gpt2->max_seq_len)
+    fail(seq.value.loc,
+         fmt::format("model.seq_len = {} exceeds model.gpt2.max_seq_len = {}", cfg.model.seq_len,
+                     cfg.model.gpt2->max_seq_len),
+         "use a shorter sequence or a larger position table");
+  if (const Entry* e = find(*model, "profile"))
+    cfg.model.profile_path = resolve_path(base_dir, get_string(e->value, "model.profile"));
+  if (const Entry* e = find(*model, "init_seed")) cfg.model.init_seed = get_u64(e->value, "model.init_seed");
+
+  cfg.machine = parse_machine_section(root, file, base_dir);
+  if (const Entry* e = find(root, "cost_model")) cfg.cost_model = parse_cost_model(*e);
+  if (const Entry* e = find(root, "device")) {
+    const std::string& d = expect_scalar(e->value, "device", "a device kind", "devices: cpu, cuda");
+    if (std::find(kDevices.begin(), kDevices.end(), d) == kDevices.end())
+      fail(e->value.loc, fmt::format("unknown device '{}'", d), suggestion_hint(d, kDevices, "devices"));
+    cfg.device = d;
+  }
+
+  const Node* plan = section_map(root, "plan");
+  if (!plan) fail(SourceLoc{file, 0, 0}, "missing required section 'plan'", start_hint);
+  PlanLocs plan_locs;
+  Node harmony_plan = *plan;  // a baseline kind in plan.mode is read as harmony-pp's keys, then recorded
+  for (Entry& e : harmony_plan.entries) {
+    if (e.key != "mode" || e.value.kind != Node::Kind::Scalar) continue;
+    const auto kind = parse_plan_kind(e.value.scalar);
+    if (kind && is_baseline(*kind)) {
+      cfg.baseline_kind = e.value.scalar;
+      e.value.scalar = "harmony-pp";
+    }
+  }
+  // plan.activations: a baseline's activation policy (Harmony's plans always recompute)
+  for (auto it = harmony_plan.entries.begin(); it != harmony_plan.entries.end(); ++it) {
+    if (it->key != "activations") continue;
+    const std::string hint =
+        "activation policies: checkpoint (recompute each layer's forward in the backward), "
+        "keep (hold or swap the saved activations)";
+    if (cfg.baseline_kind.empty())
+      fail(it->key_loc, fmt::format("plan.activations applies to baseline kinds ({})", join(baseline_kind_names())),
+           "Harmony's plans recompute by design (checkpoint); remove the key");
+    const std::string& v = expect_scalar(it->value, "plan.activations", "an activation policy", hint);
+    const auto policy = parse_activation_policy(v);
+    if (!policy)
+      fail(it->value.loc, fmt::format("unknown plan.activations '{}'", v),
+           suggestion_hint(v, activation_policy_names(), "activation policies"));
+    cfg.baseline_activations = *policy;
+    harmony_plan.entries.erase(it);
+    break;
+  }
+  parse_offload_keys(harmony_plan, cfg);
+  cfg.plan = parse_plan(harmony_plan, find(root, "plan")->key_loc, plan_locs);
+  // harmony-run keeps the paper's defaults (prefetch off, minimum pack counts): its runs and --plan auto
+  // choices stay as they were; both keys can be set.
+  cfg.options = parse_options(section_map(root, "options"), false);
+  SearchLocs search_locs;
+  cfg.search = parse_search(section_map(root, "search"), search_locs, PackCounts::Minimum);
+  if (cfg.options.unequal_microbatches)
+    fail(find(*section_map(root, "options"), "unequal_microbatches")->value.loc,
+         "options.unequal_microbatches is not supported by harmony-run", "remove it: the runtime needs D % u == 0");
+  RunConfig as_run;
+  as_run.file = file;
+  as_run.machine = cfg.machine;
+  as_run.plan = cfg.plan;
+  if (plan_searched) as_run.plan.u_fwd = as_run.plan.u_bwd = std::nullopt;  // the search replaces them
+  as_run.search = cfg.search;
+  as_run.options = cfg.options;
+  // A baseline is checked under its own rules (N divides D, u divides D/N, lohan's u = D/N), on the one
+  // microbatch size it runs (plan.u_bwd); Harmony under its mode's, with equal microbatches (the runtime's).
+  const auto baseline = parse_plan_kind(cfg.baseline_kind);
+  check_plan(as_run,
+             RuleCheck{baseline ? *baseline : cfg.plan.kind, UnequalMicrobatches::Refused, !baseline.has_value()},
+             plan_locs, search_locs);
+
+  const Node* train = section_map(root, "train");
+  if (!train) fail(SourceLoc{file, 0, 0}, "missing required section 'train'", "add `train: {steps: 100}`");
+  const SourceLoc train_loc = find(root, "train")->key_loc;
+  check_keys(*train, "train", kTrainKeys);
+  cfg.train.steps = get_int(require(*train, "steps", "train", train_loc, "add `steps: S`").value, "train.steps", 1);
+  if (const Entry* e = find(*train, "lr")) cfg.train.lr = get_nonneg_double(e->value, "train.lr");
+  if (const Entry* e = find(*train, "beta1")) cfg.train.beta1 = get_nonneg_double(e->value, "train.beta1", 1.0);
+  if (const Entry* e = find(*train, "beta2")) cfg.train.beta2 = get_nonneg_double(e->value, "train.beta2", 1.0);
+  if (const Entry* e = find(*train, "eps")) cfg.train.eps = get_nonneg_double(e->value, "train.eps");
+  if (const Entry* e = find(*train, "weight_decay"))
+    cfg.train.weight_decay = get_nonneg_double(e->value, "train.weight_decay");
+  if (const Entry* e = find(*train, "dtype")) {
+    cfg.train.dtype = get_string(e->value, "train.dtype");
+    if (cfg.train.dtype != "fp32" && cfg.train.dtype != "bf16")
+      fail(e->value.loc, fmt::format("train.dtype must be fp32 or bf16, got '{}'", cfg.train.dtype),
+           "fp32 (the default) or bf16 (mixed precision: bf16 on the devices, fp32 master weights and AdamW on the "
+           "host; docs/backend.md)");
+  }
+  cfg.train.data.loc = train_loc;
+  if (const Entry* e = find(*train, "data")) {
+    cfg.train.data.loc = e->value.loc;
+    const char* data_hint =
+        "write `data: PATH` (llm.c uint16 token file), `data: {file: PATH}` or `data: {synthetic_tokens: 65536, "
+        "seed: 1}` for the synthetic task";
+    if (e->value.kind == Node::Kind::Scalar) {
+      cfg.train.data.path = resolve_path(base_dir, get_string(e->value, "train.data"));
+    } else if (e->value.kind == Node::Kind::Map) {
+      check_keys(e->value, "train.data", kDataKeys);
+      const Entry* f = find(e->value, "file");
+      const Entry* n = find(e->value, "synthetic_tokens");
+      if (f && n) fail(n->key_loc, "train.data.file and train.data.synthetic_tokens are both given", data_hint);
+      if (f) cfg.train.data.path = resolve_path(base_dir, get_string(f->value, "train.data.file"));
+      if (n) cfg.train.data.synthetic_tokens = get_int(n->value, "train.data.synthetic_tokens", 2);
+      if (const Entry* s = find(e->value, "seed")) cfg.train.data.seed = get_u64(s->value, "train.data.seed");
+    } else {
+      fail(e->value.loc, fmt::format("train.data must be a path or a mapping, got {}", describe(e->value)), data_hint);
+    }
+  }
+
+  if (const Node* ck = section_map(root, "checkpoint")) {
+    check_keys(*ck, "checkpoint", kCheckpointKeys);
+    if (const Entry* e = find(*ck, "dir"))
+      cfg.checkpoint.dir = resolve_path(base_dir, get_string(e->value, "checkpoint.dir"));
+    if (const Entry* e = find(*ck, "every")) cfg.checkpoint.every = get_int(e->value, "checkpoint.every", 0);
+    if (const Entry* e = find(*ck, "keep")) cfg.checkpoint.keep = get_int(e->value, "checkpoint.keep", 1);
+  }
+  return cfg;
+}
+
+}  // namespace config_detail
+
+using namespace config_detail;  // NOLINT(google-build-using-namespace): the loader's own internals
+
+BaselinePlan baseline_plan_of(const TrainConfig& cfg, const Model& model, const std::string& hint) {
+  if (!cfg.plan.u_bwd)
+    throw ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind), hint);
+  BaselinePlan b;
+  b.kind = *parse_plan_kind(cfg.baseline_kind);
+  b.gpus = cfg.plan.gpus;
+  b.minibatch = cfg.plan.minibatch;
+  b.ubatch = *cfg.plan.u_bwd;
+  b.activation_policy = cfg.baseline_activations;
+  b.offload = cfg.baseline_offload;
+  b.zero3 = cfg.baseline_zero3;
+  b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
+  try {
+    validate_baseline_plan(b, model);
+  } catch (const ScheduleError& e) {  // located at the plan, as a Harmony plan's problems are
+    throw ConfigError(cfg.plan.loc, e.what(), hint);
+  }
+  return b;
+}
+
+}  // namespace harmony::core
