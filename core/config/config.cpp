@@ -28,6 +28,15 @@ constexpr const char* kOverrideHint =
 
 }  // namespace
 
+void open_root(Node& root, const std::string& file, const std::vector<std::string>& overrides,
+               const std::vector<std::string>& top_keys, const char* start_hint) {
+  for (const std::string& o : overrides) apply_override(root, o);
+  if (root.kind == Node::Kind::Null) fail(SourceLoc{file, 0, 0}, "the config is empty", start_hint);
+  if (root.kind != Node::Kind::Map)
+    fail(root.loc, fmt::format("the config must be a mapping of sections, got {}", describe(root)), start_hint);
+  check_keys(root, "", top_keys);
+}
+
 void apply_override(Node& root, const std::string& text) {
   const SourceLoc loc = override_loc(text);
   const auto eq = text.find('=');
@@ -122,14 +131,10 @@ const std::vector<std::string> kTopKeys = {"model", "machine", "cost_model", "pl
 // `rules_kind`: the plan kind whose plan rules check the plan (load_config_text_as); nullopt: plan.mode's.
 RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
                        std::optional<PlanKind> rules_kind = std::nullopt) {
-  for (const std::string& o : overrides) apply_override(root, o);
   const char* start_hint =
       "a config needs at least `model: {profile: PATH}` and `plan: {mode: harmony-pp, gpus: N, minibatch: D}`; "
       "see configs/examples/ and docs/config.md";
-  if (root.kind == Node::Kind::Null) fail(SourceLoc{file, 0, 0}, "the config is empty", start_hint);
-  if (root.kind != Node::Kind::Map)
-    fail(root.loc, fmt::format("the config must be a mapping of sections, got {}", describe(root)), start_hint);
-  check_keys(root, "", kTopKeys);
+  open_root(root, file, overrides, kTopKeys, start_hint);
 
   RunConfig cfg;
   cfg.file = file;

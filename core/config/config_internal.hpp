@@ -135,6 +135,10 @@ MachineSpec parse_machine_section(const Node& root, const std::string& file, con
 
 // Applies one `--set a.b.c=value` override to the config tree (the value parsed as YAML, flow style allowed).
 void apply_override(Node& root, const std::string& text);
+// The opening of both config builders: the overrides applied, then an empty config or one that is not a mapping
+// refused (with `start_hint`), then the top-level keys checked against `top_keys`.
+void open_root(Node& root, const std::string& file, const std::vector<std::string>& overrides,
+               const std::vector<std::string>& top_keys, const char* start_hint);
 
 // ---- config_model.cpp: model and cost_model
 

@@ -132,14 +132,10 @@ void parse_offload_keys(Node& plan, TrainConfig& cfg) {
 
 TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
                                bool plan_searched) {
-  for (const std::string& o : overrides) apply_override(root, o);
   const char* start_hint =
       "a harmony-run config needs `model: {gpt2: {...}, seq_len: T}`, `plan: {mode: harmony-pp, gpus: N, "
       "minibatch: B, ...}` and `train: {steps: S}`; see configs/run/default.yaml and docs/config.md";
-  if (root.kind == Node::Kind::Null) fail(SourceLoc{file, 0, 0}, "the config is empty", start_hint);
-  if (root.kind != Node::Kind::Map)
-    fail(root.loc, fmt::format("the config must be a mapping of sections, got {}", describe(root)), start_hint);
-  check_keys(root, "", kTrainTopKeys);
+  open_root(root, file, overrides, kTrainTopKeys, start_hint);
   TrainConfig cfg;
   cfg.file = file;
   const std::string base_dir = parent_dir(file);
