@@ -273,7 +273,16 @@ std::unique_ptr<backend::Device> make_device(const core::TrainConfig& cfg, const
 
 std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConfig& cfg, const DeviceFlags& f, int n) {
   std::vector<std::unique_ptr<backend::Device>> devs;
+  devs.reserve(static_cast<std::size_t>(std::max(0, n)));
   for (int g = 0; g < n; ++g) devs.push_back(make_device(cfg, f, g, false));
+  return devs;
+}
+
+// The devices as the executor takes them (the caller keeps `owned`).
+std::vector<backend::Device*> raw_devices(const std::vector<std::unique_ptr<backend::Device>>& owned) {
+  std::vector<backend::Device*> devs;
+  devs.reserve(owned.size());
+  for (const auto& d : owned) devs.push_back(d.get());
   return devs;
 }
 
@@ -379,7 +388,7 @@ backend::CheckpointMeta checkpoint_meta(const Setup& s, const Chosen& chosen) {
 
 std::string hms(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--";
-  const auto t = static_cast<long long>(seconds + 0.5);
+  const long long t = std::llround(seconds);
   return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
                    : fmt::format("{:02}:{:02}", t / 60, t % 60);
 }
@@ -527,8 +536,7 @@ std::optional<std::string> trial_step(const Setup& s, const Cli& cli, const Chos
   backend::HostState scratch(*s.model);
   scratch.init_weights(s.cfg.model.init_seed);
   auto owned = make_devices(s.cfg, s.device_flags, c.plan.gpus);
-  std::vector<backend::Device*> devs;
-  for (auto& d : owned) devs.push_back(d.get());
+  const std::vector<backend::Device*> devs = raw_devices(owned);
   std::vector<std::int32_t> in, tgt;
   s.tokens.batch(0, c.plan.minibatch, s.cfg.model.seq_len, in, tgt);
   try {
@@ -671,8 +679,7 @@ int cmd_train(const Cli& cli) {
   const core::Plan& plan = chosen.plan;
   const core::Program& program = chosen.program;
   auto owned = make_devices(cfg, s.device_flags, plan.gpus);
-  std::vector<backend::Device*> devs;
-  for (auto& d : owned) devs.push_back(d.get());
+  const std::vector<backend::Device*> devs = raw_devices(owned);
   backend::Executor executor(program, devs, *s.state, executor_options(cli, cfg));
 
   const int B = plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
@@ -795,6 +802,7 @@ int cmd_train(const Cli& cli) {
   }
 
   std::vector<core::Bytes> peaks;
+  peaks.reserve(devs.size());
   for (auto* d : devs) peaks.push_back(d->memory().peak);
   const double mean_sps = ran > 0 ? B * ran / run_s : 0.0;
   const double mean_step_s = ran > 0 ? run_s / ran : 0.0;

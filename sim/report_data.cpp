@@ -457,7 +457,7 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
                                            rows.size() < total_points ? " (unfinished or a shard)" : ""));
   if (!filters.empty()) {
     std::string f;
-    for (const auto& [k, v] : filters) f += (f.empty() ? "" : ", ") + k + " = " + v;
+    for (const auto& [k, v] : filters) f += fmt::format("{}{} = {}", f.empty() ? "" : ", ", k, v);
     d.facts.emplace_back("filter", fmt::format("{} ({} rows kept)", f, kept.size()));
   }
   const bool has_budget = meta.contains("budget") && meta["budget"].is_object();
