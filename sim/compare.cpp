@@ -182,20 +182,25 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     auto search_tier = [&](bool nvme, bool* host_miss) {
       lower.offload_nvme = nvme;
       kr.candidates += cands.size();
-      FirstMiss miss;
       std::atomic<bool> any_gpu_miss{false};
-      const auto res = core::run_search(
-          cands, space,
-          [&](const core::Plan& p) {
-            core::RunReport r = evaluate_plan(*engine, model, p, lower).report;
-            if (!r.feasible) {
-              miss.note(fmt::format("u {}/{}", p.u_fwd, p.u_bwd), r.infeasible_reason);
-              if (!host_bound(r)) any_gpu_miss = true;
-            }
-            return r;
+      // branch and bound: a candidate the engine shows cannot beat the best found is not simulated
+      const auto res = core::run_search_bounded(
+          cands, space, model,
+          [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+            auto e = evaluate_plan_within(*engine, model, p, lower, cutoff_s);
+            if (!e) return std::nullopt;
+            if (!e->report.feasible && !host_bound(e->report)) any_gpu_miss = true;
+            return std::move(e->report);
           },
           progress);
+      // the first miss in enumeration order (nothing is pruned when no candidate is feasible)
+      std::string miss;
+      if (res.first_miss < cands.size()) {
+        const auto& c = cands[res.first_miss];
+        miss = fmt::format("; first: u {}/{}: {}", c.u_fwd, c.u_bwd, res.first_miss_reason);
+      }
       kr.deadlocked += res.num_deadlocked;
+      kr.pruned += res.num_pruned;
       if (host_miss) *host_miss = res.ranked.empty() && !cands.empty() && !any_gpu_miss;
       if (!res.ranked.empty()) {
         kr.feasible = true;
@@ -207,7 +212,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
         kr.reason = cands.empty()
                         ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
                                       static_cast<double>(capacity) / static_cast<double>(core::kMiB))
-                        : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss.suffix());
+                        : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss);
       }
     };
     search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);

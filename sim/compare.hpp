@@ -24,8 +24,9 @@ struct KindResult {
   bool feasible = false;
   bool applicable = true;                      // false: the kind cannot run this N and D at all (reason says why)
   std::string reason;                          // why no plan of this kind fits (when !feasible)
-  std::size_t candidates = 0;                  // plans evaluated
-  std::size_t deadlocked = 0;                  // of which deadlocked
+  std::size_t candidates = 0;                  // plans searched (evaluated or pruned)
+  std::size_t deadlocked = 0;                  // of the evaluated, how many deadlocked
+  std::size_t pruned = 0;                      // not simulated: the engine's bound showed they cannot win
   core::RunReport best;                        // valid when feasible
   std::optional<core::BaselinePlan> baseline;  // baselines: the best plan's knobs (when feasible)
   // baselines: the best feasible time under each activation policy searched ("checkpoint", "keep"); the

@@ -2,12 +2,26 @@
 // and swap ledger, and the Chrome-trace counter events.
 #include "sim/cost_native.hpp"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 namespace harmony::sim {
 
 EngineResult NativeEngine::run(const core::Program& program) const {
-  NativeResult res = run_native(program, model_, machine_, options_);
+  return result_of(program, run_native(program, model_, machine_, options_));
+}
+
+std::optional<EngineResult> NativeEngine::run_within(const core::Program& program, double cutoff_s) const {
+  // cutoffs beyond the simulated range (or infinite) cannot prune
+  const double ps = cutoff_s * 1e12;
+  if (!(ps < static_cast<double>(core::kMaxTimePs))) return run(program);
+  auto res = run_native_within(program, model_, machine_, options_, static_cast<core::TimePs>(std::floor(ps)));
+  if (!res) return std::nullopt;
+  return result_of(program, std::move(*res));
+}
+
+EngineResult NativeEngine::result_of(const core::Program& program, NativeResult res) const {
   EngineResult e;
   e.report = native_report(program, res);
   apply_capacity(e.report, machine_.gpu_memory_bytes, true);

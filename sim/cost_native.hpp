@@ -20,9 +20,12 @@ class NativeEngine final : public Engine {
       : model_(model), machine_(machine), options_(options) {}
   core::CostModelKind kind() const override { return core::CostModelKind::Native; }
   EngineResult run(const core::Program& program) const override;
+  // run_native_within: nullopt when native_lower_bound_ps exceeds the cutoff
+  std::optional<EngineResult> run_within(const core::Program& program, double cutoff_s) const override;
   const NativeOptions& options() const { return options_; }
 
  private:
+  EngineResult result_of(const core::Program& program, NativeResult res) const;  // the report of one run
   const core::Model& model_;
   core::MachineSpec machine_;
   NativeOptions options_;

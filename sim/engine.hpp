@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/base/cost_model_kind.hpp"
@@ -33,6 +34,12 @@ class Engine {
   virtual core::CostModelKind kind() const = 0;
   // Throws core::ScheduleError for a Program the engine cannot run; a deadlock is in report.deadlock.
   virtual EngineResult run(const core::Program& program) const = 0;
+  // run(program), or nullopt when the engine can tell without running it that report.iteration_time_s would exceed
+  // `cutoff_s` (a search skips a candidate that cannot beat the times it already has: core::run_search). An engine
+  // with no such bound runs the Program.
+  virtual std::optional<EngineResult> run_within(const core::Program& program, double /*cutoff_s*/) const {
+    return run(program);
+  }
 };
 
 // The engine of `kind` on `model` (kept by reference: it must outlive the engine) and `machine`, with its

@@ -5,8 +5,8 @@
 
 namespace harmony::sim {
 
-Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const core::Plan& plan,
-                         const core::LowerOptions& options) {
+core::Program lower_plan_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                             const core::LowerOptions& options) {
   core::validate_plan(plan, model.num_layers());
   for (core::Phase ph : {core::Phase::Fwd, core::Phase::Bwd}) {
     const int u = ph == core::Phase::Fwd ? plan.u_fwd : plan.u_bwd;
@@ -17,8 +17,24 @@ Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const c
   core::LowerOptions lower = options;
   // every replica: they share the host links and run the all-reduce ring
   if (engine.kind() == core::CostModelKind::Native) lower.dp_first_gpu_only = false;
-  return evaluate_program(engine,
-                          core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model, lower));
+  return core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model, lower);
+}
+
+Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                         const core::LowerOptions& options) {
+  return evaluate_program(engine, lower_plan_for(engine, model, plan, options));
+}
+
+std::optional<Evaluation> evaluate_plan_within(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                                               const core::LowerOptions& options, double cutoff_s) {
+  Evaluation e;
+  e.program = lower_plan_for(engine, model, plan, options);
+  std::optional<EngineResult> r = engine.run_within(e.program, cutoff_s);
+  if (!r) return std::nullopt;
+  e.timeline = std::move(r->timeline);
+  e.report = std::move(r->report);
+  e.native = std::move(r->native);
+  return e;
 }
 
 Evaluation evaluate_program(const Engine& engine, core::Program program) {

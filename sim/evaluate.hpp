@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "core/base/cost_model_kind.hpp"
 #include "core/machine/machine.hpp"
@@ -25,6 +26,13 @@ struct Evaluation {
 // lowers every replica (they share the host links and run the all-reduce ring); the reference, options as given.
 Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const core::Plan& plan,
                          const core::LowerOptions& options);
+// The Program evaluate_plan runs for `plan` on `engine` (validated, composed and lowered the same way).
+core::Program lower_plan_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                             const core::LowerOptions& options);
+// evaluate_plan, or nullopt when the engine shows without running it that the iteration would exceed `cutoff_s`
+// (Engine::run_within).
+std::optional<Evaluation> evaluate_plan_within(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                                               const core::LowerOptions& options, double cutoff_s);
 // The same on make_engine(cost_model, model, machine).
 Evaluation evaluate_plan(const core::Model& model, const core::MachineSpec& machine, const core::Plan& plan,
                          const core::LowerOptions& options,

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <queue>
 
 #include <fmt/format.h>
@@ -345,6 +346,71 @@ class FlowEngine {
     init_readiness();
   }
 
+  // A time the iteration cannot beat (native_lower_bound_ps): the longest chain of dependencies, queue order and
+  // rendezvous pairs with every activity priced alone. A running flow's max-min fair rate never exceeds its rate
+  // alone (its own cap and each link's capacity over its coefficient), copy-engine waits and hand-offs only add,
+  // so no op ends before the chain's bound on it. Ops never reached (a deadlock) do not count.
+  TimePs lower_bound() const {
+    const std::size_t n = p_.ops.size();
+    std::vector<int> pending = pending_;
+    std::vector<double> ready(n, 0.0);  // picoseconds, the latest end of a predecessor
+    std::vector<char> reached(n, 0);
+    std::vector<int> stack;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (pending[i] == 0) stack.push_back(static_cast<int>(i));
+    }
+    std::vector<char> counted(z(std::max(p_.num_devices(), 1)), p_.pp_rules ? 1 : 0);
+    for (int d : p_.devices) {
+      if (d >= 0 && z(d) < counted.size()) counted[z(d)] = 1;
+    }
+    double end = 0.0;
+    // every link carries its flows' work within the iteration, every copy engine its DMA stages one slot at a time
+    // (only when every GPU with ops is counted: an uncounted GPU's op may end after the counted ones)
+    bool all_counted = true;
+    for (const Op& o : p_.ops)
+      all_counted = all_counted && o.device >= 0 && z(o.device) < counted.size() && counted[z(o.device)];
+    std::vector<double> link_work(cap_.size(), 0.0);
+    std::vector<double> engine_ps(engines_.size(), 0.0);
+    while (!stack.empty()) {
+      const int op = stack.back();
+      stack.pop_back();
+      reached[z(op)] = 1;
+      const int peer = p_.ops[z(op)].peer;
+      if (peer >= 0 && !reached[z(peer)]) continue;  // the pair starts when its second op is ready
+      const Activity x = build_activity(op, peer);
+      double t = 0;
+      for (int k = 0; k <= static_cast<int>(x.later.size()); ++k) {
+        const Stage& st = k == 0 ? static_cast<const Stage&>(x) : x.later[z(k - 1)];
+        const double a = alone_ps(st);
+        t += a;
+        if (k <= x.engine_stage && x.engine >= 0) engine_ps[z(x.engine)] += a;
+        if (st.kind == ActKind::Flow) {
+          for (std::size_t i = 0; i < st.path.size(); ++i) link_work[z(st.path[i])] += st.volume * coef_of(st, i);
+        }
+      }
+      const double fin = std::max(ready[z(op)], peer >= 0 ? ready[z(peer)] : 0.0) + t;
+      for (int o : {op, peer}) {
+        if (o < 0) continue;
+        const int d = p_.ops[z(o)].device;
+        if (d >= 0 && z(d) < counted.size() && counted[z(d)]) end = std::max(end, fin);
+        for (const int s : graph_.successors(o)) {
+          ready[z(s)] = std::max(ready[z(s)], fin);
+          if (--pending[z(s)] == 0) stack.push_back(s);
+        }
+      }
+    }
+    if (all_counted && !opt_.serial && opt_.contention) {
+      for (std::size_t l = 0; l < cap_.size(); ++l) {
+        if (std::isfinite(cap_[l]) && cap_[l] > 0) end = std::max(end, link_work[l] / cap_[l] * kPs);
+      }
+      for (std::size_t e = 0; e < engines_.size(); ++e)
+        end = std::max(end, engine_ps[e] / static_cast<double>(engines_[e].slots));
+    }
+    // the engine rounds each flow's end up to a picosecond and integrates rates in floating point: a relative
+    // margin far below any difference a search ranks on keeps the bound below every run
+    return static_cast<TimePs>(std::floor(end * (1.0 - 1e-9)));
+  }
+
   NativeResult run() {
     const std::size_t n = p_.ops.size();
     for (std::size_t i = 0; i < n; ++i) {
@@ -401,12 +467,23 @@ class FlowEngine {
 
   void launch(int act) { to_start_.push_back(act); }
 
+  // A stage's time alone on the machine: its fixed time, or its latency plus its volume at the path's bottleneck
+  // (capped by its own rate limit), the rate max-min fairness gives a flow that shares nothing.
+  double alone_ps(const Stage& st) const {
+    if (st.kind == ActKind::Fixed) return static_cast<double>(st.fixed_ps);
+    double r = st.cap > 0 ? st.cap : kInf;
+    for (std::size_t i = 0; i < st.path.size(); ++i) r = std::min(r, cap_[z(st.path[i])] / coef_of(st, i));
+    double t = static_cast<double>(st.latency_ps);
+    if (std::isfinite(r) && r > 0 && st.volume > 0) t += st.volume * kPs / r;
+    return t;
+  }
+
   // ---- pricing ----
   double compute_s(const Op& o) const { return profiled_compute_s(o, m_); }
   double update_s(const Op& o) const { return profiled_update_s(o, m_); }
 
   void set_flow(Activity& x, double volume, std::vector<int> path, double cap, TransferClass cls, Bytes ledger,
-                core::TensorKind tensor, int engine) {
+                core::TensorKind tensor, int engine) const {
     if (volume <= 0) return;  // nothing moves: a zero-length op
     x.kind = ActKind::Flow;
     x.volume = volume;
@@ -448,7 +525,7 @@ class FlowEngine {
   // The host work around op `o`'s own stage (native model only; docs/native-model.md "Offload tiers and host
   // work"): NVMe reads before it, the dtype conversion before an update, host gradient sums and NVMe writes
   // after it, and the op's fixed overhead before everything.
-  void add_host_work(Activity& x, const Op& o) {
+  void add_host_work(Activity& x, const Op& o) const {
     const auto& g = r_.graph;
     std::vector<Stage> before;
     std::vector<Stage> after;
@@ -513,6 +590,12 @@ class FlowEngine {
   }
 
   int make_activity(int a, int b) {
+    acts_.push_back(build_activity(a, b));
+    return static_cast<int>(acts_.size()) - 1;
+  }
+
+  // The activity of op `a` (with its rendezvous peer `b`, or -1): its stages, paths and copy engine.
+  Activity build_activity(int a, int b) const {
     Activity x;
     x.a = a;
     x.b = b;
@@ -613,8 +696,7 @@ class FlowEngine {
     if (!ref && b < 0) add_host_work(x, p_.ops[z(a)]);
     if (host_pool()) share_host_pool(x);
     x.remaining = x.volume;
-    acts_.push_back(std::move(x));
-    return static_cast<int>(acts_.size()) - 1;
+    return x;
   }
 
   // machine.compute.host_cores on the native model: the pool of compute units is the host's cores.
@@ -625,7 +707,7 @@ class FlowEngine {
   // on no PCIe, NVLink or memcpy link (the logical devices have none between them; host memory and drives stay);
   // and the op's dispatch is a stage of its own before the op's work: that many unit-seconds of one thread on the
   // pool (holding the op's copy engine), slowed like any other thread.
-  void share_host_pool(Activity& x) {
+  void share_host_pool(Activity& x) const {
     const int pool = r_.graph.compute;
     auto add_pool = [&](Stage& st) {
       if (st.kind != ActKind::Flow || st.path.empty()) return;
@@ -714,7 +796,7 @@ class FlowEngine {
     return s;
   }
 
-  void transfer(Activity& x, const Op& o, double bytes) {
+  void transfer(Activity& x, const Op& o, double bytes) const {
     const auto& g = r_.graph;
     const bool ref = opt_.reference_bandwidths;
     const double swap_cap = ref ? mach_.bw_swap_bytes_per_s / nsim_ : 0;
@@ -1148,6 +1230,19 @@ class FlowEngine {
 NativeResult run_native(const Program& program, const core::Model& model, const core::MachineSpec& machine,
                         const NativeOptions& options) {
   return FlowEngine(program, model, machine, options).run();
+}
+
+TimePs native_lower_bound_ps(const Program& program, const core::Model& model, const core::MachineSpec& machine,
+                             const NativeOptions& options) {
+  return FlowEngine(program, model, machine, options).lower_bound();
+}
+
+std::optional<NativeResult> run_native_within(const Program& program, const core::Model& model,
+                                              const core::MachineSpec& machine, const NativeOptions& options,
+                                              TimePs cutoff_ps) {
+  FlowEngine engine(program, model, machine, options);
+  if (engine.lower_bound() > cutoff_ps) return std::nullopt;
+  return engine.run();
 }
 
 }  // namespace harmony::sim

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,17 @@ double profiled_update_s(const core::Op& op, const core::Model& model);
 // or has a P2P op without a peer; a deadlock and infeasibility are reported in the result.
 NativeResult run_native(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
                         const NativeOptions& options = {});
+
+// A time `program`'s iteration (the last end on the GPUs its report counts) cannot beat on `machine`: the longest
+// chain of dependencies, queue order and rendezvous pairs with every op priced alone (no flow sharing a link, no
+// copy-engine wait). run_native never reports less; the search uses it to skip candidates that cannot win
+// (run_native_within, core::run_search's cutoff). Throws what run_native throws for a Program it cannot run.
+core::TimePs native_lower_bound_ps(const core::Program& program, const core::Model& model,
+                                   const core::MachineSpec& machine, const NativeOptions& options = {});
+// run_native, unless native_lower_bound_ps already exceeds `cutoff_ps` (nullopt: the run could not end by then).
+std::optional<NativeResult> run_native_within(const core::Program& program, const core::Model& model,
+                                              const core::MachineSpec& machine, const NativeOptions& options,
+                                              core::TimePs cutoff_ps);
 
 // The static host-memory account of one iteration of `program`. Swaps copy straight from and into the host
 // tensors (pinned; no staging buffers); `p2p_staged`: P2P copies go through pinned host buffers

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <limits>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -154,30 +156,20 @@ Plan candidate_plan(const Candidate& c, const SearchSpace& space) {
   return p;
 }
 
-SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate,
-                        const SearchProgressFn& progress) {
-  SearchResult res;
-  res.num_candidates = candidates.size();
-  std::vector<RunReport> reports(candidates.size());
-  unsigned threads =
-      space.spec.threads > 0 ? static_cast<unsigned>(space.spec.threads) : std::thread::hardware_concurrency();
-  // Starting threads costs more than a few dozen candidates take to simulate.
-  constexpr std::size_t kMinCandidatesPerThread = 32;
-  threads =
-      std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(candidates.size() / kMinCandidatesPerThread)));
+namespace {
+
+// Runs fn(0..n-1) on `threads` threads, each index once; the first exception stops the others and is rethrown.
+template <class Fn>
+void parallel_for(std::size_t n, unsigned threads, Fn fn) {
   std::atomic<std::size_t> next{0};
   std::exception_ptr error;
   std::atomic<bool> failed{false};
-  SearchProgressTicker ticker(progress, candidates.size());
   auto worker = [&] {
     for (;;) {
-      const std::size_t i = next.fetch_add(1);
-      if (i >= candidates.size() || failed.load()) return;
+      const std::size_t k = next.fetch_add(1);
+      if (k >= n || failed.load()) return;
       try {
-        reports[i] = evaluate(candidate_plan(candidates[i], space));
-        reports[i].method_fwd = candidates[i].method_fwd;
-        reports[i].method_bwd = candidates[i].method_bwd;
-        ticker.tick();
+        fn(k);
       } catch (...) {
         if (!failed.exchange(true)) error = std::current_exception();
         return;
@@ -192,8 +184,94 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
     for (auto& t : pool) t.join();
   }
   if (error) std::rethrow_exception(error);
+}
+
+// The top_k best ranking keys found so far (a max-heap of at most k), shared by the search's threads.
+class BestKeys {
+ public:
+  explicit BestKeys(std::size_t k) : k_(k) {}
+  void add(double key) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (heap_.size() < k_) {
+      heap_.push_back(key);
+      std::push_heap(heap_.begin(), heap_.end());
+    } else if (key < heap_.front()) {
+      std::pop_heap(heap_.begin(), heap_.end());
+      heap_.back() = key;
+      std::push_heap(heap_.begin(), heap_.end());
+    }
+  }
+  // The k-th best key (infinite until k are known): a candidate whose key would exceed it cannot enter the top k.
+  double threshold() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return k_ > 0 && heap_.size() == k_ ? heap_.front() : std::numeric_limits<double>::infinity();
+  }
+
+ private:
+  std::size_t k_;
+  std::mutex mutex_;
+  std::vector<double> heap_;
+};
+
+}  // namespace
+
+double compute_estimate_s(const Model& model, const Candidate& c, const SearchSpace& space) {
+  const bool dp = is_data_parallel(space.kind);
+  const int gpus = std::max(1, space.gpus);
+  const int share = dp ? std::max(1, space.minibatch / gpus) : space.minibatch;
+  auto passes = [&](int u) { return static_cast<double>((share + u - 1) / std::max(1, u)); };
+  double s = 0.0;
+  const int r_fwd = c.packs_fwd.empty() ? 0 : c.packs_bwd.back().first;
+  for (int l = 0; l < r_fwd; ++l) s += model.time_s(Phase::Fwd, c.u_fwd, l) * passes(c.u_fwd);
+  for (int l = 0; l < model.num_layers(); ++l) s += model.time_s(Phase::Bwd, c.u_bwd, l) * passes(c.u_bwd);
+  return dp ? s : s / gpus;  // a pipeline spreads the layers over its GPUs
+}
+
+namespace {
+
+SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchSpace& space,
+                         const std::vector<std::size_t>& order, bool prune, const BoundedEvaluator& evaluate,
+                         const SearchProgressFn& progress) {
+  SearchResult res;
+  const std::size_t n = candidates.size();
+  res.num_candidates = n;
+  std::vector<RunReport> reports(n);
+  unsigned threads =
+      space.spec.threads > 0 ? static_cast<unsigned>(space.spec.threads) : std::thread::hardware_concurrency();
+  // Starting threads costs more than a few dozen candidates take to simulate.
+  constexpr std::size_t kMinCandidatesPerThread = 32;
+  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(n / kMinCandidatesPerThread)));
+  // the paper's fit rule ranks a single pack's time / 1000
+  auto fit_scale = [&](std::size_t i) {
+    return space.spec.fit_rule && candidates[i].packs_bwd.size() == 1 ? 1000.0 : 1.0;
+  };
+  std::vector<char> evaluated(n, 0);
+  BestKeys best(prune ? static_cast<std::size_t>(space.spec.top_k) : 0);
+  SearchProgressTicker ticker(progress, n);
+  parallel_for(n, threads, [&](std::size_t k) {
+    const std::size_t i = order[k];
+    const double cutoff_s = prune ? best.threshold() * fit_scale(i) : std::numeric_limits<double>::infinity();
+    std::optional<RunReport> r = evaluate(candidate_plan(candidates[i], space), cutoff_s);
+    if (r) {
+      reports[i] = std::move(*r);
+      reports[i].method_fwd = candidates[i].method_fwd;
+      reports[i].method_bwd = candidates[i].method_bwd;
+      evaluated[i] = 1;
+      if (prune && !reports[i].deadlock && reports[i].feasible) best.add(reports[i].iteration_time_s / fit_scale(i));
+    }
+    ticker.tick();
+  });
   ticker.finish();
-  for (std::size_t i = 0; i < candidates.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!evaluated[i]) {
+      ++res.num_pruned;
+      continue;
+    }
+    if (!reports[i].feasible && !reports[i].infeasible_reason.empty() &&
+        res.first_miss == static_cast<std::size_t>(-1)) {
+      res.first_miss = i;
+      res.first_miss_reason = reports[i].infeasible_reason;
+    }
     if (reports[i].deadlock) {
       ++res.num_deadlocked;
       continue;
@@ -202,9 +280,7 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
       ++res.num_infeasible;
       continue;
     }
-    double key = reports[i].iteration_time_s;
-    if (space.spec.fit_rule && candidates[i].packs_bwd.size() == 1) key /= 1000.0;
-    res.ranked.push_back(RankedResult{i, key, std::move(reports[i])});
+    res.ranked.push_back(RankedResult{i, reports[i].iteration_time_s / fit_scale(i), std::move(reports[i])});
   }
   std::stable_sort(res.ranked.begin(), res.ranked.end(),
                    [](const RankedResult& a, const RankedResult& b) { return a.rank_time_s < b.rank_time_s; });
@@ -212,6 +288,32 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
     res.ranked.resize(static_cast<std::size_t>(space.spec.top_k));
   }
   return res;
+}
+
+}  // namespace
+
+SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate,
+                        const SearchProgressFn& progress) {
+  std::vector<std::size_t> order(candidates.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  return search_impl(
+      candidates, space, order, false,
+      [&](const Plan& p, double /*cutoff_s*/) { return std::optional<RunReport>(evaluate(p)); }, progress);
+}
+
+SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const SearchSpace& space, const Model& model,
+                                const BoundedEvaluator& evaluate, const SearchProgressFn& progress) {
+  const std::size_t n = candidates.size();
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  const bool prune = space.spec.top_k >= 1 && n > static_cast<std::size_t>(space.spec.top_k);
+  if (prune) {
+    std::vector<double> estimate(n);
+    for (std::size_t i = 0; i < n; ++i) estimate[i] = compute_estimate_s(model, candidates[i], space);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return estimate[a] < estimate[b]; });
+  }
+  return search_impl(candidates, space, order, prune, evaluate, progress);
 }
 
 }  // namespace harmony::core

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,17 +85,38 @@ struct RankedResult {
 
 struct SearchResult {
   std::size_t num_candidates = 0;
-  std::size_t num_deadlocked = 0;
-  std::size_t num_infeasible = 0;    // exceeded a capacity (native cost model)
+  std::size_t num_deadlocked = 0;    // of the evaluated candidates
+  std::size_t num_infeasible = 0;    // of the evaluated candidates: exceeded a capacity (native cost model)
+  std::size_t num_pruned = 0;        // not evaluated: their bound exceeded the top_k-th best time already found
   std::vector<RankedResult> ranked;  // best first, at most top_k (all when top_k = -1)
+  // The evaluated candidate of lowest index whose report is infeasible with a reason (npos: none), and that
+  // reason: when nothing is feasible no candidate is pruned, so this is the first miss in enumeration order.
+  std::size_t first_miss = static_cast<std::size_t>(-1);
+  std::string first_miss_reason;
 };
 
 using Evaluator = std::function<RunReport(const Plan&)>;
+// An evaluator that may decline: nullopt when it can tell, more cheaply than evaluating, that the plan's iteration
+// would take longer than `cutoff_s` (sim::Engine::run_within). It must never decline a plan that would not.
+using BoundedEvaluator = std::function<std::optional<RunReport>(const Plan&, double cutoff_s)>;
 
 // Evaluates every candidate with `evaluate` on `threads` threads (0 = hardware concurrency).
 // Deadlocked candidates are counted and left out of the ranking. Deterministic for any thread count.
 // `progress` (optional) hears how many candidates are done, at most every ~0.1 s and once at the end.
 SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate,
                         const SearchProgressFn& progress = {});
+
+// The same ranking with branch and bound (top_k >= 1): candidates in increasing compute_estimate_s (then enumeration
+// order), each offered the cutoff of the top_k-th best time found so far (infinite until top_k are found); a
+// declined candidate is slower than top_k evaluated ones, so `ranked` is what run_search gives (same reports, same
+// order, ties by enumeration order) and only the counts cover fewer candidates (num_pruned says how many fewer).
+// Which candidates are pruned is deterministic with one thread; `ranked` for any thread count.
+SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const SearchSpace& space, const Model& model,
+                                const BoundedEvaluator& evaluate, const SearchProgressFn& progress = {});
+
+// A rough per-GPU compute time of a candidate's iteration from the profile (forward packs at u_fwd, recompute and
+// backward of every layer at u_bwd, over each GPU's share of the minibatch): the order run_search_bounded tries
+// candidates in, so that a good plan sets a tight cutoff early. Not a bound.
+double compute_estimate_s(const Model& model, const Candidate& candidate, const SearchSpace& space);
 
 }  // namespace harmony::core

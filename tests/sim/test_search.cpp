@@ -9,8 +9,11 @@
 #include <thread>
 
 #include "core/base/error.hpp"
+#include "core/config/config.hpp"
+#include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
 #include "core/search/search.hpp"
+#include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
 
 using namespace harmony;
@@ -292,4 +295,120 @@ TEST_CASE("wide pack counts: the paper's candidates come first and Minimum is th
       max_added = std::max(max_added, c.packs_bwd.size());
   }
   CHECK(max_added == 8);
+}
+
+namespace {
+// One search space of `kind` on `gpus` GPUs, minibatch `minibatch`, wide pack counts, one thread.
+core::SearchSpace wide_space(core::PlanKind kind, int gpus, int minibatch, const core::MachineSpec& m, int top_k) {
+  core::SearchSpace s;
+  s.kind = kind;
+  s.gpus = gpus;
+  s.minibatch = minibatch;
+  s.capacity_bytes = m.search_capacity_bytes();
+  s.spec.pack_counts = core::PackCounts::Wide;
+  s.spec.threads = 1;
+  s.spec.top_k = top_k;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("branch and bound: the native bound never exceeds a run, and the bounded search ranks as the full one") {
+  struct Case {
+    const char* machine;
+    const char* model;  // an analytic preset, or "" for bert_large's profile
+    core::PlanKind kind;
+    int gpus;
+    int minibatch;
+    core::Bytes memory = 0;  // the machine's GPU memory instead of the preset's (0: the preset's)
+  };
+  // GPU servers with PCIe trees, NVLink and host memory bandwidth; the CPU device's calibrated machine (host cores
+  // shared by compute, copies, updates and dispatch); pipelines and replicas
+  const std::vector<Case> cases{
+      {"h100-sxm-8x", "gpt3-1.3b", core::PlanKind::HarmonyPP, 4, 8},
+      {"h100-sxm-8x", "gpt3-1.3b", core::PlanKind::HarmonyDP, 2, 8},
+      {"rtx4090-4x", "gpt3-1.3b", core::PlanKind::HarmonyPP, 2, 8},
+      {"paper-1080ti", "", core::PlanKind::HarmonyPP, 2, 8},
+      {"paper-1080ti", "", core::PlanKind::HarmonyDP, 2, 8},
+      {"cpu-4x-calibrated", "", core::PlanKind::HarmonyPP, 2, 8, 10 * core::kGiB},
+  };
+  std::size_t pruned = 0, checked = 0;
+  for (const auto& c : cases) {
+    const std::string machine = c.machine;
+    const std::string kind = core::plan_kind_name(c.kind);
+    CAPTURE(machine);
+    CAPTURE(kind);
+    core::MachineSpec m = core::machine_preset(c.machine);
+    if (c.memory > 0) m.gpu_memory_bytes = c.memory;
+    const core::Model model =
+        *c.model ? core::analytic_model(*core::analytic_preset(c.model), m.gpu_rates, m.cpu_adam) : bert();
+    const auto engine = sim::make_engine(core::CostModelKind::Native, model, m);
+    const core::LowerOptions lower;
+    const auto space_all = wide_space(c.kind, c.gpus, c.minibatch, m, -1);
+    const auto cands = core::enumerate_candidates(model, space_all);
+    REQUIRE(cands.size() > 3);
+    // every candidate: the bound is at most the run's iteration time
+    for (const auto& cand : cands) {
+      const core::Plan p = core::candidate_plan(cand, space_all);
+      const core::Program program = sim::lower_plan_for(*engine, model, p, lower);
+      const core::TimePs bound = sim::native_lower_bound_ps(program, model, m);
+      const auto r = engine->run(program).report;
+      if (r.deadlock) continue;
+      CHECK(core::ps_to_seconds(bound) <= r.iteration_time_s);
+      CHECK(bound > 0);
+      ++checked;
+    }
+    auto full = [&](const core::Plan& p) { return sim::evaluate_plan(*engine, model, p, lower).report; };
+    auto bounded = [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+      auto e = sim::evaluate_plan_within(*engine, model, p, lower, cutoff_s);
+      if (!e) return std::nullopt;
+      return std::move(e->report);
+    };
+    // every candidate ranked (top_k = -1): a top_k search's ranking is its first top_k
+    const auto a = core::run_search(cands, space_all, full);
+    CHECK(a.num_pruned == 0);
+    for (auto [top_k, threads] : {std::pair{1, 1}, std::pair{3, 1}, std::pair{1, 2}}) {
+      CAPTURE(top_k);
+      CAPTURE(threads);
+      auto space = wide_space(c.kind, c.gpus, c.minibatch, m, top_k);
+      space.spec.threads = threads;
+      const auto b = core::run_search_bounded(cands, space, model, bounded);
+      REQUIRE(b.ranked.size() == std::min<std::size_t>(a.ranked.size(), static_cast<std::size_t>(top_k)));
+      for (std::size_t i = 0; i < b.ranked.size(); ++i) {
+        CHECK(a.ranked[i].candidate == b.ranked[i].candidate);
+        CHECK(a.ranked[i].report.iteration_time_s == b.ranked[i].report.iteration_time_s);
+      }
+      CHECK(b.num_candidates == cands.size());
+      CHECK(b.num_pruned + b.num_deadlocked + b.num_infeasible <= cands.size());
+      pruned += b.num_pruned;
+    }
+  }
+  CHECK(checked > 100);
+  CHECK(pruned > 0);  // the bound does skip candidates (most of them on the pipelines here)
+}
+
+TEST_CASE("the bounded search's first miss is the full search's when nothing fits") {
+  // a capacity no plan meets: nothing is feasible, so nothing is pruned and every candidate is evaluated
+  core::MachineSpec m = core::machine_preset("paper-1080ti");
+  m.gpu_memory_bytes = 600 * core::kMiB;
+  auto space = wide_space(core::PlanKind::HarmonyPP, 2, 8, m, 1);
+  space.capacity_bytes = 10 * core::kGiB;  // the packers think it fits; the native engine finds it does not
+  const auto engine = sim::make_engine(core::CostModelKind::Native, bert(), m);
+  const auto cands = core::enumerate_candidates(bert(), space);
+  REQUIRE(!cands.empty());
+  const auto a = core::run_search(cands, space, [&](const core::Plan& p) {
+    return sim::evaluate_plan(*engine, bert(), p, core::LowerOptions{}).report;
+  });
+  const auto b = core::run_search_bounded(
+      cands, space, bert(), [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+        auto e = sim::evaluate_plan_within(*engine, bert(), p, core::LowerOptions{}, cutoff_s);
+        if (!e) return std::nullopt;
+        return std::move(e->report);
+      });
+  CHECK(a.ranked.empty());
+  CHECK(b.ranked.empty());
+  CHECK(b.num_pruned == 0);
+  REQUIRE(a.first_miss < cands.size());
+  CHECK(b.first_miss == a.first_miss);
+  CHECK(b.first_miss_reason == a.first_miss_reason);
+  CHECK(b.num_infeasible == a.num_infeasible);
 }
