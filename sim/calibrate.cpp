@@ -405,6 +405,7 @@ void fit_transfers(const std::vector<CalibrationRun>& runs, const Sharing& sh, F
   // median) would set the bandwidth. Drop the rows more than 3 median absolute residuals above the fit, twice.
   for (int pass = 0; pass < (sh.host ? 2 : 0) && rows.size() > 3; ++pass) {
     std::vector<double> res;
+    res.reserve(rows.size());
     for (const auto& r : rows)
       res.push_back(std::abs(r.y - (r.p2p ? beta[1] : beta[0]) - (on[2] ? beta[2] * r.bytes : 0.0)));
     std::vector<double> sorted = res;

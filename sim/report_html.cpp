@@ -681,6 +681,7 @@ std::string model_html(const ReportData& d, const ModelSection& s, std::size_t i
       std::sort(front.begin(), front.end(),
                 [](const CostPoint* a, const CostPoint* b) { return a->time_to_train_s < b->time_to_train_s; });
       std::vector<std::vector<std::string>> rows;
+      rows.reserve(front.size());
       for (const auto* p : front)
         rows.push_back({fmt_duration(p->time_to_train_s), fmt::format("{:.2f}", p->cost), p->kind, p->machine,
                         std::to_string(p->gpus), std::to_string(p->point)});
