@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
-#include "sim/cost_native.hpp"
-#include "sim/native_engine.hpp"
+#include "sim/engine.hpp"
+#include "sim/native_engine.hpp"  // profiled_compute_s, profiled_update_s
 
 namespace harmony::sim {
 
@@ -405,6 +405,7 @@ void fit_transfers(const std::vector<CalibrationRun>& runs, const Sharing& sh, F
   // median) would set the bandwidth. Drop the rows more than 3 median absolute residuals above the fit, twice.
   for (int pass = 0; pass < (sh.host ? 2 : 0) && rows.size() > 3; ++pass) {
     std::vector<double> res;
+    res.reserve(rows.size());
     for (const auto& r : rows)
       res.push_back(std::abs(r.y - (r.p2p ? beta[1] : beta[0]) - (on[2] ? beta[2] * r.bytes : 0.0)));
     std::vector<double> sorted = res;
@@ -489,17 +490,16 @@ void fit_compute(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fit
   f.compute.time_scale = std::clamp(b > 0 ? b : 1.0, 0.01, 100.0);
 }
 
-double predicted_step(const CalibrationRun& r, const Fitted& f, NativeResult* out = nullptr) {
-  NativeResult res = run_native(*r.program, *r.model, with(r.machine, f));
-  const double t = native_report(*r.program, res).iteration_time_s;
-  if (out) *out = std::move(res);
-  return t;
+// One run of `r`'s Program on the native engine (its default settings) on the machine with `f`: the predicted
+// step is report.iteration_time_s, the per-op durations are in timeline.
+EngineResult predict(const CalibrationRun& r, const Fitted& f) {
+  return make_engine(core::CostModelKind::Native, *r.model, with(r.machine, f))->run(*r.program);
 }
 
 double step_objective(const std::vector<CalibrationRun>& runs, const Fitted& f) {
   double sum = 0;
   for (const auto& r : runs) {
-    const double e = predicted_step(r, f) / r.measured_step_s - 1.0;
+    const double e = predict(r, f).report.iteration_time_s / r.measured_step_s - 1.0;
     sum += e * e;
   }
   return sum;
@@ -517,12 +517,12 @@ void fill_residuals(const std::vector<CalibrationRun>& runs, const Fitted& f, Ca
   c.classes.assign(kNumOpClasses, ClassResidual{});
   for (int k = 0; k < kNumOpClasses; ++k) c.classes[z(k)].cls = static_cast<OpClass>(k);
   for (const auto& r : runs) {
-    NativeResult res;
+    const EngineResult res = predict(r, f);
     RunResidual rr;
     rr.name = r.name;
     rr.ops = static_cast<int>(r.program->ops.size());
     rr.measured_step_s = r.measured_step_s;
-    rr.predicted_step_s = predicted_step(r, f, &res);
+    rr.predicted_step_s = res.report.iteration_time_s;
     std::vector<ClassResidual> per(kNumOpClasses);
     for (int k = 0; k < kNumOpClasses; ++k) per[z(k)].cls = static_cast<OpClass>(k);
     for (int i = 0; i < rr.ops; ++i) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,8 +42,8 @@ struct BestPlan {
   std::string title;  // "harmony-pp N4 D32 u 2/4 fwd ... bwd ..."
   std::string where;  // the config or sweep point it comes from, in words
   core::Program program;
-  NativeResult native;
-  core::RunReport report;  // native_report of `native`
+  std::shared_ptr<const NativeResult> native;  // the engine's result with its samples (EngineResult::native)
+  core::RunReport report;                      // the engine's report of that run
   Bottleneck bottleneck;
   double capacity_bytes_per_gpu = 0;
 };

@@ -85,28 +85,39 @@ std::string html_escape(std::string_view text) {
 
 namespace {
 
-// The best plan of `kr` lowered again and run on the native engine with counters on.
+// The best plan of `kr` lowered again and run once through the Engine seam on the native engine with the cost
+// model's settings (native_options_for) and counters on.
 BestPlan make_best(const KindResult& kr, const core::Model& model, const core::RunConfig& cfg, std::string where) {
   BestPlan b;
   b.where = std::move(where);
+  NativeOptions o = native_options_for(cfg.cost_model);
+  o.record_counters = true;
+  const NativeEngine engine(model, cfg.machine, o);
+  Evaluation e;
   if (core::is_baseline(kr.kind)) {
     if (!kr.baseline) throw core::ScheduleError("best baseline plan without its knobs");
-    b.program = core::lower_baseline(*kr.baseline, model);
+    e = evaluate_program(engine, core::lower_baseline(*kr.baseline, model));
   } else {
     core::LowerOptions lower = core::lower_options(cfg.options);
     lower.offload_nvme = kr.offload == "nvme";  // the tier the search chose (compare.hpp)
-    b.program = evaluate_plan(model, cfg.machine, kr.best.plan, lower, cfg.cost_model).program;
+    if (cfg.cost_model == core::CostModelKind::Native) {
+      // `engine` is the search's engine with counters on: evaluate_plan lowers the plan as the search did
+      e = evaluate_plan(engine, model, kr.best.plan, lower);
+    } else {
+      // lowered as cfg.cost_model's engine lowers it (the reference: options as given), then run on `engine`
+      e = evaluate_program(engine, evaluate_plan(model, cfg.machine, kr.best.plan, lower, cfg.cost_model).program);
+    }
   }
-  NativeOptions o = native_options_for(cfg.cost_model);
-  o.record_counters = true;
-  b.report = simulate_native(b.program, model, cfg.machine, o, &b.native);
+  b.program = std::move(e.program);
+  b.native = std::move(e.native);
+  b.report = std::move(e.report);
   b.report.plan_kind = kr.best.plan_kind.empty() ? core::plan_kind_name(kr.kind) : kr.best.plan_kind;
   b.report.activation_policy = kr.best.activation_policy;
   b.report.method_fwd = kr.best.method_fwd;
   b.report.method_bwd = kr.best.method_bwd;
   b.report.cost_model = core::cost_model_name(cfg.cost_model);
   o.record_counters = false;  // the what-if re-simulations need no samples
-  b.bottleneck = analyze_bottleneck(b.program, model, cfg.machine, b.native, o);
+  b.bottleneck = analyze_bottleneck(b.program, model, cfg.machine, *b.native, o);
   b.title = core::report_title(kr.best);
   b.capacity_bytes_per_gpu = static_cast<double>(cfg.machine.search_capacity_bytes());
   return b;
@@ -808,9 +819,9 @@ std::vector<std::pair<std::string, std::string>> report_traces(ReportData& d, co
     used.push_back(name);
     s.trace_file = name + ".trace.json";
     const auto& b = s.best;
-    auto doc = core::chrome_trace_json(b.program, b.native.timeline.begin_ps, b.native.timeline.end_ps,
+    auto doc = core::chrome_trace_json(b.program, b.native->timeline.begin_ps, b.native->timeline.end_ps,
                                        core::TraceMeta{"harmony-sim (" + b.report.cost_model + ")", b.title});
-    append_native_counters(doc["traceEvents"], b.native);
+    append_native_counters(doc["traceEvents"], *b.native);
     out.emplace_back((page.parent_path() / s.trace_file).string(), doc.dump(1) + "\n");
   }
   return out;

@@ -124,7 +124,7 @@ constexpr double kPlotWidth = 1080;
 
 std::string timeline_svg(const BestPlan& b, const std::string& id) {
   const auto& prog = b.program;
-  const auto& tl = b.native.timeline;
+  const auto& tl = b.native->timeline;
   core::TimePs end = 0;
   for (std::size_t i = 0; i < prog.ops.size(); ++i)
     if (i < tl.end_ps.size() && tl.begin_ps[i] >= 0) end = std::max(end, tl.end_ps[i]);
@@ -195,15 +195,15 @@ std::string device_list(const std::vector<int>& devs) {
 }
 
 std::string memory_svg(const BestPlan& b, const std::string& id) {
-  const auto& samples = b.native.memory_samples;
+  const auto& samples = b.native->memory_samples;
   int devices = 0;
   for (const auto& s : samples) devices = std::max(devices, s.device + 1);
-  devices = std::max<int>(devices, static_cast<int>(b.native.peak_bytes.size()));
+  devices = std::max<int>(devices, static_cast<int>(b.native->peak_bytes.size()));
   core::TimePs end = 0;
-  for (std::size_t i = 0; i < b.native.timeline.end_ps.size(); ++i)
-    if (b.native.timeline.begin_ps[i] >= 0) end = std::max(end, b.native.timeline.end_ps[i]);
+  for (std::size_t i = 0; i < b.native->timeline.end_ps.size(); ++i)
+    if (b.native->timeline.begin_ps[i] >= 0) end = std::max(end, b.native->timeline.end_ps[i]);
   double top = b.capacity_bytes_per_gpu;
-  for (const auto p : b.native.peak_bytes) top = std::max(top, static_cast<double>(p));
+  for (const auto p : b.native->peak_bytes) top = std::max(top, static_cast<double>(p));
   top = std::max(top, 1.0) * 1.08;
   constexpr double kPlotHeight = 240, kTop = 26;
   const double height = kTop + kPlotHeight + 30;
@@ -269,8 +269,8 @@ std::string memory_svg(const BestPlan& b, const std::string& id) {
   const auto peak_of = [&](const std::vector<int>& devs) {
     double peak = 0;
     for (int dev : devs)
-      if (static_cast<std::size_t>(dev) < b.native.peak_bytes.size())
-        peak = std::max(peak, static_cast<double>(b.native.peak_bytes[static_cast<std::size_t>(dev)]));
+      if (static_cast<std::size_t>(dev) < b.native->peak_bytes.size())
+        peak = std::max(peak, static_cast<double>(b.native->peak_bytes[static_cast<std::size_t>(dev)]));
     return peak;
   };
   for (std::size_t c = 0; c < curves.size(); ++c)
@@ -681,6 +681,7 @@ std::string model_html(const ReportData& d, const ModelSection& s, std::size_t i
       std::sort(front.begin(), front.end(),
                 [](const CostPoint* a, const CostPoint* b) { return a->time_to_train_s < b->time_to_train_s; });
       std::vector<std::vector<std::string>> rows;
+      rows.reserve(front.size());
       for (const auto* p : front)
         rows.push_back({fmt_duration(p->time_to_train_s), fmt::format("{:.2f}", p->cost), p->kind, p->machine,
                         std::to_string(p->gpus), std::to_string(p->point)});

@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config/config.hpp"
-#include "core/config/config_as_kind.hpp"
 #include "core/output/report.hpp"
 #include "core/plan/plan.hpp"
 #include "sim/compare.hpp"

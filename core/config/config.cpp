@@ -3,7 +3,6 @@
 // Sections live by concern: config_model.cpp, config_plan.cpp, config_train.cpp, config_machine.cpp, config_yaml.cpp
 // (shared through config_internal.hpp); docs/config.md keeps the schema.
 #include "core/config/config.hpp"
-#include "core/config/config_as_kind.hpp"
 #include "core/config/config_internal.hpp"
 
 #include <optional>

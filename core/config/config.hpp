@@ -15,6 +15,7 @@
 #include "core/model/analytic.hpp"
 #include "core/model/model.hpp"
 #include "core/plan/plan.hpp"
+#include "core/plan/plan_kind.hpp"
 #include "core/program/baselines/baselines.hpp"
 #include "core/search/search.hpp"
 
@@ -137,6 +138,12 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 // Same, from text (tests, fuzzing); `name` is used in messages and to resolve relative paths.
 RunConfig load_config_text(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides = {});
+// load_config_text, with plan.gpus, plan.minibatch and the microbatch keys checked under `kind`'s plan rules
+// (core/plan/plan_rules), not plan.mode's: a sweep point of a baseline kind (dp-swap, pp-swap, zero-infinity, l2l,
+// lohan) is a harmony-pp config (plan.mode names only Harmony modes). A baseline kind reads one microbatch size
+// (plan.u_bwd, search.u_bwd; u_fwd is not checked) with equal microbatches.
+RunConfig load_config_text_as(PlanKind kind, const std::string& text, const std::string& name,
+                              const std::vector<std::string>& overrides = {});
 // The Plan a PlanSpec fixes for `model`: microbatch sizes and packs (pack_size or explicit packs) are required,
 // packs must cover the model, sizes must lie in its profiled range. ConfigError at the `plan:` section (or
 // `file`), whose message starts with `who` ("`simulate`") where a field is missing.
