@@ -100,13 +100,9 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
   } else {
     core::LowerOptions lower = core::lower_options(cfg.options);
     lower.offload_nvme = kr.offload == "nvme";  // the tier the search chose (compare.hpp)
-    if (cfg.cost_model == core::CostModelKind::Native) {
-      // `engine` is the search's engine with counters on: evaluate_plan lowers the plan as the search did
-      e = evaluate_plan(engine, model, kr.best.plan, lower);
-    } else {
-      // lowered as cfg.cost_model's engine lowers it (the reference: options as given), then run on `engine`
-      e = evaluate_program(engine, evaluate_plan(model, cfg.machine, kr.best.plan, lower, cfg.cost_model).program);
-    }
+    // lowered as the search's engine (cfg.cost_model's) lowers it, then run once on `engine`
+    e = evaluate_program(engine,
+                         lower_plan_for(*make_engine(cfg.cost_model, model, cfg.machine), model, kr.best.plan, lower));
   }
   b.program = std::move(e.program);
   b.native = std::move(e.native);
