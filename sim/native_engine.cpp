@@ -4,8 +4,10 @@
 #include "sim/native_engine.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <queue>
@@ -252,6 +254,43 @@ double profiled_update_s(const Op& o, const core::Model& m) {
 
 namespace {
 
+// A short list held in place: a flow's path and coefficients (at most kMaxPath links: a P2P copy across sockets
+// crosses five, plus host memory and the host-core pool). An activity per op made the engine's malloc/free a fifth
+// of a sweep's time with std::vector here.
+constexpr std::size_t kMaxPath = 8;
+template <class T>
+class SmallVec {
+ public:
+  SmallVec() = default;
+  SmallVec(std::initializer_list<T> v) {
+    for (const T& x : v) push_back(x);
+  }
+  SmallVec(const std::vector<T>& v) {  // NOLINT(google-explicit-constructor): LinkGraph's paths convert
+    for (const T& x : v) push_back(x);
+  }
+  void push_back(T x) {
+    if (n_ == kMaxPath)
+      throw core::InternalError(fmt::format("native engine: a flow path longer than {} links", kMaxPath));
+    v_[n_++] = x;
+  }
+  void assign(std::size_t n, T x) {
+    clear();
+    for (std::size_t i = 0; i < n; ++i) push_back(x);
+  }
+  void clear() { n_ = 0; }
+  std::size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  T& operator[](std::size_t i) { return v_[i]; }
+  const T& operator[](std::size_t i) const { return v_[i]; }
+  const T* begin() const { return v_.data(); }
+  const T* end() const { return v_.data() + n_; }
+
+ private:
+  std::array<T, kMaxPath> v_{};
+  std::size_t n_ = 0;
+};
+using Path = SmallVec<int>;
+
 enum class ActKind : std::uint8_t { Fixed, Flow };
 enum class EvKind : std::uint8_t { FixedEnd, LatencyEnd, FlowEnd };
 
@@ -264,8 +303,8 @@ struct Stage {
   TimePs latency_ps = 0;
   double volume = 0;  // bytes (core-seconds on the CPU)
   double cap = 0;     // the flow's own rate limit; <= 0: none
-  std::vector<int> path;
-  std::vector<double> coef;  // per path link: what one unit of volume uses of it; empty: 1 each
+  Path path;
+  SmallVec<double> coef;  // per path link: what one unit of volume uses of it; empty: 1 each
 };
 
 struct Activity : Stage {  // the Stage part is the stage running now
@@ -343,6 +382,13 @@ class FlowEngine {
     mem_.assign(nd, 0);
     r_.peak_bytes.assign(z(std::max(p.num_devices(), 1)), 0);
     latency_ps_ = opt.latency ? core::seconds_to_ps(topo_.transfer_latency_s) : 0;
+    for (int g = 0; g < ngpu; ++g) {
+      h2d_.emplace_back(r_.graph.h2d_path(g));
+      d2h_.emplace_back(r_.graph.d2h_path(g));
+    }
+    p2p_.resize(z(ngpu) * z(ngpu));
+    p2p_cls_.resize(p2p_.size());
+    p2p_known_.assign(p2p_.size(), 0);
     init_readiness();
   }
 
@@ -467,6 +513,19 @@ class FlowEngine {
 
   void launch(int act) { to_start_.push_back(act); }
 
+  // The path GPU `from` -> `to` (LinkGraph::p2p_path), built once per pair.
+  const Path& p2p(int from, int to, TransferClass* cls) const {
+    const std::size_t k = z(from) * h2d_.size() + z(to);
+    if (!p2p_known_[k]) {
+      TransferClass c = TransferClass::None;
+      p2p_[k] = r_.graph.p2p_path(from, to, &c);
+      p2p_cls_[k] = c;
+      p2p_known_[k] = 1;
+    }
+    *cls = p2p_cls_[k];
+    return p2p_[k];
+  }
+
   // A stage's time alone on the machine: its fixed time, or its latency plus its volume at the path's bottleneck
   // (capped by its own rate limit), the rate max-min fairness gives a flow that shares nothing.
   double alone_ps(const Stage& st) const {
@@ -482,13 +541,13 @@ class FlowEngine {
   double compute_s(const Op& o) const { return profiled_compute_s(o, m_); }
   double update_s(const Op& o) const { return profiled_update_s(o, m_); }
 
-  void set_flow(Activity& x, double volume, std::vector<int> path, double cap, TransferClass cls, Bytes ledger,
+  void set_flow(Activity& x, double volume, const Path& path, double cap, TransferClass cls, Bytes ledger,
                 core::TensorKind tensor, int engine) const {
     if (volume <= 0) return;  // nothing moves: a zero-length op
     x.kind = ActKind::Flow;
     x.volume = volume;
     x.remaining = volume;
-    x.path = std::move(path);
+    x.path = path;
     x.cap = cap;
     x.cls = cls;
     x.ledger_bytes = ledger;
@@ -607,8 +666,8 @@ class FlowEngine {
       if (p_.ops[z(a)].stream != Stream::P2POut && (p_.ops[z(b)].stream == Stream::P2POut || b < a)) std::swap(s, rcv);
       const Op& so = p_.ops[z(s)];
       TransferClass cls = TransferClass::None;
-      auto path = g.p2p_path(so.device, p_.ops[z(rcv)].device, &cls);
-      set_flow(x, static_cast<double>(so.bytes), std::move(path), ref ? mach_.bw_p2p_bytes_per_s : 0, cls, so.bytes,
+      const Path& path = p2p(so.device, p_.ops[z(rcv)].device, &cls);
+      set_flow(x, static_cast<double>(so.bytes), path, ref ? mach_.bw_p2p_bytes_per_s : 0, cls, so.bytes,
                core::moved_tensor(so.kind), so.device * 2 + 1);
     } else {
       const Op& o = p_.ops[z(a)];
@@ -675,9 +734,9 @@ class FlowEngine {
           const double k = static_cast<double>(nr);
           const double vol = o.kind == OpKind::ARD ? 2. * (k - 1) / k * bytes : (k - 1) / k * bytes;
           TransferClass cls = TransferClass::None;
-          auto path = g.p2p_path(o.device, (o.device + 1) % nr, &cls);
+          const Path& path = p2p(o.device, (o.device + 1) % nr, &cls);
           if (!path.empty())
-            set_flow(x, vol, std::move(path), ref ? mach_.bw_p2p_bytes_per_s : 0, cls, std::llround(vol),
+            set_flow(x, vol, path, ref ? mach_.bw_p2p_bytes_per_s : 0, cls, std::llround(vol),
                      core::moved_tensor(o.kind), -1);
           break;
         }
@@ -735,8 +794,8 @@ class FlowEngine {
       // the thread, not a link shared with the other devices' copies, bounds it: the copy links leave the path.
       // The volume becomes unit-seconds (bytes / B), as every other flow on the pool, so that max-min fairness
       // compares like with like: at most one unit, B bytes per unit-second on the remaining links.
-      std::vector<int> path;
-      std::vector<double> coef;
+      Path path;
+      SmallVec<double> coef;
       for (std::size_t i = 0; i < st.path.size(); ++i) {
         if (copy_link(st.path[i])) continue;
         path.push_back(st.path[i]);
@@ -744,8 +803,8 @@ class FlowEngine {
       }
       path.push_back(pool);
       coef.push_back(1.0);
-      st.path = std::move(path);
-      st.coef = std::move(coef);
+      st.path = path;
+      st.coef = coef;
       st.volume /= bw;
       st.cap = st.cap > 0 ? std::min(1.0, st.cap / bw) : 1.0;
     };
@@ -802,11 +861,11 @@ class FlowEngine {
     const double swap_cap = ref ? mach_.bw_swap_bytes_per_s / nsim_ : 0;
     switch (o.stream) {
       case Stream::SwapIn:
-        set_flow(x, bytes, g.h2d_path(o.device), swap_cap, TransferClass::PcieH2D, o.bytes, core::moved_tensor(o.kind),
+        set_flow(x, bytes, h2d_[z(o.device)], swap_cap, TransferClass::PcieH2D, o.bytes, core::moved_tensor(o.kind),
                  o.device * 2);
         break;
       case Stream::SwapOut:
-        set_flow(x, bytes, g.d2h_path(o.device), swap_cap, TransferClass::PcieD2H, o.bytes, core::moved_tensor(o.kind),
+        set_flow(x, bytes, d2h_[z(o.device)], swap_cap, TransferClass::PcieD2H, o.bytes, core::moved_tensor(o.kind),
                  o.device * 2 + 1);
         break;
       case Stream::P2PIn:
@@ -1207,6 +1266,11 @@ class FlowEngine {
   bool dirty_ = false;
   std::vector<double> cap_;
   std::vector<double> load_;
+  std::vector<Path> h2d_, d2h_;  // per GPU
+  // per (from, to) GPU pair, filled on first use
+  mutable std::vector<Path> p2p_;
+  mutable std::vector<TransferClass> p2p_cls_;
+  mutable std::vector<char> p2p_known_;
   // fair_rates' working buffers, reused across calls (their contents never outlive one call)
   mutable std::vector<double> fr_rate_, fr_residual_, fr_weight_;
   mutable std::vector<int> fr_count_;

@@ -107,7 +107,8 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
                         const SearchProgressFn& progress = {});
 
 // The same ranking with branch and bound (top_k >= 1): candidates in increasing compute_estimate_s (then enumeration
-// order), each offered the cutoff of the top_k-th best time found so far (infinite until top_k are found); a
+// order), each offered the cutoff of the top_k-th best time found so far (infinite until top_k are found, and after 64
+// offers in a row that were all evaluated: a bound that separates nothing is not worth its cost); a
 // declined candidate is slower than top_k evaluated ones, so `ranked` is what run_search gives (same reports, same
 // order, ties by enumeration order) and only the counts cover fewer candidates (num_pruned says how many fewer).
 // Which candidates are pruned is deterministic with one thread; `ranked` for any thread count.
