@@ -338,6 +338,7 @@ int cmd_compare(const Cli& cli) {
       j["plan_kind"] = core::plan_kind_name(k.kind);
       j["feasible"] = k.feasible;
       j["num_candidates"] = k.candidates;
+      j["num_pruned"] = k.pruned;
       j["reason"] = k.feasible ? nlohmann::json(nullptr) : nlohmann::json(k.reason);
       j["speedup_over_best_baseline"] = k.feasible && std::isfinite(res.best_baseline_time_s)
                                             ? nlohmann::json(k.speedup_over_best_baseline)

@@ -164,15 +164,24 @@ options: {{prefetch: false}}
     r = run("compare", "configs/default.yaml", "--format", "json")
     if r.returncode == 0:
         for x in json.loads(r.stdout)["results"]:
+            # the reference engine has no bound: it simulates every candidate
+            check(f"compare {x['plan_kind']} prunes nothing under reference", x["num_pruned"] == 0, x)
             if x.get("feasible"):
                 check(f"compare {x['plan_kind']} reports its peak under reference",
                       x["best"]["peak_memory_bytes"] > 0 and x["best"]["fits"] is not None, x["best"])
     r = run("compare", "configs/default.yaml", "--format", "json", "--set", "cost_model=native")
     if r.returncode == 0:
-        for x in json.loads(r.stdout)["results"]:
+        results = json.loads(r.stdout)["results"]
+        for x in results:
+            check(f"native compare {x['plan_kind']}: pruned within candidates",
+                  0 <= x["num_pruned"] <= x["num_candidates"], x)
             if x.get("feasible"):
                 check(f"native compare {x['plan_kind']}: peak and fits",
                       x["best"]["peak_memory_bytes"] > 0 and x["best"]["fits"], x)
+        pp = [x for x in results if x["plan_kind"] == "harmony-pp"][0]
+        # the native engine's bound skips most of Harmony-PP's candidates here (the best plan is the full search's:
+        # tests/sim/test_search.cpp "branch and bound")
+        check("native compare: harmony-pp candidates pruned by the bound", pp["num_pruned"] > 0, pp)
 
     # compare --trace writes the fastest kind's Chrome trace (it wrote nothing before)
     ctrace = os.path.join(tmp, "compare_trace.json")
