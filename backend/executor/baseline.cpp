@@ -123,7 +123,8 @@ class BaselineInterpreter final : public Interpreter {
     unlocked([&] {
       for (const int a : g) qr_.throttle(a, extra_);
     });
-    if (op.kind == OpKind::Update) {
+    const bool host = op.kind == OpKind::Update;
+    if (host) {
       unlocked([&] {
         for (const int a : g) qr_.host_wait(a, extra_);
       });
@@ -131,9 +132,11 @@ class BaselineInterpreter final : public Interpreter {
       for (const int a : g)
         for (const int b : g) qr_.order(b, S(a), extra_);
     }
-    if (op.peer >= 0) {
-      run_pair(g[0], g[1]);
-    } else {
+    qr_.issue(g, times, host, [&] {
+      if (op.peer >= 0) {
+        run_pair(g[0], g[1]);
+        return;
+      }
       switch (op.kind) {
         case OpKind::ARD:
           run_ard(g);
@@ -147,8 +150,7 @@ class BaselineInterpreter final : public Interpreter {
         default:
           run_op(g.front());
       }
-    }
-    qr_.record_group(g);
+    });
   }
 
   void finished(int o) override {

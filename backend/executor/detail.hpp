@@ -42,6 +42,20 @@ class Ancestry {
 // "t3 BWD L2 mb0 u1 (3.0.0.Compute.BWD)": the label and the reference id, for messages.
 std::string op_name(const core::Program& program, int op);
 
+// One step's per-op times (StepResult::begin/end, ps since t0 on the steady clock), set by the step loops for the
+// interpreter, which stamps them where the op's work runs: on its stream (QueueResources::stamp) for device work,
+// on the host for host ops. The vectors have one slot per op and are not resized during the step.
+struct StepTimes {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::vector<core::TimePs>* begin = nullptr;
+  std::vector<core::TimePs>* end = nullptr;
+  core::TimePs now() const {
+    return static_cast<core::TimePs>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
+        core::kPsPerNs);
+  }
+};
+
 // One Program dialect. A step calls begin_step, then run() per ready group and finished() per op of it, then
 // end_step. With concurrent queues, run() and finished() of different groups are called from different worker
 // threads: the step loops call them with mutex() held, and an interpreter releases it only where it waits
@@ -71,6 +85,9 @@ class Interpreter {
   virtual void allocate_host() {}
 
   std::mutex& mutex() { return mu_; }
+
+  // Set by the step loops for one step: where run() stamps its ops' begin and end times.
+  StepTimes* times = nullptr;
 
   // Set by run_step_concurrent for one step (empty in the serial loop): whether another group may still free
   // device memory: one is running and not itself waiting for memory (`waiting` of them are), or one can start.
@@ -203,6 +220,29 @@ class QueueResources {
   // ExecutorOptions::run_ahead = k > 0: the host blocks until, for each pred of op, the op k - 1 before it in its
   // queue has run (call unlocked). Nothing for k = 0.
   void throttle(int op, const std::vector<std::vector<int>>& extra);
+  // Stamps op's begin (or end) time in `times` when op's stream reaches this point (nothing when times is null).
+  void stamp(int op, const StepTimes* times, bool begin);
+  // Stamps begin, runs `work` (which enqueues the group's work on its members' streams), records the group's
+  // events (record_group) and stamps end; host ops (Update, host copies) are stamped on the host around `work`.
+  template <class F>
+  void issue(const std::vector<int>& group, const StepTimes* times, bool host, F&& work) {
+    const auto host_stamp = [&](bool begin) {
+      if (times == nullptr) return;
+      for (const int a : group) (begin ? *times->begin : *times->end)[static_cast<std::size_t>(a)] = times->now();
+    };
+    if (host) {
+      host_stamp(true);
+    } else {
+      for (const int a : group) stamp(a, times, true);
+    }
+    work();
+    record_group(group);
+    if (host) {
+      host_stamp(false);
+    } else {
+      for (const int a : group) stamp(a, times, false);
+    }
+  }
   // Records op's event on its stream, after the work the op enqueued there.
   void record(int op) { stream(op).record(event(op)); }
   // For a group whose members' work spans their streams (a P2P copy on the sender's stream into the receiver's

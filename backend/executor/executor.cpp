@@ -56,18 +56,19 @@ std::string op_name(const core::Program& p, int op) { return p.op_label(op) + " 
 
 namespace {
 
-// Both step loops' shared parts: the clock of the per-op times, the readiness of an op (it heads its queue, its
-// deps and the executor's extra deps are done), the deadlock message.
-class StepClock {
- public:
-  core::TimePs now() const {
-    return static_cast<core::TimePs>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count() *
-        core::kPsPerNs);
+// Both step loops' shared parts: the readiness of an op (it heads its queue, its deps and the executor's extra
+// deps are done), the deadlock message, the per-op times handed to the interpreter.
+struct TimesHook {  // Interpreter::times for one step
+  Interpreter& it;
+  StepTimes times;
+  TimesHook(Interpreter& i, StepResult& res) : it(i) {
+    times.begin = &res.begin;
+    times.end = &res.end;
+    it.times = &times;
   }
-
- private:
-  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  ~TimesHook() { it.times = nullptr; }
+  TimesHook(const TimesHook&) = delete;
+  TimesHook& operator=(const TimesHook&) = delete;
 };
 
 bool heads_and_deps_done(const core::Program& p, const std::vector<std::vector<int>>& extra,
@@ -99,32 +100,37 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
   res.end.assign(nops, -1);
   std::vector<char> done(nops, 0);
   std::vector<std::size_t> head(p.queues.size(), 0);
-  const StepClock clock;
+  const TimesHook times(it, res);  // the interpreter stamps the ops' times, on their streams
   auto ready = [&](int o) { return heads_and_deps_done(p, extra, done, head, o); };
   std::size_t left = nops;
-  while (left > 0) {
-    bool progress = false;
-    for (std::size_t q = 0; q < p.queues.size(); ++q) {
-      if (head[q] >= p.queues[q].ops.size()) continue;
-      const int o = p.queues[q].ops[head[q]];
-      if (!ready(o)) continue;
-      const std::vector<int> group = it.group(o);
-      if (!std::all_of(group.begin(), group.end(), ready)) continue;
-      const std::lock_guard lock(it.mutex());  // uncontended: the interpreters release it around waits
-      const core::TimePs b = clock.now();
-      it.run(group);
-      const core::TimePs e = clock.now();
-      for (int g : group) {
-        res.begin[static_cast<std::size_t>(g)] = b;
-        res.end[static_cast<std::size_t>(g)] = e;
-        done[static_cast<std::size_t>(g)] = 1;
-        ++head[static_cast<std::size_t>(p.ops[static_cast<std::size_t>(g)].queue)];
+  try {
+    while (left > 0) {
+      bool progress = false;
+      for (std::size_t q = 0; q < p.queues.size(); ++q) {
+        if (head[q] >= p.queues[q].ops.size()) continue;
+        const int o = p.queues[q].ops[head[q]];
+        if (!ready(o)) continue;
+        const std::vector<int> group = it.group(o);
+        if (!std::all_of(group.begin(), group.end(), ready)) continue;
+        const std::lock_guard lock(it.mutex());  // uncontended: the interpreters release it around waits
+        it.run(group);
+        for (int g : group) {
+          done[static_cast<std::size_t>(g)] = 1;
+          ++head[static_cast<std::size_t>(p.ops[static_cast<std::size_t>(g)].queue)];
+        }
+        for (int g : group) it.finished(g);
+        left -= group.size();
+        progress = true;
       }
-      for (int g : group) it.finished(g);
-      left -= group.size();
-      progress = true;
+      if (!progress) throw ScheduleViolation(stuck_message(p, head));
     }
-    if (!progress) throw ScheduleViolation(stuck_message(p, head));
+  } catch (...) {
+    // Queued work may still stamp times into res: let it drain before res goes.
+    try {
+      it.synchronize();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
+    }
+    throw;
   }
   return res;
 }
@@ -199,7 +205,7 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPo
   int running = 0;
   bool stop = false;
   std::exception_ptr error;
-  const StepClock clock;
+  const TimesHook times(it, res);  // the interpreter stamps the ops' times, on their streams
   auto ready = [&](int o) {
     return claimed[static_cast<std::size_t>(o)] == 0 && heads_and_deps_done(p, extra, done, head, o);
   };
@@ -237,13 +243,10 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPo
       for (int x : g) claimed[static_cast<std::size_t>(x)] = 1;
       ++running;
       lk.unlock();
-      core::TimePs b = 0, e = 0;
       std::exception_ptr err;
       try {
         const std::lock_guard il(it.mutex());
-        b = clock.now();
         it.run(g);
-        e = clock.now();
         for (int x : g) it.finished(x);
       } catch (...) {
         err = std::current_exception();
@@ -256,8 +259,6 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPo
       }
       for (int x : g) {
         const auto xu = static_cast<std::size_t>(x);
-        res.begin[xu] = b;
-        res.end[xu] = e;
         done[xu] = 1;
         ++head[static_cast<std::size_t>(p.ops[xu].queue)];
       }
@@ -402,6 +403,16 @@ void QueueResources::collect() {
     return true;
   });
   retired_.erase(keep, retired_.end());
+}
+
+void QueueResources::stamp(int op, const StepTimes* times, bool begin) {
+  if (times == nullptr) return;
+  core::TimePs* slot = (begin ? times->begin : times->end)->data() + op;
+  stream(op).launch_host([slot, t0 = times->t0]() {
+    *slot = static_cast<core::TimePs>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
+        core::kPsPerNs);
+  });
 }
 
 bool QueueResources::frees_pending(const Device& device) {
@@ -1233,14 +1244,15 @@ class HarmonyInterpreter final : public detail::Interpreter {
       for (const int a : g)
         for (const int b : g) qr.order(b, S(a), extra);
     }
-    if (op.peer >= 0) {
-      run_pair(g[0], g[1]);
-    } else if (op.kind == OpKind::ARD) {
-      run_ard(g);
-    } else {
-      run_op(g.front());
-    }
-    qr.record_group(g);
+    qr.issue(g, times, host, [&] {
+      if (op.peer >= 0) {
+        run_pair(g[0], g[1]);
+      } else if (op.kind == OpKind::ARD) {
+        run_ard(g);
+      } else {
+        run_op(g.front());
+      }
+    });
   }
 
   void finished(int o) override { release(o); }
