@@ -109,6 +109,7 @@ class BaselineInterpreter final : public Interpreter {
     acc_.clear();
     updated_.assign(static_cast<std::size_t>(R_), 0);
     gathered_.assign(static_cast<std::size_t>(R_), 0);
+    qr_.begin_step();
   }
 
   std::vector<int> group(int o) const override { return info_[static_cast<std::size_t>(o)].group; }

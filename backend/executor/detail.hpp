@@ -88,6 +88,8 @@ class Interpreter {
 
   // Set by the step loops for one step: where run() stamps its ops' begin and end times.
   StepTimes* times = nullptr;
+  // Set by the serial loop for one step: allocations wait for the device's deferred frees (alloc_or_wait).
+  bool exact_memory = false;
 
   // Set by run_step_concurrent for one step (empty in the serial loop): whether another group may still free
   // device memory: one is running and not itself waiting for memory (`waiting` of them are), or one can start.
@@ -103,7 +105,14 @@ class Interpreter {
   // Frees are stream-ordered (QueueResources::retire, release_after): memory a device's queued work will still
   // free counts as progress too, in the serial loop as well, so a plan that fits never fails because the host
   // ran ahead of the device.
+  //
+  // exact_memory (the serial loop): every deferred free of the device is done before an allocation, so the arena
+  // sees the allocations and frees of the loop before event ordering, in the same order, whatever the timing:
+  // the same placements, peaks and out-of-memory errors every run (the CPU device is the reference).
   Buffer alloc_or_wait(Device& device, Bytes bytes, std::string_view label) {
+    if (exact_memory) {
+      while (frees_pending(device)) unlocked([] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+    }
     for (;;) {
       try {
         return device.alloc(bytes, label);
@@ -244,7 +253,13 @@ class QueueResources {
     }
   }
   // Records op's event on its stream, after the work the op enqueued there.
-  void record(int op) { stream(op).record(event(op)); }
+  void record(int op) {
+    stream(op).record(event(op));
+    recorded_[static_cast<std::size_t>(op)] = step_;
+  }
+  // A new step: every op's event stands for the previous step's work until the op records it again (collect
+  // treats an op not recorded in this step as still running).
+  void begin_step() { ++step_; }
   // For a group whose members' work spans their streams (a P2P copy on the sender's stream into the receiver's
   // tensor): records every member's event, then each member's stream waits for the others' and records again, so
   // every member's event stands for the whole group.
@@ -270,6 +285,8 @@ class QueueResources {
   std::vector<std::unique_ptr<ParallelAdamW>> adamw_;  // per queue (null without Update ops)
   std::vector<std::unique_ptr<Event>> events_;         // per op, on the op's device
   int run_ahead_ = 1;
+  std::uint64_t step_ = 1;               // begin_step's count
+  std::vector<std::uint64_t> recorded_;  // per op: the step its event was last recorded in
   struct Retired {
     int device = 0;
     std::vector<int> users;

@@ -101,6 +101,13 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
   std::vector<char> done(nops, 0);
   std::vector<std::size_t> head(p.queues.size(), 0);
   const TimesHook times(it, res);  // the interpreter stamps the ops' times, on their streams
+  struct ExactMemory {             // the serial loop's allocation order, whatever the timing (alloc_or_wait)
+    Interpreter& it;
+    explicit ExactMemory(Interpreter& i) : it(i) { it.exact_memory = true; }
+    ~ExactMemory() { it.exact_memory = false; }
+    ExactMemory(const ExactMemory&) = delete;
+    ExactMemory& operator=(const ExactMemory&) = delete;
+  } exact(it);
   auto ready = [&](int o) { return heads_and_deps_done(p, extra, done, head, o); };
   std::size_t left = nops;
   try {
@@ -316,6 +323,7 @@ QueueResources::QueueResources(const core::Program& program, const std::vector<D
     adamw_.push_back(updates ? std::make_unique<ParallelAdamW>(options.adamw_threads) : nullptr);
   }
   events_.reserve(p_.ops.size());
+  recorded_.assign(p_.ops.size(), 0);
   for (const core::Op& op : p_.ops) events_.push_back(devs_.at(static_cast<std::size_t>(op.device))->create_event());
   for (std::size_t d = 0; d < devs_.size(); ++d) pending_.push_back(std::make_shared<std::atomic<int>>(0));
 }
@@ -397,8 +405,8 @@ void QueueResources::collect() {
   std::vector<std::shared_ptr<void>> done;  // destroyed outside the lock
   const std::lock_guard lk(retired_mu_);
   auto keep = std::remove_if(retired_.begin(), retired_.end(), [&](Retired& r) {
-    for (const int u : r.users)
-      if (!event(u).query()) return false;
+    for (const int u : r.users)  // a user that has not recorded yet (still issuing its work) is not done
+      if (recorded_[static_cast<std::size_t>(u)] != step_ || !event(u).query()) return false;
     done.push_back(std::move(r.held));
     return true;
   });
@@ -421,8 +429,14 @@ bool QueueResources::frees_pending(const Device& device) {
     if (devs_[d] != &device) continue;
     if (pending_[d]->load() > 0) return true;
     const std::lock_guard lk(retired_mu_);
-    for (const Retired& r : retired_)
-      if (r.device == static_cast<int>(d)) return true;
+    for (const Retired& r : retired_) {
+      // one whose users have all recorded will be freed without the host (an op still issuing its work, the
+      // caller's own, would never be: no entry has one, and waiting for it would not end)
+      if (r.device == static_cast<int>(d) && std::all_of(r.users.begin(), r.users.end(), [&](int u) {
+            return recorded_[static_cast<std::size_t>(u)] == step_;
+          }))
+        return true;
+    }
   }
   return false;
 }
@@ -1204,6 +1218,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
     readers_left = readers_total;
     version_readers.clear();
+    qr.begin_step();
   }
 
   // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order.
