@@ -214,7 +214,7 @@ class QueueResources {
   ParallelAdamW& adamw(int op);
   // Device::trace_range of the op's device, named after the op (nullptr where the device names no ranges).
   std::shared_ptr<void> range(int op);
-  void synchronize();  // every stream (the release streams too); rethrows the first error after waiting for all
+  void synchronize();  // every stream, then every deferred free; rethrows the first error after waiting for all
 
   // The event recorded after op's work (this step's, once the op has run).
   Event& event(int op) { return *events_[static_cast<std::size_t>(op)]; }
