@@ -379,12 +379,23 @@ void QueueResources::record_group(const std::vector<int>& group) {
 
 void QueueResources::release_after(Stream& s, int device, std::shared_ptr<void> held) {
   if (!held) return;
-  std::shared_ptr<std::atomic<int>> n = pending_.at(static_cast<std::size_t>(device));
-  ++*n;
-  s.launch_host([held = std::move(held), n]() mutable {
-    held.reset();
-    --*n;
-  });
+  // Freed (and counted done) when the closure runs, or when it is destroyed without running (a CUDA stream whose
+  // context failed drops its host functions): frees_pending must not wait forever for it.
+  struct Release {
+    std::shared_ptr<void> held;
+    std::shared_ptr<std::atomic<int>> n;
+    Release(std::shared_ptr<void> h, std::shared_ptr<std::atomic<int>> c) : held(std::move(h)), n(std::move(c)) {
+      ++*n;
+    }
+    ~Release() {
+      held.reset();
+      --*n;
+    }
+    Release(const Release&) = delete;
+    Release& operator=(const Release&) = delete;
+  };
+  auto r = std::make_shared<Release>(std::move(held), pending_.at(static_cast<std::size_t>(device)));
+  s.launch_host([r]() mutable { r.reset(); });
 }
 
 void QueueResources::release_after(int op, Buffer buffer) {
