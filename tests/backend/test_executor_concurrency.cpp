@@ -233,3 +233,11 @@ TEST_CASE("event ordering: random delays in the device streams never change the 
   }
   CHECK(runs == 63);
 }
+
+TEST_CASE("event ordering: a negative run_ahead or jitter is refused") {
+  Setup s(1);
+  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 1, 1, 1, 4, false);
+  CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .run_ahead = -1}),
+                       doctest::Contains("run_ahead -1 is negative"), BackendError);
+  CHECK_THROWS_AS(cpu::make_cpu_device(0, {.jitter_us = -1}), DeviceError);
+}
