@@ -112,6 +112,7 @@ struct Cli {
   std::string save_weights;
   bool quiet = false;
   std::string executor = "auto";  // serial | concurrent | auto (serial on CPU devices, concurrent on CUDA)
+  int run_ahead = 1;              // ExecutorOptions::run_ahead
   std::string dtype;              // --dtype: train.dtype (fp32 | bf16)
   DeviceFlags device_flags;
   // profile
@@ -369,6 +370,7 @@ backend::ExecutorOptions executor_options(const Cli& cli, const core::TrainConfi
   return {.seq_len = cfg.model.seq_len,
           .adamw = adamw_config(cfg),
           .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda"),
+          .run_ahead = cli.run_ahead,
           .pinned_limit = cfg.machine.topology.pinned_limit_bytes,
           .dtype = run_dtype(cfg)};
 }
@@ -956,6 +958,12 @@ int run_cli(int argc, char** argv) {
                    "compute; allocation order then varies with timing); auto (default): serial on CPU devices, "
                    "concurrent on CUDA")
       ->check(CLI::IsMember({"auto", "serial", "concurrent"}));
+  train
+      ->add_option("--run-ahead", cli.run_ahead,
+                   "how far the host issues ops ahead of the devices (ops are ordered by events either way; the "
+                   "same bits): 1 (default): once the ops each follows have completed, device memory as the "
+                   "Program says; 2: one op per queue may still run (more memory); 0: unbounded")
+      ->check(kNonNegativeInt);
   auto* profile = app.add_subcommand("profile", "measure per-layer times and memory into a harmony-sim profile");
   add_common(profile);
   profile->add_option("--out", cli.out, "profile JSON to write")->required();

@@ -3,6 +3,7 @@
 // the float reference loops, and a rendezvous-based communicator.
 #include "backend/cpu/cpu_device.hpp"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -10,6 +11,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -126,6 +128,8 @@ class CpuStream final : public Stream {
   std::deque<std::function<void()>> queue_;
   bool stop_ = false;
   std::exception_ptr error_;
+  int jitter_us_ = 0;    // CpuDeviceOptions::jitter_us
+  std::mt19937_64 rng_;  // the delays' draws (the stream's thread only)
   std::thread thread_;
 };
 
@@ -140,7 +144,11 @@ class CpuDevice final : public Device, public Kernels {
   CpuDevice(int index, const CpuDeviceOptions& options)
       : name_(fmt::format("cpu:{}", index)),
         index_(index),
-        arena_(std::make_shared<Arena>(name_, options.capacity, options.poison)) {}
+        arena_(std::make_shared<Arena>(name_, options.capacity, options.poison)),
+        jitter_us_(options.jitter_us),
+        jitter_seed_(options.jitter_seed) {
+    if (options.jitter_us < 0) throw DeviceError(fmt::format("{}: negative jitter_us {}", name_, options.jitter_us));
+  }
   ~CpuDevice() override = default;
 
   const std::string& name() const override { return name_; }
@@ -162,6 +170,12 @@ class CpuDevice final : public Device, public Kernels {
   void add_stream(CpuStream* s) {
     std::lock_guard lock(mu_);
     streams_.insert(s);
+  }
+  // CpuDeviceOptions::jitter_us, and a seed for the next stream's delays.
+  int jitter_us() const { return jitter_us_; }
+  std::uint64_t next_jitter_seed() {
+    std::lock_guard lock(mu_);
+    return jitter_seed_ * 1000003U + static_cast<std::uint64_t>(index_) * 7919U + streams_created_++;
   }
   void remove_stream(CpuStream* s) {
     std::lock_guard lock(mu_);
@@ -289,6 +303,9 @@ class CpuDevice final : public Device, public Kernels {
   std::string name_;
   int index_;
   std::shared_ptr<Arena> arena_;
+  int jitter_us_ = 0;
+  std::uint64_t jitter_seed_ = 0;
+  std::uint64_t streams_created_ = 0;
   std::mutex mu_;
   std::set<CpuStream*> streams_;
   CpuBf16Kernels bf16_{*this};
@@ -442,7 +459,8 @@ void CpuDevice::copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Dev
 
 // --- streams ---
 
-CpuStream::CpuStream(CpuDevice& device, std::string name) : device_(device), name_(std::move(name)) {
+CpuStream::CpuStream(CpuDevice& device, std::string name)
+    : device_(device), name_(std::move(name)), jitter_us_(device.jitter_us()), rng_(device.next_jitter_seed()) {
   thread_ = std::thread([this]() { run(); });
   device_.add_stream(this);
 }
@@ -468,6 +486,10 @@ void CpuStream::run() {
       if (queue_.empty()) return;  // stop_ and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+    }
+    if (jitter_us_ > 0) {
+      std::uniform_int_distribution<int> delay(0, jitter_us_);
+      std::this_thread::sleep_for(std::chrono::microseconds(delay(rng_)));
     }
     try {
       task();

@@ -3,6 +3,7 @@
 // Communicator over CPU devices (send/recv and an all-reduce in fixed rank order).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -14,6 +15,11 @@ namespace harmony::backend::cpu {
 struct CpuDeviceOptions {
   Bytes capacity = 64 * core::kMiB;  // device memory; allocations beyond it throw OutOfMemory
   bool poison = kPoisonByDefault;    // fill fresh and freed memory with 0xFF (NaN as float)
+  // Testing only: each stream sleeps a random 0..jitter_us microseconds before every piece of work it runs (the
+  // draws seeded by jitter_seed and the stream's creation order), so work of different streams interleaves in
+  // ways a missing cross-stream dependency shows up under. 0: no delays.
+  int jitter_us = 0;
+  std::uint64_t jitter_seed = 0;
 };
 
 std::unique_ptr<Device> make_cpu_device(int index, const CpuDeviceOptions& options = {});

@@ -57,6 +57,7 @@ struct Version {  // a tensor as produced by one op
 struct Tensor {
   Buffer buf;                  // device tensors
   std::vector<std::byte> mem;  // host tensors
+  std::vector<int> users;      // the ops whose work used it this step: freed after their events (retire)
   void* data() { return buf ? buf.data() : static_cast<void*>(mem.data()); }
 };
 
@@ -108,24 +109,49 @@ class BaselineInterpreter final : public Interpreter {
     acc_.clear();
     updated_.assign(static_cast<std::size_t>(R_), 0);
     gathered_.assign(static_cast<std::size_t>(R_), 0);
+    qr_.begin_step();
   }
 
   std::vector<int> group(int o) const override { return info_[static_cast<std::size_t>(o)].group; }
 
+  // Event ordering (QueueResources, as the Harmony interpreter): the host issues a group once its queues are at
+  // most kRunAhead ops ahead of their devices; an Update waits on the host for its preds' events, the other ops
+  // make their streams wait for them; each member's event is recorded after the group's work.
   void run(const std::vector<int>& g) override {
     const std::shared_ptr<void> range = qr_.range(g.front());  // NVTX on CUDA, named like the trace's op
     const core::Op& op = at(g.front());
-    if (op.peer >= 0) return run_pair(g[0], g[1]);
-    switch (op.kind) {
-      case OpKind::ARD:
-        return run_ard(g);
-      case OpKind::AG:
-        return run_ag(g);
-      case OpKind::RS:
-        return run_rs(g);
-      default:
-        return run_op(g.front());
+    qr_.collect();
+    unlocked([&] {
+      for (const int a : g) qr_.throttle(a, extra_);
+    });
+    const bool host = op.kind == OpKind::Update;
+    if (host) {
+      unlocked([&] {
+        for (const int a : g) qr_.host_wait(a, extra_);
+      });
+    } else {
+      for (const int a : g)
+        for (const int b : g) qr_.order(b, S(a), extra_);
     }
+    qr_.issue(g, times, host, [&] {
+      if (op.peer >= 0) {
+        run_pair(g[0], g[1]);
+        return;
+      }
+      switch (op.kind) {
+        case OpKind::ARD:
+          run_ard(g);
+          break;
+        case OpKind::AG:
+          run_ag(g);
+          break;
+        case OpKind::RS:
+          run_rs(g);
+          break;
+        default:
+          run_op(g.front());
+      }
+    });
   }
 
   void finished(int o) override {
@@ -133,15 +159,16 @@ class BaselineInterpreter final : public Interpreter {
     for (const auto& [k, producer] : oi.reads) {
       const Version v{k, producer};
       auto it = left_.find(v);
-      if (it != left_.end() && --it->second == 0) store_.erase(v);
+      if (it != left_.end() && --it->second == 0) drop(v);
     }
     for (const Key& k : oi.writes)
-      if (readers_.count(Version{k, o}) == 0) store_.erase(Version{k, o});
+      if (readers_.count(Version{k, o}) == 0) drop(Version{k, o});
   }
 
   void abandon_step() override { store_.clear(); }
 
   double end_step() override {
+    qr_.synchronize();  // the losses' copies, every stream-ordered free
     store_.clear();
     for (int s = 0; s < B_; ++s)
       if (loss_written_[static_cast<std::size_t>(s)] != 1)
@@ -155,11 +182,25 @@ class BaselineInterpreter final : public Interpreter {
   void synchronize() override { qr_.synchronize(); }
 
  private:
+  bool frees_pending(const Device& device) override { return qr_.frees_pending(device); }
+  // Erases a tensor; its memory (device or host) is freed once the work of every op that used it has run.
+  void drop(const Version& v) {
+    auto it = store_.find(v);
+    if (it == store_.end()) return;
+    const std::vector<int> users = std::move(it->second.users);
+    qr_.retire(v.key.dev, users, std::make_shared<Tensor>(std::move(it->second)));
+    store_.erase(it);
+  }
+  // A temporary of op o's work, freed when o's stream has run past it.
+  void release_after(int o, Buffer& b) { qr_.release_after(o, std::move(b)); }
+  // Host memory an async copy of op o reads: kept until o's stream has run past the copy.
+  void keep_until_done(int o, std::shared_ptr<void> held) { qr_.release_after(S(o), at(o).device, std::move(held)); }
   const core::Op& at(int o) const { return p_.ops[static_cast<std::size_t>(o)]; }
   std::string label(int o) const { return op_name(p_, o); }
   Device& D(int d) { return *devs_[static_cast<std::size_t>(d)]; }
   Stream& S(int o) { return qr_.stream(o); }  // the stream of op o's queue
-  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile.
+  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile: only
+  // where the host reads what o's work brought down (grads_down).
   void sync(int o) { wait_unlocked(S(o)); }
   Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_, dt_); }
   Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_) * es_; }  // the forward's act of layer l
@@ -171,12 +212,10 @@ class BaselineInterpreter final : public Interpreter {
     for (std::size_t i = 0; i < w.size(); ++i) out[i] = to_bf16(w[i]);
     return out;
   }
-  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: widened exactly), then waits.
+  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: widened exactly), then waits
+  // for o's stream: the host reads the result.
   void grads_down(int o, int d, float* dst, const void* src, std::int64_t count) {
-    if (count == 0) {
-      sync(o);
-      return;
-    }
+    if (count == 0) return;
     if (dt_ == DType::F32) {
       D(d).copy_d2h(S(o), dst, src, count * kF);
       sync(o);
@@ -187,17 +226,20 @@ class BaselineInterpreter final : public Interpreter {
     sync(o);
     for (std::size_t i = 0; i < raw.size(); ++i) dst[i] = to_f32(raw[i]);
   }
-  // Copies `count` fp32 host gradient elements to device memory (bf16: rounded once), then waits.
-  void grads_up(int o, int d, void* dst, const float* src, std::int64_t count) {
+  // Copies `count` fp32 host gradient elements from (*sum)[first...] to device memory (bf16: rounded once),
+  // asynchronously: the host buffer the copy reads lives until o's stream has run it.
+  void grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum, std::int64_t first,
+                std::int64_t count) {
+    const float* src = sum->data() + first;
     if (dt_ == DType::F32) {
       D(d).copy_h2d(S(o), dst, src, count * kF);
-      sync(o);
+      keep_until_done(o, sum);
       return;
     }
-    std::vector<Bf16> raw(static_cast<std::size_t>(count));
-    for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = to_bf16(src[i]);
-    D(d).copy_h2d(S(o), dst, raw.data(), count * es_);
-    sync(o);
+    auto raw = std::make_shared<std::vector<Bf16>>(static_cast<std::size_t>(count));
+    for (std::size_t i = 0; i < raw->size(); ++i) (*raw)[i] = to_bf16(src[i]);
+    D(d).copy_h2d(S(o), dst, raw->data(), count * es_);
+    keep_until_done(o, raw);
   }
   std::int64_t floats(int l) const { return m_.param_floats(l); }
   // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
@@ -586,6 +628,7 @@ class BaselineInterpreter final : public Interpreter {
       if (it == store_.end())
         throw core::InternalError(
             fmt::format("executor: op {} reads {} of op {}, which is gone", label(o), tname(k), label(producer)));
+      it->second.users.push_back(o);
       return it->second;
     }
     throw core::InternalError(fmt::format("executor: op {} reads {}, which it does not declare", label(o), tname(k)));
@@ -601,6 +644,7 @@ class BaselineInterpreter final : public Interpreter {
     } else {
       t.buf = alloc_or_wait(D(k.dev), bytes, tname(k));
     }
+    t.users.push_back(o);
     return store_[Version{k, o}] = std::move(t);
   }
   // Op o reads k and writes its next version: in place when o is the last reader of the old one, else a copy.
@@ -611,6 +655,10 @@ class BaselineInterpreter final : public Interpreter {
       if (key == k) producer = v;
     const Version ov{k, producer};
     if (left_.at(ov) == 1) {
+      // In place: o's stream waits for the old version's other users (readers on other streams whose work may
+      // still be queued; o is the last to run on the host, not necessarily on the devices).
+      for (const int u : old.users)
+        if (&S(u) != &S(o)) S(o).wait(qr_.event(u));
       auto node = store_.extract(ov);
       node.key() = Version{k, o};
       return store_.insert(std::move(node)).position->second;
@@ -635,10 +683,10 @@ class BaselineInterpreter final : public Interpreter {
                              : put(o, Key{d, TK::W, l, 0, 0}, floats(l) * es_);
         if (len == 0) break;
         if (dt_ == DType::BF16) {
-          const std::vector<Bf16> up = rounded_weights(l, first, len);
-          D(d).copy_h2d(S(o), w.data(), up.data(), len * es_);
-          sync(o);  // before `up` goes
-        } else {
+          auto up = std::make_shared<std::vector<Bf16>>(rounded_weights(l, first, len));
+          D(d).copy_h2d(S(o), w.data(), up->data(), len * es_);
+          keep_until_done(o, up);  // the staging buffer outlives the copy
+        } else {  // read when the copy runs: the Updates that overwrite the masters wait for this op (host_wait)
           D(d).copy_h2d(S(o), w.data(), st_.weights(l).data() + first, len * kF);
         }
         break;
@@ -706,7 +754,7 @@ class BaselineInterpreter final : public Interpreter {
         throw BackendError(fmt::format("executor: op {}: kind {} not supported in a baseline Program", label(o),
                                        core::op_kind_name(op.kind)));
     }
-    sync(o);
+    // No host wait: run() records the op's event after its work; what follows waits for that.
   }
 
   // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1), the head writing the per-token losses; the
@@ -756,11 +804,11 @@ class BaselineInterpreter final : public Interpreter {
     }
     BasicDeviceOps<E> ops(D(d), S(o));
     m_.forward(ops, l, a);
-    if (head && !recompute) {
+    if (head && !recompute) {  // read by end_step, after every stream has run
       D(d).copy_d2h(S(o), losses_.data() + static_cast<std::size_t>(s0) * T_, a.y, Bytes(n) * T_ * kF);
       for (int s = s0; s < s0 + n; ++s) ++loss_written_[static_cast<std::size_t>(s)];
     }
-    sync(o);  // before the temporaries above are freed
+    for (Buffer* b : {&targets, &y, &act}) release_after(o, *b);  // after the kernels, in stream order
   }
 
   // BWD(l): the backward from the layer's input and the forward's activations (Saved(l), of the REC or the FWD):
@@ -815,7 +863,7 @@ class BaselineInterpreter final : public Interpreter {
     a.scratch = scratch.as<E>();
     a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_));
     m_.backward(ops, l, a);
-    sync(o);  // before the temporaries above are freed
+    for (Buffer* b : {&targets, &scratch}) release_after(o, *b);  // after the kernels, in stream order
   }
 
   // dWB: the gradient (zero-infinity: this rank's shard) to the host, added to this process's sum of the layer.
@@ -899,17 +947,18 @@ class BaselineInterpreter final : public Interpreter {
     const void* src = get(send, src_key).buf.data();
     Tensor& dst = put(recv, dst_key, b);
     D(so.device).copy_d2d(S(send), dst.data(), src, b, &D(ro.device));
-    sync(send);
+    dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
   }
 
   // The group's dW of layer l brought down (widened from bf16 when stored so) and summed in fp32 in rank order,
   // as Communicator::all_reduce_sum adds: what ARD writes back to every replica and RS shards.
-  std::vector<float> summed_dw(const std::vector<int>& g, int l, std::int64_t count) {
-    std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
+  std::shared_ptr<std::vector<float>> summed_dw(const std::vector<int>& g, int l, std::int64_t count) {
+    auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
+    std::vector<float> part(static_cast<std::size_t>(count));
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int d = at(g[r]).device;
       grads_down(g[r], d, part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count);
-      add_in_rank_order(sum, part, r);
+      add_in_rank_order(*sum, part, r);
     }
     return sum;
   }
@@ -918,11 +967,11 @@ class BaselineInterpreter final : public Interpreter {
   void run_ard(const std::vector<int>& g) {
     const int l = at(g.front()).layers.first;
     const std::int64_t count = floats(l);
-    const std::vector<float> sum = summed_dw(g, l, count);
+    const auto sum = summed_dw(g, l, count);
     for (int a : g) {
       const int d = at(a).device;
       Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * es_);
-      grads_up(a, d, t.data(), sum.data(), count);
+      grads_up(a, d, t.data(), sum, 0, count);
     }
   }
 
@@ -932,6 +981,8 @@ class BaselineInterpreter final : public Interpreter {
     std::vector<Tensor*> full;
     full.reserve(g.size());
     for (int a : g) full.push_back(&put(a, Key{at(a).device, TK::W, l, 0, 0}, floats(l) * es_));
+    // Each rank's stream copies its shard into every rank's copy; every member's stream then waits for the others
+    // (record_group), so what reads a full copy follows all the copies into it.
     for (int a : g) {
       const int r = at(a).device;
       if (shard_len(l, r) == 0) continue;
@@ -939,8 +990,8 @@ class BaselineInterpreter final : public Interpreter {
       for (std::size_t q = 0; q < g.size(); ++q) {
         const int dq = at(g[q]).device;
         D(r).copy_d2d(S(a), full[q]->buf.as<std::byte>() + shard_first(l, r) * es_, src, shard_len(l, r) * es_, &D(dq));
+        full[q]->users.push_back(a);
       }
-      sync(a);
     }
   }
 
@@ -948,15 +999,11 @@ class BaselineInterpreter final : public Interpreter {
   void run_rs(const std::vector<int>& g) {
     const int l = at(g.front()).layers.first;
     const std::int64_t count = floats(l);
-    const std::vector<float> sum = summed_dw(g, l, count);
+    const auto sum = summed_dw(g, l, count);
     for (int a : g) {
       const int d = at(a).device;
       Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_);
-      if (shard_len(l, d) > 0) {
-        grads_up(a, d, t.data(), sum.data() + shard_first(l, d), shard_len(l, d));
-      } else {
-        sync(a);
-      }
+      if (shard_len(l, d) > 0) grads_up(a, d, t.data(), sum, shard_first(l, d), shard_len(l, d));
     }
   }
 

@@ -5,6 +5,7 @@
 // Harmony Programs: executor.cpp; the baselines' Programs: baseline.cpp (both in backend/executor/).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -41,6 +42,20 @@ class Ancestry {
 // "t3 BWD L2 mb0 u1 (3.0.0.Compute.BWD)": the label and the reference id, for messages.
 std::string op_name(const core::Program& program, int op);
 
+// One step's per-op times (StepResult::begin/end, ps since t0 on the steady clock), set by the step loops for the
+// interpreter, which stamps them where the op's work runs: on its stream (QueueResources::stamp) for device work,
+// on the host for host ops. The vectors have one slot per op and are not resized during the step.
+struct StepTimes {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::vector<core::TimePs>* begin = nullptr;
+  std::vector<core::TimePs>* end = nullptr;
+  core::TimePs now() const {
+    return static_cast<core::TimePs>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
+        core::kPsPerNs);
+  }
+};
+
 // One Program dialect. A step calls begin_step, then run() per ready group and finished() per op of it, then
 // end_step. With concurrent queues, run() and finished() of different groups are called from different worker
 // threads: the step loops call them with mutex() held, and an interpreter releases it only where it waits
@@ -71,6 +86,11 @@ class Interpreter {
 
   std::mutex& mutex() { return mu_; }
 
+  // Set by the step loops for one step: where run() stamps its ops' begin and end times.
+  StepTimes* times = nullptr;
+  // Set by the serial loop for one step: allocations wait for the device's deferred frees (alloc_or_wait).
+  bool exact_memory = false;
+
   // Set by run_step_concurrent for one step (empty in the serial loop): whether another group may still free
   // device memory: one is running and not itself waiting for memory (`waiting` of them are), or one can start.
   // Called with mutex() held.
@@ -81,11 +101,26 @@ class Interpreter {
   // may make room: with concurrent queues the order of allocations and frees depends on timing, so a plan that
   // fits can meet a fragmented or momentarily full device), it lets them run and retries. The OutOfMemory is
   // thrown when nothing else can free memory, which in the serial loop is at once, as before.
+  //
+  // Frees are stream-ordered (QueueResources::retire, release_after): memory a device's queued work will still
+  // free counts as progress too, in the serial loop as well, so a plan that fits never fails because the host
+  // ran ahead of the device.
+  //
+  // exact_memory (the serial loop): every deferred free of the device is done before an allocation, so the arena
+  // sees the allocations and frees of the loop before event ordering, in the same order, whatever the timing:
+  // the same placements, peaks and out-of-memory errors every run (the CPU device is the reference).
   Buffer alloc_or_wait(Device& device, Bytes bytes, std::string_view label) {
+    if (exact_memory) {
+      while (frees_pending(device)) unlocked([] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+    }
     for (;;) {
       try {
         return device.alloc(bytes, label);
       } catch (const OutOfMemory&) {
+        if (frees_pending(device)) {
+          unlocked([] { std::this_thread::sleep_for(std::chrono::microseconds(50)); });
+          continue;
+        }
         if (!others_progressing || !others_progressing(mem_waiters_)) throw;
       }
       ++mem_waiters_;
@@ -109,6 +144,8 @@ class Interpreter {
   void wait_unlocked(Stream& s) {
     unlocked([&] { s.synchronize(); });
   }
+  // Whether queued device work will still free memory of `device` (deferred frees not yet done).
+  virtual bool frees_pending(const Device& /*device*/) { return false; }
 
  private:
   std::mutex mu_;
@@ -162,6 +199,14 @@ std::unique_ptr<Interpreter> make_baseline_interpreter(const core::Program& prog
 // swap-out and P2P queues are separate streams and their work overlaps), an AdamW pool where the queue has
 // Update ops (concurrently running Updates each need their own), and per op its trace label for the device's
 // profiler ranges (NVTX on CUDA; the same names as core::write_chrome_trace).
+//
+// Event ordering (docs/backend.md, "Event ordering"): an op's device work is only enqueued on its queue's stream,
+// and an Event recorded after it (record) stands for it. An op's work is ordered after its predecessors — its
+// deps, the executor's extra deps and its queue predecessor — by device-side waits on their events (order), so
+// the host does not wait for the device between ops. Host steps that read or write memory a predecessor's copy
+// touches wait for exactly those events on the host (host_wait). A buffer (device or host) that queued work may
+// still use is freed stream-ordered: retire (after the events of every op that used it) or release_after (after
+// the work already on one stream). How far the host runs ahead of the devices is ExecutorOptions::run_ahead.
 class QueueResources {
  public:
   QueueResources(const core::Program& program, const std::vector<Device*>& devices, const ExecutorOptions& options);
@@ -169,7 +214,68 @@ class QueueResources {
   ParallelAdamW& adamw(int op);
   // Device::trace_range of the op's device, named after the op (nullptr where the device names no ranges).
   std::shared_ptr<void> range(int op);
-  void synchronize();  // every stream; rethrows the first error after waiting for all
+  void synchronize();  // every stream, then every deferred free; rethrows the first error after waiting for all
+
+  // The event recorded after op's work (this step's, once the op has run).
+  Event& event(int op) { return *events_[static_cast<std::size_t>(op)]; }
+  // The ops op must follow: its deps, extra[op] (the executor's edges; may be shorter than the ops) and its
+  // queue predecessor.
+  std::vector<int> preds(int op, const std::vector<std::vector<int>>& extra) const;
+  // `on` waits (device side) for the events of op's preds recorded on other streams than `on`; a pred on `on`
+  // itself is ordered by the stream.
+  void order(int op, Stream& on, const std::vector<std::vector<int>>& extra);
+  // The host blocks until op's preds have run on their devices (call with the interpreter's lock released).
+  void host_wait(int op, const std::vector<std::vector<int>>& extra);
+  // ExecutorOptions::run_ahead = k > 0: the host blocks until, for each pred of op, the op k - 1 before it in its
+  // queue has run (call unlocked). Nothing for k = 0.
+  void throttle(int op, const std::vector<std::vector<int>>& extra);
+  // Stamps op's begin (or end) time in `times` when op's stream reaches this point (nothing when times is null).
+  void stamp(int op, const StepTimes* times, bool begin);
+  // Stamps begin, runs `work` (which enqueues the group's work on its members' streams), records the group's
+  // events (record_group) and stamps end; host ops (Update, host copies) are stamped on the host around `work`.
+  template <class F>
+  void issue(const std::vector<int>& group, const StepTimes* times, bool host, F&& work) {
+    const auto host_stamp = [&](bool begin) {
+      if (times == nullptr) return;
+      for (const int a : group) (begin ? *times->begin : *times->end)[static_cast<std::size_t>(a)] = times->now();
+    };
+    if (host) {
+      host_stamp(true);
+    } else {
+      for (const int a : group) stamp(a, times, true);
+    }
+    work();
+    record_group(group);
+    if (host) {
+      host_stamp(false);
+    } else {
+      for (const int a : group) stamp(a, times, false);
+    }
+  }
+  // Records op's event on its stream, after the work the op enqueued there.
+  void record(int op) {
+    stream(op).record(event(op));
+    recorded_[static_cast<std::size_t>(op)] = step_;
+  }
+  // A new step: every op's event stands for the previous step's work until the op records it again (collect
+  // treats an op not recorded in this step as still running).
+  void begin_step() { ++step_; }
+  // For a group whose members' work spans their streams (a P2P copy on the sender's stream into the receiver's
+  // tensor): records every member's event, then each member's stream waits for the others' and records again, so
+  // every member's event stands for the whole group.
+  void record_group(const std::vector<int>& group);
+
+  // Deferred frees. retire: `held` (a tensor, a host buffer) is destroyed once the events of `users` (the ops
+  // whose work touched it; all of them have run on the host) have completed: collect() polls them (Event::query,
+  // as a caching allocator reuses a block once the events of its streams have passed), so one slow user delays
+  // only its own tensors. release_after: `held` is destroyed when `s` (a stream of that device) reaches this point.
+  void retire(int device, const std::vector<int>& users, std::shared_ptr<void> held);
+  void release_after(Stream& s, int device, std::shared_ptr<void> held);
+  void release_after(int op, Buffer buffer);  // on op's stream and device
+  // Destroys what retire holds whose users' events have completed.
+  void collect();
+  // Whether frees of `device` are deferred and not yet done (collects first).
+  bool frees_pending(const Device& device);
 
  private:
   std::size_t queue(int op) const;
@@ -177,6 +283,18 @@ class QueueResources {
   std::vector<Device*> devs_;
   std::vector<std::unique_ptr<Stream>> streams_;       // per queue
   std::vector<std::unique_ptr<ParallelAdamW>> adamw_;  // per queue (null without Update ops)
+  std::vector<std::unique_ptr<Event>> events_;         // per op, on the op's device
+  int run_ahead_ = 1;
+  std::uint64_t step_ = 1;               // begin_step's count
+  std::vector<std::uint64_t> recorded_;  // per op: the step its event was last recorded in
+  struct Retired {
+    int device = 0;
+    std::vector<int> users;
+    std::shared_ptr<void> held;
+  };
+  std::mutex retired_mu_;
+  std::vector<Retired> retired_;                            // retire's, not yet destroyed
+  std::vector<std::shared_ptr<std::atomic<int>>> pending_;  // per device: release_after's, not yet run
 };
 
 // HostState::update(config, first, last) with the element loops on `pool` (bit-identical: ParallelAdamW is

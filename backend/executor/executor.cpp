@@ -56,18 +56,19 @@ std::string op_name(const core::Program& p, int op) { return p.op_label(op) + " 
 
 namespace {
 
-// Both step loops' shared parts: the clock of the per-op times, the readiness of an op (it heads its queue, its
-// deps and the executor's extra deps are done), the deadlock message.
-class StepClock {
- public:
-  core::TimePs now() const {
-    return static_cast<core::TimePs>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count() *
-        core::kPsPerNs);
+// Both step loops' shared parts: the readiness of an op (it heads its queue, its deps and the executor's extra
+// deps are done), the deadlock message, the per-op times handed to the interpreter.
+struct TimesHook {  // Interpreter::times for one step
+  Interpreter& it;
+  StepTimes times;
+  TimesHook(Interpreter& i, StepResult& res) : it(i) {
+    times.begin = &res.begin;
+    times.end = &res.end;
+    it.times = &times;
   }
-
- private:
-  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  ~TimesHook() { it.times = nullptr; }
+  TimesHook(const TimesHook&) = delete;
+  TimesHook& operator=(const TimesHook&) = delete;
 };
 
 bool heads_and_deps_done(const core::Program& p, const std::vector<std::vector<int>>& extra,
@@ -99,32 +100,44 @@ StepResult run_step(const core::Program& p, Interpreter& it) {
   res.end.assign(nops, -1);
   std::vector<char> done(nops, 0);
   std::vector<std::size_t> head(p.queues.size(), 0);
-  const StepClock clock;
+  const TimesHook times(it, res);  // the interpreter stamps the ops' times, on their streams
+  struct ExactMemory {             // the serial loop's allocation order, whatever the timing (alloc_or_wait)
+    Interpreter& it;
+    explicit ExactMemory(Interpreter& i) : it(i) { it.exact_memory = true; }
+    ~ExactMemory() { it.exact_memory = false; }
+    ExactMemory(const ExactMemory&) = delete;
+    ExactMemory& operator=(const ExactMemory&) = delete;
+  } exact(it);
   auto ready = [&](int o) { return heads_and_deps_done(p, extra, done, head, o); };
   std::size_t left = nops;
-  while (left > 0) {
-    bool progress = false;
-    for (std::size_t q = 0; q < p.queues.size(); ++q) {
-      if (head[q] >= p.queues[q].ops.size()) continue;
-      const int o = p.queues[q].ops[head[q]];
-      if (!ready(o)) continue;
-      const std::vector<int> group = it.group(o);
-      if (!std::all_of(group.begin(), group.end(), ready)) continue;
-      const std::lock_guard lock(it.mutex());  // uncontended: the interpreters release it around waits
-      const core::TimePs b = clock.now();
-      it.run(group);
-      const core::TimePs e = clock.now();
-      for (int g : group) {
-        res.begin[static_cast<std::size_t>(g)] = b;
-        res.end[static_cast<std::size_t>(g)] = e;
-        done[static_cast<std::size_t>(g)] = 1;
-        ++head[static_cast<std::size_t>(p.ops[static_cast<std::size_t>(g)].queue)];
+  try {
+    while (left > 0) {
+      bool progress = false;
+      for (std::size_t q = 0; q < p.queues.size(); ++q) {
+        if (head[q] >= p.queues[q].ops.size()) continue;
+        const int o = p.queues[q].ops[head[q]];
+        if (!ready(o)) continue;
+        const std::vector<int> group = it.group(o);
+        if (!std::all_of(group.begin(), group.end(), ready)) continue;
+        const std::lock_guard lock(it.mutex());  // uncontended: the interpreters release it around waits
+        it.run(group);
+        for (int g : group) {
+          done[static_cast<std::size_t>(g)] = 1;
+          ++head[static_cast<std::size_t>(p.ops[static_cast<std::size_t>(g)].queue)];
+        }
+        for (int g : group) it.finished(g);
+        left -= group.size();
+        progress = true;
       }
-      for (int g : group) it.finished(g);
-      left -= group.size();
-      progress = true;
+      if (!progress) throw ScheduleViolation(stuck_message(p, head));
     }
-    if (!progress) throw ScheduleViolation(stuck_message(p, head));
+  } catch (...) {
+    // Queued work may still stamp times into res: let it drain before res goes.
+    try {
+      it.synchronize();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
+    }
+    throw;
   }
   return res;
 }
@@ -199,7 +212,7 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPo
   int running = 0;
   bool stop = false;
   std::exception_ptr error;
-  const StepClock clock;
+  const TimesHook times(it, res);  // the interpreter stamps the ops' times, on their streams
   auto ready = [&](int o) {
     return claimed[static_cast<std::size_t>(o)] == 0 && heads_and_deps_done(p, extra, done, head, o);
   };
@@ -237,13 +250,10 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPo
       for (int x : g) claimed[static_cast<std::size_t>(x)] = 1;
       ++running;
       lk.unlock();
-      core::TimePs b = 0, e = 0;
       std::exception_ptr err;
       try {
         const std::lock_guard il(it.mutex());
-        b = clock.now();
         it.run(g);
-        e = clock.now();
         for (int x : g) it.finished(x);
       } catch (...) {
         err = std::current_exception();
@@ -256,8 +266,6 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPo
       }
       for (int x : g) {
         const auto xu = static_cast<std::size_t>(x);
-        res.begin[xu] = b;
-        res.end[xu] = e;
         done[xu] = 1;
         ++head[static_cast<std::size_t>(p.ops[xu].queue)];
       }
@@ -303,7 +311,9 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPo
 
 QueueResources::QueueResources(const core::Program& program, const std::vector<Device*>& devices,
                                const ExecutorOptions& options)
-    : p_(program), devs_(devices) {
+    : p_(program), devs_(devices), run_ahead_(options.run_ahead) {
+  if (options.run_ahead < 0)
+    throw BackendError(fmt::format("executor: run_ahead {} is negative (0: unbounded)", options.run_ahead));
   for (const core::OpQueue& q : p_.queues) {
     Device& d = *devs_.at(static_cast<std::size_t>(q.device));
     streams_.push_back(d.create_stream(core::stream_name(q.stream)));
@@ -312,6 +322,134 @@ QueueResources::QueueResources(const core::Program& program, const std::vector<D
     });
     adamw_.push_back(updates ? std::make_unique<ParallelAdamW>(options.adamw_threads) : nullptr);
   }
+  events_.reserve(p_.ops.size());
+  recorded_.assign(p_.ops.size(), 0);
+  for (const core::Op& op : p_.ops) events_.push_back(devs_.at(static_cast<std::size_t>(op.device))->create_event());
+  for (std::size_t d = 0; d < devs_.size(); ++d) pending_.push_back(std::make_shared<std::atomic<int>>(0));
+}
+
+std::vector<int> QueueResources::preds(int op, const std::vector<std::vector<int>>& extra) const {
+  const core::Op& o = p_.ops[static_cast<std::size_t>(op)];
+  std::vector<int> r = o.deps;
+  if (static_cast<std::size_t>(op) < extra.size())
+    r.insert(r.end(), extra[static_cast<std::size_t>(op)].begin(), extra[static_cast<std::size_t>(op)].end());
+  if (o.queue_pos > 0)
+    r.push_back(p_.queues[static_cast<std::size_t>(o.queue)].ops[static_cast<std::size_t>(o.queue_pos - 1)]);
+  return r;
+}
+
+void QueueResources::order(int op, Stream& on, const std::vector<std::vector<int>>& extra) {
+  std::vector<std::size_t> waited;  // queues already waited for: the latest of their preds covers the earlier
+  std::vector<int> ps = preds(op, extra);
+  std::sort(ps.begin(), ps.end(), [&](int a, int b) {
+    return p_.ops[static_cast<std::size_t>(a)].queue_pos > p_.ops[static_cast<std::size_t>(b)].queue_pos;
+  });
+  for (const int d : ps) {
+    if (&stream(d) == &on) continue;
+    const std::size_t q = queue(d);
+    if (std::find(waited.begin(), waited.end(), q) != waited.end()) continue;
+    waited.push_back(q);
+    on.wait(event(d));
+  }
+}
+
+void QueueResources::host_wait(int op, const std::vector<std::vector<int>>& extra) {
+  for (const int d : preds(op, extra)) event(d).synchronize();
+}
+
+void QueueResources::throttle(int op, const std::vector<std::vector<int>>& extra) {
+  if (run_ahead_ <= 0) return;
+  for (const int d : preds(op, extra)) {
+    const core::Op& pd = p_.ops[static_cast<std::size_t>(d)];
+    const int behind = pd.queue_pos - (run_ahead_ - 1);
+    if (behind >= 0)
+      event(p_.queues[static_cast<std::size_t>(pd.queue)].ops[static_cast<std::size_t>(behind)]).synchronize();
+  }
+}
+
+void QueueResources::record_group(const std::vector<int>& group) {
+  for (const int a : group) record(a);
+  if (group.size() < 2) return;
+  for (const int b : group) {
+    for (const int a : group)
+      if (a != b && &stream(a) != &stream(b)) stream(b).wait(event(a));
+  }
+  for (const int b : group) record(b);
+}
+
+void QueueResources::release_after(Stream& s, int device, std::shared_ptr<void> held) {
+  if (!held) return;
+  // Freed (and counted done) when the closure runs, or when it is destroyed without running (a CUDA stream whose
+  // context failed drops its host functions): frees_pending must not wait forever for it.
+  struct Release {
+    std::shared_ptr<void> held;
+    std::shared_ptr<std::atomic<int>> n;
+    Release(std::shared_ptr<void> h, std::shared_ptr<std::atomic<int>> c) : held(std::move(h)), n(std::move(c)) {
+      ++*n;
+    }
+    ~Release() {
+      held.reset();
+      --*n;
+    }
+    Release(const Release&) = delete;
+    Release& operator=(const Release&) = delete;
+  };
+  auto r = std::make_shared<Release>(std::move(held), pending_.at(static_cast<std::size_t>(device)));
+  s.launch_host([r]() mutable { r.reset(); });
+}
+
+void QueueResources::release_after(int op, Buffer buffer) {
+  if (!buffer) return;
+  release_after(stream(op), p_.ops[static_cast<std::size_t>(op)].device, std::make_shared<Buffer>(std::move(buffer)));
+}
+
+void QueueResources::retire(int device, const std::vector<int>& users, std::shared_ptr<void> held) {
+  if (!held) return;
+  {
+    const std::lock_guard lk(retired_mu_);
+    retired_.push_back(Retired{device, users, std::move(held)});
+  }
+  collect();
+}
+
+void QueueResources::collect() {
+  std::vector<std::shared_ptr<void>> done;  // destroyed outside the lock
+  const std::lock_guard lk(retired_mu_);
+  auto keep = std::remove_if(retired_.begin(), retired_.end(), [&](Retired& r) {
+    for (const int u : r.users)  // a user that has not recorded yet (still issuing its work) is not done
+      if (recorded_[static_cast<std::size_t>(u)] != step_ || !event(u).query()) return false;
+    done.push_back(std::move(r.held));
+    return true;
+  });
+  retired_.erase(keep, retired_.end());
+}
+
+void QueueResources::stamp(int op, const StepTimes* times, bool begin) {
+  if (times == nullptr) return;
+  core::TimePs* slot = (begin ? times->begin : times->end)->data() + op;
+  stream(op).launch_host([slot, t0 = times->t0]() {
+    *slot = static_cast<core::TimePs>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count() *
+        core::kPsPerNs);
+  });
+}
+
+bool QueueResources::frees_pending(const Device& device) {
+  collect();
+  for (std::size_t d = 0; d < devs_.size(); ++d) {
+    if (devs_[d] != &device) continue;
+    if (pending_[d]->load() > 0) return true;
+    const std::lock_guard lk(retired_mu_);
+    for (const Retired& r : retired_) {
+      // one whose users have all recorded will be freed without the host (an op still issuing its work, the
+      // caller's own, would never be: no entry has one, and waiting for it would not end)
+      if (r.device == static_cast<int>(d) && std::all_of(r.users.begin(), r.users.end(), [&](int u) {
+            return recorded_[static_cast<std::size_t>(u)] == step_;
+          }))
+        return true;
+    }
+  }
+  return false;
 }
 
 std::size_t QueueResources::queue(int op) const {
@@ -339,6 +477,12 @@ void QueueResources::synchronize() {
       if (!first) first = std::current_exception();
     }
   }
+  std::vector<Retired> all;  // every stream has run: nothing retired is still used
+  {
+    const std::lock_guard lk(retired_mu_);
+    all.swap(retired_);
+  }
+  all.clear();
   if (first) std::rethrow_exception(first);
 }
 
@@ -395,6 +539,7 @@ struct DevTensor {
   Buffer buf;
   int producer = -1;
   int owner_task = -1;
+  std::vector<int> users;  // the ops whose device work used it this step: freed after their events (retire)
 };
 struct HostChan {
   HostBuffer data;            // the whole minibatch; kept across steps (pinned where the devices pin)
@@ -563,6 +708,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
       throw ScheduleViolation(fmt::format("executor: op {} reads {}, produced by op {}, on which it does not depend",
                                           label(o), dname(d, k), label(it->second.producer)));
     version_readers[{d, k}].push_back(o);
+    it->second.users.push_back(o);
     return it->second;
   }
   // A new version of k replaces the last one: every op that read the last one must come before o. Otherwise the
@@ -580,12 +726,20 @@ class HarmonyInterpreter final : public detail::Interpreter {
                           label(r), dname(d, k), label(o)));
       vr->second.clear();
     }
-    map.erase(k);
+    if (auto old = map.find(k); old != map.end()) drop(d, map, old);
     DevTensor t;
     t.buf = alloc_or_wait(*devs[static_cast<std::size_t>(d)], bytes, dname(d, k));
     t.producer = o;
     t.owner_task = p.ops[static_cast<std::size_t>(o)].task;
+    t.users.push_back(o);
     return map[k] = std::move(t);
+  }
+  // Erases a device tensor; its memory is freed once the work of every op that used it has run (retire).
+  std::map<DevKey, DevTensor>::iterator drop(int d, std::map<DevKey, DevTensor>& map,
+                                             std::map<DevKey, DevTensor>::iterator it) {
+    const std::vector<int> users = std::move(it->second.users);
+    qr.retire(d, users, std::make_shared<Buffer>(std::move(it->second.buf)));
+    return map.erase(it);
   }
 
   // ---- host channels ----
@@ -619,8 +773,17 @@ class HarmonyInterpreter final : public detail::Interpreter {
 
   Device& D(int d) { return *devs[static_cast<std::size_t>(d)]; }
   Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
-  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile.
+  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile: only
+  // where the host reads what o's work brought down (a bf16 gradient to widen, the ARD's host sum).
   void sync(int o) { wait_unlocked(S(o)); }
+  // A temporary of op o's work, freed when o's stream has run past it.
+  void release_after(int o, Buffer& b) { qr.release_after(o, std::move(b)); }
+  // Host memory an async copy of op o reads (a bf16 staging buffer, the ARD's sum): kept until o's stream has run
+  // past the copy.
+  void keep_until_done(int o, std::shared_ptr<void> held) {
+    qr.release_after(S(o), p.ops[static_cast<std::size_t>(o)].device, std::move(held));
+  }
+  bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
 
   std::int64_t w_offset(const core::LayerRange& r, int l) const {
     std::int64_t o = 0;
@@ -656,6 +819,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
         args.x = static_cast<const E*>(x);
       }
       if (m.kind(l) == LayerKind::Head) {
+        release_after(o, targets);
         targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
         D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
         args.targets = targets.as<std::int32_t>();
@@ -673,27 +837,31 @@ class HarmonyInterpreter final : public detail::Interpreter {
       if (keep) {
         act = make(o, d, DevKey{DK::RecAct, l, s0, n}, m.act_floats(l, n, T) * es).buf.as<E>();
       } else {
-        tmp_act = alloc_or_wait(D(d), m.act_floats(l, n, T) * es, "act");
+        Buffer next_act = alloc_or_wait(D(d), m.act_floats(l, n, T) * es, "act");
+        release_after(o, tmp_act);  // the previous layer's, after its kernels
+        tmp_act = std::move(next_act);
         act = tmp_act.as<E>();
       }
       args.act = act;
       m.forward(ops, l, args);
-      if (m.kind(l) == LayerKind::Head) {
+      if (m.kind(l) == LayerKind::Head) {  // read by end_step, after every stream has run
         D(d).copy_d2h(S(o), losses.data() + static_cast<std::size_t>(s0) * T, args.y, Bytes(n) * T * kF);
       }
-      sync(o);
       if (l < b) {
         if (keep) {
           DevTensor& nx = make(o, d, DevKey{DK::RecX, l + 1, s0, n}, m.output_bytes(l, n, T, dt));
           D(d).copy_d2d(S(o), nx.buf.data(), y.data(), m.output_bytes(l, n, T, dt));
-          sync(o);
           x = nx.buf.data();
         } else {
+          release_after(o, prev);
           prev = std::move(y);
           x = prev.data();
         }
       }
+      release_after(o, y);
     }
+    // No host wait: the temporaries are freed after the kernels that use them, in stream order.
+    for (Buffer* b : {&tmp_y, &tmp_act, &prev, &targets}) release_after(o, *b);
   }
 
   // Recompute inputs were kept by REC; the backward of the task's layers [lf, ll] over one microbatch, in the
@@ -748,10 +916,10 @@ class HarmonyInterpreter final : public detail::Interpreter {
       if (l > 0) dx = l == lf ? make(o, d, DevKey{DK::Grad, lf, s0, n}, gb).buf.as<E>() : spare;
       a.dx = dx;
       m.backward(ops, l, a);
-      sync(o);
       dy = dx;
       std::swap(spare, other);
     }
+    for (Buffer* b : {&scr, &targets, &g_a, &g_b}) release_after(o, *b);  // after the kernels, in stream order
   }
 
   void run_op(int o) {
@@ -763,19 +931,20 @@ class HarmonyInterpreter final : public detail::Interpreter {
       case OpKind::WB: {
         DevTensor& w = make(o, d, DevKey{DK::W, op.task, 0, 0}, w_floats(op.layers) * es);
         if (dt == DType::BF16) {  // the fp32 masters rounded to nearest even on the host, then one copy
-          std::vector<Bf16> up(static_cast<std::size_t>(w_floats(op.layers)));
+          auto up = std::make_shared<std::vector<Bf16>>(static_cast<std::size_t>(w_floats(op.layers)));
           for (int l = lf; l <= ll; ++l) {
             const auto src = st.weights(l);
-            Bf16* dst = up.data() + w_offset(op.layers, l);
+            Bf16* dst = up->data() + w_offset(op.layers, l);
             for (std::size_t i = 0; i < src.size(); ++i) dst[i] = to_bf16(src[i]);
           }
-          D(d).copy_h2d(S(o), w.buf.data(), up.data(), w.buf.bytes());
-          sync(o);  // before `up` goes
+          D(d).copy_h2d(S(o), w.buf.data(), up->data(), w.buf.bytes());
+          keep_until_done(o, up);  // the staging buffer outlives the copy
           return;
         }
+        // The host masters are read when the copy runs: the Updates that overwrite them wait for this op's event
+        // (they follow it, host_wait).
         for (int l = lf; l <= ll; ++l)
           D(d).copy_h2d(S(o), w.buf.as<float>() + w_offset(op.layers, l), st.weights(l).data(), m.param_floats(l) * kF);
-        sync(o);
         return;
       }
       case OpKind::X: {
@@ -792,7 +961,6 @@ class HarmonyInterpreter final : public detail::Interpreter {
         } else {
           throw BackendError(fmt::format("executor: op {}: unsupported input medium", label(o)));
         }
-        sync(o);
         return;
       }
       case OpKind::sX: {
@@ -806,7 +974,6 @@ class HarmonyInterpreter final : public detail::Interpreter {
           DevTensor& x = make(o, d, DevKey{DK::Stash, lf, s0, n}, b);
           D(d).copy_h2d(S(o), x.buf.data(), src, b);
         }
-        sync(o);
         return;
       }
       case OpKind::MSGsX:
@@ -823,14 +990,12 @@ class HarmonyInterpreter final : public detail::Interpreter {
         const auto [s0, n] = samples(o);
         const DevTensor& y = read(o, d, DevKey{DK::Act, ll + 1, s0, n});
         D(d).copy_d2h(S(o), host_write(o, HC::YSwap, ll + 1, s0, n), y.buf.data(), Bytes(n) * per_sample(ll + 1));
-        sync(o);
         return;
       }
       case OpKind::dX: {
         const auto [s0, n] = samples(o);
         const DevTensor& g = read(o, d, DevKey{DK::Grad, lf, s0, n});
         D(d).copy_d2h(S(o), host_write(o, HC::DXSwap, lf, s0, n), g.buf.data(), Bytes(n) * per_sample(lf));
-        sync(o);
         return;
       }
       case OpKind::dY: {
@@ -838,7 +1003,6 @@ class HarmonyInterpreter final : public detail::Interpreter {
         const std::byte* src = host_read(o, HC::DXSwap, ll + 1, s0, n);
         DevTensor& g = make(o, d, DevKey{DK::Grad, ll + 1, s0, n}, Bytes(n) * per_sample(ll + 1));
         D(d).copy_h2d(S(o), g.buf.data(), src, Bytes(n) * per_sample(ll + 1));
-        sync(o);
         return;
       }
       case OpKind::FWD: {
@@ -876,7 +1040,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
         if (dt == DType::BF16) {  // one copy of the pack's bf16 gradients, widened exactly on the host
           std::vector<Bf16> down(static_cast<std::size_t>(w_floats(op.layers)));
           D(d).copy_d2h(S(o), down.data(), g.buf.data(), g.buf.bytes());
-          sync(o);
+          sync(o);  // the host widens what the copy brings: it waits for this op's stream (its own work)
           for (int l = lf; l <= ll; ++l) {
             float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
             const Bf16* src = down.data() + w_offset(op.layers, l);
@@ -887,7 +1051,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
             float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
             D(d).copy_d2h(S(o), dst, g.buf.as<float>() + w_offset(op.layers, l), m.param_floats(l) * kF);
           }
-          sync(o);
+          // no wait: the Update that reads the host gradients waits for this op's event (host_wait)
         }
         for (int l = lf; l <= ll; ++l) grad_producer[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] = o;
         return;
@@ -911,7 +1075,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
         for (auto it = map.begin(); it != map.end();) {
           const DK k = std::get<0>(it->first);
           if (it->second.owner_task == op.task && (k == DK::W || k == DK::DW)) {
-            it = map.erase(it);
+            it = drop(d, map, it);
           } else {
             ++it;
           }
@@ -937,38 +1101,42 @@ class HarmonyInterpreter final : public detail::Interpreter {
     const DevTensor& src = read(send, so.device, DevKey{fwd ? DK::Act : DK::Grad, l, s0, n});
     DevTensor& dst = make(recv, ro.device, DevKey{fwd ? DK::Act : DK::Grad, l, s0, n}, Bytes(n) * per_sample(l));
     D(so.device).copy_d2d(S(send), dst.buf.data(), src.buf.data(), Bytes(n) * per_sample(l), &D(ro.device));
-    sync(send);
+    dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
   }
 
   // ARD group: the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written back to all.
   void run_ard(const std::vector<int>& group) {
     const core::Op& o0 = p.ops[static_cast<std::size_t>(group.front())];
     const std::int64_t count = w_floats(o0.layers);
-    std::vector<float> sum(static_cast<std::size_t>(count)), part(static_cast<std::size_t>(count));
-    std::vector<Bf16> raw(dt == DType::BF16 ? static_cast<std::size_t>(count) : 0);  // bf16: the device's bits
+    // The host sums what each replica's copy brought (it waits for that replica's stream: the host reads the
+    // data); the sum goes up by async copies, so its buffers live until every replica's stream has run them.
+    auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
+    std::vector<float> part(static_cast<std::size_t>(count));
+    auto raw = std::make_shared<std::vector<Bf16>>(dt == DType::BF16 ? static_cast<std::size_t>(count) : 0);
     for (std::size_t r = 0; r < group.size(); ++r) {
       const core::Op& op = p.ops[static_cast<std::size_t>(group[r])];
       const DevTensor& g = read(group[r], op.device, DevKey{DK::DW, op.task, 0, 0});
       if (dt == DType::BF16) {
-        D(op.device).copy_d2h(S(group[r]), raw.data(), g.buf.data(), count * es);
+        D(op.device).copy_d2h(S(group[r]), raw->data(), g.buf.data(), count * es);
         sync(group[r]);
-        for (std::size_t i = 0; i < raw.size(); ++i) part[i] = to_f32(raw[i]);
+        for (std::size_t i = 0; i < raw->size(); ++i) part[i] = to_f32((*raw)[i]);
       } else {
         D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
         sync(group[r]);
       }
-      add_in_rank_order(sum, part, r);
+      add_in_rank_order(*sum, part, r);
     }
-    for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = to_bf16(sum[i]);  // the fp32 sum rounded once
+    for (std::size_t i = 0; i < raw->size(); ++i) (*raw)[i] = to_bf16((*sum)[i]);  // the fp32 sum rounded once
     for (int a : group) {
       const core::Op& op = p.ops[static_cast<std::size_t>(a)];
       DevTensor& g = dev[static_cast<std::size_t>(op.device)][DevKey{DK::DW, op.task, 0, 0}];
       if (dt == DType::BF16) {
-        D(op.device).copy_h2d(S(a), g.buf.data(), raw.data(), count * es);
+        D(op.device).copy_h2d(S(a), g.buf.data(), raw->data(), count * es);
+        keep_until_done(a, raw);
       } else {
-        D(op.device).copy_h2d(S(a), g.buf.data(), sum.data(), count * kF);
+        D(op.device).copy_h2d(S(a), g.buf.data(), sum->data(), count * kF);
+        keep_until_done(a, sum);
       }
-      sync(a);
       g.producer = a;
     }
   }
@@ -1033,13 +1201,16 @@ class HarmonyInterpreter final : public detail::Interpreter {
   void release(int o) {
     for (const auto& k : reads_of(o)) {
       auto it = readers_left.find(k);
-      if (it != readers_left.end() && --it->second == 0) dev[static_cast<std::size_t>(k.first)].erase(k.second);
+      if (it != readers_left.end() && --it->second == 0) {
+        auto& map = dev[static_cast<std::size_t>(k.first)];
+        if (auto t = map.find(k.second); t != map.end()) drop(k.first, map, t);
+      }
     }
     for (int d = 0; d < static_cast<int>(dev.size()); ++d) {
       auto& map = dev[static_cast<std::size_t>(d)];
       for (auto it = map.begin(); it != map.end();) {
         if (it->second.producer == o && readers_total.count({d, it->first}) == 0) {
-          it = map.erase(it);
+          it = drop(d, map, it);
         } else {
           ++it;
         }
@@ -1058,6 +1229,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
     readers_left = readers_total;
     version_readers.clear();
+    qr.begin_step();
   }
 
   // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order.
@@ -1079,16 +1251,34 @@ class HarmonyInterpreter final : public detail::Interpreter {
     return g;
   }
 
+  // Event ordering (QueueResources): the host issues a group once its queues are at most kRunAhead ops ahead of
+  // their devices; host ops (MSG copies between host channels, Update) wait on the host for their preds' events,
+  // the others make their streams wait for them; each member's event is recorded after the group's work.
   void run(const std::vector<int>& g) override {
     const std::shared_ptr<void> range = qr.range(g.front());  // NVTX on CUDA, named like the trace's op
     const core::Op& op = p.ops[static_cast<std::size_t>(g.front())];
-    if (op.peer >= 0) {
-      run_pair(g[0], g[1]);
-    } else if (op.kind == OpKind::ARD) {
-      run_ard(g);
+    qr.collect();
+    unlocked([&] {
+      for (const int a : g) qr.throttle(a, extra);
+    });
+    const bool host = op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY || op.kind == OpKind::Update;
+    if (host) {
+      unlocked([&] {
+        for (const int a : g) qr.host_wait(a, extra);
+      });
     } else {
-      run_op(g.front());
+      for (const int a : g)
+        for (const int b : g) qr.order(b, S(a), extra);
     }
+    qr.issue(g, times, host, [&] {
+      if (op.peer >= 0) {
+        run_pair(g[0], g[1]);
+      } else if (op.kind == OpKind::ARD) {
+        run_ard(g);
+      } else {
+        run_op(g.front());
+      }
+    });
   }
 
   void finished(int o) override { release(o); }
@@ -1098,6 +1288,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
   }
 
   double end_step() override {
+    qr.synchronize();  // the losses' copies, the last updates' inputs, every stream-ordered free
     for (auto& mp : dev) mp.clear();
     double total = 0.0;
     for (const float x : losses) total += x;
@@ -1199,6 +1390,7 @@ StepResult Executor::step(std::span<const std::int32_t> inputs, std::span<const 
   try {
     res = impl_->concurrent ? detail::run_step_concurrent(impl_->p, it, impl_->workers.get())
                             : detail::run_step(impl_->p, it);
+    res.loss = it.end_step();  // waits for every stream: a device error of the step's last work is thrown here
   } catch (...) {
     // Drain what the failed step enqueued, then free its device tensors, so the devices are empty again.
     try {
@@ -1208,7 +1400,6 @@ StepResult Executor::step(std::span<const std::int32_t> inputs, std::span<const 
     it.abandon_step();
     throw;
   }
-  res.loss = it.end_step();
   return res;
 }
 

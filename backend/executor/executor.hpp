@@ -32,6 +32,14 @@ struct ExecutorOptions {
   // deps and its queue predecessor have completed. false: the ops one at a time on the calling thread, in the
   // v1 ready-queue order (for debugging; the results are the same bits).
   bool concurrent = true;
+  // How far the host may issue ops ahead of the devices (docs/backend.md, "Event ordering"). Ops are ordered by
+  // events whatever the value (bit-identical results); it bounds when an op is issued, and so when its device
+  // memory is allocated: the host issues an op once, for each op it follows (deps, queue predecessor), the ops of
+  // that op's queue up to run_ahead - 1 before it have completed. 1: once they have all completed (device memory
+  // as the Program says, as when every op synchronized its stream; the host still never waits inside an op or
+  // for ops it does not follow). 2: one op of each queue may still run (a stream's next work is queued while its
+  // current runs; more memory in use). 0: unbounded (only device memory stops the host).
+  int run_ahead = 1;
   // Threads of each Update queue's ParallelAdamW; <= 0: std::thread::hardware_concurrency(). Updates on several
   // devices' CPU queues run at the same time and share the cores.
   int adamw_threads = 0;

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -89,23 +90,30 @@ struct Setup {
   std::unique_ptr<HostState> state;
   std::vector<std::unique_ptr<Device>> devs;
   std::vector<Device*> ptrs;
-  explicit Setup(int gpus, Bytes capacity = 16 * kMiB) {
+  // jitter_us > 0: devices whose streams sleep randomly before each piece of work (CpuDeviceOptions::jitter_us,
+  // seeded by jitter_seed), with freed memory poisoned, so a missing cross-stream order shows as different bits.
+  explicit Setup(int gpus, Bytes capacity = 16 * kMiB, int jitter_us = 0, std::uint64_t jitter_seed = 0) {
     const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
     model = std::make_unique<Gpt2>(gpt2_config_from(file));
     state = std::make_unique<HostState>(*model);
     load_gpt2_weights(file, *state);
     for (int g = 0; g < gpus; ++g) {
-      devs.push_back(cpu::make_cpu_device(g, {.capacity = capacity}));
+      devs.push_back(cpu::make_cpu_device(g, {.capacity = capacity,
+                                              .poison = jitter_us > 0 || cpu::kPoisonByDefault,
+                                              .jitter_us = jitter_us,
+                                              .jitter_seed = jitter_seed}));
       ptrs.push_back(devs.back().get());
     }
   }
 };
 
 // concurrent: ExecutorOptions::concurrent (one worker per Program queue) or the serial loop.
+// run_ahead: ExecutorOptions::run_ahead.
 inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr, bool concurrent = true,
-                  DType dtype = DType::F32) {
+                  DType dtype = DType::F32, int run_ahead = 1) {
   const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-  Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .concurrent = concurrent, .dtype = dtype});
+  Executor ex(prog, s.ptrs, *s.state,
+              {.seq_len = kT, .adamw = kAdamW, .concurrent = concurrent, .run_ahead = run_ahead, .dtype = dtype});
   Result r;
   std::vector<std::int32_t> in, tgt;
   for (int k = 0; k < kSteps; ++k) {

@@ -138,6 +138,16 @@ with tempfile.TemporaryDirectory() as tmp:
         check("--executor concurrent: the same losses bit for bit", d1["summary"]["losses"] == d2["summary"]["losses"],
               (d1["summary"]["losses"], d2["summary"]["losses"]))
         check("no --trace: traced_step null", d1["summary"]["traced_step"] is None, d1["summary"])
+    # --run-ahead (event ordering, docs/backend.md): how far the host issues ops ahead changes no bit
+    for ex, ahead in [("serial", "0"), ("concurrent", "2")]:
+        r3, d3 = train_json(DEFAULT, "--steps", str(SHORT), "--quiet", "--gpu-memory", "2MiB", "--executor", ex,
+                            "--run-ahead", ahead)
+        check(f"--executor {ex} --run-ahead {ahead} exit 0", r3.returncode == 0, r3.stderr)
+        if d1 and d3:
+            check(f"--executor {ex} --run-ahead {ahead}: the same losses bit for bit",
+                  d1["summary"]["losses"] == d3["summary"]["losses"], (d1["summary"]["losses"], d3["summary"]["losses"]))
+    r = run("train", DEFAULT, "--steps", "1", "--run-ahead", "-1")
+    check("--run-ahead -1 refused", r.returncode == 2 and "run-ahead" in r.stderr, r.stderr)
     r = run("train", DEFAULT, "--steps", "1", "--executor", "parallel")
     check("--executor parallel refused", r.returncode == 2 and "concurrent" in r.stderr, r.stderr)
     # --tf32 / --tree-sums are CUDA-only: refused on the CPU device, naming the flag; --poison is accepted and
