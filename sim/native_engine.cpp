@@ -604,9 +604,9 @@ class FlowEngine {
       std::vector<Stage> all = std::move(before);
       x.engine_stage = static_cast<int>(all.size());
       all.push_back(static_cast<Stage&>(x));
-      for (auto& st : after) all.push_back(std::move(st));
-      static_cast<Stage&>(x) = std::move(all.front());
-      x.later.assign(std::make_move_iterator(all.begin() + 1), std::make_move_iterator(all.end()));
+      for (const Stage& st : after) all.push_back(st);
+      static_cast<Stage&>(x) = all.front();
+      x.later.assign(all.begin() + 1, all.end());
     }
     if (o.overhead_s > 0) {
       const TimePs ps = core::seconds_to_ps(o.overhead_s);
@@ -818,7 +818,7 @@ class FlowEngine {
     d.path = {pool};
     d.cap = 1.0;
     x.later.insert(x.later.begin(), static_cast<Stage&>(x));
-    static_cast<Stage&>(x) = std::move(d);
+    static_cast<Stage&>(x) = d;
     ++x.engine_stage;
   }
 
@@ -996,7 +996,7 @@ class FlowEngine {
       end(act);
       return;
     }
-    static_cast<Stage&>(x) = std::move(x.later.front());
+    static_cast<Stage&>(x) = x.later.front();
     x.later.erase(x.later.begin());
     ++x.stage;
     x.remaining = x.volume;

@@ -219,7 +219,10 @@ double compute_estimate_s(const Model& model, const Candidate& c, const SearchSp
   const bool dp = is_data_parallel(space.kind);
   const int gpus = std::max(1, space.gpus);
   const int share = dp ? std::max(1, space.minibatch / gpus) : space.minibatch;
-  auto passes = [&](int u) { return static_cast<double>((share + u - 1) / std::max(1, u)); };
+  auto passes = [&](int u) {
+    const int n = (share + u - 1) / std::max(1, u);  // microbatches of u per GPU share, rounded up
+    return static_cast<double>(n);
+  };
   double s = 0.0;
   const int r_fwd = c.packs_fwd.empty() ? 0 : c.packs_bwd.back().first;
   for (int l = 0; l < r_fwd; ++l) s += model.time_s(Phase::Fwd, c.u_fwd, l) * passes(c.u_fwd);
