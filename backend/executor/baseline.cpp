@@ -120,19 +120,8 @@ class BaselineInterpreter final : public Interpreter {
   void run(const std::vector<int>& g) override {
     const std::shared_ptr<void> range = qr_.range(g.front());  // NVTX on CUDA, named like the trace's op
     const core::Op& op = at(g.front());
-    qr_.collect();
-    unlocked([&] {
-      for (const int a : g) qr_.throttle(a, extra_);
-    });
     const bool host = op.kind == OpKind::Update;
-    if (host) {
-      unlocked([&] {
-        for (const int a : g) qr_.host_wait(a, extra_);
-      });
-    } else {
-      for (const int a : g)
-        for (const int b : g) qr_.order(b, S(a), extra_);
-    }
+    qr_.await_preds(g, extra_, host, [&](auto&& fn) { unlocked(fn); });
     qr_.issue(g, times, host, [&] {
       if (op.peer >= 0) {
         run_pair(g[0], g[1]);

@@ -229,6 +229,25 @@ class QueueResources {
   // ExecutorOptions::run_ahead = k > 0: the host blocks until, for each pred of op, the op k - 1 before it in its
   // queue has run (call unlocked). Nothing for k = 0.
   void throttle(int op, const std::vector<std::vector<int>>& extra);
+  // What every group does before its work, in both interpreters: collect finished frees, throttle each member
+  // (run_ahead), then a host group waits on the host for its members' preds, a device group makes each member's
+  // stream wait for every member's preds. `unlocked(fn)` runs fn with the interpreter's lock released.
+  template <class Unlocked>
+  void await_preds(const std::vector<int>& group, const std::vector<std::vector<int>>& extra, bool host,
+                   Unlocked&& unlocked) {
+    collect();
+    unlocked([&] {
+      for (const int a : group) throttle(a, extra);
+    });
+    if (host) {
+      unlocked([&] {
+        for (const int a : group) host_wait(a, extra);
+      });
+      return;
+    }
+    for (const int a : group)
+      for (const int b : group) order(b, stream(a), extra);
+  }
   // Stamps op's begin (or end) time in `times` when op's stream reaches this point (nothing when times is null).
   void stamp(int op, const StepTimes* times, bool begin);
   // Stamps begin, runs `work` (which enqueues the group's work on its members' streams), records the group's

@@ -1257,19 +1257,8 @@ class HarmonyInterpreter final : public detail::Interpreter {
   void run(const std::vector<int>& g) override {
     const std::shared_ptr<void> range = qr.range(g.front());  // NVTX on CUDA, named like the trace's op
     const core::Op& op = p.ops[static_cast<std::size_t>(g.front())];
-    qr.collect();
-    unlocked([&] {
-      for (const int a : g) qr.throttle(a, extra);
-    });
     const bool host = op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY || op.kind == OpKind::Update;
-    if (host) {
-      unlocked([&] {
-        for (const int a : g) qr.host_wait(a, extra);
-      });
-    } else {
-      for (const int a : g)
-        for (const int b : g) qr.order(b, S(a), extra);
-    }
+    qr.await_preds(g, extra, host, [&](auto&& fn) { unlocked(fn); });
     qr.issue(g, times, host, [&] {
       if (op.peer >= 0) {
         run_pair(g[0], g[1]);
