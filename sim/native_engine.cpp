@@ -1071,7 +1071,7 @@ class FlowEngine {
       Activity& x = acts_[z(a)];
       if (std::isfinite(x.rate)) x.remaining -= x.rate * dts / kPs;
     }
-    for (std::size_t l = 0; l < load_.size(); ++l) {
+    for (const std::size_t l : loaded_) {
       if (load_[l] > 0) r_.link_stats[l].busy_ps += dt;
     }
     now_ = t;
@@ -1095,20 +1095,32 @@ class FlowEngine {
       return rate;
     }
     // weighted progressive filling: a flow at rate r uses coef x r of each link on its path; weight[l] is the
-    // sum of the coefficients of the unfrozen flows on l, count[l] their number
+    // sum of the coefficients of the unfrozen flows on l, count[l] their number. Only the links some flow uses
+    // (`used`) are visited: a machine has many links (every NVLink pair) and a step uses few.
     std::vector<double>& residual = fr_residual_;
-    residual.assign(cap_.begin(), cap_.end());
     std::vector<int>& count = fr_count_;
-    count.assign(cap_.size(), 0);
     std::vector<double>& weight = fr_weight_;
-    weight.assign(cap_.size(), 0.0);
+    std::vector<std::size_t>& used = fr_used_;
+    if (count.size() != cap_.size()) {
+      residual.assign(cap_.size(), 0.0);
+      count.assign(cap_.size(), 0);
+      weight.assign(cap_.size(), 0.0);
+    }
+    for (const std::size_t l : used) {  // what the last call left
+      count[l] = 0;
+      weight[l] = 0.0;
+    }
+    used.clear();
     for (int a : active_) {
       const Activity& x = acts_[z(a)];
       for (std::size_t i = 0; i < x.path.size(); ++i) {
-        const int l = x.path[i];
-        if (!std::isfinite(cap_[z(l)])) continue;
-        ++count[z(l)];
-        weight[z(l)] += coef_of(x, i);
+        const std::size_t l = z(x.path[i]);
+        if (!std::isfinite(cap_[l])) continue;
+        if (count[l]++ == 0) {
+          used.push_back(l);
+          residual[l] = cap_[l];
+        }
+        weight[l] += coef_of(x, i);
       }
     }
     std::size_t unfrozen = nf;
@@ -1116,7 +1128,7 @@ class FlowEngine {
     bottleneck.assign(cap_.size(), 0);
     while (unfrozen > 0) {
       double best = kInf;
-      for (std::size_t l = 0; l < cap_.size(); ++l) {
+      for (const std::size_t l : used) {
         if (count[l] > 0) best = std::min(best, std::max(0.0, residual[l]) / weight[l]);
       }
       for (std::size_t f = 0; f < nf; ++f) {
@@ -1129,8 +1141,7 @@ class FlowEngine {
         }
         break;
       }
-      for (std::size_t l = 0; l < cap_.size(); ++l)
-        bottleneck[l] = count[l] > 0 && std::max(0.0, residual[l]) / weight[l] <= best;
+      for (const std::size_t l : used) bottleneck[l] = count[l] > 0 && std::max(0.0, residual[l]) / weight[l] <= best;
       std::vector<std::size_t>& frozen = fr_frozen_;
       frozen.clear();
       for (std::size_t f = 0; f < nf; ++f) {
@@ -1159,7 +1170,8 @@ class FlowEngine {
   void recompute() {
     dirty_ = false;
     const std::vector<double>& rate = fair_rates();
-    std::fill(load_.begin(), load_.end(), 0.0);
+    for (const std::size_t l : loaded_) load_[l] = 0.0;
+    loaded_.clear();
     for (std::size_t f = 0; f < active_.size(); ++f) {
       const int a = active_[f];
       Activity& x = acts_[z(a)];
@@ -1186,7 +1198,12 @@ class FlowEngine {
         push(fin, a, EvKind::FlowEnd, x.version);
       }
       if (std::isfinite(x.rate)) {
-        for (std::size_t i = 0; i < x.path.size(); ++i) load_[z(x.path[i])] += x.rate * coef_of(x, i);
+        for (std::size_t i = 0; i < x.path.size(); ++i) {
+          const std::size_t l = z(x.path[i]);
+          const double v = x.rate * coef_of(x, i);
+          if (v > 0 && load_[l] == 0.0) loaded_.push_back(l);  // listed once: rates are never negative
+          load_[l] += v;
+        }
       }
     }
     if (opt_.record_counters) {
@@ -1266,7 +1283,8 @@ class FlowEngine {
   bool dirty_ = false;
   std::vector<double> cap_;
   std::vector<double> load_;
-  std::vector<Path> h2d_, d2h_;  // per GPU
+  std::vector<std::size_t> loaded_;  // the links whose load_ may be non-zero (advance and recompute visit only them)
+  std::vector<Path> h2d_, d2h_;      // per GPU
   // per (from, to) GPU pair, filled on first use
   mutable std::vector<Path> p2p_;
   mutable std::vector<TransferClass> p2p_cls_;
@@ -1275,7 +1293,7 @@ class FlowEngine {
   mutable std::vector<double> fr_rate_, fr_residual_, fr_weight_;
   mutable std::vector<int> fr_count_;
   mutable std::vector<char> fr_bottleneck_;
-  mutable std::vector<std::size_t> fr_frozen_;
+  mutable std::vector<std::size_t> fr_frozen_, fr_used_;
   std::vector<double> last_sample_;
   std::vector<CopyEngine> engines_;
   std::vector<Bytes> mem_;
