@@ -13,6 +13,7 @@ packages=(
   libfmt-dev libyaml-cpp-dev doctest-dev nlohmann-json3-dev libcli11-dev
   python3-jsonschema  # tests/cli/test_schema.py validates every JSON output against schemas/
   libsimdjson-dev  # the profile loader's fast JSON path (core/model/profile.cpp): parsing speed
+  libmimalloc-dev  # harmony-sim's malloc (meson.build, -Dallocator): a search allocates per candidate Program
 )
 # Used by check-format.sh, tidy.sh and the fuzzers (libclang-rt-14-dev carries libFuzzer).
 # ccache: Meson compiles through it when it is on PATH, so a rebuild of unchanged sources (a fresh clone, the

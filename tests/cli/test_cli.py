@@ -277,6 +277,15 @@ options: {{prefetch: false}}
     r = run("simulate", cfg, "--set", "plan.gpuz=4")
     check("bad --set path exit 2", r.returncode == 2 and "gpus" in r.stderr, r.stderr)
 
+    # the allocator the build chose (meson.build, -Dallocator) is the process's malloc: mimalloc announces its
+    # initialisation under MIMALLOC_VERBOSE only when it, not glibc, serves the process's allocations
+    expect = os.environ.get("HARMONY_EXPECT_MALLOC", "")
+    r = subprocess.run([BIN, "--version"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "MIMALLOC_VERBOSE": "1"})
+    check("allocator: --version exit 0", r.returncode == 0, r.returncode)
+    check(f"allocator: the process runs on {expect or '?'}", expect in ("mimalloc", "system") and
+          ("mimalloc: process init" in r.stderr) == (expect == "mimalloc"), f"expected {expect!r}: {r.stderr[:300]}")
+
 print(f"{passed} passed, {len(failures)} failed")
 for f in failures:
     print("FAIL", f)
