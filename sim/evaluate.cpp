@@ -25,26 +25,31 @@ Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const c
   return evaluate_program(engine, lower_plan_for(engine, model, plan, options));
 }
 
-std::optional<Evaluation> evaluate_plan_within(const Engine& engine, const core::Model& model, const core::Plan& plan,
-                                               const core::LowerOptions& options, double cutoff_s) {
-  Evaluation e;
-  e.program = lower_plan_for(engine, model, plan, options);
-  std::optional<EngineResult> r = engine.run_within(e.program, cutoff_s);
-  if (!r) return std::nullopt;
-  e.timeline = std::move(r->timeline);
-  e.report = std::move(r->report);
-  e.native = std::move(r->native);
-  return e;
-}
+namespace {
 
-Evaluation evaluate_program(const Engine& engine, core::Program program) {
+// The Program and what the engine's run of it brought.
+Evaluation assemble(core::Program program, EngineResult r) {
   Evaluation e;
   e.program = std::move(program);
-  EngineResult r = engine.run(e.program);
   e.timeline = std::move(r.timeline);
   e.report = std::move(r.report);
   e.native = std::move(r.native);
   return e;
+}
+
+}  // namespace
+
+std::optional<Evaluation> evaluate_plan_within(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                                               const core::LowerOptions& options, double cutoff_s) {
+  core::Program program = lower_plan_for(engine, model, plan, options);
+  std::optional<EngineResult> r = engine.run_within(program, cutoff_s);
+  if (!r) return std::nullopt;
+  return assemble(std::move(program), std::move(*r));
+}
+
+Evaluation evaluate_program(const Engine& engine, core::Program program) {
+  EngineResult r = engine.run(program);
+  return assemble(std::move(program), std::move(r));
 }
 
 Evaluation evaluate_plan(const core::Model& model, const core::MachineSpec& machine, const core::Plan& plan,

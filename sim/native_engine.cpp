@@ -405,8 +405,8 @@ class FlowEngine {
     for (std::size_t i = 0; i < n; ++i) {
       if (pending[i] == 0) stack.push_back(static_cast<int>(i));
     }
-    std::vector<char> counted(z(std::max(p_.num_devices(), 1)), p_.pp_rules ? 1 : 0);
-    for (int d : p_.devices) {
+    std::vector<char> counted(z(std::max(p_.num_devices(), 1)), 0);  // the GPUs whose end the report counts
+    for (int d : reported_devices(p_)) {
       if (d >= 0 && z(d) < counted.size()) counted[z(d)] = 1;
     }
     double end = 0.0;

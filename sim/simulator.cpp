@@ -99,6 +99,13 @@ std::string deadlock_report(const Program& p, const Timeline& t) {
   return s;
 }
 
+std::vector<int> reported_devices(const core::Program& p) {
+  if (!p.pp_rules) return p.devices;
+  std::vector<int> all(static_cast<std::size_t>(p.num_devices()));
+  for (int d = 0; d < p.num_devices(); ++d) all[static_cast<std::size_t>(d)] = d;
+  return all;
+}
+
 core::RunReport make_report(const Program& p, const Timeline& t, core::CostModelKind kind,
                             const std::vector<core::Bytes>& mem) {
   core::RunReport r;
@@ -138,13 +145,7 @@ core::RunReport make_report(const Program& p, const Timeline& t, core::CostModel
     for (int d : p.devices) r.per_gpu.push_back({d, inf, 0.0, mem[static_cast<std::size_t>(d)], inf});
     return r;
   }
-  // Harmony-PP under the reference reports every GPU, an idle one ending at 1e-10 s as the paper's
-  // simulator does; Harmony-DP reports the simulated replica(s).
-  std::vector<int> devices = p.devices;
-  if (p.pp_rules) {
-    devices.clear();
-    for (int d = 0; d < p.num_devices(); ++d) devices.push_back(d);
-  }
+  const std::vector<int> devices = reported_devices(p);
   std::vector<TimePs> end(static_cast<std::size_t>(p.num_devices()), 0);
   std::vector<TimePs> compute(static_cast<std::size_t>(p.num_devices()), 0);
   for (std::size_t i = 0; i < p.ops.size(); ++i) {

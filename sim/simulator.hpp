@@ -36,6 +36,11 @@ void mark_deadlock(const core::Program& program, Timeline& t, bool rendezvous);
 // "GPU1 P2PIn: t5 dY L13 mb0 u8 waits for t7 dX L14 mb0 u8 (GPU0 P2POut, not started)\n..."
 std::string deadlock_report(const core::Program& program, const Timeline& t);
 
+// The GPUs whose end times make the iteration's time (make_report; the native lower bound): every GPU under the
+// Harmony-PP rules (the reference's simulator reports an idle one as ending at 1e-10 s), else the Program's
+// devices (Harmony-DP under the reference simulates one replica, GPU 0).
+std::vector<int> reported_devices(const core::Program& program);
+
 // Timeline + per-GPU peak memory (indexed by GPU id) -> RunReport (the reference's result fields), for `kind`.
 core::RunReport make_report(const core::Program& program, const Timeline& t, core::CostModelKind kind,
                             const std::vector<core::Bytes>& peak_bytes);
