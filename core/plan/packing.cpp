@@ -37,17 +37,18 @@ struct PackingInput {
   int n;      // layers [0, n)
   Bytes cap;  // C
   const Packs* reuse_from;
-  std::vector<Bytes> m;  // peak - x, per layer (may be negative in principle)
-  std::vector<Bytes> x;  // input bytes per layer
+  std::vector<Bytes> m;         // peak - x, per layer (may be negative in principle)
+  std::vector<Bytes> x;         // input bytes per layer
+  std::vector<Bytes> m_prefix;  // m.cumsum(): m_prefix[l] = m[0] + ... + m[l] (integers: any order is exact)
 };
 
 using PackFn = std::optional<Packs> (*)(const PackingInput&);
 
-// Sum of m over [first, last].
+// Sum of m over [first, last] (0 for an empty range).
 Bytes sum_m(const PackingInput& in, int first, int last) {
-  Bytes s = 0;
-  for (int l = first; l <= last; ++l) s += in.m[static_cast<std::size_t>(l)];
-  return s;
+  if (last < first) return 0;
+  return in.m_prefix[static_cast<std::size_t>(last)] -
+         (first > 0 ? in.m_prefix[static_cast<std::size_t>(first - 1)] : 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -141,16 +142,23 @@ std::vector<std::ptrdiff_t> np_searchsorted_left(const std::vector<T>& arr, cons
   return out;
 }
 
-// _balanced_sum_split(A, S) for S >= 1, returned as layer ranges, or nullopt when numpy.split would
-// produce an empty pack (cut indices that repeat, start at 0, reach n, or go backwards — the last
-// only possible with negative sums). prefix = A.cumsum() (sequential, also for float64); the target
-// per-pack sum is prefix[-1] // S for int64 and prefix[-1] / S for float64; the cut keys are
-// k * target for k = 1 .. S-1 (int64 * int64, resp. float64(k) * float64).
+// A.cumsum() (sequential, also for float64: the reference's order), computed once per packing input for every S
+// its loop tries.
 template <typename T>
-std::optional<Packs> balanced_sum_split(const std::vector<T>& a, int s) {
+std::vector<T> cumsum(const std::vector<T>& a) {
   std::vector<T> prefix(a.size());
   T acc{};
   for (std::size_t i = 0; i < a.size(); ++i) prefix[i] = acc = acc + a[i];
+  return prefix;
+}
+
+// _balanced_sum_split(A, S) for S >= 1 given prefix = A.cumsum(), returned as layer ranges, or nullopt when
+// numpy.split would produce an empty pack (cut indices that repeat, start at 0, reach n, or go backwards — the
+// last only possible with negative sums). The target per-pack sum is prefix[-1] // S for int64 and
+// prefix[-1] / S for float64; the cut keys are k * target for k = 1 .. S-1 (int64 * int64, resp.
+// float64(k) * float64).
+template <typename T>
+std::optional<Packs> balanced_sum_split(const std::vector<T>& prefix, int s) {
   T target;
   if constexpr (std::is_integral_v<T>) {
     target = floor_div(prefix.back(), s);
@@ -165,7 +173,7 @@ std::optional<Packs> balanced_sum_split(const std::vector<T>& a, int s) {
   Packs packs;
   std::ptrdiff_t start = 0;
   for (std::size_t k = 0; k <= cuts.size(); ++k) {
-    const std::ptrdiff_t end = k < cuts.size() ? cuts[k] : static_cast<std::ptrdiff_t>(a.size());
+    const std::ptrdiff_t end = k < cuts.size() ? cuts[k] : static_cast<std::ptrdiff_t>(prefix.size());
     if (end <= start) return std::nullopt;
     packs.push_back({static_cast<int>(start), static_cast<int>(end - 1)});
     start = end;
@@ -199,7 +207,7 @@ bool fits_no_x(const PackingInput& in, const Packs& packs) {
 // balanced_memory_packing: split m itself (int64) into S ≈equal-sum packs, smallest feasible S.
 std::optional<Packs> balanced_memory(const PackingInput& in, bool addx) {
   for (int s = first_pack_count(in); s <= in.n; ++s) {
-    std::optional<Packs> packs = balanced_sum_split(in.m, s);
+    std::optional<Packs> packs = balanced_sum_split(in.m_prefix, s);
     if (!packs) continue;  // an empty pack: try more packs
     if (addx ? fits_addx(in, *packs) : fits_no_x(in, *packs)) return packs;
   }
@@ -233,11 +241,16 @@ std::optional<Packs> pack_balanced_addx(const PackingInput& in) { return balance
 
 // balanced_time_packing: the S loop still starts at ceil(Σm / C) (memory), but the split is over
 // the per-layer compute times (float64); feasibility is always Σm + x[first] <= C.
-std::optional<Packs> pack_balanced_time(const PackingInput& in) {
+std::vector<double> time_cumsum(const PackingInput& in) {
   std::vector<double> times(static_cast<std::size_t>(in.n));
   for (int l = 0; l < in.n; ++l) times[static_cast<std::size_t>(l)] = in.model.time_s(in.phase, in.u, l);
+  return cumsum(times);
+}
+
+std::optional<Packs> pack_balanced_time(const PackingInput& in) {
+  const std::vector<double> prefix = time_cumsum(in);
   for (int s = first_pack_count(in); s <= in.n; ++s) {
-    std::optional<Packs> packs = balanced_sum_split(times, s);
+    std::optional<Packs> packs = balanced_sum_split(prefix, s);
     if (!packs) continue;
     if (fits_addx(in, *packs)) return packs;
   }
@@ -275,7 +288,7 @@ using PackUptoFn = std::vector<Packs> (*)(const PackingInput&, int max_packs);
 
 std::vector<Packs> upto_balanced(const PackingInput& in, int max_packs, bool addx) {
   return balanced_upto(
-      in, max_packs, [&](int s) { return balanced_sum_split(in.m, s); },
+      in, max_packs, [&](int s) { return balanced_sum_split(in.m_prefix, s); },
       [&](const Packs& p) { return addx ? fits_addx(in, p) : fits_no_x(in, p); });
 }
 std::vector<Packs> upto_balanced_no_x(const PackingInput& in, int max_packs) {
@@ -285,10 +298,9 @@ std::vector<Packs> upto_balanced_addx(const PackingInput& in, int max_packs) {
   return upto_balanced(in, max_packs, true);
 }
 std::vector<Packs> upto_balanced_time(const PackingInput& in, int max_packs) {
-  std::vector<double> times(static_cast<std::size_t>(in.n));
-  for (int l = 0; l < in.n; ++l) times[static_cast<std::size_t>(l)] = in.model.time_s(in.phase, in.u, l);
+  const std::vector<double> prefix = time_cumsum(in);
   return balanced_upto(
-      in, max_packs, [&](int s) { return balanced_sum_split(times, s); },
+      in, max_packs, [&](int s) { return balanced_sum_split(prefix, s); },
       [&](const Packs& p) { return fits_addx(in, p); });
 }
 
@@ -350,7 +362,7 @@ PackingInput make_input(const Model& model, Phase phase, const std::string& meth
   if (capacity_bytes <= 0)
     throw ScheduleError(
         fmt::format("GPU memory capacity must be positive to pack layers (got {} bytes)", capacity_bytes));
-  PackingInput in{model, phase, u, num_layers, capacity_bytes, reuse_from, {}, {}};
+  PackingInput in{model, phase, u, num_layers, capacity_bytes, reuse_from, {}, {}, {}};
   in.m.resize(static_cast<std::size_t>(num_layers));
   in.x.resize(static_cast<std::size_t>(num_layers));
   for (int l = 0; l < num_layers; ++l) {
@@ -358,6 +370,7 @@ PackingInput make_input(const Model& model, Phase phase, const std::string& meth
     in.x[static_cast<std::size_t>(l)] = x;
     in.m[static_cast<std::size_t>(l)] = model.peak_bytes(phase, u, l) - x;
   }
+  in.m_prefix = cumsum(in.m);
   return in;
 }
 
