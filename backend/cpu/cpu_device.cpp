@@ -13,8 +13,8 @@
 #include <mutex>
 #include <random>
 #include <set>
-#include <thread>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>

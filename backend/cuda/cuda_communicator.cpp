@@ -362,7 +362,8 @@ class CudaCommunicator final : public Communicator {
     for (int r = 0; r < n; ++r) {
       const Side& s = sides[static_cast<std::size_t>(r)];
       DeviceGuard guard(s.gpu);
-      kern::convert_rows(s.stream, static_cast<Bf16*>(s.ptr), count, wide[static_cast<std::size_t>(r)], count, 1, count);
+      kern::convert_rows(s.stream, static_cast<Bf16*>(s.ptr), count, wide[static_cast<std::size_t>(r)], count, 1,
+                         count);
       HARMONY_CUDA_CHECK(cudaFreeAsync(wide[static_cast<std::size_t>(r)], s.stream));
     }
   }

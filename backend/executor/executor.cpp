@@ -1372,8 +1372,8 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
   core::validate_program(program);
   if (Communicator* c = options.communicator) {
     if (c->size() != static_cast<int>(devices.size()))
-      throw BackendError(fmt::format("executor: the communicator has {} ranks for {} devices", c->size(),
-                                     devices.size()));
+      throw BackendError(
+          fmt::format("executor: the communicator has {} ranks for {} devices", c->size(), devices.size()));
     for (int r = 0; r < c->size(); ++r)
       if (&c->device(r) != devices[static_cast<std::size_t>(r)])
         throw BackendError(fmt::format("executor: the communicator's rank {} is {}, not device {} ({})", r,

@@ -1,4 +1,4 @@
-// Shared set-up of the executor tests (test_executor.cpp, test_executor_baselines.cpp): the tiny GPT-2 of
+// Shared set-up of the executor tests (test_executor*.cpp): the tiny GPT-2 of
 // tests/data/gpt2_tiny, its plain-trainer reference after kSteps AdamW steps (computed once), N capped CPU
 // devices, and a run of a Program through the Executor (concurrent queues or serial) that checks every device is
 // empty after each step.
@@ -91,7 +91,7 @@ struct Setup {
   std::unique_ptr<HostState> state;
   std::vector<std::unique_ptr<Device>> devs;
   std::vector<Device*> ptrs;
-  std::unique_ptr<Communicator> comm;  // over ptrs, for run(device_sums = true)
+  std::unique_ptr<Communicator> comm;  // the CPU communicator over ptrs (for run's comm)
   // jitter_us > 0: devices whose streams sleep randomly before each piece of work (CpuDeviceOptions::jitter_us,
   // seeded by jitter_seed), with freed memory poisoned, so a missing cross-stream order shows as different bits.
   explicit Setup(int gpus, Bytes capacity = 16 * kMiB, int jitter_us = 0, std::uint64_t jitter_seed = 0) {
@@ -111,11 +111,11 @@ struct Setup {
 };
 
 // concurrent: ExecutorOptions::concurrent (one worker per Program queue) or the serial loop.
-// run_ahead: ExecutorOptions::run_ahead. device_sums: replica sums on the devices through s.comm
-// (ExecutorOptions::communicator), else on the host. devices: what the executor runs on (default s.ptrs).
+// run_ahead: ExecutorOptions::run_ahead. comm: ExecutorOptions::communicator (replica sums on the devices; e.g.
+// s.comm), null: on the host. devices: what the executor runs on (null: s.ptrs).
 inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr, bool concurrent = true,
-                  DType dtype = DType::F32, int run_ahead = 1, bool device_sums = false,
-                  const std::vector<Device*>* devices = nullptr, Communicator* comm = nullptr) {
+                  DType dtype = DType::F32, int run_ahead = 1, Communicator* comm = nullptr,
+                  const std::vector<Device*>* devices = nullptr) {
   const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
   Executor ex(prog, devices != nullptr ? *devices : s.ptrs, *s.state,
               {.seq_len = kT,
@@ -123,7 +123,7 @@ inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* 
                .concurrent = concurrent,
                .run_ahead = run_ahead,
                .dtype = dtype,
-               .communicator = comm != nullptr ? comm : device_sums ? s.comm.get() : nullptr});
+               .communicator = comm});
   Result r;
   std::vector<std::int32_t> in, tgt;
   for (int k = 0; k < kSteps; ++k) {

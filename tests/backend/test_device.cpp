@@ -370,7 +370,7 @@ TEST_CASE("bf16 all-reduce widens, adds in rank order in fp32 and rounds once, o
   std::vector<std::unique_ptr<Stream>> streams;
   std::vector<Buffer> bufs;
   std::vector<std::vector<Bf16>> data;
-  data.reserve(kRanks);  // the copies up read data[r] asynchronously
+  data.reserve(kRanks);                    // the copies up read data[r] asynchronously
   const Bf16 tiny = to_bf16(0.00390625f);  // 2^-8
   for (int r = 0; r < kRanks; ++r) {
     streams.push_back(devs[r]->create_stream("ard"));
@@ -388,7 +388,7 @@ TEST_CASE("bf16 all-reduce widens, adds in rank order in fp32 and rounds once, o
     for (int r = 1; r < kRanks; ++r) s += to_f32(data[r][i]);
     expect[i] = to_bf16(s);
   }
-  CHECK(to_f32(expect[0]) == 1.0078125f);                                                            // 1 + 2^-7
+  CHECK(to_f32(expect[0]) == 1.0078125f);                                               // 1 + 2^-7
   CHECK(to_f32(to_bf16(to_f32(to_bf16(1.0f + to_f32(tiny))) + to_f32(tiny))) == 1.0f);  // rounded per add
   for (int r = 0; r < kRanks; ++r) {
     std::vector<Bf16> got(kN);

@@ -111,7 +111,7 @@ Counted run_counted(const core::Program& prog, int gpus, DType dtype, bool devic
   }
   CountingCommunicator comm(*s.comm, counting);
   Counted c;
-  c.result = run(prog, s, nullptr, concurrent, dtype, 1, false, &ptrs, device_sums ? &comm : nullptr);
+  c.result = run(prog, s, nullptr, concurrent, dtype, 1, device_sums ? &comm : nullptr, &ptrs);
   for (CountingDevice* d : counting) {
     c.d2h += d->d2h;
     c.h2d += d->h2d;
