@@ -1002,28 +1002,24 @@ class BaselineInterpreter final : public Interpreter {
   }
 
   // RS (zero-infinity): the ranks' full dW summed in rank order; rank q keeps shard q of the sum. With
-  // ExecutorOptions::communicator, on the devices: the full dW all-reduced on every rank (in place where the RS is
-  // its last reader, else in a scratch copy: a later BWD still accumulates into it), then each rank's stream copies
-  // its shard of the sum into its dW shard. Exact, but it moves N times a reduce-scatter's bytes.
+  // ExecutorOptions::communicator, on the devices: the full dW all-reduced in place on every rank, then each rank's
+  // stream copies its shard of the sum into its dW shard (exact, but it moves N times a reduce-scatter's bytes).
+  // In place needs the RS to be the last reader of every member's dW (every RS zero-infinity's lowering makes);
+  // otherwise (a later BWD would accumulate into the sum) the host path.
   void run_rs(const std::vector<int>& g) {
     const int l = at(g.front()).layers.first;
     const std::int64_t count = floats(l);
-    if (qr_.device_sums(g)) {
+    const auto dw_key = [&](int a) { return Key{at(a).device, TK::DW, l, 0, 0}; };
+    const auto last_reader = [&](int a) { return left_.at(Version{dw_key(a), read_version(a, dw_key(a))}) == 1; };
+    if (qr_.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
       std::vector<void*> bufs;
       std::vector<Tensor*> shards;
-      std::vector<Buffer> scratch(g.size());
-      for (std::size_t r = 0; r < g.size(); ++r) {
-        const int a = g[r], d = at(a).device;
-        const Key k{d, TK::DW, l, 0, 0};
-        Tensor& full = get(a, k);
-        if (writable_in_place(a, Version{k, read_version(a, k)}, full)) {
-          bufs.push_back(full.data());
-        } else {
-          scratch[r] = alloc_or_wait(D(d), count * es_, "RS sum");
-          D(d).copy_d2d(S(a), scratch[r].data(), full.data(), count * es_);
-          bufs.push_back(scratch[r].data());
-        }
-        shards.push_back(&put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_));
+      for (const int a : g) {
+        Tensor& full = get(a, dw_key(a));
+        writable_in_place(a, Version{dw_key(a), read_version(a, dw_key(a))}, full);  // true: its stream waits
+        bufs.push_back(full.data());
+        shards.push_back(
+            &put(a, Key{at(a).device, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_));
       }
       qr_.all_reduce(g, bufs, count, dt_);
       for (std::size_t r = 0; r < g.size(); ++r) {
@@ -1031,7 +1027,6 @@ class BaselineInterpreter final : public Interpreter {
         if (shard_len(l, d) > 0)
           D(d).copy_d2d(S(a), shards[r]->data(), static_cast<std::byte*>(bufs[r]) + shard_first(l, d) * es_,
                         shard_len(l, d) * es_);
-        release_after(a, scratch[r]);
       }
       return;
     }

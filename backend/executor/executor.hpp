@@ -60,7 +60,7 @@ struct ExecutorOptions {
   // are the host path's bits where the communicator adds in rank order (the CPU communicator, the CUDA one's
   // kernel path; not NCCL). Harmony-DP's and dp-swap's ARD groups, and zero-infinity's RS (an all-reduce of the
   // whole gradient, then each rank keeps its shard: more traffic than a true reduce-scatter). A group that does
-  // not span every device in rank order keeps the host path.
+  // not span every device in rank order, or an RS that is not the last reader of its dW, keeps the host path.
   Communicator* communicator = nullptr;
 };
 
