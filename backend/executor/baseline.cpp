@@ -968,6 +968,7 @@ class BaselineInterpreter final : public Interpreter {
     const std::int64_t count = floats(l);
     if (qr_.device_sums(g)) {
       std::vector<void*> bufs;
+      bufs.reserve(g.size());
       for (const int a : g) bufs.push_back(update(a, Key{at(a).device, TK::DW, l, 0, 0}, count * es_).data());
       qr_.all_reduce(g, bufs, count, dt_);
       return;
@@ -1014,6 +1015,8 @@ class BaselineInterpreter final : public Interpreter {
     if (qr_.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
       std::vector<void*> bufs;
       std::vector<Tensor*> shards;
+      bufs.reserve(g.size());
+      shards.reserve(g.size());
       for (const int a : g) {
         Tensor& full = get(a, dw_key(a));
         writable_in_place(a, Version{dw_key(a), read_version(a, dw_key(a))}, full);  // true: its stream waits

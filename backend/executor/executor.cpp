@@ -1132,6 +1132,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     const std::int64_t count = w_floats(o0.layers);
     if (qr.device_sums(group)) {
       std::vector<void*> bufs;
+      bufs.reserve(group.size());
       for (const int a : group) {
         const core::Op& op = p.ops[static_cast<std::size_t>(a)];
         DevTensor& g = read(a, op.device, DevKey{DK::DW, op.task, 0, 0});
