@@ -114,6 +114,7 @@ struct Cli {
   std::string executor = "auto";  // serial | concurrent | auto (serial on CPU devices, concurrent on CUDA)
   int run_ahead = 1;              // ExecutorOptions::run_ahead
   std::string dtype;              // --dtype: train.dtype (fp32 | bf16)
+  bool host_sums = false;         // --host-sums: replica sums on the host (ExecutorOptions::communicator unset)
   DeviceFlags device_flags;
   // profile
   std::string out;
@@ -279,6 +280,19 @@ std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConf
   return devs;
 }
 
+// The communicator the executor sums replicas' gradients with on the devices (ExecutorOptions::communicator):
+// over `devs` in rank order, of the devices' kind; nullptr with --host-sums (the host path) or one device (no
+// replicas). The caller keeps it alive as long as the executor, and destroys it before the devices.
+std::unique_ptr<backend::Communicator> make_communicator(const core::TrainConfig& cfg, const Cli& cli,
+                                                         const std::vector<backend::Device*>& devs) {
+  if (cli.host_sums || devs.size() < 2) return nullptr;
+#ifdef HARMONY_HAVE_CUDA
+  if (cfg.device == "cuda") return backend::cuda::make_cuda_communicator(devs);
+#endif
+  (void)cfg;
+  return backend::cpu::make_cpu_communicator(devs);
+}
+
 // The devices as the executor takes them (the caller keeps `owned`).
 std::vector<backend::Device*> raw_devices(const std::vector<std::unique_ptr<backend::Device>>& owned) {
   std::vector<backend::Device*> devs;
@@ -366,13 +380,15 @@ backend::AdamWConfig adamw_config(const core::TrainConfig& cfg) {
                               .weight_decay = cfg.train.weight_decay};
 }
 
-backend::ExecutorOptions executor_options(const Cli& cli, const core::TrainConfig& cfg) {
+backend::ExecutorOptions executor_options(const Cli& cli, const core::TrainConfig& cfg,
+                                          backend::Communicator* communicator = nullptr) {
   return {.seq_len = cfg.model.seq_len,
           .adamw = adamw_config(cfg),
           .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda"),
           .run_ahead = cli.run_ahead,
           .pinned_limit = cfg.machine.topology.pinned_limit_bytes,
-          .dtype = run_dtype(cfg)};
+          .dtype = run_dtype(cfg),
+          .communicator = communicator};
 }
 
 backend::CheckpointMeta checkpoint_meta(const Setup& s, const Chosen& chosen) {
@@ -539,10 +555,11 @@ std::optional<std::string> trial_step(const Setup& s, const Cli& cli, const Chos
   scratch.init_weights(s.cfg.model.init_seed);
   auto owned = make_devices(s.cfg, s.device_flags, c.plan.gpus);
   const std::vector<backend::Device*> devs = raw_devices(owned);
+  const auto comm = make_communicator(s.cfg, cli, devs);
   std::vector<std::int32_t> in, tgt;
   s.tokens.batch(0, c.plan.minibatch, s.cfg.model.seq_len, in, tgt);
   try {
-    backend::Executor executor(c.program, devs, scratch, executor_options(cli, s.cfg));
+    backend::Executor executor(c.program, devs, scratch, executor_options(cli, s.cfg, comm.get()));
     (void)executor.step(in, tgt);
   } catch (const backend::OutOfMemory& e) {
     return std::string(e.what());
@@ -682,7 +699,8 @@ int cmd_train(const Cli& cli) {
   const core::Program& program = chosen.program;
   auto owned = make_devices(cfg, s.device_flags, plan.gpus);
   const std::vector<backend::Device*> devs = raw_devices(owned);
-  backend::Executor executor(program, devs, *s.state, executor_options(cli, cfg));
+  const auto comm = make_communicator(cfg, cli, devs);  // outlives the executor, dies before the devices
+  backend::Executor executor(program, devs, *s.state, executor_options(cli, cfg, comm.get()));
 
   const int B = plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
   const core::Bytes model_bytes = s.model->param_count() * 4;  // fp32 weights, the tied wte counted once
@@ -964,6 +982,10 @@ int run_cli(int argc, char** argv) {
                    "same bits): 1 (default): once the ops each follows have completed, device memory as the "
                    "Program says; 2: one op per queue may still run (more memory); 0: unbounded")
       ->check(kNonNegativeInt);
+  train->add_flag("--host-sums", cli.host_sums,
+                  "sum data-parallel replicas' gradients on the host (each replica's copied down, added in rank "
+                  "order, the sum copied back up: the reference path) instead of on the devices with a "
+                  "communicator (the default; the same bits on CPU devices)");
   auto* profile = app.add_subcommand("profile", "measure per-layer times and memory into a harmony-sim profile");
   add_common(profile);
   profile->add_option("--out", cli.out, "profile JSON to write")->required();

@@ -323,6 +323,11 @@ class Communicator {
   // buf (count floats on every rank) = sum over ranks, added in rank order 0, 1, ..., size-1 for every
   // element, so the result is bit-identical on every rank and to a serial sum in that order.
   virtual void all_reduce_sum(int rank, Stream& s, float* buf, std::int64_t count) = 0;
+  // buf (count bf16 values on every rank) = the sum of the ranks' values as the executor's host replica sum
+  // forms it (rank_sum.hpp): per element every rank's value widened to fp32 (exact), added in fp32 in rank
+  // order 0, 1, ..., size-1, and rounded to nearest even once. Bit-identical on every rank; all_reduce_sum and
+  // all_reduce_sum_bf16 calls share one call order (a rank's k-th all-reduce of either kind meets the others').
+  virtual void all_reduce_sum_bf16(int rank, Stream& s, Bf16* buf, std::int64_t count) = 0;
 };
 
 // device.bf16_kernels(), or a DeviceError "<device>: bf16 not supported on <device kind> yet" (`who` names the

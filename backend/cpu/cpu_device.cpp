@@ -13,8 +13,10 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -615,36 +617,56 @@ class CpuCommunicator final : public Communicator {
   }
 
   void all_reduce_sum(int rank, Stream& s, float* buf, std::int64_t count) override {
-    CpuDevice& d = *devices_[check_rank(rank, "all_reduce_sum")];
-    CpuStream& cs = d.own(s, "all_reduce_sum");
-    if (count < 0) throw DeviceError(fmt::format("all_reduce_sum: negative count {}", count));
-    d.check_device(buf, count * static_cast<Bytes>(sizeof(float)), "all_reduce_sum", "buffer");
+    all_reduce<float>(rank, s, buf, count, "all_reduce_sum");
+  }
+  void all_reduce_sum_bf16(int rank, Stream& s, Bf16* buf, std::int64_t count) override {
+    all_reduce<Bf16>(rank, s, buf, count, "all_reduce_sum_bf16");
+  }
+
+ private:
+  int check_rank(int rank, const char* op) const {
+    if (rank < 0 || rank >= size())
+      throw DeviceError(fmt::format("{}: rank {} outside the communicator's 0..{}", op, rank, size() - 1));
+    return rank;
+  }
+  // Both all-reduces: element-wise sum in fp32 in rank order 0, 1, ..., n-1 (bf16 widened, rounded once when
+  // stored), then the same result written to every rank. One sequence of calls per rank for both kinds.
+  template <class E>
+  void all_reduce(int rank, Stream& s, E* buf, std::int64_t count, const char* op) {
+    CpuDevice& d = *devices_[check_rank(rank, op)];
+    CpuStream& cs = d.own(s, op);
+    if (count < 0) throw DeviceError(fmt::format("{}: negative count {}", op, count));
+    d.check_device(buf, count * static_cast<Bytes>(sizeof(E)), op, "buffer");
     std::int64_t seq = 0;
     {
       std::lock_guard lock(mu_);
       seq = reduce_seq_[rank]++;
     }
-    cs.launch_host([this, rank, seq, buf, count]() {
+    cs.launch_host([this, rank, seq, buf, count, op]() {
       const int n = size();
       std::unique_lock lock(mu_);
       Collective& c = reduces_[seq];
       if (c.bufs.empty()) {
         c.bufs.assign(n, nullptr);
         c.counts.assign(n, -1);
+        c.ops.assign(n, nullptr);
       }
       c.bufs[rank] = buf;
       c.counts[rank] = count;
+      c.ops[rank] = op;
       if (++c.arrived == n) {
-        for (int r = 0; r < n; ++r) {
-          if (c.counts[r] != c.counts[0])
-            c.error = fmt::format("all_reduce_sum {}: rank {} reduces {} floats, rank 0 {}", seq, r, c.counts[r],
-                                  c.counts[0]);
+        for (int r = 0; r < n && c.error.empty(); ++r) {
+          if (std::string_view(c.ops[r]) != c.ops[0])
+            c.error = fmt::format("all-reduce {}: rank {} calls {}, rank 0 {}", seq, r, c.ops[r], c.ops[0]);
+          else if (c.counts[r] != c.counts[0])
+            c.error = fmt::format("{} {}: rank {} reduces {} {}, rank 0 {}", op, seq, r, c.counts[r],
+                                  std::is_same_v<E, float> ? "floats" : "bf16 values", c.counts[0]);
         }
         if (c.error.empty()) {
-          // Element-wise sum in rank order 0, 1, ..., n-1, then the same result written to every rank.
           std::vector<float> sum(static_cast<std::size_t>(count));
-          for (int r = 0; r < n; ++r) add_in_rank_order(sum, {c.bufs[r], sum.size()}, static_cast<std::size_t>(r));
-          for (int r = 0; r < n; ++r) std::memcpy(c.bufs[r], sum.data(), sum.size() * sizeof(float));
+          for (int r = 0; r < n; ++r)
+            add_in_rank_order<E>(sum, {static_cast<const E*>(c.bufs[r]), sum.size()}, static_cast<std::size_t>(r));
+          for (int r = 0; r < n; ++r) store_sum(std::span<E>(static_cast<E*>(c.bufs[r]), sum.size()), sum);
         }
         c.done = true;
         cv_.notify_all();
@@ -656,13 +678,6 @@ class CpuCommunicator final : public Communicator {
       if (!error.empty()) throw DeviceError(error);
     });
   }
-
- private:
-  int check_rank(int rank, const char* op) const {
-    if (rank < 0 || rank >= size())
-      throw DeviceError(fmt::format("{}: rank {} outside the communicator's 0..{}", op, rank, size() - 1));
-    return rank;
-  }
   using Key = std::tuple<int, int, std::int64_t>;  // (sender, receiver, sequence)
   struct Slot {
     const void* src = nullptr;
@@ -672,8 +687,9 @@ class CpuCommunicator final : public Communicator {
     std::string error;
   };
   struct Collective {
-    std::vector<float*> bufs;
+    std::vector<void*> bufs;
     std::vector<std::int64_t> counts;
+    std::vector<const char*> ops;  // which all-reduce each rank called
     int arrived = 0;
     int left = 0;
     bool done = false;

@@ -51,7 +51,8 @@ struct Side {  // one participant, as its submission thread reports it
   cudaStream_t stream = nullptr;
   int gpu = 0;
   void* ptr = nullptr;
-  Bytes bytes = 0;
+  Bytes bytes = 0;    // an all-reduce: the count of elements
+  bool bf16 = false;  // an all-reduce: bf16 elements (else fp32)
 };
 
 class CudaCommunicator final : public Communicator {
@@ -135,19 +136,10 @@ class CudaCommunicator final : public Communicator {
   }
 
   void all_reduce_sum(int rank, Stream& s, float* buf, std::int64_t count) override {
-    CudaDevice& d = *devices_[static_cast<std::size_t>(check_rank(rank, "all_reduce_sum"))];
-    CudaStream& cs = d.own(s, "all_reduce_sum");
-    if (count < 0) throw DeviceError(fmt::format("all_reduce_sum: negative count {}", count));
-    d.check_device(buf, count * static_cast<Bytes>(sizeof(float)), "all_reduce_sum", "buffer");
-    std::int64_t seq = 0;
-    {
-      std::lock_guard lock(mu_);
-      seq = reduce_seq_[rank]++;
-    }
-    const int gpu = d.gpu();
-    cs.submit("all_reduce_sum", [this, rank, seq, buf, count, gpu](StreamContext& c) {
-      all_reduce(seq, rank, Side{c.stream(), gpu, buf, count});
-    });
+    enqueue_all_reduce(rank, s, buf, count, false);
+  }
+  void all_reduce_sum_bf16(int rank, Stream& s, Bf16* buf, std::int64_t count) override {
+    enqueue_all_reduce(rank, s, buf, count, true);
   }
 
  private:
@@ -170,6 +162,25 @@ class CudaCommunicator final : public Communicator {
       throw DeviceError(fmt::format("{}: rank {} outside the communicator's 0..{}", op, rank, size() - 1));
     return rank;
   }
+
+  // Both all-reduces (one call order per rank for both kinds): buf holds count fp32 or bf16 values.
+  void enqueue_all_reduce(int rank, Stream& s, void* buf, std::int64_t count, bool bf16) {
+    const char* op = bf16 ? "all_reduce_sum_bf16" : "all_reduce_sum";
+    CudaDevice& d = *devices_[static_cast<std::size_t>(check_rank(rank, op))];
+    CudaStream& cs = d.own(s, op);
+    if (count < 0) throw DeviceError(fmt::format("{}: negative count {}", op, count));
+    d.check_device(buf, count * elem_bytes(bf16), op, "buffer");
+    std::int64_t seq = 0;
+    {
+      std::lock_guard lock(mu_);
+      seq = reduce_seq_[rank]++;
+    }
+    const int gpu = d.gpu();
+    cs.submit(op, [this, rank, seq, buf, count, gpu, bf16](StreamContext& c) {
+      all_reduce(seq, rank, Side{c.stream(), gpu, buf, count, bf16});
+    });
+  }
+  static Bytes elem_bytes(bool bf16) { return bf16 ? Bytes{sizeof(Bf16)} : Bytes{sizeof(float)}; }
 
   // Runs on a submission thread: park until both sides of the message have arrived; the second issues it.
   void p2p(const Key& key, bool is_sender, const Side& side) {
@@ -241,9 +252,13 @@ class CudaCommunicator final : public Communicator {
     c.sides[static_cast<std::size_t>(rank)] = side;
     if (++c.arrived == n) {
       for (int r = 0; r < n; ++r) {
-        if (c.sides[static_cast<std::size_t>(r)].bytes != c.sides[0].bytes)
-          c.error = fmt::format("all_reduce_sum {}: rank {} reduces {} floats, rank 0 {}", seq, r,
-                                c.sides[static_cast<std::size_t>(r)].bytes, c.sides[0].bytes);
+        const Side& s = c.sides[static_cast<std::size_t>(r)];
+        if (s.bf16 != c.sides[0].bf16 && c.error.empty())
+          c.error = fmt::format("all-reduce {}: rank {} reduces {}, rank 0 {}", seq, r, s.bf16 ? "bf16" : "fp32",
+                                c.sides[0].bf16 ? "bf16" : "fp32");
+        if (s.bytes != c.sides[0].bytes && c.error.empty())
+          c.error = fmt::format("all_reduce_sum {}: rank {} reduces {} {}, rank 0 {}", seq, r, s.bytes,
+                                s.bf16 ? "bf16 values" : "floats", c.sides[0].bytes);
       }
       if (c.error.empty()) {
         try {
@@ -262,48 +277,97 @@ class CudaCommunicator final : public Communicator {
     if (!error.empty()) throw DeviceError(error);
   }
 
-  // sides[r].bytes holds the count of floats.
+  // sides[r].bytes holds the count of elements, sides[r].bf16 their type (the same on every rank).
   void issue_all_reduce(const std::vector<Side>& sides) {
     const std::int64_t count = sides[0].bytes;
+    const bool bf16 = sides[0].bf16;
     const int n = size();
     if (count == 0 || n == 1) return;
 #ifdef HARMONY_HAVE_NCCL
     if (nccl_) {
-      HARMONY_NCCL_CHECK(ncclGroupStart());
-      for (int r = 0; r < n; ++r) {
-        const Side& s = sides[static_cast<std::size_t>(r)];
-        HARMONY_NCCL_CHECK(ncclAllReduce(s.ptr, s.ptr, static_cast<std::size_t>(count), ncclFloat, ncclSum,
-                                         comms_[static_cast<std::size_t>(r)], s.stream));
-      }
-      HARMONY_NCCL_CHECK(ncclGroupEnd());
+      issue_nccl_all_reduce(sides, count, bf16);
       return;
     }
 #endif
-    // Rank 0's stream adds rank 1, 2, ... into its buffer in order (bit-identical to a serial sum in rank order,
-    // as the CPU communicator), then copies the result to every other rank.
+    // Rank 0's stream adds rank 1, 2, ... in order into an fp32 sum (bit-identical to a serial sum in rank order,
+    // as the CPU communicator): fp32 in its own buffer; bf16 in fp32 scratch, every operand widened and the sum
+    // rounded once into rank 0's buffer. Then it copies the result to every other rank.
     const Side& root = sides[0];
-    const Bytes bytes = count * static_cast<Bytes>(sizeof(float));
+    const Bytes bytes = count * elem_bytes(bf16);
     DeviceGuard guard(root.gpu);
     void* scratch = nullptr;  // for buffers on other GPUs, stream-ordered
+    float* acc = static_cast<float*>(root.ptr);
+    if (bf16) {  // the fp32 sum, starting from rank 0's values widened
+      void* wide = nullptr;
+      HARMONY_CUDA_CHECK(cudaMallocAsync(&wide, static_cast<std::size_t>(count) * sizeof(float), root.stream));
+      acc = static_cast<float*>(wide);
+      kern::convert_rows(root.stream, acc, count, static_cast<const Bf16*>(root.ptr), count, 1, count);
+    }
     for (int r = 1; r < n; ++r) {
       const Side& s = sides[static_cast<std::size_t>(r)];
       OneShotEvent(s.gpu).order(s.stream, root.stream);
-      const float* operand = static_cast<const float*>(s.ptr);
+      const void* operand = s.ptr;
       if (s.gpu != root.gpu) {
         if (scratch == nullptr)
           HARMONY_CUDA_CHECK(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), root.stream));
         copy(s.gpu, root.stream, scratch, root.gpu, s.ptr, bytes);
-        operand = static_cast<const float*>(scratch);
+        operand = scratch;
       }
-      kern::add_inplace(root.stream, static_cast<float*>(root.ptr), operand, count);
+      if (bf16) {
+        kern::add_inplace(root.stream, acc, static_cast<const Bf16*>(operand), count);
+      } else {
+        kern::add_inplace(root.stream, acc, static_cast<const float*>(operand), count);
+      }
     }
     if (scratch != nullptr) HARMONY_CUDA_CHECK(cudaFreeAsync(scratch, root.stream));
+    if (bf16) {  // rounded once
+      kern::convert_rows(root.stream, static_cast<Bf16*>(root.ptr), count, acc, count, 1, count);
+      HARMONY_CUDA_CHECK(cudaFreeAsync(acc, root.stream));
+    }
     for (int r = 1; r < n; ++r) {
       const Side& s = sides[static_cast<std::size_t>(r)];
       copy(root.gpu, root.stream, s.ptr, s.gpu, root.ptr, bytes);
       OneShotEvent(root.gpu).order(root.stream, s.stream);
     }
   }
+
+#ifdef HARMONY_HAVE_NCCL
+  // NCCL adds in its own order (ring or tree, not rank order): deterministic for a fixed topology, but not
+  // bit-identical to the CPU communicator or the host sum. bf16: each rank widens into fp32 scratch, NCCL
+  // all-reduces that in fp32, and each rank rounds the sum once into its buffer (the host path's fp32 sum and one
+  // rounding, in NCCL's order).
+  void issue_nccl_all_reduce(const std::vector<Side>& sides, std::int64_t count, bool bf16) {
+    const int n = size();
+    const auto elems = static_cast<std::size_t>(count);
+    std::vector<float*> wide(static_cast<std::size_t>(n), nullptr);
+    for (int r = 0; r < n; ++r) {
+      const Side& s = sides[static_cast<std::size_t>(r)];
+      wide[static_cast<std::size_t>(r)] = static_cast<float*>(s.ptr);
+      if (!bf16) continue;
+      DeviceGuard guard(s.gpu);
+      void* w = nullptr;
+      HARMONY_CUDA_CHECK(cudaMallocAsync(&w, elems * sizeof(float), s.stream));
+      wide[static_cast<std::size_t>(r)] = static_cast<float*>(w);
+      kern::convert_rows(s.stream, wide[static_cast<std::size_t>(r)], count, static_cast<const Bf16*>(s.ptr), count, 1,
+                         count);
+    }
+    HARMONY_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < n; ++r) {
+      const Side& s = sides[static_cast<std::size_t>(r)];
+      float* w = wide[static_cast<std::size_t>(r)];
+      HARMONY_NCCL_CHECK(ncclAllReduce(w, w, elems, ncclFloat, ncclSum, comms_[static_cast<std::size_t>(r)], s.stream));
+    }
+    HARMONY_NCCL_CHECK(ncclGroupEnd());
+    if (!bf16) return;
+    for (int r = 0; r < n; ++r) {
+      const Side& s = sides[static_cast<std::size_t>(r)];
+      DeviceGuard guard(s.gpu);
+      kern::convert_rows(s.stream, static_cast<Bf16*>(s.ptr), count, wide[static_cast<std::size_t>(r)], count, 1,
+                         count);
+      HARMONY_CUDA_CHECK(cudaFreeAsync(wide[static_cast<std::size_t>(r)], s.stream));
+    }
+  }
+#endif
 
   std::vector<CudaDevice*> devices_;
   bool nccl_ = false;

@@ -406,6 +406,13 @@ __global__ void add_kernel(D* out, const D* a, const D* b, std::int64_t n) {
   st(out[i], ld(a[i]) + ld(b[i]));
 }
 
+// acc (fp32) += x widened (the communicator's rank-order sums).
+template <class D>
+__global__ void add_widened_kernel(float* acc, const D* x, std::int64_t n) {
+  HARMONY_GRID_STRIDE(i, n)
+  acc[i] += ld(x[i]);
+}
+
 template <class Dst, class Src>
 __global__ void convert_rows_kernel(Dst* dst, std::int64_t ld_dst, const Src* src, std::int64_t ld_src,
                                     std::int64_t total, std::int64_t cols) {
@@ -590,10 +597,11 @@ void add(cudaStream_t stream, S* out, const S* a, const S* b, std::int64_t n) {
   HARMONY_CUDA_CHECK_LAUNCH("add_kernel");
 }
 
-void add_inplace(cudaStream_t stream, float* acc, const float* x, std::int64_t n) {
+template <class S>
+void add_inplace(cudaStream_t stream, float* acc, const S* x, std::int64_t n) {
   if (n == 0) return;
-  add_kernel<float><<<blocks_for(n), kThreads, 0, stream>>>(acc, acc, x, n);
-  HARMONY_CUDA_CHECK_LAUNCH("add_kernel");
+  add_widened_kernel<<<blocks_for(n), kThreads, 0, stream>>>(acc, dev(x), n);
+  HARMONY_CUDA_CHECK_LAUNCH("add_widened_kernel");
 }
 
 template <class S>
@@ -639,6 +647,7 @@ void convert_rows(cudaStream_t stream, Dst* dst, std::int64_t ld_dst, const Src*
   template void gelu_fwd<S>(cudaStream_t, S*, const S*, std::int64_t);                                                 \
   template void gelu_bwd<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                       \
   template void add<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                            \
+  template void add_inplace<S>(cudaStream_t, float*, const S*, std::int64_t);                                          \
   template void crossentropy_fwd<S>(cudaStream_t, ErrorRecord*, float*, S*, const S*, const std::int32_t*, int, int);  \
   template void crossentropy_bwd<S>(cudaStream_t, S*, const S*, const std::int32_t*, float, int, int);
 HARMONY_KERNELS_FOR(float)

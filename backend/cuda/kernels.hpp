@@ -68,8 +68,9 @@ template <class S>
 void gelu_bwd(cudaStream_t stream, S* din, const S* in, const S* dout, std::int64_t n);
 template <class S>
 void add(cudaStream_t stream, S* out, const S* a, const S* b, std::int64_t n);
-// acc += x (the communicator's rank-order sum).
-void add_inplace(cudaStream_t stream, float* acc, const float* x, std::int64_t n);
+// acc += x, x widened to fp32 (the communicator's rank-order sum; instantiated for float and Bf16).
+template <class S>
+void add_inplace(cudaStream_t stream, float* acc, const S* x, std::int64_t n);
 // losses in fp32 for either storage.
 template <class S>
 void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, S* probs, const S* logits,

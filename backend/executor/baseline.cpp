@@ -636,18 +636,27 @@ class BaselineInterpreter final : public Interpreter {
     t.users.push_back(o);
     return store_[Version{k, o}] = std::move(t);
   }
-  // Op o reads k and writes its next version: in place when o is the last reader of the old one, else a copy.
-  Tensor& update(int o, const Key& k, Bytes bytes) {
-    Tensor& old = get(o, k);
+  // The version of k op o reads (its producer).
+  int read_version(int o, const Key& k) const {
     int producer = -1;
     for (const auto& [key, v] : info_[static_cast<std::size_t>(o)].reads)
       if (key == k) producer = v;
-    const Version ov{k, producer};
-    if (left_.at(ov) == 1) {
-      // In place: o's stream waits for the old version's other users (readers on other streams whose work may
-      // still be queued; o is the last to run on the host, not necessarily on the devices).
-      for (const int u : old.users)
-        if (&S(u) != &S(o)) S(o).wait(qr_.event(u));
+    return producer;
+  }
+  // Whether o, which reads version v (tensor t), may overwrite it in place: o is its last reader. Then o's stream
+  // waits for the version's other users (readers on other streams whose work may still be queued; o is the last to
+  // run on the host, not necessarily on the devices).
+  bool writable_in_place(int o, const Version& v, const Tensor& t) {
+    if (left_.at(v) != 1) return false;
+    for (const int u : t.users)
+      if (&S(u) != &S(o)) S(o).wait(qr_.event(u));
+    return true;
+  }
+  // Op o reads k and writes its next version: in place when o is the last reader of the old one, else a copy.
+  Tensor& update(int o, const Key& k, Bytes bytes) {
+    Tensor& old = get(o, k);
+    const Version ov{k, read_version(o, k)};
+    if (writable_in_place(o, ov, old)) {
       auto node = store_.extract(ov);
       node.key() = Version{k, o};
       return store_.insert(std::move(node)).position->second;
@@ -952,10 +961,19 @@ class BaselineInterpreter final : public Interpreter {
     return sum;
   }
 
-  // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all.
+  // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all. With
+  // ExecutorOptions::communicator, on the devices: each member's next dW version all-reduced in place on its stream.
   void run_ard(const std::vector<int>& g) {
     const int l = at(g.front()).layers.first;
     const std::int64_t count = floats(l);
+    if (qr_.device_sums(g)) {
+      std::vector<void*> bufs;
+      bufs.reserve(g.size());
+      for (const int a : g) bufs.push_back(update(a, Key{at(a).device, TK::DW, l, 0, 0}, count * es_).data());
+      qr_.all_reduce(g, bufs, count, dt_);
+      return;
+    }
+    // The host path (no communicator; build_groups makes every collective span the devices in rank order).
     const auto sum = summed_dw(g, l, count);
     for (int a : g) {
       const int d = at(a).device;
@@ -984,10 +1002,37 @@ class BaselineInterpreter final : public Interpreter {
     }
   }
 
-  // RS (zero-infinity): the ranks' full dW summed in rank order; rank q keeps shard q of the sum.
+  // RS (zero-infinity): the ranks' full dW summed in rank order; rank q keeps shard q of the sum. With
+  // ExecutorOptions::communicator, on the devices: the full dW all-reduced in place on every rank, then each rank's
+  // stream copies its shard of the sum into its dW shard (exact, but it moves N times a reduce-scatter's bytes).
+  // In place needs the RS to be the last reader of every member's dW (every RS zero-infinity's lowering makes);
+  // otherwise (a later BWD would accumulate into the sum) the host path.
   void run_rs(const std::vector<int>& g) {
     const int l = at(g.front()).layers.first;
     const std::int64_t count = floats(l);
+    const auto dw_key = [&](int a) { return Key{at(a).device, TK::DW, l, 0, 0}; };
+    const auto last_reader = [&](int a) { return left_.at(Version{dw_key(a), read_version(a, dw_key(a))}) == 1; };
+    if (qr_.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
+      std::vector<void*> bufs;
+      std::vector<Tensor*> shards;
+      bufs.reserve(g.size());
+      shards.reserve(g.size());
+      for (const int a : g) {
+        Tensor& full = get(a, dw_key(a));
+        writable_in_place(a, Version{dw_key(a), read_version(a, dw_key(a))}, full);  // true: its stream waits
+        bufs.push_back(full.data());
+        shards.push_back(
+            &put(a, Key{at(a).device, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_));
+      }
+      qr_.all_reduce(g, bufs, count, dt_);
+      for (std::size_t r = 0; r < g.size(); ++r) {
+        const int a = g[r], d = at(a).device;
+        if (shard_len(l, d) > 0)
+          D(d).copy_d2d(S(a), shards[r]->data(), static_cast<std::byte*>(bufs[r]) + shard_first(l, d) * es_,
+                        shard_len(l, d) * es_);
+      }
+      return;
+    }
     const auto sum = summed_dw(g, l, count);
     for (int a : g) {
       const int d = at(a).device;

@@ -284,6 +284,14 @@ class QueueResources {
   // every member's event stands for the whole group.
   void record_group(const std::vector<int>& group);
 
+  // Replica sums on the devices (ExecutorOptions::communicator): whether the communicator is set and `group` has
+  // one member per device in rank order (member r on device r), so it can all-reduce the group's tensors.
+  bool device_sums(const std::vector<int>& group) const;
+  // Enqueues the communicator's in-place all-reduce (all_reduce_sum, or all_reduce_sum_bf16 for BF16) of `count`
+  // elements at bufs[r] on member r's stream, for every member (call after await_preds; issue's record_group then
+  // makes every member's event stand for the whole collective). Needs device_sums(group).
+  void all_reduce(const std::vector<int>& group, const std::vector<void*>& bufs, std::int64_t count, DType dtype);
+
   // Deferred frees. retire: `held` (a tensor, a host buffer) is destroyed once the events of `users` (the ops
   // whose work touched it; all of them have run on the host) have completed: collect() polls them (Event::query,
   // as a caching allocator reuses a block once the events of its streams have passed), so one slow user delays
@@ -300,6 +308,7 @@ class QueueResources {
   std::size_t queue(int op) const;
   const core::Program& p_;
   std::vector<Device*> devs_;
+  Communicator* comm_ = nullptr;                       // ExecutorOptions::communicator
   std::vector<std::unique_ptr<Stream>> streams_;       // per queue
   std::vector<std::unique_ptr<ParallelAdamW>> adamw_;  // per queue (null without Update ops)
   std::vector<std::unique_ptr<Event>> events_;         // per op, on the op's device

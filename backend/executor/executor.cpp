@@ -311,7 +311,7 @@ StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPo
 
 QueueResources::QueueResources(const core::Program& program, const std::vector<Device*>& devices,
                                const ExecutorOptions& options)
-    : p_(program), devs_(devices), run_ahead_(options.run_ahead) {
+    : p_(program), devs_(devices), comm_(options.communicator), run_ahead_(options.run_ahead) {
   if (options.run_ahead < 0)
     throw BackendError(fmt::format("executor: run_ahead {} is negative (0: unbounded)", options.run_ahead));
   for (const core::OpQueue& q : p_.queues) {
@@ -375,6 +375,27 @@ void QueueResources::record_group(const std::vector<int>& group) {
       if (a != b && &stream(a) != &stream(b)) stream(b).wait(event(a));
   }
   for (const int b : group) record(b);
+}
+
+bool QueueResources::device_sums(const std::vector<int>& group) const {
+  if (comm_ == nullptr || static_cast<int>(group.size()) != comm_->size()) return false;
+  for (std::size_t r = 0; r < group.size(); ++r)
+    if (p_.ops[static_cast<std::size_t>(group[r])].device != static_cast<int>(r)) return false;
+  return true;
+}
+
+void QueueResources::all_reduce(const std::vector<int>& group, const std::vector<void*>& bufs, std::int64_t count,
+                                DType dtype) {
+  // One thread issues every member's call, under the interpreter's lock: each rank sees the groups' all-reduces in
+  // the same order, as the communicator matches them.
+  for (std::size_t r = 0; r < group.size(); ++r) {
+    const int rank = static_cast<int>(r);
+    if (dtype == DType::BF16) {
+      comm_->all_reduce_sum_bf16(rank, stream(group[r]), static_cast<Bf16*>(bufs[r]), count);
+    } else {
+      comm_->all_reduce_sum(rank, stream(group[r]), static_cast<float*>(bufs[r]), count);
+    }
+  }
 }
 
 void QueueResources::release_after(Stream& s, int device, std::shared_ptr<void> held) {
@@ -1104,10 +1125,24 @@ class HarmonyInterpreter final : public detail::Interpreter {
     dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
   }
 
-  // ARD group: the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written back to all.
+  // ARD group: the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written back to all. With
+  // ExecutorOptions::communicator, on the devices: each member's dW all-reduced in place on its own stream.
   void run_ard(const std::vector<int>& group) {
     const core::Op& o0 = p.ops[static_cast<std::size_t>(group.front())];
     const std::int64_t count = w_floats(o0.layers);
+    if (qr.device_sums(group)) {
+      std::vector<void*> bufs;
+      bufs.reserve(group.size());
+      for (const int a : group) {
+        const core::Op& op = p.ops[static_cast<std::size_t>(a)];
+        DevTensor& g = read(a, op.device, DevKey{DK::DW, op.task, 0, 0});
+        bufs.push_back(g.buf.data());
+        g.producer = a;
+      }
+      qr.all_reduce(group, bufs, count, dt);
+      return;
+    }
+    // The host path (no communicator, or a group that does not span the communicator's ranks in order).
     // The host sums what each replica's copy brought (it waits for that replica's stream: the host reads the
     // data); the sum goes up by async copies, so its buffers live until every replica's stream has run them.
     auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
@@ -1336,6 +1371,15 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
     throw BackendError(
         fmt::format("executor: sequence length {} outside 1..{}", options.seq_len, m.config().max_seq_len));
   core::validate_program(program);
+  if (Communicator* c = options.communicator) {
+    if (c->size() != static_cast<int>(devices.size()))
+      throw BackendError(
+          fmt::format("executor: the communicator has {} ranks for {} devices", c->size(), devices.size()));
+    for (int r = 0; r < c->size(); ++r)
+      if (&c->device(r) != devices[static_cast<std::size_t>(r)])
+        throw BackendError(fmt::format("executor: the communicator's rank {} is {}, not device {} ({})", r,
+                                       c->device(r).name(), r, devices[static_cast<std::size_t>(r)]->name()));
+  }
   Device& first = *devices.at(0);
   auto interpreter = is_baseline_program(program) ? detail::make_baseline_interpreter(program, devices, state, options)
                                                   : detail::make_harmony_interpreter(program, devices, state, options);

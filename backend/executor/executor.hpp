@@ -52,6 +52,16 @@ struct ExecutorOptions {
   // fp32 on the host. Harmony and baseline Programs alike. Needs the devices' bf16 kernels (DeviceError at
   // construction otherwise).
   DType dtype = DType::F32;
+  // Where replicas' weight gradients are summed (docs/backend.md, "Replica sums"). nullptr: on the host (every
+  // replica's dW copied down, added in rank order on one host thread, the sum copied back up; the reference).
+  // Set (not owned; must outlive the executor, and span the executor's devices: size() == devices.size() and
+  // device(r) == devices[r], BackendError otherwise): on the devices, with Communicator::all_reduce_sum (bf16:
+  // all_reduce_sum_bf16) on every member's own stream, in place, with no host copy and no host wait. The sums
+  // are the host path's bits where the communicator adds in rank order (the CPU communicator, the CUDA one's
+  // kernel path; not NCCL). Harmony-DP's and dp-swap's ARD groups, and zero-infinity's RS (an all-reduce of the
+  // whole gradient, then each rank keeps its shard: more traffic than a true reduce-scatter). A group that does
+  // not span every device in rank order, or an RS that is not the last reader of its dW, keeps the host path.
+  Communicator* communicator = nullptr;
 };
 
 struct StepResult {

@@ -1,4 +1,4 @@
-// Shared set-up of the executor tests (test_executor.cpp, test_executor_baselines.cpp): the tiny GPT-2 of
+// Shared set-up of the executor tests (test_executor*.cpp): the tiny GPT-2 of
 // tests/data/gpt2_tiny, its plain-trainer reference after kSteps AdamW steps (computed once), N capped CPU
 // devices, and a run of a Program through the Executor (concurrent queues or serial) that checks every device is
 // empty after each step.
@@ -40,6 +40,7 @@ inline std::string data_dir() {
 struct Result {
   std::vector<double> losses;
   std::vector<std::vector<float>> weights;
+  std::vector<std::vector<float>> moments;  // run(): per layer its AdamW exp_avg, then its exp_avg_sq
 };
 
 // The PlainTrainer in `dtype` over microbatches of u (0: the whole minibatch).
@@ -90,6 +91,7 @@ struct Setup {
   std::unique_ptr<HostState> state;
   std::vector<std::unique_ptr<Device>> devs;
   std::vector<Device*> ptrs;
+  std::unique_ptr<Communicator> comm;  // the CPU communicator over ptrs (for run's comm)
   // jitter_us > 0: devices whose streams sleep randomly before each piece of work (CpuDeviceOptions::jitter_us,
   // seeded by jitter_seed), with freed memory poisoned, so a missing cross-stream order shows as different bits.
   explicit Setup(int gpus, Bytes capacity = 16 * kMiB, int jitter_us = 0, std::uint64_t jitter_seed = 0) {
@@ -104,16 +106,24 @@ struct Setup {
                                               .jitter_seed = jitter_seed}));
       ptrs.push_back(devs.back().get());
     }
+    comm = cpu::make_cpu_communicator(ptrs);
   }
 };
 
 // concurrent: ExecutorOptions::concurrent (one worker per Program queue) or the serial loop.
-// run_ahead: ExecutorOptions::run_ahead.
+// run_ahead: ExecutorOptions::run_ahead. comm: ExecutorOptions::communicator (replica sums on the devices; e.g.
+// s.comm), null: on the host. devices: what the executor runs on (null: s.ptrs).
 inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr, bool concurrent = true,
-                  DType dtype = DType::F32, int run_ahead = 1) {
+                  DType dtype = DType::F32, int run_ahead = 1, Communicator* comm = nullptr,
+                  const std::vector<Device*>* devices = nullptr) {
   const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-  Executor ex(prog, s.ptrs, *s.state,
-              {.seq_len = kT, .adamw = kAdamW, .concurrent = concurrent, .run_ahead = run_ahead, .dtype = dtype});
+  Executor ex(prog, devices != nullptr ? *devices : s.ptrs, *s.state,
+              {.seq_len = kT,
+               .adamw = kAdamW,
+               .concurrent = concurrent,
+               .run_ahead = run_ahead,
+               .dtype = dtype,
+               .communicator = comm});
   Result r;
   std::vector<std::int32_t> in, tgt;
   for (int k = 0; k < kSteps; ++k) {
@@ -123,8 +133,11 @@ inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* 
     if (steps != nullptr) steps->push_back(std::move(sr));
     for (auto* d : s.ptrs) CHECK(d->memory().in_use == 0);  // every device tensor released at the end of a step
   }
-  for (int l = 0; l < s.model->num_layers(); ++l)
+  for (int l = 0; l < s.model->num_layers(); ++l) {
     r.weights.emplace_back(s.state->weights(l).begin(), s.state->weights(l).end());
+    r.moments.emplace_back(s.state->exp_avg(l).begin(), s.state->exp_avg(l).end());
+    r.moments.emplace_back(s.state->exp_avg_sq(l).begin(), s.state->exp_avg_sq(l).end());
+  }
   return r;
 }
 

@@ -1,8 +1,9 @@
 // Tests of the CUDA device against the CPU reference device: every kernel forward and backward on seeded inputs
 // (tolerances below), copies and peer copies bit-exact, streams, events, sticky errors and kernel error reports,
-// the communicator (copies: bit-exact rank-order sums; NCCL on 2+ GPUs), and training steps of the plain trainer
-// and of a Harmony-PP Program through the Executor. Host-only cases (the arena's bookkeeping, the pinned-memory
-// pre-flight) always run; without a usable GPU the binary then exits 77, which Meson reports as SKIP.
+// the communicator (copies: bit-exact rank-order sums, fp32 and bf16; NCCL on 2+ GPUs), and training steps of the
+// plain trainer and of Harmony-PP and Harmony-DP Programs through the Executor. Host-only cases (the arena's
+// bookkeeping, the pinned-memory pre-flight) always run; without a usable GPU the binary then exits 77, which Meson
+// reports as SKIP.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -968,6 +969,54 @@ TEST_SUITE("gpu") {
     CHECK_THROWS_AS(streams[0]->synchronize(), DeviceError);
   }
 
+  // all_reduce_sum_bf16 on the kernel path: rank 0 widens, adds the others widened in rank order in fp32 and rounds
+  // once: the CPU communicator's bits (the executor's host replica sum). Element 0: 1 + 2^-8 + 2^-8, where rounding
+  // after each add would give 1.
+  TEST_CASE("communicator over logical devices sharing a GPU: bf16 all-reduce gives the CPU communicator's bits") {
+    const int n = 3;
+    const std::int64_t count = 30001;
+    const Bytes bytes = count * 2;
+    std::vector<std::unique_ptr<Device>> devs, cpus;
+    std::vector<std::unique_ptr<Stream>> streams, cpu_streams;
+    std::vector<Device*> ptrs, cpu_ptrs;
+    for (int r = 0; r < n; ++r) {
+      devs.push_back(cuda::make_cuda_device(r, {.gpu = 0, .capacity = 8 * kMiB}));
+      streams.push_back(devs.back()->create_stream("comm"));
+      ptrs.push_back(devs.back().get());
+      cpus.push_back(cpu::make_cpu_device(r, {.capacity = 8 * kMiB}));
+      cpu_streams.push_back(cpus.back()->create_stream("comm"));
+      cpu_ptrs.push_back(cpus.back().get());
+    }
+    auto comm = cuda::make_cuda_communicator(ptrs);
+    auto cpu_comm = cpu::make_cpu_communicator(cpu_ptrs);
+    std::vector<std::vector<Bf16>> host(n);
+    std::vector<Buffer> bufs, cpu_bufs;
+    for (int r = 0; r < n; ++r) {
+      for (const float f : random_floats(static_cast<std::size_t>(count), 120 + static_cast<std::uint64_t>(r)))
+        host[r].push_back(to_bf16(f));
+      host[r][0] = to_bf16(r == 0 ? 1.0f : 0.00390625f);
+      bufs.push_back(devs[r]->alloc(bytes));
+      devs[r]->copy_h2d(*streams[r], bufs[r].data(), host[r].data(), bytes);
+      cpu_bufs.push_back(cpus[r]->alloc(bytes));
+      cpus[r]->copy_h2d(*cpu_streams[r], cpu_bufs[r].data(), host[r].data(), bytes);
+    }
+    for (int r = n - 1; r >= 0; --r) {
+      comm->all_reduce_sum_bf16(r, *streams[r], bufs[r].as<Bf16>(), count);
+      cpu_comm->all_reduce_sum_bf16(r, *cpu_streams[r], cpu_bufs[r].as<Bf16>(), count);
+    }
+    std::vector<Bf16> expect(static_cast<std::size_t>(count));
+    cpus[0]->copy_d2h(*cpu_streams[0], expect.data(), cpu_bufs[0].data(), bytes);
+    for (auto& s : cpu_streams) s->synchronize();
+    CHECK(to_f32(expect[0]) == 1.0078125f);
+    for (int r = 0; r < n; ++r) {
+      std::vector<Bf16> back(static_cast<std::size_t>(count));
+      devs[r]->copy_d2h(*streams[r], back.data(), bufs[r].data(), bytes);
+      streams[r]->synchronize();
+      INFO("rank " << r);
+      CHECK(back == expect);
+    }
+  }
+
   TEST_CASE("communicator over distinct GPUs: NCCL (needs 2 GPUs)") {
     const int gpus = cuda::cuda_device_count();
     if (gpus < 2) {
@@ -1142,6 +1191,59 @@ TEST_SUITE("gpu") {
     // Bit-exact in test_executor (bf16: the trainer over u_bwd's microbatches), a sanity check of the set-up here.
     compare("Harmony-PP CPU vs plain CPU", pp_cpu, ref);
     compare("Harmony-PP on CUDA", program_run(gpus), pp_cpu);
+  }
+
+  // Replica sums on the devices (ExecutorOptions::communicator): a Harmony-DP Program on two logical CUDA devices
+  // sharing GPU 0 (the communicator's rank-order kernel path, not NCCL) gives the host path's bits on the same
+  // devices, fp32 and bf16, over 2 steps.
+  TEST_CASE("Harmony-DP on CUDA devices: replica sums on the devices give the host path's bits") {
+    constexpr int kB = 4, kT = 16, kSteps = 2;
+    const AdamWConfig adamw{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-5, .weight_decay = 0.1};
+    const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
+    const Gpt2 model(gpt2_config_from(file));
+    const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      INFO(dtype_name(dtype));
+      core::Plan plan;
+      plan.kind = core::PlanKind::HarmonyDP;
+      plan.gpus = 2;
+      plan.minibatch = kB;
+      plan.u_fwd = 1;
+      plan.u_bwd = 1;
+      core::manual_packs(model.num_layers(), 1, plan.packs_fwd, plan.packs_bwd);
+      core::validate_plan(plan, model.num_layers());
+      const core::Model desc = describe_gpt2(model, kT, std::vector<int>{1, 2, 3, 4}, {.dtype = dtype});
+      const core::Program prog =
+          core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), desc, {.dp_first_gpu_only = false});
+      const auto program_run = [&](bool device_sums) {
+        std::vector<std::unique_ptr<Device>> devs;
+        std::vector<Device*> ptrs;
+        for (int g = 0; g < 2; ++g) {
+          devs.push_back(cuda::make_cuda_device(g, {.gpu = 0, .capacity = 16 * kMiB}));
+          ptrs.push_back(devs.back().get());
+        }
+        auto comm = cuda::make_cuda_communicator(ptrs);
+        HostState st(model);
+        load_gpt2_weights(file, st);
+        Executor ex(
+            prog, ptrs, st,
+            {.seq_len = kT, .adamw = adamw, .dtype = dtype, .communicator = device_sums ? comm.get() : nullptr});
+        TrainRun r;
+        std::vector<std::int32_t> in, tgt;
+        for (int k = 0; k < kSteps; ++k) {
+          tokens.batch(k, kB, kT, in, tgt);
+          r.losses.push_back(ex.step(in, tgt).loss);
+        }
+        for (int l = 0; l < model.num_layers(); ++l) r.weights.emplace_back(st.weights(l).begin(), st.weights(l).end());
+        return r;
+      };
+      const TrainRun host = program_run(false), device = program_run(true);
+      CHECK(device.losses == host.losses);
+      for (int l = 0; l < model.num_layers(); ++l) {
+        INFO("layer " << l);
+        CHECK(same_bits(device.weights[l], host.weights[l]));
+      }
+    }
   }
 
   TEST_CASE("training: the plain trainer and a Harmony-PP Program on CUDA devices track the CPU device") {

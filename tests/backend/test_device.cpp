@@ -354,6 +354,63 @@ TEST_CASE("all-reduce is bit-exact against a serial sum in rank order, on every 
     CHECK_THROWS_WITH_AS(streams[r]->synchronize(), doctest::Contains("rank 2 reduces 10"), DeviceError);
 }
 
+// The bf16 all-reduce is the executor's host replica sum (docs/backend.md, "Replica sums"): every rank's value
+// widened, added in fp32 in rank order, rounded once. Element 0 is a case where rounding after each add differs:
+// 1 + 2^-8 + 2^-8 is 1 + 2^-7 in fp32 (exact in bf16), but 1 + 2^-8 alone rounds back to 1 (ties to even).
+TEST_CASE("bf16 all-reduce widens, adds in rank order in fp32 and rounds once, on every rank") {
+  constexpr int kRanks = 3;
+  constexpr std::size_t kN = 2053;
+  std::vector<std::unique_ptr<Device>> devs;
+  std::vector<Device*> raw;
+  for (int r = 0; r < kRanks; ++r) {
+    devs.push_back(cpu::make_cpu_device(r, {.capacity = 256 * kKiB}));
+    raw.push_back(devs.back().get());
+  }
+  auto comm = cpu::make_cpu_communicator(raw);
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<Buffer> bufs;
+  std::vector<std::vector<Bf16>> data;
+  data.reserve(kRanks);                    // the copies up read data[r] asynchronously
+  const Bf16 tiny = to_bf16(0.00390625f);  // 2^-8
+  for (int r = 0; r < kRanks; ++r) {
+    streams.push_back(devs[r]->create_stream("ard"));
+    std::vector<Bf16> v;
+    for (const float f : random_floats(kN, 300 + r)) v.push_back(to_bf16(f));
+    v[0] = r == 0 ? to_bf16(1.0f) : tiny;
+    data.push_back(std::move(v));
+    bufs.push_back(devs[r]->alloc(static_cast<Bytes>(kN * 2)));
+    devs[r]->copy_h2d(*streams[r], bufs[r].data(), data[r].data(), static_cast<Bytes>(kN * 2));
+  }
+  for (int r = kRanks - 1; r >= 0; --r) comm->all_reduce_sum_bf16(r, *streams[r], bufs[r].as<Bf16>(), kN);
+  std::vector<Bf16> expect(kN);
+  for (std::size_t i = 0; i < kN; ++i) {
+    float s = to_f32(data[0][i]);
+    for (int r = 1; r < kRanks; ++r) s += to_f32(data[r][i]);
+    expect[i] = to_bf16(s);
+  }
+  CHECK(to_f32(expect[0]) == 1.0078125f);                                               // 1 + 2^-7
+  CHECK(to_f32(to_bf16(to_f32(to_bf16(1.0f + to_f32(tiny))) + to_f32(tiny))) == 1.0f);  // rounded per add
+  for (int r = 0; r < kRanks; ++r) {
+    std::vector<Bf16> got(kN);
+    devs[r]->copy_d2h(*streams[r], got.data(), bufs[r].data(), static_cast<Bytes>(kN * 2));
+    streams[r]->synchronize();
+    CHECK(got == expect);
+  }
+  // fp32 and bf16 all-reduces share one call order: mixing them in one call, or mismatched counts, fails everywhere.
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == 1) {
+      comm->all_reduce_sum(r, *streams[r], bufs[r].as<float>(), 4);
+    } else {
+      comm->all_reduce_sum_bf16(r, *streams[r], bufs[r].as<Bf16>(), 8);
+    }
+  }
+  for (int r = 0; r < kRanks; ++r)
+    CHECK_THROWS_WITH_AS(streams[r]->synchronize(), doctest::Contains("rank 1 calls all_reduce_sum"), DeviceError);
+  for (int r = 0; r < kRanks; ++r) comm->all_reduce_sum_bf16(r, *streams[r], bufs[r].as<Bf16>(), r == 2 ? 7 : 8);
+  for (int r = 0; r < kRanks; ++r)
+    CHECK_THROWS_WITH_AS(streams[r]->synchronize(), doctest::Contains("rank 2 reduces 7 bf16 values"), DeviceError);
+}
+
 TEST_CASE("host buffers are aligned, zeroed and usable as copy endpoints") {
   HostBuffer h(1000);
   CHECK(h.bytes() == 1000);

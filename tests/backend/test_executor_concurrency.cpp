@@ -179,13 +179,16 @@ TEST_CASE("an OutOfMemory inside a worker is reported, not hung") {
 // stream sleeps a random 0-100 us before each piece of work (CpuDeviceOptions::jitter_us) and freed device memory
 // is poisoned (NaN), over three seeds, with the host unbounded (run_ahead 0) and double-buffering (2), in the
 // serial and the concurrent loop: every run must give the serial, undelayed executor's bits, for Harmony-PP,
-// Harmony-DP (host replica sums), and the baselines (P2P, all-gather, reduce-scatter, host swaps), fp32 and bf16.
+// Harmony-DP, and the baselines (P2P, all-gather, reduce-scatter, host swaps), fp32 and bf16; replica sums on the
+// host, and on the devices (ExecutorOptions::communicator: the all-reduces ordered by events alone), whose runs must
+// give the host-summing reference's bits.
 TEST_CASE("event ordering: random delays in the device streams never change the bits") {
   struct Case {
     std::string name;
     int gpus;
     DType dtype;
     std::function<core::Program(const Gpt2&)> make;
+    bool device_sums = false;
   };
   using core::SwapChoice;
   const std::vector<Case> cases = {
@@ -213,6 +216,20 @@ TEST_CASE("event ordering: random delays in the device streams never change the 
          return lower_baseline_plan(m, baseline_plan(core::PlanKind::L2L, 2, 1, SwapChoice::Auto, SwapChoice::Swap),
                                     DType::BF16);
        }},
+      {"harmony-dp 4 GPUs, device sums", 4, DType::F32,
+       [](const Gpt2& m) { return lower_harmony_plan(m, core::PlanKind::HarmonyDP, 4, 1, 1, 1, false); }, true},
+      {"dp-swap 2 GPUs bf16, device sums", 2, DType::BF16,
+       [](const Gpt2& m) {
+         return lower_baseline_plan(m, baseline_plan(core::PlanKind::DpSwap, 2, 1, SwapChoice::Swap, SwapChoice::Swap),
+                                    DType::BF16);
+       },
+       true},
+      {"zero-infinity 2 GPUs, device sums", 2, DType::F32,
+       [](const Gpt2& m) {
+         return lower_baseline_plan(
+             m, baseline_plan(core::PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Swap));
+       },
+       true},
   };
   int runs = 0;
   for (const Case& c : cases) {
@@ -226,12 +243,12 @@ TEST_CASE("event ordering: random delays in the device streams never change the 
         CAPTURE(concurrent);
         CAPTURE(run_ahead);
         Setup s(c.gpus, 16 * kMiB, 100, seed);
-        CHECK(same(run(prog, s, nullptr, concurrent, c.dtype, run_ahead), ref));
+        CHECK(same(run(prog, s, nullptr, concurrent, c.dtype, run_ahead, c.device_sums ? s.comm.get() : nullptr), ref));
         ++runs;
       }
     }
   }
-  CHECK(runs == 63);
+  CHECK(runs == 90);
 }
 
 TEST_CASE("event ordering: a negative run_ahead or jitter is refused") {

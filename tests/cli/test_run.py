@@ -146,6 +146,20 @@ with tempfile.TemporaryDirectory() as tmp:
         if d1 and d3:
             check(f"--executor {ex} --run-ahead {ahead}: the same losses bit for bit",
                   d1["summary"]["losses"] == d3["summary"]["losses"], (d1["summary"]["losses"], d3["summary"]["losses"]))
+    # --host-sums (docs/backend.md, "Replica sums"): the replicas' gradients summed on the host, not by the CPU
+    # communicator on the devices (the default): the same bits, for an ARD (harmony-dp) and an RS (zero-infinity)
+    for kind, dtype in [("harmony-dp", "fp32"), ("zero-infinity", "bf16")]:
+        args = ("--steps", "2", "--quiet", "--gpu-memory", "4MiB", "--executor", "concurrent", "--set",
+                f"plan.mode={kind}", "--dtype", dtype)
+        rd, dd = train_json(DEFAULT, *args)
+        rh, dh = train_json(DEFAULT, *args, "--host-sums")
+        check(f"{kind} {dtype}: device and --host-sums runs exit 0", rd.returncode == 0 and rh.returncode == 0,
+              rd.stderr + rh.stderr)
+        if dd and dh:
+            check(f"{kind} {dtype}: --host-sums gives the device sums' losses bit for bit",
+                  dd["summary"]["losses"] == dh["summary"]["losses"], (dd["summary"]["losses"], dh["summary"]["losses"]))
+    r = run("profile", DEFAULT, "--out", os.path.join(tmp, "x.json"), "--host-sums")
+    check("--host-sums is a train flag", r.returncode != 0 and "host-sums" in r.stderr, r.stderr)
     r = run("train", DEFAULT, "--steps", "1", "--run-ahead", "-1")
     check("--run-ahead -1 refused", r.returncode == 2 and "run-ahead" in r.stderr, r.stderr)
     r = run("train", DEFAULT, "--steps", "1", "--executor", "parallel")
