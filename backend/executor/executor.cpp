@@ -1146,7 +1146,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     // The host sums what each replica's copy brought (it waits for that replica's stream: the host reads the
     // data); the sum goes up by async copies, so its buffers live until every replica's stream has run them.
     auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
-    std::vector<float> part(static_cast<std::size_t>(count));
+    std::vector<float> part(dt == DType::BF16 ? 0 : static_cast<std::size_t>(count));
     auto raw = std::make_shared<std::vector<Bf16>>(dt == DType::BF16 ? static_cast<std::size_t>(count) : 0);
     for (std::size_t r = 0; r < group.size(); ++r) {
       const core::Op& op = p.ops[static_cast<std::size_t>(group[r])];
@@ -1154,14 +1154,14 @@ class HarmonyInterpreter final : public detail::Interpreter {
       if (dt == DType::BF16) {
         D(op.device).copy_d2h(S(group[r]), raw->data(), g.buf.data(), count * es);
         sync(group[r]);
-        for (std::size_t i = 0; i < raw->size(); ++i) part[i] = to_f32((*raw)[i]);
+        add_in_rank_order<Bf16>(*sum, *raw, r);  // widened, as all_reduce_sum_bf16 adds
       } else {
         D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
         sync(group[r]);
+        add_in_rank_order(*sum, part, r);
       }
-      add_in_rank_order(*sum, part, r);
     }
-    for (std::size_t i = 0; i < raw->size(); ++i) (*raw)[i] = to_bf16((*sum)[i]);  // the fp32 sum rounded once
+    if (dt == DType::BF16) store_sum(*raw, *sum);  // the fp32 sum rounded once
     for (int a : group) {
       const core::Op& op = p.ops[static_cast<std::size_t>(a)];
       DevTensor& g = dev[static_cast<std::size_t>(op.device)][DevKey{DK::DW, op.task, 0, 0}];
