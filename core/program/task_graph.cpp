@@ -3,6 +3,7 @@
 #include "core/program/task_graph.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/base/error.hpp"
 
@@ -109,35 +110,43 @@ Channel p2p_or_swap(const Task& self, const Task& peer) {
   return Channel{peer.rank != self.rank ? Medium::P2P : Medium::Swap, peer.idx};
 }
 
-// Channels of one task list starting at `offset` with `count` tasks (§5.4).
+// Channels of one task list starting at `offset` with `count` tasks (§5.4). Linear in tasks and layers: the
+// backward packs that start inside a forward pack are found by a sorted index, and the forward pack holding a
+// backward pack's first layer by a per-layer owner (the last such forward task, as a scan in task order finds).
 void connect(TaskGraph& g, int offset, int count) {
   auto at = [&](int idx) -> Task& { return g.tasks[static_cast<std::size_t>(idx)]; };
   const int end = offset + count;
+  std::vector<Stash> starts;  // (first layer, task) of the non-criterion backward tasks, by layer then task
+  int max_layer = -1;
+  for (int idx = offset; idx < end; ++idx) {
+    const Task& t = at(idx);
+    if (t.type == TaskType::Bwd && !t.has_criterion) starts.push_back(Stash{t.layers.first, t.idx});
+    if (t.type == TaskType::Fwd) max_layer = std::max(max_layer, t.layers.last);
+  }
+  std::stable_sort(starts.begin(), starts.end(), [](const Stash& a, const Stash& b) { return a.layer < b.layer; });
+  std::vector<int> fwd_owner(static_cast<std::size_t>(max_layer + 1), -1);  // layer -> last FWD task holding it
+  for (int idx = offset; idx < end; ++idx) {
+    const Task& t = at(idx);
+    if (t.type != TaskType::Fwd) continue;
+    for (int l = std::max(0, t.layers.first); l <= t.layers.last; ++l) fwd_owner[static_cast<std::size_t>(l)] = t.idx;
+  }
   for (int idx = offset; idx < end; ++idx) {
     Task& t = at(idx);
     if (t.type == TaskType::Fwd) {
       t.in_x = t.has_data ? Channel{Medium::Data, -1} : p2p_or_swap(t, at(idx - 1));
       t.out_y = p2p_or_swap(t, at(idx + 1));
       // stash X at every layer of this pack where a BWD pack starts
-      for (int b = offset; b < end; ++b) {
-        const Task& bt = at(b);
-        if (bt.type == TaskType::Bwd && !bt.has_criterion && bt.layers.first >= t.layers.first &&
-            bt.layers.first <= t.layers.last) {
-          t.stashes.push_back(Stash{bt.layers.first, bt.idx});
-        }
-      }
-      std::sort(t.stashes.begin(), t.stashes.end(), [](const Stash& a, const Stash& b) { return a.layer < b.layer; });
+      auto it = std::lower_bound(starts.begin(), starts.end(), t.layers.first,
+                                 [](const Stash& s, int layer) { return s.layer < layer; });
+      for (; it != starts.end() && it->layer <= t.layers.last; ++it) t.stashes.push_back(*it);
     } else if (t.type == TaskType::Bwd) {
       if (t.has_criterion) {
         t.in_x = t.has_data ? Channel{Medium::Data, -1} : p2p_or_swap(t, at(idx - 1));
       } else {
         // stashed X from the FWD task holding that layer
-        for (int f = offset; f < end; ++f) {
-          const Task& ft = at(f);
-          if (ft.type == TaskType::Fwd && ft.layers.first <= t.layers.first && t.layers.first <= ft.layers.last) {
-            t.in_x = Channel{Medium::Msg, ft.idx};
-          }
-        }
+        const int l = t.layers.first;
+        if (l >= 0 && l <= max_layer && fwd_owner[static_cast<std::size_t>(l)] >= 0)
+          t.in_x = Channel{Medium::Msg, fwd_owner[static_cast<std::size_t>(l)]};
         t.in_dy = p2p_or_swap(t, at(idx - 2));
       }
       if (!t.has_data) t.out_dx = p2p_or_swap(t, at(idx + 2));
