@@ -109,39 +109,6 @@ std::int64_t floor_div(std::int64_t a, std::int64_t d) {
 bool np_less(std::int64_t a, std::int64_t b) { return a < b; }
 bool np_less(double a, double b) { return a < b || (b != b && a == a); }
 
-// numpy.searchsorted(arr, keys, side='left'), including numpy's reuse of the previous key's bounds
-// (binsearch in npysort/binsearch.cpp). For a sorted `arr` this is the plain lower bound; when
-// negative per-layer values make the prefix sums non-monotonic, the reused bounds can change the
-// answer, so this follows numpy's loop step by step.
-template <typename T>
-std::vector<std::ptrdiff_t> np_searchsorted_left(const std::vector<T>& arr, const std::vector<T>& keys) {
-  std::vector<std::ptrdiff_t> out;
-  if (keys.empty()) return out;
-  const auto len = static_cast<std::ptrdiff_t>(arr.size());
-  std::ptrdiff_t lo = 0;
-  std::ptrdiff_t hi = len;
-  T last_key = keys.front();
-  for (const T& key : keys) {
-    if (np_less(last_key, key)) {
-      hi = len;
-    } else {
-      lo = 0;
-      hi = (hi < len) ? (hi + 1) : len;
-    }
-    last_key = key;
-    while (lo < hi) {
-      const std::ptrdiff_t mid = lo + ((hi - lo) >> 1);
-      if (np_less(arr[static_cast<std::size_t>(mid)], key)) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    out.push_back(lo);
-  }
-  return out;
-}
-
 // A.cumsum() (sequential, also for float64: the reference's order), computed once per packing input for every S
 // its loop tries.
 template <typename T>
@@ -152,33 +119,57 @@ std::vector<T> cumsum(const std::vector<T>& a) {
   return prefix;
 }
 
-// _balanced_sum_split(A, S) for S >= 1 given prefix = A.cumsum(), returned as layer ranges, or nullopt when
-// numpy.split would produce an empty pack (cut indices that repeat, start at 0, reach n, or go backwards — the
-// last only possible with negative sums). The target per-pack sum is prefix[-1] // S for int64 and
-// prefix[-1] / S for float64; the cut keys are k * target for k = 1 .. S-1 (int64 * int64, resp.
-// float64(k) * float64).
-template <typename T>
-std::optional<Packs> balanced_sum_split(const std::vector<T>& prefix, int s) {
+// _balanced_sum_split(A, S) for S >= 1 given prefix = A.cumsum(), as layer ranges into `packs`, built only while
+// every pack so far is non-empty and passes `fits_pack`: numpy.split would produce an empty pack (cut indices that
+// repeat, start at 0, reach n, or go backwards, the last only possible with negative sums), or a pack would not
+// fit, and every caller then skips this S, so the split stops at the first such pack (false). The target per-pack
+// sum is prefix[-1] // S for int64 and prefix[-1] / S for float64; the cut keys are k * target for k = 1 .. S-1
+// (int64 * int64, resp. float64(k) * float64). The cuts are numpy.searchsorted(prefix, keys, side='left')
+// including numpy's reuse of the previous key's bounds (binsearch in npysort/binsearch.cpp): for a sorted prefix
+// the plain lower bound; when negative per-layer values make the prefix sums non-monotonic, the reused bounds can
+// change the answer, so this follows numpy's loop step by step.
+template <typename T, typename Fits>
+bool balanced_split_fitting(const std::vector<T>& prefix, int s, Fits fits_pack, Packs& packs) {
+  packs.clear();
   T target;
   if constexpr (std::is_integral_v<T>) {
     target = floor_div(prefix.back(), s);
   } else {
     target = prefix.back() / static_cast<double>(s);
   }
-  std::vector<T> keys;
-  keys.reserve(static_cast<std::size_t>(s - 1));
-  for (int k = 1; k < s; ++k) keys.push_back(static_cast<T>(k) * target);
-  const std::vector<std::ptrdiff_t> cuts = np_searchsorted_left(prefix, keys);
-  // numpy.split: A[0:c0], A[c0:c1], ..., A[c_{S-2}:]; a slice is empty when its end <= its start.
-  Packs packs;
+  const auto len = static_cast<std::ptrdiff_t>(prefix.size());
+  std::ptrdiff_t lo = 0;
+  std::ptrdiff_t hi = len;
+  T last_key = target;  // keys.front() = 1 * target
   std::ptrdiff_t start = 0;
-  for (std::size_t k = 0; k <= cuts.size(); ++k) {
-    const std::ptrdiff_t end = k < cuts.size() ? cuts[k] : static_cast<std::ptrdiff_t>(prefix.size());
-    if (end <= start) return std::nullopt;
-    packs.push_back({static_cast<int>(start), static_cast<int>(end - 1)});
+  for (int k = 1; k <= s; ++k) {
+    std::ptrdiff_t end = len;  // numpy.split's last slice A[c_{S-2}:]
+    if (k < s) {
+      const T key = static_cast<T>(k) * target;
+      if (np_less(last_key, key)) {
+        hi = len;
+      } else {
+        lo = 0;
+        hi = (hi < len) ? (hi + 1) : len;
+      }
+      last_key = key;
+      while (lo < hi) {
+        const std::ptrdiff_t mid = lo + ((hi - lo) >> 1);
+        if (np_less(prefix[static_cast<std::size_t>(mid)], key)) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      end = lo;
+    }
+    if (end <= start) return false;  // a slice is empty when its end <= its start
+    const LayerRange pack{static_cast<int>(start), static_cast<int>(end - 1)};
+    if (!fits_pack(pack)) return false;
+    packs.push_back(pack);
     start = end;
   }
-  return packs;
+  return true;
 }
 
 // First S of the reference's `for S in range(ceil(Σm / float(C)), n + 1)`. S <= 1 (Σm <= C, or even
@@ -191,25 +182,25 @@ int first_pack_count(const PackingInput& in) {
   return std::max(1, static_cast<int>(c));
 }
 
-// Feasible with x: every pack has Σm + x[first] <= C (the reference tests `> capacity` to reject).
-bool fits_addx(const PackingInput& in, const Packs& packs) {
-  return std::all_of(packs.begin(), packs.end(), [&](const LayerRange& p) {
-    return sum_m(in, p.first, p.last) + in.x[static_cast<std::size_t>(p.first)] <= in.cap;
-  });
+// Feasible with x: the pack has Σm + x[first] <= C (the reference tests `> capacity` to reject).
+bool fits_addx(const PackingInput& in, const LayerRange& p) {
+  return sum_m(in, p.first, p.last) + in.x[static_cast<std::size_t>(p.first)] <= in.cap;
 }
 
-// Feasible without x: max over packs of Σm < C (strict).
-bool fits_no_x(const PackingInput& in, const Packs& packs) {
-  return std::all_of(packs.begin(), packs.end(),
-                     [&](const LayerRange& p) { return sum_m(in, p.first, p.last) < in.cap; });
-}
+// Feasible without x: the pack has Σm < C (strict).
+bool fits_no_x(const PackingInput& in, const LayerRange& p) { return sum_m(in, p.first, p.last) < in.cap; }
 
 // balanced_memory_packing: split m itself (int64) into S ≈equal-sum packs, smallest feasible S.
+// The split of m itself into S packs, each tested with (addx) or without x.
+bool split_memory(const PackingInput& in, int s, bool addx, Packs& packs) {
+  if (addx) return balanced_split_fitting(in.m_prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs);
+  return balanced_split_fitting(in.m_prefix, s, [&](const LayerRange& p) { return fits_no_x(in, p); }, packs);
+}
+
 std::optional<Packs> balanced_memory(const PackingInput& in, bool addx) {
+  Packs packs;
   for (int s = first_pack_count(in); s <= in.n; ++s) {
-    std::optional<Packs> packs = balanced_sum_split(in.m_prefix, s);
-    if (!packs) continue;  // an empty pack: try more packs
-    if (addx ? fits_addx(in, *packs) : fits_no_x(in, *packs)) return packs;
+    if (split_memory(in, s, addx, packs)) return packs;  // else an empty pack or one that does not fit: more packs
   }
   return std::nullopt;
 }
@@ -217,14 +208,13 @@ std::optional<Packs> balanced_memory(const PackingInput& in, bool addx) {
 // Every feasible S of balanced_memory's loop from its first (the paper's answer) up to `max_packs`:
 // the same splits and tests, the loop just does not stop at the first feasible S. An S whose split
 // has an empty pack or does not fit is skipped; the paper's S is always included, even above max_packs.
-template <typename Split, typename Fits>
-std::vector<Packs> balanced_upto(const PackingInput& in, int max_packs, Split split, Fits fits) {
+template <typename Split>
+std::vector<Packs> balanced_upto(const PackingInput& in, int max_packs, Split split) {
   std::vector<Packs> out;
+  Packs packs;
   for (int s = first_pack_count(in); s <= in.n; ++s) {
     if (!out.empty() && s > max_packs) break;
-    std::optional<Packs> packs = split(s);
-    if (!packs || !fits(*packs)) continue;
-    out.push_back(std::move(*packs));
+    if (split(s, packs)) out.push_back(packs);
   }
   return out;
 }
@@ -249,10 +239,9 @@ std::vector<double> time_cumsum(const PackingInput& in) {
 
 std::optional<Packs> pack_balanced_time(const PackingInput& in) {
   const std::vector<double> prefix = time_cumsum(in);
+  Packs packs;
   for (int s = first_pack_count(in); s <= in.n; ++s) {
-    std::optional<Packs> packs = balanced_sum_split(prefix, s);
-    if (!packs) continue;
-    if (fits_addx(in, *packs)) return packs;
+    if (balanced_split_fitting(prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs)) return packs;
   }
   return std::nullopt;
 }
@@ -287,9 +276,7 @@ std::optional<Packs> pack_reuse(const PackingInput& in) {
 using PackUptoFn = std::vector<Packs> (*)(const PackingInput&, int max_packs);
 
 std::vector<Packs> upto_balanced(const PackingInput& in, int max_packs, bool addx) {
-  return balanced_upto(
-      in, max_packs, [&](int s) { return balanced_sum_split(in.m_prefix, s); },
-      [&](const Packs& p) { return addx ? fits_addx(in, p) : fits_no_x(in, p); });
+  return balanced_upto(in, max_packs, [&](int s, Packs& packs) { return split_memory(in, s, addx, packs); });
 }
 std::vector<Packs> upto_balanced_no_x(const PackingInput& in, int max_packs) {
   return upto_balanced(in, max_packs, false);
@@ -299,9 +286,9 @@ std::vector<Packs> upto_balanced_addx(const PackingInput& in, int max_packs) {
 }
 std::vector<Packs> upto_balanced_time(const PackingInput& in, int max_packs) {
   const std::vector<double> prefix = time_cumsum(in);
-  return balanced_upto(
-      in, max_packs, [&](int s) { return balanced_sum_split(prefix, s); },
-      [&](const Packs& p) { return fits_addx(in, p); });
+  return balanced_upto(in, max_packs, [&](int s, Packs& packs) {
+    return balanced_split_fitting(prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs);
+  });
 }
 
 struct MethodEntry {
