@@ -193,8 +193,11 @@ bool fits_no_x(const PackingInput& in, const LayerRange& p) { return sum_m(in, p
 // balanced_memory_packing: split m itself (int64) into S ≈equal-sum packs, smallest feasible S.
 // The split of m itself into S packs, each tested with (addx) or without x.
 bool split_memory(const PackingInput& in, int s, bool addx, Packs& packs) {
-  if (addx) return balanced_split_fitting(in.m_prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs);
-  return balanced_split_fitting(in.m_prefix, s, [&](const LayerRange& p) { return fits_no_x(in, p); }, packs);
+  if (addx)
+    return balanced_split_fitting(
+        in.m_prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs);
+  return balanced_split_fitting(
+      in.m_prefix, s, [&](const LayerRange& p) { return fits_no_x(in, p); }, packs);
 }
 
 std::optional<Packs> balanced_memory(const PackingInput& in, bool addx) {
@@ -241,7 +244,9 @@ std::optional<Packs> pack_balanced_time(const PackingInput& in) {
   const std::vector<double> prefix = time_cumsum(in);
   Packs packs;
   for (int s = first_pack_count(in); s <= in.n; ++s) {
-    if (balanced_split_fitting(prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs)) return packs;
+    if (balanced_split_fitting(
+            prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs))
+      return packs;
   }
   return std::nullopt;
 }
@@ -287,7 +292,8 @@ std::vector<Packs> upto_balanced_addx(const PackingInput& in, int max_packs) {
 std::vector<Packs> upto_balanced_time(const PackingInput& in, int max_packs) {
   const std::vector<double> prefix = time_cumsum(in);
   return balanced_upto(in, max_packs, [&](int s, Packs& packs) {
-    return balanced_split_fitting(prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs);
+    return balanced_split_fitting(
+        prefix, s, [&](const LayerRange& p) { return fits_addx(in, p); }, packs);
   });
 }
 
