@@ -190,7 +190,6 @@ bool fits_addx(const PackingInput& in, const LayerRange& p) {
 // Feasible without x: the pack has Σm < C (strict).
 bool fits_no_x(const PackingInput& in, const LayerRange& p) { return sum_m(in, p.first, p.last) < in.cap; }
 
-// balanced_memory_packing: split m itself (int64) into S ≈equal-sum packs, smallest feasible S.
 // The split of m itself into S packs, each tested with (addx) or without x.
 bool split_memory(const PackingInput& in, int s, bool addx, Packs& packs) {
   if (addx)
@@ -200,6 +199,7 @@ bool split_memory(const PackingInput& in, int s, bool addx, Packs& packs) {
       in.m_prefix, s, [&](const LayerRange& p) { return fits_no_x(in, p); }, packs);
 }
 
+// balanced_memory_packing: split m itself (int64) into S ≈equal-sum packs, smallest feasible S.
 std::optional<Packs> balanced_memory(const PackingInput& in, bool addx) {
   Packs packs;
   for (int s = first_pack_count(in); s <= in.n; ++s) {
