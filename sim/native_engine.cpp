@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/base/flat_table.hpp"
 #include "core/program/program_graph.hpp"
 
 namespace harmony::sim {
@@ -457,6 +458,65 @@ class FlowEngine {
     return static_cast<TimePs>(std::floor(end * (1.0 - 1e-9)));
   }
 
+  // A bound never above lower_bound() that skips its pricing of every activity: each queue runs its ops one after
+  // another, so the ops lower_bound's chain reaches in a queue end no earlier than the sum of their times alone, and
+  // a compute op alone takes at least its compute stage (dispatch, host work and other stages only add). A search
+  // declines with it what lower_bound would decline, for a fraction of the cost.
+  TimePs queue_compute_bound() const {
+    const std::size_t n = p_.ops.size();
+    // the ops lower_bound() prices: reached, and for a rendezvous pair both reached
+    std::vector<int> pending = pending_;
+    std::vector<char> reached(n, 0);
+    std::vector<char> priced(n, 0);
+    std::vector<int> stack;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (pending[i] == 0) stack.push_back(static_cast<int>(i));
+    }
+    while (!stack.empty()) {
+      const int op = stack.back();
+      stack.pop_back();
+      reached[z(op)] = 1;
+      const int peer = p_.ops[z(op)].peer;
+      if (peer >= 0 && !reached[z(peer)]) continue;
+      for (int o : {op, peer}) {
+        if (o < 0) continue;
+        priced[z(o)] = 1;
+        for (const int s : graph_.successors(o)) {
+          if (--pending[z(s)] == 0) stack.push_back(s);
+        }
+      }
+    }
+    std::vector<char> counted(z(std::max(p_.num_devices(), 1)), 0);
+    for (int d : reported_devices(p_)) {
+      if (d >= 0 && z(d) < counted.size()) counted[z(d)] = 1;
+    }
+    const auto& g = r_.graph;
+    const bool ref = opt_.reference_bandwidths;
+    double best = 0.0;
+    for (const core::OpQueue& q : p_.queues) {
+      double sum = 0.0;  // picoseconds
+      for (const int op : q.ops) {
+        const Op& o = p_.ops[z(op)];
+        if (!priced[z(op)]) break;  // a queue's priced ops are a prefix of it
+        if (o.kind != OpKind::FWD && o.kind != OpKind::REC && o.kind != OpKind::BWD) continue;
+        // build_activity's compute stage, priced as alone_ps prices it
+        const double s = compute_s(o) * (ref ? 1.0 : mach_.compute.time_scale);
+        if (g.compute >= 0 && !ref && s > 0) {
+          const double per_op = mach_.compute.units_per_op;
+          const double volume = s * per_op;
+          double r = per_op > 0 ? per_op : kInf;
+          r = std::min(r, cap_[z(g.compute)]);
+          if (std::isfinite(r) && r > 0 && volume > 0) sum += volume * kPs / r;
+        } else {
+          sum += static_cast<double>(core::seconds_to_ps(s));
+        }
+        if (o.device >= 0 && z(o.device) < counted.size() && counted[z(o.device)]) best = std::max(best, sum);
+      }
+    }
+    // lower_bound() sums in another order and keeps a margin of 1e-9: a wider one here keeps this below it
+    return static_cast<TimePs>(std::floor(best * (1.0 - 2e-9))) - 2;
+  }
+
   NativeResult run() {
     const std::size_t n = p_.ops.size();
     for (std::size_t i = 0; i < n; ++i) {
@@ -538,7 +598,23 @@ class FlowEngine {
   }
 
   // ---- pricing ----
-  double compute_s(const Op& o) const { return profiled_compute_s(o, m_); }
+  // profiled_compute_s, memoized per (forward or backward, microbatch size, layers): every microbatch of a pack, on
+  // every replica, and lower_bound() before run() ask for the same sum again (the same terms in the same order, so
+  // the same double).
+  double compute_s(const Op& o) const {
+    constexpr int kBits = 20;
+    const bool fwd = o.kind == OpKind::FWD || o.kind == OpKind::REC;
+    if (!(fwd || o.kind == OpKind::BWD) || o.ubs < 0 || o.ubs >= (1 << kBits) || o.layers.first < 0 ||
+        o.layers.last < 0 || o.layers.last >= (1 << kBits))
+      return profiled_compute_s(o, m_);
+    const std::uint64_t key =
+        (static_cast<std::uint64_t>(fwd) << (3 * kBits)) | (static_cast<std::uint64_t>(o.ubs) << (2 * kBits)) |
+        (static_cast<std::uint64_t>(o.layers.first) << kBits) | static_cast<std::uint64_t>(o.layers.last);
+    if (const double* s = compute_memo_.find(key)) return *s;
+    const double s = profiled_compute_s(o, m_);
+    compute_memo_.insert(key, s);
+    return s;
+  }
   double update_s(const Op& o) const { return profiled_update_s(o, m_); }
 
   void set_flow(Activity& x, double volume, const Path& path, double cap, TransferClass cls, Bytes ledger,
@@ -1294,6 +1370,7 @@ class FlowEngine {
   mutable std::vector<int> fr_count_;
   mutable std::vector<char> fr_bottleneck_;
   mutable std::vector<std::size_t> fr_frozen_, fr_used_;
+  mutable core::FlatTable<double> compute_memo_;  // compute_s's memo
   std::vector<double> last_sample_;
   std::vector<CopyEngine> engines_;
   std::vector<Bytes> mem_;
@@ -1323,7 +1400,7 @@ std::optional<NativeResult> run_native_within(const Program& program, const core
                                               const core::MachineSpec& machine, const NativeOptions& options,
                                               TimePs cutoff_ps) {
   FlowEngine engine(program, model, machine, options);
-  if (engine.lower_bound() > cutoff_ps) return std::nullopt;
+  if (engine.queue_compute_bound() > cutoff_ps || engine.lower_bound() > cutoff_ps) return std::nullopt;
   return engine.run();
 }
 
