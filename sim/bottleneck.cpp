@@ -3,6 +3,11 @@
 #include "sim/bottleneck.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -149,37 +154,66 @@ Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& m
     b.per_gpu.push_back(gb);
   }
 
-  // What if one resource were twice as fast?
-  auto variant = [&](const std::string& resource, const std::string& change, const core::Model& m,
-                     const core::MachineSpec& mach) {
-    const NativeResult r = run_native(program, m, mach, options);
-    WhatIf w;
-    w.resource = resource;
-    w.change = change;
-    w.iteration_time_s = secs(iteration_end(r.timeline));
-    w.feasible = r.feasible && !r.timeline.deadlock;
-    w.speedup = w.iteration_time_s > 0 ? b.iteration_time_s / w.iteration_time_s : 1.0;
-    b.what_if.push_back(w);
+  // What if one resource were twice as fast? The variants are independent runs of the same Program: they run on
+  // the machine's cores at once and are listed in the same order as one after another.
+  struct Variant {
+    std::string resource;
+    std::string change;
+    core::Model model;
+    core::MachineSpec machine;
   };
+  std::vector<Variant> variants;
   core::Model fast = model;
   for (auto& l : fast.layers) {
     for (double& x : l.fwd_time_s) x /= 2;
     for (double& x : l.bwd_time_s) x /= 2;
   }
-  variant("compute", "every layer's forward and backward time halved", fast, machine);
-  variant("host links", "PCIe host<->GPU bandwidth doubled (GPU links, switch uplinks, inter-socket, bw_swap)", model,
-          scaled_links(machine, true, false, false));
-  variant("gpu-gpu links", "GPU-to-GPU bandwidth doubled (NVLink, bw_p2p)", model,
-          scaled_links(machine, false, true, false));
+  variants.push_back({"compute", "every layer's forward and backward time halved", std::move(fast), machine});
+  variants.push_back({"host links",
+                      "PCIe host<->GPU bandwidth doubled (GPU links, switch uplinks, inter-socket, bw_swap)", model,
+                      scaled_links(machine, true, false, false)});
+  variants.push_back({"gpu-gpu links", "GPU-to-GPU bandwidth doubled (NVLink, bw_p2p)", model,
+                      scaled_links(machine, false, true, false)});
   core::Model cpu = model;
   for (auto& l : cpu.layers) l.update_time_cpu_s /= 2;
-  variant("cpu optimizer", "every layer's CPU update time halved", cpu, machine);
-  variant("host memcpy", "host memory copies doubled (CPU messages, staging, bw_msg)", model,
-          scaled_links(machine, false, false, true));
+  variants.push_back({"cpu optimizer", "every layer's CPU update time halved", std::move(cpu), machine});
+  variants.push_back({"host memcpy", "host memory copies doubled (CPU messages, staging, bw_msg)", model,
+                      scaled_links(machine, false, false, true)});
   if (!result.feasible) {
     core::MachineSpec big = machine;
     big.gpu_memory_bytes *= 2;
-    variant("memory", "GPU memory doubled", model, big);
+    variants.push_back({"memory", "GPU memory doubled", model, std::move(big)});
+  }
+  b.what_if.resize(variants.size());
+  std::vector<std::exception_ptr> errors(variants.size());
+  auto run_variant = [&](std::size_t i) {
+    try {
+      const Variant& v = variants[i];
+      const NativeResult r = run_native(program, v.model, v.machine, options);
+      WhatIf& w = b.what_if[i];
+      w.resource = v.resource;
+      w.change = v.change;
+      w.iteration_time_s = secs(iteration_end(r.timeline));
+      w.feasible = r.feasible && !r.timeline.deadlock;
+      w.speedup = w.iteration_time_s > 0 ? b.iteration_time_s / w.iteration_time_s : 1.0;
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  {
+    const std::size_t threads =
+        std::min<std::size_t>(variants.size(), std::max(1u, std::thread::hardware_concurrency()));
+    std::atomic<std::size_t> next{0};
+    auto worker = [&] {
+      for (std::size_t i = next++; i < variants.size(); i = next++) run_variant(i);
+    };
+    std::vector<std::thread> pool;
+    for (std::size_t k = 1; k < threads; ++k) pool.emplace_back(worker);
+    worker();
+    for (auto& th : pool) th.join();
+  }
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);  // the first variant's error, as running them in turn would throw
   }
   std::stable_sort(b.what_if.begin(), b.what_if.end(), [](const WhatIf& x, const WhatIf& y) {
     if (x.feasible != y.feasible) return x.feasible;
