@@ -11,6 +11,7 @@
 #include "core/base/error.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/baselines/baselines.hpp"
+#include "core/program/program_graph.hpp"
 
 namespace harmony::core {
 
@@ -543,19 +544,13 @@ Program ProgramBuilder::finish() {
     snapshot.emplace(a, ops[static_cast<std::size_t>(a)].deps);
     snapshot.emplace(b, ops[static_cast<std::size_t>(b)].deps);
   }
-  auto pred = [&](int op) {
-    const Op& o = ops[static_cast<std::size_t>(op)];
-    return o.queue_pos > 0
-               ? prog_.queues[static_cast<std::size_t>(o.queue)].ops[static_cast<std::size_t>(o.queue_pos) - 1]
-               : -1;
-  };
   for (const auto& [a, b] : peers_) {
     ops[static_cast<std::size_t>(a)].peer = b;
     ops[static_cast<std::size_t>(b)].peer = a;
     for (int d : snapshot.at(b)) dep(a, d);
     for (int d : snapshot.at(a)) dep(b, d);
-    if (const int pb = pred(b); pb >= 0) dep(a, pb);
-    if (const int pa = pred(a); pa >= 0) dep(b, pa);
+    if (const int pb = queue_predecessor(prog_, b); pb >= 0) dep(a, pb);
+    if (const int pa = queue_predecessor(prog_, a); pa >= 0) dep(b, pa);
   }
   for (Op& o : ops) std::sort(o.deps.begin(), o.deps.end());
   return std::move(prog_);
