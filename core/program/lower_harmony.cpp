@@ -61,7 +61,6 @@ class Lowerer {
       }
     }
     prog_.ops.reserve(estimate);
-    deps_.reserve(2 * estimate);
     peer_key_.reserve(estimate);
     has_peer_.reserve(estimate);
     index_.reserve(estimate);
@@ -81,7 +80,13 @@ class Lowerer {
   }
 
   int make(const Task& t, int ui, int spi, Stream s, OpKind k, LayerRange layers, int ubs, Bytes bytes) {
-    Op op;
+    const int id = static_cast<int>(prog_.ops.size());
+    const std::uint64_t kk = pack_key(t.idx, ui, spi, s, k);
+    if (!index_.insert(kk, id)) {
+      throw InternalError("duplicate op " + std::to_string(t.idx) + "." + std::to_string(ui) + "." +
+                          std::to_string(spi) + "." + stream_name(s) + "." + op_kind_name(k));
+    }
+    Op& op = prog_.ops.emplace_back();  // built in place: an Op is three vectors and a dozen fields
     op.task = t.idx;
     op.ui = ui;
     op.spi = spi;
@@ -91,25 +96,30 @@ class Lowerer {
     op.layers = layers;
     op.ubs = ubs;
     op.bytes = bytes;
-    const int id = static_cast<int>(prog_.ops.size());
-    const std::uint64_t kk = pack_key(t.idx, ui, spi, s, k);
-    if (!index_.insert(kk, id)) {
-      throw InternalError("duplicate op " + std::to_string(t.idx) + "." + std::to_string(ui) + "." +
-                          std::to_string(spi) + "." + stream_name(s) + "." + op_kind_name(k));
-    }
-    prog_.ops.push_back(std::move(op));
     peer_key_.push_back(0);
     has_peer_.push_back(false);
     return id;
   }
 
-  // A dependency on the op with key k: resolved now when that op exists (it was created moments ago, so its
-  // table slot is still in cache), else by resolve() once every op exists.
+  // A dependency on the op with key k, appended to `op`'s list in the order added (a repeat of one already listed
+  // adds nothing): resolved now when that op exists (it was created moments ago, so its table slot is still in
+  // cache), else a placeholder that resolve() fills once every op exists.
   void dep(int op, std::uint64_t k) {
-    const int* id = index_.find(k);
-    deps_.push_back(PendingDep{op, id ? *id : -1, k});
+    if (const int* id = index_.find(k)) {
+      dep_op(op, *id);
+      return;
+    }
+    std::vector<int>& deps = prog_.ops[static_cast<std::size_t>(op)].deps;
+    pending_.push_back(PendingDep{op, static_cast<int>(deps.size()), k});
+    if (deps.empty()) deps.reserve(4);
+    deps.push_back(-1);
   }
-  void dep_op(int op, int other) { deps_.push_back(PendingDep{op, other, 0}); }
+  void dep_op(int op, int other) {
+    if (other < 0) throw InternalError("op " + std::to_string(op) + " depends on an op that was never created");
+    std::vector<int>& deps = prog_.ops[static_cast<std::size_t>(op)].deps;
+    if (deps.empty()) deps.reserve(4);  // most ops have at most four: one allocation
+    if (std::find(deps.begin(), deps.end(), other) == deps.end()) deps.push_back(other);
+  }
   void peer(int op, std::uint64_t k) {
     peer_key_[static_cast<std::size_t>(op)] = k;
     has_peer_[static_cast<std::size_t>(op)] = true;
@@ -589,25 +599,25 @@ class Lowerer {
       }
       return *id;
     };
-    // Group the dependencies by op, keeping each op's in the order they were added (counting sort).
-    std::vector<int> start(ops.size() + 1, 0);
-    for (const PendingDep& pd : deps_) ++start[static_cast<std::size_t>(pd.op) + 1];
-    for (std::size_t i = 0; i < ops.size(); ++i) start[i + 1] += start[i];
-    std::vector<int> ids(deps_.size());
-    {
-      std::vector<int> fill(start.begin(), start.end() - 1);
-      for (const PendingDep& pd : deps_) {
-        ids[static_cast<std::size_t>(fill[static_cast<std::size_t>(pd.op)]++)] =
-            pd.id >= 0 ? pd.id : find(pd.key, pd.op);
+    // Fill the placeholders; a list that had one keeps the first of any repeats, as adding them in turn would.
+    std::vector<int> touched;
+    for (const PendingDep& pd : pending_) {
+      ops[static_cast<std::size_t>(pd.op)].deps[static_cast<std::size_t>(pd.pos)] = find(pd.key, pd.op);
+      if (touched.empty() || touched.back() != pd.op) touched.push_back(pd.op);
+    }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (const int op : touched) {
+      std::vector<int>& deps = ops[static_cast<std::size_t>(op)].deps;
+      std::size_t kept = 0;
+      for (std::size_t j = 0; j < deps.size(); ++j) {
+        if (std::find(deps.begin(), deps.begin() + static_cast<std::ptrdiff_t>(kept), deps[j]) ==
+            deps.begin() + static_cast<std::ptrdiff_t>(kept))
+          deps[kept++] = deps[j];
       }
+      deps.resize(kept);
     }
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      std::vector<int>& deps = ops[i].deps;
-      deps.reserve(static_cast<std::size_t>(start[i + 1] - start[i]));
-      for (int j = start[i]; j < start[i + 1]; ++j) {
-        const int d = ids[static_cast<std::size_t>(j)];
-        if (std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
-      }
       if (has_peer_[i]) ops[i].peer = find(peer_key_[i], static_cast<int>(i));
     }
     for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -634,10 +644,10 @@ class Lowerer {
   FlatTable<Bytes> workspace_memo_;  // (phase, u, layers) -> workspace bytes
   struct PendingDep {
     int op;             // the op that waits ...
-    int id;             // ... for this op, or -1: not created yet when the dependency was added ...
-    std::uint64_t key;  // ... then found by its key
+    int pos;            // ... (the placeholder's index in its deps) ...
+    std::uint64_t key;  // ... for the op with this key, not created yet when the dependency was added
   };
-  std::vector<PendingDep> deps_;  // in the order added
+  std::vector<PendingDep> pending_;
   std::vector<std::uint64_t> peer_key_;
   std::vector<bool> has_peer_;
   std::array<int, kNumStreams> queue_of_{};
