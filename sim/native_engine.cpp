@@ -391,6 +391,7 @@ class FlowEngine {
     p2p_cls_.resize(p2p_.size());
     p2p_known_.assign(p2p_.size(), 0);
     init_readiness();
+    acts_.reserve(p.ops.size());  // at most one activity per op (a rendezvous pair shares one): never moved
   }
 
   // A time the iteration cannot beat (native_lower_bound_ps): the longest chain of dependencies, queue order and
@@ -725,13 +726,19 @@ class FlowEngine {
   }
 
   int make_activity(int a, int b) {
-    acts_.push_back(build_activity(a, b));
+    build_activity(acts_.emplace_back(), a, b);  // in place: an activity holds its paths inline
     return static_cast<int>(acts_.size()) - 1;
   }
 
-  // The activity of op `a` (with its rendezvous peer `b`, or -1): its stages, paths and copy engine.
   Activity build_activity(int a, int b) const {
     Activity x;
+    build_activity(x, a, b);
+    return x;
+  }
+
+  // The activity of op `a` (with its rendezvous peer `b`, or -1) into a default one: its stages, paths and copy
+  // engine.
+  void build_activity(Activity& x, int a, int b) const {
     x.a = a;
     x.b = b;
     const auto& g = r_.graph;
@@ -831,7 +838,6 @@ class FlowEngine {
     if (!ref && b < 0) add_host_work(x, p_.ops[z(a)]);
     if (host_pool()) share_host_pool(x);
     x.remaining = x.volume;
-    return x;
   }
 
   // machine.compute.host_cores on the native model: the pool of compute units is the host's cores.
