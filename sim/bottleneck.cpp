@@ -3,8 +3,6 @@
 #include "sim/bottleneck.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/parallel.hpp"
 #include "core/program/program_graph.hpp"
 
 namespace harmony::sim {
@@ -185,36 +184,16 @@ Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& m
     variants.push_back({"memory", "GPU memory doubled", model, std::move(big)});
   }
   b.what_if.resize(variants.size());
-  std::vector<std::exception_ptr> errors(variants.size());
-  auto run_variant = [&](std::size_t i) {
-    try {
-      const Variant& v = variants[i];
-      const NativeResult r = run_native(program, v.model, v.machine, options);
-      WhatIf& w = b.what_if[i];
-      w.resource = v.resource;
-      w.change = v.change;
-      w.iteration_time_s = secs(iteration_end(r.timeline));
-      w.feasible = r.feasible && !r.timeline.deadlock;
-      w.speedup = w.iteration_time_s > 0 ? b.iteration_time_s / w.iteration_time_s : 1.0;
-    } catch (...) {
-      errors[i] = std::current_exception();
-    }
-  };
-  {
-    const std::size_t threads =
-        std::min<std::size_t>(variants.size(), std::max(1u, std::thread::hardware_concurrency()));
-    std::atomic<std::size_t> next{0};
-    auto worker = [&] {
-      for (std::size_t i = next++; i < variants.size(); i = next++) run_variant(i);
-    };
-    std::vector<std::thread> pool;
-    for (std::size_t k = 1; k < threads; ++k) pool.emplace_back(worker);
-    worker();
-    for (auto& th : pool) th.join();
-  }
-  for (const auto& e : errors) {
-    if (e) std::rethrow_exception(e);  // the first variant's error, as running them in turn would throw
-  }
+  core::parallel_for(variants.size(), std::thread::hardware_concurrency(), [&](std::size_t i) {
+    const Variant& v = variants[i];
+    const NativeResult r = run_native(program, v.model, v.machine, options);
+    WhatIf& w = b.what_if[i];
+    w.resource = v.resource;
+    w.change = v.change;
+    w.iteration_time_s = secs(iteration_end(r.timeline));
+    w.feasible = r.feasible && !r.timeline.deadlock;
+    w.speedup = w.iteration_time_s > 0 ? b.iteration_time_s / w.iteration_time_s : 1.0;
+  });
   std::stable_sort(b.what_if.begin(), b.what_if.end(), [](const WhatIf& x, const WhatIf& y) {
     if (x.feasible != y.feasible) return x.feasible;
     return x.speedup > y.speedup;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -11,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/base/parallel.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
 #include "core/search/search.hpp"
@@ -285,24 +285,7 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
   };
   unsigned threads = search.threads > 0 ? static_cast<unsigned>(search.threads) : std::thread::hardware_concurrency();
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(names.size())));
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    for (std::size_t slot = next++; slot < names.size(); slot = next++) {
-      try {
-        solve(slot);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+  core::parallel_for(names.size(), threads, solve);
   out.best_baseline_time_s = std::numeric_limits<double>::infinity();
   for (const auto& k : out.kinds) {
     if (k.feasible && core::is_baseline(k.kind))

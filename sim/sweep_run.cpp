@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/parallel.hpp"
 #include "core/output/report.hpp"
 #include "sim/sweep_internal.hpp"
 
@@ -155,31 +156,6 @@ void count_row(SweepSummary& summary, const std::string& status, const std::stri
     summary.invalid_reasons.push_back(reason);
 }
 
-// Runs f(0) .. f(n - 1) on `threads` threads; the first exception is rethrown after all have stopped.
-template <class F>
-void parallel_for(std::size_t n, unsigned threads, const F& f) {
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex mutex;
-  auto worker = [&] {
-    for (std::size_t i = next++; i < n && !failed.load(); i = next++) {
-      try {
-        f(i);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 }  // namespace
 
 SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const SweepProgressFn& progress) {
@@ -249,12 +225,12 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
     std::exception_ptr check_error;
     std::thread checker([&] {
       try {
-        parallel_for(found, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(found, 1))),
-                     [&](std::size_t k) {
-                       if (options.stop != nullptr && options.stop->load()) return;
-                       fresh[k] = sweep_point_inputs(sweep, shard.point(k), &cache) == old.rows[k].inputs ? 1 : 0;
-                       ++checked;
-                     });
+        core::parallel_for(found, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(found, 1))),
+                           [&](std::size_t k) {
+                             if (options.stop != nullptr && options.stop->load()) return;
+                             fresh[k] = sweep_point_inputs(sweep, shard.point(k), &cache) == old.rows[k].inputs ? 1 : 0;
+                             ++checked;
+                           });
       } catch (...) {
         check_error = std::current_exception();
       }

@@ -2,11 +2,10 @@
 #include "core/search/baseline_search.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
 #include <thread>
 
 #include "core/base/error.hpp"
+#include "core/base/parallel.hpp"
 #include "core/plan/plan_rules.hpp"
 
 namespace harmony::core {
@@ -62,31 +61,11 @@ BaselineSearchResult run_baseline_search(const std::vector<BaselinePlan>& plans,
   std::vector<RunReport> reports(plans.size());
   unsigned n = threads > 0 ? static_cast<unsigned>(threads) : std::thread::hardware_concurrency();
   n = std::max(1u, std::min<unsigned>(n, static_cast<unsigned>(std::max<std::size_t>(1, plans.size()))));
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
   SearchProgressTicker ticker(progress, plans.size());
-  auto worker = [&] {
-    for (;;) {
-      const std::size_t i = next.fetch_add(1);
-      if (i >= plans.size() || failed.load()) return;
-      try {
-        reports[i] = evaluate(plans[i]);
-        ticker.tick();
-      } catch (...) {
-        if (!failed.exchange(true)) error = std::current_exception();
-        return;
-      }
-    }
-  };
-  if (n <= 1) {
-    worker();
-  } else {
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < n; ++t) pool.emplace_back(worker);
-    for (auto& t : pool) t.join();
-  }
-  if (error) std::rethrow_exception(error);
+  parallel_for(plans.size(), n, [&](std::size_t i) {
+    reports[i] = evaluate(plans[i]);
+    ticker.tick();
+  });
   ticker.finish();
   for (std::size_t i = 0; i < plans.size(); ++i) {
     if (reports[i].deadlock) {

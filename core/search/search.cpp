@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/base/parallel.hpp"
 #include "core/plan/packing.hpp"
 #include "core/plan/plan_rules.hpp"
 
@@ -157,34 +158,6 @@ Plan candidate_plan(const Candidate& c, const SearchSpace& space) {
 }
 
 namespace {
-
-// Runs fn(0..n-1) on `threads` threads, each index once; the first exception stops the others and is rethrown.
-template <class Fn>
-void parallel_for(std::size_t n, unsigned threads, Fn fn) {
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  auto worker = [&] {
-    for (;;) {
-      const std::size_t k = next.fetch_add(1);
-      if (k >= n || failed.load()) return;
-      try {
-        fn(k);
-      } catch (...) {
-        if (!failed.exchange(true)) error = std::current_exception();
-        return;
-      }
-    }
-  };
-  if (threads <= 1) {
-    worker();
-  } else {
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
-    for (auto& t : pool) t.join();
-  }
-  if (error) std::rethrow_exception(error);
-}
 
 // The top_k best ranking keys found so far (a max-heap of at most k), shared by the search's threads.
 class BestKeys {

@@ -1,10 +1,14 @@
 // Tests of core/base/units.cpp: the size, bandwidth and duration parsers (accepted forms, case-sensitive
-// units, rejection of negatives, garbage and overflow) and the human-readable formatters.
+// units, rejection of negatives, garbage and overflow), the human-readable formatters, and core/base/parallel.hpp.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "core/base/parallel.hpp"
 #include "core/base/units.hpp"
 
 using namespace harmony::core;
@@ -132,5 +136,28 @@ TEST_CASE("format_bytes round-trips through parse_bytes") {
     text.erase(text.find(' '), 1);  // "10.00 GiB" -> "10.00GiB"; a space is accepted too
     CHECK(parse_bytes(text) == b);
     CHECK(parse_bytes(format_bytes(b)) == b);
+  }
+}
+
+TEST_CASE("parallel_for: every index once, and the lowest failing index's error whatever the thread count") {
+  for (unsigned threads : {0u, 1u, 2u, 4u, 16u}) {
+    CAPTURE(threads);
+    std::vector<std::atomic<int>> calls(1000);
+    parallel_for(calls.size(), threads, [&](std::size_t i) { ++calls[i]; });
+    for (const auto& c : calls) REQUIRE(c.load() == 1);
+    int none = 0;
+    parallel_for(0, threads, [&](std::size_t) { ++none; });
+    CHECK(none == 0);
+    // indices are taken in order, so index 3 always runs and throws; a later failure is never the one reported
+    auto failing = [](std::size_t i) {
+      if (i == 3 || i == 700) throw std::runtime_error("index " + std::to_string(i));
+    };
+    std::string what;
+    try {
+      parallel_for(1000, threads, failing);
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+    CHECK(what == "index 3");
   }
 }
