@@ -394,23 +394,50 @@ class FlowEngine {
     acts_.reserve(p.ops.size());  // at most one activity per op (a rendezvous pair shares one): never moved
   }
 
+  // Per device, 1 when the report counts its end (reported_devices).
+  std::vector<char> counted_devices() const {
+    std::vector<char> counted(z(std::max(p_.num_devices(), 1)), 0);
+    for (int d : reported_devices(p_)) {
+      if (d >= 0 && z(d) < counted.size()) counted[z(d)] = 1;
+    }
+    return counted;
+  }
+
+  // The chain the bounds price: visit(op, peer) for every op once its predecessors were visited, a rendezvous pair
+  // once, when its second op is reached (peer -1 for an op alone). Ops on a cycle (a deadlock) are never visited.
+  template <class Visit>
+  void walk_chain(Visit visit) const {
+    const std::size_t n = p_.ops.size();
+    std::vector<int> pending = pending_;
+    std::vector<char> reached(n, 0);
+    std::vector<int> stack;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (pending[i] == 0) stack.push_back(static_cast<int>(i));
+    }
+    while (!stack.empty()) {
+      const int op = stack.back();
+      stack.pop_back();
+      reached[z(op)] = 1;
+      const int peer = p_.ops[z(op)].peer;
+      if (peer >= 0 && !reached[z(peer)]) continue;  // the pair starts when its second op is ready
+      visit(op, peer);
+      for (int o : {op, peer}) {
+        if (o < 0) continue;
+        for (const int s : graph_.successors(o)) {
+          if (--pending[z(s)] == 0) stack.push_back(s);
+        }
+      }
+    }
+  }
+
   // A time the iteration cannot beat (native_lower_bound_ps): the longest chain of dependencies, queue order and
   // rendezvous pairs with every activity priced alone. A running flow's max-min fair rate never exceeds its rate
   // alone (its own cap and each link's capacity over its coefficient), copy-engine waits and hand-offs only add,
   // so no op ends before the chain's bound on it. Ops never reached (a deadlock) do not count.
   TimePs lower_bound() const {
     const std::size_t n = p_.ops.size();
-    std::vector<int> pending = pending_;
     std::vector<double> ready(n, 0.0);  // picoseconds, the latest end of a predecessor
-    std::vector<char> reached(n, 0);
-    std::vector<int> stack;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (pending[i] == 0) stack.push_back(static_cast<int>(i));
-    }
-    std::vector<char> counted(z(std::max(p_.num_devices(), 1)), 0);  // the GPUs whose end the report counts
-    for (int d : reported_devices(p_)) {
-      if (d >= 0 && z(d) < counted.size()) counted[z(d)] = 1;
-    }
+    const std::vector<char> counted = counted_devices();
     double end = 0.0;
     // every link carries its flows' work within the iteration, every copy engine its DMA stages one slot at a time
     // (only when every GPU with ops is counted: an uncounted GPU's op may end after the counted ones)
@@ -419,12 +446,7 @@ class FlowEngine {
       all_counted = all_counted && o.device >= 0 && z(o.device) < counted.size() && counted[z(o.device)];
     std::vector<double> link_work(cap_.size(), 0.0);
     std::vector<double> engine_ps(engines_.size(), 0.0);
-    while (!stack.empty()) {
-      const int op = stack.back();
-      stack.pop_back();
-      reached[z(op)] = 1;
-      const int peer = p_.ops[z(op)].peer;
-      if (peer >= 0 && !reached[z(peer)]) continue;  // the pair starts when its second op is ready
+    walk_chain([&](int op, int peer) {
       const Activity x = build_activity(op, peer);
       double t = 0;
       for (int k = 0; k <= static_cast<int>(x.later.size()); ++k) {
@@ -441,12 +463,9 @@ class FlowEngine {
         if (o < 0) continue;
         const int d = p_.ops[z(o)].device;
         if (d >= 0 && z(d) < counted.size() && counted[z(d)]) end = std::max(end, fin);
-        for (const int s : graph_.successors(o)) {
-          ready[z(s)] = std::max(ready[z(s)], fin);
-          if (--pending[z(s)] == 0) stack.push_back(s);
-        }
+        for (const int s : graph_.successors(o)) ready[z(s)] = std::max(ready[z(s)], fin);
       }
-    }
+    });
     if (all_counted && !opt_.serial && opt_.contention) {
       for (std::size_t l = 0; l < cap_.size(); ++l) {
         if (std::isfinite(cap_[l]) && cap_[l] > 0) end = std::max(end, link_work[l] / cap_[l] * kPs);
@@ -464,35 +483,12 @@ class FlowEngine {
   // a compute op alone takes at least its compute stage (dispatch, host work and other stages only add). A search
   // declines with it what lower_bound would decline, for a fraction of the cost.
   TimePs queue_compute_bound() const {
-    const std::size_t n = p_.ops.size();
-    // the ops lower_bound() prices: reached, and for a rendezvous pair both reached
-    std::vector<int> pending = pending_;
-    std::vector<char> reached(n, 0);
-    std::vector<char> priced(n, 0);
-    std::vector<int> stack;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (pending[i] == 0) stack.push_back(static_cast<int>(i));
-    }
-    while (!stack.empty()) {
-      const int op = stack.back();
-      stack.pop_back();
-      reached[z(op)] = 1;
-      const int peer = p_.ops[z(op)].peer;
-      if (peer >= 0 && !reached[z(peer)]) continue;
-      for (int o : {op, peer}) {
-        if (o < 0) continue;
-        priced[z(o)] = 1;
-        for (const int s : graph_.successors(o)) {
-          if (--pending[z(s)] == 0) stack.push_back(s);
-        }
-      }
-    }
-    std::vector<char> counted(z(std::max(p_.num_devices(), 1)), 0);
-    for (int d : reported_devices(p_)) {
-      if (d >= 0 && z(d) < counted.size()) counted[z(d)] = 1;
-    }
-    const auto& g = r_.graph;
-    const bool ref = opt_.reference_bandwidths;
+    std::vector<char> priced(p_.ops.size(), 0);
+    walk_chain([&](int op, int peer) {
+      priced[z(op)] = 1;
+      if (peer >= 0) priced[z(peer)] = 1;
+    });
+    const std::vector<char> counted = counted_devices();
     double best = 0.0;
     for (const core::OpQueue& q : p_.queues) {
       double sum = 0.0;  // picoseconds
@@ -500,17 +496,9 @@ class FlowEngine {
         const Op& o = p_.ops[z(op)];
         if (!priced[z(op)]) break;  // a queue's priced ops are a prefix of it
         if (o.kind != OpKind::FWD && o.kind != OpKind::REC && o.kind != OpKind::BWD) continue;
-        // build_activity's compute stage, priced as alone_ps prices it
-        const double s = compute_s(o) * (ref ? 1.0 : mach_.compute.time_scale);
-        if (g.compute >= 0 && !ref && s > 0) {
-          const double per_op = mach_.compute.units_per_op;
-          const double volume = s * per_op;
-          double r = per_op > 0 ? per_op : kInf;
-          r = std::min(r, cap_[z(g.compute)]);
-          if (std::isfinite(r) && r > 0 && volume > 0) sum += volume * kPs / r;
-        } else {
-          sum += static_cast<double>(core::seconds_to_ps(s));
-        }
+        Stage st;
+        set_compute_stage(st, o);  // build_activity's first stage for it
+        sum += alone_ps(st);
         if (o.device >= 0 && z(o.device) < counted.size() && counted[z(o.device)]) best = std::max(best, sum);
       }
     }
@@ -617,6 +605,25 @@ class FlowEngine {
     return s;
   }
   double update_s(const Op& o) const { return profiled_update_s(o, m_); }
+
+  // The stage of a compute op (FWD, REC, BWD) into a default one. machine.compute and machine.dispatch are the
+  // native model's: the reference settings ignore them.
+  void set_compute_stage(Stage& x, const Op& o) const {
+    const bool ref = opt_.reference_bandwidths;
+    const int pool = r_.graph.compute;
+    if (const double s = compute_s(o) * (ref ? 1.0 : mach_.compute.time_scale); pool >= 0 && !ref && s > 0) {
+      // shared compute (machine.compute): s x units_per_op unit-seconds on the pool, at most units_per_op units at
+      // a time, so an op alone takes s and n ops at once on a pool of C units take s x max(1, n x units_per_op / C)
+      // each (processor sharing, via the max-min fair rates).
+      const double per_op = mach_.compute.units_per_op;
+      x.kind = ActKind::Flow;
+      x.volume = s * per_op;
+      x.path = {pool};
+      x.cap = per_op;
+    } else {
+      x.fixed_ps = core::seconds_to_ps(s);
+    }
+  }
 
   void set_flow(Activity& x, double volume, const Path& path, double cap, TransferClass cls, Bytes ledger,
                 core::TensorKind tensor, int engine) const {
@@ -759,19 +766,7 @@ class FlowEngine {
         case OpKind::FWD:
         case OpKind::REC:
         case OpKind::BWD:
-          // machine.compute and machine.dispatch are the native model's: the reference settings ignore them
-          if (const double s = compute_s(o) * (ref ? 1.0 : mach_.compute.time_scale); g.compute >= 0 && !ref && s > 0) {
-            // shared compute (machine.compute): s x units_per_op unit-seconds on the pool, at most units_per_op
-            // units at a time, so an op alone takes s and n ops at once on a pool of C units take
-            // s x max(1, n x units_per_op / C) each (processor sharing, via the max-min fair rates).
-            const double per_op = mach_.compute.units_per_op;
-            x.kind = ActKind::Flow;
-            x.volume = x.remaining = s * per_op;
-            x.path = {g.compute};
-            x.cap = per_op;
-          } else {
-            x.fixed_ps = core::seconds_to_ps(s);
-          }
+          set_compute_stage(x, o);
           break;
         case OpKind::DEL:
           x.fixed_ps = core::seconds_to_ps(ref ? mach_.time_del_s : topo_.free_time_s);
