@@ -21,6 +21,10 @@ std::optional<EngineResult> NativeEngine::run_within(const core::Program& progra
   return result_of(program, std::move(*res));
 }
 
+double NativeEngine::task_bound_s(const core::TaskGraph& graph, const std::vector<int>& ranks) const {
+  return static_cast<double>(native_task_bound_ps(graph, ranks, model_, machine_, options_)) * 1e-12;
+}
+
 EngineResult NativeEngine::result_of(const core::Program& program, NativeResult res) const {
   EngineResult e;
   e.report = native_report(program, res);

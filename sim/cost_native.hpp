@@ -22,6 +22,8 @@ class NativeEngine final : public Engine {
   EngineResult run(const core::Program& program) const override;
   // run_native_within: nullopt when native_lower_bound_ps exceeds the cutoff
   std::optional<EngineResult> run_within(const core::Program& program, double cutoff_s) const override;
+  // native_task_bound_ps
+  double task_bound_s(const core::TaskGraph& graph, const std::vector<int>& ranks) const override;
   const NativeOptions& options() const { return options_; }
 
  private:

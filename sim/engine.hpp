@@ -40,6 +40,10 @@ class Engine {
   virtual std::optional<EngineResult> run_within(const core::Program& program, double /*cutoff_s*/) const {
     return run(program);
   }
+  // A time (seconds) the iteration of the Program lowered from `graph` onto `ranks` (core::lowered_ranks) cannot
+  // beat, known before lowering: evaluate_plan_within declines a candidate over its cutoff without lowering it.
+  // 0 for an engine with no such bound.
+  virtual double task_bound_s(const core::TaskGraph& /*graph*/, const std::vector<int>& /*ranks*/) const { return 0.0; }
 };
 
 // The engine of `kind` on `model` (kept by reference: it must outlive the engine) and `machine`, with its

@@ -1,12 +1,16 @@
 // evaluate_plan: plan -> task graph -> Program -> one engine run (timeline, peaks, report).
 #include "sim/evaluate.hpp"
 
+#include <limits>
+
 #include "core/base/error.hpp"
 
 namespace harmony::sim {
 
-core::Program lower_plan_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
-                             const core::LowerOptions& options) {
+namespace {
+
+// validate_plan, the microbatch sizes' profile range, the task graph
+core::TaskGraph task_graph_for(const core::Model& model, const core::Plan& plan) {
   core::validate_plan(plan, model.num_layers());
   for (core::Phase ph : {core::Phase::Fwd, core::Phase::Bwd}) {
     const int u = ph == core::Phase::Fwd ? plan.u_fwd : plan.u_bwd;
@@ -14,10 +18,21 @@ core::Program lower_plan_for(const Engine& engine, const core::Model& model, con
     if (ph == core::Phase::Fwd && plan.packs_fwd.empty()) continue;
     if (!model.ubatch_in_range(ph, u)) (void)model.time_s(ph, u, 0);  // throws the range error
   }
+  return core::compose_task_graph(plan, model.num_layers());
+}
+
+core::LowerOptions engine_lower_options(const Engine& engine, const core::LowerOptions& options) {
   core::LowerOptions lower = options;
   // every replica: they share the host links and run the all-reduce ring
   if (engine.kind() == core::CostModelKind::Native) lower.dp_first_gpu_only = false;
-  return core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model, lower);
+  return lower;
+}
+
+}  // namespace
+
+core::Program lower_plan_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                             const core::LowerOptions& options) {
+  return core::lower_harmony(task_graph_for(model, plan), model, engine_lower_options(engine, options));
 }
 
 Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const core::Plan& plan,
@@ -41,7 +56,13 @@ Evaluation assemble(core::Program program, EngineResult r) {
 
 std::optional<Evaluation> evaluate_plan_within(const Engine& engine, const core::Model& model, const core::Plan& plan,
                                                const core::LowerOptions& options, double cutoff_s) {
-  core::Program program = lower_plan_for(engine, model, plan, options);
+  const core::TaskGraph graph = task_graph_for(model, plan);
+  const core::LowerOptions lower = engine_lower_options(engine, options);
+  // a candidate the task graph alone shows cannot end by the cutoff is never lowered
+  if (cutoff_s < std::numeric_limits<double>::infinity() &&
+      engine.task_bound_s(graph, core::lowered_ranks(graph, lower)) > cutoff_s)
+    return std::nullopt;
+  core::Program program = core::lower_harmony(graph, model, lower);
   std::optional<EngineResult> r = engine.run_within(program, cutoff_s);
   if (!r) return std::nullopt;
   return assemble(std::move(program), std::move(*r));

@@ -16,6 +16,7 @@
 
 #include "core/base/error.hpp"
 #include "core/base/flat_table.hpp"
+#include "core/program/lower.hpp"
 #include "core/program/program_graph.hpp"
 
 namespace harmony::sim {
@@ -476,34 +477,6 @@ class FlowEngine {
     // the engine rounds each flow's end up to a picosecond and integrates rates in floating point: a relative
     // margin far below any difference a search ranks on keeps the bound below every run
     return static_cast<TimePs>(std::floor(end * (1.0 - 1e-9)));
-  }
-
-  // A bound never above lower_bound() that skips its pricing of every activity: each queue runs its ops one after
-  // another, so the ops lower_bound's chain reaches in a queue end no earlier than the sum of their times alone, and
-  // a compute op alone takes at least its compute stage (dispatch, host work and other stages only add). A search
-  // declines with it what lower_bound would decline, for a fraction of the cost.
-  TimePs queue_compute_bound() const {
-    std::vector<char> priced(p_.ops.size(), 0);
-    walk_chain([&](int op, int peer) {
-      priced[z(op)] = 1;
-      if (peer >= 0) priced[z(peer)] = 1;
-    });
-    const std::vector<char> counted = counted_devices();
-    double best = 0.0;
-    for (const core::OpQueue& q : p_.queues) {
-      double sum = 0.0;  // picoseconds
-      for (const int op : q.ops) {
-        const Op& o = p_.ops[z(op)];
-        if (!priced[z(op)]) break;  // a queue's priced ops are a prefix of it
-        if (o.kind != OpKind::FWD && o.kind != OpKind::REC && o.kind != OpKind::BWD) continue;
-        Stage st;
-        set_compute_stage(st, o);  // build_activity's first stage for it
-        sum += alone_ps(st);
-        if (o.device >= 0 && z(o.device) < counted.size() && counted[z(o.device)]) best = std::max(best, sum);
-      }
-    }
-    // lower_bound() sums in another order and keeps a margin of 1e-9: a wider one here keeps this below it
-    return static_cast<TimePs>(std::floor(best * (1.0 - 2e-9))) - 2;
   }
 
   NativeResult run() {
@@ -1397,11 +1370,25 @@ TimePs native_lower_bound_ps(const Program& program, const core::Model& model, c
   return FlowEngine(program, model, machine, options).lower_bound();
 }
 
+TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>& ranks, const core::Model& model,
+                            const core::MachineSpec& machine, const NativeOptions& options) {
+  // set_compute_stage's price: a compute op alone takes at least its scaled profiled time (a fixed stage of that
+  // time, or a flow of units_per_op x s work on the shared pool capped at units_per_op)
+  const double scale = options.reference_bandwidths ? 1.0 : machine.compute.time_scale;
+  Op o;
+  return core::compute_chain_bound_ps(graph, ranks, [&](OpKind kind, const core::Task& t, int u) {
+    o.kind = kind;
+    o.layers = t.layers;
+    o.ubs = u;
+    return profiled_compute_s(o, model) * scale * 1e12;
+  });
+}
+
 std::optional<NativeResult> run_native_within(const Program& program, const core::Model& model,
                                               const core::MachineSpec& machine, const NativeOptions& options,
                                               TimePs cutoff_ps) {
   FlowEngine engine(program, model, machine, options);
-  if (engine.queue_compute_bound() > cutoff_ps || engine.lower_bound() > cutoff_ps) return std::nullopt;
+  if (engine.lower_bound() > cutoff_ps) return std::nullopt;
   return engine.run();
 }
 

@@ -171,6 +171,12 @@ NativeResult run_native(const core::Program& program, const core::Model& model, 
 // (run_native_within, core::run_search's cutoff). Throws what run_native throws for a Program it cannot run.
 core::TimePs native_lower_bound_ps(const core::Program& program, const core::Model& model,
                                    const core::MachineSpec& machine, const NativeOptions& options = {});
+// A time the iteration cannot beat, from the task graph alone (before lowering: far cheaper than
+// native_lower_bound_ps, and weaker): core::compute_chain_bound_ps with each compute op priced alone (its
+// profiled time, scaled) over the GPUs of `ranks` (core::lowered_ranks). Transfers, updates and every other edge
+// only add.
+core::TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>& ranks, const core::Model& model,
+                                  const core::MachineSpec& machine, const NativeOptions& options = {});
 // run_native, unless native_lower_bound_ps already exceeds `cutoff_ps` (nullopt: the run could not end by then).
 std::optional<NativeResult> run_native_within(const core::Program& program, const core::Model& model,
                                               const core::MachineSpec& machine, const NativeOptions& options,

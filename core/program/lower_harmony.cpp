@@ -5,6 +5,7 @@
 // list of (op, dependency key) pairs, no node-based maps and no per-op vectors of its own.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -30,6 +31,9 @@ std::uint64_t pack_key(int task, int ui, int spi, Stream s, OpKind k) {
          static_cast<std::uint64_t>(k);
 }
 
+// Lowered with the Harmony-PP event rules (Program::pp_rules).
+bool pp_rules_of(const Plan& p) { return p.kind == PlanKind::HarmonyPP && p.gpus > 1; }
+
 class Lowerer {
  public:
   Lowerer(const TaskGraph& g, const Model& m, const LowerOptions& o)
@@ -38,13 +42,9 @@ class Lowerer {
     prog_.prefetch = pf_;
     prog_.offload_nvme = nvme_;
     const Plan& p = g.plan;
-    prog_.pp_rules = p.kind == PlanKind::HarmonyPP && p.gpus > 1;
+    prog_.pp_rules = pp_rules_of(p);
     prog_.bandwidth_sharers = std::max(1, g.non_empty_ranks());
-    for (int r = 0; r < p.gpus; ++r) {
-      if (g.rank_tasks[static_cast<std::size_t>(r)].empty()) continue;
-      if (!prog_.pp_rules && o.dp_first_gpu_only && r > 0) continue;
-      prog_.devices.push_back(r);
-    }
+    prog_.devices = lowered_ranks(g, o);
     if (g.plan.u_fwd != g.plan.u_bwd) {
       // rank 0's lists (every rank has the same lists in Harmony-PP)
       conv_ = make_ubatch_converter(g.ubatch_fwd[0], g.ubatch_bwd[0], g.plan.u_bwd);
@@ -656,6 +656,66 @@ class Lowerer {
 };
 
 }  // namespace
+
+std::vector<int> lowered_ranks(const TaskGraph& graph, const LowerOptions& options) {
+  std::vector<int> ranks;
+  for (int r = 0; r < graph.plan.gpus; ++r) {
+    if (graph.rank_tasks[static_cast<std::size_t>(r)].empty()) continue;
+    if (!pp_rules_of(graph.plan) && options.dp_first_gpu_only && r > 0) continue;
+    ranks.push_back(r);
+  }
+  return ranks;
+}
+
+TimePs compute_chain_bound_ps(const TaskGraph& graph, const std::vector<int>& ranks,
+                              const std::function<double(OpKind kind, const Task& task, int u)>& price_ps) {
+  const auto z = [](int i) { return static_cast<std::size_t>(i); };
+  std::vector<char> lowered(graph.rank_tasks.size(), 0);
+  for (const int r : ranks) lowered[z(r)] = 1;
+  std::vector<double> queue_free(graph.rank_tasks.size(), 0.0);  // when each GPU's compute queue frees
+  // per task and microbatch, the end of its FWD (last sub-pack) or BWD op, once the task was priced
+  std::vector<std::vector<double>> done(graph.tasks.size());
+  // a P2P receiver's op starts no earlier than its sender's op of the same microbatch ends (a sender priced later,
+  // or any other medium, adds nothing: the bound only drops an edge)
+  auto sent = [&](const Channel& c, std::size_t i) {
+    if (c.medium != Medium::P2P || c.peer_task < 0) return 0.0;
+    const std::vector<double>& d = done[z(c.peer_task)];
+    return i < d.size() ? d[i] : 0.0;
+  };
+  double ops = 0.0;
+  // tasks in index order: every GPU's compute queue runs its tasks in that order, and a channel's sender task comes
+  // before its receiver
+  for (const Task& t : graph.tasks) {
+    if (t.type == TaskType::Upd || !lowered[z(t.rank)]) continue;
+    double& free = queue_free[z(t.rank)];
+    std::vector<double>& d = done[z(t.idx)];
+    d.resize(t.ubatch_sizes.size());
+    int u = -1;
+    double first_ps = 0.0;   // FWD: the sub-packs together; BWD: the recompute
+    double second_ps = 0.0;  // BWD: the backward
+    for (std::size_t i = 0; i < t.ubatch_sizes.size(); ++i) {
+      if (t.ubatch_sizes[i] != u) {  // a run of equal sizes is priced once
+        u = t.ubatch_sizes[i];
+        first_ps = price_ps(t.type == TaskType::Fwd ? OpKind::FWD : OpKind::REC, t, u);
+        second_ps = t.type == TaskType::Fwd ? 0.0 : price_ps(OpKind::BWD, t, u);
+      }
+      if (t.type == TaskType::Fwd) {
+        free = std::max(free, sent(t.in_x, i)) + first_ps;  // its first sub-pack waits for X
+        ops += graph.num_subpacks(t);
+      } else {
+        free = std::max(free, t.has_criterion ? sent(t.in_x, i) : 0.0) + first_ps;    // REC waits for X
+        free = std::max(free, t.has_criterion ? 0.0 : sent(t.in_dy, i)) + second_ps;  // BWD waits for dY
+        ops += 2;
+      }
+      d[i] = free;
+    }
+  }
+  double end_ps = 0.0;
+  for (const int r : ranks) end_ps = std::max(end_ps, queue_free[z(r)]);
+  // each op's time is rounded to the picosecond (half of one at most) and the engines add them in another order: a
+  // picosecond per op and a relative margin far above the floating-point error
+  return std::max<TimePs>(0, static_cast<TimePs>(std::floor(end_ps * (1.0 - 1e-9) - ops)) - 2);
+}
 
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options) {
   return Lowerer(graph, model, options).run();
