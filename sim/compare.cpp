@@ -192,7 +192,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
             if (!e->report.feasible && !host_bound(e->report)) any_gpu_miss = true;
             return std::move(e->report);
           },
-          progress);
+          progress, [&](const core::Plan& p) { return task_bound_for(*engine, model, p, lower); });
       // the first miss in enumeration order (nothing is pruned when no candidate is feasible)
       std::string miss;
       if (res.first_miss < cands.size()) {

@@ -22,7 +22,7 @@ std::optional<EngineResult> NativeEngine::run_within(const core::Program& progra
 }
 
 double NativeEngine::task_bound_s(const core::TaskGraph& graph, const std::vector<int>& ranks) const {
-  return static_cast<double>(native_task_bound_ps(graph, ranks, model_, machine_, options_)) * 1e-12;
+  return core::ps_to_seconds(native_task_bound_ps(graph, ranks, model_, machine_, options_));
 }
 
 EngineResult NativeEngine::result_of(const core::Program& program, NativeResult res) const {

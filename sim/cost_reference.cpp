@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/program/lower.hpp"
 #include "sim/native_engine.hpp"
 
 namespace harmony::sim {
@@ -19,18 +20,9 @@ double ReferenceCostModel::duration_s(const core::Program& program, const Op& op
   const bool swap = op.stream == Stream::SwapIn || op.stream == Stream::SwapOut;
   switch (op.kind) {
     case OpKind::FWD:
-    case OpKind::REC: {
-      double s = 0.0;
-      for (int l = op.layers.first; l <= op.layers.last; ++l) s += model_.time_s(Phase::Fwd, op.ubs, l);
-      return s;
-    }
-    case OpKind::BWD: {
-      double b = 0.0;
-      double f = 0.0;
-      for (int l = op.layers.first; l <= op.layers.last; ++l) b += model_.time_s(Phase::Bwd, op.ubs, l);
-      for (int l = op.layers.first; l <= op.layers.last; ++l) f += model_.time_s(Phase::Fwd, op.ubs, l);
-      return b - f;
-    }
+    case OpKind::REC:
+    case OpKind::BWD:
+      return compute_s(op);
     case OpKind::Update: {
       double s = 0.0;
       for (int l = op.layers.first; l <= op.layers.last; ++l)
@@ -59,6 +51,26 @@ double ReferenceCostModel::duration_s(const core::Program& program, const Op& op
       return bytes / (machine_.bw_msg_bytes_per_s / n) * 2.;
   }
   return 0.0;
+}
+
+double ReferenceCostModel::compute_s(const Op& op) const {
+  switch (op.kind) {
+    case OpKind::FWD:
+    case OpKind::REC: {
+      double s = 0.0;
+      for (int l = op.layers.first; l <= op.layers.last; ++l) s += model_.time_s(Phase::Fwd, op.ubs, l);
+      return s;
+    }
+    case OpKind::BWD: {
+      double b = 0.0;
+      double f = 0.0;
+      for (int l = op.layers.first; l <= op.layers.last; ++l) b += model_.time_s(Phase::Bwd, op.ubs, l);
+      for (int l = op.layers.first; l <= op.layers.last; ++l) f += model_.time_s(Phase::Fwd, op.ubs, l);
+      return b - f;
+    }
+    default:
+      return 0.0;
+  }
 }
 
 std::vector<core::TimePs> ReferenceCostModel::durations(const core::Program& program) const {
@@ -143,6 +155,16 @@ core::RunReport simulate(const core::Program& program, const ReferenceCostModel&
   core::RunReport r = make_report(program, t, core::CostModelKind::Reference, cost.memory_per_gpu(program));
   if (timeline_out) *timeline_out = std::move(t);
   return r;
+}
+
+double ReferenceEngine::task_bound_s(const core::TaskGraph& graph, const std::vector<int>& ranks) const {
+  core::Op o;
+  return core::ps_to_seconds(core::compute_chain_bound_ps(graph, ranks, [&](OpKind kind, const core::Task& t, int u) {
+    o.kind = kind;
+    o.layers = t.layers;
+    o.ubs = u;
+    return cost_.compute_s(o) * 1e12;
+  }));
 }
 
 EngineResult ReferenceEngine::run(const core::Program& program) const {

@@ -21,6 +21,8 @@ class ReferenceCostModel {
 
   // The reference's duration of one op, in seconds, with its evaluation order.
   double duration_s(const core::Program& program, const core::Op& op) const;
+  // duration_s of a compute op (FWD, REC: its layers' forward times; BWD: backward minus forward); 0 for the rest.
+  double compute_s(const core::Op& op) const;
   // CofTask: the reference's memory estimate of one task (0 for UPD).
   core::Bytes task_memory(const core::TaskGraph& graph, const core::Task& task) const;
   // memory_of_pack: sum of per-layer peaks minus the inner layers' inputs.
@@ -40,6 +42,9 @@ class ReferenceEngine final : public Engine {
       : model_(model), machine_(machine), cost_(model, machine) {}
   core::CostModelKind kind() const override { return core::CostModelKind::Reference; }
   EngineResult run(const core::Program& program) const override;
+  // core::compute_chain_bound_ps at ReferenceCostModel::compute_s: run_timeline's ends are the longest chain of
+  // these durations through the same edges and more
+  double task_bound_s(const core::TaskGraph& graph, const std::vector<int>& ranks) const override;
 
  private:
   const core::Model& model_;

@@ -1,8 +1,6 @@
 // evaluate_plan: plan -> task graph -> Program -> one engine run (timeline, peaks, report).
 #include "sim/evaluate.hpp"
 
-#include <limits>
-
 #include "core/base/error.hpp"
 
 namespace harmony::sim {
@@ -35,6 +33,12 @@ core::Program lower_plan_for(const Engine& engine, const core::Model& model, con
   return core::lower_harmony(task_graph_for(model, plan), model, engine_lower_options(engine, options));
 }
 
+double task_bound_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                      const core::LowerOptions& options) {
+  const core::TaskGraph graph = task_graph_for(model, plan);
+  return engine.task_bound_s(graph, core::lowered_ranks(graph, engine_lower_options(engine, options)));
+}
+
 Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const core::Plan& plan,
                          const core::LowerOptions& options) {
   return evaluate_program(engine, lower_plan_for(engine, model, plan, options));
@@ -56,13 +60,7 @@ Evaluation assemble(core::Program program, EngineResult r) {
 
 std::optional<Evaluation> evaluate_plan_within(const Engine& engine, const core::Model& model, const core::Plan& plan,
                                                const core::LowerOptions& options, double cutoff_s) {
-  const core::TaskGraph graph = task_graph_for(model, plan);
-  const core::LowerOptions lower = engine_lower_options(engine, options);
-  // a candidate the task graph alone shows cannot end by the cutoff is never lowered
-  if (cutoff_s < std::numeric_limits<double>::infinity() &&
-      engine.task_bound_s(graph, core::lowered_ranks(graph, lower)) > cutoff_s)
-    return std::nullopt;
-  core::Program program = core::lower_harmony(graph, model, lower);
+  core::Program program = lower_plan_for(engine, model, plan, options);
   std::optional<EngineResult> r = engine.run_within(program, cutoff_s);
   if (!r) return std::nullopt;
   return assemble(std::move(program), std::move(*r));

@@ -29,6 +29,11 @@ Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const c
 // The Program evaluate_plan runs for `plan` on `engine` (validated, composed and lowered the same way).
 core::Program lower_plan_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
                              const core::LowerOptions& options);
+// A time the iteration of `plan` lowered as evaluate_plan lowers it cannot beat on `engine`, from its task graph
+// alone (Engine::task_bound_s; 0 for an engine without one): core::run_search_bounded's PlanBound, which declines a
+// candidate it shows cannot win before it is lowered. Throws as lower_plan_for does for an invalid plan.
+double task_bound_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
+                      const core::LowerOptions& options);
 // evaluate_plan, or nullopt when the engine shows without running it that the iteration would exceed `cutoff_s`
 // (Engine::run_within).
 std::optional<Evaluation> evaluate_plan_within(const Engine& engine, const core::Model& model, const core::Plan& plan,

@@ -196,14 +196,17 @@ int cmd_search(const Cli& cli) {
   const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
   std::atomic<std::size_t> ops{0};
   sim::ProgressPrinter printer("search", "candidates", false, kProgressDelayS);
-  const auto res = core::run_search(
-      cands, space,
-      [&](const core::Plan& p) {
-        auto e = sim::evaluate_plan(*engine, model, p, lower);
-        ops += e.program.ops.size();
-        return e.report;
+  // top_k best: a candidate the engine shows cannot beat the k-th best so far is declined (core::run_search_bounded)
+  const auto res = core::run_search_bounded(
+      cands, space, model,
+      [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+        auto e = sim::evaluate_plan_within(*engine, model, p, lower, cutoff_s);
+        if (!e) return std::nullopt;
+        ops += e->program.ops.size();
+        return std::move(e->report);
       },
-      [&](const core::SearchProgress& p) { printer.update(p.done, p.total, p.done == p.total); });
+      [&](const core::SearchProgress& p) { printer.update(p.done, p.total, p.done == p.total); },
+      [&](const core::Plan& p) { return sim::task_bound_for(*engine, model, p, lower); });
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::optional<sim::Evaluation> best;
   std::optional<sim::Bottleneck> best_bottleneck;
@@ -228,6 +231,7 @@ int cmd_search(const Cli& cli) {
     j["gpu_capacity_bytes"] = space.capacity_bytes;
     j["num_candidates"] = res.num_candidates;
     j["num_deadlocked"] = res.num_deadlocked;
+    j["num_pruned"] = res.num_pruned;
     j["fit_rule"] = space.spec.fit_rule;
     j["pack_counts"] = core::pack_counts_name(space.spec.pack_counts);
     j["max_packs"] = core::max_pack_count(model, space);
@@ -247,8 +251,9 @@ int cmd_search(const Cli& cli) {
                  ? fmt::format(" (up to {} packs beyond each method's minimum)", core::max_pack_count(model, space))
                  : std::string(" (the paper's: each method's memory minimum)"),
              cfg.options.prefetch ? "on" : "off");
-  fmt::print("{} candidates ({} deadlocked) simulated in {:.1f} ms, {:.2f} M ops/s{}\n\n", res.num_candidates,
-             res.num_deadlocked, dt * 1e3, dt > 0 ? static_cast<double>(ops.load()) / dt / 1e6 : 0.0,
+  fmt::print("{} candidates ({} deadlocked, {} declined by a lower bound) searched in {:.1f} ms, {:.2f} M ops/s{}\n\n",
+             res.num_candidates, res.num_deadlocked, res.num_pruned, dt * 1e3,
+             dt > 0 ? static_cast<double>(ops.load()) / dt / 1e6 : 0.0,
              space.spec.fit_rule ? "; fit rule ON: single-pack plans ranked at time/1000" : "");
   if (res.ranked.empty()) {
     fmt::print("no feasible configuration: every packing exceeds the GPU capacity\n");

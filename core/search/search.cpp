@@ -205,19 +205,25 @@ double compute_estimate_s(const Model& model, const Candidate& c, const SearchSp
 
 namespace {
 
-SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchSpace& space,
-                         const std::vector<std::size_t>& order, bool prune, const BoundedEvaluator& evaluate,
-                         const SearchProgressFn& progress) {
-  SearchResult res;
-  const std::size_t n = candidates.size();
-  res.num_candidates = n;
-  std::vector<RunReport> reports(n);
-  unsigned threads =
+// The search's threads for n candidates: spec.threads (0: hardware concurrency), at most one per few candidates.
+unsigned search_threads(const SearchSpace& space, std::size_t n) {
+  const unsigned threads =
       space.spec.threads > 0 ? static_cast<unsigned>(space.spec.threads) : std::thread::hardware_concurrency();
   // A thread costs tens of microseconds to start; a candidate takes about that on the smallest profiles (bert_large's
   // 24 layers: ~40 us) and milliseconds on deep ones, so a thread pays for itself from a handful of candidates.
   constexpr std::size_t kMinCandidatesPerThread = 4;
-  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(n / kMinCandidatesPerThread)));
+  return std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(n / kMinCandidatesPerThread)));
+}
+
+// `bound` (per candidate; empty: none): a candidate whose bound exceeds the cutoff is declined unevaluated.
+SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchSpace& space,
+                         const std::vector<std::size_t>& order, bool prune, const BoundedEvaluator& evaluate,
+                         const SearchProgressFn& progress, const std::vector<double>& bound = {}) {
+  SearchResult res;
+  const std::size_t n = candidates.size();
+  res.num_candidates = n;
+  std::vector<RunReport> reports(n);
+  const unsigned threads = search_threads(space, n);
   // the paper's fit rule ranks a single pack's time / 1000
   auto fit_scale = [&](std::size_t i) {
     return space.spec.fit_rule && candidates[i].packs_bwd.size() == 1 ? 1000.0 : 1.0;
@@ -233,7 +239,12 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   parallel_for(n, threads, [&](std::size_t k) {
     const std::size_t i = order[k];
     const double inf = std::numeric_limits<double>::infinity();
-    const double cutoff_s = prune && offering.load() ? best.threshold() * fit_scale(i) : inf;
+    const double threshold_s = prune ? best.threshold() * fit_scale(i) : inf;
+    if (!bound.empty() && bound[i] > threshold_s) {  // cannot enter the top_k: never evaluated
+      ticker.tick();
+      return;
+    }
+    const double cutoff_s = offering.load() ? threshold_s : inf;
     std::optional<RunReport> r = evaluate(candidate_plan(candidates[i], space), cutoff_s);
     if (cutoff_s < inf) {
       // a bound that declines nothing for a long run of offers is not worth its price on this search
@@ -293,18 +304,25 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
 }
 
 SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const SearchSpace& space, const Model& model,
-                                const BoundedEvaluator& evaluate, const SearchProgressFn& progress) {
+                                const BoundedEvaluator& evaluate, const SearchProgressFn& progress,
+                                const PlanBound& bound) {
   const std::size_t n = candidates.size();
   std::vector<std::size_t> order(n);
   for (std::size_t i = 0; i < n; ++i) order[i] = i;
   const bool prune = space.spec.top_k >= 1 && n > static_cast<std::size_t>(space.spec.top_k);
-  if (prune) {
-    std::vector<double> estimate(n);
-    for (std::size_t i = 0; i < n; ++i) estimate[i] = compute_estimate_s(model, candidates[i], space);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t a, std::size_t b) { return estimate[a] < estimate[b]; });
+  if (!prune) return search_impl(candidates, space, order, prune, evaluate, progress);
+  std::vector<double> key(n);
+  std::vector<double> bounds;
+  if (bound) {
+    bounds.resize(n);
+    parallel_for(n, search_threads(space, n),
+                 [&](std::size_t i) { bounds[i] = bound(candidate_plan(candidates[i], space)); });
+    key = bounds;
+  } else {
+    for (std::size_t i = 0; i < n; ++i) key[i] = compute_estimate_s(model, candidates[i], space);
   }
-  return search_impl(candidates, space, order, prune, evaluate, progress);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] < key[b]; });
+  return search_impl(candidates, space, order, prune, evaluate, progress, bounds);
 }
 
 }  // namespace harmony::core

@@ -106,14 +106,21 @@ using BoundedEvaluator = std::function<std::optional<RunReport>(const Plan&, dou
 SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSpace& space, const Evaluator& evaluate,
                         const SearchProgressFn& progress = {});
 
-// The same ranking with branch and bound (top_k >= 1): candidates in increasing compute_estimate_s (then enumeration
-// order), each offered the cutoff of the top_k-th best time found so far (infinite until top_k are found, and after 64
-// offers in a row that were all evaluated: a bound that separates nothing is not worth its cost); a
-// declined candidate is slower than top_k evaluated ones, so `ranked` is what run_search gives (same reports, same
-// order, ties by enumeration order) and only the counts cover fewer candidates (num_pruned says how many fewer).
-// Which candidates are pruned is deterministic with one thread; `ranked` for any thread count.
+// A time a plan's iteration cannot beat, far cheaper to find than evaluating it (sim::task_bound_for: the task graph's
+// compute chain, before lowering).
+using PlanBound = std::function<double(const Plan&)>;
+
+// The same ranking with branch and bound (top_k >= 1): candidates in increasing `bound` when one is given (its
+// values found first, on the search's threads), else in increasing compute_estimate_s (then enumeration order); a
+// candidate whose bound exceeds the cutoff of the top_k-th best time found so far is declined unevaluated, the rest
+// are offered that cutoff (infinite until top_k are found, and after 64 offers in a row that were all evaluated: a
+// bound that separates nothing is not worth its cost). A declined candidate is slower than top_k evaluated ones,
+// so `ranked` is what run_search gives (same reports, same order, ties by enumeration order) and only the counts
+// cover fewer candidates (num_pruned says how many fewer). Which candidates are pruned is deterministic with one
+// thread; `ranked` for any thread count.
 SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const SearchSpace& space, const Model& model,
-                                const BoundedEvaluator& evaluate, const SearchProgressFn& progress = {});
+                                const BoundedEvaluator& evaluate, const SearchProgressFn& progress = {},
+                                const PlanBound& bound = {});
 
 // A rough per-GPU compute time of a candidate's iteration from the profile (forward packs at u_fwd, recompute and
 // backward of every layer at u_bwd, over each GPU's share of the minibatch): the order run_search_bounded tries

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <tuple>
 
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
@@ -102,6 +103,62 @@ TEST_CASE("the paper's fit rule (opt-in) makes the single-pack plan Top1: u 2, 1
   CHECK(top.report.iteration_time_s == doctest::Approx(10.114).epsilon(0.0005 / 10.114));
   CHECK(top.rank_time_s == doctest::Approx(top.report.iteration_time_s / 1000.0));
   CHECK(std::lround(mb(top.report.peak_memory_bytes)) == 7474);
+}
+
+TEST_CASE("the reference engine's task bound: below every run, and a bounded search ranks as the paper's") {
+  // the paper's searches above (both kinds, its fit rule, prefetch on and off), top_k 1 and 5
+  const core::MachineSpec machine;
+  const auto engine = sim::make_engine(core::CostModelKind::Reference, bert(), machine);
+  std::size_t declined = 0, checked = 0;
+  for (const auto kind : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
+    for (const bool prefetch : {false, true}) {
+      for (const bool fit_rule : {false, true}) {
+        CAPTURE(core::plan_kind_name(kind));
+        CAPTURE(prefetch);
+        CAPTURE(fit_rule);
+        core::SearchSpace s;
+        s.kind = kind;
+        s.gpus = 2;
+        s.minibatch = 32;
+        s.capacity_bytes = 10 * core::kGiB;
+        s.spec.packing_fwd = kDefaultFwd;
+        s.spec.packing_bwd = kDefaultBwd;
+        s.spec.fit_rule = fit_rule;
+        s.spec.threads = 1;
+        s.spec.top_k = -1;
+        core::LowerOptions lower;
+        lower.prefetch = prefetch;
+        const auto cands = core::enumerate_candidates(bert(), s);
+        const auto all = core::run_search(cands, s, [&](const core::Plan& p) {
+          const auto r = sim::evaluate_plan(*engine, bert(), p, lower).report;
+          if (!r.deadlock) {
+            CHECK(sim::task_bound_for(*engine, bert(), p, lower) <= r.iteration_time_s);
+            ++checked;
+          }
+          return r;
+        });
+        for (const int top_k : {1, 5}) {
+          s.spec.top_k = top_k;
+          const auto b = core::run_search_bounded(
+              cands, s, bert(),
+              [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+                auto e = sim::evaluate_plan_within(*engine, bert(), p, lower, cutoff_s);
+                if (!e) return std::nullopt;
+                return std::move(e->report);
+              },
+              {}, [&](const core::Plan& p) { return sim::task_bound_for(*engine, bert(), p, lower); });
+          REQUIRE(b.ranked.size() == std::min<std::size_t>(all.ranked.size(), static_cast<std::size_t>(top_k)));
+          for (std::size_t i = 0; i < b.ranked.size(); ++i) {
+            CHECK(b.ranked[i].candidate == all.ranked[i].candidate);
+            CHECK(b.ranked[i].rank_time_s == all.ranked[i].rank_time_s);
+          }
+          declined += b.num_pruned;
+        }
+      }
+    }
+  }
+  CHECK(checked > 200);
+  CHECK(declined > 0);
 }
 
 TEST_CASE("ranking is identical with 1 and 2 threads and keeps every candidate with top_k = -1") {
@@ -355,6 +412,7 @@ TEST_CASE("branch and bound: the native bound never exceeds a run, and the bound
       // the task graph's bound, before lowering: the compute chain through queues and P2P channels
       const core::TimePs task_bound = sim::native_task_bound_ps(
           program.graph, core::lowered_ranks(program.graph, {.dp_first_gpu_only = false}), model, m);
+      CHECK(sim::task_bound_for(*engine, model, p, lower) == core::ps_to_seconds(task_bound));
       const auto r = engine->run(program).report;
       if (r.deadlock) continue;
       CHECK(core::ps_to_seconds(bound) <= r.iteration_time_s);
@@ -378,12 +436,18 @@ TEST_CASE("branch and bound: the native bound never exceeds a run, and the bound
     // every candidate ranked (top_k = -1): a top_k search's ranking is its first top_k
     const auto a = core::run_search(cands, space_all, full);
     CHECK(a.num_pruned == 0);
-    for (auto [top_k, threads] : {std::pair{1, 1}, std::pair{3, 1}, std::pair{1, 2}}) {
+    const core::PlanBound task_bound = [&](const core::Plan& p) {
+      return sim::task_bound_for(*engine, model, p, lower);
+    };
+    for (auto [top_k, threads, with_task_bound] :
+         {std::tuple{1, 1, true}, std::tuple{3, 1, true}, std::tuple{1, 2, true}, std::tuple{1, 1, false}}) {
       CAPTURE(top_k);
       CAPTURE(threads);
+      CAPTURE(with_task_bound);
       auto space = wide_space(c.kind, c.gpus, c.minibatch, m, top_k);
       space.spec.threads = threads;
-      const auto b = core::run_search_bounded(cands, space, model, bounded);
+      const auto b =
+          core::run_search_bounded(cands, space, model, bounded, {}, with_task_bound ? task_bound : core::PlanBound{});
       REQUIRE(b.ranked.size() == std::min<std::size_t>(a.ranked.size(), static_cast<std::size_t>(top_k)));
       for (std::size_t i = 0; i < b.ranked.size(); ++i) {
         CHECK(a.ranked[i].candidate == b.ranked[i].candidate);
