@@ -78,8 +78,10 @@ core::MachineSpec scaled_links(core::MachineSpec m, bool host, bool peer, bool m
 
 }  // namespace
 
-Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
-                              const NativeResult& result, const NativeOptions& options) {
+namespace {
+
+// The critical path and per-GPU breakdown of `result`; what_if and binding left empty.
+Bottleneck analyze_run(const core::Program& program, const NativeResult& result) {
   const Timeline& t = result.timeline;
   Bottleneck b;
   const core::TimePs end = iteration_end(t);
@@ -152,59 +154,119 @@ Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& m
     gb.idle_s += secs(std::max<core::TimePs>(0, end - cursor));
     b.per_gpu.push_back(gb);
   }
+  return b;
+}
 
-  // What if one resource were twice as fast? The variants are independent runs of the same Program: they run on
-  // the machine's cores at once and are listed in the same order as one after another.
-  struct Variant {
-    std::string resource;
-    std::string change;
-    core::Model model;
-    core::MachineSpec machine;
+// One what-if: a resource twice as fast (docs/bottleneck.md); `apply` makes the variant from copies of the model
+// and machine, on the thread that runs it.
+struct Variant {
+  const char* resource;
+  const char* change;
+  void (*apply)(core::Model& model, core::MachineSpec& machine);
+};
+
+Variant memory_variant() {
+  return {"memory", "GPU memory doubled", [](core::Model&, core::MachineSpec& m) { m.gpu_memory_bytes *= 2; }};
+}
+
+// The five what-ifs, plus "memory" for a plan that does not fit, in the report's order before sorting.
+std::vector<Variant> what_if_variants(bool infeasible) {
+  std::vector<Variant> v{
+      {"compute", "every layer's forward and backward time halved",
+       [](core::Model& m, core::MachineSpec&) {
+         for (auto& l : m.layers) {
+           for (double& x : l.fwd_time_s) x /= 2;
+           for (double& x : l.bwd_time_s) x /= 2;
+         }
+       }},
+      {"host links", "PCIe host<->GPU bandwidth doubled (GPU links, switch uplinks, inter-socket, bw_swap)",
+       [](core::Model&, core::MachineSpec& m) { m = scaled_links(m, true, false, false); }},
+      {"gpu-gpu links", "GPU-to-GPU bandwidth doubled (NVLink, bw_p2p)",
+       [](core::Model&, core::MachineSpec& m) { m = scaled_links(m, false, true, false); }},
+      {"cpu optimizer", "every layer's CPU update time halved",
+       [](core::Model& m, core::MachineSpec&) {
+         for (auto& l : m.layers) l.update_time_cpu_s /= 2;
+       }},
+      {"host memcpy", "host memory copies doubled (CPU messages, staging, bw_msg)",
+       [](core::Model&, core::MachineSpec& m) { m = scaled_links(m, false, false, true); }},
   };
-  std::vector<Variant> variants;
-  core::Model fast = model;
-  for (auto& l : fast.layers) {
-    for (double& x : l.fwd_time_s) x /= 2;
-    for (double& x : l.bwd_time_s) x /= 2;
-  }
-  variants.push_back({"compute", "every layer's forward and backward time halved", std::move(fast), machine});
-  variants.push_back({"host links",
-                      "PCIe host<->GPU bandwidth doubled (GPU links, switch uplinks, inter-socket, bw_swap)", model,
-                      scaled_links(machine, true, false, false)});
-  variants.push_back({"gpu-gpu links", "GPU-to-GPU bandwidth doubled (NVLink, bw_p2p)", model,
-                      scaled_links(machine, false, true, false)});
-  core::Model cpu = model;
-  for (auto& l : cpu.layers) l.update_time_cpu_s /= 2;
-  variants.push_back({"cpu optimizer", "every layer's CPU update time halved", std::move(cpu), machine});
-  variants.push_back({"host memcpy", "host memory copies doubled (CPU messages, staging, bw_msg)", model,
-                      scaled_links(machine, false, false, true)});
-  if (!result.feasible) {
-    core::MachineSpec big = machine;
-    big.gpu_memory_bytes *= 2;
-    variants.push_back({"memory", "GPU memory doubled", model, std::move(big)});
-  }
-  b.what_if.resize(variants.size());
-  core::parallel_for(variants.size(), std::thread::hardware_concurrency(), [&](std::size_t i) {
-    const Variant& v = variants[i];
-    const NativeResult r = run_native(program, v.model, v.machine, options);
-    WhatIf& w = b.what_if[i];
-    w.resource = v.resource;
-    w.change = v.change;
-    w.iteration_time_s = secs(iteration_end(r.timeline));
-    w.feasible = r.feasible && !r.timeline.deadlock;
-    w.speedup = w.iteration_time_s > 0 ? b.iteration_time_s / w.iteration_time_s : 1.0;
-  });
-  std::stable_sort(b.what_if.begin(), b.what_if.end(), [](const WhatIf& x, const WhatIf& y) {
+  if (infeasible) v.push_back(memory_variant());
+  return v;
+}
+
+// The iteration time and feasibility of one what-if run.
+WhatIf what_if_of(const Variant& v, const NativeResult& r) {
+  WhatIf w;
+  w.resource = v.resource;
+  w.change = v.change;
+  w.iteration_time_s = secs(iteration_end(r.timeline));
+  w.feasible = r.feasible && !r.timeline.deadlock;
+  return w;
+}
+
+NativeResult run_variant(const Variant& v, const core::Program& program, const core::Model& model,
+                         const core::MachineSpec& machine, const NativeOptions& options) {
+  core::Model m = model;
+  core::MachineSpec mach = machine;
+  v.apply(m, mach);
+  return run_native(program, m, mach, options);
+}
+
+// Speedups against the base run, the list sorted (feasible first, largest speedup first, ties in order) and the
+// binding resource.
+void finish(Bottleneck& b, std::vector<WhatIf> what_if) {
+  for (WhatIf& w : what_if) w.speedup = w.iteration_time_s > 0 ? b.iteration_time_s / w.iteration_time_s : 1.0;
+  std::stable_sort(what_if.begin(), what_if.end(), [](const WhatIf& x, const WhatIf& y) {
     if (x.feasible != y.feasible) return x.feasible;
     return x.speedup > y.speedup;
   });
-  if (!result.feasible) {
+  b.what_if = std::move(what_if);
+  if (!b.feasible) {
     b.binding = "memory";
   } else if (!b.what_if.empty() && b.what_if.front().speedup > 1.0 + 1e-9) {
     b.binding = b.what_if.front().resource;
   } else {
     b.binding = "none (no single resource doubled helps)";
   }
+}
+
+}  // namespace
+
+// The variants are independent runs of the same Program: they run on the machine's cores at once and are listed in
+// the same order as one after another.
+Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
+                              const NativeResult& result, const NativeOptions& options) {
+  Bottleneck b = analyze_run(program, result);
+  if (result.timeline.deadlock || program.ops.empty()) return b;
+  const std::vector<Variant> variants = what_if_variants(!result.feasible);
+  std::vector<WhatIf> what_if(variants.size());
+  core::parallel_for(variants.size(), std::thread::hardware_concurrency(), [&](std::size_t i) {
+    what_if[i] = what_if_of(variants[i], run_variant(variants[i], program, model, machine, options));
+  });
+  finish(b, std::move(what_if));
+  return b;
+}
+
+Bottleneck simulate_bottleneck(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
+                               const NativeOptions& options) {
+  // the base run alongside the five what-ifs; "memory" only once the base run shows the plan does not fit
+  const std::vector<Variant> variants = what_if_variants(false);
+  NativeResult base;
+  std::vector<WhatIf> what_if(variants.size());
+  core::parallel_for(variants.size() + 1, std::thread::hardware_concurrency(), [&](std::size_t i) {
+    if (i == 0) {
+      base = run_native(program, model, machine, options);
+    } else {
+      what_if[i - 1] = what_if_of(variants[i - 1], run_variant(variants[i - 1], program, model, machine, options));
+    }
+  });
+  Bottleneck b = analyze_run(program, base);
+  if (base.timeline.deadlock || program.ops.empty()) return b;
+  if (!base.feasible) {
+    const Variant memory = memory_variant();
+    what_if.push_back(what_if_of(memory, run_variant(memory, program, model, machine, options)));
+  }
+  finish(b, std::move(what_if));
   return b;
 }
 

@@ -56,6 +56,11 @@ struct Bottleneck {
 Bottleneck analyze_bottleneck(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
                               const NativeResult& result, const NativeOptions& options = {});
 
+// run_native of `program` and analyze_bottleneck of it, the base run at once with the what-ifs (the "memory" one
+// after it, when the plan does not fit). The same result.
+Bottleneck simulate_bottleneck(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
+                               const NativeOptions& options = {});
+
 nlohmann::json bottleneck_json(const core::Program& program, const Bottleneck& b);
 // A few lines for the table output: the binding resource, the what-if table, the per-GPU breakdown and the
 // critical path's make-up.

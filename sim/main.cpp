@@ -82,7 +82,7 @@ core::LowerOptions all_gpus(core::LowerOptions o) {
 // engine's reference settings, which reproduce it) — docs/bottleneck.md.
 sim::Bottleneck bottleneck_of(const core::Program& program, const core::Model& model, const core::RunConfig& cfg) {
   const sim::NativeOptions o = sim::native_options_for(cfg.cost_model);
-  return sim::analyze_bottleneck(program, model, cfg.machine, sim::run_native(program, model, cfg.machine, o), o);
+  return sim::simulate_bottleneck(program, model, cfg.machine, o);
 }
 
 // The Chrome trace of `e`; with the native engine's result (an engine made with counters on: the same run),

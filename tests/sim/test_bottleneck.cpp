@@ -103,3 +103,17 @@ TEST_CASE("a plan that does not fit: memory binds, and the doubled-memory varian
   for (const auto& w : b.what_if) found = found || w.resource == "memory";
   CHECK(found);
 }
+
+TEST_CASE("simulate_bottleneck (base run beside the what-ifs) is analyze_bottleneck of run_native") {
+  const Case c;
+  core::MachineSpec small = core::machine_preset("paper-1080ti");
+  small.gpu_memory_bytes = 4 * core::kGiB;
+  for (const core::MachineSpec& m :
+       {core::machine_preset("paper-1080ti"), core::machine_preset("h100-sxm-8x"), small}) {
+    CAPTURE(m.gpu_memory_bytes);
+    const sim::Bottleneck a = analyse(c, m);
+    const sim::Bottleneck b = sim::simulate_bottleneck(c.program, c.model, m);
+    CHECK(sim::bottleneck_json(c.program, a) == sim::bottleneck_json(c.program, b));
+    CHECK(b.what_if.size() == (b.feasible ? 5U : 6U));
+  }
+}
