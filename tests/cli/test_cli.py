@@ -67,6 +67,34 @@ options: {{prefetch: false}}
         xs = [e for e in t["traceEvents"] if e["ph"] == "X"]
         check("trace has 88 ops", len(xs) == 88, len(xs))
 
+    # --- search: its best plan's bottleneck report is simulate's for that plan, whether the search kept the best
+    # evaluation (plain), ranked another plan first (the fit rule) or evaluates it again for a trace
+    scfg = write(tmp, "search.yaml", f"""model: {{profile: {PROFILE}}}
+machine: {{preset: paper-1080ti}}
+plan: {{mode: harmony-pp, gpus: 2, minibatch: 16}}
+search: {{packing_fwd: [balanced_time, reuse], packing_bwd: [balanced_time], top_k: 3}}
+""")
+    for extra in [[], ["--set", "search.fit_rule=true"], ["--trace", os.path.join(tmp, "st.json")]]:
+        r = run("search", scfg, "--format", "json", *extra)
+        check(f"search {extra} exit 0", r.returncode == 0, r.stderr)
+        if r.returncode != 0:
+            continue
+        j = json.loads(r.stdout)
+        top = j["results"][0]
+        pcfg = write(tmp, "best.yaml", f"""model: {{profile: {PROFILE}}}
+machine: {{preset: paper-1080ti}}
+plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: {top["u_bwd"]},
+        packs_fwd: {top["packs_fwd"]}, packs_bwd: {top["packs_bwd"]}}}
+""")
+        s = run("simulate", pcfg, "--format", "json")
+        check(f"simulate the searched best {extra}", s.returncode == 0, s.stderr)
+        if s.returncode == 0:
+            sj = json.loads(s.stdout)
+            check(f"search {extra}: the best's bottleneck is simulate's", j["best_bottleneck"] == sj["bottleneck"],
+                  (j["best_bottleneck"].get("binding"), sj["bottleneck"].get("binding")))
+            check(f"search {extra}: the best's time is simulate's",
+                  top["iteration_time_s"] == sj["result"]["iteration_time_s"], top["iteration_time_s"])
+
     # --set overrides and the table output
     r = run("simulate", cfg, "--set", "plan.gpus=4", "--set", "options.prefetch=true")
     check("simulate --set exit 0", r.returncode == 0, r.stderr)
