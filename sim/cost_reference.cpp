@@ -158,13 +158,8 @@ core::RunReport simulate(const core::Program& program, const ReferenceCostModel&
 }
 
 double ReferenceEngine::task_bound_s(const core::TaskGraph& graph, const std::vector<int>& ranks) const {
-  core::Op o;
-  return core::ps_to_seconds(core::compute_chain_bound_ps(graph, ranks, [&](OpKind kind, const core::Task& t, int u) {
-    o.kind = kind;
-    o.layers = t.layers;
-    o.ubs = u;
-    return cost_.compute_s(o) * 1e12;
-  }));
+  return core::ps_to_seconds(
+      core::compute_chain_bound_ps(graph, ranks, [&](const Op& o) { return cost_.compute_s(o) * 1e12; }));
 }
 
 EngineResult ReferenceEngine::run(const core::Program& program) const {

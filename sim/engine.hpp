@@ -41,8 +41,8 @@ class Engine {
     return run(program);
   }
   // A time (seconds) the iteration of the Program lowered from `graph` onto `ranks` (core::lowered_ranks) cannot
-  // beat, known before lowering: evaluate_plan_within declines a candidate over its cutoff without lowering it.
-  // 0 for an engine with no such bound.
+  // beat, known before lowering (sim::task_bound_for): a search declines a candidate over its cutoff without
+  // lowering it. 0 for an engine with no such bound.
   virtual double task_bound_s(const core::TaskGraph& /*graph*/, const std::vector<int>& /*ranks*/) const { return 0.0; }
 };
 

@@ -256,6 +256,11 @@ double profiled_update_s(const Op& o, const core::Model& m) {
 
 namespace {
 
+// The factor on a compute op's profiled time: machine.compute.time_scale, ignored under the reference settings.
+double compute_time_scale(const core::MachineSpec& machine, const NativeOptions& options) {
+  return options.reference_bandwidths ? 1.0 : machine.compute.time_scale;
+}
+
 // A short list held in place: a flow's path and coefficients (at most kMaxPath links: a P2P copy across sockets
 // crosses five, plus host memory and the host-core pool). An activity per op made the engine's malloc/free a fifth
 // of a sweep's time with std::vector here.
@@ -584,7 +589,7 @@ class FlowEngine {
   void set_compute_stage(Stage& x, const Op& o) const {
     const bool ref = opt_.reference_bandwidths;
     const int pool = r_.graph.compute;
-    if (const double s = compute_s(o) * (ref ? 1.0 : mach_.compute.time_scale); pool >= 0 && !ref && s > 0) {
+    if (const double s = compute_s(o) * compute_time_scale(mach_, opt_); pool >= 0 && !ref && s > 0) {
       // shared compute (machine.compute): s x units_per_op unit-seconds on the pool, at most units_per_op units at
       // a time, so an op alone takes s and n ops at once on a pool of C units take s x max(1, n x units_per_op / C)
       // each (processor sharing, via the max-min fair rates).
@@ -1374,14 +1379,9 @@ TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>
                             const core::MachineSpec& machine, const NativeOptions& options) {
   // set_compute_stage's price: a compute op alone takes at least its scaled profiled time (a fixed stage of that
   // time, or a flow of units_per_op x s work on the shared pool capped at units_per_op)
-  const double scale = options.reference_bandwidths ? 1.0 : machine.compute.time_scale;
-  Op o;
-  return core::compute_chain_bound_ps(graph, ranks, [&](OpKind kind, const core::Task& t, int u) {
-    o.kind = kind;
-    o.layers = t.layers;
-    o.ubs = u;
-    return profiled_compute_s(o, model) * scale * 1e12;
-  });
+  const double scale = compute_time_scale(machine, options);
+  return core::compute_chain_bound_ps(graph, ranks,
+                                      [&](const Op& o) { return profiled_compute_s(o, model) * scale * 1e12; });
 }
 
 std::optional<NativeResult> run_native_within(const Program& program, const core::Model& model,

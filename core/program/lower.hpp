@@ -39,15 +39,15 @@ inline LowerOptions lower_options(const Options& options) {
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options);
 
 // A time no iteration of lower_harmony(graph, ...) on the GPUs `ranks` (lowered_ranks) can beat when each compute op
-// takes at least price_ps(kind, task, u) picoseconds (kind FWD for a FWD task's sub-packs together, REC or BWD;
-// an engine rounds each op's time to the picosecond): the longest chain of compute ops through each GPU's compute
-// queue (its tasks in index order, each task's microbatches in order, REC before BWD: lowering puts every FWD, REC
-// and BWD of a GPU in one FIFO) and the P2P channels lowering pairs (a FWD's or the loss pack's REC of microbatch i
-// after its sender's FWD of microbatch i; a BWD after the next pack's BWD of microbatch i), the largest chain end on
-// `ranks` less a margin for the rounding. Known before lowering: a search declines with it candidates it then
-// never lowers (sim::Engine::task_bound_s).
+// takes at least price_ps(op) picoseconds (op: kind, device, layers and ubs of a FWD (a FWD task's sub-packs
+// together), REC or BWD; an engine rounds each op's time to the picosecond): the longest chain of compute ops through
+// each GPU's compute queue (its tasks in index order, each task's microbatches in order, REC before BWD: lowering puts
+// every FWD, REC and BWD of a GPU in one FIFO) and the P2P channels lowering pairs (a FWD's or the loss pack's REC of
+// microbatch i after its sender's FWD of microbatch i; a BWD after the next pack's BWD of microbatch i), the largest
+// chain end on `ranks` less a margin for the rounding. Known before lowering: a search declines with it candidates it
+// then never lowers (sim::Engine::task_bound_s).
 TimePs compute_chain_bound_ps(const TaskGraph& graph, const std::vector<int>& ranks,
-                              const std::function<double(OpKind kind, const Task& task, int u)>& price_ps);
+                              const std::function<double(const Op& op)>& price_ps);
 
 // The GPUs lower_harmony gives ops, ascending (Program::devices): every rank with tasks, except that Harmony-DP
 // with dp_first_gpu_only keeps rank 0 alone.

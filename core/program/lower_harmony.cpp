@@ -668,7 +668,7 @@ std::vector<int> lowered_ranks(const TaskGraph& graph, const LowerOptions& optio
 }
 
 TimePs compute_chain_bound_ps(const TaskGraph& graph, const std::vector<int>& ranks,
-                              const std::function<double(OpKind kind, const Task& task, int u)>& price_ps) {
+                              const std::function<double(const Op& op)>& price_ps) {
   const auto z = [](int i) { return static_cast<std::size_t>(i); };
   std::vector<char> lowered(graph.rank_tasks.size(), 0);
   for (const int r : ranks) lowered[z(r)] = 1;
@@ -683,6 +683,14 @@ TimePs compute_chain_bound_ps(const TaskGraph& graph, const std::vector<int>& ra
     return i < d.size() ? d[i] : 0.0;
   };
   double ops = 0.0;
+  Op op;  // the compute op priced
+  auto price = [&](const Task& t, OpKind kind, int u) {
+    op.kind = kind;
+    op.device = t.rank;
+    op.layers = t.layers;
+    op.ubs = u;
+    return price_ps(op);
+  };
   // tasks in index order: every GPU's compute queue runs its tasks in that order, and a channel's sender task comes
   // before its receiver
   for (const Task& t : graph.tasks) {
@@ -696,8 +704,8 @@ TimePs compute_chain_bound_ps(const TaskGraph& graph, const std::vector<int>& ra
     for (std::size_t i = 0; i < t.ubatch_sizes.size(); ++i) {
       if (t.ubatch_sizes[i] != u) {  // a run of equal sizes is priced once
         u = t.ubatch_sizes[i];
-        first_ps = price_ps(t.type == TaskType::Fwd ? OpKind::FWD : OpKind::REC, t, u);
-        second_ps = t.type == TaskType::Fwd ? 0.0 : price_ps(OpKind::BWD, t, u);
+        first_ps = price(t, t.type == TaskType::Fwd ? OpKind::FWD : OpKind::REC, u);
+        second_ps = t.type == TaskType::Fwd ? 0.0 : price(t, OpKind::BWD, u);
       }
       if (t.type == TaskType::Fwd) {
         free = std::max(free, sent(t.in_x, i)) + first_ps;  // its first sub-pack waits for X

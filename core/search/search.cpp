@@ -311,16 +311,17 @@ SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const 
   for (std::size_t i = 0; i < n; ++i) order[i] = i;
   const bool prune = space.spec.top_k >= 1 && n > static_cast<std::size_t>(space.spec.top_k);
   if (!prune) return search_impl(candidates, space, order, prune, evaluate, progress);
-  std::vector<double> key(n);
   std::vector<double> bounds;
+  std::vector<double> estimates;
   if (bound) {
     bounds.resize(n);
     parallel_for(n, search_threads(space, n),
                  [&](std::size_t i) { bounds[i] = bound(candidate_plan(candidates[i], space)); });
-    key = bounds;
   } else {
-    for (std::size_t i = 0; i < n; ++i) key[i] = compute_estimate_s(model, candidates[i], space);
+    estimates.resize(n);
+    for (std::size_t i = 0; i < n; ++i) estimates[i] = compute_estimate_s(model, candidates[i], space);
   }
+  const std::vector<double>& key = bound ? bounds : estimates;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] < key[b]; });
   return search_impl(candidates, space, order, prune, evaluate, progress, bounds);
 }
