@@ -38,7 +38,7 @@ OffsetAllocator::Allocation OffsetAllocator::allocate(Bytes bytes, std::string_v
   const Bytes size = best->second;
   free_.erase(best);
   if (size > rounded) free_.emplace(off + rounded, size - rounded);
-  used_.emplace(off, rounded);
+  used_.emplace(off, Used{rounded, bytes});
   in_use_ += rounded;
   peak_ = std::max(peak_, in_use_);
   return {off, rounded};
@@ -48,7 +48,7 @@ Bytes OffsetAllocator::release(Bytes offset) noexcept {
   std::lock_guard lock(mu_);
   auto it = used_.find(offset);
   if (it == used_.end()) return -1;
-  const Bytes freed = it->second;
+  const Bytes freed = it->second.rounded;
   used_.erase(it);
   in_use_ -= freed;
   Bytes size = freed;
@@ -76,13 +76,13 @@ bool OffsetAllocator::contains(Bytes offset, Bytes bytes) const {
   auto it = used_.upper_bound(offset);
   if (it == used_.begin()) return false;
   --it;
-  return offset + bytes <= it->first + it->second;
+  return offset + bytes <= it->first + it->second.requested;
 }
 
 Bytes OffsetAllocator::allocation_bytes(Bytes offset) const {
   std::lock_guard lock(mu_);
   auto it = used_.find(offset);
-  return it == used_.end() ? 0 : it->second;
+  return it == used_.end() ? 0 : it->second.rounded;
 }
 
 MemoryStats OffsetAllocator::stats() const {

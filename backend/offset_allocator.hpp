@@ -28,7 +28,8 @@ class OffsetAllocator {
   // Frees the allocation that starts at `offset` and returns its rounded size, or -1 if none starts there
   // (a foreign pointer or a double free: the caller decides how to fail).
   Bytes release(Bytes offset) noexcept;
-  // Whether [offset, offset + bytes) lies inside one live allocation.
+  // Whether [offset, offset + bytes) lies inside one live allocation's requested bytes (not its rounding: a copy
+  // that runs past what was asked for is caught even where the granularity would hide it).
   bool contains(Bytes offset, Bytes bytes) const;
   // The rounded size of the live allocation starting at `offset`; 0 if none.
   Bytes allocation_bytes(Bytes offset) const;
@@ -46,7 +47,11 @@ class OffsetAllocator {
   Bytes capacity_ = 0;
   mutable std::mutex mu_;
   std::map<Bytes, Bytes> free_;  // offset -> size, disjoint, coalesced
-  std::map<Bytes, Bytes> used_;  // offset -> size
+  struct Used {
+    Bytes rounded = 0;    // what the allocation holds of the block
+    Bytes requested = 0;  // what was asked for (contains() checks against this)
+  };
+  std::map<Bytes, Used> used_;  // offset -> sizes
   Bytes in_use_ = 0;
   Bytes peak_ = 0;
 };

@@ -171,6 +171,13 @@ TEST_CASE("copies: pointers are checked against the device's live allocations") 
   CHECK_THROWS_WITH_AS(d0->copy_h2d(*s0, a.data(), a.data(), 16), doctest::Contains("is device memory"),
                        DeviceError);                                            // device as host
   CHECK_THROWS_AS(d0->copy_h2d(*s0, a.data(), host.data(), 257), DeviceError);  // past the end
+  {
+    Buffer odd = d0->alloc(100, "odd");  // 100 bytes asked, 256 held: past the 100 is past the end
+    CHECK_NOTHROW(d0->copy_h2d(*s0, odd.as<char>() + 96, host.data(), 4));
+    CHECK_THROWS_WITH_AS(d0->copy_h2d(*s0, odd.as<char>() + 96, host.data(), 8),
+                         doctest::Contains("not inside a live allocation"), DeviceError);
+    s0->synchronize();
+  }
   CHECK_THROWS_WITH_AS(d0->copy_h2d(*s1, a.data(), host.data(), 16),
                        doctest::Contains("does not belong to this device"), DeviceError);  // foreign stream
   Buffer b = d1->alloc(256, "b");

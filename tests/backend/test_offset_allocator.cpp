@@ -83,4 +83,12 @@ TEST_CASE("offset allocator: foreign offsets and double frees are reported, not 
   CHECK(a.release(x.offset) == -1);  // twice
   CHECK(a.stats().in_use == 0);
   CHECK_FALSE(a.contains(x.offset, 1));
+  // The requested bytes bound an access, not the rounding (found by the first H200 run: the CUDA test copied 8 bytes
+  // from 4 before the end of a 400,012-byte buffer and the 256-byte rounding hid it).
+  const auto y = a.allocate(300, "y");
+  CHECK(a.allocation_bytes(y.offset) == 2 * 256);
+  CHECK(a.contains(y.offset, 300));
+  CHECK(a.contains(y.offset + 296, 4));
+  CHECK_FALSE(a.contains(y.offset + 296, 8));
+  CHECK_FALSE(a.contains(y.offset + 300, 1));
 }
