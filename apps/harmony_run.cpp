@@ -673,6 +673,8 @@ Prediction predict(const Setup& s, const Chosen& c, bool serial, bool quiet) {
     return {r.iteration_time_s, ""};
   } catch (const backend::OutOfMemory& e) {
     return {std::nullopt, fmt::format("profiling for the prediction ran out of device memory: {}", e.what())};
+  } catch (const backend::DeviceError& e) {  // e.g. the GPU has less free memory than the profile's device asks
+    return {std::nullopt, fmt::format("profiling for the prediction failed on the device: {}", e.what())};
   } catch (const core::ScheduleError& e) {
     return {std::nullopt, e.what()};
   }
@@ -699,8 +701,12 @@ int cmd_train(const Cli& cli) {
   const core::Program& program = chosen.program;
   auto owned = make_devices(cfg, s.device_flags, plan.gpus);
   const std::vector<backend::Device*> devs = raw_devices(owned);
-  const auto comm = make_communicator(cfg, cli, devs);  // outlives the executor, dies before the devices
-  backend::Executor executor(program, devs, *s.state, executor_options(cli, cfg, comm.get()));
+  auto comm = make_communicator(cfg, cli, devs);  // outlives the executor, dies before the devices
+  // In an optional so that it and the devices are released before the prediction profiles on a device of the same
+  // capacity (a CUDA device holds its whole block: two at once would not fit the GPU).
+  std::optional<backend::Executor> run_executor;
+  run_executor.emplace(program, devs, *s.state, executor_options(cli, cfg, comm.get()));
+  backend::Executor& executor = *run_executor;
 
   const int B = plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
   const core::Bytes model_bytes = s.model->param_count() * 4;  // fp32 weights, the tied wte counted once
@@ -824,6 +830,9 @@ int cmd_train(const Cli& cli) {
   std::vector<core::Bytes> peaks;
   peaks.reserve(devs.size());
   for (auto* d : devs) peaks.push_back(d->memory().peak);
+  run_executor.reset();  // the run's device memory back before predict() profiles (the state stays on the host)
+  comm.reset();
+  owned.clear();
   const double mean_sps = ran > 0 ? B * ran / run_s : 0.0;
   const double mean_step_s = ran > 0 ? run_s / ran : 0.0;
   const bool serial = !executor_options(cli, cfg).concurrent;
