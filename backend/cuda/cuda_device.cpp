@@ -160,7 +160,13 @@ cublasHandle_t StreamContext::cublas() {
     HARMONY_CUBLAS_CHECK(cublasCreate(&h));
     try {
       HARMONY_CUBLAS_CHECK(cublasSetStream(h, stream_));
-      HARMONY_CUBLAS_CHECK(cublasSetMathMode(h, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+      // Split-K reductions in fp32, never in a bf16 output's precision: cuBLAS's default lets split-K kernels add
+      // their partial sums in the output type, rounding each partial (PyTorch's allow_bf16_reduced_precision_
+      // reduction). (Not what the first H200 run's bf16 matmul failures were: those came from beta = 1 on a bf16
+      // C, which gemm.cpp now avoids; this keeps a long-k dW GEMM from rounding its partials.)
+      const auto math = static_cast<cublasMath_t>((tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+                                                  CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+      HARMONY_CUBLAS_CHECK(cublasSetMathMode(h, math));
     } catch (...) {
       (void)cublasDestroy(h);
       throw;

@@ -2,7 +2,8 @@
 // (row-major tensors read as column-major transposes), and attention as strided-batched GEMMs around the causal
 // softmax kernels, the backward in chunks of (b, h) pairs whose T x T score gradients fit the stream's workspace.
 // The bf16 versions: cublasGemmEx on bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F), rounded once
-// where the CPU's bf16 kernels round; attention keeps its probabilities and score gradients in fp32 scratch.
+// where the CPU's bf16 kernels round (sums into an existing bf16 C through fp32 scratch); attention keeps its
+// probabilities and score gradients in fp32 scratch.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,6 +39,34 @@ void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int
   const float alpha = 1.0f;
   HARMONY_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &beta, C,
                                     c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// C (bf16, m x n, ldc = m) += op(A) op(B) with one rounding: the product in fp32 scratch (cuBLAS with an fp32 C
+// rounds nothing), then c = round(widen(c) + product) by kern::add_f32_rounded. cublasGemmEx with beta = 1 on a
+// bf16 C rounds the product to bf16 before adding C (measured on an H200, CUDA 13.0: bias + product off by the
+// product's ulp where they cancel), a second rounding the CPU's bf16 kernels do not make. Column blocks of at most
+// kAccumulateScratchBytes of scratch bound the workspace (the tied head's dW is V x C).
+constexpr std::size_t kAccumulateScratchBytes = std::size_t{64} << 20;
+void gemm_bf16_accumulate(StreamContext& c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                          const Bf16* A, int lda, const Bf16* B, int ldb, Bf16* C, int ldc) {
+  if (m == 0 || n == 0) return;
+  const std::size_t col_bytes = static_cast<std::size_t>(m) * sizeof(float);
+  const int block = static_cast<int>(std::clamp<std::size_t>(kAccumulateScratchBytes / col_bytes, 1, n));
+  auto* scratch = static_cast<float*>(c.workspace(static_cast<std::size_t>(block) * col_bytes));
+  for (int j0 = 0; j0 < n; j0 += block) {
+    const int nb = std::min(block, n - j0);
+    // columns j0.. of op(B): B's columns when it is not transposed, else its rows
+    const Bf16* Bj = B + (tb == kN ? static_cast<std::int64_t>(j0) * ldb : static_cast<std::int64_t>(j0));
+    Bf16* Cj = C + static_cast<std::int64_t>(j0) * ldc;
+    gemm_bf16(c.cublas(), ta, tb, m, nb, k, A, lda, Bj, ldb, 0.0f, scratch, CUDA_R_32F, m);
+    if (ldc == m) {
+      kern::add_f32_rounded(c.stream(), Cj, scratch, static_cast<std::int64_t>(m) * nb);
+    } else {
+      for (int j = 0; j < nb; ++j)
+        kern::add_f32_rounded(c.stream(), Cj + static_cast<std::int64_t>(j) * ldc,
+                              scratch + static_cast<std::int64_t>(j) * m, m);
+    }
+  }
 }
 
 void gemm_bf16_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const Bf16* A,
@@ -164,29 +193,27 @@ void attention_bwd(StreamContext& c, float* dqkv, const float* dout, const float
 void matmul_fwd(StreamContext& c, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
                 WeightLayout layout) {
   if (N == 0 || OC == 0) return;
-  float beta = 0.0f;
-  if (bias != nullptr) {  // out = round(bias + in . W): the bias enters cuBLAS's fp32 epilogue, one rounding
+  const cublasOperation_t ta = layout == WeightLayout::InOut ? kN : kT;
+  const int lda = layout == WeightLayout::InOut ? OC : IC;
+  if (bias != nullptr) {  // out = round(bias + in . W), one rounding
     kern::fill_bias_rows(c.stream(), out, bias, N, OC);
-    beta = 1.0f;
-  }
-  if (layout == WeightLayout::InOut) {
-    gemm_bf16(c.cublas(), kN, kN, OC, N, IC, w, OC, in, IC, beta, out, CUDA_R_16BF, OC);
+    gemm_bf16_accumulate(c, ta, kN, OC, N, IC, w, lda, in, IC, out, OC);
   } else {
-    gemm_bf16(c.cublas(), kT, kN, OC, N, IC, w, IC, in, IC, beta, out, CUDA_R_16BF, OC);
+    gemm_bf16(c.cublas(), ta, kN, OC, N, IC, w, lda, in, IC, 0.0f, out, CUDA_R_16BF, OC);
   }
 }
 
-// dW += in^T . dout: cuBLAS widens dW, adds the fp32 product and rounds once (beta = 1), as the CPU's bf16 kernel.
+// dW += in^T . dout: the fp32 product added to the widened dW and rounded once, as the CPU's bf16 kernel.
 void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w,
                 int N, int IC, int OC, WeightLayout layout) {
   if (N == 0) return;
   cublasHandle_t h = c.cublas();
   if (layout == WeightLayout::InOut) {
     if (din != nullptr) gemm_bf16(h, kT, kN, IC, N, OC, w, OC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
-    gemm_bf16(h, kN, kT, OC, IC, N, dout, OC, in, IC, 1.0f, dw, CUDA_R_16BF, OC);
+    gemm_bf16_accumulate(c, kN, kT, OC, IC, N, dout, OC, in, IC, dw, OC);
   } else {
     if (din != nullptr) gemm_bf16(h, kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
-    gemm_bf16(h, kN, kT, IC, OC, N, in, IC, dout, OC, 1.0f, dw, CUDA_R_16BF, IC);
+    gemm_bf16_accumulate(c, kN, kT, IC, OC, N, in, IC, dout, OC, dw, IC);
   }
   if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false));
 }

@@ -597,6 +597,17 @@ void add(cudaStream_t stream, S* out, const S* a, const S* b, std::int64_t n) {
   HARMONY_CUDA_CHECK_LAUNCH("add_kernel");
 }
 
+__global__ void add_f32_rounded_kernel(__nv_bfloat16* c, const float* s, std::int64_t n) {
+  HARMONY_GRID_STRIDE(i, n)
+  st(c[i], ld(c[i]) + s[i]);
+}
+
+void add_f32_rounded(cudaStream_t stream, Bf16* c, const float* s, std::int64_t n) {
+  if (n == 0) return;
+  add_f32_rounded_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dev(c), s, n);
+  HARMONY_CUDA_CHECK_LAUNCH("add_f32_rounded_kernel");
+}
+
 template <class S>
 void add_inplace(cudaStream_t stream, float* acc, const S* x, std::int64_t n) {
   if (n == 0) return;

@@ -71,6 +71,9 @@ void add(cudaStream_t stream, S* out, const S* a, const S* b, std::int64_t n);
 // acc += x, x widened to fp32 (the communicator's rank-order sum; instantiated for float and Bf16).
 template <class S>
 void add_inplace(cudaStream_t stream, float* acc, const S* x, std::int64_t n);
+// c[i] = round_bf16(widen(c[i]) + s[i]): one rounding of the sum (the bf16 GEMMs' beta = 1 epilogue, done here
+// because cuBLAS rounds the product to bf16 before adding C, a second rounding).
+void add_f32_rounded(cudaStream_t stream, Bf16* c, const float* s, std::int64_t n);
 // losses in fp32 for either storage.
 template <class S>
 void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, S* probs, const S* logits,
