@@ -1,6 +1,7 @@
 // AdamW split across threads and vectorised by hand: the scalar factors are computed exactly as
 // adamw_update computes them, and the AVX2 / SSE2 loops apply multiply, add, sqrt and divide (each correctly
-// rounded, never fused) in adamw_update's order, so each element's result is bit-identical to it.
+// rounded, never fused) in adamw_update's order, so each element's result is bit-identical to it. Also the
+// per-layer host update on such a pool (update_layers) that the executors run and the profiler times.
 #include "backend/adamw_parallel.hpp"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "backend/device.hpp"
+#include "backend/model/state.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -281,6 +283,36 @@ void ParallelAdamW::update_tied(const AdamWConfig& config, std::int64_t step, fl
   s.run_part(0);
   std::unique_lock lock(s.mu);
   s.done_cv.wait(lock, [&]() { return s.pending == 0; });
+}
+
+void update_layers(HostState& st, const AdamWConfig& config, int first, int last, ParallelAdamW& pool) {
+  config.validate();
+  const Gpt2& m = st.model();
+  if (first < 0 || last >= m.num_layers() || first > last)
+    throw BackendError(
+        fmt::format("host state: update of layers {}..{} outside 0..{}", first, last, m.num_layers() - 1));
+  const int head = m.head_layer();
+  for (int l = first; l <= last; ++l) {
+    const std::int64_t step = st.steps(l) + 1;
+    st.set_steps(l, step);
+    float* w = st.weights(l).data();
+    float* mo = st.exp_avg(l).data();
+    float* v = st.exp_avg_sq(l).data();
+    const float* g = st.grads(l).data();
+    for (const ParamSpec& ps : m.params(l)) {
+      if (!ps.tied_to.empty()) continue;  // lm_head: updated through layer 0's wte
+      if (l == 0 && ps.name == "wte.weight") {
+        // the tie: wte's and lm_head's gradients summed, wte updated and copied into lm_head, in one parallel pass
+        // (HostState::sync_tied's copy, split across the pool)
+        const std::int64_t head_offset = m.param(head, "lm_head.weight").offset;
+        const float* gh = std::as_const(st).grads(head).data() + head_offset;
+        float* wh = st.weights(head).data() + head_offset;
+        pool.update_tied(config, step, w + ps.offset, g + ps.offset, gh, mo + ps.offset, v + ps.offset, ps.numel, wh);
+        continue;
+      }
+      pool.update(config, step, w + ps.offset, g + ps.offset, mo + ps.offset, v + ps.offset, ps.numel);
+    }
+  }
 }
 
 }  // namespace harmony::backend

@@ -12,6 +12,15 @@
 
 namespace harmony::backend {
 
+class HostState;
+class ParallelAdamW;
+
+// HostState::update(config, first, last) with the element loops on `pool` (bit-identical: ParallelAdamW is
+// adamw_update element for element): AdamW per parameter, the tied wte updated with its two gradients summed
+// (layer 0's and the head's lm_head), the head's lm_head then a copy of it, each layer's step count advanced.
+// The executors' Update ops, and what the profiler times as a layer's host update.
+void update_layers(HostState& state, const AdamWConfig& config, int first, int last, ParallelAdamW& pool);
+
 // One step over n elements on the calling thread, vectorised (AVX2 when the CPU has it, else SSE2 on x86-64,
 // else scalar). Same contract and results, bit for bit, as adamw_update; the four arrays must not overlap.
 void adamw_update_vectorized(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,

@@ -7,14 +7,17 @@
 #include <array>
 #include <chrono>
 #include <climits>
+#include <cstddef>
 #include <memory>
 #include <random>
+#include <span>
 #include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/adamw_parallel.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/model/ops.hpp"
 #include "core/model/profile_write.hpp"
@@ -120,25 +123,23 @@ class LayerProfiler {
     Stream& s = *stream_;
     s.synchronize();
 
-    // Host data (outlives the copies: declared before the guard).
+    // Host data (outlives the copies: declared before the guard). The activations and their gradients are prefixes
+    // of noise drawn once per profile and grown on demand: drawing them per layer and size dominated a GPU profile
+    // (a GPT-2 medium at T = 1024: ~3 G normal draws, over 90 s on the first H200 run, for ~1 s of kernels).
     const auto n_tok = static_cast<std::size_t>(u) * static_cast<std::size_t>(T);
-    HostBuffer ids_in, ids_tgt, x_host, dy_host;
+    HostBuffer ids_in, ids_tgt;
     std::uniform_int_distribution<std::int32_t> token(0, V - 1);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const Bytes x_bytes = k == LayerKind::Embedding ? 0 : m_.input_bytes(l, u, T, dt);
+    const Bytes dy_bytes = bwd && k != LayerKind::Head ? m_.output_bytes(l, u, T, dt) : 0;
+    const std::span<const E> x_noise = noise<E>(x_noise_, x_bytes, 1.0f);
+    const std::span<const E> dy_noise = noise<E>(dy_noise_, dy_bytes, 0.01f);
     if (k == LayerKind::Embedding) {
       ids_in = HostBuffer(Bytes(n_tok) * kI);
       for (std::int32_t& t : ids_in.span<std::int32_t>()) t = token(rng_);
-    } else {
-      x_host = HostBuffer(m_.input_bytes(l, u, T, dt));
-      for (E& v : x_host.span<E>()) v = elem(normal(rng_));
     }
     if (k == LayerKind::Head) {
       ids_tgt = HostBuffer(Bytes(n_tok) * kI);
       for (std::int32_t& t : ids_tgt.span<std::int32_t>()) t = token(rng_);
-    }
-    if (bwd && k != LayerKind::Head) {
-      dy_host = HostBuffer(m_.output_bytes(l, u, T, dt));
-      for (E& v : dy_host.span<E>()) v = elem(0.01f * normal(rng_));
     }
 
     dev_.reset_peak();
@@ -157,9 +158,9 @@ class LayerProfiler {
     std::transform(state_.weights(l).begin(), state_.weights(l).end(), w_host.begin(), elem);
     dev_.copy_h2d(s, ptr(Slot::W), w_host.data(), m_.param_floats(l) * Bytes(sizeof(E)));
     if (ids_in.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::Tokens), ids_in.data(), ids_in.bytes());
-    if (x_host.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::X), x_host.data(), x_host.bytes());
+    if (x_bytes > 0) dev_.copy_h2d(s, ptr(Slot::X), x_noise.data(), x_bytes);
     if (ids_tgt.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::Targets), ids_tgt.data(), ids_tgt.bytes());
-    if (dy_host.bytes() > 0) dev_.copy_h2d(s, ptr(Slot::dY), dy_host.data(), dy_host.bytes());
+    if (dy_bytes > 0) dev_.copy_h2d(s, ptr(Slot::dY), dy_noise.data(), dy_bytes);
     if (bwd) dev_.fill_zero(s, ptr(Slot::dW), m_.param_floats(l) * Bytes(sizeof(E)));
     s.synchronize();
 
@@ -192,11 +193,35 @@ class LayerProfiler {
   }
 
  private:
+  // The first `bytes` of `cache` as elements of E: scale * N(0, 1) draws, extended (never redrawn) when a larger
+  // prefix is asked for, so each profile draws each element once. Called only with the stream idle (the copies
+  // that read the cache have finished), since growing it moves it.
+  template <class E>
+  std::span<const E> noise(std::vector<std::byte>& cache, Bytes bytes, float scale) {
+    const auto n = static_cast<std::size_t>(bytes) / sizeof(E);
+    const std::size_t have = cache.size() / sizeof(E);
+    if (n > have) {
+      cache.resize(n * sizeof(E));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      E* p = reinterpret_cast<E*>(cache.data());
+      for (std::size_t i = have; i < n; ++i) {
+        const float v = scale * normal(rng_);
+        if constexpr (std::is_same_v<E, Bf16>) {
+          p[i] = to_bf16(v);
+        } else {
+          p[i] = v;
+        }
+      }
+    }
+    return {reinterpret_cast<const E*>(cache.data()), n};
+  }
+
   Device& dev_;
   const Gpt2& m_;
   const HostState& state_;
   const ProfileOptions& opt_;
   std::mt19937_64 rng_;
+  std::vector<std::byte> x_noise_, dy_noise_;  // noise<E>()'s caches (one dtype per profile)
   std::unique_ptr<Stream> stream_;
 };
 
@@ -219,9 +244,12 @@ void validate(const Gpt2& model, const ProfileOptions& o) {
   o.adamw.validate();
 }
 
-// Times state.update(l, l) with synthetic gradients; restores the layer's weights, gradients, moments and
-// step count (and, for layer 0, the head's weights and gradients, which the tied update reads and writes).
-double time_update(HostState& state, int l, const ProfileOptions& o, std::mt19937_64& rng) {
+// Times layer l's host update as the executors run it (update_layers on a ParallelAdamW pool of the run's thread
+// count: timing the one-thread HostState::update instead made a GPT-2 medium's profile predict 1.5 s of updates
+// per step where the first H200 run measured 73 ms) with synthetic gradients; restores the layer's weights,
+// gradients, moments and step count (and, for layer 0, the head's weights and gradients, which the tied update
+// reads and writes).
+double time_update(HostState& state, int l, const ProfileOptions& o, ParallelAdamW& pool, std::mt19937_64& rng) {
   const Gpt2& m = state.model();
   const int head = m.head_layer();
   const auto copy = [](std::span<const float> s) { return std::vector<float>(s.begin(), s.end()); };
@@ -244,7 +272,7 @@ double time_update(HostState& state, int l, const ProfileOptions& o, std::mt1993
   std::vector<double> times;
   for (int i = 0; i < o.warmup + o.repeats; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    state.update(o.adamw, l, l);
+    update_layers(state, o.adamw, l, l, pool);
     const double t = seconds_since(t0);
     if (i >= o.warmup) times.push_back(t);
   }
@@ -342,9 +370,10 @@ ProfileResult profile_gpt2(Device& device, HostState& state, const ProfileOption
   }
 
   std::mt19937_64 rng(options.seed ^ 0x9E3779B97F4A7C15ULL);
+  ParallelAdamW pool(options.adamw_threads);
   for (int l = 0; l < R; ++l) {
     report(ProfileStage::Update, l, 0);
-    res.model.layers[static_cast<std::size_t>(l)].update_time_cpu_s = time_update(state, l, options, rng);
+    res.model.layers[static_cast<std::size_t>(l)].update_time_cpu_s = time_update(state, l, options, pool, rng);
   }
   res.model.validate();
   return res;

@@ -23,6 +23,7 @@ struct ProfileOptions {
   int warmup = 1;                 // untimed runs before the timed ones (>= 0)
   int repeats = 3;                // timed runs; the median is recorded (>= 1)
   AdamWConfig adamw;              // the optimizer whose host update is timed
+  int adamw_threads = 0;          // its thread pool, as the executor's (ExecutorOptions::adamw_threads; <= 0: all)
   std::uint64_t seed = 0;         // synthetic inputs, targets, output gradients and update gradients
   // Device storage of weights, activations and gradients: the layers run in this dtype and every byte count is
   // in its elements; the written profile records it ("dtype": "bf16"; nothing for fp32, which old profiles are).

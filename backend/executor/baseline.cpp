@@ -92,6 +92,7 @@ class BaselineInterpreter final : public Interpreter {
     pp_ = !core::is_data_parallel(p_.graph.plan.kind);  // pp-swap
     dt_ = opt_.dtype;
     es_ = dtype_bytes(dt_);
+    staging_chunk_bytes = opt_.staging_chunk_bytes;
     if (dt_ == DType::BF16)
       for (Device* dev : devs_) require_bf16(*dev, "executor");
     analyse();
@@ -193,16 +194,8 @@ class BaselineInterpreter final : public Interpreter {
   void sync(int o) { wait_unlocked(S(o)); }
   Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_, dt_); }
   Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_) * es_; }  // the forward's act of layer l
-  // bf16: [first, first + len) of layer l's fp32 master weights rounded to nearest even, for one copy up.
-  std::vector<Bf16> rounded_weights(int l, std::int64_t first, std::int64_t len) const {
-    const std::span<const float> w =
-        st_.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
-    std::vector<Bf16> out(w.size());
-    for (std::size_t i = 0; i < w.size(); ++i) out[i] = to_bf16(w[i]);
-    return out;
-  }
-  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: widened exactly), then waits
-  // for o's stream: the host reads the result.
+  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened
+  // exactly, Interpreter::stage_down), then returns: the host reads the result.
   void grads_down(int o, int d, float* dst, const void* src, std::int64_t count) {
     if (count == 0) return;
     if (dt_ == DType::F32) {
@@ -210,13 +203,11 @@ class BaselineInterpreter final : public Interpreter {
       sync(o);
       return;
     }
-    std::vector<Bf16> raw(static_cast<std::size_t>(count));
-    D(d).copy_d2h(S(o), raw.data(), src, count * es_);
-    sync(o);
-    for (std::size_t i = 0; i < raw.size(); ++i) dst[i] = to_f32(raw[i]);
+    const std::span<float> to(dst, static_cast<std::size_t>(count));
+    stage_down(qr_.queue(o), D(d), S(o), std::span<const std::span<float>>(&to, 1), src);
   }
-  // Copies `count` fp32 host gradient elements from (*sum)[first...] to device memory (bf16: rounded once),
-  // asynchronously: the host buffer the copy reads lives until o's stream has run it.
+  // Copies `count` fp32 host gradient elements from (*sum)[first...] to device memory (bf16: rounded once, staged
+  // up), asynchronously: an fp32 copy reads the sum, which lives until o's stream has run it.
   void grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum, std::int64_t first,
                 std::int64_t count) {
     const float* src = sum->data() + first;
@@ -225,10 +216,8 @@ class BaselineInterpreter final : public Interpreter {
       keep_until_done(o, sum);
       return;
     }
-    auto raw = std::make_shared<std::vector<Bf16>>(static_cast<std::size_t>(count));
-    for (std::size_t i = 0; i < raw->size(); ++i) (*raw)[i] = to_bf16(src[i]);
-    D(d).copy_h2d(S(o), dst, raw->data(), count * es_);
-    keep_until_done(o, raw);
+    const std::span<const float> from(src, static_cast<std::size_t>(count));
+    stage_up(qr_.queue(o), D(d), S(o), dst, std::span<const std::span<const float>>(&from, 1));
   }
   std::int64_t floats(int l) const { return m_.param_floats(l); }
   // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
@@ -680,10 +669,10 @@ class BaselineInterpreter final : public Interpreter {
         Tensor& w = sharded_ ? put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_)
                              : put(o, Key{d, TK::W, l, 0, 0}, floats(l) * es_);
         if (len == 0) break;
-        if (dt_ == DType::BF16) {
-          auto up = std::make_shared<std::vector<Bf16>>(rounded_weights(l, first, len));
-          D(d).copy_h2d(S(o), w.data(), up->data(), len * es_);
-          keep_until_done(o, up);  // the staging buffer outlives the copy
+        if (dt_ == DType::BF16) {  // the masters rounded to nearest even, staged up
+          const std::span<const float> from =
+              st_.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
+          stage_up(qr_.queue(o), D(d), S(o), w.data(), std::span<const std::span<const float>>(&from, 1));
         } else {  // read when the copy runs: the Updates that overwrite the masters wait for this op (host_wait)
           D(d).copy_h2d(S(o), w.data(), st_.weights(l).data() + first, len * kF);
         }

@@ -5,11 +5,13 @@
 // Harmony Programs: executor.cpp; the baselines' Programs: baseline.cpp (both in backend/executor/).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -147,9 +149,39 @@ class Interpreter {
   // Whether queued device work will still free memory of `device` (deferred frees not yet done).
   virtual bool frees_pending(const Device& /*device*/) { return false; }
 
+  // bf16 staging (docs/backend.md, "Mixed precision"): weights go up rounded from the fp32 masters, gradients
+  // come down widened into fp32, through two host buffers per queue (Device::alloc_host: pinned on CUDA, where a
+  // copy from pageable memory runs at a fraction of the link) of at most staging_chunk_bytes, used in turn, so the
+  // host rounds or widens one chunk while the link moves the other, in bounded host memory. The rounding and
+  // widening run on up to 16 threads. A queue's ops run one at a time, so its buffers need no lock of their own;
+  // each buffer's event marks the last copy that used it, waited for (with mutex() released) before the host
+  // touches the buffer again. The bits are those of rounding and widening element by element.
+  //
+  // stage_up: `src` (fp32 spans, concatenated) rounded to bf16 and copied to `dst` (device memory of `device`) on
+  // `stream`; returns once the host has filled its last chunk (the source may change afterwards).
+  void stage_up(std::size_t queue, Device& device, Stream& stream, void* dst,
+                std::span<const std::span<const float>> src);
+  // stage_down: the bf16 elements at `src` (device memory, as many as `dst` holds) copied down on `stream` and
+  // widened into `dst` (fp32 spans, concatenated); returns once they are all there.
+  void stage_down(std::size_t queue, Device& device, Stream& stream, std::span<const std::span<float>> dst,
+                  const void* src);
+  Bytes staging_chunk_bytes = Bytes{32} << 20;  // ExecutorOptions::staging_chunk_bytes
+
  private:
+  struct StagingSlot {
+    HostBuffer buf;
+    std::unique_ptr<Event> done;
+  };
+  struct StagingRing {
+    std::array<StagingSlot, 2> slots;
+    int next = 0;
+  };
+  // The queue's next buffer, holding at least `bytes`, once the copy that used it last has run.
+  StagingSlot& staging_slot(std::size_t queue, Device& device, Bytes bytes);
+
   std::mutex mu_;
   int mem_waiters_ = 0;  // ops of this step sleeping in alloc_or_wait (under mu_)
+  std::map<std::size_t, StagingRing> staging_;
 };
 
 // One training step over the Program's queues on the calling thread: a queue's head runs when it and every
@@ -303,9 +335,9 @@ class QueueResources {
   void collect();
   // Whether frees of `device` are deferred and not yet done (collects first).
   bool frees_pending(const Device& device);
+  std::size_t queue(int op) const;  // the Program queue op runs on (the index of its stream)
 
  private:
-  std::size_t queue(int op) const;
   const core::Program& p_;
   std::vector<Device*> devs_;
   Communicator* comm_ = nullptr;                       // ExecutorOptions::communicator
@@ -324,10 +356,5 @@ class QueueResources {
   std::vector<Retired> retired_;                            // retire's, not yet destroyed
   std::vector<std::shared_ptr<std::atomic<int>>> pending_;  // per device: release_after's, not yet run
 };
-
-// HostState::update(config, first, last) with the element loops on `pool` (bit-identical: ParallelAdamW is
-// adamw_update element for element): AdamW per parameter, the tied wte updated with its two gradients summed
-// (layer 0's and the head's lm_head), the head's lm_head then a copy of it, each layer's step count advanced.
-void update_layers(HostState& state, const AdamWConfig& config, int first, int last, ParallelAdamW& pool);
 
 }  // namespace harmony::backend::detail

@@ -507,39 +507,122 @@ void QueueResources::synchronize() {
   if (first) std::rethrow_exception(first);
 }
 
-void update_layers(HostState& st, const AdamWConfig& config, int first, int last, ParallelAdamW& pool) {
-  config.validate();
-  const Gpt2& m = st.model();
-  if (first < 0 || last >= m.num_layers() || first > last)
-    throw BackendError(
-        fmt::format("host state: update of layers {}..{} outside 0..{}", first, last, m.num_layers() - 1));
-  const int head = m.head_layer();
-  for (int l = first; l <= last; ++l) {
-    const std::int64_t step = st.steps(l) + 1;
-    st.set_steps(l, step);
-    float* w = st.weights(l).data();
-    float* mo = st.exp_avg(l).data();
-    float* v = st.exp_avg_sq(l).data();
-    const float* g = st.grads(l).data();
-    for (const ParamSpec& ps : m.params(l)) {
-      if (!ps.tied_to.empty()) continue;  // lm_head: updated through layer 0's wte
-      if (l == 0 && ps.name == "wte.weight") {
-        // the tie: wte's and lm_head's gradients summed, wte updated and copied into lm_head, in one parallel pass
-        // (HostState::sync_tied's copy, split across the pool)
-        const std::int64_t head_offset = m.param(head, "lm_head.weight").offset;
-        const float* gh = std::as_const(st).grads(head).data() + head_offset;
-        float* wh = st.weights(head).data() + head_offset;
-        pool.update_tied(config, step, w + ps.offset, g + ps.offset, gh, mo + ps.offset, v + ps.offset, ps.numel, wh);
-        continue;
-      }
-      pool.update(config, step, w + ps.offset, g + ps.offset, mo + ps.offset, v + ps.offset, ps.numel);
+// --- bf16 staging (Interpreter::stage_up / stage_down) ---
+
+Interpreter::StagingSlot& Interpreter::staging_slot(std::size_t queue, Device& device, Bytes bytes) {
+  StagingRing& ring = staging_[queue];
+  StagingSlot& slot = ring.slots[static_cast<std::size_t>(ring.next)];
+  ring.next ^= 1;
+  if (slot.done) unlocked([&] { slot.done->synchronize(); });  // the copy that used it last has run
+  if (slot.buf.bytes() < bytes) slot.buf = device.alloc_host(bytes, fmt::format("bf16 staging of queue {}", queue));
+  if (!slot.done) slot.done = device.create_event();
+  return slot;
+}
+
+namespace {
+
+// fn(begin, end) over [0, n) in contiguous chunks on up to 16 threads (the calling one among them): the bf16
+// staging's element-wise rounding and widening, memory-bound work one core does at a fraction of the host's
+// bandwidth. Serial below 1M elements, where starting threads costs more than it saves. fn must not throw.
+template <class F>
+void parallel_chunks(std::int64_t n, F&& fn) {
+  constexpr std::int64_t kMinChunk = std::int64_t{1} << 20;
+  const std::int64_t hw = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
+  const std::int64_t parts = std::clamp<std::int64_t>(n / kMinChunk, 1, std::min<std::int64_t>(hw, 16));
+  if (parts == 1) {
+    fn(std::int64_t{0}, n);
+    return;
+  }
+  const std::int64_t step = (n + parts - 1) / parts;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(parts - 1));
+  for (std::int64_t k = 1; k < parts; ++k)
+    threads.emplace_back([&fn, k, step, n] { fn(k * step, std::min(n, (k + 1) * step)); });
+  fn(std::int64_t{0}, std::min(n, step));
+  for (std::thread& t : threads) t.join();
+}
+
+std::int64_t total_size(auto spans) {
+  std::int64_t n = 0;
+  for (const auto& sp : spans) n += static_cast<std::int64_t>(sp.size());
+  return n;
+}
+
+// fn(span_index, offset in that span, offset in the concatenation, count) over the pieces of the concatenated
+// spans that [begin, begin + n) covers, in order.
+template <class Spans, class F>
+void for_pieces(const Spans& spans, std::int64_t begin, std::int64_t n, F&& fn) {
+  std::int64_t base = 0;
+  for (std::size_t k = 0; k < spans.size() && n > 0; ++k) {
+    const auto size = static_cast<std::int64_t>(spans[k].size());
+    if (begin < base + size) {
+      const std::int64_t off = begin - base, take = std::min(n, size - off);
+      fn(k, off, begin, take);
+      begin += take;
+      n -= take;
     }
+    base += size;
+  }
+}
+
+std::int64_t chunk_elems(Bytes chunk_bytes) {
+  return std::max<std::int64_t>(1, chunk_bytes / static_cast<Bytes>(sizeof(Bf16)));
+}
+
+}  // namespace
+
+void Interpreter::stage_up(std::size_t queue, Device& device, Stream& stream, void* dst,
+                           std::span<const std::span<const float>> src) {
+  const std::int64_t total = total_size(src), chunk = chunk_elems(staging_chunk_bytes);
+  for (std::int64_t b = 0; b < total; b += chunk) {
+    const std::int64_t n = std::min(chunk, total - b);
+    StagingSlot& slot = staging_slot(queue, device, n * static_cast<Bytes>(sizeof(Bf16)));
+    Bf16* out = slot.buf.as<Bf16>();
+    for_pieces(src, b, n, [&](std::size_t k, std::int64_t off, std::int64_t at, std::int64_t count) {
+      const float* in = src[k].data() + off;
+      Bf16* o = out + (at - b);
+      parallel_chunks(count, [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) o[i] = to_bf16(in[i]);
+      });
+    });
+    device.copy_h2d(stream, static_cast<Bf16*>(dst) + b, out, n * static_cast<Bytes>(sizeof(Bf16)));
+    stream.record(*slot.done);
+  }
+}
+
+void Interpreter::stage_down(std::size_t queue, Device& device, Stream& stream, std::span<const std::span<float>> dst,
+                             const void* src) {
+  const std::int64_t total = total_size(dst), chunk = chunk_elems(staging_chunk_bytes);
+  const auto* from = static_cast<const Bf16*>(src);
+  const auto issue = [&](std::int64_t b) -> StagingSlot* {
+    if (b >= total) return nullptr;
+    const std::int64_t n = std::min(chunk, total - b);
+    StagingSlot& slot = staging_slot(queue, device, n * static_cast<Bytes>(sizeof(Bf16)));
+    device.copy_d2h(stream, slot.buf.data(), from + b, n * static_cast<Bytes>(sizeof(Bf16)));
+    stream.record(*slot.done);
+    return &slot;
+  };
+  StagingSlot* cur = issue(0);
+  for (std::int64_t b = 0; b < total; b += chunk) {
+    StagingSlot* next = issue(b + chunk);  // the link brings the next chunk while the host widens this one
+    unlocked([&] { cur->done->synchronize(); });
+    const Bf16* in = cur->buf.as<Bf16>();
+    for_pieces(dst, b, std::min(chunk, total - b),
+               [&](std::size_t k, std::int64_t off, std::int64_t at, std::int64_t count) {
+                 float* o = dst[k].data() + off;
+                 const Bf16* i_ = in + (at - b);
+                 parallel_chunks(count, [&](std::int64_t i0, std::int64_t i1) {
+                   for (std::int64_t i = i0; i < i1; ++i) o[i] = to_f32(i_[i]);
+                 });
+               });
+    cur = next;
   }
 }
 
 }  // namespace detail
 
 namespace {
+
 using core::OpKind;
 
 // Device tensors: activation at the input of layer l (Act), stash (Stash), gradient of the input of layer l
@@ -597,6 +680,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     T = opt.seq_len;
     dt = opt.dtype;
     es = dtype_bytes(dt);
+    staging_chunk_bytes = opt.staging_chunk_bytes;
     if (dt == DType::BF16)
       for (Device* dev_ptr : devs) require_bf16(*dev_ptr, "executor");
     if (p.graph.plan.kind == core::PlanKind::HarmonyDP && static_cast<int>(p.devices.size()) != p.num_devices())
@@ -951,15 +1035,10 @@ class HarmonyInterpreter final : public detail::Interpreter {
     switch (op.kind) {
       case OpKind::WB: {
         DevTensor& w = make(o, d, DevKey{DK::W, op.task, 0, 0}, w_floats(op.layers) * es);
-        if (dt == DType::BF16) {  // the fp32 masters rounded to nearest even on the host, then one copy
-          auto up = std::make_shared<std::vector<Bf16>>(static_cast<std::size_t>(w_floats(op.layers)));
-          for (int l = lf; l <= ll; ++l) {
-            const auto src = st.weights(l);
-            Bf16* dst = up->data() + w_offset(op.layers, l);
-            for (std::size_t i = 0; i < src.size(); ++i) dst[i] = to_bf16(src[i]);
-          }
-          D(d).copy_h2d(S(o), w.buf.data(), up->data(), w.buf.bytes());
-          keep_until_done(o, up);  // the staging buffer outlives the copy
+        if (dt == DType::BF16) {  // the fp32 masters rounded to nearest even on the host, staged up
+          std::vector<std::span<const float>> src;
+          for (int l = lf; l <= ll; ++l) src.push_back(st.weights(l));
+          stage_up(qr.queue(o), D(d), S(o), w.buf.data(), src);
           return;
         }
         // The host masters are read when the copy runs: the Updates that overwrite them wait for this op's event
@@ -1058,15 +1137,13 @@ class HarmonyInterpreter final : public detail::Interpreter {
           scratch = &dwb_scratch[o];
           scratch->resize(static_cast<std::size_t>(w_floats(op.layers)));
         }
-        if (dt == DType::BF16) {  // one copy of the pack's bf16 gradients, widened exactly on the host
-          std::vector<Bf16> down(static_cast<std::size_t>(w_floats(op.layers)));
-          D(d).copy_d2h(S(o), down.data(), g.buf.data(), g.buf.bytes());
-          sync(o);  // the host widens what the copy brings: it waits for this op's stream (its own work)
-          for (int l = lf; l <= ll; ++l) {
-            float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
-            const Bf16* src = down.data() + w_offset(op.layers, l);
-            for (std::int64_t i = 0; i < m.param_floats(l); ++i) dst[i] = to_f32(src[i]);
-          }
+        if (dt == DType::BF16) {  // the pack's bf16 gradients staged down, widened exactly on the host
+          std::vector<std::span<float>> dst;
+          for (int l = lf; l <= ll; ++l)
+            dst.push_back(scratch != nullptr ? std::span<float>(scratch->data() + w_offset(op.layers, l),
+                                                                static_cast<std::size_t>(m.param_floats(l)))
+                                             : st.grads(l));
+          stage_down(qr.queue(o), D(d), S(o), dst, g.buf.data());
         } else {
           for (int l = lf; l <= ll; ++l) {
             float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
@@ -1088,7 +1165,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
         // updated once per pack, by the owner. AdamW runs unlocked: what it touches (the pack's host weights,
         // gradients and moments; for layer 0 also the head's lm_head gradient and weight) no other op touches
         // until the next step — the deps order the pack's WBs and dWBs before it, tie_edges the head's dWB.
-        if (owns_update(op)) unlocked([&] { detail::update_layers(st, opt.adamw, lf, ll, qr.adamw(o)); });
+        if (owns_update(op)) unlocked([&] { update_layers(st, opt.adamw, lf, ll, qr.adamw(o)); });
         return;
       }
       case OpKind::DEL: {

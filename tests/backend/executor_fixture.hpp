@@ -115,7 +115,7 @@ struct Setup {
 // s.comm), null: on the host. devices: what the executor runs on (null: s.ptrs).
 inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* steps = nullptr, bool concurrent = true,
                   DType dtype = DType::F32, int run_ahead = 1, Communicator* comm = nullptr,
-                  const std::vector<Device*>* devices = nullptr) {
+                  const std::vector<Device*>* devices = nullptr, Bytes staging_chunk_bytes = Bytes{32} << 20) {
   const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
   Executor ex(prog, devices != nullptr ? *devices : s.ptrs, *s.state,
               {.seq_len = kT,
@@ -123,6 +123,7 @@ inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* 
                .concurrent = concurrent,
                .run_ahead = run_ahead,
                .dtype = dtype,
+               .staging_chunk_bytes = staging_chunk_bytes,
                .communicator = comm});
   Result r;
   std::vector<std::int32_t> in, tgt;
