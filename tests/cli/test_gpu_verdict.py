@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Tests of scripts/gpu_verdict.py, gpu-check.sh's verdict, on recorded outputs (tests/data/gpu-check/): a complete
-passing run, the real output of gpu-check.sh on a machine without a GPU, and failing variants made by changing one
+passing run, the real output of gpu-check.sh on a machine without a GPU and on the first H200 it ran on (its
+recorded table reproduced row for row), and failing variants made by changing one
 recorded file at a time (an old driver, a test that skips itself on a GPU, slow copies, low MFU, bf16 missing, a
 NaN loss, CUDA losses off the CPU's, a step cut by the deadline, a wrong harmony-sim prediction, a slow capped run,
 a missing file). Every failure must give exit 1 and FAILED in its row; the passing run exit 0. Needs no GPU."""
@@ -221,6 +222,21 @@ def main():
         r = subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu-check.sh")], capture_output=True, text=True,
                            timeout=60)
         check("gpu-check.sh without OUT_DIR: usage, exit 2", r.returncode == 2 and "usage" in r.stderr, r.stderr)
+
+        # --- the first recorded H200 run (2026-12-04, docs/benchmarks.md "GPU check"): the verdict on its outputs
+        # is the table that run printed, row for row, with the five rows it failed
+        real = os.path.join(DATA, "h200-2026-12-04")
+        r, rows = verdict(real)
+        recorded = {}
+        for line in open(os.path.join(real, "table.md")):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 3 and cells[1] in ("PASSED", "FAILED", "SKIPPED"):
+                recorded[cells[0]] = (cells[1], cells[2])
+        check("h200 run: exit 1", r.returncode == 1, r.stdout)
+        check("h200 run: the recorded table, row for row", rows == recorded, (rows, recorded))
+        failed = sorted(k for k, (v, _) in rows.items() if v == "FAILED")
+        check("h200 run: five rows failed", len(failed) == 5, failed)
+        check("h200 run: MFU 3.5%", "MFU 3.5%" in rows.get("in-memory MFU >= 35% of dense BF16 peak", ("", ""))[1], rows)
 
         # --- usage
         r, _ = verdict(os.path.join(tmp, "does-not-exist"))
