@@ -20,7 +20,7 @@ class NativeEngine final : public Engine {
       : model_(model), machine_(machine), options_(options) {}
   core::CostModelKind kind() const override { return core::CostModelKind::Native; }
   EngineResult run(const core::Program& program) const override;
-  // run_native_within: nullopt when native_lower_bound_ps exceeds the cutoff
+  // run_native_within: nullopt when native_lower_bound_ps exceeds the cutoff, or the run passes it unfinished
   std::optional<EngineResult> run_within(const core::Program& program, double cutoff_s) const override;
   // native_task_bound_ps
   double task_bound_s(const core::TaskGraph& graph, const std::vector<int>& ranks) const override;

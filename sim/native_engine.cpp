@@ -440,10 +440,20 @@ class FlowEngine {
   // rendezvous pairs with every activity priced alone. A running flow's max-min fair rate never exceeds its rate
   // alone (its own cap and each link's capacity over its coefficient), copy-engine waits and hand-offs only add,
   // so no op ends before the chain's bound on it. Ops never reached (a deadlock) do not count.
-  TimePs lower_bound() const {
+  //
+  // with_tails: also each op's tail (tail_), the time from its becoming ready to the end of the iteration that the
+  // same pricing cannot beat (its own activity alone, then its longest chain of successors to an op of a reported
+  // GPU; -inf where no such op follows), which run_until checks as ops become ready.
+  TimePs lower_bound(bool with_tails = false) {
     const std::size_t n = p_.ops.size();
     std::vector<double> ready(n, 0.0);  // picoseconds, the latest end of a predecessor
     const std::vector<char> counted = counted_devices();
+    struct Visit {
+      int op, peer;
+      double t;
+    };
+    std::vector<Visit> order;
+    if (with_tails) order.reserve(n);
     double end = 0.0;
     // every link carries its flows' work within the iteration, every copy engine its DMA stages one slot at a time
     // (only when every GPU with ops is counted: an uncounted GPU's op may end after the counted ones)
@@ -471,7 +481,25 @@ class FlowEngine {
         if (d >= 0 && z(d) < counted.size() && counted[z(d)]) end = std::max(end, fin);
         for (const int s : graph_.successors(o)) ready[z(s)] = std::max(ready[z(s)], fin);
       }
+      if (with_tails) order.push_back({op, peer, t});
     });
+    if (with_tails) {
+      const double none = -std::numeric_limits<double>::infinity();
+      tail_.assign(n, none);
+      for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        double after = none;  // the longest tail among the pair's successors
+        bool reported = false;
+        for (int o : {it->op, it->peer}) {
+          if (o < 0) continue;
+          const int d = p_.ops[z(o)].device;
+          reported = reported || (d >= 0 && z(d) < counted.size() && counted[z(d)]);
+          for (const int s : graph_.successors(o)) after = std::max(after, tail_[z(s)]);
+        }
+        const double tail = std::max(reported ? it->t : none, it->t + after);
+        for (int o : {it->op, it->peer})
+          if (o >= 0) tail_[z(o)] = tail;
+      }
+    }
     if (all_counted && !opt_.serial && opt_.contention) {
       for (std::size_t l = 0; l < cap_.size(); ++l) {
         if (std::isfinite(cap_[l]) && cap_[l] > 0) end = std::max(end, link_work[l] / cap_[l] * kPs);
@@ -484,14 +512,20 @@ class FlowEngine {
     return static_cast<TimePs>(std::floor(end * (1.0 - 1e-9)));
   }
 
-  NativeResult run() {
+  NativeResult run() { return *run_until(-1); }
+
+  // run(), abandoned (nullopt) once the iteration is known to end after `cutoff` ps (-1: never): when an op
+  // becomes ready at a time that its tail (lower_bound(true), which must have run) carries past the cutoff. The
+  // bound's relative margin and a picosecond keep a tie (an iteration ending exactly at the cutoff) running.
+  std::optional<NativeResult> run_until(TimePs cutoff) {
+    cutoff_ = cutoff >= 0 && tail_.size() == p_.ops.size() ? cutoff : -1;
     const std::size_t n = p_.ops.size();
     for (std::size_t i = 0; i < n; ++i) {
       if (pending_[i] == 0) became_ready(static_cast<int>(i));
     }
     start_pending();
     if (dirty_) recompute();
-    while (!heap_.empty()) {
+    while (!heap_.empty() && !past_cutoff_) {
       const TimePs t = heap_.top().t;
       if (t < now_)
         throw core::InternalError(fmt::format("an event at {} ps is before the current time {} ps", t, now_));
@@ -504,6 +538,7 @@ class FlowEngine {
       start_pending();
       if (dirty_) recompute();
     }
+    if (past_cutoff_) return std::nullopt;
     finish();
     return std::move(r_);
   }
@@ -529,6 +564,8 @@ class FlowEngine {
 
   void became_ready(int op) {
     r_.ready_ps[z(op)] = now_;
+    if (cutoff_ >= 0 && (static_cast<double>(now_) + tail_[z(op)]) * (1.0 - 1e-9) > static_cast<double>(cutoff_) + 1.0)
+      past_cutoff_ = true;
     const int peer = p_.ops[z(op)].peer;
     if (peer >= 0) {
       if (r_.ready_ps[z(peer)] < 0) return;  // the peer will launch the pair
@@ -1334,6 +1371,9 @@ class FlowEngine {
   double nsim_ = 1;
   TimePs latency_ps_ = 0;
   TimePs now_ = 0;
+  std::vector<double> tail_;  // lower_bound(true): per op, ps from its ready time to the iteration's end, at least
+  TimePs cutoff_ = -1;        // run_until's
+  bool past_cutoff_ = false;  // an op became ready too late to end the iteration by cutoff_
   std::uint64_t seq_ = 0;
   bool dirty_ = false;
   std::vector<double> cap_;
@@ -1388,8 +1428,8 @@ std::optional<NativeResult> run_native_within(const Program& program, const core
                                               const core::MachineSpec& machine, const NativeOptions& options,
                                               TimePs cutoff_ps) {
   FlowEngine engine(program, model, machine, options);
-  if (engine.lower_bound() > cutoff_ps) return std::nullopt;
-  return engine.run();
+  if (engine.lower_bound(true) > cutoff_ps) return std::nullopt;
+  return engine.run_until(cutoff_ps);
 }
 
 }  // namespace harmony::sim

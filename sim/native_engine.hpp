@@ -177,7 +177,10 @@ core::TimePs native_lower_bound_ps(const core::Program& program, const core::Mod
 // only add.
 core::TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>& ranks, const core::Model& model,
                                   const core::MachineSpec& machine, const NativeOptions& options = {});
-// run_native, unless native_lower_bound_ps already exceeds `cutoff_ps` (nullopt: the run could not end by then).
+// run_native, unless native_lower_bound_ps already exceeds `cutoff_ps`, or, while it runs, an op becomes ready at a
+// time that its tail (its activity alone, then its longest chain of successors to an op of a reported GPU, priced
+// as that bound prices them) carries past `cutoff_ps` (nullopt either way: the iteration cannot end by then; a
+// Program that would deadlock later is abandoned the same way, so a search counts it as pruned).
 std::optional<NativeResult> run_native_within(const core::Program& program, const core::Model& model,
                                               const core::MachineSpec& machine, const NativeOptions& options,
                                               core::TimePs cutoff_ps);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 #include <tuple>
 
@@ -388,7 +389,7 @@ TEST_CASE("branch and bound: the native bound never exceeds a run, and the bound
       {"paper-1080ti", "", core::PlanKind::HarmonyDP, 2, 8},
       {"cpu-4x-calibrated", "", core::PlanKind::HarmonyPP, 2, 8, 10 * core::kGiB},
   };
-  std::size_t pruned = 0, checked = 0;
+  std::size_t pruned = 0, checked = 0, abandoned = 0;
   double pipeline_task = 0, pipeline_chain = 0;  // the bounds summed over the pipelines' candidates
   for (const auto& c : cases) {
     const std::string machine = c.machine;
@@ -423,8 +424,21 @@ TEST_CASE("branch and bound: the native bound never exceeds a run, and the bound
         pipeline_task += static_cast<double>(task_bound);
         pipeline_chain += static_cast<double>(bound);
       }
-      // a run whose cutoff is the bound itself is never declined
-      CHECK(sim::run_native_within(program, model, m, {}, bound).has_value());
+      // a run whose cutoff is its own iteration time is never abandoned, neither by the bound before it starts nor
+      // by an op's tail while it runs (both are sound), and gives the full run's timeline; between the bound and
+      // the iteration time a run is either abandoned or complete
+      const auto whole = sim::run_native(program, model, m);
+      const auto own = static_cast<core::TimePs>(std::floor(r.iteration_time_s * 1e12));
+      const auto at_own = sim::run_native_within(program, model, m, {}, own);
+      REQUIRE(at_own.has_value());
+      CHECK(at_own->timeline.end_ps == whole.timeline.end_ps);
+      const auto between = sim::run_native_within(program, model, m, {}, bound + (own - bound) / 2);
+      if (between) {
+        CHECK(between->timeline.end_ps == whole.timeline.end_ps);
+      } else {
+        ++abandoned;
+      }
+      CHECK_FALSE(sim::run_native_within(program, model, m, {}, bound / 2).has_value());  // declined before it runs
       ++checked;
     }
     auto full = [&](const core::Plan& p) { return sim::evaluate_plan(*engine, model, p, lower).report; };
@@ -460,6 +474,8 @@ TEST_CASE("branch and bound: the native bound never exceeds a run, and the bound
   }
   CHECK(checked > 100);
   CHECK(pruned > 0);  // the bound does skip candidates (most of them on the pipelines here)
+  MESSAGE(abandoned, " of ", checked, " runs abandoned in flight at a cutoff halfway from the bound to the time");
+  CHECK(abandoned > 0);  // the tails do stop runs that cannot make the cutoff
   // the P2P edges carry the pipelines' fill and drain: 0.84 of the chain bound here, 0.70 from the queues alone
   CHECK(pipeline_task / pipeline_chain > 0.78);
 }
