@@ -85,6 +85,10 @@ class Interpreter {
   // pre-flight; allocate_host() allocates them (pinned where the devices pin) after that check.
   virtual Bytes host_bytes() const { return 0; }
   virtual void allocate_host() {}
+  // What stage_up / stage_down will allocate for `program` at most (bf16 only; 0 otherwise): per queue that runs a
+  // WB, dWB, ARD or RS, two buffers of min(staging_chunk_bytes, its largest such transfer). For the pinned
+  // pre-flight; conservative where a collective sums on the devices and stages nothing.
+  static Bytes staging_bytes(const core::Program& program, const ExecutorOptions& options);
 
   std::mutex& mutex() { return mu_; }
 

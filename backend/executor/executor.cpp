@@ -571,6 +571,22 @@ std::int64_t chunk_elems(Bytes chunk_bytes) {
 
 }  // namespace
 
+Bytes Interpreter::staging_bytes(const core::Program& program, const ExecutorOptions& options) {
+  if (options.dtype != DType::BF16) return 0;
+  std::map<int, Bytes> largest;  // per queue
+  for (const core::Op& op : program.ops) {
+    if (op.kind != core::OpKind::WB && op.kind != core::OpKind::dWB && op.kind != core::OpKind::ARD &&
+        op.kind != core::OpKind::RS)
+      continue;
+    Bytes& b = largest[op.queue];
+    b = std::max(b, op.bytes);
+  }
+  const Bytes chunk = chunk_elems(options.staging_chunk_bytes) * static_cast<Bytes>(sizeof(Bf16));
+  Bytes total = 0;
+  for (const auto& [queue, bytes] : largest) total += 2 * std::min(chunk, bytes);
+  return total;
+}
+
 void Interpreter::stage_up(std::size_t queue, Device& device, Stream& stream, void* dst,
                            std::span<const std::span<const float>> src) {
   const std::int64_t total = total_size(src), chunk = chunk_elems(staging_chunk_bytes);
@@ -1461,13 +1477,13 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
   auto interpreter = is_baseline_program(program) ? detail::make_baseline_interpreter(program, devices, state, options)
                                                   : detail::make_harmony_interpreter(program, devices, state, options);
   // Pinned host memory (CUDA; nothing on the CPU device): HostState's weights (every WB reads them) and gradients
-  // (every dWB writes them), and the interpreter's stash/swap channels, checked once as a total so a plan that
-  // cannot pin is refused with the numbers before anything is pinned. The AdamW moments never cross the bus:
+  // (every dWB writes them), the interpreter's stash/swap channels and its bf16 staging, checked once as a total so a
+  // plan that cannot pin is refused with the numbers before anything is pinned. The AdamW moments never cross the bus:
   // pinning them would only shrink the budget. All through devices[0]: registrations are portable to every GPU.
   Bytes state_bytes = 0;
   for (int l = 0; l < m.num_layers(); ++l) state_bytes += 2 * m.param_floats(l) * Bytes{sizeof(float)};
-  first.check_pinnable(state_bytes + interpreter->host_bytes(), "the host weights, gradients and stash/swap buffers",
-                       options.pinned_limit);
+  first.check_pinnable(state_bytes + interpreter->host_bytes() + detail::Interpreter::staging_bytes(program, options),
+                       "the host weights, gradients, stash/swap buffers and bf16 staging", options.pinned_limit);
   std::vector<std::shared_ptr<void>> pins;
   for (int l = 0; l < m.num_layers(); ++l) {
     const auto w = state.weights(l), g = state.grads(l);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -155,6 +156,50 @@ TEST_CASE("pinned_limit: the executor refuses a Program whose host buffers excee
   CHECK(hi > weights_and_grads);
   CHECK_FALSE(builds(hi - 1));
   CHECK(builds(hi));
+}
+
+// The bf16 staging (Interpreter::stage_up / stage_down) counts in the same total: per queue that moves weights or
+// gradients, two buffers of the smaller of staging_chunk_bytes and the queue's largest transfer. The smallest limit
+// the executor accepts moves by exactly that difference between two chunk sizes (0 if the staging were left out).
+TEST_CASE("pinned_limit: the bf16 staging buffers count in the pre-flight") {
+  Setup s(2);
+  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 2, 1, 1, true, DType::BF16);
+  std::map<int, Bytes> largest;
+  for (const core::Op& op : prog.ops) {
+    if (op.kind == core::OpKind::WB || op.kind == core::OpKind::dWB) {
+      Bytes& b = largest[op.queue];
+      b = std::max(b, op.bytes);
+    }
+  }
+  REQUIRE(largest.size() >= 2);
+  const auto smallest_limit = [&](Bytes chunk) {
+    auto builds = [&](Bytes limit) {
+      try {
+        Executor ex(prog, s.ptrs, *s.state,
+                    {.seq_len = kT,
+                     .adamw = kAdamW,
+                     .pinned_limit = limit,
+                     .dtype = DType::BF16,
+                     .staging_chunk_bytes = chunk});
+        return true;
+      } catch (const DeviceError& e) {
+        CHECK(std::string(e.what()).find("bf16 staging") != std::string::npos);
+        return false;
+      }
+    };
+    Bytes lo = 1, hi = Bytes{1} << 40;
+    REQUIRE(builds(hi));
+    while (hi - lo > 1) {
+      const Bytes mid = lo + (hi - lo) / 2;
+      (builds(mid) ? hi : lo) = mid;
+    }
+    return hi;
+  };
+  Bytes expected = 0;
+  for (const auto& [queue, bytes] : largest)
+    expected += 2 * (std::min<Bytes>(4096, bytes) - std::min<Bytes>(64, bytes));
+  CHECK(expected > 0);
+  CHECK(smallest_limit(4096) - smallest_limit(64) == expected);
 }
 
 // Not by luck: the check is static (the producer of every tensor read must be an ancestor of the reader
