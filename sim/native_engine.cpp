@@ -448,6 +448,10 @@ class FlowEngine {
     const std::size_t n = p_.ops.size();
     std::vector<double> ready(n, 0.0);  // picoseconds, the latest end of a predecessor
     const std::vector<char> counted = counted_devices();
+    const auto reported = [&](int op) {
+      const int d = p_.ops[z(op)].device;
+      return d >= 0 && z(d) < counted.size() && counted[z(d)] != 0;
+    };
     struct Visit {
       int op, peer;
       double t;
@@ -458,8 +462,7 @@ class FlowEngine {
     // every link carries its flows' work within the iteration, every copy engine its DMA stages one slot at a time
     // (only when every GPU with ops is counted: an uncounted GPU's op may end after the counted ones)
     bool all_counted = true;
-    for (const Op& o : p_.ops)
-      all_counted = all_counted && o.device >= 0 && z(o.device) < counted.size() && counted[z(o.device)];
+    for (std::size_t i = 0; i < n; ++i) all_counted = all_counted && reported(static_cast<int>(i));
     std::vector<double> link_work(cap_.size(), 0.0);
     std::vector<double> engine_ps(engines_.size(), 0.0);
     walk_chain([&](int op, int peer) {
@@ -477,8 +480,7 @@ class FlowEngine {
       const double fin = std::max(ready[z(op)], peer >= 0 ? ready[z(peer)] : 0.0) + t;
       for (int o : {op, peer}) {
         if (o < 0) continue;
-        const int d = p_.ops[z(o)].device;
-        if (d >= 0 && z(d) < counted.size() && counted[z(d)]) end = std::max(end, fin);
+        if (reported(o)) end = std::max(end, fin);
         for (const int s : graph_.successors(o)) ready[z(s)] = std::max(ready[z(s)], fin);
       }
       if (with_tails) order.push_back({op, peer, t});
@@ -487,15 +489,14 @@ class FlowEngine {
       const double none = -std::numeric_limits<double>::infinity();
       tail_.assign(n, none);
       for (auto it = order.rbegin(); it != order.rend(); ++it) {
-        double after = none;  // the longest tail among the pair's successors
-        bool reported = false;
+        double after = none;          // the longest tail among the pair's successors
+        bool ends_iteration = false;  // the pair has an op on a reported GPU
         for (int o : {it->op, it->peer}) {
           if (o < 0) continue;
-          const int d = p_.ops[z(o)].device;
-          reported = reported || (d >= 0 && z(d) < counted.size() && counted[z(d)]);
+          ends_iteration = ends_iteration || reported(o);
           for (const int s : graph_.successors(o)) after = std::max(after, tail_[z(s)]);
         }
-        const double tail = std::max(reported ? it->t : none, it->t + after);
+        const double tail = std::max(ends_iteration ? it->t : none, it->t + after);
         for (int o : {it->op, it->peer})
           if (o >= 0) tail_[z(o)] = tail;
       }

@@ -41,14 +41,14 @@ void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int
                                     c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// C (bf16, m x n, ldc = m) += op(A) op(B) with one rounding: the product in fp32 scratch (cuBLAS with an fp32 C
-// rounds nothing), then c = round(widen(c) + product) by kern::add_f32_rounded. cublasGemmEx with beta = 1 on a
-// bf16 C rounds the product to bf16 before adding C (measured on an H200, CUDA 13.0: bias + product off by the
+// C (bf16, m x n, contiguous: ldc = m) += op(A) op(B) with one rounding: the product in fp32 scratch (cuBLAS with
+// an fp32 C rounds nothing), then c = round(widen(c) + product) by kern::add_f32_rounded. cublasGemmEx with beta = 1
+// on a bf16 C rounds the product to bf16 before adding C (measured on an H200, CUDA 13.0: bias + product off by the
 // product's ulp where they cancel), a second rounding the CPU's bf16 kernels do not make. Column blocks of at most
 // kAccumulateScratchBytes of scratch bound the workspace (the tied head's dW is V x C).
 constexpr std::size_t kAccumulateScratchBytes = std::size_t{64} << 20;
 void gemm_bf16_accumulate(StreamContext& c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                          const Bf16* A, int lda, const Bf16* B, int ldb, Bf16* C, int ldc) {
+                          const Bf16* A, int lda, const Bf16* B, int ldb, Bf16* C) {
   if (m == 0 || n == 0) return;
   const std::size_t col_bytes = static_cast<std::size_t>(m) * sizeof(float);
   const int block = static_cast<int>(std::clamp<std::size_t>(kAccumulateScratchBytes / col_bytes, 1, n));
@@ -57,15 +57,9 @@ void gemm_bf16_accumulate(StreamContext& c, cublasOperation_t ta, cublasOperatio
     const int nb = std::min(block, n - j0);
     // columns j0.. of op(B): B's columns when it is not transposed, else its rows
     const Bf16* Bj = B + (tb == kN ? static_cast<std::int64_t>(j0) * ldb : static_cast<std::int64_t>(j0));
-    Bf16* Cj = C + static_cast<std::int64_t>(j0) * ldc;
     gemm_bf16(c.cublas(), ta, tb, m, nb, k, A, lda, Bj, ldb, 0.0f, scratch, CUDA_R_32F, m);
-    if (ldc == m) {
-      kern::add_f32_rounded(c.stream(), Cj, scratch, static_cast<std::int64_t>(m) * nb);
-    } else {
-      for (int j = 0; j < nb; ++j)
-        kern::add_f32_rounded(c.stream(), Cj + static_cast<std::int64_t>(j) * ldc,
-                              scratch + static_cast<std::int64_t>(j) * m, m);
-    }
+    kern::add_f32_rounded(c.stream(), C + static_cast<std::int64_t>(j0) * m, scratch,
+                          static_cast<std::int64_t>(m) * nb);
   }
 }
 
@@ -197,7 +191,7 @@ void matmul_fwd(StreamContext& c, Bf16* out, const Bf16* in, const Bf16* w, cons
   const int lda = layout == WeightLayout::InOut ? OC : IC;
   if (bias != nullptr) {  // out = round(bias + in . W), one rounding
     kern::fill_bias_rows(c.stream(), out, bias, N, OC);
-    gemm_bf16_accumulate(c, ta, kN, OC, N, IC, w, lda, in, IC, out, OC);
+    gemm_bf16_accumulate(c, ta, kN, OC, N, IC, w, lda, in, IC, out);
   } else {
     gemm_bf16(c.cublas(), ta, kN, OC, N, IC, w, lda, in, IC, 0.0f, out, CUDA_R_16BF, OC);
   }
@@ -210,10 +204,10 @@ void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* 
   cublasHandle_t h = c.cublas();
   if (layout == WeightLayout::InOut) {
     if (din != nullptr) gemm_bf16(h, kT, kN, IC, N, OC, w, OC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
-    gemm_bf16_accumulate(c, kN, kT, OC, IC, N, dout, OC, in, IC, dw, OC);
+    gemm_bf16_accumulate(c, kN, kT, OC, IC, N, dout, OC, in, IC, dw);
   } else {
     if (din != nullptr) gemm_bf16(h, kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
-    gemm_bf16_accumulate(c, kN, kT, IC, OC, N, in, IC, dout, OC, dw, IC);
+    gemm_bf16_accumulate(c, kN, kT, IC, OC, N, in, IC, dout, OC, dw);
   }
   if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false));
 }

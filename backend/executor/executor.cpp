@@ -23,6 +23,7 @@
 
 #include "backend/executor/detail.hpp"
 #include "backend/rank_sum.hpp"
+#include "core/base/parallel.hpp"
 #include "core/program/program_graph.hpp"
 #include "core/program/task_graph.hpp"
 
@@ -521,25 +522,19 @@ Interpreter::StagingSlot& Interpreter::staging_slot(std::size_t queue, Device& d
 
 namespace {
 
-// fn(begin, end) over [0, n) in contiguous chunks on up to 16 threads (the calling one among them): the bf16
-// staging's element-wise rounding and widening, memory-bound work one core does at a fraction of the host's
-// bandwidth. Serial below 1M elements, where starting threads costs more than it saves. fn must not throw.
+// fn(begin, end) over [0, n) in contiguous chunks on up to 16 threads (core::parallel_for; the calling one among
+// them): the bf16 staging's element-wise rounding and widening, memory-bound work one core does at a fraction of
+// the host's bandwidth. Serial below 1M elements, where starting threads costs more than it saves.
 template <class F>
 void parallel_chunks(std::int64_t n, F&& fn) {
   constexpr std::int64_t kMinChunk = std::int64_t{1} << 20;
   const std::int64_t hw = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
   const std::int64_t parts = std::clamp<std::int64_t>(n / kMinChunk, 1, std::min<std::int64_t>(hw, 16));
-  if (parts == 1) {
-    fn(std::int64_t{0}, n);
-    return;
-  }
   const std::int64_t step = (n + parts - 1) / parts;
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(parts - 1));
-  for (std::int64_t k = 1; k < parts; ++k)
-    threads.emplace_back([&fn, k, step, n] { fn(k * step, std::min(n, (k + 1) * step)); });
-  fn(std::int64_t{0}, std::min(n, step));
-  for (std::thread& t : threads) t.join();
+  core::parallel_for(static_cast<std::size_t>(parts), static_cast<unsigned>(parts), [&](std::size_t k) {
+    const auto b = static_cast<std::int64_t>(k) * step;
+    fn(b, std::min(n, b + step));
+  });
 }
 
 std::int64_t total_size(auto spans) {
