@@ -315,6 +315,9 @@ QueueResources::QueueResources(const core::Program& program, const std::vector<D
     : p_(program), devs_(devices), comm_(options.communicator), run_ahead_(options.run_ahead) {
   if (options.run_ahead < 0)
     throw BackendError(fmt::format("executor: run_ahead {} is negative (0: unbounded)", options.run_ahead));
+  if (options.staging_chunk_bytes < static_cast<Bytes>(sizeof(Bf16)))
+    throw BackendError(fmt::format("executor: staging_chunk_bytes {} is less than one bf16 element (2 bytes)",
+                                   options.staging_chunk_bytes));
   for (const core::OpQueue& q : p_.queues) {
     Device& d = *devs_.at(static_cast<std::size_t>(q.device));
     streams_.push_back(d.create_stream(core::stream_name(q.stream)));

@@ -251,10 +251,15 @@ TEST_CASE("event ordering: random delays in the device streams never change the 
   CHECK(runs == 90);
 }
 
-TEST_CASE("event ordering: a negative run_ahead or jitter is refused") {
+TEST_CASE("event ordering: a negative run_ahead or jitter, or a staging chunk under one element, is refused") {
   Setup s(1);
   const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 1, 1, 1, 4, false);
   CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .run_ahead = -1}),
                        doctest::Contains("run_ahead -1 is negative"), BackendError);
   CHECK_THROWS_AS(cpu::make_cpu_device(0, {.jitter_us = -1}), DeviceError);
+  // a bf16 staging chunk must hold an element (0 or less would stage nothing, 1 byte half an element)
+  for (const Bytes chunk : {Bytes{-4}, Bytes{0}, Bytes{1}})
+    CHECK_THROWS_WITH_AS(
+        Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .staging_chunk_bytes = chunk}),
+        doctest::Contains("staging_chunk_bytes"), BackendError);
 }
