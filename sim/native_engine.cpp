@@ -342,6 +342,45 @@ struct Event {
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
+// A job on one shared resource (a link, a copy engine) for the resource bounds: its work in ps at the resource's
+// full capacity, the earliest time it can start, and q, the time after its work ends that the iteration still
+// needs at least (the activity's later stages; the op's chain rest is added once known).
+struct ResourceJob {
+  double r, p, q;
+  int op;
+};
+
+// The iteration's lower bound from one resource alone: its jobs, released at r, each followed by q, on one
+// machine that may switch jobs at any time (a fluid share is such a schedule) end no earlier than Jackson's
+// preemptive schedule (largest q first), which is optimal for that relaxation (Horn 1974). Sorts `jobs` by r;
+// `heap` is a working buffer.
+double jackson_bound(std::vector<ResourceJob>& jobs, std::vector<std::pair<double, double>>& heap) {
+  std::sort(jobs.begin(), jobs.end(), [](const ResourceJob& a, const ResourceJob& b) { return a.r < b.r; });
+  double best = 0.0;
+  heap.clear();  // (q, remaining p), largest q on top
+  std::size_t i = 0;
+  double t = 0.0;
+  while (i < jobs.size() || !heap.empty()) {
+    if (heap.empty()) t = std::max(t, jobs[i].r);
+    while (i < jobs.size() && jobs[i].r <= t) {
+      heap.emplace_back(jobs[i].q, jobs[i].p);
+      std::push_heap(heap.begin(), heap.end());
+      ++i;
+    }
+    const double next = i < jobs.size() ? jobs[i].r : std::numeric_limits<double>::infinity();
+    auto& top = heap.front();
+    const double run = std::min(top.second, next - t);
+    t += run;
+    top.second -= run;
+    if (top.second <= 0) {
+      best = std::max(best, t + top.first);
+      std::pop_heap(heap.begin(), heap.end());
+      heap.pop_back();
+    }
+  }
+  return best;
+}
+
 struct CopyEngine {
   int slots = 1;
   int in_use = 0;
@@ -456,58 +495,74 @@ class FlowEngine {
       int op, peer;
       double t;
     };
+    // jobs for the resource bounds (jackson_bound): what each flow stage asks of each link it crosses, what each
+    // activity holds a copy engine for, with the chain's earliest start and the rest of its chain after it
+    const bool shared = !opt_.serial && opt_.contention;
+    const std::size_t nlinks = cap_.size();
+    std::vector<std::vector<ResourceJob>>& jobs = jobs_;
+    jobs.resize(nlinks + engines_.size());
+    for (auto& v : jobs) v.clear();
     std::vector<Visit> order;
-    if (with_tails) order.reserve(n);
+    order.reserve(n);
+    std::vector<double> order_t(n, 0.0);  // per op, its activity's time alone
     double end = 0.0;
-    // every link carries its flows' work within the iteration, every copy engine its DMA stages one slot at a time
-    // (only when every GPU with ops is counted: an uncounted GPU's op may end after the counted ones)
-    bool all_counted = true;
-    for (std::size_t i = 0; i < n; ++i) all_counted = all_counted && reported(static_cast<int>(i));
-    std::vector<double> link_work(cap_.size(), 0.0);
-    std::vector<double> engine_ps(engines_.size(), 0.0);
     walk_chain([&](int op, int peer) {
       const Activity x = build_activity(op, peer);
+      const double start = std::max(ready[z(op)], peer >= 0 ? ready[z(peer)] : 0.0);
       double t = 0;
       for (int k = 0; k <= static_cast<int>(x.later.size()); ++k) {
         const Stage& st = k == 0 ? static_cast<const Stage&>(x) : x.later[z(k - 1)];
         const double a = alone_ps(st);
-        t += a;
-        if (k <= x.engine_stage && x.engine >= 0) engine_ps[z(x.engine)] += a;
-        if (st.kind == ActKind::Flow) {
-          for (std::size_t i = 0; i < st.path.size(); ++i) link_work[z(st.path[i])] += st.volume * coef_of(st, i);
+        if (shared && st.kind == ActKind::Flow) {
+          // the volume flows after the stage's latency
+          const double r = start + t + static_cast<double>(st.latency_ps);
+          for (std::size_t i = 0; i < st.path.size(); ++i) {
+            const std::size_t l = z(st.path[i]);
+            if (std::isfinite(cap_[l]) && cap_[l] > 0 && st.volume > 0)
+              jobs[l].push_back({r, st.volume * coef_of(st, i) / cap_[l] * kPs, -(t + a), op});
+          }
         }
+        t += a;
+        if (shared && k == x.engine_stage && x.engine >= 0)
+          jobs[nlinks + z(x.engine)].push_back({start, t / static_cast<double>(engines_[z(x.engine)].slots), -t, op});
       }
-      const double fin = std::max(ready[z(op)], peer >= 0 ? ready[z(peer)] : 0.0) + t;
+      const double fin = start + t;
       for (int o : {op, peer}) {
         if (o < 0) continue;
         if (reported(o)) end = std::max(end, fin);
         for (const int s : graph_.successors(o)) ready[z(s)] = std::max(ready[z(s)], fin);
       }
-      if (with_tails) order.push_back({op, peer, t});
+      order.push_back({op, peer, t});
+      order_t[z(op)] = t;
     });
-    if (with_tails) {
-      const double none = -std::numeric_limits<double>::infinity();
-      tail_.assign(n, none);
-      for (auto it = order.rbegin(); it != order.rend(); ++it) {
-        double after = none;          // the longest tail among the pair's successors
-        bool ends_iteration = false;  // the pair has an op on a reported GPU
-        for (int o : {it->op, it->peer}) {
-          if (o < 0) continue;
-          ends_iteration = ends_iteration || reported(o);
-          for (const int s : graph_.successors(o)) after = std::max(after, tail_[z(s)]);
-        }
-        const double tail = std::max(ends_iteration ? it->t : none, it->t + after);
-        for (int o : {it->op, it->peer})
-          if (o >= 0) tail_[z(o)] = tail;
+    const double none = -std::numeric_limits<double>::infinity();
+    std::vector<double> rest(n, none);
+    std::vector<double> tail(n, none);
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      double after = none;          // the longest tail among the pair's successors
+      bool ends_iteration = false;  // the pair has an op on a reported GPU
+      for (int o : {it->op, it->peer}) {
+        if (o < 0) continue;
+        ends_iteration = ends_iteration || reported(o);
+        for (const int s : graph_.successors(o)) after = std::max(after, tail[z(s)]);
+      }
+      const double r = std::max(ends_iteration ? 0.0 : none, after);
+      for (int o : {it->op, it->peer}) {
+        if (o < 0) continue;
+        tail[z(o)] = it->t + r;
+        rest[z(o)] = r;
       }
     }
-    if (all_counted && !opt_.serial && opt_.contention) {
-      for (std::size_t l = 0; l < cap_.size(); ++l) {
-        if (std::isfinite(cap_[l]) && cap_[l] > 0) end = std::max(end, link_work[l] / cap_[l] * kPs);
+    if (shared) {
+      // a job's q so far is minus its activity's time up to the job's end: the activity's time and its rest
+      // complete it; a job that nothing reported follows does not bound the iteration
+      for (auto& v : jobs) {
+        std::erase_if(v, [&](const ResourceJob& j) { return !(rest[z(j.op)] > none); });
+        for (auto& j : v) j.q += order_t[z(j.op)] + rest[z(j.op)];
+        if (!v.empty()) end = std::max(end, jackson_bound(v, jackson_heap_));
       }
-      for (std::size_t e = 0; e < engines_.size(); ++e)
-        end = std::max(end, engine_ps[e] / static_cast<double>(engines_[e].slots));
     }
+    if (with_tails) tail_ = std::move(tail);
     // the engine rounds each flow's end up to a picosecond and integrates rates in floating point: a relative
     // margin far below any difference a search ranks on keeps the bound below every run
     return static_cast<TimePs>(std::floor(end * (1.0 - 1e-9)));
@@ -1391,6 +1446,8 @@ class FlowEngine {
   mutable std::vector<char> fr_bottleneck_;
   mutable std::vector<std::size_t> fr_frozen_, fr_used_;
   mutable core::FlatTable<double> compute_memo_;  // compute_s's memo
+  std::vector<std::vector<ResourceJob>> jobs_;    // lower_bound's per-resource jobs (links, then copy engines)
+  std::vector<std::pair<double, double>> jackson_heap_;
   std::vector<double> last_sample_;
   std::vector<CopyEngine> engines_;
   std::vector<Bytes> mem_;

@@ -165,10 +165,13 @@ double profiled_update_s(const core::Op& op, const core::Model& model);
 NativeResult run_native(const core::Program& program, const core::Model& model, const core::MachineSpec& machine,
                         const NativeOptions& options = {});
 
-// A time `program`'s iteration (the last end on the GPUs its report counts) cannot beat on `machine`: the longest
-// chain of dependencies, queue order and rendezvous pairs with every op priced alone (no flow sharing a link, no
-// copy-engine wait). run_native never reports less; the search uses it to skip candidates that cannot win
-// (run_native_within, core::run_search's cutoff). Throws what run_native throws for a Program it cannot run.
+// A time `program`'s iteration (the last end on the GPUs its report counts) cannot beat on `machine`, the larger of
+// the longest chain of dependencies, queue order and rendezvous pairs with every op priced alone (no flow sharing
+// a link, no copy-engine wait) and, per shared link and copy engine, Jackson's preemptive schedule of its work
+// (each flow's volume at the link's full capacity, released at the chain's earliest start, followed by the rest of
+// its chain; docs/native-model.md "Bounds"). run_native never reports less; the search uses it to skip candidates
+// that cannot win (run_native_within, core::run_search's cutoff). Throws what run_native throws for a Program it
+// cannot run.
 core::TimePs native_lower_bound_ps(const core::Program& program, const core::Model& model,
                                    const core::MachineSpec& machine, const NativeOptions& options = {});
 // A time the iteration cannot beat, from the task graph alone (before lowering: far cheaper than

@@ -283,6 +283,36 @@ TEST_CASE("copy engines are FIFO per direction") {
   CHECK(t.end_ps == one.timeline.end_ps);
 }
 
+TEST_CASE("the native bound schedules each shared link's work from its releases (Jackson), not just its sum") {
+  // GPUs 0 and 1 each run a FWD of layers 0-1 (2 x 1 ms), then swap in B bytes over the shared uplink (W = 1e9 B/s:
+  // B/W = 1 ms alone). Both swaps are ready at 2 ms and share the uplink at W/2: both end at 2 + 2B/W = 4 ms.
+  // The chain prices each swap alone: 2 + 1 = 3 ms; the uplink's work alone is 2B/W = 2 ms. Released at 2 ms,
+  // the uplink's two 1 ms jobs end no earlier than 2 + 2 = 4 ms in any schedule: the bound is the run's time.
+  const Bytes B = 1'000'000;
+  Builder b(2);
+  const int f0 = b.add(0, Stream::Compute, OpKind::FWD);
+  const int f1 = b.add(1, Stream::Compute, OpKind::FWD);
+  for (auto& op : b.p.ops) op.layers = {0, 1};
+  const int x0 = b.add(0, Stream::SwapIn, OpKind::WB, B, {f0});
+  const int x1 = b.add(1, Stream::SwapIn, OpKind::WB, B, {f1});
+  b.p.devices = {0, 1};  // the GPUs whose ends the iteration (and so the bound) counts
+  const auto m = one_switch(2, 1e9, 4e9);
+  const auto r = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(r.timeline.end_ps[z(x0)] == 4 * kMs);
+  CHECK(r.timeline.end_ps[z(x1)] == 4 * kMs);
+  const TimePs bound = sim::native_lower_bound_ps(b.p, tiny_model(), m, quiet());
+  CHECK(bound <= 4 * kMs);
+  CHECK(bound > 4 * kMs - 1000);  // the bound's relative margin (1e-9) only
+  // a cutoff between the chain's 3 ms and the run's 4 ms: declined before it runs
+  CHECK_FALSE(sim::run_native_within(b.p, tiny_model(), m, quiet(), 3 * kMs + kMs / 2).has_value());
+  // without contention each swap gets the whole uplink: 3 ms, and the bound is the chain's
+  auto alone = quiet();
+  alone.contention = false;
+  CHECK(sim::run_native(b.p, tiny_model(), m, alone).timeline.end_ps[z(x0)] == 3 * kMs);
+  CHECK(sim::native_lower_bound_ps(b.p, tiny_model(), m, alone) > 3 * kMs - 1000);
+  CHECK(sim::native_lower_bound_ps(b.p, tiny_model(), m, alone) <= 3 * kMs);
+}
+
 TEST_CASE("CPU updates share the whole machine: cpu_adam is every core's rate (processor sharing)") {
   // Four updates (one per GPU process), each 2 layers x 0.25 s = 0.5 s of the whole machine (C cores: 0.5 C
   // core-seconds), all ready at t = 0. They share the C cores: C/4 each, ending at 0.5 C / (C/4) = 2 s for
