@@ -483,7 +483,9 @@ class FlowEngine {
   // with_tails: also each op's tail (tail_), the time from its becoming ready to the end of the iteration that the
   // same pricing cannot beat (its own activity alone, then its longest chain of successors to an op of a reported
   // GPU; -inf where no such op follows), which run_until checks as ops become ready.
-  TimePs lower_bound(bool with_tails = false) {
+  //
+  // stop_above (>= 0): a bound found above it is returned at once (the search only asks whether it is).
+  TimePs lower_bound(bool with_tails = false, TimePs stop_above = -1) {
     const std::size_t n = p_.ops.size();
     std::vector<double> ready(n, 0.0);  // picoseconds, the latest end of a predecessor
     const std::vector<char> counted = counted_devices();
@@ -553,19 +555,31 @@ class FlowEngine {
         rest[z(o)] = r;
       }
     }
-    if (shared) {
-      // a job's q so far is minus its activity's time up to the job's end: the activity's time and its rest
-      // complete it; a job that nothing reported follows does not bound the iteration
-      for (auto& v : jobs) {
-        std::erase_if(v, [&](const ResourceJob& j) { return !(rest[z(j.op)] > none); });
-        for (auto& j : v) j.q += order_t[z(j.op)] + rest[z(j.op)];
-        if (!v.empty()) end = std::max(end, jackson_bound(v, jackson_heap_));
-      }
-    }
     if (with_tails) tail_ = std::move(tail);
     // the engine rounds each flow's end up to a picosecond and integrates rates in floating point: a relative
     // margin far below any difference a search ranks on keeps the bound below every run
-    return static_cast<TimePs>(std::floor(end * (1.0 - 1e-9)));
+    auto bound = [&] { return static_cast<TimePs>(std::floor(end * (1.0 - 1e-9))); };
+    if (!shared || (stop_above >= 0 && bound() > stop_above)) return bound();
+    // a job's q so far is minus its activity's time up to the job's end: the activity's time and its rest
+    // complete it; a job that nothing reported follows does not bound the iteration. The most loaded
+    // resources first: they bind most often, and a bound past stop_above ends the walk.
+    std::vector<std::pair<double, std::size_t>> by_work;
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      auto& v = jobs[k];
+      std::erase_if(v, [&](const ResourceJob& j) { return !(rest[z(j.op)] > none); });
+      double work = 0;
+      for (auto& j : v) {
+        j.q += order_t[z(j.op)] + rest[z(j.op)];
+        work += j.p;
+      }
+      if (!v.empty()) by_work.emplace_back(-work, k);
+    }
+    std::sort(by_work.begin(), by_work.end());
+    for (const auto& [work, k] : by_work) {
+      end = std::max(end, jackson_bound(jobs[k], jackson_heap_));
+      if (stop_above >= 0 && bound() > stop_above) break;
+    }
+    return bound();
   }
 
   NativeResult run() { return *run_until(-1); }
@@ -1486,7 +1500,7 @@ std::optional<NativeResult> run_native_within(const Program& program, const core
                                               const core::MachineSpec& machine, const NativeOptions& options,
                                               TimePs cutoff_ps) {
   FlowEngine engine(program, model, machine, options);
-  if (engine.lower_bound(true) > cutoff_ps) return std::nullopt;
+  if (engine.lower_bound(true, cutoff_ps) > cutoff_ps) return std::nullopt;
   return engine.run_until(cutoff_ps);
 }
 
