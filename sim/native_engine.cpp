@@ -1492,8 +1492,38 @@ TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>
   // set_compute_stage's price: a compute op alone takes at least its scaled profiled time (a fixed stage of that
   // time, or a flow of units_per_op x s work on the shared pool capped at units_per_op)
   const double scale = compute_time_scale(machine, options);
-  return core::compute_chain_bound_ps(graph, ranks,
-                                      [&](const Op& o) { return profiled_compute_s(o, model) * scale * 1e12; });
+  const core::ComputeChain chain =
+      core::compute_chain(graph, ranks, [&](const Op& o) { return profiled_compute_s(o, model) * scale * 1e12; });
+  double end = chain.end_ps;
+  // The CPU updates, when they share one pool (the CPU cores, or compute.host_cores' units) of finite capacity:
+  // the Update op of an UPD task waits for its BWD task's gradients (the dW swap-out after the last BWD), and with
+  // the whole pool takes update_s x update_time_scale (an update alone uses every core or unit; its DRAM traffic
+  // and NVMe stages only add). As jobs on the pool (q = 0: the update's end counts), no run beats their Jackson
+  // schedule, nor each rank's updates in its CPU queue's order (the task order) one after another.
+  const bool pool = machine.compute.host_cores && machine.compute.shared();
+  const bool finite = pool ? machine.compute.units > 0 : !machine.topology.valid() || machine.topology.cpu_cores > 0;
+  if (options.contention && !options.serial && !options.reference_bandwidths && finite) {
+    std::vector<ResourceJob> jobs;
+    std::vector<double> queue_free(graph.rank_tasks.size(), 0.0);
+    std::vector<char> lowered(graph.rank_tasks.size(), 0);
+    for (const int r : ranks) lowered[z(r)] = 1;
+    Op u;
+    u.kind = OpKind::Update;
+    for (const core::Task& t : graph.tasks) {
+      if (t.type != core::TaskType::Upd || !lowered[z(t.rank)] || t.updates_task < 0) continue;
+      u.layers = t.layers;
+      const double p = profiled_update_s(u, model) * machine.compute.update_time_scale * 1e12;
+      const double r = chain.task_end_ps[z(t.updates_task)];
+      if (p <= 0) continue;
+      jobs.push_back({r, p, 0.0, t.idx});
+      double& free = queue_free[z(t.rank)];
+      free = std::max(free, r) + p;
+      end = std::max(end, free);
+    }
+    std::vector<std::pair<double, double>> heap;
+    if (!jobs.empty()) end = std::max(end, jackson_bound(jobs, heap));
+  }
+  return chain.bound_ps(end);
 }
 
 std::optional<NativeResult> run_native_within(const Program& program, const core::Model& model,

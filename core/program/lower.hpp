@@ -49,6 +49,17 @@ Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOpt
 TimePs compute_chain_bound_ps(const TaskGraph& graph, const std::vector<int>& ranks,
                               const std::function<double(const Op& op)>& price_ps);
 
+// compute_chain_bound_ps's chain, for bounds built on it (sim::native_task_bound_ps adds the CPU updates): its end,
+// each task's last op's end, and bound_ps, which turns a time on that chain into a bound with the same margin.
+struct ComputeChain {
+  double end_ps = 0.0;              // the largest chain end on the ranks, unrounded
+  std::vector<double> task_end_ps;  // per task (idx): the end of its last microbatch's op; 0 for UPD and other ranks
+  double ops = 0.0;                 // compute ops priced: each may round by a picosecond in an engine
+  TimePs bound_ps(double t_ps) const;
+};
+ComputeChain compute_chain(const TaskGraph& graph, const std::vector<int>& ranks,
+                           const std::function<double(const Op& op)>& price_ps);
+
 // The GPUs lower_harmony gives ops, ascending (Program::devices): every rank with tasks, except that Harmony-DP
 // with dp_first_gpu_only keeps rank 0 alone.
 std::vector<int> lowered_ranks(const TaskGraph& graph, const LowerOptions& options);

@@ -669,7 +669,21 @@ std::vector<int> lowered_ranks(const TaskGraph& graph, const LowerOptions& optio
 
 TimePs compute_chain_bound_ps(const TaskGraph& graph, const std::vector<int>& ranks,
                               const std::function<double(const Op& op)>& price_ps) {
+  const ComputeChain c = compute_chain(graph, ranks, price_ps);
+  return c.bound_ps(c.end_ps);
+}
+
+TimePs ComputeChain::bound_ps(double t_ps) const {
+  // each op's time is rounded to the picosecond (half of one at most) and the engines add them in another order: a
+  // picosecond per op and a relative margin far above the floating-point error
+  return std::max<TimePs>(0, static_cast<TimePs>(std::floor(t_ps * (1.0 - 1e-9) - ops)) - 2);
+}
+
+ComputeChain compute_chain(const TaskGraph& graph, const std::vector<int>& ranks,
+                           const std::function<double(const Op& op)>& price_ps) {
   const auto z = [](int i) { return static_cast<std::size_t>(i); };
+  ComputeChain chain;
+  chain.task_end_ps.assign(graph.tasks.size(), 0.0);
   std::vector<char> lowered(graph.rank_tasks.size(), 0);
   for (const int r : ranks) lowered[z(r)] = 1;
   std::vector<double> queue_free(graph.rank_tasks.size(), 0.0);  // when each GPU's compute queue frees
@@ -717,12 +731,11 @@ TimePs compute_chain_bound_ps(const TaskGraph& graph, const std::vector<int>& ra
       }
       d[i] = free;
     }
+    if (!d.empty()) chain.task_end_ps[z(t.idx)] = d.back();
   }
-  double end_ps = 0.0;
-  for (const int r : ranks) end_ps = std::max(end_ps, queue_free[z(r)]);
-  // each op's time is rounded to the picosecond (half of one at most) and the engines add them in another order: a
-  // picosecond per op and a relative margin far above the floating-point error
-  return std::max<TimePs>(0, static_cast<TimePs>(std::floor(end_ps * (1.0 - 1e-9) - ops)) - 2);
+  for (const int r : ranks) chain.end_ps = std::max(chain.end_ps, queue_free[z(r)]);
+  chain.ops = ops;
+  return chain;
 }
 
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options) {
