@@ -575,6 +575,21 @@ class FlowEngine {
       if (!v.empty()) by_work.emplace_back(-work, k);
     }
     std::sort(by_work.begin(), by_work.end());
+    if (with_tails) {
+      // run_until's check: what each link still owes the counted ops (see check_links)
+      link_owed_ps_.assign(nlinks, 0.0);
+      link_jobs_left_.assign(nlinks, 0);
+      owing_links_.clear();
+      counted_op_.assign(n, 0);
+      for (std::size_t i = 0; i < n; ++i) counted_op_[i] = rest[i] > none ? 1 : 0;
+      for (const auto& [work, k] : by_work) {
+        if (k < nlinks) {
+          link_owed_ps_[k] = -work;
+          link_jobs_left_[k] = static_cast<int>(jobs[k].size());
+          owing_links_.push_back(k);
+        }
+      }
+    }
     for (const auto& [work, k] : by_work) {
       end = std::max(end, jackson_bound(jobs[k], jackson_heap_));
       if (stop_above >= 0 && bound() > stop_above) break;
@@ -589,6 +604,7 @@ class FlowEngine {
   // bound's relative margin and a picosecond keep a tie (an iteration ending exactly at the cutoff) running.
   std::optional<NativeResult> run_until(TimePs cutoff) {
     cutoff_ = cutoff >= 0 && tail_.size() == p_.ops.size() ? cutoff : -1;
+    links_checked_ = cutoff_ >= 0 && !owing_links_.empty() && counted_op_.size() == p_.ops.size();
     const std::size_t n = p_.ops.size();
     for (std::size_t i = 0; i < n; ++i) {
       if (pending_[i] == 0) became_ready(static_cast<int>(i));
@@ -599,7 +615,10 @@ class FlowEngine {
       const TimePs t = heap_.top().t;
       if (t < now_)
         throw core::InternalError(fmt::format("an event at {} ps is before the current time {} ps", t, now_));
-      if (t > now_) advance(t);
+      if (t > now_) {
+        advance(t);
+        if (links_checked_) check_links();
+      }
       while (!heap_.empty() && heap_.top().t == now_) {
         const Event e = heap_.top();
         heap_.pop();
@@ -646,6 +665,21 @@ class FlowEngine {
   }
 
   void launch(int act) { to_start_.push_back(act); }
+
+  // run_until's check on the links: a link still owes the work of the counted ops' flows over it (the resource
+  // bound's jobs, at its full capacity) less what they moved so far, and moves no faster than its capacity; while
+  // one of those flows has not ended, the iteration cannot end before now plus what is owed. Where
+  // contention has delayed that work (a link idle while its flows waited elsewhere), this shows it when it happens,
+  // not when the delayed ops become ready.
+  void check_links() {
+    for (const std::size_t l : owing_links_) {
+      if (link_jobs_left_[l] > 0 && (static_cast<double>(now_) + std::max(0.0, link_owed_ps_[l])) * (1.0 - 1e-9) >
+                                        static_cast<double>(cutoff_) + 1.0) {
+        past_cutoff_ = true;
+        return;
+      }
+    }
+  }
 
   // The path GPU `from` -> `to` (LinkGraph::p2p_path), built once per pair.
   const Path& p2p(int from, int to, TransferClass* cls) const {
@@ -1143,8 +1177,10 @@ class FlowEngine {
   void stage_end(int act) {
     Activity& x = acts_[z(act)];
     if (x.kind == ActKind::Flow) {
+      const bool owed = links_checked_ && counted_op_[z(x.a)] && x.volume > 0;
       for (std::size_t i = 0; i < x.path.size(); ++i) {
         const int l = x.path[i];
+        if (owed && std::isfinite(cap_[z(l)])) --link_jobs_left_[z(l)];
         const LinkKind k = r_.graph.links[z(l)].kind;
         if (k != LinkKind::CpuCores && k != LinkKind::ComputeUnits)
           r_.link_stats[z(l)].bytes += std::llround(x.volume * coef_of(x, i));
@@ -1231,7 +1267,14 @@ class FlowEngine {
     const double dts = static_cast<double>(dt);
     for (int a : active_) {
       Activity& x = acts_[z(a)];
-      if (std::isfinite(x.rate)) x.remaining -= x.rate * dts / kPs;
+      if (!std::isfinite(x.rate)) continue;
+      x.remaining -= x.rate * dts / kPs;
+      if (links_checked_ && counted_op_[z(x.a)]) {
+        for (std::size_t i = 0; i < x.path.size(); ++i) {
+          const std::size_t l = z(x.path[i]);
+          if (std::isfinite(cap_[l])) link_owed_ps_[l] -= x.rate * coef_of(x, i) * dts / cap_[l];
+        }
+      }
     }
     for (const std::size_t l : loaded_) {
       if (load_[l] > 0) r_.link_stats[l].busy_ps += dt;
@@ -1460,7 +1503,12 @@ class FlowEngine {
   mutable std::vector<char> fr_bottleneck_;
   mutable std::vector<std::size_t> fr_frozen_, fr_used_;
   mutable core::FlatTable<double> compute_memo_;  // compute_s's memo
-  std::vector<std::vector<ResourceJob>> jobs_;    // lower_bound's per-resource jobs (links, then copy engines)
+  std::vector<double> link_owed_ps_;      // lower_bound(true): per link, the counted work not yet moved (check_links)
+  bool links_checked_ = false;            // run_until checks the links (check_links)
+  std::vector<int> link_jobs_left_;       // per link, the counted flow stages over it not yet ended
+  std::vector<std::size_t> owing_links_;  // the links with such work, most first
+  std::vector<char> counted_op_;          // lower_bound(true): per op, 1 when a reported op follows it (or it is one)
+  std::vector<std::vector<ResourceJob>> jobs_;  // lower_bound's per-resource jobs (links, then copy engines)
   std::vector<std::pair<double, double>> jackson_heap_;
   std::vector<double> last_sample_;
   std::vector<CopyEngine> engines_;

@@ -113,8 +113,7 @@ using PlanBound = std::function<double(const Plan&)>;
 // The same ranking with branch and bound (top_k >= 1): candidates in increasing `bound` when one is given (its
 // values found first, on the search's threads), else in increasing compute_estimate_s (then enumeration order); a
 // candidate whose bound exceeds the cutoff of the top_k-th best time found so far is declined unevaluated, the rest
-// are offered that cutoff (infinite until top_k are found, and after 64 offers in a row that were all evaluated: a
-// bound that separates nothing is not worth its cost). A declined candidate is slower than top_k evaluated ones,
+// are offered that cutoff (infinite until top_k are found). A declined candidate is slower than top_k evaluated ones,
 // so `ranked` is what run_search gives (same reports, same order, ties by enumeration order) and only the counts
 // cover fewer candidates (num_pruned says how many fewer). Which candidates are pruned is deterministic with one
 // thread; `ranked` for any thread count.

@@ -313,6 +313,34 @@ TEST_CASE("the native bound schedules each shared link's work from its releases 
   CHECK(sim::native_lower_bound_ps(b.p, tiny_model(), m, alone) <= 3 * kMs);
 }
 
+TEST_CASE("a bounded run stops when a link owes more work than the cutoff leaves (contention seen as it happens)") {
+  // Both GPUs swap in B at t = 0 over the shared uplink (W = 1e9 B/s down and up, GPU links 4e9), then swap out 2B
+  // over the uplink's up direction. The swap-ins share the down direction: both end at 2B/W = 2 ms; the swap-outs
+  // then share the up direction: 2 + 4B/W = 6 ms. The bound cannot see that the swap-ins end late together: it
+  // lets one end at 1 ms, so the up direction's jobs are released at 1 ms and it is 1 + 4 = 5 ms. With a cutoff at
+  // 5.5 ms the run starts, and at 2 ms the up direction still owes 4 ms of work: 2 + 4 > 5.5, stopped there (the
+  // swap-outs' tails, 2 ms each from 2 ms, do not see it). At its own time (6 ms) it runs to the end.
+  const Bytes B = 1'000'000;
+  Builder b(2);
+  const int a0 = b.add(0, Stream::SwapIn, OpKind::WB, B);
+  const int a1 = b.add(1, Stream::SwapIn, OpKind::WB, B);
+  const int b0 = b.add(0, Stream::SwapOut, OpKind::dWB, 2 * B, {a0});
+  const int b1 = b.add(1, Stream::SwapOut, OpKind::dWB, 2 * B, {a1});
+  b.p.devices = {0, 1};
+  const auto m = one_switch(2, 1e9, 4e9);
+  const auto r = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(r.timeline.end_ps[z(a0)] == 2 * kMs);
+  CHECK(r.timeline.end_ps[z(b0)] == 6 * kMs);
+  CHECK(r.timeline.end_ps[z(b1)] == 6 * kMs);
+  const TimePs bound = sim::native_lower_bound_ps(b.p, tiny_model(), m, quiet());
+  CHECK(bound <= 5 * kMs);
+  CHECK(bound > 5 * kMs - 1000);
+  CHECK_FALSE(sim::run_native_within(b.p, tiny_model(), m, quiet(), 5 * kMs + kMs / 2).has_value());
+  const auto own = sim::run_native_within(b.p, tiny_model(), m, quiet(), 6 * kMs);
+  REQUIRE(own.has_value());
+  CHECK(own->timeline.end_ps == r.timeline.end_ps);
+}
+
 TEST_CASE("CPU updates share the whole machine: cpu_adam is every core's rate (processor sharing)") {
   // Four updates (one per GPU process), each 2 layers x 0.25 s = 0.5 s of the whole machine (C cores: 0.5 C
   // core-seconds), all ready at t = 0. They share the C cores: C/4 each, ending at 0.5 C / (C/4) = 2 s for
