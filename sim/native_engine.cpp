@@ -564,14 +564,22 @@ class FlowEngine {
     // complete it; a job that nothing reported follows does not bound the iteration. The most loaded
     // resources first: they bind most often, and a bound past stop_above ends the walk.
     std::vector<std::pair<double, std::size_t>> by_work;
+    std::vector<double> most(jobs.size(), 0.0);  // per resource, at least its schedule's end (see below)
     for (std::size_t k = 0; k < jobs.size(); ++k) {
       auto& v = jobs[k];
       std::erase_if(v, [&](const ResourceJob& j) { return !(rest[z(j.op)] > none); });
       double work = 0;
+      double last_r = 0;
+      double most_q = 0;
       for (auto& j : v) {
         j.q += order_t[z(j.op)] + rest[z(j.op)];
         work += j.p;
+        last_r = std::max(last_r, j.r);
+        most_q = std::max(most_q, j.q);
       }
+      // Jackson's schedule never idles while a job is released, so it ends its jobs by the last release plus all
+      // the work, each followed by at most the largest q
+      most[k] = last_r + work + most_q;
       if (!v.empty()) by_work.emplace_back(-work, k);
     }
     std::sort(by_work.begin(), by_work.end());
@@ -591,6 +599,9 @@ class FlowEngine {
       }
     }
     for (const auto& [work, k] : by_work) {
+      // a resource whose schedule cannot end past the bound so far (nor past stop_above, when that is all the
+      // caller asks) changes nothing: not scheduled
+      if (most[k] * (1.0 - 1e-9) <= std::max(end, static_cast<double>(stop_above))) continue;
       end = std::max(end, jackson_bound(jobs[k], jackson_heap_));
       if (stop_above >= 0 && bound() > stop_above) break;
     }
