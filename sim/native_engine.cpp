@@ -256,6 +256,16 @@ double profiled_update_s(const Op& o, const core::Model& m) {
 
 namespace {
 
+// compute.host_cores on a shared pool, priced natively: the updates, copies and dispatch run on its units.
+bool on_host_pool(const core::MachineSpec& machine, const NativeOptions& options) {
+  return !options.reference_bandwidths && machine.compute.host_cores && machine.compute.shared();
+}
+
+// What an update takes with the whole CPU (or pool) to itself: its profiled time at the machine's optimizer rate.
+double update_work_s(const Op& o, const core::Model& model, const core::MachineSpec& machine) {
+  return profiled_update_s(o, model) * machine.compute.update_time_scale;
+}
+
 // The factor on a compute op's profiled time: machine.compute.time_scale, ignored under the reference settings.
 double compute_time_scale(const core::MachineSpec& machine, const NativeOptions& options) {
   return options.reference_bandwidths ? 1.0 : machine.compute.time_scale;
@@ -506,7 +516,6 @@ class FlowEngine {
     for (auto& v : jobs) v.clear();
     std::vector<Visit> order;
     order.reserve(n);
-    std::vector<double> order_t(n, 0.0);  // per op, its activity's time alone
     double end = 0.0;
     walk_chain([&](int op, int peer) {
       const Activity x = build_activity(op, peer);
@@ -535,10 +544,8 @@ class FlowEngine {
         for (const int s : graph_.successors(o)) ready[z(s)] = std::max(ready[z(s)], fin);
       }
       order.push_back({op, peer, t});
-      order_t[z(op)] = t;
     });
     const double none = -std::numeric_limits<double>::infinity();
-    std::vector<double> rest(n, none);
     std::vector<double> tail(n, none);
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       double after = none;          // the longest tail among the pair's successors
@@ -552,27 +559,28 @@ class FlowEngine {
       for (int o : {it->op, it->peer}) {
         if (o < 0) continue;
         tail[z(o)] = it->t + r;
-        rest[z(o)] = r;
       }
     }
     if (with_tails) tail_ = std::move(tail);
+    const std::vector<double>& tails = with_tails ? tail_ : tail;
     // the engine rounds each flow's end up to a picosecond and integrates rates in floating point: a relative
     // margin far below any difference a search ranks on keeps the bound below every run
     auto bound = [&] { return static_cast<TimePs>(std::floor(end * (1.0 - 1e-9))); };
     if (!shared || (stop_above >= 0 && bound() > stop_above)) return bound();
-    // a job's q so far is minus its activity's time up to the job's end: the activity's time and its rest
-    // complete it; a job that nothing reported follows does not bound the iteration. The most loaded
+    // a job's q so far is minus its activity's time up to the job's end: its op's tail (the activity's time, then
+    // the rest of its chain) completes it; a job that nothing reported follows (tail -inf) does not bound the
+    // iteration. The most loaded
     // resources first: they bind most often, and a bound past stop_above ends the walk.
     std::vector<std::pair<double, std::size_t>> by_work;
     std::vector<double> most(jobs.size(), 0.0);  // per resource, at least its schedule's end (see below)
     for (std::size_t k = 0; k < jobs.size(); ++k) {
       auto& v = jobs[k];
-      std::erase_if(v, [&](const ResourceJob& j) { return !(rest[z(j.op)] > none); });
+      std::erase_if(v, [&](const ResourceJob& j) { return !(tails[z(j.op)] > none); });
       double work = 0;
       double last_r = 0;
       double most_q = 0;
       for (auto& j : v) {
-        j.q += order_t[z(j.op)] + rest[z(j.op)];
+        j.q += tails[z(j.op)];
         work += j.p;
         last_r = std::max(last_r, j.r);
         most_q = std::max(most_q, j.q);
@@ -589,7 +597,7 @@ class FlowEngine {
       link_jobs_left_.assign(nlinks, 0);
       owing_links_.clear();
       counted_op_.assign(n, 0);
-      for (std::size_t i = 0; i < n; ++i) counted_op_[i] = rest[i] > none ? 1 : 0;
+      for (std::size_t i = 0; i < n; ++i) counted_op_[i] = tails[i] > none ? 1 : 0;
       for (const auto& [work, k] : by_work) {
         if (k < nlinks) {
           link_owed_ps_[k] = -work;
@@ -904,7 +912,7 @@ class FlowEngine {
         case OpKind::Update:
           if (ref) {
             x.fixed_ps = core::seconds_to_ps(update_s(o));
-          } else if (const double w = update_s(o) * mach_.compute.update_time_scale; w > 0 && host_pool()) {
+          } else if (const double w = update_work_s(o, m_, mach_); w > 0 && host_pool()) {
             // compute.host_cores: the optimizer's threads run on the pool's C units, all of them when alone (w x C
             // unit-seconds, at most C at a time), and share them with compute, copies and dispatch
             const double units = mach_.compute.units;
@@ -966,7 +974,7 @@ class FlowEngine {
   }
 
   // machine.compute.host_cores on the native model: the pool of compute units is the host's cores.
-  bool host_pool() const { return !opt_.reference_bandwidths && mach_.compute.host_cores && r_.graph.compute >= 0; }
+  bool host_pool() const { return on_host_pool(mach_, opt_); }
 
   // compute.host_cores: every copy stage (a swap, a P2P copy, a CPU message, a host sum) is a thread copying at
   // its path's bandwidth B: bytes / B unit-seconds of work on the pool, at most one unit (B bytes/s) at a time,
@@ -1559,8 +1567,8 @@ TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>
   // the whole pool takes update_s x update_time_scale (an update alone uses every core or unit; its DRAM traffic
   // and NVMe stages only add). As jobs on the pool (q = 0: the update's end counts), no run beats their Jackson
   // schedule, nor each rank's updates in its CPU queue's order (the task order) one after another.
-  const bool pool = machine.compute.host_cores && machine.compute.shared();
-  const bool finite = pool ? machine.compute.units > 0 : !machine.topology.valid() || machine.topology.cpu_cores > 0;
+  const bool finite = on_host_pool(machine, options) ? machine.compute.units > 0
+                                                     : !machine.topology.valid() || machine.topology.cpu_cores > 0;
   if (options.contention && !options.serial && !options.reference_bandwidths && finite) {
     std::vector<ResourceJob> jobs;
     std::vector<double> queue_free(graph.rank_tasks.size(), 0.0);
@@ -1571,7 +1579,7 @@ TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>
     for (const core::Task& t : graph.tasks) {
       if (t.type != core::TaskType::Upd || !lowered[z(t.rank)] || t.updates_task < 0) continue;
       u.layers = t.layers;
-      const double p = profiled_update_s(u, model) * machine.compute.update_time_scale * 1e12;
+      const double p = update_work_s(u, model, machine) * 1e12;
       const double r = chain.task_end_ps[z(t.updates_task)];
       if (p <= 0) continue;
       jobs.push_back({r, p, 0.0, t.idx});
