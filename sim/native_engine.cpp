@@ -561,7 +561,7 @@ class FlowEngine {
         tail[z(o)] = it->t + r;
       }
     }
-    if (with_tails) tail_ = std::move(tail);
+    if (with_tails) tail_.swap(tail);  // run_until's; read below as `tails` either way
     const std::vector<double>& tails = with_tails ? tail_ : tail;
     // the engine rounds each flow's end up to a picosecond and integrates rates in floating point: a relative
     // margin far below any difference a search ranks on keeps the bound below every run
