@@ -69,6 +69,15 @@ void search_baselines(KindResult& kr, core::PlanKind kind, const core::Model& mo
   kr.candidates += plans.size();
   bool any_host_bound = false;
   if (!plans.empty()) {
+    // Every plan of the tier needs more host memory than the machine has (Engine::host_floor_exceeded: the masters,
+    // optimizer state and gradients alone): none can be feasible, so only the first, which names the miss, is run.
+    const bool nvme = plans.front().offload == core::OffloadTier::Nvme;
+    const bool unfit = std::all_of(plans.begin(), plans.end(),
+                                   [&](const auto& p) { return (p.offload == core::OffloadTier::Nvme) == nvme; }) &&
+                       make_engine(cost_model, model, machine)->host_floor_exceeded(nvme);
+    const std::size_t num_plans = plans.size();
+    if (unfit) plans.resize(1);
+    kr.pruned += num_plans - plans.size();
     FirstMiss miss;
     std::atomic<bool> host_miss{false};
     const auto res = core::run_baseline_search(
@@ -94,8 +103,7 @@ void search_baselines(KindResult& kr, core::PlanKind kind, const core::Model& mo
       kr.baseline = plans[r.plan];
       if (core::has_offload_tiers(kind)) kr.offload = core::offload_tier_name(plans[r.plan].offload);
     }
-    if (!kr.feasible)
-      kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", plans.size(), miss.suffix());
+    if (!kr.feasible) kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", num_plans, miss.suffix());
   } else if (kr.reason.empty() && core::is_one_microbatch(kind)) {
     const int share = minibatch / gpus;
     const int hi = std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd));

@@ -25,6 +25,12 @@ double NativeEngine::task_bound_s(const core::TaskGraph& graph, const std::vecto
   return core::ps_to_seconds(native_task_bound_ps(graph, ranks, model_, machine_, options_));
 }
 
+bool NativeEngine::host_floor_exceeded(bool offload_nvme) const {
+  if (!options_.capacities || !machine_.topology.valid()) return false;
+  const HostAccount floor = host_floor(model_, offload_nvme);
+  return host_memory_exceeded(floor, machine_.topology) || pinned_memory_exceeded(floor, machine_.topology);
+}
+
 EngineResult NativeEngine::result_of(const core::Program& program, NativeResult res) const {
   EngineResult e;
   e.report = native_report(program, res);

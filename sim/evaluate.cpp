@@ -1,6 +1,8 @@
 // evaluate_plan: plan -> task graph -> Program -> one engine run (timeline, peaks, report).
 #include "sim/evaluate.hpp"
 
+#include <limits>
+
 #include "core/base/error.hpp"
 
 namespace harmony::sim {
@@ -35,8 +37,10 @@ core::Program lower_plan_for(const Engine& engine, const core::Model& model, con
 
 double task_bound_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
                       const core::LowerOptions& options) {
-  const core::TaskGraph graph = task_graph_for(model, plan);
-  return engine.task_bound_s(graph, core::lowered_ranks(graph, engine_lower_options(engine, options)));
+  const core::TaskGraph graph = task_graph_for(model, plan);  // validates the plan
+  const core::LowerOptions lower = engine_lower_options(engine, options);
+  if (engine.host_floor_exceeded(lower.offload_nvme)) return std::numeric_limits<double>::infinity();
+  return engine.task_bound_s(graph, core::lowered_ranks(graph, lower));
 }
 
 Evaluation evaluate_plan(const Engine& engine, const core::Model& model, const core::Plan& plan,

@@ -31,7 +31,9 @@ core::Program lower_plan_for(const Engine& engine, const core::Model& model, con
                              const core::LowerOptions& options);
 // A time the iteration of `plan` lowered as evaluate_plan lowers it cannot beat on `engine`, from its task graph
 // alone (Engine::task_bound_s; 0 for an engine without one): core::run_search_bounded's PlanBound, which declines a
-// candidate it shows cannot win before it is lowered. Throws as lower_plan_for does for an invalid plan.
+// candidate it shows cannot win before it is lowered; +infinity when the engine's host floor shows no plan can fit
+// (Engine::host_floor_exceeded: the search then runs only the candidate that names its first miss). Throws as
+// lower_plan_for does for an invalid plan.
 double task_bound_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
                       const core::LowerOptions& options);
 // evaluate_plan, or nullopt when the engine shows without running it that the iteration would exceed `cutoff_s`

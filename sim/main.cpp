@@ -276,7 +276,12 @@ int cmd_search(const Cli& cli) {
              dt > 0 ? static_cast<double>(ops.load()) / dt / 1e6 : 0.0,
              space.spec.fit_rule ? "; fit rule ON: single-pack plans ranked at time/1000" : "");
   if (res.ranked.empty()) {
-    fmt::print("no feasible configuration: every packing exceeds the GPU capacity\n");
+    if (res.first_miss < cands.size()) {
+      const auto& c = cands[res.first_miss];
+      fmt::print("no feasible configuration; the first miss, u {}/{}: {}\n", c.u_fwd, c.u_bwd, res.first_miss_reason);
+    } else {
+      fmt::print("no feasible configuration: every candidate deadlocks\n");
+    }
     return 0;
   }
   std::size_t wf = 9;

@@ -166,7 +166,7 @@ std::vector<int> LinkGraph::p2p_path(int from, int to, TransferClass* cls) const
 
 // ---- host memory ----
 
-HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
+HostAccount host_floor(const core::Model& m, bool offload_nvme) {
   HostAccount h;
   const int R = m.num_layers();
   if (R > 0) {
@@ -174,6 +174,28 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
     h.optimizer_state_bytes = m.optimizer_state_bytes(0, R - 1);
     h.gradient_bytes = m.weight_bytes(0, R - 1);
   }
+  if (offload_nvme) {
+    // the masters and the optimizer state live on the drives
+    h.nvme_bytes = h.master_weights_bytes + h.optimizer_state_bytes;
+    h.master_weights_bytes = 0;
+    h.optimizer_state_bytes = 0;
+  }
+  h.total_bytes = h.master_weights_bytes + h.optimizer_state_bytes + h.gradient_bytes;
+  return h;
+}
+
+bool host_memory_exceeded(const HostAccount& h, const core::Topology& topology) {
+  return topology.host_memory_bytes > 0 && h.total_bytes > topology.host_memory_bytes;
+}
+
+Bytes pinned_bytes(const HostAccount& h) { return h.total_bytes - h.optimizer_state_bytes; }
+
+bool pinned_memory_exceeded(const HostAccount& h, const core::Topology& topology) {
+  return topology.pinned_limit_bytes > 0 && pinned_bytes(h) > topology.pinned_limit_bytes;
+}
+
+HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
+  HostAccount h = host_floor(m, p.offload_nvme);
   // Swaps are DMA copies straight from and into the host tensors (the time model prices them at the PCIe
   // rate with no host copy), so those tensors are the pinned memory and need no staging buffer: a staging
   // buffer sized by the largest swap op would grow with how a plan groups layers into one op (a Harmony
@@ -203,12 +225,8 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
     for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_p2p[d];
   }
   if (p.offload_nvme) {
-    // the masters and the optimizer state live on the drives; each process double-buffers its largest
-    // NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer state and masters: an op's read
-    // split over its io_count I/Os) in pinned memory
-    h.nvme_bytes = h.master_weights_bytes + h.optimizer_state_bytes;
-    h.master_weights_bytes = 0;
-    h.optimizer_state_bytes = 0;
+    // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer
+    // state and masters: an op's read split over its io_count I/Os) in pinned memory
     std::vector<Bytes> max_read(nd, 0);
     for (const Op& o : p.ops) {
       const Bytes per_io = (o.nvme_read_bytes + std::max(1, o.io_count) - 1) / std::max(1, o.io_count);
@@ -1460,7 +1478,7 @@ class FlowEngine {
     auto add = [&](const std::string& s) { reason += (reason.empty() ? "" : "; ") + s; };
     if (opt_.capacities) {
       const auto& h = r_.host;
-      if (topo_.host_memory_bytes > 0 && h.total_bytes > topo_.host_memory_bytes) {
+      if (host_memory_exceeded(h, topo_)) {
         add(
             fmt::format("host memory exceeded: needs {} (master weights {}, optimizer state {}, gradients {}, stashes "
                         "{}, activations {}, pinned staging {}) > capacity {} by {} bytes",
@@ -1478,9 +1496,8 @@ class FlowEngine {
                         core::format_bytes(h.nvme_bytes), core::format_bytes(topo_.nvme.capacity_bytes),
                         h.nvme_bytes - topo_.nvme.capacity_bytes));
       }
-      // everything but the optimizer state is a DMA source or target, hence page-locked
-      const Bytes pinned = h.total_bytes - h.optimizer_state_bytes;
-      if (topo_.pinned_limit_bytes > 0 && pinned > topo_.pinned_limit_bytes) {
+      if (pinned_memory_exceeded(h, topo_)) {
+        const Bytes pinned = pinned_bytes(h);
         add(
             fmt::format("pinned host memory exceeded: the tensors swaps copy from and into (master weights {}, "
                         "gradients {}, stashes {}, activations {}, P2P staging {}) need {} > limit {} by {} bytes",

@@ -193,4 +193,16 @@ std::optional<NativeResult> run_native_within(const core::Program& program, cons
 // (P2PMode::Host without NVLink), which count as staging buffers.
 HostAccount host_account(const core::Program& program, const core::Model& model, bool p2p_staged = false);
 
+// The part of host_account every Program of `model` needs whatever its plan: the masters, the optimizer state and
+// the gradients (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes). host_account adds
+// the plan's stashes, activations and staging buffers to it, so a floor over a limit puts every plan over it.
+HostAccount host_floor(const core::Model& model, bool offload_nvme);
+
+// The account's page-locked bytes: everything but the optimizer state is a DMA source or target.
+core::Bytes pinned_bytes(const HostAccount& h);
+// The engine's host verdicts (a limit of 0 is unlimited): total_bytes over topology.host_memory_bytes, and
+// pinned_bytes over topology.pinned_limit_bytes.
+bool host_memory_exceeded(const HostAccount& h, const core::Topology& topology);
+bool pinned_memory_exceeded(const HostAccount& h, const core::Topology& topology);
+
 }  // namespace harmony::sim

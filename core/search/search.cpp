@@ -214,7 +214,8 @@ unsigned search_threads(const SearchSpace& space, std::size_t n) {
   return std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(n / kMinCandidatesPerThread)));
 }
 
-// `bound` (per candidate; empty: none): a candidate whose bound exceeds the cutoff is declined unevaluated.
+// `bound` (per candidate; empty: none): a candidate whose bound exceeds the cutoff, or is infinite (it cannot be
+// feasible), is declined unevaluated.
 SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchSpace& space,
                          const std::vector<std::size_t>& order, bool prune, const BoundedEvaluator& evaluate,
                          const SearchProgressFn& progress, const std::vector<double>& bound = {}) {
@@ -227,7 +228,17 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   auto fit_scale = [&](std::size_t i) {
     return space.spec.fit_rule && candidates[i].packs_bwd.size() == 1 ? 1000.0 : 1.0;
   };
+  const double inf = std::numeric_limits<double>::infinity();
   std::vector<char> evaluated(n, 0);
+  auto evaluate_one = [&](std::size_t i, double cutoff_s) {
+    std::optional<RunReport> r = evaluate(candidate_plan(candidates[i], space), cutoff_s);
+    if (!r) return false;
+    reports[i] = std::move(*r);
+    reports[i].method_fwd = candidates[i].method_fwd;
+    reports[i].method_bwd = candidates[i].method_bwd;
+    evaluated[i] = 1;
+    return true;
+  };
   // Every evaluation is offered the cutoff, even where a long run of them finished: the native engine's in-flight
   // checks (tails, the links' owed work) stop a run as soon as its chain or a link shows it cannot make it, which
   // pays for the bound's price (an earlier rule stopped offering after 64 finished runs in a row; on the 12,096-point
@@ -236,23 +247,24 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   SearchProgressTicker ticker(progress, n);
   parallel_for(n, threads, [&](std::size_t k) {
     const std::size_t i = order[k];
-    const double inf = std::numeric_limits<double>::infinity();
     const double threshold_s = prune ? best.threshold() * fit_scale(i) : inf;
-    if (!bound.empty() && bound[i] > threshold_s) {  // cannot enter the top_k: never evaluated
+    // cannot enter the top_k (an infinite bound: cannot be feasible, cutoff or not): never evaluated here
+    if (!bound.empty() && (bound[i] > threshold_s || bound[i] == inf)) {
       ticker.tick();
       return;
     }
-    std::optional<RunReport> r = evaluate(candidate_plan(candidates[i], space), threshold_s);
-    if (r) {
-      reports[i] = std::move(*r);
-      reports[i].method_fwd = candidates[i].method_fwd;
-      reports[i].method_bwd = candidates[i].method_bwd;
-      evaluated[i] = 1;
-      if (prune && !reports[i].deadlock && reports[i].feasible) best.add(reports[i].iteration_time_s / fit_scale(i));
-    }
+    if (evaluate_one(i, threshold_s) && prune && !reports[i].deadlock && reports[i].feasible)
+      best.add(reports[i].iteration_time_s / fit_scale(i));
     ticker.tick();
   });
   ticker.finish();
+  // The first miss in enumeration order: a candidate declined for an infinite bound before every evaluated miss is
+  // evaluated after all, so its reason is the one the full search names (one run, however many were declined).
+  const auto unfit = static_cast<std::size_t>(std::find(bound.begin(), bound.end(), inf) - bound.begin());
+  bool earlier_miss = false;
+  for (std::size_t i = 0; i < std::min(unfit, n) && !earlier_miss; ++i)
+    earlier_miss = evaluated[i] && !reports[i].feasible && !reports[i].infeasible_reason.empty();
+  if (unfit < bound.size() && !earlier_miss) evaluate_one(unfit, inf);
   for (std::size_t i = 0; i < n; ++i) {
     if (!evaluated[i]) {
       ++res.num_pruned;

@@ -90,7 +90,8 @@ struct SearchResult {
   std::size_t num_pruned = 0;        // not evaluated: their bound exceeded the top_k-th best time already found
   std::vector<RankedResult> ranked;  // best first, at most top_k (all when top_k = -1)
   // The evaluated candidate of lowest index whose report is infeasible with a reason (npos: none), and that
-  // reason: when nothing is feasible no candidate is pruned, so this is the first miss in enumeration order.
+  // reason: when nothing is feasible only candidates that cannot be feasible are pruned, and the first of those is
+  // evaluated when it comes first (run_search_bounded), so this is the first miss in enumeration order.
   std::size_t first_miss = static_cast<std::size_t>(-1);
   std::string first_miss_reason;
 };
@@ -107,7 +108,7 @@ SearchResult run_search(const std::vector<Candidate>& candidates, const SearchSp
                         const SearchProgressFn& progress = {});
 
 // A time a plan's iteration cannot beat, far cheaper to find than evaluating it (sim::task_bound_for: the task graph's
-// compute chain, before lowering).
+// compute chain, before lowering); +infinity for a plan that cannot be feasible.
 using PlanBound = std::function<double(const Plan&)>;
 
 // The same ranking with branch and bound (top_k >= 1): candidates in increasing `bound` when one is given (its
@@ -115,8 +116,10 @@ using PlanBound = std::function<double(const Plan&)>;
 // candidate whose bound exceeds the cutoff of the top_k-th best time found so far is declined unevaluated, the rest
 // are offered that cutoff (infinite until top_k are found). A declined candidate is slower than top_k evaluated ones,
 // so `ranked` is what run_search gives (same reports, same order, ties by enumeration order) and only the counts
-// cover fewer candidates (num_pruned says how many fewer). Which candidates are pruned is deterministic with one
-// thread; `ranked` for any thread count.
+// cover fewer candidates (num_pruned says how many fewer). A candidate with an infinite bound is declined even while
+// the cutoff is infinite, except the first in enumeration order when no evaluated miss precedes it: it is evaluated
+// at the end, so first_miss and its reason are the full search's however many were declined. Which candidates are
+// pruned is deterministic with one thread; `ranked` and first_miss for any thread count.
 SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const SearchSpace& space, const Model& model,
                                 const BoundedEvaluator& evaluate, const SearchProgressFn& progress = {},
                                 const PlanBound& bound = {});

@@ -791,6 +791,37 @@ TEST_CASE("host memory: the account and infeasibility") {
   CHECK(sim::run_native(b.p, tiny_model(), m, o).feasible);
 }
 
+TEST_CASE("host memory: the floor every plan needs, and the engine's verdict on it") {
+  // tiny_model: master 2 x 1010 + optimizer 2 x 2000 + gradients 2 x 1000 = 8020 bytes whatever the plan (the
+  // account of the test above adds its 100-byte stash: 8120); page-locked 8020 - 4000 = 4020. With the masters and
+  // optimizer state on the drives the host keeps the gradients alone.
+  const auto floor = sim::host_floor(tiny_model(), false);
+  CHECK(floor.total_bytes == 8020);
+  CHECK(sim::pinned_bytes(floor) == 4020);
+  const auto nvme = sim::host_floor(tiny_model(), true);
+  CHECK(nvme.total_bytes == 2000);
+  CHECK(nvme.nvme_bytes == 6020);
+  auto m = one_switch(1, 1e9, 1e9);
+  m.topology.host_memory_bytes = 8020;
+  CHECK_FALSE(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(false));
+  m.topology.host_memory_bytes = 8019;
+  CHECK(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(false));
+  CHECK_FALSE(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(true));
+  sim::NativeOptions off;
+  off.capacities = false;
+  CHECK_FALSE(sim::NativeEngine(tiny_model(), m, off).host_floor_exceeded(false));
+  m.topology.host_memory_bytes = 0;
+  m.topology.pinned_limit_bytes = 4019;
+  CHECK(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(false));
+  // every program's account is at least the floor: a run over it says so
+  Builder b(1);
+  b.add(0, Stream::SwapIn, OpKind::WB, 300);
+  const auto run = sim::run_native(b.p, tiny_model(), m, quiet());
+  CHECK(run.host.total_bytes == 8020);
+  CHECK_FALSE(run.feasible);
+  CHECK(run.infeasible_reason.find("pinned host memory exceeded") != std::string::npos);
+}
+
 TEST_CASE("host memory: the account does not depend on how the swaps are split into ops") {
   // A Harmony pack swaps its layers' weights in as one WB op and their gradients out as one dWB op; a
   // baseline swaps the same bytes layer by layer. The host keeps the same tensors either way, so the account
@@ -860,6 +891,24 @@ TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too
       sim::best_plan_of_kind(core::PlanKind::L2L, model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK_FALSE(l2l.feasible);
   CHECK(l2l.reason.find("first: u 1: host memory exceeded") != std::string::npos);
+  // 1 TiB holds not even the weights, gradients and optimizer state (host_floor): no plan of any kind can fit, so
+  // only the first plan in enumeration order runs, for the reason; the rest are declined (pruned) unrun
+  m.topology.host_memory_bytes = 1024 * core::kGiB;
+  for (const auto kind : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP, core::PlanKind::L2L}) {
+    CAPTURE(core::plan_kind_name(kind));
+    const auto unfit = sim::best_plan_of_kind(kind, model, m, 8, 32, core::CostModelKind::Native, search, {});
+    CHECK_FALSE(unfit.feasible);
+    REQUIRE(unfit.candidates > 1);
+    CHECK(unfit.pruned == unfit.candidates - 1);
+    CHECK(unfit.reason.find("host memory exceeded") != std::string::npos);
+  }
+  // the baseline's reason is its first plan's, as when every plan ran
+  const auto plans = core::enumerate_baseline_plans(core::PlanKind::L2L, model, 8, 32, m.search_capacity_bytes(), {});
+  const auto first = sim::evaluate_baseline(model, m, plans.front(), core::CostModelKind::Native);
+  const auto l2l_unfit =
+      sim::best_plan_of_kind(core::PlanKind::L2L, model, m, 8, 32, core::CostModelKind::Native, search, {});
+  CHECK(l2l_unfit.reason == fmt::format("all {} plans exceed a capacity or deadlock; first: u {}: {}",
+                                        l2l_unfit.candidates, plans.front().ubatch, first.infeasible_reason));
 }
 
 TEST_CASE("a P2P op without a peer and a plan wider than the machine are errors") {

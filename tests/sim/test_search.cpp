@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -537,4 +538,47 @@ TEST_CASE("the bounded search's first miss is the full search's when nothing fit
   CHECK(b.first_miss == a.first_miss);
   CHECK(b.first_miss_reason == a.first_miss_reason);
   CHECK(b.num_infeasible == a.num_infeasible);
+}
+
+TEST_CASE("a host floor over the machine's memory: the bounded search runs only the candidate that names the miss") {
+  // The masters, optimizer state and gradients alone exceed the host memory: no candidate can be feasible. The full
+  // search runs every candidate; the bounded one declines all but the first in enumeration order (its task bound is
+  // infinite), which it runs for the same first miss and reason, on one thread or two.
+  core::MachineSpec m = core::machine_preset("paper-1080ti");
+  m.topology.host_memory_bytes = sim::host_floor(bert(), false).total_bytes - 1;
+  const auto engine = sim::make_engine(core::CostModelKind::Native, bert(), m);
+  CHECK(engine->host_floor_exceeded(false));
+  auto space = wide_space(core::PlanKind::HarmonyPP, 2, 8, m, 1);
+  const auto cands = core::enumerate_candidates(bert(), space);
+  REQUIRE(cands.size() > 2);
+  const auto a = core::run_search(cands, space, [&](const core::Plan& p) {
+    return sim::evaluate_plan(*engine, bert(), p, core::LowerOptions{}).report;
+  });
+  REQUIRE(a.ranked.empty());
+  REQUIRE(a.first_miss == 0);
+  CHECK(a.first_miss_reason.find("host memory exceeded") != std::string::npos);
+  for (const int threads : {1, 2}) {
+    CAPTURE(threads);
+    space.spec.threads = threads;
+    std::atomic<int> runs{0};
+    const auto b = core::run_search_bounded(
+        cands, space, bert(),
+        [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+          ++runs;
+          auto e = sim::evaluate_plan_within(*engine, bert(), p, core::LowerOptions{}, cutoff_s);
+          if (!e) return std::nullopt;
+          return std::move(e->report);
+        },
+        {}, [&](const core::Plan& p) { return sim::task_bound_for(*engine, bert(), p, {}); });
+    CHECK(b.ranked.empty());
+    CHECK(runs == 1);
+    CHECK(b.num_pruned == cands.size() - 1);
+    CHECK(b.first_miss == a.first_miss);
+    CHECK(b.first_miss_reason == a.first_miss_reason);
+  }
+  // with the drives holding the masters and optimizer state the floor is the gradients alone: bounds are finite
+  CHECK_FALSE(engine->host_floor_exceeded(true));
+  core::LowerOptions drives;
+  drives.offload_nvme = true;
+  CHECK(std::isfinite(sim::task_bound_for(*engine, bert(), core::candidate_plan(cands[0], space), drives)));
 }
