@@ -614,9 +614,16 @@ Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
                total, kind, core::cost_model_name(cfg.cost_model), deadlocked, predicted_fit,
                mib(cfg.machine.gpu_memory_bytes));
   std::string first_oom;
-  const std::size_t trials = std::min(order.size(), kAutoTrials);
-  for (std::size_t t = 0; t < trials; ++t) {
+  // A plan that ran out of memory shows the prediction is optimistic by at least its margin: a later candidate that
+  // the model gives no more headroom (a predicted peak at or above the lowest that failed) is skipped untried, so the
+  // trials walk towards headroom in time order instead of spending themselves on plans as tight as the failures
+  // (the executor's allocator fragments; the model's account does not).
+  core::Bytes failed_peak = std::numeric_limits<core::Bytes>::max();
+  std::size_t trials = 0;
+  for (std::size_t t = 0; t < order.size() && trials < kAutoTrials; ++t) {
     Candidate& c = cands[order[t]];
+    if (c.report.peak_memory_bytes >= failed_peak) continue;
+    ++trials;
     const std::optional<std::string> oom = trial_step(s, cli, c.chosen);
     if (!oom) {
       if (!quiet)
@@ -628,12 +635,14 @@ Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
       return std::move(c.chosen);
     }
     if (first_oom.empty()) first_oom = *oom;
+    failed_peak = std::min(failed_peak, c.report.peak_memory_bytes);
     if (!quiet) fmt::print(stderr, "--plan auto: {} ran out of device memory in a trial step; next\n", c.chosen.title);
   }
   throw core::ConfigError(cfg.plan.loc,
                           fmt::format("--plan auto: the {} most promising of {} {} candidates all ran out of memory "
-                                      "in a trial step on {:.2f} MiB devices; first: {}",
-                                      trials, total, kind, mib(cfg.machine.gpu_memory_bytes), first_oom),
+                                      "in a trial step on {:.2f} MiB devices (the others were predicted no more "
+                                      "headroom than those, or were past {} trials); first: {}",
+                                      trials, total, kind, mib(cfg.machine.gpu_memory_bytes), kAutoTrials, first_oom),
                           hint);
 }
 
