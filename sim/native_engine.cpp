@@ -535,8 +535,12 @@ class FlowEngine {
     std::vector<Visit> order;
     order.reserve(n);
     double end = 0.0;
+    if (with_tails) built_.assign(n, Activity{});  // run_until takes them instead of building them again
+    Activity scratch;
     walk_chain([&](int op, int peer) {
-      const Activity x = build_activity(op, peer);
+      Activity& x = with_tails ? built_[z(op)] : scratch;
+      if (!with_tails) x = Activity{};
+      build_activity(x, op, peer);
       const double start = std::max(ready[z(op)], peer >= 0 ? ready[z(peer)] : 0.0);
       double t = 0;
       for (int k = 0; k <= static_cast<int>(x.later.size()); ++k) {
@@ -889,7 +893,11 @@ class FlowEngine {
   }
 
   int make_activity(int a, int b) {
-    build_activity(acts_.emplace_back(), a, b);  // in place: an activity holds its paths inline
+    // the one lower_bound(true) built for the same op and peer, else built in place (it holds its paths inline)
+    if (z(a) < built_.size() && built_[z(a)].a == a && built_[z(a)].b == b)
+      acts_.push_back(std::move(built_[z(a)]));
+    else
+      build_activity(acts_.emplace_back(), a, b);
     return static_cast<int>(acts_.size()) - 1;
   }
 
@@ -1520,9 +1528,10 @@ class FlowEngine {
   double nsim_ = 1;
   TimePs latency_ps_ = 0;
   TimePs now_ = 0;
-  std::vector<double> tail_;  // lower_bound(true): per op, ps from its ready time to the iteration's end, at least
-  TimePs cutoff_ = -1;        // run_until's
-  bool past_cutoff_ = false;  // an op became ready too late to end the iteration by cutoff_
+  std::vector<Activity> built_;  // lower_bound(true): per op, the activity its walk built (taken by make_activity)
+  std::vector<double> tail_;     // lower_bound(true): per op, ps from its ready time to the iteration's end, at least
+  TimePs cutoff_ = -1;           // run_until's
+  bool past_cutoff_ = false;     // an op became ready too late to end the iteration by cutoff_
   std::uint64_t seq_ = 0;
   bool dirty_ = false;
   std::vector<double> cap_;

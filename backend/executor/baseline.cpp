@@ -36,7 +36,7 @@ const char* tk_name(TK k) {
   return n[static_cast<int>(k)];
 }
 bool on_host(TK k) { return k == TK::HostStash || k == TK::HostGrad || k == TK::HostSaved; }
-bool names_saved(const std::vector<core::TensorRef>& refs) {
+bool names_saved(const core::TensorRefs& refs) {
   return std::any_of(refs.begin(), refs.end(),
                      [](const core::TensorRef& r) { return r.kind == core::TensorKind::Saved; });
 }

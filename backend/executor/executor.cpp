@@ -334,7 +334,7 @@ QueueResources::QueueResources(const core::Program& program, const std::vector<D
 
 std::vector<int> QueueResources::preds(int op, const std::vector<std::vector<int>>& extra) const {
   const core::Op& o = p_.ops[static_cast<std::size_t>(op)];
-  std::vector<int> r = o.deps;
+  std::vector<int> r(o.deps.begin(), o.deps.end());
   if (static_cast<std::size_t>(op) < extra.size())
     r.insert(r.end(), extra[static_cast<std::size_t>(op)].begin(), extra[static_cast<std::size_t>(op)].end());
   if (o.queue_pos > 0)

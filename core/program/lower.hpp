@@ -37,6 +37,8 @@ inline LowerOptions lower_options(const Options& options) {
 }
 
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options);
+// The same, keeping `graph` in the Program without copying it (a search lowers a fresh task graph per candidate).
+Program lower_harmony(TaskGraph&& graph, const Model& model, const LowerOptions& options);
 
 // A time no iteration of lower_harmony(graph, ...) on the GPUs `ranks` (lowered_ranks) can beat when each compute op
 // takes at least price_ps(op) picoseconds (op: kind, device, layers and ubs of a FWD (a FWD task's sub-packs

@@ -36,18 +36,20 @@ bool pp_rules_of(const Plan& p) { return p.kind == PlanKind::HarmonyPP && p.gpus
 
 class Lowerer {
  public:
-  Lowerer(const TaskGraph& g, const Model& m, const LowerOptions& o)
-      : g_(g), m_(m), pf_(o.prefetch), buffers_(std::max(2, o.prefetch_buffers)), nvme_(o.offload_nvme) {
-    prog_.graph = g;
+  // The Program keeps the task graph it was lowered from (`g`, moved in when the caller gives it away); the
+  // lowering reads it there.
+  Lowerer(TaskGraph g, const Model& m, const LowerOptions& o)
+      : g_(prog_.graph), m_(m), pf_(o.prefetch), buffers_(std::max(2, o.prefetch_buffers)), nvme_(o.offload_nvme) {
+    prog_.graph = std::move(g);
     prog_.prefetch = pf_;
     prog_.offload_nvme = nvme_;
-    const Plan& p = g.plan;
+    const Plan& p = g_.plan;
     prog_.pp_rules = pp_rules_of(p);
-    prog_.bandwidth_sharers = std::max(1, g.non_empty_ranks());
-    prog_.devices = lowered_ranks(g, o);
-    if (g.plan.u_fwd != g.plan.u_bwd) {
+    prog_.bandwidth_sharers = std::max(1, g_.non_empty_ranks());
+    prog_.devices = lowered_ranks(g_, o);
+    if (p.u_fwd != p.u_bwd) {
       // rank 0's lists (every rank has the same lists in Harmony-PP)
-      conv_ = make_ubatch_converter(g.ubatch_fwd[0], g.ubatch_bwd[0], g.plan.u_bwd);
+      conv_ = make_ubatch_converter(g_.ubatch_fwd[0], g_.ubatch_bwd[0], p.u_bwd);
       has_conv_ = true;
     }
   }
@@ -109,14 +111,14 @@ class Lowerer {
       dep_op(op, *id);
       return;
     }
-    std::vector<int>& deps = prog_.ops[static_cast<std::size_t>(op)].deps;
+    OpDeps& deps = prog_.ops[static_cast<std::size_t>(op)].deps;
     pending_.push_back(PendingDep{op, static_cast<int>(deps.size()), k});
     if (deps.empty()) deps.reserve(4);
     deps.push_back(-1);
   }
   void dep_op(int op, int other) {
     if (other < 0) throw InternalError("op " + std::to_string(op) + " depends on an op that was never created");
-    std::vector<int>& deps = prog_.ops[static_cast<std::size_t>(op)].deps;
+    OpDeps& deps = prog_.ops[static_cast<std::size_t>(op)].deps;
     if (deps.empty()) deps.reserve(4);  // most ops have at most four: one allocation
     if (std::find(deps.begin(), deps.end(), other) == deps.end()) deps.push_back(other);
   }
@@ -608,7 +610,7 @@ class Lowerer {
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
     for (const int op : touched) {
-      std::vector<int>& deps = ops[static_cast<std::size_t>(op)].deps;
+      OpDeps& deps = ops[static_cast<std::size_t>(op)].deps;
       std::size_t kept = 0;
       for (std::size_t j = 0; j < deps.size(); ++j) {
         if (std::find(deps.begin(), deps.begin() + static_cast<std::ptrdiff_t>(kept), deps[j]) ==
@@ -623,7 +625,7 @@ class Lowerer {
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].peer < 0) continue;
       const Op& p = ops[static_cast<std::size_t>(ops[i].peer)];
-      std::vector<int>& merged = ops[i].deps;
+      OpDeps& merged = ops[i].deps;
       merged.reserve(merged.size() + p.deps.size() + 1);
       merged.insert(merged.end(), p.deps.begin(), p.deps.end());
       if (const int pred = queue_predecessor(prog_, ops[i].peer); pred >= 0) merged.push_back(pred);
@@ -632,12 +634,12 @@ class Lowerer {
     }
   }
 
+  Program prog_;  // before g_, which refers to its graph
   const TaskGraph& g_;
   const Model& m_;
   bool pf_;
   int buffers_;
   bool nvme_;
-  Program prog_;
   UbatchConverter conv_;
   bool has_conv_ = false;
   FlatTable<int> index_;             // op key -> op id
@@ -740,6 +742,10 @@ ComputeChain compute_chain(const TaskGraph& graph, const std::vector<int>& ranks
 
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options) {
   return Lowerer(graph, model, options).run();
+}
+
+Program lower_harmony(TaskGraph&& graph, const Model& model, const LowerOptions& options) {
+  return Lowerer(std::move(graph), model, options).run();
 }
 
 }  // namespace harmony::core

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/small_vector.hpp"
 #include "core/base/units.hpp"
 #include "core/program/task_graph.hpp"
 
@@ -57,6 +58,11 @@ struct TensorRef {
   Bytes bytes = 0;
 };
 
+// An op's dependencies and tensor lists: most ops have at most four dependencies and two tensors per list, held
+// inline (core/base/small_vector.hpp), so lowering thousands of ops does not allocate three vectors per op.
+using OpDeps = SmallVector<int, 4>;
+using TensorRefs = SmallVector<TensorRef, 2>;
+
 struct Op {
   int task = 0;
   int ui = 0;   // microbatch index (BWD index for MSG ops)
@@ -65,17 +71,17 @@ struct Op {
   Stream stream = Stream::Compute;
   OpKind kind = OpKind::FWD;
   LayerRange layers;
-  int ubs = 0;                    // microbatch size; 0 where the op is per pack
-  Bytes bytes = 0;                // bytes moved (transfers, ARD); 0 otherwise
-  Bytes bytes_w = 0;              // WB/dWB/ARD: the weight part of `bytes`
-  Bytes bytes_b = 0;              // WB/dWB/ARD: the buffer part
-  std::vector<int> deps;          // ops that must end before this one begins (after rendezvous resolution)
-  int peer = -1;                  // P2P rendezvous partner (send <-> receive), else -1
-  int queue = -1;                 // index into Program::queues
-  int queue_pos = -1;             // position in that queue
-  Bytes workspace_bytes = 0;      // compute ops: transient device memory while running (beyond allocs)
-  std::vector<TensorRef> allocs;  // device memory allocated when the op begins
-  std::vector<TensorRef> frees;   // device memory freed when the op ends
+  int ubs = 0;                // microbatch size; 0 where the op is per pack
+  Bytes bytes = 0;            // bytes moved (transfers, ARD); 0 otherwise
+  Bytes bytes_w = 0;          // WB/dWB/ARD: the weight part of `bytes`
+  Bytes bytes_b = 0;          // WB/dWB/ARD: the buffer part
+  OpDeps deps;                // ops that must end before this one begins (after rendezvous resolution)
+  int peer = -1;              // P2P rendezvous partner (send <-> receive), else -1
+  int queue = -1;             // index into Program::queues
+  int queue_pos = -1;         // position in that queue
+  Bytes workspace_bytes = 0;  // compute ops: transient device memory while running (beyond allocs)
+  TensorRefs allocs;          // device memory allocated when the op begins
+  TensorRefs frees;           // device memory freed when the op ends
   // Native cost model only (the reference ignores them; docs/native-model.md "Offload tiers and host work"):
   Bytes nvme_read_bytes = 0;   // read from the NVMe tier into pinned host memory before the op's work
   Bytes nvme_write_bytes = 0;  // written from host memory to the NVMe tier after the op's work

@@ -51,7 +51,7 @@ struct Builder {
     o.bytes = bytes;
     o.task = static_cast<int>(p.ops.size());
     o.ubs = 1;
-    o.deps = std::move(deps);
+    o.deps.assign(deps.begin(), deps.end());
     int q = -1;
     for (std::size_t i = 0; i < p.queues.size(); ++i) {
       if (p.queues[i].device == device && p.queues[i].stream == s) q = static_cast<int>(i);

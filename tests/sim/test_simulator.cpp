@@ -34,7 +34,7 @@ struct Builder {
     o.stream = s;
     o.kind = s == Stream::Compute ? OpKind::FWD : OpKind::X;
     o.task = static_cast<int>(p.ops.size());
-    o.deps = std::move(deps);
+    o.deps.assign(deps.begin(), deps.end());
     int q = -1;
     for (std::size_t i = 0; i < p.queues.size(); ++i) {
       if (p.queues[i].device == device && p.queues[i].stream == s) q = static_cast<int>(i);

@@ -538,7 +538,7 @@ Program ProgramBuilder::finish() {
   }
   // rendezvous: both sides get both sides' deps and the op before the other side in its queue
   // (the deps of the paired ops as they were before any pair was merged)
-  std::unordered_map<int, std::vector<int>> snapshot;
+  std::unordered_map<int, OpDeps> snapshot;
   snapshot.reserve(2 * peers_.size());
   for (const auto& [a, b] : peers_) {
     snapshot.emplace(a, ops[static_cast<std::size_t>(a)].deps);
