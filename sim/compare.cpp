@@ -16,6 +16,7 @@
 #include "core/search/search.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
+#include "sim/native_engine.hpp"
 
 namespace harmony::sim {
 
@@ -51,8 +52,8 @@ namespace {
 // The plan ran out of host memory (or pinned memory) rather than GPU memory.
 bool host_bound(const core::RunReport& r) {
   const auto& h = r.host_memory;
-  return (h.capacity_bytes > 0 && h.total_bytes > h.capacity_bytes) ||
-         (h.pinned_limit_bytes > 0 && h.total_bytes - h.optimizer_state_bytes > h.pinned_limit_bytes);
+  return host_memory_exceeded(h.total_bytes, h.capacity_bytes) ||
+         pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, h.pinned_limit_bytes);
 }
 }  // namespace
 

@@ -28,7 +28,9 @@ double NativeEngine::task_bound_s(const core::TaskGraph& graph, const std::vecto
 bool NativeEngine::host_floor_exceeded(bool offload_nvme) const {
   if (!options_.capacities || !machine_.topology.valid()) return false;
   const HostAccount floor = host_floor(model_, offload_nvme);
-  return host_memory_exceeded(floor, machine_.topology) || pinned_memory_exceeded(floor, machine_.topology);
+  const core::Topology& t = machine_.topology;
+  return host_memory_exceeded(floor.total_bytes, t.host_memory_bytes) ||
+         pinned_memory_exceeded(floor.total_bytes, floor.optimizer_state_bytes, t.pinned_limit_bytes);
 }
 
 EngineResult NativeEngine::result_of(const core::Program& program, NativeResult res) const {

@@ -184,14 +184,14 @@ HostAccount host_floor(const core::Model& m, bool offload_nvme) {
   return h;
 }
 
-bool host_memory_exceeded(const HostAccount& h, const core::Topology& topology) {
-  return topology.host_memory_bytes > 0 && h.total_bytes > topology.host_memory_bytes;
+bool host_memory_exceeded(Bytes total_bytes, Bytes host_memory_bytes) {
+  return host_memory_bytes > 0 && total_bytes > host_memory_bytes;
 }
 
 Bytes pinned_bytes(const HostAccount& h) { return h.total_bytes - h.optimizer_state_bytes; }
 
-bool pinned_memory_exceeded(const HostAccount& h, const core::Topology& topology) {
-  return topology.pinned_limit_bytes > 0 && pinned_bytes(h) > topology.pinned_limit_bytes;
+bool pinned_memory_exceeded(Bytes total_bytes, Bytes optimizer_state_bytes, Bytes pinned_limit_bytes) {
+  return pinned_limit_bytes > 0 && total_bytes - optimizer_state_bytes > pinned_limit_bytes;
 }
 
 HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
@@ -1486,7 +1486,7 @@ class FlowEngine {
     auto add = [&](const std::string& s) { reason += (reason.empty() ? "" : "; ") + s; };
     if (opt_.capacities) {
       const auto& h = r_.host;
-      if (host_memory_exceeded(h, topo_)) {
+      if (host_memory_exceeded(h.total_bytes, topo_.host_memory_bytes)) {
         add(
             fmt::format("host memory exceeded: needs {} (master weights {}, optimizer state {}, gradients {}, stashes "
                         "{}, activations {}, pinned staging {}) > capacity {} by {} bytes",
@@ -1504,7 +1504,7 @@ class FlowEngine {
                         core::format_bytes(h.nvme_bytes), core::format_bytes(topo_.nvme.capacity_bytes),
                         h.nvme_bytes - topo_.nvme.capacity_bytes));
       }
-      if (pinned_memory_exceeded(h, topo_)) {
+      if (pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, topo_.pinned_limit_bytes)) {
         const Bytes pinned = pinned_bytes(h);
         add(
             fmt::format("pinned host memory exceeded: the tensors swaps copy from and into (master weights {}, "

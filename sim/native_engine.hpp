@@ -200,9 +200,10 @@ HostAccount host_floor(const core::Model& model, bool offload_nvme);
 
 // The account's page-locked bytes: everything but the optimizer state is a DMA source or target.
 core::Bytes pinned_bytes(const HostAccount& h);
-// The engine's host verdicts (a limit of 0 is unlimited): total_bytes over topology.host_memory_bytes, and
-// pinned_bytes over topology.pinned_limit_bytes.
-bool host_memory_exceeded(const HostAccount& h, const core::Topology& topology);
-bool pinned_memory_exceeded(const HostAccount& h, const core::Topology& topology);
+// The engine's host verdicts, one rule for its runs, its host floor and the searches that read a report's host
+// account (a limit of 0 is unlimited): the total over the host memory; the page-locked part (the total less the
+// optimizer state) over the pinned limit.
+bool host_memory_exceeded(core::Bytes total_bytes, core::Bytes host_memory_bytes);
+bool pinned_memory_exceeded(core::Bytes total_bytes, core::Bytes optimizer_state_bytes, core::Bytes pinned_limit_bytes);
 
 }  // namespace harmony::sim

@@ -230,6 +230,8 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   };
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<char> evaluated(n, 0);
+  // a report that names why its plan does not fit
+  auto miss = [&](std::size_t i) { return !reports[i].feasible && !reports[i].infeasible_reason.empty(); };
   auto evaluate_one = [&](std::size_t i, double cutoff_s) {
     std::optional<RunReport> r = evaluate(candidate_plan(candidates[i], space), cutoff_s);
     if (!r) return false;
@@ -261,17 +263,17 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   // The first miss in enumeration order: a candidate declined for an infinite bound before every evaluated miss is
   // evaluated after all, so its reason is the one the full search names (one run, however many were declined).
   const auto unfit = static_cast<std::size_t>(std::find(bound.begin(), bound.end(), inf) - bound.begin());
-  bool earlier_miss = false;
-  for (std::size_t i = 0; i < std::min(unfit, n) && !earlier_miss; ++i)
-    earlier_miss = evaluated[i] && !reports[i].feasible && !reports[i].infeasible_reason.empty();
-  if (unfit < bound.size() && !earlier_miss) evaluate_one(unfit, inf);
+  if (unfit < bound.size()) {
+    bool earlier_miss = false;
+    for (std::size_t i = 0; i < unfit && !earlier_miss; ++i) earlier_miss = evaluated[i] && miss(i);
+    if (!earlier_miss) evaluate_one(unfit, inf);
+  }
   for (std::size_t i = 0; i < n; ++i) {
     if (!evaluated[i]) {
       ++res.num_pruned;
       continue;
     }
-    if (!reports[i].feasible && !reports[i].infeasible_reason.empty() &&
-        res.first_miss == static_cast<std::size_t>(-1)) {
+    if (miss(i) && res.first_miss == static_cast<std::size_t>(-1)) {
       res.first_miss = i;
       res.first_miss_reason = reports[i].infeasible_reason;
     }
