@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -202,6 +203,37 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta, 
   }
   prune(dir, meta.step, keep);
   return final_path;
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::error_code dir_ec;
+  if (ec || !fs::is_directory(dir, dir_ec))
+    throw CheckpointError(dir,
+                          fmt::format("cannot create the checkpoint directory: {}",
+                                      ec ? ec.message() : std::string("a file of that name exists")),
+                          "name a writable directory");
+  const fs::path path = fs::path(dir) / kCheckpointLockFile;
+  const auto failure = lock_.lock(path, core::FileLock::Mode::Exclusive);
+  if (!failure) return;
+  using Kind = core::FileLock::Failure::Kind;
+  if (failure->kind == Kind::Busy)
+    throw CheckpointError(
+        dir,
+        fmt::format("another harmony-run is writing checkpoints into this directory ({})",
+                    failure->holder.empty() ? "holder not recorded yet" : failure->holder),
+        fmt::format("wait for that run to finish, or stop it (Ctrl-C saves a checkpoint; continue it with --resume), "
+                    "or give this run another --checkpoint-dir; {} names the last writer",
+                    path.string()));
+  throw CheckpointError(path.string(),
+                        fmt::format("cannot {} the checkpoint directory's lock file: {}",
+                                    failure->kind == Kind::LockFailed    ? "lock"
+                                    : failure->kind == Kind::WriteFailed ? "write"
+                                                                         : "create",
+                                    std::strerror(failure->error)),
+                        failure->kind == Kind::LockFailed ? "use a checkpoint directory on a file system with locks"
+                                                          : "name a writable directory");
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {

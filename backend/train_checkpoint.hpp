@@ -16,6 +16,7 @@
 #include "backend/model/gpt2.hpp"
 #include "backend/model/state.hpp"
 #include "backend/xxhash64.hpp"  // the format's checksum (XxHash64)
+#include "core/base/file_lock.hpp"
 
 namespace harmony::backend {
 
@@ -103,5 +104,18 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 // is `state` filled: weights, exp_avg, exp_avg_sq and step counts from the file, gradients zeroed (on any
 // error before this point `state` is untouched; an I/O error during it leaves it unspecified).
 CheckpointMeta load_checkpoint(const std::string& path, HostState& state, const CheckpointMeta* expect = nullptr);
+
+// The one writer of a checkpoint directory: an exclusive flock on DIR/harmony-run.lock (core::FileLock: the file names
+// the holder's pid and host) for the life of this object, so a second run (fresh or --resume) into the directory of
+// a running one is refused instead of the two overwriting each other's checkpoints. DIR is created when missing.
+// CheckpointError naming the holder when another process holds it, or when the directory or lock cannot be made.
+inline constexpr const char* kCheckpointLockFile = "harmony-run.lock";
+class CheckpointDirLock {
+ public:
+  explicit CheckpointDirLock(const std::string& dir);
+
+ private:
+  core::FileLock lock_;
+};
 
 }  // namespace harmony::backend

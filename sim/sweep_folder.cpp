@@ -1,13 +1,6 @@
 // The results folder's shared plumbing (sweep_internal.hpp): reading and writing its files, sweep.json's
 // shard, the folder lock that keeps two writers (or a writer and a merge) apart.
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -100,44 +93,31 @@ Shard meta_shard(const nlohmann::ordered_json& meta, const fs::path& p) {
 FolderLock::FolderLock(const fs::path& dir, LockMode mode) {
   const fs::path path = dir / kLockFile;
   const bool write = mode == LockMode::Write;
-  fd_ = ::open(path.c_str(), write ? O_RDWR | O_CREAT | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0644);
-  if (fd_ < 0 && !write && errno == ENOENT) return;
-  if (fd_ < 0)
-    fail(file_loc(path), fmt::format("cannot {} the lock file: {}", write ? "create" : "open", std::strerror(errno)),
-         write ? "pick a writable --out folder" : "check the folder's permissions");
-  if (::flock(fd_, (write ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
-    const int err = errno;
-    std::string holder;
-    // The holder writes its name just after locking: give it a moment when the file is still empty.
-    for (int attempt = 0; attempt < 50 && holder.empty() && err == EWOULDBLOCK; ++attempt) {
-      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      char buf[256];
-      const ssize_t got = ::pread(fd_, buf, sizeof buf - 1, 0);
-      if (got > 0) holder = one_line(std::string(buf, static_cast<std::size_t>(got)));
-    }
-    ::close(fd_);
-    fd_ = -1;
-    if (err == EWOULDBLOCK && !write)
-      fail(file_loc(dir),
-           fmt::format("a sweep is writing into this shard folder ({})",
-                       holder.empty() ? "holder not recorded yet" : holder),
-           "wait for it to finish (or stop it: Ctrl-C keeps its rows, and a rerun resumes), then merge");
-    if (err == EWOULDBLOCK)
-      fail(file_loc(dir),
-           fmt::format("another sweep is writing into this folder, or a merge is using it ({})",
-                       holder.empty() ? "holder not recorded yet" : "last locked by " + holder),
-           fmt::format("wait for it to finish or stop it (Ctrl-C keeps its rows), or use another --out folder; "
-                       "{} names the last writer",
-                       path.generic_string()));
-    fail(file_loc(path), fmt::format("cannot lock the folder: {}", std::strerror(err)),
+  const auto failure = lock_.lock(path, write ? core::FileLock::Mode::Exclusive : core::FileLock::Mode::Shared);
+  if (!failure) return;
+  using Kind = core::FileLock::Failure::Kind;
+  if (failure->kind == Kind::Absent) return;  // a reader of a folder no locking sweep ever wrote into
+  const std::string& holder = failure->holder;
+  if (failure->kind == Kind::Busy && !write)
+    fail(file_loc(dir),
+         fmt::format("a sweep is writing into this shard folder ({})",
+                     holder.empty() ? "holder not recorded yet" : holder),
+         "wait for it to finish (or stop it: Ctrl-C keeps its rows, and a rerun resumes), then merge");
+  if (failure->kind == Kind::Busy)
+    fail(file_loc(dir),
+         fmt::format("another sweep is writing into this folder, or a merge is using it ({})",
+                     holder.empty() ? "holder not recorded yet" : "last locked by " + holder),
+         fmt::format("wait for it to finish or stop it (Ctrl-C keeps its rows), or use another --out folder; "
+                     "{} names the last writer",
+                     path.generic_string()));
+  if (failure->kind == Kind::LockFailed)
+    fail(file_loc(path), fmt::format("cannot lock the folder: {}", std::strerror(failure->error)),
          "use a --out folder on a local file system");
-  }
-  if (!write) return;
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
-  const std::string text = fmt::format("pid {} on host {}\n", static_cast<long>(::getpid()), host);
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+  if (failure->kind == Kind::WriteFailed)
     fail(file_loc(path), "cannot write the lock file", "check the folder is writable and the disk has space");
+  fail(file_loc(path),
+       fmt::format("cannot {} the lock file: {}", write ? "create" : "open", std::strerror(failure->error)),
+       write ? "pick a writable --out folder" : "check the folder's permissions");
 }
 
 }  // namespace harmony::sim::sweep_detail

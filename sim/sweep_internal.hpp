@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
+#include "core/base/file_lock.hpp"
 #include "core/base/input_file.hpp"
 #include "core/config/config.hpp"
 #include "core/model/model.hpp"
@@ -129,17 +130,13 @@ Shard meta_shard(const nlohmann::ordered_json& meta, const fs::path& p);
 // and skips a folder that has none (no locking sweep ever wrote there; read-only copies merge as before).
 enum class LockMode { Write, Read };
 
+// The flock and the holder's record are core::FileLock's; this class words a sweep's refusals.
 class FolderLock {
  public:
   explicit FolderLock(const fs::path& dir, LockMode mode = LockMode::Write);
-  ~FolderLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock
-  }
-  FolderLock(const FolderLock&) = delete;
-  FolderLock& operator=(const FolderLock&) = delete;
 
  private:
-  int fd_ = -1;
+  core::FileLock lock_;
 };
 
 }  // namespace sweep_detail
