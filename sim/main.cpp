@@ -842,8 +842,11 @@ int run_cli(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitBadInput;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    const std::vector<CLI::App*> subs = app.get_subcommands();
+    std::cerr << core::command_line_error("harmony-sim", e.what(), subs.empty() ? "" : subs.front()->get_name())
+              << "\n";
+    return kExitBadInput;
   }
   try {
     if (*presets_cmd) return cmd_presets(cli);

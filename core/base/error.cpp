@@ -14,14 +14,23 @@ std::string SourceLoc::str() const {
   return s;
 }
 
-static std::string format_config_error(const SourceLoc& loc, const std::string& message, const std::string& hint) {
-  std::string s = loc.str() + ": error: " + message;
+std::string format_error(const std::string& where, const std::string& message, const std::string& hint) {
+  std::string s = where + ": error: " + message;
   if (!hint.empty()) s += "\n  hint: " + hint;
   return s;
 }
 
+std::string command_line_error(const std::string& tool, const std::string& message, const std::string& subcommand) {
+  std::string text = message;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return format_error(tool, text,
+                      subcommand.empty()
+                          ? "run `" + tool + " --help` for the commands"
+                          : "run `" + tool + " " + subcommand + " --help` for its arguments and options");
+}
+
 ConfigError::ConfigError(SourceLoc loc, const std::string& message, std::string hint)
-    : Error(format_config_error(loc, message, hint)), loc_(std::move(loc)), message_(message), hint_(std::move(hint)) {}
+    : Error(format_error(loc.str(), message, hint)), loc_(std::move(loc)), message_(message), hint_(std::move(hint)) {}
 
 InternalError::InternalError(const std::string& message) : Error("internal: " + message) {}
 

@@ -59,6 +59,15 @@ class InternalError : public Error {
   explicit InternalError(const std::string& message);
 };
 
+// "WHERE: error: MESSAGE\n  hint: HINT" (no hint line when the hint is empty): the one format of every error the
+// tools print, ConfigError's what() included.
+std::string format_error(const std::string& where, const std::string& message, const std::string& hint = {});
+
+// A command-line error of `tool` (CLI11's message: an unknown flag, a missing argument, a value out of range) in that
+// format: "harmony-run: error: MESSAGE\n  hint: run `harmony-run train --help` for its options". `subcommand`: the
+// command the parse got to ("" when none, then the hint names `tool --help`).
+std::string command_line_error(const std::string& tool, const std::string& message, const std::string& subcommand);
+
 // "did you mean" helper: the candidate closest to `word` by edit distance, or "" if none is close.
 std::string closest_match(const std::string& word, const std::initializer_list<std::string>& candidates);
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
