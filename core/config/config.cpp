@@ -28,16 +28,18 @@ constexpr const char* kOverrideHint =
 }  // namespace
 
 void open_root(Node& root, const std::string& file, const std::vector<std::string>& overrides,
-               const std::vector<std::string>& top_keys, const char* start_hint) {
+               const std::vector<std::string>& top_keys, const char* start_hint,
+               const std::vector<FlagOverride>& flags) {
   for (const std::string& o : overrides) apply_override(root, o);
+  for (const FlagOverride& f : flags) apply_override(root, f.override, SourceLoc{f.flag, 0, 0});
   if (root.kind == Node::Kind::Null) fail(SourceLoc{file, 0, 0}, "the config is empty", start_hint);
   if (root.kind != Node::Kind::Map)
     fail(root.loc, fmt::format("the config must be a mapping of sections, got {}", describe(root)), start_hint);
   check_keys(root, "", top_keys);
 }
 
-void apply_override(Node& root, const std::string& text) {
-  const SourceLoc loc = override_loc(text);
+void apply_override(Node& root, const std::string& text, const std::optional<SourceLoc>& origin) {
+  const SourceLoc loc = origin ? *origin : override_loc(text);
   const auto eq = text.find('=');
   if (eq == std::string::npos) fail(loc, fmt::format("override '{}' has no '='", text), kOverrideHint);
   std::string path_text = text.substr(0, eq);
@@ -213,13 +215,14 @@ RunConfig load_config_text_as(PlanKind kind, const std::string& text, const std:
   return cfg;
 }
 
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides, bool plan_searched) {
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides, bool plan_searched,
+                              const std::vector<FlagOverride>& flags) {
   std::string problem;
   const auto text = read_text_file(path, &problem);
   if (!text)
     fail(SourceLoc{path, 0, 0}, fmt::format("cannot read config file '{}': {}", path, problem),
          "check the path: a config is a YAML file");
-  return build_train_config(parse_yaml_tree(*text, path), path, overrides, plan_searched);
+  return build_train_config(parse_yaml_tree(*text, path), path, overrides, plan_searched, flags);
 }
 
 TrainConfig load_train_config_text(const std::string& text, const std::string& name,

@@ -120,11 +120,18 @@ struct TrainConfig {
   CheckpointSpec checkpoint;
 };
 
+// A config key a tool's own flag stands for (harmony-run's `--data my.bin` is train.data): applied after the
+// `--set` overrides as one of them, but errors about its value name the flag ("--data my.bin: error: ...").
+struct FlagOverride {
+  std::string flag;      // as the user typed it: "--data my.bin"
+  std::string override;  // "train.data=/abs/my.bin"
+};
+
 // harmony-run's config (docs/config.md, "harmony-run"): strict keys and file:line:column errors as above.
 // `plan_searched` (harmony-run --plan auto): the search replaces plan.u_fwd and plan.u_bwd, so they are read but
 // not checked against the minibatch (a u_fwd that does not divide a new minibatch is what the search replaces).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {},
-                              bool plan_searched = false);
+                              bool plan_searched = false, const std::vector<FlagOverride>& flags = {});
 TrainConfig load_train_config_text(const std::string& text, const std::string& name,
                                    const std::vector<std::string>& overrides = {}, bool plan_searched = false);
 

@@ -134,11 +134,13 @@ MachineSpec parse_machine_section(const Node& root, const std::string& file, con
 // ---- config.cpp: overrides
 
 // Applies one `--set a.b.c=value` override to the config tree (the value parsed as YAML, flow style allowed).
-void apply_override(Node& root, const std::string& text);
+// `origin`: where its errors point (default: "--set TEXT").
+void apply_override(Node& root, const std::string& text, const std::optional<SourceLoc>& origin = std::nullopt);
 // The opening of both config builders: the overrides applied, then an empty config or one that is not a mapping
 // refused (with `start_hint`), then the top-level keys checked against `top_keys`.
 void open_root(Node& root, const std::string& file, const std::vector<std::string>& overrides,
-               const std::vector<std::string>& top_keys, const char* start_hint);
+               const std::vector<std::string>& top_keys, const char* start_hint,
+               const std::vector<FlagOverride>& flags = {});
 
 // ---- config_model.cpp: model and cost_model
 
@@ -173,6 +175,6 @@ void check_plan(const RunConfig& cfg, const RuleCheck& rules, const PlanLocs& pl
 // ---- config_train.cpp: harmony-run's TrainConfig
 
 TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
-                               bool plan_searched);
+                               bool plan_searched, const std::vector<FlagOverride>& flags = {});
 
 }  // namespace harmony::core::config_detail

@@ -131,11 +131,11 @@ void parse_offload_keys(Node& plan, TrainConfig& cfg) {
 }  // namespace
 
 TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
-                               bool plan_searched) {
+                               bool plan_searched, const std::vector<FlagOverride>& flags) {
   const char* start_hint =
       "a harmony-run config needs `model: {gpt2: {...}, seq_len: T}`, `plan: {mode: harmony-pp, gpus: N, "
       "minibatch: B, ...}` and `train: {steps: S}`; see configs/run/default.yaml and docs/config.md";
-  open_root(root, file, overrides, kTrainTopKeys, start_hint);
+  open_root(root, file, overrides, kTrainTopKeys, start_hint, flags);
   TrainConfig cfg;
   cfg.file = file;
   const std::string base_dir = parent_dir(file);

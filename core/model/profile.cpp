@@ -690,18 +690,23 @@ Model load_profile_text_located(const std::string& text, const std::string& name
   return finish(read_located(text, name), text, name);
 }
 
+// A config's relative paths (model.profile, in the file or in --set) start at the folder of the config that names
+// them; the loaders resolve them before this sees the path.
+constexpr const char* kMissingProfileHint =
+    "check the path: a relative model.profile starts at the folder of the config that names it (also in --set); "
+    "the bundled profiles are configs/profiles/bert_large.json and configs/profiles/gpt2_medium.json (from a "
+    "config in configs/examples/: ../profiles/bert_large.json)";
+
 Model load_profile(const std::string& path) {
   const auto fail = [&](int err) {
     throw ConfigError(SourceLoc{path, 0, 0}, fmt::format("cannot read profile {}: {}", path, std::strerror(err)),
-                      "check the path (relative paths start at the current directory); the bundled profiles are "
-                      "configs/profiles/bert_large.json and configs/profiles/gpt2_medium.json");
+                      kMissingProfileHint);
   };
   std::string problem;
   const int fd = open_input_file(path, &problem);  // refuses folders, FIFOs and devices with the reason
   if (fd < 0)
     throw ConfigError(SourceLoc{path, 0, 0}, fmt::format("cannot read profile {}: {}", path, problem),
-                      "check the path (relative paths start at the current directory); the bundled profiles are "
-                      "configs/profiles/bert_large.json and configs/profiles/gpt2_medium.json");
+                      kMissingProfileHint);
   std::unique_ptr<std::FILE, FileCloser> f(::fdopen(fd, "rb"));
   if (!f) {
     const int err = errno;
