@@ -51,11 +51,15 @@ Factors factors(const AdamWConfig& c, std::int64_t step) {
   return f;
 }
 
-// adamw_update's loop body, statement for statement.
-inline void scalar_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+// adamw_update's loop body, statement for statement. Returns whether every gradient element was finite: g * 0
+// is 0 for a finite g and NaN for an infinity or a NaN, so the sum of those products (one multiply and one add per
+// element, beside the update's own arithmetic in a memory-bound loop) is 0 exactly when all were finite.
+inline bool scalar_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                          std::int64_t begin, std::int64_t end) {
+  float nonfinite = 0.0f;
   for (std::int64_t i = begin; i < end; ++i) {
     const float g = grad[i];
+    nonfinite += g * 0.0f;
     float p = param[i] * f.decay;
     const float m = exp_avg[i] * f.b1 + f.one_minus_b1 * g;
     const float v = exp_avg_sq[i] * f.b2 + f.one_minus_b2 * g * g;
@@ -65,18 +69,22 @@ inline void scalar_range(const Factors& f, float* param, const float* grad, floa
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
   }
+  return nonfinite == 0.0f;
 }
 
 #ifdef HARMONY_ADAMW_X86
 // Eight lanes; every intrinsic is one IEEE operation rounded to float, as the scalar code's.
-__attribute__((target("avx2"))) void avx2_range(const Factors& f, float* param, const float* grad, float* exp_avg,
+__attribute__((target("avx2"))) bool avx2_range(const Factors& f, float* param, const float* grad, float* exp_avg,
                                                 float* exp_avg_sq, std::int64_t n) {
   const __m256 decay = _mm256_set1_ps(f.decay), b1 = _mm256_set1_ps(f.b1), omb1 = _mm256_set1_ps(f.one_minus_b1);
   const __m256 b2 = _mm256_set1_ps(f.b2), omb2 = _mm256_set1_ps(f.one_minus_b2);
   const __m256 bc2 = _mm256_set1_ps(f.bc2_sqrt), eps = _mm256_set1_ps(f.eps), nss = _mm256_set1_ps(f.neg_step_size);
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 nonfinite = zero;  // scalar_range's sum of g * 0, per lane
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 g = _mm256_loadu_ps(grad + i);
+    nonfinite = _mm256_add_ps(nonfinite, _mm256_mul_ps(g, zero));
     const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(param + i), decay);
     const __m256 m = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(exp_avg + i), b1), _mm256_mul_ps(omb1, g));
     const __m256 v =
@@ -86,17 +94,21 @@ __attribute__((target("avx2"))) void avx2_range(const Factors& f, float* param, 
     _mm256_storeu_ps(exp_avg + i, m);
     _mm256_storeu_ps(exp_avg_sq + i, v);
   }
-  scalar_range(f, param, grad, exp_avg, exp_avg_sq, i, n);
+  const bool tail_finite = scalar_range(f, param, grad, exp_avg, exp_avg_sq, i, n);
+  return tail_finite && _mm256_movemask_ps(_mm256_cmp_ps(nonfinite, zero, _CMP_NEQ_UQ)) == 0;
 }
 
 // Four lanes of SSE2, the x86-64 baseline.
-void sse2_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n) {
+bool sse2_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n) {
   const __m128 decay = _mm_set1_ps(f.decay), b1 = _mm_set1_ps(f.b1), omb1 = _mm_set1_ps(f.one_minus_b1);
   const __m128 b2 = _mm_set1_ps(f.b2), omb2 = _mm_set1_ps(f.one_minus_b2);
   const __m128 bc2 = _mm_set1_ps(f.bc2_sqrt), eps = _mm_set1_ps(f.eps), nss = _mm_set1_ps(f.neg_step_size);
+  const __m128 zero = _mm_setzero_ps();
+  __m128 nonfinite = zero;  // scalar_range's sum of g * 0, per lane
   std::int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
     const __m128 g = _mm_loadu_ps(grad + i);
+    nonfinite = _mm_add_ps(nonfinite, _mm_mul_ps(g, zero));
     const __m128 p = _mm_mul_ps(_mm_loadu_ps(param + i), decay);
     const __m128 m = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(exp_avg + i), b1), _mm_mul_ps(omb1, g));
     const __m128 v = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(exp_avg_sq + i), b2), _mm_mul_ps(_mm_mul_ps(omb2, g), g));
@@ -105,7 +117,8 @@ void sse2_range(const Factors& f, float* param, const float* grad, float* exp_av
     _mm_storeu_ps(exp_avg + i, m);
     _mm_storeu_ps(exp_avg_sq + i, v);
   }
-  scalar_range(f, param, grad, exp_avg, exp_avg_sq, i, n);
+  const bool tail_finite = scalar_range(f, param, grad, exp_avg, exp_avg_sq, i, n);
+  return tail_finite && _mm_movemask_ps(_mm_cmpneq_ps(nonfinite, zero)) == 0;
 }
 
 bool have_avx2() {
@@ -114,38 +127,39 @@ bool have_avx2() {
 }
 #endif
 
-void vector_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+// Returns whether every gradient element was finite (scalar_range).
+bool vector_range(const Factors& f, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                   std::int64_t n) {
 #ifdef HARMONY_ADAMW_X86
-  if (have_avx2()) {
-    avx2_range(f, param, grad, exp_avg, exp_avg_sq, n);
-  } else {
-    sse2_range(f, param, grad, exp_avg, exp_avg_sq, n);
-  }
+  return have_avx2() ? avx2_range(f, param, grad, exp_avg, exp_avg_sq, n)
+                     : sse2_range(f, param, grad, exp_avg, exp_avg_sq, n);
 #else
-  scalar_range(f, param, grad, exp_avg, exp_avg_sq, 0, n);
+  return scalar_range(f, param, grad, exp_avg, exp_avg_sq, 0, n);
 #endif
 }
 
 constexpr std::int64_t kLineFloats = 16;  // one 64-byte cache line
 
 // Elements [begin, end) of an update; with grad2, the gradient is grad + grad2, summed in chunks on the stack
-// (elements are independent, so chunking changes no result); with copy_to, param is then copied there.
-void run_range(const Factors& f, float* param, const float* grad, const float* grad2, float* exp_avg, float* exp_avg_sq,
+// (elements are independent, so chunking changes no result); with copy_to, param is then copied there. Returns
+// whether every gradient element (the sum, with grad2) was finite.
+bool run_range(const Factors& f, float* param, const float* grad, const float* grad2, float* exp_avg, float* exp_avg_sq,
                float* copy_to, std::int64_t begin, std::int64_t end) {
+  bool finite = true;
   if (grad2 == nullptr) {
-    vector_range(f, param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, end - begin);
+    finite = vector_range(f, param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, end - begin);
   } else {
     constexpr std::int64_t kChunk = 4096;
     std::array<float, kChunk> sum{};
     for (std::int64_t i = begin; i < end; i += kChunk) {
       const std::int64_t c = std::min(kChunk, end - i);
       for (std::int64_t j = 0; j < c; ++j) sum[static_cast<std::size_t>(j)] = grad[i + j] + grad2[i + j];
-      vector_range(f, param + i, sum.data(), exp_avg + i, exp_avg_sq + i, c);
+      finite = vector_range(f, param + i, sum.data(), exp_avg + i, exp_avg_sq + i, c) && finite;
     }
   }
   if (copy_to != nullptr)
     std::memcpy(copy_to + begin, param + begin, static_cast<std::size_t>(end - begin) * sizeof(float));
+  return finite;
 }
 
 }  // namespace
@@ -200,16 +214,18 @@ struct ParallelAdamW::Impl {
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   const float* grad2 = nullptr;  // update_tied: the twin's gradient, added to grad
+  bool finite = true;            // every gradient element of the job's parts so far (under mu)
   float* copy_to = nullptr;      // update_tied: the twin's weights, overwritten with param
   std::int64_t n = 0;
   int parts = 1;
 
   // Range k of `parts`: whole cache lines (of the element index), the remainder in the last part.
-  void run_part(int k) const {
+  // Returns whether its gradient elements were finite.
+  bool run_part(int k) const {
     const std::int64_t lines = (n + kLineFloats - 1) / kLineFloats;
     const std::int64_t begin = std::min(n, lines * k / parts * kLineFloats);
     const std::int64_t end = std::min(n, lines * (k + 1) / parts * kLineFloats);
-    if (end > begin) run_range(f, param, grad, grad2, exp_avg, exp_avg_sq, copy_to, begin, end);
+    return end <= begin || run_range(f, param, grad, grad2, exp_avg, exp_avg_sq, copy_to, begin, end);
   }
 
   void worker(int k) {
@@ -222,9 +238,10 @@ struct ParallelAdamW::Impl {
         seen = generation;
         if (k >= parts) continue;  // not needed for this job (and not counted in pending)
       }
-      run_part(k);
+      const bool part_finite = run_part(k);
       {
         std::lock_guard lock(mu);
+        finite = finite && part_finite;
         if (--pending == 0) done_cv.notify_one();
       }
     }
@@ -250,20 +267,17 @@ ParallelAdamW::~ParallelAdamW() {
 
 int ParallelAdamW::threads() const { return impl_->threads; }
 
-void ParallelAdamW::update(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
+bool ParallelAdamW::update(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
                            float* exp_avg, float* exp_avg_sq, std::int64_t n) {
-  update_tied(config, step, param, grad, nullptr, exp_avg, exp_avg_sq, n, nullptr);
+  return update_tied(config, step, param, grad, nullptr, exp_avg, exp_avg_sq, n, nullptr);
 }
 
-void ParallelAdamW::update_tied(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
+bool ParallelAdamW::update_tied(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
                                 const float* grad2, float* exp_avg, float* exp_avg_sq, std::int64_t n, float* copy_to) {
   const Factors f = factors(config, step);
-  if (n <= 0) return;
+  if (n <= 0) return true;
   const auto parts = static_cast<int>(std::clamp<std::int64_t>(n / impl_->min_per_thread, 1, impl_->threads));
-  if (parts == 1) {
-    run_range(f, param, grad, grad2, exp_avg, exp_avg_sq, copy_to, 0, n);
-    return;
-  }
+  if (parts == 1) return run_range(f, param, grad, grad2, exp_avg, exp_avg_sq, copy_to, 0, n);
   Impl& s = *impl_;
   {
     std::lock_guard lock(s.mu);
@@ -277,21 +291,33 @@ void ParallelAdamW::update_tied(const AdamWConfig& config, std::int64_t step, fl
     s.n = n;
     s.parts = parts;
     s.pending = parts - 1;
+    s.finite = true;
     ++s.generation;
   }
   s.start_cv.notify_all();
-  s.run_part(0);
+  const bool first_finite = s.run_part(0);
   std::unique_lock lock(s.mu);
   s.done_cv.wait(lock, [&]() { return s.pending == 0; });
+  return first_finite && s.finite;
 }
 
-void update_layers(HostState& st, const AdamWConfig& config, int first, int last, ParallelAdamW& pool) {
+std::optional<NonFiniteGradient> update_layers(HostState& st, const AdamWConfig& config, int first, int last,
+                                               ParallelAdamW& pool) {
   config.validate();
   const Gpt2& m = st.model();
   if (first < 0 || last >= m.num_layers() || first > last)
     throw BackendError(
         fmt::format("host state: update of layers {}..{} outside 0..{}", first, last, m.num_layers() - 1));
   const int head = m.head_layer();
+  std::optional<NonFiniteGradient> nonfinite;
+  const auto note = [&](bool finite, int l, const ParamSpec& ps) {
+    if (finite) return;
+    if (!nonfinite || l > nonfinite->layer) {  // the highest layer's first: the one nearest the loss
+      const int before = nonfinite ? nonfinite->params : 0;
+      nonfinite = NonFiniteGradient{l, ps.name, before};
+    }
+    ++nonfinite->params;
+  };
   for (int l = first; l <= last; ++l) {
     const std::int64_t step = st.steps(l) + 1;
     st.set_steps(l, step);
@@ -307,12 +333,15 @@ void update_layers(HostState& st, const AdamWConfig& config, int first, int last
         const std::int64_t head_offset = m.param(head, "lm_head.weight").offset;
         const float* gh = std::as_const(st).grads(head).data() + head_offset;
         float* wh = st.weights(head).data() + head_offset;
-        pool.update_tied(config, step, w + ps.offset, g + ps.offset, gh, mo + ps.offset, v + ps.offset, ps.numel, wh);
+        note(pool.update_tied(config, step, w + ps.offset, g + ps.offset, gh, mo + ps.offset, v + ps.offset, ps.numel,
+                              wh),
+             l, ps);
         continue;
       }
-      pool.update(config, step, w + ps.offset, g + ps.offset, mo + ps.offset, v + ps.offset, ps.numel);
+      note(pool.update(config, step, w + ps.offset, g + ps.offset, mo + ps.offset, v + ps.offset, ps.numel), l, ps);
     }
   }
+  return nonfinite;
 }
 
 }  // namespace harmony::backend

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "backend/adamw.hpp"
@@ -15,11 +17,21 @@ namespace harmony::backend {
 class HostState;
 class ParallelAdamW;
 
+// A gradient that held a NaN or an infinity when an update read it.
+struct NonFiniteGradient {
+  int layer = 0;      // the highest such layer of the update (the one nearest the loss, where backward starts)
+  std::string param;  // its first such parameter, by its Hugging Face name ("h.3.attn.c_attn.weight")
+  int params = 0;     // how many parameters of the update had one
+};
+
 // HostState::update(config, first, last) with the element loops on `pool` (bit-identical: ParallelAdamW is
 // adamw_update element for element): AdamW per parameter, the tied wte updated with its two gradients summed
 // (layer 0's and the head's lm_head), the head's lm_head then a copy of it, each layer's step count advanced.
-// The executors' Update ops, and what the profiler times as a layer's host update.
-void update_layers(HostState& state, const AdamWConfig& config, int first, int last, ParallelAdamW& pool);
+// The executors' Update ops, and what the profiler times as a layer's host update. Returns the non-finite
+// gradients the update read (found inside its element loops, at no extra pass), nullopt when all were finite; the
+// update is applied either way (the weights of such a parameter are then no longer finite).
+std::optional<NonFiniteGradient> update_layers(HostState& state, const AdamWConfig& config, int first, int last,
+                                               ParallelAdamW& pool);
 
 // One step over n elements on the calling thread, vectorised (AVX2 when the CPU has it, else SSE2 on x86-64,
 // else scalar). Same contract and results, bit for bit, as adamw_update; the four arrays must not overlap.
@@ -47,13 +59,15 @@ class ParallelAdamW {
   ParallelAdamW& operator=(const ParallelAdamW&) = delete;
 
   int threads() const;
-  // As adamw_update (throws BackendError for step < 1 before touching anything).
-  void update(const AdamWConfig& config, std::int64_t step, float* param, const float* grad, float* exp_avg,
+  // As adamw_update (throws BackendError for step < 1 before touching anything). Returns whether every gradient
+  // element was finite (checked inside the element loop).
+  bool update(const AdamWConfig& config, std::int64_t step, float* param, const float* grad, float* exp_avg,
               float* exp_avg_sq, std::int64_t n);
   // A tied pair (GPT-2's wte and lm_head): AdamW over grad + grad2 (one float add per element, as summing into
   // a buffer first: bit-identical to that sum followed by update()), then the updated `param` copied into
-  // `copy_to` (the twin; null: no copy), every pass split across the pool: no serial pass over the tensor.
-  void update_tied(const AdamWConfig& config, std::int64_t step, float* param, const float* grad, const float* grad2,
+  // `copy_to` (the twin; null: no copy), every pass split across the pool: no serial pass over the tensor. Returns
+  // whether every element of grad + grad2 was finite.
+  bool update_tied(const AdamWConfig& config, std::int64_t step, float* param, const float* grad, const float* grad2,
                    float* exp_avg, float* exp_avg_sq, std::int64_t n, float* copy_to);
 
  private:

@@ -913,7 +913,7 @@ class BaselineInterpreter final : public Interpreter {
     if (l == 0 && m_.head_layer() != 0) gather(m_.head_layer());
     if (updated_[static_cast<std::size_t>(l)] != 0) return;
     updated_[static_cast<std::size_t>(l)] = 1;
-    unlocked([&] { update_layers(st_, opt_.adamw, l, l, qr_.adamw(o)); });
+    unlocked([&] { note_nonfinite(update_layers(st_, opt_.adamw, l, l, qr_.adamw(o))); });
   }
 
   // P2P (pp-swap): the sender's activation (Y) or input gradient (dX) copied into the receiver's device.

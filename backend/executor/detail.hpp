@@ -14,9 +14,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/adamw_parallel.hpp"
@@ -91,6 +93,20 @@ class Interpreter {
   static Bytes staging_bytes(const core::Program& program, const ExecutorOptions& options);
 
   std::mutex& mutex() { return mu_; }
+
+  // What the step's Updates found non-finite (update_layers' reports): the highest layer's, the parameters summed.
+  // Thread-safe (Updates of different queues run unlocked); take_nonfinite() returns and clears it.
+  void note_nonfinite(const std::optional<NonFiniteGradient>& g) {
+    if (!g) return;
+    const std::lock_guard lock(nonfinite_mu_);
+    const int before = nonfinite_ ? nonfinite_->params : 0;
+    if (!nonfinite_ || g->layer > nonfinite_->layer) nonfinite_ = *g;
+    nonfinite_->params = before + g->params;
+  }
+  std::optional<NonFiniteGradient> take_nonfinite() {
+    const std::lock_guard lock(nonfinite_mu_);
+    return std::exchange(nonfinite_, std::nullopt);
+  }
 
   // Set by the step loops for one step: where run() stamps its ops' begin and end times.
   StepTimes* times = nullptr;
@@ -185,6 +201,8 @@ class Interpreter {
 
   std::mutex mu_;
   int mem_waiters_ = 0;  // ops of this step sleeping in alloc_or_wait (under mu_)
+  std::mutex nonfinite_mu_;
+  std::optional<NonFiniteGradient> nonfinite_;  // note_nonfinite (under nonfinite_mu_)
   std::map<std::size_t, StagingRing> staging_;
 };
 

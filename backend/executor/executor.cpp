@@ -1179,7 +1179,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
         // updated once per pack, by the owner. AdamW runs unlocked: what it touches (the pack's host weights,
         // gradients and moments; for layer 0 also the head's lm_head gradient and weight) no other op touches
         // until the next step — the deps order the pack's WBs and dWBs before it, tie_edges the head's dWB.
-        if (owns_update(op)) unlocked([&] { update_layers(st, opt.adamw, lf, ll, qr.adamw(o)); });
+        if (owns_update(op)) unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, lf, ll, qr.adamw(o))); });
         return;
       }
       case OpKind::DEL: {
@@ -1509,12 +1509,14 @@ StepResult Executor::step(std::span<const std::int32_t> inputs, std::span<const 
   if (impl_->concurrent && !impl_->workers)
     impl_->workers = std::make_unique<detail::WorkerPool>(impl_->p.queues.size());
   detail::Interpreter& it = *impl_->interpreter;
+  (void)it.take_nonfinite();  // a failed step's report is not this step's
   it.begin_step(inputs, targets);
   StepResult res;
   try {
     res = impl_->concurrent ? detail::run_step_concurrent(impl_->p, it, impl_->workers.get())
                             : detail::run_step(impl_->p, it);
     res.loss = it.end_step();  // waits for every stream: a device error of the step's last work is thrown here
+    res.nonfinite_gradient = it.take_nonfinite();
   } catch (...) {
     // Drain what the failed step enqueued, then free its device tensors, so the devices are empty again.
     try {

@@ -7,10 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "backend/adamw.hpp"
+#include "backend/adamw_parallel.hpp"
 #include "backend/device.hpp"
 #include "backend/model/state.hpp"
 #include "core/base/units.hpp"
@@ -69,7 +71,10 @@ struct ExecutorOptions {
 };
 
 struct StepResult {
-  double loss = 0.0;                // mean cross-entropy over the B*T tokens (summed in double, token order)
+  double loss = 0.0;  // mean cross-entropy over the B*T tokens (summed in double, token order)
+  // A gradient the step's Updates found holding a NaN or an infinity (found inside AdamW's element loop, at no
+  // extra pass; the highest layer's, with the count); nullopt when all were finite. The updates ran anyway.
+  std::optional<NonFiniteGradient> nonfinite_gradient;
   std::vector<core::TimePs> begin;  // per op (Program::ops order), ps since the step began (steady clock);
   std::vector<core::TimePs> end;    // ops of different queues overlap; for core::write_chrome_trace
 };

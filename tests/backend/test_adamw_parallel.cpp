@@ -5,6 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "backend/adamw.hpp"
 #include "backend/adamw_parallel.hpp"
 #include "backend/device.hpp"
+#include "backend/model/state.hpp"
 
 using namespace harmony::backend;
 
@@ -162,4 +164,50 @@ TEST_CASE("parallel AdamW rejects an invalid step before writing") {
   CHECK_THROWS_AS(adamw_update_vectorized(kConfig, 0, p.data(), g.data(), m.data(), v.data(), 64), BackendError);
   CHECK(p == std::vector<float>(64, 1.0f));
   CHECK(m == std::vector<float>(64, 0.0f));
+}
+
+// Issue 32: a NaN or an infinity in a gradient is reported by the update that reads it (found inside the element
+// loop), in every instruction set, at any position (vector body or scalar tail) and in any thread's part; the
+// results of finite elements are unchanged.
+TEST_CASE("parallel AdamW reports a non-finite gradient") {
+  const float bad_values[] = {std::nanf(""), INFINITY, -INFINITY};
+  for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{37}, std::size_t{1000}}) {
+    for (const float bad : bad_values) {
+      for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+        std::vector<float> g(n, 0.25f);
+        CHECK(ParallelAdamW(3, 5).update(kConfig, 1, std::vector<float>(n, 1.0f).data(), g.data(),
+                                         std::vector<float>(n, 0.0f).data(), std::vector<float>(n, 0.0f).data(),
+                                         static_cast<std::int64_t>(n)));
+        g[at] = bad;
+        for (const int threads : {1, 3}) {
+          std::vector<float> p(n, 1.0f), m(n, 0.0f), v(n, 0.0f);
+          CHECK_FALSE(ParallelAdamW(threads, 5)
+                          .update(kConfig, 1, p.data(), g.data(), m.data(), v.data(), static_cast<std::int64_t>(n)));
+        }
+        // the tied pair: a finite sum is finite, a non-finite one is reported (here via the second gradient)
+        std::vector<float> p(n, 1.0f), m(n, 0.0f), v(n, 0.0f), ok(n, 0.5f);
+        CHECK_FALSE(ParallelAdamW(2, 5).update_tied(kConfig, 1, p.data(), ok.data(), g.data(), m.data(), v.data(),
+                                                    static_cast<std::int64_t>(n), nullptr));
+        CHECK(ParallelAdamW(2, 5).update_tied(kConfig, 1, p.data(), ok.data(), ok.data(), m.data(), v.data(),
+                                              static_cast<std::int64_t>(n), nullptr));
+      }
+    }
+  }
+}
+
+TEST_CASE("update_layers names the non-finite gradient nearest the loss") {
+  const Gpt2 model(Gpt2Config{.vocab_size = 64, .max_seq_len = 8, .n_layer = 2, .n_head = 2, .n_embd = 16});
+  HostState st(model);
+  st.init_weights(1);
+  ParallelAdamW pool(2, 5);
+  for (int l = 0; l < model.num_layers(); ++l) std::fill(st.grads(l).begin(), st.grads(l).end(), 0.01f);
+  CHECK_FALSE(update_layers(st, kConfig, 0, model.num_layers() - 1, pool).has_value());
+  st.grad(1, "h.0.mlp.c_fc.weight")[5] = std::nanf("");
+  st.grad(2, "h.1.attn.c_proj.bias")[0] = INFINITY;
+  st.grad(2, "h.1.mlp.c_proj.weight")[3] = -INFINITY;
+  const auto bad = update_layers(st, kConfig, 0, model.num_layers() - 1, pool);
+  REQUIRE(bad.has_value());
+  CHECK(bad->layer == 2);
+  CHECK(bad->param == "h.1.attn.c_proj.bias");
+  CHECK(bad->params == 3);
 }
