@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -25,11 +26,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/cuda_loader.hpp"
 #include "backend/cpu/cpu_device.hpp"
-#ifdef HARMONY_HAVE_CUDA
-#include "backend/cuda/cuda_device.hpp"
-#endif
 #include "backend/executor/executor.hpp"
+#include "backend/host_memory.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/model/hf_weights.hpp"
 #include "backend/profiler.hpp"
@@ -56,6 +56,27 @@ namespace {
 constexpr int kExitBadInput = 2;
 constexpr int kExitInternal = 70;  // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
 constexpr int kExitFailure = 1;    // a failed write to stdout
+// A non-finite loss or gradient stopped training (docs/backend.md): not 1 (a crash, a failed write), 2 (input
+// refused before anything ran), 70 (a bug) or 128 + n (a signal), so a job script can tell "the numbers diverged:
+// change the hyperparameters" from those; the first small code no tool here or the shell gives another meaning.
+constexpr int kExitNonFinite = 3;
+
+// A host allocation that failed (std::bad_alloc) in spite of the pre-flight (check_host_memory): what was being
+// allocated, reported with exit 2 like the pre-flight's refusal.
+class HostAllocationError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// f(), with a std::bad_alloc inside it reported as a HostAllocationError naming `what`.
+template <class F>
+decltype(auto) allocating(const std::string& what, F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const std::bad_alloc&) {
+    throw HostAllocationError(what);
+  }
+}
 
 // Integer flag ranges with finite bounds: CLI11's PositiveNumber prints DBL_MAX's 309 digits.
 const CLI::Range kPositiveInt(1, std::numeric_limits<int>::max());
@@ -124,18 +145,35 @@ struct Cli {
 
 double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
 
+// A device capacity as the tables print it ("1.00 MiB", "10 B"): never "0.00 MiB" for a handful of bytes.
+std::string capacity_text(core::Bytes b) { return core::format_bytes(b); }
+
 std::string absolute(const std::string& path) { return std::filesystem::absolute(path).lexically_normal().string(); }
 
-// CLI flags are config overrides; paths given on the command line are relative to the working directory.
-std::vector<std::string> overrides(const Cli& cli) {
-  std::vector<std::string> sets = cli.sets;
-  if (cli.steps > 0) sets.push_back(fmt::format("train.steps={}", cli.steps));
-  if (!cli.gpu_memory.empty()) sets.push_back("machine.gpu_memory=" + cli.gpu_memory);
-  if (!cli.data.empty()) sets.push_back("train.data=" + absolute(cli.data));
-  if (!cli.checkpoint_dir.empty()) sets.push_back("checkpoint.dir=" + absolute(cli.checkpoint_dir));
-  if (cli.checkpoint_every >= 0) sets.push_back(fmt::format("checkpoint.every={}", cli.checkpoint_every));
-  if (!cli.dtype.empty()) sets.push_back("train.dtype=" + cli.dtype);
-  return sets;
+// CLI flags are config overrides, applied after the --set ones; paths given on the command line are relative to the
+// working directory. Errors about their values name the flag ("--data my.bin: error: ..."), not a --set.
+std::vector<core::FlagOverride> flag_overrides(const Cli& cli) {
+  std::vector<core::FlagOverride> flags;
+  const auto add = [&](const std::string& flag, const std::string& typed, const std::string& key,
+                       const std::string& value) {
+    flags.push_back({flag + " " + typed, key + "=" + value});
+  };
+  if (cli.steps > 0) add("--steps", std::to_string(cli.steps), "train.steps", std::to_string(cli.steps));
+  if (!cli.gpu_memory.empty()) add("--gpu-memory", cli.gpu_memory, "machine.gpu_memory", cli.gpu_memory);
+  // paths as YAML single-quoted scalars: taken literally, whatever characters they hold
+  const auto quoted = [](const std::string& path) {
+    std::string q = "'";
+    for (const char c : path) q += c == '\'' ? std::string("''") : std::string(1, c);
+    return q + "'";
+  };
+  if (!cli.data.empty()) add("--data", cli.data, "train.data", quoted(absolute(cli.data)));
+  if (!cli.checkpoint_dir.empty())
+    add("--checkpoint-dir", cli.checkpoint_dir, "checkpoint.dir", quoted(absolute(cli.checkpoint_dir)));
+  if (cli.checkpoint_every >= 0)
+    add("--checkpoint-every", std::to_string(cli.checkpoint_every), "checkpoint.every",
+        std::to_string(cli.checkpoint_every));
+  if (!cli.dtype.empty()) add("--dtype", cli.dtype, "train.dtype", cli.dtype);
+  return flags;
 }
 
 struct Setup {
@@ -143,7 +181,8 @@ struct Setup {
   std::unique_ptr<backend::Gpt2> model;
   std::unique_ptr<backend::HostState> state;
   backend::TokenFile tokens;
-  core::Model desc;  // exact byte sizes of the model (describe_gpt2), the Program's memory account
+  core::Model desc;                    // exact byte sizes of the model (describe_gpt2), the Program's memory account
+  std::optional<core::Model> profile;  // model.profile, read and checked against the model before any work
   DeviceFlags device_flags;
 };
 
@@ -166,7 +205,14 @@ backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
 
 Setup make_setup(const Cli& cli) {
   Setup s;
-  s.cfg = core::load_train_config(cli.config, overrides(cli), cli.plan == "auto");
+  s.cfg = core::load_train_config(cli.config, cli.sets, cli.plan == "auto", flag_overrides(cli));
+  // A valid size without a unit is bytes: on the command line that is a slip (--gpu-memory 10 for 10 GiB), refused
+  // once the loader has checked the value's range.
+  if (const std::string& v = cli.gpu_memory;
+      !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    throw core::ConfigError(core::SourceLoc{"--gpu-memory " + v, 0, 0},
+                            fmt::format("a device's memory needs a unit: a bare {} would be {} bytes", v, v),
+                            fmt::format("write --gpu-memory {}GiB, {}MiB or {}KiB (or {}B for bytes)", v, v, v, v));
   s.device_flags = cli.device_flags;
   const auto& cfg = s.cfg;
   if (cfg.device != "cuda" && (cli.device_flags.tf32 || cli.device_flags.tree_sums))
@@ -175,15 +221,11 @@ Setup make_setup(const Cli& cli) {
                                         cli.device_flags.tf32 ? "--tf32" : "--tree-sums", cfg.device),
                             "drop the flag (the CPU device computes in fp32 in row order), or use --set device=cuda");
   if (cfg.device == "cuda") {
-#ifdef HARMONY_HAVE_CUDA
-    if (!backend::cuda::cuda_available())
+    const backend::cuda::ModuleApi& cuda = apps::cuda_module(cfg.file);  // loads the CUDA libraries (only here)
+    if (!cuda.available())
       throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
-                              "device: cuda, but no usable GPU: " + backend::cuda::cuda_unavailable_reason(),
+                              "device: cuda, but no usable GPU: " + cuda.unavailable_reason(),
                               "run on a machine with an NVIDIA GPU, or use `device: cpu` (--set device=cpu)");
-#else
-    throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0}, "device 'cuda' is not built into this harmony-run",
-                            "rebuild where the CUDA toolkit is found (meson -Dcuda=enabled), or use `device: cpu`");
-#endif
   }
   const backend::Gpt2Config gc = gpt2_config(cfg);
   if (cfg.model.seq_len > gc.max_seq_len)
@@ -192,9 +234,16 @@ Setup make_setup(const Cli& cli) {
         fmt::format("model.seq_len = {} exceeds the model's {} positions", cfg.model.seq_len, gc.max_seq_len),
         "use a shorter seq_len");
   s.model = std::make_unique<backend::Gpt2>(gc);
-  s.tokens = cfg.train.data.path.empty()
-                 ? backend::TokenFile::synthetic(gc.vocab_size, cfg.train.data.synthetic_tokens, cfg.train.data.seed)
-                 : backend::TokenFile::load(cfg.train.data.path);
+  // read before the plan is known (the pre-flight checks come later): a failure names the data
+  s.tokens = allocating(
+      cfg.train.data.path.empty()
+          ? fmt::format("the synthetic token data ({} tokens)", cfg.train.data.synthetic_tokens)
+          : fmt::format("the token file {} (its bytes, then as many 2-byte tokens)", cfg.train.data.path),
+      [&] {
+        return cfg.train.data.path.empty()
+                   ? backend::TokenFile::synthetic(gc.vocab_size, cfg.train.data.synthetic_tokens, cfg.train.data.seed)
+                   : backend::TokenFile::load(cfg.train.data.path);
+      });
   if (s.tokens.max_token() >= gc.vocab_size)
     throw core::ConfigError(cfg.train.data.loc,
                             fmt::format("token file {} holds token id {}, outside the model's vocabulary of {}",
@@ -210,11 +259,50 @@ Setup make_setup(const Cli& cli) {
   for (int u = 1; u <= B; ++u) sizes[static_cast<std::size_t>(u - 1)] = u;
   s.desc = backend::describe_gpt2(*s.model, T, sizes, {.dtype = run_dtype(cfg)});
   s.desc.name = fmt::format("gpt2 L{} C{} H{} V{} T{}", gc.n_layer, gc.n_embd, gc.n_head, gc.vocab_size, T);
+  if (!cfg.model.profile_path.empty()) {  // read now: a bad profile is refused before step 1, not after the run
+    core::Model m = core::load_profile(cfg.model.profile_path);
+    if (m.num_layers() != s.model->num_layers())
+      throw core::ConfigError(cfg.model.loc,
+                              fmt::format("profile {} has {} layers, the model {}", cfg.model.profile_path,
+                                          m.num_layers(), s.model->num_layers()),
+                              "profile this model with `harmony-run profile`, or drop model.profile");
+    if (m.dtype != cfg.train.dtype)
+      throw core::ConfigError(
+          cfg.model.loc,
+          fmt::format("profile {} was measured in {}, the run trains in {} (train.dtype)", cfg.model.profile_path,
+                      m.dtype, cfg.train.dtype),
+          fmt::format("profile with `harmony-run profile --dtype {}`, or drop model.profile", cfg.train.dtype));
+    s.profile = std::move(m);
+  }
   return s;
 }
 
+// The first element of a loaded model state that is a NaN or an infinity, named: "h.3.attn.c_attn.weight holds NaN at
+// element 17"; nullopt when every weight (and, with `moments`, every AdamW moment) is finite. A model that holds one
+// can only train to NaN: it is refused at load, naming the tensor, rather than after a step.
+std::optional<std::string> nonfinite_tensor(const backend::HostState& st, bool moments) {
+  const backend::Gpt2& m = st.model();
+  for (int l = 0; l < m.num_layers(); ++l) {
+    const std::pair<const char*, std::span<const float>> blocks[] = {
+        {"", st.weights(l)}, {" (AdamW first moment)", st.exp_avg(l)}, {" (AdamW second moment)", st.exp_avg_sq(l)}};
+    for (const auto& [what, block] : std::span(blocks).first(moments ? 3 : 1)) {
+      const auto bad = std::find_if(block.begin(), block.end(), [](float x) { return !std::isfinite(x); });
+      if (bad == block.end()) continue;
+      const auto at = static_cast<std::int64_t>(bad - block.begin());
+      for (const backend::ParamSpec& p : m.params(l))
+        if (at >= p.offset && at < p.offset + p.numel)
+          return fmt::format("{}{} holds {} at element {} of {}", p.name, what,
+                             std::isnan(*bad) ? "NaN"
+                             : *bad > 0       ? "+infinity"
+                                              : "-infinity",
+                             at - p.offset, p.numel);
+    }
+  }
+  return std::nullopt;
+}
+
 // The host-side model (weights, gradients, AdamW state), allocated only after check_host_memory: fresh from
-// init_seed or loaded from model.weights.
+// init_seed or loaded from model.weights (refused when a weight is not finite).
 void init_state(Setup& s) {
   const auto& cfg = s.cfg;
   s.state = std::make_unique<backend::HostState>(*s.model);
@@ -222,53 +310,75 @@ void init_state(Setup& s) {
     s.state->init_weights(cfg.model.init_seed);
   } else {
     backend::load_gpt2_weights_at(cfg.model.weights_path, *s.state);
+    if (const auto bad = nonfinite_tensor(*s.state, false))
+      throw core::ConfigError(core::SourceLoc{cfg.model.weights_path, 0, 0}, "the weights cannot train: tensor " + *bad,
+                              "a NaN or infinite weight makes every loss NaN: use weights saved before the run that "
+                              "produced them diverged, or a fresh model (model.gpt2)");
   }
-}
-
-// MemAvailable from /proc/meminfo (what can be allocated without swapping), else free pages; nullopt when
-// neither can be read.
-std::optional<core::Bytes> host_memory_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  long long kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return static_cast<core::Bytes>(kib) * 1024;
-  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0) return static_cast<core::Bytes>(pages) * static_cast<core::Bytes>(page);
-  return std::nullopt;
 }
 
 double gib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kGiB); }
 
-// Host memory up front, before the weights are allocated: the run's static upper bound (sim::host_account on
-// the model's exact sizes: master weights, gradients, optimizer state, stashes and activations swapped to the
-// host, P2P staging) against what the host can give. A run that cannot fit is refused, not killed later.
-void check_host_memory(const Setup& s, const core::Program& program) {
-  const sim::HostAccount h = sim::host_account(program, s.desc);
-  const std::optional<core::Bytes> avail = host_memory_available();
-  if (!avail || h.total_bytes <= *avail) return;
-  throw core::ConfigError(
-      core::SourceLoc{s.cfg.file, 0, 0},
-      fmt::format("the run needs {:.2f} GiB of host memory (master weights {:.2f}, gradients {:.2f}, optimizer "
-                  "state {:.2f}, stashes {:.2f}, activations {:.2f} GiB); the host has {:.2f} GiB available "
-                  "(MemAvailable)",
-                  gib(h.total_bytes), gib(h.master_weights_bytes), gib(h.gradient_bytes), gib(h.optimizer_state_bytes),
-                  gib(h.stash_bytes), gib(h.activation_bytes), gib(*avail)),
+// What to do about the host limit that binds (backend::probe_host_memory's tightest).
+std::string host_limit_hint(const backend::HostMemoryLimit* limit) {
+  const std::string smaller =
       "use a smaller model (model.gpt2: n_layer, n_embd, vocab_size), a smaller plan.minibatch or model.seq_len "
-      "(the stashes), or free host memory; nothing was allocated");
+      "(the stashes)";
+  if (limit == nullptr) return smaller;
+  if (limit->name.starts_with("RLIMIT_AS"))
+    return "raise the process's address-space limit (ulimit -v, set by the shell or the job script), or " + smaller;
+  if (limit->name.starts_with("RLIMIT_DATA"))
+    return "raise the process's data limit (ulimit -d, set by the shell or the job script), or " + smaller;
+  if (limit->name.starts_with("the cgroup"))
+    return "ask for more memory for the job or container (its cgroup's limit: Slurm --mem, docker --memory, "
+           "systemd MemoryMax), or " +
+           smaller;
+  return smaller + ", or free host memory";
 }
+
+// Host memory up front, before anything large is allocated: `h` (sim::host_account of the run's Program on the
+// model's exact sizes: master weights, gradients, optimizer state, stashes and activations swapped to the host, P2P
+// staging; or sim::host_floor, what every plan needs, before a plan is chosen) plus, on CPU devices, the `devices`
+// arenas (host memory too) against what this process may still allocate: the tightest of MemAvailable, its
+// RLIMIT_AS / RLIMIT_DATA and its cgroup's memory limit (backend::probe_host_memory). A run that cannot fit is
+// refused, not killed later.
+void check_host_memory(const Setup& s, const sim::HostAccount& h, int devices) {
+  const auto& cfg = s.cfg;
+  const core::Bytes arenas = cfg.device == "cpu" ? core::Bytes{devices} * cfg.machine.gpu_memory_bytes : 0;
+  const core::Bytes need = h.total_bytes + arenas;
+  const backend::HostMemoryProbe probe = backend::probe_host_memory();
+  const backend::HostMemoryLimit* limit = probe.tightest();
+  if (limit == nullptr || need <= limit->headroom_bytes()) return;
+  throw core::ConfigError(
+      core::SourceLoc{cfg.file, 0, 0},
+      fmt::format("the run needs {:.2f} GiB of host memory (master weights {}, gradients {}, optimizer state {}, "
+                  "stashes {}, activations {}{}{}); this process may allocate {:.2f} GiB more: {}",
+                  gib(need), core::format_bytes(h.master_weights_bytes), core::format_bytes(h.gradient_bytes),
+                  core::format_bytes(h.optimizer_state_bytes), core::format_bytes(h.stash_bytes),
+                  core::format_bytes(h.activation_bytes),
+                  h.pinned_staging_bytes > 0
+                      ? fmt::format(", staging buffers {}", core::format_bytes(h.pinned_staging_bytes))
+                      : std::string(),
+                  arenas > 0 ? fmt::format(", the {} CPU devices' arenas {}", devices, core::format_bytes(arenas))
+                             : std::string(),
+                  gib(limit->headroom_bytes()), limit->describe()),
+      host_limit_hint(limit) + "; nothing was allocated");
+}
+
+// Before a plan is chosen (--plan auto profiles and trial-steps scratch copies of the model; `profile` measures
+// one): what every plan needs, on `devices` devices.
+void check_host_floor(const Setup& s, int devices) { check_host_memory(s, sim::host_floor(s.desc, false), devices); }
 
 // Device g of the config's kind, capped at machine.gpu_memory, with the command line's --tf32, --tree-sums
 // (CUDA) and --poison; `timing`: never poisoned (the profiler's timings).
 std::unique_ptr<backend::Device> make_device(const core::TrainConfig& cfg, const DeviceFlags& f, int g, bool timing) {
-#ifdef HARMONY_HAVE_CUDA
-  if (cfg.device == "cuda")
-    return backend::cuda::make_cuda_device(g, {.capacity = cfg.machine.gpu_memory_bytes,
-                                               .tf32 = f.tf32,
-                                               .tree_sums = f.tree_sums,
-                                               .poison = !timing && (f.poison || backend::cuda::kCudaPoisonByDefault)});
-#endif
+  if (cfg.device == "cuda") {
+    const backend::cuda::ModuleApi& cuda = apps::cuda_module(cfg.file);
+    return cuda.make_device(g, {.capacity = cfg.machine.gpu_memory_bytes,
+                                .tf32 = f.tf32,
+                                .tree_sums = f.tree_sums,
+                                .poison = !timing && (f.poison || cuda.poison_by_default)});
+  }
   return backend::cpu::make_cpu_device(
       g, {.capacity = cfg.machine.gpu_memory_bytes, .poison = !timing && (f.poison || backend::cpu::kPoisonByDefault)});
 }
@@ -286,10 +396,7 @@ std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConf
 std::unique_ptr<backend::Communicator> make_communicator(const core::TrainConfig& cfg, const Cli& cli,
                                                          const std::vector<backend::Device*>& devs) {
   if (cli.host_sums || devs.size() < 2) return nullptr;
-#ifdef HARMONY_HAVE_CUDA
-  if (cfg.device == "cuda") return backend::cuda::make_cuda_communicator(devs);
-#endif
-  (void)cfg;
+  if (cfg.device == "cuda") return apps::cuda_module(cfg.file).make_communicator(devs);
   return backend::cpu::make_cpu_communicator(devs);
 }
 
@@ -305,21 +412,7 @@ std::vector<backend::Device*> raw_devices(const std::vector<std::unique_ptr<back
 // microbatch sizes given (what the run's Program uses, or every size for --plan auto; warm-up 1, one timed repeat).
 core::Model measured_profile(const Setup& s, const std::vector<int>& sizes, bool quiet) {
   const auto& cfg = s.cfg;
-  if (!cfg.model.profile_path.empty()) {
-    core::Model m = core::load_profile(cfg.model.profile_path);
-    if (m.num_layers() != s.model->num_layers())
-      throw core::ConfigError(cfg.model.loc,
-                              fmt::format("profile {} has {} layers, the model {}", cfg.model.profile_path,
-                                          m.num_layers(), s.model->num_layers()),
-                              "profile this model with `harmony-run profile`, or drop model.profile");
-    if (m.dtype != cfg.train.dtype)
-      throw core::ConfigError(
-          cfg.model.loc,
-          fmt::format("profile {} was measured in {}, the run trains in {} (train.dtype)", cfg.model.profile_path,
-                      m.dtype, cfg.train.dtype),
-          fmt::format("profile with `harmony-run profile --dtype {}`, or drop model.profile", cfg.train.dtype));
-    return m;
-  }
+  if (s.profile) return *s.profile;
   if (!quiet) fmt::print(stderr, "profiling the model on {} (microbatch {}) ...\n", cfg.device, fmt::join(sizes, ","));
   auto dev = make_device(cfg, s.device_flags, 0, true);
   backend::HostState scratch(*s.model);
@@ -550,7 +643,7 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
 // the executor's own verdict on memory (allocation order, granularity and fragmentation included). Returns the
 // out-of-memory message, or nullopt when the step ran.
 std::optional<std::string> trial_step(const Setup& s, const Cli& cli, const Chosen& c) {
-  check_host_memory(s, c.program);
+  check_host_memory(s, sim::host_account(c.program, s.desc), c.plan.gpus);
   backend::HostState scratch(*s.model);
   scratch.init_weights(s.cfg.model.init_seed);
   auto owned = make_devices(s.cfg, s.device_flags, c.plan.gpus);
@@ -689,6 +782,12 @@ Prediction predict(const Setup& s, const Chosen& c, bool serial, bool quiet) {
   }
 }
 
+// (measured - predicted) / predicted: + means the run was slower than predicted; NaN: no prediction.
+double prediction_error(const Prediction& predicted, double measured_step_s) {
+  return predicted.step_s && *predicted.step_s > 0 ? (measured_step_s - *predicted.step_s) / *predicted.step_s
+                                                   : std::numeric_limits<double>::quiet_NaN();
+}
+
 // Every file the run will write, checked before any work so that a bad path never throws a run away.
 void check_train_outputs(const Cli& cli, const core::TrainConfig& cfg) {
   if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
@@ -696,143 +795,324 @@ void check_train_outputs(const Cli& cli, const core::TrainConfig& cfg) {
   if (!cfg.checkpoint.dir.empty()) core::check_output_dir(cfg.checkpoint.dir, "the checkpoint directory");
 }
 
-int cmd_train(const Cli& cli) {
-  Setup s = make_setup(cli);
+// What the run is: printed before step 1 (table output, without --quiet).
+void print_header(const Setup& s, const Chosen& chosen) {
   const auto& cfg = s.cfg;
-  check_train_outputs(cli, cfg);
-  const bool json = cli.format == "json";
-  const bool quiet = cli.quiet || json;
-  adamw_config(cfg).validate();
-  const Chosen chosen = choose(s, cli, quiet);
-  check_host_memory(s, chosen.program);
-  init_state(s);
   const core::Plan& plan = chosen.plan;
-  const core::Program& program = chosen.program;
-  auto owned = make_devices(cfg, s.device_flags, plan.gpus);
-  const std::vector<backend::Device*> devs = raw_devices(owned);
-  auto comm = make_communicator(cfg, cli, devs);  // outlives the executor, dies before the devices
-  // In an optional so that it and the devices are released before the prediction profiles on a device of the same
-  // capacity (a CUDA device holds its whole block: two at once would not fit the GPU).
-  std::optional<backend::Executor> run_executor;
-  run_executor.emplace(program, devs, *s.state, executor_options(cli, cfg, comm.get()));
-  backend::Executor& executor = *run_executor;
+  fmt::print("model    {} ({} parameters, {:.2f} MiB of fp32 weights; {:.2f} MiB with AdamW state)\n", s.desc.name,
+             s.model->param_count(), mib(s.model->param_count() * 4), mib(s.model->param_count() * 12));
+  fmt::print("devices  {} x {} with {} each{}\n", plan.gpus, cfg.device, capacity_text(cfg.machine.gpu_memory_bytes),
+             cfg.train.dtype == "bf16"
+                 ? "; bf16 weights, activations and gradients (fp32 masters and AdamW on the host)"
+                 : "");
+  fmt::print("plan     {} ({} ops)\n", chosen.title, chosen.program.ops.size());
+  fmt::print("data     {} ({} tokens; {} steps per epoch)\n", s.tokens.name(), s.tokens.size(),
+             s.tokens.steps_per_epoch(plan.minibatch, cfg.model.seq_len));
+  std::fflush(stdout);
+}
 
-  const int B = plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
-  const core::Bytes model_bytes = s.model->param_count() * 4;  // fp32 weights, the tied wte counted once
-  if (!quiet) {
-    fmt::print("model    {} ({} parameters, {:.2f} MiB of fp32 weights; {:.2f} MiB with AdamW state)\n", s.desc.name,
-               s.model->param_count(), mib(s.model->param_count() * 4), mib(s.model->param_count() * 12));
-    fmt::print("devices  {} x {} with {:.2f} MiB each{}\n", plan.gpus, cfg.device, mib(cfg.machine.gpu_memory_bytes),
-               cfg.train.dtype == "bf16"
-                   ? "; bf16 weights, activations and gradients (fp32 masters and AdamW on the host)"
-                   : "");
-    fmt::print("plan     {} ({} ops)\n", chosen.title, program.ops.size());
-    fmt::print("data     {} ({} tokens; {} steps per epoch)\n", s.tokens.name(), s.tokens.size(),
-               s.tokens.steps_per_epoch(B, T));
-    std::fflush(stdout);
-  }
+// The checkpoint directory of a run (empty: none), the meta of its checkpoints and the newest one it holds.
+struct Checkpoints {
+  std::string dir;
+  backend::CheckpointMeta meta;
+  std::string newest;  // resumed from or saved by this run; empty when none
+  std::int64_t newest_step = 0;
 
-  // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.
-  backend::CheckpointMeta meta = checkpoint_meta(s, chosen);
-  int start = 0;
-  std::vector<double> losses;
-  const std::string& ckdir = cfg.checkpoint.dir;
-  if (cli.resume) {
-    if (ckdir.empty())
-      throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0}, "--resume needs a checkpoint directory",
-                              "give --checkpoint-dir DIR or checkpoint.dir in the config");
-    if (auto latest = backend::latest_checkpoint(ckdir)) {
-      const backend::CheckpointMeta got = backend::load_checkpoint(*latest, *s.state, &meta);
-      start = static_cast<int>(got.step);
-      losses = got.losses;
-      if (!quiet) fmt::print("resumed  {} at step {}\n", *latest, start);
-    } else if (!quiet) {
-      fmt::print("resume   no checkpoint in {}: starting at step 0\n", ckdir);
-    }
-  }
-  if (!cli.resume && !ckdir.empty()) {
-    if (auto latest = backend::latest_checkpoint(ckdir))
-      throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
-                              fmt::format("checkpoint directory {} already holds {}", ckdir, *latest),
-                              "continue that run with --resume, or give an empty --checkpoint-dir (a fresh run "
-                              "never overwrites saved checkpoints)");
-  }
-  auto save = [&](int done_steps) {
+  std::string save(int done_steps, const std::vector<double>& losses, const backend::HostState& state, int keep) {
     meta.step = done_steps;
     meta.data_position = static_cast<std::uint64_t>(done_steps);
     meta.losses = losses;
-    return backend::save_checkpoint(ckdir, meta, *s.state, cfg.checkpoint.keep);
-  };
+    newest = allocating("a checkpoint", [&] { return backend::save_checkpoint(dir, meta, state, keep); });
+    newest_step = done_steps;
+    return newest;
+  }
+};
 
+// What the steps of this process measured, for the summary, the JSON and the trace.
+struct RunLog {
+  int start = 0;                                   // steps done before this process (a resumed run's)
+  int ran = 0;                                     // steps this process ran
+  double run_s = 0.0;                              // their wall time
+  std::vector<double> losses;                      // every step's loss since step 1 (a resumed run's history first)
+  nlohmann::json steps = nlohmann::json::array();  // this process's steps
+  // --trace: the fastest step after this process's first (its warm-up; the first itself when it is the only one),
+  // the step harmony-sim calibrate measures a run by, so the trace it fits and the time it compares are one step.
+  backend::StepResult traced;
+  int traced_step = 0;  // 1-based; 0 = none yet
+  double traced_s = 0.0;
+};
+
+// A loss this many times the run's first is reported as divergence (once).
+constexpr double kDivergenceFactor = 100.0;
+
+// Training stopped at `step` (1-based) on a non-finite loss or gradient: the error, what is kept, what to do.
+// Returns kExitNonFinite.
+int stop_nonfinite(const Setup& s, const Cli& cli, const Checkpoints& ck, int step, const backend::StepResult& r) {
+  const auto& g = r.nonfinite_gradient;
+  std::string what;
+  if (!std::isfinite(r.loss)) {
+    what = fmt::format("the loss is {}", std::isnan(r.loss) ? "NaN" : r.loss > 0 ? "+infinity" : "-infinity");
+    if (g)
+      what += fmt::format(", and the gradients of {} parameters are not finite either (the one nearest the loss: {})",
+                          g->params, g->param);
+  } else {
+    what =
+        fmt::format("the gradient of {} (layer {}) holds a NaN or an infinity{}; the loss was {:.6g}", g->param,
+                    s.model->layer_name(g->layer),
+                    g->params > 1 ? fmt::format(", as do {} other parameters'", g->params - 1) : std::string(), r.loss);
+  }
+  std::string kept;
+  if (ck.dir.empty()) {
+    kept = "no checkpoint directory: the run's progress is not saved";
+  } else if (ck.newest.empty()) {
+    kept = fmt::format("no checkpoint was saved in {} before it", ck.dir);
+  } else {
+    kept = fmt::format("the newest checkpoint, {} (step {}), is kept as it was", ck.newest, ck.newest_step);
+  }
+  std::string unwritten;
+  for (const auto& [flag, path] : {std::pair{"--save-weights", &cli.save_weights}, std::pair{"--trace", &cli.trace}})
+    if (!path->empty()) unwritten += fmt::format("{}{} {}", unwritten.empty() ? "; not written: " : ", ", flag, *path);
+  fmt::print(stderr,
+             "harmony-run: error: training stopped at step {}: {}. The step's update used it, so nothing of it was "
+             "saved: {}{}\n  hint: lower train.lr (now {:g}), check the data{}; a --resume repeats the same steps "
+             "with the same settings (exit code {}: non-finite training, docs/backend.md)\n",
+             step, what, kept, unwritten, s.cfg.train.lr, s.cfg.model.gpt2 ? "" : " and the weights (model.weights)",
+             kExitNonFinite);
+  return kExitNonFinite;
+}
+
+// Steps log.start+1 .. train.steps with progress (stderr: a bar on a terminal, otherwise the first, the last and
+// one line per 10 s), checkpoints, a warning when the loss diverges, and the stops: 0 when every step ran, else
+// the exit code (a stop signal: 128 + its number, after a checkpoint; a non-finite loss or gradient:
+// kExitNonFinite, nothing saved).
+int train_steps(const Cli& cli, Setup& s, backend::Executor& executor, Checkpoints& ck, RunLog& log) {
+  const auto& cfg = s.cfg;
+  const int B = cfg.plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
+  const bool quiet = cli.quiet;
   install_stop_handlers();
   const bool tty = isatty(STDERR_FILENO) != 0;
   // Off a terminal (a log file, Slurm's output) one progress line for the first step, then one every
   // kProgressLineEvery_s and one for the last, as harmony-sim's sweeps and searches write theirs.
   constexpr double kProgressLineEvery_s = 10.0;
   auto last_line = std::chrono::steady_clock::now();
+  bool on_bar = false;  // a terminal's progress bar is the line the cursor is on
+  const auto end_bar = [&] {
+    if (on_bar) fmt::print(stderr, "\n");
+    on_bar = false;
+  };
+  bool warned = false;
   std::vector<std::int32_t> in, tgt;
-  nlohmann::json step_log = nlohmann::json::array();
-  backend::StepResult last;
-  // --trace: the fastest step after this process's first (its warm-up; the first itself when it is the only one),
-  // the step harmony-sim calibrate measures a run by, so the trace it fits and the time it compares are one step.
-  backend::StepResult traced;
-  int traced_step = 0;  // 1-based; 0 = none yet
-  double traced_s = 0.0;
-  double run_s = 0.0;
-  int ran = 0;
-  for (int step = start; step < steps; ++step) {
+  for (int step = log.start; step < steps; ++step) {
     s.tokens.batch(step, B, T, in, tgt);
     const auto t0 = std::chrono::steady_clock::now();
+    backend::StepResult last;
     try {
-      last = executor.step(in, tgt);
+      last = allocating(fmt::format("training step {}", step + 1), [&] { return executor.step(in, tgt); });
     } catch (const backend::OutOfMemory& e) {
+      end_bar();
       throw core::ConfigError(
           core::SourceLoc{cfg.file, 0, 0},
-          fmt::format("the plan does not fit the devices' memory (machine.gpu_memory = {:.2f} MiB) at step {}: {}",
-                      mib(cfg.machine.gpu_memory_bytes), step, e.what()),
+          fmt::format("the plan does not fit the devices' memory (machine.gpu_memory = {}) at step {}: {}",
+                      capacity_text(cfg.machine.gpu_memory_bytes), step + 1, e.what()),
           "raise --gpu-memory, use smaller packs (plan.pack_size) or microbatches, or let --plan auto pick a plan "
           "that fits; no checkpoint was written by this run");
     }
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    run_s += dt;
-    ++ran;
-    if (!cli.trace.empty() && (ran == 1 || ran == 2 || dt < traced_s)) {
-      traced = last;
-      traced_step = step + 1;
-      traced_s = dt;
+    if (!std::isfinite(last.loss) || last.nonfinite_gradient) {
+      end_bar();
+      return stop_nonfinite(s, cli, ck, step + 1, last);
     }
-    losses.push_back(last.loss);
-    const double sps = B / dt;
-    const double avg_sps = B * ran / run_s;
-    step_log.push_back(
-        {{"step", step + 1}, {"loss", last.loss}, {"step_time_s", dt}, {"throughput_samples_per_s", sps}});
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    log.run_s += dt;
+    ++log.ran;
+    if (!cli.trace.empty() && (log.ran == 1 || log.ran == 2 || dt < log.traced_s)) {
+      log.traced = last;
+      log.traced_step = step + 1;
+      log.traced_s = dt;
+    }
+    log.losses.push_back(last.loss);
+    log.steps.push_back(
+        {{"step", step + 1}, {"loss", last.loss}, {"step_time_s", dt}, {"throughput_samples_per_s", B / dt}});
     const auto now = std::chrono::steady_clock::now();
-    if (!quiet && (tty || step == start || step + 1 == steps ||
+    if (!quiet && (tty || step == log.start || step + 1 == steps ||
                    std::chrono::duration<double>(now - last_line).count() >= kProgressLineEvery_s)) {
-      progress(step + 1, steps, last.loss, avg_sps, (steps - step - 1) * run_s / ran, tty);
+      progress(step + 1, steps, last.loss, B * log.ran / log.run_s, (steps - step - 1) * log.run_s / log.ran, tty);
+      on_bar = tty && step + 1 < steps;
       last_line = now;
+    }
+    if (!warned && last.loss > kDivergenceFactor * log.losses.front()) {
+      warned = true;
+      end_bar();
+      fmt::print(stderr,
+                 "harmony-run: warning: step {}: the loss {:.6g} is {:.3g} times step 1's {:.6g}: the run is "
+                 "diverging\n  hint: lower train.lr (now {:g}); Ctrl-C stops it with a checkpoint{}\n",
+                 step + 1, last.loss, last.loss / log.losses.front(), log.losses.front(), cfg.train.lr,
+                 ck.dir.empty() ? " when --checkpoint-dir is given" : "");
     }
     const bool due = cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0;
     const int stop = g_signal.load();
-    if (!ckdir.empty() && (due || stop != 0)) {
-      const std::string path = save(step + 1);
+    if (!ck.dir.empty() && (due || stop != 0)) {
+      const std::string path = ck.save(step + 1, log.losses, *s.state, cfg.checkpoint.keep);
       if (!quiet && !tty) fmt::print(stderr, "checkpoint {}\n", path);
     }
     if (stop != 0) {
-      if (tty && !quiet) fmt::print(stderr, "\n");
+      end_bar();
       fmt::print(stderr, "interrupted by {} after step {}{}\n", signal_name(stop), step + 1,
-                 ckdir.empty() ? " (no checkpoint directory: progress is lost)"
-                               : fmt::format("; checkpoint saved in {}; continue with --resume", ckdir));
+                 ck.dir.empty() ? " (no checkpoint directory: progress is lost)"
+                                : fmt::format("; checkpoint saved in {}; continue with --resume", ck.dir));
       return 128 + stop;
     }
   }
-  if (!ckdir.empty() && ran > 0 && (cfg.checkpoint.every == 0 || steps % cfg.checkpoint.every != 0)) save(steps);
+  return 0;
+}
+
+// --format json: the run's document (docs/output-schema.md, schemas/harmony-run-train.schema.json); unknown
+// values (nothing ran) are null.
+void print_train_json(const Cli& cli, const Setup& s, const Chosen& chosen, const RunLog& log,
+                      const std::vector<core::Bytes>& peaks, const Prediction& predicted) {
+  using nlohmann::json;
+  const auto& cfg = s.cfg;
+  const core::Plan& plan = chosen.plan;
+  const int B = plan.minibatch;
+  const double mean_step_s = log.ran > 0 ? log.run_s / log.ran : 0.0;
+  const auto or_null = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  const bool baseline =
+      core::parse_plan_kind(chosen.kind).has_value() && core::is_baseline(*core::parse_plan_kind(chosen.kind));
+  json per_gpu = json::array();
+  core::Bytes peak = 0;
+  for (std::size_t g = 0; g < peaks.size(); ++g) {
+    per_gpu.push_back({{"gpu", g}, {"peak_memory_bytes", peaks[g]}});
+    peak = std::max(peak, peaks[g]);
+  }
+  const json doc = {{"schema_version", core::kOutputSchemaVersion},
+                    {"command", "train"},
+                    {"config_path", cli.config},
+                    {"device", cfg.device},
+                    {"dtype", cfg.train.dtype},
+                    {"plan",
+                     {{"title", chosen.title},
+                      {"plan_kind", chosen.kind},
+                      {"gpus", plan.gpus},
+                      {"minibatch", plan.minibatch},
+                      {"u_fwd", plan.u_fwd},
+                      {"u_bwd", plan.u_bwd},
+                      {"packs_fwd", baseline ? json(nullptr) : core::packs_to_json(plan.packs_fwd)},
+                      {"packs_bwd", baseline ? json(nullptr) : core::packs_to_json(plan.packs_bwd)}}},
+                    {"steps", log.steps},
+                    {"summary",
+                     {{"first_step", log.start + 1},
+                      {"last_step", cfg.train.steps},
+                      {"steps_run", log.ran},
+                      {"first_loss", log.losses.empty() ? json(nullptr) : json(log.losses.front())},
+                      {"final_loss", log.losses.empty() ? json(nullptr) : json(log.losses.back())},
+                      {"losses", log.losses},
+                      {"train_time_s", log.run_s},
+                      {"step_time_s", log.ran > 0 ? json(mean_step_s) : json(nullptr)},
+                      {"traced_step", log.traced_step > 0 ? json(log.traced_step) : json(nullptr)},
+                      {"predicted_step_time_s", or_null(predicted.step_s.value_or(std::nan("")))},
+                      {"prediction_error", or_null(prediction_error(predicted, mean_step_s))},
+                      {"throughput_samples_per_s", log.ran > 0 ? json(B * log.ran / log.run_s) : json(nullptr)},
+                      {"gpu_capacity_bytes", cfg.machine.gpu_memory_bytes},
+                      {"model_weight_bytes", s.model->param_count() * 4},
+                      {"num_parameters", s.model->param_count()},
+                      {"peak_memory_bytes", peaks.empty() ? json(nullptr) : json(peak)},
+                      {"per_gpu", std::move(per_gpu)}}}};
+  fmt::print("{}\n", doc.dump(1));
+}
+
+// The table's results (printed with --quiet too: it only drops the progress).
+void print_train_summary(const Setup& s, const RunLog& log, const std::vector<core::Bytes>& peaks,
+                         const Prediction& predicted, bool serial) {
+  const auto& cfg = s.cfg;
+  const int B = cfg.plan.minibatch;
+  const double mean_step_s = log.ran > 0 ? log.run_s / log.ran : 0.0;
+  const double error = prediction_error(predicted, mean_step_s);
+  // this process's steps (a resumed run's earlier losses are not its own)
+  const double first = log.ran > 0 ? log.losses[log.losses.size() - static_cast<std::size_t>(log.ran)] : 0.0;
+  fmt::print("done     {} steps in {:.2f} s ({:.1f} samples/s); loss {:.4f} -> {:.4f}\n", log.ran, log.run_s,
+             log.ran > 0 ? B * log.ran / log.run_s : 0.0, first, log.ran > 0 ? log.losses.back() : 0.0);
+  std::string p;
+  for (std::size_t g = 0; g < peaks.size(); ++g) p += fmt::format("{}{:.2f}", g ? ", " : "", mib(peaks[g]));
+  fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
+             mib(cfg.machine.gpu_memory_bytes), mib(s.model->param_count() * 4));
+  if (predicted.step_s && std::isfinite(error))
+    fmt::print("predict  {:.4f} s/step by harmony-sim (native{}) on machine {}; measured {:.4f} s/step ({:+.1f}%)\n",
+               *predicted.step_s, serial ? ", one op at a time as the serial executor" : "", cfg.machine.name,
+               mean_step_s, 100.0 * error);
+  else if (log.ran > 0)
+    fmt::print("predict  none: {}; measured {:.4f} s/step\n", predicted.why_not, mean_step_s);
+}
+
+int cmd_train(const Cli& cli) {
+  Setup s = make_setup(cli);
+  const auto& cfg = s.cfg;
+  check_train_outputs(cli, cfg);
+  const bool json = cli.format == "json";
+  const bool quiet = cli.quiet;  // progress on stderr: beside JSON too, as harmony-sim's
+  adamw_config(cfg).validate();
+  const std::string& ckdir = cfg.checkpoint.dir;
+  // The checkpoint directory first (before any search or allocation): one writer at a time, and a fresh run never
+  // writes where a run's checkpoints are.
+  std::optional<backend::CheckpointDirLock> ck_lock;
+  if (cli.resume && ckdir.empty())
+    throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0}, "--resume needs a checkpoint directory",
+                            "give --checkpoint-dir DIR or checkpoint.dir in the config");
+  if (!ckdir.empty()) {
+    ck_lock.emplace(ckdir);
+    if (!cli.resume)
+      if (auto latest = backend::latest_checkpoint(ckdir))
+        throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
+                                fmt::format("checkpoint directory {} already holds {}", ckdir, *latest),
+                                "continue that run with --resume, or give an empty --checkpoint-dir (a fresh run "
+                                "never overwrites saved checkpoints)");
+  }
+  check_host_floor(s, cfg.plan.gpus);
+  const Chosen chosen = choose(s, cli, quiet);
+  check_host_memory(s, sim::host_account(chosen.program, s.desc), chosen.plan.gpus);
+  allocating(fmt::format("the host model state (fp32 weights, gradients and AdamW moments: {:.2f} GiB)",
+                         gib(s.model->param_count() * 16)),
+             [&] { init_state(s); });
+  const core::Plan& plan = chosen.plan;
+  const core::Program& program = chosen.program;
+  auto owned = allocating("the devices", [&] { return make_devices(cfg, s.device_flags, plan.gpus); });
+  const std::vector<backend::Device*> devs = raw_devices(owned);
+  auto comm = make_communicator(cfg, cli, devs);  // outlives the executor, dies before the devices
+  // In an optional so that it and the devices are released before the prediction profiles on a device of the same
+  // capacity (a CUDA device holds its whole block: two at once would not fit the GPU).
+  std::optional<backend::Executor> run_executor;
+  allocating("the executor's host buffers (stashes and swapped activations)",
+             [&] { run_executor.emplace(program, devs, *s.state, executor_options(cli, cfg, comm.get())); });
+  if (!json && !quiet) print_header(s, chosen);
+
+  // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.
+  Checkpoints ck{ckdir, checkpoint_meta(s, chosen), ""};
+  RunLog log;
+  if (cli.resume) {
+    if (auto latest = backend::latest_checkpoint(ckdir)) {
+      const backend::CheckpointMeta got = backend::load_checkpoint(*latest, *s.state, &ck.meta);
+      if (const auto bad = nonfinite_tensor(*s.state, true))
+        throw core::ConfigError(core::SourceLoc{*latest, 0, 0}, "the checkpoint cannot continue training: " + *bad,
+                                "move it away and resume from an older checkpoint, or start again in another "
+                                "--checkpoint-dir (harmony-run never saves a step whose loss or gradients are not "
+                                "finite: this one was written by another program or version)");
+      log.start = static_cast<int>(got.step);
+      log.losses = got.losses;
+      ck.newest = *latest;
+      if (!quiet) fmt::print(json ? stderr : stdout, "resumed  {} at step {}\n", *latest, log.start);
+    } else if (!quiet) {
+      fmt::print(json ? stderr : stdout, "resume   no checkpoint in {}: starting at step 0\n", ckdir);
+    }
+    std::fflush(stdout);
+  }
+
+  if (const int stopped = train_steps(cli, s, *run_executor, ck, log); stopped != 0) return stopped;
+  if (!ckdir.empty() && log.ran > 0 && (cfg.checkpoint.every == 0 || cfg.train.steps % cfg.checkpoint.every != 0))
+    ck.save(cfg.train.steps, log.losses, *s.state, cfg.checkpoint.keep);
   if (!cli.save_weights.empty()) backend::save_gpt2_weights(cli.save_weights, *s.state);
-  if (!cli.trace.empty() && ran > 0) {
-    nlohmann::json doc = core::chrome_trace_json(program, traced.begin, traced.end,
+  if (!cli.trace.empty() && log.ran > 0) {
+    nlohmann::json doc = core::chrome_trace_json(program, log.traced.begin, log.traced.end,
                                                  core::TraceMeta{"harmony-run (" + cfg.device + ")", chosen.title});
-    doc["otherData"]["step"] = traced_step;
-    doc["otherData"]["step_time_s"] = traced_s;
+    doc["otherData"]["step"] = log.traced_step;
+    doc["otherData"]["step_time_s"] = log.traced_s;
     core::write_file_atomic(cli.trace, doc.dump(1) + "\n", "the trace");
   }
 
@@ -842,74 +1122,13 @@ int cmd_train(const Cli& cli) {
   run_executor.reset();  // the run's device memory back before predict() profiles (the state stays on the host)
   comm.reset();
   owned.clear();
-  const double mean_sps = ran > 0 ? B * ran / run_s : 0.0;
-  const double mean_step_s = ran > 0 ? run_s / ran : 0.0;
   const bool serial = !executor_options(cli, cfg).concurrent;
-  const Prediction predicted = ran > 0 ? predict(s, chosen, serial, quiet) : Prediction{std::nullopt, "no step ran"};
-  // (measured - predicted) / predicted: + means the run was slower than predicted; NaN: no prediction
-  const double error = predicted.step_s && *predicted.step_s > 0 ? (mean_step_s - *predicted.step_s) / *predicted.step_s
-                                                                 : std::numeric_limits<double>::quiet_NaN();
-  const auto or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  const Prediction predicted =
+      log.ran > 0 ? predict(s, chosen, serial, quiet) : Prediction{std::nullopt, "no step ran"};
   if (json) {
-    // docs/output-schema.md, schemas/harmony-run-train.schema.json; unknown values (nothing ran) are null
-    using nlohmann::json;
-    const bool baseline =
-        core::parse_plan_kind(chosen.kind).has_value() && core::is_baseline(*core::parse_plan_kind(chosen.kind));
-    json per_gpu = json::array();
-    core::Bytes peak = 0;
-    for (std::size_t g = 0; g < peaks.size(); ++g) {
-      per_gpu.push_back({{"gpu", g}, {"peak_memory_bytes", peaks[g]}});
-      peak = std::max(peak, peaks[g]);
-    }
-    const json doc = {{"schema_version", core::kOutputSchemaVersion},
-                      {"command", "train"},
-                      {"config_path", cli.config},
-                      {"device", cfg.device},
-                      {"dtype", cfg.train.dtype},
-                      {"plan",
-                       {{"title", chosen.title},
-                        {"plan_kind", chosen.kind},
-                        {"gpus", plan.gpus},
-                        {"minibatch", plan.minibatch},
-                        {"u_fwd", plan.u_fwd},
-                        {"u_bwd", plan.u_bwd},
-                        {"packs_fwd", baseline ? json(nullptr) : core::packs_to_json(plan.packs_fwd)},
-                        {"packs_bwd", baseline ? json(nullptr) : core::packs_to_json(plan.packs_bwd)}}},
-                      {"steps", step_log},
-                      {"summary",
-                       {{"first_step", start + 1},
-                        {"last_step", steps},
-                        {"steps_run", ran},
-                        {"first_loss", losses.empty() ? json(nullptr) : json(losses.front())},
-                        {"final_loss", losses.empty() ? json(nullptr) : json(losses.back())},
-                        {"losses", losses},
-                        {"train_time_s", run_s},
-                        {"step_time_s", ran > 0 ? json(mean_step_s) : json(nullptr)},
-                        {"traced_step", traced_step > 0 ? json(traced_step) : json(nullptr)},
-                        {"predicted_step_time_s", or_null(predicted.step_s.value_or(std::nan("")))},
-                        {"prediction_error", or_null(error)},
-                        {"throughput_samples_per_s", ran > 0 ? json(mean_sps) : json(nullptr)},
-                        {"gpu_capacity_bytes", cfg.machine.gpu_memory_bytes},
-                        {"model_weight_bytes", model_bytes},
-                        {"num_parameters", s.model->param_count()},
-                        {"peak_memory_bytes", peaks.empty() ? json(nullptr) : json(peak)},
-                        {"per_gpu", std::move(per_gpu)}}}};
-    fmt::print("{}\n", doc.dump(1));
-    return 0;
-  }
-  if (!quiet) {
-    fmt::print("done     {} steps in {:.2f} s ({:.1f} samples/s); loss {:.4f} -> {:.4f}\n", ran, run_s, mean_sps,
-               losses.empty() ? 0.0 : losses.front(), losses.empty() ? 0.0 : losses.back());
-    std::string p;
-    for (std::size_t g = 0; g < peaks.size(); ++g) p += fmt::format("{}{:.2f}", g ? ", " : "", mib(peaks[g]));
-    fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
-               mib(cfg.machine.gpu_memory_bytes), mib(model_bytes));
-    if (predicted.step_s && std::isfinite(error))
-      fmt::print("predict  {:.4f} s/step by harmony-sim (native{}) on machine {}; measured {:.4f} s/step ({:+.1f}%)\n",
-                 *predicted.step_s, serial ? ", one op at a time as the serial executor" : "", cfg.machine.name,
-                 mean_step_s, 100.0 * error);
-    else if (ran > 0)
-      fmt::print("predict  none: {}; measured {:.4f} s/step\n", predicted.why_not, mean_step_s);
+    print_train_json(cli, s, chosen, log, peaks, predicted);
+  } else {
+    print_train_summary(s, log, peaks, predicted, serial);
   }
   return 0;
 }
@@ -923,7 +1142,10 @@ int cmd_profile(const Cli& cli) {
   po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
   po.repeats = cli.repeats;
   po.dtype = run_dtype(cfg);
-  init_state(s);
+  check_host_floor(s, 1);
+  allocating(fmt::format("the host model state (fp32 weights, gradients and AdamW moments: {:.2f} GiB)",
+                         gib(s.model->param_count() * 16)),
+             [&] { init_state(s); });
   auto dev = make_device(cfg, s.device_flags, 0, true);
   const bool tty = isatty(STDERR_FILENO) != 0;
   const backend::ProfileResult prof = backend::profile_gpt2(*dev, *s.state, po, [&](const backend::ProfileProgress& p) {
@@ -949,6 +1171,18 @@ int cmd_profile(const Cli& cli) {
     fmt::print("sizes left out (did not fit {:.2f} MiB): forward {}, backward {}\n", mib(prof.device_capacity_bytes),
                fmt::join(prof.dropped_fwd, ","), fmt::join(prof.dropped_bwd, ","));
   return 0;
+}
+
+// A host resource that failed after the pre-flight passed (`failure`: "out of host memory (std::bad_alloc)
+// allocating X", "cannot start a thread: ..."), with the limits as they stand now.
+void report_host_resource_failure(const std::string& failure, const std::string& why = "") {
+  const backend::HostMemoryProbe probe = backend::probe_host_memory();
+  const backend::HostMemoryLimit* limit = probe.tightest();
+  std::cerr << fmt::format("harmony-run: error: {}; {}\n  hint: {}\n", failure,
+                           limit == nullptr ? std::string("no host memory limit could be read")
+                                            : fmt::format("this process may allocate {:.2f} GiB more: {}",
+                                                          gib(limit->headroom_bytes()), limit->describe()),
+                           why + host_limit_hint(limit));
 }
 
 int run_cli(int argc, char** argv) {
@@ -1012,8 +1246,11 @@ int run_cli(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitBadInput;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    const std::vector<CLI::App*> subs = app.get_subcommands();
+    std::cerr << core::command_line_error("harmony-run", e.what(), subs.empty() ? "" : subs.front()->get_name())
+              << "\n";
+    return kExitBadInput;
   }
   try {
     if (*profile) return cmd_profile(cli);
@@ -1030,6 +1267,21 @@ int run_cli(int argc, char** argv) {
     return kExitBadInput;
   } catch (const backend::BackendError& e) {  // bad weights, token file or checkpoint (FormatError, CheckpointError)
     std::cerr << "harmony-run: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const HostAllocationError& e) {
+    report_host_resource_failure(fmt::format("out of host memory (std::bad_alloc) allocating {}", e.what()));
+    return kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    report_host_resource_failure("out of host memory (std::bad_alloc)");
+    return kExitBadInput;
+  } catch (const std::system_error& e) {  // a thread that cannot start: the address space or the process limit
+    if (e.code() != std::errc::resource_unavailable_try_again && e.code() != std::errc::not_enough_memory) {
+      std::cerr << "harmony-run: internal error: " << e.what() << "\n";
+      return 1;
+    }
+    report_host_resource_failure(fmt::format("cannot start a thread: {}", e.what()),
+                                 "each thread maps its stack (ulimit -s) and may reserve a malloc arena of 64 MiB "
+                                 "in the address space: ");
     return kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "harmony-run: internal error: " << e.what() << "\n";

@@ -29,11 +29,6 @@ namespace harmony::backend::cuda {
 
 using core::format_bytes;
 
-bool sync_debug_from_environment() {
-  const char* v = std::getenv("HARMONY_SYNC_DEBUG");
-  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-}
-
 int cuda_device_count() noexcept {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -4,16 +4,22 @@
 // host memory with a pre-flight check; NVTX ranges. Free of CUDA headers: apps/ can include it as is.
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/device.hpp"
 
 namespace harmony::backend::cuda {
 
-// HARMONY_SYNC_DEBUG=1 (or any value but "0" / empty) in the environment.
-bool sync_debug_from_environment();
+// HARMONY_SYNC_DEBUG=1 (or any value but "0" / empty) in the environment. Inline: harmony-run builds
+// CudaDeviceOptions without linking the CUDA device (it loads it as a module, cuda_module.hpp).
+inline bool sync_debug_from_environment() {
+  const char* v = std::getenv("HARMONY_SYNC_DEBUG");
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+}
 
 #ifdef NDEBUG
 inline constexpr bool kCudaPoisonByDefault = false;
