@@ -259,7 +259,15 @@ Setup make_setup(const Cli& cli) {
   for (int u = 1; u <= B; ++u) sizes[static_cast<std::size_t>(u - 1)] = u;
   s.desc = backend::describe_gpt2(*s.model, T, sizes, {.dtype = run_dtype(cfg)});
   s.desc.name = fmt::format("gpt2 L{} C{} H{} V{} T{}", gc.n_layer, gc.n_embd, gc.n_head, gc.vocab_size, T);
-  if (!cfg.model.profile_path.empty()) {  // read now: a bad profile is refused before step 1, not after the run
+  return s;
+}
+
+// model.profile for `train` (the profile --plan auto searches on and the prediction is priced on), read and checked
+// against the model before any work: a missing or mismatched one is refused before step 1, not after the run.
+// (`profile` does not read it: a config may name the profile that command is about to write.)
+void load_run_profile(Setup& s) {
+  const auto& cfg = s.cfg;
+  if (!cfg.model.profile_path.empty()) {
     core::Model m = core::load_profile(cfg.model.profile_path);
     if (m.num_layers() != s.model->num_layers())
       throw core::ConfigError(cfg.model.loc,
@@ -274,7 +282,6 @@ Setup make_setup(const Cli& cli) {
           fmt::format("profile with `harmony-run profile --dtype {}`, or drop model.profile", cfg.train.dtype));
     s.profile = std::move(m);
   }
-  return s;
 }
 
 // The first element of a loaded model state that is a NaN or an infinity, named: "h.3.attn.c_attn.weight holds NaN at
@@ -321,7 +328,7 @@ double gib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(
 
 // What to do about the host limit that binds (backend::probe_host_memory's tightest).
 std::string host_limit_hint(const backend::HostMemoryLimit* limit) {
-  const std::string smaller =
+  std::string smaller =
       "use a smaller model (model.gpt2: n_layer, n_embd, vocab_size), a smaller plan.minibatch or model.seq_len "
       "(the stashes)";
   if (limit == nullptr) return smaller;
@@ -1044,6 +1051,7 @@ void print_train_summary(const Setup& s, const RunLog& log, const std::vector<co
 
 int cmd_train(const Cli& cli) {
   Setup s = make_setup(cli);
+  load_run_profile(s);
   const auto& cfg = s.cfg;
   check_train_outputs(cli, cfg);
   const bool json = cli.format == "json";
@@ -1208,6 +1216,11 @@ int run_cli(int argc, char** argv) {
   };
   auto* train = app.add_subcommand("train", "train for train.steps steps, printing loss, samples/s and ETA");
   add_common(train);
+  train->footer(
+      "Exit codes: 0 trained; 1 a failed write to stdout; 2 bad input, or a run refused up front (host memory, a "
+      "checkpoint folder another run "
+      "holds) or out of host memory; 3 stopped on a NaN or infinite loss or gradient (nothing of that step saved); "
+      "70 a bug in harmony; 128 + n stopped by signal n after a checkpoint (docs/backend.md)");
   train->add_option("--steps", cli.steps, "steps to train (train.steps)")->check(kPositiveInt);
   train->add_option("--data", cli.data, "llm.c token file (uint16 ids) instead of the config's data");
   train->add_option("--plan", cli.plan, "config (the plan: section) or auto (search the best plan that fits)")
