@@ -140,8 +140,6 @@ def write_safetensors(path, tensors, metadata):
 
 def read_safetensors(path):
     """(name -> fp32 CPU tensor, metadata); F32, F16 and BF16 (widened), as harmony-run reads them."""
-    import torch
-    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
     try:
         with open(path, "rb") as f:
             data = bytearray(f.read())
@@ -154,7 +152,11 @@ def read_safetensors(path):
         header = json.loads(bytes(data[8:8 + n]))
     except ValueError as e:
         raise InputError(f"{path}: the safetensors header is not JSON: {e}")
+    if not isinstance(header, dict):
+        raise InputError(f"{path}: the safetensors header is not a JSON object")
     meta = header.pop("__metadata__", {}) or {}
+    import torch  # only now: a file that is not safetensors is refused without the seconds torch takes to load
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
     out = {}
     for name, h in header.items():
         if h["dtype"] not in dtypes:
@@ -330,14 +332,19 @@ def pick_device(want):
 
 
 def cmd_train(a):
+    # What can be checked without torch first (it takes seconds to load).
+    U = a.microbatch or a.batch
+    if a.batch < 1 or U < 1 or a.batch % U:
+        raise InputError(f"--microbatch {U} must divide --batch {a.batch}")
+    if a.memory_cap is not None and a.device == "cpu":
+        raise InputError("--memory-cap caps the CUDA caching allocator (set_per_process_memory_fraction): "
+                         "it needs --device cuda")
+    tokens = read_tokens(a.data)
     import torch
     if a.threads:
         torch.set_num_threads(a.threads)
     device = pick_device(a.device)
     fallbacks = []
-    U = a.microbatch or a.batch
-    if a.batch < 1 or U < 1 or a.batch % U:
-        raise InputError(f"--microbatch {U} must divide --batch {a.batch}")
     if a.memory_cap is not None and device != "cuda":
         raise InputError("--memory-cap caps the CUDA caching allocator (set_per_process_memory_fraction): "
                          "it needs --device cuda")
@@ -364,7 +371,6 @@ def cmd_train(a):
             n_head = int(json.load(open(cj)).get("n_head", 0))
     if n_head <= 0:
         raise InputError(f"{a.weights}: no n_head in its metadata or a config.json beside it: give --n-head")
-    tokens = read_tokens(a.data)
     model, cfg = build_model(weights, n_head, a.ln_eps, attention)
     del weights
     if max(tokens) >= cfg["vocab_size"]:

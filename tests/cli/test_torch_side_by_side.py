@@ -51,9 +51,11 @@ def check(name, cond, detail=""):
 
 
 def torch_python():
+    """The first interpreter that has torch (found, not imported: importing takes seconds)."""
     cands = [sys.executable, os.environ.get("TORCH_PYTHON", ""), "/usr/bin/python3"]
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
     for p in cands:
-        if p and os.path.exists(p) and subprocess.run([p, "-c", "import torch"], capture_output=True).returncode == 0:
+        if p and os.path.exists(p) and subprocess.run([p, "-c", probe], capture_output=True).returncode == 0:
             return p
     return None
 
@@ -133,13 +135,11 @@ def main():
             check("CPU: peak memory null (CUDA allocator only)", s["peak_memory_bytes"] is None, s)
             check("settings recorded", t["settings"]["microbatch"] == U and t["settings"]["lr"] == 3e-3
                   and t["device"] == "cpu" and t["dtype"] == "fp32", t["settings"])
-            import_torch = subprocess.run([py, "-c", "import torch, torch.nn.functional as F; "
-                                           "print(hasattr(F, 'scaled_dot_product_attention'))"],
-                                          capture_output=True, text=True)
-            if import_torch.stdout.strip() == "False":  # Debian's torch 1.13
-                check("torch 1.13: the fallbacks are named", any("scaled_dot_product_attention" in f
-                                                               for f in t["fallbacks"])
-                      and t["settings"]["attention"] == "manual", t["fallbacks"])
+            # without SDPA (Debian's torch 1.13) the explicit attention, and the fallback named; with it, SDPA
+            sdpa_named = any("scaled_dot_product_attention" in f for f in t["fallbacks"])
+            check("attention: SDPA where torch has it, else the fallback named",
+                  (t["settings"]["attention"] == "manual") == sdpa_named
+                  and (t["torch_version"].startswith("1.") <= sdpa_named), (t["torch_version"], t["fallbacks"]))
             check("CPU: AdamW fallback named", t["settings"]["adamw"] == "for-loop"
                   and any("AdamW" in f for f in t["fallbacks"]), t["fallbacks"])
 
