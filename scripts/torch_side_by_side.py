@@ -432,7 +432,7 @@ def cmd_train(a):
         step_fn = model
         if a.compile:
             step_fn = torch.compile(model)
-        autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16) if a.dtype == "bf16" else None)
+        bf16 = a.dtype == "bf16"
         B, T = a.batch, a.seq_len
         for step in range(a.steps):
             step_no = step + 1
@@ -447,10 +447,7 @@ def cmd_train(a):
             opt.zero_grad(set_to_none=True)
             total = None
             for m in range(0, B, U):
-                if autocast is not None:
-                    with autocast:
-                        loss = step_fn(inp[m:m + U], tgt[m:m + U])
-                else:
+                with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
                     loss = step_fn(inp[m:m + U], tgt[m:m + U])
                 (loss * (U / B)).backward()  # the minibatch's mean gradient, as harmony's microbatches sum it
                 d = loss.detach() * (U / B)
