@@ -206,7 +206,7 @@ std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
     const int ids = b.input(T, kIdBytes, false);
     const int pos = b.tensor(0, kIdBytes, false, T);  // arange(T), expanded to the microbatch
     const int wte = b.embedding("wte", ids, T, V, h);
-    const int wpe = b.embedding("wpe", pos, T, T, h);
+    const int wpe = b.embedding("wpe", pos, T, s.positions > 0 ? s.positions : T, h);
     const int e = b.add("wte+wpe", wte, wpe);
     out.push_back(finish(b, "embedding", "embedding", {b.dropout("embd_dropout", e)}));
   }
@@ -395,6 +395,10 @@ std::vector<LayerDef> build_layers(const AnalyticSpec& s) {
       return bert_layers(s);
     case ModelFamily::Resnet:
       return resnet_layers(s);
+    case ModelFamily::Llama:
+      return llama_layers(s);
+    case ModelFamily::Neox:
+      return neox_layers(s);
   }
   return {};
 }
@@ -627,6 +631,10 @@ std::string family_name(ModelFamily f) {
       return "bert";
     case ModelFamily::Resnet:
       return "resnet";
+    case ModelFamily::Llama:
+      return "llama";
+    case ModelFamily::Neox:
+      return "neox";
   }
   return "?";
 }
@@ -712,6 +720,7 @@ std::vector<std::pair<std::string, AnalyticSpec>> presets() {
     r.name = fmt::format("resnet{}", depth);
     p.emplace_back(r.name, r);
   }
+  for (auto& l : llama_presets()) p.push_back(std::move(l));
   return p;
 }
 
@@ -743,6 +752,14 @@ std::string analytic_spec_problem(const AnalyticSpec& s) {
     return fmt::format("layers_per_block must be 1 or 2, got {}", s.layers_per_block);
   if (s.layers_per_block == 2 && s.family != ModelFamily::Gpt)
     return "layers_per_block 2 (a block's attention and MLP halves) is for the gpt family only";
+  const bool decoder = s.family == ModelFamily::Llama || s.family == ModelFamily::Neox;
+  if (!decoder && (s.kv_heads != 0 || s.attn_bias != AttnBias::None || s.mlp_bias || s.sliding_window != 0 || !s.rope ||
+                   s.rope_dims != 0 || !s.parallel_residual || s.act != MlpActivation::Gelu))
+    return "kv_heads, attn_bias, mlp_bias, sliding_window, rope, rope_dims, parallel_residual and act are for the "
+           "llama and neox families";
+  if (s.positions != 0 && s.family != ModelFamily::Gpt)
+    return "positions (the position table's rows) is for family gpt";
+  if (decoder && s.gpt_head != GptHead::Lm) return "head none is for family gpt (llama and neox have their LM head)";
   if (s.family == ModelFamily::Resnet) {
     if (s.layers != 50 && s.layers != 101 && s.layers != 152)
       return fmt::format("resnet depth (layers) must be 50, 101 or 152, got {}", s.layers);
@@ -759,6 +776,10 @@ std::string analytic_spec_problem(const AnalyticSpec& s) {
   if (s.vocab < 2 || s.vocab > 16 * kMaxDim) return fmt::format("vocab {} is outside 2..{}", s.vocab, 16 * kMaxDim);
   if (s.family == ModelFamily::Bert && s.bert_head == BertHead::Classifier && (s.labels < 1 || s.labels > kMaxDim))
     return fmt::format("labels {} is outside 1..{}", s.labels, kMaxDim);
+  if (s.positions != 0 && (s.positions < s.seq_len || s.positions > kMaxDim))
+    return fmt::format("positions {} is outside seq_len ({})..{}: the position table needs a row per token",
+                       s.positions, s.seq_len, kMaxDim);
+  if (decoder) return llama_spec_problem(s);
   return {};
 }
 

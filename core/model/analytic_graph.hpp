@@ -1,5 +1,5 @@
 // The analytic models' internals, shared by the family files (analytic.cpp: GPT, BERT, ResNet, the costs and the
-// presets): a layer as a graph of tensors and ops, the Builder
+// presets; analytic_llama.cpp: the Llama family and GPT-NeoX): a layer as a graph of tensors and ops, the Builder
 // that writes one, and the helpers the families share. Nothing outside core/model includes it.
 #pragma once
 
@@ -522,5 +522,14 @@ LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int>
 // GELU: eager runs the Python formula op by op (`tanh_form`: GPT-2's gelu_new; else BERT's erf form); fused and
 // flash one kernel.
 int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form);
+
+// ---- analytic_llama.cpp: the Llama family (Llama, Mistral, Qwen2) and GPT-NeoX
+
+std::vector<LayerDef> llama_layers(const AnalyticSpec& s);
+std::vector<LayerDef> neox_layers(const AnalyticSpec& s);
+// Their named shapes (llama2-7b, ...), appended to analytic_preset's list.
+std::vector<std::pair<std::string, AnalyticSpec>> llama_presets();
+// Why a llama or neox spec cannot be built, or "" (the checks beyond the transformer ones all families share).
+std::string llama_spec_problem(const AnalyticSpec& s);
 
 }  // namespace harmony::core::analytic_detail
