@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -372,6 +371,48 @@ void read_neox(HfConfig& c, bool seq_len_given, AnalyticSpec& s) {
   c.refuse_others({"layer_norm_eps", "rotary_emb_base", "rope_theta", "classifier_dropout"}, "gpt_neox");
 }
 
+// Qwen2's window: only with use_sliding_window, on the layers from max_window_layers on; modelled when that is
+// every layer (max_window_layers 0) or none (>= the layers).
+void read_qwen2_window(HfConfig& c, AnalyticSpec& s) {
+  const bool use = c.opt_bool("use_sliding_window", false);
+  const auto w = c.opt_int("sliding_window", 1, kMaxDim);
+  const auto from = c.opt_int("max_window_layers", 0, 10000);
+  if (use && w) {
+    const int first = from ? *from : 28;  // transformers' default max_window_layers
+    if (first == 0) {
+      s.sliding_window = *w;
+    } else if (first < s.layers) {
+      c.fail_value("max_window_layers",
+                   fmt::format("layers {} to {} use the sliding window and the first {} do not: not modelled", first,
+                               s.layers - 1, first),
+                   "every block of the analytic model is the same graph: all layers windowed (max_window_layers 0) "
+                   "or none (use_sliding_window false)");
+    }
+  }
+  if (c.opt_bool("use_mrope", false))
+    c.fail_value("use_mrope", "use_mrope (Qwen2-VL's multimodal rotary embedding) is not modelled",
+                 "a text-only Qwen2 has use_mrope false");
+}
+
+// transformers' newer per-layer list: all full_attention (no window), or all sliding_attention (the window read).
+void read_layer_types(HfConfig& c, AnalyticSpec& s) {
+  const json* types = c.get("layer_types");
+  if (!types) return;
+  if (!types->is_array()) c.fail_value("layer_types", "layer_types must be a list", "one entry per layer");
+  bool full = false, sliding = false;
+  for (const json& t : *types) {
+    full = full || t == "full_attention";
+    sliding = sliding || t == "sliding_attention";
+    if (t != "full_attention" && t != "sliding_attention")
+      c.fail_value("layer_types", fmt::format("layer_types holds {}: not modelled", t.dump()),
+                   "full_attention and sliding_attention are the layer types harmony models");
+  }
+  if (full && sliding)
+    c.fail_value("layer_types", "layer_types mixes full and sliding-window attention: not modelled",
+                 "every block of the analytic model is the same graph");
+  if (full) s.sliding_window = 0;
+}
+
 // llama, mistral, qwen2: the llama family (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
 void read_llama(HfConfig& c, const std::string& type, bool seq_len_given, AnalyticSpec& s) {
   s.family = ModelFamily::Llama;
@@ -398,7 +439,7 @@ void read_llama(HfConfig& c, const std::string& type, bool seq_len_given, Analyt
   c.zero_dropout("attention_dropout", type);
   check_rope_scaling(c, "rope_scaling");
   check_rope_scaling(c, "rope_parameters");
-  std::vector<std::string> known = {"rms_norm_eps", "rope_theta"};
+  const std::vector<std::string> known = {"rms_norm_eps", "rope_theta"};
   if (type == "llama") {
     s.attn_bias = c.opt_bool("attention_bias", false) ? AttnBias::All : AttnBias::None;
     s.mlp_bias = c.opt_bool("mlp_bias", false);
@@ -411,43 +452,11 @@ void read_llama(HfConfig& c, const std::string& type, bool seq_len_given, Analyt
     const bool present = c.present("sliding_window");
     const auto w = c.opt_int("sliding_window", 1, kMaxDim);
     s.sliding_window = w ? *w : (present ? 0 : 4096);
-  } else {  // qwen2: biases on q, k, v; the window only with use_sliding_window, from layer max_window_layers on
+  } else {  // qwen2: biases on q, k, v
     s.attn_bias = AttnBias::Qkv;
-    const bool use = c.opt_bool("use_sliding_window", false);
-    const auto w = c.opt_int("sliding_window", 1, kMaxDim);
-    const auto from = c.opt_int("max_window_layers", 0, 10000);
-    if (use && w) {
-      const int first = from ? *from : 28;  // transformers' default max_window_layers
-      if (first == 0) {
-        s.sliding_window = *w;
-      } else if (first < s.layers) {
-        c.fail_value("max_window_layers",
-                     fmt::format("layers {} to {} use the sliding window and the first {} do not: not modelled", first,
-                                 s.layers - 1, first),
-                     "every block of the analytic model is the same graph: all layers windowed (max_window_layers 0) "
-                     "or none (use_sliding_window false)");
-      }
-    }
-    if (c.opt_bool("use_mrope", false))
-      c.fail_value("use_mrope", "use_mrope (Qwen2-VL's multimodal rotary embedding) is not modelled",
-                   "a text-only Qwen2 has use_mrope false");
+    read_qwen2_window(c, s);
   }
-  if (const json* types = c.get("layer_types")) {
-    // transformers' newer per-layer list: all full_attention, or all sliding_attention with sliding_window
-    if (!types->is_array()) c.fail_value("layer_types", "layer_types must be a list", "one entry per layer");
-    bool full = false, sliding = false;
-    for (const json& t : *types) {
-      full = full || t == "full_attention";
-      sliding = sliding || t == "sliding_attention";
-      if (t != "full_attention" && t != "sliding_attention")
-        c.fail_value("layer_types", fmt::format("layer_types holds {}: not modelled", t.dump()),
-                     "full_attention and sliding_attention are the layer types harmony models");
-    }
-    if (full && sliding)
-      c.fail_value("layer_types", "layer_types mixes full and sliding-window attention: not modelled",
-                   "every block of the analytic model is the same graph");
-    if (full) s.sliding_window = 0;
-  }
+  read_layer_types(c, s);
   c.refuse_others(known, type);
 }
 

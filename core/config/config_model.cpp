@@ -116,19 +116,10 @@ AttnBias get_attn_bias(const Node& v, const std::string& what, bool llama) {
   fail(v.loc, fmt::format("{} must be {}, got '{}'", what, llama ? "true, false or qkv" : "true or false", s), hint);
 }
 
-AnalyticSpec parse_analytic(const Entry& e) {
-  const std::string what = "model.analytic";
-  if (e.value.kind == Node::Kind::Scalar) {
-    const auto preset = analytic_preset(e.value.scalar);
-    if (!preset) fail_unknown_model_preset(e.value.scalar, e.value.loc);
-    return *preset;
-  }
-  if (e.value.kind != Node::Kind::Map)
-    fail(e.value.loc, fmt::format("{} must be a preset name or a mapping, got {}", what, describe(e.value)),
-         "e.g. analytic: gpt2-medium, or analytic: {preset: gpt3-13b, dtype: fp16}, or analytic: {family: gpt, "
-         "layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
+// The spec a model.analytic mapping starts from: its preset, or an empty shape of its family with the family's
+// defaults (llama and neox: their own LM head; neox: biases).
+AnalyticSpec analytic_start(const Entry& e, const std::string& what) {
   const Node& map = e.value;
-  check_keys(map, what, kAnalyticKeys);
   AnalyticSpec spec;
   const Entry* preset = find(map, "preset");
   const Entry* family = find(map, "family");
@@ -147,8 +138,7 @@ AnalyticSpec parse_analytic(const Entry& e) {
            "leave family out when a preset is given");
     if (!preset) {
       spec.family = f;
-      // Llama-family and GPT-NeoX models have their own LM head, as their published configs
-      if (f == ModelFamily::Llama || f == ModelFamily::Neox) spec.tied_head = false;
+      if (f == ModelFamily::Llama || f == ModelFamily::Neox) spec.tied_head = false;  // as their published configs
       if (f == ModelFamily::Neox) {
         spec.attn_bias = AttnBias::All;
         spec.mlp_bias = true;
@@ -159,40 +149,113 @@ AnalyticSpec parse_analytic(const Entry& e) {
          fmt::format("add family: gpt (or bert, resnet, llama, neox), or preset: NAME; presets: {}",
                      join(analytic_preset_names())));
   }
-  const bool resnet = spec.family == ModelFamily::Resnet;
-  const bool llama = spec.family == ModelFamily::Llama;
-  const bool neox = spec.family == ModelFamily::Neox;
-  const std::string& fam = kFamilies[static_cast<std::size_t>(spec.family)];
-  // Keys that belong to other families are errors, not silently ignored.
+  return spec;
+}
+
+// Keys that belong to other families are errors, not silently ignored.
+void check_family_keys(const Node& map, const std::string& what, ModelFamily family) {
+  const bool resnet = family == ModelFamily::Resnet, gpt = family == ModelFamily::Gpt;
+  const bool bert = family == ModelFamily::Bert, llama = family == ModelFamily::Llama;
+  const bool neox = family == ModelFamily::Neox;
   const auto only_for = [&](std::string_view key, bool ok, std::string_view families) {
     if (const Entry* x = find_any(map, key); x && !ok)
-      fail(x->key_loc, fmt::format("{}.{} does not apply to family {}", what, key, fam),
+      fail(x->key_loc,
+           fmt::format("{}.{} does not apply to family {}", what, key, kFamilies[static_cast<std::size_t>(family)]),
            fmt::format("{} is a key of {} models only", key, families));
   };
-  const char* transformers = "gpt, bert, llama and neox";
-  only_for("hidden", !resnet, transformers);
-  only_for("heads", !resnet, transformers);
-  only_for("ffn", !resnet, transformers);
-  only_for("seq_len", !resnet, transformers);
-  only_for("vocab", !resnet, transformers);
-  only_for("tied_head", !resnet, transformers);
-  only_for("kernels", !resnet, transformers);
-  only_for("dropout", spec.family == ModelFamily::Gpt || spec.family == ModelFamily::Bert,
-           "gpt and bert (llama and neox have no dropout)");
-  only_for("head", spec.family == ModelFamily::Gpt || spec.family == ModelFamily::Bert, "gpt and bert");
-  only_for("labels", spec.family == ModelFamily::Bert, "bert");
+  for (const char* key : {"hidden", "heads", "ffn", "seq_len", "vocab", "tied_head", "kernels"})
+    only_for(key, !resnet, "gpt, bert, llama and neox");
+  only_for("dropout", gpt || bert, "gpt and bert (llama and neox have no dropout)");
+  only_for("head", gpt || bert, "gpt and bert");
+  only_for("labels", bert, "bert");
   only_for("image_size", resnet, "resnet");
   only_for("classes", resnet, "resnet");
-  only_for("layers_per_block", spec.family == ModelFamily::Gpt, "gpt");
-  only_for("positions", spec.family == ModelFamily::Gpt, "gpt");
+  only_for("layers_per_block", gpt, "gpt");
+  only_for("positions", gpt, "gpt");
   only_for("kv_heads", llama, "llama");
   only_for("sliding_window", llama, "llama");
-  only_for("attn_bias", llama || neox, "llama and neox");
-  only_for("mlp_bias", llama || neox, "llama and neox");
-  only_for("rope", llama || neox, "llama and neox");
   only_for("rope_dims", neox, "neox");
   only_for("parallel_residual", neox, "neox");
   only_for("act", neox, "neox");
+  for (const char* key : {"attn_bias", "mlp_bias", "rope"}) only_for(key, llama || neox, "llama and neox");
+}
+
+// head: gpt's lm or none, bert's mlm or classifier; one of the other family's is named as such, not as unknown.
+void parse_head(const Node& map, const std::string& what, AnalyticSpec& spec) {
+  const Entry* x = find(map, "head");
+  if (!x) return;
+  const bool gpt = spec.family == ModelFamily::Gpt;
+  const std::string& fam = kFamilies[static_cast<std::size_t>(spec.family)];
+  const std::vector<std::string>& own = gpt ? kGptHeads : kBertHeads;
+  const std::vector<std::string>& other = gpt ? kBertHeads : kGptHeads;
+  const std::string own_kind = fmt::format("{} heads", fam);
+  if (x->value.kind == Node::Kind::Scalar && std::find(other.begin(), other.end(), x->value.scalar) != other.end())
+    fail(x->value.loc, fmt::format("{}.head '{}' does not apply to family {}", what, x->value.scalar, fam),
+         fmt::format("{}: {} ({} are {} heads)", own_kind, join(own), join(other), gpt ? "bert" : "gpt"));
+  const std::size_t choice = get_choice(x->value, what + ".head", own, own_kind);
+  if (gpt) {
+    spec.gpt_head = static_cast<GptHead>(choice);
+  } else {
+    spec.bert_head = static_cast<BertHead>(choice);
+  }
+}
+
+// The keys of the llama and neox families, and gpt's positions, each checked where it is written (run after the
+// shape keys: kv_heads, rope_dims and positions are checked against heads, hidden and seq_len).
+void parse_decoder_keys(const Node& map, const std::string& what, AnalyticSpec& spec) {
+  const auto int_key = [&](std::string_view key, int& field, int min) -> const Entry* {
+    const Entry* x = find(map, key);
+    if (x) field = get_int(x->value, fmt::format("{}.{}", what, key), min);
+    return x;
+  };
+  const Entry* positions = int_key("positions", spec.positions, 1);
+  const Entry* kv_heads = int_key("kv_heads", spec.kv_heads, 1);
+  int_key("sliding_window", spec.sliding_window, 1);
+  const Entry* rope_dims = int_key("rope_dims", spec.rope_dims, 2);
+  if (const Entry* x = find(map, "attn_bias"))
+    spec.attn_bias = get_attn_bias(x->value, what + ".attn_bias", spec.family == ModelFamily::Llama);
+  if (const Entry* x = find(map, "mlp_bias")) spec.mlp_bias = get_bool(x->value, what + ".mlp_bias");
+  if (const Entry* x = find(map, "rope")) spec.rope = get_bool(x->value, what + ".rope");
+  if (const Entry* x = find(map, "parallel_residual"))
+    spec.parallel_residual = get_bool(x->value, what + ".parallel_residual");
+  if (const Entry* x = find(map, "act"))
+    spec.act = static_cast<MlpActivation>(get_choice(x->value, what + ".act", kActivations, "activations"));
+  if (kv_heads && (spec.kv_heads > spec.heads || spec.heads % spec.kv_heads != 0))
+    fail(kv_heads->value.loc,
+         fmt::format("{}.kv_heads = {} does not divide heads = {}", what, spec.kv_heads, spec.heads),
+         "grouped-query attention shares each key/value head among heads / kv_heads query heads");
+  if (kv_heads && spec.kv_heads == spec.heads) spec.kv_heads = 0;  // one k and v per head: plain attention
+  if (positions && spec.positions < spec.seq_len)
+    fail(positions->value.loc,
+         fmt::format("{}.positions = {} is below seq_len = {}", what, spec.positions, spec.seq_len),
+         "the position table needs a row per token: positions >= seq_len");
+  const int head_size = spec.heads > 0 ? spec.hidden / spec.heads : 0;
+  if (rope_dims && (spec.rope_dims % 2 != 0 || spec.rope_dims > head_size))
+    fail(rope_dims->value.loc,
+         fmt::format("{}.rope_dims = {} is not an even number up to the head size ({})", what, spec.rope_dims,
+                     head_size),
+         "rotary embeddings rotate pairs of a head's dimensions");
+}
+
+AnalyticSpec parse_analytic(const Entry& e) {
+  const std::string what = "model.analytic";
+  if (e.value.kind == Node::Kind::Scalar) {
+    const auto preset = analytic_preset(e.value.scalar);
+    if (!preset) fail_unknown_model_preset(e.value.scalar, e.value.loc);
+    return *preset;
+  }
+  if (e.value.kind != Node::Kind::Map)
+    fail(e.value.loc, fmt::format("{} must be a preset name or a mapping, got {}", what, describe(e.value)),
+         "e.g. analytic: gpt2-medium, or analytic: {preset: gpt3-13b, dtype: fp16}, or analytic: {family: gpt, "
+         "layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
+  const Node& map = e.value;
+  check_keys(map, what, kAnalyticKeys);
+  AnalyticSpec spec = analytic_start(e, what);
+  const bool preset = find(map, "preset") != nullptr;
+  const bool resnet = spec.family == ModelFamily::Resnet;
+  const bool llama = spec.family == ModelFamily::Llama;
+  const std::string& fam = kFamilies[static_cast<std::size_t>(spec.family)];
+  check_family_keys(map, what, spec.family);
   const auto int_key = [&](std::string_view key, int& field, int min, bool required) -> const Entry* {
     const Entry* x = find(map, key);
     if (x) {
@@ -216,10 +279,6 @@ AnalyticSpec parse_analytic(const Entry& e) {
   int_key("labels", spec.labels, 1, false);
   int_key("image_size", spec.image_size, 32, false);
   int_key("classes", spec.classes, 1, false);
-  const Entry* positions = int_key("positions", spec.positions, 1, false);
-  const Entry* kv_heads = int_key("kv_heads", spec.kv_heads, 1, false);
-  const Entry* window = int_key("sliding_window", spec.sliding_window, 1, false);
-  const Entry* rope_dims = int_key("rope_dims", spec.rope_dims, 2, false);
   if (const Entry* x = find(map, "layers_per_block")) {
     spec.layers_per_block = get_int(x->value, what + ".layers_per_block", std::numeric_limits<int>::min());
     if (spec.layers_per_block != 1 && spec.layers_per_block != 2)
@@ -228,29 +287,7 @@ AnalyticSpec parse_analytic(const Entry& e) {
   }
   if (const Entry* x = find(map, "tied_head")) spec.tied_head = get_bool(x->value, what + ".tied_head");
   if (const Entry* x = find(map, "dropout")) spec.dropout = get_bool(x->value, what + ".dropout");
-  if (const Entry* x = find(map, "attn_bias")) spec.attn_bias = get_attn_bias(x->value, what + ".attn_bias", llama);
-  if (const Entry* x = find(map, "mlp_bias")) spec.mlp_bias = get_bool(x->value, what + ".mlp_bias");
-  if (const Entry* x = find(map, "rope")) spec.rope = get_bool(x->value, what + ".rope");
-  if (const Entry* x = find(map, "parallel_residual"))
-    spec.parallel_residual = get_bool(x->value, what + ".parallel_residual");
-  if (const Entry* x = find(map, "act"))
-    spec.act = static_cast<MlpActivation>(get_choice(x->value, what + ".act", kActivations, "activations"));
-  if (const Entry* x = find(map, "head")) {
-    // gpt and bert take different heads; one of the other family's is named as such, not as unknown
-    const bool gpt = spec.family == ModelFamily::Gpt;
-    const std::vector<std::string>& own = gpt ? kGptHeads : kBertHeads;
-    const std::vector<std::string>& other = gpt ? kBertHeads : kGptHeads;
-    const std::string own_kind = fmt::format("{} heads", fam);
-    if (x->value.kind == Node::Kind::Scalar && std::find(other.begin(), other.end(), x->value.scalar) != other.end())
-      fail(x->value.loc, fmt::format("{}.head '{}' does not apply to family {}", what, x->value.scalar, fam),
-           fmt::format("{}: {} ({} are {} heads)", own_kind, join(own), join(other), gpt ? "bert" : "gpt"));
-    const std::size_t choice = get_choice(x->value, what + ".head", own, own_kind);
-    if (gpt) {
-      spec.gpt_head = static_cast<GptHead>(choice);
-    } else {
-      spec.bert_head = static_cast<BertHead>(choice);
-    }
-  }
+  parse_head(map, what, spec);
   if (const Entry* x = find(map, "tied_head"); x && spec.gpt_head == GptHead::None)
     fail(x->key_loc, fmt::format("{}.tied_head does not apply with head: none", what),
          "a GPT without an LM head has no output projection to tie to the embedding: drop tied_head, or use head: lm");
@@ -263,21 +300,7 @@ AnalyticSpec parse_analytic(const Entry& e) {
     fail(heads ? heads->value.loc : (hidden ? hidden->value.loc : e.key_loc),
          fmt::format("{}.heads = {} does not divide hidden = {}", what, spec.heads, spec.hidden),
          "the head size is hidden / heads: pick heads that divide hidden");
-  if (kv_heads && (spec.kv_heads > spec.heads || spec.heads % spec.kv_heads != 0))
-    fail(kv_heads->value.loc,
-         fmt::format("{}.kv_heads = {} does not divide heads = {}", what, spec.kv_heads, spec.heads),
-         "grouped-query attention shares each key/value head among heads / kv_heads query heads");
-  if (kv_heads && spec.kv_heads == spec.heads) spec.kv_heads = 0;  // one k and v per head: plain attention
-  if (positions && spec.positions < spec.seq_len)
-    fail(positions->value.loc,
-         fmt::format("{}.positions = {} is below seq_len = {}", what, spec.positions, spec.seq_len),
-         "the position table needs a row per token: positions >= seq_len");
-  if (rope_dims && (spec.rope_dims % 2 != 0 || (spec.heads > 0 && spec.rope_dims > spec.hidden / spec.heads)))
-    fail(rope_dims->value.loc,
-         fmt::format("{}.rope_dims = {} is not an even number up to the head size ({})", what, spec.rope_dims,
-                     spec.heads > 0 ? spec.hidden / spec.heads : 0),
-         "rotary embeddings rotate pairs of a head's dimensions");
-  (void)window;
+  parse_decoder_keys(map, what, spec);
   if (const std::string problem = analytic_spec_problem(spec); !problem.empty())
     fail(e.key_loc, fmt::format("{}: {}", what, problem), "see docs/config.md, model.analytic");
   return spec;
