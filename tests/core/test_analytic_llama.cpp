@@ -602,6 +602,11 @@ TEST_CASE("hf_config: Llama 2 and 3, Mistral, GPT-2 and GPT-NeoX files give the 
   std::string null_window = mistral;
   null_window.replace(null_window.find("2048"), 4, "null");
   CHECK(load_hf(dir, null_window).model.analytic->sliding_window == 0);
+  std::string text_window = mistral;
+  text_window.replace(text_window.find("2048"), 4, "\"2048\"");
+  ConfigError e = hf_error(dir, text_window);
+  check_json_at(e, dir, 4, 67);
+  CHECK(contains(e.message(), "sliding_window must be an integer"));
   // GPT-2 as openai-community/gpt2 ships it: 124,439,808 parameters (tied head).
   const std::string gpt2 = R"({
   "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
@@ -677,6 +682,9 @@ TEST_CASE("hf_config: Qwen2's window only with use_sliding_window, for all layer
   ConfigError e = hf_error(dir, with("true", "21"));
   check_json_at(e, dir, 4, 76);
   CHECK(contains(e.message(), "layers 21 to 23 use the sliding window"));
+  e = hf_error(dir, with("1", "0"));
+  check_json_at(e, dir, 4, 25);
+  CHECK(contains(e.message(), "use_sliding_window must be true or false"));
 }
 
 TEST_CASE("error: hf_config problems are located in the config.json and explained") {
@@ -752,6 +760,9 @@ TEST_CASE("error: hf_config problems are located in the config.json and explaine
   CHECK(c.model.analytic->mlp_bias);
   e = hf_error(dir, llama2_with("attention_bias", R"(  "attention_bias": 1,)"));
   CHECK(contains(e.message(), "attention_bias must be true or false"));
+  e = hf_error(dir, llama2_with("mlp_bias", R"(  "mlp_bias": "yes",)"));
+  check_json_at(e, dir, 2, 15);
+  CHECK(contains(e.message(), "mlp_bias must be true or false"));
   // malformed JSON, at the character
   e = hf_error(dir, "{\n  \"model_type\": \"llama\",\n  \"hidden_size\": 4096,,\n}\n");
   check_json_at(e, dir, 3, 23);
