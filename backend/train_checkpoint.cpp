@@ -178,7 +178,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta, 
                           "name a writable directory");
 
   const std::string write_hint = fmt::format(
-      "free space in {} or choose another checkpoint directory; the previous checkpoints are untouched", dir);
+      "free space in {} or raise the file size limit (ulimit -f), or choose another checkpoint directory; the "
+      "previous checkpoints are untouched",
+      dir);
   try {
     core::AtomicFile file(final_path, "the checkpoint", write_hint);  // DIR/step-NNNNNN.hckpt.tmp, then renamed
     HashingWriter w(file);
@@ -231,7 +233,8 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
                                     failure->kind == Kind::LockFailed    ? "lock"
                                     : failure->kind == Kind::WriteFailed ? "write"
                                                                          : "create",
-                                    std::strerror(failure->error)),
+                                    failure->kind == Kind::WriteFailed ? core::write_error_reason(failure->error)
+                                                                       : std::string(std::strerror(failure->error))),
                         failure->kind == Kind::LockFailed ? "use a checkpoint directory on a file system with locks"
                                                           : "name a writable directory");
 }

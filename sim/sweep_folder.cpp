@@ -114,7 +114,8 @@ FolderLock::FolderLock(const fs::path& dir, LockMode mode) {
     fail(file_loc(path), fmt::format("cannot lock the folder: {}", std::strerror(failure->error)),
          "use a --out folder on a local file system");
   if (failure->kind == Kind::WriteFailed)
-    fail(file_loc(path), "cannot write the lock file", "check the folder is writable and the disk has space");
+    fail(file_loc(path), fmt::format("cannot write the lock file: {}", core::write_error_reason(failure->error)),
+         "check the folder is writable, the disk has space and the file size limit (ulimit -f) allows the file");
   fail(file_loc(path),
        fmt::format("cannot {} the lock file: {}", write ? "create" : "open", std::strerror(failure->error)),
        write ? "pick a writable --out folder" : "check the folder's permissions");

@@ -81,8 +81,14 @@ std::optional<FileLock::Failure> FileLock::lock(const std::filesystem::path& pat
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
   const std::string text = fmt::format("pid {} on host {}\n", static_cast<long>(::getpid()), host);
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
-    const int err = errno;
+  int err = ::ftruncate(fd_, 0) != 0 ? errno : 0;
+  for (std::size_t done = 0; err == 0 && done < text.size();) {  // a short write: the next one says why
+    const ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno != EINTR) err = errno;
+    if (n == 0) err = EIO;
+    if (n > 0) done += static_cast<std::size_t>(n);
+  }
+  if (err != 0) {
     release();
     return error(Failure::Kind::WriteFailed, err);
   }
