@@ -1,6 +1,7 @@
 // harmony-sim: the command line of the simulator. `simulate` prices one plan, `search` ranks the
 // paper's search space; both read a YAML config (+ --set overrides) and can write a Chrome trace.
 // The only place (with harmony-run's main) that prints and chooses exit codes: 0 ok, 2 bad input.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 
 #include <fmt/format.h>
@@ -787,6 +789,21 @@ int cmd_calibrate(const CalibrateCli& cli) {
   return print_calibration(cli, c);
 }
 
+// A memory failure (std::bad_alloc; sim/alloc_failure.cpp makes mimalloc throw it too): what the process ran out
+// of and what to change. Called once the stack has unwound, so the work's memory is free again.
+std::string out_of_memory_message() {
+  std::string limit = "the memory the system could give it";
+  struct rlimit rl {};
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    limit = fmt::format("its address-space limit (ulimit -v) of {}",
+                        core::format_bytes(static_cast<core::Bytes>(rl.rlim_cur)));
+  return fmt::format(
+      "harmony-sim: error: out of memory: the command needed more than {}\n"
+      "  hint: give it more memory, or ask for less: fewer GPUs or a smaller minibatch (plan.gpus, plan.minibatch), "
+      "a smaller search space (search.*); a sweep keeps the rows it wrote: rerun it (with fewer --threads) to resume\n",
+      limit);
+}
+
 int run_cli(int argc, char** argv) {
   CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
   app.require_subcommand(1);
@@ -863,6 +880,9 @@ int run_cli(int argc, char** argv) {
   } catch (const core::ScheduleError& e) {
     std::cerr << cli.config << ": error: " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    std::cerr << out_of_memory_message();
+    return kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
     return 1;
@@ -888,6 +908,10 @@ int run_and_flush(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run_and_flush(argc, argv);
+  } catch (const std::bad_alloc&) {  // out of memory outside the error ladder (or while writing its message)
+    std::fputs("harmony-sim: error: out of memory\n  hint: give it more memory, or ask for less (fewer GPUs)\n",
+               stderr);
+    return kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
   } catch (...) {

@@ -67,9 +67,9 @@ struct Link {
 // The links of a machine and the path of every kind of transfer over them.
 struct LinkGraph {
   std::vector<Link> links;
-  std::vector<int> gpu_down, gpu_up;        // per GPU
-  std::vector<int> switch_down, switch_up;  // per switch
-  std::vector<int> inter_socket;            // sockets x sockets (from * sockets + to), -1 on the diagonal
+  std::vector<int> gpu_down, gpu_up;          // per GPU
+  std::vector<int> switch_down, switch_up;    // per switch
+  std::vector<int> inter_socket;              // sockets x sockets (from * sockets + to), -1 on the diagonal
   std::map<std::pair<int, int>, int> nvlink;  // (from, to) -> its NVLink, for the pairs that have one (not N^2)
   int host_memcpy = -1;
   int cpu = -1;
