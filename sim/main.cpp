@@ -475,6 +475,7 @@ struct ReportCli {
   std::string results;
   std::string out;
   std::string rank_by = "throughput";
+  std::string format = "table";  // table (a line per model) or json (docs/output-schema.md)
   sim::ReportOptions options;
 };
 
@@ -510,9 +511,34 @@ int cmd_report(ReportCli& cli) {
   const std::string html = sim::render_report_html(data);
   core::write_file_atomic(out, html, "the report");
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const fs::path dir = fs::path(out).parent_path();
+  if (cli.format == "json") {
+    // docs/output-schema.md, "report": what was written and each model's best plan (a plan result).
+    nlohmann::json models = nlohmann::json::array();
+    for (const auto& m : data.models) {
+      const nlohmann::json none(nullptr);
+      models.push_back({{"model_name", m.name},
+                        {"ranked_rows", m.rows.size()},
+                        {"best_title", m.has_best ? nlohmann::json(m.best.title) : none},
+                        {"best", m.has_best ? core::report_to_json(m.best.report) : none},
+                        {"best_note", m.has_best || m.best_note.empty() ? none : nlohmann::json(m.best_note)},
+                        {"trace_path", m.has_best ? nlohmann::json((dir / m.trace_file).string()) : none}});
+    }
+    const nlohmann::json j = {{"schema_version", core::kOutputSchemaVersion},
+                              {"command", "report"},
+                              {"results_path", cli.results},
+                              {"input", is_dir ? "sweep" : "config"},
+                              {"out_path", out},
+                              {"page_bytes", html.size()},
+                              {"rank_by", cli.rank_by},
+                              {"models", std::move(models)},
+                              {"warnings", data.warnings},
+                              {"wall_time_s", dt}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
   fmt::print("report written to {} ({:.0f} KiB, {:.2f} s): {} model{}\n", out,
              static_cast<double>(html.size()) / 1024.0, dt, data.models.size(), data.models.size() == 1 ? "" : "s");
-  const fs::path dir = fs::path(out).parent_path();
   for (const auto& m : data.models) {
     if (m.has_best)
       fmt::print("  {}: {} ranked rows, best plan {} ({:.3f} samples/s, {} ops), trace {}\n", m.name, m.rows.size(),
@@ -841,6 +867,8 @@ int run_cli(int argc, char** argv) {
   report_cmd->add_option("--sweep", report_cli.options.sweep_file,
                          "sweep: the sweep file, when it is not where sweep.json says");
   report_cmd->add_option("--set", report_cli.options.overrides, "config: override a key (repeatable)");
+  report_cmd->add_option("--format", report_cli.format, "what was written: table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
   CalibrateCli calibrate_cli;
   auto* calibrate_cmd = app.add_subcommand(
       "calibrate", "fit a machine file's native-model parameters to measured runs (docs/validation.md#calibrate)");
