@@ -33,6 +33,7 @@
 #include "core/search/search.hpp"
 #include "sim/bottleneck.hpp"
 #include "sim/calibrate.hpp"
+#include "sim/cli_error.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
@@ -53,6 +54,7 @@ struct Cli {
   std::vector<std::string> sets;
   std::string format = "table";
   std::string trace;
+  bool quiet = false;  // search, compare: no progress on stderr
 };
 
 double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
@@ -198,7 +200,7 @@ int cmd_search(const Cli& cli) {
   const auto cands = core::enumerate_candidates(model, space);
   const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
   std::atomic<std::size_t> ops{0};
-  sim::ProgressPrinter printer("search", "candidates", false, kProgressDelayS);
+  sim::ProgressPrinter printer("search", "candidates", cli.quiet, kProgressDelayS);
   // The fastest evaluation so far, kept for the trace and bottleneck report of the best plan: without --trace the
   // search's engine is the one that would evaluate it again. Used when it is the ranking's first (the fit rule or a
   // tie may rank another first; that one is evaluated again).
@@ -339,7 +341,7 @@ int cmd_compare(const Cli& cli) {
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
-  sim::ProgressPrinter printer("compare", "candidates", false, kProgressDelayS);
+  sim::ProgressPrinter printer("compare", "candidates", cli.quiet, kProgressDelayS);
   // The total grows while kinds are still to start: no ETA until every kind has enumerated its candidates.
   auto on_progress = [&](const sim::CompareProgress& p) {
     const double t = printer.elapsed_s();
@@ -849,6 +851,7 @@ int run_cli(int argc, char** argv) {
   auto* compare_cmd =
       app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
   add_common(compare_cmd);
+  for (auto* sub : {search_cmd, compare_cmd}) sub->add_flag("--quiet", cli.quiet, "no progress on stderr");
   auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
   presets_cmd->add_option("--format", cli.format, "output: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));
@@ -887,8 +890,7 @@ int run_cli(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitBadInput;
+    return sim::print_parse_error(app, e, argc, argv);  // "harmony-sim SUB: error: ..." + hint, exit 2
   }
   try {
     if (*presets_cmd) return cmd_presets(cli);

@@ -564,7 +564,8 @@ with tempfile.TemporaryDirectory() as tmp:
     shutil.copytree(out, corrupt)
     lines[3] = lines[3][: len(lines[3]) // 2] + "\n"
     open(os.path.join(corrupt, "results.jsonl"), "w").writelines(lines)
-    bad("corrupt row", [corrupt], "results.jsonl:4")
+    # the one recovery, as `sweep` names it: the sweep again on this folder with --repair (keeps the good rows)
+    bad("corrupt row", [corrupt], "results.jsonl:4", f"--out {corrupt} --repair")
 
     # --- headless Chromium: the page renders and its timeline is drawn
     browser = find_chromium()
