@@ -188,7 +188,7 @@ Resumable repair_rows(const Sweep& sweep, const Shard& shard, const fs::path& cs
     ++out.broken;
     if (out.broken_lines.size() < 5) out.broken_lines.push_back(fmt::format("{}:{}", file.string(), line_no));
   };
-  if (!cl.lines.empty() && !header_ok) drop(csv_path, 1);
+  // without the header, the first line is read as a row (a damaged header is then a broken line like any other)
   for (std::size_t i = header_ok ? 1 : 0; i < cl.lines.size(); ++i) {
     const auto p = csv_row_point(cl.lines[i], sweep, shard, columns);
     if (!p || csv_line[(*p - shard.index) / shard.count] != kNone) {

@@ -160,6 +160,12 @@ with tempfile.TemporaryDirectory() as tmp:
     check("--repair: = an uninterrupted run", same_files(broken, out), "files differ")
     r = run("sweep", EXAMPLE, "--out", broken, "--quiet")
     check("after --repair: a plain resume computes nothing", r.returncode == 0 and "0 computed" in r.stdout, r.stdout)
+    csv_path = os.path.join(broken, "results.csv")
+    text = open(csv_path).read()
+    open(csv_path, "w").write(text.replace("point,id,", "pont,id,", 1))  # a damaged header
+    r = run("sweep", EXAMPLE, "--out", broken, "--quiet", "--repair")
+    check("--repair of a damaged header: every row kept, rewritten", r.returncode == 0 and "0 computed" in r.stdout
+          and f"repaired: 1 broken line dropped ({csv_path}:1)" in r.stdout and same_files(broken, out), r.stdout)
 
     # --- a slower sweep (native cost model, every packing method), killed mid-run and rerun. Its points are
     # computed ~7 times below (full, killed and resumed, 3 shards, two writers): under the sanitizers
