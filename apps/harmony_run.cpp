@@ -1054,6 +1054,7 @@ int run_and_flush(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  core::ignore_file_size_signal();  // past `ulimit -f` a write fails with EFBIG (exit 2, named), not SIGXFSZ (153)
   try {
     return run_and_flush(argc, argv);
   } catch (const std::exception& e) {

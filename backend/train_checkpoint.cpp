@@ -177,7 +177,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta, 
                           "name a writable directory");
 
   const std::string write_hint = fmt::format(
-      "free space in {} or choose another checkpoint directory; the previous checkpoints are untouched", dir);
+      "free space in {} or raise the file size limit (ulimit -f), or choose another checkpoint directory; the "
+      "previous checkpoints are untouched",
+      dir);
   try {
     core::AtomicFile file(final_path, "the checkpoint", write_hint);  // DIR/step-NNNNNN.hckpt.tmp, then renamed
     HashingWriter w(file);

@@ -1,40 +1,71 @@
 #!/usr/bin/env bash
-# The CUDA device's check on a machine with an NVIDIA GPU (issue 15): runs everything within one deadline
+# The CUDA device's check on a machine with an NVIDIA GPU (issues 15, 34): runs everything within one deadline
 # (DEADLINE_S, default 480 s, build included) and records every output in OUT_DIR; the verdict, one table with
 # PASSED / FAILED / SKIPPED per check, is scripts/gpu_verdict.py's (tested in CI on recorded outputs). Steps:
-#   0. environment: nvcc (PATH or /usr/local/cuda/bin), the driver's CUDA version against the toolkit's, the GPU,
-#      cudart/cuBLAS/NCCL -> env.json (a failure here stops the check: nothing else can be meaningful);
-#   1. build (release, -Dcuda=enabled, sm_90 plus the local GPU's) in $BUILD_DIR (default build-gpu/);
+#   0. environment: the GPU, the driver's CUDA version against the toolkit's (or the bundle's), cudart/cuBLAS/NCCL
+#      (loader cache, the toolkit, PyTorch's nvidia wheels: a folder found outside the cache goes on
+#      LD_LIBRARY_PATH) -> env.json (a failure here stops the check: nothing else can be meaningful);
+#   1. the binaries: built (release, -Dcuda=enabled, sm_90 plus the local GPU's) in $BUILD_DIR, or taken as they are
+#      from a bundle (scripts/make-gpu-bundle.sh; BUNDLE=dir, or this script run from inside one) or SKIP_BUILD=1;
+#      every binary the check runs (and any shared module beside them) must exist and load (ldd: nothing "not found");
+#      whether harmony-run has plan.mode=resident (a one-step probe; without it the resident runs below are
+#      Harmony-PP with one pack and the verdict fails the "resident plan kind" row);
 #   2. the CUDA tests (backend_cuda_device, backend_adamw_parallel, backend_cuda_index);
 #   3. bench_cuda (pinned copy ceiling vs harmony's copies, cuBLAS fp32/TF32/BF16) and bench_adamw;
-#   4. (b) a GPT-2 of >= 350M parameters at T = 1024 trained in memory (MFU against the dense BF16 peak),
-#      (c) the same under a quarter of (b)'s memory, --plan auto (Harmony) and dp-swap, (d) harmony-sim's
-#      a-priori prediction of (c) from a profile taken here, (e) the loop closed (docs/validation.md#calibrate):
-#      `harmony-sim calibrate` fits this GPU's machine file to the traces of (b) and (c) dp-swap, then predicts
-#      (c) Harmony, a Program it was not fitted on; losses of every plan kind on CUDA vs the CPU device, in fp32
-#      and (when the CUDA device trains bf16) in bf16 against the CPU device's bf16 emulation.
+#   4. one initialisation and one token file for every run (scripts/torch_side_by_side.py init / tokens), then
+#      (b) the GPT (default GPT-2 medium, T = 1024) resident, B = 8, STEPS steps, bf16: MFU against the dense BF16
+#      peak; PyTorch beside it (scripts/torch_side_by_side.py: same init, tokens, order and AdamW; bf16 autocast,
+#      fused AdamW, SDPA): throughput and the loss curve; (b32) resident at MINIBATCH in microbatches of UBATCH;
+#      (c) Harmony (--plan auto) at the same minibatch under a quarter of (b32)'s peak, PyTorch at that cap, dp-swap
+#      at that cap; bf16 staging rates from (c)'s trace; (d) harmony-sim's a-priori prediction of (c) from a profile
+#      taken here; (e) `harmony-sim calibrate` fitted on (b) and (c) dp-swap predicts (c) Harmony;
+#   5. losses of every plan kind, CUDA vs the CPU device, fp32 and bf16, on the serial executor (the CPU device's
+#      allocation order), harmony-pp also on the concurrent one (CUDA's default);
+#   6. PyTorch with torch.compile, last, within COMPILE_BUDGET_S and what is left of the deadline (optional: the
+#      throughput row takes the faster PyTorch run that trained).
 # Every command runs under `timeout` cut to the time left; a step the deadline prevents is recorded as such.
 #
-# usage: scripts/gpu-check.sh OUT_DIR
+# usage: scripts/gpu-check.sh OUT_DIR            (from a bundle: BUNDLE/scripts/gpu-check.sh OUT_DIR)
 # knobs: GPT2='{vocab_size: 50257, max_seq_len: 1024, n_layer: 24, n_head: 16, n_embd: 1024}' SEQ_LEN=1024
-#        BATCH=8 STEPS=4 JOBS=$(nproc) BUILD_DIR=build-gpu DEADLINE_S=480 SKIP_BUILD=1 (binaries as they are)
+#        BATCH=8 STEPS=20 MINIBATCH=32 UBATCH=8 CAPPED_STEPS=4 LR=3e-4 JOBS=$(nproc) BUILD_DIR=build-gpu
+#        DEADLINE_S=480 SKIP_BUILD=1 BUNDLE=dir COMPILE_BUDGET_S=120 TORCH_PYTHON=python3
 #        PEAK_BF16_TFLOPS=<dense BF16 peak; default by GPU name> FAST=1 (train (b)-(d) with --tf32 --tree-sums)
+#        DEVICE=cpu: a dry run of the plumbing on the CPU device (with an nvidia-smi stand-in on PATH and a tiny GPT2;
+#        docs/benchmarks.md): every run that needs no GPU runs for real; its verdict always fails the "device" row
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
 
 if (($# != 1)); then
-  sed -n '2,18p' "$0" >&2
+  sed -n '2,34p' "$0" >&2
   exit 2
 fi
 out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu-check: cannot create $1" >&2; exit 2; }
+bundle=${BUNDLE:-}
+[[ -z $bundle && -f $root/gpu-bundle.json ]] && bundle=$root  # run from inside a bundle
+if [[ -n $bundle ]]; then
+  bundle=$(cd "$bundle" && pwd) || { echo "gpu-check: BUNDLE=$BUNDLE is not a folder" >&2; exit 2; }
+  [[ -f $bundle/gpu-bundle.json ]] || { echo "gpu-check: $bundle has no gpu-bundle.json (scripts/make-gpu-bundle.sh)" >&2; exit 2; }
+fi
 build=${BUILD_DIR:-build-gpu}
+[[ -n $bundle ]] && build=$bundle/bin
+binaries=built
+[[ -n $bundle ]] && binaries=bundle
+[[ -z $bundle && ${SKIP_BUILD:-0} == 1 ]] && binaries=prebuilt
 jobs=${JOBS:-$(nproc)}
 gpt2=${GPT2:-'{vocab_size: 50257, max_seq_len: 1024, n_layer: 24, n_head: 16, n_embd: 1024}'}
 seq_len=${SEQ_LEN:-1024}
 batch=${BATCH:-8}
-steps=${STEPS:-4}
+steps=${STEPS:-20}
+minibatch=${MINIBATCH:-32}
+ubatch=${UBATCH:-8}
+capped_steps=${CAPPED_STEPS:-4}
+lr=${LR:-3e-4}
 deadline_s=${DEADLINE_S:-480}
+dev=${DEVICE:-cuda}
+[[ $dev == cuda || $dev == cpu ]] || { echo "gpu-check: DEVICE=$dev: cuda (the check) or cpu (a dry run)" >&2; exit 2; }
+compile_budget_s=${COMPILE_BUDGET_S:-120}
+torch_py=${TORCH_PYTHON:-python3}
 fast=()
 [[ ${FAST:-0} == 1 ]] && fast=(--tf32 --tree-sums)
 start=$SECONDS
@@ -63,14 +94,20 @@ step() {
   printf '  %-28s rc %d, %d s\n' "$name" "$rc" $((SECONDS - t0))
   return "$rc"
 }
+# keep NAME: NAME.out as NAME.json (the run's JSON document), when the step wrote one
+keep() { [[ -s $out/$1.out ]] && cp "$out/$1.out" "$out/${2:-$1}.json"; }
 finish() {
   python3 - "$out" "$gpt2" "$seq_len" "$batch" "${PEAK_BF16_TFLOPS:-}" "$((SECONDS - start))" "${bf16:-false}" \
-    "$deadline_s" <<'PY'
+    "$deadline_s" "$binaries" "$dev" "${resident:-}" "$minibatch" "$ubatch" "$steps" "${cap_kib:-}" <<'PY'
 import json, re, sys
-out, gpt2, T, B, peak, elapsed, bf16, deadline = sys.argv[1:]
+(out, gpt2, T, B, peak, elapsed, bf16, deadline, binaries, device, resident, minibatch, ubatch, steps,
+ cap) = sys.argv[1:]
 g = {k: int(v) for k, v in re.findall(r"(vocab_size|max_seq_len|n_layer|n_head|n_embd):\s*(\d+)", gpt2)}
 json.dump({"gpt2": g, "seq_len": int(T), "batch": int(B), "peak_bf16_tflops": float(peak) if peak else None,
-           "elapsed_s": int(elapsed), "deadline_s": int(deadline), "bf16_implemented": bf16 == "true"}, open(f"{out}/params.json", "w"), indent=1)
+           "elapsed_s": int(elapsed), "deadline_s": int(deadline), "bf16_implemented": bf16 == "true",
+           "binaries": binaries, "device": device, "resident_implemented": {"true": True, "false": False}.get(resident),
+           "minibatch": int(minibatch), "ubatch": int(ubatch), "steps": int(steps),
+           "cap_bytes": int(cap) * 1024 if cap else None}, open(f"{out}/params.json", "w"), indent=1)
 PY
   echo
   python3 "$root/scripts/gpu_verdict.py" "$out" --markdown "$out/table.md"
@@ -100,59 +137,134 @@ driver_cuda=""
 [[ -z $smi_err ]] && driver_cuda=$(printf '%s' "$smi" | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)
 toolkit_cuda=""
 [[ -n $nvcc_bin ]] && toolkit_cuda=$("$nvcc_bin" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p' | head -n 1)
+# A bundle's binaries were compiled by the toolkit it records; that is the version the driver must support.
+[[ -n $bundle ]] && toolkit_cuda=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['cuda_version'])" \
+  "$bundle/gpu-bundle.json" 2>/dev/null)
 cuda_root=$([[ -n $nvcc_bin ]] && cd "$(dirname "$nvcc_bin")/.." && pwd)
-lib() {  # the library's path from the loader cache or the toolkit, or nothing
-  local p
-  p=$(ldconfig -p 2>/dev/null | awk -v l="$1" '$1 ~ "^"l"\\.so" {print $NF; exit}')
-  [[ -z $p && -n $cuda_root ]] && p=$(ls "$cuda_root"/lib64/"$1".so* "$cuda_root"/targets/*/lib/"$1".so* 2>/dev/null | head -n 1)
-  printf '%s' "$p"
+# Where CUDA's libraries may be besides the loader cache: the toolkit, the usual install folders, and the nvidia-*
+# wheels a pip PyTorch brings (site-packages/nvidia/*/lib).
+cuda_dirs=()
+[[ -n $cuda_root ]] && cuda_dirs+=("$cuda_root"/lib64 "$cuda_root"/targets/*/lib)
+cuda_dirs+=(/usr/local/cuda/lib64 /usr/local/cuda/targets/*/lib /usr/local/cuda-*/lib64 /usr/local/cuda-*/targets/*/lib)
+while IFS= read -r d; do cuda_dirs+=("$d"); done < <("$torch_py" -c \
+  'import nvidia, os; [print(os.path.join(p, d, "lib")) for p in nvidia.__path__ for d in sorted(os.listdir(p))]' \
+  2>/dev/null)
+extra_dirs=()
+l_cudart="" l_cublas="" l_cublaslt="" l_nccl=""
+lib() {  # lib VAR NAME: VAR = the library's path from the loader cache or those folders, or nothing (a folder found
+  local p="" d  # outside the cache goes on LD_LIBRARY_PATH below, so that the binaries load from it too)
+  p=$(ldconfig -p 2>/dev/null | awk -v l="$2" '$1 ~ "^"l"\\.so" {print $NF; exit}')
+  if [[ -z $p ]]; then
+    for d in "${cuda_dirs[@]}"; do
+      p=$(ls "$d/$2".so* 2>/dev/null | head -n 1)
+      [[ -n $p ]] && { extra_dirs+=("$d"); break; }
+    done
+  fi
+  printf -v "$1" '%s' "$p"
 }
+lib l_cudart libcudart
+lib l_cublas libcublas
+lib l_cublaslt libcublasLt
+lib l_nccl libnccl
+for d in "${extra_dirs[@]}"; do
+  case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+done
+# A bundle's compiler runtime (lib/runtime: Debian 12's libstdc++ and libgcc_s, which need GLIBC_2.36) only where
+# the system's is too old for the binaries (scripts/make-gpu-bundle.sh says why it is not on their RUNPATH).
+runtime=system
+if [[ -n $bundle && -d $bundle/lib/runtime ]] &&
+  LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} ldd "$build/apps/harmony-run" "$build/sim/harmony-sim" 2>&1 |
+  grep -qE "(GLIBCXX|CXXABI|GCC)_[0-9.]+' not found|lib(stdc\+\+|gcc_s)[^ ]* => not found"; then
+  LD_LIBRARY_PATH="$bundle/lib/runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  runtime=bundle
+fi
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 python3 - "$out/env.json" "$nvcc_bin" "$toolkit_cuda" "$driver" "$driver_cuda" "$gpu_name" "$cc" "$smi_err" \
-  "$(lib libcudart)" "$(lib libcublas)" "$(lib libcublasLt)" "$(lib libnccl)" <<'PY'
+  "$l_cudart" "$l_cublas" "$l_cublaslt" "$l_nccl" "$bundle" "$LD_LIBRARY_PATH" "$runtime" \
+  "$(ldd --version 2>/dev/null | head -n 1)" <<'PY'
 import json, sys
-f, nvcc, tk, drv, dcuda, gpu, cc, err, cudart, cublas, cublaslt, nccl = sys.argv[1:]
+f, nvcc, tk, drv, dcuda, gpu, cc, err, cudart, cublas, cublaslt, nccl, bundle, ldpath, runtime, glibc = sys.argv[1:]
 n = lambda s: s or None
 json.dump({"nvcc": n(nvcc), "toolkit_cuda": n(tk), "driver": n(drv), "driver_cuda": n(dcuda), "gpu": n(gpu),
            "compute_cap": n(cc), "nvidia_smi_error": n(err),
-           "libs": {"libcudart": n(cudart), "libcublas": n(cublas), "libcublasLt": n(cublaslt), "libnccl": n(nccl)}},
+           "libs": {"libcudart": n(cudart), "libcublas": n(cublas), "libcublasLt": n(cublaslt), "libnccl": n(nccl)},
+           "bundle": n(bundle), "ld_library_path": n(ldpath), "cxx_runtime": runtime, "glibc": n(glibc)},
           open(f, "w"), indent=1)
 PY
-echo "gpu-check: ${gpu_name:-no GPU} (sm_${cc//./}), driver ${driver:-?} (CUDA ${driver_cuda:-?}), nvcc ${nvcc_bin:-not found} (CUDA ${toolkit_cuda:-?}); results in $out"
-if [[ -z $nvcc_bin || -z $gpu_name || -z $driver_cuda || -z $toolkit_cuda ]] ||
+echo "gpu-check: ${gpu_name:-no GPU} (sm_${cc//./}), driver ${driver:-?} (CUDA ${driver_cuda:-?}), " \
+  "${bundle:+bundle $bundle, }nvcc ${nvcc_bin:-not found} (CUDA ${toolkit_cuda:-?}); results in $out"
+if [[ (-z $nvcc_bin && -z $bundle) || -z $gpu_name || -z $driver_cuda || -z $toolkit_cuda ]] ||
   ! python3 -c "import sys; v=lambda s: tuple(map(int, s.split('.')[:2])); sys.exit(v(sys.argv[1]) < v(sys.argv[2]))" \
     "$driver_cuda" "$toolkit_cuda"; then
   finish  # the verdict names what is missing
 fi
-for tool in meson ninja; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "gpu-check: $tool not found" >&2; exit 2; }
-done
 archs=90
 [[ ${cc//./} != 90 ]] && archs="90,${cc//./}"
 
-# --- 1. build ---------------------------------------------------------------------------------------------------
-# (a script of its own for `timeout`; meson setup --reconfigure when the build folder exists)
+# --- 1. the binaries ------------------------------------------------------------------------------------------------
+run="$build/apps/harmony-run"
+sim="$build/sim/harmony-sim"
+# Every binary the check runs, and every shared module built beside them (a dlopen()ed device, say): present,
+# executable, and every library ldd names resolves (on the GPU machine: CUDA's, the driver's and glibc's from the
+# system, the rest from the bundle's lib/).
+check_script='status=0 n=0
+files=("$1"/apps/harmony-run "$1"/sim/harmony-sim "$1"/bench/bench_cuda "$1"/bench/bench_adamw
+  "$1"/tests/test_backend_cuda_device "$1"/tests/test_backend_adamw_parallel "$1"/tests/test_backend_cuda_index)
+while IFS= read -r -d "" m; do files+=("$m"); done < <(find "$1" -name "*.so" -not -path "*/meson-private/*" \
+  -not -path "*.p/*" -print0 2>/dev/null)
+for f in "${files[@]}"; do
+  n=$((n + 1))
+  if [[ ! -f $f || ( $f != *.so && ! -x $f ) ]]; then echo "error: $f: missing or not executable" >&2; status=1; continue; fi
+  bad=$(ldd "$f" 2>&1 | grep -E "not found|not a dynamic|No such file")
+  [[ -n $bad ]] && { echo "error: $f: $(echo $bad)" >&2; status=1; }
+done
+((status == 0)) && echo "$n binaries and modules present, every library resolves (ldd)"
+exit $status'
 build_script='set -e
 setup=(-Dbuildtype=release -Dcuda=enabled "-Dgpu_arch=$1" -Dfuzz=disabled)
 if [[ -f $2/meson-private/coredata.dat ]]; then meson setup --reconfigure "$2" "${setup[@]}"; else meson setup "$2" "${setup[@]}"; fi
 ninja -C "$2" -j "$3" tests/test_backend_cuda_device tests/test_backend_adamw_parallel tests/test_backend_cuda_index \
-  bench/bench_cuda bench/bench_adamw apps/harmony-run sim/harmony-sim'
-echo "== build ($build, sm_{$archs})"
-if [[ ${SKIP_BUILD:-0} == 1 ]]; then
-  step build 10 test -x "$build/apps/harmony-run" -a -x "$build/bench/bench_cuda"
+  bench/bench_cuda bench/bench_adamw apps/harmony-run sim/harmony-sim
+bash -c "$4" check "$2"'
+if [[ $binaries == built ]]; then
+  for tool in meson ninja; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "gpu-check: $tool not found" >&2; exit 2; }
+  done
+  echo "== build ($build, sm_{$archs})"
+  step build 420 bash -c "$build_script" build "$archs" "$build" "$jobs" "$check_script"
 else
-  step build 420 bash -c "$build_script" build "$archs" "$build" "$jobs"
+  echo "== binaries ($binaries: $build)"
+  step build 30 bash -c "$check_script" check "$build"
 fi || finish
-run="$build/apps/harmony-run"
-sim="$build/sim/harmony-sim"
 # bf16 counts as implemented when a short bf16 run trains on the CUDA device (a --dtype flag alone proves
 # nothing: the flag also serves the CPU device); the CUDA device's bf16 kernels (CudaBf16Kernels) make it train,
 # and (b)-(d) then train in bf16. A device without bf16 kernels fails this step at setup ("bf16 not supported").
 bf16=false
 dtype=()
 if "$run" train --help 2>/dev/null | grep -q -- '--dtype'; then
-  step bf16_cuda 60 "$run" train configs/run/default.yaml --steps 2 --set device=cuda --dtype bf16 --quiet &&
+  step bf16_cuda 60 "$run" train configs/run/default.yaml --steps 2 --set "device=$dev" --dtype bf16 --quiet &&
     bf16=true && dtype=(--dtype bf16)
 fi
+# plan.mode=resident (weights, gradients and AdamW state on the device): the in-memory reference. Until
+# harmony-run has it, (b) and (b32) run Harmony-PP with every layer in one pack on one GPU (AdamW on the host).
+layers=$(python3 -c "import re,sys; print(int(re.search(r'n_layer:\s*(\d+)', sys.argv[1]).group(1)) + 2)" "$gpt2")
+resident_plan() {  # resident_plan MINIBATCH UBATCH LAYERS
+  if [[ ${resident:-} == true ]]; then
+    echo "{mode: resident, gpus: 1, minibatch: $1, u_fwd: $2, u_bwd: $2}"
+  else
+    echo "{mode: harmony-pp, gpus: 1, minibatch: $1, u_fwd: $2, u_bwd: $2, pack_size: $3}"
+  fi
+}
+resident=true
+cat >"$out/resident_small.yaml" <<EOF
+# Written by scripts/gpu-check.sh: configs/run/default.yaml's model and data, trained resident on one device.
+model: {gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}, seq_len: 32, init_seed: 1}
+machine: {preset: cpu-4x, gpu_memory: 64MiB}
+device: $dev
+plan: $(resident_plan 8 8 10)
+train: {steps: 3, lr: 3e-3, weight_decay: 0.0, data: {synthetic_tokens: 65536, seed: 1}}
+EOF
+step resident_probe 60 "$run" train "$out/resident_small.yaml" --steps 1 --quiet || resident=false
 
 # --- 2. tests ---------------------------------------------------------------------------------------------------
 echo "== tests"
@@ -182,41 +294,77 @@ bw_p2p: ${h2d}GB/s
 bw_msg: 16GiB/s
 time_del: 0s
 EOF
-layers=$(python3 -c "import re,sys; print(int(re.search(r'n_layer:\s*(\d+)', sys.argv[1]).group(1)) + 2)" "$gpt2")
-cat >"$out/gpt.yaml" <<EOF
-# Written by scripts/gpu-check.sh: the GPT of (b)-(d), trained on the CUDA device.
+# One initialisation and one token stream for harmony-run and PyTorch alike: the weights as a safetensors file
+# (GPT-2's scheme), the tokens harmony-run's synthetic task written out (the same stream it would draw itself).
+echo "== the model and the tokens for both tools"
+gpt2_key() { python3 -c "import re,sys; print(re.search(sys.argv[2] + r':\s*(\d+)', sys.argv[1]).group(1))" "$gpt2" "$1"; }
+vocab=$(gpt2_key vocab_size)
+shape_args=(--vocab-size "$vocab" --n-positions "$(gpt2_key max_seq_len)" --n-layer "$(gpt2_key n_layer)"
+  --n-head "$(gpt2_key n_head)" --n-embd "$(gpt2_key n_embd)")
+ntokens=$(( (steps * batch > capped_steps * minibatch ? steps * batch : capped_steps * minibatch) * seq_len + 1 ))
+tbs=("$torch_py" "$root/scripts/torch_side_by_side.py")
+step torch_tokens 60 python3 "$root/scripts/torch_side_by_side.py" tokens --vocab-size "$vocab" --count "$ntokens" \
+  --seed 1 --out "$out/tokens.bin"
+step torch_init 120 "${tbs[@]}" init "${shape_args[@]}" --seed 1 --out "$out/init.safetensors"
+model_yaml="  gpt2: $gpt2
+  init_seed: 1"
+[[ -s $out/init.safetensors ]] && model_yaml="  weights: $out/init.safetensors"
+data_yaml="{synthetic_tokens: $ntokens, seed: 1}"
+[[ -s $out/tokens.bin ]] && data_yaml=$out/tokens.bin
+# write_config NAME PLAN STEPS [GPU_MEMORY]: the GPT of (b)-(e) on the CUDA device with this plan
+write_config() {
+  cat >"$out/$1.yaml" <<EOF
+# Written by scripts/gpu-check.sh: the GPT of (b)-(e), trained on the CUDA device.
 model:
-  gpt2: $gpt2
+$model_yaml
   seq_len: $seq_len
-  init_seed: 1
-machine: {file: $out/machine.yaml, gpu_memory: $big}
-device: cuda
+machine: {file: $out/machine.yaml, gpu_memory: ${4:-$big}}
+device: $dev
 cost_model: native
-# One pack of every layer on one GPU: weights, activations and gradients stay resident (the in-memory reference).
-plan: {mode: harmony-pp, gpus: 1, minibatch: $batch, u_fwd: $batch, u_bwd: $batch, pack_size: $layers}
-train: {steps: $steps, lr: 3e-4, weight_decay: 0.0, data: {synthetic_tokens: 1048576, seed: 1}}
+plan: $2
+train: {steps: $3, lr: $lr, weight_decay: 0.0, data: $data_yaml}
 EOF
+}
+write_config gpt "$(resident_plan "$batch" "$batch" "$layers")" "$steps"
+write_config b32 "$(resident_plan "$minibatch" "$ubatch" "$layers")" "$capped_steps"
+torch_common=(--weights "$out/init.safetensors" --data "$out/tokens.bin" --seq-len "$seq_len" --lr "$lr"
+  --weight-decay 0 --dtype bf16 --device "$dev" ${PEAK_BF16_TFLOPS:+--peak-tflops "$PEAK_BF16_TFLOPS"})
 
-echo "== (b) in memory"
-step b_in_memory 120 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --format json --quiet --trace "$out/b.trace.json" &&
-  cp "$out/b_in_memory.out" "$out/b.json"
-cap_mib=$(python3 -c "import json; print(json.load(open('$out/b.json'))['summary']['peak_memory_bytes'] // 4 // 2**20)" \
+# (d) first: the profile every run below is priced on (harmony-run's prediction beside each run, --plan auto's
+# ranking, harmony-sim's a-priori prediction of (c)), at the one microbatch size they all use.
+echo "== (d) profile at microbatch $ubatch"
+step d_profile 90 "$run" profile "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --out "$out/profile.json" --repeats 3 \
+  --ubatch "$ubatch"
+prof=()
+[[ -s $out/profile.json ]] && prof=(--set "model.profile=$out/profile.json")
+echo "== (b) resident, B = $batch, $steps steps; PyTorch beside it"
+step b_in_memory 150 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" "${prof[@]}" --format json --quiet \
+  --trace "$out/b.trace.json" && keep b_in_memory b
+step t_torch 150 "${tbs[@]}" train "${torch_common[@]}" --batch "$batch" --steps "$steps" && keep t_torch
+echo "== (b32) resident at minibatch $minibatch in microbatches of $ubatch"
+step b32 120 "$run" train "$out/b32.yaml" "${fast[@]}" "${dtype[@]}" "${prof[@]}" --format json --quiet && keep b32
+# (KiB: a quarter of a small model's peak, e.g. a dry run's, may be under one MiB)
+cap_kib=$(python3 -c "import json; print(json.load(open('$out/b32.json'))['summary']['peak_memory_bytes'] // 4 // 1024)" \
   2>/dev/null || echo 0)
-echo "== (d) profile, (c) capped to a quarter: $cap_mib MiB"
-step d_profile 90 "$run" profile "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --out "$out/profile.json" --repeats 3
-step c_auto 90 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --plan auto --gpu-memory "${cap_mib}MiB" \
-  --set "model.profile=$out/profile.json" --format json --quiet --trace "$out/c_auto.trace.json" &&
-  cp "$out/c_auto.out" "$out/c_auto.json"
-step c_dpswap 90 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" --plan auto --gpu-memory "${cap_mib}MiB" \
-  --set "model.profile=$out/profile.json" --set plan.mode=dp-swap --format json --quiet \
-  --trace "$out/c_dpswap.trace.json" && cp "$out/c_dpswap.out" "$out/c_dpswap.json"
+write_config capped "{mode: harmony-pp, gpus: 1, minibatch: $minibatch, u_fwd: $ubatch, u_bwd: $ubatch}" \
+  "$capped_steps" "${cap_kib}KiB"
+write_config dpswap "{mode: dp-swap, gpus: 1, minibatch: $batch, u_fwd: $ubatch, u_bwd: $ubatch}" \
+  "$capped_steps" "${cap_kib}KiB"
+only_u=(--set "search.u_fwd=[$ubatch]" --set "search.u_bwd=[$ubatch]")
+echo "== (c) capped to a quarter of (b32): $cap_kib KiB"
+step c_auto 120 "$run" train "$out/capped.yaml" "${fast[@]}" "${dtype[@]}" --plan auto "${only_u[@]}" "${prof[@]}" \
+  --format json --quiet --trace "$out/c_auto.trace.json" && keep c_auto
+step t_torch_cap 90 "${tbs[@]}" train "${torch_common[@]}" --batch "$minibatch" --microbatch "$ubatch" \
+  --steps "$capped_steps" --memory-cap $((cap_kib * 1024)) && keep t_torch_cap
+step c_dpswap 90 "$run" train "$out/dpswap.yaml" "${fast[@]}" "${dtype[@]}" --plan auto "${only_u[@]}" "${prof[@]}" \
+  --format json --quiet --trace "$out/c_dpswap.trace.json" && keep c_dpswap
 if [[ -f $out/c_auto.json ]]; then
-  python3 - "$out" "$cap_mib" >"$out/sim.yaml" <<'PY'
+  python3 - "$out" "$cap_kib" >"$out/sim.yaml" <<'PY'
 import json, sys
 out, cap = sys.argv[1], sys.argv[2]
 p = json.load(open(f"{out}/c_auto.json"))["plan"]  # packs: [[first, last], ...] (docs/output-schema.md)
 print(f"model: {{profile: {out}/profile.json}}")
-print(f"machine: {{file: {out}/machine.yaml, gpu_memory: {cap}MiB}}")
+print(f"machine: {{file: {out}/machine.yaml, gpu_memory: {cap}KiB}}")
 print("cost_model: native")
 print(f"plan: {{mode: {p['plan_kind']}, gpus: {p['gpus']}, minibatch: {p['minibatch']}, u_fwd: {p['u_fwd']}, "
       f"u_bwd: {p['u_bwd']}, packs_bwd: {json.dumps(p['packs_bwd'])}, packs_fwd: {json.dumps(p['packs_fwd'])}}}")
@@ -228,7 +376,7 @@ fi
 # with the measured profile, the run's memory cap and the plan it trained (from its JSON), so calibrate lowers
 # exactly the Program the trace recorded (flags like --tf32 change kernels, not the Program).
 echo "== (e) calibrate on (b) + (c) dp-swap, predict (c) Harmony"
-program_config() {  # program_config RUN_JSON CAP_MIB ("" = gpt.yaml's memory) > CONFIG
+program_config() {  # program_config RUN_JSON CAP ("" = gpt.yaml's memory) > CONFIG
   python3 - "$out" "$1" "$2" <<'PY'
 import json, re, sys
 out, run, cap = sys.argv[1:]
@@ -249,7 +397,7 @@ PY
 calibrated=false
 if [[ -f $out/b.json && -f $out/b.trace.json && -f $out/c_dpswap.json && -f $out/c_dpswap.trace.json ]]; then
   program_config "$out/b.json" "" >"$out/e_b.yaml" &&
-    program_config "$out/c_dpswap.json" "${cap_mib}MiB" >"$out/e_dpswap.yaml" &&
+    program_config "$out/c_dpswap.json" "${cap_kib}KiB" >"$out/e_dpswap.yaml" &&
     step e_calibrate 60 "$sim" calibrate "$out/machine.yaml" \
       --run "$out/e_b.yaml,$out/b.trace.json,$out/b.json" \
       --run "$out/e_dpswap.yaml,$out/c_dpswap.trace.json,$out/c_dpswap.json" \
@@ -257,26 +405,48 @@ if [[ -f $out/b.json && -f $out/b.trace.json && -f $out/c_dpswap.json && -f $out
     calibrated=true
 fi
 if [[ $calibrated == true && -f $out/c_auto.json && -f $out/c_auto.trace.json ]]; then
-  program_config "$out/c_auto.json" "${cap_mib}MiB" >"$out/e_auto.yaml" &&
+  program_config "$out/c_auto.json" "${cap_kib}KiB" >"$out/e_auto.yaml" &&
     step e_predict 60 "$sim" calibrate "$out/machine-calibrated.yaml" \
       --run "$out/e_auto.yaml,$out/c_auto.trace.json,$out/c_auto.json" --check --format json &&
     cp "$out/e_predict.out" "$out/e_predict.json"
 fi
 
-echo "== losses of every plan kind, CUDA vs CPU (3 steps, strict fp32; then bf16 when the CUDA device trains it)"
-for kind in harmony-pp harmony-dp pp-swap dp-swap zero-infinity l2l lohan; do
-  u=()
-  [[ $kind == lohan ]] && u=(--set plan.u_fwd=4 --set plan.u_bwd=4)  # lohan: one microbatch per GPU (D/N = 8/2)
+# --- 5. losses ------------------------------------------------------------------------------------------------------
+# The serial executor on both devices: one op at a time, so the CUDA device allocates in the CPU device's order
+# (the concurrent executor's order follows timing: dp-swap's fp32 Program fragmented past 4 MiB in every H200 run);
+# harmony-pp once more on the concurrent executor, CUDA's default, against the same CPU run.
+echo "== losses of every plan kind, CUDA vs CPU (3 steps, serial executor, strict fp32; then bf16)"
+kinds=(harmony-pp harmony-dp pp-swap dp-swap zero-infinity l2l lohan)
+[[ $resident == true ]] && kinds+=(resident)
+loss_run() {  # loss_run TAG KIND cuda|cpu EXECUTOR PREC_ARGS...
+  local tag=$1 kind=$2 dev_=$3 ex=$4
+  shift 4
+  local cfg=(configs/run/default.yaml --set "plan.mode=$kind" --set plan.gpus=2 --gpu-memory 4MiB)
+  [[ $kind == lohan ]] && cfg+=(--set plan.u_fwd=4 --set plan.u_bwd=4)  # lohan: one microbatch per GPU (D/N = 8/2)
+  [[ $kind == resident ]] && cfg=("$out/resident_small.yaml")
+  local on=$dev_  # the "cuda" side runs on $dev (the CPU device in a dry run)
+  [[ $dev_ == cuda ]] && on=$dev
+  step "loss_${tag}_$dev_" 30 "$run" train "${cfg[@]}" --steps 3 "$@" --set "device=$on" --executor "$ex" \
+    --format json --quiet && keep "loss_${tag}_$dev_"
+}
+for kind in "${kinds[@]}"; do
   for prec in fp32 bf16; do
     [[ $prec == bf16 && $bf16 != true ]] && continue
     tag=$kind
     prec_args=()
     [[ $prec == bf16 ]] && tag=bf16_$kind && prec_args=(--dtype bf16)
-    for dev in cuda cpu; do
-      step "loss_${tag}_$dev" 30 "$run" train configs/run/default.yaml --steps 3 --set "plan.mode=$kind" \
-        --set plan.gpus=2 "${u[@]}" "${prec_args[@]}" --gpu-memory 4MiB --set "device=$dev" --format json --quiet &&
-        cp "$out/loss_${tag}_$dev.out" "$out/loss_${tag}_$dev.json"
+    for side in cuda cpu; do
+      loss_run "$tag" "$kind" "$side" serial ${prec_args[@]+"${prec_args[@]}"}
     done
   done
 done
+loss_run concurrent_harmony-pp harmony-pp cuda concurrent
+
+# --- 6. PyTorch with torch.compile (optional; what is left of the deadline) ---------------------------------------
+# (its limit leaves 15 s of the deadline for the verdict, so that a compile the deadline cuts off fails no row)
+echo "== PyTorch with torch.compile (budget $compile_budget_s s)"
+limit=$((deadline_s - (SECONDS - start) - 15))
+((limit > compile_budget_s + 60)) && limit=$((compile_budget_s + 60))
+((limit > 0)) && step t_torch_compile "$limit" "${tbs[@]}" train "${torch_common[@]}" --batch "$batch" \
+  --steps "$steps" --compile --compile-budget-s "$compile_budget_s" && keep t_torch_compile
 finish

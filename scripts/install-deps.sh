@@ -19,6 +19,9 @@ packages=(
 # ccache: Meson compiles through it when it is on PATH, so a rebuild of unchanged sources (a fresh clone, the
 # next CI run on the same machine) is a cache hit; scripts/test.sh sets CCACHE_NOHASHDIR for the -g trees.
 tools=(git clang clang-format clang-tidy libclang-rt-14-dev ccache)
+# tests/cli/test_torch_side_by_side.py: scripts/torch_side_by_side.py (PyTorch beside harmony-run, issue 34) against
+# harmony-run's CPU device; patchelf: scripts/make-gpu-bundle.sh sets the bundle's RUNPATH (tests/cli/test_gpu_bundle.py).
+tools+=(python3-torch patchelf)
 # scripts/run-notebooks.sh executes notebooks/ headless with the Debian Python (/usr/bin/python3) and its
 # "python3" kernel; chromium: headless browser for the tests that render pages.
 notebooks=(python3-matplotlib python3-nbformat python3-nbclient python3-ipykernel jupyter-nbconvert)

@@ -43,26 +43,30 @@ def flops_per_sample(entry):
     raise SystemExit(f"validate-published: unknown flops '{entry['flops']}' in {entry['name']}")
 
 
+def simulated_seconds(sim, config, measure, sets=(), kind=None, policy=None):
+    """How a validation point is priced (docs/validation.md, "Published systems"): `compute` = simulate's per-GPU
+    compute time of the config's plan; `kind` = compare's best time of the plan kind under the activation policy.
+    Returns (seconds or None when the kind does not fit, samples per GPU, the harmony-sim JSON it came from: the
+    simulate result, or compare's row of the kind)."""
+    if measure == "compute":
+        d = run_sim(sim, "simulate", config, sets)["result"]
+        return d["per_gpu"][0]["compute_time_s"], d["minibatch"] / d["gpus"], d
+    if measure == "kind":
+        d = run_sim(sim, "compare", config, sets)
+        res = [r for r in d["results"] if r["plan_kind"] == kind]
+        row = res[0] if res else None
+        times = (row["policy_best_time_s"] or {}) if row and row["feasible"] else {}
+        return times.get(policy), d["minibatch"] / d["gpus"], row
+    raise SystemExit(f"validate-published: unknown measure '{measure}' in {config}")
+
+
 def predict(sim, entry, sets=()):
     """The prediction in the entry's unit (TFLOP/s per GPU) and the simulated seconds it came from."""
     config = os.path.join(VALID, entry["config"])
     sets = tuple(entry.get("set", ())) + tuple(sets)  # the point's own --set lines (batch, drives), then the caller's
-    if entry["measure"] == "compute":
-        d = run_sim(sim, "simulate", config, sets)["result"]
-        seconds = d["per_gpu"][0]["compute_time_s"]
-        samples = d["minibatch"] / d["gpus"]
-    elif entry["measure"] == "kind":
-        d = run_sim(sim, "compare", config, sets)
-        res = [r for r in d["results"] if r["plan_kind"] == entry["kind"]]
-        if not res or not res[0]["feasible"]:
-            return None, None
-        times = res[0]["policy_best_time_s"] or {}
-        if entry["policy"] not in times:
-            return None, None
-        seconds = times[entry["policy"]]
-        samples = d["minibatch"] / d["gpus"]
-    else:
-        raise SystemExit(f"validate-published: unknown measure '{entry['measure']}' in {entry['name']}")
+    seconds, samples, _ = simulated_seconds(sim, config, entry["measure"], sets, entry.get("kind"), entry.get("policy"))
+    if seconds is None:
+        return None, None
     return flops_per_sample(entry) * samples / seconds / 1e12, seconds
 
 

@@ -936,6 +936,7 @@ int run_and_flush(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  core::ignore_file_size_signal();  // past `ulimit -f` a write fails with EFBIG (exit 2, named), not SIGXFSZ (153)
   try {
     return run_and_flush(argc, argv);
   } catch (const std::bad_alloc&) {  // out of memory outside the error ladder (or while writing its message)

@@ -136,8 +136,16 @@ FolderLock::FolderLock(const fs::path& dir, LockMode mode) {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
   const std::string text = fmt::format("pid {} on host {}\n", static_cast<long>(::getpid()), host);
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
-    fail(file_loc(path), "cannot write the lock file", "check the folder is writable and the disk has space");
+  int err = ::ftruncate(fd_, 0) != 0 ? errno : 0;
+  for (std::size_t done = 0; err == 0 && done < text.size();) {  // a short write: the next one says why
+    const ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno != EINTR) err = errno;
+    if (n == 0) err = EIO;
+    if (n > 0) done += static_cast<std::size_t>(n);
+  }
+  if (err != 0)
+    fail(file_loc(path), fmt::format("cannot write the lock file: {}", core::write_error_reason(err)),
+         "check the folder is writable, the disk has space and the file size limit (ulimit -f) allows the file");
 }
 
 }  // namespace harmony::sim::sweep_detail

@@ -7,7 +7,6 @@
 #include <condition_variable>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -15,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/atomic_file.hpp"
 #include "core/base/parallel.hpp"
 #include "core/output/report.hpp"
 #include "sim/sweep_internal.hpp"
@@ -410,13 +410,14 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
   };
   truncate(csv_path, old.csv_ends[prefix]);
   truncate(jsonl_path, old.jsonl_ends[prefix]);
-  std::ofstream csv(csv_path, std::ios::binary | std::ios::app);
-  std::ofstream jsonl(jsonl_path, std::ios::binary | std::ios::app);
-  if (!csv || !jsonl) fail(file_loc(dir), "cannot open the result files for writing", "check the folder is writable");
-  if (old.csv_ends[prefix] == 0) {
-    csv << csv_header(sweep);
-    csv.flush();
-  }
+  // Each row goes to both files whole or not at all (core::AppendFile): a failed write (a full disk, the file size
+  // limit) leaves the rows before it, complete, for the rerun to resume from.
+  const std::string rows_hint =
+      "free space or raise the file size limit (ulimit -f), then rerun the same command: the rows written so far "
+      "are kept";
+  core::AppendFile csv(csv_path.string(), "the results", rows_hint);
+  core::AppendFile jsonl(jsonl_path.string(), "the results", rows_hint);
+  if (old.csv_ends[prefix] == 0) csv.append(csv_header(sweep));
 
   // The points after the prefix, in order, through a window of slots: a worker takes the next point only when it
   // is fewer than `window` ahead of the last row written, so memory stays bounded for any grid.
@@ -514,15 +515,20 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
     lock.unlock();
     for (std::size_t i = 0; i < ready.size(); ++i) {
       const SweepRow& row = ready[i];
-      csv << row.csv;
-      jsonl << row.json;
-      csv.flush();
-      jsonl.flush();
-      if (!csv || !jsonl) {
+      try {
+        const std::uint64_t csv_before = csv.size_bytes();
+        csv.append(row.csv);
+        try {
+          jsonl.append(row.json);
+        } catch (const core::FileError&) {
+          csv.truncate(csv_before);  // the row in neither file
+          throw;
+        }
+      } catch (const core::FileError&) {
         abort = true;
         cv.notify_all();
         for (auto& t : pool) t.join();
-        fail(file_loc(dir), "writing the result files failed", "check free disk space");
+        throw;
       }
       count_row(summary, row.status, row.reason);
       const std::size_t k = prefix + written + i;  // position in the shard

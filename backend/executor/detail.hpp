@@ -157,7 +157,8 @@ class Interpreter {
   // come down widened into fp32, through two host buffers per queue (Device::alloc_host: pinned on CUDA, where a
   // copy from pageable memory runs at a fraction of the link) of at most staging_chunk_bytes, used in turn, so the
   // host rounds or widens one chunk while the link moves the other, in bounded host memory. The rounding and
-  // widening run on up to 16 threads. A queue's ops run one at a time, so its buffers need no lock of their own;
+  // widening run on up to 16 threads with mutex() released (so the other queues' workers, the compute queue above
+  // all, issue their work meanwhile). A queue's ops run one at a time, so its buffers need no lock of their own;
   // each buffer's event marks the last copy that used it, waited for (with mutex() released) before the host
   // touches the buffer again. The bits are those of rounding and widening element by element.
   //

@@ -592,11 +592,15 @@ void Interpreter::stage_up(std::size_t queue, Device& device, Stream& stream, vo
     const std::int64_t n = std::min(chunk, total - b);
     StagingSlot& slot = staging_slot(queue, device, n * static_cast<Bytes>(sizeof(Bf16)));
     Bf16* out = slot.buf.as<Bf16>();
-    for_pieces(src, b, n, [&](std::size_t k, std::int64_t off, std::int64_t at, std::int64_t count) {
-      const float* in = src[k].data() + off;
-      Bf16* o = out + (at - b);
-      parallel_chunks(count, [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) o[i] = to_bf16(in[i]);
+    // The rounding runs with mutex() released: it touches only this queue's slot and the op's own source, so the
+    // other queues' workers issue their work meanwhile (the compute queue above all).
+    unlocked([&] {
+      for_pieces(src, b, n, [&](std::size_t k, std::int64_t off, std::int64_t at, std::int64_t count) {
+        const float* in = src[k].data() + off;
+        Bf16* o = out + (at - b);
+        parallel_chunks(count, [&](std::int64_t i0, std::int64_t i1) {
+          for (std::int64_t i = i0; i < i1; ++i) o[i] = to_bf16(in[i]);
+        });
       });
     });
     device.copy_h2d(stream, static_cast<Bf16*>(dst) + b, out, n * static_cast<Bytes>(sizeof(Bf16)));
@@ -619,16 +623,20 @@ void Interpreter::stage_down(std::size_t queue, Device& device, Stream& stream, 
   StagingSlot* cur = issue(0);
   for (std::int64_t b = 0; b < total; b += chunk) {
     StagingSlot* next = issue(b + chunk);  // the link brings the next chunk while the host widens this one
-    unlocked([&] { cur->done->synchronize(); });
-    const Bf16* in = cur->buf.as<Bf16>();
-    for_pieces(dst, b, std::min(chunk, total - b),
-               [&](std::size_t k, std::int64_t off, std::int64_t at, std::int64_t count) {
-                 float* o = dst[k].data() + off;
-                 const Bf16* i_ = in + (at - b);
-                 parallel_chunks(count, [&](std::int64_t i0, std::int64_t i1) {
-                   for (std::int64_t i = i0; i < i1; ++i) o[i] = to_f32(i_[i]);
+    // The wait and the widening run with mutex() released (only this queue's slot and the op's own destination are
+    // touched), so the other queues' workers issue their work meanwhile.
+    unlocked([&] {
+      cur->done->synchronize();
+      const Bf16* in = cur->buf.as<Bf16>();
+      for_pieces(dst, b, std::min(chunk, total - b),
+                 [&](std::size_t k, std::int64_t off, std::int64_t at, std::int64_t count) {
+                   float* o = dst[k].data() + off;
+                   const Bf16* i_ = in + (at - b);
+                   parallel_chunks(count, [&](std::int64_t i0, std::int64_t i1) {
+                     for (std::int64_t i = i0; i < i1; ++i) o[i] = to_f32(i_[i]);
+                   });
                  });
-               });
+    });
     cur = next;
   }
 }

@@ -1,12 +1,14 @@
-// Output files: atomic replacement through a temp file, up-front writability checks, stdout's final check
-// (see atomic_file.hpp).
+// Output files: atomic replacement through a temp file, all-or-nothing appends, up-front writability checks,
+// stdout's final check, the reasons for a failed write (see atomic_file.hpp).
 #include "core/base/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +17,7 @@
 
 #include "core/base/error.hpp"
 #include "core/base/input_file.hpp"
+#include "core/base/units.hpp"
 
 namespace harmony::core {
 
@@ -42,13 +45,48 @@ std::optional<std::string> node_problem(const std::string& target, struct stat* 
   return std::string("not a regular file (") + special_file_kind(st.st_mode) + ")";
 }
 
+// What to do after a failed write of PATH, by the OS's reason: a caller's HINT when given.
+std::string write_hint(int err, const std::string& path, const std::string& hint) {
+  if (!hint.empty()) return hint;
+  return std::string(err == EFBIG ? "raise the file size limit (ulimit -f)" : "free space") +
+         " or choose another path; " + path + " was left as it was";
+}
+
 std::string refuse_hint(const std::string& what) {
   return "give " + what +
          " a file name in a writable folder (an existing regular file is replaced; devices, FIFOs "
          "and folders are never written)";
 }
 
+// The checks AtomicFile and AppendFile make before creating anything: PATH's target (output_target), refused
+// unless it is a regular file or absent; its lstat in *ST (st_mode 0 when absent).
+std::string checked_target(const std::string& path, const std::string& what, struct stat* st) {
+  std::string target = output_target(path);
+  st->st_mode = 0;
+  if (const auto why = node_problem(target, st))
+    throw FileError(
+        path,
+        "cannot write " + what + (target == path ? "" : " (the symbolic link's target " + target + ")") + ": " + *why,
+        refuse_hint(what));
+  return target;
+}
+
 }  // namespace
+
+std::string write_error_reason(int err) {
+  std::string why = std::strerror(err);
+  struct rlimit lim {};
+  if (err == EFBIG && ::getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    const auto bytes = static_cast<Bytes>(lim.rlim_cur);
+    why += " (the file size limit, ulimit -f, is " +
+           (bytes < 1024 ? std::to_string(bytes) + " bytes"
+                         : format_bytes(bytes) + " = " + std::to_string(bytes) + " bytes") +
+           ")";
+  }
+  return why;
+}
+
+void ignore_file_size_signal() { std::signal(SIGXFSZ, SIG_IGN); }
 
 std::string output_target(const std::string& path) {
   std::string cur = path;
@@ -109,15 +147,8 @@ void check_output_dir(const std::string& dir, const std::string& what) {
 
 AtomicFile::AtomicFile(std::string path, std::string what, std::string hint)
     : path_(std::move(path)), what_(std::move(what)), hint_(std::move(hint)) {
-  if (hint_.empty()) hint_ = "free space or choose another path; " + path_ + " was left as it was";
-  target_ = output_target(path_);
   struct stat st {};
-  st.st_mode = 0;
-  if (const auto why = node_problem(target_, &st))
-    throw FileError(path_,
-                    "cannot write " + what_ +
-                        (target_ == path_ ? "" : " (the symbolic link's target " + target_ + ")") + ": " + *why,
-                    refuse_hint(what_));
+  target_ = checked_target(path_, what_, &st);
   temp_ = target_ + ".tmp";
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd_ < 0) fail("cannot create the temporary file " + temp_, errno);
@@ -131,7 +162,7 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::fail(const std::string& doing, int err) {
-  throw FileError(path_, doing + " (" + what_ + "): " + std::strerror(err), hint_);
+  throw FileError(path_, doing + " (" + what_ + "): " + write_error_reason(err), write_hint(err, path_, hint_));
 }
 
 void AtomicFile::write(const void* data, std::size_t bytes) {
@@ -163,6 +194,51 @@ void AtomicFile::commit() {
                     "the file may not survive a crash; check the disk and write it again");
 }
 
+AppendFile::AppendFile(std::string path, std::string what, std::string hint)
+    : path_(std::move(path)), what_(std::move(what)), hint_(std::move(hint)) {
+  struct stat st {};
+  const std::string target = checked_target(path_, what_, &st);
+  fd_ = ::open(target.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd_ < 0) fail("cannot open", errno);
+  if (::fstat(fd_, &st) != 0) fail("cannot open (fstat)", errno);
+  size_bytes_ = static_cast<std::uint64_t>(st.st_size);
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendFile::fail(const std::string& doing, int err) {
+  throw FileError(path_, doing + " (" + what_ + "): " + write_error_reason(err), write_hint(err, path_, hint_));
+}
+
+void AppendFile::append(std::string_view bytes) {
+  const char* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      // A part of the record may be in the file (a write cut short at the limit): cut it off.
+      if (::ftruncate(fd_, static_cast<off_t>(size_bytes_)) != 0)
+        throw FileError(path_,
+                        "cannot write (" + what_ + "): " + write_error_reason(err) +
+                            ", and cutting off the partial record failed: " + std::strerror(errno),
+                        write_hint(err, path_, hint_));
+      fail("cannot write", err);
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  size_bytes_ += bytes.size();
+}
+
+void AppendFile::truncate(std::uint64_t size_bytes) {
+  if (::ftruncate(fd_, static_cast<off_t>(size_bytes)) != 0) fail("cannot truncate", errno);
+  size_bytes_ = size_bytes;
+}
+
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what,
                        const std::string& hint) {
   AtomicFile f(path, what, hint);
@@ -176,7 +252,7 @@ std::optional<std::string> stdout_write_problem() {
   const int err = flush_failed ? errno : 0;
   std::cout.flush();
   if (!flush_failed && !std::ferror(stdout) && !std::cout.fail()) return std::nullopt;
-  return std::string(std::strerror(err != 0 ? err : EIO));
+  return write_error_reason(err != 0 ? err : EIO);
 }
 
 }  // namespace harmony::core

@@ -1,9 +1,11 @@
 // Output files: the one atomic writer every tool's file outputs go through (temp file beside the target, fsync,
-// rename; regular files replaced, symlinks written through, devices/FIFOs/folders refused), the up-front checks
-// that an output path can be written before any work is done, and the final check that stdout took every byte.
+// rename; regular files replaced, symlinks written through, devices/FIFOs/folders refused), the all-or-nothing
+// appender of record files, the up-front checks that an output path can be written before any work is done, the
+// final check that stdout took every byte, and the reasons a write failed (a full disk, the file size limit).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,6 +25,16 @@ void check_output_file(const std::string& path, const std::string& what);
 // Checks, before any work, that DIR is a writable folder or can be created as one: DIR, or its nearest existing
 // ancestor, is a folder and writable. FileError naming DIR and the OS's reason ("Not a directory", ...).
 void check_output_dir(const std::string& dir, const std::string& what);
+
+// The OS's reason for a failed write: strerror(ERR); for EFBIG also the limit the process hit, "File too large
+// (the file size limit, ulimit -f, is 4 KiB = 4096 bytes)" (getrlimit RLIMIT_FSIZE; plain "File too large" when
+// unlimited: the file system's own maximum).
+std::string write_error_reason(int err);
+
+// Makes a write past the file size limit (RLIMIT_FSIZE, `ulimit -f`) fail with EFBIG, which every writer here
+// reports like a full disk (the file named, the previous one kept, no temp file left), instead of SIGXFSZ killing
+// the process mid-write (exit 153, nothing said, TARGET.tmp left). Each main calls it before any work.
+void ignore_file_size_signal();
 
 // Writes PATH atomically: the bytes go to TARGET.tmp beside the target (output_target), which on commit() is
 // fsynced, closed, renamed over the target and its folder fsynced, so PATH holds the old or the new content,
@@ -50,12 +62,35 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Appends records to PATH (created when missing; the node rules of AtomicFile: a regular file or nothing, a symlink
+// written through, anything else refused). Each append() is all or nothing: a failed write (a full disk, the file
+// size limit) cuts the file back to its size before the record and throws FileError naming PATH and the reason,
+// so no partial record remains. truncate() cuts it back to an earlier size() (a record whose partner in another
+// file could not be written). Not synced: records are for files a rerun can repair (a sweep's results).
+class AppendFile {
+ public:
+  AppendFile(std::string path, std::string what, std::string hint = {});
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  ~AppendFile();
+  void append(std::string_view bytes);
+  void truncate(std::uint64_t size_bytes);
+  std::uint64_t size_bytes() const { return size_bytes_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& doing, int err);
+  std::string path_, what_, hint_;
+  int fd_ = -1;
+  std::uint64_t size_bytes_ = 0;
+};
+
 // AtomicFile(path, what, hint) with `bytes` written and committed.
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what,
                        const std::string& hint = {});
 
 // Flushes stdout (C stdio, which std::cout shares) and returns the OS's reason when a write to it failed
-// ("No space left on device"), or nullopt when every byte went out.
+// ("No space left on device", write_error_reason's "File too large (...)"), or nullopt when every byte went out.
 std::optional<std::string> stdout_write_problem();
 
 }  // namespace harmony::core

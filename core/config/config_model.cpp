@@ -1,6 +1,7 @@
-// The model side of a config: `model:` ({profile: PATH} or {analytic: NAME | {...}}, the analytic shape keys
-// checked per family), `cost_model:`, and load_model, which turns a ModelSpec into a Model on a machine
-// (docs/config.md, "model"). Shared with config.cpp and config_train.cpp through config_internal.hpp.
+// The model side of a config: `model:` ({profile: PATH}, {analytic: NAME | {...}} with the shape keys checked per
+// family, or {hf_config: PATH} with run keys beside it), `cost_model:`, and load_model, which turns a ModelSpec into
+// a Model on a machine (docs/config.md, "model"). Shared with config.cpp and config_train.cpp through
+// config_internal.hpp.
 #include <algorithm>
 #include <limits>
 #include <optional>
@@ -9,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "core/config/config_hf.hpp"
 #include "core/config/config_internal.hpp"
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
@@ -19,13 +21,42 @@ namespace config_detail {
 namespace {
 
 // ------------------------------------------------------------------------------------------------
-// model: {profile: PATH} or {analytic: NAME | {...}} (docs/config.md, "model")
-const std::vector<std::string> kModelKeys = {"profile", "analytic"};
-const std::vector<std::string> kAnalyticKeys = {
-    "preset",  "family",    "name",      "layers",  "hidden",       "heads",           "ffn",
-    "seq_len", "vocab",     "tied_head", "head",    "labels",       "image_size",      "classes",
-    "dtype",   "optimizer", "kernels",   "dropout", "ubatch_sizes", "layers_per_block"};
-const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet"};
+// model: {profile: PATH}, {analytic: NAME | {...}} or {hf_config: PATH, ...} (docs/config.md, "model")
+// The keys beside hf_config: how the model described by the file is run (they change no parameter).
+const std::vector<std::string> kHfRunKeys = {"name", "seq_len", "dtype", "optimizer", "kernels", "ubatch_sizes"};
+const std::vector<std::string> kModelKeys = {"profile", "analytic",  "hf_config", "name",        "seq_len",
+                                             "dtype",   "optimizer", "kernels",   "ubatch_sizes"};
+const std::vector<std::string> kAnalyticKeys = {"preset",
+                                                "family",
+                                                "name",
+                                                "layers",
+                                                "hidden",
+                                                "heads",
+                                                "ffn",
+                                                "seq_len",
+                                                "vocab",
+                                                "tied_head",
+                                                "head",
+                                                "labels",
+                                                "image_size",
+                                                "classes",
+                                                "dtype",
+                                                "optimizer",
+                                                "kernels",
+                                                "dropout",
+                                                "ubatch_sizes",
+                                                "layers_per_block",
+                                                "positions",
+                                                "kv_heads",
+                                                "attn_bias",
+                                                "mlp_bias",
+                                                "sliding_window",
+                                                "rope",
+                                                "rope_dims",
+                                                "parallel_residual",
+                                                "act"};
+const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "neox"};
+const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
 const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
 const std::vector<std::string> kKernelStyles = {"eager", "fused", "flash"};
@@ -48,111 +79,10 @@ std::size_t get_choice(const Node& v, const std::string& what, const std::vector
            "; or describe the shape: {family: gpt, layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
 }
 
-AnalyticSpec parse_analytic(const Entry& e) {
-  const std::string what = "model.analytic";
-  if (e.value.kind == Node::Kind::Scalar) {
-    const auto preset = analytic_preset(e.value.scalar);
-    if (!preset) fail_unknown_model_preset(e.value.scalar, e.value.loc);
-    return *preset;
-  }
-  if (e.value.kind != Node::Kind::Map)
-    fail(e.value.loc, fmt::format("{} must be a preset name or a mapping, got {}", what, describe(e.value)),
-         "e.g. analytic: gpt2-medium, or analytic: {preset: gpt3-13b, dtype: fp16}, or analytic: {family: gpt, "
-         "layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
-  const Node& map = e.value;
-  check_keys(map, what, kAnalyticKeys);
-  AnalyticSpec spec;
-  const Entry* preset = find(map, "preset");
-  const Entry* family = find(map, "family");
-  if (preset) {
-    const std::string name = get_string(preset->value, what + ".preset");
-    const auto p = analytic_preset(name);
-    if (!p) fail_unknown_model_preset(name, preset->value.loc);
-    spec = *p;
-  }
-  if (family) {
-    const auto f = static_cast<ModelFamily>(get_choice(family->value, what + ".family", kFamilies, "families"));
-    if (preset && f != spec.family)
-      fail(family->value.loc,
-           fmt::format("{}.family '{}' contradicts preset '{}' ({})", what, family->value.scalar, preset->value.scalar,
-                       kFamilies[static_cast<std::size_t>(spec.family)]),
-           "leave family out when a preset is given");
-    spec.family = f;
-  } else if (!preset) {
-    fail(e.key_loc, fmt::format("{} needs a family or a preset", what),
-         fmt::format("add family: gpt (or bert, resnet), or preset: NAME; presets: {}", join(analytic_preset_names())));
-  }
-  const bool resnet = spec.family == ModelFamily::Resnet;
-  const std::string& fam = kFamilies[static_cast<std::size_t>(spec.family)];
-  // Keys that belong to other families are errors, not silently ignored.
-  const auto only_for = [&](std::string_view key, bool ok, std::string_view families) {
-    if (const Entry* x = find_any(map, key); x && !ok)
-      fail(x->key_loc, fmt::format("{}.{} does not apply to family {}", what, key, fam),
-           fmt::format("{} is a key of {} models only", key, families));
-  };
-  only_for("hidden", !resnet, "gpt and bert");
-  only_for("heads", !resnet, "gpt and bert");
-  only_for("ffn", !resnet, "gpt and bert");
-  only_for("seq_len", !resnet, "gpt and bert");
-  only_for("vocab", !resnet, "gpt and bert");
-  only_for("tied_head", !resnet, "gpt and bert");
-  only_for("dropout", !resnet, "gpt and bert");
-  only_for("kernels", !resnet, "gpt and bert");
-  only_for("head", !resnet, "gpt and bert");
-  only_for("labels", spec.family == ModelFamily::Bert, "bert");
-  only_for("image_size", resnet, "resnet");
-  only_for("classes", resnet, "resnet");
-  only_for("layers_per_block", spec.family == ModelFamily::Gpt, "gpt");
-  const auto int_key = [&](std::string_view key, int& field, int min, bool required) -> const Entry* {
-    const Entry* x = find(map, key);
-    if (x) {
-      field = get_int(x->value, fmt::format("{}.{}", what, key), min);
-    } else if (required) {
-      const std::string shape =
-          resnet ? "layers: 50 (the depth: 50, 101 or 152)" : "layers, hidden, heads, seq_len and vocab";
-      require(map, key, what, e.key_loc,
-              fmt::format("a {} model without a preset needs {}; or start from a preset: {}", fam, shape,
-                          join(analytic_preset_names())));
-    }
-    return x;
-  };
-  const Entry* layers = int_key("layers", spec.layers, 1, !preset);
-  const Entry* hidden = int_key("hidden", spec.hidden, 1, !preset && !resnet);
-  const Entry* heads = int_key("heads", spec.heads, 1, !preset && !resnet);
-  int_key("ffn", spec.ffn, 1, false);
-  int_key("seq_len", spec.seq_len, 2, !preset && !resnet);
-  int_key("vocab", spec.vocab, 2, !preset && !resnet);
-  int_key("labels", spec.labels, 1, false);
-  int_key("image_size", spec.image_size, 32, false);
-  int_key("classes", spec.classes, 1, false);
-  if (const Entry* x = find(map, "layers_per_block")) {
-    spec.layers_per_block = get_int(x->value, what + ".layers_per_block", std::numeric_limits<int>::min());
-    if (spec.layers_per_block != 1 && spec.layers_per_block != 2)
-      fail(x->value.loc, fmt::format("{}.layers_per_block = {} is not 1 or 2", what, spec.layers_per_block),
-           "layers_per_block: 1 (a layer per block) or 2 (its attention and MLP halves, as LoHan checkpoints them)");
-  }
+// name, dtype, optimizer, kernels, ubatch_sizes: the keys of both model.analytic and the run keys beside
+// model.hf_config (`what` is the mapping's path for messages).
+void apply_run_keys(const Node& map, const std::string& what, AnalyticSpec& spec) {
   if (const Entry* x = find(map, "name")) spec.name = get_string(x->value, what + ".name");
-  if (const Entry* x = find(map, "tied_head")) spec.tied_head = get_bool(x->value, what + ".tied_head");
-  if (const Entry* x = find(map, "dropout")) spec.dropout = get_bool(x->value, what + ".dropout");
-  if (const Entry* x = find(map, "head")) {
-    // gpt and bert take different heads; one of the other family's is named as such, not as unknown
-    const bool gpt = spec.family == ModelFamily::Gpt;
-    const std::vector<std::string>& own = gpt ? kGptHeads : kBertHeads;
-    const std::vector<std::string>& other = gpt ? kBertHeads : kGptHeads;
-    const std::string own_kind = fmt::format("{} heads", fam);
-    if (x->value.kind == Node::Kind::Scalar && std::find(other.begin(), other.end(), x->value.scalar) != other.end())
-      fail(x->value.loc, fmt::format("{}.head '{}' does not apply to family {}", what, x->value.scalar, fam),
-           fmt::format("{}: {} ({} are {} heads)", own_kind, join(own), join(other), gpt ? "bert" : "gpt"));
-    const std::size_t choice = get_choice(x->value, what + ".head", own, own_kind);
-    if (gpt) {
-      spec.gpt_head = static_cast<GptHead>(choice);
-    } else {
-      spec.bert_head = static_cast<BertHead>(choice);
-    }
-  }
-  if (const Entry* x = find(map, "tied_head"); x && spec.gpt_head == GptHead::None)
-    fail(x->key_loc, fmt::format("{}.tied_head does not apply with head: none", what),
-         "a GPT without an LM head has no output projection to tie to the embedding: drop tied_head, or use head: lm");
   if (const Entry* x = find(map, "dtype"))
     spec.dtype = static_cast<DType>(get_choice(x->value, what + ".dtype", kDTypes, "dtypes"));
   if (const Entry* x = find(map, "optimizer"))
@@ -172,6 +102,196 @@ AnalyticSpec parse_analytic(const Entry& e) {
     if (spec.ubatch_sizes.empty())
       fail(x->value.loc, fmt::format("{} must list at least one size", w), "e.g. ubatch_sizes: [1, 2, 4, 8, 16]");
   }
+}
+
+// attn_bias: true (q, k, v and o), false, or qkv (q, k and v only, as Qwen2; llama only).
+AttnBias get_attn_bias(const Node& v, const std::string& what, bool llama) {
+  if (llama && v.kind == Node::Kind::Scalar && v.scalar == "qkv") return AttnBias::Qkv;
+  const std::string hint = llama ? "true (biases on q, k, v and o, Llama's attention_bias), false, or qkv (on q, k "
+                                   "and v only, as Qwen2)"
+                                 : "true (biases on query_key_value and dense, GPT-NeoX's default) or false";
+  const std::string& s = expect_scalar(v, what, llama ? "true, false or qkv" : "true or false", hint);
+  if (s == "true" || s == "True" || s == "TRUE") return AttnBias::All;
+  if (s == "false" || s == "False" || s == "FALSE") return AttnBias::None;
+  fail(v.loc, fmt::format("{} must be {}, got '{}'", what, llama ? "true, false or qkv" : "true or false", s), hint);
+}
+
+// The spec a model.analytic mapping starts from: its preset, or an empty shape of its family with the family's
+// defaults (llama and neox: their own LM head; neox: biases).
+AnalyticSpec analytic_start(const Entry& e, const std::string& what) {
+  const Node& map = e.value;
+  AnalyticSpec spec;
+  const Entry* preset = find(map, "preset");
+  const Entry* family = find(map, "family");
+  if (preset) {
+    const std::string name = get_string(preset->value, what + ".preset");
+    const auto p = analytic_preset(name);
+    if (!p) fail_unknown_model_preset(name, preset->value.loc);
+    spec = *p;
+  }
+  if (family) {
+    const auto f = static_cast<ModelFamily>(get_choice(family->value, what + ".family", kFamilies, "families"));
+    if (preset && f != spec.family)
+      fail(family->value.loc,
+           fmt::format("{}.family '{}' contradicts preset '{}' ({})", what, family->value.scalar, preset->value.scalar,
+                       kFamilies[static_cast<std::size_t>(spec.family)]),
+           "leave family out when a preset is given");
+    if (!preset) {
+      spec.family = f;
+      if (f == ModelFamily::Llama || f == ModelFamily::Neox) spec.tied_head = false;  // as their published configs
+      if (f == ModelFamily::Neox) {
+        spec.attn_bias = AttnBias::All;
+        spec.mlp_bias = true;
+      }
+    }
+  } else if (!preset) {
+    fail(e.key_loc, fmt::format("{} needs a family or a preset", what),
+         fmt::format("add family: gpt (or bert, resnet, llama, neox), or preset: NAME; presets: {}",
+                     join(analytic_preset_names())));
+  }
+  return spec;
+}
+
+// Keys that belong to other families are errors, not silently ignored.
+void check_family_keys(const Node& map, const std::string& what, ModelFamily family) {
+  const bool resnet = family == ModelFamily::Resnet, gpt = family == ModelFamily::Gpt;
+  const bool bert = family == ModelFamily::Bert, llama = family == ModelFamily::Llama;
+  const bool neox = family == ModelFamily::Neox;
+  const auto only_for = [&](std::string_view key, bool ok, std::string_view families) {
+    if (const Entry* x = find_any(map, key); x && !ok)
+      fail(x->key_loc,
+           fmt::format("{}.{} does not apply to family {}", what, key, kFamilies[static_cast<std::size_t>(family)]),
+           fmt::format("{} is a key of {} models only", key, families));
+  };
+  for (const char* key : {"hidden", "heads", "ffn", "seq_len", "vocab", "tied_head", "kernels"})
+    only_for(key, !resnet, "gpt, bert, llama and neox");
+  only_for("dropout", gpt || bert, "gpt and bert (llama and neox have no dropout)");
+  only_for("head", gpt || bert, "gpt and bert");
+  only_for("labels", bert, "bert");
+  only_for("image_size", resnet, "resnet");
+  only_for("classes", resnet, "resnet");
+  only_for("layers_per_block", gpt, "gpt");
+  only_for("positions", gpt, "gpt");
+  only_for("kv_heads", llama, "llama");
+  only_for("sliding_window", llama, "llama");
+  only_for("rope_dims", neox, "neox");
+  only_for("parallel_residual", neox, "neox");
+  only_for("act", neox, "neox");
+  for (const char* key : {"attn_bias", "mlp_bias", "rope"}) only_for(key, llama || neox, "llama and neox");
+}
+
+// head: gpt's lm or none, bert's mlm or classifier; one of the other family's is named as such, not as unknown.
+void parse_head(const Node& map, const std::string& what, AnalyticSpec& spec) {
+  const Entry* x = find(map, "head");
+  if (!x) return;
+  const bool gpt = spec.family == ModelFamily::Gpt;
+  const std::string& fam = kFamilies[static_cast<std::size_t>(spec.family)];
+  const std::vector<std::string>& own = gpt ? kGptHeads : kBertHeads;
+  const std::vector<std::string>& other = gpt ? kBertHeads : kGptHeads;
+  const std::string own_kind = fmt::format("{} heads", fam);
+  if (x->value.kind == Node::Kind::Scalar && std::find(other.begin(), other.end(), x->value.scalar) != other.end())
+    fail(x->value.loc, fmt::format("{}.head '{}' does not apply to family {}", what, x->value.scalar, fam),
+         fmt::format("{}: {} ({} are {} heads)", own_kind, join(own), join(other), gpt ? "bert" : "gpt"));
+  const std::size_t choice = get_choice(x->value, what + ".head", own, own_kind);
+  if (gpt) {
+    spec.gpt_head = static_cast<GptHead>(choice);
+  } else {
+    spec.bert_head = static_cast<BertHead>(choice);
+  }
+}
+
+// The keys of the llama and neox families, and gpt's positions, each checked where it is written (run after the
+// shape keys: kv_heads, rope_dims and positions are checked against heads, hidden and seq_len).
+void parse_decoder_keys(const Node& map, const std::string& what, AnalyticSpec& spec) {
+  const auto int_key = [&](std::string_view key, int& field, int min) -> const Entry* {
+    const Entry* x = find(map, key);
+    if (x) field = get_int(x->value, fmt::format("{}.{}", what, key), min);
+    return x;
+  };
+  const Entry* positions = int_key("positions", spec.positions, 1);
+  const Entry* kv_heads = int_key("kv_heads", spec.kv_heads, 1);
+  int_key("sliding_window", spec.sliding_window, 1);
+  const Entry* rope_dims = int_key("rope_dims", spec.rope_dims, 2);
+  if (const Entry* x = find(map, "attn_bias"))
+    spec.attn_bias = get_attn_bias(x->value, what + ".attn_bias", spec.family == ModelFamily::Llama);
+  if (const Entry* x = find(map, "mlp_bias")) spec.mlp_bias = get_bool(x->value, what + ".mlp_bias");
+  if (const Entry* x = find(map, "rope")) spec.rope = get_bool(x->value, what + ".rope");
+  if (const Entry* x = find(map, "parallel_residual"))
+    spec.parallel_residual = get_bool(x->value, what + ".parallel_residual");
+  if (const Entry* x = find(map, "act"))
+    spec.act = static_cast<MlpActivation>(get_choice(x->value, what + ".act", kActivations, "activations"));
+  if (kv_heads && (spec.kv_heads > spec.heads || spec.heads % spec.kv_heads != 0))
+    fail(kv_heads->value.loc,
+         fmt::format("{}.kv_heads = {} does not divide heads = {}", what, spec.kv_heads, spec.heads),
+         "grouped-query attention shares each key/value head among heads / kv_heads query heads");
+  if (kv_heads && spec.kv_heads == spec.heads) spec.kv_heads = 0;  // one k and v per head: plain attention
+  if (positions && spec.positions < spec.seq_len)
+    fail(positions->value.loc,
+         fmt::format("{}.positions = {} is below seq_len = {}", what, spec.positions, spec.seq_len),
+         "the position table needs a row per token: positions >= seq_len");
+  const int head_size = spec.heads > 0 ? spec.hidden / spec.heads : 0;
+  if (rope_dims && (spec.rope_dims % 2 != 0 || spec.rope_dims > head_size))
+    fail(rope_dims->value.loc,
+         fmt::format("{}.rope_dims = {} is not an even number up to the head size ({})", what, spec.rope_dims,
+                     head_size),
+         "rotary embeddings rotate pairs of a head's dimensions");
+}
+
+AnalyticSpec parse_analytic(const Entry& e) {
+  const std::string what = "model.analytic";
+  if (e.value.kind == Node::Kind::Scalar) {
+    const auto preset = analytic_preset(e.value.scalar);
+    if (!preset) fail_unknown_model_preset(e.value.scalar, e.value.loc);
+    return *preset;
+  }
+  if (e.value.kind != Node::Kind::Map)
+    fail(e.value.loc, fmt::format("{} must be a preset name or a mapping, got {}", what, describe(e.value)),
+         "e.g. analytic: gpt2-medium, or analytic: {preset: gpt3-13b, dtype: fp16}, or analytic: {family: gpt, "
+         "layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
+  const Node& map = e.value;
+  check_keys(map, what, kAnalyticKeys);
+  AnalyticSpec spec = analytic_start(e, what);
+  const bool preset = find(map, "preset") != nullptr;
+  const bool resnet = spec.family == ModelFamily::Resnet;
+  const bool llama = spec.family == ModelFamily::Llama;
+  const std::string& fam = kFamilies[static_cast<std::size_t>(spec.family)];
+  check_family_keys(map, what, spec.family);
+  const auto int_key = [&](std::string_view key, int& field, int min, bool required) -> const Entry* {
+    const Entry* x = find(map, key);
+    if (x) {
+      field = get_int(x->value, fmt::format("{}.{}", what, key), min);
+    } else if (required) {
+      const std::string shape = resnet  ? "layers: 50 (the depth: 50, 101 or 152)"
+                                : llama ? "layers, hidden, heads, ffn (the intermediate size), seq_len and vocab"
+                                        : "layers, hidden, heads, seq_len and vocab";
+      require(map, key, what, e.key_loc,
+              fmt::format("a {} model without a preset needs {}; or start from a preset: {}", fam, shape,
+                          join(analytic_preset_names())));
+    }
+    return x;
+  };
+  const Entry* layers = int_key("layers", spec.layers, 1, !preset);
+  const Entry* hidden = int_key("hidden", spec.hidden, 1, !preset && !resnet);
+  const Entry* heads = int_key("heads", spec.heads, 1, !preset && !resnet);
+  int_key("ffn", spec.ffn, 1, !preset && llama);
+  int_key("seq_len", spec.seq_len, 2, !preset && !resnet);
+  int_key("vocab", spec.vocab, 2, !preset && !resnet);
+  int_key("labels", spec.labels, 1, false);
+  int_key("image_size", spec.image_size, 32, false);
+  int_key("classes", spec.classes, 1, false);
+  if (const Entry* x = find(map, "layers_per_block")) {
+    spec.layers_per_block = get_int(x->value, what + ".layers_per_block", std::numeric_limits<int>::min());
+    if (spec.layers_per_block != 1 && spec.layers_per_block != 2)
+      fail(x->value.loc, fmt::format("{}.layers_per_block = {} is not 1 or 2", what, spec.layers_per_block),
+           "layers_per_block: 1 (a layer per block) or 2 (its attention and MLP halves, as LoHan checkpoints them)");
+  }
+  if (const Entry* x = find(map, "tied_head")) spec.tied_head = get_bool(x->value, what + ".tied_head");
+  if (const Entry* x = find(map, "dropout")) spec.dropout = get_bool(x->value, what + ".dropout");
+  parse_head(map, what, spec);
+  if (const Entry* x = find(map, "tied_head"); x && spec.gpt_head == GptHead::None)
+    fail(x->key_loc, fmt::format("{}.tied_head does not apply with head: none", what),
+         "a GPT without an LM head has no output projection to tie to the embedding: drop tied_head, or use head: lm");
+  apply_run_keys(map, what, spec);
   // Shape checks, located at the key that breaks them (the rest at `analytic:`).
   if (resnet && spec.layers != 50 && spec.layers != 101 && spec.layers != 152)
     fail(layers ? layers->value.loc : e.key_loc, fmt::format("{}.layers = {} is not a ResNet depth", what, spec.layers),
@@ -180,8 +300,29 @@ AnalyticSpec parse_analytic(const Entry& e) {
     fail(heads ? heads->value.loc : (hidden ? hidden->value.loc : e.key_loc),
          fmt::format("{}.heads = {} does not divide hidden = {}", what, spec.heads, spec.hidden),
          "the head size is hidden / heads: pick heads that divide hidden");
+  parse_decoder_keys(map, what, spec);
   if (const std::string problem = analytic_spec_problem(spec); !problem.empty())
     fail(e.key_loc, fmt::format("{}: {}", what, problem), "see docs/config.md, model.analytic");
+  return spec;
+}
+
+// model: {hf_config: PATH, seq_len: ..., dtype: ..., ...}: the file's shape, run as the keys beside it say.
+AnalyticSpec parse_hf_model(const Node& model, const Entry& hf, const std::string& base_dir) {
+  const std::string path = resolve_path(base_dir, get_string(hf.value, "model.hf_config"));
+  const Entry* seq = find(model, "seq_len");
+  AnalyticSpec spec = read_hf_config(path, hf.value.loc, seq != nullptr);
+  if (seq) {
+    spec.seq_len = get_int(seq->value, "model.seq_len", 2);
+    if (spec.positions > 0 && spec.seq_len > spec.positions)
+      fail(seq->value.loc,
+           fmt::format("model.seq_len = {} exceeds the {} positions of {}'s position table (n_positions)", spec.seq_len,
+                       spec.positions, path),
+           "a GPT-2 cannot run sequences longer than its position table");
+  }
+  apply_run_keys(model, "model", spec);
+  if (const std::string problem = analytic_spec_problem(spec); !problem.empty())
+    fail(seq ? seq->value.loc : hf.value.loc, fmt::format("model.hf_config {}: {}", path, problem),
+         "see docs/config.md, model.hf_config");
   return spec;
 }
 
@@ -191,12 +332,39 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
   check_keys(model, "model", kModelKeys);
   const Entry* profile = find(model, "profile");
   const Entry* analytic = find(model, "analytic");
+  const Entry* hf = find(model, "hf_config");
   const std::string hint =
-      "give `profile: PATH/TO/PROFILE.json` (a measured profile, relative to this file's folder) or `analytic: "
-      "NAME` / `analytic: {...}` (a model from formulas, docs/config.md)";
-  if (profile && analytic)
-    fail(analytic->key_loc, "model.profile and model.analytic are both given", "give exactly one: " + hint);
+      "give `profile: PATH/TO/PROFILE.json` (a measured profile, relative to this file's folder), `analytic: NAME` / "
+      "`analytic: {...}` (a model from formulas) or `hf_config: PATH/TO/config.json` (a Hugging Face model's "
+      "config; docs/config.md)";
+  const int given = (profile ? 1 : 0) + (analytic ? 1 : 0) + (hf ? 1 : 0);
+  if (given > 1) {
+    std::vector<std::string> names;
+    for (const auto& [entry, key] : {std::pair{profile, "model.profile"}, std::pair{analytic, "model.analytic"},
+                                     std::pair{hf, "model.hf_config"}}) {
+      if (entry) names.emplace_back(key);
+    }
+    const Entry* second = hf && (profile || analytic) ? hf : analytic;
+    fail(second->key_loc,
+         given == 2 ? fmt::format("{} and {} are both given", names[0], names[1])
+                    : fmt::format("{}, {} and {} are all given", names[0], names[1], names[2]),
+         "give exactly one: " + hint);
+  }
+  if (!hf) {
+    for (const std::string& key : kHfRunKeys) {
+      if (const Entry* x = find_any(model, key))
+        fail(x->key_loc, fmt::format("model.{} goes beside model.hf_config only", key),
+             analytic ? fmt::format("with analytic, write it inside: analytic: {{preset: NAME, {}: ...}}", key)
+                      : "a measured profile fixes its own sizes and microbatches");
+    }
+  }
   ModelSpec spec;
+  if (hf) {
+    spec.analytic = parse_hf_model(model, *hf, base_dir);
+    spec.analytic_dtype_given = find(model, "dtype") != nullptr;
+    spec.loc = hf->value.loc;
+    return spec;
+  }
   if (analytic) {
     spec.analytic = parse_analytic(*analytic);
     spec.analytic_dtype_given = analytic->value.kind == Node::Kind::Map && find(analytic->value, "dtype") != nullptr;
@@ -206,7 +374,8 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
   if (!profile) {
     if (const Entry* empty = find_any(model, "profile")) fail(empty->key_loc, "model.profile has no value", hint);
     if (const Entry* empty = find_any(model, "analytic")) fail(empty->key_loc, "model.analytic has no value", hint);
-    fail(model_loc, "missing required field model.profile (or model.analytic)", hint);
+    if (const Entry* empty = find_any(model, "hf_config")) fail(empty->key_loc, "model.hf_config has no value", hint);
+    fail(model_loc, "missing required field model.profile (or model.analytic, model.hf_config)", hint);
   }
   spec.profile_path = resolve_path(base_dir, get_string(profile->value, "model.profile"));
   spec.loc = profile->value.loc;

@@ -19,6 +19,10 @@ enum class ModelFamily {
   Gpt,     // decoder: embeddings, blocks (causal attention), final norm, LM head (or none), loss
   Bert,    // encoder: embeddings, blocks, head (masked-LM, or pooler + classifier), loss
   Resnet,  // ResNet v1.5: stem, one layer per bottleneck block, pool + FC head, loss
+  Llama,   // decoder as Llama, Mistral, Qwen2: token embedding, blocks (RMSNorm, rotary positions, grouped-query
+           // attention, SwiGLU MLP), final RMSNorm, LM head, loss
+  Neox,    // GPT-NeoX (Pythia): token embedding, blocks (LayerNorm, partial rotary positions, attention and a GELU
+           // MLP in parallel or in sequence), final LayerNorm, LM head, loss
 };
 enum class DType { Fp32, Fp16, Bf16 };
 enum class OptimizerKind {
@@ -32,6 +36,15 @@ enum class KernelStyle {
   Flash,  // as Fused, with the attention core (q k^T, softmax, dropout, p v) one FlashAttention (v1) kernel
 };
 enum class BertHead { Mlm, Classifier };
+enum class AttnBias {
+  None,
+  Qkv,  // biases on the q, k and v projections (Qwen2)
+  All,  // biases on q, k, v and the output projection (Llama's attention_bias, GPT-NeoX)
+};
+enum class MlpActivation {
+  Gelu,     // one GELU kernel in every kernel style (PyTorch's gelu, exact or tanh)
+  GeluNew,  // eager: GPT-2's Python tanh formula, 8 elementwise kernels; fused and flash: one kernel
+};
 enum class GptHead {
   Lm,    // LM head (vocabulary projection) and cross-entropy over the vocabulary
   None,  // no head: an MSE loss between the final norm's output and a target of its shape (LoHan/Fuyou's GPT)
@@ -43,10 +56,11 @@ struct AnalyticSpec {
   int layers = 0;    // transformer blocks; resnet: the depth (50, 101 or 152)
   int hidden = 0;
   int heads = 0;
-  int ffn = 0;  // MLP width; 0: 4 x hidden
+  int ffn = 0;  // MLP width (llama: the SwiGLU intermediate size, required); 0: 4 x hidden
   int seq_len = 0;
   int vocab = 0;
-  bool tied_head = true;               // gpt (head lm), bert mlm: the output projection is the token embedding
+  bool tied_head = true;  // gpt (head lm), bert mlm, llama, neox: the output projection is the token embedding
+                          // (the config loader's default for llama and neox is false, as their configs')
   BertHead bert_head = BertHead::Mlm;  // bert
   GptHead gpt_head = GptHead::Lm;      // gpt; with None, tied_head has no meaning and is ignored
   int labels = 2;                      // bert classifier
@@ -57,10 +71,21 @@ struct AnalyticSpec {
   KernelStyle kernels = KernelStyle::Eager;
   bool dropout = true;       // dropout layers are present (training mode)
   int layers_per_block = 1;  // gpt: 1, one layer a block; 2, its attention and MLP halves (block{i}.attn, .mlp)
+  int positions = 0;         // gpt: rows of the position table (Hugging Face n_positions), >= seq_len; 0: seq_len
+  // llama and neox (the config loader's defaults for neox: attn_bias All, mlp_bias true)
+  int kv_heads = 0;                     // llama: key/value heads (grouped-query attention), dividing heads; 0: heads
+  AttnBias attn_bias = AttnBias::None;  // llama: None, Qkv or All; neox: None or All
+  bool mlp_bias = false;                // llama, neox: biases on the MLP projections
+  int sliding_window = 0;  // llama: each query attends to the last sliding_window tokens (Mistral); 0: all earlier
+  bool rope = true;        // llama, neox: rotary position embeddings on q and k; false: no position information
+  int rope_dims = 0;       // neox: rotated dimensions per head (rotary_pct x head size), even; 0: the whole head
+  bool parallel_residual = true;            // neox: x + attn(ln_1 x) + mlp(ln_2 x); false: one after the other
+  MlpActivation act = MlpActivation::Gelu;  // neox
   std::vector<int> ubatch_sizes = {1, 2, 4, 8, 16, 32};  // the sizes costs are computed at, ascending
 };
 
-// Named shapes (gpt2-small..xl, gpt3-1.3b..175b, bert-base, bert-large, resnet50/101/152); nullopt if unknown.
+// Named shapes (gpt2-small..xl, gpt3-1.3b..175b, bert-base, bert-large, resnet50/101/152, llama2-7b/13b/70b,
+// llama3-8b/70b, mistral-7b, qwen2-7b); nullopt if unknown.
 std::optional<AnalyticSpec> analytic_preset(std::string_view name);
 std::vector<std::string> analytic_preset_names();
 

@@ -5,8 +5,13 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <mutex>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/executor/detail.hpp"
@@ -262,4 +267,69 @@ TEST_CASE("event ordering: a negative run_ahead or jitter, or a staging chunk un
     CHECK_THROWS_WITH_AS(
         Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .staging_chunk_bytes = chunk}),
         doctest::Contains("staging_chunk_bytes"), BackendError);
+}
+
+namespace {
+
+// An interpreter with no Program of its own: it only drives the base class's bf16 staging, with mutex() held as the
+// step loops hold it when they call run().
+class StagingOnly final : public detail::Interpreter {
+ public:
+  explicit StagingOnly(Bytes chunk_bytes) { staging_chunk_bytes = chunk_bytes; }
+  const std::vector<std::vector<int>>& extra_deps() const override { return none_; }
+  void begin_step(std::span<const std::int32_t>, std::span<const std::int32_t>) override {}
+  std::vector<int> group(int op) const override { return {op}; }
+  void run(const std::vector<int>&) override {}
+  void finished(int) override {}
+  double end_step() override { return 0; }
+  void abandon_step() override {}
+  void synchronize() override {}
+  void up(Device& d, Stream& s, void* dst, std::span<const float> src) {
+    stage_up(0, d, s, dst, std::span<const std::span<const float>>(&src, 1));
+  }
+  void down(Device& d, Stream& s, std::span<float> dst, const void* src) {
+    stage_down(0, d, s, std::span<const std::span<float>>(&dst, 1), src);
+  }
+
+ private:
+  std::vector<std::vector<int>> none_;
+};
+
+}  // namespace
+
+TEST_CASE("bf16 staging rounds and widens with the interpreter's lock released, so other queues issue work") {
+  // A worker thread that blocks on mutex() while the host stages one chunk (the first use of each buffer waits for
+  // no event, so before the lock was released around the rounding the worker could only get it after the staging
+  // returned). Derivation: the worker takes the lock while `inside` is set iff the staging lets go of it.
+  constexpr std::int64_t kElems = std::int64_t{4} << 20;  // 16 MiB of fp32: milliseconds of rounding
+  auto dev = cpu::make_cpu_device(0, {.capacity = 64 * kMiB});
+  auto stream = dev->create_stream("staging");
+  const Buffer on_device = dev->alloc(kElems * 2, "bf16 weights");
+  std::vector<float> master(static_cast<std::size_t>(kElems)), back(static_cast<std::size_t>(kElems));
+  for (std::int64_t i = 0; i < kElems; ++i) master[static_cast<std::size_t>(i)] = 1.0f + static_cast<float>(i % 255);
+  StagingOnly it(kElems * 2);  // one chunk
+  for (const bool up : {true, false}) {
+    CAPTURE(up);
+    std::atomic<bool> inside{false}, worker_waiting{false}, taken_inside{false};
+    it.mutex().lock();
+    std::thread worker([&] {
+      worker_waiting = true;
+      const std::lock_guard lk(it.mutex());
+      taken_inside = inside.load();
+    });
+    while (!worker_waiting) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the worker is blocked in lock()
+    inside = true;
+    if (up)
+      it.up(*dev, *stream, on_device.data(), master);
+    else
+      it.down(*dev, *stream, back, on_device.data());
+    inside = false;
+    it.mutex().unlock();
+    worker.join();
+    CHECK(taken_inside.load());
+  }
+  stream->synchronize();
+  // and the bits are those of rounding and widening element by element (values exact in bf16 here)
+  CHECK(back == master);
 }

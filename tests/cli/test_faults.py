@@ -53,7 +53,9 @@ def checkpoints(d):
 
 def limit_file_size(nbytes):
     def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing
+        # SIGXFSZ at its default action, as a shell's `ulimit -f` leaves it: the binaries ignore it themselves
+        # (core::ignore_file_size_signal), so that write() fails with EFBIG instead of killing them (exit 153).
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
     return apply
 

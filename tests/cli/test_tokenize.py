@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """scripts/tokenizer/tokenize.mjs end to end: GPT-2's own BPE gives the known ids ("Hello world" -> 15496, 995),
 the file is llm.c's (1024-byte header: magic 20240520, version 1, count; uint16 ids; <|endoftext|> = 50256 before
-each document), "<|endoftext|>" inside a text is ordinary text, bad input is exit 2, and harmony-run trains on
-the tokens of README.md exactly as the README's example does. SKIP (77) without node or js-tiktoken installed."""
+each document), "<|endoftext|>" inside a text is ordinary text, bad input is exit 2, the output follows the C++
+tools' rules (core/base/atomic_file.hpp: devices, FIFOs and folders refused before any work, a symlink written
+through, a regular file replaced atomically with its permission bits, a failed write under `ulimit -f` exit 2 with
+the previous file kept and no temp), and harmony-run trains on the tokens of README.md exactly as the README's
+example does. SKIP (77) without node or js-tiktoken installed."""
 import json
 import os
+import resource
 import shutil
+import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -33,8 +39,16 @@ def check(name, cond, detail=""):
         failures.append(f"{name}: {str(detail)[:2000]}")
 
 
-def tokenize(*args):
-    return subprocess.run(["node", TOKENIZE, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+def tokenize(*args, preexec_fn=None, timeout=120):
+    try:
+        return subprocess.run(["node", TOKENIZE, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                              preexec_fn=preexec_fn)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, None, "", f"(no answer in {timeout} s)")
+
+
+def temps(*dirs):
+    return [os.path.join(d, f) for d in dirs for f in os.listdir(d) if ".tmp" in f]
 
 
 def read_tokens(path):
@@ -71,6 +85,80 @@ with tempfile.TemporaryDirectory() as tmp:
     check("a missing text: exit 2 naming it", r.returncode == 2 and "missing.txt" in r.stderr, r.stderr)
     r = tokenize(text)
     check("no output path: exit 2 with usage", r.returncode == 2 and "usage" in r.stderr, r.stderr)
+
+    # The output path: the rules of the C++ tools' atomic writer, checked before the text is read.
+    outs = os.path.join(tmp, "outs")
+    os.mkdir(outs)
+    fifo = os.path.join(outs, "fifo")
+    os.mkfifo(fifo)
+    folder = os.path.join(outs, "folder")
+    os.mkdir(folder)
+    # a character device of our own (the null device's numbers), so that a regression never replaces /dev/null
+    chardev = os.path.join(outs, "chardev")
+    try:
+        os.mknod(chardev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError:
+        chardev = None
+    fifo_link = os.path.join(outs, "fifo_link")
+    os.symlink("fifo", fifo_link)
+    bad = [(fifo, "not a regular file (a FIFO)"), (folder, "Is a directory"),
+           (fifo_link, "not a regular file (a FIFO)"),
+           (os.path.join(outs, "missing", "t.bin"), "No such file or directory")]
+    if chardev:
+        bad.append((chardev, "not a regular file (a character device)"))
+    for path, reason in bad:
+        r = tokenize(text, path)
+        check(f"output {os.path.relpath(path, outs)}: exit 2 with '{reason}'",
+              r.returncode == 2 and path in r.stderr and reason in r.stderr, (r.returncode, r.stderr))
+    # checked before the work: a missing text is never reached
+    r = tokenize(os.path.join(tmp, "missing.txt"), fifo)
+    check("the output is refused before the text is read", r.returncode == 2 and "a FIFO" in r.stderr and
+          "missing.txt" not in r.stderr, (r.returncode, r.stderr))
+    check("the FIFO is still a FIFO, the link still a link to it",
+          stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.path.islink(fifo_link) and os.readlink(fifo_link) == "fifo")
+    if chardev:
+        check("the device is still a device", stat.S_ISCHR(os.lstat(chardev).st_mode))
+    check("the folder is still an empty folder", os.path.isdir(folder) and not os.listdir(folder))
+
+    real = os.path.join(outs, "real")
+    os.mkdir(real)
+    target = os.path.join(real, "t.bin")
+    with open(target, "w") as f:
+        f.write("old")
+    os.chmod(target, 0o640)
+    link = os.path.join(outs, "link.bin")
+    os.symlink("real/t.bin", link)  # relative to the link's folder
+    r = tokenize(text, link, "--no-eot")
+    check("through a symlink: exit 0, the link kept, its target replaced with the permission bits",
+          r.returncode == 0 and os.path.islink(link) and os.readlink(link) == "real/t.bin" and
+          read_tokens(target)[1] == [15496, 995] and stat.S_IMODE(os.stat(target).st_mode) == 0o640, r.stderr)
+    dangling = os.path.join(outs, "dangling.bin")
+    os.symlink(os.path.join(real, "new.bin"), dangling)
+    r = tokenize(text, dangling, "--no-eot")
+    check("through a dangling symlink: its target created", r.returncode == 0 and os.path.islink(dangling) and
+          read_tokens(os.path.join(real, "new.bin"))[1] == [15496, 995], r.stderr)
+    check("no temp file beside a link or a target", not temps(outs, real), temps(outs, real))
+
+    r = tokenize(fifo, os.path.join(outs, "from_fifo.bin"), timeout=30)
+    check("a FIFO as the text: exit 2, never blocking", r.returncode == 2 and "not a regular file (a FIFO)" in r.stderr,
+          (r.returncode, r.stderr))
+
+    # A write past the file size limit (SIGXFSZ at its default action, as a shell's `ulimit -f` leaves it): exit 2
+    # naming the file and the limit, the previous file kept, no temp.
+    def limit_4k():
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    big = os.path.join(real, "big.bin")
+    with open(big, "w") as f:
+        f.write("previous tokens")
+    r = tokenize(os.path.join(ROOT, "README.md"), big, preexec_fn=limit_4k)
+    check("over the file size limit: exit 2 naming the file, 'File too large' and the limit",
+          r.returncode == 2 and big in r.stderr and "File too large" in r.stderr and "4096 bytes" in r.stderr,
+          (r.returncode, r.stderr))
+    with open(big) as f:
+        kept = f.read()
+    check("over the file size limit: the previous file kept, no temp", kept == "previous tokens" and not temps(real),
+          (kept[:40], temps(real)))
 
     # README: tokenize README.md, then train the default config on it with GPT-2's vocabulary.
     tokens = os.path.join(tmp, "my_tokens.bin")

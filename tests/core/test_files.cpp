@@ -1,6 +1,7 @@
 // Tests of core/base/atomic_file.cpp and core/base/input_file.cpp: regular files replaced (permissions kept),
 // symlinks written through, folders/FIFOs refused with the OS's reason and nothing created, a failed write
-// (file size limit) keeps the previous file and removes the temp; the up-front output checks; the input gate.
+// (file size limit) keeps the previous file and removes the temp and names the limit; appends all or nothing;
+// the up-front output checks; the input gate.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -8,7 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -127,20 +130,56 @@ TEST_CASE("check_output_dir: a writable folder, or one that can be created; neve
   CHECK(has(file_error_of([&] { check_output_dir(d / "file/sub", "the checkpoint directory"); }), "Not a directory"));
 }
 
+// RLIMIT_FSIZE = LIMIT_BYTES (soft) with SIGXFSZ ignored (core::ignore_file_size_signal, as the mains do) for
+// the scope: write() past the limit fails with EFBIG.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t limit_bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_) == 0);
+    handler_ = std::signal(SIGXFSZ, SIG_DFL);
+    ignore_file_size_signal();
+    struct rlimit small = old_;
+    small.rlim_cur = limit_bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  struct rlimit old_ {};
+  void (*handler_)(int) = nullptr;
+};
+
+TEST_CASE("write_error_reason: the OS's words; EFBIG with the file size limit") {
+  CHECK(write_error_reason(ENOSPC) == "No space left on device");
+  {
+    const FileSizeLimit limit(4096);
+    CHECK(write_error_reason(EFBIG) == "File too large (the file size limit, ulimit -f, is 4.00 KiB = 4096 bytes)");
+  }
+  {
+    const FileSizeLimit limit(100);
+    CHECK(write_error_reason(EFBIG) == "File too large (the file size limit, ulimit -f, is 100 bytes)");
+  }
+  struct rlimit now {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &now) == 0);
+  if (now.rlim_cur == RLIM_INFINITY) CHECK(write_error_reason(EFBIG) == "File too large");
+}
+
 TEST_CASE("a failed write keeps the previous file and removes the temp file") {
   TempDir d;
   put(d / "out.bin", "previous");
-  struct rlimit old {};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // write() fails with EFBIG instead
-  struct rlimit small = old;
-  small.rlim_cur = 16;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
-  const std::string e = file_error_of([&] { write_file_atomic(d / "out.bin", std::string(1000, 'x'), "the file"); });
-  ::setrlimit(RLIMIT_FSIZE, &old);
-  std::signal(SIGXFSZ, previous_handler);
+  std::string e;
+  {
+    const FileSizeLimit limit(16);
+    e = file_error_of([&] { write_file_atomic(d / "out.bin", std::string(1000, 'x'), "the file"); });
+  }
   CHECK(has(e, d / "out.bin"));
-  CHECK(has(e, "File too large"));
+  CHECK(has(e, "File too large (the file size limit, ulimit -f, is 16 bytes)"));
+  CHECK(has(e, "hint: raise the file size limit"));
   CHECK(slurp(d / "out.bin") == "previous");
   CHECK(d.names() == std::set<std::string>{"out.bin"});
   {
@@ -150,6 +189,42 @@ TEST_CASE("a failed write keeps the previous file and removes the temp file") {
   }
   CHECK(slurp(d / "out.bin") == "previous");
   CHECK(d.names() == std::set<std::string>{"out.bin"});
+}
+
+TEST_CASE("AppendFile: each record whole or not at all; truncate cuts back to an earlier size") {
+  TempDir d;
+  put(d / "rows.txt", "header\n");
+  {
+    AppendFile f(d / "rows.txt", "the rows");
+    CHECK(f.size_bytes() == 7);
+    f.append("one\n");
+    const std::uint64_t before = f.size_bytes();
+    f.append("two\n");
+    f.truncate(before);  // "two" belonged with a record of another file that failed
+    CHECK(f.size_bytes() == 11);
+    f.append("three\n");
+  }
+  CHECK(slurp(d / "rows.txt") == "header\none\nthree\n");
+  std::string e;
+  {
+    AppendFile f(d / "rows.txt", "the rows");
+    const FileSizeLimit limit(24);  // room for 7 of the record's 10 bytes: write() takes them, then EFBIG
+    e = file_error_of([&] { f.append("four-four\n"); });
+    CHECK(f.size_bytes() == 17);
+  }
+  CHECK(has(e, d / "rows.txt"));
+  CHECK(has(e, "cannot write (the rows): File too large (the file size limit, ulimit -f, is 24 bytes)"));
+  CHECK(slurp(d / "rows.txt") == "header\none\nthree\n");  // the partial record cut off
+  // The node rules of AtomicFile: a symlink written through, folders and FIFOs refused before anything is made.
+  fs::create_symlink("rows.txt", d / "link.txt");
+  AppendFile(d / "link.txt", "the rows").append("five\n");
+  CHECK(fs::is_symlink(d / "link.txt"));
+  CHECK(slurp(d / "rows.txt") == "header\none\nthree\nfive\n");
+  fs::create_directories(d / "dir");
+  REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);
+  CHECK(has(file_error_of([&] { AppendFile(d / "dir", "the rows"); }), "Is a directory"));
+  CHECK(has(file_error_of([&] { AppendFile(d / "fifo", "the rows"); }), "not a regular file (a FIFO)"));
+  CHECK(d.names() == std::set<std::string>{"rows.txt", "link.txt", "dir", "fifo"});
 }
 
 TEST_CASE("the input gate: regular files only, with the OS's reason, never blocking on a FIFO") {

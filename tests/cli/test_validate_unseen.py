@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""configs/validation/unseen/predictions.json (issue 35) is complete and is what harmony-sim computes now:
+every point of points.json has exactly one record, with a known status, a number and its host-rate sensitivity
+when predicted, and counts that add up; scripts/validate-unseen.py --check reproduces a cheap subset of the
+committed predictions (one point of each measure, sweep, approximate and pending/inexpressible record) while
+refusing to open measured.json; a copy with one predicted number changed must fail --check; --only with an unknown
+point is a usage error (exit 2). The whole file is checked by `python3 scripts/validate-unseen.py --check`
+(about a minute: not run here)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SIM = os.path.abspath(sys.argv[1])
+ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
+UNSEEN = os.path.join(ROOT, "configs", "validation", "unseen")
+SCRIPT = os.path.join(ROOT, "scripts", "validate-unseen.py")
+SUBSET = ["sh-megatron-1.7b-v100", "sh-l2l-1.7b-v100", "ta-vitg-ao-offload-1x4070tis", "ps-ds-zero3-offload-10b-1xa100",
+          "rl-pangu26b-zero3-offload-2xv100", "sh-stronghold-L16-v100", "tt-llama32-3b-compile-1xa100"]
+STATUSES = {"predicted", "does not fit", "error", "pending", "inexpressible"}
+PRICING = {"priced", "approximate", "pending", "inexpressible"}
+
+failures = []
+with open(os.path.join(UNSEEN, "points.json")) as f:
+    point_ids = [p["id"] for p in json.load(f)["points"]]
+with open(os.path.join(UNSEEN, "pricing.json")) as f:
+    pricing = {e["id"]: e for e in json.load(f)["points"]}
+with open(os.path.join(UNSEEN, "predictions.json")) as f:
+    committed = json.load(f)
+preds = committed["predictions"]
+if sorted(preds) != sorted(point_ids) or sorted(pricing) != sorted(point_ids):
+    failures.append(f"points, pricing and predictions disagree: {sorted(set(point_ids) ^ set(preds))}, "
+                    f"{sorted(set(point_ids) ^ set(pricing))}")
+tally = {}
+for pid, r in preds.items():
+    if r.get("status") not in STATUSES or r.get("pricing") not in PRICING:
+        failures.append(f"{pid}: status {r.get('status')!r}, pricing {r.get('pricing')!r}")
+        continue
+    if pid in pricing and r["pricing"] != pricing[pid]["status"]:
+        failures.append(f"{pid}: pricing {r['pricing']} in predictions.json, {pricing[pid]['status']} in pricing.json")
+    if r["status"] == "predicted":
+        if not isinstance(r.get("predicted"), float) or r["predicted"] <= 0 or "sensitivity" not in r:
+            failures.append(f"{pid}: predicted without a positive number or a sensitivity: {r}")
+        elif r["measure"] == "kind" and sorted(r["sensitivity"]) != ["cpu_adam_x0.5", "cpu_adam_x2", "h2d_x0.5"]:
+            failures.append(f"{pid}: sensitivity {r['sensitivity']}")
+    elif not r.get("reason"):
+        failures.append(f"{pid}: {r['status']} without a reason")
+    key = r["status"] if r["status"] != "predicted" else (
+        "predicted" if r["pricing"] == "priced" else "predicted (approximate kind)")
+    by = tally.setdefault(r["source"], {})
+    by[key] = by.get(key, 0) + 1
+if tally != committed["counts"]:
+    failures.append(f"counts {committed['counts']} do not add up to the records {tally}")
+
+# --check on the subset, with open() refusing measured.json for the whole run of the script.
+GUARD = ("import builtins, runpy, sys\n"
+         "_open = builtins.open\n"
+         "def guarded(file, *a, **k):\n"
+         "    if 'measured' in str(file):\n"
+         "        raise SystemExit('validate-unseen opened ' + str(file))\n"
+         "    return _open(file, *a, **k)\n"
+         "builtins.open = guarded\n"
+         "sys.argv = sys.argv[1:]\n"
+         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+only = [a for pid in SUBSET for a in ("--only", pid)]
+run = subprocess.run([sys.executable, "-c", GUARD, SCRIPT, "--sim", SIM, "--check", "--jobs", "2"] + only,
+                     capture_output=True, text=True)
+if run.returncode != 0 or "is current" not in run.stdout:
+    failures.append(f"--check on {SUBSET}: exit {run.returncode}\n{run.stderr[-2000:]}")
+
+tmp = tempfile.mkdtemp()
+try:
+    stale = json.loads(json.dumps(committed))
+    pid = "sh-l2l-1.7b-v100"
+    stale["predictions"][pid]["predicted"] *= 1.01
+    copy = os.path.join(tmp, "predictions.json")
+    with open(copy, "w") as f:
+        json.dump(stale, f)
+    run = subprocess.run([sys.executable, SCRIPT, "--sim", SIM, "--check", "--out", copy, "--only", pid],
+                         capture_output=True, text=True)
+    if run.returncode != 1 or pid not in run.stderr:
+        failures.append(f"--check on a changed prediction: exit {run.returncode} (expected 1), {run.stderr!r}")
+    run = subprocess.run([sys.executable, SCRIPT, "--sim", SIM, "--only", "no-such-point"], capture_output=True,
+                         text=True)
+    if run.returncode != 2 or "no-such-point" not in run.stderr:
+        failures.append(f"--only with an unknown point: exit {run.returncode} (expected 2), {run.stderr!r}")
+finally:
+    shutil.rmtree(tmp)
+for f in failures:
+    print("FAIL:", f)
+print(f"{len(preds)} predictions checked, {len(failures)} failures")
+sys.exit(1 if failures else 0)
