@@ -1,6 +1,7 @@
 // harmony-sim: the command line of the simulator. `simulate` prices one plan, `search` ranks the
 // paper's search space; both read a YAML config (+ --set overrides) and can write a Chrome trace.
 // The only place (with harmony-run's main) that prints and chooses exit codes: 0 ok, 2 bad input.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 
 #include <fmt/format.h>
@@ -31,6 +33,7 @@
 #include "core/search/search.hpp"
 #include "sim/bottleneck.hpp"
 #include "sim/calibrate.hpp"
+#include "sim/cli_error.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
@@ -51,6 +54,7 @@ struct Cli {
   std::vector<std::string> sets;
   std::string format = "table";
   std::string trace;
+  bool quiet = false;  // search, compare: no progress on stderr
 };
 
 double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
@@ -196,7 +200,7 @@ int cmd_search(const Cli& cli) {
   const auto cands = core::enumerate_candidates(model, space);
   const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
   std::atomic<std::size_t> ops{0};
-  sim::ProgressPrinter printer("search", "candidates", false, kProgressDelayS);
+  sim::ProgressPrinter printer("search", "candidates", cli.quiet, kProgressDelayS);
   // The fastest evaluation so far, kept for the trace and bottleneck report of the best plan: without --trace the
   // search's engine is the one that would evaluate it again. Used when it is the ranking's first (the fit rule or a
   // tie may rank another first; that one is evaluated again).
@@ -337,7 +341,7 @@ int cmd_compare(const Cli& cli) {
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
-  sim::ProgressPrinter printer("compare", "candidates", false, kProgressDelayS);
+  sim::ProgressPrinter printer("compare", "candidates", cli.quiet, kProgressDelayS);
   // The total grows while kinds are still to start: no ETA until every kind has enumerated its candidates.
   auto on_progress = [&](const sim::CompareProgress& p) {
     const double t = printer.elapsed_s();
@@ -473,6 +477,7 @@ struct ReportCli {
   std::string results;
   std::string out;
   std::string rank_by = "throughput";
+  std::string format = "table";  // table (a line per model) or json (docs/output-schema.md)
   sim::ReportOptions options;
 };
 
@@ -508,9 +513,34 @@ int cmd_report(ReportCli& cli) {
   const std::string html = sim::render_report_html(data);
   core::write_file_atomic(out, html, "the report");
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const fs::path dir = fs::path(out).parent_path();
+  if (cli.format == "json") {
+    // docs/output-schema.md, "report": what was written and each model's best plan (a plan result).
+    nlohmann::json models = nlohmann::json::array();
+    for (const auto& m : data.models) {
+      const nlohmann::json none(nullptr);
+      models.push_back({{"model_name", m.name},
+                        {"ranked_rows", m.rows.size()},
+                        {"best_title", m.has_best ? nlohmann::json(m.best.title) : none},
+                        {"best", m.has_best ? core::report_to_json(m.best.report) : none},
+                        {"best_note", m.has_best || m.best_note.empty() ? none : nlohmann::json(m.best_note)},
+                        {"trace_path", m.has_best ? nlohmann::json((dir / m.trace_file).string()) : none}});
+    }
+    const nlohmann::json j = {{"schema_version", core::kOutputSchemaVersion},
+                              {"command", "report"},
+                              {"results_path", cli.results},
+                              {"input", is_dir ? "sweep" : "config"},
+                              {"out_path", out},
+                              {"page_bytes", html.size()},
+                              {"rank_by", cli.rank_by},
+                              {"models", std::move(models)},
+                              {"warnings", data.warnings},
+                              {"wall_time_s", dt}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
   fmt::print("report written to {} ({:.0f} KiB, {:.2f} s): {} model{}\n", out,
              static_cast<double>(html.size()) / 1024.0, dt, data.models.size(), data.models.size() == 1 ? "" : "s");
-  const fs::path dir = fs::path(out).parent_path();
   for (const auto& m : data.models) {
     if (m.has_best)
       fmt::print("  {}: {} ranked rows, best plan {} ({:.3f} samples/s, {} ops), trace {}\n", m.name, m.rows.size(),
@@ -787,6 +817,21 @@ int cmd_calibrate(const CalibrateCli& cli) {
   return print_calibration(cli, c);
 }
 
+// A memory failure (std::bad_alloc; sim/alloc_failure.cpp makes mimalloc throw it too): what the process ran out
+// of and what to change. Called once the stack has unwound, so the work's memory is free again.
+std::string out_of_memory_message() {
+  std::string limit = "the memory the system could give it";
+  struct rlimit rl {};
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    limit = fmt::format("its address-space limit (ulimit -v) of {}",
+                        core::format_bytes(static_cast<core::Bytes>(rl.rlim_cur)));
+  return fmt::format(
+      "harmony-sim: error: out of memory: the command needed more than {}\n"
+      "  hint: give it more memory, or ask for less: fewer GPUs or a smaller minibatch (plan.gpus, plan.minibatch), "
+      "a smaller search space (search.*); a sweep keeps the rows it wrote: rerun it (with fewer --threads) to resume\n",
+      limit);
+}
+
 int run_cli(int argc, char** argv) {
   CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
   app.require_subcommand(1);
@@ -806,6 +851,7 @@ int run_cli(int argc, char** argv) {
   auto* compare_cmd =
       app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
   add_common(compare_cmd);
+  for (auto* sub : {search_cmd, compare_cmd}) sub->add_flag("--quiet", cli.quiet, "no progress on stderr");
   auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
   presets_cmd->add_option("--format", cli.format, "output: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));
@@ -824,6 +870,8 @@ int run_cli(int argc, char** argv) {
   report_cmd->add_option("--sweep", report_cli.options.sweep_file,
                          "sweep: the sweep file, when it is not where sweep.json says");
   report_cmd->add_option("--set", report_cli.options.overrides, "config: override a key (repeatable)");
+  report_cmd->add_option("--format", report_cli.format, "what was written: table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
   CalibrateCli calibrate_cli;
   auto* calibrate_cmd = app.add_subcommand(
       "calibrate", "fit a machine file's native-model parameters to measured runs (docs/validation.md#calibrate)");
@@ -842,11 +890,7 @@ int run_cli(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    const std::vector<CLI::App*> subs = app.get_subcommands();
-    std::cerr << core::command_line_error("harmony-sim", e.what(), subs.empty() ? "" : subs.front()->get_name())
-              << "\n";
-    return kExitBadInput;
+    return sim::print_parse_error(app, e, argc, argv);  // "harmony-sim SUB: error: ..." + hint, exit 2
   }
   try {
     if (*presets_cmd) return cmd_presets(cli);
@@ -865,6 +909,9 @@ int run_cli(int argc, char** argv) {
     return kExitInternal;
   } catch (const core::ScheduleError& e) {
     std::cerr << cli.config << ": error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    std::cerr << out_of_memory_message();
     return kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
@@ -892,6 +939,10 @@ int main(int argc, char** argv) {
   core::ignore_file_size_signal();  // past `ulimit -f` a write fails with EFBIG (exit 2, named), not SIGXFSZ (153)
   try {
     return run_and_flush(argc, argv);
+  } catch (const std::bad_alloc&) {  // out of memory outside the error ladder (or while writing its message)
+    std::fputs("harmony-sim: error: out of memory\n  hint: give it more memory, or ask for less (fewer GPUs)\n",
+               stderr);
+    return kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
   } catch (...) {

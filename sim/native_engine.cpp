@@ -104,14 +104,14 @@ LinkGraph build_link_graph(const core::MachineSpec& machine) {
           add(fmt::format("socket{}->{}", a, b), LinkKind::InterSocket, t.inter_socket_bytes_per_s);
     }
   }
-  g.nvlink.assign(z(n * n), -1);
   for (const auto& nv : t.nvlinks) {
     if (nv.gpu_a < 0 || nv.gpu_a >= n || nv.gpu_b < 0 || nv.gpu_b >= n || nv.gpu_a == nv.gpu_b)
       throw core::ScheduleError(
           fmt::format("topology: NVLink {}-{} names a GPU that does not exist", nv.gpu_a, nv.gpu_b));
     for (auto [a, b] : {std::pair{nv.gpu_a, nv.gpu_b}, std::pair{nv.gpu_b, nv.gpu_a}}) {
-      int& slot = g.nvlink[z(a * n + b)];
-      if (slot < 0) slot = add(fmt::format("NVLink {}->{}", a, b), LinkKind::NvLink, nv.bytes_per_s);
+      if (g.nvlink.find({a, b}) != g.nvlink.end()) continue;
+      const int link = add(fmt::format("NVLink {}->{}", a, b), LinkKind::NvLink, nv.bytes_per_s);
+      g.nvlink.emplace(std::pair{a, b}, link);
     }
   }
   g.host_memcpy = add("host memcpy", LinkKind::HostMemcpy,
@@ -132,14 +132,13 @@ std::vector<int> LinkGraph::h2d_path(int gpu) const { return {switch_down[z(gpu_
 std::vector<int> LinkGraph::d2h_path(int gpu) const { return {gpu_up[z(gpu)], switch_up[z(gpu_switch[z(gpu)])]}; }
 
 std::vector<int> LinkGraph::p2p_path(int from, int to, TransferClass* cls) const {
-  const int n = static_cast<int>(gpu_down.size());
   if (from == to) {
     *cls = TransferClass::None;
     return {};
   }
-  if (const int nv = nvlink[z(from * n + to)]; nv >= 0) {
+  if (const auto nv = nvlink.find({from, to}); nv != nvlink.end()) {
     *cls = TransferClass::NvLink;
-    return {nv};
+    return {nv->second};
   }
   const int sa = gpu_switch[z(from)];
   const int sb = gpu_switch[z(to)];
@@ -460,9 +459,6 @@ class FlowEngine {
       h2d_.emplace_back(r_.graph.h2d_path(g));
       d2h_.emplace_back(r_.graph.d2h_path(g));
     }
-    p2p_.resize(z(ngpu) * z(ngpu));
-    p2p_cls_.resize(p2p_.size());
-    p2p_known_.assign(p2p_.size(), 0);
     init_readiness();
     acts_.reserve(p.ops.size());  // at most one activity per op (a rendezvous pair shares one): never moved
   }
@@ -722,17 +718,19 @@ class FlowEngine {
     }
   }
 
-  // The path GPU `from` -> `to` (LinkGraph::p2p_path), built once per pair.
-  const Path& p2p(int from, int to, TransferClass* cls) const {
-    const std::size_t k = z(from) * h2d_.size() + z(to);
-    if (!p2p_known_[k]) {
-      TransferClass c = TransferClass::None;
-      p2p_[k] = r_.graph.p2p_path(from, to, &c);
-      p2p_cls_[k] = c;
-      p2p_known_[k] = 1;
+  // The path GPU `from` -> `to` (LinkGraph::p2p_path), built once per pair the Program uses: a table of the pairs
+  // met, not of all N^2 (at 4,000 GPUs that was 670 MB per engine, and the bottleneck report runs five at once).
+  Path p2p(int from, int to, TransferClass* cls) const {
+    const std::uint64_t key = (static_cast<std::uint64_t>(z(from)) << 32) | static_cast<std::uint64_t>(z(to));
+    if (const P2PRoute* known = p2p_.find(key)) {
+      *cls = known->cls;
+      return known->path;
     }
-    *cls = p2p_cls_[k];
-    return p2p_[k];
+    P2PRoute route;
+    route.path = r_.graph.p2p_path(from, to, &route.cls);
+    p2p_.insert(key, route);
+    *cls = route.cls;
+    return route.path;
   }
 
   // A stage's time alone on the machine: its fixed time, or its latency plus its volume at the path's bottleneck
@@ -920,7 +918,7 @@ class FlowEngine {
       if (p_.ops[z(a)].stream != Stream::P2POut && (p_.ops[z(b)].stream == Stream::P2POut || b < a)) std::swap(s, rcv);
       const Op& so = p_.ops[z(s)];
       TransferClass cls = TransferClass::None;
-      const Path& path = p2p(so.device, p_.ops[z(rcv)].device, &cls);
+      const Path path = p2p(so.device, p_.ops[z(rcv)].device, &cls);
       set_flow(x, static_cast<double>(so.bytes), path, ref ? mach_.bw_p2p_bytes_per_s : 0, cls, so.bytes,
                core::moved_tensor(so.kind), so.device * 2 + 1);
     } else {
@@ -976,7 +974,7 @@ class FlowEngine {
           const double k = static_cast<double>(nr);
           const double vol = o.kind == OpKind::ARD ? 2. * (k - 1) / k * bytes : (k - 1) / k * bytes;
           TransferClass cls = TransferClass::None;
-          const Path& path = p2p(o.device, (o.device + 1) % nr, &cls);
+          const Path path = p2p(o.device, (o.device + 1) % nr, &cls);
           if (!path.empty())
             set_flow(x, vol, path, ref ? mach_.bw_p2p_bytes_per_s : 0, cls, std::llround(vol),
                      core::moved_tensor(o.kind), -1);
@@ -1136,9 +1134,13 @@ class FlowEngine {
       begin(act);
       return;
     }
-    // copy-engine slots freed at this time go to the transfers already waiting (FIFO), then new requests
-    for (std::size_t e = 0; e < engines_.size(); ++e) {
-      auto& ce = engines_[e];
+    // copy-engine slots freed at this time go to the transfers already waiting (FIFO), then new requests. Only an
+    // engine that gave back a slot since the last call can have both a free slot and a queue (give_back_engine),
+    // so those are visited, in ascending order as a scan of all 2N engines did (O(N) per event was O(N^2) per run).
+    std::sort(freed_engines_.begin(), freed_engines_.end());
+    freed_engines_.erase(std::unique(freed_engines_.begin(), freed_engines_.end()), freed_engines_.end());
+    for (const int e : freed_engines_) {
+      auto& ce = engines_[z(e)];
       while (ce.in_use < ce.slots && !ce.waiting.empty()) {
         const int act = ce.waiting.front();
         ce.waiting.pop_front();
@@ -1146,6 +1148,7 @@ class FlowEngine {
         begin(act);
       }
     }
+    freed_engines_.clear();
     for (std::size_t k = 0; k < to_start_.size(); ++k) {
       const int act = to_start_[k];
       const int e = acts_[z(act)].engine;
@@ -1232,7 +1235,7 @@ class FlowEngine {
       }
     }
     if (x.stage == x.engine_stage && x.engine >= 0) {
-      --engines_[z(x.engine)].in_use;
+      give_back_engine(x.engine);
       x.engine = -1;
     }
     if (x.later.empty()) {
@@ -1248,10 +1251,16 @@ class FlowEngine {
     start_stage(act);
   }
 
+  // A copy-engine slot is free again; start_pending gives it to the engine's queue.
+  void give_back_engine(int e) {
+    --engines_[z(e)].in_use;
+    if (!engines_[z(e)].waiting.empty()) freed_engines_.push_back(e);
+  }
+
   void end(int act) {
     Activity& x = acts_[z(act)];
     serial_running_ = false;
-    if (x.engine >= 0) --engines_[z(x.engine)].in_use;
+    if (x.engine >= 0) give_back_engine(x.engine);
     if (x.ledger_bytes > 0) {
       r_.class_bytes[static_cast<int>(x.cls)] += x.ledger_bytes;
       r_.tensor_bytes[static_cast<int>(x.tensor)] += x.ledger_bytes;
@@ -1538,10 +1547,12 @@ class FlowEngine {
   std::vector<double> load_;
   std::vector<std::size_t> loaded_;  // the links whose load_ may be non-zero (advance and recompute visit only them)
   std::vector<Path> h2d_, d2h_;      // per GPU
-  // per (from, to) GPU pair, filled on first use
-  mutable std::vector<Path> p2p_;
-  mutable std::vector<TransferClass> p2p_cls_;
-  mutable std::vector<char> p2p_known_;
+  // per (from, to) GPU pair the Program uses, filled on first use (p2p)
+  struct P2PRoute {
+    Path path;
+    TransferClass cls = TransferClass::None;
+  };
+  mutable core::FlatTable<P2PRoute> p2p_;
   // fair_rates' working buffers, reused across calls (their contents never outlive one call)
   mutable std::vector<double> fr_rate_, fr_residual_, fr_weight_;
   mutable std::vector<int> fr_count_;
@@ -1557,6 +1568,7 @@ class FlowEngine {
   std::vector<std::pair<double, double>> jackson_heap_;
   std::vector<double> last_sample_;
   std::vector<CopyEngine> engines_;
+  std::vector<int> freed_engines_;  // engines with a queue that gave back a slot since start_pending last ran
   std::vector<Bytes> mem_;
   core::ProgramGraph graph_;
   std::vector<int> pending_;

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/machine/machine.hpp"
@@ -65,10 +67,10 @@ struct Link {
 // The links of a machine and the path of every kind of transfer over them.
 struct LinkGraph {
   std::vector<Link> links;
-  std::vector<int> gpu_down, gpu_up;        // per GPU
-  std::vector<int> switch_down, switch_up;  // per switch
-  std::vector<int> inter_socket;            // sockets x sockets (from * sockets + to), -1 on the diagonal
-  std::vector<int> nvlink;                  // gpus x gpus (from * gpus + to), -1 without NVLink
+  std::vector<int> gpu_down, gpu_up;          // per GPU
+  std::vector<int> switch_down, switch_up;    // per switch
+  std::vector<int> inter_socket;              // sockets x sockets (from * sockets + to), -1 on the diagonal
+  std::map<std::pair<int, int>, int> nvlink;  // (from, to) -> its NVLink, for the pairs that have one (not N^2)
   int host_memcpy = -1;
   int cpu = -1;
   int compute = -1;      // the shared compute pool; -1 when every device computes alone

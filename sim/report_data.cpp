@@ -354,6 +354,24 @@ std::optional<Sweep> find_sweep(const fs::path& dir, const fs::path& meta_path, 
   return std::nullopt;
 }
 
+// The one recovery from a broken row, shared with `sweep` (docs/sweeps.md, "Resume"): the sweep again on the same
+// folder with --repair, which keeps the good rows and computes only the broken ones again.
+std::string repair_hint(const nlohmann::json& meta, const std::string& dir) {
+  std::string file = "SWEEP.yaml";
+  for (const char* key : {"sweep_file_absolute", "sweep_file"})
+    if (meta.contains(key) && meta[key].is_string()) {
+      file = meta[key].get<std::string>();
+      break;
+    }
+  std::string shard;
+  if (meta.contains("shard") && meta["shard"].is_object() && meta["shard"].value("count", 1) > 1)
+    shard = fmt::format(" --shard {}/{}", meta["shard"].value("index", 0), meta["shard"].value("count", 1));
+  return fmt::format(
+      "repair the folder with `harmony-sim sweep {} --out {}{} --repair`: it keeps the good rows and computes only the "
+      "broken ones again",
+      file, dir, shard);
+}
+
 }  // namespace
 
 ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& options) {
@@ -413,8 +431,7 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
       if (!rows.back().is_object()) throw nlohmann::json::type_error::create(302, "a row is a JSON object", nullptr);
     } catch (const nlohmann::json::exception& e) {
       throw core::ConfigError(file_loc(rows_path, static_cast<int>(line_no)),
-                              std::string("not a JSON row: ") + e.what(),
-                              "the folder was edited by hand? rerun the sweep (it recomputes what is missing)");
+                              std::string("not a JSON row: ") + e.what(), repair_hint(meta, dir_text));
     }
     pos = nl + 1;
   }

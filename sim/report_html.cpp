@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -121,6 +122,25 @@ void axis_ticks(std::string& out, const TimeAxis& a, double y, double tick_to_y)
 
 constexpr double kLabelWidth = 130;
 constexpr double kPlotWidth = 1080;
+// Per-GPU parts of the page (timeline lanes, memory lines, the bottleneck's per-GPU rows) show the first kDrawnGpus
+// GPUs: a plan over hundreds or thousands of GPUs (Harmony-DP replicas, which differ only by contention) would
+// otherwise draw a lane per GPU stream (6 x N lanes, every op) and compare every GPU's memory line with every other.
+// The others are counted in a note; every op stays in the trace. The per-link table stops after kMaxLinkRows rows.
+constexpr int kDrawnGpus = 64;
+constexpr std::size_t kMaxLinkRows = 512;
+
+// "GPU64-4095 (4032 of 4096 GPUs) are not drawn: ..." for a Program on more than kDrawnGpus devices; else empty.
+std::string undrawn_note(int devices, const char* what, const char* elsewhere) {
+  if (devices <= kDrawnGpus) return {};
+  return fmt::format("<p class=\"note\">GPU{}-{} ({} of {} GPUs) are not {}: the page shows the first {}; {}.</p>\n",
+                     kDrawnGpus, devices - 1, devices - kDrawnGpus, devices, what, kDrawnGpus, elsewhere);
+}
+
+int device_count(const core::Program& p) {
+  int n = 0;
+  for (const auto& q : p.queues) n = std::max(n, q.device + 1);
+  return n;
+}
 
 std::string timeline_svg(const BestPlan& b, const std::string& id) {
   const auto& prog = b.program;
@@ -130,7 +150,10 @@ std::string timeline_svg(const BestPlan& b, const std::string& id) {
     if (i < tl.end_ps.size() && tl.begin_ps[i] >= 0) end = std::max(end, tl.end_ps[i]);
   const TimeAxis ax = time_axis(seconds(end), kLabelWidth, kPlotWidth);
   constexpr double kLane = 16, kGap = 4, kTop = 26;
-  const double height = kTop + static_cast<double>(prog.queues.size()) * (kLane + kGap) + 6;
+  std::vector<std::size_t> drawn;  // the queues of the first kDrawnGpus devices, in order
+  for (std::size_t q = 0; q < prog.queues.size(); ++q)
+    if (prog.queues[q].device < kDrawnGpus) drawn.push_back(q);
+  const double height = kTop + static_cast<double>(drawn.size()) * (kLane + kGap) + 6;
   std::vector<char> on_path(prog.ops.size(), 0);
   for (const auto& s : b.bottleneck.critical_path)
     if (s.op >= 0 && static_cast<std::size_t>(s.op) < on_path.size()) on_path[static_cast<std::size_t>(s.op)] = 1;
@@ -139,9 +162,9 @@ std::string timeline_svg(const BestPlan& b, const std::string& id) {
       R"(<svg id="{}" class="timeline" xmlns="http://www.w3.org/2000/svg" width="{:.0f}" height="{:.0f}" viewBox="0 0 {:.0f} {:.0f}" shape-rendering="crispEdges" role="img" aria-label="timeline of the best plan">)",
       id, kLabelWidth + kPlotWidth + 40, height, kLabelWidth + kPlotWidth + 40, height);
   axis_ticks(out, ax, kTop - 6, height - 4);
-  for (std::size_t q = 0; q < prog.queues.size(); ++q) {
-    const auto& queue = prog.queues[q];
-    const double y = kTop + static_cast<double>(q) * (kLane + kGap);
+  for (std::size_t lane_no = 0; lane_no < drawn.size(); ++lane_no) {
+    const auto& queue = prog.queues[drawn[lane_no]];
+    const double y = kTop + static_cast<double>(lane_no) * (kLane + kGap);
     const std::string lane = queue.stream == core::Stream::Cpu
                                  ? fmt::format("CPU (GPU{})", queue.device)
                                  : fmt::format("GPU{} {}", queue.device, core::stream_name(queue.stream));
@@ -165,6 +188,7 @@ std::string timeline_svg(const BestPlan& b, const std::string& id) {
     }
   }
   out += "</svg>\n";
+  out += undrawn_note(device_count(prog), "drawn", "the trace has every op");
   // Legend: the kinds present, in enum order.
   std::vector<char> present(core::kNumOpKinds, 0);
   for (const auto& o : prog.ops) present[static_cast<std::size_t>(o.kind)] = 1;
@@ -230,17 +254,22 @@ std::string memory_svg(const BestPlan& b, const std::string& id) {
       kLabelWidth, cap_y, kLabelWidth + kPlotWidth, cap_y, kLabelWidth + 4, cap_y - 4, b.capacity_bytes_per_gpu / kGiB);
   // Per device a step line, binned to half a pixel: each bin draws the highest value in it and ends at its last.
   // Devices whose lines are identical (data parallelism: every GPU alike) share one line, labelled with all.
-  std::vector<std::string> curves;       // distinct polylines, in order of their first device
-  std::vector<std::vector<int>> owners;  // the devices drawing each
-  for (int dev = 0; dev < devices; ++dev) {
+  std::vector<std::string> curves;                        // distinct polylines, in order of their first device
+  std::vector<std::vector<int>> owners;                   // the devices drawing each
+  std::unordered_map<std::string, std::size_t> curve_of;  // polyline -> its index in curves
+  const int shown = std::min(devices, kDrawnGpus);
+  std::vector<std::vector<const MemorySample*>> by_device(static_cast<std::size_t>(shown));
+  for (const auto& s : samples)  // one pass over the samples (not one per device)
+    if (s.device >= 0 && s.device < shown) by_device[static_cast<std::size_t>(s.device)].push_back(&s);
+  for (int dev = 0; dev < shown; ++dev) {
     struct Bin {
       double x;
       double max;
       double last;
     };
     std::vector<Bin> bins;
-    for (const auto& s : samples) {
-      if (s.device != dev) continue;
+    for (const auto* sp : by_device[static_cast<std::size_t>(dev)]) {
+      const auto& s = *sp;
       const double x = std::round(ax.x(s.time_ps) * 2) / 2;
       const double v = static_cast<double>(s.bytes);
       if (!bins.empty() && bins.back().x == x) {
@@ -258,12 +287,12 @@ std::string memory_svg(const BestPlan& b, const std::string& id) {
       prev = bin.last;
     }
     pts += fmt::format(" {:.1f},{:.1f}", kLabelWidth + kPlotWidth, y_of(prev));
-    const auto it = std::find(curves.begin(), curves.end(), pts);
-    if (it == curves.end()) {
+    const auto [it, fresh] = curve_of.try_emplace(pts, curves.size());
+    if (fresh) {
       curves.push_back(std::move(pts));
       owners.push_back({dev});
     } else {
-      owners[static_cast<std::size_t>(it - curves.begin())].push_back(dev);
+      owners[it->second].push_back(dev);
     }
   }
   const auto peak_of = [&](const std::vector<int>& devs) {
@@ -281,8 +310,9 @@ std::string memory_svg(const BestPlan& b, const std::string& id) {
   for (std::size_t c = 0; c < curves.size(); ++c)
     out += fmt::format(R"(<tspan fill="{}">&#9632; {} (peak {:.2f} GiB)</tspan>  )", kGpuColors[c % 8],
                        device_list(owners[c]), peak_of(owners[c]) / kGiB);
-  if (curves.size() < static_cast<std::size_t>(devices)) out += "<tspan>(identical lines drawn once)</tspan>";
+  if (curves.size() < static_cast<std::size_t>(shown)) out += "<tspan>(identical lines drawn once)</tspan>";
   out += "</text></svg>\n";
+  out += undrawn_note(devices, "drawn", "the trace has every GPU's memory as a counter track");
   return out;
 }
 
@@ -331,8 +361,15 @@ std::string ledger_html(const BestPlan& b) {
   out += "<h3>... by link</h3>\n";
   std::vector<std::vector<std::string>> rows;
   const double iter = b.report.iteration_time_s;
+  std::size_t more = 0;  // links with traffic past kMaxLinkRows
+  core::Bytes more_bytes = 0;
   for (const auto& link : l.links) {
     if (link.bytes == 0 && link.busy_s == 0) continue;
+    if (rows.size() == kMaxLinkRows) {
+      ++more;
+      more_bytes += link.bytes;
+      continue;
+    }
     const bool cpu = link.kind == "cpu_cores";
     rows.push_back({link.name, link.kind,
                     link.capacity_bytes_per_s <= 0 ? "unlimited"
@@ -345,6 +382,11 @@ std::string ledger_html(const BestPlan& b) {
   }
   table(out, {"link", "kind", "capacity GiB/s", "GiB", "busy s", "busy % of iteration", "GiB/s while busy"}, rows,
         {2, 3, 4, 5, 6});
+  if (more > 0)
+    out += fmt::format(
+        "<p class=\"note\">{} more links with traffic ({} GiB in all) are not listed: the table stops "
+        "at {} links.</p>\n",
+        more, fmt_gib(more_bytes), kMaxLinkRows);
   const auto& h = b.report.host_memory;
   out += "<h3>Host memory</h3>\n";
   table(out, {"account", "GiB"},
@@ -370,6 +412,7 @@ std::string bottleneck_html(const BestPlan& b) {
   table(out, {"resource 2x", "change", "iteration", "speedup"}, wi, {2, 3});
   std::vector<std::vector<std::string>> g;
   for (const auto& p : bn.per_gpu) {
+    if (p.gpu >= kDrawnGpus) continue;
     const double t = bn.iteration_time_s;
     g.push_back({fmt::format("GPU{}", p.gpu), pct(p.compute_s, t), pct(p.wait_swap_s, t), pct(p.wait_peer_s, t),
                  pct(p.wait_cpu_s, t), pct(p.idle_s, t)});
@@ -377,6 +420,7 @@ std::string bottleneck_html(const BestPlan& b) {
   out += "<h3>Where each GPU's compute stream spends the iteration</h3>\n";
   table(out, {"GPU", "compute", "waiting for swaps", "waiting for peers", "waiting for the CPU", "idle"}, g,
         {1, 2, 3, 4, 5});
+  out += undrawn_note(device_count(b.program), "listed", "the trace has every GPU's ops");
   out += fmt::format("<p>Critical path: {} ops; compute {}, transfers {}, CPU {}, waits {}, other {}.</p>\n",
                      bn.critical_path.size(), fmt_duration(bn.path_compute_s), fmt_duration(bn.path_transfer_s),
                      fmt_duration(bn.path_cpu_s), fmt_duration(bn.path_wait_s), fmt_duration(bn.path_other_s));

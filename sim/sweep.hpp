@@ -142,6 +142,10 @@ struct SweepRunOptions {
   double progress_interval_s = 0.25;        // the callback's cadence (and after every written row)
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): finish the points in flight, return
   bool allow_large_grid = false;            // run sweeps of more than kLargeGridPoints points
+  // `--repair`: rows of an earlier run that are broken (not JSON, a wrong point or id, a CSV line with the wrong
+  // number of fields, a repeated or foreign row, a bad CSV header) are dropped and their points computed again;
+  // every valid row is kept. Without it such a folder is refused, naming the line and --repair.
+  bool repair = false;
 };
 
 struct SweepSummary {
@@ -149,6 +153,8 @@ struct SweepSummary {
   std::size_t resumed = 0;   // rows of an earlier run kept: skipped as already done
   std::size_t computed = 0;  // rows computed by this run (stale ones included)
   std::size_t stale = 0;     // rows of an earlier run recomputed because a file they read changed
+  std::size_t repaired = 0;  // --repair: broken lines dropped from the files (their points computed again)
+  std::vector<std::string> repaired_lines;                 // the first 5 of them, as FILE:LINE
   std::size_t done() const { return resumed + computed; }  // rows in the files now
   bool interrupted = false;                                // stopped by `stop` before the last point
   std::map<std::string, std::size_t> by_status;            // over all rows in the files (kept and computed)

@@ -24,6 +24,7 @@ class SweepCommands {
   int threads_ = 0;
   bool quiet_ = false;
   bool allow_large_grid_ = false;
+  bool repair_ = false;           // --repair: recompute the broken rows of an earlier run (docs/sweeps.md, "Resume")
   std::string format_ = "table";  // table or json (the summary; docs/output-schema.md)
   std::string merge_out_;
   std::vector<std::string> merge_in_;

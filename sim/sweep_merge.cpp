@@ -31,7 +31,10 @@ std::optional<std::pair<std::size_t, std::string>> row_key(std::string_view line
 }  // namespace
 
 MergeSummary merge_sweeps(const std::string& out_dir, const std::vector<std::string>& shard_dirs) {
-  const std::string again = "rerun that shard's `harmony-sim sweep ... --shard I/N --out DIR` (it resumes), then merge";
+  const std::string again =
+      "rerun that shard's `harmony-sim sweep ... --shard I/N --out DIR` (it resumes; add --repair if it reports a "
+      "broken "
+      "row), then merge";
   if (shard_dirs.empty())
     fail(core::SourceLoc{"merge", 0, 0}, "no shard folders given", "harmony-sim merge OUT SHARD_DIR...");
   struct In {

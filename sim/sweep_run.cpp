@@ -8,6 +8,7 @@
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -78,23 +79,159 @@ nlohmann::ordered_json sweep_meta(const Sweep& s, const std::string& file_as_giv
 
 // A row of an earlier run, as read back for a resume.
 struct OldRow {
-  std::string csv;   // the line with its '\n'
-  std::string json;  // the line with its '\n'
+  bool good = false;  // both files hold a valid row of this point (else it is computed again)
+  std::string csv;    // the line with its '\n'
+  std::string json;   // the line with its '\n'
   std::string inputs;
   std::string status;
   std::string reason;
 };
 
-// The valid rows of an earlier run (the shard's first points, in order, in both files), and the byte offsets to
-// truncate each file to for keeping the first k of them (csv_ends[k], jsonl_ends[k]); throws for rows that belong
-// to another sweep.
+// The rows of an earlier run by position k in the shard (rows[k], k < rows.size()), and the byte offsets to truncate
+// each file to for keeping the first k of them in place (csv_ends[k], jsonl_ends[k], k <= intact).
 struct Resumable {
   std::vector<OldRow> rows;
-  std::vector<std::uint64_t> csv_ends;    // 0 when the file has no header
+  std::vector<std::uint64_t> csv_ends;    // 0 when the file has no (valid) header
   std::vector<std::uint64_t> jsonl_ends;  // jsonl_ends[0] = 0
+  std::size_t intact = 0;                 // rows 0..intact-1 are good and in place in both files
+  std::size_t broken = 0;                 // lines dropped by --repair (not a row of this shard, broken, repeated)
+  std::vector<std::string> broken_lines;  // the first few of them, as FILE:LINE
 };
 
-Resumable resumable_rows(const Sweep& sweep, const Shard& shard, const fs::path& csv_path, const fs::path& jsonl_path) {
+// The fields of one results.csv line (RFC 4180: a quoted field doubles its quotes); 0 when its quoting is broken.
+std::size_t csv_field_count(std::string_view line) {
+  std::size_t fields = 1;
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c != '"') continue;
+      if (i + 1 < line.size() && line[i + 1] == '"') {
+        ++i;
+      } else {
+        quoted = false;
+        if (i + 1 < line.size() && line[i + 1] != ',') return 0;
+      }
+    } else if (c == '"') {
+      if (i > 0 && line[i - 1] != ',') return 0;
+      quoted = true;
+    } else if (c == ',') {
+      ++fields;
+    }
+  }
+  return quoted ? 0 : fields;
+}
+
+constexpr const char* kRepairHint =
+    "rerun the same command with --repair: it keeps the good rows and computes only the broken ones again (or use a "
+    "new --out folder)";
+
+// What is wrong with JSON line `line` as the row of point p (empty: nothing), and the row's fields.
+std::string json_row_problem(std::string_view line, std::size_t p, const std::string& id, OldRow* row) {
+  try {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.is_object() || !j.contains("point") || !j.contains("id") || j.at("point").get<std::size_t>() != p ||
+        j.at("id").get<std::string>() != id)
+      return "wrong point";
+    row->inputs = j.contains("inputs") && j.at("inputs").is_string() ? j.at("inputs").get<std::string>() : "";
+    row->status = j.value("status", "");
+    row->reason = j.contains("reason") && j.at("reason").is_string() ? j.at("reason").get<std::string>() : "";
+    return {};
+  } catch (const std::exception&) {
+    return "not JSON";
+  }
+}
+
+// The point of a JSON line, when it is a valid row of this shard (its id matches); nullopt otherwise.
+std::optional<std::size_t> json_row_point(std::string_view line, const Sweep& sweep, const Shard& shard) {
+  try {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.is_object() || !j.contains("point") || !j.at("point").is_number_unsigned()) return std::nullopt;
+    const auto p = j.at("point").get<std::size_t>();
+    if (p >= sweep.num_points() || !shard.contains(p) || !j.contains("id") || !j.at("id").is_string() ||
+        j.at("id").get<std::string>() != sweep_point(sweep, p).id)
+      return std::nullopt;
+    return p;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The point of a CSV line, when it is a valid row of this shard (its id matches, every column there).
+std::optional<std::size_t> csv_row_point(std::string_view line, const Sweep& sweep, const Shard& shard,
+                                         std::size_t columns) {
+  const auto comma = line.find(',');
+  if (comma == std::string_view::npos || comma == 0 || csv_field_count(line) != columns) return std::nullopt;
+  std::size_t p = 0;
+  for (const char c : line.substr(0, comma)) {
+    if (c < '0' || c > '9' || p > sweep.num_points()) return std::nullopt;
+    p = p * 10 + static_cast<std::size_t>(c - '0');
+  }
+  if (p >= sweep.num_points() || !shard.contains(p)) return std::nullopt;
+  if (!starts_with(line, fmt::format("{},{},", p, sweep_point(sweep, p).id))) return std::nullopt;
+  return p;
+}
+
+// --repair: every valid row of this shard found anywhere in the files is kept (the first copy of a point), the
+// rest dropped; a point needs its row in both files to be kept. Rows in place (line k = point k of the shard, from
+// the top) stay in the files; the others are written again in order.
+Resumable repair_rows(const Sweep& sweep, const Shard& shard, const fs::path& csv_path, const fs::path& jsonl_path,
+                      const Lines& cl, const Lines& jl, const std::string& header) {
+  const std::size_t total = shard.size(sweep.num_points());
+  const std::size_t columns = sweep_columns(sweep).size();
+  Resumable out;
+  const bool header_ok = !cl.lines.empty() && std::string(cl.lines[0]) + "\n" == header;
+  constexpr std::size_t kNone = ~std::size_t{0};
+  std::vector<std::size_t> csv_line(total, kNone);  // per position: its line in each file
+  std::vector<std::size_t> json_line(total, kNone);
+  auto drop = [&](const fs::path& file, std::size_t line_no) {
+    ++out.broken;
+    if (out.broken_lines.size() < 5) out.broken_lines.push_back(fmt::format("{}:{}", file.string(), line_no));
+  };
+  // without the header, the first line is read as a row (a damaged header is then a broken line like any other)
+  for (std::size_t i = header_ok ? 1 : 0; i < cl.lines.size(); ++i) {
+    const auto p = csv_row_point(cl.lines[i], sweep, shard, columns);
+    if (!p || csv_line[(*p - shard.index) / shard.count] != kNone) {
+      drop(csv_path, i + 1);
+      continue;
+    }
+    csv_line[(*p - shard.index) / shard.count] = i;
+  }
+  for (std::size_t i = 0; i < jl.lines.size(); ++i) {
+    const auto p = json_row_point(jl.lines[i], sweep, shard);
+    if (!p || json_line[(*p - shard.index) / shard.count] != kNone) {
+      drop(jsonl_path, i + 1);
+      continue;
+    }
+    json_line[(*p - shard.index) / shard.count] = i;
+  }
+  std::size_t last = 0;  // positions after the last row found in both files are simply missing
+  for (std::size_t k = 0; k < total; ++k)
+    if (csv_line[k] != kNone && json_line[k] != kNone) last = k + 1;
+  out.rows.resize(last);
+  bool in_place = header_ok;
+  out.csv_ends.push_back(header_ok ? cl.ends[0] : 0);
+  out.jsonl_ends.push_back(0);
+  for (std::size_t k = 0; k < last; ++k) {
+    OldRow& row = out.rows[k];
+    if (csv_line[k] != kNone && json_line[k] != kNone) {
+      const std::size_t p = shard.point(k);
+      row.good = json_row_problem(jl.lines[json_line[k]], p, sweep_point(sweep, p).id, &row).empty();
+      row.csv = std::string(cl.lines[csv_line[k]]) + "\n";
+      row.json = std::string(jl.lines[json_line[k]]) + "\n";
+    }
+    in_place = in_place && row.good && csv_line[k] == k + 1 && json_line[k] == k;
+    if (in_place) {
+      out.csv_ends.push_back(cl.ends[k + 1]);
+      out.jsonl_ends.push_back(jl.ends[k]);
+      out.intact = k + 1;
+    }
+  }
+  return out;
+}
+
+Resumable resumable_rows(const Sweep& sweep, const Shard& shard, const fs::path& csv_path, const fs::path& jsonl_path,
+                         bool repair) {
   const std::size_t total = shard.size(sweep.num_points());
   Resumable out;
   const std::string header = csv_header(sweep);
@@ -102,16 +239,15 @@ Resumable resumable_rows(const Sweep& sweep, const Shard& shard, const fs::path&
   std::string jsonl = fs::exists(jsonl_path) ? slurp(jsonl_path) : std::string();
   const Lines cl = complete_lines(csv);
   const Lines jl = complete_lines(jsonl);
+  if (repair) return repair_rows(sweep, shard, csv_path, jsonl_path, cl, jl, header);
+  const std::size_t columns = sweep_columns(sweep).size();
   std::size_t csv_rows = 0;
   if (!cl.lines.empty()) {
     if (std::string(cl.lines[0]) + "\n" != header)
-      fail(file_loc(csv_path, 1), "its header is not this sweep's columns", kFreshHint);
+      fail(file_loc(csv_path, 1), "its header is not this sweep's columns", kRepairHint);
     csv_rows = cl.lines.size() - 1;
   }
   const std::size_t n = std::min({csv_rows, jl.lines.size(), total});
-  if (csv_rows > total || jl.lines.size() > total)
-    fail(file_loc(csv_rows > total ? csv_path : jsonl_path),
-         fmt::format("it has more rows than the {} points of this shard", total), kFreshHint);
   out.csv_ends.push_back(cl.lines.empty() ? 0 : cl.ends[0]);
   out.jsonl_ends.push_back(0);
   // Rows beyond n in the longer file are complete but unmatched in the other: recomputed (same bytes).
@@ -119,31 +255,27 @@ Resumable resumable_rows(const Sweep& sweep, const Shard& shard, const fs::path&
     const std::size_t p = shard.point(k);
     const std::string id = sweep_point(sweep, p).id;
     OldRow row;
-    bool ok = false;
-    try {
-      const auto j = nlohmann::json::parse(jl.lines[k]);
-      ok = j.is_object() && j.contains("point") && j.contains("id") && j.at("point").get<std::size_t>() == p &&
-           j.at("id").get<std::string>() == id;
-      if (ok) {
-        row.inputs = j.contains("inputs") && j.at("inputs").is_string() ? j.at("inputs").get<std::string>() : "";
-        row.status = j.value("status", "");
-        row.reason = j.contains("reason") && j.at("reason").is_string() ? j.at("reason").get<std::string>() : "";
-      }
-    } catch (const std::exception&) {
-      ok = false;
-    }
-    if (!ok)
+    if (const std::string problem = json_row_problem(jl.lines[k], p, id, &row); !problem.empty())
       fail(file_loc(jsonl_path, static_cast<int>(k + 1)),
-           fmt::format("row {} is not point {} (id {}) of this sweep", k + 1, p, id), kFreshHint);
-    if (!starts_with(cl.lines[k + 1], fmt::format("{},{},", p, id)))
+           problem == "not JSON" ? fmt::format("row {} is not a JSON row (cut short or edited by hand)", k + 1)
+                                 : fmt::format("row {} is not point {} (id {}) of this sweep", k + 1, p, id),
+           kRepairHint);
+    if (!starts_with(cl.lines[k + 1], fmt::format("{},{},", p, id)) || csv_field_count(cl.lines[k + 1]) != columns)
       fail(file_loc(csv_path, static_cast<int>(k + 2)),
-           fmt::format("row {} is not point {} (id {}) of this sweep", k + 1, p, id), kFreshHint);
+           fmt::format("row {} is not point {} (id {}) of this sweep with its {} columns", k + 1, p, id, columns),
+           kRepairHint);
+    row.good = true;
     row.csv = std::string(cl.lines[k + 1]) + "\n";
     row.json = std::string(jl.lines[k]) + "\n";
     out.rows.push_back(std::move(row));
     out.csv_ends.push_back(cl.ends[k + 1]);
     out.jsonl_ends.push_back(jl.ends[k]);
   }
+  // after the rows, so that a broken row before the excess is named first
+  if (csv_rows > total || jl.lines.size() > total)
+    fail(file_loc(csv_rows > total ? csv_path : jsonl_path),
+         fmt::format("it has more rows than the {} points of this shard", total), kRepairHint);
+  out.intact = n;
   return out;
 }
 
@@ -215,9 +347,13 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
 
   // Rows of an earlier run: kept when the files their point reads are unchanged, else recomputed. The files are
   // cut after the last row before the first stale one; later kept rows are written again from memory.
-  Resumable old = resumable_rows(sweep, shard, csv_path, jsonl_path);
+  Resumable old = resumable_rows(sweep, shard, csv_path, jsonl_path, options.repair);
   const std::size_t found = old.rows.size();
   std::vector<char> fresh(found, 0);
+  std::size_t good = 0;  // rows of the earlier run to check (the others are missing or broken: computed)
+  for (const auto& row : old.rows) good += row.good ? 1 : 0;
+  summary.repaired = old.broken;
+  summary.repaired_lines = old.broken_lines;
   {
     // Re-hash on the workers; this thread reports progress (a resume of a million rows takes a while).
     std::atomic<std::size_t> checked{0};
@@ -228,6 +364,7 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
         core::parallel_for(found, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(found, 1))),
                            [&](std::size_t k) {
                              if (options.stop != nullptr && options.stop->load()) return;
+                             if (!old.rows[k].good) return;
                              fresh[k] = sweep_point_inputs(sweep, shard.point(k), &cache) == old.rows[k].inputs ? 1 : 0;
                              ++checked;
                            });
@@ -245,22 +382,26 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
         pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
         pr.checking = true;
         pr.checked = checked.load();
-        pr.to_check = found;
+        pr.to_check = good;
         progress(pr);
       }
     }
     checker.join();
     if (check_error) std::rethrow_exception(check_error);
-    if (options.stop != nullptr && options.stop->load() && checked.load() < found) {
+    if (options.stop != nullptr && options.stop->load() && checked.load() < good) {
       // Stopped while checking: nothing was changed on disk.
-      summary.resumed = found;
-      for (const auto& row : old.rows) count_row(summary, row.status, row.reason);
+      summary.resumed = good;
+      for (const auto& row : old.rows)
+        if (row.good) count_row(summary, row.status, row.reason);
       summary.interrupted = true;
       summary.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
       return summary;
     }
   }
-  const std::size_t prefix = static_cast<std::size_t>(std::find(fresh.begin(), fresh.end(), 0) - fresh.begin());
+  // The rows kept where they are: up to the first one to compute, and only rows in place (--repair may find rows
+  // out of order or after a dropped line: those are written again, in order).
+  const std::size_t prefix =
+      std::min(old.intact, static_cast<std::size_t>(std::find(fresh.begin(), fresh.end(), 0) - fresh.begin()));
   for (std::size_t k = 0; k < prefix; ++k) count_row(summary, old.rows[k].status, old.rows[k].reason);
   const auto truncate = [&](const fs::path& p, std::uint64_t size) {
     if (!fs::exists(p)) return;
@@ -395,7 +536,7 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
         ++kept;
       } else {
         ++computed;
-        if (k < found) ++summary.stale;
+        if (k < found && old.rows[k].good) ++summary.stale;
       }
     }
     lock.lock();

@@ -23,10 +23,9 @@ std::string format_error(const std::string& where, const std::string& message, c
 std::string command_line_error(const std::string& tool, const std::string& message, const std::string& subcommand) {
   std::string text = message;
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return format_error(tool, text,
-                      subcommand.empty()
-                          ? "run `" + tool + " --help` for the commands"
-                          : "run `" + tool + " " + subcommand + " --help` for its arguments and options");
+  if (subcommand.empty()) return format_error(tool, text, "`" + tool + " --help` lists the commands");
+  const std::string command = tool + " " + subcommand;
+  return format_error(command, text, "`" + command + " --help` lists its arguments and options");
 }
 
 ConfigError::ConfigError(SourceLoc loc, const std::string& message, std::string hint)

@@ -64,8 +64,9 @@ class InternalError : public Error {
 std::string format_error(const std::string& where, const std::string& message, const std::string& hint = {});
 
 // A command-line error of `tool` (CLI11's message: an unknown flag, a missing argument, a value out of range) in that
-// format: "harmony-run: error: MESSAGE\n  hint: run `harmony-run train --help` for its options". `subcommand`: the
-// command the parse got to ("" when none, then the hint names `tool --help`).
+// format, naming the command: "harmony-run train: error: MESSAGE\n  hint: `harmony-run train --help` lists its
+// arguments and options". `subcommand`: the command the parse got to ("" when none: "harmony-run: error: ..." and
+// the hint names `tool --help`). Both tools' command lines use it.
 std::string command_line_error(const std::string& tool, const std::string& message, const std::string& subcommand);
 
 // "did you mean" helper: the candidate closest to `word` by edit distance, or "" if none is close.

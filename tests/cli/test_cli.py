@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end tests of the harmony-sim command line: the README's commands, JSON output fields,
-traces, and bad input (exit code 2, file:line:column, a hint, no crash)."""
+traces, and bad input (exit code 2, file:line:column, a hint, no crash; the command line's own errors in the same
+"error:" + hint format); search and compare --quiet."""
 import json
 import os
 import subprocess
@@ -300,13 +301,33 @@ plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: 
     check("slow link: bytes, bandwidth, fix", "to move at 1000.00 B/s" in r.stderr and "MiB" in r.stderr
           and "raise the bandwidth" in r.stderr, r.stderr)
 
-    # bad CLI flags
-    r = run("simulate")
-    check("missing config arg exit 2", r.returncode == 2, r.returncode)
-    r = run("simulate", cfg, "--format", "xml")
-    check("bad --format exit 2", r.returncode == 2, r.returncode)
-    r = run("frobnicate")
-    check("unknown subcommand exit 2", r.returncode == 2, r.returncode)
+    # bad CLI flags: the command line's own errors (CLI11's) in the tool's format, "harmony-sim SUB: error: ..."
+    # and a hint line, exit 2; --help still prints the usage, exit 0
+    for args, tool, words in [(["simulate"], "harmony-sim simulate", ["config is required"]),
+                              (["simulate", cfg, "--format", "xml"], "harmony-sim simulate", ["--format", "xml"]),
+                              (["search", cfg, "--bogus"], "harmony-sim search", ["--bogus"]),
+                              (["search", cfg, "extra.yaml"], "harmony-sim search", ["extra.yaml"]),
+                              (["report", cfg, "--top", "x"], "harmony-sim report", ["--top"]),
+                              (["sweep", "x.yaml", "--out", tmp, "--threads", "-1"], "harmony-sim sweep",
+                               ["--threads", "2147483647"]),
+                              (["frobnicate"], "harmony-sim", ["unknown command 'frobnicate'", "simulate, search"]),
+                              ([], "harmony-sim", ["a command is required", "simulate, search"])]:
+        r = run(*args)
+        name = " ".join(args) or "(no arguments)"
+        check(f"{name}: exit 2", r.returncode == 2, (r.returncode, r.stderr))
+        check(f"{name}: '{tool}: error:' and a hint", r.stderr.startswith(f"{tool}: error: ") and
+              "\n  hint: " in r.stderr and "Run with --help" not in r.stderr, r.stderr)
+        for w in words:
+            check(f"{name}: says {w!r}", w in r.stderr, r.stderr)
+    r = run("search", "--help")
+    check("search --help: exit 0, the usage", r.returncode == 0 and "Usage:" in r.stdout and "--quiet" in r.stdout,
+          r.stdout[:300])
+
+    # --quiet: search and compare print no progress (nor anything else) on stderr
+    for command in ["search", "compare"]:
+        r = run(command, cfg, "--quiet", "--set", "search.packing_fwd=[balanced_time]", "--set",
+                "search.packing_bwd=[balanced_time]")
+        check(f"{command} --quiet: exit 0, stderr empty", r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr))
     r = run("simulate", cfg, "--set", "plan.gpuz=4")
     check("bad --set path exit 2", r.returncode == 2 and "gpus" in r.stderr, r.stderr)
 

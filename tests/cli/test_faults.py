@@ -3,7 +3,7 @@
 SIGTERM/SIGHUP save a checkpoint like SIGINT and a second signal ends the process; failed writes (file size
 limit, full tmpfs) exit non-zero naming the path, keep the previous file and leave no *.tmp; the atomic writer
 never replaces a device or a symlink; a failed write to stdout is an error; folders and FIFOs as inputs exit 2;
-a run that cannot fit host memory is refused up front.
+a run that cannot fit host memory is refused up front; harmony-sim out of memory exits 2 with a message.
 Arguments: harmony-run and harmony-sim paths."""
 import json
 import os
@@ -315,6 +315,24 @@ train: {{steps: 1, data: {tiny}/tokens.bin}}
     r = run("train", DEFAULT, "--steps", "1", "--gpu-memory", "9223372036854775807")
     check("--gpu-memory 2^63-1: exit 2, the size range", r.returncode == 2 and "too large" in r.stderr and
           "1 PiB" in r.stderr, (r.returncode, r.stderr))
+
+    # --- 9. harmony-sim's memory (issue 32): 4,000 GPUs on a machine without a topology search and report in
+    # ~200 MB (the bottleneck report's what-if runs once built GPU x GPU tables: 1.5 GB, and 9.4 GB at 10,000); a
+    # memory failure exits 2 with a message naming the limit, not abort() (134). Address-space limits (ulimit -v)
+    # do not mix with the sanitizers' shadow memory: skipped there.
+    if not SANITIZED:
+        def limit_memory(nbytes):
+            return lambda: resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+
+        wide = ["search", os.path.join(ROOT, "configs/default.yaml"), "--set", "machine.gpus=4000", "--set",
+                "machine.topology=none", "--set", "plan.gpus=4000", "--set", "plan.minibatch=4000", "--quiet"]
+        r = run(*wide, binary=SIM, preexec_fn=limit_memory(1 << 30))
+        check("4,000 GPUs under a 1 GiB limit: exit 0", r.returncode == 0 and "Top1" in r.stdout,
+              (r.returncode, r.stderr[-500:]))
+        r = run(*wide, binary=SIM, preexec_fn=limit_memory(128 << 20))
+        check("out of memory: exit 2 naming the limit, with a hint", r.returncode == 2 and
+              "error: out of memory" in r.stderr and "ulimit -v" in r.stderr and "128.00 MiB" in r.stderr and
+              "hint:" in r.stderr and "internal error" not in r.stderr, (r.returncode, r.stderr[-500:]))
 
 print(f"{passed} checks passed, {len(failures)} failed")
 for f in failures:

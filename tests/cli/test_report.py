@@ -5,7 +5,7 @@ a table and a heatmap, equal to what the rows say; throughput-vs-GPUs and cost-v
 expected series and Pareto front; machines by name; one timeline rect per op; one memory line per distinct
 curve; each best plan's Chrome trace written beside the page and linked; no network references; the same bytes
 twice), --model / --where / --rank-by / --top, a tiny hand-checkable sweep reported from other working folders,
-a config's report, bad input (exit 2, the file named, a hint), and a screenshot in headless Chromium whose pixels
+a config's report, a plan on 80 GPUs (the first 64 drawn, the rest counted), bad input (exit 2, the file named, a hint), and a screenshot in headless Chromium whose pixels
 show the timeline's forward and backward colours (SKIP, exit 77, when no Chromium is installed and CI is not set;
 CI installs it)."""
 import json
@@ -519,6 +519,30 @@ with tempfile.TemporaryDirectory() as tmp:
         check("config: a timeline", count(p4, "timeline-svg-0", "rect", "op") > 0, p4.svg_counts)
         check("config: trace", os.path.isfile(os.path.join(tmp, "config.trace.json")), os.listdir(tmp))
 
+    # --- a plan on more GPUs than the page draws (80 dp-swap replicas, no topology): lanes, memory lines and
+    # per-GPU rows of the first 64 GPUs and a note for the rest; the trace keeps every GPU's ops
+    wide_dir = os.path.join(tmp, "wide")
+    os.mkdir(wide_dir)
+    wide_sweep = os.path.join(wide_dir, "wide.yaml")
+    with open(wide_sweep, "w") as f:
+        f.write(f"base: {os.path.join(ROOT, 'configs/default.yaml')}\nset: {{machine.gpus: 80, machine.topology: none}}\n"
+                "grid: {plan.gpus: [80], plan.minibatch: [80]}\nkinds: [dp-swap]\n")
+    wide_out = os.path.join(wide_dir, "out")
+    r = run("sweep", wide_sweep, "--out", wide_out, "--quiet")
+    check("80 GPUs: sweep", r.returncode == 0, r.stdout + r.stderr)
+    r = run("report", wide_out)
+    check("80 GPUs: report", r.returncode == 0, r.stdout + r.stderr)
+    if r.returncode == 0:
+        page = open(os.path.join(wide_out, "report.html"), encoding="utf-8").read()
+        lanes = re.findall(r'class="label" text-anchor="end">GPU(\d+) ', page)
+        check("80 GPUs: lanes of GPU0-63 only", lanes and max(map(int, lanes)) == 63 and "0" in lanes, sorted(set(lanes)))
+        check("80 GPUs: the others counted in notes",
+              page.count("GPU64-79 (16 of 80 GPUs) are not drawn") == 2 and
+              page.count("GPU64-79 (16 of 80 GPUs) are not listed") == 1, re.findall(r"GPU64-79[^<]*", page))
+        trace = json.load(open(os.path.join(wide_out, "report.bert_large_seqlen512.trace.json")))
+        pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+        check("80 GPUs: the trace has every GPU's ops", pids == set(range(80)), sorted(pids)[-3:])
+
     # --- bad input: exit 2, the file or flag named, a hint; never a half-written page
     def bad(name, args, *needles, cwd=ROOT):
         r = run("report", *args, cwd=cwd)
@@ -564,7 +588,8 @@ with tempfile.TemporaryDirectory() as tmp:
     shutil.copytree(out, corrupt)
     lines[3] = lines[3][: len(lines[3]) // 2] + "\n"
     open(os.path.join(corrupt, "results.jsonl"), "w").writelines(lines)
-    bad("corrupt row", [corrupt], "results.jsonl:4")
+    # the one recovery, as `sweep` names it: the sweep again on this folder with --repair (keeps the good rows)
+    bad("corrupt row", [corrupt], "results.jsonl:4", f"--out {corrupt} --repair")
 
     # --- headless Chromium: the page renders and its timeline is drawn
     browser = find_chromium()

@@ -15,6 +15,7 @@ Every child starts with SIGINT, SIGTERM, SIGHUP, SIGPIPE and SIGXFSZ at their de
 Arguments: harmony-run and harmony-sim paths."""
 import json
 import os
+import re
 import resource
 import signal
 import struct
@@ -67,8 +68,9 @@ def checkpoints(d):
     return sorted(f for f in os.listdir(d) if f.endswith(".hckpt")) if os.path.isdir(d) else []
 
 
-def error_format(r, tool="harmony-run"):
-    return f"{tool}: error: " in r.stderr and "\n  hint: " in r.stderr
+def error_format(r, tool="harmony-run"):  # "TOOL: error: ..." or "TOOL COMMAND: error: ...", then a hint line
+    return re.search(rf"^{re.escape(tool)}( [a-z]+)?: error: ", r.stderr, re.M) is not None and \
+        "\n  hint: " in r.stderr
 
 
 GiB = 1 << 30

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every JSON document and row of both tools against the committed JSON Schemas (schemas/, docs/output-schema.md):
 harmony-sim simulate/search/compare (reference and native, a plan that does not fit, kinds that find nothing),
-presets, sweep and merge summaries, a sweep's results.jsonl rows and sweep.json, and harmony-run train (a Harmony plan and a baseline). The
+presets, sweep and merge summaries, report (a sweep folder and a config), a sweep's results.jsonl rows and sweep.json, and harmony-run train (a Harmony plan and a baseline). The
 schemas are strict (additionalProperties false, every field required), so a field added, renamed or dropped in
 the code without the schema fails here. Also: a sweep folder of an older results format is refused with the fix."""
 import json
@@ -110,7 +110,7 @@ def main():
         bad = strict(schema)
         check(f"{name} is strict", not bad, bad)
     for want in ["simulate", "search", "compare", "presets", "sweep-row", "sweep-meta", "sweep-summary",
-                 "merge-summary", "harmony-run-train"]:
+                 "merge-summary", "report", "harmony-run-train"]:
         check(f"schemas/{want}.schema.json exists", f"{want}.schema.json" in STORE, sorted(STORE))
 
     cfg = "configs/examples/bert_large_simulate.yaml"
@@ -206,6 +206,21 @@ budget: {{samples: 1000}}
                                                           for r in rows if r["status"] == "invalid"), rows)
         with open(os.path.join(out, "sweep.json")) as f:
             validate("sweep.json", "sweep-meta.schema.json", json.load(f))
+
+        # --- report --format json (a sweep folder and a config): the page and traces it names are written
+        page = os.path.join(tmp, "rep.html")
+        d = sim_json("report.schema.json", "report", out, "--out", page)
+        if d:
+            check("report json: a sweep, the page it wrote", d["input"] == "sweep" and d["out_path"] == page and
+                  d["page_bytes"] == os.path.getsize(page), d)
+            best = [m for m in d["models"] if m["best"] is not None]
+            check("report json: each best plan's trace exists", best and all(
+                os.path.isfile(m["trace_path"]) and m["best_note"] is None for m in best), d["models"])
+        d = sim_json("report.schema.json", "report", cfg, *small, *tiny_search, "--out", os.path.join(tmp, "c.html"))
+        if d:
+            check("report json: a config, one model, its best plan", d["input"] == "config" and
+                  len(d["models"]) == 1 and d["models"][0]["best"]["plan_kind"] in
+                  ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"], d["models"])
 
         # --- a folder of an older results format: refused, naming the fix
         with open(os.path.join(out, "sweep.json")) as f:

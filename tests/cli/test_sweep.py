@@ -2,7 +2,8 @@
 """End-to-end tests of `harmony-sim sweep` and `harmony-sim merge`: the bundled example's columns and rows
 (infeasible and invalid points with reasons), identical files for 1 and 2 threads, SIGKILL mid-run then
 rerun = the uninterrupted files, shards 0/3 1/3 2/3 merged = the unsharded files, a changed sweep refused on
-resume, bad sweep files (exit 2, file:line:column, a hint); an edited profile recomputed on rerun, two sweeps on
+resume, SIGINT/SIGTERM/SIGHUP (exit 128 + the signal, what was saved), broken rows refused naming --repair and
+repaired by it, bad sweep files (exit 2, file:line:column, a hint); an edited profile recomputed on rerun, two sweeps on
 one --out (the second exits 2 naming the first), a huge grid refused fast unless --allow-large-grid (then it
 streams in little memory); the progress display shared with search and compare."""
 import csv
@@ -50,6 +51,13 @@ def read(path):
 
 def same_files(a, b, names=("results.csv", "results.jsonl", "sweep.json")):
     return all(read(os.path.join(a, n)) == read(os.path.join(b, n)) for n in names)
+
+
+def default_signals():
+    """A child with SIGINT, SIGTERM and SIGHUP at their default action, whatever this test inherited (a shell's
+    background job ignores SIGINT, nohup SIGHUP): the sweep handles only the signals it was not told to ignore."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -123,6 +131,42 @@ with tempfile.TemporaryDirectory() as tmp:
           r.stdout)
     check("rerun same bytes", same_files(t1, out), "")
 
+    # --- broken rows in the middle (a cut JSON line, a cut CSV line, a repeated row, a lost CSV row): the sweep
+    # refuses to resume and names --repair, as the report does; --repair keeps every good row, computes the broken
+    # ones again, and the files end as an uninterrupted run's
+    broken = os.path.join(tmp, "broken")
+    shutil.copytree(out, broken)
+    jl = open(os.path.join(broken, "results.jsonl")).read().splitlines(keepends=True)
+    jl[3] = jl[3][: len(jl[3]) // 2] + "\n"          # point 3: not JSON
+    jl.insert(40, jl[39])                            # point 39 twice
+    open(os.path.join(broken, "results.jsonl"), "w").writelines(jl)
+    cl = open(os.path.join(broken, "results.csv")).read().splitlines(keepends=True)
+    cl[11] = cl[11][: len(cl[11]) // 2] + "\n"       # point 10: a CSV row missing columns
+    del cl[61]                                       # point 60: no CSV row
+    open(os.path.join(broken, "results.csv"), "w").writelines(cl)
+    r = run("sweep", EXAMPLE, "--out", broken, "--quiet")
+    check("broken row: exit 2 naming the line and --repair", r.returncode == 2 and
+          os.path.join(broken, "results.jsonl") + ":4" in r.stderr and "--repair" in r.stderr, r.stderr)
+    r = run("report", broken, "--out", os.path.join(tmp, "broken.html"))
+    check("broken row: report names the same recovery", r.returncode == 2 and
+          f"--out {broken} --repair" in r.stderr, r.stderr)
+    r = run("sweep", EXAMPLE, "--out", broken, "--quiet", "--repair")
+    check("--repair: exit 0", r.returncode == 0, r.stdout + r.stderr)
+    check("--repair: only the broken points computed", "96 points, 96 done (3 computed" in r.stdout and
+          "93 from an earlier run" in r.stdout, r.stdout)
+    check("--repair: names the lines it dropped", "repaired: 3 broken lines dropped" in r.stdout and
+          os.path.join(broken, "results.csv") + ":12" in r.stdout and
+          os.path.join(broken, "results.jsonl") + ":41" in r.stdout, r.stdout)
+    check("--repair: = an uninterrupted run", same_files(broken, out), "files differ")
+    r = run("sweep", EXAMPLE, "--out", broken, "--quiet")
+    check("after --repair: a plain resume computes nothing", r.returncode == 0 and "0 computed" in r.stdout, r.stdout)
+    csv_path = os.path.join(broken, "results.csv")
+    text = open(csv_path).read()
+    open(csv_path, "w").write(text.replace("point,id,", "pont,id,", 1))  # a damaged header
+    r = run("sweep", EXAMPLE, "--out", broken, "--quiet", "--repair")
+    check("--repair of a damaged header: every row kept, rewritten", r.returncode == 0 and "0 computed" in r.stdout
+          and f"repaired: 1 broken line dropped ({csv_path}:1)" in r.stdout and same_files(broken, out), r.stdout)
+
     # --- a slower sweep (native cost model, every packing method), killed mid-run and rerun. Its points are
     # computed ~7 times below (full, killed and resumed, 3 shards, two writers): under the sanitizers
     # (HARMONY_SANITIZED) N = 1, 2 only (56 points, still > the 24 rows the kills wait for), the same checks.
@@ -145,13 +189,15 @@ budget: {{tokens: 3e9, seq_len: 512}}
     killed = os.path.join(tmp, "slow_killed")
     total = 7 * (8 if SANITIZED else 16)  # 8 or 16 points x 7 kinds (no kinds: every kind)
     kills = 0
-    for attempt in range(3):  # stop after a few rows (Ctrl-C, then SIGKILL twice), rerun; resumes each time
-        sig = signal.SIGINT if attempt == 0 else signal.SIGKILL
-        p = subprocess.Popen([BIN, "sweep", slow, "--out", killed, "--threads", "1", "--quiet"], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # stop after a few rows (SIGINT, SIGTERM, SIGHUP: finish the point in flight, say what was saved, exit 128 +
+    # the signal; then SIGKILL), rerun; resumes each time
+    for attempt, sig in enumerate([signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL]):
+        as_json = ["--format", "json"] if sig == signal.SIGHUP else []
+        p = subprocess.Popen([BIN, "sweep", slow, "--out", killed, "--threads", "1", "--quiet", *as_json], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
         jl = os.path.join(killed, "results.jsonl")
         start = time.time()
-        target = 8 * (attempt + 1)
+        target = 6 * (attempt + 1)
         sent = False
         while p.poll() is None and time.time() - start < 120:
             if os.path.exists(jl) and read(jl).count(b"\n") >= target:
@@ -161,9 +207,16 @@ budget: {{tokens: 3e9, seq_len: 512}}
                 break
             time.sleep(0.005)
         pout, perr = p.communicate()
-        if sent and sig == signal.SIGINT and p.returncode != 0:
-            check("ctrl-c exit 130", p.returncode == 130 and "rerun the same command to resume" in perr,
-                  (p.returncode, pout, perr))
+        if sent and sig != signal.SIGKILL and p.returncode != 0:
+            saved = read(jl).count(b"\n")
+            check(f"{sig.name}: exit {128 + sig}", p.returncode == 128 + sig, (p.returncode, pout, perr))
+            check(f"{sig.name}: says what was saved and how to resume", f"interrupted by {sig.name}" in perr and
+                  f"the {saved} rows are saved in {killed}/results.csv" in perr and
+                  "rerun the same command to resume" in perr, perr)
+            if as_json:
+                doc = json.loads(pout) if pout.startswith("{") else {}
+                check(f"{sig.name}: the JSON summary names it", doc.get("interrupted") is True and
+                      doc.get("signal") == sig.name and doc.get("done") == saved, pout)
     n = read(os.path.join(killed, "results.jsonl")).count(b"\n")
     check("killed mid-run", kills > 0 and n < total, (kills, n))
     # simulate a kill in the middle of a write: a partial last line
@@ -315,7 +368,8 @@ grid:
     check("huge grid: refused fast, writes nothing", time.time() - start < 20 and not os.path.exists(hout),
           time.time() - start)
     p = subprocess.Popen([BIN, "sweep", huge, "--out", hout, "--allow-large-grid", "--threads", "2", "--quiet"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals)
     jl = os.path.join(hout, "results.jsonl")
     start = time.time()
     rss_kib = None

@@ -689,9 +689,9 @@ TEST_CASE("P2P paths: NVLink first, then the PCIe tree (switches, sockets), else
   m.topology.nvlinks = {{0, 1, 20e9}};
   const auto g = sim::build_link_graph(m);
   sim::TransferClass cls = sim::TransferClass::None;
-  CHECK(g.p2p_path(0, 1, &cls) == std::vector<int>{g.nvlink[1]});
+  CHECK(g.p2p_path(0, 1, &cls) == std::vector<int>{g.nvlink.at({0, 1})});
   CHECK(cls == sim::TransferClass::NvLink);
-  CHECK(g.p2p_path(1, 0, &cls) == std::vector<int>{g.nvlink[1 * 8 + 0]});         // both directions
+  CHECK(g.p2p_path(1, 0, &cls) == std::vector<int>{g.nvlink.at({1, 0})});         // both directions
   CHECK(g.p2p_path(2, 3, &cls) == std::vector<int>{g.gpu_up[2], g.gpu_down[3]});  // same switch
   CHECK(cls == sim::TransferClass::P2PPcie);
   CHECK(g.p2p_path(1, 2, &cls) == std::vector<int>{g.gpu_up[1], g.switch_up[0], g.switch_down[1], g.gpu_down[2]});
