@@ -108,7 +108,12 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   for (const int s : kStopSignals) sigaddset(&sa.sa_mask, s);  // one handler at a time
   sa.sa_flags = SA_RESTART;
-  for (const int s : kStopSignals) sigaction(s, &sa, nullptr);
+  // A signal ignored when the run started stays ignored (nohup's SIGHUP), as harmony-sim's sweep does.
+  for (const int s : kStopSignals) {
+    struct sigaction previous {};
+    if (sigaction(s, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) continue;
+    sigaction(s, &sa, nullptr);
+  }
 }
 
 // Device options from the command line.

@@ -143,6 +143,29 @@ def test_checkpoint_lock(tmp):
           checkpoints(ck)[-1] == f"step-{done + 1:06d}.hckpt", (r.returncode, r.stderr, checkpoints(ck)))
 
 
+def test_nohup(tmp):
+    # A SIGHUP ignored when the run starts (nohup) stays ignored: the run goes on, and a SIGTERM still stops it.
+    ck = os.path.join(tmp, "nohup_ck")
+
+    def ignore_hup():
+        child_setup()()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    p = subprocess.Popen([RUN, "train", DEFAULT, "--steps", "400", "--checkpoint-dir", ck], cwd=ROOT,
+                         preexec_fn=ignore_hup, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    head = ""
+    for line in p.stderr:
+        head += line
+        if line.startswith("step "):
+            break
+    p.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    check("nohup: an ignored SIGHUP does not stop the run", p.poll() is None, head)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    check("nohup: SIGTERM still stops it with a checkpoint (143)", p.returncode == 143 and len(checkpoints(ck)) >= 1,
+          (p.returncode, err[-2000:]))
+
+
 def nan_weights(folder):
     """A copy of the tiny Hugging Face GPT-2 with element 3 of h.0.attn.c_attn.weight set to NaN."""
     os.makedirs(folder, exist_ok=True)
@@ -294,6 +317,7 @@ with tempfile.TemporaryDirectory() as tmp:
         test_host_memory(tmp)
     test_nonfinite(tmp)
     test_checkpoint_lock(tmp)
+    test_nohup(tmp)
 
 print(f"{passed} checks passed, {len(failures)} failed")
 for f in failures:
