@@ -4,7 +4,7 @@
 #   sim/     must not include "backend/..."
 #   backend/ must not include "sim/..."
 #   core/<room>/ may include only its own and lower rooms of core/, bottom to top:
-#     base ← machine ← model ← plan ← program ← output ← search ← config
+#     base ← machine ← model ← plan ← program ← output ← search ← kinds ← config
 # Checks #include lines with "..." or <...>, also written with ../ prefixes. Exit 1 lists offenders.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -40,7 +40,7 @@ for dir in core sim backend; do
 done
 
 # core's rooms: each may include only rooms at or below its own level.
-rooms=(base machine model plan program output search config)
+rooms=(base machine model plan program output search kinds config)
 for ((i = 0; i < ${#rooms[@]}; i++)); do
   room=${rooms[$i]}
   above=("${rooms[@]:$((i + 1))}")

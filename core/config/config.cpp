@@ -1,5 +1,5 @@
 // The YAML config loader's top: `--set a.b=value` overrides, the harmony-sim config's assembly from its sections
-// (build_config), and the public loaders (load_config, load_config_text, load_config_text_as, load_train_config).
+// (build_config), and the public loaders (load_config, load_config_text, load_train_config).
 // Sections live by concern: config_model.cpp, config_plan.cpp, config_train.cpp, config_machine.cpp, config_yaml.cpp
 // (shared through config_internal.hpp); docs/config.md keeps the schema.
 #include "core/config/config.hpp"
@@ -129,9 +129,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"model", "machine", "cost_model", "plan", "options", "search"};
 
-// `rules_kind`: the plan kind whose plan rules check the plan (load_config_text_as); nullopt: plan.mode's.
-RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
-                       std::optional<PlanKind> rules_kind = std::nullopt) {
+RunConfig build_config(Node root, const std::string& file, const std::vector<std::string>& overrides) {
   const char* start_hint =
       "a config needs at least `model: {profile: PATH}` and `plan: {mode: harmony-pp, gpus: N, minibatch: D}`; "
       "see configs/examples/ and docs/config.md";
@@ -160,7 +158,7 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
          "add `plan: {mode: harmony-pp, gpus: N, minibatch: D}`");
   }
   PlanLocs plan_locs;
-  cfg.plan = parse_plan(*plan, find(root, "plan")->key_loc, plan_locs);
+  cfg.plan = parse_plan(*plan, find(root, "plan")->key_loc, plan_locs, cfg.machine);
 
   // Harmony at its best with the native model; the paper's scheduler (prefetch off, minimum pack counts) with
   // the reference model, whose oracles are the paper's.
@@ -169,17 +167,10 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
   SearchLocs search_locs;
   cfg.search = parse_search(section_map(root, "search"), search_locs, native ? PackCounts::Wide : PackCounts::Minimum);
 
-  // A baseline kind is checked under its own rules (N divides D, u divides D/N, lohan's u = D/N) on the one
-  // microbatch size it runs (plan.u_bwd, search.u_bwd), with equal microbatches, as harmony-run checks it.
-  const PlanKind rules = rules_kind ? *rules_kind : cfg.plan.kind;
-  if (is_baseline(rules))
-    check_plan(cfg, RuleCheck{rules, UnequalMicrobatches::Refused, false}, plan_locs, search_locs);
-  else
-    check_plan(
-        cfg,
-        RuleCheck{rules, cfg.options.unequal_microbatches ? UnequalMicrobatches::Allowed : UnequalMicrobatches::Offered,
-                  true},
-        plan_locs, search_locs);
+  // plan.mode's kind's rules; a kind without packs on the one microbatch size it runs (plan.u_bwd, search.u_bwd),
+  // with equal microbatches unless the kind may run unequal ones (as harmony-run checks it).
+  check_plan(cfg, cfg.options.unequal_microbatches ? UnequalMicrobatches::Allowed : UnequalMicrobatches::Offered,
+             plan_locs, search_locs);
   return cfg;
 }
 
@@ -203,14 +194,6 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides) {
   RecordFilesRead record;
   RunConfig cfg = build_config(parse_yaml_tree(text, name), name, overrides);
-  cfg.inputs = record.take(cfg);
-  return cfg;
-}
-
-RunConfig load_config_text_as(PlanKind kind, const std::string& text, const std::string& name,
-                              const std::vector<std::string>& overrides) {
-  RecordFilesRead record;
-  RunConfig cfg = build_config(parse_yaml_tree(text, name), name, overrides, kind);
   cfg.inputs = record.take(cfg);
   return cfg;
 }

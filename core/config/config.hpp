@@ -16,7 +16,6 @@
 #include "core/model/model.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/plan_kind.hpp"
-#include "core/program/baselines/baselines.hpp"
 #include "core/search/search.hpp"
 
 namespace harmony::core {
@@ -31,9 +30,9 @@ struct ModelSpec {
   SourceLoc loc;  // where `profile:` or `analytic:` was written, for errors about it
 };
 
-// The plan section. mode/gpus/minibatch are needed by both commands; the rest only by simulate.
+// The plan section. mode/gpus/minibatch are needed by every command; the rest by the commands that run one plan.
 struct PlanSpec {
-  PlanKind kind = PlanKind::HarmonyPP;  // plan.mode: harmony-pp or harmony-dp
+  PlanKind kind;  // plan.mode: any registered kind (core/plan/plan_kind.hpp)
   int gpus = 1;
   int minibatch = 1;
   std::optional<int> u_fwd;
@@ -41,6 +40,8 @@ struct PlanSpec {
   std::optional<int> pack_size;    // manual packing: packs of P layers counted from the end
   std::optional<Packs> packs_fwd;  // explicit packs (inclusive [first, last])
   std::optional<Packs> packs_bwd;
+  // The kind's knobs (plan.activations, plan.offload, plan.zero3: each for the kinds that list it), else defaults.
+  KindKnobs knobs;
   SourceLoc loc;  // the `plan:` mapping, for plan-level errors
 };
 
@@ -105,15 +106,7 @@ struct TrainConfig {
   MachineSpec machine;  // machine.gpu_memory is each device's capacity
   std::string device = "cpu";
   CostModelKind cost_model = CostModelKind::Native;  // for --plan auto
-  PlanSpec plan;
-  // plan.mode given as a baseline kind ("dp-swap", "pp-swap", "zero-infinity", "l2l"): run that baseline with
-  // microbatch plan.u_bwd (packs are ignored; plan.kind is then harmony-pp); "" for Harmony (plan.kind).
-  std::string baseline_kind;
-  // plan.activations (baselines only): checkpoint (the default; recompute in the backward) or keep.
-  ActivationPolicy baseline_activations = ActivationPolicy::Checkpoint;
-  // plan.offload and plan.zero3 (zero-infinity only; docs/baselines.md): the offload tier and ZeRO-3's overheads.
-  OffloadTier baseline_offload = OffloadTier::Cpu;
-  Zero3Overheads baseline_zero3;
+  PlanSpec plan;  // plan.mode: any kind, with its knobs; a kind without packs runs microbatch plan.u_bwd
   SearchSpec search;
   Options options;
   TrainSpec train;
@@ -135,26 +128,19 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 TrainConfig load_train_config_text(const std::string& text, const std::string& name,
                                    const std::vector<std::string>& overrides = {}, bool plan_searched = false);
 
-// The baseline plan a harmony-run config names (plan.mode: dp-swap, ...): its microbatch is plan.u_bwd, its
-// capacity machine.gpu_memory; validated against `model`. A missing u_bwd is a located error with `hint`.
-BaselinePlan baseline_plan_of(const TrainConfig& cfg, const Model& model, const std::string& hint);
-
 // Reads `path`, applies `overrides` ("plan.gpus=4", "machine.gpu_memory=8GiB", ...) and validates.
 // Throws ConfigError with file:line:column and a hint.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Same, from text (tests, fuzzing); `name` is used in messages and to resolve relative paths.
 RunConfig load_config_text(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides = {});
-// load_config_text, with plan.gpus, plan.minibatch and the microbatch keys checked under `kind`'s plan rules
-// (core/plan/plan_rules), not plan.mode's: a sweep point of a baseline kind (dp-swap, pp-swap, zero-infinity, l2l,
-// lohan) is a harmony-pp config (plan.mode names only Harmony modes). A baseline kind reads one microbatch size
-// (plan.u_bwd, search.u_bwd; u_fwd is not checked) with equal microbatches.
-RunConfig load_config_text_as(PlanKind kind, const std::string& text, const std::string& name,
-                              const std::vector<std::string>& overrides = {});
-// The Plan a PlanSpec fixes for `model`: microbatch sizes and packs (pack_size or explicit packs) are required,
-// packs must cover the model, sizes must lie in its profiled range. ConfigError at the `plan:` section (or
-// `file`), whose message starts with `who` ("`simulate`") where a field is missing.
-Plan plan_from_spec(const PlanSpec& spec, const Model& model, const std::string& file, std::string_view who);
+// The Plan a PlanSpec fixes for `model`, with its knobs and `gpu_capacity_bytes` (what a swapping kind's decisions
+// fit against). A kind with packs needs both microbatch sizes and packs (pack_size or explicit packs), covering the
+// model, sizes in its profiled range: ConfigError at the `plan:` section (or `file`), whose message starts with `who`
+// ("`simulate`") where a field is missing. Any other kind needs plan.u_bwd (its one microbatch size) and passes its
+// kind's validation (PlanKindSpec::validate): ConfigError at `plan:` with `hint` (what to add) otherwise.
+Plan plan_from_spec(const PlanSpec& spec, const Model& model, Bytes gpu_capacity_bytes, const std::string& file,
+                    std::string_view who, const std::string& hint);
 // The model a config names: its profile (core::load_profile), or the analytic model of its shape on `machine`'s
 // gpu_rates (ConfigError at the `analytic:` key when the machine has none).
 Model load_model(const ModelSpec& spec, const MachineSpec& machine);

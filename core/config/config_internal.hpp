@@ -158,19 +158,16 @@ struct SearchLocs {
   std::vector<SourceLoc> u_fwd, u_bwd;
 };
 
-PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& locs);
+// `machine`: the config's (plan.offload: nvme needs its NVMe tier).
+PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& locs, const MachineSpec& machine);
 Options parse_options(const Node* map, bool prefetch_default);
 SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default);
 
-// The plan rules (core/plan/plan_rules) for the kind the config runs, each problem located at the key it is
-// about: plan.gpus, plan.minibatch, or the microbatch key or search entry that breaks it.
-struct RuleCheck {
-  PlanKind kind = PlanKind::HarmonyPP;  // a baseline's own kind for harmony-run's plan.mode: dp-swap, ...
-  UnequalMicrobatches unequal = UnequalMicrobatches::Offered;
-  bool uses_u_fwd = true;  // baselines run one microbatch size, plan.u_bwd (and search.u_bwd): u_fwd is not read
-};
-
-void check_plan(const RunConfig& cfg, const RuleCheck& rules, const PlanLocs& plan_locs, const SearchLocs& search_locs);
+// The plan rules (core/plan/plan_rules) for plan.mode's kind, each problem located at the key it is about:
+// plan.gpus, plan.minibatch, or the microbatch key or search entry that breaks it. A kind without packs runs one
+// microbatch size, plan.u_bwd (and search.u_bwd): its u_fwd keys are not read.
+void check_plan(const RunConfig& cfg, UnequalMicrobatches unequal, const PlanLocs& plan_locs,
+                const SearchLocs& search_locs);
 
 // ---- config_train.cpp: harmony-run's TrainConfig
 

@@ -1,7 +1,7 @@
-// The plan-side sections of a config: `plan:` (mode, sizes, packs), `options:` and `search:`, each key located and
-// checked; the cross-section plan-rule checks (plan.gpus against the machine, core/plan/plan_rules on the plan and
-// search sizes); and plan_from_spec, the public PlanSpec -> Plan step. Shared with config.cpp and config_train.cpp
-// through config_internal.hpp.
+// The plan-side sections of a config: `plan:` (mode: every registered kind, sizes, packs, the kind's knobs),
+// `options:` and `search:`, each key located and checked; the cross-section plan-rule checks (plan.gpus against the
+// machine, core/plan/plan_rules on the plan and search sizes); and plan_from_spec, the public PlanSpec -> Plan step.
+// Shared with config.cpp and config_train.cpp through config_internal.hpp.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -22,20 +22,110 @@ namespace {
 
 const std::vector<std::string> kPlanKeys = {"mode",  "gpus",      "minibatch", "u_fwd",
                                             "u_bwd", "pack_size", "packs_fwd", "packs_bwd"};
+
+// Every plan key: the sizes and packs, then each knob (core/plan/knobs.hpp).
+std::vector<std::string> plan_keys() {
+  std::vector<std::string> keys = kPlanKeys;
+  for (Knob k : all_knobs()) keys.emplace_back(knob_name(k));
+  return keys;
+}
 const std::vector<std::string> kOptionKeys = {"prefetch", "prefetch_buffers", "unequal_microbatches"};
 const std::vector<std::string> kSearchKeys = {"packing_fwd",  "packing_bwd", "top_k",         "ubatch_step",
                                               "smaller_ufwd", "fit_rule",    "u_fwd",         "u_bwd",
                                               "threads",      "pack_counts", "packs_per_gpu", "offload"};
-const std::vector<std::string> kModeNames = {"harmony-pp", "harmony-dp", "vPP", "vDP"};
+// "a, b or c"
+std::string join_or(const std::vector<std::string>& names) {
+  if (names.size() < 2) return join(names);
+  return join(std::vector<std::string>(names.begin(), names.end() - 1)) + " or " + names.back();
+}
 
+// Every registered kind, and the aliases (the paper's vPP, vDP).
 PlanKind parse_mode(const Node& v) {
-  const std::string hint_tail = "modes: harmony-pp, harmony-dp (the paper's aliases vPP, vDP)";
+  std::vector<std::string> names = plan_kind_names();
+  std::vector<std::string> aliases;
+  for (const PlanKind& k : plan_kinds())
+    for (const std::string& a : k->aliases) aliases.push_back(a);
+  const std::string hint_tail = fmt::format("modes: {}{}", join(names),
+                                            aliases.empty() ? std::string()
+                                                            : fmt::format(" (the paper's aliases {})", join(aliases)));
   const std::string& s = expect_scalar(v, "plan.mode", "a mode name", hint_tail);
-  if (s == "harmony-pp" || s == "vPP") return PlanKind::HarmonyPP;
-  if (s == "harmony-dp" || s == "vDP") return PlanKind::HarmonyDP;
-  const std::string best = closest_match(s, kModeNames);
+  if (const auto kind = find_plan_kind(s, /*with_aliases=*/true)) return *kind;
+  names.insert(names.end(), aliases.begin(), aliases.end());
+  const std::string best = closest_match(s, names);
   fail(v.loc, fmt::format("unknown plan.mode '{}'", s),
        (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + hint_tail);
+}
+
+// plan.activations: checkpoint | keep.
+void parse_activations(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/) {
+  const std::string hint =
+      "activation policies: checkpoint (recompute each layer's forward in the backward), "
+      "keep (hold or swap the saved activations)";
+  const std::string& v = expect_scalar(e.value, "plan.activations", "an activation policy", hint);
+  const auto policy = parse_activation_policy(v);
+  if (!policy)
+    fail(e.value.loc, fmt::format("unknown plan.activations '{}'", v),
+         suggestion_hint(v, activation_policy_names(), "activation policies"));
+  knobs.activation_policy = *policy;
+}
+
+// plan.offload: cpu | nvme (the machine's NVMe tier).
+void parse_offload(const Entry& e, KindKnobs& knobs, const MachineSpec& machine) {
+  const std::string what = "plan.offload";
+  const std::string hint =
+      "offload tiers: cpu (parameters and optimizer state in host memory) or nvme (on the machine's "
+      "topology.nvme drives, as DeepSpeed's offload_param/offload_optimizer device: nvme)";
+  const std::string& v = expect_scalar(e.value, what, "an offload tier", hint);
+  const auto tier = parse_offload_tier(v);
+  if (!tier) fail(e.value.loc, fmt::format("unknown {} '{}'", what, v), suggestion_hint(v, offload_tier_names(), "tiers"));
+  if (*tier == OffloadTier::Nvme && !machine.topology.nvme.present())
+    fail(e.value.loc, "plan.offload: nvme needs a machine with an NVMe tier",
+         "add topology.nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us} to the machine, or "
+         "use plan.offload: cpu");
+  knobs.offload = *tier;
+}
+
+// plan.zero3: {module_latency: DURATION, bucket: ELEMENTS} (ZeRO-3's overheads, docs/baselines.md).
+void parse_zero3(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/) {
+  const std::string what = "plan.zero3";
+  const std::string hint =
+      "write zero3: {module_latency: 200us, bucket: 5e7} (the per-module hook cost and the prefetch bucket in "
+      "parameter elements, DeepSpeed's stage3_prefetch_bucket_size)";
+  if (e.value.kind != Node::Kind::Map) fail(e.value.loc, fmt::format("{} must be a mapping", what), hint);
+  check_keys(e.value, what, {"module_latency", "bucket"});
+  if (const Entry* m = find(e.value, "module_latency"))
+    knobs.zero3.module_latency_s = get_topology_duration(m->value, what + ".module_latency", "us");
+  if (const Entry* b = find(e.value, "bucket")) {
+    const double v = get_positive_double(b->value, what + ".bucket");
+    if (v < 1) fail(b->value.loc, fmt::format("{}.bucket must be at least 1 element, got {}", what, v), hint);
+    knobs.zero3.bucket_elements = v;
+  }
+}
+
+// The parser of each knob's `plan.<knob>` key.
+void parse_knob(Knob k, const Entry& e, KindKnobs& knobs, const MachineSpec& machine) {
+  switch (k) {
+    case Knob::Activations:
+      return parse_activations(e, knobs, machine);
+    case Knob::Offload:
+      return parse_offload(e, knobs, machine);
+    case Knob::Zero3:
+      return parse_zero3(e, knobs, machine);
+  }
+}
+
+// The plan.<knob> keys given: each parsed when plan.mode's kind lists the knob, refused (at the key) otherwise.
+void parse_knobs(const Node& map, PlanKind kind, KindKnobs& knobs, const MachineSpec& machine) {
+  for (Knob k : all_knobs()) {
+    const Entry* e = find(map, knob_name(k));
+    if (!e) continue;
+    if (!kind.has_knob(k)) {
+      const std::string kinds = join_or(plan_kind_names(k));
+      fail(e->key_loc, fmt::format("plan.{} applies to plan.mode: {} only", knob_name(k), kinds),
+           fmt::format("remove the key, or set mode: {}", kinds));
+    }
+    parse_knob(k, *e, knobs, machine);
+  }
 }
 
 constexpr const char* kPacksHint =
@@ -119,12 +209,14 @@ std::vector<int> parse_sizes(const Entry& e, const std::string& what, std::vecto
 
 }  // namespace
 
-PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& locs) {
-  check_keys(map, "plan", kPlanKeys);
+PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& locs, const MachineSpec& machine) {
+  check_keys(map, "plan", plan_keys());
   PlanSpec plan;
   plan.loc = plan_key_loc;
-  const Entry& mode = require(map, "mode", "plan", plan_key_loc, "add `mode: harmony-pp` (or harmony-dp) under plan:");
+  const Entry& mode = require(map, "mode", "plan", plan_key_loc,
+                             fmt::format("add `mode: KIND` under plan: (kinds: {})", join(plan_kind_names())));
   plan.kind = parse_mode(mode.value);
+  parse_knobs(map, plan.kind, plan.knobs, machine);
   const Entry& gpus = require(map, "gpus", "plan", plan_key_loc, "add `gpus: N` (GPUs the plan uses) under plan:");
   plan.gpus = get_int(gpus.value, "plan.gpus", 1);
   locs.gpus = gpus.value.loc;
@@ -243,22 +335,24 @@ SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_count
 // ------------------------------------------------------------------------------------------------
 // Cross-section checks
 
-void check_plan(const RunConfig& cfg, const RuleCheck& rules, const PlanLocs& plan_locs,
+void check_plan(const RunConfig& cfg, UnequalMicrobatches unequal, const PlanLocs& plan_locs,
                 const SearchLocs& search_locs) {
   const PlanSpec& plan = cfg.plan;
+  const PlanKind kind = plan.kind;
+  const bool uses_u_fwd = kind->packs;
   if (plan.gpus > cfg.machine.gpus)
     fail(plan_locs.gpus,
          fmt::format("plan.gpus = {} exceeds machine.gpus = {} (machine '{}')", plan.gpus, cfg.machine.gpus,
                      cfg.machine.name),
          fmt::format("use plan.gpus <= {}, or raise machine.gpus", cfg.machine.gpus));
-  if (const auto p = split_problem(rules.kind, plan.gpus, plan.minibatch)) fail_problem(*p, plan_locs, plan.loc);
+  if (const auto p = split_problem(kind, plan.gpus, plan.minibatch)) fail_problem(*p, plan_locs, plan.loc);
   auto check = [&](int u, const std::string& what, const SourceLoc& loc) {
-    if (const auto p = microbatch_problem(rules.kind, plan.gpus, plan.minibatch, u, what, rules.unequal))
+    if (const auto p = microbatch_problem(kind, plan.gpus, plan.minibatch, u, what, unequal))
       fail_problem(*p, plan_locs, loc);
   };
-  if (plan.u_fwd && rules.uses_u_fwd) check(*plan.u_fwd, "plan.u_fwd", plan_locs.u_fwd);
+  if (plan.u_fwd && uses_u_fwd) check(*plan.u_fwd, "plan.u_fwd", plan_locs.u_fwd);
   if (plan.u_bwd) check(*plan.u_bwd, "plan.u_bwd", plan_locs.u_bwd);
-  for (std::size_t i = 0; rules.uses_u_fwd && i < cfg.search.u_fwd.size(); ++i)
+  for (std::size_t i = 0; uses_u_fwd && i < cfg.search.u_fwd.size(); ++i)
     check(cfg.search.u_fwd[i], "search.u_fwd entry", search_locs.u_fwd[i]);
   for (std::size_t i = 0; i < cfg.search.u_bwd.size(); ++i)
     check(cfg.search.u_bwd[i], "search.u_bwd entry", search_locs.u_bwd[i]);
@@ -280,11 +374,25 @@ namespace {
 
 }  // namespace
 
-Plan plan_from_spec(const PlanSpec& ps, const Model& model, const std::string& file, std::string_view who) {
+Plan plan_from_spec(const PlanSpec& ps, const Model& model, Bytes gpu_capacity_bytes, const std::string& file,
+                    std::string_view who, const std::string& hint) {
   Plan p;
   p.kind = ps.kind;
   p.gpus = ps.gpus;
   p.minibatch = ps.minibatch;
+  p.knobs = ps.knobs;
+  p.knobs.gpu_capacity_bytes = gpu_capacity_bytes;
+  if (!p.kind->packs) {  // one microbatch size, plan.u_bwd; the pack keys are not read
+    if (!ps.u_bwd)
+      plan_error(ps, file, fmt::format("{} needs plan.u_bwd (its microbatch size)", p.kind.name()), hint);
+    p.u_fwd = p.u_bwd = *ps.u_bwd;
+    try {
+      p.kind->validate(p, model);
+    } catch (const ScheduleError& e) {  // located at the plan, as a plan with packs' problems are
+      plan_error(ps, file, e.what(), hint);
+    }
+    return p;
+  }
   if (!ps.u_fwd || !ps.u_bwd) {
     plan_error(ps, file, fmt::format("{} needs plan.u_fwd and plan.u_bwd", who),
                "add e.g. `u_fwd: 8` and `u_bwd: 8` to `plan:`");
@@ -305,7 +413,7 @@ Plan plan_from_spec(const PlanSpec& ps, const Model& model, const std::string& f
                "add `pack_size: 7`, or `packs_bwd: [[0, 13], [14, 27]]` (inclusive layer ranges)");
   }
   try {
-    validate_plan(p, model.num_layers());
+    validate_packs(p, model.num_layers());
   } catch (const ScheduleError& e) {
     plan_error(ps, file, e.what(),
                fmt::format("the model has {} layers (0..{}); backward packs cover all of them, forward packs cover the "

@@ -1,6 +1,5 @@
 // harmony-run's config (TrainConfig): the sections of a harmony-sim config plus the model shape or weights,
-// `device:`, a baseline's plan keys (plan.activations, plan.offload, plan.zero3), `train:` with its data, and
-// `checkpoint:`; and baseline_plan_of, a baseline TrainConfig's BaselinePlan. The loaders are in config.cpp.
+// `device:`, `train:` with its data, and `checkpoint:`. The loaders are in config.cpp.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -12,7 +11,6 @@
 #include <fmt/format.h>
 
 #include "core/config/config_internal.hpp"
-#include "core/program/baselines/baselines.hpp"
 
 namespace harmony::core {
 namespace config_detail {
@@ -81,53 +79,6 @@ Gpt2Shape parse_gpt2_shape(const Entry& e) {
   return g;
 }
 
-// plan.offload (cpu | nvme; zero-infinity and lohan) and plan.zero3 ({module_latency: DURATION, bucket: ELEMENTS};
-// zero-infinity): the offload tier and ZeRO-3's overheads (docs/baselines.md). Removed from `plan` once read.
-void parse_offload_keys(Node& plan, TrainConfig& cfg) {
-  for (auto it = plan.entries.begin(); it != plan.entries.end();) {
-    if (it->key != "offload" && it->key != "zero3") {
-      ++it;
-      continue;
-    }
-    const std::string what = "plan." + it->key;
-    const auto kind = parse_plan_kind(cfg.baseline_kind);
-    if (it->key == "offload" && !(kind && is_baseline(*kind) && has_offload_tiers(*kind)))
-      fail(it->key_loc, "plan.offload applies to plan.mode: zero-infinity or lohan only",
-           "remove the key, or set mode: zero-infinity or lohan");
-    if (it->key == "zero3" && cfg.baseline_kind != "zero-infinity")
-      fail(it->key_loc, "plan.zero3 applies to plan.mode: zero-infinity only",
-           "remove the key, or set mode: zero-infinity");
-    if (it->key == "offload") {
-      const std::string hint =
-          "offload tiers: cpu (parameters and optimizer state in host memory) or nvme (on the machine's "
-          "topology.nvme drives, as DeepSpeed's offload_param/offload_optimizer device: nvme)";
-      const std::string& v = expect_scalar(it->value, what, "an offload tier", hint);
-      const auto tier = parse_offload_tier(v);
-      if (!tier)
-        fail(it->value.loc, fmt::format("unknown {} '{}'", what, v), suggestion_hint(v, offload_tier_names(), "tiers"));
-      if (*tier == OffloadTier::Nvme && !cfg.machine.topology.nvme.present())
-        fail(it->value.loc, "plan.offload: nvme needs a machine with an NVMe tier",
-             "add topology.nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us} to the machine, or "
-             "use plan.offload: cpu");
-      cfg.baseline_offload = *tier;
-    } else {
-      const std::string hint =
-          "write zero3: {module_latency: 200us, bucket: 5e7} (the per-module hook cost and the prefetch bucket in "
-          "parameter elements, DeepSpeed's stage3_prefetch_bucket_size)";
-      if (it->value.kind != Node::Kind::Map) fail(it->value.loc, fmt::format("{} must be a mapping", what), hint);
-      check_keys(it->value, what, {"module_latency", "bucket"});
-      if (const Entry* e = find(it->value, "module_latency"))
-        cfg.baseline_zero3.module_latency_s = get_topology_duration(e->value, what + ".module_latency", "us");
-      if (const Entry* e = find(it->value, "bucket")) {
-        const double v = get_positive_double(e->value, what + ".bucket");
-        if (v < 1) fail(e->value.loc, fmt::format("{}.bucket must be at least 1 element, got {}", what, v), hint);
-        cfg.baseline_zero3.bucket_elements = v;
-      }
-    }
-    it = plan.entries.erase(it);
-  }
-}
-
 }  // namespace
 
 TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
@@ -185,35 +136,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   const Node* plan = section_map(root, "plan");
   if (!plan) fail(SourceLoc{file, 0, 0}, "missing required section 'plan'", start_hint);
   PlanLocs plan_locs;
-  Node harmony_plan = *plan;  // a baseline kind in plan.mode is read as harmony-pp's keys, then recorded
-  for (Entry& e : harmony_plan.entries) {
-    if (e.key != "mode" || e.value.kind != Node::Kind::Scalar) continue;
-    const auto kind = parse_plan_kind(e.value.scalar);
-    if (kind && is_baseline(*kind)) {
-      cfg.baseline_kind = e.value.scalar;
-      e.value.scalar = "harmony-pp";
-    }
-  }
-  // plan.activations: a baseline's activation policy (Harmony's plans always recompute)
-  for (auto it = harmony_plan.entries.begin(); it != harmony_plan.entries.end(); ++it) {
-    if (it->key != "activations") continue;
-    const std::string hint =
-        "activation policies: checkpoint (recompute each layer's forward in the backward), "
-        "keep (hold or swap the saved activations)";
-    if (cfg.baseline_kind.empty())
-      fail(it->key_loc, fmt::format("plan.activations applies to baseline kinds ({})", join(baseline_kind_names())),
-           "Harmony's plans recompute by design (checkpoint); remove the key");
-    const std::string& v = expect_scalar(it->value, "plan.activations", "an activation policy", hint);
-    const auto policy = parse_activation_policy(v);
-    if (!policy)
-      fail(it->value.loc, fmt::format("unknown plan.activations '{}'", v),
-           suggestion_hint(v, activation_policy_names(), "activation policies"));
-    cfg.baseline_activations = *policy;
-    harmony_plan.entries.erase(it);
-    break;
-  }
-  parse_offload_keys(harmony_plan, cfg);
-  cfg.plan = parse_plan(harmony_plan, find(root, "plan")->key_loc, plan_locs);
+  cfg.plan = parse_plan(*plan, find(root, "plan")->key_loc, plan_locs, cfg.machine);
   // harmony-run keeps the paper's defaults (prefetch off, minimum pack counts): its runs and --plan auto
   // choices stay as they were; both keys can be set.
   cfg.options = parse_options(section_map(root, "options"), false);
@@ -229,12 +152,9 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   if (plan_searched) as_run.plan.u_fwd = as_run.plan.u_bwd = std::nullopt;  // the search replaces them
   as_run.search = cfg.search;
   as_run.options = cfg.options;
-  // A baseline is checked under its own rules (N divides D, u divides D/N, lohan's u = D/N), on the one
-  // microbatch size it runs (plan.u_bwd); Harmony under its mode's, with equal microbatches (the runtime's).
-  const auto baseline = parse_plan_kind(cfg.baseline_kind);
-  check_plan(as_run,
-             RuleCheck{baseline ? *baseline : cfg.plan.kind, UnequalMicrobatches::Refused, !baseline.has_value()},
-             plan_locs, search_locs);
+  // plan.mode's kind's rules (a kind without packs on the one microbatch size it runs, plan.u_bwd), with equal
+  // microbatches (the runtime's).
+  check_plan(as_run, UnequalMicrobatches::Refused, plan_locs, search_locs);
 
   const Node* train = section_map(root, "train");
   if (!train) fail(SourceLoc{file, 0, 0}, "missing required section 'train'", "add `train: {steps: 100}`");
@@ -286,27 +206,5 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
 }
 
 }  // namespace config_detail
-
-using namespace config_detail;  // NOLINT(google-build-using-namespace): the loader's own internals
-
-BaselinePlan baseline_plan_of(const TrainConfig& cfg, const Model& model, const std::string& hint) {
-  if (!cfg.plan.u_bwd)
-    throw ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind), hint);
-  BaselinePlan b;
-  b.kind = *parse_plan_kind(cfg.baseline_kind);
-  b.gpus = cfg.plan.gpus;
-  b.minibatch = cfg.plan.minibatch;
-  b.ubatch = *cfg.plan.u_bwd;
-  b.activation_policy = cfg.baseline_activations;
-  b.offload = cfg.baseline_offload;
-  b.zero3 = cfg.baseline_zero3;
-  b.gpu_capacity_bytes = cfg.machine.gpu_memory_bytes;
-  try {
-    validate_baseline_plan(b, model);
-  } catch (const ScheduleError& e) {  // located at the plan, as a Harmony plan's problems are
-    throw ConfigError(cfg.plan.loc, e.what(), hint);
-  }
-  return b;
-}
 
 }  // namespace harmony::core

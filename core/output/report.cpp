@@ -24,8 +24,8 @@ nlohmann::json report_to_json(const RunReport& r) {
   auto native_only = [&](json v) { return r.native ? std::move(v) : json(nullptr); };
   const bool capacity_known = r.gpu_capacity_bytes > 0;
   json j;
-  j["plan_kind"] = r.plan_kind.empty() ? std::string(plan_kind_name(r.plan.kind)) : r.plan_kind;
-  j["activation_policy"] = r.activation_policy;
+  j["plan_kind"] = r.plan.kind.name();
+  j["activation_policy"] = activation_policy_name(r.plan.knobs.activation_policy);
   j["gpus"] = r.plan.gpus;
   j["minibatch"] = r.plan.minibatch;
   j["u_fwd"] = r.plan.u_fwd;
@@ -117,15 +117,7 @@ nlohmann::json report_to_json(const RunReport& r) {
   return j;
 }
 
-std::string report_title(const RunReport& r) {
-  const auto kind = parse_plan_kind(r.plan_kind);
-  if (kind && is_baseline(*kind))
-    return fmt::format("{} N{} D{} u {} ({})", r.plan_kind, r.plan.gpus, r.plan.minibatch, r.plan.u_bwd,
-                       r.activation_policy);
-  Plan p = r.plan;
-  if (kind) p.kind = *kind;
-  return plan_title(p);
-}
+std::string report_title(const RunReport& r) { return plan_title(r.plan); }
 
 std::string summary_line(const RunReport& r, const std::string& title) {
   std::string per;

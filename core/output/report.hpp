@@ -70,10 +70,8 @@ struct HostMemoryReport {
 };
 
 struct RunReport {
-  std::string plan_kind;  // "harmony-pp", "harmony-dp", or a baseline ("dp-swap", "pp-swap", "zero-infinity", "l2l")
-  // What the backward's activations come from: "checkpoint" (recomputed from the layer input; Harmony always,
-  // by design) or "keep" (held or swapped since the forward; a baseline plan's choice, set by its evaluator).
-  std::string activation_policy = "checkpoint";
+  // The plan run (the Program's: its kind, sizes, packs or stages and knobs, among them what the backward's
+  // activations come from, knobs.activation_policy: checkpoint, Harmony's always, or keep).
   Plan plan;
   std::string method_fwd;  // packing methods that produced the packs (search), else ""
   std::string method_bwd;
@@ -121,8 +119,7 @@ inline constexpr int kOutputSchemaVersion = 1;
 nlohmann::json report_to_json(const RunReport& r);
 // Packs as [[first, last], ...] (layer indices, inclusive).
 nlohmann::json packs_to_json(const Packs& packs);
-// The one-line title of the plan a report describes, for every kind: Harmony as core::plan_title (under its
-// plan_kind's name), a baseline as "dp-swap N4 D32 u 8 (checkpoint)": its microbatch and activation policy.
+// The one-line title of the plan a report describes: core::plan_title of its plan.
 std::string report_title(const RunReport& r);
 
 // The reference's one-line summary: "=== title : 4.399 sec (idle max/avg: 4%/2%) (compute2global/...) ==="

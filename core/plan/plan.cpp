@@ -41,12 +41,9 @@ static void check_cover(const Packs& packs, int first, int end, const char* what
         fmt::format("{} packs cover layers {}..{} but must cover {}..{}", what, first, next - 1, first, end - 1));
 }
 
-void validate_plan(const Plan& plan, int num_layers) {
-  if (is_baseline(plan.kind))
-    throw ScheduleError(
-        fmt::format("{} is a baseline kind, not a Harmony mode: a Harmony plan is harmony-pp or "
-                    "harmony-dp (baselines are lowered by lower_baseline from a BaselinePlan)",
-                    plan_kind_name(plan.kind)));
+void validate_packs(const Plan& plan, int num_layers) {
+  if (!plan.kind->packs)
+    throw ScheduleError(fmt::format("{} plans have no layer packs (its microbatch is plan.u_bwd)", plan.kind.name()));
   // The size and split rules (core/plan/plan_rules); whether u divides the shares depends on
   // options.unequal_microbatches, which the plan does not carry: only u >= 1 here.
   if (const auto p = split_problem(plan.kind, plan.gpus, plan.minibatch)) throw ScheduleError(p->message);
@@ -68,12 +65,23 @@ std::string packs_to_string(const Packs& packs) {
 }
 
 std::string plan_title(const Plan& p) {
-  return fmt::format("{} N{} D{} u {}/{} fwd {} bwd {}", plan_kind_name(p.kind), p.gpus, p.minibatch, p.u_fwd, p.u_bwd,
-                     packs_to_string(p.packs_fwd), packs_to_string(p.packs_bwd));
+  if (!p.kind->packs)
+    return fmt::format("{} N{} D{} u {} ({})", p.kind.name(), p.gpus, p.minibatch, p.u_bwd,
+                       activation_policy_name(p.knobs.activation_policy));
+  return fmt::format("{} N{} D{} u {}/{} {}", p.kind.name(), p.gpus, p.minibatch, p.u_fwd, p.u_bwd, plan_layout(p));
+}
+
+std::string plan_layout(const Plan& p) {
+  if (!p.kind->packs) return fmt::format("u {}", p.u_bwd);
+  return fmt::format("fwd {} bwd {}", packs_to_string(p.packs_fwd), packs_to_string(p.packs_bwd));
+}
+
+std::string microbatch_label(const Plan& p) {
+  return p.kind->packs ? fmt::format("u {}/{}", p.u_fwd, p.u_bwd) : fmt::format("u {}", p.u_bwd);
 }
 
 std::vector<int> minibatch_shares(PlanKind kind, int minibatch, int gpus) {
-  if (!is_data_parallel(kind)) return {minibatch};
+  if (!kind->data_parallel) return {minibatch};
   std::vector<int> shares;
   shares.reserve(static_cast<std::size_t>(std::max(0, gpus)));
   for (int n = 0; n < gpus; ++n) shares.push_back(minibatch / gpus + (n < minibatch % gpus ? 1 : 0));

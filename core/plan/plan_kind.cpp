@@ -1,96 +1,117 @@
-// The plan-kind registry: one row per kind (as nccl-tests keeps one table per collective). Adding a kind
-// is a row here, a value in PlanKind, and its lowering in core/program (docs/design.md, "Plan kinds").
+// The plan-kind registry (plan_kind.hpp): the kinds core/kinds/ registers at static initialization, read in listing
+// order. Registration is refused once the registry has been read, so a kind can never be missing from one listing
+// and present in another.
 #include "core/plan/plan_kind.hpp"
 
 #include <algorithm>
-#include <string>
+#include <mutex>
+
+#include <fmt/format.h>
 
 #include "core/base/error.hpp"
 
 namespace harmony::core {
 
-const std::vector<PlanKindInfo>& plan_kinds() {
-  static const std::vector<PlanKindInfo> table = {
-      // kind, name, is_baseline, data_parallel, offload_tiers, one_microbatch, description
-      {PlanKind::HarmonyPP, "harmony-pp", false, false, true, false,
-       "Harmony's vPP: layer packs round-robin over the GPUs, every GPU sees the whole minibatch"},
-      {PlanKind::HarmonyDP, "harmony-dp", false, true, true, false,
-       "Harmony's vDP: every GPU a replica running all packs on its share of the minibatch"},
-      {PlanKind::DpSwap, "dp-swap", true, true, false, false,
-       "data parallelism over virtualized GPU memory: weights swapped in per layer, activations as memory requires"},
-      {PlanKind::PpSwap, "pp-swap", true, false, false, false,
-       "GPipe-style pipeline over time-balanced contiguous stages, each swapping like dp-swap"},
-      {PlanKind::ZeroInfinity, "zero-infinity", true, true, true, false,
-       "ZeRO stage 3: parameters, gradients and optimizer state partitioned and offloaded to host (or NVMe)"},
-      {PlanKind::L2L, "l2l", true, true, false, false,
-       "layer-to-layer: one layer resident at a time over all microbatches, activations stashed on the host"},
-      {PlanKind::LoHan, "lohan", true, true, true, true,
-       "LoHan (Fuyou): each layer's parameters streamed from host or NVMe, checkpoints on the host, each layer's CPU "
-       "Adam overlapped with the rest of the backward"},
-  };
-  return table;
-}
-
 namespace {
-const PlanKindInfo* find_kind(PlanKind k) {
-  const auto& t = plan_kinds();
-  const auto it = std::find_if(t.begin(), t.end(), [k](const PlanKindInfo& i) { return i.kind == k; });
-  return it == t.end() ? nullptr : &*it;
-}
-}  // namespace
 
-const PlanKindInfo& plan_kind_info(PlanKind k) {
-  const PlanKindInfo* info = find_kind(k);
-  if (!info) throw InternalError("plan kind " + std::to_string(static_cast<int>(k)) + " is not in plan_kinds()");
-  return *info;
-}
+struct Registry {
+  std::mutex mutex;
+  std::vector<const PlanKindSpec*> specs;  // in registration order
+  bool read = false;
+};
 
-const char* plan_kind_name(PlanKind k) {
-  const PlanKindInfo* info = find_kind(k);
-  return info ? info->name : "?";
+Registry& registry() {
+  static Registry r;
+  return r;
 }
 
-std::optional<PlanKind> parse_plan_kind(std::string_view name) {
-  for (const PlanKindInfo& i : plan_kinds()) {
-    if (name == i.name) return i.kind;
-  }
-  return std::nullopt;
-}
-
-const std::vector<std::string>& plan_kind_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const PlanKindInfo& i : plan_kinds()) v.emplace_back(i.name);
-    return v;
-  }();
-  return names;
-}
-
-bool is_baseline(PlanKind k) { return plan_kind_info(k).is_baseline; }
-
-const std::vector<PlanKind>& baseline_kinds() {
+const std::vector<PlanKind>& sorted_kinds() {
   static const std::vector<PlanKind> kinds = [] {
-    std::vector<PlanKind> v;
-    for (const PlanKindInfo& i : plan_kinds())
-      if (i.is_baseline) v.push_back(i.kind);
-    return v;
+    Registry& r = registry();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    r.read = true;
+    std::vector<const PlanKindSpec*> specs = r.specs;
+    std::stable_sort(specs.begin(), specs.end(), [](const PlanKindSpec* a, const PlanKindSpec* b) {
+      return a->listing_order < b->listing_order;
+    });
+    std::vector<PlanKind> out;
+    for (const PlanKindSpec* s : specs) out.emplace_back(*s);
+    if (out.empty()) throw InternalError("no plan kind is registered (core/kinds/ not linked whole)");
+    return out;
   }();
   return kinds;
 }
 
-const std::vector<std::string>& baseline_kind_names() {
+}  // namespace
+
+const char* kind_role_name(KindRole r) { return r == KindRole::Harmony ? "harmony" : "baseline"; }
+
+PlanKind::PlanKind() : PlanKind(plan_kinds().front()) {}
+
+bool PlanKind::has_knob(Knob k) const {
+  return std::find(spec_->knobs.begin(), spec_->knobs.end(), k) != spec_->knobs.end();
+}
+
+bool register_plan_kind(const PlanKindSpec& spec) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  const std::string name = spec.name;
+  if (r.read) throw InternalError(fmt::format("plan kind '{}' registered after the registry was read", name));
+  if (name.empty()) throw InternalError("a plan kind without a name");
+  if (!spec.validate || !spec.lower || !spec.enumerate || !spec.describe)
+    throw InternalError(fmt::format("plan kind '{}' lacks a function (validate, lower, enumerate, describe)", name));
+  std::vector<std::string> spellings = spec.aliases;
+  spellings.push_back(name);
+  for (const PlanKindSpec* other : r.specs) {
+    if (other->listing_order == spec.listing_order)
+      throw InternalError(fmt::format("plan kinds '{}' and '{}' share listing_order {}", other->name, name,
+                                      spec.listing_order));
+    for (const std::string& s : spellings)
+      if (s == other->name || std::find(other->aliases.begin(), other->aliases.end(), s) != other->aliases.end())
+        throw InternalError(fmt::format("plan kind '{}': '{}' is already plan kind '{}'", name, s, other->name));
+  }
+  r.specs.push_back(&spec);
+  return true;
+}
+
+const std::vector<PlanKind>& plan_kinds() { return sorted_kinds(); }
+
+const std::vector<std::string>& plan_kind_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (PlanKind k : baseline_kinds()) v.emplace_back(plan_kind_name(k));
+    for (const PlanKind& k : plan_kinds()) v.emplace_back(k.name());
     return v;
   }();
   return names;
 }
 
-bool is_data_parallel(PlanKind k) { return plan_kind_info(k).data_parallel; }
+std::optional<PlanKind> find_plan_kind(std::string_view name, bool with_aliases) {
+  for (const PlanKind& k : plan_kinds()) {
+    if (name == k.name()) return k;
+    if (with_aliases && std::find(k->aliases.begin(), k->aliases.end(), name) != k->aliases.end()) return k;
+  }
+  return std::nullopt;
+}
 
-bool has_offload_tiers(PlanKind k) { return plan_kind_info(k).offload_tiers; }
+PlanKind plan_kind(std::string_view name) {
+  if (auto k = find_plan_kind(name)) return *k;
+  throw InternalError(fmt::format("no plan kind '{}' is registered", name));
+}
 
-bool is_one_microbatch(PlanKind k) { return plan_kind_info(k).one_microbatch; }
+const char* plan_kind_name(PlanKind k) { return k.name(); }
+
+std::vector<std::string> plan_kind_names(KindRole role) {
+  std::vector<std::string> v;
+  for (const PlanKind& k : plan_kinds())
+    if (k->role == role) v.emplace_back(k.name());
+  return v;
+}
+
+std::vector<std::string> plan_kind_names(Knob knob) {
+  std::vector<std::string> v;
+  for (const PlanKind& k : plan_kinds())
+    if (k.has_knob(knob)) v.emplace_back(k.name());
+  return v;
+}
 
 }  // namespace harmony::core

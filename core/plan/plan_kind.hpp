@@ -1,6 +1,8 @@
-// The plan kinds: Harmony's two modes and the swapping baselines it is compared against, with their
-// names as configs and outputs spell them. plan_kinds() is the one table of them (plan_kind.cpp); every
-// other function here is a lookup in it.
+// The plan-kind registry. A plan kind is a module: one file in core/kinds/ fills a PlanKindSpec (its name and
+// description, its role in listings, the properties shared code reads instead of asking which kind it is, its
+// knobs, and its functions: validation, candidate enumeration, lowering, a title) and registers it with
+// HARMONY_REGISTER_PLAN_KIND. Everything that lists kinds (plan.mode in both tools, compare, sweeps' kinds:,
+// --plan auto, the JSON schemas' plan_kind enum, checked by a test) reads this registry. docs/design.md, "Plan kinds".
 #pragma once
 
 #include <optional>
@@ -8,43 +10,100 @@
 #include <string_view>
 #include <vector>
 
+#include "core/plan/knobs.hpp"
+
 namespace harmony::core {
 
-// Every way an iteration can be scheduled: Harmony's two modes (core::lower_harmony) and the baselines
-// (core::lower_baseline).
-enum class PlanKind { HarmonyPP, HarmonyDP, DpSwap, PpSwap, ZeroInfinity, L2L, LoHan };
+// The types of the kind functions, declared in the rooms above core/plan/ (model, program, search): a kind's file
+// (core/kinds/) defines the functions, and only code that includes those rooms calls them.
+class Model;
+struct Plan;
+struct Program;
+struct LowerOptions;
+struct Candidate;
+struct SearchSpace;
 
-// One row of the registry: what is known of a kind below the lowering (core/program keeps the lowerings).
-struct PlanKindInfo {
-  PlanKind kind;
-  const char* name;         // as configs and outputs spell it: "harmony-pp", "dp-swap", ...
-  bool is_baseline;         // a swapping baseline (core::lower_baseline), not a Harmony mode
-  bool data_parallel;       // splits the minibatch over GPUs (each GPU takes D/N)
-  bool offload_tiers;       // its parameters and optimizer state may live on NVMe (search.offload, plan.offload)
-  bool one_microbatch;      // runs each GPU's share as one microbatch (no gradient accumulation): u = D/N
-  const char* description;  // one line, for listings
+// How a kind is grouped in listings: compare's "speedup over the best baseline" and the report's best-baseline
+// column take the Baseline kinds. A role groups rows; it never selects code (properties below do that).
+enum class KindRole {
+  Harmony,   // Harmony's schedules (the paper's vPP and vDP)
+  Baseline,  // the systems Harmony is compared against (the swapping baselines of docs/baselines.md)
+};
+const char* kind_role_name(KindRole r);  // "harmony", "baseline"
+
+// Which of harmony-run's executor interpreters runs the kind's Programs (backend/executor/: until the one
+// interpreter replaces both): Harmony's task-based one or the op-by-op one of the swapping baselines.
+enum class ExecutorDialect { Harmony, Swapping };
+
+struct PlanKindSpec {
+  const char* name = "";         // as configs and outputs spell it: "harmony-pp", "dp-swap", ...
+  const char* description = "";  // one line, for listings
+  std::vector<std::string> aliases;  // other spellings plan.mode accepts (the paper's vPP, vDP)
+  int listing_order = 0;             // position in listings, compare's table and sweeps' default kinds (ascending)
+  KindRole role = KindRole::Baseline;
+  const char* color = "#bcbd22";  // the report's chart colour
+  ExecutorDialect dialect = ExecutorDialect::Swapping;
+
+  // ---- properties shared code reads (plan rules, search, compare, config, executor) ----
+  // Layer packs at two microbatch sizes (plan.u_fwd for the forward packs, plan.u_bwd for the backward ones, the
+  // pack keys, search.packing_*, the paper's fit rule), composed into a task graph (the search's lower bound).
+  // Without: one microbatch size, plan.u_bwd (u_fwd is set to it), and the pack keys are read but not used.
+  bool packs = false;
+  bool data_parallel = false;         // splits the minibatch over the GPUs (each GPU takes its share, D/N)
+  bool even_split = false;            // data-parallel kinds that need N to divide D (equal shares)
+  bool stage_per_gpu = false;         // one contiguous stage of layers per GPU (N <= R; Plan::stages)
+  bool one_microbatch = false;        // runs each GPU's share as one microbatch (no gradient accumulation): u = D/N
+  bool unequal_microbatches = false;  // may run microbatches that do not divide a share (options.unequal_microbatches)
+  bool offload_tiers = false;         // its parameters and optimizer state may live on NVMe (search.offload)
+  std::vector<Knob> knobs;            // the plan.<knob> keys it reads (Plan::knobs)
+
+  // ---- the kind's functions (core/kinds/<kind>.cpp) ----
+  // Throws ScheduleError unless the plan is one the kind can run on the model (sizes, its rules, packs or stages,
+  // microbatch sizes in the profiled range, knob values).
+  void (*validate)(const Plan& plan, const Model& model) = nullptr;
+  // The Program of a plan (validated first); `options` are the config's lowering options (Harmony's prefetch, ...).
+  Program (*lower)(const Plan& plan, const Model& model, const LowerOptions& options) = nullptr;
+  // The search's candidates of this kind, in the kind's enumeration order (the ranking breaks ties by it).
+  std::vector<Candidate> (*enumerate)(const Model& model, const SearchSpace& space) = nullptr;
+  // A one-line title of the plan as it would run on the model (harmony-run's plan line and checkpoint metadata).
+  std::string (*describe)(const Plan& plan, const Model& model) = nullptr;
 };
 
-// Every kind, in the order listings and `compare` show them: harmony-pp, harmony-dp, dp-swap, pp-swap,
-// zero-infinity, l2l, lohan.
-const std::vector<PlanKindInfo>& plan_kinds();
-// The row of k; InternalError for a value not in the table (a bug).
-const PlanKindInfo& plan_kind_info(PlanKind k);
+// A registered kind: a handle to its PlanKindSpec (compared by identity, cheap to copy).
+class PlanKind {
+ public:
+  PlanKind();  // the registry's first kind (harmony-pp)
+  explicit PlanKind(const PlanKindSpec& spec) : spec_(&spec) {}
+  const PlanKindSpec& spec() const { return *spec_; }
+  const PlanKindSpec* operator->() const { return spec_; }
+  const char* name() const { return spec_->name; }
+  bool has_knob(Knob k) const;
+  bool operator==(const PlanKind& o) const { return spec_ == o.spec_; }
 
-// "harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"
-const char* plan_kind_name(PlanKind k);
-// The inverse of plan_kind_name; nullopt for an unknown name (use closest_match on plan_kind_names()).
-std::optional<PlanKind> parse_plan_kind(std::string_view name);
+ private:
+  const PlanKindSpec* spec_;
+};
+
+// Adds a kind (HARMONY_REGISTER_PLAN_KIND, at static initialization). InternalError for an empty or duplicate name or
+// alias, a missing function, or a registration after the registry was first read. Returns true.
+bool register_plan_kind(const PlanKindSpec& spec);
+
+// Every registered kind in listing order: harmony-pp, harmony-dp, dp-swap, pp-swap, zero-infinity, l2l, lohan.
+const std::vector<PlanKind>& plan_kinds();
 const std::vector<std::string>& plan_kind_names();
-bool is_baseline(PlanKind k);                           // every kind but HarmonyPP / HarmonyDP
-const std::vector<PlanKind>& baseline_kinds();          // DpSwap, PpSwap, ZeroInfinity, L2L, LoHan
-const std::vector<std::string>& baseline_kind_names();  // "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"
-// Kinds that split the minibatch over GPUs (each GPU takes D/N): all but pp-swap and harmony-pp.
-bool is_data_parallel(PlanKind k);
-// Kinds whose parameters and optimizer state can live on the machine's NVMe tier (search.offload, plan.offload):
-// harmony-pp, harmony-dp, zero-infinity, lohan.
-bool has_offload_tiers(PlanKind k);
-// Kinds that run each GPU's share as one microbatch (lohan: its artifact has no gradient accumulation).
-bool is_one_microbatch(PlanKind k);
+// The kind of a name (with_aliases: or one of its aliases); nullopt for an unknown one (use closest_match on
+// plan_kind_names()).
+std::optional<PlanKind> find_plan_kind(std::string_view name, bool with_aliases = false);
+// The kind of a name the code itself spells (tests, tools); InternalError for an unknown one.
+PlanKind plan_kind(std::string_view name);
+const char* plan_kind_name(PlanKind k);
+// The names of the kinds of a role, in listing order.
+std::vector<std::string> plan_kind_names(KindRole role);
+// The names of the kinds that list knob k, in listing order.
+std::vector<std::string> plan_kind_names(Knob k);
 
 }  // namespace harmony::core
+
+// Registers a PlanKindSpec defined at namespace scope in a core/kinds/ file (one per file).
+#define HARMONY_REGISTER_PLAN_KIND(spec) \
+  [[maybe_unused]] static const bool harmony_plan_kind_registered = ::harmony::core::register_plan_kind(spec)

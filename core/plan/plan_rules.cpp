@@ -17,20 +17,17 @@ namespace {
 constexpr const char* kUnequalEscape =
     "or set options.unequal_microbatches: true (the paper's --inequal_ubatchsize; the runtime does not support it)";
 
-bool splits_evenly(PlanKind kind) { return is_baseline(kind) && is_data_parallel(kind); }
-bool one_stage_per_gpu(PlanKind kind) { return is_baseline(kind) && !is_data_parallel(kind); }
-
-// Harmony modes may run unequal microbatches when asked; baselines never do.
+// Kinds that may run unequal microbatches (Harmony's) do when asked; the others never do.
 bool unequal_allowed(PlanKind kind, UnequalMicrobatches unequal) {
-  return !is_baseline(kind) && unequal == UnequalMicrobatches::Allowed;
+  return kind->unequal_microbatches && unequal == UnequalMicrobatches::Allowed;
 }
 
 enum class Verdict { Ok, Split, NotPositive, TooLarge, NotDividing, NotTheShare };
 
 bool split_fails(PlanKind kind, int gpus, int minibatch) {
   if (gpus < 1 || minibatch < 1) return true;
-  if (is_data_parallel(kind) && minibatch < gpus) return true;
-  return splits_evenly(kind) && minibatch % gpus != 0;
+  if (kind->data_parallel && minibatch < gpus) return true;
+  return kind->even_split && minibatch % gpus != 0;
 }
 
 Verdict judge(PlanKind kind, int gpus, int minibatch, int u, UnequalMicrobatches unequal) {
@@ -39,7 +36,7 @@ Verdict judge(PlanKind kind, int gpus, int minibatch, int u, UnequalMicrobatches
   const std::vector<int> shares = minibatch_shares(kind, minibatch, gpus);
   const int largest = *std::max_element(shares.begin(), shares.end());
   if (unequal_allowed(kind, unequal)) return u > largest ? Verdict::TooLarge : Verdict::Ok;
-  if (is_one_microbatch(kind))
+  if (kind->one_microbatch)
     return std::all_of(shares.begin(), shares.end(), [u](int s) { return s == u; }) ? Verdict::Ok
                                                                                     : Verdict::NotTheShare;
   return std::all_of(shares.begin(), shares.end(), [u](int s) { return s % u == 0; }) ? Verdict::Ok
@@ -73,7 +70,7 @@ std::optional<PlanProblem> size_problem(int gpus, int minibatch) {
 std::optional<PlanProblem> split_problem(PlanKind kind, int gpus, int minibatch) {
   if (auto p = size_problem(gpus, minibatch)) return p;
   const char* name = plan_kind_name(kind);
-  if (is_data_parallel(kind) && minibatch < gpus)
+  if (kind->data_parallel && minibatch < gpus)
     return PlanProblem{
         PlanField::Minibatch,
         fmt::format("minibatch {} gives GPUs no samples: {} over {} GPUs needs a minibatch of at least {} "
@@ -81,7 +78,7 @@ std::optional<PlanProblem> split_problem(PlanKind kind, int gpus, int minibatch)
                     minibatch, name, gpus, gpus),
         fmt::format("use a minibatch of at least {}, or fewer GPUs", gpus),
         {}};
-  if (splits_evenly(kind) && minibatch % gpus != 0) {
+  if (kind->even_split && minibatch % gpus != 0) {
     const std::vector<int> counts = divisors(minibatch);
     return PlanProblem{
         PlanField::Gpus,
@@ -94,7 +91,7 @@ std::optional<PlanProblem> split_problem(PlanKind kind, int gpus, int minibatch)
 }
 
 std::optional<PlanProblem> stage_problem(PlanKind kind, int gpus, int num_layers) {
-  if (!one_stage_per_gpu(kind) || gpus <= num_layers) return std::nullopt;
+  if (!kind->stage_per_gpu || gpus <= num_layers) return std::nullopt;
   return PlanProblem{
       PlanField::Gpus,
       fmt::format("{} needs a layer per stage: {} GPUs for {} layers", plan_kind_name(kind), gpus, num_layers),
@@ -121,7 +118,7 @@ std::optional<PlanProblem> microbatch_problem(PlanKind kind, int gpus, int minib
   if (v == Verdict::Split) return split_problem(kind, gpus, minibatch);
   if (v == Verdict::NotPositive) return positive_microbatch_problem(u, what);
   const char* name = plan_kind_name(kind);
-  const bool dp = is_data_parallel(kind);
+  const bool dp = kind->data_parallel;
   const std::vector<int> shares = minibatch_shares(kind, minibatch, gpus);
   const int largest = *std::max_element(shares.begin(), shares.end());
   if (v == Verdict::TooLarge)
@@ -142,7 +139,7 @@ std::optional<PlanProblem> microbatch_problem(PlanKind kind, int gpus, int minib
   // NotDividing
   const int common = std::accumulate(shares.begin(), shares.end(), 0, [](int a, int b) { return std::gcd(a, b); });
   std::vector<int> fit = divisors(common);
-  const bool escape = !is_baseline(kind) && unequal == UnequalMicrobatches::Offered;
+  const bool escape = kind->unequal_microbatches && unequal == UnequalMicrobatches::Offered;
   const std::string fits = fmt::format("sizes that divide: {}", join_ints(fit));
   const std::string tail = escape ? fmt::format("; {}", kUnequalEscape) : std::string();
   if (!dp)

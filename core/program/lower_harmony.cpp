@@ -32,7 +32,7 @@ std::uint64_t pack_key(int task, int ui, int spi, Stream s, OpKind k) {
 }
 
 // Lowered with the Harmony-PP event rules (Program::pp_rules).
-bool pp_rules_of(const Plan& p) { return p.kind == PlanKind::HarmonyPP && p.gpus > 1; }
+bool pp_rules_of(const Plan& p) { return !p.kind->data_parallel && p.gpus > 1; }
 
 class Lowerer {
  public:

@@ -165,7 +165,7 @@ TaskGraph compose_task_graph(const Plan& plan, int num_layers) {
   const int nfwd = static_cast<int>(plan.packs_fwd.size());
   const int per_list = nfwd + 2 * static_cast<int>(plan.packs_bwd.size());
   g.rank_tasks.assign(static_cast<std::size_t>(N), {});
-  if (plan.kind == PlanKind::HarmonyPP) {
+  if (!plan.kind->data_parallel) {  // packs round-robin over the GPUs (vPP); else replicas (vDP)
     const auto uf = split_minibatch(D, plan.u_fwd);
     const auto ub = split_minibatch(D, plan.u_bwd);
     g.ubatch_fwd.assign(static_cast<std::size_t>(N), uf);

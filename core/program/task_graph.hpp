@@ -61,7 +61,7 @@ struct TaskGraph {
   int num_subpacks(const Task& t) const;  // 1 for BWD/UPD
 };
 
-// Builds the task graph of a validated plan (validate_plan first).
+// Builds the task graph of a validated plan (validate_packs first).
 TaskGraph compose_task_graph(const Plan& plan, int num_layers);
 
 // The reference's UBSConverter: which backward microbatches each forward microbatch yields.

@@ -42,7 +42,7 @@ struct PlanKeyLess {
 }  // namespace
 
 std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space) {
-  const bool dp = is_data_parallel(space.kind);
+  const bool dp = space.kind->data_parallel;
   const int dlim = dp ? space.minibatch / space.gpus : space.minibatch;
   // The profiled range and the paper's cap (D, or D/N rounded down) bound the sizes; the plan rules decide which
   // of them the kind can run (core/plan/plan_rules: dividing every GPU's share, or any with unequal microbatches).
@@ -105,11 +105,9 @@ std::vector<Packs> forward_packings(const Model& model, const std::string& metho
 }  // namespace
 
 std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpace& space) {
-  if (is_baseline(space.kind))
-    throw ScheduleError(
-        fmt::format("enumerate_candidates: {} is a baseline kind; its plans are enumerated by "
-                    "enumerate_baseline_plans",
-                    plan_kind_name(space.kind)));
+  if (!space.kind->packs)
+    throw ScheduleError(fmt::format("enumerate_candidates: {} plans have no packs; its PlanKindSpec::enumerate lists them",
+                                    space.kind.name()));
   const int R = model.num_layers();
   const auto ub_bwd = candidate_ubatch_sizes(model, Phase::Bwd, space);
   const auto ub_fwd = candidate_ubatch_sizes(model, Phase::Fwd, space);
@@ -118,15 +116,26 @@ std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpac
   std::vector<Candidate> out;
   // Wide: identical candidates (same sizes and packs from different methods or counts) are searched once.
   std::set<std::tuple<int, Packs, int, Packs>, PlanKeyLess> seen;
-  auto add = [&](Candidate c) {
-    if (wide && !seen.insert({c.u_fwd, c.packs_fwd, c.u_bwd, c.packs_bwd}).second) return;
+  Plan base;
+  base.kind = space.kind;
+  base.gpus = space.gpus;
+  base.minibatch = space.minibatch;
+  base.knobs = space.knobs;
+  auto add = [&](int u_fwd, Packs packs_fwd, std::string method_fwd, int u_bwd, const Packs& packs_bwd,
+                 const std::string& method_bwd) {
+    if (wide && !seen.insert({u_fwd, packs_fwd, u_bwd, packs_bwd}).second) return;
+    Candidate c{base, std::move(method_fwd), method_bwd};
+    c.plan.u_fwd = u_fwd;
+    c.plan.u_bwd = u_bwd;
+    c.plan.packs_fwd = std::move(packs_fwd);
+    c.plan.packs_bwd = packs_bwd;
     out.push_back(std::move(c));
   };
   for (int u_bwd : ub_bwd) {
     for (const auto& mb : space.spec.packing_bwd) {
       for (const Packs& pb : packings(model, Phase::Bwd, mb, u_bwd, R, space, max_packs, nullptr)) {
         if (pb.size() == 1) {
-          add(Candidate{u_bwd, {}, "", u_bwd, pb, mb});
+          add(u_bwd, {}, "", u_bwd, pb, mb);
           continue;
         }
         const int r_fwd = pb.back().first;
@@ -135,25 +144,13 @@ std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpac
           if (u_fwd < u_bwd && !space.spec.smaller_ufwd) continue;
           for (const auto& mf : space.spec.packing_fwd) {
             for (Packs& pf : forward_packings(model, mf, u_fwd, r_fwd, space, static_cast<int>(reuse.size()), &reuse))
-              add(Candidate{u_fwd, std::move(pf), mf, u_bwd, pb, mb});
+              add(u_fwd, std::move(pf), mf, u_bwd, pb, mb);
           }
         }
       }
     }
   }
   return out;
-}
-
-Plan candidate_plan(const Candidate& c, const SearchSpace& space) {
-  Plan p;
-  p.kind = space.kind;
-  p.gpus = space.gpus;
-  p.minibatch = space.minibatch;
-  p.u_fwd = c.u_fwd;
-  p.u_bwd = c.u_bwd;
-  p.packs_fwd = c.packs_fwd;
-  p.packs_bwd = c.packs_bwd;
-  return p;
 }
 
 namespace {
@@ -187,8 +184,9 @@ class BestKeys {
 
 }  // namespace
 
-double compute_estimate_s(const Model& model, const Candidate& c, const SearchSpace& space) {
-  const bool dp = is_data_parallel(space.kind);
+double compute_estimate_s(const Model& model, const Candidate& candidate, const SearchSpace& space) {
+  const Plan& c = candidate.plan;
+  const bool dp = space.kind->data_parallel;
   const int gpus = std::max(1, space.gpus);
   const int share = dp ? std::max(1, space.minibatch / gpus) : space.minibatch;
   auto passes = [&](int u) {
@@ -226,14 +224,14 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   const unsigned threads = search_threads(space, n);
   // the paper's fit rule ranks a single pack's time / 1000
   auto fit_scale = [&](std::size_t i) {
-    return space.spec.fit_rule && candidates[i].packs_bwd.size() == 1 ? 1000.0 : 1.0;
+    return space.spec.fit_rule && candidates[i].plan.packs_bwd.size() == 1 ? 1000.0 : 1.0;
   };
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<char> evaluated(n, 0);
   // a report that names why its plan does not fit
   auto miss = [&](std::size_t i) { return !reports[i].feasible && !reports[i].infeasible_reason.empty(); };
   auto evaluate_one = [&](std::size_t i, double cutoff_s) {
-    std::optional<RunReport> r = evaluate(candidate_plan(candidates[i], space), cutoff_s);
+    std::optional<RunReport> r = evaluate(candidates[i].plan, cutoff_s);
     if (!r) return false;
     reports[i] = std::move(*r);
     reports[i].method_fwd = candidates[i].method_fwd;
@@ -319,7 +317,7 @@ SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const 
   if (bound) {
     bounds.resize(n);
     parallel_for(n, search_threads(space, n),
-                 [&](std::size_t i) { bounds[i] = bound(candidate_plan(candidates[i], space)); });
+                 [&](std::size_t i) { bounds[i] = bound(candidates[i].plan); });
   } else {
     estimates.resize(n);
     for (std::size_t i = 0; i < n; ++i) estimates[i] = compute_estimate_s(model, candidates[i], space);

@@ -1,7 +1,9 @@
-// The paper's configuration search (searcher.py): candidate microbatch sizes, packing methods per
-// direction, candidates evaluated by a caller-supplied cost function on all cores, ranked with a
-// deterministic order (time, then enumeration order). The single-pack "/1000" rule is opt-in.
-// search.pack_counts: wide widens the balanced methods beyond the paper's memory-minimum pack count.
+// The configuration search of every plan kind: the search space (SearchSpace), a candidate (a Plan with the packing
+// methods that made it), Harmony's enumeration (the paper's searcher.py: candidate microbatch sizes, packing methods
+// per direction; search.pack_counts: wide widens the balanced methods beyond the paper's memory-minimum pack count)
+// and the ranking of any kind's candidates, evaluated by a caller-supplied cost function on all cores with a
+// deterministic order (time, then enumeration order). The single-pack "/1000" rule is opt-in. A kind's enumeration
+// is its PlanKindSpec::enumerate (core/kinds/kinds.hpp: enumerate_plans).
 #pragma once
 
 #include <cstddef>
@@ -44,22 +46,29 @@ struct SearchSpec {
   Offload offload = Offload::Auto;
 };
 
+// One plan a search evaluates, with the packing methods that produced its packs ("" for kinds without packs, and
+// method_fwd for a single-pack plan, which has no forward tasks).
 struct Candidate {
-  int u_fwd = 0;
-  Packs packs_fwd;
-  std::string method_fwd;  // "" for a single-pack plan (no forward tasks)
-  int u_bwd = 0;
-  Packs packs_bwd;
+  Plan plan;
+  std::string method_fwd;
   std::string method_bwd;
 };
 
 struct SearchSpace {
-  PlanKind kind = PlanKind::HarmonyPP;  // harmony-pp or harmony-dp (enumerate_candidates rejects baselines)
+  PlanKind kind;  // the kind whose candidates are enumerated (default: the registry's first, harmony-pp)
   int gpus = 1;
   int minibatch = 1;
-  Bytes capacity_bytes = 10 * kGiB;  // per-GPU memory the packers fit against (cap x scale)
+  Bytes capacity_bytes = 10 * kGiB;  // per-GPU memory the packers and swap decisions fit against (cap x scale)
   bool unequal_microbatches = false;
   SearchSpec spec;
+  // Kinds with knobs: every candidate's knobs start as these (ZeRO-3's overheads, forced swap choices, ...), then
+  // take each activation policy of `activation_policies` (kinds with the activations knob) and each tier of
+  // `offloads` (kinds with the offload knob) in turn. Kinds without knobs ignore all three.
+  KindKnobs knobs;
+  std::vector<ActivationPolicy> activation_policies = {ActivationPolicy::Checkpoint};
+  std::vector<OffloadTier> offloads = {OffloadTier::Cpu};
+  // Swapping kinds: leave out plans whose swap decisions' memory estimate does not fit capacity_bytes.
+  bool drop_infeasible = true;
 };
 
 // Candidate microbatch sizes for one direction (§7.1): profiled range, capped at D (PP) or D/N (DP),
@@ -70,12 +79,14 @@ std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const S
 // the layer count when packs_per_gpu is 0. A method's own (minimum) packing is kept even when it has more packs.
 int max_pack_count(const Model& model, const SearchSpace& space);
 
-// All candidates in the paper's enumeration order. Identical packs from different methods are kept (Minimum).
-// With Wide, each balanced method contributes its packings for every pack count up to max_pack_count, in
-// increasing count right after its paper packing, and a candidate identical to an earlier one is left out.
+// Harmony's candidates (a kind with packs) in the paper's enumeration order. Identical packs from different methods
+// are kept (Minimum). With Wide, each balanced method contributes its packings for every pack count up to
+// max_pack_count, in increasing count right after its paper packing, and a candidate identical to an earlier one is
+// left out. Throws ScheduleError for a kind without packs (use core::enumerate_plans).
 std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpace& space);
 
-Plan candidate_plan(const Candidate& c, const SearchSpace& space);
+// The plan of a candidate (c.plan).
+inline const Plan& candidate_plan(const Candidate& c, const SearchSpace& /*space*/) { return c.plan; }
 
 struct RankedResult {
   std::size_t candidate = 0;  // index into the candidate list

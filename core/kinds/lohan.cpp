@@ -2,12 +2,13 @@
 // runs: one GPU streams every layer's fp16 parameters in from host memory or NVMe for the forward and again for
 // the backward, keeps each checkpointed layer input in pinned host memory and recomputes the layer in the
 // backward, and runs each layer's CPU Adam (state on the same tier) as soon as its gradient lands.
-#include <string>
-
-#include "core/base/error.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/swapping.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
 
 namespace harmony::core {
+namespace {
 
 // Per iteration, on every GPU g (each GPU's share D/N is one microbatch: the artifact does not accumulate):
 //   forward, l ascending: X (data, l = 0) | WB(l) (from NVMe first under offload: nvme) | FWD(l) |
@@ -23,16 +24,14 @@ namespace harmony::core {
 // Swap volume per iteration (all GPUs, GW = W + B): WB = 2 N GW; dWB = N GW; sX out = sX in =
 // N sum_{l=1}^{R-2} X_l; X = 2 N X_0; NVMe (offload: nvme) reads 2 N GW + state + masters, writes state + masters
 // (+ GW when the GPU weights are 2-byte).
-Program lower_lohan(const BaselinePlan& plan, const Model& model) {
-  if (plan.kind != PlanKind::LoHan)
-    throw ScheduleError(std::string("lower_lohan called with a ") + plan_kind_name(plan.kind) + " plan");
+Program lower_lohan(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
   const SwapDecision sd = decide_swaps(plan, model).front();
   detail::ProgramBuilder b(model, plan);
   const int R = model.num_layers();
   const int N = plan.gpus;
-  const int u = plan.ubatch;  // == D/N (validate_baseline_plan)
+  const int u = plan.u_bwd;  // == D/N (validate_baseline_plan)
   const bool sa = sd.activations;
-  const bool nvme = plan.offload == OffloadTier::Nvme;
+  const bool nvme = plan.knobs.offload == OffloadTier::Nvme;
   constexpr int i = 0;  // the one microbatch
 
   auto fetch = [&](int g, int l, int task, int k) {
@@ -70,4 +69,33 @@ Program lower_lohan(const BaselinePlan& plan, const Model& model) {
   return prog;
 }
 
+const PlanKindSpec kSpec{
+    .name = "lohan",
+    .description =
+        "LoHan (Fuyou): each layer's parameters streamed from host or NVMe, checkpoints on the host, each layer's CPU "
+        "Adam overlapped with the rest of the backward",
+    .aliases = {},
+    .listing_order = 70,
+    .role = KindRole::Baseline,
+    .color = "#bcbd22",
+    .dialect = ExecutorDialect::Swapping,
+    .packs = false,
+    .data_parallel = true,
+    .even_split = true,
+    .stage_per_gpu = false,
+    .one_microbatch = true,
+    .unequal_microbatches = false,
+    .offload_tiers = true,
+    .knobs = {Knob::Activations, Knob::Offload},
+    .validate = validate_swapping_plan,
+    .lower = lower_lohan,
+    .enumerate = enumerate_swapping_plans,
+    .describe = describe_swapping_plan,
+};
+
+const SwapRules kRules{.stream_weights = true, .swap_activations = true};
+
+HARMONY_REGISTER_SWAPPING_KIND(kSpec, kRules);
+
+}  // namespace
 }  // namespace harmony::core

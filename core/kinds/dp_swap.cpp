@@ -2,12 +2,13 @@
 // memory). Each of the N GPUs runs the whole model on D/N samples, microbatch by microbatch, swapping
 // each layer's weights in on demand and activations out and in as memory requires; gradients
 // accumulate, are all-reduced across the replicas, and the optimizer runs on the CPU.
-#include <string>
-
-#include "core/base/error.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/swapping.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
 
 namespace harmony::core {
+namespace {
 
 // Per iteration, on every GPU g (m = D/(N u) microbatches, layers l = 0..R-1), with the decisions of
 // decide_swaps (weights streamed: sw; stash swapped: sa):
@@ -21,21 +22,19 @@ namespace harmony::core {
 //       sw off, last microbatch: [ARD(l) if N > 1] dWB(l) out once (accumulated on the GPU).
 //   Update(l) on every GPU's CPU after its last dWB(l) (each replica's process updates its own copy,
 //   as Harmony-DP does), and, sw off, one DEL freeing the resident weights.
-// Activations follow plan.activation_policy (docs/baselines.md): FWD is priced at the profile's fwd time and
+// Activations follow plan.knobs.activation_policy (docs/baselines.md): FWD is priced at the profile's fwd time and
 // BWD at bwd - fwd; checkpoint adds a REC (fwd time) before each BWD, so a layer costs fwd + bwd per
 // microbatch like Harmony's; keep holds the saved activations from FWD to BWD instead (swapped out and in
 // beside the stash with sa, except the criterion's), a layer then costing the profile's bwd.
 // Swap volume per iteration (all GPUs, GW = W + B summed over layers, X_l = input bytes at u):
 //   WB = N m 2 GW (sw) or N GW; dWB = N m GW (sw) or N GW; ARD = the same as dWB when N > 1;
 //   sX out = sX in = N m sum_{l=1}^{R-2} X_l (sa); X in = N m X_0 (2 N m X_0 with sa).
-Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
-  if (plan.kind != PlanKind::DpSwap)
-    throw ScheduleError(std::string("lower_dp_swap called with a ") + plan_kind_name(plan.kind) + " plan");
+Program lower_dp_swap(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
   const SwapDecision sd = decide_swaps(plan, model).front();
   detail::ProgramBuilder b(model, plan);
   const int R = model.num_layers();
   const int N = plan.gpus;
-  const int u = plan.ubatch;
+  const int u = plan.u_bwd;
   const int m = plan.minibatch / N / u;
   const bool sw = sd.weights;
   const bool sa = sd.activations;
@@ -96,4 +95,32 @@ Program lower_dp_swap(const BaselinePlan& plan, const Model& model) {
   return b.finish();
 }
 
+const PlanKindSpec kSpec{
+    .name = "dp-swap",
+    .description =
+        "data parallelism over virtualized GPU memory: weights swapped in per layer, activations as memory requires",
+    .aliases = {},
+    .listing_order = 30,
+    .role = KindRole::Baseline,
+    .color = "#d62728",
+    .dialect = ExecutorDialect::Swapping,
+    .packs = false,
+    .data_parallel = true,
+    .even_split = true,
+    .stage_per_gpu = false,
+    .one_microbatch = false,
+    .unequal_microbatches = false,
+    .offload_tiers = false,
+    .knobs = {Knob::Activations},
+    .validate = validate_swapping_plan,
+    .lower = lower_dp_swap,
+    .enumerate = enumerate_swapping_plans,
+    .describe = describe_swapping_plan,
+};
+
+const SwapRules kRules{};
+
+HARMONY_REGISTER_SWAPPING_KIND(kSpec, kRules);
+
+}  // namespace
 }  // namespace harmony::core

@@ -1,5 +1,5 @@
-// The baselines' common ground: plan validation, the swap decisions, the lowering table lower_baseline reads, the
-// op-building kit the four lowerings share (detail::ProgramBuilder) and GPipe's balanced stage split.
+// The swapping kinds' op-building kit (program_builder.hpp): detail::ProgramBuilder, saved activations and GPipe's
+// balanced stage split.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -9,205 +9,16 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
-#include "core/plan/plan_rules.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/program/program_builder.hpp"
 #include "core/program/program_graph.hpp"
 
 namespace harmony::core {
-
-void require_baseline(PlanKind k, const char* what) {
-  if (!is_baseline(k))
-    throw ScheduleError(
-        fmt::format("{}: {} is a Harmony mode, not a baseline; Harmony plans are {}", what, plan_kind_name(k),
-                    "built by compose_task_graph + lower_harmony and searched by enumerate_candidates"));
-}
-
-const char* activation_policy_name(ActivationPolicy p) { return p == ActivationPolicy::Keep ? "keep" : "checkpoint"; }
-
-const std::vector<std::string>& activation_policy_names() {
-  static const std::vector<std::string> names = {"checkpoint", "keep"};
-  return names;
-}
-
-std::optional<ActivationPolicy> parse_activation_policy(const std::string& name) {
-  if (name == "checkpoint") return ActivationPolicy::Checkpoint;
-  if (name == "keep") return ActivationPolicy::Keep;
-  return std::nullopt;
-}
-
-const char* offload_tier_name(OffloadTier t) { return t == OffloadTier::Nvme ? "nvme" : "cpu"; }
-
-const std::vector<std::string>& offload_tier_names() {
-  static const std::vector<std::string> names = {"cpu", "nvme"};
-  return names;
-}
-
-std::optional<OffloadTier> parse_offload_tier(const std::string& name) {
-  if (name == "cpu") return OffloadTier::Cpu;
-  if (name == "nvme") return OffloadTier::Nvme;
-  return std::nullopt;
-}
 
 Bytes saved_activation_bytes(const Model& model, int u, int l) {
   const Bytes w = model.weight_bytes(l, l);
   const Bytes x = model.input_bytes(u, l);
   const Bytes own = w + model.buffer_bytes(l, l) + w + x + model.input_bytes(u, l + 1) + (l != 0 ? x : 0);
   return std::max<Bytes>(0, model.peak_bytes(Phase::Bwd, u, l) - own);
-}
-
-// ---- validation and swap decisions ----
-
-namespace {
-
-// Microbatches per GPU: D/N for data-parallel kinds, D for pp-swap (every stage sees every sample).
-int microbatches(const BaselinePlan& p) {
-  return (is_data_parallel(p.kind) ? p.minibatch / p.gpus : p.minibatch) / p.ubatch;
-}
-
-struct SpanMemory {
-  Bytes resident = 0;      // sum of W+B and of W (gradient accumulators)
-  Bytes streamed = 0;      // two layers' W+B and gradients in flight
-  Bytes stash = 0;         // what every layer of the span keeps for its backward (its input; under keep also its
-                           // saved activations) for the microbatches alive at once
-  Bytes window = 0;        // four largest stashes (stash out/in, boundary in/out) in flight
-  Bytes x_window = 0;      // four largest layer inputs in flight (l2l's boundaries through the host)
-  Bytes boundary = 0;      // l2l: all microbatches' activations at the current layer's two boundaries
-  Bytes saved_window = 0;  // l2l under keep: four layers' saved activations in flight to and from the host
-  Bytes peak = 0;          // the largest per-layer profiled peak (forward or backward)
-};
-
-SpanMemory span_memory(const Model& m, LayerRange span, int u, int alive, bool keep) {
-  SpanMemory s;
-  Bytes gw_max = 0;
-  Bytes w_max = 0;
-  Bytes x_max = m.input_bytes(u, span.last + 1);
-  Bytes kept_max = 0;
-  Bytes saved_max = 0;
-  for (int l = span.first; l <= span.last; ++l) {
-    const Bytes w = m.weight_bytes(l, l);
-    const Bytes gw = w + m.buffer_bytes(l, l);
-    const Bytes saved = keep ? saved_activation_bytes(m, u, l) : 0;
-    s.resident += gw + w;
-    gw_max = std::max(gw_max, gw);
-    w_max = std::max(w_max, w);
-    x_max = std::max(x_max, m.input_bytes(u, l));
-    kept_max = std::max(kept_max, m.input_bytes(u, l) + saved);
-    saved_max = std::max(saved_max, saved);
-    s.stash += static_cast<Bytes>(alive) * (m.input_bytes(u, l) + saved);
-    s.peak = std::max({s.peak, m.peak_bytes(Phase::Fwd, u, l), m.peak_bytes(Phase::Bwd, u, l)});
-  }
-  s.streamed = 2 * gw_max + 2 * w_max;
-  s.window = 4 * std::max(x_max, kept_max);
-  s.x_window = 4 * x_max;
-  s.boundary = 2 * static_cast<Bytes>(alive) * x_max + 2 * x_max;
-  s.saved_window = 4 * saved_max;
-  return s;
-}
-
-SwapDecision decide(const BaselinePlan& p, const Model& m, LayerRange span) {
-  const int mb = microbatches(p);
-  const Bytes cap = p.gpu_capacity_bytes;
-  const bool keep = p.activation_policy == ActivationPolicy::Keep;
-  SwapDecision d;
-  if (p.kind == PlanKind::L2L) {
-    // the stash (inputs and, under keep, saved activations) always lives on the host
-    const SpanMemory s = span_memory(m, span, p.ubatch, mb, keep);
-    d.weights = true;
-    d.activations = p.activations == SwapChoice::Swap ||
-                    (p.activations == SwapChoice::Auto && s.streamed + s.boundary + s.saved_window + s.peak > cap);
-    d.estimate_bytes = s.streamed + (d.activations ? s.x_window : s.boundary) + s.saved_window + s.peak;
-  } else {
-    const SpanMemory s = span_memory(m, span, p.ubatch, p.kind == PlanKind::PpSwap ? mb : 1, keep);
-    const Bytes window = std::min(s.window, s.stash);  // swapping never holds more than keeping
-    if (p.kind == PlanKind::ZeroInfinity || p.kind == PlanKind::LoHan) {
-      d.weights = true;
-    } else {
-      d.weights =
-          p.weights == SwapChoice::Swap || (p.weights == SwapChoice::Auto && s.resident + window + s.peak > cap);
-    }
-    const Bytes w = d.weights ? s.streamed : s.resident;
-    // lohan's checkpoints always go to pinned host memory (the artifact's save_on_cpu around every checkpoint)
-    d.activations = p.kind == PlanKind::LoHan || p.activations == SwapChoice::Swap ||
-                    (p.activations == SwapChoice::Auto && w + s.stash + s.peak > cap);
-    d.estimate_bytes = w + (d.activations ? window : s.stash) + s.peak;
-  }
-  d.fits = d.estimate_bytes <= cap;
-  return d;
-}
-
-void check_stages(const std::vector<LayerRange>& stages, int gpus, int num_layers) {
-  if (static_cast<int>(stages.size()) != gpus)
-    throw ScheduleError(
-        fmt::format("pp-swap has {} stages for {} GPUs: give one contiguous layer range per GPU", stages.size(), gpus));
-  int next = 0;
-  for (std::size_t s = 0; s < stages.size(); ++s) {
-    if (stages[s].first != next || stages[s].last < stages[s].first)
-      throw ScheduleError(
-          fmt::format("pp-swap stage {} [{}, {}] does not start at layer {} or is empty: stages must "
-                      "be contiguous, ascending and non-empty",
-                      s, stages[s].first, stages[s].last, next));
-    next = stages[s].last + 1;
-  }
-  if (next != num_layers)
-    throw ScheduleError(
-        fmt::format("pp-swap stages cover layers 0..{} but must cover 0..{}", next - 1, num_layers - 1));
-}
-
-}  // namespace
-
-void validate_baseline_plan(const BaselinePlan& p, const Model& m) {
-  require_baseline(p.kind, "validate_baseline_plan");
-  const char* name = plan_kind_name(p.kind);
-  if (const auto problem = size_problem(p.gpus, p.minibatch)) throw ScheduleError(problem->message);
-  if (const auto problem = positive_microbatch_problem(p.ubatch)) throw ScheduleError(problem->message);
-  for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
-    if (!m.ubatch_in_range(ph, p.ubatch)) (void)m.time_s(ph, p.ubatch, 0);  // throws the range error
-  }
-  if (!(p.zero3.module_latency_s >= 0) || !std::isfinite(p.zero3.module_latency_s) || !(p.zero3.bucket_elements >= 1) ||
-      !std::isfinite(p.zero3.bucket_elements))
-    throw ScheduleError(fmt::format("{}: zero3 module latency ({} s) must be >= 0 and bucket ({} elements) >= 1", name,
-                                    p.zero3.module_latency_s, p.zero3.bucket_elements));
-  // The kind's rules on N, D and u (core/plan/plan_rules): N divides D and u divides D/N (lohan: u = D/N) for the
-  // data-parallel kinds; pp-swap: a layer per stage, u divides D.
-  const int R = m.num_layers();
-  if (const auto problem = stage_problem(p.kind, p.gpus, R)) throw ScheduleError(problem->message);
-  if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.ubatch))
-    throw ScheduleError(problem->message);
-  if (!is_data_parallel(p.kind) && !p.stages.empty()) check_stages(p.stages, p.gpus, R);
-}
-
-std::vector<SwapDecision> decide_swaps(const BaselinePlan& plan, const Model& model) {
-  validate_baseline_plan(plan, model);
-  std::vector<SwapDecision> out;
-  if (plan.kind == PlanKind::PpSwap) {
-    const auto stages = plan.stages.empty() ? balanced_stages(model, plan.ubatch, plan.gpus) : plan.stages;
-    for (const LayerRange& s : stages) out.push_back(decide(plan, model, s));
-  } else {
-    out.push_back(decide(plan, model, LayerRange{0, model.num_layers() - 1}));
-  }
-  return out;
-}
-
-const std::vector<BaselineLowering>& baseline_lowerings() {
-  static const std::vector<BaselineLowering> table = {
-      {PlanKind::DpSwap, lower_dp_swap},
-      {PlanKind::PpSwap, lower_pp_swap},  // balanced_stages when the plan gives none
-      {PlanKind::ZeroInfinity, lower_zero_infinity},
-      {PlanKind::L2L, lower_l2l},
-      {PlanKind::LoHan, lower_lohan},
-  };
-  return table;
-}
-
-Program lower_baseline(const BaselinePlan& plan, const Model& model) {
-  validate_baseline_plan(plan, model);  // a Harmony kind is a ScheduleError here
-  const auto& table = baseline_lowerings();
-  const auto row =
-      std::find_if(table.begin(), table.end(), [&](const BaselineLowering& l) { return l.kind == plan.kind; });
-  if (row == table.end())
-    throw InternalError(
-        fmt::format("lower_baseline: baseline kind {} has no row in baseline_lowerings()", plan_kind_name(plan.kind)));
-  return row->lower(plan, model);
 }
 
 // ---- GPipe's balanced split ----
@@ -254,17 +65,14 @@ std::vector<LayerRange> balanced_stages(const Model& model, int u, int stages) {
 
 namespace detail {
 
-ProgramBuilder::ProgramBuilder(const Model& model, const BaselinePlan& plan)
-    : model_(model), policy_(plan.activation_policy) {
+ProgramBuilder::ProgramBuilder(const Model& model, const Plan& plan)
+    : model_(model), policy_(plan.knobs.activation_policy) {
   const int R = model.num_layers();
   const int N = plan.gpus;
   Plan& gp = prog_.graph.plan;
-  gp.kind = plan.kind;
-  gp.gpus = N;
-  gp.minibatch = plan.minibatch;
-  gp.u_fwd = plan.ubatch;
-  gp.u_bwd = plan.ubatch;
-  if (plan.kind == PlanKind::PpSwap && !plan.stages.empty()) {
+  gp = plan;
+  gp.u_fwd = plan.u_bwd;
+  if (plan.kind->stage_per_gpu && !plan.stages.empty()) {
     gp.packs_bwd = plan.stages;
   } else {
     gp.packs_bwd = {LayerRange{0, R - 1}};
@@ -272,8 +80,8 @@ ProgramBuilder::ProgramBuilder(const Model& model, const BaselinePlan& plan)
   gp.packs_fwd.assign(gp.packs_bwd.begin(), gp.packs_bwd.end() - 1);
   prog_.graph.num_layers = R;
   prog_.graph.rank_tasks.assign(static_cast<std::size_t>(N), {});
-  const int share = plan.kind == PlanKind::PpSwap ? plan.minibatch : plan.minibatch / N;
-  const auto lists = split_minibatch(share, plan.ubatch);
+  const int share = plan.kind->data_parallel ? plan.minibatch / N : plan.minibatch;
+  const auto lists = split_minibatch(share, plan.u_bwd);
   prog_.graph.ubatch_fwd.assign(static_cast<std::size_t>(N), lists);
   prog_.graph.ubatch_bwd.assign(static_cast<std::size_t>(N), lists);
   prog_.prefetch = false;

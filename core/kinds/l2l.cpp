@@ -2,12 +2,13 @@
 // Memory using a New Execution Algorithm"). One layer is resident at a time and runs every microbatch
 // before the next layer is loaded; activations are stashed on the host, and the host-side eager
 // parameter server (EPS) reduces gradients and runs the optimizer while the GPUs move on.
-#include <string>
-
-#include "core/base/error.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/swapping.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
 
 namespace harmony::core {
+namespace {
 
 // Per iteration, on every GPU g (data parallel over D/N samples, m = D/(N u) microbatches):
 //   forward, l ascending: WB(l) once | for each microbatch i: its input (l = 0: X data in; else the
@@ -22,20 +23,18 @@ namespace harmony::core {
 //     gradients (no GPU all-reduce) and updates layer l while the GPUs run layer l-1.
 // The weights of the current and the next layer are resident (prefetch); no DEL is needed (the last
 // compute of a layer frees it). sa = decide_swaps' activations: all microbatches' activations at the
-// current layer's boundaries do not fit beside the layer. Activations follow plan.activation_policy:
+// current layer's boundaries do not fit beside the layer. Activations follow plan.knobs.activation_policy:
 // checkpoint adds a REC (fwd time) before each BWD (bwd - fwd); keep swaps every layer's saved activations
 // out after its FWD and in before its BWD (sX of saved_activation_bytes; the stash lives on the host).
 // Swap volume per iteration (all GPUs; S = sum_{l=1}^{R-1} X_l, GW = W + B summed over layers):
 //   WB = 2 N GW; dWB = N GW; X in = 2 N m X_0; sX out = N m S; sX in = N m S (2 N m S with sa);
 //   with sa also dX out = dY in = N m S.
-Program lower_l2l(const BaselinePlan& plan, const Model& model) {
-  if (plan.kind != PlanKind::L2L)
-    throw ScheduleError(std::string("lower_l2l called with a ") + plan_kind_name(plan.kind) + " plan");
+Program lower_l2l(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
   const SwapDecision sd = decide_swaps(plan, model).front();
   detail::ProgramBuilder b(model, plan);
   const int R = model.num_layers();
   const int N = plan.gpus;
-  const int u = plan.ubatch;
+  const int u = plan.u_bwd;
   const int m = plan.minibatch / N / u;
   const bool sa = sd.activations;
   const auto M = static_cast<std::size_t>(m);
@@ -159,4 +158,32 @@ Program lower_l2l(const BaselinePlan& plan, const Model& model) {
   return b.finish();
 }
 
+const PlanKindSpec kSpec{
+    .name = "l2l",
+    .description =
+        "layer-to-layer: one layer resident at a time over all microbatches, activations stashed on the host",
+    .aliases = {},
+    .listing_order = 60,
+    .role = KindRole::Baseline,
+    .color = "#7f7f7f",
+    .dialect = ExecutorDialect::Swapping,
+    .packs = false,
+    .data_parallel = true,
+    .even_split = true,
+    .stage_per_gpu = false,
+    .one_microbatch = false,
+    .unequal_microbatches = false,
+    .offload_tiers = false,
+    .knobs = {Knob::Activations},
+    .validate = validate_swapping_plan,
+    .lower = lower_l2l,
+    .enumerate = enumerate_swapping_plans,
+    .describe = describe_swapping_plan,
+};
+
+const SwapRules kRules{.stash_on_host = true};
+
+HARMONY_REGISTER_SWAPPING_KIND(kSpec, kRules);
+
+}  // namespace
 }  // namespace harmony::core

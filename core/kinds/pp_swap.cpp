@@ -2,12 +2,13 @@
 // contiguous stages, all microbatch forwards then all backwards per minibatch, each stage swapping
 // like dp-swap where it does not fit (weights per layer per microbatch, stashed activations out and in).
 // Stage boundaries are P2P sends and receives paired as rendezvous.
-#include <string>
-
-#include "core/base/error.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/swapping.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
 
 namespace harmony::core {
+namespace {
 
 // Per iteration, on the GPU s of stage [a, b] (m = D/u microbatches, every stage sees all of them),
 // with stage s's decisions from decide_swaps (sw: stream weights; sa: swap the stash):
@@ -21,23 +22,22 @@ namespace harmony::core {
 //     summed on the host (host_sum on microbatches 1..m-1); sw off: dWB(l) out after the last microbatch | l = a, s >
 //     0: dX on P2POut
 //   Update(l) on stage s's CPU after its last dWB(l). No all-reduce: every stage owns its layers.
-// Activations follow plan.activation_policy (docs/baselines.md): checkpoint adds a REC (at fwd time) before
+// Activations follow plan.knobs.activation_policy (docs/baselines.md): checkpoint adds a REC (at fwd time) before
 // every BWD (at bwd - fwd); keep allocates the saved activations in the FWD and, sa, swaps them out and in
 // beside the stash (sX of saved_activation_bytes). Swap volume per iteration (GW_s = W + B of stage
 // s, S_s = sum of X_l over its layers but layer 0):
 //   WB = sum_s (2 m GW_s if sw_s else GW_s); dWB = sum_s (m GW_s if sw_s else GW_s);
 //   sX out = sX in = m sum_{s: sa_s} S_s; X in = m X_0 (2 m X_0 if stage 0 swaps);
 //   P2P: Y = dX = m sum_{s < N-1} X_{b_s + 1}.
-Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
-  if (plan.kind != PlanKind::PpSwap)
-    throw ScheduleError(std::string("lower_pp_swap called with a ") + plan_kind_name(plan.kind) + " plan");
-  BaselinePlan p = plan;
-  if (p.stages.empty()) p.stages = balanced_stages(model, p.ubatch, p.gpus);
+Program lower_pp_swap(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  validate_swapping_plan(plan, model);  // before balanced_stages: the kind's own message for N > R
+  Plan p = plan;
+  if (p.stages.empty()) p.stages = balanced_stages(model, p.u_bwd, p.gpus);
   const auto decisions = decide_swaps(p, model);
   detail::ProgramBuilder b(model, p);
   const int R = model.num_layers();
   const int N = p.gpus;
-  const int u = p.ubatch;
+  const int u = p.u_bwd;
   const int m = p.minibatch / u;
   const auto M = static_cast<std::size_t>(m);
   const auto NN = static_cast<std::size_t>(N);
@@ -180,4 +180,32 @@ Program lower_pp_swap(const BaselinePlan& plan, const Model& model) {
   return b.finish();
 }
 
+const PlanKindSpec kSpec{
+    .name = "pp-swap",
+    .description =
+        "GPipe-style pipeline over time-balanced contiguous stages, each swapping like dp-swap",
+    .aliases = {},
+    .listing_order = 40,
+    .role = KindRole::Baseline,
+    .color = "#9467bd",
+    .dialect = ExecutorDialect::Swapping,
+    .packs = false,
+    .data_parallel = false,
+    .even_split = false,
+    .stage_per_gpu = true,
+    .one_microbatch = false,
+    .unequal_microbatches = false,
+    .offload_tiers = false,
+    .knobs = {Knob::Activations},
+    .validate = validate_swapping_plan,
+    .lower = lower_pp_swap,
+    .enumerate = enumerate_swapping_plans,
+    .describe = describe_swapping_plan,
+};
+
+const SwapRules kRules{.all_microbatches_alive = true};
+
+HARMONY_REGISTER_SWAPPING_KIND(kSpec, kRules);
+
+}  // namespace
 }  // namespace harmony::core

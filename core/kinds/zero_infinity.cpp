@@ -5,14 +5,15 @@
 // the backward pass.
 #include <algorithm>
 #include <cmath>
-#include <string>
 
-#include "core/base/error.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/swapping.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
 
 namespace harmony::core {
-
 namespace {
+
 Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // ZeRO pads partitions to equal sizes
 
 // Parameter elements of layer l (the profile's count; W+B over 4 bytes when it has none).
@@ -21,8 +22,6 @@ double elements(const Model& m, int l) {
   return L.param_count > 0 ? static_cast<double>(L.param_count)
                            : static_cast<double>(m.weight_bytes(l, l) + m.buffer_bytes(l, l)) / 4.0;
 }
-
-}  // namespace
 
 // Per iteration, on every GPU g (m = D/(N u) microbatches), for every layer l with parameters:
 //   forward of microbatch i, l ascending: X (data, l = 0) | WB(l) of g's shard, ceil(W/N) + ceil(B/N),
@@ -36,26 +35,24 @@ double elements(const Model& m, int l) {
 //   Update(l) (CPU Adam) after the backward pass: every GPU's last dWB. The reference prices Update
 //   by whole layers, so layer l's update runs on the CPU of rank l mod N: the N processes share the
 //   same total optimizer work ZeRO spreads over them by shards.
-// Native-model extras (the reference ignores them): ZeRO-3's overheads (plan.zero3) put module_latency on
+// Native-model extras (the reference ignores them): ZeRO-3's overheads (plan.knobs.zero3) put module_latency on
 // every FWD and BWD of a layer with parameters and split each WB and AG into ceil(elements / bucket)
 // transfers; the host sums each rank's gradient shard over microbatches (host_sum on every dWB but the
 // first microbatch's). With offload: nvme the WB first reads g's shard from NVMe, and Update(l) reads the
 // layer's optimizer state and FP32 masters from NVMe and writes them back (plus the GPU-dtype parameters
 // when they are not FP32: the next fetch reads those).
 // Parameters and gradients are always streamed (the defining trait); activations follow decide_swaps
-// (ZeRO-Infinity's activation offload); plan.activation_policy decides between recomputing each layer
+// (ZeRO-Infinity's activation offload); plan.knobs.activation_policy decides between recomputing each layer
 // (checkpoint: REC before BWD, as DeepSpeed's activation checkpointing) and keeping its saved activations.
 // Buffers (B) are partitioned with the weights. Swap volume per iteration (all GPUs, GW = W + B):
 //   WB = 2 N m sum_l shard(GW_l) (= 2 m GW when N divides every layer's W and B); AG = 2 N m GW;
 //   RS = N m GW; dWB = N m sum_l shard(GW_l); sX and X as in dp-swap.
-Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
-  if (plan.kind != PlanKind::ZeroInfinity)
-    throw ScheduleError(std::string("lower_zero_infinity called with a ") + plan_kind_name(plan.kind) + " plan");
+Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
   const SwapDecision sd = decide_swaps(plan, model).front();
   detail::ProgramBuilder b(model, plan);
   const int R = model.num_layers();
   const int N = plan.gpus;
-  const int u = plan.ubatch;
+  const int u = plan.u_bwd;
   const int m = plan.minibatch / N / u;
   const bool sa = sd.activations;
   // collective keys: (pass, layer, microbatch)
@@ -64,12 +61,12 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
            static_cast<std::uint32_t>(i);
   };
   std::vector<int> last_out(static_cast<std::size_t>(N), -1);
-  const bool nvme = plan.offload == OffloadTier::Nvme;
+  const bool nvme = plan.knobs.offload == OffloadTier::Nvme;
   auto buckets = [&](int l) {
     const double e = elements(model, l);
-    return std::max(1, static_cast<int>(std::ceil(e / std::max(1.0, plan.zero3.bucket_elements))));
+    return std::max(1, static_cast<int>(std::ceil(e / std::max(1.0, plan.knobs.zero3.bucket_elements))));
   };
-  auto charge_module = [&](int op) { b.set_overhead(op, plan.zero3.module_latency_s); };
+  auto charge_module = [&](int op) { b.set_overhead(op, plan.knobs.zero3.module_latency_s); };
 
   // Gathers layer l's parameters for step k of GPU g; returns the ops the compute waits for.
   auto gather = [&](int g, int l, int i, int task, int pass, int k) {
@@ -150,4 +147,32 @@ Program lower_zero_infinity(const BaselinePlan& plan, const Model& model) {
   return prog;
 }
 
+const PlanKindSpec kSpec{
+    .name = "zero-infinity",
+    .description =
+        "ZeRO stage 3: parameters, gradients and optimizer state partitioned and offloaded to host (or NVMe)",
+    .aliases = {},
+    .listing_order = 50,
+    .role = KindRole::Baseline,
+    .color = "#8c564b",
+    .dialect = ExecutorDialect::Swapping,
+    .packs = false,
+    .data_parallel = true,
+    .even_split = true,
+    .stage_per_gpu = false,
+    .one_microbatch = false,
+    .unequal_microbatches = false,
+    .offload_tiers = true,
+    .knobs = {Knob::Activations, Knob::Offload, Knob::Zero3},
+    .validate = validate_swapping_plan,
+    .lower = lower_zero_infinity,
+    .enumerate = enumerate_swapping_plans,
+    .describe = describe_swapping_plan,
+};
+
+const SwapRules kRules{.stream_weights = true};
+
+HARMONY_REGISTER_SWAPPING_KIND(kSpec, kRules);
+
+}  // namespace
 }  // namespace harmony::core

@@ -1,134 +1,26 @@
-// The swapping baselines Harmony is compared against (dp-swap, pp-swap, zero-infinity, l2l, lohan): the
-// BaselinePlan a baseline is lowered from, each baseline's swap decisions and the lowering to a Program
-// (one file per baseline). Their search is core/search/baseline_search.hpp; docs/baselines.md
-// describes every baseline and its swap volume.
+// The op-building kit the swapping kinds' lowerings share (core/kinds/dp_swap.cpp, pp_swap.cpp, zero_infinity.cpp,
+// l2l.cpp, lohan.cpp): detail::ProgramBuilder, the keep policy's saved activations and GPipe's balanced stage split.
+// What each kind swaps is decided in core/kinds/swapping.hpp; docs/baselines.md describes every baseline.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "core/model/model.hpp"
 #include "core/plan/plan.hpp"
-#include "core/plan/plan_kind.hpp"
 #include "core/program/program.hpp"
 
 namespace harmony::core {
-
-// Throws ScheduleError naming `what` unless k is a baseline kind.
-void require_baseline(PlanKind k, const char* what);
-
-// A forced or automatic swap decision. Auto decides from the profile and gpu_capacity_bytes.
-enum class SwapChoice { Auto, Keep, Swap };
-
-// What a baseline does with the tensors its backward needs (docs/baselines.md "Activation policies").
-// Checkpoint: only each layer's input is kept (or swapped); the backward recomputes the layer's forward
-// (a REC op, priced at the fwd time like Harmony's) before the BWD. Keep: the forward also keeps the
-// layer's saved activations (saved_activation_bytes) on the GPU, or swaps them out and in with the
-// stash, and the backward does not recompute. Harmony's plans always recompute (checkpoint).
-enum class ActivationPolicy { Checkpoint, Keep };
-const char* activation_policy_name(ActivationPolicy p);  // "checkpoint", "keep"
-std::optional<ActivationPolicy> parse_activation_policy(const std::string& name);
-const std::vector<std::string>& activation_policy_names();  // {"checkpoint", "keep"}
 
 // The bytes a keep-policy forward holds for layer l's backward at microbatch u: the layer's profiled
 // backward peak less its weights, weight gradient, input, output (= dY) and input gradient — the part
 // of the backward's memory the ledger otherwise charges as the BWD's transient workspace. The profile
 // does not separate the saved tensors from the backward's own temporaries, so this is an upper bound.
 Bytes saved_activation_bytes(const Model& model, int u, int layer);
-
-// Where zero-infinity keeps parameters and optimizer state (DeepSpeed's offload_param / offload_optimizer
-// device): host memory (cpu, the default) or the machine's NVMe tier (topology.nvme), read into pinned host
-// buffers before each parameter fetch and each optimizer step and written back after the step.
-enum class OffloadTier { Cpu, Nvme };
-const char* offload_tier_name(OffloadTier t);  // "cpu", "nvme"
-std::optional<OffloadTier> parse_offload_tier(const std::string& name);
-const std::vector<std::string>& offload_tier_names();  // {"cpu", "nvme"}
-
-// ZeRO-3's implementation overheads the zero-infinity lowering prices (native cost model only;
-// docs/baselines.md "ZeRO-3 overheads").
-struct Zero3Overheads {
-  // ASSUMPTION (not measured here): the fixed host-side cost of one module's (layer's) pre-forward or
-  // pre-backward hook in DeepSpeed stage 3 (fetch bookkeeping, all-gather launch, stream waits, re-partition
-  // after use), paid on the compute stream by every FWD and BWD of a layer with parameters.
-  static constexpr double kDefaultModuleLatencyS = 200e-6;
-  // DeepSpeed's stage3_prefetch_bucket_size default, in parameter elements (deepspeed/runtime/zero/config.py:
-  // prefetch_bucket_size = 5e7): a layer's parameters are fetched in buckets of at most this many elements,
-  // each bucket one transfer paying the transfer latency (and the NVMe latency under offload: nvme).
-  static constexpr double kDefaultBucketElements = 5e7;
-  double module_latency_s = kDefaultModuleLatencyS;
-  double bucket_elements = kDefaultBucketElements;
-};
-
-struct BaselinePlan {
-  PlanKind kind = PlanKind::DpSwap;
-  int gpus = 1;       // N
-  int minibatch = 1;  // D, samples per iteration (global)
-  int ubatch = 1;     // u, forward and backward microbatch size
-  // pp-swap: one contiguous layer range per GPU, ascending, covering every layer. Empty: lower_baseline
-  // uses balanced_stages(model, ubatch, gpus). Ignored by the other kinds.
-  std::vector<LayerRange> stages;
-  Bytes gpu_capacity_bytes = 10 * kGiB;  // what the swap decisions fit against
-  // dp-swap, pp-swap: stream every layer's W+B (and gradients) per microbatch (zero-infinity and l2l
-  // always stream weights; the choice is ignored there).
-  SwapChoice weights = SwapChoice::Auto;
-  // dp-swap, pp-swap, zero-infinity: swap stashed layer inputs out in forward and in for backward.
-  // l2l (its stash always lives on the host): send the activations and gradients at the current
-  // layer's boundary through the host instead of keeping all microbatches' on the GPU.
-  SwapChoice activations = SwapChoice::Auto;
-  // Recompute in the backward (the default, as DeepSpeed, GPipe and L2L run) or keep every saved activation.
-  ActivationPolicy activation_policy = ActivationPolicy::Checkpoint;
-  // The offload tier (zero-infinity and lohan; ignored by the other kinds) and ZeRO-3's overheads
-  // (zero-infinity only).
-  OffloadTier offload = OffloadTier::Cpu;
-  Zero3Overheads zero3;
-};
-
-// What one GPU (pp-swap: one stage) swaps, and the memory estimate the decision was made with.
-struct SwapDecision {
-  bool weights = false;      // W+B swapped in per layer per microbatch (gradients out per microbatch)
-  bool activations = false;  // see BaselinePlan::activations
-  Bytes estimate_bytes = 0;  // per-GPU memory estimate under this decision
-  bool fits = false;         // estimate_bytes <= gpu_capacity_bytes
-};
-
-// The decision of every GPU (pp-swap: one per stage, in stage order; others: one, shared by all GPUs).
-// Auto policy (docs/baselines.md): keep the weights unless W+B + gradients + the layer peak + a
-// double-buffered activation window exceed capacity; then keep the stash unless it does not fit beside
-// what the weights need. Throws ScheduleError for a plan validate_baseline_plan rejects.
-std::vector<SwapDecision> decide_swaps(const BaselinePlan& plan, const Model& model);
-
-// Throws ScheduleError unless: the kind is a baseline, N, D, u are positive, u is in the profiled
-// forward and backward range, (data-parallel kinds) N divides D and u divides D/N (lohan: u = D/N), (pp-swap) N <= R,
-// u divides D and the stages (if given) are N contiguous ascending ranges covering 0..R-1.
-void validate_baseline_plan(const BaselinePlan& plan, const Model& model);
-
-// Lowers a baseline plan to a Program priceable by the reference cost model: all N GPUs lowered,
-// bandwidth_sharers = N, pp_rules = prefetch = false, graph with the plan's kind/gpus/minibatch/u,
-// num_layers and N empty rank_tasks (baselines have no Harmony tasks). Throws ScheduleError for an
-// invalid plan or a Harmony kind (use lower_harmony for those).
-Program lower_baseline(const BaselinePlan& plan, const Model& model);
-
-// The lowering of each baseline kind: one row per kind, which lower_baseline looks up (after
-// validate_baseline_plan). core/plan/plan_kind.cpp's row names and describes a kind; this is the row
-// core/program adds. Every baseline kind of plan_kinds() has exactly one row.
-using BaselineLowerFn = Program (*)(const BaselinePlan& plan, const Model& model);
-struct BaselineLowering {
-  PlanKind kind;
-  BaselineLowerFn lower;
-};
-const std::vector<BaselineLowering>& baseline_lowerings();
-
-// The per-kind lowerings of the table (one file each). They assume a validated plan.
-Program lower_dp_swap(const BaselinePlan& plan, const Model& model);
-Program lower_pp_swap(const BaselinePlan& plan, const Model& model);
-Program lower_zero_infinity(const BaselinePlan& plan, const Model& model);
-Program lower_l2l(const BaselinePlan& plan, const Model& model);
-Program lower_lohan(const BaselinePlan& plan, const Model& model);
 
 // GPipe's time-balanced contiguous split of the R layers into `stages` ranges, minimizing the largest
 // stage's compute time at u (per layer: the profile's bwd time, which includes a forward). Ties go to
@@ -144,7 +36,9 @@ namespace detail {
 // transfers registered to step k-2 (bounded in-flight swap-outs).
 class ProgramBuilder {
  public:
-  ProgramBuilder(const Model& model, const BaselinePlan& plan);
+  // The Program's plan is `plan` with u_fwd = u_bwd (the one microbatch size), packs_bwd its stages (a kind with
+  // one stage per GPU) or one pack of every layer, packs_fwd all but the last.
+  ProgramBuilder(const Model& model, const Plan& plan);
 
   const Model& model() const { return model_; }
   int num_layers() const { return model_.num_layers(); }

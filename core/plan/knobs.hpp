@@ -1,0 +1,74 @@
+// A plan kind's knobs: the values besides sizes and packs that a plan of some kinds carries (Plan::knobs) and that a
+// kind lists as `plan.<knob>` keys (PlanKindSpec::knobs): the activation policy, the offload tier, ZeRO-3's
+// overheads, forced swap choices and the capacity the swap decisions fit against. Their types, names and defaults.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/base/units.hpp"
+
+namespace harmony::core {
+
+// A forced or automatic swap decision. Auto decides from the profile and KindKnobs::gpu_capacity_bytes.
+enum class SwapChoice { Auto, Keep, Swap };
+
+// What a plan does with the tensors its backward needs (docs/baselines.md "Activation policies").
+// Checkpoint: only each layer's input is kept (or swapped); the backward recomputes the layer's forward
+// (a REC op, priced at the fwd time like Harmony's) before the BWD. Keep: the forward also keeps the
+// layer's saved activations (saved_activation_bytes) on the GPU, or swaps them out and in with the
+// stash, and the backward does not recompute. Harmony's plans always recompute (checkpoint).
+enum class ActivationPolicy { Checkpoint, Keep };
+const char* activation_policy_name(ActivationPolicy p);  // "checkpoint", "keep"
+std::optional<ActivationPolicy> parse_activation_policy(const std::string& name);
+const std::vector<std::string>& activation_policy_names();  // {"checkpoint", "keep"}
+
+// Where a kind with offload tiers keeps parameters and optimizer state (DeepSpeed's offload_param /
+// offload_optimizer device): host memory (cpu, the default) or the machine's NVMe tier (topology.nvme), read into
+// pinned host buffers before each parameter fetch and each optimizer step and written back after the step.
+enum class OffloadTier { Cpu, Nvme };
+const char* offload_tier_name(OffloadTier t);  // "cpu", "nvme"
+std::optional<OffloadTier> parse_offload_tier(const std::string& name);
+const std::vector<std::string>& offload_tier_names();  // {"cpu", "nvme"}
+
+// ZeRO-3's implementation overheads the zero-infinity lowering prices (native cost model only;
+// docs/baselines.md "ZeRO-3 overheads").
+struct Zero3Overheads {
+  // ASSUMPTION (not measured here): the fixed host-side cost of one module's (layer's) pre-forward or
+  // pre-backward hook in DeepSpeed stage 3 (fetch bookkeeping, all-gather launch, stream waits, re-partition
+  // after use), paid on the compute stream by every FWD and BWD of a layer with parameters.
+  static constexpr double kDefaultModuleLatencyS = 200e-6;
+  // DeepSpeed's stage3_prefetch_bucket_size default, in parameter elements (deepspeed/runtime/zero/config.py:
+  // prefetch_bucket_size = 5e7): a layer's parameters are fetched in buckets of at most this many elements,
+  // each bucket one transfer paying the transfer latency (and the NVMe latency under offload: nvme).
+  static constexpr double kDefaultBucketElements = 5e7;
+  double module_latency_s = kDefaultModuleLatencyS;
+  double bucket_elements = kDefaultBucketElements;
+};
+
+// The knobs a config can set as `plan.<name>` keys, each for the kinds that list it (PlanKindSpec::knobs; the
+// config loader refuses the key for the others). A kind shaped like the existing ones picks from these; a new knob is
+// a value here, its field in KindKnobs, its parser in core/config/config_plan.cpp and its docs.
+enum class Knob {
+  Activations,  // plan.activations: checkpoint | keep (KindKnobs::activation_policy)
+  Offload,      // plan.offload: cpu | nvme (KindKnobs::offload)
+  Zero3,        // plan.zero3: {module_latency, bucket} (KindKnobs::zero3)
+};
+const char* knob_name(Knob k);  // "activations", "offload", "zero3"
+const std::vector<Knob>& all_knobs();
+
+// The knob values of one plan. Kinds read the ones they list and ignore the rest (Harmony's plans: none).
+struct KindKnobs {
+  ActivationPolicy activation_policy = ActivationPolicy::Checkpoint;
+  OffloadTier offload = OffloadTier::Cpu;  // kinds with offload tiers (PlanKindSpec::offload_tiers)
+  Zero3Overheads zero3;
+  // Swapping kinds: stream every layer's W+B (and gradients) per microbatch, and swap stashed layer inputs out in
+  // forward and in for backward (or, for a kind whose stash lives on the host, its boundary activations); Auto
+  // decides from the profile. Kinds that always stream or always swap ignore the choice.
+  SwapChoice weights = SwapChoice::Auto;
+  SwapChoice activations = SwapChoice::Auto;
+  Bytes gpu_capacity_bytes = 10 * kGiB;  // what the swapping kinds' swap decisions fit against
+};
+
+}  // namespace harmony::core
