@@ -174,8 +174,8 @@ struct Twin {
     INFO(what);
     CHECK(same_bits(g, c));
   }
-  Bf16Kernels& gk16() { return require_bf16(*gpu, "test"); }
-  Bf16Kernels& ck16() { return require_bf16(*cpu, "test"); }
+  Kernels<Bf16>& gk16() { return require_bf16(*gpu, "test"); }
+  Kernels<Bf16>& ck16() { return require_bf16(*cpu, "test"); }
 };
 
 std::string data_dir() {

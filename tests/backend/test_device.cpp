@@ -647,7 +647,7 @@ class NoBf16Device final : public Device {
     inner_->copy_d2d(s, dst, src, bytes, dst_device);
   }
   void fill_zero(Stream& s, void* dst, Bytes bytes) override { inner_->fill_zero(s, dst, bytes); }
-  Kernels& kernels() override { return inner_->kernels(); }
+  Kernels<float>& kernels() override { return inner_->kernels(); }
 
  private:
   std::unique_ptr<Device> inner_;
