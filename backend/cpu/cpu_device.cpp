@@ -23,6 +23,7 @@
 
 #include "backend/cpu/kernels.hpp"
 #include "backend/rank_sum.hpp"
+#include "backend/registry.hpp"
 
 namespace harmony::backend::cpu {
 namespace {
@@ -728,6 +729,27 @@ std::unique_ptr<Device> make_cpu_device(int index, const CpuDeviceOptions& optio
 
 std::unique_ptr<Communicator> make_cpu_communicator(const std::vector<Device*>& devices) {
   return std::make_unique<CpuCommunicator>(devices);
+}
+
+namespace {
+class CpuFactory final : public DeviceFactory {
+ public:
+  std::string unavailable_reason() const override { return {}; }
+  std::unique_ptr<Device> make_device(int index, const DeviceOptions& options) const override {
+    CpuDeviceOptions o;
+    if (options.capacity > 0) o.capacity = options.capacity;
+    if (options.poison != DeviceOptions::Poison::Default) o.poison = options.poison == DeviceOptions::Poison::On;
+    return make_cpu_device(index, o);
+  }
+  std::unique_ptr<Communicator> make_communicator(const std::vector<Device*>& devices) const override {
+    return make_cpu_communicator(devices);
+  }
+};
+}  // namespace
+
+const DeviceFactory& device_factory() {
+  static const CpuFactory factory;
+  return factory;
 }
 
 }  // namespace harmony::backend::cpu
