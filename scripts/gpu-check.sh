@@ -240,7 +240,7 @@ else
   step build 30 bash -c "$check_script" check "$build"
 fi || finish
 # bf16 counts as implemented when a short bf16 run trains on the CUDA device (a --dtype flag alone proves
-# nothing: the flag also serves the CPU device); the CUDA device's bf16 kernels (CudaBf16Kernels) make it train,
+# nothing: the flag also serves the CPU device); the CUDA device's bf16 kernels (CudaKernels<Bf16>) make it train,
 # and (b)-(d) then train in bf16. A device without bf16 kernels fails this step at setup ("bf16 not supported").
 bf16=false
 dtype=()
