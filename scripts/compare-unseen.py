@@ -72,7 +72,8 @@ def markdown(rows, preds):
             lines.append(f"| {g} | `{src}` | {n} | {100 * med_abs:.0f}% | {pct(med)} | {100 * worst:.0f}% |")
         if in_g:
             n, med_abs, med, worst = summary(in_g, lambda r: "all")["all"]
-            lines.append(f"| **{g}** | all | **{n}** | **{100 * med_abs:.0f}%** | {pct(med)} | {100 * worst:.0f}% |")
+            lines.append(f"| **{g}** | all | **{n}** | **{100 * med_abs:.0f}%** | {pct(med)} | "
+                         f"{100 * worst:.0f}% |")
     not_pred = sum(1 for r in preds.values() if r["status"] != "predicted")
     lines += ["", f"Not compared: {not_pred} of {len(preds)} points (pending, inexpressible or not fitting; "
               "`predictions.json` says why for each).", "",
