@@ -64,7 +64,8 @@ def pct(x):
 def markdown(rows, preds):
     lines = ["Speed error = predicted speed / measured speed − 1 (positive: harmony-sim predicts the run faster than "
              "it was). Medians over the points of each group; `n` counts predicted points only.", "",
-             "| group | source | n | median \\|error\\| | median error | worst \\|error\\| |", "|---|---|---|---|---|---|"]
+             "| group | source | n | median \\|error\\| | median error | worst \\|error\\| |",
+             "|---|---|---|---|---|---|"]
     groups = ("non-offloading", "offloading", "approximate kind", "not independent")
     for g in groups:
         in_g = [r for r in rows if r["group"] == g]
