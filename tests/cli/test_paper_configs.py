@@ -13,6 +13,7 @@ import tempfile
 
 BIN = sys.argv[1]
 ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
+POINTS = {"fig10.yaml": 2 * 3 * 6, "fig17.yaml": 4 * 4 * 6}   # models x minibatches or GPU counts x kinds
 KINDS = {"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"}
 failures = []
 passed = 0
@@ -55,6 +56,12 @@ with tempfile.TemporaryDirectory() as tmp:
         r = run("sweep", name, "--out", os.path.join(tmp, str(i)), "--shard", "999/1000", "--quiet",
                 "--format", "json")
         check(f"{name}: sweep file validates", r.returncode == 0, r.stdout + r.stderr)
+        meta_path = os.path.join(tmp, str(i), "sweep.json")
+        meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        want = POINTS.get(os.path.basename(path))
+        check(f"{name}: {want} points", meta.get("points") == want, meta.get("points"))
+        check(f"{name}: the paper's baseline types and Harmony", set(meta.get("kinds", [])) == KINDS - {"lohan"},
+              meta.get("kinds"))
 
 if failures:
     print(f"{len(failures)} failed, {passed} passed")
