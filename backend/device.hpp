@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "backend/adamw.hpp"
 #include "backend/bf16.hpp"
 #include "core/base/error.hpp"
 #include "core/base/units.hpp"
@@ -180,6 +181,24 @@ class Stream {
 // OutIn: [out, in] row-major, torch.nn.Linear (the LM head tied to wte, whose rows are tokens).
 enum class WeightLayout : std::uint8_t { InOut, OutIn };
 
+// The tensors of one AdamW update on a device (Kernels<S>::adamw): n elements each, device memory of the stream's
+// device, none overlapping another. The optimizer of the resident training state (backend/model/device_state.hpp).
+template <class S>
+struct AdamWTensors {
+  float* param = nullptr;  // fp32: the parameter itself; bf16: its fp32 master copy. Updated.
+  S* working = nullptr;    // bf16: the working copy the kernels read, set to param rounded to nearest even (required);
+                           // fp32: must be null (param is the working copy)
+  const S* grad = nullptr;
+  const S* grad2 = nullptr;  // optional: a tied twin's gradient; the update uses grad + grad2 (both widened to fp32
+                             // first in bf16, one fp32 add): GPT-2's wte with the head's lm_head gradient
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  S* twin = nullptr;  // optional: the tied twin's weights, set to the updated working weights (fp32: param)
+  // optional: one int32, set to 1 when a gradient element (of grad + grad2) is a NaN or an infinity, left as it was
+  // otherwise (so one flag can gather several updates; zero it first). The host path's NonFiniteGradient.
+  std::int32_t* nonfinite = nullptr;
+};
+
 // The kernels of the GPT-2 model over storage S: float (fp32) or Bf16 (mixed precision, docs/backend.md), enqueued
 // on a stream; all pointers are device memory of the stream's device. N = B*T rows. One interface for both element
 // types: the signatures differ only in S, except what stays fp32 in both (the per-token cross-entropy `losses`, and
@@ -235,7 +254,19 @@ class Kernels {
   // dlogits = (probs - onehot(target)) * scale; may alias probs.
   virtual void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
                                 int V) = 0;
+  // One AdamW step (`step` >= 1: the parameter's step count after the increment) over n elements, element for element
+  // adamw_update's float operations in its order (backend/adamw.hpp): the factors are computed on the host when the
+  // call is made (adamw_factors), so every device starts from the same bits. Throws BackendError at once for an
+  // invalid config or step, DeviceError for a missing required tensor.
+  virtual void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                     std::int64_t n) = 0;
 };
+
+// The checks every device's Kernels<S>::adamw makes before enqueueing (config, step, required tensors), naming
+// `device`.
+template <class S>
+void check_adamw_args(const std::string& device, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                      std::int64_t n);
 
 // One accelerator (or its CPU stand-in). Allocation is synchronous and thread-safe; copies and kernels are
 // enqueued on a stream of this device. Device pointers passed to copies must lie inside live allocations

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/adamw_parallel.hpp"
 #include "backend/cpu/kernels.hpp"
 #include "backend/rank_sum.hpp"
 #include "backend/registry.hpp"
@@ -130,6 +131,8 @@ class CpuKernels final : public Kernels<S> {
                         int V) override;
   void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
                         int V) override;
+  void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+             std::int64_t n) override;
 
  private:
   CpuDevice& dev_;
@@ -452,6 +455,25 @@ void CpuKernels<S>::crossentropy_bwd(Stream& s, S* dlogits, const S* probs, cons
     Out<S> d(dlogits, Index(N) * V);
     cpu::crossentropy_bwd<float>(d.get(), p.get(), targets, scale, N, V);
     d.store();
+  });
+}
+
+// adamw_update's element loop, vectorised (adamw_apply*: backend/adamw_parallel.hpp), on the stream's thread: bit for
+// bit adamw_update (and the host path's widen-update-round for bf16).
+template <class S>
+void CpuKernels<S>::adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                          std::int64_t n) {
+  check_adamw_args(dev_.name(), config, step, t, n);
+  if (n == 0) return;
+  const AdamWFactors f = adamw_factors(config, step);
+  enqueue(dev_, s, "adamw", [=]() {
+    bool finite = false;
+    if constexpr (std::is_same_v<S, Bf16>) {
+      finite = adamw_apply_bf16(f, t.param, t.working, t.grad, t.grad2, t.exp_avg, t.exp_avg_sq, t.twin, n);
+    } else {
+      finite = adamw_apply(f, t.param, t.grad, t.grad2, t.exp_avg, t.exp_avg_sq, t.twin, n);
+    }
+    if (!finite && t.nonfinite != nullptr) *t.nonfinite = 1;
   });
 }
 

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/adamw_parallel.hpp"
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/cuda_internal.hpp"
 
@@ -728,6 +729,19 @@ void CudaDevice::crossentropy_bwd_as(Stream& s, S* dlogits, const S* probs, cons
          [=](StreamContext& c) { kern::crossentropy_bwd(c.stream(), dlogits, probs, targets, scale, N, V); });
 }
 
+template <class S>
+void CudaDevice::adamw_as(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                          std::int64_t n) {
+  check_adamw_args(name_, config, step, t, n);
+  check_dims(name_, "adamw", {n});
+  if (n == 0) return;
+  const AdamWFactors f = adamw_factors(config, step);  // on the host, as the CPU device: the same bits
+  const kern::AdamWScalars k{f.decay, f.b1, f.one_minus_b1, f.b2, f.one_minus_b2, f.bc2_sqrt, f.eps, f.neg_step_size};
+  launch(s, "adamw", [=](StreamContext& c) {
+    kern::adamw(c.stream(), k, t.param, t.working, t.grad, t.grad2, t.exp_avg, t.exp_avg_sq, t.twin, t.nonfinite, n);
+  });
+}
+
 // Kernels<float> and Kernels<Bf16>: the same templates.
 template <class S>
 void CudaKernels<S>::embedding_fwd(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T,
@@ -789,6 +803,11 @@ template <class S>
 void CudaKernels<S>::crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale,
                                       int N, int V) {
   dev_.crossentropy_bwd_as(s, dlogits, probs, targets, scale, N, V);
+}
+template <class S>
+void CudaKernels<S>::adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                           std::int64_t n) {
+  dev_.adamw_as(s, config, step, t, n);
 }
 template class CudaKernels<float>;
 template class CudaKernels<Bf16>;

@@ -154,6 +154,8 @@ class CudaKernels final : public Kernels<S> {
                         int V) override;
   void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
                         int V) override;
+  void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+             std::int64_t n) override;
 
  private:
   CudaDevice& dev_;
@@ -270,6 +272,8 @@ class CudaDevice final : public Device {
   template <class S>
   void crossentropy_bwd_as(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
                            int V);
+  template <class S>
+  void adamw_as(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t, std::int64_t n);
 
   // For the streams and the communicator.
   CudaStream& own(Stream& s, const char* op);
