@@ -8,16 +8,19 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
-#include "apps/cuda_loader.hpp"
-#include "backend/cpu/cpu_device.hpp"
 #include "backend/probe/probe.hpp"
 #include "backend/probe/probe_output.hpp"
+#include "backend/registry.hpp"
 #include "core/base/atomic_file.hpp"
 #include "core/base/error.hpp"
+#include "core/base/units.hpp"
 #include "core/config/config.hpp"
 
 namespace harmony::apps {
@@ -27,14 +30,36 @@ namespace fs = std::filesystem;
 
 constexpr const char* kDefaultCpuBase = "cpu-4x";
 
+// The device whose copies are measured: --device's kind, or (auto) the first registered kind that pins host memory
+// and is available here, else the reference kind with why not in `note`.
+const backend::DeviceKind& probe_device_kind(const ProbeCli& cli, std::string& note) {
+  if (cli.device != "auto") {
+    const backend::DeviceKind& kind = backend::device_kind_at(cli.device, core::SourceLoc{"--device", 0, 0});
+    backend::require_available(kind, core::SourceLoc{"--device", 0, 0});
+    return kind;
+  }
+  std::vector<std::string> why;
+  for (const backend::DeviceKind* k : backend::device_kinds()) {
+    if (!k->caps().pinned_host_memory) continue;
+    const backend::DeviceAvailability a = k->availability();
+    if (a.available) return *k;
+    why.push_back(fmt::format("{}: {}", k->name(), a.reason));
+  }
+  note = why.empty() ? "no device kind of this build pins host memory (built without CUDA)"
+                     : fmt::format("no GPU here ({})", fmt::format("{}", fmt::join(why, "; ")));
+  return backend::reference_device_kind();
+}
+
 // The base machine: loaded (a ConfigError for a bad one), and how the written file names it.
-backend::ProbeBase load_base(const ProbeCli& cli) {
-  backend::ProbeBase b;
+backend::ProbeBase load_base(const ProbeCli& cli, const backend::DeviceKind& kind) {
+backend::ProbeBase b;
   b.given = cli.base;
   if (b.given.empty()) {
-    if (cli.device != "cpu")
+    if (kind.caps().pinned_host_memory)
       throw core::ConfigError(core::SourceLoc{"--base", 0, 0},
-                              fmt::format("--device {} needs --base: the machine whose host is measured", cli.device),
+                              fmt::format("the probe measures a {} device, and needs --base: the machine whose host "
+                                          "links are measured",
+                                          kind.name()),
                               "give a preset (harmony-sim presets) or a machine file that describes the GPUs, e.g. the "
                               "machine.yaml scripts/gpu-check.sh writes; the probe adds the host rates it measures");
     b.given = kDefaultCpuBase;
@@ -58,49 +83,70 @@ backend::ProbeBase load_base(const ProbeCli& cli) {
 std::string command_line(const ProbeCli& cli) {
   std::string c = fmt::format("harmony-run probe --device {}", cli.device);
   if (!cli.base.empty()) c += " --base " + cli.base;
-  if (!cli.nvme.empty()) c += " --nvme " + cli.nvme;
-  if (cli.quick) c += " --quick";
+  if (!cli.path.empty()) c += " --path " + cli.path;
+  if (!cli.file_size.empty()) c += " --file-size " + cli.file_size;
+  if (cli.long_run) c += " --long";
   if (!cli.out.empty()) c += " --out " + cli.out;
   return c;
 }
 
-std::unique_ptr<backend::Device> make_probe_device(const ProbeCli& cli) {
-  const core::Bytes capacity = backend::probe_device_bytes(cli.quick);
-  if (cli.device == "cuda") return cuda_module("--device cuda").make_device(0, {.capacity = capacity});
-  return backend::cpu::make_cpu_device(0, {.capacity = capacity, .poison = false});
+// --file-size: a size of at least 4 MiB, a whole number of MiB (the drive is written in 4 MiB blocks by 4 threads,
+// O_DIRECT in 4 KiB units); a ConfigError naming the flag otherwise.
+core::Bytes file_size(const ProbeCli& cli) {
+  if (cli.file_size.empty()) return 0;
+  const std::optional<core::Bytes> b = core::parse_bytes(cli.file_size);
+  if (!b || *b < 4 * core::kMiB || *b % core::kMiB != 0)
+    throw core::ConfigError(core::SourceLoc{"--file-size", 0, 0},
+                            fmt::format("--file-size '{}' is not a size of at least 4 MiB in whole MiB", cli.file_size),
+                            "e.g. --file-size 256MiB or 2GiB (larger than the drive's cache measures the drive)");
+  return *b;
 }
 
 }  // namespace
 
 CLI::App* add_probe_command(CLI::App& app, ProbeCli& cli) {
   auto* probe = app.add_subcommand(
-      "probe", "measure this machine's host rates (AdamW, memcpy, bf16 staging, pinned memory, copies, NVMe) into a "
-               "machine file");
-  probe->add_option("--out", cli.out, "machine YAML to write: the base machine plus the measured keys");
+      "probe", "measure this machine's host rates (AdamW, memcpy, bf16 staging, pinned memory, host<->GPU copies, a "
+               "drive's reads and writes) into a machine file");
+  probe->add_option("--out", cli.out, "machine YAML to write (atomically): the base machine plus the measured keys");
   probe->add_option("--base", cli.base,
-                    "the machine the measured keys go on top of: a preset or a machine file (default for --device cpu: "
-                    "cpu-4x; --device cuda needs one)");
-  probe->add_option("--nvme", cli.nvme, "also measure sequential reads and writes of a test file in this folder");
-  probe->add_option("--device", cli.device, "the device whose copies and bf16 staging are measured: cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                    "the machine the measured keys go on top of: a preset or a machine file (default without a GPU: "
+                    "cpu-4x; a GPU needs one)");
+  probe->add_option("--path", cli.path,
+                    "also measure sequential writes and reads of a test file in this folder (O_DIRECT where the file "
+                    "system takes it; the file is removed afterwards, on an error or a stop signal too)");
+  probe->add_option("--file-size", cli.file_size, "the --path test file's size (default 16MiB, 512MiB with --long)");
+  std::vector<std::string> kinds = backend::device_kind_names();
+  kinds.insert(kinds.begin(), "auto");
+  probe->add_option("--device", cli.device,
+                    "the device whose host<->device copies and bf16 staging are measured: auto (default: a GPU when "
+                    "one is available, else the cpu device, whose copies are not written) or " +
+                        fmt::format("{}", fmt::join(backend::device_kind_names(), ", ")))
+      ->check(CLI::IsMember(kinds));
   probe->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
-  probe->add_flag("--quick", cli.quick, "small sizes and 3 runs each (about 5 s; for tests), not about 30 s");
+  probe->add_flag("--long", cli.long_run, "larger sizes and 5 runs each (about 30 s), not the quick default (a few s)");
   probe->add_flag("--quiet", cli.quiet, "no progress lines on stderr");
-  probe->footer("Exit codes: 0 measured; 2 bad input (an unknown base, an output file or --nvme folder that cannot be "
-                "used), nothing measured; 1 a failed write to stdout (docs/machines.md, \"Measuring a machine\")");
+  probe->footer("Exit codes: 0 measured; 2 bad input (an unknown base or device, an output file or --path folder that "
+                "cannot be used, a bad --file-size), nothing measured; 1 a failed write to stdout (docs/machines.md, "
+                "\"Measuring a machine\")");
   return probe;
 }
 
 int cmd_probe(const ProbeCli& cli) {
   // Everything the user gave is checked before anything is measured.
-  const backend::ProbeBase base = load_base(cli);
+  std::string device_note;
+  const backend::DeviceKind& kind = probe_device_kind(cli, device_note);
+  const backend::ProbeBase base = load_base(cli, kind);
   if (!cli.out.empty()) core::check_output_file(cli.out, "the machine file (--out)");
-  if (!cli.nvme.empty()) backend::check_nvme_path(cli.nvme, cli.quick);
-  auto device = make_probe_device(cli);
   backend::ProbeOptions options;
-  options.quick = cli.quick;
-  options.device_pins = cli.device == "cuda";
-  options.nvme_path = cli.nvme;
+  options.quick = !cli.long_run;
+  options.device_pins = kind.caps().pinned_host_memory;
+  options.device_note = device_note;
+  options.nvme_path = cli.path;
+  options.nvme_file_bytes = file_size(cli);
+  if (!cli.path.empty()) backend::check_nvme_path(cli.path, backend::nvme_file_bytes(options));
+  auto device = kind.make_device(0, {.capacity = backend::probe_device_bytes(options.quick),
+                                     .poison = backend::DeviceOptions::Poison::Off});
   const backend::ProbeResult r = backend::run_probe(*device, options, [&](std::string_view what) {
     if (!cli.quiet) std::cerr << fmt::format("probe: {}\n", what);
   });

@@ -70,8 +70,8 @@ void Stream::release_after(Buffer buffer) {
   launch_host([held]() { held->reset(); });
 }
 
-Bf16Kernels& require_bf16(Device& device, std::string_view who) {
-  Bf16Kernels* k = device.bf16_kernels();
+Kernels<Bf16>& require_bf16(Device& device, std::string_view who) {
+  Kernels<Bf16>* k = device.bf16_kernels();
   if (k == nullptr) {
     const std::string& name = device.name();
     const std::string kind = name.substr(0, name.find(':'));

@@ -2,7 +2,7 @@
 // sort), LayerNorm, bias broadcast and gradient, the attention's causal softmax forward and backward, GELU,
 // residual adds and cross-entropy. Built with --fmad=false and fixed reduction trees, so every result is
 // reproducible run to run; parameter gradients accumulate row by row in row order like the CPU reference. Every
-// tensor kernel is a template over its storage (float, or __nv_bfloat16 for the Bf16Kernels): ld() widens,
+// tensor kernel is a template over its storage (float, or __nv_bfloat16 for Kernels<Bf16>): ld() widens,
 // arithmetic is fp32, st() stores (rounding to nearest even for bf16), so the fp32 instantiation is the fp32 code.
 #include "backend/cuda/kernels.hpp"
 
@@ -643,7 +643,7 @@ void convert_rows(cudaStream_t stream, Dst* dst, std::int64_t ld_dst, const Src*
   HARMONY_CUDA_CHECK_LAUNCH("convert_rows_kernel");
 }
 
-// The launchers' instantiations: fp32 (Kernels) and bf16 (Bf16Kernels) storage.
+// The launchers' instantiations: fp32 (Kernels<float>) and bf16 (Kernels<Bf16>) storage.
 #define HARMONY_KERNELS_FOR(S)                                                                                         \
   template void embedding_fwd<S>(cudaStream_t, ErrorRecord*, S*, const std::int32_t*, const S*, const S*, int, int,    \
                                  int, int);                                                                            \

@@ -272,7 +272,7 @@ std::string probe_machine_yaml(const ProbeResult& r, const ProbeBase& base, cons
   std::string out;
   out += fmt::format("# This machine's host rates, measured by `{}`\n", command);
   out += fmt::format("# on {} at {} (device {}, {} threads; AdamW {}, fp16 casts {}{}). docs/machines.md,\n", r.host,
-                     r.date_utc, r.device_name, r.threads, r.adamw_isa, r.fp16_isa, r.quick ? "; --quick sizes" : "");
+                     r.date_utc, r.device_name, r.threads, r.adamw_isa, r.fp16_isa, r.quick ? "; quick sizes" : "");
   out += "# \"Measuring a machine\". A measured key's comment says what was timed: the best of N runs and the spread,\n";
   out += fmt::format("# (best - worst) / best. Every key not written here is the base machine's ({} {}), with the\n",
                      base.preset ? "preset" : "file", base.given);
@@ -377,7 +377,8 @@ std::string probe_table(const ProbeResult& r, const ProbeBase& base, const std::
   }
   std::string out = fmt::format("harmony-run probe on {} at {}: device {}, {} threads, AdamW {}, fp16 casts {}{}\n",
                                 r.host, r.date_utc, r.device_name, r.threads, r.adamw_isa, r.fp16_isa,
-                                r.quick ? " (--quick sizes)" : "");
+                                r.quick ? " (quick sizes; --long for more)" : "");
+  if (!r.device_note.empty()) out += fmt::format("{}: the host link's copies are not measured\n", r.device_note);
   out += fmt::format("\n{:<42} {:>11} {:>11} {:>7}  {}\n", "what", "best", "median", "spread", "machine key");
   const auto row = [&](const std::string& name, const RateSample& s) {
     if (!s.measured()) return;
