@@ -52,7 +52,7 @@ const backend::DeviceKind& probe_device_kind(const ProbeCli& cli, std::string& n
 
 // The base machine: loaded (a ConfigError for a bad one), and how the written file names it.
 backend::ProbeBase load_base(const ProbeCli& cli, const backend::DeviceKind& kind) {
-backend::ProbeBase b;
+  backend::ProbeBase b;
   b.given = cli.base;
   if (b.given.empty()) {
     if (kind.caps().pinned_host_memory)
@@ -106,8 +106,9 @@ core::Bytes file_size(const ProbeCli& cli) {
 
 CLI::App* add_probe_command(CLI::App& app, ProbeCli& cli) {
   auto* probe = app.add_subcommand(
-      "probe", "measure this machine's host rates (AdamW, memcpy, bf16 staging, pinned memory, host<->GPU copies, a "
-               "drive's reads and writes) into a machine file");
+      "probe",
+      "measure this machine's host rates (AdamW, memcpy, bf16 staging, pinned memory, host<->GPU copies, a "
+      "drive's reads and writes) into a machine file");
   probe->add_option("--out", cli.out, "machine YAML to write (atomically): the base machine plus the measured keys");
   probe->add_option("--base", cli.base,
                     "the machine the measured keys go on top of: a preset or a machine file (default without a GPU: "
@@ -118,17 +119,19 @@ CLI::App* add_probe_command(CLI::App& app, ProbeCli& cli) {
   probe->add_option("--file-size", cli.file_size, "the --path test file's size (default 16MiB, 512MiB with --long)");
   std::vector<std::string> kinds = backend::device_kind_names();
   kinds.insert(kinds.begin(), "auto");
-  probe->add_option("--device", cli.device,
-                    "the device whose host<->device copies and bf16 staging are measured: auto (default: a GPU when "
-                    "one is available, else the cpu device, whose copies are not written) or " +
-                        fmt::format("{}", fmt::join(backend::device_kind_names(), ", ")))
+  probe
+      ->add_option("--device", cli.device,
+                   "the device whose host<->device copies and bf16 staging are measured: auto (default: a GPU when "
+                   "one is available, else the cpu device, whose copies are not written) or " +
+                       fmt::format("{}", fmt::join(backend::device_kind_names(), ", ")))
       ->check(CLI::IsMember(kinds));
   probe->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
   probe->add_flag("--long", cli.long_run, "larger sizes and 5 runs each (about 30 s), not the quick default (a few s)");
   probe->add_flag("--quiet", cli.quiet, "no progress lines on stderr");
-  probe->footer("Exit codes: 0 measured; 2 bad input (an unknown base or device, an output file or --path folder that "
-                "cannot be used, a bad --file-size), nothing measured; 1 a failed write to stdout (docs/machines.md, "
-                "\"Measuring a machine\")");
+  probe->footer(
+      "Exit codes: 0 measured; 2 bad input (an unknown base or device, an output file or --path folder that "
+      "cannot be used, a bad --file-size), nothing measured; 1 a failed write to stdout (docs/machines.md, "
+      "\"Measuring a machine\")");
   return probe;
 }
 
@@ -145,8 +148,8 @@ int cmd_probe(const ProbeCli& cli) {
   options.nvme_path = cli.path;
   options.nvme_file_bytes = file_size(cli);
   if (!cli.path.empty()) backend::check_nvme_path(cli.path, backend::nvme_file_bytes(options));
-  auto device = kind.make_device(0, {.capacity = backend::probe_device_bytes(options.quick),
-                                     .poison = backend::DeviceOptions::Poison::Off});
+  auto device = kind.make_device(
+      0, {.capacity = backend::probe_device_bytes(options.quick), .poison = backend::DeviceOptions::Poison::Off});
   const backend::ProbeResult r = backend::run_probe(*device, options, [&](std::string_view what) {
     if (!cli.quiet) std::cerr << fmt::format("probe: {}\n", what);
   });

@@ -11,10 +11,10 @@ class App;
 namespace harmony::apps {
 
 struct ProbeCli {
-  std::string out;        // the machine file to write; empty: none
-  std::string base;       // a preset or machine file; empty: cpu-4x for a cpu device (a GPU requires one)
-  std::string path;       // a folder on the drive to measure (NVMe or any file system); empty: none
-  std::string file_size;  // the drive test file's size ("256MiB"); empty: 16 MiB, 512 MiB with --long
+  std::string out;              // the machine file to write; empty: none
+  std::string base;             // a preset or machine file; empty: cpu-4x for a cpu device (a GPU requires one)
+  std::string path;             // a folder on the drive to measure (NVMe or any file system); empty: none
+  std::string file_size;        // the drive test file's size ("256MiB"); empty: 16 MiB, 512 MiB with --long
   std::string device = "auto";  // a registered device kind, or auto: the first with pinned host memory available
   std::string format = "table";
   bool long_run = false;  // --long: the larger sizes and 5 runs (about 30 s), not the quick default (a few seconds)

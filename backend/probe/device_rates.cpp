@@ -70,8 +70,9 @@ void measure_device_rates(Device& device, const ProbeSizes& s, ProbeResult& r) {
     HostBuffer host = device.alloc_host(s.copy_bytes, "the probe's copies");
     std::vector<char> pageable(static_cast<std::size_t>(s.copy_bytes), 1);
     const auto copies = [&](bool h2d, char* from) {
-      return time_runs(s.copy_bytes, s.repeats,
-                       [&] { copy_pieces(device, *stream, h2d, dev.as<char>(), from, s.copy_bytes, s.copy_piece_bytes); });
+      return time_runs(s.copy_bytes, s.repeats, [&] {
+        copy_pieces(device, *stream, h2d, dev.as<char>(), from, s.copy_bytes, s.copy_piece_bytes);
+      });
     };
     r.h2d = copies(true, host.as<char>());
     r.d2h = copies(false, host.as<char>());

@@ -41,17 +41,28 @@ constexpr long kRamfsMagic = 0x858458f6;
 
 std::string filesystem_name(long type) {
   switch (type) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x2FC12FC1: return "zfs";
-    case 0x794c7630: return "overlayfs";
-    case 0x6969: return "nfs";
-    case 0x65735546: return "fuse";
-    case 0xF2F52010: return "f2fs";
-    case kTmpfsMagic: return "tmpfs";
-    case kRamfsMagic: return "ramfs";
-    default: return fmt::format("0x{:x}", static_cast<unsigned long>(type));
+    case 0xEF53:
+      return "ext4";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x2FC12FC1:
+      return "zfs";
+    case 0x794c7630:
+      return "overlayfs";
+    case 0x6969:
+      return "nfs";
+    case 0x65735546:
+      return "fuse";
+    case 0xF2F52010:
+      return "f2fs";
+    case kTmpfsMagic:
+      return "tmpfs";
+    case kRamfsMagic:
+      return "ramfs";
+    default:
+      return fmt::format("0x{:x}", static_cast<unsigned long>(type));
   }
 }
 
@@ -84,9 +95,9 @@ struct TestFile {
     std::memcpy(g_test_file, name.c_str(), name.size() + 1);
     g_test_file_set = 1;
     for (std::size_t i = 0; i < std::size(kStopSignals); ++i) {
-      struct sigaction old{};
+      struct sigaction old {};
       if (sigaction(kStopSignals[i], nullptr, &old) != 0 || old.sa_handler == SIG_IGN) continue;  // nohup: ignored
-      struct sigaction sa{};
+      struct sigaction sa {};
       sa.sa_handler = remove_test_file_and_stop;
       sigemptyset(&sa.sa_mask);
       installed[i] = sigaction(kStopSignals[i], &sa, &previous[i]) == 0;
@@ -119,10 +130,10 @@ void pass(int fd, const std::string& path, Bytes file_bytes, bool write, std::ve
     const std::size_t lo = std::min(total, t * per), hi = std::min(total, lo + per);
     for (std::size_t off = lo; off < hi; off += kBlock) {
       const std::size_t n = std::min(kBlock, hi - off);
-      const auto done = write ? pwrite(fd, bufs[t], n, static_cast<off_t>(off))
-                              : pread(fd, bufs[t], n, static_cast<off_t>(off));
-      if (done != static_cast<ssize_t>(n)) io_failure(path, write ? "write the test file" : "read the test file",
-                                                      done < 0 ? errno : EIO);
+      const auto done =
+          write ? pwrite(fd, bufs[t], n, static_cast<off_t>(off)) : pread(fd, bufs[t], n, static_cast<off_t>(off));
+      if (done != static_cast<ssize_t>(n))
+        io_failure(path, write ? "write the test file" : "read the test file", done < 0 ? errno : EIO);
     }
   });
   if (write && fdatasync(fd) != 0) io_failure(path, "flush the test file (fdatasync)", errno);
@@ -132,20 +143,21 @@ void pass(int fd, const std::string& path, Bytes file_bytes, bool write, std::ve
 
 void check_nvme_path(const std::string& path, Bytes file) {
   const char* hint = "give --path an existing, writable folder on the drive to measure (not tmpfs), e.g. /mnt/nvme0";
-  struct stat st{};
+  struct stat st {};
   if (stat(path.c_str(), &st) != 0)
     throw FileError(path, fmt::format("the NVMe probe's folder cannot be used: {}", std::strerror(errno)), hint);
   if (!S_ISDIR(st.st_mode))
     throw FileError(path, "the NVMe probe's path is not a folder",
                     "give --path the folder to write its test file in (the file is removed afterwards)");
-  struct statfs fs{};
+  struct statfs fs {};
   if (statfs(path.c_str(), &fs) == 0 && (fs.f_type == kTmpfsMagic || fs.f_type == kRamfsMagic))
-    throw FileError(path, fmt::format("the NVMe probe's folder is on {}: host memory, not a drive",
-                                      filesystem_name(static_cast<long>(fs.f_type))),
+    throw FileError(path,
+                    fmt::format("the NVMe probe's folder is on {}: host memory, not a drive",
+                                filesystem_name(static_cast<long>(fs.f_type))),
                     hint);
   if (access(path.c_str(), W_OK) != 0)
     throw FileError(path, fmt::format("the NVMe probe cannot write in this folder: {}", std::strerror(errno)), hint);
-  struct statvfs vfs{};
+  struct statvfs vfs {};
   if (statvfs(path.c_str(), &vfs) != 0)
     throw FileError(path, fmt::format("the NVMe probe cannot read the free space: {}", std::strerror(errno)), hint);
   const auto free_bytes = static_cast<Bytes>(vfs.f_bavail) * static_cast<Bytes>(vfs.f_frsize);
@@ -160,9 +172,9 @@ NvmeProbe measure_nvme(const std::string& path, const ProbeSizes& s) {
   NvmeProbe p;
   p.path = path;
   p.file_bytes = s.nvme_file_bytes;
-  struct statfs fs{};
+  struct statfs fs {};
   if (statfs(path.c_str(), &fs) == 0) p.filesystem = filesystem_name(static_cast<long>(fs.f_type));
-  struct statvfs vfs{};
+  struct statvfs vfs {};
   if (statvfs(path.c_str(), &vfs) == 0)
     p.free_bytes = static_cast<Bytes>(vfs.f_bavail) * static_cast<Bytes>(vfs.f_frsize);
 

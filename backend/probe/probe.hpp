@@ -44,13 +44,13 @@ struct ProbeOptions {
 
 // The sizes a probe works on (ProbeOptions::quick or not); documented in docs/machines.md.
 struct ProbeSizes {
-  int repeats = 5;                               // timed runs per rate (plus one warm-up)
-  std::int64_t adamw_params = 16 << 20;          // parameters of each AdamW run (4 fp32 arrays of them)
+  int repeats = 5;                       // timed runs per rate (plus one warm-up)
+  std::int64_t adamw_params = 16 << 20;  // parameters of each AdamW run (4 fp32 arrays of them)
   core::Bytes memcpy_bytes = core::Bytes{256} << 20;
-  std::int64_t convert_elements = 64 << 20;      // elements rounded or widened (fp32 in, bf16 out)
-  core::Bytes copy_bytes = core::Bytes{256} << 20;     // each device copy run
-  core::Bytes copy_piece_bytes = core::Bytes{64} << 20;  // one copy_h2d / copy_d2h call (a pack's tensor)
-  std::int64_t stage_elements = 64 << 20;        // elements staged up or down end to end
+  std::int64_t convert_elements = 64 << 20;                 // elements rounded or widened (fp32 in, bf16 out)
+  core::Bytes copy_bytes = core::Bytes{256} << 20;          // each device copy run
+  core::Bytes copy_piece_bytes = core::Bytes{64} << 20;     // one copy_h2d / copy_d2h call (a pack's tensor)
+  std::int64_t stage_elements = 64 << 20;                   // elements staged up or down end to end
   core::Bytes staging_chunk_bytes = core::Bytes{32} << 20;  // the executor's default staging_chunk_bytes
   core::Bytes pin_cap_bytes = core::Bytes{1} << 30;         // never pin more than this (nor 1/4 of what is free)
   core::Bytes pin_chunk_bytes = core::Bytes{64} << 20;
@@ -66,9 +66,9 @@ core::Bytes probe_device_bytes(bool quick);
 struct PinnedProbe {
   std::optional<core::Bytes> rlimit_memlock_bytes;       // soft RLIMIT_MEMLOCK; nullopt: unlimited
   std::optional<core::Bytes> rlimit_memlock_hard_bytes;  // hard limit; nullopt: unlimited
-  bool cap_ipc_lock = false;  // the process has CAP_IPC_LOCK (root): RLIMIT_MEMLOCK does not bind mlock
-  std::string method;         // "mlock" (a device that pins nothing) or "Device::alloc_host" (cudaHostAlloc)
-  core::Bytes cap_bytes = 0;  // the most the probe tried to pin
+  bool cap_ipc_lock = false;    // the process has CAP_IPC_LOCK (root): RLIMIT_MEMLOCK does not bind mlock
+  std::string method;           // "mlock" (a device that pins nothing) or "Device::alloc_host" (cudaHostAlloc)
+  core::Bytes cap_bytes = 0;    // the most the probe tried to pin
   core::Bytes chunk_bytes = 0;  // pinned one chunk at a time
   core::Bytes granted_bytes = 0;
   bool limit_reached = false;  // a pin failed below the cap: granted_bytes is the limit (to a chunk)
@@ -91,18 +91,18 @@ struct ProbeResult {
   std::string device_name;  // "cpu:0", "cuda:0"
   bool device_pins = false;
   std::string device_note;  // ProbeOptions::device_note
-  int threads = 1;  // the executor's AdamW threads (std::thread::hardware_concurrency)
+  int threads = 1;          // the executor's AdamW threads (std::thread::hardware_concurrency)
   bool quick = false;
   std::string adamw_isa;  // adamw_vector_isa(): "avx2", "sse2", "scalar"
   std::string fp16_isa;   // "f16c" or "scalar"
   // Host rates (every probe)
-  RateSample adamw_fp32, adamw_fp32_one_thread;  // fp32 parameter bytes (4 per parameter) per second
-  RateSample adamw_bf16, adamw_fp16;             // the same, with 2-byte gradients in and 2-byte weights out
+  RateSample adamw_fp32, adamw_fp32_one_thread;   // fp32 parameter bytes (4 per parameter) per second
+  RateSample adamw_bf16, adamw_fp16;              // the same, with 2-byte gradients in and 2-byte weights out
   RateSample memcpy_threaded, memcpy_one_thread;  // bytes copied per second
   RateSample bf16_round, bf16_widen;              // bf16 bytes written (round) or read (widen) per second
   // Through the Device interface (every probe; a host link's only when device_pins)
-  RateSample h2d, d2h;                    // from / to Device::alloc_host memory
-  RateSample pageable_h2d, pageable_d2h;  // from / to malloc'd memory
+  RateSample h2d, d2h;                        // from / to Device::alloc_host memory
+  RateSample pageable_h2d, pageable_d2h;      // from / to malloc'd memory
   RateSample bf16_stage_up, bf16_stage_down;  // the executor's stage_up / stage_down, bf16 bytes on the device
   PinnedProbe pinned;
   std::optional<NvmeProbe> nvme;

@@ -45,9 +45,7 @@ std::string provenance(const ProbeResult& r, const RateSample& s, const std::str
   return fmt::format("{}; harmony-run probe on {} at {}: {}", what, r.host, r.date_utc, spread_text(s));
 }
 
-std::string params_text(const RateSample& s) {
-  return fmt::format("{}M parameters", s.work_bytes / 4 / (1 << 20));
-}
+std::string params_text(const RateSample& s) { return fmt::format("{}M parameters", s.work_bytes / 4 / (1 << 20)); }
 
 // The base machine's value of each key, as the machine file would write it; empty when it has none.
 std::string base_value(const std::string& key, const core::MachineSpec& m) {
@@ -82,9 +80,12 @@ std::string base_value(const std::string& key, const core::MachineSpec& m) {
 
 json rate_json(const RateSample& s) {
   if (!s.measured()) return nullptr;
-  return json{{"best_bytes_per_s", s.best_bytes_per_s}, {"median_bytes_per_s", s.median_bytes_per_s},
-              {"worst_bytes_per_s", s.worst_bytes_per_s}, {"spread", s.spread()},
-              {"samples", s.samples},         {"work_bytes", s.work_bytes}};
+  return json{{"best_bytes_per_s", s.best_bytes_per_s},
+              {"median_bytes_per_s", s.median_bytes_per_s},
+              {"worst_bytes_per_s", s.worst_bytes_per_s},
+              {"spread", s.spread()},
+              {"samples", s.samples},
+              {"work_bytes", s.work_bytes}};
 }
 
 json optional_bytes(const std::optional<Bytes>& b) { return b ? json(*b) : json(nullptr); }
@@ -198,10 +199,14 @@ std::vector<ProbeMachineKey> probe_machine_keys(const ProbeResult& r, const Prob
     }
   };
   const std::string pieces = fmt::format("in {} copies", mib(std::min<Bytes>(r.h2d.work_bytes, 64 * core::kMiB)));
-  link("host_paths.pinned_h2d", r.h2d, fmt::format("{} copy_h2d from alloc_host (pinned) memory {}", r.device_name, pieces));
-  link("host_paths.pinned_d2h", r.d2h, fmt::format("{} copy_d2h to alloc_host (pinned) memory {}", r.device_name, pieces));
-  link("host_paths.pageable_h2d", r.pageable_h2d, fmt::format("{} copy_h2d from malloc'd memory {}", r.device_name, pieces));
-  link("host_paths.pageable_d2h", r.pageable_d2h, fmt::format("{} copy_d2h to malloc'd memory {}", r.device_name, pieces));
+  link("host_paths.pinned_h2d", r.h2d,
+       fmt::format("{} copy_h2d from alloc_host (pinned) memory {}", r.device_name, pieces));
+  link("host_paths.pinned_d2h", r.d2h,
+       fmt::format("{} copy_d2h to alloc_host (pinned) memory {}", r.device_name, pieces));
+  link("host_paths.pageable_h2d", r.pageable_h2d,
+       fmt::format("{} copy_h2d from malloc'd memory {}", r.device_name, pieces));
+  link("host_paths.pageable_d2h", r.pageable_d2h,
+       fmt::format("{} copy_d2h to malloc'd memory {}", r.device_name, pieces));
   link("host_paths.bf16_stage_up", r.bf16_stage_up,
        fmt::format("the executor's stage_up on {}: fp32 rounded into pinned chunks while the last one is copied up, "
                    "per bf16 byte delivered",
@@ -233,7 +238,8 @@ std::vector<ProbeMachineKey> probe_machine_keys(const ProbeResult& r, const Prob
     add("topology.pinned_limit", "", no_topo);
   } else if (host_memory > 0 && p.granted_bytes > host_memory) {
     add("topology.pinned_limit", "",
-        fmt::format("not written: {} pinned exceeds the base's host_memory {}", mib(p.granted_bytes), mib(host_memory)));
+        fmt::format("not written: {} pinned exceeds the base's host_memory {}", mib(p.granted_bytes),
+                    mib(host_memory)));
   } else {
     add("topology.pinned_limit", yaml_size(p.granted_bytes),
         fmt::format("{} granted {} in {} chunks, then failed: {}; harmony-run probe on {} at {}", p.method,
@@ -273,7 +279,8 @@ std::string probe_machine_yaml(const ProbeResult& r, const ProbeBase& base, cons
   out += fmt::format("# This machine's host rates, measured by `{}`\n", command);
   out += fmt::format("# on {} at {} (device {}, {} threads; AdamW {}, fp16 casts {}{}). docs/machines.md,\n", r.host,
                      r.date_utc, r.device_name, r.threads, r.adamw_isa, r.fp16_isa, r.quick ? "; quick sizes" : "");
-  out += "# \"Measuring a machine\". A measured key's comment says what was timed: the best of N runs and the spread,\n";
+  out +=
+      "# \"Measuring a machine\". A measured key's comment says what was timed: the best of N runs and the spread,\n";
   out += fmt::format("# (best - worst) / best. Every key not written here is the base machine's ({} {}), with the\n",
                      base.preset ? "preset" : "file", base.given);
   out += "# sources its file gives; the keys the probe left to the base say why at the end.\n";
@@ -300,7 +307,8 @@ std::string probe_machine_yaml(const ProbeResult& r, const ProbeBase& base, cons
   out += "# Not written (the base's value applies, or none):\n";
   for (const ProbeMachineKey& k : keys) {
     if (k.written()) continue;
-    out += fmt::format("#   {} (base: {}): {}\n", k.key, k.base_value.empty() ? "none" : k.base_value, one_line(k.note));
+    out +=
+        fmt::format("#   {} (base: {}): {}\n", k.key, k.base_value.empty() ? "none" : k.base_value, one_line(k.note));
   }
   return out;
 }
@@ -337,41 +345,47 @@ std::string probe_json(const ProbeResult& r, const ProbeBase& base, const std::s
                         {"base_value", text_or_null(k.base_value)},
                         {"note", k.note}});
   }
-  const json doc{{"schema_version", core::kOutputSchemaVersion},
-                 {"command", "probe"},
-                 {"host", r.host},
-                 {"date_utc", r.date_utc},
-                 {"device", r.device_name},
-                 {"device_pins_host_memory", r.device_pins},
-                 {"device_note", text_or_null(r.device_note)},
-                 {"threads", r.threads},
-                 {"quick", r.quick},
-                 {"adamw_isa", r.adamw_isa},
-                 {"fp16_isa", r.fp16_isa},
-                 {"base_machine", json{{"given", base.given},
-                                       {"kind", base.preset ? "preset" : "file"},
-                                       {"machine_name", base.machine.name}}},
-                 {"rates", rates},
-                 {"pinned", pinned},
-                 {"nvme", nvme},
-                 {"machine_keys", keys},
-                 {"out_path", text_or_null(out_path)},
-                 {"wall_time_s", r.wall_time_s}};
+  const json doc{
+      {"schema_version", core::kOutputSchemaVersion},
+      {"command", "probe"},
+      {"host", r.host},
+      {"date_utc", r.date_utc},
+      {"device", r.device_name},
+      {"device_pins_host_memory", r.device_pins},
+      {"device_note", text_or_null(r.device_note)},
+      {"threads", r.threads},
+      {"quick", r.quick},
+      {"adamw_isa", r.adamw_isa},
+      {"fp16_isa", r.fp16_isa},
+      {"base_machine",
+       json{{"given", base.given}, {"kind", base.preset ? "preset" : "file"}, {"machine_name", base.machine.name}}},
+      {"rates", rates},
+      {"pinned", pinned},
+      {"nvme", nvme},
+      {"machine_keys", keys},
+      {"out_path", text_or_null(out_path)},
+      {"wall_time_s", r.wall_time_s}};
   return doc.dump(2) + "\n";
 }
 
 std::string probe_table(const ProbeResult& r, const ProbeBase& base, const std::string& out_path) {
   const std::vector<ProbeMachineKey> keys = probe_machine_keys(r, base);
   std::map<std::string, std::string> written_by;  // rate name -> the key it became
-  const std::map<std::string, std::string> key_of = {
-      {"cpu_adam.bandwidth", "adamw_fp32"},         {"cpu_adam.bandwidth_bf16", "adamw_bf16"},
-      {"cpu_adam.bandwidth_fp16", "adamw_fp16"},    {"host_paths.memcpy_one_thread", "memcpy_one_thread"},
-      {"host_paths.bf16_round", "bf16_round"},      {"host_paths.bf16_widen", "bf16_widen"},
-      {"host_paths.pinned_h2d", "h2d"},             {"host_paths.pinned_d2h", "d2h"},
-      {"host_paths.pageable_h2d", "pageable_h2d"},  {"host_paths.pageable_d2h", "pageable_d2h"},
-      {"host_paths.bf16_stage_up", "bf16_stage_up"}, {"host_paths.bf16_stage_down", "bf16_stage_down"},
-      {"topology.host_memcpy", "memcpy"},           {"topology.nvme.read", "nvme_read"},
-      {"topology.nvme.write", "nvme_write"}};
+  const std::map<std::string, std::string> key_of = {{"cpu_adam.bandwidth", "adamw_fp32"},
+                                                     {"cpu_adam.bandwidth_bf16", "adamw_bf16"},
+                                                     {"cpu_adam.bandwidth_fp16", "adamw_fp16"},
+                                                     {"host_paths.memcpy_one_thread", "memcpy_one_thread"},
+                                                     {"host_paths.bf16_round", "bf16_round"},
+                                                     {"host_paths.bf16_widen", "bf16_widen"},
+                                                     {"host_paths.pinned_h2d", "h2d"},
+                                                     {"host_paths.pinned_d2h", "d2h"},
+                                                     {"host_paths.pageable_h2d", "pageable_h2d"},
+                                                     {"host_paths.pageable_d2h", "pageable_d2h"},
+                                                     {"host_paths.bf16_stage_up", "bf16_stage_up"},
+                                                     {"host_paths.bf16_stage_down", "bf16_stage_down"},
+                                                     {"topology.host_memcpy", "memcpy"},
+                                                     {"topology.nvme.read", "nvme_read"},
+                                                     {"topology.nvme.write", "nvme_write"}};
   for (const ProbeMachineKey& k : keys) {
     if (const auto it = key_of.find(k.key); it != key_of.end() && k.written()) written_by[it->second] = k.key;
   }
@@ -392,11 +406,13 @@ std::string probe_table(const ProbeResult& r, const ProbeBase& base, const std::
     row("nvme_read", r.nvme->read);
   }
   const PinnedProbe& p = r.pinned;
-  const auto limit = [](const std::optional<Bytes>& b) { return b ? core::format_bytes(*b) : std::string("unlimited"); };
+  const auto limit = [](const std::optional<Bytes>& b) {
+    return b ? core::format_bytes(*b) : std::string("unlimited");
+  };
   out += fmt::format("\npinned host memory: {} granted {} of the probe's {} cap{}; RLIMIT_MEMLOCK {} (hard {}){}\n",
                      p.method, mib(p.granted_bytes), mib(p.cap_bytes),
-                     p.limit_reached ? fmt::format(", then failed: {}", p.failure) : "",
-                     limit(p.rlimit_memlock_bytes), limit(p.rlimit_memlock_hard_bytes),
+                     p.limit_reached ? fmt::format(", then failed: {}", p.failure) : "", limit(p.rlimit_memlock_bytes),
+                     limit(p.rlimit_memlock_hard_bytes),
                      p.cap_ipc_lock ? ", which CAP_IPC_LOCK (root) lifts for mlock" : "");
   if (r.nvme) {
     const NvmeProbe& n = *r.nvme;
@@ -406,8 +422,9 @@ std::string probe_table(const ProbeResult& r, const ProbeBase& base, const std::
   }
   out += fmt::format("\nmachine keys (base: {} {}):\n", base.preset ? "preset" : "file", base.given);
   for (const ProbeMachineKey& k : keys) {
-    out += fmt::format("  {:<30} {:<12} {}\n", k.key, k.written() ? k.value : "-",
-                       k.written() ? "measured" : fmt::format("base: {}; {}", k.base_value.empty() ? "none" : k.base_value, k.note));
+    out += fmt::format(
+        "  {:<30} {:<12} {}\n", k.key, k.written() ? k.value : "-",
+        k.written() ? "measured" : fmt::format("base: {}; {}", k.base_value.empty() ? "none" : k.base_value, k.note));
   }
   out += out_path.empty() ? "no machine file written (--out FILE writes one)\n"
                           : fmt::format("machine file written to {}\n", out_path);

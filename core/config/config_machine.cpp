@@ -26,9 +26,9 @@ constexpr EmbeddedPreset kEmbeddedPresets[] = {
 // Machines
 
 const std::vector<std::string> kMachineSpecKeys = {
-    "name",     "gpu",       "gpus",     "gpu_memory", "memory_cap_scale", "bw_swap",   "bw_p2p",
-    "bw_msg",   "time_del",  "price_per_hour", "topology", "gpu_rates", "cpu_adam", "host_paths",
-    "compute",  "dispatch"};
+    "name",     "gpu",        "gpus",     "gpu_memory",     "memory_cap_scale", "bw_swap",
+    "bw_p2p",   "bw_msg",     "time_del", "price_per_hour", "topology",         "gpu_rates",
+    "cpu_adam", "host_paths", "compute",  "dispatch"};
 
 std::vector<std::string> machine_keys_with_base() {
   std::vector<std::string> keys = {"preset", "file"};

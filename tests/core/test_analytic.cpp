@@ -741,7 +741,8 @@ TEST_CASE("error: bad gpu_rates values are located and explained") {
   CHECK(contains(e.hint(), "bandwidth"));
 }
 
-TEST_CASE("cpu_adam.bandwidth_bf16 / _fp16 and host_paths (harmony-run probe's keys): parsed key by key over the base") {
+TEST_CASE(
+    "cpu_adam.bandwidth_bf16 / _fp16 and host_paths (harmony-run probe's keys): parsed key by key over the base") {
   const std::string model = "model: {analytic: gpt2-small}\n";
   RunConfig c = load_config_text(model +
                                      "machine: {preset: paper-1080ti, cpu_adam: {bandwidth_bf16: 2GB/s, "
