@@ -1,6 +1,7 @@
 // harmony-run: the command line of real training. `train` runs a Harmony Program with real tensors on capped
 // devices (the CPU device today), with progress, traces, JSON output and checkpoints; `profile` measures a
-// model on a device into a profile harmony-sim reads. The composition root: the only file that sees core/,
+// model on a device into a profile harmony-sim reads; `probe` measures the host's rates into a machine file
+// (harmony_run_probe.cpp). The composition root: the only file that sees core/,
 // sim/ (the search behind --plan auto) and backend/ together; it prints and picks exit codes (2: bad input).
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/harmony_run_probe.hpp"
 #include "backend/executor/executor.hpp"
 #include "backend/host_memory.hpp"
 #include "backend/model/describe.hpp"
@@ -1282,6 +1284,8 @@ int run_cli(int argc, char** argv) {
   profile->add_option("--out", cli.out, "profile JSON to write")->required();
   profile->add_option("--ubatch", cli.ubatch, "microbatch sizes (default 1..plan.minibatch)")->delimiter(',');
   profile->add_option("--repeats", cli.repeats, "timed repetitions per measurement (median)")->check(kPositiveInt);
+  apps::ProbeCli probe_cli;
+  auto* probe = apps::add_probe_command(app, probe_cli);  // apps/harmony_run_probe.cpp
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -1293,6 +1297,7 @@ int run_cli(int argc, char** argv) {
   }
   try {
     if (*profile) return cmd_profile(cli);
+    if (*probe) return apps::cmd_probe(probe_cli);
     return cmd_train(cli);
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";

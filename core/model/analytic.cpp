@@ -827,7 +827,12 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   r.mem_bw = gpu.memory_bytes_per_s;
   r.vec_eff = gpu.vector_efficiency > 0 ? gpu.vector_efficiency : 1.0;
   r.floor_s = gpu.kernel_floor_s;
-  const double adam_bps = cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
+  // A 2-byte model's step takes its gradients in and hands its weights out in that type: the rate measured with
+  // those casts fused (cpu_adam.bandwidth_bf16 / _fp16, `harmony-run probe`) where the machine gives one.
+  const double cast_bps = spec.dtype == DType::Bf16   ? cpu.bf16_bytes_per_s
+                          : spec.dtype == DType::Fp16 ? cpu.fp16_bytes_per_s
+                                                      : 0.0;
+  const double adam_bps = cast_bps > 0 ? cast_bps : cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
   const double adam_layer_s = cpu.per_layer_s > 0 ? cpu.per_layer_s : kDefaultAdamLayerS;
   const double bpe = dtype_bytes(spec.dtype);
 
