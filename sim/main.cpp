@@ -409,7 +409,7 @@ int cmd_compare(const Cli& cli) {
         std::isfinite(res.best_baseline_time_s) ? nlohmann::json(res.best_baseline_time_s) : nlohmann::json(nullptr);
     j["results"] = std::move(results);
     j["trace_path"] = trace_written ? nlohmann::json(cli.trace) : nlohmann::json(nullptr);
-    if (ds) j["deepspeed"] = sim::deepspeed_json(*ds, ds_row, res);
+    j["deepspeed"] = ds ? sim::deepspeed_json(*ds, ds_row, res) : nlohmann::json(nullptr);
     j["wall_time_s"] = dt;
     std::cout << j.dump(2) << "\n";
     return 0;

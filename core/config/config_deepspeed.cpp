@@ -228,12 +228,12 @@ class DsFile {
   json j_;
 };
 
-// A value that is on: true, a number other than its off value, or an object with "enabled": true.
+// A feature that is on: true, a number above 1 (sequence_parallel_size), or a section unless its "enabled" is false.
 bool feature_on(const json& v) {
   if (v.is_boolean()) return v.get<bool>();
   if (v.is_object()) {
     const auto it = v.find("enabled");
-    return it != v.end() && it->is_boolean() && it->get<bool>();
+    return it == v.end() || !(it->is_boolean() && !it->get<bool>());
   }
   if (v.is_number_integer()) return v.get<std::int64_t>() > 1;
   return !v.is_null();
