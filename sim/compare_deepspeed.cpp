@@ -67,8 +67,12 @@ DeepSpeedSetup setup_deepspeed(const std::string& config, const std::vector<std:
   s.run = core::read_deepspeed_config(deepspeed_path, ctx);
   // The minibatch compare runs at; the harmony config's own microbatches and packs would be checked against it, and
   // compare searches them anyway.
-  s.overrides = {fmt::format("plan.minibatch={}", s.run.train_batch), "plan.u_fwd=", "plan.u_bwd=", "plan.pack_size=",
-                 "plan.packs_bwd=", "plan.packs_fwd="};
+  s.overrides = {fmt::format("plan.minibatch={}", s.run.train_batch),
+                 "plan.u_fwd=",
+                 "plan.u_bwd=",
+                 "plan.pack_size=",
+                 "plan.packs_bwd=",
+                 "plan.packs_fwd="};
   if (!s.run.dtype.empty() && s.run.dtype != ctx.dtype) {
     if (cfg.model.analytic) {
       std::vector<std::string> all = sets;
@@ -144,8 +148,8 @@ nlohmann::json deepspeed_json(const DeepSpeedSetup& setup, const std::optional<K
                       {"overrides", setup.overrides},
                       {"row_overrides", setup.row_overrides}};
   j["feasible"] = row && row->feasible;
-  j["reason"] = !row ? nlohmann::json(r.approximation)
-                     : (row->feasible ? nlohmann::json(nullptr) : nlohmann::json(row->reason));
+  j["reason"] =
+      !row ? nlohmann::json(r.approximation) : (row->feasible ? nlohmann::json(nullptr) : nlohmann::json(row->reason));
   j["best"] = row && row->feasible ? core::report_to_json(row->best) : nlohmann::json(nullptr);
   j["harmony_best"] = harmony ? nlohmann::json{{"plan_kind", core::plan_kind_name(harmony->kind)},
                                                {"iteration_time_s", harmony->best.iteration_time_s}}

@@ -55,7 +55,7 @@ struct Cli {
   std::vector<std::string> sets;
   std::string format = "table";
   std::string trace;
-  bool quiet = false;  // search, compare: no progress on stderr
+  bool quiet = false;     // search, compare: no progress on stderr
   std::string deepspeed;  // compare: a DeepSpeed config priced beside Harmony's best plan
 };
 
@@ -362,8 +362,7 @@ int cmd_compare(const Cli& cli) {
   };
   const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
                                            cfg.search, cfg.options, on_progress);
-  const std::optional<sim::KindResult> ds_row =
-      ds ? sim::price_deepspeed(*ds, cli.config, sets, model) : std::nullopt;
+  const std::optional<sim::KindResult> ds_row = ds ? sim::price_deepspeed(*ds, cli.config, sets, model) : std::nullopt;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string trace_note;
   bool trace_written = false;
@@ -442,9 +441,9 @@ int cmd_compare(const Cli& cli) {
             ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB))
             : std::string("-");
     const double speedup = std::isfinite(res.best_baseline_time_s) ? res.best_baseline_time_s / r.iteration_time_s
-                                                                    : k.speedup_over_best_baseline;
-    fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f} {:>8}  {}\n", label,
-               k.candidates, r.iteration_time_s, r.throughput_samples_per_s, speedup,
+                                                                   : k.speedup_over_best_baseline;
+    fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f} {:>8}  {}\n",
+               label, k.candidates, r.iteration_time_s, r.throughput_samples_per_s, speedup,
                fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd), mib(r.swap_in_bytes + r.swap_out_bytes),
                mib(r.p2p_bytes), mib(r.collective_bytes), mib(r.peak_memory_bytes), host, note + fit + plan);
   };

@@ -114,17 +114,23 @@ const std::vector<std::string> kZeroNotPriced = {"allgather_partitions",
                                                  "zero_hpz_partition_size",
                                                  "mics_shard_size",
                                                  "mics_hierarchical_params_gather"};
-const std::vector<std::string> kOffloadParamKeys = {"device",      "nvme_path",  "pin_memory",
+const std::vector<std::string> kOffloadParamKeys = {"device",       "nvme_path",   "pin_memory",
                                                     "buffer_count", "buffer_size", "max_in_cpu"};
-const std::vector<std::string> kOffloadOptimizerKeys = {"device",     "nvme_path", "pin_memory",    "buffer_count",
-                                                        "fast_init",  "ratio",     "pipeline_read", "pipeline_write",
-                                                        "pipeline"};
-const std::vector<std::string> kFp16Keys = {"enabled",           "auto_cast",      "loss_scale",
-                                            "initial_scale_power", "loss_scale_window", "hysteresis",
-                                            "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
+const std::vector<std::string> kOffloadOptimizerKeys = {"device",        "nvme_path",      "pin_memory",
+                                                        "buffer_count",  "fast_init",      "ratio",
+                                                        "pipeline_read", "pipeline_write", "pipeline"};
+const std::vector<std::string> kFp16Keys = {"enabled",
+                                            "auto_cast",
+                                            "loss_scale",
+                                            "initial_scale_power",
+                                            "loss_scale_window",
+                                            "hysteresis",
+                                            "consecutive_hysteresis",
+                                            "min_loss_scale",
+                                            "fp16_master_weights_and_grads"};
 const std::vector<std::string> kBf16Keys = {"enabled", "immediate_grad_update", "check_grad_overflow"};
-const std::vector<std::string> kCheckpointingKeys = {"partition_activations",      "cpu_checkpointing",
-                                                     "contiguous_memory_optimization", "number_checkpoints",
+const std::vector<std::string> kCheckpointingKeys = {"partition_activations",           "cpu_checkpointing",
+                                                     "contiguous_memory_optimization",  "number_checkpoints",
                                                      "synchronize_checkpoint_boundary", "profile"};
 const std::vector<std::string> kDevices = {"none", "cpu", "nvme"};
 
@@ -186,8 +192,8 @@ class DsFile {
     return static_cast<int>(x);
   }
   bool boolean(const json& v, const std::string& ptr, const std::string& name) const {
-    if (!v.is_boolean()) fail(value_at(ptr), fmt::format("{} must be true or false, got {}", name, v.dump()),
-                              "write true or false");
+    if (!v.is_boolean())
+      fail(value_at(ptr), fmt::format("{} must be true or false, got {}", name, v.dump()), "write true or false");
     return v.get<bool>();
   }
   const json& object(const json& v, const std::string& ptr, const std::string& name) const {
@@ -240,8 +246,8 @@ bool feature_on(const json& v) {
 }
 
 // offload_param / offload_optimizer: the device, nvme_path required with nvme, the rest listed as not priced.
-std::string read_offload(const DsFile& f, const json& zero, const std::string& name, const std::vector<std::string>& keys,
-                         DeepSpeedRun& run) {
+std::string read_offload(const DsFile& f, const json& zero, const std::string& name,
+                         const std::vector<std::string>& keys, DeepSpeedRun& run) {
   const auto it = zero.find(name);
   if (it == zero.end() || it->is_null()) return "none";
   const std::string ptr = "/zero_optimization/" + name;
@@ -307,8 +313,8 @@ void read_zero(const DsFile& f, const json& root, DeepSpeedRun& run) {
   if (const auto s = zero.find("stage"); s != zero.end() && !s->is_null()) {
     run.stage = f.integer(*s, "/zero_optimization/stage", "zero_optimization.stage", 0);
     if (run.stage > 3)
-      fail(f.value_at("/zero_optimization/stage"), fmt::format("zero_optimization.stage = {} is not a ZeRO stage",
-                                                               run.stage),
+      fail(f.value_at("/zero_optimization/stage"),
+           fmt::format("zero_optimization.stage = {} is not a ZeRO stage", run.stage),
            "ZeRO stages are 0 (off), 1 (optimizer state partitioned), 2 (+ gradients), 3 (+ parameters)");
   }
   run.offload_param = read_offload(f, zero, "offload_param", kOffloadParamKeys, run);
@@ -352,8 +358,9 @@ void read_precision(const DsFile& f, const json& root, const DeepSpeedContext& c
                "DeepSpeed trains in one of them: disable the other");
         on = dtype;
       } else if (key == "fp16_master_weights_and_grads" && v.is_boolean() && v.get<bool>()) {
-        f.unmodelled(kptr, kname, "FP16 master weights halve the optimizer's memory and traffic; every kind keeps "
-                                  "FP32 masters");
+        f.unmodelled(kptr, kname,
+                     "FP16 master weights halve the optimizer's memory and traffic; every kind keeps "
+                     "FP32 masters");
       } else {
         run.not_priced.push_back(kname + (is_auto(v) ? " (auto)" : ""));
       }
@@ -380,12 +387,12 @@ void read_batch(const DsFile& f, const json& root, const DeepSpeedContext& ctx, 
     if (is_auto(*it)) {
       if (std::string_view(key) == "train_batch_size") {
         out = ctx.minibatch;
-        run.notes.push_back(fmt::format("train_batch_size: auto -> {} (plan.minibatch of the harmony config)",
-                                        ctx.minibatch));
+        run.notes.push_back(
+            fmt::format("train_batch_size: auto -> {} (plan.minibatch of the harmony config)", ctx.minibatch));
       } else if (std::string_view(key) == "train_micro_batch_size_per_gpu" && ctx.u_bwd) {
         out = *ctx.u_bwd;
-        run.notes.push_back(fmt::format("train_micro_batch_size_per_gpu: auto -> {} (plan.u_bwd of the harmony config)",
-                                        *ctx.u_bwd));
+        run.notes.push_back(
+            fmt::format("train_micro_batch_size_per_gpu: auto -> {} (plan.u_bwd of the harmony config)", *ctx.u_bwd));
       } else {
         run.notes.push_back(fmt::format("{}: auto -> inferred from the other batch keys, as DeepSpeed does", key));
       }
@@ -421,14 +428,15 @@ void read_batch(const DsFile& f, const json& root, const DeepSpeedContext& ctx, 
   } else if (tbs) {
     accum = 1;
     micro = divide(*tbs, n, "train_batch_size", fmt::format("{} GPUs (plan.gpus)", n));
-    run.notes.push_back(fmt::format("train_micro_batch_size_per_gpu: {} (train_batch_size / GPUs, no accumulation)",
-                                    *micro));
+    run.notes.push_back(
+        fmt::format("train_micro_batch_size_per_gpu: {} (train_batch_size / GPUs, no accumulation)", *micro));
   } else if (micro) {
     accum = 1;
     tbs = *micro * n;
   } else {
-    fail(SourceLoc{f.path(), 1, 1}, "the DeepSpeed config gives neither train_batch_size nor "
-                                    "train_micro_batch_size_per_gpu",
+    fail(SourceLoc{f.path(), 1, 1},
+         "the DeepSpeed config gives neither train_batch_size nor "
+         "train_micro_batch_size_per_gpu",
          "DeepSpeed needs one of them (\"auto\" takes plan.minibatch / plan.u_bwd from the harmony config)");
   }
   if (static_cast<std::int64_t>(*micro) * *accum * n != *tbs)
@@ -500,9 +508,10 @@ void map_to_kind(DeepSpeedRun& run) {
         "ZeRO-3 without offload: parameters, gradients and optimizer state partitioned over the GPUs, each layer "
         "all-gathered for the forward and the backward and its gradient reduce-scattered: zero-infinity runs the "
         "same collectives, offload cpu";
-    run.approximation = "zero-infinity fetches each shard from host memory over PCIe before its all-gather, where "
-                        "ZeRO-3 keeps the shards on the GPUs; " +
-                        no_gpu_adam;
+    run.approximation =
+        "zero-infinity fetches each shard from host memory over PCIe before its all-gather, where "
+        "ZeRO-3 keeps the shards on the GPUs; " +
+        no_gpu_adam;
     return;
   }
   run.plan_kind = "dp-swap";
@@ -511,9 +520,10 @@ void map_to_kind(DeepSpeedRun& run) {
       run.stage == 0
           ? "ZeRO stage 0: plain data parallelism (every GPU holds the whole model and all-reduces the gradients): "
             "dp-swap, which keeps the weights resident when they fit and accumulates gradients on the GPU"
-          : fmt::format("ZeRO-{} without offload: data parallelism with the optimizer state{} partitioned over the "
-                        "GPUs: dp-swap, which keeps the weights resident when they fit",
-                        run.stage, run.stage == 2 ? " and gradients" : "");
+          : fmt::format(
+                "ZeRO-{} without offload: data parallelism with the optimizer state{} partitioned over the "
+                "GPUs: dp-swap, which keeps the weights resident when they fit",
+                run.stage, run.stage == 2 ? " and gradients" : "");
   run.approximation = no_gpu_adam + "; dp-swap swaps weights or activations that do not fit the GPU, where " +
                       "DeepSpeed would run out of memory";
 }

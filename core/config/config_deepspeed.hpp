@@ -23,12 +23,12 @@ struct DeepSpeedContext {
 // The run a DeepSpeed config describes, and how harmony prices it.
 struct DeepSpeedRun {
   std::string path;
-  int stage = 0;                         // zero_optimization.stage (0 without the section)
-  std::string offload_param = "none";    // zero_optimization.offload_param.device: none, cpu, nvme
+  int stage = 0;                           // zero_optimization.stage (0 without the section)
+  std::string offload_param = "none";      // zero_optimization.offload_param.device: none, cpu, nvme
   std::string offload_optimizer = "none";  // zero_optimization.offload_optimizer.device
-  int micro_batch = 1;                   // train_micro_batch_size_per_gpu
-  int accumulation = 1;                  // gradient_accumulation_steps
-  int train_batch = 1;                   // train_batch_size = micro_batch × accumulation × gpus
+  int micro_batch = 1;                     // train_micro_batch_size_per_gpu
+  int accumulation = 1;                    // gradient_accumulation_steps
+  int train_batch = 1;                     // train_batch_size = micro_batch × accumulation × gpus
   int gpus = 1;
   // fp16, bf16 or fp32 from fp16/bf16.enabled; "" when "auto" (the harmony model's dtype stays)
   std::string dtype;
@@ -39,11 +39,11 @@ struct DeepSpeedRun {
   // priced: the kind runs what DeepSpeed runs; approximate: the closest kind, `approximation` says how it differs;
   // inexpressible: no kind runs it (not priced; `approximation` says why)
   std::string status = "priced";
-  std::string reasoning;      // why this kind
-  std::string approximation;  // how the kind differs (approximate, inexpressible)
+  std::string reasoning;                // why this kind
+  std::string approximation;            // how the kind differs (approximate, inexpressible)
   std::vector<std::string> notes;       // "auto" and inferred values, and where they came from
   std::vector<std::string> not_priced;  // keys read but not priced: "zero_optimization.overlap_comm", ...
-  std::string summary;                  // "ZeRO-3, offload_param cpu, offload_optimizer cpu, micro 4 × accum 2 × 2 GPUs"
+  std::string summary;  // "ZeRO-3, offload_param cpu, offload_optimizer cpu, micro 4 × accum 2 × 2 GPUs"
 };
 
 // Reads the DeepSpeed config at `path` (DeepSpeed's config-json keys, https://www.deepspeed.ai/docs/config-json/):

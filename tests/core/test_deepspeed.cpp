@@ -81,8 +81,8 @@ TEST_CASE("ZeRO-3 with parameter offload is zero-infinity on the parameters' tie
   for (const std::string dev : {"cpu", "nvme"}) {
     const std::string path = dev == "nvme" ? R"(, "nvme_path": "/nvme")" : "";
     const auto r = read(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3,
-      "offload_param": {"device": ")" + dev + "\"" + path + R"(}, "offload_optimizer": {"device": ")" + dev + "\"" +
-                        path + "}}}");
+      "offload_param": {"device": ")" +
+                        dev + "\"" + path + R"(}, "offload_optimizer": {"device": ")" + dev + "\"" + path + "}}}");
     CHECK(r.plan_kind == "zero-infinity");
     CHECK(r.offload == dev);
     CHECK(r.status == "priced");
@@ -155,10 +155,11 @@ TEST_CASE("batch sizes: DeepSpeed's inference over plan.gpus, and the consistenc
   "train_batch_size": 32
 })",
                                    4, 23);
-  CHECK(contains(msg, "train_batch_size 32 is not train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x "
-                      "2 GPUs (plan.gpus) = 16"));
-  CHECK(contains(error_at(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})", 1, 22),
-                 "does not split"));
+  CHECK(contains(msg,
+                 "train_batch_size 32 is not train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x "
+                 "2 GPUs (plan.gpus) = 16"));
+  CHECK(
+      contains(error_at(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})", 1, 22), "does not split"));
   CHECK(contains(error_at(R"({"steps_per_print": 1})", 1, 1), "neither train_batch_size nor"));
   error_at(R"({"train_micro_batch_size_per_gpu": 0})", 1, 36);
   error_at(R"({"train_micro_batch_size_per_gpu": "4"})", 1, 36);
@@ -192,7 +193,8 @@ TEST_CASE("precision and activation checkpointing") {
   CHECK(read(R"({"train_micro_batch_size_per_gpu": 4, "bfloat16": {"enabled": true}})").dtype == "bf16");
   CHECK(read(R"({"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": false}})").dtype == "fp32");
   CHECK(read(R"({"train_micro_batch_size_per_gpu": 4})").activations.empty());
-  const auto r = read(R"({"train_micro_batch_size_per_gpu": 4, "activation_checkpointing": {"cpu_checkpointing": true}})");
+  const auto r =
+      read(R"({"train_micro_batch_size_per_gpu": 4, "activation_checkpointing": {"cpu_checkpointing": true}})");
   CHECK(r.activations == "checkpoint");
   CHECK(has(r.not_priced, "activation_checkpointing.cpu_checkpointing"));
   error_at(R"({"train_micro_batch_size_per_gpu": 4,
@@ -214,8 +216,9 @@ TEST_CASE("refused keys, each at its line:column") {
   CHECK(contains(error_at(R"({"train_micro_batch_size_per_gpu": 4, "pipeline": {"stages": 2}})", 1, 39),
                  "pipeline is not modelled"));
   CHECK(read(R"({"train_micro_batch_size_per_gpu": 4, "moe": {"enabled": false}})").not_priced.front() == "moe (off)");
-  error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})",
-           1, 73);
+  error_at(
+      R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})", 1,
+      73);
   error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2,
     "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",
            2, 44);
@@ -223,8 +226,9 @@ TEST_CASE("refused keys, each at its line:column") {
   error_at(R"({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "SGD"}})", 1, 61);
   // values
   error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 4}})", 1, 70);
-  error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
-           1, 101);
+  error_at(
+      R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
+      1, 101);
   error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2,
   "offload_optimizer": {"device": "nvme", "nvme_path": "/n"}}})",
            2, 35);
