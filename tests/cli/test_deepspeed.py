@@ -122,6 +122,22 @@ with tempfile.TemporaryDirectory() as tmp:
     check("auto: says where the value came from", "train_batch_size: auto -> 8 (plan.minibatch" in r.stdout, r.stdout)
     check("auto: micro 2 x accum 2 x 2 GPUs", "micro 2 x accum 2 x 2 GPUs" in r.stdout, r.stdout)
 
+    # --- fp16/bf16 become the analytic model's dtype: inside model.analytic, or beside model.hf_config
+    ds = write("fp16.json", '{"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": true},\n'
+                            ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}\n')
+    search = "search: {packing_fwd: [balanced_time], packing_bwd: [balanced_time]}\n"
+    plan = "machine: a100-pcie-8x\ncost_model: native\nplan: {mode: harmony-pp, gpus: 2, minibatch: 8}\n" + search
+    analytic = write("analytic.yaml", "model: {analytic: {preset: gpt2-small, ubatch_sizes: [1, 2, 4]}}\n" + plan)
+    with open(os.path.join(ROOT, "configs/models/qwen2-7b/config.json")) as f:
+        write("config.json", f.read())
+    hf = write("hf.yaml", "model: {hf_config: config.json, seq_len: 512, ubatch_sizes: [1, 2]}\n" + plan)
+    for cfg, key in [(analytic, "model.analytic.dtype=fp16"), (hf, "model.dtype=fp16")]:
+        r = run("compare", cfg, "--deepspeed", ds, "--quiet", "--format", "json")
+        check(f"{key}: exit 0", r.returncode == 0, r.stderr)
+        d = (json.loads(r.stdout) if r.returncode == 0 else {}).get("deepspeed") or {}
+        check(f"{key}: the dtype override", key in d.get("overrides", []) and d.get("dtype") == "fp16", d)
+        check(f"{key}: priced", d.get("feasible") is True, d)
+
     # --- bad files: exit 2, file:line:column, a hint
     BAD = [
         ("inconsistent batch", '{\n  "train_batch_size": 32,\n  "train_micro_batch_size_per_gpu": 4,\n'
