@@ -2,6 +2,7 @@
 // closest plan kind beside Harmony's best plan (sim/compare_deepspeed.hpp).
 #include "sim/compare_deepspeed.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -99,8 +100,17 @@ std::optional<KindResult> price_deepspeed(const DeepSpeedSetup& setup, const std
   if (setup.run.activations.empty()) policies.push_back(core::ActivationPolicy::Keep);
   const auto kind = core::parse_plan_kind(setup.run.plan_kind);
   if (!kind) throw core::InternalError("compare --deepspeed: unknown plan kind " + setup.run.plan_kind);
-  return best_plan_of_kind(*kind, model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model, cfg.search,
-                           cfg.options, policies);
+  KindResult row = best_plan_of_kind(*kind, model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
+                                     cfg.search, cfg.options, policies);
+  // No plan to price because the model has no costs at that micro-batch, not because memory binds.
+  const int micro = setup.run.micro_batch;
+  if (!row.feasible && row.candidates == 0 &&
+      !(model.ubatch_in_range(core::Phase::Fwd, micro) && model.ubatch_in_range(core::Phase::Bwd, micro)))
+    row.reason = fmt::format(
+        "train_micro_batch_size_per_gpu {} is outside the microbatch sizes the model is costed at (up to {}); "
+        "an analytic model takes them from ubatch_sizes",
+        micro, std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd)));
+  return row;
 }
 
 const KindResult* harmony_best(const CompareResult& res) {

@@ -148,6 +148,14 @@ std::string escape_token(std::string_view key) {
   return p;
 }
 
+// "parent" + sep + "key", built in place: a child's JSON pointer ('/', the key escaped) or dotted name ('.').
+std::string child(const std::string& parent, char sep, const std::string& key) {
+  std::string out = parent;
+  out += sep;
+  out += sep == '/' ? escape_token(key) : key;
+  return out;
+}
+
 bool listed(const std::vector<std::string>& v, const std::string& key) {
   return std::find(v.begin(), v.end(), key) != v.end();
 }
@@ -256,8 +264,8 @@ std::string read_offload(const DsFile& f, const json& zero, const std::string& n
   std::string device = "none";
   for (const auto& item : o.items()) {
     const std::string& key = item.key();
-    const std::string kptr = ptr + "/" + escape_token(key);
-    const std::string kname = dotted + "." + key;
+    const std::string kptr = child(ptr, '/', key);
+    const std::string kname = child(dotted, '.', key);
     if (!listed(keys, key)) f.unknown(kptr, kname, key, keys);
     const json& v = item.value();
     if (key == "device") {
@@ -342,8 +350,8 @@ void read_precision(const DsFile& f, const json& root, const DeepSpeedContext& c
     const auto& keys = std::string_view(section) == "fp16" ? kFp16Keys : kBf16Keys;
     for (const auto& item : o.items()) {
       const std::string& key = item.key();
-      const std::string kptr = ptr + "/" + escape_token(key);
-      const std::string kname = std::string(section) + "." + key;
+      const std::string kptr = child(ptr, '/', key);
+      const std::string kname = child(section, '.', key);
       if (!listed(keys, key)) f.unknown(kptr, kname, key, keys);
       const json& v = item.value();
       if (key == "enabled") {

@@ -114,6 +114,14 @@ with tempfile.TemporaryDirectory() as tmp:
     check("inexpressible json", (doc.get("deepspeed") or {}).get("status") == "inexpressible" and
           doc["deepspeed"]["best"] is None and doc["deepspeed"]["reason"], doc.get("deepspeed"))
 
+    # --- a micro-batch the model has no costs at: priced as not fitting, saying why (not "memory")
+    p = write("big.json", '{"train_micro_batch_size_per_gpu": 16,\n'
+                          ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}\n')
+    r = run("compare", CFG, "--deepspeed", p, "--quiet", "--format", "json")
+    d = (json.loads(r.stdout) if r.returncode == 0 else {}).get("deepspeed") or {}
+    check("micro 16: exit 0, not feasible, why", r.returncode == 0 and d.get("feasible") is False and
+          "outside the microbatch sizes the model is costed at (up to 9)" in (d.get("reason") or ""), r.stderr + str(d))
+
     # --- "auto" in the batch keys takes plan.minibatch (here overridden by --set) and says so
     p = write("auto.json", '{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2,\n'
                            ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}\n')
