@@ -110,6 +110,10 @@ std::optional<KindResult> price_deepspeed(const DeepSpeedSetup& setup, const std
         "train_micro_batch_size_per_gpu {} is outside the microbatch sizes the model is costed at (up to {}); "
         "an analytic model takes them from ubatch_sizes",
         micro, std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd)));
+  // The tier is the DeepSpeed config's, not a search key the user set: say so where it cannot run.
+  const std::string tier_key = "search.offload: nvme";
+  if (!row.applicable && row.reason.rfind(tier_key, 0) == 0)
+    row.reason = "the DeepSpeed config offloads to NVMe (" + tier_key + ")" + row.reason.substr(tier_key.size());
   return row;
 }
 

@@ -122,6 +122,13 @@ with tempfile.TemporaryDirectory() as tmp:
     check("micro 16: exit 0, not feasible, why", r.returncode == 0 and d.get("feasible") is False and
           "outside the microbatch sizes the model is costed at (up to 9)" in (d.get("reason") or ""), r.stderr + str(d))
 
+    # --- NVMe offload on a machine without an NVMe tier: the row says why
+    r = run("compare", "configs/examples/gpt2_medium_search.yaml", "--set", "cost_model=native", "--deepspeed",
+            "configs/deepspeed/zero3_offload_nvme.json", "--quiet")
+    check("no nvme tier: exit 0, the row says why", r.returncode == 0 and
+          "the DeepSpeed config offloads to NVMe (search.offload: nvme), but machine 'paper-1080ti' has no "
+          "topology.nvme" in r.stdout, r.stdout + r.stderr)
+
     # --- "auto" in the batch keys takes plan.minibatch (here overridden by --set) and says so
     p = write("auto.json", '{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2,\n'
                            ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}\n')
