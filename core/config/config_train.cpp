@@ -90,9 +90,13 @@ void parse_offload_keys(Node& plan, TrainConfig& cfg) {
     }
     const std::string what = "plan." + it->key;
     const auto kind = parse_plan_kind(cfg.baseline_kind);
-    if (it->key == "offload" && !(kind && is_baseline(*kind) && has_offload_tiers(*kind)))
-      fail(it->key_loc, "plan.offload applies to plan.mode: zero-infinity or lohan only",
-           "remove the key, or set mode: zero-infinity or lohan");
+    if (it->key == "offload" && !(kind && is_baseline(*kind) && has_offload_tiers(*kind))) {
+      std::vector<std::string> tiered;  // the baseline kinds with offload tiers, from the registry
+      for (PlanKind k : baseline_kinds())
+        if (has_offload_tiers(k)) tiered.emplace_back(plan_kind_name(k));
+      fail(it->key_loc, fmt::format("plan.offload applies to plan.mode: {} only", join(tiered, " or ")),
+           fmt::format("remove the key, or set mode: {}", join(tiered, " or ")));
+    }
     if (it->key == "zero3" && cfg.baseline_kind != "zero-infinity")
       fail(it->key_loc, "plan.zero3 applies to plan.mode: zero-infinity only",
            "remove the key, or set mode: zero-infinity");
@@ -188,6 +192,8 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   for (Entry& e : harmony_plan.entries) {
     if (e.key != "mode" || e.value.kind != Node::Kind::Scalar) continue;
     const auto kind = parse_plan_kind(e.value.scalar);
+    // harmony-run runs every registered kind: an unknown name gets the closest of them all, not only Harmony's
+    if (!kind && !parse_mode_alias(e.value.scalar)) fail_unknown_mode(e.value, plan_kind_names());
     if (kind && is_baseline(*kind)) {
       cfg.baseline_kind = e.value.scalar;
       e.value.scalar = "harmony-pp";
