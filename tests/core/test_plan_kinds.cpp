@@ -167,7 +167,7 @@ TEST_CASE("plan.mode's choices: harmony-sim's configs offer Harmony's kinds, har
   CHECK(load_train_config_text(kTrainModel + "plan: {mode: vDP, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, "
                                              "pack_size: 1}\n",
                                "r.yaml")
-            .plan.kind == PlanKind::HarmonyDP);
+            .kind == PlanKind::HarmonyDP);
 
   // plan.offload on a baseline without tiers names the baselines that have them
   const ConfigError offload = config_error([] {
