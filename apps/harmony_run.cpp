@@ -599,8 +599,8 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
     r.plan_kind = c.kind;
     out.push_back(Candidate{std::move(c), std::move(r)});
   };
-  if (!cfg.baseline_kind.empty()) {
-    const core::PlanKind kind = *core::parse_plan_kind(cfg.baseline_kind);
+  if (core::is_baseline(cfg.kind)) {
+    const core::PlanKind kind = cfg.kind;
     core::BaselineSearchOptions bo;
     bo.ubatch_step = cfg.search.ubatch_step;
     bo.ubatch_sizes = cfg.search.u_bwd;
@@ -704,7 +704,7 @@ constexpr std::size_t kAutoTrials = 24;
 // memory account disagrees with the executor's.
 Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
   const auto& cfg = s.cfg;
-  const std::string kind = cfg.baseline_kind.empty() ? core::plan_kind_name(cfg.plan.kind) : cfg.baseline_kind;
+  const std::string kind = core::plan_kind_name(cfg.kind);
   const core::Model priced = priced_model(s, measured_profile(s, s.desc.ubatch_fwd, quiet));
   std::string why_none;
   std::vector<Candidate> cands = auto_candidates(s, priced, why_none);
@@ -782,7 +782,7 @@ core::BaselinePlan config_baseline(const Setup& s) {
 Chosen choose(const Setup& s, const Cli& cli, bool quiet) {
   const auto& cfg = s.cfg;
   if (cli.plan == "auto") return auto_choose(s, cli, quiet);
-  if (!cfg.baseline_kind.empty()) return chosen_baseline(s, config_baseline(s));
+  if (core::is_baseline(cfg.kind)) return chosen_baseline(s, config_baseline(s));
   return chosen_harmony(s, core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run"));
 }
 

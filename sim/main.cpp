@@ -597,7 +597,7 @@ struct CalibrateCli {
 std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, const core::Model& model,
                                               const std::string& trace_text) {
   std::vector<core::Program> out;
-  if (cfg.baseline_kind.empty()) {
+  if (!core::is_baseline(cfg.kind)) {
     const core::Plan plan = core::plan_from_spec(cfg.plan, model, cfg.file, "`calibrate`");
     out.push_back(core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model,
                                       all_gpus(core::lower_options(cfg.options))));
@@ -668,7 +668,7 @@ double measured_step_s(const std::string& path, const core::TrainConfig& cfg) {
         return !pl.contains(key) || pl[key] == want;
       }
     };
-    const std::string mode = cfg.baseline_kind.empty() ? core::plan_kind_name(cfg.plan.kind) : cfg.baseline_kind;
+    const std::string mode = core::plan_kind_name(cfg.kind);
     if (!same("plan_kind", mode) || !same("gpus", cfg.plan.gpus) || !same("minibatch", cfg.plan.minibatch) ||
         !same("u_fwd", cfg.plan.u_fwd) || !same("u_bwd", cfg.plan.u_bwd))
       throw core::ConfigError(core::SourceLoc{path, 1, 1},

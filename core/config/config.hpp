@@ -109,9 +109,10 @@ struct TrainConfig {
   SourceLoc device_loc;  // where `device:` was written (its value; --set device=...), else the file
   CostModelKind cost_model = CostModelKind::Native;  // for --plan auto
   PlanSpec plan;
-  // plan.mode given as a baseline kind ("dp-swap", "pp-swap", "zero-infinity", "l2l"): run that baseline with
-  // microbatch plan.u_bwd (packs are ignored; plan.kind is then harmony-pp); "" for Harmony (plan.kind).
-  std::string baseline_kind;
+  // The kind plan.mode names, any registered kind: a Harmony kind is plan.kind; a baseline ("dp-swap", "pp-swap",
+  // "zero-infinity", "l2l", "lohan") runs with microbatch plan.u_bwd (packs are ignored; plan.kind is then harmony-pp,
+  // whose keys the plan section was read as).
+  PlanKind kind = PlanKind::HarmonyPP;
   // plan.activations (baselines only): checkpoint (the default; recompute in the backward) or keep.
   ActivationPolicy baseline_activations = ActivationPolicy::Checkpoint;
   // plan.offload and plan.zero3 (zero-infinity only; docs/baselines.md): the offload tier and ZeRO-3's overheads.

@@ -158,6 +158,12 @@ struct SearchLocs {
   std::vector<SourceLoc> u_fwd, u_bwd;
 };
 
+// plan.mode's spellings: harmony-sim's configs take the registry's Harmony kinds (harmony_mode_names, in listing
+// order), harmony-run's every registered kind (plan_kind_names); both take the paper's aliases vPP and vDP.
+std::vector<std::string> harmony_mode_names();
+std::optional<PlanKind> parse_mode_alias(std::string_view name);  // "vPP" -> harmony-pp, "vDP" -> harmony-dp
+// "unknown plan.mode 'x'" at v, with the closest of `kinds` and the aliases, and the list of `kinds`.
+[[noreturn]] void fail_unknown_mode(const Node& v, const std::vector<std::string>& kinds);
 PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& locs);
 Options parse_options(const Node* map, bool prefetch_default);
 SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default);

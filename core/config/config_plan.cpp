@@ -3,7 +3,10 @@
 // search sizes); and plan_from_spec, the public PlanSpec -> Plan step. Shared with config.cpp and config_train.cpp
 // through config_internal.hpp.
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -26,16 +29,46 @@ const std::vector<std::string> kOptionKeys = {"prefetch", "prefetch_buffers", "u
 const std::vector<std::string> kSearchKeys = {"packing_fwd",  "packing_bwd", "top_k",         "ubatch_step",
                                               "smaller_ufwd", "fit_rule",    "u_fwd",         "u_bwd",
                                               "threads",      "pack_counts", "packs_per_gpu", "offload"};
-const std::vector<std::string> kModeNames = {"harmony-pp", "harmony-dp", "vPP", "vDP"};
+// The paper's spellings of Harmony's two kinds (its --mode vPP / vDP), accepted by plan.mode in both tools.
+const std::vector<std::pair<std::string, PlanKind>> kModeAliases = {{"vPP", PlanKind::HarmonyPP},
+                                                                    {"vDP", PlanKind::HarmonyDP}};
+
+// "modes: harmony-pp, harmony-dp (the paper's aliases vPP, vDP)"
+std::string mode_hint(const std::vector<std::string>& kinds) {
+  return fmt::format("modes: {} (the paper's aliases vPP, vDP)", join(kinds));
+}
+
+}  // namespace
+
+std::vector<std::string> harmony_mode_names() {
+  std::vector<std::string> names;
+  for (const PlanKindInfo& i : plan_kinds())
+    if (!i.is_baseline) names.emplace_back(i.name);
+  return names;
+}
+
+std::optional<PlanKind> parse_mode_alias(std::string_view name) {
+  for (const auto& [alias, kind] : kModeAliases)
+    if (name == alias) return kind;
+  return std::nullopt;
+}
+
+[[noreturn]] void fail_unknown_mode(const Node& v, const std::vector<std::string>& kinds) {
+  std::vector<std::string> spellings = kinds;
+  for (const auto& a : kModeAliases) spellings.push_back(a.first);
+  const std::string best = closest_match(v.scalar, spellings);
+  fail(v.loc, fmt::format("unknown plan.mode '{}'", v.scalar),
+       (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + mode_hint(kinds));
+}
+
+namespace {
 
 PlanKind parse_mode(const Node& v) {
-  const std::string hint_tail = "modes: harmony-pp, harmony-dp (the paper's aliases vPP, vDP)";
-  const std::string& s = expect_scalar(v, "plan.mode", "a mode name", hint_tail);
-  if (s == "harmony-pp" || s == "vPP") return PlanKind::HarmonyPP;
-  if (s == "harmony-dp" || s == "vDP") return PlanKind::HarmonyDP;
-  const std::string best = closest_match(s, kModeNames);
-  fail(v.loc, fmt::format("unknown plan.mode '{}'", s),
-       (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + hint_tail);
+  const std::vector<std::string> kinds = harmony_mode_names();
+  const std::string& s = expect_scalar(v, "plan.mode", "a mode name", mode_hint(kinds));
+  if (const auto alias = parse_mode_alias(s)) return *alias;
+  if (const auto kind = parse_plan_kind(s); kind && !is_baseline(*kind)) return *kind;
+  fail_unknown_mode(v, kinds);
 }
 
 constexpr const char* kPacksHint =

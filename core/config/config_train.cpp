@@ -89,11 +89,14 @@ void parse_offload_keys(Node& plan, TrainConfig& cfg) {
       continue;
     }
     const std::string what = "plan." + it->key;
-    const auto kind = parse_plan_kind(cfg.baseline_kind);
-    if (it->key == "offload" && !(kind && is_baseline(*kind) && has_offload_tiers(*kind)))
-      fail(it->key_loc, "plan.offload applies to plan.mode: zero-infinity or lohan only",
-           "remove the key, or set mode: zero-infinity or lohan");
-    if (it->key == "zero3" && cfg.baseline_kind != "zero-infinity")
+    if (it->key == "offload" && !(is_baseline(cfg.kind) && has_offload_tiers(cfg.kind))) {
+      std::vector<std::string> tiered;  // the baseline kinds with offload tiers, from the registry
+      for (PlanKind k : baseline_kinds())
+        if (has_offload_tiers(k)) tiered.emplace_back(plan_kind_name(k));
+      fail(it->key_loc, fmt::format("plan.offload applies to plan.mode: {} only", join(tiered, " or ")),
+           fmt::format("remove the key, or set mode: {}", join(tiered, " or ")));
+    }
+    if (it->key == "zero3" && cfg.kind != PlanKind::ZeroInfinity)
       fail(it->key_loc, "plan.zero3 applies to plan.mode: zero-infinity only",
            "remove the key, or set mode: zero-infinity");
     if (it->key == "offload") {
@@ -188,8 +191,10 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   for (Entry& e : harmony_plan.entries) {
     if (e.key != "mode" || e.value.kind != Node::Kind::Scalar) continue;
     const auto kind = parse_plan_kind(e.value.scalar);
+    // harmony-run runs every registered kind: an unknown name gets the closest of them all, not only Harmony's
+    if (!kind && !parse_mode_alias(e.value.scalar)) fail_unknown_mode(e.value, plan_kind_names());
     if (kind && is_baseline(*kind)) {
-      cfg.baseline_kind = e.value.scalar;
+      cfg.kind = *kind;
       e.value.scalar = "harmony-pp";
     }
   }
@@ -199,7 +204,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
     const std::string hint =
         "activation policies: checkpoint (recompute each layer's forward in the backward), "
         "keep (hold or swap the saved activations)";
-    if (cfg.baseline_kind.empty())
+    if (!is_baseline(cfg.kind))
       fail(it->key_loc, fmt::format("plan.activations applies to baseline kinds ({})", join(baseline_kind_names())),
            "Harmony's plans recompute by design (checkpoint); remove the key");
     const std::string& v = expect_scalar(it->value, "plan.activations", "an activation policy", hint);
@@ -213,6 +218,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   }
   parse_offload_keys(harmony_plan, cfg);
   cfg.plan = parse_plan(harmony_plan, find(root, "plan")->key_loc, plan_locs);
+  if (!is_baseline(cfg.kind)) cfg.kind = cfg.plan.kind;
   // harmony-run keeps the paper's defaults (prefetch off, minimum pack counts): its runs and --plan auto
   // choices stay as they were; both keys can be set.
   cfg.options = parse_options(section_map(root, "options"), false);
@@ -230,10 +236,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   as_run.options = cfg.options;
   // A baseline is checked under its own rules (N divides D, u divides D/N, lohan's u = D/N), on the one
   // microbatch size it runs (plan.u_bwd); Harmony under its mode's, with equal microbatches (the runtime's).
-  const auto baseline = parse_plan_kind(cfg.baseline_kind);
-  check_plan(as_run,
-             RuleCheck{baseline ? *baseline : cfg.plan.kind, UnequalMicrobatches::Refused, !baseline.has_value()},
-             plan_locs, search_locs);
+  check_plan(as_run, RuleCheck{cfg.kind, UnequalMicrobatches::Refused, !is_baseline(cfg.kind)}, plan_locs, search_locs);
 
   const Node* train = section_map(root, "train");
   if (!train) fail(SourceLoc{file, 0, 0}, "missing required section 'train'", "add `train: {steps: 100}`");
@@ -290,9 +293,10 @@ using namespace config_detail;  // NOLINT(google-build-using-namespace): the loa
 
 BaselinePlan baseline_plan_of(const TrainConfig& cfg, const Model& model, const std::string& hint) {
   if (!cfg.plan.u_bwd)
-    throw ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", cfg.baseline_kind), hint);
+    throw ConfigError(cfg.plan.loc, fmt::format("{} needs plan.u_bwd (its microbatch size)", plan_kind_name(cfg.kind)),
+                      hint);
   BaselinePlan b;
-  b.kind = *parse_plan_kind(cfg.baseline_kind);
+  b.kind = cfg.kind;
   b.gpus = cfg.plan.gpus;
   b.minibatch = cfg.plan.minibatch;
   b.ubatch = *cfg.plan.u_bwd;

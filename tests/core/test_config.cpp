@@ -965,8 +965,8 @@ TEST_CASE("harmony-run baselines are checked under their own rules, located at t
            "\n  u_fwd: " + std::to_string(u_fwd) + "\n  u_bwd: " + std::to_string(u_bwd) + "\ntrain: {steps: 5}\n";
   };
   // a baseline runs one microbatch, plan.u_bwd: u_fwd = 3 (which harmony-pp's D % u rule refuses) is not read
-  CHECK(load_train_config_text(yaml("dp-swap", 2, 8, 3, 2), "run.yaml").baseline_kind == "dp-swap");
-  CHECK(load_train_config_text(yaml("pp-swap", 2, 8, 3, 4), "run.yaml").baseline_kind == "pp-swap");
+  CHECK(load_train_config_text(yaml("dp-swap", 2, 8, 3, 2), "run.yaml").kind == PlanKind::DpSwap);
+  CHECK(load_train_config_text(yaml("pp-swap", 2, 8, 3, 4), "run.yaml").kind == PlanKind::PpSwap);
   // the baseline's own rule: u divides D/N = 4, not D = 8 (harmony-pp's rule would take u = 8)
   const ConfigError share = train_error(yaml("dp-swap", 2, 8, 8, 8));
   check_at(share, "run.yaml", 9, 10);  // at plan.u_bwd's value
@@ -1009,7 +1009,7 @@ TEST_CASE("harmony-run plan.activations: a baseline's activation policy, located
         ActivationPolicy::Keep);
   const TrainConfig c = load_train_config_text(dp + "checkpoint}\ntrain: {steps: 5}\n", "run.yaml");
   CHECK(c.baseline_activations == ActivationPolicy::Checkpoint);
-  CHECK(c.baseline_kind == "dp-swap");
+  CHECK(c.kind == PlanKind::DpSwap);
   // the default is checkpoint
   CHECK(load_train_config_text(kTrain, "run.yaml").baseline_activations == ActivationPolicy::Checkpoint);
   const ConfigError bad = train_error(dp + "kep}\ntrain: {steps: 5}\n");
