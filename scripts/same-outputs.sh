@@ -129,6 +129,9 @@ run_all() {
   for entry in "${commands[@]}"; do
     name=${entry%%|*}
     args=${entry#*|}
+    # One search thread: with several, the counters of declined and stopped candidates (num_pruned, ...) depend on
+    # which runs finish first (the ranking does not); one thread makes every output a function of the inputs.
+    [[ $args == search* || $args == compare* ]] && args="$args --set search.threads=1"
     mkdir -p "$dir/$name"
     args=${args//OUT\/..\//$dir/}
     args=${args//OUT\//$dir/$name/}
