@@ -1,6 +1,7 @@
 // harmony-run: the command line of real training. `train` runs a Harmony Program with real tensors on capped
 // devices (the CPU device today), with progress, traces, JSON output and checkpoints; `profile` measures a
-// model on a device into a profile harmony-sim reads. The composition root: the only file that sees core/,
+// model on a device into a profile harmony-sim reads; `probe` measures the host's rates into a machine file
+// (harmony_run_probe.cpp). The composition root: the only file that sees core/,
 // sim/ (the search behind --plan auto) and backend/ together; it prints and picks exit codes (2: bad input).
 #include <unistd.h>
 
@@ -26,13 +27,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "apps/cuda_loader.hpp"
-#include "backend/cpu/cpu_device.hpp"
+#include "apps/harmony_run_probe.hpp"
 #include "backend/executor/executor.hpp"
 #include "backend/host_memory.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/model/hf_weights.hpp"
 #include "backend/profiler.hpp"
+#include "backend/registry.hpp"
 #include "backend/tokens.hpp"
 #include "backend/train_checkpoint.hpp"
 #include "core/base/atomic_file.hpp"
@@ -208,6 +209,38 @@ backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
   return backend::gpt2_config_at(cfg.model.weights_path, cfg.model.n_head);
 }
 
+// The registry's kind of the config's `device:` (a located error naming the registered kinds when unknown).
+const backend::DeviceKind& device_kind(const core::TrainConfig& cfg) {
+  return backend::device_kind_at(cfg.device, cfg.device_loc);
+}
+
+// The config's device against the registry, before anything is read or allocated: a registered kind, the command
+// line's device flags and train.dtype among its capabilities, and available here (a module kind is loaded now, and
+// only for a config that names it).
+void check_device(const core::TrainConfig& cfg, const DeviceFlags& f) {
+  const backend::DeviceKind& kind = device_kind(cfg);
+  const struct {
+    bool on;
+    const char* flag;
+    bool backend::DeviceCaps::*cap;
+  } flags[] = {{f.tf32, "--tf32", &backend::DeviceCaps::tf32},
+               {f.tree_sums, "--tree-sums", &backend::DeviceCaps::tree_sums}};
+  for (const auto& x : flags) {
+    if (!x.on || kind.caps().*x.cap) continue;
+    const std::vector<std::string> with = backend::device_kinds_with(x.cap);
+    throw core::ConfigError(cfg.device_loc,
+                            fmt::format("{} applies to device: {} only; this run's device is {}", x.flag,
+                                        fmt::join(with, ", "), kind.name()),
+                            fmt::format("drop the flag{}", with.empty() ? "" : ", or use --set device=" + with[0]));
+  }
+  if (run_dtype(cfg) == backend::DType::BF16 && !kind.caps().bf16_kernels)
+    throw core::ConfigError(
+        cfg.device_loc, fmt::format("train.dtype bf16: device {} has no bf16 kernels", kind.name()),
+        fmt::format("use dtype fp32, or a device with bf16 kernels ({})",
+                    fmt::join(backend::device_kinds_with(&backend::DeviceCaps::bf16_kernels), ", ")));
+  backend::require_available(kind, cfg.device_loc);
+}
+
 Setup make_setup(const Cli& cli) {
   Setup s;
   s.cfg = core::load_train_config(cli.config, cli.sets, cli.plan == "auto", flag_overrides(cli));
@@ -220,18 +253,7 @@ Setup make_setup(const Cli& cli) {
                             fmt::format("write --gpu-memory {}GiB, {}MiB or {}KiB (or {}B for bytes)", v, v, v, v));
   s.device_flags = cli.device_flags;
   const auto& cfg = s.cfg;
-  if (cfg.device != "cuda" && (cli.device_flags.tf32 || cli.device_flags.tree_sums))
-    throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
-                            fmt::format("{} applies to device: cuda only; this run's device is {}",
-                                        cli.device_flags.tf32 ? "--tf32" : "--tree-sums", cfg.device),
-                            "drop the flag (the CPU device computes in fp32 in row order), or use --set device=cuda");
-  if (cfg.device == "cuda") {
-    const backend::cuda::ModuleApi& cuda = apps::cuda_module(cfg.file);  // loads the CUDA libraries (only here)
-    if (!cuda.available())
-      throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
-                              "device: cuda, but no usable GPU: " + cuda.unavailable_reason(),
-                              "run on a machine with an NVIDIA GPU, or use `device: cpu` (--set device=cpu)");
-  }
+  check_device(cfg, cli.device_flags);
   const backend::Gpt2Config gc = gpt2_config(cfg);
   if (cfg.model.seq_len > gc.max_seq_len)
     throw core::ConfigError(
@@ -356,7 +378,8 @@ std::string host_limit_hint(const backend::HostMemoryLimit* limit) {
 // refused, not killed later.
 void check_host_memory(const Setup& s, const sim::HostAccount& h, int devices) {
   const auto& cfg = s.cfg;
-  const core::Bytes arenas = cfg.device == "cpu" ? core::Bytes{devices} * cfg.machine.gpu_memory_bytes : 0;
+  const core::Bytes arenas =
+      device_kind(cfg).caps().memory_in_host ? core::Bytes{devices} * cfg.machine.gpu_memory_bytes : 0;
   const core::Bytes need = h.total_bytes + arenas;
   const backend::HostMemoryProbe probe = backend::probe_host_memory();
   const backend::HostMemoryLimit* limit = probe.tightest();
@@ -381,18 +404,16 @@ void check_host_memory(const Setup& s, const sim::HostAccount& h, int devices) {
 // one): what every plan needs, on `devices` devices.
 void check_host_floor(const Setup& s, int devices) { check_host_memory(s, sim::host_floor(s.desc, false), devices); }
 
-// Device g of the config's kind, capped at machine.gpu_memory, with the command line's --tf32, --tree-sums
-// (CUDA) and --poison; `timing`: never poisoned (the profiler's timings).
+// Device g of the config's kind (the registry's), capped at machine.gpu_memory, with the command line's --tf32,
+// --tree-sums and --poison; `timing`: never poisoned (the profiler's timings).
 std::unique_ptr<backend::Device> make_device(const core::TrainConfig& cfg, const DeviceFlags& f, int g, bool timing) {
-  if (cfg.device == "cuda") {
-    const backend::cuda::ModuleApi& cuda = apps::cuda_module(cfg.file);
-    return cuda.make_device(g, {.capacity = cfg.machine.gpu_memory_bytes,
-                                .tf32 = f.tf32,
-                                .tree_sums = f.tree_sums,
-                                .poison = !timing && (f.poison || cuda.poison_by_default)});
-  }
-  return backend::cpu::make_cpu_device(
-      g, {.capacity = cfg.machine.gpu_memory_bytes, .poison = !timing && (f.poison || backend::cpu::kPoisonByDefault)});
+  using Poison = backend::DeviceOptions::Poison;
+  return device_kind(cfg).make_device(g, {.capacity = cfg.machine.gpu_memory_bytes,
+                                          .tf32 = f.tf32,
+                                          .tree_sums = f.tree_sums,
+                                          .poison = timing     ? Poison::Off
+                                                    : f.poison ? Poison::On
+                                                               : Poison::Default});
 }
 
 std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConfig& cfg, const DeviceFlags& f, int n) {
@@ -404,12 +425,13 @@ std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConf
 
 // The communicator the executor sums replicas' gradients with on the devices (ExecutorOptions::communicator):
 // over `devs` in rank order, of the devices' kind; nullptr with --host-sums (the host path) or one device (no
-// replicas). The caller keeps it alive as long as the executor, and destroys it before the devices.
+// replicas, or a device kind without collectives: the executor then sums on the host). The caller keeps it alive as
+// long as the executor, and destroys it before the devices.
 std::unique_ptr<backend::Communicator> make_communicator(const core::TrainConfig& cfg, const Cli& cli,
                                                          const std::vector<backend::Device*>& devs) {
-  if (cli.host_sums || devs.size() < 2) return nullptr;
-  if (cfg.device == "cuda") return apps::cuda_module(cfg.file).make_communicator(devs);
-  return backend::cpu::make_cpu_communicator(devs);
+  const backend::DeviceKind& kind = device_kind(cfg);
+  if (cli.host_sums || devs.size() < 2 || !kind.caps().collectives) return nullptr;
+  return kind.make_communicator(devs);
 }
 
 // The devices as the executor takes them (the caller keeps `owned`).
@@ -489,7 +511,8 @@ backend::ExecutorOptions executor_options(const Cli& cli, const core::TrainConfi
                                           backend::Communicator* communicator = nullptr) {
   return {.seq_len = cfg.model.seq_len,
           .adamw = adamw_config(cfg),
-          .concurrent = cli.executor == "concurrent" || (cli.executor == "auto" && cfg.device == "cuda"),
+          .concurrent =
+              cli.executor == "concurrent" || (cli.executor == "auto" && device_kind(cfg).caps().concurrent_executor),
           .run_ahead = cli.run_ahead,
           .pinned_limit = cfg.machine.topology.pinned_limit_bytes,
           .dtype = run_dtype(cfg),
@@ -576,8 +599,8 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
     r.plan_kind = c.kind;
     out.push_back(Candidate{std::move(c), std::move(r)});
   };
-  if (!cfg.baseline_kind.empty()) {
-    const core::PlanKind kind = *core::parse_plan_kind(cfg.baseline_kind);
+  if (core::is_baseline(cfg.kind)) {
+    const core::PlanKind kind = cfg.kind;
     core::BaselineSearchOptions bo;
     bo.ubatch_step = cfg.search.ubatch_step;
     bo.ubatch_sizes = cfg.search.u_bwd;
@@ -681,7 +704,7 @@ constexpr std::size_t kAutoTrials = 24;
 // memory account disagrees with the executor's.
 Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
   const auto& cfg = s.cfg;
-  const std::string kind = cfg.baseline_kind.empty() ? core::plan_kind_name(cfg.plan.kind) : cfg.baseline_kind;
+  const std::string kind = core::plan_kind_name(cfg.kind);
   const core::Model priced = priced_model(s, measured_profile(s, s.desc.ubatch_fwd, quiet));
   std::string why_none;
   std::vector<Candidate> cands = auto_candidates(s, priced, why_none);
@@ -759,7 +782,7 @@ core::BaselinePlan config_baseline(const Setup& s) {
 Chosen choose(const Setup& s, const Cli& cli, bool quiet) {
   const auto& cfg = s.cfg;
   if (cli.plan == "auto") return auto_choose(s, cli, quiet);
-  if (!cfg.baseline_kind.empty()) return chosen_baseline(s, config_baseline(s));
+  if (core::is_baseline(cfg.kind)) return chosen_baseline(s, config_baseline(s));
   return chosen_harmony(s, core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run"));
 }
 
@@ -1261,6 +1284,8 @@ int run_cli(int argc, char** argv) {
   profile->add_option("--out", cli.out, "profile JSON to write")->required();
   profile->add_option("--ubatch", cli.ubatch, "microbatch sizes (default 1..plan.minibatch)")->delimiter(',');
   profile->add_option("--repeats", cli.repeats, "timed repetitions per measurement (median)")->check(kPositiveInt);
+  apps::ProbeCli probe_cli;
+  auto* probe = apps::add_probe_command(app, probe_cli);  // apps/harmony_run_probe.cpp
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -1272,6 +1297,7 @@ int run_cli(int argc, char** argv) {
   }
   try {
     if (*profile) return cmd_profile(cli);
+    if (*probe) return apps::cmd_probe(probe_cli);
     return cmd_train(cli);
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";

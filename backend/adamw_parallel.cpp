@@ -24,18 +24,10 @@
 #endif
 
 namespace harmony::backend {
-namespace adamw_detail {
-// adamw_update's factors, computed with the same expressions (backend/adamw.cpp). Named (not in the anonymous
-// namespace) because ParallelAdamW::Impl holds one: GCC's -Wsubobject-linkage fires on that in a unity build.
-struct Factors {
-  float decay, b1, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
-};
-}  // namespace adamw_detail
-using adamw_detail::Factors;
+using Factors = AdamWFactors;
 
-namespace {
-
-Factors factors(const AdamWConfig& c, std::int64_t step) {
+// adamw_update's factors, computed with the same expressions (backend/adamw.cpp).
+AdamWFactors adamw_factors(const AdamWConfig& c, std::int64_t step) {
   if (step < 1) throw BackendError(fmt::format("AdamW: step {} must be >= 1", step));
   const double bias_correction1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
@@ -50,6 +42,10 @@ Factors factors(const AdamWConfig& c, std::int64_t step) {
   f.neg_step_size = static_cast<float>(-(c.lr / bias_correction1));
   return f;
 }
+
+namespace {
+
+Factors factors(const AdamWConfig& c, std::int64_t step) { return adamw_factors(c, step); }
 
 // adamw_update's loop body, statement for statement. Returns whether every gradient element was finite: g * 0
 // is 0 for a finite g and NaN for an infinity or a NaN, so the sum of those products (one multiply and one add per
@@ -168,6 +164,36 @@ void adamw_update_vectorized(const AdamWConfig& config, std::int64_t step, float
                              float* exp_avg, float* exp_avg_sq, std::int64_t n) {
   const Factors f = factors(config, step);
   if (n > 0) vector_range(f, param, grad, exp_avg, exp_avg_sq, n);
+}
+
+bool adamw_apply(const AdamWFactors& f, float* param, const float* grad, const float* grad2, float* exp_avg,
+                 float* exp_avg_sq, float* twin, std::int64_t n) {
+  return n <= 0 || run_range(f, param, grad, grad2, exp_avg, exp_avg_sq, twin, 0, n);
+}
+
+bool adamw_apply_bf16(const AdamWFactors& f, float* master, Bf16* working, const Bf16* grad, const Bf16* grad2,
+                      float* exp_avg, float* exp_avg_sq, Bf16* twin, std::int64_t n) {
+  // In chunks on the stack (elements are independent, so chunking changes no result): the gradient widened (and
+  // the twin's added in fp32, as the host sums the widened gradients), the update, the master rounded.
+  constexpr std::int64_t kChunk = 4096;
+  std::array<float, kChunk> g{};
+  bool finite = true;
+  for (std::int64_t i = 0; i < n; i += kChunk) {
+    const std::int64_t c = std::min(kChunk, n - i);
+    const auto uc = static_cast<std::size_t>(c);
+    if (grad2 == nullptr) {
+      for (std::size_t j = 0; j < uc; ++j) g[j] = to_f32(grad[i + static_cast<std::int64_t>(j)]);
+    } else {
+      for (std::size_t j = 0; j < uc; ++j) {
+        const auto k = i + static_cast<std::int64_t>(j);
+        g[j] = to_f32(grad[k]) + to_f32(grad2[k]);
+      }
+    }
+    finite = vector_range(f, master + i, g.data(), exp_avg + i, exp_avg_sq + i, c) && finite;
+    for (std::int64_t j = i; j < i + c; ++j) working[j] = to_bf16(master[j]);
+    if (twin != nullptr) std::memcpy(twin + i, working + i, uc * sizeof(Bf16));
+  }
+  return finite;
 }
 
 void adamw_update_isa(std::string_view isa, const AdamWConfig& config, std::int64_t step, float* param,

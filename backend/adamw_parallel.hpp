@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "backend/adamw.hpp"
+#include "backend/bf16.hpp"
 
 namespace harmony::backend {
 
@@ -37,6 +38,26 @@ std::optional<NonFiniteGradient> update_layers(HostState& state, const AdamWConf
 // else scalar). Same contract and results, bit for bit, as adamw_update; the four arrays must not overlap.
 void adamw_update_vectorized(const AdamWConfig& config, std::int64_t step, float* param, const float* grad,
                              float* exp_avg, float* exp_avg_sq, std::int64_t n);
+
+// adamw_update's scalar factors for one step, computed with its expressions (in double, then rounded to float once
+// each). Every device's AdamW applies these, so the CPU and the CUDA device start each element from the same bits.
+struct AdamWFactors {
+  float decay, b1, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
+};
+// Throws BackendError for step < 1.
+AdamWFactors adamw_factors(const AdamWConfig& config, std::int64_t step);
+
+// The element update the devices' Kernels<S>::adamw runs on the CPU device (vectorised as adamw_update_vectorized,
+// on the calling thread), n elements; returns whether every gradient element was finite.
+// fp32: param updated from grad (+ grad2 when not null: one float add per element, before the update), then copied
+// into `twin` when not null. Bit-identical to adamw_update over the summed gradient.
+bool adamw_apply(const AdamWFactors& f, float* param, const float* grad, const float* grad2, float* exp_avg,
+                 float* exp_avg_sq, float* twin, std::int64_t n);
+// bf16 with an fp32 master: the gradient widened exactly (grad2 widened and added in fp32), `master` updated as
+// adamw_update does, then rounded to nearest even into `working` (and `twin` when not null). Bit-identical to
+// widening the gradients to fp32, adamw_update on the master and rounding it (what the host path does).
+bool adamw_apply_bf16(const AdamWFactors& f, float* master, Bf16* working, const Bf16* grad, const Bf16* grad2,
+                      float* exp_avg, float* exp_avg_sq, Bf16* twin, std::int64_t n);
 
 // The instruction set adamw_update_vectorized uses on this CPU: "avx2", "sse2" or "scalar".
 const char* adamw_vector_isa();

@@ -70,8 +70,8 @@ void Stream::release_after(Buffer buffer) {
   launch_host([held]() { held->reset(); });
 }
 
-Bf16Kernels& require_bf16(Device& device, std::string_view who) {
-  Bf16Kernels* k = device.bf16_kernels();
+Kernels<Bf16>& require_bf16(Device& device, std::string_view who) {
+  Kernels<Bf16>* k = device.bf16_kernels();
   if (k == nullptr) {
     const std::string& name = device.name();
     const std::string kind = name.substr(0, name.find(':'));
@@ -79,5 +79,30 @@ Bf16Kernels& require_bf16(Device& device, std::string_view who) {
   }
   return *k;
 }
+
+template <class S>
+void check_adamw_args(const std::string& device, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                      std::int64_t n) {
+  config.validate();
+  if (step < 1) throw BackendError(fmt::format("{}: adamw: step {} must be >= 1", device, step));
+  if (n < 0) throw DeviceError(fmt::format("{}: adamw: negative element count {}", device, n));
+  if (n == 0) return;
+  const auto missing = [&](const char* what) {
+    throw DeviceError(fmt::format("{}: adamw: no {} tensor for {} elements", device, what, n));
+  };
+  if (t.param == nullptr) missing("param");
+  if (t.grad == nullptr) missing("grad");
+  if (t.exp_avg == nullptr) missing("exp_avg");
+  if (t.exp_avg_sq == nullptr) missing("exp_avg_sq");
+  if constexpr (std::is_same_v<S, Bf16>) {
+    if (t.working == nullptr) missing("bf16 working");
+  } else if (t.working != nullptr) {
+    throw DeviceError(fmt::format("{}: adamw: fp32 takes no working copy (param is the weights)", device));
+  }
+}
+template void check_adamw_args<float>(const std::string&, const AdamWConfig&, std::int64_t, const AdamWTensors<float>&,
+                                      std::int64_t);
+template void check_adamw_args<Bf16>(const std::string&, const AdamWConfig&, std::int64_t, const AdamWTensors<Bf16>&,
+                                     std::int64_t);
 
 }  // namespace harmony::backend

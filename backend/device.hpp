@@ -1,6 +1,6 @@
 // The device interface the real executor runs a core::Program on: capped device memory (Buffer), host
 // buffers, streams (in-order queues) and events (cross-stream dependencies), host<->device and
-// device<->device copies, the fp32 kernels the GPT-2 model needs, and collectives between devices.
+// device<->device copies, the kernels the GPT-2 model needs (Kernels<S>, fp32 and bf16), and collectives.
 // backend/cpu/ implements it on the host (one thread per stream), backend/cuda/ on NVIDIA GPUs; the host-side
 // services a device may specialise (pinned host memory, profiler ranges) default to plain memory and nothing.
 #pragma once
@@ -11,8 +11,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
+#include "backend/adamw.hpp"
 #include "backend/bf16.hpp"
 #include "core/base/error.hpp"
 #include "core/base/units.hpp"
@@ -179,119 +181,136 @@ class Stream {
 // OutIn: [out, in] row-major, torch.nn.Linear (the LM head tied to wte, whose rows are tokens).
 enum class WeightLayout : std::uint8_t { InOut, OutIn };
 
-// The fp32 kernels of the GPT-2 model, enqueued on a stream; all pointers are device memory of the
-// stream's device. N = B*T rows. Every reduction runs in a fixed order that does not depend on how the rows
-// are split into calls, and every weight-gradient kernel accumulates (+=) row by row in row order, so
-// gradients summed over microbatches are bit-identical to the whole batch's (docs/backend.md).
-class Kernels {
- public:
-  virtual ~Kernels() = default;
-  // out[b,t,:] = wte[ids[b,t],:] + wpe[t,:]. Ids outside [0, V) are a DeviceError.
-  virtual void embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B,
-                             int T, int C, int V) = 0;  // out (B,T,C), ids (B,T), wte (V,C), wpe (>=T,C)
-  // dwte[ids[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. Ids outside [0, V) are a DeviceError, and then
-  // nothing is written (dwte and dwpe keep their values) on every device.
-  virtual void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B,
-                             int T, int C, int V) = 0;
-  // out = (in - mean) * rstd * w + b per row; mean, rstd (N) kept for the backward.
-  virtual void layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w,
-                             const float* b, int N, int C, float eps) = 0;
-  // din += d/din (accumulates), dw += ..., db += ... .
-  virtual void layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in,
-                             const float* w, const float* mean, const float* rstd, int N, int C) = 0;
-  // out (N,OC) = in (N,IC) x W + bias; bias may be null.
-  virtual void matmul_fwd(Stream& s, float* out, const float* in, const float* w, const float* bias, int N, int IC,
-                          int OC, WeightLayout layout) = 0;
-  // din (N,IC) = dout x W^T (written; may be null), dw += in^T x dout, dbias += column sums (may be null).
-  virtual void matmul_bwd(Stream& s, float* din, float* dw, float* dbias, const float* dout, const float* in,
-                          const float* w, int N, int IC, int OC, WeightLayout layout) = 0;
-  // Causal self-attention over qkv (B,T,3C) = [q | k | v], H heads: out (B,T,C); att (B,H,T,T) the
-  // probabilities (zero above the diagonal), kept for the backward. Scores are q.k / sqrt(C/H).
-  virtual void attention_fwd(Stream& s, float* out, float* att, const float* qkv, int B, int T, int C, int H) = 0;
-  // dqkv (B,T,3C) written.
-  virtual void attention_bwd(Stream& s, float* dqkv, const float* dout, const float* qkv, const float* att, int B,
-                             int T, int C, int H) = 0;
-  // GPT-2's tanh approximation; din written (may alias dout).
-  virtual void gelu_fwd(Stream& s, float* out, const float* in, std::int64_t n) = 0;
-  virtual void gelu_bwd(Stream& s, float* din, const float* in, const float* dout, std::int64_t n) = 0;
-  // out = a + b (may alias either).
-  virtual void add(Stream& s, float* out, const float* a, const float* b, std::int64_t n) = 0;
-  // Per row: probs = softmax(logits), losses = -log softmax(logits)[target]. probs may alias logits.
-  // Targets outside [0, V) are a DeviceError.
-  virtual void crossentropy_fwd(Stream& s, float* losses, float* probs, const float* logits,
-                                const std::int32_t* targets, int N, int V) = 0;
-  // dlogits = (probs - onehot(target)) * scale; may alias probs.
-  virtual void crossentropy_bwd(Stream& s, float* dlogits, const float* probs, const std::int32_t* targets, float scale,
-                                int N, int V) = 0;
+// The tensors of one AdamW update on a device (Kernels<S>::adamw): n elements each, device memory of the stream's
+// device, none overlapping another. The optimizer of the resident training state (backend/model/device_state.hpp).
+template <class S>
+struct AdamWTensors {
+  float* param = nullptr;  // fp32: the parameter itself; bf16: its fp32 master copy. Updated.
+  S* working = nullptr;    // bf16: the working copy the kernels read, set to param rounded to nearest even (required);
+                           // fp32: must be null (param is the working copy)
+  const S* grad = nullptr;
+  const S* grad2 = nullptr;  // optional: a tied twin's gradient; the update uses grad + grad2 (both widened to fp32
+                             // first in bf16, one fp32 add): GPT-2's wte with the head's lm_head gradient
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  S* twin = nullptr;  // optional: the tied twin's weights, set to the updated working weights (fp32: param)
+  // optional: one int32, set to 1 when a gradient element (of grad + grad2) is a NaN or an infinity, left as it was
+  // otherwise (so one flag can gather several updates; zero it first). The host path's NonFiniteGradient.
+  std::int32_t* nonfinite = nullptr;
 };
 
-// The same kernels over bf16 tensors (mixed precision, docs/backend.md): every input is widened to fp32, the
-// kernel computes in fp32 exactly as its fp32 twin (every sum and GEMM accumulates in fp32) and each output is
-// rounded to nearest even once when stored; an accumulated output (dw +=, din += of layernorm_bwd) is widened,
-// accumulated in fp32 and rounded back. Exceptions: the per-token cross-entropy `losses` and the `eps` and
-// `scale` arguments stay fp32. Aliasing is allowed where the fp32 twin allows it.
-class Bf16Kernels {
+// The kernels of the GPT-2 model over storage S: float (fp32) or Bf16 (mixed precision, docs/backend.md), enqueued
+// on a stream; all pointers are device memory of the stream's device. N = B*T rows. One interface for both element
+// types: the signatures differ only in S, except what stays fp32 in both (the per-token cross-entropy `losses`, and
+// the `eps` and `scale` arguments).
+//
+// fp32: every reduction runs in a fixed order that does not depend on how the rows are split into calls, and every
+// weight-gradient kernel accumulates (+=) row by row in row order, so gradients summed over microbatches are
+// bit-identical to the whole batch's (docs/backend.md).
+// bf16: every input is widened to fp32, the kernel computes in fp32 exactly as the fp32 kernel does (every sum and
+// GEMM accumulates in fp32) and each output is rounded to nearest even once when stored; an accumulated output
+// (dw +=, din += of layernorm_bwd) is widened, accumulated in fp32 and rounded back.
+// Aliasing is allowed where noted, for both element types.
+template <class S>
+class Kernels {
  public:
-  virtual ~Bf16Kernels() = default;
-  virtual void embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe, int B,
-                             int T, int C, int V) = 0;
-  virtual void embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B, int T,
-                             int C, int V) = 0;
-  virtual void layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w, const Bf16* b,
-                             int N, int C, float eps) = 0;
-  virtual void layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in, const Bf16* w,
-                             const Bf16* mean, const Bf16* rstd, int N, int C) = 0;
-  virtual void matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
+  static_assert(std::is_same_v<S, float> || std::is_same_v<S, Bf16>, "Kernels<S>: S is float or Bf16");
+  using Scalar = S;
+  virtual ~Kernels() = default;
+  // out[b,t,:] = wte[ids[b,t],:] + wpe[t,:]. Ids outside [0, V) are a DeviceError.
+  virtual void embedding_fwd(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T,
+                             int C, int V) = 0;  // out (B,T,C), ids (B,T), wte (V,C), wpe (>=T,C)
+  // dwte[ids[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. Ids outside [0, V) are a DeviceError, and then
+  // nothing is written (dwte and dwpe keep their values) on every device.
+  virtual void embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C,
+                             int V) = 0;
+  // out = (in - mean) * rstd * w + b per row; mean, rstd (N) kept for the backward.
+  virtual void layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+                             float eps) = 0;
+  // din += d/din (accumulates), dw += ..., db += ... .
+  virtual void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
+                             const S* rstd, int N, int C) = 0;
+  // out (N,OC) = in (N,IC) x W + bias; bias may be null.
+  virtual void matmul_fwd(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
                           WeightLayout layout) = 0;
-  virtual void matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w,
-                          int N, int IC, int OC, WeightLayout layout) = 0;
-  virtual void attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) = 0;
-  virtual void attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
-                             int C, int H) = 0;
-  virtual void gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) = 0;
-  virtual void gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) = 0;
-  virtual void add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) = 0;
-  // losses (N) in fp32; probs in bf16.
-  virtual void crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits, const std::int32_t* targets,
-                                int N, int V) = 0;
-  virtual void crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets, float scale,
-                                int N, int V) = 0;
+  // din (N,IC) = dout x W^T (written; may be null), dw += in^T x dout, dbias += column sums (may be null).
+  virtual void matmul_bwd(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N, int IC,
+                          int OC, WeightLayout layout) = 0;
+  // Causal self-attention over qkv (B,T,3C) = [q | k | v], H heads: out (B,T,C); att (B,H,T,T) the
+  // probabilities (zero above the diagonal), kept for the backward. Scores are q.k / sqrt(C/H).
+  virtual void attention_fwd(Stream& s, S* out, S* att, const S* qkv, int B, int T, int C, int H) = 0;
+  // dqkv (B,T,3C) written.
+  virtual void attention_bwd(Stream& s, S* dqkv, const S* dout, const S* qkv, const S* att, int B, int T, int C,
+                             int H) = 0;
+  // GPT-2's tanh approximation; din written (may alias dout).
+  virtual void gelu_fwd(Stream& s, S* out, const S* in, std::int64_t n) = 0;
+  virtual void gelu_bwd(Stream& s, S* din, const S* in, const S* dout, std::int64_t n) = 0;
+  // out = a + b (may alias either).
+  virtual void add(Stream& s, S* out, const S* a, const S* b, std::int64_t n) = 0;
+  // Per row: probs = softmax(logits), losses (fp32 for either S) = -log softmax(logits)[target]. probs may alias
+  // logits. Targets outside [0, V) are a DeviceError.
+  virtual void crossentropy_fwd(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets, int N,
+                                int V) = 0;
+  // dlogits = (probs - onehot(target)) * scale; may alias probs.
+  virtual void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
+                                int V) = 0;
+  // One AdamW step (`step` >= 1: the parameter's step count after the increment) over n elements, element for element
+  // adamw_update's float operations in its order (backend/adamw.hpp): the factors are computed on the host when the
+  // call is made (adamw_factors), so every device starts from the same bits. Throws BackendError at once for an
+  // invalid config or step, DeviceError for a missing required tensor.
+  virtual void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                     std::int64_t n) = 0;
 };
+
+// The checks every device's Kernels<S>::adamw makes before enqueueing (config, step, required tensors), naming
+// `device`.
+template <class S>
+void check_adamw_args(const std::string& device, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                      std::int64_t n);
 
 // One accelerator (or its CPU stand-in). Allocation is synchronous and thread-safe; copies and kernels are
 // enqueued on a stream of this device. Device pointers passed to copies must lie inside live allocations
 // of the device they are named for (checked: a DeviceError names the pointer), host pointers outside.
+//
+// The members by role. Required (pure virtual): identity, memory, streams and events, copies, the fp32 kernels.
+// Optional (a default here; the registry's DeviceCaps says which a device kind provides, backend/registry.hpp):
+// the bf16 kernels, pinned host memory, profiler ranges. A new device implements the required members, overrides
+// the optional ones it has, and registers (docs/backend.md, "Adding a device").
 class Device {
  public:
   virtual ~Device() = default;
+
+  // --- identity (required)
   virtual const std::string& name() const = 0;  // "cpu:0"
   virtual int index() const = 0;
 
-  // Throws OutOfMemory when `bytes` does not fit; `label` names the allocation in that message.
+  // --- memory (required). Buffers are 256-byte aligned. Throws OutOfMemory when `bytes` does not fit; `label`
+  // names the allocation in that message.
   virtual Buffer alloc(Bytes bytes, std::string_view label = {}) = 0;
   virtual MemoryStats memory() const = 0;
   virtual void reset_peak() = 0;
 
-  // Streams and events must be destroyed before their device.
+  // --- streams and events (required). Streams and events must be destroyed before their device.
   virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
   // Waits for every stream of this device; rethrows the first sticky error.
   virtual void synchronize() = 0;
 
+  // --- copies (required)
   virtual void copy_h2d(Stream& s, void* dst_device, const void* src_host, Bytes bytes) = 0;
   virtual void copy_d2h(Stream& s, void* dst_host, const void* src_device, Bytes bytes) = 0;
   // src on this device, dst on this device or on `dst_device` (a peer copy).
   virtual void copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Device* dst_device = nullptr) = 0;
   virtual void fill_zero(Stream& s, void* dst_device, Bytes bytes) = 0;
 
-  virtual Kernels& kernels() = 0;
-  // The bf16 kernels, or nullptr where the device has none (the CPU and CUDA devices have them): mixed-precision
-  // trainers check this when they are set up and throw a DeviceError naming the device (require_bf16 below).
-  virtual Bf16Kernels* bf16_kernels() { return nullptr; }
+  // --- kernels: fp32 (required); bf16 (optional, DeviceCaps::bf16_kernels): nullptr where the device has none,
+  // which mixed-precision trainers check when they are set up (require_bf16 below, a DeviceError naming the device).
+  virtual Kernels<float>& kernels() = 0;
+  virtual Kernels<Bf16>* bf16_kernels() { return nullptr; }
 
-  // Host-side services. The defaults (the CPU device) are plain memory and no ranges; the CUDA device pins and
-  // names NVTX ranges. They let the executor use them without knowing the device type (backend/ is built
-  // before, and without, backend/cuda/).
+  // --- host-side services (optional). The defaults (the CPU device) are plain memory and no ranges; the CUDA
+  // device pins and names NVTX ranges (DeviceCaps::pinned_host_memory, profiler_ranges). They let the executor use
+  // them without knowing the device type (backend/ is built before, and without, backend/cuda/).
   //
   // Throws DeviceError (naming `what` and the numbers) unless `bytes` of host memory can be pinned: within
   // `limit` when > 0, and (CUDA) within what the machine has available. Call once with the total before
@@ -328,10 +347,24 @@ class Communicator {
   // order 0, 1, ..., size-1, and rounded to nearest even once. Bit-identical on every rank; all_reduce_sum and
   // all_reduce_sum_bf16 calls share one call order (a rank's k-th all-reduce of either kind meets the others').
   virtual void all_reduce_sum_bf16(int rank, Stream& s, Bf16* buf, std::int64_t count) = 0;
+  // Optional: false where the all-reduces add in another order than rank order (NCCL's ring over distinct GPUs;
+  // docs/backend.md), so their sums match a serial rank-order sum only within rounding. Every rank still gets the
+  // same bits.
+  virtual bool sums_in_rank_order() const { return true; }
 };
 
 // device.bf16_kernels(), or a DeviceError "<device>: bf16 not supported on <device kind> yet" (`who` names the
 // caller, e.g. "trainer").
-Bf16Kernels& require_bf16(Device& device, std::string_view who);
+Kernels<Bf16>& require_bf16(Device& device, std::string_view who);
+
+// The device's kernels over storage S: kernels() for float, require_bf16(device, who) for Bf16.
+template <class S>
+Kernels<S>& kernels_of(Device& device, std::string_view who) {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    return require_bf16(device, who);
+  } else {
+    return device.kernels();
+  }
+}
 
 }  // namespace harmony::backend

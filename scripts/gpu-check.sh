@@ -10,7 +10,8 @@
 #      every binary the check runs (and any shared module beside them) must exist and load (ldd: nothing "not found");
 #      whether harmony-run has plan.mode=resident (a one-step probe; without it the resident runs below are
 #      Harmony-PP with one pack and the verdict fails the "resident plan kind" row);
-#   2. the CUDA tests (backend_cuda_device, backend_adamw_parallel, backend_cuda_index);
+#   2. the CUDA tests (backend_device_conformance with the CUDA device required, backend_cuda_device,
+#      backend_adamw_parallel, backend_cuda_index);
 #   3. bench_cuda (pinned copy ceiling vs harmony's copies, cuBLAS fp32/TF32/BF16) and bench_adamw;
 #   4. one initialisation and one token file for every run (scripts/torch_side_by_side.py init / tokens), then
 #      (b) the GPT (default GPT-2 medium, T = 1024) resident, B = 8, STEPS steps, bf16: MFU against the dense BF16
@@ -37,7 +38,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
 
 if (($# != 1)); then
-  sed -n '2,34p' "$0" >&2
+  sed -n '2,35p' "$0" >&2
   exit 2
 fi
 out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu-check: cannot create $1" >&2; exit 2; }
@@ -209,7 +210,8 @@ sim="$build/sim/harmony-sim"
 # system, the rest from the bundle's lib/).
 check_script='status=0 n=0
 files=("$1"/apps/harmony-run "$1"/sim/harmony-sim "$1"/bench/bench_cuda "$1"/bench/bench_adamw
-  "$1"/tests/test_backend_cuda_device "$1"/tests/test_backend_adamw_parallel "$1"/tests/test_backend_cuda_index)
+  "$1"/tests/test_backend_device_conformance "$1"/tests/test_backend_cuda_device "$1"/tests/test_backend_adamw_parallel
+  "$1"/tests/test_backend_cuda_index)
 while IFS= read -r -d "" m; do files+=("$m"); done < <(find "$1" -name "*.so" -not -path "*/meson-private/*" \
   -not -path "*.p/*" -print0 2>/dev/null)
 for f in "${files[@]}"; do
@@ -223,8 +225,9 @@ exit $status'
 build_script='set -e
 setup=(-Dbuildtype=release -Dcuda=enabled "-Dgpu_arch=$1" -Dfuzz=disabled)
 if [[ -f $2/meson-private/coredata.dat ]]; then meson setup --reconfigure "$2" "${setup[@]}"; else meson setup "$2" "${setup[@]}"; fi
-ninja -C "$2" -j "$3" tests/test_backend_cuda_device tests/test_backend_adamw_parallel tests/test_backend_cuda_index \
-  bench/bench_cuda bench/bench_adamw apps/harmony-run sim/harmony-sim
+ninja -C "$2" -j "$3" tests/test_backend_device_conformance tests/test_backend_cuda_device \
+  tests/test_backend_adamw_parallel tests/test_backend_cuda_index bench/bench_cuda bench/bench_adamw apps/harmony-run \
+  sim/harmony-sim
 bash -c "$4" check "$2"'
 if [[ $binaries == built ]]; then
   for tool in meson ninja; do
@@ -237,7 +240,7 @@ else
   step build 30 bash -c "$check_script" check "$build"
 fi || finish
 # bf16 counts as implemented when a short bf16 run trains on the CUDA device (a --dtype flag alone proves
-# nothing: the flag also serves the CPU device); the CUDA device's bf16 kernels (CudaBf16Kernels) make it train,
+# nothing: the flag also serves the CPU device); the CUDA device's bf16 kernels (CudaKernels<Bf16>) make it train,
 # and (b)-(d) then train in bf16. A device without bf16 kernels fails this step at setup ("bf16 not supported").
 bf16=false
 dtype=()
@@ -268,6 +271,13 @@ step resident_probe 60 "$run" train "$out/resident_small.yaml" --steps 1 --quiet
 
 # --- 2. tests ---------------------------------------------------------------------------------------------------
 echo "== tests"
+# The conformance suite checks every device kind the registry finds (backend/registry.hpp): the CUDA device through
+# its module, which it must find and load here (HARMONY_CONFORMANCE_REQUIRE: a missing GPU or module fails the step
+# instead of skipping the kind).
+require=""
+[[ $dev == cuda ]] && require=cuda
+HARMONY_SOURCE_DIR=$root HARMONY_CUDA_MODULE=$build/apps/libharmony-cuda.so HARMONY_CONFORMANCE_REQUIRE=$require \
+  step test_backend_device_conformance 240 "$build/tests/test_backend_device_conformance"
 for t in backend_cuda_device backend_adamw_parallel backend_cuda_index; do
   HARMONY_SOURCE_DIR=$root step "test_$t" 240 "$build/tests/test_$t"
 done

@@ -35,7 +35,7 @@ LOSS_RTOL_BF16 = 2e-4
 DEADLINE_S = 480  # the whole check, build included (a smaller DEADLINE_S recorded in params.json is used instead)
 PLAN_KINDS = ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l", "lohan"]
 CONCURRENT_KIND = "harmony-pp"  # the one CUDA loss row on the concurrent executor (the others run serially)
-TESTS = ["backend_cuda_device", "backend_adamw_parallel", "backend_cuda_index"]
+TESTS = ["backend_device_conformance", "backend_cuda_device", "backend_adamw_parallel", "backend_cuda_index"]
 # Dense BF16 tensor-core peaks (TFLOP/s, no sparsity) by GPU name; PEAK_BF16_TFLOPS overrides (params.json).
 BF16_PEAK_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "A100": 312.0,
                     "L40S": 362.0, "L4": 121.0}

@@ -16,7 +16,8 @@
 #   BUILD_DIR  a release build with the CUDA device, e.g.
 #              meson setup build-gpu -Dbuildtype=release -Dcuda=enabled -Dgpu_arch=90 -Dfuzz=disabled
 #              ninja -C build-gpu apps/harmony-run sim/harmony-sim bench/bench_cuda bench/bench_adamw \
-#                tests/test_backend_cuda_device tests/test_backend_adamw_parallel tests/test_backend_cuda_index
+#                tests/test_backend_device_conformance tests/test_backend_cuda_device \
+#                tests/test_backend_adamw_parallel tests/test_backend_cuda_index
 #   OUT_DIR    created (or replaced, if it holds an earlier bundle); --tar also writes OUT_DIR.tar.gz
 #   on the GPU machine: OUT_DIR/scripts/gpu-check.sh RESULTS_DIR    (docs/benchmarks.md, "GPU check")
 # Needs patchelf, ldd and objdump (scripts/install-deps.sh). Exit 0: made and checked; 1: a check failed (the
@@ -25,7 +26,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 max_mib=${BUNDLE_MAX_MIB:-60}
 
-usage() { sed -n '14,23p' "$0" >&2; exit 2; }
+usage() { sed -n '14,24p' "$0" >&2; exit 2; }
 die() { echo "make-gpu-bundle: error: $*" >&2; exit 2; }
 fail() { echo "make-gpu-bundle: FAILED: $*" >&2; exit 1; }
 (($# == 2 || $# == 3)) || usage
@@ -38,8 +39,8 @@ for tool in patchelf ldd objdump; do
 done
 
 # What gpu-check.sh runs (scripts/gpu-check.sh, step 1 checks the same list).
-binaries=(apps/harmony-run sim/harmony-sim bench/bench_cuda bench/bench_adamw tests/test_backend_cuda_device
-  tests/test_backend_adamw_parallel tests/test_backend_cuda_index)
+binaries=(apps/harmony-run sim/harmony-sim bench/bench_cuda bench/bench_adamw tests/test_backend_device_conformance
+  tests/test_backend_cuda_device tests/test_backend_adamw_parallel tests/test_backend_cuda_index)
 missing=()
 for b in "${binaries[@]}"; do [[ -x $build/$b ]] || missing+=("$b"); done
 if ((${#missing[@]})); then

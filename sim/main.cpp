@@ -35,6 +35,7 @@
 #include "sim/calibrate.hpp"
 #include "sim/cli_error.hpp"
 #include "sim/compare.hpp"
+#include "sim/compare_deepspeed.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
 #include "sim/progress_cli.hpp"
@@ -54,7 +55,8 @@ struct Cli {
   std::vector<std::string> sets;
   std::string format = "table";
   std::string trace;
-  bool quiet = false;  // search, compare: no progress on stderr
+  bool quiet = false;     // search, compare: no progress on stderr
+  std::string deepspeed;  // compare: a DeepSpeed config priced beside Harmony's best plan
 };
 
 double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
@@ -338,7 +340,14 @@ std::optional<sim::Evaluation> winner_of(const sim::CompareResult& res, const co
 
 int cmd_compare(const Cli& cli) {
   if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
-  const auto cfg = core::load_config(cli.config, cli.sets);
+  // --deepspeed: the DeepSpeed run's minibatch and dtype as overrides after the user's (sim/compare_deepspeed.hpp)
+  std::optional<sim::DeepSpeedSetup> ds;
+  std::vector<std::string> sets = cli.sets;
+  if (!cli.deepspeed.empty()) {
+    ds = sim::setup_deepspeed(cli.config, cli.sets, cli.deepspeed);
+    sets.insert(sets.end(), ds->overrides.begin(), ds->overrides.end());
+  }
+  const auto cfg = core::load_config(cli.config, sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
   const auto t0 = std::chrono::steady_clock::now();
   sim::ProgressPrinter printer("compare", "candidates", cli.quiet, kProgressDelayS);
@@ -353,6 +362,7 @@ int cmd_compare(const Cli& cli) {
   };
   const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
                                            cfg.search, cfg.options, on_progress);
+  const std::optional<sim::KindResult> ds_row = ds ? sim::price_deepspeed(*ds, cli.config, sets, model) : std::nullopt;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string trace_note;
   bool trace_written = false;
@@ -398,6 +408,7 @@ int cmd_compare(const Cli& cli) {
         std::isfinite(res.best_baseline_time_s) ? nlohmann::json(res.best_baseline_time_s) : nlohmann::json(nullptr);
     j["results"] = std::move(results);
     j["trace_path"] = trace_written ? nlohmann::json(cli.trace) : nlohmann::json(nullptr);
+    j["deepspeed"] = ds ? sim::deepspeed_json(*ds, ds_row, res) : nlohmann::json(nullptr);
     j["wall_time_s"] = dt;
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -407,11 +418,12 @@ int cmd_compare(const Cli& cli) {
   fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", "plan kind", "cands",
              "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB", "coll MiB", "peak MiB", "host GiB",
              "plan / reason");
-  for (const auto& k : res.kinds) {
+  // One row; `label` names it (the kind, or the DeepSpeed run), `note` opens its plan column.
+  auto print_row = [&](const std::string& label, const sim::KindResult& k, const std::string& note) {
     if (!k.feasible) {
-      fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  does not fit: {}\n",
-                 core::plan_kind_name(k.kind), k.candidates, "-", "-", "-", "-", "-", "-", "-", "-", "-", k.reason);
-      continue;
+      fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}does not fit: {}\n", label,
+                 k.candidates, "-", "-", "-", "-", "-", "-", "-", "-", "-", note, k.reason);
+      return;
     }
     const auto& r = k.best;
     std::string plan = core::is_baseline(k.kind)
@@ -428,17 +440,32 @@ int cmd_compare(const Cli& cli) {
         r.native
             ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB))
             : std::string("-");
+    const double speedup = std::isfinite(res.best_baseline_time_s) ? res.best_baseline_time_s / r.iteration_time_s
+                                                                   : k.speedup_over_best_baseline;
     fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f} {:>8}  {}\n",
-               core::plan_kind_name(k.kind), k.candidates, r.iteration_time_s, r.throughput_samples_per_s,
-               k.speedup_over_best_baseline, fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd),
-               mib(r.swap_in_bytes + r.swap_out_bytes), mib(r.p2p_bytes), mib(r.collective_bytes),
-               mib(r.peak_memory_bytes), host, fit + plan);
+               label, k.candidates, r.iteration_time_s, r.throughput_samples_per_s, speedup,
+               fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd), mib(r.swap_in_bytes + r.swap_out_bytes),
+               mib(r.p2p_bytes), mib(r.collective_bytes), mib(r.peak_memory_bytes), host, note + fit + plan);
+  };
+  for (const auto& k : res.kinds) print_row(core::plan_kind_name(k.kind), k, "");
+  if (ds) {
+    const std::string note = fmt::format("your DeepSpeed config: {} -> {}; ", ds->run.summary, ds->run.plan_kind);
+    if (ds_row) {
+      print_row("> deepspeed", *ds_row, note);
+    } else {
+      fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}not priced: {}\n",
+                 "> deepspeed", 0, "-", "-", "-", "-", "-", "-", "-", "-", "-", note, ds->run.approximation);
+    }
   }
   fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
   fmt::print(
       "activations: checkpoint recomputes each layer's forward in the backward (Harmony always does); keep holds "
       "or swaps the saved activations. Each baseline is searched under both; the other policy's best time is in "
       "parentheses.\n");
+  if (ds) {
+    fmt::print("\n");
+    for (const auto& line : sim::deepspeed_lines(*ds, ds_row, res)) fmt::print("{}\n", line);
+  }
   if (!trace_note.empty()) fmt::print("{}\n", trace_note);
   return 0;
 }
@@ -570,7 +597,7 @@ struct CalibrateCli {
 std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, const core::Model& model,
                                               const std::string& trace_text) {
   std::vector<core::Program> out;
-  if (cfg.baseline_kind.empty()) {
+  if (!core::is_baseline(cfg.kind)) {
     const core::Plan plan = core::plan_from_spec(cfg.plan, model, cfg.file, "`calibrate`");
     out.push_back(core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model,
                                       all_gpus(core::lower_options(cfg.options))));
@@ -641,7 +668,7 @@ double measured_step_s(const std::string& path, const core::TrainConfig& cfg) {
         return !pl.contains(key) || pl[key] == want;
       }
     };
-    const std::string mode = cfg.baseline_kind.empty() ? core::plan_kind_name(cfg.plan.kind) : cfg.baseline_kind;
+    const std::string mode = core::plan_kind_name(cfg.kind);
     if (!same("plan_kind", mode) || !same("gpus", cfg.plan.gpus) || !same("minibatch", cfg.plan.minibatch) ||
         !same("u_fwd", cfg.plan.u_fwd) || !same("u_bwd", cfg.plan.u_bwd))
       throw core::ConfigError(core::SourceLoc{path, 1, 1},
@@ -852,6 +879,9 @@ int run_cli(int argc, char** argv) {
       app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
   add_common(compare_cmd);
   for (auto* sub : {search_cmd, compare_cmd}) sub->add_flag("--quiet", cli.quiet, "no progress on stderr");
+  compare_cmd->add_option("--deepspeed", cli.deepspeed,
+                          "a DeepSpeed JSON config: price that run as its closest plan kind beside Harmony's best plan "
+                          "(docs/comparison.md)");
   auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
   presets_cmd->add_option("--format", cli.format, "output: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));

@@ -1,6 +1,6 @@
 // CPU device implementation: streams as host threads with FIFO queues and sticky errors, events as
-// shared futures, copies checked against the arena's live allocations, kernels enqueued as closures over
-// the float reference loops, and a rendezvous-based communicator.
+// shared futures, copies checked against the arena's live allocations, kernels (Kernels<float> and Kernels<Bf16>)
+// enqueued as closures over the float reference loops, and a rendezvous-based communicator.
 #include "backend/cpu/cpu_device.hpp"
 
 #include <chrono>
@@ -21,8 +21,10 @@
 
 #include <fmt/format.h>
 
+#include "backend/adamw_parallel.hpp"
 #include "backend/cpu/kernels.hpp"
 #include "backend/rank_sum.hpp"
+#include "backend/registry.hpp"
 
 namespace harmony::backend::cpu {
 namespace {
@@ -35,49 +37,104 @@ void copy_bytes(void* dst, const void* src, core::Bytes bytes) {
 
 class CpuDevice;
 
-// bf16 emulation: tensors widened to fp32 temporaries, the fp32 reference loop, outputs rounded once.
-std::vector<float> widen(const Bf16* p, Index n) {
-  std::vector<float> v(static_cast<std::size_t>(p == nullptr ? 0 : n));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_f32(p[i]);
-  return v;
-}
-void store(Bf16* p, const std::vector<float>& v) {
-  for (std::size_t i = 0; i < v.size(); ++i) p[i] = to_bf16(v[i]);
-}
-// Null for an absent optional tensor (a bias), else the temporary's data.
-float* opt(std::vector<float>& v, const void* p) { return p == nullptr ? nullptr : v.data(); }
+// Enqueues `fn` on `s`, a stream of `device` (else a DeviceError naming `op`). Defined once CpuDevice is.
+void enqueue(CpuDevice& device, Stream& s, const char* op, std::function<void()> fn);
 
-// The Bf16Kernels of a CPU device: each call enqueues widen -> fp32 reference loop -> round-to-nearest-even store
-// on the stream, so the CPU tests see the numerics a bf16 device computes (fp32 arithmetic, bf16 storage).
-class CpuBf16Kernels final : public Bf16Kernels {
+// How a kernel sees its tensors of storage S: through fp32 pointers. fp32 tensors are used in place; bf16 ones through
+// fp32 temporaries, widened (exactly) when read and rounded to nearest even once when stored. So the fp32 kernels
+// run the reference loops on the device memory itself, and the bf16 kernels the same loops on widened copies: the
+// numerics a bf16 device computes (fp32 arithmetic, bf16 storage). A null tensor (an absent bias) stays null.
+template <class S>
+class In;  // read
+template <class S>
+class Out;  // written (InOut: accumulated, read first)
+
+template <>
+class In<float> {
  public:
-  explicit CpuBf16Kernels(CpuDevice& device) : dev_(device) {}
-  void embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe, int B, int T,
-                     int C, int V) override;
-  void embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B, int T, int C,
-                     int V) override;
-  void layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w, const Bf16* b, int N,
-                     int C, float eps) override;
-  void layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in, const Bf16* w,
-                     const Bf16* mean, const Bf16* rstd, int N, int C) override;
-  void matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
-                  WeightLayout layout) override;
-  void matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w, int N,
-                  int IC, int OC, WeightLayout layout) override;
-  void attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) override;
-  void attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T, int C,
-                     int H) override;
-  void gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) override;
-  void gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) override;
-  void add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) override;
-  void crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits, const std::int32_t* targets, int N,
-                        int V) override;
-  void crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets, float scale, int N,
-                        int V) override;
+  In(const float* p, Index /*n*/) : p_(p) {}
+  const float* get() const { return p_; }
 
  private:
-  template <class F>
-  void launch(Stream& s, const char* op, F&& f);
+  const float* p_;
+};
+template <>
+class Out<float> {
+ public:
+  Out(float* p, Index /*n*/, bool /*accumulate*/ = false) : p_(p) {}
+  float* get() const { return p_; }
+  void store() const {}
+
+ private:
+  float* p_;
+};
+
+template <>
+class In<Bf16> {
+ public:
+  In(const Bf16* p, Index n) : v_(static_cast<std::size_t>(p == nullptr ? 0 : n)), null_(p == nullptr) {
+    for (std::size_t i = 0; i < v_.size(); ++i) v_[i] = to_f32(p[i]);
+  }
+  const float* get() const { return null_ ? nullptr : v_.data(); }
+
+ private:
+  std::vector<float> v_;
+  bool null_;
+};
+template <>
+class Out<Bf16> {
+ public:
+  Out(Bf16* p, Index n, bool accumulate = false) : p_(p), v_(static_cast<std::size_t>(p == nullptr ? 0 : n)) {
+    if (accumulate) {
+      for (std::size_t i = 0; i < v_.size(); ++i) v_[i] = to_f32(p[i]);
+    }
+  }
+  float* get() { return p_ == nullptr ? nullptr : v_.data(); }
+  void store() const {
+    for (std::size_t i = 0; i < v_.size(); ++i) p_[i] = to_bf16(v_[i]);
+  }
+
+ private:
+  Bf16* p_;
+  std::vector<float> v_;
+};
+template <class S>
+Out<S> InOut(S* p, Index n) {
+  return Out<S>(p, n, true);
+}
+
+// The Kernels<S> of a CPU device: each call enqueues, on the stream, the float reference loop of
+// backend/cpu/kernels.hpp over its tensors' fp32 views.
+template <class S>
+class CpuKernels final : public Kernels<S> {
+ public:
+  explicit CpuKernels(CpuDevice& device) : dev_(device) {}
+  void embedding_fwd(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T, int C,
+                     int V) override;
+  void embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C,
+                     int V) override;
+  void layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+                     float eps) override;
+  void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
+                     const S* rstd, int N, int C) override;
+  void matmul_fwd(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
+                  WeightLayout layout) override;
+  void matmul_bwd(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N, int IC, int OC,
+                  WeightLayout layout) override;
+  void attention_fwd(Stream& s, S* out, S* att, const S* qkv, int B, int T, int C, int H) override;
+  void attention_bwd(Stream& s, S* dqkv, const S* dout, const S* qkv, const S* att, int B, int T, int C,
+                     int H) override;
+  void gelu_fwd(Stream& s, S* out, const S* in, std::int64_t n) override;
+  void gelu_bwd(Stream& s, S* din, const S* in, const S* dout, std::int64_t n) override;
+  void add(Stream& s, S* out, const S* a, const S* b, std::int64_t n) override;
+  void crossentropy_fwd(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets, int N,
+                        int V) override;
+  void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
+                        int V) override;
+  void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+             std::int64_t n) override;
+
+ private:
   CpuDevice& dev_;
 };
 
@@ -141,7 +198,7 @@ CpuEvent& as_cpu(Event& e) {
   return *p;
 }
 
-class CpuDevice final : public Device, public Kernels {
+class CpuDevice final : public Device {
  public:
   CpuDevice(int index, const CpuDeviceOptions& options)
       : name_(fmt::format("cpu:{}", index)),
@@ -244,62 +301,8 @@ class CpuDevice final : public Device, public Kernels {
     });
   }
 
-  Kernels& kernels() override { return *this; }
-  Bf16Kernels* bf16_kernels() override { return &bf16_; }
-
-  // Kernels: each call enqueues the float reference loop.
-  template <class F>
-  void launch(Stream& s, const char* op, F&& f) {
-    own(s, op).launch_host(std::forward<F>(f));
-  }
-  void embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B, int T,
-                     int C, int V) override {
-    launch(s, "embedding_fwd", [=]() { cpu::embedding_fwd<float>(out, ids, wte, wpe, B, T, C, V); });
-  }
-  void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T,
-                     int C, int V) override {
-    launch(s, "embedding_bwd", [=]() { cpu::embedding_bwd<float>(dwte, dwpe, dout, ids, B, T, C, V); });
-  }
-  void layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
-                     int N, int C, float eps) override {
-    launch(s, "layernorm_fwd", [=]() { cpu::layernorm_fwd<float>(out, mean, rstd, in, w, b, N, C, eps); });
-  }
-  void layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
-                     const float* mean, const float* rstd, int N, int C) override {
-    launch(s, "layernorm_bwd", [=]() { cpu::layernorm_bwd<float>(din, dw, db, dout, in, w, mean, rstd, N, C); });
-  }
-  void matmul_fwd(Stream& s, float* out, const float* in, const float* w, const float* bias, int N, int IC, int OC,
-                  WeightLayout layout) override {
-    launch(s, "matmul_fwd", [=]() { cpu::matmul_fwd<float>(out, in, w, bias, N, IC, OC, layout); });
-  }
-  void matmul_bwd(Stream& s, float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w,
-                  int N, int IC, int OC, WeightLayout layout) override {
-    launch(s, "matmul_bwd", [=]() { cpu::matmul_bwd<float>(din, dw, dbias, dout, in, w, N, IC, OC, layout); });
-  }
-  void attention_fwd(Stream& s, float* out, float* att, const float* qkv, int B, int T, int C, int H) override {
-    launch(s, "attention_fwd", [=]() { cpu::attention_fwd<float>(out, att, qkv, B, T, C, H); });
-  }
-  void attention_bwd(Stream& s, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                     int H) override {
-    launch(s, "attention_bwd", [=]() { cpu::attention_bwd<float>(dqkv, dout, qkv, att, B, T, C, H); });
-  }
-  void gelu_fwd(Stream& s, float* out, const float* in, std::int64_t n) override {
-    launch(s, "gelu_fwd", [=]() { cpu::gelu_fwd<float>(out, in, n); });
-  }
-  void gelu_bwd(Stream& s, float* din, const float* in, const float* dout, std::int64_t n) override {
-    launch(s, "gelu_bwd", [=]() { cpu::gelu_bwd<float>(din, in, dout, n); });
-  }
-  void add(Stream& s, float* out, const float* a, const float* b, std::int64_t n) override {
-    launch(s, "add", [=]() { cpu::add<float>(out, a, b, n); });
-  }
-  void crossentropy_fwd(Stream& s, float* losses, float* probs, const float* logits, const std::int32_t* targets, int N,
-                        int V) override {
-    launch(s, "crossentropy_fwd", [=]() { cpu::crossentropy_fwd<float>(losses, probs, logits, targets, N, V); });
-  }
-  void crossentropy_bwd(Stream& s, float* dlogits, const float* probs, const std::int32_t* targets, float scale, int N,
-                        int V) override {
-    launch(s, "crossentropy_bwd", [=]() { cpu::crossentropy_bwd<float>(dlogits, probs, targets, scale, N, V); });
-  }
+  Kernels<float>& kernels() override { return f32_; }
+  Kernels<Bf16>* bf16_kernels() override { return &bf16_; }
 
  private:
   std::string name_;
@@ -310,137 +313,172 @@ class CpuDevice final : public Device, public Kernels {
   std::uint64_t streams_created_ = 0;
   std::mutex mu_;
   std::set<CpuStream*> streams_;
-  CpuBf16Kernels bf16_{*this};
+  CpuKernels<float> f32_{*this};
+  CpuKernels<Bf16> bf16_{*this};
 };
 
-template <class F>
-void CpuBf16Kernels::launch(Stream& s, const char* op, F&& f) {
-  dev_.own(s, op).launch_host(std::forward<F>(f));
+void enqueue(CpuDevice& device, Stream& s, const char* op, std::function<void()> fn) {
+  device.own(s, op).launch_host(std::move(fn));
 }
 
-void CpuBf16Kernels::embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe,
-                                   int B, int T, int C, int V) {
-  launch(s, "embedding_fwd", [=]() {
-    auto e = widen(wte, Index(V) * C), p = widen(wpe, Index(T) * C);
-    std::vector<float> o(static_cast<std::size_t>(Index(B) * T * C));
-    cpu::embedding_fwd<float>(o.data(), ids, e.data(), p.data(), B, T, C, V);
-    store(out, o);
+template <class S>
+void CpuKernels<S>::embedding_fwd(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T,
+                                  int C, int V) {
+  enqueue(dev_, s, "embedding_fwd", [=]() {
+    const In<S> e(wte, Index(V) * C), p(wpe, Index(T) * C);
+    Out<S> o(out, Index(B) * T * C);
+    cpu::embedding_fwd<float>(o.get(), ids, e.get(), p.get(), B, T, C, V);  // checks every id before writing
+    o.store();
   });
 }
-void CpuBf16Kernels::embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B,
-                                   int T, int C, int V) {
-  launch(s, "embedding_bwd", [=]() {
-    auto de = widen(dwte, Index(V) * C), dp = widen(dwpe, Index(T) * C), d = widen(dout, Index(B) * T * C);
-    cpu::embedding_bwd<float>(de.data(), dp.data(), d.data(), ids, B, T, C, V);  // throws before writing
-    store(dwte, de);
-    store(dwpe, dp);
+template <class S>
+void CpuKernels<S>::embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T,
+                                  int C, int V) {
+  enqueue(dev_, s, "embedding_bwd", [=]() {
+    auto de = InOut(dwte, Index(V) * C), dp = InOut(dwpe, Index(T) * C);
+    const In<S> d(dout, Index(B) * T * C);
+    cpu::embedding_bwd<float>(de.get(), dp.get(), d.get(), ids, B, T, C, V);  // throws before writing
+    de.store();
+    dp.store();
   });
 }
-void CpuBf16Kernels::layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w,
-                                   const Bf16* b, int N, int C, float eps) {
-  launch(s, "layernorm_fwd", [=]() {
-    auto x = widen(in, Index(N) * C), ww = widen(w, C), bb = widen(b, C);
-    std::vector<float> o(x.size()), m(static_cast<std::size_t>(N)), r(static_cast<std::size_t>(N));
-    cpu::layernorm_fwd<float>(o.data(), m.data(), r.data(), x.data(), ww.data(), bb.data(), N, C, eps);
-    store(out, o);
-    store(mean, m);
-    store(rstd, r);
+template <class S>
+void CpuKernels<S>::layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N,
+                                  int C, float eps) {
+  enqueue(dev_, s, "layernorm_fwd", [=]() {
+    const In<S> x(in, Index(N) * C), ww(w, C), bb(b, C);
+    Out<S> o(out, Index(N) * C), m(mean, N), r(rstd, N);
+    cpu::layernorm_fwd<float>(o.get(), m.get(), r.get(), x.get(), ww.get(), bb.get(), N, C, eps);
+    o.store();
+    m.store();
+    r.store();
   });
 }
-void CpuBf16Kernels::layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in,
-                                   const Bf16* w, const Bf16* mean, const Bf16* rstd, int N, int C) {
-  launch(s, "layernorm_bwd", [=]() {
+template <class S>
+void CpuKernels<S>::layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w,
+                                  const S* mean, const S* rstd, int N, int C) {
+  enqueue(dev_, s, "layernorm_bwd", [=]() {
     const Index NC = Index(N) * C;
-    auto dx = widen(din, NC), dww = widen(dw, C), dbb = widen(db, C), d = widen(dout, NC), x = widen(in, NC),
-         ww = widen(w, C), m = widen(mean, N), r = widen(rstd, N);
-    cpu::layernorm_bwd<float>(dx.data(), dww.data(), dbb.data(), d.data(), x.data(), ww.data(), m.data(), r.data(), N,
-                              C);
-    store(din, dx);
-    store(dw, dww);
-    store(db, dbb);
+    auto dx = InOut(din, NC), dww = InOut(dw, C), dbb = InOut(db, C);
+    const In<S> d(dout, NC), x(in, NC), ww(w, C), m(mean, N), r(rstd, N);
+    cpu::layernorm_bwd<float>(dx.get(), dww.get(), dbb.get(), d.get(), x.get(), ww.get(), m.get(), r.get(), N, C);
+    dx.store();
+    dww.store();
+    dbb.store();
   });
 }
-void CpuBf16Kernels::matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC,
-                                int OC, WeightLayout layout) {
-  launch(s, "matmul_fwd", [=]() {
-    auto x = widen(in, Index(N) * IC), ww = widen(w, Index(IC) * OC), bb = widen(bias, OC);
-    std::vector<float> o(static_cast<std::size_t>(Index(N) * OC));
-    cpu::matmul_fwd<float>(o.data(), x.data(), ww.data(), opt(bb, bias), N, IC, OC, layout);
-    store(out, o);
+template <class S>
+void CpuKernels<S>::matmul_fwd(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
+                               WeightLayout layout) {
+  enqueue(dev_, s, "matmul_fwd", [=]() {
+    const In<S> x(in, Index(N) * IC), ww(w, Index(IC) * OC), bb(bias, OC);
+    Out<S> o(out, Index(N) * OC);
+    cpu::matmul_fwd<float>(o.get(), x.get(), ww.get(), bb.get(), N, IC, OC, layout);
+    o.store();
   });
 }
-void CpuBf16Kernels::matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
-                                const Bf16* w, int N, int IC, int OC, WeightLayout layout) {
-  launch(s, "matmul_bwd", [=]() {
-    auto d = widen(dout, Index(N) * OC), x = widen(in, Index(N) * IC), ww = widen(w, Index(IC) * OC),
-         dww = widen(dw, Index(IC) * OC), dbb = widen(dbias, OC);
-    std::vector<float> dx(static_cast<std::size_t>(din == nullptr ? 0 : Index(N) * IC));
-    cpu::matmul_bwd<float>(opt(dx, din), dww.data(), opt(dbb, dbias), d.data(), x.data(), ww.data(), N, IC, OC, layout);
-    if (din != nullptr) store(din, dx);
-    store(dw, dww);
-    if (dbias != nullptr) store(dbias, dbb);
+template <class S>
+void CpuKernels<S>::matmul_bwd(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N,
+                               int IC, int OC, WeightLayout layout) {
+  enqueue(dev_, s, "matmul_bwd", [=]() {
+    const In<S> d(dout, Index(N) * OC), x(in, Index(N) * IC), ww(w, Index(IC) * OC);
+    auto dww = InOut(dw, Index(IC) * OC), dbb = InOut(dbias, OC);
+    Out<S> dx(din, Index(N) * IC);
+    cpu::matmul_bwd<float>(dx.get(), dww.get(), dbb.get(), d.get(), x.get(), ww.get(), N, IC, OC, layout);
+    dx.store();
+    dww.store();
+    dbb.store();
   });
 }
-void CpuBf16Kernels::attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) {
-  launch(s, "attention_fwd", [=]() {
-    auto q = widen(qkv, Index(B) * T * 3 * C);
-    std::vector<float> o(static_cast<std::size_t>(Index(B) * T * C)), a(static_cast<std::size_t>(Index(B) * H * T * T));
-    cpu::attention_fwd<float>(o.data(), a.data(), q.data(), B, T, C, H);
-    store(out, o);
-    store(att, a);
+template <class S>
+void CpuKernels<S>::attention_fwd(Stream& s, S* out, S* att, const S* qkv, int B, int T, int C, int H) {
+  enqueue(dev_, s, "attention_fwd", [=]() {
+    const In<S> q(qkv, Index(B) * T * 3 * C);
+    Out<S> o(out, Index(B) * T * C), a(att, Index(B) * H * T * T);
+    cpu::attention_fwd<float>(o.get(), a.get(), q.get(), B, T, C, H);
+    o.store();
+    a.store();
   });
 }
-void CpuBf16Kernels::attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B,
-                                   int T, int C, int H) {
-  launch(s, "attention_bwd", [=]() {
-    auto d = widen(dout, Index(B) * T * C), q = widen(qkv, Index(B) * T * 3 * C), a = widen(att, Index(B) * H * T * T);
-    std::vector<float> dq(q.size());
-    cpu::attention_bwd<float>(dq.data(), d.data(), q.data(), a.data(), B, T, C, H);
-    store(dqkv, dq);
+template <class S>
+void CpuKernels<S>::attention_bwd(Stream& s, S* dqkv, const S* dout, const S* qkv, const S* att, int B, int T, int C,
+                                  int H) {
+  enqueue(dev_, s, "attention_bwd", [=]() {
+    const In<S> d(dout, Index(B) * T * C), q(qkv, Index(B) * T * 3 * C), a(att, Index(B) * H * T * T);
+    Out<S> dq(dqkv, Index(B) * T * 3 * C);
+    cpu::attention_bwd<float>(dq.get(), d.get(), q.get(), a.get(), B, T, C, H);
+    dq.store();
   });
 }
-void CpuBf16Kernels::gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) {
-  launch(s, "gelu_fwd", [=]() {
-    auto x = widen(in, n);
-    std::vector<float> o(x.size());
-    cpu::gelu_fwd<float>(o.data(), x.data(), n);
-    store(out, o);
+template <class S>
+void CpuKernels<S>::gelu_fwd(Stream& s, S* out, const S* in, std::int64_t n) {
+  enqueue(dev_, s, "gelu_fwd", [=]() {
+    const In<S> x(in, n);
+    Out<S> o(out, n);
+    cpu::gelu_fwd<float>(o.get(), x.get(), n);
+    o.store();
   });
 }
-void CpuBf16Kernels::gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) {
-  launch(s, "gelu_bwd", [=]() {
-    auto x = widen(in, n), d = widen(dout, n);
-    std::vector<float> dx(x.size());
-    cpu::gelu_bwd<float>(dx.data(), x.data(), d.data(), n);
-    store(din, dx);
+template <class S>
+void CpuKernels<S>::gelu_bwd(Stream& s, S* din, const S* in, const S* dout, std::int64_t n) {
+  enqueue(dev_, s, "gelu_bwd", [=]() {
+    const In<S> x(in, n), d(dout, n);  // read before din (which may alias dout) is written
+    Out<S> dx(din, n);
+    cpu::gelu_bwd<float>(dx.get(), x.get(), d.get(), n);
+    dx.store();
   });
 }
-void CpuBf16Kernels::add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) {
-  launch(s, "add", [=]() {
-    auto x = widen(a, n), y = widen(b, n);
-    std::vector<float> o(x.size());
-    cpu::add<float>(o.data(), x.data(), y.data(), n);
-    store(out, o);
+template <class S>
+void CpuKernels<S>::add(Stream& s, S* out, const S* a, const S* b, std::int64_t n) {
+  enqueue(dev_, s, "add", [=]() {
+    const In<S> x(a, n), y(b, n);
+    Out<S> o(out, n);
+    cpu::add<float>(o.get(), x.get(), y.get(), n);
+    o.store();
   });
 }
-void CpuBf16Kernels::crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits,
-                                      const std::int32_t* targets, int N, int V) {
-  launch(s, "crossentropy_fwd", [=]() {
-    auto l = widen(logits, Index(N) * V);
-    std::vector<float> p(l.size());
-    cpu::crossentropy_fwd<float>(losses, p.data(), l.data(), targets, N, V);
-    store(probs, p);
+template <class S>
+void CpuKernels<S>::crossentropy_fwd(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets,
+                                     int N, int V) {
+  enqueue(dev_, s, "crossentropy_fwd", [=]() {
+    const In<S> l(logits, Index(N) * V);
+    Out<S> p(probs, Index(N) * V);
+    cpu::crossentropy_fwd<float>(losses, p.get(), l.get(), targets, N, V);
+    p.store();
   });
 }
-void CpuBf16Kernels::crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets,
-                                      float scale, int N, int V) {
-  launch(s, "crossentropy_bwd", [=]() {
-    auto p = widen(probs, Index(N) * V);
-    std::vector<float> d(p.size());
-    cpu::crossentropy_bwd<float>(d.data(), p.data(), targets, scale, N, V);
-    store(dlogits, d);
+template <class S>
+void CpuKernels<S>::crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale,
+                                     int N, int V) {
+  enqueue(dev_, s, "crossentropy_bwd", [=]() {
+    const In<S> p(probs, Index(N) * V);
+    Out<S> d(dlogits, Index(N) * V);
+    cpu::crossentropy_bwd<float>(d.get(), p.get(), targets, scale, N, V);
+    d.store();
   });
 }
+
+// adamw_update's element loop, vectorised (adamw_apply*: backend/adamw_parallel.hpp), on the stream's thread: bit for
+// bit adamw_update (and the host path's widen-update-round for bf16).
+template <class S>
+void CpuKernels<S>::adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                          std::int64_t n) {
+  check_adamw_args(dev_.name(), config, step, t, n);
+  if (n == 0) return;
+  const AdamWFactors f = adamw_factors(config, step);
+  enqueue(dev_, s, "adamw", [=]() {
+    bool finite = false;
+    if constexpr (std::is_same_v<S, Bf16>) {
+      finite = adamw_apply_bf16(f, t.param, t.working, t.grad, t.grad2, t.exp_avg, t.exp_avg_sq, t.twin, n);
+    } else {
+      finite = adamw_apply(f, t.param, t.grad, t.grad2, t.exp_avg, t.exp_avg_sq, t.twin, n);
+    }
+    if (!finite && t.nonfinite != nullptr) *t.nonfinite = 1;
+  });
+}
+
+template class CpuKernels<float>;
+template class CpuKernels<Bf16>;
 
 CpuDevice& as_cpu(Device& d) {
   auto* p = dynamic_cast<CpuDevice*>(&d);
@@ -713,6 +751,27 @@ std::unique_ptr<Device> make_cpu_device(int index, const CpuDeviceOptions& optio
 
 std::unique_ptr<Communicator> make_cpu_communicator(const std::vector<Device*>& devices) {
   return std::make_unique<CpuCommunicator>(devices);
+}
+
+namespace {
+class CpuFactory final : public DeviceFactory {
+ public:
+  std::string unavailable_reason() const override { return {}; }
+  std::unique_ptr<Device> make_device(int index, const DeviceOptions& options) const override {
+    CpuDeviceOptions o;
+    if (options.capacity > 0) o.capacity = options.capacity;
+    if (options.poison != DeviceOptions::Poison::Default) o.poison = options.poison == DeviceOptions::Poison::On;
+    return make_cpu_device(index, o);
+  }
+  std::unique_ptr<Communicator> make_communicator(const std::vector<Device*>& devices) const override {
+    return make_cpu_communicator(devices);
+  }
+};
+}  // namespace
+
+const DeviceFactory& device_factory() {
+  static const CpuFactory factory;
+  return factory;
 }
 
 }  // namespace harmony::backend::cpu

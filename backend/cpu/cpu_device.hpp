@@ -1,6 +1,6 @@
 // The CPU device: a Device whose memory is a capped Arena (--gpu-memory), whose streams are host threads
 // draining FIFO queues, and whose kernels are the fp32 reference loops of backend/cpu/kernels.hpp; plus a
-// Communicator over CPU devices (send/recv and an all-reduce in fixed rank order).
+// Communicator over CPU devices (send/recv and an all-reduce in fixed rank order), and the registry's factory.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,10 @@
 
 #include "backend/cpu/arena.hpp"
 #include "backend/device.hpp"
+
+namespace harmony::backend {
+class DeviceFactory;  // backend/registry.hpp
+}  // namespace harmony::backend
 
 namespace harmony::backend::cpu {
 
@@ -26,5 +30,9 @@ std::unique_ptr<Device> make_cpu_device(int index, const CpuDeviceOptions& optio
 
 // All devices must be CPU devices; rank r is devices[r].
 std::unique_ptr<Communicator> make_cpu_communicator(const std::vector<Device*>& devices);
+
+// The registry's factory of the "cpu" kind (backend/registry.cpp): make_cpu_device and make_cpu_communicator over
+// DeviceOptions (capacity 0: CpuDeviceOptions' default; poison Default: kPoisonByDefault).
+const DeviceFactory& device_factory();
 
 }  // namespace harmony::backend::cpu

@@ -100,6 +100,8 @@ class CudaCommunicator final : public Communicator {
   int size() const override { return static_cast<int>(devices_.size()); }
   Device& device(int rank) override { return *devices_.at(static_cast<std::size_t>(check_rank(rank, "device"))); }
   bool nccl() const { return nccl_; }
+  // NCCL's ring adds in its own order; the copy path adds in rank order (docs/backend.md).
+  bool sums_in_rank_order() const override { return !nccl_; }
 
   void send(int rank, Stream& s, const void* src, Bytes bytes, int peer) override {
     CudaDevice& d = *devices_[static_cast<std::size_t>(check_rank(rank, "send"))];

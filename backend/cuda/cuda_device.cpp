@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/adamw_parallel.hpp"
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/cuda_internal.hpp"
 
@@ -728,99 +729,88 @@ void CudaDevice::crossentropy_bwd_as(Stream& s, S* dlogits, const S* probs, cons
          [=](StreamContext& c) { kern::crossentropy_bwd(c.stream(), dlogits, probs, targets, scale, N, V); });
 }
 
-// fp32 (Kernels) and bf16 (Bf16Kernels): the same templates.
-void CudaDevice::embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe,
-                               int B, int T, int C, int V) {
-  embedding_fwd_as(s, out, ids, wte, wpe, B, T, C, V);
+template <class S>
+void CudaDevice::adamw_as(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                          std::int64_t n) {
+  check_adamw_args(name_, config, step, t, n);
+  check_dims(name_, "adamw", {n});
+  if (n == 0) return;
+  const AdamWFactors f = adamw_factors(config, step);  // on the host, as the CPU device: the same bits
+  const kern::AdamWScalars k{f.decay, f.b1, f.one_minus_b1, f.b2, f.one_minus_b2, f.bc2_sqrt, f.eps, f.neg_step_size};
+  launch(s, "adamw", [=](StreamContext& c) {
+    kern::adamw(c.stream(), k, t.param, t.working, t.grad, t.grad2, t.exp_avg, t.exp_avg_sq, t.twin, t.nonfinite, n);
+  });
 }
-void CudaBf16Kernels::embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe,
-                                    int B, int T, int C, int V) {
+
+// Kernels<float> and Kernels<Bf16>: the same templates.
+template <class S>
+void CudaKernels<S>::embedding_fwd(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T,
+                                   int C, int V) {
   dev_.embedding_fwd_as(s, out, ids, wte, wpe, B, T, C, V);
 }
-void CudaDevice::embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B,
-                               int T, int C, int V) {
-  embedding_bwd_as(s, dwte, dwpe, dout, ids, B, T, C, V);
-}
-void CudaBf16Kernels::embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B,
-                                    int T, int C, int V) {
+template <class S>
+void CudaKernels<S>::embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T,
+                                   int C, int V) {
   dev_.embedding_bwd_as(s, dwte, dwpe, dout, ids, B, T, C, V);
 }
-void CudaDevice::layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w,
-                               const float* b, int N, int C, float eps) {
-  layernorm_fwd_as(s, out, mean, rstd, in, w, b, N, C, eps);
-}
-void CudaBf16Kernels::layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w,
-                                    const Bf16* b, int N, int C, float eps) {
+template <class S>
+void CudaKernels<S>::layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N,
+                                   int C, float eps) {
   dev_.layernorm_fwd_as(s, out, mean, rstd, in, w, b, N, C, eps);
 }
-void CudaDevice::layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in,
-                               const float* w, const float* mean, const float* rstd, int N, int C) {
-  layernorm_bwd_as(s, din, dw, db, dout, in, w, mean, rstd, N, C);
-}
-void CudaBf16Kernels::layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in,
-                                    const Bf16* w, const Bf16* mean, const Bf16* rstd, int N, int C) {
+template <class S>
+void CudaKernels<S>::layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w,
+                                   const S* mean, const S* rstd, int N, int C) {
   dev_.layernorm_bwd_as(s, din, dw, db, dout, in, w, mean, rstd, N, C);
 }
-void CudaDevice::matmul_fwd(Stream& s, float* out, const float* in, const float* w, const float* bias, int N, int IC,
-                            int OC, WeightLayout layout) {
-  matmul_fwd_as(s, out, in, w, bias, N, IC, OC, layout);
-}
-void CudaBf16Kernels::matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC,
-                                 int OC, WeightLayout layout) {
+template <class S>
+void CudaKernels<S>::matmul_fwd(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
+                                WeightLayout layout) {
   dev_.matmul_fwd_as(s, out, in, w, bias, N, IC, OC, layout);
 }
-void CudaDevice::matmul_bwd(Stream& s, float* din, float* dw, float* dbias, const float* dout, const float* in,
-                            const float* w, int N, int IC, int OC, WeightLayout layout) {
-  matmul_bwd_as(s, din, dw, dbias, dout, in, w, N, IC, OC, layout);
-}
-void CudaBf16Kernels::matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
-                                 const Bf16* w, int N, int IC, int OC, WeightLayout layout) {
+template <class S>
+void CudaKernels<S>::matmul_bwd(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N,
+                                int IC, int OC, WeightLayout layout) {
   dev_.matmul_bwd_as(s, din, dw, dbias, dout, in, w, N, IC, OC, layout);
 }
-void CudaDevice::attention_fwd(Stream& s, float* out, float* att, const float* qkv, int B, int T, int C, int H) {
-  attention_fwd_as(s, out, att, qkv, B, T, C, H);
-}
-void CudaBf16Kernels::attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) {
+template <class S>
+void CudaKernels<S>::attention_fwd(Stream& s, S* out, S* att, const S* qkv, int B, int T, int C, int H) {
   dev_.attention_fwd_as(s, out, att, qkv, B, T, C, H);
 }
-void CudaDevice::attention_bwd(Stream& s, float* dqkv, const float* dout, const float* qkv, const float* att, int B,
-                               int T, int C, int H) {
-  attention_bwd_as(s, dqkv, dout, qkv, att, B, T, C, H);
-}
-void CudaBf16Kernels::attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B,
-                                    int T, int C, int H) {
+template <class S>
+void CudaKernels<S>::attention_bwd(Stream& s, S* dqkv, const S* dout, const S* qkv, const S* att, int B, int T, int C,
+                                   int H) {
   dev_.attention_bwd_as(s, dqkv, dout, qkv, att, B, T, C, H);
 }
-void CudaDevice::gelu_fwd(Stream& s, float* out, const float* in, std::int64_t n) { gelu_fwd_as(s, out, in, n); }
-void CudaBf16Kernels::gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) {
+template <class S>
+void CudaKernels<S>::gelu_fwd(Stream& s, S* out, const S* in, std::int64_t n) {
   dev_.gelu_fwd_as(s, out, in, n);
 }
-void CudaDevice::gelu_bwd(Stream& s, float* din, const float* in, const float* dout, std::int64_t n) {
-  gelu_bwd_as(s, din, in, dout, n);
-}
-void CudaBf16Kernels::gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) {
+template <class S>
+void CudaKernels<S>::gelu_bwd(Stream& s, S* din, const S* in, const S* dout, std::int64_t n) {
   dev_.gelu_bwd_as(s, din, in, dout, n);
 }
-void CudaDevice::add(Stream& s, float* out, const float* a, const float* b, std::int64_t n) { add_as(s, out, a, b, n); }
-void CudaBf16Kernels::add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) {
+template <class S>
+void CudaKernels<S>::add(Stream& s, S* out, const S* a, const S* b, std::int64_t n) {
   dev_.add_as(s, out, a, b, n);
 }
-void CudaDevice::crossentropy_fwd(Stream& s, float* losses, float* probs, const float* logits,
-                                  const std::int32_t* targets, int N, int V) {
-  crossentropy_fwd_as(s, losses, probs, logits, targets, N, V);
-}
-void CudaBf16Kernels::crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits,
-                                       const std::int32_t* targets, int N, int V) {
+template <class S>
+void CudaKernels<S>::crossentropy_fwd(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets,
+                                      int N, int V) {
   dev_.crossentropy_fwd_as(s, losses, probs, logits, targets, N, V);
 }
-void CudaDevice::crossentropy_bwd(Stream& s, float* dlogits, const float* probs, const std::int32_t* targets,
-                                  float scale, int N, int V) {
-  crossentropy_bwd_as(s, dlogits, probs, targets, scale, N, V);
-}
-void CudaBf16Kernels::crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets,
-                                       float scale, int N, int V) {
+template <class S>
+void CudaKernels<S>::crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale,
+                                      int N, int V) {
   dev_.crossentropy_bwd_as(s, dlogits, probs, targets, scale, N, V);
 }
+template <class S>
+void CudaKernels<S>::adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+                           std::int64_t n) {
+  dev_.adamw_as(s, config, step, t, n);
+}
+template class CudaKernels<float>;
+template class CudaKernels<Bf16>;
 
 }  // namespace detail
 

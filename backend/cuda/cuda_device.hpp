@@ -1,7 +1,8 @@
 // The CUDA device (harmony-run v2): a Device whose memory is one cudaMalloc'd block per logical device carved
 // like the CPU arena and capped (--gpu-memory emulates a smaller GPU), whose streams are CUDA streams, whose
 // kernels are cuBLAS GEMMs plus backend/cuda/kernels.cu; a Communicator over NCCL or device copies; pinned
-// host memory with a pre-flight check; NVTX ranges. Free of CUDA headers: apps/ can include it as is.
+// host memory with a pre-flight check; NVTX ranges. Free of CUDA headers. The registry reaches it through the
+// module's factory (cuda_module.cpp); tests and benchmarks link it directly.
 #pragma once
 
 #include <cstdlib>
@@ -14,8 +15,7 @@
 
 namespace harmony::backend::cuda {
 
-// HARMONY_SYNC_DEBUG=1 (or any value but "0" / empty) in the environment. Inline: harmony-run builds
-// CudaDeviceOptions without linking the CUDA device (it loads it as a module, cuda_module.hpp).
+// HARMONY_SYNC_DEBUG=1 (or any value but "0" / empty) in the environment (CudaDeviceOptions' default).
 inline bool sync_debug_from_environment() {
   const char* v = std::getenv("HARMONY_SYNC_DEBUG");
   return v != nullptr && *v != '\0' && std::string_view(v) != "0";

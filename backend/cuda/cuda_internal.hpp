@@ -1,6 +1,6 @@
 // Internals of the CUDA device shared by its translation units (device, communicator, GEMMs): the device, its
 // streams (a CUDA stream fed in order by one submission thread, which owns the stream's cuBLAS handle and
-// workspace), its events, its bf16 kernels (CudaBf16Kernels, the same templates as the fp32 ones), and a guard for
+// workspace), its events, its kernels (CudaKernels<S>, one template for fp32 and bf16), and a guard for
 // the calling thread's current GPU. Not part of the public API.
 #pragma once
 
@@ -126,32 +126,36 @@ class CudaEvent final : public Event {
 
 class CudaDevice;
 
-// The device's Bf16Kernels: the same kernels (templates over the storage) on __nv_bfloat16 tensors.
-class CudaBf16Kernels final : public Bf16Kernels {
+// The device's Kernels<S>: the same kernels (the CudaDevice::*_as templates) for S = float and for S = Bf16
+// (__nv_bfloat16 tensors).
+template <class S>
+class CudaKernels final : public Kernels<S> {
  public:
-  explicit CudaBf16Kernels(CudaDevice& device) : dev_(device) {}
-  void embedding_fwd(Stream& s, Bf16* out, const std::int32_t* ids, const Bf16* wte, const Bf16* wpe, int B, int T,
-                     int C, int V) override;
-  void embedding_bwd(Stream& s, Bf16* dwte, Bf16* dwpe, const Bf16* dout, const std::int32_t* ids, int B, int T, int C,
+  explicit CudaKernels(CudaDevice& device) : dev_(device) {}
+  void embedding_fwd(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T, int C,
                      int V) override;
-  void layernorm_fwd(Stream& s, Bf16* out, Bf16* mean, Bf16* rstd, const Bf16* in, const Bf16* w, const Bf16* b, int N,
-                     int C, float eps) override;
-  void layernorm_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* db, const Bf16* dout, const Bf16* in, const Bf16* w,
-                     const Bf16* mean, const Bf16* rstd, int N, int C) override;
-  void matmul_fwd(Stream& s, Bf16* out, const Bf16* in, const Bf16* w, const Bf16* bias, int N, int IC, int OC,
+  void embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C,
+                     int V) override;
+  void layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+                     float eps) override;
+  void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
+                     const S* rstd, int N, int C) override;
+  void matmul_fwd(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
                   WeightLayout layout) override;
-  void matmul_bwd(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w, int N,
-                  int IC, int OC, WeightLayout layout) override;
-  void attention_fwd(Stream& s, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) override;
-  void attention_bwd(Stream& s, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T, int C,
+  void matmul_bwd(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N, int IC, int OC,
+                  WeightLayout layout) override;
+  void attention_fwd(Stream& s, S* out, S* att, const S* qkv, int B, int T, int C, int H) override;
+  void attention_bwd(Stream& s, S* dqkv, const S* dout, const S* qkv, const S* att, int B, int T, int C,
                      int H) override;
-  void gelu_fwd(Stream& s, Bf16* out, const Bf16* in, std::int64_t n) override;
-  void gelu_bwd(Stream& s, Bf16* din, const Bf16* in, const Bf16* dout, std::int64_t n) override;
-  void add(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, std::int64_t n) override;
-  void crossentropy_fwd(Stream& s, float* losses, Bf16* probs, const Bf16* logits, const std::int32_t* targets, int N,
+  void gelu_fwd(Stream& s, S* out, const S* in, std::int64_t n) override;
+  void gelu_bwd(Stream& s, S* din, const S* in, const S* dout, std::int64_t n) override;
+  void add(Stream& s, S* out, const S* a, const S* b, std::int64_t n) override;
+  void crossentropy_fwd(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets, int N,
                         int V) override;
-  void crossentropy_bwd(Stream& s, Bf16* dlogits, const Bf16* probs, const std::int32_t* targets, float scale, int N,
+  void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
                         int V) override;
+  void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
+             std::int64_t n) override;
 
  private:
   CudaDevice& dev_;
@@ -197,7 +201,7 @@ class CudaStream final : public Stream {
   std::thread thread_;
 };
 
-class CudaDevice final : public Device, public Kernels {
+class CudaDevice final : public Device {
  public:
   CudaDevice(int index, const CudaDeviceOptions& options);
   ~CudaDevice() override;
@@ -222,8 +226,8 @@ class CudaDevice final : public Device, public Kernels {
   void copy_d2h(Stream& s, void* dst, const void* src, Bytes bytes) override;
   void copy_d2d(Stream& s, void* dst, const void* src, Bytes bytes, Device* dst_device) override;
   void fill_zero(Stream& s, void* dst, Bytes bytes) override;
-  Kernels& kernels() override { return *this; }
-  Bf16Kernels* bf16_kernels() override { return &bf16_; }
+  Kernels<float>& kernels() override { return f32_; }
+  Kernels<Bf16>* bf16_kernels() override { return &bf16_; }
 
   // Host-side services: check_pinned_budget, HostRegistration, PinnedHostBuffer and NvtxRange behind the
   // device interface, so the executor (built without CUDA headers) pins and names ranges on CUDA devices.
@@ -233,30 +237,7 @@ class CudaDevice final : public Device, public Kernels {
   bool names_ranges() const override { return nvtx_built(); }
   std::shared_ptr<void> trace_range(const std::string& name) override;
 
-  void embedding_fwd(Stream& s, float* out, const std::int32_t* ids, const float* wte, const float* wpe, int B, int T,
-                     int C, int V) override;
-  void embedding_bwd(Stream& s, float* dwte, float* dwpe, const float* dout, const std::int32_t* ids, int B, int T,
-                     int C, int V) override;
-  void layernorm_fwd(Stream& s, float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
-                     int N, int C, float eps) override;
-  void layernorm_bwd(Stream& s, float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
-                     const float* mean, const float* rstd, int N, int C) override;
-  void matmul_fwd(Stream& s, float* out, const float* in, const float* w, const float* bias, int N, int IC, int OC,
-                  WeightLayout layout) override;
-  void matmul_bwd(Stream& s, float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w,
-                  int N, int IC, int OC, WeightLayout layout) override;
-  void attention_fwd(Stream& s, float* out, float* att, const float* qkv, int B, int T, int C, int H) override;
-  void attention_bwd(Stream& s, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                     int H) override;
-  void gelu_fwd(Stream& s, float* out, const float* in, std::int64_t n) override;
-  void gelu_bwd(Stream& s, float* din, const float* in, const float* dout, std::int64_t n) override;
-  void add(Stream& s, float* out, const float* a, const float* b, std::int64_t n) override;
-  void crossentropy_fwd(Stream& s, float* losses, float* probs, const float* logits, const std::int32_t* targets, int N,
-                        int V) override;
-  void crossentropy_bwd(Stream& s, float* dlogits, const float* probs, const std::int32_t* targets, float scale, int N,
-                        int V) override;
-
-  // The kernels over storage S (float for Kernels, Bf16 for Bf16Kernels): checked here, run by the stream's thread.
+  // The kernels over storage S (CudaKernels<S> calls them): checked here, run by the stream's thread.
   template <class S>
   void embedding_fwd_as(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T, int C,
                         int V);
@@ -291,6 +272,8 @@ class CudaDevice final : public Device, public Kernels {
   template <class S>
   void crossentropy_bwd_as(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
                            int V);
+  template <class S>
+  void adamw_as(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t, std::int64_t n);
 
   // For the streams and the communicator.
   CudaStream& own(Stream& s, const char* op);
@@ -315,8 +298,12 @@ class CudaDevice final : public Device, public Kernels {
   cudaStream_t poison_stream_ = nullptr;
   std::mutex mu_;
   std::set<CudaStream*> streams_;
-  CudaBf16Kernels bf16_{*this};
+  CudaKernels<float> f32_{*this};
+  CudaKernels<Bf16> bf16_{*this};
 };
+
+extern template class CudaKernels<float>;
+extern template class CudaKernels<Bf16>;
 
 CudaDevice& as_cuda(Device& d);
 

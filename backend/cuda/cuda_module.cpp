@@ -1,19 +1,39 @@
-// The entry of the CUDA device's loadable module (cuda_module.hpp): the table of the functions harmony-run calls,
-// over the CUDA device's static library, which the module links (and keeps to itself: -Wl,--exclude-libs,ALL).
-#include "backend/cuda/cuda_module.hpp"
+// The CUDA device as a loadable module (libharmony-cuda.so, backend/device_module.hpp): its one export returns the
+// registry's factory of the "cuda" kind, over the CUDA device's static library, which the module links (and keeps
+// to itself: -Wl,--exclude-libs,ALL). The registry loads it only when a `cuda` device is asked for, so a run on CPU
+// devices, --help and --version never load the CUDA runtime, cuBLAS or NCCL.
+#include "backend/cuda/cuda_device.hpp"
+#include "backend/device_module.hpp"
+#include "backend/registry.hpp"
 
-extern "C" __attribute__((visibility("default"))) const harmony::backend::cuda::ModuleApi* harmony_cuda_module_api() {
-  namespace cuda = harmony::backend::cuda;
-  static const cuda::ModuleApi api = [] {
-    cuda::ModuleApi a;
-    a.api_size = sizeof(cuda::ModuleApi);
-    a.available = &cuda::cuda_available;
-    a.unavailable_reason = &cuda::cuda_unavailable_reason;
-    a.make_device = [](int index, const cuda::CudaDeviceOptions& options) {
-      return cuda::make_cuda_device(index, options);
-    };
-    a.make_communicator = &cuda::make_cuda_communicator;
-    return a;
-  }();
+namespace harmony::backend::cuda {
+namespace {
+
+class CudaFactory final : public DeviceFactory {
+ public:
+  std::string unavailable_reason() const override {
+    return cuda_available() ? std::string() : "no usable GPU: " + cuda_unavailable_reason();
+  }
+  // DeviceOptions -> CudaDeviceOptions; the rest (gpu: index % the GPUs, reserve, sync_debug from the environment,
+  // attention_workspace) keep their defaults.
+  std::unique_ptr<Device> make_device(int index, const DeviceOptions& options) const override {
+    CudaDeviceOptions o;
+    o.capacity = options.capacity;
+    o.tf32 = options.tf32;
+    o.tree_sums = options.tree_sums;
+    if (options.poison != DeviceOptions::Poison::Default) o.poison = options.poison == DeviceOptions::Poison::On;
+    return make_cuda_device(index, o);
+  }
+  std::unique_ptr<Communicator> make_communicator(const std::vector<Device*>& devices) const override {
+    return make_cuda_communicator(devices);
+  }
+};
+
+}  // namespace
+}  // namespace harmony::backend::cuda
+
+extern "C" __attribute__((visibility("default"))) const harmony::backend::DeviceModuleApi* harmony_device_module() {
+  static const harmony::backend::cuda::CudaFactory factory;
+  static const harmony::backend::DeviceModuleApi api{.factory = &factory};
   return &api;
 }

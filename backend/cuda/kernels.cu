@@ -2,7 +2,7 @@
 // sort), LayerNorm, bias broadcast and gradient, the attention's causal softmax forward and backward, GELU,
 // residual adds and cross-entropy. Built with --fmad=false and fixed reduction trees, so every result is
 // reproducible run to run; parameter gradients accumulate row by row in row order like the CPU reference. Every
-// tensor kernel is a template over its storage (float, or __nv_bfloat16 for the Bf16Kernels): ld() widens,
+// tensor kernel is a template over its storage (float, or __nv_bfloat16 for Kernels<Bf16>): ld() widens,
 // arithmetic is fp32, st() stores (rounding to nearest even for bf16), so the fp32 instantiation is the fp32 code.
 #include "backend/cuda/kernels.hpp"
 
@@ -457,6 +457,29 @@ __global__ void crossentropy_bwd_kernel(D* dlogits, const D* probs, const std::i
   }
 }
 
+// adamw_update's loop body (backend/adamw.cpp) with every operation an explicit round-to-nearest intrinsic.
+template <class D>
+__global__ void adamw_kernel(AdamWScalars f, float* param, D* working, const D* grad, const D* grad2, float* exp_avg,
+                             float* exp_avg_sq, D* twin, std::int32_t* nonfinite, std::int64_t n) {
+  bool bad = false;
+  HARMONY_GRID_STRIDE(i, n) {
+    float g = ld(grad[i]);
+    if (grad2 != nullptr) g = __fadd_rn(g, ld(grad2[i]));
+    bad = bad || !isfinite(g);
+    const float p = __fmul_rn(param[i], f.decay);
+    const float m = __fadd_rn(__fmul_rn(exp_avg[i], f.b1), __fmul_rn(f.one_minus_b1, g));
+    const float v = __fadd_rn(__fmul_rn(exp_avg_sq[i], f.b2), __fmul_rn(__fmul_rn(f.one_minus_b2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), f.bc2_sqrt), f.eps);
+    const float updated = __fadd_rn(p, __fdiv_rn(__fmul_rn(f.neg_step_size, m), denom));
+    param[i] = updated;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if (working != nullptr) st(working[i], updated);
+    if (twin != nullptr) st(twin[i], updated);
+  }
+  if (bad && nonfinite != nullptr) *nonfinite = 1;  // every writer stores the same value
+}
+
 }  // namespace
 
 template <class S>
@@ -616,6 +639,15 @@ void add_inplace(cudaStream_t stream, float* acc, const S* x, std::int64_t n) {
 }
 
 template <class S>
+void adamw(cudaStream_t stream, const AdamWScalars& f, float* param, S* working, const S* grad, const S* grad2,
+           float* exp_avg, float* exp_avg_sq, S* twin, std::int32_t* nonfinite, std::int64_t n) {
+  if (n == 0) return;
+  adamw_kernel<<<blocks_for(n), kThreads, 0, stream>>>(f, param, dev(working), dev(grad), dev(grad2), exp_avg,
+                                                       exp_avg_sq, dev(twin), nonfinite, n);
+  HARMONY_CUDA_CHECK_LAUNCH("adamw_kernel");
+}
+
+template <class S>
 void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, S* probs, const S* logits,
                       const std::int32_t* targets, int N, int V) {
   if (N == 0) return;
@@ -643,7 +675,7 @@ void convert_rows(cudaStream_t stream, Dst* dst, std::int64_t ld_dst, const Src*
   HARMONY_CUDA_CHECK_LAUNCH("convert_rows_kernel");
 }
 
-// The launchers' instantiations: fp32 (Kernels) and bf16 (Bf16Kernels) storage.
+// The launchers' instantiations: fp32 (Kernels<float>) and bf16 (Kernels<Bf16>) storage.
 #define HARMONY_KERNELS_FOR(S)                                                                                         \
   template void embedding_fwd<S>(cudaStream_t, ErrorRecord*, S*, const std::int32_t*, const S*, const S*, int, int,    \
                                  int, int);                                                                            \
@@ -660,7 +692,9 @@ void convert_rows(cudaStream_t stream, Dst* dst, std::int64_t ld_dst, const Src*
   template void add<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                            \
   template void add_inplace<S>(cudaStream_t, float*, const S*, std::int64_t);                                          \
   template void crossentropy_fwd<S>(cudaStream_t, ErrorRecord*, float*, S*, const S*, const std::int32_t*, int, int);  \
-  template void crossentropy_bwd<S>(cudaStream_t, S*, const S*, const std::int32_t*, float, int, int);
+  template void crossentropy_bwd<S>(cudaStream_t, S*, const S*, const std::int32_t*, float, int, int);                 \
+  template void adamw<S>(cudaStream_t, const AdamWScalars&, float*, S*, const S*, const S*, float*, float*, S*,        \
+                         std::int32_t*, std::int64_t);
 HARMONY_KERNELS_FOR(float)
 HARMONY_KERNELS_FOR(Bf16)
 #undef HARMONY_KERNELS_FOR

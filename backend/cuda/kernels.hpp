@@ -74,6 +74,18 @@ void add_inplace(cudaStream_t stream, float* acc, const S* x, std::int64_t n);
 // c[i] = round_bf16(widen(c[i]) + s[i]): one rounding of the sum (the bf16 GEMMs' beta = 1 epilogue, done here
 // because cuBLAS rounds the product to bf16 before adding C, a second rounding).
 void add_f32_rounded(cudaStream_t stream, Bf16* c, const float* s, std::int64_t n);
+// adamw_update's factors (backend/adamw_parallel.hpp's AdamWFactors, computed on the host).
+struct AdamWScalars {
+  float decay, b1, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
+};
+// One AdamW step over n elements (Kernels<S>::adamw): per element the gradient widened (grad2 widened and added when
+// not null), adamw_update's operations in its order, each an IEEE round-to-nearest intrinsic (__fmul_rn, __fadd_rn,
+// __fdiv_rn, __fsqrt_rn: never contracted into a fused multiply-add), so the fp32 results are the CPU's bits. param
+// is the fp32 parameter (fp32) or master (bf16); working (bf16 only, else null) and twin (optional) get the rounded
+// result. *nonfinite = 1 when a gradient element is not finite (nonfinite may be null).
+template <class S>
+void adamw(cudaStream_t stream, const AdamWScalars& f, float* param, S* working, const S* grad, const S* grad2,
+           float* exp_avg, float* exp_avg_sq, S* twin, std::int32_t* nonfinite, std::int64_t n);
 // losses in fp32 for either storage.
 template <class S>
 void crossentropy_fwd(cudaStream_t stream, ErrorRecord* err, float* losses, S* probs, const S* logits,

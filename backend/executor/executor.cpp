@@ -21,9 +21,9 @@
 
 #include <fmt/format.h>
 
+#include "backend/bf16_convert.hpp"
 #include "backend/executor/detail.hpp"
 #include "backend/rank_sum.hpp"
-#include "core/base/parallel.hpp"
 #include "core/program/program_graph.hpp"
 #include "core/program/task_graph.hpp"
 
@@ -525,21 +525,6 @@ Interpreter::StagingSlot& Interpreter::staging_slot(std::size_t queue, Device& d
 
 namespace {
 
-// fn(begin, end) over [0, n) in contiguous chunks on up to 16 threads (core::parallel_for; the calling one among
-// them): the bf16 staging's element-wise rounding and widening, memory-bound work one core does at a fraction of
-// the host's bandwidth. Serial below 1M elements, where starting threads costs more than it saves.
-template <class F>
-void parallel_chunks(std::int64_t n, F&& fn) {
-  constexpr std::int64_t kMinChunk = std::int64_t{1} << 20;
-  const std::int64_t hw = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
-  const std::int64_t parts = std::clamp<std::int64_t>(n / kMinChunk, 1, std::min<std::int64_t>(hw, 16));
-  const std::int64_t step = (n + parts - 1) / parts;
-  core::parallel_for(static_cast<std::size_t>(parts), static_cast<unsigned>(parts), [&](std::size_t k) {
-    const auto b = static_cast<std::int64_t>(k) * step;
-    fn(b, std::min(n, b + step));
-  });
-}
-
 std::int64_t total_size(auto spans) {
   std::int64_t n = 0;
   for (const auto& sp : spans) n += static_cast<std::int64_t>(sp.size());
@@ -597,10 +582,7 @@ void Interpreter::stage_up(std::size_t queue, Device& device, Stream& stream, vo
     unlocked([&] {
       for_pieces(src, b, n, [&](std::size_t k, std::int64_t off, std::int64_t at, std::int64_t count) {
         const float* in = src[k].data() + off;
-        Bf16* o = out + (at - b);
-        parallel_chunks(count, [&](std::int64_t i0, std::int64_t i1) {
-          for (std::int64_t i = i0; i < i1; ++i) o[i] = to_bf16(in[i]);
-        });
+        round_to_bf16(in, out + (at - b), count);  // on up to 16 threads (bf16_convert.hpp)
       });
     });
     device.copy_h2d(stream, static_cast<Bf16*>(dst) + b, out, n * static_cast<Bytes>(sizeof(Bf16)));
@@ -630,11 +612,7 @@ void Interpreter::stage_down(std::size_t queue, Device& device, Stream& stream, 
       const Bf16* in = cur->buf.as<Bf16>();
       for_pieces(dst, b, std::min(chunk, total - b),
                  [&](std::size_t k, std::int64_t off, std::int64_t at, std::int64_t count) {
-                   float* o = dst[k].data() + off;
-                   const Bf16* i_ = in + (at - b);
-                   parallel_chunks(count, [&](std::int64_t i0, std::int64_t i1) {
-                     for (std::int64_t i = i0; i < i1; ++i) o[i] = to_f32(i_[i]);
-                   });
+                   widen_from_bf16(in + (at - b), dst[k].data() + off, count);  // on up to 16 threads
                  });
     });
     cur = next;

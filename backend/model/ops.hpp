@@ -1,26 +1,26 @@
 // The two ways the model's layers run their kernels, with one signature set so that the layer code is
-// written once (backend/model/gpt2.cpp): DeviceOps enqueues float kernels on a device stream (DeviceOpsBf16 the
-// bf16 ones, mixed precision); HostOps<T>
-// calls the reference loops synchronously on host memory (T = double for finite-difference checks).
+// written once (backend/model/gpt2.cpp): BasicDeviceOps<S> enqueues the device's Kernels<S> on a stream (DeviceOps
+// fp32, DeviceOpsBf16 mixed precision); HostOps<T> calls the reference loops synchronously on host memory (T = double
+// for finite-difference checks).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "backend/cpu/kernels.hpp"
 #include "backend/device.hpp"
 
 namespace harmony::backend {
 
-// S = float: the device's fp32 Kernels; S = Bf16: its Bf16Kernels (mixed precision; require_bf16 throws a
-// DeviceError on a device that has none). Real is the type of eps, loss scales and the head's per-token losses.
+// The device's Kernels<S> (S = Bf16: mixed precision; kernels_of throws a DeviceError on a device that has none). Real
+// is the type of eps, loss scales and the head's per-token losses.
 template <class S>
 class BasicDeviceOps {
  public:
   using Scalar = S;
   using Real = float;
-  BasicDeviceOps(Device& device, Stream& stream) : dev_(device), s_(stream), k_(kernels_of(device)) {}
+  BasicDeviceOps(Device& device, Stream& stream)
+      : dev_(device), s_(stream), k_(kernels_of<S>(device, "bf16 kernels")) {}
   Device& device() { return dev_; }
   Stream& stream() { return s_; }
 
@@ -63,17 +63,9 @@ class BasicDeviceOps {
   }
 
  private:
-  using K = std::conditional_t<std::is_same_v<S, Bf16>, Bf16Kernels, Kernels>;
-  static K& kernels_of(Device& d) {
-    if constexpr (std::is_same_v<S, Bf16>) {
-      return require_bf16(d, "bf16 kernels");
-    } else {
-      return d.kernels();
-    }
-  }
   Device& dev_;
   Stream& s_;
-  K& k_;
+  Kernels<S>& k_;
 };
 using DeviceOps = BasicDeviceOps<float>;
 using DeviceOpsBf16 = BasicDeviceOps<Bf16>;

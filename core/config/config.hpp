@@ -104,7 +104,10 @@ struct TrainConfig {
   std::string file;
   TrainModelSpec model;
   MachineSpec machine;  // machine.gpu_memory is each device's capacity
+  // A device kind's name ("cpu", "cuda"), not checked here (core knows no devices): harmony-run checks it against
+  // backend's device registry and locates an unknown or unavailable one at device_loc.
   std::string device = "cpu";
+  SourceLoc device_loc;  // where `device:` was written (its value; --set device=...), else the file
   CostModelKind cost_model = CostModelKind::Native;  // for --plan auto
   PlanSpec plan;  // plan.mode: any kind, with its knobs; a kind without packs runs microbatch plan.u_bwd
   SearchSpec search;

@@ -1,5 +1,5 @@
 // model.hf_config: a Hugging Face config.json read into an AnalyticSpec, family by family (gpt2 -> gpt; gpt_neox ->
-// neox; llama, mistral, qwen2 -> llama), with transformers' defaults for absent keys and every key that is not
+// neox; llama, mistral, qwen2, qwen3 -> llama), with transformers' defaults for absent keys and every key that is not
 // read or known to be harmless refused at its line:column (docs/config.md, "model.hf_config").
 #include "core/config/config_hf.hpp"
 
@@ -86,7 +86,7 @@ const std::vector<std::string> kMoeKeys = {"num_local_experts",
 // the same kernels on the same tensors, so the same FLOPs, bytes and memory.
 const std::vector<std::string> kRopeTypes = {"default", "linear", "dynamic", "yarn", "llama3", "longrope", "su"};
 
-const std::vector<std::string> kModelTypes = {"gpt2", "gpt_neox", "llama", "mistral", "qwen2"};
+const std::vector<std::string> kModelTypes = {"gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"};
 
 std::string pointer(std::string_view key) {
   std::string p = "/";
@@ -206,7 +206,7 @@ class HfConfig {
       if (listed(used_) || listed(known) || listed(kHarmless)) continue;
       if (listed(kMoeKeys))
         fail(key_at(key), fmt::format("{} is a mixture-of-experts key: MoE layers are not modelled", key),
-             "the analytic models have dense MLPs (gpt2, gpt_neox, llama, mistral, qwen2 without experts)");
+             "the analytic models have dense MLPs (gpt2, gpt_neox, llama, mistral, qwen2, qwen3 without experts)");
       if (key == "quantization_config")
         fail(key_at(key), "quantized weights (quantization_config) are not modelled",
              "use the config.json of the unquantized model, whose shape is the same");
@@ -286,7 +286,7 @@ void read_dims(HfConfig& c, const Dims& k, std::string_view type, bool seq_len_g
   s.hidden = c.req_int(k.hidden, 1, kMaxDim, type);
   s.heads = c.req_int(k.heads, 1, kMaxDim, type);
   s.vocab = c.req_int("vocab_size", 2, 16 * kMaxDim, type);
-  if (s.hidden % s.heads != 0)
+  if (s.hidden % s.heads != 0 && !c.has("head_dim"))  // the llama family's head_dim sets the head size itself
     c.fail_value(k.heads, fmt::format("{} = {} does not divide {} = {}", k.heads, s.heads, k.hidden, s.hidden),
                  "the head size is hidden / heads; this is not a config.json transformers can load");
   if (const auto p = c.opt_int(k.positions, 2, kMaxDim)) {
@@ -413,7 +413,8 @@ void read_layer_types(HfConfig& c, AnalyticSpec& s) {
   if (full) s.sliding_window = 0;
 }
 
-// llama, mistral, qwen2: the llama family (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
+// llama, mistral, qwen2, qwen3: the llama family (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM).
 void read_llama(HfConfig& c, const std::string& type, bool seq_len_given, AnalyticSpec& s) {
   s.family = ModelFamily::Llama;
   read_dims(c, {"num_hidden_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"}, type,
@@ -426,11 +427,10 @@ void read_llama(HfConfig& c, const std::string& type, bool seq_len_given, Analyt
                    "each key/value head serves heads / num_key_value_heads query heads");
     s.kv_heads = *kv == s.heads ? 0 : *kv;
   }
-  if (const auto hd = c.opt_int("head_dim", 1, kMaxDim); hd && *hd != s.hidden / s.heads)
-    c.fail_value("head_dim",
-                 fmt::format("head_dim = {} is not hidden_size / num_attention_heads = {}: not modelled", *hd,
-                             s.hidden / s.heads),
-                 "the llama analytic model's heads are hidden_size / num_attention_heads wide");
+  // transformers' LlamaAttention (and Mistral's, Qwen2's, Qwen3's): head_dim = config.head_dim, else hidden / heads;
+  // q_proj is hidden -> heads x head_dim and o_proj back, whatever hidden is.
+  if (const auto hd = c.opt_int("head_dim", 1, kMaxDim); hd && (*hd != s.hidden / s.heads || s.hidden % s.heads))
+    s.head_dim = *hd;
   const std::string act = c.opt_string("hidden_act", "silu");
   if (act != "silu")
     c.fail_value("hidden_act", fmt::format("hidden_act \"{}\" is not modelled for {}", act, type),
@@ -452,8 +452,12 @@ void read_llama(HfConfig& c, const std::string& type, bool seq_len_given, Analyt
     const bool present = c.present("sliding_window");
     const auto w = c.opt_int("sliding_window", 1, kMaxDim);
     s.sliding_window = w ? *w : (present ? 0 : 4096);
-  } else {  // qwen2: biases on q, k, v
+  } else if (type == "qwen2") {  // biases on q, k, v
     s.attn_bias = AttnBias::Qkv;
+    read_qwen2_window(c, s);
+  } else {  // qwen3: Qwen2's window keys, q_norm and k_norm, biases only with attention_bias (false in its configs)
+    s.qk_norm = true;
+    s.attn_bias = c.opt_bool("attention_bias", false) ? AttnBias::All : AttnBias::None;
     read_qwen2_window(c, s);
   }
   read_layer_types(c, s);

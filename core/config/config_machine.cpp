@@ -1,6 +1,7 @@
 // Machines for the config loader: machine files (with a base preset or file and key-by-key overrides), the
-// built-in presets embedded from configs/machines/, the `topology:` mapping, `gpu_rates` / `cpu_adam`, `compute`
-// and `dispatch`, each key located and checked (docs/machines.md); and the public machine loaders of config.hpp.
+// built-in presets embedded from configs/machines/, the `topology:` mapping, `gpu_rates` / `cpu_adam`, `host_paths`,
+// `compute` and `dispatch`, each key located and checked (docs/machines.md); and the public machine loaders of
+// config.hpp.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -25,9 +26,9 @@ constexpr EmbeddedPreset kEmbeddedPresets[] = {
 // Machines
 
 const std::vector<std::string> kMachineSpecKeys = {
-    "name",     "gpu",       "gpus",     "gpu_memory", "memory_cap_scale",
-    "bw_swap",  "bw_p2p",    "bw_msg",   "time_del",   "price_per_hour",
-    "topology", "gpu_rates", "cpu_adam", "compute",    "dispatch"};
+    "name",     "gpu",        "gpus",     "gpu_memory",     "memory_cap_scale", "bw_swap",
+    "bw_p2p",   "bw_msg",     "time_del", "price_per_hour", "topology",         "gpu_rates",
+    "cpu_adam", "host_paths", "compute",  "dispatch"};
 
 std::vector<std::string> machine_keys_with_base() {
   std::vector<std::string> keys = {"preset", "file"};
@@ -210,7 +211,7 @@ const std::vector<std::string> kGpuRatesKeys = {"matrix_fp32",     "matrix_fp16"
                                                 "gemm_efficiency", "vector_efficiency", "overhead"};
 const std::vector<std::string> kGemmEfficiencyKeys = {"max", "half"};
 const std::vector<std::string> kOverheadKeys = {"kernel", "forward", "backward"};
-const std::vector<std::string> kCpuAdamKeys = {"bandwidth", "per_layer"};
+const std::vector<std::string> kCpuAdamKeys = {"bandwidth", "per_layer", "bandwidth_bf16", "bandwidth_fp16"};
 
 constexpr const char* kFlopsHint =
     "write a rate with a unit, e.g. 11.3TFLOP/s, 312 TFLOP/s or 500GFLOP/s (prefixes k, M, G, T, P; case-sensitive)";
@@ -306,6 +307,40 @@ void apply_cpu_adam(CpuAdam& c, const Entry& e, const std::string& what) {
   if (const Entry* x = find(map, "bandwidth")) c.bytes_per_s = get_link_bandwidth(x->value, what + ".bandwidth");
   if (const Entry* x = find(map, "per_layer"))
     c.per_layer_s = get_topology_duration(x->value, what + ".per_layer", "us");
+  if (const Entry* x = find(map, "bandwidth_bf16"))
+    c.bf16_bytes_per_s = get_link_bandwidth(x->value, what + ".bandwidth_bf16");
+  if (const Entry* x = find(map, "bandwidth_fp16"))
+    c.fp16_bytes_per_s = get_link_bandwidth(x->value, what + ".bandwidth_fp16");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Measured host paths (docs/machines.md, `host_paths`): bandwidths, key by key over the base's.
+
+struct HostPathKey {
+  const char* name;
+  double HostPaths::*field;
+};
+constexpr HostPathKey kHostPathKeys[] = {
+    {"pinned_h2d", &HostPaths::pinned_h2d_bytes_per_s},
+    {"pinned_d2h", &HostPaths::pinned_d2h_bytes_per_s},
+    {"pageable_h2d", &HostPaths::pageable_h2d_bytes_per_s},
+    {"pageable_d2h", &HostPaths::pageable_d2h_bytes_per_s},
+    {"bf16_stage_up", &HostPaths::bf16_stage_up_bytes_per_s},
+    {"bf16_stage_down", &HostPaths::bf16_stage_down_bytes_per_s},
+    {"bf16_round", &HostPaths::bf16_round_bytes_per_s},
+    {"bf16_widen", &HostPaths::bf16_widen_bytes_per_s},
+    {"memcpy_one_thread", &HostPaths::memcpy_one_thread_bytes_per_s},
+};
+
+void apply_host_paths(HostPaths& h, const Entry& e, const std::string& what) {
+  std::vector<std::string> keys;
+  for (const HostPathKey& k : kHostPathKeys) keys.emplace_back(k.name);
+  const Node& map = sub_map(e, what, keys,
+                            "e.g. host_paths: {pinned_h2d: 24.5GB/s, pinned_d2h: 25.1GB/s, bf16_stage_up: 18GB/s} "
+                            "(each key optional; `harmony-run probe` writes them)");
+  for (const HostPathKey& k : kHostPathKeys) {
+    if (const Entry* x = find(map, k.name)) h.*k.field = get_link_bandwidth(x->value, what + "." + k.name);
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -795,6 +830,7 @@ MachineSpec machine_from_map(const Node& map, const std::string& section, const 
     m.price_per_hour = get_price(e->value, qualify(section, "price_per_hour"));
   if (const Entry* e = find(map, "gpu_rates")) apply_gpu_rates(m.gpu_rates, *e, qualify(section, "gpu_rates"));
   if (const Entry* e = find(map, "cpu_adam")) apply_cpu_adam(m.cpu_adam, *e, qualify(section, "cpu_adam"));
+  if (const Entry* e = find(map, "host_paths")) apply_host_paths(m.host_paths, *e, qualify(section, "host_paths"));
   if (const Entry* e = find(map, "compute")) apply_compute(m.compute, *e, qualify(section, "compute"));
   if (const Entry* e = find(map, "dispatch")) apply_dispatch(m.dispatch, *e, qualify(section, "dispatch"));
   resolve_topology(m, map, section, base_loc);

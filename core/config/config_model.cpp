@@ -26,35 +26,13 @@ namespace {
 const std::vector<std::string> kHfRunKeys = {"name", "seq_len", "dtype", "optimizer", "kernels", "ubatch_sizes"};
 const std::vector<std::string> kModelKeys = {"profile", "analytic",  "hf_config", "name",        "seq_len",
                                              "dtype",   "optimizer", "kernels",   "ubatch_sizes"};
-const std::vector<std::string> kAnalyticKeys = {"preset",
-                                                "family",
-                                                "name",
-                                                "layers",
-                                                "hidden",
-                                                "heads",
-                                                "ffn",
-                                                "seq_len",
-                                                "vocab",
-                                                "tied_head",
-                                                "head",
-                                                "labels",
-                                                "image_size",
-                                                "classes",
-                                                "dtype",
-                                                "optimizer",
-                                                "kernels",
-                                                "dropout",
-                                                "ubatch_sizes",
-                                                "layers_per_block",
-                                                "positions",
-                                                "kv_heads",
-                                                "attn_bias",
-                                                "mlp_bias",
-                                                "sliding_window",
-                                                "rope",
-                                                "rope_dims",
-                                                "parallel_residual",
-                                                "act"};
+const std::vector<std::string> kAnalyticKeys = {
+    "preset",       "family",           "name",           "layers",    "hidden",    "heads",
+    "ffn",          "seq_len",          "vocab",          "tied_head", "head",      "labels",
+    "image_size",   "classes",          "dtype",          "optimizer", "kernels",   "dropout",
+    "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",  "qk_norm",
+    "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims", "parallel_residual",
+    "act"};
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "neox"};
 const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
@@ -173,6 +151,8 @@ void check_family_keys(const Node& map, const std::string& what, ModelFamily fam
   only_for("layers_per_block", gpt, "gpt");
   only_for("positions", gpt, "gpt");
   only_for("kv_heads", llama, "llama");
+  only_for("head_dim", llama, "llama");
+  only_for("qk_norm", llama, "llama");
   only_for("sliding_window", llama, "llama");
   only_for("rope_dims", neox, "neox");
   only_for("parallel_residual", neox, "neox");
@@ -210,6 +190,8 @@ void parse_decoder_keys(const Node& map, const std::string& what, AnalyticSpec& 
   };
   const Entry* positions = int_key("positions", spec.positions, 1);
   const Entry* kv_heads = int_key("kv_heads", spec.kv_heads, 1);
+  int_key("head_dim", spec.head_dim, 1);
+  if (const Entry* x = find(map, "qk_norm")) spec.qk_norm = get_bool(x->value, what + ".qk_norm");
   int_key("sliding_window", spec.sliding_window, 1);
   const Entry* rope_dims = int_key("rope_dims", spec.rope_dims, 2);
   if (const Entry* x = find(map, "attn_bias"))
@@ -296,10 +278,10 @@ AnalyticSpec parse_analytic(const Entry& e) {
   if (resnet && spec.layers != 50 && spec.layers != 101 && spec.layers != 152)
     fail(layers ? layers->value.loc : e.key_loc, fmt::format("{}.layers = {} is not a ResNet depth", what, spec.layers),
          "resnet layers is the depth: 50, 101 or 152");
-  if (!resnet && spec.heads > 0 && spec.hidden % spec.heads != 0)
+  if (!resnet && spec.heads > 0 && spec.hidden % spec.heads != 0 && !find(map, "head_dim"))
     fail(heads ? heads->value.loc : (hidden ? hidden->value.loc : e.key_loc),
          fmt::format("{}.heads = {} does not divide hidden = {}", what, spec.heads, spec.hidden),
-         "the head size is hidden / heads: pick heads that divide hidden");
+         "the head size is hidden / heads: pick heads that divide hidden (llama: or give head_dim)");
   parse_decoder_keys(map, what, spec);
   if (const std::string problem = analytic_spec_problem(spec); !problem.empty())
     fail(e.key_loc, fmt::format("{}: {}", what, problem), "see docs/config.md, model.analytic");

@@ -3,7 +3,10 @@
 // machine, core/plan/plan_rules on the plan and search sizes); and plan_from_spec, the public PlanSpec -> Plan step.
 // Shared with config.cpp and config_train.cpp through config_internal.hpp.
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>

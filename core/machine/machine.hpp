@@ -81,9 +81,35 @@ struct GpuRates {
 
 // The host-side optimizer step the analytic models charge per layer: Adam(W) over the layer's FP32
 // parameters at `bytes_per_s` of parameters, plus a fixed `per_layer_s`. Zero = the documented default.
+// bf16_bytes_per_s / fp16_bytes_per_s: the same step when the gradients arrive and the updated weights leave in
+// that 2-byte type, the casts fused into the step (DeepSpeed's CPU Adam; `harmony-run probe` measures them), in FP32
+// parameter bytes per second; 0 = not given (bytes_per_s prices such a layer, as before).
 struct CpuAdam {
   double bytes_per_s = 0;
   double per_layer_s = 0;
+  double bf16_bytes_per_s = 0;
+  double fp16_bytes_per_s = 0;
+};
+
+// Measured rates of the ways data crosses between host memory and a GPU, and of the host-only passes of the bf16
+// staging (docs/machines.md, `host_paths`; written by `harmony-run probe`). Each is one transfer alone, in bytes
+// per second of the bytes the transfer carries (bf16 bytes for the bf16 paths); 0 = not given, and the link rates
+// and host_memcpy price the path as before.
+struct HostPaths {
+  double pinned_h2d_bytes_per_s = 0;         // from pinned host memory (cudaHostAlloc) to a GPU
+  double pinned_d2h_bytes_per_s = 0;         // from a GPU to pinned host memory
+  double pageable_h2d_bytes_per_s = 0;       // from pageable (malloc'd) host memory to a GPU
+  double pageable_d2h_bytes_per_s = 0;       // from a GPU to pageable host memory
+  double bf16_stage_up_bytes_per_s = 0;      // harmony-run's stage_up end to end: round to bf16 + pinned copy up
+  double bf16_stage_down_bytes_per_s = 0;    // stage_down end to end: pinned copy down + widen to fp32
+  double bf16_round_bytes_per_s = 0;         // host only: fp32 -> bf16 rounding, threaded as stage_up does it
+  double bf16_widen_bytes_per_s = 0;         // host only: bf16 -> fp32 widening, threaded as stage_down does it
+  double memcpy_one_thread_bytes_per_s = 0;  // one host memcpy on one thread (a CPU message)
+  bool any() const {
+    return pinned_h2d_bytes_per_s > 0 || pinned_d2h_bytes_per_s > 0 || pageable_h2d_bytes_per_s > 0 ||
+           pageable_d2h_bytes_per_s > 0 || bf16_stage_up_bytes_per_s > 0 || bf16_stage_down_bytes_per_s > 0 ||
+           bf16_round_bytes_per_s > 0 || bf16_widen_bytes_per_s > 0 || memcpy_one_thread_bytes_per_s > 0;
+  }
 };
 
 // Compute the devices share (docs/machines.md, `compute`): the native engine runs every FWD/REC/BWD as work of
@@ -129,6 +155,7 @@ struct MachineSpec {
   double price_per_hour = 0;                                      // optional, for cost estimates
   GpuRates gpu_rates;                                             // optional: compute rates for analytic models
   CpuAdam cpu_adam;            // optional: the CPU optimizer's throughput for analytic models
+  HostPaths host_paths;        // optional: measured host<->GPU paths and bf16 staging (native model; not priced yet)
   Topology topology;           // the native model's view; empty for reference-only machines
   ComputeSharing compute;      // native model only: shared compute and the profile's time scales
   DispatchOverheads dispatch;  // native model only: per-op fixed costs

@@ -753,6 +753,8 @@ std::string analytic_spec_problem(const AnalyticSpec& s) {
   if (s.layers_per_block == 2 && s.family != ModelFamily::Gpt)
     return "layers_per_block 2 (a block's attention and MLP halves) is for the gpt family only";
   const bool decoder = s.family == ModelFamily::Llama || s.family == ModelFamily::Neox;
+  if (s.family != ModelFamily::Llama && (s.head_dim != 0 || s.qk_norm))
+    return "head_dim and qk_norm are for family llama";
   if (!decoder && (s.kv_heads != 0 || s.attn_bias != AttnBias::None || s.mlp_bias || s.sliding_window != 0 || !s.rope ||
                    s.rope_dims != 0 || !s.parallel_residual || s.act != MlpActivation::Gelu))
     return "kv_heads, attn_bias, mlp_bias, sliding_window, rope, rope_dims, parallel_residual and act are for the "
@@ -770,7 +772,9 @@ std::string analytic_spec_problem(const AnalyticSpec& s) {
   if (s.layers < 1 || s.layers > 10000) return fmt::format("layers {} is outside 1..10000", s.layers);
   if (s.hidden < 1 || s.hidden > kMaxDim) return fmt::format("hidden {} is outside 1..{}", s.hidden, kMaxDim);
   if (s.heads < 1 || s.heads > s.hidden) return fmt::format("heads {} is outside 1..hidden ({})", s.heads, s.hidden);
-  if (s.hidden % s.heads != 0) return fmt::format("heads ({}) must divide hidden ({})", s.heads, s.hidden);
+  if (s.head_dim == 0 && s.hidden % s.heads != 0)
+    return fmt::format("heads ({}) must divide hidden ({}), or head_dim given", s.heads, s.hidden);
+  if (s.head_dim < 0 || s.head_dim > kMaxDim) return fmt::format("head_dim {} is outside 1..{}", s.head_dim, kMaxDim);
   if (s.ffn < 0 || s.ffn > 4 * kMaxDim) return fmt::format("ffn {} is out of range", s.ffn);
   if (s.seq_len < 2 || s.seq_len > kMaxDim) return fmt::format("seq_len {} is outside 2..{}", s.seq_len, kMaxDim);
   if (s.vocab < 2 || s.vocab > 16 * kMaxDim) return fmt::format("vocab {} is outside 2..{}", s.vocab, 16 * kMaxDim);
@@ -823,7 +827,12 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   r.mem_bw = gpu.memory_bytes_per_s;
   r.vec_eff = gpu.vector_efficiency > 0 ? gpu.vector_efficiency : 1.0;
   r.floor_s = gpu.kernel_floor_s;
-  const double adam_bps = cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
+  // A 2-byte model's step takes its gradients in and hands its weights out in that type: the rate measured with
+  // those casts fused (cpu_adam.bandwidth_bf16 / _fp16, `harmony-run probe`) where the machine gives one.
+  const double cast_bps = spec.dtype == DType::Bf16   ? cpu.bf16_bytes_per_s
+                          : spec.dtype == DType::Fp16 ? cpu.fp16_bytes_per_s
+                                                      : 0.0;
+  const double adam_bps = cast_bps > 0 ? cast_bps : cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
   const double adam_layer_s = cpu.per_layer_s > 0 ? cpu.per_layer_s : kDefaultAdamLayerS;
   const double bpe = dtype_bytes(spec.dtype);
 

@@ -73,7 +73,9 @@ struct AnalyticSpec {
   int layers_per_block = 1;  // gpt: 1, one layer a block; 2, its attention and MLP halves (block{i}.attn, .mlp)
   int positions = 0;         // gpt: rows of the position table (Hugging Face n_positions), >= seq_len; 0: seq_len
   // llama and neox (the config loader's defaults for neox: attn_bias All, mlp_bias true)
-  int kv_heads = 0;                     // llama: key/value heads (grouped-query attention), dividing heads; 0: heads
+  int kv_heads = 0;  // llama: key/value heads (grouped-query attention), dividing heads; 0: heads
+  int head_dim = 0;  // llama: each head's width when it is not hidden / heads (Qwen3, Mistral Nemo); 0: hidden / heads
+  bool qk_norm = false;  // llama: an RMSNorm over each head's q and k before RoPE (Qwen3's q_norm and k_norm)
   AttnBias attn_bias = AttnBias::None;  // llama: None, Qkv or All; neox: None or All
   bool mlp_bias = false;                // llama, neox: biases on the MLP projections
   int sliding_window = 0;  // llama: each query attends to the last sliding_window tokens (Mistral); 0: all earlier
@@ -85,7 +87,7 @@ struct AnalyticSpec {
 };
 
 // Named shapes (gpt2-small..xl, gpt3-1.3b..175b, bert-base, bert-large, resnet50/101/152, llama2-7b/13b/70b,
-// llama3-8b/70b, mistral-7b, qwen2-7b); nullopt if unknown.
+// llama3-8b/70b, mistral-7b, qwen2-7b, qwen3-8b); nullopt if unknown.
 std::optional<AnalyticSpec> analytic_preset(std::string_view name);
 std::vector<std::string> analytic_preset_names();
 

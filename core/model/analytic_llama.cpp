@@ -246,7 +246,7 @@ Shape shape_of(const AnalyticSpec& s) {
   x.h = s.hidden;
   x.nh = s.heads;
   x.kvh = s.kv_heads > 0 ? s.kv_heads : s.heads;
-  x.d = x.h / x.nh;
+  x.d = s.head_dim > 0 ? s.head_dim : x.h / x.nh;
   x.f = s.ffn > 0 ? s.ffn : 4.0 * x.h;
   x.rd = s.rope ? (s.rope_dims > 0 ? s.rope_dims : x.d) : 0;
   x.Tk = s.sliding_window > 0 ? std::min<double>(s.sliding_window, x.T) : x.T;
@@ -275,6 +275,10 @@ int attention(Builder& b, const AnalyticSpec& s, int a, const Shape& z) {
     v = b.linear("v_proj", a, z.T, z.h, kv_n, qkv_bias);
   } else {
     q = k = v = b.linear(z.llama ? "qkv_proj" : "query_key_value", a, z.T, z.h, q_n + 2 * kv_n, qkv_bias);
+  }
+  if (s.qk_norm) {  // Qwen3: RMSNorm over each head's d values (one weight of d, shared by the heads), before RoPE
+    q = rmsnorm(b, s, "q_norm", q, z.T * z.nh, z.d);
+    k = rmsnorm(b, s, "k_norm", k, z.T * z.kvh, z.d);
   }
   if (z.rd > 0) {
     const int cs = constant(b, "rope.cos_sin", 2 * z.T * z.rd);
@@ -428,9 +432,11 @@ std::vector<LayerDef> neox_layers(const AnalyticSpec& s) { return decoder_layers
 //   llama3-70b  https://huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json
 //   mistral-7b  https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json (sliding_window 4096)
 //   qwen2-7b    https://huggingface.co/Qwen/Qwen2-7B/blob/main/config.json
+//   qwen3-8b    https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (head_dim 128, q_norm and k_norm)
 // seq_len is the context each was trained at: Llama 2 and 3 their max_position_embeddings (4096, 8192); Mistral
 // 7B 8192 ("trained with 8k context length", the transformers 4.34 Mistral page; its config's 32768 is the
-// rotary range), Qwen2-7B 32768 (the context of its last pretraining stage; 131072 in its config with YaRN).
+// rotary range), Qwen2-7B 32768 (the context of its last pretraining stage; 131072 in its config with YaRN), Qwen3-8B
+// 32768 (its model card's native context; 40960 in its config).
 // tests/core/test_analytic_llama.cpp checks each parameter count against the checkpoint's published one.
 std::vector<std::pair<std::string, AnalyticSpec>> llama_presets() {
   std::vector<std::pair<std::string, AnalyticSpec>> p = {
@@ -441,15 +447,18 @@ std::vector<std::pair<std::string, AnalyticSpec>> llama_presets() {
       {"llama3-70b", llama_shape("llama3-70b", 80, 8192, 64, 8, 28672, 8192, 128256)},
       {"mistral-7b", llama_shape("mistral-7b", 32, 4096, 32, 8, 14336, 8192, 32000)},
       {"qwen2-7b", llama_shape("qwen2-7b", 28, 3584, 28, 4, 18944, 32768, 152064)},
+      {"qwen3-8b", llama_shape("qwen3-8b", 36, 4096, 32, 8, 12288, 32768, 151936)},
   };
   p[5].second.sliding_window = 4096;
   p[6].second.attn_bias = AttnBias::Qkv;
+  p[7].second.head_dim = 128;  // its config states it (= 4096 / 32 here; Qwen3-0.6B's 128 is not 1024 / 16)
+  p[7].second.qk_norm = true;
   return p;
 }
 
 std::string llama_spec_problem(const AnalyticSpec& s) {
   const bool llama = s.family == ModelFamily::Llama;
-  const int d = s.hidden / s.heads;
+  const int d = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
   if (llama && s.ffn < 1) return "ffn (the SwiGLU MLP's intermediate size) is required for family llama";
   if (s.kv_heads < 0 || s.kv_heads > s.heads)
     return fmt::format("kv_heads {} is outside 1..heads ({})", s.kv_heads, s.heads);

@@ -53,8 +53,8 @@ class CountingDevice final : public Device {
     in_.copy_d2d(s, dst, src, bytes, c != nullptr ? &c->inner() : dst_device);
   }
   void fill_zero(Stream& s, void* dst, Bytes bytes) override { in_.fill_zero(s, dst, bytes); }
-  Kernels& kernels() override { return in_.kernels(); }
-  Bf16Kernels* bf16_kernels() override { return in_.bf16_kernels(); }
+  Kernels<float>& kernels() override { return in_.kernels(); }
+  Kernels<Bf16>* bf16_kernels() override { return in_.bf16_kernels(); }
 
  private:
   Device& in_;

@@ -21,7 +21,8 @@ BUILD = os.path.abspath(sys.argv[1])
 ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 MAKE = os.path.join(ROOT, "scripts/make-gpu-bundle.sh")
 BINARIES = ["apps/harmony-run", "sim/harmony-sim", "bench/bench_cuda", "bench/bench_adamw",
-            "tests/test_backend_cuda_device", "tests/test_backend_adamw_parallel", "tests/test_backend_cuda_index"]
+            "tests/test_backend_device_conformance", "tests/test_backend_cuda_device", "tests/test_backend_adamw_parallel",
+            "tests/test_backend_cuda_index"]
 # What may be left to the GPU machine: the driver, CUDA's runtime libraries, glibc (and the compiler runtime, which
 # the bundle also carries in lib/runtime/ for images whose own is too old).
 LEFT = re.compile(r"^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-\S+|libnvrtc\S*|libnvJitLink|"

@@ -477,6 +477,11 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     check("missing config exits 2", r.returncode == 2, r.stderr)
     r = run("train", DEFAULT, "--set", "device=cuda")
     check("cuda refused clearly", r.returncode == 2 and "cuda" in r.stderr, r.stderr)
+    # the device name is checked against the device registry (backend/registry.hpp) at the key's location
+    r = run("train", DEFAULT, "--set", "device=tpu")
+    check("unknown device: exit 2, located, the registry's kinds listed", r.returncode == 2 and
+          "--set device=tpu: error: unknown device 'tpu'" in r.stderr and "devices: cpu (" in r.stderr and
+          "cuda (" in r.stderr, r.stderr)
 
     test_auto_finds_what_explicit_proves(tmp)
 

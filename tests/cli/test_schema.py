@@ -154,6 +154,13 @@ def main():
         check("compare 64 MiB: nothing fits, best null with a reason",
               all(not x["feasible"] and x["best"] is None and x["reason"] for x in d["results"]), d["results"])
 
+    # --- compare --deepspeed: the deepspeed object, priced and inexpressible (tests/cli/test_deepspeed.py: the rest)
+    d = sim_json("compare.schema.json", "compare", "configs/deepspeed/gpt2_medium.yaml", "--deepspeed",
+                 "configs/deepspeed/zero3_offload_cpu.json")
+    if d:
+        check("compare --deepspeed: the deepspeed object", (d.get("deepspeed") or {}).get("plan_kind") == "zero-infinity",
+              d.get("deepspeed"))
+
     # --- presets
     d = sim_json("presets.schema.json", "presets")
     if d:

@@ -4,7 +4,8 @@ every point of points.json has exactly one record, with a known status, a number
 when predicted, and counts that add up; scripts/validate-unseen.py --check reproduces a cheap subset of the
 committed predictions (one point of each measure, sweep, approximate and pending/inexpressible record) while
 refusing to open measured.json; a copy with one predicted number changed must fail --check; --only with an unknown
-point is a usage error (exit 2). The whole file is checked by `python3 scripts/validate-unseen.py --check`
+point is a usage error (exit 2); docs/validation.md's comparison block is scripts/compare-unseen.py's output for the
+committed files (an edited block fails). The whole file is checked by `python3 scripts/validate-unseen.py --check`
 (about a minute: not run here)."""
 import json
 import os
@@ -86,6 +87,25 @@ try:
                          text=True)
     if run.returncode != 2 or "no-such-point" not in run.stderr:
         failures.append(f"--only with an unknown point: exit {run.returncode} (expected 2), {run.stderr!r}")
+    # Step (4): docs/validation.md's comparison block is what the committed predictions and measured values give,
+    # and a block that says otherwise (one error changed) fails.
+    COMPARE = os.path.join(ROOT, "scripts", "compare-unseen.py")
+    doc = os.path.join(ROOT, "docs", "validation.md")
+    run = subprocess.run([sys.executable, COMPARE, "--check-docs", doc], capture_output=True, text=True)
+    if run.returncode != 0 or "is current" not in run.stdout:
+        failures.append(f"compare-unseen --check-docs: exit {run.returncode}, {run.stderr!r}")
+    with open(doc) as f:
+        text = f.read()
+    row = next(line for line in text.splitlines() if line.startswith("| `sh-l2l-1.7b-v100` |"))
+    edited = os.path.join(tmp, "validation.md")
+    with open(edited, "w") as f:
+        f.write(text.replace(row, row.replace("+109%", "+10%", 1)))
+    run = subprocess.run([sys.executable, COMPARE, "--check-docs", edited], capture_output=True, text=True)
+    if run.returncode != 1 or "not what the committed predictions" not in run.stderr:
+        failures.append(f"compare-unseen --check-docs on an edited block: exit {run.returncode} (expected 1)")
+    summary = subprocess.run([sys.executable, COMPARE], capture_output=True, text=True)
+    if summary.returncode != 0 or "median |error|" not in summary.stdout:
+        failures.append(f"compare-unseen: exit {summary.returncode}, {summary.stderr!r}")
 finally:
     shutil.rmtree(tmp)
 for f in failures:

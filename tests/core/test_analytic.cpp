@@ -741,6 +741,68 @@ TEST_CASE("error: bad gpu_rates values are located and explained") {
   CHECK(contains(e.hint(), "bandwidth"));
 }
 
+TEST_CASE(
+    "cpu_adam.bandwidth_bf16 / _fp16 and host_paths (harmony-run probe's keys): parsed key by key over the base") {
+  const std::string model = "model: {analytic: gpt2-small}\n";
+  RunConfig c = load_config_text(model +
+                                     "machine: {preset: paper-1080ti, cpu_adam: {bandwidth_bf16: 2GB/s, "
+                                     "bandwidth_fp16: 3GB/s}, host_paths: {pinned_h2d: 24.5GB/s, memcpy_one_thread: "
+                                     "10GB/s, bf16_round: 5GB/s}}\n" +
+                                     kPlan,
+                                 "run.yaml");
+  const CpuAdam& a = c.machine.cpu_adam;
+  CHECK(a.bytes_per_s == doctest::Approx(3.6e9));  // the base's
+  CHECK(a.per_layer_s == doctest::Approx(340e-6));
+  CHECK(a.bf16_bytes_per_s == doctest::Approx(2e9));
+  CHECK(a.fp16_bytes_per_s == doctest::Approx(3e9));
+  const HostPaths& h = c.machine.host_paths;
+  CHECK(h.pinned_h2d_bytes_per_s == doctest::Approx(24.5e9));
+  CHECK(h.memcpy_one_thread_bytes_per_s == doctest::Approx(10e9));
+  CHECK(h.bf16_round_bytes_per_s == doctest::Approx(5e9));
+  CHECK(h.pinned_d2h_bytes_per_s == 0);  // not given
+  CHECK(h.any());
+  CHECK_FALSE(machine_preset("paper-1080ti").host_paths.any());
+  c = load_config_text(model + kPlan, "run.yaml", {"machine.host_paths.pinned_d2h=20GB/s"});
+  CHECK(c.machine.host_paths.pinned_d2h_bytes_per_s == doctest::Approx(20e9));
+
+  const std::string m = "machine: {preset: paper-1080ti, ";
+  ConfigError e = config_error(model + m + "host_paths: {pinned_h2d: 24.5}}\n" + kPlan);
+  check_at(e, 2, 58);
+  CHECK(contains(e.message(), "no unit"));
+  e = config_error(model + m + "host_paths: {pinned_h2: 24GB/s}}\n" + kPlan);
+  check_at(e, 2, 46);
+  CHECK(contains(e.hint(), "did you mean 'pinned_h2d'"));
+  e = config_error(model + m + "host_paths: 5}\n" + kPlan);
+  CHECK(contains(e.hint(), "harmony-run probe"));
+  e = config_error(model + m + "cpu_adam: {bandwidth_bf16: 0GB/s}}\n" + kPlan);
+  CHECK(contains(e.message(), "bandwidth_bf16"));
+  e = config_error(model + m + "cpu_adam: {bandwidth_bf61: 1GB/s}}\n" + kPlan);
+  CHECK(contains(e.hint(), "did you mean 'bandwidth_bf16'"));
+}
+
+TEST_CASE("a bf16 / fp16 model's CPU update is priced at cpu_adam's rate with those casts, where the machine has one") {
+  CpuAdam adam;
+  adam.bytes_per_s = 4e9;
+  adam.per_layer_s = 100e-6;
+  adam.bf16_bytes_per_s = 2e9;
+  adam.fp16_bytes_per_s = 1e9;
+  const auto update = [&](DType dtype, const CpuAdam& cpu) {
+    AnalyticSpec s = preset("gpt2-small");
+    s.dtype = dtype;
+    s.ubatch_sizes = {1};
+    const Model m = analytic_model(s, paper_rates(), cpu);
+    const Layer& block = m.layers[1];
+    return (block.update_time_cpu_s - cpu.per_layer_s) / (4.0 * static_cast<double>(block.param_count));
+  };
+  CHECK(update(DType::Fp32, adam) == doctest::Approx(1 / 4e9));
+  CHECK(update(DType::Bf16, adam) == doctest::Approx(1 / 2e9));
+  CHECK(update(DType::Fp16, adam) == doctest::Approx(1 / 1e9));
+  CpuAdam plain = adam;
+  plain.bf16_bytes_per_s = plain.fp16_bytes_per_s = 0;  // not measured: the fp32 rate, as before
+  CHECK(update(DType::Bf16, plain) == doctest::Approx(1 / 4e9));
+  CHECK(update(DType::Fp16, plain) == doctest::Approx(1 / 4e9));
+}
+
 TEST_CASE("model.analytic: a preset name, a preset with overrides, or a full shape") {
   RunConfig c = load_config_text("model: {analytic: gpt2-medium}\n" + kPlan, "run.yaml");
   REQUIRE(c.model.analytic.has_value());

@@ -199,6 +199,12 @@ TEST_CASE("named shapes: each parameter count is the shape formula's and the pub
   }
   CHECK(preset("mistral-7b").sliding_window == 4096);
   CHECK(preset("qwen2-7b").attn_bias == AttnBias::Qkv);
+  // Qwen3-8B (its config.json: 36 layers, 4096 hidden, 32 heads of head_dim 128, 8 kv heads, 12288 intermediate,
+  // 151936 vocab, untied): the llama formula plus q_norm and k_norm (head_dim each) per block.
+  const AnalyticSpec q3 = preset("qwen3-8b");
+  CHECK(q3.qk_norm);
+  CHECK(total_params(q3) == llama_formula(36, 4096, 32, 8, 12288, 151936, false) + 36 * 2 * 128);
+  CHECK(total_params(q3) == 8'190'735'360);
   CHECK(preset("llama3-8b").seq_len == 8192);
 }
 
@@ -503,6 +509,14 @@ TEST_CASE("error: model.analytic llama and neox keys are located and explained")
   CHECK(contains(e.message(), "model.analytic.rope_dims does not apply to family llama"));
   e = yaml_error("model: {analytic: {preset: gpt2-small, kv_heads: 4}}\n" + kPlan);
   CHECK(contains(e.message(), "model.analytic.kv_heads does not apply to family gpt"));
+  e = yaml_error("model: {analytic: {preset: gpt2-small, head_dim: 128}}\n" + kPlan);
+  CHECK(contains(e.message(), "model.analytic.head_dim does not apply to family gpt"));
+  e = yaml_error(
+      "model: {analytic: {family: llama, layers: 2, hidden: 1000, heads: 16, ffn: 64, vocab: 100, "
+      "seq_len: 64}}\n" +
+      kPlan);
+  CHECK(contains(e.message(), "does not divide hidden"));
+  CHECK(contains(e.hint(), "give head_dim"));
   e = yaml_error("model: {analytic: {preset: llama2-7b, positions: 8192}}\n" + kPlan);
   CHECK(contains(e.message(), "does not apply to family llama"));
   e = yaml_error("model: {analytic: {preset: llama2-7b, attn_bias: maybe}}\n" + kPlan);
@@ -556,6 +570,49 @@ TEST_CASE("hf_config: the bundled Qwen2-7B config.json is the qwen2-7b shape at 
   CHECK(c.model.analytic->seq_len == 131072);
   CHECK(c.model.analytic->sliding_window == 0);  // use_sliding_window false
   CHECK_FALSE(c.model.analytic_dtype_given);
+}
+
+TEST_CASE("hf_config: Qwen3, whose head_dim is not hidden / heads, has its published parameter count") {
+  // Qwen/Qwen3-0.6B's config.json (huggingface.co/Qwen/Qwen3-0.6B); 596,049,920 parameters is the count keras-hub's
+  // qwen3_0.6b_en preset publishes for that checkpoint. Heads are 128 wide, not 1024 / 16 = 64: q_proj is
+  // 1024 x 2048, o_proj 2048 x 1024, k and v 1024 x 1024; q_norm and k_norm 128 each; the head tied.
+  const std::string qwen3 = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+  "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+  "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936
+})";
+  TempDir dir;
+  RunConfig c = load_hf(dir, qwen3);
+  const AnalyticSpec& a = *c.model.analytic;
+  CHECK(a.head_dim == 128);
+  CHECK(a.qk_norm);
+  CHECK(a.tied_head);
+  CHECK(a.attn_bias == AttnBias::None);
+  CHECK(a.sliding_window == 0);
+  CHECK(total_params(a) == 596'049'920);
+  // The attention GEMMs run at the heads' own width: q k^T and p v are 16 heads x T x T x 128 each.
+  AnalyticSpec narrow = a;
+  narrow.head_dim = 0;  // 64-wide heads: a different model, smaller projections and attention products
+  CHECK(total_params(narrow) < total_params(a));
+  CHECK(analytic_layer_info(narrow)[1].fwd_flops_per_sample < analytic_layer_info(a)[1].fwd_flops_per_sample);
+  // The same file as model_type qwen2 has no q_norm / k_norm (and q, k, v biases): what the type decides.
+  std::string as_qwen2 = qwen3;
+  as_qwen2.replace(as_qwen2.find("\"qwen3\""), 7, "\"qwen2\"");
+  as_qwen2.replace(as_qwen2.find("\"attention_bias\": false, "), 25, "");
+  const AnalyticSpec q2 = *load_hf(dir, as_qwen2).model.analytic;
+  CHECK_FALSE(q2.qk_norm);
+  CHECK(total_params(q2) == 596'049'920 - 28 * 2 * 128 + 28 * (2048 + 2 * 1024));
+  // YAML: family llama with head_dim and qk_norm from scratch, and the keys refused elsewhere.
+  c = load_config_text(
+      "model:\n  analytic: {family: llama, layers: 28, hidden: 1024, heads: 16, kv_heads: 8, "
+      "head_dim: 128, qk_norm: true, ffn: 3072, vocab: 151936, seq_len: 4096, tied_head: true}\n" +
+          kPlan,
+      "run.yaml");
+  CHECK(total_params(*c.model.analytic) == 596'049'920);
 }
 
 TEST_CASE("hf_config: Llama 2 and 3, Mistral, GPT-2 and GPT-NeoX files give the published shapes") {
@@ -723,10 +780,11 @@ TEST_CASE("error: hf_config problems are located in the config.json and explaine
   e = hf_error(dir, llama2_with("hidden_act", R"(  "hidden_act": "gelu",)"));
   check_json_at(e, dir, 5, 17);
   CHECK(contains(e.message(), "hidden_act \"gelu\" is not modelled for llama"));
-  e = hf_error(dir, llama2_with("head_dim", R"(  "head_dim": 256,)"));
+  // head_dim sets the head width itself (transformers' LlamaAttention): 256 is read, not refused
+  CHECK(load_hf(dir, llama2_with("head_dim", R"(  "head_dim": 256,)")).model.analytic->head_dim == 256);
+  CHECK(load_hf(dir, llama2_with("head_dim", R"(  "head_dim": 128,)")).model.analytic->head_dim == 0);
+  e = hf_error(dir, llama2_with("head_dim", R"(  "head_dim": 0,)"));
   check_json_at(e, dir, 2, 15);
-  CHECK(contains(e.message(), "head_dim = 256 is not hidden_size / num_attention_heads = 128"));
-  CHECK_NOTHROW(load_hf(dir, llama2_with("head_dim", R"(  "head_dim": 128,)")));
   e = hf_error(dir, llama2_with("num_key_value_heads", R"(  "num_key_value_heads": 5,)"));
   check_json_at(e, dir, 13, 26);
   CHECK(contains(e.message(), "does not divide num_attention_heads = 32"));

@@ -1,0 +1,611 @@
+// --deepspeed: a DeepSpeed config.json read key by key (read, known but not priced, or refused at its line:column),
+// its batch sizes resolved with DeepSpeed's own inference rule, and the run mapped to the closest plan kind with the
+// reasoning (docs/config.md, "DeepSpeed configs"; the same rule as configs/validation/unseen/pricing.json's
+// rules.zero_offload).
+#include "core/config/config_deepspeed.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/base/json_locate.hpp"
+#include "core/config/config_internal.hpp"
+
+namespace harmony::core {
+
+using config_detail::fail;
+using config_detail::join;
+using config_detail::suggestion_hint;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kDocs = "docs/config.md, \"DeepSpeed configs\"";
+
+// Top-level keys, by what harmony does with them.
+const std::vector<std::string> kTopRead = {"train_batch_size",
+                                           "train_micro_batch_size_per_gpu",
+                                           "gradient_accumulation_steps",
+                                           "zero_optimization",
+                                           "fp16",
+                                           "bf16",
+                                           "bfloat16",
+                                           "activation_checkpointing"};
+// Settings that change nothing a plan kind prices: the optimizer's hyperparameters (every kind runs Adam on the CPU),
+// the learning-rate schedule, logging, monitoring, checkpoint files, I/O tuning.
+const std::vector<std::string> kTopNotPriced = {"optimizer",
+                                                "scheduler",
+                                                "steps_per_print",
+                                                "wall_clock_breakdown",
+                                                "memory_breakdown",
+                                                "dump_state",
+                                                "gradient_clipping",
+                                                "prescale_gradients",
+                                                "gradient_predivide_factor",
+                                                "zero_allow_untested_optimizer",
+                                                "zero_force_ds_cpu_optimizer",
+                                                "communication_data_type",
+                                                "data_types",
+                                                "sparse_gradients",
+                                                "disable_allgather",
+                                                "dataloader_drop_last",
+                                                "tensorboard",
+                                                "wandb",
+                                                "csv_monitor",
+                                                "comet",
+                                                "flops_profiler",
+                                                "comms_logger",
+                                                "checkpoint",
+                                                "aio",
+                                                "load_universal_checkpoint",
+                                                "use_node_local_storage"};
+// Features that change what a step computes or moves in ways no plan kind models: refused when on.
+const std::vector<std::string> kTopUnmodelled = {"pipeline",
+                                                 "tensor_parallel",
+                                                 "sequence_parallel_size",
+                                                 "moe",
+                                                 "sparse_attention",
+                                                 "compression_training",
+                                                 "curriculum_learning",
+                                                 "data_efficiency",
+                                                 "progressive_layer_drop",
+                                                 "elasticity",
+                                                 "hybrid_engine",
+                                                 "autotuning",
+                                                 "amp",
+                                                 "quantize_training",
+                                                 "eigenvalue",
+                                                 "weight_quantization"};
+
+const std::vector<std::string> kZeroRead = {"stage", "offload_param", "offload_optimizer"};
+const std::vector<std::string> kZeroNotPriced = {"allgather_partitions",
+                                                 "allgather_bucket_size",
+                                                 "overlap_comm",
+                                                 "reduce_scatter",
+                                                 "reduce_bucket_size",
+                                                 "contiguous_gradients",
+                                                 "load_from_fp32_weights",
+                                                 "elastic_checkpoint",
+                                                 "grad_hooks",
+                                                 "round_robin_gradients",
+                                                 "stage3_max_live_parameters",
+                                                 "stage3_max_reuse_distance",
+                                                 "stage3_prefetch_bucket_size",
+                                                 "stage3_param_persistence_threshold",
+                                                 "stage3_model_persistence_threshold",
+                                                 "stage3_gather_16bit_weights_on_model_save",
+                                                 "stage3_gather_fp16_weights_on_model_save",
+                                                 "sub_group_size",
+                                                 "ignore_unused_parameters",
+                                                 "legacy_stage1",
+                                                 "memory_efficient_linear",
+                                                 "use_multi_rank_bucket_allreduce",
+                                                 "log_trace_cache_warnings",
+                                                 "zero_quantized_weights",
+                                                 "zero_quantized_nontrainable_weights",
+                                                 "zero_quantized_gradients",
+                                                 "zero_hpz_partition_size",
+                                                 "mics_shard_size",
+                                                 "mics_hierarchical_params_gather"};
+const std::vector<std::string> kOffloadParamKeys = {"device",       "nvme_path",   "pin_memory",
+                                                    "buffer_count", "buffer_size", "max_in_cpu"};
+const std::vector<std::string> kOffloadOptimizerKeys = {"device",        "nvme_path",      "pin_memory",
+                                                        "buffer_count",  "fast_init",      "ratio",
+                                                        "pipeline_read", "pipeline_write", "pipeline"};
+const std::vector<std::string> kFp16Keys = {"enabled",
+                                            "auto_cast",
+                                            "loss_scale",
+                                            "initial_scale_power",
+                                            "loss_scale_window",
+                                            "hysteresis",
+                                            "consecutive_hysteresis",
+                                            "min_loss_scale",
+                                            "fp16_master_weights_and_grads"};
+const std::vector<std::string> kBf16Keys = {"enabled", "immediate_grad_update", "check_grad_overflow"};
+const std::vector<std::string> kCheckpointingKeys = {"partition_activations",           "cpu_checkpointing",
+                                                     "contiguous_memory_optimization",  "number_checkpoints",
+                                                     "synchronize_checkpoint_boundary", "profile"};
+const std::vector<std::string> kDevices = {"none", "cpu", "nvme"};
+
+std::string escape_token(std::string_view key) {
+  std::string p;
+  for (char c : key) {
+    if (c == '~') {
+      p += "~0";
+    } else if (c == '/') {
+      p += "~1";
+    } else {
+      p += c;
+    }
+  }
+  return p;
+}
+
+// "parent" + sep + "key", built in place: a child's JSON pointer ('/', the key escaped) or dotted name ('.').
+std::string child(const std::string& parent, char sep, const std::string& key) {
+  std::string out = parent;
+  out += sep;
+  out += sep == '/' ? escape_token(key) : key;
+  return out;
+}
+
+bool listed(const std::vector<std::string>& v, const std::string& key) {
+  return std::find(v.begin(), v.end(), key) != v.end();
+}
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// One DeepSpeed config: located failures and typed getters over JSON pointers.
+class DsFile {
+ public:
+  DsFile(std::string path, std::string text) : path_(std::move(path)), text_(std::move(text)), loc_(text_) {}
+  DsFile(const DsFile&) = delete;
+  DsFile& operator=(const DsFile&) = delete;
+
+  const json& parse() {
+    try {
+      j_ = json::parse(text_);
+    } catch (const json::exception& e) {
+      const auto* pe = dynamic_cast<const json::parse_error*>(&e);
+      const TextPos p = loc_.parse_error_pos(pe ? pe->byte : 0, e.what());
+      fail(SourceLoc{path_, p.line, p.column}, fmt::format("malformed JSON: {}", message_of(e.what())),
+           "a DeepSpeed config is one JSON object; check the syntax here (JSON allows no comments and no trailing "
+           "commas)");
+    }
+    if (!j_.is_object())
+      fail(SourceLoc{path_, 1, 1}, "a DeepSpeed config must be a JSON object",
+           "pass the file given to deepspeed.initialize(config=...) or the Trainer's --deepspeed");
+    return j_;
+  }
+
+  SourceLoc value_at(const std::string& ptr) const { return at(loc_.value_pos(ptr)); }
+  SourceLoc key_at(const std::string& ptr) const { return at(loc_.key_pos(ptr)); }
+  const std::string& path() const { return path_; }
+
+  // An integer >= min at `ptr` (a dotted `name` for messages).
+  int integer(const json& v, const std::string& ptr, const std::string& name, int min) const {
+    const std::string range = fmt::format("{} is a whole number from {} to 2147483647", name, min);
+    if (!v.is_number_integer())
+      fail(value_at(ptr), fmt::format("{} must be an integer, got {}", name, v.dump()),
+           v.is_string() ? range + " (or \"auto\" where DeepSpeed's Hugging Face integration takes it)" : range);
+    const auto x = v.get<std::int64_t>();
+    if (x < min || x > 2147483647) fail(value_at(ptr), fmt::format("{} = {} is out of range", name, x), range);
+    return static_cast<int>(x);
+  }
+  bool boolean(const json& v, const std::string& ptr, const std::string& name) const {
+    if (!v.is_boolean())
+      fail(value_at(ptr), fmt::format("{} must be true or false, got {}", name, v.dump()), "write true or false");
+    return v.get<bool>();
+  }
+  const json& object(const json& v, const std::string& ptr, const std::string& name) const {
+    if (!v.is_object())
+      fail(value_at(ptr), fmt::format("{} must be a JSON object, got {}", name, v.dump()),
+           fmt::format("see https://www.deepspeed.ai/docs/config-json/ for the keys of {}", name));
+    return v;
+  }
+  [[noreturn]] void unknown(const std::string& ptr, const std::string& name, const std::string& key,
+                            const std::vector<std::string>& valid) const {
+    fail(key_at(ptr), fmt::format("DeepSpeed key '{}' is not one harmony reads or knows not to change the price", name),
+         suggestion_hint(key, valid, fmt::format("keys known here ({})", kDocs)) +
+             "; if DeepSpeed ignores it, delete it from a copy of the file");
+  }
+  [[noreturn]] void unmodelled(const std::string& ptr, const std::string& name, const std::string& why) const {
+    fail(key_at(ptr), fmt::format("{} is not modelled: {}", name, why),
+         "harmony prices data-parallel ZeRO runs (stage 0-3, CPU/NVMe offload) of one dense model; remove it from "
+         "a copy of the file to price the run without it");
+  }
+
+ private:
+  SourceLoc at(TextPos p) const { return SourceLoc{path_, p.line, p.column}; }
+  static std::string message_of(std::string_view what) {
+    if (!what.empty() && what.front() == '[') {
+      const std::size_t close = what.find("] ");
+      if (close != std::string_view::npos) what.remove_prefix(close + 2);
+    }
+    if (what.substr(0, 11) == "parse error") {
+      const std::size_t colon = what.find(": ");
+      if (colon != std::string_view::npos) what.remove_prefix(colon + 2);
+    }
+    return std::string(what);
+  }
+
+  std::string path_;
+  std::string text_;
+  JsonLocator loc_;
+  json j_;
+};
+
+// A feature that is on: true, a number above 1 (sequence_parallel_size), or a section unless its "enabled" is false.
+bool feature_on(const json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_object()) {
+    const auto it = v.find("enabled");
+    return it == v.end() || !(it->is_boolean() && !it->get<bool>());
+  }
+  if (v.is_number_integer()) return v.get<std::int64_t>() > 1;
+  return !v.is_null();
+}
+
+// offload_param / offload_optimizer: the device, nvme_path required with nvme, the rest listed as not priced.
+std::string read_offload(const DsFile& f, const json& zero, const std::string& name,
+                         const std::vector<std::string>& keys, DeepSpeedRun& run) {
+  const auto it = zero.find(name);
+  if (it == zero.end() || it->is_null()) return "none";
+  const std::string ptr = "/zero_optimization/" + name;
+  const std::string dotted = "zero_optimization." + name;
+  const json& o = f.object(*it, ptr, dotted);
+  std::string device = "none";
+  for (const auto& item : o.items()) {
+    const std::string& key = item.key();
+    const std::string kptr = child(ptr, '/', key);
+    const std::string kname = child(dotted, '.', key);
+    if (!listed(keys, key)) f.unknown(kptr, kname, key, keys);
+    const json& v = item.value();
+    if (key == "device") {
+      if (!v.is_string() || !listed(kDevices, v.get<std::string>()))
+        fail(f.value_at(kptr), fmt::format("{} must be \"none\", \"cpu\" or \"nvme\", got {}", kname, v.dump()),
+             "DeepSpeed's offload devices: none, cpu, nvme");
+      device = v.get<std::string>();
+    } else if (key == "ratio" && v.is_number() && v.get<double>() < 1.0) {
+      f.unmodelled(kptr, kname + " = " + v.dump(),
+                   "ZeRO-Offload++ keeps part of the optimizer on the GPU; every plan kind steps all of it on the CPU");
+    } else if (key == "pin_memory") {
+      const bool pinned = f.boolean(v, kptr, kname);
+      run.not_priced.push_back(kname + (pinned ? " (true: the priced host buffers are pinned)"
+                                               : " (false: pageable copies are slower; priced as pinned)"));
+    } else {
+      run.not_priced.push_back(kname + (is_auto(v) ? " (auto)" : ""));
+    }
+  }
+  if (device == "nvme" && !o.contains("nvme_path"))
+    fail(f.value_at(ptr), fmt::format("{}.device is nvme but there is no nvme_path", dotted),
+         "DeepSpeed needs nvme_path, the folder on the NVMe drives; the drives' speed is the machine's topology.nvme");
+  return device;
+}
+
+void read_zero(const DsFile& f, const json& root, DeepSpeedRun& run) {
+  const auto it = root.find("zero_optimization");
+  if (it == root.end() || it->is_null()) return;
+  const json& zero = f.object(*it, "/zero_optimization", "zero_optimization");
+  for (const auto& item : zero.items()) {
+    const std::string& key = item.key();
+    const std::string ptr = "/zero_optimization/" + escape_token(key);
+    const std::string name = "zero_optimization." + key;
+    if (listed(kZeroRead, key)) continue;
+    if (key == "cpu_offload")
+      fail(f.key_at(ptr), "zero_optimization.cpu_offload is DeepSpeed's deprecated spelling",
+           R"(write "offload_optimizer": {"device": "cpu"} (and "offload_param" for stage 3), as DeepSpeed now does)");
+    if (!listed(kZeroNotPriced, key)) {
+      std::vector<std::string> valid = kZeroRead;
+      valid.insert(valid.end(), kZeroNotPriced.begin(), kZeroNotPriced.end());
+      f.unknown(ptr, name, key, valid);
+    }
+    const json& v = item.value();
+    const bool quantized = (key == "zero_quantized_weights" || key == "zero_quantized_nontrainable_weights" ||
+                            key == "zero_quantized_gradients") &&
+                           v.is_boolean() && v.get<bool>();
+    if (quantized) f.unmodelled(ptr, name, "ZeRO++ quantized communication moves fewer bytes than any plan kind");
+    if (key == "zero_hpz_partition_size" && v.is_number_integer() && v.get<std::int64_t>() > 1)
+      f.unmodelled(ptr, name + " = " + v.dump(), "ZeRO++ hierarchical partitioning keeps a secondary copy per node");
+    if (key == "mics_shard_size" && v.is_number_integer() && v.get<std::int64_t>() > 0)
+      f.unmodelled(ptr, name + " = " + v.dump(), "MiCS shards within groups of GPUs, not over all of them");
+    run.not_priced.push_back(name + (is_auto(v) ? " (auto)" : ""));
+  }
+  if (const auto s = zero.find("stage"); s != zero.end() && !s->is_null()) {
+    run.stage = f.integer(*s, "/zero_optimization/stage", "zero_optimization.stage", 0);
+    if (run.stage > 3)
+      fail(f.value_at("/zero_optimization/stage"),
+           fmt::format("zero_optimization.stage = {} is not a ZeRO stage", run.stage),
+           "ZeRO stages are 0 (off), 1 (optimizer state partitioned), 2 (+ gradients), 3 (+ parameters)");
+  }
+  run.offload_param = read_offload(f, zero, "offload_param", kOffloadParamKeys, run);
+  run.offload_optimizer = read_offload(f, zero, "offload_optimizer", kOffloadOptimizerKeys, run);
+  if (run.offload_param != "none" && run.stage != 3)
+    fail(f.value_at("/zero_optimization/offload_param/device"),
+         fmt::format("offload_param.device {} with ZeRO stage {}: parameter offload needs stage 3", run.offload_param,
+                     run.stage),
+         R"(DeepSpeed offloads parameters only under "stage": 3; set the stage to 3 or the device to "none")");
+  if (run.offload_optimizer == "nvme" && run.stage != 3)
+    fail(f.value_at("/zero_optimization/offload_optimizer/device"),
+         fmt::format("offload_optimizer.device nvme with ZeRO stage {}: NVMe offload needs stage 3", run.stage),
+         R"(DeepSpeed offloads to NVMe only under "stage": 3 (ZeRO-Infinity); use "cpu" for stages 1 and 2)");
+}
+
+// fp16 / bf16 (or its old name bfloat16): the dtype, "auto" keeping the harmony model's.
+void read_precision(const DsFile& f, const json& root, const DeepSpeedContext& ctx, DeepSpeedRun& run) {
+  bool any_auto = false;
+  std::string on;
+  for (const char* section : {"fp16", "bf16", "bfloat16"}) {
+    const auto it = root.find(section);
+    if (it == root.end() || it->is_null()) continue;
+    const std::string ptr = std::string("/") + section;
+    const json& o = f.object(*it, ptr, section);
+    const auto& keys = std::string_view(section) == "fp16" ? kFp16Keys : kBf16Keys;
+    for (const auto& item : o.items()) {
+      const std::string& key = item.key();
+      const std::string kptr = child(ptr, '/', key);
+      const std::string kname = child(section, '.', key);
+      if (!listed(keys, key)) f.unknown(kptr, kname, key, keys);
+      const json& v = item.value();
+      if (key == "enabled") {
+        if (is_auto(v)) {
+          any_auto = true;
+          continue;
+        }
+        if (!f.boolean(v, kptr, kname)) continue;
+        const std::string dtype = std::string_view(section) == "fp16" ? "fp16" : "bf16";
+        if (!on.empty() && on != dtype)
+          fail(f.value_at(kptr), "both fp16.enabled and bf16.enabled are true",
+               "DeepSpeed trains in one of them: disable the other");
+        on = dtype;
+      } else if (key == "fp16_master_weights_and_grads" && v.is_boolean() && v.get<bool>()) {
+        f.unmodelled(kptr, kname,
+                     "FP16 master weights halve the optimizer's memory and traffic; every kind keeps "
+                     "FP32 masters");
+      } else {
+        run.not_priced.push_back(kname + (is_auto(v) ? " (auto)" : ""));
+      }
+    }
+  }
+  if (!on.empty()) {
+    run.dtype = on;
+  } else if (any_auto) {
+    run.dtype = "";
+    run.notes.push_back(fmt::format("fp16/bf16.enabled: auto -> the harmony config's dtype ({})", ctx.dtype));
+  } else {
+    run.dtype = "fp32";
+  }
+}
+
+// The batch keys: "auto" from the harmony config, then DeepSpeed's inference (deepspeed/runtime/config.py,
+// _set_batch_related_parameters) and its check train_batch_size = micro x accumulation x world size.
+void read_batch(const DsFile& f, const json& root, const DeepSpeedContext& ctx, DeepSpeedRun& run) {
+  run.gpus = ctx.gpus;
+  std::optional<int> tbs, micro, accum;
+  const auto get = [&](const char* key, std::optional<int>& out) {
+    const auto it = root.find(key);
+    if (it == root.end() || it->is_null()) return;
+    if (is_auto(*it)) {
+      if (std::string_view(key) == "train_batch_size") {
+        out = ctx.minibatch;
+        run.notes.push_back(
+            fmt::format("train_batch_size: auto -> {} (plan.minibatch of the harmony config)", ctx.minibatch));
+      } else if (std::string_view(key) == "train_micro_batch_size_per_gpu" && ctx.u_bwd) {
+        out = *ctx.u_bwd;
+        run.notes.push_back(
+            fmt::format("train_micro_batch_size_per_gpu: auto -> {} (plan.u_bwd of the harmony config)", *ctx.u_bwd));
+      } else {
+        run.notes.push_back(fmt::format("{}: auto -> inferred from the other batch keys, as DeepSpeed does", key));
+      }
+      return;
+    }
+    out = f.integer(*it, std::string("/") + key, key, 1);
+  };
+  get("train_batch_size", tbs);
+  get("train_micro_batch_size_per_gpu", micro);
+  get("gradient_accumulation_steps", accum);
+  const int n = ctx.gpus;
+  const auto at = [&](const char* key) {
+    return root.contains(key) ? f.value_at(std::string("/") + key) : SourceLoc{f.path(), 1, 1};
+  };
+  const auto divide = [&](int total, int by, const char* key, const std::string& what) {
+    if (total % by != 0 || total / by < 1)
+      fail(at(key), fmt::format("train_batch_size {} does not split into {}", total, what),
+           "DeepSpeed needs train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x GPUs "
+           "(plan.gpus of the harmony config is the world size)");
+    return total / by;
+  };
+  if (tbs && micro && accum) {
+    // checked below
+  } else if (tbs && micro) {
+    accum = divide(*tbs, *micro * n, "train_batch_size",
+                   fmt::format("micro-batches of {} on {} GPUs (plan.gpus)", *micro, n));
+    run.notes.push_back(fmt::format("gradient_accumulation_steps: {} (train_batch_size / (micro x GPUs))", *accum));
+  } else if (tbs && accum) {
+    micro = divide(*tbs, *accum * n, "train_batch_size", fmt::format("{} accumulation steps on {} GPUs", *accum, n));
+    run.notes.push_back(fmt::format("train_micro_batch_size_per_gpu: {} (train_batch_size / (accum x GPUs))", *micro));
+  } else if (micro && accum) {
+    tbs = *micro * *accum * n;
+  } else if (tbs) {
+    accum = 1;
+    micro = divide(*tbs, n, "train_batch_size", fmt::format("{} GPUs (plan.gpus)", n));
+    run.notes.push_back(
+        fmt::format("train_micro_batch_size_per_gpu: {} (train_batch_size / GPUs, no accumulation)", *micro));
+  } else if (micro) {
+    accum = 1;
+    tbs = *micro * n;
+  } else {
+    fail(SourceLoc{f.path(), 1, 1},
+         "the DeepSpeed config gives neither train_batch_size nor "
+         "train_micro_batch_size_per_gpu",
+         "DeepSpeed needs one of them (\"auto\" takes plan.minibatch / plan.u_bwd from the harmony config)");
+  }
+  if (static_cast<std::int64_t>(*micro) * *accum * n != *tbs)
+    fail(at("train_batch_size"),
+         fmt::format("train_batch_size {} is not train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x "
+                     "{} GPUs (plan.gpus) = {}",
+                     *tbs, *micro, *accum, n, static_cast<std::int64_t>(*micro) * *accum * n),
+         "DeepSpeed requires train_batch_size = micro x accumulation x world size: change one of the three, or "
+         "--set plan.gpus=N for the number of GPUs the run launches");
+  run.train_batch = *tbs;
+  run.micro_batch = *micro;
+  run.accumulation = *accum;
+}
+
+// The closest plan kind, with why, and how it differs (configs/validation/unseen/pricing.json, rules.zero_offload).
+void map_to_kind(DeepSpeedRun& run) {
+  const bool param = run.offload_param != "none";
+  const bool optim = run.offload_optimizer != "none";
+  const std::string no_gpu_adam =
+      "the GPU optimizer step is not priced (every plan kind steps Adam on the CPU, with the gradients sent to the "
+      "host)";
+  if (run.stage == 3 && param) {
+    run.plan_kind = "zero-infinity";
+    run.offload = run.offload_param == "nvme" || run.offload_optimizer == "nvme" ? "nvme" : "cpu";
+    run.reasoning = fmt::format(
+        "ZeRO-3 with offload_param {}: parameters, gradients and optimizer state partitioned over the GPUs and kept "
+        "in {}, each layer's shard fetched and all-gathered for every forward and backward, CPU Adam after the "
+        "backward: zero-infinity, offload {}",
+        run.offload_param, run.offload_param == "cpu" ? "host memory" : "NVMe", run.offload);
+    if (run.offload_optimizer != run.offload_param) {
+      run.status = "approximate";
+      run.approximation = fmt::format(
+          "offload_optimizer is {} where offload_param is {}: zero-infinity's {} tier keeps the parameters and the "
+          "optimizer state together{}",
+          run.offload_optimizer, run.offload_param, run.offload,
+          run.offload_optimizer == "none" ? ", and runs the optimizer on the CPU" : "");
+    }
+    return;
+  }
+  if (optim) {  // ZeRO-Offload: parameters resident on the GPUs, optimizer state and step on the CPU
+    run.plan_kind = "zero-infinity";
+    run.offload = run.offload_optimizer;
+    run.reasoning = fmt::format(
+        "ZeRO-{} with offload_optimizer {} (ZeRO-Offload): parameters stay on the GPUs, gradients go to the host and "
+        "CPU Adam steps after the backward; no plan kind keeps the parameters resident with the optimizer on the "
+        "CPU, the closest is zero-infinity, offload {}",
+        run.stage, run.offload_optimizer, run.offload);
+    if (run.accumulation > 1) {
+      run.status = "inexpressible";
+      run.approximation = fmt::format(
+          "with {} micro-steps per optimizer step zero-infinity would fetch every layer's parameters from the host "
+          "{} times a step where ZeRO-Offload keeps them on the GPU (pricing.json rules.zero_offload); set "
+          "gradient_accumulation_steps to 1 in a copy to price one micro-step",
+          run.accumulation, 2 * run.accumulation);
+    } else {
+      run.status = "approximate";
+      run.approximation =
+          "zero-infinity fetches each layer's parameters from the host for the forward and the backward (hidden under "
+          "compute when compute-bound) where ZeRO-Offload copies the updated parameters up once after the step (not "
+          "priced), and pays ZeRO-3's per-module hook latency (pricing.json rules.zero_offload)";
+    }
+    return;
+  }
+  if (run.stage == 3) {
+    run.plan_kind = "zero-infinity";
+    run.offload = "cpu";
+    run.status = "approximate";
+    run.reasoning =
+        "ZeRO-3 without offload: parameters, gradients and optimizer state partitioned over the GPUs, each layer "
+        "all-gathered for the forward and the backward and its gradient reduce-scattered: zero-infinity runs the "
+        "same collectives, offload cpu";
+    run.approximation =
+        "zero-infinity fetches each shard from host memory over PCIe before its all-gather, where "
+        "ZeRO-3 keeps the shards on the GPUs; " +
+        no_gpu_adam;
+    return;
+  }
+  run.plan_kind = "dp-swap";
+  run.status = "approximate";
+  run.reasoning =
+      run.stage == 0
+          ? "ZeRO stage 0: plain data parallelism (every GPU holds the whole model and all-reduces the gradients): "
+            "dp-swap, which keeps the weights resident when they fit and accumulates gradients on the GPU"
+          : fmt::format(
+                "ZeRO-{} without offload: data parallelism with the optimizer state{} partitioned over the "
+                "GPUs: dp-swap, which keeps the weights resident when they fit",
+                run.stage, run.stage == 2 ? " and gradients" : "");
+  run.approximation = no_gpu_adam + "; dp-swap swaps weights or activations that do not fit the GPU, where " +
+                      "DeepSpeed would run out of memory";
+}
+
+// optimizer.type: the Adam family (what every plan kind's CPU step and optimizer state price); its params are not read.
+void check_optimizer(const DsFile& f, const json& v) {
+  const json& o = f.object(v, "/optimizer", "optimizer");
+  const auto it = o.find("type");
+  if (it == o.end() || it->is_null()) return;
+  std::string type = it->is_string() ? it->get<std::string>() : it->dump();
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const char* adam : {"adam", "adamw", "cpuadam", "fusedadam", "deepspeedcpuadam"})
+    if (type == adam) return;
+  fail(f.value_at("/optimizer/type"), fmt::format("optimizer.type {} is not modelled", it->dump()),
+       "every plan kind prices Adam (two FP32 moments per parameter, the CPU Adam step): use Adam or AdamW, or "
+       "remove the optimizer section from a copy");
+}
+
+}  // namespace
+
+DeepSpeedRun read_deepspeed_config(const std::string& path, const DeepSpeedContext& ctx) {
+  std::string problem;
+  auto text = config_detail::read_text_file(path, &problem);
+  if (!text)
+    fail(SourceLoc{path, 0, 0}, fmt::format("cannot read the DeepSpeed config '{}': {}", path, problem),
+         "--deepspeed names a DeepSpeed JSON config (ds_config.json)");
+  DsFile f(path, std::move(*text));
+  const json& root = f.parse();
+  DeepSpeedRun run;
+  run.path = path;
+  std::vector<std::string> valid = kTopRead;
+  valid.insert(valid.end(), kTopNotPriced.begin(), kTopNotPriced.end());
+  for (const auto& item : root.items()) {
+    const std::string& key = item.key();
+    const std::string ptr = "/" + escape_token(key);
+    if (listed(kTopRead, key)) continue;
+    if (key == "optimizer") check_optimizer(f, item.value());
+    if (listed(kTopNotPriced, key)) {
+      run.not_priced.push_back(key + (is_auto(item.value()) ? " (auto)" : ""));
+      continue;
+    }
+    if (listed(kTopUnmodelled, key)) {
+      if (feature_on(item.value()))
+        f.unmodelled(ptr, key, "it changes what each step computes or moves, and no plan kind models it");
+      run.not_priced.push_back(key + " (off)");
+      continue;
+    }
+    f.unknown(ptr, key, key, valid);
+  }
+  read_batch(f, root, ctx, run);
+  read_zero(f, root, run);
+  read_precision(f, root, ctx, run);
+  if (const auto it = root.find("activation_checkpointing"); it != root.end() && !it->is_null()) {
+    const json& o = f.object(*it, "/activation_checkpointing", "activation_checkpointing");
+    for (const auto& item : o.items()) {
+      const std::string kptr = "/activation_checkpointing/" + escape_token(item.key());
+      const std::string kname = "activation_checkpointing." + item.key();
+      if (!listed(kCheckpointingKeys, item.key())) f.unknown(kptr, kname, item.key(), kCheckpointingKeys);
+      run.not_priced.push_back(kname);
+    }
+    run.activations = "checkpoint";
+  } else {
+    run.notes.push_back(
+        "activations: the config has no activation_checkpointing section, so whether the model checkpoints is not "
+        "known: the better of checkpoint and keep is priced");
+  }
+  map_to_kind(run);
+  run.summary = fmt::format("ZeRO-{}", run.stage);
+  if (run.offload_param != "none") run.summary += ", offload_param " + run.offload_param;
+  if (run.offload_optimizer != "none") run.summary += ", offload_optimizer " + run.offload_optimizer;
+  run.summary += fmt::format(", micro {} x accum {} x {} GPU{}", run.micro_batch, run.accumulation, run.gpus,
+                             run.gpus == 1 ? "" : "s");
+  run.summary += ", " + (run.dtype.empty() ? ctx.dtype + " (auto)" : run.dtype);
+  return run;
+}
+
+}  // namespace harmony::core

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+# Step (4) of docs/validation.md's unseen-runs procedure (issue 35): compares the committed predictions
+# (configs/validation/unseen/predictions.json) with the measured values (measured.json), point by point and per
+# source, offloading and non-offloading apart, approximate kinds and the non-independent source apart, with each
+# prediction's host-rate sensitivity. It prices nothing: the predictions stay what was committed before comparison.
+#   python3 scripts/compare-unseen.py [--markdown] [--check-docs docs/validation.md]
+import argparse
+import json
+import os
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNSEEN = os.path.join(ROOT, "configs", "validation", "unseen")
+NOT_INDEPENDENT = {"lohan-artifact-mgpu"}  # sources.md, "Independence": the LoHan points' artifact and testbed
+BEGIN = "<!-- compare-unseen:begin (scripts/compare-unseen.py --markdown; do not edit by hand) -->"
+END = "<!-- compare-unseen:end -->"
+
+
+def is_time(unit):
+    return unit.split()[0] in ("s", "s/it")
+
+
+def speed_error(unit, predicted, measured):
+    """predicted speed / measured speed - 1: positive when harmony-sim predicts the run faster than it was."""
+    return measured / predicted - 1.0 if is_time(unit) else predicted / measured - 1.0
+
+
+def group_of(rec):
+    if rec["source"] in NOT_INDEPENDENT:
+        return "not independent"
+    if rec["pricing"] == "approximate":
+        return "approximate kind"
+    return "offloading" if rec["offloading"] else "non-offloading"
+
+
+def compare(preds, measured):
+    rows = []
+    for pid, r in preds.items():
+        if r["status"] != "predicted":
+            continue
+        m = measured[pid]["value"]
+        err = speed_error(r["unit"], r["predicted"], m)
+        sens = r["sensitivity"] if isinstance(r["sensitivity"], dict) else {}
+        sens_err = {k: speed_error(r["unit"], v, m) for k, v in sens.items() if isinstance(v, float)}
+        kind = r.get("plan_kind", "compute")
+        rows.append({"id": pid, "source": r["source"], "group": group_of(r), "kind": kind, "gpus": r["gpus"],
+                     "unit": r["unit"], "predicted": r["predicted"], "measured": m, "error": err, "sens": sens_err})
+    return rows
+
+
+def summary(rows, key):
+    out = {}
+    for row in rows:
+        out.setdefault(key(row), []).append(row["error"])
+    return {k: (len(v), statistics.median(abs(e) for e in v), statistics.median(v), max(abs(e) for e in v))
+            for k, v in sorted(out.items())}
+
+
+def pct(x):
+    return f"{100 * x:+.0f}%"
+
+
+def markdown(rows, preds):
+    lines = ["Speed error = predicted speed / measured speed − 1 (positive: harmony-sim predicts the run faster than "
+             "it was). Medians over the points of each group; `n` counts predicted points only.", "",
+             "| group | source | n | median \\|error\\| | median error | worst \\|error\\| |",
+             "|---|---|---|---|---|---|"]
+    groups = ("non-offloading", "offloading", "approximate kind", "not independent")
+    for g in groups:
+        in_g = [r for r in rows if r["group"] == g]
+        for src, (n, med_abs, med, worst) in summary(in_g, lambda r: r["source"]).items():
+            lines.append(f"| {g} | `{src}` | {n} | {100 * med_abs:.0f}% | {pct(med)} | {100 * worst:.0f}% |")
+        if in_g:
+            n, med_abs, med, worst = summary(in_g, lambda r: "all")["all"]
+            lines.append(f"| **{g}** | all | **{n}** | **{100 * med_abs:.0f}%** | {pct(med)} | "
+                         f"{100 * worst:.0f}% |")
+    not_pred = sum(1 for r in preds.values() if r["status"] != "predicted")
+    lines += ["", f"Not compared: {not_pred} of {len(preds)} points (pending, inexpressible or not fitting; "
+              "`predictions.json` says why for each).", "",
+              "| point | kind | GPUs | predicted | measured | unit | error | cpu_adam ÷2 | cpu_adam ×2 | PCIe ÷2 |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (groups.index(r["group"]), r["source"], r["id"])):
+        s = [pct(r["sens"][k]) if k in r["sens"] else "–" for k in ("cpu_adam_x0.5", "cpu_adam_x2", "h2d_x0.5")]
+        lines.append(f"| `{r['id']}` | {r['kind']} | {r['gpus']} | {r['predicted']:.4g} | {r['measured']:.4g} | "
+                     f"{r['unit']} | {pct(r['error'])} | {' | '.join(s)} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="compare the committed unseen-run predictions with the measured values")
+    ap.add_argument("--markdown", action="store_true", help="print docs/validation.md's comparison block")
+    ap.add_argument("--check-docs", metavar="FILE",
+                    help="exit 1 unless FILE's block between the compare-unseen markers is this script's --markdown")
+    args = ap.parse_args()
+    with open(os.path.join(UNSEEN, "predictions.json")) as f:
+        preds = json.load(f)["predictions"]
+    with open(os.path.join(UNSEEN, "measured.json")) as f:
+        measured = json.load(f)["measured"]
+    missing = sorted(set(preds) - set(measured))
+    if missing:
+        print(f"compare-unseen: measured.json has no value for {missing}", file=sys.stderr)
+        return 2
+    rows = compare(preds, measured)
+    text = markdown(rows, preds)
+    if args.check_docs:
+        with open(args.check_docs) as f:
+            doc = f.read()
+        if BEGIN not in doc or END not in doc:
+            print(f"compare-unseen: {args.check_docs} has no compare-unseen block (markers {BEGIN!r} ... {END!r})",
+                  file=sys.stderr)
+            return 2
+        block = doc.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+        if block != text:
+            print(f"compare-unseen: {args.check_docs}'s comparison is not what the committed predictions and "
+                  "measured values give; replace the block with `python3 scripts/compare-unseen.py --markdown`",
+                  file=sys.stderr)
+            return 1
+        print(f"compare-unseen: {args.check_docs} is current ({len(rows)} points compared)")
+        return 0
+    if args.markdown:
+        print(BEGIN)
+        print(text)
+        print(END)
+        return 0
+    print(f"{'point':44} {'group':17} {'kind':14} {'predicted':>10} {'measured':>10} {'error':>7}")
+    for r in rows:
+        print(f"{r['id']:44} {r['group']:17} {r['kind']:14} {r['predicted']:10.4g} {r['measured']:10.4g} "
+              f"{pct(r['error']):>7}")
+    print()
+    for g, (n, med_abs, med, worst) in summary(rows, lambda r: r["group"]).items():
+        print(f"{g:17} n={n:3}  median |error| {100 * med_abs:4.0f}%  median {pct(med):>5}  worst {100 * worst:.0f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""The "reproduce the paper" config set (configs/paper/, issue 35 item 5) stays loadable: every config there runs
+through `harmony-sim compare` (a short search: minibatch 4, microbatch 1, so the whole file takes seconds) naming
+its model, with a feasible Harmony-PP plan and a row for every plan kind, and every sweep file in
+configs/paper/sweeps/ is read and validated by `harmony-sim sweep` (a shard with no points: nothing is computed).
+The full runs and the table they give are in docs/comparison.md ("The paper's own regime")."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BIN = sys.argv[1]
+ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
+POINTS = {"fig10.yaml": 2 * 3 * 6, "fig17.yaml": 4 * 4 * 6}   # models x minibatches or GPU counts x kinds
+KINDS = {"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"}
+failures = []
+passed = 0
+
+
+def run(*args, timeout=120):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {str(detail)[:2000]}")
+
+
+configs = sorted(glob.glob(os.path.join(ROOT, "configs/paper/*.yaml")))
+check("configs/paper has the six model configs", len(configs) == 6, configs)
+for path in configs:
+    name = os.path.relpath(path, ROOT)
+    stem = os.path.splitext(os.path.basename(path))[0].replace("_", "-")
+    r = run("compare", name, "--quiet", "--format", "json", "--set", "plan.minibatch=4",
+            "--set", "search.u_fwd=[1]", "--set", "search.u_bwd=[1]")
+    check(f"{name}: compare exit 0", r.returncode == 0, r.stdout + r.stderr)
+    doc = json.loads(r.stdout) if r.returncode == 0 else {}
+    check(f"{name}: the model's name", doc.get("model_name") == stem, doc.get("model_name"))
+    check(f"{name}: on the paper's testbed", doc.get("machine_name") == "paper-1080ti", doc.get("machine_name"))
+    kinds = {k.get("plan_kind"): k for k in doc.get("results", [])}
+    check(f"{name}: every plan kind", set(kinds) == KINDS, sorted(kinds))
+    check(f"{name}: harmony-pp fits", kinds.get("harmony-pp", {}).get("feasible") is True, kinds.get("harmony-pp"))
+
+sweeps = sorted(glob.glob(os.path.join(ROOT, "configs/paper/sweeps/*.yaml")))
+check("configs/paper/sweeps has the two sweep files", len(sweeps) == 2, sweeps)
+with tempfile.TemporaryDirectory() as tmp:
+    for i, path in enumerate(sweeps):
+        name = os.path.relpath(path, ROOT)
+        # Point p runs in shard p % N; no sweep here has 999 points, so shard 999/1000 computes none, but the
+        # file, its base config and every grid key are read and checked first.
+        r = run("sweep", name, "--out", os.path.join(tmp, str(i)), "--shard", "999/1000", "--quiet",
+                "--format", "json")
+        check(f"{name}: sweep file validates", r.returncode == 0, r.stdout + r.stderr)
+        meta_path = os.path.join(tmp, str(i), "sweep.json")
+        meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        want = POINTS.get(os.path.basename(path))
+        check(f"{name}: {want} points", meta.get("points") == want, meta.get("points"))
+        check(f"{name}: the paper's baseline types and Harmony", set(meta.get("kinds", [])) == KINDS - {"lohan"},
+              meta.get("kinds"))
+
+if failures:
+    print(f"{len(failures)} failed, {passed} passed")
+    for f in failures:
+        print("FAIL", f)
+    sys.exit(1)
+print(f"{passed} passed")

@@ -1,0 +1,178 @@
+// The plan-kind registry (core/plan/plan_kind.hpp) against every list of kinds kept outside it: the JSON schemas'
+// plan_kind enums, docs/config.md's plan.mode lists, and the choices each tool's plan.mode offers in its errors. A new
+// kind is a registry row and its own code; this test names each list that was not brought along.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.hpp"
+#include "core/config/config.hpp"
+#include "core/plan/plan_kind.hpp"
+
+using namespace harmony::core;
+
+namespace {
+
+std::string source_text(const std::string& relative) {
+  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
+  REQUIRE_MESSAGE(dir != nullptr, "HARMONY_SOURCE_DIR is not set (meson test sets it)");
+  const std::string path = std::string(dir) + "/" + relative;
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot read " << path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The enum of the first "plan_kind" property or definition found in a schema (depth first).
+const nlohmann::json* find_plan_kind_enum(const nlohmann::json& j) {
+  if (!j.is_object() && !j.is_array()) return nullptr;
+  if (j.is_object()) {
+    const auto it = j.find("plan_kind");
+    if (it != j.end() && it->is_object() && it->contains("enum")) return &(*it)["enum"];
+  }
+  for (const auto& child : j) {
+    if (const nlohmann::json* e = find_plan_kind_enum(child)) return e;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> schema_plan_kinds(const std::string& schema) {
+  const nlohmann::json j = nlohmann::json::parse(source_text(schema));
+  const nlohmann::json* e = find_plan_kind_enum(j);
+  REQUIRE_MESSAGE(e != nullptr, schema << " has no plan_kind enum");
+  return e->get<std::vector<std::string>>();
+}
+
+std::vector<std::string> harmony_kind_names() {
+  std::vector<std::string> v;
+  for (const PlanKindInfo& i : plan_kinds())
+    if (!i.is_baseline) v.emplace_back(i.name);
+  return v;
+}
+
+std::vector<std::string> offload_kind_names(bool baselines_only) {
+  std::vector<std::string> v;
+  for (const PlanKindInfo& i : plan_kinds())
+    if (i.offload_tiers && (!baselines_only || i.is_baseline)) v.emplace_back(i.name);
+  return v;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep, const std::string& quote = "") {
+  std::string s;
+  for (const std::string& i : items) s += (s.empty() ? "" : sep) + quote + i + quote;
+  return s;
+}
+
+// The one line of a text that contains `marker` (exactly one).
+std::string line_with(const std::string& text, const std::string& marker) {
+  std::istringstream in(text);
+  std::string line, found;
+  int count = 0;
+  while (std::getline(in, line)) {
+    if (line.find(marker) != std::string::npos) {
+      found = line;
+      ++count;
+    }
+  }
+  REQUIRE_MESSAGE(count == 1, "expected one line with '" << marker << "', found " << count);
+  return found;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+template <class Load>
+ConfigError config_error(Load load) {
+  try {
+    load();
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError");
+  return ConfigError(SourceLoc{}, "unreachable");
+}
+
+const std::string kTrainModel =
+    "model:\n"
+    "  gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 2, n_head: 4, n_embd: 64}\n"
+    "  seq_len: 32\n"
+    "train: {steps: 5}\n";
+
+}  // namespace
+
+TEST_CASE("the registry: unique names and descriptions, each name parses back to its kind") {
+  std::set<std::string> names;
+  for (const PlanKindInfo& i : plan_kinds()) {
+    INFO(i.name);
+    CHECK(names.insert(i.name).second);
+    CHECK(std::string(i.description).size() > 10);
+    REQUIRE(parse_plan_kind(i.name).has_value());
+    CHECK(*parse_plan_kind(i.name) == i.kind);
+    CHECK(std::string(plan_kind_name(i.kind)) == i.name);
+  }
+  CHECK(plan_kind_names().size() == plan_kinds().size());
+  CHECK(harmony_kind_names().size() + baseline_kind_names().size() == plan_kinds().size());
+  CHECK_FALSE(parse_plan_kind("vPP").has_value());  // an alias of plan.mode, not a kind's name
+}
+
+TEST_CASE("schemas: every output's plan_kind enum is the registry's kinds in listing order") {
+  // compare, sweep rows and reports name any kind; search ranks Harmony's kinds only
+  CHECK(schema_plan_kinds("schemas/common.schema.json") == plan_kind_names());
+  CHECK(schema_plan_kinds("schemas/search.schema.json") == harmony_kind_names());
+  // the sweep row's offload column: the kinds with offload tiers, named in its description
+  const std::string row = source_text("schemas/sweep-row.schema.json");
+  CHECK_MESSAGE(
+      contains(row, "kinds with offload tiers (" + join(offload_kind_names(false), ", ") + ")"),
+      "schemas/sweep-row.schema.json's offload description should name " << join(offload_kind_names(false), ", "));
+}
+
+TEST_CASE("docs/config.md: plan.mode's rows list the kinds each tool takes") {
+  const std::string doc = source_text("docs/config.md");
+  const std::string sim_row = line_with(doc, "| `mode` |");
+  for (const std::string& name : harmony_kind_names()) {
+    INFO(name);
+    CHECK(contains(sim_row, "`" + name + "`"));
+  }
+  const std::string run_row = line_with(doc, "`plan.mode` may also name a baseline (");
+  CHECK(contains(run_row, "name a baseline (" + join(baseline_kind_names(), ", ", "`") + ","));
+  CHECK(contains(run_row, join(offload_kind_names(true), " and ") + " also take `plan.offload"));
+}
+
+TEST_CASE("plan.mode's choices: harmony-sim's configs offer Harmony's kinds, harmony-run's every kind") {
+  const std::string modes_tail = " (the paper's aliases vPP, vDP)";
+  const ConfigError sim = config_error([] {
+    load_config_text("model:\n  profile: model.json\nplan: {mode: harmony-qq, gpus: 1, minibatch: 8}\n", "s.yaml");
+  });
+  CHECK(sim.message() == "unknown plan.mode 'harmony-qq'");
+  CHECK(sim.hint() == "did you mean 'harmony-pp'? modes: " + join(harmony_kind_names(), ", ") + modes_tail);
+  CHECK(sim.loc().line == 3);
+
+  // harmony-run: the closest of every kind (before, only Harmony's were offered: no "did you mean 'dp-swap'")
+  const ConfigError run = config_error([] {
+    load_train_config_text(kTrainModel + "plan: {mode: dp-swp, gpus: 2, minibatch: 8, u_bwd: 4}\n", "r.yaml");
+  });
+  CHECK(run.message() == "unknown plan.mode 'dp-swp'");
+  CHECK(run.hint() == "did you mean 'dp-swap'? modes: " + join(plan_kind_names(), ", ") + modes_tail);
+  CHECK(run.loc().file == "r.yaml");
+  CHECK(run.loc().line == 5);
+  // the aliases still name Harmony's kinds in harmony-run
+  CHECK(load_train_config_text(kTrainModel + "plan: {mode: vDP, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, "
+                                             "pack_size: 1}\n",
+                               "r.yaml")
+            .kind == PlanKind::HarmonyDP);
+
+  // plan.offload on a baseline without tiers names the baselines that have them
+  const ConfigError offload = config_error([] {
+    load_train_config_text(kTrainModel + "plan: {mode: dp-swap, gpus: 2, minibatch: 8, u_bwd: 4, offload: cpu}\n",
+                           "r.yaml");
+  });
+  CHECK(offload.message() == "plan.offload applies to plan.mode: " + join(offload_kind_names(true), " or ") + " only");
+}
