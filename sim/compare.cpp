@@ -13,6 +13,7 @@
 #include "core/base/parallel.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/search/search.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
@@ -20,33 +21,6 @@
 
 namespace harmony::sim {
 
-core::RunReport evaluate_baseline(const core::Model& model, const core::MachineSpec& machine,
-                                  const core::BaselinePlan& plan, core::CostModelKind cost_model) {
-  const core::Program program = core::lower_baseline(plan, model);
-  core::RunReport r = simulate_program(program, model, machine, cost_model);
-  r.plan_kind = core::plan_kind_name(plan.kind);
-  r.activation_policy = core::activation_policy_name(plan.activation_policy);
-  return r;
-}
-
-namespace {
-
-// The first infeasible plan a search met (in enumeration order: the kind searches run on one thread), so
-// that "does not fit" says which capacity binds and by how much.
-class FirstMiss {
- public:
-  void note(const std::string& plan, const std::string& reason) {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (text_.empty() && !reason.empty()) text_ = plan + ": " + reason;
-  }
-  std::string suffix() const { return text_.empty() ? std::string() : "; first: " + text_; }
-
- private:
-  std::mutex mutex_;
-  std::string text_;
-};
-
-}  // namespace
 
 namespace {
 // The plan ran out of host memory (or pinned memory) rather than GPU memory.
@@ -58,63 +32,80 @@ bool host_bound(const core::RunReport& r) {
 }  // namespace
 
 namespace {
-void search_baselines(KindResult& kr, core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine,
-                      int gpus, int minibatch, core::CostModelKind cost_model, const core::BaselineSearchOptions& bo,
-                      core::Bytes capacity, const core::SearchProgressFn& progress, bool* all_host_bound) {
-  std::vector<core::BaselinePlan> plans;
+// A kind without packs: its candidates (per activation policy, per offload tier `nvme`, ascending u) all evaluated
+// with core::run_search on the calling thread, ranked by iteration time.
+void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine,
+                     int gpus, int minibatch, core::CostModelKind cost_model, const core::SearchSpec& search,
+                     const std::vector<core::ActivationPolicy>& policies, bool nvme, core::Bytes capacity,
+                     const core::SearchProgressFn& progress, bool* all_host_bound) {
+  core::SearchSpace space;
+  space.kind = kind;
+  space.gpus = gpus;
+  space.minibatch = minibatch;
+  space.capacity_bytes = capacity;
+  space.spec.ubatch_step = search.ubatch_step;
+  space.spec.u_bwd = search.u_bwd;
+  space.spec.threads = 1;
+  space.spec.top_k = -1;
+  space.activation_policies = policies;
+  space.offloads = {nvme ? core::OffloadTier::Nvme : core::OffloadTier::Cpu};
+  std::vector<core::Candidate> cands;
   try {
-    plans = core::enumerate_baseline_plans(kind, model, gpus, minibatch, capacity, bo);
+    cands = core::enumerate_plans(model, space);
   } catch (const core::ScheduleError& e) {
     kr.reason = e.what();
   }
-  kr.candidates += plans.size();
+  kr.candidates += cands.size();
   bool any_host_bound = false;
-  if (!plans.empty()) {
+  if (!cands.empty()) {
     // Every plan of the tier needs more host memory than the machine has (Engine::host_floor_exceeded: the masters,
     // optimizer state and gradients alone): none can be feasible, so only the first, which names the miss, is run.
-    const bool nvme = plans.front().offload == core::OffloadTier::Nvme;
-    const bool unfit = std::all_of(plans.begin(), plans.end(),
-                                   [&](const auto& p) { return (p.offload == core::OffloadTier::Nvme) == nvme; }) &&
-                       make_engine(cost_model, model, machine)->host_floor_exceeded(nvme);
-    const std::size_t num_plans = plans.size();
-    if (unfit) plans.resize(1);
-    kr.pruned += num_plans - plans.size();
-    FirstMiss miss;
+    const bool first_nvme = cands.front().plan.knobs.offload == core::OffloadTier::Nvme;
+    const bool unfit =
+        std::all_of(cands.begin(), cands.end(),
+                    [&](const auto& c) { return (c.plan.knobs.offload == core::OffloadTier::Nvme) == first_nvme; }) &&
+        make_engine(cost_model, model, machine)->host_floor_exceeded(first_nvme);
+    const std::size_t num_plans = cands.size();
+    if (unfit) cands.resize(1);
+    kr.pruned += num_plans - cands.size();
     std::atomic<bool> host_miss{false};
-    const auto res = core::run_baseline_search(
-        plans,
-        [&](const core::BaselinePlan& p) {
-          core::RunReport r = evaluate_baseline(model, machine, p, cost_model);
-          if (!r.feasible) {
-            miss.note(fmt::format("u {}", p.ubatch), r.infeasible_reason);
-            if (host_bound(r)) host_miss = true;
-          }
+    const auto engine = make_engine(cost_model, model, machine);
+    const auto res = core::run_search(
+        cands, space,
+        [&](const core::Plan& p) {
+          core::RunReport r = evaluate_plan(*engine, model, p, core::LowerOptions{}).report;
+          if (!r.feasible && host_bound(r)) host_miss = true;
           return r;
         },
-        1, -1, progress);
+        progress);
     any_host_bound = host_miss;
     kr.deadlocked += res.num_deadlocked;
     for (const auto& r : res.ranked) {
-      if (r.report.deadlock || !r.report.feasible) continue;
-      const std::string policy = core::activation_policy_name(plans[r.plan].activation_policy);
+      const core::Plan& plan = cands[r.candidate].plan;
+      const std::string policy = core::activation_policy_name(plan.knobs.activation_policy);
       if (!kr.policy_best_time_s.count(policy)) kr.policy_best_time_s[policy] = r.report.iteration_time_s;
       if (kr.feasible) continue;
       kr.feasible = true;
       kr.best = r.report;
-      kr.baseline = plans[r.plan];
-      if (core::has_offload_tiers(kind)) kr.offload = core::offload_tier_name(plans[r.plan].offload);
+      kr.plan = plan;
+      if (kind->offload_tiers) kr.offload = core::offload_tier_name(plan.knobs.offload);
     }
-    if (!kr.feasible) kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", num_plans, miss.suffix());
-  } else if (kr.reason.empty() && core::is_one_microbatch(kind)) {
+    if (!kr.feasible) {
+      const std::string miss = res.first_miss < cands.size()
+                                   ? fmt::format("; first: u {}: {}", cands[res.first_miss].plan.u_bwd,
+                                                 res.first_miss_reason)
+                                   : std::string();
+      kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", num_plans, miss);
+    }
+  } else if (kr.reason.empty() && kind->one_microbatch) {
     const int share = minibatch / gpus;
     const int hi = std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd));
     kr.reason =
         share > hi || !model.ubatch_in_range(core::Phase::Bwd, share)
             ? fmt::format("{} runs each GPU's {} samples as one microbatch, outside the profiled sizes (up to {})",
-                          core::plan_kind_name(kind), share, hi)
+                          kind.name(), share, hi)
             : fmt::format("{} runs each GPU's {} samples as one microbatch, which does not fit {:.0f} MiB per GPU",
-                          core::plan_kind_name(kind), share,
-                          static_cast<double>(capacity) / static_cast<double>(core::kMiB));
+                          kind.name(), share, static_cast<double>(capacity) / static_cast<double>(core::kMiB));
   } else if (kr.reason.empty()) {
     kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
                             static_cast<double>(capacity) / static_cast<double>(core::kMiB));
@@ -124,7 +115,7 @@ void search_baselines(KindResult& kr, core::PlanKind kind, const core::Model& mo
 }  // namespace
 
 namespace {
-// The offload tier of a kind that has tiers (core::has_offload_tiers; issue 13), one rule for every such kind.
+// The offload tier of a kind that has tiers (PlanKindSpec::offload_tiers; issue 13), one rule for every such kind.
 // `search_tier(nvme, host_miss)` searches the kind's plans on one tier into kr; *host_miss (when not null) is set when
 // every plan that missed ran out of host (or pinned) memory rather than GPU memory. search.offload: nvme searches the
 // drives only (not applicable without the native model or topology.nvme); cpu host memory only; auto host memory,
@@ -133,7 +124,7 @@ template <class SearchTier>
 void search_offload_tiers(KindResult& kr, core::PlanKind kind, const core::MachineSpec& machine,
                           core::CostModelKind cost_model, core::SearchSpec::Offload offload, SearchTier search_tier) {
   using Offload = core::SearchSpec::Offload;
-  if (!core::has_offload_tiers(kind)) {
+  if (!kind->offload_tiers) {
     search_tier(false, nullptr);
     return;
   }
@@ -167,8 +158,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
   const auto capacity = machine.search_capacity_bytes();
   KindResult kr;
   kr.kind = kind;
-  const std::string name = core::plan_kind_name(kind);
-  if (!core::is_baseline(kind)) {
+  if (kind->packs) {
     if (const auto problem = core::split_problem(kind, gpus, minibatch)) {
       kr.applicable = false;
       kr.reason = problem->message;
@@ -185,7 +175,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     space.spec.top_k = 1;
     space.spec.fit_rule = false;
     core::LowerOptions lower = core::lower_options(options);
-    const auto cands = core::enumerate_candidates(model, space);
+    const auto cands = core::enumerate_plans(model, space);
     const auto engine = make_engine(cost_model, model, machine);
     // One search over the candidates with the masters and optimizer state in host memory or on the drives.
     auto search_tier = [&](bool nvme, bool* host_miss) {
@@ -205,7 +195,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
       // the first miss in enumeration order (nothing is pruned when no candidate is feasible)
       std::string miss;
       if (res.first_miss < cands.size()) {
-        const auto& c = cands[res.first_miss];
+        const auto& c = cands[res.first_miss].plan;
         miss = fmt::format("; first: u {}/{}: {}", c.u_fwd, c.u_bwd, res.first_miss_reason);
       }
       kr.deadlocked += res.num_deadlocked;
@@ -214,7 +204,7 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
       if (!res.ranked.empty()) {
         kr.feasible = true;
         kr.best = res.ranked.front().report;
-        kr.best.plan_kind = name;
+        kr.plan = cands[res.ranked.front().candidate].plan;
         kr.offload = nvme ? "nvme" : "";
         kr.reason.clear();
       } else {
@@ -234,13 +224,9 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     kr.reason = problem->message;
     return kr;
   }
-  core::BaselineSearchOptions bo;
-  bo.ubatch_step = search.ubatch_step;
-  bo.ubatch_sizes = search.u_bwd;
-  bo.activation_policies = policies;
   auto search_tier = [&](bool nvme, bool* host_miss) {
-    bo.offloads = {nvme ? core::OffloadTier::Nvme : core::OffloadTier::Cpu};
-    search_baselines(kr, kind, model, machine, gpus, minibatch, cost_model, bo, capacity, progress, host_miss);
+    search_unpacked(kr, kind, model, machine, gpus, minibatch, cost_model, search, policies, nvme, capacity, progress,
+                    host_miss);
   };
   search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);
   return kr;
@@ -250,7 +236,7 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
                                  core::CostModelKind cost_model, const core::SearchSpec& search,
                                  const core::Options& options, const CompareProgressFn& progress) {
   CompareResult out;
-  const auto& names = core::plan_kind_names();
+  const auto& names = core::plan_kinds();
   out.kinds.resize(names.size());
   // Progress: each kind's search reports its own counts; the sums go to `progress`, one call at a time.
   std::mutex progress_mutex;
@@ -284,7 +270,7 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
       };
     }
     out.kinds[slot] =
-        best_plan_of_kind(*core::parse_plan_kind(names[slot]), model, machine, gpus, minibatch, cost_model, search,
+        best_plan_of_kind(names[slot], model, machine, gpus, minibatch, cost_model, search,
                           options, {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
     if (progress) {
       const std::lock_guard<std::mutex> lock(progress_mutex);
@@ -297,7 +283,7 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
   core::parallel_for(names.size(), threads, solve);
   out.best_baseline_time_s = std::numeric_limits<double>::infinity();
   for (const auto& k : out.kinds) {
-    if (k.feasible && core::is_baseline(k.kind))
+    if (k.feasible && k.kind->role == core::KindRole::Baseline)
       out.best_baseline_time_s = std::min(out.best_baseline_time_s, k.best.iteration_time_s);
   }
   for (auto& k : out.kinds) {

@@ -13,14 +13,13 @@
 #include "core/config/config.hpp"
 #include "core/model/model.hpp"
 #include "core/output/report.hpp"
-#include "core/program/baselines/baselines.hpp"
-#include "core/search/baseline_search.hpp"
+#include "core/plan/plan.hpp"
 #include "core/search/progress.hpp"
 
 namespace harmony::sim {
 
 struct KindResult {
-  core::PlanKind kind = core::PlanKind::HarmonyPP;
+  core::PlanKind kind;
   bool feasible = false;
   bool applicable = true;                      // false: the kind cannot run this N and D at all (reason says why)
   std::string reason;                          // why no plan of this kind fits (when !feasible)
@@ -28,9 +27,9 @@ struct KindResult {
   std::size_t deadlocked = 0;                  // of the evaluated, how many deadlocked
   std::size_t pruned = 0;                      // not simulated: the engine's bound showed they cannot win
   core::RunReport best;                        // valid when feasible
-  std::optional<core::BaselinePlan> baseline;  // baselines: the best plan's knobs (when feasible)
-  // baselines: the best feasible time under each activation policy searched ("checkpoint", "keep"); the
-  // winner is best.activation_policy. A policy with no feasible plan is absent.
+  std::optional<core::Plan> plan;  // the best plan as searched (when feasible): evaluate_plan of it reruns best
+  // kinds with the activations knob: the best feasible time under each activation policy searched ("checkpoint",
+  // "keep"); the winner is best.plan.knobs.activation_policy. A policy with no feasible plan is absent.
   std::map<std::string, double> policy_best_time_s;
   // zero-infinity: the offload tier of the best plan ("cpu", or "nvme" when no cpu plan fits host memory and
   // the machine has an NVMe tier); Harmony kinds: "nvme" when their masters and optimizer state went to the
@@ -40,15 +39,15 @@ struct KindResult {
 };
 
 struct CompareResult {
-  std::vector<KindResult> kinds;  // in core::plan_kind_names() order
+  std::vector<KindResult> kinds;  // in core::plan_kinds() (listing) order
   double best_baseline_time_s = 0.0;
 };
 
-// The best plan of one kind, searched on the calling thread (search.threads is ignored): Harmony kinds
-// through core::run_search (top 1, no fit rule), baselines through core::run_baseline_search over the given
-// activation policies (by default both, checkpoint and keep; the winner is best.activation_policy; ignored for
-// Harmony kinds, which recompute by design). `progress` (optional) hears the search's candidates done / total
-// (core/search/progress.hpp).
+// The best plan of one kind, searched on the calling thread (search.threads is ignored) over the kind's candidates
+// (core::enumerate_plans): kinds with packs through core::run_search_bounded (top 1, no fit rule, the task graph's
+// bound), the others through core::run_search over the given activation policies (by default both, checkpoint and
+// keep; the winner is best.plan.knobs.activation_policy; ignored by kinds without the activations knob). `progress`
+// (optional) hears the search's candidates done / total (core/search/progress.hpp).
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, core::CostModelKind cost_model, const core::SearchSpec& search,
                              const core::Options& options,
@@ -67,14 +66,10 @@ struct CompareProgress {
 };
 using CompareProgressFn = std::function<void(const CompareProgress&)>;
 
-// Searches every plan kind. `search` and `options` shape the Harmony searches (packing methods,
-// microbatch lists, stride); baselines use the same microbatch stride and lists.
+// Searches every registered plan kind. `search` and `options` shape the searches (packing methods, microbatch
+// lists, stride); kinds without packs use the same microbatch stride and u_bwd list.
 CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
                                  core::CostModelKind cost_model, const core::SearchSpec& search,
                                  const core::Options& options, const CompareProgressFn& progress = {});
-
-// One baseline plan, lowered and run once on the engine of `cost_model`.
-core::RunReport evaluate_baseline(const core::Model& model, const core::MachineSpec& machine,
-                                  const core::BaselinePlan& plan, core::CostModelKind cost_model);
 
 }  // namespace harmony::sim

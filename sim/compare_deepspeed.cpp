@@ -10,7 +10,6 @@
 #include "core/base/error.hpp"
 #include "core/output/report.hpp"
 #include "core/plan/plan_kind.hpp"
-#include "core/program/baselines/baselines.hpp"
 
 namespace harmony::sim {
 
@@ -98,7 +97,7 @@ std::optional<KindResult> price_deepspeed(const DeepSpeedSetup& setup, const std
   const core::RunConfig cfg = core::load_config(config, all);
   std::vector<core::ActivationPolicy> policies = {core::ActivationPolicy::Checkpoint};
   if (setup.run.activations.empty()) policies.push_back(core::ActivationPolicy::Keep);
-  const auto kind = core::parse_plan_kind(setup.run.plan_kind);
+  const auto kind = core::find_plan_kind(setup.run.plan_kind);
   if (!kind) throw core::InternalError("compare --deepspeed: unknown plan kind " + setup.run.plan_kind);
   KindResult row = best_plan_of_kind(*kind, model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
                                      cfg.search, cfg.options, policies);
@@ -120,7 +119,7 @@ std::optional<KindResult> price_deepspeed(const DeepSpeedSetup& setup, const std
 const KindResult* harmony_best(const CompareResult& res) {
   const KindResult* best = nullptr;
   for (const auto& k : res.kinds) {
-    if (!k.feasible || core::is_baseline(k.kind)) continue;
+    if (!k.feasible || k.kind->role != core::KindRole::Harmony) continue;
     if (!best || k.best.iteration_time_s < best->best.iteration_time_s) best = &k;
   }
   return best;

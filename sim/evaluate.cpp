@@ -1,25 +1,15 @@
-// evaluate_plan: plan -> task graph -> Program -> one engine run (timeline, peaks, report).
+// evaluate_plan: plan -> its kind's lowering (core/kinds/) -> Program -> one engine run (timeline, peaks, report).
 #include "sim/evaluate.hpp"
 
 #include <limits>
 
 #include "core/base/error.hpp"
+#include "core/kinds/kinds.hpp"
+#include "core/program/task_graph.hpp"
 
 namespace harmony::sim {
 
 namespace {
-
-// validate_plan, the microbatch sizes' profile range, the task graph
-core::TaskGraph task_graph_for(const core::Model& model, const core::Plan& plan) {
-  core::validate_plan(plan, model.num_layers());
-  for (core::Phase ph : {core::Phase::Fwd, core::Phase::Bwd}) {
-    const int u = ph == core::Phase::Fwd ? plan.u_fwd : plan.u_bwd;
-    // a single-pack plan runs its forward inside the backward task at u_bwd: u_fwd is unused
-    if (ph == core::Phase::Fwd && plan.packs_fwd.empty()) continue;
-    if (!model.ubatch_in_range(ph, u)) (void)model.time_s(ph, u, 0);  // throws the range error
-  }
-  return core::compose_task_graph(plan, model.num_layers());
-}
 
 core::LowerOptions engine_lower_options(const Engine& engine, const core::LowerOptions& options) {
   core::LowerOptions lower = options;
@@ -32,12 +22,14 @@ core::LowerOptions engine_lower_options(const Engine& engine, const core::LowerO
 
 core::Program lower_plan_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
                              const core::LowerOptions& options) {
-  return core::lower_harmony(task_graph_for(model, plan), model, engine_lower_options(engine, options));
+  return core::lower_plan(plan, model, engine_lower_options(engine, options));
 }
 
 double task_bound_for(const Engine& engine, const core::Model& model, const core::Plan& plan,
                       const core::LowerOptions& options) {
-  const core::TaskGraph graph = task_graph_for(model, plan);  // validates the plan
+  core::validate_plan(plan, model);
+  if (!plan.kind->packs) return 0.0;  // no task graph: no bound
+  const core::TaskGraph graph = core::compose_task_graph(plan, model.num_layers());
   const core::LowerOptions lower = engine_lower_options(engine, options);
   if (engine.host_floor_exceeded(lower.offload_nvme)) return std::numeric_limits<double>::infinity();
   return engine.task_bound_s(graph, core::lowered_ranks(graph, lower));

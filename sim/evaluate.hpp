@@ -1,5 +1,6 @@
-// One-call evaluation of a plan on an engine: validate, compose the task graph, lower to a Program and run
-// it once (sim/engine.hpp). Used by `harmony-sim simulate`, the search, tests and benchmarks.
+// One-call evaluation of a plan of any kind on an engine: validate and lower it to a Program (its kind's
+// PlanKindSpec::lower) and run it once (sim/engine.hpp). Used by `harmony-sim simulate`, the search, compare, tests
+// and benchmarks.
 #pragma once
 
 #include <memory>

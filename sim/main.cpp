@@ -27,7 +27,7 @@
 #include "core/config/config.hpp"
 #include "core/model/profile.hpp"
 #include "core/output/trace.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/task_graph.hpp"
 #include "core/search/search.hpp"
@@ -74,7 +74,8 @@ nlohmann::json document_head(const char* command, const core::RunConfig& cfg, co
 }
 
 core::Plan plan_from_config(const core::RunConfig& cfg, const core::Model& model) {
-  return core::plan_from_spec(cfg.plan, model, cfg.file, "`simulate`");
+  return core::plan_from_spec(cfg.plan, model, cfg.machine.search_capacity_bytes(), cfg.file, "`simulate`",
+                              "add `u_bwd: U` (its microbatch size) to `plan:`");
 }
 
 core::LowerOptions lower_options(const core::RunConfig& cfg) { return core::lower_options(cfg.options); }
@@ -199,7 +200,7 @@ int cmd_search(const Cli& cli) {
   space.spec = cfg.search;
   const auto lower = lower_options(cfg);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto cands = core::enumerate_candidates(model, space);
+  const auto cands = core::enumerate_plans(model, space);
   const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
   std::atomic<std::size_t> ops{0};
   sim::ProgressPrinter printer("search", "candidates", cli.quiet, kProgressDelayS);
@@ -283,7 +284,7 @@ int cmd_search(const Cli& cli) {
              space.spec.fit_rule ? "; fit rule ON: single-pack plans ranked at time/1000" : "");
   if (res.ranked.empty()) {
     if (res.first_miss < cands.size()) {
-      const auto& c = cands[res.first_miss];
+      const auto& c = cands[res.first_miss].plan;
       fmt::print("no feasible configuration; the first miss, u {}/{}: {}\n", c.u_fwd, c.u_bwd, res.first_miss_reason);
     } else {
       fmt::print("no feasible configuration: every candidate deadlocks\n");
@@ -328,14 +329,9 @@ std::optional<sim::Evaluation> winner_of(const sim::CompareResult& res, const co
   }
   if (!win) return std::nullopt;
   const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine, true);  // the trace's counters
-  if (!core::is_baseline(win->kind)) {
-    core::LowerOptions lower = lower_options(cfg);
-    lower.offload_nvme = win->offload == "nvme";  // the tier the search chose
-    return sim::evaluate_plan(*engine, model, win->best.plan, lower);
-  }
-  sim::Evaluation e = sim::evaluate_program(*engine, core::lower_baseline(*win->baseline, model));
-  e.report.plan_kind = core::plan_kind_name(win->kind);
-  return e;
+  core::LowerOptions lower = lower_options(cfg);
+  lower.offload_nvme = win->offload == "nvme";  // the tier the search chose
+  return sim::evaluate_plan(*engine, model, *win->plan, lower);
 }
 
 int cmd_compare(const Cli& cli) {
@@ -370,7 +366,7 @@ int cmd_compare(const Cli& cli) {
     if (const auto win = winner_of(res, model, cfg)) {
       write_trace(cli.trace, *win, core::report_title(win->report));
       trace_written = true;
-      trace_note = fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan_kind, cli.trace);
+      trace_note = fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan.kind.name(), cli.trace);
     } else {
       trace_note = "no trace written: no plan kind fits";
     }
@@ -387,9 +383,9 @@ int cmd_compare(const Cli& cli) {
       j["speedup_over_best_baseline"] = k.feasible && std::isfinite(res.best_baseline_time_s)
                                             ? nlohmann::json(k.speedup_over_best_baseline)
                                             : nlohmann::json(nullptr);
-      // baselines: both activation policies are searched; the winner is best.activation_policy
+      // kinds with the activations knob: both policies are searched; the winner is best.plan.knobs.activation_policy
       nlohmann::json pol = nullptr;
-      if (core::is_baseline(k.kind)) {
+      if (k.kind.has_knob(core::Knob::Activations)) {
         pol = nlohmann::json::object();
         for (const std::string& name : core::activation_policy_names()) {
           const auto it = k.policy_best_time_s.find(name);
@@ -426,12 +422,12 @@ int cmd_compare(const Cli& cli) {
       return;
     }
     const auto& r = k.best;
-    std::string plan = core::is_baseline(k.kind)
-                           ? fmt::format("u {}, {}", r.plan.u_bwd, r.activation_policy)
-                           : fmt::format("fwd {} bwd {}, {}", core::packs_to_string(r.plan.packs_fwd),
-                                         core::packs_to_string(r.plan.packs_bwd), r.activation_policy);
+    const std::string r_policy = core::activation_policy_name(r.plan.knobs.activation_policy);
+    std::string plan = !k.kind->packs ? fmt::format("u {}, {}", r.plan.u_bwd, r_policy)
+                                      : fmt::format("fwd {} bwd {}, {}", core::packs_to_string(r.plan.packs_fwd),
+                                                    core::packs_to_string(r.plan.packs_bwd), r_policy);
     for (const auto& [policy, t] : k.policy_best_time_s)
-      if (policy != r.activation_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
+      if (policy != r_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
     if (!k.offload.empty()) plan += fmt::format(", offload {}", k.offload);
     const std::string fit = r.fits ? std::string()
                                    : fmt::format("DOES NOT FIT: peak {:.0f} MiB > {:.0f} MiB by {} bytes; ",
@@ -597,24 +593,23 @@ struct CalibrateCli {
 std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, const core::Model& model,
                                               const std::string& trace_text) {
   std::vector<core::Program> out;
-  if (!core::is_baseline(cfg.kind)) {
-    const core::Plan plan = core::plan_from_spec(cfg.plan, model, cfg.file, "`calibrate`");
-    out.push_back(core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model,
-                                      all_gpus(core::lower_options(cfg.options))));
+  const core::Plan plan =
+      core::plan_from_spec(cfg.plan, model, cfg.machine.gpu_memory_bytes, cfg.file, "`calibrate`",
+                           "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
+  if (plan.kind->packs) {
+    out.push_back(core::lower_plan(plan, model, all_gpus(core::lower_options(cfg.options))));
     return out;
   }
-  core::BaselinePlan b =
-      core::baseline_plan_of(cfg, model, "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
-  std::vector<core::LayerRange> stages;  // pp-swap: per device, the layers its compute ops cover in the trace
-  if (b.kind == core::PlanKind::PpSwap) {
+  std::vector<core::LayerRange> stages;  // a kind with stages: per device, the layers its compute ops cover in the trace
+  if (plan.kind->stage_per_gpu) {
     try {
       const auto doc = nlohmann::json::parse(trace_text);
-      std::vector<core::LayerRange> seen(static_cast<std::size_t>(b.gpus), core::LayerRange{-1, -1});
+      std::vector<core::LayerRange> seen(static_cast<std::size_t>(plan.gpus), core::LayerRange{-1, -1});
       for (const auto& e : doc.at("traceEvents")) {
         if (!e.is_object() || e.value("ph", "") != "X" || e.value("cat", "") != "FWD") continue;
         const int d = e.at("pid").get<int>();
         const auto& l = e.at("args").at("layers");
-        if (d < 0 || d >= b.gpus) continue;
+        if (d < 0 || d >= plan.gpus) continue;
         auto& r = seen[static_cast<std::size_t>(d)];
         r.first = r.first < 0 ? l[0].get<int>() : std::min(r.first, l[0].get<int>());
         r.last = std::max(r.last, l[1].get<int>());
@@ -625,19 +620,19 @@ std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, cons
     }
   }
   for (int with_stages = 0; with_stages < (stages.empty() ? 1 : 2); ++with_stages) {
-    core::BaselinePlan c = b;
+    core::Plan c = plan;
     if (with_stages == 1) c.stages = stages;
     try {
-      if (with_stages == 1) core::validate_baseline_plan(c, model);
+      if (with_stages == 1) core::validate_plan(c, model);
     } catch (const core::ScheduleError&) {
       continue;
     }
     for (auto w : {core::SwapChoice::Auto, core::SwapChoice::Keep, core::SwapChoice::Swap}) {
       for (auto a : {core::SwapChoice::Auto, core::SwapChoice::Keep, core::SwapChoice::Swap}) {
         if ((w == core::SwapChoice::Auto) != (a == core::SwapChoice::Auto)) continue;
-        c.weights = w;
-        c.activations = a;
-        out.push_back(core::lower_baseline(c, model));
+        c.knobs.weights = w;
+        c.knobs.activations = a;
+        out.push_back(core::lower_plan(c, model));
       }
     }
   }
@@ -668,7 +663,7 @@ double measured_step_s(const std::string& path, const core::TrainConfig& cfg) {
         return !pl.contains(key) || pl[key] == want;
       }
     };
-    const std::string mode = core::plan_kind_name(cfg.kind);
+    const std::string mode = cfg.plan.kind.name();
     if (!same("plan_kind", mode) || !same("gpus", cfg.plan.gpus) || !same("minibatch", cfg.plan.minibatch) ||
         !same("u_fwd", cfg.plan.u_fwd) || !same("u_bwd", cfg.plan.u_bwd))
       throw core::ConfigError(core::SourceLoc{path, 1, 1},

@@ -94,7 +94,7 @@ struct BestKindRow {
   std::string best_kind;
   std::int64_t best_gpus = 0;
   double best_value = 0;
-  std::string baseline_kind;
+  std::string baseline_name;  // the best baseline row's kind
   std::int64_t baseline_gpus = 0;
   double baseline_value = 0;
   std::string harmony_kind;

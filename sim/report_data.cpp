@@ -18,7 +18,7 @@
 #include "core/base/error.hpp"
 #include "core/base/input_file.hpp"
 #include "core/output/trace.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_native.hpp"
@@ -94,21 +94,14 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
   o.record_counters = true;
   const NativeEngine engine(model, cfg.machine, o);
   Evaluation e;
-  if (core::is_baseline(kr.kind)) {
-    if (!kr.baseline) throw core::ScheduleError("best baseline plan without its knobs");
-    e = evaluate_program(engine, core::lower_baseline(*kr.baseline, model));
-  } else {
-    core::LowerOptions lower = core::lower_options(cfg.options);
-    lower.offload_nvme = kr.offload == "nvme";  // the tier the search chose (compare.hpp)
-    // lowered as the search's engine (cfg.cost_model's) lowers it, then run once on `engine`
-    e = evaluate_program(engine,
-                         lower_plan_for(*make_engine(cfg.cost_model, model, cfg.machine), model, kr.best.plan, lower));
-  }
+  if (!kr.plan) throw core::ScheduleError(fmt::format("best {} plan without its plan", kr.kind.name()));
+  core::LowerOptions lower = core::lower_options(cfg.options);
+  lower.offload_nvme = kr.offload == "nvme";  // the tier the search chose (compare.hpp)
+  // lowered as the search's engine (cfg.cost_model's) lowers it, then run once on `engine`
+  e = evaluate_program(engine, lower_plan_for(*make_engine(cfg.cost_model, model, cfg.machine), model, *kr.plan, lower));
   b.program = std::move(e.program);
   b.native = std::move(e.native);
   b.report = std::move(e.report);
-  b.report.plan_kind = kr.best.plan_kind.empty() ? core::plan_kind_name(kr.kind) : kr.best.plan_kind;
-  b.report.activation_policy = kr.best.activation_policy;
   b.report.method_fwd = kr.best.method_fwd;
   b.report.method_bwd = kr.best.method_bwd;
   b.report.cost_model = core::cost_model_name(cfg.cost_model);
@@ -220,9 +213,10 @@ std::optional<double> metric_of(const RowView& r, RankBy by) {
   return r.throughput;
 }
 
-bool is_baseline_kind(const std::string& kind) {
-  const auto k = core::parse_plan_kind(kind);
-  return k && core::is_baseline(*k);
+// A row's plan_kind names a registered kind of `role`.
+bool kind_in_role(const std::string& kind, core::KindRole role) {
+  const auto k = core::find_plan_kind(kind);
+  return k && (*k)->role == role;
 }
 
 bool key_in(const std::string& key, const char* prefix) {
@@ -564,8 +558,8 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
           }
         };
         take(b.best_kind, b.best_gpus, b.best_value);
-        if (is_baseline_kind(r.kind))
-          take(b.baseline_kind, b.baseline_gpus, b.baseline_value);
+        if (kind_in_role(r.kind, core::KindRole::Baseline))
+          take(b.baseline_name, b.baseline_gpus, b.baseline_value);
         else
           take(b.harmony_kind, b.harmony_gpus, b.harmony_value);
       }
@@ -778,12 +772,12 @@ ReportData report_from_config(const std::string& config_path, const ReportOption
     }
     ++feasible;
     const auto& r = k.best;
-    std::string plan = core::is_baseline(k.kind)
-                           ? fmt::format("u {}, {}", r.plan.u_bwd, r.activation_policy)
-                           : fmt::format("fwd {} bwd {}, {}", core::packs_to_string(r.plan.packs_fwd),
-                                         core::packs_to_string(r.plan.packs_bwd), r.activation_policy);
+    const std::string r_policy = core::activation_policy_name(r.plan.knobs.activation_policy);
+    std::string plan = !k.kind->packs ? fmt::format("u {}, {}", r.plan.u_bwd, r_policy)
+                                      : fmt::format("fwd {} bwd {}, {}", core::packs_to_string(r.plan.packs_fwd),
+                                                    core::packs_to_string(r.plan.packs_bwd), r_policy);
     for (const auto& [policy, t] : k.policy_best_time_s)
-      if (policy != r.activation_policy) plan += fmt::format(" ({} {})", policy, fmt_duration(t));
+      if (policy != r_policy) plan += fmt::format(" ({} {})", policy, fmt_duration(t));
     s.rows.push_back({std::to_string(feasible), name, std::to_string(k.candidates),
                       fmt::format("{:.3f}", r.throughput_samples_per_s), fmt_duration(r.iteration_time_s),
                       std::isfinite(res.best_baseline_time_s) ? fmt::format("{:.2f}x", k.speedup_over_best_baseline)

@@ -584,7 +584,7 @@ std::string overview_html(const ReportData& d) {
   out += fmt::format(
       "<p class=\"note\">Per model and machine, over every GPU count and grid value, the best feasible row by {} "
       "and its speedup over the best baseline ({}): {}. 1.00x: a baseline is the best kind.</p>\n",
-      metric_column(by), fmt::join(core::baseline_kind_names(), ", "),
+      metric_column(by), fmt::join(core::plan_kind_names(core::KindRole::Baseline), ", "),
       higher_is_better(by) ? "its samples/s / the baseline's" : "the baseline's value / its value (lower is better)");
   std::vector<std::vector<std::string>> rows;
   const auto speed = [&](double a, double b) {
@@ -598,7 +598,7 @@ std::string overview_html(const ReportData& d) {
   for (const auto& b : d.best_kinds)
     rows.push_back({b.model, b.machine, b.best_kind.empty() ? "nothing fits" : kind_n(b.best_kind, b.best_gpus),
                     fmt_metric(b.best_value, by), speed(b.best_value, b.baseline_value),
-                    kind_n(b.baseline_kind, b.baseline_gpus), fmt_metric(b.baseline_value, by),
+                    kind_n(b.baseline_name, b.baseline_gpus), fmt_metric(b.baseline_value, by),
                     kind_n(b.harmony_kind, b.harmony_gpus), fmt_metric(b.harmony_value, by),
                     speed(b.harmony_value, b.baseline_value)});
   const std::string m = metric_title(by);

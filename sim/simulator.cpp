@@ -110,7 +110,6 @@ core::RunReport make_report(const Program& p, const Timeline& t, core::CostModel
                             const std::vector<core::Bytes>& mem) {
   core::RunReport r;
   r.plan = p.graph.plan;
-  r.plan_kind = core::plan_kind_name(p.graph.plan.kind);
   r.cost_model = core::cost_model_name(kind);
   r.num_ops = p.ops.size();
   r.num_streams = p.queues.size();

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/base/error.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/plan/plan_kind.hpp"
 
 namespace harmony::sim {
 
@@ -67,7 +67,7 @@ Sweep load_sweep_text(const std::string& text, const std::string& name);
 // kind p % K, K = kinds.size().
 struct SweepPoint {
   std::size_t index = 0;
-  core::PlanKind kind = core::PlanKind::HarmonyPP;
+  core::PlanKind kind;
   std::vector<std::size_t> value_index;  // per grid axis
   std::vector<std::string> overrides;    // `set:`, then the grid's, then plan.mode: "key=value"
   std::string id;                        // 16 hex digits: a hash of the kind and the overrides

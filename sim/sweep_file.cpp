@@ -239,7 +239,7 @@ Sweep load_sweep_text(const std::string& text, const std::string& name) {
     for (const auto& item : items) {
       const std::string hint_tail = "plan kinds: " + join(core::plan_kind_names(), ", ");
       if (!is_scalar(item)) fail(item.loc, "a plan kind must be a name", hint_tail);
-      const auto kind = core::parse_plan_kind(item.scalar);
+      const auto kind = core::find_plan_kind(item.scalar);
       if (!kind) {
         const std::string best = core::closest_match(item.scalar, core::plan_kind_names());
         fail(item.loc, fmt::format("unknown plan kind '{}'", item.scalar),
@@ -250,7 +250,7 @@ Sweep load_sweep_text(const std::string& text, const std::string& name) {
       s.kinds.push_back(*kind);
     }
   } else {
-    for (const auto& n : core::plan_kind_names()) s.kinds.push_back(*core::parse_plan_kind(n));
+    s.kinds = core::plan_kinds();
   }
 
   // budget

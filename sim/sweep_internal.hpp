@@ -93,11 +93,10 @@ inline std::string join(const std::vector<std::string>& items, std::string_view 
 
 inline bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
-inline const char* mode_for(core::PlanKind k) {
-  // Harmony kinds run in their mode; a baseline's config reads as harmony-pp (plan.mode names Harmony modes only)
-  // and is checked under the baseline's own plan rules (core::load_config_text_as, sweep_rows.cpp).
-  return core::is_baseline(k) ? "harmony-pp" : core::plan_kind_name(k);
-}
+// The plan.mode a point's id hashes (sweep_point): a kind with packs its own name; a kind without packs
+// "harmony-pp", as the ids were first made (plan.mode then named Harmony's kinds only), so that a resumed sweep's
+// ids and the results' id column are the same as before. The point's config sets plan.mode to the kind itself.
+inline const char* id_mode_for(core::PlanKind k) { return k->packs ? k.name() : "harmony-pp"; }
 
 // One line: newlines and runs of spaces in messages (deadlock reports) become "; " and " " (sweep_rows.cpp).
 std::string one_line(const std::string& s);

@@ -10,6 +10,7 @@
 
 #include "core/config/config.hpp"
 #include "core/output/report.hpp"
+#include "core/kinds/swapping.hpp"
 #include "core/plan/plan.hpp"
 #include "sim/compare.hpp"
 #include "sim/sweep_internal.hpp"
@@ -36,8 +37,10 @@ SweepPoint sweep_point(const Sweep& sweep, std::size_t index) {
   for (const auto& x : sweep.set) p.overrides.push_back(x.key + "=" + x.value);
   for (std::size_t a = 0; a < sweep.grid.size(); ++a)
     p.overrides.push_back(sweep.grid[a].key + "=" + sweep.grid[a].values[p.value_index[a]]);
-  p.overrides.push_back(std::string("plan.mode=") + mode_for(p.kind));
-  p.id = fnv1a_hex(std::string(core::plan_kind_name(p.kind)) + "\n" + join(p.overrides, "\n"));
+  std::vector<std::string> id_overrides = p.overrides;
+  id_overrides.push_back(std::string("plan.mode=") + id_mode_for(p.kind));
+  p.id = fnv1a_hex(std::string(core::plan_kind_name(p.kind)) + "\n" + join(id_overrides, "\n"));
+  p.overrides.push_back(std::string("plan.mode=") + core::plan_kind_name(p.kind));
   return p;
 }
 
@@ -197,7 +200,7 @@ std::string sweep_point_inputs(const Sweep& sweep, std::size_t index, ModelCache
   if (!cache) cache = &local;
   const SweepPoint p = sweep_point(sweep, index);
   try {
-    const auto cfg = core::load_config_text_as(p.kind, sweep.base_text, sweep.base_path, p.overrides);
+    const auto cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
     return inputs_digest(&cfg, {}, *cache);
   } catch (const core::ConfigError& e) {
     return inputs_digest(nullptr, config_reason(e), *cache);
@@ -232,7 +235,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   std::optional<KindResult> kr;
   try {
     try {
-      cfg = core::load_config_text_as(p.kind, sweep.base_text, sweep.base_path, p.overrides);
+      cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
     } catch (const core::ConfigError& e) {
       inputs = inputs_digest(nullptr, config_reason(e), *cache);
       throw;
@@ -291,8 +294,8 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
     cells.push_back(Cell{Cell::Kind::Literal, packs_text(r->plan.packs_bwd)});
     cells.push_back(r->method_fwd.empty() ? null_cell() : text_cell(r->method_fwd));
     cells.push_back(r->method_bwd.empty() ? null_cell() : text_cell(r->method_bwd));
-    if (kr->baseline) {
-      const auto ds = core::decide_swaps(*kr->baseline, *model);
+    if (kr->plan && !p.kind->packs) {  // the swapping kinds' swap decisions
+      const auto ds = core::decide_swaps(*kr->plan, *model);
       cells.push_back(bool_cell(std::any_of(ds.begin(), ds.end(), [](const auto& d) { return d.weights; })));
       cells.push_back(bool_cell(std::any_of(ds.begin(), ds.end(), [](const auto& d) { return d.activations; })));
     } else {
@@ -301,9 +304,8 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
     }
     // What decided the plan besides its shape: the activation policy (Harmony recomputes by design) and, for the
     // kinds with offload tiers, where parameters and optimizer state lived (cpu: host memory, nvme: the drives).
-    cells.push_back(kr->baseline ? text_cell(core::activation_policy_name(kr->baseline->activation_policy))
-                                 : text_cell("checkpoint"));
-    cells.push_back(core::has_offload_tiers(p.kind) ? text_cell(kr->offload.empty() ? "cpu" : kr->offload)
+    cells.push_back(text_cell(core::activation_policy_name(r->plan.knobs.activation_policy)));
+    cells.push_back(p.kind->offload_tiers ? text_cell(kr->offload.empty() ? "cpu" : kr->offload)
                                                     : null_cell());
     cells.push_back(int_cell(r->swap_in_bytes));
     cells.push_back(int_cell(r->swap_out_bytes));
