@@ -42,7 +42,7 @@
 #include "core/output/report.hpp"
 #include "core/output/trace.hpp"
 #include "core/plan/plan_rules.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/program/lower.hpp"
 #include "core/search/search.hpp"
 #include "sim/compare.hpp"
@@ -492,8 +492,7 @@ core::LowerOptions lower_options(const core::TrainConfig& cfg) {
 
 // What runs: the plan (for a baseline: gpus, minibatch and its microbatch), its kind, title and Program.
 struct Chosen {
-  core::Plan plan;
-  std::string kind;  // "harmony-pp", "harmony-dp", "dp-swap", ...
+  core::Plan plan;  // its kind: plan.kind
   std::string title;
   core::Program program;
   std::optional<core::Model> priced;  // --plan auto: the model it was priced on (reused for the prediction)
@@ -550,38 +549,20 @@ void progress(int step, int steps, double loss, double samples_per_s, double eta
   if (tty && step == steps) fmt::print(stderr, "\n");
 }
 
-std::string baseline_title(const core::BaselinePlan& b, const core::Model& model) {
-  const auto d = core::decide_swaps(b, model);
-  return fmt::format("{} N{} D{} u {} (weights {}, activations {}, {})", core::plan_kind_name(b.kind), b.gpus,
-                     b.minibatch, b.ubatch, d.front().weights ? "swapped" : "kept",
-                     d.front().activations ? "swapped" : "kept", core::activation_policy_name(b.activation_policy));
-}
-
-Chosen chosen_harmony(const Setup& s, const core::Plan& plan) {
+// The plan as it runs: its title (PlanKindSpec::describe) and its Program (PlanKindSpec::lower) on the run's model.
+Chosen chosen_plan(const Setup& s, const core::Plan& plan) {
   Chosen c;
   c.plan = plan;
-  c.kind = core::plan_kind_name(plan.kind);
-  c.title = core::plan_title(plan);
-  c.program = core::lower_harmony(core::compose_task_graph(plan, s.model->num_layers()), s.desc, lower_options(s.cfg));
-  return c;
-}
-
-Chosen chosen_baseline(const Setup& s, const core::BaselinePlan& b) {
-  Chosen c;
-  c.plan.gpus = b.gpus;
-  c.plan.minibatch = b.minibatch;
-  c.plan.u_fwd = c.plan.u_bwd = b.ubatch;
-  c.kind = core::plan_kind_name(b.kind);
-  c.title = baseline_title(b, s.desc);
-  c.program = core::lower_baseline(b, s.desc);
+  c.title = core::describe_plan(plan, s.desc);
+  c.program = core::lower_plan(plan, s.desc, lower_options(s.cfg));
   return c;
 }
 
 // --plan auto's candidates of the config's kind, each as the run would execute it (its Program lowered on the
-// exact sizes), priced by harmony-sim on `priced`: Harmony kinds the search's candidates (core::enumerate_candidates
+// exact sizes), priced by harmony-sim on `priced`: a kind with packs the search's candidates (core::enumerate_plans
 // at the device capacity), plus one layer per pack at every microbatch pair (the least memory any packing takes,
 // so a capacity too small for the packers still has candidates), plus the config's own plan when it is a valid one;
-// baselines every microbatch of core::enumerate_baseline_plans, whatever its swap estimate says.
+// a kind without packs every microbatch core::enumerate_plans lists, whatever its swap estimate says.
 struct Candidate {
   Chosen chosen;
   core::RunReport report;
@@ -596,19 +577,21 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
   auto add = [&](Chosen c) {
     if (!seen.insert(c.title).second) return;
     core::RunReport r = engine->run(c.program).report;
-    r.plan_kind = c.kind;
     out.push_back(Candidate{std::move(c), std::move(r)});
   };
-  if (core::is_baseline(cfg.kind)) {
-    const core::PlanKind kind = cfg.kind;
-    core::BaselineSearchOptions bo;
-    bo.ubatch_step = cfg.search.ubatch_step;
-    bo.ubatch_sizes = cfg.search.u_bwd;
-    bo.drop_infeasible = false;  // the swap decisions' estimate is not the executor: the trial step decides
-    bo.activation_policies = {cfg.baseline_activations};
-    for (const core::BaselinePlan& b :
-         core::enumerate_baseline_plans(kind, priced, cfg.plan.gpus, cfg.plan.minibatch, capacity, bo))
-      add(chosen_baseline(s, b));  // pp-swap keeps the stages balanced on the profile's times
+  const core::PlanKind kind = cfg.plan.kind;
+  if (!kind->packs) {
+    core::SearchSpace space;
+    space.kind = kind;
+    space.gpus = cfg.plan.gpus;
+    space.minibatch = cfg.plan.minibatch;
+    space.capacity_bytes = capacity;
+    space.spec.ubatch_step = cfg.search.ubatch_step;
+    space.spec.u_bwd = cfg.search.u_bwd;
+    space.drop_infeasible = false;  // the swap decisions' estimate is not the executor: the trial step decides
+    space.activation_policies = {cfg.plan.knobs.activation_policy};
+    for (const core::Candidate& c : core::enumerate_plans(priced, space))
+      add(chosen_plan(s, c.plan));  // pp-swap keeps the stages balanced on the profile's times
     if (out.empty()) {
       auto problem = core::split_problem(kind, cfg.plan.gpus, cfg.plan.minibatch);
       if (!problem) problem = core::stage_problem(kind, cfg.plan.gpus, priced.num_layers());
@@ -621,7 +604,7 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
     }
     return out;
   }
-  const core::PlanKind mode = cfg.plan.kind;
+  const core::PlanKind mode = kind;
   if (const auto problem = core::split_problem(mode, cfg.plan.gpus, cfg.plan.minibatch)) {
     why_none = problem->message;
     return out;
@@ -635,19 +618,19 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
   space.spec = cfg.search;
   auto try_add = [&](const core::Plan& p) {
     try {
-      core::validate_plan(p, priced.num_layers());
+      core::validate_packs(p, priced.num_layers());
       // the runtime's rule: equal microbatches on every device's share (core/plan/plan_rules)
       if (!core::microbatch_fits(p.kind, p.gpus, p.minibatch, p.u_bwd) ||
           (!p.packs_fwd.empty() && !core::microbatch_fits(p.kind, p.gpus, p.minibatch, p.u_fwd)))
         return;
       if (!priced.ubatch_in_range(core::Phase::Bwd, p.u_bwd)) return;
       if (!p.packs_fwd.empty() && !priced.ubatch_in_range(core::Phase::Fwd, p.u_fwd)) return;
-      add(chosen_harmony(s, p));
+      add(chosen_plan(s, p));
     } catch (const core::ScheduleError&) {
       // not a plan this model can run: not a candidate
     }
   };
-  for (const core::Candidate& c : core::enumerate_candidates(priced, space)) try_add(core::candidate_plan(c, space));
+  for (const core::Candidate& c : core::enumerate_plans(priced, space)) try_add(c.plan);
   const int R = priced.num_layers();
   core::Plan fine;
   fine.kind = mode;
@@ -663,7 +646,7 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
     }
   if (cfg.plan.u_fwd && cfg.plan.u_bwd && (cfg.plan.pack_size || cfg.plan.packs_bwd)) {
     try {
-      try_add(core::plan_from_spec(cfg.plan, priced, cfg.file, "harmony-run"));
+      try_add(core::plan_from_spec(cfg.plan, priced, capacity, cfg.file, "harmony-run", ""));
     } catch (const core::ConfigError&) {
       // the config's plan is not valid here (e.g. its u_fwd does not divide a new minibatch): the search replaces it
     }
@@ -704,7 +687,7 @@ constexpr std::size_t kAutoTrials = 24;
 // memory account disagrees with the executor's.
 Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
   const auto& cfg = s.cfg;
-  const std::string kind = core::plan_kind_name(cfg.kind);
+  const std::string kind = cfg.plan.kind.name();
   const core::Model priced = priced_model(s, measured_profile(s, s.desc.ubatch_fwd, quiet));
   std::string why_none;
   std::vector<Candidate> cands = auto_candidates(s, priced, why_none);
@@ -774,16 +757,12 @@ Chosen auto_choose(const Setup& s, const Cli& cli, bool quiet) {
                           hint);
 }
 
-// A baseline given explicitly (plan.mode: dp-swap, ...): the config's microbatch (plan.u_bwd).
-core::BaselinePlan config_baseline(const Setup& s) {
-  return core::baseline_plan_of(s.cfg, s.desc, "add `u_fwd: U` and `u_bwd: U` to plan:, or use --plan auto");
-}
-
 Chosen choose(const Setup& s, const Cli& cli, bool quiet) {
   const auto& cfg = s.cfg;
   if (cli.plan == "auto") return auto_choose(s, cli, quiet);
-  if (core::is_baseline(cfg.kind)) return chosen_baseline(s, config_baseline(s));
-  return chosen_harmony(s, core::plan_from_spec(cfg.plan, s.desc, cfg.file, "harmony-run"));
+  // a kind without packs runs the config's one microbatch (plan.u_bwd)
+  return chosen_plan(s, core::plan_from_spec(cfg.plan, s.desc, cfg.machine.gpu_memory_bytes, cfg.file, "harmony-run",
+                                             "add `u_fwd: U` and `u_bwd: U` to plan:, or use --plan auto"));
 }
 
 // harmony-sim's prediction (native cost model) of the run's Program on the config's machine, priced on the
@@ -1010,8 +989,7 @@ void print_train_json(const Cli& cli, const Setup& s, const Chosen& chosen, cons
   const int B = plan.minibatch;
   const double mean_step_s = log.ran > 0 ? log.run_s / log.ran : 0.0;
   const auto or_null = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
-  const bool baseline =
-      core::parse_plan_kind(chosen.kind).has_value() && core::is_baseline(*core::parse_plan_kind(chosen.kind));
+  const bool packs = plan.kind->packs;
   json per_gpu = json::array();
   core::Bytes peak = 0;
   for (std::size_t g = 0; g < peaks.size(); ++g) {
@@ -1025,13 +1003,13 @@ void print_train_json(const Cli& cli, const Setup& s, const Chosen& chosen, cons
                     {"dtype", cfg.train.dtype},
                     {"plan",
                      {{"title", chosen.title},
-                      {"plan_kind", chosen.kind},
+                      {"plan_kind", plan.kind.name()},
                       {"gpus", plan.gpus},
                       {"minibatch", plan.minibatch},
                       {"u_fwd", plan.u_fwd},
                       {"u_bwd", plan.u_bwd},
-                      {"packs_fwd", baseline ? json(nullptr) : core::packs_to_json(plan.packs_fwd)},
-                      {"packs_bwd", baseline ? json(nullptr) : core::packs_to_json(plan.packs_bwd)}}},
+                      {"packs_fwd", packs ? core::packs_to_json(plan.packs_fwd) : json(nullptr)},
+                      {"packs_bwd", packs ? core::packs_to_json(plan.packs_bwd) : json(nullptr)}}},
                     {"steps", log.steps},
                     {"summary",
                      {{"first_step", log.start + 1},

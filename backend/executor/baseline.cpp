@@ -1,5 +1,5 @@
-// The executor's interpreter of the baselines' Programs (core::lower_baseline: dp-swap, pp-swap, zero-infinity,
-// l2l): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op that produced
+// The executor's interpreter of the swapping kinds' Programs (ExecutorDialect::Swapping: dp-swap, pp-swap,
+// zero-infinity, l2l, lohan): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op that produced
 // them; which version an op reads (the latest producer among its ancestors) and every host gradient and weight
 // an Update touches are checked when the executor is built, so a missing dependency is refused before any step.
 // Ops of different queues run on their own streams and worker threads (detail.hpp's lock discipline).
@@ -16,7 +16,8 @@
 #include "backend/executor/detail.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/rank_sum.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/program_builder.hpp"
 
 namespace harmony::backend::detail {
 
@@ -89,7 +90,7 @@ class BaselineInterpreter final : public Interpreter {
     T_ = opt_.seq_len;
     R_ = m_.num_layers();
     N_ = p_.num_devices();
-    pp_ = !core::is_data_parallel(p_.graph.plan.kind);  // pp-swap
+    pp_ = !p_.graph.plan.kind->data_parallel;  // pp-swap
     dt_ = opt_.dtype;
     es_ = dtype_bytes(dt_);
     staging_chunk_bytes = opt_.staging_chunk_bytes;

@@ -683,8 +683,9 @@ class HarmonyInterpreter final : public detail::Interpreter {
     staging_chunk_bytes = opt.staging_chunk_bytes;
     if (dt == DType::BF16)
       for (Device* dev_ptr : devs) require_bf16(*dev_ptr, "executor");
-    if (p.graph.plan.kind == core::PlanKind::HarmonyDP && static_cast<int>(p.devices.size()) != p.num_devices())
-      throw BackendError("executor: Harmony-DP Program lowered for GPU 0 only (set dp_first_gpu_only = false)");
+    if (p.graph.plan.kind->data_parallel && static_cast<int>(p.devices.size()) != p.num_devices())
+      throw BackendError(fmt::format("executor: {} Program lowered for GPU 0 only (set dp_first_gpu_only = false)",
+                                     p.graph.plan.kind.name()));
     for (std::size_t o = 0; o < p.ops.size(); ++o) {
       const core::Op& op = p.ops[o];
       if (op.kind != OpKind::Update) continue;
@@ -705,7 +706,7 @@ class HarmonyInterpreter final : public detail::Interpreter {
     tie_edges();
     anc = detail::Ancestry(p, extra);
     dev.resize(devs.size());
-    const bool dp = p.graph.plan.kind == core::PlanKind::HarmonyDP;
+    const bool dp = p.graph.plan.kind->data_parallel;
     int off = 0;
     for (int r = 0; r < p.num_devices(); ++r) {
       rank_offset.push_back(dp ? off : 0);
@@ -1421,17 +1422,18 @@ struct Executor::Impl {
 };
 
 namespace {
-// Which interpreter runs a Program: its kind says (a baseline's Program keeps its own kind, core::lower_baseline).
-// Baseline Programs carry no Harmony tasks (their ops have pseudo task ids) and Harmony Programs do: a Program
-// whose task graph contradicts its kind is malformed and refused, not guessed at.
-bool is_baseline_program(const core::Program& p) {
-  const bool baseline = core::is_baseline(p.graph.plan.kind);
+// Which interpreter runs a Program: its kind's dialect says (PlanKindSpec::dialect). Swapping Programs carry no
+// Harmony tasks (their ops have pseudo task ids) and Harmony Programs do: a Program whose task graph contradicts its
+// kind is malformed and refused, not guessed at.
+core::ExecutorDialect dialect_of(const core::Program& p) {
+  const core::ExecutorDialect dialect = p.graph.plan.kind->dialect;
+  const bool swapping = dialect == core::ExecutorDialect::Swapping;
   const bool no_tasks = p.graph.tasks.empty() && std::all_of(p.graph.rank_tasks.begin(), p.graph.rank_tasks.end(),
                                                              [](const auto& r) { return r.empty(); });
-  if (baseline != no_tasks)
+  if (swapping != no_tasks)
     throw BackendError(fmt::format("executor: a {} Program {} Harmony tasks: its kind and its task graph disagree",
-                                   core::plan_kind_name(p.graph.plan.kind), baseline ? "with" : "without"));
-  return baseline;
+                                   p.graph.plan.kind.name(), swapping ? "with" : "without"));
+  return dialect;
 }
 }  // namespace
 
@@ -1458,8 +1460,9 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
                                        c->device(r).name(), r, devices[static_cast<std::size_t>(r)]->name()));
   }
   Device& first = *devices.at(0);
-  auto interpreter = is_baseline_program(program) ? detail::make_baseline_interpreter(program, devices, state, options)
-                                                  : detail::make_harmony_interpreter(program, devices, state, options);
+  auto interpreter = dialect_of(program) == core::ExecutorDialect::Swapping
+                         ? detail::make_baseline_interpreter(program, devices, state, options)
+                         : detail::make_harmony_interpreter(program, devices, state, options);
   // Pinned host memory (CUDA; nothing on the CPU device): HostState's weights (every WB reads them) and gradients
   // (every dWB writes them), the interpreter's stash/swap channels and its bf16 staging, checked once as a total so a
   // plan that cannot pin is refused with the numbers before anything is pinned. The AdamW moments never cross the bus:
