@@ -355,12 +355,12 @@ int run(const Options& opts) {
     std::optional<std::size_t> expect_candidates;  // the paper scheduler's count, where known
   };
   std::vector<SearchCase> searches{
-      {"search bert_large pp D32 N2 default", &bert, core::PlanKind::HarmonyPP, 32, &kDefaultFwd, &kDefaultBwd,
+      {"search bert_large pp D32 N2 default", &bert, core::plan_kind("harmony-pp"), 32, &kDefaultFwd, &kDefaultBwd,
        kPaperBertPpS, 121},
-      {"search bert_large dp D32 N2 default", &bert, core::PlanKind::HarmonyDP, 32, &kDefaultFwd, &kDefaultBwd, {}, {}},
+      {"search bert_large dp D32 N2 default", &bert, core::plan_kind("harmony-dp"), 32, &kDefaultFwd, &kDefaultBwd, {}, {}},
       {"search gpt2_medium pp D16 N2 default",
        &gpt2,
-       core::PlanKind::HarmonyPP,
+       core::plan_kind("harmony-pp"),
        16,
        &kDefaultFwd,
        &kDefaultBwd,
@@ -391,7 +391,7 @@ int run(const Options& opts) {
   for (int layers : {400, 500}) deep.push_back(make_deep_bert(bert, layers));
   for (const auto& m : deep) {
     core::Plan plan;
-    plan.kind = core::PlanKind::HarmonyPP;
+    plan.kind = core::plan_kind("harmony-pp");
     plan.gpus = 2;
     plan.minibatch = 32;
     plan.u_fwd = 4;
@@ -422,7 +422,7 @@ int run(const Options& opts) {
   for (const auto& m : deep) {
     deep_searches.push_back({fmt::format("search deep_bert{} pp D32 N2 bt+reuse/bt", m.num_layers()),
                              &m,
-                             core::PlanKind::HarmonyPP,
+                             core::plan_kind("harmony-pp"),
                              32,
                              &kScriptFwd,
                              &kScriptBwd,

@@ -20,7 +20,7 @@
 #include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/program/lower.hpp"
 
 namespace executor_fixture {
@@ -156,25 +156,34 @@ inline core::Program lower_harmony_plan(const Gpt2& model, core::PlanKind mode, 
   plan.u_fwd = u_fwd;
   plan.u_bwd = u_bwd;
   core::manual_packs(model.num_layers(), pack_size, plan.packs_fwd, plan.packs_bwd);
-  core::validate_plan(plan, model.num_layers());
+  core::validate_packs(plan, model.num_layers());
   const core::Model desc = describe_gpt2(model, kT, {1, 2, 3, 4}, {.dtype = dtype});
   const core::TaskGraph g = core::compose_task_graph(plan, model.num_layers());
   return core::lower_harmony(g, desc, {.prefetch = prefetch, .dp_first_gpu_only = false});
 }
 
-inline core::BaselinePlan baseline_plan(core::PlanKind kind, int gpus, int u, core::SwapChoice w, core::SwapChoice a) {
-  core::BaselinePlan p;
+// A swapping kind's plan: one microbatch size u, forced swap choices.
+inline core::Plan swapping_plan(core::PlanKind kind, int gpus, int u, core::SwapChoice w, core::SwapChoice a) {
+  core::Plan p;
   p.kind = kind;
   p.gpus = gpus;
   p.minibatch = kB;
-  p.ubatch = u;
-  p.weights = w;
-  p.activations = a;
+  p.u_fwd = p.u_bwd = u;
+  p.knobs.weights = w;
+  p.knobs.activations = a;
   return p;
 }
 
-inline core::Program lower_baseline_plan(const Gpt2& model, const core::BaselinePlan& plan, DType dtype = DType::F32) {
-  return core::lower_baseline(plan, describe_gpt2(model, kT, {1, 2, 3, 4}, {.dtype = dtype}));
+// The kinds without packs (the swapping kinds), in listing order.
+inline std::vector<core::PlanKind> swapping_kinds() {
+  std::vector<core::PlanKind> out;
+  for (const core::PlanKind& k : core::plan_kinds())
+    if (!k->packs) out.push_back(k);
+  return out;
+}
+
+inline core::Program lower_swapping_plan(const Gpt2& model, const core::Plan& plan, DType dtype = DType::F32) {
+  return core::lower_plan(plan, describe_gpt2(model, kT, {1, 2, 3, 4}, {.dtype = dtype}));
 }
 
 }  // namespace executor_fixture

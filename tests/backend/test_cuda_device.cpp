@@ -582,13 +582,13 @@ TEST_SUITE("gpu") {
 
     // Harmony-PP over two logical CUDA devices on GPU 0 (1-layer packs, u_fwd 2, u_bwd 1, 16 MiB each).
     core::Plan plan;
-    plan.kind = core::PlanKind::HarmonyPP;
+    plan.kind = core::plan_kind("harmony-pp");
     plan.gpus = 2;
     plan.minibatch = kB;
     plan.u_fwd = 2;
     plan.u_bwd = 1;
     core::manual_packs(model.num_layers(), 1, plan.packs_fwd, plan.packs_bwd);
-    core::validate_plan(plan, model.num_layers());
+    core::validate_packs(plan, model.num_layers());
     const core::Model desc = describe_gpt2(model, kT, std::vector<int>{1, 2, 3, 4}, {.dtype = dtype});
     const core::Program prog =
         core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), desc, {.dp_first_gpu_only = false});
@@ -631,13 +631,13 @@ TEST_SUITE("gpu") {
     for (DType dtype : {DType::F32, DType::BF16}) {
       INFO(dtype_name(dtype));
       core::Plan plan;
-      plan.kind = core::PlanKind::HarmonyDP;
+      plan.kind = core::plan_kind("harmony-dp");
       plan.gpus = 2;
       plan.minibatch = kB;
       plan.u_fwd = 1;
       plan.u_bwd = 1;
       core::manual_packs(model.num_layers(), 1, plan.packs_fwd, plan.packs_bwd);
-      core::validate_plan(plan, model.num_layers());
+      core::validate_packs(plan, model.num_layers());
       const core::Model desc = describe_gpt2(model, kT, std::vector<int>{1, 2, 3, 4}, {.dtype = dtype});
       const core::Program prog =
           core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), desc, {.dp_first_gpu_only = false});

@@ -57,12 +57,12 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
     bool prefetch;
   };
   std::vector<Case> cases;
-  for (core::PlanKind mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP})
+  for (core::PlanKind mode : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")})
     for (int gpus : {1, 2, 4})
       for (auto [uf, ub] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}})
         for (int pack : {1, 3, 4})
           for (bool pf : {false, true}) {
-            if (mode == core::PlanKind::HarmonyDP && gpus == 4 && (uf != 1 || ub != 1)) continue;
+            if (mode == core::plan_kind("harmony-dp") && gpus == 4 && (uf != 1 || ub != 1)) continue;
             if (pf && !(gpus == 2 && pack == 1)) continue;  // prefetch lowering: one configuration per mode
             if (pack == 3 && gpus != 2) continue;           // keeps the test short under ASan
             cases.push_back({mode, gpus, uf, ub, pack, pf});
@@ -71,7 +71,7 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
   // DP shares of D/N = 2 and 1 samples; keep u <= share.
   int checked = 0;
   for (const Case& c : cases) {
-    const int share = c.kind == core::PlanKind::HarmonyDP ? kB / c.gpus : kB;
+    const int share = c.kind == core::plan_kind("harmony-dp") ? kB / c.gpus : kB;
     if (c.u_fwd > share || c.u_bwd > share) continue;
     ++checked;
     const std::string mode = core::plan_kind_name(c.kind);
@@ -84,7 +84,7 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
     Setup s(c.gpus);
     const core::Program prog = lower_harmony_plan(*s.model, c.kind, c.gpus, c.u_fwd, c.u_bwd, c.pack, c.prefetch);
     const Result r = run(prog, s);
-    const bool exact = c.kind == core::PlanKind::HarmonyPP || c.gpus == 1;
+    const bool exact = c.kind == core::plan_kind("harmony-pp") || c.gpus == 1;
     for (int k = 0; k < kSteps; ++k) {
       CHECK(std::abs(r.losses[k] - ref.losses[k]) <= 1e-6 * std::abs(ref.losses[k]));
       if (exact) CHECK(r.losses[k] == ref.losses[k]);
@@ -110,7 +110,7 @@ TEST_CASE("Harmony-PP and Harmony-DP Programs train like the PlainTrainer") {
 
 TEST_CASE("a measured trace is recorded for every op") {
   Setup s(2);
-  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 2, 1, 1, true);
+  const core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 2, 2, 1, 1, true);
   std::vector<StepResult> steps;
   run(prog, s, &steps);
   const StepResult& sr = steps.back();
@@ -131,7 +131,7 @@ TEST_CASE("a measured trace is recorded for every op") {
 // ignored it.
 TEST_CASE("pinned_limit: the executor refuses a Program whose host buffers exceed the machine's pinned limit") {
   Setup s(2);
-  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 2, 1, 1, true);
+  const core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 2, 2, 1, 1, true);
   const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
   Bytes weights_and_grads = 0;
   for (int l = 0; l < s.model->num_layers(); ++l) weights_and_grads += 2 * s.model->param_floats(l) * Bytes{4};
@@ -163,7 +163,7 @@ TEST_CASE("pinned_limit: the executor refuses a Program whose host buffers excee
 // the executor accepts moves by exactly that difference between two chunk sizes (0 if the staging were left out).
 TEST_CASE("pinned_limit: the bf16 staging buffers count in the pre-flight") {
   Setup s(2);
-  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 2, 1, 1, true, DType::BF16);
+  const core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 2, 2, 1, 1, true, DType::BF16);
   std::map<int, Bytes> largest;
   for (const core::Op& op : prog.ops) {
     if (op.kind == core::OpKind::WB || op.kind == core::OpKind::dWB) {
@@ -208,7 +208,7 @@ TEST_CASE("a Program missing the dependency of a BWD on its dY is rejected") {
   // Harmony-DP with prefetch is left out on purpose: there dY is queued before the pack's WB on the SwapIn
   // stream and REC waits for WB, so dY still precedes BWD and removing the edge is harmless.
   for (auto [mode, pf] : std::vector<std::pair<core::PlanKind, bool>>{
-           {core::PlanKind::HarmonyPP, false}, {core::PlanKind::HarmonyPP, true}, {core::PlanKind::HarmonyDP, false}}) {
+           {core::plan_kind("harmony-pp"), false}, {core::plan_kind("harmony-pp"), true}, {core::plan_kind("harmony-dp"), false}}) {
     {
       CAPTURE(pf);
       Setup s(2);
@@ -246,9 +246,9 @@ TEST_CASE("bf16: Harmony Programs train like the bf16 PlainTrainer; the Program 
     int gpus, u_fwd, u_bwd, pack;
   };
   const std::vector<Case> cases = {
-      {core::PlanKind::HarmonyPP, 1, 1, 1, 1}, {core::PlanKind::HarmonyPP, 2, 2, 1, 1},
-      {core::PlanKind::HarmonyPP, 2, 1, 2, 4}, {core::PlanKind::HarmonyPP, 4, 1, 1, 1},
-      {core::PlanKind::HarmonyDP, 1, 1, 2, 1}, {core::PlanKind::HarmonyDP, 2, 1, 1, 1},
+      {core::plan_kind("harmony-pp"), 1, 1, 1, 1}, {core::plan_kind("harmony-pp"), 2, 2, 1, 1},
+      {core::plan_kind("harmony-pp"), 2, 1, 2, 4}, {core::plan_kind("harmony-pp"), 4, 1, 1, 1},
+      {core::plan_kind("harmony-dp"), 1, 1, 2, 1}, {core::plan_kind("harmony-dp"), 2, 1, 1, 1},
   };
   for (const Case& c : cases) {
     const std::string mode = core::plan_kind_name(c.kind);
@@ -270,7 +270,7 @@ TEST_CASE("bf16: Harmony Programs train like the bf16 PlainTrainer; the Program 
       CHECK(chunked.losses == r.losses);
       for (std::size_t l = 0; l < r.weights.size(); ++l) CHECK(same_bits(chunked.weights[l], r.weights[l]));
     }
-    const bool exact = c.kind == core::PlanKind::HarmonyPP || c.gpus == 1;
+    const bool exact = c.kind == core::plan_kind("harmony-pp") || c.gpus == 1;
     for (int k = 0; k < kSteps; ++k) {
       if (exact) {
         CHECK(r.losses[k] == ref.losses[k]);
@@ -298,8 +298,8 @@ TEST_CASE("bf16: Harmony Programs train like the bf16 PlainTrainer; the Program 
   // The Program's byte counts: every weight, activation and gradient transfer of a bf16 Program is half the fp32
   // Program's (the head's fp32 losses never move; the token ids a layer-0 X or sX moves stay int32).
   Setup s(2);
-  const core::Program p32 = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 1, 1, 1, false, DType::F32);
-  const core::Program p16 = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 1, 1, 1, false, DType::BF16);
+  const core::Program p32 = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 2, 1, 1, 1, false, DType::F32);
+  const core::Program p16 = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 2, 1, 1, 1, false, DType::BF16);
   REQUIRE(p32.ops.size() == p16.ops.size());
   Bytes moved32 = 0, moved16 = 0;
   for (std::size_t o = 0; o < p32.ops.size(); ++o) {

@@ -1,4 +1,4 @@
-// Tests of the executor on the baselines' Programs (core::lower_baseline): dp-swap, pp-swap, zero-infinity and l2l
+// Tests of the executor on the baselines' Programs (core::lower_plan): dp-swap, pp-swap, zero-infinity and l2l
 // on 1, 2 and 4 GPUs, every microbatch size that divides the share, weights and activations kept or swapped, train
 // the tiny GPT-2 to the PlainTrainer's weights (bit for bit where the summation order is the same), and Programs
 // with a dependency removed are refused with ScheduleViolation before any op runs.
@@ -25,11 +25,12 @@
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
 #include "core/output/trace.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/kinds.hpp"
 #include "tests/backend/executor_fixture.hpp"
 
 using namespace harmony::backend;
 using harmony::core::kMiB;
+using harmony::core::plan_kind;
 namespace core = harmony::core;
 
 namespace {
@@ -43,8 +44,8 @@ int count_ops(const core::Program& p, core::OpKind kind) {
 const char* choice_name(core::SwapChoice c) { return c == core::SwapChoice::Swap ? "swap" : "keep"; }
 
 // Removes from the first op of kind `victim` its dependency on an op of kind `on` (on `stream`); returns the op.
-core::BaselinePlan keep_policy(core::BaselinePlan p) {
-  p.activation_policy = core::ActivationPolicy::Keep;
+core::Plan keep_policy(core::Plan p) {
+  p.knobs.activation_policy = core::ActivationPolicy::Keep;
   return p;
 }
 
@@ -94,13 +95,13 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
   std::map<std::string, Worst> worst;
   std::map<std::string, Bytes> peak;  // "kind N u weights activations" -> the largest device peak
   int checked = 0;
-  for (PlanKind kind : core::baseline_kinds()) {
-    const bool dp = kind != PlanKind::PpSwap;
-    const bool weights_choice = kind == PlanKind::DpSwap || kind == PlanKind::PpSwap;
+  for (PlanKind kind : swapping_kinds()) {
+    const bool dp = kind != plan_kind("pp-swap");
+    const bool weights_choice = kind == plan_kind("dp-swap") || kind == plan_kind("pp-swap");
     for (int gpus : {1, 2, 4}) {
       const int share = dp ? kB / gpus : kB;
       for (int u : {1, 2, 4}) {
-        if (share % u != 0 || (core::is_one_microbatch(kind) && u != share)) continue;  // lohan: u = D/N
+        if (share % u != 0 || (kind->one_microbatch && u != share)) continue;  // lohan: u = D/N
         for (SwapChoice w : {SwapChoice::Keep, SwapChoice::Swap}) {
           if (!weights_choice && w == SwapChoice::Swap) continue;  // zero-infinity and l2l always stream
           for (SwapChoice a : {SwapChoice::Keep, SwapChoice::Swap}) {
@@ -115,22 +116,22 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
               CAPTURE(weights);
               CAPTURE(activations);
               Setup s(gpus);
-              core::BaselinePlan plan = baseline_plan(kind, gpus, u, w, a);
-              plan.activation_policy = policy;
-              const core::Program prog = lower_baseline_plan(*s.model, plan);
+              core::Plan plan = swapping_plan(kind, gpus, u, w, a);
+              plan.knobs.activation_policy = policy;
+              const core::Program prog = lower_swapping_plan(*s.model, plan);
               // checkpoint recomputes every backward's forward (REC); keep recomputes nothing
               const bool ckpt = policy == core::ActivationPolicy::Checkpoint;
               CHECK(count_ops(prog, core::OpKind::REC) == (ckpt ? count_ops(prog, core::OpKind::BWD) : 0));
               // the forced decisions are real: streamed weights swap in per microbatch, swapped stashes move
               const int m = share / u;
               const int R = s.model->num_layers();
-              const int replicas = kind == PlanKind::PpSwap ? 1 : gpus;              // pp-swap: each layer on one stage
-              int wb = kind == PlanKind::L2L ? 2 * R * gpus : replicas * 2 * m * R;  // per layer, pass (and microbatch)
+              const int replicas = kind == plan_kind("pp-swap") ? 1 : gpus;              // pp-swap: each layer on one stage
+              int wb = kind == plan_kind("l2l") ? 2 * R * gpus : replicas * 2 * m * R;  // per layer, pass (and microbatch)
               if (weights_choice && w == SwapChoice::Keep) wb = replicas * R;        // once
               CHECK(count_ops(prog, core::OpKind::WB) == wb);
-              if (kind == PlanKind::L2L) {
+              if (kind == plan_kind("l2l")) {
                 CHECK((count_ops(prog, core::OpKind::dY) > 0) == (a == SwapChoice::Swap));
-              } else if (kind == PlanKind::LoHan) {
+              } else if (kind == plan_kind("lohan")) {
                 CHECK(count_ops(prog, core::OpKind::sX) > 0);  // its checkpoints always go to the host
               } else {
                 CHECK((count_ops(prog, core::OpKind::sX) > 0) == (a == SwapChoice::Swap));
@@ -142,8 +143,8 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
               peak[fmt::format("{} {} {} {} {} {}", name, gpus, u, weights, activations, policy_name)] = pk;
               const bool owner1 = !dp || gpus == 1;
               const bool exact =
-                  owner1 && (m == 1 || (kind == PlanKind::DpSwap && w == SwapChoice::Keep) ||
-                             (kind == PlanKind::PpSwap && w == SwapChoice::Keep) || kind == PlanKind::L2L);
+                  owner1 && (m == 1 || (kind == plan_kind("dp-swap") && w == SwapChoice::Keep) ||
+                             (kind == plan_kind("pp-swap") && w == SwapChoice::Keep) || kind == plan_kind("l2l"));
               CHECK(r.losses[0] == ref.losses[0]);
               CHECK(std::abs(r.losses[1] - ref.losses[1]) <= 1e-6 * std::abs(ref.losses[1]));
               if (exact) CHECK(r.losses[1] == ref.losses[1]);
@@ -203,8 +204,8 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
 
 TEST_CASE("a baseline step records a time for every op and writes a trace") {
   Setup s(2);
-  const core::Program prog = lower_baseline_plan(
-      *s.model, baseline_plan(core::PlanKind::ZeroInfinity, 2, 1, core::SwapChoice::Auto, core::SwapChoice::Swap));
+  const core::Program prog = lower_swapping_plan(
+      *s.model, swapping_plan(core::plan_kind("zero-infinity"), 2, 1, core::SwapChoice::Auto, core::SwapChoice::Swap));
   std::vector<StepResult> steps;
   run(prog, s, &steps);
   const StepResult& sr = steps.back();
@@ -228,7 +229,7 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
   using core::SwapChoice;
   struct Case {
     const char* what;
-    core::BaselinePlan plan;
+    core::Plan plan;
     OpKind victim, on;
     Stream stream;
     const char* message;    // after "executor: op <victim> "
@@ -236,41 +237,41 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
   };
   const std::vector<Case> cases{
       {"dp-swap REC without its stash swap-in",
-       baseline_plan(PlanKind::DpSwap, 1, 2, SwapChoice::Swap, SwapChoice::Swap), OpKind::REC, OpKind::sX,
+       swapping_plan(plan_kind("dp-swap"), 1, 2, SwapChoice::Swap, SwapChoice::Swap), OpKind::REC, OpKind::sX,
        Stream::SwapIn, "reads"},
       {"dp-swap (keep) BWD without its saved swap-in",
-       keep_policy(baseline_plan(PlanKind::DpSwap, 1, 2, SwapChoice::Swap, SwapChoice::Swap)), OpKind::BWD, OpKind::sX,
+       keep_policy(swapping_plan(plan_kind("dp-swap"), 1, 2, SwapChoice::Swap, SwapChoice::Swap)), OpKind::BWD, OpKind::sX,
        Stream::SwapIn, "reads", true},
       {"l2l (keep) BWD without its saved swap-in",
-       keep_policy(baseline_plan(PlanKind::L2L, 2, 1, SwapChoice::Auto, SwapChoice::Keep)), OpKind::BWD, OpKind::sX,
+       keep_policy(swapping_plan(plan_kind("l2l"), 2, 1, SwapChoice::Auto, SwapChoice::Keep)), OpKind::BWD, OpKind::sX,
        Stream::SwapIn, "reads", true},
       {"zero-infinity REC without its all-gather",
-       baseline_plan(PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::REC, OpKind::AG,
+       swapping_plan(plan_kind("zero-infinity"), 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::REC, OpKind::AG,
        Stream::P2PIn, "reads"},
-      {"pp-swap BWD without its P2P dY", baseline_plan(PlanKind::PpSwap, 2, 1, SwapChoice::Keep, SwapChoice::Keep),
+      {"pp-swap BWD without its P2P dY", swapping_plan(plan_kind("pp-swap"), 2, 1, SwapChoice::Keep, SwapChoice::Keep),
        OpKind::BWD, OpKind::dY, Stream::P2PIn, "reads"},
-      {"pp-swap FWD without its P2P X", baseline_plan(PlanKind::PpSwap, 4, 2, SwapChoice::Swap, SwapChoice::Swap),
+      {"pp-swap FWD without its P2P X", swapping_plan(plan_kind("pp-swap"), 4, 2, SwapChoice::Swap, SwapChoice::Swap),
        OpKind::FWD, OpKind::X, Stream::P2PIn, "reads"},
       {"zero-infinity FWD without its all-gather",
-       baseline_plan(PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::FWD, OpKind::AG,
+       swapping_plan(plan_kind("zero-infinity"), 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::FWD, OpKind::AG,
        Stream::P2PIn, "reads"},
       {"zero-infinity dWB without its reduce-scatter",
-       baseline_plan(PlanKind::ZeroInfinity, 4, 1, SwapChoice::Auto, SwapChoice::Swap), OpKind::dWB, OpKind::RS,
+       swapping_plan(plan_kind("zero-infinity"), 4, 1, SwapChoice::Auto, SwapChoice::Swap), OpKind::dWB, OpKind::RS,
        Stream::P2POut, "reads"},
-      {"l2l BWD without its host dY", baseline_plan(PlanKind::L2L, 2, 1, SwapChoice::Auto, SwapChoice::Swap),
+      {"l2l BWD without its host dY", swapping_plan(plan_kind("l2l"), 2, 1, SwapChoice::Auto, SwapChoice::Swap),
        OpKind::BWD, OpKind::dY, Stream::SwapIn, "reads"},
-      {"dp-swap dWB without its all-reduce", baseline_plan(PlanKind::DpSwap, 2, 1, SwapChoice::Keep, SwapChoice::Keep),
+      {"dp-swap dWB without its all-reduce", swapping_plan(plan_kind("dp-swap"), 2, 1, SwapChoice::Keep, SwapChoice::Keep),
        OpKind::dWB, OpKind::ARD, Stream::Compute, "reads"},
-      {"dp-swap Update without its dWB", baseline_plan(PlanKind::DpSwap, 1, 1, SwapChoice::Swap, SwapChoice::Keep),
+      {"dp-swap Update without its dWB", swapping_plan(plan_kind("dp-swap"), 1, 1, SwapChoice::Swap, SwapChoice::Keep),
        OpKind::Update, OpKind::dWB, Stream::SwapOut, "updates layer"},
-      {"l2l Update without a GPU's dWB", baseline_plan(PlanKind::L2L, 4, 1, SwapChoice::Auto, SwapChoice::Keep),
+      {"l2l Update without a GPU's dWB", swapping_plan(plan_kind("l2l"), 4, 1, SwapChoice::Auto, SwapChoice::Keep),
        OpKind::Update, OpKind::dWB, Stream::SwapOut, "updates layer"},
   };
   for (const Case& c : cases) {
     const std::string what = c.what;
     CAPTURE(what);
     Setup s(c.plan.gpus);
-    core::Program prog = lower_baseline_plan(*s.model, c.plan);
+    core::Program prog = lower_swapping_plan(*s.model, c.plan);
     const int victim = remove_dep(prog, c.victim, c.on, c.stream, c.last_dep);
     REQUIRE(victim >= 0);
     core::validate_program(prog);  // still structurally valid: only the data check can see it
@@ -285,16 +286,16 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
 TEST_CASE("a Program whose kind and task graph disagree is refused") {
   {
     Setup s(2);
-    core::Program prog = lower_baseline_plan(
-        *s.model, baseline_plan(core::PlanKind::DpSwap, 2, 2, core::SwapChoice::Auto, core::SwapChoice::Auto));
-    prog.graph.plan.kind = core::PlanKind::HarmonyDP;
+    core::Program prog = lower_swapping_plan(
+        *s.model, swapping_plan(core::plan_kind("dp-swap"), 2, 2, core::SwapChoice::Auto, core::SwapChoice::Auto));
+    prog.graph.plan.kind = core::plan_kind("harmony-dp");
     CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
                          doctest::Contains("a harmony-dp Program without Harmony tasks"), BackendError);
   }
   {
     Setup s(2);
-    core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 2, 2, 2, 1, false);
-    prog.graph.plan.kind = core::PlanKind::LoHan;
+    core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 2, 2, 2, 1, false);
+    prog.graph.plan.kind = core::plan_kind("lohan");
     CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
                          doctest::Contains("a lohan Program with Harmony tasks"), BackendError);
   }
@@ -313,11 +314,11 @@ TEST_CASE("bf16: baseline Programs train like the bf16 PlainTrainer") {
     bool exact;
   };
   const std::vector<Case> cases = {
-      {core::PlanKind::DpSwap, 1, 1, core::SwapChoice::Keep, true},
-      {core::PlanKind::PpSwap, 2, 2, core::SwapChoice::Keep, true},
-      {core::PlanKind::L2L, 1, 2, core::SwapChoice::Swap, true},
-      {core::PlanKind::DpSwap, 2, 1, core::SwapChoice::Swap, false},
-      {core::PlanKind::ZeroInfinity, 2, 1, core::SwapChoice::Swap, false},
+      {core::plan_kind("dp-swap"), 1, 1, core::SwapChoice::Keep, true},
+      {core::plan_kind("pp-swap"), 2, 2, core::SwapChoice::Keep, true},
+      {core::plan_kind("l2l"), 1, 2, core::SwapChoice::Swap, true},
+      {core::plan_kind("dp-swap"), 2, 1, core::SwapChoice::Swap, false},
+      {core::plan_kind("zero-infinity"), 2, 1, core::SwapChoice::Swap, false},
   };
   for (const Case& c : cases) {
     const std::string kind = core::plan_kind_name(c.kind);
@@ -327,7 +328,7 @@ TEST_CASE("bf16: baseline Programs train like the bf16 PlainTrainer") {
     const Result ref = plain_run(DType::BF16, c.u);
     Setup s(c.gpus);
     const core::Program prog =
-        lower_baseline_plan(*s.model, baseline_plan(c.kind, c.gpus, c.u, c.w, core::SwapChoice::Swap), DType::BF16);
+        lower_swapping_plan(*s.model, swapping_plan(c.kind, c.gpus, c.u, c.w, core::SwapChoice::Swap), DType::BF16);
     const Result r = run(prog, s, nullptr, true, DType::BF16);
     if (c.gpus == 2) {
       // The staging in chunks of 500 elements (weights, host sums and gradients split, a queue's two buffers in

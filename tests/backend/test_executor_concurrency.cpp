@@ -17,7 +17,7 @@
 #include "backend/executor/detail.hpp"
 #include "backend/executor/executor.hpp"
 #include "backend/model/describe.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/program/lower.hpp"
 #include "tests/backend/executor_fixture.hpp"
 
@@ -50,12 +50,12 @@ void check_serial_equals_concurrent(int gpus, const std::function<core::Program(
 
 TEST_CASE("concurrent queues give the serial loop's bits for every plan kind") {
   int checked = 0;
-  for (core::PlanKind mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP})
+  for (core::PlanKind mode : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")})
     for (int gpus : {1, 2, 4})
       for (auto [uf, ub] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}})
         for (int pack : {1, 3, 4})
           for (bool pf : {false, true}) {
-            const int share = mode == core::PlanKind::HarmonyDP ? kB / gpus : kB;
+            const int share = mode == core::plan_kind("harmony-dp") ? kB / gpus : kB;
             if (uf > share || ub > share) continue;
             if (pf && !(gpus == 2 && pack == 1)) continue;
             if (pack == 3 && gpus != 2) continue;
@@ -70,13 +70,13 @@ TEST_CASE("concurrent queues give the serial loop's bits for every plan kind") {
                 gpus, [&](const Gpt2& m) { return lower_harmony_plan(m, mode, gpus, uf, ub, pack, pf); });
             ++checked;
           }
-  for (core::PlanKind kind : core::baseline_kinds())
+  for (core::PlanKind kind : swapping_kinds())
     for (int gpus : {1, 2, 4})
       for (int u : {1, 2}) {
-        const int share = kind == core::PlanKind::PpSwap ? kB : kB / gpus;
-        if (share % u != 0 || (core::is_one_microbatch(kind) && u != share)) continue;  // lohan: u = D/N
+        const int share = kind == core::plan_kind("pp-swap") ? kB : kB / gpus;
+        if (share % u != 0 || (kind->one_microbatch && u != share)) continue;  // lohan: u = D/N
         for (core::SwapChoice a : {core::SwapChoice::Keep, core::SwapChoice::Swap}) {
-          const core::SwapChoice w = kind == core::PlanKind::DpSwap || kind == core::PlanKind::PpSwap
+          const core::SwapChoice w = kind == core::plan_kind("dp-swap") || kind == core::plan_kind("pp-swap")
                                          ? (u == 1 ? core::SwapChoice::Swap : core::SwapChoice::Keep)
                                          : core::SwapChoice::Auto;
           const std::string name = core::plan_kind_name(kind);
@@ -85,7 +85,7 @@ TEST_CASE("concurrent queues give the serial loop's bits for every plan kind") {
           CAPTURE(u);
           CAPTURE(static_cast<int>(a));
           check_serial_equals_concurrent(
-              gpus, [&](const Gpt2& m) { return lower_baseline_plan(m, baseline_plan(kind, gpus, u, w, a)); });
+              gpus, [&](const Gpt2& m) { return lower_swapping_plan(m, swapping_plan(kind, gpus, u, w, a)); });
           ++checked;
         }
       }
@@ -114,7 +114,7 @@ TEST_CASE("repeated concurrent runs of a 4-GPU Harmony-PP Program give identical
   for (int rep = 0; rep < 20; ++rep) {
     CAPTURE(rep);
     Setup s(4);
-    const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 4, 2, 1, 1, rep % 2 == 1);
+    const core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 4, 2, 1, 1, rep % 2 == 1);
     std::vector<StepResult> steps;
     const Result r = run(prog, s, &steps);
     if (same(r, ref)) ++identical;
@@ -137,7 +137,7 @@ TEST_CASE("an OutOfMemory inside a worker is reported, not hung") {
     std::string messages[2];
     for (int k = 0; k < 2; ++k) {
       Setup s(1, 64 * kKiB);  // smaller than the first pack's weights
-      const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 1, 1, 1, 4, false);
+      const core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 1, 1, 1, 4, false);
       const bool concurrent = k == 1;
       try {
         run(prog, s, nullptr, concurrent);
@@ -155,9 +155,9 @@ TEST_CASE("an OutOfMemory inside a worker is reported, not hung") {
       CAPTURE(kind);
       Setup s(4, 100 * kKiB);  // room for a block's weights and activations, not also its gradient
       const core::Program prog =
-          kind == 0   ? lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 4, 1, 1, 1, false)
-          : kind == 1 ? lower_harmony_plan(*s.model, core::PlanKind::HarmonyDP, 4, 1, 1, 1, false)
-                      : lower_baseline_plan(*s.model, baseline_plan(core::PlanKind::PpSwap, 4, 1,
+          kind == 0   ? lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 4, 1, 1, 1, false)
+          : kind == 1 ? lower_harmony_plan(*s.model, core::plan_kind("harmony-dp"), 4, 1, 1, 1, false)
+                      : lower_swapping_plan(*s.model, swapping_plan(core::plan_kind("pp-swap"), 4, 1,
                                                                     core::SwapChoice::Keep, core::SwapChoice::Keep));
       const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
       Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW});
@@ -198,41 +198,41 @@ TEST_CASE("event ordering: random delays in the device streams never change the 
   using core::SwapChoice;
   const std::vector<Case> cases = {
       {"harmony-pp 4 GPUs, one-layer packs, prefetch", 4, DType::F32,
-       [](const Gpt2& m) { return lower_harmony_plan(m, core::PlanKind::HarmonyPP, 4, 2, 1, 1, true); }},
+       [](const Gpt2& m) { return lower_harmony_plan(m, core::plan_kind("harmony-pp"), 4, 2, 1, 1, true); }},
       {"harmony-dp 2 GPUs", 2, DType::F32,
-       [](const Gpt2& m) { return lower_harmony_plan(m, core::PlanKind::HarmonyDP, 2, 1, 2, 1, false); }},
+       [](const Gpt2& m) { return lower_harmony_plan(m, core::plan_kind("harmony-dp"), 2, 1, 2, 1, false); }},
       {"harmony-pp 2 GPUs bf16", 2, DType::BF16,
-       [](const Gpt2& m) { return lower_harmony_plan(m, core::PlanKind::HarmonyPP, 2, 1, 2, 3, false, DType::BF16); }},
+       [](const Gpt2& m) { return lower_harmony_plan(m, core::plan_kind("harmony-pp"), 2, 1, 2, 3, false, DType::BF16); }},
       {"dp-swap 2 GPUs, swapped", 2, DType::F32,
        [](const Gpt2& m) {
-         return lower_baseline_plan(m, baseline_plan(core::PlanKind::DpSwap, 2, 1, SwapChoice::Swap, SwapChoice::Swap));
+         return lower_swapping_plan(m, swapping_plan(core::plan_kind("dp-swap"), 2, 1, SwapChoice::Swap, SwapChoice::Swap));
        }},
       {"pp-swap 2 GPUs", 2, DType::F32,
        [](const Gpt2& m) {
-         return lower_baseline_plan(m, baseline_plan(core::PlanKind::PpSwap, 2, 2, SwapChoice::Keep, SwapChoice::Swap));
+         return lower_swapping_plan(m, swapping_plan(core::plan_kind("pp-swap"), 2, 2, SwapChoice::Keep, SwapChoice::Swap));
        }},
       {"zero-infinity 2 GPUs", 2, DType::F32,
        [](const Gpt2& m) {
-         return lower_baseline_plan(
-             m, baseline_plan(core::PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Swap));
+         return lower_swapping_plan(
+             m, swapping_plan(core::plan_kind("zero-infinity"), 2, 1, SwapChoice::Auto, SwapChoice::Swap));
        }},
       {"l2l 2 GPUs bf16", 2, DType::BF16,
        [](const Gpt2& m) {
-         return lower_baseline_plan(m, baseline_plan(core::PlanKind::L2L, 2, 1, SwapChoice::Auto, SwapChoice::Swap),
+         return lower_swapping_plan(m, swapping_plan(core::plan_kind("l2l"), 2, 1, SwapChoice::Auto, SwapChoice::Swap),
                                     DType::BF16);
        }},
       {"harmony-dp 4 GPUs, device sums", 4, DType::F32,
-       [](const Gpt2& m) { return lower_harmony_plan(m, core::PlanKind::HarmonyDP, 4, 1, 1, 1, false); }, true},
+       [](const Gpt2& m) { return lower_harmony_plan(m, core::plan_kind("harmony-dp"), 4, 1, 1, 1, false); }, true},
       {"dp-swap 2 GPUs bf16, device sums", 2, DType::BF16,
        [](const Gpt2& m) {
-         return lower_baseline_plan(m, baseline_plan(core::PlanKind::DpSwap, 2, 1, SwapChoice::Swap, SwapChoice::Swap),
+         return lower_swapping_plan(m, swapping_plan(core::plan_kind("dp-swap"), 2, 1, SwapChoice::Swap, SwapChoice::Swap),
                                     DType::BF16);
        },
        true},
       {"zero-infinity 2 GPUs, device sums", 2, DType::F32,
        [](const Gpt2& m) {
-         return lower_baseline_plan(
-             m, baseline_plan(core::PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Swap));
+         return lower_swapping_plan(
+             m, swapping_plan(core::plan_kind("zero-infinity"), 2, 1, SwapChoice::Auto, SwapChoice::Swap));
        },
        true},
   };
@@ -258,7 +258,7 @@ TEST_CASE("event ordering: random delays in the device streams never change the 
 
 TEST_CASE("event ordering: a negative run_ahead or jitter, or a staging chunk under one element, is refused") {
   Setup s(1);
-  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyPP, 1, 1, 1, 4, false);
+  const core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 1, 1, 1, 4, false);
   CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .run_ahead = -1}),
                        doctest::Contains("run_ahead -1 is negative"), BackendError);
   CHECK_THROWS_AS(cpu::make_cpu_device(0, {.jitter_us = -1}), DeviceError);

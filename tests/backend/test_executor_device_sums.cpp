@@ -14,7 +14,7 @@
 
 #include "backend/cpu/cpu_device.hpp"
 #include "backend/executor/executor.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/kinds.hpp"
 #include "tests/backend/executor_fixture.hpp"
 
 using namespace harmony::backend;
@@ -135,25 +135,25 @@ TEST_CASE("replica sums on the devices give the host path's bits and copy no gra
   };
   using core::SwapChoice;
   const auto baseline = [](core::PlanKind kind, int gpus, int u, SwapChoice w, SwapChoice a) {
-    return [=](const Gpt2& m, DType dt) { return lower_baseline_plan(m, baseline_plan(kind, gpus, u, w, a), dt); };
+    return [=](const Gpt2& m, DType dt) { return lower_swapping_plan(m, swapping_plan(kind, gpus, u, w, a), dt); };
   };
   const auto harmony = [](int gpus, int uf, int ub, int pack) {
     return [=](const Gpt2& m, DType dt) {
-      return lower_harmony_plan(m, core::PlanKind::HarmonyDP, gpus, uf, ub, pack, false, dt);
+      return lower_harmony_plan(m, core::plan_kind("harmony-dp"), gpus, uf, ub, pack, false, dt);
     };
   };
   const std::vector<Case> cases = {
       {"harmony-dp 2 GPUs, one-layer packs", 2, harmony(2, 1, 2, 1)},
       {"harmony-dp 2 GPUs, packs of 3", 2, harmony(2, 2, 1, 3)},
       {"harmony-dp 4 GPUs", 4, harmony(4, 1, 1, 1)},
-      {"dp-swap 2 GPUs, swapped", 2, baseline(core::PlanKind::DpSwap, 2, 1, SwapChoice::Swap, SwapChoice::Swap)},
-      {"dp-swap 2 GPUs, kept", 2, baseline(core::PlanKind::DpSwap, 2, 2, SwapChoice::Keep, SwapChoice::Keep)},
-      {"dp-swap 4 GPUs", 4, baseline(core::PlanKind::DpSwap, 4, 1, SwapChoice::Swap, SwapChoice::Keep)},
+      {"dp-swap 2 GPUs, swapped", 2, baseline(core::plan_kind("dp-swap"), 2, 1, SwapChoice::Swap, SwapChoice::Swap)},
+      {"dp-swap 2 GPUs, kept", 2, baseline(core::plan_kind("dp-swap"), 2, 2, SwapChoice::Keep, SwapChoice::Keep)},
+      {"dp-swap 4 GPUs", 4, baseline(core::plan_kind("dp-swap"), 4, 1, SwapChoice::Swap, SwapChoice::Keep)},
       {"zero-infinity 2 GPUs, u 1", 2,
-       baseline(core::PlanKind::ZeroInfinity, 2, 1, SwapChoice::Auto, SwapChoice::Swap)},
+       baseline(core::plan_kind("zero-infinity"), 2, 1, SwapChoice::Auto, SwapChoice::Swap)},
       {"zero-infinity 2 GPUs, u 2", 2,
-       baseline(core::PlanKind::ZeroInfinity, 2, 2, SwapChoice::Auto, SwapChoice::Keep)},
-      {"zero-infinity 4 GPUs", 4, baseline(core::PlanKind::ZeroInfinity, 4, 1, SwapChoice::Auto, SwapChoice::Swap)},
+       baseline(core::plan_kind("zero-infinity"), 2, 2, SwapChoice::Auto, SwapChoice::Keep)},
+      {"zero-infinity 4 GPUs", 4, baseline(core::plan_kind("zero-infinity"), 4, 1, SwapChoice::Auto, SwapChoice::Swap)},
   };
   int checked = 0;
   for (const Case& c : cases) {
@@ -182,7 +182,7 @@ TEST_CASE("replica sums on the devices give the host path's bits and copy no gra
 
 TEST_CASE("a communicator that does not span the executor's devices is refused") {
   Setup s(2);
-  const core::Program prog = lower_harmony_plan(*s.model, core::PlanKind::HarmonyDP, 2, 1, 1, 1, false);
+  const core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-dp"), 2, 1, 1, 1, false);
   const auto one = cpu::make_cpu_communicator({s.ptrs[0]});
   CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .communicator = one.get()}),
                        doctest::Contains("the communicator has 1 ranks for 2 devices"), BackendError);

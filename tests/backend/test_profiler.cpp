@@ -259,7 +259,7 @@ TEST_CASE("the profile JSON round-trips, carries its metadata and feeds the sear
 
   // The paper's search over the profile on two GPUs: candidates exist, lower to Programs, and rank.
   core::SearchSpace space;
-  space.kind = core::PlanKind::HarmonyPP;
+  space.kind = core::plan_kind("harmony-pp");
   space.gpus = 2;
   space.minibatch = 4;
   space.capacity_bytes = 16 * kMiB;

@@ -17,9 +17,10 @@
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
 #include "core/model/profile.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/kinds.hpp"
+#include "core/kinds/swapping.hpp"
+#include "core/program/program_builder.hpp"
 #include "core/program/lower.hpp"
-#include "core/search/baseline_search.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/simulator.hpp"
@@ -28,6 +29,7 @@ using namespace harmony;
 using core::Bytes;
 using core::OpKind;
 using core::PlanKind;
+using core::plan_kind;
 using core::Stream;
 using core::SwapChoice;
 
@@ -149,64 +151,66 @@ Bytes ledger_peak(const core::Program& p, const sim::Timeline& t, int device) {
   return peak;
 }
 
-core::BaselinePlan make_plan(PlanKind kind, int n, int d, int u, SwapChoice w, SwapChoice a) {
-  core::BaselinePlan p;
+// The kinds without packs (the swapping kinds), in listing order.
+std::vector<PlanKind> swapping_kinds() {
+  std::vector<PlanKind> out;
+  for (const PlanKind& k : core::plan_kinds())
+    if (!k->packs) out.push_back(k);
+  return out;
+}
+
+// What the tests ask of a swapping kind's enumeration (core::SearchSpace's fields for it).
+struct SwapSearch {
+  std::vector<int> ubatch_sizes;
+  int ubatch_step = 1;
+  bool drop_infeasible = true;
+  std::vector<core::ActivationPolicy> activation_policies = {core::ActivationPolicy::Checkpoint};
+  std::vector<core::OffloadTier> offloads = {core::OffloadTier::Cpu};
+};
+
+// The plans core::enumerate_plans lists for `kind` on N GPUs, minibatch D.
+std::vector<core::Plan> swapping_plans(PlanKind kind, const core::Model& model, int n, int d, Bytes capacity,
+                                       const SwapSearch& o = {}) {
+  core::SearchSpace space;
+  space.kind = kind;
+  space.gpus = n;
+  space.minibatch = d;
+  space.capacity_bytes = capacity;
+  space.spec.u_bwd = o.ubatch_sizes;
+  space.spec.ubatch_step = o.ubatch_step;
+  space.drop_infeasible = o.drop_infeasible;
+  space.activation_policies = o.activation_policies;
+  space.offloads = o.offloads;
+  std::vector<core::Plan> out;
+  for (const core::Candidate& c : core::enumerate_plans(model, space)) out.push_back(c.plan);
+  return out;
+}
+
+core::Plan make_plan(PlanKind kind, int n, int d, int u, SwapChoice w, SwapChoice a) {
+  core::Plan p;
   p.kind = kind;
   p.gpus = n;
   p.minibatch = d;
-  p.ubatch = u;
-  p.weights = w;
-  p.activations = a;
+  p.u_fwd = p.u_bwd = u;
+  p.knobs.weights = w;
+  p.knobs.activations = a;
   return p;
 }
 
 }  // namespace
 
-TEST_CASE("plan kind names round-trip") {
-  CHECK(core::plan_kind_names() ==
-        std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
-  for (const auto& name : core::plan_kind_names()) {
-    const auto k = core::parse_plan_kind(name);
-    REQUIRE(k.has_value());
-    CHECK(core::plan_kind_name(*k) == name);
-  }
-  CHECK_FALSE(core::parse_plan_kind("dpswap").has_value());
-  CHECK_FALSE(core::parse_plan_kind("").has_value());
+TEST_CASE("the swapping kinds' properties (their PlanKindSpecs)") {
+  CHECK(swapping_kinds().size() == 5);
   CHECK(core::closest_match("zero_infinity", core::plan_kind_names()) == "zero-infinity");
-  CHECK_FALSE(core::is_baseline(PlanKind::HarmonyPP));
-  CHECK(core::baseline_kinds().size() == 5);
-  for (PlanKind k : core::baseline_kinds()) CHECK(core::is_baseline(k));
-  CHECK(core::baseline_kind_names() == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
-}
-
-TEST_CASE("the plan-kind registry has one row per kind, in enum order, and every baseline one lowering") {
-  const auto& rows = core::plan_kinds();
-  REQUIRE(rows.size() == 7);
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    CAPTURE(rows[i].name);
-    CHECK(static_cast<std::size_t>(rows[i].kind) == i);
-    CHECK(&core::plan_kind_info(rows[i].kind) == &rows[i]);
-    CHECK(std::string(rows[i].description).size() > 10);
+  for (const PlanKind& k : core::plan_kinds()) {
+    CAPTURE(k.name());
+    // data-parallel: all but pp-swap and harmony-pp (each GPU takes D/N)
+    CHECK(k->data_parallel == (k != plan_kind("pp-swap") && k != plan_kind("harmony-pp")));
+    // NVMe tiers: Harmony's two modes, zero-infinity and lohan; one microbatch: lohan only
+    CHECK(k->offload_tiers == (k == plan_kind("harmony-pp") || k == plan_kind("harmony-dp") ||
+                               k == plan_kind("zero-infinity") || k == plan_kind("lohan")));
+    CHECK(k->one_microbatch == (k == plan_kind("lohan")));
   }
-  // data-parallel: all but pp-swap and harmony-pp (each GPU takes D/N)
-  for (const auto& r : rows) CHECK(r.data_parallel == (r.kind != PlanKind::PpSwap && r.kind != PlanKind::HarmonyPP));
-  CHECK(core::plan_kind_info(PlanKind::HarmonyDP).data_parallel);
-  // NVMe tiers: Harmony's two modes, zero-infinity and lohan; one microbatch: lohan only
-  for (const auto& r : rows) {
-    CHECK(r.offload_tiers == (r.kind == PlanKind::HarmonyPP || r.kind == PlanKind::HarmonyDP ||
-                              r.kind == PlanKind::ZeroInfinity || r.kind == PlanKind::LoHan));
-    CHECK(r.one_microbatch == (r.kind == PlanKind::LoHan));
-  }
-  CHECK_FALSE(core::plan_kind_info(PlanKind::HarmonyDP).is_baseline);
-  CHECK_THROWS_AS(core::plan_kind_info(static_cast<PlanKind>(99)), core::InternalError);
-  CHECK(std::string(core::plan_kind_name(static_cast<PlanKind>(99))) == "?");
-  // core/program's lowering table: exactly the baseline kinds, once each
-  std::vector<PlanKind> lowered;
-  for (const auto& l : core::baseline_lowerings()) {
-    CHECK(static_cast<bool>(l.lower));
-    lowered.push_back(l.kind);
-  }
-  CHECK(lowered == core::baseline_kinds());
 }
 
 // Closed forms. N GPUs, minibatch D = 16, u = 2, GW = sum of W + B = 27648, X_l = u x_l.
@@ -224,7 +228,7 @@ TEST_CASE("dp-swap swap bytes equal the closed form") {
     CAPTURE(N);
     {
       const auto p =
-          core::lower_baseline(make_plan(PlanKind::DpSwap, N, D, u, SwapChoice::Swap, SwapChoice::Swap), model);
+          core::lower_plan(make_plan(plan_kind("dp-swap"), N, D, u, SwapChoice::Swap, SwapChoice::Swap), model);
       CHECK(moved(p, OpKind::WB, Stream::SwapIn) == N * m * 2 * kGW);
       CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == N * m * kGW);
       CHECK(moved(p, OpKind::ARD, Stream::Compute) == (N > 1 ? N * m * kGW : 0));
@@ -240,7 +244,7 @@ TEST_CASE("dp-swap swap bytes equal the closed form") {
     }
     {
       const auto p =
-          core::lower_baseline(make_plan(PlanKind::DpSwap, N, D, u, SwapChoice::Keep, SwapChoice::Keep), model);
+          core::lower_plan(make_plan(plan_kind("dp-swap"), N, D, u, SwapChoice::Keep, SwapChoice::Keep), model);
       CHECK(moved(p, OpKind::WB, Stream::SwapIn) == N * kGW);
       CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == N * kGW);
       CHECK(moved(p, OpKind::ARD, Stream::Compute) == (N > 1 ? N * kGW : 0));
@@ -270,9 +274,9 @@ TEST_CASE("pp-swap swap bytes equal the closed form") {
     CAPTURE(N);
     Bytes boundary = 0;
     for (std::size_t s = 1; s < stages.size(); ++s) boundary += X(u, stages[s].first);
-    auto plan = make_plan(PlanKind::PpSwap, N, D, u, SwapChoice::Swap, SwapChoice::Swap);
+    auto plan = make_plan(plan_kind("pp-swap"), N, D, u, SwapChoice::Swap, SwapChoice::Swap);
     plan.stages = stages;
-    auto p = core::lower_baseline(plan, model);
+    auto p = core::lower_plan(plan, model);
     CHECK(moved(p, OpKind::WB, Stream::SwapIn) == 2 * m * kGW);
     CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == m * kGW);
     CHECK(moved(p, OpKind::sX, Stream::SwapOut) == m * (X(u, 1) + X(u, 2) + X(u, 3)));
@@ -287,9 +291,9 @@ TEST_CASE("pp-swap swap bytes equal the closed form") {
     check_ledger(p);
     run(p, model);
 
-    plan.weights = SwapChoice::Keep;
-    plan.activations = SwapChoice::Keep;
-    p = core::lower_baseline(plan, model);
+    plan.knobs.weights = SwapChoice::Keep;
+    plan.knobs.activations = SwapChoice::Keep;
+    p = core::lower_plan(plan, model);
     CHECK(moved(p, OpKind::WB, Stream::SwapIn) == kGW);
     CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == kGW);
     CHECK(moved(p, OpKind::sX, Stream::SwapOut) == 0);
@@ -314,7 +318,7 @@ TEST_CASE("zero-infinity swap bytes equal the closed form") {
     CAPTURE(N);
     const Bytes m = D / N / u;
     const auto p =
-        core::lower_baseline(make_plan(PlanKind::ZeroInfinity, N, D, u, SwapChoice::Auto, SwapChoice::Swap), model);
+        core::lower_plan(make_plan(plan_kind("zero-infinity"), N, D, u, SwapChoice::Auto, SwapChoice::Swap), model);
     CHECK(moved(p, OpKind::WB, Stream::SwapIn) == 2 * m * kGW);
     CHECK(moved(p, OpKind::AG, Stream::P2PIn) == (N > 1 ? N * m * 2 * kGW : 0));
     CHECK(moved(p, OpKind::RS, Stream::P2POut) == (N > 1 ? N * m * kGW : 0));
@@ -347,7 +351,7 @@ TEST_CASE("l2l swap bytes equal the closed form") {
       const bool sa = a == SwapChoice::Swap;
       CAPTURE(sa);
       const Bytes m = D / N / u;
-      const auto p = core::lower_baseline(make_plan(PlanKind::L2L, N, D, u, SwapChoice::Auto, a), model);
+      const auto p = core::lower_plan(make_plan(plan_kind("l2l"), N, D, u, SwapChoice::Auto, a), model);
       CHECK(moved(p, OpKind::WB, Stream::SwapIn) == 2 * N * kGW);
       CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == N * kGW);
       CHECK(moved(p, OpKind::X, Stream::SwapIn) == 2 * N * m * X(u, 0));
@@ -377,8 +381,8 @@ TEST_CASE("lohan swap bytes equal the closed form, and each update overlaps the 
   for (int N : {1, 2, 4}) {
     CAPTURE(N);
     const int D = N * u;
-    auto plan = make_plan(PlanKind::LoHan, N, D, u, SwapChoice::Auto, SwapChoice::Auto);
-    const auto p = core::lower_baseline(plan, model);
+    auto plan = make_plan(plan_kind("lohan"), N, D, u, SwapChoice::Auto, SwapChoice::Auto);
+    const auto p = core::lower_plan(plan, model);
     CHECK(moved(p, OpKind::WB, Stream::SwapIn) == 2 * N * kGW);
     CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == N * kGW);
     CHECK(moved(p, OpKind::ARD, Stream::Compute) == (N > 1 ? N * kGW : 0));
@@ -409,8 +413,8 @@ TEST_CASE("lohan swap bytes equal the closed form, and each update overlaps the 
     CHECK(upd2_begin_ps >= 0);
     CHECK(upd2_begin_ps < bwd0_end_ps);
 
-    plan.offload = core::OffloadTier::Nvme;
-    const auto q = core::lower_baseline(plan, model);
+    plan.knobs.offload = core::OffloadTier::Nvme;
+    const auto q = core::lower_plan(plan, model);
     CHECK(q.offload_nvme);
     Bytes read = 0, write = 0, state = 0;
     for (int l = 0; l < kR; ++l) state += model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
@@ -427,33 +431,33 @@ TEST_CASE("lohan swap bytes equal the closed form, and each update overlaps the 
 
 TEST_CASE("automatic swap decisions follow the capacity") {
   const auto& model = synthetic();
-  auto plan = make_plan(PlanKind::DpSwap, 1, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
-  plan.gpu_capacity_bytes = core::kGiB;
+  auto plan = make_plan(plan_kind("dp-swap"), 1, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  plan.knobs.gpu_capacity_bytes = core::kGiB;
   auto d = core::decide_swaps(plan, model);
   REQUIRE(d.size() == 1);
   CHECK_FALSE(d[0].weights);
   CHECK_FALSE(d[0].activations);
   CHECK(d[0].fits);
-  plan.gpu_capacity_bytes = 1;
+  plan.knobs.gpu_capacity_bytes = 1;
   d = core::decide_swaps(plan, model);
   CHECK(d[0].weights);
   CHECK(d[0].activations);
   CHECK_FALSE(d[0].fits);
   // zero-infinity and l2l always stream the weights
-  for (PlanKind k : {PlanKind::ZeroInfinity, PlanKind::L2L}) {
+  for (PlanKind k : {plan_kind("zero-infinity"), plan_kind("l2l")}) {
     auto p = make_plan(k, 1, 16, 2, SwapChoice::Keep, SwapChoice::Auto);
-    p.gpu_capacity_bytes = core::kGiB;
+    p.knobs.gpu_capacity_bytes = core::kGiB;
     d = core::decide_swaps(p, model);
     CHECK(d[0].weights);
     CHECK_FALSE(d[0].activations);
   }
   // bert_large, u = 64: as the capacity shrinks, the stash goes first, then the weights
-  auto bp = make_plan(PlanKind::DpSwap, 1, 64, 64, SwapChoice::Auto, SwapChoice::Auto);
+  auto bp = make_plan(plan_kind("dp-swap"), 1, 64, 64, SwapChoice::Auto, SwapChoice::Auto);
   std::vector<std::pair<bool, bool>> regimes;
   bool prev_w = false;
   bool prev_a = false;
   for (Bytes cap = 16 * core::kGiB; cap > 0; cap -= 64 * core::kMiB) {
-    bp.gpu_capacity_bytes = cap;
+    bp.knobs.gpu_capacity_bytes = cap;
     const auto bd = core::decide_swaps(bp, bert_large())[0];
     CHECK((bd.weights || !prev_w));  // monotone in the capacity
     if (!bd.weights) CHECK((bd.activations || !prev_a));
@@ -467,7 +471,7 @@ TEST_CASE("automatic swap decisions follow the capacity") {
   CHECK(regimes[1] == std::pair{false, true});
   CHECK(regimes[2].first);
   // pp-swap decides per stage
-  auto pp = make_plan(PlanKind::PpSwap, 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  auto pp = make_plan(plan_kind("pp-swap"), 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
   CHECK(core::decide_swaps(pp, model).size() == 2);
 }
 
@@ -480,7 +484,7 @@ TEST_CASE("Harmony moves weights once per pack per pass, dp-swap once per microb
     CAPTURE(u);
     const Bytes m = D / N / u;
     core::Plan hp;
-    hp.kind = core::PlanKind::HarmonyDP;
+    hp.kind = core::plan_kind("harmony-dp");
     hp.gpus = N;
     hp.minibatch = D;
     hp.u_fwd = u;
@@ -499,38 +503,38 @@ TEST_CASE("Harmony moves weights once per pack per pass, dp-swap once per microb
     CHECK(harmony_wb == N * packs);
     CHECK(harmony_wb <= 2 * N * gw_total);
     // dp-swap that cannot keep the weights: every layer for every forward and backward of every microbatch
-    auto bp = make_plan(PlanKind::DpSwap, N, D, u, SwapChoice::Auto, SwapChoice::Auto);
-    bp.gpu_capacity_bytes = 2 * core::kGiB;  // bert_large's W + grads (2.7 GB) do not fit
+    auto bp = make_plan(plan_kind("dp-swap"), N, D, u, SwapChoice::Auto, SwapChoice::Auto);
+    bp.knobs.gpu_capacity_bytes = 2 * core::kGiB;  // bert_large's W + grads (2.7 GB) do not fit
     REQUIRE(core::decide_swaps(bp, model)[0].weights);
-    const auto base = core::lower_baseline(bp, model);
+    const auto base = core::lower_plan(bp, model);
     const Bytes base_wb = moved(base, OpKind::WB, Stream::SwapIn);
     CHECK(base_wb == N * m * 2 * gw_total);
     CHECK(base_wb >= m * harmony_wb);
     // and with the weights resident, dp-swap moves them once per iteration like a single-pack plan
-    bp.gpu_capacity_bytes = 10 * core::kGiB;
-    bp.ubatch = 2;
+    bp.knobs.gpu_capacity_bytes = 10 * core::kGiB;
+    bp.u_fwd = bp.u_bwd = 2;
     REQUIRE_FALSE(core::decide_swaps(bp, model)[0].weights);
-    CHECK(moved(core::lower_baseline(bp, model), OpKind::WB, Stream::SwapIn) == N * gw_total);
+    CHECK(moved(core::lower_plan(bp, model), OpKind::WB, Stream::SwapIn) == N * gw_total);
   }
 }
 
 TEST_CASE("every baseline validates and runs without deadlock on bert_large, N = 1, 2, 4") {
   const auto& model = bert_large();
   int programs = 0;
-  for (PlanKind kind : core::baseline_kinds()) {
+  for (PlanKind kind : swapping_kinds()) {
     for (int N : {1, 2, 4}) {
       for (int u : {1, 2, 4}) {
         for (auto [w, a] :
              {std::pair{SwapChoice::Auto, SwapChoice::Auto}, std::pair{SwapChoice::Swap, SwapChoice::Swap},
               std::pair{SwapChoice::Keep, SwapChoice::Swap}, std::pair{SwapChoice::Swap, SwapChoice::Keep}}) {
-          const int D = core::is_one_microbatch(kind) ? u * N : 8 * N;  // lohan: the share is its microbatch
+          const int D = kind->one_microbatch ? u * N : 8 * N;  // lohan: the share is its microbatch
           CAPTURE(core::plan_kind_name(kind));
           CAPTURE(N);
           CAPTURE(u);
           CAPTURE(static_cast<int>(w));
           CAPTURE(static_cast<int>(a));
           const auto plan = make_plan(kind, N, D, u, w, a);
-          const auto p = core::lower_baseline(plan, model);
+          const auto p = core::lower_plan(plan, model);
           REQUIRE_NOTHROW(core::validate_program(p));
           CHECK(p.bandwidth_sharers == N);
           CHECK_FALSE(p.pp_rules);
@@ -560,23 +564,23 @@ TEST_CASE("every baseline validates and runs without deadlock on bert_large, N =
 
 TEST_CASE("streaming keeps the simulated memory ledger within the decision's estimate (bert_large)") {
   const auto& model = bert_large();
-  for (PlanKind kind : core::baseline_kinds()) {
+  for (PlanKind kind : swapping_kinds()) {
     for (int N : {1, 2}) {
       CAPTURE(core::plan_kind_name(kind));
       CAPTURE(N);
       auto plan =
-          make_plan(kind, N, (core::is_one_microbatch(kind) ? 4 : 16) * N, 4, SwapChoice::Swap, SwapChoice::Swap);
+          make_plan(kind, N, (kind->one_microbatch ? 4 : 16) * N, 4, SwapChoice::Swap, SwapChoice::Swap);
       const auto decisions = core::decide_swaps(plan, model);
-      const auto p = core::lower_baseline(plan, model);
+      const auto p = core::lower_plan(plan, model);
       const auto t = run(p, model);
       for (int g = 0; g < N; ++g) {
-        const Bytes est = decisions[kind == PlanKind::PpSwap ? static_cast<std::size_t>(g) : 0].estimate_bytes;
+        const Bytes est = decisions[kind == plan_kind("pp-swap") ? static_cast<std::size_t>(g) : 0].estimate_bytes;
         const Bytes peak = ledger_peak(p, t, g);
         CAPTURE(g);
         CHECK(peak > 0);
         CHECK(peak <= est);
         // far below the resident weights and gradients
-        CHECK(peak < 2 * model.weight_bytes(0, model.num_layers() - 1) / (kind == PlanKind::PpSwap ? N : 1));
+        CHECK(peak < 2 * model.weight_bytes(0, model.num_layers() - 1) / (kind == plan_kind("pp-swap") ? N : 1));
       }
     }
   }
@@ -585,31 +589,31 @@ TEST_CASE("streaming keeps the simulated memory ledger within the decision's est
 TEST_CASE("enumerate_baseline_plans respects the profiled range and divisibility") {
   const auto& model = bert_large();  // forward sizes 1..243, backward 1..78
   const core::Bytes cap = 10 * core::kGiB;
-  core::BaselineSearchOptions all;
+  SwapSearch all;
   all.drop_infeasible = false;
-  for (PlanKind kind : core::baseline_kinds()) {
+  for (PlanKind kind : swapping_kinds()) {
     for (int N : {1, 2, 4}) {
       for (int D : {24, 96, 512}) {
         CAPTURE(core::plan_kind_name(kind));
         CAPTURE(N);
         CAPTURE(D);
-        const auto plans = core::enumerate_baseline_plans(kind, model, N, D, cap, all);
-        const int share = kind == PlanKind::PpSwap ? D : D / N;
+        const auto plans = swapping_plans(kind, model, N, D, cap, all);
+        const int share = kind == plan_kind("pp-swap") ? D : D / N;
         std::vector<int> want;
         for (int u = 1; u <= std::min(78, share); ++u) {
-          if (share % u == 0 && (kind != PlanKind::LoHan || u == share)) want.push_back(u);
+          if (share % u == 0 && (kind != plan_kind("lohan") || u == share)) want.push_back(u);
         }
         std::vector<int> got;
         for (const auto& p : plans) {
-          got.push_back(p.ubatch);
+          got.push_back(p.u_bwd);
           CHECK(p.kind == kind);
           CHECK(p.gpus == N);
           CHECK(p.minibatch == D);
-          CHECK(p.gpu_capacity_bytes == cap);
-          CHECK(model.ubatch_in_range(core::Phase::Fwd, p.ubatch));
-          CHECK(model.ubatch_in_range(core::Phase::Bwd, p.ubatch));
-          CHECK_NOTHROW(core::validate_baseline_plan(p, model));
-          if (kind == PlanKind::PpSwap) {
+          CHECK(p.knobs.gpu_capacity_bytes == cap);
+          CHECK(model.ubatch_in_range(core::Phase::Fwd, p.u_bwd));
+          CHECK(model.ubatch_in_range(core::Phase::Bwd, p.u_bwd));
+          CHECK_NOTHROW(core::validate_plan(p, model));
+          if (kind == plan_kind("pp-swap")) {
             REQUIRE(p.stages.size() == static_cast<std::size_t>(N));
             int next = 0;
             for (const auto& s : p.stages) {
@@ -622,7 +626,7 @@ TEST_CASE("enumerate_baseline_plans respects the profiled range and divisibility
         }
         CHECK(got == want);
         // the default drops plans that do not fit; a subset, same order
-        const auto fit = core::enumerate_baseline_plans(kind, model, N, D, cap);
+        const auto fit = swapping_plans(kind, model, N, D, cap);
         CHECK(fit.size() <= plans.size());
         for (const auto& p : fit) {
           for (const auto& dd : core::decide_swaps(p, model)) CHECK(dd.fits);
@@ -631,50 +635,52 @@ TEST_CASE("enumerate_baseline_plans respects the profiled range and divisibility
     }
   }
   // N must divide D for the data-parallel kinds; pp-swap needs a layer per GPU
-  CHECK(core::enumerate_baseline_plans(PlanKind::DpSwap, model, 3, 16, cap, all).empty());
-  CHECK(core::enumerate_baseline_plans(PlanKind::PpSwap, model, 3, 16, cap, all).size() == 5);  // 1 2 4 8 16
-  CHECK(core::enumerate_baseline_plans(PlanKind::PpSwap, model, 29, 16, cap, all).empty());
+  CHECK(swapping_plans(plan_kind("dp-swap"), model, 3, 16, cap, all).empty());
+  CHECK(swapping_plans(plan_kind("pp-swap"), model, 3, 16, cap, all).size() == 5);  // 1 2 4 8 16
+  CHECK(swapping_plans(plan_kind("pp-swap"), model, 29, 16, cap, all).empty());
   // explicit sizes and a step are filtered by the same rules
-  core::BaselineSearchOptions some = all;
+  SwapSearch some = all;
   some.ubatch_sizes = {3, 4, 100, 8, 4};
-  CHECK(core::enumerate_baseline_plans(PlanKind::DpSwap, model, 2, 32, cap, some).size() == 2);  // 4 8
+  CHECK(swapping_plans(plan_kind("dp-swap"), model, 2, 32, cap, some).size() == 2);  // 4 8
   some.ubatch_sizes.clear();
   some.ubatch_step = 4;  // 1 5 9 13 ... dividing 36: 1 9
-  CHECK(core::enumerate_baseline_plans(PlanKind::L2L, model, 1, 36, cap, some).size() == 2);
-  CHECK_THROWS_AS(core::enumerate_baseline_plans(PlanKind::HarmonyPP, model, 1, 8, cap), core::ScheduleError);
+  CHECK(swapping_plans(plan_kind("l2l"), model, 1, 36, cap, some).size() == 2);
+  CHECK_THROWS_AS(swapping_plans(plan_kind("harmony-pp"), model, 1, 8, cap), core::ScheduleError);
 }
 
 TEST_CASE("validate_baseline_plan rejects bad plans") {
   const auto& model = synthetic();
-  auto p = make_plan(PlanKind::DpSwap, 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
-  CHECK_NOTHROW(core::validate_baseline_plan(p, model));
-  p.ubatch = 3;  // not profiled
-  CHECK_THROWS_AS(core::validate_baseline_plan(p, model), core::ScheduleError);
-  p.ubatch = 4;
+  auto p = make_plan(plan_kind("dp-swap"), 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  CHECK_NOTHROW(core::validate_plan(p, model));
+  p.u_fwd = p.u_bwd = 3;  // not profiled
+  CHECK_THROWS_AS(core::validate_plan(p, model), core::ScheduleError);
+  p.u_fwd = p.u_bwd = 4;
   p.minibatch = 12;  // share 6 not divisible by 4
-  CHECK_THROWS_AS(core::validate_baseline_plan(p, model), core::ScheduleError);
+  CHECK_THROWS_AS(core::validate_plan(p, model), core::ScheduleError);
   p.minibatch = 15;  // N does not divide D
-  CHECK_THROWS_AS(core::lower_baseline(p, model), core::ScheduleError);
-  auto pp = make_plan(PlanKind::PpSwap, 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  CHECK_THROWS_AS(core::lower_plan(p, model), core::ScheduleError);
+  auto pp = make_plan(plan_kind("pp-swap"), 2, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
   pp.stages = {{0, 1}, {3, 3}};
-  CHECK_THROWS_AS(core::lower_baseline(pp, model), core::ScheduleError);
+  CHECK_THROWS_AS(core::lower_plan(pp, model), core::ScheduleError);
   pp.stages = {{0, 3}};
-  CHECK_THROWS_AS(core::lower_baseline(pp, model), core::ScheduleError);
+  CHECK_THROWS_AS(core::lower_plan(pp, model), core::ScheduleError);
   pp.stages = {};
   pp.gpus = 5;
-  CHECK_THROWS_AS(core::lower_baseline(pp, model), core::ScheduleError);
+  CHECK_THROWS_AS(core::lower_plan(pp, model), core::ScheduleError);
   auto h = p;
-  h.kind = PlanKind::HarmonyDP;
-  CHECK_THROWS_AS(core::lower_baseline(h, model), core::ScheduleError);
-  h = make_plan(PlanKind::L2L, 1, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
-  CHECK_THROWS_AS(core::lower_dp_swap(h, model), core::ScheduleError);
+  h.kind = plan_kind("harmony-dp");
+  CHECK_THROWS_AS(core::lower_plan(h, model), core::ScheduleError);
+  h = make_plan(plan_kind("l2l"), 1, 16, 2, SwapChoice::Auto, SwapChoice::Auto);
+  CHECK_THROWS_AS(core::lower_plan(h, model), core::ScheduleError);
   // lohan runs each GPU's share as its one microbatch
-  auto lo = make_plan(PlanKind::LoHan, 2, 8, 4, SwapChoice::Auto, SwapChoice::Auto);
-  CHECK_NOTHROW(core::validate_baseline_plan(lo, model));
-  lo.ubatch = 2;  // share 4 in two microbatches: no gradient accumulation in LoHan
-  CHECK_THROWS_WITH_AS(core::validate_baseline_plan(lo, model), doctest::Contains("one microbatch"),
+  auto lo = make_plan(plan_kind("lohan"), 2, 8, 4, SwapChoice::Auto, SwapChoice::Auto);
+  CHECK_NOTHROW(core::validate_plan(lo, model));
+  lo.u_fwd = lo.u_bwd = 2;  // share 4 in two microbatches: no gradient accumulation in LoHan
+  CHECK_THROWS_WITH_AS(core::validate_plan(lo, model), doctest::Contains("one microbatch"),
                        core::ScheduleError);
-  CHECK_THROWS_AS(core::lower_lohan(p, model), core::ScheduleError);  // a dp-swap plan
+  auto as_lohan = p;  // a dp-swap plan's sizes (share 8 in microbatches of 2) under lohan's rule
+  as_lohan.kind = plan_kind("lohan");
+  CHECK_THROWS_AS(core::lower_plan(as_lohan, model), core::ScheduleError);
 }
 
 TEST_CASE("balanced_stages minimizes the largest stage (brute force on a 7-layer model)") {
@@ -728,30 +734,40 @@ TEST_CASE("balanced_stages minimizes the largest stage (brute force on a 7-layer
   CHECK_THROWS_AS(core::balanced_stages(m, 1, R + 1), core::ScheduleError);
 }
 
-TEST_CASE("run_baseline_search ranks deterministically for any thread count") {
+TEST_CASE("run_search ranks a swapping kind's plans deterministically for any thread count") {
   const auto& model = bert_large();
   const core::MachineSpec machine;
-  auto evaluate = [&](const core::BaselinePlan& p) {
+  auto evaluate = [&](const core::Plan& p) {
     sim::ReferenceCostModel cost(model, machine);
-    return sim::simulate(core::lower_baseline(p, model), cost);
+    return sim::simulate(core::lower_plan(p, model), cost);
   };
-  for (PlanKind kind : core::baseline_kinds()) {
+  for (PlanKind kind : swapping_kinds()) {
     CAPTURE(core::plan_kind_name(kind));
-    core::BaselineSearchOptions o;
+    SwapSearch o;
     o.ubatch_sizes = {1, 2, 4, 8};
-    const auto plans = core::enumerate_baseline_plans(kind, model, 2, 16, 10 * core::kGiB, o);
+    const auto plans = swapping_plans(kind, model, 2, 16, 10 * core::kGiB, o);
     REQUIRE_FALSE(plans.empty());
-    const auto one = core::run_baseline_search(plans, evaluate, 1);
-    const auto many = core::run_baseline_search(plans, evaluate, 4);
+    std::vector<core::Candidate> cands;
+    for (const core::Plan& p : plans) cands.push_back(core::Candidate{p, "", ""});
+    core::SearchSpace space;
+    space.kind = kind;
+    space.spec.top_k = -1;
+    auto run = [&](int threads, int top_k) {
+      space.spec.threads = threads;
+      space.spec.top_k = top_k;
+      return core::run_search(cands, space, evaluate);
+    };
+    const auto one = run(1, -1);
+    const auto many = run(4, -1);
     CHECK(one.num_candidates == plans.size());
     CHECK(one.num_deadlocked == 0);
     REQUIRE(one.ranked.size() == many.ranked.size());
     for (std::size_t i = 0; i < one.ranked.size(); ++i) {
-      CHECK(one.ranked[i].plan == many.ranked[i].plan);
+      CHECK(one.ranked[i].candidate == many.ranked[i].candidate);
       CHECK(one.ranked[i].report.iteration_time_s == many.ranked[i].report.iteration_time_s);
       if (i > 0) CHECK(one.ranked[i - 1].report.iteration_time_s <= one.ranked[i].report.iteration_time_s);
     }
-    CHECK(core::run_baseline_search(plans, evaluate, 2, 1).ranked.size() == 1);
+    CHECK(run(2, 1).ranked.size() == 1);
   }
 }
 
@@ -771,8 +787,8 @@ double compute_s(const core::Program& p, const core::Model& model) {
 
 core::TimePs makespan(const sim::Timeline& t) { return *std::max_element(t.end_ps.begin(), t.end_ps.end()); }
 
-core::BaselinePlan with_policy(core::BaselinePlan p, core::ActivationPolicy a) {
-  p.activation_policy = a;
+core::Plan with_policy(core::Plan p, core::ActivationPolicy a) {
+  p.knobs.activation_policy = a;
   return p;
 }
 
@@ -791,7 +807,7 @@ TEST_CASE("saved activation bytes are the backward peak less the layer's own ten
 }
 
 TEST_CASE("the default activation policy is checkpoint, and the names round-trip") {
-  CHECK(core::BaselinePlan{}.activation_policy == core::ActivationPolicy::Checkpoint);
+  CHECK(core::Plan{}.knobs.activation_policy == core::ActivationPolicy::Checkpoint);
   for (const std::string& name : core::activation_policy_names()) {
     const auto p = core::parse_activation_policy(name);
     REQUIRE(p);
@@ -805,19 +821,19 @@ TEST_CASE("the default activation policy is checkpoint, and the names round-trip
 // per GPU (m = D/(N u) microbatches; pp-swap: the stages split the layers) checkpoint = 0.04 u m s, keep 0.03 u m s.
 TEST_CASE("checkpoint recomputes every layer (REC), keep does not: compute time by hand") {
   const int u = 2;
-  for (PlanKind kind : core::baseline_kinds()) {
+  for (PlanKind kind : swapping_kinds()) {
     for (int N : {1, 2}) {
-      const int D = core::is_one_microbatch(kind) ? u * N : 8;  // lohan: the share is its one microbatch
+      const int D = kind->one_microbatch ? u * N : 8;  // lohan: the share is its one microbatch
       CAPTURE(core::plan_kind_name(kind));
       CAPTURE(N);
       const auto base = make_plan(kind, N, D, u, SwapChoice::Auto, SwapChoice::Auto);
-      const auto ck = core::lower_baseline(with_policy(base, core::ActivationPolicy::Checkpoint), synthetic());
-      const auto kp = core::lower_baseline(with_policy(base, core::ActivationPolicy::Keep), synthetic());
+      const auto ck = core::lower_plan(with_policy(base, core::ActivationPolicy::Checkpoint), synthetic());
+      const auto kp = core::lower_plan(with_policy(base, core::ActivationPolicy::Keep), synthetic());
       CHECK(count(ck, OpKind::REC) == count(ck, OpKind::BWD));
       CHECK(count(kp, OpKind::REC) == 0);
       CHECK(count(kp, OpKind::BWD) == count(ck, OpKind::BWD));
-      const int m = kind == PlanKind::PpSwap ? D / u : D / N / u;
-      const int replicas = kind == PlanKind::PpSwap ? 1 : N;  // pp-swap: each layer on one stage
+      const int m = kind == plan_kind("pp-swap") ? D / u : D / N / u;
+      const int replicas = kind == plan_kind("pp-swap") ? 1 : N;  // pp-swap: each layer on one stage
       CHECK(compute_s(ck, synthetic()) == doctest::Approx(replicas * 0.04 * u * m).epsilon(1e-9));
       CHECK(compute_s(kp, synthetic()) == doctest::Approx(replicas * 0.03 * u * m).epsilon(1e-9));
       check_ledger(ck);
@@ -837,19 +853,19 @@ TEST_CASE("keep holds or swaps the saved activations: memory and swap bytes by h
   const auto& model = synthetic();
   const int u = 2;
   const Bytes m = 2;
-  const auto kept = make_plan(PlanKind::DpSwap, 1, 4, u, SwapChoice::Keep, SwapChoice::Keep);
+  const auto kept = make_plan(plan_kind("dp-swap"), 1, 4, u, SwapChoice::Keep, SwapChoice::Keep);
   const auto dk = core::decide_swaps(with_policy(kept, core::ActivationPolicy::Keep), model).front();
   const auto dc = core::decide_swaps(with_policy(kept, core::ActivationPolicy::Checkpoint), model).front();
   CHECK(dk.estimate_bytes - dc.estimate_bytes == kSaved2[0] + kSaved2[1] + kSaved2[2] + kSaved2[3]);
   {
-    const auto pk = core::lower_baseline(with_policy(kept, core::ActivationPolicy::Keep), model);
-    const auto pc = core::lower_baseline(with_policy(kept, core::ActivationPolicy::Checkpoint), model);
+    const auto pk = core::lower_plan(with_policy(kept, core::ActivationPolicy::Keep), model);
+    const auto pc = core::lower_plan(with_policy(kept, core::ActivationPolicy::Checkpoint), model);
     CHECK(ledger_peak(pk, run(pk, model), 0) > ledger_peak(pc, run(pc, model), 0));
     CHECK(moved(pk, OpKind::sX, Stream::SwapOut) == 0);
   }
-  const auto swapped = make_plan(PlanKind::DpSwap, 1, 4, u, SwapChoice::Keep, SwapChoice::Swap);
-  const auto pk = core::lower_baseline(with_policy(swapped, core::ActivationPolicy::Keep), model);
-  const auto pc = core::lower_baseline(with_policy(swapped, core::ActivationPolicy::Checkpoint), model);
+  const auto swapped = make_plan(plan_kind("dp-swap"), 1, 4, u, SwapChoice::Keep, SwapChoice::Swap);
+  const auto pk = core::lower_plan(with_policy(swapped, core::ActivationPolicy::Keep), model);
+  const auto pc = core::lower_plan(with_policy(swapped, core::ActivationPolicy::Checkpoint), model);
   const Bytes stash = m * (X(u, 1) + X(u, 2));
   const Bytes saved = m * (kSaved2[0] + kSaved2[1] + kSaved2[2]);
   CHECK(moved(pc, OpKind::sX, Stream::SwapOut) == stash);
@@ -857,9 +873,9 @@ TEST_CASE("keep holds or swaps the saved activations: memory and swap bytes by h
   CHECK(moved(pk, OpKind::sX, Stream::SwapIn) == stash + saved);
   check_ledger(pk);
   // l2l (its stash lives on the host): every layer's saved activations go out and back, the criterion's too
-  const auto l2l = make_plan(PlanKind::L2L, 1, 4, u, SwapChoice::Auto, SwapChoice::Keep);
-  const auto lk = core::lower_baseline(with_policy(l2l, core::ActivationPolicy::Keep), model);
-  const auto lc = core::lower_baseline(with_policy(l2l, core::ActivationPolicy::Checkpoint), model);
+  const auto l2l = make_plan(plan_kind("l2l"), 1, 4, u, SwapChoice::Auto, SwapChoice::Keep);
+  const auto lk = core::lower_plan(with_policy(l2l, core::ActivationPolicy::Keep), model);
+  const auto lc = core::lower_plan(with_policy(l2l, core::ActivationPolicy::Checkpoint), model);
   const Bytes all_saved = m * (kSaved2[0] + kSaved2[1] + kSaved2[2] + kSaved2[3]);
   CHECK(moved(lk, OpKind::sX, Stream::SwapOut) - moved(lc, OpKind::sX, Stream::SwapOut) == all_saved);
   CHECK(moved(lk, OpKind::sX, Stream::SwapIn) - moved(lc, OpKind::sX, Stream::SwapIn) == all_saved);
@@ -872,34 +888,34 @@ TEST_CASE("compare searches both activation policies for every baseline and repo
   core::MachineSpec machine;
   core::SearchSpec search;
   search.u_bwd = {4, 8};
-  for (PlanKind kind : core::baseline_kinds()) {
+  for (PlanKind kind : swapping_kinds()) {
     CAPTURE(core::plan_kind_name(kind));
-    search.u_bwd = core::is_one_microbatch(kind) ? std::vector<int>{16} : std::vector<int>{4, 8};  // lohan: D/N
+    search.u_bwd = kind->one_microbatch ? std::vector<int>{16} : std::vector<int>{4, 8};  // lohan: D/N
     const auto kr = sim::best_plan_of_kind(kind, model, machine, 2, 32, core::CostModelKind::Reference, search, {});
     REQUIRE(kr.feasible);
-    REQUIRE(kr.baseline);
+    REQUIRE(kr.plan);
     // both policies' plans were candidates
-    core::BaselineSearchOptions one;
+    SwapSearch one;
     one.ubatch_sizes = search.u_bwd;
     const auto capacity = static_cast<Bytes>(static_cast<double>(machine.gpu_memory_bytes) * machine.memory_cap_scale);
     auto both = one;
     both.activation_policies = {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep};
-    CHECK(kr.candidates == core::enumerate_baseline_plans(kind, model, 2, 32, capacity, both).size());
-    CHECK(kr.candidates > core::enumerate_baseline_plans(kind, model, 2, 32, capacity, one).size());
+    CHECK(kr.candidates == swapping_plans(kind, model, 2, 32, capacity, both).size());
+    CHECK(kr.candidates > swapping_plans(kind, model, 2, 32, capacity, one).size());
     REQUIRE(kr.policy_best_time_s.size() == 2);
     const double ck = kr.policy_best_time_s.at("checkpoint");
     const double kp = kr.policy_best_time_s.at("keep");
     // the winner is the faster policy, and the report says which
     const std::string winner = kp < ck ? "keep" : "checkpoint";
-    CHECK(kr.best.activation_policy == winner);
-    CHECK(core::activation_policy_name(kr.baseline->activation_policy) == winner);
+    CHECK(core::activation_policy_name(kr.best.plan.knobs.activation_policy) == winner);
+    CHECK(core::activation_policy_name(kr.plan->knobs.activation_policy) == winner);
     CHECK(kr.best.iteration_time_s == std::min(ck, kp));
   }
   // Harmony recomputes by design and says so
   const auto pp =
-      sim::best_plan_of_kind(PlanKind::HarmonyPP, model, machine, 2, 32, core::CostModelKind::Reference, search, {});
+      sim::best_plan_of_kind(plan_kind("harmony-pp"), model, machine, 2, 32, core::CostModelKind::Reference, search, {});
   REQUIRE(pp.feasible);
-  CHECK(pp.best.activation_policy == "checkpoint");
+  CHECK(pp.best.plan.knobs.activation_policy == core::ActivationPolicy::Checkpoint);
   CHECK(pp.policy_best_time_s.empty());
 }
 
@@ -931,14 +947,14 @@ TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defau
   };
   // defaults: cpu, 200 us per module, buckets of 5e7 elements
   const core::TrainConfig d = load(head + plan + tail);
-  CHECK(d.baseline_offload == core::OffloadTier::Cpu);
-  CHECK(d.baseline_zero3.module_latency_s == doctest::Approx(200e-6));
-  CHECK(d.baseline_zero3.bucket_elements == doctest::Approx(5e7));
+  CHECK(d.plan.knobs.offload == core::OffloadTier::Cpu);
+  CHECK(d.plan.knobs.zero3.module_latency_s == doctest::Approx(200e-6));
+  CHECK(d.plan.knobs.zero3.bucket_elements == doctest::Approx(5e7));
   const core::TrainConfig c =
       load(head + nvme + plan + ", offload: nvme, zero3: {module_latency: 50us, bucket: 1e6}" + tail);
-  CHECK(c.baseline_offload == core::OffloadTier::Nvme);
-  CHECK(c.baseline_zero3.module_latency_s == doctest::Approx(50e-6));
-  CHECK(c.baseline_zero3.bucket_elements == doctest::Approx(1e6));
+  CHECK(c.plan.knobs.offload == core::OffloadTier::Nvme);
+  CHECK(c.plan.knobs.zero3.module_latency_s == doctest::Approx(50e-6));
+  CHECK(c.plan.knobs.zero3.bucket_elements == doctest::Approx(1e6));
   // errors: nvme without drives, an unknown tier, an unknown zero3 key, another kind
   CHECK(error(head + plan + ", offload: nvme" + tail).find("needs a machine with an NVMe tier") != std::string::npos);
   CHECK(error(head + nvme + plan + ", offload: nvm" + tail).find("unknown plan.offload 'nvm'") != std::string::npos);
@@ -949,5 +965,5 @@ TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defau
             .find("plan.zero3 applies to plan.mode: zero-infinity only") != std::string::npos);
   const auto lo =
       load(head + nvme + "plan: {mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4, offload: nvme" + tail);
-  CHECK(lo.baseline_offload == core::OffloadTier::Nvme);
+  CHECK(lo.plan.knobs.offload == core::OffloadTier::Nvme);
 }

@@ -115,7 +115,7 @@ TEST_CASE("examples/bert_large_simulate.yaml: a fixed harmony-pp plan") {
   CHECK(c.model.loc.line > 0);
   check_paper_machine(c.machine);
   CHECK(c.cost_model == CostModelKind::Reference);
-  CHECK(c.plan.kind == PlanKind::HarmonyPP);
+  CHECK(c.plan.kind == plan_kind("harmony-pp"));
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 16);
   CHECK(c.plan.u_fwd == 8);
@@ -133,7 +133,7 @@ TEST_CASE("examples/bert_large_search.yaml: the paper's default packing methods"
   const RunConfig c = load_config(source_path("configs/examples/bert_large_search.yaml"));
   CHECK(std::filesystem::exists(c.model.profile_path));
   check_paper_machine(c.machine);
-  CHECK(c.plan.kind == PlanKind::HarmonyPP);
+  CHECK(c.plan.kind == plan_kind("harmony-pp"));
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 32);
   CHECK_FALSE(c.plan.u_fwd.has_value());
@@ -152,7 +152,7 @@ TEST_CASE("examples/gpt2_medium_search.yaml") {
   const RunConfig c = load_config(source_path("configs/examples/gpt2_medium_search.yaml"));
   CHECK(std::filesystem::path(c.model.profile_path).filename() == "gpt2_medium.json");
   CHECK(std::filesystem::exists(c.model.profile_path));
-  CHECK(c.plan.kind == PlanKind::HarmonyPP);
+  CHECK(c.plan.kind == plan_kind("harmony-pp"));
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 16);
   CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});
@@ -165,7 +165,7 @@ TEST_CASE("configs/default.yaml: the README's bert_large search") {
   CHECK(std::filesystem::exists(c.model.profile_path));
   check_paper_machine(c.machine);
   CHECK(c.cost_model == CostModelKind::Reference);
-  CHECK(c.plan.kind == PlanKind::HarmonyPP);
+  CHECK(c.plan.kind == plan_kind("harmony-pp"));
   CHECK(c.plan.gpus == 2);
   CHECK(c.plan.minibatch == 32);
   CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});
@@ -228,7 +228,7 @@ TEST_CASE("a minimal config gets the documented defaults") {
   CHECK(c.model.loc.column == 12);
   check_paper_machine(c.machine);  // no machine: -> the paper-1080ti preset
   CHECK(c.cost_model == CostModelKind::Reference);
-  CHECK(c.plan.kind == PlanKind::HarmonyDP);
+  CHECK(c.plan.kind == plan_kind("harmony-dp"));
   CHECK(c.plan.loc.line == 3);
   CHECK(c.plan.loc.column == 1);
   const SearchSpec s;
@@ -260,7 +260,7 @@ search:
 )",
                                        "/abs/c.yaml");
   CHECK(c.model.profile_path == "/abs/model.json");
-  CHECK(c.plan.kind == PlanKind::HarmonyPP);
+  CHECK(c.plan.kind == plan_kind("harmony-pp"));
   REQUIRE(c.plan.packs_fwd.has_value());
   REQUIRE(c.plan.packs_bwd.has_value());
   CHECK(*c.plan.packs_fwd == Packs{{0, 6}, {7, 13}});
@@ -276,7 +276,7 @@ search:
   CHECK(c.search.threads == 3);
 
   CHECK(load_config_text(kModel + "plan: {mode: vDP, gpus: 2, minibatch: 32}\n", "x.yaml").plan.kind ==
-        PlanKind::HarmonyDP);
+        plan_kind("harmony-dp"));
 }
 
 TEST_CASE("packs_bwd alone implies packs_fwd = all backward packs but the last; single-pack plans") {
@@ -383,7 +383,7 @@ TEST_CASE("--set overrides are applied before validation") {
       load_config(file, {"plan.gpus=4", "machine.gpu_memory=8GiB", "search.packing_fwd=[balanced_time, reuse]",
                          "search.top_k=-1", "plan.mode=vDP", "options.prefetch=true"});
   CHECK(c.plan.gpus == 4);
-  CHECK(c.plan.kind == PlanKind::HarmonyDP);
+  CHECK(c.plan.kind == plan_kind("harmony-dp"));
   CHECK(c.machine.gpu_memory_bytes == 8 * kGiB);
   CHECK(c.machine.gpus == 8);  // the rest of the preset stays
   CHECK(c.search.packing_fwd == std::vector<std::string>{"balanced_time", "reuse"});
@@ -965,8 +965,8 @@ TEST_CASE("harmony-run baselines are checked under their own rules, located at t
            "\n  u_fwd: " + std::to_string(u_fwd) + "\n  u_bwd: " + std::to_string(u_bwd) + "\ntrain: {steps: 5}\n";
   };
   // a baseline runs one microbatch, plan.u_bwd: u_fwd = 3 (which harmony-pp's D % u rule refuses) is not read
-  CHECK(load_train_config_text(yaml("dp-swap", 2, 8, 3, 2), "run.yaml").kind == PlanKind::DpSwap);
-  CHECK(load_train_config_text(yaml("pp-swap", 2, 8, 3, 4), "run.yaml").kind == PlanKind::PpSwap);
+  CHECK(load_train_config_text(yaml("dp-swap", 2, 8, 3, 2), "run.yaml").plan.kind == plan_kind("dp-swap"));
+  CHECK(load_train_config_text(yaml("pp-swap", 2, 8, 3, 4), "run.yaml").plan.kind == plan_kind("pp-swap"));
   // the baseline's own rule: u divides D/N = 4, not D = 8 (harmony-pp's rule would take u = 8)
   const ConfigError share = train_error(yaml("dp-swap", 2, 8, 8, 8));
   check_at(share, "run.yaml", 9, 10);  // at plan.u_bwd's value
@@ -1005,13 +1005,13 @@ TEST_CASE("harmony-run plan.activations: a baseline's activation policy, located
       "  gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 2, n_head: 4, n_embd: 64}\n"
       "  seq_len: 32\n"
       "plan: {mode: dp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, activations: ";
-  CHECK(load_train_config_text(dp + "keep}\ntrain: {steps: 5}\n", "run.yaml").baseline_activations ==
+  CHECK(load_train_config_text(dp + "keep}\ntrain: {steps: 5}\n", "run.yaml").plan.knobs.activation_policy ==
         ActivationPolicy::Keep);
   const TrainConfig c = load_train_config_text(dp + "checkpoint}\ntrain: {steps: 5}\n", "run.yaml");
-  CHECK(c.baseline_activations == ActivationPolicy::Checkpoint);
-  CHECK(c.kind == PlanKind::DpSwap);
+  CHECK(c.plan.knobs.activation_policy == ActivationPolicy::Checkpoint);
+  CHECK(c.plan.kind == plan_kind("dp-swap"));
   // the default is checkpoint
-  CHECK(load_train_config_text(kTrain, "run.yaml").baseline_activations == ActivationPolicy::Checkpoint);
+  CHECK(load_train_config_text(kTrain, "run.yaml").plan.knobs.activation_policy == ActivationPolicy::Checkpoint);
   const ConfigError bad = train_error(dp + "kep}\ntrain: {steps: 5}\n");
   CHECK(contains(bad.what(), "unknown plan.activations 'kep'"));
   CHECK(contains(bad.what(), "did you mean 'keep'"));

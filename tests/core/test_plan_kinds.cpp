@@ -52,17 +52,14 @@ std::vector<std::string> schema_plan_kinds(const std::string& schema) {
   return e->get<std::vector<std::string>>();
 }
 
-std::vector<std::string> harmony_kind_names() {
-  std::vector<std::string> v;
-  for (const PlanKindInfo& i : plan_kinds())
-    if (!i.is_baseline) v.emplace_back(i.name);
-  return v;
-}
+std::vector<std::string> harmony_kind_names() { return plan_kind_names(KindRole::Harmony); }
 
-std::vector<std::string> offload_kind_names(bool baselines_only) {
+// The kinds with offload tiers (search.offload); with_knob: those that take plan.offload.
+std::vector<std::string> offload_kind_names(bool with_knob) {
+  if (with_knob) return plan_kind_names(Knob::Offload);
   std::vector<std::string> v;
-  for (const PlanKindInfo& i : plan_kinds())
-    if (i.offload_tiers && (!baselines_only || i.is_baseline)) v.emplace_back(i.name);
+  for (const PlanKind& k : plan_kinds())
+    if (k->offload_tiers) v.emplace_back(k.name());
   return v;
 }
 
@@ -108,25 +105,47 @@ const std::string kTrainModel =
 
 }  // namespace
 
-TEST_CASE("the registry: unique names and descriptions, each name parses back to its kind") {
+TEST_CASE("the registry generates the seven kinds in listing order, each a complete module") {
+  CHECK(plan_kind_names() ==
+        std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
+  CHECK(harmony_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp"});
+  CHECK(plan_kind_names(KindRole::Baseline) ==
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
+  CHECK(plan_kind_names(Knob::Activations) ==
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
+  CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "lohan"});
+  CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity"});
+  CHECK(PlanKind() == plan_kind("harmony-pp"));  // a default Plan's kind
   std::set<std::string> names;
-  for (const PlanKindInfo& i : plan_kinds()) {
-    INFO(i.name);
-    CHECK(names.insert(i.name).second);
-    CHECK(std::string(i.description).size() > 10);
-    REQUIRE(parse_plan_kind(i.name).has_value());
-    CHECK(*parse_plan_kind(i.name) == i.kind);
-    CHECK(std::string(plan_kind_name(i.kind)) == i.name);
+  int last_order = -1;
+  for (const PlanKind& k : plan_kinds()) {
+    INFO(k.name());
+    CHECK(names.insert(k.name()).second);
+    CHECK(std::string(k->description).size() > 10);
+    CHECK(k->listing_order > last_order);
+    last_order = k->listing_order;
+    CHECK((k->validate != nullptr));
+    CHECK((k->lower != nullptr));
+    CHECK((k->enumerate != nullptr));
+    CHECK((k->describe != nullptr));
+    // the Harmony kinds run on the task interpreter, the others on the swapping one; only Harmony's have packs
+    CHECK((k->role == KindRole::Harmony) == k->packs);
+    CHECK((k->dialect == ExecutorDialect::Harmony) == k->packs);
+    REQUIRE(find_plan_kind(k.name()).has_value());
+    CHECK(*find_plan_kind(k.name()) == k);
+    CHECK(std::string(plan_kind_name(k)) == k.name());
   }
   CHECK(plan_kind_names().size() == plan_kinds().size());
-  CHECK(harmony_kind_names().size() + baseline_kind_names().size() == plan_kinds().size());
-  CHECK_FALSE(parse_plan_kind("vPP").has_value());  // an alias of plan.mode, not a kind's name
+  CHECK(harmony_kind_names().size() + plan_kind_names(KindRole::Baseline).size() == plan_kinds().size());
+  CHECK_FALSE(find_plan_kind("vPP").has_value());  // an alias of plan.mode, not a kind's name
+  CHECK(find_plan_kind("vPP", /*with_aliases=*/true) == plan_kind("harmony-pp"));
+  CHECK(find_plan_kind("vDP", /*with_aliases=*/true) == plan_kind("harmony-dp"));
 }
 
 TEST_CASE("schemas: every output's plan_kind enum is the registry's kinds in listing order") {
-  // compare, sweep rows and reports name any kind; search ranks Harmony's kinds only
+  // compare, sweep rows, reports and search name any kind
   CHECK(schema_plan_kinds("schemas/common.schema.json") == plan_kind_names());
-  CHECK(schema_plan_kinds("schemas/search.schema.json") == harmony_kind_names());
+  CHECK(schema_plan_kinds("schemas/search.schema.json") == plan_kind_names());
   // the sweep row's offload column: the kinds with offload tiers, named in its description
   const std::string row = source_text("schemas/sweep-row.schema.json");
   CHECK_MESSAGE(
@@ -137,22 +156,22 @@ TEST_CASE("schemas: every output's plan_kind enum is the registry's kinds in lis
 TEST_CASE("docs/config.md: plan.mode's rows list the kinds each tool takes") {
   const std::string doc = source_text("docs/config.md");
   const std::string sim_row = line_with(doc, "| `mode` |");
-  for (const std::string& name : harmony_kind_names()) {
+  for (const std::string& name : plan_kind_names()) {
     INFO(name);
     CHECK(contains(sim_row, "`" + name + "`"));
   }
   const std::string run_row = line_with(doc, "`plan.mode` may also name a baseline (");
-  CHECK(contains(run_row, "name a baseline (" + join(baseline_kind_names(), ", ", "`") + ","));
+  CHECK(contains(run_row, "name a baseline (" + join(plan_kind_names(KindRole::Baseline), ", ", "`") + ","));
   CHECK(contains(run_row, join(offload_kind_names(true), " and ") + " also take `plan.offload"));
 }
 
-TEST_CASE("plan.mode's choices: harmony-sim's configs offer Harmony's kinds, harmony-run's every kind") {
+TEST_CASE("plan.mode's choices: both tools offer every registered kind") {
   const std::string modes_tail = " (the paper's aliases vPP, vDP)";
   const ConfigError sim = config_error([] {
     load_config_text("model:\n  profile: model.json\nplan: {mode: harmony-qq, gpus: 1, minibatch: 8}\n", "s.yaml");
   });
   CHECK(sim.message() == "unknown plan.mode 'harmony-qq'");
-  CHECK(sim.hint() == "did you mean 'harmony-pp'? modes: " + join(harmony_kind_names(), ", ") + modes_tail);
+  CHECK(sim.hint() == "did you mean 'harmony-pp'? modes: " + join(plan_kind_names(), ", ") + modes_tail);
   CHECK(sim.loc().line == 3);
 
   // harmony-run: the closest of every kind (before, only Harmony's were offered: no "did you mean 'dp-swap'")
@@ -167,7 +186,7 @@ TEST_CASE("plan.mode's choices: harmony-sim's configs offer Harmony's kinds, har
   CHECK(load_train_config_text(kTrainModel + "plan: {mode: vDP, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, "
                                              "pack_size: 1}\n",
                                "r.yaml")
-            .kind == PlanKind::HarmonyDP);
+            .plan.kind == plan_kind("harmony-dp"));
 
   // plan.offload on a baseline without tiers names the baselines that have them
   const ConfigError offload = config_error([] {

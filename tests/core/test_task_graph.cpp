@@ -36,7 +36,7 @@ TEST_CASE("manual packs: P layers counted from the end, the first pack takes the
 }
 
 TEST_CASE("§5.3 example: bert_large R=28 P=7 N=2 harmony-pp, round-robin wraps from forward into backward") {
-  const auto g = compose_task_graph(bert_plan(PlanKind::HarmonyPP, 2, 16, 8, 8, 7), 28);
+  const auto g = compose_task_graph(bert_plan(plan_kind("harmony-pp"), 2, 16, 8, 8, 7), 28);
   // idx0 F[0-6]@G0, 1 F[7-13]@G1, 2 F[14-20]@G0, 3 B[21-27]@G1, 4 U@CPU1, 5 B[14-20]@G0, 6 U@CPU0,
   // 7 B[7-13]@G1, 8 U@CPU1, 9 B[0-6]@G0, 10 U@CPU0
   struct E {
@@ -80,17 +80,17 @@ TEST_CASE("§5.3 example: bert_large R=28 P=7 N=2 harmony-pp, round-robin wraps 
 }
 
 TEST_CASE("last-forward message: harmony-pp, N > 1, u_fwd != u_bwd") {
-  const auto g = compose_task_graph(bert_plan(PlanKind::HarmonyPP, 2, 32, 16, 8, 7), 28);
+  const auto g = compose_task_graph(bert_plan(plan_kind("harmony-pp"), 2, 32, 16, 8, 7), 28);
   CHECK(g.last_fwd_msg);
   CHECK(g.tasks[2].out_y.medium == Medium::Msg);
   CHECK(g.tasks[3].in_x.medium == Medium::Msg);
-  const auto g1 = compose_task_graph(bert_plan(PlanKind::HarmonyPP, 1, 32, 16, 8, 7), 28);
+  const auto g1 = compose_task_graph(bert_plan(plan_kind("harmony-pp"), 1, 32, 16, 8, 7), 28);
   CHECK_FALSE(g1.last_fwd_msg);  // one GPU: swap instead
   CHECK(g1.tasks[3].in_x.medium == Medium::Swap);
 }
 
 TEST_CASE("harmony-dp replicates the task list per GPU; D % N samples go to the first GPUs") {
-  const auto g = compose_task_graph(bert_plan(PlanKind::HarmonyDP, 3, 32, 2, 2, 7), 28);
+  const auto g = compose_task_graph(bert_plan(plan_kind("harmony-dp"), 3, 32, 2, 2, 7), 28);
   REQUIRE(g.tasks.size() == 33);
   CHECK(g.tasks[11].rank == 1);
   CHECK(g.tasks[11].idx == 11);
@@ -116,30 +116,30 @@ TEST_CASE("§6.1 microbatch converter examples") {
 }
 
 TEST_CASE("plan validation names the problem") {
-  Plan p = bert_plan(PlanKind::HarmonyPP, 2, 16, 8, 8, 7);
-  CHECK_NOTHROW(validate_plan(p, 28));
+  Plan p = bert_plan(plan_kind("harmony-pp"), 2, 16, 8, 8, 7);
+  CHECK_NOTHROW(validate_packs(p, 28));
   Plan skip = p;
   skip.packs_bwd = {{0, 6}, {8, 27}};
   skip.packs_fwd = {{0, 6}};
-  CHECK_THROWS_WITH_AS(validate_plan(skip, 28), doctest::Contains("skips"), ScheduleError);
+  CHECK_THROWS_WITH_AS(validate_packs(skip, 28), doctest::Contains("skips"), ScheduleError);
   Plan overlap = p;
   overlap.packs_bwd = {{0, 6}, {6, 27}};
   overlap.packs_fwd = {{0, 5}};
-  CHECK_THROWS_WITH_AS(validate_plan(overlap, 28), doctest::Contains("overlaps"), ScheduleError);
+  CHECK_THROWS_WITH_AS(validate_packs(overlap, 28), doctest::Contains("overlaps"), ScheduleError);
   Plan short_fwd = p;
   short_fwd.packs_fwd = {{0, 6}};
-  CHECK_THROWS_WITH_AS(validate_plan(short_fwd, 28), doctest::Contains("forward packs cover"), ScheduleError);
+  CHECK_THROWS_WITH_AS(validate_packs(short_fwd, 28), doctest::Contains("forward packs cover"), ScheduleError);
   Plan neg = p;
   neg.u_fwd = -1;
-  CHECK_THROWS_AS(validate_plan(neg, 28), ScheduleError);
+  CHECK_THROWS_AS(validate_packs(neg, 28), ScheduleError);
   Plan dp = p;
-  dp.kind = PlanKind::HarmonyDP;
+  dp.kind = plan_kind("harmony-dp");
   dp.gpus = 32;
-  CHECK_THROWS_WITH_AS(validate_plan(dp, 28), doctest::Contains("no samples"), ScheduleError);
-  for (PlanKind k : baseline_kinds()) {
+  CHECK_THROWS_WITH_AS(validate_packs(dp, 28), doctest::Contains("no samples"), ScheduleError);
+  for (PlanKind k : plan_kinds()) {  // every kind without packs
+    if (k->packs) continue;
     Plan b = p;
     b.kind = k;
-    CHECK_THROWS_WITH_AS(validate_plan(b, 28), doctest::Contains("is a baseline kind, not a Harmony mode"),
-                         ScheduleError);
+    CHECK_THROWS_WITH_AS(validate_packs(b, 28), doctest::Contains("plans have no layer packs"), ScheduleError);
   }
 }

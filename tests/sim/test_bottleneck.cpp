@@ -28,7 +28,7 @@ struct Case {
   core::Program program;
   explicit Case(int gpus = 2) : model(core::load_profile(root() + "/configs/profiles/bert_large.json")) {
     core::Plan plan;
-    plan.kind = core::PlanKind::HarmonyPP;
+    plan.kind = core::plan_kind("harmony-pp");
     plan.gpus = gpus;
     plan.minibatch = 32;
     plan.u_fwd = 16;

@@ -17,6 +17,7 @@
 #include "core/config/config.hpp"
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/output/report.hpp"
 #include "sim/calibrate.hpp"
 #include "sim/compare.hpp"
@@ -875,7 +876,7 @@ TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too
   search.packing_fwd = {"balanced_time", "reuse"};
   search.packing_bwd = {"balanced_time"};
   const auto pp =
-      sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 8, 32, core::CostModelKind::Native, search, {});
+      sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK(pp.feasible);
   CHECK(pp.best.host_memory.pinned_staging_bytes == 0);  // NVLink P2P, swaps straight from pinned tensors
   CHECK(pp.best.host_memory.total_bytes < m.topology.host_memory_bytes);
@@ -883,18 +884,18 @@ TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too
   m.topology.host_memory_bytes = 1536 * core::kGiB;
   m.topology.pinned_limit_bytes = 1440 * core::kGiB;
   const auto tight =
-      sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 8, 32, core::CostModelKind::Native, search, {});
+      sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK_FALSE(tight.feasible);
   CHECK(tight.reason.find("exceed a capacity or deadlock; first: u ") != std::string::npos);
   CHECK(tight.reason.find("host memory exceeded") != std::string::npos);
   const auto l2l =
-      sim::best_plan_of_kind(core::PlanKind::L2L, model, m, 8, 32, core::CostModelKind::Native, search, {});
+      sim::best_plan_of_kind(core::plan_kind("l2l"), model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK_FALSE(l2l.feasible);
   CHECK(l2l.reason.find("first: u 1: host memory exceeded") != std::string::npos);
   // 1 TiB holds not even the weights, gradients and optimizer state (host_floor): no plan of any kind can fit, so
   // only the first plan in enumeration order runs, for the reason; the rest are declined (pruned) unrun
   m.topology.host_memory_bytes = 1024 * core::kGiB;
-  for (const auto kind : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP, core::PlanKind::L2L}) {
+  for (const auto kind : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp"), core::plan_kind("l2l")}) {
     CAPTURE(core::plan_kind_name(kind));
     const auto unfit = sim::best_plan_of_kind(kind, model, m, 8, 32, core::CostModelKind::Native, search, {});
     CHECK_FALSE(unfit.feasible);
@@ -903,12 +904,17 @@ TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too
     CHECK(unfit.reason.find("host memory exceeded") != std::string::npos);
   }
   // the baseline's reason is its first plan's, as when every plan ran
-  const auto plans = core::enumerate_baseline_plans(core::PlanKind::L2L, model, 8, 32, m.search_capacity_bytes(), {});
-  const auto first = sim::evaluate_baseline(model, m, plans.front(), core::CostModelKind::Native);
+  core::SearchSpace space;
+  space.kind = core::plan_kind("l2l");
+  space.gpus = 8;
+  space.minibatch = 32;
+  space.capacity_bytes = m.search_capacity_bytes();
+  const auto plans = core::enumerate_plans(model, space);
+  const auto first = sim::evaluate_plan(model, m, plans.front().plan, {}, core::CostModelKind::Native).report;
   const auto l2l_unfit =
-      sim::best_plan_of_kind(core::PlanKind::L2L, model, m, 8, 32, core::CostModelKind::Native, search, {});
+      sim::best_plan_of_kind(core::plan_kind("l2l"), model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK(l2l_unfit.reason == fmt::format("all {} plans exceed a capacity or deadlock; first: u {}: {}",
-                                        l2l_unfit.candidates, plans.front().ubatch, first.infeasible_reason));
+                                        l2l_unfit.candidates, plans.front().plan.u_bwd, first.infeasible_reason));
 }
 
 TEST_CASE("a P2P op without a peer and a plan wider than the machine are errors") {
@@ -940,7 +946,7 @@ TEST_CASE(
   std::string worst_name;
   for (const auto& o : oracles) {
     core::Plan plan;
-    plan.kind = o["mode"] == "vPP" ? core::PlanKind::HarmonyPP : core::PlanKind::HarmonyDP;
+    plan.kind = o["mode"] == "vPP" ? core::plan_kind("harmony-pp") : core::plan_kind("harmony-dp");
     plan.gpus = o["N"];
     plan.minibatch = o["D"];
     plan.u_fwd = o["u_fwd"];
@@ -985,7 +991,7 @@ TEST_CASE(
 TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible at 10 GiB, not at 4 GiB") {
   const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   core::Plan plan;
-  plan.kind = core::PlanKind::HarmonyPP;
+  plan.kind = core::plan_kind("harmony-pp");
   plan.gpus = 4;
   plan.minibatch = 32;
   plan.u_fwd = 16;
@@ -1043,7 +1049,7 @@ TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible 
 TEST_CASE("the native model is deterministic, and the trace gets memory and bandwidth counters") {
   const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   core::Plan plan;
-  plan.kind = core::PlanKind::HarmonyDP;
+  plan.kind = core::plan_kind("harmony-dp");
   plan.gpus = 4;
   plan.minibatch = 32;
   plan.u_fwd = 4;
@@ -1107,7 +1113,7 @@ TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, 
   const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   const auto machine = paper_1080ti_like();
   int plans = 0;
-  for (auto mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
+  for (auto mode : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")}) {
     for (int n : {1, 2, 3, 4}) {
       for (int d : {6, 8}) {
         for (int uf = 1; uf <= d; ++uf) {
@@ -1154,7 +1160,7 @@ TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, 
 TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its time, native makes it infeasible") {
   const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   core::Plan plan;
-  plan.kind = core::PlanKind::HarmonyPP;
+  plan.kind = core::plan_kind("harmony-pp");
   plan.gpus = 2;
   plan.minibatch = 16;
   plan.u_fwd = 8;
@@ -1182,12 +1188,12 @@ TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its
   }
   // baselines report their peak under every cost model, from the Program's allocations
   for (const core::CostModelKind cm : {core::CostModelKind::Reference, core::CostModelKind::Native}) {
-    core::BaselinePlan b;
-    b.kind = core::PlanKind::DpSwap;
+    core::Plan b;
+    b.kind = core::plan_kind("dp-swap");
     b.gpus = 2;
     b.minibatch = 16;
-    b.ubatch = 8;
-    const auto r = sim::evaluate_baseline(model, big, b, cm);
+    b.u_fwd = b.u_bwd = 8;
+    const auto r = sim::evaluate_plan(model, big, b, {}, cm).report;
     INFO(core::cost_model_name(cm));
     CHECK(r.peak_memory_bytes > 0);
     for (const auto& g : r.per_gpu) CHECK(g.peak_memory_bytes > 0);

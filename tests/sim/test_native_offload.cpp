@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
-#include "core/program/baselines/baselines.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/task_graph.hpp"
 #include "sim/compare.hpp"
@@ -206,24 +206,24 @@ TEST_CASE("zero-infinity: ZeRO-3's module latency adds to every FWD and BWD on t
   m.topology.switches[0].uplink_bytes_per_s = 1e12;
   m.topology.gpus[0].link_bytes_per_s = 1e12;
   m.topology.host_memcpy_bytes_per_s = 1e12;
-  core::BaselinePlan p;
-  p.kind = core::PlanKind::ZeroInfinity;
+  core::Plan p;
+  p.kind = core::plan_kind("zero-infinity");
   p.gpus = 1;
   p.minibatch = 1;
-  p.ubatch = 1;
-  p.gpu_capacity_bytes = core::kGiB;
-  p.zero3.module_latency_s = 0;
-  const auto t0 = sim::simulate_native(core::lower_baseline(p, model), model, m).iteration_time_s;
-  p.zero3.module_latency_s = 1e-3;
-  const auto prog = core::lower_baseline(p, model);
+  p.u_fwd = p.u_bwd = 1;
+  p.knobs.gpu_capacity_bytes = core::kGiB;
+  p.knobs.zero3.module_latency_s = 0;
+  const auto t0 = sim::simulate_native(core::lower_plan(p, model), model, m).iteration_time_s;
+  p.knobs.zero3.module_latency_s = 1e-3;
+  const auto prog = core::lower_plan(p, model);
   int charged = 0;
   for (const auto& o : prog.ops) charged += o.overhead_s > 0 ? 1 : 0;
   CHECK(charged == 4);
   const auto t1 = sim::simulate_native(prog, model, m).iteration_time_s;
   CHECK(t1 - t0 == doctest::Approx(4e-3).epsilon(1e-9));
   // buckets: 1000 elements per layer in buckets of 300: ceil(1000 / 300) = 4 I/Os per fetch
-  p.zero3.bucket_elements = 300;
-  for (const auto& o : core::lower_baseline(p, model).ops) {
+  p.knobs.zero3.bucket_elements = 300;
+  for (const auto& o : core::lower_plan(p, model).ops) {
     if (o.kind == OpKind::WB) CHECK(o.io_count == 4);
   }
 }
@@ -234,14 +234,14 @@ TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and
   // 8 reads, 32000 bytes); each Update reads state + masters (12000) and writes them back; the second
   // microbatch's dWB adds its gradient (4000) into the host sum.
   const auto model = two_layers();
-  core::BaselinePlan p;
-  p.kind = core::PlanKind::ZeroInfinity;
+  core::Plan p;
+  p.kind = core::plan_kind("zero-infinity");
   p.gpus = 1;
   p.minibatch = 2;
-  p.ubatch = 1;
-  p.gpu_capacity_bytes = core::kGiB;
-  p.offload = core::OffloadTier::Nvme;
-  const auto prog = core::lower_baseline(p, model);
+  p.u_fwd = p.u_bwd = 1;
+  p.knobs.gpu_capacity_bytes = core::kGiB;
+  p.knobs.offload = core::OffloadTier::Nvme;
+  const auto prog = core::lower_plan(p, model);
   CHECK(prog.offload_nvme);
   Bytes wb_reads = 0;
   Bytes sums = 0;
@@ -276,15 +276,15 @@ TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer s
   for (auto& L : model.layers) L.optimizer_state_bytes = 12000;
   CHECK(model.master_bytes(0, 1) == 0);
   CHECK(two_layers().master_bytes(0, 1) == 8000);  // fp32: the weights are the masters
-  core::BaselinePlan p;
-  p.kind = core::PlanKind::ZeroInfinity;
+  core::Plan p;
+  p.kind = core::plan_kind("zero-infinity");
   p.gpus = 1;
   p.minibatch = 1;
-  p.ubatch = 1;
-  p.gpu_capacity_bytes = core::kGiB;
-  p.offload = core::OffloadTier::Nvme;
+  p.u_fwd = p.u_bwd = 1;
+  p.knobs.gpu_capacity_bytes = core::kGiB;
+  p.knobs.offload = core::OffloadTier::Nvme;
   int updates = 0;
-  for (const auto& o : core::lower_baseline(p, model).ops) {
+  for (const auto& o : core::lower_plan(p, model).ops) {
     if (o.kind != OpKind::Update) continue;
     ++updates;
     CHECK(o.nvme_read_bytes == 12000);
@@ -297,7 +297,7 @@ TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer s
 // [[0], [1]] and forward pack [[0]].
 core::Program harmony_two_packs(const core::Model& model, bool nvme) {
   core::Plan plan;
-  plan.kind = core::PlanKind::HarmonyPP;
+  plan.kind = core::plan_kind("harmony-pp");
   plan.gpus = 1;
   plan.minibatch = 2;
   plan.u_fwd = 1;
@@ -357,7 +357,7 @@ TEST_CASE("compare: Harmony moves to offload nvme only when host memory binds, o
   m.gpu_memory_bytes = core::kGiB;
   m.topology.host_memory_bytes = 100000;
   core::SearchSpec search;
-  const auto kr = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, core::CostModelKind::Native, search,
+  const auto kr = sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 1, 2, core::CostModelKind::Native, search,
                                          core::Options{});
   INFO(kr.reason);
   REQUIRE(kr.feasible);
@@ -366,19 +366,19 @@ TEST_CASE("compare: Harmony moves to offload nvme only when host memory binds, o
   CHECK(kr.best.host_memory.optimizer_state_bytes == 0);
   // room on the host: the CPU tier, as before
   m.topology.host_memory_bytes = 1'000'000;
-  const auto cpu = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, core::CostModelKind::Native,
+  const auto cpu = sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 1, 2, core::CostModelKind::Native,
                                           search, core::Options{});
   REQUIRE(cpu.feasible);
   CHECK(cpu.offload.empty());
   // search.offload: nvme pins the drives; cpu never falls back
   search.offload = core::SearchSpec::Offload::Nvme;
-  const auto nv = sim::best_plan_of_kind(core::PlanKind::HarmonyDP, model, m, 1, 2, core::CostModelKind::Native, search,
+  const auto nv = sim::best_plan_of_kind(core::plan_kind("harmony-dp"), model, m, 1, 2, core::CostModelKind::Native, search,
                                          core::Options{});
   REQUIRE(nv.feasible);
   CHECK(nv.offload == "nvme");
   search.offload = core::SearchSpec::Offload::Cpu;
   m.topology.host_memory_bytes = 100000;
-  const auto no = sim::best_plan_of_kind(core::PlanKind::HarmonyPP, model, m, 1, 2, core::CostModelKind::Native, search,
+  const auto no = sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 1, 2, core::CostModelKind::Native, search,
                                          core::Options{});
   CHECK_FALSE(no.feasible);
   CHECK(no.offload.empty());
@@ -393,15 +393,15 @@ TEST_CASE("compare: zero-infinity falls back to offload nvme when host memory is
   m.gpu_memory_bytes = core::kGiB;
   m.topology.host_memory_bytes = 100000;
   core::SearchSpec search;
-  const auto kr = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Native,
+  const auto kr = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1, core::CostModelKind::Native,
                                          search, core::Options{});
   REQUIRE(kr.feasible);
   CHECK(kr.offload == "nvme");
-  CHECK(kr.baseline->offload == core::OffloadTier::Nvme);
+  CHECK(kr.plan->knobs.offload == core::OffloadTier::Nvme);
   CHECK(kr.best.host_memory.total_bytes == 56000);
   // with enough host memory it stays on the CPU tier
   m.topology.host_memory_bytes = 200000;
-  const auto cpu = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Native,
+  const auto cpu = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1, core::CostModelKind::Native,
                                           search, core::Options{});
   REQUIRE(cpu.feasible);
   CHECK(cpu.offload == "cpu");
@@ -414,26 +414,26 @@ TEST_CASE("compare: search.offload pins zero-infinity's tier (cpu never falls ba
   m.topology.host_memory_bytes = 200000;  // the cpu tier fits (128000 bytes, the case above)
   core::SearchSpec search;
   search.offload = core::SearchSpec::Offload::Nvme;
-  const auto nv = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Native,
+  const auto nv = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1, core::CostModelKind::Native,
                                          search, core::Options{});
   REQUIRE(nv.feasible);
   CHECK(nv.offload == "nvme");
   CHECK(nv.best.host_memory.total_bytes == 56000);
   // the reference model has no NVMe tier, nor does a machine without topology.nvme: not applicable, said why
-  const auto ref = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Reference,
+  const auto ref = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1, core::CostModelKind::Reference,
                                           search, core::Options{});
   CHECK_FALSE(ref.feasible);
   CHECK(ref.reason.find("native cost model") != std::string::npos);
   auto plain = box();
   plain.gpu_memory_bytes = core::kGiB;
-  const auto none = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, plain, 1, 1,
+  const auto none = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, plain, 1, 1,
                                            core::CostModelKind::Native, search, core::Options{});
   CHECK_FALSE(none.feasible);
   CHECK(none.reason.find("no topology.nvme") != std::string::npos);
   // cpu: with 100000 bytes of host memory no cpu plan fits, and there is no fallback to the drives
   search.offload = core::SearchSpec::Offload::Cpu;
   m.topology.host_memory_bytes = 100000;
-  const auto cpu = sim::best_plan_of_kind(core::PlanKind::ZeroInfinity, model, m, 1, 1, core::CostModelKind::Native,
+  const auto cpu = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1, core::CostModelKind::Native,
                                           search, core::Options{});
   CHECK_FALSE(cpu.feasible);
   CHECK(cpu.offload != "nvme");

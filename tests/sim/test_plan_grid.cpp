@@ -14,7 +14,7 @@ TEST_CASE("a grid of 3,000+ plans lowers, validates and simulates without deadlo
   const char* root = std::getenv("HARMONY_SOURCE_DIR");
   const auto model = core::load_profile(std::string(root ? root : ".") + "/configs/profiles/bert_large.json");
   int plans = 0;
-  for (auto mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
+  for (auto mode : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")}) {
     for (int n : {1, 2, 3, 4}) {
       for (int d : {6, 8}) {
         for (int uf = 1; uf <= d; ++uf) {

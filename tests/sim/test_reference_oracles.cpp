@@ -30,7 +30,7 @@ TEST_CASE("all 42 reference oracles reproduce") {
   int n = 0;
   for (const auto& o : oracles) {
     core::Plan plan;
-    plan.kind = o["mode"] == "vPP" ? core::PlanKind::HarmonyPP : core::PlanKind::HarmonyDP;
+    plan.kind = o["mode"] == "vPP" ? core::plan_kind("harmony-pp") : core::plan_kind("harmony-dp");
     plan.gpus = o["N"];
     plan.minibatch = o["D"];
     plan.u_fwd = o["u_fwd"];

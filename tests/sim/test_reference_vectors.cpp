@@ -46,7 +46,7 @@ void check_vector(const std::string& file) {
   const auto v = load(file);
   const auto& c = v["config"];
   core::Plan plan;
-  plan.kind = c["mode"] == "vPP" ? core::PlanKind::HarmonyPP : core::PlanKind::HarmonyDP;
+  plan.kind = c["mode"] == "vPP" ? core::plan_kind("harmony-pp") : core::plan_kind("harmony-dp");
   plan.gpus = c["num_gpus"];
   plan.minibatch = c["minibatchsize"];
   plan.u_fwd = c["u_fwd"];

@@ -57,7 +57,7 @@ double mb(core::Bytes b) { return static_cast<double>(b) / 1024.0 / 1024.0; }
 }  // namespace
 
 TEST_CASE("D32 N2 harmony-pp, default methods: Top1 4.399 s, u 8/8, 121 candidates") {
-  const auto r = search(core::PlanKind::HarmonyPP, kDefaultFwd, kDefaultBwd);
+  const auto r = search(core::plan_kind("harmony-pp"), kDefaultFwd, kDefaultBwd);
   CHECK(r.num_candidates == 121);  // the paper's scheduler evaluates 121 candidates here
   REQUIRE(!r.ranked.empty());
   const auto& top = r.ranked.front().report;
@@ -73,7 +73,7 @@ TEST_CASE("D32 N2 harmony-pp, default methods: Top1 4.399 s, u 8/8, 121 candidat
 }
 
 TEST_CASE("D32 N2 harmony-dp, default methods: Top1 4.608 s, u 16/4") {
-  const auto r = search(core::PlanKind::HarmonyDP, kDefaultFwd, kDefaultBwd);
+  const auto r = search(core::plan_kind("harmony-dp"), kDefaultFwd, kDefaultBwd);
   REQUIRE(!r.ranked.empty());
   const auto& top = r.ranked.front().report;
   CHECK(top.iteration_time_s == doctest::Approx(4.608).epsilon(0.0005 / 4.608));
@@ -85,7 +85,7 @@ TEST_CASE("D32 N2 harmony-dp, default methods: Top1 4.608 s, u 16/4") {
 }
 
 TEST_CASE("D32 N2 harmony-pp, balanced_time reuse / balanced_time: Top1 4.829 s, u 8/4") {
-  const auto r = search(core::PlanKind::HarmonyPP, {"balanced_time", "reuse"}, {"balanced_time"});
+  const auto r = search(core::plan_kind("harmony-pp"), {"balanced_time", "reuse"}, {"balanced_time"});
   REQUIRE(!r.ranked.empty());
   const auto& top = r.ranked.front().report;
   CHECK(top.iteration_time_s == doctest::Approx(4.829).epsilon(0.0005 / 4.829));
@@ -97,7 +97,7 @@ TEST_CASE("D32 N2 harmony-pp, balanced_time reuse / balanced_time: Top1 4.829 s,
 }
 
 TEST_CASE("the paper's fit rule (opt-in) makes the single-pack plan Top1: u 2, 10.114 s, 7474 MB") {
-  const auto r = search(core::PlanKind::HarmonyPP, kDefaultFwd, kDefaultBwd, /*fit_rule=*/true);
+  const auto r = search(core::plan_kind("harmony-pp"), kDefaultFwd, kDefaultBwd, /*fit_rule=*/true);
   REQUIRE(!r.ranked.empty());
   const auto& top = r.ranked.front();
   CHECK(top.report.plan.packs_bwd.size() == 1);
@@ -112,7 +112,7 @@ TEST_CASE("the reference engine's task bound: below every run, and a bounded sea
   const core::MachineSpec machine;
   const auto engine = sim::make_engine(core::CostModelKind::Reference, bert(), machine);
   std::size_t declined = 0, checked = 0;
-  for (const auto kind : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
+  for (const auto kind : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")}) {
     for (const bool prefetch : {false, true}) {
       for (const bool fit_rule : {false, true}) {
         CAPTURE(core::plan_kind_name(kind));
@@ -164,8 +164,8 @@ TEST_CASE("the reference engine's task bound: below every run, and a bounded sea
 }
 
 TEST_CASE("ranking is identical with 1 and 2 threads and keeps every candidate with top_k = -1") {
-  const auto a = search(core::PlanKind::HarmonyPP, kDefaultFwd, kDefaultBwd, false, 1, -1);
-  const auto b = search(core::PlanKind::HarmonyPP, kDefaultFwd, kDefaultBwd, false, 2, -1);
+  const auto a = search(core::plan_kind("harmony-pp"), kDefaultFwd, kDefaultBwd, false, 1, -1);
+  const auto b = search(core::plan_kind("harmony-pp"), kDefaultFwd, kDefaultBwd, false, 2, -1);
   REQUIRE(a.ranked.size() == b.ranked.size());
   CHECK(a.ranked.size() + a.num_deadlocked == a.num_candidates);
   for (std::size_t i = 0; i < a.ranked.size(); ++i) {
@@ -175,20 +175,21 @@ TEST_CASE("ranking is identical with 1 and 2 threads and keeps every candidate w
   for (std::size_t i = 1; i < a.ranked.size(); ++i) CHECK(a.ranked[i - 1].rank_time_s <= a.ranked[i].rank_time_s);
 }
 
-TEST_CASE("enumerate_candidates takes Harmony kinds only") {
+TEST_CASE("enumerate_candidates takes kinds with packs only") {
   core::SearchSpace s;
   s.gpus = 2;
   s.minibatch = 32;
-  for (core::PlanKind k : core::baseline_kinds()) {
+  for (core::PlanKind k : core::plan_kinds()) {
+    if (k->packs) continue;
     s.kind = k;
-    CHECK_THROWS_WITH_AS(core::enumerate_candidates(bert(), s), doctest::Contains("enumerate_baseline_plans"),
+    CHECK_THROWS_WITH_AS(core::enumerate_candidates(bert(), s), doctest::Contains("PlanKindSpec::enumerate"),
                          core::ScheduleError);
   }
 }
 
 TEST_CASE("run_search reports progress: throttled, monotonic, ending at done = total; same ranking") {
   core::SearchSpace s;
-  s.kind = core::PlanKind::HarmonyPP;
+  s.kind = core::plan_kind("harmony-pp");
   s.gpus = 2;
   s.minibatch = 32;
   s.capacity_bytes = 10 * core::kGiB;
@@ -261,7 +262,7 @@ core::MachineSpec fast_pair() {
 
 core::SearchSpace pair_space(core::PackCounts counts) {
   core::SearchSpace s;
-  s.kind = core::PlanKind::HarmonyPP;
+  s.kind = core::plan_kind("harmony-pp");
   s.gpus = 2;
   s.minibatch = 4;
   s.capacity_bytes = core::kMiB;
@@ -322,7 +323,7 @@ TEST_CASE("wide pack counts: the paper's candidates come first and Minimum is th
   // bert_large, D32 N2, default methods. Minimum is the published search (121 candidates, Top1 4.399 s, checked
   // above); Wide keeps every distinct Minimum candidate and adds more, and the bound is min(layers, 4 x GPUs).
   core::SearchSpace s;
-  s.kind = core::PlanKind::HarmonyPP;
+  s.kind = core::plan_kind("harmony-pp");
   s.gpus = 2;
   s.minibatch = 32;
   s.capacity_bytes = 10 * core::kGiB;
@@ -340,7 +341,8 @@ TEST_CASE("wide pack counts: the paper's candidates come first and Minimum is th
   s.spec.packs_per_gpu = 4;
   const auto wide = core::enumerate_candidates(bert(), s);
   CHECK(wide.size() > minimum.size());
-  auto same = [](const core::Candidate& a, const core::Candidate& b) {
+  auto same = [](const core::Candidate& ca, const core::Candidate& cb) {
+    const core::Plan &a = ca.plan, &b = cb.plan;
     return a.u_fwd == b.u_fwd && a.u_bwd == b.u_bwd && a.packs_fwd == b.packs_fwd && a.packs_bwd == b.packs_bwd;
   };
   for (const auto& c : minimum)
@@ -350,8 +352,10 @@ TEST_CASE("wide pack counts: the paper's candidates come first and Minimum is th
     CHECK(std::count_if(wide.begin(), wide.end(), [&](const core::Candidate& w) { return same(w, c); }) == 1);
     // beyond the paper's own backward packings (which may have more: 13 at u = 32), none has more than 8 packs
     if (std::none_of(minimum.begin(), minimum.end(),
-                     [&](const core::Candidate& m) { return m.u_bwd == c.u_bwd && m.packs_bwd == c.packs_bwd; }))
-      max_added = std::max(max_added, c.packs_bwd.size());
+                     [&](const core::Candidate& m) {
+                       return m.plan.u_bwd == c.plan.u_bwd && m.plan.packs_bwd == c.plan.packs_bwd;
+                     }))
+      max_added = std::max(max_added, c.plan.packs_bwd.size());
   }
   CHECK(max_added == 8);
 }
@@ -383,12 +387,12 @@ TEST_CASE("branch and bound: the native bound never exceeds a run, and the bound
   // GPU servers with PCIe trees, NVLink and host memory bandwidth; the CPU device's calibrated machine (host cores
   // shared by compute, copies, updates and dispatch); pipelines and replicas
   const std::vector<Case> cases{
-      {"h100-sxm-8x", "gpt3-1.3b", core::PlanKind::HarmonyPP, 4, 8},
-      {"h100-sxm-8x", "gpt3-1.3b", core::PlanKind::HarmonyDP, 2, 8},
-      {"rtx4090-4x", "gpt3-1.3b", core::PlanKind::HarmonyPP, 2, 8},
-      {"paper-1080ti", "", core::PlanKind::HarmonyPP, 2, 8},
-      {"paper-1080ti", "", core::PlanKind::HarmonyDP, 2, 8},
-      {"cpu-4x-calibrated", "", core::PlanKind::HarmonyPP, 2, 8, 10 * core::kGiB},
+      {"h100-sxm-8x", "gpt3-1.3b", core::plan_kind("harmony-pp"), 4, 8},
+      {"h100-sxm-8x", "gpt3-1.3b", core::plan_kind("harmony-dp"), 2, 8},
+      {"rtx4090-4x", "gpt3-1.3b", core::plan_kind("harmony-pp"), 2, 8},
+      {"paper-1080ti", "", core::plan_kind("harmony-pp"), 2, 8},
+      {"paper-1080ti", "", core::plan_kind("harmony-dp"), 2, 8},
+      {"cpu-4x-calibrated", "", core::plan_kind("harmony-pp"), 2, 8, 10 * core::kGiB},
   };
   std::size_t pruned = 0, checked = 0, abandoned = 0;
   double pipeline_task = 0, pipeline_chain = 0;  // the bounds summed over the pipelines' candidates
@@ -421,7 +425,7 @@ TEST_CASE("branch and bound: the native bound never exceeds a run, and the bound
       CHECK(bound > 0);
       CHECK(task_bound > 0);
       CHECK(task_bound <= bound);  // its edges and prices are a subset of the chain bound's
-      if (c.kind == core::PlanKind::HarmonyPP) {
+      if (c.kind == core::plan_kind("harmony-pp")) {
         pipeline_task += static_cast<double>(task_bound);
         pipeline_chain += static_cast<double>(bound);
       }
@@ -494,7 +498,7 @@ TEST_CASE("the native task bound sees the CPU updates every replica and pack wai
   const auto engine = sim::make_engine(core::CostModelKind::Native, model, m);
   for (const int gpus : {2, 4}) {
     CAPTURE(gpus);
-    const auto space = wide_space(core::PlanKind::HarmonyDP, gpus, 8 * gpus, m, -1);
+    const auto space = wide_space(core::plan_kind("harmony-dp"), gpus, 8 * gpus, m, -1);
     const auto cands = core::enumerate_candidates(model, space);
     REQUIRE(!cands.empty());
     for (std::size_t i = 0; i < cands.size(); i += std::max<std::size_t>(1, cands.size() / 8)) {
@@ -517,7 +521,7 @@ TEST_CASE("the bounded search's first miss is the full search's when nothing fit
   // a capacity no plan meets: nothing is feasible, so nothing is pruned and every candidate is evaluated
   core::MachineSpec m = core::machine_preset("paper-1080ti");
   m.gpu_memory_bytes = 600 * core::kMiB;
-  auto space = wide_space(core::PlanKind::HarmonyPP, 2, 8, m, 1);
+  auto space = wide_space(core::plan_kind("harmony-pp"), 2, 8, m, 1);
   space.capacity_bytes = 10 * core::kGiB;  // the packers think it fits; the native engine finds it does not
   const auto engine = sim::make_engine(core::CostModelKind::Native, bert(), m);
   const auto cands = core::enumerate_candidates(bert(), space);
@@ -548,7 +552,7 @@ TEST_CASE("a host floor over the machine's memory: the bounded search runs only 
   m.topology.host_memory_bytes = sim::host_floor(bert(), false).total_bytes - 1;
   const auto engine = sim::make_engine(core::CostModelKind::Native, bert(), m);
   CHECK(engine->host_floor_exceeded(false));
-  auto space = wide_space(core::PlanKind::HarmonyPP, 2, 8, m, 1);
+  auto space = wide_space(core::plan_kind("harmony-pp"), 2, 8, m, 1);
   const auto cands = core::enumerate_candidates(bert(), space);
   REQUIRE(cands.size() > 2);
   const auto a = core::run_search(cands, space, [&](const core::Plan& p) {

@@ -97,7 +97,7 @@ TEST_CASE("same-time completions are deterministic and the engine equals a topol
   const auto model = core::load_profile(root() + "/configs/profiles/bert_large.json");
   const core::MachineSpec machine;
   for (bool pf : {false, true}) {
-    for (auto mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
+    for (auto mode : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")}) {
       core::Plan p;
       p.kind = mode;
       p.gpus = 2;

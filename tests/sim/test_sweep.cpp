@@ -80,11 +80,11 @@ TEST_CASE("the grid expands in odometer order with the kinds innermost") {
   CHECK(s.num_points() == 12);
   CHECK(s.base_path == fs::path(root() + "/configs/sweeps/example_base.yaml").lexically_normal().generic_string());
   const auto p7 = sim::sweep_point(s, 7);  // combo 3 = (minibatch 32, gpus 1), kind l2l
-  CHECK(p7.kind == core::PlanKind::L2L);
+  CHECK(p7.kind == core::plan_kind("l2l"));
   CHECK(p7.value_index == std::vector<std::size_t>{1, 0});
   CHECK(p7.overrides == std::vector<std::string>{"plan.minibatch=32", "plan.gpus=1", "plan.mode=harmony-pp"});
   const auto p4 = sim::sweep_point(s, 4);  // combo 2 = (16, 4), harmony-pp
-  CHECK(p4.kind == core::PlanKind::HarmonyPP);
+  CHECK(p4.kind == core::plan_kind("harmony-pp"));
   CHECK(p4.value_index == std::vector<std::size_t>{0, 2});
   std::set<std::string> ids;
   for (std::size_t i = 0; i < s.num_points(); ++i) ids.insert(sim::sweep_point(s, i).id);
