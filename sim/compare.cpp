@@ -11,16 +11,15 @@
 
 #include "core/base/error.hpp"
 #include "core/base/parallel.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
-#include "core/kinds/kinds.hpp"
 #include "core/search/search.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
 #include "sim/native_engine.hpp"
 
 namespace harmony::sim {
-
 
 namespace {
 // The plan ran out of host memory (or pinned memory) rather than GPU memory.
@@ -91,10 +90,10 @@ void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& mod
       if (kind->offload_tiers) kr.offload = core::offload_tier_name(plan.knobs.offload);
     }
     if (!kr.feasible) {
-      const std::string miss = res.first_miss < cands.size()
-                                   ? fmt::format("; first: u {}: {}", cands[res.first_miss].plan.u_bwd,
-                                                 res.first_miss_reason)
-                                   : std::string();
+      const std::string miss =
+          res.first_miss < cands.size()
+              ? fmt::format("; first: u {}: {}", cands[res.first_miss].plan.u_bwd, res.first_miss_reason)
+              : std::string();
       kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", num_plans, miss);
     }
   } else if (kr.reason.empty() && kind->one_microbatch) {
@@ -269,9 +268,8 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
         report();
       };
     }
-    out.kinds[slot] =
-        best_plan_of_kind(names[slot], model, machine, gpus, minibatch, cost_model, search,
-                          options, {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
+    out.kinds[slot] = best_plan_of_kind(names[slot], model, machine, gpus, minibatch, cost_model, search, options,
+                                        {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
     if (progress) {
       const std::lock_guard<std::mutex> lock(progress_mutex);
       ++kinds_done;

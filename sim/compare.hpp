@@ -21,12 +21,12 @@ namespace harmony::sim {
 struct KindResult {
   core::PlanKind kind;
   bool feasible = false;
-  bool applicable = true;                      // false: the kind cannot run this N and D at all (reason says why)
-  std::string reason;                          // why no plan of this kind fits (when !feasible)
-  std::size_t candidates = 0;                  // plans searched (evaluated or pruned)
-  std::size_t deadlocked = 0;                  // of the evaluated, how many deadlocked
-  std::size_t pruned = 0;                      // not simulated: the engine's bound showed they cannot win
-  core::RunReport best;                        // valid when feasible
+  bool applicable = true;          // false: the kind cannot run this N and D at all (reason says why)
+  std::string reason;              // why no plan of this kind fits (when !feasible)
+  std::size_t candidates = 0;      // plans searched (evaluated or pruned)
+  std::size_t deadlocked = 0;      // of the evaluated, how many deadlocked
+  std::size_t pruned = 0;          // not simulated: the engine's bound showed they cannot win
+  core::RunReport best;            // valid when feasible
   std::optional<core::Plan> plan;  // the best plan as searched (when feasible): evaluate_plan of it reruns best
   // kinds with the activations knob: the best feasible time under each activation policy searched ("checkpoint",
   // "keep"); the winner is best.plan.knobs.activation_policy. A policy with no feasible plan is absent.

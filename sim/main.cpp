@@ -25,9 +25,9 @@
 #include "core/base/error.hpp"
 #include "core/base/input_file.hpp"
 #include "core/config/config.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/model/profile.hpp"
 #include "core/output/trace.hpp"
-#include "core/kinds/kinds.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/task_graph.hpp"
 #include "core/search/search.hpp"
@@ -593,14 +593,14 @@ struct CalibrateCli {
 std::vector<core::Program> candidate_programs(const core::TrainConfig& cfg, const core::Model& model,
                                               const std::string& trace_text) {
   std::vector<core::Program> out;
-  const core::Plan plan =
-      core::plan_from_spec(cfg.plan, model, cfg.machine.gpu_memory_bytes, cfg.file, "`calibrate`",
-                           "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
+  const core::Plan plan = core::plan_from_spec(cfg.plan, model, cfg.machine.gpu_memory_bytes, cfg.file, "`calibrate`",
+                                               "give the plan harmony-run ran, with `u_fwd: U` and `u_bwd: U`");
   if (plan.kind->packs) {
     out.push_back(core::lower_plan(plan, model, all_gpus(core::lower_options(cfg.options))));
     return out;
   }
-  std::vector<core::LayerRange> stages;  // a kind with stages: per device, the layers its compute ops cover in the trace
+  std::vector<core::LayerRange>
+      stages;  // a kind with stages: per device, the layers its compute ops cover in the trace
   if (plan.kind->stage_per_gpu) {
     try {
       const auto doc = nlohmann::json::parse(trace_text);

@@ -98,7 +98,8 @@ BestPlan make_best(const KindResult& kr, const core::Model& model, const core::R
   core::LowerOptions lower = core::lower_options(cfg.options);
   lower.offload_nvme = kr.offload == "nvme";  // the tier the search chose (compare.hpp)
   // lowered as the search's engine (cfg.cost_model's) lowers it, then run once on `engine`
-  e = evaluate_program(engine, lower_plan_for(*make_engine(cfg.cost_model, model, cfg.machine), model, *kr.plan, lower));
+  e = evaluate_program(engine,
+                       lower_plan_for(*make_engine(cfg.cost_model, model, cfg.machine), model, *kr.plan, lower));
   b.program = std::move(e.program);
   b.native = std::move(e.native);
   b.report = std::move(e.report);

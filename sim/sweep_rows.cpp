@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config/config.hpp"
-#include "core/output/report.hpp"
 #include "core/kinds/swapping.hpp"
+#include "core/output/report.hpp"
 #include "core/plan/plan.hpp"
 #include "sim/compare.hpp"
 #include "sim/sweep_internal.hpp"
@@ -305,8 +305,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
     // What decided the plan besides its shape: the activation policy (Harmony recomputes by design) and, for the
     // kinds with offload tiers, where parameters and optimizer state lived (cpu: host memory, nvme: the drives).
     cells.push_back(text_cell(core::activation_policy_name(r->plan.knobs.activation_policy)));
-    cells.push_back(p.kind->offload_tiers ? text_cell(kr->offload.empty() ? "cpu" : kr->offload)
-                                                    : null_cell());
+    cells.push_back(p.kind->offload_tiers ? text_cell(kr->offload.empty() ? "cpu" : kr->offload) : null_cell());
     cells.push_back(int_cell(r->swap_in_bytes));
     cells.push_back(int_cell(r->swap_out_bytes));
     cells.push_back(int_cell(r->p2p_bytes));

@@ -1,7 +1,7 @@
 // The executor's interpreter of the swapping kinds' Programs (ExecutorDialect::Swapping: dp-swap, pp-swap,
-// zero-infinity, l2l, lohan): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op that produced
-// them; which version an op reads (the latest producer among its ancestors) and every host gradient and weight
-// an Update touches are checked when the executor is built, so a missing dependency is refused before any step.
+// zero-infinity, l2l, lohan): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op
+// that produced them; which version an op reads (the latest producer among its ancestors) and every host gradient and
+// weight an Update touches are checked when the executor is built, so a missing dependency is refused before any step.
 // Ops of different queues run on their own streams and worker threads (detail.hpp's lock discipline).
 #include <algorithm>
 #include <cstring>

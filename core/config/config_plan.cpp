@@ -48,9 +48,9 @@ PlanKind parse_mode(const Node& v) {
   std::vector<std::string> aliases;
   for (const PlanKind& k : plan_kinds())
     for (const std::string& a : k->aliases) aliases.push_back(a);
-  const std::string hint_tail = fmt::format("modes: {}{}", join(names),
-                                            aliases.empty() ? std::string()
-                                                            : fmt::format(" (the paper's aliases {})", join(aliases)));
+  const std::string hint_tail =
+      fmt::format("modes: {}{}", join(names),
+                  aliases.empty() ? std::string() : fmt::format(" (the paper's aliases {})", join(aliases)));
   const std::string& s = expect_scalar(v, "plan.mode", "a mode name", hint_tail);
   if (const auto kind = find_plan_kind(s, /*with_aliases=*/true)) return *kind;
   names.insert(names.end(), aliases.begin(), aliases.end());
@@ -80,7 +80,8 @@ void parse_offload(const Entry& e, KindKnobs& knobs, const MachineSpec& machine)
       "topology.nvme drives, as DeepSpeed's offload_param/offload_optimizer device: nvme)";
   const std::string& v = expect_scalar(e.value, what, "an offload tier", hint);
   const auto tier = parse_offload_tier(v);
-  if (!tier) fail(e.value.loc, fmt::format("unknown {} '{}'", what, v), suggestion_hint(v, offload_tier_names(), "tiers"));
+  if (!tier)
+    fail(e.value.loc, fmt::format("unknown {} '{}'", what, v), suggestion_hint(v, offload_tier_names(), "tiers"));
   if (*tier == OffloadTier::Nvme && !machine.topology.nvme.present())
     fail(e.value.loc, "plan.offload: nvme needs a machine with an NVMe tier",
          "add topology.nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us} to the machine, or "
@@ -217,7 +218,7 @@ PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& lo
   PlanSpec plan;
   plan.loc = plan_key_loc;
   const Entry& mode = require(map, "mode", "plan", plan_key_loc,
-                             fmt::format("add `mode: KIND` under plan: (kinds: {})", join(plan_kind_names())));
+                              fmt::format("add `mode: KIND` under plan: (kinds: {})", join(plan_kind_names())));
   plan.kind = parse_mode(mode.value);
   parse_knobs(map, plan.kind, plan.knobs, machine);
   const Entry& gpus = require(map, "gpus", "plan", plan_key_loc, "add `gpus: N` (GPUs the plan uses) under plan:");
@@ -386,8 +387,7 @@ Plan plan_from_spec(const PlanSpec& ps, const Model& model, Bytes gpu_capacity_b
   p.knobs = ps.knobs;
   p.knobs.gpu_capacity_bytes = gpu_capacity_bytes;
   if (!p.kind->packs) {  // one microbatch size, plan.u_bwd; the pack keys are not read
-    if (!ps.u_bwd)
-      plan_error(ps, file, fmt::format("{} needs plan.u_bwd (its microbatch size)", p.kind.name()), hint);
+    if (!ps.u_bwd) plan_error(ps, file, fmt::format("{} needs plan.u_bwd (its microbatch size)", p.kind.name()), hint);
     p.u_fwd = p.u_bwd = *ps.u_bwd;
     try {
       p.kind->validate(p, model);

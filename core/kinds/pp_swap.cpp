@@ -182,8 +182,7 @@ Program lower_pp_swap(const Plan& plan, const Model& model, const LowerOptions& 
 
 const PlanKindSpec kSpec{
     .name = "pp-swap",
-    .description =
-        "GPipe-style pipeline over time-balanced contiguous stages, each swapping like dp-swap",
+    .description = "GPipe-style pipeline over time-balanced contiguous stages, each swapping like dp-swap",
     .aliases = {},
     .listing_order = 40,
     .role = KindRole::Baseline,

@@ -47,7 +47,6 @@ const SwapRules& swap_rules(PlanKind kind) {
 
 namespace {
 
-
 // Microbatches per GPU: D/N for data-parallel kinds, D otherwise (every stage sees every sample).
 int microbatches(const Plan& p) { return (p.kind->data_parallel ? p.minibatch / p.gpus : p.minibatch) / p.u_bwd; }
 
@@ -124,8 +123,8 @@ SwapDecision decide(const Plan& p, const SwapRules& rules, const Model& m, Layer
 
 void check_stages(const char* name, const std::vector<LayerRange>& stages, int gpus, int num_layers) {
   if (static_cast<int>(stages.size()) != gpus)
-    throw ScheduleError(
-        fmt::format("{} has {} stages for {} GPUs: give one contiguous layer range per GPU", name, stages.size(), gpus));
+    throw ScheduleError(fmt::format("{} has {} stages for {} GPUs: give one contiguous layer range per GPU", name,
+                                    stages.size(), gpus));
   int next = 0;
   for (std::size_t s = 0; s < stages.size(); ++s) {
     if (stages[s].first != next || stages[s].last < stages[s].first)
@@ -141,7 +140,6 @@ void check_stages(const char* name, const std::vector<LayerRange>& stages, int g
 }
 
 }  // namespace
-
 
 void validate_swapping_plan(const Plan& p, const Model& m) {
   const char* name = p.kind.name();

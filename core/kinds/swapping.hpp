@@ -65,6 +65,5 @@ std::string describe_swapping_plan(const Plan& plan, const Model& model);
 }  // namespace harmony::core
 
 // Registers a swapping kind's PlanKindSpec and SwapRules defined at namespace scope in its core/kinds/ file.
-#define HARMONY_REGISTER_SWAPPING_KIND(spec, rules)                   \
-  [[maybe_unused]] static const bool harmony_plan_kind_registered = \
-      ::harmony::core::register_swapping_kind(spec, rules)
+#define HARMONY_REGISTER_SWAPPING_KIND(spec, rules) \
+  [[maybe_unused]] static const bool harmony_plan_kind_registered = ::harmony::core::register_swapping_kind(spec, rules)

@@ -31,9 +31,8 @@ const std::vector<PlanKind>& sorted_kinds() {
     const std::lock_guard<std::mutex> lock(r.mutex);
     r.read = true;
     std::vector<const PlanKindSpec*> specs = r.specs;
-    std::stable_sort(specs.begin(), specs.end(), [](const PlanKindSpec* a, const PlanKindSpec* b) {
-      return a->listing_order < b->listing_order;
-    });
+    std::stable_sort(specs.begin(), specs.end(),
+                     [](const PlanKindSpec* a, const PlanKindSpec* b) { return a->listing_order < b->listing_order; });
     std::vector<PlanKind> out;
     for (const PlanKindSpec* s : specs) out.emplace_back(*s);
     if (out.empty()) throw InternalError("no plan kind is registered (core/kinds/ not linked whole)");
@@ -64,8 +63,8 @@ bool register_plan_kind(const PlanKindSpec& spec) {
   spellings.push_back(name);
   for (const PlanKindSpec* other : r.specs) {
     if (other->listing_order == spec.listing_order)
-      throw InternalError(fmt::format("plan kinds '{}' and '{}' share listing_order {}", other->name, name,
-                                      spec.listing_order));
+      throw InternalError(
+          fmt::format("plan kinds '{}' and '{}' share listing_order {}", other->name, name, spec.listing_order));
     for (const std::string& s : spellings)
       if (s == other->name || std::find(other->aliases.begin(), other->aliases.end(), s) != other->aliases.end())
         throw InternalError(fmt::format("plan kind '{}': '{}' is already plan kind '{}'", name, s, other->name));

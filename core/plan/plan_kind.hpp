@@ -36,8 +36,8 @@ const char* kind_role_name(KindRole r);  // "harmony", "baseline"
 enum class ExecutorDialect { Harmony, Swapping };
 
 struct PlanKindSpec {
-  const char* name = "";         // as configs and outputs spell it: "harmony-pp", "dp-swap", ...
-  const char* description = "";  // one line, for listings
+  const char* name = "";             // as configs and outputs spell it: "harmony-pp", "dp-swap", ...
+  const char* description = "";      // one line, for listings
   std::vector<std::string> aliases;  // other spellings plan.mode accepts (the paper's vPP, vDP)
   int listing_order = 0;             // position in listings, compare's table and sweeps' default kinds (ascending)
   KindRole role = KindRole::Baseline;

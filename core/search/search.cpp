@@ -106,8 +106,8 @@ std::vector<Packs> forward_packings(const Model& model, const std::string& metho
 
 std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpace& space) {
   if (!space.kind->packs)
-    throw ScheduleError(fmt::format("enumerate_candidates: {} plans have no packs; its PlanKindSpec::enumerate lists them",
-                                    space.kind.name()));
+    throw ScheduleError(fmt::format(
+        "enumerate_candidates: {} plans have no packs; its PlanKindSpec::enumerate lists them", space.kind.name()));
   const int R = model.num_layers();
   const auto ub_bwd = candidate_ubatch_sizes(model, Phase::Bwd, space);
   const auto ub_fwd = candidate_ubatch_sizes(model, Phase::Fwd, space);
@@ -316,8 +316,7 @@ SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const 
   std::vector<double> estimates;
   if (bound) {
     bounds.resize(n);
-    parallel_for(n, search_threads(space, n),
-                 [&](std::size_t i) { bounds[i] = bound(candidates[i].plan); });
+    parallel_for(n, search_threads(space, n), [&](std::size_t i) { bounds[i] = bound(candidates[i].plan); });
   } else {
     estimates.resize(n);
     for (std::size_t i = 0; i < n; ++i) estimates[i] = compute_estimate_s(model, candidates[i], space);

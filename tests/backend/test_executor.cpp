@@ -207,8 +207,9 @@ TEST_CASE("pinned_limit: the bf16 staging buffers count in the pre-flight") {
 TEST_CASE("a Program missing the dependency of a BWD on its dY is rejected") {
   // Harmony-DP with prefetch is left out on purpose: there dY is queued before the pack's WB on the SwapIn
   // stream and REC waits for WB, so dY still precedes BWD and removing the edge is harmless.
-  for (auto [mode, pf] : std::vector<std::pair<core::PlanKind, bool>>{
-           {core::plan_kind("harmony-pp"), false}, {core::plan_kind("harmony-pp"), true}, {core::plan_kind("harmony-dp"), false}}) {
+  for (auto [mode, pf] : std::vector<std::pair<core::PlanKind, bool>>{{core::plan_kind("harmony-pp"), false},
+                                                                      {core::plan_kind("harmony-pp"), true},
+                                                                      {core::plan_kind("harmony-dp"), false}}) {
     {
       CAPTURE(pf);
       Setup s(2);

@@ -24,8 +24,8 @@
 #include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
-#include "core/output/trace.hpp"
 #include "core/kinds/kinds.hpp"
+#include "core/output/trace.hpp"
 #include "tests/backend/executor_fixture.hpp"
 
 using namespace harmony::backend;
@@ -125,9 +125,10 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
               // the forced decisions are real: streamed weights swap in per microbatch, swapped stashes move
               const int m = share / u;
               const int R = s.model->num_layers();
-              const int replicas = kind == plan_kind("pp-swap") ? 1 : gpus;              // pp-swap: each layer on one stage
-              int wb = kind == plan_kind("l2l") ? 2 * R * gpus : replicas * 2 * m * R;  // per layer, pass (and microbatch)
-              if (weights_choice && w == SwapChoice::Keep) wb = replicas * R;        // once
+              const int replicas = kind == plan_kind("pp-swap") ? 1 : gpus;  // pp-swap: each layer on one stage
+              int wb =
+                  kind == plan_kind("l2l") ? 2 * R * gpus : replicas * 2 * m * R;  // per layer, pass (and microbatch)
+              if (weights_choice && w == SwapChoice::Keep) wb = replicas * R;      // once
               CHECK(count_ops(prog, core::OpKind::WB) == wb);
               if (kind == plan_kind("l2l")) {
                 CHECK((count_ops(prog, core::OpKind::dY) > 0) == (a == SwapChoice::Swap));
@@ -240,8 +241,8 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
        swapping_plan(plan_kind("dp-swap"), 1, 2, SwapChoice::Swap, SwapChoice::Swap), OpKind::REC, OpKind::sX,
        Stream::SwapIn, "reads"},
       {"dp-swap (keep) BWD without its saved swap-in",
-       keep_policy(swapping_plan(plan_kind("dp-swap"), 1, 2, SwapChoice::Swap, SwapChoice::Swap)), OpKind::BWD, OpKind::sX,
-       Stream::SwapIn, "reads", true},
+       keep_policy(swapping_plan(plan_kind("dp-swap"), 1, 2, SwapChoice::Swap, SwapChoice::Swap)), OpKind::BWD,
+       OpKind::sX, Stream::SwapIn, "reads", true},
       {"l2l (keep) BWD without its saved swap-in",
        keep_policy(swapping_plan(plan_kind("l2l"), 2, 1, SwapChoice::Auto, SwapChoice::Keep)), OpKind::BWD, OpKind::sX,
        Stream::SwapIn, "reads", true},
@@ -260,8 +261,9 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
        Stream::P2POut, "reads"},
       {"l2l BWD without its host dY", swapping_plan(plan_kind("l2l"), 2, 1, SwapChoice::Auto, SwapChoice::Swap),
        OpKind::BWD, OpKind::dY, Stream::SwapIn, "reads"},
-      {"dp-swap dWB without its all-reduce", swapping_plan(plan_kind("dp-swap"), 2, 1, SwapChoice::Keep, SwapChoice::Keep),
-       OpKind::dWB, OpKind::ARD, Stream::Compute, "reads"},
+      {"dp-swap dWB without its all-reduce",
+       swapping_plan(plan_kind("dp-swap"), 2, 1, SwapChoice::Keep, SwapChoice::Keep), OpKind::dWB, OpKind::ARD,
+       Stream::Compute, "reads"},
       {"dp-swap Update without its dWB", swapping_plan(plan_kind("dp-swap"), 1, 1, SwapChoice::Swap, SwapChoice::Keep),
        OpKind::Update, OpKind::dWB, Stream::SwapOut, "updates layer"},
       {"l2l Update without a GPU's dWB", swapping_plan(plan_kind("l2l"), 4, 1, SwapChoice::Auto, SwapChoice::Keep),

@@ -202,14 +202,18 @@ TEST_CASE("event ordering: random delays in the device streams never change the 
       {"harmony-dp 2 GPUs", 2, DType::F32,
        [](const Gpt2& m) { return lower_harmony_plan(m, core::plan_kind("harmony-dp"), 2, 1, 2, 1, false); }},
       {"harmony-pp 2 GPUs bf16", 2, DType::BF16,
-       [](const Gpt2& m) { return lower_harmony_plan(m, core::plan_kind("harmony-pp"), 2, 1, 2, 3, false, DType::BF16); }},
+       [](const Gpt2& m) {
+         return lower_harmony_plan(m, core::plan_kind("harmony-pp"), 2, 1, 2, 3, false, DType::BF16);
+       }},
       {"dp-swap 2 GPUs, swapped", 2, DType::F32,
        [](const Gpt2& m) {
-         return lower_swapping_plan(m, swapping_plan(core::plan_kind("dp-swap"), 2, 1, SwapChoice::Swap, SwapChoice::Swap));
+         return lower_swapping_plan(
+             m, swapping_plan(core::plan_kind("dp-swap"), 2, 1, SwapChoice::Swap, SwapChoice::Swap));
        }},
       {"pp-swap 2 GPUs", 2, DType::F32,
        [](const Gpt2& m) {
-         return lower_swapping_plan(m, swapping_plan(core::plan_kind("pp-swap"), 2, 2, SwapChoice::Keep, SwapChoice::Swap));
+         return lower_swapping_plan(
+             m, swapping_plan(core::plan_kind("pp-swap"), 2, 2, SwapChoice::Keep, SwapChoice::Swap));
        }},
       {"zero-infinity 2 GPUs", 2, DType::F32,
        [](const Gpt2& m) {
@@ -225,8 +229,8 @@ TEST_CASE("event ordering: random delays in the device streams never change the 
        [](const Gpt2& m) { return lower_harmony_plan(m, core::plan_kind("harmony-dp"), 4, 1, 1, 1, false); }, true},
       {"dp-swap 2 GPUs bf16, device sums", 2, DType::BF16,
        [](const Gpt2& m) {
-         return lower_swapping_plan(m, swapping_plan(core::plan_kind("dp-swap"), 2, 1, SwapChoice::Swap, SwapChoice::Swap),
-                                    DType::BF16);
+         return lower_swapping_plan(
+             m, swapping_plan(core::plan_kind("dp-swap"), 2, 1, SwapChoice::Swap, SwapChoice::Swap), DType::BF16);
        },
        true},
       {"zero-infinity 2 GPUs, device sums", 2, DType::F32,

@@ -16,11 +16,11 @@
 
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
-#include "core/model/profile.hpp"
 #include "core/kinds/kinds.hpp"
 #include "core/kinds/swapping.hpp"
-#include "core/program/program_builder.hpp"
+#include "core/model/profile.hpp"
 #include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
 #include "sim/compare.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/simulator.hpp"
@@ -28,8 +28,8 @@
 using namespace harmony;
 using core::Bytes;
 using core::OpKind;
-using core::PlanKind;
 using core::plan_kind;
+using core::PlanKind;
 using core::Stream;
 using core::SwapChoice;
 
@@ -568,8 +568,7 @@ TEST_CASE("streaming keeps the simulated memory ledger within the decision's est
     for (int N : {1, 2}) {
       CAPTURE(core::plan_kind_name(kind));
       CAPTURE(N);
-      auto plan =
-          make_plan(kind, N, (kind->one_microbatch ? 4 : 16) * N, 4, SwapChoice::Swap, SwapChoice::Swap);
+      auto plan = make_plan(kind, N, (kind->one_microbatch ? 4 : 16) * N, 4, SwapChoice::Swap, SwapChoice::Swap);
       const auto decisions = core::decide_swaps(plan, model);
       const auto p = core::lower_plan(plan, model);
       const auto t = run(p, model);
@@ -676,8 +675,7 @@ TEST_CASE("validate_baseline_plan rejects bad plans") {
   auto lo = make_plan(plan_kind("lohan"), 2, 8, 4, SwapChoice::Auto, SwapChoice::Auto);
   CHECK_NOTHROW(core::validate_plan(lo, model));
   lo.u_fwd = lo.u_bwd = 2;  // share 4 in two microbatches: no gradient accumulation in LoHan
-  CHECK_THROWS_WITH_AS(core::validate_plan(lo, model), doctest::Contains("one microbatch"),
-                       core::ScheduleError);
+  CHECK_THROWS_WITH_AS(core::validate_plan(lo, model), doctest::Contains("one microbatch"), core::ScheduleError);
   auto as_lohan = p;  // a dp-swap plan's sizes (share 8 in microbatches of 2) under lohan's rule
   as_lohan.kind = plan_kind("lohan");
   CHECK_THROWS_AS(core::lower_plan(as_lohan, model), core::ScheduleError);
@@ -912,8 +910,8 @@ TEST_CASE("compare searches both activation policies for every baseline and repo
     CHECK(kr.best.iteration_time_s == std::min(ck, kp));
   }
   // Harmony recomputes by design and says so
-  const auto pp =
-      sim::best_plan_of_kind(plan_kind("harmony-pp"), model, machine, 2, 32, core::CostModelKind::Reference, search, {});
+  const auto pp = sim::best_plan_of_kind(plan_kind("harmony-pp"), model, machine, 2, 32, core::CostModelKind::Reference,
+                                         search, {});
   REQUIRE(pp.feasible);
   CHECK(pp.best.plan.knobs.activation_policy == core::ActivationPolicy::Checkpoint);
   CHECK(pp.policy_best_time_s.empty());

@@ -15,9 +15,9 @@
 
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
-#include "core/kinds/kinds.hpp"
 #include "core/output/report.hpp"
 #include "sim/calibrate.hpp"
 #include "sim/compare.hpp"

@@ -357,8 +357,8 @@ TEST_CASE("compare: Harmony moves to offload nvme only when host memory binds, o
   m.gpu_memory_bytes = core::kGiB;
   m.topology.host_memory_bytes = 100000;
   core::SearchSpec search;
-  const auto kr = sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 1, 2, core::CostModelKind::Native, search,
-                                         core::Options{});
+  const auto kr = sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 1, 2, core::CostModelKind::Native,
+                                         search, core::Options{});
   INFO(kr.reason);
   REQUIRE(kr.feasible);
   CHECK(kr.offload == "nvme");
@@ -372,14 +372,14 @@ TEST_CASE("compare: Harmony moves to offload nvme only when host memory binds, o
   CHECK(cpu.offload.empty());
   // search.offload: nvme pins the drives; cpu never falls back
   search.offload = core::SearchSpec::Offload::Nvme;
-  const auto nv = sim::best_plan_of_kind(core::plan_kind("harmony-dp"), model, m, 1, 2, core::CostModelKind::Native, search,
-                                         core::Options{});
+  const auto nv = sim::best_plan_of_kind(core::plan_kind("harmony-dp"), model, m, 1, 2, core::CostModelKind::Native,
+                                         search, core::Options{});
   REQUIRE(nv.feasible);
   CHECK(nv.offload == "nvme");
   search.offload = core::SearchSpec::Offload::Cpu;
   m.topology.host_memory_bytes = 100000;
-  const auto no = sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 1, 2, core::CostModelKind::Native, search,
-                                         core::Options{});
+  const auto no = sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 1, 2, core::CostModelKind::Native,
+                                         search, core::Options{});
   CHECK_FALSE(no.feasible);
   CHECK(no.offload.empty());
 }
@@ -420,8 +420,8 @@ TEST_CASE("compare: search.offload pins zero-infinity's tier (cpu never falls ba
   CHECK(nv.offload == "nvme");
   CHECK(nv.best.host_memory.total_bytes == 56000);
   // the reference model has no NVMe tier, nor does a machine without topology.nvme: not applicable, said why
-  const auto ref = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1, core::CostModelKind::Reference,
-                                          search, core::Options{});
+  const auto ref = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1,
+                                          core::CostModelKind::Reference, search, core::Options{});
   CHECK_FALSE(ref.feasible);
   CHECK(ref.reason.find("native cost model") != std::string::npos);
   auto plain = box();

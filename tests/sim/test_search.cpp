@@ -351,10 +351,9 @@ TEST_CASE("wide pack counts: the paper's candidates come first and Minimum is th
   for (const auto& c : wide) {
     CHECK(std::count_if(wide.begin(), wide.end(), [&](const core::Candidate& w) { return same(w, c); }) == 1);
     // beyond the paper's own backward packings (which may have more: 13 at u = 32), none has more than 8 packs
-    if (std::none_of(minimum.begin(), minimum.end(),
-                     [&](const core::Candidate& m) {
-                       return m.plan.u_bwd == c.plan.u_bwd && m.plan.packs_bwd == c.plan.packs_bwd;
-                     }))
+    if (std::none_of(minimum.begin(), minimum.end(), [&](const core::Candidate& m) {
+          return m.plan.u_bwd == c.plan.u_bwd && m.plan.packs_bwd == c.plan.packs_bwd;
+        }))
       max_added = std::max(max_added, c.plan.packs_bwd.size());
   }
   CHECK(max_added == 8);
