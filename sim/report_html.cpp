@@ -427,14 +427,11 @@ std::string bottleneck_html(const BestPlan& b) {
   return out;
 }
 
-// Plan kind colours of the sweep charts: disjoint from the op colours (the screenshot test counts those).
+// Plan kind colours of the sweep charts: each kind's PlanKindSpec::color (disjoint from the op colours, which the
+// screenshot test counts); an unregistered name (an old results file) the default's.
 const char* kind_color(const std::string& kind) {
-  static const std::pair<const char*, const char*> kColors[] = {
-      {"harmony-pp", "#1f77b4"},    {"harmony-dp", "#17becf"}, {"dp-swap", "#d62728"}, {"pp-swap", "#9467bd"},
-      {"zero-infinity", "#8c564b"}, {"l2l", "#7f7f7f"},        {"lohan", "#bcbd22"}};
-  for (const auto& [k, c] : kColors)
-    if (kind == k) return c;
-  return "#bcbd22";
+  const auto k = core::find_plan_kind(kind);
+  return k ? (*k)->color : core::PlanKindSpec{}.color;
 }
 
 void kind_legend(std::string& out, const std::vector<std::string>& kinds) {
