@@ -19,6 +19,9 @@
 #include "core/model/model.hpp"
 #include "core/model/profile.hpp"
 #include "core/model/profile_write.hpp"
+#include "tests/test_support.hpp"
+
+using harmony::test::source_dir;
 
 using harmony::core::Bytes;
 using harmony::core::ConfigError;
@@ -32,10 +35,6 @@ using harmony::core::TextPos;
 
 namespace {
 
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir ? std::string(dir) : std::string(".");
-}
 std::string profile_path(const std::string& name) { return source_dir() + "/configs/profiles/" + name; }
 
 std::string read_text(const std::string& path) {
