@@ -12,22 +12,13 @@ import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, finish, runner
+
 RUN = sys.argv[1]
-ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
 FIXTURE = os.path.join(ROOT, "scripts/make-hub-fixture.py")
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 hub = __import__("make-hub-fixture")  # expected_value, param_shapes, CONFIG
-failures = []
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
 
 
 def fixture(out, *args):
@@ -51,8 +42,7 @@ train: {{steps: {steps}, lr: {lr}, weight_decay: 0.0, data: {{synthetic_tokens: 
     return path
 
 
-def run(*args):
-    return subprocess.run([RUN, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+run = runner(RUN, timeout=600)
 
 
 def read_f32_safetensors(path):
@@ -176,7 +166,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check("a folder with only pytorch_model.bin: says to convert", r.returncode == 2 and "safe_serialization" in
           r.stderr, r.stderr)
 
-print(f"{passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

@@ -23,19 +23,16 @@
 #include "sim/cost_native.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
 using core::Bytes;
 using core::OpKind;
 using core::Stream;
 using core::TimePs;
+using harmony::test::source_dir;
 
 namespace {
-
-std::string root() {
-  const char* r = std::getenv("HARMONY_SOURCE_DIR");
-  return r ? r : ".";
-}
 
 std::size_t z(int i) { return static_cast<std::size_t>(i); }
 
@@ -923,8 +920,8 @@ TEST_CASE("a P2P op without a peer and a plan wider than the machine are errors"
 TEST_CASE(
     "the native model reproduces the reference on all 42 bert_large oracles (contention, latency and "
     "capacities off, the paper's constants)") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
-  std::ifstream in(root() + "/tests/data/reference/oracles_bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
+  std::ifstream in(source_dir() + "/tests/data/reference/oracles_bert_large.json");
   REQUIRE(in.good());
   const auto oracles = nlohmann::json::parse(in);
   REQUIRE(oracles.size() == 42);
@@ -983,7 +980,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible at 10 GiB, not at 4 GiB") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   core::Plan plan;
   plan.kind = core::PlanKind::HarmonyPP;
   plan.gpus = 4;
@@ -1041,7 +1038,7 @@ TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible 
 }
 
 TEST_CASE("the native model is deterministic, and the trace gets memory and bandwidth counters") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   core::Plan plan;
   plan.kind = core::PlanKind::HarmonyDP;
   plan.gpus = 4;
@@ -1104,7 +1101,7 @@ TEST_CASE("the native model is deterministic, and the trace gets memory and band
 }
 
 TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, ledger = report bytes") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   const auto machine = paper_1080ti_like();
   int plans = 0;
   for (auto mode : {core::PlanKind::HarmonyPP, core::PlanKind::HarmonyDP}) {
@@ -1152,7 +1149,7 @@ TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, 
 }
 
 TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its time, native makes it infeasible") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   core::Plan plan;
   plan.kind = core::PlanKind::HarmonyPP;
   plan.gpus = 2;
