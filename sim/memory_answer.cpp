@@ -26,7 +26,7 @@ std::size_t z(int i) { return static_cast<std::size_t>(i); }
 
 // At most this many candidates of a kind (per offload tier) are lowered and replayed: the packers and swap
 // decisions already fit their estimates to the GPU, so the first almost always fits; a kind none of whose first
-// candidates fits is answered with the least of them.
+// candidates fits is answered with the one nearest to fitting.
 constexpr std::size_t kMaxLowered = 8;
 
 // The ops the serial executor runs together with `o`: a P2P pair (send first), or a collective's members (ARD, AG,
@@ -231,17 +231,28 @@ struct Cand {
   std::size_t index = 0;
 };
 
-// Tries candidates in order (at most kMaxLowered): the first that fits is the answer, else the least GPU memory.
+// Tries candidates in order (at most kMaxLowered; one when the host floor is over a limit): the first that fits is
+// the answer, else the one nearest to fitting (least need / limit on its binding tier).
 // `lower(i)` lowers candidate i and sets the plan fields of `kr` for it (returns false when it cannot be lowered).
+// The part of the host account every plan needs (sim::host_floor) already over a host limit: no plan can fit.
+bool floor_unfit(const core::Model& model, bool nvme, const MemoryLimits& limits) {
+  const HostAccount f = host_floor(model, nvme);
+  return host_memory_exceeded(f.total_bytes, limits.host_bytes) ||
+         pinned_memory_exceeded(f.total_bytes, f.optimizer_state_bytes, limits.pinned_bytes);
+}
+
 template <class Lower>
 void try_candidates(KindMemory& kr, std::vector<Cand> cands, const MemoryLimits& limits, const core::Model& model,
-                    const core::MachineSpec& machine, Lower lower) {
+                    const core::MachineSpec& machine, bool nvme, Lower lower) {
+  // when the host floor is over a limit, the first candidate lowered names the miss
+  const bool unfit = floor_unfit(model, nvme, limits);
+  const std::size_t max_lowered = unfit ? 1 : kMaxLowered;
   std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
     return a.estimate_s != b.estimate_s ? a.estimate_s < b.estimate_s : a.u > b.u;
   });
   std::optional<KindMemory> least;
   std::size_t deadlocked = 0;
-  for (std::size_t i = 0; i < cands.size() && kr.lowered < kMaxLowered; ++i) {
+  for (std::size_t i = 0; i < cands.size() && kr.lowered < max_lowered; ++i) {
     KindMemory k = kr;
     std::optional<core::Program> program;
     try {
@@ -267,7 +278,7 @@ void try_candidates(KindMemory& kr, std::vector<Cand> cands, const MemoryLimits&
       kr = std::move(k);
       return;
     }
-    if (!least || k.needs.gpu_max_bytes < least->needs.gpu_max_bytes) least = std::move(k);
+    if (!least || k.binding_use < least->binding_use) least = std::move(k);
   }
   if (least) {
     const std::size_t lowered = kr.lowered;
@@ -279,9 +290,12 @@ void try_candidates(KindMemory& kr, std::vector<Cand> cands, const MemoryLimits&
                    ? fmt::format("{} runs each GPU's share as one microbatch (u {}), and that plan does not fit",
                                  core::plan_kind_name(kr.kind), kr.baseline ? kr.baseline->ubatch : 0)
                    : std::string("the plan does not fit"))
-            : fmt::format("none of the {} most promising of {} plans fits; the least GPU memory", lowered,
-                          kr.candidates);
-    kr.reason = fmt::format("{}: {}", which, kr.reason);
+            : fmt::format("none of the {} most promising of {} plans fits; the nearest", lowered, kr.candidates);
+    kr.reason = unfit ? fmt::format(
+                            "the masters, optimizer state and gradients alone ({}) are over the host's limit, "
+                            "so no plan fits; the first: {}",
+                            size_text(host_floor(model, nvme).total_bytes), kr.reason)
+                      : fmt::format("{}: {}", which, kr.reason);
   } else if (deadlocked > 0) {
     kr.reason = fmt::format("all {} plans lowered deadlock", deadlocked);
   }
@@ -302,7 +316,7 @@ void harmony_tier(KindMemory& kr, const core::Model& model, const core::MachineS
   core::LowerOptions lower = core::lower_options(options);
   lower.dp_first_gpu_only = false;  // every replica: each holds its own stashes on the host
   lower.offload_nvme = nvme;
-  try_candidates(kr, std::move(order), limits, model, machine, [&](std::size_t i, KindMemory& k) {
+  try_candidates(kr, std::move(order), limits, model, machine, nvme, [&](std::size_t i, KindMemory& k) {
     const core::Plan& plan = plans[i];
     core::validate_plan(plan, model.num_layers());
     k.harmony = plan;
@@ -358,7 +372,7 @@ void baseline_tier(KindMemory& kr, const core::Model& model, const core::Machine
     plans.push_back(b);
   } else {
     plans = core::enumerate_baseline_plans(kr.kind, model, gpus, minibatch, capacity, bo);
-    if (plans.empty()) {  // none fits the decisions' estimate: answer with the least of them, and why
+    if (plans.empty()) {  // none fits the decisions' estimate: answer with the nearest of them, and why
       bo.drop_infeasible = false;
       plans = core::enumerate_baseline_plans(kr.kind, model, gpus, minibatch, capacity, bo);
     }
@@ -368,7 +382,7 @@ void baseline_tier(KindMemory& kr, const core::Model& model, const core::Machine
   order.reserve(plans.size());
   for (std::size_t i = 0; i < plans.size(); ++i)
     order.push_back({baseline_estimate_s(plans[i], model), plans[i].ubatch, i});
-  try_candidates(kr, std::move(order), limits, model, machine, [&](std::size_t i, KindMemory& k) {
+  try_candidates(kr, std::move(order), limits, model, machine, nvme, [&](std::size_t i, KindMemory& k) {
     k.baseline = plans[i];
     k.title = baseline_title(plans[i], model);
     k.offload = core::has_offload_tiers(kr.kind) ? core::offload_tier_name(plans[i].offload) : "";

@@ -77,7 +77,7 @@ struct MemoryAnswer {
 // Every registered plan kind: its candidates (core::enumerate_candidates, core::enumerate_baseline_plans: the ones
 // the packers' and swap decisions' estimates fit) in order of promise (core::compute_estimate_s; for baselines the
 // profile's compute per GPU), the first whose Program fits every tier is its answer (at most a few are lowered);
-// when none does, the one of least GPU memory among those lowered, with why. Offload tiers follow search.offload as
+// when none does, the one nearest to fitting among those lowered, with why. Offload tiers follow search.offload as
 // `compare` does (auto: host memory, the NVMe tier when host memory binds and the machine has one).
 // With `config_plan` (`--plan config`): every kind answers for that one plan instead (Harmony kinds: its
 // microbatches and packs under the kind; baselines: microbatch u_bwd, activations checkpointed, as harmony-run runs a
