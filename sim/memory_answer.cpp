@@ -338,7 +338,8 @@ double baseline_estimate_s(const core::BaselinePlan& b, const core::Model& model
     if (b.activation_policy == core::ActivationPolicy::Checkpoint) per += model.time_s(core::Phase::Fwd, b.ubatch, l);
   }
   if (!core::is_data_parallel(b.kind)) per /= b.gpus;
-  return static_cast<double>(share / std::max(b.ubatch, 1)) * per;
+  const int microbatches = share / std::max(b.ubatch, 1);  // u divides the share (enumerate_baseline_plans)
+  return static_cast<double>(microbatches) * per;
 }
 
 std::string baseline_title(const core::BaselinePlan& b, const core::Model& model) {
