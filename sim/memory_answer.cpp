@@ -324,8 +324,10 @@ void harmony_tier(KindMemory& kr, const core::Model& model, const core::MachineS
     k.offload = nvme ? "nvme" : "cpu";
     return core::lower_harmony(core::compose_task_graph(plan, model.num_layers()), model, lower);
   });
-  if (!kr.has_plan && kr.reason.empty())
+  if (!kr.has_plan && kr.reason.empty()) {  // the packers found nothing within the GPU: it binds
     kr.reason = fmt::format("no layer packing fits {} per GPU at any microbatch size", size_text(space.capacity_bytes));
+    kr.binding = memory_tier_name(MemoryTier::Gpu);
+  }
 }
 
 // The profile's compute per GPU of a baseline plan: its microbatches, each a forward and a backward of every layer
@@ -562,7 +564,7 @@ void memory_json(const MemoryAnswer& a, nlohmann::json& doc) {
                        {"applicable", k.applicable},
                        {"fits", k.fits},
                        {"binding", k.binding.empty() ? json(nullptr) : json(k.binding)},
-                       {"binding_use", k.binding.empty() ? json(nullptr) : json(k.binding_use)},
+                       {"binding_use", k.has_plan ? json(k.binding_use) : json(nullptr)},
                        {"reason", k.reason.empty() ? json(nullptr) : json(k.reason)},
                        {"num_candidates", k.candidates},
                        {"num_lowered", k.lowered},
@@ -585,8 +587,11 @@ void print_memory_table(const MemoryAnswer& a, const std::string& model_name, co
   for (const KindMemory& k : a.kinds) {
     const std::string name = core::plan_kind_name(k.kind);
     if (!k.has_plan) {
-      fmt::print("{:<14} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}{}\n", name, "-", "-", "-", "-", "-",
-                 k.applicable ? "no plan" : "not applicable", k.reason, "");
+      fmt::print("{:<14} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}\n", name, "-", "-", "-", "-", "-",
+                 !k.applicable       ? "not applicable"
+                 : k.binding.empty() ? "no plan"
+                                     : k.binding + " (no plan)",
+                 k.reason);
       continue;
     }
     const MemoryNeeds& n = k.needs;

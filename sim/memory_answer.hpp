@@ -52,10 +52,12 @@ struct MemoryLimits {
 // The answer for one plan kind.
 struct KindMemory {
   core::PlanKind kind = core::PlanKind::HarmonyPP;
-  bool applicable = true;                      // false: the kind cannot run this N and D at all (reason says why)
-  bool has_plan = false;                       // a plan was lowered and measured (needs, plan fields valid)
-  bool fits = false;                           // has_plan and every tier within its limit
-  std::string binding;                         // the tier nearest its limit (fits) or furthest over it; "" when no plan
+  bool applicable = true;  // false: the kind cannot run this N and D at all (reason says why)
+  bool has_plan = false;   // a plan was lowered and measured (needs, plan fields valid)
+  bool fits = false;       // has_plan and every tier within its limit
+  // the tier nearest its limit (fits) or furthest over it; without a plan, gpu_memory when no packing fits the GPU,
+  // else ""
+  std::string binding;
   double binding_use = 0;                      // that tier's need / limit (0 when every tier is unlimited but the GPU)
   std::string reason;                          // why it does not fit (or is not applicable); "" when it fits
   std::string title;                           // the plan's one-line title
