@@ -2,7 +2,7 @@
 // scripts/make_llama_oracle.py with torch 1.13): the HF folder (config.json + model.safetensors) read as the model,
 // the plain trainer's step-0 gradients, per-step losses and final weights after 5 AdamW steps within the GPT-2
 // oracle's bounds (test_oracle.cpp), every plan kind's losses within the same loss bound, finite-difference
-// gradients of every layer in double, and the config.json errors.
+// gradients of every layer in double, the config.json errors, and bf16 against tests/data/llama_tiny_bf16.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -299,4 +299,53 @@ TEST_CASE("llama: layer gradients match finite differences") {
       CHECK(worst <= 1.0);
     }
   }
+}
+
+// bf16 mixed precision against the bf16 oracle (tests/data/llama_tiny_bf16: torch's bf16 run from the same weights,
+// rounding where our kernels round) within the GPT-2 bf16 oracle's bounds (test_oracle.cpp, docs/backend.md "Mixed
+// precision"): losses 2e-4 relative, each step-0 gradient tensor 2.5e-2 in relative L2.
+TEST_CASE("llama: bf16 PyTorch oracle, losses and step-0 gradients") {
+  std::ifstream in(data_dir("llama_tiny_bf16") + "oracle.json");
+  REQUIRE(in.good());
+  const nlohmann::json oracle = nlohmann::json::parse(in);
+  const std::string dir = data_dir("llama_tiny_bf16");
+  const Gpt2 model(gpt2_config_at(dir + oracle.at("initial_weights").get<std::string>()));
+  HostState state(model);
+  load_gpt2_weights_at(dir + oracle.at("initial_weights").get<std::string>(), state);
+  const TokenFile tokens = TokenFile::load(dir + oracle["tokens"]["with_header"].get<std::string>());
+  const int B = oracle.at("batch_size"), T = oracle.at("seq_len"), steps = oracle.at("steps");
+  const AdamWConfig adamw = adamw_of(oracle.at("adamw"));
+  auto device = cpu::make_cpu_device(0, {.capacity = 16 * core::kMiB});
+  PlainTrainer trainer(*device, state, {.batch = B, .seq_len = T, .microbatches = {}, .dtype = DType::BF16});
+  const std::vector<double> want = oracle.at("losses");
+  std::vector<std::int32_t> inputs, targets;
+  double worst_loss = 0, worst_grad = 0;
+  std::string where;
+  for (int k = 0; k < steps; ++k) {
+    tokens.batch(k, B, T, inputs, targets);
+    const double loss = trainer.forward_backward(inputs, targets);
+    worst_loss = std::max(worst_loss, std::fabs(loss - want[k]) / std::fabs(want[k]));
+    if (k == 0) {
+      const SafetensorsReader grads = SafetensorsReader::open(dir + oracle.at("grads_step0").get<std::string>());
+      for (int l = 0; l < model.num_layers(); ++l) {
+        for (const ParamSpec& p : model.params(l)) {
+          const auto got = state.grad(l, p.name);
+          const std::vector<float> ref = grads.read_f32(p.name);
+          double num = 0, den = 0;
+          for (std::size_t i = 0; i < ref.size(); ++i) {
+            num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+            den += double(ref[i]) * ref[i];
+          }
+          const double rel = std::sqrt(num / den);
+          if (rel > worst_grad) worst_grad = rel, where = p.name;
+        }
+      }
+    }
+    state.update(adamw, 0, model.num_layers() - 1);
+    trainer.upload_weights();
+  }
+  MESSAGE("bf16: losses worst relative error ", worst_loss, "; step-0 gradients worst relative L2 ", worst_grad, " at ",
+          where);
+  CHECK(worst_loss <= 2e-4);
+  CHECK(worst_grad <= 2.5e-2);
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """harmony-run trains the Llama-family block end to end (issue 36): configs/run/llama.yaml trains (the loss falls),
-the same losses under a swapping baseline, fp32 and bf16; the oracle's Hugging Face folder (tests/data/llama_tiny:
+the same losses under a swapping baseline, fp32 and bf16, a tied head; the oracle's Hugging Face folder (tests/data/llama_tiny:
 config.json with model_type llama + model.safetensors) loads through model.weights and --save-weights writes its
 tensors back under their HF names; bad model.llama keys exit 2 naming the key.
 Arguments: the harmony-run path."""
@@ -55,6 +55,15 @@ if len(got) == 6:
     if len(other) == 6:
         check("dp-swap's losses match harmony-pp's", all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(got, other)),
               (got, other))
+    tied = [run("train", LLAMA, "--steps", "4", "--format", "json", "--quiet", "--set",
+                "model.llama.tie_embeddings=true", *extra) for extra in ([], ["--set", "plan.mode=l2l"])]
+    t0, t1 = json_losses(tied[0]), json_losses(tied[1])
+    check("a tied head trains", all(t.returncode == 0 for t in tied) and len(t0) == 4 and len(t1) == 4,
+          tied[0].stderr[-300:] + tied[1].stderr[-300:])
+    if len(t0) == 4 and len(t1) == 4:
+        check("tied: l2l's losses match harmony-pp's", all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(t0, t1)),
+              (t0, t1))
+        check("tied and untied heads differ", t0[1] != got[1], (t0, got))
     bf16 = run("train", LLAMA, "--steps", "6", "--format", "json", "--quiet", "--dtype", "bf16")
     low = json_losses(bf16)
     check("bf16 trains", bf16.returncode == 0 and len(low) == 6, bf16.stderr[-400:])
