@@ -261,7 +261,7 @@ void load_gpt2_weights(const SafetensorsReader& f, HostState& state) {
   if (!unknown.empty()) {
     if (unknown.size() > 5) unknown.resize(5);
     throw FormatError(f.name(), 8,
-                      fmt::format("tensors the {} model does not have: {}", arch_name(model.config().arch),
+                      fmt::format("tensors the {} model does not have: {}", model.is_llama() ? "Llama" : "GPT-2",
                                   fmt::join(unknown, ", ")));
   }
 }
