@@ -175,7 +175,7 @@ TEST_CASE("llama: PyTorch oracle, step-0 gradients, per-step losses and final we
 
 // Every plan kind on 2 CPU devices (microbatches of 1, packs of 2 layers for Harmony) trains the oracle's first two
 // steps: the executor drives the Llama layers through the same Ops, so each kind's losses equal torch's within the
-// oracle's loss bound, and every device is empty after each step.
+// oracle's loss bound, its weights the plain trainer's, and every device is empty after each step.
 TEST_CASE("llama: every plan kind trains to the oracle's losses") {
   const nlohmann::json oracle = load_oracle();
   const TokenFile tokens = TokenFile::load(data_dir() + oracle["tokens"]["with_header"].get<std::string>());
@@ -183,6 +183,22 @@ TEST_CASE("llama: every plan kind trains to the oracle's losses") {
   const AdamWConfig adamw = adamw_of(oracle.at("adamw"));
   const std::vector<double> want = oracle.at("losses");
   const int gpus = 2;
+  // The plain trainer's weights after the same two steps: each kind's must equal them within the baseline tests'
+  // bound (test_executor_baselines.cpp: |ours - plain| <= 1e-6 + 1e-4 |plain|; partial sums add in another order).
+  std::vector<std::vector<float>> plain;
+  {
+    const Gpt2 model(gpt2_config_at(data_dir()));
+    HostState state(model);
+    load_gpt2_weights_at(data_dir(), state);
+    auto dev = cpu::make_cpu_device(0, {.capacity = 16 * core::kMiB});
+    PlainTrainer trainer(*dev, state, {.batch = B, .seq_len = T, .microbatches = {}});
+    std::vector<std::int32_t> in, tgt;
+    for (int k = 0; k < 2; ++k) {
+      tokens.batch(k, B, T, in, tgt);
+      trainer.step(in, tgt, adamw);
+    }
+    for (int l = 0; l < model.num_layers(); ++l) plain.emplace_back(state.weights(l).begin(), state.weights(l).end());
+  }
   for (const core::PlanKindInfo& info : core::plan_kinds()) {
     CAPTURE(info.name);
     const Gpt2 model(gpt2_config_at(data_dir()));
@@ -223,6 +239,10 @@ TEST_CASE("llama: every plan kind trains to the oracle's losses") {
                     " vs torch ", want[k]);
       for (auto* d : ptrs) CHECK(d->memory().in_use == 0);
     }
+    double worst = 0;
+    for (int l = 0; l < model.num_layers(); ++l)
+      worst = std::max(worst, worst_ratio(state.weights(l), plain[static_cast<std::size_t>(l)], 1e-6, 1e-4));
+    CHECK_MESSAGE(worst <= 1.0, "weights after 2 steps: worst ratio ", worst, " of the bound");
   }
 }
 
