@@ -130,15 +130,18 @@ with tempfile.TemporaryDirectory() as tmp:
     check("config.json n_head not dividing n_embd: exit 2 naming config.json", r.returncode == 2 and
           f"{os.path.join(folder, 'config.json')}:{json_line_of(os.path.join(folder, 'config.json'), 'n_head')}:" in
           r.stderr, r.stderr)
-    folder = fixture(os.path.join(tmp, "llama"))
-    with open(os.path.join(folder, "config.json")) as f:
-        conf = json.load(f)
-    conf["model_type"] = "llama"
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(conf, f, indent=2)
-    r = run("train", config(tmp, "llama.yaml", folder), "--steps", "1")
-    check("config.json model_type llama: exit 2", r.returncode == 2 and "model_type is \"llama\"" in r.stderr,
-          r.stderr)
+    # a model_type harmony-run does not train is refused; llama is trained (tests/cli/test_run_llama.py), so a GPT-2
+    # folder labelled llama is refused for the Llama keys its config.json lacks, naming the file
+    for model_type, want in (("mistral", "model_type is \"mistral\""), ("llama", "max_position_embeddings")):
+        folder = fixture(os.path.join(tmp, model_type))
+        with open(os.path.join(folder, "config.json")) as f:
+            conf = json.load(f)
+        conf["model_type"] = model_type
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(conf, f, indent=2)
+        r = run("train", config(tmp, model_type + ".yaml", folder), "--steps", "1")
+        check(f"config.json model_type {model_type} over GPT-2 tensors: exit 2",
+              r.returncode == 2 and want in r.stderr and "config.json" in r.stderr, r.stderr)
 
     # --- no config.json: the Hub's file alone has no n_head; model.n_head gives it and overrides config.json
     folder = fixture(os.path.join(tmp, "noconf"), "--no-config")
