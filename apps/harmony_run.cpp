@@ -200,11 +200,20 @@ backend::DType run_dtype(const core::TrainConfig& cfg) {
 backend::Gpt2Config gpt2_config(const core::TrainConfig& cfg) {
   if (cfg.model.gpt2) {
     const auto& g = *cfg.model.gpt2;
-    return backend::Gpt2Config{.vocab_size = g.vocab_size,
-                               .max_seq_len = g.max_seq_len,
-                               .n_layer = g.n_layer,
-                               .n_head = g.n_head,
-                               .n_embd = g.n_embd};
+    backend::Gpt2Config c{.vocab_size = g.vocab_size,
+                          .max_seq_len = g.max_seq_len,
+                          .n_layer = g.n_layer,
+                          .n_head = g.n_head,
+                          .n_embd = g.n_embd};
+    if (g.llama) {
+      c.arch = backend::Arch::Llama;
+      c.ln_eps = static_cast<float>(g.rms_norm_eps);
+      c.n_kv_head = g.n_kv_head;
+      c.intermediate_size = g.intermediate_size;
+      c.rope_theta = static_cast<float>(g.rope_theta);
+      c.tie_embeddings = g.tie_embeddings;
+    }
+    return c;
   }
   return backend::gpt2_config_at(cfg.model.weights_path, cfg.model.n_head);
 }
@@ -255,6 +264,21 @@ Setup make_setup(const Cli& cli) {
   const auto& cfg = s.cfg;
   check_device(cfg, cli.device_flags);
   const backend::Gpt2Config gc = gpt2_config(cfg);
+  if (gc.arch == backend::Arch::Llama) {
+    const backend::DeviceKind& kind = device_kind(cfg);
+    if (!kind.caps().llama_kernels)
+      throw core::ConfigError(
+          cfg.device_loc,
+          fmt::format("device {} has no kernels for the Llama family (RMSNorm, rotary embeddings, SwiGLU) yet",
+                      kind.name()),
+          fmt::format("train this model with device: {}",
+                      fmt::join(backend::device_kinds_with(&backend::DeviceCaps::llama_kernels), ", ")));
+    if (!cfg.checkpoint.dir.empty())
+      throw core::ConfigError(cfg.model.loc,
+                              "checkpoints (checkpoint.dir) record GPT-2 models only; a Llama model cannot be "
+                              "checkpointed yet",
+                              "drop checkpoint.dir (and --checkpoint-dir); save the weights with --save-weights");
+  }
   if (cfg.model.seq_len > gc.max_seq_len)
     throw core::ConfigError(
         cfg.model.loc,
@@ -285,7 +309,8 @@ Setup make_setup(const Cli& cli) {
   std::vector<int> sizes(static_cast<std::size_t>(B));
   for (int u = 1; u <= B; ++u) sizes[static_cast<std::size_t>(u - 1)] = u;
   s.desc = backend::describe_gpt2(*s.model, T, sizes, {.dtype = run_dtype(cfg)});
-  s.desc.name = fmt::format("gpt2 L{} C{} H{} V{} T{}", gc.n_layer, gc.n_embd, gc.n_head, gc.vocab_size, T);
+  s.desc.name = fmt::format("{} L{} C{} H{} V{} T{}", backend::arch_name(gc.arch), gc.n_layer, gc.n_embd, gc.n_head,
+                            gc.vocab_size, T);
   return s;
 }
 

@@ -353,7 +353,7 @@ std::optional<NonFiniteGradient> update_layers(HostState& st, const AdamWConfig&
     const float* g = st.grads(l).data();
     for (const ParamSpec& ps : m.params(l)) {
       if (!ps.tied_to.empty()) continue;  // lm_head: updated through layer 0's wte
-      if (l == 0 && ps.name == "wte.weight") {
+      if (l == 0 && m.tied() && ps.name == m.embedding_name()) {
         // the tie: wte's and lm_head's gradients summed, wte updated and copied into lm_head, in one parallel pass
         // (HostState::sync_tied's copy, split across the pool)
         const std::int64_t head_offset = m.param(head, "lm_head.weight").offset;

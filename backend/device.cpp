@@ -80,6 +80,42 @@ Kernels<Bf16>& require_bf16(Device& device, std::string_view who) {
   return *k;
 }
 
+// The Llama family's kernels on a device that has none (DeviceCaps::llama_kernels false).
+namespace {
+[[noreturn]] void no_llama_kernel(Stream& s, const char* op) {
+  const std::string& name = s.device().name();
+  throw DeviceError(fmt::format("{}: {}: the Llama family's kernels are not implemented on {} (use device: cpu)", name,
+                                op, name.substr(0, name.find(':'))));
+}
+}  // namespace
+
+template <class S>
+void Kernels<S>::rmsnorm_fwd(Stream& s, S*, S*, const S*, const S*, int, int, float) {
+  no_llama_kernel(s, "rmsnorm_fwd");
+}
+template <class S>
+void Kernels<S>::rmsnorm_bwd(Stream& s, S*, S*, const S*, const S*, const S*, const S*, int, int) {
+  no_llama_kernel(s, "rmsnorm_bwd");
+}
+template <class S>
+void Kernels<S>::rope_qkv_fwd(Stream& s, S*, const S*, int, int, int, int, int, float) {
+  no_llama_kernel(s, "rope_qkv_fwd");
+}
+template <class S>
+void Kernels<S>::rope_qkv_bwd(Stream& s, S*, const S*, int, int, int, int, int, float) {
+  no_llama_kernel(s, "rope_qkv_bwd");
+}
+template <class S>
+void Kernels<S>::swiglu_fwd(Stream& s, S*, const S*, int, int) {
+  no_llama_kernel(s, "swiglu_fwd");
+}
+template <class S>
+void Kernels<S>::swiglu_bwd(Stream& s, S*, const S*, const S*, int, int) {
+  no_llama_kernel(s, "swiglu_bwd");
+}
+template class Kernels<float>;
+template class Kernels<Bf16>;
+
 template <class S>
 void check_adamw_args(const std::string& device, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
                       std::int64_t n) {

@@ -199,10 +199,10 @@ struct AdamWTensors {
   std::int32_t* nonfinite = nullptr;
 };
 
-// The kernels of the GPT-2 model over storage S: float (fp32) or Bf16 (mixed precision, docs/backend.md), enqueued
-// on a stream; all pointers are device memory of the stream's device. N = B*T rows. One interface for both element
-// types: the signatures differ only in S, except what stays fp32 in both (the per-token cross-entropy `losses`, and
-// the `eps` and `scale` arguments).
+// The kernels of the GPT-2 and Llama-family models over storage S: float (fp32) or Bf16 (mixed precision,
+// docs/backend.md), enqueued on a stream; all pointers are device memory of the stream's device. N = B*T rows. One
+// interface for both element types: the signatures differ only in S, except what stays fp32 in both (the per-token
+// cross-entropy `losses`, and the `eps` and `scale` arguments).
 //
 // fp32: every reduction runs in a fixed order that does not depend on how the rows are split into calls, and every
 // weight-gradient kernel accumulates (+=) row by row in row order, so gradients summed over microbatches are
@@ -217,7 +217,8 @@ class Kernels {
   static_assert(std::is_same_v<S, float> || std::is_same_v<S, Bf16>, "Kernels<S>: S is float or Bf16");
   using Scalar = S;
   virtual ~Kernels() = default;
-  // out[b,t,:] = wte[ids[b,t],:] + wpe[t,:]. Ids outside [0, V) are a DeviceError.
+  // out[b,t,:] = wte[ids[b,t],:] + wpe[t,:]. Ids outside [0, V) are a DeviceError. wpe (and dwpe below) may be null
+  // on a device with the Llama kernels (no position table).
   virtual void embedding_fwd(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T,
                              int C, int V) = 0;  // out (B,T,C), ids (B,T), wte (V,C), wpe (>=T,C)
   // dwte[ids[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. Ids outside [0, V) are a DeviceError, and then
@@ -254,6 +255,23 @@ class Kernels {
   // dlogits = (probs - onehot(target)) * scale; may alias probs.
   virtual void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
                                 int V) = 0;
+  // --- the Llama family's kernels (optional: DeviceCaps::llama_kernels). The defaults throw a DeviceError naming the
+  // kernel; the CPU device implements them (docs/backend.md, "The Llama family").
+  // out = in * rstd * w per row (RMSNorm), rstd = 1 / sqrt(mean(in^2) + eps) (N) kept for the backward.
+  virtual void rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps);
+  // din += d/din (accumulates), dw += ... .
+  virtual void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+                           int C);
+  // qkv (B,T,3C) = [rope(q) | rope(k) | v], the key/value heads repeated (query head h reads head h / (H / Hkv)),
+  // from packed (B,T,C + 2*Hkv*C/H) = [q | k | v]: the layout attention_fwd reads. Rotary embeddings as HF's
+  // (rotate_half, inv_freq_i = theta^(-2i/D), D = C/H, even).
+  virtual void rope_qkv_fwd(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta);
+  // dpacked written from dqkv (B,T,3C): key/value gradients summed over their query heads, q and k rotated back.
+  virtual void rope_qkv_bwd(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D, float theta);
+  // out (N,I) = silu(gate) * up, in (N,2I) = [gate | up] per row.
+  virtual void swiglu_fwd(Stream& s, S* out, const S* in, int N, int I);
+  // din (N,2I) written.
+  virtual void swiglu_bwd(Stream& s, S* din, const S* in, const S* dout, int N, int I);
   // One AdamW step (`step` >= 1: the parameter's step count after the increment) over n elements, element for element
   // adamw_update's float operations in its order (backend/adamw.hpp): the factors are computed on the host when the
   // call is made (adamw_factors), so every device starts from the same bits. Throws BackendError at once for an

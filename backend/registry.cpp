@@ -40,7 +40,7 @@ const DeviceFactory* load_cuda(DeviceAvailability& why) {
 const std::vector<const DeviceKind*>& table() {
   static const DeviceKind cpu_kind(
       "cpu", "the CPU reference device (a capped host arena, streams as threads, fp32 reference loops; bf16 emulated)",
-      {.bf16_kernels = true, .collectives = true, .memory_in_host = true}, &load_cpu);
+      {.bf16_kernels = true, .llama_kernels = true, .collectives = true, .memory_in_host = true}, &load_cpu);
   static const DeviceKind cuda_kind("cuda",
                                     "NVIDIA GPUs (cuBLAS and CUDA kernels, NCCL, pinned host memory; a module loaded "
                                     "on first use)",

@@ -23,6 +23,7 @@ struct DeviceCaps {
   bool tree_sums = false;           // DeviceOptions::tree_sums: bias / LayerNorm gradients by tree sums (--tree-sums)
   bool pinned_host_memory = false;  // alloc_host / pin_host page-lock, so copies are asynchronous DMA
   bool profiler_ranges = false;     // trace_range names ranges on a profiler's timeline (NVTX)
+  bool llama_kernels = false;       // Kernels<S>::rmsnorm_*, rope_qkv_*, swiglu_*: the Llama family trains here
   bool collectives = false;         // make_communicator: send/recv and all-reduces between devices of the kind
   // The devices' memory is host memory (the CPU device's arenas): counted in the run's host-memory budget.
   bool memory_in_host = false;

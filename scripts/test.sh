@@ -3,13 +3,13 @@
 # the last line is "N passed, N failed[, N skipped]" over every meson test of every build plus each
 # check and fuzzer (and each build that failed, whose tests could not run). Exit 1 if anything failed.
 #
-#   1. checks       scripts/check-format.sh, scripts/check-layering.sh (seconds)
+#   1. checks       scripts/check-format.sh, scripts/check-layering.sh, scripts/check-doc-links.py (seconds)
 #   2. release      build/      -Dbuildtype=release (-Werror from meson.build); meson test
 #   3. notebooks    scripts/run-notebooks.sh build out/notebooks: the bundled GPT sweep with build/'s harmony-sim,
 #                   then every notebooks/*.ipynb executed headless (figures in out/notebooks/figures; ~1 min)
 #   4. sanitizers   build-san/  ASan + UBSan, debugoptimized (-O2 -g, asserts on: the sanitizers catch the same
-#                   bugs at -O2; tests ~9 min instead of ~16 at -O0, but a cold compile ~5x -O0's: docs/benchmarks.md,
-#                   "CI"), -Dcuda=disabled (nvcc and the sanitizers do not mix; the
+#                   bugs at -O2; tests ~9 min instead of ~16 at -O0, but a cold compile ~5x -O0's: docs/history/
+#                   benchmarks-journal.md, "CI"), -Dcuda=disabled (nvcc and the sanitizers do not mix; the
 #                   release build compiles the CUDA device); meson test (detect_leaks=1, halt_on_error=1).
 #                   tests/meson.build sets HARMONY_SANITIZED=1 there: the CLI tests run their long cases on
 #                   fewer steps / smaller grids (same checks), and the longest tests start first (priority)
@@ -84,9 +84,10 @@ section "install dependencies"
 bash scripts/install-deps.sh || { record FAIL install-deps; echo "---- FAILED: install-deps"; }
 stage_done deps
 
-section "checks: format, layering"
+section "checks: format, layering, doc links"
 run_step check-format bash scripts/check-format.sh
 run_step check-layering bash scripts/check-layering.sh
+run_step check-doc-links python3 scripts/check-doc-links.py
 stage_done checks
 
 section "release build and tests (build/)"

@@ -38,6 +38,7 @@
 #include "sim/compare_deepspeed.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
+#include "sim/memory_answer.hpp"
 #include "sim/progress_cli.hpp"
 #include "sim/report.hpp"
 #include "sim/sweep_cli.hpp"
@@ -55,8 +56,9 @@ struct Cli {
   std::vector<std::string> sets;
   std::string format = "table";
   std::string trace;
-  bool quiet = false;     // search, compare: no progress on stderr
-  std::string deepspeed;  // compare: a DeepSpeed config priced beside Harmony's best plan
+  bool quiet = false;                // search, compare: no progress on stderr
+  std::string deepspeed;             // compare: a DeepSpeed config priced beside Harmony's best plan
+  std::string memory_plan = "best";  // memory: each kind's most promising plan (best) or the config's (config)
 };
 
 double mib(core::Bytes b) { return static_cast<double>(b) / static_cast<double>(core::kMiB); }
@@ -463,6 +465,30 @@ int cmd_compare(const Cli& cli) {
     for (const auto& line : sim::deepspeed_lines(*ds, ds_row, res)) fmt::print("{}\n", line);
   }
   if (!trace_note.empty()) fmt::print("{}\n", trace_note);
+  return 0;
+}
+
+// `memory`: what each plan kind's most promising plan needs of GPU, pinned host, host RAM and NVMe, whether it fits
+// and what binds, with no timed search (sim/memory_answer.hpp).
+int cmd_memory(const Cli& cli) {
+  const auto cfg = core::load_config(cli.config, cli.sets);
+  const auto model = core::load_model(cfg.model, cfg.machine);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<core::Plan> plan;  // --plan config: the config's plan, under every kind
+  if (cli.memory_plan == "config")
+    plan = core::plan_from_spec(cfg.plan, model, cfg.machine.search_capacity_bytes(), cfg.file,
+                                "`memory --plan config`", "add `u_bwd: U` (its microbatch size) to `plan:`");
+  const auto answer = sim::answer_memory(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.search, cfg.options,
+                                         plan ? &*plan : nullptr);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cli.format == "json") {
+    nlohmann::json j = document_head("memory", cfg, model);
+    sim::memory_json(answer, j);
+    j["wall_time_s"] = dt;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  sim::print_memory_table(answer, model.name, cfg.machine.name, dt);
   return 0;
 }
 
@@ -877,6 +903,16 @@ int run_cli(int argc, char** argv) {
   compare_cmd->add_option("--deepspeed", cli.deepspeed,
                           "a DeepSpeed JSON config: price that run as its closest plan kind beside Harmony's best plan "
                           "(docs/comparison.md)");
+  auto* memory_cmd = app.add_subcommand(
+      "memory", "what each plan kind needs of GPU, pinned host, host RAM and NVMe memory, and what binds (no search)");
+  memory_cmd->add_option("config", cli.config, "YAML configuration (see docs/config.md)")->required();
+  memory_cmd->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=4 (repeatable)");
+  memory_cmd->add_option("--format", cli.format, "output: table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
+  memory_cmd
+      ->add_option("--plan", cli.memory_plan,
+                   "best (default): each kind's most promising plan; config: the config's plan: under every kind")
+      ->check(CLI::IsMember({"best", "config"}));
   auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
   presets_cmd->add_option("--format", cli.format, "output: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));
@@ -924,6 +960,7 @@ int run_cli(int argc, char** argv) {
     if (*calibrate_cmd) return cmd_calibrate(calibrate_cli);
     if (*sim_cmd) return cmd_simulate(cli);
     if (*compare_cmd) return cmd_compare(cli);
+    if (*memory_cmd) return cmd_memory(cli);
     return cmd_search(cli);
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";

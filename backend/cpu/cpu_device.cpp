@@ -133,6 +133,13 @@ class CpuKernels final : public Kernels<S> {
                         int V) override;
   void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
              std::int64_t n) override;
+  void rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) override;
+  void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+                   int C) override;
+  void rope_qkv_fwd(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta) override;
+  void rope_qkv_bwd(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D, float theta) override;
+  void swiglu_fwd(Stream& s, S* out, const S* in, int N, int I) override;
+  void swiglu_bwd(Stream& s, S* din, const S* in, const S* dout, int N, int I) override;
 
  private:
   CpuDevice& dev_;
@@ -435,6 +442,67 @@ void CpuKernels<S>::add(Stream& s, S* out, const S* a, const S* b, std::int64_t 
     Out<S> o(out, n);
     cpu::add<float>(o.get(), x.get(), y.get(), n);
     o.store();
+  });
+}
+template <class S>
+void CpuKernels<S>::rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
+  enqueue(dev_, s, "rmsnorm_fwd", [=]() {
+    const In<S> x(in, Index(N) * C), ww(w, C);
+    Out<S> o(out, Index(N) * C), r(rstd, N);
+    cpu::rmsnorm_fwd<float>(o.get(), r.get(), x.get(), ww.get(), N, C, eps);
+    o.store();
+    r.store();
+  });
+}
+template <class S>
+void CpuKernels<S>::rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+                                int C) {
+  enqueue(dev_, s, "rmsnorm_bwd", [=]() {
+    const Index NC = Index(N) * C;
+    auto dx = InOut(din, NC), dww = InOut(dw, C);
+    const In<S> d(dout, NC), x(in, NC), ww(w, C), r(rstd, N);
+    cpu::rmsnorm_bwd<float>(dx.get(), dww.get(), d.get(), x.get(), ww.get(), r.get(), N, C);
+    dx.store();
+    dww.store();
+  });
+}
+template <class S>
+void CpuKernels<S>::rope_qkv_fwd(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta) {
+  enqueue(dev_, s, "rope_qkv_fwd", [=]() {
+    const Index N = Index(B) * T, C = Index(H) * D;
+    const In<S> p(packed, N * (C + 2 * Index(Hkv) * D));
+    Out<S> o(qkv, N * 3 * C);
+    cpu::rope_qkv_fwd<float>(o.get(), p.get(), B, T, H, Hkv, D, theta);
+    o.store();
+  });
+}
+template <class S>
+void CpuKernels<S>::rope_qkv_bwd(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D,
+                                 float theta) {
+  enqueue(dev_, s, "rope_qkv_bwd", [=]() {
+    const Index N = Index(B) * T, C = Index(H) * D;
+    const In<S> d(dqkv, N * 3 * C);
+    Out<S> o(dpacked, N * (C + 2 * Index(Hkv) * D));
+    cpu::rope_qkv_bwd<float>(o.get(), d.get(), B, T, H, Hkv, D, theta);
+    o.store();
+  });
+}
+template <class S>
+void CpuKernels<S>::swiglu_fwd(Stream& s, S* out, const S* in, int N, int I) {
+  enqueue(dev_, s, "swiglu_fwd", [=]() {
+    const In<S> x(in, Index(N) * 2 * I);
+    Out<S> o(out, Index(N) * I);
+    cpu::swiglu_fwd<float>(o.get(), x.get(), N, I);
+    o.store();
+  });
+}
+template <class S>
+void CpuKernels<S>::swiglu_bwd(Stream& s, S* din, const S* in, const S* dout, int N, int I) {
+  enqueue(dev_, s, "swiglu_bwd", [=]() {
+    const In<S> x(in, Index(N) * 2 * I), d(dout, Index(N) * I);
+    Out<S> dx(din, Index(N) * 2 * I);
+    cpu::swiglu_bwd<float>(dx.get(), x.get(), d.get(), N, I);
+    dx.store();
   });
 }
 template <class S>

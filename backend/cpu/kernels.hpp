@@ -1,5 +1,5 @@
-// Reference kernels of the GPT-2 model as plain loops, templated on the scalar (float for the CPU device,
-// double for finite-difference checks). Every sum runs in a fixed order that depends only on the sizes
+// Reference kernels of the GPT-2 and Llama-family models as plain loops, templated on the scalar (float for the CPU
+// device, double for finite-difference checks). Every sum runs in a fixed order that depends only on the sizes
 // involved, never on how rows are split into calls: weight gradients are accumulated (+=) row by row in
 // row order, so microbatch sums are bit-identical to whole-batch ones. See docs/backend.md.
 #pragma once
@@ -49,7 +49,8 @@ inline void check_token_ids(const char* op, const std::int32_t* ids, int B, int 
   }
 }
 
-// Every id is checked before anything is written (a bad one leaves `out` as it was).
+// Every id is checked before anything is written (a bad one leaves `out` as it was). wpe may be null (no
+// position table).
 template <class T>
 void embedding_fwd(T* out, const std::int32_t* ids, const T* wte, const T* wpe, int B, int T_, int C, int V) {
   check_token_ids("embedding", ids, B, T_, V, "");
@@ -58,8 +59,12 @@ void embedding_fwd(T* out, const std::int32_t* ids, const T* wte, const T* wpe, 
       const Index r = b * T_ + t;
       const std::int32_t id = ids[r];
       const T* e = wte + Index(id) * C;
-      const T* p = wpe + t * C;
       T* o = out + r * C;
+      if (wpe == nullptr) {  // no position table (Llama: rotary positions in the attention)
+        std::copy(e, e + C, o);
+        continue;
+      }
+      const T* p = wpe + t * C;
       for (Index c = 0; c < C; ++c) o[c] = e[c] + p[c];
     }
   }
@@ -74,7 +79,7 @@ void embedding_bwd(T* dwte, T* dwpe, const T* dout, const std::int32_t* ids, int
       const Index r = b * T_ + t;
       const T* d = dout + r * C;
       axpy(dwte + Index(ids[r]) * C, T(1), d, C);
-      axpy(dwpe + t * C, T(1), d, C);
+      if (dwpe != nullptr) axpy(dwpe + t * C, T(1), d, C);
     }
   }
 }
@@ -307,6 +312,137 @@ void crossentropy_bwd(T* dlogits, const T* probs, const std::int32_t* targets, T
     T* d = dlogits + r * V;
     const Index target = targets[r];
     for (Index v = 0; v < V; ++v) d[v] = (p[v] - (v == target ? T(1) : T(0))) * scale;
+  }
+}
+
+// ---- the Llama family's kernels (RMSNorm, rotary embeddings with grouped-query heads, SwiGLU)
+
+// out = in * rstd * w per row, rstd = 1 / sqrt(mean(in^2) + eps) kept (N) for the backward (HF LlamaRMSNorm).
+template <class T>
+void rmsnorm_fwd(T* out, T* rstd, const T* in, const T* w, int N, int C, T eps) {
+  for (Index r = 0; r < N; ++r) {
+    const T* x = in + r * C;
+    const T s = T(1) / std::sqrt(dot(x, x, C) / T(C) + eps);
+    T* o = out + r * C;
+    for (Index c = 0; c < C; ++c) o[c] = (x[c] * s) * w[c];
+    rstd[r] = s;
+  }
+}
+
+// din += d/din (accumulates), dw += sum over rows of dout * in * rstd, row by row in row order.
+template <class T>
+void rmsnorm_bwd(T* din, T* dw, const T* dout, const T* in, const T* w, const T* rstd, int N, int C) {
+  for (Index r = 0; r < N; ++r) {
+    const T* x = in + r * C;
+    const T* d = dout + r * C;
+    const T s = rstd[r];
+    T dot_dn = T(0);  // sum_c (w d)_c * xhat_c
+    for (Index c = 0; c < C; ++c) dot_dn += (w[c] * d[c]) * (x[c] * s);
+    dot_dn /= T(C);
+    T* dx = din + r * C;
+    for (Index c = 0; c < C; ++c) {
+      const T norm = x[c] * s;
+      dw[c] += norm * d[c];
+      dx[c] += s * (w[c] * d[c] - norm * dot_dn);
+    }
+  }
+}
+
+// The rotary embedding's angle for position t and frequency index i of a head of width D (HF's default rope:
+// inv_freq_i = 1 / theta^(2i / D), in fp32 for T = float).
+template <class T>
+inline T rope_angle(Index t, Index i, int D, T theta) {
+  const T inv_freq = T(1) / std::pow(theta, T(2 * i) / T(D));
+  return T(t) * inv_freq;
+}
+
+// Rotates each head's two halves (HF rotate_half): x[i] cos - x[i + D/2] sin, x[i + D/2] cos + x[i] sin.
+// sign -1 rotates back (the transpose: the backward).
+template <class T>
+inline void rope_rotate(T* out, const T* in, Index t, int D, T theta, T sign) {
+  const Index half = D / 2;
+  for (Index i = 0; i < half; ++i) {
+    const T a = rope_angle<T>(t, i, D, theta);
+    const T c = std::cos(a), s = sign * std::sin(a);
+    const T x1 = in[i], x2 = in[i + half];
+    out[i] = x1 * c - x2 * s;
+    out[i + half] = x2 * c + x1 * s;
+  }
+}
+
+// qkv (B,T,3C) = [rope(q) | rope(k) repeated | v repeated] from packed (B,T,C + 2*Hkv*D) = [q | k | v] with
+// H query heads and Hkv key/value heads of width D = C/H: query head h reads key/value head h / (H / Hkv)
+// (HF repeat_kv). The layout attention_fwd reads.
+template <class T>
+void rope_qkv_fwd(T* qkv, const T* packed, int B, int T_, int H, int Hkv, int D, T theta) {
+  const Index C = Index(H) * D, KV = Index(Hkv) * D, P = C + 2 * KV;
+  const int rep = H / Hkv;
+  for (Index r = 0; r < Index(B) * T_; ++r) {
+    const Index t = r % T_;
+    const T* in = packed + r * P;
+    T* out = qkv + r * 3 * C;
+    for (Index h = 0; h < H; ++h) {
+      const Index g = h / rep;
+      rope_rotate<T>(out + h * D, in + h * D, t, D, theta, T(1));
+      rope_rotate<T>(out + C + h * D, in + C + g * D, t, D, theta, T(1));
+      std::copy(in + C + KV + g * D, in + C + KV + (g + 1) * D, out + 2 * C + h * D);
+    }
+  }
+}
+
+// dpacked (B,T,C + 2*Hkv*D) written from dqkv (B,T,3C): each key/value head's gradient sums its query heads' in
+// head order, then q and k rotate back.
+template <class T>
+void rope_qkv_bwd(T* dpacked, const T* dqkv, int B, int T_, int H, int Hkv, int D, T theta) {
+  const Index C = Index(H) * D, KV = Index(Hkv) * D, P = C + 2 * KV;
+  const int rep = H / Hkv;
+  std::vector<T> dk(static_cast<std::size_t>(D));
+  for (Index r = 0; r < Index(B) * T_; ++r) {
+    const Index t = r % T_;
+    const T* d = dqkv + r * 3 * C;
+    T* out = dpacked + r * P;
+    for (Index h = 0; h < H; ++h) rope_rotate<T>(out + h * D, d + h * D, t, D, theta, T(-1));
+    for (Index g = 0; g < Hkv; ++g) {
+      std::fill(dk.begin(), dk.end(), T(0));
+      T* dv = out + C + KV + g * D;
+      std::fill(dv, dv + D, T(0));
+      for (Index h = g * rep; h < (g + 1) * rep; ++h) {
+        for (Index i = 0; i < D; ++i) {
+          dk[static_cast<std::size_t>(i)] += d[C + h * D + i];
+          dv[i] += d[2 * C + h * D + i];
+        }
+      }
+      rope_rotate<T>(out + C + g * D, dk.data(), t, D, theta, T(-1));
+    }
+  }
+}
+
+// out (N,I) = silu(gate) * up from in (N,2I) = [gate | up] per row.
+template <class T>
+void swiglu_fwd(T* out, const T* in, int N, int I) {
+  for (Index r = 0; r < N; ++r) {
+    const T* g = in + r * 2 * I;
+    const T* u = g + I;
+    T* o = out + r * I;
+    for (Index i = 0; i < I; ++i) o[i] = (g[i] / (T(1) + std::exp(-g[i]))) * u[i];
+  }
+}
+
+// din (N,2I) = [dgate | dup] written from dout (N,I).
+template <class T>
+void swiglu_bwd(T* din, const T* in, const T* dout, int N, int I) {
+  for (Index r = 0; r < N; ++r) {
+    const T* g = in + r * 2 * I;
+    const T* u = g + I;
+    const T* d = dout + r * I;
+    T* dg = din + r * 2 * I;
+    T* du = dg + I;
+    for (Index i = 0; i < I; ++i) {
+      const T sig = T(1) / (T(1) + std::exp(-g[i]));
+      const T silu = g[i] * sig;
+      du[i] = d[i] * silu;
+      dg[i] = d[i] * u[i] * (sig * (T(1) + g[i] * (T(1) - sig)));
+    }
   }
 }
 

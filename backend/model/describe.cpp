@@ -12,6 +12,12 @@ double forward_flops(const Gpt2& model, int layer, int B, int T) {
     case LayerKind::Embedding:
       return N * C;
     case LayerKind::Block:
+      if (model.is_llama()) {
+        // q|k|v, o_proj, gate|up, down_proj, then scores and the weighted sum over T keys.
+        const auto& c = model.config();
+        const double KV = double(c.kv_heads()) * (c.n_embd / c.n_head), I = c.intermediate_size;
+        return 2 * N * (C * (C + 2 * KV) + C * C + 3 * C * I) + 4 * double(B) * T * T * C;
+      }
       // c_attn, c_proj, c_fc, mlp c_proj, then scores and the weighted sum over T keys.
       return 2 * N * (3 * C * C + C * C + 8 * C * C) + 4 * double(B) * T * T * C;
     case LayerKind::Head:
@@ -25,9 +31,9 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
   if (seq_len <= 0 || seq_len > model.config().max_seq_len)
     throw BackendError(fmt::format("describe_gpt2: T = {} outside 1..{}", seq_len, model.config().max_seq_len));
   core::Model m;
-  m.name =
-      fmt::format("gpt2_L{}_C{}_H{}_V{}_T{}{}", model.config().n_layer, model.config().n_embd, model.config().n_head,
-                  model.config().vocab_size, seq_len, options.dtype == DType::F32 ? "" : "_bf16");
+  m.name = fmt::format("{}_L{}_C{}_H{}_V{}_T{}{}", arch_name(model.config().arch), model.config().n_layer,
+                       model.config().n_embd, model.config().n_head, model.config().vocab_size, seq_len,
+                       options.dtype == DType::F32 ? "" : "_bf16");
   const DType dt = options.dtype;
   const Bytes es = dtype_bytes(dt);
   m.source = "backend::describe_gpt2";

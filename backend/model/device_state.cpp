@@ -201,7 +201,7 @@ template <class S>
 void DeviceState::update_as(Stream& s, const AdamWConfig& config, int first, int last) {
   Kernels<S>& k = kernels_of<S>(device_, "device state");
   const int head = model_.head_layer();
-  const ParamSpec& lm_head = model_.param(head, "lm_head.weight");
+  const ParamSpec& lm_head = model_.params(head).back();  // the tied twin when model_.tied()
   auto* flags = flags_.as<std::int32_t>();
   for (int l = first; l <= last; ++l) {
     Layer& L = layers_[static_cast<std::size_t>(l)];
@@ -217,7 +217,8 @@ void DeviceState::update_as(Stream& s, const AdamWConfig& config, int first, int
       t.exp_avg = L.m.as<float>() + p.offset;
       t.exp_avg_sq = L.v.as<float>() + p.offset;
       t.nonfinite = flags + L.flag0 + static_cast<std::int64_t>(i);
-      if (l == 0 && p.name == "wte.weight") {  // the tie: both gradients, both working copies
+      if (l == 0 && model_.tied() &&
+          p.name == model_.embedding_name()) {  // the tie: both gradients, both working copies
         const Layer& H = layers_[static_cast<std::size_t>(head)];
         t.grad2 = H.g.as<S>() + lm_head.offset;
         t.twin = H.w.as<S>() + lm_head.offset;

@@ -9,18 +9,33 @@
 
 namespace harmony::backend {
 
+std::string_view arch_name(Arch arch) { return arch == Arch::Llama ? "llama" : "gpt2"; }
+
 void Gpt2Config::validate() const {
-  auto positive = [](int v, const char* name) {
-    if (v <= 0) throw BackendError(fmt::format("GPT-2 config: {} must be positive, got {}", name, v));
+  const char* who = arch == Arch::Llama ? "Llama config" : "GPT-2 config";
+  auto positive = [who](int v, const char* name) {
+    if (v <= 0) throw BackendError(fmt::format("{}: {} must be positive, got {}", who, name, v));
   };
   positive(vocab_size, "vocab_size");
   positive(max_seq_len, "max_seq_len");
-  if (n_layer < 0) throw BackendError(fmt::format("GPT-2 config: n_layer must be >= 0, got {}", n_layer));
+  if (n_layer < 0) throw BackendError(fmt::format("{}: n_layer must be >= 0, got {}", who, n_layer));
   positive(n_head, "n_head");
   positive(n_embd, "n_embd");
   if (n_embd % n_head != 0)
-    throw BackendError(fmt::format("GPT-2 config: n_embd {} is not a multiple of n_head {}", n_embd, n_head));
-  if (!(ln_eps > 0)) throw BackendError("GPT-2 config: ln_eps must be positive");
+    throw BackendError(fmt::format("{}: n_embd {} is not a multiple of n_head {}", who, n_embd, n_head));
+  if (!(ln_eps > 0)) throw BackendError(fmt::format("{}: ln_eps must be positive", who));
+  if (arch == Arch::Gpt2) {
+    if (n_kv_head != 0 || intermediate_size != 0 || !tie_embeddings)
+      throw BackendError("GPT-2 config: n_kv_head, intermediate_size and untied embeddings are Llama-only");
+    return;
+  }
+  if (n_kv_head < 0 || n_head % kv_heads() != 0)
+    throw BackendError(fmt::format("{}: n_kv_head {} does not divide n_head {}", who, n_kv_head, n_head));
+  if ((n_embd / n_head) % 2 != 0)
+    throw BackendError(
+        fmt::format("{}: the head width n_embd / n_head = {} must be even (rotary embeddings)", who, n_embd / n_head));
+  positive(intermediate_size, "intermediate_size");
+  if (!(rope_theta > 0)) throw BackendError(fmt::format("{}: rope_theta must be positive", who));
 }
 
 namespace {
@@ -102,6 +117,11 @@ Gpt2::Gpt2(const Gpt2Config& config) : config_(config) {
     list.push_back({std::move(name), std::move(shape), offset, numel, std::move(tied)});
   };
   params_.resize(static_cast<std::size_t>(num_layers()));
+  if (is_llama()) {
+    add_llama_params();
+    for (const auto& l : params_) param_floats_.push_back(l.back().offset + l.back().numel);
+    return;
+  }
   add(params_[0], "wte.weight", {V, C});
   add(params_[0], "wpe.weight", {P, C});
   for (int i = 0; i < config_.n_layer; ++i) {
@@ -131,7 +151,7 @@ Gpt2::Gpt2(const Gpt2Config& config) : config_(config) {
 
 void Gpt2::check(int layer) const {
   if (layer < 0 || layer >= num_layers())
-    throw BackendError(fmt::format("GPT-2: layer {} outside 0..{}", layer, num_layers() - 1));
+    throw BackendError(fmt::format("{}: layer {} outside 0..{}", arch_name(config_.arch), layer, num_layers() - 1));
 }
 
 LayerKind Gpt2::kind(int layer) const {
@@ -150,7 +170,7 @@ std::string Gpt2::layer_name(int layer) const {
     case LayerKind::Block:
       break;
   }
-  return fmt::format("h.{}", layer - 1);
+  return fmt::format("{}.{}", is_llama() ? "layers" : "h", layer - 1);
 }
 
 const std::vector<ParamSpec>& Gpt2::params(int layer) const {
@@ -162,7 +182,7 @@ const ParamSpec& Gpt2::param(int layer, std::string_view name) const {
   for (const auto& p : params(layer)) {
     if (p.name == name) return p;
   }
-  throw BackendError(fmt::format("GPT-2: layer {} has no parameter '{}'", layer, name));
+  throw BackendError(fmt::format("{}: layer {} has no parameter '{}'", arch_name(config_.arch), layer, name));
 }
 
 std::int64_t Gpt2::param_floats(int layer) const {
@@ -181,6 +201,7 @@ std::int64_t Gpt2::param_count() const {
 }
 
 std::int64_t Gpt2::act_floats(int layer, int B, int T) const {
+  if (is_llama()) return llama_act_floats(layer, B, T);
   switch (kind(layer)) {
     case LayerKind::Embedding:
       return 0;
@@ -193,6 +214,7 @@ std::int64_t Gpt2::act_floats(int layer, int B, int T) const {
 }
 
 std::int64_t Gpt2::scratch_floats(int layer, int B, int T) const {
+  if (is_llama()) return llama_scratch_floats(layer, B, T);
   const std::int64_t NC = std::int64_t(B) * T * config_.n_embd;
   switch (kind(layer)) {
     case LayerKind::Embedding:
@@ -219,8 +241,8 @@ Bytes Gpt2::output_bytes(int layer, int B, int T, DType dtype) const {
 template <class S>
 void Gpt2::check_args(int layer, const LayerArgs<S>& a, bool backward) const {
   const LayerKind k = kind(layer);
-  const std::string where =
-      fmt::format("GPT-2 layer {} ({}) {}", layer, layer_name(layer), backward ? "backward" : "forward");
+  const std::string where = fmt::format("{} layer {} ({}) {}", arch_name(config_.arch), layer, layer_name(layer),
+                                        backward ? "backward" : "forward");
   if (a.B <= 0) throw BackendError(fmt::format("{}: microbatch size B = {} must be positive", where, a.B));
   if (a.T <= 0 || a.T > config_.max_seq_len)
     throw BackendError(fmt::format("{}: sequence length T = {} outside 1..{}", where, a.T, config_.max_seq_len));
@@ -251,6 +273,7 @@ void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a
   using S = typename Ops::Scalar;
   using R = typename Ops::Real;
   check_args(layer, a, false);
+  if (is_llama()) return llama_forward(ops, layer, a);
   const int B = a.B, T = a.T, C = config_.n_embd, H = config_.n_head, V = config_.vocab_size;
   const int N = B * T;
   const R eps = R(config_.ln_eps);
@@ -300,6 +323,7 @@ template <class Ops>
 void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const {
   using S = typename Ops::Scalar;
   check_args(layer, a, true);
+  if (is_llama()) return llama_backward(ops, layer, a);
   const int B = a.B, T = a.T, C = config_.n_embd, H = config_.n_head, V = config_.vocab_size;
   const int N = B * T;
   const S* w = a.w;

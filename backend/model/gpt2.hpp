@@ -1,7 +1,9 @@
-// GPT-2 (Hugging Face layout) as the chain of layers the core schedules: layer 0 = token + position
-// embeddings, layers 1..L = transformer blocks, layer L+1 = final layer norm + LM head (tied to wte) + mean
-// cross-entropy (the criterion, last). Each layer owns one flat weight block (HF tensors back to back in HF
-// layout) and runs forward / backward over one microbatch through an Ops (ops.hpp).
+// The decoder models harmony-run trains, as the chain of layers the core schedules: layer 0 = token embeddings
+// (+ GPT-2's position table), layers 1..L = transformer blocks, layer L+1 = final norm + LM head + mean cross-entropy
+// (the criterion, last). Two families (Gpt2Config::arch): GPT-2 (LayerNorm, learned positions, GELU MLP, head tied
+// to wte) and Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, tied or untied head). Each
+// layer owns one flat weight block (HF tensors back to back in HF layout) and runs forward / backward over one
+// microbatch through an Ops (ops.hpp).
 #pragma once
 
 #include <cstdint>
@@ -14,13 +16,23 @@
 
 namespace harmony::backend {
 
+enum class Arch : std::uint8_t { Gpt2, Llama };
+std::string_view arch_name(Arch arch);  // "gpt2", "llama"
+
 struct Gpt2Config {
-  int vocab_size = 0;   // V
-  int max_seq_len = 0;  // rows of wpe (HF n_positions); T may not exceed it
-  int n_layer = 0;      // L transformer blocks
-  int n_head = 0;       // H
-  int n_embd = 0;       // C, a multiple of H
-  float ln_eps = 1e-5f;
+  int vocab_size = 0;    // V
+  int max_seq_len = 0;   // GPT-2: rows of wpe (HF n_positions); Llama: max_position_embeddings; T may not exceed it
+  int n_layer = 0;       // L transformer blocks
+  int n_head = 0;        // H
+  int n_embd = 0;        // C, a multiple of H
+  float ln_eps = 1e-5f;  // GPT-2: layer_norm_epsilon; Llama: rms_norm_eps
+  Arch arch = Arch::Gpt2;
+  // Llama only (validate() refuses them set for GPT-2):
+  int n_kv_head = 0;          // key/value heads (grouped-query attention), dividing n_head; 0: n_head
+  int intermediate_size = 0;  // the SwiGLU MLP's width (required, > 0)
+  float rope_theta = 10000.0f;
+  bool tie_embeddings = true;  // lm_head tied to model.embed_tokens (GPT-2: always)
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   void validate() const;  // throws BackendError naming the bad field
   bool operator==(const Gpt2Config&) const = default;
 };
@@ -76,10 +88,15 @@ class Gpt2 {
   explicit Gpt2(const Gpt2Config& config);
 
   const Gpt2Config& config() const { return config_; }
+  bool is_llama() const { return config_.arch == Arch::Llama; }
+  // Layer 0's token embedding ("wte.weight", "model.embed_tokens.weight"), and whether the head's "lm_head.weight" is
+  // tied to it (then the head's copy has tied_to set, no optimizer state, and gets the embedding's update).
+  const std::string& embedding_name() const { return params_.front().front().name; }
+  bool tied() const { return !params_.back().back().tied_to.empty(); }
   int num_layers() const { return config_.n_layer + 2; }
   int head_layer() const { return config_.n_layer + 1; }
   LayerKind kind(int layer) const;
-  std::string layer_name(int layer) const;  // "embedding", "h.3", "head"
+  std::string layer_name(int layer) const;  // "embedding", "h.3" (Llama: "layers.3"), "head"
   const std::vector<ParamSpec>& params(int layer) const;
   const ParamSpec& param(int layer, std::string_view name) const;  // throws BackendError if absent
   std::int64_t param_floats(int layer) const;
@@ -103,6 +120,14 @@ class Gpt2 {
   void check(int layer) const;
   template <class S>
   void check_args(int layer, const LayerArgs<S>& a, bool backward) const;
+  // The Llama family (backend/model/llama.cpp): its parameter tables, sizes and layers.
+  void add_llama_params();
+  std::int64_t llama_act_floats(int layer, int B, int T) const;
+  std::int64_t llama_scratch_floats(int layer, int B, int T) const;
+  template <class Ops>
+  void llama_forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const;
+  template <class Ops>
+  void llama_backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const;
 
   Gpt2Config config_;
   std::vector<std::vector<ParamSpec>> params_;  // per layer

@@ -42,6 +42,8 @@ std::optional<int> block_index(std::string_view rest) {
 }
 
 bool is_ignored_buffer(std::string_view rest) {
+  if (rest.starts_with("model.layers.") && rest.ends_with(".self_attn.rotary_emb.inv_freq"))
+    return true;  // older Llama checkpoints save RoPE's frequencies, recomputed here
   if (!block_index(rest)) return false;
   return rest.ends_with(".attn.bias") || rest.ends_with(".attn.masked_bias");
 }
@@ -112,6 +114,70 @@ int metadata_heads(const SafetensorsReader& f) {
   return m;
 }
 
+// The Llama-family shape of config.json (model_type llama): every key that changes the math is read, or refused
+// when it asks for something harmony's Llama block does not compute.
+Gpt2Config llama_config_from(const ConfigJson& cj) {
+  Gpt2Config c;
+  c.arch = Arch::Llama;
+  auto required = [&](const char* key) {
+    const std::optional<int> v = cj.positive(key);
+    if (!v)
+      throw BackendError(fmt::format("{}:1:1: a Llama config.json needs \"{}\" (a positive integer)", cj.path, key));
+    return *v;
+  };
+  c.vocab_size = required("vocab_size");
+  c.max_seq_len = required("max_position_embeddings");
+  c.n_layer = required("num_hidden_layers");
+  c.n_head = required("num_attention_heads");
+  c.n_embd = required("hidden_size");
+  c.intermediate_size = required("intermediate_size");
+  c.n_kv_head = cj.positive("num_key_value_heads").value_or(0);
+  auto number = [&](const char* key, float& out) {
+    const auto it = cj.json.find(key);
+    if (it == cj.json.end() || it->is_null()) return;
+    if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>()))
+      throw BackendError(fmt::format("{}: {} must be a positive number, got {}", cj.loc(key), key, it->dump()));
+    out = static_cast<float>(it->get<double>());
+  };
+  c.ln_eps = 1e-6f;  // LlamaConfig's default rms_norm_eps
+  number("rms_norm_eps", c.ln_eps);
+  number("rope_theta", c.rope_theta);
+  if (const auto it = cj.json.find("tie_word_embeddings"); it != cj.json.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      throw BackendError(fmt::format("{}: tie_word_embeddings must be true or false, got {}",
+                                     cj.loc("tie_word_embeddings"), it->dump()));
+    c.tie_embeddings = it->get<bool>();
+  } else {
+    c.tie_embeddings = false;  // LlamaConfig's default
+  }
+  cj.must_be("hidden_act", "silu", "harmony's Llama MLP computes SwiGLU with silu");
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    const auto it = cj.json.find(key);
+    if (it != cj.json.end() && !(it->is_boolean() && !it->get<bool>()) && !it->is_null())
+      throw BackendError(
+          fmt::format("{}: {} is {}, but harmony's Llama block has no biases", cj.loc(key), key, it->dump()));
+  }
+  for (const char* key : {"rope_scaling", "sliding_window"}) {
+    const auto it = cj.json.find(key);
+    if (it != cj.json.end() && !it->is_null())
+      throw BackendError(
+          fmt::format("{}: {} is {}, which harmony-run does not model (only plain RoPE over every "
+                      "earlier token); remove it or set it to null",
+                      cj.loc(key), key, it->dump()));
+  }
+  if (const std::optional<int> hd = cj.positive("head_dim"); hd && c.n_head > 0 && *hd * c.n_head != c.n_embd)
+    throw BackendError(
+        fmt::format("{}: head_dim = {}, but harmony's Llama block uses hidden_size / "
+                    "num_attention_heads = {}",
+                    cj.loc("head_dim"), *hd, c.n_embd / c.n_head));
+  try {
+    c.validate();
+  } catch (const BackendError& e) {
+    throw BackendError(fmt::format("{}:1:1: {}", cj.path, e.what()));
+  }
+  return c;
+}
+
 }  // namespace
 
 Gpt2Config gpt2_config_from(const SafetensorsReader& f, int n_head) {
@@ -153,7 +219,7 @@ Gpt2Config gpt2_config_from(const SafetensorsReader& f, int n_head) {
 
 void load_gpt2_weights(const SafetensorsReader& f, HostState& state) {
   const Gpt2& model = state.model();
-  const std::string prefix = prefix_of(f);
+  const std::string prefix = model.is_llama() ? "" : prefix_of(f);
   std::set<std::string> expected;
   for (int l = 0; l < model.num_layers(); ++l) {
     for (const ParamSpec& p : model.params(l)) {
@@ -164,7 +230,7 @@ void load_gpt2_weights(const SafetensorsReader& f, HostState& state) {
       const std::uint64_t at = f.data_start() + t.begin;
       if (!is_float(t.dtype))
         throw FormatError(f.name(), at,
-                          fmt::format("tensor '{}' is {}; GPT-2 weights must be F32, F16 or BF16", name, t.dtype));
+                          fmt::format("tensor '{}' is {}; weights must be F32, F16 or BF16", name, t.dtype));
       if (t.shape != p.shape)
         throw FormatError(f.name(), at,
                           fmt::format("tensor '{}' has shape [{}], the model expects [{}]", name,
@@ -179,8 +245,8 @@ void load_gpt2_weights(const SafetensorsReader& f, HostState& state) {
     std::string_view rest = t.name;
     if (rest.starts_with(prefix)) rest.remove_prefix(prefix.size());
     if (is_ignored_buffer(rest)) continue;
-    if (t.name == "lm_head.weight" || rest == "lm_head.weight") {
-      const auto wte = state.weight(0, "wte.weight");
+    if (model.tied() && (t.name == "lm_head.weight" || rest == "lm_head.weight")) {
+      const auto wte = state.weight(0, model.embedding_name());
       const std::uint64_t at = f.data_start() + t.begin;
       if (!is_float(t.dtype) || t.numel != static_cast<std::int64_t>(wte.size()))
         throw FormatError(f.name(), at,
@@ -194,7 +260,9 @@ void load_gpt2_weights(const SafetensorsReader& f, HostState& state) {
   }
   if (!unknown.empty()) {
     if (unknown.size() > 5) unknown.resize(5);
-    throw FormatError(f.name(), 8, fmt::format("tensors the GPT-2 model does not have: {}", fmt::join(unknown, ", ")));
+    throw FormatError(f.name(), 8,
+                      fmt::format("tensors the {} model does not have: {}", model.is_llama() ? "Llama" : "GPT-2",
+                                  fmt::join(unknown, ", ")));
   }
 }
 
@@ -230,9 +298,15 @@ Gpt2Files locate_gpt2_files(const std::string& path) {
 Gpt2Config gpt2_config_at(const std::string& path, int n_head) {
   const Gpt2Files files = locate_gpt2_files(path);
   const auto f = SafetensorsReader::open(files.weights);
-  if (files.config_json.empty()) return gpt2_config_from(f, n_head);
+  if (files.config_json.empty()) {
+    if (f.find("model.embed_tokens.weight") != nullptr)
+      throw FormatError(f.name(), 8,
+                        "a Llama-family checkpoint (model.embed_tokens.weight): its config.json must lie beside it");
+    return gpt2_config_from(f, n_head);
+  }
   const ConfigJson cj = ConfigJson::read(files.config_json);
-  cj.must_be("model_type", "gpt2", "harmony-run trains GPT-2 models only");
+  if (const auto mt = cj.json.find("model_type"); mt != cj.json.end() && *mt == "llama") return llama_config_from(cj);
+  cj.must_be("model_type", "gpt2", "harmony-run trains GPT-2 (gpt2) and Llama (llama) models only");
   cj.must_be("activation_function", "gelu_new",
              "harmony's GPT-2 computes gelu_new (the tanh approximation), so these weights would compute another "
              "function");

@@ -1,7 +1,7 @@
 // The two ways the model's layers run their kernels, with one signature set so that the layer code is
-// written once (backend/model/gpt2.cpp): BasicDeviceOps<S> enqueues the device's Kernels<S> on a stream (DeviceOps
-// fp32, DeviceOpsBf16 mixed precision); HostOps<T> calls the reference loops synchronously on host memory (T = double
-// for finite-difference checks).
+// written once for both families (backend/model/gpt2.cpp): BasicDeviceOps<S> enqueues the device's Kernels<S> on a
+// stream (DeviceOps fp32, DeviceOpsBf16 mixed precision); HostOps<T> calls the reference loops synchronously on host
+// memory (T = double for finite-difference checks).
 #pragma once
 
 #include <algorithm>
@@ -58,6 +58,20 @@ class BasicDeviceOps {
   void crossentropy_fwd(float* losses, S* probs, const S* logits, const std::int32_t* targets, int N, int V) {
     k_.crossentropy_fwd(s_, losses, probs, logits, targets, N, V);
   }
+  void rmsnorm_fwd(S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
+    k_.rmsnorm_fwd(s_, out, rstd, in, w, N, C, eps);
+  }
+  void rmsnorm_bwd(S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N, int C) {
+    k_.rmsnorm_bwd(s_, din, dw, dout, in, w, rstd, N, C);
+  }
+  void rope_qkv_fwd(S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta) {
+    k_.rope_qkv_fwd(s_, qkv, packed, B, T, H, Hkv, D, theta);
+  }
+  void rope_qkv_bwd(S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D, float theta) {
+    k_.rope_qkv_bwd(s_, dpacked, dqkv, B, T, H, Hkv, D, theta);
+  }
+  void swiglu_fwd(S* out, const S* in, int N, int I) { k_.swiglu_fwd(s_, out, in, N, I); }
+  void swiglu_bwd(S* din, const S* in, const S* dout, int N, int I) { k_.swiglu_bwd(s_, din, in, dout, N, I); }
   void crossentropy_bwd(S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N, int V) {
     k_.crossentropy_bwd(s_, dlogits, probs, targets, scale, N, V);
   }
@@ -109,6 +123,20 @@ class HostOps {
   void crossentropy_fwd(T* losses, T* probs, const T* logits, const std::int32_t* targets, int N, int V) {
     cpu::crossentropy_fwd<T>(losses, probs, logits, targets, N, V);
   }
+  void rmsnorm_fwd(T* out, T* rstd, const T* in, const T* w, int N, int C, T eps) {
+    cpu::rmsnorm_fwd<T>(out, rstd, in, w, N, C, eps);
+  }
+  void rmsnorm_bwd(T* din, T* dw, const T* dout, const T* in, const T* w, const T* rstd, int N, int C) {
+    cpu::rmsnorm_bwd<T>(din, dw, dout, in, w, rstd, N, C);
+  }
+  void rope_qkv_fwd(T* qkv, const T* packed, int B, int T_, int H, int Hkv, int D, T theta) {
+    cpu::rope_qkv_fwd<T>(qkv, packed, B, T_, H, Hkv, D, theta);
+  }
+  void rope_qkv_bwd(T* dpacked, const T* dqkv, int B, int T_, int H, int Hkv, int D, T theta) {
+    cpu::rope_qkv_bwd<T>(dpacked, dqkv, B, T_, H, Hkv, D, theta);
+  }
+  void swiglu_fwd(T* out, const T* in, int N, int I) { cpu::swiglu_fwd<T>(out, in, N, I); }
+  void swiglu_bwd(T* din, const T* in, const T* dout, int N, int I) { cpu::swiglu_bwd<T>(din, in, dout, N, I); }
   void crossentropy_bwd(T* dlogits, const T* probs, const std::int32_t* targets, T scale, int N, int V) {
     cpu::crossentropy_bwd<T>(dlogits, probs, targets, scale, N, V);
   }

@@ -63,7 +63,7 @@ void HostState::update(const AdamWConfig& config, int first, int last) {
     const float* g = grads(l).data();
     for (const ParamSpec& p : model_.params(l)) {
       if (!p.tied_to.empty()) continue;  // lm_head: updated through layer 0's wte
-      if (l == 0 && p.name == "wte.weight") {
+      if (l == 0 && model_.tied() && p.name == model_.embedding_name()) {
         // The tied weight's two gradient contributions: embedding (layer 0) and LM head.
         const std::span<const float> gh = grads(head).subspan(
             static_cast<std::size_t>(model_.param(head, "lm_head.weight").offset), static_cast<std::size_t>(p.numel));
@@ -86,7 +86,8 @@ void HostState::set_steps(int layer, std::int64_t steps) {
 }
 
 void HostState::sync_tied() {
-  const auto src = weight(0, "wte.weight");
+  if (!model_.tied()) return;
+  const auto src = weight(0, model_.embedding_name());
   auto dst = weight(model_.head_layer(), "lm_head.weight");
   std::copy(src.begin(), src.end(), dst.begin());
 }
@@ -103,14 +104,19 @@ void HostState::init_weights(std::uint64_t seed) {
     for (const ParamSpec& p : model_.params(l)) {
       if (!p.tied_to.empty()) continue;
       auto w = weights(l).subspan(static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel));
-      const bool is_ln = p.name.find("ln_") != std::string::npos;
+      // norm weights (GPT-2's ln_*, Llama's *layernorm / model.norm) start at 1; output projections (c_proj, o_proj,
+      // down_proj) at std 0.02 / sqrt(2 L) (GPT-2's scheme, used for both families)
+      const bool is_ln = p.name.find("ln_") != std::string::npos || p.name.find("layernorm.") != std::string::npos ||
+                         p.name == "model.norm.weight";
       const bool is_bias = p.name.ends_with(".bias");
       if (is_ln && !is_bias) {
         std::fill(w.begin(), w.end(), 1.0f);
       } else if (is_bias) {
         std::fill(w.begin(), w.end(), 0.0f);
       } else {
-        const float std = p.name.ends_with("c_proj.weight") ? proj_std : 0.02f;
+        const bool out_proj = p.name.ends_with("c_proj.weight") || p.name.ends_with("o_proj.weight") ||
+                              p.name.ends_with("down_proj.weight");
+        const float std = out_proj ? proj_std : 0.02f;
         for (float& x : w) x = std * normal(rng);
       }
     }

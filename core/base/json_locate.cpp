@@ -3,10 +3,14 @@
 // so locating anything in a 400 KB profile takes well under a millisecond and needs no allocation per value.
 #include "core/base/json_locate.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "core/base/error.hpp"
 
 namespace harmony::core {
 namespace {
@@ -343,6 +347,53 @@ std::string pointer_to_path(std::string_view pointer) {
     }
   }
   return out;
+}
+
+std::string json_pointer_token(std::string_view key) {
+  std::string out;
+  out.reserve(key.size());
+  for (char c : key) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// "syntax error while parsing value - unexpected '}'; ..." from nlohmann's what(), without the
+// "[json.exception.parse_error.101] parse error at line 1, column 7: " prefix (we report our own position).
+std::string parse_message(std::string_view what) {
+  if (!what.empty() && what.front() == '[') {
+    const std::size_t close = what.find("] ");
+    if (close != std::string_view::npos) what.remove_prefix(close + 2);
+  }
+  if (what.substr(0, 11) == "parse error") {
+    const std::size_t colon = what.find(": ");
+    if (colon != std::string_view::npos) what.remove_prefix(colon + 2);
+  }
+  return std::string(what);
+}
+
+}  // namespace
+
+nlohmann::json parse_json_located(const std::string& text, const std::string& file,
+                                  const std::function<std::string(const JsonParseProblem&)>& hint) {
+  JsonParseProblem problem;
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    problem = {JsonLocator(text).parse_error_pos(e.byte, e.what()), parse_message(e.what()), true};
+  } catch (const nlohmann::json::exception& e) {  // out_of_range.406: a number too large for a double
+    problem = {JsonLocator(text).parse_error_pos(0, e.what()), parse_message(e.what()), false};
+  }
+  throw ConfigError(SourceLoc{file, problem.pos.line, problem.pos.column}, "malformed JSON: " + problem.message,
+                    hint(problem));
 }
 
 }  // namespace harmony::core

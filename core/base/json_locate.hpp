@@ -1,10 +1,14 @@
 // Source positions inside JSON text, for error messages: maps a JSON pointer ("/layers/3/fwd_time")
-// or a byte offset to a 1-based line:column, and turns nlohmann::json parse exceptions into a position.
+// or a byte offset to a 1-based line:column, and turns nlohmann::json parse exceptions into a position;
+// parse_json_located is the one place that parses JSON text into a located ConfigError on bad syntax.
 // The text is scanned lazily, only when a position is asked for, so a locator costs nothing on the
-// happy path; it does not parse or validate (nlohmann does that) and never throws.
+// happy path; the locator does not parse or validate (nlohmann does that) and never throws.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -70,5 +74,22 @@ class JsonLocator {
 
 // "/layers/3/fwd_time/0" -> "layers[3].fwd_time[0]"; "" -> "the document". For messages.
 std::string pointer_to_path(std::string_view pointer);
+
+// An object key as one RFC 6901 reference token ("a/b~c" -> "a~1b~0c"): "/" + json_pointer_token(key) points
+// at member `key` of the root.
+std::string json_pointer_token(std::string_view key);
+
+// What nlohmann::json::parse refused in a text, for the caller's hint.
+struct JsonParseProblem {
+  TextPos pos;          // where (JsonLocator::parse_error_pos)
+  std::string message;  // nlohmann's what() without its "[json.exception...] parse error at line 1, column 7: "
+                        // prefix, e.g. "syntax error while parsing value - unexpected '}'; expected ..."
+  bool syntax = true;   // false for a number literal too large for a double (out_of_range.406)
+};
+
+// Parses `text` (called `file` in messages). Text nlohmann refuses throws ConfigError at file:line:column with
+// the message "malformed JSON: <problem.message>" and the hint `hint(problem)` returns.
+nlohmann::json parse_json_located(const std::string& text, const std::string& file,
+                                  const std::function<std::string(const JsonParseProblem&)>& hint);
 
 }  // namespace harmony::core

@@ -60,16 +60,23 @@ struct RunConfig {
 
 // ---- harmony-run: the same model/machine/plan/options/search keys, plus what training needs ----
 
+// The shape of a fresh decoder: model.gpt2 or model.llama (llama = true; the Llama-only keys below).
 struct Gpt2Shape {
   int vocab_size = 0;
-  int max_seq_len = 0;  // rows of the position embedding (HF n_positions)
+  int max_seq_len = 0;  // GPT-2: rows of the position embedding (HF n_positions); Llama: the longest sequence
   int n_layer = 0;
   int n_head = 0;
   int n_embd = 0;
+  bool llama = false;
+  int n_kv_head = 0;          // key/value heads (grouped-query attention), dividing n_head; 0: n_head
+  int intermediate_size = 0;  // the SwiGLU MLP's width (required)
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool tie_embeddings = false;  // lm_head tied to the token embedding
 };
 
 struct TrainModelSpec {
-  std::optional<Gpt2Shape> gpt2;  // a fresh model of this shape, initialised from init_seed
+  std::optional<Gpt2Shape> gpt2;  // a fresh model of this shape (model.gpt2 or model.llama), initialised from init_seed
   std::string weights_path;       // or Hugging Face GPT-2 weights (a safetensors file or model folder); exactly one
   int n_head = 0;                 // with weights_path: heads, over config.json and the file's metadata; 0: theirs
   int seq_len = 0;                // T, tokens per sequence

@@ -15,8 +15,8 @@
 
 #include <fmt/format.h>
 
-#include "core/base/json_locate.hpp"
 #include "core/config/config_internal.hpp"
+#include "core/config/json_located.hpp"
 
 namespace harmony::core {
 
@@ -134,25 +134,11 @@ const std::vector<std::string> kCheckpointingKeys = {"partition_activations",   
                                                      "synchronize_checkpoint_boundary", "profile"};
 const std::vector<std::string> kDevices = {"none", "cpu", "nvme"};
 
-std::string escape_token(std::string_view key) {
-  std::string p;
-  for (char c : key) {
-    if (c == '~') {
-      p += "~0";
-    } else if (c == '/') {
-      p += "~1";
-    } else {
-      p += c;
-    }
-  }
-  return p;
-}
-
 // "parent" + sep + "key", built in place: a child's JSON pointer ('/', the key escaped) or dotted name ('.').
 std::string child(const std::string& parent, char sep, const std::string& key) {
   std::string out = parent;
   out += sep;
-  out += sep == '/' ? escape_token(key) : key;
+  out += sep == '/' ? json_pointer_token(key) : key;
   return out;
 }
 
@@ -165,29 +151,16 @@ bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "a
 // One DeepSpeed config: located failures and typed getters over JSON pointers.
 class DsFile {
  public:
-  DsFile(std::string path, std::string text) : path_(std::move(path)), text_(std::move(text)), loc_(text_) {}
-  DsFile(const DsFile&) = delete;
-  DsFile& operator=(const DsFile&) = delete;
+  DsFile(std::string path, std::string text) : file_(std::move(path), std::move(text)) {}
 
   const json& parse() {
-    try {
-      j_ = json::parse(text_);
-    } catch (const json::exception& e) {
-      const auto* pe = dynamic_cast<const json::parse_error*>(&e);
-      const TextPos p = loc_.parse_error_pos(pe ? pe->byte : 0, e.what());
-      fail(SourceLoc{path_, p.line, p.column}, fmt::format("malformed JSON: {}", message_of(e.what())),
-           "a DeepSpeed config is one JSON object; check the syntax here (JSON allows no comments and no trailing "
-           "commas)");
-    }
-    if (!j_.is_object())
-      fail(SourceLoc{path_, 1, 1}, "a DeepSpeed config must be a JSON object",
-           "pass the file given to deepspeed.initialize(config=...) or the Trainer's --deepspeed");
-    return j_;
+    return file_.parse_object({"a DeepSpeed config", "",
+                               "pass the file given to deepspeed.initialize(config=...) or the Trainer's --deepspeed"});
   }
 
-  SourceLoc value_at(const std::string& ptr) const { return at(loc_.value_pos(ptr)); }
-  SourceLoc key_at(const std::string& ptr) const { return at(loc_.key_pos(ptr)); }
-  const std::string& path() const { return path_; }
+  SourceLoc value_at(const std::string& ptr) const { return file_.value_at(ptr); }
+  SourceLoc key_at(const std::string& ptr) const { return file_.key_at(ptr); }
+  const std::string& path() const { return file_.path(); }
 
   // An integer >= min at `ptr` (a dotted `name` for messages).
   int integer(const json& v, const std::string& ptr, const std::string& name, int min) const {
@@ -223,23 +196,7 @@ class DsFile {
   }
 
  private:
-  SourceLoc at(TextPos p) const { return SourceLoc{path_, p.line, p.column}; }
-  static std::string message_of(std::string_view what) {
-    if (!what.empty() && what.front() == '[') {
-      const std::size_t close = what.find("] ");
-      if (close != std::string_view::npos) what.remove_prefix(close + 2);
-    }
-    if (what.substr(0, 11) == "parse error") {
-      const std::size_t colon = what.find(": ");
-      if (colon != std::string_view::npos) what.remove_prefix(colon + 2);
-    }
-    return std::string(what);
-  }
-
-  std::string path_;
-  std::string text_;
-  JsonLocator loc_;
-  json j_;
+  JsonConfigFile file_;
 };
 
 // A feature that is on: true, a number above 1 (sequence_parallel_size), or a section unless its "enabled" is false.
@@ -296,7 +253,7 @@ void read_zero(const DsFile& f, const json& root, DeepSpeedRun& run) {
   const json& zero = f.object(*it, "/zero_optimization", "zero_optimization");
   for (const auto& item : zero.items()) {
     const std::string& key = item.key();
-    const std::string ptr = "/zero_optimization/" + escape_token(key);
+    const std::string ptr = "/zero_optimization/" + json_pointer_token(key);
     const std::string name = "zero_optimization." + key;
     if (listed(kZeroRead, key)) continue;
     if (key == "cpu_offload")
@@ -566,7 +523,7 @@ DeepSpeedRun read_deepspeed_config(const std::string& path, const DeepSpeedConte
   valid.insert(valid.end(), kTopNotPriced.begin(), kTopNotPriced.end());
   for (const auto& item : root.items()) {
     const std::string& key = item.key();
-    const std::string ptr = "/" + escape_token(key);
+    const std::string ptr = "/" + json_pointer_token(key);
     if (listed(kTopRead, key)) continue;
     if (key == "optimizer") check_optimizer(f, item.value());
     if (listed(kTopNotPriced, key)) {
@@ -587,7 +544,7 @@ DeepSpeedRun read_deepspeed_config(const std::string& path, const DeepSpeedConte
   if (const auto it = root.find("activation_checkpointing"); it != root.end() && !it->is_null()) {
     const json& o = f.object(*it, "/activation_checkpointing", "activation_checkpointing");
     for (const auto& item : o.items()) {
-      const std::string kptr = "/activation_checkpointing/" + escape_token(item.key());
+      const std::string kptr = "/activation_checkpointing/" + json_pointer_token(item.key());
       const std::string kname = "activation_checkpointing." + item.key();
       if (!listed(kCheckpointingKeys, item.key())) f.unknown(kptr, kname, item.key(), kCheckpointingKeys);
       run.not_priced.push_back(kname);

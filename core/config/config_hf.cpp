@@ -15,8 +15,8 @@
 
 #include <fmt/format.h>
 
-#include "core/base/json_locate.hpp"
 #include "core/config/config_internal.hpp"
+#include "core/config/json_located.hpp"
 
 namespace harmony::core {
 
@@ -88,49 +88,22 @@ const std::vector<std::string> kRopeTypes = {"default", "linear", "dynamic", "ya
 
 const std::vector<std::string> kModelTypes = {"gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"};
 
-std::string pointer(std::string_view key) {
-  std::string p = "/";
-  for (char c : key) {
-    if (c == '~') {
-      p += "~0";
-    } else if (c == '/') {
-      p += "~1";
-    } else {
-      p += c;
-    }
-  }
-  return p;
-}
+std::string pointer(std::string_view key) { return "/" + json_pointer_token(key); }
 
 // One config.json: typed getters that locate every problem, and the record of which keys were read.
 class HfConfig {
  public:
-  HfConfig(std::string path, std::string text) : path_(std::move(path)), text_(std::move(text)), loc_(text_) {}
-  HfConfig(const HfConfig&) = delete;
-  HfConfig& operator=(const HfConfig&) = delete;
+  HfConfig(std::string path, std::string text) : file_(std::move(path), std::move(text)) {}
 
   void parse() {
-    try {
-      j_ = json::parse(text_);
-    } catch (const json::parse_error& e) {
-      const TextPos p = loc_.parse_error_pos(e.byte, e.what());
-      fail(SourceLoc{path_, p.line, p.column}, fmt::format("malformed JSON: {}", message_of(e.what())),
-           "a Hugging Face config.json is one JSON object; check the syntax here (JSON allows no comments and no "
-           "trailing commas)");
-    } catch (const json::exception& e) {
-      const TextPos p = loc_.parse_error_pos(0, e.what());
-      fail(SourceLoc{path_, p.line, p.column}, fmt::format("malformed JSON: {}", message_of(e.what())),
-           "numbers in a config.json are small integers and decimals");
-    }
-    if (!j_.is_object())
-      fail(SourceLoc{path_, 1, 1}, "a Hugging Face config.json must be a JSON object",
-           "use the config.json of a model on the Hugging Face Hub (the file next to its weights)");
+    file_.parse_object({"a Hugging Face config.json", "numbers in a config.json are small integers and decimals",
+                        "use the config.json of a model on the Hugging Face Hub (the file next to its weights)"});
   }
 
-  const std::string& path() const { return path_; }
-  SourceLoc value_at(std::string_view key) const { return at(loc_.value_pos(pointer(key))); }
-  SourceLoc value_at_pointer(const std::string& ptr) const { return at(loc_.value_pos(ptr)); }
-  SourceLoc key_at(std::string_view key) const { return at(loc_.key_pos(pointer(key))); }
+  const std::string& path() const { return file_.path(); }
+  SourceLoc value_at(std::string_view key) const { return file_.value_at(pointer(key)); }
+  SourceLoc value_at_pointer(const std::string& ptr) const { return file_.value_at(ptr); }
+  SourceLoc key_at(std::string_view key) const { return file_.key_at(pointer(key)); }
   [[noreturn]] void fail_value(std::string_view key, const std::string& message, const std::string& hint) const {
     fail(value_at(key), message, hint);
   }
@@ -138,14 +111,14 @@ class HfConfig {
   // The value of `key`, nullptr when absent or null; marks it read.
   const json* get(std::string_view key) {
     used_.emplace_back(key);
-    const auto it = j_.find(std::string(key));
-    if (it == j_.end() || it->is_null()) return nullptr;
+    const auto it = file_.doc().find(std::string(key));
+    if (it == file_.doc().end() || it->is_null()) return nullptr;
     return &*it;
   }
-  bool present(std::string_view key) const { return j_.contains(std::string(key)); }
+  bool present(std::string_view key) const { return file_.doc().contains(std::string(key)); }
   bool has(std::string_view key) const {
-    const auto it = j_.find(std::string(key));
-    return it != j_.end() && !it->is_null();
+    const auto it = file_.doc().find(std::string(key));
+    return it != file_.doc().end() && !it->is_null();
   }
   void ignore(std::string_view key) { used_.emplace_back(key); }
 
@@ -184,7 +157,7 @@ class HfConfig {
     return v->get<std::string>();
   }
   [[noreturn]] void missing(std::string_view key, std::string_view model_type) const {
-    fail(SourceLoc{path_, 1, 1}, fmt::format("{} (model_type {}) has no {}", path_, model_type, key),
+    fail(SourceLoc{path(), 1, 1}, fmt::format("{} (model_type {}) has no {}", path(), model_type, key),
          fmt::format("a {} config.json states {}; use the file as the Hub ships it", model_type, key));
   }
   // A dropout probability: 0 (absent: transformers' default 0) or the model has dropout layers it is not modelled with.
@@ -198,7 +171,7 @@ class HfConfig {
   // Every key neither read nor harmless is an error: one the analytic model does not follow would silently give
   // wrong numbers. `known` lists the family's keys that are read or harmless.
   void refuse_others(const std::vector<std::string>& known, std::string_view model_type) const {
-    for (const auto& item : j_.items()) {
+    for (const auto& item : file_.doc().items()) {
       const std::string& key = item.key();
       const auto listed = [&](const std::vector<std::string>& v) {
         return std::find(v.begin(), v.end(), key) != v.end();
@@ -226,23 +199,7 @@ class HfConfig {
   }
 
  private:
-  SourceLoc at(TextPos p) const { return SourceLoc{path_, p.line, p.column}; }
-  static std::string message_of(std::string_view what) {
-    if (!what.empty() && what.front() == '[') {
-      const std::size_t close = what.find("] ");
-      if (close != std::string_view::npos) what.remove_prefix(close + 2);
-    }
-    if (what.substr(0, 11) == "parse error") {
-      const std::size_t colon = what.find(": ");
-      if (colon != std::string_view::npos) what.remove_prefix(colon + 2);
-    }
-    return std::string(what);
-  }
-
-  std::string path_;
-  std::string text_;
-  JsonLocator loc_;
-  json j_;
+  JsonConfigFile file_;
   std::vector<std::string> used_;
 };
 

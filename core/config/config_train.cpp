@@ -22,8 +22,12 @@ namespace {
 
 const std::vector<std::string> kTrainTopKeys = {"model",   "machine", "device", "cost_model", "plan",
                                                 "options", "search",  "train",  "checkpoint"};
-const std::vector<std::string> kTrainModelKeys = {"gpt2", "weights", "n_head", "seq_len", "profile", "init_seed"};
+const std::vector<std::string> kTrainModelKeys = {"gpt2",    "llama",   "weights",  "n_head",
+                                                  "seq_len", "profile", "init_seed"};
 const std::vector<std::string> kGpt2Keys = {"vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
+const std::vector<std::string> kLlamaKeys = {"vocab_size",   "max_seq_len",   "n_layer",           "n_head",
+                                             "n_kv_head",    "n_embd",        "intermediate_size", "rope_theta",
+                                             "rms_norm_eps", "tie_embeddings"};
 const std::vector<std::string> kTrainKeys = {"steps", "data", "lr", "beta1", "beta2", "eps", "weight_decay", "dtype"};
 const std::vector<std::string> kDataKeys = {"file", "synthetic_tokens", "seed"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every", "keep"};
@@ -51,30 +55,55 @@ std::uint64_t get_u64(const Node& v, const std::string& what) {
   return value;
 }
 
-Gpt2Shape parse_gpt2_shape(const Entry& e) {
-  const std::string example = "gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}";
+// model.gpt2 or (llama) model.llama.
+Gpt2Shape parse_gpt2_shape(const Entry& e, bool llama) {
+  const std::string section = llama ? "model.llama" : "model.gpt2";
+  const std::string example =
+      llama ? "llama: {vocab_size: 256, max_seq_len: 64, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 64, "
+              "intermediate_size: 172}"
+            : "gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}";
   if (e.value.kind != Node::Kind::Map)
-    fail(e.value.loc, fmt::format("model.gpt2 must be a mapping, got {}", describe(e.value)), example);
-  check_keys(e.value, "model.gpt2", kGpt2Keys);
+    fail(e.value.loc, fmt::format("{} must be a mapping, got {}", section, describe(e.value)), example);
+  check_keys(e.value, section, llama ? kLlamaKeys : kGpt2Keys);
   Gpt2Shape g;
+  g.llama = llama;
   auto need = [&](const char* key, int min) {
-    const Entry& k = require(e.value, key, "model.gpt2", e.key_loc, example);
-    return get_int(k.value, fmt::format("model.gpt2.{}", key), min);
+    const Entry& k = require(e.value, key, section, e.key_loc, example);
+    return get_int(k.value, fmt::format("{}.{}", section, key), min);
   };
   g.vocab_size = need("vocab_size", 2);
   if (g.vocab_size > 65536)
-    fail(
-        find(e.value, "vocab_size")->value.loc,
-        fmt::format("model.gpt2.vocab_size = {} exceeds 65536, the most a uint16 token file can address", g.vocab_size),
-        "use a vocabulary of at most 65536 tokens");
+    fail(find(e.value, "vocab_size")->value.loc,
+         fmt::format("{}.vocab_size = {} exceeds 65536, the most a uint16 token file can address", section,
+                     g.vocab_size),
+         "use a vocabulary of at most 65536 tokens");
   g.max_seq_len = need("max_seq_len", 1);
   g.n_layer = need("n_layer", 1);
   g.n_head = need("n_head", 1);
   g.n_embd = need("n_embd", 1);
   if (g.n_embd % g.n_head != 0)
     fail(find(e.value, "n_embd")->value.loc,
-         fmt::format("model.gpt2.n_embd = {} is not a multiple of n_head = {}", g.n_embd, g.n_head),
+         fmt::format("{}.n_embd = {} is not a multiple of n_head = {}", section, g.n_embd, g.n_head),
          "each head gets n_embd / n_head channels: pick n_embd divisible by n_head");
+  if (!llama) return g;
+  if ((g.n_embd / g.n_head) % 2 != 0)
+    fail(find(e.value, "n_embd")->value.loc,
+         fmt::format("model.llama: the head width n_embd / n_head = {} is odd; rotary embeddings rotate pairs",
+                     g.n_embd / g.n_head),
+         "pick n_embd / n_head even");
+  g.intermediate_size = need("intermediate_size", 1);
+  if (const Entry* k = find(e.value, "n_kv_head")) {
+    g.n_kv_head = get_int(k->value, "model.llama.n_kv_head", 1);
+    if (g.n_head % g.n_kv_head != 0)
+      fail(k->value.loc, fmt::format("model.llama.n_kv_head = {} does not divide n_head = {}", g.n_kv_head, g.n_head),
+           "each key/value head serves n_head / n_kv_head query heads: pick a divisor of n_head");
+  }
+  if (const Entry* k = find(e.value, "rope_theta"))
+    g.rope_theta = get_positive_double(k->value, "model.llama.rope_theta");
+  if (const Entry* k = find(e.value, "rms_norm_eps"))
+    g.rms_norm_eps = get_positive_double(k->value, "model.llama.rms_norm_eps");
+  if (const Entry* k = find(e.value, "tie_embeddings"))
+    g.tie_embeddings = get_bool(k->value, "model.llama.tie_embeddings");
   return g;
 }
 
@@ -96,15 +125,20 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   cfg.model.loc = model_loc;
   check_keys(*model, "model", kTrainModelKeys);
   const Entry* gpt2 = find(*model, "gpt2");
+  const Entry* llama = find(*model, "llama");
   const Entry* weights = find(*model, "weights");
-  if (gpt2 && weights)
-    fail(weights->key_loc, "model.gpt2 and model.weights are both given",
-         fmt::format("give one: a shape to initialise (gpt2: at {}) or a safetensors file to load",
-                     gpt2->key_loc.str()));
-  if (!gpt2 && !weights)
-    fail(model_loc, "model needs model.gpt2 (a shape) or model.weights (a safetensors file)",
+  if (gpt2 && llama)
+    fail(llama->key_loc, "model.gpt2 and model.llama are both given",
+         fmt::format("give one shape: the GPT-2 at {} or this Llama", gpt2->key_loc.str()));
+  const Entry* shape = gpt2 ? gpt2 : llama;
+  if (shape && weights)
+    fail(weights->key_loc, fmt::format("model.{} and model.weights are both given", shape->key),
+         fmt::format("give one: a shape to initialise ({}: at {}) or a safetensors file to load", shape->key,
+                     shape->key_loc.str()));
+  if (!shape && !weights)
+    fail(model_loc, "model needs model.gpt2 or model.llama (a shape) or model.weights (a safetensors file)",
          "e.g. gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 8, n_head: 4, n_embd: 64}");
-  if (gpt2) cfg.model.gpt2 = parse_gpt2_shape(*gpt2);
+  if (shape) cfg.model.gpt2 = parse_gpt2_shape(*shape, shape == llama);
   if (weights) cfg.model.weights_path = resolve_path(base_dir, get_string(weights->value, "model.weights"));
   if (const Entry* e = find(*model, "n_head")) {
     if (!weights)
@@ -116,7 +150,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   cfg.model.seq_len = get_int(seq.value, "model.seq_len", 1);
   if (cfg.model.gpt2 && cfg.model.seq_len > cfg.model.gpt2->max_seq_len)
     fail(seq.value.loc,
-         fmt::format("model.seq_len = {} exceeds model.gpt2.max_seq_len = {}", cfg.model.seq_len,
+         fmt::format("model.seq_len = {} exceeds model.{}.max_seq_len = {}", cfg.model.seq_len, shape->key,
                      cfg.model.gpt2->max_seq_len),
          "use a shorter sequence or a larger position table");
   if (const Entry* e = find(*model, "profile"))

@@ -448,20 +448,6 @@ struct At {
   const std::string& operator()() const { return ptr; }
 };
 
-// "syntax error while parsing value - unexpected '}'; ..." from nlohmann's what(), without the
-// "[json.exception.parse_error.101] parse error at line 1, column 7: " prefix (we report our own position).
-std::string parse_message(std::string_view what) {
-  if (!what.empty() && what.front() == '[') {
-    const std::size_t close = what.find("] ");
-    if (close != std::string_view::npos) what.remove_prefix(close + 2);
-  }
-  if (what.substr(0, 11) == "parse error") {
-    const std::size_t colon = what.find(": ");
-    if (colon != std::string_view::npos) what.remove_prefix(colon + 2);
-  }
-  return std::string(what);
-}
-
 std::string parse_hint(std::string_view message) {
   const auto has = [&](std::string_view s) { return message.find(s) != std::string_view::npos; };
   if (has("end of input"))
@@ -648,18 +634,7 @@ std::optional<Model> read_fast(const std::string& text, const std::string& name)
 
 // The located path: nlohmann-json's tree, every problem a ConfigError at file:line:column with a hint.
 Model read_located(const std::string& text, const std::string& name) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    const TextPos p = JsonLocator(text).parse_error_pos(e.byte, e.what());
-    const std::string msg = parse_message(e.what());
-    throw ConfigError(SourceLoc{name, p.line, p.column}, "malformed JSON: " + msg, parse_hint(msg));
-  } catch (const json::exception& e) {  // out_of_range.406: a number too large for a double
-    const TextPos p = JsonLocator(text).parse_error_pos(0, e.what());
-    const std::string msg = parse_message(e.what());
-    throw ConfigError(SourceLoc{name, p.line, p.column}, "malformed JSON: " + msg, parse_hint(msg));
-  }
+  const json doc = parse_json_located(text, name, [](const JsonParseProblem& p) { return parse_hint(p.message); });
   Reader<JsonNode> reader(text, name);
   return read_model(JsonNode(doc), reader);
 }

@@ -242,7 +242,8 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   // Every evaluation is offered the cutoff, even where a long run of them finished: the native engine's in-flight
   // checks (tails, the links' owed work) stop a run as soon as its chain or a link shows it cannot make it, which
   // pays for the bound's price (an earlier rule stopped offering after 64 finished runs in a row; on the 12,096-point
-  // sweep offering always is 18% faster, Harmony-DP's near-ties 50 s -> 42 s, docs/benchmarks.md "Stop 30").
+  // sweep offering always is 18% faster, Harmony-DP's near-ties 50 s -> 42 s: docs/history/benchmarks-journal.md,
+  // "Stop 30").
   BestKeys best(prune ? static_cast<std::size_t>(space.spec.top_k) : 0);
   SearchProgressTicker ticker(progress, n);
   parallel_for(n, threads, [&](std::size_t k) {

@@ -47,6 +47,29 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 const AdamWConfig kConfig{.lr = 3e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
 
+// The state one adamw call updates, on both devices: the fp32 master and moments, the E working copy (bf16 only) and
+// the tie's twin, and the non-finite flag.
+template <class E>
+struct AdamWBuffers {
+  Tensor<float> param, m, v;
+  Tensor<E> working, twin;
+  Tensor<std::int32_t> flag;
+
+  // The call's arguments on side x: gradient g, and with the tie the twin's gradient g2 (the twin gets the copy).
+  AdamWTensors<E> on(Side x, const Tensor<E>& g, const Tensor<E>* g2, bool twin_copy) const {
+    AdamWTensors<E> a;
+    a.param = param.at(x);
+    if constexpr (std::is_same_v<E, Bf16>) a.working = working.at(x);
+    a.grad = g.at(x);
+    a.grad2 = g2 ? g2->at(x) : nullptr;
+    a.exp_avg = m.at(x);
+    a.exp_avg_sq = v.at(x);
+    a.twin = twin_copy ? twin.at(x) : nullptr;
+    a.nonfinite = flag.at(x);
+    return a;
+  }
+};
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("optimizer: adamw equals adamw_update bit for bit, with the tie and over several steps", E, float,
@@ -60,9 +83,8 @@ TEST_CASE_TEMPLATE("optimizer: adamw equals adamw_update bit for bit, with the t
     // The host's copy of everything: the master (fp32 param), the moments, the gradients as the device stores them.
     std::vector<float> param = random_floats(n, 81), m = random_floats(n, 82, 0.1f),
                        v = positive(random_floats(n, 83, 0.01f));
-    auto dparam = p.up<float>(param), dm = p.up<float>(m), dv = p.up<float>(v);
-    auto working = p.zeros<E>(n), twin = p.zeros<E>(n);
-    auto flag = p.ids(std::vector<std::int32_t>(1, 0));
+    const AdamWBuffers<E> b{p.up<float>(param), p.up<float>(m), p.up<float>(v),
+                            p.zeros<E>(n),      p.zeros<E>(n),  p.ids(std::vector<std::int32_t>(1, 0))};
     for (std::int64_t step = 1; step <= 3; ++step) {
       CAPTURE(step);
       const std::vector<float> g = rounded_if_bf16(random_floats(n, 90 + step, 2.0f), bf16);
@@ -75,30 +97,21 @@ TEST_CASE_TEMPLATE("optimizer: adamw equals adamw_update bit for bit, with the t
       }
       adamw_update(kConfig, step, param.data(), sum.data(), m.data(), v.data(), static_cast<std::int64_t>(n));
       p.run<E>([&](Kernels<E>& k, Stream& s, Side x) {
-        AdamWTensors<E> a;
-        a.param = dparam.at(x);
-        if constexpr (bf16) a.working = working.at(x);
-        a.grad = dg.at(x);
-        a.grad2 = tied ? dg2.at(x) : nullptr;
-        a.exp_avg = dm.at(x);
-        a.exp_avg_sq = dv.at(x);
-        a.twin = tied ? twin.at(x) : nullptr;
-        a.nonfinite = flag.at(x);
-        k.adamw(s, kConfig, step, a, static_cast<std::int64_t>(n));
+        k.adamw(s, kConfig, step, b.on(x, dg, tied ? &dg2 : nullptr, tied), static_cast<std::int64_t>(n));
       });
-      p.check("adamw param " + t, dparam, Bound{});
-      p.check("adamw exp_avg " + t, dm, Bound{});
-      p.check("adamw exp_avg_sq " + t, dv, Bound{});
+      p.check("adamw param " + t, b.param, Bound{});
+      p.check("adamw exp_avg " + t, b.m, Bound{});
+      p.check("adamw exp_avg_sq " + t, b.v, Bound{});
       // The device against adamw_update itself (the reference side is the CPU device).
-      const auto [dut, ref] = p.down(dparam);
+      const auto [dut, ref] = p.down(b.param);
       CHECK(same_bits(ref, param));
       CHECK(same_bits(dut, param));
-      CHECK(same_bits(p.down(dm).first, m));
-      CHECK(same_bits(p.down(dv).first, v));
+      CHECK(same_bits(p.down(b.m).first, m));
+      CHECK(same_bits(p.down(b.v).first, v));
       const std::vector<float> want_working = rounded_if_bf16(param, true);
-      if constexpr (bf16) CHECK(same_bits(p.down(working).first, want_working));
-      if (tied) CHECK(same_bits(p.down(twin).first, bf16 ? want_working : param));
-      const auto [fd, fr] = p.down(flag);
+      if constexpr (bf16) CHECK(same_bits(p.down(b.working).first, want_working));
+      if (tied) CHECK(same_bits(p.down(b.twin).first, bf16 ? want_working : param));
+      const auto [fd, fr] = p.down(b.flag);
       CHECK(fd == std::vector<float>{0.0f});
       CHECK(fr == std::vector<float>{0.0f});
     }
@@ -126,25 +139,18 @@ TEST_CASE_TEMPLATE("optimizer: adamw flags a non-finite gradient, also one the t
       std::vector<float> g = rounded_if_bf16(random_floats(n, 101), bf16), g2(n, 0.0f);
       g[c.at] = c.g;
       g2[c.at] = c.g2;
-      auto dparam = p.up<float>(random_floats(n, 102)), dm = p.zeros<float>(n), dv = p.zeros<float>(n);
-      auto dg = p.up<E>(g), dg2 = p.up<E>(g2), working = p.zeros<E>(n);
-      auto flag = p.ids(std::vector<std::int32_t>(1, 0));
+      const AdamWBuffers<E> b{
+          p.up<float>(random_floats(n, 102)),    p.zeros<float>(n), p.zeros<float>(n), p.zeros<E>(n), {},
+          p.ids(std::vector<std::int32_t>(1, 0))};
+      auto dg = p.up<E>(g), dg2 = p.up<E>(g2);
       p.run<E>([&](Kernels<E>& k, Stream& s, Side x) {
-        AdamWTensors<E> a;
-        a.param = dparam.at(x);
-        if constexpr (bf16) a.working = working.at(x);
-        a.grad = dg.at(x);
-        a.grad2 = dg2.at(x);
-        a.exp_avg = dm.at(x);
-        a.exp_avg_sq = dv.at(x);
-        a.nonfinite = flag.at(x);
-        k.adamw(s, kConfig, 1, a, static_cast<std::int64_t>(n));
+        k.adamw(s, kConfig, 1, b.on(x, dg, &dg2, false), static_cast<std::int64_t>(n));
       });
-      const auto [fd, fr] = p.down(flag);
+      const auto [fd, fr] = p.down(b.flag);
       CHECK(fd == std::vector<float>{c.flagged ? 1.0f : 0.0f});
       CHECK(fr == fd);
       // Every element with a finite gradient is updated as usual, the same bits on both (NaN payloads may differ).
-      const auto [pd, pr] = p.down(dparam);
+      const auto [pd, pr] = p.down(b.param);
       for (std::size_t i = 0; i < n; ++i) {
         if (i != c.at) CHECK(std::memcmp(&pd[i], &pr[i], sizeof(float)) == 0);
       }
@@ -266,6 +272,21 @@ struct DeviceUnderTest {
   ~DeviceUnderTest() { stream.reset(); }
 };
 
+// body(kind, dtype, device) for every available kind in fp32 and, where it has bf16 kernels, bf16: each on a fresh
+// device under test, the kind and dtype captured for failure messages.
+template <class Body>
+void each_state_subject(Body&& body) {
+  for (const DeviceKind* kind : subjects()) {
+    for (const DType dt : {DType::F32, DType::BF16}) {
+      if (dt == DType::BF16 && !kind->caps().bf16_kernels) continue;
+      CAPTURE(kind->name());
+      CAPTURE(dtype_name(dt));
+      DeviceUnderTest d(*kind);
+      body(*kind, dt, d);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("device state: memory per parameter, and what the device holds") {
@@ -279,152 +300,128 @@ TEST_CASE("device state: memory per parameter, and what the device holds") {
   CHECK(DeviceState::total_bytes(kModel, DType::F32) == 16 * P + 8 * V * C + flags);
   CHECK(DeviceState::total_bytes(kModel, DType::BF16) == 16 * P + 4 * V * C + flags);
   CHECK(DeviceState::owned_floats(kModel, kModel.head_layer()) == 2 * static_cast<std::int64_t>(C));
-  for (const DeviceKind* kind : subjects()) {
-    for (const DType dt : {DType::F32, DType::BF16}) {
-      if (dt == DType::BF16 && !kind->caps().bf16_kernels) continue;
-      CAPTURE(kind->name());
-      CAPTURE(dtype_name(dt));
-      DeviceUnderTest d(*kind);
-      const Bytes before = d.dev->memory().in_use;
-      {
-        const DeviceState ds(*d.dev, *d.stream, kModel, dt);
-        const Bytes held = d.dev->memory().in_use - before;
-        CHECK(held >= DeviceState::total_bytes(kModel, dt));
-        CHECK(held <= DeviceState::total_bytes(kModel, dt) + 5 * 256 * static_cast<Bytes>(kModel.num_layers() + 1));
-        CHECK_THROWS_AS((void)ds.weights<Bf16>(dt == DType::F32 ? 0 : -1), BackendError);
-      }
-      CHECK(d.dev->memory().in_use == before);
-      // Too little memory: OutOfMemory naming the resident tensor that did not fit.
-      DeviceUnderTest small(*kind, DeviceState::total_bytes(kModel, dt) / 2);
-      try {
-        const DeviceState ds(*small.dev, *small.stream, kModel, dt);
-        FAIL("expected OutOfMemory");
-      } catch (const OutOfMemory& e) {
-        CHECK(std::string(e.what()).find("resident") != std::string::npos);
-      }
+  each_state_subject([](const DeviceKind& kind, DType dt, DeviceUnderTest& d) {
+    const Bytes before = d.dev->memory().in_use;
+    {
+      const DeviceState ds(*d.dev, *d.stream, kModel, dt);
+      const Bytes held = d.dev->memory().in_use - before;
+      CHECK(held >= DeviceState::total_bytes(kModel, dt));
+      CHECK(held <= DeviceState::total_bytes(kModel, dt) + 5 * 256 * static_cast<Bytes>(kModel.num_layers() + 1));
+      CHECK_THROWS_AS((void)ds.weights<Bf16>(dt == DType::F32 ? 0 : -1), BackendError);
     }
-  }
+    CHECK(d.dev->memory().in_use == before);
+    // Too little memory: OutOfMemory naming the resident tensor that did not fit.
+    DeviceUnderTest small(kind, DeviceState::total_bytes(kModel, dt) / 2);
+    try {
+      const DeviceState ds(*small.dev, *small.stream, kModel, dt);
+      FAIL("expected OutOfMemory");
+    } catch (const OutOfMemory& e) {
+      CHECK(std::string(e.what()).find("resident") != std::string::npos);
+    }
+  });
 }
 
 TEST_CASE("device state: upload then download is the identity, bit for bit, fp32 and bf16") {
-  for (const DeviceKind* kind : subjects()) {
-    for (const DType dt : {DType::F32, DType::BF16}) {
-      if (dt == DType::BF16 && !kind->caps().bf16_kernels) continue;
-      CAPTURE(kind->name());
-      CAPTURE(dtype_name(dt));
-      DeviceUnderTest d(*kind);
-      const HostState src = seeded_state(7);
-      DeviceState ds(*d.dev, *d.stream, kModel, dt);
-      ds.upload(*d.stream, src);
-      for (int l = 0; l < kModel.num_layers(); ++l) CHECK(ds.steps(l) == src.steps(l));
-      HostState back(kModel);
-      // Garbage in the tied moments of the destination: download writes their zeros.
-      std::fill(back.exp_avg(kModel.head_layer()).begin(), back.exp_avg(kModel.head_layer()).end(), 1.0f);
-      ds.download(*d.stream, back);
-      check_same_state(back, src);
-      check_working_copy(ds, *d.stream, src);
-      // Gradients: fp32 exactly; bf16 as the device stores them (rounded going up, widened exactly coming down).
-      HostState g = seeded_state(8);
-      seed_grads(g, 300, false);
-      ds.upload_grads(*d.stream, g);
-      HostState gback(kModel);
-      ds.download_grads(*d.stream, gback);
-      for (int l = 0; l < kModel.num_layers(); ++l) {
-        const auto want = rounded_if_bf16({g.grads(l).begin(), g.grads(l).end()}, dt == DType::BF16);
-        CHECK(same_span(std::span<const float>(gback.grads(l)), std::span<const float>(want)));
-      }
-      ds.zero_grads(*d.stream);
-      ds.download_grads(*d.stream, gback);
-      for (int l = 0; l < kModel.num_layers(); ++l) {
-        const auto gl = gback.grads(l);
-        CHECK(std::all_of(gl.begin(), gl.end(), [](float x) { return x == 0.0f; }));
-      }
+  each_state_subject([](const DeviceKind&, DType dt, DeviceUnderTest& d) {
+    const HostState src = seeded_state(7);
+    DeviceState ds(*d.dev, *d.stream, kModel, dt);
+    ds.upload(*d.stream, src);
+    for (int l = 0; l < kModel.num_layers(); ++l) CHECK(ds.steps(l) == src.steps(l));
+    HostState back(kModel);
+    // Garbage in the tied moments of the destination: download writes their zeros.
+    std::fill(back.exp_avg(kModel.head_layer()).begin(), back.exp_avg(kModel.head_layer()).end(), 1.0f);
+    ds.download(*d.stream, back);
+    check_same_state(back, src);
+    check_working_copy(ds, *d.stream, src);
+    // Gradients: fp32 exactly; bf16 as the device stores them (rounded going up, widened exactly coming down).
+    HostState g = seeded_state(8);
+    seed_grads(g, 300, false);
+    ds.upload_grads(*d.stream, g);
+    HostState gback(kModel);
+    ds.download_grads(*d.stream, gback);
+    for (int l = 0; l < kModel.num_layers(); ++l) {
+      const auto want = rounded_if_bf16({g.grads(l).begin(), g.grads(l).end()}, dt == DType::BF16);
+      CHECK(same_span(std::span<const float>(gback.grads(l)), std::span<const float>(want)));
     }
-  }
+    ds.zero_grads(*d.stream);
+    ds.download_grads(*d.stream, gback);
+    for (int l = 0; l < kModel.num_layers(); ++l) {
+      const auto gl = gback.grads(l);
+      CHECK(std::all_of(gl.begin(), gl.end(), [](float x) { return x == 0.0f; }));
+    }
+  });
 }
 
 TEST_CASE("device state: updates on the device equal HostState::update and update_layers, step for step, bit for bit") {
-  for (const DeviceKind* kind : subjects()) {
-    for (const DType dt : {DType::F32, DType::BF16}) {
-      if (dt == DType::BF16 && !kind->caps().bf16_kernels) continue;
-      const bool bf16 = dt == DType::BF16;
-      CAPTURE(kind->name());
-      CAPTURE(dtype_name(dt));
-      DeviceUnderTest d(*kind);
-      HostState host = seeded_state(11), pooled = seeded_state(11);
-      DeviceState ds(*d.dev, *d.stream, kModel, dt);
-      ds.upload(*d.stream, host);
-      ParallelAdamW pool(2, 64);
-      const int L = kModel.num_layers();
-      for (int step = 0; step < 4; ++step) {
-        CAPTURE(step);
-        // The gradients as the plain trainer brings them to the host (bf16: widened device values).
-        seed_grads(host, 1000 + 10 * static_cast<std::uint64_t>(step), bf16);
-        seed_grads(pooled, 1000 + 10 * static_cast<std::uint64_t>(step), bf16);
-        ds.upload_grads(*d.stream, host);
-        // Packs as Harmony updates them: the last ones first (backward order), layer 0 last, reading the head's
-        // gradient; on odd steps the whole range at once.
-        if (step % 2 == 0) {
-          host.update(kConfig, 2, L - 1);
-          host.update(kConfig, 0, 1);
-          CHECK_FALSE(update_layers(pooled, kConfig, 2, L - 1, pool).has_value());
-          CHECK_FALSE(update_layers(pooled, kConfig, 0, 1, pool).has_value());
-          ds.update(*d.stream, kConfig, 2, L - 1);
-          ds.update(*d.stream, kConfig, 0, 1);
-        } else {
-          host.update(kConfig, 0, L - 1);
-          CHECK_FALSE(update_layers(pooled, kConfig, 0, L - 1, pool).has_value());
-          ds.update(*d.stream, kConfig, 0, L - 1);
-        }
-        CHECK_FALSE(ds.take_nonfinite(*d.stream).has_value());
-        HostState back(kModel);
-        ds.download(*d.stream, back);
-        check_same_state(back, host);
-        check_same_state(pooled, host);
-        check_working_copy(ds, *d.stream, host);
+  each_state_subject([](const DeviceKind&, DType dt, DeviceUnderTest& d) {
+    const bool bf16 = dt == DType::BF16;
+    HostState host = seeded_state(11), pooled = seeded_state(11);
+    DeviceState ds(*d.dev, *d.stream, kModel, dt);
+    ds.upload(*d.stream, host);
+    ParallelAdamW pool(2, 64);
+    const int L = kModel.num_layers();
+    for (int step = 0; step < 4; ++step) {
+      CAPTURE(step);
+      // The gradients as the plain trainer brings them to the host (bf16: widened device values).
+      seed_grads(host, 1000 + 10 * static_cast<std::uint64_t>(step), bf16);
+      seed_grads(pooled, 1000 + 10 * static_cast<std::uint64_t>(step), bf16);
+      ds.upload_grads(*d.stream, host);
+      // Packs as Harmony updates them: the last ones first (backward order), layer 0 last, reading the head's
+      // gradient; on odd steps the whole range at once.
+      if (step % 2 == 0) {
+        host.update(kConfig, 2, L - 1);
+        host.update(kConfig, 0, 1);
+        CHECK_FALSE(update_layers(pooled, kConfig, 2, L - 1, pool).has_value());
+        CHECK_FALSE(update_layers(pooled, kConfig, 0, 1, pool).has_value());
+        ds.update(*d.stream, kConfig, 2, L - 1);
+        ds.update(*d.stream, kConfig, 0, 1);
+      } else {
+        host.update(kConfig, 0, L - 1);
+        CHECK_FALSE(update_layers(pooled, kConfig, 0, L - 1, pool).has_value());
+        ds.update(*d.stream, kConfig, 0, L - 1);
       }
-      CHECK_THROWS_AS(ds.update(*d.stream, kConfig, 1, L), BackendError);
-      CHECK_THROWS_AS(ds.update(*d.stream, kConfig, 2, 1), BackendError);
+      CHECK_FALSE(ds.take_nonfinite(*d.stream).has_value());
+      HostState back(kModel);
+      ds.download(*d.stream, back);
+      check_same_state(back, host);
+      check_same_state(pooled, host);
+      check_working_copy(ds, *d.stream, host);
     }
-  }
+    CHECK_THROWS_AS(ds.update(*d.stream, kConfig, 1, L), BackendError);
+    CHECK_THROWS_AS(ds.update(*d.stream, kConfig, 2, 1), BackendError);
+  });
 }
 
 TEST_CASE("device state: a non-finite gradient is reported as update_layers reports it") {
-  for (const DeviceKind* kind : subjects()) {
-    for (const DType dt : {DType::F32, DType::BF16}) {
-      if (dt == DType::BF16 && !kind->caps().bf16_kernels) continue;
-      CAPTURE(kind->name());
-      CAPTURE(dtype_name(dt));
-      DeviceUnderTest d(*kind);
-      HostState host = seeded_state(21);
-      DeviceState ds(*d.dev, *d.stream, kModel, dt);
-      ds.upload(*d.stream, host);
-      seed_grads(host, 500, dt == DType::BF16);
-      // A NaN in block h.0 (layer 1), infinities in two tensors of h.1 (layer 2): the report names h.1's first
-      // and counts three; and an overflow of the tie's sum counts on layer 0.
-      host.grad(1, "h.0.mlp.c_fc.weight")[3] = std::numeric_limits<float>::quiet_NaN();
-      host.grad(2, "h.1.attn.c_proj.bias")[0] = std::numeric_limits<float>::infinity();
-      host.grad(2, "h.1.ln_1.weight")[5] = -std::numeric_limits<float>::infinity();
-      host.grad(0, "wte.weight")[9] = 3e38f;
-      host.grad(kModel.head_layer(), "lm_head.weight")[9] = 3e38f;
-      ds.upload_grads(*d.stream, host);
-      ParallelAdamW pool(1);
-      const auto want = update_layers(host, kConfig, 0, kModel.num_layers() - 1, pool);
-      ds.update(*d.stream, kConfig, 0, kModel.num_layers() - 1);
-      const auto got = ds.take_nonfinite(*d.stream);
-      REQUIRE(want.has_value());
-      REQUIRE(got.has_value());
-      CHECK(got->layer == 2);
-      CHECK(got->param == "h.1.ln_1.weight");
-      CHECK(got->params == 4);
-      CHECK(got->layer == want->layer);
-      CHECK(got->param == want->param);
-      CHECK(got->params == want->params);
-      // Taken: the flags are clear again; a finite update reports nothing.
-      seed_grads(host, 600, dt == DType::BF16);
-      ds.upload_grads(*d.stream, host);
-      ds.update(*d.stream, kConfig, 1, 1);
-      CHECK_FALSE(ds.take_nonfinite(*d.stream).has_value());
-    }
-  }
+  each_state_subject([](const DeviceKind&, DType dt, DeviceUnderTest& d) {
+    HostState host = seeded_state(21);
+    DeviceState ds(*d.dev, *d.stream, kModel, dt);
+    ds.upload(*d.stream, host);
+    seed_grads(host, 500, dt == DType::BF16);
+    // A NaN in block h.0 (layer 1), infinities in two tensors of h.1 (layer 2): the report names h.1's first
+    // and counts three; and an overflow of the tie's sum counts on layer 0.
+    host.grad(1, "h.0.mlp.c_fc.weight")[3] = std::numeric_limits<float>::quiet_NaN();
+    host.grad(2, "h.1.attn.c_proj.bias")[0] = std::numeric_limits<float>::infinity();
+    host.grad(2, "h.1.ln_1.weight")[5] = -std::numeric_limits<float>::infinity();
+    host.grad(0, "wte.weight")[9] = 3e38f;
+    host.grad(kModel.head_layer(), "lm_head.weight")[9] = 3e38f;
+    ds.upload_grads(*d.stream, host);
+    ParallelAdamW pool(1);
+    const auto want = update_layers(host, kConfig, 0, kModel.num_layers() - 1, pool);
+    ds.update(*d.stream, kConfig, 0, kModel.num_layers() - 1);
+    const auto got = ds.take_nonfinite(*d.stream);
+    REQUIRE(want.has_value());
+    REQUIRE(got.has_value());
+    CHECK(got->layer == 2);
+    CHECK(got->param == "h.1.ln_1.weight");
+    CHECK(got->params == 4);
+    CHECK(got->layer == want->layer);
+    CHECK(got->param == want->param);
+    CHECK(got->params == want->params);
+    // Taken: the flags are clear again; a finite update reports nothing.
+    seed_grads(host, 600, dt == DType::BF16);
+    ds.upload_grads(*d.stream, host);
+    ds.update(*d.stream, kConfig, 1, 1);
+    CHECK_FALSE(ds.take_nonfinite(*d.stream).has_value());
+  });
 }

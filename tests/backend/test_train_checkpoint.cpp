@@ -20,34 +20,13 @@
 #include <vector>
 
 #include "backend/train_checkpoint.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::backend;
+using harmony::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("harmony_test_train_checkpoint_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string str() const { return path_.string(); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 Gpt2Config tiny_config(int n_layer = 2) {
   Gpt2Config c;

@@ -4,33 +4,21 @@ harmony-sim calibrate on one -> predict both with the calibrated machine (--chec
 calibrated machine file. Checks that every step completes, its outputs parse, the fit is deterministic and bad
 input (a run of another Program, a trace without timings, no JSON) is a located exit 2. Accuracy is measured by
 scripts/validate-cpu.py, never asserted here."""
+import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import warnings
 
 import jsonschema
 
+from clitest import ROOT, check, finish, run as run_in_root
+
 RUN = sys.argv[1]
 SIM = sys.argv[2]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 MACHINE = os.path.join(ROOT, "configs/machines/cpu-4x.yaml")
-failures = []
-passed = 0
-
-
-def run(binary, *args):
-    return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
+run = functools.partial(run_in_root, timeout=600)
 
 
 def validate(what, doc):
@@ -160,7 +148,4 @@ with tempfile.TemporaryDirectory(prefix="harmony-calibrate-") as tmp:
     check("step times of another plan: exit 2", r.returncode == 2 and "another" in r.stderr, r.stderr)
     check("no output on error", not os.path.exists(os.path.join(tmp, "x.yaml")))
 
-print(f"{passed} checks passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

@@ -8,36 +8,16 @@ import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, finish, runner, write_in
+
 BIN = sys.argv[1]
-ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
-failures = []
-passed = 0
-
-
-def run(*args, cwd=None):
-    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=300)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {detail}")
-
-
-def write(tmp, name, text):
-    path = os.path.join(tmp, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
+run = runner(BIN)
 
 PROFILE = os.path.join(ROOT, "configs/profiles/bert_large.json")
 
 with tempfile.TemporaryDirectory() as tmp:
     # --- simulate: the reference worked example (SEMANTICS §6.8): 2.930 s, 7137 MB
-    cfg = write(tmp, "sim.yaml", f"""model: {{profile: {PROFILE}}}
+    cfg = write_in(tmp, "sim.yaml", f"""model: {{profile: {PROFILE}}}
 machine: {{preset: paper-1080ti}}
 cost_model: reference
 plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}}
@@ -70,7 +50,7 @@ options: {{prefetch: false}}
 
     # --- search: its best plan's bottleneck report is simulate's for that plan, whether the search kept the best
     # evaluation (plain), ranked another plan first (the fit rule) or evaluates it again for a trace
-    scfg = write(tmp, "search.yaml", f"""model: {{profile: {PROFILE}}}
+    scfg = write_in(tmp, "search.yaml", f"""model: {{profile: {PROFILE}}}
 machine: {{preset: paper-1080ti}}
 plan: {{mode: harmony-pp, gpus: 2, minibatch: 16}}
 search: {{packing_fwd: [balanced_time, reuse], packing_bwd: [balanced_time], top_k: 3}}
@@ -82,7 +62,7 @@ search: {{packing_fwd: [balanced_time, reuse], packing_bwd: [balanced_time], top
             continue
         j = json.loads(r.stdout)
         top = j["results"][0]
-        pcfg = write(tmp, "best.yaml", f"""model: {{profile: {PROFILE}}}
+        pcfg = write_in(tmp, "best.yaml", f"""model: {{profile: {PROFILE}}}
 machine: {{preset: paper-1080ti}}
 plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: {top["u_bwd"]},
         packs_fwd: {top["packs_fwd"]}, packs_bwd: {top["packs_bwd"]}}}
@@ -237,7 +217,7 @@ plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: 
 
     # --- bad input: exit 2, location, hint
     def bad(name, text, expect_loc, expect_words, args=()):
-        path = write(tmp, name + ".yaml", text)
+        path = write_in(tmp, name + ".yaml", text)
         r = run("simulate", path, *args)
         check(f"{name}: exit 2", r.returncode == 2, f"rc={r.returncode} {r.stderr}")
         check(f"{name}: location", expect_loc in r.stderr, r.stderr)
@@ -264,7 +244,7 @@ plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: 
     bad("bad_profile", "model: {profile: /nonexistent/profile.json}\nplan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\n",
         "nonexistent", ["error"])
     # a malformed profile: JSON syntax error names the profile's line and column
-    broken = write(tmp, "broken.json", '{\n  "format": "harmony-profile-json",\n  "layers": [1, 2,,]\n}\n')
+    broken = write_in(tmp, "broken.json", '{\n  "format": "harmony-profile-json",\n  "layers": [1, 2,,]\n}\n')
     bad("broken_profile", f"model: {{profile: {broken}}}\nplan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}}\n",
         "broken.json:3:", ["error"])
     # quantities beyond their documented range (issue 11): located errors with the range in the hint, exit 2
@@ -279,14 +259,14 @@ plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: 
     # a 1e300 s layer time in a profile: located at the value
     prof = json.load(open(PROFILE))
     prof["layers"][0]["fwd_time"][0] = 1e300
-    huge = write(tmp, "huge.json", json.dumps(prof, indent=1))
+    huge = write_in(tmp, "huge.json", json.dumps(prof, indent=1))
     bad("range_profile", f"model: {{profile: {huge}}}\nplan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, "
         "u_bwd: 8, pack_size: 7}\n", "huge.json:", ["fwd_time[0]", "too long", "0 to 1e6 s"])
     # in-range times whose sum leaves the simulated time range: the op, its times and what to change
     for layer in prof["layers"]:
         layer["fwd_time"] = [1e6 for _ in layer["fwd_time"]]
-    slow = write(tmp, "slow.json", json.dumps(prof))
-    slow_cfg = write(tmp, "slow.yaml", f"model: {{profile: {slow}}}\nmachine: {{preset: paper-1080ti}}\n"
+    slow = write_in(tmp, "slow.json", json.dumps(prof))
+    slow_cfg = write_in(tmp, "slow.yaml", f"model: {{profile: {slow}}}\nmachine: {{preset: paper-1080ti}}\n"
                      "plan: {mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: 8, u_bwd: 8, pack_size: 7}\n")
     for model in ["reference", "native"]:
         r = run("simulate", slow_cfg, "--set", f"cost_model={model}")
@@ -340,7 +320,4 @@ plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: 
     check(f"allocator: the process runs on {expect or '?'}", expect in ("mimalloc", "system") and
           ("mimalloc: process init" in r.stderr) == (expect == "mimalloc"), f"expected {expect!r}: {r.stderr[:300]}")
 
-print(f"{passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

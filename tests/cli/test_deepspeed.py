@@ -6,30 +6,17 @@ has no plan kind (inexpressible: the table still prints, the row says why), and 
 config's file:line:column and a hint."""
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import warnings
 
 import jsonschema
 
+from clitest import ROOT, check, finish, runner
+
 BIN = sys.argv[1]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 CFG = "configs/deepspeed/gpt2_medium.yaml"
-failures = []
-passed = 0
-
-
-def run(*args, timeout=300):
-    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
+run = runner(BIN)
 
 
 def validate(doc):
@@ -177,7 +164,4 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("compare", CFG, "--deepspeed", os.path.join(tmp, "missing.json"), "--quiet")
     check("missing file: exit 2 naming it", r.returncode == 2 and "missing.json" in r.stderr, r.stderr)
 
-print(f"{passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

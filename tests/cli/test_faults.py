@@ -15,28 +15,14 @@ import sys
 import tempfile
 import time
 
+from clitest import ROOT, SANITIZED, check, finish, runner
+
 RUN = sys.argv[1]
 SIM = sys.argv[2]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 SIMCFG = os.path.join(ROOT, "configs/examples/bert_large_simulate.yaml")
 ROOT_USER = os.geteuid() == 0
-SANITIZED = os.environ.get("HARMONY_SANITIZED") == "1"  # tests/meson.build: an ASan/UBSan build (~10x slower)
-failures = []
-passed = 0
-
-
-def run(*args, binary=RUN, timeout=120, stdout=subprocess.PIPE, preexec_fn=None):
-    return subprocess.run([binary, *args], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                          timeout=timeout, preexec_fn=preexec_fn)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
+run = runner(RUN, timeout=120)
 
 
 def trained(stderr):
@@ -334,7 +320,4 @@ train: {{steps: 1, data: {tiny}/tokens.bin}}
               "error: out of memory" in r.stderr and "ulimit -v" in r.stderr and "128.00 MiB" in r.stderr and
               "hint:" in r.stderr and "internal error" not in r.stderr, (r.returncode, r.stderr[-500:]))
 
-print(f"{passed} checks passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

@@ -13,21 +13,12 @@ import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, finish, run as run_in_root
+
 RUN = sys.argv[1]
 SIM = sys.argv[2]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 SIMCFG = os.path.join(ROOT, "configs/examples/bert_large_simulate.yaml")
-failures = []
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
 
 
 def limited(nbytes):
@@ -39,8 +30,7 @@ def limited(nbytes):
 
 
 def run(binary, *args, limit=None, stdout=subprocess.PIPE):
-    return subprocess.run([binary, *args], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300,
-                          preexec_fn=limited(limit) if limit is not None else None)
+    return run_in_root(binary, *args, stdout=stdout, preexec_fn=limited(limit) if limit is not None else None)
 
 
 def temps(*dirs):
@@ -190,7 +180,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check("the kept checkpoint resumes to the end", r.returncode == 0 and "step-000003.hckpt" in os.listdir(ck),
           (r.returncode, r.stderr))
 
-print(f"{passed} checks passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, summary
+
 BUILD = os.path.abspath(sys.argv[1])
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 MAKE = os.path.join(ROOT, "scripts/make-gpu-bundle.sh")
 BINARIES = ["apps/harmony-run", "sim/harmony-sim", "bench/bench_cuda", "bench/bench_adamw",
             "tests/test_backend_device_conformance", "tests/test_backend_cuda_device", "tests/test_backend_adamw_parallel",
@@ -29,16 +30,6 @@ LEFT = re.compile(r"^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-
                   r"libnvToolsExt|libcufft|libcurand|libcusparse|libcusolver|libcudnn\S*)\.so|"
                   r"^(libc|libm|libpthread|librt|libdl|libutil|libresolv|libmvec)\.so\.\d+$|^ld-linux|^linux-vdso")
 RUNTIME = re.compile(r"^(libstdc\+\+|libgcc_s)\.so")
-failures = []
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:3000]}")
 
 
 def make(*args, env=None):
@@ -69,7 +60,7 @@ def main():
         r = make(BUILD, bundle, "--tar")
         check("make: exit 0", r.returncode == 0, r.stdout + r.stderr)
         if r.returncode != 0:
-            return report()
+            return summary()
         print(r.stdout.strip())
         m = json.load(open(os.path.join(bundle, "gpu-bundle.json")))
         check("manifest: its format, CUDA version, commit", m["format"] == "harmony-gpu-bundle"
@@ -170,14 +161,7 @@ def main():
               and "not an earlier bundle" in r.stderr and os.path.exists(MAKE), r.stderr)
         r = make(BUILD)
         check("usage: exit 2", r.returncode == 2 and "usage" in r.stderr, r.stderr)
-    return report()
-
-
-def report():
-    print(f"{passed} checks passed, {len(failures)} failed")
-    for f in failures:
-        print("FAIL", f)
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
+from clitest import ROOT, check, summary
+
 VERDICT = os.path.join(ROOT, "scripts/gpu_verdict.py")
 DATA = os.path.join(ROOT, "tests/data/gpu-check")
-failures = []
-passed = 0
 # Row names of issue 34's checks (scripts/gpu_verdict.py)
 BINARIES = "binaries (bundle): present, load (ldd)"
 TORCH = "resident >= 0.8x PyTorch throughput (same B, T, bf16)"
@@ -28,14 +27,6 @@ TORCH_CAP = "PyTorch at Harmony's cap: out of memory"
 CAPPED = "Harmony under 25% of resident memory >= 85% of resident throughput (same minibatch)"
 WB = "bf16 staging WB (weights up) >= 50% of pinned H2D"
 DWB = "bf16 staging dWB (gradients down) >= 50% of pinned D2H"
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:3000]}")
 
 
 def verdict(out, *extra):
@@ -373,10 +364,7 @@ def main():
         r, _ = verdict(os.path.join(tmp, "does-not-exist"))
         check("usage: a missing folder is exit 2", r.returncode == 2, r.stdout + r.stderr)
 
-    print(f"{passed} checks passed, {len(failures)} failed")
-    for f in failures:
-        print("FAIL", f)
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

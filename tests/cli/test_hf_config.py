@@ -7,34 +7,14 @@ config.json's file:line:column and a hint."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, finish, runner, write
+
 BIN = sys.argv[1]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 QWEN = os.path.join(ROOT, "configs/models/qwen2-7b/config.json")
-failures = []
-passed = 0
-
-
-def run(*args, timeout=300):
-    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
+run = runner(BIN)
 
 # --- the README's example: compare on a preset machine
 r = run("compare", "configs/models/qwen2-7b/compare.yaml", "--format", "json")
@@ -103,7 +83,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check("missing file: exit 2 at the config's hf_config value",
           r.returncode == 2 and f"{cfg}:1:20: error: cannot read model.hf_config" in r.stderr, r.stderr)
 
-print(f"{passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

@@ -7,29 +7,15 @@ The full runs and the table they give are in docs/comparison.md ("The paper's ow
 import glob
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, finish, runner
+
 BIN = sys.argv[1]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 POINTS = {"fig10.yaml": 2 * 3 * 6, "fig17.yaml": 4 * 4 * 6}   # models x minibatches or GPU counts x kinds
 KINDS = {"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"}
-failures = []
-passed = 0
-
-
-def run(*args, timeout=120):
-    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
-
+run = runner(BIN, timeout=120)
 
 configs = sorted(glob.glob(os.path.join(ROOT, "configs/paper/*.yaml")))
 check("configs/paper has the six model configs", len(configs) == 6, configs)
@@ -63,9 +49,4 @@ with tempfile.TemporaryDirectory() as tmp:
         check(f"{name}: the paper's baseline types and Harmony", set(meta.get("kinds", [])) == KINDS - {"lohan"},
               meta.get("kinds"))
 
-if failures:
-    print(f"{len(failures)} failed, {passed} passed")
-    for f in failures:
-        print("FAIL", f)
-    sys.exit(1)
-print(f"{passed} passed")
+finish()

@@ -14,23 +14,11 @@ import tempfile
 import time
 import warnings
 
+from clitest import ROOT, check, finish, runner
+
 RUN = sys.argv[1]
 SIM = sys.argv[2]
-ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
-failures = []
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
-
-
-def run(*args, binary=RUN, timeout=300):
-    return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+run = runner(RUN)
 
 
 def schema_errors(doc):
@@ -178,7 +166,4 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR") if os.environ.get(
     if drive != tmp:
         os.rmdir(drive)
 
-print(f"test_probe: {passed} checks passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish("test_probe: ")

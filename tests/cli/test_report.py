@@ -20,25 +20,13 @@ import sys
 import tempfile
 import zlib
 
+from clitest import ROOT, check, runner, summary
+
 BIN = os.path.abspath(sys.argv[1])
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 EXAMPLE = os.path.join(ROOT, "configs/sweeps/example.yaml")
-failures = []
-passed = 0
 FWD_RGB = (0x4E, 0x79, 0xA7)  # sim/report.cpp kind_style: FWD and BWD fills
 BWD_RGB = (0xF2, 0x8E, 0x2B)
-
-
-def run(*args, timeout=600, cwd=ROOT):
-    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
+run = runner(BIN, timeout=600)
 
 
 class Page(html.parser.HTMLParser):
@@ -623,10 +611,7 @@ with tempfile.TemporaryDirectory() as tmp:
             check("timeline drawn: forward pixels", fwd > 2000 and fwd > 5 * max(fwd0, 1), (fwd, fwd0))
             check("timeline drawn: backward pixels", bwd > 2000 and bwd > 5 * max(bwd0, 1), (bwd, bwd0))
 
-for f in failures:
-    print("FAIL", f)
-print(f"{passed} passed, {len(failures)} failed")
-if failures:
+if summary():
     sys.exit(1)
 if skipped:
     print("SKIP: no Chromium on PATH (apt-get install chromium); the screenshot check did not run")

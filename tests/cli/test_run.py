@@ -11,15 +11,13 @@ import sys
 import tempfile
 import time
 
+from clitest import ROOT, SANITIZED, check, finish, runner, write_in
+
 RUN = sys.argv[1]
 SIM = sys.argv[2]
-ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
-failures = []
-passed = 0
 
 
-SANITIZED = os.environ.get("HARMONY_SANITIZED") == "1"  # tests/meson.build: an ASan/UBSan build
 # Step counts sized for the build: a training step of the bundled default costs ~0.4 s in the release tree and
 # ~10x that under ASan + UBSan, where cli_run was the CI's long pole (issue 12). Under the sanitizers the runs
 # that compare bits or exit codes take fewer steps (every check still runs on them); the release tree runs the
@@ -32,25 +30,7 @@ CKPT = 6 if SANITIZED else 12      # kill at a random step and resume; SIGINT an
 # tries plans on the devices: under the sanitizers those runs train a minibatch of 4 (sizes 1..4; ~2 of the old
 # 9 minutes of cli_run there)
 AUTO_D = ["--set", "plan.minibatch=4"] if SANITIZED else []
-
-
-def run(*args, binary=RUN, timeout=600):
-    return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
-
-
-def write(tmp, name, text):
-    path = os.path.join(tmp, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+run = runner(RUN, timeout=600)
 
 
 def train_json(*args):
@@ -370,7 +350,7 @@ with tempfile.TemporaryDirectory() as tmp:
         pj = json.load(open(prof))
         check("profile format", pj.get("format") == "harmony-profile-json", list(pj)[:10])
         check("profile has 10 layers", pj.get("num_layers") == 10, pj.get("num_layers"))
-        simcfg = write(tmp, "sim.yaml", f"""model: {{profile: {prof}}}
+        simcfg = write_in(tmp, "sim.yaml", f"""model: {{profile: {prof}}}
 machine: {{file: {os.path.join(ROOT, 'configs/machines/cpu-4x.yaml')}, gpu_memory: 1MiB}}
 cost_model: native
 plan: {{mode: harmony-pp, gpus: 4, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 1}}
@@ -396,7 +376,7 @@ plan: {{mode: harmony-pp, gpus: 4, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 
 
     # --- a user token file and a Hugging Face checkpoint (the committed PyTorch oracle's inputs)
     tiny = os.path.join(ROOT, "tests/data/gpt2_tiny")
-    hf = write(tmp, "hf.yaml", f"""model: {{weights: {tiny}/model.safetensors, seq_len: 16}}
+    hf = write_in(tmp, "hf.yaml", f"""model: {{weights: {tiny}/model.safetensors, seq_len: 16}}
 machine: {{file: {os.path.join(ROOT, 'configs/machines/cpu-4x.yaml')}, gpu_memory: 1MiB}}
 plan: {{mode: harmony-pp, gpus: 2, minibatch: 4, u_fwd: 2, u_bwd: 1, pack_size: 1}}
 train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
@@ -405,12 +385,12 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
     check("HF weights + token file", r.returncode == 0, r.stderr)
 
     # --- bad input: exit 2 with file:line:column or the file named, and a hint
-    bad = write(tmp, "bad.yaml", open(DEFAULT).read().replace("  seq_len: 32", "  seq_len: 32\n  seq_lenn: 3"))
+    bad = write_in(tmp, "bad.yaml", open(DEFAULT).read().replace("  seq_len: 32", "  seq_len: 32\n  seq_lenn: 3"))
     r = run("train", bad)
     check("unknown key exits 2", r.returncode == 2, r.stderr)
     check("unknown key located", "bad.yaml:9:3" in r.stderr and "did you mean 'seq_len'" in r.stderr, r.stderr)
     # a baseline is checked under its own rule (u divides D/N), not harmony-pp's, and located at plan.u_bwd
-    dpswap = write(tmp, "dpswap.yaml", open(DEFAULT).read().replace("mode: harmony-pp", "mode: dp-swap")
+    dpswap = write_in(tmp, "dpswap.yaml", open(DEFAULT).read().replace("mode: harmony-pp", "mode: dp-swap")
                    .replace("  gpus: 4", "  gpus: 2").replace("  u_fwd: 2\n  u_bwd: 2", "  u_fwd: 3\n  u_bwd: 8")
                    .replace("file: ../machines/cpu-4x.yaml", "preset: cpu-4x"))
     r = run("train", dpswap, "--steps", "1")
@@ -485,7 +465,4 @@ train: {{steps: 3, lr: 1e-3, data: {tiny}/tokens.bin}}
 
     test_auto_finds_what_explicit_proves(tmp)
 
-print(f"{passed} checks passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

@@ -24,25 +24,15 @@ import sys
 import tempfile
 import time
 
+from clitest import ROOT, SANITIZED, check, finish, run as run_in_root
+
 RUN = sys.argv[1]
 SIM = sys.argv[2]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 TINY = os.path.join(ROOT, "tests/data/gpt2_tiny")
-failures = []
-passed = 0
 # ASan and UBSan map terabytes of shadow memory: an address-space or data limit of a GiB stops such a build at
 # start, so the sanitizer tree (tests/meson.build sets HARMONY_SANITIZED) skips the rlimit cases.
-SANITIZED = os.environ.get("HARMONY_SANITIZED") == "1"
 KERNEL_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ]
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:3000]}")
 
 
 def child_setup(limits=()):
@@ -56,8 +46,7 @@ def child_setup(limits=()):
 
 
 def run(*args, binary=RUN, timeout=120, limits=(), env=None):
-    return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                          preexec_fn=child_setup(limits), env=env)
+    return run_in_root(binary, *args, timeout=timeout, preexec_fn=child_setup(limits), env=env)
 
 
 def popen(*args, **kw):
@@ -319,7 +308,4 @@ with tempfile.TemporaryDirectory() as tmp:
     test_checkpoint_lock(tmp)
     test_nohup(tmp)
 
-print(f"{passed} checks passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

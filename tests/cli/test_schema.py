@@ -6,10 +6,11 @@ schemas are strict (additionalProperties false, every field required), so a fiel
 the code without the schema fails here. Also: a sweep folder of an older results format is refused with the fix."""
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import warnings
+
+from clitest import ROOT, check, run as run_in_root, summary
 
 try:
     import jsonschema
@@ -19,18 +20,7 @@ except ImportError:
 
 SIM = sys.argv[1]
 RUN = sys.argv[2]
-ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
 SCHEMAS = os.path.join(ROOT, "schemas")
-failures = []
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
 
 
 def load_schemas():
@@ -82,7 +72,7 @@ def strict(node, path="#"):
 
 
 def run(binary, *args, rc=0):
-    r = subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = run_in_root(binary, *args, timeout=600)
     ok = r.returncode == rc
     check(f"{os.path.basename(binary)} {' '.join(args)}: exit {rc}", ok, r.stderr[-1500:])
     return r
@@ -266,10 +256,7 @@ budget: {{samples: 1000}}
         errors = list(validator("harmony-run-train.schema.json").iter_errors(doc))
         check("an unknown field fails the schema", len(errors) > 0, "")
 
-    print(f"{passed} checks passed, {len(failures)} failed")
-    for f in failures:
-        print("FAIL", f)
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -17,31 +17,12 @@ import sys
 import tempfile
 import time
 
+from clitest import ROOT, SANITIZED, check, finish, runner, write
+
 BIN = sys.argv[1]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 EXAMPLE = os.path.join(ROOT, "configs/sweeps/example.yaml")
 BASE = os.path.join(ROOT, "configs/sweeps/example_base.yaml")
-SANITIZED = os.environ.get("HARMONY_SANITIZED") == "1"  # tests/meson.build: an ASan/UBSan build (~10x slower)
-failures = []
-passed = 0
-
-
-def run(*args, timeout=300):
-    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+run = runner(BIN)
 
 
 def read(path):
@@ -430,7 +411,4 @@ grid:
     r = run("merge")
     check("merge without args exit 2", r.returncode == 2, r.returncode)
 
-print(f"{passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

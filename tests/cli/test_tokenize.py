@@ -17,26 +17,17 @@ import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, finish
+
 RUN = sys.argv[1]
-ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
 # Under ASan + UBSan (tests/meson.build sets HARMONY_SANITIZED) one step of the 50257-token model, not two: the
 # checks (exit 0, the first loss, the trace) need one step; the second cost ~20 s there.
 STEPS = "1" if os.environ.get("HARMONY_SANITIZED") == "1" else "2"
 TOKENIZE = os.path.join(ROOT, "scripts/tokenizer/tokenize.mjs")
-failures = []
-passed = 0
 
 if shutil.which("node") is None or not os.path.isdir(os.path.join(ROOT, "scripts/tokenizer/node_modules/js-tiktoken")):
     print("SKIP: needs node and js-tiktoken (bash scripts/install-deps.sh runs npm ci in scripts/tokenizer)")
     sys.exit(77)
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
 
 
 def tokenize(*args, preexec_fn=None, timeout=120):
@@ -178,7 +169,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check("GPT-2 tokens with the default vocab of 256: exit 2 naming vocab_size",
           r.returncode == 2 and "vocab" in r.stderr, r.stderr)
 
-print(f"{passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish()

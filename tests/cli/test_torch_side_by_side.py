@@ -25,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, failures, summary
+
 RUN = sys.argv[1]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 SCRIPT = os.path.join(ROOT, "scripts/torch_side_by_side.py")
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -38,16 +39,6 @@ B, U, T, STEPS = 4, 2, 16, 8
 ADAMW = {"lr": "3e-3", "beta1": "0.9", "beta2": "0.95", "eps": "1e-5", "weight_decay": "0.1"}
 # TODO(resident): {mode: resident, gpus: 1, minibatch: B, u_fwd: U, u_bwd: U} once plan.mode=resident exists.
 PLAN = f"{{mode: harmony-pp, gpus: 1, minibatch: {B}, u_fwd: {U}, u_bwd: {U}, pack_size: {L + 2}}}"
-failures = []
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:3000]}")
 
 
 def torch_python():
@@ -96,7 +87,7 @@ def main():
         r = script(py, "tokens", "--vocab-size", str(V), "--count", "4096", "--seed", "5", "--out", tokens)
         check("tokens: exit 0", r.returncode == 0, r.stderr)
         if failures:
-            return report()
+            return summary()
 
         # --- the token file is harmony-run's synthetic task, token for token: the same losses bit for bit
         rf, hf = harmony(tmp, "file", init, tokens)
@@ -175,14 +166,7 @@ def main():
         check("missing token file: exit 2", r.returncode == 2 and "missing.bin" in r.stderr, r.stderr)
         r = script(py, "tokens", "--vocab-size", "70000", "--count", "10", "--out", os.path.join(tmp, "x.bin"))
         check("vocab beyond uint16: exit 2", r.returncode == 2 and "65536" in r.stderr, r.stderr)
-    return report()
-
-
-def report():
-    print(f"{passed} checks passed, {len(failures)} failed")
-    for f in failures:
-        print("FAIL", f)
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

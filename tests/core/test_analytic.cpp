@@ -18,15 +18,13 @@
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
 #include "core/model/profile_write.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::core;
+using harmony::test::source_dir;
 
 namespace {
 
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir ? std::string(dir) : std::string(".");
-}
 std::string profile_path(const std::string& name) { return source_dir() + "/configs/profiles/" + name; }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

@@ -11,21 +11,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/config/config.hpp"
 #include "core/model/analytic.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::core;
+using harmony::test::source_dir;
+using harmony::test::TempDir;
 
 namespace {
-
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir ? std::string(dir) : std::string(".");
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -56,26 +53,6 @@ std::int64_t llama_formula(std::int64_t L, std::int64_t h, std::int64_t nh, std:
   return L * block + V * h + h + V * h;
 }
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() / ("harmony_test_llama_" + std::to_string(std::random_device{}()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::filesystem::path p = path / name;
-    std::filesystem::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-};
-
 const std::string kPlan = "plan: {mode: harmony-pp, gpus: 2, minibatch: 16}\nmachine: h100-sxm-8x\n";
 
 // A config naming `json` (written as DIR/m/config.json) with `extra` keys beside hf_config.
@@ -98,7 +75,7 @@ ConfigError hf_error(const TempDir& dir, const std::string& json, const std::str
 // The error is in the config.json at line:column, with a hint.
 void check_json_at(const ConfigError& e, const TempDir& dir, int line, int column) {
   INFO(std::string(e.what()));
-  CHECK(e.loc().file == (dir.path / "m/config.json").string());
+  CHECK(e.loc().file == dir / "m/config.json");
   CHECK(e.loc().line == line);
   CHECK(e.loc().column == column);
   CHECK_FALSE(e.hint().empty());
@@ -622,7 +599,7 @@ TEST_CASE("hf_config: Llama 2 and 3, Mistral, GPT-2 and GPT-NeoX files give the 
   CHECK(c.model.analytic->name == "m");
   CHECK(c.model.analytic->seq_len == 4096);
   CHECK(total_params(*c.model.analytic) == 6'738'415'616);
-  CHECK(c.model.loc.file == (dir.path / "run.yaml").string());
+  CHECK(c.model.loc.file == dir / "run.yaml");
   // Llama 3.1-style fields: rope_scaling llama3 changes only the frequencies; newer transformers keys.
   const std::string llama3 = R"({
   "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
@@ -861,7 +838,7 @@ TEST_CASE("error: gpt2 and gpt_neox keys the models do not follow") {
   CHECK(contains(e.message(), "has no n_positions"));
   e = hf_error(dir, gpt2, ", seq_len: 256");
   INFO(std::string(e.what()));
-  CHECK(e.loc().file == (dir.path / "run.yaml").string());
+  CHECK(e.loc().file == dir / "run.yaml");
   CHECK(e.loc().line == 1);
   CHECK(contains(e.message(), "model.seq_len = 256 exceeds the 128 positions"));
   const std::string neox = R"({
@@ -920,5 +897,5 @@ TEST_CASE("error: model.hf_config in the config file: exclusive, run keys only b
   CHECK(c.model.analytic->name == "tiny");
   CHECK(c.model.analytic->seq_len == 1024);
   CHECK(c.model.analytic->dtype == DType::Fp16);
-  CHECK(std::find(c.inputs.begin(), c.inputs.end(), (dir.path / "models/tiny/config.json").string()) != c.inputs.end());
+  CHECK(std::find(c.inputs.begin(), c.inputs.end(), dir / "models/tiny/config.json") != c.inputs.end());
 }

@@ -24,6 +24,7 @@
 #include "sim/compare.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/simulator.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
 using core::Bytes;
@@ -32,13 +33,9 @@ using core::plan_kind;
 using core::PlanKind;
 using core::Stream;
 using core::SwapChoice;
+using harmony::test::source_dir;
 
 namespace {
-
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir != nullptr ? dir : ".";
-}
 
 const core::Model& bert_large() {
   static const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");

@@ -9,23 +9,19 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/config/config.hpp"
 #include "core/config/yaml_tree.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::core;
+using harmony::test::source_dir;
+using harmony::test::source_path;
+using harmony::test::TempDir;
 
 namespace {
-
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir ? std::string(dir) : std::string(".");
-}
-
-std::string source_path(const std::string& relative) { return source_dir() + "/" + relative; }
 
 using Loader = std::function<void(const std::string&, const std::vector<std::string>&)>;
 
@@ -56,24 +52,6 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 // A valid minimal config; tests append or replace lines.
 const std::string kModel = "model:\n  profile: model.json\n";
-
-// A temporary folder for machine files, removed at the end of the test.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() / ("harmony_test_config_" + std::to_string(std::random_device{}()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const auto file = path / name;
-    std::ofstream(file) << text;
-    return file.string();
-  }
-};
 
 void check_paper_machine(const MachineSpec& m) {
   CHECK(m.name == "paper-1080ti");
@@ -326,7 +304,7 @@ TEST_CASE("machine: preset with overrides, a full mapping, or a file path") {
   CHECK(c.machine.bw_msg_bytes_per_s == doctest::Approx(12348030976.0));
   CHECK(c.machine.time_del_s == doctest::Approx(0.01));
   CHECK(c.machine.memory_cap_scale == doctest::Approx(0.9));
-  CHECK(c.model.profile_path == (dir.path / "model.json").string());
+  CHECK(c.model.profile_path == dir / "model.json");
 
   c = load_config(cfg, {"machine.gpu_memory=40GB"});  // `machine: FILE` + override
   CHECK(c.machine.gpu_memory_bytes == 40'000'000'000);
@@ -775,7 +753,7 @@ TEST_CASE("errors in machine files point into the machine file") {
     load_config(cfg);
     FAIL("expected a ConfigError");
   } catch (const ConfigError& e) {
-    check_at(e, (dir.path / "m.yaml").string(), 3, 9);
+    check_at(e, dir / "m.yaml", 3, 9);
   }
 }
 

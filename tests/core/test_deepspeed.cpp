@@ -14,15 +14,12 @@
 #include <vector>
 
 #include "core/config/config_deepspeed.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::core;
+using harmony::test::source_dir;
 
 namespace {
-
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir ? std::string(dir) : std::string(".");
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

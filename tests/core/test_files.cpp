@@ -21,37 +21,13 @@
 #include "core/base/atomic_file.hpp"
 #include "core/base/error.hpp"
 #include "core/base/input_file.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::core;
+using harmony::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("harmony_test_files_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  std::set<std::string> names() const {
-    std::set<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.insert(e.path().filename().string());
-    return out;
-  }
-
- private:
-  fs::path path_;
-};
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

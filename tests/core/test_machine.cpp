@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <set>
 #include <string>
 #include <tuple>
@@ -16,17 +15,15 @@
 #include <vector>
 
 #include "core/config/config.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::core;
+using harmony::test::source_dir;
+using harmony::test::TempDir;
 
 namespace {
 
 constexpr double kGiBf = 1024.0 * 1024.0 * 1024.0;
-
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir ? std::string(dir) : std::string(".");
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -57,24 +54,6 @@ void check_at(const ConfigError& e, const std::string& file, std::pair<int, int>
   CHECK(e.loc().column == pos.second);
   CHECK_FALSE(e.hint().empty());
 }
-
-// A temporary folder for machine files, removed at the end of the test.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() / ("harmony_test_machine_" + std::to_string(std::random_device{}()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const auto file = path / name;
-    std::ofstream(file) << text;
-    return file.string();
-  }
-};
 
 // Loads `text` as a machine file; the error it throws (the test fails if it loads).
 struct MachineFile {

@@ -12,17 +12,14 @@
 #include "core/base/error.hpp"
 #include "core/model/profile.hpp"
 #include "core/plan/packing.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::core;
+using harmony::test::source_dir;
 
 namespace {
 
 constexpr Bytes kCap = 10 * kGiB;
-
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir != nullptr ? dir : ".";
-}
 
 const Model& bert_large() {
   static const Model model = load_profile(source_dir() + "/configs/profiles/bert_large.json");

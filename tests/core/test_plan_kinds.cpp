@@ -16,15 +16,15 @@
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
 #include "core/plan/plan_kind.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::core;
+using harmony::test::source_path;
 
 namespace {
 
 std::string source_text(const std::string& relative) {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  REQUIRE_MESSAGE(dir != nullptr, "HARMONY_SOURCE_DIR is not set (meson test sets it)");
-  const std::string path = std::string(dir) + "/" + relative;
+  const std::string path = source_path(relative);
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot read " << path);
   std::stringstream ss;

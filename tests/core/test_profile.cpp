@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,9 @@
 #include "core/model/model.hpp"
 #include "core/model/profile.hpp"
 #include "core/model/profile_write.hpp"
+#include "tests/test_support.hpp"
+
+using harmony::test::source_dir;
 
 using harmony::core::Bytes;
 using harmony::core::ConfigError;
@@ -31,10 +35,6 @@ using harmony::core::TextPos;
 
 namespace {
 
-std::string source_dir() {
-  const char* dir = std::getenv("HARMONY_SOURCE_DIR");
-  return dir ? std::string(dir) : std::string(".");
-}
 std::string profile_path(const std::string& name) { return source_dir() + "/configs/profiles/" + name; }
 
 std::string read_text(const std::string& path) {
@@ -520,6 +520,46 @@ TEST_CASE("JsonLocator columns count code points; escaped keys match; CRLF and a
   CHECK(loc.value_pos("/\xC3\xA9x").line == 2);
   CHECK(loc.value_pos("/\xC3\xA9x").column == 13);
   CHECK(loc.position(t.size()).line == 2);
+}
+
+TEST_CASE("json_pointer_token escapes a key so that JsonLocator finds it") {
+  CHECK(harmony::core::json_pointer_token("plain") == "plain");
+  CHECK(harmony::core::json_pointer_token("b~/c") == "b~0~1c");
+  const std::string t = "{\"a/b\": 1, \"~\": 2}";
+  const JsonLocator loc(t);
+  CHECK(loc.value_pos("/" + harmony::core::json_pointer_token("a/b")).column == 9);
+  CHECK(loc.value_pos("/" + harmony::core::json_pointer_token("~")).column == 17);
+}
+
+TEST_CASE("parse_json_located: the document, or a ConfigError at the problem with the caller's hint") {
+  using harmony::core::JsonParseProblem;
+  using harmony::core::parse_json_located;
+  std::vector<JsonParseProblem> seen;
+  const auto hint = [&](const JsonParseProblem& p) {
+    seen.push_back(p);
+    return std::string(p.syntax ? "syntax hint" : "number hint");
+  };
+  CHECK(parse_json_located("{\"a\": [1, 2]}", "ok.json", hint)["a"][1] == 2);
+  CHECK(seen.empty());  // the hint is asked for only on failure
+
+  const auto refused = [&](const std::string& text) {
+    try {
+      parse_json_located(text, "bad.json", hint);
+    } catch (const ConfigError& e) {
+      return e.loc().str() + " | " + e.message() + " | " + e.hint();
+    }
+    return std::string("parsed");
+  };
+  CHECK(refused("{\"a\": 1,\n}") ==
+        "bad.json:2:1 | malformed JSON: syntax error while parsing object key - unexpected '}'; expected string "
+        "literal | syntax hint");
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].syntax);
+  CHECK(seen[0].pos.line == 2);
+  CHECK(refused("{\"a\":\n  1e999}") == "bad.json:2:3 | malformed JSON: number overflow parsing '1e999' | number hint");
+  REQUIRE(seen.size() == 2);
+  CHECK(!seen[1].syntax);
+  CHECK(seen[1].message == "number overflow parsing '1e999'");  // nlohmann's "[json.exception...]" prefix is gone
 }
 
 TEST_CASE("every truncation and single-character deletion of a profile loads or is a located ConfigError") {

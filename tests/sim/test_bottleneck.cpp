@@ -13,20 +13,17 @@
 #include "core/model/profile.hpp"
 #include "core/program/lower.hpp"
 #include "sim/bottleneck.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
+using harmony::test::source_dir;
 
 namespace {
-
-std::string root() {
-  const char* r = std::getenv("HARMONY_SOURCE_DIR");
-  return r != nullptr ? r : ".";
-}
 
 struct Case {
   core::Model model;
   core::Program program;
-  explicit Case(int gpus = 2) : model(core::load_profile(root() + "/configs/profiles/bert_large.json")) {
+  explicit Case(int gpus = 2) : model(core::load_profile(source_dir() + "/configs/profiles/bert_large.json")) {
     core::Plan plan;
     plan.kind = core::plan_kind("harmony-pp");
     plan.gpus = gpus;

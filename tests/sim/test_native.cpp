@@ -24,19 +24,16 @@
 #include "sim/cost_native.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
 using core::Bytes;
 using core::OpKind;
 using core::Stream;
 using core::TimePs;
+using harmony::test::source_dir;
 
 namespace {
-
-std::string root() {
-  const char* r = std::getenv("HARMONY_SOURCE_DIR");
-  return r ? r : ".";
-}
 
 std::size_t z(int i) { return static_cast<std::size_t>(i); }
 
@@ -929,8 +926,8 @@ TEST_CASE("a P2P op without a peer and a plan wider than the machine are errors"
 TEST_CASE(
     "the native model reproduces the reference on all 42 bert_large oracles (contention, latency and "
     "capacities off, the paper's constants)") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
-  std::ifstream in(root() + "/tests/data/reference/oracles_bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
+  std::ifstream in(source_dir() + "/tests/data/reference/oracles_bert_large.json");
   REQUIRE(in.good());
   const auto oracles = nlohmann::json::parse(in);
   REQUIRE(oracles.size() == 42);
@@ -989,7 +986,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible at 10 GiB, not at 4 GiB") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   core::Plan plan;
   plan.kind = core::plan_kind("harmony-pp");
   plan.gpus = 4;
@@ -1047,7 +1044,7 @@ TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible 
 }
 
 TEST_CASE("the native model is deterministic, and the trace gets memory and bandwidth counters") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   core::Plan plan;
   plan.kind = core::plan_kind("harmony-dp");
   plan.gpus = 4;
@@ -1110,7 +1107,7 @@ TEST_CASE("the native model is deterministic, and the trace gets memory and band
 }
 
 TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, ledger = report bytes") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   const auto machine = paper_1080ti_like();
   int plans = 0;
   for (auto mode : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")}) {
@@ -1158,7 +1155,7 @@ TEST_CASE("a grid of Harmony plans runs natively: no deadlock, balanced memory, 
 }
 
 TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its time, native makes it infeasible") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   core::Plan plan;
   plan.kind = core::plan_kind("harmony-pp");
   plan.gpus = 2;

@@ -7,12 +7,12 @@
 
 #include "core/model/profile.hpp"
 #include "sim/evaluate.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
 
 TEST_CASE("a grid of 3,000+ plans lowers, validates and simulates without deadlock") {
-  const char* root = std::getenv("HARMONY_SOURCE_DIR");
-  const auto model = core::load_profile(std::string(root ? root : ".") + "/configs/profiles/bert_large.json");
+  const auto model = core::load_profile(test::source_path("configs/profiles/bert_large.json"));
   int plans = 0;
   for (auto mode : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")}) {
     for (int n : {1, 2, 3, 4}) {

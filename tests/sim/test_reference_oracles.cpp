@@ -10,19 +10,14 @@
 
 #include "core/model/profile.hpp"
 #include "sim/evaluate.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
-
-namespace {
-std::string root() {
-  const char* r = std::getenv("HARMONY_SOURCE_DIR");
-  return r ? r : ".";
-}
-}  // namespace
+using harmony::test::source_dir;
 
 TEST_CASE("all 42 reference oracles reproduce") {
-  const core::Model model = core::load_profile(root() + "/configs/profiles/bert_large.json");
-  std::ifstream in(root() + "/tests/data/reference/oracles_bert_large.json");
+  const core::Model model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
+  std::ifstream in(source_dir() + "/tests/data/reference/oracles_bert_large.json");
   REQUIRE(in.good());
   const auto oracles = nlohmann::json::parse(in);
   REQUIRE(oracles.size() == 42);

@@ -14,23 +14,20 @@
 #include "core/model/profile.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
+using harmony::test::source_dir;
 
 namespace {
 
-std::string root() {
-  const char* r = std::getenv("HARMONY_SOURCE_DIR");
-  return r ? r : ".";
-}
-
 const core::Model& bert() {
-  static const core::Model m = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  static const core::Model m = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   return m;
 }
 
 nlohmann::json load(const std::string& name) {
-  std::ifstream in(root() + "/tests/data/reference/vectors/" + name);
+  std::ifstream in(source_dir() + "/tests/data/reference/vectors/" + name);
   REQUIRE(in.good());
   return nlohmann::json::parse(in);
 }

@@ -18,16 +18,14 @@
 #include "core/search/search.hpp"
 #include "sim/cost_native.hpp"
 #include "sim/evaluate.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
+using harmony::test::source_dir;
 
 namespace {
-std::string root() {
-  const char* r = std::getenv("HARMONY_SOURCE_DIR");
-  return r ? r : ".";
-}
 const core::Model& bert() {
-  static const core::Model m = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  static const core::Model m = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   return m;
 }
 

@@ -13,17 +13,14 @@
 #include "core/output/trace.hpp"
 #include "sim/cost_reference.hpp"
 #include "sim/evaluate.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
 using core::OpKind;
 using core::Stream;
+using harmony::test::source_dir;
 
 namespace {
-
-std::string root() {
-  const char* r = std::getenv("HARMONY_SOURCE_DIR");
-  return r ? r : ".";
-}
 
 // A small program builder: ops appended to (device, stream) queues in call order.
 struct Builder {
@@ -94,7 +91,7 @@ TEST_CASE("a deadlock names each blocked op and what it waits for") {
 }
 
 TEST_CASE("same-time completions are deterministic and the engine equals a topological one-pass evaluation") {
-  const auto model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const auto model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   const core::MachineSpec machine;
   for (bool pf : {false, true}) {
     for (auto mode : {core::plan_kind("harmony-pp"), core::plan_kind("harmony-dp")}) {
@@ -138,7 +135,7 @@ TEST_CASE("same-time completions are deterministic and the engine equals a topol
 }
 
 TEST_CASE("the Chrome trace has one complete event per op, pid = GPU, tid = stream, names with layers and mb") {
-  const auto model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const auto model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   core::Plan p;
   p.gpus = 2;
   p.minibatch = 16;
@@ -167,7 +164,7 @@ TEST_CASE("the Chrome trace has one complete event per op, pid = GPU, tid = stre
 }
 
 TEST_CASE("prefetch buffers: input i waits for microbatch i - K; K = 2 is the paper's double buffer") {
-  const auto model = core::load_profile(root() + "/configs/profiles/bert_large.json");
+  const auto model = core::load_profile(source_dir() + "/configs/profiles/bert_large.json");
   core::Plan p;
   p.gpus = 2;
   p.minibatch = 32;

@@ -18,19 +18,16 @@
 
 #include "core/base/error.hpp"
 #include "sim/sweep.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony;
+using harmony::test::source_dir;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string root() {
-  const char* r = std::getenv("HARMONY_SOURCE_DIR");
-  return r ? r : ".";
-}
-
 // A sweep file "written" next to the bundled example's base config, so `base:` resolves against it.
-std::string sweep_name() { return root() + "/configs/sweeps/test_inline.yaml"; }
+std::string sweep_name() { return source_dir() + "/configs/sweeps/test_inline.yaml"; }
 
 sim::Sweep load(const std::string& text) { return sim::load_sweep_text(text, sweep_name()); }
 
@@ -78,7 +75,8 @@ TEST_CASE("the grid expands in odometer order with the kinds innermost") {
       "kinds: [harmony-pp, l2l]\n");
   CHECK(s.num_combos() == 6);
   CHECK(s.num_points() == 12);
-  CHECK(s.base_path == fs::path(root() + "/configs/sweeps/example_base.yaml").lexically_normal().generic_string());
+  CHECK(s.base_path ==
+        fs::path(source_dir() + "/configs/sweeps/example_base.yaml").lexically_normal().generic_string());
   const auto p7 = sim::sweep_point(s, 7);  // combo 3 = (minibatch 32, gpus 1), kind l2l
   CHECK(p7.kind == core::plan_kind("l2l"));
   CHECK(p7.value_index == std::vector<std::size_t>{1, 0});
@@ -366,9 +364,9 @@ TEST_CASE("run, stop, resume, threads and shards give the same bytes") {
 }
 
 TEST_CASE("the bundled sweeps load; the GPT sweep has at least 1,000 points and its points evaluate") {
-  const auto example = sim::load_sweep(root() + "/configs/sweeps/example.yaml");
+  const auto example = sim::load_sweep(source_dir() + "/configs/sweeps/example.yaml");
   CHECK(example.num_points() == 96);
-  const auto gpt = sim::load_sweep(root() + "/configs/sweeps/gpt_1b_100b.yaml");
+  const auto gpt = sim::load_sweep(source_dir() + "/configs/sweeps/gpt_1b_100b.yaml");
   CHECK(gpt.num_points() >= 1000);
   CHECK(gpt.kinds.size() == 7);  // every kind, lohan included
   CHECK(gpt.budget.samples > 0);
@@ -392,9 +390,9 @@ TEST_CASE("a resume recomputes exactly the rows whose files changed; the totals 
   const fs::path t = fresh_dir("inputs");
   fs::create_directories(t / "sweeps");
   fs::create_directories(t / "profiles");
-  fs::copy_file(root() + "/configs/sweeps/example_base.yaml", t / "sweeps" / "example_base.yaml");
+  fs::copy_file(source_dir() + "/configs/sweeps/example_base.yaml", t / "sweeps" / "example_base.yaml");
   for (const char* p : {"bert_large.json", "gpt2_medium.json"})
-    fs::copy_file(root() + "/configs/profiles/" + p, t / "profiles" / p);
+    fs::copy_file(source_dir() + "/configs/profiles/" + p, t / "profiles" / p);
   const std::string text =
       "base: example_base.yaml\n"
       "grid:\n"

@@ -1,0 +1,60 @@
+"""What the CLI tests in tests/cli/ share: the source root they run in, the tally of checks (a failed check is
+recorded, the test goes on, and the summary exits 1), running a binary with its output captured, and writing a
+small file. tests/meson.build runs each test as `python3 tests/cli/test_X.py BINARY...`, so Python puts this
+folder first on sys.path and `from clitest import ...` works from any build folder (release, sanitizer, a fresh
+clone's) with no PYTHONPATH."""
+import os
+import subprocess
+import sys
+
+# The source root (tests/meson.build sets HARMONY_SOURCE_DIR): where the binaries run and the configs are found.
+ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
+# tests/meson.build: an ASan/UBSan build (~10x slower); the long cases run on smaller inputs.
+SANITIZED = os.environ.get("HARMONY_SANITIZED") == "1"
+
+failures = []  # "name: detail" of each failed check; a test reads it, never rebinds it
+passed = 0  # read it as clitest.passed: `from clitest import passed` copies the number once
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {str(detail)[:3000]}")
+
+
+def run(binary, *args, timeout=300, cwd=ROOT, stdout=subprocess.PIPE, **kw):
+    """BINARY ARGS run in the source root, stderr (and stdout, unless sent elsewhere) captured as text."""
+    return subprocess.run([binary, *args], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                          timeout=timeout, **kw)
+
+
+def runner(binary, **defaults):
+    """run() bound to one binary and defaults: `run = runner(BIN, timeout=120)`, then run("compare", ...) or
+    run(..., binary=OTHER) for another binary with the same defaults."""
+    def run_bound(*args, binary=binary, **kw):
+        return run(binary, *args, **{**defaults, **kw})
+    return run_bound
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def write_in(folder, name, text):
+    return write(os.path.join(folder, name), text)
+
+
+def summary(prefix=""):
+    """Prints the tally and each failure; returns the exit status (1 if any check failed)."""
+    print(f"{prefix}{passed} checks passed, {len(failures)} failed")
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+def finish(prefix=""):
+    sys.exit(summary(prefix))

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""harmony-sim memory (issue 36): per plan kind, the GPU peak, pinned host, host RAM and NVMe a plan needs, whether
+it fits and what binds. Against harmony-run: the bundled tiny GPT-2 (configs/run/default.yaml) trains one step under
+every plan kind with the same plan on the CPU device, and the answer's peak device memory is within 5% of the
+measured one (--plan config: the config's plan under each kind). Also: the JSON against schemas/memory.schema.json,
+the host account's parts, the tier that binds (GPU, host RAM, the NVMe tier taking over), and bad input (exit 2,
+located)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SIM = sys.argv[1]
+RUN = sys.argv[2]
+ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
+DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
+LLAMA = os.path.join(ROOT, "configs/examples/llama3_70b_memory.yaml")
+SCHEMA = os.path.join(ROOT, "schemas/memory.schema.json")
+KINDS = ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"]
+# Every kind's default plan (u 2) trains in it on the CPU device. Not 2 MiB: there pp-swap's last stage (layers 3-9)
+# is at the edge of its swap decision, which both tools make from per-layer peaks, and a profile's peaks count the
+# layer's weights (and in the backward its output) beside what the Program allocates for them, where harmony-run's
+# built-in description does not: harmony-sim then swaps that stage's activations and harmony-run keeps them, two
+# plans (the title names stage 0's decisions only). At 3 MiB both keep them.
+CAP = "3MiB"
+failures = []
+passed = 0
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {str(detail)[:2000]}")
+
+
+def run(binary, *args):
+    return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def memory_json(*args):
+    r = run(SIM, "memory", *args, "--format", "json")
+    check(f"memory {' '.join(args)}: exit 0", r.returncode == 0, r.stderr)
+    try:
+        return json.loads(r.stdout)
+    except json.JSONDecodeError as e:
+        check(f"memory {' '.join(args)}: JSON", False, f"{e}: {r.stdout[:300]}")
+        return None
+
+
+def validate(what, doc):
+    try:
+        import jsonschema
+    except ImportError:
+        check("python3-jsonschema is installed (scripts/install-deps.sh)", False, "")
+        return
+    with open(os.path.join(ROOT, "schemas/common.schema.json")) as f:
+        common = json.load(f)
+    with open(SCHEMA) as f:
+        schema = json.load(f)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        resolver = jsonschema.RefResolver(base_uri=schema["$id"], referrer=schema,
+                                          store={s["$id"]: s for s in (common, schema)})
+        errors = list(jsonschema.Draft7Validator(schema, resolver=resolver).iter_errors(doc))
+    check(f"{what} matches memory.schema.json", not errors,
+          "; ".join(f"/{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in errors[:5]))
+
+
+def by_kind(doc):
+    return {r["plan_kind"]: r for r in doc["results"]} if doc else {}
+
+
+def test_against_harmony_run(tmp):
+    """The same plan trained by harmony-run on the CPU device: the answer's peak within 5% of the measured."""
+    prof = os.path.join(tmp, "prof.json")
+    r = run(RUN, "profile", DEFAULT, "--out", prof, "--ubatch", "1,2", "--repeats", "1")
+    check("profile the tiny GPT-2", r.returncode == 0, r.stderr)
+    # pp-swap's plan includes its stages, which both tools split on the layers' times (core::balanced_stages):
+    # harmony-run an explicit baseline on its built-in description's (all zero: every split ties, and the earliest
+    # boundaries win: [0], [1], [2], [3-9]); here on the profile's. The profile harmony-sim reads gets times whose one
+    # balanced split is that one (layers 0-2 seven times each of the others), so both run the same stages; times
+    # change no byte of a Program.
+    with open(prof) as f:
+        retimed = json.load(f)
+    for i, layer in enumerate(retimed["layers"]):
+        for key in ("fwd_time", "bwd_time"):
+            layer[key] = [7e-3 if i < 3 else 1e-3 for _ in layer[key]]
+    sim_prof = os.path.join(tmp, "prof_sim.json")
+    with open(sim_prof, "w") as f:
+        json.dump(retimed, f)
+    # harmony-sim's view of configs/run/default.yaml: its profile, machine, capacity and plan (harmony-run configs
+    # lower without prefetch)
+    cfg = os.path.join(tmp, "tiny.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"model: {{profile: {sim_prof}}}\nmachine: {{preset: cpu-4x, gpu_memory: {CAP}}}\ncost_model: native\n"
+                "options: {prefetch: false}\n"
+                "plan: {mode: harmony-pp, gpus: 4, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 1}\n")
+    doc = memory_json(cfg, "--plan", "config")
+    validate("memory --plan config", doc)
+    kinds = by_kind(doc)
+    check("every registered kind answered, in the registry's order",
+          doc is not None and [r["plan_kind"] for r in doc["results"]] == KINDS, doc and doc["results"])
+    for kind in KINDS:
+        k = kinds.get(kind)
+        if not k or not k["needs"]:
+            check(f"{kind}: a plan was measured", False, k)
+            continue
+        r = run(RUN, "train", DEFAULT, "--steps", "1", "--quiet", "--format", "json", "--gpu-memory", CAP,
+                "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}")
+        check(f"{kind}: harmony-run trains the plan", r.returncode == 0, r.stderr)
+        if r.returncode != 0:
+            continue
+        run_doc = json.loads(r.stdout)
+        measured = [g["peak_memory_bytes"] for g in run_doc["summary"]["per_gpu"]]
+        predicted = k["needs"]["per_gpu_peak_bytes"]
+        # the titles name the same plan (a baseline's title names the swap decisions its lowering took)
+        check(f"{kind}: the same plan", k["plan"]["title"] == run_doc["plan"]["title"],
+              (k["plan"]["title"], run_doc["plan"]["title"]))
+        err = k["needs"]["gpu_peak_bytes"] / max(measured) - 1
+        check(f"{kind}: peak device memory within 5% of harmony-run's", abs(err) <= 0.05,
+              f"predicted {predicted}, measured {measured} ({err:+.2%})")
+        # Every GPU's peak within 5% too, but one known excess (issue 36's report): a profile's backward peak counts
+        # the layer's output beside its saved activations, and core::saved_activation_bytes keeps it, so a baseline's
+        # REC holds one output (u x 8 KiB here) more than the executor. On pp-swap's stage 0 (the embedding alone,
+        # 177 KiB) that is 9%; it is allowed there, and only that much.
+        out_bytes = 2 * 8192
+        per_gpu_ok = len(predicted) == len(measured) and all(
+            abs(p - m) <= 0.05 * m or (kind == "pp-swap" and 0 < p - m <= out_bytes)
+            for p, m in zip(predicted, measured))
+        check(f"{kind}: every GPU's peak within 5%", per_gpu_ok, f"predicted {predicted}, measured {measured}")
+        check(f"{kind}: fits {CAP}", k["fits"] and k["binding"] == "gpu_memory" and k["reason"] is None, k)
+        n = k["needs"]
+        h = n["host"]
+        check(f"{kind}: host RAM is the sum of its parts",
+              n["host_bytes"] == sum(h[p] for p in ["master_weights_bytes", "optimizer_state_bytes", "gradient_bytes",
+                                                    "stash_bytes", "activation_bytes", "pinned_staging_bytes"]), n)
+        check(f"{kind}: pinned = host RAM less the optimizer state (the CPU Adam's, never a DMA target)",
+              n["pinned_host_bytes"] == n["host_bytes"] - h["optimizer_state_bytes"], n)
+    # the config's plan under a kind whose rules refuse it: not applicable, with the rule
+    d = memory_json(cfg, "--plan", "config", "--set", "plan.minibatch=6")
+    k = by_kind(d).get("dp-swap", {})
+    check("a plan the kind's rules refuse: not applicable, with why", k.get("applicable") is False and
+          "minibatch" in (k.get("reason") or ""), k)
+    return cfg
+
+
+def test_best_and_binding(cfg):
+    """--plan best (the default): a plan per kind that fits, or what binds when none does."""
+    doc = memory_json(cfg)
+    validate("memory (best)", doc)
+    for kind, k in by_kind(doc).items():
+        check(f"best {kind}: fits {CAP} with a plan", k["fits"] and k["plan"] is not None and k["num_lowered"] >= 1, k)
+    doc = memory_json(cfg, "--set", "machine.gpu_memory=64KiB")
+    validate("memory (nothing fits)", doc)
+    for kind, k in by_kind(doc).items():
+        check(f"64 KiB {kind}: does not fit, GPU memory binds, with why", not k["fits"] and k["reason"] and
+              k["binding"] == "gpu_memory", k)
+    # host RAM binds a 70B model's every plan on a 1 TiB host; an NVMe tier takes the Harmony kinds' and
+    # zero-infinity's masters and optimizer state, and they fit
+    host = ["--set", "machine.topology.host_memory=1TiB", "--set", "machine.topology.pinned_limit=1TiB"]
+    doc = memory_json(LLAMA, *host)
+    validate("memory llama3-70b on 1 TiB", doc)
+    for kind, k in by_kind(doc).items():
+        if kind != "lohan":  # lohan runs each GPU's 8 samples as one microbatch: GPU memory binds first
+            check(f"1 TiB host {kind}: host memory binds", not k["fits"] and k["binding"] == "host_memory" and
+                  "host_memory needs" in (k["reason"] or ""), k)
+    nvme = ["--set", "machine.topology.nvme.read=25GB/s", "--set", "machine.topology.nvme.write=20GB/s"]
+    doc = memory_json(LLAMA, *host, *nvme)
+    for kind, k in by_kind(doc).items():
+        if kind in ("harmony-pp", "harmony-dp", "zero-infinity"):
+            check(f"NVMe {kind}: fits with its state on the drives", k["fits"] and k["plan"]["offload"] == "nvme" and
+                  k["needs"]["nvme_bytes"] > 0, k)
+    r = run(SIM, "memory", LLAMA)
+    check("table: every kind and what binds", r.returncode == 0 and all(k in r.stdout for k in KINDS) and
+          "binds" in r.stdout and "gpu_memory" in r.stdout, r.stdout + r.stderr)
+
+
+def test_bad_input(tmp):
+    bad = os.path.join(tmp, "bad.yaml")
+    with open(bad, "w") as f:
+        f.write("model: {analytic: llama3-8b}\nmachine: {preset: h100-sxm-8x}\nplan: {mode: harmony-pp, gpus: 8, "
+                "minibatch: 8}\nbogus: 1\n")
+    r = run(SIM, "memory", bad)
+    check("unknown key: exit 2 at file:line:column", r.returncode == 2 and f"{bad}:4:1" in r.stderr, r.stderr)
+    with open(bad, "w") as f:
+        f.write("model: {analytic: llama3-8b}\nmachine: {preset: h100-sxm-8x}\nplan: {mode: harmony-pp, gpus: 8, "
+                "minibatch: 8}\n")
+    r = run(SIM, "memory", bad, "--plan", "config")
+    check("--plan config without the plan's microbatches: exit 2, located", r.returncode == 2 and bad in r.stderr and
+          "memory --plan config" in r.stderr, r.stderr)
+    r = run(SIM, "memory", bad, "--plan", "fastest")
+    check("--plan fastest: exit 2", r.returncode == 2 and "--plan" in r.stderr, r.stderr)
+    r = run(SIM, "memory", bad, "--set", "plan.gpus=x")
+    check("--set with a bad value: exit 2 naming the key", r.returncode == 2 and "plan.gpus" in r.stderr, r.stderr)
+    r = run(SIM, "memory", os.path.join(tmp, "missing.yaml"))
+    check("a missing config: exit 2", r.returncode == 2 and "missing.yaml" in r.stderr, r.stderr)
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = test_against_harmony_run(tmp)
+        test_best_and_binding(cfg)
+        test_bad_input(tmp)
+    for f in failures:
+        print("FAIL", f)
+    print(f"test_memory: {passed} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

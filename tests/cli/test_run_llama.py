@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""harmony-run trains the Llama-family block end to end (issue 36): configs/run/llama.yaml trains (the loss falls),
+the same losses under a swapping baseline, fp32 and bf16, a tied head; the oracle's Hugging Face folder (tests/data/llama_tiny:
+config.json with model_type llama + model.safetensors) loads through model.weights and --save-weights writes its
+tensors back under their HF names; bad model.llama keys exit 2 naming the key.
+Arguments: the harmony-run path."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+RUN = sys.argv[1]
+ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
+LLAMA = os.path.join(ROOT, "configs/run/llama.yaml")
+TINY = os.path.join(ROOT, "tests/data/llama_tiny")
+failures = []
+passed = 0
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {detail}")
+
+
+def run(*args):
+    return subprocess.run([RUN, *args], capture_output=True, text=True, timeout=300)
+
+
+def losses(proc):
+    return [json.loads(line)["loss"] for line in proc.stdout.splitlines() if line.startswith("{") and '"loss"' in line]
+
+
+def json_losses(proc):
+    out = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") and "\n{" not in proc.stdout else None
+    if out is not None and "steps" in out:
+        return [s["loss"] for s in out["steps"]]
+    return losses(proc)
+
+
+base = run("train", LLAMA, "--steps", "6", "--format", "json", "--quiet")
+check("llama trains", base.returncode == 0, base.stderr[-400:])
+got = json_losses(base)
+check("six losses", len(got) == 6, base.stdout[:400])
+if len(got) == 6:
+    check("the loss falls", got[-1] < got[0] - 0.1, got)
+    swap = run("train", LLAMA, "--steps", "6", "--format", "json", "--quiet", "--set", "plan.mode=dp-swap",
+               "--gpu-memory", "4MiB")
+    other = json_losses(swap)
+    check("dp-swap trains", swap.returncode == 0 and len(other) == 6, swap.stderr[-400:])
+    if len(other) == 6:
+        check("dp-swap's losses match harmony-pp's", all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(got, other)),
+              (got, other))
+    tied = [run("train", LLAMA, "--steps", "4", "--format", "json", "--quiet", "--set",
+                "model.llama.tie_embeddings=true", *extra) for extra in ([], ["--set", "plan.mode=l2l"])]
+    t0, t1 = json_losses(tied[0]), json_losses(tied[1])
+    check("a tied head trains", all(t.returncode == 0 for t in tied) and len(t0) == 4 and len(t1) == 4,
+          tied[0].stderr[-300:] + tied[1].stderr[-300:])
+    if len(t0) == 4 and len(t1) == 4:
+        check("tied: l2l's losses match harmony-pp's", all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(t0, t1)),
+              (t0, t1))
+        check("tied and untied heads differ", t0[1] != got[1], (t0, got))
+    bf16 = run("train", LLAMA, "--steps", "6", "--format", "json", "--quiet", "--dtype", "bf16")
+    low = json_losses(bf16)
+    check("bf16 trains", bf16.returncode == 0 and len(low) == 6, bf16.stderr[-400:])
+    if len(low) == 6:
+        check("bf16 stays near fp32", all(abs(a - b) <= 0.05 for a, b in zip(got, low)), (got, low))
+
+with tempfile.TemporaryDirectory() as tmp:
+    cfg = os.path.join(tmp, "hub.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"model: {{weights: '{TINY}', seq_len: 16}}\n"
+                "machine: {preset: cpu-4x, gpu_memory: 8MiB}\n"
+                "plan: {mode: harmony-pp, gpus: 2, minibatch: 4, u_fwd: 1, u_bwd: 1, pack_size: 2}\n"
+                "train: {steps: 2, data: {synthetic_tokens: 4096, seed: 1}}\n")
+    out = os.path.join(tmp, "tuned.safetensors")
+    hub = run("train", cfg, "--save-weights", out, "--quiet")
+    check("the HF Llama folder trains", hub.returncode == 0, hub.stderr[-400:])
+    if hub.returncode == 0:
+        with open(out, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+        with open(os.path.join(TINY, "model.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            want = json.loads(f.read(n))
+        names = sorted(k for k in header if k != "__metadata__")
+        check("--save-weights writes the HF names", names == sorted(k for k in want if k != "__metadata__"), names[:4])
+    bad = os.path.join(tmp, "bad.yaml")
+    with open(LLAMA) as f:
+        text = f.read()
+    with open(bad, "w") as f:
+        f.write(text.replace("n_kv_head: 2", "n_kv_head: 3").replace("../machines/", os.path.join(ROOT, "configs/machines/")))
+    r = run("train", bad, "--steps", "1")
+    check("n_kv_head that does not divide n_head: exit 2", r.returncode == 2, r.returncode)
+    check("the error names the key", "model.llama.n_kv_head" in r.stderr and "bad.yaml:" in r.stderr, r.stderr[-300:])
+    with open(bad, "w") as f:
+        f.write(text.replace("intermediate_size: 172", "").replace("../machines/",
+                                                                   os.path.join(ROOT, "configs/machines/")))
+    r = run("train", bad, "--steps", "1")
+    check("missing intermediate_size: exit 2", r.returncode == 2 and "intermediate_size" in r.stderr, r.stderr[-300:])
+    with open(bad, "w") as f:
+        f.write(text.replace("../machines/", os.path.join(ROOT, "configs/machines/")) + "checkpoint: {dir: ck}\n")
+    r = run("train", bad, "--steps", "1")
+    check("checkpoint.dir with a Llama model: exit 2", r.returncode == 2 and "checkpoint" in r.stderr,
+          r.stderr[-300:])
+
+print(f"{passed} passed, {len(failures)} failed")
+for f in failures:
+    print("FAIL", f)
+sys.exit(1 if failures else 0)
