@@ -3,9 +3,11 @@
 #include "core/search/search.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -156,30 +158,80 @@ std::vector<Candidate> enumerate_candidates(const Model& model, const SearchSpac
 namespace {
 
 // The top_k best ranking keys found so far (a max-heap of at most k), shared by the search's threads.
-class BestKeys {
+// The top_k best keys as a pruning threshold that does not depend on the thread count or on timing: the positions of
+// the search order are cut into rounds (1, 1, 2, 2, 4, 4, then kRound each: small first, so a short search prunes
+// early), and a candidate of round r is offered the k-th best key of rounds 0 .. r-2 once they are complete (one
+// round of lag, so a thread rarely waits for a straggler). One thread or sixteen, the same candidates are declined
+// and cut off at the same thresholds, so every count the search reports (num_pruned, num_infeasible, ...) is the
+// same bit for bit, not only the ranking.
+class RoundedBest {
  public:
-  explicit BestKeys(std::size_t k) : k_(k) {}
-  void add(double key) {
+  static constexpr std::size_t kRound = 8;
+  RoundedBest(std::size_t k, std::size_t n) : k_(k) {
+    for (std::size_t start = 0, j = 0; start < n; ++j) {
+      round_start_.push_back(start);
+      start += std::min<std::size_t>(kRound, std::size_t{1} << (j / 2));
+    }
+    round_start_.push_back(n);
+    done_.assign(round_start_.size() - 1, 0);
+    pending_.resize(done_.size());
+    snapshot_.assign(round_start_.size(), kInf);
+  }
+
+  // The threshold for the candidate at position `pos` of the search order; blocks until the rounds it reads are in.
+  double threshold(std::size_t pos) {
+    const std::size_t r = round_of(pos);
+    const std::size_t need = r > 0 ? r - 1 : 0;  // rounds 0 .. r-2 complete
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return complete_ >= need; });
+    return snapshot_[need];
+  }
+  // The candidate at `pos` is done; `key` when it ranks (feasible, run to its end). Called once per position, also
+  // when its evaluation threw, so no thread waits on it forever.
+  void finish(std::size_t pos, std::optional<double> key) {
     const std::lock_guard<std::mutex> lock(mutex_);
+    const std::size_t r = round_of(pos);
+    if (key) pending_[r].push_back(*key);
+    ++done_[r];
+    bool advanced = false;
+    // a round's keys enter the heap only when the rounds before it are complete: the snapshot of rounds 0 .. j-1 holds
+    // their keys and no key of a later round that happened to finish first
+    while (complete_ < done_.size() && done_[complete_] == round_start_[complete_ + 1] - round_start_[complete_]) {
+      for (const double k : pending_[complete_]) add(k);
+      pending_[complete_].clear();
+      ++complete_;
+      snapshot_[complete_] = k_ > 0 && heap_.size() == k_ ? heap_.front() : kInf;
+      advanced = true;
+    }
+    if (advanced) cv_.notify_all();
+  }
+
+ private:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::size_t round_of(std::size_t pos) const {
+    return static_cast<std::size_t>(std::upper_bound(round_start_.begin(), round_start_.end(), pos) -
+                                    round_start_.begin()) -
+           1;
+  }
+  void add(double key) {
     if (heap_.size() < k_) {
       heap_.push_back(key);
       std::push_heap(heap_.begin(), heap_.end());
-    } else if (key < heap_.front()) {
+    } else if (k_ > 0 && key < heap_.front()) {
       std::pop_heap(heap_.begin(), heap_.end());
       heap_.back() = key;
       std::push_heap(heap_.begin(), heap_.end());
     }
   }
-  // The k-th best key (infinite until k are known): a candidate whose key would exceed it cannot enter the top k.
-  double threshold() {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    return k_ > 0 && heap_.size() == k_ ? heap_.front() : std::numeric_limits<double>::infinity();
-  }
-
- private:
   std::size_t k_;
+  std::vector<std::size_t> round_start_;      // round j holds positions round_start_[j] .. round_start_[j+1]-1
+  std::vector<std::size_t> done_;             // finished positions per round
+  std::vector<std::vector<double>> pending_;  // per round, the keys of its finished positions not yet in heap_
+  std::vector<double> snapshot_;              // snapshot_[j]: the k-th best key once rounds 0 .. j-1 are complete
+  std::size_t complete_ = 0;                  // rounds 0 .. complete_-1 are complete
+  std::vector<double> heap_;                  // max-heap of the k best keys so far
   std::mutex mutex_;
-  std::vector<double> heap_;
+  std::condition_variable cv_;
 };
 
 }  // namespace
@@ -244,18 +296,28 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   // pays for the bound's price (an earlier rule stopped offering after 64 finished runs in a row; on the 12,096-point
   // sweep offering always is 18% faster, Harmony-DP's near-ties 50 s -> 42 s: docs/history/benchmarks-journal.md,
   // "Stop 30").
-  BestKeys best(prune ? static_cast<std::size_t>(space.spec.top_k) : 0);
+  RoundedBest best(prune ? static_cast<std::size_t>(space.spec.top_k) : 0, n);
   SearchProgressTicker ticker(progress, n);
   parallel_for(n, threads, [&](std::size_t k) {
     const std::size_t i = order[k];
-    const double threshold_s = prune ? best.threshold() * fit_scale(i) : inf;
+    std::optional<double> key;
+    struct Done {  // the position is finished however this call ends (an evaluation may throw)
+      RoundedBest& best;
+      std::size_t k;
+      std::optional<double>& key;
+      bool prune;
+      ~Done() {
+        if (prune) best.finish(k, key);
+      }
+    } done{best, k, key, prune};
+    const double threshold_s = prune ? best.threshold(k) * fit_scale(i) : inf;
     // cannot enter the top_k (an infinite bound: cannot be feasible, cutoff or not): never evaluated here
     if (!bound.empty() && (bound[i] > threshold_s || bound[i] == inf)) {
       ticker.tick();
       return;
     }
     if (evaluate_one(i, threshold_s) && prune && !reports[i].deadlock && reports[i].feasible)
-      best.add(reports[i].iteration_time_s / fit_scale(i));
+      key = reports[i].iteration_time_s / fit_scale(i);
     ticker.tick();
   });
   ticker.finish();

@@ -22,8 +22,8 @@
 #include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
-#include "core/plan/plan_kind.hpp"
 #include "core/kinds/kinds.hpp"
+#include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
 
 using namespace harmony::backend;

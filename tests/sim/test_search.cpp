@@ -583,3 +583,54 @@ TEST_CASE("a host floor over the machine's memory: the bounded search runs only 
   drives.offload_nvme = true;
   CHECK(std::isfinite(sim::task_bound_for(*engine, bert(), core::candidate_plan(cands[0], space), drives)));
 }
+
+TEST_CASE("a bounded search reports the same counts with 1, 2, 3 and 4 threads") {
+  // Same inputs, same outputs: the pruning threshold a candidate is offered depends on its position in the search
+  // order only (its round, RoundedBest), not on which thread finished first, so the declined, cut-off,
+  // infeasible and ranked candidates are the same whatever the thread count. Before, num_pruned varied from run to
+  // run with threads > 1 (a candidate saw whatever best time the other threads had found by then).
+  struct Case {
+    const char* machine;
+    core::PlanKind kind;
+    int gpus;
+  };
+  for (const Case& c :
+       {Case{"h100-sxm-8x", core::plan_kind("harmony-pp"), 4}, Case{"h100-sxm-8x", core::plan_kind("harmony-dp"), 2}}) {
+    const std::string kind = core::plan_kind_name(c.kind);
+    CAPTURE(kind);
+    const core::MachineSpec m = core::machine_preset(c.machine);
+    const core::Model model = core::analytic_model(*core::analytic_preset("gpt3-1.3b"), m.gpu_rates, m.cpu_adam);
+    const auto engine = sim::make_engine(core::CostModelKind::Native, model, m);
+    auto space = wide_space(c.kind, c.gpus, 8, m, 1);
+    const auto cands = core::enumerate_candidates(model, space);
+    REQUIRE(cands.size() > 3 * 8);  // several rounds
+    auto bounded = [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+      auto e = sim::evaluate_plan_within(*engine, model, p, core::LowerOptions{}, cutoff_s);
+      if (!e) return std::nullopt;
+      return std::move(e->report);
+    };
+    const core::PlanBound task_bound = [&](const core::Plan& p) {
+      return sim::task_bound_for(*engine, model, p, core::LowerOptions{});
+    };
+    std::optional<core::SearchResult> first;
+    for (const int threads : {1, 2, 3, 4, 2, 4}) {
+      CAPTURE(threads);
+      space.spec.threads = threads;
+      const auto b = core::run_search_bounded(cands, space, model, bounded, {}, task_bound);
+      REQUIRE_FALSE(b.ranked.empty());
+      if (!first) {
+        CHECK(b.num_pruned > 0);
+        first = b;
+        continue;
+      }
+      CHECK(b.num_pruned == first->num_pruned);
+      CHECK(b.num_infeasible == first->num_infeasible);
+      CHECK(b.num_deadlocked == first->num_deadlocked);
+      REQUIRE(b.ranked.size() == first->ranked.size());
+      for (std::size_t i = 0; i < b.ranked.size(); ++i) {
+        CHECK(b.ranked[i].candidate == first->ranked[i].candidate);
+        CHECK(b.ranked[i].report.iteration_time_s == first->ranked[i].report.iteration_time_s);
+      }
+    }
+  }
+}
