@@ -246,7 +246,7 @@ class WorkerPool {
 // Harmony-PP / Harmony-DP Programs (core::lower_harmony, every replica lowered).
 std::unique_ptr<Interpreter> make_harmony_interpreter(const core::Program& program, std::vector<Device*> devices,
                                                       HostState& state, const ExecutorOptions& options);
-// The baselines' Programs (core::lower_baseline: dp-swap, pp-swap, zero-infinity, l2l).
+// The swapping kinds' Programs (PlanKindSpec::dialect Swapping: dp-swap, pp-swap, zero-infinity, l2l, lohan).
 std::unique_ptr<Interpreter> make_baseline_interpreter(const core::Program& program, std::vector<Device*> devices,
                                                        HostState& state, const ExecutorOptions& options);
 

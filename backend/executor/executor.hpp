@@ -1,5 +1,5 @@
-// The real executor: runs a core::Program — Harmony-PP or Harmony-DP (lower_harmony, every GPU lowered) or a
-// baseline (lower_baseline: dp-swap, pp-swap, zero-infinity, l2l) — for one training step with real tensors on N
+// The real executor: runs a core::Program of any plan kind (core::lower_plan: Harmony-PP or Harmony-DP with every GPU
+// lowered, or a swapping kind: dp-swap, pp-swap, zero-infinity, l2l, lohan) — for one training step with real tensors on N
 // devices: weights swapped in per pack or layer, forwards with stashes, recompute + backward per microbatch,
 // activations and gradients moved between packs, stages and replicas, AdamW on the host. One worker thread and one
 // device stream per Program queue, so copies overlap compute (or, for debugging, one op at a time on the calling

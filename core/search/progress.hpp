@@ -1,4 +1,4 @@
-// Progress of a long search (core::run_search, core::run_baseline_search): how many candidates are evaluated of
+// Progress of a long search (core::run_search, core::run_search_bounded): how many candidates are evaluated of
 // how many. The searches call the caller's callback, one call at a time, at most every ~0.1 s and once at the end;
 // library code never prints, so the mains turn these calls into a bar or lines on stderr.
 #pragma once

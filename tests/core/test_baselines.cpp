@@ -1,4 +1,4 @@
-// Tests of the swapping baselines (core/program/baselines/baselines.hpp): closed-form swap volumes of every baseline on
+// Tests of the swapping kinds (core/kinds/*.cpp, core/kinds/swapping.hpp): closed-form swap volumes of every baseline on
 // a small synthetic model, Harmony's weight traffic against dp-swap's on bert_large, enumeration rules, GPipe's
 // balanced split, and a grid of bert_large plans that validate, balance their memory ledger and run without deadlock
 // under the reference cost model. Links sim/ for the timeline.
@@ -582,7 +582,7 @@ TEST_CASE("streaming keeps the simulated memory ledger within the decision's est
   }
 }
 
-TEST_CASE("enumerate_baseline_plans respects the profiled range and divisibility") {
+TEST_CASE("enumerate_plans of a swapping kind respects the profiled range and divisibility") {
   const auto& model = bert_large();  // forward sizes 1..243, backward 1..78
   const core::Bytes cap = 10 * core::kGiB;
   SwapSearch all;
