@@ -1,6 +1,6 @@
 // The real executor: runs a core::Program of any plan kind (core::lower_plan: Harmony-PP or Harmony-DP with every GPU
-// lowered, or a swapping kind: dp-swap, pp-swap, zero-infinity, l2l, lohan) — for one training step with real tensors on N
-// devices: weights swapped in per pack or layer, forwards with stashes, recompute + backward per microbatch,
+// lowered, or a swapping kind: dp-swap, pp-swap, zero-infinity, l2l, lohan) — for one training step with real tensors
+// on N devices: weights swapped in per pack or layer, forwards with stashes, recompute + backward per microbatch,
 // activations and gradients moved between packs, stages and replicas, AdamW on the host. One worker thread and one
 // device stream per Program queue, so copies overlap compute (or, for debugging, one op at a time on the calling
 // thread, with the same bits); every tensor read is checked.

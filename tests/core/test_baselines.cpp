@@ -1,5 +1,5 @@
-// Tests of the swapping kinds (core/kinds/*.cpp, core/kinds/swapping.hpp): closed-form swap volumes of every baseline on
-// a small synthetic model, Harmony's weight traffic against dp-swap's on bert_large, enumeration rules, GPipe's
+// Tests of the swapping kinds (core/kinds/*.cpp, core/kinds/swapping.hpp): closed-form swap volumes of every baseline
+// on a small synthetic model, Harmony's weight traffic against dp-swap's on bert_large, enumeration rules, GPipe's
 // balanced split, and a grid of bert_large plans that validate, balance their memory ledger and run without deadlock
 // under the reference cost model. Links sim/ for the timeline.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
