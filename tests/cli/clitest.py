@@ -4,6 +4,7 @@ small file. tests/meson.build runs each test as `python3 tests/cli/test_X.py BIN
 folder first on sys.path and `from clitest import ...` works from any build folder (release, sanitizer, a fresh
 clone's) with no PYTHONPATH."""
 import os
+import signal
 import subprocess
 import sys
 
@@ -24,8 +25,22 @@ def check(name, cond, detail=""):
         failures.append(f"{name}: {str(detail)[:3000]}")
 
 
+# The signals a binary handles or leaves to their default action; a test's children start with each at its default,
+# whatever the test inherited (nohup ignores SIGHUP, a shell's background job SIGINT), since the binaries keep a signal
+# ignored at start ignored (docs/config.md, exit codes).
+KERNEL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def default_signals():
+    """preexec_fn: every KERNEL_SIGNALS at its default disposition in the child."""
+    for sig in KERNEL_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def run(binary, *args, timeout=300, cwd=ROOT, stdout=subprocess.PIPE, **kw):
-    """BINARY ARGS run in the source root, stderr (and stdout, unless sent elsewhere) captured as text."""
+    """BINARY ARGS run in the source root, stderr (and stdout, unless sent elsewhere) captured as text; the child's
+    signals at their defaults (default_signals) unless the caller passes its own preexec_fn."""
+    kw.setdefault("preexec_fn", default_signals)
     return subprocess.run([binary, *args], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=cwd,
                           timeout=timeout, **kw)
 

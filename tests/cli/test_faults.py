@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from clitest import ROOT, SANITIZED, check, finish, runner
+from clitest import ROOT, SANITIZED, check, default_signals, finish, runner
 
 RUN = sys.argv[1]
 SIM = sys.argv[2]
@@ -123,7 +123,8 @@ with tempfile.TemporaryDirectory() as tmp:
     for sig in [signal.SIGTERM, signal.SIGHUP]:
         ck = os.path.join(tmp, f"ck_{sig.name}")
         p = subprocess.Popen([RUN, "train", DEFAULT, "--steps", "200", "--checkpoint-dir", ck], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=default_signals)
         head = ""
         for line in p.stderr:  # the signal goes after the first step's progress line: the handler is installed
             head += line
@@ -143,7 +144,8 @@ with tempfile.TemporaryDirectory() as tmp:
     wide = [] if SANITIZED else ["--set", "model.gpt2.n_embd=192"]
     p = subprocess.Popen([RUN, "train", DEFAULT, "--steps", "50", "--checkpoint-dir", ck, *wide,
                           "--set", "plan.minibatch=16", "--gpu-memory", "64MiB"],
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals)
     t_step = None
     for line in p.stderr:
         if line.startswith("step "):

@@ -14,7 +14,7 @@ import tempfile
 import time
 import warnings
 
-from clitest import ROOT, check, finish, runner
+from clitest import ROOT, check, default_signals, finish, runner
 
 RUN = sys.argv[1]
 SIM = sys.argv[2]
@@ -116,7 +116,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR") if os.environ.get(
 
     # --- a stop signal while the drive's test file exists: the file is removed, the process ends by the signal ---
     p = subprocess.Popen([RUN, "probe", "--quiet", "--path", drive, "--file-size", "1GiB"], cwd=ROOT,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     seen = False
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:

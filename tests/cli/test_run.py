@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-from clitest import ROOT, SANITIZED, check, finish, runner, write_in
+from clitest import ROOT, SANITIZED, check, default_signals, finish, runner, write_in
 
 RUN = sys.argv[1]
 SIM = sys.argv[2]
@@ -289,7 +289,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # the signal goes after the first step's progress line (stderr is not a tty: the first step's line is always written), so it always
     # finds the handler installed and a step done, however long the start-up takes on a loaded machine
     p = subprocess.Popen([RUN, "train", DEFAULT, "--steps", str(steps), "--checkpoint-dir", ck2], cwd=ROOT,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     head = ""
     for line in p.stderr:
         head += line

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from clitest import ROOT, SANITIZED, check, finish, runner, write
+from clitest import ROOT, SANITIZED, check, default_signals, finish, runner, write
 
 BIN = sys.argv[1]
 EXAMPLE = os.path.join(ROOT, "configs/sweeps/example.yaml")
@@ -32,13 +32,6 @@ def read(path):
 
 def same_files(a, b, names=("results.csv", "results.jsonl", "sweep.json")):
     return all(read(os.path.join(a, n)) == read(os.path.join(b, n)) for n in names)
-
-
-def default_signals():
-    """A child with SIGINT, SIGTERM and SIGHUP at their default action, whatever this test inherited (a shell's
-    background job ignores SIGINT, nohup SIGHUP): the sweep handles only the signals it was not told to ignore."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 with tempfile.TemporaryDirectory() as tmp:
