@@ -990,6 +990,7 @@ int train_steps(const Cli& cli, Setup& s, backend::Executor& executor, Checkpoin
     const bool due = cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0;
     const int stop = g_signal.load();
     if (!ck.dir.empty() && (due || stop != 0)) {
+      executor.sync_state();  // a resident kind's weights and moments are on its devices
       const std::string path = ck.save(step + 1, log.losses, *s.state, cfg.checkpoint.keep);
       if (!quiet && !tty) fmt::print(stderr, "checkpoint {}\n", path);
     }
@@ -1144,6 +1145,7 @@ int cmd_train(const Cli& cli) {
   }
 
   if (const int stopped = train_steps(cli, s, *run_executor, ck, log); stopped != 0) return stopped;
+  run_executor->sync_state();  // a resident kind's weights and moments are on its devices until now
   if (!ckdir.empty() && log.ran > 0 && (cfg.checkpoint.every == 0 || cfg.train.steps % cfg.checkpoint.every != 0))
     ck.save(cfg.train.steps, log.losses, *s.state, cfg.checkpoint.keep);
   if (!cli.save_weights.empty()) backend::save_gpt2_weights(cli.save_weights, *s.state);
@@ -1158,7 +1160,7 @@ int cmd_train(const Cli& cli) {
   std::vector<core::Bytes> peaks;
   peaks.reserve(devs.size());
   for (auto* d : devs) peaks.push_back(d->memory().peak);
-  run_executor.reset();  // the run's device memory back before predict() profiles (the state stays on the host)
+  run_executor.reset();  // the run's device memory back before predict() profiles (the state is on the host)
   comm.reset();
   owned.clear();
   const bool serial = !executor_options(cli, cfg).concurrent;

@@ -64,8 +64,8 @@ OpClass op_class(const Program& p, int op) {
     case OpKind::REC:
     case OpKind::BWD:
       return OpClass::Compute;
-    case OpKind::Update:
-      return OpClass::Update;
+    case OpKind::Update:  // a device Update (resident state) is GPU work, timed with the compute ops
+      return core::host_update(o) ? OpClass::Update : OpClass::Compute;
     case OpKind::DEL:
       return OpClass::Del;
     case OpKind::ARD:

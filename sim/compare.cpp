@@ -61,6 +61,7 @@ void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& mod
     // optimizer state and gradients alone): none can be feasible, so only the first, which names the miss, is run.
     const bool first_nvme = cands.front().plan.knobs.offload == core::OffloadTier::Nvme;
     const bool unfit =
+        !space.kind->resident_state &&  // a kind with resident state keeps nothing on the host
         std::all_of(cands.begin(), cands.end(),
                     [&](const auto& c) { return (c.plan.knobs.offload == core::OffloadTier::Nvme) == first_nvme; }) &&
         make_engine(cost_model, model, machine)->host_floor_exceeded(first_nvme);
@@ -284,11 +285,44 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
     if (k.feasible && k.kind->role == core::KindRole::Baseline)
       out.best_baseline_time_s = std::min(out.best_baseline_time_s, k.best.iteration_time_s);
   }
+  out.ceiling_time_s = std::numeric_limits<double>::infinity();
+  for (const auto& k : out.kinds) {
+    if (k.feasible && k.kind->role == core::KindRole::Ceiling)
+      out.ceiling_time_s = std::min(out.ceiling_time_s, k.best.iteration_time_s);
+  }
   for (auto& k : out.kinds) {
     if (k.feasible && std::isfinite(out.best_baseline_time_s))
       k.speedup_over_best_baseline = out.best_baseline_time_s / k.best.iteration_time_s;
+    if (k.feasible && std::isfinite(out.ceiling_time_s))
+      k.fraction_of_ceiling = out.ceiling_time_s / k.best.iteration_time_s;
   }
   return out;
+}
+
+std::vector<std::string> ceiling_lines(const CompareResult& result) {
+  std::vector<std::string> lines;
+  for (const KindResult& c : result.kinds) {
+    if (c.kind->role != core::KindRole::Ceiling) continue;
+    if (!c.feasible) {
+      lines.push_back(fmt::format(
+          "ceiling: {} (the in-memory trainer: weights, gradients and AdamW state on every GPU) does not fit: {}. "
+          "Training in memory is not an option here; the other rows are what can run",
+          c.kind.name(), c.reason));
+      continue;
+    }
+    std::string harmony;
+    for (const KindResult& k : result.kinds) {
+      if (k.kind->role != core::KindRole::Harmony) continue;
+      harmony += harmony.empty() ? "; " : ", ";
+      harmony += k.feasible
+                     ? fmt::format("{} runs at {:.0f}% of its throughput", k.kind.name(), 100.0 * k.fraction_of_ceiling)
+                     : fmt::format("{} has no plan", k.kind.name());
+    }
+    lines.push_back(fmt::format(
+        "ceiling: {} (the in-memory trainer) fits: {:.3f} s per iteration, {} MiB peak per GPU{}", c.kind.name(),
+        c.best.iteration_time_s, c.best.peak_memory_bytes / static_cast<core::Bytes>(core::kMiB), harmony));
+  }
+  return lines;
 }
 
 }  // namespace harmony::sim

@@ -36,11 +36,15 @@ struct KindResult {
   // drives (the same rule: search.offload, or auto when host memory binds), else ""; "" for the other kinds.
   std::string offload;
   double speedup_over_best_baseline = 0.0;
+  // the ceiling's time over this kind's (the ceiling itself: 1); 0 when the ceiling or this kind has no plan
+  double fraction_of_ceiling = 0.0;
 };
 
 struct CompareResult {
   std::vector<KindResult> kinds;  // in core::plan_kinds() (listing) order
   double best_baseline_time_s = 0.0;
+  // The fastest feasible plan of a ceiling kind (resident: the in-memory trainer); +infinity when none fits.
+  double ceiling_time_s = 0.0;
 };
 
 // The best plan of one kind, searched on the calling thread (search.threads is ignored) over the kind's candidates
@@ -71,5 +75,10 @@ using CompareProgressFn = std::function<void(const CompareProgress&)>;
 CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
                                  core::CostModelKind cost_model, const core::SearchSpec& search,
                                  const core::Options& options, const CompareProgressFn& progress = {});
+
+// compare's lines on the ceiling (the kinds of role Ceiling: resident, the in-memory trainer): its time and how close
+// each Harmony kind's best plan comes to it when it fits; when it does not, why, and that this is the case Harmony is
+// for. Empty when no ceiling kind was compared.
+std::vector<std::string> ceiling_lines(const CompareResult& result);
 
 }  // namespace harmony::sim

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
 #include "core/program/lower.hpp"
 #include "sim/native_engine.hpp"
 
@@ -13,6 +16,22 @@ using core::Op;
 using core::OpKind;
 using core::Phase;
 using core::Stream;
+
+bool gpu_update(const Op& op, const core::MachineSpec& machine) {
+  return op.kind == OpKind::Update && !core::host_update(op) && !machine.compute.host_cores;
+}
+
+double device_update_s(const Op& op, const core::MachineSpec& machine) {
+  const core::GpuRates& r = machine.gpu_rates;
+  if (!(r.memory_bytes_per_s > 0))
+    throw core::ScheduleError(fmt::format(
+        "machine '{}' gives no gpu_rates.memory: the AdamW step on the GPU ({} of device memory traffic) cannot be "
+        "priced; add gpu_rates: {{memory: <the GPU's memory bandwidth, e.g. 3350GB/s>}} to the machine "
+        "(docs/machines.md)",
+        machine.name, core::format_bytes(op.bytes)));
+  const double eff = r.vector_efficiency > 0 ? r.vector_efficiency : 1.0;
+  return static_cast<double>(op.bytes) / (r.memory_bytes_per_s * eff);
+}
 
 double ReferenceCostModel::duration_s(const core::Program& program, const Op& op) const {
   const double n = static_cast<double>(program.bandwidth_sharers);
@@ -24,6 +43,7 @@ double ReferenceCostModel::duration_s(const core::Program& program, const Op& op
     case OpKind::BWD:
       return compute_s(op);
     case OpKind::Update: {
+      if (gpu_update(op, machine_)) return device_update_s(op, machine_);
       double s = 0.0;
       for (int l = op.layers.first; l <= op.layers.last; ++l)
         s += model_.layers[static_cast<std::size_t>(l)].update_time_cpu_s;

@@ -11,6 +11,15 @@
 
 namespace harmony::sim {
 
+// Whether an Update runs on a GPU's memory (a kind with resident state: core::host_update is false) on a machine
+// whose devices are GPUs. On a machine whose devices are host cores (compute.host_cores: harmony's CPU device) the
+// device's AdamW is the host's, priced as a host Update (the profile's update time, on the shared pool).
+bool gpu_update(const core::Op& op, const core::MachineSpec& machine);
+// The time of a gpu_update, in both cost models (the paper's simulator has no such op): its HBM traffic (op.bytes) at
+// the GPU's memory bandwidth as elementwise kernels reach it, gpu_rates.memory x gpu_rates.vector_efficiency (1 when
+// not given). ScheduleError naming the fix when the machine gives no gpu_rates.memory.
+double device_update_s(const core::Op& op, const core::MachineSpec& machine);
+
 class ReferenceCostModel {
  public:
   ReferenceCostModel(const core::Model& model, const core::MachineSpec& machine) : model_(model), machine_(machine) {}

@@ -378,6 +378,7 @@ int cmd_compare(const Cli& cli) {
     for (const auto& k : res.kinds) {
       nlohmann::json j;
       j["plan_kind"] = core::plan_kind_name(k.kind);
+      j["role"] = core::kind_role_name(k.kind->role);
       j["feasible"] = k.feasible;
       j["num_candidates"] = k.candidates;
       j["num_pruned"] = k.pruned;
@@ -385,6 +386,7 @@ int cmd_compare(const Cli& cli) {
       j["speedup_over_best_baseline"] = k.feasible && std::isfinite(res.best_baseline_time_s)
                                             ? nlohmann::json(k.speedup_over_best_baseline)
                                             : nlohmann::json(nullptr);
+      j["fraction_of_ceiling"] = k.fraction_of_ceiling > 0 ? nlohmann::json(k.fraction_of_ceiling) : nullptr;
       // kinds with the activations knob: both policies are searched; the winner is best.plan.knobs.activation_policy
       nlohmann::json pol = nullptr;
       if (k.kind.has_knob(core::Knob::Activations)) {
@@ -456,6 +458,7 @@ int cmd_compare(const Cli& cli) {
     }
   }
   fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
+  for (const auto& line : sim::ceiling_lines(res)) fmt::print("{}\n", line);
   fmt::print(
       "activations: checkpoint recomputes each layer's forward in the backward (Harmony always does); keep holds "
       "or swaps the saved activations. Each baseline is searched under both; the other policy's best time is in "

@@ -236,7 +236,9 @@ struct Cand {
 // the answer, else the one nearest to fitting (least need / limit on its binding tier).
 // `lower(i)` lowers candidate i and sets the plan fields of `kr` for it (returns false when it cannot be lowered).
 // The part of the host account every plan needs (sim::host_floor) already over a host limit: no plan can fit.
-bool floor_unfit(const core::Model& model, bool nvme, const MemoryLimits& limits) {
+// A kind with resident state keeps nothing on the host: no floor.
+bool floor_unfit(const core::Model& model, bool nvme, const MemoryLimits& limits, core::PlanKind kind) {
+  if (kind->resident_state) return false;
   const HostAccount f = host_floor(model, nvme);
   return host_memory_exceeded(f.total_bytes, limits.host_bytes) ||
          pinned_memory_exceeded(f.total_bytes, f.optimizer_state_bytes, limits.pinned_bytes);
@@ -246,7 +248,7 @@ template <class Lower>
 void try_candidates(KindMemory& kr, std::vector<Cand> cands, const MemoryLimits& limits, const core::Model& model,
                     const core::MachineSpec& machine, bool nvme, Lower lower) {
   // when the host floor is over a limit, the first candidate lowered names the miss
-  const bool unfit = floor_unfit(model, nvme, limits);
+  const bool unfit = floor_unfit(model, nvme, limits, kr.kind);
   const std::size_t max_lowered = unfit ? 1 : kMaxLowered;
   std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
     return a.estimate_s != b.estimate_s ? a.estimate_s < b.estimate_s : a.u > b.u;

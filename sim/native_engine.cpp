@@ -18,6 +18,7 @@
 #include "core/base/flat_table.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program_graph.hpp"
+#include "sim/cost_reference.hpp"
 
 namespace harmony::sim {
 
@@ -194,7 +195,8 @@ bool pinned_memory_exceeded(Bytes total_bytes, Bytes optimizer_state_bytes, Byte
 }
 
 HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
-  HostAccount h = host_floor(m, p.offload_nvme);
+  // a kind with resident state keeps its weights, gradients and optimizer state on the GPUs: no host floor
+  HostAccount h = p.graph.plan.kind->resident_state ? HostAccount{} : host_floor(m, p.offload_nvme);
   // Swaps are DMA copies straight from and into the host tensors (the time model prices them at the PCIe
   // rate with no host copy), so those tensors are the pinned memory and need no staging buffer: a staging
   // buffer sized by the largest swap op would grow with how a plan groups layers into one op (a Harmony
@@ -934,7 +936,9 @@ class FlowEngine {
           x.fixed_ps = core::seconds_to_ps(ref ? mach_.time_del_s : topo_.free_time_s);
           break;
         case OpKind::Update:
-          if (ref) {
+          if (gpu_update(o, mach_)) {  // AdamW on the GPU (resident state): its HBM traffic, on the compute stream
+            x.fixed_ps = core::seconds_to_ps(device_update_s(o, mach_));
+          } else if (ref) {
             x.fixed_ps = core::seconds_to_ps(update_s(o));
           } else if (const double w = update_work_s(o, m_, mach_); w > 0 && host_pool()) {
             // compute.host_cores: the optimizer's threads run on the pool's C units, all of them when alone (w x C
@@ -1083,7 +1087,7 @@ class FlowEngine {
     if (k == OpKind::FWD || k == OpKind::REC || k == OpKind::BWD) {
       s = d.compute_s;
     } else if (k == OpKind::Update) {
-      s = d.update_s;
+      s = gpu_update(p_.ops[z(x.a)], mach_) ? d.compute_s : d.update_s;  // a GPU Update is a kernel launch
     } else if (k == OpKind::DEL) {
       s = 0;  // freeing is priced by free_time / time_del
     } else if (x.b >= 0 || k == OpKind::ARD || k == OpKind::AG || k == OpKind::RS) {

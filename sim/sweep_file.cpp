@@ -249,8 +249,9 @@ Sweep load_sweep_text(const std::string& text, const std::string& name) {
         fail(item.loc, fmt::format("plan kind '{}' is listed twice", item.scalar), "list each kind once");
       s.kinds.push_back(*kind);
     }
-  } else {
-    s.kinds = core::plan_kinds();
+  } else {  // Harmony's kinds and the baselines; the in-memory ceiling (resident) only when listed
+    for (const core::PlanKind& k : core::plan_kinds())
+      if (k->role != core::KindRole::Ceiling) s.kinds.push_back(k);
   }
 
   // budget

@@ -2,7 +2,10 @@
 // zero-infinity, l2l, lohan): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op
 // that produced them; which version an op reads (the latest producer among its ancestors) and every host gradient and
 // weight an Update touches are checked when the executor is built, so a missing dependency is refused before any step.
-// Ops of different queues run on their own streams and worker threads (detail.hpp's lock discipline).
+// Ops of different queues run on their own streams and worker threads (detail.hpp's lock discipline). A kind with
+// resident state (PlanKindSpec::resident_state: resident) keeps its weights, gradients and AdamW state in one
+// DeviceState per device across steps instead: its FWD/BWD read them there, its ARD sums them in place, and its
+// Update runs AdamW on the device; sync_host_state() copies them back into the HostState.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -15,6 +18,7 @@
 
 #include "backend/executor/detail.hpp"
 #include "backend/model/describe.hpp"
+#include "backend/model/device_state.hpp"
 #include "backend/rank_sum.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/program_builder.hpp"
@@ -96,7 +100,9 @@ class BaselineInterpreter final : public Interpreter {
     staging_chunk_bytes = opt_.staging_chunk_bytes;
     if (dt_ == DType::BF16)
       for (Device* dev : devs_) require_bf16(*dev, "executor");
+    resident_ = p_.graph.plan.kind->resident_state;
     analyse();
+    if (resident_) make_states();
   }
 
   const std::vector<std::vector<int>>& extra_deps() const override { return extra_; }
@@ -112,6 +118,9 @@ class BaselineInterpreter final : public Interpreter {
     updated_.assign(static_cast<std::size_t>(R_), 0);
     gathered_.assign(static_cast<std::size_t>(R_), 0);
     qr_.begin_step();
+    // resident: every BWD adds into the device gradient, which starts each step at zero (on the stream that runs
+    // the device's BWD, ARD and Update ops, after the previous step's Updates)
+    for (std::size_t d = 0; d < states_.size(); ++d) states_[d]->zero_grads(state_stream(static_cast<int>(d)));
   }
 
   std::vector<int> group(int o) const override { return info_[static_cast<std::size_t>(o)].group; }
@@ -122,7 +131,7 @@ class BaselineInterpreter final : public Interpreter {
   void run(const std::vector<int>& g) override {
     const std::shared_ptr<void> range = qr_.range(g.front());  // NVTX on CUDA, named like the trace's op
     const core::Op& op = at(g.front());
-    const bool host = op.kind == OpKind::Update;
+    const bool host = core::host_update(op);
     qr_.await_preds(g, extra_, host, [&](auto&& fn) { unlocked(fn); });
     qr_.issue(g, times, host, [&] {
       if (op.peer >= 0) {
@@ -167,10 +176,22 @@ class BaselineInterpreter final : public Interpreter {
                                        s, static_cast<int>(loss_written_[static_cast<std::size_t>(s)])));
     double total = 0.0;
     for (const float x : losses_) total += x;
+    // resident: the replicas' updates saw the same all-reduced gradients, so their findings agree: device 0's
+    // speaks for the step (every device's flags are cleared)
+    for (std::size_t d = 0; d < states_.size(); ++d) {
+      const auto found = states_[d]->take_nonfinite(state_stream(static_cast<int>(d)));
+      if (d == 0) note_nonfinite(found);
+    }
     return total / static_cast<double>(losses_.size());
   }
 
   void synchronize() override { qr_.synchronize(); }
+
+  void sync_host_state() override {
+    if (states_.empty()) return;
+    qr_.synchronize();
+    states_.front()->download(state_stream(0), st_);
+  }
 
  private:
   bool frees_pending(const Device& device) override { return qr_.frees_pending(device); }
@@ -277,6 +298,7 @@ class BaselineInterpreter final : public Interpreter {
         throw BackendError(fmt::format("executor: op {}: {} is not a baseline op", label(static_cast<int>(o)),
                                        core::op_kind_name(op.kind)));
       oi.writes = writes_of(static_cast<int>(o));
+      if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
     }
     for (std::size_t o = 0; o < n; ++o)
       for (const Key& k : info_[o].writes) producers_[k].push_back(static_cast<int>(o));
@@ -294,13 +316,18 @@ class BaselineInterpreter final : public Interpreter {
     const Ancestry anc(p_, extra_);
     for (std::size_t o = 0; o < n; ++o) {
       for (const Key& k : reads_of(static_cast<int>(o))) {
+        if (resident_ && in_state(k.kind)) continue;  // the DeviceState's, ordered by check_resident_updates
         const int v = reaching(anc, static_cast<int>(o), k);
         info_[o].reads.emplace_back(k, v);
         ++readers_[Version{k, v}];
       }
     }
     check_frees(anc);
-    check_updates(anc);
+    if (resident_) {
+      check_resident_updates(anc);
+    } else {
+      check_updates(anc);
+    }
   }
 
   // The device tensor a Program free (TensorRef) of op o names: its kind and microbatch mapped to a Key. A
@@ -557,7 +584,82 @@ class BaselineInterpreter final : public Interpreter {
     const int head = m_.head_layer();
     for (std::size_t o = 0; o < p_.ops.size(); ++o) {
       const core::Op& op = p_.ops[o];
-      if (op.kind == OpKind::Update && op.layers.first == 0 && head != 0) extra_[o] = grad_sources(head, op.device);
+      if (op.kind != OpKind::Update || op.layers.first != 0 || head == 0) continue;
+      if (!resident_) {
+        extra_[o] = grad_sources(head, op.device);
+        continue;
+      }
+      for (std::size_t x = 0; x < p_.ops.size(); ++x) {  // resident: the head's gradient complete on this device
+        const core::Op& xo = p_.ops[x];
+        if (xo.device == op.device && xo.layers.first == head && (xo.kind == OpKind::BWD || xo.kind == OpKind::ARD))
+          extra_[o].push_back(static_cast<int>(x));
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------------------
+  // Resident state (PlanKindSpec::resident_state).
+
+  // W and DW of a resident kind live in the DeviceState, not in the store (no versions, no producers).
+  static bool in_state(TK k) { return k == TK::W || k == TK::DW; }
+
+  // The stream a device's state work runs on: its compute queue's (every FWD, BWD, ARD and Update of a resident
+  // Program is there), so zeroing the gradients, accumulating, summing and updating follow each other in stream order.
+  Stream& state_stream(int d) { return S(state_op_[static_cast<std::size_t>(d)]); }
+
+  // One DeviceState per device, filled from the HostState (bf16: masters exact, working copies rounded).
+  void make_states() {
+    state_op_.assign(static_cast<std::size_t>(N_), -1);
+    for (const core::OpQueue& q : p_.queues)
+      if (q.stream == core::Stream::Compute && !q.ops.empty()) state_op_[static_cast<std::size_t>(q.device)] = q.ops[0];
+    for (int d = 0; d < N_; ++d) {
+      if (state_op_[static_cast<std::size_t>(d)] < 0)
+        throw BackendError(fmt::format("executor: the resident Program has no compute ops on GPU {}", d));
+      states_.push_back(std::make_unique<DeviceState>(D(d), state_stream(d), m_, dt_));
+      states_.back()->upload(state_stream(d), st_);
+    }
+  }
+
+  // A resident Program moves no weights or gradients to or from the host, and on every device updates each layer with
+  // parameters exactly once, on the device (not on the CPU), after every op of that device that reads the layer's
+  // weights or adds to its gradient (layer 0's also after the head's: the tied lm_head gradient joins wte's update).
+  void check_resident_updates(const Ancestry& anc) const {
+    const int head = m_.head_layer();
+    std::map<std::pair<int, int>, int> upd;  // (device, layer) -> its Update
+    for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+      const core::Op& op = p_.ops[o];
+      if (op.kind == OpKind::WB || op.kind == OpKind::dWB || op.kind == OpKind::AG || op.kind == OpKind::RS)
+        throw BackendError(
+            fmt::format("executor: op {}: a resident Program keeps its weights and gradients on the "
+                        "devices and moves none",
+                        label(static_cast<int>(o))));
+      if (op.kind != OpKind::Update) continue;
+      if (core::host_update(op))
+        throw BackendError(fmt::format("executor: op {}: a resident Program updates on the device, not the CPU",
+                                       label(static_cast<int>(o))));
+      if (!upd.emplace(std::pair{op.device, op.layers.first}, static_cast<int>(o)).second)
+        throw BackendError(fmt::format("executor: op {} updates layer {} of GPU {} a second time",
+                                       label(static_cast<int>(o)), op.layers.first, op.device));
+    }
+    for (int d = 0; d < N_; ++d)
+      for (int l = 0; l < R_; ++l)
+        if (floats(l) > 0 && upd.count({d, l}) == 0)
+          throw BackendError(fmt::format("executor: the Program never updates layer {} on GPU {}", l, d));
+    for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+      const core::Op& op = p_.ops[o];
+      if (op.kind != OpKind::FWD && op.kind != OpKind::REC && op.kind != OpKind::BWD && op.kind != OpKind::ARD)
+        continue;
+      const int l = op.layers.first;
+      std::vector<int> layers{l};
+      if (l == head && head != 0) layers.push_back(0);
+      for (int t : layers) {
+        const auto it = upd.find({op.device, t});
+        if (it == upd.end() || anc.before(static_cast<int>(o), it->second)) continue;
+        throw ScheduleViolation(
+            fmt::format("executor: op {} updates layer {} without waiting for op {}, which {} it", label(it->second), t,
+                        label(static_cast<int>(o)),
+                        t == l ? "reads its weights or adds to its gradient" : "adds to the tied lm_head gradient of"));
+      }
     }
   }
 
@@ -734,7 +836,11 @@ class BaselineInterpreter final : public Interpreter {
         grad_to_host(o);
         break;
       case OpKind::Update:
-        host_update(o);
+        if (resident_) {
+          states_[static_cast<std::size_t>(d)]->update(S(o), opt_.adamw, l, l);
+        } else {
+          host_update(o);
+        }
         break;
       case OpKind::DEL:  // every tensor was released after its last reader
         break;
@@ -765,7 +871,7 @@ class BaselineInterpreter final : public Interpreter {
     LayerArgs<E> a;
     a.B = n;
     a.T = T_;
-    a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
+    a.w = resident_ ? states_[static_cast<std::size_t>(d)]->weights<E>(l) : get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
     const void* x = get(o, Key{d, recompute ? oi.bwd_input : TK::Act, l, s0, n}).buf.data();
     if (l == 0) {
       a.tokens = static_cast<const std::int32_t*>(x);
@@ -817,7 +923,7 @@ class BaselineInterpreter final : public Interpreter {
     LayerArgs<E> a;
     a.B = n;
     a.T = T_;
-    a.w = get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
+    a.w = resident_ ? states_[static_cast<std::size_t>(d)]->weights<E>(l) : get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
     const void* x = get(o, Key{d, oi.bwd_input, l, s0, n}).buf.data();
     if (l == 0) {
       a.tokens = static_cast<const std::int32_t*>(x);
@@ -827,7 +933,9 @@ class BaselineInterpreter final : public Interpreter {
     const E* dy = l + 1 < R_ ? get(o, Key{d, TK::Grad, l + 1, s0, n}).buf.as<E>() : nullptr;
     const Key dwk{d, TK::DW, l, 0, 0};
     E* dw = nullptr;
-    if (oi.fresh_dw) {
+    if (resident_) {
+      dw = states_[static_cast<std::size_t>(d)]->grads<E>(l);  // zeroed by begin_step
+    } else if (oi.fresh_dw) {
       Tensor& g = put(o, dwk, floats(l) * es_);
       D(d).fill_zero(S(o), g.data(), floats(l) * es_);
       dw = g.buf.as<E>();
@@ -945,7 +1053,8 @@ class BaselineInterpreter final : public Interpreter {
     std::vector<float> part(static_cast<std::size_t>(count));
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int d = at(g[r]).device;
-      grads_down(g[r], d, part.data(), get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data(), count);
+      const void* src = resident_ ? state_grads(d, l) : get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data();
+      grads_down(g[r], d, part.data(), src, count);
       add_in_rank_order(*sum, part, r);
     }
     return sum;
@@ -956,6 +1065,18 @@ class BaselineInterpreter final : public Interpreter {
   void run_ard(const std::vector<int>& g) {
     const int l = at(g.front()).layers.first;
     const std::int64_t count = floats(l);
+    if (resident_) {  // in place in every device's state (its stream orders the BWDs before and the Update after)
+      std::vector<void*> bufs;
+      bufs.reserve(g.size());
+      for (const int a : g) bufs.push_back(state_grads(at(a).device, l));
+      if (qr_.device_sums(g)) {
+        qr_.all_reduce(g, bufs, count, dt_);
+        return;
+      }
+      const auto sum = summed_dw(g, l, count);
+      for (std::size_t r = 0; r < g.size(); ++r) grads_up(g[r], at(g[r]).device, bufs[r], sum, 0, count);
+      return;
+    }
     if (qr_.device_sums(g)) {
       std::vector<void*> bufs;
       bufs.reserve(g.size());
@@ -1031,6 +1152,11 @@ class BaselineInterpreter final : public Interpreter {
     }
   }
 
+  void* state_grads(int d, int l) const {
+    auto& st = *states_[static_cast<std::size_t>(d)];
+    return dt_ == DType::BF16 ? static_cast<void*>(st.grads<Bf16>(l)) : static_cast<void*>(st.grads<float>(l));
+  }
+
   const core::Program& p_;
   std::vector<Device*> devs_;
   HostState& st_;
@@ -1047,8 +1173,11 @@ class BaselineInterpreter final : public Interpreter {
   std::map<Key, std::vector<int>> producers_;
   std::map<Version, int> readers_;  // per version: ops that read it
   std::vector<std::vector<int>> extra_;
-  std::vector<std::vector<int>> dwb_, wb_;  // per layer
-  std::vector<char> replicated_;            // per layer: the gradient is all-reduced on the GPUs (ARD)
+  std::vector<std::vector<int>> dwb_, wb_;            // per layer
+  std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)
+  bool resident_ = false;                             // PlanKindSpec::resident_state: W, DW and AdamW state in states_
+  std::vector<int> state_op_;                         // per device: an op of its compute queue (state_stream)
+  std::vector<std::unique_ptr<DeviceState>> states_;  // per device (resident); after qr_, whose streams they use
   // per step
   std::span<const std::int32_t> in_, tgt_;
   std::vector<float> losses_;

@@ -83,6 +83,9 @@ class Interpreter {
   virtual double end_step() = 0;      // the mean loss; every device tensor released
   virtual void abandon_step() = 0;    // after a failed step (streams drained): every device tensor released
   virtual void synchronize() = 0;     // waits for every device stream
+  // Kinds with resident state: copies the devices' weights, AdamW moments and step counts into the HostState (after
+  // waiting for every stream). Nothing for the others, whose steps leave the updated weights in the HostState.
+  virtual void sync_host_state() {}
   // Host transfer buffers the interpreter keeps across steps (stash and swap channels), for the pinned-memory
   // pre-flight; allocate_host() allocates them (pinned where the devices pin) after that check.
   virtual Bytes host_bytes() const { return 0; }

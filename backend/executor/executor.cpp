@@ -321,9 +321,8 @@ QueueResources::QueueResources(const core::Program& program, const std::vector<D
   for (const core::OpQueue& q : p_.queues) {
     Device& d = *devs_.at(static_cast<std::size_t>(q.device));
     streams_.push_back(d.create_stream(core::stream_name(q.stream)));
-    const bool updates = std::any_of(q.ops.begin(), q.ops.end(), [&](int o) {
-      return p_.ops[static_cast<std::size_t>(o)].kind == core::OpKind::Update;
-    });
+    const bool updates = std::any_of(q.ops.begin(), q.ops.end(),
+                                     [&](int o) { return core::host_update(p_.ops[static_cast<std::size_t>(o)]); });
     adamw_.push_back(updates ? std::make_unique<ParallelAdamW>(options.adamw_threads) : nullptr);
   }
   events_.reserve(p_.ops.size());
@@ -1467,12 +1466,14 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
   // (every dWB writes them), the interpreter's stash/swap channels and its bf16 staging, checked once as a total so a
   // plan that cannot pin is refused with the numbers before anything is pinned. The AdamW moments never cross the bus:
   // pinning them would only shrink the budget. All through devices[0]: registrations are portable to every GPU.
+  // A kind with resident state moves its weights and gradients once, at construction: nothing of the HostState pinned.
+  const bool resident = program.graph.plan.kind->resident_state;
   Bytes state_bytes = 0;
-  for (int l = 0; l < m.num_layers(); ++l) state_bytes += 2 * m.param_floats(l) * Bytes{sizeof(float)};
+  for (int l = 0; l < m.num_layers() && !resident; ++l) state_bytes += 2 * m.param_floats(l) * Bytes{sizeof(float)};
   first.check_pinnable(state_bytes + interpreter->host_bytes() + detail::Interpreter::staging_bytes(program, options),
                        "the host weights, gradients, stash/swap buffers and bf16 staging", options.pinned_limit);
   std::vector<std::shared_ptr<void>> pins;
-  for (int l = 0; l < m.num_layers(); ++l) {
+  for (int l = 0; l < m.num_layers() && !resident; ++l) {
     const auto w = state.weights(l), g = state.grads(l);
     pins.push_back(first.pin_host(w.data(), Bytes(w.size_bytes()), fmt::format("the host weights of layer {}", l)));
     pins.push_back(first.pin_host(g.data(), Bytes(g.size_bytes()), fmt::format("the host gradients of layer {}", l)));
@@ -1489,6 +1490,8 @@ Executor::~Executor() {
   }
   delete impl_;
 }
+
+void Executor::sync_state() { impl_->interpreter->sync_host_state(); }
 
 StepResult Executor::step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
   const auto bt = static_cast<std::size_t>(impl_->B) * static_cast<std::size_t>(impl_->T);

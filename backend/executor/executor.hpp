@@ -92,10 +92,14 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // One step: inputs and targets are B*T ids, row-major (B, T). Leaves the updated weights in state. An
-  // exception in any op (OutOfMemory, ScheduleViolation, a device error) stops every queue after its current op
-  // and is rethrown here; the next step starts afresh.
+  // One step: inputs and targets are B*T ids, row-major (B, T). Leaves the updated weights in state, except for a
+  // kind with resident state (resident), whose weights, AdamW moments and step counts stay on the devices until
+  // sync_state(). An exception in any op (OutOfMemory, ScheduleViolation, a device error) stops every queue after its
+  // current op and is rethrown here; the next step starts afresh.
   StepResult step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets);
+  // Brings the state a resident kind keeps on its devices into `state` (weights, moments, step counts; device 0's,
+  // which every replica equals): call before reading or saving `state`. Nothing for the other kinds.
+  void sync_state();
 
  private:
   struct Impl;

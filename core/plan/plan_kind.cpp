@@ -43,7 +43,17 @@ const std::vector<PlanKind>& sorted_kinds() {
 
 }  // namespace
 
-const char* kind_role_name(KindRole r) { return r == KindRole::Harmony ? "harmony" : "baseline"; }
+const char* kind_role_name(KindRole r) {
+  switch (r) {
+    case KindRole::Harmony:
+      return "harmony";
+    case KindRole::Baseline:
+      return "baseline";
+    case KindRole::Ceiling:
+      return "ceiling";
+  }
+  return "?";
+}
 
 PlanKind::PlanKind() : PlanKind(plan_kinds().front()) {}
 

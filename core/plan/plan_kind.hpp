@@ -28,8 +28,9 @@ struct SearchSpace;
 enum class KindRole {
   Harmony,   // Harmony's schedules (the paper's vPP and vDP)
   Baseline,  // the systems Harmony is compared against (the swapping baselines of docs/baselines.md)
+  Ceiling,   // the in-memory trainer (resident): what a model that fits costs, the bound Harmony is measured against
 };
-const char* kind_role_name(KindRole r);  // "harmony", "baseline"
+const char* kind_role_name(KindRole r);  // "harmony", "baseline", "ceiling"
 
 // Which of harmony-run's executor interpreters runs the kind's Programs (backend/executor/: until the one
 // interpreter replaces both): Harmony's task-based one or the op-by-op one of the swapping baselines.
@@ -55,7 +56,10 @@ struct PlanKindSpec {
   bool one_microbatch = false;        // runs each GPU's share as one microbatch (no gradient accumulation): u = D/N
   bool unequal_microbatches = false;  // may run microbatches that do not divide a share (options.unequal_microbatches)
   bool offload_tiers = false;         // its parameters and optimizer state may live on NVMe (search.offload)
-  std::vector<Knob> knobs;            // the plan.<knob> keys it reads (Plan::knobs)
+  // Weights, gradients and AdamW state live on every GPU for the whole run and its Update ops run there (on the
+  // compute stream, `bytes` their HBM traffic): the executor keeps a DeviceState per device across steps.
+  bool resident_state = false;
+  std::vector<Knob> knobs;  // the plan.<knob> keys it reads (Plan::knobs)
 
   // ---- the kind's functions (core/kinds/<kind>.cpp) ----
   // Throws ScheduleError unless the plan is one the kind can run on the model (sizes, its rules, packs or stages,
@@ -88,7 +92,8 @@ class PlanKind {
 // alias, a missing function, or a registration after the registry was first read. Returns true.
 bool register_plan_kind(const PlanKindSpec& spec);
 
-// Every registered kind in listing order: harmony-pp, harmony-dp, dp-swap, pp-swap, zero-infinity, l2l, lohan.
+// Every registered kind in listing order: harmony-pp, harmony-dp, dp-swap, pp-swap, zero-infinity, l2l, lohan,
+// resident.
 const std::vector<PlanKind>& plan_kinds();
 const std::vector<std::string>& plan_kind_names();
 // The kind of a name (with_aliases: or one of its aliases); nullopt for an unknown one (use closest_match on

@@ -72,7 +72,7 @@ struct Op {
   OpKind kind = OpKind::FWD;
   LayerRange layers;
   int ubs = 0;                // microbatch size; 0 where the op is per pack
-  Bytes bytes = 0;            // bytes moved (transfers, ARD); 0 otherwise
+  Bytes bytes = 0;            // bytes moved (transfers, ARD), a device Update's HBM traffic; 0 otherwise
   Bytes bytes_w = 0;          // WB/dWB/ARD: the weight part of `bytes`
   Bytes bytes_b = 0;          // WB/dWB/ARD: the buffer part
   OpDeps deps;                // ops that must end before this one begins (after rendezvous resolution)
@@ -89,6 +89,10 @@ struct Op {
   int io_count = 0;            // the op's transfer is this many I/Os (buckets), each paying the latency; 0 = 1
   double overhead_s = 0;       // fixed host-side cost before the op's work (ZeRO-3 module gather/partition)
 };
+
+// An Update the host runs (on a CPU queue: AdamW on the host's master weights); an Update on a device's compute
+// queue runs AdamW on that device (a kind with resident state) and its `bytes` are the HBM traffic it reads and writes.
+inline bool host_update(const Op& op) { return op.kind == OpKind::Update && op.stream == Stream::Cpu; }
 
 struct OpQueue {
   int device = 0;

@@ -178,7 +178,7 @@ inline core::Plan swapping_plan(core::PlanKind kind, int gpus, int u, core::Swap
 inline std::vector<core::PlanKind> swapping_kinds() {
   std::vector<core::PlanKind> out;
   for (const core::PlanKind& k : core::plan_kinds())
-    if (!k->packs) out.push_back(k);
+    if (k->role == core::KindRole::Baseline) out.push_back(k);
   return out;
 }
 

@@ -17,13 +17,16 @@ ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 LLAMA = os.path.join(ROOT, "configs/examples/llama3_70b_memory.yaml")
 SCHEMA = os.path.join(ROOT, "schemas/memory.schema.json")
-KINDS = ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"]
+KINDS = ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan", "resident"]
 # Every kind's default plan (u 2) trains in it on the CPU device. Not 2 MiB: there pp-swap's last stage (layers 3-9)
 # is at the edge of its swap decision, which both tools make from per-layer peaks, and a profile's peaks count the
 # layer's weights (and in the backward its output) beside what the Program allocates for them, where harmony-run's
 # built-in description does not: harmony-sim then swaps that stage's activations and harmony-run keeps them, two
 # plans (the title names stage 0's decisions only). At 3 MiB both keep them.
 CAP = "3MiB"
+# resident keeps every layer's weights, gradient and AdamW state on each GPU (16 bytes per parameter, 8.1 MiB of the
+# tiny GPT-2): it trains at RESIDENT_CAP, and at CAP it does not fit with GPU memory binding.
+RESIDENT_CAP = "16MiB"
 failures = []
 passed = 0
 
@@ -102,6 +105,8 @@ def test_against_harmony_run(tmp):
     doc = memory_json(cfg, "--plan", "config")
     validate("memory --plan config", doc)
     kinds = by_kind(doc)
+    resident_doc = memory_json(cfg, "--plan", "config", "--set", f"machine.gpu_memory={RESIDENT_CAP}")
+    kinds["resident"] = by_kind(resident_doc).get("resident") if resident_doc else None
     check("every registered kind answered, in the registry's order",
           doc is not None and [r["plan_kind"] for r in doc["results"]] == KINDS, doc and doc["results"])
     for kind in KINDS:
@@ -109,7 +114,8 @@ def test_against_harmony_run(tmp):
         if not k or not k["needs"]:
             check(f"{kind}: a plan was measured", False, k)
             continue
-        r = run(RUN, "train", DEFAULT, "--steps", "1", "--quiet", "--format", "json", "--gpu-memory", CAP,
+        cap = RESIDENT_CAP if kind == "resident" else CAP
+        r = run(RUN, "train", DEFAULT, "--steps", "1", "--quiet", "--format", "json", "--gpu-memory", cap,
                 "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}")
         check(f"{kind}: harmony-run trains the plan", r.returncode == 0, r.stderr)
         if r.returncode != 0:
@@ -132,7 +138,7 @@ def test_against_harmony_run(tmp):
             abs(p - m) <= 0.05 * m or (kind == "pp-swap" and 0 < p - m <= out_bytes)
             for p, m in zip(predicted, measured))
         check(f"{kind}: every GPU's peak within 5%", per_gpu_ok, f"predicted {predicted}, measured {measured}")
-        check(f"{kind}: fits {CAP}", k["fits"] and k["binding"] == "gpu_memory" and k["reason"] is None, k)
+        check(f"{kind}: fits {cap}", k["fits"] and k["binding"] == "gpu_memory" and k["reason"] is None, k)
         n = k["needs"]
         h = n["host"]
         check(f"{kind}: host RAM is the sum of its parts",
@@ -140,6 +146,8 @@ def test_against_harmony_run(tmp):
                                                     "stash_bytes", "activation_bytes", "pinned_staging_bytes"]), n)
         check(f"{kind}: pinned = host RAM less the optimizer state (the CPU Adam's, never a DMA target)",
               n["pinned_host_bytes"] == n["host_bytes"] - h["optimizer_state_bytes"], n)
+        if kind == "resident":  # nothing of the model on the host: only the token ids cross
+            check("resident: no host memory for the model", n["host_bytes"] == 0, n)
     # the config's plan under a kind whose rules refuse it: not applicable, with the rule
     d = memory_json(cfg, "--plan", "config", "--set", "plan.minibatch=6")
     k = by_kind(d).get("dp-swap", {})
@@ -153,6 +161,10 @@ def test_best_and_binding(cfg):
     doc = memory_json(cfg)
     validate("memory (best)", doc)
     for kind, k in by_kind(doc).items():
+        if kind == "resident":  # its state alone is 8.1 MiB per GPU
+            check(f"best resident: does not fit {CAP}, GPU memory binds", not k["fits"] and
+                  k["binding"] == "gpu_memory" and "gpu_memory needs" in (k["reason"] or ""), k)
+            continue
         check(f"best {kind}: fits {CAP} with a plan", k["fits"] and k["plan"] is not None and k["num_lowered"] >= 1, k)
     doc = memory_json(cfg, "--set", "machine.gpu_memory=64KiB")
     validate("memory (nothing fits)", doc)
@@ -165,7 +177,10 @@ def test_best_and_binding(cfg):
     doc = memory_json(LLAMA, *host)
     validate("memory llama3-70b on 1 TiB", doc)
     for kind, k in by_kind(doc).items():
-        if kind != "lohan":  # lohan runs each GPU's 8 samples as one microbatch: GPU memory binds first
+        if kind == "resident":  # 1.1 TB of state per GPU: GPU memory binds; the host holds nothing of the model
+            check("1 TiB host resident: GPU memory binds", not k["fits"] and k["binding"] == "gpu_memory" and
+                  k["needs"]["host_bytes"] == 0, k)
+        elif kind != "lohan":  # lohan runs each GPU's 8 samples as one microbatch: GPU memory binds first
             check(f"1 TiB host {kind}: host memory binds", not k["fits"] and k["binding"] == "host_memory" and
                   "host_memory needs" in (k["reason"] or ""), k)
     nvme = ["--set", "machine.topology.nvme.read=25GB/s", "--set", "machine.topology.nvme.write=20GB/s"]

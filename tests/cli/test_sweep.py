@@ -370,12 +370,12 @@ grid:
             "--set", "plan.minibatch=" + ("256" if SANITIZED else "2048"),
             "--set", "cost_model=native", "--set", "search.threads=1", "--set", "search.pack_counts=minimum")
     doc = json.loads(r.stdout) if r.returncode == 0 else {}
-    check("long compare: json on stdout", doc.get("command") == "compare" and len(doc.get("results", [])) == 7,
+    check("long compare: json on stdout", doc.get("command") == "compare" and len(doc.get("results", [])) == 8,
           r.stdout[:500] + r.stderr)
     progress = [ln for ln in r.stderr.splitlines() if ln.startswith("compare: ")]
     if doc.get("wall_time_s", 0) > 3:  # on a machine fast enough to finish within 2 s there is nothing to show
         check("long compare: progress lines", progress and all("candidates/s" in ln and "ETA" in ln for ln in progress)
-              and "7/7 kinds finished" in progress[-1], r.stderr)
+              and "8/8 kinds finished" in progress[-1], r.stderr)
     check("long compare: stderr is only progress", len(progress) == len(r.stderr.splitlines()), r.stderr)
 
     # --- bad sweep files: exit 2, location, hint

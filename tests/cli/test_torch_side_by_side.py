@@ -17,8 +17,8 @@ bf16 (harmony-run's bf16 weights/activations against torch's bf16 autocast): gpu
 
 Needs torch: the first of sys.executable, $TORCH_PYTHON, /usr/bin/python3 that imports it (Debian's python3-torch,
 scripts/install-deps.sh); exit 77 (SKIP) when none does.
-TODO(resident): the harmony-run side uses Harmony-PP with one pack on one device (the whole model resident, as
-the in-memory reference did before plan.mode=resident); switch PLAN to `{mode: resident, ...}` once it exists."""
+The harmony-run side is plan.mode=resident on one device (weights, gradients and AdamW state on the device, updated
+there: the in-memory trainer the GPU row compares with PyTorch)."""
 import json
 import os
 import subprocess
@@ -37,8 +37,7 @@ LOSS_RTOL = 1e-6
 V, P, L, H, C = 128, 32, 2, 2, 32
 B, U, T, STEPS = 4, 2, 16, 8
 ADAMW = {"lr": "3e-3", "beta1": "0.9", "beta2": "0.95", "eps": "1e-5", "weight_decay": "0.1"}
-# TODO(resident): {mode: resident, gpus: 1, minibatch: B, u_fwd: U, u_bwd: U} once plan.mode=resident exists.
-PLAN = f"{{mode: harmony-pp, gpus: 1, minibatch: {B}, u_fwd: {U}, u_bwd: {U}, pack_size: {L + 2}}}"
+PLAN = f"{{mode: resident, gpus: 1, minibatch: {B}, u_fwd: {U}, u_bwd: {U}}}"
 
 
 def torch_python():

@@ -105,14 +105,15 @@ const std::string kTrainModel =
 
 }  // namespace
 
-TEST_CASE("the registry generates the seven kinds in listing order, each a complete module") {
-  CHECK(plan_kind_names() ==
-        std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
+TEST_CASE("the registry generates the eight kinds in listing order, each a complete module") {
+  CHECK(plan_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity",
+                                                      "l2l", "lohan", "resident"});
   CHECK(harmony_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp"});
   CHECK(plan_kind_names(KindRole::Baseline) ==
         std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
+  CHECK(plan_kind_names(KindRole::Ceiling) == std::vector<std::string>{"resident"});
   CHECK(plan_kind_names(Knob::Activations) ==
-        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan", "resident"});
   CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "lohan"});
   CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity"});
   CHECK(PlanKind() == plan_kind("harmony-pp"));  // a default Plan's kind
@@ -136,7 +137,11 @@ TEST_CASE("the registry generates the seven kinds in listing order, each a compl
     CHECK(std::string(plan_kind_name(k)) == k.name());
   }
   CHECK(plan_kind_names().size() == plan_kinds().size());
-  CHECK(harmony_kind_names().size() + plan_kind_names(KindRole::Baseline).size() == plan_kinds().size());
+  CHECK(harmony_kind_names().size() + plan_kind_names(KindRole::Baseline).size() +
+            plan_kind_names(KindRole::Ceiling).size() ==
+        plan_kinds().size());
+  // only the ceiling keeps its state on the devices
+  for (const PlanKind& k : plan_kinds()) CHECK(k->resident_state == (k->role == KindRole::Ceiling));
   CHECK_FALSE(find_plan_kind("vPP").has_value());  // an alias of plan.mode, not a kind's name
   CHECK(find_plan_kind("vPP", /*with_aliases=*/true) == plan_kind("harmony-pp"));
   CHECK(find_plan_kind("vDP", /*with_aliases=*/true) == plan_kind("harmony-dp"));

@@ -1196,3 +1196,47 @@ TEST_CASE("fits: every cost model flags a peak over the GPU; reference keeps its
     for (const auto& g : r.per_gpu) CHECK(g.peak_memory_bytes > 0);
   }
 }
+
+// The resident kind's Update runs AdamW on the GPU: both cost models price it by its HBM traffic (28 bytes per
+// parameter, the Program's op.bytes) at gpu_rates.memory x vector_efficiency; a machine without that rate is refused
+// by name; on a machine whose devices are host cores it is the host's AdamW (the profile's update time).
+TEST_CASE("a resident Update is priced by its device memory traffic") {
+  core::Model m = tiny_model();
+  for (auto& L : m.layers) L.param_count = 250;  // 1000 weight bytes = 250 fp32 parameters
+  core::Plan p;
+  p.kind = core::plan_kind("resident");
+  p.gpus = 2;
+  p.minibatch = 2;
+  p.u_fwd = p.u_bwd = 1;
+  const core::Program prog = core::lower_plan(p, m);
+  core::MachineSpec mach = one_switch(2, 1e9, 4e9);
+  mach.gpu_rates.memory_bytes_per_s = 1e9;
+  mach.gpu_rates.vector_efficiency = 0.5;
+  const auto r = sim::run_native(prog, m, mach, quiet());
+  const sim::ReferenceCostModel ref(m, mach);
+  int updates = 0;
+  for (std::size_t o = 0; o < prog.ops.size(); ++o) {
+    const core::Op& op = prog.ops[o];
+    if (op.kind != core::OpKind::Update) continue;
+    ++updates;
+    CHECK(op.stream == core::Stream::Compute);
+    CHECK(op.bytes == 28 * 250);
+    CHECK(sim::gpu_update(op, mach));
+    const double want_s = 28.0 * 250 / (1e9 * 0.5);  // 14 us
+    CHECK(sim::device_update_s(op, mach) == doctest::Approx(want_s));
+    CHECK(ref.duration_s(prog, op) == doctest::Approx(want_s));
+    CHECK(core::ps_to_seconds(r.timeline.end_ps[o] - r.timeline.begin_ps[o]) >= want_s * 0.999);
+    CHECK(core::ps_to_seconds(r.timeline.end_ps[o] - r.timeline.begin_ps[o]) < 0.25);  // not the host's 0.25 s
+  }
+  CHECK(updates == 4);
+  // nothing of the model on the host
+  CHECK(r.host.total_bytes == 0);
+
+  core::MachineSpec no_rate = one_switch(2, 1e9, 4e9);
+  CHECK_THROWS_WITH_AS(sim::run_native(prog, m, no_rate, quiet()), doctest::Contains("gives no gpu_rates.memory"),
+                       core::ScheduleError);
+  core::MachineSpec cpu = no_rate;
+  cpu.compute.host_cores = true;
+  for (const core::Op& op : prog.ops)
+    if (op.kind == core::OpKind::Update) CHECK_FALSE(sim::gpu_update(op, cpu));
+}

@@ -1,0 +1,185 @@
+// resident: the in-memory trainer a user would otherwise run (PyTorch DDP with AdamW on the GPU), and the ceiling
+// Harmony is measured against. Every GPU holds the whole model's weights, gradients and AdamW state (and, in bf16,
+// the fp32 masters) for the whole run, runs its share of the minibatch microbatch by microbatch, all-reduces the
+// gradients with the other replicas and updates its own copy on the GPU: nothing crosses the host link but the data.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/plan/plan_rules.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
+#include "core/search/search.hpp"
+
+namespace harmony::core {
+namespace {
+
+// Per-parameter HBM traffic of one AdamW step on the GPU: fp32 reads the parameter, gradient, m and v (16 bytes)
+// and writes the parameter, m and v (12); bf16 reads the fp32 master, the bf16 gradient, m and v (14) and writes the
+// master, m, v and the bf16 working copy (14). 28 bytes either way (backend/model/device_state.hpp's layout).
+constexpr Bytes kUpdateTrafficBytesPerParam = 28;
+
+// The parameters of layer l (the fp32 bytes / 4 when the profile has no parameter count).
+std::int64_t params_of(const Model& m, int l) {
+  const auto& L = m.layers[static_cast<std::size_t>(l)];
+  return L.param_count > 0 ? L.param_count : L.weight_bytes / 4;
+}
+
+// What one GPU keeps for the whole run for layer l: weights and buffers, the gradient and the optimizer state (AdamW's
+// moments; with weights narrower than fp32 the profile's optimizer state also holds the fp32 masters, and fp32
+// weights are their own masters: 16 bytes per parameter either way, backend/model/device_state.hpp).
+Bytes opt_state_bytes(const Model& m, int l) { return m.optimizer_state_bytes(l, l); }
+Bytes state_bytes(const Model& m, int l) {
+  return m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.weight_bytes(l, l) + opt_state_bytes(m, l);
+}
+
+// One GPU's peak estimate: the resident state, every layer's input for one microbatch (under keep also its saved
+// activations: the backward starts after the last forward), and the largest layer peak beyond its own weights.
+Bytes estimate_bytes(const Plan& p, const Model& m) {
+  const int u = p.u_bwd;
+  const bool keep = p.knobs.activation_policy == ActivationPolicy::Keep;
+  Bytes state = 0, stash = 0, peak = 0;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    state += state_bytes(m, l);
+    stash += m.input_bytes(u, l) + (keep ? saved_activation_bytes(m, u, l) : 0);
+    const Bytes own = m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.input_bytes(u, l);
+    peak = std::max({peak, m.peak_bytes(Phase::Fwd, u, l) - own, m.peak_bytes(Phase::Bwd, u, l) - own});
+  }
+  return state + stash + std::max<Bytes>(0, peak);
+}
+
+void validate_resident(const Plan& p, const Model& m) {
+  if (const auto problem = size_problem(p.gpus, p.minibatch)) throw ScheduleError(problem->message);
+  if (const auto problem = positive_microbatch_problem(p.u_bwd)) throw ScheduleError(problem->message);
+  for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
+    if (!m.ubatch_in_range(ph, p.u_bwd)) (void)m.time_s(ph, p.u_bwd, 0);  // throws the range error
+  }
+  if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.u_bwd))
+    throw ScheduleError(problem->message);
+}
+
+// Per iteration, on every GPU g (m = D/(N u) microbatches, layers l = 0..R-1), all on the compute stream but the data:
+//   FWD(l, i = 0) allocates layer l's resident state (W+B, dW, AdamW moments, masters), never freed: it lives on the
+//   GPU from the first step to the last.
+//   for each microbatch i: X (data) | FWD(l) ascending | [REC(l) under checkpoint] BWD(l) descending, each BWD adding
+//   into the layer's gradient; inputs (and, under keep, saved activations) stay on the GPU.
+//   after the last microbatch's BWD(l): ARD(l) with the other replicas when N > 1 (in place, on the GPU).
+//   Update(l), l descending, on the compute stream after the whole backward (optimizer.step()): AdamW on the GPU,
+//   its `bytes` the HBM traffic it reads and writes (28 per parameter).
+Program lower_resident(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  validate_resident(plan, model);
+  detail::ProgramBuilder b(model, plan);
+  const int R = model.num_layers();
+  const int N = plan.gpus;
+  const int u = plan.u_bwd;
+  const int m = plan.minibatch / N / u;
+  for (int g = 0; g < N; ++g) {
+    std::vector<int> last(static_cast<std::size_t>(R), -1);  // per layer: the op the Update follows
+    for (int i = 0; i < m; ++i) {
+      for (int l = 0; l < R; ++l) {
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (l == 0)
+          ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
+        const int F = b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/false);
+        if (i == 0) {
+          const LayerRange L{l, l};
+          b.alloc(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+          b.alloc(F, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+          b.alloc(F, TensorKind::OptState, L, -1, opt_state_bytes(model, l));
+        }
+      }
+      for (int l = R - 1; l >= 0; --l) {
+        const int k = b.next_step(g);
+        const int Bw = b.backward_layer(g, l, i, u, k, /*stash_activations=*/false, {});
+        last[static_cast<std::size_t>(l)] = Bw;
+        if (i != m - 1 || N == 1 || !b.has_params(l)) continue;
+        const int A = b.compute(g, OpKind::ARD, b.bwd_task(g, l), 0, LayerRange{l, l}, 0, b.wbytes(l), b.bbytes(l));
+        b.dep(A, Bw);
+        b.collective((static_cast<std::uint64_t>(l) << 32), A, Bw);
+        last[static_cast<std::size_t>(l)] = A;
+      }
+    }
+    for (int l = R - 1; l >= 0; --l) {
+      if (!b.has_params(l)) continue;
+      const int U = b.compute(g, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0);
+      b.dep(U, last[static_cast<std::size_t>(l)]);
+    }
+  }
+  Program prog = b.finish();
+  for (Op& op : prog.ops)
+    if (op.kind == OpKind::Update)
+      op.bytes = kUpdateTrafficBytesPerParam * static_cast<Bytes>(params_of(model, op.layers.first));
+  return prog;
+}
+
+// Per activation policy, ascending u: u in the profiled forward and backward range, dividing the per-GPU share D/N;
+// with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits space.capacity_bytes.
+std::vector<Candidate> enumerate_resident(const Model& model, const SearchSpace& space) {
+  const PlanKind kind = space.kind;
+  if (const auto problem = size_problem(space.gpus, space.minibatch)) throw ScheduleError(problem->message);
+  std::vector<Candidate> out;
+  if (split_problem(kind, space.gpus, space.minibatch)) return out;
+  const int share = space.minibatch / space.gpus;
+  const int lo = std::max(model.ubatch_min(Phase::Fwd), model.ubatch_min(Phase::Bwd));
+  const int hi = std::min({model.ubatch_max(Phase::Fwd), model.ubatch_max(Phase::Bwd), share});
+  std::vector<int> sizes = space.spec.u_bwd;
+  if (sizes.empty())
+    for (int u = lo; u <= hi; u += std::max(1, space.spec.ubatch_step)) sizes.push_back(u);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  for (ActivationPolicy policy : space.activation_policies) {
+    for (int u : sizes) {
+      if (u < lo || u > hi || !microbatch_fits(kind, space.gpus, space.minibatch, u)) continue;
+      Candidate c;
+      Plan& p = c.plan;
+      p.kind = kind;
+      p.gpus = space.gpus;
+      p.minibatch = space.minibatch;
+      p.u_fwd = p.u_bwd = u;
+      p.knobs = space.knobs;
+      p.knobs.activation_policy = policy;
+      p.knobs.gpu_capacity_bytes = space.capacity_bytes;
+      if (space.drop_infeasible && estimate_bytes(p, model) > space.capacity_bytes) continue;
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+std::string describe_resident(const Plan& p, const Model& model) {
+  Bytes state = 0;
+  for (int l = 0; l < model.num_layers(); ++l) state += state_bytes(model, l);
+  return fmt::format("resident N{} D{} u {} (weights, gradients and AdamW state on every GPU: {}; {})", p.gpus,
+                     p.minibatch, p.u_bwd, format_bytes(state), activation_policy_name(p.knobs.activation_policy));
+}
+
+const PlanKindSpec kSpec{
+    .name = "resident",
+    .description = "the in-memory trainer: weights, gradients and AdamW state on every GPU, updated there (DDP)",
+    .aliases = {},
+    .listing_order = 90,
+    .role = KindRole::Ceiling,
+    .color = "#7f7f7f",
+    .dialect = ExecutorDialect::Swapping,
+    .packs = false,
+    .data_parallel = true,
+    .even_split = true,
+    .stage_per_gpu = false,
+    .one_microbatch = false,
+    .unequal_microbatches = false,
+    .offload_tiers = false,
+    .resident_state = true,
+    .knobs = {Knob::Activations},
+    .validate = validate_resident,
+    .lower = lower_resident,
+    .enumerate = enumerate_resident,
+    .describe = describe_resident,
+};
+
+HARMONY_REGISTER_PLAN_KIND(kSpec);
+
+}  // namespace
+}  // namespace harmony::core
