@@ -133,7 +133,7 @@ void matmul_bwd(StreamContext& c, float* din, float* dw, float* dbias, const flo
     if (din != nullptr) sgemm(c.cublas(), kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, IC);
     sgemm(c.cublas(), kN, kT, IC, OC, N, in, IC, dout, OC, 1.0f, dw, IC);
   }
-  if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false));
+  if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false, false));
 }
 
 // Per sequence b, the H heads are a strided batch (stride hs within qkv's rows of 3C, T*T within att):
@@ -209,7 +209,7 @@ void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* 
     if (din != nullptr) gemm_bf16(h, kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
     gemm_bf16_accumulate(c, kN, kT, IC, OC, N, in, IC, dout, OC, dw);
   }
-  if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false));
+  if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false, true));
 }
 
 // The CPU's bf16 attention rounds only its outputs: the probabilities that out = att . V multiplies, and the score

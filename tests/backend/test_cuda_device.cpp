@@ -19,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_device.hpp"
@@ -406,6 +407,61 @@ TEST_SUITE("gpu") {
     }
   }
 
+  // The bf16 column sums: by default (bf16_exact off) the tree, the same bits as tree_sums on the exact kernels; with
+  // bf16_exact the CPU's row order, the same bits as the CPU device given the same statistics. Fails if the default
+  // still ran the row order (its bits then differ from the tree's: C = 777 columns of N = 1000 rows of sums).
+  TEST_CASE("bf16 kernels: column sums by the tree by default, in the CPU's row order with bf16_exact") {
+    const int N = 1000, C = 777;
+    struct Grads {
+      std::vector<float> dw, db, dbias, cpu_dw, cpu_db, cpu_dbias;
+    };
+    const auto run = [&](const cuda::CudaDeviceOptions& o) {
+      Twin t(o);
+      auto in = t.up16(random_floats(N * C, 21, 2.0f));
+      auto w = t.up16(random_floats(C, 22)), b = t.up16(random_floats(C, 23));
+      auto out = t.empty16(N * C), mean = t.empty16(N), rstd = t.empty16(N);
+      t.ck16().layernorm_fwd(*t.cs, out.cb(), mean.cb(), rstd.cb(), in.cb(), w.cb(), b.cb(), N, C, 1e-5f);
+      auto [gm, cm] = t.down16(mean);
+      auto [gr, cr] = t.down16(rstd);
+      auto m2 = t.up16(cm), r2 = t.up16(cr);  // the CPU's statistics for both
+      // Column 0 of dout: 2^24, then N - 2 ones, then -2^24. In row order every 1 is absorbed (2^24 + 1 rounds to
+      // 2^24) and the column sums to 0; any tree adds the ones of the middle parts among themselves: ~N.
+      auto dout_host = random_floats(N * C, 24);
+      for (int r = 0; r < N; ++r)
+        dout_host[static_cast<std::size_t>(r) * C] = r == 0 ? 0x1p24f : r == N - 1 ? -0x1p24f : 1.0f;
+      auto dout = t.up16(dout_host);
+      auto db_host = random_floats(C, 27), dbias_host = random_floats(C, 28);
+      db_host[0] = dbias_host[0] = 0.0f;
+      auto din = t.up16(random_floats(N * C, 25)), dw = t.up16(random_floats(C, 26)), db = t.up16(db_host);
+      t.gk16().layernorm_bwd(*t.gs, din.gb(), dw.gb(), db.gb(), dout.gb(), in.gb(), w.gb(), m2.gb(), r2.gb(), N, C);
+      t.ck16().layernorm_bwd(*t.cs, din.cb(), dw.cb(), db.cb(), dout.cb(), in.cb(), w.cb(), m2.cb(), r2.cb(), N, C);
+      auto dbias = t.up16(dbias_host), wide = t.up16(random_floats(C, 29));
+      t.gk16().matmul_bwd(*t.gs, nullptr, wide.gb(), dbias.gb(), dout.gb(), in.gb(), in.gb(), N, 1, C,
+                          WeightLayout::InOut);
+      t.ck16().matmul_bwd(*t.cs, nullptr, wide.cb(), dbias.cb(), dout.cb(), in.cb(), in.cb(), N, 1, C,
+                          WeightLayout::InOut);
+      Grads g;
+      std::tie(g.dw, g.cpu_dw) = t.down16(dw);
+      std::tie(g.db, g.cpu_db) = t.down16(db);
+      std::tie(g.dbias, g.cpu_dbias) = t.down16(dbias);
+      return g;
+    };
+    const Grads fast = run({.capacity = 256 * kMiB});
+    const Grads tree = run({.capacity = 256 * kMiB, .tree_sums = true, .bf16_exact = true});
+    const Grads exact = run({.capacity = 256 * kMiB, .bf16_exact = true});
+    CHECK(same_bits(fast.dw, tree.dw));
+    CHECK(same_bits(fast.db, tree.db));
+    CHECK(same_bits(fast.dbias, tree.dbias));
+    CHECK(same_bits(exact.dw, exact.cpu_dw));
+    CHECK(same_bits(exact.db, exact.cpu_db));
+    CHECK(same_bits(exact.dbias, exact.cpu_dbias));
+    // Column 0 tells the orders apart: 0 in row order (the CPU's too), about N - 2 by the tree.
+    CHECK(exact.db[0] == 0.0f);
+    CHECK(exact.dbias[0] == 0.0f);
+    CHECK(fast.db[0] > N / 2);
+    CHECK(fast.dbias[0] > N / 2);
+  }
+
   TEST_CASE("bf16 kernels: causal attention forward and backward in workspace chunks of one (b, h) pair") {
     struct Shape {
       int B, T, C, H;
@@ -413,7 +469,7 @@ TEST_SUITE("gpu") {
     for (const Shape sh : {Shape{2, 19, 48, 4}, Shape{1, 70, 64, 2}, Shape{3, 8, 24, 3}}) {
       for (Bytes workspace : {Bytes(1)}) {  // 1 byte: one (b, h) pair per chunk (the default: the conformance suite)
         INFO("B " << sh.B << " T " << sh.T << " C " << sh.C << " H " << sh.H << ", workspace " << workspace);
-        Twin t({.capacity = 64 * kMiB, .attention_workspace = workspace});
+        Twin t({.capacity = 64 * kMiB, .bf16_exact = true, .attention_workspace = workspace});
         const int B = sh.B, T = sh.T, C = sh.C, H = sh.H;
         auto qkv = t.up16(random_floats(B * T * 3 * C, 51));
         auto out = t.empty16(B * T * C), att = t.up16(random_floats(B * H * T * T, 52));  // att fully overwritten
@@ -576,7 +632,8 @@ TEST_SUITE("gpu") {
       return r;
     };
     auto cpu_dev = cpu::make_cpu_device(0, {.capacity = 64 * kMiB});
-    auto gpu_dev = cuda::make_cuda_device(0, {.capacity = 64 * kMiB});
+    // The exact bf16 kernels (bf16_exact): the bounds above are the CPU's rounding points plus summation order.
+    auto gpu_dev = cuda::make_cuda_device(0, {.capacity = 64 * kMiB, .bf16_exact = true});
     const TrainRun ref = plain(*cpu_dev);
     compare("plain trainer", plain(*gpu_dev), ref);
 
@@ -611,7 +668,7 @@ TEST_SUITE("gpu") {
     std::vector<std::unique_ptr<Device>> cpus, gpus;
     for (int g = 0; g < 2; ++g) {
       cpus.push_back(cpu::make_cpu_device(g, {.capacity = 16 * kMiB}));
-      gpus.push_back(cuda::make_cuda_device(g, {.gpu = 0, .capacity = 16 * kMiB}));
+      gpus.push_back(cuda::make_cuda_device(g, {.gpu = 0, .capacity = 16 * kMiB, .bf16_exact = true}));
     }
     const TrainRun pp_cpu = program_run(cpus);
     // Bit-exact in test_executor (bf16: the trainer over u_bwd's microbatches), a sanity check of the set-up here.
