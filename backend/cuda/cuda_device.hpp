@@ -46,8 +46,10 @@ struct CudaDeviceOptions {
   // into microbatches (relative differences ~1e-6). Off: bit-identical to the CPU's row order.
   bool tree_sums = false;
   // The bf16 kernels as the CPU device's bf16 kernels compute them (true): column sums in row order (unless
-  // tree_sums); the same rounding points as the CPU, so the CUDA tests and the conformance suite bound the
-  // difference to a bf16 ulp. false (the default): the bf16 fast path, column sums by the tree (as tree_sums)
+  // tree_sums), attention's probabilities and score gradients in fp32 scratch around fp32 GEMMs; the same rounding
+  // points as the CPU, so the CUDA tests and the conformance suite bound the difference to a bf16 ulp. false (the
+  // default): the bf16 fast path, column sums by the tree (as tree_sums) and attention as bf16 strided-batched
+  // GEMMs around a fused causal softmax, the T x T scores, probabilities and their gradients rounded to bf16
   // (docs/backend.md, "CUDA bf16 fast path"). The fp32 kernels ignore it. The registry's devices (harmony-run, the
   // conformance suite) set it to !DeviceOptions::tree_sums (cuda_module.cpp).
   bool bf16_exact = false;

@@ -68,6 +68,8 @@ class StreamContext {
     const bool tree = tree_sums_ || (bf16 && !bf16_exact_);
     return tree ? workspace(kern::column_sums_workspace_bytes(N, C, layernorm)) : nullptr;
   }
+  // The bf16 attention as bf16 GEMMs around the fused softmax (CudaDeviceOptions::bf16_exact off).
+  bool bf16_fast_attention() const { return !bf16_exact_; }
   cublasHandle_t cublas();  // created on first use, bound to this stream
   // At least `bytes` of device scratch, valid for work enqueued from now on (growing synchronizes the stream).
   void* workspace(std::size_t bytes);

@@ -2,8 +2,9 @@
 // (row-major tensors read as column-major transposes), and attention as strided-batched GEMMs around the causal
 // softmax kernels, the backward in chunks of (b, h) pairs whose T x T score gradients fit the stream's workspace.
 // The bf16 versions: cublasGemmEx on bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F), rounded once
-// where the CPU's bf16 kernels round (sums into an existing bf16 C through fp32 scratch); attention keeps its
-// probabilities and score gradients in fp32 scratch.
+// where the CPU's bf16 kernels round (sums into an existing bf16 C through fp32 scratch); the exact attention keeps
+// its probabilities and score gradients in fp32 scratch, the fast one (CudaDeviceOptions::bf16_exact off) is bf16
+// strided-batched GEMMs around the fused bf16 softmax, with no fp32 T x T tensor.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -212,6 +213,63 @@ void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* 
   if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false, true));
 }
 
+namespace {
+
+// The bf16 fast attention (CudaDeviceOptions::bf16_exact off): no fp32 T x T tensor, every GEMM on bf16 operands
+// with fp32 accumulation and a bf16 result. Per sequence b, the H heads a strided batch:
+//   att (bf16) = K . Q^T (the raw scores, rounded once); the fused softmax in place (fp32 in registers, scaled by
+//   1 / sqrt(hs), the probabilities rounded once); out (bf16) = att . V.
+// Against the exact path: the scores and the probabilities that multiply V are rounded to bf16 (relative 2^-9 each).
+void attention_fwd_bf16_fast(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) {
+  const int hs = C / H, C3 = 3 * C;
+  const long long TT = static_cast<long long>(T) * T;
+  const float sqrt_hs = std::sqrt(static_cast<float>(hs));
+  cublasHandle_t h = c.cublas();
+  for (int b = 0; b < B; ++b) {
+    const Bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3;
+    Bf16* attb = att + static_cast<std::int64_t>(b) * H * TT;
+    gemm_bf16_batched(h, kT, kN, T, T, hs, base + C, C3, hs, base, C3, hs, attb, CUDA_R_16BF, T, TT, H);
+  }
+  kern::causal_softmax_bf16_fwd(c.stream(), att, static_cast<std::int64_t>(B) * H * T, T, sqrt_hs);
+  for (int b = 0; b < B; ++b) {
+    const Bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3;
+    gemm_bf16_batched(h, kN, kN, hs, T, T, base + 2 * C, C3, hs, att + static_cast<std::int64_t>(b) * H * TT, T, TT,
+                      out + static_cast<std::int64_t>(b) * T * C, CUDA_R_16BF, C, hs, H);
+  }
+}
+
+// Backward of the fast path: dV = att^T . dout; per chunk of heads, in bf16 tiles of the workspace (as many (b, h)
+// pairs as attention_workspace holds at 2 bytes a score, at least one): W = dout . V^T (rounded once), the fused
+// softmax backward in place (W = dscore / sqrt(hs), rounded once), dQ = W . K and dK = W^T . Q straight into dqkv
+// (rounded once). Every slot of dqkv is written.
+void attention_bwd_bf16_fast(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B,
+                             int T, int C, int H) {
+  const int hs = C / H, C3 = 3 * C;
+  const long long TT = static_cast<long long>(T) * T;
+  const float sqrt_hs = std::sqrt(static_cast<float>(hs));
+  const auto tile_bytes = static_cast<Bytes>(TT * static_cast<long long>(sizeof(Bf16)));
+  const int chunk = static_cast<int>(std::clamp<Bytes>(c.attention_workspace() / tile_bytes, 1, H));
+  auto* W = static_cast<Bf16*>(c.workspace(static_cast<std::size_t>(chunk * TT) * sizeof(Bf16)));
+  cublasHandle_t h = c.cublas();
+  for (int b = 0; b < B; ++b) {
+    const Bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3;
+    Bf16* dbase = dqkv + static_cast<std::int64_t>(b) * T * C3;
+    const Bf16* dob = dout + static_cast<std::int64_t>(b) * T * C;
+    const Bf16* attb = att + static_cast<std::int64_t>(b) * H * TT;
+    gemm_bf16_batched(h, kN, kT, hs, T, T, dob, C, hs, attb, T, TT, dbase + 2 * C, CUDA_R_16BF, C3, hs, H);
+    for (int h0 = 0; h0 < H; h0 += chunk) {
+      const int n = std::min(chunk, H - h0);
+      const int off = h0 * hs;
+      gemm_bf16_batched(h, kT, kN, T, T, hs, base + 2 * C + off, C3, hs, dob + off, C, hs, W, CUDA_R_16BF, T, TT, n);
+      kern::causal_softmax_bf16_bwd(c.stream(), W, attb + h0 * TT, static_cast<std::int64_t>(n) * T, T, sqrt_hs);
+      gemm_bf16_batched(h, kN, kN, hs, T, T, base + C + off, C3, hs, W, T, TT, dbase + off, CUDA_R_16BF, C3, hs, n);
+      gemm_bf16_batched(h, kN, kT, hs, T, T, base + off, C3, hs, W, T, TT, dbase + C + off, CUDA_R_16BF, C3, hs, n);
+    }
+  }
+}
+
+}  // namespace
+
 // The CPU's bf16 attention rounds only its outputs: the probabilities that out = att . V multiplies, and the score
 // gradients that dQ, dK multiply, stay fp32. So per sequence b and chunk of heads, in the workspace:
 //   W (n x T x T, fp32) = K . Q^T by GemmEx (bf16 operands, fp32 result); the causal softmax in place in fp32;
@@ -219,6 +277,7 @@ void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* 
 // then out = round(O_f). The products with fp32 probabilities run as fp32 GEMMs on exactly widened operands.
 void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) {
   if (B == 0 || T == 0) return;
+  if (c.bf16_fast_attention()) return attention_fwd_bf16_fast(c, out, att, qkv, B, T, C, H);
   const auto [hs, C3, TT, TC, sqrt_hs, chunk, W] = attention_shape(c, T, C, H, 2);
   float* Vf = W + chunk * TT;
   float* Of = Vf + TC;
@@ -245,6 +304,7 @@ void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int 
 void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
                    int C, int H) {
   if (B == 0 || T == 0) return;
+  if (c.bf16_fast_attention()) return attention_bwd_bf16_fast(c, dqkv, dout, qkv, att, B, T, C, H);
   const auto [hs, C3, TT, TC, sqrt_hs, chunk, W] = attention_shape(c, T, C, H, 4);
   float* Qf = W + chunk * TT;
   float* Kf = Qf + TC;

@@ -499,6 +499,99 @@ TEST_SUITE("gpu") {
     }
   }
 
+  // The bf16 fast attention (the default; bf16_exact off) against the exact bf16 path (bf16_exact) on the same GPU
+  // and seeded bf16 inputs, qkv and dout in [-1, 1], head size hs. u = 2^-8 is bf16's unit roundoff (8 significant
+  // bits: one rounding to nearest errs by at most u relative). Where the fast path rounds and the exact one does not:
+  //   forward: each score s = q.k (|s| <= hs) is stored in bf16 before the softmax, so each logit s / sqrt(hs) moves
+  //   by at most d = u sqrt(hs); a softmax moves by at most e^(2d) - 1 =: E relative when every logit moves by <= d.
+  //   Both paths round their probabilities once (u each): att within (E + u (2 + E)) p, p <= att / (1 - u).
+  //   out = sum p v (|v| <= 1, sum p = 1) multiplies the fast path's rounded probabilities: within E + u (1 + E)
+  //   before both outputs' own rounding (kFlip relative, as the CPU comparisons above).
+  //   backward (both on the exact path's probabilities): dp = dout.v (|dp| <= M, the largest |dp|, computed here on
+  //   the host) is rounded (u M), which moves sum(p dp) by <= u M too; dscore = p (dp - sum p dp) / sqrt(hs) is
+  //   then off by <= 2u p M / sqrt(hs) and rounded (<= u p 2M / sqrt(hs) more): 4u p M / sqrt(hs). dQ sums
+  //   dscore k over t2 (sum p = 1): 4u M / sqrt(hs); dK sums dscore q over t: times A, the largest column sum of p
+  //   (measured); dV = att^T dout is the same GEMM on both paths. Plus the fp32 sum-order terms of the tests above
+  //   (1e-5 sqrt(T) absolute, 1e-4 relative), a 1% margin for the second-order terms, and kFlip for the final
+  //   roundings. A wrong index, stride or transposition is O(1) off.
+  TEST_CASE("bf16 kernels: the fast attention (bf16 GEMMs, fused softmax) tracks the exact path within bf16 rounding") {
+    struct Shape {
+      int B, T, C, H;
+    };
+    constexpr double u = 1.0 / 256;
+    for (const Shape sh : {Shape{2, 19, 48, 4}, Shape{1, 70, 64, 2}, Shape{3, 8, 24, 3}, Shape{2, 64, 128, 2}}) {
+      for (Bytes workspace : {Bytes(1), Bytes(64) * kMiB}) {  // one (b, h) pair per chunk, or every head at once
+        const int B = sh.B, T = sh.T, C = sh.C, H = sh.H, hs = C / H;
+        INFO("B " << B << " T " << T << " C " << C << " H " << H << ", workspace " << workspace);
+        const auto qkv_host = random_floats(B * T * 3 * C, 51), dout_host = random_floats(B * T * C, 53);
+        struct Result {
+          std::vector<float> att, att_again, out, dqkv;
+        };
+        const auto run = [&](const cuda::CudaDeviceOptions& o, const std::vector<float>* bwd_att) {
+          Twin t(o);
+          auto qkv = t.up16(qkv_host);
+          auto out = t.empty16(B * T * C), att = t.up16(random_floats(B * H * T * T, 52));  // fully overwritten
+          Result r;
+          t.gk16().attention_fwd(*t.gs, out.gb(), att.gb(), qkv.gb(), B, T, C, H);
+          r.att = t.down16(att).first;
+          r.out = t.down16(out).first;
+          t.gk16().attention_fwd(*t.gs, out.gb(), att.gb(), qkv.gb(), B, T, C, H);
+          r.att_again = t.down16(att).first;
+          auto att_in = t.up16(bwd_att != nullptr ? *bwd_att : r.att);  // bf16 values: uploaded exactly
+          auto dout = t.up16(dout_host);
+          auto dqkv = t.up16(random_floats(B * T * 3 * C, 54));  // written, not accumulated
+          t.gk16().attention_bwd(*t.gs, dqkv.gb(), dout.gb(), qkv.gb(), att_in.gb(), B, T, C, H);
+          r.dqkv = t.down16(dqkv).first;
+          return r;
+        };
+        const Result exact =
+            run({.capacity = 64 * kMiB, .bf16_exact = true, .attention_workspace = workspace}, nullptr);
+        const Result fast = run({.capacity = 64 * kMiB, .attention_workspace = workspace}, &exact.att);
+        CHECK(same_bits(fast.att, fast.att_again));  // deterministic run to run
+        double A = 1;                                // the largest column sum of the probabilities
+        std::size_t differ = 0, nonzero_above = 0;
+        for (int bh = 0; bh < B * H; ++bh) {
+          for (int t2 = 0; t2 < T; ++t2) {
+            double col = 0;
+            for (int t = 0; t < T; ++t) {
+              const std::size_t i = (static_cast<std::size_t>(bh) * T + t) * T + t2;
+              col += exact.att[i];
+              if (t2 > t && fast.att[i] != 0.0f) ++nonzero_above;
+              if (fast.att[i] != exact.att[i]) ++differ;
+            }
+            A = std::max(A, col);
+          }
+        }
+        CHECK(nonzero_above == 0);
+        // The fast path really ran: its bf16 scores move some of the B H T (T + 1) / 2 probabilities across a
+        // rounding boundary (each with a probability of several percent): none moving means the exact path ran.
+        CHECK(differ > 0);
+        // M = max |dout_t . v_t2| per head, on the bf16 values both devices read.
+        const auto b16 = [](float x) { return static_cast<double>(to_f32(to_bf16(x))); };
+        double M = 0;
+        for (int b = 0; b < B; ++b) {
+          for (int h = 0; h < H; ++h) {
+            for (int t = 0; t < T; ++t) {
+              for (int t2 = 0; t2 < T; ++t2) {
+                double dp = 0;
+                for (int k = 0; k < hs; ++k) {
+                  dp += b16(dout_host[(static_cast<std::size_t>(b) * T + t) * C + h * hs + k]) *
+                        b16(qkv_host[(static_cast<std::size_t>(b) * T + t2) * 3 * C + 2 * C + h * hs + k]);
+                }
+                M = std::max(M, std::abs(dp));
+              }
+            }
+          }
+        }
+        const double sqrt_hs = std::sqrt(double(hs)), E = std::expm1(2 * u * sqrt_hs);
+        check_close("fast attention_fwd att", fast.att, exact.att, 1e-6, 1.01 * (E + u * (2 + E)) / (1 - u) + 1e-4);
+        check_close("fast attention_fwd out", fast.out, exact.out, 1.01 * (E + u * (1 + E)) + 1e-5, 1e-4 + kFlip);
+        check_close("fast attention_bwd dqkv", fast.dqkv, exact.dqkv,
+                    1.01 * 4 * u * M / sqrt_hs * A + 1e-5 * std::sqrt(double(T)), 1e-4 + kFlip);
+      }
+    }
+  }
+
   TEST_CASE("communicator over distinct GPUs: NCCL (needs 2 GPUs)") {
     const int gpus = cuda::cuda_device_count();
     if (gpus < 2) {
