@@ -149,6 +149,12 @@ StreamContext::~StreamContext() {
   if (workspace_ != nullptr && cudaFreeAsync(workspace_, stream_) != cudaSuccess) (void)cudaGetLastError();
   if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+  if (cublaslt_ != nullptr) (void)cublasLtDestroy(cublaslt_);
+}
+
+cublasLtHandle_t StreamContext::cublaslt() {
+  if (cublaslt_ == nullptr) HARMONY_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+  return cublaslt_;
 }
 
 cublasHandle_t StreamContext::cublas() {

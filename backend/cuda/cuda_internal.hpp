@@ -17,6 +17,7 @@
 #include <thread>
 #include <utility>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -68,9 +69,11 @@ class StreamContext {
     const bool tree = tree_sums_ || (bf16 && !bf16_exact_);
     return tree ? workspace(kern::column_sums_workspace_bytes(N, C, layernorm)) : nullptr;
   }
-  // The bf16 attention as bf16 GEMMs around the fused softmax (CudaDeviceOptions::bf16_exact off).
-  bool bf16_fast_attention() const { return !bf16_exact_; }
-  cublasHandle_t cublas();  // created on first use, bound to this stream
+  // The bf16 fast path (CudaDeviceOptions::bf16_exact off): attention as bf16 GEMMs around the fused softmax, the
+  // biased matmul's bias in cuBLASLt's epilogue.
+  bool bf16_fast() const { return !bf16_exact_; }
+  cublasHandle_t cublas();      // created on first use, bound to this stream
+  cublasLtHandle_t cublaslt();  // created on first use (the bf16 fast path's bias epilogue)
   // At least `bytes` of device scratch, valid for work enqueued from now on (growing synchronizes the stream).
   void* workspace(std::size_t bytes);
 
@@ -83,6 +86,7 @@ class StreamContext {
   Bytes attention_workspace_;
   kern::ErrorRecord* errors_;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublaslt_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };

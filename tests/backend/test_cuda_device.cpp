@@ -592,6 +592,38 @@ TEST_SUITE("gpu") {
     }
   }
 
+  // The bf16 fast path's biased matmul (bias in cuBLASLt's epilogue) against the exact path (bias rows, the product in
+  // fp32 scratch, one rounded add): both sum IC products and the bias in fp32 and round once, so they differ as the
+  // fp32 tests above do (sum order: 1e-5 sqrt(K) absolute, 1e-4 relative) plus one bf16 flip (kFlip). Both layouts,
+  // a row count of 1, an OC that is no multiple of 8, and a bias 2 bytes off 16-byte alignment (the fast path then
+  // takes the exact one).
+  TEST_CASE("bf16 kernels: the fast path's biased matmul (cuBLASLt bias epilogue) tracks the exact path") {
+    struct Shape {
+      int N, IC, OC;
+    };
+    for (const Shape sh : {Shape{64, 256, 128}, Shape{67, 40, 777}, Shape{1, 768, 2304}}) {
+      for (const WeightLayout layout : {WeightLayout::InOut, WeightLayout::OutIn}) {
+        for (const int bias_offset : {0, 1}) {
+          const int N = sh.N, IC = sh.IC, OC = sh.OC;
+          INFO("N " << N << " IC " << IC << " OC " << OC << " layout "
+                    << (layout == WeightLayout::InOut ? "InOut" : "OutIn") << " bias offset " << bias_offset);
+          const auto in_h = random_floats(N * IC, 61), w_h = random_floats(IC * OC, 62),
+                     b_h = random_floats(OC + 1, 63);
+          const auto run = [&](const cuda::CudaDeviceOptions& o) {
+            Twin t(o);
+            auto in = t.up16(in_h), w = t.up16(w_h), bias = t.up16(b_h);
+            auto out = t.up16(random_floats(N * OC, 64));  // overwritten
+            t.gk16().matmul_fwd(*t.gs, out.gb(), in.gb(), w.gb(), bias.gb() + bias_offset, N, IC, OC, layout);
+            return t.down16(out).first;
+          };
+          const auto exact = run({.capacity = 64 * kMiB, .bf16_exact = true});
+          const auto fast = run({.capacity = 64 * kMiB});
+          check_close("fast bf16 matmul_fwd with bias", fast, exact, 1e-5 * std::sqrt(double(IC)), 1e-4 + kFlip);
+        }
+      }
+    }
+  }
+
   TEST_CASE("communicator over distinct GPUs: NCCL (needs 2 GPUs)") {
     const int gpus = cuda::cuda_device_count();
     if (gpus < 2) {
