@@ -301,7 +301,7 @@ namespace {
 // with fp32 accumulation and a bf16 result. Per sequence b, the H heads a strided batch:
 //   att (bf16) = K . Q^T (the raw scores, rounded once); the fused softmax in place (fp32 in registers, scaled by
 //   1 / sqrt(hs), the probabilities rounded once); out (bf16) = att . V.
-// Against the exact path: the scores and the probabilities that multiply V are rounded to bf16 (relative 2^-9 each).
+// Against the exact path: the scores and the probabilities that multiply V are rounded to bf16 (relative 2^-8 each).
 void attention_fwd_bf16_fast(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H) {
   const int hs = C / H, C3 = 3 * C;
   const long long TT = static_cast<long long>(T) * T;

@@ -1,6 +1,7 @@
-// Tests of what only the CUDA device has, beside the CPU reference device: its modes (tree column sums, TF32, the
-// attention's workspace chunks, HARMONY_SYNC_DEBUG), logical devices sharing a GPU, NCCL on 2+ GPUs, and training
-// steps of the plain trainer and of Harmony-PP and Harmony-DP Programs through the Executor. The Device contract
+// Tests of what only the CUDA device has, beside the CPU reference device: its modes (tree column sums, the bf16 fast
+// path against the exact bf16 kernels, TF32, the attention's workspace chunks, HARMONY_SYNC_DEBUG), logical devices
+// sharing a GPU, NCCL on 2+ GPUs, and training steps of the plain trainer and of Harmony-PP and Harmony-DP Programs
+// through the Executor. The Device contract
 // itself (every kernel, copy, stream, event and collective against the CPU device, with derived bounds) is the
 // conformance suite's, which covers the CUDA device through the registry (test_device_conformance*.cpp). Host-only
 // cases (the arena's bookkeeping, the pinned-memory pre-flight) always run; without a usable GPU the binary then exits
