@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -148,6 +149,12 @@ StreamContext::~StreamContext() {
   if (workspace_ != nullptr && cudaFreeAsync(workspace_, stream_) != cudaSuccess) (void)cudaGetLastError();
   if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+  if (cublaslt_ != nullptr) (void)cublasLtDestroy(cublaslt_);
+}
+
+cublasLtHandle_t StreamContext::cublaslt() {
+  if (cublaslt_ == nullptr) HARMONY_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+  return cublaslt_;
 }
 
 cublasHandle_t StreamContext::cublas() {
@@ -240,7 +247,8 @@ CudaStream::CudaStream(CudaDevice& device, std::string name) : device_(device), 
   DeviceGuard guard(device.gpu());
   HARMONY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   ctx_ = std::make_unique<StreamContext>(device.gpu(), stream_, device.options().tf32, device.options().tree_sums,
-                                         device.options().attention_workspace, device.errors_device());
+                                         device.options().bf16_exact, device.options().attention_workspace,
+                                         device.errors_device());
   thread_ = std::thread([this]() { run(); });
   device_.add_stream(this);
 }
@@ -658,7 +666,8 @@ void CudaDevice::layernorm_bwd_as(Stream& s, S* din, S* dw, S* db, const S* dout
                                   const S* mean, const S* rstd, int N, int C) {
   check_dims(name_, "layernorm_bwd", {N, C});
   launch(s, "layernorm_bwd", [=](StreamContext& c) {
-    kern::layernorm_bwd(c.stream(), din, dw, db, dout, in, w, mean, rstd, N, C, c.column_sums_workspace(N, C, true));
+    kern::layernorm_bwd(c.stream(), din, dw, db, dout, in, w, mean, rstd, N, C,
+                        c.column_sums_workspace(N, C, true, std::is_same_v<S, Bf16>));
   });
 }
 

@@ -45,6 +45,15 @@ struct CudaDeviceOptions {
   // C/128, deterministic on every GPU, but rounded differently from the CPU device and from the same rows split
   // into microbatches (relative differences ~1e-6). Off: bit-identical to the CPU's row order.
   bool tree_sums = false;
+  // The bf16 kernels as the CPU device's bf16 kernels compute them (true): column sums in row order (unless
+  // tree_sums), attention's probabilities and score gradients in fp32 scratch around fp32 GEMMs; the same rounding
+  // points as the CPU, so the CUDA tests and the conformance suite bound the difference to a bf16 ulp. false (the
+  // default): the bf16 fast path, column sums by the tree (as tree_sums) and attention as bf16 strided-batched
+  // GEMMs around a fused causal softmax, the T x T scores, probabilities and their gradients rounded to bf16, and
+  // the biased matmuls' bias in a cuBLASLt epilogue (docs/backend.md, "CUDA bf16 fast path"). The fp32 kernels ignore
+  // it. The registry's devices (harmony-run, the conformance suite) set it to !DeviceOptions::tree_sums
+  // (cuda_module.cpp).
+  bool bf16_exact = false;
   // Synchronize after every enqueued operation and check for errors, so an asynchronous fault (an illegal
   // address in a kernel) is reported against the operation that caused it. Slow; for debugging.
   bool sync_debug = sync_debug_from_environment();

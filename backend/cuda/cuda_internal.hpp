@@ -17,6 +17,7 @@
 #include <thread>
 #include <utility>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -45,12 +46,13 @@ void enable_peer_access(int from_gpu, int to_gpu);
 // What work on one stream needs; used only by the stream's submission thread.
 class StreamContext {
  public:
-  StreamContext(int gpu, cudaStream_t stream, bool tf32, bool tree_sums, Bytes attention_workspace,
+  StreamContext(int gpu, cudaStream_t stream, bool tf32, bool tree_sums, bool bf16_exact, Bytes attention_workspace,
                 kern::ErrorRecord* errors)
       : gpu_(gpu),
         stream_(stream),
         tf32_(tf32),
         tree_sums_(tree_sums),
+        bf16_exact_(bf16_exact),
         attention_workspace_(attention_workspace),
         errors_(errors) {}
   ~StreamContext();
@@ -61,12 +63,17 @@ class StreamContext {
   cudaStream_t stream() const { return stream_; }
   kern::ErrorRecord* errors() const { return errors_; }
   Bytes attention_workspace() const { return attention_workspace_; }
-  // Scratch for the tree column sums over N rows of C columns, or null when they run in row order
-  // (CudaDeviceOptions::tree_sums off).
-  void* column_sums_workspace(int N, int C, bool layernorm) {
-    return tree_sums_ ? workspace(kern::column_sums_workspace_bytes(N, C, layernorm)) : nullptr;
+  // Scratch for the tree column sums over N rows of C columns of a bf16 (bf16 true) or fp32 tensor, or null when
+  // they run in row order: CudaDeviceOptions::tree_sums off and, for bf16, bf16_exact on.
+  void* column_sums_workspace(int N, int C, bool layernorm, bool bf16) {
+    const bool tree = tree_sums_ || (bf16 && !bf16_exact_);
+    return tree ? workspace(kern::column_sums_workspace_bytes(N, C, layernorm)) : nullptr;
   }
-  cublasHandle_t cublas();  // created on first use, bound to this stream
+  // The bf16 fast path (CudaDeviceOptions::bf16_exact off): attention as bf16 GEMMs around the fused softmax, the
+  // biased matmul's bias in cuBLASLt's epilogue.
+  bool bf16_fast() const { return !bf16_exact_; }
+  cublasHandle_t cublas();      // created on first use, bound to this stream
+  cublasLtHandle_t cublaslt();  // created on first use (the bf16 fast path's bias epilogue)
   // At least `bytes` of device scratch, valid for work enqueued from now on (growing synchronizes the stream).
   void* workspace(std::size_t bytes);
 
@@ -75,9 +82,11 @@ class StreamContext {
   cudaStream_t stream_;
   bool tf32_;
   bool tree_sums_;
+  bool bf16_exact_;
   Bytes attention_workspace_;
   kern::ErrorRecord* errors_;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublaslt_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };

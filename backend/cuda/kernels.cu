@@ -1,7 +1,8 @@
 // The CUDA device's kernels besides cuBLAS: embeddings (a deterministic scatter-add through a stable radix
-// sort), LayerNorm, bias broadcast and gradient, the attention's causal softmax forward and backward, GELU,
-// residual adds and cross-entropy. Built with --fmad=false and fixed reduction trees, so every result is
-// reproducible run to run; parameter gradients accumulate row by row in row order like the CPU reference. Every
+// sort), LayerNorm, bias broadcast and gradient, the attention's causal softmax forward and backward (fp32 rows,
+// and the bf16 fast path's bf16 rows), GELU, residual adds and cross-entropy. Built with --fmad=false and fixed
+// reduction trees, so every result is reproducible run to run; parameter gradients accumulate row by row in row
+// order like the CPU reference, or by a fixed tree (tree_sums, the bf16 fast path). Every
 // tensor kernel is a template over its storage (float, or __nv_bfloat16 for Kernels<Bf16>): ld() widens,
 // arithmetic is fp32, st() stores (rounding to nearest even for bf16), so the fp32 instantiation is the fp32 code.
 #include "backend/cuda/kernels.hpp"
@@ -413,6 +414,38 @@ __global__ void add_widened_kernel(float* acc, const D* x, std::int64_t n) {
   acc[i] += ld(x[i]);
 }
 
+// The bf16 fast attention's softmax (causal_softmax_bf16_fwd / _bwd): one warp per row of T, fp32 in registers, the
+// row read as bf16 and written once as bf16. Forward: the scores scaled by 1 / sqrt_hs, max, exp, sum, then each
+// probability recomputed and rounded (zeros above the diagonal).
+__global__ void causal_softmax_bf16_fwd_kernel(__nv_bfloat16* att, std::int64_t rows, int T, float sqrt_hs) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (q >= rows) return;
+  const int t = static_cast<int>(q % T);
+  __nv_bfloat16* a = att + idx::at(q, T, 0);
+  float mx = -INFINITY;
+  for (int t2 = lane; t2 <= t; t2 += 32) mx = fmaxf(mx, ld(a[t2]) / sqrt_hs);
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int t2 = lane; t2 <= t; t2 += 32) sum += expf(ld(a[t2]) / sqrt_hs - mx);
+  sum = warp_sum(sum);
+  for (int t2 = lane; t2 < T; t2 += 32) st(a[t2], t2 <= t ? expf(ld(a[t2]) / sqrt_hs - mx) / sum : 0.0f);
+}
+// Backward, in place on the bf16 probability gradients: dscore = p (dp - sum(p dp)) / sqrt_hs, rounded once.
+__global__ void causal_softmax_bf16_bwd_kernel(__nv_bfloat16* datt, const __nv_bfloat16* att, std::int64_t rows, int T,
+                                               float sqrt_hs) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (q >= rows) return;
+  const int t = static_cast<int>(q % T);
+  __nv_bfloat16* d = datt + idx::at(q, T, 0);
+  const __nv_bfloat16* a = att + idx::at(q, T, 0);
+  float dsum = 0.0f;
+  for (int t2 = lane; t2 <= t; t2 += 32) dsum += ld(a[t2]) * ld(d[t2]);
+  dsum = warp_sum(dsum);
+  for (int t2 = lane; t2 < T; t2 += 32) st(d[t2], t2 <= t ? ld(a[t2]) * (ld(d[t2]) - dsum) / sqrt_hs : 0.0f);
+}
+
 template <class Dst, class Src>
 __global__ void convert_rows_kernel(Dst* dst, std::int64_t ld_dst, const Src* src, std::int64_t ld_src,
                                     std::int64_t total, std::int64_t cols) {
@@ -597,6 +630,20 @@ void causal_softmax_bwd(cudaStream_t stream, float* datt, const S* att, std::int
   if (rows == 0) return;
   causal_softmax_bwd_kernel<<<blocks_exact(rows, kWarps), kThreads, 0, stream>>>(datt, dev(att), rows, T, sqrt_hs);
   HARMONY_CUDA_CHECK_LAUNCH("causal_softmax_bwd_kernel");
+}
+
+void causal_softmax_bf16_fwd(cudaStream_t stream, Bf16* att, std::int64_t rows, int T, float sqrt_hs) {
+  if (rows == 0) return;
+  causal_softmax_bf16_fwd_kernel<<<blocks_exact(rows, kWarps), kThreads, 0, stream>>>(dev(att), rows, T, sqrt_hs);
+  HARMONY_CUDA_CHECK_LAUNCH("causal_softmax_bf16_fwd_kernel");
+}
+
+void causal_softmax_bf16_bwd(cudaStream_t stream, Bf16* datt, const Bf16* att, std::int64_t rows, int T,
+                             float sqrt_hs) {
+  if (rows == 0) return;
+  causal_softmax_bf16_bwd_kernel<<<blocks_exact(rows, kWarps), kThreads, 0, stream>>>(dev(datt), dev(att), rows, T,
+                                                                                      sqrt_hs);
+  HARMONY_CUDA_CHECK_LAUNCH("causal_softmax_bf16_bwd_kernel");
 }
 
 template <class S>

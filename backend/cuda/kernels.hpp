@@ -62,6 +62,12 @@ void causal_softmax_fwd(cudaStream_t stream, float* att, std::int64_t rows, int 
 // att in float or Bf16 (the stored probabilities); datt is fp32 scratch.
 template <class S>
 void causal_softmax_bwd(cudaStream_t stream, float* datt, const S* att, std::int64_t rows, int T, float sqrt_hs);
+// The bf16 fast attention's softmax (CudaDeviceOptions::bf16_exact off): as causal_softmax_fwd / _bwd, but the
+// rows are bf16 in and out (fp32 arithmetic in between, one rounding per stored value): att holds the bf16 scores
+// on entry and the bf16 probabilities on return; datt the bf16 probability gradients on entry and the bf16 score
+// gradients (divided by sqrt_hs) on return.
+void causal_softmax_bf16_fwd(cudaStream_t stream, Bf16* att, std::int64_t rows, int T, float sqrt_hs);
+void causal_softmax_bf16_bwd(cudaStream_t stream, Bf16* datt, const Bf16* att, std::int64_t rows, int T, float sqrt_hs);
 template <class S>
 void gelu_fwd(cudaStream_t stream, S* out, const S* in, std::int64_t n);
 template <class S>

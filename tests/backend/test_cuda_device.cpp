@@ -1,6 +1,7 @@
-// Tests of what only the CUDA device has, beside the CPU reference device: its modes (tree column sums, TF32, the
-// attention's workspace chunks, HARMONY_SYNC_DEBUG), logical devices sharing a GPU, NCCL on 2+ GPUs, and training
-// steps of the plain trainer and of Harmony-PP and Harmony-DP Programs through the Executor. The Device contract
+// Tests of what only the CUDA device has, beside the CPU reference device: its modes (tree column sums, the bf16 fast
+// path against the exact bf16 kernels, TF32, the attention's workspace chunks, HARMONY_SYNC_DEBUG), logical devices
+// sharing a GPU, NCCL on 2+ GPUs, and training steps of the plain trainer and of Harmony-PP and Harmony-DP Programs
+// through the Executor. The Device contract
 // itself (every kernel, copy, stream, event and collective against the CPU device, with derived bounds) is the
 // conformance suite's, which covers the CUDA device through the registry (test_device_conformance*.cpp). Host-only
 // cases (the arena's bookkeeping, the pinned-memory pre-flight) always run; without a usable GPU the binary then exits
@@ -19,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_device.hpp"
@@ -406,6 +408,61 @@ TEST_SUITE("gpu") {
     }
   }
 
+  // The bf16 column sums: by default (bf16_exact off) the tree, the same bits as tree_sums on the exact kernels; with
+  // bf16_exact the CPU's row order, the same bits as the CPU device given the same statistics. Fails if the default
+  // still ran the row order (its bits then differ from the tree's: C = 777 columns of N = 1000 rows of sums).
+  TEST_CASE("bf16 kernels: column sums by the tree by default, in the CPU's row order with bf16_exact") {
+    const int N = 1000, C = 777;
+    struct Grads {
+      std::vector<float> dw, db, dbias, cpu_dw, cpu_db, cpu_dbias;
+    };
+    const auto run = [&](const cuda::CudaDeviceOptions& o) {
+      Twin t(o);
+      auto in = t.up16(random_floats(N * C, 21, 2.0f));
+      auto w = t.up16(random_floats(C, 22)), b = t.up16(random_floats(C, 23));
+      auto out = t.empty16(N * C), mean = t.empty16(N), rstd = t.empty16(N);
+      t.ck16().layernorm_fwd(*t.cs, out.cb(), mean.cb(), rstd.cb(), in.cb(), w.cb(), b.cb(), N, C, 1e-5f);
+      auto [gm, cm] = t.down16(mean);
+      auto [gr, cr] = t.down16(rstd);
+      auto m2 = t.up16(cm), r2 = t.up16(cr);  // the CPU's statistics for both
+      // Column 0 of dout: 2^24, then N - 2 ones, then -2^24. In row order every 1 is absorbed (2^24 + 1 rounds to
+      // 2^24) and the column sums to 0; any tree adds the ones of the middle parts among themselves: ~N.
+      auto dout_host = random_floats(N * C, 24);
+      for (int r = 0; r < N; ++r)
+        dout_host[static_cast<std::size_t>(r) * C] = r == 0 ? 0x1p24f : r == N - 1 ? -0x1p24f : 1.0f;
+      auto dout = t.up16(dout_host);
+      auto db_host = random_floats(C, 27), dbias_host = random_floats(C, 28);
+      db_host[0] = dbias_host[0] = 0.0f;
+      auto din = t.up16(random_floats(N * C, 25)), dw = t.up16(random_floats(C, 26)), db = t.up16(db_host);
+      t.gk16().layernorm_bwd(*t.gs, din.gb(), dw.gb(), db.gb(), dout.gb(), in.gb(), w.gb(), m2.gb(), r2.gb(), N, C);
+      t.ck16().layernorm_bwd(*t.cs, din.cb(), dw.cb(), db.cb(), dout.cb(), in.cb(), w.cb(), m2.cb(), r2.cb(), N, C);
+      auto dbias = t.up16(dbias_host), wide = t.up16(random_floats(C, 29));
+      t.gk16().matmul_bwd(*t.gs, nullptr, wide.gb(), dbias.gb(), dout.gb(), in.gb(), in.gb(), N, 1, C,
+                          WeightLayout::InOut);
+      t.ck16().matmul_bwd(*t.cs, nullptr, wide.cb(), dbias.cb(), dout.cb(), in.cb(), in.cb(), N, 1, C,
+                          WeightLayout::InOut);
+      Grads g;
+      std::tie(g.dw, g.cpu_dw) = t.down16(dw);
+      std::tie(g.db, g.cpu_db) = t.down16(db);
+      std::tie(g.dbias, g.cpu_dbias) = t.down16(dbias);
+      return g;
+    };
+    const Grads fast = run({.capacity = 256 * kMiB});
+    const Grads tree = run({.capacity = 256 * kMiB, .tree_sums = true, .bf16_exact = true});
+    const Grads exact = run({.capacity = 256 * kMiB, .bf16_exact = true});
+    CHECK(same_bits(fast.dw, tree.dw));
+    CHECK(same_bits(fast.db, tree.db));
+    CHECK(same_bits(fast.dbias, tree.dbias));
+    CHECK(same_bits(exact.dw, exact.cpu_dw));
+    CHECK(same_bits(exact.db, exact.cpu_db));
+    CHECK(same_bits(exact.dbias, exact.cpu_dbias));
+    // Column 0 tells the orders apart: 0 in row order (the CPU's too), about N - 2 by the tree.
+    CHECK(exact.db[0] == 0.0f);
+    CHECK(exact.dbias[0] == 0.0f);
+    CHECK(fast.db[0] > N / 2);
+    CHECK(fast.dbias[0] > N / 2);
+  }
+
   TEST_CASE("bf16 kernels: causal attention forward and backward in workspace chunks of one (b, h) pair") {
     struct Shape {
       int B, T, C, H;
@@ -413,7 +470,7 @@ TEST_SUITE("gpu") {
     for (const Shape sh : {Shape{2, 19, 48, 4}, Shape{1, 70, 64, 2}, Shape{3, 8, 24, 3}}) {
       for (Bytes workspace : {Bytes(1)}) {  // 1 byte: one (b, h) pair per chunk (the default: the conformance suite)
         INFO("B " << sh.B << " T " << sh.T << " C " << sh.C << " H " << sh.H << ", workspace " << workspace);
-        Twin t({.capacity = 64 * kMiB, .attention_workspace = workspace});
+        Twin t({.capacity = 64 * kMiB, .bf16_exact = true, .attention_workspace = workspace});
         const int B = sh.B, T = sh.T, C = sh.C, H = sh.H;
         auto qkv = t.up16(random_floats(B * T * 3 * C, 51));
         auto out = t.empty16(B * T * C), att = t.up16(random_floats(B * H * T * T, 52));  // att fully overwritten
@@ -439,6 +496,131 @@ TEST_SUITE("gpu") {
         t.gk16().attention_bwd(*t.gs, dqkv.gb(), dout.gb(), qkv.gb(), att2.gb(), B, T, C, H);
         t.ck16().attention_bwd(*t.cs, dqkv.cb(), dout.cb(), qkv.cb(), att2.cb(), B, T, C, H);
         t.close16("bf16 attention_bwd dqkv", dqkv, 1e-5 * std::sqrt(double(T)), 1e-4 + kFlip);
+      }
+    }
+  }
+
+  // The bf16 fast attention (the default; bf16_exact off) against the exact bf16 path (bf16_exact) on the same GPU
+  // and seeded bf16 inputs, qkv and dout in [-1, 1], head size hs. u = 2^-8 is bf16's unit roundoff (8 significant
+  // bits: one rounding to nearest errs by at most u relative). Where the fast path rounds and the exact one does not:
+  //   forward: each score s = q.k (|s| <= hs) is stored in bf16 before the softmax, so each logit s / sqrt(hs) moves
+  //   by at most d = u sqrt(hs); a softmax moves by at most e^(2d) - 1 =: E relative when every logit moves by <= d.
+  //   Both paths round their probabilities once (u each): att within (E + u (2 + E)) p, p <= att / (1 - u).
+  //   out = sum p v (|v| <= 1, sum p = 1) multiplies the fast path's rounded probabilities: within E + u (1 + E)
+  //   before both outputs' own rounding (kFlip relative, as the CPU comparisons above).
+  //   backward (both on the exact path's probabilities): dp = dout.v (|dp| <= M, the largest |dp|, computed here on
+  //   the host) is rounded (u M), which moves sum(p dp) by <= u M too; dscore = p (dp - sum p dp) / sqrt(hs) is
+  //   then off by <= 2u p M / sqrt(hs) and rounded (<= u p 2M / sqrt(hs) more): 4u p M / sqrt(hs). dQ sums
+  //   dscore k over t2 (sum p = 1): 4u M / sqrt(hs); dK sums dscore q over t: times A, the largest column sum of p
+  //   (measured); dV = att^T dout is the same GEMM on both paths. Plus the fp32 sum-order terms of the tests above
+  //   (1e-5 sqrt(T) absolute, 1e-4 relative), a 1% margin for the second-order terms, and kFlip for the final
+  //   roundings. A wrong index, stride or transposition is O(1) off.
+  TEST_CASE("bf16 kernels: the fast attention (bf16 GEMMs, fused softmax) tracks the exact path within bf16 rounding") {
+    struct Shape {
+      int B, T, C, H;
+    };
+    constexpr double u = 1.0 / 256;
+    for (const Shape sh : {Shape{2, 19, 48, 4}, Shape{1, 70, 64, 2}, Shape{3, 8, 24, 3}, Shape{2, 64, 128, 2}}) {
+      for (Bytes workspace : {Bytes(1), Bytes(64) * kMiB}) {  // one (b, h) pair per chunk, or every head at once
+        const int B = sh.B, T = sh.T, C = sh.C, H = sh.H, hs = C / H;
+        INFO("B " << B << " T " << T << " C " << C << " H " << H << ", workspace " << workspace);
+        const auto qkv_host = random_floats(B * T * 3 * C, 51), dout_host = random_floats(B * T * C, 53);
+        struct Result {
+          std::vector<float> att, att_again, out, dqkv;
+        };
+        const auto run = [&](const cuda::CudaDeviceOptions& o, const std::vector<float>* bwd_att) {
+          Twin t(o);
+          auto qkv = t.up16(qkv_host);
+          auto out = t.empty16(B * T * C), att = t.up16(random_floats(B * H * T * T, 52));  // fully overwritten
+          Result r;
+          t.gk16().attention_fwd(*t.gs, out.gb(), att.gb(), qkv.gb(), B, T, C, H);
+          r.att = t.down16(att).first;
+          r.out = t.down16(out).first;
+          t.gk16().attention_fwd(*t.gs, out.gb(), att.gb(), qkv.gb(), B, T, C, H);
+          r.att_again = t.down16(att).first;
+          auto att_in = t.up16(bwd_att != nullptr ? *bwd_att : r.att);  // bf16 values: uploaded exactly
+          auto dout = t.up16(dout_host);
+          auto dqkv = t.up16(random_floats(B * T * 3 * C, 54));  // written, not accumulated
+          t.gk16().attention_bwd(*t.gs, dqkv.gb(), dout.gb(), qkv.gb(), att_in.gb(), B, T, C, H);
+          r.dqkv = t.down16(dqkv).first;
+          return r;
+        };
+        const Result exact =
+            run({.capacity = 64 * kMiB, .bf16_exact = true, .attention_workspace = workspace}, nullptr);
+        const Result fast = run({.capacity = 64 * kMiB, .attention_workspace = workspace}, &exact.att);
+        CHECK(same_bits(fast.att, fast.att_again));  // deterministic run to run
+        double A = 1;                                // the largest column sum of the probabilities
+        std::size_t differ = 0, nonzero_above = 0;
+        for (int bh = 0; bh < B * H; ++bh) {
+          for (int t2 = 0; t2 < T; ++t2) {
+            double col = 0;
+            for (int t = 0; t < T; ++t) {
+              const std::size_t i = (static_cast<std::size_t>(bh) * T + t) * T + t2;
+              col += exact.att[i];
+              if (t2 > t && fast.att[i] != 0.0f) ++nonzero_above;
+              if (fast.att[i] != exact.att[i]) ++differ;
+            }
+            A = std::max(A, col);
+          }
+        }
+        CHECK(nonzero_above == 0);
+        // The fast path really ran: its bf16 scores move some of the B H T (T + 1) / 2 probabilities across a
+        // rounding boundary (each with a probability of several percent): none moving means the exact path ran.
+        CHECK(differ > 0);
+        // M = max |dout_t . v_t2| per head, on the bf16 values both devices read.
+        const auto b16 = [](float x) { return static_cast<double>(to_f32(to_bf16(x))); };
+        double M = 0;
+        for (int b = 0; b < B; ++b) {
+          for (int h = 0; h < H; ++h) {
+            for (int t = 0; t < T; ++t) {
+              for (int t2 = 0; t2 < T; ++t2) {
+                double dp = 0;
+                for (int k = 0; k < hs; ++k) {
+                  dp += b16(dout_host[(static_cast<std::size_t>(b) * T + t) * C + h * hs + k]) *
+                        b16(qkv_host[(static_cast<std::size_t>(b) * T + t2) * 3 * C + 2 * C + h * hs + k]);
+                }
+                M = std::max(M, std::abs(dp));
+              }
+            }
+          }
+        }
+        const double sqrt_hs = std::sqrt(double(hs)), E = std::expm1(2 * u * sqrt_hs);
+        check_close("fast attention_fwd att", fast.att, exact.att, 1e-6, 1.01 * (E + u * (2 + E)) / (1 - u) + 1e-4);
+        check_close("fast attention_fwd out", fast.out, exact.out, 1.01 * (E + u * (1 + E)) + 1e-5, 1e-4 + kFlip);
+        check_close("fast attention_bwd dqkv", fast.dqkv, exact.dqkv,
+                    1.01 * 4 * u * M / sqrt_hs * A + 1e-5 * std::sqrt(double(T)), 1e-4 + kFlip);
+      }
+    }
+  }
+
+  // The bf16 fast path's biased matmul (bias in cuBLASLt's epilogue) against the exact path (bias rows, the product in
+  // fp32 scratch, one rounded add): both sum IC products and the bias in fp32 and round once, so they differ as the
+  // fp32 tests above do (sum order: 1e-5 sqrt(K) absolute, 1e-4 relative) plus one bf16 flip (kFlip). Both layouts,
+  // a row count of 1, an OC that is no multiple of 8, and a bias 2 bytes off 16-byte alignment (the fast path then
+  // takes the exact one).
+  TEST_CASE("bf16 kernels: the fast path's biased matmul (cuBLASLt bias epilogue) tracks the exact path") {
+    struct Shape {
+      int N, IC, OC;
+    };
+    for (const Shape sh : {Shape{64, 256, 128}, Shape{67, 40, 777}, Shape{1, 768, 2304}}) {
+      for (const WeightLayout layout : {WeightLayout::InOut, WeightLayout::OutIn}) {
+        for (const int bias_offset : {0, 1}) {
+          const int N = sh.N, IC = sh.IC, OC = sh.OC;
+          INFO("N " << N << " IC " << IC << " OC " << OC << " layout "
+                    << (layout == WeightLayout::InOut ? "InOut" : "OutIn") << " bias offset " << bias_offset);
+          const auto in_h = random_floats(N * IC, 61), w_h = random_floats(IC * OC, 62),
+                     b_h = random_floats(OC + 1, 63);
+          const auto run = [&](const cuda::CudaDeviceOptions& o) {
+            Twin t(o);
+            auto in = t.up16(in_h), w = t.up16(w_h), bias = t.up16(b_h);
+            auto out = t.up16(random_floats(N * OC, 64));  // overwritten
+            t.gk16().matmul_fwd(*t.gs, out.gb(), in.gb(), w.gb(), bias.gb() + bias_offset, N, IC, OC, layout);
+            return t.down16(out).first;
+          };
+          const auto exact = run({.capacity = 64 * kMiB, .bf16_exact = true});
+          const auto fast = run({.capacity = 64 * kMiB});
+          check_close("fast bf16 matmul_fwd with bias", fast, exact, 1e-5 * std::sqrt(double(IC)), 1e-4 + kFlip);
+        }
       }
     }
   }
@@ -576,7 +758,8 @@ TEST_SUITE("gpu") {
       return r;
     };
     auto cpu_dev = cpu::make_cpu_device(0, {.capacity = 64 * kMiB});
-    auto gpu_dev = cuda::make_cuda_device(0, {.capacity = 64 * kMiB});
+    // The exact bf16 kernels (bf16_exact): the bounds above are the CPU's rounding points plus summation order.
+    auto gpu_dev = cuda::make_cuda_device(0, {.capacity = 64 * kMiB, .bf16_exact = true});
     const TrainRun ref = plain(*cpu_dev);
     compare("plain trainer", plain(*gpu_dev), ref);
 
@@ -611,7 +794,7 @@ TEST_SUITE("gpu") {
     std::vector<std::unique_ptr<Device>> cpus, gpus;
     for (int g = 0; g < 2; ++g) {
       cpus.push_back(cpu::make_cpu_device(g, {.capacity = 16 * kMiB}));
-      gpus.push_back(cuda::make_cuda_device(g, {.gpu = 0, .capacity = 16 * kMiB}));
+      gpus.push_back(cuda::make_cuda_device(g, {.gpu = 0, .capacity = 16 * kMiB, .bf16_exact = true}));
     }
     const TrainRun pp_cpu = program_run(cpus);
     // Bit-exact in test_executor (bf16: the trainer over u_bwd's microbatches), a sanity check of the set-up here.
