@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/atomic_file.hpp"
 #include "core/base/input_file.hpp"
 
 namespace harmony::backend {
@@ -230,9 +231,10 @@ WeightFiles WeightFiles::open(const std::string& path) {
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
-    throw BackendError(fmt::format("{}: not valid JSON ({}); it should be the model.safetensors.index.json that came "
-                                   "with the shards",
-                                   path, e.what()));
+    throw BackendError(
+        fmt::format("{}: not valid JSON ({}); it should be the model.safetensors.index.json that came "
+                    "with the shards",
+                    path, e.what()));
   }
   // "PATH:LINE:COL" of the NTH occurrence of KEY (quoted) in the index.
   auto loc = [&](const std::string& key, int nth = 1) {
@@ -247,38 +249,43 @@ WeightFiles WeightFiles::open(const std::string& path) {
     return text_loc(path, *text, pos == std::string::npos ? 0 : pos);
   };
   if (!duplicate.empty())
-    throw BackendError(fmt::format("{}: \"{}\" appears twice in the index: a tensor is stored once; use the index "
-                                   "that came with the shards",
-                                   loc(duplicate, 2), duplicate));
+    throw BackendError(
+        fmt::format("{}: \"{}\" appears twice in the index: a tensor is stored once; use the index "
+                    "that came with the shards",
+                    loc(duplicate, 2), duplicate));
   const auto map = doc.is_object() ? doc.find("weight_map") : doc.end();
   if (!doc.is_object() || map == doc.end() || !map->is_object() || map->empty())
-    throw BackendError(fmt::format("{}: a sharded checkpoint's index needs a \"weight_map\" object (tensor name -> "
-                                   "shard file), as save_pretrained writes it",
-                                   doc.is_object() && map != doc.end() ? loc("weight_map") : path + ":1:1"));
+    throw BackendError(
+        fmt::format("{}: a sharded checkpoint's index needs a \"weight_map\" object (tensor name -> "
+                    "shard file), as save_pretrained writes it",
+                    doc.is_object() && map != doc.end() ? loc("weight_map") : path + ":1:1"));
   const fs::path dir = fs::path(path).parent_path();
   std::map<std::string, std::size_t> shard_of_file;        // shard file name -> index in owned_
   std::map<std::string, std::size_t, std::less<>> mapped;  // tensor -> index in owned_
   for (const auto& [tensor, shard] : map->items()) {
     const std::string file = shard.is_string() ? shard.get<std::string>() : std::string();
-    if (file.empty() || file.find('/') != std::string::npos || file.find('\\') != std::string::npos ||
-        file == "." || file == "..")
-      throw BackendError(fmt::format("{}: tensor \"{}\" maps to {}; each entry must name a shard file in the index's "
-                                     "folder (\"model-00001-of-00002.safetensors\")",
-                                     loc(tensor), tensor, shard.dump()));
+    if (file.empty() || file.find('/') != std::string::npos || file.find('\\') != std::string::npos || file == "." ||
+        file == "..")
+      throw BackendError(
+          fmt::format("{}: tensor \"{}\" maps to {}; each entry must name a shard file in the index's "
+                      "folder (\"model-00001-of-00002.safetensors\")",
+                      loc(tensor), tensor, shard.dump()));
     auto it = shard_of_file.find(file);
     if (it == shard_of_file.end()) {
       const std::string shard_path = (dir / file).string();
       if (const auto why = core::input_file_problem(shard_path))
-        throw BackendError(fmt::format("{}: tensor \"{}\" is in shard {}, which cannot be read ({}: {}): download "
-                                       "every shard the index names into its folder",
-                                       loc(tensor), tensor, file, shard_path, *why));
+        throw BackendError(
+            fmt::format("{}: tensor \"{}\" is in shard {}, which cannot be read ({}: {}): download "
+                        "every shard the index names into its folder",
+                        loc(tensor), tensor, file, shard_path, *why));
       it = shard_of_file.emplace(file, w.owned_.size()).first;
       w.owned_.push_back(SafetensorsReader::open(shard_path));
     }
     if (w.owned_[it->second].find(tensor) == nullptr)
-      throw BackendError(fmt::format("{}: tensor \"{}\" is mapped to {}, which does not hold it: the index and the "
-                                     "shards are from different saves; download them together again",
-                                     loc(tensor), tensor, w.owned_[it->second].name()));
+      throw BackendError(
+          fmt::format("{}: tensor \"{}\" is mapped to {}, which does not hold it: the index and the "
+                      "shards are from different saves; download them together again",
+                      loc(tensor), tensor, w.owned_[it->second].name()));
     mapped.emplace(tensor, it->second);
   }
   for (std::size_t i = 0; i < w.owned_.size(); ++i) {
@@ -307,7 +314,8 @@ Gpt2Config gpt2_config_from(const WeightFiles& f, int n_head) {
   const WeightFiles::Found wpe_at = need(f, prefix + "wpe.weight");
   const TensorInfo& wte = *wte_at.info;
   const TensorInfo& wpe = *wpe_at.info;
-  if (wte.shape.size() != 2) throw FormatError(wte_at.file->name(), at(wte_at), "wte.weight must be 2-D [vocab, n_embd]");
+  if (wte.shape.size() != 2)
+    throw FormatError(wte_at.file->name(), at(wte_at), "wte.weight must be 2-D [vocab, n_embd]");
   if (wpe.shape.size() != 2 || wpe.shape[1] != wte.shape[1])
     throw FormatError(wpe_at.file->name(), at(wpe_at),
                       fmt::format("wpe.weight must be [n_positions, {}]", wte.shape[1]));
@@ -360,8 +368,8 @@ void load_gpt2_weights(const WeightFiles& f, HostState& state) {
         throw FormatError(found.file->name(), at(found),
                           fmt::format("tensor '{}' has shape [{}], the model expects [{}]", name,
                                       fmt::join(t.shape, ", "), fmt::join(p.shape, ", ")));
-      found.file->read_f32(name, state.weights(l).subspan(static_cast<std::size_t>(p.offset),
-                                                          static_cast<std::size_t>(p.numel)));
+      found.file->read_f32(
+          name, state.weights(l).subspan(static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel)));
     }
   }
   state.sync_tied();
@@ -500,6 +508,60 @@ void save_gpt2_weights(const std::string& path, const HostState& state) {
     }
   }
   write_safetensors(path, views, {{"format", "pt"}, {"n_head", std::to_string(model.config().n_head)}});
+}
+
+namespace {
+
+// A float as the JSON number that prints shortest and reads back (through double) to the same float: 1e-05, not
+// 9.999999747378752e-06.
+nlohmann::json float_json(float v) { return std::stod(fmt::format("{}", v)); }
+
+}  // namespace
+
+std::string hf_config_json(const Gpt2Config& c) {
+  nlohmann::ordered_json j;
+  if (c.arch == Arch::Llama) {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["vocab_size"] = c.vocab_size;
+    j["max_position_embeddings"] = c.max_seq_len;
+    j["num_hidden_layers"] = c.n_layer;
+    j["num_attention_heads"] = c.n_head;
+    j["num_key_value_heads"] = c.kv_heads();
+    j["hidden_size"] = c.n_embd;
+    j["intermediate_size"] = c.intermediate_size;
+    j["head_dim"] = c.n_embd / c.n_head;
+    j["rms_norm_eps"] = float_json(c.ln_eps);
+    j["rope_theta"] = float_json(c.rope_theta);
+    j["rope_scaling"] = nullptr;
+    j["tie_word_embeddings"] = c.tie_embeddings;
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+  } else {
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = "gpt2";
+    j["vocab_size"] = c.vocab_size;
+    j["n_positions"] = c.max_seq_len;
+    j["n_layer"] = c.n_layer;
+    j["n_head"] = c.n_head;
+    j["n_embd"] = c.n_embd;
+    j["n_inner"] = nullptr;
+    j["activation_function"] = "gelu_new";
+    j["layer_norm_epsilon"] = float_json(c.ln_eps);
+    j["tie_word_embeddings"] = true;
+  }
+  j["torch_dtype"] = "float32";  // save_gpt2_weights writes F32
+  return j.dump(2) + "\n";
+}
+
+std::string hf_config_path_for(const std::string& path) {
+  return (std::filesystem::path(path).parent_path() / "config.json").string();
+}
+
+void save_hf_model(const std::string& path, const HostState& state) {
+  save_gpt2_weights(path, state);
+  core::write_file_atomic(hf_config_path_for(path), hf_config_json(state.model().config()), "the model's config.json");
 }
 
 }  // namespace harmony::backend

@@ -81,4 +81,16 @@ void load_gpt2_weights_at(const std::string& path, HostState& state);
 // Writes state's weights with HF names (no prefix, no lm_head) and metadata {"format": "pt", "n_head": H}.
 void save_gpt2_weights(const std::string& path, const HostState& state);
 
+// The config.json Hugging Face's transformers reads for this model (GPT2Config: model_type gpt2, n_layer, n_embd,
+// n_head, n_positions, vocab_size, layer_norm_epsilon, gelu_new; LlamaConfig: model_type llama and every key
+// llama_config_from reads), which gpt2_config_at reads back to the same Gpt2Config.
+std::string hf_config_json(const Gpt2Config& config);
+// The model as a Hugging Face folder: save_gpt2_weights(PATH) and then hf_config_json as config.json in PATH's
+// folder (replacing one there), so that FOLDER/model.safetensors makes FOLDER loadable by harmony-run's model.weights
+// and by transformers' from_pretrained. core::FileError names the file that could not be written (the weights are
+// written first: a failed config.json leaves them written).
+void save_hf_model(const std::string& path, const HostState& state);
+// Where save_hf_model writes config.json for weights at PATH.
+std::string hf_config_path_for(const std::string& path);
+
 }  // namespace harmony::backend

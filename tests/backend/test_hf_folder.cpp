@@ -191,3 +191,70 @@ TEST_CASE("sharded folder: every broken set is a located error with the fix") {
     CHECK(error_of(dir).find("must name a shard file in the index's folder") != std::string::npos);
   }
 }
+
+namespace {
+
+// Saves STATE as a Hugging Face folder (save_hf_model into DIR/model.safetensors) and checks that the folder reads
+// back to the same config and the same weights bit for bit.
+void check_round_trip(const HostState& state, const fs::path& dir) {
+  save_hf_model((dir / "model.safetensors").string(), state);
+  REQUIRE(fs::exists(dir / "config.json"));
+  const Gpt2Config back = gpt2_config_at(dir.string());
+  CHECK(back == state.model().config());
+  HostState got{Gpt2(back)};
+  load_gpt2_weights_at(dir.string(), got);
+  for (int l = 0; l < state.model().num_layers(); ++l)
+    CHECK(std::memcmp(got.weights(l).data(), state.weights(l).data(), state.weights(l).size() * sizeof(float)) == 0);
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+TEST_CASE("save_hf_model: config.json beside the weights, the folder loads back") {
+  SUBCASE("Llama (the oracle's folder): the keys transformers' LlamaConfig reads") {
+    TempDir tmp("save_llama");
+    const Gpt2Config c = gpt2_config_at(tiny_dir());
+    HostState state{Gpt2(c)};
+    load_gpt2_weights_at(tiny_dir(), state);
+    check_round_trip(state, tmp.path);
+    const nlohmann::json j = read_json(tmp.path / "config.json");
+    const nlohmann::json want = read_json(tiny_dir() + "config.json");  // written by make_llama_oracle.py
+    for (const auto& [key, value] : want.items()) CHECK_MESSAGE(j.at(key) == value, key);
+    CHECK(j.at("rms_norm_eps").dump() == "1e-05");  // the float's shortest form, not 9.99999974e-06
+    CHECK(j.at("torch_dtype") == "float32");
+  }
+  SUBCASE("Llama, tied head, rope_theta 500000, rms_norm_eps 1e-6") {
+    TempDir tmp("save_tied");
+    Gpt2Config c = gpt2_config_at(tiny_dir());
+    c.tie_embeddings = true;
+    c.rope_theta = 500000.0f;
+    c.ln_eps = 1e-6f;
+    c.n_kv_head = 1;
+    HostState state{Gpt2(c)};
+    state.init_weights(7);
+    check_round_trip(state, tmp.path);
+    const nlohmann::json j = read_json(tmp.path / "config.json");
+    CHECK(j.at("tie_word_embeddings") == true);
+    CHECK(j.at("num_key_value_heads") == 1);
+    CHECK(j.at("rope_theta").dump() == "500000.0");
+  }
+  SUBCASE("GPT-2 (gpt2_tiny, whose file has no config.json): GPT2Config's keys") {
+    TempDir tmp("save_gpt2");
+    const std::string src =
+        std::string(std::getenv("HARMONY_SOURCE_DIR") != nullptr ? std::getenv("HARMONY_SOURCE_DIR") : ".") +
+        "/tests/data/gpt2_tiny/model.safetensors";
+    const Gpt2Config c = gpt2_config_at(src);
+    HostState state{Gpt2(c)};
+    load_gpt2_weights_at(src, state);
+    check_round_trip(state, tmp.path);
+    const nlohmann::json j = read_json(tmp.path / "config.json");
+    CHECK(j.at("model_type") == "gpt2");
+    CHECK(j.at("n_head") == c.n_head);
+    CHECK(j.at("n_positions") == c.max_seq_len);
+    CHECK(j.at("activation_function") == "gelu_new");
+  }
+}
