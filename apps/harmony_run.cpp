@@ -284,6 +284,12 @@ Setup make_setup(const Cli& cli) {
         cfg.model.loc,
         fmt::format("model.seq_len = {} exceeds the model's {} positions", cfg.model.seq_len, gc.max_seq_len),
         "use a shorter seq_len");
+  if (gc.sliding_window > 0 && cfg.model.seq_len > gc.sliding_window)
+    throw core::ConfigError(cfg.model.loc,
+                            fmt::format("model.seq_len = {} exceeds the model's sliding_window {} (config.json), which "
+                                        "harmony-run does not model: every token attends to every earlier one",
+                                        cfg.model.seq_len, gc.sliding_window),
+                            fmt::format("use a seq_len of at most {}", gc.sliding_window));
   s.model = std::make_unique<backend::Gpt2>(gc);
   // read before the plan is known (the pre-flight checks come later): a failure names the data
   s.tokens = allocating(

@@ -122,11 +122,13 @@ int metadata_heads(const SafetensorsReader& f) {
   return m;
 }
 
-// The Llama-family shape of config.json (model_type llama): every key that changes the math is read, or refused
-// when it asks for something harmony's Llama block does not compute.
-Gpt2Config llama_config_from(const ConfigJson& cj) {
+// The Llama-family shape of config.json (model_type llama, mistral or qwen2): every key that changes the math is
+// read, or refused by name when it asks for something harmony's Llama block does not compute.
+Gpt2Config llama_config_from(const ConfigJson& cj, const std::string& model_type) {
+  const bool qwen2 = model_type == "qwen2", mistral = model_type == "mistral";
   Gpt2Config c;
   c.arch = Arch::Llama;
+  c.qkv_bias = qwen2;  // Qwen2's q_proj, k_proj and v_proj always carry biases (Qwen2Config has no key for it)
   auto required = [&](const char* key) {
     const std::optional<int> v = cj.positive(key);
     if (!v)
@@ -160,18 +162,40 @@ Gpt2Config llama_config_from(const ConfigJson& cj) {
   }
   cj.must_be("hidden_act", "silu", "harmony's Llama MLP computes SwiGLU with silu");
   for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (qwen2) break;  // Qwen2Config reads neither: its biases are q, k and v's, always
     const auto it = cj.json.find(key);
     if (it != cj.json.end() && !(it->is_boolean() && !it->get<bool>()) && !it->is_null())
-      throw BackendError(
-          fmt::format("{}: {} is {}, but harmony's Llama block has no biases", cj.loc(key), key, it->dump()));
+      throw BackendError(fmt::format(
+          "{}: {} is {}, but harmony's Llama block has no biases (only Qwen2's q/k/v biases, model_type qwen2)",
+          cj.loc(key), key, it->dump()));
   }
-  for (const char* key : {"rope_scaling", "sliding_window"}) {
+  auto not_modelled = [&](const char* key, const nlohmann::json& value, const std::string& fix) {
+    throw BackendError(
+        fmt::format("{}: {} is {}, which harmony-run does not model (plain RoPE, every token attending "
+                    "to every earlier one); {}",
+                    cj.loc(key), key, value.dump(), fix));
+  };
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const auto it = cj.json.find(key);
-    if (it != cj.json.end() && !it->is_null())
-      throw BackendError(
-          fmt::format("{}: {} is {}, which harmony-run does not model (only plain RoPE over every "
-                      "earlier token); remove it or set it to null",
-                      cj.loc(key), key, it->dump()));
+    if (it != cj.json.end() && !it->is_null()) not_modelled(key, *it, "remove it or set it to null");
+  }
+  if (const auto it = cj.json.find("sliding_window"); mistral) {
+    // MistralConfig: 4096 when absent, null for none. Within T tokens a window of >= T keys is plain causal attention,
+    // so the window is kept and checked against the run's seq_len (Gpt2Config::sliding_window).
+    c.sliding_window = 4096;
+    if (it != cj.json.end()) c.sliding_window = it->is_null() ? 0 : cj.positive("sliding_window").value_or(0);
+  } else if (qwen2) {
+    // Qwen2Config always writes sliding_window; it applies only with use_sliding_window
+    if (const auto use = cj.json.find("use_sliding_window"); use != cj.json.end() && !use->is_null()) {
+      if (!use->is_boolean())
+        throw BackendError(fmt::format("{}: use_sliding_window must be true or false, got {}",
+                                       cj.loc("use_sliding_window"), use->dump()));
+      if (use->get<bool>()) not_modelled("use_sliding_window", *use, "set it to false (Qwen2's default)");
+    }
+  } else if (it != cj.json.end() && !it->is_null()) {
+    not_modelled("sliding_window", *it,
+                 "remove it or set it to null (or use model_type mistral, whose window "
+                 "harmony-run checks against seq_len)");
   }
   if (const std::optional<int> hd = cj.positive("head_dim"); hd && c.n_head > 0 && *hd * c.n_head != c.n_embd)
     throw BackendError(
@@ -440,8 +464,11 @@ Gpt2Config gpt2_config_at(const std::string& path, int n_head) {
     return gpt2_config_from(f, n_head);
   }
   const ConfigJson cj = ConfigJson::read(files.config_json);
-  if (const auto mt = cj.json.find("model_type"); mt != cj.json.end() && *mt == "llama") return llama_config_from(cj);
-  cj.must_be("model_type", "gpt2", "harmony-run trains GPT-2 (gpt2) and Llama (llama) models only");
+  if (const auto mt = cj.json.find("model_type");
+      mt != cj.json.end() && (*mt == "llama" || *mt == "mistral" || *mt == "qwen2"))
+    return llama_config_from(cj, mt->get<std::string>());
+  cj.must_be("model_type", "gpt2",
+             "harmony-run trains GPT-2 (gpt2) and the Llama family (llama, mistral, qwen2) models only");
   cj.must_be("activation_function", "gelu_new",
              "harmony's GPT-2 computes gelu_new (the tanh approximation), so these weights would compute another "
              "function");
@@ -521,8 +548,12 @@ nlohmann::json float_json(float v) { return std::stod(fmt::format("{}", v)); }
 std::string hf_config_json(const Gpt2Config& c) {
   nlohmann::ordered_json j;
   if (c.arch == Arch::Llama) {
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
+    // Qwen2's q/k/v biases are its model_type's; a sliding window is Mistral's (LlamaConfig has neither)
+    const char* type = c.qkv_bias ? "qwen2" : c.sliding_window > 0 ? "mistral" : "llama";
+    j["architectures"] = {c.qkv_bias             ? "Qwen2ForCausalLM"
+                          : c.sliding_window > 0 ? "MistralForCausalLM"
+                                                 : "LlamaForCausalLM"};
+    j["model_type"] = type;
     j["vocab_size"] = c.vocab_size;
     j["max_position_embeddings"] = c.max_seq_len;
     j["num_hidden_layers"] = c.n_layer;
@@ -536,8 +567,14 @@ std::string hf_config_json(const Gpt2Config& c) {
     j["rope_scaling"] = nullptr;
     j["tie_word_embeddings"] = c.tie_embeddings;
     j["hidden_act"] = "silu";
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
+    if (c.qkv_bias) {
+      j["use_sliding_window"] = false;
+    } else if (c.sliding_window > 0) {
+      j["sliding_window"] = c.sliding_window;
+    } else {
+      j["attention_bias"] = false;
+      j["mlp_bias"] = false;
+    }
   } else {
     j["architectures"] = {"GPT2LMHeadModel"};
     j["model_type"] = "gpt2";

@@ -242,6 +242,23 @@ TEST_CASE("save_hf_model: config.json beside the weights, the folder loads back"
     CHECK(j.at("num_key_value_heads") == 1);
     CHECK(j.at("rope_theta").dump() == "500000.0");
   }
+  SUBCASE("Qwen2 (q/k/v biases) and Mistral (a sliding window) keep their model_type") {
+    TempDir tmp("save_qwen2");
+    const std::string qwen2 = tiny_dir() + "../qwen2_tiny/";
+    const Gpt2Config c = gpt2_config_at(qwen2);
+    REQUIRE(c.qkv_bias);
+    HostState state{Gpt2(c)};
+    load_gpt2_weights_at(qwen2, state);
+    check_round_trip(state, tmp.path);
+    CHECK(read_json(tmp.path / "config.json").at("model_type") == "qwen2");
+    TempDir tmp2("save_mistral");
+    Gpt2Config m = gpt2_config_at(tiny_dir());
+    m.sliding_window = 16;
+    HostState ms{Gpt2(m)};
+    ms.init_weights(3);
+    check_round_trip(ms, tmp2.path);
+    CHECK(read_json(tmp2.path / "config.json").at("model_type") == "mistral");
+  }
   SUBCASE("GPT-2 (gpt2_tiny, whose file has no config.json): GPT2Config's keys") {
     TempDir tmp("save_gpt2");
     const std::string src =

@@ -112,6 +112,8 @@ with tempfile.TemporaryDirectory() as tmp:
                 "machine: {preset: cpu-4x, gpu_memory: 8MiB}\n"
                 "plan: {mode: harmony-pp, gpus: 2, minibatch: 4, u_fwd: 1, u_bwd: 1, pack_size: 2}\n"
                 "train: {steps: 2, data: {synthetic_tokens: 4096, seed: 1}}\n")
+    with open(os.path.join(TINY, "config.json")) as f:
+        tiny_cfg = json.load(f)
     tuned = os.path.join(tmp, "tuned")
     os.mkdir(tuned)
     out = os.path.join(tuned, "model.safetensors")
@@ -124,8 +126,6 @@ with tempfile.TemporaryDirectory() as tmp:
         check("--save-weights writes the HF names", names == sorted(k for k in want if k != "__metadata__"), names[:4])
         with open(os.path.join(tuned, "config.json")) as f:
             saved_cfg = json.load(f)
-        with open(os.path.join(TINY, "config.json")) as f:
-            tiny_cfg = json.load(f)
         check("--save-weights writes config.json beside the weights, with the folder's keys",
               all(saved_cfg.get(k) == v for k, v in tiny_cfg.items()), saved_cfg)
         # the saved folder trains on from where the run stopped: its first loss is below the oracle folder's
@@ -157,6 +157,21 @@ with tempfile.TemporaryDirectory() as tmp:
     check("a missing shard: exit 2 naming the index, the shard and the fix", r.returncode == 2 and
           "model.safetensors.index.json:" in r.stderr and "model-00002-of-00003.safetensors" in r.stderr and
           "download every shard" in r.stderr, (r.returncode, r.stderr[-400:]))
+    # Mistral: a sliding_window below seq_len is not modelled, and said so by name before any work
+    mistral = os.path.join(tmp, "mistral")
+    os.mkdir(mistral)
+    shutil.copy(os.path.join(TINY, "model.safetensors"), mistral)
+    with open(os.path.join(mistral, "config.json"), "w") as f:
+        json.dump(dict(tiny_cfg, model_type="mistral", sliding_window=8), f)
+    mcfg = os.path.join(tmp, "mistral.yaml")
+    with open(mcfg, "w") as f:
+        f.write(open(cfg).read().replace(TINY, mistral))
+    r = run("train", mcfg, "--quiet")
+    check("mistral, sliding_window 8 < seq_len 16: exit 2 naming it", r.returncode == 2 and "sliding_window 8" in
+          r.stderr and "mistral.yaml:" in r.stderr and "does not model" in r.stderr, (r.returncode, r.stderr[-400:]))
+    r = run("train", mcfg, "--quiet", "--set", "model.seq_len=8", "--format", "json")
+    check("mistral, sliding_window 8 = seq_len: trains", r.returncode == 0, r.stderr[-400:])
+
     bad = os.path.join(tmp, "bad.yaml")
     with open(LLAMA) as f:
         text = f.read()
