@@ -1,6 +1,6 @@
-// Loading and saving GPT-2 weights under Hugging Face names (see hf_weights.hpp): the Hub's folder layout
-// (model.safetensors + config.json), config inference from shapes checked against config.json, the
-// transformer. prefix, the tied lm_head, ignored mask buffers and F16/BF16 tensors.
+// Loading and saving GPT-2 and Llama-family weights under Hugging Face names (see hf_weights.hpp): the Hub's folder
+// layout (model.safetensors or a sharded index + config.json), config inference from shapes checked against
+// config.json, the transformer. prefix, the tied lm_head, ignored buffers, F16/BF16 tensors, config.json written back.
 #include "backend/model/hf_weights.hpp"
 
 #include <algorithm>
@@ -210,6 +210,53 @@ Gpt2Config llama_config_from(const ConfigJson& cj, const std::string& model_type
   return c;
 }
 
+// "PATH:LINE:COL" of the NTH occurrence of KEY (quoted) in TEXT, of its start when there are fewer.
+std::string nth_loc(const std::string& path, const std::string& text, const std::string& key, int nth = 1) {
+  const std::string quoted = nlohmann::json(key).dump();
+  std::size_t pos = std::string::npos, from = 0;
+  for (; nth > 0; --nth) {
+    const std::size_t next = text.find(quoted, from);
+    if (next == std::string::npos) break;
+    pos = next;
+    from = next + 1;
+  }
+  return text_loc(path, text, pos == std::string::npos ? 0 : pos);
+}
+
+// A sharded checkpoint's index (model.safetensors.index.json), read into TEXT and parsed; a key repeated in any object
+// (which nlohmann would keep the last of silently) is an error at its second occurrence.
+nlohmann::json read_index(const std::string& path, std::string& text_out) {
+  std::string problem;
+  auto text = core::try_read_input_file(path, &problem);
+  if (!text) throw BackendError(fmt::format("{}: cannot read the sharded checkpoint's index: {}", path, problem));
+  // Duplicate keys: nlohmann keeps the last silently, so the parser callback records the first repeated one.
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(*text, [&](int /*depth*/, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+      using E = nlohmann::json::parse_event_t;
+      if (ev == E::object_start) keys.emplace_back();
+      if (ev == E::object_end && !keys.empty()) keys.pop_back();
+      if (ev == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+        duplicate = parsed.get<std::string>();
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
+    throw BackendError(
+        fmt::format("{}: not valid JSON ({}); it should be the model.safetensors.index.json that came "
+                    "with the shards",
+                    path, e.what()));
+  }
+  text_out = std::move(*text);
+  if (!duplicate.empty())
+    throw BackendError(
+        fmt::format("{}: \"{}\" appears twice in the index: a tensor is stored once; use the index "
+                    "that came with the shards",
+                    nth_loc(path, text_out, duplicate, 2), duplicate));
+  return doc;
+}
+
 }  // namespace
 
 WeightFiles::WeightFiles(const SafetensorsReader& one) : name_(one.name()), view_(&one) {}
@@ -238,45 +285,9 @@ WeightFiles WeightFiles::open(const std::string& path) {
   }
   namespace fs = std::filesystem;
   w.index_ = path;
-  std::string problem;
-  auto text = core::try_read_input_file(path, &problem);
-  if (!text) throw BackendError(fmt::format("{}: cannot read the sharded checkpoint's index: {}", path, problem));
-  // Duplicate keys: nlohmann keeps the last silently, so the parser callback records the first repeated one.
-  std::vector<std::set<std::string>> keys;
-  std::string duplicate;
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(*text, [&](int /*depth*/, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-      using E = nlohmann::json::parse_event_t;
-      if (ev == E::object_start) keys.emplace_back();
-      if (ev == E::object_end && !keys.empty()) keys.pop_back();
-      if (ev == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-        duplicate = parsed.get<std::string>();
-      return true;
-    });
-  } catch (const nlohmann::json::exception& e) {
-    throw BackendError(
-        fmt::format("{}: not valid JSON ({}); it should be the model.safetensors.index.json that came "
-                    "with the shards",
-                    path, e.what()));
-  }
-  // "PATH:LINE:COL" of the NTH occurrence of KEY (quoted) in the index.
-  auto loc = [&](const std::string& key, int nth = 1) {
-    const std::string quoted = nlohmann::json(key).dump();
-    std::size_t pos = std::string::npos, from = 0;
-    for (; nth > 0; --nth) {
-      const std::size_t next = text->find(quoted, from);
-      if (next == std::string::npos) break;
-      pos = next;
-      from = next + 1;
-    }
-    return text_loc(path, *text, pos == std::string::npos ? 0 : pos);
-  };
-  if (!duplicate.empty())
-    throw BackendError(
-        fmt::format("{}: \"{}\" appears twice in the index: a tensor is stored once; use the index "
-                    "that came with the shards",
-                    loc(duplicate, 2), duplicate));
+  std::string text;
+  const nlohmann::json doc = read_index(path, text);
+  auto loc = [&](const std::string& key) { return nth_loc(path, text, key); };
   const auto map = doc.is_object() ? doc.find("weight_map") : doc.end();
   if (!doc.is_object() || map == doc.end() || !map->is_object() || map->empty())
     throw BackendError(
