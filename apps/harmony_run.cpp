@@ -284,6 +284,12 @@ Setup make_setup(const Cli& cli) {
         cfg.model.loc,
         fmt::format("model.seq_len = {} exceeds the model's {} positions", cfg.model.seq_len, gc.max_seq_len),
         "use a shorter seq_len");
+  if (gc.sliding_window > 0 && cfg.model.seq_len > gc.sliding_window)
+    throw core::ConfigError(cfg.model.loc,
+                            fmt::format("model.seq_len = {} exceeds the model's sliding_window {} (config.json), which "
+                                        "harmony-run does not model: every token attends to every earlier one",
+                                        cfg.model.seq_len, gc.sliding_window),
+                            fmt::format("use a seq_len of at most {}", gc.sliding_window));
   s.model = std::make_unique<backend::Gpt2>(gc);
   // read before the plan is known (the pre-flight checks come later): a failure names the data
   s.tokens = allocating(
@@ -830,7 +836,10 @@ double prediction_error(const Prediction& predicted, double measured_step_s) {
 // Every file the run will write, checked before any work so that a bad path never throws a run away.
 void check_train_outputs(const Cli& cli, const core::TrainConfig& cfg) {
   if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
-  if (!cli.save_weights.empty()) core::check_output_file(cli.save_weights, "the weights (--save-weights)");
+  if (!cli.save_weights.empty()) {
+    core::check_output_file(cli.save_weights, "the weights (--save-weights)");
+    core::check_output_file(backend::hf_config_path_for(cli.save_weights), "the weights' config.json (--save-weights)");
+  }
   if (!cfg.checkpoint.dir.empty()) core::check_output_dir(cfg.checkpoint.dir, "the checkpoint directory");
 }
 
@@ -1148,7 +1157,7 @@ int cmd_train(const Cli& cli) {
   run_executor->sync_state();  // a resident kind's weights and moments are on its devices until now
   if (!ckdir.empty() && log.ran > 0 && (cfg.checkpoint.every == 0 || cfg.train.steps % cfg.checkpoint.every != 0))
     ck.save(cfg.train.steps, log.losses, *s.state, cfg.checkpoint.keep);
-  if (!cli.save_weights.empty()) backend::save_gpt2_weights(cli.save_weights, *s.state);
+  if (!cli.save_weights.empty()) backend::save_hf_model(cli.save_weights, *s.state);
   if (!cli.trace.empty() && log.ran > 0) {
     nlohmann::json doc = core::chrome_trace_json(program, log.traced.begin, log.traced.end,
                                                  core::TraceMeta{"harmony-run (" + cfg.device + ")", chosen.title});
@@ -1266,7 +1275,8 @@ int run_cli(int argc, char** argv) {
   train->add_option("--checkpoint-every", cli.checkpoint_every, "steps between checkpoints (checkpoint.every)")
       ->check(kNonNegativeInt);
   train->add_flag("--resume", cli.resume, "continue from the newest checkpoint in the checkpoint directory");
-  train->add_option("--save-weights", cli.save_weights, "write the trained weights (HF GPT-2 safetensors)");
+  train->add_option("--save-weights", cli.save_weights,
+                    "write the trained weights (HF safetensors) and config.json beside them");
   train->add_flag("--quiet", cli.quiet, "no progress output");
   train
       ->add_option("--executor", cli.executor,

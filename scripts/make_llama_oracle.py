@@ -9,6 +9,9 @@
 #   /usr/bin/python3 scripts/make_llama_oracle.py [OUT_DIR [BF16_OUT_DIR]]
 #   (default tests/data/llama_tiny and tests/data/llama_tiny_bf16: the same run in bf16 mixed precision, losses and
 #   step-0 gradients)
+#   /usr/bin/python3 scripts/make_llama_oracle.py --qwen2 [OUT_DIR]
+#   (default tests/data/qwen2_tiny: the same model as Qwen2 writes it, model_type qwen2, with biases on q_proj, k_proj
+#   and v_proj (Qwen2Attention's; o_proj and the MLP have none), drawn normal(0, 0.02) so that they matter; fp32 only)
 import json
 import math
 import os
@@ -26,6 +29,11 @@ CONFIG = dict(model_type="llama", vocab_size=128, max_position_embeddings=32, nu
               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu",
               attention_bias=False, mlp_bias=False)
 SEED = 4321
+# Qwen2Config keys (Qwen2 has no attention_bias key: its q, k and v projections always carry biases).
+QWEN2_CONFIG = dict(model_type="qwen2", vocab_size=128, max_position_embeddings=32, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=48,
+                    rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu",
+                    use_sliding_window=False, sliding_window=32, max_window_layers=2, attention_dropout=0.0)
 
 
 def init_params(cfg, gen):
@@ -45,6 +53,10 @@ def init_params(cfg, gen):
         p[h + "self_attn.q_proj.weight"] = normal(C, C)
         p[h + "self_attn.k_proj.weight"] = normal(KV, C)
         p[h + "self_attn.v_proj.weight"] = normal(KV, C)
+        if cfg["model_type"] == "qwen2":
+            p[h + "self_attn.q_proj.bias"] = normal(C)
+            p[h + "self_attn.k_proj.bias"] = normal(KV)
+            p[h + "self_attn.v_proj.bias"] = normal(KV)
         p[h + "self_attn.o_proj.weight"] = normal(C, C, std=proj_std)
         p[h + "post_attention_layernorm.weight"] = 1.0 + normal(C, std=0.1)
         p[h + "mlp.gate_proj.weight"] = normal(I, C)
@@ -83,9 +95,12 @@ def forward(p, cfg, idx, targets):
     for i in range(L):
         h = f"model.layers.{i}."
         a = rms_norm(x, p[h + "input_layernorm.weight"], eps)
-        q = F.linear(a, p[h + "self_attn.q_proj.weight"]).view(Bn, Tn, H, D).transpose(1, 2)
-        k = F.linear(a, p[h + "self_attn.k_proj.weight"]).view(Bn, Tn, Hkv, D).transpose(1, 2)
-        v = F.linear(a, p[h + "self_attn.v_proj.weight"]).view(Bn, Tn, Hkv, D).transpose(1, 2)
+        q = F.linear(a, p[h + "self_attn.q_proj.weight"], p.get(h + "self_attn.q_proj.bias"))
+        k = F.linear(a, p[h + "self_attn.k_proj.weight"], p.get(h + "self_attn.k_proj.bias"))
+        v = F.linear(a, p[h + "self_attn.v_proj.weight"], p.get(h + "self_attn.v_proj.bias"))
+        q = q.view(Bn, Tn, H, D).transpose(1, 2)
+        k = k.view(Bn, Tn, Hkv, D).transpose(1, 2)
+        v = v.view(Bn, Tn, Hkv, D).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(H // Hkv, dim=1)  # repeat_kv
@@ -195,13 +210,16 @@ def read_tokens(path):
 
 def main():
     data_dir = os.path.join(os.path.dirname(__file__), "..", "tests", "data")
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(data_dir, "llama_tiny")
+    args = sys.argv[1:]
+    qwen2 = "--qwen2" in args
+    args = [a for a in args if a != "--qwen2"]
+    out = args[0] if args else os.path.join(data_dir, "qwen2_tiny" if qwen2 else "llama_tiny")
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(SEED)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     gen = torch.Generator().manual_seed(SEED)
-    cfg = CONFIG
+    cfg = QWEN2_CONFIG if qwen2 else CONFIG
     params = init_params(cfg, gen)
     masters = {k: torch.nn.Parameter(v.detach().clone()) for k, v in params.items()}  # for main_bf16
     tokens_dir = os.path.join(data_dir, "gpt2_tiny")
@@ -210,7 +228,7 @@ def main():
     meta = {"format": "pt"}
     write_safetensors(os.path.join(out, "model.safetensors"), params, meta)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(dict(architectures=["LlamaForCausalLM"], **cfg), f, indent=2)
+        json.dump(dict(architectures=["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"], **cfg), f, indent=2)
         f.write("\n")
 
     opt = torch.optim.AdamW(list(params.values()), lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"],
@@ -231,8 +249,9 @@ def main():
     write_safetensors(os.path.join(out, "final.safetensors"), params, meta)
     rel = os.path.relpath(tokens_dir, out)
     oracle = {
-        "description": "tiny Llama (GQA, SwiGLU, RoPE, untied head) trained with torch.optim.AdamW by "
-                       "scripts/make_llama_oracle.py",
+        "description": ("tiny Qwen2 (q/k/v biases, " if qwen2 else "tiny Llama (") +
+                       "GQA, SwiGLU, RoPE, untied head) trained with torch.optim.AdamW by scripts/make_llama_oracle.py" +
+                       (" --qwen2" if qwen2 else ""),
         "torch_version": torch.__version__,
         "seed": SEED,
         "config": cfg,
@@ -251,7 +270,9 @@ def main():
         json.dump(oracle, f, indent=2)
         f.write("\n")
     print("losses:", " ".join(f"{x:.6f}" for x in losses))
-    out_bf16 = sys.argv[2] if len(sys.argv) > 2 else os.path.join(data_dir, "llama_tiny_bf16")
+    if qwen2:
+        return
+    out_bf16 = args[1] if len(args) > 1 else os.path.join(data_dir, "llama_tiny_bf16")
     main_bf16(out_bf16, masters, tokens, cfg, out, os.path.relpath(os.path.join(tokens_dir, "tokens.bin"), out_bf16))
 
 

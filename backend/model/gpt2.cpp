@@ -25,8 +25,9 @@ void Gpt2Config::validate() const {
     throw BackendError(fmt::format("{}: n_embd {} is not a multiple of n_head {}", who, n_embd, n_head));
   if (!(ln_eps > 0)) throw BackendError(fmt::format("{}: ln_eps must be positive", who));
   if (arch == Arch::Gpt2) {
-    if (n_kv_head != 0 || intermediate_size != 0 || !tie_embeddings)
-      throw BackendError("GPT-2 config: n_kv_head, intermediate_size and untied embeddings are Llama-only");
+    if (n_kv_head != 0 || intermediate_size != 0 || !tie_embeddings || qkv_bias || sliding_window != 0)
+      throw BackendError(
+          "GPT-2 config: n_kv_head, intermediate_size, untied embeddings, qkv_bias and sliding_window are Llama-only");
     return;
   }
   if (n_kv_head < 0 || n_head % kv_heads() != 0)
@@ -36,6 +37,7 @@ void Gpt2Config::validate() const {
         fmt::format("{}: the head width n_embd / n_head = {} must be even (rotary embeddings)", who, n_embd / n_head));
   positive(intermediate_size, "intermediate_size");
   if (!(rope_theta > 0)) throw BackendError(fmt::format("{}: rope_theta must be positive", who));
+  if (sliding_window < 0) throw BackendError(fmt::format("{}: sliding_window must be >= 0", who));
 }
 
 namespace {
@@ -246,6 +248,11 @@ void Gpt2::check_args(int layer, const LayerArgs<S>& a, bool backward) const {
   if (a.B <= 0) throw BackendError(fmt::format("{}: microbatch size B = {} must be positive", where, a.B));
   if (a.T <= 0 || a.T > config_.max_seq_len)
     throw BackendError(fmt::format("{}: sequence length T = {} outside 1..{}", where, a.T, config_.max_seq_len));
+  if (config_.sliding_window > 0 && a.T > config_.sliding_window)
+    throw BackendError(
+        fmt::format("{}: sequence length T = {} exceeds sliding_window {}, which is not modelled (every "
+                    "token attends to every earlier one)",
+                    where, a.T, config_.sliding_window));
   auto need = [&](const void* p, const char* what) {
     if (p == nullptr) throw BackendError(fmt::format("{}: {} is null", where, what));
   };

@@ -32,6 +32,10 @@ struct Gpt2Config {
   int intermediate_size = 0;  // the SwiGLU MLP's width (required, > 0)
   float rope_theta = 10000.0f;
   bool tie_embeddings = true;  // lm_head tied to model.embed_tokens (GPT-2: always)
+  bool qkv_bias = false;       // q_proj, k_proj and v_proj carry biases (Qwen2); o_proj and the MLP never do
+  // Mistral's sliding window (0: none). Attention is plain causal, which is the window's when T <= sliding_window:
+  // a longer T is refused (check_args), never computed as something else.
+  int sliding_window = 0;
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   void validate() const;  // throws BackendError naming the bad field
   bool operator==(const Gpt2Config&) const = default;

@@ -1,8 +1,9 @@
 // The Llama family's layers in Gpt2 (gpt2.hpp): HF parameter tables (model.embed_tokens, model.layers.N.self_attn.
 // q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj, the RMSNorms, model.norm, lm_head), activation and
 // scratch layouts, and the forward/backward of the embedding, block and head written once against the Ops interface.
-// The block: RMSNorm, one GEMM over q|k|v (adjacent nn.Linear weights), rotary q/k with the key/value heads repeated
-// (grouped-query attention), causal attention, o_proj, RMSNorm, one GEMM over gate|up, SwiGLU, down_proj.
+// The block: RMSNorm, one GEMM over q|k|v (adjacent nn.Linear weights, Qwen2's adjacent biases), rotary q/k with the
+// key/value heads repeated (grouped-query attention), causal attention, o_proj, RMSNorm, one GEMM over gate|up, SwiGLU,
+// down_proj.
 #include <algorithm>
 #include <type_traits>
 
@@ -14,13 +15,14 @@ namespace harmony::backend {
 
 namespace {
 
-// Offsets of one block's tensors (elements) in HF order.
+// Offsets of one block's tensors (elements) in HF order; qkv_b = -1 without the q/k/v biases (Qwen2's).
 struct LlamaLayout {
-  std::int64_t ln1, qkv, o, ln2, gate_up, down, total;
-  LlamaLayout(std::int64_t C, std::int64_t KV, std::int64_t I) {
+  std::int64_t ln1, qkv, qkv_b, o, ln2, gate_up, down, total;
+  LlamaLayout(std::int64_t C, std::int64_t KV, std::int64_t I, bool bias) {
     ln1 = 0;
     qkv = ln1 + C;  // q_proj [C, C], k_proj [KV, C], v_proj [KV, C]: one [C + 2 KV, C] OutIn matrix
-    o = qkv + (C + 2 * KV) * C;
+    qkv_b = bias ? qkv + (C + 2 * KV) * C : -1;  // q_proj.bias [C], k_proj.bias [KV], v_proj.bias [KV]: one vector
+    o = qkv + (C + 2 * KV) * C + (bias ? C + 2 * KV : 0);
     ln2 = o + C * C;
     gate_up = ln2 + C;           // gate_proj [I, C], up_proj [I, C]: one [2I, C] OutIn matrix
     down = gate_up + 2 * I * C;  // [C, I]
@@ -82,12 +84,17 @@ void Gpt2::add_llama_params() {
     add(l, h + "self_attn.q_proj.weight", {C, C});
     add(l, h + "self_attn.k_proj.weight", {KV, C});
     add(l, h + "self_attn.v_proj.weight", {KV, C});
+    if (c.qkv_bias) {
+      add(l, h + "self_attn.q_proj.bias", {C});
+      add(l, h + "self_attn.k_proj.bias", {KV});
+      add(l, h + "self_attn.v_proj.bias", {KV});
+    }
     add(l, h + "self_attn.o_proj.weight", {C, C});
     add(l, h + "post_attention_layernorm.weight", {C});
     add(l, h + "mlp.gate_proj.weight", {I, C});
     add(l, h + "mlp.up_proj.weight", {I, C});
     add(l, h + "mlp.down_proj.weight", {C, I});
-    if (LlamaLayout(C, KV, I).total != l.back().offset + l.back().numel)
+    if (LlamaLayout(C, KV, I, c.qkv_bias).total != l.back().offset + l.back().numel)
       throw core::InternalError("llama block parameter layout mismatch");
   }
   auto& head = params_.back();
@@ -138,13 +145,14 @@ void Gpt2::llama_forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scal
       ops.embedding_fwd(a.y, a.tokens, w, static_cast<const S*>(nullptr), B, T, C, V);
       return;
     case LayerKind::Block: {
-      const LlamaLayout p(C, KV, I);
+      const LlamaLayout p(C, KV, I, c.qkv_bias);
       const LlamaActs s(B, T, C, H, KV, I);
       S* act = a.act;
       const std::int64_t NC = std::int64_t(N) * C;
       const S* none = nullptr;
       ops.rmsnorm_fwd(act + s.ln1, act + s.ln1_rstd, a.x, w + p.ln1, N, C, eps);
-      ops.matmul_fwd(act + s.packed, act + s.ln1, w + p.qkv, none, N, C, C + 2 * KV, WeightLayout::OutIn);
+      const S* qkv_b = c.qkv_bias ? w + p.qkv_b : none;
+      ops.matmul_fwd(act + s.packed, act + s.ln1, w + p.qkv, qkv_b, N, C, C + 2 * KV, WeightLayout::OutIn);
       ops.rope_qkv_fwd(act + s.qkv, act + s.packed, B, T, H, Hkv, D, theta);
       ops.attention_fwd(act + s.atty, act + s.att, act + s.qkv, B, T, C, H);
       ops.matmul_fwd(a.y, act + s.atty, w + p.o, none, N, C, C, WeightLayout::OutIn);
@@ -190,7 +198,7 @@ void Gpt2::llama_backward(Ops& ops, int layer, const LayerArgs<typename Ops::Sca
       ops.embedding_bwd(dw, static_cast<S*>(nullptr), a.dy, a.tokens, B, T, C, V);
       return;
     case LayerKind::Block: {
-      const LlamaLayout p(C, KV, I);
+      const LlamaLayout p(C, KV, I, c.qkv_bias);
       const LlamaActs s(B, T, C, H, KV, I);
       const S* act = a.act;
       const std::int64_t NC = std::int64_t(N) * C;
@@ -212,7 +220,8 @@ void Gpt2::llama_backward(Ops& ops, int layer, const LayerArgs<typename Ops::Sca
       ops.matmul_bwd(dtmp, dw + p.o, none, dres1, act + s.atty, w + p.o, N, C, C, WeightLayout::OutIn);
       ops.attention_bwd(dqkv, dtmp, act + s.qkv, act + s.att, B, T, C, H);
       ops.rope_qkv_bwd(dpacked, dqkv, B, T, H, Hkv, D, theta);
-      ops.matmul_bwd(dtmp, dw + p.qkv, none, dpacked, act + s.ln1, w + p.qkv, N, C, C + 2 * KV, WeightLayout::OutIn);
+      S* dqkv_b = c.qkv_bias ? dw + p.qkv_b : none;
+      ops.matmul_bwd(dtmp, dw + p.qkv, dqkv_b, dpacked, act + s.ln1, w + p.qkv, N, C, C + 2 * KV, WeightLayout::OutIn);
       ops.copy(a.dx, dres1, NC);
       ops.rmsnorm_bwd(a.dx, dw + p.ln1, dtmp, a.x, w + p.ln1, act + s.ln1_rstd, N, C);
       return;

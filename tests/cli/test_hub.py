@@ -130,9 +130,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check("config.json n_head not dividing n_embd: exit 2 naming config.json", r.returncode == 2 and
           f"{os.path.join(folder, 'config.json')}:{json_line_of(os.path.join(folder, 'config.json'), 'n_head')}:" in
           r.stderr, r.stderr)
-    # a model_type harmony-run does not train is refused; llama is trained (tests/cli/test_run_llama.py), so a GPT-2
-    # folder labelled llama is refused for the Llama keys its config.json lacks, naming the file
-    for model_type, want in (("mistral", "model_type is \"mistral\""), ("llama", "max_position_embeddings")):
+    # a model_type harmony-run does not train is refused; llama, mistral and qwen2 are trained
+    # (tests/cli/test_run_llama.py), so a GPT-2 folder labelled llama or qwen2 is refused for the Llama keys its
+    # config.json lacks, naming the file
+    for model_type, want in (("mixtral", "model_type is \"mixtral\""), ("llama", "max_position_embeddings"),
+                             ("qwen2", "max_position_embeddings")):
         folder = fixture(os.path.join(tmp, model_type))
         with open(os.path.join(folder, "config.json")) as f:
             conf = json.load(f)

@@ -2,10 +2,12 @@
 """harmony-run trains the Llama-family block end to end (issue 36): configs/run/llama.yaml trains (the loss falls),
 the same losses under a swapping baseline, fp32 and bf16, a tied head; the oracle's Hugging Face folder (tests/data/llama_tiny:
 config.json with model_type llama + model.safetensors) loads through model.weights and --save-weights writes its
-tensors back under their HF names; bad model.llama keys exit 2 naming the key.
+tensors back under their HF names with config.json beside them (a folder that trains on); a sharded folder
+(model.safetensors.index.json) trains to the single file's losses; bad model.llama keys exit 2 naming the key.
 Arguments: the harmony-run path."""
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -29,6 +31,39 @@ def check(name, cond, detail=""):
 
 def run(*args):
     return subprocess.run([RUN, *args], capture_output=True, text=True, timeout=300)
+
+
+def read_header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+
+
+def split_into_shards(src, folder, parts):
+    """src's tensors in data order over PARTS shard files in FOLDER, and the index save_pretrained writes."""
+    os.makedirs(folder, exist_ok=True)
+    header = read_header(src)
+    with open(src, "rb") as f:
+        f.seek(8 + struct.unpack("<Q", open(src, "rb").read(8))[0])
+        data = f.read()
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    per = -(-len(names) // parts)
+    weight_map = {}
+    for s in range(parts):
+        file = f"model-{s + 1:05d}-of-{parts:05d}.safetensors"
+        head, body = {"__metadata__": {"format": "pt"}}, b""
+        for name in names[s * per:(s + 1) * per]:
+            b, e = header[name]["data_offsets"]
+            head[name] = {"dtype": header[name]["dtype"], "shape": header[name]["shape"],
+                          "data_offsets": [len(body), len(body) + e - b]}
+            body += data[b:e]
+            weight_map[name] = file
+        text = json.dumps(head).encode()
+        text += b" " * (-len(text) % 8)
+        with open(os.path.join(folder, file), "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text + body)
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": len(data)}, "weight_map": weight_map}, f, indent=2)
 
 
 def losses(proc):
@@ -77,18 +112,66 @@ with tempfile.TemporaryDirectory() as tmp:
                 "machine: {preset: cpu-4x, gpu_memory: 8MiB}\n"
                 "plan: {mode: harmony-pp, gpus: 2, minibatch: 4, u_fwd: 1, u_bwd: 1, pack_size: 2}\n"
                 "train: {steps: 2, data: {synthetic_tokens: 4096, seed: 1}}\n")
-    out = os.path.join(tmp, "tuned.safetensors")
-    hub = run("train", cfg, "--save-weights", out, "--quiet")
+    with open(os.path.join(TINY, "config.json")) as f:
+        tiny_cfg = json.load(f)
+    tuned = os.path.join(tmp, "tuned")
+    os.mkdir(tuned)
+    out = os.path.join(tuned, "model.safetensors")
+    hub = run("train", cfg, "--save-weights", out, "--quiet", "--format", "json")
     check("the HF Llama folder trains", hub.returncode == 0, hub.stderr[-400:])
     if hub.returncode == 0:
-        with open(out, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(n))
-        with open(os.path.join(TINY, "model.safetensors"), "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            want = json.loads(f.read(n))
+        header = read_header(out)
+        want = read_header(os.path.join(TINY, "model.safetensors"))
         names = sorted(k for k in header if k != "__metadata__")
         check("--save-weights writes the HF names", names == sorted(k for k in want if k != "__metadata__"), names[:4])
+        with open(os.path.join(tuned, "config.json")) as f:
+            saved_cfg = json.load(f)
+        check("--save-weights writes config.json beside the weights, with the folder's keys",
+              all(saved_cfg.get(k) == v for k, v in tiny_cfg.items()), saved_cfg)
+        # the saved folder trains on from where the run stopped: its first loss is below the oracle folder's
+        again = os.path.join(tmp, "again.yaml")
+        with open(again, "w") as f:
+            f.write(open(cfg).read().replace(TINY, tuned))
+        r = run("train", again, "--quiet", "--format", "json")
+        check("the saved folder (model.weights: its folder) trains", r.returncode == 0, r.stderr[-400:])
+        if r.returncode == 0:
+            first, resumed = json_losses(hub), json_losses(r)
+            check("the saved folder holds the trained weights", resumed[0] < first[0], (first, resumed))
+
+    # a sharded folder (model.safetensors.index.json + 3 shards, as save_pretrained writes big models) trains to the
+    # same losses bit for bit as the single file
+    shards = os.path.join(tmp, "sharded")
+    split_into_shards(os.path.join(TINY, "model.safetensors"), shards, 3)
+    shutil.copy(os.path.join(TINY, "config.json"), shards)
+    sharded_cfg = os.path.join(tmp, "sharded.yaml")
+    with open(sharded_cfg, "w") as f:
+        f.write(open(cfg).read().replace(TINY, shards))
+    one = run("train", cfg, "--quiet", "--format", "json")
+    three = run("train", sharded_cfg, "--quiet", "--format", "json")
+    check("the sharded folder trains", three.returncode == 0, three.stderr[-400:])
+    check("sharded and single-file losses are the same bit for bit",
+          one.returncode == 0 and json_losses(one) == json_losses(three) and len(json_losses(one)) == 2,
+          (json_losses(one), json_losses(three)))
+    os.remove(os.path.join(shards, "model-00002-of-00003.safetensors"))
+    r = run("train", sharded_cfg, "--quiet")
+    check("a missing shard: exit 2 naming the index, the shard and the fix", r.returncode == 2 and
+          "model.safetensors.index.json:" in r.stderr and "model-00002-of-00003.safetensors" in r.stderr and
+          "download every shard" in r.stderr, (r.returncode, r.stderr[-400:]))
+    # Mistral: a sliding_window below seq_len is not modelled, and said so by name before any work
+    mistral = os.path.join(tmp, "mistral")
+    os.mkdir(mistral)
+    shutil.copy(os.path.join(TINY, "model.safetensors"), mistral)
+    with open(os.path.join(mistral, "config.json"), "w") as f:
+        json.dump(dict(tiny_cfg, model_type="mistral", sliding_window=8), f)
+    mcfg = os.path.join(tmp, "mistral.yaml")
+    with open(mcfg, "w") as f:
+        f.write(open(cfg).read().replace(TINY, mistral))
+    r = run("train", mcfg, "--quiet")
+    check("mistral, sliding_window 8 < seq_len 16: exit 2 naming it", r.returncode == 2 and "sliding_window 8" in
+          r.stderr and "mistral.yaml:" in r.stderr and "does not model" in r.stderr, (r.returncode, r.stderr[-400:]))
+    r = run("train", mcfg, "--quiet", "--set", "model.seq_len=8", "--format", "json")
+    check("mistral, sliding_window 8 = seq_len: trains", r.returncode == 0, r.stderr[-400:])
+
     bad = os.path.join(tmp, "bad.yaml")
     with open(LLAMA) as f:
         text = f.read()
