@@ -175,23 +175,30 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     space.spec.top_k = 1;
     space.spec.fit_rule = false;
     core::LowerOptions lower = core::lower_options(options);
-    const auto cands = core::enumerate_plans(model, space);
     const auto engine = make_engine(cost_model, model, machine);
-    // One search over the candidates with the masters and optimizer state in host memory or on the drives.
+    // One search over the candidates with the masters and optimizer state in host memory or on the drives; Wide's
+    // pack-count bound grows while nothing under it fits the GPU memory (core::search_growing_bound).
     auto search_tier = [&](bool nvme, bool* host_miss) {
       lower.offload_nvme = nvme;
-      kr.candidates += cands.size();
       std::atomic<bool> any_gpu_miss{false};
       // branch and bound: a candidate the engine shows cannot beat the best found is not simulated
-      const auto res = core::run_search_bounded(
-          cands, space, model,
-          [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
-            auto e = evaluate_plan_within(*engine, model, p, lower, cutoff_s);
-            if (!e) return std::nullopt;
-            if (!e->report.feasible && !host_bound(e->report)) any_gpu_miss = true;
-            return std::move(e->report);
-          },
-          progress, [&](const core::Plan& p) { return task_bound_for(*engine, model, p, lower); });
+      const auto grown = core::search_growing_bound(
+          model, space, [&](const std::vector<core::Candidate>& c, const core::SearchSpace& sp) {
+            any_gpu_miss = false;  // of the last search
+            kr.candidates += c.size();
+            return core::run_search_bounded(
+                c, sp, model,
+                [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+                  auto e = evaluate_plan_within(*engine, model, p, lower, cutoff_s);
+                  if (!e) return std::nullopt;
+                  if (!e->report.feasible && !host_bound(e->report)) any_gpu_miss = true;
+                  return std::move(e->report);
+                },
+                progress, [&](const core::Plan& p) { return task_bound_for(*engine, model, p, lower); });
+          });
+      const auto& cands = grown.candidates;
+      const auto& res = grown.result;
+      kr.max_packs_grown = grown.grew() ? grown.max_packs : 0;
       // the first miss in enumeration order (nothing is pruned when no candidate is feasible)
       std::string miss;
       if (res.first_miss < cands.size()) {

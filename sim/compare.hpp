@@ -35,6 +35,9 @@ struct KindResult {
   // the machine has an NVMe tier); Harmony kinds: "nvme" when their masters and optimizer state went to the
   // drives (the same rule: search.offload, or auto when host memory binds), else ""; "" for the other kinds.
   std::string offload;
+  // kinds with packs, search.pack_counts wide: the pack-count bound the search grew to because nothing under the
+  // configured one fit the GPU memory (core::search_growing_bound); 0 when it did not grow
+  int max_packs_grown = 0;
   double speedup_over_best_baseline = 0.0;
   // the ceiling's time over this kind's (the ceiling itself: 1); 0 when the ceiling or this kind has no plan
   double fraction_of_ceiling = 0.0;

@@ -202,7 +202,6 @@ int cmd_search(const Cli& cli) {
   space.spec = cfg.search;
   const auto lower = lower_options(cfg);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto cands = core::enumerate_plans(model, space);
   const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
   std::atomic<std::size_t> ops{0};
   sim::ProgressPrinter printer("search", "candidates", cli.quiet, kProgressDelayS);
@@ -212,21 +211,33 @@ int cmd_search(const Cli& cli) {
   std::mutex fastest_mutex;
   std::optional<sim::Evaluation> fastest;
   // top_k best: a candidate the engine shows cannot beat the k-th best so far is declined (core::run_search_bounded)
-  const auto res = core::run_search_bounded(
-      cands, space, model,
-      [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
-        auto e = sim::evaluate_plan_within(*engine, model, p, lower, cutoff_s);
-        if (!e) return std::nullopt;
-        ops += e->program.ops.size();
-        core::RunReport r = e->report;
-        if (cli.trace.empty() && !r.deadlock && r.feasible) {
-          const std::lock_guard<std::mutex> lock(fastest_mutex);
-          if (!fastest || r.iteration_time_s < fastest->report.iteration_time_s) fastest = std::move(*e);
-        }
-        return r;
-      },
-      [&](const core::SearchProgress& p) { printer.update(p.done, p.total, p.done == p.total); },
-      [&](const core::Plan& p) { return sim::task_bound_for(*engine, model, p, lower); });
+  auto search_once = [&](const std::vector<core::Candidate>& candidates, const core::SearchSpace& sp) {
+    return core::run_search_bounded(
+        candidates, sp, model,
+        [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+          auto e = sim::evaluate_plan_within(*engine, model, p, lower, cutoff_s);
+          if (!e) return std::nullopt;
+          ops += e->program.ops.size();
+          core::RunReport r = e->report;
+          if (cli.trace.empty() && !r.deadlock && r.feasible) {
+            const std::lock_guard<std::mutex> lock(fastest_mutex);
+            if (!fastest || r.iteration_time_s < fastest->report.iteration_time_s) fastest = std::move(*e);
+          }
+          return r;
+        },
+        [&](const core::SearchProgress& p) { printer.update(p.done, p.total, p.done == p.total); },
+        [&](const core::Plan& p) { return sim::task_bound_for(*engine, model, p, lower); });
+  };
+  // kinds with packs: Wide's bound grows while nothing under it fits the GPU memory (core::search_growing_bound)
+  std::optional<core::GrownSearch> grown;
+  std::vector<core::Candidate> listed;
+  if (space.kind->packs) {
+    grown = core::search_growing_bound(model, space, search_once);
+  } else {
+    listed = core::enumerate_plans(model, space);
+  }
+  const auto res = grown ? grown->result : search_once(listed, space);
+  const auto& cands = grown ? grown->candidates : listed;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::optional<sim::Evaluation> best;
   std::optional<sim::Bottleneck> best_bottleneck;
@@ -263,7 +274,8 @@ int cmd_search(const Cli& cli) {
     j["num_pruned"] = res.num_pruned;
     j["fit_rule"] = space.spec.fit_rule;
     j["pack_counts"] = core::pack_counts_name(space.spec.pack_counts);
-    j["max_packs"] = core::max_pack_count(model, space);
+    j["max_packs"] = grown ? grown->max_packs : core::max_pack_count(model, space);
+    j["max_packs_configured"] = grown ? grown->configured_max_packs : core::max_pack_count(model, space);
     j["prefetch"] = cfg.options.prefetch;
     j["results"] = std::move(results);
     j["best_bottleneck"] =
@@ -275,10 +287,17 @@ int cmd_search(const Cli& cli) {
   fmt::print("search: {} {} GPUs, minibatch {}, capacity {:.0f} MiB per GPU, {} on {}\n",
              core::plan_kind_name(space.kind), space.gpus, space.minibatch, mib(space.capacity_bytes), model.name,
              cfg.machine.name);
-  fmt::print("pack counts: {}{}, prefetch {}\n", core::pack_counts_name(space.spec.pack_counts),
-             space.spec.pack_counts == core::PackCounts::Wide
-                 ? fmt::format(" (up to {} packs beyond each method's minimum)", core::max_pack_count(model, space))
-                 : std::string(" (the paper's: each method's memory minimum)"),
+  std::string bound = " (the paper's: each method's memory minimum)";
+  if (space.spec.pack_counts == core::PackCounts::Wide) {
+    bound = fmt::format(" (up to {} packs beyond each method's minimum)",
+                        grown ? grown->max_packs : core::max_pack_count(model, space));
+    if (grown && grown->grew())
+      bound += fmt::format(
+          "; the bound grew from {}: no plan under it fit the GPU memory (search.packs_per_gpu: {} searches this "
+          "bound at once)",
+          grown->configured_max_packs, grown->space.spec.packs_per_gpu);
+  }
+  fmt::print("pack counts: {}{}, prefetch {}\n", core::pack_counts_name(space.spec.pack_counts), bound,
              cfg.options.prefetch ? "on" : "off");
   fmt::print("{} candidates ({} deadlocked, {} declined by a lower bound) searched in {:.1f} ms, {:.2f} M ops/s{}\n\n",
              res.num_candidates, res.num_deadlocked, res.num_pruned, dt * 1e3,
@@ -433,6 +452,7 @@ int cmd_compare(const Cli& cli) {
     for (const auto& [policy, t] : k.policy_best_time_s)
       if (policy != r_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
     if (!k.offload.empty()) plan += fmt::format(", offload {}", k.offload);
+    if (k.max_packs_grown > 0) plan += fmt::format(", pack bound grew to {}", k.max_packs_grown);
     const std::string fit = r.fits ? std::string()
                                    : fmt::format("DOES NOT FIT: peak {:.0f} MiB > {:.0f} MiB by {} bytes; ",
                                                  mib(r.peak_memory_bytes), mib(r.gpu_capacity_bytes), r.excess_bytes);

@@ -334,6 +334,8 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
       ++res.num_pruned;
       continue;
     }
+    // a candidate with an infinite bound cannot be feasible whatever its packs: its GPU miss says nothing of packing
+    if (exceeds_gpu_memory(reports[i]) && (bound.empty() || bound[i] != inf)) ++res.num_gpu_memory_misses;
     if (miss(i) && res.first_miss == static_cast<std::size_t>(-1)) {
       res.first_miss = i;
       res.first_miss_reason = reports[i].infeasible_reason;
@@ -387,6 +389,28 @@ SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const 
   const std::vector<double>& key = bound ? bounds : estimates;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] < key[b]; });
   return search_impl(candidates, space, order, prune, evaluate, progress, bounds);
+}
+
+GrownSearch search_growing_bound(const Model& model, const SearchSpace& space, const SearchOnce& search) {
+  GrownSearch g;
+  g.space = space;
+  g.configured_max_packs = max_pack_count(model, space);
+  g.max_packs = g.configured_max_packs;
+  g.candidates = enumerate_candidates(model, g.space);
+  g.result = search(g.candidates, g.space);
+  const int layers = model.num_layers();
+  while (g.result.ranked.empty() && g.result.num_gpu_memory_misses > 0 &&
+         g.space.spec.pack_counts == PackCounts::Wide && g.max_packs < layers) {
+    // packs_per_gpu > 0 here (0 is the layer count already); once its product reaches the layer count it is the
+    // layer count (0), so the doubling cannot overflow
+    const long long doubled = 2LL * g.space.spec.packs_per_gpu;
+    g.space.spec.packs_per_gpu = doubled * g.space.gpus >= layers ? 0 : static_cast<int>(doubled);
+    g.max_packs = max_pack_count(model, g.space);
+    g.candidates = enumerate_candidates(model, g.space);
+    g.result = search(g.candidates, g.space);
+    ++g.searches;
+  }
+  return g;
 }
 
 }  // namespace harmony::core

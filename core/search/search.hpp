@@ -105,7 +105,14 @@ struct SearchResult {
   // evaluated when it comes first (run_search_bounded), so this is the first miss in enumeration order.
   std::size_t first_miss = static_cast<std::size_t>(-1);
   std::string first_miss_reason;
+  // Of the evaluated candidates that could be feasible (not declined for an infinite bound): how many exceeded a
+  // GPU's memory (exceeds_gpu_memory). More, smaller packs can cure only this miss (search_growing_bound).
+  std::size_t num_gpu_memory_misses = 0;
 };
+
+// The report's plan did not fit a GPU's memory: its peak is over the capacity, or an allocation overflowed it (the
+// native engine stops the run there).
+inline bool exceeds_gpu_memory(const RunReport& r) { return !r.fits || r.memory_overflow_ops > 0; }
 
 using Evaluator = std::function<RunReport(const Plan&)>;
 // An evaluator that may decline: nullopt when it can tell, more cheaply than evaluating, that the plan's iteration
@@ -134,6 +141,28 @@ using PlanBound = std::function<double(const Plan&)>;
 SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const SearchSpace& space, const Model& model,
                                 const BoundedEvaluator& evaluate, const SearchProgressFn& progress = {},
                                 const PlanBound& bound = {});
+
+// Wide's bound grows when nothing under it fits (issue 35). The packers test each pack alone against the capacity;
+// what must fit beside it (with prefetch, the next pack's weights arriving while this one runs) only the cost model
+// knows, so a 1-GPU search bounded at packs_per_gpu x 1 = 4 packs can find nothing though more, smaller packs fit.
+// search_growing_bound runs `search` on the candidates of `space` (enumerate_candidates); when it ranks nothing,
+// some evaluated candidate exceeded a GPU's memory, pack_counts is Wide and the bound is below the layer count, it
+// doubles packs_per_gpu (so the bound: min(layers, packs_per_gpu x gpus)) and searches again, until a plan ranks or
+// the layer count was searched. A search that ranks a plan, or misses for another reason (host memory, deadlock),
+// is returned as it is, so every search that found a plan before finds the same one. The result is the last
+// search's, byte for byte what a config with that packs_per_gpu gives. Deterministic: the bounds tried depend on
+// the inputs only. Throws ScheduleError for a kind without packs.
+struct GrownSearch {
+  SearchSpace space;                  // the last search's (spec.packs_per_gpu as grown)
+  std::vector<Candidate> candidates;  // the last search's (result's indices point here)
+  SearchResult result;                // the last search's
+  int configured_max_packs = 0;       // max_pack_count of the given space
+  int max_packs = 0;                  // max_pack_count of the last search (> configured_max_packs: the bound grew)
+  int searches = 1;                   // searches run, the last included
+  bool grew() const { return max_packs > configured_max_packs; }
+};
+using SearchOnce = std::function<SearchResult(const std::vector<Candidate>& candidates, const SearchSpace& space)>;
+GrownSearch search_growing_bound(const Model& model, const SearchSpace& space, const SearchOnce& search);
 
 // A rough per-GPU compute time of a candidate's iteration from the profile (forward packs at u_fwd, recompute and
 // backward of every layer at u_bwd, over each GPU's share of the minibatch): the order run_search_bounded tries

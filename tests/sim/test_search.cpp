@@ -634,3 +634,91 @@ TEST_CASE("a bounded search reports the same counts with 1, 2, 3 and 4 threads")
     }
   }
 }
+
+TEST_CASE("search_growing_bound: Wide's bound doubles while nothing under it fits a GPU, and only then") {
+  // bert_large (28 layers) on 2 GPUs, default bound min(28, 4 x 2) = 8. The search is a stand-in that ranks nothing
+  // and reports a GPU memory miss until the bound reaches `fits_from` packs, and records each bound it was given.
+  core::SearchSpace s;
+  s.kind = core::plan_kind("harmony-pp");
+  s.gpus = 2;
+  s.minibatch = 32;
+  s.capacity_bytes = 10 * core::kGiB;
+  s.spec.pack_counts = core::PackCounts::Wide;
+  std::vector<int> bounds;
+  auto stand_in = [&](int fits_from, std::size_t gpu_misses) {
+    return [&, fits_from, gpu_misses](const std::vector<core::Candidate>& c, const core::SearchSpace& sp) {
+      bounds.push_back(core::max_pack_count(bert(), sp));
+      CHECK(c.size() == core::enumerate_candidates(bert(), sp).size());  // the candidates of the bound searched
+      core::SearchResult r;
+      r.num_candidates = c.size();
+      if (bounds.back() >= fits_from) {
+        r.ranked.push_back(core::RankedResult{0, 1.0, {}});
+      } else {
+        r.num_gpu_memory_misses = gpu_misses;
+      }
+      return r;
+    };
+  };
+  // fits from 16 packs: 8, then 16 (packs_per_gpu 8), which ranks a plan
+  auto g = core::search_growing_bound(bert(), s, stand_in(16, 1));
+  CHECK(bounds == std::vector<int>{8, 16});
+  CHECK(g.grew());
+  CHECK(g.configured_max_packs == 8);
+  CHECK(g.max_packs == 16);
+  CHECK(g.searches == 2);
+  CHECK(g.space.spec.packs_per_gpu == 8);
+  CHECK(g.result.ranked.size() == 1);
+  CHECK(g.candidates.size() == core::enumerate_candidates(bert(), g.space).size());
+  // nothing fits at all: 8, 16, then every count (16 x 2 = 32 >= 28 layers: packs_per_gpu 0), and it stops there
+  bounds.clear();
+  g = core::search_growing_bound(bert(), s, stand_in(1000, 1));
+  CHECK(bounds == std::vector<int>{8, 16, 28});
+  CHECK(g.max_packs == 28);
+  CHECK(g.space.spec.packs_per_gpu == 0);
+  CHECK(g.result.ranked.empty());
+  // a plan under the configured bound: one search, as before
+  bounds.clear();
+  g = core::search_growing_bound(bert(), s, stand_in(0, 1));
+  CHECK(bounds == std::vector<int>{8});
+  CHECK_FALSE(g.grew());
+  CHECK(g.max_packs == g.configured_max_packs);
+  // nothing fits, but no candidate exceeded a GPU's memory (host memory, deadlocks): more packs cannot help
+  bounds.clear();
+  g = core::search_growing_bound(bert(), s, stand_in(1000, 0));
+  CHECK(bounds == std::vector<int>{8});
+  // the bound is the layer count already, or the paper's Minimum search: nothing to grow
+  bounds.clear();
+  s.spec.packs_per_gpu = 0;
+  g = core::search_growing_bound(bert(), s, stand_in(1000, 1));
+  CHECK(bounds == std::vector<int>{28});
+  bounds.clear();
+  s.spec.packs_per_gpu = 4;
+  s.spec.pack_counts = core::PackCounts::Minimum;
+  g = core::search_growing_bound(bert(), s, stand_in(1000, 1));
+  CHECK(bounds.size() == 1);
+  CHECK(g.searches == 1);
+  // a kind without packs has no bound
+  s.kind = core::plan_kind("dp-swap");
+  CHECK_THROWS_AS(core::search_growing_bound(bert(), s, stand_in(0, 1)), core::ScheduleError);
+}
+
+TEST_CASE("num_gpu_memory_misses counts the evaluated candidates over a GPU's memory") {
+  // bert_large at D8 N2, native engine, the packers packing against 10 GiB on GPUs of 1 GiB: candidates overflow.
+  // The full search evaluates every candidate, so its count is the number of candidates whose own run overflows.
+  core::MachineSpec m = core::machine_preset("paper-1080ti");
+  m.gpu_memory_bytes = core::kGiB;
+  auto space = wide_space(core::plan_kind("harmony-pp"), 2, 8, m, -1);
+  space.capacity_bytes = 10 * core::kGiB;  // the packers believe 10 GiB: their packs overflow the real 1 GiB
+  const auto cands = core::enumerate_candidates(bert(), space);
+  REQUIRE(!cands.empty());
+  core::LowerOptions lower;
+  lower.prefetch = true;
+  const auto r = core::run_search(cands, space, [&](const core::Plan& p) {
+    return sim::evaluate_plan(bert(), m, p, lower, core::CostModelKind::Native).report;
+  });
+  std::size_t over = 0;
+  for (const auto& c : cands)
+    over += core::exceeds_gpu_memory(sim::evaluate_plan(bert(), m, c.plan, lower, core::CostModelKind::Native).report);
+  CHECK(over > 0);
+  CHECK(r.num_gpu_memory_misses == over);
+}
