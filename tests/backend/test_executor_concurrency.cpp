@@ -312,26 +312,33 @@ TEST_CASE("bf16 staging rounds and widens with the interpreter's lock released, 
   std::vector<float> master(static_cast<std::size_t>(kElems)), back(static_cast<std::size_t>(kElems));
   for (std::int64_t i = 0; i < kElems; ++i) master[static_cast<std::size_t>(i)] = 1.0f + static_cast<float>(i % 255);
   StagingOnly it(kElems * 2);  // one chunk
+  // On a loaded machine the worker may not reach lock() before the staging ends (it is only likely to be blocked
+  // there after the 5 ms): then it takes the lock afterwards, which proves nothing either way, so the attempt is
+  // repeated. With the lock held throughout, no attempt can take it inside; one that does proves the release.
   for (const bool up : {true, false}) {
     CAPTURE(up);
-    std::atomic<bool> inside{false}, worker_waiting{false}, taken_inside{false};
-    it.mutex().lock();
-    std::thread worker([&] {
-      worker_waiting = true;
-      const std::lock_guard lk(it.mutex());
-      taken_inside = inside.load();
-    });
-    while (!worker_waiting) std::this_thread::yield();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the worker is blocked in lock()
-    inside = true;
-    if (up)
-      it.up(*dev, *stream, on_device.data(), master);
-    else
-      it.down(*dev, *stream, back, on_device.data());
-    inside = false;
-    it.mutex().unlock();
-    worker.join();
-    CHECK(taken_inside.load());
+    bool taken = false;
+    for (int attempt = 0; attempt < 20 && !taken; ++attempt) {
+      std::atomic<bool> inside{false}, worker_waiting{false}, taken_inside{false};
+      it.mutex().lock();
+      std::thread worker([&] {
+        worker_waiting = true;
+        const std::lock_guard lk(it.mutex());
+        taken_inside = inside.load();
+      });
+      while (!worker_waiting) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the worker is (likely) blocked in lock()
+      inside = true;
+      if (up)
+        it.up(*dev, *stream, on_device.data(), master);
+      else
+        it.down(*dev, *stream, back, on_device.data());
+      inside = false;
+      it.mutex().unlock();
+      worker.join();
+      taken = taken_inside.load();
+    }
+    CHECK(taken);
   }
   stream->synchronize();
   // and the bits are those of rounding and widening element by element (values exact in bf16 here)
