@@ -1128,8 +1128,21 @@ int cmd_train(const Cli& cli) {
   // In an optional so that it and the devices are released before the prediction profiles on a device of the same
   // capacity (a CUDA device holds its whole block: two at once would not fit the GPU).
   std::optional<backend::Executor> run_executor;
-  allocating("the executor's host buffers (stashes and swapped activations)",
-             [&] { run_executor.emplace(program, devs, *s.state, executor_options(cli, cfg, comm.get())); });
+  try {
+    allocating("the executor's host buffers (stashes and swapped activations)",
+               [&] { run_executor.emplace(program, devs, *s.state, executor_options(cli, cfg, comm.get())); });
+  } catch (const backend::OutOfMemory& e) {
+    if (!plan.kind->resident_state) throw;
+    // a kind with resident state allocates its weights, gradients and AdamW state on every device up front
+    throw core::ConfigError(
+        core::SourceLoc{cfg.file, 0, 0},
+        fmt::format("{} keeps the whole model's weights, gradients and AdamW state on every device ({:.2f} MiB, 16 "
+                    "bytes per parameter) and they do not fit machine.gpu_memory = {}: {}",
+                    plan.kind.name(), static_cast<double>(s.model->param_count() * 16) / (1 << 20),
+                    capacity_text(cfg.machine.gpu_memory_bytes), e.what()),
+        "raise --gpu-memory, or train the model larger than the devices with a kind that swaps (harmony-pp, "
+        "harmony-dp; --plan auto picks a plan that fits)");
+  }
   if (!json && !quiet) print_header(s, chosen);
 
   // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.

@@ -244,6 +244,17 @@ with tempfile.TemporaryDirectory() as tmp:
                 check("pp-swap losses bit-identical to Harmony-PP", a == b, (a, b))
             else:
                 check(f"{kind} losses match Harmony-PP", all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
+    # resident (the in-memory trainer): weights, gradients and AdamW state on each device; the same losses, and its
+    # state too large for the devices is a located error naming what it keeps and the fix
+    r, d = train_json(DEFAULT, "--steps", str(SHORT), "--set", "plan.mode=resident", "--set", "plan.gpus=2",
+                      "--gpu-memory", "16MiB")
+    check("resident trains", r.returncode == 0 and d is not None, r.stderr)
+    if d and hp:
+        a, b = d["summary"]["losses"], hp["summary"]["losses"]
+        check("resident losses match Harmony-PP", all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
+    r = run("train", DEFAULT, "--steps", "1", "--set", "plan.mode=resident", "--gpu-memory", "4MiB")
+    check("resident over the devices' memory refused", r.returncode == 2 and "default.yaml" in r.stderr and
+          "keeps the whole model's weights" in r.stderr and "raise --gpu-memory" in r.stderr, r.stderr)
     # lohan has no gradient accumulation: a microbatch below the share is a located error, not a crash
     r = run("train", DEFAULT, "--steps", "1", "--set", "plan.mode=lohan", "--set", "plan.gpus=2")
     check("lohan with u below D/N refused", r.returncode == 2 and "default.yaml:" in r.stderr and
