@@ -43,7 +43,7 @@ struct Result {
   std::vector<std::vector<float>> moments;  // run(): per layer its AdamW exp_avg, then its exp_avg_sq
 };
 
-// The PlainTrainer in `dtype` over microbatches of u (0: the whole minibatch).
+// The PlainTrainer in `dtype` over microbatches of u (0: the whole minibatch): losses, weights and AdamW moments.
 inline Result plain_run(DType dtype, int u) {
   const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
   const Gpt2 model(gpt2_config_from(file));
@@ -60,7 +60,11 @@ inline Result plain_run(DType dtype, int u) {
     tokens.batch(k, kB, kT, in, tgt);
     r.losses.push_back(trainer.step(in, tgt, kAdamW));
   }
-  for (int l = 0; l < model.num_layers(); ++l) r.weights.emplace_back(state.weights(l).begin(), state.weights(l).end());
+  for (int l = 0; l < model.num_layers(); ++l) {
+    r.weights.emplace_back(state.weights(l).begin(), state.weights(l).end());
+    r.moments.emplace_back(state.exp_avg(l).begin(), state.exp_avg(l).end());
+    r.moments.emplace_back(state.exp_avg_sq(l).begin(), state.exp_avg_sq(l).end());
+  }
   return r;
 }
 

@@ -34,31 +34,6 @@ core::Program lower_resident(const Gpt2& model, int gpus, int u, DType dtype,
   return core::lower_plan(plan, desc);
 }
 
-// The PlainTrainer's weights and moments after kSteps (plain_run keeps only the weights).
-Result plain_with_moments(DType dtype, int u) {
-  const auto file = SafetensorsReader::open(data_dir() + "model.safetensors");
-  const Gpt2 model(gpt2_config_from(file));
-  HostState state(model);
-  load_gpt2_weights(file, state);
-  const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-  auto dev = cpu::make_cpu_device(0, {.capacity = 16 * kMiB});
-  std::vector<int> micro;
-  for (int s = 0; u > 0 && s < kB; s += u) micro.push_back(std::min(u, kB - s));
-  PlainTrainer trainer(*dev, state, {.batch = kB, .seq_len = kT, .microbatches = micro, .dtype = dtype});
-  Result r;
-  std::vector<std::int32_t> in, tgt;
-  for (int k = 0; k < kSteps; ++k) {
-    tokens.batch(k, kB, kT, in, tgt);
-    r.losses.push_back(trainer.step(in, tgt, kAdamW));
-  }
-  for (int l = 0; l < model.num_layers(); ++l) {
-    r.weights.emplace_back(state.weights(l).begin(), state.weights(l).end());
-    r.moments.emplace_back(state.exp_avg(l).begin(), state.exp_avg(l).end());
-    r.moments.emplace_back(state.exp_avg_sq(l).begin(), state.exp_avg_sq(l).end());
-  }
-  return r;
-}
-
 // kSteps of a resident Program, the state synced back after `sync_after` steps (and at the end), the executor
 // rebuilt from the synced state when `resume`: a stop and restart in the middle of the run.
 Result run_resident(const core::Program& prog, Setup& s, DType dtype, bool concurrent, Communicator* comm,
@@ -152,7 +127,7 @@ TEST_CASE("resident Programs train like the PlainTrainer") {
             const Result ours = run_resident(lower_resident(*s.model, gpus, u, dtype), s, dtype, concurrent,
                                              device_sums ? s.comm.get() : nullptr);
             const bool bf16 = dtype == DType::BF16;
-            const Result plain = plain_with_moments(dtype, gpus == 1 || bf16 ? u : 0);
+            const Result plain = plain_run(dtype, gpus == 1 || bf16 ? u : 0);
             REQUIRE(ours.weights.size() == plain.weights.size());
             CHECK(ours.losses[0] == plain.losses[0]);
             if (gpus > 1 && bf16) {  // the bf16 baselines' replica bounds (test_executor_baselines.cpp)
