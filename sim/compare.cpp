@@ -276,8 +276,18 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
         report();
       };
     }
-    out.kinds[slot] = best_plan_of_kind(names[slot], model, machine, gpus, minibatch, cost_model, search, options,
-                                        {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
+    try {
+      out.kinds[slot] = best_plan_of_kind(names[slot], model, machine, gpus, minibatch, cost_model, search, options,
+                                          {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
+    } catch (const core::ScheduleError& e) {
+      // a kind this machine or model cannot price (resident on a machine without gpu_rates.memory): its row says
+      // why, and the other kinds are still compared
+      KindResult kr;
+      kr.kind = names[slot];
+      kr.applicable = false;
+      kr.reason = e.what();
+      out.kinds[slot] = std::move(kr);
+    }
     if (progress) {
       const std::lock_guard<std::mutex> lock(progress_mutex);
       ++kinds_done;
@@ -310,6 +320,11 @@ std::vector<std::string> ceiling_lines(const CompareResult& result) {
   std::vector<std::string> lines;
   for (const KindResult& c : result.kinds) {
     if (c.kind->role != core::KindRole::Ceiling) continue;
+    if (!c.applicable) {
+      lines.push_back(fmt::format("ceiling: {} (the in-memory trainer) cannot be compared here: {}", c.kind.name(),
+                                  c.reason));
+      continue;
+    }
     if (!c.feasible) {
       lines.push_back(fmt::format(
           "ceiling: {} (the in-memory trainer: weights, gradients and AdamW state on every GPU) does not fit: {}. "

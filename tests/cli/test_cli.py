@@ -198,6 +198,22 @@ plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: 
         check("native compare: harmony-pp candidates pruned by the bound", pp["num_pruned"] > 0, pp)
 
     # compare --trace writes the fastest kind's Chrome trace (it wrote nothing before)
+    # a machine file without gpu_rates.memory cannot price resident's AdamW on the GPU: that row says so (and the
+    # ceiling line), the other kinds are still compared (before: the whole compare stopped with exit 2)
+    mfile = write_in(tmp, "mybox.yaml", "name: mybox\ngpu: some GPU\ngpus: 8\ngpu_memory: 10GiB\nbw_swap: 11.5GiB/s\n"
+                     "bw_p2p: 8GiB/s\nbw_msg: 16GiB/s\ntime_del: 40ms\n")
+    r = run("compare", "configs/default.yaml", "--format", "json", "--set", f"machine={{file: {mfile}}}")
+    check("compare, machine without gpu_rates: exit 0", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        rows = {x["plan_kind"]: x for x in json.loads(r.stdout)["results"]}
+        check("compare, machine without gpu_rates: resident says why", rows["resident"]["feasible"] is False and
+              "gives no gpu_rates.memory" in (rows["resident"]["reason"] or ""), rows.get("resident"))
+        check("compare, machine without gpu_rates: Harmony-PP still compared", rows["harmony-pp"]["feasible"],
+              rows.get("harmony-pp"))
+    r = run("compare", "configs/default.yaml", "--set", f"machine={{file: {mfile}}}")
+    check("compare text: the ceiling line says it cannot be compared",
+          r.returncode == 0 and "ceiling: resident (the in-memory trainer) cannot be compared here" in r.stdout,
+          r.stdout[-1500:] + r.stderr)
     ctrace = os.path.join(tmp, "compare_trace.json")
     r = run("compare", "configs/default.yaml", "--format", "json", "--trace", ctrace)
     check("compare --trace exit 0", r.returncode == 0, r.stderr)
