@@ -277,8 +277,9 @@ CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSp
       };
     }
     try {
-      out.kinds[slot] = best_plan_of_kind(names[slot], model, machine, gpus, minibatch, cost_model, search, options,
-                                          {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
+      out.kinds[slot] =
+          best_plan_of_kind(names[slot], model, machine, gpus, minibatch, cost_model, search, options,
+                            {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
     } catch (const core::ScheduleError& e) {
       // a kind this machine or model cannot price (resident on a machine without gpu_rates.memory): its row says
       // why, and the other kinds are still compared
@@ -321,8 +322,8 @@ std::vector<std::string> ceiling_lines(const CompareResult& result) {
   for (const KindResult& c : result.kinds) {
     if (c.kind->role != core::KindRole::Ceiling) continue;
     if (!c.applicable) {
-      lines.push_back(fmt::format("ceiling: {} (the in-memory trainer) cannot be compared here: {}", c.kind.name(),
-                                  c.reason));
+      lines.push_back(
+          fmt::format("ceiling: {} (the in-memory trainer) cannot be compared here: {}", c.kind.name(), c.reason));
       continue;
     }
     if (!c.feasible) {
