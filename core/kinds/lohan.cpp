@@ -15,15 +15,26 @@ namespace {
 //     sX out of the layer input (1 <= l <= R-2: torch.utils.checkpoint inside save_on_cpu(pin_memory=True))
 //   backward, l descending: WB(l) again | sX in (X re-read for l = 0) | REC(l) (checkpoint) | BWD(l) |
 //     [ARD(l) if N > 1: the replicas' all-reduce] | dWB(l): the fp16 gradient to the host
-//   Update(l) on the CPU (of every replica, as dp-swap and Harmony-DP) depending only on that dWB(l): the queue
-//     runs it while the GPU goes on with layer l-1, which is LoHan's "optimizer overlapped with the backward";
-//     under offload: nvme it reads the layer's optimizer state and fp32 masters from the drives and writes them
-//     back with the fp16 parameters the next fetch reads.
+//   Update(l) on the CPU depending only on that dWB(l): the queue runs it while the GPU goes on with layer l-1,
+//     which is LoHan's "optimizer overlapped with the backward"; under offload: nvme it reads the layer's optimizer
+//     state and fp32 masters from the drives and writes them back with the fp16 parameters the next fetch reads.
+//     With N GPUs the replicas share ONE optimizer pass per iteration: Update(l) runs once, on rank 0's CPU queue
+//     (LoHan's one optimizer process, as on one GPU), after rank 0's dWB(l) (the gradient is all-reduced, so every
+//     replica's copy is the sum).
+//     The N processes live on one host with one copy of the fp32 masters and optimizer state (one drive array
+//     under nvme): the artifact's optimizer is adapted from DeepSpeed ZeRO-3's partitioned one (ratel_optimizer.py's
+//     SB_optimizer keeps stage3.py's `__avg_scatter_grads`, "average gradients and scatter partitions across
+//     ranks"; nvme_ds/partitioned_optimizer_swapper.py), which steps each parameter once per
+//     iteration whatever N is. Repeating the whole pass per replica (the kind before issue 35) made the host
+//     Adam and the NVMe state traffic grow N-fold. One queue, not layer l on rank l mod N: a CPU queue runs each
+//     update's NVMe read, step and write in series, so N queues would overlap one update's I/O with another's step
+//     and price the shared pass faster than the one-GPU pass it is (ASSUMPTION: the public code has no multi-GPU
+//     optimizer to read; docs/baselines.md).
 // Under keep (the artifact's swap mode) the FWD's saved activations go out to the host beside the input and
 // come back for the BWD instead of a REC. ZeRO-3's hook and bucket terms do not apply (LoHan fetches whole layers).
 // Swap volume per iteration (all GPUs, GW = W + B): WB = 2 N GW; dWB = N GW; sX out = sX in =
 // N sum_{l=1}^{R-2} X_l; X = 2 N X_0; NVMe (offload: nvme) reads 2 N GW + state + masters, writes state + masters
-// (+ GW when the GPU weights are 2-byte).
+// (+ GW when the GPU weights are 2-byte): the state once, not once per replica.
 Program lower_lohan(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
   const SwapDecision sd = decide_swaps(plan, model).front();
   detail::ProgramBuilder b(model, plan);
@@ -59,6 +70,7 @@ Program lower_lohan(const Plan& plan, const Model& model, const LowerOptions& /*
       b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
       b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
       const int O = b.gradient_out(g, l, i, Bw, k, static_cast<std::uint64_t>(l), /*host_sum=*/0);
+      if (g != 0) continue;  // the shared optimizer pass runs on rank 0's CPU queue
       const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, L, 0, 0);
       b.dep(U, O);
       if (nvme) b.nvme_update_io(U, l);

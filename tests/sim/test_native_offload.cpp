@@ -438,3 +438,58 @@ TEST_CASE("compare: search.offload pins zero-infinity's tier (cpu never falls ba
   CHECK_FALSE(cpu.feasible);
   CHECK(cpu.offload != "nvme");
 }
+
+// Host work across processes (issue 35, gap 1): N data-parallel processes on one host share its cores, and the
+// systems do not multiply the optimizer work by N. Two fp32 layers whose CPU update (0.1 s with every core) dwarfs
+// their compute (1 ms forward, 3 ms backward); one microbatch of 1 sample per GPU, minibatch N.
+namespace {
+core::MachineSpec box_of(int gpus) {
+  core::MachineSpec m = box();
+  m.gpus = gpus;
+  m.topology.gpus.assign(static_cast<std::size_t>(gpus), core::GpuSpec{0, 4e9, 1, 1});
+  return m;
+}
+
+TimePs host_bound_step(const char* kind, int gpus, const core::Model& model) {
+  core::Plan p;
+  p.kind = core::plan_kind(kind);
+  p.gpus = gpus;
+  p.minibatch = gpus;
+  p.u_fwd = p.u_bwd = 1;
+  p.knobs.gpu_capacity_bytes = core::kGiB;
+  const auto prog = core::lower_plan(p, model);
+  const auto r = sim::run_native(prog, model, box_of(gpus));
+  REQUIRE(r.feasible);
+  return makespan(r);
+}
+}  // namespace
+
+TEST_CASE("lohan: the replicas share one optimizer pass, so the host-bound step does not grow with N") {
+  // LoHan's N processes step every parameter once per iteration (one pass, as on one GPU; core/kinds/lohan.cpp):
+  // 2 updates of 0.1 s, whatever N. Before issue 35 every replica ran both, 2N updates sharing the 8 cores: a
+  // 4-GPU step took about 4x the one-GPU step.
+  const auto model = two_layers(0.1);
+  const TimePs one = host_bound_step("lohan", 1, model);
+  CHECK(one >= 200 * kMs);  // the two updates, one after the other on the one queue
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    const TimePs t = host_bound_step("lohan", n, model);
+    CHECK(t >= 200 * kMs);
+    CHECK(t < one + 20 * kMs);  // the GPU side (4 ms per layer) and the all-reduces, not another pass
+  }
+}
+
+TEST_CASE("zero-infinity: N processes' partitioned CPU Adam shares the host's cores, never beating one process") {
+  // DeepSpeed ZeRO-3 Offload: each rank steps its 1/N partition with its own CPU Adam threads on the same cores
+  // (stage3.py _optimizer_step over fp32_partitioned_groups_flat): the N steps together are the one-process total,
+  // 0.2 s, however the work is divided (here whole layers on rank l mod N, processor-shared on the 8 cores).
+  const auto model = two_layers(0.1);
+  const TimePs one = host_bound_step("zero-infinity", 1, model);
+  CHECK(one >= 200 * kMs);
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    const TimePs t = host_bound_step("zero-infinity", n, model);
+    CHECK(t >= 200 * kMs);      // N processes on one host's cores: no faster than one doing all the work
+    CHECK(t < one + 20 * kMs);  // and no slower: the optimizer work is divided, not repeated
+  }
+}
