@@ -621,6 +621,7 @@ std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced
     space.spec.u_bwd = cfg.search.u_bwd;
     space.drop_infeasible = false;  // the swap decisions' estimate is not the executor: the trial step decides
     space.activation_policies = {cfg.plan.knobs.activation_policy};
+    space.knobs.swap = cfg.search.swap;  // dp-swap, pp-swap as scheduled or on-demand swappers (plan.swap)
     for (const core::Candidate& c : core::enumerate_plans(priced, space))
       add(chosen_plan(s, c.plan));  // pp-swap keeps the stages balanced on the profile's times
     if (out.empty()) {

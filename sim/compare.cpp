@@ -47,6 +47,7 @@ void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& mod
   space.spec.threads = 1;
   space.spec.top_k = -1;
   space.activation_policies = policies;
+  space.knobs.swap = search.swap;  // dp-swap, pp-swap: scheduled or on demand (search.swap)
   space.offloads = {nvme ? core::OffloadTier::Nvme : core::OffloadTier::Cpu};
   std::vector<core::Candidate> cands;
   try {

@@ -200,6 +200,7 @@ int cmd_search(const Cli& cli) {
   space.capacity_bytes = cfg.machine.search_capacity_bytes();
   space.unequal_microbatches = cfg.options.unequal_microbatches;
   space.spec = cfg.search;
+  space.knobs.swap = cfg.search.swap;  // dp-swap, pp-swap: search.swap (default plan.swap)
   const auto lower = lower_options(cfg);
   const auto t0 = std::chrono::steady_clock::now();
   const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);

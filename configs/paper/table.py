@@ -3,14 +3,17 @@
 configs/paper/sweeps/: per (model, GPUs, minibatch) Harmony's best kind (harmony-pp or harmony-dp, the faster;
 harmony-pp on a tie) against each baseline kind the paper's baseline types map to: the baseline's iteration time
 over Harmony's (= Harmony's throughput over the baseline's) and the baseline's host<->GPU swap bytes (in + out)
-over Harmony's.
+over Harmony's. Rows of a sweep over `search.swap` (the *_on_demand.yaml sweeps: dp-swap and pp-swap swapping on
+demand, docs/baselines.md#swap-timing) become the columns "dp-swap on-demand" and "pp-swap on-demand".
 
-    python3 configs/paper/table.py /tmp/paper-fig10/results.csv /tmp/paper-fig17/results.csv
+    python3 configs/paper/table.py /tmp/paper-fig10/results.csv /tmp/paper-fig17/results.csv \
+        [/tmp/paper-fig10-on-demand/results.csv /tmp/paper-fig17-on-demand/results.csv]
 """
 import csv
 import sys
 
-BASELINES = ("dp-swap", "pp-swap", "zero-infinity", "l2l")
+BASELINES = ["dp-swap", "pp-swap", "zero-infinity", "l2l"]
+ON_DEMAND = ["dp-swap on-demand", "pp-swap on-demand"]
 
 
 def time_s(row):
@@ -27,7 +30,12 @@ for path in sys.argv[1:]:
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
             key = (row["model_name"], int(row["gpus"]), int(row["minibatch"]))
-            groups.setdefault(key, {})[row["plan_kind"]] = row
+            kind = row["plan_kind"]
+            if row.get("search.swap") == "on-demand":
+                kind += " on-demand"
+            groups.setdefault(key, {})[kind] = row
+if any(k in kinds for kinds in groups.values() for k in ON_DEMAND):
+    BASELINES += ON_DEMAND
 
 print("| model | N | D | Harmony's best (time, u f/b, swap) | " + " | ".join(BASELINES) + " |")
 print("|---|---|---|---|" + "---|" * len(BASELINES))

@@ -33,9 +33,9 @@ std::vector<std::string> plan_keys() {
   return keys;
 }
 const std::vector<std::string> kOptionKeys = {"prefetch", "prefetch_buffers", "unequal_microbatches"};
-const std::vector<std::string> kSearchKeys = {"packing_fwd",  "packing_bwd", "top_k",         "ubatch_step",
-                                              "smaller_ufwd", "fit_rule",    "u_fwd",         "u_bwd",
-                                              "threads",      "pack_counts", "packs_per_gpu", "offload"};
+const std::vector<std::string> kSearchKeys = {"packing_fwd",   "packing_bwd", "top_k", "ubatch_step", "smaller_ufwd",
+                                              "fit_rule",      "u_fwd",       "u_bwd", "threads",     "pack_counts",
+                                              "packs_per_gpu", "offload",     "swap"};
 // "a, b or c"
 std::string join_or(const std::vector<std::string>& names) {
   if (names.size() < 2) return join(names);
@@ -106,6 +106,19 @@ void parse_zero3(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*
   }
 }
 
+// plan.swap: scheduled | on-demand (dp-swap's and pp-swap's swap timing, docs/baselines.md "Swap timing").
+void parse_swap(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/) {
+  const std::string hint =
+      "swap timings: scheduled (each input prefetched one step ahead, overlapped with compute) or on-demand "
+      "(virtualized memory: each input moves when its op is reached, each eviction before the next op)";
+  const std::string& v = expect_scalar(e.value, "plan.swap", "a swap timing", hint);
+  const auto timing = parse_swap_timing(v);
+  if (!timing)
+    fail(e.value.loc, fmt::format("unknown plan.swap '{}'", v),
+         suggestion_hint(v, swap_timing_names(), "swap timings"));
+  knobs.swap = *timing;
+}
+
 // The parser of each knob's `plan.<knob>` key.
 void parse_knob(Knob k, const Entry& e, KindKnobs& knobs, const MachineSpec& machine) {
   switch (k) {
@@ -115,6 +128,8 @@ void parse_knob(Knob k, const Entry& e, KindKnobs& knobs, const MachineSpec& mac
       return parse_offload(e, knobs, machine);
     case Knob::Zero3:
       return parse_zero3(e, knobs, machine);
+    case Knob::Swap:
+      return parse_swap(e, knobs, machine);
   }
 }
 
@@ -293,9 +308,10 @@ Options parse_options(const Node* map, bool prefetch_default) {
 
 // `pack_counts_default`: the value when search.pack_counts is not given (harmony-sim: wide with the native cost
 // model, the paper's minimum with the reference model; harmony-run: minimum).
-SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default) {
+SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default, SwapTiming swap_default) {
   SearchSpec s;
   s.pack_counts = pack_counts_default;
+  s.swap = swap_default;
   if (!map) return s;
   check_keys(*map, "search", kSearchKeys);
   if (const Entry* e = find(*map, "pack_counts")) {
@@ -317,6 +333,14 @@ SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_count
     if (it == names.end())
       fail(e->value.loc, fmt::format("unknown search.offload '{}'", v), suggestion_hint(v, names, "offload tiers"));
     s.offload = static_cast<SearchSpec::Offload>(it - names.begin());
+  }
+  if (const Entry* e = find(*map, "swap")) {
+    const std::string& v = expect_scalar(e->value, "search.swap", "a swap timing", "swap: scheduled or on-demand");
+    const auto timing = parse_swap_timing(v);
+    if (!timing)
+      fail(e->value.loc, fmt::format("unknown search.swap '{}'", v),
+           suggestion_hint(v, swap_timing_names(), "swap timings"));
+    s.swap = *timing;
   }
   if (const Entry* e = find(*map, "packs_per_gpu")) s.packs_per_gpu = get_int(e->value, "search.packs_per_gpu", 0);
   if (const Entry* e = find(*map, "packing_fwd")) s.packing_fwd = parse_methods(*e, "search.packing_fwd", true);

@@ -174,7 +174,7 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   // choices stay as they were; both keys can be set.
   cfg.options = parse_options(section_map(root, "options"), false);
   SearchLocs search_locs;
-  cfg.search = parse_search(section_map(root, "search"), search_locs, PackCounts::Minimum);
+  cfg.search = parse_search(section_map(root, "search"), search_locs, PackCounts::Minimum, cfg.plan.knobs.swap);
   if (cfg.options.unequal_microbatches)
     fail(find(*section_map(root, "options"), "unequal_microbatches")->value.loc,
          "options.unequal_microbatches is not supported by harmony-run", "remove it: the runtime needs D % u == 0");

@@ -111,7 +111,7 @@ const PlanKindSpec kSpec{
     .one_microbatch = false,
     .unequal_microbatches = false,
     .offload_tiers = false,
-    .knobs = {Knob::Activations},
+    .knobs = {Knob::Activations, Knob::Swap},
     .validate = validate_swapping_plan,
     .lower = lower_dp_swap,
     .enumerate = enumerate_swapping_plans,

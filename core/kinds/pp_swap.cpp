@@ -70,7 +70,7 @@ Program lower_pp_swap(const Plan& plan, const Model& model, const LowerOptions& 
         if (b.has_params(l) && (sw || i == 0)) {
           const int W = b.weight_op(s, Stream::SwapIn, OpKind::WB, b.fwd_task(s, l), i, L, b.wbytes(l), b.bbytes(l));
           b.alloc(W, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-          if (sw) b.window(W, s, k);
+          if (sw || b.on_demand()) b.window(W, s, k);  // on demand, resident weights too move when first read
           resident = resident || !sw;
           ins.push_back(W);
         }
@@ -195,7 +195,7 @@ const PlanKindSpec kSpec{
     .one_microbatch = false,
     .unequal_microbatches = false,
     .offload_tiers = false,
-    .knobs = {Knob::Activations},
+    .knobs = {Knob::Activations, Knob::Swap},
     .validate = validate_swapping_plan,
     .lower = lower_pp_swap,
     .enumerate = enumerate_swapping_plans,

@@ -149,6 +149,12 @@ void validate_swapping_plan(const Plan& p, const Model& m) {
   for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
     if (!m.ubatch_in_range(ph, p.u_bwd)) (void)m.time_s(ph, p.u_bwd, 0);  // throws the range error
   }
+  if (p.knobs.swap == SwapTiming::OnDemand && !p.kind.has_knob(Knob::Swap)) {
+    std::string kinds;
+    for (const std::string& k : plan_kind_names(Knob::Swap)) kinds += (kinds.empty() ? "" : ", ") + k;
+    throw ScheduleError(
+        fmt::format("{}: on-demand swap applies to {} only (the kind's own swap timing is fixed)", name, kinds));
+  }
   const Zero3Overheads& z = p.knobs.zero3;
   if (!(z.module_latency_s >= 0) || !std::isfinite(z.module_latency_s) || !(z.bucket_elements >= 1) ||
       !std::isfinite(z.bucket_elements))
@@ -209,6 +215,7 @@ std::vector<Candidate> enumerate_swapping_plans(const Model& model, const Search
         p.knobs = space.knobs;
         p.knobs.activation_policy = policy;
         p.knobs.offload = tier;
+        if (!kind.has_knob(Knob::Swap)) p.knobs.swap = SwapTiming::Scheduled;  // the timing is the kind's own
         p.knobs.gpu_capacity_bytes = space.capacity_bytes;
         if (kind->stage_per_gpu) p.stages = balanced_stages(model, u, gpus);
         if (space.drop_infeasible) {
@@ -224,9 +231,10 @@ std::vector<Candidate> enumerate_swapping_plans(const Model& model, const Search
 
 std::string describe_swapping_plan(const Plan& p, const Model& model) {
   const auto d = decide_swaps(p, model);
-  return fmt::format("{} N{} D{} u {} (weights {}, activations {}, {})", p.kind.name(), p.gpus, p.minibatch, p.u_bwd,
+  return fmt::format("{} N{} D{} u {} (weights {}, activations {}, {}{})", p.kind.name(), p.gpus, p.minibatch, p.u_bwd,
                      d.front().weights ? "swapped" : "kept", d.front().activations ? "swapped" : "kept",
-                     activation_policy_name(p.knobs.activation_policy));
+                     activation_policy_name(p.knobs.activation_policy),
+                     p.knobs.swap == SwapTiming::OnDemand ? ", on-demand swap" : "");
 }
 
 }  // namespace harmony::core

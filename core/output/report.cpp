@@ -26,6 +26,7 @@ nlohmann::json report_to_json(const RunReport& r) {
   json j;
   j["plan_kind"] = r.plan.kind.name();
   j["activation_policy"] = activation_policy_name(r.plan.knobs.activation_policy);
+  j["swap_timing"] = r.plan.kind.has_knob(Knob::Swap) ? json(swap_timing_name(r.plan.knobs.swap)) : json(nullptr);
   j["gpus"] = r.plan.gpus;
   j["minibatch"] = r.plan.minibatch;
   j["u_fwd"] = r.plan.u_fwd;

@@ -29,6 +29,19 @@ std::optional<OffloadTier> parse_offload_tier(const std::string& name) {
   return std::nullopt;
 }
 
+const char* swap_timing_name(SwapTiming t) { return t == SwapTiming::OnDemand ? "on-demand" : "scheduled"; }
+
+const std::vector<std::string>& swap_timing_names() {
+  static const std::vector<std::string> names = {"scheduled", "on-demand"};
+  return names;
+}
+
+std::optional<SwapTiming> parse_swap_timing(const std::string& name) {
+  if (name == "scheduled") return SwapTiming::Scheduled;
+  if (name == "on-demand") return SwapTiming::OnDemand;
+  return std::nullopt;
+}
+
 const char* knob_name(Knob k) {
   switch (k) {
     case Knob::Activations:
@@ -37,12 +50,14 @@ const char* knob_name(Knob k) {
       return "offload";
     case Knob::Zero3:
       return "zero3";
+    case Knob::Swap:
+      return "swap";
   }
   return "?";
 }
 
 const std::vector<Knob>& all_knobs() {
-  static const std::vector<Knob> knobs = {Knob::Activations, Knob::Offload, Knob::Zero3};
+  static const std::vector<Knob> knobs = {Knob::Activations, Knob::Offload, Knob::Zero3, Knob::Swap};
   return knobs;
 }
 

@@ -32,6 +32,18 @@ const char* offload_tier_name(OffloadTier t);  // "cpu", "nvme"
 std::optional<OffloadTier> parse_offload_tier(const std::string& name);
 const std::vector<std::string>& offload_tier_names();  // {"cpu", "nvme"}
 
+// When a swapping kind's transfers run (docs/baselines.md "Swap timing"). Scheduled: each input is prefetched one
+// compute step ahead (double-buffered, overlapped with the step before its consumer) and a step's swap-outs may trail
+// it by one step: a tuned swapper at its best (vDNN with prefetch, Harmony's own executor). OnDemand: virtualized
+// memory as the paper's baselines ran it (IBM LMS, CUDA unified memory, vDNN without prefetch): an input moves only
+// when the op that reads it is reached (the step before it has ended) and the op waits for it; a step's swap-outs
+// (the evictions that make room) finish before the next step starts. Nothing moves ahead of use, so every transfer
+// is on the critical path; which tensors move, and their bytes, are the same under both.
+enum class SwapTiming { Scheduled, OnDemand };
+const char* swap_timing_name(SwapTiming t);  // "scheduled", "on-demand"
+std::optional<SwapTiming> parse_swap_timing(const std::string& name);
+const std::vector<std::string>& swap_timing_names();  // {"scheduled", "on-demand"}
+
 // ZeRO-3's implementation overheads the zero-infinity lowering prices (native cost model only;
 // docs/baselines.md "ZeRO-3 overheads").
 struct Zero3Overheads {
@@ -54,8 +66,9 @@ enum class Knob {
   Activations,  // plan.activations: checkpoint | keep (KindKnobs::activation_policy)
   Offload,      // plan.offload: cpu | nvme (KindKnobs::offload)
   Zero3,        // plan.zero3: {module_latency, bucket} (KindKnobs::zero3)
+  Swap,         // plan.swap: scheduled | on-demand (KindKnobs::swap)
 };
-const char* knob_name(Knob k);  // "activations", "offload", "zero3"
+const char* knob_name(Knob k);  // "activations", "offload", "zero3", "swap"
 const std::vector<Knob>& all_knobs();
 
 // The knob values of one plan. Kinds read the ones they list and ignore the rest (Harmony's plans: none).
@@ -63,6 +76,7 @@ struct KindKnobs {
   ActivationPolicy activation_policy = ActivationPolicy::Checkpoint;
   OffloadTier offload = OffloadTier::Cpu;  // kinds with offload tiers (PlanKindSpec::offload_tiers)
   Zero3Overheads zero3;
+  SwapTiming swap = SwapTiming::Scheduled;  // kinds with the swap knob (dp-swap, pp-swap)
   // Swapping kinds: stream every layer's W+B (and gradients) per microbatch, and swap stashed layer inputs out in
   // forward and in for backward (or, for a kind whose stash lives on the host, its boundary activations); Auto
   // decides from the profile. Kinds that always stream or always swap ignore the choice.

@@ -66,8 +66,9 @@ std::string packs_to_string(const Packs& packs) {
 
 std::string plan_title(const Plan& p) {
   if (!p.kind->packs)
-    return fmt::format("{} N{} D{} u {} ({})", p.kind.name(), p.gpus, p.minibatch, p.u_bwd,
-                       activation_policy_name(p.knobs.activation_policy));
+    return fmt::format("{} N{} D{} u {} ({}{})", p.kind.name(), p.gpus, p.minibatch, p.u_bwd,
+                       activation_policy_name(p.knobs.activation_policy),
+                       p.knobs.swap == SwapTiming::OnDemand ? ", on-demand swap" : "");
   return fmt::format("{} N{} D{} u {}/{} {}", p.kind.name(), p.gpus, p.minibatch, p.u_fwd, p.u_bwd, plan_layout(p));
 }
 

@@ -66,7 +66,7 @@ std::vector<LayerRange> balanced_stages(const Model& model, int u, int stages) {
 namespace detail {
 
 ProgramBuilder::ProgramBuilder(const Model& model, const Plan& plan)
-    : model_(model), policy_(plan.knobs.activation_policy) {
+    : model_(model), policy_(plan.knobs.activation_policy), on_demand_(plan.knobs.swap == SwapTiming::OnDemand) {
   const int R = model.num_layers();
   const int N = plan.gpus;
   Plan& gp = prog_.graph.plan;
@@ -88,7 +88,7 @@ ProgramBuilder::ProgramBuilder(const Model& model, const Plan& plan)
   prog_.pp_rules = false;
   prog_.bandwidth_sharers = N;
   steps_.assign(static_cast<std::size_t>(N), {});
-  outputs_.assign(static_cast<std::size_t>(N), {});
+  waiters_.assign(static_cast<std::size_t>(N), {});
 }
 
 int ProgramBuilder::op(int device, Stream stream, OpKind kind, int task, int ui, LayerRange layers, int ubs,
@@ -118,7 +118,7 @@ int ProgramBuilder::fetch_weights(int device, int l, int task, int ui, int k, By
   const LayerRange L{l, l};
   const int W = weight_op(device, Stream::SwapIn, OpKind::WB, task, ui, L, w, b);
   alloc(W, TensorKind::Weights, L, -1, w + b);
-  if (windowed) window(W, device, k);
+  if (windowed || on_demand_) window(W, device, k);  // on demand, even resident weights move only when first read
   return W;
 }
 
@@ -164,8 +164,8 @@ int ProgramBuilder::compute(int device, OpKind kind, int task, int ui, LayerRang
   auto& steps = steps_[static_cast<std::size_t>(device)];
   const int k = static_cast<int>(steps.size());
   steps.push_back(id);
-  auto& outs = outputs_[static_cast<std::size_t>(device)];
-  if (auto it = outs.find(k - 2); it != outs.end()) {
+  auto& waits = waiters_[static_cast<std::size_t>(device)];
+  if (auto it = waits.find(k); it != waits.end()) {
     for (int o : it->second) dep(id, o);
   }
   return id;
@@ -214,8 +214,8 @@ int ProgramBuilder::recompute(int device, int l, int i, int u, const std::vector
   for (int in : ins) {
     if (at(in).kind != OpKind::dY) dep(Rc, in);  // what it reads: weights, input, not the output gradient
   }
-  const auto& outs = outputs_[static_cast<std::size_t>(device)];
-  if (auto it = outs.find(next_step(device) - 2); it != outs.end()) {
+  const auto& waits = waiters_[static_cast<std::size_t>(device)];
+  if (auto it = waits.find(next_step(device)); it != waits.end()) {
     for (int o : it->second) dep(Rc, o);
   }
   alloc_saved(Rc, l, i, u);
@@ -281,18 +281,25 @@ int ProgramBuilder::input_in(int device, Stream stream, OpKind kind, int task, i
   return in;
 }
 
+int ProgramBuilder::lead_steps(int op) const {
+  const Stream s = at(op).stream;
+  return on_demand_ && (s == Stream::SwapIn || s == Stream::SwapOut) ? 1 : 2;
+}
+
 void ProgramBuilder::window(int op, int device, int consumer_step) {
-  if (consumer_step < 2) return;
+  const int before = consumer_step - lead_steps(op);
+  if (before < 0) return;
   const auto& steps = steps_[static_cast<std::size_t>(device)];
-  if (consumer_step - 2 >= static_cast<int>(steps.size()))
+  if (before >= static_cast<int>(steps.size()))
     throw InternalError("a baseline input is windowed to a step not yet created");
-  dep(op, steps[static_cast<std::size_t>(consumer_step) - 2]);
+  dep(op, steps[static_cast<std::size_t>(before)]);
 }
 
 void ProgramBuilder::output_of(int op, int device, int producer_step) {
-  outputs_[static_cast<std::size_t>(device)][producer_step].push_back(op);
+  const int consumer_step = producer_step + lead_steps(op);
+  waiters_[static_cast<std::size_t>(device)][consumer_step].push_back(op);
   const auto& steps = steps_[static_cast<std::size_t>(device)];
-  if (producer_step + 2 < static_cast<int>(steps.size())) dep(steps[static_cast<std::size_t>(producer_step) + 2], op);
+  if (consumer_step < static_cast<int>(steps.size())) dep(steps[static_cast<std::size_t>(consumer_step)], op);
 }
 
 void ProgramBuilder::peer(int a, int b) { peers_.emplace_back(a, b); }

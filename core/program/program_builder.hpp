@@ -33,7 +33,9 @@ namespace detail {
 // order; queues are laid out at finish() (devices ascending, streams in order of first use).
 // Flow control is by compute "steps" (every Compute-stream op is one): an input transfer windowed
 // to step k waits for step k-2 to end (double buffering), and step k waits for the output
-// transfers registered to step k-2 (bounded in-flight swap-outs).
+// transfers registered to step k-2 (bounded in-flight swap-outs). Under plan.knobs.swap on-demand the host swaps
+// (SwapIn, SwapOut) lead by one step instead of two: an input windowed to step k waits for step k-1 (it moves when
+// its reader is reached) and step k waits for the swap-outs of step k-1 (evictions before the next op); P2P keeps two.
 class ProgramBuilder {
  public:
   // The Program's plan is `plan` with u_fwd = u_bwd (the one microbatch size), packs_bwd its stages (a kind with
@@ -73,7 +75,8 @@ class ProgramBuilder {
   // the op, its alloc as `as`, a dependency on `after` when >= 0, windowed to step k. Returns the op.
   int input_in(int device, Stream stream, OpKind kind, int task, int l, int i, int u, int k, TensorKind as,
                int after = -1);
-  void window(int op, int device, int consumer_step);  // `op` waits for step consumer_step - 2
+  // `op` waits for step consumer_step - lead_steps(op): it is prefetched at most that many steps ahead.
+  void window(int op, int device, int consumer_step);
   // Backward of layer l for microbatch i at step k on `device`: brings the stashed input back from the
   // host when `stash_activations` (the data X for layer 0, else the sX swapped out at `stash_out`), and
   // under keep the saved activations (the sX swapped out at `saved_out`, when not -1); then, under
@@ -102,10 +105,12 @@ class ProgramBuilder {
   // activations the BWD frees. Returns the REC op, or -1.
   int recompute(int device, int l, int i, int u, const std::vector<int>& ins);
   bool keep() const { return policy_ == ActivationPolicy::Keep; }
+  bool on_demand() const { return on_demand_; }  // plan.knobs.swap: on-demand (virtualized memory)
   Bytes sbytes(int u, int layer) const { return saved_activation_bytes(model_, u, layer); }
   // Saved-activation refs are recorded even at 0 bytes: they name the tensor the executor moves.
   void alloc_saved(int op, int l, int mb, int u);
   void free_saved(int op, int l, int mb, int u);
+  // `op`, an output of step producer_step, is waited for by step producer_step + lead_steps(op).
   void output_of(int op, int device, int producer_step);
   void peer(int a, int b);  // P2P rendezvous pair (resolved at finish)
   // Collective `key`: every member waits for every other member's `ready` op (resolved at finish).
@@ -129,6 +134,7 @@ class ProgramBuilder {
 
  private:
   Bytes workspace(Phase ph, int u, int layer) const;
+  int lead_steps(int op) const;  // 2, or 1 for a host swap (SwapIn, SwapOut) on demand
   static std::uint64_t slot(int device, int l, int i) {
     return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(device)) << 42) |
            (static_cast<std::uint64_t>(static_cast<std::uint32_t>(l)) << 21) | static_cast<std::uint32_t>(i);
@@ -140,9 +146,10 @@ class ProgramBuilder {
 
   const Model& model_;
   ActivationPolicy policy_;
+  bool on_demand_;
   Program prog_;
   std::vector<std::vector<int>> steps_;                   // per device: compute ops in order
-  std::vector<std::map<int, std::vector<int>>> outputs_;  // per device: step -> output transfers
+  std::vector<std::map<int, std::vector<int>>> waiters_;  // per device: step -> output transfers it waits for
   std::vector<std::pair<int, int>> peers_;
   std::map<std::uint64_t, std::vector<std::pair<int, int>>> collectives_;
   std::unordered_map<std::uint64_t, int> stash_;  // (device, layer, microbatch) -> its stash sX out

@@ -44,6 +44,9 @@ struct SearchSpec {
   // when host memory binds; Cpu / Nvme = that tier only (DeepSpeed's offload_param/offload_optimizer device).
   enum class Offload { Auto, Cpu, Nvme };
   Offload offload = Offload::Auto;
+  // dp-swap's and pp-swap's swap timing in compare, sweeps and harmony-run's --plan auto (the kinds with the swap
+  // knob; docs/baselines.md "Swap timing"): the baselines at their best (scheduled) or as virtualized memory.
+  SwapTiming swap = SwapTiming::Scheduled;
 };
 
 // One plan a search evaluates, with the packing methods that produced its packs ("" for kinds without packs, and

@@ -231,6 +231,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # --- the baselines run through the same executor: their losses match Harmony-PP's (pp-swap bit for bit:
     # the same per-device summation order; the data-parallel kinds add replica gradients, rel 1e-6)
     r, hp = train_json(DEFAULT, "--steps", str(SHORT), "--set", "plan.gpus=2", "--gpu-memory", "4MiB")
+    baseline_losses = {}
     for kind in ["pp-swap", "dp-swap", "zero-infinity", "l2l", "lohan"]:
         one = ["--set", "plan.u_fwd=4", "--set", "plan.u_bwd=4"] if kind == "lohan" else []  # lohan: u = D/N
         r, d = train_json(DEFAULT, "--steps", str(SHORT), "--set", f"plan.mode={kind}", "--set", "plan.gpus=2", *one,
@@ -240,10 +241,26 @@ with tempfile.TemporaryDirectory() as tmp:
             check(f"{kind} plan kind reported", d["plan"]["plan_kind"] == kind and d["plan"]["title"].startswith(kind),
                   d["plan"])
             a, b = d["summary"]["losses"], hp["summary"]["losses"]
+            baseline_losses[kind] = a
             if kind == "pp-swap":
                 check("pp-swap losses bit-identical to Harmony-PP", a == b, (a, b))
             else:
                 check(f"{kind} losses match Harmony-PP", all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
+    # on-demand swap (docs/baselines.md#swap-timing) changes when transfers run, not what is computed: bit-identical
+    for kind in ["dp-swap", "pp-swap"]:
+        r, d = train_json(DEFAULT, "--steps", str(SHORT), "--set", f"plan.mode={kind}", "--set", "plan.gpus=2",
+                          "--set", "plan.swap=on-demand", "--gpu-memory", "4MiB")
+        check(f"{kind} on demand trains", r.returncode == 0 and d is not None, r.stderr)
+        if d and kind in baseline_losses:
+            check(f"{kind} on demand named in the title", "on-demand swap" in d["plan"]["title"], d["plan"])
+            check(f"{kind} on demand: the scheduled run's losses bit for bit",
+                  d["summary"]["losses"] == baseline_losses[kind], (d["summary"]["losses"], baseline_losses[kind]))
+    r = run("train", DEFAULT, "--steps", "1", "--set", "plan.swap=on-demand")
+    check("plan.swap on a Harmony mode refused at the key", r.returncode == 2 and "--set plan.swap=" in r.stderr and
+          "plan.swap applies to plan.mode: dp-swap or pp-swap only" in r.stderr, r.stderr)
+    r = run("train", DEFAULT, "--steps", "1", "--set", "plan.mode=dp-swap", "--set", "plan.swap=ondemand")
+    check("an unknown plan.swap names the closest", r.returncode == 2 and "unknown plan.swap 'ondemand'" in r.stderr and
+          "on-demand" in r.stderr, r.stderr)
     # resident (the in-memory trainer): weights, gradients and AdamW state on each device; the same losses, and its
     # state too large for the devices is a located error naming what it keeps and the fix
     r, d = train_json(DEFAULT, "--steps", str(SHORT), "--set", "plan.mode=resident", "--set", "plan.gpus=2",

@@ -961,3 +961,72 @@ TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defau
       load(head + nvme + "plan: {mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4, offload: nvme" + tail);
   CHECK(lo.plan.knobs.offload == core::OffloadTier::Nvme);
 }
+
+// Swap timing (docs/baselines.md "Swap timing"): on demand, the same tensors move in the same bytes, but no host
+// transfer runs ahead of the op that reads it nor trails the op that evicted it, so on one GPU no host copy ever
+// overlaps compute and the iteration is never faster than the scheduled swapper's.
+TEST_CASE("on-demand swap moves the same bytes, never beside compute, and is never faster (dp-swap, pp-swap)") {
+  const auto& model = synthetic();
+  const int u = 2;
+  for (const char* name : {"dp-swap", "pp-swap"}) {
+    for (int N : {1, 2}) {
+      for (const SwapChoice c : {SwapChoice::Swap, SwapChoice::Keep}) {
+        for (const auto policy : {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}) {
+          CAPTURE(name);
+          CAPTURE(N);
+          CAPTURE(static_cast<int>(c));
+          CAPTURE(core::activation_policy_name(policy));
+          const auto sched_plan = with_policy(make_plan(plan_kind(name), N, 16, u, c, c), policy);
+          auto od_plan = sched_plan;
+          od_plan.knobs.swap = core::SwapTiming::OnDemand;
+          const auto sched = core::lower_plan(sched_plan, model);
+          const auto od = core::lower_plan(od_plan, model);
+          REQUIRE(od.ops.size() == sched.ops.size());
+          for (const OpKind k : {OpKind::WB, OpKind::dWB, OpKind::sX, OpKind::X, OpKind::ARD, OpKind::Y, OpKind::dX})
+            for (const Stream s : {Stream::SwapIn, Stream::SwapOut, Stream::Compute, Stream::P2POut})
+              CHECK(moved(od, k, s) == moved(sched, k, s));
+          check_ledger(od);
+          const auto t_sched = run(sched, model);
+          const auto t_od = run(od, model);
+          CHECK(makespan(t_od) >= makespan(t_sched));
+          if (c == SwapChoice::Swap) CHECK(makespan(t_od) > makespan(t_sched));  // every layer's weights in the way
+          // No host copy of a device overlaps that device's compute (pp-swap's P2P sends may: they are not swaps).
+          for (std::size_t i = 0; i < od.ops.size(); ++i) {
+            const auto& a = od.ops[i];
+            if (a.stream != Stream::SwapIn && a.stream != Stream::SwapOut) continue;
+            for (std::size_t j = 0; j < od.ops.size(); ++j) {
+              const auto& b = od.ops[j];
+              if (b.stream != Stream::Compute || b.device != a.device) continue;
+              const bool apart = t_od.end_ps[i] <= t_od.begin_ps[j] || t_od.end_ps[j] <= t_od.begin_ps[i];
+              if (!apart) {
+                CAPTURE(core::op_kind_name(a.kind));
+                CAPTURE(core::op_kind_name(b.kind));
+                CHECK(apart);
+              }
+            }
+          }
+          // and the scheduled swapper does overlap them when it streams the weights (the prefetch it is credited with)
+          if (c == SwapChoice::Swap) {
+            bool overlap = false;
+            for (std::size_t i = 0; i < sched.ops.size() && !overlap; ++i) {
+              if (sched.ops[i].kind != OpKind::WB) continue;
+              for (std::size_t j = 0; j < sched.ops.size() && !overlap; ++j)
+                overlap = sched.ops[j].stream == Stream::Compute && sched.ops[j].device == sched.ops[i].device &&
+                          t_sched.begin_ps[i] < t_sched.end_ps[j] && t_sched.begin_ps[j] < t_sched.end_ps[i];
+            }
+            CHECK(overlap);
+          }
+        }
+      }
+    }
+  }
+  // the timing is dp-swap's and pp-swap's knob only: another kind's plan with it is refused
+  auto zi = make_plan(plan_kind("zero-infinity"), 1, 16, u, SwapChoice::Auto, SwapChoice::Auto);
+  zi.knobs.swap = core::SwapTiming::OnDemand;
+  CHECK_THROWS_WITH_AS(core::validate_plan(zi, model), doctest::Contains("on-demand swap applies to dp-swap, pp-swap"),
+                       core::ScheduleError);
+  // and the names round-trip
+  for (const std::string& n : core::swap_timing_names())
+    CHECK(core::swap_timing_name(*core::parse_swap_timing(n)) == n);
+  CHECK_FALSE(core::parse_swap_timing("ondemand"));
+}

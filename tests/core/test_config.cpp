@@ -1013,3 +1013,29 @@ TEST_CASE("search.offload: auto by default, cpu or nvme when given, a located er
   CHECK(std::string(e.what()).find("unknown search.offload 'nvm'") != std::string::npos);
   CHECK(std::string(e.what()).find("nvme") != std::string::npos);
 }
+
+TEST_CASE("plan.swap and search.swap: dp-swap's and pp-swap's swap timing, search.swap defaulting to plan.swap") {
+  const std::string dp =
+      "model:\n"
+      "  gpt2: {vocab_size: 256, max_seq_len: 64, n_layer: 2, n_head: 4, n_embd: 64}\n"
+      "  seq_len: 32\n"
+      "plan: {mode: dp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, swap: ";
+  const TrainConfig od = load_train_config_text(dp + "on-demand}\ntrain: {steps: 5}\n", "run.yaml");
+  CHECK(od.plan.knobs.swap == SwapTiming::OnDemand);
+  CHECK(od.search.swap == SwapTiming::OnDemand);  // --plan auto searches the microbatch under it
+  CHECK(load_train_config_text(kTrain, "run.yaml").plan.knobs.swap == SwapTiming::Scheduled);  // the default
+  const ConfigError bad = train_error(dp + "ondemand}\ntrain: {steps: 5}\n");
+  CHECK(contains(bad.what(), "unknown plan.swap 'ondemand'"));
+  CHECK(contains(bad.what(), "did you mean 'on-demand'"));
+  check_at(bad, "run.yaml", 4, 72);  // at the value
+  // a kind whose timing is its own refuses the key
+  const ConfigError harmony = train_error(kTrain, {"plan.swap=on-demand"});
+  CHECK(contains(harmony.what(), "plan.swap applies to plan.mode: dp-swap or pp-swap only"));
+  // harmony-sim: search.swap for compare and sweeps, on any mode
+  const std::string plan = "plan: {mode: harmony-pp, gpus: 1, minibatch: 8}\n";
+  CHECK(load_config_text(kModel + plan, "a.yaml").search.swap == SwapTiming::Scheduled);
+  CHECK(load_config_text(kModel + plan + "search: {swap: on-demand}\n", "b.yaml").search.swap == SwapTiming::OnDemand);
+  const ConfigError e = config_error(kModel + plan + "search: {swap: lazy}\n");
+  CHECK(e.loc().line == 4);
+  CHECK(contains(e.what(), "unknown search.swap 'lazy'"));
+}

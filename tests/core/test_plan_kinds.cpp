@@ -116,6 +116,7 @@ TEST_CASE("the registry generates the eight kinds in listing order, each a compl
         std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan", "resident"});
   CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "lohan"});
   CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity"});
+  CHECK(plan_kind_names(Knob::Swap) == std::vector<std::string>{"dp-swap", "pp-swap"});
   CHECK(PlanKind() == plan_kind("harmony-pp"));  // a default Plan's kind
   std::set<std::string> names;
   int last_order = -1;
