@@ -5,8 +5,6 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,30 +13,14 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/model/hf_weights.hpp"
+#include "tests/test_support.hpp"
 
 using namespace harmony::backend;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string tiny_dir() {
-  const char* root = std::getenv("HARMONY_SOURCE_DIR");
-  return std::string(root != nullptr ? root : ".") + "/tests/data/llama_tiny/";
-}
-
-// A fresh folder under the temp directory, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag)
-      : path(fs::temp_directory_path() / ("harmony_hf_" + tag + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+std::string tiny_dir() { return harmony::test::source_path("tests/data/llama_tiny/"); }
 
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary);
@@ -86,11 +68,12 @@ TEST_CASE("sharded folder: loads bit for bit as the single file") {
   HostState want{Gpt2(one)};
   load_gpt2_weights_at(tiny_dir(), want);
   for (const int parts : {1, 3}) {
-    TempDir tmp("shards" + std::to_string(parts));
-    write_shards(tmp.path, parts);
-    CHECK(gpt2_config_at(tmp.path.string()) == one);
+    const harmony::test::TempDir tmp_dir;
+    const fs::path tmp = tmp_dir.str();
+    write_shards(tmp, parts);
+    CHECK(gpt2_config_at(tmp.string()) == one);
     // the folder, and model.weights naming the index itself
-    for (const std::string& path : {tmp.path.string(), (tmp.path / "model.safetensors.index.json").string()}) {
+    for (const std::string& path : {tmp.string(), (tmp / "model.safetensors.index.json").string()}) {
       const WeightFiles files = WeightFiles::open(locate_gpt2_files(path).weights);
       CHECK(files.sharded());
       CHECK(files.file_count() == static_cast<std::size_t>(parts));
@@ -103,25 +86,27 @@ TEST_CASE("sharded folder: loads bit for bit as the single file") {
     }
   }
   // model.safetensors wins when a folder has both (as transformers' from_pretrained)
-  TempDir both("both");
-  write_shards(both.path, 2);
-  fs::remove(both.path / "model-00002-of-00002.safetensors");  // a broken shard set that is never read
-  fs::copy_file(tiny_dir() + "model.safetensors", both.path / "model.safetensors");
-  CHECK(locate_gpt2_files(both.path.string()).weights == (both.path / "model.safetensors").string());
-  CHECK(error_of(both.path.string()).empty());
+  const harmony::test::TempDir both_dir;
+  const fs::path both = both_dir.str();
+  write_shards(both, 2);
+  fs::remove(both / "model-00002-of-00002.safetensors");  // a broken shard set that is never read
+  fs::copy_file(tiny_dir() + "model.safetensors", both / "model.safetensors");
+  CHECK(locate_gpt2_files(both.string()).weights == (both / "model.safetensors").string());
+  CHECK(error_of(both.string()).empty());
 }
 
 TEST_CASE("sharded folder: every broken set is a located error with the fix") {
-  TempDir tmp("broken");
-  const nlohmann::json good = write_shards(tmp.path, 2);
-  const fs::path index = tmp.path / "model.safetensors.index.json";
-  const std::string dir = tmp.path.string();
+  const harmony::test::TempDir tmp_dir;
+  const fs::path tmp = tmp_dir.str();
+  const nlohmann::json good = write_shards(tmp, 2);
+  const fs::path index = tmp / "model.safetensors.index.json";
+  const std::string dir = tmp.string();
   const std::string first_tensor = "model.embed_tokens.weight";  // the first in data order: in shard 1
   REQUIRE(good["weight_map"][first_tensor] == "model-00001-of-00002.safetensors");
   REQUIRE(error_of(dir).empty());
 
   SUBCASE("a missing shard names the index, the tensor, the shard and what to do") {
-    fs::remove(tmp.path / "model-00002-of-00002.safetensors");
+    fs::remove(tmp / "model-00002-of-00002.safetensors");
     const std::string e = error_of(dir);
     CHECK(e.find(index.string() + ":") == 0);
     CHECK(e.find("model-00002-of-00002.safetensors") != std::string::npos);
@@ -216,19 +201,21 @@ nlohmann::json read_json(const fs::path& p) {
 
 TEST_CASE("save_hf_model: config.json beside the weights, the folder loads back") {
   SUBCASE("Llama (the oracle's folder): the keys transformers' LlamaConfig reads") {
-    TempDir tmp("save_llama");
+    const harmony::test::TempDir tmp_dir;
+    const fs::path tmp = tmp_dir.str();
     const Gpt2Config c = gpt2_config_at(tiny_dir());
     HostState state{Gpt2(c)};
     load_gpt2_weights_at(tiny_dir(), state);
-    check_round_trip(state, tmp.path);
-    const nlohmann::json j = read_json(tmp.path / "config.json");
+    check_round_trip(state, tmp);
+    const nlohmann::json j = read_json(tmp / "config.json");
     const nlohmann::json want = read_json(tiny_dir() + "config.json");  // written by make_llama_oracle.py
     for (const auto& [key, value] : want.items()) CHECK_MESSAGE(j.at(key) == value, key);
     CHECK(j.at("rms_norm_eps").dump() == "1e-05");  // the float's shortest form, not 9.99999974e-06
     CHECK(j.at("torch_dtype") == "float32");
   }
   SUBCASE("Llama, tied head, rope_theta 500000, rms_norm_eps 1e-6") {
-    TempDir tmp("save_tied");
+    const harmony::test::TempDir tmp_dir;
+    const fs::path tmp = tmp_dir.str();
     Gpt2Config c = gpt2_config_at(tiny_dir());
     c.tie_embeddings = true;
     c.rope_theta = 500000.0f;
@@ -236,39 +223,40 @@ TEST_CASE("save_hf_model: config.json beside the weights, the folder loads back"
     c.n_kv_head = 1;
     HostState state{Gpt2(c)};
     state.init_weights(7);
-    check_round_trip(state, tmp.path);
-    const nlohmann::json j = read_json(tmp.path / "config.json");
+    check_round_trip(state, tmp);
+    const nlohmann::json j = read_json(tmp / "config.json");
     CHECK(j.at("tie_word_embeddings") == true);
     CHECK(j.at("num_key_value_heads") == 1);
     CHECK(j.at("rope_theta").dump() == "500000.0");
   }
   SUBCASE("Qwen2 (q/k/v biases) and Mistral (a sliding window) keep their model_type") {
-    TempDir tmp("save_qwen2");
+    const harmony::test::TempDir tmp_dir;
+    const fs::path tmp = tmp_dir.str();
     const std::string qwen2 = tiny_dir() + "../qwen2_tiny/";
     const Gpt2Config c = gpt2_config_at(qwen2);
     REQUIRE(c.qkv_bias);
     HostState state{Gpt2(c)};
     load_gpt2_weights_at(qwen2, state);
-    check_round_trip(state, tmp.path);
-    CHECK(read_json(tmp.path / "config.json").at("model_type") == "qwen2");
-    TempDir tmp2("save_mistral");
+    check_round_trip(state, tmp);
+    CHECK(read_json(tmp / "config.json").at("model_type") == "qwen2");
+    const harmony::test::TempDir tmp2_dir;
+    const fs::path tmp2 = tmp2_dir.str();
     Gpt2Config m = gpt2_config_at(tiny_dir());
     m.sliding_window = 16;
     HostState ms{Gpt2(m)};
     ms.init_weights(3);
-    check_round_trip(ms, tmp2.path);
-    CHECK(read_json(tmp2.path / "config.json").at("model_type") == "mistral");
+    check_round_trip(ms, tmp2);
+    CHECK(read_json(tmp2 / "config.json").at("model_type") == "mistral");
   }
   SUBCASE("GPT-2 (gpt2_tiny, whose file has no config.json): GPT2Config's keys") {
-    TempDir tmp("save_gpt2");
-    const std::string src =
-        std::string(std::getenv("HARMONY_SOURCE_DIR") != nullptr ? std::getenv("HARMONY_SOURCE_DIR") : ".") +
-        "/tests/data/gpt2_tiny/model.safetensors";
+    const harmony::test::TempDir tmp_dir;
+    const fs::path tmp = tmp_dir.str();
+    const std::string src = harmony::test::source_path("tests/data/gpt2_tiny/model.safetensors");
     const Gpt2Config c = gpt2_config_at(src);
     HostState state{Gpt2(c)};
     load_gpt2_weights_at(src, state);
-    check_round_trip(state, tmp.path);
-    const nlohmann::json j = read_json(tmp.path / "config.json");
+    check_round_trip(state, tmp);
+    const nlohmann::json j = read_json(tmp / "config.json");
     CHECK(j.at("model_type") == "gpt2");
     CHECK(j.at("n_head") == c.n_head);
     CHECK(j.at("n_positions") == c.max_seq_len);

@@ -7,13 +7,14 @@ the host account's parts, the tier that binds (GPU, host RAM, the NVMe tier taki
 located)."""
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
+import clitest
+from clitest import ROOT, check, summary
+
 SIM = sys.argv[1]
 RUN = sys.argv[2]
-ROOT = os.environ.get("HARMONY_SOURCE_DIR", ".")
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 LLAMA = os.path.join(ROOT, "configs/examples/llama3_70b_memory.yaml")
 SCHEMA = os.path.join(ROOT, "schemas/memory.schema.json")
@@ -27,20 +28,10 @@ CAP = "3MiB"
 # resident keeps every layer's weights, gradient and AdamW state on each GPU (16 bytes per parameter, 8.1 MiB of the
 # tiny GPT-2): it trains at RESIDENT_CAP, and at CAP it does not fit with GPU memory binding.
 RESIDENT_CAP = "16MiB"
-failures = []
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {str(detail)[:2000]}")
 
 
 def run(binary, *args):
-    return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    return clitest.run(binary, *args, timeout=600)
 
 
 def memory_json(*args):
@@ -220,10 +211,7 @@ def main():
         cfg = test_against_harmony_run(tmp)
         test_best_and_binding(cfg)
         test_bad_input(tmp)
-    for f in failures:
-        print("FAIL", f)
-    print(f"test_memory: {passed} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    return summary("test_memory: ")
 
 
 if __name__ == "__main__":

@@ -9,28 +9,15 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
+from clitest import ROOT, check, finish, runner
+
 RUN = sys.argv[1]
-ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 LLAMA = os.path.join(ROOT, "configs/run/llama.yaml")
 TINY = os.path.join(ROOT, "tests/data/llama_tiny")
-failures = []
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(f"{name}: {detail}")
-
-
-def run(*args):
-    return subprocess.run([RUN, *args], capture_output=True, text=True, timeout=300)
+run = runner(RUN, timeout=300)
 
 
 def read_header(path):
@@ -191,7 +178,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check("checkpoint.dir with a Llama model: exit 2", r.returncode == 2 and "checkpoint" in r.stderr,
           r.stderr[-300:])
 
-print(f"{passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAIL", f)
-sys.exit(1 if failures else 0)
+finish("test_run_llama: ")
