@@ -292,7 +292,40 @@ step bench_adamw 60 "$build/bench/bench_adamw" --params 33554432 --repeats 3 &&
 h2d=$(python3 -c "import json; print(json.load(open('$out/bench_cuda.json'))['h2d_device_GBps'])" 2>/dev/null || echo 25)
 free_mib=$(smi_q memory.free | tr -d ' ')
 big="$((free_mib - 4096))MiB"  # less 4 GiB for the CUDA context, cuBLAS and the streams' workspaces
-cat >"$out/machine.yaml" <<EOF
+# gpu_rates.memory: the device memory bandwidth the resident kind's on-GPU AdamW is priced by (sim::gpu_update; without
+# it (e) cannot price (b) and fails). Measured with PyTorch on this GPU (a 1 GiB device-to-device copy, best of 5,
+# read + write bytes); else the datasheet's HBM rate of the GPU named (H100 SXM 3.35 TB/s, H200 4.8 TB/s: NVIDIA's
+# H100 and H200 datasheets); else 2 TB/s, marked assumed in the file.
+mem_bw=$("$torch_py" - 2>/dev/null <<'PY'
+import time, torch
+if not torch.cuda.is_available():
+    raise SystemExit(1)
+a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+b = torch.empty_like(a)
+best = 0.0
+for _ in range(6):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    b.copy_(a)
+    torch.cuda.synchronize()
+    best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t))
+print(f"{best / 1e9:.0f}")
+PY
+) && mem_src="measured here with PyTorch (1 GiB device copy, best of 5)"
+if [[ -z ${mem_bw:-} ]]; then
+  case $gpu_name in
+    *H200*) mem_bw=4800 mem_src="NVIDIA H200 datasheet (HBM3e)" ;;
+    *H100*) mem_bw=3350 mem_src="NVIDIA H100 SXM datasheet (HBM3)" ;;
+    *) mem_bw=2000 mem_src="ASSUMED (no PyTorch CUDA, GPU not in the table)" ;;
+  esac
+fi
+# gpu_rates needs matrix_fp32 beside memory; it prices analytic models only (the runs here are priced on a measured
+# profile), so the datasheet's FP32 rate (67 TFLOP/s for H100 SXM and H200) or an assumed one.
+case $gpu_name in
+  *H100* | *H200*) fp32_tflops=67 ;;
+  *) fp32_tflops=20 ;;
+esac
+cat >"$out/machine-base.yaml" <<EOF
 # Written by scripts/gpu-check.sh: one $gpu_name, the host link at harmony's measured pinned H2D rate.
 name: gpu-check
 gpu: $gpu_name
@@ -303,7 +336,13 @@ bw_swap: ${h2d}GB/s
 bw_p2p: ${h2d}GB/s
 bw_msg: 16GiB/s
 time_del: 0s
+gpu_rates: {matrix_fp32: ${fp32_tflops}TFLOP/s, memory: ${mem_bw}GB/s}  # memory: $mem_src
 EOF
+# machine.yaml, what every prediction below prices on: machine-base.yaml plus what `harmony-run probe` measures here
+# (host_paths: pinned copies and the bf16 staging end to end, which the native model caps each host transfer at;
+# the CPU AdamW rates; docs/machines.md "Measuring a machine"). Without a probe, the base alone.
+step probe 60 "$run" probe --device "$dev" --base "$out/machine-base.yaml" --out "$out/machine.yaml" --quiet ||
+  cp "$out/machine-base.yaml" "$out/machine.yaml"
 # One initialisation and one token stream for harmony-run and PyTorch alike: the weights as a safetensors file
 # (GPT-2's scheme), the tokens harmony-run's synthetic task written out (the same stream it would draw itself).
 echo "== the model and the tokens for both tools"
@@ -379,7 +418,14 @@ print("cost_model: native")
 print(f"plan: {{mode: {p['plan_kind']}, gpus: {p['gpus']}, minibatch: {p['minibatch']}, u_fwd: {p['u_fwd']}, "
       f"u_bwd: {p['u_bwd']}, packs_bwd: {json.dumps(p['packs_bwd'])}, packs_fwd: {json.dumps(p['packs_fwd'])}}}")
 PY
-  step d_sim 30 "$sim" simulate "$out/sim.yaml" --format json && cp "$out/d_sim.out" "$out/d_sim.json"
+  # The run fitted the cap; when harmony-sim's memory account says it does not (d_sim exits 2, recorded in
+  # steps.jsonl), the same Program is priced again without the cap binding, so (d) still has its time prediction.
+  if step d_sim 30 "$sim" simulate "$out/sim.yaml" --format json; then
+    cp "$out/d_sim.out" "$out/d_sim.json"
+  else
+    step d_sim_uncapped 30 "$sim" simulate "$out/sim.yaml" --set "machine.gpu_memory=$big" --format json &&
+      cp "$out/d_sim_uncapped.out" "$out/d_sim.json"
+  fi
 fi
 
 # (e) calibrate on (b) and (c) dp-swap, predict (c) Harmony. Each run's Program as a harmony-run config: gpt.yaml

@@ -1098,18 +1098,31 @@ class FlowEngine {
     return s;
   }
 
+  // machine.host_paths (harmony-run probe's measured host<->GPU paths): a host transfer runs no faster than its
+  // path alone. Weights going up and gradients coming down of a layer whose device weights are narrower than the
+  // FP32 masters take harmony-run's bf16 staging (round / widen on the host around a pinned copy: bf16_stage_up,
+  // bf16_stage_down); every other host transfer is a pinned copy (pinned_h2d, pinned_d2h: harmony-run pins the
+  // host state, stash and staging buffers, docs/backend.md). 0 (not measured): the links alone price it.
+  double host_path_cap(const Op& o, bool up) const {
+    const core::HostPaths& h = mach_.host_paths;
+    const bool staged = (o.kind == OpKind::WB || o.kind == OpKind::dWB) && o.layers.first >= 0 &&
+                        o.layers.first < m_.num_layers() && m_.narrow_weights(o.layers.first);
+    if (staged) return up ? h.bf16_stage_up_bytes_per_s : h.bf16_stage_down_bytes_per_s;
+    return up ? h.pinned_h2d_bytes_per_s : h.pinned_d2h_bytes_per_s;
+  }
+
   void transfer(Activity& x, const Op& o, double bytes) const {
     const auto& g = r_.graph;
     const bool ref = opt_.reference_bandwidths;
     const double swap_cap = ref ? mach_.bw_swap_bytes_per_s / nsim_ : 0;
     switch (o.stream) {
       case Stream::SwapIn:
-        set_flow(x, bytes, h2d_[z(o.device)], swap_cap, TransferClass::PcieH2D, o.bytes, core::moved_tensor(o.kind),
-                 o.device * 2);
+        set_flow(x, bytes, h2d_[z(o.device)], ref ? swap_cap : host_path_cap(o, true), TransferClass::PcieH2D, o.bytes,
+                 core::moved_tensor(o.kind), o.device * 2);
         break;
       case Stream::SwapOut:
-        set_flow(x, bytes, d2h_[z(o.device)], swap_cap, TransferClass::PcieD2H, o.bytes, core::moved_tensor(o.kind),
-                 o.device * 2 + 1);
+        set_flow(x, bytes, d2h_[z(o.device)], ref ? swap_cap : host_path_cap(o, false), TransferClass::PcieD2H, o.bytes,
+                 core::moved_tensor(o.kind), o.device * 2 + 1);
         break;
       case Stream::P2PIn:
       case Stream::P2POut:

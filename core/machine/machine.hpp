@@ -155,7 +155,7 @@ struct MachineSpec {
   double price_per_hour = 0;                                      // optional, for cost estimates
   GpuRates gpu_rates;                                             // optional: compute rates for analytic models
   CpuAdam cpu_adam;            // optional: the CPU optimizer's throughput for analytic models
-  HostPaths host_paths;        // optional: measured host<->GPU paths and bf16 staging (native model; not priced yet)
+  HostPaths host_paths;        // optional: measured host<->GPU paths and bf16 staging (native model: transfer caps)
   Topology topology;           // the native model's view; empty for reference-only machines
   ComputeSharing compute;      // native model only: shared compute and the profile's time scales
   DispatchOverheads dispatch;  // native model only: per-op fixed costs

@@ -269,6 +269,19 @@ def main():
         expect_failure(tmp, "sim-off",  # 0.176 s/step measured
                        lambda d: edit_json(d, "d_sim.json", lambda s: s["result"].update(iteration_time_s=0.2)),
                        "harmony-sim prediction within 10%", ["+13.6%"])
+        # harmony-sim's memory account refuses the cap the run fitted: the uncapped pricing keeps the time row, and
+        # the row names the disagreement; without the uncapped pricing the row fails on the capped step's exit
+        def sim_refused(d, uncapped_rc):
+            edit_step(d, "d_sim", rc=2)
+            with open(os.path.join(d, "steps.jsonl"), "a") as f:
+                f.write(json.dumps({"name": "d_sim_uncapped", "rc": uncapped_rc, "s": 0, "deadline": False}) + "\n")
+        d = variant(tmp, "sim-refused-cap", lambda d: sim_refused(d, 0))
+        r, rows = verdict(d)
+        row = rows.get("harmony-sim prediction within 10%", ("", ""))
+        check("sim-refused-cap: priced without the cap, PASSED, the refusal named",
+              row[0] == "PASSED" and "refused the cap the run fitted" in row[1] and "exit 2" in row[1], row)
+        expect_failure(tmp, "sim-refused-both", lambda d: sim_refused(d, 2), "harmony-sim prediction within 10%",
+                       ["exit 2 (log d_sim.log)"])
         expect_failure(tmp, "calibrated-off",  # 0.176 s measured, 0.200 s predicted on the fitted machine
                        lambda d: edit_json(d, "e_predict.json",
                                            lambda s: s["runs"][0].update(predicted_step_time_s=0.200)),

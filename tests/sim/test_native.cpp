@@ -1240,3 +1240,46 @@ TEST_CASE("a resident Update is priced by its device memory traffic") {
   for (const core::Op& op : prog.ops)
     if (op.kind == core::OpKind::Update) CHECK_FALSE(sim::gpu_update(op, cpu));
 }
+
+TEST_CASE("host_paths: each host transfer no faster than its measured path; bf16 weights through the staging") {
+  // One GPU, uplink 1e9 B/s, GPU link 4e9 B/s: a swap alone runs at 1e9, B = 1e6 bytes in 1 ms.
+  const Bytes B = 1'000'000;
+  Builder b(1);
+  const int wb = b.add(0, Stream::SwapIn, OpKind::WB, B);
+  const int sx = b.add(0, Stream::SwapIn, OpKind::sX, B, {wb});
+  const int dwb = b.add(0, Stream::SwapOut, OpKind::dWB, B);
+  auto m = one_switch(1, 1e9, 4e9);
+  const auto fp32 = tiny_model();  // no parameter counts: FP32 weights, no staging
+  auto bf16 = tiny_model();
+  for (auto& L : bf16.layers) L.param_count = L.weight_bytes / 2;  // 2 bytes a parameter: bf16 device weights
+  REQUIRE(bf16.narrow_weights(0));
+  // not measured: the links alone price it
+  auto r = sim::run_native(b.p, bf16, m, quiet());
+  CHECK(r.timeline.end_ps[z(wb)] == 1 * kMs);
+  CHECK(r.timeline.end_ps[z(sx)] == 2 * kMs);
+  CHECK(r.timeline.end_ps[z(dwb)] == 1 * kMs);
+  // measured: pinned copies at 5e8 (2 ms for B), the bf16 staging at 2.5e8 up (4 ms) and 4e8 down (2.5 ms)
+  m.host_paths.pinned_h2d_bytes_per_s = 5e8;
+  m.host_paths.pinned_d2h_bytes_per_s = 5e8;
+  m.host_paths.bf16_stage_up_bytes_per_s = 2.5e8;
+  m.host_paths.bf16_stage_down_bytes_per_s = 4e8;
+  r = sim::run_native(b.p, bf16, m, quiet());
+  CHECK(r.timeline.end_ps[z(wb)] == 4 * kMs);            // staged up
+  CHECK(r.timeline.end_ps[z(sx)] == 4 * kMs + 2 * kMs);  // a stash is a pinned copy
+  CHECK(r.timeline.end_ps[z(dwb)] == 2'500'000'000);     // staged down
+  r = sim::run_native(b.p, fp32, m, quiet());            // FP32 weights: pinned copies, no staging
+  CHECK(r.timeline.end_ps[z(wb)] == 2 * kMs);
+  CHECK(r.timeline.end_ps[z(dwb)] == 2 * kMs);
+  // a path faster than the links changes nothing: the links bind
+  m.host_paths = {};
+  m.host_paths.pinned_h2d_bytes_per_s = 5e9;
+  CHECK(sim::run_native(b.p, fp32, m, quiet()).timeline.end_ps[z(wb)] == 1 * kMs);
+  // the reference bandwidths (the paper's constants) ignore the machine's measured paths
+  auto o = quiet();
+  o.reference_bandwidths = true;
+  o.contention = false;
+  m.host_paths.pinned_h2d_bytes_per_s = 1e3;
+  const auto ref = sim::run_native(b.p, fp32, m, o);
+  m.host_paths = {};
+  CHECK(ref.timeline.end_ps[z(wb)] == sim::run_native(b.p, fp32, m, o).timeline.end_ps[z(wb)]);
+}
