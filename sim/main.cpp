@@ -453,6 +453,7 @@ int cmd_compare(const Cli& cli) {
     for (const auto& [policy, t] : k.policy_best_time_s)
       if (policy != r_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
     if (!k.offload.empty()) plan += fmt::format(", offload {}", k.offload);
+    if (r.plan.knobs.swap == core::SwapTiming::OnDemand) plan += ", on-demand swap";
     if (k.max_packs_grown > 0) plan += fmt::format(", pack bound grew to {}", k.max_packs_grown);
     const std::string fit = r.fits ? std::string()
                                    : fmt::format("DOES NOT FIT: peak {:.0f} MiB > {:.0f} MiB by {} bytes; ",
