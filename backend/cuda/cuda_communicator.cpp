@@ -23,6 +23,29 @@ namespace harmony::backend::cuda {
 namespace detail {
 namespace {
 
+#ifdef HARMONY_HAVE_NCCL
+// ncclGroupStart ... ncclGroupEnd, ended on every path. A throw between them (a failed ncclSend or ncclAllReduce)
+// used to leave the group open on this thread, so every later NCCL call of the thread joined it and none launched:
+// the run hung instead of reporting the first error. end() ends it and checks the result; the destructor ends a
+// group still open (its own error is dropped: the exception already in flight is the one to report).
+class NcclGroup {
+ public:
+  NcclGroup() { HARMONY_NCCL_CHECK(ncclGroupStart()); }
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  void end() {
+    open_ = false;
+    HARMONY_NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+#endif
+
 // A CUDA event used once, to order one stream after another.
 class OneShotEvent {
  public:
@@ -217,10 +240,10 @@ class CudaCommunicator final : public Communicator {
 #ifdef HARMONY_HAVE_NCCL
     if (nccl_) {
       const auto n = static_cast<std::size_t>(s.bytes);
-      HARMONY_NCCL_CHECK(ncclGroupStart());
+      NcclGroup group;
       HARMONY_NCCL_CHECK(ncclSend(s.ptr, n, ncclUint8, to, comms_[static_cast<std::size_t>(from)], s.stream));
       HARMONY_NCCL_CHECK(ncclRecv(r.ptr, n, ncclUint8, from, comms_[static_cast<std::size_t>(to)], r.stream));
-      HARMONY_NCCL_CHECK(ncclGroupEnd());
+      group.end();
       return;
     }
 #endif
@@ -353,13 +376,13 @@ class CudaCommunicator final : public Communicator {
       kern::convert_rows(s.stream, wide[static_cast<std::size_t>(r)], count, static_cast<const Bf16*>(s.ptr), count, 1,
                          count);
     }
-    HARMONY_NCCL_CHECK(ncclGroupStart());
+    NcclGroup group;
     for (int r = 0; r < n; ++r) {
       const Side& s = sides[static_cast<std::size_t>(r)];
       float* w = wide[static_cast<std::size_t>(r)];
       HARMONY_NCCL_CHECK(ncclAllReduce(w, w, elems, ncclFloat, ncclSum, comms_[static_cast<std::size_t>(r)], s.stream));
     }
-    HARMONY_NCCL_CHECK(ncclGroupEnd());
+    group.end();
     if (!bf16) return;
     for (int r = 0; r < n; ++r) {
       const Side& s = sides[static_cast<std::size_t>(r)];
