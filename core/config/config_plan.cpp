@@ -89,14 +89,16 @@ void parse_offload(const Entry& e, KindKnobs& knobs, const MachineSpec& machine)
   knobs.offload = *tier;
 }
 
-// plan.zero3: {module_latency: DURATION, bucket: ELEMENTS} (ZeRO-3's overheads, docs/baselines.md).
+// plan.zero3: {module_latency: DURATION, bucket: ELEMENTS, tensor_latency: DURATION, grad_tensor_latency: DURATION}
+// (ZeRO-3's overheads, docs/baselines.md).
 void parse_zero3(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/) {
   const std::string what = "plan.zero3";
   const std::string hint =
-      "write zero3: {module_latency: 200us, bucket: 5e7} (the per-module hook cost and the prefetch bucket in "
-      "parameter elements, DeepSpeed's stage3_prefetch_bucket_size)";
+      "write zero3: {module_latency: 200us, bucket: 5e7, tensor_latency: 20us, grad_tensor_latency: 45us} (the "
+      "per-module hook cost, the prefetch bucket in parameter elements (DeepSpeed's stage3_prefetch_bucket_size), "
+      "the per-parameter-tensor fetch/release cost and the per-parameter-tensor gradient cost)";
   if (e.value.kind != Node::Kind::Map) fail(e.value.loc, fmt::format("{} must be a mapping", what), hint);
-  check_keys(e.value, what, {"module_latency", "bucket"});
+  check_keys(e.value, what, {"module_latency", "bucket", "tensor_latency", "grad_tensor_latency"});
   if (const Entry* m = find(e.value, "module_latency"))
     knobs.zero3.module_latency_s = get_topology_duration(m->value, what + ".module_latency", "us");
   if (const Entry* b = find(e.value, "bucket")) {
@@ -104,6 +106,10 @@ void parse_zero3(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*
     if (v < 1) fail(b->value.loc, fmt::format("{}.bucket must be at least 1 element, got {}", what, v), hint);
     knobs.zero3.bucket_elements = v;
   }
+  if (const Entry* t = find(e.value, "tensor_latency"))
+    knobs.zero3.tensor_latency_s = get_topology_duration(t->value, what + ".tensor_latency", "us");
+  if (const Entry* g = find(e.value, "grad_tensor_latency"))
+    knobs.zero3.grad_tensor_latency_s = get_topology_duration(g->value, what + ".grad_tensor_latency", "us");
 }
 
 // plan.swap: scheduled | on-demand (dp-swap's and pp-swap's swap timing, docs/baselines.md "Swap timing").

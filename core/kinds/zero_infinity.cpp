@@ -35,12 +35,15 @@ double elements(const Model& m, int l) {
 //   Update(l) (CPU Adam) after the backward pass: every GPU's last dWB. The reference prices Update
 //   by whole layers, so layer l's update runs on the CPU of rank l mod N: the N processes share the
 //   same total optimizer work ZeRO spreads over them by shards.
-// Native-model extras (the reference ignores them): ZeRO-3's overheads (plan.knobs.zero3) put module_latency on
-// every FWD and BWD of a layer with parameters and split each WB and AG into ceil(elements / bucket)
-// transfers; the host sums each rank's gradient shard over microbatches (host_sum on every dWB but the
-// first microbatch's). With offload: nvme the WB first reads g's shard from NVMe, and Update(l) reads the
-// layer's optimizer state and FP32 masters from NVMe and writes them back (plus the GPU-dtype parameters
-// when they are not FP32: the next fetch reads those).
+// Native-model extras (the reference ignores them): ZeRO-3's overheads (plan.knobs.zero3) put module_latency plus
+// tensor_latency per parameter tensor (Layer::param_tensors) on every FWD and BWD of a layer with parameters, and
+// grad_tensor_latency per parameter tensor on every BWD; each WB is max(ceil(elements / bucket), tensors) transfers
+// (DeepSpeed copies each parameter's partition to the GPU by itself: partition_parameters.py
+// NoGatherCoalescedHandle / all_gather_coalesced, commit 38327e07), each AG ceil(elements / bucket), and each dWB
+// one transfer per tensor (stage3.py partition_grads copies each parameter's gradient to the host by itself); the host
+// sums each rank's gradient shard over microbatches (host_sum on every dWB but the first microbatch's). With offload:
+// nvme the WB first reads g's shard from NVMe, and Update(l) reads the layer's optimizer state and FP32 masters from
+// NVMe and writes them back (plus the GPU-dtype parameters when they are not FP32: the next fetch reads those).
 // Parameters and gradients are always streamed (the defining trait); activations follow decide_swaps
 // (ZeRO-Infinity's activation offload); plan.knobs.activation_policy decides between recomputing each layer
 // (checkpoint: REC before BWD, as DeepSpeed's activation checkpointing) and keeping its saved activations.
@@ -66,7 +69,13 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
     const double e = elements(model, l);
     return std::max(1, static_cast<int>(std::ceil(e / std::max(1.0, plan.knobs.zero3.bucket_elements))));
   };
-  auto charge_module = [&](int op) { b.set_overhead(op, plan.knobs.zero3.module_latency_s); };
+  auto tensors = [&](int l) { return model.layers[static_cast<std::size_t>(l)].param_tensors_or_default(); };
+  // the host-side stage-3 work before a FWD (backward: true, before a BWD) of layer l
+  auto charge_module = [&](int op, int l, bool backward) {
+    const auto& z = plan.knobs.zero3;
+    const double per_tensor_s = z.tensor_latency_s + (backward ? z.grad_tensor_latency_s : 0.0);
+    b.set_overhead(op, z.module_latency_s + per_tensor_s * tensors(l));
+  };
 
   // Gathers layer l's parameters for step k of GPU g; returns the ops the compute waits for.
   auto gather = [&](int g, int l, int i, int task, int pass, int k) {
@@ -76,7 +85,7 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
     const Bytes sw = N > 1 ? shard(w, N) : w;
     const Bytes sb = N > 1 ? shard(bb, N) : bb;
     const int W = b.fetch_weights(g, l, task, i, k, sw, sb, /*windowed=*/true);
-    b.set_io(W, buckets(l), nvme ? sw + sb : 0, 0);
+    b.set_io(W, std::max(buckets(l), tensors(l)), nvme ? sw + sb : 0, 0);
     if (N == 1) return W;
     const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, w, bb);
     b.set_io(A, buckets(l), 0, 0);
@@ -99,7 +108,7 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
         }
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
         const int F = b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true);
-        if (b.has_params(l)) charge_module(F);
+        if (b.has_params(l)) charge_module(F, l, /*backward=*/false);
       }
       for (int l = R - 1; l >= 0; --l) {
         const LayerRange L{l, l};
@@ -108,7 +117,7 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
         if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
         const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
         if (!b.has_params(l)) continue;
-        charge_module(Bw);
+        charge_module(Bw, l, /*backward=*/true);
         b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
         const Bytes gw = N > 1 ? shard(b.wbytes(l), N) : b.wbytes(l);
@@ -125,6 +134,7 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
         const Bytes sb = N > 1 ? shard(b.bbytes(l), N) : b.bbytes(l);
         const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
         b.dep(O, src);
+        b.set_io(O, tensors(l), 0, 0);
         if (i > 0) b.set_host_sum(O, sw);  // the rank's process adds this microbatch's shard into its sum
         b.free(O, TensorKind::WeightGrad, L, -1, gw);
         b.output_of(O, g, k);

@@ -48,6 +48,7 @@ LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int>
   d.graph = std::move(b.graph);
   prune_backward(d.graph);
   d.owned_params = b.params;
+  d.param_tensors = b.param_tensors;
   d.resident_params = b.params;
   d.buffer_bytes = b.buffer_bytes;
   return d;
@@ -315,6 +316,7 @@ std::vector<LayerDef> bert_layers(const AnalyticSpec& s) {
     // the decoder's bias (V) is the head's own parameter
     y = b.add("decoder.bias", y, b.tensor(0, b.bpe(), false, V));
     b.params += static_cast<std::int64_t>(V);
+    ++b.param_tensors;
     LayerDef d = finish(b, "mlm_head", "mlm_head", {y});
     if (s.tied_head) d.resident_params = owned + static_cast<std::int64_t>(V) + static_cast<std::int64_t>(V * h);
     out.push_back(std::move(d));
@@ -855,6 +857,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
     l.name = d.name;
     l.is_criterion = d.is_criterion;
     l.param_count = d.owned_params;
+    l.param_tensors = d.param_tensors;
     l.weight_bytes = static_cast<Bytes>(std::llround(static_cast<double>(d.resident_params) * bpe));
     l.buffer_bytes = static_cast<Bytes>(std::llround(d.buffer_bytes));
     l.optimizer_state_bytes =

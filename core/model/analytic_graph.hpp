@@ -68,6 +68,7 @@ struct LayerDef {
   std::string kind;
   Graph graph;
   std::int64_t owned_params = 0;     // parameters it owns (its optimizer state, its update)
+  int param_tensors = 0;             // the parameter tensors those are (Layer::param_tensors)
   std::int64_t resident_params = 0;  // parameters on the GPU while it runs (a tied head's are the embedding's)
   double buffer_bytes = 0;
   bool is_criterion = false;
@@ -95,6 +96,7 @@ class Builder {
 
   Graph graph;
   std::int64_t params = 0;  // parameters of the ops built (weights + biases + norms)
+  int param_tensors = 0;    // the nn.Parameter tensors they are (a Linear's weight and bias are two)
   double buffer_bytes = 0;
 
   int input(double per_sample, double bpe, bool needs_grad) {
@@ -157,6 +159,7 @@ class Builder {
     op.saved = {x};
     const double w_elems = k * n + (bias ? n : 0.0);
     params += static_cast<std::int64_t>(w_elems);
+    param_tensors += bias ? 2 : 1;
     op.weight_grad_bytes = w_elems * bpe_;
     const double a = rows * k * bpe_, c = rows * n * bpe_, w = w_elems * bpe_;
     op.fwd.push_back(gemm({1, rows, n, k}, 1, a + c, w));
@@ -318,6 +321,7 @@ class Builder {
   // Fused is one pass forward, two backward (Apex style).
   int layernorm(const char* name, int x, double h) {
     params += static_cast<std::int64_t>(2 * h);
+    param_tensors += 2;  // weight, bias
     Op op;
     op.name = name;
     op.inputs = {x};
@@ -382,6 +386,7 @@ class Builder {
     op.output = act(rows * h);
     op.saved = {ids};
     params += static_cast<std::int64_t>(vocab * h);
+    param_tensors += 1;
     op.weight_grad_bytes = vocab * h * bpe_;
     const double out = rows * h * bpe_;
     op.fwd.push_back(mem(2 * out + ps_bytes(ids), fixed_bytes(ids)));
@@ -441,6 +446,7 @@ class Builder {
     op.saved = {x};
     const double w_elems = cout * cin * k * k;
     params += static_cast<std::int64_t>(w_elems);
+    param_tensors += 1;
     op.weight_grad_bytes = w_elems * bpe_;
     const double io = ps_bytes(x) + cout * out_hw * bpe_, w = w_elems * bpe_;
     op.fwd.push_back(gemm({1, out_hw, cout, cin * k * k}, 1, io, w));
@@ -453,6 +459,7 @@ class Builder {
   // BatchNorm (training): statistics, then normalise; running mean and variance are buffers.
   int batchnorm(const char* name, int x, double channels) {
     params += static_cast<std::int64_t>(2 * channels);
+    param_tensors += 2;                    // weight, bias
     buffer_bytes += 2 * channels * 4 + 8;  // running_mean, running_var (FP32), num_batches_tracked
     Op op;
     op.name = name;

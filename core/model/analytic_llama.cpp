@@ -88,6 +88,7 @@ int gain(Builder& b, const char* name, int x, double h) {
   op.output = b.act(b.t(x).per_sample);
   op.saved = {x};
   b.params += static_cast<std::int64_t>(h);
+  ++b.param_tensors;
   op.weight_grad_bytes = h * b.bpe();
   const double n = b.ps_bytes(x);
   op.fwd.push_back(Builder::mem(2 * n, h * b.bpe()));
@@ -104,6 +105,7 @@ int gain(Builder& b, const char* name, int x, double h) {
 int rmsnorm(Builder& b, const AnalyticSpec& s, const char* name, int x, double rows, double h) {
   if (s.kernels != KernelStyle::Eager) {
     b.params += static_cast<std::int64_t>(h);
+    ++b.param_tensors;
     Op op;
     op.name = name;
     op.inputs = {x};

@@ -20,6 +20,12 @@ struct Layer {
   Bytes buffer_bytes = 0;
   Bytes optimizer_state_bytes = 0;
   std::int64_t param_count = 0;
+  // The parameter tensors those parameters are (a Linear with bias: 2), which systems that handle parameters
+  // tensor by tensor (ZeRO-3) pay per-tensor costs for. Analytic models derive it; profiles do not record it:
+  // 0 = unknown, and param_tensors_or_default() assumes 2 (one weight and one bias) for a layer with parameters.
+  int param_tensors = 0;
+  int param_tensors_or_default() const { return param_tensors > 0 ? param_tensors : kDefaultParamTensors; }
+  static constexpr int kDefaultParamTensors = 2;
   double update_time_cpu_s = 0.0;
   Bytes input_bytes_per_sample = 0;  // X[l] per sample: the previous layer's output (data for l = 0)
   // Aligned with Model::ubatch_fwd / Model::ubatch_bwd.

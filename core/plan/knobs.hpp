@@ -55,8 +55,26 @@ struct Zero3Overheads {
   // prefetch_bucket_size = 5e7): a layer's parameters are fetched in buckets of at most this many elements,
   // each bucket one transfer paying the transfer latency (and the NVMe latency under offload: nvme).
   static constexpr double kDefaultBucketElements = 5e7;
+  // ASSUMPTION (not measured here), per parameter tensor and pass: the host-side work stage 3 does for every
+  // parameter tensor of a module it fetches and releases (DeepSpeed 38327e07, deepspeed/runtime/zero/
+  // partitioned_param_coordinator.py fetch_sub_module: a ds_status check, the in-flight registry and one
+  // handle wait per parameter; __release_param: param.partition() per parameter; partition_parameters.py
+  // NoGatherCoalescedHandle / all_gather_coalesced: one `ds_tensor.to(device, non_blocking=True)` per
+  // parameter). About 4 framework calls at the presets' assumed 5 us kernel floor (gpu_rates.overhead.kernel).
+  // Paid on the compute stream by every FWD and BWD, times the layer's Layer::param_tensors.
+  static constexpr double kDefaultTensorLatencyS = 20e-6;
+  // ASSUMPTION (not measured here), per parameter tensor in the backward only: its gradient's path
+  // (DeepSpeed 38327e07, deepspeed/runtime/zero/stage3.py: the per-parameter grad hook
+  // reduce_partition_and_remove_grads; __add_grad_to_ipg_bucket's copy into the flat bucket; partition_grads'
+  // copy into the grad partition, _constant_buffered_norm2 (double, norm, pow: 3 kernels), .float() and, with
+  // offload_optimizer, `fp32_grad_tensor.copy_(grad_buffer.float())`, a blocking device-to-host copy): 7 kernels
+  // at the presets' assumed 5 us kernel floor plus one host-device synchronisation at the presets' assumed 10 us
+  // transfer latency (topology.latency). Paid on the compute stream by every BWD, times Layer::param_tensors.
+  static constexpr double kDefaultGradTensorLatencyS = 45e-6;
   double module_latency_s = kDefaultModuleLatencyS;
   double bucket_elements = kDefaultBucketElements;
+  double tensor_latency_s = kDefaultTensorLatencyS;
+  double grad_tensor_latency_s = kDefaultGradTensorLatencyS;
 };
 
 // The knobs a config can set as `plan.<name>` keys, each for the kinds that list it (PlanKindSpec::knobs; the

@@ -221,6 +221,10 @@ TEST_CASE("GPT-2 Medium analytic model: sizes, state and input bytes follow the 
   CHECK(m.ubatch_bwd == s.ubatch_sizes);
   const Layer& block = m.layers[5];
   CHECK(block.param_count == 12 * 1024 * 1024 + 13 * 1024);
+  // ln_1 w/b, c_attn w/b, attn c_proj w/b, ln_2 w/b, c_fc w/b, mlp c_proj w/b (ZeRO-3 pays per tensor)
+  CHECK(block.param_tensors == 12);
+  CHECK(m.layers[0].param_tensors == 2);   // wte, wpe
+  CHECK(m.layers[25].param_tensors == 2);  // ln_f w/b
   CHECK(block.weight_bytes == 4 * block.param_count);
   CHECK(block.buffer_bytes == 4 * 1024 * 1024);                 // the causal mask, as in the profile
   CHECK(block.optimizer_state_bytes == 8 * block.param_count);  // Adam: two FP32 moments

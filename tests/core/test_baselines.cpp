@@ -939,16 +939,22 @@ TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defau
     FAIL("expected a core::ConfigError");
     return std::string();
   };
-  // defaults: cpu, 200 us per module, buckets of 5e7 elements
+  // defaults: cpu, 200 us per module, buckets of 5e7 elements, 20 us and 45 us per parameter tensor
   const core::TrainConfig d = load(head + plan + tail);
   CHECK(d.plan.knobs.offload == core::OffloadTier::Cpu);
   CHECK(d.plan.knobs.zero3.module_latency_s == doctest::Approx(200e-6));
   CHECK(d.plan.knobs.zero3.bucket_elements == doctest::Approx(5e7));
-  const core::TrainConfig c =
-      load(head + nvme + plan + ", offload: nvme, zero3: {module_latency: 50us, bucket: 1e6}" + tail);
+  CHECK(d.plan.knobs.zero3.tensor_latency_s == doctest::Approx(20e-6));
+  CHECK(d.plan.knobs.zero3.grad_tensor_latency_s == doctest::Approx(45e-6));
+  const core::TrainConfig c = load(head + nvme + plan +
+                                   ", offload: nvme, zero3: {module_latency: 50us, bucket: 1e6, tensor_latency: 3us, "
+                                   "grad_tensor_latency: 0us}" +
+                                   tail);
   CHECK(c.plan.knobs.offload == core::OffloadTier::Nvme);
   CHECK(c.plan.knobs.zero3.module_latency_s == doctest::Approx(50e-6));
   CHECK(c.plan.knobs.zero3.bucket_elements == doctest::Approx(1e6));
+  CHECK(c.plan.knobs.zero3.tensor_latency_s == doctest::Approx(3e-6));
+  CHECK(c.plan.knobs.zero3.grad_tensor_latency_s == 0);
   // errors: nvme without drives, an unknown tier, an unknown zero3 key, another kind
   CHECK(error(head + plan + ", offload: nvme" + tail).find("needs a machine with an NVMe tier") != std::string::npos);
   CHECK(error(head + nvme + plan + ", offload: nvm" + tail).find("unknown plan.offload 'nvm'") != std::string::npos);

@@ -1,8 +1,8 @@
 // The native model's offload tier and host work (issue 13), each priced on a hand-built Program or a two-layer
 // model whose cost is derived in the test: NVMe reads in series with the H2D copy (bandwidth, per-I/O latency,
 // buckets), host memory bandwidth shared byte for byte by DMA and the CPU optimizer, host gradient sums, dtype
-// conversions at the update, ZeRO-3's per-module latency, zero-infinity's and Harmony's offload: nvme and
-// compare's fallback.
+// conversions at the update, ZeRO-3's per-module and per-parameter-tensor costs, zero-infinity's and Harmony's
+// offload: nvme and compare's fallback.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -226,6 +226,54 @@ TEST_CASE("zero-infinity: ZeRO-3's module latency adds to every FWD and BWD on t
   for (const auto& o : core::lower_plan(p, model).ops) {
     if (o.kind == OpKind::WB) CHECK(o.io_count == 4);
   }
+}
+
+TEST_CASE("zero-infinity: ZeRO-3's per-parameter-tensor costs, paid at batch 1 and gone at one tensor a layer") {
+  // One GPU, one microbatch, fast links (1e12 B/s), no transfer latency: the compute stream FWD0 FWD1 BWD1 BWD0 is
+  // the critical path. With module_latency 0, tensor_latency a = 1 ms and grad_tensor_latency g = 2 ms, a layer of
+  // T parameter tensors adds T a before each FWD and T (a + g) before each BWD: 2 layers x T x (a + a + g) = 8 T ms.
+  // From T = 1 to T = 12 the iteration grows by 8 x 11 = 88 ms; a profile without a count prices T = 2.
+  auto m = box();
+  m.topology.switches[0].uplink_bytes_per_s = 1e12;
+  m.topology.gpus[0].link_bytes_per_s = 1e12;
+  m.topology.host_memcpy_bytes_per_s = 1e12;
+  core::Plan p;
+  p.kind = core::plan_kind("zero-infinity");
+  p.gpus = 1;
+  p.minibatch = 1;
+  p.u_fwd = p.u_bwd = 1;
+  p.knobs.gpu_capacity_bytes = core::kGiB;
+  p.knobs.zero3.module_latency_s = 0;
+  p.knobs.zero3.tensor_latency_s = 1e-3;
+  p.knobs.zero3.grad_tensor_latency_s = 2e-3;
+  auto time_with = [&](int tensors) {
+    auto model = two_layers();
+    for (auto& L : model.layers) L.param_tensors = tensors;
+    return sim::simulate_native(core::lower_plan(p, model), model, m).iteration_time_s;
+  };
+  const double t1 = time_with(1);
+  const double t12 = time_with(12);
+  CHECK(t12 - t1 == doctest::Approx(88e-3).epsilon(1e-9));
+  CHECK(time_with(0) - t1 == doctest::Approx(8e-3).epsilon(1e-9));  // unknown: the default of 2
+  p.knobs.zero3.tensor_latency_s = 0;
+  p.knobs.zero3.grad_tensor_latency_s = 0;
+  CHECK(time_with(12) == doctest::Approx(time_with(1)).epsilon(1e-12));  // no per-tensor cost, no difference
+  // each tensor's partition goes up and its gradient down as a transfer of its own: 12 I/Os, each paying
+  // topology.latency (a bucket of 300 elements would make 4; the larger count wins)
+  auto model = two_layers();
+  for (auto& L : model.layers) L.param_tensors = 12;
+  int checked = 0;
+  for (const auto& o : core::lower_plan(p, model).ops) {
+    if (o.kind != OpKind::WB && o.kind != OpKind::dWB) continue;
+    CHECK(o.io_count == 12);
+    ++checked;
+  }
+  CHECK(checked == 6);  // 2 layers x (WB forward, WB backward, dWB)
+  m.topology.transfer_latency_s = 1e-3;
+  const double lat12 = sim::simulate_native(core::lower_plan(p, model), model, m).iteration_time_s;
+  for (auto& L : model.layers) L.param_tensors = 1;
+  const double lat1 = sim::simulate_native(core::lower_plan(p, model), model, m).iteration_time_s;
+  CHECK(lat12 > lat1 + 11e-3);  // at least layer 0's forward fetch, 11 more latencies, is on the critical path
 }
 
 TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and reads them per fetch and step") {
