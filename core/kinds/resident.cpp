@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/kinds/microbatch_sizes.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
@@ -51,11 +52,7 @@ Bytes estimate_bytes(const Plan& p, const Model& m) {
 }
 
 void validate_resident(const Plan& p, const Model& m) {
-  if (const auto problem = size_problem(p.gpus, p.minibatch)) throw ScheduleError(problem->message);
-  if (const auto problem = positive_microbatch_problem(p.u_bwd)) throw ScheduleError(problem->message);
-  for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
-    if (!m.ubatch_in_range(ph, p.u_bwd)) (void)m.time_s(ph, p.u_bwd, 0);  // throws the range error
-  }
+  validate_microbatch_size(p, m);
   if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.u_bwd))
     throw ScheduleError(problem->message);
 }
@@ -115,34 +112,16 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
   return prog;
 }
 
-// Per activation policy, ascending u: u in the profiled forward and backward range, dividing the per-GPU share D/N;
-// with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits space.capacity_bytes.
+// Per activation policy, ascending u (candidate_microbatch_sizes: in the profiled forward and backward range,
+// dividing the per-GPU share D/N); with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits
+// space.capacity_bytes.
 std::vector<Candidate> enumerate_resident(const Model& model, const SearchSpace& space) {
-  const PlanKind kind = space.kind;
-  if (const auto problem = size_problem(space.gpus, space.minibatch)) throw ScheduleError(problem->message);
+  const std::vector<int> sizes = candidate_microbatch_sizes(model, space);
   std::vector<Candidate> out;
-  if (split_problem(kind, space.gpus, space.minibatch)) return out;
-  const int share = space.minibatch / space.gpus;
-  const int lo = std::max(model.ubatch_min(Phase::Fwd), model.ubatch_min(Phase::Bwd));
-  const int hi = std::min({model.ubatch_max(Phase::Fwd), model.ubatch_max(Phase::Bwd), share});
-  std::vector<int> sizes = space.spec.u_bwd;
-  if (sizes.empty())
-    for (int u = lo; u <= hi; u += std::max(1, space.spec.ubatch_step)) sizes.push_back(u);
-  std::sort(sizes.begin(), sizes.end());
-  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   for (ActivationPolicy policy : space.activation_policies) {
     for (int u : sizes) {
-      if (u < lo || u > hi || !microbatch_fits(kind, space.gpus, space.minibatch, u)) continue;
-      Candidate c;
-      Plan& p = c.plan;
-      p.kind = kind;
-      p.gpus = space.gpus;
-      p.minibatch = space.minibatch;
-      p.u_fwd = p.u_bwd = u;
-      p.knobs = space.knobs;
-      p.knobs.activation_policy = policy;
-      p.knobs.gpu_capacity_bytes = space.capacity_bytes;
-      if (space.drop_infeasible && estimate_bytes(p, model) > space.capacity_bytes) continue;
+      Candidate c = microbatch_candidate(space, policy, u);
+      if (space.drop_infeasible && estimate_bytes(c.plan, model) > space.capacity_bytes) continue;
       out.push_back(std::move(c));
     }
   }
