@@ -892,10 +892,8 @@ class FlowEngine {
   double update_traffic_bytes(const Op& o) const {
     double t = 0;
     for (int l = o.layers.first; l <= o.layers.last; ++l) {
-      const auto& L = m_.layers[z(l)];
-      const double fp32 =
-          L.param_count > 0 ? 4.0 * static_cast<double>(L.param_count) : static_cast<double>(L.weight_bytes);
-      t += 3.0 * fp32 + 2.0 * static_cast<double>(L.optimizer_state_bytes);
+      const double fp32 = static_cast<double>(m_.fp32_param_bytes(l));
+      t += 3.0 * fp32 + 2.0 * static_cast<double>(m_.layers[z(l)].optimizer_state_bytes);
     }
     t += conversion_bytes(o);
     return t;

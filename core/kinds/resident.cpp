@@ -22,12 +22,6 @@ namespace {
 // master, m, v and the bf16 working copy (14). 28 bytes either way (backend/model/device_state.hpp's layout).
 constexpr Bytes kUpdateTrafficBytesPerParam = 28;
 
-// The parameters of layer l (the fp32 bytes / 4 when the profile has no parameter count).
-std::int64_t params_of(const Model& m, int l) {
-  const auto& L = m.layers[static_cast<std::size_t>(l)];
-  return L.param_count > 0 ? L.param_count : L.weight_bytes / 4;
-}
-
 // What one GPU keeps for the whole run for layer l: weights and buffers, the gradient and the optimizer state (AdamW's
 // moments; with weights narrower than fp32 the profile's optimizer state also holds the fp32 masters, and fp32
 // weights are their own masters: 16 bytes per parameter either way, backend/model/device_state.hpp).
@@ -108,7 +102,7 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
   Program prog = b.finish();
   for (Op& op : prog.ops)
     if (op.kind == OpKind::Update)
-      op.bytes = kUpdateTrafficBytesPerParam * static_cast<Bytes>(params_of(model, op.layers.first));
+      op.bytes = kUpdateTrafficBytesPerParam * (model.fp32_param_bytes(op.layers.first) / 4);
   return prog;
 }
 
