@@ -403,7 +403,8 @@ std::string host_limit_hint(const backend::HostMemoryLimit* limit) {
 
 // Host memory up front, before anything large is allocated: `h` (sim::host_account of the run's Program on the
 // model's exact sizes: master weights, gradients, optimizer state, stashes and activations swapped to the host, P2P
-// staging; or sim::host_floor, what every plan needs, before a plan is chosen) plus, on CPU devices, the `devices`
+// staging; or sim::host_state, the model state harmony-run keeps on the host whatever the plan, before a plan is
+// chosen) plus, on CPU devices, the `devices`
 // arenas (host memory too) against what this process may still allocate: the tightest of MemAvailable, its
 // RLIMIT_AS / RLIMIT_DATA and its cgroup's memory limit (backend::probe_host_memory). A run that cannot fit is
 // refused, not killed later.
@@ -432,8 +433,9 @@ void check_host_memory(const Setup& s, const sim::HostAccount& h, int devices) {
 }
 
 // Before a plan is chosen (--plan auto profiles and trial-steps scratch copies of the model; `profile` measures
-// one): what every plan needs, on `devices` devices.
-void check_host_floor(const Setup& s, int devices) { check_host_memory(s, sim::host_floor(s.desc, false), devices); }
+// one): the model state init_state allocates on the host for every kind (a kind with resident state, whose
+// sim::host_floor is empty, copies it to its devices and back), on `devices` devices.
+void check_host_state(const Setup& s, int devices) { check_host_memory(s, sim::host_state(s.desc, false), devices); }
 
 // Device g of the config's kind (the registry's), capped at machine.gpu_memory, with the command line's --tf32,
 // --tree-sums and --poison; `timing`: never poisoned (the profiler's timings).
@@ -1115,7 +1117,7 @@ int cmd_train(const Cli& cli) {
                                 "continue that run with --resume, or give an empty --checkpoint-dir (a fresh run "
                                 "never overwrites saved checkpoints)");
   }
-  check_host_floor(s, cfg.plan.gpus);
+  check_host_state(s, cfg.plan.gpus);
   const Chosen chosen = choose(s, cli, quiet);
   check_host_memory(s, sim::host_account(chosen.program, s.desc), chosen.plan.gpus);
   allocating(fmt::format("the host model state (fp32 weights, gradients and AdamW moments: {:.2f} GiB)",
@@ -1206,7 +1208,7 @@ int cmd_profile(const Cli& cli) {
   po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
   po.repeats = cli.repeats;
   po.dtype = run_dtype(cfg);
-  check_host_floor(s, 1);
+  check_host_state(s, 1);
   allocating(fmt::format("the host model state (fp32 weights, gradients and AdamW moments: {:.2f} GiB)",
                          gib(s.model->param_count() * 16)),
              [&] { init_state(s); });

@@ -60,17 +60,16 @@ void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& mod
   if (!cands.empty()) {
     // Every plan of the tier needs more host memory than the machine has (Engine::host_floor_exceeded: the masters,
     // optimizer state and gradients alone): none can be feasible, so only the first, which names the miss, is run.
+    const auto engine = make_engine(cost_model, model, machine);
     const bool first_nvme = cands.front().plan.knobs.offload == core::OffloadTier::Nvme;
     const bool unfit =
-        !space.kind->resident_state &&  // a kind with resident state keeps nothing on the host
         std::all_of(cands.begin(), cands.end(),
                     [&](const auto& c) { return (c.plan.knobs.offload == core::OffloadTier::Nvme) == first_nvme; }) &&
-        make_engine(cost_model, model, machine)->host_floor_exceeded(first_nvme);
+        engine->host_floor_exceeded(space.kind, first_nvme);
     const std::size_t num_plans = cands.size();
     if (unfit) cands.resize(1);
     kr.pruned += num_plans - cands.size();
     std::atomic<bool> host_miss{false};
-    const auto engine = make_engine(cost_model, model, machine);
     const auto res = core::run_search(
         cands, space,
         [&](const core::Plan& p) {

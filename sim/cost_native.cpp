@@ -25,12 +25,10 @@ double NativeEngine::task_bound_s(const core::TaskGraph& graph, const std::vecto
   return core::ps_to_seconds(native_task_bound_ps(graph, ranks, model_, machine_, options_));
 }
 
-bool NativeEngine::host_floor_exceeded(bool offload_nvme) const {
+bool NativeEngine::host_floor_exceeded(core::PlanKind kind, bool offload_nvme) const {
   if (!options_.capacities || !machine_.topology.valid()) return false;
-  const HostAccount floor = host_floor(model_, offload_nvme);
   const core::Topology& t = machine_.topology;
-  return host_memory_exceeded(floor.total_bytes, t.host_memory_bytes) ||
-         pinned_memory_exceeded(floor.total_bytes, floor.optimizer_state_bytes, t.pinned_limit_bytes);
+  return host_limits_exceeded(host_floor(model_, kind, offload_nvme), t.host_memory_bytes, t.pinned_limit_bytes);
 }
 
 EngineResult NativeEngine::result_of(const core::Program& program, NativeResult res) const {

@@ -24,9 +24,9 @@ class NativeEngine final : public Engine {
   std::optional<EngineResult> run_within(const core::Program& program, double cutoff_s) const override;
   // native_task_bound_ps
   double task_bound_s(const core::TaskGraph& graph, const std::vector<int>& ranks) const override;
-  // host_floor over machine.topology's host or pinned memory, with options.capacities (a machine without a topology
-  // has no host limits)
-  bool host_floor_exceeded(bool offload_nvme) const override;
+  // host_floor of the kind over machine.topology's host or pinned memory, with options.capacities (a machine without
+  // a topology has no host limits)
+  bool host_floor_exceeded(core::PlanKind kind, bool offload_nvme) const override;
   const NativeOptions& options() const { return options_; }
 
  private:

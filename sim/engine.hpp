@@ -44,11 +44,11 @@ class Engine {
   // beat, known before lowering (sim::task_bound_for): a search declines a candidate over its cutoff without
   // lowering it. 0 for an engine with no such bound.
   virtual double task_bound_s(const core::TaskGraph& /*graph*/, const std::vector<int>& /*ranks*/) const { return 0.0; }
-  // True when no Program of the engine's model can be feasible on its machine whatever its plan, with the masters and
-  // optimizer state in host memory or (`offload_nvme`) on the drives: the native engine's host floor (host_floor:
-  // the masters, optimizer state and gradients alone) over the host or pinned memory. false for an engine without
-  // such a rule.
-  virtual bool host_floor_exceeded(bool /*offload_nvme*/) const { return false; }
+  // True when no Program of `kind` on the engine's model can be feasible on its machine whatever its plan, with the
+  // masters and optimizer state in host memory or (`offload_nvme`) on the drives: the native engine's host floor
+  // (host_floor: the masters, optimizer state and gradients alone; none for a kind with resident state) over the host
+  // or pinned memory. false for an engine without such a rule.
+  virtual bool host_floor_exceeded(core::PlanKind /*kind*/, bool /*offload_nvme*/) const { return false; }
 };
 
 // The engine of `kind` on `model` (kept by reference: it must outlive the engine) and `machine`, with its

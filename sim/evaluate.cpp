@@ -31,7 +31,7 @@ double task_bound_for(const Engine& engine, const core::Model& model, const core
   if (!plan.kind->packs) return 0.0;  // no task graph: no bound
   const core::TaskGraph graph = core::compose_task_graph(plan, model.num_layers());
   const core::LowerOptions lower = engine_lower_options(engine, options);
-  if (engine.host_floor_exceeded(lower.offload_nvme)) return std::numeric_limits<double>::infinity();
+  if (engine.host_floor_exceeded(plan.kind, lower.offload_nvme)) return std::numeric_limits<double>::infinity();
   return engine.task_bound_s(graph, core::lowered_ranks(graph, lower));
 }
 

@@ -235,20 +235,13 @@ struct Cand {
 // Tries candidates in order (at most kMaxLowered; one when the host floor is over a limit): the first that fits is
 // the answer, else the one nearest to fitting (least need / limit on its binding tier).
 // `lower(i)` lowers candidate i and sets the plan fields of `kr` for it (returns false when it cannot be lowered).
-// The part of the host account every plan needs (sim::host_floor) already over a host limit: no plan can fit.
-// A kind with resident state keeps nothing on the host: no floor.
-bool floor_unfit(const core::Model& model, bool nvme, const MemoryLimits& limits, core::PlanKind kind) {
-  if (kind->resident_state) return false;
-  const HostAccount f = host_floor(model, nvme);
-  return host_memory_exceeded(f.total_bytes, limits.host_bytes) ||
-         pinned_memory_exceeded(f.total_bytes, f.optimizer_state_bytes, limits.pinned_bytes);
-}
-
 template <class Lower>
 void try_candidates(KindMemory& kr, std::vector<Cand> cands, const MemoryLimits& limits, const core::Model& model,
                     const core::MachineSpec& machine, bool nvme, Lower lower) {
-  // when the host floor is over a limit, the first candidate lowered names the miss
-  const bool unfit = floor_unfit(model, nvme, limits, kr.kind);
+  // when the part of the host account every plan of the kind needs (sim::host_floor) is over a limit, no plan can
+  // fit: the first candidate lowered names the miss
+  const HostAccount floor = host_floor(model, kr.kind, nvme);
+  const bool unfit = host_limits_exceeded(floor, limits.host_bytes, limits.pinned_bytes);
   const std::size_t max_lowered = unfit ? 1 : kMaxLowered;
   std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
     return a.estimate_s != b.estimate_s ? a.estimate_s < b.estimate_s : a.u > b.u;
@@ -297,7 +290,7 @@ void try_candidates(KindMemory& kr, std::vector<Cand> cands, const MemoryLimits&
     kr.reason = unfit ? fmt::format(
                             "the masters, optimizer state and gradients alone ({}) are over the host's limit, "
                             "so no plan fits; the first: {}",
-                            size_text(host_floor(model, nvme).total_bytes), kr.reason)
+                            size_text(floor.total_bytes), kr.reason)
                       : fmt::format("{}: {}", which, kr.reason);
   } else if (deadlocked > 0) {
     kr.reason = fmt::format("all {} plans lowered deadlock", deadlocked);

@@ -166,7 +166,7 @@ std::vector<int> LinkGraph::p2p_path(int from, int to, TransferClass* cls) const
 
 // ---- host memory ----
 
-HostAccount host_floor(const core::Model& m, bool offload_nvme) {
+HostAccount host_state(const core::Model& m, bool offload_nvme) {
   HostAccount h;
   const int R = m.num_layers();
   if (R > 0) {
@@ -184,6 +184,11 @@ HostAccount host_floor(const core::Model& m, bool offload_nvme) {
   return h;
 }
 
+HostAccount host_floor(const core::Model& m, core::PlanKind kind, bool offload_nvme) {
+  // a kind with resident state keeps its weights, gradients and optimizer state on the GPUs
+  return kind->resident_state ? HostAccount{} : host_state(m, offload_nvme);
+}
+
 bool host_memory_exceeded(Bytes total_bytes, Bytes host_memory_bytes) {
   return host_memory_bytes > 0 && total_bytes > host_memory_bytes;
 }
@@ -194,9 +199,13 @@ bool pinned_memory_exceeded(Bytes total_bytes, Bytes optimizer_state_bytes, Byte
   return pinned_limit_bytes > 0 && total_bytes - optimizer_state_bytes > pinned_limit_bytes;
 }
 
+bool host_limits_exceeded(const HostAccount& h, Bytes host_memory_bytes, Bytes pinned_limit_bytes) {
+  return host_memory_exceeded(h.total_bytes, host_memory_bytes) ||
+         pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, pinned_limit_bytes);
+}
+
 HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
-  // a kind with resident state keeps its weights, gradients and optimizer state on the GPUs: no host floor
-  HostAccount h = p.graph.plan.kind->resident_state ? HostAccount{} : host_floor(m, p.offload_nvme);
+  HostAccount h = host_floor(m, p.graph.plan.kind, p.offload_nvme);
   // Swaps are DMA copies straight from and into the host tensors (the time model prices them at the PCIe
   // rate with no host copy), so those tensors are the pinned memory and need no staging buffer: a staging
   // buffer sized by the largest swap op would grow with how a plan groups layers into one op (a Harmony
@@ -883,10 +892,8 @@ class FlowEngine {
   double update_traffic_bytes(const Op& o) const {
     double t = 0;
     for (int l = o.layers.first; l <= o.layers.last; ++l) {
-      const auto& L = m_.layers[z(l)];
-      const double fp32 =
-          L.param_count > 0 ? 4.0 * static_cast<double>(L.param_count) : static_cast<double>(L.weight_bytes);
-      t += 3.0 * fp32 + 2.0 * static_cast<double>(L.optimizer_state_bytes);
+      const double fp32 = static_cast<double>(m_.fp32_param_bytes(l));
+      t += 3.0 * fp32 + 2.0 * static_cast<double>(m_.layers[z(l)].optimizer_state_bytes);
     }
     t += conversion_bytes(o);
     return t;

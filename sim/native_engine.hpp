@@ -195,10 +195,14 @@ std::optional<NativeResult> run_native_within(const core::Program& program, cons
 // (P2PMode::Host without NVLink), which count as staging buffers.
 HostAccount host_account(const core::Program& program, const core::Model& model, bool p2p_staged = false);
 
-// The part of host_account every Program of `model` needs whatever its plan: the masters, the optimizer state and
-// the gradients (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes). host_account adds
-// the plan's stashes, activations and staging buffers to it, so a floor over a limit puts every plan over it.
-HostAccount host_floor(const core::Model& model, bool offload_nvme);
+// The whole model's training state in host memory: the masters, the optimizer state and the gradients
+// (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes).
+HostAccount host_state(const core::Model& model, bool offload_nvme);
+
+// The part of host_account every Program of `kind` on `model` needs whatever its plan: host_state, or nothing for a
+// kind whose state lives on its GPUs (PlanKindSpec::resident_state). host_account adds the plan's stashes,
+// activations and staging buffers to it, so a floor over a limit puts every plan of the kind over it.
+HostAccount host_floor(const core::Model& model, core::PlanKind kind, bool offload_nvme);
 
 // The account's page-locked bytes: everything but the optimizer state is a DMA source or target.
 core::Bytes pinned_bytes(const HostAccount& h);
@@ -207,5 +211,7 @@ core::Bytes pinned_bytes(const HostAccount& h);
 // optimizer state) over the pinned limit.
 bool host_memory_exceeded(core::Bytes total_bytes, core::Bytes host_memory_bytes);
 bool pinned_memory_exceeded(core::Bytes total_bytes, core::Bytes optimizer_state_bytes, core::Bytes pinned_limit_bytes);
+// Either verdict on an account `h` (a host floor over them: no plan of its kind fits).
+bool host_limits_exceeded(const HostAccount& h, core::Bytes host_memory_bytes, core::Bytes pinned_limit_bytes);
 
 }  // namespace harmony::sim

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/kinds/microbatch_sizes.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
@@ -20,12 +21,6 @@ namespace {
 // and writes the parameter, m and v (12); bf16 reads the fp32 master, the bf16 gradient, m and v (14) and writes the
 // master, m, v and the bf16 working copy (14). 28 bytes either way (backend/model/device_state.hpp's layout).
 constexpr Bytes kUpdateTrafficBytesPerParam = 28;
-
-// The parameters of layer l (the fp32 bytes / 4 when the profile has no parameter count).
-std::int64_t params_of(const Model& m, int l) {
-  const auto& L = m.layers[static_cast<std::size_t>(l)];
-  return L.param_count > 0 ? L.param_count : L.weight_bytes / 4;
-}
 
 // What one GPU keeps for the whole run for layer l: weights and buffers, the gradient and the optimizer state (AdamW's
 // moments; with weights narrower than fp32 the profile's optimizer state also holds the fp32 masters, and fp32
@@ -51,11 +46,7 @@ Bytes estimate_bytes(const Plan& p, const Model& m) {
 }
 
 void validate_resident(const Plan& p, const Model& m) {
-  if (const auto problem = size_problem(p.gpus, p.minibatch)) throw ScheduleError(problem->message);
-  if (const auto problem = positive_microbatch_problem(p.u_bwd)) throw ScheduleError(problem->message);
-  for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
-    if (!m.ubatch_in_range(ph, p.u_bwd)) (void)m.time_s(ph, p.u_bwd, 0);  // throws the range error
-  }
+  validate_microbatch_size(p, m);
   if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.u_bwd))
     throw ScheduleError(problem->message);
 }
@@ -111,38 +102,20 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
   Program prog = b.finish();
   for (Op& op : prog.ops)
     if (op.kind == OpKind::Update)
-      op.bytes = kUpdateTrafficBytesPerParam * static_cast<Bytes>(params_of(model, op.layers.first));
+      op.bytes = kUpdateTrafficBytesPerParam * (model.fp32_param_bytes(op.layers.first) / 4);
   return prog;
 }
 
-// Per activation policy, ascending u: u in the profiled forward and backward range, dividing the per-GPU share D/N;
-// with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits space.capacity_bytes.
+// Per activation policy, ascending u (candidate_microbatch_sizes: in the profiled forward and backward range,
+// dividing the per-GPU share D/N); with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits
+// space.capacity_bytes.
 std::vector<Candidate> enumerate_resident(const Model& model, const SearchSpace& space) {
-  const PlanKind kind = space.kind;
-  if (const auto problem = size_problem(space.gpus, space.minibatch)) throw ScheduleError(problem->message);
+  const std::vector<int> sizes = candidate_microbatch_sizes(model, space);
   std::vector<Candidate> out;
-  if (split_problem(kind, space.gpus, space.minibatch)) return out;
-  const int share = space.minibatch / space.gpus;
-  const int lo = std::max(model.ubatch_min(Phase::Fwd), model.ubatch_min(Phase::Bwd));
-  const int hi = std::min({model.ubatch_max(Phase::Fwd), model.ubatch_max(Phase::Bwd), share});
-  std::vector<int> sizes = space.spec.u_bwd;
-  if (sizes.empty())
-    for (int u = lo; u <= hi; u += std::max(1, space.spec.ubatch_step)) sizes.push_back(u);
-  std::sort(sizes.begin(), sizes.end());
-  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   for (ActivationPolicy policy : space.activation_policies) {
     for (int u : sizes) {
-      if (u < lo || u > hi || !microbatch_fits(kind, space.gpus, space.minibatch, u)) continue;
-      Candidate c;
-      Plan& p = c.plan;
-      p.kind = kind;
-      p.gpus = space.gpus;
-      p.minibatch = space.minibatch;
-      p.u_fwd = p.u_bwd = u;
-      p.knobs = space.knobs;
-      p.knobs.activation_policy = policy;
-      p.knobs.gpu_capacity_bytes = space.capacity_bytes;
-      if (space.drop_infeasible && estimate_bytes(p, model) > space.capacity_bytes) continue;
+      Candidate c = microbatch_candidate(space, policy, u);
+      if (space.drop_infeasible && estimate_bytes(c.plan, model) > space.capacity_bytes) continue;
       out.push_back(std::move(c));
     }
   }

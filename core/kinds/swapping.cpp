@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "core/kinds/microbatch_sizes.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/program_builder.hpp"
 
@@ -144,11 +145,7 @@ void check_stages(const char* name, const std::vector<LayerRange>& stages, int g
 void validate_swapping_plan(const Plan& p, const Model& m) {
   const char* name = p.kind.name();
   (void)swap_rules(p.kind);  // a swapping kind
-  if (const auto problem = size_problem(p.gpus, p.minibatch)) throw ScheduleError(problem->message);
-  if (const auto problem = positive_microbatch_problem(p.u_bwd)) throw ScheduleError(problem->message);
-  for (Phase ph : {Phase::Fwd, Phase::Bwd}) {
-    if (!m.ubatch_in_range(ph, p.u_bwd)) (void)m.time_s(ph, p.u_bwd, 0);  // throws the range error
-  }
+  validate_microbatch_size(p, m);
   if (p.knobs.swap == SwapTiming::OnDemand && !p.kind.has_knob(Knob::Swap)) {
     std::string kinds;
     for (const std::string& k : plan_kind_names(Knob::Swap)) kinds += (kinds.empty() ? "" : ", ") + k;
@@ -184,40 +181,18 @@ std::vector<SwapDecision> decide_swaps(const Plan& plan, const Model& model) {
 
 std::vector<Candidate> enumerate_swapping_plans(const Model& model, const SearchSpace& space) {
   const PlanKind kind = space.kind;
-  const int gpus = space.gpus;
-  const int minibatch = space.minibatch;
-  if (const auto problem = size_problem(gpus, minibatch)) throw ScheduleError(problem->message);
+  const std::vector<int> sizes = candidate_microbatch_sizes(model, space);
   std::vector<Candidate> out;
-  if (split_problem(kind, gpus, minibatch) || stage_problem(kind, gpus, model.num_layers())) return out;
-  const int share = kind->data_parallel ? minibatch / gpus : minibatch;
-  const int lo = std::max(model.ubatch_min(Phase::Fwd), model.ubatch_min(Phase::Bwd));
-  const int hi = std::min({model.ubatch_max(Phase::Fwd), model.ubatch_max(Phase::Bwd), share});
-  std::vector<int> sizes;
-  if (!space.spec.u_bwd.empty()) {
-    sizes = space.spec.u_bwd;
-    std::sort(sizes.begin(), sizes.end());
-    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  } else {
-    for (int u = lo; u <= hi; u += std::max(1, space.spec.ubatch_step)) sizes.push_back(u);
-  }
   const std::vector<OffloadTier> tiers =
       kind.has_knob(Knob::Offload) ? space.offloads : std::vector<OffloadTier>{OffloadTier::Cpu};
   for (ActivationPolicy policy : space.activation_policies) {
     for (OffloadTier tier : tiers) {
       for (int u : sizes) {
-        if (u < lo || u > hi || !microbatch_fits(kind, gpus, minibatch, u)) continue;
-        Candidate c;
+        Candidate c = microbatch_candidate(space, policy, u);
         Plan& p = c.plan;
-        p.kind = kind;
-        p.gpus = gpus;
-        p.minibatch = minibatch;
-        p.u_fwd = p.u_bwd = u;
-        p.knobs = space.knobs;
-        p.knobs.activation_policy = policy;
         p.knobs.offload = tier;
         if (!kind.has_knob(Knob::Swap)) p.knobs.swap = SwapTiming::Scheduled;  // the timing is the kind's own
-        p.knobs.gpu_capacity_bytes = space.capacity_bytes;
-        if (kind->stage_per_gpu) p.stages = balanced_stages(model, u, gpus);
+        if (kind->stage_per_gpu) p.stages = balanced_stages(model, u, space.gpus);
         if (space.drop_infeasible) {
           const auto ds = decide_swaps(p, model);
           if (!std::all_of(ds.begin(), ds.end(), [](const SwapDecision& d) { return d.fits; })) continue;

@@ -93,6 +93,10 @@ Bytes Model::master_bytes(int first, int last) const {
   }
   return s;
 }
+Bytes Model::fp32_param_bytes(int l) const {
+  const Layer& L = layers[static_cast<std::size_t>(l)];
+  return L.param_count > 0 ? 4 * L.param_count : L.weight_bytes;
+}
 bool Model::narrow_weights(int l) const {
   const Layer& L = layers[static_cast<std::size_t>(l)];
   return L.param_count > 0 && L.weight_bytes < 3 * L.param_count;

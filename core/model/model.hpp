@@ -65,6 +65,9 @@ class Model {
   // weights 0, since mixed-precision optimizer state includes the masters (analytic models and bf16 profiles
   // record 12 bytes per parameter for Adam). What an offloaded optimizer step reads and writes besides the state.
   Bytes master_bytes(int first, int last) const;
+  // Layer l's parameters at 4 bytes each (FP32): 4 x its parameter count, or its weight bytes when the profile has
+  // no parameter count. What an AdamW step reads and writes per FP32 tensor of the layer.
+  Bytes fp32_param_bytes(int l) const;
   // Whether layer l's device weights are narrower than its FP32 masters (fp16/bf16: under 3 bytes a parameter),
   // so the update writes a converted device copy beside the masters.
   bool narrow_weights(int l) const;

@@ -793,24 +793,25 @@ TEST_CASE("host memory: the floor every plan needs, and the engine's verdict on 
   // tiny_model: master 2 x 1010 + optimizer 2 x 2000 + gradients 2 x 1000 = 8020 bytes whatever the plan (the
   // account of the test above adds its 100-byte stash: 8120); page-locked 8020 - 4000 = 4020. With the masters and
   // optimizer state on the drives the host keeps the gradients alone.
-  const auto floor = sim::host_floor(tiny_model(), false);
+  const core::PlanKind pp = core::plan_kind("harmony-pp");
+  const auto floor = sim::host_floor(tiny_model(), pp, false);
   CHECK(floor.total_bytes == 8020);
   CHECK(sim::pinned_bytes(floor) == 4020);
-  const auto nvme = sim::host_floor(tiny_model(), true);
+  const auto nvme = sim::host_floor(tiny_model(), pp, true);
   CHECK(nvme.total_bytes == 2000);
   CHECK(nvme.nvme_bytes == 6020);
   auto m = one_switch(1, 1e9, 1e9);
   m.topology.host_memory_bytes = 8020;
-  CHECK_FALSE(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(false));
+  CHECK_FALSE(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(pp, false));
   m.topology.host_memory_bytes = 8019;
-  CHECK(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(false));
-  CHECK_FALSE(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(true));
+  CHECK(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(pp, false));
+  CHECK_FALSE(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(pp, true));
   sim::NativeOptions off;
   off.capacities = false;
-  CHECK_FALSE(sim::NativeEngine(tiny_model(), m, off).host_floor_exceeded(false));
+  CHECK_FALSE(sim::NativeEngine(tiny_model(), m, off).host_floor_exceeded(pp, false));
   m.topology.host_memory_bytes = 0;
   m.topology.pinned_limit_bytes = 4019;
-  CHECK(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(false));
+  CHECK(sim::NativeEngine(tiny_model(), m).host_floor_exceeded(pp, false));
   // every program's account is at least the floor: a run over it says so
   Builder b(1);
   b.add(0, Stream::SwapIn, OpKind::WB, 300);
@@ -818,6 +819,36 @@ TEST_CASE("host memory: the floor every plan needs, and the engine's verdict on 
   CHECK(run.host.total_bytes == 8020);
   CHECK_FALSE(run.feasible);
   CHECK(run.infeasible_reason.find("pinned host memory exceeded") != std::string::npos);
+}
+
+TEST_CASE("host memory: the floor is the kind's, empty for a kind with resident state") {
+  // The floor of every kind that keeps its state on the host is the model's host state (8020 bytes, the test above);
+  // resident keeps its weights, gradients and AdamW state on the GPUs, so it has no floor and no host memory
+  // rules out all its plans, on the host or on the drives.
+  for (const core::PlanKind kind : core::plan_kinds()) {
+    CAPTURE(kind.name());
+    for (const bool nvme : {false, true}) {
+      CAPTURE(nvme);
+      const auto floor = sim::host_floor(tiny_model(), kind, nvme);
+      const auto state = sim::host_state(tiny_model(), nvme);
+      CHECK(floor.total_bytes == (kind->resident_state ? 0 : state.total_bytes));
+      CHECK(floor.nvme_bytes == (kind->resident_state ? 0 : state.nvme_bytes));
+    }
+  }
+  CHECK(sim::host_floor(tiny_model(), core::plan_kind("resident"), false).total_bytes == 0);
+  CHECK(sim::host_floor(tiny_model(), core::plan_kind("harmony-pp"), false).total_bytes == 8020);
+  CHECK(sim::host_floor(tiny_model(), core::plan_kind("dp-swap"), false).total_bytes == 8020);
+  CHECK(sim::host_floor(tiny_model(), core::plan_kind("dp-swap"), true).total_bytes == 2000);
+  auto m = one_switch(1, 1e9, 1e9);
+  m.topology.host_memory_bytes = 1;
+  m.topology.pinned_limit_bytes = 1;
+  const core::Model model = tiny_model();  // the engine keeps it by reference
+  const sim::NativeEngine engine(model, m);
+  CHECK_FALSE(engine.host_floor_exceeded(core::plan_kind("resident"), false));
+  CHECK_FALSE(engine.host_floor_exceeded(core::plan_kind("resident"), true));
+  CHECK(engine.host_floor_exceeded(core::plan_kind("harmony-pp"), false));
+  CHECK(engine.host_floor_exceeded(core::plan_kind("dp-swap"), false));
+  CHECK(engine.host_floor_exceeded(core::plan_kind("dp-swap"), true));
 }
 
 TEST_CASE("host memory: the account does not depend on how the swaps are split into ops") {

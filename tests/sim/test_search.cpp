@@ -546,10 +546,11 @@ TEST_CASE("a host floor over the machine's memory: the bounded search runs only 
   // search runs every candidate; the bounded one declines all but the first in enumeration order (its task bound is
   // infinite), which it runs for the same first miss and reason, on one thread or two.
   core::MachineSpec m = core::machine_preset("paper-1080ti");
-  m.topology.host_memory_bytes = sim::host_floor(bert(), false).total_bytes - 1;
+  const core::PlanKind pp = core::plan_kind("harmony-pp");
+  m.topology.host_memory_bytes = sim::host_floor(bert(), pp, false).total_bytes - 1;
   const auto engine = sim::make_engine(core::CostModelKind::Native, bert(), m);
-  CHECK(engine->host_floor_exceeded(false));
-  auto space = wide_space(core::plan_kind("harmony-pp"), 2, 8, m, 1);
+  CHECK(engine->host_floor_exceeded(pp, false));
+  auto space = wide_space(pp, 2, 8, m, 1);
   const auto cands = core::enumerate_candidates(bert(), space);
   REQUIRE(cands.size() > 2);
   const auto a = core::run_search(cands, space, [&](const core::Plan& p) {
@@ -578,7 +579,7 @@ TEST_CASE("a host floor over the machine's memory: the bounded search runs only 
     CHECK(b.first_miss_reason == a.first_miss_reason);
   }
   // with the drives holding the masters and optimizer state the floor is the gradients alone: bounds are finite
-  CHECK_FALSE(engine->host_floor_exceeded(true));
+  CHECK_FALSE(engine->host_floor_exceeded(pp, true));
   core::LowerOptions drives;
   drives.offload_nvme = true;
   CHECK(std::isfinite(sim::task_bound_for(*engine, bert(), core::candidate_plan(cands[0], space), drives)));

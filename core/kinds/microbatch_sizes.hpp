@@ -1,0 +1,29 @@
+// What every kind with one microbatch size (plan.u_bwd; no packs: the swapping kinds and resident) shares: the first
+// checks of its validation, the sizes its enumeration offers the search and the candidate of one size. Each kind's
+// file adds its own rules and knobs.
+#pragma once
+
+#include <vector>
+
+#include "core/model/model.hpp"
+#include "core/plan/plan.hpp"
+#include "core/search/search.hpp"
+
+namespace harmony::core {
+
+// Throws ScheduleError unless N and D are positive (size_problem), u = plan.u_bwd >= 1 and u is in the profiled
+// forward and backward range. The kind's own rules on N, D and u (microbatch_problem, ...) come after.
+void validate_microbatch_size(const Plan& plan, const Model& model);
+
+// The microbatch sizes of space.kind's candidates, ascending and distinct: space.spec.u_bwd when given (else every
+// space.spec.ubatch_step-th size from the profiled minimum), keeping those in the profiled forward and backward
+// range, at most the per-GPU share (D/N for data-parallel kinds, D otherwise) and passing the kind's microbatch rule
+// (microbatch_fits). Empty when the split or stage rule fails (split_problem, stage_problem). Throws ScheduleError
+// for N, D < 1.
+std::vector<int> candidate_microbatch_sizes(const Model& model, const SearchSpace& space);
+
+// The candidate of space.kind at microbatch u (u_fwd = u_bwd = u) under `policy`: space's N, D and knobs, with the
+// policy and knobs.gpu_capacity_bytes = space.capacity_bytes.
+Candidate microbatch_candidate(const SearchSpace& space, ActivationPolicy policy, int u);
+
+}  // namespace harmony::core
