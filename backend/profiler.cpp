@@ -91,7 +91,10 @@ class SyncOnExit {
 struct Measurement {
   double time_s = 0.0;
   Bytes peak_bytes = 0;
+  Bytes transient_bytes = 0;  // backward: what dY, dX and scratch take on the device (allocated last)
 };
+
+bool is_transient(Slot s) { return s == Slot::dY || s == Slot::dX || s == Slot::Scratch; }
 
 class LayerProfiler {
  public:
@@ -145,10 +148,13 @@ class LayerProfiler {
     dev_.reset_peak();
     const Bytes base = dev_.memory().in_use;
     std::array<Buffer, kSlotNames.size()> buf;
+    Bytes transient = 0;
     for (const auto& [slot, bytes] : buffer_plan(m_, l, phase, u, T, dt)) {
+      const Bytes before = dev_.memory().in_use;
       buf[static_cast<std::size_t>(slot)] = dev_.alloc(
           bytes,
           fmt::format("profile layer {} ({}) {} u={}: {}", l, m_.layer_name(l), phase_word(phase), u, slot_name(slot)));
+      if (is_transient(slot)) transient += dev_.memory().in_use - before;
     }
     const SyncOnExit sync(s);
     const auto ptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].data(); };
@@ -189,7 +195,7 @@ class LayerProfiler {
       const double t = seconds_since(t0);
       if (i >= opt_.warmup) times.push_back(t);
     }
-    return {median(std::move(times)), dev_.memory().peak - base};
+    return {median(std::move(times)), dev_.memory().peak - base, bwd ? transient : 0};
   }
 
  private:
@@ -324,6 +330,7 @@ ProfileResult profile_gpt2(Device& device, HostState& state, const ProfileOption
     l.bwd_time_s.clear();
     l.fwd_peak_bytes.clear();
     l.bwd_peak_bytes.clear();
+    l.bwd_transient_bytes.clear();
   }
 
   ProfileProgress pg;
@@ -364,6 +371,7 @@ ProfileResult profile_gpt2(Device& device, HostState& state, const ProfileOption
           core::Layer& L = res.model.layers[static_cast<std::size_t>(l)];
           (fwd ? L.fwd_time_s : L.bwd_time_s).push_back(column[static_cast<std::size_t>(l)].time_s);
           (fwd ? L.fwd_peak_bytes : L.bwd_peak_bytes).push_back(column[static_cast<std::size_t>(l)].peak_bytes);
+          if (!fwd) L.bwd_transient_bytes.push_back(column[static_cast<std::size_t>(l)].transient_bytes);
         }
       }
     }

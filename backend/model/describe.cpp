@@ -63,6 +63,7 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
       layer.bwd_time_s.push_back(3 * fwd);
       layer.fwd_peak_bytes.push_back(x + y + act);
       layer.bwd_peak_bytes.push_back(x + act + scratch + dy + dx + layer.weight_bytes);
+      layer.bwd_transient_bytes.push_back(scratch + dy + dx);  // live only while this layer's backward runs
     }
     m.layers.push_back(std::move(layer));
   }

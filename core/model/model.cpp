@@ -63,6 +63,14 @@ Bytes Model::peak_bytes(Phase p, int u, int layer) const {
   return static_cast<Bytes>(interp(sizes_of(*this, p), p == Phase::Fwd ? l.fwd_peak_bytes : l.bwd_peak_bytes, u));
 }
 
+Bytes Model::bwd_transient_bytes(int u, int layer) const {
+  const Layer& l = layers[static_cast<std::size_t>(layer)];
+  if (l.bwd_transient_bytes.empty()) return 0;
+  check_range(*this, Phase::Bwd, u);
+  const auto t = static_cast<Bytes>(interp(sizes_of(*this, Phase::Bwd), l.bwd_transient_bytes, u));
+  return std::min(t, peak_bytes(Phase::Bwd, u, layer));
+}
+
 Bytes Model::input_bytes(int u, int layer) const {
   if (layer >= num_layers()) return 0;
   return static_cast<Bytes>(u) * layers[static_cast<std::size_t>(layer)].input_bytes_per_sample;
@@ -123,7 +131,8 @@ void Model::validate() const {
           fmt::format("model {}: layer {} ({}) {} the criterion; the loss must be the last layer and only it", name, i,
                       l.name, l.is_criterion ? "is" : "is not"));
     if (l.fwd_time_s.size() != ubatch_fwd.size() || l.fwd_peak_bytes.size() != ubatch_fwd.size() ||
-        l.bwd_time_s.size() != ubatch_bwd.size() || l.bwd_peak_bytes.size() != ubatch_bwd.size())
+        l.bwd_time_s.size() != ubatch_bwd.size() || l.bwd_peak_bytes.size() != ubatch_bwd.size() ||
+        (!l.bwd_transient_bytes.empty() && l.bwd_transient_bytes.size() != ubatch_bwd.size()))
       throw ScheduleError(
           fmt::format("model {}: layer {} has per-size arrays not aligned with the microbatch sizes", name, i));
     if (l.weight_bytes < 0 || l.buffer_bytes < 0 || l.optimizer_state_bytes < 0 || l.input_bytes_per_sample < 0)

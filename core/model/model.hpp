@@ -33,6 +33,10 @@ struct Layer {
   std::vector<double> bwd_time_s;  // forward-with-grad (recompute) + backward
   std::vector<Bytes> fwd_peak_bytes;
   std::vector<Bytes> bwd_peak_bytes;
+  // Optional, aligned with ubatch_bwd (empty = not recorded, read as 0): the part of bwd_peak_bytes live only while
+  // this layer's backward runs (its dY, dX and scratch). A pack's backward holds one layer's at a time, so a pack
+  // of several layers charges the largest of these once, not their sum (docs/native-model.md, "Memory").
+  std::vector<Bytes> bwd_transient_bytes;
 };
 
 class Model {
@@ -54,6 +58,8 @@ class Model {
   double time_s(Phase p, int u, int layer) const;
   // Per-layer peak memory at u: interpolated, then truncated to an integer (as the reference).
   Bytes peak_bytes(Phase p, int u, int layer) const;
+  // Layer::bwd_transient_bytes at u (interpolated, truncated; 0 when not recorded), never above the bwd peak.
+  Bytes bwd_transient_bytes(int u, int layer) const;
   // Bytes of X[layer] (the input of `layer`) at microbatch u; 0 for layer == R (after the loss).
   Bytes input_bytes(int u, int layer) const;
   // W + B of layers [first, last].

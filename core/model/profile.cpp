@@ -84,6 +84,7 @@ const std::vector<std::string>& layer_keys() {
                                                 "bwd_time",
                                                 "fwd_peak_memory",
                                                 "bwd_peak_memory",
+                                                "bwd_transient_memory",
                                                 "output_bytes_per_sample"};
   return keys;
 }
@@ -587,6 +588,8 @@ Model read_model(const Node& doc, Reader<Node>& r) {
     l.bwd_time_s = r.time_array(lj, lp, "bwd_time", m.ubatch_bwd.size(), bwd_ptr);
     l.fwd_peak_bytes = r.bytes_array(lj, lp, "fwd_peak_memory", m.ubatch_fwd.size(), fwd_ptr);
     l.bwd_peak_bytes = r.bytes_array(lj, lp, "bwd_peak_memory", m.ubatch_bwd.size(), bwd_ptr);
+    if (r.optional_member(lj, "bwd_transient_memory"))
+      l.bwd_transient_bytes = r.bytes_array(lj, lp, "bwd_transient_memory", m.ubatch_bwd.size(), bwd_ptr);
 
     // input_bytes is redundant (always u * input_bytes_per_sample); check it when present
     if (r.optional_member(lj, "input_bytes")) {

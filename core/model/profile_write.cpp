@@ -44,6 +44,7 @@ ordered layer_json(const Layer& l, int index) {
   for (const double t : l.bwd_time_s) check_time(l, index, "bwd_time", t);
   for (const Bytes b : l.fwd_peak_bytes) check_size(l, index, "fwd_peak_memory", b);
   for (const Bytes b : l.bwd_peak_bytes) check_size(l, index, "bwd_peak_memory", b);
+  for (const Bytes b : l.bwd_transient_bytes) check_size(l, index, "bwd_transient_memory", b);
 
   ordered j = ordered::object();
   j["index"] = index;
@@ -59,6 +60,7 @@ ordered layer_json(const Layer& l, int index) {
   j["bwd_time"] = l.bwd_time_s;
   j["fwd_peak_memory"] = l.fwd_peak_bytes;
   j["bwd_peak_memory"] = l.bwd_peak_bytes;
+  if (!l.bwd_transient_bytes.empty()) j["bwd_transient_memory"] = l.bwd_transient_bytes;
   return j;
 }
 

@@ -143,7 +143,9 @@ class Lowerer {
 
   // Transient memory of a compute op beyond the tensors the Program allocates explicitly: the
   // profiled peaks of its layers (minus inner inputs, as the reference's memory_of_pack) less the
-  // weights, input, output (and for BWD the gradients) that have their own allocations.
+  // weights, input, output (and for BWD the gradients) that have their own allocations. A BWD runs its
+  // layers' backwards one after another, so each layer's transient part (dY, dX, scratch: the profile's
+  // bwd_transient_memory) counts once, the largest of them, not summed over the pack.
   // Memoized: every microbatch of a pack at the same size asks again.
   Bytes workspace(Phase ph, int u, LayerRange l) {
     constexpr int kBits = 20;
@@ -159,11 +161,17 @@ class Lowerer {
     return w;
   }
   Bytes workspace_of(Phase ph, int u, LayerRange l) const {
-    Bytes peak = 0;
+    Bytes peak = 0, transient_max = 0;
     for (int k = l.first; k <= l.last; ++k) {
       peak += m_.peak_bytes(ph, u, k);
       if (k > l.first) peak -= m_.input_bytes(u, k);
+      if (ph == Phase::Bwd) {
+        const Bytes t = m_.bwd_transient_bytes(u, k);
+        peak -= t;
+        transient_max = std::max(transient_max, t);
+      }
     }
+    peak += transient_max;
     Bytes own = m_.weight_bytes(l.first, l.last) + m_.buffer_bytes(l.first, l.last) + xbytes(u, l.first) +
                 xbytes(u, l.last + 1);
     if (ph == Phase::Bwd) own += m_.weight_bytes(l.first, l.last) + (l.first != 0 ? xbytes(u, l.first) : 0);
