@@ -1,8 +1,8 @@
 // The executor's internals, shared by its two interpreters and not part of the public API: the
 // happens-before relation of a Program (deps + queue order + executor-added edges), the Interpreter
 // interface (what one Program dialect does with its ops, and the lock that guards its bookkeeping) and the
-// two loops that run one step: serial on the calling thread, or one worker thread per Program queue.
-// Harmony Programs: executor.cpp; the baselines' Programs: baseline.cpp (both in backend/executor/).
+// two loops that run one step (step_loops.cpp), the per-queue resources (queue_resources.cpp) and bf16 staging
+// (staging.cpp). The interpreters: harmony_interpreter.hpp (Harmony Programs), baseline_interpreter.hpp (swapping).
 #pragma once
 
 #include <array>
