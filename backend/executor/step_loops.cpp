@@ -182,116 +182,152 @@ void WorkerPool::loop(std::size_t k) {
   }
 }
 
-StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPool* pool) {
-  const std::size_t nops = p.ops.size(), nq = p.queues.size();
-  const auto& extra = it.extra_deps();
-  std::vector<std::vector<int>> groups(nops);
-  for (std::size_t o = 0; o < nops; ++o) groups[o] = it.group(static_cast<int>(o));
-  StepResult res;
-  res.begin.assign(nops, -1);
-  res.end.assign(nops, -1);
-  // Scheduler state, all under mu: done and claimed (a group's ops from when a worker takes it) per op, the
-  // position of each queue's next op, the groups in flight, and the first error.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<char> done(nops, 0), claimed(nops, 0);
-  std::vector<std::size_t> head(nq, 0);
-  int running = 0;
-  bool stop = false;
-  std::exception_ptr error;
-  const TimesHook times(it, res);  // the interpreter stamps the ops' times, on their streams
-  auto ready = [&](int o) {
-    return claimed[static_cast<std::size_t>(o)] == 0 && heads_and_deps_done(p, extra, done, head, o);
-  };
-  auto runnable = [&](int o) {
-    const auto& g = groups[static_cast<std::size_t>(o)];
-    return std::all_of(g.begin(), g.end(), ready);
-  };
-  auto any_runnable = [&] {
-    for (std::size_t q = 0; q < nq; ++q)
-      if (head[q] < p.queues[q].ops.size() && runnable(p.queues[q].ops[head[q]])) return true;
-    return false;
-  };
-  auto fail = [&](std::exception_ptr e) {  // under mu
-    if (!error) error = std::move(e);
-    stop = true;
-    cv.notify_all();
-  };
+namespace {
 
-  auto worker = [&](std::size_t q) {
-    std::unique_lock lk(mu);
+// One concurrent step's scheduler. Its state, all under mu: done and claimed (a group's ops from when a worker takes
+// it) per op, the position of each queue's next op, the groups in flight, and the first error. worker(q) runs queue
+// q's ops; every state change notifies all workers.
+class ConcurrentStep {
+ public:
+  ConcurrentStep(const core::Program& p, Interpreter& it)
+      : p_(p),
+        it_(it),
+        extra_(it.extra_deps()),
+        nq_(p.queues.size()),
+        groups_(p.ops.size()),
+        done_(p.ops.size(), 0),
+        claimed_(p.ops.size(), 0),
+        head_(nq_, 0) {
+    for (std::size_t o = 0; o < p.ops.size(); ++o) groups_[o] = it.group(static_cast<int>(o));
+  }
+
+  // Runs queue q's ops in order until the queue is done, the step stopped, or it deadlocked.
+  void worker(std::size_t q) {
+    std::unique_lock lk(mu_);
     for (;;) {
-      if (stop || head[q] >= p.queues[q].ops.size()) return;
-      const int o = p.queues[q].ops[head[q]];
+      if (stop_ || head_[q] >= p_.queues[q].ops.size()) return;
+      const int o = p_.queues[q].ops[head_[q]];
       if (!runnable(o)) {
         // Nothing in flight and nothing can start: the serial loop's deadlock (a group whose members wait for
         // each other's queues). Checked by whichever worker sees it; every state change notifies all.
-        if (running == 0 && claimed[static_cast<std::size_t>(o)] == 0 && !any_runnable()) {
-          fail(std::make_exception_ptr(ScheduleViolation(stuck_message(p, head))));
+        if (running_ == 0 && claimed_[static_cast<std::size_t>(o)] == 0 && !any_runnable()) {
+          fail(std::make_exception_ptr(ScheduleViolation(stuck_message(p_, head_))));
           return;
         }
-        cv.wait(lk);
+        cv_.wait(lk);
         continue;
       }
-      const std::vector<int>& g = groups[static_cast<std::size_t>(o)];
-      for (int x : g) claimed[static_cast<std::size_t>(x)] = 1;
-      ++running;
-      lk.unlock();
-      std::exception_ptr err;
-      try {
-        const std::lock_guard il(it.mutex());
-        it.run(g);
-        for (int x : g) it.finished(x);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      lk.lock();
-      --running;
-      if (err) {
-        fail(err);
-        return;
-      }
-      for (int x : g) {
-        const auto xu = static_cast<std::size_t>(x);
-        done[xu] = 1;
-        ++head[static_cast<std::size_t>(p.ops[xu].queue)];
-      }
-      cv.notify_all();
+      if (!run_group(lk, groups_[static_cast<std::size_t>(o)])) return;
     }
-  };
+  }
 
   // Memory: an op out of device memory waits while another group runs (not itself waiting) or can start.
+  bool others_progressing(int waiting) {
+    const std::lock_guard lk(mu_);
+    return !stop_ && (running_ - 1 - waiting > 0 || any_runnable());
+  }
+
+  // Records the first error and stops every worker (call with mu held).
+  void fail(std::exception_ptr e) {
+    if (!error_) error_ = std::move(e);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  std::mutex& mutex() { return mu_; }
+  const std::exception_ptr& error() const { return error_; }
+
+ private:
+  bool ready(int o) const {
+    return claimed_[static_cast<std::size_t>(o)] == 0 && heads_and_deps_done(p_, extra_, done_, head_, o);
+  }
+  bool runnable(int o) const {
+    const auto& g = groups_[static_cast<std::size_t>(o)];
+    return std::all_of(g.begin(), g.end(), [&](int x) { return ready(x); });
+  }
+  bool any_runnable() const {
+    for (std::size_t q = 0; q < nq_; ++q)
+      if (head_[q] < p_.queues[q].ops.size() && runnable(p_.queues[q].ops[head_[q]])) return true;
+    return false;
+  }
+  // Claims group g, runs it with mu released (under the interpreter's lock) and marks it done; false after an error.
+  bool run_group(std::unique_lock<std::mutex>& lk, const std::vector<int>& g) {
+    for (int x : g) claimed_[static_cast<std::size_t>(x)] = 1;
+    ++running_;
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+      const std::lock_guard il(it_.mutex());
+      it_.run(g);
+      for (int x : g) it_.finished(x);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lk.lock();
+    --running_;
+    if (err) {
+      fail(err);
+      return false;
+    }
+    for (int x : g) {
+      const auto xu = static_cast<std::size_t>(x);
+      done_[xu] = 1;
+      ++head_[static_cast<std::size_t>(p_.ops[xu].queue)];
+    }
+    cv_.notify_all();
+    return true;
+  }
+
+  const core::Program& p_;
+  Interpreter& it_;
+  const std::vector<std::vector<int>>& extra_;
+  std::size_t nq_;
+  std::vector<std::vector<int>> groups_;  // per op: it.group(op)
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<char> done_, claimed_;
+  std::vector<std::size_t> head_;
+  int running_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+StepResult run_step_concurrent(const core::Program& p, Interpreter& it, WorkerPool* pool) {
+  const std::size_t nops = p.ops.size(), nq = p.queues.size();
+  ConcurrentStep step(p, it);
+  StepResult res;
+  res.begin.assign(nops, -1);
+  res.end.assign(nops, -1);
+  const TimesHook times(it, res);  // the interpreter stamps the ops' times, on their streams
   struct Hook {
     Interpreter& it;
     ~Hook() { it.others_progressing = nullptr; }
   } hook{it};
-  it.others_progressing = [&](int waiting) {
-    const std::lock_guard lk(mu);
-    return !stop && (running - 1 - waiting > 0 || any_runnable());
-  };
+  it.others_progressing = [&](int waiting) { return step.others_progressing(waiting); };
 
   if (pool != nullptr && pool->size() == nq) {
-    pool->run(worker);
+    pool->run([&](std::size_t q) { step.worker(q); });
   } else {
     std::vector<std::thread> threads;
     threads.reserve(nq);
     try {
-      for (std::size_t q = 0; q < nq; ++q) threads.emplace_back(worker, q);
+      for (std::size_t q = 0; q < nq; ++q) threads.emplace_back([&step, q] { step.worker(q); });
     } catch (...) {  // cannot start a thread: stop those that run
       {
-        const std::lock_guard lk(mu);
-        fail(std::current_exception());
+        const std::lock_guard lk(step.mutex());
+        step.fail(std::current_exception());
       }
     }
     for (auto& t : threads) t.join();
   }
-  if (error) {
+  if (step.error()) {
     // Work a failed op enqueued may still be queued: let it drain before the caller frees anything.
     try {
       it.synchronize();
     } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
     }
-    std::rethrow_exception(error);
+    std::rethrow_exception(step.error());
   }
   return res;
 }
