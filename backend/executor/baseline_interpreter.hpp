@@ -226,6 +226,11 @@ class BaselineInterpreter final : public Interpreter {
   // sX: a stash (the layer's input) or, under keep, the saved activations swapped out to the host or back in.
   void run_sx(int o);
 
+  // The layer arguments FWD, REC and BWD share: op o's microbatch, its layer's weights (the DeviceState's when
+  // resident) and its input read from `input` (layer 0: the token ids).
+  template <class E>
+  LayerArgs<E> layer_args(int o, TK input);
+
   // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1), the head writing the per-token losses; the
   // forward's activations are kept as Saved(l) when the FWD keeps them (keep), else dropped. REC(l), the
   // checkpoint policy's recompute: the same forward from the backward's input (Stash or Act), writing Saved(l)

@@ -139,6 +139,23 @@ void BaselineInterpreter::run_sx(int o) {
   }
 }
 
+template <class E>
+LayerArgs<E> BaselineInterpreter::layer_args(int o, TK input) {
+  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+  const int d = at(o).device, l = at(o).layers.first;
+  LayerArgs<E> a;
+  a.B = oi.n;
+  a.T = T_;
+  a.w = resident_ ? states_[static_cast<std::size_t>(d)]->weights<E>(l) : get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
+  const void* x = get(o, Key{d, input, l, oi.s0, oi.n}).buf.data();
+  if (l == 0) {
+    a.tokens = static_cast<const std::int32_t*>(x);
+  } else {
+    a.x = static_cast<const E*>(x);
+  }
+  return a;
+}
+
 void BaselineInterpreter::forward(int o, bool recompute) {
   if (dt_ == DType::BF16) {
     forward_as<Bf16>(o, recompute);
@@ -153,16 +170,7 @@ void BaselineInterpreter::forward_as(int o, bool recompute) {
   const OpInfo& oi = info_[static_cast<std::size_t>(o)];
   const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
   const bool head = m_.kind(l) == LayerKind::Head;
-  LayerArgs<E> a;
-  a.B = n;
-  a.T = T_;
-  a.w = resident_ ? states_[static_cast<std::size_t>(d)]->weights<E>(l) : get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
-  const void* x = get(o, Key{d, recompute ? oi.bwd_input : TK::Act, l, s0, n}).buf.data();
-  if (l == 0) {
-    a.tokens = static_cast<const std::int32_t*>(x);
-  } else {
-    a.x = static_cast<const E*>(x);
-  }
+  LayerArgs<E> a = layer_args<E>(o, recompute ? oi.bwd_input : TK::Act);
   Buffer targets, y, act;
   if (head) {
     targets = alloc_or_wait(D(d), Bytes(n) * T_ * 4, "targets");
@@ -204,16 +212,7 @@ void BaselineInterpreter::backward_as(int o) {
   const OpInfo& oi = info_[static_cast<std::size_t>(o)];
   const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
   const bool head = m_.kind(l) == LayerKind::Head;
-  LayerArgs<E> a;
-  a.B = n;
-  a.T = T_;
-  a.w = resident_ ? states_[static_cast<std::size_t>(d)]->weights<E>(l) : get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
-  const void* x = get(o, Key{d, oi.bwd_input, l, s0, n}).buf.data();
-  if (l == 0) {
-    a.tokens = static_cast<const std::int32_t*>(x);
-  } else {
-    a.x = static_cast<const E*>(x);
-  }
+  LayerArgs<E> a = layer_args<E>(o, oi.bwd_input);
   const E* dy = l + 1 < R_ ? get(o, Key{d, TK::Grad, l + 1, s0, n}).buf.as<E>() : nullptr;
   const Key dwk{d, TK::DW, l, 0, 0};
   E* dw = nullptr;
