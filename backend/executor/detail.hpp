@@ -1,8 +1,7 @@
-// The executor's internals, shared by its two interpreters and not part of the public API: the
-// happens-before relation of a Program (deps + queue order + executor-added edges), the Interpreter
-// interface (what one Program dialect does with its ops, and the lock that guards its bookkeeping) and the
-// two loops that run one step: serial on the calling thread, or one worker thread per Program queue.
-// Harmony Programs: executor.cpp; the baselines' Programs: baseline.cpp (both in backend/executor/).
+// The executor's internals, shared by its two interpreters, not public: the happens-before relation of a Program
+// (Ancestry), the Interpreter interface (one Program dialect's ops, the lock guarding its bookkeeping), the step loops
+// (step_loops.cpp), the per-queue resources (queue_resources.cpp) and bf16 staging (staging.cpp). The interpreters:
+// harmony_interpreter.hpp (Harmony Programs) and baseline_interpreter.hpp (the swapping kinds' Programs).
 #pragma once
 
 #include <array>

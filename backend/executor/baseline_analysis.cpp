@@ -1,0 +1,415 @@
+// The baseline interpreter's static analysis (baseline_interpreter.hpp), run when the executor is built: the op's
+// pass, layer and microbatch decoded from its pseudo task, what it reads and writes and which version each read sees,
+// the groups, the executor's Update edges, and the checks of the Program's frees and updates (a missing dependency is
+// refused before any step).
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "backend/executor/baseline_interpreter.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/program_builder.hpp"
+
+namespace harmony::backend::detail::baseline_impl {
+
+using core::OpKind;
+
+void BaselineInterpreter::analyse() {
+  const std::size_t n = p_.ops.size();
+  info_.resize(n);
+  sharded_ = std::any_of(p_.ops.begin(), p_.ops.end(),
+                         [](const core::Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
+  offset_.assign(static_cast<std::size_t>(N_), 0);
+  for (int r = 0, off = 0; r < N_; ++r) {
+    offset_[static_cast<std::size_t>(r)] = pp_ ? 0 : off;
+    for (int u : p_.graph.ubatch_fwd.at(static_cast<std::size_t>(r))) off += u;
+  }
+  for (std::size_t o = 0; o < n; ++o) {
+    const core::Op& op = p_.ops[o];
+    OpInfo& oi = info_[o];
+    const int rel = op.task - op.device * 3 * R_;
+    if (rel < 0 || rel >= 3 * R_)
+      throw BackendError(fmt::format("executor: op {}: task {} is not a baseline pseudo task of GPU {}",
+                                     label(static_cast<int>(o)), op.task, op.device));
+    oi.pass = rel < R_ ? Pass::Fwd : rel < 2 * R_ ? Pass::Bwd : Pass::Upd;
+    oi.layer = rel < R_ ? rel : rel < 2 * R_ ? 2 * R_ - 1 - rel : 3 * R_ - 1 - rel;
+    if (op.ubs > 0) {
+      const auto& list = p_.graph.ubatch_fwd.at(static_cast<std::size_t>(op.device));
+      if (op.ui < 0 || op.ui >= static_cast<int>(list.size()) || list[static_cast<std::size_t>(op.ui)] != op.ubs)
+        throw BackendError(fmt::format("executor: op {}: microbatch {} of size {} is not in GPU {}'s list",
+                                       label(static_cast<int>(o)), op.ui, op.ubs, op.device));
+      oi.s0 = offset_[static_cast<std::size_t>(op.device)];
+      for (int i = 0; i < op.ui; ++i) oi.s0 += list[static_cast<std::size_t>(i)];
+      oi.n = op.ubs;
+    }
+    const bool per_layer = op.kind != OpKind::DEL;
+    if (per_layer && op.layers.first != op.layers.last)
+      throw BackendError(fmt::format("executor: op {} spans layers {}..{}; baseline ops are per layer",
+                                     label(static_cast<int>(o)), op.layers.first, op.layers.last));
+    if (op.kind == OpKind::FWD) oi.saved = names_saved(op.allocs);
+    if (op.kind == OpKind::sX) oi.saved = names_saved(op.stream == core::Stream::SwapOut ? op.frees : op.allocs);
+    if (op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY)
+      throw BackendError(fmt::format("executor: op {}: {} is not a baseline op", label(static_cast<int>(o)),
+                                     core::op_kind_name(op.kind)));
+    oi.writes = writes_of(static_cast<int>(o));
+    if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
+  }
+  for (std::size_t o = 0; o < n; ++o)
+    for (const Key& k : info_[o].writes) producers_[k].push_back(static_cast<int>(o));
+  for (std::size_t o = 0; o < n; ++o) {
+    OpInfo& oi = info_[o];
+    const core::Op& op = p_.ops[o];
+    if (op.kind == OpKind::BWD)
+      oi.fresh_dw = std::any_of(op.allocs.begin(), op.allocs.end(),
+                                [](const core::TensorRef& r) { return r.kind == core::TensorKind::WeightGrad; });
+    if (op.kind == OpKind::BWD || op.kind == OpKind::REC)
+      oi.bwd_input = producers_.count(Key{op.device, TK::Stash, oi.layer, oi.s0, oi.n}) > 0 ? TK::Stash : TK::Act;
+  }
+  build_groups();
+  build_update_edges();
+  const Ancestry anc(p_, extra_);
+  for (std::size_t o = 0; o < n; ++o) {
+    for (const Key& k : reads_of(static_cast<int>(o))) {
+      if (resident_ && in_state(k.kind)) continue;  // the DeviceState's, ordered by check_resident_updates
+      const int v = reaching(anc, static_cast<int>(o), k);
+      info_[o].reads.emplace_back(k, v);
+      ++readers_[Version{k, v}];
+    }
+  }
+  check_frees(anc);
+  if (resident_) {
+    check_resident_updates(anc);
+  } else {
+    check_updates(anc);
+  }
+}
+
+std::optional<Key> BaselineInterpreter::freed_key(int o, const core::TensorRef& r) const {
+  const core::Op& op = at(o);
+  const int d = op.device, l = r.layers.first;
+  auto mb = [&](TK k) {
+    const auto& list = p_.graph.ubatch_fwd.at(static_cast<std::size_t>(d));
+    if (r.microbatch < 0 || r.microbatch >= static_cast<int>(list.size()))
+      throw BackendError(fmt::format("executor: op {} frees a tensor of microbatch {}, not in GPU {}'s list", label(o),
+                                     r.microbatch, d));
+    int s0 = offset_[static_cast<std::size_t>(d)];
+    for (int i = 0; i < r.microbatch; ++i) s0 += list[static_cast<std::size_t>(i)];
+    return Key{d, k, l, s0, list[static_cast<std::size_t>(r.microbatch)]};
+  };
+  switch (r.kind) {
+    case core::TensorKind::Activation:
+      return mb(TK::Act);
+    case core::TensorKind::Stash:
+      return mb(TK::Stash);
+    case core::TensorKind::ActGrad:
+      return mb(TK::Grad);
+    case core::TensorKind::Saved:
+      return mb(TK::Saved);
+    case core::TensorKind::Weights:
+      return Key{d, op.kind == OpKind::AG ? TK::WShard : TK::W, l, 0, 0};
+    case core::TensorKind::WeightGrad:
+      return Key{d, op.kind == OpKind::dWB && sharded_ ? TK::DWShard : TK::DW, l, 0, 0};
+    default:
+      return std::nullopt;
+  }
+}
+
+void BaselineInterpreter::check_frees(const Ancestry& anc) const {
+  std::map<Version, std::vector<int>> killers;
+  for (std::size_t f = 0; f < p_.ops.size(); ++f) {
+    const int fo = static_cast<int>(f);
+    for (const core::TensorRef& r : p_.ops[f].frees) {
+      const std::optional<Key> k = freed_key(fo, r);
+      if (!k) continue;
+      const auto& w = info_[f].writes;
+      int v = std::find(w.begin(), w.end(), *k) != w.end() ? fo : -1;
+      if (v < 0) {
+        try {
+          v = reaching(anc, fo, *k);
+        } catch (const ScheduleViolation& e) {
+          throw ScheduleViolation(fmt::format("executor: op {} frees {}: {}", label(fo), tname(*k), e.what()));
+        }
+      }
+      killers[Version{*k, v}].push_back(fo);
+    }
+  }
+  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+    const int ro = static_cast<int>(o);
+    for (const auto& [k, v] : info_[o].reads) {
+      const auto it = killers.find(Version{k, v});
+      if (it == killers.end()) continue;
+      for (int f : it->second) {
+        if (f == ro || anc.before(ro, f)) continue;
+        if (anc.before(f, ro))
+          throw ScheduleViolation(fmt::format("executor: op {} reads {} (of op {}), which op {} frees before it",
+                                              label(ro), tname(k), label(v), label(f)));
+        throw ScheduleViolation(
+            fmt::format("executor: op {} reads {} (of op {}), which op {} may free first: "
+                        "neither depends on the other",
+                        label(ro), tname(k), label(v), label(f)));
+      }
+    }
+  }
+}
+
+std::vector<Key> BaselineInterpreter::writes_of(int o) const {
+  const core::Op& op = at(o);
+  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
+  switch (op.kind) {
+    case OpKind::X:  // the data (forward: the input; backward: re-read as the stash), or a stage input
+      if (op.peer >= 0) return {Key{d, TK::Act, l, s0, n}};
+      if (l != 0 || op.stream != core::Stream::SwapIn)
+        throw BackendError(fmt::format("executor: op {}: an X of layer {} that is neither data nor P2P", label(o), l));
+      return {Key{d, oi.pass == Pass::Bwd ? TK::Stash : TK::Act, 0, s0, n}};
+    case OpKind::sX:
+      if (oi.saved) return {Key{d, op.stream == core::Stream::SwapOut ? TK::HostSaved : TK::Saved, l, s0, n}};
+      if (op.stream == core::Stream::SwapOut) return {Key{d, TK::HostStash, l, s0, n}};
+      return {Key{d, oi.pass == Pass::Bwd ? TK::Stash : TK::Act, l, s0, n}};
+    case OpKind::dY:
+      return {Key{d, TK::Grad, op.layers.last + 1, s0, n}};
+    case OpKind::dX:
+      return op.peer >= 0 ? std::vector<Key>{} : std::vector<Key>{Key{d, TK::HostGrad, l, s0, n}};
+    case OpKind::Y:
+      if (op.peer < 0) throw BackendError(fmt::format("executor: op {}: a Y without a P2P receiver", label(o)));
+      return {};
+    case OpKind::FWD: {
+      std::vector<Key> w;
+      if (l + 1 < R_) w.push_back(Key{d, TK::Act, l + 1, s0, n});
+      if (oi.saved) w.push_back(Key{d, TK::Saved, l, s0, n});
+      return w;
+    }
+    case OpKind::REC:
+      return {Key{d, TK::Saved, l, s0, n}};
+    case OpKind::BWD: {
+      std::vector<Key> w{Key{d, TK::DW, l, 0, 0}};
+      if (l > 0) w.push_back(Key{d, TK::Grad, l, s0, n});
+      return w;
+    }
+    case OpKind::WB:
+      return {Key{d, sharded_ ? TK::WShard : TK::W, l, 0, 0}};
+    case OpKind::AG:
+      return {Key{d, TK::W, l, 0, 0}};
+    case OpKind::ARD:
+      return {Key{d, TK::DW, l, 0, 0}};
+    case OpKind::RS:
+      return {Key{d, TK::DWShard, l, 0, 0}};
+    default:  // dWB, Update, DEL: host gradients, host weights, nothing
+      return {};
+  }
+}
+
+std::vector<Key> BaselineInterpreter::reads_of(int o) const {
+  const core::Op& op = at(o);
+  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
+  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
+  switch (op.kind) {
+    case OpKind::sX:
+      if (oi.saved) return {Key{d, op.stream == core::Stream::SwapOut ? TK::Saved : TK::HostSaved, l, s0, n}};
+      if (op.stream == core::Stream::SwapOut) return {Key{d, TK::Act, l, s0, n}};
+      return {Key{d, TK::HostStash, l, s0, n}};
+    case OpKind::dY:
+      return op.peer >= 0 ? std::vector<Key>{} : std::vector<Key>{Key{d, TK::HostGrad, op.layers.last + 1, s0, n}};
+    case OpKind::dX:
+      return {Key{d, TK::Grad, l, s0, n}};
+    case OpKind::Y:
+      return {Key{d, TK::Act, op.layers.last + 1, s0, n}};
+    case OpKind::FWD:
+      return {Key{d, TK::W, l, 0, 0}, Key{d, TK::Act, l, s0, n}};
+    case OpKind::REC:
+      return {Key{d, TK::W, l, 0, 0}, Key{d, oi.bwd_input, l, s0, n}};
+    case OpKind::BWD: {
+      std::vector<Key> r{Key{d, TK::W, l, 0, 0}, Key{d, oi.bwd_input, l, s0, n}, Key{d, TK::Saved, l, s0, n}};
+      if (l + 1 < R_) r.push_back(Key{d, TK::Grad, l + 1, s0, n});
+      if (!oi.fresh_dw) r.push_back(Key{d, TK::DW, l, 0, 0});
+      return r;
+    }
+    case OpKind::AG:
+      return {Key{d, TK::WShard, l, 0, 0}};
+    case OpKind::ARD:
+    case OpKind::RS:
+      return {Key{d, TK::DW, l, 0, 0}};
+    case OpKind::dWB:
+      return {Key{d, sharded_ ? TK::DWShard : TK::DW, l, 0, 0}};
+    default:
+      return {};
+  }
+}
+
+int BaselineInterpreter::reaching(const Ancestry& anc, int o, const Key& k) const {
+  const auto it = producers_.find(k);
+  int best = -1;
+  if (it != producers_.end()) {
+    for (int c : it->second) {
+      if (c == o || !anc.before(c, o)) continue;
+      if (best < 0 || anc.before(best, c)) {
+        best = c;
+      } else if (!anc.before(c, best)) {
+        throw ScheduleViolation(
+            fmt::format("executor: op {} reads {}, produced by both op {} and op {}, which are "
+                        "not ordered",
+                        label(o), tname(k), label(best), label(c)));
+      }
+    }
+  }
+  if (best >= 0) {  // every ancestor producer must come before the chosen one
+    for (int c : it->second)
+      if (c != o && anc.before(c, o) && !anc.before(c, best))
+        throw ScheduleViolation(
+            fmt::format("executor: op {} reads {}, produced by both op {} and op {}, which are "
+                        "not ordered",
+                        label(o), tname(k), label(best), label(c)));
+    return best;
+  }
+  if (it == producers_.end())
+    throw ScheduleViolation(fmt::format("executor: op {} reads {}, which no op produces", label(o), tname(k)));
+  std::string names;
+  for (int c : it->second) {
+    if (c == o) continue;
+    names += (names.empty() ? "" : ", ") + label(c);
+  }
+  throw ScheduleViolation(fmt::format("executor: op {} reads {}, produced by op {}, on which it does not depend",
+                                      label(o), tname(k), names.empty() ? std::string("(itself)") : names));
+}
+
+void BaselineInterpreter::build_groups() {
+  std::map<std::tuple<int, int, int, int>, std::vector<int>> coll;
+  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+    const core::Op& op = p_.ops[o];
+    const int oo = static_cast<int>(o);
+    OpInfo& oi = info_[o];
+    if (op.peer >= 0) {
+      const bool send = op.kind == OpKind::Y || op.kind == OpKind::dX;
+      oi.group = send ? std::vector<int>{oo, op.peer} : std::vector<int>{op.peer, oo};
+    } else if (op.kind == OpKind::ARD || op.kind == OpKind::AG || op.kind == OpKind::RS) {
+      coll[{static_cast<int>(op.kind), op.kind == OpKind::AG ? static_cast<int>(oi.pass) : 0, op.layers.first, op.ui}]
+          .push_back(oo);
+    } else {
+      oi.group = {oo};
+    }
+  }
+  for (auto& [key, members] : coll) {
+    std::sort(members.begin(), members.end(), [&](int a, int b) { return at(a).device < at(b).device; });
+    bool ok = static_cast<int>(members.size()) == N_;
+    for (std::size_t i = 0; ok && i < members.size(); ++i) ok = at(members[i]).device == static_cast<int>(i);
+    if (!ok)
+      throw BackendError(fmt::format("executor: collective {} has {} members for {} GPUs (one per GPU expected)",
+                                     label(members.front()), members.size(), N_));
+    for (int a : members) info_[static_cast<std::size_t>(a)].group = members;
+  }
+}
+
+std::vector<int> BaselineInterpreter::grad_sources(int l, int dev) const {
+  std::vector<int> r;
+  for (int o : dwb_[static_cast<std::size_t>(l)])
+    if (!replicated_[static_cast<std::size_t>(l)] || at(o).device == dev) r.push_back(o);
+  return r;
+}
+
+void BaselineInterpreter::build_update_edges() {
+  dwb_.assign(static_cast<std::size_t>(R_), {});
+  wb_.assign(static_cast<std::size_t>(R_), {});
+  replicated_.assign(static_cast<std::size_t>(R_), 0);
+  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+    const core::Op& op = p_.ops[o];
+    const auto l = static_cast<std::size_t>(op.layers.first);
+    if (op.kind == OpKind::dWB) dwb_[l].push_back(static_cast<int>(o));
+    if (op.kind == OpKind::WB) wb_[l].push_back(static_cast<int>(o));
+    if (op.kind == OpKind::ARD) replicated_[l] = 1;
+  }
+  // The tie: layer 0's update also uses the head's lm_head gradient (HostState::update). core::Model knows no
+  // tied weights, so the lowering need not order the head's gradient transfers before Update(0) (pp-swap with
+  // the head on another stage does not); the executor waits for them.
+  extra_.assign(p_.ops.size(), {});
+  const int head = m_.head_layer();
+  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+    const core::Op& op = p_.ops[o];
+    if (op.kind != OpKind::Update || op.layers.first != 0 || head == 0) continue;
+    if (!resident_) {
+      extra_[o] = grad_sources(head, op.device);
+      continue;
+    }
+    for (std::size_t x = 0; x < p_.ops.size(); ++x) {  // resident: the head's gradient complete on this device
+      const core::Op& xo = p_.ops[x];
+      if (xo.device == op.device && xo.layers.first == head && (xo.kind == OpKind::BWD || xo.kind == OpKind::ARD))
+        extra_[o].push_back(static_cast<int>(x));
+    }
+  }
+}
+
+void BaselineInterpreter::check_resident_updates(const Ancestry& anc) const {
+  const int head = m_.head_layer();
+  std::map<std::pair<int, int>, int> upd;  // (device, layer) -> its Update
+  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+    const core::Op& op = p_.ops[o];
+    if (op.kind == OpKind::WB || op.kind == OpKind::dWB || op.kind == OpKind::AG || op.kind == OpKind::RS)
+      throw BackendError(
+          fmt::format("executor: op {}: a resident Program keeps its weights and gradients on the "
+                      "devices and moves none",
+                      label(static_cast<int>(o))));
+    if (op.kind != OpKind::Update) continue;
+    if (core::host_update(op))
+      throw BackendError(fmt::format("executor: op {}: a resident Program updates on the device, not the CPU",
+                                     label(static_cast<int>(o))));
+    if (!upd.emplace(std::pair{op.device, op.layers.first}, static_cast<int>(o)).second)
+      throw BackendError(fmt::format("executor: op {} updates layer {} of GPU {} a second time",
+                                     label(static_cast<int>(o)), op.layers.first, op.device));
+  }
+  for (int d = 0; d < N_; ++d)
+    for (int l = 0; l < R_; ++l)
+      if (floats(l) > 0 && upd.count({d, l}) == 0)
+        throw BackendError(fmt::format("executor: the Program never updates layer {} on GPU {}", l, d));
+  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+    const core::Op& op = p_.ops[o];
+    if (op.kind != OpKind::FWD && op.kind != OpKind::REC && op.kind != OpKind::BWD && op.kind != OpKind::ARD) continue;
+    const int l = op.layers.first;
+    std::vector<int> layers{l};
+    if (l == head && head != 0) layers.push_back(0);
+    for (int t : layers) {
+      const auto it = upd.find({op.device, t});
+      if (it == upd.end() || anc.before(static_cast<int>(o), it->second)) continue;
+      throw ScheduleViolation(
+          fmt::format("executor: op {} updates layer {} without waiting for op {}, which {} it", label(it->second), t,
+                      label(static_cast<int>(o)),
+                      t == l ? "reads its weights or adds to its gradient" : "adds to the tied lm_head gradient of"));
+    }
+  }
+}
+
+void BaselineInterpreter::check_updates(const Ancestry& anc) const {
+  const int head = m_.head_layer();
+  std::vector<char> seen(static_cast<std::size_t>(R_), 0);
+  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+    const core::Op& op = p_.ops[o];
+    if (op.kind != OpKind::Update) continue;
+    const int u = static_cast<int>(o);
+    const int l = op.layers.first;
+    seen[static_cast<std::size_t>(l)] = 1;
+    std::vector<int> touched{l};
+    if (l == 0 && head != 0) touched.push_back(head);
+    for (int t : touched) {
+      const auto src = grad_sources(t, op.device);
+      if (src.empty())
+        throw ScheduleViolation(
+            fmt::format("executor: op {} updates layer {}, but no dWB brings its gradient to the host", label(u), t));
+      for (int g : src)
+        if (!anc.before(g, u))
+          throw ScheduleViolation(fmt::format(
+              "executor: op {} updates layer {} before {} reaches the host: it does not depend on op {}", label(u), l,
+              t == l ? std::string("its gradient") : fmt::format("layer {}'s gradient (the tied lm_head)", t),
+              label(g)));
+      for (int w : wb_[static_cast<std::size_t>(t)])
+        if (!anc.before(w, u))
+          throw ScheduleViolation(fmt::format(
+              "executor: op {} overwrites the host weights of layer {} that op {} reads, on which it does not depend",
+              label(u), t, label(w)));
+    }
+  }
+  for (int l = 0; l < R_; ++l)
+    if (seen[static_cast<std::size_t>(l)] == 0 && floats(l) > 0)
+      throw BackendError(fmt::format("executor: the Program never updates layer {}", l));
+}
+
+}  // namespace harmony::backend::detail::baseline_impl

@@ -1,0 +1,318 @@
+// The baseline interpreter's class (the swapping kinds' Programs, ExecutorDialect::Swapping: dp-swap, pp-swap,
+// zero-infinity, l2l, lohan), private to its three files: baseline.cpp (construction, the step's lifecycle, resident
+// state, tensors at run time), baseline_analysis.cpp (what every op reads and writes, checked when the executor is
+// built) and baseline_ops.cpp (the ops).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/executor/detail.hpp"
+#include "backend/model/describe.hpp"
+#include "backend/model/device_state.hpp"
+#include "core/program/program_graph.hpp"
+
+namespace harmony::backend::detail::baseline_impl {
+
+// Tensor kinds. Device: a layer's input activation (Act; layer 0: the token ids), a stashed input brought back
+// for the backward (Stash), the gradient of a layer's input (Grad), a layer's weights (W) or this rank's shard
+// of them (WShard, zero-infinity), its weight gradient (DW) or this rank's reduced shard (DWShard), the saved
+// activations of a layer's forward its backward reads (Saved: written by the REC of the checkpoint policy, or
+// kept by the FWD under keep). Host memory of the device's process: a swapped-out stash (HostStash), a
+// swapped-out input gradient (HostGrad, l2l), swapped-out saved activations (HostSaved, keep).
+enum class TK : std::uint8_t { Act, Stash, Grad, W, WShard, DW, DWShard, HostStash, HostGrad, Saved, HostSaved };
+inline const char* tk_name(TK k) {
+  constexpr const char* n[] = {"Act",      "Stash",      "dX",      "W",     "W shard",   "dW",
+                               "dW shard", "host stash", "host dX", "saved", "host saved"};
+  return n[static_cast<int>(k)];
+}
+inline bool on_host(TK k) { return k == TK::HostStash || k == TK::HostGrad || k == TK::HostSaved; }
+inline bool names_saved(const core::TensorRefs& refs) {
+  return std::any_of(refs.begin(), refs.end(),
+                     [](const core::TensorRef& r) { return r.kind == core::TensorKind::Saved; });
+}
+
+struct Key {
+  int dev = 0;  // the device (host tensors: the host memory of that device's process)
+  TK kind = TK::Act;
+  int layer = 0;
+  int s0 = 0;  // first sample; 0 for per-layer tensors
+  int n = 0;   // samples; 0 for per-layer tensors
+  auto operator<=>(const Key&) const = default;
+};
+struct Version {  // a tensor as produced by one op
+  Key key;
+  int producer = -1;
+  auto operator<=>(const Version&) const = default;
+};
+struct Tensor {
+  Buffer buf;                  // device tensors
+  std::vector<std::byte> mem;  // host tensors
+  std::vector<int> users;      // the ops whose work used it this step: freed after their events (retire)
+  void* data() { return buf ? buf.data() : static_cast<void*>(mem.data()); }
+};
+
+enum class Pass : std::uint8_t { Fwd, Bwd, Upd };
+
+struct OpInfo {
+  Pass pass = Pass::Fwd;
+  int layer = 0;                           // the pseudo task's layer
+  int s0 = 0, n = 0;                       // the op's microbatch (ubs > 0)
+  std::vector<std::pair<Key, int>> reads;  // tensor and the version it reads (the producer)
+  std::vector<Key> writes;                 // tensors it produces
+  bool fresh_dw = false;                   // BWD: starts the weight gradient at zero (the op allocates it)
+  TK bwd_input = TK::Act;                  // REC, BWD: Stash if the input was brought back, else Act
+  bool saved = false;      // FWD: keeps its saved activations (keep); sX: moves saved activations, not an input
+  std::vector<int> group;  // ops run together (P2P pair, collective), in run order
+};
+
+// The host's gradient of one layer in one process: the sum of the gradients (or shards) its dWB ops brought.
+struct HostSum {
+  std::vector<float> sum;
+  std::vector<std::uint8_t> has;  // per element: some dWB wrote it
+};
+
+// The executor's interpreter of the swapping kinds' Programs (ExecutorDialect::Swapping: dp-swap, pp-swap,
+// zero-infinity, l2l, lohan): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op
+// that produced them; which version an op reads (the latest producer among its ancestors) and every host gradient and
+// weight an Update touches are checked when the executor is built, so a missing dependency is refused before any step.
+// Ops of different queues run on their own streams and worker threads (detail.hpp's lock discipline). A kind with
+// resident state (PlanKindSpec::resident_state: resident) keeps its weights, gradients and AdamW state in one
+// DeviceState per device across steps instead: its FWD/BWD read them there, its ARD sums them in place, and its
+// Update runs AdamW on the device; sync_host_state() copies them back into the HostState.
+class BaselineInterpreter final : public Interpreter {
+ public:
+  BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o);
+
+  const std::vector<std::vector<int>>& extra_deps() const override { return extra_; }
+
+  void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
+
+  std::vector<int> group(int o) const override { return info_[static_cast<std::size_t>(o)].group; }
+
+  // Event ordering (QueueResources, as the Harmony interpreter): the host issues a group once its queues are at
+  // most kRunAhead ops ahead of their devices; an Update waits on the host for its preds' events, the other ops
+  // make their streams wait for them; each member's event is recorded after the group's work.
+  void run(const std::vector<int>& g) override;
+
+  void finished(int o) override;
+
+  void abandon_step() override { store_.clear(); }
+
+  double end_step() override;
+
+  void synchronize() override { qr_.synchronize(); }
+
+  void sync_host_state() override;
+
+ private:
+  bool frees_pending(const Device& device) override { return qr_.frees_pending(device); }
+  // Erases a tensor; its memory (device or host) is freed once the work of every op that used it has run.
+  void drop(const Version& v);
+  // A temporary of op o's work, freed when o's stream has run past it.
+  void release_after(int o, Buffer& b) { qr_.release_after(o, std::move(b)); }
+  // Host memory an async copy of op o reads: kept until o's stream has run past the copy.
+  void keep_until_done(int o, std::shared_ptr<void> held) { qr_.release_after(S(o), at(o).device, std::move(held)); }
+  const core::Op& at(int o) const { return p_.ops[static_cast<std::size_t>(o)]; }
+  std::string label(int o) const { return op_name(p_, o); }
+  Device& D(int d) { return *devs_[static_cast<std::size_t>(d)]; }
+  Stream& S(int o) { return qr_.stream(o); }  // the stream of op o's queue
+  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile: only
+  // where the host reads what o's work brought down (grads_down).
+  void sync(int o) { wait_unlocked(S(o)); }
+  Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_, dt_); }
+  Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_) * es_; }  // the forward's act of layer l
+  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened
+  // exactly, Interpreter::stage_down), then returns: the host reads the result.
+  void grads_down(int o, int d, float* dst, const void* src, std::int64_t count);
+  // Copies `count` fp32 host gradient elements from (*sum)[first...] to device memory (bf16: rounded once, staged
+  // up), asynchronously: an fp32 copy reads the sum, which lives until o's stream has run it.
+  void grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum, std::int64_t first,
+                std::int64_t count);
+  std::int64_t floats(int l) const { return m_.param_floats(l); }
+  // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
+  // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
+  std::int64_t shard_floats(int l) const { return (floats(l) + N_ - 1) / N_; }
+  std::int64_t shard_first(int l, int r) const { return std::min(floats(l), r * shard_floats(l)); }
+  std::int64_t shard_len(int l, int r) const {
+    return std::min(floats(l), (r + 1) * shard_floats(l)) - shard_first(l, r);
+  }
+
+  std::string tname(const Key& k) const;
+
+  // ---------------------------------------------------------------------------------------------------------
+  // Static analysis: what every op reads and writes, which version each read sees, the groups, the checks.
+
+  void analyse();
+
+  // The device tensor a Program free (TensorRef) of op o names: its kind and microbatch mapped to a Key. A
+  // weight or gradient free names the shard where the op reads the shard (AG; dWB under zero-infinity).
+  std::optional<Key> freed_key(int o, const core::TensorRef& r) const;
+
+  // The Program's frees are honoured: every read of a version happens before each op that frees that version
+  // (or is that op: an op frees at its end). The version a free names is the one the freeing op would read.
+  void check_frees(const Ancestry& anc) const;
+
+  // What op o produces (its own side of a pair or collective).
+  std::vector<Key> writes_of(int o) const;
+
+  // What op o reads (its own side of a pair or collective).
+  std::vector<Key> reads_of(int o) const;
+
+  // The version of k that op o reads: the latest of its producers among o's ancestors. They must exist and be
+  // ordered (two unordered producers would race for the same tensor).
+  int reaching(const Ancestry& anc, int o, const Key& k) const;
+
+  // P2P pairs (send first) and collectives: ARD per (layer, microbatch), AG per (pass, layer, microbatch), RS per
+  // (layer, microbatch), one op per GPU, in device order.
+  void build_groups();
+
+  // Which dWB ops bring the gradient an Update(l) on device `dev` uses: its own replica's when the gradient was
+  // all-reduced on the GPUs (ARD: every replica's process holds the sum), else every GPU's (l2l's parameter
+  // server adds the N gradients; zero-infinity's ranks bring disjoint shards).
+  std::vector<int> grad_sources(int l, int dev) const;
+
+  void build_update_edges();
+
+  // ---------------------------------------------------------------------------------------------------------
+  // Resident state (PlanKindSpec::resident_state).
+
+  // W and DW of a resident kind live in the DeviceState, not in the store (no versions, no producers).
+  static bool in_state(TK k) { return k == TK::W || k == TK::DW; }
+
+  // The stream a device's state work runs on: its compute queue's (every FWD, BWD, ARD and Update of a resident
+  // Program is there), so zeroing the gradients, accumulating, summing and updating follow each other in stream order.
+  Stream& state_stream(int d) { return S(state_op_[static_cast<std::size_t>(d)]); }
+
+  // One DeviceState per device, filled from the HostState (bf16: masters exact, working copies rounded).
+  void make_states();
+
+  // A resident Program moves no weights or gradients to or from the host, and on every device updates each layer with
+  // parameters exactly once, on the device (not on the CPU), after every op of that device that reads the layer's
+  // weights or adds to its gradient (layer 0's also after the head's: the tied lm_head gradient joins wte's update).
+  void check_resident_updates(const Ancestry& anc) const;
+
+  // Every Update(l) comes after the dWB ops its gradient needs (grad_sources), and after every WB that reads the
+  // host weights it overwrites (layer l; layer 0 also rewrites the head's tied lm_head). Every layer is updated.
+  void check_updates(const Ancestry& anc) const;
+
+  // ---------------------------------------------------------------------------------------------------------
+  // Tensors at run time.
+
+  Tensor& get(int o, const Key& k);
+  Tensor& put(int o, const Key& k, Bytes bytes);
+  // The version of k op o reads (its producer).
+  int read_version(int o, const Key& k) const;
+  // Whether o, which reads version v (tensor t), may overwrite it in place: o is its last reader. Then o's stream
+  // waits for the version's other users (readers on other streams whose work may still be queued; o is the last to
+  // run on the host, not necessarily on the devices).
+  bool writable_in_place(int o, const Version& v, const Tensor& t);
+  // Op o reads k and writes its next version: in place when o is the last reader of the old one, else a copy.
+  Tensor& update(int o, const Key& k, Bytes bytes);
+
+  // ---------------------------------------------------------------------------------------------------------
+  // Ops.
+
+  void run_op(int o);
+  // WB: the layer's weights (zero-infinity: this rank's shard) up from the host masters (bf16: rounded, staged).
+  void run_wb(int o);
+  // sX: a stash (the layer's input) or, under keep, the saved activations swapped out to the host or back in.
+  void run_sx(int o);
+
+  // The layer arguments FWD, REC and BWD share: op o's microbatch, its layer's weights (the DeviceState's when
+  // resident) and its input read from `input` (layer 0: the token ids).
+  template <class E>
+  LayerArgs<E> layer_args(int o, TK input);
+
+  // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1), the head writing the per-token losses; the
+  // forward's activations are kept as Saved(l) when the FWD keeps them (keep), else dropped. REC(l), the
+  // checkpoint policy's recompute: the same forward from the backward's input (Stash or Act), writing Saved(l)
+  // only (its output and the head's losses are not used).
+  void forward(int o, bool recompute);
+  template <class E>
+  void forward_as(int o, bool recompute);
+
+  // BWD(l): the backward from the layer's input and the forward's activations (Saved(l), of the REC or the FWD):
+  // dW accumulated (from zero where the op allocates the gradient), dX = Grad(l) written (l > 0).
+  void backward(int o);
+  template <class E>
+  void backward_as(int o);
+
+  // dWB: the gradient (zero-infinity: this rank's shard) to the host, added to this process's sum of the layer.
+  void grad_to_host(int o);
+
+  // The host gradient of layer l an Update on `dev` uses (grad_sources): its own process's sum, or every
+  // process's added in device order.
+  void gather_grad(int o, int l, int dev);
+
+  // Update(l): AdamW on the host master copy (docs/backend.md: the tie's two gradients summed by layer 0). The
+  // replicas' Updates of one layer (dp-swap) see the same all-reduced gradient: the shared master is updated once.
+  //
+  // Each layer's host gradient is gathered once per step (every Update that gathers it sees the same dWBs done:
+  // the replicas' sums are equal, the other sources the same), so an Update running unlocked reads it while no
+  // other op writes it: the AdamW of different layers (and the tie's lm_head) overlaps safely.
+  void host_update(int o);
+
+  // P2P (pp-swap): the sender's activation (Y) or input gradient (dX) copied into the receiver's device.
+  void run_pair(int send, int recv);
+
+  // The group's dW of layer l brought down (widened from bf16 when stored so) and summed in fp32 in rank order,
+  // as Communicator::all_reduce_sum adds: what ARD writes back to every replica and RS shards.
+  std::shared_ptr<std::vector<float>> summed_dw(const std::vector<int>& g, int l, std::int64_t count);
+
+  // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all. With
+  // ExecutorOptions::communicator, on the devices: each member's next dW version all-reduced in place on its stream.
+  void run_ard(const std::vector<int>& g);
+
+  // AG (zero-infinity): every rank's shard copied into every rank's full copy of the layer.
+  void run_ag(const std::vector<int>& g);
+
+  // RS (zero-infinity): the ranks' full dW summed in rank order; rank q keeps shard q of the sum. With
+  // ExecutorOptions::communicator, on the devices: the full dW all-reduced in place on every rank, then each rank's
+  // stream copies its shard of the sum into its dW shard (exact, but it moves N times a reduce-scatter's bytes).
+  // In place needs the RS to be the last reader of every member's dW (every RS zero-infinity's lowering makes);
+  // otherwise (a later BWD would accumulate into the sum) the host path.
+  void run_rs(const std::vector<int>& g);
+
+  void* state_grads(int d, int l) const;
+
+  const core::Program& p_;
+  std::vector<Device*> devs_;
+  HostState& st_;
+  ExecutorOptions opt_;
+  const Gpt2& m_;
+  int B_ = 0, T_ = 0, R_ = 0, N_ = 0;
+  bool pp_ = false;        // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
+  bool sharded_ = false;   // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
+  DType dt_ = DType::F32;  // device storage (bf16: weights rounded on the way up, gradients widened back)
+  Bytes es_ = 4;           // bytes per device element
+  QueueResources qr_;
+  std::vector<int> offset_;  // per device: its first sample
+  std::vector<OpInfo> info_;
+  std::map<Key, std::vector<int>> producers_;
+  std::map<Version, int> readers_;  // per version: ops that read it
+  std::vector<std::vector<int>> extra_;
+  std::vector<std::vector<int>> dwb_, wb_;            // per layer
+  std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)
+  bool resident_ = false;                             // PlanKindSpec::resident_state: W, DW and AdamW state in states_
+  std::vector<int> state_op_;                         // per device: an op of its compute queue (state_stream)
+  std::vector<std::unique_ptr<DeviceState>> states_;  // per device (resident); after qr_, whose streams they use
+  // per step
+  std::span<const std::int32_t> in_, tgt_;
+  std::vector<float> losses_;
+  std::vector<std::uint8_t> loss_written_;  // per sample
+  std::map<Version, Tensor> store_;
+  std::map<Version, int> left_;
+  std::map<std::pair<int, int>, HostSum> acc_;  // (device, layer)
+  std::vector<char> updated_;
+  std::vector<char> gathered_;  // per layer: HostState::grads holds this step's gradient (gather_grad ran)
+};
+
+}  // namespace harmony::backend::detail::baseline_impl

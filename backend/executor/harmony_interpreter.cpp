@@ -1,0 +1,337 @@
+// The Harmony interpreter's data flow (harmony_interpreter.hpp): construction (the Update owners, the tie's edges,
+// the readers per tensor), the device tensor store with its happens-before checks, the host channels, the release of
+// a tensor after its last reader, and the step's lifecycle and groups. Its ops run in harmony_ops.cpp.
+#include <algorithm>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "backend/executor/harmony_interpreter.hpp"
+#include "core/plan/plan_kind.hpp"
+
+namespace harmony::backend::detail {
+namespace harmony_impl {
+
+using core::OpKind;
+
+HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s,
+                                       const ExecutorOptions& o)
+    : p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()), qr(prog, devs, o) {
+  B = p.graph.plan.minibatch;
+  T = opt.seq_len;
+  dt = opt.dtype;
+  es = dtype_bytes(dt);
+  staging_chunk_bytes = opt.staging_chunk_bytes;
+  if (dt == DType::BF16)
+    for (Device* dev_ptr : devs) require_bf16(*dev_ptr, "executor");
+  if (p.graph.plan.kind->data_parallel && static_cast<int>(p.devices.size()) != p.num_devices())
+    throw BackendError(fmt::format("executor: {} Program lowered for GPU 0 only (set dp_first_gpu_only = false)",
+                                   p.graph.plan.kind.name()));
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
+    if (op.kind != OpKind::Update) continue;
+    const std::pair<int, int> r{op.layers.first, op.layers.last};
+    auto [it, fresh] = update_owner.emplace(r, op.device);
+    if (!fresh) it->second = std::min(it->second, op.device);
+  }
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {  // the owner's dWB is the one that fills HostState::grads
+    const core::Op& op = p.ops[o];
+    if (op.kind != OpKind::Update || !owns_update(op)) continue;
+    const bool local = std::any_of(p.ops.begin(), p.ops.end(), [&](const core::Op& g) {
+      return g.kind == OpKind::dWB && g.device == op.device && g.layers == op.layers;
+    });
+    if (!local)
+      throw BackendError(
+          fmt::format("executor: op {} updates a pack whose dWB is on another GPU", label(static_cast<int>(o))));
+  }
+  tie_edges();
+  anc = Ancestry(p, extra);
+  dev.resize(devs.size());
+  const bool dp = p.graph.plan.kind->data_parallel;
+  int off = 0;
+  for (int r = 0; r < p.num_devices(); ++r) {
+    rank_offset.push_back(dp ? off : 0);
+    for (int u : p.graph.ubatch_bwd[static_cast<std::size_t>(r)]) off += u;
+  }
+  for (std::size_t o = 0; o < p.ops.size(); ++o)
+    for (const auto& k : reads_of(static_cast<int>(o))) ++readers_total[k];
+}
+
+void HarmonyInterpreter::tie_edges() {
+  extra.assign(p.ops.size(), {});
+  const int head = m.head_layer();
+  if (head == 0) return;
+  for (std::size_t u = 0; u < p.ops.size(); ++u) {
+    const core::Op& up = p.ops[u];
+    if (up.kind != OpKind::Update || up.layers.first != 0 || !owns_update(up)) continue;
+    for (std::size_t g = 0; g < p.ops.size(); ++g) {
+      const core::Op& gp = p.ops[g];
+      if (gp.kind == OpKind::dWB && gp.layers.first <= head && head <= gp.layers.last && owns_update(gp))
+        extra[u].push_back(static_cast<int>(g));
+    }
+  }
+}
+
+std::vector<std::pair<HC, int>> HarmonyInterpreter::chans_of(int o) const {
+  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+  const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
+  const int lf = op.layers.first, ll = op.layers.last;
+  switch (op.kind) {
+    case OpKind::X:
+      if (t.has_data) return {};
+      if (t.in_x.medium == core::Medium::Msg) return {{HC::YMsg, lf}};
+      if (t.in_x.medium == core::Medium::Swap) return {{HC::YSwap, lf}};
+      return {};
+    case OpKind::sX:
+      return {{t.type == core::TaskType::Fwd ? HC::Stash : HC::StashMsg, lf}};
+    case OpKind::MSGsX:
+      return {{HC::Stash, lf}, {HC::StashMsg, lf}};
+    case OpKind::MSGY:
+      return {{HC::YSwap, ll + 1}, {HC::YMsg, ll + 1}};
+    case OpKind::Y:
+      return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::YSwap, ll + 1}};
+    case OpKind::dX:
+      return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::DXSwap, lf}};
+    case OpKind::dY:
+      return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::DXSwap, ll + 1}};
+    default:
+      return {};
+  }
+}
+
+std::set<std::pair<HC, int>> HarmonyInterpreter::all_chans() const {
+  std::set<std::pair<HC, int>> r;
+  for (std::size_t o = 0; o < p.ops.size(); ++o)
+    for (const auto& c : chans_of(static_cast<int>(o))) r.insert(c);
+  return r;
+}
+
+Bytes HarmonyInterpreter::host_bytes() const {
+  Bytes total = 0;
+  for (const auto& [c, l] : all_chans()) total += chan_bytes(l);
+  return total;
+}
+
+void HarmonyInterpreter::allocate_host() {
+  for (const auto& [c, l] : all_chans()) {
+    HostChan& h = host[{c, l}];
+    h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
+    h.producer.assign(static_cast<std::size_t>(B), -1);
+  }
+}
+
+std::pair<int, int> HarmonyInterpreter::samples(int o) const {
+  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+  const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
+  const bool msg = op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY;
+  const std::vector<int>& list = msg ? p.graph.ubatch_bwd[static_cast<std::size_t>(t.rank)] : t.ubatch_sizes;
+  int s = rank_offset[static_cast<std::size_t>(t.rank)];
+  for (int i = 0; i < op.ui; ++i) s += list[static_cast<std::size_t>(i)];
+  return {s, list[static_cast<std::size_t>(op.ui)]};
+}
+
+std::string HarmonyInterpreter::dname(int d, const DevKey& k) const {
+  return fmt::format("{} {} {} samples [{}, {})", devs[static_cast<std::size_t>(d)]->name(), dk_name(std::get<0>(k)),
+                     std::get<1>(k), std::get<2>(k), std::get<2>(k) + std::get<3>(k));
+}
+
+DevTensor& HarmonyInterpreter::read(int o, int d, const DevKey& k) {
+  auto it = dev[static_cast<std::size_t>(d)].find(k);
+  if (it == dev[static_cast<std::size_t>(d)].end())
+    throw ScheduleViolation(
+        fmt::format("executor: op {} reads {}, which no op has produced yet", label(o), dname(d, k)));
+  if (!happens_before(it->second.producer, o))
+    throw ScheduleViolation(fmt::format("executor: op {} reads {}, produced by op {}, on which it does not depend",
+                                        label(o), dname(d, k), label(it->second.producer)));
+  version_readers[{d, k}].push_back(o);
+  it->second.users.push_back(o);
+  return it->second;
+}
+
+DevTensor& HarmonyInterpreter::make(int o, int d, const DevKey& k, Bytes bytes) {
+  auto& map = dev[static_cast<std::size_t>(d)];
+  auto vr = version_readers.find({d, k});
+  if (vr != version_readers.end()) {
+    for (int r : vr->second)
+      if (r != o && !happens_before(r, o))
+        throw ScheduleViolation(
+            fmt::format("executor: op {} reads {}, which op {} replaces, on which it does not depend: neither "
+                        "depends on the other",
+                        label(r), dname(d, k), label(o)));
+    vr->second.clear();
+  }
+  if (auto old = map.find(k); old != map.end()) drop(d, map, old);
+  DevTensor t;
+  t.buf = alloc_or_wait(*devs[static_cast<std::size_t>(d)], bytes, dname(d, k));
+  t.producer = o;
+  t.owner_task = p.ops[static_cast<std::size_t>(o)].task;
+  t.users.push_back(o);
+  return map[k] = std::move(t);
+}
+
+std::map<DevKey, DevTensor>::iterator HarmonyInterpreter::drop(int d, std::map<DevKey, DevTensor>& map,
+                                                               std::map<DevKey, DevTensor>::iterator it) {
+  const std::vector<int> users = std::move(it->second.users);
+  qr.retire(d, users, std::make_shared<Buffer>(std::move(it->second.buf)));
+  return map.erase(it);
+}
+
+HostChan& HarmonyInterpreter::chan(HC c, int l) {
+  HostChan& h = host[{c, l}];
+  if (h.data.bytes() == 0) {  // a channel allocate_host did not foresee
+    h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
+    h.producer.assign(static_cast<std::size_t>(B), -1);
+  }
+  return h;
+}
+
+std::byte* HarmonyInterpreter::host_read(int o, HC c, int l, int s0, int n) {
+  HostChan& h = chan(c, l);
+  for (int s = s0; s < s0 + n; ++s) {
+    const int pr = h.producer[static_cast<std::size_t>(s)];
+    if (pr < 0)
+      throw ScheduleViolation(fmt::format("executor: op {} reads {} {} sample {}, which no op has produced yet",
+                                          label(o), hc_name(c), l, s));
+    if (!happens_before(pr, o))
+      throw ScheduleViolation(
+          fmt::format("executor: op {} reads {} {} sample {}, produced by op {}, on which it does not depend", label(o),
+                      hc_name(c), l, s, label(pr)));
+  }
+  return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
+}
+
+std::byte* HarmonyInterpreter::host_write(int o, HC c, int l, int s0, int n) {
+  HostChan& h = chan(c, l);
+  for (int s = s0; s < s0 + n; ++s) h.producer[static_cast<std::size_t>(s)] = o;
+  return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
+}
+
+std::vector<std::pair<int, DevKey>> HarmonyInterpreter::reads_of(int o) const {
+  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+  const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
+  const int d = op.device;
+  const int lf = op.layers.first, ll = op.layers.last;
+  std::vector<std::pair<int, DevKey>> r;
+  auto mb = [&] { return samples(o); };
+  switch (op.kind) {
+    case OpKind::sX:
+      if (t.type == core::TaskType::Fwd) r.push_back({d, DevKey{DK::Act, lf, mb().first, mb().second}});
+      break;
+    case OpKind::Y:
+      r.push_back({d, DevKey{DK::Act, ll + 1, mb().first, mb().second}});
+      break;
+    case OpKind::dX:
+      r.push_back({d, DevKey{DK::Grad, lf, mb().first, mb().second}});
+      break;
+    case OpKind::FWD:
+      r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
+      r.push_back({d, DevKey{DK::Act, lf, mb().first, mb().second}});
+      break;
+    case OpKind::REC:
+      r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
+      r.push_back({d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, mb().first, mb().second}});
+      break;
+    case OpKind::BWD: {
+      const auto [s0, n] = mb();
+      r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
+      r.push_back({d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n}});
+      if (op.ui > 0) r.push_back({d, DevKey{DK::DW, op.task, 0, 0}});
+      if (!t.has_criterion) r.push_back({d, DevKey{DK::Grad, ll + 1, s0, n}});
+      for (int l = lf; l <= ll; ++l) {
+        if (l > lf) r.push_back({d, DevKey{DK::RecX, l, s0, n}});
+        r.push_back({d, DevKey{DK::RecAct, l, s0, n}});
+      }
+      break;
+    }
+    case OpKind::ARD:
+    case OpKind::dWB:
+      r.push_back({d, DevKey{DK::DW, op.task, 0, 0}});
+      break;
+    default:
+      break;
+  }
+  return r;
+}
+
+void HarmonyInterpreter::release(int o) {
+  for (const auto& k : reads_of(o)) {
+    auto it = readers_left.find(k);
+    if (it != readers_left.end() && --it->second == 0) {
+      auto& map = dev[static_cast<std::size_t>(k.first)];
+      if (auto t = map.find(k.second); t != map.end()) drop(k.first, map, t);
+    }
+  }
+  for (int d = 0; d < static_cast<int>(dev.size()); ++d) {
+    auto& map = dev[static_cast<std::size_t>(d)];
+    for (auto it = map.begin(); it != map.end();) {
+      if (it->second.producer == o && readers_total.count({d, it->first}) == 0) {
+        it = drop(d, map, it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
+  in = inputs;
+  tgt = targets;
+  losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
+  for (auto& [k, h] : host) h.producer.assign(static_cast<std::size_t>(B), -1);
+  for (auto& mp : dev) mp.clear();
+  grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
+  readers_left = readers_total;
+  version_readers.clear();
+  qr.begin_step();
+}
+
+std::vector<int> HarmonyInterpreter::group(int o) const {
+  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+  if (op.peer >= 0) {
+    const bool send = op.kind == OpKind::Y || op.kind == OpKind::dX;
+    return send ? std::vector<int>{o, op.peer} : std::vector<int>{op.peer, o};
+  }
+  if (op.kind != OpKind::ARD) return {o};
+  std::vector<int> g;
+  for (std::size_t a = 0; a < p.ops.size(); ++a) {
+    const core::Op& x = p.ops[a];
+    if (x.kind == OpKind::ARD && x.layers == op.layers) g.push_back(static_cast<int>(a));
+  }
+  std::sort(g.begin(), g.end(), [&](int x, int y) {
+    return p.ops[static_cast<std::size_t>(x)].device < p.ops[static_cast<std::size_t>(y)].device;
+  });
+  return g;
+}
+
+void HarmonyInterpreter::run(const std::vector<int>& g) {
+  const std::shared_ptr<void> range = qr.range(g.front());  // NVTX on CUDA, named like the trace's op
+  const core::Op& op = p.ops[static_cast<std::size_t>(g.front())];
+  const bool host = op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY || op.kind == OpKind::Update;
+  qr.await_preds(g, extra, host, [&](auto&& fn) { unlocked(fn); });
+  qr.issue(g, times, host, [&] {
+    if (op.peer >= 0) {
+      run_pair(g[0], g[1]);
+    } else if (op.kind == OpKind::ARD) {
+      run_ard(g);
+    } else {
+      run_op(g.front());
+    }
+  });
+}
+
+double HarmonyInterpreter::end_step() {
+  qr.synchronize();  // the losses' copies, the last updates' inputs, every stream-ordered free
+  for (auto& mp : dev) mp.clear();
+  double total = 0.0;
+  for (const float x : losses) total += x;
+  return total / static_cast<double>(losses.size());
+}
+
+}  // namespace harmony_impl
+
+std::unique_ptr<Interpreter> make_harmony_interpreter(const core::Program& program, std::vector<Device*> devices,
+                                                      HostState& state, const ExecutorOptions& options) {
+  return std::make_unique<harmony_impl::HarmonyInterpreter>(program, std::move(devices), state, options);
+}
+
+}  // namespace harmony::backend::detail

@@ -1,0 +1,202 @@
+// The Harmony interpreter's class (Harmony-PP / Harmony-DP Programs, core::lower_harmony), private to its two files:
+// harmony_interpreter.cpp keeps its data flow (the device tensor store keyed by kind, layer and samples with the
+// producing op, the host channels, the readers that free tensors, the step's lifecycle); harmony_ops.cpp runs its ops.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "backend/executor/detail.hpp"
+#include "backend/model/describe.hpp"
+#include "core/program/program_graph.hpp"
+#include "core/program/task_graph.hpp"
+
+namespace harmony::backend::detail::harmony_impl {
+
+// Device tensors: activation at the input of layer l (Act), stash (Stash), gradient of the input of layer l
+// (Grad), recompute inputs/acts per layer (RecX, RecAct), a task's weights (W) and weight gradients (DW).
+enum class DK : std::uint8_t { Act, Stash, Grad, RecX, RecAct, W, DW };
+inline const char* dk_name(DK k) {
+  constexpr const char* n[] = {"Act", "Stash", "dX", "RecX", "RecAct", "W", "dW"};
+  return n[static_cast<int>(k)];
+}
+// Host channels (per boundary layer, the whole minibatch, per-sample producer).
+enum class HC : std::uint8_t { YSwap, YMsg, Stash, StashMsg, DXSwap };
+inline const char* hc_name(HC k) {
+  constexpr const char* n[] = {"host Y", "host Y msg", "host stash", "host stash msg", "host dX"};
+  return n[static_cast<int>(k)];
+}
+
+struct DevTensor {
+  Buffer buf;
+  int producer = -1;
+  int owner_task = -1;
+  std::vector<int> users;  // the ops whose device work used it this step: freed after their events (retire)
+};
+struct HostChan {
+  HostBuffer data;            // the whole minibatch; kept across steps (pinned where the devices pin)
+  std::vector<int> producer;  // per sample, this step
+};
+using DevKey = std::tuple<DK, int, int, int>;  // kind, layer (or task), first sample, samples
+
+class HarmonyInterpreter final : public Interpreter {
+ public:
+  const core::Program& p;
+  std::vector<Device*> devs;
+  HostState& st;
+  ExecutorOptions opt;
+  const Gpt2& m;
+  int B = 0, T = 0;
+  DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
+  Bytes es = 4;           // bytes per device element
+  QueueResources qr;
+  std::vector<std::vector<int>> extra;  // the tie's edges (tie_edges)
+  Ancestry anc;
+  // Harmony-DP: every replica's Update of a pack sees the same all-reduced gradient, and the shared master is
+  // updated once, by the lowest device's Update (update_owner, per layer range); the other replicas' dWBs bring
+  // their (equal) gradients into scratch memory instead of HostState::grads, which that update reads.
+  std::map<std::pair<int, int>, int> update_owner;
+  std::vector<int> rank_offset;  // first sample of each rank's share
+  std::vector<std::map<DevKey, DevTensor>> dev;
+  std::map<std::pair<HC, int>, HostChan> host;
+  std::vector<float> losses;
+  std::span<const std::int32_t> in, tgt;
+
+  HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o);
+
+  bool happens_before(int a, int b) const { return anc.before(a, b); }
+
+  // The tie: the Update of the pack holding layer 0 also reads the head's lm_head gradient (HostState::update), a
+  // dependency core::Model cannot express. The serial v1 loop happened to run the head's dWB first; here the
+  // owning Update waits for the owner's dWBs of the head's pack (an executor-added edge, also in `anc`).
+  void tie_edges();
+  bool owns_update(const core::Op& op) const {
+    auto it = update_owner.find({op.layers.first, op.layers.last});
+    return it == update_owner.end() || it->second == op.device;
+  }
+
+  // The host channels op o reads or writes (layer of the boundary).
+  std::vector<std::pair<HC, int>> chans_of(int o) const;
+  std::set<std::pair<HC, int>> all_chans() const;
+  Bytes chan_bytes(int l) const { return Bytes(B) * per_sample(l); }
+  Bytes host_bytes() const override;
+  void allocate_host() override;
+  std::string label(int op) const { return op_name(p, op); }
+
+  // Samples [first, first + n) of an op's microbatch.
+  std::pair<int, int> samples(int o) const;
+  Bytes per_sample(int l) const { return m.input_bytes(l, 1, T, dt); }
+
+  // ---- device tensors ----
+  std::string dname(int d, const DevKey& k) const;
+  DevTensor& read(int o, int d, const DevKey& k);
+  // A new version of k replaces the last one: every op that read the last one must come before o. Otherwise the
+  // reader may have read a stale version (the serial loop happened to order them; with concurrent queues it may
+  // still be reading the buffer o frees).
+  DevTensor& make(int o, int d, const DevKey& k, Bytes bytes);
+  // Erases a device tensor; its memory is freed once the work of every op that used it has run (retire).
+  std::map<DevKey, DevTensor>::iterator drop(int d, std::map<DevKey, DevTensor>& map,
+                                             std::map<DevKey, DevTensor>::iterator it);
+
+  // ---- host channels ----
+  HostChan& chan(HC c, int l);
+  std::byte* host_read(int o, HC c, int l, int s0, int n);
+  std::byte* host_write(int o, HC c, int l, int s0, int n);
+
+  Device& D(int d) { return *devs[static_cast<std::size_t>(d)]; }
+  Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
+  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile: only
+  // where the host reads what o's work brought down (a bf16 gradient to widen, the ARD's host sum).
+  void sync(int o) { wait_unlocked(S(o)); }
+  // A temporary of op o's work, freed when o's stream has run past it.
+  void release_after(int o, Buffer& b) { qr.release_after(o, std::move(b)); }
+  // Host memory an async copy of op o reads (a bf16 staging buffer, the ARD's sum): kept until o's stream has run
+  // past the copy.
+  void keep_until_done(int o, std::shared_ptr<void> held) {
+    qr.release_after(S(o), p.ops[static_cast<std::size_t>(o)].device, std::move(held));
+  }
+  bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
+
+  std::int64_t w_offset(const core::LayerRange& r, int l) const {
+    std::int64_t o = 0;
+    for (int k = r.first; k < l; ++k) o += m.param_floats(k);
+    return o;
+  }
+  std::int64_t w_floats(const core::LayerRange& r) const { return w_offset(r, r.last + 1); }
+
+  // Forward of layers [a, b] of the task's weights over n samples from x; keeps every input and act when
+  // `keep` (REC), else writes the result to out. Returns nothing; losses of the head go to `losses`.
+  void forward_range(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b, int s0, int n,
+                     const void* x0, const DevKey* out_key, bool keep);
+  template <class E>
+  void forward_range_as(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b, int s0, int n,
+                        const void* x0, const DevKey* out_key, bool keep);
+
+  // Recompute inputs were kept by REC; the backward of the task's layers [lf, ll] over one microbatch, in the
+  // device dtype S (dW accumulated across microbatches in S).
+  template <class E>
+  void run_bwd(int o, const core::Op& op, const core::Task& t);
+
+  // Runs op o (not of a pair or an ARD group) through the run_* step of its kind.
+  void run_op(int o);
+  void run_wb(int o, const core::Op& op);                        // the pack's weights up (bf16: rounded, staged)
+  void run_x(int o, const core::Op& op, const core::Task& t);    // the input: tokens, or a host channel's
+  void run_sx(int o, const core::Op& op, const core::Task& t);   // stash out (forward task) or in
+  void run_msg(int o, const core::Op& op);                       // MSGsX, MSGY: host channel to host channel
+  void run_swap(int o, const core::Op& op);                      // Y, dX out to the host; dY in from it
+  void run_fwd(int o, const core::Op& op, const core::Task& t);  // FWD, or REC keeping every input and act
+  void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
+  void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
+  void run_del(const core::Op& op);            // drops the task's W and dW
+
+  // P2P pair: the send side's device tensor is copied into the receive side's device.
+  void run_pair(int send, int recv);
+
+  // ARD group: the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written back to all. With
+  // ExecutorOptions::communicator, on the devices: each member's dW all-reduced in place on its own stream.
+  void run_ard(const std::vector<int>& group);
+
+  std::vector<std::vector<int>> grad_producer;    // per device, per layer: the dWB that brought it this step
+  std::map<int, std::vector<float>> dwb_scratch;  // per non-owning dWB op: where its gradient lands
+
+  // The device tensors op o reads, as run_op/run_pair/run_ard read them (the RecX/RecAct of BWD included).
+  // A tensor is freed once its last reader has run: memory follows the Program's data flow, so a device holds
+  // what the Program's allocs/frees say it holds (docs/backend.md, "Executor memory").
+  std::vector<std::pair<int, DevKey>> reads_of(int o) const;
+  std::map<std::pair<int, DevKey>, int> readers_total;  // per (device, tensor): ops that read it
+  std::map<std::pair<int, DevKey>, int> readers_left;
+  std::map<std::pair<int, DevKey>, std::vector<int>> version_readers;  // this step: the readers of its last version
+
+  // After op o ran: drop the tensors whose last reader it was, and those it produced that nobody reads.
+  void release(int o);
+
+  const std::vector<std::vector<int>>& extra_deps() const override { return extra; }
+
+  void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
+
+  // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order.
+  std::vector<int> group(int o) const override;
+
+  // Event ordering (QueueResources): the host issues a group once its queues are at most kRunAhead ops ahead of
+  // their devices; host ops (MSG copies between host channels, Update) wait on the host for their preds' events,
+  // the others make their streams wait for them; each member's event is recorded after the group's work.
+  void run(const std::vector<int>& g) override;
+
+  void finished(int o) override { release(o); }
+
+  void abandon_step() override {
+    for (auto& mp : dev) mp.clear();
+  }
+
+  double end_step() override;
+
+  void synchronize() override { qr.synchronize(); }
+};
+
+}  // namespace harmony::backend::detail::harmony_impl

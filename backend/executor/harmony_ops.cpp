@@ -1,0 +1,399 @@
+// The Harmony interpreter's ops (harmony_interpreter.hpp): a run_* step per op kind (weights up, inputs and stashes
+// in and out, host messages, the forward and recompute over a task's layers, the backward, gradients down, the host
+// AdamW update, deletes), the P2P pair and the replicas' gradient all-reduce (ARD), on the devices or on the host.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "backend/bf16_convert.hpp"
+#include "backend/executor/harmony_interpreter.hpp"
+#include "backend/rank_sum.hpp"
+
+namespace harmony::backend::detail::harmony_impl {
+
+using core::OpKind;
+
+void HarmonyInterpreter::forward_range(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b,
+                                       int s0, int n, const void* x0, const DevKey* out_key, bool keep) {
+  if (dt == DType::BF16) {
+    forward_range_as<Bf16>(o, d, wr, W, a, b, s0, n, x0, out_key, keep);
+  } else {
+    forward_range_as<float>(o, d, wr, W, a, b, s0, n, x0, out_key, keep);
+  }
+}
+
+template <class E>
+void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b,
+                                          int s0, int n, const void* x0, const DevKey* out_key, bool keep) {
+  BasicDeviceOps<E> ops(D(d), S(o));
+  const void* x = x0;
+  Buffer tmp_y, tmp_act, prev, targets;
+  for (int l = a; l <= b; ++l) {
+    LayerArgs<E> args;
+    args.B = n;
+    args.T = T;
+    args.w = W.buf.as<E>() + w_offset(wr, l);
+    if (l == 0) {
+      args.tokens = static_cast<const std::int32_t*>(x);
+    } else {
+      args.x = static_cast<const E*>(x);
+    }
+    if (m.kind(l) == LayerKind::Head) {
+      release_after(o, targets);
+      targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
+      D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
+      args.targets = targets.as<std::int32_t>();
+    }
+    Buffer y;
+    DevTensor* yt = nullptr;
+    if (l == b && !keep) {
+      yt = &make(o, d, *out_key, m.output_bytes(l, n, T, dt));
+      args.y = yt->buf.as<E>();
+    } else {
+      y = alloc_or_wait(D(d), m.output_bytes(l, n, T, dt), "y");
+      args.y = y.as<E>();
+    }
+    E* act = nullptr;
+    if (keep) {
+      act = make(o, d, DevKey{DK::RecAct, l, s0, n}, m.act_floats(l, n, T) * es).buf.as<E>();
+    } else {
+      Buffer next_act = alloc_or_wait(D(d), m.act_floats(l, n, T) * es, "act");
+      release_after(o, tmp_act);  // the previous layer's, after its kernels
+      tmp_act = std::move(next_act);
+      act = tmp_act.as<E>();
+    }
+    args.act = act;
+    m.forward(ops, l, args);
+    if (m.kind(l) == LayerKind::Head) {  // read by end_step, after every stream has run
+      D(d).copy_d2h(S(o), losses.data() + static_cast<std::size_t>(s0) * T, args.y, Bytes(n) * T * kF);
+    }
+    if (l < b) {
+      if (keep) {
+        DevTensor& nx = make(o, d, DevKey{DK::RecX, l + 1, s0, n}, m.output_bytes(l, n, T, dt));
+        D(d).copy_d2d(S(o), nx.buf.data(), y.data(), m.output_bytes(l, n, T, dt));
+        x = nx.buf.data();
+      } else {
+        release_after(o, prev);
+        prev = std::move(y);
+        x = prev.data();
+      }
+    }
+    release_after(o, y);
+  }
+  // No host wait: the temporaries are freed after the kernels that use them, in stream order.
+  for (Buffer* b : {&tmp_y, &tmp_act, &prev, &targets}) release_after(o, *b);
+}
+
+template <class E>
+void HarmonyInterpreter::run_bwd(int o, const core::Op& op, const core::Task& t) {
+  const int d = op.device;
+  const int lf = op.layers.first, ll = op.layers.last;
+  const auto [s0, n] = samples(o);
+  const DevTensor& W = read(o, d, DevKey{DK::W, op.task, 0, 0});
+  const DevTensor& x0 = read(o, d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n});
+  const DevKey dwk{DK::DW, op.task, 0, 0};
+  if (dev[static_cast<std::size_t>(d)].count(dwk) == 0) {
+    DevTensor& g = make(o, d, dwk, w_floats(t.layers) * es);
+    D(d).fill_zero(S(o), g.buf.data(), g.buf.bytes());
+  } else {
+    read(o, d, dwk).producer = o;
+  }
+  E* dw = dev[static_cast<std::size_t>(d)][dwk].buf.as<E>();
+  const E* dy = t.has_criterion ? nullptr : read(o, d, DevKey{DK::Grad, ll + 1, s0, n}).buf.as<E>();
+  std::int64_t scratch = 0;
+  for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
+  Buffer scr = alloc_or_wait(D(d), scratch * es, "scratch"), targets, g_a, g_b;
+  const Bytes gb = Bytes(n) * T * m.config().n_embd * es;
+  g_a = alloc_or_wait(D(d), gb, "dx a");
+  g_b = alloc_or_wait(D(d), gb, "dx b");
+  if (t.has_criterion) {
+    targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
+    D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
+  }
+  BasicDeviceOps<E> ops(D(d), S(o));
+  E* spare = g_a.as<E>();
+  E* other = g_b.as<E>();
+  for (int l = ll; l >= lf; --l) {
+    LayerArgs<E> a;
+    a.B = n;
+    a.T = T;
+    a.w = W.buf.as<E>() + w_offset(t.layers, l);
+    a.dw = dw + w_offset(t.layers, l);
+    const void* x = l == lf ? x0.buf.data() : read(o, d, DevKey{DK::RecX, l, s0, n}).buf.data();
+    if (l == 0) {
+      a.tokens = static_cast<const std::int32_t*>(x);
+    } else {
+      a.x = static_cast<const E*>(x);
+    }
+    a.targets = targets.as<std::int32_t>();
+    a.act = read(o, d, DevKey{DK::RecAct, l, s0, n}).buf.as<E>();
+    a.dy = dy;
+    a.scratch = scr.as<E>();
+    a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B) * static_cast<std::size_t>(T));
+    E* dx = nullptr;
+    if (l > 0) dx = l == lf ? make(o, d, DevKey{DK::Grad, lf, s0, n}, gb).buf.as<E>() : spare;
+    a.dx = dx;
+    m.backward(ops, l, a);
+    dy = dx;
+    std::swap(spare, other);
+  }
+  for (Buffer* b : {&scr, &targets, &g_a, &g_b}) release_after(o, *b);  // after the kernels, in stream order
+}
+
+void HarmonyInterpreter::run_op(int o) {
+  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+  const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
+  switch (op.kind) {
+    case OpKind::WB:
+      return run_wb(o, op);
+    case OpKind::X:
+      return run_x(o, op, t);
+    case OpKind::sX:
+      return run_sx(o, op, t);
+    case OpKind::MSGsX:
+    case OpKind::MSGY:
+      return run_msg(o, op);
+    case OpKind::Y:
+    case OpKind::dX:
+    case OpKind::dY:
+      return run_swap(o, op);
+    case OpKind::FWD:
+    case OpKind::REC:
+      return run_fwd(o, op, t);
+    case OpKind::BWD:
+      if (dt == DType::BF16) {
+        run_bwd<Bf16>(o, op, t);
+      } else {
+        run_bwd<float>(o, op, t);
+      }
+      return;
+    case OpKind::ARD:
+      return;  // run as a group (run_ard)
+    case OpKind::dWB:
+      return run_dwb(o, op);
+    case OpKind::Update:
+      return run_update(o, op);
+    case OpKind::DEL:
+      return run_del(op);
+    default:
+      throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(o), core::op_kind_name(op.kind)));
+  }
+}
+
+void HarmonyInterpreter::run_wb(int o, const core::Op& op) {
+  const int d = op.device;
+  const int lf = op.layers.first, ll = op.layers.last;
+  DevTensor& w = make(o, d, DevKey{DK::W, op.task, 0, 0}, w_floats(op.layers) * es);
+  if (dt == DType::BF16) {  // the fp32 masters rounded to nearest even on the host, staged up
+    std::vector<std::span<const float>> src;
+    for (int l = lf; l <= ll; ++l) src.push_back(st.weights(l));
+    stage_up(qr.queue(o), D(d), S(o), w.buf.data(), src);
+    return;
+  }
+  // The host masters are read when the copy runs: the Updates that overwrite them wait for this op's event
+  // (they follow it, host_wait).
+  for (int l = lf; l <= ll; ++l)
+    D(d).copy_h2d(S(o), w.buf.as<float>() + w_offset(op.layers, l), st.weights(l).data(), m.param_floats(l) * kF);
+}
+
+void HarmonyInterpreter::run_x(int o, const core::Op& op, const core::Task& t) {
+  const int d = op.device, lf = op.layers.first;
+  const auto [s0, n] = samples(o);
+  const Bytes b = Bytes(n) * per_sample(lf);
+  if (t.has_data) {
+    DevTensor& x = make(o, d, DevKey{DK::Act, 0, s0, n}, b);
+    D(d).copy_h2d(S(o), x.buf.data(), in.data() + static_cast<std::size_t>(s0) * T, b);
+  } else if (t.in_x.medium == core::Medium::Msg || t.in_x.medium == core::Medium::Swap) {
+    const HC c = t.in_x.medium == core::Medium::Msg ? HC::YMsg : HC::YSwap;
+    const std::byte* src = host_read(o, c, lf, s0, n);
+    DevTensor& x = make(o, d, DevKey{DK::Act, lf, s0, n}, b);
+    D(d).copy_h2d(S(o), x.buf.data(), src, b);
+  } else {
+    throw BackendError(fmt::format("executor: op {}: unsupported input medium", label(o)));
+  }
+}
+
+void HarmonyInterpreter::run_sx(int o, const core::Op& op, const core::Task& t) {
+  const int d = op.device, lf = op.layers.first;
+  const auto [s0, n] = samples(o);
+  const Bytes b = Bytes(n) * per_sample(lf);
+  if (t.type == core::TaskType::Fwd) {  // stash out
+    const DevTensor& x = read(o, d, DevKey{DK::Act, lf, s0, n});
+    D(d).copy_d2h(S(o), host_write(o, HC::Stash, lf, s0, n), x.buf.data(), b);
+  } else {  // stash in
+    const std::byte* src = host_read(o, HC::StashMsg, lf, s0, n);
+    DevTensor& x = make(o, d, DevKey{DK::Stash, lf, s0, n}, b);
+    D(d).copy_h2d(S(o), x.buf.data(), src, b);
+  }
+}
+
+void HarmonyInterpreter::run_msg(int o, const core::Op& op) {
+  const auto [s0, n] = samples(o);
+  const int l = op.kind == OpKind::MSGsX ? op.layers.first : op.layers.last + 1;
+  const HC from = op.kind == OpKind::MSGsX ? HC::Stash : HC::YSwap;
+  const HC to = op.kind == OpKind::MSGsX ? HC::StashMsg : HC::YMsg;
+  const std::byte* src = host_read(o, from, l, s0, n);
+  std::memcpy(host_write(o, to, l, s0, n), src, static_cast<std::size_t>(Bytes(n) * per_sample(l)));
+}
+
+void HarmonyInterpreter::run_swap(int o, const core::Op& op) {
+  const int d = op.device;
+  const int lf = op.layers.first, ll = op.layers.last;
+  const auto [s0, n] = samples(o);
+  switch (op.kind) {
+    case OpKind::Y: {  // swap out (P2P runs as a pair)
+      const DevTensor& y = read(o, d, DevKey{DK::Act, ll + 1, s0, n});
+      D(d).copy_d2h(S(o), host_write(o, HC::YSwap, ll + 1, s0, n), y.buf.data(), Bytes(n) * per_sample(ll + 1));
+      return;
+    }
+    case OpKind::dX: {
+      const DevTensor& g = read(o, d, DevKey{DK::Grad, lf, s0, n});
+      D(d).copy_d2h(S(o), host_write(o, HC::DXSwap, lf, s0, n), g.buf.data(), Bytes(n) * per_sample(lf));
+      return;
+    }
+    default: {  // dY
+      const std::byte* src = host_read(o, HC::DXSwap, ll + 1, s0, n);
+      DevTensor& g = make(o, d, DevKey{DK::Grad, ll + 1, s0, n}, Bytes(n) * per_sample(ll + 1));
+      D(d).copy_h2d(S(o), g.buf.data(), src, Bytes(n) * per_sample(ll + 1));
+      return;
+    }
+  }
+}
+
+void HarmonyInterpreter::run_fwd(int o, const core::Op& op, const core::Task& t) {
+  const int d = op.device;
+  const int lf = op.layers.first, ll = op.layers.last;
+  const auto [s0, n] = samples(o);
+  const DevTensor& W = read(o, d, DevKey{DK::W, op.task, 0, 0});
+  if (op.kind == OpKind::REC) {
+    const DevTensor& x = read(o, d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n});
+    forward_range(o, d, t.layers, W, lf, ll, s0, n, x.buf.data(), nullptr, true);
+    return;
+  }
+  const DevTensor& x = read(o, d, DevKey{DK::Act, lf, s0, n});
+  const DevKey out{DK::Act, ll + 1, s0, n};
+  forward_range(o, d, t.layers, W, lf, ll, s0, n, x.buf.data(), &out, false);
+}
+
+void HarmonyInterpreter::run_dwb(int o, const core::Op& op) {
+  const int d = op.device;
+  const int lf = op.layers.first, ll = op.layers.last;
+  const DevTensor& g = read(o, d, DevKey{DK::DW, op.task, 0, 0});
+  std::vector<float>* scratch = nullptr;
+  if (!owns_update(op)) {
+    scratch = &dwb_scratch[o];
+    scratch->resize(static_cast<std::size_t>(w_floats(op.layers)));
+  }
+  if (dt == DType::BF16) {  // the pack's bf16 gradients staged down, widened exactly on the host
+    std::vector<std::span<float>> dst;
+    for (int l = lf; l <= ll; ++l)
+      dst.push_back(scratch != nullptr ? std::span<float>(scratch->data() + w_offset(op.layers, l),
+                                                          static_cast<std::size_t>(m.param_floats(l)))
+                                       : st.grads(l));
+    stage_down(qr.queue(o), D(d), S(o), dst, g.buf.data());
+  } else {
+    for (int l = lf; l <= ll; ++l) {
+      float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
+      D(d).copy_d2h(S(o), dst, g.buf.as<float>() + w_offset(op.layers, l), m.param_floats(l) * kF);
+    }
+    // no wait: the Update that reads the host gradients waits for this op's event (host_wait)
+  }
+  for (int l = lf; l <= ll; ++l) grad_producer[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] = o;
+}
+
+void HarmonyInterpreter::run_update(int o, const core::Op& op) {
+  const int d = op.device;
+  const int lf = op.layers.first, ll = op.layers.last;
+  for (int l = lf; l <= ll; ++l) {
+    const int g = grad_producer[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)];
+    if (g < 0 || !happens_before(g, o))
+      throw ScheduleViolation(
+          fmt::format("executor: op {} updates layer {} before its gradients reach the host", label(o), l));
+  }
+  // Harmony-DP: every replica's Update sees the same all-reduced gradients; the shared master copy is
+  // updated once per pack, by the owner. AdamW runs unlocked: what it touches (the pack's host weights,
+  // gradients and moments; for layer 0 also the head's lm_head gradient and weight) no other op touches
+  // until the next step — the deps order the pack's WBs and dWBs before it, tie_edges the head's dWB.
+  if (owns_update(op)) unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, lf, ll, qr.adamw(o))); });
+}
+
+void HarmonyInterpreter::run_del(const core::Op& op) {
+  const int d = op.device;
+  auto& map = dev[static_cast<std::size_t>(d)];
+  for (auto it = map.begin(); it != map.end();) {
+    const DK k = std::get<0>(it->first);
+    if (it->second.owner_task == op.task && (k == DK::W || k == DK::DW)) {
+      it = drop(d, map, it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void HarmonyInterpreter::run_pair(int send, int recv) {
+  const core::Op& so = p.ops[static_cast<std::size_t>(send)];
+  const core::Op& ro = p.ops[static_cast<std::size_t>(recv)];
+  const auto [s0, n] = samples(send);
+  const auto [r0, rn] = samples(recv);
+  const bool fwd = so.kind == OpKind::Y;
+  const int l = fwd ? so.layers.last + 1 : so.layers.first;
+  if (r0 != s0 || rn != n)
+    throw ScheduleViolation(fmt::format("executor: P2P {} -> {} moves different samples", label(send), label(recv)));
+  const DevTensor& src = read(send, so.device, DevKey{fwd ? DK::Act : DK::Grad, l, s0, n});
+  DevTensor& dst = make(recv, ro.device, DevKey{fwd ? DK::Act : DK::Grad, l, s0, n}, Bytes(n) * per_sample(l));
+  D(so.device).copy_d2d(S(send), dst.buf.data(), src.buf.data(), Bytes(n) * per_sample(l), &D(ro.device));
+  dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
+}
+
+void HarmonyInterpreter::run_ard(const std::vector<int>& group) {
+  const core::Op& o0 = p.ops[static_cast<std::size_t>(group.front())];
+  const std::int64_t count = w_floats(o0.layers);
+  if (qr.device_sums(group)) {
+    std::vector<void*> bufs;
+    bufs.reserve(group.size());
+    for (const int a : group) {
+      const core::Op& op = p.ops[static_cast<std::size_t>(a)];
+      DevTensor& g = read(a, op.device, DevKey{DK::DW, op.task, 0, 0});
+      bufs.push_back(g.buf.data());
+      g.producer = a;
+    }
+    qr.all_reduce(group, bufs, count, dt);
+    return;
+  }
+  // The host path (no communicator, or a group that does not span the communicator's ranks in order).
+  // The host sums what each replica's copy brought (it waits for that replica's stream: the host reads the
+  // data); the sum goes up by async copies, so its buffers live until every replica's stream has run them.
+  auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
+  std::vector<float> part(dt == DType::BF16 ? 0 : static_cast<std::size_t>(count));
+  auto raw = std::make_shared<std::vector<Bf16>>(dt == DType::BF16 ? static_cast<std::size_t>(count) : 0);
+  for (std::size_t r = 0; r < group.size(); ++r) {
+    const core::Op& op = p.ops[static_cast<std::size_t>(group[r])];
+    const DevTensor& g = read(group[r], op.device, DevKey{DK::DW, op.task, 0, 0});
+    if (dt == DType::BF16) {
+      D(op.device).copy_d2h(S(group[r]), raw->data(), g.buf.data(), count * es);
+      sync(group[r]);
+      add_in_rank_order<Bf16>(*sum, *raw, r);  // widened, as all_reduce_sum_bf16 adds
+    } else {
+      D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
+      sync(group[r]);
+      add_in_rank_order(*sum, part, r);
+    }
+  }
+  if (dt == DType::BF16) store_sum(*raw, *sum);  // the fp32 sum rounded once
+  for (int a : group) {
+    const core::Op& op = p.ops[static_cast<std::size_t>(a)];
+    DevTensor& g = dev[static_cast<std::size_t>(op.device)][DevKey{DK::DW, op.task, 0, 0}];
+    if (dt == DType::BF16) {
+      D(op.device).copy_h2d(S(a), g.buf.data(), raw->data(), count * es);
+      keep_until_done(a, raw);
+    } else {
+      D(op.device).copy_h2d(S(a), g.buf.data(), sum->data(), count * kF);
+      keep_until_done(a, sum);
+    }
+    g.producer = a;
+  }
+}
+
+}  // namespace harmony::backend::detail::harmony_impl
