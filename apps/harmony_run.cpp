@@ -45,10 +45,10 @@
 #include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
 #include "core/search/search.hpp"
-#include "sim/compare.hpp"
-#include "sim/cost_native.hpp"
-#include "sim/evaluate.hpp"
-#include "sim/native_engine.hpp"
+#include "sim/engine/cost_native.hpp"
+#include "sim/engine/native_engine.hpp"
+#include "sim/study/compare.hpp"
+#include "sim/study/evaluate.hpp"
 
 using namespace harmony;
 

@@ -33,10 +33,10 @@
 #include "core/model/profile_write.hpp"
 #include "core/plan/plan.hpp"
 #include "core/search/search.hpp"
-#include "sim/compare.hpp"
-#include "sim/cost_reference.hpp"
-#include "sim/evaluate.hpp"
-#include "sim/simulator.hpp"
+#include "sim/engine/cost_reference.hpp"
+#include "sim/engine/simulator.hpp"
+#include "sim/study/compare.hpp"
+#include "sim/study/evaluate.hpp"
 
 extern char** environ;
 

@@ -5,6 +5,7 @@
 #   backend/ must not include "sim/..."
 #   core/<room>/ may include only its own and lower rooms of core/, bottom to top:
 #     base ← machine ← model ← plan ← program ← output ← search ← kinds ← config
+#   sim/<room>/ likewise: engine ← study ← app (and every sim source lives in a room)
 # Checks #include lines with "..." or <...>, also written with ../ prefixes. Exit 1 lists offenders.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -56,6 +57,29 @@ for ((i = 0; i < ${#rooms[@]}; i++)); do
     fi
   done < <(list_files "core/$room")
 done
+# sim's rooms: each may include only rooms at or below its own level.
+sim_rooms=(engine study app)
+for ((i = 0; i < ${#sim_rooms[@]}; i++)); do
+  room=${sim_rooms[$i]}
+  above=("${sim_rooms[@]:$((i + 1))}")
+  ((${#above[@]})) || continue
+  pattern="^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"<](\.\./)*sim/($(IFS='|'; echo "${above[*]}"))/"
+  while IFS= read -r -d '' f; do
+    [[ -f $f ]] || continue
+    if hits=$(grep -nE "$pattern" "$f"); then
+      while IFS= read -r hit; do
+        echo "$f:$hit  (sim/$room/ may not include a room above it)"
+        violations=$((violations + 1))
+      done <<<"$hits"
+    fi
+  done < <(list_files "sim/$room")
+done
+while IFS= read -r -d '' f; do
+  [[ $f == sim/*/* ]] && continue
+  echo "$f: sim/ sources live in a room (sim/engine/, sim/study/, sim/app/)"
+  violations=$((violations + 1))
+done < <(list_files sim)
+
 # Every core source lives in a room.
 while IFS= read -r -d '' f; do
   [[ $f == core/*/* ]] && continue
@@ -65,7 +89,8 @@ done < <(list_files core)
 
 if ((violations)); then
   echo "check-layering: $violations forbidden include(s): core/ may include only core/, each room only the"
-  echo "  rooms below it ($(IFS=' '; echo "${rooms[*]}"), bottom to top); sim/ and backend/ may include core/"
+  echo "  rooms below it ($(IFS=' '; echo "${rooms[*]}"), bottom to top), sim/'s rooms likewise"
+  echo "  ($(IFS=' '; echo "${sim_rooms[*]}")); sim/ and backend/ may include core/"
   echo "  but not each other. Move shared code down (the mains wire things together)."
   exit 1
 fi

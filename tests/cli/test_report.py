@@ -24,7 +24,7 @@ from clitest import ROOT, check, runner, summary
 
 BIN = os.path.abspath(sys.argv[1])
 EXAMPLE = os.path.join(ROOT, "configs/sweeps/example.yaml")
-FWD_RGB = (0x4E, 0x79, 0xA7)  # sim/report.cpp kind_style: FWD and BWD fills
+FWD_RGB = (0x4E, 0x79, 0xA7)  # sim/app/report.cpp kind_style: FWD and BWD fills
 BWD_RGB = (0xF2, 0x8E, 0x2B)
 run = runner(BIN, timeout=600)
 

@@ -21,9 +21,9 @@
 #include "core/model/profile.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program_builder.hpp"
-#include "sim/compare.hpp"
-#include "sim/cost_reference.hpp"
-#include "sim/simulator.hpp"
+#include "sim/engine/cost_reference.hpp"
+#include "sim/engine/simulator.hpp"
+#include "sim/study/compare.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

@@ -12,7 +12,7 @@
 #include "core/config/config.hpp"
 #include "core/model/profile.hpp"
 #include "core/program/lower.hpp"
-#include "sim/bottleneck.hpp"
+#include "sim/study/bottleneck.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

@@ -19,11 +19,11 @@
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
 #include "core/output/report.hpp"
-#include "sim/calibrate.hpp"
-#include "sim/compare.hpp"
-#include "sim/cost_native.hpp"
-#include "sim/cost_reference.hpp"
-#include "sim/evaluate.hpp"
+#include "sim/engine/cost_native.hpp"
+#include "sim/engine/cost_reference.hpp"
+#include "sim/study/calibrate.hpp"
+#include "sim/study/compare.hpp"
+#include "sim/study/evaluate.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

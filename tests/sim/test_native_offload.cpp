@@ -14,8 +14,8 @@
 #include "core/kinds/kinds.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/task_graph.hpp"
-#include "sim/compare.hpp"
-#include "sim/cost_native.hpp"
+#include "sim/engine/cost_native.hpp"
+#include "sim/study/compare.hpp"
 
 using namespace harmony;
 using core::Bytes;

@@ -6,7 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "core/model/profile.hpp"
-#include "sim/evaluate.hpp"
+#include "sim/study/evaluate.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/profile.hpp"
-#include "sim/evaluate.hpp"
+#include "sim/study/evaluate.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

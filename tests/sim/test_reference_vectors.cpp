@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/profile.hpp"
-#include "sim/cost_reference.hpp"
-#include "sim/evaluate.hpp"
+#include "sim/engine/cost_reference.hpp"
+#include "sim/study/evaluate.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

@@ -16,8 +16,8 @@
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
 #include "core/search/search.hpp"
-#include "sim/cost_native.hpp"
-#include "sim/evaluate.hpp"
+#include "sim/engine/cost_native.hpp"
+#include "sim/study/evaluate.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

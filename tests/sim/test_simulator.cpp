@@ -11,8 +11,8 @@
 #include "core/base/error.hpp"
 #include "core/model/profile.hpp"
 #include "core/output/trace.hpp"
-#include "sim/cost_reference.hpp"
-#include "sim/evaluate.hpp"
+#include "sim/engine/cost_reference.hpp"
+#include "sim/study/evaluate.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

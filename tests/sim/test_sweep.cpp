@@ -1,4 +1,4 @@
-// Sweeps (sim/sweep.hpp): the sweep file's errors and their locations, the grid's point order and ids,
+// Sweeps (sim/app/sweep.hpp): the sweep file's errors and their locations, the grid's point order and ids,
 // shards partitioning the points, CSV quoting, rows of invalid and unfit points, and the runner's files:
 // identical for 1 and 2 threads, after a resume from a truncated file and after merging shards; a resume
 // recomputes the rows whose files changed; the folder lock; the large-grid guard.
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "core/base/error.hpp"
-#include "sim/sweep.hpp"
+#include "sim/app/sweep.hpp"
 #include "tests/test_support.hpp"
 
 using namespace harmony;

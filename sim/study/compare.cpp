@@ -1,0 +1,351 @@
+// Runs every plan kind's search with one cost model and ranks the kinds (sim/study/compare.hpp).
+#include "sim/study/compare.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
+#include "core/base/parallel.hpp"
+#include "core/kinds/kinds.hpp"
+#include "core/plan/plan_rules.hpp"
+#include "core/program/lower.hpp"
+#include "core/search/search.hpp"
+#include "sim/engine/cost_reference.hpp"
+#include "sim/engine/native_engine.hpp"
+#include "sim/study/evaluate.hpp"
+
+namespace harmony::sim {
+
+namespace {
+// The plan ran out of host memory (or pinned memory) rather than GPU memory.
+bool host_bound(const core::RunReport& r) {
+  const auto& h = r.host_memory;
+  return host_memory_exceeded(h.total_bytes, h.capacity_bytes) ||
+         pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, h.pinned_limit_bytes);
+}
+}  // namespace
+
+namespace {
+// A kind without packs: its candidates (per activation policy, per offload tier `nvme`, ascending u) all evaluated
+// with core::run_search on the calling thread, ranked by iteration time.
+void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine,
+                     int gpus, int minibatch, core::CostModelKind cost_model, const core::SearchSpec& search,
+                     const std::vector<core::ActivationPolicy>& policies, bool nvme, core::Bytes capacity,
+                     const core::SearchProgressFn& progress, bool* all_host_bound) {
+  core::SearchSpace space;
+  space.kind = kind;
+  space.gpus = gpus;
+  space.minibatch = minibatch;
+  space.capacity_bytes = capacity;
+  space.spec.ubatch_step = search.ubatch_step;
+  space.spec.u_bwd = search.u_bwd;
+  space.spec.threads = 1;
+  space.spec.top_k = -1;
+  space.activation_policies = policies;
+  space.knobs.swap = search.swap;  // dp-swap, pp-swap: scheduled or on demand (search.swap)
+  space.offloads = {nvme ? core::OffloadTier::Nvme : core::OffloadTier::Cpu};
+  std::vector<core::Candidate> cands;
+  try {
+    cands = core::enumerate_plans(model, space);
+  } catch (const core::ScheduleError& e) {
+    kr.reason = e.what();
+  }
+  kr.candidates += cands.size();
+  bool any_host_bound = false;
+  if (!cands.empty()) {
+    // Every plan of the tier needs more host memory than the machine has (Engine::host_floor_exceeded: the masters,
+    // optimizer state and gradients alone): none can be feasible, so only the first, which names the miss, is run.
+    const auto engine = make_engine(cost_model, model, machine);
+    const bool first_nvme = cands.front().plan.knobs.offload == core::OffloadTier::Nvme;
+    const bool unfit =
+        std::all_of(cands.begin(), cands.end(),
+                    [&](const auto& c) { return (c.plan.knobs.offload == core::OffloadTier::Nvme) == first_nvme; }) &&
+        engine->host_floor_exceeded(space.kind, first_nvme);
+    const std::size_t num_plans = cands.size();
+    if (unfit) cands.resize(1);
+    kr.pruned += num_plans - cands.size();
+    std::atomic<bool> host_miss{false};
+    const auto res = core::run_search(
+        cands, space,
+        [&](const core::Plan& p) {
+          core::RunReport r = evaluate_plan(*engine, model, p, core::LowerOptions{}).report;
+          if (!r.feasible && host_bound(r)) host_miss = true;
+          return r;
+        },
+        progress);
+    any_host_bound = host_miss;
+    kr.deadlocked += res.num_deadlocked;
+    for (const auto& r : res.ranked) {
+      const core::Plan& plan = cands[r.candidate].plan;
+      const std::string policy = core::activation_policy_name(plan.knobs.activation_policy);
+      if (!kr.policy_best_time_s.count(policy)) kr.policy_best_time_s[policy] = r.report.iteration_time_s;
+      if (kr.feasible) continue;
+      kr.feasible = true;
+      kr.best = r.report;
+      kr.plan = plan;
+      if (kind->offload_tiers) kr.offload = core::offload_tier_name(plan.knobs.offload);
+    }
+    if (!kr.feasible) {
+      const std::string miss =
+          res.first_miss < cands.size()
+              ? fmt::format("; first: u {}: {}", cands[res.first_miss].plan.u_bwd, res.first_miss_reason)
+              : std::string();
+      kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", num_plans, miss);
+    }
+  } else if (kr.reason.empty() && kind->one_microbatch) {
+    const int share = minibatch / gpus;
+    const int hi = std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd));
+    kr.reason =
+        share > hi || !model.ubatch_in_range(core::Phase::Bwd, share)
+            ? fmt::format("{} runs each GPU's {} samples as one microbatch, outside the profiled sizes (up to {})",
+                          kind.name(), share, hi)
+            : fmt::format("{} runs each GPU's {} samples as one microbatch, which does not fit {:.0f} MiB per GPU",
+                          kind.name(), share, static_cast<double>(capacity) / static_cast<double>(core::kMiB));
+  } else if (kr.reason.empty()) {
+    kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
+                            static_cast<double>(capacity) / static_cast<double>(core::kMiB));
+  }
+  if (all_host_bound) *all_host_bound = !kr.feasible && any_host_bound;
+}
+}  // namespace
+
+namespace {
+// The offload tier of a kind that has tiers (PlanKindSpec::offload_tiers; issue 13), one rule for every such kind.
+// `search_tier(nvme, host_miss)` searches the kind's plans on one tier into kr; *host_miss (when not null) is set when
+// every plan that missed ran out of host (or pinned) memory rather than GPU memory. search.offload: nvme searches the
+// drives only (not applicable without the native model or topology.nvme); cpu host memory only; auto host memory,
+// then the drives when host memory is what binds and the machine has them. A kind without tiers: host memory.
+template <class SearchTier>
+void search_offload_tiers(KindResult& kr, core::PlanKind kind, const core::MachineSpec& machine,
+                          core::CostModelKind cost_model, core::SearchSpec::Offload offload, SearchTier search_tier) {
+  using Offload = core::SearchSpec::Offload;
+  if (!kind->offload_tiers) {
+    search_tier(false, nullptr);
+    return;
+  }
+  const bool drives = cost_model == core::CostModelKind::Native && machine.topology.nvme.present();
+  if (offload == Offload::Nvme) {
+    if (!drives) {
+      kr.applicable = false;
+      kr.reason = cost_model != core::CostModelKind::Native
+                      ? "search.offload: nvme needs the native cost model (the reference model has no NVMe tier)"
+                      : fmt::format("search.offload: nvme, but machine '{}' has no topology.nvme", machine.name);
+      return;
+    }
+    search_tier(true, nullptr);
+    return;
+  }
+  bool host_miss = false;
+  search_tier(false, &host_miss);
+  if (offload == Offload::Auto && host_miss && drives) {
+    const std::string cpu_reason = kr.reason;
+    kr.reason.clear();
+    search_tier(true, nullptr);
+    if (!kr.feasible) kr.reason = fmt::format("offload cpu: {}; offload nvme: {}", cpu_reason, kr.reason);
+  }
+}
+}  // namespace
+
+KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
+                             int minibatch, core::CostModelKind cost_model, const core::SearchSpec& search,
+                             const core::Options& options, const std::vector<core::ActivationPolicy>& policies,
+                             const core::SearchProgressFn& progress) {
+  const auto capacity = machine.search_capacity_bytes();
+  KindResult kr;
+  kr.kind = kind;
+  if (kind->packs) {
+    if (const auto problem = core::split_problem(kind, gpus, minibatch)) {
+      kr.applicable = false;
+      kr.reason = problem->message;
+      return kr;
+    }
+    core::SearchSpace space;
+    space.kind = kind;
+    space.gpus = gpus;
+    space.minibatch = minibatch;
+    space.capacity_bytes = capacity;
+    space.unequal_microbatches = options.unequal_microbatches;
+    space.spec = search;
+    space.spec.threads = 1;
+    space.spec.top_k = 1;
+    space.spec.fit_rule = false;
+    core::LowerOptions lower = core::lower_options(options);
+    const auto engine = make_engine(cost_model, model, machine);
+    // One search over the candidates with the masters and optimizer state in host memory or on the drives; Wide's
+    // pack-count bound grows while nothing under it fits the GPU memory (core::search_growing_bound).
+    auto search_tier = [&](bool nvme, bool* host_miss) {
+      lower.offload_nvme = nvme;
+      std::atomic<bool> any_gpu_miss{false};
+      // branch and bound: a candidate the engine shows cannot beat the best found is not simulated
+      const auto grown = core::search_growing_bound(
+          model, space, [&](const std::vector<core::Candidate>& c, const core::SearchSpace& sp) {
+            any_gpu_miss = false;  // of the last search
+            kr.candidates += c.size();
+            return core::run_search_bounded(
+                c, sp, model,
+                [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+                  auto e = evaluate_plan_within(*engine, model, p, lower, cutoff_s);
+                  if (!e) return std::nullopt;
+                  if (!e->report.feasible && !host_bound(e->report)) any_gpu_miss = true;
+                  return std::move(e->report);
+                },
+                progress, [&](const core::Plan& p) { return task_bound_for(*engine, model, p, lower); });
+          });
+      const auto& cands = grown.candidates;
+      const auto& res = grown.result;
+      kr.max_packs_grown = grown.grew() ? grown.max_packs : 0;
+      // the first miss in enumeration order (nothing is pruned when no candidate is feasible)
+      std::string miss;
+      if (res.first_miss < cands.size()) {
+        const auto& c = cands[res.first_miss].plan;
+        miss = fmt::format("; first: u {}/{}: {}", c.u_fwd, c.u_bwd, res.first_miss_reason);
+      }
+      kr.deadlocked += res.num_deadlocked;
+      kr.pruned += res.num_pruned;
+      if (host_miss) *host_miss = res.ranked.empty() && !cands.empty() && !any_gpu_miss;
+      if (!res.ranked.empty()) {
+        kr.feasible = true;
+        kr.best = res.ranked.front().report;
+        kr.plan = cands[res.ranked.front().candidate].plan;
+        kr.offload = nvme ? "nvme" : "";
+        kr.reason.clear();
+      } else {
+        kr.reason = cands.empty()
+                        ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
+                                      static_cast<double>(capacity) / static_cast<double>(core::kMiB))
+                        : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss);
+      }
+    };
+    search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);
+    return kr;
+  }
+  auto problem = core::split_problem(kind, gpus, minibatch);
+  if (!problem) problem = core::stage_problem(kind, gpus, model.num_layers());
+  if (problem) {
+    kr.applicable = false;
+    kr.reason = problem->message;
+    return kr;
+  }
+  auto search_tier = [&](bool nvme, bool* host_miss) {
+    search_unpacked(kr, kind, model, machine, gpus, minibatch, cost_model, search, policies, nvme, capacity, progress,
+                    host_miss);
+  };
+  search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);
+  return kr;
+}
+
+CompareResult compare_plan_kinds(const core::Model& model, const core::MachineSpec& machine, int gpus, int minibatch,
+                                 core::CostModelKind cost_model, const core::SearchSpec& search,
+                                 const core::Options& options, const CompareProgressFn& progress) {
+  CompareResult out;
+  const auto& names = core::plan_kinds();
+  out.kinds.resize(names.size());
+  // Progress: each kind's search reports its own counts; the sums go to `progress`, one call at a time.
+  std::mutex progress_mutex;
+  std::vector<core::SearchProgress> per_kind(names.size());
+  std::size_t kinds_done = 0;
+  std::size_t kinds_started = 0;
+  auto report = [&] {  // with progress_mutex held
+    CompareProgress p;
+    p.kinds = names.size();
+    p.kinds_done = kinds_done;
+    p.kinds_started = kinds_started;
+    for (const auto& k : per_kind) {
+      p.candidates_done += k.done;
+      p.candidates_total += k.total;
+    }
+    progress(p);
+  };
+  // Each kind's search runs on one thread; the kinds run side by side on all cores (deterministic:
+  // every kind writes only its own slot).
+  auto solve = [&](std::size_t slot) {
+    core::SearchProgressFn on_search;
+    if (progress) {
+      {
+        const std::lock_guard<std::mutex> lock(progress_mutex);
+        ++kinds_started;
+      }
+      on_search = [&, slot](const core::SearchProgress& sp) {
+        const std::lock_guard<std::mutex> lock(progress_mutex);
+        per_kind[slot] = sp;
+        report();
+      };
+    }
+    try {
+      out.kinds[slot] =
+          best_plan_of_kind(names[slot], model, machine, gpus, minibatch, cost_model, search, options,
+                            {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep}, on_search);
+    } catch (const core::ScheduleError& e) {
+      // a kind this machine or model cannot price (resident on a machine without gpu_rates.memory): its row says
+      // why, and the other kinds are still compared
+      KindResult kr;
+      kr.kind = names[slot];
+      kr.applicable = false;
+      kr.reason = e.what();
+      out.kinds[slot] = std::move(kr);
+    }
+    if (progress) {
+      const std::lock_guard<std::mutex> lock(progress_mutex);
+      ++kinds_done;
+      report();
+    }
+  };
+  unsigned threads = search.threads > 0 ? static_cast<unsigned>(search.threads) : std::thread::hardware_concurrency();
+  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(names.size())));
+  core::parallel_for(names.size(), threads, solve);
+  out.best_baseline_time_s = std::numeric_limits<double>::infinity();
+  for (const auto& k : out.kinds) {
+    if (k.feasible && k.kind->role == core::KindRole::Baseline)
+      out.best_baseline_time_s = std::min(out.best_baseline_time_s, k.best.iteration_time_s);
+  }
+  out.ceiling_time_s = std::numeric_limits<double>::infinity();
+  for (const auto& k : out.kinds) {
+    if (k.feasible && k.kind->role == core::KindRole::Ceiling)
+      out.ceiling_time_s = std::min(out.ceiling_time_s, k.best.iteration_time_s);
+  }
+  for (auto& k : out.kinds) {
+    if (k.feasible && std::isfinite(out.best_baseline_time_s))
+      k.speedup_over_best_baseline = out.best_baseline_time_s / k.best.iteration_time_s;
+    if (k.feasible && std::isfinite(out.ceiling_time_s))
+      k.fraction_of_ceiling = out.ceiling_time_s / k.best.iteration_time_s;
+  }
+  return out;
+}
+
+std::vector<std::string> ceiling_lines(const CompareResult& result) {
+  std::vector<std::string> lines;
+  for (const KindResult& c : result.kinds) {
+    if (c.kind->role != core::KindRole::Ceiling) continue;
+    if (!c.applicable) {
+      lines.push_back(
+          fmt::format("ceiling: {} (the in-memory trainer) cannot be compared here: {}", c.kind.name(), c.reason));
+      continue;
+    }
+    if (!c.feasible) {
+      lines.push_back(fmt::format(
+          "ceiling: {} (the in-memory trainer: weights, gradients and AdamW state on every GPU) does not fit: {}. "
+          "Training in memory is not an option here; the other rows are what can run",
+          c.kind.name(), c.reason));
+      continue;
+    }
+    std::string harmony;
+    for (const KindResult& k : result.kinds) {
+      if (k.kind->role != core::KindRole::Harmony) continue;
+      harmony += harmony.empty() ? "; " : ", ";
+      harmony += k.feasible
+                     ? fmt::format("{} runs at {:.0f}% of its throughput", k.kind.name(), 100.0 * k.fraction_of_ceiling)
+                     : fmt::format("{} has no plan", k.kind.name());
+    }
+    lines.push_back(fmt::format(
+        "ceiling: {} (the in-memory trainer) fits: {:.3f} s per iteration, {} MiB peak per GPU{}", c.kind.name(),
+        c.best.iteration_time_s, c.best.peak_memory_bytes / static_cast<core::Bytes>(core::kMiB), harmony));
+  }
+  return lines;
+}
+
+}  // namespace harmony::sim
