@@ -59,17 +59,25 @@ PlanKind parse_mode(const Node& v) {
        (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + hint_tail);
 }
 
+// A key whose value is one name of an enumeration (a knob's values: knobs.hpp): the value, or a located error naming
+// the closest name. `noun` says what a value is ("an activation policy"), `plural` what the names are.
+template <class E>
+E parse_enum_key(const Node& value, const std::string& key, const char* noun, const std::string& hint,
+                 std::optional<E> (*parse)(const std::string&), const std::vector<std::string>& names,
+                 const char* plural) {
+  const std::string& v = expect_scalar(value, key, noun, hint);
+  const auto parsed = parse(v);
+  if (!parsed) fail(value.loc, fmt::format("unknown {} '{}'", key, v), suggestion_hint(v, names, plural));
+  return *parsed;
+}
+
 // plan.activations: checkpoint | keep.
 void parse_activations(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/) {
   const std::string hint =
       "activation policies: checkpoint (recompute each layer's forward in the backward), "
       "keep (hold or swap the saved activations)";
-  const std::string& v = expect_scalar(e.value, "plan.activations", "an activation policy", hint);
-  const auto policy = parse_activation_policy(v);
-  if (!policy)
-    fail(e.value.loc, fmt::format("unknown plan.activations '{}'", v),
-         suggestion_hint(v, activation_policy_names(), "activation policies"));
-  knobs.activation_policy = *policy;
+  knobs.activation_policy = parse_enum_key(e.value, "plan.activations", "an activation policy", hint,
+                                           parse_activation_policy, activation_policy_names(), "activation policies");
 }
 
 // plan.offload: cpu | nvme (the machine's NVMe tier).
@@ -78,15 +86,13 @@ void parse_offload(const Entry& e, KindKnobs& knobs, const MachineSpec& machine)
   const std::string hint =
       "offload tiers: cpu (parameters and optimizer state in host memory) or nvme (on the machine's "
       "topology.nvme drives, as DeepSpeed's offload_param/offload_optimizer device: nvme)";
-  const std::string& v = expect_scalar(e.value, what, "an offload tier", hint);
-  const auto tier = parse_offload_tier(v);
-  if (!tier)
-    fail(e.value.loc, fmt::format("unknown {} '{}'", what, v), suggestion_hint(v, offload_tier_names(), "tiers"));
-  if (*tier == OffloadTier::Nvme && !machine.topology.nvme.present())
+  const OffloadTier tier =
+      parse_enum_key(e.value, what, "an offload tier", hint, parse_offload_tier, offload_tier_names(), "tiers");
+  if (tier == OffloadTier::Nvme && !machine.topology.nvme.present())
     fail(e.value.loc, "plan.offload: nvme needs a machine with an NVMe tier",
          "add topology.nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us} to the machine, or "
          "use plan.offload: cpu");
-  knobs.offload = *tier;
+  knobs.offload = tier;
 }
 
 // plan.zero3: {module_latency: DURATION, bucket: ELEMENTS, tensor_latency: DURATION, grad_tensor_latency: DURATION}
@@ -117,12 +123,8 @@ void parse_swap(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/
   const std::string hint =
       "swap timings: scheduled (each input prefetched one step ahead, overlapped with compute) or on-demand "
       "(virtualized memory: each input moves when its op is reached, each eviction before the next op)";
-  const std::string& v = expect_scalar(e.value, "plan.swap", "a swap timing", hint);
-  const auto timing = parse_swap_timing(v);
-  if (!timing)
-    fail(e.value.loc, fmt::format("unknown plan.swap '{}'", v),
-         suggestion_hint(v, swap_timing_names(), "swap timings"));
-  knobs.swap = *timing;
+  knobs.swap = parse_enum_key(e.value, "plan.swap", "a swap timing", hint, parse_swap_timing, swap_timing_names(),
+                              "swap timings");
 }
 
 // The parser of each knob's `plan.<knob>` key.
@@ -341,12 +343,8 @@ SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_count
     s.offload = static_cast<SearchSpec::Offload>(it - names.begin());
   }
   if (const Entry* e = find(*map, "swap")) {
-    const std::string& v = expect_scalar(e->value, "search.swap", "a swap timing", "swap: scheduled or on-demand");
-    const auto timing = parse_swap_timing(v);
-    if (!timing)
-      fail(e->value.loc, fmt::format("unknown search.swap '{}'", v),
-           suggestion_hint(v, swap_timing_names(), "swap timings"));
-    s.swap = *timing;
+    s.swap = parse_enum_key(e->value, "search.swap", "a swap timing", "swap: scheduled or on-demand", parse_swap_timing,
+                            swap_timing_names(), "swap timings");
   }
   if (const Entry* e = find(*map, "packs_per_gpu")) s.packs_per_gpu = get_int(e->value, "search.packs_per_gpu", 0);
   if (const Entry* e = find(*map, "packing_fwd")) s.packing_fwd = parse_methods(*e, "search.packing_fwd", true);

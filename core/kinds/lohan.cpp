@@ -86,17 +86,13 @@ const PlanKindSpec kSpec{
     .description =
         "LoHan (Fuyou): each layer's parameters streamed from host or NVMe, checkpoints on the host, each layer's CPU "
         "Adam overlapped with the rest of the backward",
-    .aliases = {},
     .listing_order = 70,
     .role = KindRole::Baseline,
     .color = "#bcbd22",
     .dialect = ExecutorDialect::Swapping,
-    .packs = false,
     .data_parallel = true,
     .even_split = true,
-    .stage_per_gpu = false,
     .one_microbatch = true,
-    .unequal_microbatches = false,
     .offload_tiers = true,
     .knobs = {Knob::Activations, Knob::Offload},
     .validate = validate_swapping_plan,

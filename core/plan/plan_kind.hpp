@@ -36,11 +36,12 @@ const char* kind_role_name(KindRole r);  // "harmony", "baseline", "ceiling"
 // interpreter replaces both): Harmony's task-based one or the op-by-op one of the swapping baselines.
 enum class ExecutorDialect { Harmony, Swapping };
 
+// A kind's file names only the fields that differ from these defaults (designated initializers, in this order).
 struct PlanKindSpec {
-  const char* name = "";             // as configs and outputs spell it: "harmony-pp", "dp-swap", ...
-  const char* description = "";      // one line, for listings
-  std::vector<std::string> aliases;  // other spellings plan.mode accepts (the paper's vPP, vDP)
-  int listing_order = 0;             // position in listings, compare's table and sweeps' default kinds (ascending)
+  const char* name = "";                  // as configs and outputs spell it: "harmony-pp", "dp-swap", ...
+  const char* description = "";           // one line, for listings
+  std::vector<std::string> aliases = {};  // other spellings plan.mode accepts (the paper's vPP, vDP)
+  int listing_order = 0;                  // position in listings, compare's table and sweeps' default kinds (ascending)
   KindRole role = KindRole::Baseline;
   const char* color = "#bcbd22";  // the report's chart colour
   ExecutorDialect dialect = ExecutorDialect::Swapping;
@@ -59,7 +60,7 @@ struct PlanKindSpec {
   // Weights, gradients and AdamW state live on every GPU for the whole run and its Update ops run there (on the
   // compute stream, `bytes` their HBM traffic): the executor keeps a DeviceState per device across steps.
   bool resident_state = false;
-  std::vector<Knob> knobs;  // the plan.<knob> keys it reads (Plan::knobs)
+  std::vector<Knob> knobs = {};  // the plan.<knob> keys it reads (Plan::knobs)
 
   // ---- the kind's functions (core/kinds/<kind>.cpp) ----
   // Throws ScheduleError unless the plan is one the kind can run on the model (sizes, its rules, packs or stages,
