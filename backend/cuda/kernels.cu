@@ -123,8 +123,12 @@ __global__ void embedding_fwd_kernel(ErrorRecord* err, D* out, const std::int32_
     return;
   }
   const D* e = wte + idx::at(id, C, 0);
-  const D* p = wpe + idx::at(t, C, 0);
   D* o = out + idx::at(r, C, 0);
+  if (wpe == nullptr) {  // no position table (the Llama family: rotary positions in the attention): a copy
+    for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = e[c];
+    return;
+  }
+  const D* p = wpe + idx::at(t, C, 0);
   for (int c = threadIdx.x; c < C; c += blockDim.x) st(o[c], ld(e[c]) + ld(p[c]));
 }
 
@@ -710,9 +714,11 @@ void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::
   HARMONY_CUDA_CHECK_LAUNCH("iota_kernel");
   HARMONY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + l.temp, l.temp_bytes, ids, keys, rows_in, rows, N, 0,
                                                      static_cast<int>(8 * sizeof(std::int32_t)), stream));
-  embedding_dwpe_kernel<<<blocks_for(static_cast<std::int64_t>(T) * C), kThreads, 0, stream>>>(dev(dwpe), dev(dout),
-                                                                                               keys, B, T, C, V);
-  HARMONY_CUDA_CHECK_LAUNCH("embedding_dwpe_kernel");
+  if (dwpe != nullptr) {  // null: no position table (the Llama family)
+    embedding_dwpe_kernel<<<blocks_for(static_cast<std::int64_t>(T) * C), kThreads, 0, stream>>>(dev(dwpe), dev(dout),
+                                                                                                 keys, B, T, C, V);
+    HARMONY_CUDA_CHECK_LAUNCH("embedding_dwpe_kernel");
+  }
   embedding_dwte_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(err, dev(dwte), dev(dout), keys, rows, N, T,
                                                                            C, V);
   HARMONY_CUDA_CHECK_LAUNCH("embedding_dwte_kernel");

@@ -27,6 +27,7 @@ struct ErrorRecord {
 };
 enum ErrorCode : int { kErrNone = 0, kErrEmbeddingId = 1, kErrEmbeddingBwdId = 2, kErrTargetId = 3 };
 
+// wpe null: no position table (out = wte[id], a copy); likewise a null dwpe in embedding_bwd is skipped.
 template <class S>
 void embedding_fwd(cudaStream_t stream, ErrorRecord* err, S* out, const std::int32_t* ids, const S* wte, const S* wpe,
                    int B, int T, int C, int V);

@@ -71,6 +71,36 @@ std::vector<float> ref_of(Pair& p, const Tensor<E>& t) {
 
 }  // namespace
 
+// The Llama family has no position table: embedding_fwd / _bwd with a null wpe / dwpe (device.hpp: allowed on a kind
+// with the Llama kernels) gather and scatter-add the token rows alone. A copy, and the row-ordered backward: exact.
+TEST_CASE_TEMPLATE("llama kernels: the embedding without a position table (null wpe and dwpe) is exact", E, float,
+                   Bf16) {
+  for (const DeviceKind* kind : llama_subjects<E>()) {
+    CAPTURE(kind->name());
+    Pair p(*kind);
+    const int B = 3, T = 50, C = 40, V = 17;  // every id repeats
+    auto id = p.ids(random_ids(B * T, V, 111));
+    auto wte = p.up<E>(random_floats(V * C, 112));
+    auto out = p.up<E>(random_floats(B * T * C, 113));  // overwritten
+    p.run<E>([&](auto& k, Stream& s, Side x) {
+      k.embedding_fwd(s, out.at(x), id.at(x), wte.at(x), static_cast<const E*>(nullptr), B, T, C, V);
+    });
+    p.check(named("embedding_fwd, no wpe", type_name<E>()), out, Bound{});
+    const auto got = p.down(out).first, table = p.down(wte).first;
+    const auto ids = random_ids(B * T, V, 111);
+    bool rows = true;  // out's rows are wte's rows, bit for bit (so not wte + anything)
+    for (int r = 0; r < B * T; ++r)
+      rows = rows && std::equal(got.begin() + r * C, got.begin() + (r + 1) * C, table.begin() + ids[r] * C);
+    CHECK(rows);
+    auto dout = p.up<E>(random_floats(B * T * C, 114)), dwte = p.up<E>(random_floats(V * C, 115));
+    for (int rep = 0; rep < 2; ++rep)
+      p.run<E>([&](auto& k, Stream& s, Side x) {
+        k.embedding_bwd(s, dwte.at(x), static_cast<E*>(nullptr), dout.at(x), id.at(x), B, T, C, V);
+      });
+    p.check(named("embedding_bwd dwte, no dwpe", type_name<E>()), dwte, Bound{});
+  }
+}
+
 TEST_CASE_TEMPLATE("llama kernels: RMSNorm forward and backward (din and dw accumulate)", E, float, Bf16) {
   for (const DeviceKind* kind : llama_subjects<E>()) {
     CAPTURE(kind->name());
