@@ -632,8 +632,9 @@ TEST_SUITE("gpu") {
   // key/value head, plain multi-head, odd head halves and row widths. Tolerances |cuda - cpu| <= atol + rtol |cpu| as
   // above (bf16: plus kFlip): RMSNorm's sums are warp trees (atol ~1e-5 sqrt(C), as LayerNorm's); rope's angle t /
   // theta^(2i/D) rounds by ~4 ulp of t (4e-7 T with |x| <= 1), its cos and sin are CUDA's fp64 ones rounded (glibc's
-  // within an ulp), a key gradient sums H / Hkv heads first; SwiGLU differs only by expf (2 ulp). RMSNorm's dw: in
-  // the CPU's row order (the same bits, given the CPU's rstd) unless `tree` (tree_sums, or the bf16 fast path), then
+  // within an ulp), a key gradient sums H / Hkv heads first; SwiGLU differs only by expf (2 ulp; the backward's gate
+  // gradient, up to 20 with gate and up in [-4, 4], carries it through sigmoid's polynomial: atol 4e-5). RMSNorm's dw:
+  // in the CPU's row order (the same bits, given the CPU's rstd) unless `tree` (tree_sums, or the bf16 fast path), then
   // as the tree column sums above. The bounds the conformance suite derives for the default modes are tighter
   // (test_device_conformance_llama.cpp).
   template <bool kBf16>
@@ -744,7 +745,7 @@ TEST_SUITE("gpu") {
       close("swiglu_fwd", out, 1e-6, 1e-5);
       gk.swiglu_bwd(*t.gs, gp(din), gp(in), gp(dout), N, I);
       ck.swiglu_bwd(*t.cs, cp(din), cp(in), cp(dout), N, I);
-      close("swiglu_bwd", din, 1e-5, 1e-5);
+      close("swiglu_bwd", din, 4e-5, 1e-5);  // |dgate| <= X (1 + X) = 20: expf's 2 ulp through sig (conformance)
     }
   }
 
