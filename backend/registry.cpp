@@ -49,6 +49,7 @@ const std::vector<const DeviceKind*>& table() {
                                      .tree_sums = true,
                                      .pinned_host_memory = true,
                                      .profiler_ranges = true,
+                                     .llama_kernels = true,
                                      .collectives = true,
                                      .concurrent_executor = true},
                                     &load_cuda);

@@ -21,7 +21,8 @@
 #      at that cap; bf16 staging rates from (c)'s trace; (d) harmony-sim's a-priori prediction of (c) from a profile
 #      taken here; (e) `harmony-sim calibrate` fitted on (b) and (c) dp-swap predicts (c) Harmony;
 #   5. losses of every plan kind, CUDA vs the CPU device, fp32 and bf16, on the serial executor (the CPU device's
-#      allocation order), harmony-pp also on the concurrent one (CUDA's default);
+#      allocation order), harmony-pp also on the concurrent one (CUDA's default); the same for the Llama family
+#      (configs/run/llama.yaml, rows llama_KIND);
 #   6. PyTorch with torch.compile, last, within COMPILE_BUDGET_S and what is left of the deadline (optional: the
 #      throughput row takes the faster PyTorch run that trained).
 # Every command runs under `timeout` cut to the time left; a step the deadline prevents is recorded as such.
@@ -470,33 +471,44 @@ fi
 # --- 5. losses ------------------------------------------------------------------------------------------------------
 # The serial executor on both devices: one op at a time, so the CUDA device allocates in the CPU device's order
 # (the concurrent executor's order follows timing: dp-swap's fp32 Program fragmented past 4 MiB in every H200 run);
-# harmony-pp once more on the concurrent executor, CUDA's default, against the same CPU run.
-echo "== losses of every plan kind, CUDA vs CPU (3 steps, serial executor, strict fp32; then bf16)"
+# harmony-pp once more on the concurrent executor, CUDA's default, against the same CPU run. Then the same rows for
+# the Llama family (configs/run/llama.yaml: RMSNorm, rotary embeddings over grouped-query heads, SwiGLU), tagged
+# llama_KIND: the CUDA device's Llama kernels against the CPU device's.
+echo "== losses of every plan kind, CUDA vs CPU (3 steps, serial executor, strict fp32; then bf16; GPT-2, then Llama)"
 kinds=(harmony-pp harmony-dp pp-swap dp-swap zero-infinity l2l lohan)
 [[ $resident == true ]] && kinds+=(resident)
-loss_run() {  # loss_run TAG KIND cuda|cpu EXECUTOR PREC_ARGS...
-  local tag=$1 kind=$2 dev_=$3 ex=$4
-  shift 4
-  local cfg=(configs/run/default.yaml --set "plan.mode=$kind" --set plan.gpus=2 --gpu-memory 4MiB)
+loss_run() {  # loss_run TAG KIND cuda|cpu EXECUTOR gpt2|llama PREC_ARGS...
+  local tag=$1 kind=$2 dev_=$3 ex=$4 family=$5
+  shift 5
+  local model=configs/run/default.yaml
+  [[ $family == llama ]] && model=configs/run/llama.yaml
+  local cfg=("$model" --set "plan.mode=$kind" --set plan.gpus=2 --gpu-memory 4MiB)
   [[ $kind == lohan ]] && cfg+=(--set plan.u_fwd=4 --set plan.u_bwd=4)  # lohan: one microbatch per GPU (D/N = 8/2)
-  [[ $kind == resident ]] && cfg=("$out/resident_small.yaml")
+  if [[ $kind == resident && $family == gpt2 ]]; then
+    cfg=("$out/resident_small.yaml")
+  elif [[ $kind == resident ]]; then  # llama.yaml on one device of 64 MiB, as resident_small.yaml
+    cfg=("$model" --set plan.mode=resident --set plan.gpus=1 --set plan.u_fwd=8 --set plan.u_bwd=8 --gpu-memory 64MiB)
+  fi
   local on=$dev_  # the "cuda" side runs on $dev (the CPU device in a dry run)
   [[ $dev_ == cuda ]] && on=$dev
   step "loss_${tag}_$dev_" 30 "$run" train "${cfg[@]}" --steps 3 "$@" --set "device=$on" --executor "$ex" \
     --format json --quiet && keep "loss_${tag}_$dev_"
 }
-for kind in "${kinds[@]}"; do
-  for prec in fp32 bf16; do
-    [[ $prec == bf16 && $bf16 != true ]] && continue
-    tag=$kind
-    prec_args=()
-    [[ $prec == bf16 ]] && tag=bf16_$kind && prec_args=(--dtype bf16)
-    for side in cuda cpu; do
-      loss_run "$tag" "$kind" "$side" serial ${prec_args[@]+"${prec_args[@]}"}
+for family in gpt2 llama; do
+  for kind in "${kinds[@]}"; do
+    for prec in fp32 bf16; do
+      [[ $prec == bf16 && $bf16 != true ]] && continue
+      tag=$kind
+      [[ $family == llama ]] && tag=llama_$kind
+      prec_args=()
+      [[ $prec == bf16 ]] && tag=bf16_$tag && prec_args=(--dtype bf16)
+      for side in cuda cpu; do
+        loss_run "$tag" "$kind" "$side" serial "$family" ${prec_args[@]+"${prec_args[@]}"}
+      done
     done
   done
+  [[ $family == gpt2 ]] && loss_run concurrent_harmony-pp harmony-pp cuda concurrent gpt2
 done
-loss_run concurrent_harmony-pp harmony-pp cuda concurrent
 
 # --- 6. PyTorch with torch.compile (optional; what is left of the deadline) ---------------------------------------
 # (its limit leaves 15 s of the deadline for the verdict, so that a compile the deadline cuts off fails no row)

@@ -481,7 +481,8 @@ def check_calibrated(v, out, steps, c):
 
 def check_losses(v, out, steps, bf16, resident):
     """Every plan kind (resident too, where harmony-run has it) in fp32 on the serial executor, harmony-pp also on the
-    concurrent one, and, when the CUDA device trains bf16 (params bf16_implemented), every kind in bf16."""
+    concurrent one, and, when the CUDA device trains bf16 (params bf16_implemented), every kind in bf16; then the same
+    for the Llama family (configs/run/llama.yaml, files loss_llama_KIND_*), within the GPT-2 rows' bounds."""
     kinds = PLAN_KINDS + (["resident"] if resident else [])
     for kind in kinds:
         check_loss_row(v, out, steps, kind, f"losses {kind}: finite, CUDA = CPU over 3 steps", LOSS_RTOL)
@@ -492,6 +493,13 @@ def check_losses(v, out, steps, bf16, resident):
         for kind in kinds:
             check_loss_row(v, out, steps, f"bf16_{kind}", f"losses {kind} in bf16: finite, CUDA = CPU (bf16) over 3 steps",
                            LOSS_RTOL_BF16)
+    for kind in kinds:
+        check_loss_row(v, out, steps, f"llama_{kind}", f"losses Llama {kind}: finite, CUDA = CPU over 3 steps",
+                       LOSS_RTOL)
+    if bf16:
+        for kind in kinds:
+            check_loss_row(v, out, steps, f"bf16_llama_{kind}",
+                           f"losses Llama {kind} in bf16: finite, CUDA = CPU (bf16) over 3 steps", LOSS_RTOL_BF16)
 
 
 def check_loss_row(v, out, steps, tag, name, rtol, cpu_tag=None):

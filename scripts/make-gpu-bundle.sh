@@ -119,7 +119,7 @@ for l in "$out"/lib/*.so* "$out"/lib/runtime/*.so*; do [[ -f $l ]] && patchelf -
 
 # --- what gpu-check.sh reads ------------------------------------------------------------------------------------------
 data=(scripts/gpu-check.sh scripts/gpu_verdict.py scripts/torch_side_by_side.py configs/run/default.yaml
-  configs/machines/cpu-4x.yaml tests/data/gpt2_tiny)
+  configs/run/llama.yaml configs/machines/cpu-4x.yaml tests/data/gpt2_tiny)
 for d in "${data[@]}"; do
   mkdir -p "$out/$(dirname "$d")"
   cp -rp "$root/$d" "$out/$d"

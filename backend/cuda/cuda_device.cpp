@@ -721,6 +721,59 @@ void CudaDevice::add_as(Stream& s, S* out, const S* a, const S* b, std::int64_t 
   launch(s, "add", [=](StreamContext& c) { kern::add(c.stream(), out, a, b, n); });
 }
 
+namespace {
+// The rotary kernels' shape: H query heads in Hkv groups, heads of even width D.
+void check_rope(const std::string& name, const char* op, int B, int T, int H, int Hkv, int D) {
+  check_dims(name, op, {B, T, H, Hkv, D});
+  if (Hkv == 0 || H % Hkv != 0)
+    throw DeviceError(fmt::format("{}: {}: {} query heads do not split into {} key/value heads", name, op, H, Hkv));
+  if (D % 2 != 0) throw DeviceError(fmt::format("{}: {}: head width {} is odd (rotary needs it even)", name, op, D));
+}
+}  // namespace
+
+template <class S>
+void CudaDevice::rmsnorm_fwd_as(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
+  check_dims(name_, "rmsnorm_fwd", {N, C});
+  launch(s, "rmsnorm_fwd", [=](StreamContext& c) { kern::rmsnorm_fwd(c.stream(), out, rstd, in, w, N, C, eps); });
+}
+
+template <class S>
+void CudaDevice::rmsnorm_bwd_as(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+                                int C) {
+  check_dims(name_, "rmsnorm_bwd", {N, C});
+  launch(s, "rmsnorm_bwd", [=](StreamContext& c) {
+    kern::rmsnorm_bwd(c.stream(), din, dw, dout, in, w, rstd, N, C,
+                      c.column_sums_workspace(N, C, false, std::is_same_v<S, Bf16>));
+  });
+}
+
+template <class S>
+void CudaDevice::rope_qkv_fwd_as(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta) {
+  check_rope(name_, "rope_qkv_fwd", B, T, H, Hkv, D);
+  launch(s, "rope_qkv_fwd",
+         [=](StreamContext& c) { kern::rope_qkv_fwd(c.stream(), qkv, packed, B, T, H, Hkv, D, theta); });
+}
+
+template <class S>
+void CudaDevice::rope_qkv_bwd_as(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D,
+                                 float theta) {
+  check_rope(name_, "rope_qkv_bwd", B, T, H, Hkv, D);
+  launch(s, "rope_qkv_bwd",
+         [=](StreamContext& c) { kern::rope_qkv_bwd(c.stream(), dpacked, dqkv, B, T, H, Hkv, D, theta); });
+}
+
+template <class S>
+void CudaDevice::swiglu_fwd_as(Stream& s, S* out, const S* in, int N, int I) {
+  check_dims(name_, "swiglu_fwd", {N, I});
+  launch(s, "swiglu_fwd", [=](StreamContext& c) { kern::swiglu_fwd(c.stream(), out, in, N, I); });
+}
+
+template <class S>
+void CudaDevice::swiglu_bwd_as(Stream& s, S* din, const S* in, const S* dout, int N, int I) {
+  check_dims(name_, "swiglu_bwd", {N, I});
+  launch(s, "swiglu_bwd", [=](StreamContext& c) { kern::swiglu_bwd(c.stream(), din, in, dout, N, I); });
+}
+
 template <class S>
 void CudaDevice::crossentropy_fwd_as(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets,
                                      int N, int V) {
@@ -802,6 +855,33 @@ void CudaKernels<S>::gelu_bwd(Stream& s, S* din, const S* in, const S* dout, std
 template <class S>
 void CudaKernels<S>::add(Stream& s, S* out, const S* a, const S* b, std::int64_t n) {
   dev_.add_as(s, out, a, b, n);
+}
+template <class S>
+void CudaKernels<S>::rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
+  dev_.rmsnorm_fwd_as(s, out, rstd, in, w, N, C, eps);
+}
+template <class S>
+void CudaKernels<S>::rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+                                 int C) {
+  dev_.rmsnorm_bwd_as(s, din, dw, dout, in, w, rstd, N, C);
+}
+template <class S>
+void CudaKernels<S>::rope_qkv_fwd(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D,
+                                  float theta) {
+  dev_.rope_qkv_fwd_as(s, qkv, packed, B, T, H, Hkv, D, theta);
+}
+template <class S>
+void CudaKernels<S>::rope_qkv_bwd(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D,
+                                  float theta) {
+  dev_.rope_qkv_bwd_as(s, dpacked, dqkv, B, T, H, Hkv, D, theta);
+}
+template <class S>
+void CudaKernels<S>::swiglu_fwd(Stream& s, S* out, const S* in, int N, int I) {
+  dev_.swiglu_fwd_as(s, out, in, N, I);
+}
+template <class S>
+void CudaKernels<S>::swiglu_bwd(Stream& s, S* din, const S* in, const S* dout, int N, int I) {
+  dev_.swiglu_bwd_as(s, din, in, dout, N, I);
 }
 template <class S>
 void CudaKernels<S>::crossentropy_fwd(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets,

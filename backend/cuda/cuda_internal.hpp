@@ -136,7 +136,7 @@ class CudaEvent final : public Event {
 class CudaDevice;
 
 // The device's Kernels<S>: the same kernels (the CudaDevice::*_as templates) for S = float and for S = Bf16
-// (__nv_bfloat16 tensors).
+// (__nv_bfloat16 tensors), the Llama family's included.
 template <class S>
 class CudaKernels final : public Kernels<S> {
  public:
@@ -159,6 +159,13 @@ class CudaKernels final : public Kernels<S> {
   void gelu_fwd(Stream& s, S* out, const S* in, std::int64_t n) override;
   void gelu_bwd(Stream& s, S* din, const S* in, const S* dout, std::int64_t n) override;
   void add(Stream& s, S* out, const S* a, const S* b, std::int64_t n) override;
+  void rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) override;
+  void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+                   int C) override;
+  void rope_qkv_fwd(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta) override;
+  void rope_qkv_bwd(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D, float theta) override;
+  void swiglu_fwd(Stream& s, S* out, const S* in, int N, int I) override;
+  void swiglu_bwd(Stream& s, S* din, const S* in, const S* dout, int N, int I) override;
   void crossentropy_fwd(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets, int N,
                         int V) override;
   void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
@@ -275,6 +282,18 @@ class CudaDevice final : public Device {
   void gelu_bwd_as(Stream& s, S* din, const S* in, const S* dout, std::int64_t n);
   template <class S>
   void add_as(Stream& s, S* out, const S* a, const S* b, std::int64_t n);
+  template <class S>
+  void rmsnorm_fwd_as(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps);
+  template <class S>
+  void rmsnorm_bwd_as(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N, int C);
+  template <class S>
+  void rope_qkv_fwd_as(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta);
+  template <class S>
+  void rope_qkv_bwd_as(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D, float theta);
+  template <class S>
+  void swiglu_fwd_as(Stream& s, S* out, const S* in, int N, int I);
+  template <class S>
+  void swiglu_bwd_as(Stream& s, S* din, const S* in, const S* dout, int N, int I);
   template <class S>
   void crossentropy_fwd_as(Stream& s, float* losses, S* probs, const S* logits, const std::int32_t* targets, int N,
                            int V);

@@ -27,6 +27,7 @@ struct ErrorRecord {
 };
 enum ErrorCode : int { kErrNone = 0, kErrEmbeddingId = 1, kErrEmbeddingBwdId = 2, kErrTargetId = 3 };
 
+// wpe null: no position table (out = wte[id], a copy); likewise a null dwpe in embedding_bwd is skipped.
 template <class S>
 void embedding_fwd(cudaStream_t stream, ErrorRecord* err, S* out, const std::int32_t* ids, const S* wte, const S* wpe,
                    int B, int T, int C, int V);
@@ -48,6 +49,25 @@ std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm);
 template <class S>
 void layernorm_bwd(cudaStream_t stream, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
                    const S* rstd, int N, int C, void* tree_workspace);
+// The Llama family's kernels (Kernels<S>::rmsnorm_*, rope_qkv_*, swiglu_*: backend/device.hpp has the contract).
+// RMSNorm: one warp per row; rstd is stored after the output used it unrounded (as layernorm_fwd).
+template <class S>
+void rmsnorm_fwd(cudaStream_t stream, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps);
+// din += ...; dw += (in rstd) dout row by row in row order when tree_workspace is null, else by the tree as
+// layernorm_bwd (column_sums_workspace_bytes(N, C, false) of scratch).
+template <class S>
+void rmsnorm_bwd(cudaStream_t stream, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+                 int C, void* tree_workspace);
+// Rotary embeddings with grouped-query heads (H % Hkv == 0, D even; checked by the caller): one thread per output
+// element, cos and sin of each angle from fp64 and rounded (the CPU's glibc values but in near-ties).
+template <class S>
+void rope_qkv_fwd(cudaStream_t stream, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta);
+template <class S>
+void rope_qkv_bwd(cudaStream_t stream, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D, float theta);
+template <class S>
+void swiglu_fwd(cudaStream_t stream, S* out, const S* in, int N, int I);
+template <class S>
+void swiglu_bwd(cudaStream_t stream, S* din, const S* in, const S* dout, int N, int I);
 // out[r, :] = bias (before a GEMM with beta = 1).
 template <class S>
 void fill_bias_rows(cudaStream_t stream, S* out, const S* bias, int N, int OC);

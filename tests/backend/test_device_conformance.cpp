@@ -129,6 +129,18 @@ TEST_CASE("capabilities: what the registry says each kind offers, its devices ha
     if (!kind->caps().tree_sums)
       CHECK_THROWS_WITH_AS(kind->make_device(1, {.capacity = kMiB, .tree_sums = true}),
                            doctest::Contains("no tree_sums option"), DeviceError);
+    {  // the Llama kernels: where the registry says a kind lacks them, the interface's default refuses by name
+      auto stream = dev->create_stream("caps");
+      auto buf = dev->alloc(4 * kKiB);
+      auto* f = buf.as<float>();
+      const auto call = [&] { dev->kernels().swiglu_fwd(*stream, f, f + 64, 2, 8); };
+      if (kind->caps().llama_kernels) {
+        CHECK_NOTHROW(call());
+      } else {
+        CHECK_THROWS_WITH_AS(call(), doctest::Contains("swiglu_fwd"), DeviceError);
+      }
+      CHECK_NOTHROW(stream->synchronize());
+    }
     if (kind->caps().collectives) {
       auto other = kind->make_device(1, test_options(1 * kMiB));
       CHECK(kind->make_communicator({dev.get(), other.get()})->size() == 2);
@@ -492,12 +504,12 @@ void print_registry() {
   for (const DeviceKind* k : device_kinds()) {
     const DeviceAvailability a = k->availability();
     const DeviceCaps& c = k->caps();
-    std::printf("  %-5s %s\n        %s; caps:%s%s%s%s%s%s%s%s\n", k->name().c_str(), k->description().c_str(),
+    std::printf("  %-5s %s\n        %s; caps:%s%s%s%s%s%s%s%s%s\n", k->name().c_str(), k->description().c_str(),
                 a.available ? "available, under test" : ("not available, skipped: " + a.reason).c_str(),
                 c.bf16_kernels ? " bf16_kernels" : "", c.tf32 ? " tf32" : "", c.tree_sums ? " tree_sums" : "",
                 c.pinned_host_memory ? " pinned_host_memory" : "", c.profiler_ranges ? " profiler_ranges" : "",
-                c.collectives ? " collectives" : "", c.memory_in_host ? " memory_in_host" : "",
-                c.concurrent_executor ? " concurrent_executor" : "");
+                c.llama_kernels ? " llama_kernels" : "", c.collectives ? " collectives" : "",
+                c.memory_in_host ? " memory_in_host" : "", c.concurrent_executor ? " concurrent_executor" : "");
   }
 }
 

@@ -113,7 +113,8 @@ def main():
                if hashlib.sha256(open(os.path.join(bundle, f), "rb").read()).hexdigest() != v["sha256"]]
         check("manifest hashes match the files", not bad and len(m["files"]) > 10, bad)
         for need in ["scripts/gpu-check.sh", "scripts/gpu_verdict.py", "scripts/torch_side_by_side.py",
-                     "configs/run/default.yaml", "configs/machines/cpu-4x.yaml", "tests/data/gpt2_tiny/model.safetensors"]:
+                     "configs/run/default.yaml", "configs/run/llama.yaml", "configs/machines/cpu-4x.yaml",
+                     "tests/data/gpt2_tiny/model.safetensors"]:
             check(f"{need} in the bundle", os.path.exists(os.path.join(bundle, need)))
         size = sum(v["bytes"] for v in m["files"].values())
         check("at most 60 MiB", size <= 60 * 2**20 and m["size_bytes"] == size, size)

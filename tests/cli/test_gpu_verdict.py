@@ -5,8 +5,8 @@ and on the first H200 it ran on (its recorded table reproduced row for row where
 the rows added later are FAILED there, as not run), and failing variants made by changing one recorded file at a
 time (an old driver, a test that skips itself on a GPU, slow copies, low MFU, bf16 missing, resident missing, a
 slower or different PyTorch run, loss curves apart, PyTorch training at the cap, a capped run over a quarter of the
-memory or at another minibatch, slow staging, a NaN loss, CUDA losses off the CPU's, a step cut by the deadline, a
-wrong harmony-sim prediction, a missing file). Every failure must give exit 1 and FAILED in its row; the passing
+memory or at another minibatch, slow staging, a NaN loss, CUDA losses off the CPU's, the Llama rows' losses off, NaN,
+refused or missing, a step cut by the deadline, a wrong harmony-sim prediction, a missing file). Every failure must give exit 1 and FAILED in its row; the passing
 run exit 0. Needs no GPU."""
 import json
 import os
@@ -86,12 +86,17 @@ def main():
         r, rows = verdict(os.path.join(DATA, "pass"), "--markdown", md)
         check("pass: exit 0", r.returncode == 0, r.stdout + r.stderr)
         check("pass: every row PASSED", rows and all(v == "PASSED" for v, _ in rows.values()), r.stdout)
-        check("pass: 38 rows", len(rows) == 38, sorted(rows))
+        check("pass: 54 rows", len(rows) == 54, sorted(rows))
         check("pass: markdown written", os.path.exists(md) and open(md).read().startswith("| check | verdict"))
         for kind in ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l", "lohan", "resident"]:
             check(f"pass: a loss row for {kind}", f"losses {kind}: finite, CUDA = CPU over 3 steps" in rows, sorted(rows))
             check(f"pass: a bf16 loss row for {kind}",
                   f"losses {kind} in bf16: finite, CUDA = CPU (bf16) over 3 steps" in rows, sorted(rows))
+        for kind in ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l", "lohan", "resident"]:
+            check(f"pass: a Llama loss row for {kind}", f"losses Llama {kind}: finite, CUDA = CPU over 3 steps" in rows,
+                  sorted(rows))
+            check(f"pass: a Llama bf16 loss row for {kind}",
+                  f"losses Llama {kind} in bf16: finite, CUDA = CPU (bf16) over 3 steps" in rows, sorted(rows))
         check("pass: harmony-pp also on the concurrent executor",
               "losses harmony-pp, concurrent executor: finite, CUDA = CPU over 3 steps" in rows, sorted(rows))
         check("pass: the bundle named, no nvcc needed", "bundle /tmp/harmony-gpu-bundle (built with CUDA 13.0)"
@@ -304,6 +309,27 @@ def main():
         expect_failure(tmp, "resident-loss-mismatch",
                        lambda d: edit_json(d, "loss_resident_cuda.json", lambda b: b["steps"][2].update(loss=5.49)),
                        "losses resident: finite, CUDA = CPU over 3 steps", ["tolerance 1e-04"])
+        # the Llama rows: the GPT-2 rows' bounds (1e-4 fp32, 2e-4 bf16), their own files and steps
+        expect_failure(tmp, "llama-loss-mismatch",
+                       lambda d: edit_json(d, "loss_llama_dp-swap_cuda.json",
+                                           lambda b: b["steps"][2].update(loss=b["steps"][2]["loss"] * (1 + 2e-4))),
+                       "losses Llama dp-swap: finite, CUDA = CPU over 3 steps", ["tolerance 1e-04"])
+        expect_failure(tmp, "llama-bf16-loss-mismatch",
+                       lambda d: edit_json(d, "loss_bf16_llama_lohan_cuda.json",
+                                           lambda b: b["steps"][1].update(loss=b["steps"][1]["loss"] * (1 - 5e-4))),
+                       "losses Llama lohan in bf16: finite, CUDA = CPU (bf16) over 3 steps", ["tolerance 2e-04"])
+        expect_failure(tmp, "llama-nan-loss",
+                       lambda d: edit_json(d, "loss_llama_resident_cpu.json",
+                                           lambda b: b["steps"][0].update(loss=float("nan"))),
+                       "losses Llama resident: finite, CUDA = CPU over 3 steps", ["not finite"])
+        expect_failure(tmp, "llama-refused-on-cuda",  # a harmony-run whose CUDA device lacks the Llama kernels
+                       lambda d: (edit_step(d, "loss_llama_harmony-pp_cuda", rc=2),
+                                  open(os.path.join(d, "loss_llama_harmony-pp_cuda.log"), "w").write(
+                                      "configs/run/llama.yaml:15:9: error: device cuda has no kernels for the Llama "
+                                      "family (RMSNorm, rotary embeddings, SwiGLU) yet\n")),
+                       "losses Llama harmony-pp: finite, CUDA = CPU over 3 steps", ["exit 2", "no kernels"])
+        expect_failure(tmp, "llama-loss-missing", lambda d: os.remove(os.path.join(d, "loss_bf16_llama_l2l_cpu.json")),
+                       "losses Llama l2l in bf16: finite, CUDA = CPU (bf16) over 3 steps", ["not JSON"])
         expect_failure(tmp, "two-steps-only",
                        lambda d: edit_json(d, "loss_dp-swap_cpu.json", lambda b: b["steps"].pop()),
                        "losses dp-swap: finite, CUDA = CPU over 3 steps", ["want 3"])
@@ -349,8 +375,8 @@ def main():
         # --- the first recorded H200 run (2026-12-04, docs/benchmarks.md "GPU check"): the verdict on its outputs
         # is the table that run printed, row for row, where the check is unchanged since; its one capped row (then
         # against the in-memory run at B = 8) is replaced by the same-minibatch row, and the rows added by issue 34
-        # (PyTorch, staging, the concurrent loss row) and by issue 33 (the device conformance suite) are FAILED, as not
-        # run by that version of the check
+        # (PyTorch, staging, the concurrent loss row), by issue 33 (the device conformance suite) and by issue 36 (the
+        # Llama loss rows) are FAILED, as not run by that version of the check
         real = os.path.join(DATA, "h200-2026-12-04")
         r, rows = verdict(real)
         recorded = {}
@@ -361,7 +387,9 @@ def main():
         replaced = {"Harmony under a memory cap >= 85% of in-memory"}
         new_rows = {TORCH, CURVES, TORCH_CAP, CAPPED, WB, DWB,
                     "losses harmony-pp, concurrent executor: finite, CUDA = CPU over 3 steps",
-                    "test backend_device_conformance"}
+                    "test backend_device_conformance"} | {k for k in rows if k.startswith("losses Llama ")}
+        check("h200 run: the Llama loss rows (issue 36) are there, FAILED as not run",
+              len([k for k in new_rows if k.startswith("losses Llama ")]) >= 8, sorted(rows))
         check("h200 run: exit 1", r.returncode == 1, r.stdout)
         check("h200 run: the recorded table, row for row, where unchanged",
               {k: v for k, v in rows.items() if k not in new_rows} ==
