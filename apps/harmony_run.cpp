@@ -120,7 +120,8 @@ void install_stop_handlers() {
 // Device options from the command line.
 struct DeviceFlags {
   bool tf32 = false;       // --tf32 (CUDA): TF32 tensor-core GEMMs
-  bool tree_sums = false;  // --tree-sums (CUDA): tree column sums for bias and LayerNorm gradients
+  bool tree_sums = false;  // --tree-sums (CUDA): tree column sums (the default; kept for command lines that name it)
+  bool exact = false;      // --exact: strict-order reductions, the CPU device's bits (tree sums and bf16 fast path off)
   bool poison = false;     // --poison: fill fresh device memory with NaN (by default in debug builds only)
 };
 
@@ -234,6 +235,9 @@ void check_device(const core::TrainConfig& cfg, const DeviceFlags& f) {
     bool backend::DeviceCaps::*cap;
   } flags[] = {{f.tf32, "--tf32", &backend::DeviceCaps::tf32},
                {f.tree_sums, "--tree-sums", &backend::DeviceCaps::tree_sums}};
+  if (f.exact && f.tree_sums)
+    throw core::ConfigError(core::SourceLoc{"--exact", 0, 0}, "--exact and --tree-sums ask for opposite reductions",
+                            "drop one: tree sums are the default on a device that has them, --exact turns them off");
   for (const auto& x : flags) {
     if (!x.on || kind.caps().*x.cap) continue;
     const std::vector<std::string> with = backend::device_kinds_with(x.cap);
@@ -438,15 +442,18 @@ void check_host_memory(const Setup& s, const sim::HostAccount& h, int devices) {
 void check_host_state(const Setup& s, int devices) { check_host_memory(s, sim::host_state(s.desc, false), devices); }
 
 // Device g of the config's kind (the registry's), capped at machine.gpu_memory, with the command line's --tf32,
-// --tree-sums and --poison; `timing`: never poisoned (the profiler's timings).
+// --exact and --poison; `timing`: never poisoned (the profiler's timings). The fast reductions are the default
+// wherever the kind has them (DeviceCaps::tree_sums: tree column sums, the bf16 fast path); --exact keeps the
+// strict row order, the CPU device's bits (docs/backend.md, "Fast and exact reductions").
 std::unique_ptr<backend::Device> make_device(const core::TrainConfig& cfg, const DeviceFlags& f, int g, bool timing) {
   using Poison = backend::DeviceOptions::Poison;
-  return device_kind(cfg).make_device(g, {.capacity = cfg.machine.gpu_memory_bytes,
-                                          .tf32 = f.tf32,
-                                          .tree_sums = f.tree_sums,
-                                          .poison = timing     ? Poison::Off
-                                                    : f.poison ? Poison::On
-                                                               : Poison::Default});
+  const backend::DeviceKind& kind = device_kind(cfg);
+  return kind.make_device(g, {.capacity = cfg.machine.gpu_memory_bytes,
+                              .tf32 = f.tf32,
+                              .tree_sums = kind.caps().tree_sums && !f.exact,
+                              .poison = timing     ? Poison::Off
+                                        : f.poison ? Poison::On
+                                                   : Poison::Default});
 }
 
 std::vector<std::unique_ptr<backend::Device>> make_devices(const core::TrainConfig& cfg, const DeviceFlags& f, int n) {
@@ -1266,9 +1273,12 @@ int run_cli(int argc, char** argv) {
     sub->add_option("--gpu-memory", cli.gpu_memory, "each device's memory, e.g. 2MiB (machine.gpu_memory)");
     sub->add_flag("--tf32", cli.device_flags.tf32,
                   "device: cuda: fp32 GEMMs on TF32 tensor cores (faster; ~1e-3 relative error)");
+    sub->add_flag("--exact", cli.device_flags.exact,
+                  "strict-order reductions: bias and norm gradients summed row by row, bf16 exact kernels (the CPU "
+                  "device's bits; slower on cuda, where parallel tree sums are the default)");
     sub->add_flag("--tree-sums", cli.device_flags.tree_sums,
-                  "device: cuda: bias and LayerNorm gradients by parallel tree sums (faster; no longer bit-identical "
-                  "to the CPU device)");
+                  "device: cuda: parallel tree sums for bias and norm gradients (the default there; refused with "
+                  "--exact)");
     sub->add_flag("--poison", cli.device_flags.poison,
                   "fill fresh device memory with NaN to catch reads before writes (default only in debug builds)");
   };

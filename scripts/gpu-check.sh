@@ -20,7 +20,7 @@
 #      (c) Harmony (--plan auto) at the same minibatch under a quarter of (b32)'s peak, PyTorch at that cap, dp-swap
 #      at that cap; bf16 staging rates from (c)'s trace; (d) harmony-sim's a-priori prediction of (c) from a profile
 #      taken here; (e) `harmony-sim calibrate` fitted on (b) and (c) dp-swap predicts (c) Harmony;
-#   5. losses of every plan kind, CUDA vs the CPU device, fp32 and bf16, on the serial executor (the CPU device's
+#   5. losses of every plan kind, CUDA vs the CPU device, fp32 and bf16, --exact, on the serial executor (the CPU device's
 #      allocation order), harmony-pp also on the concurrent one (CUDA's default); the same for the Llama family
 #      (configs/run/llama.yaml, rows llama_KIND);
 #   6. PyTorch with torch.compile, last, within COMPILE_BUDGET_S and what is left of the deadline (optional: the
@@ -31,7 +31,7 @@
 # knobs: GPT2='{vocab_size: 50257, max_seq_len: 1024, n_layer: 24, n_head: 16, n_embd: 1024}' SEQ_LEN=1024
 #        BATCH=8 STEPS=20 MINIBATCH=32 UBATCH=8 CAPPED_STEPS=4 LR=3e-4 JOBS=$(nproc) BUILD_DIR=build-gpu
 #        DEADLINE_S=480 SKIP_BUILD=1 BUNDLE=dir COMPILE_BUDGET_S=120 TORCH_PYTHON=python3
-#        PEAK_BF16_TFLOPS=<dense BF16 peak; default by GPU name> FAST=1 (train (b)-(d) with --tf32 --tree-sums)
+#        PEAK_BF16_TFLOPS=<dense BF16 peak; default by GPU name> FAST=1 (train (b)-(d) with --tf32; tree sums are the default)
 #        DEVICE=cpu: a dry run of the plumbing on the CPU device (with an nvidia-smi stand-in on PATH and a tiny GPT2;
 #        docs/benchmarks.md): every run that needs no GPU runs for real; its verdict always fails the "device" row
 set -uo pipefail
@@ -69,7 +69,7 @@ dev=${DEVICE:-cuda}
 compile_budget_s=${COMPILE_BUDGET_S:-120}
 torch_py=${TORCH_PYTHON:-python3}
 fast=()
-[[ ${FAST:-0} == 1 ]] && fast=(--tf32 --tree-sums)
+[[ ${FAST:-0} == 1 ]] && fast=(--tf32)  # tree sums and the bf16 fast path are harmony-run's default on CUDA
 start=$SECONDS
 rm -f "$out/steps.jsonl"
 
@@ -469,7 +469,8 @@ if [[ $calibrated == true && -f $out/c_auto.json && -f $out/c_auto.trace.json ]]
 fi
 
 # --- 5. losses ------------------------------------------------------------------------------------------------------
-# The serial executor on both devices: one op at a time, so the CUDA device allocates in the CPU device's order
+# --exact on both devices (strict-order reductions, the bf16 exact kernels: the CPU device's bits, which the bounds
+# assume; (b)-(d) train on the fast default). The serial executor on both devices: one op at a time, so the CUDA device allocates in the CPU device's order
 # (the concurrent executor's order follows timing: dp-swap's fp32 Program fragmented past 4 MiB in every H200 run);
 # harmony-pp once more on the concurrent executor, CUDA's default, against the same CPU run. Then the same rows for
 # the Llama family (configs/run/llama.yaml: RMSNorm, rotary embeddings over grouped-query heads, SwiGLU), tagged
@@ -491,7 +492,7 @@ loss_run() {  # loss_run TAG KIND cuda|cpu EXECUTOR gpt2|llama PREC_ARGS...
   fi
   local on=$dev_  # the "cuda" side runs on $dev (the CPU device in a dry run)
   [[ $dev_ == cuda ]] && on=$dev
-  step "loss_${tag}_$dev_" 30 "$run" train "${cfg[@]}" --steps 3 "$@" --set "device=$on" --executor "$ex" \
+  step "loss_${tag}_$dev_" 30 "$run" train "${cfg[@]}" --steps 3 --exact "$@" --set "device=$on" --executor "$ex" \
     --format json --quiet && keep "loss_${tag}_$dev_"
 }
 for family in gpt2 llama; do

@@ -150,6 +150,14 @@ with tempfile.TemporaryDirectory() as tmp:
         r = run("train", DEFAULT, "--steps", "1", flag)
         check(f"{flag} refused on device: cpu", r.returncode == 2 and f"{flag} applies to device: cuda only" in r.stderr,
               (r.returncode, r.stderr))
+    # --exact (strict-order reductions) is every device's: the CPU device always sums in row order, so the same
+    # losses bit for bit; with --tree-sums it is a contradiction, refused naming both flags
+    rx, dx = train_json(DEFAULT, "--steps", str(SHORT), "--quiet", "--gpu-memory", "2MiB", "--exact")
+    check("--exact on device: cpu: the same losses bit for bit", rx.returncode == 0 and d1 and dx and
+          d1["summary"]["losses"] == dx["summary"]["losses"], rx.stderr)
+    r = run("train", DEFAULT, "--steps", "1", "--exact", "--tree-sums")
+    check("--exact with --tree-sums refused", r.returncode == 2 and "--exact and --tree-sums" in r.stderr,
+          (r.returncode, r.stderr))
     r3, d3 = train_json(DEFAULT, "--steps", str(SHORT), "--quiet", "--gpu-memory", "2MiB", "--poison")
     check("--poison: the same losses bit for bit", r3.returncode == 0 and d1 and d3 and
           d1["summary"]["losses"] == d3["summary"]["losses"], r3.stderr)
