@@ -31,7 +31,7 @@ core::LowerOptions all_gpus(core::LowerOptions o) {
   return o;
 }
 
-// The Programs harmony-run may have trained for a harmony-run config (apps/harmony_run.cpp, `choose` without
+// The Programs harmony-run may have trained for a harmony-run config (apps/run/plan.cpp, `choose` without
 // --plan auto), lowered on the config's measured profile (model.profile, required here). A Harmony plan has one.
 // A baseline's swap decisions and pp-swap's stages are made on harmony-run's own description of the model, whose
 // sizes and times differ from the profile's: the candidates are the profile's decisions, then every forced

@@ -1,0 +1,449 @@
+// harmony-run train: the steps with progress, checkpoints and stop signals, the non-finite stop, and the run's
+// table and JSON (docs/backend.md, docs/output-schema.md).
+#include "apps/run/common.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <system_error>
+#include <thread>
+#include "backend/executor/executor.hpp"
+#include "backend/host_memory.hpp"
+#include "backend/model/describe.hpp"
+#include "backend/model/hf_weights.hpp"
+#include "backend/profiler.hpp"
+#include "backend/registry.hpp"
+#include "backend/tokens.hpp"
+#include "backend/train_checkpoint.hpp"
+#include "core/base/atomic_file.hpp"
+#include "core/config/config.hpp"
+#include "core/kinds/kinds.hpp"
+#include "core/model/profile.hpp"
+#include "core/output/report.hpp"
+#include "core/output/trace.hpp"
+#include "core/plan/plan_rules.hpp"
+#include "core/program/lower.hpp"
+#include "core/search/search.hpp"
+#include "sim/engine/cost_native.hpp"
+#include "sim/engine/native_engine.hpp"
+#include "sim/study/compare.hpp"
+#include "sim/study/evaluate.hpp"
+
+namespace harmony::run {
+
+// SIGINT, SIGTERM and SIGHUP during training: finish the step, save a checkpoint, exit 128 + the signal's
+// number (130, 143, 129). The first one puts all three back to their default action, so a second signal (of
+// any of the three) ends the process at once.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+std::atomic<int> g_signal{0};
+
+extern "C" void on_stop_signal(int signo) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (const int s : kStopSignals) sigaction(s, &dfl, nullptr);  // async-signal-safe
+  // Two signals can reach two threads' handlers at once (the mask only blocks within one thread): the one
+  // that is not first re-raises with the default action, which ends the process when its handler returns.
+  int none = 0;
+  if (!g_signal.compare_exchange_strong(none, signo)) raise(signo);
+}
+
+const char* signal_name(int signo) {
+  return signo == SIGINT ? "SIGINT" : signo == SIGTERM ? "SIGTERM" : signo == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (const int s : kStopSignals) sigaddset(&sa.sa_mask, s);  // one handler at a time
+  sa.sa_flags = SA_RESTART;
+  // A signal ignored when the run started stays ignored (nohup's SIGHUP), as harmony-sim's sweep does.
+  for (const int s : kStopSignals) {
+    struct sigaction previous {};
+    if (sigaction(s, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) continue;
+    sigaction(s, &sa, nullptr);
+  }
+}
+
+// Every file the run will write, checked before any work so that a bad path never throws a run away.
+void check_train_outputs(const Cli& cli, const core::TrainConfig& cfg) {
+  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
+  if (!cli.save_weights.empty()) {
+    core::check_output_file(cli.save_weights, "the weights (--save-weights)");
+    core::check_output_file(backend::hf_config_path_for(cli.save_weights), "the weights' config.json (--save-weights)");
+  }
+  if (!cfg.checkpoint.dir.empty()) core::check_output_dir(cfg.checkpoint.dir, "the checkpoint directory");
+}
+
+// What the run is: printed before step 1 (table output, without --quiet).
+void print_header(const Setup& s, const Chosen& chosen) {
+  const auto& cfg = s.cfg;
+  const core::Plan& plan = chosen.plan;
+  fmt::print("model    {} ({} parameters, {:.2f} MiB of fp32 weights; {:.2f} MiB with AdamW state)\n", s.desc.name,
+             s.model->param_count(), mib(s.model->param_count() * 4), mib(s.model->param_count() * 12));
+  fmt::print("devices  {} x {} with {} each{}\n", plan.gpus, cfg.device, capacity_text(cfg.machine.gpu_memory_bytes),
+             cfg.train.dtype == "bf16"
+                 ? "; bf16 weights, activations and gradients (fp32 masters and AdamW on the host)"
+                 : "");
+  fmt::print("plan     {} ({} ops)\n", chosen.title, chosen.program.ops.size());
+  fmt::print("data     {} ({} tokens; {} steps per epoch)\n", s.tokens.name(), s.tokens.size(),
+             s.tokens.steps_per_epoch(plan.minibatch, cfg.model.seq_len));
+  std::fflush(stdout);
+}
+
+// The checkpoint directory of a run (empty: none), the meta of its checkpoints and the newest one it holds.
+struct Checkpoints {
+  std::string dir;
+  backend::CheckpointMeta meta;
+  std::string newest;  // resumed from or saved by this run; empty when none
+  std::int64_t newest_step = 0;
+
+  std::string save(int done_steps, const std::vector<double>& losses, const backend::HostState& state, int keep) {
+    meta.step = done_steps;
+    meta.data_position = static_cast<std::uint64_t>(done_steps);
+    meta.losses = losses;
+    newest = allocating("a checkpoint", [&] { return backend::save_checkpoint(dir, meta, state, keep); });
+    newest_step = done_steps;
+    return newest;
+  }
+};
+
+// What the steps of this process measured, for the summary, the JSON and the trace.
+struct RunLog {
+  int start = 0;                                   // steps done before this process (a resumed run's)
+  int ran = 0;                                     // steps this process ran
+  double run_s = 0.0;                              // their wall time
+  std::vector<double> losses;                      // every step's loss since step 1 (a resumed run's history first)
+  nlohmann::json steps = nlohmann::json::array();  // this process's steps
+  // --trace: the fastest step after this process's first (its warm-up; the first itself when it is the only one),
+  // the step harmony-sim calibrate measures a run by, so the trace it fits and the time it compares are one step.
+  backend::StepResult traced;
+  int traced_step = 0;  // 1-based; 0 = none yet
+  double traced_s = 0.0;
+};
+
+// A loss this many times the run's first is reported as divergence (once).
+constexpr double kDivergenceFactor = 100.0;
+
+// Training stopped at `step` (1-based) on a non-finite loss or gradient: the error, what is kept, what to do.
+// Returns kExitNonFinite.
+int stop_nonfinite(const Setup& s, const Cli& cli, const Checkpoints& ck, int step, const backend::StepResult& r) {
+  const auto& g = r.nonfinite_gradient;
+  std::string what;
+  if (!std::isfinite(r.loss)) {
+    what = fmt::format("the loss is {}", std::isnan(r.loss) ? "NaN" : r.loss > 0 ? "+infinity" : "-infinity");
+    if (g)
+      what += fmt::format(", and the gradients of {} parameters are not finite either (the one nearest the loss: {})",
+                          g->params, g->param);
+  } else {
+    what =
+        fmt::format("the gradient of {} (layer {}) holds a NaN or an infinity{}; the loss was {:.6g}", g->param,
+                    s.model->layer_name(g->layer),
+                    g->params > 1 ? fmt::format(", as do {} other parameters'", g->params - 1) : std::string(), r.loss);
+  }
+  std::string kept;
+  if (ck.dir.empty()) {
+    kept = "no checkpoint directory: the run's progress is not saved";
+  } else if (ck.newest.empty()) {
+    kept = fmt::format("no checkpoint was saved in {} before it", ck.dir);
+  } else {
+    kept = fmt::format("the newest checkpoint, {} (step {}), is kept as it was", ck.newest, ck.newest_step);
+  }
+  std::string unwritten;
+  for (const auto& [flag, path] : {std::pair{"--save-weights", &cli.save_weights}, std::pair{"--trace", &cli.trace}})
+    if (!path->empty()) unwritten += fmt::format("{}{} {}", unwritten.empty() ? "; not written: " : ", ", flag, *path);
+  fmt::print(stderr,
+             "harmony-run: error: training stopped at step {}: {}. The step's update used it, so nothing of it was "
+             "saved: {}{}\n  hint: lower train.lr (now {:g}), check the data{}; a --resume repeats the same steps "
+             "with the same settings (exit code {}: non-finite training, docs/backend.md)\n",
+             step, what, kept, unwritten, s.cfg.train.lr, s.cfg.model.gpt2 ? "" : " and the weights (model.weights)",
+             kExitNonFinite);
+  return kExitNonFinite;
+}
+
+// Steps log.start+1 .. train.steps with progress (stderr: a bar on a terminal, otherwise the first, the last and
+// one line per 10 s), checkpoints, a warning when the loss diverges, and the stops: 0 when every step ran, else
+// the exit code (a stop signal: 128 + its number, after a checkpoint; a non-finite loss or gradient:
+// kExitNonFinite, nothing saved).
+int train_steps(const Cli& cli, Setup& s, backend::Executor& executor, Checkpoints& ck, RunLog& log) {
+  const auto& cfg = s.cfg;
+  const int B = cfg.plan.minibatch, T = cfg.model.seq_len, steps = cfg.train.steps;
+  const bool quiet = cli.quiet;
+  install_stop_handlers();
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  // Off a terminal (a log file, Slurm's output) one progress line for the first step, then one every
+  // kProgressLineEvery_s and one for the last, as harmony-sim's sweeps and searches write theirs.
+  constexpr double kProgressLineEvery_s = 10.0;
+  auto last_line = std::chrono::steady_clock::now();
+  bool on_bar = false;  // a terminal's progress bar is the line the cursor is on
+  const auto end_bar = [&] {
+    if (on_bar) fmt::print(stderr, "\n");
+    on_bar = false;
+  };
+  bool warned = false;
+  std::vector<std::int32_t> in, tgt;
+  for (int step = log.start; step < steps; ++step) {
+    s.tokens.batch(step, B, T, in, tgt);
+    const auto t0 = std::chrono::steady_clock::now();
+    backend::StepResult last;
+    try {
+      last = allocating(fmt::format("training step {}", step + 1), [&] { return executor.step(in, tgt); });
+    } catch (const backend::OutOfMemory& e) {
+      end_bar();
+      throw core::ConfigError(
+          core::SourceLoc{cfg.file, 0, 0},
+          fmt::format("the plan does not fit the devices' memory (machine.gpu_memory = {}) at step {}: {}",
+                      capacity_text(cfg.machine.gpu_memory_bytes), step + 1, e.what()),
+          "raise --gpu-memory, use smaller packs (plan.pack_size) or microbatches, or let --plan auto pick a plan "
+          "that fits; no checkpoint was written by this run");
+    }
+    if (!std::isfinite(last.loss) || last.nonfinite_gradient) {
+      end_bar();
+      return stop_nonfinite(s, cli, ck, step + 1, last);
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    log.run_s += dt;
+    ++log.ran;
+    if (!cli.trace.empty() && (log.ran == 1 || log.ran == 2 || dt < log.traced_s)) {
+      log.traced = last;
+      log.traced_step = step + 1;
+      log.traced_s = dt;
+    }
+    log.losses.push_back(last.loss);
+    log.steps.push_back(
+        {{"step", step + 1}, {"loss", last.loss}, {"step_time_s", dt}, {"throughput_samples_per_s", B / dt}});
+    const auto now = std::chrono::steady_clock::now();
+    if (!quiet && (tty || step == log.start || step + 1 == steps ||
+                   std::chrono::duration<double>(now - last_line).count() >= kProgressLineEvery_s)) {
+      progress(step + 1, steps, last.loss, B * log.ran / log.run_s, (steps - step - 1) * log.run_s / log.ran, tty);
+      on_bar = tty && step + 1 < steps;
+      last_line = now;
+    }
+    if (!warned && last.loss > kDivergenceFactor * log.losses.front()) {
+      warned = true;
+      end_bar();
+      fmt::print(stderr,
+                 "harmony-run: warning: step {}: the loss {:.6g} is {:.3g} times step 1's {:.6g}: the run is "
+                 "diverging\n  hint: lower train.lr (now {:g}); Ctrl-C stops it with a checkpoint{}\n",
+                 step + 1, last.loss, last.loss / log.losses.front(), log.losses.front(), cfg.train.lr,
+                 ck.dir.empty() ? " when --checkpoint-dir is given" : "");
+    }
+    const bool due = cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0;
+    const int stop = g_signal.load();
+    if (!ck.dir.empty() && (due || stop != 0)) {
+      executor.sync_state();  // a resident kind's weights and moments are on its devices
+      const std::string path = ck.save(step + 1, log.losses, *s.state, cfg.checkpoint.keep);
+      if (!quiet && !tty) fmt::print(stderr, "checkpoint {}\n", path);
+    }
+    if (stop != 0) {
+      end_bar();
+      fmt::print(stderr, "interrupted by {} after step {}{}\n", signal_name(stop), step + 1,
+                 ck.dir.empty() ? " (no checkpoint directory: progress is lost)"
+                                : fmt::format("; checkpoint saved in {}; continue with --resume", ck.dir));
+      return 128 + stop;
+    }
+  }
+  return 0;
+}
+
+// --format json: the run's document (docs/output-schema.md, schemas/harmony-run-train.schema.json); unknown
+// values (nothing ran) are null.
+void print_train_json(const Cli& cli, const Setup& s, const Chosen& chosen, const RunLog& log,
+                      const std::vector<core::Bytes>& peaks, const Prediction& predicted) {
+  using nlohmann::json;
+  const auto& cfg = s.cfg;
+  const core::Plan& plan = chosen.plan;
+  const int B = plan.minibatch;
+  const double mean_step_s = log.ran > 0 ? log.run_s / log.ran : 0.0;
+  const auto or_null = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  const bool packs = plan.kind->packs;
+  json per_gpu = json::array();
+  core::Bytes peak = 0;
+  for (std::size_t g = 0; g < peaks.size(); ++g) {
+    per_gpu.push_back({{"gpu", g}, {"peak_memory_bytes", peaks[g]}});
+    peak = std::max(peak, peaks[g]);
+  }
+  const json doc = {{"schema_version", core::kOutputSchemaVersion},
+                    {"command", "train"},
+                    {"config_path", cli.config},
+                    {"device", cfg.device},
+                    {"dtype", cfg.train.dtype},
+                    {"plan",
+                     {{"title", chosen.title},
+                      {"plan_kind", plan.kind.name()},
+                      {"gpus", plan.gpus},
+                      {"minibatch", plan.minibatch},
+                      {"u_fwd", plan.u_fwd},
+                      {"u_bwd", plan.u_bwd},
+                      {"packs_fwd", packs ? core::packs_to_json(plan.packs_fwd) : json(nullptr)},
+                      {"packs_bwd", packs ? core::packs_to_json(plan.packs_bwd) : json(nullptr)}}},
+                    {"steps", log.steps},
+                    {"summary",
+                     {{"first_step", log.start + 1},
+                      {"last_step", cfg.train.steps},
+                      {"steps_run", log.ran},
+                      {"first_loss", log.losses.empty() ? json(nullptr) : json(log.losses.front())},
+                      {"final_loss", log.losses.empty() ? json(nullptr) : json(log.losses.back())},
+                      {"losses", log.losses},
+                      {"train_time_s", log.run_s},
+                      {"step_time_s", log.ran > 0 ? json(mean_step_s) : json(nullptr)},
+                      {"traced_step", log.traced_step > 0 ? json(log.traced_step) : json(nullptr)},
+                      {"predicted_step_time_s", or_null(predicted.step_s.value_or(std::nan("")))},
+                      {"prediction_error", or_null(prediction_error(predicted, mean_step_s))},
+                      {"throughput_samples_per_s", log.ran > 0 ? json(B * log.ran / log.run_s) : json(nullptr)},
+                      {"gpu_capacity_bytes", cfg.machine.gpu_memory_bytes},
+                      {"model_weight_bytes", s.model->param_count() * 4},
+                      {"num_parameters", s.model->param_count()},
+                      {"peak_memory_bytes", peaks.empty() ? json(nullptr) : json(peak)},
+                      {"per_gpu", std::move(per_gpu)}}}};
+  fmt::print("{}\n", doc.dump(1));
+}
+
+// The table's results (printed with --quiet too: it only drops the progress).
+void print_train_summary(const Setup& s, const RunLog& log, const std::vector<core::Bytes>& peaks,
+                         const Prediction& predicted, bool serial) {
+  const auto& cfg = s.cfg;
+  const int B = cfg.plan.minibatch;
+  const double mean_step_s = log.ran > 0 ? log.run_s / log.ran : 0.0;
+  const double error = prediction_error(predicted, mean_step_s);
+  // this process's steps (a resumed run's earlier losses are not its own)
+  const double first = log.ran > 0 ? log.losses[log.losses.size() - static_cast<std::size_t>(log.ran)] : 0.0;
+  fmt::print("done     {} steps in {:.2f} s ({:.1f} samples/s); loss {:.4f} -> {:.4f}\n", log.ran, log.run_s,
+             log.ran > 0 ? B * log.ran / log.run_s : 0.0, first, log.ran > 0 ? log.losses.back() : 0.0);
+  std::string p;
+  for (std::size_t g = 0; g < peaks.size(); ++g) p += fmt::format("{}{:.2f}", g ? ", " : "", mib(peaks[g]));
+  fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
+             mib(cfg.machine.gpu_memory_bytes), mib(s.model->param_count() * 4));
+  if (predicted.step_s && std::isfinite(error))
+    fmt::print("predict  {:.4f} s/step by harmony-sim (native{}) on machine {}; measured {:.4f} s/step ({:+.1f}%)\n",
+               *predicted.step_s, serial ? ", one op at a time as the serial executor" : "", cfg.machine.name,
+               mean_step_s, 100.0 * error);
+  else if (log.ran > 0)
+    fmt::print("predict  none: {}; measured {:.4f} s/step\n", predicted.why_not, mean_step_s);
+}
+
+int cmd_train(const Cli& cli) {
+  Setup s = make_setup(cli);
+  load_run_profile(s);
+  const auto& cfg = s.cfg;
+  check_train_outputs(cli, cfg);
+  const bool json = cli.format == "json";
+  const bool quiet = cli.quiet;  // progress on stderr: beside JSON too, as harmony-sim's
+  adamw_config(cfg).validate();
+  const std::string& ckdir = cfg.checkpoint.dir;
+  // The checkpoint directory first (before any search or allocation): one writer at a time, and a fresh run never
+  // writes where a run's checkpoints are.
+  std::optional<backend::CheckpointDirLock> ck_lock;
+  if (cli.resume && ckdir.empty())
+    throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0}, "--resume needs a checkpoint directory",
+                            "give --checkpoint-dir DIR or checkpoint.dir in the config");
+  if (!ckdir.empty()) {
+    ck_lock.emplace(ckdir);
+    if (!cli.resume)
+      if (auto latest = backend::latest_checkpoint(ckdir))
+        throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
+                                fmt::format("checkpoint directory {} already holds {}", ckdir, *latest),
+                                "continue that run with --resume, or give an empty --checkpoint-dir (a fresh run "
+                                "never overwrites saved checkpoints)");
+  }
+  check_host_state(s, cfg.plan.gpus);
+  const Chosen chosen = choose(s, cli, quiet);
+  check_host_memory(s, sim::host_account(chosen.program, s.desc), chosen.plan.gpus);
+  allocating(fmt::format("the host model state (fp32 weights, gradients and AdamW moments: {:.2f} GiB)",
+                         gib(s.model->param_count() * 16)),
+             [&] { init_state(s); });
+  const core::Plan& plan = chosen.plan;
+  const core::Program& program = chosen.program;
+  auto owned = allocating("the devices", [&] { return make_devices(cfg, s.device_flags, plan.gpus); });
+  const std::vector<backend::Device*> devs = raw_devices(owned);
+  auto comm = make_communicator(cfg, cli, devs);  // outlives the executor, dies before the devices
+  // In an optional so that it and the devices are released before the prediction profiles on a device of the same
+  // capacity (a CUDA device holds its whole block: two at once would not fit the GPU).
+  std::optional<backend::Executor> run_executor;
+  try {
+    allocating("the executor's host buffers (stashes and swapped activations)",
+               [&] { run_executor.emplace(program, devs, *s.state, executor_options(cli, cfg, comm.get())); });
+  } catch (const backend::OutOfMemory& e) {
+    if (!plan.kind->resident_state) throw;
+    // a kind with resident state allocates its weights, gradients and AdamW state on every device up front
+    throw core::ConfigError(
+        core::SourceLoc{cfg.file, 0, 0},
+        fmt::format("{} keeps the whole model's weights, gradients and AdamW state on every device ({:.2f} MiB, 16 "
+                    "bytes per parameter) and they do not fit machine.gpu_memory = {}: {}",
+                    plan.kind.name(), static_cast<double>(s.model->param_count() * 16) / (1 << 20),
+                    capacity_text(cfg.machine.gpu_memory_bytes), e.what()),
+        "raise --gpu-memory, or train the model larger than the devices with a kind that swaps (harmony-pp, "
+        "harmony-dp; --plan auto picks a plan that fits)");
+  }
+  if (!json && !quiet) print_header(s, chosen);
+
+  // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.
+  Checkpoints ck{ckdir, checkpoint_meta(s, chosen), ""};
+  RunLog log;
+  if (cli.resume) {
+    if (auto latest = backend::latest_checkpoint(ckdir)) {
+      const backend::CheckpointMeta got = backend::load_checkpoint(*latest, *s.state, &ck.meta);
+      if (const auto bad = nonfinite_tensor(*s.state, true))
+        throw core::ConfigError(core::SourceLoc{*latest, 0, 0}, "the checkpoint cannot continue training: " + *bad,
+                                "move it away and resume from an older checkpoint, or start again in another "
+                                "--checkpoint-dir (harmony-run never saves a step whose loss or gradients are not "
+                                "finite: this one was written by another program or version)");
+      log.start = static_cast<int>(got.step);
+      log.losses = got.losses;
+      ck.newest = *latest;
+      if (!quiet) fmt::print(json ? stderr : stdout, "resumed  {} at step {}\n", *latest, log.start);
+    } else if (!quiet) {
+      fmt::print(json ? stderr : stdout, "resume   no checkpoint in {}: starting at step 0\n", ckdir);
+    }
+    std::fflush(stdout);
+  }
+
+  if (const int stopped = train_steps(cli, s, *run_executor, ck, log); stopped != 0) return stopped;
+  run_executor->sync_state();  // a resident kind's weights and moments are on its devices until now
+  if (!ckdir.empty() && log.ran > 0 && (cfg.checkpoint.every == 0 || cfg.train.steps % cfg.checkpoint.every != 0))
+    ck.save(cfg.train.steps, log.losses, *s.state, cfg.checkpoint.keep);
+  if (!cli.save_weights.empty()) backend::save_hf_model(cli.save_weights, *s.state);
+  if (!cli.trace.empty() && log.ran > 0) {
+    nlohmann::json doc = core::chrome_trace_json(program, log.traced.begin, log.traced.end,
+                                                 core::TraceMeta{"harmony-run (" + cfg.device + ")", chosen.title});
+    doc["otherData"]["step"] = log.traced_step;
+    doc["otherData"]["step_time_s"] = log.traced_s;
+    core::write_file_atomic(cli.trace, doc.dump(1) + "\n", "the trace");
+  }
+
+  std::vector<core::Bytes> peaks;
+  peaks.reserve(devs.size());
+  for (auto* d : devs) peaks.push_back(d->memory().peak);
+  run_executor.reset();  // the run's device memory back before predict() profiles (the state is on the host)
+  comm.reset();
+  owned.clear();
+  const bool serial = !executor_options(cli, cfg).concurrent;
+  const Prediction predicted =
+      log.ran > 0 ? predict(s, chosen, serial, quiet) : Prediction{std::nullopt, "no step ran"};
+  if (json) {
+    print_train_json(cli, s, chosen, log, peaks, predicted);
+  } else {
+    print_train_summary(s, log, peaks, predicted, serial);
+  }
+  return 0;
+}
+
+}  // namespace harmony::run
