@@ -895,7 +895,10 @@ class FlowEngine {
   // itself, not a pass of their own: DeepSpeed's CPU Adam writes the 2-byte copy inside its multi-threaded step
   // (Adam_Optimizer::Step_AVX's fp16 output) and casts gradients as it reads them, so the conversion costs CPU
   // time only through cpu_adam's measured rate and DRAM bandwidth through update_traffic_bytes.
+  // An update that carries host_pass_bytes (ZeRO-3 stage 3: the optimizer steps the FP32 partition alone, the
+  // gradient arrives in FP32 and the GPU-dtype copy is a pass of its own, priced by that pass) converts nothing.
   double conversion_bytes(const Op& o) const {
+    if (o.host_pass_bytes > 0) return 0;
     double c = 0;
     for (int l = o.layers.first; l <= o.layers.last; ++l) {
       if (m_.narrow_weights(l)) c += 8.0 * static_cast<double>(m_.layers[z(l)].param_count);

@@ -199,6 +199,18 @@ TEST_CASE("ZeRO-3's gradient round trip and FP32 copy, and the step's host passe
   CHECK(r.link_stats[z(r.graph.host_memcpy)].bytes == 2 * B);
 }
 
+TEST_CASE("an update with its own host passes converts nothing inside the step (ZeRO-3: no double count)") {
+  // 1e6 bf16 parameters, 2 ms of CPU time, DRAM at 1e10 B/s: the fused-cast update moves 36 bytes per parameter
+  // (3.6 ms, the test below). With ZeRO-3's passes (host_pass_bytes 14e6) the step moves only 28 (2.8 ms), then the
+  // passes copy 7e6 bytes at the memcpy rate 2e9 (3.5 ms; their 14e6 bytes of DRAM take 1.4 ms): 6.3 ms, not 7.1.
+  Builder b;
+  const int u = b.add(Stream::Cpu, OpKind::Update);
+  b.op(u).host_pass_bytes = 14'000'000;
+  auto m = box();
+  m.topology.host_memory_bytes_per_s = 1e10;
+  CHECK(sim::run_native(b.p, two_layers(2e-3, 2'000'000, 1'000'000), m).timeline.end_ps[z(u)] == 6300 * kUs);
+}
+
 TEST_CASE("zero-infinity: gradients go down and back per microbatch, FP32 at the boundary; the step passes twice") {
   // DeepSpeed stage3.py (38327e07) partition_grads: each microbatch's 2-byte shard into the pinned host buffer and
   // back to the GPU (summed there, no host sum); the last also sends the FP32 gradient. bf16 layers of 1000
