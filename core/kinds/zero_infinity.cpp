@@ -30,8 +30,8 @@ double elements(const Model& m, int l) {
 //     stash X_l (1 <= l <= R-2), the data X_0 dropped and re-read
 //   backward of microbatch i, l descending: WB(l) shard | AG(l) | sa: sX (or X) in | BWD(l) |
 //     RS(l) on P2POut (N > 1): reduce-scatter of the layer's W+B gradient, waiting for every rank's
-//     BWD(l) | dWB(l) out of g's gradient shard (the full gradient when N = 1); the host sums
-//     microbatches. ZeRO-3 keeps no full gradient on the GPU, so this happens every microbatch.
+//     BWD(l) | dWB(l) out of g's gradient shard (the full gradient when N = 1), accumulated over
+//     microbatches in a host buffer. ZeRO-3 keeps no full gradient on the GPU, so this happens every microbatch.
 //   Update(l) (CPU Adam) after the backward pass: every GPU's last dWB. The reference prices Update
 //   by whole layers, so layer l's update runs on the CPU of rank l mod N: the N processes share the
 //   same total optimizer work ZeRO spreads over them by shards.
@@ -40,10 +40,22 @@ double elements(const Model& m, int l) {
 // grad_tensor_latency per parameter tensor on every BWD; each WB is max(ceil(elements / bucket), tensors) transfers
 // (DeepSpeed copies each parameter's partition to the GPU by itself: partition_parameters.py
 // NoGatherCoalescedHandle / all_gather_coalesced, commit 38327e07), each AG ceil(elements / bucket), and each dWB
-// one transfer per tensor (stage3.py partition_grads copies each parameter's gradient to the host by itself); the host
-// sums each rank's gradient shard over microbatches (host_sum on every dWB but the first microbatch's). With offload:
-// nvme the WB first reads g's shard from NVMe, and Update(l) reads the layer's optimizer state and FP32 masters from
-// NVMe and writes them back (plus the GPU-dtype parameters when they are not FP32: the next fetch reads those).
+// one transfer per tensor (stage3.py partition_grads copies each parameter's gradient to the host by itself). With
+// offload: nvme the WB first reads g's shard from NVMe, and Update(l) reads the layer's optimizer state and FP32
+// masters from NVMe and writes them back (plus the GPU-dtype parameters when they are not FP32: the next fetch reads
+// those). The gradient path and the step's host passes, as DeepSpeed's stage 3 runs them with offload_optimizer
+// (deepspeed/runtime/zero/stage3.py at commit 38327e07; docs/baselines.md "ZeRO-3 overheads"):
+//   - every dWB copies g's GPU-dtype shard into the pinned host gradient buffer and back to the GPU (partition_grads,
+//     lines 1481-1496: `grad_buffer.copy_(grad_partition)` then `.to(device)`; from the second microbatch on the
+//     buffer goes up first, is added to on the GPU ("adding directly to cpu is very slow") and comes back down): a
+//     return of the shard's bytes host -> GPU, and no host sum;
+//   - the last microbatch's dWB also sends the FP32 gradient (line 1515: `fp32_grad_tensor.copy_(grad_buffer
+//     .float())`), 4 bytes per parameter of the shard; under offload: nvme those are swapped out to the drives
+//     (lines 1505-1526, swap_out_gradients) and read back by the Update (_optimizer_states_and_gradient_swap_in);
+//   - Update(l), besides CPU Adam, passes over host memory: unscale_and_clip_grads (lines 2178-2187: `mul_` of the
+//     FP32 gradient, 8 bytes read and written per parameter) and _reassign_or_swap_out_partitioned_parameters
+//     (lines 2069-2076: the GPU-dtype partition `copy_` of the FP32 masters, 4 bytes read and 2 written per
+//     parameter, 4 and 4 when FP32).
 // Parameters and gradients are always streamed (the defining trait); activations follow decide_swaps
 // (ZeRO-Infinity's activation offload); plan.knobs.activation_policy decides between recomputing each layer
 // (checkpoint: REC before BWD, as DeepSpeed's activation checkpointing) and keeping its saved activations.
@@ -134,8 +146,10 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
         const Bytes sb = N > 1 ? shard(b.bbytes(l), N) : b.bbytes(l);
         const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
         b.dep(O, src);
-        b.set_io(O, tensors(l), 0, 0);
-        if (i > 0) b.set_host_sum(O, sw);  // the rank's process adds this microbatch's shard into its sum
+        // the shard into the pinned buffer and back (summed on the GPU); at the boundary its FP32 copy out
+        const Bytes fp32 = i == m - 1 ? (N > 1 ? shard(model.fp32_param_bytes(l), N) : model.fp32_param_bytes(l)) : 0;
+        b.set_io(O, tensors(l), 0, nvme ? fp32 : 0);
+        b.set_gradient_path(O, sw + sb, fp32);
         b.free(O, TensorKind::WeightGrad, L, -1, gw);
         b.output_of(O, g, k);
         last_out[static_cast<std::size_t>(g)] = O;
@@ -147,7 +161,10 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
     if (!b.has_params(l)) continue;
     const int g = l % N;
     const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
-    if (nvme) b.nvme_update_io(U, l);
+    const Bytes fp32 = model.fp32_param_bytes(l);
+    if (nvme) b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
+    // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4)
+    b.set_host_pass(U, 2 * fp32 + fp32 + (model.narrow_weights(l) ? fp32 / 2 : fp32));
     for (int h = 0; h < N; ++h) {
       if (last_out[static_cast<std::size_t>(h)] >= 0) b.dep(U, last_out[static_cast<std::size_t>(h)]);
     }

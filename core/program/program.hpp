@@ -86,6 +86,9 @@ struct Op {
   Bytes nvme_read_bytes = 0;   // read from the NVMe tier into pinned host memory before the op's work
   Bytes nvme_write_bytes = 0;  // written from host memory to the NVMe tier after the op's work
   Bytes host_sum_bytes = 0;    // gradient bytes the CPU adds into a host accumulator after the op's work
+  Bytes return_bytes = 0;      // a dWB's bytes copied back host -> device after it (ZeRO-3's pinned gradient buffer)
+  Bytes extra_out_bytes = 0;   // a dWB's bytes moved device -> host beyond `bytes` (ZeRO-3's FP32 gradient copy)
+  Bytes host_pass_bytes = 0;   // host DRAM bytes read and written by passes over tensors after the op's work
   int io_count = 0;            // the op's transfer is this many I/Os (buckets), each paying the latency; 0 = 1
   double overhead_s = 0;       // fixed host-side cost before the op's work (ZeRO-3 module gather/partition)
 };

@@ -140,9 +140,9 @@ int ProgramBuilder::gradient_out(int device, int l, int ui, int bwd, int k, std:
   return O;
 }
 
-void ProgramBuilder::nvme_update_io(int update, int l) {
+void ProgramBuilder::nvme_update_io(int update, int l, Bytes extra_read) {
   const Bytes state = model_.optimizer_state_bytes(l, l) + model_.master_bytes(l, l);
-  set_io(update, 1, state, state + (model_.narrow_weights(l) ? wbytes(l) + bbytes(l) : 0));
+  set_io(update, 1, state + extra_read, state + (model_.narrow_weights(l) ? wbytes(l) + bbytes(l) : 0));
 }
 
 // FWD: the profiled forward peak less the layer's weights, input and output (under keep also less the saved

@@ -67,8 +67,9 @@ class ProgramBuilder {
   // `host_sum` bytes when > 0), which frees the gradient and is the output of the last step. Returns the dWB op.
   int gradient_out(int device, int l, int ui, int bwd, int k, std::uint64_t key, Bytes host_sum);
   // offload: nvme: layer l's CPU update reads its optimizer state and FP32 masters from the drives and writes
-  // them back, plus the GPU-dtype parameters when those are narrower than FP32 (the next fetch reads them).
-  void nvme_update_io(int update, int l);
+  // them back, plus the GPU-dtype parameters when those are narrower than FP32 (the next fetch reads them), and
+  // `extra_read` bytes more (ZeRO-3's FP32 gradients, swapped out by the backward).
+  void nvme_update_io(int update, int l, Bytes extra_read = 0);
 
   void dep(int op, int on);
   // Layer l's input for microbatch i coming in to `device` (the data X, a stashed sX, a peer's X) on `stream`:
@@ -118,6 +119,13 @@ class ProgramBuilder {
   // Native-model extras of an op (core::Op): its I/O count and NVMe bytes, its host gradient sum, its overhead.
   void set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_write);
   void set_host_sum(int op, Bytes bytes) { prog_.ops[static_cast<std::size_t>(op)].host_sum_bytes = bytes; }
+  void set_host_pass(int op, Bytes bytes) { prog_.ops[static_cast<std::size_t>(op)].host_pass_bytes = bytes; }
+  // A dWB's round trip: `return_bytes` copied back to the device after it, `extra_out_bytes` more to the host.
+  void set_gradient_path(int op, Bytes return_bytes, Bytes extra_out_bytes) {
+    auto& o = prog_.ops[static_cast<std::size_t>(op)];
+    o.return_bytes = return_bytes;
+    o.extra_out_bytes = extra_out_bytes;
+  }
   void set_overhead(int op, double s) { prog_.ops[static_cast<std::size_t>(op)].overhead_s = s; }
   void alloc(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes);  // skipped when bytes == 0
   void free(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes);   // skipped when bytes == 0

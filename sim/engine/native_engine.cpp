@@ -834,6 +834,19 @@ class FlowEngine {
     return st;
   }
 
+  // A dWB's copy back to its device (ZeRO-3's gradient buffer, core::Op::return_bytes): the device's host -> device
+  // path, one I/O per tensor as the op's own transfer, DMA crossing host memory once per byte.
+  Stage return_stage(const Op& o) const {
+    Stage st;
+    st.kind = ActKind::Flow;
+    st.volume = static_cast<double>(o.return_bytes);
+    st.path = h2d_[z(o.device)];
+    st.cap = host_path_cap(o, true);
+    st.latency_ps = latency_ps_ * std::max(1, o.io_count);
+    if (r_.graph.host_memory >= 0) add_host_memory(st, 1.0);
+    return st;
+  }
+
   // The host work around op `o`'s own stage (native model only; docs/native-model.md "Offload tiers and host
   // work"): NVMe reads before it, the dtype conversion before an update, host gradient sums and NVMe writes
   // after it, and the op's fixed overhead before everything.
@@ -850,7 +863,12 @@ class FlowEngine {
           p_.op_id(x.a), p_.op_label(x.a), mach_.name));
     if (o.nvme_read_bytes > 0)
       before.push_back(host_stage(g.nvme_read, static_cast<double>(o.nvme_read_bytes), 1.0, nvme_lat));
+    if (o.return_bytes > 0) after.push_back(return_stage(o));
     if (o.host_sum_bytes > 0) after.push_back(host_stage(g.host_memcpy, static_cast<double>(o.host_sum_bytes), 3.0, 0));
+    // passes over host tensors (ZeRO-3's unscale and dtype copy): memory-bound, at the memcpy rate, where a copied
+    // byte is one read and one write
+    if (o.host_pass_bytes > 0)
+      after.push_back(host_stage(g.host_memcpy, 0.5 * static_cast<double>(o.host_pass_bytes), 2.0, 0));
     if (o.nvme_write_bytes > 0)
       after.push_back(host_stage(g.nvme_write, static_cast<double>(o.nvme_write_bytes), 1.0, nvme_lat));
     if (!before.empty() || !after.empty()) {
@@ -877,7 +895,10 @@ class FlowEngine {
   // itself, not a pass of their own: DeepSpeed's CPU Adam writes the 2-byte copy inside its multi-threaded step
   // (Adam_Optimizer::Step_AVX's fp16 output) and casts gradients as it reads them, so the conversion costs CPU
   // time only through cpu_adam's measured rate and DRAM bandwidth through update_traffic_bytes.
+  // An update that carries host_pass_bytes (ZeRO-3 stage 3: the optimizer steps the FP32 partition alone, the
+  // gradient arrives in FP32 and the GPU-dtype copy is a pass of its own, priced by that pass) converts nothing.
   double conversion_bytes(const Op& o) const {
+    if (o.host_pass_bytes > 0) return 0;
     double c = 0;
     for (int l = o.layers.first; l <= o.layers.last; ++l) {
       if (m_.narrow_weights(l)) c += 8.0 * static_cast<double>(m_.layers[z(l)].param_count);
@@ -997,8 +1018,8 @@ class FlowEngine {
           set_flow(x, 2. * bytes, {g.host_memcpy}, ref ? mach_.bw_msg_bytes_per_s / nsim_ : 0, TransferClass::CpuMsg,
                    o.bytes, core::moved_tensor(o.kind), -1);
           break;
-        default:
-          transfer(x, o, bytes);
+        default:  // a dWB's FP32 copy beyond its own bytes (core::Op::extra_out_bytes) is more of the same transfer
+          transfer(x, o, bytes + (ref ? 0.0 : static_cast<double>(o.extra_out_bytes)));
           break;
       }
     }

@@ -182,6 +182,71 @@ TEST_CASE("host gradient sums cost host memcpy time after the D2H copy") {
   CHECK(r.class_bytes[static_cast<int>(sim::TransferClass::PcieD2H)] == B);
 }
 
+TEST_CASE("ZeRO-3's gradient round trip and FP32 copy, and the step's host passes, are priced in order") {
+  // dWB of B = 1e6 bytes over the 1e9 uplink (1 ms), plus its FP32 copy E = 2e6 bytes on the same transfer (2 ms),
+  // then the buffer back to the GPU, R = 1e6 bytes over the uplink's other direction (1 ms): 4 ms. An Update of
+  // 1 ms of CPU time with P = 4e6 bytes of host passes (2e6 copied at the memcpy rate 2e9: 1 ms): 2 ms.
+  const Bytes B = 1'000'000;
+  Builder b;
+  const int o = b.add(Stream::SwapOut, OpKind::dWB, B);
+  b.op(o).return_bytes = B;
+  b.op(o).extra_out_bytes = 2 * B;
+  const int u = b.add(Stream::Cpu, OpKind::Update);
+  b.op(u).host_pass_bytes = 4 * B;
+  const auto r = sim::run_native(b.p, two_layers(), box());
+  CHECK(r.timeline.end_ps[z(o)] == 4 * kMs);
+  CHECK(r.timeline.end_ps[z(u)] == 2 * kMs);
+  CHECK(r.link_stats[z(r.graph.host_memcpy)].bytes == 2 * B);
+}
+
+TEST_CASE("an update with its own host passes converts nothing inside the step (ZeRO-3: no double count)") {
+  // 1e6 bf16 parameters, 2 ms of CPU time, DRAM at 1e10 B/s: the fused-cast update moves 36 bytes per parameter
+  // (3.6 ms, the test below). With ZeRO-3's passes (host_pass_bytes 14e6) the step moves only 28 (2.8 ms), then the
+  // passes copy 7e6 bytes at the memcpy rate 2e9 (3.5 ms; their 14e6 bytes of DRAM take 1.4 ms): 6.3 ms, not 7.1.
+  Builder b;
+  const int u = b.add(Stream::Cpu, OpKind::Update);
+  b.op(u).host_pass_bytes = 14'000'000;
+  auto m = box();
+  m.topology.host_memory_bytes_per_s = 1e10;
+  CHECK(sim::run_native(b.p, two_layers(2e-3, 2'000'000, 1'000'000), m).timeline.end_ps[z(u)] == 6300 * kUs);
+}
+
+TEST_CASE("zero-infinity: gradients go down and back per microbatch, FP32 at the boundary; the step passes twice") {
+  // DeepSpeed stage3.py (38327e07) partition_grads: each microbatch's 2-byte shard into the pinned host buffer and
+  // back to the GPU (summed there, no host sum); the last also sends the FP32 gradient. bf16 layers of 1000
+  // parameters (W = 2000): every dWB returns 2000 bytes, the second microbatch's sends 4000 more. Each Update passes
+  // over 2 x 4000 (unscale) + 4000 + 2000 (the bf16 copy of the masters) = 14000 bytes; fp32 weights: 16000.
+  for (const auto& [w, pass] : std::vector<std::pair<Bytes, Bytes>>{{2000, 14000}, {4000, 16000}}) {
+    auto model = two_layers(1e-3, w, 1000);
+    if (w == 2000) {
+      for (auto& L : model.layers) L.optimizer_state_bytes = 12000;
+    }
+    core::Plan p;
+    p.kind = core::plan_kind("zero-infinity");
+    p.gpus = 1;
+    p.minibatch = 2;
+    p.u_fwd = p.u_bwd = 1;
+    p.knobs.gpu_capacity_bytes = core::kGiB;
+    int dwbs = 0;
+    int updates = 0;
+    for (const auto& o : core::lower_plan(p, model).ops) {
+      if (o.kind == OpKind::dWB) {
+        ++dwbs;
+        CHECK(o.bytes == w);
+        CHECK(o.return_bytes == w);
+        CHECK(o.extra_out_bytes == (o.ui == 1 ? 4000 : 0));
+        CHECK(o.host_sum_bytes == 0);
+      }
+      if (o.kind == OpKind::Update) {
+        ++updates;
+        CHECK(o.host_pass_bytes == pass);
+      }
+    }
+    CHECK(dwbs == 4);
+    CHECK(updates == 2);
+  }
+}
+
 TEST_CASE("bf16 weights: the conversion is DRAM traffic of the update, not a pass of its own") {
   // 1e6 parameters, w = 2 ms of CPU time. Without a host memory bandwidth bf16 and fp32 updates both take the
   // CPU time, 2 ms (the conversion is fused into the multi-threaded step). With one, the fp32 update moves
@@ -279,8 +344,8 @@ TEST_CASE("zero-infinity: ZeRO-3's per-parameter-tensor costs, paid at batch 1 a
 TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and reads them per fetch and step") {
   // Two fp32 layers of 1000 parameters: W = 4000, optimizer state 8000, masters 4000 bytes per layer. Two
   // microbatches on one GPU: every WB reads its 4000 bytes from NVMe (2 passes x 2 microbatches x 2 layers =
-  // 8 reads, 32000 bytes); each Update reads state + masters (12000) and writes them back; the second
-  // microbatch's dWB adds its gradient (4000) into the host sum.
+  // 8 reads, 32000 bytes); each Update reads state + masters (12000) and the FP32 gradient the last microbatch's dWB
+  // swapped out (4000) and writes state + masters back; no dWB sums on the host (DeepSpeed adds on the GPU).
   const auto model = two_layers();
   core::Plan p;
   p.kind = core::plan_kind("zero-infinity");
@@ -293,24 +358,28 @@ TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and
   CHECK(prog.offload_nvme);
   Bytes wb_reads = 0;
   Bytes sums = 0;
+  Bytes grad_writes = 0;
   for (const auto& o : prog.ops) {
     if (o.kind == OpKind::WB) wb_reads += o.nvme_read_bytes;
     if (o.kind == OpKind::dWB) sums += o.host_sum_bytes;
+    if (o.kind == OpKind::dWB) grad_writes += o.nvme_write_bytes;
     if (o.kind == OpKind::Update) {
-      CHECK(o.nvme_read_bytes == 12000);
+      CHECK(o.nvme_read_bytes == 16000);
       CHECK(o.nvme_write_bytes == 12000);
     }
   }
   CHECK(wb_reads == 32000);
-  CHECK(sums == 2 * 4000);
-  // the host keeps no masters or state; the drives hold 2 x (4000 + 8000); pinned buffers: 2 x 12000
+  CHECK(sums == 0);
+  CHECK(grad_writes == 2 * 4000);  // the last microbatch's FP32 gradients, one layer each
+  // the host keeps no masters or state; the drives hold 2 x (4000 + 8000); pinned buffers: 2 x 16000 (the state's
+  // read buffers plus the gradient's, DeepSpeed's swap_in_optimizer_state: one more buffer when it has gradients)
   const auto m = with_nvme(box(), 1e9, 1e9, 0, 24000);
   const auto r = sim::run_native(prog, model, m);
   CHECK(r.feasible);
   CHECK(r.host.nvme_bytes == 24000);
   CHECK(r.host.master_weights_bytes == 0);
   CHECK(r.host.optimizer_state_bytes == 0);
-  CHECK(r.host.pinned_staging_bytes == 24000);
+  CHECK(r.host.pinned_staging_bytes == 32000);
   const auto small = sim::run_native(prog, model, with_nvme(box(), 1e9, 1e9, 0, 23999));
   CHECK_FALSE(small.feasible);
   CHECK(small.infeasible_reason.find("NVMe capacity exceeded") != std::string::npos);
@@ -319,7 +388,8 @@ TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and
 TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer state, read and written once") {
   // bf16 layers of 1000 parameters: W = 2000, optimizer state 12000 (m, v and the fp32 masters, as analytic
   // models and bf16 profiles record it). Update reads the 12000 and writes them back with the new 2000-byte
-  // device copy: 12000 / 14000. (Before, the masters were added again: 16000 / 18000.)
+  // device copy: 12000 / 14000 (before, the masters were added again: 16000 / 18000), and reads the 4000-byte FP32
+  // gradient the backward swapped out: 16000 / 14000.
   auto model = two_layers(1e-3, 2000, 1000);
   for (auto& L : model.layers) L.optimizer_state_bytes = 12000;
   CHECK(model.master_bytes(0, 1) == 0);
@@ -338,7 +408,7 @@ TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer s
   for (const auto& o : core::lower_plan(p, model).ops) {
     if (o.kind != OpKind::Update) continue;
     ++updates;
-    CHECK(o.nvme_read_bytes == 12000);
+    CHECK(o.nvme_read_bytes == 16000);
     CHECK(o.nvme_write_bytes == 14000);
   }
   CHECK(updates == 2);
@@ -438,7 +508,7 @@ TEST_CASE("compare: Harmony moves to offload nvme only when host memory binds, o
 TEST_CASE("compare: zero-infinity falls back to offload nvme when host memory is the binding limit") {
   // Eight fp32 layers of 1000 parameters; host memory for cpu offload: masters 32000 + state 64000 +
   // gradients 32000 = 128000 bytes. With 100000 bytes of host memory no cpu plan fits; with nvme the host
-  // keeps the gradients (32000) and two 12000-byte buffers = 56000.
+  // keeps the gradients (32000) and two 16000-byte buffers (state and masters 12000, the FP32 gradient 4000) = 64000.
   const auto model = two_layers(1e-3, 4000, 1000, 8);
   auto m = with_nvme(box(), 1e9, 1e9, 0);
   m.gpu_memory_bytes = core::kGiB;
@@ -449,7 +519,7 @@ TEST_CASE("compare: zero-infinity falls back to offload nvme when host memory is
   REQUIRE(kr.feasible);
   CHECK(kr.offload == "nvme");
   CHECK(kr.plan->knobs.offload == core::OffloadTier::Nvme);
-  CHECK(kr.best.host_memory.total_bytes == 56000);
+  CHECK(kr.best.host_memory.total_bytes == 64000);
   // with enough host memory it stays on the CPU tier
   m.topology.host_memory_bytes = 200000;
   const auto cpu = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1, core::CostModelKind::Native,
@@ -469,7 +539,7 @@ TEST_CASE("compare: search.offload pins zero-infinity's tier (cpu never falls ba
                                          search, core::Options{});
   REQUIRE(nv.feasible);
   CHECK(nv.offload == "nvme");
-  CHECK(nv.best.host_memory.total_bytes == 56000);
+  CHECK(nv.best.host_memory.total_bytes == 64000);
   // the reference model has no NVMe tier, nor does a machine without topology.nvme: not applicable, said why
   const auto ref = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1,
                                           core::CostModelKind::Reference, search, core::Options{});
