@@ -105,9 +105,11 @@ void HarmonyInterpreter::run_bwd(int o, const core::Op& op, const core::Task& t)
   std::int64_t scratch = 0;
   for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
   Buffer scr = alloc_or_wait(D(d), scratch * es, "scratch"), targets, g_a, g_b;
+  // the input gradients passed between the pack's layers, in two buffers used in turn: none for a one-layer pack
+  // (its dX is the Grad tensor it makes), one for two layers
   const Bytes gb = Bytes(n) * T * m.config().n_embd * es;
-  g_a = alloc_or_wait(D(d), gb, "dx a");
-  g_b = alloc_or_wait(D(d), gb, "dx b");
+  if (ll - lf >= 1) g_a = alloc_or_wait(D(d), gb, "dx a");
+  if (ll - lf >= 2) g_b = alloc_or_wait(D(d), gb, "dx b");
   if (t.has_criterion) {
     targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
     D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
