@@ -163,4 +163,6 @@ HostMemoryProbe probe_host_memory(const HostMemorySources& src) {
   return probe;
 }
 
+std::optional<core::Bytes> peak_rss_bytes(const std::string& self_status) { return proc_kib(self_status, "VmHWM"); }
+
 }  // namespace harmony::backend

@@ -1,7 +1,8 @@
 // What this process may still allocate on the host, limit by limit: MemAvailable, the address-space and data
 // limits (RLIMIT_AS, RLIMIT_DATA: `ulimit -v`, `ulimit -d`) less what the process maps already, and its cgroup's
 // memory limit (v2 memory.max, v1 memory.limit_in_bytes, at its own level and every level above) less the
-// cgroup's usage. harmony-run's pre-flight refuses a run that needs more than the tightest of them.
+// cgroup's usage. harmony-run's pre-flight refuses a run that needs more than the tightest of them. Also the
+// process's peak resident set (VmHWM), which harmony-run reports beside the executor's metered host memory.
 #pragma once
 
 #include <optional>
@@ -40,5 +41,9 @@ struct HostMemoryProbe {
 
 // Never throws for an unreadable or malformed source: that limit is left out.
 HostMemoryProbe probe_host_memory(const HostMemorySources& sources = {});
+
+// The process's peak resident set so far (VmHWM of `self_status`): everything it touched, on the CPU device its
+// devices' arenas included. nullopt when the file or the field cannot be read.
+std::optional<core::Bytes> peak_rss_bytes(const std::string& self_status = "/proc/self/status");
 
 }  // namespace harmony::backend

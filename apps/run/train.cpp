@@ -266,8 +266,46 @@ int train_steps(const Cli& cli, Setup& s, backend::Executor& executor, Checkpoin
 
 // --format json: the run's document (docs/output-schema.md, schemas/harmony-run-train.schema.json); unknown
 // values (nothing ran) are null.
+// Host memory of the run: the executor's metered host allocations (ExecutorHostMemory: the HostState blocks its steps
+// use and the interpreters' host buffers, by sim::HostAccount's categories), harmony-sim's host account of the same
+// Program (what check_host_memory checked), and the process's peak resident set (VmHWM: everything, on the CPU device
+// the devices' arenas too, as DeviceCaps::memory_in_host says).
+struct HostMemoryReport {
+  backend::ExecutorHostMemory measured;
+  sim::HostAccount predicted;
+  std::optional<core::Bytes> peak_rss_bytes;
+  bool devices_in_host = false;  // the devices' memory is host RAM (counted in peak_rss_bytes, not in measured)
+};
+
+nlohmann::json host_memory_json(const HostMemoryReport& h) {
+  using nlohmann::json;
+  const auto parts = [](const backend::ExecutorHostMemory::Parts& p) {
+    return json{{"master_weights_bytes", p.master_weights_bytes},
+                {"optimizer_state_bytes", p.optimizer_state_bytes},
+                {"gradient_bytes", p.gradient_bytes},
+                {"stash_bytes", p.stash_bytes},
+                {"activation_bytes", p.activation_bytes},
+                {"staging_bytes", p.staging_bytes}};
+  };
+  const sim::HostAccount& a = h.predicted;
+  return {{"peak_bytes", h.measured.peak_bytes},
+          {"at_peak", parts(h.measured.at_peak)},
+          {"category_peaks", parts(h.measured.peak)},
+          {"predicted_bytes", a.total_bytes},
+          {"predicted",
+           {{"master_weights_bytes", a.master_weights_bytes},
+            {"optimizer_state_bytes", a.optimizer_state_bytes},
+            {"gradient_bytes", a.gradient_bytes},
+            {"stash_bytes", a.stash_bytes},
+            {"activation_bytes", a.activation_bytes},
+            {"staging_bytes", a.pinned_staging_bytes}}},
+          {"process_peak_rss_bytes", h.peak_rss_bytes ? json(*h.peak_rss_bytes) : json(nullptr)},
+          {"device_memory_in_host", h.devices_in_host}};
+}
+
 void print_train_json(const Cli& cli, const Setup& s, const Chosen& chosen, const RunLog& log,
-                      const std::vector<core::Bytes>& peaks, const Prediction& predicted) {
+                      const std::vector<core::Bytes>& peaks, const Prediction& predicted,
+                      const HostMemoryReport& host) {
   using nlohmann::json;
   const auto& cfg = s.cfg;
   const core::Plan& plan = chosen.plan;
@@ -313,13 +351,14 @@ void print_train_json(const Cli& cli, const Setup& s, const Chosen& chosen, cons
                       {"model_weight_bytes", s.model->param_count() * 4},
                       {"num_parameters", s.model->param_count()},
                       {"peak_memory_bytes", peaks.empty() ? json(nullptr) : json(peak)},
-                      {"per_gpu", std::move(per_gpu)}}}};
+                      {"per_gpu", std::move(per_gpu)},
+                      {"host_memory", host_memory_json(host)}}}};
   fmt::print("{}\n", doc.dump(1));
 }
 
 // The table's results (printed with --quiet too: it only drops the progress).
 void print_train_summary(const Setup& s, const RunLog& log, const std::vector<core::Bytes>& peaks,
-                         const Prediction& predicted, bool serial) {
+                         const Prediction& predicted, bool serial, const HostMemoryReport& host) {
   const auto& cfg = s.cfg;
   const int B = cfg.plan.minibatch;
   const double mean_step_s = log.ran > 0 ? log.run_s / log.ran : 0.0;
@@ -332,6 +371,16 @@ void print_train_summary(const Setup& s, const RunLog& log, const std::vector<co
   for (std::size_t g = 0; g < peaks.size(); ++g) p += fmt::format("{}{:.2f}", g ? ", " : "", mib(peaks[g]));
   fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
              mib(cfg.machine.gpu_memory_bytes), mib(s.model->param_count() * 4));
+  const core::Bytes measured = host.measured.peak_bytes, expected = host.predicted.total_bytes;
+  fmt::print(
+      "host     peak {:.2f} MiB of executor host memory (masters, optimizer state, gradients, stashes, "
+      "activations, staging){}; process peak RSS {}{}\n",
+      mib(measured),
+      expected > 0 ? fmt::format("; harmony-sim's host account {:.2f} MiB ({:+.1f}%)", mib(expected),
+                                 100.0 * (static_cast<double>(expected) / static_cast<double>(measured) - 1))
+                   : std::string(),
+      host.peak_rss_bytes ? fmt::format("{:.2f} MiB", mib(*host.peak_rss_bytes)) : std::string("unknown"),
+      host.devices_in_host ? " (the devices' memory included: it is host RAM)" : "");
   if (predicted.step_s && std::isfinite(error))
     fmt::print("predict  {:.4f} s/step by harmony-sim (native{}) on machine {}; measured {:.4f} s/step ({:+.1f}%)\n",
                *predicted.step_s, serial ? ", one op at a time as the serial executor" : "", cfg.machine.name,
@@ -432,6 +481,8 @@ int cmd_train(const Cli& cli) {
   std::vector<core::Bytes> peaks;
   peaks.reserve(devs.size());
   for (auto* d : devs) peaks.push_back(d->memory().peak);
+  const HostMemoryReport host{run_executor->host_memory(), sim::host_account(program, s.desc),
+                              backend::peak_rss_bytes(), device_kind(cfg).caps().memory_in_host};
   run_executor.reset();  // the run's device memory back before predict() profiles (the state is on the host)
   comm.reset();
   owned.clear();
@@ -439,9 +490,9 @@ int cmd_train(const Cli& cli) {
   const Prediction predicted =
       log.ran > 0 ? predict(s, chosen, serial, quiet) : Prediction{std::nullopt, "no step ran"};
   if (json) {
-    print_train_json(cli, s, chosen, log, peaks, predicted);
+    print_train_json(cli, s, chosen, log, peaks, predicted, host);
   } else {
-    print_train_summary(s, log, peaks, predicted, serial);
+    print_train_summary(s, log, peaks, predicted, serial, host);
   }
   return 0;
 }

@@ -40,7 +40,8 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   loss_written_.assign(static_cast<std::size_t>(B_), 0);
   store_.clear();
   left_ = readers_;
-  acc_.clear();
+  written_.clear();
+  brought_.assign(p_.ops.size(), 0);
   updated_.assign(static_cast<std::size_t>(R_), 0);
   gathered_.assign(static_cast<std::size_t>(R_), 0);
   qr_.begin_step();
@@ -157,6 +158,7 @@ Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) {
   Tensor t;
   if (on_host(k.kind)) {
     t.mem.resize(static_cast<std::size_t>(bytes));
+    t.metered = MeteredBytes(host_meter, k.kind == TK::HostGrad ? HostUse::Activations : HostUse::Stash, bytes);
   } else {
     t.buf = alloc_or_wait(D(k.dev), bytes, tname(k));
   }

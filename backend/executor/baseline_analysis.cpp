@@ -84,6 +84,14 @@ void BaselineInterpreter::analyse() {
   } else {
     check_updates(anc);
   }
+  // The checks ran on the Program's own order and the tie: the edges that order the writes into the host gradients
+  // (build_update_edges) would hide a missing dependency. They join now, and may not close a cycle.
+  bool more = false;
+  for (std::size_t o = 0; o < n; ++o) {
+    more = more || !host_edges_[o].empty();
+    extra_[o].insert(extra_[o].end(), host_edges_[o].begin(), host_edges_[o].end());
+  }
+  if (more) (void)Ancestry(p_, extra_);  // throws ScheduleViolation on a cycle
 }
 
 std::optional<Key> BaselineInterpreter::freed_key(int o, const core::TensorRef& r) const {
@@ -319,18 +327,53 @@ void BaselineInterpreter::build_update_edges() {
     if (op.kind == OpKind::WB) wb_[l].push_back(static_cast<int>(o));
     if (op.kind == OpKind::ARD) replicated_[l] = 1;
   }
-  // The tie: layer 0's update also uses the head's lm_head gradient (HostState::update). core::Model knows no
-  // tied weights, so the lowering need not order the head's gradient transfers before Update(0) (pp-swap with
-  // the head on another stage does not); the executor waits for them.
   extra_.assign(p_.ops.size(), {});
+  // One host gradient per layer (build_update_edges): which dWBs write it, and the edges that order them.
+  writes_host_.assign(p_.ops.size(), 0);
+  host_edges_.assign(p_.ops.size(), {});
+  std::vector<std::vector<int>> writers(static_cast<std::size_t>(R_));  // per layer, in (device, queue) order
+  for (int l = 0; l < R_; ++l) {
+    std::vector<int>& list = dwb_[static_cast<std::size_t>(l)];
+    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
+      return std::pair{at(a).device, at(a).queue_pos} < std::pair{at(b).device, at(b).queue_pos};
+    });
+    for (int o : list) {
+      // a replicated gradient: the lowest replica's dWBs alone (the others bring the same sum)
+      const bool writes = replicated_[static_cast<std::size_t>(l)] == 0 || at(o).device == at(list.front()).device;
+      writes_host_[static_cast<std::size_t>(o)] = writes ? 1 : 0;
+      if (writes) writers[static_cast<std::size_t>(l)].push_back(o);
+    }
+    const auto& w = writers[static_cast<std::size_t>(l)];
+    for (std::size_t i = 1; i < w.size(); ++i)  // a sharded gradient's ranks write disjoint shards
+      if (!sharded_ || at(w[i]).device == at(w[i - 1]).device)
+        host_edges_[static_cast<std::size_t>(w[i])].push_back(w[i - 1]);
+  }
+  // A replicated gradient's Update (the Program orders it after its own replica's dWBs: check_updates) also waits for
+  // the other replicas' writes into the host gradient. The tie: layer 0's update also uses the head's lm_head
+  // gradient (HostState::update). core::Model knows no tied weights, so the lowering need not order the head's
+  // gradient transfers before Update(0) (pp-swap with the head on another stage does not); the executor waits for
+  // them.
   const int head = m_.head_layer();
+  const auto others = [&](int l, int device) {
+    std::vector<int> r;
+    if (replicated_[static_cast<std::size_t>(l)] == 0) return r;
+    for (int o : writers[static_cast<std::size_t>(l)])
+      if (at(o).device != device) r.push_back(o);
+    return r;
+  };
   for (std::size_t o = 0; o < p_.ops.size(); ++o) {
     const core::Op& op = p_.ops[o];
-    if (op.kind != OpKind::Update || op.layers.first != 0 || head == 0) continue;
-    if (!resident_) {
+    if (op.kind != OpKind::Update || resident_) continue;
+    std::vector<int> more = others(op.layers.first, op.device);
+    if (op.layers.first == 0 && head != 0) {
       extra_[o] = grad_sources(head, op.device);
-      continue;
+      for (int g : others(head, op.device)) more.push_back(g);
     }
+    host_edges_[o] = std::move(more);
+  }
+  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
+    const core::Op& op = p_.ops[o];
+    if (op.kind != OpKind::Update || op.layers.first != 0 || head == 0 || !resident_) continue;
     for (std::size_t x = 0; x < p_.ops.size(); ++x) {  // resident: the head's gradient complete on this device
       const core::Op& xo = p_.ops[x];
       if (xo.device == op.device && xo.layers.first == head && (xo.kind == OpKind::BWD || xo.kind == OpKind::ARD))

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -55,6 +56,7 @@ struct Version {  // a tensor as produced by one op
 struct Tensor {
   Buffer buf;                  // device tensors
   std::vector<std::byte> mem;  // host tensors
+  MeteredBytes metered;        // host tensors, on the host meter
   std::vector<int> users;      // the ops whose work used it this step: freed after their events (retire)
   void* data() { return buf ? buf.data() : static_cast<void*>(mem.data()); }
 };
@@ -71,12 +73,6 @@ struct OpInfo {
   TK bwd_input = TK::Act;                  // REC, BWD: Stash if the input was brought back, else Act
   bool saved = false;      // FWD: keeps its saved activations (keep); sX: moves saved activations, not an input
   std::vector<int> group;  // ops run together (P2P pair, collective), in run order
-};
-
-// The host's gradient of one layer in one process: the sum of the gradients (or shards) its dWB ops brought.
-struct HostSum {
-  std::vector<float> sum;
-  std::vector<std::uint8_t> has;  // per element: some dWB wrote it
 };
 
 // The executor's interpreter of the swapping kinds' Programs (ExecutorDialect::Swapping: dp-swap, pp-swap,
@@ -179,6 +175,15 @@ class BaselineInterpreter final : public Interpreter {
   // server adds the N gradients; zero-infinity's ranks bring disjoint shards).
   std::vector<int> grad_sources(int l, int dev) const;
 
+  // The executor-added edges. A layer has one host gradient (HostState::grads), as harmony-sim's host account has it
+  // (sim::accumulate_bounce_bytes makes the same choices): its dWBs write it (writes_host_), those whose elements
+  // overlap one after another in (device, queue) order (each waits for the previous one's event). A replicated
+  // (all-reduced) gradient is written by the lowest replica's dWBs alone; the other replicas' (the same sum) land in
+  // their bounce buffers, unused, and wait for nobody (ordering them would keep their device gradients longer); the
+  // other replicas' Updates wait for the writer's. A sharded gradient's ranks write their own shards. The first dWB of
+  // a device's replicated or sharded gradient, or of a layer's, copies; the later ones add through the queue's bounce
+  // buffer (grad_to_host): the sums of the per-process sums this replaced, in the same order, to the bit. The tie:
+  // Update(0) also waits for the head's gradient (core::Model cannot express it).
   void build_update_edges();
 
   // ---------------------------------------------------------------------------------------------------------
@@ -245,11 +250,10 @@ class BaselineInterpreter final : public Interpreter {
   template <class E>
   void backward_as(int o);
 
-  // dWB: the gradient (zero-infinity: this rank's shard) to the host, added to this process's sum of the layer.
+  // dWB: the gradient (zero-infinity: this rank's shard) into the layer's host gradient (build_update_edges).
   void grad_to_host(int o);
 
-  // The host gradient of layer l an Update on `dev` uses (grad_sources): its own process's sum, or every
-  // process's added in device order.
+  // Checks that every dWB an Update on `dev` needs for layer l (grad_sources) brought its gradient this step.
   void gather_grad(int o, int l, int dev);
 
   // Update(l): AdamW on the host master copy (docs/backend.md: the tie's two gradients summed by layer 0). The
@@ -310,7 +314,17 @@ class BaselineInterpreter final : public Interpreter {
   std::vector<std::uint8_t> loss_written_;  // per sample
   std::map<Version, Tensor> store_;
   std::map<Version, int> left_;
-  std::map<std::pair<int, int>, HostSum> acc_;  // (device, layer)
+  // Per queue (a device's dWBs are all on its swap-out queue): where a dWB that adds to a host gradient lands
+  // first, as large as its largest such dWB; kept across steps (pinned in a real system: one per process).
+  struct Bounce {
+    std::vector<float> floats;
+    MeteredBytes metered;  // staging, on the host meter
+  };
+  std::map<std::size_t, Bounce> bounce_;
+  std::vector<char> writes_host_;             // per op: a dWB that writes the host gradient (build_update_edges)
+  std::vector<std::vector<int>> host_edges_;  // per op: the edges ordering those writes (in extra_ after the checks)
+  std::set<std::pair<int, int>> written_;     // (layer, device or -1): a dWB wrote it this step (grad_to_host)
+  std::vector<char> brought_;                 // per op: the dWB ran this step
   std::vector<char> updated_;
   std::vector<char> gathered_;  // per layer: HostState::grads holds this step's gradient (gather_grad ran)
 };

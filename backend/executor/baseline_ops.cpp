@@ -251,37 +251,33 @@ void BaselineInterpreter::grad_to_host(int o) {
   const std::int64_t first = sharded_ ? shard_first(l, d) : 0;
   const std::int64_t len = sharded_ ? shard_len(l, d) : floats(l);
   const Tensor& g = get(o, Key{d, sharded_ ? TK::DWShard : TK::DW, l, 0, 0});
-  std::vector<float> part(static_cast<std::size_t>(len));
-  grads_down(o, d, part.data(), g.buf.data(), len);
-  HostSum& h = acc_[{d, l}];
-  if (h.sum.empty()) {
-    h.sum.assign(static_cast<std::size_t>(floats(l)), 0.0f);
-    h.has.assign(static_cast<std::size_t>(floats(l)), 0);
+  float* dst = st_.grads(l).data() + first;
+  brought_[static_cast<std::size_t>(o)] = 1;
+  // A replicated gradient's replicas each write the same sum (the previous replica's is complete: the edges order
+  // them), a sharded one's ranks their own shards; the first dWB of each copies, the later ones add
+  // (build_update_edges). A replica that does not write lands its copy in the bounce buffer alone.
+  const bool writes = writes_host_[static_cast<std::size_t>(o)] != 0;
+  const int who = replicated_[static_cast<std::size_t>(l)] != 0 || sharded_ ? d : -1;
+  if (writes && written_.insert({l, who}).second) {
+    grads_down(o, d, dst, g.buf.data(), len);
+    return;
   }
-  for (std::int64_t i = 0; i < len; ++i) {
-    const auto e = static_cast<std::size_t>(first + i);
-    h.sum[e] = h.has[e] != 0 ? h.sum[e] + part[static_cast<std::size_t>(i)] : part[static_cast<std::size_t>(i)];
-    h.has[e] = 1;
+  Bounce& b = bounce_[qr_.queue(o)];  // the queue runs one op at a time: its bounce buffer is free
+  if (static_cast<std::int64_t>(b.floats.size()) < len) {
+    b.metered.reset();
+    b.floats.assign(static_cast<std::size_t>(len), 0.0f);
+    b.metered = MeteredBytes(host_meter, HostUse::Staging, len * kF);
   }
+  grads_down(o, d, b.floats.data(), g.buf.data(), len);
+  if (!writes) return;
+  for (std::int64_t i = 0; i < len; ++i) dst[i] += b.floats[static_cast<std::size_t>(i)];
 }
 
 void BaselineInterpreter::gather_grad(int o, int l, int dev) {
-  std::span<float> g = st_.grads(l);
-  std::vector<std::uint8_t> has(g.size(), 0);
-  for (int d = 0; d < N_; ++d) {
-    if (replicated_[static_cast<std::size_t>(l)] != 0 && d != dev) continue;
-    auto it = acc_.find({d, l});
-    if (it == acc_.end()) continue;
-    for (std::size_t e = 0; e < g.size(); ++e) {
-      if (it->second.has[e] == 0) continue;
-      g[e] = has[e] != 0 ? g[e] + it->second.sum[e] : it->second.sum[e];
-      has[e] = 1;
-    }
-  }
-  const auto miss = std::find(has.begin(), has.end(), 0);
-  if (miss != has.end())
-    throw BackendError(fmt::format("executor: op {}: no dWB brought element {} of layer {}'s gradient to the host",
-                                   label(o), miss - has.begin(), l));
+  for (const int g : grad_sources(l, dev))
+    if (brought_[static_cast<std::size_t>(g)] == 0)
+      throw BackendError(
+          fmt::format("executor: op {}: op {} has not brought layer {}'s gradient to the host", label(o), label(g), l));
 }
 
 void BaselineInterpreter::host_update(int o) {
@@ -323,6 +319,7 @@ std::shared_ptr<std::vector<float>> BaselineInterpreter::summed_dw(const std::ve
                                                                    std::int64_t count) {
   auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
   std::vector<float> part(static_cast<std::size_t>(count));
+  const MeteredBytes metered(host_meter, HostUse::Staging, 2 * count * kF);
   for (std::size_t r = 0; r < g.size(); ++r) {
     const int d = at(g[r]).device;
     const void* src = resident_ ? state_grads(d, l) : get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data();

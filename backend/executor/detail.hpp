@@ -22,6 +22,7 @@
 
 #include "backend/adamw_parallel.hpp"
 #include "backend/executor/executor.hpp"
+#include "backend/executor/host_meter.hpp"
 
 namespace harmony::backend::detail {
 
@@ -110,6 +111,9 @@ class Interpreter {
     return std::exchange(nonfinite_, std::nullopt);
   }
 
+  // The host memory the interpreter (and the HostState blocks its steps use, metered by the Executor) holds.
+  HostMeter host_meter;
+
   // Set by the step loops for one step: where run() stamps its ops' begin and end times.
   StepTimes* times = nullptr;
   // Set by the serial loop for one step: allocations wait for the device's deferred frees (alloc_or_wait).
@@ -193,6 +197,7 @@ class Interpreter {
  private:
   struct StagingSlot {
     HostBuffer buf;
+    MeteredBytes metered;
     std::unique_ptr<Event> done;
   };
   struct StagingRing {

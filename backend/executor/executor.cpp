@@ -89,6 +89,15 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
     pins.push_back(first.pin_host(g.data(), Bytes(g.size_bytes()), fmt::format("the host gradients of layer {}", l)));
   }
   interpreter->allocate_host();
+  // The HostState blocks the steps read and write, for as long as the executor lives (HostState's own layout: every
+  // layer's weights, gradients and both AdamW moments, the head's tied lm_head included). A resident kind's steps
+  // touch none of them (harmony-run keeps the HostState for loading and checkpoints only).
+  for (int l = 0; l < m.num_layers() && !resident; ++l) {
+    const Bytes block = m.param_floats(l) * Bytes{sizeof(float)};
+    interpreter->host_meter.add(detail::HostUse::MasterWeights, block);
+    interpreter->host_meter.add(detail::HostUse::Gradients, block);
+    interpreter->host_meter.add(detail::HostUse::OptimizerState, 2 * block);
+  }
   impl_ = new Impl{program,         program.graph.plan.minibatch, options.seq_len, options.concurrent,
                    std::move(pins), std::move(interpreter),       nullptr};
 }
@@ -102,6 +111,8 @@ Executor::~Executor() {
 }
 
 void Executor::sync_state() { impl_->interpreter->sync_host_state(); }
+
+ExecutorHostMemory Executor::host_memory() const { return impl_->interpreter->host_meter.read(); }
 
 StepResult Executor::step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
   const auto bt = static_cast<std::size_t>(impl_->B) * static_cast<std::size_t>(impl_->T);

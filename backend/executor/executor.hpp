@@ -79,6 +79,26 @@ struct StepResult {
   std::vector<core::TimePs> end;    // ops of different queues overlap; for core::write_chrome_trace
 };
 
+// The host memory a training step of the executor uses, measured where it is allocated (backend/executor/
+// host_meter.hpp), by the categories of harmony-sim's host account (sim::HostAccount): the HostState blocks the steps
+// read and write (fp32 master weights, AdamW moments, gradients; none for a kind with resident state, whose steps
+// never touch them), the interpreters' host stashes and swapped activations, their gradient sums and scratch, and
+// bf16 staging buffers. Device memory (also host RAM on the CPU device) is not in it.
+struct ExecutorHostMemory {
+  struct Parts {
+    Bytes master_weights_bytes = 0;   // HostState weights
+    Bytes optimizer_state_bytes = 0;  // HostState AdamW moments (exp_avg, exp_avg_sq)
+    Bytes gradient_bytes = 0;         // HostState gradients, and host gradient sums / replicas' scratch
+    Bytes stash_bytes = 0;            // stashed inputs (and saved activations under keep) swapped out
+    Bytes activation_bytes = 0;       // Y / dX swapped out, host message copies
+    Bytes staging_bytes = 0;          // bf16 staging rings and transient host bounce buffers
+  };
+  Parts peak;            // each category's own peak
+  Parts at_peak;         // each category when the total peaked
+  Bytes peak_bytes = 0;  // the most in use at one time (the sum of at_peak)
+  Bytes in_use_bytes = 0;
+};
+
 class Executor {
  public:
   // devices[g] runs the Program's GPU g. `program` and `state` must outlive the executor. BackendError for a
@@ -100,6 +120,8 @@ class Executor {
   // Brings the state a resident kind keeps on its devices into `state` (weights, moments, step counts; device 0's,
   // which every replica equals): call before reading or saving `state`. Nothing for the other kinds.
   void sync_state();
+  // The host memory the executor's steps have used so far (ExecutorHostMemory); thread-safe.
+  ExecutorHostMemory host_memory() const;
 
  private:
   struct Impl;

@@ -44,6 +44,7 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
       throw BackendError(
           fmt::format("executor: op {} updates a pack whose dWB is on another GPU", label(static_cast<int>(o))));
   }
+  find_same_rank_msgs();
   tie_edges();
   anc = Ancestry(p, extra);
   dev.resize(devs.size());
@@ -57,22 +58,61 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
     for (const auto& k : reads_of(static_cast<int>(o))) ++readers_total[k];
 }
 
+void HarmonyInterpreter::find_same_rank_msgs() {
+  std::map<std::pair<HC, int>, bool> same;  // per message channel: every message into it stays on its rank
+  for (const core::Op& op : p.ops) {
+    if (op.kind != OpKind::MSGsX && op.kind != OpKind::MSGY) continue;
+    const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
+    int to_task = -1;
+    if (op.kind == OpKind::MSGY) {
+      to_task = t.out_y.peer_task;
+    } else {
+      for (const core::Stash& st : t.stashes)
+        if (st.layer == op.layers.first) to_task = st.bwd_task;
+    }
+    const bool here = to_task >= 0 && p.graph.tasks[static_cast<std::size_t>(to_task)].rank == t.rank;
+    const std::pair<HC, int> key =
+        op.kind == OpKind::MSGsX ? std::pair{HC::StashMsg, op.layers.first} : std::pair{HC::YMsg, op.layers.last + 1};
+    auto [it, fresh] = same.emplace(key, here);
+    if (!fresh) it->second = it->second && here;
+  }
+  for (const auto& [key, here] : same)
+    if (here) same_rank_msgs.insert(key);
+}
+
 void HarmonyInterpreter::tie_edges() {
   extra.assign(p.ops.size(), {});
+  // the dWBs of each pack, in rank order (one per replica under Harmony-DP)
+  std::map<std::pair<int, int>, std::vector<int>> dwbs;
+  for (std::size_t g = 0; g < p.ops.size(); ++g) {
+    const core::Op& gp = p.ops[g];
+    if (gp.kind == OpKind::dWB) dwbs[{gp.layers.first, gp.layers.last}].push_back(static_cast<int>(g));
+  }
+  for (auto& [range, list] : dwbs) {
+    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
+      return p.ops[static_cast<std::size_t>(a)].device < p.ops[static_cast<std::size_t>(b)].device;
+    });
+    for (std::size_t i = 1; i < list.size(); ++i) extra[static_cast<std::size_t>(list[i])].push_back(list[i - 1]);
+  }
   const int head = m.head_layer();
-  if (head == 0) return;
   for (std::size_t u = 0; u < p.ops.size(); ++u) {
     const core::Op& up = p.ops[u];
-    if (up.kind != OpKind::Update || up.layers.first != 0 || !owns_update(up)) continue;
-    for (std::size_t g = 0; g < p.ops.size(); ++g) {
-      const core::Op& gp = p.ops[g];
-      if (gp.kind == OpKind::dWB && gp.layers.first <= head && head <= gp.layers.last && owns_update(gp))
-        extra[u].push_back(static_cast<int>(g));
+    if (up.kind != OpKind::Update || !owns_update(up)) continue;
+    for (const auto& [range, list] : dwbs) {
+      const bool own = range == std::pair{up.layers.first, up.layers.last};
+      const bool tie = head != 0 && up.layers.first == 0 && range.first <= head && head <= range.second;
+      if (own || tie) extra[u].insert(extra[u].end(), list.begin(), list.end());
     }
   }
 }
 
 std::vector<std::pair<HC, int>> HarmonyInterpreter::chans_of(int o) const {
+  std::vector<std::pair<HC, int>> r = chans_named(o);
+  for (auto& [c, l] : r) c = resolve(c, l);
+  return r;
+}
+
+std::vector<std::pair<HC, int>> HarmonyInterpreter::chans_named(int o) const {
   const core::Op& op = p.ops[static_cast<std::size_t>(o)];
   const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
   const int lf = op.layers.first, ll = op.layers.last;
@@ -116,6 +156,7 @@ void HarmonyInterpreter::allocate_host() {
   for (const auto& [c, l] : all_chans()) {
     HostChan& h = host[{c, l}];
     h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
+    h.metered = MeteredBytes(host_meter, chan_use(c), chan_bytes(l));
     h.producer.assign(static_cast<std::size_t>(B), -1);
   }
 }
@@ -177,9 +218,11 @@ std::map<DevKey, DevTensor>::iterator HarmonyInterpreter::drop(int d, std::map<D
 }
 
 HostChan& HarmonyInterpreter::chan(HC c, int l) {
+  c = resolve(c, l);
   HostChan& h = host[{c, l}];
   if (h.data.bytes() == 0) {  // a channel allocate_host did not foresee
     h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
+    h.metered = MeteredBytes(host_meter, chan_use(c), chan_bytes(l));
     h.producer.assign(static_cast<std::size_t>(B), -1);
   }
   return h;

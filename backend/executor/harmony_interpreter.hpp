@@ -41,6 +41,7 @@ struct DevTensor {
 };
 struct HostChan {
   HostBuffer data;            // the whole minibatch; kept across steps (pinned where the devices pin)
+  MeteredBytes metered;       // on the host meter (stash or activations)
   std::vector<int> producer;  // per sample, this step
 };
 using DevKey = std::tuple<DK, int, int, int>;  // kind, layer (or task), first sample, samples
@@ -59,8 +60,8 @@ class HarmonyInterpreter final : public Interpreter {
   std::vector<std::vector<int>> extra;  // the tie's edges (tie_edges)
   Ancestry anc;
   // Harmony-DP: every replica's Update of a pack sees the same all-reduced gradient, and the shared master is
-  // updated once, by the lowest device's Update (update_owner, per layer range); the other replicas' dWBs bring
-  // their (equal) gradients into scratch memory instead of HostState::grads, which that update reads.
+  // updated once, by the lowest device's Update (update_owner, per layer range); every replica's dWB writes its
+  // (equal) gradient into HostState::grads, one after another (tie_edges).
   std::map<std::pair<int, int>, int> update_owner;
   std::vector<int> rank_offset;  // first sample of each rank's share
   std::vector<std::map<DevKey, DevTensor>> dev;
@@ -72,17 +73,31 @@ class HarmonyInterpreter final : public Interpreter {
 
   bool happens_before(int a, int b) const { return anc.before(a, b); }
 
-  // The tie: the Update of the pack holding layer 0 also reads the head's lm_head gradient (HostState::update), a
-  // dependency core::Model cannot express. The serial v1 loop happened to run the head's dWB first; here the
-  // owning Update waits for the owner's dWBs of the head's pack (an executor-added edge, also in `anc`).
+  // The executor-added edges (also in `anc`). The tie: the Update of the pack holding layer 0 also reads the head's
+  // lm_head gradient (HostState::update), a dependency core::Model cannot express; the owning Update waits for the
+  // dWBs of the head's pack. Harmony-DP: every replica's dWB of a pack brings the same all-reduced gradient into the
+  // one host gradient (HostState::grads), in rank order (each waits for the previous replica's), and the owning
+  // Update waits for all of them: one host gradient however many replicas, as harmony-sim's host account has it.
   void tie_edges();
   bool owns_update(const core::Op& op) const {
     auto it = update_owner.find({op.layers.first, op.layers.last});
     return it == update_owner.end() || it->second == op.device;
   }
 
-  // The host channels op o reads or writes (layer of the boundary).
+  // A message between tasks of one rank (core::lower_harmony gives its MSGsX / MSGY no bytes: the backward task reads
+  // the stash or activation where its own process put it) needs no copy: the message channel of such a layer is the
+  // channel it copies from (resolve). Per (message channel, layer), when every message into it stays on its rank.
+  std::set<std::pair<HC, int>> same_rank_msgs;
+  HC resolve(HC c, int l) const { return same_rank_msgs.count({c, l}) != 0 ? msg_source(c) : c; }
+  static HC msg_source(HC to) { return to == HC::StashMsg ? HC::Stash : HC::YSwap; }
+  void find_same_rank_msgs();
+
+  // The host channels op o reads or writes (layer of the boundary; resolved).
   std::vector<std::pair<HC, int>> chans_of(int o) const;
+  std::vector<std::pair<HC, int>> chans_named(int o) const;  // the same, as the op names them
+  // On the host meter as harmony-sim's host account has them: the stashes swapped out (stash), the rest (activations
+  // swapped out, the copies messages make) as activations.
+  static HostUse chan_use(HC c) { return c == HC::Stash ? HostUse::Stash : HostUse::Activations; }
   std::set<std::pair<HC, int>> all_chans() const;
   Bytes chan_bytes(int l) const { return Bytes(B) * per_sample(l); }
   Bytes host_bytes() const override;
@@ -162,8 +177,7 @@ class HarmonyInterpreter final : public Interpreter {
   // ExecutorOptions::communicator, on the devices: each member's dW all-reduced in place on its own stream.
   void run_ard(const std::vector<int>& group);
 
-  std::vector<std::vector<int>> grad_producer;    // per device, per layer: the dWB that brought it this step
-  std::map<int, std::vector<float>> dwb_scratch;  // per non-owning dWB op: where its gradient lands
+  std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
   // The device tensors op o reads, as run_op/run_pair/run_ard read them (the RecX/RecAct of BWD included).
   // A tensor is freed once its last reader has run: memory follows the Program's data flow, so a device holds

@@ -105,9 +105,11 @@ void HarmonyInterpreter::run_bwd(int o, const core::Op& op, const core::Task& t)
   std::int64_t scratch = 0;
   for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
   Buffer scr = alloc_or_wait(D(d), scratch * es, "scratch"), targets, g_a, g_b;
+  // the input gradients passed between the pack's layers, in two buffers used in turn: none for a one-layer pack
+  // (its dX is the Grad tensor it makes), one for two layers
   const Bytes gb = Bytes(n) * T * m.config().n_embd * es;
-  g_a = alloc_or_wait(D(d), gb, "dx a");
-  g_b = alloc_or_wait(D(d), gb, "dx b");
+  if (ll - lf >= 1) g_a = alloc_or_wait(D(d), gb, "dx a");
+  if (ll - lf >= 2) g_b = alloc_or_wait(D(d), gb, "dx b");
   if (t.has_criterion) {
     targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
     D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
@@ -235,7 +237,8 @@ void HarmonyInterpreter::run_msg(int o, const core::Op& op) {
   const HC from = op.kind == OpKind::MSGsX ? HC::Stash : HC::YSwap;
   const HC to = op.kind == OpKind::MSGsX ? HC::StashMsg : HC::YMsg;
   const std::byte* src = host_read(o, from, l, s0, n);
-  std::memcpy(host_write(o, to, l, s0, n), src, static_cast<std::size_t>(Bytes(n) * per_sample(l)));
+  std::byte* dst = host_write(o, to, l, s0, n);  // within one rank the same channel (resolve): nothing to copy
+  if (dst != src) std::memcpy(dst, src, static_cast<std::size_t>(Bytes(n) * per_sample(l)));
 }
 
 void HarmonyInterpreter::run_swap(int o, const core::Op& op) {
@@ -281,23 +284,15 @@ void HarmonyInterpreter::run_dwb(int o, const core::Op& op) {
   const int d = op.device;
   const int lf = op.layers.first, ll = op.layers.last;
   const DevTensor& g = read(o, d, DevKey{DK::DW, op.task, 0, 0});
-  std::vector<float>* scratch = nullptr;
-  if (!owns_update(op)) {
-    scratch = &dwb_scratch[o];
-    scratch->resize(static_cast<std::size_t>(w_floats(op.layers)));
-  }
+  // Into the host gradient, also for a replica that does not own the pack's Update (Harmony-DP: the same all-reduced
+  // values, after the previous replica's dWB: tie_edges)
   if (dt == DType::BF16) {  // the pack's bf16 gradients staged down, widened exactly on the host
     std::vector<std::span<float>> dst;
-    for (int l = lf; l <= ll; ++l)
-      dst.push_back(scratch != nullptr ? std::span<float>(scratch->data() + w_offset(op.layers, l),
-                                                          static_cast<std::size_t>(m.param_floats(l)))
-                                       : st.grads(l));
+    for (int l = lf; l <= ll; ++l) dst.push_back(st.grads(l));
     stage_down(qr.queue(o), D(d), S(o), dst, g.buf.data());
   } else {
-    for (int l = lf; l <= ll; ++l) {
-      float* dst = scratch != nullptr ? scratch->data() + w_offset(op.layers, l) : st.grads(l).data();
-      D(d).copy_d2h(S(o), dst, g.buf.as<float>() + w_offset(op.layers, l), m.param_floats(l) * kF);
-    }
+    for (int l = lf; l <= ll; ++l)
+      D(d).copy_d2h(S(o), st.grads(l).data(), g.buf.as<float>() + w_offset(op.layers, l), m.param_floats(l) * kF);
     // no wait: the Update that reads the host gradients waits for this op's event (host_wait)
   }
   for (int l = lf; l <= ll; ++l) grad_producer[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] = o;

@@ -16,7 +16,11 @@ Interpreter::StagingSlot& Interpreter::staging_slot(std::size_t queue, Device& d
   StagingSlot& slot = ring.slots[static_cast<std::size_t>(ring.next)];
   ring.next ^= 1;
   if (slot.done) unlocked([&] { slot.done->synchronize(); });  // the copy that used it last has run
-  if (slot.buf.bytes() < bytes) slot.buf = device.alloc_host(bytes, fmt::format("bf16 staging of queue {}", queue));
+  if (slot.buf.bytes() < bytes) {
+    slot.metered.reset();
+    slot.buf = device.alloc_host(bytes, fmt::format("bf16 staging of queue {}", queue));
+    slot.metered = MeteredBytes(host_meter, HostUse::Staging, bytes);
+  }
   if (!slot.done) slot.done = device.create_event();
   return slot;
 }

@@ -9,13 +9,16 @@
 #include <deque>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <optional>
 #include <queue>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
 #include "core/base/flat_table.hpp"
+#include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program_graph.hpp"
 #include "sim/engine/cost_reference.hpp"
@@ -204,6 +207,48 @@ bool host_limits_exceeded(const HostAccount& h, Bytes host_memory_bytes, Bytes p
          pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, pinned_limit_bytes);
 }
 
+Bytes accumulate_bounce_bytes(const Program& p) {
+  // A layer's gradient is one host tensor. A dWB that writes it first copies straight into it; one that adds to what
+  // an earlier dWB of the step wrote (a later microbatch's, or another GPU's under l2l) cannot: its DMA lands in a
+  // pinned buffer the CPU then adds from, one per process, as large as its largest such dWB. An all-reduced (ARD)
+  // gradient: a Harmony Program's replicas have one dWB of a pack each and write the same sum into it one after
+  // another (per GPU: its dWB copies); a swapping Program keeps the lowest replica's dWBs and the others' land in
+  // their bounce buffers. A rank of a sharded gradient (RS) writes its own shard. (harmony-run's executor does the
+  // same: docs/backend.md.)
+  const bool harmony = p.graph.plan.kind->dialect == core::ExecutorDialect::Harmony;
+  std::set<int> replicated, sharded;
+  std::map<int, std::vector<int>> dwbs;  // per first layer, in (GPU, queue) order
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const Op& op = p.ops[o];
+    if (op.kind == OpKind::ARD) replicated.insert(op.layers.first);
+    if (op.kind == OpKind::RS) sharded.insert(op.layers.first);
+    if (op.kind == OpKind::dWB) dwbs[op.layers.first].push_back(static_cast<int>(o));
+  }
+  std::vector<Bytes> largest(z(std::max(p.num_devices(), 1)), 0);
+  for (auto& [layer, list] : dwbs) {
+    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
+      const Op& x = p.ops[z(a)];
+      const Op& y = p.ops[z(b)];
+      return std::pair{x.device, x.queue_pos} < std::pair{y.device, y.queue_pos};
+    });
+    std::map<int, int> per_gpu;
+    for (int o : list) ++per_gpu[p.ops[z(o)].device];
+    const bool one_each = std::all_of(per_gpu.begin(), per_gpu.end(), [](const auto& e) { return e.second == 1; });
+    const bool own = replicated.count(layer) != 0 || sharded.count(layer) != 0;
+    const int lowest = p.ops[z(list.front())].device;
+    std::set<int> written;  // GPU, or -1 for the whole layer
+    for (int o : list) {
+      const Op& op = p.ops[z(o)];
+      const bool writes = replicated.count(layer) == 0 || (one_each && harmony) || op.device == lowest;
+      const bool copies = writes && written.insert(own ? op.device : -1).second;
+      if (!copies && z(op.device) < largest.size()) largest[z(op.device)] = std::max(largest[z(op.device)], op.bytes);
+    }
+  }
+  Bytes total = 0;
+  for (Bytes b : largest) total += b;
+  return total;
+}
+
 HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
   HostAccount h = host_floor(m, p.graph.plan.kind, p.offload_nvme);
   // Swaps are DMA copies straight from and into the host tensors (the time model prices them at the PCIe
@@ -234,6 +279,7 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   if (p2p_staged) {
     for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_p2p[d];
   }
+  h.pinned_staging_bytes += accumulate_bounce_bytes(p);
   if (p.offload_nvme) {
     // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer
     // state and masters: an op's read split over its io_count I/Os) in pinned memory

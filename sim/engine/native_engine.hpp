@@ -116,6 +116,8 @@ struct HostAccount {
   core::Bytes activation_bytes = 0;       // Y / dX swapped out, CPU-message copies
   core::Bytes pinned_staging_bytes = 0;   // p2p: host only: per GPU, a double buffer of its largest P2P send
                                           // offload: nvme: also the NVMe swap buffers (two largest reads)
+                                          // per GPU, a bounce for its largest dWB that adds to a host
+                                          // gradient (accumulate_bounce_bytes)
   core::Bytes total_bytes = 0;
   core::Bytes nvme_bytes = 0;           // offload: nvme: master weights and optimizer state on the NVMe tier
   core::Bytes nvme_capacity_bytes = 0;  // topology.nvme.capacity (0: unlimited)
@@ -194,6 +196,11 @@ std::optional<NativeResult> run_native_within(const core::Program& program, cons
 // tensors (pinned; no staging buffers); `p2p_staged`: P2P copies go through pinned host buffers
 // (P2PMode::Host without NVLink), which count as staging buffers.
 HostAccount host_account(const core::Program& program, const core::Model& model, bool p2p_staged = false);
+
+// Per GPU, its largest dWB that adds to a layer's host gradient an earlier dWB of the step wrote (a later
+// microbatch's, or another GPU's under l2l; not a replica of an all-reduced gradient or a rank's shard): the pinned
+// buffer its copy lands in before the CPU adds it. Summed over the GPUs.
+core::Bytes accumulate_bounce_bytes(const core::Program& program);
 
 // The whole model's training state in host memory: the masters, the optimizer state and the gradients
 // (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes).

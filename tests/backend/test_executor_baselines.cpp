@@ -1,7 +1,8 @@
 // Tests of the executor on the baselines' Programs (core::lower_plan): dp-swap, pp-swap, zero-infinity and l2l
 // on 1, 2 and 4 GPUs, every microbatch size that divides the share, weights and activations kept or swapped, train
 // the tiny GPT-2 to the PlainTrainer's weights (bit for bit where the summation order is the same), and Programs
-// with a dependency removed are refused with ScheduleViolation before any op runs.
+// with a dependency removed are refused with ScheduleViolation before any op runs. Also the host memory the
+// executor meters (one host gradient per layer).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -358,5 +359,45 @@ TEST_CASE("bf16: baseline Programs train like the bf16 PlainTrainer") {
         CHECK(worst <= 2 * kSteps * kAdamW.lr);
       }
     }
+  }
+}
+
+// Issue 36: the executor meters its host memory (Executor::host_memory), and a layer has one host gradient however
+// many replicas or microbatches bring it: a dWB that adds, or a replica's that is not the writer's, lands in its
+// queue's bounce buffer (as large as the queue's largest such dWB) — the buffers sim::accumulate_bounce_bytes counts.
+TEST_CASE("host memory: the HostState once, one host gradient per layer, a bounce buffer per queue that needs one") {
+  struct Case {
+    const char* kind;
+    core::SwapChoice weights;
+    int bounces;  // GPUs with a bounce buffer
+  };
+  // dp-swap, weights swapped: a dWB per microbatch on both replicas; replica 0 copies its first and adds its second,
+  // replica 1's land in its bounce. l2l: one dWB per layer and GPU; GPU 0 copies, GPU 1 adds.
+  for (const Case& c : {Case{"dp-swap", core::SwapChoice::Swap, 2}, Case{"l2l", core::SwapChoice::Keep, 1}}) {
+    CAPTURE(std::string(c.kind));
+    Setup s(2);
+    const core::Program prog =
+        lower_swapping_plan(*s.model, swapping_plan(plan_kind(c.kind), 2, 1, c.weights, core::SwapChoice::Keep));
+    // replica sums on the devices, as harmony-run's (the host path's sum is a transient of its own)
+    Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .communicator = s.comm.get()});
+    const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
+    std::vector<std::int32_t> in, tgt;
+    for (int k = 0; k < kSteps; ++k) {
+      tokens.batch(k, kB, kT, in, tgt);
+      (void)ex.step(in, tgt);
+    }
+    Bytes all = 0, largest = 0;
+    for (int l = 0; l < s.model->num_layers(); ++l) {
+      all += s.model->param_floats(l) * Bytes{4};
+      largest = std::max(largest, s.model->param_floats(l) * Bytes{4});
+    }
+    const ExecutorHostMemory h = ex.host_memory();
+    CHECK(h.peak.master_weights_bytes == all);
+    CHECK(h.peak.optimizer_state_bytes == 2 * all);
+    CHECK(h.peak.gradient_bytes == all);  // not one per replica
+    CHECK(h.peak.staging_bytes == c.bounces * largest);
+    CHECK(h.peak_bytes == h.at_peak.master_weights_bytes + h.at_peak.optimizer_state_bytes + h.at_peak.gradient_bytes +
+                              h.at_peak.stash_bytes + h.at_peak.activation_bytes + h.at_peak.staging_bytes);
+    CHECK(h.in_use_bytes <= h.peak_bytes);
   }
 }

@@ -3,7 +3,7 @@
 // (unified/) and v1 (memory/memory.limit_in_bytes / memory.usage_in_bytes) layouts; "max" and v1's huge value
 // mean no limit; a container's cgroup missing from the mount falls back to the mount's root; the tightest limit
 // is the one with the least headroom; unreadable sources are left out. (RLIMIT_AS / RLIMIT_DATA are tested end
-// to end, under setrlimit, by tests/cli/test_run_faults.py.)
+// to end, under setrlimit, by tests/cli/test_run_faults.py.) Also the peak resident set (VmHWM).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -139,4 +139,16 @@ TEST_CASE("malformed files are left out") {
 TEST_CASE("the process's own limits are read") {
   const auto p = backend::probe_host_memory();  // the real files: at least MemAvailable on Linux
   CHECK(find(p, "MemAvailable") != nullptr);
+}
+
+TEST_CASE("peak RSS: VmHWM of the status file, nullopt when absent or malformed") {
+  Tree t;
+  t.write("status", "Name:\tharmony-run\nVmPeak:\t  900000 kB\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\n");
+  CHECK(backend::peak_rss_bytes(t.sources().self_status) == 20480 * core::Bytes{1024});
+  t.write("status", "VmHWM:\t lots kB\n");
+  CHECK_FALSE(backend::peak_rss_bytes(t.sources().self_status).has_value());
+  CHECK_FALSE(backend::peak_rss_bytes((t.root / "missing").string()).has_value());
+  const auto own = backend::peak_rss_bytes();  // this process: something resident
+  REQUIRE(own.has_value());
+  CHECK(*own > 0);
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A measured profile's memory against harmony-run (issue 36): harmony-run profiles the bundled tiny GPT-2
 (configs/run/default.yaml) on the CPU device in fp32 and bf16, then trains Harmony-PP plans whose backward packs hold
-three and four layers; harmony-sim's simulated peak on that profile is within 5% of harmony-run's measured peak.
+one, three and four layers; harmony-sim's simulated peak on that profile is within 5% of harmony-run's measured peak.
 A pack's backward runs its layers one after another, so each layer's dY, dX and scratch (the profile's
 bwd_transient_memory) is live once, not summed over the pack (docs/native-model.md, "Memory")."""
 import json
@@ -17,10 +17,11 @@ RUN = sys.argv[2]
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 U = 8
 SINGLE_FWD = [[i, i] for i in range(9)]
-# One-layer packs are left out: harmony-run's executor allocates a BWD's two ping-pong activation-gradient buffers
-# even when the pack has one layer and passes nothing between layers, which the ledger does not charge (-5.7% on this
-# GPT; docs/native-model.md, "Memory").
+# One-layer packs: the executor's BWD allocates the buffers that pass input gradients between a pack's layers only
+# where the pack has layers to pass them between (it allocated two for every BWD: -5.7% on this GPT's one-layer
+# packs; docs/native-model.md, "Memory").
 PLANS = {  # name: (packs_fwd, packs_bwd)
+    "one-layer packs": (SINGLE_FWD, [[i, i] for i in range(10)]),
     "three-layer packs": ([[0, 5]], [[0, 2], [3, 5], [6, 9]]),
     "a four-layer pack": (SINGLE_FWD, [[0, 0], [1, 4], [5, 8], [9, 9]]),
 }

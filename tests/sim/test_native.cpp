@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <unistd.h>
 
@@ -857,15 +858,21 @@ TEST_CASE("host memory: the account does not depend on how the swaps are split i
   // (and the verdict) must be the same. (It once charged 2 x the largest swap op per GPU and direction as
   // "staging", which made a 100B GPT's Harmony plans on 8 x H100 overflow 2 TiB of host memory while the
   // baselines, moving more bytes in smaller ops, fitted.)
+  // Two replicas, their gradients all-reduced (each writes the same sum into the one host gradient).
   Builder pack(2);
   Builder layers(2);
+  const auto on = [](Builder& b, int op, int first, int last) {
+    b.p.ops[z(op)].layers = core::LayerRange{first, last};
+  };
   for (int g = 0; g < 2; ++g) {
-    pack.add(g, Stream::SwapIn, OpKind::WB, 2020);
-    pack.add(g, Stream::SwapOut, OpKind::dWB, 2000);
-    layers.add(g, Stream::SwapIn, OpKind::WB, 1010);
-    layers.add(g, Stream::SwapIn, OpKind::WB, 1010);
-    layers.add(g, Stream::SwapOut, OpKind::dWB, 1000);
-    layers.add(g, Stream::SwapOut, OpKind::dWB, 1000);
+    on(pack, pack.add(g, Stream::SwapIn, OpKind::WB, 2020), 0, 1);
+    on(pack, pack.add(g, Stream::Compute, OpKind::ARD), 0, 1);
+    on(pack, pack.add(g, Stream::SwapOut, OpKind::dWB, 2000), 0, 1);
+    for (int l = 0; l < 2; ++l) {
+      on(layers, layers.add(g, Stream::SwapIn, OpKind::WB, 1010), l, l);
+      on(layers, layers.add(g, Stream::Compute, OpKind::ARD), l, l);
+      on(layers, layers.add(g, Stream::SwapOut, OpKind::dWB, 1000), l, l);
+    }
   }
   auto m = one_switch(2, 1e9, 1e9);
   const auto a = sim::run_native(pack.p, tiny_model(), m, quiet());
@@ -883,6 +890,30 @@ TEST_CASE("host memory: the account does not depend on how the swaps are split i
   staged.p2p(1, 0, 200);
   CHECK(sim::host_account(staged.p, tiny_model(), true).pinned_staging_bytes == 2 * 500 + 2 * 200);
   CHECK(sim::host_account(staged.p, tiny_model(), false).pinned_staging_bytes == 0);
+}
+
+TEST_CASE("host memory: a dWB that adds to a host gradient lands in a bounce buffer, per GPU its largest") {
+  // The first dWB of a layer's gradient copies straight into it; a later microbatch's, or another GPU's without an
+  // all-reduce (l2l's parameter server), adds through a pinned buffer. Replicas of an all-reduced gradient (ARD) and
+  // ranks of a sharded one (RS) write their own copy or shard: no bounce.
+  const auto build = [](std::optional<OpKind> collective) {
+    Builder b(2);
+    const auto on = [&](int op, int l) { b.p.ops[z(op)].layers = core::LayerRange{l, l}; };
+    on(b.add(0, Stream::SwapOut, OpKind::dWB, 100), 0);
+    on(b.add(0, Stream::SwapOut, OpKind::dWB, 100), 0);  // layer 0's second microbatch on GPU 0: adds
+    on(b.add(0, Stream::SwapOut, OpKind::dWB, 300), 1);  // layer 1, first: copies
+    on(b.add(1, Stream::SwapOut, OpKind::dWB, 250), 1);  // layer 1 again, on GPU 1
+    if (collective)
+      for (int g = 0; g < 2; ++g) on(b.add(g, Stream::Compute, *collective), 1);
+    return b;
+  };
+  CHECK(sim::accumulate_bounce_bytes(build(std::nullopt).p) == 100 + 250);
+  CHECK(sim::accumulate_bounce_bytes(build(OpKind::ARD).p) == 100);
+  CHECK(sim::accumulate_bounce_bytes(build(OpKind::RS).p) == 100);
+  const Builder adds = build(std::nullopt);
+  const auto h = sim::host_account(adds.p, tiny_model());
+  CHECK(h.pinned_staging_bytes == 350);
+  CHECK(h.total_bytes == 2020 + 4000 + 2000 + 350);
 }
 
 TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too small, the reason says why") {
