@@ -255,4 +255,12 @@ std::optional<std::string> stdout_write_problem() {
   return write_error_reason(err != 0 ? err : EIO);
 }
 
+int run_checking_stdout(const std::function<int()>& run, std::optional<std::string>& problem) {
+  static char stdout_buffer[std::size_t{1} << 20];  // glibc ignores the size unless given the buffer
+  if (isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
+  const int rc = run();
+  problem = stdout_write_problem();
+  return rc;
+}
+
 }  // namespace harmony::core

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -92,5 +93,10 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
 // Flushes stdout (C stdio, which std::cout shares) and returns the OS's reason when a write to it failed
 // ("No space left on device", write_error_reason's "File too large (...)"), or nullopt when every byte went out.
 std::optional<std::string> stdout_write_problem();
+
+// A command line's whole run: `run()` with stdout buffered whole (up to 1 MiB) when it is a file or pipe, so that a
+// failed write is seen by the final flush with its reason, not lost inside an earlier implicit flush; then
+// stdout_write_problem() into `problem` (`--format json > /dev/full` must not exit 0). Returns run()'s code.
+int run_checking_stdout(const std::function<int()>& run, std::optional<std::string>& problem);
 
 }  // namespace harmony::core

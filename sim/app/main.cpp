@@ -143,12 +143,9 @@ int run_cli(int argc, char** argv) {
 
 // run_cli, then the check that stdout took every byte (`--format json > /dev/full` must not exit 0).
 int run_and_flush(int argc, char** argv) {
-  // Into a file or pipe, stdout is buffered whole (up to 1 MiB) so that a failed write is seen by the final
-  // flush with its reason (errno), not lost inside an earlier implicit flush.
-  static char stdout_buffer[std::size_t{1} << 20];  // glibc ignores the size unless given the buffer
-  if (isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
-  const int rc = run_cli(argc, argv);
-  if (const auto problem = core::stdout_write_problem()) {
+  std::optional<std::string> problem;
+  const int rc = core::run_checking_stdout([&] { return run_cli(argc, argv); }, problem);
+  if (problem) {
     std::cerr << "harmony-sim: error: writing stdout: " << *problem << "\n";
     return rc != 0 ? rc : 1;
   }

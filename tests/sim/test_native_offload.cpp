@@ -84,6 +84,17 @@ core::Model two_layers(double update_s = 1e-3, Bytes w = 4000, std::int64_t para
   return m;
 }
 
+// A plan of `kind` on `gpus` GPUs of 1 GiB, one sample per microbatch over a minibatch of `minibatch`.
+core::Plan plan_of(const char* kind, int gpus, int minibatch) {
+  core::Plan p;
+  p.kind = core::plan_kind(kind);
+  p.gpus = gpus;
+  p.minibatch = minibatch;
+  p.u_fwd = p.u_bwd = 1;
+  p.knobs.gpu_capacity_bytes = core::kGiB;
+  return p;
+}
+
 // One GPU behind a switch: uplink 1e9 B/s, GPU link 4e9 B/s, host memcpy 2e9 B/s, 8 cores, no latency.
 core::MachineSpec box() {
   core::MachineSpec m;
@@ -93,6 +104,15 @@ core::MachineSpec box() {
   m.topology.gpus = {core::GpuSpec{0, 4e9, 1, 1}};
   m.topology.host_memcpy_bytes_per_s = 2e9;
   m.topology.cpu_cores = 8;
+  return m;
+}
+
+// The one-GPU box with links and host copies so fast (1e12 B/s) that the compute stream is the critical path.
+core::MachineSpec fast_box() {
+  auto m = box();
+  m.topology.switches[0].uplink_bytes_per_s = 1e12;
+  m.topology.gpus[0].link_bytes_per_s = 1e12;
+  m.topology.host_memcpy_bytes_per_s = 1e12;
   return m;
 }
 
@@ -221,12 +241,7 @@ TEST_CASE("zero-infinity: gradients go down and back per microbatch, FP32 at the
     if (w == 2000) {
       for (auto& L : model.layers) L.optimizer_state_bytes = 12000;
     }
-    core::Plan p;
-    p.kind = core::plan_kind("zero-infinity");
-    p.gpus = 1;
-    p.minibatch = 2;
-    p.u_fwd = p.u_bwd = 1;
-    p.knobs.gpu_capacity_bytes = core::kGiB;
+    core::Plan p = plan_of("zero-infinity", 1, 2);
     int dwbs = 0;
     int updates = 0;
     for (const auto& o : core::lower_plan(p, model).ops) {
@@ -267,16 +282,8 @@ TEST_CASE("zero-infinity: ZeRO-3's module latency adds to every FWD and BWD on t
   // One GPU, one microbatch, fast links (1e12 B/s): the compute stream FWD0 FWD1 BWD1 BWD0 is the critical
   // path, so a module latency L on each of the 4 compute ops delays the iteration by exactly 4 L.
   const auto model = two_layers();
-  auto m = box();
-  m.topology.switches[0].uplink_bytes_per_s = 1e12;
-  m.topology.gpus[0].link_bytes_per_s = 1e12;
-  m.topology.host_memcpy_bytes_per_s = 1e12;
-  core::Plan p;
-  p.kind = core::plan_kind("zero-infinity");
-  p.gpus = 1;
-  p.minibatch = 1;
-  p.u_fwd = p.u_bwd = 1;
-  p.knobs.gpu_capacity_bytes = core::kGiB;
+  auto m = fast_box();
+  core::Plan p = plan_of("zero-infinity", 1, 1);
   p.knobs.zero3.module_latency_s = 0;
   const auto t0 = sim::simulate_native(core::lower_plan(p, model), model, m).iteration_time_s;
   p.knobs.zero3.module_latency_s = 1e-3;
@@ -298,16 +305,8 @@ TEST_CASE("zero-infinity: ZeRO-3's per-parameter-tensor costs, paid at batch 1 a
   // the critical path. With module_latency 0, tensor_latency a = 1 ms and grad_tensor_latency g = 2 ms, a layer of
   // T parameter tensors adds T a before each FWD and T (a + g) before each BWD: 2 layers x T x (a + a + g) = 8 T ms.
   // From T = 1 to T = 12 the iteration grows by 8 x 11 = 88 ms; a profile without a count prices T = 2.
-  auto m = box();
-  m.topology.switches[0].uplink_bytes_per_s = 1e12;
-  m.topology.gpus[0].link_bytes_per_s = 1e12;
-  m.topology.host_memcpy_bytes_per_s = 1e12;
-  core::Plan p;
-  p.kind = core::plan_kind("zero-infinity");
-  p.gpus = 1;
-  p.minibatch = 1;
-  p.u_fwd = p.u_bwd = 1;
-  p.knobs.gpu_capacity_bytes = core::kGiB;
+  auto m = fast_box();
+  core::Plan p = plan_of("zero-infinity", 1, 1);
   p.knobs.zero3.module_latency_s = 0;
   p.knobs.zero3.tensor_latency_s = 1e-3;
   p.knobs.zero3.grad_tensor_latency_s = 2e-3;
@@ -347,12 +346,7 @@ TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and
   // 8 reads, 32000 bytes); each Update reads state + masters (12000) and the FP32 gradient the last microbatch's dWB
   // swapped out (4000) and writes state + masters back; no dWB sums on the host (DeepSpeed adds on the GPU).
   const auto model = two_layers();
-  core::Plan p;
-  p.kind = core::plan_kind("zero-infinity");
-  p.gpus = 1;
-  p.minibatch = 2;
-  p.u_fwd = p.u_bwd = 1;
-  p.knobs.gpu_capacity_bytes = core::kGiB;
+  core::Plan p = plan_of("zero-infinity", 1, 2);
   p.knobs.offload = core::OffloadTier::Nvme;
   const auto prog = core::lower_plan(p, model);
   CHECK(prog.offload_nvme);
@@ -399,12 +393,7 @@ TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer s
   // 4 bytes a parameter whatever the device dtype; without a parameter count, the (fp32) weight bytes
   CHECK(model.fp32_param_bytes(0) == 4000);
   CHECK(two_layers(1e-3, 4002, 0).fp32_param_bytes(1) == 4002);
-  core::Plan p;
-  p.kind = core::plan_kind("zero-infinity");
-  p.gpus = 1;
-  p.minibatch = 1;
-  p.u_fwd = p.u_bwd = 1;
-  p.knobs.gpu_capacity_bytes = core::kGiB;
+  core::Plan p = plan_of("zero-infinity", 1, 1);
   p.knobs.offload = core::OffloadTier::Nvme;
   int updates = 0;
   for (const auto& o : core::lower_plan(p, model).ops) {
@@ -574,12 +563,7 @@ core::MachineSpec box_of(int gpus) {
 }
 
 TimePs host_bound_step(const char* kind, int gpus, const core::Model& model) {
-  core::Plan p;
-  p.kind = core::plan_kind(kind);
-  p.gpus = gpus;
-  p.minibatch = gpus;
-  p.u_fwd = p.u_bwd = 1;
-  p.knobs.gpu_capacity_bytes = core::kGiB;
+  core::Plan p = plan_of(kind, gpus, gpus);
   const auto prog = core::lower_plan(p, model);
   const auto r = sim::run_native(prog, model, box_of(gpus));
   REQUIRE(r.feasible);
