@@ -264,13 +264,26 @@ CheckpointMeta load_checkpoint(const std::string& path, HostState& state, const 
       if (std::bit_cast<std::uint64_t>(a) != std::bit_cast<std::uint64_t>(b))
         mismatch(field, fmt::format("{} (bits {})", a, bits_hex(a)), fmt::format("{} (bits {})", b, bits_hex(b)));
     };
+    auto check_float = [&](const char* field, float a, float b) {
+      if (std::bit_cast<std::uint32_t>(a) != std::bit_cast<std::uint32_t>(b))
+        mismatch(field, fmt::format("{}", a), fmt::format("{}", b));
+    };
+    // The architecture first: another family differs in every field below.
+    if (got.model.arch != expect->model.arch)
+      mismatch("model.arch", std::string(arch_name(got.model.arch)), std::string(arch_name(expect->model.arch)));
     check_int("model.vocab_size", got.model.vocab_size, expect->model.vocab_size);
     check_int("model.max_seq_len", got.model.max_seq_len, expect->model.max_seq_len);
     check_int("model.n_layer", got.model.n_layer, expect->model.n_layer);
     check_int("model.n_head", got.model.n_head, expect->model.n_head);
     check_int("model.n_embd", got.model.n_embd, expect->model.n_embd);
-    if (std::bit_cast<std::uint32_t>(got.model.ln_eps) != std::bit_cast<std::uint32_t>(expect->model.ln_eps))
-      mismatch("model.ln_eps", fmt::format("{}", got.model.ln_eps), fmt::format("{}", expect->model.ln_eps));
+    check_float("model.ln_eps", got.model.ln_eps, expect->model.ln_eps);
+    // The Llama fields (a GPT-2 config holds their defaults on both sides).
+    check_int("model.n_kv_head", got.model.n_kv_head, expect->model.n_kv_head);
+    check_int("model.intermediate_size", got.model.intermediate_size, expect->model.intermediate_size);
+    check_float("model.rope_theta", got.model.rope_theta, expect->model.rope_theta);
+    check_int("model.tie_embeddings", got.model.tie_embeddings, expect->model.tie_embeddings);
+    check_int("model.qkv_bias", got.model.qkv_bias, expect->model.qkv_bias);
+    check_int("model.sliding_window", got.model.sliding_window, expect->model.sliding_window);
     check_int("batch", got.batch, expect->batch);
     check_int("seq_len", got.seq_len, expect->seq_len);
     if (got.data != expect->data) mismatch("data", '"' + got.data + '"', '"' + expect->data + '"');

@@ -20,18 +20,21 @@
 
 namespace harmony::backend {
 
-// The file format, version 1 (all integers and floats little-endian):
+// The file format, version 2 (all integers and floats little-endian):
 //   byte 0   "HRMYCKPT"                         magic
-//   byte 8   u32 version (1), u32 flags (0)
+//   byte 8   u32 version (2), u32 flags (0)
 //   byte 16  u64 header_bytes                   JSON header length, padded with spaces to a multiple of 8
 //   byte 24  u64 payload_bytes
-//   byte 32  JSON header: the CheckpointMeta (doubles and ln_eps also as hex bit patterns, which are the ones
-//            read back), the layer names and float counts, the number of losses
+//   byte 32  JSON header: the CheckpointMeta (the model's arch, "gpt2" or "llama", its shape and for a Llama
+//            model its n_kv_head, intermediate_size, rope_theta, tie_embeddings, qkv_bias, sliding_window;
+//            doubles, ln_eps and rope_theta also as hex bit patterns, which are the ones read back), the layer
+//            names and float counts, the number of losses
 //   payload  per layer 0..L+1: weights, exp_avg, exp_avg_sq (f32 each, param_floats(layer) of them);
 //            then the per-layer AdamW step counts (i64 each); then the losses (f64 each)
 //   last 8   u64 XXH64 (seed 0) of every byte before it
-// The same meta and state always give the same bytes (no timestamps).
-inline constexpr std::uint32_t kCheckpointVersion = 1;
+// The same meta and state always give the same bytes (no timestamps). Version 1 (GPT-2 only, no "arch") is read
+// as a GPT-2 model; everything else in it is as in version 2.
+inline constexpr std::uint32_t kCheckpointVersion = 2;
 inline constexpr int kDefaultCheckpointKeep = 2;
 
 // A checkpoint that cannot be written, read or used. what(): "<file>: <problem>\n  hint: <how to fix it>".

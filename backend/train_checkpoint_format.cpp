@@ -28,8 +28,14 @@ std::string bits_hex(double v) { return fmt::format("{:016x}", std::bit_cast<std
 std::string bits_hex(float v) { return fmt::format("{:08x}", std::bit_cast<std::uint32_t>(v)); }
 
 std::string describe(const Gpt2Config& c) {
-  return fmt::format("vocab_size={} max_seq_len={} n_layer={} n_head={} n_embd={} ln_eps={}", c.vocab_size,
-                     c.max_seq_len, c.n_layer, c.n_head, c.n_embd, c.ln_eps);
+  std::string out =
+      fmt::format("{} vocab_size={} max_seq_len={} n_layer={} n_head={} n_embd={} ln_eps={}", arch_name(c.arch),
+                  c.vocab_size, c.max_seq_len, c.n_layer, c.n_head, c.n_embd, c.ln_eps);
+  if (c.arch == Arch::Llama)
+    out +=
+        fmt::format(" n_kv_head={} intermediate_size={} rope_theta={} tie_embeddings={} qkv_bias={} sliding_window={}",
+                    c.n_kv_head, c.intermediate_size, c.rope_theta, c.tie_embeddings, c.qkv_bias, c.sliding_window);
+  return out;
 }
 
 nlohmann::ordered_json header_json(const CheckpointMeta& m, const Gpt2& model) {
@@ -37,8 +43,18 @@ nlohmann::ordered_json header_json(const CheckpointMeta& m, const Gpt2& model) {
   j["format"] = "harmony training checkpoint";
   j["checksum"] = "xxh64";
   j["layout"] = kLayout;
-  j["model"] = {{"vocab_size", m.model.vocab_size}, {"max_seq_len", m.model.max_seq_len}, {"n_layer", m.model.n_layer},
-                {"n_head", m.model.n_head},         {"n_embd", m.model.n_embd},           {"ln_eps", m.model.ln_eps}};
+  const Gpt2Config& c = m.model;
+  j["model"] = {{"arch", arch_name(c.arch)}, {"vocab_size", c.vocab_size}, {"max_seq_len", c.max_seq_len},
+                {"n_layer", c.n_layer},      {"n_head", c.n_head},         {"n_embd", c.n_embd},
+                {"ln_eps", c.ln_eps}};
+  if (c.arch == Arch::Llama) {  // the fields a GPT-2 model does not have (Gpt2Config::validate refuses them there)
+    j["model"]["n_kv_head"] = c.n_kv_head;
+    j["model"]["intermediate_size"] = c.intermediate_size;
+    j["model"]["rope_theta"] = c.rope_theta;
+    j["model"]["tie_embeddings"] = c.tie_embeddings;
+    j["model"]["qkv_bias"] = c.qkv_bias;
+    j["model"]["sliding_window"] = c.sliding_window;
+  }
   j["batch"] = m.batch;
   j["seq_len"] = m.seq_len;
   j["plan"] = m.plan;
@@ -60,9 +76,13 @@ nlohmann::ordered_json header_json(const CheckpointMeta& m, const Gpt2& model) {
     layers.push_back({{"name", model.layer_name(l)}, {"floats", model.param_floats(l)}});
   j["layers"] = std::move(layers);
   // The values read back: exact bit patterns (the readable numbers above are for people).
-  j["bits"] = {{"model.ln_eps", bits_hex(m.model.ln_eps)}, {"adamw.lr", bits_hex(m.adamw.lr)},
-               {"adamw.beta1", bits_hex(m.adamw.beta1)},   {"adamw.beta2", bits_hex(m.adamw.beta2)},
-               {"adamw.eps", bits_hex(m.adamw.eps)},       {"adamw.weight_decay", bits_hex(m.adamw.weight_decay)}};
+  j["bits"] = {{"model.ln_eps", bits_hex(c.ln_eps)}};
+  if (c.arch == Arch::Llama) j["bits"]["model.rope_theta"] = bits_hex(c.rope_theta);
+  j["bits"]["adamw.lr"] = bits_hex(m.adamw.lr);
+  j["bits"]["adamw.beta1"] = bits_hex(m.adamw.beta1);
+  j["bits"]["adamw.beta2"] = bits_hex(m.adamw.beta2);
+  j["bits"]["adamw.eps"] = bits_hex(m.adamw.eps);
+  j["bits"]["adamw.weight_decay"] = bits_hex(m.adamw.weight_decay);
   return j;
 }
 
@@ -114,6 +134,12 @@ class HeaderReader {
       fail(fmt::format("'{}' is {}, not a string", where.empty() ? key : where + "." + key, v.dump()));
     return v.get<std::string>();
   }
+  bool boolean(const json& obj, const std::string& key, const std::string& where) const {
+    const json& v = field(obj, key, where);
+    if (!v.is_boolean())
+      fail(fmt::format("'{}' is {}, not true or false", where.empty() ? key : where + "." + key, v.dump()));
+    return v.get<bool>();
+  }
   // A hex bit pattern of `digits` digits from the "bits" object.
   std::uint64_t bits(const std::string& key, std::size_t digits) const {
     const std::string s = str(field(j_, "bits", ""), key, "bits");
@@ -129,8 +155,44 @@ class HeaderReader {
   const std::string& path_;
 };
 
-Parsed parse_header(const std::string& path, const std::string& text, std::uint64_t payload_offset,
-                    std::uint64_t payload_bytes) {
+// The model object: version 1 files (written before the Llama family could be checkpointed) have no "arch" and are
+// GPT-2; from version 2 "arch" is required, and a Llama model carries its own fields (all required).
+Gpt2Config parse_model(const HeaderReader& r, const json& j, std::uint32_t version) {
+  constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+  Gpt2Config c;
+  const json& model = r.field(j, "model", "");
+  if (version >= 2) {
+    const std::string arch = r.str(model, "arch", "model");
+    if (arch == arch_name(Arch::Llama)) {
+      c.arch = Arch::Llama;
+    } else if (arch != arch_name(Arch::Gpt2)) {
+      r.fail(fmt::format("'model.arch' is \"{}\", neither \"gpt2\" nor \"llama\"", arch));
+    }
+  }
+  c.vocab_size = static_cast<int>(r.i64(model, "vocab_size", "model", 0, kIntMax));
+  c.max_seq_len = static_cast<int>(r.i64(model, "max_seq_len", "model", 0, kIntMax));
+  c.n_layer = static_cast<int>(r.i64(model, "n_layer", "model", 0, kIntMax - 2));
+  c.n_head = static_cast<int>(r.i64(model, "n_head", "model", 0, kIntMax));
+  c.n_embd = static_cast<int>(r.i64(model, "n_embd", "model", 0, kIntMax));
+  c.ln_eps = std::bit_cast<float>(static_cast<std::uint32_t>(r.bits("model.ln_eps", 8)));
+  if (c.arch == Arch::Llama) {
+    c.n_kv_head = static_cast<int>(r.i64(model, "n_kv_head", "model", 0, kIntMax));
+    c.intermediate_size = static_cast<int>(r.i64(model, "intermediate_size", "model", 0, kIntMax));
+    c.rope_theta = std::bit_cast<float>(static_cast<std::uint32_t>(r.bits("model.rope_theta", 8)));
+    c.tie_embeddings = r.boolean(model, "tie_embeddings", "model");
+    c.qkv_bias = r.boolean(model, "qkv_bias", "model");
+    c.sliding_window = static_cast<int>(r.i64(model, "sliding_window", "model", 0, kIntMax));
+  }
+  try {
+    c.validate();
+  } catch (const BackendError& e) {
+    r.fail(e.what());
+  }
+  return c;
+}
+
+Parsed parse_header(const std::string& path, const std::string& text, std::uint32_t version,
+                    std::uint64_t payload_offset, std::uint64_t payload_bytes) {
   json j;
   try {
     j = json::parse(text);
@@ -145,18 +207,7 @@ Parsed parse_header(const std::string& path, const std::string& text, std::uint6
   CheckpointMeta& m = p.meta;
   constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
   constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
-  const json& model = r.field(j, "model", "");
-  m.model.vocab_size = static_cast<int>(r.i64(model, "vocab_size", "model", 0, kIntMax));
-  m.model.max_seq_len = static_cast<int>(r.i64(model, "max_seq_len", "model", 0, kIntMax));
-  m.model.n_layer = static_cast<int>(r.i64(model, "n_layer", "model", 0, kIntMax - 2));
-  m.model.n_head = static_cast<int>(r.i64(model, "n_head", "model", 0, kIntMax));
-  m.model.n_embd = static_cast<int>(r.i64(model, "n_embd", "model", 0, kIntMax));
-  m.model.ln_eps = std::bit_cast<float>(static_cast<std::uint32_t>(r.bits("model.ln_eps", 8)));
-  try {
-    m.model.validate();
-  } catch (const BackendError& e) {
-    r.fail(e.what());
-  }
+  m.model = parse_model(r, j, version);
   m.batch = static_cast<int>(r.i64(j, "batch", "", 1, kIntMax));
   m.seq_len = static_cast<int>(r.i64(j, "seq_len", "", 1, kIntMax));
   m.plan = r.str(j, "plan", "");
@@ -190,8 +241,18 @@ Parsed parse_header(const std::string& path, const std::string& text, std::uint6
       r.fail(fmt::format("the payload of {} bytes is too small for the {} the header lists", payload_bytes, what));
     expected += count * unit;
   };
+  std::optional<Gpt2> shape;  // the model the header describes: its layers' sizes must be the listed ones
+  try {
+    shape.emplace(m.model);
+  } catch (const BackendError& e) {
+    r.fail(e.what());
+  }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const std::uint64_t n = r.u64(layers[l], "floats", fmt::format("layers[{}]", l));
+    const int layer = static_cast<int>(l);
+    if (n != static_cast<std::uint64_t>(shape->param_floats(layer)))
+      r.fail(fmt::format("layer {} has {} floats, the model's {} has {} ({})", l, n, shape->layer_name(layer),
+                         shape->param_floats(layer), describe(m.model)));
     p.layer_floats.push_back(n);
     add(n, 3 * sizeof(float), "weights and moments");
   }
@@ -223,7 +284,7 @@ void pread_exact(int fd, const std::string& path, std::uint64_t offset, void* ds
 }
 
 // Every check that needs no state: magic, version, lengths against the file size, the checksum over the whole
-// file, the header's fields and their consistency with the payload length.
+// file, the header's fields and their consistency with the payload length and the model they describe.
 Verified open_and_verify(const std::string& path) {
   std::string problem;
   Fd fd(core::open_input_file(path, &problem));  // folders, FIFOs and devices refused, never blocks
@@ -306,7 +367,7 @@ Verified open_and_verify(const std::string& path) {
 
   std::string text(static_cast<std::size_t>(header_bytes), '\0');
   pread_exact(fd.get(), path, kFixedBytes, text.data(), header_bytes);
-  Parsed parsed = parse_header(path, text, kFixedBytes + header_bytes, payload_bytes);
+  Parsed parsed = parse_header(path, text, version, kFixedBytes + header_bytes, payload_bytes);
   return {std::move(fd), std::move(parsed)};
 }
 

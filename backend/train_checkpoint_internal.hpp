@@ -79,7 +79,8 @@ nlohmann::ordered_json header_json(const CheckpointMeta& m, const Gpt2& model);
 // A header that passed the checksum but does not make sense: written so, by something else.
 [[noreturn]] void malformed(const std::string& path, const std::string& what);
 // Every check that needs no state: magic, version, lengths against the file size, the checksum over the whole
-// file, the header's fields and their consistency with the payload length.
+// file, the header's fields and their consistency with the payload length and with the model they describe (every
+// layer's float count).
 Verified open_and_verify(const std::string& path);
 // Reads exactly n bytes at `offset`; a short read is a truncation (the file shrank under us).
 void pread_exact(int fd, const std::string& path, std::uint64_t offset, void* dst, std::uint64_t n);

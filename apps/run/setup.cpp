@@ -167,11 +167,6 @@ Setup make_setup(const Cli& cli) {
                       kind.name()),
           fmt::format("train this model with device: {}",
                       fmt::join(backend::device_kinds_with(&backend::DeviceCaps::llama_kernels), ", ")));
-    if (!cfg.checkpoint.dir.empty())
-      throw core::ConfigError(cfg.model.loc,
-                              "checkpoints (checkpoint.dir) record GPT-2 models only; a Llama model cannot be "
-                              "checkpointed yet",
-                              "drop checkpoint.dir (and --checkpoint-dir); save the weights with --save-weights");
   }
   if (cfg.model.seq_len > gc.max_seq_len)
     throw core::ConfigError(

@@ -1,7 +1,7 @@
 // Tests of the training checkpoint files (backend/train_checkpoint.*): XXH64 against reference values, a
-// bit-exact round trip of weights, moments, step counts and meta, keep-N pruning and the file set after each
-// save, latest_checkpoint's choice, every corruption and mismatch refused with a message naming the problem,
-// and failed saves that leave the previous checkpoint intact.
+// bit-exact round trip of weights, moments, step counts and meta (a Llama model's whole shape too; version-1 files
+// read as GPT-2), keep-N pruning and the file set after each save, latest_checkpoint's choice, every corruption and
+// mismatch refused with a message naming the problem, and failed saves that leave the previous checkpoint intact.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -36,6 +36,28 @@ Gpt2Config tiny_config(int n_layer = 2) {
   c.n_head = 2;
   c.n_embd = 16;
   return c;
+}
+
+// A Llama-family model with every field away from its default: grouped-query attention, an untied head, q/k/v
+// biases, another rope_theta and rms_norm_eps, a sliding window.
+Gpt2Config tiny_llama_config() {
+  Gpt2Config c = tiny_config();
+  c.arch = Arch::Llama;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.intermediate_size = 24;
+  c.rope_theta = 500000.0f;
+  c.ln_eps = 1e-6f;
+  c.tie_embeddings = false;
+  c.qkv_bias = true;
+  c.sliding_window = 16;
+  return c;
+}
+
+std::string header_text(const std::vector<std::uint8_t>& bytes) {
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data() + 16, 8);
+  return {bytes.begin() + 32, bytes.begin() + 32 + static_cast<std::ptrdiff_t>(header_bytes)};
 }
 
 // Weights from init_weights, moments and gradients from a seeded generator, with a few special floats (-0, a
@@ -209,6 +231,140 @@ TEST_CASE("round trip: weights, moments, step counts and meta come back bit for 
   CHECK(same_state(saved, loaded));
 }
 
+TEST_CASE("a Llama model: its architecture and every field of its shape round trip, and a mismatch is named") {
+  TempDir dir;
+  for (const bool tied : {false, true}) {
+    Gpt2Config config = tiny_llama_config();
+    config.tie_embeddings = tied;
+    const Gpt2 model(config);
+    HostState saved(model);
+    fill_state(saved, 13);
+    const CheckpointMeta meta = make_meta(config, tied ? 9 : 8);
+    const std::string path = save_checkpoint(dir.str(), meta, saved, 5);
+    const std::string header = header_text(read_bytes(path));
+    CHECK(header.find("\"arch\":\"llama\"") != std::string::npos);
+    CHECK(header.find("\"n_kv_head\":2,\"intermediate_size\":24,\"rope_theta\":500000.0") != std::string::npos);
+    CHECK(header.find(std::string("\"tie_embeddings\":") + (tied ? "true" : "false") +
+                      ",\"qkv_bias\":true,\"sliding_window\":16") != std::string::npos);
+    CHECK(header.find("\"model.rope_theta\":\"48f42400\"") != std::string::npos);  // 500000.0f's bits
+
+    CHECK(read_checkpoint_meta(path).model == config);
+    HostState loaded(model);
+    fill_state(loaded, 98);
+    const CheckpointMeta got = load_checkpoint(path, loaded, &meta);
+    CHECK(got.model == config);
+    CHECK(got.model.arch == Arch::Llama);
+    CHECK(same_state(saved, loaded));
+    TempDir again;
+    CHECK(read_bytes(save_checkpoint(again.str(), got, loaded)) == read_bytes(path));  // the same bytes
+  }
+
+  const Gpt2 model(tiny_llama_config());
+  HostState s(model);
+  fill_state(s, 4);
+  const CheckpointMeta meta = make_meta(model.config(), 3);
+  TempDir one;
+  const std::string path = save_checkpoint(one.str(), meta, s);
+  HostState target(model);
+  HostState untouched(model);
+  auto refused = [&](void (*change)(Gpt2Config&), const std::string& expected_text) {
+    CheckpointMeta expect = meta;
+    change(expect.model);
+    const std::string e = error_of([&] { load_checkpoint(path, target, &expect); });
+    CHECK_MESSAGE(e.find(expected_text) != std::string::npos, e);
+    CHECK(e.find("hint: resume with") != std::string::npos);
+    CHECK(same_state(target, untouched));
+  };
+  refused([](Gpt2Config& c) { c.n_kv_head = 4; }, "model.n_kv_head differs: the checkpoint has 2, this run has 4");
+  refused([](Gpt2Config& c) { c.intermediate_size = 32; },
+          "model.intermediate_size differs: the checkpoint has 24, this run has 32");
+  refused([](Gpt2Config& c) { c.rope_theta = 10000.0f; },
+          "model.rope_theta differs: the checkpoint has 500000, this run has 10000");
+  refused([](Gpt2Config& c) { c.tie_embeddings = true; },
+          "model.tie_embeddings differs: the checkpoint has false, this run has true");
+  refused([](Gpt2Config& c) { c.qkv_bias = false; },
+          "model.qkv_bias differs: the checkpoint has true, this run has false");
+  refused([](Gpt2Config& c) { c.sliding_window = 0; },
+          "model.sliding_window differs: the checkpoint has 16, this run has 0");
+  refused([](Gpt2Config& c) { c.ln_eps = 1e-5f; }, "model.ln_eps differs");
+  refused([](Gpt2Config& c) { c = tiny_config(); }, "model.arch differs: the checkpoint has llama, this run has gpt2");
+
+  // A GPT-2 state cannot take it even without `expect`: the message names both architectures.
+  const Gpt2 gpt2(tiny_config());
+  HostState wrong(gpt2);
+  const std::string e = error_of([&] { load_checkpoint(path, wrong); });
+  CHECK(e.find("the checkpoint holds the model llama vocab_size=64") != std::string::npos);
+  CHECK(e.find("n_kv_head=2 intermediate_size=24") != std::string::npos);
+  CHECK(e.find("built for gpt2 vocab_size=64") != std::string::npos);
+}
+
+TEST_CASE("format version 1 (before the Llama family): no arch, read as GPT-2; version 2 requires it") {
+  TempDir dir;
+  const Gpt2 model(tiny_config());
+  HostState s(model);
+  fill_state(s, 17);
+  const CheckpointMeta meta = make_meta(model.config(), 5);
+  const std::string path = save_checkpoint(dir.str(), meta, s);
+  const std::vector<std::uint8_t> v2 = read_bytes(path);
+  CHECK(v2[8] == 2);
+  CHECK(header_text(v2).find("\"model\":{\"arch\":\"gpt2\",") != std::string::npos);
+  CHECK(header_text(v2).find("n_kv_head") == std::string::npos);  // the Llama fields: a Llama model's only
+
+  // What a version-1 writer wrote: the same header without "arch" (blanked: JSON whitespace), version 1.
+  auto v1 = v2;
+  edit_header(v1, "\"arch\":\"gpt2\",", "              ");
+  v1[8] = 1;
+  reseal(v1);
+  write_bytes(path, v1);
+  HostState loaded(model);
+  const CheckpointMeta got = load_checkpoint(path, loaded, &meta);
+  CHECK(got.model == meta.model);
+  CHECK(got.model.arch == Arch::Gpt2);
+  CHECK(same_state(s, loaded));
+
+  // Version 2 without "arch", or with an unknown one: malformed, named.
+  auto bad = v1;
+  bad[8] = 2;
+  reseal(bad);
+  write_bytes(path, bad);
+  CHECK(error_of([&] { read_checkpoint_meta(path); }).find("malformed header: 'model.arch' is missing") !=
+        std::string::npos);
+  bad = v2;
+  edit_header(bad, "\"arch\":\"gpt2\"", "\"arch\":\"gpt3\"");
+  reseal(bad);
+  write_bytes(path, bad);
+  CHECK(error_of([&] { read_checkpoint_meta(path); }).find("'model.arch' is \"gpt3\", neither") != std::string::npos);
+}
+
+TEST_CASE("a Llama header whose fields are missing or mistyped is malformed, named") {
+  TempDir dir;
+  const Gpt2 model(tiny_llama_config());
+  HostState s(model);
+  fill_state(s, 3);
+  const std::string path = save_checkpoint(dir.str(), make_meta(model.config(), 2), s);
+  const std::vector<std::uint8_t> good = read_bytes(path);
+  auto error_after = [&](const std::string& from, const std::string& to) {
+    auto bad = good;
+    edit_header(bad, from, to);
+    reseal(bad);
+    write_bytes(path, bad);
+    return error_of([&] { read_checkpoint_meta(path); });
+  };
+  CHECK(error_after("\"qkv_bias\":true", "\"qkv_bias\":1   ").find("'model.qkv_bias' is 1, not true or false") !=
+        std::string::npos);
+  CHECK(error_after("\"intermediate_size\":", "\"intermediate_sizX\":").find("'model.intermediate_size' is missing") !=
+        std::string::npos);
+  CHECK(error_after("\"n_kv_head\":2", "\"n_kv_head\":3").find("n_kv_head 3 does not divide n_head 4") !=
+        std::string::npos);
+  CHECK(error_after("\"model.rope_theta\"", "\"model.rope_thetX\"").find("'bits.model.rope_theta' is missing") !=
+        std::string::npos);
+  // "arch": "gpt2" over a Llama model's layers (read_checkpoint_meta too, which loads no state): GPT-2's embedding
+  // also holds the position table, so the listed sizes are not that model's.
+  CHECK(error_after("\"arch\":\"llama\"", "\"arch\":\"gpt2\" ")
+            .find("malformed header: layer 0 has 1024 floats, the model's embedding has 1280 (gpt2 vocab_size=64") !=
+        std::string::npos);
+}
+
 TEST_CASE("round trip edge cases: step 0 without losses, seven-digit steps") {
   TempDir dir;
   const Gpt2 model(tiny_config(0));  // no blocks: embedding and head only
@@ -375,10 +531,10 @@ TEST_CASE("corrupt files are refused with what is wrong and what to do; the stat
   }
   SUBCASE("a future format version") {
     auto bad = good;
-    bad[8] = 2;
+    bad[8] = 3;
     reseal(bad);
     const std::string e = load_error(bad);
-    CHECK(e.find("format version 2 is newer than this build reads (1)") != std::string::npos);
+    CHECK(e.find("format version 3 is newer than this build reads (2)") != std::string::npos);
     CHECK(e.find("newer") != std::string::npos);
   }
   SUBCASE("version 0, flags, an impossible length") {
@@ -476,8 +632,8 @@ TEST_CASE("mismatched checkpoints are refused naming the field, the file's value
   const Gpt2 other(tiny_config(3));
   HostState wrong(other);
   const std::string e = error_of([&] { load_checkpoint(path, wrong); });
-  CHECK(e.find("the checkpoint holds the model vocab_size=64 max_seq_len=16 n_layer=2") != std::string::npos);
-  CHECK(e.find("built for vocab_size=64 max_seq_len=16 n_layer=3") != std::string::npos);
+  CHECK(e.find("the checkpoint holds the model gpt2 vocab_size=64 max_seq_len=16 n_layer=2") != std::string::npos);
+  CHECK(e.find("built for gpt2 vocab_size=64 max_seq_len=16 n_layer=3") != std::string::npos);
 
   // What may differ: the plan, the step, positions, RNG state, losses.
   m = meta;

@@ -3,7 +3,9 @@
 the same losses under a swapping baseline, fp32 and bf16, a tied head; the oracle's Hugging Face folder (tests/data/llama_tiny:
 config.json with model_type llama + model.safetensors) loads through model.weights and --save-weights writes its
 tensors back under their HF names with config.json beside them (a folder that trains on); a sharded folder
-(model.safetensors.index.json) trains to the single file's losses; bad model.llama keys exit 2 naming the key.
+(model.safetensors.index.json) trains to the single file's losses; checkpoints: 3 steps + --resume to 6 give the
+straight run's losses and weights bit for bit, and a resume under another shape exits 2 naming the field; bad
+model.llama keys exit 2 naming the key.
 Arguments: the harmony-run path."""
 import json
 import os
@@ -172,10 +174,40 @@ with tempfile.TemporaryDirectory() as tmp:
                                                                    os.path.join(ROOT, "configs/machines/")))
     r = run("train", bad, "--steps", "1")
     check("missing intermediate_size: exit 2", r.returncode == 2 and "intermediate_size" in r.stderr, r.stderr[-300:])
-    with open(bad, "w") as f:
-        f.write(text.replace("../machines/", os.path.join(ROOT, "configs/machines/")) + "checkpoint: {dir: ck}\n")
-    r = run("train", bad, "--steps", "1")
-    check("checkpoint.dir with a Llama model: exit 2", r.returncode == 2 and "checkpoint" in r.stderr,
-          r.stderr[-300:])
+
+    # checkpoints: 6 steps straight vs. 3 into a checkpoint directory + --resume to 6 give the same losses and the
+    # same weights bit for bit (untied head, and tied: the head's copy of the embedding comes back with it)
+    for name, extra in (("untied", []), ("tied", ["--set", "model.llama.tie_embeddings=true"])):
+        ref_w, res_w = os.path.join(tmp, f"ref-{name}.safetensors"), os.path.join(tmp, f"res-{name}.safetensors")
+        ck = os.path.join(tmp, f"ck-{name}")
+        ref = run("train", LLAMA, "--steps", "6", "--format", "json", "--quiet", "--save-weights", ref_w, *extra)
+        half = run("train", LLAMA, "--steps", "3", "--checkpoint-dir", ck, "--quiet", *extra)
+        check(f"{name}: a Llama run saves a checkpoint", half.returncode == 0 and
+              os.path.exists(os.path.join(ck, "step-000003.hckpt")), half.stderr[-400:])
+        res = run("train", LLAMA, "--steps", "6", "--checkpoint-dir", ck, "--resume", "--format", "json", "--quiet",
+                  "--save-weights", res_w, *extra)
+        check(f"{name}: --resume exit 0", ref.returncode == 0 and res.returncode == 0, res.stderr[-400:])
+        if ref.returncode == 0 and res.returncode == 0:
+            a, b = json.loads(ref.stdout)["summary"], json.loads(res.stdout)["summary"]
+            check(f"{name}: the resumed run starts at step 4", b["first_step"] == 4, b)
+            check(f"{name}: 3 + resumed 3 steps: the same losses bit for bit", a["losses"] == b["losses"] and
+                  len(a["losses"]) == 6, (a["losses"], b["losses"]))
+            check(f"{name}: 3 + resumed 3 steps: the same weights bit for bit",
+                  open(ref_w, "rb").read() == open(res_w, "rb").read())
+    # a Llama checkpoint resumed under another shape: exit 2 naming the field, both values and the file
+    ck = os.path.join(tmp, "ck-untied")
+    for key, field, values in (("n_kv_head=4", "model.n_kv_head", "the checkpoint has 2, this run has 4"),
+                               ("intermediate_size=128", "model.intermediate_size",
+                                "the checkpoint has 172, this run has 128"),
+                               ("tie_embeddings=true", "model.tie_embeddings",
+                                "the checkpoint has false, this run has true")):
+        r = run("train", LLAMA, "--steps", "8", "--checkpoint-dir", ck, "--resume", "--quiet", "--set",
+                "model.llama." + key)
+        check(f"resume with model.llama.{key}: exit 2 naming {field}", r.returncode == 2 and
+              f"{field} differs: {values}" in r.stderr and "step-000006.hckpt:" in r.stderr, (r.returncode, r.stderr))
+    r = run("train", LLAMA.replace("llama.yaml", "default.yaml"), "--steps", "1", "--checkpoint-dir", ck, "--resume",
+            "--quiet")
+    check("a GPT-2 run resuming a Llama checkpoint: exit 2 naming model.arch", r.returncode == 2 and
+          "model.arch differs: the checkpoint has llama, this run has gpt2" in r.stderr, (r.returncode, r.stderr))
 
 finish("test_run_llama: ")
