@@ -176,8 +176,9 @@ with tempfile.TemporaryDirectory() as tmp:
     check("missing intermediate_size: exit 2", r.returncode == 2 and "intermediate_size" in r.stderr, r.stderr[-300:])
 
     # checkpoints: 6 steps straight vs. 3 into a checkpoint directory + --resume to 6 give the same losses and the
-    # same weights bit for bit (untied head, and tied: the head's copy of the embedding comes back with it)
-    for name, extra in (("untied", []), ("tied", ["--set", "model.llama.tie_embeddings=true"])):
+    # same weights bit for bit (untied head; tied: the head's copy of the embedding comes back with it; bf16)
+    for name, extra in (("untied", []), ("tied", ["--set", "model.llama.tie_embeddings=true"]),
+                        ("bf16", ["--dtype", "bf16"])):
         ref_w, res_w = os.path.join(tmp, f"ref-{name}.safetensors"), os.path.join(tmp, f"res-{name}.safetensors")
         ck = os.path.join(tmp, f"ck-{name}")
         ref = run("train", LLAMA, "--steps", "6", "--format", "json", "--quiet", "--save-weights", ref_w, *extra)
