@@ -278,7 +278,7 @@ CheckpointMeta load_checkpoint(const std::string& path, HostState& state, const 
     check_int("model.n_embd", got.model.n_embd, expect->model.n_embd);
     check_float("model.ln_eps", got.model.ln_eps, expect->model.ln_eps);
     // The Llama fields (a GPT-2 config holds their defaults on both sides).
-    check_int("model.n_kv_head", got.model.n_kv_head, expect->model.n_kv_head);
+    check_int("model.n_kv_head", got.model.kv_heads(), expect->model.kv_heads());  // 0 means n_head
     check_int("model.intermediate_size", got.model.intermediate_size, expect->model.intermediate_size);
     check_float("model.rope_theta", got.model.rope_theta, expect->model.rope_theta);
     check_int("model.tie_embeddings", got.model.tie_embeddings, expect->model.tie_embeddings);
@@ -296,7 +296,7 @@ CheckpointMeta load_checkpoint(const std::string& path, HostState& state, const 
     check_double("adamw.weight_decay", got.adamw.weight_decay, expect->adamw.weight_decay);
   }
   const Gpt2& model = state.model();
-  if (!(got.model == model.config()))
+  if (!got.model.same_model(model.config()))
     throw CheckpointError(path,
                           fmt::format("the checkpoint holds the model {}, the state to load it into was built for {}",
                                       describe(got.model), describe(model.config())),

@@ -108,6 +108,14 @@ struct HeadActs {
 
 }  // namespace
 
+bool Gpt2Config::same_model(const Gpt2Config& o) const {
+  Gpt2Config a = *this;
+  Gpt2Config b = o;
+  a.n_kv_head = a.kv_heads();
+  b.n_kv_head = b.kv_heads();
+  return a == b;
+}
+
 Gpt2::Gpt2(const Gpt2Config& config) : config_(config) {
   config_.validate();
   const std::int64_t V = config_.vocab_size, P = config_.max_seq_len, C = config_.n_embd;

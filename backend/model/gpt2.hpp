@@ -37,6 +37,8 @@ struct Gpt2Config {
   // a longer T is refused (check_args), never computed as something else.
   int sliding_window = 0;
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // The same model: every field equal, n_kv_head compared as kv_heads() (0 and n_head name one shape).
+  bool same_model(const Gpt2Config& o) const;
   void validate() const;  // throws BackendError naming the bad field
   bool operator==(const Gpt2Config&) const = default;
 };

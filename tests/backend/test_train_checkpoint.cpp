@@ -289,6 +289,25 @@ TEST_CASE("a Llama model: its architecture and every field of its shape round tr
   refused([](Gpt2Config& c) { c.ln_eps = 1e-5f; }, "model.ln_eps differs");
   refused([](Gpt2Config& c) { c = tiny_config(); }, "model.arch differs: the checkpoint has llama, this run has gpt2");
 
+  // n_kv_head 0 means n_head: a run that leaves it unset resumes a checkpoint that records the count explicitly
+  // (a config.json with num_key_value_heads = num_attention_heads), and the other way round.
+  for (const int saved_kv : {0, 4}) {
+    Gpt2Config c = tiny_llama_config();
+    c.n_kv_head = saved_kv;
+    const Gpt2 m(c);
+    HostState from(m);
+    fill_state(from, 5);
+    TempDir dir;
+    const std::string p = save_checkpoint(dir.str(), make_meta(m.config(), 2), from);
+    Gpt2Config other = c;
+    other.n_kv_head = saved_kv == 0 ? 4 : 0;
+    const Gpt2 m2(other);
+    HostState into(m2);
+    CheckpointMeta expect = make_meta(m2.config(), 2);
+    CHECK_NOTHROW(load_checkpoint(p, into, &expect));
+    CHECK(same_state(from, into));
+  }
+
   // A GPT-2 state cannot take it even without `expect`: the message names both architectures.
   const Gpt2 gpt2(tiny_config());
   HostState wrong(gpt2);
