@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -76,6 +77,25 @@ struct Bound {
 inline constexpr double kU = 0x1p-24;
 inline constexpr double kMargin = 2.0;
 inline double gamma_n(double k) { return k * kU / (1.0 - k * kU); }
+
+// The bounds' own tests ("bounds:" cases): the largest |got - want| / bound over the elements (bound = abs + rel
+// |want|, without kMargin), and the check that an fp64 result rounded once is within one device's share of a bound
+// (half of it, before the margin).
+inline double share_of(const std::vector<float>& got, const std::vector<float>& want, Bound b) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(double(got[i]) - double(want[i]));
+    worst = std::max(worst, d / (b.abs + b.rel * std::abs(double(want[i]))));
+  }
+  return worst;
+}
+inline void record(const std::string& what, double share) {
+  MESSAGE(what << ": " << share << " of the bound");
+  CHECK(share <= 0.5);
+}
+inline std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+inline std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 // bf16 storage: both devices compute in fp32 as above and round each stored output once to nearest even. Where a
 // rounding boundary falls between the two fp32 values the stored ones differ by one more bf16 ulp, at most 2^-7 of
 // the value (8 significant bits): |round(a) - round(b)| <= |a - b| + ulp. `roundings`: stored values the output has

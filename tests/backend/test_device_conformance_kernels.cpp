@@ -390,39 +390,11 @@ TEST_CASE_TEMPLATE("kernels: results are identical run to run", E, float, Bf16) 
 
 // ---- the bounds themselves --------------------------------------------------------------------------------------
 
-namespace {
-
-// The largest |got - want| / bound over the elements (bound = abs + rel |want|, without kMargin).
-double share_of(const std::vector<float>& got, const std::vector<float>& want, Bound b) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(double(got[i]) - double(want[i]));
-    worst = std::max(worst, d / (b.abs + b.rel * std::abs(double(want[i]))));
-  }
-  return worst;
-}
-
-// An fp64 result rounded once is within one device's share of a bound (half of it, before the margin).
-void record(const std::string& what, double share) {
-  MESSAGE(what << ": " << share << " of the bound");
-  CHECK(share <= 0.5);
-}
-
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-
-}  // namespace
-
 // A legitimate other implementation must meet every non-exact bound, and a faulty one must not. The reference loops
 // in double precision, rounded to fp32 once, are the first (each result within a rounding of the exact value, so
 // within one device's share of the bound, half of it); the fp32 loops with the weight read in the wrong layout (a
 // transposition, as a wrong leading dimension gives) the second. Host loops only: no device involved.
 TEST_CASE("bounds: an fp64 implementation meets them, a transposed matmul does not") {
-  auto record = [](const std::string& what, double share) {
-    MESSAGE(what << ": " << share << " of the bound");
-    CHECK(share <= 0.5);
-  };
   {                                      // matmul
     const int N = 37, IC = 48, OC = 48;  // square, so that the wrong layout is a valid call
     const auto in = random_floats(N * IC, 31), w = random_floats(IC * OC, 32), bias = random_floats(OC, 33);

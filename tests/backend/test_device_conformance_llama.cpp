@@ -188,30 +188,6 @@ TEST_CASE_TEMPLATE("llama kernels: SwiGLU forward and backward", E, float, Bf16)
 
 // ---- the bounds themselves ----------------------------------------------------------------------------------------
 
-namespace {
-
-// The largest |got - want| / bound over the elements (bound = abs + rel |want|, without kMargin).
-double share_of(const std::vector<float>& got, const std::vector<float>& want, Bound b) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(double(got[i]) - double(want[i]));
-    worst = std::max(worst, d / (b.abs + b.rel * std::abs(double(want[i]))));
-  }
-  return worst;
-}
-
-// An fp64 result rounded once is within one device's share of a bound (half of it, before the margin).
-void record(const std::string& what, double share) {
-  MESSAGE(what << ": " << share << " of the bound");
-  CHECK(share <= 0.5);
-}
-
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-
-}  // namespace
-
 // As test_device_conformance_kernels.cpp's "bounds:" cases: the reference loops in fp64, rounded once, meet every
 // non-exact bound above (a legitimate other implementation), and faulty fp32 ones do not (a wrong rotary frequency
 // base, the key/value head of another group, gate and up swapped). Host loops only: no device involved.
