@@ -207,8 +207,8 @@ double get_price(const Node& v, const std::string& what) {
 // ------------------------------------------------------------------------------------------------
 // Compute rates for analytic models (docs/machines.md, `gpu_rates` and `cpu_adam`): key by key over the base's.
 
-const std::vector<std::string> kGpuRatesKeys = {"matrix_fp32",     "matrix_fp16",       "memory",
-                                                "gemm_efficiency", "vector_efficiency", "overhead"};
+const std::vector<std::string> kGpuRatesKeys = {
+    "matrix_fp32", "matrix_fp16", "memory", "gemm_efficiency", "gemm_efficiency_fp32", "vector_efficiency", "overhead"};
 const std::vector<std::string> kGemmEfficiencyKeys = {"max", "half"};
 const std::vector<std::string> kOverheadKeys = {"kernel", "forward", "backward"};
 const std::vector<std::string> kCpuAdamKeys = {"bandwidth", "per_layer", "bandwidth_bf16", "bandwidth_fp16"};
@@ -284,6 +284,16 @@ void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
     const Node& g = sub_map(*x, w, kGemmEfficiencyKeys, "e.g. gemm_efficiency: {max: 0.8, half: 0.7GFLOP}");
     if (const Entry* y = find(g, "max")) r.gemm_efficiency_max = get_fraction(y->value, w + ".max");
     if (const Entry* y = find(g, "half")) r.gemm_half_flops = get_flop_count(y->value, w + ".half");
+  }
+  if (const Entry* x = find(map, "gemm_efficiency_fp32")) {
+    const std::string w = what + ".gemm_efficiency_fp32";
+    const Node& g = sub_map(*x, w, kGemmEfficiencyKeys, "e.g. gemm_efficiency_fp32: {max: 0.79, half: 0.12GFLOP}");
+    if (const Entry* y = find(g, "max")) r.gemm_fp32_efficiency_max = get_fraction(y->value, w + ".max");
+    if (const Entry* y = find(g, "half")) r.gemm_fp32_half_flops = get_flop_count(y->value, w + ".half");
+    // over a base that has none, both: a half left out would price fp32 GEMMs with no fixed cost, or none at all
+    if ((r.gemm_fp32_efficiency_max > 0) != (r.gemm_fp32_half_flops > 0))
+      fail(x->key_loc, fmt::format("{} needs both max and half (the machine it starts from has neither)", w),
+           "e.g. gemm_efficiency_fp32: {max: 0.79, half: 0.12GFLOP}");
   }
   if (const Entry* x = find(map, "vector_efficiency"))
     r.vector_efficiency = get_fraction(x->value, what + ".vector_efficiency");

@@ -72,10 +72,14 @@ struct GpuRates {
   double memory_bytes_per_s = 0;       // DRAM bandwidth
   double gemm_efficiency_max = 0;      // eff_max: the fraction of the peak a large GEMM reaches
   double gemm_half_flops = 0;          // a GEMM of this many FLOPs reaches eff_max / 2
-  double vector_efficiency = 0;        // fraction of memory_bytes_per_s elementwise and reduction kernels reach
-  double kernel_floor_s = 0;           // the least time one kernel takes (launch and framework dispatch)
-  double forward_overhead_s = 0;       // fixed cost of one layer's forward call
-  double backward_overhead_s = 0;      // fixed extra cost of one layer's backward call (autograd)
+  // The same two for FP32 GEMMs on the CUDA cores (matrix_fp32), where a machine's tensor-core efficiency does not
+  // carry (gemm_efficiency_fp32); 0 = gemm_efficiency_max / gemm_half_flops serve both peaks.
+  double gemm_fp32_efficiency_max = 0;
+  double gemm_fp32_half_flops = 0;
+  double vector_efficiency = 0;    // fraction of memory_bytes_per_s elementwise and reduction kernels reach
+  double kernel_floor_s = 0;       // the least time one kernel takes (launch and framework dispatch)
+  double forward_overhead_s = 0;   // fixed cost of one layer's forward call
+  double backward_overhead_s = 0;  // fixed extra cost of one layer's backward call (autograd)
   bool valid() const { return matrix_fp32_flops_per_s > 0 && memory_bytes_per_s > 0; }
 };
 

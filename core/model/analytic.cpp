@@ -822,10 +822,16 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   if (!gpu.valid())
     throw ScheduleError("analytic model: the machine has no gpu_rates (matrix_fp32 and memory are required)");
   Rates r;
-  r.peak_flops = spec.dtype == DType::Fp32 || gpu.matrix_fp16_flops_per_s <= 0 ? gpu.matrix_fp32_flops_per_s
-                                                                               : gpu.matrix_fp16_flops_per_s;
+  const bool cuda_cores = spec.dtype == DType::Fp32 || gpu.matrix_fp16_flops_per_s <= 0;
+  r.peak_flops = cuda_cores ? gpu.matrix_fp32_flops_per_s : gpu.matrix_fp16_flops_per_s;
   r.gemm_max = gpu.gemm_efficiency_max > 0 ? gpu.gemm_efficiency_max : 1.0;
   r.gemm_half = gpu.gemm_half_flops;
+  // An FP32 model's GEMMs run on the CUDA cores: their own efficiency where the machine gives one (a tensor-core
+  // calibration says nothing of them; docs/machines.md, gemm_efficiency_fp32).
+  if (spec.dtype == DType::Fp32 && gpu.gemm_fp32_efficiency_max > 0) {
+    r.gemm_max = gpu.gemm_fp32_efficiency_max;
+    r.gemm_half = gpu.gemm_fp32_half_flops;
+  }
   r.mem_bw = gpu.memory_bytes_per_s;
   r.vec_eff = gpu.vector_efficiency > 0 ? gpu.vector_efficiency : 1.0;
   r.floor_s = gpu.kernel_floor_s;

@@ -743,6 +743,43 @@ TEST_CASE("error: bad gpu_rates values are located and explained") {
   CHECK(contains(e.hint(), "bandwidth"));
 }
 
+TEST_CASE("gemm_efficiency_fp32: an fp32 model's GEMMs priced at the CUDA cores' efficiency, others unchanged") {
+  // The V100 preset's tensor-core calibration (0.378) is not what its CUDA cores reach (issue 35): an fp32 layer's
+  // GEMM time follows gemm_efficiency_fp32, an fp16 layer's stays on gemm_efficiency.
+  AnalyticSpec s = preset("gpt2-medium");
+  s.layers = 2;
+  s.ubatch_sizes = {4};
+  GpuRates r = machine_preset("v100-dgx2-16x").gpu_rates;
+  CHECK(r.gemm_efficiency_max == doctest::Approx(0.378));
+  CHECK(r.gemm_fp32_efficiency_max == doctest::Approx(0.79));
+  r.memory_bytes_per_s = 1e21;  // only the GEMMs count
+  r.kernel_floor_s = 0;
+  r.forward_overhead_s = r.backward_overhead_s = 0;
+  s.dtype = DType::Fp32;
+  const Model split = analytic_model(s, r);
+  GpuRates one = r;
+  one.gemm_fp32_efficiency_max = one.gemm_fp32_half_flops = 0;  // one efficiency for both peaks (before)
+  const Model joint = analytic_model(s, one);
+  // large GEMMs: time scales with 1 / e_max; the half terms are small beside a block's GEMMs
+  CHECK(joint.layers[1].fwd_time_s[0] / split.layers[1].fwd_time_s[0] == doctest::Approx(0.79 / 0.378).epsilon(0.05));
+  s.dtype = DType::Fp16;
+  CHECK(analytic_model(s, r).layers[1].fwd_time_s[0] ==
+        doctest::Approx(analytic_model(s, one).layers[1].fwd_time_s[0]));
+  // the paper testbed gives none: its one fitted efficiency serves its fp32 profiles as before
+  CHECK(machine_preset("paper-1080ti").gpu_rates.gemm_fp32_efficiency_max == 0);
+  // both keys or neither: a max alone would keep the tensor-core fixed cost without saying so
+  const std::string model = "model: {analytic: gpt2-small}\n";
+  const ConfigError e =
+      config_error(model + "machine: {preset: paper-1080ti, gpu_rates: {gemm_efficiency_fp32: {max: 0.8}}}\n" + kPlan);
+  check_at(e, 2, 45);
+  CHECK(contains(e.message(), "needs both max and half"));
+  // over a base that has both, one key overrides (--set reaches it)
+  const RunConfig c = load_config_text(model + "machine: {preset: v100-dgx2-16x}\n" + kPlan, "run.yaml",
+                                       {"machine.gpu_rates.gemm_efficiency_fp32.max=0.5"});
+  CHECK(c.machine.gpu_rates.gemm_fp32_efficiency_max == doctest::Approx(0.5));
+  CHECK(c.machine.gpu_rates.gemm_fp32_half_flops == doctest::Approx(0.124e9));
+}
+
 TEST_CASE(
     "cpu_adam.bandwidth_bf16 / _fp16 and host_paths (harmony-run probe's keys): parsed key by key over the base") {
   const std::string model = "model: {analytic: gpt2-small}\n";
