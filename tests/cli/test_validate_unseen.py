@@ -9,6 +9,7 @@ committed files (an edited block fails). The whole file is checked by `python3 s
 (about a minute: not run here)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,10 +97,12 @@ try:
         failures.append(f"compare-unseen --check-docs: exit {run.returncode}, {run.stderr!r}")
     with open(doc) as f:
         text = f.read()
-    row = next(line for line in text.splitlines() if line.startswith("| `sh-l2l-1.7b-v100` |"))
+    block = text[text.index("<!-- compare-unseen:begin"):text.index("<!-- compare-unseen:end")]
+    row = next(line for line in block.splitlines() if line.startswith("| `sh-l2l-1.7b-v100` |"))
+    error = re.search(r"\| ([+-]\d+%) \|", row).group(1)  # the row's first signed error, whatever the model says
     edited = os.path.join(tmp, "validation.md")
     with open(edited, "w") as f:
-        f.write(text.replace(row, row.replace("+109%", "+10%", 1)))
+        f.write(text.replace(row, row.replace(f"| {error} |", "| +1% |" if error != "+1%" else "| +2% |", 1), 1))
     run = subprocess.run([sys.executable, COMPARE, "--check-docs", edited], capture_output=True, text=True)
     if run.returncode != 1 or "not what the committed predictions" not in run.stderr:
         failures.append(f"compare-unseen --check-docs on an edited block: exit {run.returncode} (expected 1)")
