@@ -50,8 +50,6 @@ constexpr int kExitBadInput = 2;
 
 constexpr int kExitInternal = 70;  // EX_SOFTWARE: a bug in harmony (core::InternalError), never bad input
 
-constexpr int kExitFailure = 1;  // a failed write to stdout
-
 // A non-finite loss or gradient stopped training (docs/backend.md): not 1 (a crash, a failed write), 2 (input
 // refused before anything ran), 70 (a bug) or 128 + n (a signal), so a job script can tell "the numbers diverged:
 // change the hyperparameters" from those; the first small code no tool here or the shell gives another meaning.

@@ -57,10 +57,10 @@ Chosen chosen_plan(const Setup& s, const core::Plan& plan) {
 }
 
 // --plan auto's candidates of the config's kind, each as the run would execute it (its Program lowered on the
-// exact sizes), priced by harmony-sim on `priced`: a kind with packs the search's candidates (core::enumerate_plans
-// at the device capacity), plus one layer per pack at every microbatch pair (the least memory any packing takes,
-// so a capacity too small for the packers still has candidates), plus the config's own plan when it is a valid one;
-// a kind without packs every microbatch core::enumerate_plans lists, whatever its swap estimate says.
+// exact sizes), priced by harmony-sim on `priced`: the kind's own enumeration (core::enumerate_plans at the device
+// capacity, whatever a swapping kind's estimate says: the trial step decides) that passes the runtime's rules; a kind
+// with packs also one layer per pack at every microbatch pair (the least memory any packing takes, so a capacity too
+// small for the packers still has candidates), and the config's own plan when it is a valid one.
 struct Candidate {
   Chosen chosen;
   core::RunReport report;
@@ -69,89 +69,60 @@ struct Candidate {
 std::vector<Candidate> auto_candidates(const Setup& s, const core::Model& priced, std::string& why_none) {
   const auto& cfg = s.cfg;
   const auto capacity = cfg.machine.search_capacity_bytes();
-  std::vector<Candidate> out;
-  std::set<std::string> seen;
-  const auto engine = sim::make_engine(cfg.cost_model, priced, cfg.machine);
-  auto add = [&](Chosen c) {
-    if (!seen.insert(c.title).second) return;
-    core::RunReport r = engine->run(c.program).report;
-    out.push_back(Candidate{std::move(c), std::move(r)});
-  };
   const core::PlanKind kind = cfg.plan.kind;
-  if (!kind->packs) {
-    core::SearchSpace space;
-    space.kind = kind;
-    space.gpus = cfg.plan.gpus;
-    space.minibatch = cfg.plan.minibatch;
-    space.capacity_bytes = capacity;
-    space.spec.ubatch_step = cfg.search.ubatch_step;
-    space.spec.u_bwd = cfg.search.u_bwd;
-    space.drop_infeasible = false;  // the swap decisions' estimate is not the executor: the trial step decides
-    space.activation_policies = {cfg.plan.knobs.activation_policy};
-    space.knobs.swap = cfg.search.swap;  // dp-swap, pp-swap as scheduled or on-demand swappers (plan.swap)
-    for (const core::Candidate& c : core::enumerate_plans(priced, space))
-      add(chosen_plan(s, c.plan));  // pp-swap keeps the stages balanced on the profile's times
-    if (out.empty()) {
-      auto problem = core::split_problem(kind, cfg.plan.gpus, cfg.plan.minibatch);
-      if (!problem) problem = core::stage_problem(kind, cfg.plan.gpus, priced.num_layers());
-      why_none =
-          problem ? problem->message
-                  : fmt::format(
-                        "no microbatch size of the profile ({}..{}) divides a device's share of "
-                        "minibatch {}",
-                        priced.ubatch_min(core::Phase::Bwd), priced.ubatch_max(core::Phase::Bwd), cfg.plan.minibatch);
-    }
-    return out;
-  }
-  const core::PlanKind mode = kind;
-  if (const auto problem = core::split_problem(mode, cfg.plan.gpus, cfg.plan.minibatch)) {
+  std::vector<Candidate> out;
+  auto problem = core::split_problem(kind, cfg.plan.gpus, cfg.plan.minibatch);
+  if (!problem) problem = core::stage_problem(kind, cfg.plan.gpus, priced.num_layers());
+  if (problem) {
     why_none = problem->message;
     return out;
   }
-  core::SearchSpace space;
-  space.kind = mode;
-  space.gpus = cfg.plan.gpus;
-  space.minibatch = cfg.plan.minibatch;
-  space.capacity_bytes = capacity;
-  space.unequal_microbatches = false;  // the runtime needs D % u == 0
-  space.spec = cfg.search;
+  std::set<std::string> seen;
+  const auto engine = sim::make_engine(cfg.cost_model, priced, cfg.machine);
+  // the runtime needs D % u == 0 (unequal microbatches refused)
+  core::SearchSpace space = core::search_space_for(kind, cfg.plan.gpus, cfg.plan.minibatch, capacity, cfg.search);
+  space.drop_infeasible = false;  // the swap decisions' estimate is not the executor: the trial step decides
+  space.activation_policies = {cfg.plan.knobs.activation_policy};
   auto try_add = [&](const core::Plan& p) {
     try {
-      core::validate_packs(p, priced.num_layers());
+      core::validate_plan(p, priced);  // the kind's rules: packs or stages, microbatch sizes in the profiled range
       // the runtime's rule: equal microbatches on every device's share (core/plan/plan_rules)
       if (!core::microbatch_fits(p.kind, p.gpus, p.minibatch, p.u_bwd) ||
           (!p.packs_fwd.empty() && !core::microbatch_fits(p.kind, p.gpus, p.minibatch, p.u_fwd)))
         return;
-      if (!priced.ubatch_in_range(core::Phase::Bwd, p.u_bwd)) return;
-      if (!p.packs_fwd.empty() && !priced.ubatch_in_range(core::Phase::Fwd, p.u_fwd)) return;
-      add(chosen_plan(s, p));
+      Chosen c = chosen_plan(s, p);  // pp-swap keeps the stages balanced on the profile's times
+      if (!seen.insert(c.title).second) return;
+      core::RunReport r = engine->run(c.program).report;
+      out.push_back(Candidate{std::move(c), std::move(r)});
     } catch (const core::ScheduleError&) {
       // not a plan this model can run: not a candidate
     }
   };
   for (const core::Candidate& c : core::enumerate_plans(priced, space)) try_add(c.plan);
-  const int R = priced.num_layers();
-  core::Plan fine;
-  fine.kind = mode;
-  fine.gpus = cfg.plan.gpus;
-  fine.minibatch = cfg.plan.minibatch;
-  for (int l = 0; l < R; ++l) fine.packs_bwd.push_back({l, l});
-  fine.packs_fwd.assign(fine.packs_bwd.begin(), fine.packs_bwd.end() - 1);
-  for (const int uf : core::candidate_ubatch_sizes(priced, core::Phase::Fwd, space))
-    for (const int ub : core::candidate_ubatch_sizes(priced, core::Phase::Bwd, space)) {
-      fine.u_fwd = uf;
-      fine.u_bwd = ub;
-      try_add(fine);
-    }
-  if (cfg.plan.u_fwd && cfg.plan.u_bwd && (cfg.plan.pack_size || cfg.plan.packs_bwd)) {
-    try {
-      try_add(core::plan_from_spec(cfg.plan, priced, capacity, cfg.file, "harmony-run", ""));
-    } catch (const core::ConfigError&) {
-      // the config's plan is not valid here (e.g. its u_fwd does not divide a new minibatch): the search replaces it
+  if (kind->packs) {
+    core::Plan fine;
+    fine.kind = kind;
+    fine.gpus = cfg.plan.gpus;
+    fine.minibatch = cfg.plan.minibatch;
+    for (int l = 0; l < priced.num_layers(); ++l) fine.packs_bwd.push_back({l, l});
+    fine.packs_fwd.assign(fine.packs_bwd.begin(), fine.packs_bwd.end() - 1);
+    for (const int uf : core::candidate_ubatch_sizes(priced, core::Phase::Fwd, space))
+      for (const int ub : core::candidate_ubatch_sizes(priced, core::Phase::Bwd, space)) {
+        fine.u_fwd = uf;
+        fine.u_bwd = ub;
+        try_add(fine);
+      }
+    if (cfg.plan.u_fwd && cfg.plan.u_bwd && (cfg.plan.pack_size || cfg.plan.packs_bwd)) {
+      try {
+        try_add(core::plan_from_spec(cfg.plan, priced, capacity, cfg.file, "harmony-run", ""));
+      } catch (const core::ConfigError&) {
+        // the config's plan is not valid here (e.g. its u_fwd does not divide a new minibatch): the search replaces it
+      }
     }
   }
   if (out.empty())
-    why_none = fmt::format("no microbatch size of the profile divides minibatch {} over {} devices", cfg.plan.minibatch,
+    why_none = fmt::format("no microbatch size of the profile ({}..{}) divides minibatch {} over {} devices",
+                           priced.ubatch_min(core::Phase::Bwd), priced.ubatch_max(core::Phase::Bwd), cfg.plan.minibatch,
                            cfg.plan.gpus);
   return out;
 }

@@ -255,12 +255,14 @@ std::optional<std::string> stdout_write_problem() {
   return write_error_reason(err != 0 ? err : EIO);
 }
 
-int run_checking_stdout(const std::function<int()>& run, std::optional<std::string>& problem) {
+int run_checking_stdout(const std::function<int()>& run, std::string_view tool, std::ostream& err) {
   static char stdout_buffer[std::size_t{1} << 20];  // glibc ignores the size unless given the buffer
   if (isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
   const int rc = run();
-  problem = stdout_write_problem();
-  return rc;
+  const std::optional<std::string> problem = stdout_write_problem();
+  if (!problem) return rc;
+  err << tool << ": error: writing stdout: " << *problem << "\n";
+  return rc != 0 ? rc : 1;
 }
 
 }  // namespace harmony::core

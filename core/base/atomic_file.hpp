@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -94,9 +95,10 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
 // ("No space left on device", write_error_reason's "File too large (...)"), or nullopt when every byte went out.
 std::optional<std::string> stdout_write_problem();
 
-// A command line's whole run: `run()` with stdout buffered whole (up to 1 MiB) when it is a file or pipe, so that a
-// failed write is seen by the final flush with its reason, not lost inside an earlier implicit flush; then
-// stdout_write_problem() into `problem` (`--format json > /dev/full` must not exit 0). Returns run()'s code.
-int run_checking_stdout(const std::function<int()>& run, std::optional<std::string>& problem);
+// A tool's whole command line (each main's): `run()` with stdout buffered whole (up to 1 MiB) when it is a file or
+// pipe, so that a failed write is seen by the final flush with its reason, not lost inside an earlier implicit flush;
+// then stdout_write_problem(): a failed write is named on `err` ("TOOL: error: writing stdout: REASON") and exits 1
+// unless run() failed already (`--format json > /dev/full` must not exit 0). Returns the exit code.
+int run_checking_stdout(const std::function<int()>& run, std::string_view tool, std::ostream& err);
 
 }  // namespace harmony::core

@@ -43,6 +43,20 @@ struct PlanKeyLess {
 
 }  // namespace
 
+SearchSpace search_space_for(PlanKind kind, int gpus, int minibatch, Bytes capacity_bytes, const SearchSpec& spec,
+                             bool unequal_microbatches) {
+  SearchSpace space;
+  space.kind = kind;
+  space.gpus = gpus;
+  space.minibatch = minibatch;
+  space.capacity_bytes = capacity_bytes;
+  space.unequal_microbatches = unequal_microbatches;
+  space.spec = spec;
+  space.knobs.gpu_capacity_bytes = capacity_bytes;
+  if (kind.has_knob(Knob::Swap)) space.knobs.swap = spec.swap;
+  return space;
+}
+
 std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space) {
   const bool dp = space.kind->data_parallel;
   const int dlim = dp ? space.minibatch / space.gpus : space.minibatch;
@@ -396,17 +410,17 @@ GrownSearch search_growing_bound(const Model& model, const SearchSpace& space, c
   g.space = space;
   g.configured_max_packs = max_pack_count(model, space);
   g.max_packs = g.configured_max_packs;
-  g.candidates = enumerate_candidates(model, g.space);
+  g.candidates = space.kind->enumerate(model, g.space);
   g.result = search(g.candidates, g.space);
   const int layers = model.num_layers();
-  while (g.result.ranked.empty() && g.result.num_gpu_memory_misses > 0 &&
+  while (g.result.ranked.empty() && g.result.num_gpu_memory_misses > 0 && space.kind->packs &&
          g.space.spec.pack_counts == PackCounts::Wide && g.max_packs < layers) {
     // packs_per_gpu > 0 here (0 is the layer count already); once its product reaches the layer count it is the
     // layer count (0), so the doubling cannot overflow
     const long long doubled = 2LL * g.space.spec.packs_per_gpu;
     g.space.spec.packs_per_gpu = doubled * g.space.gpus >= layers ? 0 : static_cast<int>(doubled);
     g.max_packs = max_pack_count(model, g.space);
-    g.candidates = enumerate_candidates(model, g.space);
+    g.candidates = space.kind->enumerate(model, g.space);
     g.result = search(g.candidates, g.space);
     ++g.searches;
   }

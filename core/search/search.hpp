@@ -74,6 +74,14 @@ struct SearchSpace {
   bool drop_infeasible = true;
 };
 
+// The search space of `kind` on `gpus` GPUs at `minibatch`, fitting `capacity_bytes` per GPU, with the config's
+// `search:` section and options.unequal_microbatches: the one every search builds (compare, the memory answer,
+// search, harmony-run's --plan auto). The kind's registry entry decides what spec sets: spec.swap is the candidates'
+// swap timing for a kind with the swap knob only (the others keep scheduled); knobs.gpu_capacity_bytes is the
+// capacity. activation_policies, offloads and drop_infeasible keep their defaults: each caller's own choice.
+SearchSpace search_space_for(PlanKind kind, int gpus, int minibatch, Bytes capacity_bytes, const SearchSpec& spec,
+                             bool unequal_microbatches = false);
+
 // Candidate microbatch sizes for one direction (§7.1): profiled range, capped at D (PP) or D/N (DP),
 // stepped, and (unless unequal sizes are allowed) dividing every GPU's share of the minibatch.
 std::vector<int> candidate_ubatch_sizes(const Model& model, Phase phase, const SearchSpace& space);
@@ -148,13 +156,14 @@ SearchResult run_search_bounded(const std::vector<Candidate>& candidates, const 
 // Wide's bound grows when nothing under it fits (issue 35). The packers test each pack alone against the capacity;
 // what must fit beside it (with prefetch, the next pack's weights arriving while this one runs) only the cost model
 // knows, so a 1-GPU search bounded at packs_per_gpu x 1 = 4 packs can find nothing though more, smaller packs fit.
-// search_growing_bound runs `search` on the candidates of `space` (enumerate_candidates); when it ranks nothing,
-// some evaluated candidate exceeded a GPU's memory, pack_counts is Wide and the bound is below the layer count, it
+// search_growing_bound runs `search` on the candidates of `space` (its kind's enumeration, PlanKindSpec::enumerate);
+// when it ranks nothing, some evaluated candidate exceeded a GPU's memory, the kind has packs, pack_counts is Wide
+// and the bound is below the layer count, it
 // doubles packs_per_gpu (so the bound: min(layers, packs_per_gpu x gpus)) and searches again, until a plan ranks or
 // the layer count was searched. A search that ranks a plan, or misses for another reason (host memory, deadlock),
 // is returned as it is, so every search that found a plan before finds the same one. The result is the last
 // search's, byte for byte what a config with that packs_per_gpu gives. Deterministic: the bounds tried depend on
-// the inputs only. Throws ScheduleError for a kind without packs.
+// the inputs only. A kind without packs has no bound: one search of its candidates.
 struct GrownSearch {
   SearchSpace space;                  // the last search's (spec.packs_per_gpu as grown)
   std::vector<Candidate> candidates;  // the last search's (result's indices point here)

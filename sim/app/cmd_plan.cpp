@@ -15,7 +15,6 @@
 #include "core/base/atomic_file.hpp"
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
-#include "core/kinds/kinds.hpp"
 #include "core/output/trace.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/task_graph.hpp"
@@ -124,14 +123,9 @@ int cmd_search(const Cli& cli) {
   if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
   const auto cfg = core::load_config(cli.config, cli.sets);
   const auto model = core::load_model(cfg.model, cfg.machine);
-  core::SearchSpace space;
-  space.kind = cfg.plan.kind;
-  space.gpus = cfg.plan.gpus;
-  space.minibatch = cfg.plan.minibatch;
-  space.capacity_bytes = cfg.machine.search_capacity_bytes();
-  space.unequal_microbatches = cfg.options.unequal_microbatches;
-  space.spec = cfg.search;
-  space.knobs.swap = cfg.search.swap;  // dp-swap, pp-swap: search.swap (default plan.swap)
+  const auto space =
+      core::search_space_for(cfg.plan.kind, cfg.plan.gpus, cfg.plan.minibatch, cfg.machine.search_capacity_bytes(),
+                             cfg.search, cfg.options.unequal_microbatches);
   const auto lower = lower_options(cfg);
   const auto t0 = std::chrono::steady_clock::now();
   const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
@@ -161,15 +155,9 @@ int cmd_search(const Cli& cli) {
         [&](const core::Plan& p) { return sim::task_bound_for(*engine, model, p, lower); });
   };
   // kinds with packs: Wide's bound grows while nothing under it fits the GPU memory (core::search_growing_bound)
-  std::optional<core::GrownSearch> grown;
-  std::vector<core::Candidate> listed;
-  if (space.kind->packs) {
-    grown = core::search_growing_bound(model, space, search_once);
-  } else {
-    listed = core::enumerate_plans(model, space);
-  }
-  const auto res = grown ? grown->result : search_once(listed, space);
-  const auto& cands = grown ? grown->candidates : listed;
+  const core::GrownSearch grown = core::search_growing_bound(model, space, search_once);
+  const auto& res = grown.result;
+  const auto& cands = grown.candidates;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::optional<sim::Evaluation> best;
   std::optional<sim::Bottleneck> best_bottleneck;
@@ -206,8 +194,8 @@ int cmd_search(const Cli& cli) {
     j["num_pruned"] = res.num_pruned;
     j["fit_rule"] = space.spec.fit_rule;
     j["pack_counts"] = core::pack_counts_name(space.spec.pack_counts);
-    j["max_packs"] = grown ? grown->max_packs : core::max_pack_count(model, space);
-    j["max_packs_configured"] = grown ? grown->configured_max_packs : core::max_pack_count(model, space);
+    j["max_packs"] = grown.max_packs;
+    j["max_packs_configured"] = grown.configured_max_packs;
     j["prefetch"] = cfg.options.prefetch;
     j["results"] = std::move(results);
     j["best_bottleneck"] =
@@ -221,13 +209,12 @@ int cmd_search(const Cli& cli) {
              cfg.machine.name);
   std::string bound = " (the paper's: each method's memory minimum)";
   if (space.spec.pack_counts == core::PackCounts::Wide) {
-    bound = fmt::format(" (up to {} packs beyond each method's minimum)",
-                        grown ? grown->max_packs : core::max_pack_count(model, space));
-    if (grown && grown->grew())
+    bound = fmt::format(" (up to {} packs beyond each method's minimum)", grown.max_packs);
+    if (grown.grew())
       bound += fmt::format(
           "; the bound grew from {}: no plan under it fit the GPU memory (search.packs_per_gpu: {} searches this "
           "bound at once)",
-          grown->configured_max_packs, grown->space.spec.packs_per_gpu);
+          grown.configured_max_packs, grown.space.spec.packs_per_gpu);
   }
   fmt::print("pack counts: {}{}, prefetch {}\n", core::pack_counts_name(space.spec.pack_counts), bound,
              cfg.options.prefetch ? "on" : "off");

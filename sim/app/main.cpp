@@ -141,21 +141,11 @@ int run_cli(int argc, char** argv) {
 
 }  // namespace
 
-// run_cli, then the check that stdout took every byte (`--format json > /dev/full` must not exit 0).
-int run_and_flush(int argc, char** argv) {
-  std::optional<std::string> problem;
-  const int rc = core::run_checking_stdout([&] { return run_cli(argc, argv); }, problem);
-  if (problem) {
-    std::cerr << "harmony-sim: error: writing stdout: " << *problem << "\n";
-    return rc != 0 ? rc : 1;
-  }
-  return rc;
-}
-
 int main(int argc, char** argv) {
   core::ignore_file_size_signal();  // past `ulimit -f` a write fails with EFBIG (exit 2, named), not SIGXFSZ (153)
   try {
-    return run_and_flush(argc, argv);
+    // run_cli, then the check that stdout took every byte (`--format json > /dev/full` must not exit 0)
+    return core::run_checking_stdout([&] { return run_cli(argc, argv); }, "harmony-sim", std::cerr);
   } catch (const std::bad_alloc&) {  // out of memory outside the error ladder (or while writing its message)
     std::fputs("harmony-sim: error: out of memory\n  hint: give it more memory, or ask for less (fewer GPUs)\n",
                stderr);

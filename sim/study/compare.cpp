@@ -31,24 +31,12 @@ bool host_bound(const core::RunReport& r) {
 }  // namespace
 
 namespace {
-// A kind without packs: its candidates (per activation policy, per offload tier `nvme`, ascending u) all evaluated
-// with core::run_search on the calling thread, ranked by iteration time.
-void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine,
-                     int gpus, int minibatch, core::CostModelKind cost_model, const core::SearchSpec& search,
-                     const std::vector<core::ActivationPolicy>& policies, bool nvme, core::Bytes capacity,
-                     const core::SearchProgressFn& progress, bool* all_host_bound) {
-  core::SearchSpace space;
-  space.kind = kind;
-  space.gpus = gpus;
-  space.minibatch = minibatch;
-  space.capacity_bytes = capacity;
-  space.spec.ubatch_step = search.ubatch_step;
-  space.spec.u_bwd = search.u_bwd;
-  space.spec.threads = 1;
+// A kind without packs on one tier (space.offloads): every candidate (per activation policy, ascending u) evaluated
+// with core::run_search on the calling thread and ranked by iteration time, so each policy's best time is known.
+void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model& model, const Engine& engine,
+                     const core::LowerOptions& lower, const core::SearchProgressFn& progress, bool* all_host_bound) {
+  const core::PlanKind kind = space.kind;
   space.spec.top_k = -1;
-  space.activation_policies = policies;
-  space.knobs.swap = search.swap;  // dp-swap, pp-swap: scheduled or on demand (search.swap)
-  space.offloads = {nvme ? core::OffloadTier::Nvme : core::OffloadTier::Cpu};
   std::vector<core::Candidate> cands;
   try {
     cands = core::enumerate_plans(model, space);
@@ -60,12 +48,11 @@ void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& mod
   if (!cands.empty()) {
     // Every plan of the tier needs more host memory than the machine has (Engine::host_floor_exceeded: the masters,
     // optimizer state and gradients alone): none can be feasible, so only the first, which names the miss, is run.
-    const auto engine = make_engine(cost_model, model, machine);
     const bool first_nvme = cands.front().plan.knobs.offload == core::OffloadTier::Nvme;
     const bool unfit =
         std::all_of(cands.begin(), cands.end(),
                     [&](const auto& c) { return (c.plan.knobs.offload == core::OffloadTier::Nvme) == first_nvme; }) &&
-        engine->host_floor_exceeded(space.kind, first_nvme);
+        engine.host_floor_exceeded(space.kind, first_nvme);
     const std::size_t num_plans = cands.size();
     if (unfit) cands.resize(1);
     kr.pruned += num_plans - cands.size();
@@ -73,7 +60,7 @@ void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& mod
     const auto res = core::run_search(
         cands, space,
         [&](const core::Plan& p) {
-          core::RunReport r = evaluate_plan(*engine, model, p, core::LowerOptions{}).report;
+          core::RunReport r = evaluate_plan(engine, model, p, lower).report;  // the kind reads its knobs
           if (!r.feasible && host_bound(r)) host_miss = true;
           return r;
         },
@@ -98,17 +85,18 @@ void search_unpacked(KindResult& kr, core::PlanKind kind, const core::Model& mod
       kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", num_plans, miss);
     }
   } else if (kr.reason.empty() && kind->one_microbatch) {
-    const int share = minibatch / gpus;
+    const int share = space.minibatch / space.gpus;
     const int hi = std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd));
     kr.reason =
         share > hi || !model.ubatch_in_range(core::Phase::Bwd, share)
             ? fmt::format("{} runs each GPU's {} samples as one microbatch, outside the profiled sizes (up to {})",
                           kind.name(), share, hi)
             : fmt::format("{} runs each GPU's {} samples as one microbatch, which does not fit {:.0f} MiB per GPU",
-                          kind.name(), share, static_cast<double>(capacity) / static_cast<double>(core::kMiB));
+                          kind.name(), share,
+                          static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB));
   } else if (kr.reason.empty()) {
     kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
-                            static_cast<double>(capacity) / static_cast<double>(core::kMiB));
+                            static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB));
   }
   if (all_host_bound) *all_host_bound = !kr.feasible && any_host_bound;
 }
@@ -151,79 +139,60 @@ void search_offload_tiers(KindResult& kr, core::PlanKind kind, const core::Machi
 }
 }  // namespace
 
+namespace {
+// A kind with packs on one tier (`lower.offload_nvme`): one branch-and-bound search for the best candidate, whose
+// Wide pack-count bound grows while nothing under it fits the GPU memory (core::search_growing_bound).
+void search_packed(KindResult& kr, core::SearchSpace space, const core::Model& model, const Engine& engine,
+                   const core::LowerOptions& lower, const core::SearchProgressFn& progress, bool* host_miss) {
+  space.spec.top_k = 1;
+  std::atomic<bool> any_gpu_miss{false};
+  // branch and bound: a candidate the engine shows cannot beat the best found is not simulated
+  const auto grown =
+      core::search_growing_bound(model, space, [&](const std::vector<core::Candidate>& c, const core::SearchSpace& sp) {
+        any_gpu_miss = false;  // of the last search
+        kr.candidates += c.size();
+        return core::run_search_bounded(
+            c, sp, model,
+            [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
+              auto e = evaluate_plan_within(engine, model, p, lower, cutoff_s);
+              if (!e) return std::nullopt;
+              if (!e->report.feasible && !host_bound(e->report)) any_gpu_miss = true;
+              return std::move(e->report);
+            },
+            progress, [&](const core::Plan& p) { return task_bound_for(engine, model, p, lower); });
+      });
+  const auto& cands = grown.candidates;
+  const auto& res = grown.result;
+  kr.max_packs_grown = grown.grew() ? grown.max_packs : 0;
+  // the first miss in enumeration order (nothing is pruned when no candidate is feasible)
+  std::string miss;
+  if (res.first_miss < cands.size()) {
+    const auto& c = cands[res.first_miss].plan;
+    miss = fmt::format("; first: u {}/{}: {}", c.u_fwd, c.u_bwd, res.first_miss_reason);
+  }
+  kr.deadlocked += res.num_deadlocked;
+  kr.pruned += res.num_pruned;
+  if (host_miss) *host_miss = res.ranked.empty() && !cands.empty() && !any_gpu_miss;
+  if (!res.ranked.empty()) {
+    kr.feasible = true;
+    kr.best = res.ranked.front().report;
+    kr.plan = cands[res.ranked.front().candidate].plan;
+    kr.offload = lower.offload_nvme ? "nvme" : "";
+    kr.reason.clear();
+  } else {
+    kr.reason = cands.empty() ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
+                                            static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB))
+                              : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss);
+  }
+}
+}  // namespace
+
 KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, const core::MachineSpec& machine, int gpus,
                              int minibatch, core::CostModelKind cost_model, const core::SearchSpec& search,
                              const core::Options& options, const std::vector<core::ActivationPolicy>& policies,
                              const core::SearchProgressFn& progress) {
-  const auto capacity = machine.search_capacity_bytes();
   KindResult kr;
   kr.kind = kind;
-  if (kind->packs) {
-    if (const auto problem = core::split_problem(kind, gpus, minibatch)) {
-      kr.applicable = false;
-      kr.reason = problem->message;
-      return kr;
-    }
-    core::SearchSpace space;
-    space.kind = kind;
-    space.gpus = gpus;
-    space.minibatch = minibatch;
-    space.capacity_bytes = capacity;
-    space.unequal_microbatches = options.unequal_microbatches;
-    space.spec = search;
-    space.spec.threads = 1;
-    space.spec.top_k = 1;
-    space.spec.fit_rule = false;
-    core::LowerOptions lower = core::lower_options(options);
-    const auto engine = make_engine(cost_model, model, machine);
-    // One search over the candidates with the masters and optimizer state in host memory or on the drives; Wide's
-    // pack-count bound grows while nothing under it fits the GPU memory (core::search_growing_bound).
-    auto search_tier = [&](bool nvme, bool* host_miss) {
-      lower.offload_nvme = nvme;
-      std::atomic<bool> any_gpu_miss{false};
-      // branch and bound: a candidate the engine shows cannot beat the best found is not simulated
-      const auto grown = core::search_growing_bound(
-          model, space, [&](const std::vector<core::Candidate>& c, const core::SearchSpace& sp) {
-            any_gpu_miss = false;  // of the last search
-            kr.candidates += c.size();
-            return core::run_search_bounded(
-                c, sp, model,
-                [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
-                  auto e = evaluate_plan_within(*engine, model, p, lower, cutoff_s);
-                  if (!e) return std::nullopt;
-                  if (!e->report.feasible && !host_bound(e->report)) any_gpu_miss = true;
-                  return std::move(e->report);
-                },
-                progress, [&](const core::Plan& p) { return task_bound_for(*engine, model, p, lower); });
-          });
-      const auto& cands = grown.candidates;
-      const auto& res = grown.result;
-      kr.max_packs_grown = grown.grew() ? grown.max_packs : 0;
-      // the first miss in enumeration order (nothing is pruned when no candidate is feasible)
-      std::string miss;
-      if (res.first_miss < cands.size()) {
-        const auto& c = cands[res.first_miss].plan;
-        miss = fmt::format("; first: u {}/{}: {}", c.u_fwd, c.u_bwd, res.first_miss_reason);
-      }
-      kr.deadlocked += res.num_deadlocked;
-      kr.pruned += res.num_pruned;
-      if (host_miss) *host_miss = res.ranked.empty() && !cands.empty() && !any_gpu_miss;
-      if (!res.ranked.empty()) {
-        kr.feasible = true;
-        kr.best = res.ranked.front().report;
-        kr.plan = cands[res.ranked.front().candidate].plan;
-        kr.offload = nvme ? "nvme" : "";
-        kr.reason.clear();
-      } else {
-        kr.reason = cands.empty()
-                        ? fmt::format("no layer packing fits {:.0f} MiB per GPU at any microbatch size",
-                                      static_cast<double>(capacity) / static_cast<double>(core::kMiB))
-                        : fmt::format("all {} candidates exceed a capacity or deadlock{}", cands.size(), miss);
-      }
-    };
-    search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);
-    return kr;
-  }
   auto problem = core::split_problem(kind, gpus, minibatch);
   if (!problem) problem = core::stage_problem(kind, gpus, model.num_layers());
   if (problem) {
@@ -231,9 +200,23 @@ KindResult best_plan_of_kind(core::PlanKind kind, const core::Model& model, cons
     kr.reason = problem->message;
     return kr;
   }
+  core::SearchSpec spec = search;
+  spec.threads = 1;
+  spec.fit_rule = false;
+  core::SearchSpace space = core::search_space_for(kind, gpus, minibatch, machine.search_capacity_bytes(), spec,
+                                                   options.unequal_microbatches);
+  space.activation_policies = policies;
+  const auto engine = make_engine(cost_model, model, machine);
+  core::LowerOptions lower = core::lower_options(options);
+  // One search on the tier with the masters and optimizer state in host memory or on the drives.
   auto search_tier = [&](bool nvme, bool* host_miss) {
-    search_unpacked(kr, kind, model, machine, gpus, minibatch, cost_model, search, policies, nvme, capacity, progress,
-                    host_miss);
+    space.offloads = {nvme ? core::OffloadTier::Nvme : core::OffloadTier::Cpu};
+    lower.offload_nvme = nvme;
+    if (kind->packs) {
+      search_packed(kr, space, model, *engine, lower, progress, host_miss);
+    } else {
+      search_unpacked(kr, space, model, *engine, lower, progress, host_miss);
+    }
   };
   search_offload_tiers(kr, kind, machine, cost_model, search.offload, search_tier);
   return kr;

@@ -414,7 +414,7 @@ KindMemory answer_kind(core::PlanKind kind, const core::Model& model, const core
                        int minibatch, const core::SearchSpec& search, const core::Options& options,
                        const MemoryLimits& limits, const core::Plan* config_plan) {
   std::optional<core::PlanProblem> problem = core::split_problem(kind, gpus, minibatch);
-  if (!problem && !kind->packs) problem = core::stage_problem(kind, gpus, model.num_layers());
+  if (!problem) problem = core::stage_problem(kind, gpus, model.num_layers());  // kinds with a stage per GPU
   if (!problem && config_plan) {  // the config's plan under this kind's rules (a kind without packs reads u_bwd alone)
     std::vector<std::pair<std::string, int>> us = {{"plan.u_bwd", config_plan->u_bwd}};
     if (kind->packs && !config_plan->packs_fwd.empty()) us.insert(us.begin(), {"plan.u_fwd", config_plan->u_fwd});
@@ -428,17 +428,14 @@ KindMemory answer_kind(core::PlanKind kind, const core::Model& model, const core
     k.reason = problem->message;
     return k;
   }
-  core::SearchSpace space;
-  space.kind = kind;
-  space.gpus = gpus;
-  space.minibatch = minibatch;
-  space.capacity_bytes = machine.search_capacity_bytes();
-  space.unequal_microbatches = options.unequal_microbatches;
-  space.spec = search;
-  space.spec.threads = 1;
-  space.knobs.gpu_capacity_bytes = space.capacity_bytes;
-  // Activation checkpointing only: the swapping runtimes' default and harmony-run's; keep holds more at every u.
-  space.activation_policies = {core::ActivationPolicy::Checkpoint};
+  core::SearchSpec spec = search;
+  spec.threads = 1;
+  core::SearchSpace space = core::search_space_for(kind, gpus, minibatch, machine.search_capacity_bytes(), spec,
+                                                   options.unequal_microbatches);
+  // search.swap is for the tools that search (docs/config.md): the answer prices the scheduled swappers.
+  space.knobs.swap = core::SwapTiming::Scheduled;
+  // Activation checkpointing only (the factory's default): the swapping runtimes' default and harmony-run's; keep
+  // holds more at every u.
   return offload_tiers(kind, search.offload, limits, machine, [&](KindMemory k, bool nvme) {
     answer_tier(k, model, machine, space, options, nvme, limits, config_plan);
     return k;

@@ -151,6 +151,13 @@ plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: 
             check(f"compare tiny {x['plan_kind']} infeasible", not x["feasible"] and x["reason"], x)
     r = run("compare", "configs/default.yaml")
     check("compare table", r.returncode == 0 and "zero-infinity" in r.stdout and "speedup" in r.stdout, r.stdout)
+    # search.swap reaches the kinds with the swap knob only: resident (which fits here) is no on-demand swapper
+    r = run("compare", "configs/examples/gpt2_medium_search.yaml", "--set", "plan.minibatch=4", "--set", "plan.gpus=4",
+            "--set", "search.swap=on-demand")
+    rows = {x.split()[0]: x for x in r.stdout.splitlines() if x.startswith(("dp-swap", "pp-swap", "resident"))}
+    check("compare on-demand: the rows of the swap knob's kinds only", r.returncode == 0 and len(rows) == 3 and
+          all("on-demand swap" in rows[k] for k in ("dp-swap", "pp-swap")) and "u 1" in rows["resident"] and
+          "on-demand" not in rows["resident"], rows)
 
     # every output flags a plan whose peak exceeds the GPU: fits false plus the excess (issue 11)
     r = run("simulate", cfg, "--format", "json", "--set", "machine.gpu_memory=1GiB")

@@ -13,6 +13,7 @@
 
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
+#include "core/kinds/kinds.hpp"
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
 #include "core/search/search.hpp"
@@ -698,9 +699,74 @@ TEST_CASE("search_growing_bound: Wide's bound doubles while nothing under it fit
   g = core::search_growing_bound(bert(), s, stand_in(1000, 1));
   CHECK(bounds.size() == 1);
   CHECK(g.searches == 1);
-  // a kind without packs has no bound
+  // a kind without packs has no bound: one search of its own enumeration, however many GPU misses under Wide
   s.kind = core::plan_kind("dp-swap");
-  CHECK_THROWS_AS(core::search_growing_bound(bert(), s, stand_in(0, 1)), core::ScheduleError);
+  s.spec.pack_counts = core::PackCounts::Wide;
+  std::size_t searched = 0;
+  g = core::search_growing_bound(bert(), s, [&](const std::vector<core::Candidate>& c, const core::SearchSpace&) {
+    searched = c.size();
+    core::SearchResult r;
+    r.num_gpu_memory_misses = 1;
+    return r;
+  });
+  CHECK(g.searches == 1);
+  CHECK_FALSE(g.grew());
+  CHECK(searched > 0);
+  CHECK(g.candidates.size() == core::enumerate_plans(bert(), s).size());
+}
+
+TEST_CASE("search_space_for: every field reaches the space, and one call serves kinds with and without packs") {
+  core::SearchSpec spec;
+  spec.packing_fwd = {"balanced_time"};
+  spec.packing_bwd = {"balanced_time"};
+  spec.top_k = 3;
+  spec.ubatch_step = 2;
+  spec.smaller_ufwd = true;
+  spec.fit_rule = true;
+  spec.u_fwd = {4, 8};
+  spec.u_bwd = {4, 8};
+  spec.threads = 1;
+  spec.pack_counts = core::PackCounts::Wide;
+  spec.packs_per_gpu = 2;
+  spec.offload = core::SearchSpec::Offload::Nvme;
+  spec.swap = core::SwapTiming::OnDemand;
+  for (core::PlanKind kind : core::plan_kinds()) {
+    CAPTURE(kind.name());
+    const auto s = core::search_space_for(kind, 2, 32, 7 * core::kGiB, spec, true);
+    CHECK(s.kind == kind);
+    CHECK(s.gpus == 2);
+    CHECK(s.minibatch == 32);
+    CHECK(s.capacity_bytes == 7 * core::kGiB);
+    CHECK(s.knobs.gpu_capacity_bytes == 7 * core::kGiB);
+    CHECK(s.unequal_microbatches);
+    CHECK(s.spec.packing_fwd == spec.packing_fwd);
+    CHECK(s.spec.packing_bwd == spec.packing_bwd);
+    CHECK(s.spec.top_k == 3);
+    CHECK(s.spec.ubatch_step == 2);
+    CHECK(s.spec.smaller_ufwd);
+    CHECK(s.spec.fit_rule);
+    CHECK(s.spec.u_fwd == spec.u_fwd);
+    CHECK(s.spec.u_bwd == spec.u_bwd);
+    CHECK(s.spec.threads == 1);
+    CHECK(s.spec.pack_counts == core::PackCounts::Wide);
+    CHECK(s.spec.packs_per_gpu == 2);
+    CHECK(s.spec.offload == core::SearchSpec::Offload::Nvme);
+    CHECK(s.spec.swap == core::SwapTiming::OnDemand);
+    // the swap timing is a knob of dp-swap and pp-swap only: resident, ... keep theirs (scheduled)
+    CHECK(s.knobs.swap == (kind.has_knob(core::Knob::Swap) ? core::SwapTiming::OnDemand : core::SwapTiming::Scheduled));
+    CHECK(s.drop_infeasible);
+    CHECK(s.activation_policies == std::vector<core::ActivationPolicy>{core::ActivationPolicy::Checkpoint});
+  }
+  CHECK_FALSE(core::search_space_for(core::plan_kind("harmony-pp"), 2, 32, core::kGiB, spec).unequal_microbatches);
+  // bert_large on 2 GPUs at D32: a kind with packs and one without both list candidates from the same call
+  for (const char* name : {"harmony-pp", "dp-swap"}) {
+    CAPTURE(name);
+    const auto s = core::search_space_for(core::plan_kind(name), 2, 32, 9 * core::kGiB, core::SearchSpec{});
+    const auto cands = core::enumerate_plans(bert(), s);
+    REQUIRE(!cands.empty());
+    CHECK(cands.front().plan.kind == core::plan_kind(name));
+    CHECK(cands.front().plan.knobs.gpu_capacity_bytes == 9 * core::kGiB);
+  }
 }
 
 TEST_CASE("num_gpu_memory_misses counts the evaluated candidates over a GPU's memory") {
