@@ -112,7 +112,7 @@ Bound stored(Bound fp32, int roundings = 1) {
 
 // The normalizations' row statistics are fp32 for every storage type (Kernels<S>): one device's stored statistics
 // against their fp64 values on the same inputs (as the device saw them) must be within that device's share of the
-// fp32 bound, half of it (as record's). Rounded to bf16 they would err by up to 2^-9 relative: hundreds of times
+// fp32 bound, half of it (as record's). Rounded to bf16 they would err by up to 2^-9 relative: 50 to 1,000 times
 // that share.
 inline void check_stats_fp64(const std::string& what, const std::vector<float>& got, const std::vector<double>& exact,
                              Bound b) {
