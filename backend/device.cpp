@@ -90,11 +90,11 @@ namespace {
 }  // namespace
 
 template <class S>
-void Kernels<S>::rmsnorm_fwd(Stream& s, S*, S*, const S*, const S*, int, int, float) {
+void Kernels<S>::rmsnorm_fwd(Stream& s, S*, float*, const S*, const S*, int, int, float) {
   no_llama_kernel(s, "rmsnorm_fwd");
 }
 template <class S>
-void Kernels<S>::rmsnorm_bwd(Stream& s, S*, S*, const S*, const S*, const S*, const S*, int, int) {
+void Kernels<S>::rmsnorm_bwd(Stream& s, S*, S*, const S*, const S*, const S*, const float*, int, int) {
   no_llama_kernel(s, "rmsnorm_bwd");
 }
 template <class S>

@@ -202,7 +202,7 @@ struct AdamWTensors {
 // The kernels of the GPT-2 and Llama-family models over storage S: float (fp32) or Bf16 (mixed precision,
 // docs/backend.md), enqueued on a stream; all pointers are device memory of the stream's device. N = B*T rows. One
 // interface for both element types: the signatures differ only in S, except what stays fp32 in both (the per-token
-// cross-entropy `losses`, and the `eps` and `scale` arguments).
+// cross-entropy `losses`, the normalizations' row statistics `mean` and `rstd`, and the `eps` and `scale` arguments).
 //
 // fp32: every reduction runs in a fixed order that does not depend on how the rows are split into calls, and every
 // weight-gradient kernel accumulates (+=) row by row in row order, so gradients summed over microbatches are
@@ -225,12 +225,13 @@ class Kernels {
   // nothing is written (dwte and dwpe keep their values) on every device.
   virtual void embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C,
                              int V) = 0;
-  // out = (in - mean) * rstd * w + b per row; mean, rstd (N) kept for the backward.
-  virtual void layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
-                             float eps) = 0;
+  // out = (in - mean) * rstd * w + b per row; mean, rstd (N, fp32 for either S: as torch keeps them under bf16
+  // autocast) kept for the backward.
+  virtual void layernorm_fwd(Stream& s, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b, int N,
+                             int C, float eps) = 0;
   // din += d/din (accumulates), dw += ..., db += ... .
-  virtual void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
-                             const S* rstd, int N, int C) = 0;
+  virtual void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const float* mean,
+                             const float* rstd, int N, int C) = 0;
   // out (N,OC) = in (N,IC) x W + bias; bias may be null.
   virtual void matmul_fwd(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
                           WeightLayout layout) = 0;
@@ -257,10 +258,11 @@ class Kernels {
                                 int V) = 0;
   // --- the Llama family's kernels (optional: DeviceCaps::llama_kernels). The defaults throw a DeviceError naming the
   // kernel; the CPU device implements them (docs/backend.md, "The Llama family").
-  // out = in * rstd * w per row (RMSNorm), rstd = 1 / sqrt(mean(in^2) + eps) (N) kept for the backward.
-  virtual void rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps);
+  // out = in * rstd * w per row (RMSNorm), rstd = 1 / sqrt(mean(in^2) + eps) (N, fp32 for either S) kept for the
+  // backward.
+  virtual void rmsnorm_fwd(Stream& s, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps);
   // din += d/din (accumulates), dw += ... .
-  virtual void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+  virtual void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd, int N,
                            int C);
   // qkv (B,T,3C) = [rope(q) | rope(k) | v], the key/value heads repeated (query head h reads head h / (H / Hkv)),
   // from packed (B,T,C + 2*Hkv*C/H) = [q | k | v]: the layout attention_fwd reads. Rotary embeddings as HF's

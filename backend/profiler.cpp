@@ -48,7 +48,7 @@ std::vector<std::pair<Slot, Bytes>> buffer_plan(const Gpt2& m, int l, core::Phas
   }
   if (k == LayerKind::Head) plan.emplace_back(Slot::Targets, ids);
   plan.emplace_back(Slot::Y, m.output_bytes(l, u, T, dt));
-  plan.emplace_back(Slot::Act, m.act_floats(l, u, T) * es);
+  plan.emplace_back(Slot::Act, m.act_floats(l, u, T, dt) * es);
   if (bwd) {
     if (k != LayerKind::Head) plan.emplace_back(Slot::dY, m.output_bytes(l, u, T, dt));
     if (k != LayerKind::Embedding) plan.emplace_back(Slot::dX, m.input_bytes(l, u, T, dt));

@@ -35,7 +35,7 @@ PlainTrainer::PlainTrainer(Device& device, HostState& state, const TrainerOption
     w_.push_back(device_.alloc(m.param_floats(l) * es, "W " + name));
     dw_.push_back(device_.alloc(m.param_floats(l) * es, "dW " + name));
     y_.push_back(device_.alloc(m.output_bytes(l, U, T, dt), "Y " + name));
-    act_.push_back(device_.alloc(m.act_floats(l, U, T) * es, "act " + name));
+    act_.push_back(device_.alloc(m.act_floats(l, U, T, dt) * es, "act " + name));
     scratch = std::max(scratch, m.scratch_floats(l, U, T));
   }
   const Bytes ids = Bytes(U) * T * Bytes(sizeof(std::int32_t));

@@ -113,10 +113,10 @@ class CpuKernels final : public Kernels<S> {
                      int V) override;
   void embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C,
                      int V) override;
-  void layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+  void layernorm_fwd(Stream& s, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b, int N, int C,
                      float eps) override;
-  void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
-                     const S* rstd, int N, int C) override;
+  void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const float* mean,
+                     const float* rstd, int N, int C) override;
   void matmul_fwd(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
                   WeightLayout layout) override;
   void matmul_bwd(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N, int IC, int OC,
@@ -133,8 +133,8 @@ class CpuKernels final : public Kernels<S> {
                         int V) override;
   void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
              std::int64_t n) override;
-  void rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) override;
-  void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+  void rmsnorm_fwd(Stream& s, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps) override;
+  void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd, int N,
                    int C) override;
   void rope_qkv_fwd(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta) override;
   void rope_qkv_bwd(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D, float theta) override;
@@ -350,25 +350,23 @@ void CpuKernels<S>::embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, co
   });
 }
 template <class S>
-void CpuKernels<S>::layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N,
-                                  int C, float eps) {
-  enqueue(dev_, s, "layernorm_fwd", [=]() {
+void CpuKernels<S>::layernorm_fwd(Stream& s, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b,
+                                  int N, int C, float eps) {
+  enqueue(dev_, s, "layernorm_fwd", [=]() {  // mean, rstd: fp32 for either S, written in place
     const In<S> x(in, Index(N) * C), ww(w, C), bb(b, C);
-    Out<S> o(out, Index(N) * C), m(mean, N), r(rstd, N);
-    cpu::layernorm_fwd<float>(o.get(), m.get(), r.get(), x.get(), ww.get(), bb.get(), N, C, eps);
+    Out<S> o(out, Index(N) * C);
+    cpu::layernorm_fwd<float>(o.get(), mean, rstd, x.get(), ww.get(), bb.get(), N, C, eps);
     o.store();
-    m.store();
-    r.store();
   });
 }
 template <class S>
 void CpuKernels<S>::layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w,
-                                  const S* mean, const S* rstd, int N, int C) {
+                                  const float* mean, const float* rstd, int N, int C) {
   enqueue(dev_, s, "layernorm_bwd", [=]() {
     const Index NC = Index(N) * C;
     auto dx = InOut(din, NC), dww = InOut(dw, C), dbb = InOut(db, C);
-    const In<S> d(dout, NC), x(in, NC), ww(w, C), m(mean, N), r(rstd, N);
-    cpu::layernorm_bwd<float>(dx.get(), dww.get(), dbb.get(), d.get(), x.get(), ww.get(), m.get(), r.get(), N, C);
+    const In<S> d(dout, NC), x(in, NC), ww(w, C);
+    cpu::layernorm_bwd<float>(dx.get(), dww.get(), dbb.get(), d.get(), x.get(), ww.get(), mean, rstd, N, C);
     dx.store();
     dww.store();
     dbb.store();
@@ -445,23 +443,22 @@ void CpuKernels<S>::add(Stream& s, S* out, const S* a, const S* b, std::int64_t 
   });
 }
 template <class S>
-void CpuKernels<S>::rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
-  enqueue(dev_, s, "rmsnorm_fwd", [=]() {
+void CpuKernels<S>::rmsnorm_fwd(Stream& s, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps) {
+  enqueue(dev_, s, "rmsnorm_fwd", [=]() {  // rstd: fp32 for either S, written in place
     const In<S> x(in, Index(N) * C), ww(w, C);
-    Out<S> o(out, Index(N) * C), r(rstd, N);
-    cpu::rmsnorm_fwd<float>(o.get(), r.get(), x.get(), ww.get(), N, C, eps);
+    Out<S> o(out, Index(N) * C);
+    cpu::rmsnorm_fwd<float>(o.get(), rstd, x.get(), ww.get(), N, C, eps);
     o.store();
-    r.store();
   });
 }
 template <class S>
-void CpuKernels<S>::rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
-                                int C) {
+void CpuKernels<S>::rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd,
+                                int N, int C) {
   enqueue(dev_, s, "rmsnorm_bwd", [=]() {
     const Index NC = Index(N) * C;
     auto dx = InOut(din, NC), dww = InOut(dw, C);
-    const In<S> d(dout, NC), x(in, NC), ww(w, C), r(rstd, N);
-    cpu::rmsnorm_bwd<float>(dx.get(), dww.get(), d.get(), x.get(), ww.get(), r.get(), N, C);
+    const In<S> d(dout, NC), x(in, NC), ww(w, C);
+    cpu::rmsnorm_bwd<float>(dx.get(), dww.get(), d.get(), x.get(), ww.get(), rstd, N, C);
     dx.store();
     dww.store();
   });

@@ -654,8 +654,8 @@ void CudaDevice::embedding_bwd_as(Stream& s, S* dwte, S* dwpe, const S* dout, co
 }
 
 template <class S>
-void CudaDevice::layernorm_fwd_as(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N,
-                                  int C, float eps) {
+void CudaDevice::layernorm_fwd_as(Stream& s, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b,
+                                  int N, int C, float eps) {
   check_dims(name_, "layernorm_fwd", {N, C});
   launch(s, "layernorm_fwd",
          [=](StreamContext& c) { kern::layernorm_fwd(c.stream(), out, mean, rstd, in, w, b, N, C, eps); });
@@ -663,7 +663,7 @@ void CudaDevice::layernorm_fwd_as(Stream& s, S* out, S* mean, S* rstd, const S* 
 
 template <class S>
 void CudaDevice::layernorm_bwd_as(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w,
-                                  const S* mean, const S* rstd, int N, int C) {
+                                  const float* mean, const float* rstd, int N, int C) {
   check_dims(name_, "layernorm_bwd", {N, C});
   launch(s, "layernorm_bwd", [=](StreamContext& c) {
     kern::layernorm_bwd(c.stream(), din, dw, db, dout, in, w, mean, rstd, N, C,
@@ -732,14 +732,14 @@ void check_rope(const std::string& name, const char* op, int B, int T, int H, in
 }  // namespace
 
 template <class S>
-void CudaDevice::rmsnorm_fwd_as(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
+void CudaDevice::rmsnorm_fwd_as(Stream& s, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps) {
   check_dims(name_, "rmsnorm_fwd", {N, C});
   launch(s, "rmsnorm_fwd", [=](StreamContext& c) { kern::rmsnorm_fwd(c.stream(), out, rstd, in, w, N, C, eps); });
 }
 
 template <class S>
-void CudaDevice::rmsnorm_bwd_as(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
-                                int C) {
+void CudaDevice::rmsnorm_bwd_as(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd,
+                                int N, int C) {
   check_dims(name_, "rmsnorm_bwd", {N, C});
   launch(s, "rmsnorm_bwd", [=](StreamContext& c) {
     kern::rmsnorm_bwd(c.stream(), din, dw, dout, in, w, rstd, N, C,
@@ -816,13 +816,13 @@ void CudaKernels<S>::embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, c
   dev_.embedding_bwd_as(s, dwte, dwpe, dout, ids, B, T, C, V);
 }
 template <class S>
-void CudaKernels<S>::layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N,
-                                   int C, float eps) {
+void CudaKernels<S>::layernorm_fwd(Stream& s, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b,
+                                   int N, int C, float eps) {
   dev_.layernorm_fwd_as(s, out, mean, rstd, in, w, b, N, C, eps);
 }
 template <class S>
 void CudaKernels<S>::layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w,
-                                   const S* mean, const S* rstd, int N, int C) {
+                                   const float* mean, const float* rstd, int N, int C) {
   dev_.layernorm_bwd_as(s, din, dw, db, dout, in, w, mean, rstd, N, C);
 }
 template <class S>
@@ -857,12 +857,12 @@ void CudaKernels<S>::add(Stream& s, S* out, const S* a, const S* b, std::int64_t
   dev_.add_as(s, out, a, b, n);
 }
 template <class S>
-void CudaKernels<S>::rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
+void CudaKernels<S>::rmsnorm_fwd(Stream& s, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps) {
   dev_.rmsnorm_fwd_as(s, out, rstd, in, w, N, C, eps);
 }
 template <class S>
-void CudaKernels<S>::rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
-                                 int C) {
+void CudaKernels<S>::rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd,
+                                 int N, int C) {
   dev_.rmsnorm_bwd_as(s, din, dw, dout, in, w, rstd, N, C);
 }
 template <class S>

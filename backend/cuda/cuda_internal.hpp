@@ -145,10 +145,10 @@ class CudaKernels final : public Kernels<S> {
                      int V) override;
   void embedding_bwd(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C,
                      int V) override;
-  void layernorm_fwd(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+  void layernorm_fwd(Stream& s, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b, int N, int C,
                      float eps) override;
-  void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
-                     const S* rstd, int N, int C) override;
+  void layernorm_bwd(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const float* mean,
+                     const float* rstd, int N, int C) override;
   void matmul_fwd(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
                   WeightLayout layout) override;
   void matmul_bwd(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N, int IC, int OC,
@@ -159,8 +159,8 @@ class CudaKernels final : public Kernels<S> {
   void gelu_fwd(Stream& s, S* out, const S* in, std::int64_t n) override;
   void gelu_bwd(Stream& s, S* din, const S* in, const S* dout, std::int64_t n) override;
   void add(Stream& s, S* out, const S* a, const S* b, std::int64_t n) override;
-  void rmsnorm_fwd(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) override;
-  void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+  void rmsnorm_fwd(Stream& s, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps) override;
+  void rmsnorm_bwd(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd, int N,
                    int C) override;
   void rope_qkv_fwd(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta) override;
   void rope_qkv_bwd(Stream& s, S* dpacked, const S* dqkv, int B, int T, int H, int Hkv, int D, float theta) override;
@@ -261,11 +261,11 @@ class CudaDevice final : public Device {
   void embedding_bwd_as(Stream& s, S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C,
                         int V);
   template <class S>
-  void layernorm_fwd_as(Stream& s, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
+  void layernorm_fwd_as(Stream& s, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b, int N, int C,
                         float eps);
   template <class S>
-  void layernorm_bwd_as(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
-                        const S* rstd, int N, int C);
+  void layernorm_bwd_as(Stream& s, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const float* mean,
+                        const float* rstd, int N, int C);
   template <class S>
   void matmul_fwd_as(Stream& s, S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC,
                      WeightLayout layout);
@@ -283,9 +283,10 @@ class CudaDevice final : public Device {
   template <class S>
   void add_as(Stream& s, S* out, const S* a, const S* b, std::int64_t n);
   template <class S>
-  void rmsnorm_fwd_as(Stream& s, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps);
+  void rmsnorm_fwd_as(Stream& s, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps);
   template <class S>
-  void rmsnorm_bwd_as(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N, int C);
+  void rmsnorm_bwd_as(Stream& s, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd, int N,
+                      int C);
   template <class S>
   void rope_qkv_fwd_as(Stream& s, S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta);
   template <class S>

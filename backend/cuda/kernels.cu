@@ -202,8 +202,8 @@ SortLayout sort_layout(int N) {
 // --- LayerNorm: one warp per row for the row statistics and din; one thread per column for dw, db ---
 
 template <class D>
-__global__ void layernorm_fwd_kernel(D* out, D* mean, D* rstd, const D* in, const D* w, const D* b, int N, int C,
-                                     float eps) {
+__global__ void layernorm_fwd_kernel(D* out, float* mean, float* rstd, const D* in, const D* w, const D* b, int N,
+                                     int C, float eps) {
   const int lane = threadIdx.x % 32;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= N) return;
@@ -220,21 +220,21 @@ __global__ void layernorm_fwd_kernel(D* out, D* mean, D* rstd, const D* in, cons
   const float s = 1.0f / sqrtf(var + eps);
   D* o = out + idx::at(r, C, 0);
   for (int c = lane; c < C; c += 32) st(o[c], (ld(x[c]) - m) * s * ld(w[c]) + ld(b[c]));
-  if (lane == 0) {  // the output above used the unrounded statistics, as the CPU's bf16 kernel does
-    st(mean[r], m);
-    st(rstd[r], s);
+  if (lane == 0) {  // fp32 for either D: the backward reads the statistics the output above used
+    mean[r] = m;
+    rstd[r] = s;
   }
 }
 
 template <class D>
-__global__ void layernorm_bwd_rows_kernel(D* din, const D* dout, const D* in, const D* w, const D* mean, const D* rstd,
-                                          int N, int C) {
+__global__ void layernorm_bwd_rows_kernel(D* din, const D* dout, const D* in, const D* w, const float* mean,
+                                          const float* rstd, int N, int C) {
   const int lane = threadIdx.x % 32;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= N) return;
   const D* x = in + idx::at(r, C, 0);
   const D* d = dout + idx::at(r, C, 0);
-  const float m = ld(mean[r]), s = ld(rstd[r]);
+  const float m = mean[r], s = rstd[r];
   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
   for (int c = lane; c < C; c += 32) {
     const float norm = (ld(x[c]) - m) * s;
@@ -253,8 +253,8 @@ __global__ void layernorm_bwd_rows_kernel(D* din, const D* dout, const D* in, co
 }
 
 template <class D>
-__global__ void layernorm_bwd_params_kernel(D* dw, D* db, const D* dout, const D* in, const D* mean, const D* rstd,
-                                            int N, int C) {
+__global__ void layernorm_bwd_params_kernel(D* dw, D* db, const D* dout, const D* in, const float* mean,
+                                            const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float acc_w = ld(dw[c]), acc_b = ld(db[c]);
@@ -262,7 +262,7 @@ __global__ void layernorm_bwd_params_kernel(D* dw, D* db, const D* dout, const D
   for (int r = 0; r < N; ++r) {
     const std::int64_t i = idx::at(r, C, c);
     const float d = ld(dout[i]);
-    const float norm = (ld(in[i]) - ld(mean[r])) * ld(rstd[r]);
+    const float norm = (ld(in[i]) - mean[r]) * rstd[r];
     acc_b += d;
     acc_w += norm * d;
   }
@@ -277,8 +277,8 @@ __global__ void layernorm_bwd_params_kernel(D* dw, D* db, const D* dout, const D
 // kLayerNorm, two (dout, and (in - mean) rstd dout); kRmsNorm, one ((in rstd) dout: RMSNorm's dw).
 enum class ColumnSums { kBias, kLayerNorm, kRmsNorm };
 template <ColumnSums kMode, class D>
-__global__ void column_parts_kernel(float* partial, const D* dout, const D* in, const D* mean, const D* rstd, int N,
-                                    int C, int parts) {
+__global__ void column_parts_kernel(float* partial, const D* dout, const D* in, const float* mean, const float* rstd,
+                                    int N, int C, int parts) {
   constexpr bool kLayerNorm = kMode == ColumnSums::kLayerNorm;
   __shared__ float sh_b[idx::kColRows][idx::kColTile];
   __shared__ float sh_w[idx::kColRows][idx::kColTile];
@@ -292,11 +292,11 @@ __global__ void column_parts_kernel(float* partial, const D* dout, const D* in, 
       const std::int64_t i = idx::at(r, C, c);
       const float d = ld(dout[i]);
       if constexpr (kMode == ColumnSums::kRmsNorm) {
-        acc_b += (ld(in[i]) * ld(rstd[r])) * d;  // as rmsnorm_bwd_params_kernel's term
+        acc_b += (ld(in[i]) * rstd[r]) * d;  // as rmsnorm_bwd_params_kernel's term
       } else {
         acc_b += d;
       }
-      if constexpr (kLayerNorm) acc_w += (ld(in[i]) - ld(mean[r])) * ld(rstd[r]) * d;
+      if constexpr (kLayerNorm) acc_w += (ld(in[i]) - mean[r]) * rstd[r] * d;
     }
   }
   sh_b[ty][tx] = acc_b;
@@ -471,7 +471,7 @@ __global__ void convert_rows_kernel(Dst* dst, std::int64_t ld_dst, const Src* sr
 // and SwiGLU (one thread per output element) ---
 
 template <class D>
-__global__ void rmsnorm_fwd_kernel(D* out, D* rstd, const D* in, const D* w, int N, int C, float eps) {
+__global__ void rmsnorm_fwd_kernel(D* out, float* rstd, const D* in, const D* w, int N, int C, float eps) {
   const int lane = threadIdx.x % 32;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= N) return;
@@ -484,17 +484,18 @@ __global__ void rmsnorm_fwd_kernel(D* out, D* rstd, const D* in, const D* w, int
   const float s = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
   D* o = out + idx::at(r, C, 0);
   for (int c = lane; c < C; c += 32) st(o[c], (ld(x[c]) * s) * ld(w[c]));
-  if (lane == 0) st(rstd[r], s);  // the output above used it unrounded, as the CPU's bf16 kernel does
+  if (lane == 0) rstd[r] = s;  // fp32 for either D: the backward reads the value the output above used
 }
 
 template <class D>
-__global__ void rmsnorm_bwd_rows_kernel(D* din, const D* dout, const D* in, const D* w, const D* rstd, int N, int C) {
+__global__ void rmsnorm_bwd_rows_kernel(D* din, const D* dout, const D* in, const D* w, const float* rstd, int N,
+                                        int C) {
   const int lane = threadIdx.x % 32;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= N) return;
   const D* x = in + idx::at(r, C, 0);
   const D* d = dout + idx::at(r, C, 0);
-  const float s = ld(rstd[r]);
+  const float s = rstd[r];
   float dot_dn = 0.0f;  // sum_c (w d)_c * xhat_c
   for (int c = lane; c < C; c += 32) dot_dn += (ld(w[c]) * ld(d[c])) * (ld(x[c]) * s);
   dot_dn = warp_sum(dot_dn) / static_cast<float>(C);
@@ -507,14 +508,14 @@ __global__ void rmsnorm_bwd_rows_kernel(D* din, const D* dout, const D* in, cons
 
 // dw[c] += (in rstd) dout for r = 0, 1, ..., N-1 in order: the CPU's additions.
 template <class D>
-__global__ void rmsnorm_bwd_params_kernel(D* dw, const D* dout, const D* in, const D* rstd, int N, int C) {
+__global__ void rmsnorm_bwd_params_kernel(D* dw, const D* dout, const D* in, const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float acc = ld(dw[c]);
 #pragma unroll 8
   for (int r = 0; r < N; ++r) {
     const std::int64_t i = idx::at(r, C, c);
-    acc += (ld(in[i]) * ld(rstd[r])) * ld(dout[i]);
+    acc += (ld(in[i]) * rstd[r]) * ld(dout[i]);
   }
   st(dw[c], acc);
 }
@@ -725,11 +726,11 @@ void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::
 }
 
 template <class S>
-void layernorm_fwd(cudaStream_t stream, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
-                   float eps) {
+void layernorm_fwd(cudaStream_t stream, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b, int N,
+                   int C, float eps) {
   if (N == 0 || C == 0) return;
-  layernorm_fwd_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(out), dev(mean), dev(rstd), dev(in),
-                                                                         dev(w), dev(b), N, C, eps);
+  layernorm_fwd_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(out), mean, rstd, dev(in), dev(w), dev(b),
+                                                                         N, C, eps);
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
 }
 
@@ -741,8 +742,8 @@ std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm) {
 namespace {
 // db (and dw, for kLayerNorm) += the column sums of `kMode` by the tree (column_parts_kernel's comment).
 template <ColumnSums kMode, class D>
-void column_sums_tree(cudaStream_t stream, D* db, D* dw, const D* dout, const D* in, const D* mean, const D* rstd,
-                      int N, int C, void* workspace) {
+void column_sums_tree(cudaStream_t stream, D* db, D* dw, const D* dout, const D* in, const float* mean,
+                      const float* rstd, int N, int C, void* workspace) {
   const auto parts = static_cast<int>(idx::column_parts(N, C));
   auto* partial = static_cast<float*>(workspace);
   const dim3 grid(static_cast<unsigned>(idx::column_tiles(C)), static_cast<unsigned>(parts));
@@ -756,42 +757,42 @@ void column_sums_tree(cudaStream_t stream, D* db, D* dw, const D* dout, const D*
 }  // namespace
 
 template <class S>
-void layernorm_bwd(cudaStream_t stream, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
-                   const S* rstd, int N, int C, void* tree_workspace) {
+void layernorm_bwd(cudaStream_t stream, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const float* mean,
+                   const float* rstd, int N, int C, void* tree_workspace) {
   if (N == 0 || C == 0) return;
   layernorm_bwd_rows_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(din), dev(dout), dev(in), dev(w),
-                                                                              dev(mean), dev(rstd), N, C);
+                                                                              mean, rstd, N, C);
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_bwd_rows_kernel");
   if (tree_workspace != nullptr) {
-    column_sums_tree<ColumnSums::kLayerNorm>(stream, dev(db), dev(dw), dev(dout), dev(in), dev(mean), dev(rstd), N, C,
+    column_sums_tree<ColumnSums::kLayerNorm>(stream, dev(db), dev(dw), dev(dout), dev(in), mean, rstd, N, C,
                                              tree_workspace);
     return;
   }
-  layernorm_bwd_params_kernel<<<blocks_exact(C, 128), 128, 0, stream>>>(dev(dw), dev(db), dev(dout), dev(in), dev(mean),
-                                                                        dev(rstd), N, C);
+  layernorm_bwd_params_kernel<<<blocks_exact(C, 128), 128, 0, stream>>>(dev(dw), dev(db), dev(dout), dev(in), mean,
+                                                                        rstd, N, C);
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_bwd_params_kernel");
 }
 
 template <class S>
-void rmsnorm_fwd(cudaStream_t stream, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
+void rmsnorm_fwd(cudaStream_t stream, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps) {
   if (N == 0 || C == 0) return;
-  rmsnorm_fwd_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(out), dev(rstd), dev(in), dev(w), N, C, eps);
+  rmsnorm_fwd_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(out), rstd, dev(in), dev(w), N, C, eps);
   HARMONY_CUDA_CHECK_LAUNCH("rmsnorm_fwd_kernel");
 }
 
 template <class S>
-void rmsnorm_bwd(cudaStream_t stream, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+void rmsnorm_bwd(cudaStream_t stream, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd, int N,
                  int C, void* tree_workspace) {
   if (N == 0 || C == 0) return;
-  rmsnorm_bwd_rows_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(din), dev(dout), dev(in), dev(w),
-                                                                            dev(rstd), N, C);
+  rmsnorm_bwd_rows_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(din), dev(dout), dev(in), dev(w), rstd,
+                                                                            N, C);
   HARMONY_CUDA_CHECK_LAUNCH("rmsnorm_bwd_rows_kernel");
   if (tree_workspace != nullptr) {
     column_sums_tree<ColumnSums::kRmsNorm>(stream, dev(dw), static_cast<Dev<S>*>(nullptr), dev(dout), dev(in),
-                                           static_cast<const Dev<S>*>(nullptr), dev(rstd), N, C, tree_workspace);
+                                           static_cast<const float*>(nullptr), rstd, N, C, tree_workspace);
     return;
   }
-  rmsnorm_bwd_params_kernel<<<blocks_exact(C, 128), 128, 0, stream>>>(dev(dw), dev(dout), dev(in), dev(rstd), N, C);
+  rmsnorm_bwd_params_kernel<<<blocks_exact(C, 128), 128, 0, stream>>>(dev(dw), dev(dout), dev(in), rstd, N, C);
   HARMONY_CUDA_CHECK_LAUNCH("rmsnorm_bwd_params_kernel");
 }
 
@@ -952,30 +953,30 @@ void convert_rows(cudaStream_t stream, Dst* dst, std::int64_t ld_dst, const Src*
 }
 
 // The launchers' instantiations: fp32 (Kernels<float>) and bf16 (Kernels<Bf16>) storage.
-#define HARMONY_KERNELS_FOR(S)                                                                                         \
-  template void embedding_fwd<S>(cudaStream_t, ErrorRecord*, S*, const std::int32_t*, const S*, const S*, int, int,    \
-                                 int, int);                                                                            \
-  template void embedding_bwd<S>(cudaStream_t, ErrorRecord*, void*, std::size_t, S*, S*, const S*,                     \
-                                 const std::int32_t*, int, int, int, int);                                             \
-  template void layernorm_fwd<S>(cudaStream_t, S*, S*, S*, const S*, const S*, const S*, int, int, float);             \
-  template void layernorm_bwd<S>(cudaStream_t, S*, S*, S*, const S*, const S*, const S*, const S*, const S*, int, int, \
-                                 void*);                                                                               \
-  template void rmsnorm_fwd<S>(cudaStream_t, S*, S*, const S*, const S*, int, int, float);                             \
-  template void rmsnorm_bwd<S>(cudaStream_t, S*, S*, const S*, const S*, const S*, const S*, int, int, void*);         \
-  template void rope_qkv_fwd<S>(cudaStream_t, S*, const S*, int, int, int, int, int, float);                           \
-  template void rope_qkv_bwd<S>(cudaStream_t, S*, const S*, int, int, int, int, int, float);                           \
-  template void swiglu_fwd<S>(cudaStream_t, S*, const S*, int, int);                                                   \
-  template void swiglu_bwd<S>(cudaStream_t, S*, const S*, const S*, int, int);                                         \
-  template void fill_bias_rows<S>(cudaStream_t, S*, const S*, int, int);                                               \
-  template void bias_grad<S>(cudaStream_t, S*, const S*, int, int, void*);                                             \
-  template void causal_softmax_bwd<S>(cudaStream_t, float*, const S*, std::int64_t, int, float);                       \
-  template void gelu_fwd<S>(cudaStream_t, S*, const S*, std::int64_t);                                                 \
-  template void gelu_bwd<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                       \
-  template void add<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                            \
-  template void add_inplace<S>(cudaStream_t, float*, const S*, std::int64_t);                                          \
-  template void crossentropy_fwd<S>(cudaStream_t, ErrorRecord*, float*, S*, const S*, const std::int32_t*, int, int);  \
-  template void crossentropy_bwd<S>(cudaStream_t, S*, const S*, const std::int32_t*, float, int, int);                 \
-  template void adamw<S>(cudaStream_t, const AdamWScalars&, float*, S*, const S*, const S*, float*, float*, S*,        \
+#define HARMONY_KERNELS_FOR(S)                                                                                        \
+  template void embedding_fwd<S>(cudaStream_t, ErrorRecord*, S*, const std::int32_t*, const S*, const S*, int, int,   \
+                                 int, int);                                                                           \
+  template void embedding_bwd<S>(cudaStream_t, ErrorRecord*, void*, std::size_t, S*, S*, const S*,                    \
+                                 const std::int32_t*, int, int, int, int);                                            \
+  template void layernorm_fwd<S>(cudaStream_t, S*, float*, float*, const S*, const S*, const S*, int, int, float);    \
+  template void layernorm_bwd<S>(cudaStream_t, S*, S*, S*, const S*, const S*, const S*, const float*, const float*,  \
+                                 int, int, void*);                                                                    \
+  template void rmsnorm_fwd<S>(cudaStream_t, S*, float*, const S*, const S*, int, int, float);                        \
+  template void rmsnorm_bwd<S>(cudaStream_t, S*, S*, const S*, const S*, const S*, const float*, int, int, void*);    \
+  template void rope_qkv_fwd<S>(cudaStream_t, S*, const S*, int, int, int, int, int, float);                          \
+  template void rope_qkv_bwd<S>(cudaStream_t, S*, const S*, int, int, int, int, int, float);                          \
+  template void swiglu_fwd<S>(cudaStream_t, S*, const S*, int, int);                                                  \
+  template void swiglu_bwd<S>(cudaStream_t, S*, const S*, const S*, int, int);                                        \
+  template void fill_bias_rows<S>(cudaStream_t, S*, const S*, int, int);                                              \
+  template void bias_grad<S>(cudaStream_t, S*, const S*, int, int, void*);                                            \
+  template void causal_softmax_bwd<S>(cudaStream_t, float*, const S*, std::int64_t, int, float);                      \
+  template void gelu_fwd<S>(cudaStream_t, S*, const S*, std::int64_t);                                                \
+  template void gelu_bwd<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                      \
+  template void add<S>(cudaStream_t, S*, const S*, const S*, std::int64_t);                                           \
+  template void add_inplace<S>(cudaStream_t, float*, const S*, std::int64_t);                                         \
+  template void crossentropy_fwd<S>(cudaStream_t, ErrorRecord*, float*, S*, const S*, const std::int32_t*, int, int); \
+  template void crossentropy_bwd<S>(cudaStream_t, S*, const S*, const std::int32_t*, float, int, int);                \
+  template void adamw<S>(cudaStream_t, const AdamWScalars&, float*, S*, const S*, const S*, float*, float*, S*,       \
                          std::int32_t*, std::int64_t);
 HARMONY_KERNELS_FOR(float)
 HARMONY_KERNELS_FOR(Bf16)

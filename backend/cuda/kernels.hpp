@@ -38,8 +38,8 @@ template <class S>
 void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::size_t workspace_bytes, S* dwte,
                    S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C, int V);
 template <class S>
-void layernorm_fwd(cudaStream_t stream, S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C,
-                   float eps);
+void layernorm_fwd(cudaStream_t stream, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b, int N,
+                   int C, float eps);
 // Scratch of the tree column sums (idx::column_parts) over N rows of C columns: one output (bias) or two
 // (LayerNorm's dw and db).
 std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm);
@@ -47,16 +47,16 @@ std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm);
 // Otherwise by the tree (column_sums_workspace_bytes(N, C, true) of scratch): ~10x more parallel, deterministic,
 // but rounded differently from the CPU (and from the same rows split into microbatches).
 template <class S>
-void layernorm_bwd(cudaStream_t stream, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean,
-                   const S* rstd, int N, int C, void* tree_workspace);
+void layernorm_bwd(cudaStream_t stream, S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const float* mean,
+                   const float* rstd, int N, int C, void* tree_workspace);
 // The Llama family's kernels (Kernels<S>::rmsnorm_*, rope_qkv_*, swiglu_*: backend/device.hpp has the contract).
-// RMSNorm: one warp per row; rstd is stored after the output used it unrounded (as layernorm_fwd).
+// RMSNorm: one warp per row; rstd is stored in fp32, the value the output used (as layernorm_fwd's statistics).
 template <class S>
-void rmsnorm_fwd(cudaStream_t stream, S* out, S* rstd, const S* in, const S* w, int N, int C, float eps);
+void rmsnorm_fwd(cudaStream_t stream, S* out, float* rstd, const S* in, const S* w, int N, int C, float eps);
 // din += ...; dw += (in rstd) dout row by row in row order when tree_workspace is null, else by the tree as
 // layernorm_bwd (column_sums_workspace_bytes(N, C, false) of scratch).
 template <class S>
-void rmsnorm_bwd(cudaStream_t stream, S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N,
+void rmsnorm_bwd(cudaStream_t stream, S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd, int N,
                  int C, void* tree_workspace);
 // Rotary embeddings with grouped-query heads (H % Hkv == 0, D even; checked by the caller): one thread per output
 // element, cos and sin of each angle from fp64 and rounded (the CPU's glibc values but in near-ties).

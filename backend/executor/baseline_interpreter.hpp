@@ -124,7 +124,7 @@ class BaselineInterpreter final : public Interpreter {
   // where the host reads what o's work brought down (grads_down).
   void sync(int o) { wait_unlocked(S(o)); }
   Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_, dt_); }
-  Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_) * es_; }  // the forward's act of layer l
+  Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_, dt_) * es_; }  // the forward's act of layer l
   // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened
   // exactly, Interpreter::stage_down), then returns: the host reads the result.
   void grads_down(int o, int d, float* dst, const void* src, std::int64_t count);

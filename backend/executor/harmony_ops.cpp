@@ -57,9 +57,9 @@ void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& 
     }
     E* act = nullptr;
     if (keep) {
-      act = make(o, d, DevKey{DK::RecAct, l, s0, n}, m.act_floats(l, n, T) * es).buf.as<E>();
+      act = make(o, d, DevKey{DK::RecAct, l, s0, n}, m.act_floats(l, n, T, dt) * es).buf.as<E>();
     } else {
-      Buffer next_act = alloc_or_wait(D(d), m.act_floats(l, n, T) * es, "act");
+      Buffer next_act = alloc_or_wait(D(d), m.act_floats(l, n, T, dt) * es, "act");
       release_after(o, tmp_act);  // the previous layer's, after its kernels
       tmp_act = std::move(next_act);
       act = tmp_act.as<E>();

@@ -57,7 +57,7 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
     for (int u : ubatch_sizes) {
       const double fwd = forward_flops(model, l, u, T) * options.seconds_per_flop;
       const Bytes x = model.input_bytes(l, u, T, dt), y = model.output_bytes(l, u, T, dt);
-      const Bytes act = model.act_floats(l, u, T) * es, scratch = model.scratch_floats(l, u, T) * es;
+      const Bytes act = model.act_floats(l, u, T, dt) * es, scratch = model.scratch_floats(l, u, T) * es;
       const Bytes dx = l == 0 ? 0 : x, dy = layer.is_criterion ? 0 : y;
       layer.fwd_time_s.push_back(fwd);
       layer.bwd_time_s.push_back(3 * fwd);

@@ -68,10 +68,11 @@ struct BlockLayout {
   }
 };
 
-// Saved activations of a block (floats), N = B*T rows.
+// Saved activations of a block (elements of S), N = B*T rows; the statistics (Stat) take K = stat_elems elements
+// each, aligned to K (gpt2.hpp).
 struct BlockActs {
   std::int64_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fch, fchg, total;
-  BlockActs(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H) {
+  BlockActs(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H, std::int64_t K) {
     const std::int64_t N = B * T;
     std::int64_t o = 0;
     auto take = [&o](std::int64_t n) {
@@ -79,29 +80,34 @@ struct BlockActs {
       o += n;
       return at;
     };
+    auto take_stats = [&o, &take, K](std::int64_t n) {
+      o = (o + K - 1) / K * K;
+      return take(n * K);
+    };
     ln1 = take(N * C);          // (B, T, C) ln_1(x)
-    ln1_mean = take(N);         // (B, T)
-    ln1_rstd = take(N);         // (B, T)
+    ln1_mean = take_stats(N);   // (B, T) Stat
+    ln1_rstd = take_stats(N);   // (B, T) Stat
     qkv = take(N * 3 * C);      // (B, T, 3C)
     att = take(B * H * T * T);  // (B, H, T, T) attention probabilities
     atty = take(N * C);         // (B, T, C) attention output before c_proj
     res1 = take(N * C);         // (B, T, C) x + attn
     ln2 = take(N * C);          // (B, T, C) ln_2(res1)
-    ln2_mean = take(N);         // (B, T)
-    ln2_rstd = take(N);         // (B, T)
+    ln2_mean = take_stats(N);   // (B, T) Stat
+    ln2_rstd = take_stats(N);   // (B, T) Stat
     fch = take(N * 4 * C);      // (B, T, 4C) c_fc output
     fchg = take(N * 4 * C);     // (B, T, 4C) gelu(fch)
     total = o;
   }
 };
 
+// The head's (elements of S; statistics as BlockActs').
 struct HeadActs {
   std::int64_t lnf, mean, rstd, probs, total;
-  HeadActs(std::int64_t N, std::int64_t C, std::int64_t V) {
-    lnf = 0;           // (B, T, C) ln_f(x)
-    mean = N * C;      // (B, T)
-    rstd = mean + N;   // (B, T)
-    probs = rstd + N;  // (B, T, V) softmax(logits); the backward turns it into dlogits
+  HeadActs(std::int64_t N, std::int64_t C, std::int64_t V, std::int64_t K) {
+    lnf = 0;                         // (B, T, C) ln_f(x)
+    mean = (N * C + K - 1) / K * K;  // (B, T) Stat
+    rstd = mean + N * K;             // (B, T) Stat
+    probs = rstd + N * K;            // (B, T, V) softmax(logits); the backward turns it into dlogits
     total = probs + N * V;
   }
 };
@@ -210,15 +216,16 @@ std::int64_t Gpt2::param_count() const {
   return n;
 }
 
-std::int64_t Gpt2::act_floats(int layer, int B, int T) const {
-  if (is_llama()) return llama_act_floats(layer, B, T);
+std::int64_t Gpt2::act_floats(int layer, int B, int T, DType dtype) const {
+  const std::int64_t K = stat_elems(dtype);
+  if (is_llama()) return llama_act_floats(layer, B, T, K);
   switch (kind(layer)) {
     case LayerKind::Embedding:
       return 0;
     case LayerKind::Block:
-      return BlockActs(B, T, config_.n_embd, config_.n_head).total;
+      return BlockActs(B, T, config_.n_embd, config_.n_head, K).total;
     case LayerKind::Head:
-      return HeadActs(std::int64_t(B) * T, config_.n_embd, config_.vocab_size).total;
+      return HeadActs(std::int64_t(B) * T, config_.n_embd, config_.vocab_size, K).total;
   }
   return 0;
 }
@@ -287,6 +294,8 @@ template <class Ops>
 void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const {
   using S = typename Ops::Scalar;
   using R = typename Ops::Real;
+  using Stat = typename Ops::Stat;
+  constexpr std::int64_t K = stat_elems<Ops>();
   check_args(layer, a, false);
   if (is_llama()) return llama_forward(ops, layer, a);
   const int B = a.B, T = a.T, C = config_.n_embd, H = config_.n_head, V = config_.vocab_size;
@@ -299,16 +308,17 @@ void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a
       return;
     case LayerKind::Block: {
       const BlockLayout p(C);
-      const BlockActs s(B, T, C, H);
+      const BlockActs s(B, T, C, H, K);
       S* act = a.act;
       const std::int64_t NC = std::int64_t(N) * C;
-      ops.layernorm_fwd(act + s.ln1, act + s.ln1_mean, act + s.ln1_rstd, a.x, w + p.ln1_w, w + p.ln1_b, N, C, eps);
+      ops.layernorm_fwd(act + s.ln1, stats_at<Stat>(act, s.ln1_mean), stats_at<Stat>(act, s.ln1_rstd), a.x, w + p.ln1_w,
+                        w + p.ln1_b, N, C, eps);
       ops.matmul_fwd(act + s.qkv, act + s.ln1, w + p.attn_w, w + p.attn_b, N, C, 3 * C, WeightLayout::InOut);
       ops.attention_fwd(act + s.atty, act + s.att, act + s.qkv, B, T, C, H);
       ops.matmul_fwd(a.y, act + s.atty, w + p.proj_w, w + p.proj_b, N, C, C, WeightLayout::InOut);
       ops.add(act + s.res1, a.x, a.y, NC);
-      ops.layernorm_fwd(act + s.ln2, act + s.ln2_mean, act + s.ln2_rstd, act + s.res1, w + p.ln2_w, w + p.ln2_b, N, C,
-                        eps);
+      ops.layernorm_fwd(act + s.ln2, stats_at<Stat>(act, s.ln2_mean), stats_at<Stat>(act, s.ln2_rstd), act + s.res1,
+                        w + p.ln2_w, w + p.ln2_b, N, C, eps);
       ops.matmul_fwd(act + s.fch, act + s.ln2, w + p.fc_w, w + p.fc_b, N, C, 4 * C, WeightLayout::InOut);
       ops.gelu_fwd(act + s.fchg, act + s.fch, 4 * NC);
       ops.matmul_fwd(a.y, act + s.fchg, w + p.fcp_w, w + p.fcp_b, N, 4 * C, C, WeightLayout::InOut);
@@ -316,10 +326,11 @@ void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a
       return;
     }
     case LayerKind::Head: {
-      const HeadActs s(N, C, V);
+      const HeadActs s(N, C, V, K);
       const auto& ps = params_.back();
       S* act = a.act;
-      ops.layernorm_fwd(act + s.lnf, act + s.mean, act + s.rstd, a.x, w + ps[0].offset, w + ps[1].offset, N, C, eps);
+      ops.layernorm_fwd(act + s.lnf, stats_at<Stat>(act, s.mean), stats_at<Stat>(act, s.rstd), a.x, w + ps[0].offset,
+                        w + ps[1].offset, N, C, eps);
       ops.matmul_fwd(act + s.probs, act + s.lnf, w + ps[2].offset, static_cast<const S*>(nullptr), N, C, V,
                      WeightLayout::OutIn);
       R* losses = nullptr;  // the head's y holds real_t<S> losses whatever S (fp32 in bf16 storage)
@@ -337,6 +348,8 @@ void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a
 template <class Ops>
 void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const {
   using S = typename Ops::Scalar;
+  using Stat = typename Ops::Stat;
+  constexpr std::int64_t K = stat_elems<Ops>();
   check_args(layer, a, true);
   if (is_llama()) return llama_backward(ops, layer, a);
   const int B = a.B, T = a.T, C = config_.n_embd, H = config_.n_head, V = config_.vocab_size;
@@ -349,7 +362,7 @@ void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& 
       return;
     case LayerKind::Block: {
       const BlockLayout p(C);
-      const BlockActs s(B, T, C, H);
+      const BlockActs s(B, T, C, H, K);
       const S* act = a.act;
       const std::int64_t NC = std::int64_t(N) * C;
       S* dres1 = a.scratch;      // (B, T, C) gradient of res1
@@ -361,8 +374,8 @@ void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& 
                      WeightLayout::InOut);
       ops.gelu_bwd(dbig, act + s.fch, dbig, 4 * NC);
       ops.matmul_bwd(dtmp, dw + p.fc_w, dw + p.fc_b, dbig, act + s.ln2, w + p.fc_w, N, C, 4 * C, WeightLayout::InOut);
-      ops.layernorm_bwd(dres1, dw + p.ln2_w, dw + p.ln2_b, dtmp, act + s.res1, w + p.ln2_w, act + s.ln2_mean,
-                        act + s.ln2_rstd, N, C);
+      ops.layernorm_bwd(dres1, dw + p.ln2_w, dw + p.ln2_b, dtmp, act + s.res1, w + p.ln2_w,
+                        stats_at<Stat>(act, s.ln2_mean), stats_at<Stat>(act, s.ln2_rstd), N, C);
       // res1 = x + c_proj(attention(c_attn(ln_1(x))))
       ops.matmul_bwd(dtmp, dw + p.proj_w, dw + p.proj_b, dres1, act + s.atty, w + p.proj_w, N, C, C,
                      WeightLayout::InOut);
@@ -370,12 +383,12 @@ void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& 
       ops.matmul_bwd(dtmp, dw + p.attn_w, dw + p.attn_b, dbig, act + s.ln1, w + p.attn_w, N, C, 3 * C,
                      WeightLayout::InOut);
       ops.copy(a.dx, dres1, NC);
-      ops.layernorm_bwd(a.dx, dw + p.ln1_w, dw + p.ln1_b, dtmp, a.x, w + p.ln1_w, act + s.ln1_mean, act + s.ln1_rstd, N,
-                        C);
+      ops.layernorm_bwd(a.dx, dw + p.ln1_w, dw + p.ln1_b, dtmp, a.x, w + p.ln1_w, stats_at<Stat>(act, s.ln1_mean),
+                        stats_at<Stat>(act, s.ln1_rstd), N, C);
       return;
     }
     case LayerKind::Head: {
-      const HeadActs s(N, C, V);
+      const HeadActs s(N, C, V, K);
       const auto& ps = params_.back();
       S* act = a.act;
       S* dlnf = a.scratch;  // (B, T, C)
@@ -383,8 +396,8 @@ void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& 
       ops.matmul_bwd(dlnf, dw + ps[2].offset, static_cast<S*>(nullptr), act + s.probs, act + s.lnf, w + ps[2].offset, N,
                      C, V, WeightLayout::OutIn);
       ops.zero(a.dx, std::int64_t(N) * C);
-      ops.layernorm_bwd(a.dx, dw + ps[0].offset, dw + ps[1].offset, dlnf, a.x, w + ps[0].offset, act + s.mean,
-                        act + s.rstd, N, C);
+      ops.layernorm_bwd(a.dx, dw + ps[0].offset, dw + ps[1].offset, dlnf, a.x, w + ps[0].offset,
+                        stats_at<Stat>(act, s.mean), stats_at<Stat>(act, s.rstd), N, C);
       return;
     }
   }

@@ -66,6 +66,29 @@ struct RealOf<Bf16> {
 template <class S>
 using real_t = typename RealOf<S>::type;
 
+// The normalizations' saved row statistics (LayerNorm's mean and rstd, RMSNorm's rstd) are Ops::Stat values (fp32 on
+// a device for either S, as torch keeps them under bf16 autocast) kept inside a layer's act buffer of S elements:
+// each statistic takes stat_elems S elements (1 in fp32 and on the host, 2 in bf16), and each statistics tensor
+// starts at an offset that is a multiple of stat_elems, so that it is aligned for Stat in a buffer aligned for it.
+template <class Ops>
+constexpr std::int64_t stat_elems() {
+  using S = typename Ops::Scalar;
+  using Stat = typename Ops::Stat;
+  static_assert(sizeof(Stat) % sizeof(S) == 0, "a statistic takes whole S elements");
+  return static_cast<std::int64_t>(sizeof(Stat) / sizeof(S));
+}
+// The layout's stat_elems for a device buffer of `dtype` (the host's double layout: F32, one element each).
+constexpr std::int64_t stat_elems(DType dtype) { return dtype == DType::BF16 ? 2 : 1; }
+// The statistics tensor at S-element offset `at` of an act buffer.
+template <class Stat, class S>
+Stat* stats_at(S* act, std::int64_t at) {
+  return reinterpret_cast<Stat*>(act + at);
+}
+template <class Stat, class S>
+const Stat* stats_at(const S* act, std::int64_t at) {
+  return reinterpret_cast<const Stat*>(act + at);
+}
+
 // Arguments of one layer over one microbatch of B sequences of T tokens (N = B*T rows). Pointers are memory
 // the Ops can address (device memory for DeviceOps). Which fields a layer reads depends on its kind:
 //   forward   Embedding: tokens -> y        Block: x -> y, act        Head: x, targets -> y (losses), act
@@ -81,7 +104,7 @@ struct LayerArgs {
   const std::int32_t* targets = nullptr;  // (B, T) next-token ids, Head
   const S* x = nullptr;                   // (B, T, C) input, Block and Head
   S* y = nullptr;                         // (B, T, C) output; Head: (B, T) per-token cross-entropy as real_t<S>
-  S* act = nullptr;                       // act_floats(layer, B, T)
+  S* act = nullptr;                       // act_floats(layer, B, T, the dtype of S)
   S* dw = nullptr;                        // param_floats(layer): weight gradients, accumulated
   const S* dy = nullptr;                  // (B, T, C) gradient of y, Embedding and Block
   S* dx = nullptr;                        // (B, T, C) gradient of x, Block and Head
@@ -109,8 +132,9 @@ class Gpt2 {
   std::int64_t param_count() const;  // unique parameters (the tied wte counted once)
 
   // Sizes per microbatch, for the executor's allocations. The *_floats counts are elements (of the device
-  // dtype: 4 bytes in fp32, 2 in bf16).
-  std::int64_t act_floats(int layer, int B, int T) const;
+  // dtype: 4 bytes in fp32, 2 in bf16). act_floats includes the norms' fp32 statistics (stat_elems(dtype) elements
+  // each); F32 is also the host's double layout.
+  std::int64_t act_floats(int layer, int B, int T, DType dtype = DType::F32) const;
   std::int64_t scratch_floats(int layer, int B, int T) const;
   // layer 0: (B, T) int32 ids; else (B, T, C) elements of `dtype`.
   Bytes input_bytes(int layer, int B, int T, DType dtype = DType::F32) const;
@@ -128,7 +152,7 @@ class Gpt2 {
   void check_args(int layer, const LayerArgs<S>& a, bool backward) const;
   // The Llama family (backend/model/llama.cpp): its parameter tables, sizes and layers.
   void add_llama_params();
-  std::int64_t llama_act_floats(int layer, int B, int T) const;
+  std::int64_t llama_act_floats(int layer, int B, int T, std::int64_t stat_elems) const;
   std::int64_t llama_scratch_floats(int layer, int B, int T) const;
   template <class Ops>
   void llama_forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const;

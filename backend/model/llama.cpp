@@ -30,10 +30,12 @@ struct LlamaLayout {
   }
 };
 
-// Saved activations of a block (elements), N = B*T rows.
+// Saved activations of a block (elements of S), N = B*T rows; the rstd (Stat) take K = stat_elems elements each,
+// aligned to K (gpt2.hpp).
 struct LlamaActs {
   std::int64_t ln1, ln1_rstd, packed, qkv, att, atty, res1, ln2, ln2_rstd, gu, h, total;
-  LlamaActs(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H, std::int64_t KV, std::int64_t I) {
+  LlamaActs(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H, std::int64_t KV, std::int64_t I,
+            std::int64_t K) {
     const std::int64_t N = B * T;
     std::int64_t o = 0;
     auto take = [&o](std::int64_t n) {
@@ -41,26 +43,31 @@ struct LlamaActs {
       o += n;
       return at;
     };
+    auto take_stats = [&o, &take, K](std::int64_t n) {
+      o = (o + K - 1) / K * K;
+      return take(n * K);
+    };
     ln1 = take(N * C);                // (B, T, C) input_layernorm(x)
-    ln1_rstd = take(N);               // (B, T)
+    ln1_rstd = take_stats(N);         // (B, T) Stat
     packed = take(N * (C + 2 * KV));  // (B, T, C + 2KV) [q | k | v] as projected
     qkv = take(N * 3 * C);            // (B, T, 3C) rotated q, k and the repeated k, v: attention's input
     att = take(B * H * T * T);        // (B, H, T, T) attention probabilities
     atty = take(N * C);               // (B, T, C) attention output before o_proj
     res1 = take(N * C);               // (B, T, C) x + attn
     ln2 = take(N * C);                // (B, T, C) post_attention_layernorm(res1)
-    ln2_rstd = take(N);               // (B, T)
+    ln2_rstd = take_stats(N);         // (B, T) Stat
     gu = take(N * 2 * I);             // (B, T, 2I) [gate | up]
     h = take(N * I);                  // (B, T, I) silu(gate) * up
     total = o;
   }
 };
 
-// The head's saved activations: norm(x) (N, C), its rstd (N), softmax(logits) (N, V).
+// The head's saved activations: norm(x) (N, C), its rstd (N, Stat: K elements each, aligned to K), softmax(logits)
+// (N, V).
 struct LlamaHeadActs {
   std::int64_t norm, rstd, probs, total;
-  LlamaHeadActs(std::int64_t N, std::int64_t C, std::int64_t V)
-      : norm(0), rstd(N * C), probs(N * C + N), total(N * C + N + N * V) {}
+  LlamaHeadActs(std::int64_t N, std::int64_t C, std::int64_t V, std::int64_t K)
+      : norm(0), rstd((N * C + K - 1) / K * K), probs(rstd + N * K), total(probs + N * V) {}
 };
 
 }  // namespace
@@ -102,16 +109,16 @@ void Gpt2::add_llama_params() {
   add(head, "lm_head.weight", {V, C}, c.tie_embeddings ? "model.embed_tokens.weight" : "");
 }
 
-std::int64_t Gpt2::llama_act_floats(int layer, int B, int T) const {
+std::int64_t Gpt2::llama_act_floats(int layer, int B, int T, std::int64_t stat_elems) const {
   const Gpt2Config& c = config_;
   const std::int64_t C = c.n_embd, KV = std::int64_t(c.kv_heads()) * (C / c.n_head);
   switch (kind(layer)) {
     case LayerKind::Embedding:
       return 0;
     case LayerKind::Block:
-      return LlamaActs(B, T, C, c.n_head, KV, c.intermediate_size).total;
+      return LlamaActs(B, T, C, c.n_head, KV, c.intermediate_size, stat_elems).total;
     case LayerKind::Head:
-      return LlamaHeadActs(std::int64_t(B) * T, C, c.vocab_size).total;
+      return LlamaHeadActs(std::int64_t(B) * T, C, c.vocab_size, stat_elems).total;
   }
   return 0;
 }
@@ -135,6 +142,8 @@ template <class Ops>
 void Gpt2::llama_forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const {
   using S = typename Ops::Scalar;
   using R = typename Ops::Real;
+  using Stat = typename Ops::Stat;
+  constexpr std::int64_t K = stat_elems<Ops>();
   const Gpt2Config& c = config_;
   const int B = a.B, T = a.T, C = c.n_embd, H = c.n_head, Hkv = c.kv_heads(), V = c.vocab_size;
   const int I = c.intermediate_size, D = C / H, KV = Hkv * D, N = B * T;
@@ -146,18 +155,18 @@ void Gpt2::llama_forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scal
       return;
     case LayerKind::Block: {
       const LlamaLayout p(C, KV, I, c.qkv_bias);
-      const LlamaActs s(B, T, C, H, KV, I);
+      const LlamaActs s(B, T, C, H, KV, I, K);
       S* act = a.act;
       const std::int64_t NC = std::int64_t(N) * C;
       const S* none = nullptr;
-      ops.rmsnorm_fwd(act + s.ln1, act + s.ln1_rstd, a.x, w + p.ln1, N, C, eps);
+      ops.rmsnorm_fwd(act + s.ln1, stats_at<Stat>(act, s.ln1_rstd), a.x, w + p.ln1, N, C, eps);
       const S* qkv_b = c.qkv_bias ? w + p.qkv_b : none;
       ops.matmul_fwd(act + s.packed, act + s.ln1, w + p.qkv, qkv_b, N, C, C + 2 * KV, WeightLayout::OutIn);
       ops.rope_qkv_fwd(act + s.qkv, act + s.packed, B, T, H, Hkv, D, theta);
       ops.attention_fwd(act + s.atty, act + s.att, act + s.qkv, B, T, C, H);
       ops.matmul_fwd(a.y, act + s.atty, w + p.o, none, N, C, C, WeightLayout::OutIn);
       ops.add(act + s.res1, a.x, a.y, NC);
-      ops.rmsnorm_fwd(act + s.ln2, act + s.ln2_rstd, act + s.res1, w + p.ln2, N, C, eps);
+      ops.rmsnorm_fwd(act + s.ln2, stats_at<Stat>(act, s.ln2_rstd), act + s.res1, w + p.ln2, N, C, eps);
       ops.matmul_fwd(act + s.gu, act + s.ln2, w + p.gate_up, none, N, C, 2 * I, WeightLayout::OutIn);
       ops.swiglu_fwd(act + s.h, act + s.gu, N, I);
       ops.matmul_fwd(a.y, act + s.h, w + p.down, none, N, I, C, WeightLayout::OutIn);
@@ -165,10 +174,10 @@ void Gpt2::llama_forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scal
       return;
     }
     case LayerKind::Head: {
-      const LlamaHeadActs s(N, C, V);
+      const LlamaHeadActs s(N, C, V, K);
       const auto& ps = params_.back();
       S* act = a.act;
-      ops.rmsnorm_fwd(act + s.norm, act + s.rstd, a.x, w + ps[0].offset, N, C, eps);
+      ops.rmsnorm_fwd(act + s.norm, stats_at<Stat>(act, s.rstd), a.x, w + ps[0].offset, N, C, eps);
       ops.matmul_fwd(act + s.probs, act + s.norm, w + ps[1].offset, static_cast<const S*>(nullptr), N, C, V,
                      WeightLayout::OutIn);
       R* losses = nullptr;  // the head's y holds real_t<S> losses whatever S (fp32 in bf16 storage)
@@ -187,6 +196,8 @@ template <class Ops>
 void Gpt2::llama_backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a) const {
   using S = typename Ops::Scalar;
   using R = typename Ops::Real;
+  using Stat = typename Ops::Stat;
+  constexpr std::int64_t K = stat_elems<Ops>();
   const Gpt2Config& c = config_;
   const int B = a.B, T = a.T, C = c.n_embd, H = c.n_head, Hkv = c.kv_heads(), V = c.vocab_size;
   const int I = c.intermediate_size, D = C / H, KV = Hkv * D, N = B * T;
@@ -199,7 +210,7 @@ void Gpt2::llama_backward(Ops& ops, int layer, const LayerArgs<typename Ops::Sca
       return;
     case LayerKind::Block: {
       const LlamaLayout p(C, KV, I, c.qkv_bias);
-      const LlamaActs s(B, T, C, H, KV, I);
+      const LlamaActs s(B, T, C, H, KV, I, K);
       const S* act = a.act;
       const std::int64_t NC = std::int64_t(N) * C;
       S* none = nullptr;
@@ -215,7 +226,7 @@ void Gpt2::llama_backward(Ops& ops, int layer, const LayerArgs<typename Ops::Sca
       ops.matmul_bwd(dh, dw + p.down, none, a.dy, act + s.h, w + p.down, N, I, C, WeightLayout::OutIn);
       ops.swiglu_bwd(dgu, act + s.gu, dh, N, I);
       ops.matmul_bwd(dtmp, dw + p.gate_up, none, dgu, act + s.ln2, w + p.gate_up, N, C, 2 * I, WeightLayout::OutIn);
-      ops.rmsnorm_bwd(dres1, dw + p.ln2, dtmp, act + s.res1, w + p.ln2, act + s.ln2_rstd, N, C);
+      ops.rmsnorm_bwd(dres1, dw + p.ln2, dtmp, act + s.res1, w + p.ln2, stats_at<Stat>(act, s.ln2_rstd), N, C);
       // res1 = x + o_proj(attention(rope(qkv_proj(norm1(x)))))
       ops.matmul_bwd(dtmp, dw + p.o, none, dres1, act + s.atty, w + p.o, N, C, C, WeightLayout::OutIn);
       ops.attention_bwd(dqkv, dtmp, act + s.qkv, act + s.att, B, T, C, H);
@@ -223,11 +234,11 @@ void Gpt2::llama_backward(Ops& ops, int layer, const LayerArgs<typename Ops::Sca
       S* dqkv_b = c.qkv_bias ? dw + p.qkv_b : none;
       ops.matmul_bwd(dtmp, dw + p.qkv, dqkv_b, dpacked, act + s.ln1, w + p.qkv, N, C, C + 2 * KV, WeightLayout::OutIn);
       ops.copy(a.dx, dres1, NC);
-      ops.rmsnorm_bwd(a.dx, dw + p.ln1, dtmp, a.x, w + p.ln1, act + s.ln1_rstd, N, C);
+      ops.rmsnorm_bwd(a.dx, dw + p.ln1, dtmp, a.x, w + p.ln1, stats_at<Stat>(act, s.ln1_rstd), N, C);
       return;
     }
     case LayerKind::Head: {
-      const LlamaHeadActs s(N, C, V);
+      const LlamaHeadActs s(N, C, V, K);
       const auto& ps = params_.back();
       S* act = a.act;
       S* dnorm = a.scratch;  // (B, T, C)
@@ -235,7 +246,7 @@ void Gpt2::llama_backward(Ops& ops, int layer, const LayerArgs<typename Ops::Sca
       ops.matmul_bwd(dnorm, dw + ps[1].offset, static_cast<S*>(nullptr), act + s.probs, act + s.norm, w + ps[1].offset,
                      N, C, V, WeightLayout::OutIn);
       ops.zero(a.dx, std::int64_t(N) * C);
-      ops.rmsnorm_bwd(a.dx, dw + ps[0].offset, dnorm, a.x, w + ps[0].offset, act + s.rstd, N, C);
+      ops.rmsnorm_bwd(a.dx, dw + ps[0].offset, dnorm, a.x, w + ps[0].offset, stats_at<Stat>(act, s.rstd), N, C);
       return;
     }
   }

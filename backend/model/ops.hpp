@@ -1,7 +1,8 @@
 // The two ways the model's layers run their kernels, with one signature set so that the layer code is
 // written once for both families (backend/model/gpt2.cpp): BasicDeviceOps<S> enqueues the device's Kernels<S> on a
 // stream (DeviceOps fp32, DeviceOpsBf16 mixed precision); HostOps<T> calls the reference loops synchronously on host
-// memory (T = double for finite-difference checks).
+// memory (T = double for finite-difference checks). Stat is the type of the normalizations' saved row statistics
+// (mean, rstd): fp32 on a device whatever S (as torch under bf16 autocast), T on the host.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,7 @@ class BasicDeviceOps {
  public:
   using Scalar = S;
   using Real = float;
+  using Stat = float;
   BasicDeviceOps(Device& device, Stream& stream)
       : dev_(device), s_(stream), k_(kernels_of<S>(device, "bf16 kernels")) {}
   Device& device() { return dev_; }
@@ -32,11 +34,11 @@ class BasicDeviceOps {
   void embedding_bwd(S* dwte, S* dwpe, const S* dout, const std::int32_t* ids, int B, int T, int C, int V) {
     k_.embedding_bwd(s_, dwte, dwpe, dout, ids, B, T, C, V);
   }
-  void layernorm_fwd(S* out, S* mean, S* rstd, const S* in, const S* w, const S* b, int N, int C, float eps) {
+  void layernorm_fwd(S* out, float* mean, float* rstd, const S* in, const S* w, const S* b, int N, int C, float eps) {
     k_.layernorm_fwd(s_, out, mean, rstd, in, w, b, N, C, eps);
   }
-  void layernorm_bwd(S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const S* mean, const S* rstd, int N,
-                     int C) {
+  void layernorm_bwd(S* din, S* dw, S* db, const S* dout, const S* in, const S* w, const float* mean, const float* rstd,
+                     int N, int C) {
     k_.layernorm_bwd(s_, din, dw, db, dout, in, w, mean, rstd, N, C);
   }
   void matmul_fwd(S* out, const S* in, const S* w, const S* bias, int N, int IC, int OC, WeightLayout layout) {
@@ -58,10 +60,10 @@ class BasicDeviceOps {
   void crossentropy_fwd(float* losses, S* probs, const S* logits, const std::int32_t* targets, int N, int V) {
     k_.crossentropy_fwd(s_, losses, probs, logits, targets, N, V);
   }
-  void rmsnorm_fwd(S* out, S* rstd, const S* in, const S* w, int N, int C, float eps) {
+  void rmsnorm_fwd(S* out, float* rstd, const S* in, const S* w, int N, int C, float eps) {
     k_.rmsnorm_fwd(s_, out, rstd, in, w, N, C, eps);
   }
-  void rmsnorm_bwd(S* din, S* dw, const S* dout, const S* in, const S* w, const S* rstd, int N, int C) {
+  void rmsnorm_bwd(S* din, S* dw, const S* dout, const S* in, const S* w, const float* rstd, int N, int C) {
     k_.rmsnorm_bwd(s_, din, dw, dout, in, w, rstd, N, C);
   }
   void rope_qkv_fwd(S* qkv, const S* packed, int B, int T, int H, int Hkv, int D, float theta) {
@@ -89,6 +91,7 @@ class HostOps {
  public:
   using Scalar = T;
   using Real = T;
+  using Stat = T;
   void copy(T* dst, const T* src, std::int64_t n) { std::copy(src, src + n, dst); }
   void zero(T* dst, std::int64_t n) { std::fill(dst, dst + n, T(0)); }
   void embedding_fwd(T* out, const std::int32_t* ids, const T* wte, const T* wpe, int B, int T_, int C, int V) {

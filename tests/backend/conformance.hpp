@@ -110,6 +110,17 @@ Bound stored(Bound fp32, int roundings = 1) {
   return fp32;
 }
 
+// The normalizations' row statistics are fp32 for every storage type (Kernels<S>): one device's stored statistics
+// against their fp64 values on the same inputs (as the device saw them) must be within that device's share of the
+// fp32 bound, half of it (as record's). Rounded to bf16 they would err by up to 2^-9 relative: 50 to 1,000 times
+// that share.
+inline void check_stats_fp64(const std::string& what, const std::vector<float>& got, const std::vector<double>& exact,
+                             Bound b) {
+  const double share = share_of(to_float(exact), got, b);
+  MESSAGE(what << " against fp64: " << share << " of the fp32 bound");
+  CHECK_MESSAGE(share <= 0.5, what, ": ", share, " of the fp32 bound against fp64 (statistics not kept in fp32?)");
+}
+
 // ---- comparison -----------------------------------------------------------------------------------------------------
 
 // Every check's largest difference and its share of the bound, by "<kind> <what>", for the suite's summary.

@@ -393,16 +393,17 @@ TEST_SUITE("gpu") {
       INFO("C " << C);
       auto in = t.up16(random_floats(N * C, 21, 2.0f));
       auto w = t.up16(random_floats(C, 22)), b = t.up16(random_floats(C, 23));
-      auto out = t.empty16(N * C), mean = t.empty16(N), rstd = t.empty16(N);
-      t.ck16().layernorm_fwd(*t.cs, out.cb(), mean.cb(), rstd.cb(), in.cb(), w.cb(), b.cb(), N, C, 1e-5f);
-      // The backward on the CPU's (bf16) statistics for both.
-      auto [gm, cm] = t.down16(mean);
-      auto [gr, cr] = t.down16(rstd);
-      auto m2 = t.up16(cm), r2 = t.up16(cr);
+      auto out = t.empty16(N * C);
+      auto mean = t.empty(N), rstd = t.empty(N);  // the statistics: fp32 for bf16 too
+      t.ck16().layernorm_fwd(*t.cs, out.cb(), mean.cf(), rstd.cf(), in.cb(), w.cb(), b.cb(), N, C, 1e-5f);
+      // The backward on the CPU's statistics for both.
+      auto [gm, cm] = t.down(mean);
+      auto [gr, cr] = t.down(rstd);
+      auto m2 = t.up(cm), r2 = t.up(cr);
       auto dout = t.up16(random_floats(N * C, 24));
       auto din = t.up16(random_floats(N * C, 25)), dw = t.up16(random_floats(C, 26)), db = t.up16(random_floats(C, 27));
-      t.gk16().layernorm_bwd(*t.gs, din.gb(), dw.gb(), db.gb(), dout.gb(), in.gb(), w.gb(), m2.gb(), r2.gb(), N, C);
-      t.ck16().layernorm_bwd(*t.cs, din.cb(), dw.cb(), db.cb(), dout.cb(), in.cb(), w.cb(), m2.cb(), r2.cb(), N, C);
+      t.gk16().layernorm_bwd(*t.gs, din.gb(), dw.gb(), db.gb(), dout.gb(), in.gb(), w.gb(), m2.gf(), r2.gf(), N, C);
+      t.ck16().layernorm_bwd(*t.cs, din.cb(), dw.cb(), db.cb(), dout.cb(), in.cb(), w.cb(), m2.cf(), r2.cf(), N, C);
       t.close16("bf16 layernorm_bwd din (accumulated)", din, 1e-5 * std::sqrt(double(C)), 1e-4 + kFlip);
       // the tree's order: as the fp32 tree test, plus the flip
       t.close16("bf16 layernorm_bwd dw (tree)", dw, 2e-7 * N + 1e-6, 1e-5 + kFlip);
@@ -422,11 +423,12 @@ TEST_SUITE("gpu") {
       Twin t(o);
       auto in = t.up16(random_floats(N * C, 21, 2.0f));
       auto w = t.up16(random_floats(C, 22)), b = t.up16(random_floats(C, 23));
-      auto out = t.empty16(N * C), mean = t.empty16(N), rstd = t.empty16(N);
-      t.ck16().layernorm_fwd(*t.cs, out.cb(), mean.cb(), rstd.cb(), in.cb(), w.cb(), b.cb(), N, C, 1e-5f);
-      auto [gm, cm] = t.down16(mean);
-      auto [gr, cr] = t.down16(rstd);
-      auto m2 = t.up16(cm), r2 = t.up16(cr);  // the CPU's statistics for both
+      auto out = t.empty16(N * C);
+      auto mean = t.empty(N), rstd = t.empty(N);  // the statistics: fp32 for bf16 too
+      t.ck16().layernorm_fwd(*t.cs, out.cb(), mean.cf(), rstd.cf(), in.cb(), w.cb(), b.cb(), N, C, 1e-5f);
+      auto [gm, cm] = t.down(mean);
+      auto [gr, cr] = t.down(rstd);
+      auto m2 = t.up(cm), r2 = t.up(cr);  // the CPU's statistics for both
       // Column 0 of dout: 2^24, then N - 2 ones, then -2^24. In row order every 1 is absorbed (2^24 + 1 rounds to
       // 2^24) and the column sums to 0; any tree adds the ones of the middle parts among themselves: ~N.
       auto dout_host = random_floats(N * C, 24);
@@ -436,8 +438,8 @@ TEST_SUITE("gpu") {
       auto db_host = random_floats(C, 27), dbias_host = random_floats(C, 28);
       db_host[0] = dbias_host[0] = 0.0f;
       auto din = t.up16(random_floats(N * C, 25)), dw = t.up16(random_floats(C, 26)), db = t.up16(db_host);
-      t.gk16().layernorm_bwd(*t.gs, din.gb(), dw.gb(), db.gb(), dout.gb(), in.gb(), w.gb(), m2.gb(), r2.gb(), N, C);
-      t.ck16().layernorm_bwd(*t.cs, din.cb(), dw.cb(), db.cb(), dout.cb(), in.cb(), w.cb(), m2.cb(), r2.cb(), N, C);
+      t.gk16().layernorm_bwd(*t.gs, din.gb(), dw.gb(), db.gb(), dout.gb(), in.gb(), w.gb(), m2.gf(), r2.gf(), N, C);
+      t.ck16().layernorm_bwd(*t.cs, din.cb(), dw.cb(), db.cb(), dout.cb(), in.cb(), w.cb(), m2.cf(), r2.cf(), N, C);
       auto dbias = t.up16(dbias_host), wide = t.up16(random_floats(C, 29));
       t.gk16().matmul_bwd(*t.gs, nullptr, wide.gb(), dbias.gb(), dout.gb(), in.gb(), in.gb(), N, 1, C,
                           WeightLayout::InOut);
@@ -681,18 +683,22 @@ TEST_SUITE("gpu") {
       for (const int C : {40, 777}) {
         INFO("rmsnorm N " << N << " C " << C);
         auto in = up(random_floats(N * C, 201, 2.0f)), w = up(random_floats(C, 202));
-        auto out = up(random_floats(N * C, 203)), rstd = up(random_floats(N, 204));  // overwritten
-        gk.rmsnorm_fwd(*t.gs, gp(out), gp(rstd), gp(in), gp(w), N, C, 1e-5f);
-        ck.rmsnorm_fwd(*t.cs, cp(out), cp(rstd), cp(in), cp(w), N, C, 1e-5f);
+        auto out = up(random_floats(N * C, 203));
+        auto rstd = t.up(random_floats(N, 204));  // overwritten; fp32 for bf16 too
+        gk.rmsnorm_fwd(*t.gs, gp(out), rstd.gf(), gp(in), gp(w), N, C, 1e-5f);
+        ck.rmsnorm_fwd(*t.cs, cp(out), rstd.cf(), cp(in), cp(w), N, C, 1e-5f);
         close("rmsnorm_fwd out", out, 1e-6, 1e-5);
-        close("rmsnorm_fwd rstd", rstd, 0.0, 1e-5);
-        auto r2 = up(down(rstd).second);  // the backward on the CPU's rstd for both
+        {
+          auto [g, c] = t.down(rstd);
+          check_close("rmsnorm_fwd rstd (fp32 for either storage)", g, c, 0.0, 1e-5);  // no bf16 rounding
+        }
+        auto r2 = t.up(t.down(rstd).second);  // the backward on the CPU's rstd for both
         auto dout = up(random_floats(N * C, 205));
         auto din = up(random_floats(N * C, 206)), dw = up(random_floats(C, 207));  // both accumulate
         std::vector<float> first_dw;
         for (int rep = 0; rep < 2; ++rep) {
-          gk.rmsnorm_bwd(*t.gs, gp(din), gp(dw), gp(dout), gp(in), gp(w), gp(r2), N, C);
-          ck.rmsnorm_bwd(*t.cs, cp(din), cp(dw), cp(dout), cp(in), cp(w), cp(r2), N, C);
+          gk.rmsnorm_bwd(*t.gs, gp(din), gp(dw), gp(dout), gp(in), gp(w), r2.gf(), N, C);
+          ck.rmsnorm_bwd(*t.cs, cp(din), cp(dw), cp(dout), cp(in), cp(w), r2.cf(), N, C);
           close("rmsnorm_bwd din (accumulated)", din, 1e-5 * std::sqrt(double(C)) * (rep + 1), 1e-4);
           auto [g, c] = down(dw);
           if (tree) {
@@ -706,8 +712,8 @@ TEST_SUITE("gpu") {
             first_dw = g;
           } else {  // run to run: the second accumulation from the same start gives the same bits
             auto dw_again = up(random_floats(C, 207));
-            gk.rmsnorm_bwd(*t.gs, gp(din), gp(dw_again), gp(dout), gp(in), gp(w), gp(r2), N, C);
-            gk.rmsnorm_bwd(*t.gs, gp(din), gp(dw_again), gp(dout), gp(in), gp(w), gp(r2), N, C);
+            gk.rmsnorm_bwd(*t.gs, gp(din), gp(dw_again), gp(dout), gp(in), gp(w), r2.gf(), N, C);
+            gk.rmsnorm_bwd(*t.gs, gp(din), gp(dw_again), gp(dout), gp(in), gp(w), r2.gf(), N, C);
             CHECK(same_bits(down(dw_again).first, g));
           }
         }

@@ -111,7 +111,8 @@ TEST_CASE_TEMPLATE("llama kernels: RMSNorm forward and backward (din and dw accu
       const double X = 2.0;
       auto in = p.up<E>(random_floats(N * C, 121, float(X)));
       auto w = p.up<E>(random_floats(C, 122));
-      auto out = p.zeros<E>(N * C), rstd = p.zeros<E>(N);
+      auto out = p.zeros<E>(N * C);
+      auto rstd = p.zeros<float>(N);  // fp32 for every E
       p.run<E>(
           [&](auto& k, Stream& s, Side x) { k.rmsnorm_fwd(s, out.at(x), rstd.at(x), in.at(x), w.at(x), N, C, 1e-5f); });
       const auto r = ref_of(p, rstd);
@@ -119,9 +120,17 @@ TEST_CASE_TEMPLATE("llama kernels: RMSNorm forward and backward (din and dw accu
       REQUIRE(R <= 2.0);  // the inputs' mean square is about X^2 / 3
       const std::string t = std::string(type_name<E>()) + " C " + std::to_string(C);
       p.check(named("rmsnorm_fwd out", t), out, stored<E>(rmsnorm_out_bound(C, X, R)));
-      p.check(named("rmsnorm_fwd rstd", t), rstd, stored<E>(rmsnorm_rstd_bound(C)));
+      p.check(named("rmsnorm_fwd rstd", t), rstd, rmsnorm_rstd_bound(C));  // fp32: no bf16 rounding
+      {  // the device under test's rstd against fp64 on the (rounded) inputs it saw
+        std::vector<double> dout(std::size_t(N) * C), dr(N);
+        const std::vector<double> ones(C, 1.0);
+        cpu::rmsnorm_fwd<double>(dout.data(), dr.data(), to_double(p.down(in).second).data(), ones.data(), N, C,
+                                 double(1e-5f));
+        check_stats_fp64(kind->name() + " " + named("rmsnorm_fwd rstd", t), p.down(rstd).first, dr,
+                         rmsnorm_rstd_bound(C));
+      }
       // The backward on the reference's rstd, so that dw compares exactly (the row order).
-      auto r2 = p.up<E>(r);
+      auto r2 = p.up<float>(r);
       auto dout = p.up<E>(random_floats(N * C, 124));
       auto din = p.up<E>(random_floats(N * C, 125)), dw = p.up<E>(random_floats(C, 126));
       p.run<E>([&](auto& k, Stream& s, Side x) {

@@ -345,8 +345,9 @@ TEST_CASE("llama: layer gradients match finite differences") {
 }
 
 // bf16 mixed precision against the bf16 oracle (tests/data/llama_tiny_bf16: torch's bf16 run from the same weights,
-// rounding where our kernels round) within the GPT-2 bf16 oracle's bounds (test_oracle.cpp, docs/backend.md "Mixed
-// precision"): losses 2e-4 relative, each step-0 gradient tensor 2.5e-2 in relative L2.
+// rounding where our kernels round), measured as the GPT-2 bf16 oracle's (test_oracle.cpp, docs/backend.md "Mixed
+// precision"): losses 1e-4 relative (observed 1.7e-5; 2.9e-5 with the RMSNorm rstd rounded to bf16, before issue 34),
+// each step-0 gradient tensor 2.5e-2 in relative L2 (observed 0.64%; 0.80% with bf16 rstd).
 TEST_CASE("llama: bf16 PyTorch oracle, losses and step-0 gradients") {
   std::ifstream in(data_dir("llama_tiny_bf16") + "oracle.json");
   REQUIRE(in.good());
@@ -389,6 +390,6 @@ TEST_CASE("llama: bf16 PyTorch oracle, losses and step-0 gradients") {
   }
   MESSAGE("bf16: losses worst relative error ", worst_loss, "; step-0 gradients worst relative L2 ", worst_grad, " at ",
           where);
-  CHECK(worst_loss <= 2e-4);
+  CHECK(worst_loss <= 1e-4);
   CHECK(worst_grad <= 2.5e-2);
 }

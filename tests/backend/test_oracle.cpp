@@ -189,6 +189,11 @@ struct WorstL2 {
 struct Bf16Run {
   WorstL2 grads, weights;
   double loss_rel = 0;  // worst |loss - want| / want over the steps
+  // The step-0 gradients the backward computes before it reaches the last block's attention (ln_f, the last block's
+  // MLP and ln_2) pooled into one relative L2 error: no rounding point differs from torch's there but the layer-norm
+  // statistics, which are fp32 on both sides.
+  double tail_num = 0, tail_den = 0;
+  double tail_rel() const { return tail_den > 0 ? std::sqrt(tail_num / tail_den) : 0.0; }
 };
 
 // Trains from the bf16 oracle's initial weights with `dtype` storage on a CPU device, microbatched as given,
@@ -224,7 +229,15 @@ Bf16Run run_against_bf16_oracle(DType dtype, const std::vector<int>& microbatche
             const auto gh = state.grad(model.head_layer(), "lm_head.weight");
             for (std::size_t i = 0; i < g.size(); ++i) g[i] += gh[i];
           }
-          run.grads.add(p.name, g, grads.read_f32(p.name));
+          const std::vector<float> want = grads.read_f32(p.name);
+          run.grads.add(p.name, g, want);
+          const std::string last = "h." + std::to_string(model.config().n_layer - 1) + ".";
+          if (p.name.starts_with("ln_f.") || p.name.starts_with(last + "mlp.") || p.name.starts_with(last + "ln_2.")) {
+            for (std::size_t i = 0; i < want.size(); ++i) {
+              run.tail_num += (double(g[i]) - want[i]) * (double(g[i]) - want[i]);
+              run.tail_den += double(want[i]) * want[i];
+            }
+          }
         }
       }
     }
@@ -243,29 +256,35 @@ Bf16Run run_against_bf16_oracle(DType dtype, const std::vector<int>& microbatche
 
 void report(const std::string& what, const Bf16Run& r) {
   MESSAGE(what, ": step-0 gradients worst relative L2 ", r.grads.rel, " (", r.grads.where, "), losses worst relative ",
-          r.loss_rel, ", weight updates worst relative L2 ", r.weights.rel, " (", r.weights.where, ")");
+          r.loss_rel, ", weight updates worst relative L2 ", r.weights.rel, " (", r.weights.where,
+          "); ln_f, last MLP and ln_2 gradients pooled relative L2 ", r.tail_rel());
 }
 
 }  // namespace
 
 // Tolerances for bf16 (docs/backend.md, "Mixed precision"). bf16 keeps 8 significant bits: one rounding errs
 // by up to 2^-9 = 0.2% of the value. Both sides round at nearly the same points (the forward matches torch's to
-// 1e-7 at step 0), but not all: ours keeps layer-norm mean/rstd and the attention probabilities in bf16 for the
-// backward where torch keeps fp32, and a residual's gradient is summed before rather than after its rounding.
-// Each such difference is one bf16 rounding, and through the two blocks' backward they add up to errors of the
-// size of bf16 noise itself, so elementwise tolerances are meaningless (an element that cancels to ~0 has any
-// relative error); the measure is each tensor's relative L2 error. Observed (GCC 12, x86-64): step-0 gradients
-// 0.76% (h.0.ln_1.bias, the end of the backward chain), losses 6.3e-5 relative, weight updates after 5 AdamW
-// steps 3.5% of the update (AdamW divides by sqrt(v), so a gradient element at the noise level still moves its
-// weight by up to lr). Bounds: 3x those. The bf16 rounding itself moves our results by the same amount (fp32
-// storage against this oracle: 0.80%, 8.3e-5 and 5.8%), so this test checks that the bf16 path trains like
-// torch's bf16 within bf16 noise, not the rounding points: tests/backend/test_device.cpp checks every bf16
-// kernel bit-exactly against round(fp32 kernel(widened inputs)) and the rounding function against its
-// definition. A real bug moves far more: a sign, scale or missing gradient contribution moves a tensor's
-// gradient by >= 100%; a lost weight decay moves a weight update by lr * wd * |w| / lr ~ 13% for |w| = 0.02.
-constexpr double kBf16GradRelL2 = 2.5e-2;
-constexpr double kBf16LossRtol = 2e-4;
-constexpr double kBf16UpdateRelL2 = 1.1e-1;
+// 1e-7 at step 0; the layer-norm mean/rstd are fp32 on both sides), but not all: ours keeps the attention
+// probabilities in bf16 for the backward where torch keeps fp32, and a residual's gradient is summed before rather
+// than after its rounding. Each such difference is one bf16 rounding, and through the two blocks' backward they add
+// up to errors of the size of bf16 noise itself, so elementwise tolerances are meaningless (an element that cancels
+// to ~0 has any relative error); the measure is each tensor's relative L2 error. Observed (GCC 12, x86-64): step-0
+// gradients 0.48% (h.0.attn.c_attn.weight), losses 2.7e-5 relative, weight updates after 5 AdamW steps 2.5% of the
+// update (AdamW divides by sqrt(v), so a gradient element at the noise level still moves its weight by up to lr).
+// Bounds: 3x those. (With the statistics rounded to bf16, as before issue 34: 0.78%, 6.3e-5 and 3.5%.) Where no
+// other rounding point differs, the whole minibatch's gradients of ln_f and the last block's MLP and ln_2 (the
+// backward before the last attention) match torch's bf16 to 2.2e-5 pooled relative L2 (a few bf16 flips); bf16
+// statistics put them at 3.0e-3; bound 3e-4. (Microbatched, dW rounds once per microbatch: 1.1e-3 there, unchecked.)
+// The bf16 rounding itself moves our results by as much as the rest (fp32 storage against this oracle: 0.80%,
+// 8.3e-5 and 5.8%), so this test checks that the bf16 path trains like torch's bf16 within bf16 noise, not the
+// rounding points: tests/backend/test_device.cpp checks every bf16 kernel bit-exactly against round(fp32
+// kernel(widened inputs)) and the rounding function against its definition. A real bug moves far more: a sign,
+// scale or missing gradient contribution moves a tensor's gradient by >= 100%; a lost weight decay moves a weight
+// update by lr * wd * |w| / lr ~ 13% for |w| = 0.02.
+constexpr double kBf16GradRelL2 = 1.5e-2;
+constexpr double kBf16LossRtol = 1e-4;
+constexpr double kBf16UpdateRelL2 = 7.5e-2;
+constexpr double kBf16TailRelL2 = 3e-4;  // whole minibatch
 
 TEST_CASE("bf16 PyTorch oracle: step-0 gradients, losses and final weights, whole minibatch and microbatched") {
   for (const std::vector<int>& micro : {std::vector<int>{}, std::vector<int>{1, 3}}) {
@@ -275,5 +294,6 @@ TEST_CASE("bf16 PyTorch oracle: step-0 gradients, losses and final weights, whol
     CHECK(r.grads.rel <= kBf16GradRelL2);
     CHECK(r.loss_rel <= kBf16LossRtol);
     CHECK(r.weights.rel <= kBf16UpdateRelL2);
+    if (micro.empty()) CHECK(r.tail_rel() <= kBf16TailRelL2);  // fails with the statistics rounded to bf16
   }
 }
