@@ -1,0 +1,194 @@
+// zero-offload: ZeRO stage 2 with the optimizer on the CPU (DeepSpeed ZeRO-Offload, offload_optimizer: cpu).
+// Every GPU keeps the whole model's parameters in the GPU dtype for the whole step; gradients are reduce-scattered
+// and each rank's FP32 shard goes to the host, where CPU Adam updates that rank's FP32 masters; the updated shard
+// comes back up in FP32 and the ranks all-gather the parameters before the next forward.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
+#include "core/kinds/microbatch_sizes.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/plan/plan_rules.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
+#include "core/search/search.hpp"
+
+namespace harmony::core {
+namespace {
+
+Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // ZeRO pads partitions to equal sizes
+
+// One GPU's peak estimate: every layer's parameters in the GPU dtype, the gradients (every layer's when they
+// accumulate over microbatches, else the largest one's), every layer's input for one microbatch (under keep also its
+// saved activations), and the largest layer peak beyond its own parameters and input.
+Bytes estimate_bytes(const Plan& p, const Model& m) {
+  const int u = p.u_bwd;
+  const bool keep = p.knobs.activation_policy == ActivationPolicy::Keep;
+  const bool accumulate = p.minibatch / p.gpus / u > 1;
+  Bytes params = 0, grads = 0, stash = 0, peak = 0;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    params += m.weight_bytes(l, l) + m.buffer_bytes(l, l);
+    grads = accumulate ? grads + m.weight_bytes(l, l) : std::max(grads, m.weight_bytes(l, l));
+    stash += m.input_bytes(u, l) + (keep ? saved_activation_bytes(m, u, l) : 0);
+    const Bytes own = m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.input_bytes(u, l);
+    peak = std::max({peak, m.peak_bytes(Phase::Fwd, u, l) - own, m.peak_bytes(Phase::Bwd, u, l) - own});
+  }
+  return params + grads + stash + std::max<Bytes>(0, peak);
+}
+
+void validate_zero_offload(const Plan& p, const Model& m) {
+  validate_microbatch_size(p, m);
+  if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.u_bwd))
+    throw ScheduleError(problem->message);
+}
+
+// Per iteration, on every GPU g (m = D/(N u) microbatches; DeepSpeed's stage_1_and_2.py at commit 38327e07):
+//   the parameters, before the first forward (the previous step's tail: step() copies each rank's updated FP32
+//   partition to the GPU, `fp32_partition.to(device)`, lines 1880-1882, then all_gather_dp_groups, line 1930):
+//   WB(l) of g's FP32 shard (the transfer's bytes; it lands as the GPU-dtype shard) | AG(l) (N > 1) of the
+//   GPU-dtype parameters. FWD(0) waits for every layer's: step() returns after the gather.
+//   for each microbatch i: X (data) | FWD(l) ascending | [REC(l)] BWD(l) descending, the gradient accumulated on
+//   the GPU; the parameters stay until the last microbatch's BWD(l).
+//   after the last microbatch's BWD(l): RS(l) (N > 1) | dWB(l) of g's gradient shard as FP32
+//   (async_inplace_copy_grad_to_fp32_buffer_from_gpu, lines 1268-1284: `.float()` on the GPU, then the copy into
+//   the pinned FP32 buffer; 4 bytes per parameter of the shard).
+//   Update(l) (CPU Adam) after every rank's backward, on the CPU of rank l mod N (the N processes share the total
+//   ZeRO spreads over them by shards, as zero-infinity), with one host pass: unscale_and_clip_grads over the FP32
+//   gradient (lines 1865-1866, 8 bytes read and written per parameter). The narrowing to the GPU dtype runs on
+//   the GPU after the upload.
+// Activations stay on the GPU (DeepSpeed's cpu_checkpointing is off by default); plan.knobs.activation_policy picks
+// recompute (checkpoint) or keep. Gradient accumulation (m > 1) is priced as accumulation on the GPU with one
+// transfer at the boundary; DeepSpeed moves every micro-step's gradients through host memory
+// (async_accumulate_grad_in_cpu_via_gpu), which this kind does not price (docs/baselines.md).
+// Swap volume per iteration (all GPUs): WB = N sum_l shard(FP32_l); AG = N GW; RS = N GW; dWB = N sum_l
+// shard(FP32_l) (GW = W + B in the GPU dtype; with N = 1 no AG or RS and the shards are whole layers).
+Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  validate_zero_offload(plan, model);
+  detail::ProgramBuilder b(model, plan);
+  const int R = model.num_layers();
+  const int N = plan.gpus;
+  const int u = plan.u_bwd;
+  const int m = plan.minibatch / N / u;
+  auto key = [](int pass, int l) { return (static_cast<std::uint64_t>(pass) << 60) | static_cast<std::uint64_t>(l); };
+  std::vector<int> last_out(static_cast<std::size_t>(N), -1);
+
+  for (int g = 0; g < N; ++g) {
+    // ---- the parameters up, every layer before the first forward ----
+    std::vector<int> ready(static_cast<std::size_t>(R), -1);
+    for (int l = 0; l < R; ++l) {
+      if (!b.has_params(l)) continue;
+      const LayerRange L{l, l};
+      const Bytes w = b.wbytes(l), bb = b.bbytes(l);
+      const Bytes sw = shard(w, N), sb = shard(bb, N);
+      const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.fwd_task(g, l), 0, L, sw, sb);
+      b.alloc(W, TensorKind::Weights, L, -1, sw + sb);
+      // the FP32 shard crosses the link; it is narrowed on the GPU (the transfer's extra bytes)
+      b.set_gradient_path(W, 0, std::max<Bytes>(0, shard(model.fp32_param_bytes(l), N) - (sw + sb)));
+      ready[static_cast<std::size_t>(l)] = W;
+      if (N == 1) continue;
+      const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, b.fwd_task(g, l), 0, L, w, bb);
+      b.dep(A, W);
+      b.collective(key(0, l), A, W);
+      b.free(A, TensorKind::Weights, L, -1, sw + sb);
+      b.alloc(A, TensorKind::Weights, L, -1, w + bb);
+      ready[static_cast<std::size_t>(l)] = A;
+    }
+    for (int i = 0; i < m; ++i) {
+      // ---- forward ----
+      for (int l = 0; l < R; ++l) {
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (l == 0) {
+          ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
+          if (i == 0)
+            for (const int r : ready)
+              if (r >= 0) ins.push_back(r);
+        } else if (i == 0 && ready[static_cast<std::size_t>(l)] >= 0) {
+          ins.push_back(ready[static_cast<std::size_t>(l)]);
+        }
+        b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/false);
+      }
+      // ---- backward ----
+      for (int l = R - 1; l >= 0; --l) {
+        const LayerRange L{l, l};
+        const int k = b.next_step(g);
+        const int Bw = b.backward_layer(g, l, i, u, k, /*stash_activations=*/false, {});
+        if (!b.has_params(l)) continue;
+        const Bytes w = b.wbytes(l), bb = b.bbytes(l);
+        if (i == 0) b.alloc(Bw, TensorKind::WeightGrad, L, -1, w);
+        if (i != m - 1) continue;
+        b.free(Bw, TensorKind::Weights, L, -1, w + bb);
+        const Bytes sw = shard(w, N), sb = shard(bb, N);
+        int src = Bw;
+        if (N > 1) {
+          src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), 0, L, w, bb);
+          b.dep(src, Bw);
+          b.collective(key(2, l), src, Bw);
+          b.free(src, TensorKind::WeightGrad, L, -1, w);
+          b.alloc(src, TensorKind::WeightGrad, L, -1, sw);
+          b.output_of(src, g, k);
+        }
+        const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), 0, L, sw, sb);
+        b.dep(O, src);
+        b.set_gradient_path(O, 0, std::max<Bytes>(0, shard(model.fp32_param_bytes(l), N) - (sw + sb)));
+        b.free(O, TensorKind::WeightGrad, L, -1, sw);
+        b.output_of(O, g, k);
+        last_out[static_cast<std::size_t>(g)] = O;
+      }
+    }
+  }
+  // CPU Adam after the backward pass of every rank, with the unscale pass over the FP32 gradient
+  for (int l = R - 1; l >= 0; --l) {
+    if (!b.has_params(l)) continue;
+    const int g = l % N;
+    const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
+    b.set_host_pass(U, 2 * model.fp32_param_bytes(l));
+    for (const int o : last_out)
+      if (o >= 0) b.dep(U, o);
+  }
+  return b.finish();
+}
+
+// Per activation policy, ascending u (candidate_microbatch_sizes); with space.drop_infeasible only the plans whose
+// estimate (estimate_bytes) fits space.capacity_bytes.
+std::vector<Candidate> enumerate_zero_offload(const Model& model, const SearchSpace& space) {
+  const std::vector<int> sizes = candidate_microbatch_sizes(model, space);
+  std::vector<Candidate> out;
+  for (ActivationPolicy policy : space.activation_policies) {
+    for (int u : sizes) {
+      Candidate c = microbatch_candidate(space, policy, u);
+      if (space.drop_infeasible && estimate_bytes(c.plan, model) > space.capacity_bytes) continue;
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+std::string describe_zero_offload(const Plan& p, const Model& /*model*/) {
+  return fmt::format("zero-offload N{} D{} u {} (parameters on every GPU, optimizer on the CPU, {})", p.gpus,
+                     p.minibatch, p.u_bwd, activation_policy_name(p.knobs.activation_policy));
+}
+
+const PlanKindSpec kSpec{
+    .name = "zero-offload",
+    .description =
+        "ZeRO stage 2 with CPU Adam: parameters on every GPU, gradients sharded to the host, updated there",
+    .listing_order = 55,
+    .role = KindRole::Baseline,
+    .color = "#bcbd22",
+    .dialect = ExecutorDialect::Swapping,
+    .data_parallel = true,
+    .even_split = true,
+    .knobs = {Knob::Activations},
+    .validate = validate_zero_offload,
+    .lower = lower_zero_offload,
+    .enumerate = enumerate_zero_offload,
+    .describe = describe_zero_offload,
+};
+
+// Not a swapping kind: its parameters never stream and its activations never leave the GPU (no decide_swaps).
+HARMONY_REGISTER_PLAN_KIND(kSpec);
+
+}  // namespace
+}  // namespace harmony::core
