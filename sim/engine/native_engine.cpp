@@ -183,7 +183,6 @@ HostAccount host_state(const core::Model& m, bool offload_nvme) {
     h.master_weights_bytes = 0;
     h.optimizer_state_bytes = 0;
   }
-  h.total_bytes = h.master_weights_bytes + h.optimizer_state_bytes + h.gradient_bytes;
   return h;
 }
 
@@ -196,15 +195,13 @@ bool host_memory_exceeded(Bytes total_bytes, Bytes host_memory_bytes) {
   return host_memory_bytes > 0 && total_bytes > host_memory_bytes;
 }
 
-Bytes pinned_bytes(const HostAccount& h) { return h.total_bytes - h.optimizer_state_bytes; }
-
 bool pinned_memory_exceeded(Bytes total_bytes, Bytes optimizer_state_bytes, Bytes pinned_limit_bytes) {
   return pinned_limit_bytes > 0 && total_bytes - optimizer_state_bytes > pinned_limit_bytes;
 }
 
 bool host_limits_exceeded(const HostAccount& h, Bytes host_memory_bytes, Bytes pinned_limit_bytes) {
-  return host_memory_exceeded(h.total_bytes, host_memory_bytes) ||
-         pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, pinned_limit_bytes);
+  return host_memory_exceeded(h.total_bytes(), host_memory_bytes) ||
+         pinned_memory_exceeded(h.total_bytes(), h.optimizer_state_bytes, pinned_limit_bytes);
 }
 
 Bytes accumulate_bounce_bytes(const Program& p) {
@@ -277,9 +274,9 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
     }
   }
   if (p2p_staged) {
-    for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_p2p[d];
+    for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_p2p[d];
   }
-  h.pinned_staging_bytes += accumulate_bounce_bytes(p);
+  h.staging_bytes += accumulate_bounce_bytes(p);
   if (p.offload_nvme) {
     // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer
     // state and masters: an op's read split over its io_count I/Os) in pinned memory
@@ -288,10 +285,8 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
       const Bytes per_io = (o.nvme_read_bytes + std::max(1, o.io_count) - 1) / std::max(1, o.io_count);
       if (z(o.device) < nd) max_read[z(o.device)] = std::max(max_read[z(o.device)], per_io);
     }
-    for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_read[d];
+    for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_read[d];
   }
-  h.total_bytes = h.master_weights_bytes + h.optimizer_state_bytes + h.gradient_bytes + h.stash_bytes +
-                  h.activation_bytes + h.pinned_staging_bytes;
   return h;
 }
 
@@ -1586,15 +1581,15 @@ class FlowEngine {
     auto add = [&](const std::string& s) { reason += (reason.empty() ? "" : "; ") + s; };
     if (opt_.capacities) {
       const auto& h = r_.host;
-      if (host_memory_exceeded(h.total_bytes, topo_.host_memory_bytes)) {
+      if (host_memory_exceeded(h.total_bytes(), topo_.host_memory_bytes)) {
         add(
             fmt::format("host memory exceeded: needs {} (master weights {}, optimizer state {}, gradients {}, stashes "
                         "{}, activations {}, pinned staging {}) > capacity {} by {} bytes",
-                        core::format_bytes(h.total_bytes), core::format_bytes(h.master_weights_bytes),
+                        core::format_bytes(h.total_bytes()), core::format_bytes(h.master_weights_bytes),
                         core::format_bytes(h.optimizer_state_bytes), core::format_bytes(h.gradient_bytes),
                         core::format_bytes(h.stash_bytes), core::format_bytes(h.activation_bytes),
-                        core::format_bytes(h.pinned_staging_bytes), core::format_bytes(topo_.host_memory_bytes),
-                        h.total_bytes - topo_.host_memory_bytes));
+                        core::format_bytes(h.staging_bytes), core::format_bytes(topo_.host_memory_bytes),
+                        h.total_bytes() - topo_.host_memory_bytes));
       }
       if (h.nvme_bytes > 0 && !topo_.nvme.present()) {
         add("the plan keeps parameters and optimizer state on NVMe (plan.offload: nvme), but the machine has no "
@@ -1604,14 +1599,14 @@ class FlowEngine {
                         core::format_bytes(h.nvme_bytes), core::format_bytes(topo_.nvme.capacity_bytes),
                         h.nvme_bytes - topo_.nvme.capacity_bytes));
       }
-      if (pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, topo_.pinned_limit_bytes)) {
-        const Bytes pinned = pinned_bytes(h);
+      if (pinned_memory_exceeded(h.total_bytes(), h.optimizer_state_bytes, topo_.pinned_limit_bytes)) {
+        const Bytes pinned = h.pinned_bytes();
         add(
             fmt::format("pinned host memory exceeded: the tensors swaps copy from and into (master weights {}, "
                         "gradients {}, stashes {}, activations {}, P2P staging {}) need {} > limit {} by {} bytes",
                         core::format_bytes(h.master_weights_bytes), core::format_bytes(h.gradient_bytes),
                         core::format_bytes(h.stash_bytes), core::format_bytes(h.activation_bytes),
-                        core::format_bytes(h.pinned_staging_bytes), core::format_bytes(pinned),
+                        core::format_bytes(h.staging_bytes), core::format_bytes(pinned),
                         core::format_bytes(topo_.pinned_limit_bytes), pinned - topo_.pinned_limit_bytes));
       }
     }
