@@ -58,7 +58,7 @@ struct ExecutorOptions {
   // bf16: the host staging buffers' size (two per queue that moves weights or gradients; Interpreter::stage_up):
   // transfers larger than this go in chunks, the host rounding or widening one while the link moves the other.
   // The bits do not depend on it.
-  Bytes staging_chunk_bytes = Bytes{32} << 20;
+  Bytes staging_chunk_bytes = core::kStagingChunkBytes;
   // Where replicas' weight gradients are summed (docs/backend.md, "Replica sums"). nullptr: on the host (every
   // replica's dW copied down, added in rank order on one host thread, the sum copied back up; the reference).
   // Set (not owned; must outlive the executor, and span the executor's devices: size() == devices.size() and

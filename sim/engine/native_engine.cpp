@@ -169,13 +169,30 @@ std::vector<int> LinkGraph::p2p_path(int from, int to, TransferClass* cls) const
 
 // ---- host memory ----
 
+bool mixed_precision(const core::Model& m) {
+  if (m.dtype == "bf16") return true;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    if (m.narrow_weights(l)) return true;
+  }
+  return false;
+}
+
 HostAccount host_state(const core::Model& m, bool offload_nvme) {
   HostAccount h;
-  const int R = m.num_layers();
-  if (R > 0) {
-    h.master_weights_bytes = m.weight_bytes(0, R - 1) + m.buffer_bytes(0, R - 1);
-    h.optimizer_state_bytes = m.optimizer_state_bytes(0, R - 1);
-    h.gradient_bytes = m.weight_bytes(0, R - 1);
+  const bool mixed = mixed_precision(m);
+  for (int l = 0; l < m.num_layers(); ++l) {
+    const core::Layer& L = m.layers[z(l)];
+    if (mixed) {
+      // fp32 masters and gradients of every 2-byte device weight (the executor keeps them so: its HostState); the
+      // optimizer state's own figure includes the masters (4 bytes a parameter), which count as masters here
+      h.master_weights_bytes += 2 * L.weight_bytes + L.buffer_bytes;
+      h.optimizer_state_bytes += std::max<Bytes>(0, L.optimizer_state_bytes - 4 * L.param_count);
+      h.gradient_bytes += 2 * L.weight_bytes;
+    } else {
+      h.master_weights_bytes += L.weight_bytes + L.buffer_bytes;
+      h.optimizer_state_bytes += L.optimizer_state_bytes;
+      h.gradient_bytes += L.weight_bytes;
+    }
   }
   if (offload_nvme) {
     // the masters and the optimizer state live on the drives
@@ -276,7 +293,11 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   if (p2p_staged) {
     for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_p2p[d];
   }
-  h.staging_bytes += accumulate_bounce_bytes(p);
+  // mixed precision: the bounces hold fp32 sums of 2-byte gradients, and the masters go up and the gradients come
+  // back through the staging rings (core::staging_ring_bytes)
+  const bool mixed = mixed_precision(m);
+  h.staging_bytes += (mixed ? 2 : 1) * accumulate_bounce_bytes(p);
+  if (mixed && !p.graph.plan.kind->resident_state) h.staging_bytes += core::staging_ring_bytes(p, false);
   if (p.offload_nvme) {
     // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer
     // state and masters: an op's read split over its io_count I/Os) in pinned memory

@@ -117,7 +117,8 @@ struct MemoryOverflow {
 //   activation_bytes       Y / dX swapped out, CPU-message copies
 //   staging_bytes          pinned: p2p: host only: per GPU, a double buffer of its largest P2P send; offload: nvme:
 //                          also the NVMe swap buffers (two largest reads); per GPU, a bounce for its largest dWB
-//                          that adds to a host gradient (accumulate_bounce_bytes)
+//                          that adds to a host gradient (accumulate_bounce_bytes; fp32: twice it in mixed
+//                          precision); mixed precision: the staging rings (core::staging_ring_bytes)
 struct HostAccount : core::HostMemoryReport {
   core::Bytes nvme_bytes = 0;           // offload: nvme: master weights and optimizer state on the NVMe tier
   core::Bytes nvme_capacity_bytes = 0;  // topology.nvme.capacity (0: unlimited)
@@ -200,8 +201,12 @@ HostAccount host_account(const core::Program& program, const core::Model& model,
 // buffer its copy lands in before the CPU adds it. Summed over the GPUs.
 core::Bytes accumulate_bounce_bytes(const core::Program& program);
 
+// Whether `model` trains in mixed precision: a bf16 profile, or 2-byte device weights (Model::narrow_weights).
+bool mixed_precision(const core::Model& model);
+
 // The whole model's training state in host memory: the masters, the optimizer state and the gradients
-// (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes).
+// (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes). Mixed precision: fp32 masters and
+// gradients (twice the 2-byte weights), and the optimizer state less the fp32 masters its figure includes.
 HostAccount host_state(const core::Model& model, bool offload_nvme);
 
 // The part of host_account every Program of `kind` on `model` needs whatever its plan: host_state, or nothing for a
