@@ -917,6 +917,44 @@ TEST_CASE("host memory: a dWB that adds to a host gradient lands in a bounce buf
   CHECK(h.total_bytes() == 2020 + 4000 + 2000 + 350);
 }
 
+// Issue 36: in mixed precision the account holds what harmony-run's executor holds: fp32 masters and gradients, the
+// moments (the optimizer state less the fp32 masters its 12 B a parameter include), fp32 bounces, and per queue that
+// moves weights or gradients two bf16 staging buffers of its largest such transfer (core::staging_ring_bytes).
+TEST_CASE("host memory: mixed precision counts fp32 masters, gradients and bounces, the moments, the staging rings") {
+  core::Model bf16 = tiny_model();
+  bf16.dtype = "bf16";
+  for (core::Layer& L : bf16.layers) {
+    L.param_count = 500;  // 1000 bytes of bf16 weights
+    L.optimizer_state_bytes = 12 * 500;
+  }
+  CHECK(sim::mixed_precision(bf16));
+  CHECK_FALSE(sim::mixed_precision(tiny_model()));
+  const sim::HostAccount state = sim::host_state(bf16, false);
+  CHECK(state.master_weights_bytes == 2 * (2 * 1000 + 10));
+  CHECK(state.gradient_bytes == 2 * 2 * 1000);
+  CHECK(state.optimizer_state_bytes == 2 * 8 * 500);
+  // the state's total is the one the bf16 profile's figures sum to, the pinned part the fp32 copies
+  CHECK(state.total_bytes() == 2 * (1000 + 10 + 12 * 500 + 1000));
+  CHECK(state.pinned_bytes() == 2 * (2 * 1000 + 10 + 2 * 1000));
+  // the bounce buffers of the previous case (100 on GPU 0, 250 on GPU 1) in fp32, and the rings: GPU 0's swap-out
+  // queue's largest dWB 300, GPU 1's 250, two buffers each
+  Builder b(2);
+  const auto on = [&](int op, int l) { b.p.ops[z(op)].layers = core::LayerRange{l, l}; };
+  on(b.add(0, Stream::SwapOut, OpKind::dWB, 100), 0);
+  on(b.add(0, Stream::SwapOut, OpKind::dWB, 100), 0);
+  on(b.add(0, Stream::SwapOut, OpKind::dWB, 300), 1);
+  on(b.add(1, Stream::SwapOut, OpKind::dWB, 250), 1);
+  CHECK(core::staging_ring_bytes(b.p, false) == 2 * 300 + 2 * 250);
+  CHECK(core::staging_ring_bytes(b.p, false, 200) == 2 * 200 + 2 * 200);  // chunked: a buffer holds one chunk
+  const sim::HostAccount h = sim::host_account(b.p, bf16);
+  CHECK(h.staging_bytes == 2 * 350 + 2 * 300 + 2 * 250);
+  CHECK(h.total_bytes() == state.total_bytes() + h.staging_bytes);
+  // a collective stages only when the replicas sum on the host
+  on(b.add(1, Stream::Compute, OpKind::ARD, 400), 1);
+  CHECK(core::staging_ring_bytes(b.p, false) == 2 * 300 + 2 * 250);
+  CHECK(core::staging_ring_bytes(b.p, true) == 2 * 300 + 2 * 250 + 2 * 400);
+}
+
 TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too small, the reason says why") {
   // The gpt-100b of configs/sweeps/gpt_1b_100b.yaml: 80 blocks of 4.69 GiB of FP32 weights; master weights,
   // gradient buffers and Adam state take 1,513 GiB of the preset's 2 TiB of host memory. Before the host
