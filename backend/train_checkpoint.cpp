@@ -190,9 +190,16 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta, 
     w.put_value<std::uint64_t>(header.size());
     w.put_value<std::uint64_t>(payload_bytes);
     w.put(header.data(), header.size());
+    // each block at the layer's full size: a tied twin has no moments in the HostState and stores zeros (the format
+    // from before its moments were dropped)
+    const std::vector<float> zeros(static_cast<std::size_t>(model.param_floats(model.head_layer())), 0.0f);
     for (int l = 0; l < model.num_layers(); ++l) {
       const std::span<const float> blocks[] = {state.weights(l), state.exp_avg(l), state.exp_avg_sq(l)};
-      for (const std::span<const float> b : blocks) w.put(b.data(), b.size_bytes());
+      for (const std::span<const float> b : blocks) {
+        w.put(b.data(), b.size_bytes());
+        const auto tail = static_cast<std::size_t>(model.param_floats(l)) - b.size();
+        w.put(zeros.data(), std::min(tail, zeros.size()) * sizeof(float));
+      }
     }
     for (int l = 0; l < model.num_layers(); ++l) w.put_value<std::int64_t>(state.steps(l));
     w.put(meta.losses.data(), meta.losses.size() * sizeof(double));
@@ -316,7 +323,7 @@ CheckpointMeta load_checkpoint(const std::string& path, HostState& state, const 
     const std::span<float> blocks[] = {state.weights(l), state.exp_avg(l), state.exp_avg_sq(l)};
     for (const std::span<float> b : blocks) {
       pread_exact(v.fd.get(), path, at, b.data(), b.size_bytes());
-      at += b.size_bytes();
+      at += static_cast<std::uint64_t>(model.param_floats(l)) * sizeof(float);  // a tied twin's moments: skipped
     }
     state.set_steps(l, steps[static_cast<std::size_t>(l)]);
   }

@@ -299,7 +299,7 @@ void check_host_memory(const Setup& s, const sim::HostAccount& h, int devices) {
   const auto& cfg = s.cfg;
   const core::Bytes arenas =
       device_kind(cfg).caps().memory_in_host ? core::Bytes{devices} * cfg.machine.gpu_memory_bytes : 0;
-  const core::Bytes need = h.total_bytes + arenas;
+  const core::Bytes need = h.total_bytes() + arenas;
   const backend::HostMemoryProbe probe = backend::probe_host_memory();
   const backend::HostMemoryLimit* limit = probe.tightest();
   if (limit == nullptr || need <= limit->headroom_bytes()) return;
@@ -310,9 +310,8 @@ void check_host_memory(const Setup& s, const sim::HostAccount& h, int devices) {
                   gib(need), core::format_bytes(h.master_weights_bytes), core::format_bytes(h.gradient_bytes),
                   core::format_bytes(h.optimizer_state_bytes), core::format_bytes(h.stash_bytes),
                   core::format_bytes(h.activation_bytes),
-                  h.pinned_staging_bytes > 0
-                      ? fmt::format(", staging buffers {}", core::format_bytes(h.pinned_staging_bytes))
-                      : std::string(),
+                  h.staging_bytes > 0 ? fmt::format(", staging buffers {}", core::format_bytes(h.staging_bytes))
+                                      : std::string(),
                   arenas > 0 ? fmt::format(", the {} CPU devices' arenas {}", devices, core::format_bytes(arenas))
                              : std::string(),
                   gib(limit->headroom_bytes()), limit->describe()),

@@ -35,6 +35,7 @@
 #include "core/config/config.hpp"
 #include "core/kinds/kinds.hpp"
 #include "core/model/profile.hpp"
+#include "core/output/host_memory.hpp"
 #include "core/output/report.hpp"
 #include "core/output/trace.hpp"
 #include "core/plan/plan_rules.hpp"
@@ -267,7 +268,7 @@ int train_steps(const Cli& cli, Setup& s, backend::Executor& executor, Checkpoin
 // --format json: the run's document (docs/output-schema.md, schemas/harmony-run-train.schema.json); unknown
 // values (nothing ran) are null.
 // Host memory of the run: the executor's metered host allocations (ExecutorHostMemory: the HostState blocks its steps
-// use and the interpreters' host buffers, by sim::HostAccount's categories), harmony-sim's host account of the same
+// use and the interpreters' host buffers, by core::HostBreakdown's categories), harmony-sim's host account of the same
 // Program (what check_host_memory checked), and the process's peak resident set (VmHWM: everything, on the CPU device
 // the devices' arenas too, as DeviceCaps::memory_in_host says).
 struct HostMemoryReport {
@@ -279,26 +280,12 @@ struct HostMemoryReport {
 
 nlohmann::json host_memory_json(const HostMemoryReport& h) {
   using nlohmann::json;
-  const auto parts = [](const backend::ExecutorHostMemory::Parts& p) {
-    return json{{"master_weights_bytes", p.master_weights_bytes},
-                {"optimizer_state_bytes", p.optimizer_state_bytes},
-                {"gradient_bytes", p.gradient_bytes},
-                {"stash_bytes", p.stash_bytes},
-                {"activation_bytes", p.activation_bytes},
-                {"staging_bytes", p.staging_bytes}};
-  };
-  const sim::HostAccount& a = h.predicted;
-  return {{"peak_bytes", h.measured.peak_bytes},
+  const auto parts = [](const core::HostBreakdown& b) { return core::host_breakdown_json(b, core::kStagingKey); };
+  return {{"peak_bytes", h.measured.peak_bytes()},
           {"at_peak", parts(h.measured.at_peak)},
           {"category_peaks", parts(h.measured.peak)},
-          {"predicted_bytes", a.total_bytes},
-          {"predicted",
-           {{"master_weights_bytes", a.master_weights_bytes},
-            {"optimizer_state_bytes", a.optimizer_state_bytes},
-            {"gradient_bytes", a.gradient_bytes},
-            {"stash_bytes", a.stash_bytes},
-            {"activation_bytes", a.activation_bytes},
-            {"staging_bytes", a.pinned_staging_bytes}}},
+          {"predicted_bytes", h.predicted.total_bytes()},
+          {"predicted", parts(h.predicted)},
           {"process_peak_rss_bytes", h.peak_rss_bytes ? json(*h.peak_rss_bytes) : json(nullptr)},
           {"device_memory_in_host", h.devices_in_host}};
 }
@@ -371,7 +358,7 @@ void print_train_summary(const Setup& s, const RunLog& log, const std::vector<co
   for (std::size_t g = 0; g < peaks.size(); ++g) p += fmt::format("{}{:.2f}", g ? ", " : "", mib(peaks[g]));
   fmt::print("memory   peak per device (MiB): {} of {:.2f}; the model's weights alone are {:.2f} MiB\n", p,
              mib(cfg.machine.gpu_memory_bytes), mib(s.model->param_count() * 4));
-  const core::Bytes measured = host.measured.peak_bytes, expected = host.predicted.total_bytes;
+  const core::Bytes measured = host.measured.peak_bytes(), expected = host.predicted.total_bytes();
   fmt::print(
       "host     peak {:.2f} MiB of executor host memory (masters, optimizer state, gradients, stashes, "
       "activations, staging){}; process peak RSS {}{}\n",

@@ -192,7 +192,7 @@ class Interpreter {
   // widened into `dst` (fp32 spans, concatenated); returns once they are all there.
   void stage_down(std::size_t queue, Device& device, Stream& stream, std::span<const std::span<float>> dst,
                   const void* src);
-  Bytes staging_chunk_bytes = Bytes{32} << 20;  // ExecutorOptions::staging_chunk_bytes
+  Bytes staging_chunk_bytes = core::kStagingChunkBytes;  // ExecutorOptions::staging_chunk_bytes
 
  private:
   struct StagingSlot {

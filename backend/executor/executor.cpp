@@ -90,13 +90,13 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
   }
   interpreter->allocate_host();
   // The HostState blocks the steps read and write, for as long as the executor lives (HostState's own layout: every
-  // layer's weights, gradients and both AdamW moments, the head's tied lm_head included). A resident kind's steps
-  // touch none of them (harmony-run keeps the HostState for loading and checkpoints only).
+  // layer's weights and gradients, the head's tied lm_head included, and the AdamW moments of what a layer owns). A
+  // resident kind's steps touch none of them (harmony-run keeps the HostState for loading and checkpoints only).
   for (int l = 0; l < m.num_layers() && !resident; ++l) {
-    const Bytes block = m.param_floats(l) * Bytes{sizeof(float)};
-    interpreter->host_meter.add(detail::HostUse::MasterWeights, block);
-    interpreter->host_meter.add(detail::HostUse::Gradients, block);
-    interpreter->host_meter.add(detail::HostUse::OptimizerState, 2 * block);
+    interpreter->host_meter.add(detail::HostUse::MasterWeights, Bytes(state.weights(l).size_bytes()));
+    interpreter->host_meter.add(detail::HostUse::Gradients, Bytes(state.grads(l).size_bytes()));
+    interpreter->host_meter.add(detail::HostUse::OptimizerState,
+                                Bytes(state.exp_avg(l).size_bytes() + state.exp_avg_sq(l).size_bytes()));
   }
   impl_ = new Impl{program,         program.graph.plan.minibatch, options.seq_len, options.concurrent,
                    std::move(pins), std::move(interpreter),       nullptr};

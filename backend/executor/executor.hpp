@@ -16,6 +16,7 @@
 #include "backend/device.hpp"
 #include "backend/model/state.hpp"
 #include "core/base/units.hpp"
+#include "core/output/host_memory.hpp"
 #include "core/program/program.hpp"
 
 namespace harmony::backend {
@@ -57,7 +58,7 @@ struct ExecutorOptions {
   // bf16: the host staging buffers' size (two per queue that moves weights or gradients; Interpreter::stage_up):
   // transfers larger than this go in chunks, the host rounding or widening one while the link moves the other.
   // The bits do not depend on it.
-  Bytes staging_chunk_bytes = Bytes{32} << 20;
+  Bytes staging_chunk_bytes = core::kStagingChunkBytes;
   // Where replicas' weight gradients are summed (docs/backend.md, "Replica sums"). nullptr: on the host (every
   // replica's dW copied down, added in rank order on one host thread, the sum copied back up; the reference).
   // Set (not owned; must outlive the executor, and span the executor's devices: size() == devices.size() and
@@ -80,22 +81,19 @@ struct StepResult {
 };
 
 // The host memory a training step of the executor uses, measured where it is allocated (backend/executor/
-// host_meter.hpp), by the categories of harmony-sim's host account (sim::HostAccount): the HostState blocks the steps
-// read and write (fp32 master weights, AdamW moments, gradients; none for a kind with resident state, whose steps
-// never touch them), the interpreters' host stashes and swapped activations, their gradient sums and scratch, and
-// bf16 staging buffers. Device memory (also host RAM on the CPU device) is not in it.
+// host_meter.hpp), by the categories of harmony-sim's host account (core::HostBreakdown):
+//   master_weights_bytes   HostState weights
+//   optimizer_state_bytes  HostState AdamW moments (exp_avg, exp_avg_sq)
+//   gradient_bytes         HostState gradients, and host gradient sums / replicas' scratch
+//   stash_bytes            stashed inputs (and saved activations under keep) swapped out
+//   activation_bytes       Y / dX swapped out, host message copies
+//   staging_bytes          bf16 staging rings and transient host bounce buffers
+// The HostState blocks are the ones the steps read and write (none for a kind with resident state, whose steps never
+// touch them). Device memory (also host RAM on the CPU device) is not in it.
 struct ExecutorHostMemory {
-  struct Parts {
-    Bytes master_weights_bytes = 0;   // HostState weights
-    Bytes optimizer_state_bytes = 0;  // HostState AdamW moments (exp_avg, exp_avg_sq)
-    Bytes gradient_bytes = 0;         // HostState gradients, and host gradient sums / replicas' scratch
-    Bytes stash_bytes = 0;            // stashed inputs (and saved activations under keep) swapped out
-    Bytes activation_bytes = 0;       // Y / dX swapped out, host message copies
-    Bytes staging_bytes = 0;          // bf16 staging rings and transient host bounce buffers
-  };
-  Parts peak;            // each category's own peak
-  Parts at_peak;         // each category when the total peaked
-  Bytes peak_bytes = 0;  // the most in use at one time (the sum of at_peak)
+  core::HostBreakdown peak;                                   // each category's own peak
+  core::HostBreakdown at_peak;                                // each category when the total peaked
+  Bytes peak_bytes() const { return at_peak.total_bytes(); }  // the most in use at one time
   Bytes in_use_bytes = 0;
 };
 

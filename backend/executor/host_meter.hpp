@@ -1,12 +1,8 @@
 // The executor's host-memory meter: what its interpreters and the HostState they train hold on the host, by
-// category (ExecutorHostMemory, executor.hpp), in use now and at its peak; MeteredBytes counts one allocation for as
-// long as it lives. Thread-safe: host buffers come and go on the queues' worker threads.
+// category (core::HostCategory; ExecutorHostMemory, executor.hpp), in use now and at its peak; MeteredBytes counts one
+// allocation for as long as it lives. Thread-safe: host buffers come and go on the queues' worker threads.
 #pragma once
 
-#include <algorithm>
-#include <array>
-#include <cstddef>
-#include <cstdint>
 #include <mutex>
 #include <utility>
 
@@ -14,16 +10,15 @@
 
 namespace harmony::backend::detail {
 
-enum class HostUse : std::uint8_t { MasterWeights, OptimizerState, Gradients, Stash, Activations, Staging };
-inline constexpr std::size_t kNumHostUses = 6;
+using HostUse = core::HostCategory;
 
 class HostMeter {
  public:
   void add(HostUse u, Bytes bytes) {
     const std::lock_guard lock(mu_);
-    Bytes& c = now_[static_cast<std::size_t>(u)];
+    Bytes& c = now_.at(u);
     c += bytes;
-    peak_[static_cast<std::size_t>(u)] = std::max(peak_[static_cast<std::size_t>(u)], c);
+    if (c > peak_.at(u)) peak_.at(u) = c;
     total_ += bytes;
     if (total_ > total_peak_) {
       total_peak_ = total_;
@@ -32,30 +27,17 @@ class HostMeter {
   }
   void sub(HostUse u, Bytes bytes) {
     const std::lock_guard lock(mu_);
-    now_[static_cast<std::size_t>(u)] -= bytes;
+    now_.at(u) -= bytes;
     total_ -= bytes;
   }
   ExecutorHostMemory read() const {
     const std::lock_guard lock(mu_);
-    ExecutorHostMemory r;
-    const auto fill = [](ExecutorHostMemory::Parts& p, const std::array<Bytes, kNumHostUses>& v) {
-      p.master_weights_bytes = v[0];
-      p.optimizer_state_bytes = v[1];
-      p.gradient_bytes = v[2];
-      p.stash_bytes = v[3];
-      p.activation_bytes = v[4];
-      p.staging_bytes = v[5];
-    };
-    fill(r.peak, peak_);
-    fill(r.at_peak, at_total_peak_);
-    r.peak_bytes = total_peak_;
-    r.in_use_bytes = total_;
-    return r;
+    return ExecutorHostMemory{peak_, at_total_peak_, total_};
   }
 
  private:
   mutable std::mutex mu_;
-  std::array<Bytes, kNumHostUses> now_{}, peak_{}, at_total_peak_{};
+  core::HostBreakdown now_, peak_, at_total_peak_;
   Bytes total_ = 0, total_peak_ = 0;
 };
 

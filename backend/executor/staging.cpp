@@ -57,19 +57,8 @@ std::int64_t chunk_elems(Bytes chunk_bytes) {
 }  // namespace
 
 Bytes Interpreter::staging_bytes(const core::Program& program, const ExecutorOptions& options) {
-  if (options.dtype != DType::BF16) return 0;
-  std::map<int, Bytes> largest;  // per queue
-  for (const core::Op& op : program.ops) {
-    if (op.kind != core::OpKind::WB && op.kind != core::OpKind::dWB && op.kind != core::OpKind::ARD &&
-        op.kind != core::OpKind::RS)
-      continue;
-    Bytes& b = largest[op.queue];
-    b = std::max(b, op.bytes);
-  }
-  const Bytes chunk = chunk_elems(options.staging_chunk_bytes) * static_cast<Bytes>(sizeof(Bf16));
-  Bytes total = 0;
-  for (const auto& [queue, bytes] : largest) total += 2 * std::min(chunk, bytes);
-  return total;
+  // the rule harmony-sim's host account counts too (core::staging_ring_bytes); chunk_elems' rounding is its own
+  return options.dtype == DType::BF16 ? core::staging_ring_bytes(program, true, options.staging_chunk_bytes) : 0;
 }
 
 void Interpreter::stage_up(std::size_t queue, Device& device, Stream& stream, void* dst,

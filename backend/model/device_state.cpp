@@ -152,12 +152,7 @@ void DeviceState::download(Stream& s, HostState& host) const {
     device_.copy_d2h(s, host.exp_avg_sq(l).data(), L.v.data(), floats_bytes(owned, 4));
   }
   s.synchronize();
-  for (int l = 0; l < model_.num_layers(); ++l) {
-    const auto owned = static_cast<std::size_t>(owned_floats(model_, l));
-    std::fill(host.exp_avg(l).begin() + static_cast<std::ptrdiff_t>(owned), host.exp_avg(l).end(), 0.0f);
-    std::fill(host.exp_avg_sq(l).begin() + static_cast<std::ptrdiff_t>(owned), host.exp_avg_sq(l).end(), 0.0f);
-    host.set_steps(l, layers_[static_cast<std::size_t>(l)].steps);
-  }
+  for (int l = 0; l < model_.num_layers(); ++l) host.set_steps(l, layers_[static_cast<std::size_t>(l)].steps);
   host.sync_tied();
 }
 

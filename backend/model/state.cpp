@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "backend/model/device_state.hpp"
+
 namespace harmony::backend {
 
 HostState::HostState(const Gpt2& model) : model_(model) {
@@ -16,8 +18,11 @@ HostState::HostState(const Gpt2& model) : model_(model) {
     const auto n = static_cast<std::size_t>(model_.param_floats(l));
     weights_.emplace_back(n, 0.0f);
     grads_.emplace_back(n, 0.0f);
-    exp_avg_.emplace_back(n, 0.0f);
-    exp_avg_sq_.emplace_back(n, 0.0f);
+    // moments for the parameters the layer owns: a tied twin (the head's lm_head, last in its block) is updated
+    // through layer 0's wte and has none
+    const auto owned = static_cast<std::size_t>(DeviceState::owned_floats(model_, l));
+    exp_avg_.emplace_back(owned, 0.0f);
+    exp_avg_sq_.emplace_back(owned, 0.0f);
     steps_.push_back(0);
   }
 }

@@ -1,5 +1,6 @@
 // The host side of training, as Harmony keeps it: fp32 master weights, the gradients brought back from
-// the devices, and the AdamW moments, one flat block per layer (Gpt2's parameter layout). The CPU updates
+// the devices, one flat block per layer (Gpt2's parameter layout), and the AdamW moments of the block's owned prefix
+// (all but a tied twin: the head's lm_head has none). The CPU updates
 // a layer range (a pack) at a time; the tied wte/lm_head weight is updated once, by layer 0.
 #pragma once
 
@@ -21,6 +22,8 @@ class HostState {
   std::span<const float> weights(int layer) const { return block(weights_, layer); }
   std::span<float> grads(int layer) { return block(grads_, layer); }
   std::span<const float> grads(int layer) const { return block(grads_, layer); }
+  // A layer's moments: its block's first DeviceState::owned_floats elements (the tied lm_head, last in the head's
+  // block, is updated through layer 0's wte and keeps none).
   std::span<float> exp_avg(int layer) { return block(exp_avg_, layer); }
   std::span<float> exp_avg_sq(int layer) { return block(exp_avg_sq_, layer); }
   std::span<const float> exp_avg(int layer) const { return block(exp_avg_, layer); }

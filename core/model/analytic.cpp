@@ -467,9 +467,18 @@ double peak_nograd(const Graph& g, double u, std::vector<double>& size, std::vec
   return peak;
 }
 
+// The backward walk's answer: its peak and, of that peak, the activation gradients live at that moment (dY, the
+// inner gradients, dX and the op's transient gradient) — the part live only while this layer's backward runs, the
+// profile's bwd_transient_memory (weight gradients are not in it: the Program allocates them). 0 when the peak
+// falls in the forward with grad.
+struct BackwardPeak {
+  double peak = 0;
+  double transient = 0;
+};
+
 // Peak bytes alive of a forward with grad (saved tensors kept) followed by the backward, which allocates
 // input gradients (shared through pass-through ops) and weight gradients and frees what it has consumed.
-double peak_backward(const Graph& g, double u) {
+BackwardPeak peak_backward(const Graph& g, double u) {
   const std::size_t n = g.tensors.size();
   std::vector<double> size(n);
   std::vector<int> last_use(n, -1), saved_until(n, -1);
@@ -517,17 +526,23 @@ double peak_backward(const Graph& g, double u) {
   std::vector<int> grad_buf(n, -1);
   std::vector<double> buf_size;
   std::vector<int> buf_refs;
+  double grads = 0;  // bytes of the gradient buffers alive (within cur)
+  BackwardPeak result{peak, 0};
   const auto new_buf = [&](std::size_t t) {
     buf_size.push_back(size[t]);
     buf_refs.push_back(1);
     cur += size[t];
+    grads += size[t];
     grad_buf[t] = static_cast<int>(buf_size.size()) - 1;
   };
   const auto release = [&](std::size_t t) {
     const int b = grad_buf[t];
     if (b < 0) return;
     grad_buf[t] = -1;
-    if (--buf_refs[static_cast<std::size_t>(b)] == 0) cur -= buf_size[static_cast<std::size_t>(b)];
+    if (--buf_refs[static_cast<std::size_t>(b)] == 0) {
+      cur -= buf_size[static_cast<std::size_t>(b)];
+      grads -= buf_size[static_cast<std::size_t>(b)];
+    }
   };
   for (int t : g.outputs) {
     if (g.tensors[static_cast<std::size_t>(t)].needs_grad && grad_buf[static_cast<std::size_t>(t)] < 0)
@@ -553,7 +568,7 @@ double peak_backward(const Graph& g, double u) {
         }
       }
     }
-    peak = std::max(peak, cur + transient);
+    if (cur + transient > result.peak) result = {cur + transient, grads + transient};
     if (!op.inplace && !is_output[out]) release(out);
     for (int t : op.saved) {
       const auto k = static_cast<std::size_t>(t);
@@ -563,12 +578,12 @@ double peak_backward(const Graph& g, double u) {
       }
     }
   }
-  return peak;
+  return result;
 }
 
 struct LayerCosts {
   std::vector<double> fwd_s, bwd_s;
-  std::vector<Bytes> fwd_peak, bwd_peak;
+  std::vector<Bytes> fwd_peak, bwd_peak, bwd_transient;
 };
 
 LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const Rates& r, const GpuRates& gpu,
@@ -588,9 +603,10 @@ LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const R
     c.fwd_s.push_back(fwd);
     c.bwd_s.push_back(fwd + bwd);  // the profile's backward includes the recomputed forward
     const double f = peak_nograd(d.graph, u, size, last_use, alive, keep);
-    const double b = peak_backward(d.graph, u);
+    const BackwardPeak b = peak_backward(d.graph, u);
     c.fwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + f)));
-    c.bwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + b)));
+    c.bwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + b.peak)));
+    c.bwd_transient.push_back(static_cast<Bytes>(std::llround(b.transient)));
   }
   return c;
 }
@@ -881,6 +897,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
     l.bwd_time_s = c.bwd_s;
     l.fwd_peak_bytes = c.fwd_peak;
     l.bwd_peak_bytes = c.bwd_peak;
+    l.bwd_transient_bytes = c.bwd_transient;
     m.layers.push_back(std::move(l));
   }
   m.validate();

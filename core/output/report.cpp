@@ -2,6 +2,7 @@
 #include "core/output/report.hpp"
 
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -81,15 +82,11 @@ nlohmann::json report_to_json(const RunReport& r) {
   j["memory_anomalies"] = native_only(r.memory_anomalies);
   const auto& h = r.host_memory;
   auto limit = [](Bytes b) { return b > 0 ? json(b) : json(nullptr); };  // 0: unlimited
-  j["host_memory"] = native_only({{"master_weights_bytes", h.master_weights_bytes},
-                                  {"optimizer_state_bytes", h.optimizer_state_bytes},
-                                  {"gradient_bytes", h.gradient_bytes},
-                                  {"stash_bytes", h.stash_bytes},
-                                  {"activation_bytes", h.activation_bytes},
-                                  {"pinned_staging_bytes", h.pinned_staging_bytes},
-                                  {"total_bytes", h.total_bytes},
-                                  {"host_capacity_bytes", limit(h.capacity_bytes)},
-                                  {"pinned_limit_bytes", limit(h.pinned_limit_bytes)}});
+  json host = host_breakdown_json(h, kPinnedStagingKey);
+  host["total_bytes"] = h.total_bytes();
+  host["host_capacity_bytes"] = limit(h.capacity_bytes);
+  host["pinned_limit_bytes"] = limit(h.pinned_limit_bytes);
+  j["host_memory"] = native_only(std::move(host));
   const auto& l = r.ledger;
   json links = json::array();
   for (const auto& u : l.links) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/base/units.hpp"
+#include "core/output/host_memory.hpp"
 #include "core/plan/plan.hpp"
 
 namespace harmony::core {
@@ -56,15 +57,8 @@ struct MemoryOverflowReport {
   double time_s = 0.0;
 };
 
-// Native cost model: host memory one iteration needs (static upper bound) and the machine's limits.
-struct HostMemoryReport {
-  Bytes master_weights_bytes = 0;
-  Bytes optimizer_state_bytes = 0;
-  Bytes gradient_bytes = 0;
-  Bytes stash_bytes = 0;
-  Bytes activation_bytes = 0;
-  Bytes pinned_staging_bytes = 0;
-  Bytes total_bytes = 0;
+// Native cost model: host memory one iteration needs (static upper bound), by category, and the machine's limits.
+struct HostMemoryReport : HostBreakdown {
   Bytes capacity_bytes = 0;      // 0: unlimited
   Bytes pinned_limit_bytes = 0;  // 0: unlimited
 };

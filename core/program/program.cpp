@@ -2,6 +2,9 @@
 // and acyclicity of dependencies plus queue order (over the ProgramGraph).
 #include "core/program/program.hpp"
 
+#include <algorithm>
+#include <map>
+
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
@@ -104,6 +107,20 @@ void validate_program(const Program& p) {
       throw ScheduleError(fmt::format("op {} is not in its stream queue", p.op_id(i)));
   }
   (void)topological_order(p);
+}
+
+Bytes staging_ring_bytes(const Program& program, bool host_sums, Bytes chunk_bytes) {
+  std::map<int, Bytes> largest;  // per queue
+  for (const Op& op : program.ops) {
+    const bool sum = op.kind == OpKind::ARD || op.kind == OpKind::RS;
+    if (op.kind != OpKind::WB && op.kind != OpKind::dWB && !(sum && host_sums)) continue;
+    Bytes& b = largest[op.queue];
+    b = std::max(b, op.bytes);
+  }
+  const Bytes chunk = std::max<Bytes>(2, chunk_bytes / 2 * 2);  // whole 2-byte elements, at least one
+  Bytes total = 0;
+  for (const auto& [queue, bytes] : largest) total += 2 * std::min(chunk, bytes);
+  return total;
 }
 
 }  // namespace harmony::core

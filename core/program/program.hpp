@@ -120,6 +120,16 @@ struct Program {
   int num_devices() const { return graph.plan.gpus; }
 };
 
+// Mixed precision's host staging (harmony-run's executor, docs/backend.md "Mixed precision"): fp32 host masters go
+// up rounded to 2-byte elements and 2-byte gradients come back widened, chunk by chunk, through two pinned host
+// buffers per queue that moves weights or gradients between host and device (WB, dWB; with `host_sums` also ARD and
+// RS, whose replica sums then go through the host), each min(chunk_bytes rounded down to whole 2-byte elements, at
+// least one, the queue's largest such transfer). Summed over the queues; harmony-sim's host account counts it for
+// a mixed-precision model (replica sums on the devices, as harmony-run runs them) and the executor allocates it (its
+// pinned pre-flight counts the collectives too, whichever way they sum).
+inline constexpr Bytes kStagingChunkBytes = Bytes{32} << 20;  // the executor's default chunk
+Bytes staging_ring_bytes(const Program& program, bool host_sums, Bytes chunk_bytes = kStagingChunkBytes);
+
 // Structural checks: dependency indices in range, peers symmetric, every queue position consistent,
 // and no cycle through dependencies and queue order (ProgramGraph). Throws ScheduleError naming ops.
 void validate_program(const Program& program);

@@ -149,7 +149,7 @@ int cmd_compare(const Cli& cli) {
                                                  mib(r.peak_memory_bytes), mib(r.gpu_capacity_bytes), r.excess_bytes);
     const std::string host =
         r.native
-            ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB))
+            ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes()) / static_cast<double>(core::kGiB))
             : std::string("-");
     const double speedup = std::isfinite(res.best_baseline_time_s) ? res.best_baseline_time_s / r.iteration_time_s
                                                                    : k.speedup_over_best_baseline;

@@ -63,7 +63,7 @@ void print_report_table(const core::RunReport& r) {
     fmt::print(
         "host memory: {:.2f} GiB needed (master weights {:.2f}, optimizer {:.2f}, gradients {:.2f}, stashes "
         "{:.2f}){}\n",
-        static_cast<double>(r.host_memory.total_bytes) / static_cast<double>(core::kGiB),
+        static_cast<double>(r.host_memory.total_bytes()) / static_cast<double>(core::kGiB),
         static_cast<double>(r.host_memory.master_weights_bytes) / static_cast<double>(core::kGiB),
         static_cast<double>(r.host_memory.optimizer_state_bytes) / static_cast<double>(core::kGiB),
         static_cast<double>(r.host_memory.gradient_bytes) / static_cast<double>(core::kGiB),

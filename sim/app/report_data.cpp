@@ -786,7 +786,7 @@ ReportData report_from_config(const std::string& config_path, const ReportOption
                       fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd), fmt_gib(r.swap_in_bytes + r.swap_out_bytes),
                       fmt_gib(r.p2p_bytes), fmt_gib(r.collective_bytes),
                       fmt_gib(r.peak_memory_bytes) + (r.fits ? "" : " (over capacity)"),
-                      r.native ? fmt_gib(r.host_memory.total_bytes) : std::string("-"), plan});
+                      r.native ? fmt_gib(r.host_memory.total_bytes()) : std::string("-"), plan});
   }
   s.ranked_note = fmt::format(
       "{} of {} plan kinds fit; ranked by iteration time (lowest first). Speedup: the best "

@@ -395,8 +395,8 @@ std::string ledger_html(const BestPlan& b) {
          {"gradients", fmt_gib(h.gradient_bytes)},
          {"stashes", fmt_gib(h.stash_bytes)},
          {"activations and messages", fmt_gib(h.activation_bytes)},
-         {"pinned staging", fmt_gib(h.pinned_staging_bytes)},
-         {"total needed", fmt_gib(h.total_bytes)},
+         {"pinned staging", fmt_gib(h.staging_bytes)},
+         {"total needed", fmt_gib(h.total_bytes())},
          {"capacity", h.capacity_bytes > 0 ? fmt_gib(h.capacity_bytes) : "unlimited"}},
         {1});
   return out;

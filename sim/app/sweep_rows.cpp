@@ -323,7 +323,7 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   const bool fit_known = r != nullptr && r->gpu_capacity_bytes > 0 && (r->peak_memory_bytes > 0 || r->native);
   cells.push_back(fit_known ? bool_cell(r->fits) : null_cell());
   cells.push_back(fit_known && !r->fits ? int_cell(r->excess_bytes) : null_cell());
-  cells.push_back(when(r != nullptr && r->native, int_cell(r ? r->host_memory.total_bytes : 0)));
+  cells.push_back(when(r != nullptr && r->native, int_cell(r ? r->host_memory.total_bytes() : 0)));
   const bool budget = sweep.budget.samples > 0;
   cells.push_back(budget ? int_cell(sweep.budget.samples) : null_cell());
   double time_to_train_s = 0.0;

@@ -65,10 +65,7 @@ core::RunReport native_report(const core::Program& program, const NativeResult& 
   }
   r.memory_overflow_ops = res.overflow_count;
   r.memory_anomalies = res.memory_anomalies;
-  const auto& h = res.host;
-  r.host_memory = core::HostMemoryReport{h.master_weights_bytes, h.optimizer_state_bytes, h.gradient_bytes,
-                                         h.stash_bytes,          h.activation_bytes,      h.pinned_staging_bytes,
-                                         h.total_bytes,          h.capacity_bytes,        h.pinned_limit_bytes};
+  r.host_memory = static_cast<const core::HostMemoryReport&>(res.host);  // the account less its NVMe tier
   auto& l = r.ledger;
   auto cls = [&](TransferClass c) { return res.class_bytes[static_cast<int>(c)]; };
   l.pcie_h2d_bytes = cls(TransferClass::PcieH2D);

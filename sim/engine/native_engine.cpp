@@ -169,13 +169,30 @@ std::vector<int> LinkGraph::p2p_path(int from, int to, TransferClass* cls) const
 
 // ---- host memory ----
 
+bool mixed_precision(const core::Model& m) {
+  if (m.dtype == "bf16") return true;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    if (m.narrow_weights(l)) return true;
+  }
+  return false;
+}
+
 HostAccount host_state(const core::Model& m, bool offload_nvme) {
   HostAccount h;
-  const int R = m.num_layers();
-  if (R > 0) {
-    h.master_weights_bytes = m.weight_bytes(0, R - 1) + m.buffer_bytes(0, R - 1);
-    h.optimizer_state_bytes = m.optimizer_state_bytes(0, R - 1);
-    h.gradient_bytes = m.weight_bytes(0, R - 1);
+  const bool mixed = mixed_precision(m);
+  for (int l = 0; l < m.num_layers(); ++l) {
+    const core::Layer& L = m.layers[z(l)];
+    if (mixed) {
+      // fp32 masters and gradients of every 2-byte device weight (the executor keeps them so: its HostState); the
+      // optimizer state's own figure includes the masters (4 bytes a parameter), which count as masters here
+      h.master_weights_bytes += 2 * L.weight_bytes + L.buffer_bytes;
+      h.optimizer_state_bytes += std::max<Bytes>(0, L.optimizer_state_bytes - 4 * L.param_count);
+      h.gradient_bytes += 2 * L.weight_bytes;
+    } else {
+      h.master_weights_bytes += L.weight_bytes + L.buffer_bytes;
+      h.optimizer_state_bytes += L.optimizer_state_bytes;
+      h.gradient_bytes += L.weight_bytes;
+    }
   }
   if (offload_nvme) {
     // the masters and the optimizer state live on the drives
@@ -183,7 +200,6 @@ HostAccount host_state(const core::Model& m, bool offload_nvme) {
     h.master_weights_bytes = 0;
     h.optimizer_state_bytes = 0;
   }
-  h.total_bytes = h.master_weights_bytes + h.optimizer_state_bytes + h.gradient_bytes;
   return h;
 }
 
@@ -196,15 +212,13 @@ bool host_memory_exceeded(Bytes total_bytes, Bytes host_memory_bytes) {
   return host_memory_bytes > 0 && total_bytes > host_memory_bytes;
 }
 
-Bytes pinned_bytes(const HostAccount& h) { return h.total_bytes - h.optimizer_state_bytes; }
-
 bool pinned_memory_exceeded(Bytes total_bytes, Bytes optimizer_state_bytes, Bytes pinned_limit_bytes) {
   return pinned_limit_bytes > 0 && total_bytes - optimizer_state_bytes > pinned_limit_bytes;
 }
 
 bool host_limits_exceeded(const HostAccount& h, Bytes host_memory_bytes, Bytes pinned_limit_bytes) {
-  return host_memory_exceeded(h.total_bytes, host_memory_bytes) ||
-         pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, pinned_limit_bytes);
+  return host_memory_exceeded(h.total_bytes(), host_memory_bytes) ||
+         pinned_memory_exceeded(h.total_bytes(), h.optimizer_state_bytes, pinned_limit_bytes);
 }
 
 Bytes accumulate_bounce_bytes(const Program& p) {
@@ -277,9 +291,13 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
     }
   }
   if (p2p_staged) {
-    for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_p2p[d];
+    for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_p2p[d];
   }
-  h.pinned_staging_bytes += accumulate_bounce_bytes(p);
+  // mixed precision: the bounces hold fp32 sums of 2-byte gradients, and the masters go up and the gradients come
+  // back through the staging rings (core::staging_ring_bytes)
+  const bool mixed = mixed_precision(m);
+  h.staging_bytes += (mixed ? 2 : 1) * accumulate_bounce_bytes(p);
+  if (mixed && !p.graph.plan.kind->resident_state) h.staging_bytes += core::staging_ring_bytes(p, false);
   if (p.offload_nvme) {
     // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer
     // state and masters: an op's read split over its io_count I/Os) in pinned memory
@@ -288,10 +306,8 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
       const Bytes per_io = (o.nvme_read_bytes + std::max(1, o.io_count) - 1) / std::max(1, o.io_count);
       if (z(o.device) < nd) max_read[z(o.device)] = std::max(max_read[z(o.device)], per_io);
     }
-    for (std::size_t d = 0; d < nd; ++d) h.pinned_staging_bytes += 2 * max_read[d];
+    for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_read[d];
   }
-  h.total_bytes = h.master_weights_bytes + h.optimizer_state_bytes + h.gradient_bytes + h.stash_bytes +
-                  h.activation_bytes + h.pinned_staging_bytes;
   return h;
 }
 
@@ -1586,15 +1602,15 @@ class FlowEngine {
     auto add = [&](const std::string& s) { reason += (reason.empty() ? "" : "; ") + s; };
     if (opt_.capacities) {
       const auto& h = r_.host;
-      if (host_memory_exceeded(h.total_bytes, topo_.host_memory_bytes)) {
+      if (host_memory_exceeded(h.total_bytes(), topo_.host_memory_bytes)) {
         add(
             fmt::format("host memory exceeded: needs {} (master weights {}, optimizer state {}, gradients {}, stashes "
                         "{}, activations {}, pinned staging {}) > capacity {} by {} bytes",
-                        core::format_bytes(h.total_bytes), core::format_bytes(h.master_weights_bytes),
+                        core::format_bytes(h.total_bytes()), core::format_bytes(h.master_weights_bytes),
                         core::format_bytes(h.optimizer_state_bytes), core::format_bytes(h.gradient_bytes),
                         core::format_bytes(h.stash_bytes), core::format_bytes(h.activation_bytes),
-                        core::format_bytes(h.pinned_staging_bytes), core::format_bytes(topo_.host_memory_bytes),
-                        h.total_bytes - topo_.host_memory_bytes));
+                        core::format_bytes(h.staging_bytes), core::format_bytes(topo_.host_memory_bytes),
+                        h.total_bytes() - topo_.host_memory_bytes));
       }
       if (h.nvme_bytes > 0 && !topo_.nvme.present()) {
         add("the plan keeps parameters and optimizer state on NVMe (plan.offload: nvme), but the machine has no "
@@ -1604,14 +1620,14 @@ class FlowEngine {
                         core::format_bytes(h.nvme_bytes), core::format_bytes(topo_.nvme.capacity_bytes),
                         h.nvme_bytes - topo_.nvme.capacity_bytes));
       }
-      if (pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, topo_.pinned_limit_bytes)) {
-        const Bytes pinned = pinned_bytes(h);
+      if (pinned_memory_exceeded(h.total_bytes(), h.optimizer_state_bytes, topo_.pinned_limit_bytes)) {
+        const Bytes pinned = h.pinned_bytes();
         add(
             fmt::format("pinned host memory exceeded: the tensors swaps copy from and into (master weights {}, "
                         "gradients {}, stashes {}, activations {}, P2P staging {}) need {} > limit {} by {} bytes",
                         core::format_bytes(h.master_weights_bytes), core::format_bytes(h.gradient_bytes),
                         core::format_bytes(h.stash_bytes), core::format_bytes(h.activation_bytes),
-                        core::format_bytes(h.pinned_staging_bytes), core::format_bytes(pinned),
+                        core::format_bytes(h.staging_bytes), core::format_bytes(pinned),
                         core::format_bytes(topo_.pinned_limit_bytes), pinned - topo_.pinned_limit_bytes));
       }
     }

@@ -13,6 +13,7 @@
 
 #include "core/machine/machine.hpp"
 #include "core/model/model.hpp"
+#include "core/output/report.hpp"
 #include "core/program/program.hpp"
 #include "sim/engine/simulator.hpp"
 
@@ -107,22 +108,20 @@ struct MemoryOverflow {
   core::TimePs time_ps = 0;
 };
 
-// Host memory needed by one iteration (static upper bound, see docs/native-model.md).
-struct HostAccount {
-  core::Bytes master_weights_bytes = 0;   // W + B of every layer
-  core::Bytes optimizer_state_bytes = 0;  // every layer's optimizer state
-  core::Bytes gradient_bytes = 0;         // W of every layer (dW buffers the swap-out writes into)
-  core::Bytes stash_bytes = 0;            // every stashed X swapped out in the iteration
-  core::Bytes activation_bytes = 0;       // Y / dX swapped out, CPU-message copies
-  core::Bytes pinned_staging_bytes = 0;   // p2p: host only: per GPU, a double buffer of its largest P2P send
-                                          // offload: nvme: also the NVMe swap buffers (two largest reads)
-                                          // per GPU, a bounce for its largest dWB that adds to a host
-                                          // gradient (accumulate_bounce_bytes)
-  core::Bytes total_bytes = 0;
+// Host memory needed by one iteration (static upper bound, see docs/native-model.md): the plan result's
+// host_memory (its six categories, core::HostBreakdown, and the machine's limits) and the NVMe tier. The categories:
+//   master_weights_bytes   W + B of every layer
+//   optimizer_state_bytes  every layer's optimizer state
+//   gradient_bytes         W of every layer (dW buffers the swap-out writes into)
+//   stash_bytes            every stashed X swapped out in the iteration
+//   activation_bytes       Y / dX swapped out, CPU-message copies
+//   staging_bytes          pinned: p2p: host only: per GPU, a double buffer of its largest P2P send; offload: nvme:
+//                          also the NVMe swap buffers (two largest reads); per GPU, a bounce for its largest dWB
+//                          that adds to a host gradient (accumulate_bounce_bytes; fp32: twice it in mixed
+//                          precision); mixed precision: the staging rings (core::staging_ring_bytes)
+struct HostAccount : core::HostMemoryReport {
   core::Bytes nvme_bytes = 0;           // offload: nvme: master weights and optimizer state on the NVMe tier
   core::Bytes nvme_capacity_bytes = 0;  // topology.nvme.capacity (0: unlimited)
-  core::Bytes capacity_bytes = 0;       // topology.host_memory_bytes (0: unlimited)
-  core::Bytes pinned_limit_bytes = 0;   // topology.pinned_limit_bytes (0: unlimited)
 };
 
 struct MemorySample {
@@ -202,8 +201,12 @@ HostAccount host_account(const core::Program& program, const core::Model& model,
 // buffer its copy lands in before the CPU adds it. Summed over the GPUs.
 core::Bytes accumulate_bounce_bytes(const core::Program& program);
 
+// Whether `model` trains in mixed precision: a bf16 profile, or 2-byte device weights (Model::narrow_weights).
+bool mixed_precision(const core::Model& model);
+
 // The whole model's training state in host memory: the masters, the optimizer state and the gradients
-// (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes).
+// (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes). Mixed precision: fp32 masters and
+// gradients (twice the 2-byte weights), and the optimizer state less the fp32 masters its figure includes.
 HostAccount host_state(const core::Model& model, bool offload_nvme);
 
 // The part of host_account every Program of `kind` on `model` needs whatever its plan: host_state, or nothing for a
@@ -211,8 +214,6 @@ HostAccount host_state(const core::Model& model, bool offload_nvme);
 // activations and staging buffers to it, so a floor over a limit puts every plan of the kind over it.
 HostAccount host_floor(const core::Model& model, core::PlanKind kind, bool offload_nvme);
 
-// The account's page-locked bytes: everything but the optimizer state is a DMA source or target.
-core::Bytes pinned_bytes(const HostAccount& h);
 // The engine's host verdicts, one rule for its runs, its host floor and the searches that read a report's host
 // account (a limit of 0 is unlimited): the total over the host memory; the page-locked part (the total less the
 // optimizer state) over the pinned limit.

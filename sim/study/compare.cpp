@@ -25,8 +25,8 @@ namespace {
 // The plan ran out of host memory (or pinned memory) rather than GPU memory.
 bool host_bound(const core::RunReport& r) {
   const auto& h = r.host_memory;
-  return host_memory_exceeded(h.total_bytes, h.capacity_bytes) ||
-         pinned_memory_exceeded(h.total_bytes, h.optimizer_state_bytes, h.pinned_limit_bytes);
+  return host_memory_exceeded(h.total_bytes(), h.capacity_bytes) ||
+         pinned_memory_exceeded(h.total_bytes(), h.optimizer_state_bytes, h.pinned_limit_bytes);
 }
 }  // namespace
 

@@ -13,6 +13,7 @@
 
 #include "core/base/error.hpp"
 #include "core/kinds/kinds.hpp"
+#include "core/output/host_memory.hpp"
 #include "core/output/report.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/plan/plan_rules.hpp"
@@ -126,7 +127,7 @@ core::Bytes MemoryNeeds::need(MemoryTier t) const {
     case MemoryTier::Pinned:
       return pinned_bytes;
     case MemoryTier::Host:
-      return host.total_bytes;
+      return host.total_bytes();
     case MemoryTier::Nvme:
       return host.nvme_bytes;
   }
@@ -221,7 +222,7 @@ std::optional<MemoryNeeds> needs_of(const core::Program& program, const core::Mo
   n.gpu_peak_bytes = std::move(*peaks);
   n.gpu_max_bytes = n.gpu_peak_bytes.empty() ? 0 : *std::max_element(n.gpu_peak_bytes.begin(), n.gpu_peak_bytes.end());
   n.host = host_account(program, model, p2p_staged(machine));
-  n.pinned_bytes = pinned_bytes(n.host);
+  n.pinned_bytes = n.host.pinned_bytes();
   return n;
 }
 
@@ -290,7 +291,7 @@ void try_candidates(KindMemory& kr, std::vector<Cand> cands, const MemoryLimits&
     kr.reason = unfit ? fmt::format(
                             "the masters, optimizer state and gradients alone ({}) are over the host's limit, "
                             "so no plan fits; the first: {}",
-                            size_text(floor.total_bytes), kr.reason)
+                            size_text(floor.total_bytes()), kr.reason)
                       : fmt::format("{}: {}", which, kr.reason);
   } else if (deadlocked > 0) {
     kr.reason = fmt::format("all {} plans lowered deadlock", deadlocked);
@@ -484,18 +485,9 @@ nlohmann::json needs_json(const KindMemory& k) {
   if (!k.has_plan) return nullptr;
   const MemoryNeeds& n = k.needs;
   const HostAccount& h = n.host;
-  return {{"gpu_peak_bytes", n.gpu_max_bytes},
-          {"per_gpu_peak_bytes", n.gpu_peak_bytes},
-          {"pinned_host_bytes", n.pinned_bytes},
-          {"host_bytes", h.total_bytes},
-          {"nvme_bytes", h.nvme_bytes},
-          {"host",
-           {{"master_weights_bytes", h.master_weights_bytes},
-            {"optimizer_state_bytes", h.optimizer_state_bytes},
-            {"gradient_bytes", h.gradient_bytes},
-            {"stash_bytes", h.stash_bytes},
-            {"activation_bytes", h.activation_bytes},
-            {"pinned_staging_bytes", h.pinned_staging_bytes}}}};
+  return {{"gpu_peak_bytes", n.gpu_max_bytes},   {"per_gpu_peak_bytes", n.gpu_peak_bytes},
+          {"pinned_host_bytes", n.pinned_bytes}, {"host_bytes", h.total_bytes()},
+          {"nvme_bytes", h.nvme_bytes},          {"host", core::host_breakdown_json(h, core::kPinnedStagingKey)}};
 }
 
 }  // namespace
@@ -555,7 +547,7 @@ void print_memory_table(const MemoryAnswer& a, const std::string& model_name, co
                            : k.title;
     if (!k.offload.empty()) plan += ", offload " + k.offload;
     fmt::print("{:<14} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}{}\n", name, k.fits ? "yes" : "NO",
-               size_text(n.gpu_max_bytes), size_text(n.pinned_bytes), size_text(n.host.total_bytes),
+               size_text(n.gpu_max_bytes), size_text(n.pinned_bytes), size_text(n.host.total_bytes()),
                n.host.nvme_bytes > 0 ? size_text(n.host.nvme_bytes) : std::string("-"), binds, plan,
                k.fits ? std::string() : "\n" + std::string(16, ' ') + "does not fit: " + k.reason);
   }

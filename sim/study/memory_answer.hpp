@@ -34,8 +34,8 @@ const char* memory_tier_name(MemoryTier t);  // "gpu_memory", "pinned_host_memor
 struct MemoryNeeds {
   std::vector<core::Bytes> gpu_peak_bytes;  // per GPU (serial_peak_bytes)
   core::Bytes gpu_max_bytes = 0;            // the largest of them
-  HostAccount host;                         // host_account of the Program (host.total_bytes: host RAM)
-  core::Bytes pinned_bytes = 0;             // pinned_bytes(host): every host tensor a DMA copies from or into
+  HostAccount host;                         // host_account of the Program (host.total_bytes(): host RAM)
+  core::Bytes pinned_bytes = 0;             // host.pinned_bytes(): every host tensor a DMA copies from or into
   core::Bytes need(MemoryTier t) const;
 };
 

@@ -3,7 +3,8 @@
 it fits and what binds. Against harmony-run: the bundled tiny GPT-2 (configs/run/default.yaml) trains one step under
 every plan kind with the same plan on the CPU device, and the answer's peak device memory and host memory are within
 5% of the measured ones (--plan config: the config's plan under each kind; host memory: what harmony-run's executor
-metered, summary.host_memory, category by category). Also: the JSON against schemas/memory.schema.json,
+metered, summary.host_memory, category by category); in bf16 too, host memory category by category (the fp32
+masters, moments and gradients, the bf16 staging rings). Also: the JSON against schemas/memory.schema.json,
 the host account's parts, the tier that binds (GPU, host RAM, the NVMe tier taking over), and bad input (exit 2,
 located)."""
 import json
@@ -29,10 +30,6 @@ CAP = "3MiB"
 # resident keeps every layer's weights, gradient and AdamW state on each GPU (16 bytes per parameter, 8.1 MiB of the
 # tiny GPT-2): it trains at RESIDENT_CAP, and at CAP it does not fit with GPU memory binding.
 RESIDENT_CAP = "16MiB"
-# The one host part the two count differently (docs/config.md, "harmony-sim memory"): harmony-run's HostState keeps
-# AdamW moments for the tied lm_head too (zeros it never updates; the checkpoint format stores them), where the host
-# account counts the optimizer state of the parameters a layer owns. The tiny GPT-2's lm_head: 256 x 64 floats.
-TIED_MOMENT_BYTES = 2 * 256 * 64 * 4
 HOST_PARTS = ["master_weights_bytes", "optimizer_state_bytes", "gradient_bytes", "stash_bytes", "activation_bytes"]
 
 
@@ -74,11 +71,11 @@ def by_kind(doc):
     return {r["plan_kind"]: r for r in doc["results"]} if doc else {}
 
 
-def test_against_harmony_run(tmp):
-    """The same plan trained by harmony-run on the CPU device: the answer's peak within 5% of the measured."""
-    prof = os.path.join(tmp, "prof.json")
-    r = run(RUN, "profile", DEFAULT, "--out", prof, "--ubatch", "1,2", "--repeats", "1")
-    check("profile the tiny GPT-2", r.returncode == 0, r.stderr)
+def tiny_profiles(tmp, dtype):
+    """harmony-run's profile of the tiny GPT-2 in `dtype`, and the copy harmony-sim reads (retimed, see below)."""
+    prof = os.path.join(tmp, f"prof_{dtype}.json")
+    r = run(RUN, "profile", DEFAULT, "--out", prof, "--ubatch", "1,2", "--repeats", "1", "--dtype", dtype)
+    check(f"profile the tiny GPT-2 ({dtype})", r.returncode == 0, r.stderr)
     # pp-swap's plan includes its stages, which both tools split on the layers' times (core::balanced_stages):
     # harmony-run an explicit baseline on its built-in description's (all zero: every split ties, and the earliest
     # boundaries win: [0], [1], [2], [3-9]); here on the profile's. The profile harmony-sim reads gets times whose one
@@ -89,16 +86,27 @@ def test_against_harmony_run(tmp):
     for i, layer in enumerate(retimed["layers"]):
         for key in ("fwd_time", "bwd_time"):
             layer[key] = [7e-3 if i < 3 else 1e-3 for _ in layer[key]]
-    sim_prof = os.path.join(tmp, "prof_sim.json")
+    sim_prof = os.path.join(tmp, f"prof_sim_{dtype}.json")
     with open(sim_prof, "w") as f:
         json.dump(retimed, f)
-    # harmony-sim's view of configs/run/default.yaml: its profile, machine, capacity and plan (harmony-run configs
-    # lower without prefetch)
-    cfg = os.path.join(tmp, "tiny.yaml")
+    return prof, sim_prof
+
+
+def tiny_config(tmp, sim_prof, dtype):
+    """harmony-sim's view of configs/run/default.yaml: its profile, machine, capacity and plan (harmony-run configs
+    lower without prefetch)."""
+    cfg = os.path.join(tmp, f"tiny_{dtype}.yaml")
     with open(cfg, "w") as f:
         f.write(f"model: {{profile: {sim_prof}}}\nmachine: {{preset: cpu-4x, gpu_memory: {CAP}}}\ncost_model: native\n"
                 "options: {prefetch: false}\n"
                 "plan: {mode: harmony-pp, gpus: 4, minibatch: 8, u_fwd: 2, u_bwd: 2, pack_size: 1}\n")
+    return cfg
+
+
+def test_against_harmony_run(tmp):
+    """The same plan trained by harmony-run on the CPU device: the answer's peak within 5% of the measured."""
+    prof, sim_prof = tiny_profiles(tmp, "fp32")
+    cfg = tiny_config(tmp, sim_prof, "fp32")
     doc = memory_json(cfg, "--plan", "config")
     validate("memory --plan config", doc)
     kinds = by_kind(doc)
@@ -155,6 +163,7 @@ def test_against_harmony_run(tmp):
 
 
 def check_host_memory(kind, needs, measured):
+    resident = kind.split()[-1] == "resident"
     """The answer's host RAM against what harmony-run's executor held on the host for the same plan (its peak), and
     part by part against each category's peak (the answer is a static account: nothing freed within the step)."""
     predicted = needs["host_bytes"]
@@ -165,14 +174,13 @@ def check_host_memory(kind, needs, measured):
     check(f"{kind}: harmony-run's predicted host parts are the answer's",
           measured["predicted_bytes"] == predicted and measured["predicted"] == parts, (measured, needs))
     peaks = measured["category_peaks"]
-    tied = 0 if kind == "resident" else TIED_MOMENT_BYTES  # resident's steps use no host state at all
-    expected = dict(parts, optimizer_state_bytes=parts["optimizer_state_bytes"] + tied)
-    check(f"{kind}: every host part's peak is the answer's (the optimizer state with the tied lm_head's moments)",
-          peaks == expected, f"measured {peaks}, answer {parts}")
+    # the optimizer state too: the executor keeps no AdamW moments for the tied lm_head (updated through wte), and
+    # the account counts the moments of the parameters a layer owns
+    check(f"{kind}: every host part's peak is the answer's", peaks == parts, f"measured {peaks}, answer {parts}")
     check(f"{kind}: measured host memory is the sum of its parts at the peak",
           measured["peak_bytes"] == sum(measured["at_peak"].values()), measured)
-    if kind == "resident":
-        check("resident: the executor's steps hold nothing on the host", measured["peak_bytes"] == 0, measured)
+    if resident:
+        check(f"{kind}: the executor's steps hold nothing on the host", measured["peak_bytes"] == 0, measured)
         return
     err = predicted / measured["peak_bytes"] - 1
     check(f"{kind}: host memory within 5% of harmony-run's", abs(err) <= 0.05,
@@ -180,6 +188,34 @@ def check_host_memory(kind, needs, measured):
     rss = measured["process_peak_rss_bytes"]
     check(f"{kind}: the process's peak RSS covers the metered host memory and the devices' arenas (CPU device)",
           measured["device_memory_in_host"] and rss is not None and rss >= measured["peak_bytes"], measured)
+
+
+def test_bf16_host_memory(tmp):
+    """Mixed precision (train.dtype: bf16): the answer's host account against what harmony-run's executor holds, per
+    kind, category by category and within 5% in all: fp32 masters and gradients (twice the bf16 weights), the AdamW
+    moments (the bf16 profile's optimizer state less the fp32 masters it includes), the fp32 gradient bounces and
+    the bf16 staging rings (core::staging_ring_bytes). Two steps: a queue's second staging buffer is first used in
+    step 2 when its one transfer a step fits one buffer (pp-swap's one-layer stages); from then on both are held."""
+    prof, sim_prof = tiny_profiles(tmp, "bf16")
+    cfg = tiny_config(tmp, sim_prof, "bf16")
+    kinds = by_kind(memory_json(cfg, "--plan", "config"))
+    resident_doc = memory_json(cfg, "--plan", "config", "--set", f"machine.gpu_memory={RESIDENT_CAP}")
+    kinds["resident"] = by_kind(resident_doc).get("resident") if resident_doc else None
+    for kind in KINDS:
+        k = kinds.get(kind)
+        if not k or not k["needs"]:
+            check(f"bf16 {kind}: a plan was measured", False, k)
+            continue
+        cap = RESIDENT_CAP if kind == "resident" else CAP
+        r = run(RUN, "train", DEFAULT, "--steps", "2", "--quiet", "--format", "json", "--gpu-memory", cap,
+                "--dtype", "bf16", "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}")
+        check(f"bf16 {kind}: harmony-run trains the plan", r.returncode == 0, r.stderr)
+        if r.returncode != 0:
+            continue
+        run_doc = json.loads(r.stdout)
+        check(f"bf16 {kind}: the same plan", k["plan"]["title"] == run_doc["plan"]["title"],
+              (k["plan"]["title"], run_doc["plan"]["title"]))
+        check_host_memory(f"bf16 {kind}", k["needs"], run_doc["summary"]["host_memory"])
 
 
 def test_best_and_binding(cfg):
@@ -244,6 +280,7 @@ def test_bad_input(tmp):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         cfg = test_against_harmony_run(tmp)
+        test_bf16_host_memory(tmp)
         test_best_and_binding(cfg)
         test_bad_input(tmp)
     return summary("test_memory: ")

@@ -1,6 +1,7 @@
 // Tests of the analytic models (core/model/analytic.cpp) and their config keys (core/config/config_model.cpp):
-// parameter and FLOP counts against closed forms, memory and optimizer-state formulas, monotonicity in the microbatch
-// size, the fp16 path, gpu_rates / model.analytic parsing and errors, and the calibration against the bundled profiles.
+// parameter and FLOP counts against closed forms, memory, backward-transient and optimizer-state formulas,
+// monotonicity in the microbatch size, the fp16 path, gpu_rates / model.analytic parsing and errors, and the
+// calibration against the bundled profiles.
 // HARMONY_ANALYTIC_TABLE=1 prints the error table of docs/validation.md (scripts/analytic-vs-profile.py).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -1091,4 +1092,24 @@ TEST_CASE("an analytic model without dtype: bf16 mixed precision on tensor-core 
   CHECK(weights("h100-sxm-8x", "") * 2 == fp32);
   CHECK(weights("paper-1080ti", "") == fp32);  // no tensor-core rate above FP32's: fp32
   CHECK(weights("paper-1080ti", ", dtype: bf16") * 2 == fp32);
+}
+
+TEST_CASE("analytic: each block records its backward transient (dY at least), below its backward peak") {
+  for (const char* name : {"gpt2-medium", "bert-large", "resnet50", "llama2-7b"}) {
+    const AnalyticSpec s = preset(name);
+    const Model m = analytic_model(s, paper_rates());
+    const std::vector<AnalyticLayerInfo> info = analytic_layer_info(s);
+    REQUIRE(info.size() == m.layers.size());
+    for (std::size_t k = 0; k < m.layers.size(); ++k) {
+      const Layer& l = m.layers[k];
+      REQUIRE(l.bwd_transient_bytes.size() == s.ubatch_sizes.size());
+      for (std::size_t i = 0; i < s.ubatch_sizes.size(); ++i) {
+        CHECK_MESSAGE(l.bwd_transient_bytes[i] < l.bwd_peak_bytes[i], name, " ", l.name);
+        if (info[k].kind == "block" || info[k].kind == "bottleneck") {
+          const Bytes dy = m.input_bytes(s.ubatch_sizes[i], static_cast<int>(k) + 1);
+          CHECK_MESSAGE(l.bwd_transient_bytes[i] >= dy, name, " ", l.name, " u=", s.ubatch_sizes[i]);
+        }
+      }
+    }
+  }
 }

@@ -19,6 +19,7 @@
 #include "core/kinds/kinds.hpp"
 #include "core/model/analytic.hpp"
 #include "core/model/profile.hpp"
+#include "core/output/host_memory.hpp"
 #include "core/output/report.hpp"
 #include "sim/engine/cost_native.hpp"
 #include "sim/engine/cost_reference.hpp"
@@ -769,8 +770,8 @@ TEST_CASE("host memory: the account and infeasibility") {
   CHECK(fits.host.optimizer_state_bytes == 4000);
   CHECK(fits.host.gradient_bytes == 2000);
   CHECK(fits.host.stash_bytes == 100);
-  CHECK(fits.host.pinned_staging_bytes == 0);
-  CHECK(fits.host.total_bytes == 8120);
+  CHECK(fits.host.staging_bytes == 0);
+  CHECK(fits.host.total_bytes() == 8120);
   CHECK(fits.feasible);
   m.topology.host_memory_bytes = 8119;
   const auto tight = sim::run_native(b.p, tiny_model(), m, quiet());
@@ -796,10 +797,10 @@ TEST_CASE("host memory: the floor every plan needs, and the engine's verdict on 
   // optimizer state on the drives the host keeps the gradients alone.
   const core::PlanKind pp = core::plan_kind("harmony-pp");
   const auto floor = sim::host_floor(tiny_model(), pp, false);
-  CHECK(floor.total_bytes == 8020);
-  CHECK(sim::pinned_bytes(floor) == 4020);
+  CHECK(floor.total_bytes() == 8020);
+  CHECK(floor.pinned_bytes() == 4020);
   const auto nvme = sim::host_floor(tiny_model(), pp, true);
-  CHECK(nvme.total_bytes == 2000);
+  CHECK(nvme.total_bytes() == 2000);
   CHECK(nvme.nvme_bytes == 6020);
   auto m = one_switch(1, 1e9, 1e9);
   m.topology.host_memory_bytes = 8020;
@@ -817,7 +818,7 @@ TEST_CASE("host memory: the floor every plan needs, and the engine's verdict on 
   Builder b(1);
   b.add(0, Stream::SwapIn, OpKind::WB, 300);
   const auto run = sim::run_native(b.p, tiny_model(), m, quiet());
-  CHECK(run.host.total_bytes == 8020);
+  CHECK(run.host.total_bytes() == 8020);
   CHECK_FALSE(run.feasible);
   CHECK(run.infeasible_reason.find("pinned host memory exceeded") != std::string::npos);
 }
@@ -832,14 +833,14 @@ TEST_CASE("host memory: the floor is the kind's, empty for a kind with resident 
       CAPTURE(nvme);
       const auto floor = sim::host_floor(tiny_model(), kind, nvme);
       const auto state = sim::host_state(tiny_model(), nvme);
-      CHECK(floor.total_bytes == (kind->resident_state ? 0 : state.total_bytes));
+      CHECK(floor.total_bytes() == (kind->resident_state ? 0 : state.total_bytes()));
       CHECK(floor.nvme_bytes == (kind->resident_state ? 0 : state.nvme_bytes));
     }
   }
-  CHECK(sim::host_floor(tiny_model(), core::plan_kind("resident"), false).total_bytes == 0);
-  CHECK(sim::host_floor(tiny_model(), core::plan_kind("harmony-pp"), false).total_bytes == 8020);
-  CHECK(sim::host_floor(tiny_model(), core::plan_kind("dp-swap"), false).total_bytes == 8020);
-  CHECK(sim::host_floor(tiny_model(), core::plan_kind("dp-swap"), true).total_bytes == 2000);
+  CHECK(sim::host_floor(tiny_model(), core::plan_kind("resident"), false).total_bytes() == 0);
+  CHECK(sim::host_floor(tiny_model(), core::plan_kind("harmony-pp"), false).total_bytes() == 8020);
+  CHECK(sim::host_floor(tiny_model(), core::plan_kind("dp-swap"), false).total_bytes() == 8020);
+  CHECK(sim::host_floor(tiny_model(), core::plan_kind("dp-swap"), true).total_bytes() == 2000);
   auto m = one_switch(1, 1e9, 1e9);
   m.topology.host_memory_bytes = 1;
   m.topology.pinned_limit_bytes = 1;
@@ -877,10 +878,10 @@ TEST_CASE("host memory: the account does not depend on how the swaps are split i
   auto m = one_switch(2, 1e9, 1e9);
   const auto a = sim::run_native(pack.p, tiny_model(), m, quiet());
   const auto c = sim::run_native(layers.p, tiny_model(), m, quiet());
-  CHECK(a.host.total_bytes == c.host.total_bytes);
-  CHECK(a.host.pinned_staging_bytes == c.host.pinned_staging_bytes);
-  CHECK(a.host.total_bytes == 2020 + 4000 + 2000);
-  m.topology.host_memory_bytes = c.host.total_bytes;
+  CHECK(a.host.total_bytes() == c.host.total_bytes());
+  CHECK(a.host.staging_bytes == c.host.staging_bytes);
+  CHECK(a.host.total_bytes() == 2020 + 4000 + 2000);
+  m.topology.host_memory_bytes = c.host.total_bytes();
   CHECK(sim::run_native(pack.p, tiny_model(), m, quiet()).feasible);
   CHECK(sim::run_native(layers.p, tiny_model(), m, quiet()).feasible);
   // GPU-to-GPU copies staged through the host (p2p: host) keep a double buffer of the largest send per GPU
@@ -888,8 +889,8 @@ TEST_CASE("host memory: the account does not depend on how the swaps are split i
   staged.p2p(0, 1, 300);
   staged.p2p(0, 1, 500);
   staged.p2p(1, 0, 200);
-  CHECK(sim::host_account(staged.p, tiny_model(), true).pinned_staging_bytes == 2 * 500 + 2 * 200);
-  CHECK(sim::host_account(staged.p, tiny_model(), false).pinned_staging_bytes == 0);
+  CHECK(sim::host_account(staged.p, tiny_model(), true).staging_bytes == 2 * 500 + 2 * 200);
+  CHECK(sim::host_account(staged.p, tiny_model(), false).staging_bytes == 0);
 }
 
 TEST_CASE("host memory: a dWB that adds to a host gradient lands in a bounce buffer, per GPU its largest") {
@@ -912,8 +913,46 @@ TEST_CASE("host memory: a dWB that adds to a host gradient lands in a bounce buf
   CHECK(sim::accumulate_bounce_bytes(build(OpKind::RS).p) == 100);
   const Builder adds = build(std::nullopt);
   const auto h = sim::host_account(adds.p, tiny_model());
-  CHECK(h.pinned_staging_bytes == 350);
-  CHECK(h.total_bytes == 2020 + 4000 + 2000 + 350);
+  CHECK(h.staging_bytes == 350);
+  CHECK(h.total_bytes() == 2020 + 4000 + 2000 + 350);
+}
+
+// Issue 36: in mixed precision the account holds what harmony-run's executor holds: fp32 masters and gradients, the
+// moments (the optimizer state less the fp32 masters its 12 B a parameter include), fp32 bounces, and per queue that
+// moves weights or gradients two bf16 staging buffers of its largest such transfer (core::staging_ring_bytes).
+TEST_CASE("host memory: mixed precision counts fp32 masters, gradients and bounces, the moments, the staging rings") {
+  core::Model bf16 = tiny_model();
+  bf16.dtype = "bf16";
+  for (core::Layer& L : bf16.layers) {
+    L.param_count = 500;  // 1000 bytes of bf16 weights
+    L.optimizer_state_bytes = 12 * 500;
+  }
+  CHECK(sim::mixed_precision(bf16));
+  CHECK_FALSE(sim::mixed_precision(tiny_model()));
+  const sim::HostAccount state = sim::host_state(bf16, false);
+  CHECK(state.master_weights_bytes == 2 * (2 * 1000 + 10));
+  CHECK(state.gradient_bytes == 2 * 2 * 1000);
+  CHECK(state.optimizer_state_bytes == 2 * 8 * 500);
+  // the state's total is the one the bf16 profile's figures sum to, the pinned part the fp32 copies
+  CHECK(state.total_bytes() == 2 * (1000 + 10 + 12 * 500 + 1000));
+  CHECK(state.pinned_bytes() == 2 * (2 * 1000 + 10 + 2 * 1000));
+  // the bounce buffers of the previous case (100 on GPU 0, 250 on GPU 1) in fp32, and the rings: GPU 0's swap-out
+  // queue's largest dWB 300, GPU 1's 250, two buffers each
+  Builder b(2);
+  const auto on = [&](int op, int l) { b.p.ops[z(op)].layers = core::LayerRange{l, l}; };
+  on(b.add(0, Stream::SwapOut, OpKind::dWB, 100), 0);
+  on(b.add(0, Stream::SwapOut, OpKind::dWB, 100), 0);
+  on(b.add(0, Stream::SwapOut, OpKind::dWB, 300), 1);
+  on(b.add(1, Stream::SwapOut, OpKind::dWB, 250), 1);
+  CHECK(core::staging_ring_bytes(b.p, false) == 2 * 300 + 2 * 250);
+  CHECK(core::staging_ring_bytes(b.p, false, 200) == 2 * 200 + 2 * 200);  // chunked: a buffer holds one chunk
+  const sim::HostAccount h = sim::host_account(b.p, bf16);
+  CHECK(h.staging_bytes == 2 * 350 + 2 * 300 + 2 * 250);
+  CHECK(h.total_bytes() == state.total_bytes() + h.staging_bytes);
+  // a collective stages only when the replicas sum on the host
+  on(b.add(1, Stream::Compute, OpKind::ARD, 400), 1);
+  CHECK(core::staging_ring_bytes(b.p, false) == 2 * 300 + 2 * 250);
+  CHECK(core::staging_ring_bytes(b.p, true) == 2 * 300 + 2 * 250 + 2 * 400);
 }
 
 TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too small, the reason says why") {
@@ -937,8 +976,8 @@ TEST_CASE("a 100B GPT fits Harmony-PP on 8 x H100 (native); when the host is too
   const auto pp =
       sim::best_plan_of_kind(core::plan_kind("harmony-pp"), model, m, 8, 32, core::CostModelKind::Native, search, {});
   CHECK(pp.feasible);
-  CHECK(pp.best.host_memory.pinned_staging_bytes == 0);  // NVLink P2P, swaps straight from pinned tensors
-  CHECK(pp.best.host_memory.total_bytes < m.topology.host_memory_bytes);
+  CHECK(pp.best.host_memory.staging_bytes == 0);  // NVLink P2P, swaps straight from pinned tensors
+  CHECK(pp.best.host_memory.total_bytes() < m.topology.host_memory_bytes);
   // 1.5 TiB cannot hold the 1,513 GiB of weights, gradients and optimizer state plus any stash
   m.topology.host_memory_bytes = 1536 * core::kGiB;
   m.topology.pinned_limit_bytes = 1440 * core::kGiB;
@@ -1084,13 +1123,19 @@ TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible 
                                       model.buffer_bytes(0, 20));  // BWD + FWD packs
   CHECK(r.ledger.stash_bytes > 0);
   CHECK(r.ledger.links.size() == res.graph.links.size());
-  CHECK(r.host_memory.total_bytes > r.host_memory.master_weights_bytes);
+  CHECK(r.host_memory.total_bytes() > r.host_memory.master_weights_bytes);
   CHECK(r.host_memory.capacity_bytes == 750 * core::kGiB);
   CHECK(r.host_memory.pinned_limit_bytes == 700 * core::kGiB);
   const auto j = core::report_to_json(r);
   CHECK(j["feasible"] == true);
   CHECK(j["swap_ledger"]["per_link_class"]["pcie_h2d_bytes"] == r.swap_in_bytes);
   CHECK(j["swap_ledger"]["per_tensor_class"]["stash_bytes"] == r.ledger.stash_bytes);
+  // issue 33: the plan result's host_memory is core::HostBreakdown's JSON plus the total and the limits
+  nlohmann::json host = core::host_breakdown_json(r.host_memory, core::kPinnedStagingKey);
+  host["total_bytes"] = r.host_memory.total_bytes();
+  host["host_capacity_bytes"] = 750 * core::kGiB;
+  host["pinned_limit_bytes"] = 700 * core::kGiB;
+  CHECK(j["host_memory"] == host);
 
   const auto small = sim::simulate_native(program, model, paper_1080ti_like(4 * core::kGiB));
   CHECK_FALSE(small.feasible);
@@ -1103,6 +1148,28 @@ TEST_CASE("a Harmony-PP bert_large plan on a paper-1080ti-like server: feasible 
   const auto js = core::report_to_json(small);
   CHECK(js["feasible"] == false);
   CHECK(js["memory_overflow"]["op_id"] == small.memory_overflow.op_id);
+}
+
+// issue 33: one type for the six host categories (the account, a plan result's host_memory, the executor's meter)
+TEST_CASE("core::HostBreakdown: categories by name and by HostCategory, the total, the pinned part, the JSON keys") {
+  core::HostBreakdown b{1, 20, 300, 4000, 50000, 600000};
+  Bytes sum = 0;
+  for (core::HostCategory c : core::kHostCategories) sum += b.at(c);
+  CHECK(sum == 654321);
+  CHECK(b.total_bytes() == 654321);
+  CHECK(b.pinned_bytes() == 654321 - 20);
+  b.at(core::HostCategory::Staging) += 7;
+  CHECK(b.staging_bytes == 600007);
+  CHECK(b.at(core::HostCategory::MasterWeights) == 1);
+  CHECK(b.at(core::HostCategory::Activations) == 50000);
+  const nlohmann::json sim = core::host_breakdown_json(b, core::kPinnedStagingKey);
+  const nlohmann::json run = core::host_breakdown_json(b, core::kStagingKey);
+  CHECK(sim.size() == 6);
+  CHECK(sim["pinned_staging_bytes"] == 600007);
+  CHECK(run["staging_bytes"] == 600007);
+  CHECK(run["optimizer_state_bytes"] == 20);
+  CHECK(sim["gradient_bytes"] == 300);
+  CHECK(sim["stash_bytes"] == 4000);
 }
 
 TEST_CASE("the native model is deterministic, and the trace gets memory and bandwidth counters") {
@@ -1292,7 +1359,7 @@ TEST_CASE("a resident Update is priced by its device memory traffic") {
   }
   CHECK(updates == 4);
   // nothing of the model on the host
-  CHECK(r.host.total_bytes == 0);
+  CHECK(r.host.total_bytes() == 0);
 
   core::MachineSpec no_rate = one_switch(2, 1e9, 4e9);
   CHECK_THROWS_WITH_AS(sim::run_native(prog, m, no_rate, quiet()), doctest::Contains("gives no gpu_rates.memory"),

@@ -375,7 +375,7 @@ TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and
   CHECK(r.host.nvme_bytes == 24000);
   CHECK(r.host.master_weights_bytes == 0);
   CHECK(r.host.optimizer_state_bytes == 0);
-  CHECK(r.host.pinned_staging_bytes == 32000 + 4000);
+  CHECK(r.host.staging_bytes == 32000 + 4000);
   const auto small = sim::run_native(prog, model, with_nvme(box(), 1e9, 1e9, 0, 23999));
   CHECK_FALSE(small.feasible);
   CHECK(small.infeasible_reason.find("NVMe capacity exceeded") != std::string::npos);
@@ -510,7 +510,7 @@ TEST_CASE("compare: zero-infinity falls back to offload nvme when host memory is
   REQUIRE(kr.feasible);
   CHECK(kr.offload == "nvme");
   CHECK(kr.plan->knobs.offload == core::OffloadTier::Nvme);
-  CHECK(kr.best.host_memory.total_bytes == 64000);
+  CHECK(kr.best.host_memory.total_bytes() == 64000);
   // with enough host memory it stays on the CPU tier
   m.topology.host_memory_bytes = 200000;
   const auto cpu = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1, core::CostModelKind::Native,
@@ -530,7 +530,7 @@ TEST_CASE("compare: search.offload pins zero-infinity's tier (cpu never falls ba
                                          search, core::Options{});
   REQUIRE(nv.feasible);
   CHECK(nv.offload == "nvme");
-  CHECK(nv.best.host_memory.total_bytes == 64000);
+  CHECK(nv.best.host_memory.total_bytes() == 64000);
   // the reference model has no NVMe tier, nor does a machine without topology.nvme: not applicable, said why
   const auto ref = sim::best_plan_of_kind(core::plan_kind("zero-infinity"), model, m, 1, 1,
                                           core::CostModelKind::Reference, search, core::Options{});

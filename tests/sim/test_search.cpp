@@ -548,7 +548,7 @@ TEST_CASE("a host floor over the machine's memory: the bounded search runs only 
   // infinite), which it runs for the same first miss and reason, on one thread or two.
   core::MachineSpec m = core::machine_preset("paper-1080ti");
   const core::PlanKind pp = core::plan_kind("harmony-pp");
-  m.topology.host_memory_bytes = sim::host_floor(bert(), pp, false).total_bytes - 1;
+  m.topology.host_memory_bytes = sim::host_floor(bert(), pp, false).total_bytes() - 1;
   const auto engine = sim::make_engine(core::CostModelKind::Native, bert(), m);
   CHECK(engine->host_floor_exceeded(pp, false));
   auto space = wide_space(pp, 2, 8, m, 1);
