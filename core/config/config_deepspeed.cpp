@@ -441,13 +441,34 @@ void map_to_kind(DeepSpeedRun& run) {
     }
     return;
   }
-  if (optim) {  // ZeRO-Offload: parameters resident on the GPUs, optimizer state and step on the CPU
+  if (optim && run.stage != 3) {  // ZeRO-Offload: parameters resident on the GPUs, optimizer state and step on the CPU
+    run.plan_kind = "zero-offload";
+    run.offload = "";
+    run.reasoning = fmt::format(
+        "ZeRO-{} with offload_optimizer cpu (ZeRO-Offload): parameters stay on every GPU, each rank's gradient "
+        "shard goes to the host in FP32, CPU Adam steps its FP32 masters after the backward and the updated shard "
+        "comes back up before an all-gather: zero-offload",
+        run.stage);
+    if (run.stage == 1 || run.accumulation > 1) {
+      run.status = "approximate";
+      run.approximation =
+          run.accumulation > 1
+              ? fmt::format(
+                    "with {} micro-steps per optimizer step DeepSpeed moves every micro-step's gradients "
+                    "through host memory; zero-offload accumulates them on the GPU and moves them once "
+                    "(docs/baselines.md#zero-offload)",
+                    run.accumulation)
+              : std::string("ZeRO-1 all-reduces the gradients where zero-offload reduce-scatters them");
+    }
+    return;
+  }
+  if (optim) {  // ZeRO-3 with the optimizer alone offloaded: the parameters stay partitioned on the GPUs
     run.plan_kind = "zero-infinity";
     run.offload = run.offload_optimizer;
     run.reasoning = fmt::format(
-        "ZeRO-{} with offload_optimizer {} (ZeRO-Offload): parameters stay on the GPUs, gradients go to the host and "
-        "CPU Adam steps after the backward; no plan kind keeps the parameters resident with the optimizer on the "
-        "CPU, the closest is zero-infinity, offload {}",
+        "ZeRO-{} with offload_optimizer {} and the parameters partitioned on the GPUs: gradients go to the host and "
+        "CPU Adam steps after the backward; no plan kind keeps partitioned parameters on the GPUs with the optimizer "
+        "on the CPU, the closest is zero-infinity, offload {}",
         run.stage, run.offload_optimizer, run.offload);
     if (run.accumulation > 1) {
       run.status = "inexpressible";

@@ -38,6 +38,12 @@ bool register_swapping_kind(const PlanKindSpec& spec, const SwapRules& rules) {
   return true;
 }
 
+bool is_swapping_kind(PlanKind kind) {
+  RulesRegistry& r = rules_registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  return r.rules.count(&kind.spec()) > 0;
+}
+
 const SwapRules& swap_rules(PlanKind kind) {
   RulesRegistry& r = rules_registry();
   const std::lock_guard<std::mutex> lock(r.mutex);

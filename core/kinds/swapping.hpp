@@ -29,6 +29,8 @@ struct SwapRules {
 bool register_swapping_kind(const PlanKindSpec& spec, const SwapRules& rules);
 // The rules of a swapping kind; InternalError for a kind not registered as one.
 const SwapRules& swap_rules(PlanKind kind);
+// Whether `kind` was registered as a swapping kind (register_swapping_kind): the kinds decide_swaps serves.
+bool is_swapping_kind(PlanKind kind);
 
 // What one GPU (a kind with stages: one stage) swaps, and the memory estimate the decision was made with.
 struct SwapDecision {

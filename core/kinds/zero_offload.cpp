@@ -172,8 +172,7 @@ std::string describe_zero_offload(const Plan& p, const Model& /*model*/) {
 
 const PlanKindSpec kSpec{
     .name = "zero-offload",
-    .description =
-        "ZeRO stage 2 with CPU Adam: parameters on every GPU, gradients sharded to the host, updated there",
+    .description = "ZeRO stage 2 with CPU Adam: parameters on every GPU, gradients sharded to the host, updated there",
     .listing_order = 55,
     .role = KindRole::Baseline,
     .color = "#bcbd22",

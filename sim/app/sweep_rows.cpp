@@ -294,7 +294,8 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
     cells.push_back(Cell{Cell::Kind::Literal, packs_text(r->plan.packs_bwd)});
     cells.push_back(r->method_fwd.empty() ? null_cell() : text_cell(r->method_fwd));
     cells.push_back(r->method_bwd.empty() ? null_cell() : text_cell(r->method_bwd));
-    if (kr->plan && !p.kind->packs) {  // the swapping kinds' swap decisions
+    if (kr->plan &&
+        core::is_swapping_kind(p.kind)) {  // the swapping kinds' swap decisions (not resident, zero-offload)
       const auto ds = core::decide_swaps(*kr->plan, *model);
       cells.push_back(bool_cell(std::any_of(ds.begin(), ds.end(), [](const auto& d) { return d.weights; })));
       cells.push_back(bool_cell(std::any_of(ds.begin(), ds.end(), [](const auto& d) { return d.activations; })));

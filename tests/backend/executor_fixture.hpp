@@ -21,6 +21,7 @@
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
 #include "core/kinds/kinds.hpp"
+#include "core/kinds/swapping.hpp"
 #include "core/program/lower.hpp"
 
 namespace executor_fixture {
@@ -182,7 +183,7 @@ inline core::Plan swapping_plan(core::PlanKind kind, int gpus, int u, core::Swap
 inline std::vector<core::PlanKind> swapping_kinds() {
   std::vector<core::PlanKind> out;
   for (const core::PlanKind& k : core::plan_kinds())
-    if (k->role == core::KindRole::Baseline) out.push_back(k);
+    if (core::is_swapping_kind(k)) out.push_back(k);  // zero-offload is a baseline that never swaps
   return out;
 }
 

@@ -20,7 +20,7 @@ RUN = sys.argv[2]
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 LLAMA = os.path.join(ROOT, "configs/examples/llama3_70b_memory.yaml")
 SCHEMA = os.path.join(ROOT, "schemas/memory.schema.json")
-KINDS = ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan", "resident"]
+KINDS = ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan", "resident"]
 # Every kind's default plan (u 2) trains in it on the CPU device. Not 2 MiB: there pp-swap's last stage (layers 3-9)
 # is at the edge of its swap decision, which both tools make from per-layer peaks, and a profile's peaks count the
 # layer's weights (and in the backward its output) beside what the Program allocates for them, where harmony-run's
@@ -242,6 +242,9 @@ def test_best_and_binding(cfg):
         if kind == "resident":  # 1.1 TB of state per GPU: GPU memory binds; the host holds nothing of the model
             check("1 TiB host resident: GPU memory binds", not k["fits"] and k["binding"] == "gpu_memory" and
                   k["needs"]["host_bytes"] == 0, k)
+        elif kind == "zero-offload":  # 70B of bf16 parameters on every GPU: GPU memory binds first, host too
+            check("1 TiB host zero-offload: GPU memory binds, host memory over as well",
+                  not k["fits"] and k["binding"] == "gpu_memory" and "host_memory needs" in (k["reason"] or ""), k)
         elif kind != "lohan":  # lohan runs each GPU's 8 samples as one microbatch: GPU memory binds first
             check(f"1 TiB host {kind}: host memory binds", not k["fits"] and k["binding"] == "host_memory" and
                   "host_memory needs" in (k["reason"] or ""), k)

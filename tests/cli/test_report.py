@@ -134,7 +134,7 @@ def kind_of(r):
     return r.get("plan_kind", r.get("kind"))
 
 
-BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"}
+BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan"}
 
 
 def expected_best_kinds(rows):
@@ -503,7 +503,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check("config report exit 0", r.returncode == 0, r.stdout + r.stderr)
     if r.returncode == 0:
         p4, _ = parse(cfg_page)
-        check("config: every plan kind", len(p4.tables.get("ranked-table-0", [])) - 1 == 8, p4.tables.get("ranked-table-0"))
+        check("config: every plan kind", len(p4.tables.get("ranked-table-0", [])) - 1 == 9, p4.tables.get("ranked-table-0"))
         check("config: a timeline", count(p4, "timeline-svg-0", "rect", "op") > 0, p4.svg_counts)
         check("config: trace", os.path.isfile(os.path.join(tmp, "config.trace.json")), os.listdir(tmp))
 

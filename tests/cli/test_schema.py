@@ -135,7 +135,7 @@ def main():
     if d:
         kinds = [x["plan_kind"] for x in d["results"]]
         check("compare: every plan kind once", sorted(kinds) == sorted(
-            ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan", "resident"]), kinds)
+            ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan", "resident"]), kinds)
         check("compare: a baseline's best names its own kind, not a Harmony mode",
               all(x["best"] is None or x["best"]["plan_kind"] == x["plan_kind"] for x in d["results"]), kinds)
     d = sim_json("compare.schema.json", "compare", cfg, *small, *tiny_search, "--set", "machine.gpu_memory=64MiB",

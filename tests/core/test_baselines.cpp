@@ -152,7 +152,7 @@ Bytes ledger_peak(const core::Program& p, const sim::Timeline& t, int device) {
 std::vector<PlanKind> swapping_kinds() {
   std::vector<PlanKind> out;
   for (const PlanKind& k : core::plan_kinds())
-    if (k->role == core::KindRole::Baseline) out.push_back(k);
+    if (core::is_swapping_kind(k)) out.push_back(k);  // zero-offload is a baseline that never swaps
   return out;
 }
 

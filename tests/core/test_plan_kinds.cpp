@@ -105,15 +105,15 @@ const std::string kTrainModel =
 
 }  // namespace
 
-TEST_CASE("the registry generates the eight kinds in listing order, each a complete module") {
+TEST_CASE("the registry generates the nine kinds in listing order, each a complete module") {
   CHECK(plan_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity",
-                                                      "l2l", "lohan", "resident"});
+                                                      "zero-offload", "l2l", "lohan", "resident"});
   CHECK(harmony_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp"});
   CHECK(plan_kind_names(KindRole::Baseline) ==
-        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan"});
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan"});
   CHECK(plan_kind_names(KindRole::Ceiling) == std::vector<std::string>{"resident"});
   CHECK(plan_kind_names(Knob::Activations) ==
-        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan", "resident"});
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan", "resident"});
   CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "lohan"});
   CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity"});
   CHECK(plan_kind_names(Knob::Swap) == std::vector<std::string>{"dp-swap", "pp-swap"});
