@@ -195,10 +195,15 @@ HostAccount host_state(const core::Model& m, bool offload_nvme) {
     }
   }
   if (offload_nvme) {
-    // the masters and the optimizer state live on the drives
+    // the masters and the optimizer state live on the drives; so does a mixed-precision model's FP32 gradient (ZeRO-
+    // Infinity swaps it out at the boundary, the lowering's nvme_write): the host keeps the 2-byte gradient buffer
     h.nvme_bytes = h.master_weights_bytes + h.optimizer_state_bytes;
     h.master_weights_bytes = 0;
     h.optimizer_state_bytes = 0;
+    if (mixed) {
+      h.nvme_bytes += h.gradient_bytes;
+      h.gradient_bytes /= 2;
+    }
   }
   return h;
 }

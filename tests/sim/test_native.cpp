@@ -936,6 +936,15 @@ TEST_CASE("host memory: mixed precision counts fp32 masters, gradients and bounc
   // the state's total is the one the bf16 profile's figures sum to, the pinned part the fp32 copies
   CHECK(state.total_bytes() == 2 * (1000 + 10 + 12 * 500 + 1000));
   CHECK(state.pinned_bytes() == 2 * (2 * 1000 + 10 + 2 * 1000));
+  // offload: nvme: the masters, the moments and the FP32 gradient live on the drives (ZeRO-Infinity swaps the FP32
+  // gradient out at the boundary); the host keeps the 2-byte gradient buffer. Before, the whole FP32 gradient stayed
+  // in host memory, and the published LoHan 175B rows on a 768 GB host stopped fitting.
+  const sim::HostAccount drives = sim::host_state(bf16, true);
+  CHECK(drives.master_weights_bytes == 0);
+  CHECK(drives.optimizer_state_bytes == 0);
+  CHECK(drives.gradient_bytes == 2 * 1000);
+  CHECK(drives.nvme_bytes == state.master_weights_bytes + state.optimizer_state_bytes + state.gradient_bytes);
+  CHECK(drives.total_bytes() + drives.nvme_bytes == state.total_bytes() + 2 * 1000);  // the drives' copy and the buffer
   // the bounce buffers of the previous case (100 on GPU 0, 250 on GPU 1) in fp32, and the rings: GPU 0's swap-out
   // queue's largest dWB 300, GPU 1's 250, two buffers each
   Builder b(2);
