@@ -316,6 +316,7 @@ void CudaStream::run() {
         const cudaError_t e = cudaStreamSynchronize(stream_);
         if (e != cudaSuccess) {
           (void)cudaGetLastError();
+          (void)host_calls_->abandon();  // the context has failed: CUDA will not run them
           throw DeviceError(fmt::format("{}: stream '{}': {} failed (HARMONY_SYNC_DEBUG): cuda error {} {} ({})",
                                         device_.name(), name_, task.first, static_cast<int>(e), cudaGetErrorName(e),
                                         cudaGetErrorString(e)));
