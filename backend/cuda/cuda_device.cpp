@@ -376,7 +376,11 @@ std::exception_ptr CudaStream::poll() {
 }
 
 std::exception_ptr CudaStream::take_kernel_error() {
-  const std::optional<kern::ErrorReport> r = kern::consume_error(errors_host_);
+  std::optional<kern::ErrorReport> r;
+  {
+    const std::lock_guard lock(errors_mu_);  // one consumer at a time (a stream's and the device's synchronize)
+    r = kern::consume_error(errors_host_);
+  }
   return r ? device_.kernel_error(*r, name_) : nullptr;
 }
 

@@ -220,6 +220,7 @@ class CudaStream final : public Stream {
   std::shared_ptr<HostCalls> host_calls_ = std::make_shared<HostCalls>();
   kern::ErrorRecord* errors_host_ = nullptr;    // this stream's record, mapped pinned memory
   kern::ErrorRecord* errors_device_ = nullptr;  // the same, as its kernels address it
+  std::mutex errors_mu_;                        // serializes the host's consume_error calls
   std::unique_ptr<StreamContext> ctx_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -59,7 +59,8 @@ HARMONY_HOST_DEVICE inline void report_error(ErrorRecord* e, int code, long long
 #if !defined(__CUDA_ARCH__)
 // Host consumer: takes a published report (and frees the record for the next one), or nothing when the record
 // is free or a writer is still filling it (that report is complete later and the next consume takes it: the
-// caller checks after the stream's synchronize, when every kernel enqueued before it has finished writing).
+// caller checks after the stream's synchronize, when every kernel enqueued before it has finished writing). One
+// consumer at a time per record (the caller serializes them): writers race the consumer, never two consumers.
 inline std::optional<ErrorReport> consume_error(ErrorRecord* e) {
   const int code = __atomic_load_n(&e->code, __ATOMIC_ACQUIRE);
   if (code == kErrNone || code == kErrBusy) return std::nullopt;
