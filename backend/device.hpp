@@ -315,6 +315,10 @@ class Device {
   virtual std::unique_ptr<Event> create_event() = 0;
   // Waits for every stream of this device; rethrows the first sticky error.
   virtual void synchronize() = 0;
+  // Without blocking: throws when the device can no longer complete queued work (CUDA: a sticky error poisoned
+  // the context), after dropping the host functions it will never run (launch_host's closures are destroyed,
+  // so release_after's frees happen). For loops that wait on queued work (the executor's alloc_or_wait).
+  virtual void check_alive() {}
 
   // --- copies (required)
   virtual void copy_h2d(Stream& s, void* dst_device, const void* src_host, Bytes bytes) = 0;

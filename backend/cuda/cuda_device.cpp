@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -89,19 +90,37 @@ class QuietDeviceGuard {
   bool restore_ = false;
 };
 
+// cudaLaunchHostFunc's argument. CUDA does not run host functions after the context fails: then the trampoline
+// never frees this (a few pointers), but HostCalls::abandon has destroyed the function's closure.
 struct HostCall {
   std::shared_ptr<StickyError> sticky;
-  std::function<void()> fn;
+  std::shared_ptr<HostCalls> calls;
+  std::shared_ptr<HostCalls::Call> call;
 };
 
 // cudaLaunchHostFunc's callback: runs the function; an exception becomes the stream's sticky error.
 void host_trampoline(void* p) noexcept {
-  std::unique_ptr<HostCall> call(static_cast<HostCall*>(p));
+  std::unique_ptr<HostCall> hc(static_cast<HostCall*>(p));
   try {
-    call->fn();
+    (void)hc->calls->run(hc->call);
   } catch (...) {
-    call->sticky->set(std::current_exception());
+    hc->sticky->set(std::current_exception());
   }
+}
+
+// A stream's kernel error record: mapped pinned memory, zeroed; *device is the address its kernels write.
+kern::ErrorRecord* alloc_error_record(kern::ErrorRecord** device) {
+  void* rec = nullptr;
+  HARMONY_CUDA_CHECK(cudaHostAlloc(&rec, sizeof(kern::ErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(rec, 0, sizeof(kern::ErrorRecord));
+  void* dev_rec = nullptr;
+  const cudaError_t e = cudaHostGetDevicePointer(&dev_rec, rec, 0);
+  if (e != cudaSuccess) {
+    if (cudaFreeHost(rec) != cudaSuccess) (void)cudaGetLastError();
+    HARMONY_CUDA_CHECK(e);
+  }
+  *device = static_cast<kern::ErrorRecord*>(dev_rec);
+  return static_cast<kern::ErrorRecord*>(rec);
 }
 
 CudaEvent& as_cuda_event(Event& e) {
@@ -245,10 +264,15 @@ bool CudaEvent::query() {
 
 CudaStream::CudaStream(CudaDevice& device, std::string name) : device_(device), name_(std::move(name)) {
   DeviceGuard guard(device.gpu());
-  HARMONY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  errors_host_ = alloc_error_record(&errors_device_);
+  const cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    if (cudaFreeHost(errors_host_) != cudaSuccess) (void)cudaGetLastError();
+    HARMONY_CUDA_CHECK(e);
+  }
   ctx_ = std::make_unique<StreamContext>(device.gpu(), stream_, device.options().tf32, device.options().tree_sums,
                                          device.options().bf16_exact, device.options().attention_workspace,
-                                         device.errors_device());
+                                         errors_device_);
   thread_ = std::thread([this]() { run(); });
   device_.add_stream(this);
 }
@@ -263,7 +287,10 @@ CudaStream::~CudaStream() {
   thread_.join();  // issues everything still queued first
   ctx_.reset();    // synchronizes the stream
   const QuietDeviceGuard guard(device_.gpu());
+  // After the synchronize every host function has run, unless the context failed: then CUDA never will.
+  (void)host_calls_->abandon();
   if (cudaStreamDestroy(stream_) != cudaSuccess) (void)cudaGetLastError();
+  if (cudaFreeHost(errors_host_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 Device& CudaStream::device() { return device_; }
@@ -289,11 +316,12 @@ void CudaStream::run() {
         const cudaError_t e = cudaStreamSynchronize(stream_);
         if (e != cudaSuccess) {
           (void)cudaGetLastError();
+          (void)host_calls_->abandon();  // the context has failed: CUDA will not run them
           throw DeviceError(fmt::format("{}: stream '{}': {} failed (HARMONY_SYNC_DEBUG): cuda error {} {} ({})",
                                         device_.name(), name_, task.first, static_cast<int>(e), cudaGetErrorName(e),
                                         cudaGetErrorString(e)));
         }
-        device_.check_kernel_errors();
+        if (auto k = take_kernel_error()) std::rethrow_exception(k);
       }
     } catch (...) {
       sticky_->set(std::current_exception());
@@ -321,23 +349,39 @@ void CudaStream::drain() {
 std::exception_ptr CudaStream::finish() {
   drain();
   const cudaError_t e = cudaStreamSynchronize(stream_);
+  std::exception_ptr failure = e == cudaSuccess ? nullptr : failed(e);
   std::exception_ptr first = sticky_->take();
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    if (!first) {
-      first = std::make_exception_ptr(DeviceError(
-          fmt::format("{}: stream '{}': cuda error {} {} ({}); run with HARMONY_SYNC_DEBUG=1 to find the operation",
-                      device_.name(), name_, static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e))));
-    }
-  }
-  if (!first) {
-    try {
-      device_.check_kernel_errors();
-    } catch (...) {
-      first = std::current_exception();
-    }
-  }
+  if (!first) first = failure;
+  // Every kernel enqueued before the synchronize has finished writing its report: this stream's, once.
+  if (!first) first = take_kernel_error();
   return first;
+}
+
+std::exception_ptr CudaStream::failed(cudaError_t e) {
+  (void)cudaGetLastError();
+  (void)host_calls_->abandon();
+  return std::make_exception_ptr(DeviceError(
+      fmt::format("{}: stream '{}': cuda error {} {} ({}); run with HARMONY_SYNC_DEBUG=1 to find the operation",
+                  device_.name(), name_, static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e))));
+}
+
+std::exception_ptr CudaStream::poll() {
+  const cudaError_t e = cudaStreamQuery(stream_);
+  if (e == cudaSuccess) return nullptr;
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return failed(e);
+}
+
+std::exception_ptr CudaStream::take_kernel_error() {
+  std::optional<kern::ErrorReport> r;
+  {
+    const std::lock_guard lock(errors_mu_);  // one consumer at a time (a stream's and the device's synchronize)
+    r = kern::consume_error(errors_host_);
+  }
+  return r ? device_.kernel_error(*r, name_) : nullptr;
 }
 
 void CudaStream::synchronize() {
@@ -345,10 +389,15 @@ void CudaStream::synchronize() {
 }
 
 void CudaStream::launch_host(std::function<void()> fn) {
-  submit("launch_host", [sticky = sticky_, fn = std::move(fn)](StreamContext& c) mutable {
-    auto call = std::make_unique<HostCall>(HostCall{sticky, std::move(fn)});
-    HARMONY_CUDA_CHECK(cudaLaunchHostFunc(c.stream(), host_trampoline, call.get()));
-    (void)call.release();  // the trampoline owns it now
+  // Registered now, so a failed context drops it even while it is still queued for the submission thread.
+  std::shared_ptr<HostCalls::Call> call = host_calls_->add(std::move(fn));
+  if (!call) return;  // the context has failed: CUDA would not run it
+  submit("launch_host", [sticky = sticky_, calls = host_calls_, call](StreamContext& c) {
+    auto hc = std::make_unique<HostCall>(HostCall{sticky, calls, call});
+    const cudaError_t e = cudaLaunchHostFunc(c.stream(), host_trampoline, hc.get());
+    if (e != cudaSuccess) calls->cancel(call);  // never runs: its closure goes now, not never
+    HARMONY_CUDA_CHECK(e);
+    (void)hc.release();  // the trampoline owns it now
   });
 }
 
@@ -426,20 +475,12 @@ CudaDevice::CudaDevice(int index, const CudaDeviceOptions& options) : index_(ind
     const QuietDeviceGuard guard(gpu);
     if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();  // also at exit, when the runtime is unloading
   });
-  void* rec = nullptr;
-  HARMONY_CUDA_CHECK(cudaHostAlloc(&rec, sizeof(kern::ErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
-  errors_host_ = static_cast<kern::ErrorRecord*>(rec);
-  std::memset(errors_host_, 0, sizeof(kern::ErrorRecord));
-  void* dev_rec = nullptr;
-  HARMONY_CUDA_CHECK(cudaHostGetDevicePointer(&dev_rec, rec, 0));
-  errors_device_ = static_cast<kern::ErrorRecord*>(dev_rec);
   if (options_.poison) HARMONY_CUDA_CHECK(cudaStreamCreateWithFlags(&poison_stream_, cudaStreamNonBlocking));
 }
 
 CudaDevice::~CudaDevice() {
   const QuietDeviceGuard guard(gpu_);
   if (poison_stream_ != nullptr && cudaStreamDestroy(poison_stream_) != cudaSuccess) (void)cudaGetLastError();
-  if (errors_host_ != nullptr && cudaFreeHost(errors_host_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 Buffer CudaDevice::alloc(Bytes bytes, std::string_view label) {
@@ -500,31 +541,43 @@ void CudaDevice::synchronize() {
   for (CudaStream* s : streams) {
     if (auto e = s->finish(); e && !first) first = e;
   }
-  if (!first) check_kernel_errors();
   if (first) std::rethrow_exception(first);
 }
 
-void CudaDevice::check_kernel_errors() {
-  auto* rec = errors_host_;
-  const int code = __atomic_load_n(&rec->code, __ATOMIC_ACQUIRE);
-  if (code == kern::kErrNone) return;
-  const long long value = rec->value, a = rec->a, b = rec->b, limit = rec->limit;
-  int expected = code;
-  if (!__atomic_compare_exchange_n(&rec->code, &expected, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
-  switch (code) {
-    case kern::kErrEmbeddingId:
-      throw DeviceError(fmt::format("{}: embedding: token id {} at (b={}, t={}) is outside the vocabulary [0, {})",
-                                    name_, value, a, b, limit));
-    case kern::kErrTargetId:
-      throw DeviceError(fmt::format("{}: cross-entropy: target id {} at row {} is outside the vocabulary [0, {})",
-                                    name_, value, a, limit));
-    case kern::kErrEmbeddingBwdId:
-      throw DeviceError(fmt::format(
-          "{}: embedding_bwd: token id {} at (b={}, t={}) is outside the vocabulary [0, {}); nothing was written",
-          name_, value, a, b, limit));
-    default:
-      throw DeviceError(fmt::format("{}: a kernel reported error code {}", name_, code));
+void CudaDevice::check_alive() {
+  std::vector<CudaStream*> streams;
+  {
+    std::lock_guard lock(mu_);
+    streams.assign(streams_.begin(), streams_.end());
   }
+  const QuietDeviceGuard guard(gpu_);
+  std::exception_ptr first;
+  for (CudaStream* s : streams) {  // every stream: each drops the host functions CUDA will not run
+    if (auto e = s->poll(); e && !first) first = e;
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+std::exception_ptr CudaDevice::kernel_error(const kern::ErrorReport& r, const std::string& stream) const {
+  const long long value = r.value, a = r.a, b = r.b, limit = r.limit;
+  std::string what;
+  switch (r.code) {
+    case kern::kErrEmbeddingId:
+      what =
+          fmt::format("embedding: token id {} at (b={}, t={}) is outside the vocabulary [0, {})", value, a, b, limit);
+      break;
+    case kern::kErrTargetId:
+      what = fmt::format("cross-entropy: target id {} at row {} is outside the vocabulary [0, {})", value, a, limit);
+      break;
+    case kern::kErrEmbeddingBwdId:
+      what = fmt::format(
+          "embedding_bwd: token id {} at (b={}, t={}) is outside the vocabulary [0, {}); nothing was written", value, a,
+          b, limit);
+      break;
+    default:
+      what = fmt::format("a kernel reported error code {}", r.code);
+  }
+  return std::make_exception_ptr(DeviceError(fmt::format("{}: {} (stream '{}')", name_, what, stream)));
 }
 
 CudaStream& CudaDevice::own(Stream& s, const char* op) {

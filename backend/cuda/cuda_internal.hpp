@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_arena.hpp"
 #include "backend/cuda/cuda_device.hpp"
+#include "backend/cuda/host_calls.hpp"
 #include "backend/cuda/kernels.hpp"
 
 namespace harmony::backend::cuda::detail {
@@ -199,16 +200,27 @@ class CudaStream final : public Stream {
   void drain();
   // Waits for the GPU side too; the first error (sticky, CUDA's or a kernel's report) is returned, not thrown.
   std::exception_ptr finish();
+  // Without blocking: CUDA's error when the context has failed (then the host functions CUDA will never run are
+  // dropped, so whoever waits on them stops waiting), else null.
+  std::exception_ptr poll();
   cudaStream_t handle() const { return stream_; }
   const std::shared_ptr<StickyError>& sticky() const { return sticky_; }
 
  private:
   void run();
+  // The context has failed (CUDA's error e): the host functions still pending will never run.
+  std::exception_ptr failed(cudaError_t e);
+  // What this stream's kernels reported since the last check (thrown once), or null.
+  std::exception_ptr take_kernel_error();
 
   CudaDevice& device_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   std::shared_ptr<StickyError> sticky_ = std::make_shared<StickyError>();
+  std::shared_ptr<HostCalls> host_calls_ = std::make_shared<HostCalls>();
+  kern::ErrorRecord* errors_host_ = nullptr;    // this stream's record, mapped pinned memory
+  kern::ErrorRecord* errors_device_ = nullptr;  // the same, as its kernels address it
+  std::mutex errors_mu_;                        // serializes the host's consume_error calls
   std::unique_ptr<StreamContext> ctx_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -228,7 +240,6 @@ class CudaDevice final : public Device {
   int index() const override { return index_; }
   int gpu() const { return gpu_; }
   const CudaDeviceOptions& options() const { return options_; }
-  kern::ErrorRecord* errors_device() const { return errors_device_; }
 
   Buffer alloc(Bytes bytes, std::string_view label) override;
   MemoryStats memory() const override { return arena_->stats(); }
@@ -237,6 +248,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void synchronize() override;
+  void check_alive() override;
 
   void copy_h2d(Stream& s, void* dst, const void* src, Bytes bytes) override;
   void copy_d2h(Stream& s, void* dst, const void* src, Bytes bytes) override;
@@ -308,8 +320,8 @@ class CudaDevice final : public Device {
   CudaStream& own(Stream& s, const char* op);
   void check_device(const void* p, Bytes bytes, const char* op, const char* role) const;
   void check_host(const void* p, Bytes bytes, const char* op, const char* role) const;
-  // Throws (once) what a kernel reported through the error record since the last check.
-  void check_kernel_errors();
+  // The error a kernel of stream `stream` reported (kern::report_error), in the CPU device's words.
+  std::exception_ptr kernel_error(const kern::ErrorReport& r, const std::string& stream) const;
   void add_stream(CudaStream* s);
   void remove_stream(CudaStream* s);
 
@@ -322,8 +334,6 @@ class CudaDevice final : public Device {
   int gpu_;
   CudaDeviceOptions options_;
   std::shared_ptr<CudaArena> arena_;
-  kern::ErrorRecord* errors_host_ = nullptr;    // mapped pinned memory
-  kern::ErrorRecord* errors_device_ = nullptr;  // the same, as kernels address it
   cudaStream_t poison_stream_ = nullptr;
   std::mutex mu_;
   std::set<CudaStream*> streams_;

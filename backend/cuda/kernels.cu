@@ -69,17 +69,6 @@ unsigned blocks_exact(std::int64_t items, int per_block) {
   for (std::int64_t i = idx::stride_first(blockIdx.x, blockDim.x, threadIdx.x); i < (n); \
        i += idx::stride_step(gridDim.x, blockDim.x))
 
-__device__ void report(ErrorRecord* e, int code, long long value, long long a, long long b, long long limit) {
-  if (atomicCAS(&e->code, 0, -1) == 0) {
-    e->value = value;
-    e->a = a;
-    e->b = b;
-    e->limit = limit;
-    __threadfence_system();
-    atomicExch(&e->code, code);
-  }
-}
-
 // Butterfly sum over a warp: a fixed tree, and every lane ends with the same value (a + b == b + a).
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
@@ -119,7 +108,7 @@ __global__ void embedding_fwd_kernel(ErrorRecord* err, D* out, const std::int32_
   const int t = static_cast<int>(r % T);
   const std::int32_t id = ids[r];
   if (id < 0 || id >= V) {
-    if (threadIdx.x == 0) report(err, kErrEmbeddingId, id, r / T, t, V);
+    if (threadIdx.x == 0) report_error(err, kErrEmbeddingId, id, r / T, t, V);
     return;
   }
   const D* e = wte + idx::at(id, C, 0);
@@ -165,7 +154,7 @@ __global__ void embedding_dwte_kernel(ErrorRecord* err, D* dwte, const D* dout, 
   if (!sorted_ids_valid(keys, N, V)) {
     if (p == 0 && threadIdx.x == 0) {
       const int bad = keys[0] < 0 ? 0 : N - 1;
-      report(err, kErrEmbeddingBwdId, keys[bad], rows[bad] / T, rows[bad] % T, V);
+      report_error(err, kErrEmbeddingBwdId, keys[bad], rows[bad] / T, rows[bad] % T, V);
     }
     return;
   }
@@ -637,7 +626,7 @@ __global__ void crossentropy_fwd_kernel(ErrorRecord* err, float* losses, D* prob
   const std::int64_t r = blockIdx.x;
   const std::int32_t target = targets[r];
   if (target < 0 || target >= V) {
-    if (threadIdx.x == 0) report(err, kErrTargetId, target, r, -1, V);
+    if (threadIdx.x == 0) report_error(err, kErrTargetId, target, r, -1, V);
     return;
   }
   const D* l = logits + idx::at(r, V, 0);

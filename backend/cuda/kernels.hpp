@@ -1,7 +1,7 @@
 // Host launchers of the CUDA device's own kernels (backend/cuda/kernels.cu): everything but the GEMMs, which
 // are cuBLAS calls (gemm.cpp). Plain C++ so the device code stays in one nvcc unit. Every launcher enqueues
-// on `stream` and checks the launch; bad token ids are reported through the device's ErrorRecord. The tensor
-// launchers are templates over the storage type S, instantiated for float and Bf16 (stored as __nv_bfloat16:
+// on `stream` and checks the launch; bad token ids are reported through the stream's ErrorRecord (error_record.hpp).
+// The tensor launchers are templates over the storage type S, instantiated for float and Bf16 (stored as __nv_bfloat16:
 // loads widen to fp32, every kernel computes in fp32, stores round to nearest even once).
 #pragma once
 
@@ -10,22 +10,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/error_record.hpp"
+
 namespace harmony::backend {
 struct Bf16;  // backend/bf16.hpp
 }  // namespace harmony::backend
 
 namespace harmony::backend::cuda::kern {
-
-// Written by a kernel that finds bad input (the first one wins), read by the host after a synchronize. Lives in
-// mapped pinned host memory. code 0: none; -1: being written.
-struct ErrorRecord {
-  int code;
-  int pad;
-  long long value;  // the bad id
-  long long a, b;   // (b, t) for the embedding, (row, -) for the cross-entropy
-  long long limit;  // the vocabulary size (-1: unknown)
-};
-enum ErrorCode : int { kErrNone = 0, kErrEmbeddingId = 1, kErrEmbeddingBwdId = 2, kErrTargetId = 3 };
 
 // wpe null: no position table (out = wte[id], a copy); likewise a null dwpe in embedding_bwd is skipped.
 template <class S>

@@ -138,13 +138,19 @@ class Interpreter {
   // sees the allocations and frees of the loop before event ordering, in the same order, whatever the timing:
   // the same placements, peaks and out-of-memory errors every run (the CPU device is the reference).
   Buffer alloc_or_wait(Device& device, Bytes bytes, std::string_view label) {
+    // Every wait below first asks the device whether queued work can still complete (Device::check_alive): after
+    // a sticky CUDA error the frees it waits for never come, and the check throws that error instead.
     if (exact_memory) {
-      while (frees_pending(device)) unlocked([] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+      while (frees_pending(device)) {
+        device.check_alive();
+        unlocked([] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+      }
     }
     for (;;) {
       try {
         return device.alloc(bytes, label);
       } catch (const OutOfMemory&) {
+        device.check_alive();
         if (frees_pending(device)) {
           unlocked([] { std::this_thread::sleep_for(std::chrono::microseconds(50)); });
           continue;

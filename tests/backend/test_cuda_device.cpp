@@ -281,6 +281,43 @@ TEST_SUITE("gpu") {
     CHECK_THROWS_AS(s->record(*cpu_event), DeviceError);
   }
 
+  TEST_CASE("kernel error reports surface on the stream whose kernel made them, once") {
+    // Each stream has its own error record: a bad id on stream b is b's error, never a's, and is thrown once.
+    auto dev = cuda::make_cuda_device(0, {.capacity = 16 * kMiB});
+    auto a = dev->create_stream("a"), b = dev->create_stream("b");
+    constexpr int B = 2, T = 4, C = 8, V = 5;
+    std::vector<std::int32_t> good(B * T, 1), bad(B * T, 1);
+    bad[5] = 9;  // (b=1, t=1)
+    std::vector<float> table(static_cast<std::size_t>(V * C), 0.5f), pos(static_cast<std::size_t>(T * C), 0.25f);
+    Buffer ig = dev->alloc(B * T * 4), ib = dev->alloc(B * T * 4), wte = dev->alloc(V * C * 4),
+           wpe = dev->alloc(T * C * 4), oa = dev->alloc(B * T * C * 4), ob = dev->alloc(B * T * C * 4);
+    dev->copy_h2d(*a, ig.data(), good.data(), B * T * 4);
+    dev->copy_h2d(*a, ib.data(), bad.data(), B * T * 4);
+    dev->copy_h2d(*a, wte.data(), table.data(), V * C * 4);
+    dev->copy_h2d(*a, wpe.data(), pos.data(), T * C * 4);
+    a->synchronize();
+    for (int rep = 0; rep < 3; ++rep) {
+      CAPTURE(rep);
+      dev->kernels().embedding_fwd(*b, ob.as<float>(), ib.as<std::int32_t>(), wte.as<float>(), wpe.as<float>(), B, T, C,
+                                   V);
+      dev->kernels().embedding_fwd(*a, oa.as<float>(), ig.as<std::int32_t>(), wte.as<float>(), wpe.as<float>(), B, T, C,
+                                   V);
+      a->synchronize();  // a's kernel ran after b's report: the report is not a's
+      CHECK_THROWS_WITH_AS(b->synchronize(),
+                           doctest::Contains("token id 9 at (b=1, t=1) is outside the vocabulary [0, 5) (stream 'b')"),
+                           DeviceError);
+      CHECK_NOTHROW(b->synchronize());  // once
+      CHECK_NOTHROW(dev->synchronize());
+    }
+    // Reported on b, then the device's synchronize (every stream) finds it once, still named b's.
+    dev->kernels().embedding_fwd(*b, ob.as<float>(), ib.as<std::int32_t>(), wte.as<float>(), wpe.as<float>(), B, T, C,
+                                 V);
+    CHECK_THROWS_WITH_AS(dev->synchronize(), doctest::Contains("(stream 'b')"), DeviceError);
+    CHECK_NOTHROW(dev->synchronize());
+    CHECK_NOTHROW(a->synchronize());
+    CHECK_NOTHROW(b->synchronize());
+  }
+
   TEST_CASE("HARMONY_SYNC_DEBUG: synchronizing after every operation changes no result") {
     Twin t({.capacity = 64 * kMiB, .sync_debug = true});
     const auto a = random_floats(1000, 1), b = random_floats(1000, 2);
