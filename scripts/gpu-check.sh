@@ -476,7 +476,7 @@ fi
 # the Llama family (configs/run/llama.yaml: RMSNorm, rotary embeddings over grouped-query heads, SwiGLU), tagged
 # llama_KIND: the CUDA device's Llama kernels against the CPU device's.
 echo "== losses of every plan kind, CUDA vs CPU (3 steps, serial executor, strict fp32; then bf16; GPT-2, then Llama)"
-kinds=(harmony-pp harmony-dp pp-swap dp-swap zero-infinity l2l lohan)
+kinds=(harmony-pp harmony-dp pp-swap dp-swap zero-infinity zero-offload l2l lohan)
 [[ $resident == true ]] && kinds+=(resident)
 loss_run() {  # loss_run TAG KIND cuda|cpu EXECUTOR gpt2|llama PREC_ARGS...
   local tag=$1 kind=$2 dev_=$3 ex=$4 family=$5

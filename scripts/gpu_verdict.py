@@ -33,7 +33,7 @@ LOSS_RTOL = 1e-4  # CUDA vs CPU device losses over 3 steps (fp32, strict: no TF3
 # bf16 training test argues (tests/backend/test_cuda_device.cpp, "Training": >= 3.5x the measured spread)
 LOSS_RTOL_BF16 = 2e-4
 DEADLINE_S = 480  # the whole check, build included (a smaller DEADLINE_S recorded in params.json is used instead)
-PLAN_KINDS = ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "l2l", "lohan"]
+PLAN_KINDS = ["harmony-pp", "harmony-dp", "pp-swap", "dp-swap", "zero-infinity", "zero-offload", "l2l", "lohan"]
 CONCURRENT_KIND = "harmony-pp"  # the one CUDA loss row on the concurrent executor (the others run serially)
 TESTS = ["backend_device_conformance", "backend_cuda_device", "backend_adamw_parallel", "backend_cuda_index"]
 # Dense BF16 tensor-core peaks (TFLOP/s, no sparsity) by GPU name; PEAK_BF16_TFLOPS overrides (params.json).
