@@ -48,4 +48,24 @@ Candidate microbatch_candidate(const SearchSpace& space, ActivationPolicy policy
   return c;
 }
 
+void validate_microbatch_plan(const Plan& p, const Model& m) {
+  validate_microbatch_size(p, m);
+  if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.u_bwd))
+    throw ScheduleError(problem->message);
+}
+
+std::vector<Candidate> enumerate_microbatch_plans(const Model& model, const SearchSpace& space,
+                                                  Bytes (*estimate_bytes)(const Plan&, const Model&)) {
+  const std::vector<int> sizes = candidate_microbatch_sizes(model, space);
+  std::vector<Candidate> out;
+  for (ActivationPolicy policy : space.activation_policies) {
+    for (int u : sizes) {
+      Candidate c = microbatch_candidate(space, policy, u);
+      if (space.drop_infeasible && estimate_bytes(c.plan, model) > space.capacity_bytes) continue;
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
 }  // namespace harmony::core

@@ -1,6 +1,6 @@
-// What every kind with one microbatch size (plan.u_bwd; no packs: the swapping kinds and resident) shares: the first
-// checks of its validation, the sizes its enumeration offers the search and the candidate of one size. Each kind's
-// file adds its own rules and knobs.
+// What every kind with one microbatch size (plan.u_bwd; no packs: the swapping kinds, zero-offload and resident)
+// shares: checks of its validation, the sizes its enumeration offers the search and the candidate of one size. Each
+// kind's file adds its own rules and knobs.
 #pragma once
 
 #include <vector>
@@ -25,5 +25,15 @@ std::vector<int> candidate_microbatch_sizes(const Model& model, const SearchSpac
 // The candidate of space.kind at microbatch u (u_fwd = u_bwd = u) under `policy`: space's N, D and knobs, with the
 // policy and knobs.gpu_capacity_bytes = space.capacity_bytes.
 Candidate microbatch_candidate(const SearchSpace& space, ActivationPolicy policy, int u);
+
+// The whole validation of a kind whose only rules are these (resident, zero-offload): validate_microbatch_size, then
+// the kind's microbatch rule (plan_rules: microbatch_problem), as ScheduleError.
+void validate_microbatch_plan(const Plan& plan, const Model& model);
+
+// The whole enumeration of such a kind: per activation policy (space.activation_policies, in order), ascending u
+// (candidate_microbatch_sizes), one microbatch_candidate each; with space.drop_infeasible only those whose
+// `estimate_bytes` (one GPU's peak estimate of the plan) fits space.capacity_bytes.
+std::vector<Candidate> enumerate_microbatch_plans(const Model& model, const SearchSpace& space,
+                                                  Bytes (*estimate_bytes)(const Plan&, const Model&));
 
 }  // namespace harmony::core

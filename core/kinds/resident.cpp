@@ -6,10 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "core/base/error.hpp"
 #include "core/kinds/microbatch_sizes.hpp"
 #include "core/plan/plan_kind.hpp"
-#include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program_builder.hpp"
 #include "core/search/search.hpp"
@@ -45,12 +43,6 @@ Bytes estimate_bytes(const Plan& p, const Model& m) {
   return state + stash + std::max<Bytes>(0, peak);
 }
 
-void validate_resident(const Plan& p, const Model& m) {
-  validate_microbatch_size(p, m);
-  if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.u_bwd))
-    throw ScheduleError(problem->message);
-}
-
 // Per iteration, on every GPU g (m = D/(N u) microbatches, layers l = 0..R-1), all on the compute stream but the data:
 //   FWD(l, i = 0) allocates layer l's resident state (W+B, dW, AdamW moments, masters), never freed: it lives on the
 //   GPU from the first step to the last.
@@ -60,7 +52,7 @@ void validate_resident(const Plan& p, const Model& m) {
 //   Update(l), l descending, on the compute stream after the whole backward (optimizer.step()): AdamW on the GPU,
 //   its `bytes` the HBM traffic it reads and writes (28 per parameter).
 Program lower_resident(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
-  validate_resident(plan, model);
+  validate_microbatch_plan(plan, model);
   detail::ProgramBuilder b(model, plan);
   const int R = model.num_layers();
   const int N = plan.gpus;
@@ -106,20 +98,9 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
   return prog;
 }
 
-// Per activation policy, ascending u (candidate_microbatch_sizes: in the profiled forward and backward range,
-// dividing the per-GPU share D/N); with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits
-// space.capacity_bytes.
+// Per activation policy, ascending u; with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits.
 std::vector<Candidate> enumerate_resident(const Model& model, const SearchSpace& space) {
-  const std::vector<int> sizes = candidate_microbatch_sizes(model, space);
-  std::vector<Candidate> out;
-  for (ActivationPolicy policy : space.activation_policies) {
-    for (int u : sizes) {
-      Candidate c = microbatch_candidate(space, policy, u);
-      if (space.drop_infeasible && estimate_bytes(c.plan, model) > space.capacity_bytes) continue;
-      out.push_back(std::move(c));
-    }
-  }
-  return out;
+  return enumerate_microbatch_plans(model, space, estimate_bytes);
 }
 
 std::string describe_resident(const Plan& p, const Model& model) {
@@ -140,7 +121,7 @@ const PlanKindSpec kSpec{
     .even_split = true,
     .resident_state = true,
     .knobs = {Knob::Activations},
-    .validate = validate_resident,
+    .validate = validate_microbatch_plan,
     .lower = lower_resident,
     .enumerate = enumerate_resident,
     .describe = describe_resident,

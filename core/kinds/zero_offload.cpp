@@ -6,10 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "core/base/error.hpp"
 #include "core/kinds/microbatch_sizes.hpp"
 #include "core/plan/plan_kind.hpp"
-#include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program_builder.hpp"
 #include "core/search/search.hpp"
@@ -37,12 +35,6 @@ Bytes estimate_bytes(const Plan& p, const Model& m) {
   return params + grads + stash + std::max<Bytes>(0, peak);
 }
 
-void validate_zero_offload(const Plan& p, const Model& m) {
-  validate_microbatch_size(p, m);
-  if (const auto problem = microbatch_problem(p.kind, p.gpus, p.minibatch, p.u_bwd))
-    throw ScheduleError(problem->message);
-}
-
 // Per iteration, on every GPU g (m = D/(N u) microbatches; DeepSpeed's stage_1_and_2.py at commit 38327e07):
 //   the parameters, before the first forward (the previous step's tail: step() copies each rank's updated FP32
 //   partition to the GPU, `fp32_partition.to(device)`, lines 1880-1882, then all_gather_dp_groups, line 1930):
@@ -64,7 +56,7 @@ void validate_zero_offload(const Plan& p, const Model& m) {
 // Swap volume per iteration (all GPUs): WB = N sum_l shard(FP32_l); AG = N GW; RS = N GW; dWB = N sum_l
 // shard(FP32_l) (GW = W + B in the GPU dtype; with N = 1 no AG or RS and the shards are whole layers).
 Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
-  validate_zero_offload(plan, model);
+  validate_microbatch_plan(plan, model);
   detail::ProgramBuilder b(model, plan);
   const int R = model.num_layers();
   const int N = plan.gpus;
@@ -150,19 +142,9 @@ Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOpti
   return b.finish();
 }
 
-// Per activation policy, ascending u (candidate_microbatch_sizes); with space.drop_infeasible only the plans whose
-// estimate (estimate_bytes) fits space.capacity_bytes.
+// Per activation policy, ascending u; with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits.
 std::vector<Candidate> enumerate_zero_offload(const Model& model, const SearchSpace& space) {
-  const std::vector<int> sizes = candidate_microbatch_sizes(model, space);
-  std::vector<Candidate> out;
-  for (ActivationPolicy policy : space.activation_policies) {
-    for (int u : sizes) {
-      Candidate c = microbatch_candidate(space, policy, u);
-      if (space.drop_infeasible && estimate_bytes(c.plan, model) > space.capacity_bytes) continue;
-      out.push_back(std::move(c));
-    }
-  }
-  return out;
+  return enumerate_microbatch_plans(model, space, estimate_bytes);
 }
 
 std::string describe_zero_offload(const Plan& p, const Model& /*model*/) {
@@ -180,7 +162,7 @@ const PlanKindSpec kSpec{
     .data_parallel = true,
     .even_split = true,
     .knobs = {Knob::Activations},
-    .validate = validate_zero_offload,
+    .validate = validate_microbatch_plan,
     .lower = lower_zero_offload,
     .enumerate = enumerate_zero_offload,
     .describe = describe_zero_offload,
