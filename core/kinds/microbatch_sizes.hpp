@@ -1,6 +1,6 @@
 // What every kind with one microbatch size (plan.u_bwd; no packs: the swapping kinds, zero-offload and resident)
-// shares: checks of its validation, the sizes its enumeration offers the search and the candidate of one size. Each
-// kind's file adds its own rules and knobs.
+// shares: the first checks of its validation (the whole of it for zero-offload and resident), the sizes its
+// enumeration offers the search and the candidate of one size. Each kind's file adds its own rules and knobs.
 #pragma once
 
 #include <vector>
