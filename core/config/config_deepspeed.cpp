@@ -289,6 +289,12 @@ void read_zero(const DsFile& f, const json& root, DeepSpeedRun& run) {
          fmt::format("offload_param.device {} with ZeRO stage {}: parameter offload needs stage 3", run.offload_param,
                      run.stage),
          R"(DeepSpeed offloads parameters only under "stage": 3; set the stage to 3 or the device to "none")");
+  if (run.offload_optimizer != "none" && run.stage == 0)  // DeepSpeed would ignore it: ZeRO is off
+    fail(f.value_at("/zero_optimization/offload_optimizer/device"),
+         fmt::format("offload_optimizer.device {} with ZeRO stage 0: optimizer offload needs ZeRO (stage 1, 2 or 3)",
+                     run.offload_optimizer),
+         R"(DeepSpeed runs no ZeRO optimizer under "stage": 0 and offloads nothing; set the stage (2 is ZeRO-Offload) )"
+         R"(or the device to "none")");
   if (run.offload_optimizer == "nvme" && run.stage != 3)
     fail(f.value_at("/zero_optimization/offload_optimizer/device"),
          fmt::format("offload_optimizer.device nvme with ZeRO stage {}: NVMe offload needs stage 3", run.stage),

@@ -245,6 +245,11 @@ TEST_CASE("refused keys, each at its line:column") {
   error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2,
   "offload_optimizer": {"device": "nvme", "nvme_path": "/n"}}})",
            2, 35);
+  // stage 0 turns ZeRO off: DeepSpeed would silently offload nothing
+  CHECK(contains(error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0,
+  "offload_optimizer": {"device": "cpu"}}})",
+                          2, 35),
+                 "optimizer offload needs ZeRO"));
   error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3,
   "offload_param": {"device": "disk"}}})",
            2, 31);
