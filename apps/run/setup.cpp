@@ -157,6 +157,13 @@ Setup make_setup(const Cli& cli) {
   s.device_flags = cli.device_flags;
   const auto& cfg = s.cfg;
   check_device(cfg, cli.device_flags);
+  if (const core::PlanKind kind = cfg.plan.kind; !kind->trains)
+    throw core::ConfigError(
+        cfg.plan.mode_loc,
+        fmt::format("plan.mode {}: harmony-run does not train this kind yet; harmony-sim prices it", kind.name()),
+        fmt::format("price it with harmony-sim (simulate, compare); to train, use mode: resident (the in-memory "
+                    "trainer) or a kind that offloads (zero-offload, zero-infinity) (docs/baselines.md#{})",
+                    kind.name()));
   const backend::Gpt2Config gc = gpt2_config(cfg);
   if (gc.arch == backend::Arch::Llama) {
     const backend::DeviceKind& kind = device_kind(cfg);

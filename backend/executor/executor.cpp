@@ -59,6 +59,11 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
     throw BackendError(
         fmt::format("executor: sequence length {} outside 1..{}", options.seq_len, m.config().max_seq_len));
   core::validate_program(program);
+  if (const core::PlanKind kind = program.graph.plan.kind; !kind->trains)
+    throw BackendError(
+        fmt::format("executor: plan kind {} is priced by harmony-sim only; the executor does not run its Programs "
+                    "(docs/baselines.md#{})",
+                    kind.name(), kind.name()));
   if (Communicator* c = options.communicator) {
     if (c->size() != static_cast<int>(devices.size()))
       throw BackendError(

@@ -42,7 +42,8 @@ struct PlanSpec {
   std::optional<Packs> packs_bwd;
   // The kind's knobs (plan.activations, plan.offload, plan.zero3: each for the kinds that list it), else defaults.
   KindKnobs knobs;
-  SourceLoc loc;  // the `plan:` mapping, for plan-level errors
+  SourceLoc loc;       // the `plan:` mapping, for plan-level errors
+  SourceLoc mode_loc;  // the plan.mode value (or the `plan:` mapping where none was written)
 };
 
 struct RunConfig {

@@ -243,6 +243,7 @@ PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& lo
   const Entry& mode = require(map, "mode", "plan", plan_key_loc,
                               fmt::format("add `mode: KIND` under plan: (kinds: {})", join(plan_kind_names())));
   plan.kind = parse_mode(mode.value);
+  plan.mode_loc = mode.value.loc;
   parse_knobs(map, plan.kind, plan.knobs, machine);
   const Entry& gpus = require(map, "gpus", "plan", plan_key_loc, "add `gpus: N` (GPUs the plan uses) under plan:");
   plan.gpus = get_int(gpus.value, "plan.gpus", 1);

@@ -60,6 +60,9 @@ struct PlanKindSpec {
   // Weights, gradients and AdamW state live on every GPU for the whole run and its Update ops run there (on the
   // compute stream, `bytes` their HBM traffic): the executor keeps a DeviceState per device across steps.
   bool resident_state = false;
+  // harmony-run's executor trains its Programs. false: a kind harmony-sim prices but harmony-run refuses (plan.mode
+  // names it; --plan auto never offers it), said in docs/baselines.md.
+  bool trains = true;
   std::vector<Knob> knobs = {};  // the plan.<knob> keys it reads (Plan::knobs)
 
   // ---- the kind's functions (core/kinds/<kind>.cpp) ----
@@ -93,8 +96,8 @@ class PlanKind {
 // alias, a missing function, or a registration after the registry was first read. Returns true.
 bool register_plan_kind(const PlanKindSpec& spec);
 
-// Every registered kind in listing order: harmony-pp, harmony-dp, dp-swap, pp-swap, zero-infinity, l2l, lohan,
-// resident.
+// Every registered kind in listing order: harmony-pp, harmony-dp, dp-swap, pp-swap, zero-infinity, zero-offload, l2l,
+// lohan, fsdp, resident.
 const std::vector<PlanKind>& plan_kinds();
 const std::vector<std::string>& plan_kind_names();
 // The kind of a name (with_aliases: or one of its aliases); nullopt for an unknown one (use closest_match on

@@ -57,6 +57,7 @@ class ProgramBuilder {
   // of their layers; ARD is priced by bytes (w + b). Step k depends on outputs registered to step k-2.
   int compute(int device, OpKind kind, int task, int ui, LayerRange layers, int ubs, Bytes w = 0, Bytes b = 0);
   int next_step(int device) const;  // the step index the next compute op of `device` gets
+  int step_op(int device, int k) const { return steps_[static_cast<std::size_t>(device)][static_cast<std::size_t>(k)]; }
 
   // The per-layer streaming blocks dp-swap, zero-infinity and lohan share:
   // layer l's weights (w + b bytes: the whole layer or a shard) in to `device` on SwapIn for microbatch ui of

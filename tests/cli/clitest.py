@@ -3,6 +3,7 @@ recorded, the test goes on, and the summary exits 1), running a binary with its 
 small file. tests/meson.build runs each test as `python3 tests/cli/test_X.py BINARY...`, so Python puts this
 folder first on sys.path and `from clitest import ...` works from any build folder (release, sanitizer, a fresh
 clone's) with no PYTHONPATH."""
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,16 @@ import sys
 ROOT = os.path.abspath(os.environ.get("HARMONY_SOURCE_DIR", "."))
 # tests/meson.build: an ASan/UBSan build (~10x slower); the long cases run on smaller inputs.
 SANITIZED = os.environ.get("HARMONY_SANITIZED") == "1"
+
+# The registered plan kinds in listing order: the outputs' plan_kind enum, which tests/core/test_plan_kinds.cpp checks
+# against the registry (so a new kind changes no list here).
+with open(os.path.join(ROOT, "schemas", "common.schema.json")) as _f:
+    PLAN_KINDS = json.load(_f)["definitions"]["plan_kind"]["enum"]
+# The kinds harmony-sim prices but harmony-run does not train (PlanKindSpec::trains false; docs/config.md's plan row
+# names them, checked by tests/core/test_plan_kinds.cpp).
+SIM_ONLY_KINDS = ["fsdp"]
+# The kinds harmony-run trains, in listing order.
+TRAINED_KINDS = [k for k in PLAN_KINDS if k not in SIM_ONLY_KINDS]
 
 failures = []  # "name: detail" of each failed check; a test reads it, never rebinds it
 passed = 0  # read it as clitest.passed: `from clitest import passed` copies the number once

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import warnings
 
-from clitest import ROOT, check, run as run_in_root, summary
+from clitest import PLAN_KINDS, ROOT, check, run as run_in_root, summary
 
 try:
     import jsonschema
@@ -135,7 +135,7 @@ def main():
     if d:
         kinds = [x["plan_kind"] for x in d["results"]]
         check("compare: every plan kind once", sorted(kinds) == sorted(
-            ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan", "resident"]), kinds)
+            PLAN_KINDS), kinds)
         check("compare: a baseline's best names its own kind, not a Harmony mode",
               all(x["best"] is None or x["best"]["plan_kind"] == x["plan_kind"] for x in d["results"]), kinds)
     d = sim_json("compare.schema.json", "compare", cfg, *small, *tiny_search, "--set", "machine.gpu_memory=64MiB",
@@ -216,8 +216,7 @@ budget: {{samples: 1000}}
         d = sim_json("report.schema.json", "report", cfg, *small, *tiny_search, "--out", os.path.join(tmp, "c.html"))
         if d:
             check("report json: a config, one model, its best plan", d["input"] == "config" and
-                  len(d["models"]) == 1 and d["models"][0]["best"]["plan_kind"] in
-                  ["harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity", "l2l", "lohan", "resident"], d["models"])
+                  len(d["models"]) == 1 and d["models"][0]["best"]["plan_kind"] in PLAN_KINDS, d["models"])
 
         # --- a folder of an older results format: refused, naming the fix
         with open(os.path.join(out, "sweep.json")) as f:

@@ -17,7 +17,9 @@ import sys
 import tempfile
 import time
 
-from clitest import ROOT, SANITIZED, check, default_signals, finish, runner, write
+from clitest import PLAN_KINDS, ROOT, SANITIZED, check, default_signals, finish, runner, write
+# a sweep without kinds: runs every kind but the in-memory ceiling (resident)
+SWEEP_KINDS = len([k for k in PLAN_KINDS if k != "resident"])
 
 BIN = sys.argv[1]
 EXAMPLE = os.path.join(ROOT, "configs/sweeps/example.yaml")
@@ -161,7 +163,8 @@ budget: {{tokens: 3e9, seq_len: 512}}
     r = run("sweep", slow, "--out", full, "--threads", "2", "--quiet")
     check("slow exit 0", r.returncode == 0, r.stdout + r.stderr)
     killed = os.path.join(tmp, "slow_killed")
-    total = 8 * (8 if SANITIZED else 16)  # 8 or 16 points x 8 kinds (no kinds: every kind but resident)
+    # 8 or 16 points x the sweep's default kinds (no kinds: every kind but the in-memory ceiling, resident)
+    total = SWEEP_KINDS * (8 if SANITIZED else 16)
     kills = 0
     # stop after a few rows (SIGINT, SIGTERM, SIGHUP: finish the point in flight, say what was saved, exit 128 +
     # the signal; then SIGKILL), rerun; resumes each time
@@ -212,7 +215,7 @@ budget: {{tokens: 3e9, seq_len: 512}}
         r = run("sweep", slow, "--out", d, "--shard", f"{i}/3", "--quiet")
         check(f"shard {i} exit 0", r.returncode == 0, r.stderr)
         rows = read(os.path.join(d, "results.jsonl")).count(b"\n")
-        check(f"shard {i} size", abs(rows - total / 3) < 1, (d, rows))  # 128 points: 43, 43, 42
+        check(f"shard {i} size", abs(rows - total / 3) < 1, (d, rows))  # 144 points: 48 each
         shard_dirs.append(d)
     merged = os.path.join(tmp, "merged")
     r = run("merge", merged, *reversed(shard_dirs))
@@ -326,7 +329,7 @@ budget: {{tokens: 3e9, seq_len: 512}}
           loser)
     check("two writers: rows not doubled", same_files(full, two, ("results.csv", "results.jsonl")), "files differ")
 
-    # --- a huge grid (101^3 x 8 = 8,242,408 points): refused at once with exit 2 unless --allow-large-grid;
+    # --- a huge grid (101^3 x 9 = 9,272,709 points): refused at once with exit 2 unless --allow-large-grid;
     # allowed, it streams (rows appear at once, memory stays small) and stops on Ctrl-C
     vals = ", ".join(str(i) for i in range(1, 102))
     huge = write(os.path.join(tmp, "huge.yaml"), f"""base: {BASE}
@@ -339,7 +342,8 @@ grid:
     start = time.time()
     r = run("sweep", huge, "--out", hout, timeout=60)
     check("huge grid: exit 2", r.returncode == 2, (r.returncode, r.stderr))
-    check("huge grid: names the count and the flag", "8242408 points" in r.stderr and "--allow-large-grid" in r.stderr,
+    huge_points = f"{101 ** 3 * SWEEP_KINDS} points"
+    check("huge grid: names the count and the flag", huge_points in r.stderr and "--allow-large-grid" in r.stderr,
           r.stderr)
     check("huge grid: refused fast, writes nothing", time.time() - start < 20 and not os.path.exists(hout),
           time.time() - start)
@@ -359,7 +363,7 @@ grid:
     pout, perr = p.communicate(timeout=120)
     check("huge grid allowed: rows stream", rss_kib is not None, (p.returncode, pout, perr))
     check("huge grid allowed: small memory", rss_kib is not None and rss_kib < 512 * 1024, rss_kib)
-    check("huge grid allowed: ctrl-c exit 130", p.returncode == 130 and "8242408 points" in pout, (p.returncode, pout))
+    check("huge grid allowed: ctrl-c exit 130", p.returncode == 130 and huge_points in pout, (p.returncode, pout))
 
     # --- the progress display sweep shares with search and compare: silent for a quick search; a compare that
     # runs past 2 s prints progress lines with ETA on stderr (not a terminal here), its JSON on stdout unchanged
@@ -370,12 +374,12 @@ grid:
             "--set", "plan.minibatch=" + ("256" if SANITIZED else "2048"),
             "--set", "cost_model=native", "--set", "search.threads=1", "--set", "search.pack_counts=minimum")
     doc = json.loads(r.stdout) if r.returncode == 0 else {}
-    check("long compare: json on stdout", doc.get("command") == "compare" and len(doc.get("results", [])) == 9,
+    check("long compare: json on stdout", doc.get("command") == "compare" and len(doc.get("results", [])) == len(PLAN_KINDS),
           r.stdout[:500] + r.stderr)
     progress = [ln for ln in r.stderr.splitlines() if ln.startswith("compare: ")]
     if doc.get("wall_time_s", 0) > 3:  # on a machine fast enough to finish within 2 s there is nothing to show
         check("long compare: progress lines", progress and all("candidates/s" in ln and "ETA" in ln for ln in progress)
-              and "9/9 kinds finished" in progress[-1], r.stderr)
+              and f"{len(PLAN_KINDS)}/{len(PLAN_KINDS)} kinds finished" in progress[-1], r.stderr)
     check("long compare: stderr is only progress", len(progress) == len(r.stderr.splitlines()), r.stderr)
 
     # --- bad sweep files: exit 2, location, hint

@@ -105,15 +105,16 @@ const std::string kTrainModel =
 
 }  // namespace
 
-TEST_CASE("the registry generates the nine kinds in listing order, each a complete module") {
+TEST_CASE("the registry generates the ten kinds in listing order, each a complete module") {
   CHECK(plan_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity",
-                                                      "zero-offload", "l2l", "lohan", "resident"});
+                                                      "zero-offload", "l2l", "lohan", "fsdp", "resident"});
   CHECK(harmony_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp"});
   CHECK(plan_kind_names(KindRole::Baseline) ==
-        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan"});
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan", "fsdp"});
   CHECK(plan_kind_names(KindRole::Ceiling) == std::vector<std::string>{"resident"});
-  CHECK(plan_kind_names(Knob::Activations) ==
-        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan", "resident"});
+  CHECK(plan_kind_names(Knob::Activations) == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity",
+                                                                       "zero-offload", "l2l", "lohan", "fsdp",
+                                                                       "resident"});
   CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "lohan"});
   CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity"});
   CHECK(plan_kind_names(Knob::Swap) == std::vector<std::string>{"dp-swap", "pp-swap"});
@@ -141,8 +142,13 @@ TEST_CASE("the registry generates the nine kinds in listing order, each a comple
   CHECK(harmony_kind_names().size() + plan_kind_names(KindRole::Baseline).size() +
             plan_kind_names(KindRole::Ceiling).size() ==
         plan_kinds().size());
-  // only the ceiling keeps its state on the devices
-  for (const PlanKind& k : plan_kinds()) CHECK(k->resident_state == (k->role == KindRole::Ceiling));
+  // the ceiling keeps its state on the devices; so does fsdp (sharded), a baseline harmony-run does not train yet
+  for (const PlanKind& k : plan_kinds()) {
+    INFO(k.name());
+    if (k->role == KindRole::Ceiling) CHECK(k->resident_state);
+    CHECK(k->resident_state == (k.name() == std::string("resident") || k.name() == std::string("fsdp")));
+    CHECK(k->trains == (k.name() != std::string("fsdp")));
+  }
   CHECK_FALSE(find_plan_kind("vPP").has_value());  // an alias of plan.mode, not a kind's name
   CHECK(find_plan_kind("vPP", /*with_aliases=*/true) == plan_kind("harmony-pp"));
   CHECK(find_plan_kind("vDP", /*with_aliases=*/true) == plan_kind("harmony-dp"));
@@ -167,7 +173,13 @@ TEST_CASE("docs/config.md: plan.mode's rows list the kinds each tool takes") {
     CHECK(contains(sim_row, "`" + name + "`"));
   }
   const std::string run_row = line_with(doc, "`plan.mode` may also name a baseline (");
-  CHECK(contains(run_row, "name a baseline (" + join(plan_kind_names(KindRole::Baseline), ", ", "`") + ","));
+  std::vector<std::string> trained, refused;  // harmony-run's baselines, and the kinds it refuses
+  for (const PlanKind& k : plan_kinds()) {
+    if (k->role == KindRole::Baseline && k->trains) trained.push_back(k.name());
+    if (!k->trains) refused.push_back(k.name());
+  }
+  CHECK(contains(run_row, "name a baseline (" + join(trained, ", ", "`") + ","));
+  for (const std::string& name : refused) CHECK(contains(run_row, "not `" + name + "`"));
   CHECK(contains(run_row, join(offload_kind_names(true), " and ") + " also take `plan.offload"));
 }
 

@@ -1,0 +1,167 @@
+// fsdp: fully sharded data parallelism with the state on the GPUs (PyTorch FSDP FULL_SHARD, DeepSpeed ZeRO-3 without
+// offload, Colossal-AI Gemini with cuda placement). Each GPU keeps 1/N of every layer's parameters, gradient and AdamW
+// state; a layer's parameters are all-gathered before each forward and each backward, its gradient is reduce-scattered
+// after each backward, and every GPU steps AdamW on its own shard on the GPU. Nothing crosses the host link but data.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/kinds/microbatch_sizes.hpp"
+#include "core/plan/plan_kind.hpp"
+#include "core/program/lower.hpp"
+#include "core/program/program_builder.hpp"
+#include "core/search/search.hpp"
+
+namespace harmony::core {
+namespace {
+
+Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // partitions padded to equal sizes
+
+// Per-parameter HBM traffic of AdamW on the GPU (resident.cpp's figure: 28 bytes for fp32 and for bf16 with masters).
+constexpr Bytes kUpdateTrafficBytesPerParam = 28;
+
+// What one GPU keeps of layer l for the whole run: its shard of the weights and buffers, of the gradient and of the
+// optimizer state (AdamW's moments, and the fp32 masters when the weights are narrower). With one GPU: all of it.
+Bytes shard_state_bytes(const Model& m, int l, int n) {
+  return shard(m.weight_bytes(l, l) + m.buffer_bytes(l, l), n) + shard(m.weight_bytes(l, l), n) +
+         shard(m.optimizer_state_bytes(l, l), n);
+}
+
+// One GPU's peak estimate: its shards, every layer's input for one microbatch (under keep also its saved activations),
+// and beyond them the largest of a layer's transient peaks (its profiled peak less its own weights and input) plus the
+// gathered parameters of two layers (the one running and the one prefetched) and one full gradient before its
+// reduce-scatter. With one GPU nothing is gathered: the weights are in the state.
+Bytes estimate_bytes(const Plan& p, const Model& m) {
+  const int u = p.u_bwd;
+  const int n = p.gpus;
+  const bool keep = p.knobs.activation_policy == ActivationPolicy::Keep;
+  Bytes state = 0, stash = 0, peak = 0, gathered = 0;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    state += shard_state_bytes(m, l, n);
+    stash += m.input_bytes(u, l) + (keep ? saved_activation_bytes(m, u, l) : 0);
+    const Bytes own = m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.input_bytes(u, l);
+    peak = std::max({peak, m.peak_bytes(Phase::Fwd, u, l) - own, m.peak_bytes(Phase::Bwd, u, l) - own});
+    gathered = std::max(gathered, m.weight_bytes(l, l) + m.buffer_bytes(l, l));
+  }
+  const Bytes transient = n > 1 ? 3 * gathered : 0;
+  return state + stash + std::max<Bytes>(0, peak) + transient;
+}
+
+// Collective keys: (pass, layer, microbatch); pass 0 the forward's all-gather, 1 the backward's, 2 the reduce-scatter.
+std::uint64_t key(int pass, int l, int i) {
+  return (static_cast<std::uint64_t>(pass) << 60) | (static_cast<std::uint64_t>(l) << 32) |
+         static_cast<std::uint32_t>(i);
+}
+
+// Per iteration, on every GPU g (m = D/(N u) microbatches, layers l = 0..R-1):
+//   FWD(l, i = 0) allocates layer l's persistent shard (OptState: W+B, gradient and AdamW state, each ceil(bytes / N)),
+//   never freed.
+//   for each microbatch i, l ascending: X (data, l = 0) | AG(l) on P2PIn (N > 1): the ring all-gather of the full W+B,
+//   prefetched at most two compute steps ahead (FSDP's forward prefetch, DeepSpeed's prefetch bucket), the members
+//   waiting for each other | FWD(l), which frees the gathered parameters.
+//   l descending: AG(l) again | [REC(l) under checkpoint] BWD(l), which allocates the full gradient and frees the
+//   gathered parameters | RS(l) on P2POut (N > 1): the reduce-scatter of the gradient into the rank's shard (added to
+//   the persistent shard: FSDP and ZeRO-3 reduce every microbatch's gradient; neither keeps a full one), freeing it.
+//   Update(l), l descending, on the compute stream after the whole backward: AdamW on the GPU over the rank's shard,
+//   its `bytes` the HBM traffic (28 per parameter of the shard).
+// With one GPU there is nothing to gather or reduce: the parameters and the gradient stay whole in the state, as
+// resident's.
+Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  validate_microbatch_plan(plan, model);
+  detail::ProgramBuilder b(model, plan);
+  const int R = model.num_layers();
+  const int N = plan.gpus;
+  const int u = plan.u_bwd;
+  const int m = plan.minibatch / N / u;
+  // The all-gather of layer l for step k of GPU g (pass 0 forward, 1 backward); -1 with one GPU.
+  auto gather = [&](int g, int l, int i, int task, int pass, int k) {
+    if (N == 1 || !b.has_params(l)) return -1;
+    const LayerRange L{l, l};
+    const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, b.wbytes(l), b.bbytes(l));
+    b.window(A, g, k);
+    // the members start together: each waits for the compute step the others' gathers are windowed to
+    if (const int ready = k - 2; ready >= 0) b.collective(key(pass, l, i), A, b.step_op(g, ready));
+    b.alloc(A, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+    return A;
+  };
+  for (int g = 0; g < N; ++g) {
+    std::vector<int> last(static_cast<std::size_t>(R), -1);  // per layer: the op its Update follows
+    for (int i = 0; i < m; ++i) {
+      for (int l = 0; l < R; ++l) {
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (l == 0)
+          ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
+        if (const int A = gather(g, l, i, b.fwd_task(g, l), 0, k); A >= 0) ins.push_back(A);
+        const int F = b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/N > 1);
+        if (i == 0) b.alloc(F, TensorKind::OptState, LayerRange{l, l}, -1, shard_state_bytes(model, l, N));
+      }
+      for (int l = R - 1; l >= 0; --l) {
+        const LayerRange L{l, l};
+        const int k = b.next_step(g);
+        std::vector<int> ins;
+        if (const int A = gather(g, l, i, b.bwd_task(g, l), 1, k); A >= 0) ins.push_back(A);
+        const int Bw = b.backward_layer(g, l, i, u, k, /*stash_activations=*/false, ins);
+        last[static_cast<std::size_t>(l)] = Bw;
+        if (N == 1 || !b.has_params(l)) continue;
+        b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+        b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+        const int S = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
+        b.dep(S, Bw);
+        b.collective(key(2, l, i), S, Bw);
+        b.free(S, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+        b.output_of(S, g, k);
+        last[static_cast<std::size_t>(l)] = S;
+      }
+    }
+    for (int l = R - 1; l >= 0; --l) {
+      if (!b.has_params(l)) continue;
+      const int U = b.compute(g, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0);
+      b.dep(U, last[static_cast<std::size_t>(l)]);
+    }
+  }
+  Program prog = b.finish();
+  for (Op& op : prog.ops)
+    if (op.kind == OpKind::Update)
+      op.bytes = kUpdateTrafficBytesPerParam * shard(model.fp32_param_bytes(op.layers.first) / 4, N);
+  return prog;
+}
+
+// Per activation policy, ascending u; with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits.
+std::vector<Candidate> enumerate_fsdp(const Model& model, const SearchSpace& space) {
+  return enumerate_microbatch_plans(model, space, estimate_bytes);
+}
+
+std::string describe_fsdp(const Plan& p, const Model& model) {
+  Bytes state = 0;
+  for (int l = 0; l < model.num_layers(); ++l) state += shard_state_bytes(model, l, p.gpus);
+  return fmt::format(
+      "fsdp N{} D{} u {} (weights, gradients and AdamW state sharded over the GPUs: {} on each; layers all-gathered "
+      "for forward and backward, gradients reduce-scattered; {})",
+      p.gpus, p.minibatch, p.u_bwd, format_bytes(state), activation_policy_name(p.knobs.activation_policy));
+}
+
+const PlanKindSpec kSpec{
+    .name = "fsdp",
+    .description =
+        "fully sharded data parallel on the GPUs (PyTorch FSDP, ZeRO-3 without offload): all-gather per "
+        "layer, reduce-scatter, AdamW on each GPU's shard",
+    .listing_order = 85,
+    .role = KindRole::Baseline,
+    .color = "#17becf",
+    .dialect = ExecutorDialect::Swapping,
+    .data_parallel = true,
+    .even_split = true,
+    .resident_state = true,
+    .trains = false,
+    .knobs = {Knob::Activations},
+    .validate = validate_microbatch_plan,
+    .lower = lower_fsdp,
+    .enumerate = enumerate_fsdp,
+    .describe = describe_fsdp,
+};
+
+HARMONY_REGISTER_PLAN_KIND(kSpec);
+
+}  // namespace
+}  // namespace harmony::core
