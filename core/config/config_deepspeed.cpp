@@ -426,9 +426,6 @@ void read_batch(const DsFile& f, const json& root, const DeepSpeedContext& ctx, 
 void map_to_kind(DeepSpeedRun& run) {
   const bool param = run.offload_param != "none";
   const bool optim = run.offload_optimizer != "none";
-  const std::string no_gpu_adam =
-      "the GPU optimizer step is not priced (every plan kind steps Adam on the CPU, with the gradients sent to the "
-      "host)";
   if (run.stage == 3 && param) {
     run.plan_kind = "zero-infinity";
     run.offload = run.offload_param == "nvme" || run.offload_optimizer == "nvme" ? "nvme" : "cpu";
@@ -493,31 +490,32 @@ void map_to_kind(DeepSpeedRun& run) {
     return;
   }
   if (run.stage == 3) {
-    run.plan_kind = "zero-infinity";
-    run.offload = "cpu";
-    run.status = "approximate";
+    run.plan_kind = "fsdp";
+    run.offload = "";
     run.reasoning =
         "ZeRO-3 without offload: parameters, gradients and optimizer state partitioned over the GPUs, each layer "
-        "all-gathered for the forward and the backward and its gradient reduce-scattered: zero-infinity runs the "
-        "same collectives, offload cpu";
-    run.approximation =
-        "zero-infinity fetches each shard from host memory over PCIe before its all-gather, where "
-        "ZeRO-3 keeps the shards on the GPUs; " +
-        no_gpu_adam;
+        "all-gathered for the forward and the backward, its gradient reduce-scattered every micro-step, Adam on each "
+        "GPU's partition: fsdp";
     return;
   }
-  run.plan_kind = "dp-swap";
+  run.plan_kind = "resident";
+  run.offload = "";
+  if (run.stage == 0) {
+    run.reasoning =
+        "ZeRO stage 0: plain data parallelism (every GPU holds the whole model, its gradients and Adam state, "
+        "all-reduces the gradients and steps Adam on the GPU): resident";
+    return;
+  }
   run.status = "approximate";
-  run.reasoning =
-      run.stage == 0
-          ? "ZeRO stage 0: plain data parallelism (every GPU holds the whole model and all-reduces the gradients): "
-            "dp-swap, which keeps the weights resident when they fit and accumulates gradients on the GPU"
-          : fmt::format(
-                "ZeRO-{} without offload: data parallelism with the optimizer state{} partitioned over the "
-                "GPUs: dp-swap, which keeps the weights resident when they fit",
-                run.stage, run.stage == 2 ? " and gradients" : "");
-  run.approximation = no_gpu_adam + "; dp-swap swaps weights or activations that do not fit the GPU, where " +
-                      "DeepSpeed would run out of memory";
+  run.reasoning = fmt::format(
+      "ZeRO-{} without offload: data parallelism with the optimizer state{} partitioned over the GPUs, Adam on the "
+      "GPUs: resident",
+      run.stage, run.stage == 2 ? " and gradients" : "");
+  run.approximation = fmt::format(
+      "resident keeps the whole optimizer state{} on every GPU (its memory is an upper bound) and steps Adam over the "
+      "whole model on each; ZeRO-{} reduce-scatters the gradients and all-gathers the updated parameters, the bytes "
+      "of resident's all-reduce",
+      run.stage == 2 ? " and gradients" : "", run.stage);
 }
 
 // optimizer.type: the Adam family (what every plan kind's CPU step and optimizer state price); its params are not read.

@@ -129,21 +129,28 @@ TEST_CASE(
   CHECK(contains(acc3.approximation, "8 times a step"));
 }
 
-TEST_CASE("ZeRO-3 without offload is approximate zero-infinity; stages 0-2 without offload approximate dp-swap") {
+TEST_CASE("without offload: ZeRO-3 is fsdp, ZeRO-0 resident, ZeRO-1/2 approximate resident") {
   const auto z3 = read(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}})");
-  CHECK(z3.plan_kind == "zero-infinity");
-  CHECK(z3.offload == "cpu");
-  CHECK(z3.status == "approximate");
-  CHECK(contains(z3.approximation, "GPU optimizer step is not priced"));
-  for (const std::string zero : {"", R"(, "zero_optimization": {"stage": 0})", R"(, "zero_optimization": {"stage": 1})",
+  CHECK(z3.plan_kind == "fsdp");
+  CHECK(z3.offload.empty());
+  CHECK(z3.status == "priced");
+  CHECK(contains(z3.reasoning, "reduce-scattered every micro-step"));
+  for (const std::string zero : {"", R"(, "zero_optimization": {"stage": 0})"}) {
+    const auto r = read(R"({"train_micro_batch_size_per_gpu": 4)" + zero + "}");
+    CAPTURE(zero);
+    CHECK(r.plan_kind == "resident");
+    CHECK(r.offload.empty());
+    CHECK(r.status == "priced");
+    CHECK(contains(r.reasoning, "stage 0"));
+  }
+  for (const std::string zero : {R"(, "zero_optimization": {"stage": 1})",
                                  R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}})"}) {
     const auto r = read(R"({"train_micro_batch_size_per_gpu": 4)" + zero + "}");
     CAPTURE(zero);
-    CHECK(r.plan_kind == "dp-swap");
-    CHECK(r.offload.empty());
+    CHECK(r.plan_kind == "resident");
     CHECK(r.status == "approximate");
+    CHECK(contains(r.approximation, "its memory is an upper bound"));
   }
-  CHECK(contains(read(R"({"train_micro_batch_size_per_gpu": 4})").reasoning, "stage 0"));
 }
 
 TEST_CASE("batch sizes: DeepSpeed's inference over plan.gpus, and the consistency error naming all three") {
