@@ -41,6 +41,30 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
+// Sets the current device without throwing (destructors, teardown paths).
+inline void set_device_quietly(int gpu) noexcept {
+  if (cudaSetDevice(gpu) != cudaSuccess) (void)cudaGetLastError();
+}
+
+// DeviceGuard for destructors: never throws, restores the caller's device.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int gpu) noexcept {
+    restore_ = cudaGetDevice(&previous_) == cudaSuccess;
+    if (!restore_) (void)cudaGetLastError();
+    set_device_quietly(gpu);
+  }
+  ~QuietDeviceGuard() {
+    if (restore_) set_device_quietly(previous_);
+  }
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
 // Lets device `from_gpu` address `to_gpu`'s memory directly when the hardware allows it (once per pair).
 void enable_peer_access(int from_gpu, int to_gpu);
 
