@@ -1,8 +1,7 @@
-// The native engine: runs a Program on a model of the real server. Transfers are fluid flows over a
-// path of links sharing each link max-min fairly (recomputed whenever a flow starts or ends), copy
-// engines are FIFO per direction, CPU updates share the cores, and device and host memory are checked.
-// docs/native-model.md describes the links, the paths, the memory accounts and the limitations. The link graph
-// (link_graph.hpp) and the host-memory account (host_account.hpp) are declared in rooms of their own, included here.
+// The native engine: runs a Program on a model of the real server. Transfers are fluid flows over a path of links
+// sharing each link max-min fairly (recomputed whenever a flow starts or ends), copy engines are FIFO per direction,
+// CPU updates share the cores, and device and host memory are checked (link_graph.hpp and host_account.hpp, included
+// here, declare the links and the host account). docs/native-model.md describes the model and its limitations.
 #pragma once
 
 #include <optional>
