@@ -1,20 +1,19 @@
-// The native engine: runs a Program on a model of the real server. Transfers are fluid flows over a
-// path of links sharing each link max-min fairly (recomputed whenever a flow starts or ends), copy
-// engines are FIFO per direction, CPU updates share the cores, and device and host memory are checked.
-// docs/native-model.md describes the links, the paths, the memory accounts and the limitations.
+// The native engine: runs a Program on a model of the real server. Transfers are fluid flows over a path of links
+// sharing each link max-min fairly (recomputed whenever a flow starts or ends), copy engines are FIFO per direction,
+// CPU updates share the cores, and device and host memory are checked (link_graph.hpp and host_account.hpp, included
+// here, declare the links and the host account). docs/native-model.md describes the model and its limitations.
 #pragma once
 
-#include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/machine/machine.hpp"
 #include "core/model/model.hpp"
 #include "core/output/report.hpp"
 #include "core/program/program.hpp"
+#include "sim/engine/host_account.hpp"
+#include "sim/engine/link_graph.hpp"
 #include "sim/engine/simulator.hpp"
 
 namespace harmony::sim {
@@ -36,69 +35,6 @@ struct NativeOptions {
   bool serial = false;
 };
 
-// A physical link (one direction) or a shared resource the engine divides between flows.
-// ComputeUnits: the pool of compute every device shares (machine.compute.units > 0 only; capacity in units).
-enum class LinkKind : std::uint8_t {
-  GpuDown,
-  GpuUp,
-  SwitchDown,
-  SwitchUp,
-  InterSocket,
-  NvLink,
-  HostMemcpy,
-  CpuCores,
-  ComputeUnits,
-  NvmeRead,    // the NVMe array, host <- drives (topology.nvme.read)
-  NvmeWrite,   // host -> drives (topology.nvme.write)
-  HostMemory,  // DRAM bandwidth shared by DMA, host copies and the CPU optimizer (topology.host_memory_bandwidth)
-};
-const char* link_kind_name(LinkKind k);  // "gpu_down", ..., "compute_units", "nvme_read", "nvme_write", "host_memory"
-
-// The class of a transfer in the swap ledger.
-enum class TransferClass : std::uint8_t { PcieH2D, PcieD2H, P2PPcie, NvLink, HostStaging, CpuMsg, None };
-inline constexpr int kNumTransferClasses = 6;
-const char* transfer_class_name(TransferClass c);  // "pcie_h2d", "pcie_d2h", "p2p_pcie", "nvlink", ...
-
-struct Link {
-  std::string name;  // "GPU0 PCIe H2D", "switch1 uplink down", "socket0->1", "NVLink 0->1", "host memcpy"
-  LinkKind kind = LinkKind::GpuDown;
-  double capacity = 0;  // bytes/s (cores for CpuCores); <= 0: unlimited
-};
-
-// The links of a machine and the path of every kind of transfer over them.
-struct LinkGraph {
-  std::vector<Link> links;
-  std::vector<int> gpu_down, gpu_up;          // per GPU
-  std::vector<int> switch_down, switch_up;    // per switch
-  std::vector<int> inter_socket;              // sockets x sockets (from * sockets + to), -1 on the diagonal
-  std::map<std::pair<int, int>, int> nvlink;  // (from, to) -> its NVLink, for the pairs that have one (not N^2)
-  int host_memcpy = -1;
-  int cpu = -1;
-  int compute = -1;      // the shared compute pool; -1 when every device computes alone
-  int nvme_read = -1;    // -1 without an NVMe tier
-  int nvme_write = -1;   // -1 without an NVMe tier
-  int host_memory = -1;  // -1 when host memory bandwidth is unlimited
-  int sockets = 1;
-  core::P2PMode p2p = core::P2PMode::Pcie;
-  std::vector<int> gpu_switch;  // per GPU
-  std::vector<int> switch_socket;
-
-  std::vector<int> h2d_path(int gpu) const;  // switch uplink down, GPU link down
-  std::vector<int> d2h_path(int gpu) const;  // GPU link up, switch uplink up
-  // GPU `from` -> GPU `to`: NVLink if present, else through the PCIe tree, else staged through host memory.
-  std::vector<int> p2p_path(int from, int to, TransferClass* cls) const;
-};
-
-// The topology the native model uses when the machine has none (widened to the plan's GPU count when the
-// plan uses more GPUs than machine.gpus): every GPU behind one switch whose
-// uplink is bw_swap (the reference's shared host bandwidth), GPU links at bw_swap, P2P over PCIe,
-// host memcpy at bw_msg, one core per GPU, no latency, free time 0, host memory unlimited.
-core::Topology derive_topology(const core::MachineSpec& machine);
-// machine.topology when valid, else derive_topology. Zero GPU-link and host-memcpy bandwidths fall back
-// to bw_swap and bw_msg; zero switch-uplink and inter-socket bandwidths mean "not a bottleneck". With
-// machine.compute.units > 0 the graph ends with the shared compute pool (LinkKind::ComputeUnits).
-LinkGraph build_link_graph(const core::MachineSpec& machine);
-
 struct MemoryOverflow {
   int op = -1;  // -1: none
   int device = 0;
@@ -106,22 +42,6 @@ struct MemoryOverflow {
   core::Bytes in_use_bytes = 0;
   core::Bytes capacity_bytes = 0;
   core::TimePs time_ps = 0;
-};
-
-// Host memory needed by one iteration (static upper bound, see docs/native-model.md): the plan result's
-// host_memory (its six categories, core::HostBreakdown, and the machine's limits) and the NVMe tier. The categories:
-//   master_weights_bytes   W + B of every layer
-//   optimizer_state_bytes  every layer's optimizer state
-//   gradient_bytes         W of every layer (dW buffers the swap-out writes into)
-//   stash_bytes            every stashed X swapped out in the iteration
-//   activation_bytes       Y / dX swapped out, CPU-message copies
-//   staging_bytes          pinned: p2p: host only: per GPU, a double buffer of its largest P2P send; offload: nvme:
-//                          also the NVMe swap buffers (two largest reads); per GPU, a bounce for its largest dWB
-//                          that adds to a host gradient (accumulate_bounce_bytes; fp32: twice it in mixed
-//                          precision); mixed precision: the staging rings (core::staging_ring_bytes)
-struct HostAccount : core::HostMemoryReport {
-  core::Bytes nvme_bytes = 0;           // offload: nvme: master weights and optimizer state on the NVMe tier
-  core::Bytes nvme_capacity_bytes = 0;  // topology.nvme.capacity (0: unlimited)
 };
 
 struct MemorySample {
@@ -190,36 +110,5 @@ core::TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vecto
 std::optional<NativeResult> run_native_within(const core::Program& program, const core::Model& model,
                                               const core::MachineSpec& machine, const NativeOptions& options,
                                               core::TimePs cutoff_ps);
-
-// The static host-memory account of one iteration of `program`. Swaps copy straight from and into the host
-// tensors (pinned; no staging buffers); `p2p_staged`: P2P copies go through pinned host buffers
-// (P2PMode::Host without NVLink), which count as staging buffers.
-HostAccount host_account(const core::Program& program, const core::Model& model, bool p2p_staged = false);
-
-// Per GPU, its largest dWB that adds to a layer's host gradient an earlier dWB of the step wrote (a later
-// microbatch's, or another GPU's under l2l; not a replica of an all-reduced gradient or a rank's shard): the pinned
-// buffer its copy lands in before the CPU adds it. Summed over the GPUs.
-core::Bytes accumulate_bounce_bytes(const core::Program& program);
-
-// Whether `model` trains in mixed precision: a bf16 profile, or 2-byte device weights (Model::narrow_weights).
-bool mixed_precision(const core::Model& model);
-
-// The whole model's training state in host memory: the masters, the optimizer state and the gradients
-// (`offload_nvme`: the gradients, the masters and optimizer state in nvme_bytes). Mixed precision: fp32 masters and
-// gradients (twice the 2-byte weights), and the optimizer state less the fp32 masters its figure includes.
-HostAccount host_state(const core::Model& model, bool offload_nvme);
-
-// The part of host_account every Program of `kind` on `model` needs whatever its plan: host_state, or nothing for a
-// kind whose state lives on its GPUs (PlanKindSpec::resident_state). host_account adds the plan's stashes,
-// activations and staging buffers to it, so a floor over a limit puts every plan of the kind over it.
-HostAccount host_floor(const core::Model& model, core::PlanKind kind, bool offload_nvme);
-
-// The engine's host verdicts, one rule for its runs, its host floor and the searches that read a report's host
-// account (a limit of 0 is unlimited): the total over the host memory; the page-locked part (the total less the
-// optimizer state) over the pinned limit.
-bool host_memory_exceeded(core::Bytes total_bytes, core::Bytes host_memory_bytes);
-bool pinned_memory_exceeded(core::Bytes total_bytes, core::Bytes optimizer_state_bytes, core::Bytes pinned_limit_bytes);
-// Either verdict on an account `h` (a host floor over them: no plan of its kind fits).
-bool host_limits_exceeded(const HostAccount& h, core::Bytes host_memory_bytes, core::Bytes pinned_limit_bytes);
 
 }  // namespace harmony::sim

@@ -1,0 +1,210 @@
+// The native engine's static host-memory account: host_state (a model's training state), host_floor, host_account
+// (a Program's stashes, activations and pinned staging on top), the dWB bounce buffers, and the verdicts against the
+// machine's host, pinned and NVMe limits.
+#include "sim/engine/host_account.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/plan/plan_kind.hpp"
+
+namespace harmony::sim {
+
+using core::Bytes;
+using core::Op;
+using core::OpKind;
+using core::Program;
+using core::Stream;
+
+namespace {
+template <class T>
+std::size_t z(T i) {
+  return static_cast<std::size_t>(i);
+}
+}  // namespace
+
+bool mixed_precision(const core::Model& m) {
+  if (m.dtype == "bf16") return true;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    if (m.narrow_weights(l)) return true;
+  }
+  return false;
+}
+
+HostAccount host_state(const core::Model& m, bool offload_nvme) {
+  HostAccount h;
+  const bool mixed = mixed_precision(m);
+  for (int l = 0; l < m.num_layers(); ++l) {
+    const core::Layer& L = m.layers[z(l)];
+    if (mixed) {
+      // fp32 masters and gradients of every 2-byte device weight (the executor keeps them so: its HostState); the
+      // optimizer state's own figure includes the masters (4 bytes a parameter), which count as masters here
+      h.master_weights_bytes += 2 * L.weight_bytes + L.buffer_bytes;
+      h.optimizer_state_bytes += std::max<Bytes>(0, L.optimizer_state_bytes - 4 * L.param_count);
+      h.gradient_bytes += 2 * L.weight_bytes;
+    } else {
+      h.master_weights_bytes += L.weight_bytes + L.buffer_bytes;
+      h.optimizer_state_bytes += L.optimizer_state_bytes;
+      h.gradient_bytes += L.weight_bytes;
+    }
+  }
+  if (offload_nvme) {
+    // the masters and the optimizer state live on the drives; so does a mixed-precision model's FP32 gradient (ZeRO-
+    // Infinity swaps it out at the boundary, the lowering's nvme_write): the host keeps the 2-byte gradient buffer
+    h.nvme_bytes = h.master_weights_bytes + h.optimizer_state_bytes;
+    h.master_weights_bytes = 0;
+    h.optimizer_state_bytes = 0;
+    if (mixed) {
+      h.nvme_bytes += h.gradient_bytes;
+      h.gradient_bytes /= 2;
+    }
+  }
+  return h;
+}
+
+HostAccount host_floor(const core::Model& m, core::PlanKind kind, bool offload_nvme) {
+  // a kind with resident state keeps its weights, gradients and optimizer state on the GPUs
+  return kind->resident_state ? HostAccount{} : host_state(m, offload_nvme);
+}
+
+bool host_memory_exceeded(Bytes total_bytes, Bytes host_memory_bytes) {
+  return host_memory_bytes > 0 && total_bytes > host_memory_bytes;
+}
+
+bool pinned_memory_exceeded(Bytes total_bytes, Bytes optimizer_state_bytes, Bytes pinned_limit_bytes) {
+  return pinned_limit_bytes > 0 && total_bytes - optimizer_state_bytes > pinned_limit_bytes;
+}
+
+bool host_limits_exceeded(const HostAccount& h, Bytes host_memory_bytes, Bytes pinned_limit_bytes) {
+  return host_memory_exceeded(h.total_bytes(), host_memory_bytes) ||
+         pinned_memory_exceeded(h.total_bytes(), h.optimizer_state_bytes, pinned_limit_bytes);
+}
+
+std::vector<std::string> host_limit_reasons(const HostAccount& h, const core::Topology& topo) {
+  std::vector<std::string> reasons;
+  if (host_memory_exceeded(h.total_bytes(), topo.host_memory_bytes)) {
+    reasons.push_back(fmt::format(
+        "host memory exceeded: needs {} (master weights {}, optimizer state {}, gradients {}, stashes "
+        "{}, activations {}, pinned staging {}) > capacity {} by {} bytes",
+        core::format_bytes(h.total_bytes()), core::format_bytes(h.master_weights_bytes),
+        core::format_bytes(h.optimizer_state_bytes), core::format_bytes(h.gradient_bytes),
+        core::format_bytes(h.stash_bytes), core::format_bytes(h.activation_bytes), core::format_bytes(h.staging_bytes),
+        core::format_bytes(topo.host_memory_bytes), h.total_bytes() - topo.host_memory_bytes));
+  }
+  if (h.nvme_bytes > 0 && !topo.nvme.present()) {
+    reasons.emplace_back(
+        "the plan keeps parameters and optimizer state on NVMe (plan.offload: nvme), but the machine has no "
+        "NVMe tier (topology.nvme)");
+  } else if (topo.nvme.capacity_bytes > 0 && h.nvme_bytes > topo.nvme.capacity_bytes) {
+    reasons.push_back(
+        fmt::format("NVMe capacity exceeded: master weights and optimizer state need {} > capacity {} by {} bytes",
+                    core::format_bytes(h.nvme_bytes), core::format_bytes(topo.nvme.capacity_bytes),
+                    h.nvme_bytes - topo.nvme.capacity_bytes));
+  }
+  if (pinned_memory_exceeded(h.total_bytes(), h.optimizer_state_bytes, topo.pinned_limit_bytes)) {
+    const Bytes pinned = h.pinned_bytes();
+    reasons.push_back(fmt::format(
+        "pinned host memory exceeded: the tensors swaps copy from and into (master weights {}, "
+        "gradients {}, stashes {}, activations {}, P2P staging {}) need {} > limit {} by {} bytes",
+        core::format_bytes(h.master_weights_bytes), core::format_bytes(h.gradient_bytes),
+        core::format_bytes(h.stash_bytes), core::format_bytes(h.activation_bytes), core::format_bytes(h.staging_bytes),
+        core::format_bytes(pinned), core::format_bytes(topo.pinned_limit_bytes), pinned - topo.pinned_limit_bytes));
+  }
+  return reasons;
+}
+
+Bytes accumulate_bounce_bytes(const Program& p) {
+  // A layer's gradient is one host tensor. A dWB that writes it first copies straight into it; one that adds to what
+  // an earlier dWB of the step wrote (a later microbatch's, or another GPU's under l2l) cannot: its DMA lands in a
+  // pinned buffer the CPU then adds from, one per process, as large as its largest such dWB. An all-reduced (ARD)
+  // gradient: a Harmony Program's replicas have one dWB of a pack each and write the same sum into it one after
+  // another (per GPU: its dWB copies); a swapping Program keeps the lowest replica's dWBs and the others' land in
+  // their bounce buffers. A rank of a sharded gradient (RS) writes its own shard. (harmony-run's executor does the
+  // same: docs/backend.md.)
+  const bool harmony = p.graph.plan.kind->dialect == core::ExecutorDialect::Harmony;
+  std::set<int> replicated, sharded;
+  std::map<int, std::vector<int>> dwbs;  // per first layer, in (GPU, queue) order
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const Op& op = p.ops[o];
+    if (op.kind == OpKind::ARD) replicated.insert(op.layers.first);
+    if (op.kind == OpKind::RS) sharded.insert(op.layers.first);
+    if (op.kind == OpKind::dWB) dwbs[op.layers.first].push_back(static_cast<int>(o));
+  }
+  std::vector<Bytes> largest(z(std::max(p.num_devices(), 1)), 0);
+  for (auto& [layer, list] : dwbs) {
+    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
+      const Op& x = p.ops[z(a)];
+      const Op& y = p.ops[z(b)];
+      return std::pair{x.device, x.queue_pos} < std::pair{y.device, y.queue_pos};
+    });
+    std::map<int, int> per_gpu;
+    for (int o : list) ++per_gpu[p.ops[z(o)].device];
+    const bool one_each = std::all_of(per_gpu.begin(), per_gpu.end(), [](const auto& e) { return e.second == 1; });
+    const bool own = replicated.count(layer) != 0 || sharded.count(layer) != 0;
+    const int lowest = p.ops[z(list.front())].device;
+    std::set<int> written;  // GPU, or -1 for the whole layer
+    for (int o : list) {
+      const Op& op = p.ops[z(o)];
+      const bool writes = replicated.count(layer) == 0 || (one_each && harmony) || op.device == lowest;
+      const bool copies = writes && written.insert(own ? op.device : -1).second;
+      if (!copies && z(op.device) < largest.size()) largest[z(op.device)] = std::max(largest[z(op.device)], op.bytes);
+    }
+  }
+  Bytes total = 0;
+  for (Bytes b : largest) total += b;
+  return total;
+}
+
+HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
+  HostAccount h = host_floor(m, p.graph.plan.kind, p.offload_nvme);
+  // Swaps are DMA copies straight from and into the host tensors (the time model prices them at the PCIe
+  // rate with no host copy), so those tensors are the pinned memory and need no staging buffer: a staging
+  // buffer sized by the largest swap op would grow with how a plan groups layers into one op (a Harmony
+  // pack is one WB op, a baseline swaps layer by layer) rather than with the bytes it keeps on the host.
+  // Only GPU-to-GPU copies staged through the host (p2p: host) have a buffer of their own.
+  const std::size_t nd = z(std::max(p.num_devices(), 1));
+  std::vector<Bytes> max_p2p(nd, 0);
+  for (const Op& o : p.ops) {
+    const std::size_t d = z(o.device);
+    if (d >= nd) continue;
+    switch (o.stream) {
+      case Stream::SwapOut:
+        if (o.kind == OpKind::sX) h.stash_bytes += o.bytes;
+        if (o.kind == OpKind::Y || o.kind == OpKind::dX) h.activation_bytes += o.bytes;
+        break;
+      case Stream::P2POut:
+        max_p2p[d] = std::max(max_p2p[d], o.bytes);
+        break;
+      case Stream::Cpu:
+        if (o.kind == OpKind::MSGsX || o.kind == OpKind::MSGY) h.activation_bytes += o.bytes;
+        break;
+      default:
+        break;
+    }
+  }
+  if (p2p_staged) {
+    for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_p2p[d];
+  }
+  // mixed precision: the bounces hold fp32 sums of 2-byte gradients, and the masters go up and the gradients come
+  // back through the staging rings (core::staging_ring_bytes)
+  const bool mixed = mixed_precision(m);
+  h.staging_bytes += (mixed ? 2 : 1) * accumulate_bounce_bytes(p);
+  if (mixed && !p.graph.plan.kind->resident_state) h.staging_bytes += core::staging_ring_bytes(p, false);
+  if (p.offload_nvme) {
+    // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer
+    // state and masters: an op's read split over its io_count I/Os) in pinned memory
+    std::vector<Bytes> max_read(nd, 0);
+    for (const Op& o : p.ops) {
+      const Bytes per_io = (o.nvme_read_bytes + std::max(1, o.io_count) - 1) / std::max(1, o.io_count);
+      if (z(o.device) < nd) max_read[z(o.device)] = std::max(max_read[z(o.device)], per_io);
+    }
+    for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_read[d];
+  }
+  return h;
+}
+
+}  // namespace harmony::sim
