@@ -37,7 +37,7 @@ void BaselineInterpreter::analyse() {
     const core::OpFlow& f = p_.dataflow.ops[o];
     OpInfo& oi = info_[o];
     oi.pass = f.pass;
-    oi.layer = f.layer;
+    oi.layer = f.layers.first;
     oi.s0 = f.s0;
     oi.n = f.n;
     oi.writes = keys(f.writes);

@@ -21,12 +21,16 @@ const char* pass_name(Pass p) {
 }
 
 const char* flow_kind_name(FlowKind k) {
-  constexpr const char* n[] = {"Act",      "Stash",      "dX",      "W",     "W shard",   "dW",
-                               "dW shard", "host stash", "host dX", "saved", "host saved"};
+  constexpr const char* n[] = {"Act",        "Stash",         "dX",    "W",          "W shard", "dW",     "dW shard",
+                               "host stash", "host dX",       "saved", "host saved", "RecX",    "RecAct", "host Y",
+                               "host Y msg", "host stash msg"};
   return n[static_cast<int>(k)];
 }
 
-bool on_host(FlowKind k) { return k == FlowKind::HostStash || k == FlowKind::HostGrad || k == FlowKind::HostSaved; }
+bool on_host(FlowKind k) {
+  return k == FlowKind::HostStash || k == FlowKind::HostGrad || k == FlowKind::HostSaved || k == FlowKind::HostY ||
+         k == FlowKind::HostYMsg || k == FlowKind::HostStashMsg;
+}
 
 int Dataflow::intern(const FlowTensor& t) {
   const auto [it, fresh] = ids_.emplace(t, static_cast<int>(tensors.size()));
@@ -105,7 +109,8 @@ void SwappingFlow::decode(int o, OpFlow& f) const {
     throw ScheduleError(fmt::format("dataflow: op {}: task {} is not a swapping kind's pseudo task of GPU {}", label(o),
                                     op.task, op.device));
   f.pass = rel < R_ ? Pass::Fwd : rel < 2 * R_ ? Pass::Bwd : Pass::Update;
-  f.layer = rel < R_ ? rel : rel < 2 * R_ ? 2 * R_ - 1 - rel : 3 * R_ - 1 - rel;
+  const int layer = rel < R_ ? rel : rel < 2 * R_ ? 2 * R_ - 1 - rel : 3 * R_ - 1 - rel;
+  f.layers = LayerRange{layer, layer};
   if (op.ubs > 0) {
     const auto& list = p_.graph.ubatch_fwd.at(static_cast<std::size_t>(op.device));
     f.s0 = first_sample(op.device, op.ui, "runs", o);
@@ -143,7 +148,8 @@ Dataflow SwappingFlow::derive() {
       facts_[o].fresh_dw = std::any_of(op.allocs.begin(), op.allocs.end(),
                                        [](const TensorRef& r) { return r.kind == TensorKind::WeightGrad; });
     if (op.kind == OpKind::BWD || op.kind == OpKind::REC)
-      facts_[o].bwd_input = produced.count(FlowTensor{op.device, K::Stash, f.layer, f.s0, f.n}) > 0 ? K::Stash : K::Act;
+      facts_[o].bwd_input =
+          produced.count(FlowTensor{op.device, K::Stash, f.layers.first, f.s0, f.n}) > 0 ? K::Stash : K::Act;
   }
   for (std::size_t o = 0; o < n; ++o) {
     OpFlow& f = df_.ops[o];

@@ -115,8 +115,8 @@ struct Program {
   std::vector<int> devices;     // devices that have ops (Harmony-DP under the reference: only GPU 0)
   std::vector<Op> ops;          // creation order
   std::vector<OpQueue> queues;  // devices ascending, then streams in order of first use
-  // Per op: its pass, layer, samples and the tensors it reads, writes and frees (dataflow.hpp). Filled by the
-  // swapping kinds' lowering (detail::ProgramBuilder::finish); empty for a Harmony Program.
+  // Per op: its pass, layers, samples and the tensors it reads, writes and frees (dataflow.hpp). Filled by the
+  // lowering: the swapping kinds' (detail::ProgramBuilder::finish) and Harmony's (lower_harmony).
   Dataflow dataflow;
 
   std::string op_id(int op) const;     // the reference's id: "<task>.<ui>.<spi>.<stream>.<kind>"

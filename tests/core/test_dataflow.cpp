@@ -1,6 +1,7 @@
-// Tests of the Program's dataflow (core/program/dataflow.hpp) as the swapping kinds' lowering fills it: on small
-// hand-checkable Programs (a 4-layer synthetic model, 1 or 2 GPUs), which op writes which tensor and which ops read
-// it, each op's pass, layer and samples, the interning, and the refusal of an op a swapping Program cannot hold.
+// Tests of the Program's dataflow (core/program/dataflow.hpp) as the lowerings fill it (the swapping kinds' and
+// Harmony's): on small hand-checkable Programs (a 4-layer synthetic model, 1 or 2 GPUs), which op writes which tensor
+// and which ops read it, each op's pass, layers and samples, the interning, and the refusal of an op a swapping
+// Program cannot hold.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -12,7 +13,9 @@
 #include "core/base/error.hpp"
 #include "core/kinds/kinds.hpp"
 #include "core/program/dataflow.hpp"
+#include "core/program/lower.hpp"
 #include "core/program/program.hpp"
+#include "core/program/task_graph.hpp"
 
 using namespace harmony;
 using core::FlowKind;
@@ -67,13 +70,26 @@ core::Program lower(const char* kind, int gpus, int minibatch, int u, SwapChoice
   return core::lower_plan(p, model4());
 }
 
+// A Harmony plan over the 4 layers with packs of pack_size, lowered on every GPU (as harmony-run lowers it).
+core::Program lower_harmony(const char* kind, int gpus, int minibatch, int u_fwd, int u_bwd, int pack_size) {
+  core::Plan p;
+  p.kind = core::plan_kind(kind);
+  p.gpus = gpus;
+  p.minibatch = minibatch;
+  p.u_fwd = u_fwd;
+  p.u_bwd = u_bwd;
+  core::manual_packs(4, pack_size, p.packs_fwd, p.packs_bwd);
+  core::validate_packs(p, 4);
+  return core::lower_harmony(core::compose_task_graph(p, 4), model4(), {.dp_first_gpu_only = false});
+}
+
 // The one op of `kind` on `device` for `layer` in `pass` over samples starting at s0 (any for per-layer ops).
 int find_op(const core::Program& p, OpKind kind, int device, int layer, Pass pass, int s0 = -1) {
   std::vector<int> hits;
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
     const core::Op& op = p.ops[o];
     const core::OpFlow& f = p.dataflow.ops[o];
-    if (op.kind == kind && op.device == device && f.layer == layer && f.pass == pass && (s0 < 0 || f.s0 == s0))
+    if (op.kind == kind && op.device == device && f.layers.first == layer && f.pass == pass && (s0 < 0 || f.s0 == s0))
       hits.push_back(static_cast<int>(o));
   }
   INFO(std::string(core::op_kind_name(kind)), " on GPU ", device, " layer ", layer, " pass ",
@@ -113,6 +129,20 @@ std::vector<int> readers(const core::Program& p, const FlowTensor& t) {
   return r;
 }
 
+// Whether some op writes every sample of t (per-layer tensors: t itself). Host channels hold samples: a message
+// that re-sizes microbatches reads a part of what a swap wrote.
+bool written(const core::Program& p, const FlowTensor& t) {
+  if (t.n == 0) return !writers(p, t).empty();
+  for (int s = t.s0; s < t.s0 + t.n; ++s) {
+    bool any = false;
+    for (const FlowTensor& w : p.dataflow.tensors)
+      any = any || (w.device == t.device && w.kind == t.kind && w.layer == t.layer && w.owner == t.owner && w.s0 <= s &&
+                    s < w.s0 + w.n && !writers(p, w).empty());
+    if (!any) return false;
+  }
+  return true;
+}
+
 // Every op has a flow; tensors are interned once; every tensor read is written by some op (the data X and the host
 // channels included: nothing is read from nowhere).
 void check_closed(const core::Program& p) {
@@ -125,14 +155,31 @@ void check_closed(const core::Program& p) {
     for (const FlowTensor& t : reads(p, static_cast<int>(o))) {
       INFO(p.op_label(static_cast<int>(o)), " reads ", std::string(core::flow_kind_name(t.kind)), " L", t.layer, " s",
            t.s0);
-      CHECK_FALSE(writers(p, t).empty());
+      CHECK(written(p, t));
     }
 }
 
-FlowTensor act(int d, int l, int s0, int n) { return {d, FlowKind::Act, l, s0, n}; }
-FlowTensor grad(int d, int l, int s0, int n) { return {d, FlowKind::Grad, l, s0, n}; }
-FlowTensor weights(int d, int l) { return {d, FlowKind::W, l, 0, 0}; }
-FlowTensor dw(int d, int l) { return {d, FlowKind::DW, l, 0, 0}; }
+FlowTensor act(int d, int l, int s0, int n) { return {d, FlowKind::Act, l, s0, n, -1}; }
+FlowTensor grad(int d, int l, int s0, int n) { return {d, FlowKind::Grad, l, s0, n, -1}; }
+FlowTensor weights(int d, int l) { return {d, FlowKind::W, l, 0, 0, -1}; }
+FlowTensor dw(int d, int l) { return {d, FlowKind::DW, l, 0, 0, -1}; }
+
+[[maybe_unused]] void dump(const core::Program& p) {
+  const auto name = [&](int id) {
+    const FlowTensor& t = p.dataflow.tensor(id);
+    return std::string(core::flow_kind_name(t.kind)) + "@" + std::to_string(t.device) + " L" + std::to_string(t.layer) +
+           " [" + std::to_string(t.s0) + "+" + std::to_string(t.n) + "]" +
+           (t.owner >= 0 ? " t" + std::to_string(t.owner) : "");
+  };
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::OpFlow& f = p.dataflow.ops[o];
+    std::string line = p.op_label(static_cast<int>(o)) + " " + core::pass_name(f.pass) + " reads:";
+    for (int id : f.reads) line += " {" + name(id) + "}";
+    line += " writes:";
+    for (int id : f.writes) line += " {" + name(id) + "}";
+    MESSAGE(line);
+  }
+}
 
 }  // namespace
 
@@ -274,4 +321,105 @@ TEST_CASE("an op a swapping Program cannot hold is refused, naming it") {
   p.ops[static_cast<std::size_t>(f)].task = 1000;
   CHECK_THROWS_WITH_AS(core::swapping_dataflow(p), doctest::Contains("is not a swapping kind's pseudo task"),
                        core::ScheduleError);
+}
+
+namespace {
+FlowTensor host(FlowKind k, int l, int s0, int n) { return {-1, k, l, s0, n, -1}; }
+FlowTensor dev(int d, FlowKind k, int l, int s0, int n) { return {d, k, l, s0, n, -1}; }
+}  // namespace
+
+TEST_CASE("harmony-pp on two GPUs: P2P pairs, stashes through the host, each task's own weights") {
+  // D = 2, u = 1, packs of one layer: forward tasks [0] (GPU 0), [1] (GPU 1), [2] (GPU 0); backward tasks [3] (GPU
+  // 1, the criterion's), [2] (GPU 0), [1] (GPU 1), [0] (GPU 0)
+  const core::Program p = lower_harmony("harmony-pp", 2, 2, 1, 1, 1);
+  check_closed(p);
+  // the boundary after layer 0: GPU 0's Y sends Act(1) of sample 1, GPU 1's X receives it
+  const int y = find_op(p, OpKind::Y, 0, 0, Pass::Fwd, 1);
+  CHECK(reads(p, y) == std::vector<FlowTensor>{act(0, 1, 1, 1)});
+  CHECK(writes(p, y).empty());
+  const int x = p.ops[static_cast<std::size_t>(y)].peer;
+  REQUIRE(x >= 0);
+  CHECK(writes(p, x) == std::vector<FlowTensor>{act(1, 1, 1, 1)});
+  // the stash of layer 2: out to the host by the forward task, a message that stays on GPU 0 (no copy: it reads and
+  // writes the stash's channel), in for the backward task, which reads it
+  const FlowTensor hs = host(FlowKind::HostStash, 2, 0, 1);
+  CHECK(writers(p, hs) ==
+        std::vector<int>{find_op(p, OpKind::sX, 0, 2, Pass::Fwd, 0), find_op(p, OpKind::MSGsX, 0, 2, Pass::Fwd, 0)});
+  const int in = find_op(p, OpKind::sX, 0, 2, Pass::Bwd, 0);
+  CHECK(reads(p, in) == std::vector<FlowTensor>{hs});
+  CHECK(writes(p, in) == std::vector<FlowTensor>{dev(0, FlowKind::Stash, 2, 0, 1)});
+  const int b2 = find_op(p, OpKind::BWD, 0, 2, Pass::Bwd, 0);
+  CHECK(readers(p, dev(0, FlowKind::Stash, 2, 0, 1)) ==
+        std::vector<int>{find_op(p, OpKind::REC, 0, 2, Pass::Bwd, 0), b2});
+  // layer 2's forward and backward tasks fetch their own weights (W's owner: the task), each by its own WB
+  const FlowTensor wf = reads(p, find_op(p, OpKind::FWD, 0, 2, Pass::Fwd, 0)).front();
+  const FlowTensor wb = reads(p, b2).front();
+  CHECK(wf.kind == FlowKind::W);
+  CHECK(wb.kind == FlowKind::W);
+  CHECK(wf.owner != wb.owner);
+  CHECK(writers(p, wf) == std::vector<int>{find_op(p, OpKind::WB, 0, 2, Pass::Fwd)});
+  CHECK(writers(p, wb) == std::vector<int>{find_op(p, OpKind::WB, 0, 2, Pass::Bwd)});
+  // the backward reads the output gradient its dY received and writes its input gradient; microbatch 0 starts the
+  // task's gradient, microbatch 1 adds to it, the dWB takes it
+  const FlowTensor dwt{0, FlowKind::DW, 2, 0, 0, wb.owner};
+  CHECK(writes(p, b2) == std::vector<FlowTensor>{dwt, grad(0, 2, 0, 1)});
+  CHECK(writers(p, grad(0, 3, 0, 1)) == std::vector<int>{find_op(p, OpKind::dY, 0, 2, Pass::Bwd, 0)});
+  const int b2b = find_op(p, OpKind::BWD, 0, 2, Pass::Bwd, 1);
+  CHECK(readers(p, dwt) == std::vector<int>{b2b, find_op(p, OpKind::dWB, 0, 2, Pass::Bwd)});
+  // the criterion's task recomputes from the activation it received (no stash, no output gradient)
+  const int b3 = find_op(p, OpKind::BWD, 1, 3, Pass::Bwd, 1);
+  const auto r3 = reads(p, b3);
+  REQUIRE(r3.size() >= 2);
+  CHECK(r3[1] == act(1, 3, 1, 1));
+  CHECK(std::none_of(r3.begin(), r3.end(), [](const FlowTensor& t) { return t.kind == FlowKind::Grad; }));
+}
+
+TEST_CASE("harmony-pp on one GPU, packs of two: swaps through the host and the recompute's tensors") {
+  // forward task [0-1], backward tasks [2-3] (the criterion's) and [0-1]
+  const core::Program p = lower_harmony("harmony-pp", 1, 2, 1, 1, 2);
+  check_closed(p);
+  const int y = find_op(p, OpKind::Y, 0, 0, Pass::Fwd, 1);
+  CHECK(writes(p, y) == std::vector<FlowTensor>{host(FlowKind::HostY, 2, 1, 1)});
+  CHECK(readers(p, host(FlowKind::HostY, 2, 1, 1)) == std::vector<int>{find_op(p, OpKind::X, 0, 2, Pass::Bwd, 1)});
+  // REC keeps each layer's activations and the inner input; the BWD reads them
+  const int rec = find_op(p, OpKind::REC, 0, 2, Pass::Bwd, 0);
+  CHECK(writes(p, rec) == std::vector<FlowTensor>{dev(0, FlowKind::RecAct, 2, 0, 1), dev(0, FlowKind::RecX, 3, 0, 1),
+                                                  dev(0, FlowKind::RecAct, 3, 0, 1)});
+  const int bwd = find_op(p, OpKind::BWD, 0, 2, Pass::Bwd, 0);
+  for (const FlowTensor& t : writes(p, rec)) CHECK(readers(p, t) == std::vector<int>{bwd});
+  // the input gradient of layer 2 goes through the host to the other task's dY
+  const int dx = find_op(p, OpKind::dX, 0, 2, Pass::Bwd, 0);
+  CHECK(writes(p, dx) == std::vector<FlowTensor>{host(FlowKind::HostGrad, 2, 0, 1)});
+  const int dy = find_op(p, OpKind::dY, 0, 0, Pass::Bwd, 0);
+  CHECK(reads(p, dy) == std::vector<FlowTensor>{host(FlowKind::HostGrad, 2, 0, 1)});
+  CHECK(writes(p, dy) == std::vector<FlowTensor>{grad(0, 2, 0, 1)});
+  CHECK(p.dataflow.ops[static_cast<std::size_t>(bwd)].layers == core::LayerRange{2, 3});
+}
+
+TEST_CASE("harmony-pp with a message across GPUs: re-sized microbatches through the message channel") {
+  // u_fwd 2, u_bwd 1 on two GPUs: the last forward task's Y (GPU 0) reaches the criterion's task (GPU 1) by CPU
+  // messages, one per backward microbatch, each a part of the swapped-out Y
+  const core::Program p = lower_harmony("harmony-pp", 2, 2, 2, 1, 1);
+  check_closed(p);
+  const int msg = find_op(p, OpKind::MSGY, 0, 2, Pass::Fwd, 1);
+  CHECK(reads(p, msg) == std::vector<FlowTensor>{host(FlowKind::HostY, 3, 1, 1)});
+  CHECK(writes(p, msg) == std::vector<FlowTensor>{host(FlowKind::HostYMsg, 3, 1, 1)});
+  CHECK(writes(p, find_op(p, OpKind::Y, 0, 2, Pass::Fwd, 0)) ==
+        std::vector<FlowTensor>{host(FlowKind::HostY, 3, 0, 2)});
+  CHECK(readers(p, host(FlowKind::HostYMsg, 3, 1, 1)) == std::vector<int>{find_op(p, OpKind::X, 1, 3, Pass::Bwd, 1)});
+}
+
+TEST_CASE("harmony-dp on two GPUs: each rank's samples, the all-reduce of each task's gradient") {
+  const core::Program p = lower_harmony("harmony-dp", 2, 4, 1, 1, 1);
+  check_closed(p);
+  // GPU 1 runs samples 2 and 3
+  CHECK(writes(p, find_op(p, OpKind::X, 1, 0, Pass::Fwd, 3)) == std::vector<FlowTensor>{act(1, 0, 3, 1)});
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    if (p.ops[o].kind != OpKind::ARD) continue;
+    const auto r = reads(p, static_cast<int>(o));
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].kind == FlowKind::DW);
+    CHECK(r[0].owner == p.ops[o].task);
+    CHECK(writes(p, static_cast<int>(o)) == r);
+  }
 }
