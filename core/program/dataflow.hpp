@@ -86,7 +86,7 @@ class Dataflow {
 };
 
 // The dataflow of a swapping kind's Program (ExecutorDialect::Swapping: per-layer ops with pseudo task ids, built by
-// detail::ProgramBuilder, which fills it at finish()). Throws ScheduleError naming the op where an op does not fit
+// detail::ProgramBuilder; core::lower_plan fills it). Throws ScheduleError naming the op where an op does not fit
 // the swapping ops' shapes (a task that is not a pseudo task of its GPU, a microbatch not in the GPU's list, an op
 // over several layers, a Harmony-only op).
 Dataflow swapping_dataflow(const Program& p);

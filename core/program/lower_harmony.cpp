@@ -750,13 +750,13 @@ ComputeChain compute_chain(const TaskGraph& graph, const std::vector<int>& ranks
 
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options) {
   Program p = Lowerer(graph, model, options).run();
-  p.dataflow = harmony_dataflow(p);
+  if (options.dataflow) p.dataflow = harmony_dataflow(p);
   return p;
 }
 
 Program lower_harmony(TaskGraph&& graph, const Model& model, const LowerOptions& options) {
   Program p = Lowerer(std::move(graph), model, options).run();
-  p.dataflow = harmony_dataflow(p);
+  if (options.dataflow) p.dataflow = harmony_dataflow(p);
   return p;
 }
 

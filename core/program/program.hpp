@@ -116,7 +116,7 @@ struct Program {
   std::vector<Op> ops;          // creation order
   std::vector<OpQueue> queues;  // devices ascending, then streams in order of first use
   // Per op: its pass, layers, samples and the tensors it reads, writes and frees (dataflow.hpp). Filled by the
-  // lowering: the swapping kinds' (detail::ProgramBuilder::finish) and Harmony's (lower_harmony).
+  // lowering (LowerOptions::dataflow): lower_harmony for Harmony's, lower_plan for the swapping kinds'.
   Dataflow dataflow;
 
   std::string op_id(int op) const;     // the reference's id: "<task>.<ui>.<spi>.<stream>.<kind>"

@@ -368,7 +368,6 @@ Program ProgramBuilder::finish() {
     if (const int pa = queue_predecessor(prog_, a); pa >= 0) dep(b, pa);
   }
   for (Op& o : ops) std::sort(o.deps.begin(), o.deps.end());
-  prog_.dataflow = swapping_dataflow(prog_);  // needs the peers (P2P X, Y, dX, dY)
   return std::move(prog_);
 }
 

@@ -423,3 +423,26 @@ TEST_CASE("harmony-dp on two GPUs: each rank's samples, the all-reduce of each t
     CHECK(writes(p, static_cast<int>(o)) == r);
   }
 }
+
+TEST_CASE("LowerOptions::dataflow off leaves the dataflow out (the engines read none)") {
+  core::Plan p;
+  p.kind = core::plan_kind("dp-swap");
+  p.gpus = 1;
+  p.minibatch = 2;
+  p.u_fwd = p.u_bwd = 1;
+  core::LowerOptions off;
+  off.dataflow = false;
+  const core::Program with = core::lower_plan(p, model4());
+  const core::Program without = core::lower_plan(p, model4(), off);
+  CHECK(with.dataflow.covers(with));
+  CHECK(without.dataflow.ops.empty());
+  CHECK(without.ops.size() == with.ops.size());
+  core::Plan h;
+  h.kind = core::plan_kind("harmony-pp");
+  h.gpus = 1;
+  h.minibatch = 2;
+  core::manual_packs(4, 2, h.packs_fwd, h.packs_bwd);
+  const core::Program hp = core::lower_harmony(core::compose_task_graph(h, 4), model4(), off);
+  CHECK(hp.dataflow.ops.empty());
+  CHECK_FALSE(hp.ops.empty());
+}
