@@ -115,12 +115,12 @@ void BaselineInterpreter::drop(const Version& v) {
   auto it = store_.find(v);
   if (it == store_.end()) return;
   const std::vector<int> users = std::move(it->second.users);
-  qr_.retire(v.key.dev, users, std::make_shared<Tensor>(std::move(it->second)));
+  qr_.retire(v.key.device, users, std::make_shared<Tensor>(std::move(it->second)));
   store_.erase(it);
 }
 
 std::string BaselineInterpreter::tname(const Key& k) const {
-  const std::string dev = devs_[static_cast<std::size_t>(k.dev)]->name();
+  const std::string dev = devs_[static_cast<std::size_t>(k.device)]->name();
   const std::string where = on_host(k.kind) ? "the host of " + dev : dev;
   if (k.n == 0) return fmt::format("{} {} of layer {}", where, tk_name(k.kind), k.layer);
   return fmt::format("{} {} of layer {} samples [{}, {})", where, tk_name(k.kind), k.layer, k.s0, k.s0 + k.n);
@@ -160,7 +160,7 @@ Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) {
     t.mem.resize(static_cast<std::size_t>(bytes));
     t.metered = MeteredBytes(host_meter, k.kind == TK::HostGrad ? HostUse::Activations : HostUse::Stash, bytes);
   } else {
-    t.buf = alloc_or_wait(D(k.dev), bytes, tname(k));
+    t.buf = alloc_or_wait(D(k.device), bytes, tname(k));
   }
   t.users.push_back(o);
   return store_[Version{k, o}] = std::move(t);
@@ -190,7 +190,7 @@ Tensor& BaselineInterpreter::update(int o, const Key& k, Bytes bytes) {
   }
   const void* src = old.data();
   Tensor& t = put(o, k, bytes);
-  D(k.dev).copy_d2d(S(o), t.data(), src, bytes);
+  D(k.device).copy_d2d(S(o), t.data(), src, bytes);
   return t;
 }
 

@@ -1,10 +1,9 @@
-// The baseline interpreter's static analysis (baseline_interpreter.hpp), run when the executor is built: the op's
-// pass, layer and microbatch decoded from its pseudo task, what it reads and writes and which version each read sees,
-// the groups, the executor's Update edges, and the checks of the Program's frees and updates (a missing dependency is
-// refused before any step).
+// The baseline interpreter's static analysis (baseline_interpreter.hpp), run when the executor is built: the
+// Program's dataflow (core/program/dataflow.hpp: each op's pass, layer, samples, reads and writes) resolved to the
+// version each read sees, the groups, the executor's Update edges, and the checks of the Program's frees and updates
+// (a missing dependency is refused before any step).
 #include <algorithm>
 #include <map>
-#include <optional>
 
 #include <fmt/format.h>
 
@@ -16,62 +15,51 @@ namespace harmony::backend::detail::baseline_impl {
 
 using core::OpKind;
 
+std::vector<Key> BaselineInterpreter::keys(const core::TensorIds& ids) const {
+  std::vector<Key> r;
+  r.reserve(ids.size());
+  for (int id : ids) r.push_back(p_.dataflow.tensor(id));
+  return r;
+}
+
 void BaselineInterpreter::analyse() {
   const std::size_t n = p_.ops.size();
+  if (!p_.dataflow.covers(p_))
+    throw BackendError(
+        fmt::format("executor: the {} Program carries no dataflow for its {} ops (lower it with "
+                    "core::lower_plan)",
+                    p_.graph.plan.kind.name(), n));
   info_.resize(n);
   sharded_ = std::any_of(p_.ops.begin(), p_.ops.end(),
                          [](const core::Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
-  offset_.assign(static_cast<std::size_t>(N_), 0);
-  for (int r = 0, off = 0; r < N_; ++r) {
-    offset_[static_cast<std::size_t>(r)] = pp_ ? 0 : off;
-    for (int u : p_.graph.ubatch_fwd.at(static_cast<std::size_t>(r))) off += u;
-  }
   for (std::size_t o = 0; o < n; ++o) {
     const core::Op& op = p_.ops[o];
+    const core::OpFlow& f = p_.dataflow.ops[o];
     OpInfo& oi = info_[o];
-    const int rel = op.task - op.device * 3 * R_;
-    if (rel < 0 || rel >= 3 * R_)
-      throw BackendError(fmt::format("executor: op {}: task {} is not a baseline pseudo task of GPU {}",
-                                     label(static_cast<int>(o)), op.task, op.device));
-    oi.pass = rel < R_ ? Pass::Fwd : rel < 2 * R_ ? Pass::Bwd : Pass::Upd;
-    oi.layer = rel < R_ ? rel : rel < 2 * R_ ? 2 * R_ - 1 - rel : 3 * R_ - 1 - rel;
-    if (op.ubs > 0) {
-      const auto& list = p_.graph.ubatch_fwd.at(static_cast<std::size_t>(op.device));
-      if (op.ui < 0 || op.ui >= static_cast<int>(list.size()) || list[static_cast<std::size_t>(op.ui)] != op.ubs)
-        throw BackendError(fmt::format("executor: op {}: microbatch {} of size {} is not in GPU {}'s list",
-                                       label(static_cast<int>(o)), op.ui, op.ubs, op.device));
-      oi.s0 = offset_[static_cast<std::size_t>(op.device)];
-      for (int i = 0; i < op.ui; ++i) oi.s0 += list[static_cast<std::size_t>(i)];
-      oi.n = op.ubs;
-    }
-    const bool per_layer = op.kind != OpKind::DEL;
-    if (per_layer && op.layers.first != op.layers.last)
-      throw BackendError(fmt::format("executor: op {} spans layers {}..{}; baseline ops are per layer",
-                                     label(static_cast<int>(o)), op.layers.first, op.layers.last));
-    if (op.kind == OpKind::FWD) oi.saved = names_saved(op.allocs);
-    if (op.kind == OpKind::sX) oi.saved = names_saved(op.stream == core::Stream::SwapOut ? op.frees : op.allocs);
-    if (op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY)
-      throw BackendError(fmt::format("executor: op {}: {} is not a baseline op", label(static_cast<int>(o)),
-                                     core::op_kind_name(op.kind)));
-    oi.writes = writes_of(static_cast<int>(o));
+    oi.pass = f.pass;
+    oi.layer = f.layers.first;
+    oi.s0 = f.s0;
+    oi.n = f.n;
+    oi.writes = keys(f.writes);
+    const std::vector<Key> reads = keys(f.reads);
+    const auto names = [](const std::vector<Key>& ks, TK a, TK b) {
+      return std::any_of(ks.begin(), ks.end(), [&](const Key& k) { return k.kind == a || k.kind == b; });
+    };
+    // What the op does with its tensors, as the dataflow names them: a FWD that keeps its saved activations, an sX
+    // that moves them, a BWD that starts its weight gradient (reads none), a REC's or BWD's input (Stash or Act).
+    if (op.kind == OpKind::FWD || op.kind == OpKind::sX)
+      oi.saved = names(oi.writes, TK::Saved, TK::HostSaved) || names(reads, TK::Saved, TK::HostSaved);
+    if (op.kind == OpKind::BWD) oi.fresh_dw = !names(reads, TK::DW, TK::DW);
+    if (op.kind == OpKind::BWD || op.kind == OpKind::REC) oi.bwd_input = reads.at(1).kind;
     if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
   }
   for (std::size_t o = 0; o < n; ++o)
     for (const Key& k : info_[o].writes) producers_[k].push_back(static_cast<int>(o));
-  for (std::size_t o = 0; o < n; ++o) {
-    OpInfo& oi = info_[o];
-    const core::Op& op = p_.ops[o];
-    if (op.kind == OpKind::BWD)
-      oi.fresh_dw = std::any_of(op.allocs.begin(), op.allocs.end(),
-                                [](const core::TensorRef& r) { return r.kind == core::TensorKind::WeightGrad; });
-    if (op.kind == OpKind::BWD || op.kind == OpKind::REC)
-      oi.bwd_input = producers_.count(Key{op.device, TK::Stash, oi.layer, oi.s0, oi.n}) > 0 ? TK::Stash : TK::Act;
-  }
   build_groups();
   build_update_edges();
   const Ancestry anc(p_, extra_);
   for (std::size_t o = 0; o < n; ++o) {
-    for (const Key& k : reads_of(static_cast<int>(o))) {
+    for (const Key& k : keys(p_.dataflow.ops[o].reads)) {
       if (resident_ && in_state(k.kind)) continue;  // the DeviceState's, ordered by check_resident_updates
       const int v = reaching(anc, static_cast<int>(o), k);
       info_[o].reads.emplace_back(k, v);
@@ -94,53 +82,21 @@ void BaselineInterpreter::analyse() {
   if (more) (void)Ancestry(p_, extra_);  // throws ScheduleViolation on a cycle
 }
 
-std::optional<Key> BaselineInterpreter::freed_key(int o, const core::TensorRef& r) const {
-  const core::Op& op = at(o);
-  const int d = op.device, l = r.layers.first;
-  auto mb = [&](TK k) {
-    const auto& list = p_.graph.ubatch_fwd.at(static_cast<std::size_t>(d));
-    if (r.microbatch < 0 || r.microbatch >= static_cast<int>(list.size()))
-      throw BackendError(fmt::format("executor: op {} frees a tensor of microbatch {}, not in GPU {}'s list", label(o),
-                                     r.microbatch, d));
-    int s0 = offset_[static_cast<std::size_t>(d)];
-    for (int i = 0; i < r.microbatch; ++i) s0 += list[static_cast<std::size_t>(i)];
-    return Key{d, k, l, s0, list[static_cast<std::size_t>(r.microbatch)]};
-  };
-  switch (r.kind) {
-    case core::TensorKind::Activation:
-      return mb(TK::Act);
-    case core::TensorKind::Stash:
-      return mb(TK::Stash);
-    case core::TensorKind::ActGrad:
-      return mb(TK::Grad);
-    case core::TensorKind::Saved:
-      return mb(TK::Saved);
-    case core::TensorKind::Weights:
-      return Key{d, op.kind == OpKind::AG ? TK::WShard : TK::W, l, 0, 0};
-    case core::TensorKind::WeightGrad:
-      return Key{d, op.kind == OpKind::dWB && sharded_ ? TK::DWShard : TK::DW, l, 0, 0};
-    default:
-      return std::nullopt;
-  }
-}
-
 void BaselineInterpreter::check_frees(const Ancestry& anc) const {
   std::map<Version, std::vector<int>> killers;
   for (std::size_t f = 0; f < p_.ops.size(); ++f) {
     const int fo = static_cast<int>(f);
-    for (const core::TensorRef& r : p_.ops[f].frees) {
-      const std::optional<Key> k = freed_key(fo, r);
-      if (!k) continue;
+    for (const Key& k : keys(p_.dataflow.ops[f].frees)) {
       const auto& w = info_[f].writes;
-      int v = std::find(w.begin(), w.end(), *k) != w.end() ? fo : -1;
+      int v = std::find(w.begin(), w.end(), k) != w.end() ? fo : -1;
       if (v < 0) {
         try {
-          v = reaching(anc, fo, *k);
+          v = reaching(anc, fo, k);
         } catch (const ScheduleViolation& e) {
-          throw ScheduleViolation(fmt::format("executor: op {} frees {}: {}", label(fo), tname(*k), e.what()));
+          throw ScheduleViolation(fmt::format("executor: op {} frees {}: {}", label(fo), tname(k), e.what()));
         }
       }
-      killers[Version{*k, v}].push_back(fo);
+      killers[Version{k, v}].push_back(fo);
     }
   }
   for (std::size_t o = 0; o < p_.ops.size(); ++o) {
@@ -159,90 +115,6 @@ void BaselineInterpreter::check_frees(const Ancestry& anc) const {
                         label(ro), tname(k), label(v), label(f)));
       }
     }
-  }
-}
-
-std::vector<Key> BaselineInterpreter::writes_of(int o) const {
-  const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  switch (op.kind) {
-    case OpKind::X:  // the data (forward: the input; backward: re-read as the stash), or a stage input
-      if (op.peer >= 0) return {Key{d, TK::Act, l, s0, n}};
-      if (l != 0 || op.stream != core::Stream::SwapIn)
-        throw BackendError(fmt::format("executor: op {}: an X of layer {} that is neither data nor P2P", label(o), l));
-      return {Key{d, oi.pass == Pass::Bwd ? TK::Stash : TK::Act, 0, s0, n}};
-    case OpKind::sX:
-      if (oi.saved) return {Key{d, op.stream == core::Stream::SwapOut ? TK::HostSaved : TK::Saved, l, s0, n}};
-      if (op.stream == core::Stream::SwapOut) return {Key{d, TK::HostStash, l, s0, n}};
-      return {Key{d, oi.pass == Pass::Bwd ? TK::Stash : TK::Act, l, s0, n}};
-    case OpKind::dY:
-      return {Key{d, TK::Grad, op.layers.last + 1, s0, n}};
-    case OpKind::dX:
-      return op.peer >= 0 ? std::vector<Key>{} : std::vector<Key>{Key{d, TK::HostGrad, l, s0, n}};
-    case OpKind::Y:
-      if (op.peer < 0) throw BackendError(fmt::format("executor: op {}: a Y without a P2P receiver", label(o)));
-      return {};
-    case OpKind::FWD: {
-      std::vector<Key> w;
-      if (l + 1 < R_) w.push_back(Key{d, TK::Act, l + 1, s0, n});
-      if (oi.saved) w.push_back(Key{d, TK::Saved, l, s0, n});
-      return w;
-    }
-    case OpKind::REC:
-      return {Key{d, TK::Saved, l, s0, n}};
-    case OpKind::BWD: {
-      std::vector<Key> w{Key{d, TK::DW, l, 0, 0}};
-      if (l > 0) w.push_back(Key{d, TK::Grad, l, s0, n});
-      return w;
-    }
-    case OpKind::WB:
-      return {Key{d, sharded_ ? TK::WShard : TK::W, l, 0, 0}};
-    case OpKind::AG:
-      return {Key{d, TK::W, l, 0, 0}};
-    case OpKind::ARD:
-      return {Key{d, TK::DW, l, 0, 0}};
-    case OpKind::RS:
-      return {Key{d, TK::DWShard, l, 0, 0}};
-    default:  // dWB, Update, DEL: host gradients, host weights, nothing
-      return {};
-  }
-}
-
-std::vector<Key> BaselineInterpreter::reads_of(int o) const {
-  const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  switch (op.kind) {
-    case OpKind::sX:
-      if (oi.saved) return {Key{d, op.stream == core::Stream::SwapOut ? TK::Saved : TK::HostSaved, l, s0, n}};
-      if (op.stream == core::Stream::SwapOut) return {Key{d, TK::Act, l, s0, n}};
-      return {Key{d, TK::HostStash, l, s0, n}};
-    case OpKind::dY:
-      return op.peer >= 0 ? std::vector<Key>{} : std::vector<Key>{Key{d, TK::HostGrad, op.layers.last + 1, s0, n}};
-    case OpKind::dX:
-      return {Key{d, TK::Grad, l, s0, n}};
-    case OpKind::Y:
-      return {Key{d, TK::Act, op.layers.last + 1, s0, n}};
-    case OpKind::FWD:
-      return {Key{d, TK::W, l, 0, 0}, Key{d, TK::Act, l, s0, n}};
-    case OpKind::REC:
-      return {Key{d, TK::W, l, 0, 0}, Key{d, oi.bwd_input, l, s0, n}};
-    case OpKind::BWD: {
-      std::vector<Key> r{Key{d, TK::W, l, 0, 0}, Key{d, oi.bwd_input, l, s0, n}, Key{d, TK::Saved, l, s0, n}};
-      if (l + 1 < R_) r.push_back(Key{d, TK::Grad, l + 1, s0, n});
-      if (!oi.fresh_dw) r.push_back(Key{d, TK::DW, l, 0, 0});
-      return r;
-    }
-    case OpKind::AG:
-      return {Key{d, TK::WShard, l, 0, 0}};
-    case OpKind::ARD:
-    case OpKind::RS:
-      return {Key{d, TK::DW, l, 0, 0}};
-    case OpKind::dWB:
-      return {Key{d, sharded_ ? TK::DWShard : TK::DW, l, 0, 0}};
-    default:
-      return {};
   }
 }
 

@@ -1,7 +1,7 @@
 // The baseline interpreter's class (the swapping kinds' Programs, ExecutorDialect::Swapping: dp-swap, pp-swap,
 // zero-infinity, l2l, lohan), private to its three files: baseline.cpp (construction, the step's lifecycle, resident
-// state, tensors at run time), baseline_analysis.cpp (what every op reads and writes, checked when the executor is
-// built) and baseline_ops.cpp (the ops).
+// state, tensors at run time), baseline_analysis.cpp (the Program's dataflow resolved to versions and checked when
+// the executor is built) and baseline_ops.cpp (the ops).
 #pragma once
 
 #include <algorithm>
@@ -22,32 +22,13 @@
 
 namespace harmony::backend::detail::baseline_impl {
 
-// Tensor kinds. Device: a layer's input activation (Act; layer 0: the token ids), a stashed input brought back
-// for the backward (Stash), the gradient of a layer's input (Grad), a layer's weights (W) or this rank's shard
-// of them (WShard, zero-infinity), its weight gradient (DW) or this rank's reduced shard (DWShard), the saved
-// activations of a layer's forward its backward reads (Saved: written by the REC of the checkpoint policy, or
-// kept by the FWD under keep). Host memory of the device's process: a swapped-out stash (HostStash), a
-// swapped-out input gradient (HostGrad, l2l), swapped-out saved activations (HostSaved, keep).
-enum class TK : std::uint8_t { Act, Stash, Grad, W, WShard, DW, DWShard, HostStash, HostGrad, Saved, HostSaved };
-inline const char* tk_name(TK k) {
-  constexpr const char* n[] = {"Act",      "Stash",      "dX",      "W",     "W shard",   "dW",
-                               "dW shard", "host stash", "host dX", "saved", "host saved"};
-  return n[static_cast<int>(k)];
-}
-inline bool on_host(TK k) { return k == TK::HostStash || k == TK::HostGrad || k == TK::HostSaved; }
-inline bool names_saved(const core::TensorRefs& refs) {
-  return std::any_of(refs.begin(), refs.end(),
-                     [](const core::TensorRef& r) { return r.kind == core::TensorKind::Saved; });
-}
+// Tensors as the Program's dataflow names them (core/program/dataflow.hpp): a kind (TK), and a Key per device, kind,
+// layer and samples.
+using TK = core::FlowKind;
+using Key = core::FlowTensor;
+using core::on_host;
+inline const char* tk_name(TK k) { return core::flow_kind_name(k); }
 
-struct Key {
-  int dev = 0;  // the device (host tensors: the host memory of that device's process)
-  TK kind = TK::Act;
-  int layer = 0;
-  int s0 = 0;  // first sample; 0 for per-layer tensors
-  int n = 0;   // samples; 0 for per-layer tensors
-  auto operator<=>(const Key&) const = default;
-};
 struct Version {  // a tensor as produced by one op
   Key key;
   int producer = -1;
@@ -61,8 +42,9 @@ struct Tensor {
   void* data() { return buf ? buf.data() : static_cast<void*>(mem.data()); }
 };
 
-enum class Pass : std::uint8_t { Fwd, Bwd, Upd };
+using core::Pass;
 
+// An op's dataflow (Program::dataflow) as the interpreter runs it: its tensors resolved to Keys and versions.
 struct OpInfo {
   Pass pass = Pass::Fwd;
   int layer = 0;                           // the pseudo task's layer
@@ -144,23 +126,17 @@ class BaselineInterpreter final : public Interpreter {
   std::string tname(const Key& k) const;
 
   // ---------------------------------------------------------------------------------------------------------
-  // Static analysis: what every op reads and writes, which version each read sees, the groups, the checks.
+  // Static analysis: the Program's dataflow (what every op reads, writes and frees) resolved to versions (which
+  // version each read sees), the groups, the checks.
 
   void analyse();
-
-  // The device tensor a Program free (TensorRef) of op o names: its kind and microbatch mapped to a Key. A
-  // weight or gradient free names the shard where the op reads the shard (AG; dWB under zero-infinity).
-  std::optional<Key> freed_key(int o, const core::TensorRef& r) const;
 
   // The Program's frees are honoured: every read of a version happens before each op that frees that version
   // (or is that op: an op frees at its end). The version a free names is the one the freeing op would read.
   void check_frees(const Ancestry& anc) const;
 
-  // What op o produces (its own side of a pair or collective).
-  std::vector<Key> writes_of(int o) const;
-
-  // What op o reads (its own side of a pair or collective).
-  std::vector<Key> reads_of(int o) const;
+  // Op o's dataflow tensors as Keys.
+  std::vector<Key> keys(const core::TensorIds& ids) const;
 
   // The version of k that op o reads: the latest of its producers among o's ancestors. They must exist and be
   // ordered (two unordered producers would race for the same tensor).
@@ -298,7 +274,6 @@ class BaselineInterpreter final : public Interpreter {
   DType dt_ = DType::F32;  // device storage (bf16: weights rounded on the way up, gradients widened back)
   Bytes es_ = 4;           // bytes per device element
   QueueResources qr_;
-  std::vector<int> offset_;  // per device: its first sample
   std::vector<OpInfo> info_;
   std::map<Key, std::vector<int>> producers_;
   std::map<Version, int> readers_;  // per version: ops that read it

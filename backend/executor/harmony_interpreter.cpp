@@ -1,6 +1,7 @@
 // The Harmony interpreter's data flow (harmony_interpreter.hpp): construction (the Update owners, the tie's edges,
-// the readers per tensor), the device tensor store with its happens-before checks, the host channels, the release of
-// a tensor after its last reader, and the step's lifecycle and groups. Its ops run in harmony_ops.cpp.
+// the readers per tensor from the Program's dataflow), the device tensor store with its happens-before checks, the
+// host channels, the release of a tensor after its last reader, and the step's lifecycle and groups. Its ops run in
+// harmony_ops.cpp.
 #include <algorithm>
 #include <memory>
 
@@ -14,9 +15,52 @@ namespace harmony_impl {
 
 using core::OpKind;
 
+DK dev_kind(core::FlowKind k) {
+  switch (k) {
+    case core::FlowKind::Act:
+      return DK::Act;
+    case core::FlowKind::Stash:
+      return DK::Stash;
+    case core::FlowKind::Grad:
+      return DK::Grad;
+    case core::FlowKind::RecX:
+      return DK::RecX;
+    case core::FlowKind::RecAct:
+      return DK::RecAct;
+    case core::FlowKind::W:
+      return DK::W;
+    case core::FlowKind::DW:
+      return DK::DW;
+    default:
+      throw core::InternalError(fmt::format("executor: {} is not a Harmony device tensor", core::flow_kind_name(k)));
+  }
+}
+
+HC host_chan(core::FlowKind k) {
+  switch (k) {
+    case core::FlowKind::HostY:
+      return HC::YSwap;
+    case core::FlowKind::HostYMsg:
+      return HC::YMsg;
+    case core::FlowKind::HostStash:
+      return HC::Stash;
+    case core::FlowKind::HostStashMsg:
+      return HC::StashMsg;
+    case core::FlowKind::HostGrad:
+      return HC::DXSwap;
+    default:
+      throw core::InternalError(fmt::format("executor: {} is not a Harmony host channel", core::flow_kind_name(k)));
+  }
+}
+
 HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s,
                                        const ExecutorOptions& o)
     : p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()), qr(prog, devs, o) {
+  if (!p.dataflow.covers(p))
+    throw BackendError(
+        fmt::format("executor: the {} Program carries no dataflow for its {} ops (lower it with "
+                    "core::lower_harmony)",
+                    p.graph.plan.kind.name(), p.ops.size()));
   B = p.graph.plan.minibatch;
   T = opt.seq_len;
   dt = opt.dtype;
@@ -44,40 +88,11 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
       throw BackendError(
           fmt::format("executor: op {} updates a pack whose dWB is on another GPU", label(static_cast<int>(o))));
   }
-  find_same_rank_msgs();
   tie_edges();
   anc = Ancestry(p, extra);
   dev.resize(devs.size());
-  const bool dp = p.graph.plan.kind->data_parallel;
-  int off = 0;
-  for (int r = 0; r < p.num_devices(); ++r) {
-    rank_offset.push_back(dp ? off : 0);
-    for (int u : p.graph.ubatch_bwd[static_cast<std::size_t>(r)]) off += u;
-  }
   for (std::size_t o = 0; o < p.ops.size(); ++o)
     for (const auto& k : reads_of(static_cast<int>(o))) ++readers_total[k];
-}
-
-void HarmonyInterpreter::find_same_rank_msgs() {
-  std::map<std::pair<HC, int>, bool> same;  // per message channel: every message into it stays on its rank
-  for (const core::Op& op : p.ops) {
-    if (op.kind != OpKind::MSGsX && op.kind != OpKind::MSGY) continue;
-    const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
-    int to_task = -1;
-    if (op.kind == OpKind::MSGY) {
-      to_task = t.out_y.peer_task;
-    } else {
-      for (const core::Stash& st : t.stashes)
-        if (st.layer == op.layers.first) to_task = st.bwd_task;
-    }
-    const bool here = to_task >= 0 && p.graph.tasks[static_cast<std::size_t>(to_task)].rank == t.rank;
-    const std::pair<HC, int> key =
-        op.kind == OpKind::MSGsX ? std::pair{HC::StashMsg, op.layers.first} : std::pair{HC::YMsg, op.layers.last + 1};
-    auto [it, fresh] = same.emplace(key, here);
-    if (!fresh) it->second = it->second && here;
-  }
-  for (const auto& [key, here] : same)
-    if (here) same_rank_msgs.insert(key);
 }
 
 void HarmonyInterpreter::tie_edges() {
@@ -106,37 +121,23 @@ void HarmonyInterpreter::tie_edges() {
   }
 }
 
-std::vector<std::pair<HC, int>> HarmonyInterpreter::chans_of(int o) const {
-  std::vector<std::pair<HC, int>> r = chans_named(o);
-  for (auto& [c, l] : r) c = resolve(c, l);
-  return r;
+const core::FlowTensor* HarmonyInterpreter::host_in(int o) const {
+  for (int id : flow(o).reads)
+    if (core::on_host(tensor(id).kind)) return &tensor(id);
+  return nullptr;
 }
 
-std::vector<std::pair<HC, int>> HarmonyInterpreter::chans_named(int o) const {
-  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-  const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
-  const int lf = op.layers.first, ll = op.layers.last;
-  switch (op.kind) {
-    case OpKind::X:
-      if (t.has_data) return {};
-      if (t.in_x.medium == core::Medium::Msg) return {{HC::YMsg, lf}};
-      if (t.in_x.medium == core::Medium::Swap) return {{HC::YSwap, lf}};
-      return {};
-    case OpKind::sX:
-      return {{t.type == core::TaskType::Fwd ? HC::Stash : HC::StashMsg, lf}};
-    case OpKind::MSGsX:
-      return {{HC::Stash, lf}, {HC::StashMsg, lf}};
-    case OpKind::MSGY:
-      return {{HC::YSwap, ll + 1}, {HC::YMsg, ll + 1}};
-    case OpKind::Y:
-      return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::YSwap, ll + 1}};
-    case OpKind::dX:
-      return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::DXSwap, lf}};
-    case OpKind::dY:
-      return op.peer >= 0 ? std::vector<std::pair<HC, int>>{} : std::vector<std::pair<HC, int>>{{HC::DXSwap, ll + 1}};
-    default:
-      return {};
-  }
+const core::FlowTensor* HarmonyInterpreter::host_out(int o) const {
+  for (int id : flow(o).writes)
+    if (core::on_host(tensor(id).kind)) return &tensor(id);
+  return nullptr;
+}
+
+std::vector<std::pair<HC, int>> HarmonyInterpreter::chans_of(int o) const {
+  std::vector<std::pair<HC, int>> r;
+  for (const core::FlowTensor* t : {host_in(o), host_out(o)})
+    if (t != nullptr) r.emplace_back(host_chan(t->kind), t->layer);
+  return r;
 }
 
 std::set<std::pair<HC, int>> HarmonyInterpreter::all_chans() const {
@@ -159,16 +160,6 @@ void HarmonyInterpreter::allocate_host() {
     h.metered = MeteredBytes(host_meter, chan_use(c), chan_bytes(l));
     h.producer.assign(static_cast<std::size_t>(B), -1);
   }
-}
-
-std::pair<int, int> HarmonyInterpreter::samples(int o) const {
-  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-  const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
-  const bool msg = op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY;
-  const std::vector<int>& list = msg ? p.graph.ubatch_bwd[static_cast<std::size_t>(t.rank)] : t.ubatch_sizes;
-  int s = rank_offset[static_cast<std::size_t>(t.rank)];
-  for (int i = 0; i < op.ui; ++i) s += list[static_cast<std::size_t>(i)];
-  return {s, list[static_cast<std::size_t>(op.ui)]};
 }
 
 std::string HarmonyInterpreter::dname(int d, const DevKey& k) const {
@@ -218,7 +209,6 @@ std::map<DevKey, DevTensor>::iterator HarmonyInterpreter::drop(int d, std::map<D
 }
 
 HostChan& HarmonyInterpreter::chan(HC c, int l) {
-  c = resolve(c, l);
   HostChan& h = host[{c, l}];
   if (h.data.bytes() == 0) {  // a channel allocate_host did not foresee
     h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
@@ -250,48 +240,10 @@ std::byte* HarmonyInterpreter::host_write(int o, HC c, int l, int s0, int n) {
 }
 
 std::vector<std::pair<int, DevKey>> HarmonyInterpreter::reads_of(int o) const {
-  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-  const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
-  const int d = op.device;
-  const int lf = op.layers.first, ll = op.layers.last;
   std::vector<std::pair<int, DevKey>> r;
-  auto mb = [&] { return samples(o); };
-  switch (op.kind) {
-    case OpKind::sX:
-      if (t.type == core::TaskType::Fwd) r.push_back({d, DevKey{DK::Act, lf, mb().first, mb().second}});
-      break;
-    case OpKind::Y:
-      r.push_back({d, DevKey{DK::Act, ll + 1, mb().first, mb().second}});
-      break;
-    case OpKind::dX:
-      r.push_back({d, DevKey{DK::Grad, lf, mb().first, mb().second}});
-      break;
-    case OpKind::FWD:
-      r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
-      r.push_back({d, DevKey{DK::Act, lf, mb().first, mb().second}});
-      break;
-    case OpKind::REC:
-      r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
-      r.push_back({d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, mb().first, mb().second}});
-      break;
-    case OpKind::BWD: {
-      const auto [s0, n] = mb();
-      r.push_back({d, DevKey{DK::W, op.task, 0, 0}});
-      r.push_back({d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n}});
-      if (op.ui > 0) r.push_back({d, DevKey{DK::DW, op.task, 0, 0}});
-      if (!t.has_criterion) r.push_back({d, DevKey{DK::Grad, ll + 1, s0, n}});
-      for (int l = lf; l <= ll; ++l) {
-        if (l > lf) r.push_back({d, DevKey{DK::RecX, l, s0, n}});
-        r.push_back({d, DevKey{DK::RecAct, l, s0, n}});
-      }
-      break;
-    }
-    case OpKind::ARD:
-    case OpKind::dWB:
-      r.push_back({d, DevKey{DK::DW, op.task, 0, 0}});
-      break;
-    default:
-      break;
+  for (int id : flow(o).reads) {
+    const core::FlowTensor& t = tensor(id);
+    if (!core::on_host(t.kind)) r.emplace_back(t.device, dev_key(t));
   }
   return r;
 }

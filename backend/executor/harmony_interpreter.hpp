@@ -1,6 +1,7 @@
 // The Harmony interpreter's class (Harmony-PP / Harmony-DP Programs, core::lower_harmony), private to its two files:
-// harmony_interpreter.cpp keeps its data flow (the device tensor store keyed by kind, layer and samples with the
-// producing op, the host channels, the readers that free tensors, the step's lifecycle); harmony_ops.cpp runs its ops.
+// harmony_interpreter.cpp keeps its data flow (the Program's dataflow as a device tensor store keyed by kind, layer
+// and samples with the producing op, the host channels, the readers that free tensors, the step's lifecycle);
+// harmony_ops.cpp runs its ops.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,8 @@
 
 #include "backend/executor/detail.hpp"
 #include "backend/model/describe.hpp"
+#include "core/program/dataflow.hpp"
 #include "core/program/program_graph.hpp"
-#include "core/program/task_graph.hpp"
 
 namespace harmony::backend::detail::harmony_impl {
 
@@ -46,6 +47,15 @@ struct HostChan {
 };
 using DevKey = std::tuple<DK, int, int, int>;  // kind, layer (or task), first sample, samples
 
+// The Program's dataflow tensors (core/program/dataflow.hpp) as the interpreter keeps them: a device tensor's kind,
+// a host channel (Harmony's host tensors: device -1).
+DK dev_kind(core::FlowKind k);
+HC host_chan(core::FlowKind k);
+inline DevKey dev_key(const core::FlowTensor& t) {
+  const DK k = dev_kind(t.kind);
+  return DevKey{k, k == DK::W || k == DK::DW ? t.owner : t.layer, t.s0, t.n};
+}
+
 class HarmonyInterpreter final : public Interpreter {
  public:
   const core::Program& p;
@@ -63,7 +73,6 @@ class HarmonyInterpreter final : public Interpreter {
   // updated once, by the lowest device's Update (update_owner, per layer range); every replica's dWB writes its
   // (equal) gradient into HostState::grads, one after another (tie_edges).
   std::map<std::pair<int, int>, int> update_owner;
-  std::vector<int> rank_offset;  // first sample of each rank's share
   std::vector<std::map<DevKey, DevTensor>> dev;
   std::map<std::pair<HC, int>, HostChan> host;
   std::vector<float> losses;
@@ -84,17 +93,17 @@ class HarmonyInterpreter final : public Interpreter {
     return it == update_owner.end() || it->second == op.device;
   }
 
-  // A message between tasks of one rank (core::lower_harmony gives its MSGsX / MSGY no bytes: the backward task reads
-  // the stash or activation where its own process put it) needs no copy: the message channel of such a layer is the
-  // channel it copies from (resolve). Per (message channel, layer), when every message into it stays on its rank.
-  std::set<std::pair<HC, int>> same_rank_msgs;
-  HC resolve(HC c, int l) const { return same_rank_msgs.count({c, l}) != 0 ? msg_source(c) : c; }
-  static HC msg_source(HC to) { return to == HC::StashMsg ? HC::Stash : HC::YSwap; }
-  void find_same_rank_msgs();
+  // Op o's dataflow (Program::dataflow): its pass, pack, samples and tensors.
+  const core::OpFlow& flow(int o) const { return p.dataflow.ops[static_cast<std::size_t>(o)]; }
+  const core::FlowTensor& tensor(int id) const { return p.dataflow.tensor(id); }
+  // The host channel op o reads (or writes), as the dataflow names it; nullptr when none. A message between tasks
+  // of one rank (core::lower_harmony gives its MSGsX / MSGY no bytes: the backward task reads the stash or activation
+  // where its own process put it) needs no copy: the dataflow names the channel it copies from on both sides.
+  const core::FlowTensor* host_in(int o) const;
+  const core::FlowTensor* host_out(int o) const;
 
-  // The host channels op o reads or writes (layer of the boundary; resolved).
+  // The host channels op o reads or writes (layer of the boundary).
   std::vector<std::pair<HC, int>> chans_of(int o) const;
-  std::vector<std::pair<HC, int>> chans_named(int o) const;  // the same, as the op names them
   // On the host meter as harmony-sim's host account has them: the stashes swapped out (stash), the rest (activations
   // swapped out, the copies messages make) as activations.
   static HostUse chan_use(HC c) { return c == HC::Stash ? HostUse::Stash : HostUse::Activations; }
@@ -104,8 +113,8 @@ class HarmonyInterpreter final : public Interpreter {
   void allocate_host() override;
   std::string label(int op) const { return op_name(p, op); }
 
-  // Samples [first, first + n) of an op's microbatch.
-  std::pair<int, int> samples(int o) const;
+  // Samples [first, first + n) of an op's microbatch (its dataflow's).
+  std::pair<int, int> samples(int o) const { return {flow(o).s0, flow(o).n}; }
   Bytes per_sample(int l) const { return m.input_bytes(l, 1, T, dt); }
 
   // ---- device tensors ----
@@ -156,16 +165,16 @@ class HarmonyInterpreter final : public Interpreter {
   // Recompute inputs were kept by REC; the backward of the task's layers [lf, ll] over one microbatch, in the
   // device dtype S (dW accumulated across microbatches in S).
   template <class E>
-  void run_bwd(int o, const core::Op& op, const core::Task& t);
+  void run_bwd(int o, const core::Op& op);
 
   // Runs op o (not of a pair or an ARD group) through the run_* step of its kind.
   void run_op(int o);
-  void run_wb(int o, const core::Op& op);                        // the pack's weights up (bf16: rounded, staged)
-  void run_x(int o, const core::Op& op, const core::Task& t);    // the input: tokens, or a host channel's
-  void run_sx(int o, const core::Op& op, const core::Task& t);   // stash out (forward task) or in
-  void run_msg(int o, const core::Op& op);                       // MSGsX, MSGY: host channel to host channel
-  void run_swap(int o, const core::Op& op);                      // Y, dX out to the host; dY in from it
-  void run_fwd(int o, const core::Op& op, const core::Task& t);  // FWD, or REC keeping every input and act
+  void run_wb(int o, const core::Op& op);      // the pack's weights up (bf16: rounded, staged)
+  void run_x(int o, const core::Op& op);       // the input: tokens, or a host channel's
+  void run_sx(int o, const core::Op& op);      // stash out (forward task) or in
+  void run_msg(int o, const core::Op& op);     // MSGsX, MSGY: host channel to host channel
+  void run_swap(int o, const core::Op& op);    // Y, dX out to the host; dY in from it
+  void run_fwd(int o, const core::Op& op);     // FWD, or REC keeping every input and act
   void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
   void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
   void run_del(const core::Op& op);            // drops the task's W and dW
@@ -179,7 +188,8 @@ class HarmonyInterpreter final : public Interpreter {
 
   std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
-  // The device tensors op o reads, as run_op/run_pair/run_ard read them (the RecX/RecAct of BWD included).
+  // The device tensors op o reads (its dataflow's), as run_op/run_pair/run_ard read them (the RecX/RecAct of BWD
+  // included).
   // A tensor is freed once its last reader has run: memory follows the Program's data flow, so a device holds
   // what the Program's allocs/frees say it holds (docs/backend.md, "Executor memory").
   std::vector<std::pair<int, DevKey>> reads_of(int o) const;

@@ -87,21 +87,25 @@ void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& 
 }
 
 template <class E>
-void HarmonyInterpreter::run_bwd(int o, const core::Op& op, const core::Task& t) {
+void HarmonyInterpreter::run_bwd(int o, const core::Op& op) {
   const int d = op.device;
   const int lf = op.layers.first, ll = op.layers.last;
   const auto [s0, n] = samples(o);
+  const core::LayerRange pack = flow(o).layers;
   const DevTensor& W = read(o, d, DevKey{DK::W, op.task, 0, 0});
-  const DevTensor& x0 = read(o, d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n});
+  // the input: the stash brought back, or (the task with the criterion) the activation it received
+  const DevKey in = dev_key(tensor(flow(o).reads[1]));
+  const bool criterion = std::get<0>(in) == DK::Act;
+  const DevTensor& x0 = read(o, d, in);
   const DevKey dwk{DK::DW, op.task, 0, 0};
   if (dev[static_cast<std::size_t>(d)].count(dwk) == 0) {
-    DevTensor& g = make(o, d, dwk, w_floats(t.layers) * es);
+    DevTensor& g = make(o, d, dwk, w_floats(pack) * es);
     D(d).fill_zero(S(o), g.buf.data(), g.buf.bytes());
   } else {
     read(o, d, dwk).producer = o;
   }
   E* dw = dev[static_cast<std::size_t>(d)][dwk].buf.as<E>();
-  const E* dy = t.has_criterion ? nullptr : read(o, d, DevKey{DK::Grad, ll + 1, s0, n}).buf.as<E>();
+  const E* dy = criterion ? nullptr : read(o, d, DevKey{DK::Grad, ll + 1, s0, n}).buf.as<E>();
   std::int64_t scratch = 0;
   for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
   Buffer scr = alloc_or_wait(D(d), scratch * es, "scratch"), targets, g_a, g_b;
@@ -110,7 +114,7 @@ void HarmonyInterpreter::run_bwd(int o, const core::Op& op, const core::Task& t)
   const Bytes gb = Bytes(n) * T * m.config().n_embd * es;
   if (ll - lf >= 1) g_a = alloc_or_wait(D(d), gb, "dx a");
   if (ll - lf >= 2) g_b = alloc_or_wait(D(d), gb, "dx b");
-  if (t.has_criterion) {
+  if (criterion) {
     targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
     D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
   }
@@ -121,8 +125,8 @@ void HarmonyInterpreter::run_bwd(int o, const core::Op& op, const core::Task& t)
     LayerArgs<E> a;
     a.B = n;
     a.T = T;
-    a.w = W.buf.as<E>() + w_offset(t.layers, l);
-    a.dw = dw + w_offset(t.layers, l);
+    a.w = W.buf.as<E>() + w_offset(pack, l);
+    a.dw = dw + w_offset(pack, l);
     const void* x = l == lf ? x0.buf.data() : read(o, d, DevKey{DK::RecX, l, s0, n}).buf.data();
     if (l == 0) {
       a.tokens = static_cast<const std::int32_t*>(x);
@@ -146,14 +150,13 @@ void HarmonyInterpreter::run_bwd(int o, const core::Op& op, const core::Task& t)
 
 void HarmonyInterpreter::run_op(int o) {
   const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-  const core::Task& t = p.graph.tasks[static_cast<std::size_t>(op.task)];
   switch (op.kind) {
     case OpKind::WB:
       return run_wb(o, op);
     case OpKind::X:
-      return run_x(o, op, t);
+      return run_x(o, op);
     case OpKind::sX:
-      return run_sx(o, op, t);
+      return run_sx(o, op);
     case OpKind::MSGsX:
     case OpKind::MSGY:
       return run_msg(o, op);
@@ -163,12 +166,12 @@ void HarmonyInterpreter::run_op(int o) {
       return run_swap(o, op);
     case OpKind::FWD:
     case OpKind::REC:
-      return run_fwd(o, op, t);
+      return run_fwd(o, op);
     case OpKind::BWD:
       if (dt == DType::BF16) {
-        run_bwd<Bf16>(o, op, t);
+        run_bwd<Bf16>(o, op);
       } else {
-        run_bwd<float>(o, op, t);
+        run_bwd<float>(o, op);
       }
       return;
     case OpKind::ARD:
@@ -200,16 +203,15 @@ void HarmonyInterpreter::run_wb(int o, const core::Op& op) {
     D(d).copy_h2d(S(o), w.buf.as<float>() + w_offset(op.layers, l), st.weights(l).data(), m.param_floats(l) * kF);
 }
 
-void HarmonyInterpreter::run_x(int o, const core::Op& op, const core::Task& t) {
+void HarmonyInterpreter::run_x(int o, const core::Op& op) {
   const int d = op.device, lf = op.layers.first;
   const auto [s0, n] = samples(o);
   const Bytes b = Bytes(n) * per_sample(lf);
-  if (t.has_data) {
+  if (flow(o).layers.first == 0) {  // the task with layer 0: the tokens
     DevTensor& x = make(o, d, DevKey{DK::Act, 0, s0, n}, b);
     D(d).copy_h2d(S(o), x.buf.data(), in.data() + static_cast<std::size_t>(s0) * T, b);
-  } else if (t.in_x.medium == core::Medium::Msg || t.in_x.medium == core::Medium::Swap) {
-    const HC c = t.in_x.medium == core::Medium::Msg ? HC::YMsg : HC::YSwap;
-    const std::byte* src = host_read(o, c, lf, s0, n);
+  } else if (const core::FlowTensor* h = host_in(o)) {  // a CPU message's or a swap's channel
+    const std::byte* src = host_read(o, host_chan(h->kind), lf, s0, n);
     DevTensor& x = make(o, d, DevKey{DK::Act, lf, s0, n}, b);
     D(d).copy_h2d(S(o), x.buf.data(), src, b);
   } else {
@@ -217,15 +219,15 @@ void HarmonyInterpreter::run_x(int o, const core::Op& op, const core::Task& t) {
   }
 }
 
-void HarmonyInterpreter::run_sx(int o, const core::Op& op, const core::Task& t) {
+void HarmonyInterpreter::run_sx(int o, const core::Op& op) {
   const int d = op.device, lf = op.layers.first;
   const auto [s0, n] = samples(o);
   const Bytes b = Bytes(n) * per_sample(lf);
-  if (t.type == core::TaskType::Fwd) {  // stash out
+  if (flow(o).pass == core::Pass::Fwd) {  // stash out
     const DevTensor& x = read(o, d, DevKey{DK::Act, lf, s0, n});
-    D(d).copy_d2h(S(o), host_write(o, HC::Stash, lf, s0, n), x.buf.data(), b);
-  } else {  // stash in
-    const std::byte* src = host_read(o, HC::StashMsg, lf, s0, n);
+    D(d).copy_d2h(S(o), host_write(o, host_chan(host_out(o)->kind), lf, s0, n), x.buf.data(), b);
+  } else {  // stash in (the message's channel, or the stash's where the message stayed on its rank)
+    const std::byte* src = host_read(o, host_chan(host_in(o)->kind), lf, s0, n);
     DevTensor& x = make(o, d, DevKey{DK::Stash, lf, s0, n}, b);
     D(d).copy_h2d(S(o), x.buf.data(), src, b);
   }
@@ -234,10 +236,10 @@ void HarmonyInterpreter::run_sx(int o, const core::Op& op, const core::Task& t) 
 void HarmonyInterpreter::run_msg(int o, const core::Op& op) {
   const auto [s0, n] = samples(o);
   const int l = op.kind == OpKind::MSGsX ? op.layers.first : op.layers.last + 1;
-  const HC from = op.kind == OpKind::MSGsX ? HC::Stash : HC::YSwap;
-  const HC to = op.kind == OpKind::MSGsX ? HC::StashMsg : HC::YMsg;
+  const HC from = host_chan(host_in(o)->kind);
+  const HC to = host_chan(host_out(o)->kind);
   const std::byte* src = host_read(o, from, l, s0, n);
-  std::byte* dst = host_write(o, to, l, s0, n);  // within one rank the same channel (resolve): nothing to copy
+  std::byte* dst = host_write(o, to, l, s0, n);  // within one rank the same channel (the dataflow's): nothing to copy
   if (dst != src) std::memcpy(dst, src, static_cast<std::size_t>(Bytes(n) * per_sample(l)));
 }
 
@@ -265,19 +267,20 @@ void HarmonyInterpreter::run_swap(int o, const core::Op& op) {
   }
 }
 
-void HarmonyInterpreter::run_fwd(int o, const core::Op& op, const core::Task& t) {
+void HarmonyInterpreter::run_fwd(int o, const core::Op& op) {
   const int d = op.device;
   const int lf = op.layers.first, ll = op.layers.last;
   const auto [s0, n] = samples(o);
+  const core::LayerRange pack = flow(o).layers;
   const DevTensor& W = read(o, d, DevKey{DK::W, op.task, 0, 0});
-  if (op.kind == OpKind::REC) {
-    const DevTensor& x = read(o, d, DevKey{t.has_criterion ? DK::Act : DK::Stash, lf, s0, n});
-    forward_range(o, d, t.layers, W, lf, ll, s0, n, x.buf.data(), nullptr, true);
+  if (op.kind == OpKind::REC) {  // from the stash, or (the task with the criterion) the activation it received
+    const DevTensor& x = read(o, d, dev_key(tensor(flow(o).reads[1])));
+    forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), nullptr, true);
     return;
   }
   const DevTensor& x = read(o, d, DevKey{DK::Act, lf, s0, n});
   const DevKey out{DK::Act, ll + 1, s0, n};
-  forward_range(o, d, t.layers, W, lf, ll, s0, n, x.buf.data(), &out, false);
+  forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), &out, false);
 }
 
 void HarmonyInterpreter::run_dwb(int o, const core::Op& op) {

@@ -25,6 +25,9 @@ struct LowerOptions {
   // weights from NVMe; every Update reads the pack's state and masters and writes them back (plus the device
   // copy of 2-byte weights, which the next WB reads). Priced by the native model only.
   bool offload_nvme = false;
+  // Fill Program::dataflow (what every op reads and writes: the executor runs it). The engines read none: sim's
+  // evaluations turn it off, which keeps a search's lowering as cheap as before the dataflow.
+  bool dataflow = true;
 };
 
 // The lowering a config's `options:` section asks for (prefetch and its buffers); dp_first_gpu_only and

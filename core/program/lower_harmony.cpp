@@ -749,11 +749,15 @@ ComputeChain compute_chain(const TaskGraph& graph, const std::vector<int>& ranks
 }
 
 Program lower_harmony(const TaskGraph& graph, const Model& model, const LowerOptions& options) {
-  return Lowerer(graph, model, options).run();
+  Program p = Lowerer(graph, model, options).run();
+  if (options.dataflow) p.dataflow = harmony_dataflow(p);
+  return p;
 }
 
 Program lower_harmony(TaskGraph&& graph, const Model& model, const LowerOptions& options) {
-  return Lowerer(std::move(graph), model, options).run();
+  Program p = Lowerer(std::move(graph), model, options).run();
+  if (options.dataflow) p.dataflow = harmony_dataflow(p);
+  return p;
 }
 
 }  // namespace harmony::core

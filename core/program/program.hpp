@@ -9,6 +9,7 @@
 
 #include "core/base/small_vector.hpp"
 #include "core/base/units.hpp"
+#include "core/program/dataflow.hpp"
 #include "core/program/task_graph.hpp"
 
 namespace harmony::core {
@@ -114,6 +115,9 @@ struct Program {
   std::vector<int> devices;     // devices that have ops (Harmony-DP under the reference: only GPU 0)
   std::vector<Op> ops;          // creation order
   std::vector<OpQueue> queues;  // devices ascending, then streams in order of first use
+  // Per op: its pass, layers, samples and the tensors it reads, writes and frees (dataflow.hpp). Filled by the
+  // lowering (LowerOptions::dataflow): lower_harmony for Harmony's, lower_plan for the swapping kinds'.
+  Dataflow dataflow;
 
   std::string op_id(int op) const;     // the reference's id: "<task>.<ui>.<spi>.<stream>.<kind>"
   std::string op_label(int op) const;  // trace name: "t3 BWD L21-27 mb0 u8"

@@ -138,7 +138,8 @@ class ProgramBuilder {
   const Op& at(int op) const { return prog_.ops[static_cast<std::size_t>(op)]; }
 
   // Lays out the queues, resolves collectives and rendezvous (each side gets both sides' deps and
-  // the op before its peer in the peer's queue), fills Program::devices. The builder is spent.
+  // the op before its peer in the peer's queue), fills Program::devices. The builder is spent. (lower_plan adds the
+  // Program's dataflow: swapping_dataflow.)
   Program finish();
 
  private:

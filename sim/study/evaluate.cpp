@@ -15,6 +15,7 @@ core::LowerOptions engine_lower_options(const Engine& engine, const core::LowerO
   core::LowerOptions lower = options;
   // every replica: they share the host links and run the all-reduce ring
   if (engine.kind() == core::CostModelKind::Native) lower.dp_first_gpu_only = false;
+  lower.dataflow = false;  // an engine reads none (the executor does)
   return lower;
 }
 

@@ -357,6 +357,28 @@ TEST_CASE("a Program whose kind and task graph disagree is refused") {
   }
 }
 
+// The interpreters run the Program's dataflow (core/program/dataflow.hpp), which the lowering fills: a Program without
+// one (lowered with LowerOptions::dataflow off, as sim's evaluations lower) is refused, naming the fix.
+TEST_CASE("a Program without its dataflow is refused") {
+  {
+    Setup s(2);
+    core::Program prog = lower_swapping_plan(
+        *s.model, swapping_plan(core::plan_kind("dp-swap"), 2, 2, core::SwapChoice::Auto, core::SwapChoice::Auto));
+    REQUIRE(prog.dataflow.covers(prog));
+    prog.dataflow = {};
+    CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
+                         doctest::Contains("the dp-swap Program carries no dataflow"), BackendError);
+  }
+  {
+    Setup s(2);
+    core::Program prog = lower_harmony_plan(*s.model, core::plan_kind("harmony-pp"), 2, 2, 2, 1, false);
+    REQUIRE(prog.dataflow.covers(prog));
+    prog.dataflow = {};
+    CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
+                         doctest::Contains("the harmony-pp Program carries no dataflow"), BackendError);
+  }
+}
+
 // bf16 mixed precision on the baselines' Programs. Bit-exact against the bf16 PlainTrainer over microbatches of u
 // where each layer's dW is accumulated on one device, microbatch after microbatch in sample order, and reaches the
 // host once (bf16 rounds dW after each microbatch, as the trainer does): dp-swap on one GPU with the weights kept,
