@@ -49,6 +49,8 @@ def convert(entry, seconds, minibatch):
         return minibatch / seconds
     if metric == "tflops_ps8":  # PatrickStar's pretrain_demo.py: 8 x parameters x tokens, summed over GPUs
         return 8.0 * ps_params(entry["shape"]) * minibatch * entry["shape"]["seq"] / seconds / 1e12
+    if metric == "tflops_colossal8_per_gpu":  # Colossal-AI's train_gpt_demo.py get_tflops: per data-parallel rank
+        return 8.0 * ps_params(entry["shape"]) * minibatch / entry["data_parallel"] * entry["shape"]["seq"] / seconds / 1e12
     if metric == "tokens_per_s":  # all GPUs' tokens: the iteration's samples x the point's sequence length
         return minibatch * entry["seq"] / seconds
     if metric == "tflops_megatron_nohead":  # summed over GPUs
