@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -369,53 +370,77 @@ std::string repair_hint(const nlohmann::json& meta, const std::string& dir) {
 
 }  // namespace
 
-// NOLINTNEXTLINE(readability-function-size): 355 lines, over the 80 the house holds; to split
-ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& options) {
-  const fs::path dir(dir_text);
-  const fs::path meta_path = dir / "sweep.json";
-  if (!fs::exists(meta_path))
-    throw core::ConfigError(file_loc(dir), "not a sweep output folder (no sweep.json)",
-                            "give the --out folder of `harmony-sim sweep` or `merge`, or a config YAML");
+namespace {
+
+// A sweep output folder as the report reads it: sweep.json's metadata and every finished row.
+struct SweepInput {
+  explicit SweepInput(fs::path folder) : dir(std::move(folder)) {}
+  fs::path dir;
+  fs::path meta_path;
+  fs::path rows_path;
   nlohmann::json meta;
+  std::vector<std::string> columns;
+  std::size_t total_points = 0;
+  std::string fingerprint;
+  std::string sweep_file;
+  std::vector<nlohmann::json> rows;
+  std::vector<std::string> grid_keys;
+};
+
+// sweep.json, checked: written by harmony-sim, in this harmony-sim's sweep format and output schema.
+void read_meta(SweepInput& in) {
+  in.meta_path = in.dir / "sweep.json";
+  if (!fs::exists(in.meta_path))
+    throw core::ConfigError(file_loc(in.dir), "not a sweep output folder (no sweep.json)",
+                            "give the --out folder of `harmony-sim sweep` or `merge`, or a config YAML");
   try {
-    meta = nlohmann::json::parse(read_text(meta_path));
-    (void)meta.at("columns").get<std::vector<std::string>>();
-    (void)meta.at("fingerprint").get<std::string>();
+    in.meta = nlohmann::json::parse(read_text(in.meta_path));
+    (void)in.meta.at("columns").get<std::vector<std::string>>();
+    (void)in.meta.at("fingerprint").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
-    throw core::ConfigError(file_loc(meta_path), std::string("not a sweep.json written by harmony-sim: ") + e.what(),
+    throw core::ConfigError(file_loc(in.meta_path), std::string("not a sweep.json written by harmony-sim: ") + e.what(),
                             "rerun the sweep into a fresh --out folder");
   }
+  const nlohmann::json& meta = in.meta;
   // Rows are read by the names of this output schema (docs/output-schema.md).
   if (meta.value("version", 0) != kSweepFormatVersion || meta.value("schema_version", 0) != core::kOutputSchemaVersion)
-    throw core::ConfigError(file_loc(meta_path),
+    throw core::ConfigError(file_loc(in.meta_path),
                             fmt::format("the sweep's results are in sweep format {} (output schema {}); this "
                                         "harmony-sim reads format {} (output schema {}, docs/output-schema.md)",
                                         meta.value("version", 0), meta.value("schema_version", 0), kSweepFormatVersion,
                                         core::kOutputSchemaVersion),
                             "rerun the sweep into a new --out folder with this harmony-sim");
-  const auto columns = meta.at("columns").get<std::vector<std::string>>();
-  const std::size_t total_points = meta.value("points", std::size_t{0});
-  const std::string fingerprint = meta.at("fingerprint").get<std::string>();
+  in.columns = meta.at("columns").get<std::vector<std::string>>();
+  in.total_points = meta.value("points", std::size_t{0});
+  in.fingerprint = meta.at("fingerprint").get<std::string>();
+  in.sweep_file = meta.value("sweep_file", std::string());
+  for (const auto& a : meta.value("grid", nlohmann::json::array()))
+    in.grid_keys.push_back(a.at("key").get<std::string>());
+}
 
-  // --where filters, checked against the columns before reading the rows.
+// --where filters, checked against the columns before reading the rows.
+std::vector<std::pair<std::string, std::string>> parse_where(const SweepInput& in, const ReportOptions& options) {
   std::vector<std::pair<std::string, std::string>> filters;
   for (const auto& w : options.where) {
     const auto eq = w.find('=');
     const std::string key = eq == std::string::npos ? w : w.substr(0, eq);
-    if (eq == std::string::npos || std::find(columns.begin(), columns.end(), key) == columns.end()) {
+    if (eq == std::string::npos || std::find(in.columns.begin(), in.columns.end(), key) == in.columns.end()) {
       std::string list;
-      for (const auto& c : columns) list += (list.empty() ? "" : ", ") + c;
+      for (const auto& c : in.columns) list += (list.empty() ? "" : ", ") + c;
       throw core::ConfigError(core::SourceLoc{"--where", 0, 0},
                               eq == std::string::npos ? "'" + w + "' is not KEY=VALUE"
-                                                      : "'" + key + "' is not a column of " + meta_path.string(),
+                                                      : "'" + key + "' is not a column of " + in.meta_path.string(),
                               "use one of: " + list);
     }
     filters.emplace_back(key, w.substr(eq + 1));
   }
+  return filters;
+}
 
-  const fs::path rows_path = dir / "results.jsonl";
-  const std::string text = read_text(rows_path);
-  std::vector<nlohmann::json> rows;
+// results.jsonl's finished rows (a last line without its newline was being written when the sweep stopped).
+void read_rows(SweepInput& in, const std::string& dir_text) {
+  in.rows_path = in.dir / "results.jsonl";
+  const std::string text = read_text(in.rows_path);
   std::size_t line_no = 0;
   std::size_t pos = 0;
   while (pos < text.size()) {
@@ -423,83 +448,67 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
     ++line_no;
     if (nl == std::string::npos) break;  // a row being written when the sweep stopped: not a result yet
     try {
-      rows.push_back(nlohmann::json::parse(text.substr(pos, nl - pos)));
-      if (!rows.back().is_object()) throw nlohmann::json::type_error::create(302, "a row is a JSON object", nullptr);
+      in.rows.push_back(nlohmann::json::parse(text.substr(pos, nl - pos)));
+      if (!in.rows.back().is_object()) throw nlohmann::json::type_error::create(302, "a row is a JSON object", nullptr);
     } catch (const nlohmann::json::exception& e) {
-      throw core::ConfigError(file_loc(rows_path, static_cast<int>(line_no)),
-                              std::string("not a JSON row: ") + e.what(), repair_hint(meta, dir_text));
+      throw core::ConfigError(file_loc(in.rows_path, static_cast<int>(line_no)),
+                              std::string("not a JSON row: ") + e.what(), repair_hint(in.meta, dir_text));
     }
     pos = nl + 1;
   }
-  if (rows.empty())
-    throw core::ConfigError(file_loc(rows_path), "the sweep has no results yet",
-                            "run `harmony-sim sweep SWEEP.yaml --out " + dir.string() + "` first");
+  if (in.rows.empty())
+    throw core::ConfigError(file_loc(in.rows_path), "the sweep has no results yet",
+                            "run `harmony-sim sweep SWEEP.yaml --out " + in.dir.string() + "` first");
+}
 
-  std::vector<std::string> grid_keys;
-  for (const auto& a : meta.value("grid", nlohmann::json::array())) grid_keys.push_back(a.at("key").get<std::string>());
-  const auto keep = [&](const nlohmann::json& r) {
-    for (const auto& [k, v] : filters) {
-      const auto it = r.find(k);
-      if (it == r.end() || cell_text(*it) != v) return false;
-    }
-    return true;
-  };
-  std::vector<RowView> kept;
-  for (const auto& r : rows)
-    if (keep(r)) kept.push_back(read_row(r, grid_keys));
-
-  const Groups models = make_groups(kept, grid_keys, "model");
-  const Groups machines = make_groups(kept, grid_keys, "machine");
-  std::vector<std::string> model_keys = models.order;
-  if (!options.model.empty()) {
-    std::vector<std::string> chosen;
-    for (const auto& k : models.order)
-      if (models.label.at(k) == options.model || k.substr(0, k.find('\x1f')) == options.model) chosen.push_back(k);
-    if (chosen.empty()) {
-      std::string list;
-      for (const auto& k : models.order) list += (list.empty() ? "" : ", ") + models.label.at(k);
-      throw core::ConfigError(core::SourceLoc{"--model", 0, 0},
-                              "no row of " + rows_path.string() + " is of model '" + options.model + "'",
-                              list.empty() ? "no row names a model: check --where" : "use one of: " + list);
-    }
-    model_keys = chosen;
+// The model groups the report has a section for: every one, or --model's.
+std::vector<std::string> chosen_models(const Groups& models, const SweepInput& in, const ReportOptions& options) {
+  if (options.model.empty()) return models.order;
+  std::vector<std::string> chosen;
+  for (const auto& k : models.order)
+    if (models.label.at(k) == options.model || k.substr(0, k.find('\x1f')) == options.model) chosen.push_back(k);
+  if (chosen.empty()) {
+    std::string list;
+    for (const auto& k : models.order) list += (list.empty() ? "" : ", ") + models.label.at(k);
+    throw core::ConfigError(core::SourceLoc{"--model", 0, 0},
+                            "no row of " + in.rows_path.string() + " is of model '" + options.model + "'",
+                            list.empty() ? "no row names a model: check --where" : "use one of: " + list);
   }
+  return chosen;
+}
 
-  ReportData d;
-  d.from_sweep = true;
-  d.rank_by = options.rank_by;
-  const std::string sweep_file = meta.value("sweep_file", std::string());
-  d.title = "harmony-sim report: sweep " + (sweep_file.empty() ? dir.filename().string() : sweep_file);
-  if (!options.model.empty()) d.title += ", model " + options.model;
-  d.facts.emplace_back("sweep", sweep_file);
-  d.facts.emplace_back("fingerprint", fingerprint);
-  d.facts.emplace_back("rows", fmt::format("{} of {} points{}", rows.size(), total_points,
-                                           rows.size() < total_points ? " (unfinished or a shard)" : ""));
+// The page's facts about the sweep: its file, fingerprint, rows, filter, budget, models, machines and ranking.
+void add_sweep_facts(ReportData& d, const SweepInput& in, const ReportOptions& options,
+                     const std::vector<std::pair<std::string, std::string>>& filters, std::size_t kept,
+                     const Groups& models, const Groups& machines) {
+  d.facts.emplace_back("sweep", in.sweep_file);
+  d.facts.emplace_back("fingerprint", in.fingerprint);
+  d.facts.emplace_back("rows", fmt::format("{} of {} points{}", in.rows.size(), in.total_points,
+                                           in.rows.size() < in.total_points ? " (unfinished or a shard)" : ""));
   if (!filters.empty()) {
     std::string f;
     for (const auto& [k, v] : filters) f += fmt::format("{}{} = {}", f.empty() ? "" : ", ", k, v);
-    d.facts.emplace_back("filter", fmt::format("{} ({} rows kept)", f, kept.size()));
+    d.facts.emplace_back("filter", fmt::format("{} ({} rows kept)", f, kept));
   }
-  const bool has_budget = meta.contains("budget") && meta["budget"].is_object();
-  if (has_budget) {
-    const auto& b = meta["budget"];
+  if (in.meta.contains("budget") && in.meta["budget"].is_object()) {
+    const auto& b = in.meta["budget"];
     d.facts.emplace_back("budget", b.contains("tokens")
                                        ? fmt::format("{} tokens ({} samples of {} tokens)", b["tokens"].dump(),
                                                      b["samples"].dump(), b["seq_len"].dump())
                                        : fmt::format("{} samples", b["samples"].dump()));
   }
-  {
-    std::string list;
-    for (const auto& k : models.order) list += (list.empty() ? "" : ", ") + models.label.at(k);
-    d.facts.emplace_back(options.model.empty() ? "models" : "models in the sweep", list.empty() ? "-" : list);
-    list.clear();
-    for (const auto& k : machines.order) list += (list.empty() ? "" : ", ") + machines.label.at(k);
-    d.facts.emplace_back("machines", list.empty() ? "-" : list);
-  }
+  std::string list;
+  for (const auto& k : models.order) list += (list.empty() ? "" : ", ") + models.label.at(k);
+  d.facts.emplace_back(options.model.empty() ? "models" : "models in the sweep", list.empty() ? "-" : list);
+  list.clear();
+  for (const auto& k : machines.order) list += (list.empty() ? "" : ", ") + machines.label.at(k);
+  d.facts.emplace_back("machines", list.empty() ? "-" : list);
   d.facts.emplace_back("ranked by", fmt::format("{} ({}), within each model", metric_column(options.rank_by),
                                                 higher_is_better(options.rank_by) ? "highest first" : "lowest first"));
+}
 
-  // Status counts per plan kind (of the kept rows) and the most frequent reason a kind does not fit.
+// Status counts per plan kind (of the kept rows) and the most frequent reason a kind does not fit.
+void add_status_rows(ReportData& d, const std::vector<RowView>& kept) {
   std::map<std::string, std::map<std::string, std::size_t>> by_kind;
   std::map<std::string, std::map<std::string, std::size_t>> reasons;
   std::vector<std::string> kind_order;
@@ -527,8 +536,10 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
                              std::to_string(count("invalid") + count("deadlock")),
                              top_n ? fmt::format("{} (x{})", top_reason, top_n) : "-"});
   }
+}
 
-  const RankBy by = options.rank_by;
+// A --rank-by metric no feasible row has is refused, naming what the sweep lacks.
+void check_rankable(const std::vector<RowView>& kept, RankBy by) {
   std::size_t with_metric = 0;
   for (const auto& r : kept)
     if (is_ok(r) && metric_of(r, by)) ++with_metric;
@@ -538,8 +549,12 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
   if (with_metric == 0 && by == RankBy::TimeToTrain)
     throw core::ConfigError(core::SourceLoc{"--rank-by", 0, 0}, "no feasible row has a time to train",
                             "add a `budget:` (tokens or samples) to the sweep file");
+}
 
-  // Per (model, machine): the best kind, the best baseline, the best Harmony kind.
+// Per (model, machine): the best kind, the best baseline, the best Harmony kind.
+void add_best_kinds(ReportData& d, const std::vector<RowView>& kept, const std::vector<std::string>& grid_keys,
+                    const std::vector<std::string>& model_keys, const Groups& models, const Groups& machines,
+                    RankBy by) {
   for (const auto& mk : model_keys) {
     for (const auto& hk : machines.order) {
       BestKindRow b;
@@ -568,130 +583,156 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
       if (any) d.best_kinds.push_back(std::move(b));
     }
   }
+}
 
-  // The grid columns the ranked table shows: model and machine keys are the section and the machine column;
-  // plan.gpus and plan.minibatch are the GPUs and D columns.
+// What every model section shares: the grid columns its ranked table shows (model and machine keys are the section
+// and the machine column; plan.gpus and plan.minibatch the GPUs and D columns), the kinds in the sweep's order.
+struct SectionLayout {
   std::vector<std::size_t> shown_grid;
+  std::vector<std::string> kinds_in_order;
+  bool has_budget = false;
+};
+
+SectionLayout section_layout(const SweepInput& in, const std::vector<RowView>& kept) {
+  SectionLayout l;
+  const auto& grid_keys = in.grid_keys;
   for (std::size_t a = 0; a < grid_keys.size(); ++a)
     if (!key_in(grid_keys[a], "model") && !key_in(grid_keys[a], "machine") && grid_keys[a] != "plan.gpus" &&
         grid_keys[a] != "plan.minibatch")
-      shown_grid.push_back(a);
-  std::vector<std::string> kinds_in_order;
-  for (const auto& k : meta.value("kinds", nlohmann::json::array()))
-    if (k.is_string()) kinds_in_order.push_back(k.get<std::string>());
+      l.shown_grid.push_back(a);
+  for (const auto& k : in.meta.value("kinds", nlohmann::json::array()))
+    if (k.is_string()) l.kinds_in_order.push_back(k.get<std::string>());
   for (const auto& r : kept)
-    if (!r.kind.empty() && std::find(kinds_in_order.begin(), kinds_in_order.end(), r.kind) == kinds_in_order.end())
-      kinds_in_order.push_back(r.kind);
+    if (!r.kind.empty() &&
+        std::find(l.kinds_in_order.begin(), l.kinds_in_order.end(), r.kind) == l.kinds_in_order.end())
+      l.kinds_in_order.push_back(r.kind);
+  l.has_budget = in.meta.contains("budget") && in.meta["budget"].is_object();
+  return l;
+}
 
-  std::vector<std::vector<const RowView*>> ranked_of;
-  for (const auto& mk : model_keys) {
-    ModelSection s;
-    s.name = models.label.at(mk);
-    std::vector<const RowView*> mine;
-    for (const auto& r : kept)
-      if (group_key(r, grid_keys, "model") == mk) mine.push_back(&r);
-    std::vector<const RowView*> ranked;
-    for (const auto* r : mine)
-      if (is_ok(*r) && metric_of(*r, by)) ranked.push_back(r);
-    std::stable_sort(ranked.begin(), ranked.end(), [&](const RowView* a, const RowView* b) {
-      return better(*metric_of(*a, by), *metric_of(*b, by), by);
-    });
-    std::size_t ok = 0;
-    for (const auto* r : mine) ok += is_ok(*r) ? 1 : 0;
-    s.facts.emplace_back("rows", fmt::format("{} fit of {}", ok, mine.size()));
-
-    s.columns = {"rank", "point", "machine"};
-    for (const auto a : shown_grid) s.columns.push_back(grid_keys[a]);
-    for (const char* c : {"kind", "GPUs", "D", "samples/s", "iteration", "u f/b", "peak GiB", "swap GiB", "p2p GiB",
-                          "coll GiB", "host GiB"})
-      s.columns.emplace_back(c);
-    if (has_budget) {
-      s.columns.emplace_back("time to train");
-      s.columns.emplace_back("cost");
-    }
-    for (std::size_t c = 0; c < s.columns.size(); ++c) {
-      const auto& n = s.columns[c];
-      if (n == "rank" || n == "point" || n == "GPUs" || n == "D" || n == "samples/s" || n == "iteration" ||
-          n.find("GiB") != std::string::npos || n == "time to train" || n == "cost")
-        s.numeric_columns.push_back(static_cast<int>(c));
-    }
-    const std::size_t shown = options.top == 0 ? ranked.size() : std::min(options.top, ranked.size());
-    for (std::size_t i = 0; i < shown; ++i) {
-      const auto& r = *ranked[i];
-      std::vector<std::string> row = {std::to_string(i + 1), std::to_string(r.point)};
-      const std::string hk = group_key(r, grid_keys, "machine");
-      row.push_back(machines.label.count(hk) ? machines.label.at(hk) : "-");
-      for (const auto a : shown_grid) row.push_back(r.grid[a]);
-      row.push_back(r.kind);
-      row.push_back(num_or_dash(r.gpus, "{:.0f}"));
-      row.push_back(num_or_dash(r.minibatch, "{:.0f}"));
-      row.push_back(num_or_dash(r.throughput, "{:.3f}"));
-      row.push_back(r.iteration_s ? fmt_duration(*r.iteration_s) : "-");
-      row.push_back(num_or_dash(r.u_fwd, "{:.0f}") + "/" + num_or_dash(r.u_bwd, "{:.0f}"));
-      row.push_back(num_or_dash(r.peak_bytes, "{:.2f}", 1.0 / kGiB) + (r.fits && !*r.fits ? " (over capacity)" : ""));
-      row.push_back(num_or_dash(r.swap_bytes, "{:.2f}", 1.0 / kGiB));
-      row.push_back(num_or_dash(r.p2p_bytes, "{:.2f}", 1.0 / kGiB));
-      row.push_back(num_or_dash(r.collective_bytes, "{:.2f}", 1.0 / kGiB));
-      row.push_back(num_or_dash(r.host_bytes, "{:.2f}", 1.0 / kGiB));
-      if (has_budget) {
-        row.push_back(r.time_to_train_s ? fmt_duration(*r.time_to_train_s) : "-");
-        row.push_back(num_or_dash(r.cost, "{:.0f}"));
-      }
-      s.rows.push_back(std::move(row));
-    }
-    s.ranked_note =
-        fmt::format("{} feasible rows of {} for this model ranked by {} ({}); {} shown.", ranked.size(), mine.size(),
-                    metric_column(by), higher_is_better(by) ? "highest first" : "lowest first", shown);
-
-    // Throughput vs GPUs, one chart per machine: per kind the best samples/s at each GPU count.
-    for (const auto& hk : machines.order) {
-      ThroughputChart chart;
-      chart.machine = machines.label.at(hk);
-      for (const auto& kind : kinds_in_order) {
-        std::map<std::int64_t, double> best;
-        for (const auto* r : mine) {
-          if (!is_ok(*r) || r->kind != kind || !r->throughput || !r->gpus || group_key(*r, grid_keys, "machine") != hk)
-            continue;
-          const auto n = static_cast<std::int64_t>(*r->gpus);
-          if (!best.count(n) || *r->throughput > best[n]) best[n] = *r->throughput;
-        }
-        if (!best.empty()) chart.series.push_back({kind, {best.begin(), best.end()}});
-      }
-      if (!chart.series.empty()) s.throughput.push_back(std::move(chart));
-    }
-
-    // Cost vs time to train.
-    for (const auto* r : mine) {
-      if (!is_ok(*r) || !r->time_to_train_s || !r->cost || *r->time_to_train_s <= 0 || *r->cost <= 0) continue;
-      const std::string hk = group_key(*r, grid_keys, "machine");
-      s.cost_points.push_back(CostPoint{r->kind, machines.label.count(hk) ? machines.label.at(hk) : "-",
-                                        static_cast<std::int64_t>(r->gpus.value_or(0)), r->point, *r->time_to_train_s,
-                                        *r->cost, false});
-    }
-    mark_pareto(s.cost_points);
-    if (s.cost_points.empty())
-      s.cost_note = !has_budget ? "The sweep has no `budget:`, so no time to train or cost: no cost chart."
-                                : "No feasible row of this model has a cost (no price_per_hour): no cost chart.";
-    d.models.push_back(std::move(s));
-    ranked_of.push_back(std::move(ranked));
+// The ranked table's columns and which of them are numbers (right-aligned).
+void ranked_columns(ModelSection& s, const std::vector<std::string>& grid_keys, const SectionLayout& l) {
+  s.columns = {"rank", "point", "machine"};
+  for (const auto a : l.shown_grid) s.columns.push_back(grid_keys[a]);
+  for (const char* c : {"kind", "GPUs", "D", "samples/s", "iteration", "u f/b", "peak GiB", "swap GiB", "p2p GiB",
+                        "coll GiB", "host GiB"})
+    s.columns.emplace_back(c);
+  if (l.has_budget) {
+    s.columns.emplace_back("time to train");
+    s.columns.emplace_back("cost");
   }
+  for (std::size_t c = 0; c < s.columns.size(); ++c) {
+    const auto& n = s.columns[c];
+    if (n == "rank" || n == "point" || n == "GPUs" || n == "D" || n == "samples/s" || n == "iteration" ||
+        n.find("GiB") != std::string::npos || n == "time to train" || n == "cost")
+      s.numeric_columns.push_back(static_cast<int>(c));
+  }
+}
 
-  // Re-simulate each model's best point: its config comes from the sweep file, which must be the one that ran.
+// One ranked row of the table: rank i + 1.
+std::vector<std::string> ranked_row(std::size_t i, const RowView& r, const std::vector<std::string>& grid_keys,
+                                    const Groups& machines, const SectionLayout& l) {
+  std::vector<std::string> row = {std::to_string(i + 1), std::to_string(r.point)};
+  const std::string hk = group_key(r, grid_keys, "machine");
+  row.push_back(machines.label.count(hk) ? machines.label.at(hk) : "-");
+  for (const auto a : l.shown_grid) row.push_back(r.grid[a]);
+  row.push_back(r.kind);
+  row.push_back(num_or_dash(r.gpus, "{:.0f}"));
+  row.push_back(num_or_dash(r.minibatch, "{:.0f}"));
+  row.push_back(num_or_dash(r.throughput, "{:.3f}"));
+  row.push_back(r.iteration_s ? fmt_duration(*r.iteration_s) : "-");
+  row.push_back(num_or_dash(r.u_fwd, "{:.0f}") + "/" + num_or_dash(r.u_bwd, "{:.0f}"));
+  row.push_back(num_or_dash(r.peak_bytes, "{:.2f}", 1.0 / kGiB) + (r.fits && !*r.fits ? " (over capacity)" : ""));
+  row.push_back(num_or_dash(r.swap_bytes, "{:.2f}", 1.0 / kGiB));
+  row.push_back(num_or_dash(r.p2p_bytes, "{:.2f}", 1.0 / kGiB));
+  row.push_back(num_or_dash(r.collective_bytes, "{:.2f}", 1.0 / kGiB));
+  row.push_back(num_or_dash(r.host_bytes, "{:.2f}", 1.0 / kGiB));
+  if (l.has_budget) {
+    row.push_back(r.time_to_train_s ? fmt_duration(*r.time_to_train_s) : "-");
+    row.push_back(num_or_dash(r.cost, "{:.0f}"));
+  }
+  return row;
+}
+
+// A model's charts: throughput vs GPUs, one chart per machine (per kind the best samples/s at each GPU count), and
+// cost vs time to train.
+void add_charts(ModelSection& s, const std::vector<const RowView*>& mine, const std::vector<std::string>& grid_keys,
+                const Groups& machines, const SectionLayout& l) {
+  for (const auto& hk : machines.order) {
+    ThroughputChart chart;
+    chart.machine = machines.label.at(hk);
+    for (const auto& kind : l.kinds_in_order) {
+      std::map<std::int64_t, double> best;
+      for (const auto* r : mine) {
+        if (!is_ok(*r) || r->kind != kind || !r->throughput || !r->gpus || group_key(*r, grid_keys, "machine") != hk)
+          continue;
+        const auto n = static_cast<std::int64_t>(*r->gpus);
+        if (!best.count(n) || *r->throughput > best[n]) best[n] = *r->throughput;
+      }
+      if (!best.empty()) chart.series.push_back({kind, {best.begin(), best.end()}});
+    }
+    if (!chart.series.empty()) s.throughput.push_back(std::move(chart));
+  }
+  for (const auto* r : mine) {
+    if (!is_ok(*r) || !r->time_to_train_s || !r->cost || *r->time_to_train_s <= 0 || *r->cost <= 0) continue;
+    const std::string hk = group_key(*r, grid_keys, "machine");
+    s.cost_points.push_back(CostPoint{r->kind, machines.label.count(hk) ? machines.label.at(hk) : "-",
+                                      static_cast<std::int64_t>(r->gpus.value_or(0)), r->point, *r->time_to_train_s,
+                                      *r->cost, false});
+  }
+  mark_pareto(s.cost_points);
+  if (s.cost_points.empty())
+    s.cost_note = !l.has_budget ? "The sweep has no `budget:`, so no time to train or cost: no cost chart."
+                                : "No feasible row of this model has a cost (no price_per_hour): no cost chart.";
+}
+
+// The section of model group `mk`: its ranked table (its feasible rows, best first, into *ranked) and charts.
+ModelSection model_section(const std::string& mk, const std::vector<RowView>& kept, const SweepInput& in,
+                           const Groups& models, const Groups& machines, const SectionLayout& l,
+                           const ReportOptions& options, std::vector<const RowView*>* ranked) {
+  const RankBy by = options.rank_by;
+  ModelSection s;
+  s.name = models.label.at(mk);
+  std::vector<const RowView*> mine;
+  for (const auto& r : kept)
+    if (group_key(r, in.grid_keys, "model") == mk) mine.push_back(&r);
+  for (const auto* r : mine)
+    if (is_ok(*r) && metric_of(*r, by)) ranked->push_back(r);
+  std::stable_sort(ranked->begin(), ranked->end(), [&](const RowView* a, const RowView* b) {
+    return better(*metric_of(*a, by), *metric_of(*b, by), by);
+  });
+  std::size_t ok = 0;
+  for (const auto* r : mine) ok += is_ok(*r) ? 1 : 0;
+  s.facts.emplace_back("rows", fmt::format("{} fit of {}", ok, mine.size()));
+  ranked_columns(s, in.grid_keys, l);
+  const std::size_t shown = options.top == 0 ? ranked->size() : std::min(options.top, ranked->size());
+  for (std::size_t i = 0; i < shown; ++i) s.rows.push_back(ranked_row(i, *(*ranked)[i], in.grid_keys, machines, l));
+  s.ranked_note =
+      fmt::format("{} feasible rows of {} for this model ranked by {} ({}); {} shown.", ranked->size(), mine.size(),
+                  metric_column(by), higher_is_better(by) ? "highest first" : "lowest first", shown);
+  add_charts(s, mine, in.grid_keys, machines, l);
+  return s;
+}
+
+// Re-simulates each model's best point: its config comes from the sweep file, which must be the one that ran.
+void resimulate_best(ReportData& d, const SweepInput& in, const ReportOptions& options,
+                     const std::vector<std::vector<const RowView*>>& ranked_of) {
   bool any_ranked = false;
   for (const auto& r : ranked_of) any_ranked = any_ranked || !r.empty();
-  if (!any_ranked) return d;
+  if (!any_ranked) return;
   std::string tried;
-  const auto sweep = find_sweep(dir, meta_path, sweep_file,
+  const nlohmann::json& meta = in.meta;
+  const auto sweep = find_sweep(in.dir, in.meta_path, in.sweep_file,
                                 meta.contains("sweep_file_absolute") && meta["sweep_file_absolute"].is_string()
                                     ? meta["sweep_file_absolute"].get<std::string>()
                                     : std::string(),
-                                fingerprint, options.sweep_file, &tried);
+                                in.fingerprint, options.sweep_file, &tried);
   if (!sweep) {
     // The page names the recorded path only (no paths of this machine); stderr says where it looked.
     const std::string why = fmt::format(
         "the sweep file '{}' is not found from here, so the best plans are not re-simulated (no timeline, memory, "
         "ledger, bottleneck or trace)",
-        sweep_file);
+        in.sweep_file);
     d.warnings.push_back(why + "; tried " + tried + "; give the sweep file with --sweep FILE");
     for (auto& s : d.models) s.best_note = why + ". Rerun with --sweep FILE.";
   }
@@ -704,7 +745,7 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
     if (!sweep) continue;
     const auto index = ranked_of[m].front()->point;
     if (index >= sweep->num_points())
-      throw core::ConfigError(file_loc(rows_path),
+      throw core::ConfigError(file_loc(in.rows_path),
                               fmt::format("point {} is beyond the sweep's {} points", index, sweep->num_points()),
                               "the results are stale (another harmony-sim wrote them): rerun the sweep");
     const SweepPoint p = sweep_point(*sweep, index);
@@ -713,7 +754,7 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
     const auto kr = best_plan_of_kind(p.kind, model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
                                       cfg.search, cfg.options);
     if (!kr.feasible)
-      throw core::ConfigError(file_loc(rows_path),
+      throw core::ConfigError(file_loc(in.rows_path),
                               fmt::format("point {} is `ok` in the results but does not fit now: {}", index, kr.reason),
                               "the results are stale (another harmony-sim wrote them): rerun the sweep");
     std::string where = fmt::format("point {}", index);
@@ -724,6 +765,46 @@ ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& o
     s.facts.emplace_back("best plan on", cfg.machine.name + " (" + cfg.machine.gpu_name + "), cost model " +
                                              core::cost_model_name(cfg.cost_model));
   }
+}
+
+}  // namespace
+
+ReportData report_from_sweep(const std::string& dir_text, const ReportOptions& options) {
+  SweepInput in{fs::path(dir_text)};
+  read_meta(in);
+  const auto filters = parse_where(in, options);
+  read_rows(in, dir_text);
+  const auto keep = [&](const nlohmann::json& r) {
+    for (const auto& [k, v] : filters) {
+      const auto it = r.find(k);
+      if (it == r.end() || cell_text(*it) != v) return false;
+    }
+    return true;
+  };
+  std::vector<RowView> kept;
+  for (const auto& r : in.rows)
+    if (keep(r)) kept.push_back(read_row(r, in.grid_keys));
+  const Groups models = make_groups(kept, in.grid_keys, "model");
+  const Groups machines = make_groups(kept, in.grid_keys, "machine");
+  const std::vector<std::string> model_keys = chosen_models(models, in, options);
+
+  ReportData d;
+  d.from_sweep = true;
+  d.rank_by = options.rank_by;
+  d.title = "harmony-sim report: sweep " + (in.sweep_file.empty() ? in.dir.filename().string() : in.sweep_file);
+  if (!options.model.empty()) d.title += ", model " + options.model;
+  add_sweep_facts(d, in, options, filters, kept.size(), models, machines);
+  add_status_rows(d, kept);
+  check_rankable(kept, options.rank_by);
+  add_best_kinds(d, kept, in.grid_keys, model_keys, models, machines, options.rank_by);
+  const SectionLayout layout = section_layout(in, kept);
+  std::vector<std::vector<const RowView*>> ranked_of;
+  for (const auto& mk : model_keys) {
+    std::vector<const RowView*> ranked;
+    d.models.push_back(model_section(mk, kept, in, models, machines, layout, options, &ranked));
+    ranked_of.push_back(std::move(ranked));
+  }
+  resimulate_best(d, in, options, ranked_of);
   return d;
 }
 
