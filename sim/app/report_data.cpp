@@ -551,7 +551,7 @@ void check_rankable(const std::vector<RowView>& kept, RankBy by) {
                             "add a `budget:` (tokens or samples) to the sweep file");
 }
 
-// Per (model, machine): the best kind, the best baseline, the best Harmony kind.
+// Per (model, machine): the best kind (any role), the best baseline, the best Harmony kind.
 void add_best_kinds(ReportData& d, const std::vector<RowView>& kept, const std::vector<std::string>& grid_keys,
                     const std::vector<std::string>& model_keys, const Groups& models, const Groups& machines,
                     RankBy by) {
@@ -577,7 +577,7 @@ void add_best_kinds(ReportData& d, const std::vector<RowView>& kept, const std::
         take(b.best_kind, b.best_gpus, b.best_value);
         if (kind_in_role(r.kind, core::KindRole::Baseline))
           take(b.baseline_name, b.baseline_gpus, b.baseline_value);
-        else
+        else if (kind_in_role(r.kind, core::KindRole::Harmony))  // not the ceiling (resident): the best kind only
           take(b.harmony_kind, b.harmony_gpus, b.harmony_value);
       }
       if (any) d.best_kinds.push_back(std::move(b));

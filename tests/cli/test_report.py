@@ -134,7 +134,7 @@ def kind_of(r):
     return r.get("plan_kind", r.get("kind"))
 
 
-BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan"}
+BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "zero-offload", "l2l", "lohan", "fsdp"}
 
 
 def expected_best_kinds(rows):
@@ -448,6 +448,30 @@ with tempfile.TemporaryDirectory() as tmp:
             sp = f'{win["throughput_samples_per_s"] / ds["throughput_samples_per_s"]:.2f}x'
             check(f"tiny: best kind on {key[1]}", t is not None and t[2] == f'{kind_of(win)} (N={win["gpus"]})'
                   and t[4] == sp and t[5] == f'dp-swap (N={ds["gpus"]})', (t, kind_of(win), sp))
+    # the in-memory ceiling is neither a baseline nor a Harmony kind: a sweep that lists it shows it as the best kind
+    # when it wins, never in the best-Harmony column (before: every kind that was not a baseline went there)
+    with open(os.path.join(proj, "sweeps", "ceiling.yaml"), "w") as f:
+        f.write("base: tiny_base.yaml\n"
+                "grid:\n"
+                "  model.profile: [../profiles/gpt2_medium.json]\n"
+                "  machine: [paper-1080ti]\n"
+                "  plan.gpus: [2]\n"
+                "kinds: [harmony-pp, resident]\n")
+    r = run("sweep", "sweeps/ceiling.yaml", "--out", "runs/ceiling", "--quiet", cwd=proj)
+    check("ceiling sweep", r.returncode == 0, r.stdout + r.stderr)
+    crows = jsonl(os.path.join(proj, "runs", "ceiling")) if r.returncode == 0 else []
+    r = run("report", "runs/ceiling", cwd=proj)
+    check("ceiling report: exit 0", r.returncode == 0, r.stdout + r.stderr)
+    if r.returncode == 0 and crows:
+        pc, _ = parse(os.path.join(proj, "runs", "ceiling", "report.html"))
+        rows_c = pc.tables.get("best-kinds-table", [[]])[1:]
+        ok = {kind_of(x): x for x in crows if x["status"] == "ok"}
+        check("ceiling: both kinds fit, resident the faster (on 2 GPUs)", set(ok) == {"harmony-pp", "resident"} and
+              ok["resident"]["throughput_samples_per_s"] > ok["harmony-pp"]["throughput_samples_per_s"], ok)
+        best = max(ok.values(), key=lambda x: x["throughput_samples_per_s"]) if ok else None
+        check("ceiling: one best-kinds row, the best kind the faster, harmony-pp the best Harmony kind, no baseline",
+              len(rows_c) == 1 and best is not None and rows_c[0][2] == f'{kind_of(best)} (N={best["gpus"]})' and
+              rows_c[0][5] == "-" and rows_c[0][7] == f'harmony-pp (N={ok["harmony-pp"]["gpus"]})', (rows_c, best))
     # results outside the project: sweep.json records the sweep file's absolute path (sweep_file_absolute), so
     # the report finds it from any folder; without that key (a folder written elsewhere, the key removed) only
     # --sweep finds it, and the page has all but the re-simulation
