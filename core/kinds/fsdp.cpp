@@ -17,35 +17,9 @@ namespace {
 
 Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // partitions padded to equal sizes
 
-// Per-parameter HBM traffic of AdamW on the GPU (resident.cpp's figure: 28 bytes for fp32 and for bf16 with masters).
-constexpr Bytes kUpdateTrafficBytesPerParam = 28;
-
-// What one GPU keeps of layer l for the whole run: its shard of the weights and buffers, of the gradient and of the
-// optimizer state (AdamW's moments, and the fp32 masters when the weights are narrower). With one GPU: all of it.
-Bytes shard_state_bytes(const Model& m, int l, int n) {
-  return shard(m.weight_bytes(l, l) + m.buffer_bytes(l, l), n) + shard(m.weight_bytes(l, l), n) +
-         shard(m.optimizer_state_bytes(l, l), n);
-}
-
-// One GPU's peak estimate: its shards, every layer's input for one microbatch (under keep also its saved activations),
-// and beyond them the largest of a layer's transient peaks (its profiled peak less its own weights and input) plus the
-// gathered parameters of two layers (the one running and the one prefetched) and one full gradient before its
-// reduce-scatter. With one GPU nothing is gathered: the weights are in the state.
-Bytes estimate_bytes(const Plan& p, const Model& m) {
-  const int u = p.u_bwd;
-  const int n = p.gpus;
-  const bool keep = p.knobs.activation_policy == ActivationPolicy::Keep;
-  Bytes state = 0, stash = 0, peak = 0, gathered = 0;
-  for (int l = 0; l < m.num_layers(); ++l) {
-    state += shard_state_bytes(m, l, n);
-    stash += m.input_bytes(u, l) + (keep ? saved_activation_bytes(m, u, l) : 0);
-    const Bytes own = m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.input_bytes(u, l);
-    peak = std::max({peak, m.peak_bytes(Phase::Fwd, u, l) - own, m.peak_bytes(Phase::Bwd, u, l) - own});
-    gathered = std::max(gathered, m.weight_bytes(l, l) + m.buffer_bytes(l, l));
-  }
-  const Bytes transient = n > 1 ? 3 * gathered : 0;
-  return state + stash + std::max<Bytes>(0, peak) + transient;
-}
+// One GPU's peak estimate (microbatch_sizes.hpp): its shards, one microbatch's inputs, the largest layer transient and
+// three layers' gathered weights or gradient.
+Bytes estimate_bytes(const Plan& p, const Model& m) { return device_state_estimate_bytes(p, m, /*sharded=*/true); }
 
 // Collective keys: (pass, layer, microbatch); pass 0 the forward's all-gather, 1 the backward's, 2 the reduce-scatter.
 std::uint64_t key(int pass, int l, int i) {
@@ -94,7 +68,7 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
           ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
         if (const int A = gather(g, l, i, b.fwd_task(g, l), 0, k); A >= 0) ins.push_back(A);
         const int F = b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/N > 1);
-        if (i == 0) b.alloc(F, TensorKind::OptState, LayerRange{l, l}, -1, shard_state_bytes(model, l, N));
+        if (i == 0) b.alloc(F, TensorKind::OptState, LayerRange{l, l}, -1, device_state_bytes(model, l, N));
       }
       for (int l = R - 1; l >= 0; --l) {
         const LayerRange L{l, l};
@@ -123,7 +97,7 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
   Program prog = b.finish();
   for (Op& op : prog.ops)
     if (op.kind == OpKind::Update)
-      op.bytes = kUpdateTrafficBytesPerParam * shard(model.fp32_param_bytes(op.layers.first) / 4, N);
+      op.bytes = kDeviceAdamWBytesPerParam * shard(model.fp32_param_bytes(op.layers.first) / 4, N);
   return prog;
 }
 
@@ -134,7 +108,7 @@ std::vector<Candidate> enumerate_fsdp(const Model& model, const SearchSpace& spa
 
 std::string describe_fsdp(const Plan& p, const Model& model) {
   Bytes state = 0;
-  for (int l = 0; l < model.num_layers(); ++l) state += shard_state_bytes(model, l, p.gpus);
+  for (int l = 0; l < model.num_layers(); ++l) state += device_state_bytes(model, l, p.gpus);
   return fmt::format(
       "fsdp N{} D{} u {} (weights, gradients and AdamW state sharded over the GPUs: {} on each; layers all-gathered "
       "for forward and backward, gradients reduce-scattered; {})",

@@ -36,4 +36,22 @@ void validate_microbatch_plan(const Plan& plan, const Model& model);
 std::vector<Candidate> enumerate_microbatch_plans(const Model& model, const SearchSpace& space,
                                                   Bytes (*estimate_bytes)(const Plan&, const Model&));
 
+// The kinds whose state lives on the GPUs (resident, fsdp): the HBM traffic of one AdamW step per parameter the GPU
+// steps (fp32 reads the parameter, gradient, m and v, writes the parameter, m and v; bf16 reads the fp32 master, the
+// bf16 gradient, m and v and writes the master, m, v and the bf16 working copy: 28 bytes either way,
+// backend/model/device_state.hpp's layout).
+inline constexpr Bytes kDeviceAdamWBytesPerParam = 28;
+
+// What one GPU keeps of layer l for the whole run when the state is split into `shards` equal, padded parts (1: all
+// of it): ceil(bytes / shards) of the weights and buffers, of the gradient, and of the optimizer state (AdamW's
+// moments; with weights narrower than fp32 the profile's optimizer state also holds the fp32 masters).
+Bytes device_state_bytes(const Model& model, int layer, int shards);
+
+// One GPU's peak estimate of such a kind at plan.u_bwd (the search's drop_infeasible): every layer's
+// device_state_bytes over plan.gpus shards (1 for a replicating kind), every layer's input for one microbatch (under
+// keep also its saved activations: the backward starts after the last forward), the largest layer peak beyond its
+// own weights and input, and, when sharded over several GPUs, three layers' full weights and buffers (the gathered
+// layer, the prefetched one and a full gradient before its reduce-scatter).
+Bytes device_state_estimate_bytes(const Plan& plan, const Model& model, bool sharded);
+
 }  // namespace harmony::core

@@ -15,33 +15,8 @@
 namespace harmony::core {
 namespace {
 
-// Per-parameter HBM traffic of one AdamW step on the GPU: fp32 reads the parameter, gradient, m and v (16 bytes)
-// and writes the parameter, m and v (12); bf16 reads the fp32 master, the bf16 gradient, m and v (14) and writes the
-// master, m, v and the bf16 working copy (14). 28 bytes either way (backend/model/device_state.hpp's layout).
-constexpr Bytes kUpdateTrafficBytesPerParam = 28;
-
-// What one GPU keeps for the whole run for layer l: weights and buffers, the gradient and the optimizer state (AdamW's
-// moments; with weights narrower than fp32 the profile's optimizer state also holds the fp32 masters, and fp32
-// weights are their own masters: 16 bytes per parameter either way, backend/model/device_state.hpp).
-Bytes opt_state_bytes(const Model& m, int l) { return m.optimizer_state_bytes(l, l); }
-Bytes state_bytes(const Model& m, int l) {
-  return m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.weight_bytes(l, l) + opt_state_bytes(m, l);
-}
-
-// One GPU's peak estimate: the resident state, every layer's input for one microbatch (under keep also its saved
-// activations: the backward starts after the last forward), and the largest layer peak beyond its own weights.
-Bytes estimate_bytes(const Plan& p, const Model& m) {
-  const int u = p.u_bwd;
-  const bool keep = p.knobs.activation_policy == ActivationPolicy::Keep;
-  Bytes state = 0, stash = 0, peak = 0;
-  for (int l = 0; l < m.num_layers(); ++l) {
-    state += state_bytes(m, l);
-    stash += m.input_bytes(u, l) + (keep ? saved_activation_bytes(m, u, l) : 0);
-    const Bytes own = m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.input_bytes(u, l);
-    peak = std::max({peak, m.peak_bytes(Phase::Fwd, u, l) - own, m.peak_bytes(Phase::Bwd, u, l) - own});
-  }
-  return state + stash + std::max<Bytes>(0, peak);
-}
+// One GPU's peak estimate (microbatch_sizes.hpp): the whole state on every GPU.
+Bytes estimate_bytes(const Plan& p, const Model& m) { return device_state_estimate_bytes(p, m, /*sharded=*/false); }
 
 // Per iteration, on every GPU g (m = D/(N u) microbatches, layers l = 0..R-1), all on the compute stream but the data:
 //   FWD(l, i = 0) allocates layer l's resident state (W+B, dW, AdamW moments, masters), never freed: it lives on the
@@ -71,7 +46,7 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
           const LayerRange L{l, l};
           b.alloc(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
           b.alloc(F, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-          b.alloc(F, TensorKind::OptState, L, -1, opt_state_bytes(model, l));
+          b.alloc(F, TensorKind::OptState, L, -1, model.optimizer_state_bytes(l, l));
         }
       }
       for (int l = R - 1; l >= 0; --l) {
@@ -93,8 +68,7 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
   }
   Program prog = b.finish();
   for (Op& op : prog.ops)
-    if (op.kind == OpKind::Update)
-      op.bytes = kUpdateTrafficBytesPerParam * (model.fp32_param_bytes(op.layers.first) / 4);
+    if (op.kind == OpKind::Update) op.bytes = kDeviceAdamWBytesPerParam * (model.fp32_param_bytes(op.layers.first) / 4);
   return prog;
 }
 
@@ -105,7 +79,7 @@ std::vector<Candidate> enumerate_resident(const Model& model, const SearchSpace&
 
 std::string describe_resident(const Plan& p, const Model& model) {
   Bytes state = 0;
-  for (int l = 0; l < model.num_layers(); ++l) state += state_bytes(model, l);
+  for (int l = 0; l < model.num_layers(); ++l) state += device_state_bytes(model, l, 1);
   return fmt::format("resident N{} D{} u {} (weights, gradients and AdamW state on every GPU: {}; {})", p.gpus,
                      p.minibatch, p.u_bwd, format_bytes(state), activation_policy_name(p.knobs.activation_policy));
 }
