@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "sim/engine/cost_reference.hpp"
+#include "sim/engine/size_index.hpp"
 
 namespace harmony::sim {
 
@@ -18,12 +19,7 @@ using core::OpKind;
 using core::Stream;
 using core::TimePs;
 
-namespace {
-template <class T>
-std::size_t z(T i) {
-  return static_cast<std::size_t>(i);
-}
-}  // namespace
+using engine_detail::z;
 
 double profiled_compute_s(const Op& o, const core::Model& m) {
   switch (o.kind) {

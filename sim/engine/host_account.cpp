@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/plan/plan_kind.hpp"
+#include "sim/engine/size_index.hpp"
 
 namespace harmony::sim {
 
@@ -20,12 +21,7 @@ using core::OpKind;
 using core::Program;
 using core::Stream;
 
-namespace {
-template <class T>
-std::size_t z(T i) {
-  return static_cast<std::size_t>(i);
-}
-}  // namespace
+using engine_detail::z;
 
 bool mixed_precision(const core::Model& m) {
   if (m.dtype == "bf16") return true;

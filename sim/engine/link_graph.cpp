@@ -8,15 +8,11 @@
 #include <fmt/format.h>
 
 #include "core/base/error.hpp"
+#include "sim/engine/size_index.hpp"
 
 namespace harmony::sim {
 
-namespace {
-template <class T>
-std::size_t z(T i) {
-  return static_cast<std::size_t>(i);
-}
-}  // namespace
+using engine_detail::z;
 
 const char* link_kind_name(LinkKind k) {
   static const char* const names[] = {"gpu_down",      "gpu_up",    "switch_down", "switch_up",

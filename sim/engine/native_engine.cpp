@@ -18,6 +18,7 @@
 #include "sim/engine/fair_share.hpp"
 #include "sim/engine/memory_timeline.hpp"
 #include "sim/engine/search_bounds.hpp"
+#include "sim/engine/size_index.hpp"
 
 namespace harmony::sim {
 
@@ -40,10 +41,7 @@ using native_detail::Stage;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kPs = 1e12;
-template <class T>
-std::size_t z(T i) {
-  return static_cast<std::size_t>(i);
-}
+using engine_detail::z;
 
 enum class EvKind : std::uint8_t { FixedEnd, LatencyEnd, FlowEnd };
 

@@ -9,6 +9,7 @@
 
 #include "core/program/lower.hpp"
 #include "sim/engine/simulator.hpp"
+#include "sim/engine/size_index.hpp"
 
 namespace harmony::sim {
 
@@ -20,10 +21,7 @@ namespace native_detail {
 
 namespace {
 constexpr double kPs = 1e12;
-template <class T>
-std::size_t z(T i) {
-  return static_cast<std::size_t>(i);
-}
+using engine_detail::z;
 }  // namespace
 
 double jackson_bound(std::vector<ResourceJob>& jobs, std::vector<std::pair<double, double>>& heap) {
