@@ -77,7 +77,7 @@ Program lower_lohan(const Plan& plan, const Model& model, const LowerOptions& /*
     }
   }
   Program prog = b.finish();
-  prog.offload_nvme = nvme;
+  prog.cost.offload_nvme = nvme;
   return prog;
 }
 

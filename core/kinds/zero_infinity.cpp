@@ -171,7 +171,7 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
     }
   }
   Program prog = b.finish();
-  prog.offload_nvme = nvme;
+  prog.cost.offload_nvme = nvme;
   return prog;
 }
 

@@ -31,7 +31,7 @@ std::uint64_t pack_key(int task, int ui, int spi, Stream s, OpKind k) {
          static_cast<std::uint64_t>(k);
 }
 
-// Lowered with the Harmony-PP event rules (Program::pp_rules).
+// Lowered with the Harmony-PP event rules (Program::cost.pp_rules).
 bool pp_rules_of(const Plan& p) { return !p.kind->data_parallel && p.gpus > 1; }
 
 class Lowerer {
@@ -41,11 +41,11 @@ class Lowerer {
   Lowerer(TaskGraph g, const Model& m, const LowerOptions& o)
       : g_(prog_.graph), m_(m), pf_(o.prefetch), buffers_(std::max(2, o.prefetch_buffers)), nvme_(o.offload_nvme) {
     prog_.graph = std::move(g);
-    prog_.prefetch = pf_;
-    prog_.offload_nvme = nvme_;
+    prog_.cost.prefetch = pf_;
+    prog_.cost.offload_nvme = nvme_;
     const Plan& p = g_.plan;
-    prog_.pp_rules = pp_rules_of(p);
-    prog_.bandwidth_sharers = std::max(1, g_.non_empty_ranks());
+    prog_.cost.pp_rules = pp_rules_of(p);
+    prog_.cost.bandwidth_sharers = std::max(1, g_.non_empty_ranks());
     prog_.devices = lowered_ranks(g_, o);
     if (p.u_fwd != p.u_bwd) {
       // rank 0's lists (every rank has the same lists in Harmony-PP)
@@ -199,8 +199,9 @@ class Lowerer {
     wb.bytes_w = w;
     wb.bytes_b = b;
     if (nvme_) {
-      wb.nvme_read_bytes = w + b;  // the pack's weights from the drives, then over PCIe, one I/O per layer
-      wb.io_count = vt.layers.size();
+      NativeOpCosts& c = prog_.cost.edit(W);
+      c.nvme_read_bytes = w + b;  // the pack's weights from the drives, then over PCIe, one I/O per layer
+      c.io_count = vt.layers.size();
     }
     alloc(W, TensorKind::Weights, vt.layers, -1, w + b);
     if (L_ == nullptr) {
@@ -481,7 +482,7 @@ class Lowerer {
   }
 
   int compute_ard(const Task& vt, int dx_last) {
-    if (prog_.pp_rules || prog_.bandwidth_sharers <= 1) return -1;
+    if (prog_.cost.pp_rules || prog_.cost.bandwidth_sharers <= 1) return -1;
     const Bytes w = m_.weight_bytes(vt.layers.first, vt.layers.last);
     const Bytes b = m_.buffer_bytes(vt.layers.first, vt.layers.last);
     int A = make(vt, 0, 0, Stream::Compute, OpKind::ARD, vt.layers, 0, w + b);
@@ -527,7 +528,7 @@ class Lowerer {
   void cpu_update(const Task& vt) {
     int U = make(vt, 0, 0, Stream::Cpu, OpKind::Update, vt.layers, 0, 0);
     if (nvme_) {
-      Op& u = prog_.ops[static_cast<std::size_t>(U)];
+      NativeOpCosts& u = prog_.cost.edit(U);
       const int f = vt.layers.first, l = vt.layers.last;
       const Bytes state = m_.optimizer_state_bytes(f, l) + m_.master_bytes(f, l);
       Bytes narrow = 0;  // 2-byte device weights converted by the update: written for the next fetch
@@ -541,7 +542,7 @@ class Lowerer {
   }
 
   void lower_task(const Task& vt) {
-    const bool pp = prog_.pp_rules;
+    const bool pp = prog_.cost.pp_rules;
     const int n = nu(vt);
     if (vt.type == TaskType::Upd) {
       cpu_update(vt);

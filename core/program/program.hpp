@@ -83,15 +83,6 @@ struct Op {
   Bytes workspace_bytes = 0;  // compute ops: transient device memory while running (beyond allocs)
   TensorRefs allocs;          // device memory allocated when the op begins
   TensorRefs frees;           // device memory freed when the op ends
-  // Native cost model only (the reference ignores them; docs/native-model.md "Offload tiers and host work"):
-  Bytes nvme_read_bytes = 0;   // read from the NVMe tier into pinned host memory before the op's work
-  Bytes nvme_write_bytes = 0;  // written from host memory to the NVMe tier after the op's work
-  Bytes host_sum_bytes = 0;    // gradient bytes the CPU adds into a host accumulator after the op's work
-  Bytes return_bytes = 0;      // a dWB's bytes copied back host -> device after it (ZeRO-3's pinned gradient buffer)
-  Bytes extra_out_bytes = 0;   // a dWB's bytes moved device -> host beyond `bytes` (ZeRO-3's FP32 gradient copy)
-  Bytes host_pass_bytes = 0;   // host DRAM bytes read and written by passes over tensors after the op's work
-  int io_count = 0;            // the op's transfer is this many I/Os (buckets), each paying the latency; 0 = 1
-  double overhead_s = 0;       // fixed host-side cost before the op's work (ZeRO-3 module gather/partition)
 };
 
 // An Update the host runs (on a CPU queue: AdamW on the host's master weights); an Update on a device's compute
@@ -104,20 +95,50 @@ struct OpQueue {
   std::vector<int> ops;  // FIFO order
 };
 
-struct Program {
-  TaskGraph graph;
+// Per-op costs only the native cost model prices (docs/native-model.md "Offload tiers and host work"); the
+// reference model and the executors never read them. They sit beside the ops (Program::cost), not in them.
+struct NativeOpCosts {
+  Bytes nvme_read_bytes = 0;   // read from the NVMe tier into pinned host memory before the op's work
+  Bytes nvme_write_bytes = 0;  // written from host memory to the NVMe tier after the op's work
+  Bytes host_sum_bytes = 0;    // gradient bytes the CPU adds into a host accumulator after the op's work
+  Bytes return_bytes = 0;      // a dWB's bytes copied back host -> device after it (ZeRO-3's pinned gradient buffer)
+  Bytes extra_out_bytes = 0;   // a dWB's bytes moved device -> host beyond `bytes` (ZeRO-3's FP32 gradient copy)
+  Bytes host_pass_bytes = 0;   // host DRAM bytes read and written by passes over tensors after the op's work
+  int io_count = 0;            // the op's transfer is this many I/Os (buckets), each paying the latency; 0 = 1
+  double overhead_s = 0;       // fixed host-side cost before the op's work (ZeRO-3 module gather/partition)
+};
+
+// What the cost models read beyond the ops' data flow: the reference model's lowering semantics and the native
+// model's tiers and per-op costs. The executors read none of it.
+struct CostHints {
+  // The reference model (the paper's scheduler):
   bool prefetch = false;      // lowered with the reference's prefetch/offload dependency model
   bool pp_rules = false;      // lowered with the Harmony-PP event rules (the reference's sim_mode vPP)
-  int bandwidth_sharers = 1;  // the reference's Nsim: GPUs sharing host bandwidth
-  // Native model: parameters (fp32 masters) and optimizer state live on the NVMe tier, not in host memory
-  // (zero-infinity with plan.offload: nvme); the host keeps pinned staging buffers.
+  int bandwidth_sharers = 1;  // the reference's Nsim: GPUs sharing host bandwidth (the native model's too)
+  // The native model: parameters (fp32 masters) and optimizer state live on the NVMe tier, not in host memory
+  // (zero-infinity or lohan with plan.offload: nvme, Harmony's nvme tier); the host keeps pinned staging buffers.
   bool offload_nvme = false;
+  // Per op (Program::ops order), or empty when no op has any: op(i) reads zeros then.
+  std::vector<NativeOpCosts> op_costs;
+  const NativeOpCosts& op(int i) const {
+    static const NativeOpCosts kNone{};
+    return static_cast<std::size_t>(i) < op_costs.size() ? op_costs[static_cast<std::size_t>(i)] : kNone;
+  }
+  NativeOpCosts& edit(int i) {  // op i's costs, growing op_costs to reach it
+    if (static_cast<std::size_t>(i) >= op_costs.size()) op_costs.resize(static_cast<std::size_t>(i) + 1);
+    return op_costs[static_cast<std::size_t>(i)];
+  }
+};
+
+struct Program {
+  TaskGraph graph;
   std::vector<int> devices;     // devices that have ops (Harmony-DP under the reference: only GPU 0)
   std::vector<Op> ops;          // creation order
   std::vector<OpQueue> queues;  // devices ascending, then streams in order of first use
   // Per op: its pass, layers, samples and the tensors it reads, writes and frees (dataflow.hpp). Filled by the
   // lowering (LowerOptions::dataflow): lower_harmony for Harmony's, lower_plan for the swapping kinds'.
   Dataflow dataflow;
+  CostHints cost;  // what only the cost models read
 
   std::string op_id(int op) const;     // the reference's id: "<task>.<ui>.<spi>.<stream>.<kind>"
   std::string op_label(int op) const;  // trace name: "t3 BWD L21-27 mb0 u8"

@@ -84,9 +84,9 @@ ProgramBuilder::ProgramBuilder(const Model& model, const Plan& plan)
   const auto lists = split_minibatch(share, plan.u_bwd);
   prog_.graph.ubatch_fwd.assign(static_cast<std::size_t>(N), lists);
   prog_.graph.ubatch_bwd.assign(static_cast<std::size_t>(N), lists);
-  prog_.prefetch = false;
-  prog_.pp_rules = false;
-  prog_.bandwidth_sharers = N;
+  prog_.cost.prefetch = false;
+  prog_.cost.pp_rules = false;
+  prog_.cost.bandwidth_sharers = N;
   steps_.assign(static_cast<std::size_t>(N), {});
   waiters_.assign(static_cast<std::size_t>(N), {});
 }
@@ -307,7 +307,7 @@ void ProgramBuilder::peer(int a, int b) { peers_.emplace_back(a, b); }
 void ProgramBuilder::collective(std::uint64_t key, int op, int ready) { collectives_[key].emplace_back(op, ready); }
 
 void ProgramBuilder::set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_write) {
-  Op& o = prog_.ops[static_cast<std::size_t>(op)];
+  NativeOpCosts& o = prog_.cost.edit(op);
   o.io_count = io_count;
   o.nvme_read_bytes = nvme_read;
   o.nvme_write_bytes = nvme_write;

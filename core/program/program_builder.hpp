@@ -117,17 +117,18 @@ class ProgramBuilder {
   void peer(int a, int b);  // P2P rendezvous pair (resolved at finish)
   // Collective `key`: every member waits for every other member's `ready` op (resolved at finish).
   void collective(std::uint64_t key, int op, int ready);
-  // Native-model extras of an op (core::Op): its I/O count and NVMe bytes, its host gradient sum, its overhead.
+  // Native-model costs of an op (core::NativeOpCosts, in Program::cost): its I/O count and NVMe bytes, its host
+  // gradient sum and passes, its overhead.
   void set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_write);
-  void set_host_sum(int op, Bytes bytes) { prog_.ops[static_cast<std::size_t>(op)].host_sum_bytes = bytes; }
-  void set_host_pass(int op, Bytes bytes) { prog_.ops[static_cast<std::size_t>(op)].host_pass_bytes = bytes; }
+  void set_host_sum(int op, Bytes bytes) { prog_.cost.edit(op).host_sum_bytes = bytes; }
+  void set_host_pass(int op, Bytes bytes) { prog_.cost.edit(op).host_pass_bytes = bytes; }
   // A dWB's round trip: `return_bytes` copied back to the device after it, `extra_out_bytes` more to the host.
   void set_gradient_path(int op, Bytes return_bytes, Bytes extra_out_bytes) {
-    auto& o = prog_.ops[static_cast<std::size_t>(op)];
+    NativeOpCosts& o = prog_.cost.edit(op);
     o.return_bytes = return_bytes;
     o.extra_out_bytes = extra_out_bytes;
   }
-  void set_overhead(int op, double s) { prog_.ops[static_cast<std::size_t>(op)].overhead_s = s; }
+  void set_overhead(int op, double s) { prog_.cost.edit(op).overhead_s = s; }
   void alloc(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes);  // skipped when bytes == 0
   void free(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes);   // skipped when bytes == 0
 

@@ -78,7 +78,7 @@ ActivityBuilder::ActivityBuilder(const core::Program& p, const core::Model& m, c
                                  const NativeOptions& opt, const core::Topology& topo, const LinkGraph& graph,
                                  const std::vector<double>& capacity)
     : p_(p), m_(m), mach_(mach), opt_(opt), topo_(topo), graph_(graph), cap_(capacity) {
-  nsim_ = static_cast<double>(std::max(1, p.bandwidth_sharers));
+  nsim_ = static_cast<double>(std::max(1, p.cost.bandwidth_sharers));
   latency_ps_ = opt.latency ? core::seconds_to_ps(topo.transfer_latency_s) : 0;
   for (int g = 0; g < static_cast<int>(topo.gpus.size()); ++g) {
     h2d_.emplace_back(graph.h2d_path(g));
@@ -162,7 +162,7 @@ void ActivityBuilder::set_flow(Activity& x, double volume, const Path& path, dou
   x.tensor = tensor;
   x.engine = opt_.contention ? engine : -1;
   // a transfer split into io_count I/Os (ZeRO-3's buckets) pays the latency once per I/O
-  const int ios = opt_.reference_bandwidths ? 1 : std::max(1, p_.ops[z(x.a)].io_count);
+  const int ios = opt_.reference_bandwidths ? 1 : std::max(1, p_.cost.op(x.a).io_count);
   x.latency_ps = latency_ps_ * ios;
   if (!opt_.reference_bandwidths && graph_.host_memory >= 0) {
     // DMA to or from host memory crosses DRAM once per byte (staged P2P twice); a host copy reads and writes
@@ -189,15 +189,15 @@ Stage ActivityBuilder::host_stage(int link, double volume, double mem_coef, Time
   return st;
 }
 
-// A dWB's copy back to its device (ZeRO-3's gradient buffer, core::Op::return_bytes): the device's host -> device
-// path, one I/O per tensor as the op's own transfer, DMA crossing host memory once per byte.
-Stage ActivityBuilder::return_stage(const Op& o) const {
+// A dWB's copy back to its device (ZeRO-3's gradient buffer, core::NativeOpCosts::return_bytes): the device's host
+// -> device path, one I/O per tensor as the op's own transfer, DMA crossing host memory once per byte.
+Stage ActivityBuilder::return_stage(const Op& o, const core::NativeOpCosts& c) const {
   Stage st;
   st.kind = ActKind::Flow;
-  st.volume = static_cast<double>(o.return_bytes);
+  st.volume = static_cast<double>(c.return_bytes);
   st.path = h2d_[z(o.device)];
   st.cap = host_path_cap(o, true);
-  st.latency_ps = latency_ps_ * std::max(1, o.io_count);
+  st.latency_ps = latency_ps_ * std::max(1, c.io_count);
   if (graph_.host_memory >= 0) add_host_memory(st, 1.0);
   return st;
 }
@@ -205,8 +205,9 @@ Stage ActivityBuilder::return_stage(const Op& o) const {
 // The host work around op `o`'s own stage (native model only; docs/native-model.md "Offload tiers and host
 // work"): NVMe reads before it, the dtype conversion before an update, host gradient sums and NVMe writes
 // after it, and the op's fixed overhead before everything.
-void ActivityBuilder::add_host_work(Activity& x, const Op& o) const {
+void ActivityBuilder::add_host_work(Activity& x) const {
   const auto& g = graph_;
+  const core::NativeOpCosts& o = p_.cost.op(x.a);
   std::vector<Stage> before;
   std::vector<Stage> after;
   const int ios = std::max(1, o.io_count);
@@ -218,7 +219,7 @@ void ActivityBuilder::add_host_work(Activity& x, const Op& o) const {
         p_.op_id(x.a), p_.op_label(x.a), mach_.name));
   if (o.nvme_read_bytes > 0)
     before.push_back(host_stage(g.nvme_read, static_cast<double>(o.nvme_read_bytes), 1.0, nvme_lat));
-  if (o.return_bytes > 0) after.push_back(return_stage(o));
+  if (o.return_bytes > 0) after.push_back(return_stage(p_.ops[z(x.a)], o));
   if (o.host_sum_bytes > 0) after.push_back(host_stage(g.host_memcpy, static_cast<double>(o.host_sum_bytes), 3.0, 0));
   // passes over host tensors (ZeRO-3's unscale and dtype copy): memory-bound, at the memcpy rate, where a copied
   // byte is one read and one write
@@ -252,8 +253,9 @@ void ActivityBuilder::add_host_work(Activity& x, const Op& o) const {
 // time only through cpu_adam's measured rate and DRAM bandwidth through update_traffic_bytes.
 // An update that carries host_pass_bytes (ZeRO-3 stage 3: the optimizer steps the FP32 partition alone, the
 // gradient arrives in FP32 and the GPU-dtype copy is a pass of its own, priced by that pass) converts nothing.
-double ActivityBuilder::conversion_bytes(const Op& o) const {
-  if (o.host_pass_bytes > 0) return 0;
+double ActivityBuilder::conversion_bytes(int a) const {
+  const Op& o = p_.ops[z(a)];
+  if (p_.cost.op(a).host_pass_bytes > 0) return 0;
   double c = 0;
   for (int l = o.layers.first; l <= o.layers.last; ++l) {
     if (m_.narrow_weights(l)) c += 8.0 * static_cast<double>(m_.layers[z(l)].param_count);
@@ -265,13 +267,14 @@ double ActivityBuilder::conversion_bytes(const Op& o) const {
 // gradient and the optimizer state and writes the masters and the state back (fp32 Adam: 16 bytes read +
 // 12 written = 28 bytes per parameter). FP32 bytes are 4 per parameter (the weight bytes when the profile
 // has no parameter count).
-double ActivityBuilder::update_traffic_bytes(const Op& o) const {
+double ActivityBuilder::update_traffic_bytes(int a) const {
+  const Op& o = p_.ops[z(a)];
   double t = 0;
   for (int l = o.layers.first; l <= o.layers.last; ++l) {
     const double fp32 = static_cast<double>(m_.fp32_param_bytes(l));
     t += 3.0 * fp32 + 2.0 * static_cast<double>(m_.layers[z(l)].optimizer_state_bytes);
   }
-  t += conversion_bytes(o);
+  t += conversion_bytes(a);
   return t;
 }
 
@@ -292,7 +295,7 @@ void ActivityBuilder::set_update_stage(Activity& x, const Op& o) const {
     x.volume = x.remaining = w * units;
     x.path = {g.compute};
     x.cap = units;
-    if (const double t = update_traffic_bytes(o); g.host_memory >= 0 && t > 0) {
+    if (const double t = update_traffic_bytes(x.a); g.host_memory >= 0 && t > 0) {
       x.path.push_back(g.host_memory);
       x.coef = {1.0, t / (w * units)};
     }
@@ -305,7 +308,7 @@ void ActivityBuilder::set_update_stage(Activity& x, const Op& o) const {
     x.volume = x.remaining = w * cores;
     x.path = {g.cpu};
     x.cap = 0.0;  // no per-update cap: an update alone uses every core
-    if (const double t = update_traffic_bytes(o); g.host_memory >= 0 && t > 0) {
+    if (const double t = update_traffic_bytes(x.a); g.host_memory >= 0 && t > 0) {
       // with a host memory bandwidth the update is t bytes of DRAM traffic, each byte w * cores / t
       // core-seconds: alone it still takes w (or t / bandwidth if that is longer), and it shares DRAM
       // with the DMA byte for byte
@@ -350,7 +353,7 @@ void ActivityBuilder::build(Activity& x, int a, int b) const {
       case OpKind::ARD:
       case OpKind::AG:
       case OpKind::RS: {
-        const int nr = std::max(1, p_.bandwidth_sharers);
+        const int nr = std::max(1, p_.cost.bandwidth_sharers);
         const double k = static_cast<double>(nr);
         const double vol = o.kind == OpKind::ARD ? 2. * (k - 1) / k * bytes : (k - 1) / k * bytes;
         TransferClass cls = TransferClass::None;
@@ -366,13 +369,13 @@ void ActivityBuilder::build(Activity& x, int a, int b) const {
         set_flow(x, 2. * bytes, {g.host_memcpy}, ref ? mach_.bw_msg_bytes_per_s / nsim_ : 0, TransferClass::CpuMsg,
                  o.bytes, core::moved_tensor(o.kind), -1);
         break;
-      default:  // a dWB's FP32 copy beyond its own bytes (core::Op::extra_out_bytes) is more of the same transfer
-        transfer(x, o, bytes + (ref ? 0.0 : static_cast<double>(o.extra_out_bytes)));
+      default:  // a dWB's FP32 copy beyond its own bytes (core::NativeOpCosts::extra_out_bytes): more of the transfer
+        transfer(x, o, bytes + (ref ? 0.0 : static_cast<double>(p_.cost.op(a).extra_out_bytes)));
         break;
     }
   }
   add_dispatch(x);
-  if (!ref && b < 0) add_host_work(x, p_.ops[z(a)]);
+  if (!ref && b < 0) add_host_work(x);
   if (host_pool()) share_host_pool(x);
   x.remaining = x.volume;
 }

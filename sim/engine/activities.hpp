@@ -124,10 +124,10 @@ class ActivityBuilder {
                 core::TensorKind tensor, int engine) const;
   void add_host_memory(Stage& x, double coef) const;
   Stage host_stage(int link, double volume, double mem_coef, core::TimePs latency) const;
-  Stage return_stage(const core::Op& o) const;
-  void add_host_work(Activity& x, const core::Op& o) const;
-  double conversion_bytes(const core::Op& o) const;
-  double update_traffic_bytes(const core::Op& o) const;
+  Stage return_stage(const core::Op& o, const core::NativeOpCosts& c) const;
+  void add_host_work(Activity& x) const;  // x.a's op
+  double conversion_bytes(int a) const;   // op a's
+  double update_traffic_bytes(int a) const;  // op a's
   bool host_pool() const;
   void share_host_pool(Activity& x) const;
   void add_dispatch(Activity& x) const;

@@ -34,7 +34,7 @@ double device_update_s(const Op& op, const core::MachineSpec& machine) {
 }
 
 double ReferenceCostModel::duration_s(const core::Program& program, const Op& op) const {
-  const double n = static_cast<double>(program.bandwidth_sharers);
+  const double n = static_cast<double>(program.cost.bandwidth_sharers);
   const double bytes = static_cast<double>(op.bytes);
   const bool swap = op.stream == Stream::SwapIn || op.stream == Stream::SwapOut;
   switch (op.kind) {

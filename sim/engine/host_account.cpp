@@ -156,7 +156,7 @@ Bytes accumulate_bounce_bytes(const Program& p) {
 }
 
 HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
-  HostAccount h = host_floor(m, p.graph.plan.kind, p.offload_nvme);
+  HostAccount h = host_floor(m, p.graph.plan.kind, p.cost.offload_nvme);
   // Swaps are DMA copies straight from and into the host tensors (the time model prices them at the PCIe
   // rate with no host copy), so those tensors are the pinned memory and need no staging buffer: a staging
   // buffer sized by the largest swap op would grow with how a plan groups layers into one op (a Harmony
@@ -190,12 +190,14 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   const bool mixed = mixed_precision(m);
   h.staging_bytes += (mixed ? 2 : 1) * accumulate_bounce_bytes(p);
   if (mixed && !p.graph.plan.kind->resident_state) h.staging_bytes += core::staging_ring_bytes(p, false);
-  if (p.offload_nvme) {
+  if (p.cost.offload_nvme) {
     // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer
     // state and masters: an op's read split over its io_count I/Os) in pinned memory
     std::vector<Bytes> max_read(nd, 0);
-    for (const Op& o : p.ops) {
-      const Bytes per_io = (o.nvme_read_bytes + std::max(1, o.io_count) - 1) / std::max(1, o.io_count);
+    for (std::size_t i = 0; i < p.ops.size(); ++i) {
+      const Op& o = p.ops[i];
+      const core::NativeOpCosts& c = p.cost.op(static_cast<int>(i));
+      const Bytes per_io = (c.nvme_read_bytes + std::max(1, c.io_count) - 1) / std::max(1, c.io_count);
       if (z(o.device) < nd) max_read[z(o.device)] = std::max(max_read[z(o.device)], per_io);
     }
     for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_read[d];

@@ -100,7 +100,7 @@ std::string deadlock_report(const Program& p, const Timeline& t) {
 }
 
 std::vector<int> reported_devices(const core::Program& p) {
-  if (!p.pp_rules) return p.devices;
+  if (!p.cost.pp_rules) return p.devices;
   std::vector<int> all(static_cast<std::size_t>(p.num_devices()));
   for (int d = 0; d < p.num_devices(); ++d) all[static_cast<std::size_t>(d)] = d;
   return all;

@@ -301,7 +301,7 @@ double moved_bytes(const Program& p, int op) {
   const core::Op& o = p.ops[z(op)];
   const double bytes = static_cast<double>(o.bytes);
   if (o.kind == OpKind::ARD || o.kind == OpKind::AG || o.kind == OpKind::RS) {
-    const double k = std::max(1, p.bandwidth_sharers);
+    const double k = std::max(1, p.cost.bandwidth_sharers);
     return o.kind == OpKind::ARD ? 2. * (k - 1) / k * bytes : (k - 1) / k * bytes;
   }
   if (o.kind == OpKind::MSGsX || o.kind == OpKind::MSGY || (o.stream == Stream::Cpu && o.peer < 0)) return 2. * bytes;

@@ -389,8 +389,9 @@ TEST_CASE("lohan swap bytes equal the closed form, and each update overlaps the 
     CHECK(moved(p, OpKind::X, Stream::SwapIn) == 2 * N * X(u, 0));
     CHECK(count(p, OpKind::REC) == N * kR);  // checkpoint: every layer recomputed
     CHECK(count(p, OpKind::Update) == 3);    // the host optimizer work per iteration does not grow with N
-    CHECK_FALSE(p.offload_nvme);
-    for (const auto& o : p.ops) {
+    CHECK_FALSE(p.cost.offload_nvme);
+    for (std::size_t i = 0; i < p.ops.size(); ++i) {
+      const auto& o = p.ops[i];
       if (o.kind != OpKind::Update) continue;
       REQUIRE(o.deps.size() == 1);
       const auto& d = p.ops[static_cast<std::size_t>(o.deps[0])];
@@ -398,7 +399,7 @@ TEST_CASE("lohan swap bytes equal the closed form, and each update overlaps the 
       CHECK(d.layers.first == o.layers.first);
       CHECK(d.device == o.device);
       CHECK(o.device == 0);
-      CHECK(o.nvme_read_bytes == 0);
+      CHECK(p.cost.op(static_cast<int>(i)).nvme_read_bytes == 0);
     }
     check_ledger(p);
     const auto t = run(p, model);
@@ -414,13 +415,14 @@ TEST_CASE("lohan swap bytes equal the closed form, and each update overlaps the 
 
     plan.knobs.offload = core::OffloadTier::Nvme;
     const auto q = core::lower_plan(plan, model);
-    CHECK(q.offload_nvme);
+    CHECK(q.cost.offload_nvme);
     Bytes read = 0, write = 0, state = 0;
     for (int l = 0; l < kR; ++l) state += model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
-    for (const auto& o : q.ops) {
-      read += o.nvme_read_bytes;
-      write += o.nvme_write_bytes;
-      if (o.kind == OpKind::WB) CHECK(o.nvme_read_bytes == o.bytes);
+    for (std::size_t i = 0; i < q.ops.size(); ++i) {
+      const core::NativeOpCosts& c = q.cost.op(static_cast<int>(i));
+      read += c.nvme_read_bytes;
+      write += c.nvme_write_bytes;
+      if (q.ops[i].kind == OpKind::WB) CHECK(c.nvme_read_bytes == q.ops[i].bytes);
     }
     CHECK(read == 2 * N * kGW + state);  // the parameters per replica, the optimizer state once
     CHECK(write == state);
@@ -535,9 +537,9 @@ TEST_CASE("every baseline validates and runs without deadlock on bert_large, N =
           const auto plan = make_plan(kind, N, D, u, w, a);
           const auto p = core::lower_plan(plan, model);
           REQUIRE_NOTHROW(core::validate_program(p));
-          CHECK(p.bandwidth_sharers == N);
-          CHECK_FALSE(p.pp_rules);
-          CHECK_FALSE(p.prefetch);
+          CHECK(p.cost.bandwidth_sharers == N);
+          CHECK_FALSE(p.cost.pp_rules);
+          CHECK_FALSE(p.cost.prefetch);
           CHECK(p.graph.rank_tasks.size() == static_cast<std::size_t>(N));
           CHECK(p.graph.plan.kind == kind);  // a baseline's Program carries its own kind
           CHECK(p.graph.plan.u_fwd == u);

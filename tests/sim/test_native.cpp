@@ -490,7 +490,7 @@ TEST_CASE("host cores: copies, updates and dispatch share the compute pool (the 
   const int n1 = n.add(1, Stream::Compute, OpKind::FWD);
   n.p.ops[z(n0)].layers = n.p.ops[z(n1)].layers = {0, 1};
   const int nin = n.add(0, Stream::SwapIn, OpKind::WB, B);
-  n.p.ops[z(nin)].nvme_read_bytes = B;
+  n.p.cost.edit(nin).nvme_read_bytes = B;
   auto drives = one_switch(2, 1e9, 1e9);
   drives.topology.nvme = core::NvmeSpec{1e9, 1e9, 0, 0};
   drives.compute.units = 1;

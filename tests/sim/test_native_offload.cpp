@@ -57,6 +57,7 @@ struct Builder {
     return id;
   }
   core::Op& op(int id) { return p.ops[z(id)]; }
+  core::NativeOpCosts& cost(int id) { return p.cost.edit(id); }
 };
 
 // Two layers: forward 1 ms, backward (recompute + backward) 3 ms, update `update_s`; weights `w` bytes for
@@ -137,8 +138,8 @@ TEST_CASE("an NVMe read runs before the H2D copy, paying the drive latency once 
   for (const auto& [ios, expect] : std::vector<std::pair<int, TimePs>>{{1, 3100 * kUs}, {4, 3400 * kUs}}) {
     Builder b;
     const int wb = b.add(Stream::SwapIn, OpKind::WB, B);
-    b.op(wb).nvme_read_bytes = B;
-    b.op(wb).io_count = ios;
+    b.cost(wb).nvme_read_bytes = B;
+    b.cost(wb).io_count = ios;
     const auto r = sim::run_native(b.p, two_layers(), with_nvme(box(), 5e8, 4e8, 100e-6));
     CHECK(r.timeline.end_ps[z(wb)] == expect);
     CHECK(r.link_stats[z(r.graph.nvme_read)].bytes == B);
@@ -146,7 +147,7 @@ TEST_CASE("an NVMe read runs before the H2D copy, paying the drive latency once 
   }
   // without an NVMe tier the op cannot run
   Builder b;
-  b.op(b.add(Stream::SwapIn, OpKind::WB, B)).nvme_read_bytes = B;
+  b.cost(b.add(Stream::SwapIn, OpKind::WB, B)).nvme_read_bytes = B;
   CHECK_THROWS_AS(sim::run_native(b.p, two_layers(), box()), core::ScheduleError);
 }
 
@@ -155,8 +156,8 @@ TEST_CASE("an update with NVMe state reads it, steps, and writes it back in turn
   // 4e8 B/s (5 ms), no latency: 2 + 1 + 5 = 8 ms.
   Builder b;
   const int u = b.add(Stream::Cpu, OpKind::Update);
-  b.op(u).nvme_read_bytes = 1'000'000;
-  b.op(u).nvme_write_bytes = 2'000'000;
+  b.cost(u).nvme_read_bytes = 1'000'000;
+  b.cost(u).nvme_write_bytes = 2'000'000;
   const auto r = sim::run_native(b.p, two_layers(), with_nvme(box(), 5e8, 4e8, 0));
   CHECK(r.timeline.end_ps[z(u)] == 8 * kMs);
   CHECK(r.link_stats[z(r.graph.nvme_write)].bytes == 2'000'000);
@@ -195,7 +196,7 @@ TEST_CASE("host gradient sums cost host memcpy time after the D2H copy") {
   const Bytes B = 1'000'000;
   Builder b;
   const int o = b.add(Stream::SwapOut, OpKind::dWB, B);
-  b.op(o).host_sum_bytes = B;
+  b.cost(o).host_sum_bytes = B;
   const auto r = sim::run_native(b.p, two_layers(), box());
   CHECK(r.timeline.end_ps[z(o)] == 1500 * kUs);
   CHECK(r.link_stats[z(r.graph.host_memcpy)].bytes == B);
@@ -209,10 +210,10 @@ TEST_CASE("ZeRO-3's gradient round trip and FP32 copy, and the step's host passe
   const Bytes B = 1'000'000;
   Builder b;
   const int o = b.add(Stream::SwapOut, OpKind::dWB, B);
-  b.op(o).return_bytes = B;
-  b.op(o).extra_out_bytes = 2 * B;
+  b.cost(o).return_bytes = B;
+  b.cost(o).extra_out_bytes = 2 * B;
   const int u = b.add(Stream::Cpu, OpKind::Update);
-  b.op(u).host_pass_bytes = 4 * B;
+  b.cost(u).host_pass_bytes = 4 * B;
   const auto r = sim::run_native(b.p, two_layers(), box());
   CHECK(r.timeline.end_ps[z(o)] == 4 * kMs);
   CHECK(r.timeline.end_ps[z(u)] == 2 * kMs);
@@ -225,7 +226,7 @@ TEST_CASE("an update with its own host passes converts nothing inside the step (
   // passes copy 7e6 bytes at the memcpy rate 2e9 (3.5 ms; their 14e6 bytes of DRAM take 1.4 ms): 6.3 ms, not 7.1.
   Builder b;
   const int u = b.add(Stream::Cpu, OpKind::Update);
-  b.op(u).host_pass_bytes = 14'000'000;
+  b.cost(u).host_pass_bytes = 14'000'000;
   auto m = box();
   m.topology.host_memory_bytes_per_s = 1e10;
   CHECK(sim::run_native(b.p, two_layers(2e-3, 2'000'000, 1'000'000), m).timeline.end_ps[z(u)] == 6300 * kUs);
@@ -244,17 +245,20 @@ TEST_CASE("zero-infinity: gradients go down and back per microbatch, FP32 at the
     core::Plan p = plan_of("zero-infinity", 1, 2);
     int dwbs = 0;
     int updates = 0;
-    for (const auto& o : core::lower_plan(p, model).ops) {
+    const core::Program prog = core::lower_plan(p, model);
+    for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+      const core::Op& o = prog.ops[i];
+      const core::NativeOpCosts& c = prog.cost.op(static_cast<int>(i));
       if (o.kind == OpKind::dWB) {
         ++dwbs;
         CHECK(o.bytes == w);
-        CHECK(o.return_bytes == w);
-        CHECK(o.extra_out_bytes == (o.ui == 1 ? 4000 : 0));
-        CHECK(o.host_sum_bytes == 0);
+        CHECK(c.return_bytes == w);
+        CHECK(c.extra_out_bytes == (o.ui == 1 ? 4000 : 0));
+        CHECK(c.host_sum_bytes == 0);
       }
       if (o.kind == OpKind::Update) {
         ++updates;
-        CHECK(o.host_pass_bytes == pass);
+        CHECK(c.host_pass_bytes == pass);
       }
     }
     CHECK(dwbs == 4);
@@ -289,14 +293,15 @@ TEST_CASE("zero-infinity: ZeRO-3's module latency adds to every FWD and BWD on t
   p.knobs.zero3.module_latency_s = 1e-3;
   const auto prog = core::lower_plan(p, model);
   int charged = 0;
-  for (const auto& o : prog.ops) charged += o.overhead_s > 0 ? 1 : 0;
+  for (const auto& c : prog.cost.op_costs) charged += c.overhead_s > 0 ? 1 : 0;
   CHECK(charged == 4);
   const auto t1 = sim::simulate_native(prog, model, m).iteration_time_s;
   CHECK(t1 - t0 == doctest::Approx(4e-3).epsilon(1e-9));
   // buckets: 1000 elements per layer in buckets of 300: ceil(1000 / 300) = 4 I/Os per fetch
   p.knobs.zero3.bucket_elements = 300;
-  for (const auto& o : core::lower_plan(p, model).ops) {
-    if (o.kind == OpKind::WB) CHECK(o.io_count == 4);
+  const core::Program bucketed = core::lower_plan(p, model);
+  for (std::size_t i = 0; i < bucketed.ops.size(); ++i) {
+    if (bucketed.ops[i].kind == OpKind::WB) CHECK(bucketed.cost.op(static_cast<int>(i)).io_count == 4);
   }
 }
 
@@ -327,9 +332,10 @@ TEST_CASE("zero-infinity: ZeRO-3's per-parameter-tensor costs, paid at batch 1 a
   auto model = two_layers();
   for (auto& L : model.layers) L.param_tensors = 12;
   int checked = 0;
-  for (const auto& o : core::lower_plan(p, model).ops) {
-    if (o.kind != OpKind::WB && o.kind != OpKind::dWB) continue;
-    CHECK(o.io_count == 12);
+  const core::Program prog = core::lower_plan(p, model);
+  for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+    if (prog.ops[i].kind != OpKind::WB && prog.ops[i].kind != OpKind::dWB) continue;
+    CHECK(prog.cost.op(static_cast<int>(i)).io_count == 12);
     ++checked;
   }
   CHECK(checked == 6);  // 2 layers x (WB forward, WB backward, dWB)
@@ -349,17 +355,19 @@ TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and
   core::Plan p = plan_of("zero-infinity", 1, 2);
   p.knobs.offload = core::OffloadTier::Nvme;
   const auto prog = core::lower_plan(p, model);
-  CHECK(prog.offload_nvme);
+  CHECK(prog.cost.offload_nvme);
   Bytes wb_reads = 0;
   Bytes sums = 0;
   Bytes grad_writes = 0;
-  for (const auto& o : prog.ops) {
-    if (o.kind == OpKind::WB) wb_reads += o.nvme_read_bytes;
-    if (o.kind == OpKind::dWB) sums += o.host_sum_bytes;
-    if (o.kind == OpKind::dWB) grad_writes += o.nvme_write_bytes;
+  for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+    const core::Op& o = prog.ops[i];
+    const core::NativeOpCosts& c = prog.cost.op(static_cast<int>(i));
+    if (o.kind == OpKind::WB) wb_reads += c.nvme_read_bytes;
+    if (o.kind == OpKind::dWB) sums += c.host_sum_bytes;
+    if (o.kind == OpKind::dWB) grad_writes += c.nvme_write_bytes;
     if (o.kind == OpKind::Update) {
-      CHECK(o.nvme_read_bytes == 16000);
-      CHECK(o.nvme_write_bytes == 12000);
+      CHECK(c.nvme_read_bytes == 16000);
+      CHECK(c.nvme_write_bytes == 12000);
     }
   }
   CHECK(wb_reads == 32000);
@@ -396,11 +404,12 @@ TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer s
   core::Plan p = plan_of("zero-infinity", 1, 1);
   p.knobs.offload = core::OffloadTier::Nvme;
   int updates = 0;
-  for (const auto& o : core::lower_plan(p, model).ops) {
-    if (o.kind != OpKind::Update) continue;
+  const core::Program prog = core::lower_plan(p, model);
+  for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+    if (prog.ops[i].kind != OpKind::Update) continue;
     ++updates;
-    CHECK(o.nvme_read_bytes == 16000);
-    CHECK(o.nvme_write_bytes == 14000);
+    CHECK(prog.cost.op(static_cast<int>(i)).nvme_read_bytes == 16000);
+    CHECK(prog.cost.op(static_cast<int>(i)).nvme_write_bytes == 14000);
   }
   CHECK(updates == 2);
 }
@@ -427,25 +436,27 @@ TEST_CASE("Harmony offload: nvme: each pack's WB reads its weights from the driv
   // backward pack, state 8000 + masters 4000 = 12000 read and written back.
   const auto model = two_layers();
   const auto prog = harmony_two_packs(model, true);
-  CHECK(prog.offload_nvme);
+  CHECK(prog.cost.offload_nvme);
   Bytes wb_reads = 0;
   int wbs = 0, updates = 0;
-  for (const auto& o : prog.ops) {
+  for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+    const core::Op& o = prog.ops[i];
+    const core::NativeOpCosts& c = prog.cost.op(static_cast<int>(i));
     if (o.kind == OpKind::WB) {
       ++wbs;
-      wb_reads += o.nvme_read_bytes;
+      wb_reads += c.nvme_read_bytes;
     }
     if (o.kind == OpKind::Update) {
       ++updates;
-      CHECK(o.nvme_read_bytes == 12000);
-      CHECK(o.nvme_write_bytes == 12000);
+      CHECK(c.nvme_read_bytes == 12000);
+      CHECK(c.nvme_write_bytes == 12000);
     }
   }
   CHECK(wbs == 3);
   CHECK(wb_reads == 12000);
   CHECK(updates == 2);
   const auto cpu = harmony_two_packs(model, false);
-  for (const auto& o : cpu.ops) CHECK(o.nvme_read_bytes + o.nvme_write_bytes == 0);
+  for (const auto& c : cpu.cost.op_costs) CHECK(c.nvme_read_bytes + c.nvme_write_bytes == 0);
   // The host keeps gradients and buffers only; the drives hold masters 8000 + state 16000. With slow drives
   // (1e6 B/s, no latency) the step pays at least the reads of the first WB (4 ms) and both updates' reads and
   // writes (4 x 12 ms) on top of the CPU-tier step.

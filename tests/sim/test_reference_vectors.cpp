@@ -67,8 +67,8 @@ void check_vector(const std::string& file) {
   const auto& p = e.program;
 
   CHECK(p.graph.last_fwd_msg == c["last_fwd_msg"].get<bool>());
-  CHECK(p.bandwidth_sharers == c["Nsim"].get<int>());
-  CHECK(p.pp_rules == (c["sim_mode"] == "vPP"));
+  CHECK(p.cost.bandwidth_sharers == c["Nsim"].get<int>());
+  CHECK(p.cost.pp_rules == (c["sim_mode"] == "vPP"));
 
   // tasks: placement and memory estimate
   sim::ReferenceCostModel cost(bert(), machine);
