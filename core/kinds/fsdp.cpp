@@ -15,8 +15,6 @@
 namespace harmony::core {
 namespace {
 
-Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // partitions padded to equal sizes
-
 // One GPU's peak estimate (microbatch_sizes.hpp): its shards, one microbatch's inputs, the largest layer transient and
 // three layers' gathered weights or gradient.
 Bytes estimate_bytes(const Plan& p, const Model& m) { return device_state_estimate_bytes(p, m, /*sharded=*/true); }
@@ -97,7 +95,7 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
   Program prog = b.finish();
   for (Op& op : prog.ops)
     if (op.kind == OpKind::Update)
-      op.bytes = kDeviceAdamWBytesPerParam * shard(model.fp32_param_bytes(op.layers.first) / 4, N);
+      op.bytes = kDeviceAdamWBytesPerParam * shard_bytes(model.fp32_param_bytes(op.layers.first) / 4, N);
   return prog;
 }
 

@@ -70,7 +70,7 @@ std::vector<Candidate> enumerate_microbatch_plans(const Model& model, const Sear
 }
 
 Bytes device_state_bytes(const Model& model, int layer, int shards) {
-  const auto part = [&](Bytes b) { return (b + shards - 1) / shards; };  // ZeRO pads partitions to equal sizes
+  const auto part = [&](Bytes b) { return shard_bytes(b, shards); };
   const int l = layer;
   return part(model.weight_bytes(l, l) + model.buffer_bytes(l, l)) + part(model.weight_bytes(l, l)) +
          part(model.optimizer_state_bytes(l, l));

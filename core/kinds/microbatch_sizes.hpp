@@ -42,6 +42,10 @@ std::vector<Candidate> enumerate_microbatch_plans(const Model& model, const Sear
 // backend/model/device_state.hpp's layout).
 inline constexpr Bytes kDeviceAdamWBytesPerParam = 28;
 
+// One rank's part of `bytes` split over `ranks` (ZeRO and FSDP pad their partitions to equal sizes): ceil(bytes /
+// ranks); the whole when ranks is 1.
+inline Bytes shard_bytes(Bytes bytes, int ranks) { return (bytes + ranks - 1) / ranks; }
+
 // What one GPU keeps of layer l for the whole run when the state is split into `shards` equal, padded parts (1: all
 // of it): ceil(bytes / shards) of the weights and buffers, of the gradient, and of the optimizer state (AdamW's
 // moments; with weights narrower than fp32 the profile's optimizer state also holds the fp32 masters).

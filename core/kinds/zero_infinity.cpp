@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/kinds/microbatch_sizes.hpp"
 #include "core/kinds/swapping.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
@@ -13,8 +14,6 @@
 
 namespace harmony::core {
 namespace {
-
-Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // ZeRO pads partitions to equal sizes
 
 // Parameter elements of layer l (the profile's count; W+B over 4 bytes when it has none).
 double elements(const Model& m, int l) {
@@ -95,8 +94,8 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
     const LayerRange L{l, l};
     const Bytes w = b.wbytes(l);
     const Bytes bb = b.bbytes(l);
-    const Bytes sw = N > 1 ? shard(w, N) : w;
-    const Bytes sb = N > 1 ? shard(bb, N) : bb;
+    const Bytes sw = shard_bytes(w, N);
+    const Bytes sb = shard_bytes(bb, N);
     const int W = b.fetch_weights(g, l, task, i, k, sw, sb, /*windowed=*/true);
     b.set_io(W, std::max(buckets(l), tensors(l)), nvme ? sw + sb : 0, 0);
     if (N == 1) return W;
@@ -133,7 +132,7 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
         charge_module(Bw, l, /*backward=*/true);
         b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
         b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-        const Bytes gw = N > 1 ? shard(b.wbytes(l), N) : b.wbytes(l);
+        const Bytes gw = shard_bytes(b.wbytes(l), N);
         int src = Bw;
         if (N > 1) {
           src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
@@ -143,12 +142,12 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
           b.alloc(src, TensorKind::WeightGrad, L, -1, gw);
           b.output_of(src, g, k);
         }
-        const Bytes sw = N > 1 ? shard(b.wbytes(l), N) : b.wbytes(l);
-        const Bytes sb = N > 1 ? shard(b.bbytes(l), N) : b.bbytes(l);
+        const Bytes sw = shard_bytes(b.wbytes(l), N);
+        const Bytes sb = shard_bytes(b.bbytes(l), N);
         const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
         b.dep(O, src);
         // the shard into the pinned buffer and back (summed on the GPU); at the boundary its FP32 copy out
-        const Bytes fp32 = i == m - 1 ? (N > 1 ? shard(model.fp32_param_bytes(l), N) : model.fp32_param_bytes(l)) : 0;
+        const Bytes fp32 = i == m - 1 ? shard_bytes(model.fp32_param_bytes(l), N) : 0;
         b.set_io(O, tensors(l), 0, nvme ? fp32 : 0);
         b.set_gradient_path(O, sw + sb, fp32);
         b.free(O, TensorKind::WeightGrad, L, -1, gw);

@@ -15,8 +15,6 @@
 namespace harmony::core {
 namespace {
 
-Bytes shard(Bytes bytes, int n) { return (bytes + n - 1) / n; }  // ZeRO pads partitions to equal sizes
-
 // One GPU's peak estimate: every layer's parameters in the GPU dtype, the gradients (every layer's when they
 // accumulate over microbatches, else the largest one's), every layer's input for one microbatch (under keep also its
 // saved activations), and the largest layer peak beyond its own parameters and input.
@@ -53,8 +51,8 @@ Bytes estimate_bytes(const Plan& p, const Model& m) {
 // recompute (checkpoint) or keep. Gradient accumulation (m > 1) is priced as accumulation on the GPU with one
 // transfer at the boundary; DeepSpeed moves every micro-step's gradients through host memory
 // (async_accumulate_grad_in_cpu_via_gpu), which this kind does not price (docs/baselines.md).
-// Swap volume per iteration (all GPUs): WB = N sum_l shard(FP32_l); AG = N GW; RS = N GW; dWB = N sum_l
-// shard(FP32_l) (GW = W + B in the GPU dtype; with N = 1 no AG or RS and the shards are whole layers).
+// Swap volume per iteration (all GPUs): WB = N sum_l shard_bytes(FP32_l); AG = N GW; RS = N GW; dWB = N sum_l
+// shard_bytes(FP32_l) (GW = W + B in the GPU dtype; with N = 1 no AG or RS and the shards are whole layers).
 // NOLINTNEXTLINE(readability-function-size): 85 lines, over the 80 the house holds; to split
 Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
   validate_microbatch_plan(plan, model);
@@ -73,11 +71,11 @@ Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOpti
       if (!b.has_params(l)) continue;
       const LayerRange L{l, l};
       const Bytes w = b.wbytes(l), bb = b.bbytes(l);
-      const Bytes sw = shard(w, N), sb = shard(bb, N);
+      const Bytes sw = shard_bytes(w, N), sb = shard_bytes(bb, N);
       const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.fwd_task(g, l), 0, L, sw, sb);
       b.alloc(W, TensorKind::Weights, L, -1, sw + sb);
       // the FP32 shard crosses the link; it is narrowed on the GPU (the transfer's extra bytes)
-      b.set_gradient_path(W, 0, std::max<Bytes>(0, shard(model.fp32_param_bytes(l), N) - (sw + sb)));
+      b.set_gradient_path(W, 0, std::max<Bytes>(0, shard_bytes(model.fp32_param_bytes(l), N) - (sw + sb)));
       ready[static_cast<std::size_t>(l)] = W;
       if (N == 1) continue;
       const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, b.fwd_task(g, l), 0, L, w, bb);
@@ -112,7 +110,7 @@ Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOpti
         if (i == 0) b.alloc(Bw, TensorKind::WeightGrad, L, -1, w);
         if (i != m - 1) continue;
         b.free(Bw, TensorKind::Weights, L, -1, w + bb);
-        const Bytes sw = shard(w, N), sb = shard(bb, N);
+        const Bytes sw = shard_bytes(w, N), sb = shard_bytes(bb, N);
         int src = Bw;
         if (N > 1) {
           src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), 0, L, w, bb);
@@ -124,7 +122,7 @@ Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOpti
         }
         const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), 0, L, sw, sb);
         b.dep(O, src);
-        b.set_gradient_path(O, 0, std::max<Bytes>(0, shard(model.fp32_param_bytes(l), N) - (sw + sb)));
+        b.set_gradient_path(O, 0, std::max<Bytes>(0, shard_bytes(model.fp32_param_bytes(l), N) - (sw + sb)));
         b.free(O, TensorKind::WeightGrad, L, -1, sw);
         b.output_of(O, g, k);
         last_out[static_cast<std::size_t>(g)] = O;
