@@ -44,7 +44,9 @@ seen = set()
 for entry in json.load(open(os.path.join(sys.argv[1], "compile_commands.json"))):
     path = os.path.normpath(os.path.join(entry["directory"], entry["file"]))
     rel = os.path.relpath(path, root)
-    if rel.split(os.sep)[0] in ("core", "sim", "backend", "apps") and rel.endswith(".cpp") and rel not in seen:
+    # library and app sources; the unit tests beside them (*_test.cpp) are test code, outside tidy as tests/ is
+    if (rel.split(os.sep)[0] in ("core", "sim", "backend", "apps") and rel.endswith(".cpp")
+            and not rel.endswith("_test.cpp") and rel not in seen):
         seen.add(rel)
         print(rel)
 PY

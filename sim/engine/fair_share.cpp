@@ -1,5 +1,5 @@
 // The native engine's fair-share solver: max-min fair rates by weighted progressive filling over the links the
-// running flows use (tests/sim/test_fair_share.cpp checks hand-computed allocations).
+// running flows use (sim/engine/fair_share_test.cpp checks hand-computed allocations).
 #include "sim/engine/fair_share.hpp"
 
 #include <algorithm>

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/model/hf_weights.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony::backend;
 namespace fs = std::filesystem;

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "backend/train_checkpoint.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony::backend;
 using harmony::test::TempDir;

@@ -16,7 +16,7 @@
 
 #include "core/config/config.hpp"
 #include "core/model/analytic.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony::core;
 using harmony::test::source_dir;

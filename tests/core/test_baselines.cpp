@@ -24,7 +24,7 @@
 #include "sim/engine/cost_reference.hpp"
 #include "sim/engine/simulator.hpp"
 #include "sim/study/compare.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony;
 using core::Bytes;

@@ -16,7 +16,7 @@
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
 #include "core/plan/plan_kind.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony::core;
 using harmony::test::source_path;

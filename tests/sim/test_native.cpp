@@ -26,7 +26,7 @@
 #include "sim/study/calibrate.hpp"
 #include "sim/study/compare.hpp"
 #include "sim/study/evaluate.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony;
 using core::Bytes;

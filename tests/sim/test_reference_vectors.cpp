@@ -14,7 +14,7 @@
 #include "core/model/profile.hpp"
 #include "sim/engine/cost_reference.hpp"
 #include "sim/study/evaluate.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony;
 using harmony::test::source_dir;

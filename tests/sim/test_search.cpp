@@ -19,7 +19,7 @@
 #include "core/search/search.hpp"
 #include "sim/engine/cost_native.hpp"
 #include "sim/study/evaluate.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony;
 using harmony::test::source_dir;

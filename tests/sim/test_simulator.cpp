@@ -13,7 +13,7 @@
 #include "core/output/trace.hpp"
 #include "sim/engine/cost_reference.hpp"
 #include "sim/study/evaluate.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony;
 using core::OpKind;

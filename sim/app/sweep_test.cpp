@@ -18,7 +18,7 @@
 
 #include "core/base/error.hpp"
 #include "sim/app/sweep.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony;
 using harmony::test::source_dir;

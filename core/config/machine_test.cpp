@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/config/config.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony::core;
 using harmony::test::source_dir;

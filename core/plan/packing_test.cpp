@@ -12,7 +12,7 @@
 #include "core/base/error.hpp"
 #include "core/model/profile.hpp"
 #include "core/plan/packing.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony::core;
 using harmony::test::source_dir;

@@ -13,7 +13,7 @@
 #include "core/model/profile.hpp"
 #include "core/program/lower.hpp"
 #include "sim/study/bottleneck.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony;
 using harmony::test::source_dir;

@@ -21,7 +21,7 @@
 #include "core/base/atomic_file.hpp"
 #include "core/base/error.hpp"
 #include "core/base/input_file.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony::core;
 using harmony::test::TempDir;

@@ -14,7 +14,7 @@
 
 #include "core/config/config.hpp"
 #include "core/config/yaml_tree.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony::core;
 using harmony::test::source_dir;

@@ -7,7 +7,7 @@
 
 #include "core/model/profile.hpp"
 #include "sim/study/evaluate.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using namespace harmony;
 

@@ -19,7 +19,7 @@
 #include "core/model/model.hpp"
 #include "core/model/profile.hpp"
 #include "core/model/profile_write.hpp"
-#include "tests/test_support.hpp"
+#include "tests/common/test_support.hpp"
 
 using harmony::test::source_dir;
 
