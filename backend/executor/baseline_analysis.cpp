@@ -53,20 +53,21 @@ void BaselineInterpreter::analyse() {
     if (op.kind == OpKind::BWD || op.kind == OpKind::REC) oi.bwd_input = reads.at(1).kind;
     if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
   }
-  for (std::size_t o = 0; o < n; ++o)
-    for (const Key& k : info_[o].writes) producers_[k].push_back(static_cast<int>(o));
   build_groups();
   build_update_edges();
   const Ancestry anc(p_, extra_);
-  for (std::size_t o = 0; o < n; ++o) {
-    for (const Key& k : keys(p_.dataflow.ops[o].reads)) {
-      if (resident_ && in_state(k.kind)) continue;  // the DeviceState's, ordered by check_resident_updates
-      const int v = reaching(anc, static_cast<int>(o), k);
-      info_[o].reads.emplace_back(k, v);
-      ++readers_[Version{k, v}];
-    }
-  }
-  check_frees(anc);
+  // Which version each read sees (flow_versions.hpp); a resident kind's W and DW are the DeviceState's, ordered by
+  // check_resident_updates.
+  const bool resident = resident_;
+  versions_ = FlowVersions(
+      p_, anc, [resident](const Key& k) { return !(resident && in_state(k.kind)); },
+      [this](const Key& k) { return tname(k); });
+  for (std::size_t o = 0; o < n; ++o)
+    for (const FlowVersion& v : versions_.reads(static_cast<int>(o)))
+      info_[o].reads.emplace_back(p_.dataflow.tensor(v.tensor), v.producer);
+  for (const auto& [v, count] : versions_.reader_counts())
+    readers_[Version{p_.dataflow.tensor(v.tensor), v.producer}] = count;
+  versions_.check_frees(anc);
   if (resident_) {
     check_resident_updates(anc);
   } else {
@@ -80,78 +81,6 @@ void BaselineInterpreter::analyse() {
     extra_[o].insert(extra_[o].end(), host_edges_[o].begin(), host_edges_[o].end());
   }
   if (more) (void)Ancestry(p_, extra_);  // throws ScheduleViolation on a cycle
-}
-
-void BaselineInterpreter::check_frees(const Ancestry& anc) const {
-  std::map<Version, std::vector<int>> killers;
-  for (std::size_t f = 0; f < p_.ops.size(); ++f) {
-    const int fo = static_cast<int>(f);
-    for (const Key& k : keys(p_.dataflow.ops[f].frees)) {
-      const auto& w = info_[f].writes;
-      int v = std::find(w.begin(), w.end(), k) != w.end() ? fo : -1;
-      if (v < 0) {
-        try {
-          v = reaching(anc, fo, k);
-        } catch (const ScheduleViolation& e) {
-          throw ScheduleViolation(fmt::format("executor: op {} frees {}: {}", label(fo), tname(k), e.what()));
-        }
-      }
-      killers[Version{k, v}].push_back(fo);
-    }
-  }
-  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
-    const int ro = static_cast<int>(o);
-    for (const auto& [k, v] : info_[o].reads) {
-      const auto it = killers.find(Version{k, v});
-      if (it == killers.end()) continue;
-      for (int f : it->second) {
-        if (f == ro || anc.before(ro, f)) continue;
-        if (anc.before(f, ro))
-          throw ScheduleViolation(fmt::format("executor: op {} reads {} (of op {}), which op {} frees before it",
-                                              label(ro), tname(k), label(v), label(f)));
-        throw ScheduleViolation(
-            fmt::format("executor: op {} reads {} (of op {}), which op {} may free first: "
-                        "neither depends on the other",
-                        label(ro), tname(k), label(v), label(f)));
-      }
-    }
-  }
-}
-
-int BaselineInterpreter::reaching(const Ancestry& anc, int o, const Key& k) const {
-  const auto it = producers_.find(k);
-  int best = -1;
-  if (it != producers_.end()) {
-    for (int c : it->second) {
-      if (c == o || !anc.before(c, o)) continue;
-      if (best < 0 || anc.before(best, c)) {
-        best = c;
-      } else if (!anc.before(c, best)) {
-        throw ScheduleViolation(
-            fmt::format("executor: op {} reads {}, produced by both op {} and op {}, which are "
-                        "not ordered",
-                        label(o), tname(k), label(best), label(c)));
-      }
-    }
-  }
-  if (best >= 0) {  // every ancestor producer must come before the chosen one
-    for (int c : it->second)
-      if (c != o && anc.before(c, o) && !anc.before(c, best))
-        throw ScheduleViolation(
-            fmt::format("executor: op {} reads {}, produced by both op {} and op {}, which are "
-                        "not ordered",
-                        label(o), tname(k), label(best), label(c)));
-    return best;
-  }
-  if (it == producers_.end())
-    throw ScheduleViolation(fmt::format("executor: op {} reads {}, which no op produces", label(o), tname(k)));
-  std::string names;
-  for (int c : it->second) {
-    if (c == o) continue;
-    names += (names.empty() ? "" : ", ") + label(c);
-  }
-  throw ScheduleViolation(fmt::format("executor: op {} reads {}, produced by op {}, on which it does not depend",
-                                      label(o), tname(k), names.empty() ? std::string("(itself)") : names));
 }
 
 void BaselineInterpreter::build_groups() {

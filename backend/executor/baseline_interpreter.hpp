@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/executor/detail.hpp"
+#include "backend/executor/flow_versions.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/model/device_state.hpp"
 #include "core/program/program_graph.hpp"
@@ -131,16 +132,8 @@ class BaselineInterpreter final : public Interpreter {
 
   void analyse();
 
-  // The Program's frees are honoured: every read of a version happens before each op that frees that version
-  // (or is that op: an op frees at its end). The version a free names is the one the freeing op would read.
-  void check_frees(const Ancestry& anc) const;
-
   // Op o's dataflow tensors as Keys.
   std::vector<Key> keys(const core::TensorIds& ids) const;
-
-  // The version of k that op o reads: the latest of its producers among o's ancestors. They must exist and be
-  // ordered (two unordered producers would race for the same tensor).
-  int reaching(const Ancestry& anc, int o, const Key& k) const;
 
   // P2P pairs (send first) and collectives: ARD per (layer, microbatch), AG per (pass, layer, microbatch), RS per
   // (layer, microbatch), one op per GPU, in device order.
@@ -275,7 +268,7 @@ class BaselineInterpreter final : public Interpreter {
   Bytes es_ = 4;           // bytes per device element
   QueueResources qr_;
   std::vector<OpInfo> info_;
-  std::map<Key, std::vector<int>> producers_;
+  FlowVersions versions_;           // which version each read sees, the reads per version (analyse)
   std::map<Version, int> readers_;  // per version: ops that read it
   std::vector<std::vector<int>> extra_;
   std::vector<std::vector<int>> dwb_, wb_;            // per layer

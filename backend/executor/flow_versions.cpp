@@ -1,0 +1,107 @@
+// FlowVersions (flow_versions.hpp): the Program's dataflow resolved to the version each read sees, the reads per
+// version, and the check of the Program's frees against them.
+#include "backend/executor/flow_versions.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace harmony::backend::detail {
+
+FlowVersions::FlowVersions(const core::Program& program, const Ancestry& anc, Tracked tracked, Name name)
+    : p_(&program), tracked_(std::move(tracked)), name_(std::move(name)) {
+  const core::Dataflow& df = program.dataflow;
+  const std::size_t n = program.ops.size();
+  producers_.assign(df.tensors.size(), {});
+  reads_.assign(n, {});
+  writes_.assign(n, {});
+  for (std::size_t o = 0; o < n; ++o)
+    for (const int id : df.ops[o].writes)
+      if (tracked_(df.tensor(id))) {
+        writes_[o].push_back(id);
+        producers_[static_cast<std::size_t>(id)].push_back(static_cast<int>(o));
+      }
+  for (std::size_t o = 0; o < n; ++o)
+    for (const int id : df.ops[o].reads) {
+      if (!tracked_(df.tensor(id))) continue;
+      const FlowVersion v{id, reaching(anc, static_cast<int>(o), id)};
+      reads_[o].push_back(v);
+      ++readers_[v];
+    }
+}
+
+int FlowVersions::readers(const FlowVersion& v) const {
+  const auto it = readers_.find(v);
+  return it == readers_.end() ? 0 : it->second;
+}
+
+int FlowVersions::reaching(const Ancestry& anc, int o, int id) const {
+  const std::vector<int>& prods = producers_.at(static_cast<std::size_t>(id));
+  const auto unordered = [&](int a, int b) {
+    return ScheduleViolation(
+        fmt::format("executor: op {} reads {}, produced by both op {} and op {}, which are not ordered", label(o),
+                    tname(id), label(a), label(b)));
+  };
+  int best = -1;
+  for (const int c : prods) {
+    if (c == o || !anc.before(c, o)) continue;
+    if (best < 0 || anc.before(best, c)) {
+      best = c;
+    } else if (!anc.before(c, best)) {
+      throw unordered(best, c);
+    }
+  }
+  if (best >= 0) {  // every ancestor producer must come before the chosen one
+    for (const int c : prods)
+      if (c != o && anc.before(c, o) && !anc.before(c, best)) throw unordered(best, c);
+    return best;
+  }
+  if (prods.empty())
+    throw ScheduleViolation(fmt::format("executor: op {} reads {}, which no op produces", label(o), tname(id)));
+  std::string names;
+  for (const int c : prods) {
+    if (c == o) continue;
+    names += (names.empty() ? "" : ", ") + label(c);
+  }
+  throw ScheduleViolation(fmt::format("executor: op {} reads {}, produced by op {}, on which it does not depend",
+                                      label(o), tname(id), names.empty() ? std::string("(itself)") : names));
+}
+
+void FlowVersions::check_frees(const Ancestry& anc) const {
+  const core::Dataflow& df = p_->dataflow;
+  std::map<FlowVersion, std::vector<int>> killers;
+  for (std::size_t f = 0; f < p_->ops.size(); ++f) {
+    const int fo = static_cast<int>(f);
+    for (const int id : df.ops[f].frees) {
+      if (!tracked_(df.tensor(id))) continue;
+      const auto& w = writes_[f];
+      int v = std::find(w.begin(), w.end(), id) != w.end() ? fo : -1;
+      if (v < 0) {
+        try {
+          v = reaching(anc, fo, id);
+        } catch (const ScheduleViolation& e) {
+          throw ScheduleViolation(fmt::format("executor: op {} frees {}: {}", label(fo), tname(id), e.what()));
+        }
+      }
+      killers[FlowVersion{id, v}].push_back(fo);
+    }
+  }
+  for (std::size_t o = 0; o < p_->ops.size(); ++o) {
+    const int ro = static_cast<int>(o);
+    for (const FlowVersion& v : reads_[o]) {
+      const auto it = killers.find(v);
+      if (it == killers.end()) continue;
+      for (const int f : it->second) {
+        if (f == ro || anc.before(ro, f)) continue;
+        if (anc.before(f, ro))
+          throw ScheduleViolation(fmt::format("executor: op {} reads {} (of op {}), which op {} frees before it",
+                                              label(ro), tname(v.tensor), label(v.producer), label(f)));
+        throw ScheduleViolation(
+            fmt::format("executor: op {} reads {} (of op {}), which op {} may free first: neither depends on the other",
+                        label(ro), tname(v.tensor), label(v.producer), label(f)));
+      }
+    }
+  }
+}
+
+}  // namespace harmony::backend::detail

@@ -1,0 +1,69 @@
+// The version analysis every interpreter shares: from a Program's dataflow (core/program/dataflow.hpp) and its
+// happens-before order (Ancestry), which write's version each op's read sees, how many reads each version has (a
+// tensor is freed after its last read), and the check that every free named by the Program follows the reads of
+// the version it frees. No plan kind is named here: only ops, tensors and the order between them.
+#pragma once
+
+#include <compare>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/executor/detail.hpp"
+#include "core/program/program.hpp"
+
+namespace harmony::backend::detail {
+
+// One version of a dataflow tensor: the tensor's id (core::Dataflow) and the op that wrote it.
+struct FlowVersion {
+  int tensor = -1;
+  int producer = -1;
+  auto operator<=>(const FlowVersion&) const = default;
+};
+
+class FlowVersions {
+ public:
+  // Which tensors the analysis follows (the others an interpreter keeps elsewhere: a resident kind's weights and
+  // gradients in its DeviceState, Harmony's host channels per sample); a tensor's name for messages.
+  using Tracked = std::function<bool(const core::FlowTensor&)>;
+  using Name = std::function<std::string(const core::FlowTensor&)>;
+
+  FlowVersions() = default;
+  // Resolves every tracked read of every op to the version it sees (reaching); throws ScheduleViolation naming the
+  // op where a read has no producer among the op's ancestors or two unordered ones.
+  FlowVersions(const core::Program& program, const Ancestry& anc, Tracked tracked, Name name);
+
+  // Op o's tracked reads, in its dataflow's order: the version each sees.
+  const std::vector<FlowVersion>& reads(int o) const { return reads_[static_cast<std::size_t>(o)]; }
+  // Op o's tracked writes (tensor ids), in its dataflow's order.
+  const std::vector<int>& writes(int o) const { return writes_[static_cast<std::size_t>(o)]; }
+  // How many reads (over all ops, a tensor read twice by one op counted twice) see version v.
+  int readers(const FlowVersion& v) const;
+  // Per version: its reads (what a step counts down to free a version after its last read).
+  const std::map<FlowVersion, int>& reader_counts() const { return readers_; }
+
+  // The version of tracked tensor `id` that op o reads: the latest of its producers among o's ancestors (o itself
+  // excluded). They must exist and be ordered (two unordered producers would race for the same tensor).
+  int reaching(const Ancestry& anc, int o, int id) const;
+
+  // The Program's frees are honoured: every read of a version happens before each op that frees that version (or
+  // is that op: an op frees at its end). The version a free names is the one the op writes, else the one it would
+  // read. Frees of untracked tensors are not checked.
+  void check_frees(const Ancestry& anc) const;
+
+ private:
+  std::string label(int o) const { return op_name(*p_, o); }
+  std::string tname(int id) const { return name_(p_->dataflow.tensor(id)); }
+
+  const core::Program* p_ = nullptr;
+  Tracked tracked_;
+  Name name_;
+  std::vector<std::vector<int>> producers_;  // per tensor id: the ops that write it
+  std::vector<std::vector<FlowVersion>> reads_;
+  std::vector<std::vector<int>> writes_;
+  std::map<FlowVersion, int> readers_;
+};
+
+}  // namespace harmony::backend::detail

@@ -1,0 +1,128 @@
+// FlowVersions (backend/executor/flow_versions.hpp), the version analysis both interpreters share, on hand-made
+// Programs: which write each read sees, the reads per version, and the refusals (no producer, a producer the reader
+// does not depend on, two unordered producers, a free before a read).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "backend/executor/detail.hpp"
+#include "backend/executor/flow_versions.hpp"
+
+namespace {
+
+using namespace harmony::backend;
+using namespace harmony::backend::detail;
+namespace core = harmony::core;
+
+// A Program of one-op queues (only deps order the ops) over one device tensor, Act of layer 0.
+struct Fixture {
+  core::Program p;
+  int act = -1;
+  Fixture() { act = p.dataflow.intern(core::FlowTensor{0, core::FlowKind::Act, 0, 0, 1, -1}); }
+  // Adds an op after `deps` that reads and/or writes the tensor (and frees it when `frees`).
+  int op(const std::vector<int>& deps, bool reads, bool writes, bool frees = false) {
+    const int o = static_cast<int>(p.ops.size());
+    core::Op x;
+    x.task = o;
+    x.kind = core::OpKind::FWD;
+    for (const int d : deps) x.deps.push_back(d);
+    x.queue = static_cast<int>(p.queues.size());
+    x.queue_pos = 0;
+    p.ops.push_back(x);
+    p.queues.push_back(core::OpQueue{0, core::Stream::Compute, {o}});
+    core::OpFlow f;
+    if (reads) f.reads.push_back(act);
+    if (writes) f.writes.push_back(act);
+    if (frees) f.frees.push_back(act);
+    p.dataflow.ops.push_back(f);
+    return o;
+  }
+  FlowVersions versions(const Ancestry& anc) const {
+    return FlowVersions(
+        p, anc, [](const core::FlowTensor&) { return true; },
+        [](const core::FlowTensor&) { return std::string("act"); });
+  }
+};
+
+std::string refusal(const Fixture& f) {
+  const Ancestry anc(f.p, {});
+  try {
+    const FlowVersions v = f.versions(anc);
+    v.check_frees(anc);
+  } catch (const ScheduleViolation& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("a read sees the latest write among its ancestors; each version counts its reads") {
+  Fixture f;
+  const int w1 = f.op({}, false, true);
+  const int r1 = f.op({w1}, true, false);
+  const int acc = f.op({r1}, true, true);  // reads the first version, writes the second
+  const int r2 = f.op({acc}, true, false);
+  const int r3 = f.op({acc, r2}, true, false);
+  const Ancestry anc(f.p, {});
+  const FlowVersions v = f.versions(anc);
+  CHECK(v.reads(r1).at(0).producer == w1);
+  CHECK(v.reads(acc).at(0).producer == w1);
+  CHECK(v.reads(r2).at(0).producer == acc);
+  CHECK(v.reads(r3).at(0).producer == acc);
+  CHECK(v.readers({f.act, w1}) == 2);
+  CHECK(v.readers({f.act, acc}) == 2);
+  CHECK(v.readers({f.act, r1}) == 0);
+  CHECK(v.writes(acc) == std::vector<int>{f.act});
+  CHECK(v.writes(r2).empty());
+  CHECK_NOTHROW(v.check_frees(anc));
+}
+
+TEST_CASE("untracked tensors are left out") {
+  Fixture f;
+  const int w = f.op({}, false, true);
+  const int r = f.op({w}, true, false);
+  const Ancestry anc(f.p, {});
+  const FlowVersions v(
+      f.p, anc, [](const core::FlowTensor&) { return false; }, [](const core::FlowTensor&) { return std::string(); });
+  CHECK(v.reads(r).empty());
+  CHECK(v.writes(w).empty());
+  CHECK(v.reader_counts().empty());
+}
+
+TEST_CASE("refusals name the ops") {
+  SUBCASE("no producer") {
+    Fixture f;
+    (void)f.op({}, true, false);
+    CHECK(refusal(f).find("reads act, which no op produces") != std::string::npos);
+  }
+  SUBCASE("a producer the reader does not depend on") {
+    Fixture f;
+    (void)f.op({}, false, true);
+    (void)f.op({}, true, false);
+    CHECK(refusal(f).find("on which it does not depend") != std::string::npos);
+  }
+  SUBCASE("two unordered producers") {
+    Fixture f;
+    const int a = f.op({}, false, true);
+    const int b = f.op({}, false, true);
+    (void)f.op({a, b}, true, false);
+    CHECK(refusal(f).find("which are not ordered") != std::string::npos);
+  }
+  SUBCASE("a free before a read") {
+    Fixture f;
+    const int w = f.op({}, false, true);
+    const int fr = f.op({w}, false, false, true);
+    (void)f.op({fr}, true, false);
+    CHECK(refusal(f).find("frees before it") != std::string::npos);
+  }
+  SUBCASE("a free unordered with a read") {
+    Fixture f;
+    const int w = f.op({}, false, true);
+    (void)f.op({w}, false, false, true);
+    (void)f.op({w}, true, false);
+    CHECK(refusal(f).find("may free first") != std::string::npos);
+  }
+}
+
+}  // namespace
