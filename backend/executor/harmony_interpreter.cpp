@@ -91,8 +91,9 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
   tie_edges();
   anc = Ancestry(p, extra);
   dev.resize(devs.size());
-  for (std::size_t o = 0; o < p.ops.size(); ++o)
-    for (const auto& k : reads_of(static_cast<int>(o))) ++readers_total[k];
+  versions = FlowVersions(
+      p, anc, [](const core::FlowTensor& t) { return !core::on_host(t.kind); },
+      [this](const core::FlowTensor& t) { return dname(t.device, dev_key(t)); });
 }
 
 void HarmonyInterpreter::tie_edges() {
@@ -239,33 +240,19 @@ std::byte* HarmonyInterpreter::host_write(int o, HC c, int l, int s0, int n) {
   return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
 }
 
-std::vector<std::pair<int, DevKey>> HarmonyInterpreter::reads_of(int o) const {
-  std::vector<std::pair<int, DevKey>> r;
-  for (int id : flow(o).reads) {
-    const core::FlowTensor& t = tensor(id);
-    if (!core::on_host(t.kind)) r.emplace_back(t.device, dev_key(t));
-  }
-  return r;
+void HarmonyInterpreter::drop_version(const FlowVersion& v) {
+  const core::FlowTensor& t = tensor(v.tensor);
+  auto& map = dev[static_cast<std::size_t>(t.device)];
+  if (auto it = map.find(dev_key(t)); it != map.end() && it->second.producer == v.producer) drop(t.device, map, it);
 }
 
 void HarmonyInterpreter::release(int o) {
-  for (const auto& k : reads_of(o)) {
-    auto it = readers_left.find(k);
-    if (it != readers_left.end() && --it->second == 0) {
-      auto& map = dev[static_cast<std::size_t>(k.first)];
-      if (auto t = map.find(k.second); t != map.end()) drop(k.first, map, t);
-    }
+  for (const FlowVersion& v : versions.reads(o)) {
+    auto it = readers_left.find(v);
+    if (it != readers_left.end() && --it->second == 0) drop_version(v);
   }
-  for (int d = 0; d < static_cast<int>(dev.size()); ++d) {
-    auto& map = dev[static_cast<std::size_t>(d)];
-    for (auto it = map.begin(); it != map.end();) {
-      if (it->second.producer == o && readers_total.count({d, it->first}) == 0) {
-        it = drop(d, map, it);
-      } else {
-        ++it;
-      }
-    }
-  }
+  for (const int id : versions.writes(o))
+    if (versions.readers(FlowVersion{id, o}) == 0) drop_version(FlowVersion{id, o});
 }
 
 void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
@@ -275,7 +262,7 @@ void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::s
   for (auto& [k, h] : host) h.producer.assign(static_cast<std::size_t>(B), -1);
   for (auto& mp : dev) mp.clear();
   grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
-  readers_left = readers_total;
+  readers_left = versions.reader_counts();
   version_readers.clear();
   qr.begin_step();
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/executor/detail.hpp"
+#include "backend/executor/flow_versions.hpp"
 #include "backend/model/describe.hpp"
 #include "core/program/dataflow.hpp"
 #include "core/program/program_graph.hpp"
@@ -188,16 +189,18 @@ class HarmonyInterpreter final : public Interpreter {
 
   std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
-  // The device tensors op o reads (its dataflow's), as run_op/run_pair/run_ard read them (the RecX/RecAct of BWD
-  // included).
-  // A tensor is freed once its last reader has run: memory follows the Program's data flow, so a device holds
-  // what the Program's allocs/frees say it holds (docs/backend.md, "Executor memory").
-  std::vector<std::pair<int, DevKey>> reads_of(int o) const;
-  std::map<std::pair<int, DevKey>, int> readers_total;  // per (device, tensor): ops that read it
-  std::map<std::pair<int, DevKey>, int> readers_left;
+  // Which version of each device tensor every op reads, and how many reads each version has (flow_versions.hpp;
+  // the host channels are checked per sample at run time instead). A version is freed once its last reader has
+  // run: memory follows the Program's data flow, so a device holds what the Program's allocs/frees say it holds
+  // (docs/backend.md, "Executor memory").
+  FlowVersions versions;
+  std::map<FlowVersion, int> readers_left;                             // this step: per version, reads still to run
   std::map<std::pair<int, DevKey>, std::vector<int>> version_readers;  // this step: the readers of its last version
 
-  // After op o ran: drop the tensors whose last reader it was, and those it produced that nobody reads.
+  // Drops version v of a device tensor if the store still holds that version (a later one replaced it in place).
+  void drop_version(const FlowVersion& v);
+
+  // After op o ran: drop the versions whose last reader it was, and those it produced that nobody reads.
   void release(int o);
 
   const std::vector<std::vector<int>>& extra_deps() const override { return extra; }
