@@ -38,8 +38,7 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   tgt_ = targets;
   losses_.assign(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_), 0.0f);
   loss_written_.assign(static_cast<std::size_t>(B_), 0);
-  store_.clear();
-  left_ = readers_;
+  store_.begin_step();
   written_.clear();
   brought_.assign(p_.ops.size(), 0);
   updated_.assign(static_cast<std::size_t>(R_), 0);
@@ -76,16 +75,7 @@ void BaselineInterpreter::run(const std::vector<int>& g) {
   });
 }
 
-void BaselineInterpreter::finished(int o) {
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  for (const auto& [k, producer] : oi.reads) {
-    const Version v{k, producer};
-    auto it = left_.find(v);
-    if (it != left_.end() && --it->second == 0) drop(v);
-  }
-  for (const Key& k : oi.writes)
-    if (readers_.count(Version{k, o}) == 0) drop(Version{k, o});
-}
+void BaselineInterpreter::finished(int o) { store_.finished(o); }
 
 double BaselineInterpreter::end_step() {
   qr_.synchronize();  // the losses' copies, every stream-ordered free
@@ -111,14 +101,6 @@ void BaselineInterpreter::sync_host_state() {
   states_.front()->download(state_stream(0), st_);
 }
 
-void BaselineInterpreter::drop(const Version& v) {
-  auto it = store_.find(v);
-  if (it == store_.end()) return;
-  const std::vector<int> users = std::move(it->second.users);
-  qr_.retire(v.key.device, users, std::make_shared<Tensor>(std::move(it->second)));
-  store_.erase(it);
-}
-
 std::string BaselineInterpreter::tname(const Key& k) const {
   const std::string dev = devs_[static_cast<std::size_t>(k.device)]->name();
   const std::string where = on_host(k.kind) ? "the host of " + dev : dev;
@@ -138,23 +120,9 @@ void BaselineInterpreter::make_states() {
   }
 }
 
-Tensor& BaselineInterpreter::get(int o, const Key& k) {
-  for (const auto& [key, producer] : info_[static_cast<std::size_t>(o)].reads) {
-    if (!(key == k)) continue;
-    auto it = store_.find(Version{k, producer});
-    if (it == store_.end())
-      throw core::InternalError(
-          fmt::format("executor: op {} reads {} of op {}, which is gone", label(o), tname(k), label(producer)));
-    it->second.users.push_back(o);
-    return it->second;
-  }
-  throw core::InternalError(fmt::format("executor: op {} reads {}, which it does not declare", label(o), tname(k)));
-}
+Tensor& BaselineInterpreter::get(int o, const Key& k) { return store_.get(o, p_.dataflow.find(k)); }
 
 Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) {
-  const auto& w = info_[static_cast<std::size_t>(o)].writes;
-  if (std::find(w.begin(), w.end(), k) == w.end())
-    throw core::InternalError(fmt::format("executor: op {} writes {}, which it does not declare", label(o), tname(k)));
   Tensor t;
   if (on_host(k.kind)) {
     t.mem.resize(static_cast<std::size_t>(bytes));
@@ -162,33 +130,12 @@ Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) {
   } else {
     t.buf = alloc_or_wait(D(k.device), bytes, tname(k));
   }
-  t.users.push_back(o);
-  return store_[Version{k, o}] = std::move(t);
-}
-
-int BaselineInterpreter::read_version(int o, const Key& k) const {
-  int producer = -1;
-  for (const auto& [key, v] : info_[static_cast<std::size_t>(o)].reads)
-    if (key == k) producer = v;
-  return producer;
-}
-
-bool BaselineInterpreter::writable_in_place(int o, const Version& v, const Tensor& t) {
-  if (left_.at(v) != 1) return false;
-  for (const int u : t.users)
-    if (&S(u) != &S(o)) S(o).wait(qr_.event(u));
-  return true;
+  return store_.put(o, p_.dataflow.find(k), std::move(t));
 }
 
 Tensor& BaselineInterpreter::update(int o, const Key& k, Bytes bytes) {
-  Tensor& old = get(o, k);
-  const Version ov{k, read_version(o, k)};
-  if (writable_in_place(o, ov, old)) {
-    auto node = store_.extract(ov);
-    node.key() = Version{k, o};
-    return store_.insert(std::move(node)).position->second;
-  }
-  const void* src = old.data();
+  if (Tensor* t = store_.take(o, p_.dataflow.find(k))) return *t;
+  const void* src = get(o, k).data();
   Tensor& t = put(o, k, bytes);
   D(k.device).copy_d2d(S(o), t.data(), src, bytes);
   return t;

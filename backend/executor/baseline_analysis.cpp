@@ -62,11 +62,7 @@ void BaselineInterpreter::analyse() {
   versions_ = FlowVersions(
       p_, anc, [resident](const Key& k) { return !(resident && in_state(k.kind)); },
       [this](const Key& k) { return tname(k); });
-  for (std::size_t o = 0; o < n; ++o)
-    for (const FlowVersion& v : versions_.reads(static_cast<int>(o)))
-      info_[o].reads.emplace_back(p_.dataflow.tensor(v.tensor), v.producer);
-  for (const auto& [v, count] : versions_.reader_counts())
-    readers_[Version{p_.dataflow.tensor(v.tensor), v.producer}] = count;
+  store_ = FlowStore(p_, versions_, qr_);
   versions_.check_frees(anc);
   if (resident_) {
     check_resident_updates(anc);

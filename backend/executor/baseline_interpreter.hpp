@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/executor/detail.hpp"
+#include "backend/executor/flow_store.hpp"
 #include "backend/executor/flow_versions.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/model/device_state.hpp"
@@ -30,32 +31,20 @@ using Key = core::FlowTensor;
 using core::on_host;
 inline const char* tk_name(TK k) { return core::flow_kind_name(k); }
 
-struct Version {  // a tensor as produced by one op
-  Key key;
-  int producer = -1;
-  auto operator<=>(const Version&) const = default;
-};
-struct Tensor {
-  Buffer buf;                  // device tensors
-  std::vector<std::byte> mem;  // host tensors
-  MeteredBytes metered;        // host tensors, on the host meter
-  std::vector<int> users;      // the ops whose work used it this step: freed after their events (retire)
-  void* data() { return buf ? buf.data() : static_cast<void*>(mem.data()); }
-};
+using Tensor = FlowData;  // one version of a tensor (flow_store.hpp)
 
 using core::Pass;
 
 // An op's dataflow (Program::dataflow) as the interpreter runs it: its tensors resolved to Keys and versions.
 struct OpInfo {
   Pass pass = Pass::Fwd;
-  int layer = 0;                           // the pseudo task's layer
-  int s0 = 0, n = 0;                       // the op's microbatch (ubs > 0)
-  std::vector<std::pair<Key, int>> reads;  // tensor and the version it reads (the producer)
-  std::vector<Key> writes;                 // tensors it produces
-  bool fresh_dw = false;                   // BWD: starts the weight gradient at zero (the op allocates it)
-  TK bwd_input = TK::Act;                  // REC, BWD: Stash if the input was brought back, else Act
-  bool saved = false;      // FWD: keeps its saved activations (keep); sX: moves saved activations, not an input
-  std::vector<int> group;  // ops run together (P2P pair, collective), in run order
+  int layer = 0;            // the pseudo task's layer
+  int s0 = 0, n = 0;        // the op's microbatch (ubs > 0)
+  std::vector<Key> writes;  // tensors it produces
+  bool fresh_dw = false;    // BWD: starts the weight gradient at zero (the op allocates it)
+  TK bwd_input = TK::Act;   // REC, BWD: Stash if the input was brought back, else Act
+  bool saved = false;       // FWD: keeps its saved activations (keep); sX: moves saved activations, not an input
+  std::vector<int> group;   // ops run together (P2P pair, collective), in run order
 };
 
 // The executor's interpreter of the swapping kinds' Programs (ExecutorDialect::Swapping: dp-swap, pp-swap,
@@ -93,8 +82,6 @@ class BaselineInterpreter final : public Interpreter {
 
  private:
   bool frees_pending(const Device& device) override { return qr_.frees_pending(device); }
-  // Erases a tensor; its memory (device or host) is freed once the work of every op that used it has run.
-  void drop(const Version& v);
   // A temporary of op o's work, freed when o's stream has run past it.
   void release_after(int o, Buffer& b) { qr_.release_after(o, std::move(b)); }
   // Host memory an async copy of op o reads: kept until o's stream has run past the copy.
@@ -182,12 +169,6 @@ class BaselineInterpreter final : public Interpreter {
 
   Tensor& get(int o, const Key& k);
   Tensor& put(int o, const Key& k, Bytes bytes);
-  // The version of k op o reads (its producer).
-  int read_version(int o, const Key& k) const;
-  // Whether o, which reads version v (tensor t), may overwrite it in place: o is its last reader. Then o's stream
-  // waits for the version's other users (readers on other streams whose work may still be queued; o is the last to
-  // run on the host, not necessarily on the devices).
-  bool writable_in_place(int o, const Version& v, const Tensor& t);
   // Op o reads k and writes its next version: in place when o is the last reader of the old one, else a copy.
   Tensor& update(int o, const Key& k, Bytes bytes);
 
@@ -268,8 +249,7 @@ class BaselineInterpreter final : public Interpreter {
   Bytes es_ = 4;           // bytes per device element
   QueueResources qr_;
   std::vector<OpInfo> info_;
-  FlowVersions versions_;           // which version each read sees, the reads per version (analyse)
-  std::map<Version, int> readers_;  // per version: ops that read it
+  FlowVersions versions_;  // which version each read sees, the reads per version (analyse)
   std::vector<std::vector<int>> extra_;
   std::vector<std::vector<int>> dwb_, wb_;            // per layer
   std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)
@@ -280,8 +260,7 @@ class BaselineInterpreter final : public Interpreter {
   std::span<const std::int32_t> in_, tgt_;
   std::vector<float> losses_;
   std::vector<std::uint8_t> loss_written_;  // per sample
-  std::map<Version, Tensor> store_;
-  std::map<Version, int> left_;
+  FlowStore store_;                         // the step's tensor versions (made after analyse, over versions_)
   // Per queue (a device's dWBs are all on its swap-out queue): where a dWB that adds to a host gradient lands
   // first, as large as its largest such dWB; kept across steps (pinned in a real system: one per process).
   struct Bounce {

@@ -383,7 +383,7 @@ void BaselineInterpreter::run_rs(const std::vector<int>& g) {
   const int l = at(g.front()).layers.first;
   const std::int64_t count = floats(l);
   const auto dw_key = [&](int a) { return Key{at(a).device, TK::DW, l, 0, 0}; };
-  const auto last_reader = [&](int a) { return left_.at(Version{dw_key(a), read_version(a, dw_key(a))}) == 1; };
+  const auto last_reader = [&](int a) { return store_.last_reader(a, p_.dataflow.find(dw_key(a))); };
   if (qr_.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
     std::vector<void*> bufs;
     std::vector<Tensor*> shards;
@@ -391,7 +391,7 @@ void BaselineInterpreter::run_rs(const std::vector<int>& g) {
     shards.reserve(g.size());
     for (const int a : g) {
       Tensor& full = get(a, dw_key(a));
-      writable_in_place(a, Version{dw_key(a), read_version(a, dw_key(a))}, full);  // true: its stream waits
+      store_.writable(a, p_.dataflow.find(dw_key(a)));  // true (the last reader): its stream waits
       bufs.push_back(full.data());
       shards.push_back(
           &put(a, Key{at(a).device, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_));

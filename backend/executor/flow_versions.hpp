@@ -53,6 +53,9 @@ class FlowVersions {
   // read. Frees of untracked tensors are not checked.
   void check_frees(const Ancestry& anc) const;
 
+  // Tensor `id`'s name, for messages.
+  std::string name(int id) const { return tname(id); }
+
  private:
   std::string label(int o) const { return op_name(*p_, o); }
   std::string tname(int id) const { return name_(p_->dataflow.tensor(id)); }

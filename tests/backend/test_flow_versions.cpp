@@ -1,13 +1,16 @@
 // FlowVersions (backend/executor/flow_versions.hpp), the version analysis both interpreters share, on hand-made
 // Programs: which write each read sees, the reads per version, and the refusals (no producer, a producer the reader
-// does not depend on, two unordered producers, a free before a read).
+// does not depend on, two unordered producers, a free before a read); and FlowStore (flow_store.hpp): a version is
+// freed after its last read, updated in place by its last reader, copied otherwise.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_device.hpp"
 #include "backend/executor/detail.hpp"
+#include "backend/executor/flow_store.hpp"
 #include "backend/executor/flow_versions.hpp"
 
 namespace {
@@ -123,6 +126,56 @@ TEST_CASE("refusals name the ops") {
     (void)f.op({w}, true, false);
     CHECK(refusal(f).find("may free first") != std::string::npos);
   }
+}
+
+TEST_CASE("the store frees a version after its last read and updates in place only by the last reader") {
+  Fixture f;
+  const int w = f.op({}, false, true);
+  const int r1 = f.op({w}, true, false);
+  const int acc = f.op({w}, true, true);       // reads the first version with r1 (unordered): not its last reader
+  const int r2 = f.op({acc, r1}, true, true);  // the last reader of acc's version: updates it in place
+  const int r3 = f.op({r2}, true, false);
+  f.p.graph.plan.gpus = 1;
+  auto dev = cpu::make_cpu_device(0, {.capacity = harmony::core::kMiB});
+  const std::vector<Device*> devs{dev.get()};
+  QueueResources qr(f.p, devs, ExecutorOptions{});
+  const Ancestry anc(f.p, {});
+  const FlowVersions v = f.versions(anc);
+  FlowStore store(f.p, v, qr);
+  qr.begin_step();
+  store.begin_step();
+  const auto in_use = [&] {
+    qr.synchronize();
+    return dev->memory().in_use;
+  };
+  const auto put = [&](int o) -> FlowData& {
+    FlowData d;
+    d.buf = dev->alloc(1024, "act");
+    return store.put(o, f.act, std::move(d));
+  };
+  const auto done = [&](int o) {
+    qr.record(o);
+    store.finished(o);
+  };
+  void* first = put(w).data();
+  done(w);
+  CHECK(store.get(r1, f.act).data() == first);
+  CHECK_FALSE(store.last_reader(acc, f.act));
+  CHECK(store.take(acc, f.act) == nullptr);  // r1 still to read the first version
+  FlowData& copy = put(acc);
+  CHECK(copy.data() != first);
+  done(acc);
+  const Bytes two = in_use();
+  done(r1);  // the first version's last read
+  CHECK(in_use() < two);
+  FlowData* same = store.take(r2, f.act);
+  REQUIRE(same != nullptr);
+  CHECK(same->data() == copy.data());
+  done(r2);
+  CHECK(store.get(r3, f.act).data() == copy.data());
+  CHECK_THROWS_AS(store.put(r3, f.act, FlowData{}), harmony::core::InternalError);  // r3 writes nothing
+  done(r3);
+  CHECK(in_use() == 0);
 }
 
 }  // namespace

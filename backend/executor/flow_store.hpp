@@ -1,0 +1,69 @@
+// The step's tensors as both interpreters keep them: one entry per version of a dataflow tensor (flow_versions.hpp),
+// made by the op that writes it, handed to the ops that read it, updated in place by its last reader, and freed
+// after its last read (stream-ordered, QueueResources::retire). No plan kind is named here.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/executor/detail.hpp"
+#include "backend/executor/flow_versions.hpp"
+
+namespace harmony::backend::detail {
+
+// One version's memory: device memory (buf) or host memory (mem, on the host meter), and the ops whose work used it
+// this step (it is freed after their events).
+struct FlowData {
+  Buffer buf;
+  std::vector<std::byte> mem;
+  MeteredBytes metered;
+  std::vector<int> users;
+  void* data() { return buf ? buf.data() : static_cast<void*>(mem.data()); }
+};
+
+class FlowStore {
+ public:
+  FlowStore() = default;
+  FlowStore(const core::Program& program, const FlowVersions& versions, QueueResources& queues)
+      : p_(&program), v_(&versions), qr_(&queues) {}
+
+  // A new step: nothing stored, every version's reads still to run.
+  void begin_step();
+  // Destroys every stored version now (after the streams have run: end_step, abandon_step).
+  void clear() { store_.clear(); }
+
+  // The version of tensor `id` op o reads (o joins its users). InternalError where o does not read id, or the
+  // version is gone.
+  FlowData& get(int o, int id);
+  // Op o's new version of `id` (o joins its users). InternalError where o does not write id.
+  FlowData& put(int o, int id, FlowData data);
+  // Whether op o is the last reader of the version of `id` it reads.
+  bool last_reader(int o, int id) const;
+  // Whether op o may overwrite the version of `id` it reads: o is its last reader. Then o's stream waits for the
+  // events of the version's other users (readers on other streams whose work may still be queued: o is the last to
+  // run on the host, not necessarily on the devices).
+  bool writable(int o, int id);
+  // Op o reads `id` and writes its next version: when o is the last reader of the old version, that version becomes
+  // o's in place (o's stream waits for the events of its other users: readers on other streams whose work may still
+  // be queued) and is returned; otherwise nullptr (the caller puts a new version and copies).
+  FlowData* take(int o, int id);
+  // After op o ran: drops the versions whose last read it was, and the versions it wrote that nobody reads.
+  void finished(int o);
+  // Drops every stored version of `id` (an op that frees it).
+  void drop_all(int id);
+
+ private:
+  void drop(const FlowVersion& v);
+  int version(int o, int id) const;  // the producer of the version of id that o reads, or -1
+  std::string label(int o) const { return op_name(*p_, o); }
+
+  const core::Program* p_ = nullptr;
+  const FlowVersions* v_ = nullptr;
+  QueueResources* qr_ = nullptr;
+  std::map<FlowVersion, FlowData> store_;
+  std::map<FlowVersion, int> left_;  // per version: reads still to run this step
+};
+
+}  // namespace harmony::backend::detail
