@@ -28,6 +28,23 @@ FlowVersions::FlowVersions(const core::Program& program, const Ancestry& anc, Tr
       reads_[o].push_back(v);
       ++readers_[v];
     }
+  check_dead_versions(anc);
+}
+
+void FlowVersions::check_dead_versions(const Ancestry& anc) const {
+  for (std::size_t o = 0; o < reads_.size(); ++o) {
+    const int ro = static_cast<int>(o);
+    for (const FlowVersion& v : reads_[o])
+      for (const int c : producers_[static_cast<std::size_t>(v.tensor)]) {
+        if (c == ro || c == v.producer || !anc.before(v.producer, c) || anc.before(c, ro) || anc.before(ro, c) ||
+            readers(FlowVersion{v.tensor, c}) > 0)
+          continue;
+        throw ScheduleViolation(
+            fmt::format("executor: op {} reads {}, produced by op {} and again by op {}, which no op reads: neither "
+                        "depends on the other",
+                        label(ro), tname(v.tensor), label(v.producer), label(c)));
+      }
+  }
 }
 
 int FlowVersions::readers(const FlowVersion& v) const {

@@ -32,7 +32,8 @@ class FlowVersions {
 
   FlowVersions() = default;
   // Resolves every tracked read of every op to the version it sees (reaching); throws ScheduleViolation naming the
-  // op where a read has no producer among the op's ancestors or two unordered ones.
+  // op where a read has no producer among the op's ancestors or two unordered ones, or where a later version of the
+  // tensor it reads, which no op reads, is written by an op unordered with it (check_dead_versions).
   FlowVersions(const core::Program& program, const Ancestry& anc, Tracked tracked, Name name);
 
   // Op o's tracked reads, in its dataflow's order: the version each sees.
@@ -57,6 +58,10 @@ class FlowVersions {
   std::string name(int id) const { return tname(id); }
 
  private:
+  // A version nobody reads, written after the version an op reads by an op unordered with that reader: the reader
+  // most likely misses its dependency on the later version (a BWD whose dY edge is gone reads an older input
+  // gradient, and the one dY brings is never read).
+  void check_dead_versions(const Ancestry& anc) const;
   std::string label(int o) const { return op_name(*p_, o); }
   std::string tname(int id) const { return name_(p_->dataflow.tensor(id)); }
 

@@ -15,27 +15,6 @@ namespace harmony_impl {
 
 using core::OpKind;
 
-DK dev_kind(core::FlowKind k) {
-  switch (k) {
-    case core::FlowKind::Act:
-      return DK::Act;
-    case core::FlowKind::Stash:
-      return DK::Stash;
-    case core::FlowKind::Grad:
-      return DK::Grad;
-    case core::FlowKind::RecX:
-      return DK::RecX;
-    case core::FlowKind::RecAct:
-      return DK::RecAct;
-    case core::FlowKind::W:
-      return DK::W;
-    case core::FlowKind::DW:
-      return DK::DW;
-    default:
-      throw core::InternalError(fmt::format("executor: {} is not a Harmony device tensor", core::flow_kind_name(k)));
-  }
-}
-
 HC host_chan(core::FlowKind k) {
   switch (k) {
     case core::FlowKind::HostY:
@@ -90,10 +69,10 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
   }
   tie_edges();
   anc = Ancestry(p, extra);
-  dev.resize(devs.size());
   versions = FlowVersions(
       p, anc, [](const core::FlowTensor& t) { return !core::on_host(t.kind); },
-      [this](const core::FlowTensor& t) { return dname(t.device, dev_key(t)); });
+      [this](const core::FlowTensor& t) { return tname(t); });
+  store = FlowStore(p, versions, qr);
 }
 
 void HarmonyInterpreter::tie_edges() {
@@ -163,50 +142,42 @@ void HarmonyInterpreter::allocate_host() {
   }
 }
 
-std::string HarmonyInterpreter::dname(int d, const DevKey& k) const {
-  return fmt::format("{} {} {} samples [{}, {})", devs[static_cast<std::size_t>(d)]->name(), dk_name(std::get<0>(k)),
-                     std::get<1>(k), std::get<2>(k), std::get<2>(k) + std::get<3>(k));
+int HarmonyInterpreter::tid(int o, core::FlowKind k, int l, int s0, int n) const {
+  const core::FlowTensor t{p.ops[static_cast<std::size_t>(o)].device, k, l, s0, n, -1};
+  const int id = p.dataflow.find(t);
+  if (id < 0)
+    throw core::InternalError(fmt::format("executor: op {} uses {}, which the dataflow lacks", label(o), tname(t)));
+  return id;
 }
 
-DevTensor& HarmonyInterpreter::read(int o, int d, const DevKey& k) {
-  auto it = dev[static_cast<std::size_t>(d)].find(k);
-  if (it == dev[static_cast<std::size_t>(d)].end())
-    throw ScheduleViolation(
-        fmt::format("executor: op {} reads {}, which no op has produced yet", label(o), dname(d, k)));
-  if (!happens_before(it->second.producer, o))
-    throw ScheduleViolation(fmt::format("executor: op {} reads {}, produced by op {}, on which it does not depend",
-                                        label(o), dname(d, k), label(it->second.producer)));
-  version_readers[{d, k}].push_back(o);
-  it->second.users.push_back(o);
-  return it->second;
+int HarmonyInterpreter::task_tid(int o, core::FlowKind k) const {
+  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
+  const core::FlowTensor t{op.device, k, flow(o).layers.first, 0, 0, op.task};
+  const int id = p.dataflow.find(t);
+  if (id < 0)
+    throw core::InternalError(fmt::format("executor: op {} uses {}, which the dataflow lacks", label(o), tname(t)));
+  return id;
 }
 
-DevTensor& HarmonyInterpreter::make(int o, int d, const DevKey& k, Bytes bytes) {
-  auto& map = dev[static_cast<std::size_t>(d)];
-  auto vr = version_readers.find({d, k});
-  if (vr != version_readers.end()) {
-    for (int r : vr->second)
-      if (r != o && !happens_before(r, o))
-        throw ScheduleViolation(
-            fmt::format("executor: op {} reads {}, which op {} replaces, on which it does not depend: neither "
-                        "depends on the other",
-                        label(r), dname(d, k), label(o)));
-    vr->second.clear();
-  }
-  if (auto old = map.find(k); old != map.end()) drop(d, map, old);
-  DevTensor t;
-  t.buf = alloc_or_wait(*devs[static_cast<std::size_t>(d)], bytes, dname(d, k));
-  t.producer = o;
-  t.owner_task = p.ops[static_cast<std::size_t>(o)].task;
-  t.users.push_back(o);
-  return map[k] = std::move(t);
+std::string HarmonyInterpreter::tname(const core::FlowTensor& t) const {
+  const bool task = t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW;
+  return fmt::format("{} {} {} samples [{}, {})", devs[static_cast<std::size_t>(t.device)]->name(),
+                     core::flow_kind_name(t.kind), task ? t.owner : t.layer, t.s0, t.s0 + t.n);
 }
 
-std::map<DevKey, DevTensor>::iterator HarmonyInterpreter::drop(int d, std::map<DevKey, DevTensor>& map,
-                                                               std::map<DevKey, DevTensor>::iterator it) {
-  const std::vector<int> users = std::move(it->second.users);
-  qr.retire(d, users, std::make_shared<Buffer>(std::move(it->second.buf)));
-  return map.erase(it);
+FlowData& HarmonyInterpreter::make(int o, int id, Bytes bytes) {
+  const core::FlowTensor& t = tensor(id);
+  FlowData data;
+  data.buf = alloc_or_wait(D(t.device), bytes, tname(t));
+  return store.put(o, id, std::move(data));
+}
+
+FlowData& HarmonyInterpreter::update(int o, int id, Bytes bytes) {
+  if (FlowData* in_place = store.take(o, id)) return *in_place;
+  const void* src = store.get(o, id).data();
+  FlowData& t = make(o, id, bytes);
+  D(tensor(id).device).copy_d2d(S(o), t.data(), src, bytes);
+  return t;
 }
 
 HostChan& HarmonyInterpreter::chan(HC c, int l) {
@@ -240,30 +211,13 @@ std::byte* HarmonyInterpreter::host_write(int o, HC c, int l, int s0, int n) {
   return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
 }
 
-void HarmonyInterpreter::drop_version(const FlowVersion& v) {
-  const core::FlowTensor& t = tensor(v.tensor);
-  auto& map = dev[static_cast<std::size_t>(t.device)];
-  if (auto it = map.find(dev_key(t)); it != map.end() && it->second.producer == v.producer) drop(t.device, map, it);
-}
-
-void HarmonyInterpreter::release(int o) {
-  for (const FlowVersion& v : versions.reads(o)) {
-    auto it = readers_left.find(v);
-    if (it != readers_left.end() && --it->second == 0) drop_version(v);
-  }
-  for (const int id : versions.writes(o))
-    if (versions.readers(FlowVersion{id, o}) == 0) drop_version(FlowVersion{id, o});
-}
-
 void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
   in = inputs;
   tgt = targets;
   losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
   for (auto& [k, h] : host) h.producer.assign(static_cast<std::size_t>(B), -1);
-  for (auto& mp : dev) mp.clear();
+  store.begin_step();
   grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
-  readers_left = versions.reader_counts();
-  version_readers.clear();
   qr.begin_step();
 }
 
@@ -303,7 +257,7 @@ void HarmonyInterpreter::run(const std::vector<int>& g) {
 
 double HarmonyInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, the last updates' inputs, every stream-ordered free
-  for (auto& mp : dev) mp.clear();
+  store.clear();
   double total = 0.0;
   for (const float x : losses) total += x;
   return total / static_cast<double>(losses.size());

@@ -9,11 +9,11 @@
 #include <set>
 #include <span>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "backend/executor/detail.hpp"
+#include "backend/executor/flow_store.hpp"
 #include "backend/executor/flow_versions.hpp"
 #include "backend/model/describe.hpp"
 #include "core/program/dataflow.hpp"
@@ -21,13 +21,6 @@
 
 namespace harmony::backend::detail::harmony_impl {
 
-// Device tensors: activation at the input of layer l (Act), stash (Stash), gradient of the input of layer l
-// (Grad), recompute inputs/acts per layer (RecX, RecAct), a task's weights (W) and weight gradients (DW).
-enum class DK : std::uint8_t { Act, Stash, Grad, RecX, RecAct, W, DW };
-inline const char* dk_name(DK k) {
-  constexpr const char* n[] = {"Act", "Stash", "dX", "RecX", "RecAct", "W", "dW"};
-  return n[static_cast<int>(k)];
-}
 // Host channels (per boundary layer, the whole minibatch, per-sample producer).
 enum class HC : std::uint8_t { YSwap, YMsg, Stash, StashMsg, DXSwap };
 inline const char* hc_name(HC k) {
@@ -35,27 +28,14 @@ inline const char* hc_name(HC k) {
   return n[static_cast<int>(k)];
 }
 
-struct DevTensor {
-  Buffer buf;
-  int producer = -1;
-  int owner_task = -1;
-  std::vector<int> users;  // the ops whose device work used it this step: freed after their events (retire)
-};
 struct HostChan {
   HostBuffer data;            // the whole minibatch; kept across steps (pinned where the devices pin)
   MeteredBytes metered;       // on the host meter (stash or activations)
   std::vector<int> producer;  // per sample, this step
 };
-using DevKey = std::tuple<DK, int, int, int>;  // kind, layer (or task), first sample, samples
-
-// The Program's dataflow tensors (core/program/dataflow.hpp) as the interpreter keeps them: a device tensor's kind,
-// a host channel (Harmony's host tensors: device -1).
-DK dev_kind(core::FlowKind k);
+// The Program's host tensors (core/program/dataflow.hpp) as the interpreter keeps them: a host channel (Harmony's
+// host tensors: device -1). Its device tensors are versions in the shared FlowStore.
 HC host_chan(core::FlowKind k);
-inline DevKey dev_key(const core::FlowTensor& t) {
-  const DK k = dev_kind(t.kind);
-  return DevKey{k, k == DK::W || k == DK::DW ? t.owner : t.layer, t.s0, t.n};
-}
 
 class HarmonyInterpreter final : public Interpreter {
  public:
@@ -74,7 +54,6 @@ class HarmonyInterpreter final : public Interpreter {
   // updated once, by the lowest device's Update (update_owner, per layer range); every replica's dWB writes its
   // (equal) gradient into HostState::grads, one after another (tie_edges).
   std::map<std::pair<int, int>, int> update_owner;
-  std::vector<std::map<DevKey, DevTensor>> dev;
   std::map<std::pair<HC, int>, HostChan> host;
   std::vector<float> losses;
   std::span<const std::int32_t> in, tgt;
@@ -118,16 +97,16 @@ class HarmonyInterpreter final : public Interpreter {
   std::pair<int, int> samples(int o) const { return {flow(o).s0, flow(o).n}; }
   Bytes per_sample(int l) const { return m.input_bytes(l, 1, T, dt); }
 
-  // ---- device tensors ----
-  std::string dname(int d, const DevKey& k) const;
-  DevTensor& read(int o, int d, const DevKey& k);
-  // A new version of k replaces the last one: every op that read the last one must come before o. Otherwise the
-  // reader may have read a stale version (the serial loop happened to order them; with concurrent queues it may
-  // still be reading the buffer o frees).
-  DevTensor& make(int o, int d, const DevKey& k, Bytes bytes);
-  // Erases a device tensor; its memory is freed once the work of every op that used it has run (retire).
-  std::map<DevKey, DevTensor>::iterator drop(int d, std::map<DevKey, DevTensor>& map,
-                                             std::map<DevKey, DevTensor>::iterator it);
+  // ---- device tensors (versions in `store`) ----
+  // The dataflow id of a device tensor of op o's device: kind, layer and samples; a task's weights or gradient (W,
+  // DW: the pack's first layer and op o's task).
+  int tid(int o, core::FlowKind k, int l, int s0, int n) const;
+  int task_tid(int o, core::FlowKind k) const;
+  std::string tname(const core::FlowTensor& t) const;
+  // Op o's version of tensor `id`, allocated on the tensor's device.
+  FlowData& make(int o, int id, Bytes bytes);
+  // Op o reads `id` and writes its next version: in place where o is the last reader of the old one, else a copy.
+  FlowData& update(int o, int id, Bytes bytes);
 
   // ---- host channels ----
   HostChan& chan(HC c, int l);
@@ -157,11 +136,11 @@ class HarmonyInterpreter final : public Interpreter {
 
   // Forward of layers [a, b] of the task's weights over n samples from x; keeps every input and act when
   // `keep` (REC), else writes the result to out. Returns nothing; losses of the head go to `losses`.
-  void forward_range(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b, int s0, int n,
-                     const void* x0, const DevKey* out_key, bool keep);
+  void forward_range(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b, int s0, int n,
+                     const void* x0, int out_id, bool keep);
   template <class E>
-  void forward_range_as(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b, int s0, int n,
-                        const void* x0, const DevKey* out_key, bool keep);
+  void forward_range_as(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b, int s0, int n,
+                        const void* x0, int out_id, bool keep);
 
   // Recompute inputs were kept by REC; the backward of the task's layers [lf, ll] over one microbatch, in the
   // device dtype S (dW accumulated across microbatches in S).
@@ -178,7 +157,7 @@ class HarmonyInterpreter final : public Interpreter {
   void run_fwd(int o, const core::Op& op);     // FWD, or REC keeping every input and act
   void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
   void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
-  void run_del(const core::Op& op);            // drops the task's W and dW
+  void run_del(int o);                         // drops the task's W and dW (the op's frees)
 
   // P2P pair: the send side's device tensor is copied into the receive side's device.
   void run_pair(int send, int recv);
@@ -190,18 +169,11 @@ class HarmonyInterpreter final : public Interpreter {
   std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
   // Which version of each device tensor every op reads, and how many reads each version has (flow_versions.hpp;
-  // the host channels are checked per sample at run time instead). A version is freed once its last reader has
-  // run: memory follows the Program's data flow, so a device holds what the Program's allocs/frees say it holds
+  // the host channels are checked per sample at run time instead), and the step's versions (flow_store.hpp): a
+  // version is freed once its last reader has run, so a device holds what the Program's allocs/frees say it holds
   // (docs/backend.md, "Executor memory").
   FlowVersions versions;
-  std::map<FlowVersion, int> readers_left;                             // this step: per version, reads still to run
-  std::map<std::pair<int, DevKey>, std::vector<int>> version_readers;  // this step: the readers of its last version
-
-  // Drops version v of a device tensor if the store still holds that version (a later one replaced it in place).
-  void drop_version(const FlowVersion& v);
-
-  // After op o ran: drop the versions whose last reader it was, and those it produced that nobody reads.
-  void release(int o);
+  FlowStore store;
 
   const std::vector<std::vector<int>>& extra_deps() const override { return extra; }
 
@@ -215,11 +187,9 @@ class HarmonyInterpreter final : public Interpreter {
   // the others make their streams wait for them; each member's event is recorded after the group's work.
   void run(const std::vector<int>& g) override;
 
-  void finished(int o) override { release(o); }
+  void finished(int o) override { store.finished(o); }
 
-  void abandon_step() override {
-    for (auto& mp : dev) mp.clear();
-  }
+  void abandon_step() override { store.clear(); }
 
   double end_step() override;
 

@@ -15,18 +15,18 @@ namespace harmony::backend::detail::harmony_impl {
 
 using core::OpKind;
 
-void HarmonyInterpreter::forward_range(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b,
-                                       int s0, int n, const void* x0, const DevKey* out_key, bool keep) {
+void HarmonyInterpreter::forward_range(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b,
+                                       int s0, int n, const void* x0, int out_id, bool keep) {
   if (dt == DType::BF16) {
-    forward_range_as<Bf16>(o, d, wr, W, a, b, s0, n, x0, out_key, keep);
+    forward_range_as<Bf16>(o, d, wr, W, a, b, s0, n, x0, out_id, keep);
   } else {
-    forward_range_as<float>(o, d, wr, W, a, b, s0, n, x0, out_key, keep);
+    forward_range_as<float>(o, d, wr, W, a, b, s0, n, x0, out_id, keep);
   }
 }
 
 template <class E>
-void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& wr, const DevTensor& W, int a, int b,
-                                          int s0, int n, const void* x0, const DevKey* out_key, bool keep) {
+void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b,
+                                          int s0, int n, const void* x0, int out_id, bool keep) {
   BasicDeviceOps<E> ops(D(d), S(o));
   const void* x = x0;
   Buffer tmp_y, tmp_act, prev, targets;
@@ -47,17 +47,15 @@ void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& 
       args.targets = targets.as<std::int32_t>();
     }
     Buffer y;
-    DevTensor* yt = nullptr;
     if (l == b && !keep) {
-      yt = &make(o, d, *out_key, m.output_bytes(l, n, T, dt));
-      args.y = yt->buf.as<E>();
+      args.y = make(o, out_id, m.output_bytes(l, n, T, dt)).buf.as<E>();
     } else {
       y = alloc_or_wait(D(d), m.output_bytes(l, n, T, dt), "y");
       args.y = y.as<E>();
     }
     E* act = nullptr;
     if (keep) {
-      act = make(o, d, DevKey{DK::RecAct, l, s0, n}, m.act_floats(l, n, T, dt) * es).buf.as<E>();
+      act = make(o, tid(o, core::FlowKind::RecAct, l, s0, n), m.act_floats(l, n, T, dt) * es).buf.as<E>();
     } else {
       Buffer next_act = alloc_or_wait(D(d), m.act_floats(l, n, T, dt) * es, "act");
       release_after(o, tmp_act);  // the previous layer's, after its kernels
@@ -71,7 +69,7 @@ void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& 
     }
     if (l < b) {
       if (keep) {
-        DevTensor& nx = make(o, d, DevKey{DK::RecX, l + 1, s0, n}, m.output_bytes(l, n, T, dt));
+        FlowData& nx = make(o, tid(o, core::FlowKind::RecX, l + 1, s0, n), m.output_bytes(l, n, T, dt));
         D(d).copy_d2d(S(o), nx.buf.data(), y.data(), m.output_bytes(l, n, T, dt));
         x = nx.buf.data();
       } else {
@@ -92,20 +90,18 @@ void HarmonyInterpreter::run_bwd(int o, const core::Op& op) {
   const int lf = op.layers.first, ll = op.layers.last;
   const auto [s0, n] = samples(o);
   const core::LayerRange pack = flow(o).layers;
-  const DevTensor& W = read(o, d, DevKey{DK::W, op.task, 0, 0});
+  const FlowData& W = store.get(o, task_tid(o, core::FlowKind::W));
   // the input: the stash brought back, or (the task with the criterion) the activation it received
-  const DevKey in = dev_key(tensor(flow(o).reads[1]));
-  const bool criterion = std::get<0>(in) == DK::Act;
-  const DevTensor& x0 = read(o, d, in);
-  const DevKey dwk{DK::DW, op.task, 0, 0};
-  if (dev[static_cast<std::size_t>(d)].count(dwk) == 0) {
-    DevTensor& g = make(o, d, dwk, w_floats(pack) * es);
-    D(d).fill_zero(S(o), g.buf.data(), g.buf.bytes());
-  } else {
-    read(o, d, dwk).producer = o;
-  }
-  E* dw = dev[static_cast<std::size_t>(d)][dwk].buf.as<E>();
-  const E* dy = criterion ? nullptr : read(o, d, DevKey{DK::Grad, ll + 1, s0, n}).buf.as<E>();
+  const int in = flow(o).reads[1];
+  const bool criterion = tensor(in).kind == core::FlowKind::Act;
+  const FlowData& x0 = store.get(o, in);
+  // the gradient: the first microbatch starts it (the dataflow: it reads none), the others add to it
+  const int dwk = task_tid(o, core::FlowKind::DW);
+  const bool adds = std::find(flow(o).reads.begin(), flow(o).reads.end(), dwk) != flow(o).reads.end();
+  FlowData* g = adds ? &update(o, dwk, w_floats(pack) * es) : &make(o, dwk, w_floats(pack) * es);
+  if (!adds) D(d).fill_zero(S(o), g->buf.data(), g->buf.bytes());
+  E* dw = g->buf.as<E>();
+  const E* dy = criterion ? nullptr : store.get(o, tid(o, core::FlowKind::Grad, ll + 1, s0, n)).buf.as<E>();
   std::int64_t scratch = 0;
   for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
   Buffer scr = alloc_or_wait(D(d), scratch * es, "scratch"), targets, g_a, g_b;
@@ -127,19 +123,19 @@ void HarmonyInterpreter::run_bwd(int o, const core::Op& op) {
     a.T = T;
     a.w = W.buf.as<E>() + w_offset(pack, l);
     a.dw = dw + w_offset(pack, l);
-    const void* x = l == lf ? x0.buf.data() : read(o, d, DevKey{DK::RecX, l, s0, n}).buf.data();
+    const void* x = l == lf ? x0.buf.data() : store.get(o, tid(o, core::FlowKind::RecX, l, s0, n)).buf.data();
     if (l == 0) {
       a.tokens = static_cast<const std::int32_t*>(x);
     } else {
       a.x = static_cast<const E*>(x);
     }
     a.targets = targets.as<std::int32_t>();
-    a.act = read(o, d, DevKey{DK::RecAct, l, s0, n}).buf.as<E>();
+    a.act = store.get(o, tid(o, core::FlowKind::RecAct, l, s0, n)).buf.as<E>();
     a.dy = dy;
     a.scratch = scr.as<E>();
     a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B) * static_cast<std::size_t>(T));
     E* dx = nullptr;
-    if (l > 0) dx = l == lf ? make(o, d, DevKey{DK::Grad, lf, s0, n}, gb).buf.as<E>() : spare;
+    if (l > 0) dx = l == lf ? make(o, tid(o, core::FlowKind::Grad, lf, s0, n), gb).buf.as<E>() : spare;
     a.dx = dx;
     m.backward(ops, l, a);
     dy = dx;
@@ -181,7 +177,7 @@ void HarmonyInterpreter::run_op(int o) {
     case OpKind::Update:
       return run_update(o, op);
     case OpKind::DEL:
-      return run_del(op);
+      return run_del(o);
     default:
       throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(o), core::op_kind_name(op.kind)));
   }
@@ -190,7 +186,7 @@ void HarmonyInterpreter::run_op(int o) {
 void HarmonyInterpreter::run_wb(int o, const core::Op& op) {
   const int d = op.device;
   const int lf = op.layers.first, ll = op.layers.last;
-  DevTensor& w = make(o, d, DevKey{DK::W, op.task, 0, 0}, w_floats(op.layers) * es);
+  FlowData& w = make(o, task_tid(o, core::FlowKind::W), w_floats(op.layers) * es);
   if (dt == DType::BF16) {  // the fp32 masters rounded to nearest even on the host, staged up
     std::vector<std::span<const float>> src;
     for (int l = lf; l <= ll; ++l) src.push_back(st.weights(l));
@@ -208,11 +204,11 @@ void HarmonyInterpreter::run_x(int o, const core::Op& op) {
   const auto [s0, n] = samples(o);
   const Bytes b = Bytes(n) * per_sample(lf);
   if (flow(o).layers.first == 0) {  // the task with layer 0: the tokens
-    DevTensor& x = make(o, d, DevKey{DK::Act, 0, s0, n}, b);
+    FlowData& x = make(o, tid(o, core::FlowKind::Act, 0, s0, n), b);
     D(d).copy_h2d(S(o), x.buf.data(), in.data() + static_cast<std::size_t>(s0) * T, b);
   } else if (const core::FlowTensor* h = host_in(o)) {  // a CPU message's or a swap's channel
     const std::byte* src = host_read(o, host_chan(h->kind), lf, s0, n);
-    DevTensor& x = make(o, d, DevKey{DK::Act, lf, s0, n}, b);
+    FlowData& x = make(o, tid(o, core::FlowKind::Act, lf, s0, n), b);
     D(d).copy_h2d(S(o), x.buf.data(), src, b);
   } else {
     throw BackendError(fmt::format("executor: op {}: unsupported input medium", label(o)));
@@ -224,11 +220,11 @@ void HarmonyInterpreter::run_sx(int o, const core::Op& op) {
   const auto [s0, n] = samples(o);
   const Bytes b = Bytes(n) * per_sample(lf);
   if (flow(o).pass == core::Pass::Fwd) {  // stash out
-    const DevTensor& x = read(o, d, DevKey{DK::Act, lf, s0, n});
+    const FlowData& x = store.get(o, tid(o, core::FlowKind::Act, lf, s0, n));
     D(d).copy_d2h(S(o), host_write(o, host_chan(host_out(o)->kind), lf, s0, n), x.buf.data(), b);
   } else {  // stash in (the message's channel, or the stash's where the message stayed on its rank)
     const std::byte* src = host_read(o, host_chan(host_in(o)->kind), lf, s0, n);
-    DevTensor& x = make(o, d, DevKey{DK::Stash, lf, s0, n}, b);
+    FlowData& x = make(o, tid(o, core::FlowKind::Stash, lf, s0, n), b);
     D(d).copy_h2d(S(o), x.buf.data(), src, b);
   }
 }
@@ -249,18 +245,18 @@ void HarmonyInterpreter::run_swap(int o, const core::Op& op) {
   const auto [s0, n] = samples(o);
   switch (op.kind) {
     case OpKind::Y: {  // swap out (P2P runs as a pair)
-      const DevTensor& y = read(o, d, DevKey{DK::Act, ll + 1, s0, n});
+      const FlowData& y = store.get(o, tid(o, core::FlowKind::Act, ll + 1, s0, n));
       D(d).copy_d2h(S(o), host_write(o, HC::YSwap, ll + 1, s0, n), y.buf.data(), Bytes(n) * per_sample(ll + 1));
       return;
     }
     case OpKind::dX: {
-      const DevTensor& g = read(o, d, DevKey{DK::Grad, lf, s0, n});
+      const FlowData& g = store.get(o, tid(o, core::FlowKind::Grad, lf, s0, n));
       D(d).copy_d2h(S(o), host_write(o, HC::DXSwap, lf, s0, n), g.buf.data(), Bytes(n) * per_sample(lf));
       return;
     }
     default: {  // dY
       const std::byte* src = host_read(o, HC::DXSwap, ll + 1, s0, n);
-      DevTensor& g = make(o, d, DevKey{DK::Grad, ll + 1, s0, n}, Bytes(n) * per_sample(ll + 1));
+      FlowData& g = make(o, tid(o, core::FlowKind::Grad, ll + 1, s0, n), Bytes(n) * per_sample(ll + 1));
       D(d).copy_h2d(S(o), g.buf.data(), src, Bytes(n) * per_sample(ll + 1));
       return;
     }
@@ -272,21 +268,20 @@ void HarmonyInterpreter::run_fwd(int o, const core::Op& op) {
   const int lf = op.layers.first, ll = op.layers.last;
   const auto [s0, n] = samples(o);
   const core::LayerRange pack = flow(o).layers;
-  const DevTensor& W = read(o, d, DevKey{DK::W, op.task, 0, 0});
+  const FlowData& W = store.get(o, task_tid(o, core::FlowKind::W));
   if (op.kind == OpKind::REC) {  // from the stash, or (the task with the criterion) the activation it received
-    const DevTensor& x = read(o, d, dev_key(tensor(flow(o).reads[1])));
-    forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), nullptr, true);
+    const FlowData& x = store.get(o, flow(o).reads[1]);
+    forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), -1, true);
     return;
   }
-  const DevTensor& x = read(o, d, DevKey{DK::Act, lf, s0, n});
-  const DevKey out{DK::Act, ll + 1, s0, n};
-  forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), &out, false);
+  const FlowData& x = store.get(o, tid(o, core::FlowKind::Act, lf, s0, n));
+  forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), tid(o, core::FlowKind::Act, ll + 1, s0, n), false);
 }
 
 void HarmonyInterpreter::run_dwb(int o, const core::Op& op) {
   const int d = op.device;
   const int lf = op.layers.first, ll = op.layers.last;
-  const DevTensor& g = read(o, d, DevKey{DK::DW, op.task, 0, 0});
+  const FlowData& g = store.get(o, task_tid(o, core::FlowKind::DW));
   // Into the host gradient, also for a replica that does not own the pack's Update (Harmony-DP: the same all-reduced
   // values, after the previous replica's dWB: tie_edges)
   if (dt == DType::BF16) {  // the pack's bf16 gradients staged down, widened exactly on the host
@@ -317,17 +312,8 @@ void HarmonyInterpreter::run_update(int o, const core::Op& op) {
   if (owns_update(op)) unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, lf, ll, qr.adamw(o))); });
 }
 
-void HarmonyInterpreter::run_del(const core::Op& op) {
-  const int d = op.device;
-  auto& map = dev[static_cast<std::size_t>(d)];
-  for (auto it = map.begin(); it != map.end();) {
-    const DK k = std::get<0>(it->first);
-    if (it->second.owner_task == op.task && (k == DK::W || k == DK::DW)) {
-      it = drop(d, map, it);
-    } else {
-      ++it;
-    }
-  }
+void HarmonyInterpreter::run_del(int o) {
+  for (const int id : flow(o).frees) store.drop_all(id);
 }
 
 void HarmonyInterpreter::run_pair(int send, int recv) {
@@ -339,8 +325,9 @@ void HarmonyInterpreter::run_pair(int send, int recv) {
   const int l = fwd ? so.layers.last + 1 : so.layers.first;
   if (r0 != s0 || rn != n)
     throw ScheduleViolation(fmt::format("executor: P2P {} -> {} moves different samples", label(send), label(recv)));
-  const DevTensor& src = read(send, so.device, DevKey{fwd ? DK::Act : DK::Grad, l, s0, n});
-  DevTensor& dst = make(recv, ro.device, DevKey{fwd ? DK::Act : DK::Grad, l, s0, n}, Bytes(n) * per_sample(l));
+  const core::FlowKind k = fwd ? core::FlowKind::Act : core::FlowKind::Grad;
+  const FlowData& src = store.get(send, tid(send, k, l, s0, n));
+  FlowData& dst = make(recv, tid(recv, k, l, s0, n), Bytes(n) * per_sample(l));
   D(so.device).copy_d2d(S(send), dst.buf.data(), src.buf.data(), Bytes(n) * per_sample(l), &D(ro.device));
   dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
 }
@@ -352,10 +339,7 @@ void HarmonyInterpreter::run_ard(const std::vector<int>& group) {
     std::vector<void*> bufs;
     bufs.reserve(group.size());
     for (const int a : group) {
-      const core::Op& op = p.ops[static_cast<std::size_t>(a)];
-      DevTensor& g = read(a, op.device, DevKey{DK::DW, op.task, 0, 0});
-      bufs.push_back(g.buf.data());
-      g.producer = a;
+      bufs.push_back(update(a, task_tid(a, core::FlowKind::DW), count * es).buf.data());
     }
     qr.all_reduce(group, bufs, count, dt);
     return;
@@ -368,7 +352,7 @@ void HarmonyInterpreter::run_ard(const std::vector<int>& group) {
   auto raw = std::make_shared<std::vector<Bf16>>(dt == DType::BF16 ? static_cast<std::size_t>(count) : 0);
   for (std::size_t r = 0; r < group.size(); ++r) {
     const core::Op& op = p.ops[static_cast<std::size_t>(group[r])];
-    const DevTensor& g = read(group[r], op.device, DevKey{DK::DW, op.task, 0, 0});
+    const FlowData& g = store.get(group[r], task_tid(group[r], core::FlowKind::DW));
     if (dt == DType::BF16) {
       D(op.device).copy_d2h(S(group[r]), raw->data(), g.buf.data(), count * es);
       sync(group[r]);
@@ -382,7 +366,7 @@ void HarmonyInterpreter::run_ard(const std::vector<int>& group) {
   if (dt == DType::BF16) store_sum(*raw, *sum);  // the fp32 sum rounded once
   for (int a : group) {
     const core::Op& op = p.ops[static_cast<std::size_t>(a)];
-    DevTensor& g = dev[static_cast<std::size_t>(op.device)][DevKey{DK::DW, op.task, 0, 0}];
+    FlowData& g = update(a, task_tid(a, core::FlowKind::DW), count * es);
     if (dt == DType::BF16) {
       D(op.device).copy_h2d(S(a), g.buf.data(), raw->data(), count * es);
       keep_until_done(a, raw);
@@ -390,7 +374,6 @@ void HarmonyInterpreter::run_ard(const std::vector<int>& group) {
       D(op.device).copy_h2d(S(a), g.buf.data(), sum->data(), count * kF);
       keep_until_done(a, sum);
     }
-    g.producer = a;
   }
 }
 

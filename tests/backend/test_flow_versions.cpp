@@ -1,7 +1,7 @@
 // FlowVersions (backend/executor/flow_versions.hpp), the version analysis both interpreters share, on hand-made
 // Programs: which write each read sees, the reads per version, and the refusals (no producer, a producer the reader
-// does not depend on, two unordered producers, a free before a read); and FlowStore (flow_store.hpp): a version is
-// freed after its last read, updated in place by its last reader, copied otherwise.
+// does not depend on, two unordered producers, a dead later version, a free before a read); and
+// FlowStore (flow_store.hpp): a version is freed after its last read and updated in place by its last reader.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -112,6 +112,21 @@ TEST_CASE("refusals name the ops") {
     (void)f.op({a, b}, true, false);
     CHECK(refusal(f).find("which are not ordered") != std::string::npos);
   }
+  SUBCASE("a later version nobody reads, unordered with a reader of the earlier one") {
+    Fixture f;
+    const int a = f.op({}, false, true);
+    (void)f.op({a}, false, true);  // nobody reads its version
+    (void)f.op({a}, true, false);  // reads a's: misses its dependency on the later write
+    CHECK(refusal(f).find("which no op reads: neither depends on the other") != std::string::npos);
+  }
+  SUBCASE("a later version read by others, unordered with a reader of the earlier one: two live versions") {
+    Fixture f;
+    const int a = f.op({}, false, true);
+    const int b = f.op({a}, false, true);
+    (void)f.op({a}, true, false);
+    (void)f.op({b}, true, false);
+    CHECK(refusal(f).empty());
+  }
   SUBCASE("a free before a read") {
     Fixture f;
     const int w = f.op({}, false, true);
@@ -128,13 +143,13 @@ TEST_CASE("refusals name the ops") {
   }
 }
 
-TEST_CASE("the store frees a version after its last read and updates in place only by the last reader") {
+TEST_CASE("the store frees a version after its last read; its last reader updates it in place") {
   Fixture f;
   const int w = f.op({}, false, true);
   const int r1 = f.op({w}, true, false);
-  const int acc = f.op({w}, true, true);       // reads the first version with r1 (unordered): not its last reader
-  const int r2 = f.op({acc, r1}, true, true);  // the last reader of acc's version: updates it in place
-  const int r3 = f.op({r2}, true, false);
+  const int acc = f.op({r1}, true, true);  // the last reader of w's version: updates it in place
+  const int r2 = f.op({acc}, true, false);
+  const int unread = f.op({r2}, false, true);  // a version nobody reads: freed when its writer ends
   f.p.graph.plan.gpus = 1;
   auto dev = cpu::make_cpu_device(0, {.capacity = harmony::core::kMiB});
   const std::vector<Device*> devs{dev.get()};
@@ -160,21 +175,21 @@ TEST_CASE("the store frees a version after its last read and updates in place on
   void* first = put(w).data();
   done(w);
   CHECK(store.get(r1, f.act).data() == first);
-  CHECK_FALSE(store.last_reader(acc, f.act));
-  CHECK(store.take(acc, f.act) == nullptr);  // r1 still to read the first version
-  FlowData& copy = put(acc);
-  CHECK(copy.data() != first);
-  done(acc);
-  const Bytes two = in_use();
-  done(r1);  // the first version's last read
-  CHECK(in_use() < two);
-  FlowData* same = store.take(r2, f.act);
+  CHECK_FALSE(store.last_reader(acc, f.act));  // r1 has not ended
+  done(r1);
+  CHECK(store.last_reader(acc, f.act));
+  FlowData* same = store.take(acc, f.act);
   REQUIRE(same != nullptr);
-  CHECK(same->data() == copy.data());
-  done(r2);
-  CHECK(store.get(r3, f.act).data() == copy.data());
-  CHECK_THROWS_AS(store.put(r3, f.act, FlowData{}), harmony::core::InternalError);  // r3 writes nothing
-  done(r3);
+  CHECK(same->data() == first);
+  done(acc);
+  CHECK(in_use() > 0);
+  CHECK(store.get(r2, f.act).data() == first);
+  CHECK_THROWS_AS(store.put(r2, f.act, FlowData{}), harmony::core::InternalError);  // r2 writes nothing
+  done(r2);                                                                         // the last read of acc's version
+  CHECK(in_use() == 0);
+  (void)put(unread);
+  CHECK(in_use() > 0);
+  done(unread);
   CHECK(in_use() == 0);
 }
 
