@@ -53,7 +53,7 @@ void BaselineInterpreter::analyse() {
     if (op.kind == OpKind::BWD || op.kind == OpKind::REC) oi.bwd_input = reads.at(1).kind;
     if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
   }
-  build_groups();
+  groups_ = op_groups(p_);
   build_update_edges();
   const Ancestry anc(p_, extra_);
   // Which version each read sees (flow_versions.hpp); a resident kind's W and DW are the DeviceState's, ordered by
@@ -77,33 +77,6 @@ void BaselineInterpreter::analyse() {
     extra_[o].insert(extra_[o].end(), host_edges_[o].begin(), host_edges_[o].end());
   }
   if (more) (void)Ancestry(p_, extra_);  // throws ScheduleViolation on a cycle
-}
-
-void BaselineInterpreter::build_groups() {
-  std::map<std::tuple<int, int, int, int>, std::vector<int>> coll;
-  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
-    const core::Op& op = p_.ops[o];
-    const int oo = static_cast<int>(o);
-    OpInfo& oi = info_[o];
-    if (op.peer >= 0) {
-      const bool send = op.kind == OpKind::Y || op.kind == OpKind::dX;
-      oi.group = send ? std::vector<int>{oo, op.peer} : std::vector<int>{op.peer, oo};
-    } else if (op.kind == OpKind::ARD || op.kind == OpKind::AG || op.kind == OpKind::RS) {
-      coll[{static_cast<int>(op.kind), op.kind == OpKind::AG ? static_cast<int>(oi.pass) : 0, op.layers.first, op.ui}]
-          .push_back(oo);
-    } else {
-      oi.group = {oo};
-    }
-  }
-  for (auto& [key, members] : coll) {
-    std::sort(members.begin(), members.end(), [&](int a, int b) { return at(a).device < at(b).device; });
-    bool ok = static_cast<int>(members.size()) == N_;
-    for (std::size_t i = 0; ok && i < members.size(); ++i) ok = at(members[i]).device == static_cast<int>(i);
-    if (!ok)
-      throw BackendError(fmt::format("executor: collective {} has {} members for {} GPUs (one per GPU expected)",
-                                     label(members.front()), members.size(), N_));
-    for (int a : members) info_[static_cast<std::size_t>(a)].group = members;
-  }
 }
 
 std::vector<int> BaselineInterpreter::grad_sources(int l, int dev) const {

@@ -44,7 +44,6 @@ struct OpInfo {
   bool fresh_dw = false;    // BWD: starts the weight gradient at zero (the op allocates it)
   TK bwd_input = TK::Act;   // REC, BWD: Stash if the input was brought back, else Act
   bool saved = false;       // FWD: keeps its saved activations (keep); sX: moves saved activations, not an input
-  std::vector<int> group;   // ops run together (P2P pair, collective), in run order
 };
 
 // The executor's interpreter of the swapping kinds' Programs (ExecutorDialect::Swapping: dp-swap, pp-swap,
@@ -63,7 +62,7 @@ class BaselineInterpreter final : public Interpreter {
 
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
 
-  std::vector<int> group(int o) const override { return info_[static_cast<std::size_t>(o)].group; }
+  std::vector<int> group(int o) const override { return groups_[static_cast<std::size_t>(o)]; }
 
   // Event ordering (QueueResources, as the Harmony interpreter): the host issues a group once its queues are at
   // most kRunAhead ops ahead of their devices; an Update waits on the host for its preds' events, the other ops
@@ -121,10 +120,6 @@ class BaselineInterpreter final : public Interpreter {
 
   // Op o's dataflow tensors as Keys.
   std::vector<Key> keys(const core::TensorIds& ids) const;
-
-  // P2P pairs (send first) and collectives: ARD per (layer, microbatch), AG per (pass, layer, microbatch), RS per
-  // (layer, microbatch), one op per GPU, in device order.
-  void build_groups();
 
   // Which dWB ops bring the gradient an Update(l) on device `dev` uses: its own replica's when the gradient was
   // all-reduced on the GPUs (ARD: every replica's process holds the sum), else every GPU's (l2l's parameter
@@ -249,7 +244,8 @@ class BaselineInterpreter final : public Interpreter {
   Bytes es_ = 4;           // bytes per device element
   QueueResources qr_;
   std::vector<OpInfo> info_;
-  FlowVersions versions_;  // which version each read sees, the reads per version (analyse)
+  std::vector<std::vector<int>> groups_;  // per op: the ops run with it (op_groups)
+  FlowVersions versions_;                 // which version each read sees, the reads per version (analyse)
   std::vector<std::vector<int>> extra_;
   std::vector<std::vector<int>> dwb_, wb_;            // per layer
   std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)

@@ -351,7 +351,7 @@ void BaselineInterpreter::run_ard(const std::vector<int>& g) {
     qr_.all_reduce(g, bufs, count, dt_);
     return;
   }
-  // The host path (no communicator; build_groups makes every collective span the devices in rank order).
+  // The host path (no communicator; op_groups makes every collective span the devices in rank order).
   const auto sum = summed_dw(g, l, count);
   for (int a : g) {
     const int d = at(a).device;

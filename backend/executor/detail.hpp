@@ -46,6 +46,11 @@ class Ancestry {
 // "t3 BWD L2 mb0 u1 (3.0.0.Compute.BWD)": the label and the reference id, for messages.
 std::string op_name(const core::Program& program, int op);
 
+// Per op, the ops that run with it (Interpreter::group), the same for every kind: a P2P pair (send first); a
+// collective (ARD, AG, RS) per kind, AG's pass (the dataflow's), layers and microbatch, one member per GPU in device
+// order; every other op alone. BackendError naming a collective without one member per GPU (op_groups.cpp).
+std::vector<std::vector<int>> op_groups(const core::Program& program);
+
 // One step's per-op times (StepResult::begin/end, ps since t0 on the steady clock), set by the step loops for the
 // interpreter, which stamps them where the op's work runs: on its stream (QueueResources::stamp) for device work,
 // on the host for host ops. The vectors have one slot per op and are not resized during the step.

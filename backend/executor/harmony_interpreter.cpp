@@ -73,6 +73,7 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
       p, anc, [](const core::FlowTensor& t) { return !core::on_host(t.kind); },
       [this](const core::FlowTensor& t) { return tname(t); });
   store = FlowStore(p, versions, qr);
+  groups = op_groups(p);
 }
 
 void HarmonyInterpreter::tie_edges() {
@@ -219,24 +220,6 @@ void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::s
   store.begin_step();
   grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
   qr.begin_step();
-}
-
-std::vector<int> HarmonyInterpreter::group(int o) const {
-  const core::Op& op = p.ops[static_cast<std::size_t>(o)];
-  if (op.peer >= 0) {
-    const bool send = op.kind == OpKind::Y || op.kind == OpKind::dX;
-    return send ? std::vector<int>{o, op.peer} : std::vector<int>{op.peer, o};
-  }
-  if (op.kind != OpKind::ARD) return {o};
-  std::vector<int> g;
-  for (std::size_t a = 0; a < p.ops.size(); ++a) {
-    const core::Op& x = p.ops[a];
-    if (x.kind == OpKind::ARD && x.layers == op.layers) g.push_back(static_cast<int>(a));
-  }
-  std::sort(g.begin(), g.end(), [&](int x, int y) {
-    return p.ops[static_cast<std::size_t>(x)].device < p.ops[static_cast<std::size_t>(y)].device;
-  });
-  return g;
 }
 
 void HarmonyInterpreter::run(const std::vector<int>& g) {

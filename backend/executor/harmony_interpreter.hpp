@@ -180,7 +180,8 @@ class HarmonyInterpreter final : public Interpreter {
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
 
   // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order.
-  std::vector<int> group(int o) const override;
+  std::vector<std::vector<int>> groups;  // per op (op_groups)
+  std::vector<int> group(int o) const override { return groups[static_cast<std::size_t>(o)]; }
 
   // Event ordering (QueueResources): the host issues a group once its queues are at most kRunAhead ops ahead of
   // their devices; host ops (MSG copies between host channels, Update) wait on the host for their preds' events,

@@ -1,7 +1,7 @@
 // FlowVersions (backend/executor/flow_versions.hpp), the version analysis both interpreters share, on hand-made
 // Programs: which write each read sees, the reads per version, and the refusals (no producer, a producer the reader
-// does not depend on, two unordered producers, a dead later version, a free before a read); and
-// FlowStore (flow_store.hpp): a version is freed after its last read and updated in place by its last reader.
+// does not depend on, two unordered producers, a dead later version, a free before a read); FlowStore
+// (flow_store.hpp): a version is freed after its last read and updated in place by its last reader; and op_groups.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -191,6 +191,32 @@ TEST_CASE("the store frees a version after its last read; its last reader update
   CHECK(in_use() > 0);
   done(unread);
   CHECK(in_use() == 0);
+}
+
+TEST_CASE("op_groups: pairs send first, collectives one member per GPU in device order") {
+  core::Program p;
+  p.graph.plan.gpus = 2;
+  const auto add = [&](core::OpKind k, int device, int peer) {
+    core::Op x;
+    x.kind = k;
+    x.device = device;
+    x.peer = peer;
+    p.ops.push_back(x);
+    p.dataflow.ops.emplace_back();
+  };
+  add(core::OpKind::X, 1, 1);     // 0: receives from op 1
+  add(core::OpKind::Y, 0, 0);     // 1: sends to op 0
+  add(core::OpKind::ARD, 1, -1);  // 2
+  add(core::OpKind::ARD, 0, -1);  // 3
+  add(core::OpKind::FWD, 0, -1);  // 4
+  const auto g = op_groups(p);
+  CHECK(g[0] == std::vector<int>{1, 0});
+  CHECK(g[1] == std::vector<int>{1, 0});
+  CHECK(g[2] == std::vector<int>{3, 2});
+  CHECK(g[3] == std::vector<int>{3, 2});
+  CHECK(g[4] == std::vector<int>{4});
+  p.ops[2].layers = core::LayerRange{1, 1};  // now two collectives of one member each
+  CHECK_THROWS_WITH_AS(op_groups(p), doctest::Contains("has 1 members for 2 GPUs"), BackendError);
 }
 
 }  // namespace
