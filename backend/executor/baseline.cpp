@@ -1,5 +1,6 @@
-// The baseline interpreter (baseline_interpreter.hpp): construction, the step's lifecycle and groups, resident
-// state, and tensors at run time; its static analysis is in baseline_analysis.cpp, its ops in baseline_ops.cpp.
+// The baseline interpreter (baseline_interpreter.hpp): construction, the step's lifecycle, the dispatch of a group,
+// resident state, and tensors at run time; its static analysis is in baseline_analysis.cpp, its ops in
+// baseline_ops.cpp.
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -17,7 +18,7 @@ using core::OpKind;
 
 BaselineInterpreter::BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s,
                                          const ExecutorOptions& o)
-    : p_(prog), devs_(std::move(d)), st_(s), opt_(o), m_(s.model()), qr_(prog, devs_, o) {
+    : FlowInterpreter(prog, d, o), p_(prog), devs_(std::move(d)), st_(s), opt_(o), m_(s.model()) {
   B_ = p_.graph.plan.minibatch;
   T_ = opt_.seq_len;
   R_ = m_.num_layers();
@@ -38,48 +39,41 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   tgt_ = targets;
   losses_.assign(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_), 0.0f);
   loss_written_.assign(static_cast<std::size_t>(B_), 0);
-  store_.begin_step();
+  store.begin_step();
   written_.clear();
   brought_.assign(p_.ops.size(), 0);
   updated_.assign(static_cast<std::size_t>(R_), 0);
   gathered_.assign(static_cast<std::size_t>(R_), 0);
-  qr_.begin_step();
+  qr.begin_step();
   // resident: every BWD adds into the device gradient, which starts each step at zero (on the stream that runs
   // the device's BWD, ARD and Update ops, after the previous step's Updates)
   for (std::size_t d = 0; d < states_.size(); ++d) states_[d]->zero_grads(state_stream(static_cast<int>(d)));
 }
 
-void BaselineInterpreter::run(const std::vector<int>& g) {
-  const std::shared_ptr<void> range = qr_.range(g.front());  // NVTX on CUDA, named like the trace's op
+void BaselineInterpreter::run_group(const std::vector<int>& g) {
   const core::Op& op = at(g.front());
-  const bool host = core::host_update(op);
-  qr_.await_preds(g, extra_, host, [&](auto&& fn) { unlocked(fn); });
-  qr_.issue(g, times, host, [&] {
-    if (op.peer >= 0) {
-      run_pair(g[0], g[1]);
-      return;
-    }
-    switch (op.kind) {
-      case OpKind::ARD:
-        run_ard(g);
-        break;
-      case OpKind::AG:
-        run_ag(g);
-        break;
-      case OpKind::RS:
-        run_rs(g);
-        break;
-      default:
-        run_op(g.front());
-    }
-  });
+  if (op.peer >= 0) {
+    run_pair(g[0], g[1]);
+    return;
+  }
+  switch (op.kind) {
+    case OpKind::ARD:
+      run_ard(g);
+      break;
+    case OpKind::AG:
+      run_ag(g);
+      break;
+    case OpKind::RS:
+      run_rs(g);
+      break;
+    default:
+      run_op(g.front());
+  }
 }
 
-void BaselineInterpreter::finished(int o) { store_.finished(o); }
-
 double BaselineInterpreter::end_step() {
-  qr_.synchronize();  // the losses' copies, every stream-ordered free
-  store_.clear();
+  qr.synchronize();  // the losses' copies, every stream-ordered free
+  store.clear();
   for (int s = 0; s < B_; ++s)
     if (loss_written_[static_cast<std::size_t>(s)] != 1)
       throw BackendError(fmt::format("executor: the Program's head forwards computed the loss of sample {} {} times", s,
@@ -97,7 +91,7 @@ double BaselineInterpreter::end_step() {
 
 void BaselineInterpreter::sync_host_state() {
   if (states_.empty()) return;
-  qr_.synchronize();
+  qr.synchronize();
   states_.front()->download(state_stream(0), st_);
 }
 
@@ -120,7 +114,7 @@ void BaselineInterpreter::make_states() {
   }
 }
 
-Tensor& BaselineInterpreter::get(int o, const Key& k) { return store_.get(o, p_.dataflow.find(k)); }
+Tensor& BaselineInterpreter::get(int o, const Key& k) { return store.get(o, p_.dataflow.find(k)); }
 
 Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) {
   Tensor t;
@@ -130,11 +124,11 @@ Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) {
   } else {
     t.buf = alloc_or_wait(D(k.device), bytes, tname(k));
   }
-  return store_.put(o, p_.dataflow.find(k), std::move(t));
+  return store.put(o, p_.dataflow.find(k), std::move(t));
 }
 
 Tensor& BaselineInterpreter::update(int o, const Key& k, Bytes bytes) {
-  if (Tensor* t = store_.take(o, p_.dataflow.find(k))) return *t;
+  if (Tensor* t = store.take(o, p_.dataflow.find(k))) return *t;
   const void* src = get(o, k).data();
   Tensor& t = put(o, k, bytes);
   D(k.device).copy_d2d(S(o), t.data(), src, bytes);

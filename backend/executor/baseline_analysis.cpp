@@ -1,7 +1,7 @@
 // The baseline interpreter's static analysis (baseline_interpreter.hpp), run when the executor is built: the
 // Program's dataflow (core/program/dataflow.hpp: each op's pass, layer, samples, reads and writes) resolved to the
-// version each read sees, the groups, the executor's Update edges, and the checks of the Program's frees and updates
-// (a missing dependency is refused before any step).
+// version each read sees (FlowVersions), the groups, the executor's Update edges, and the checks of the Program's frees
+// and updates (a missing dependency is refused before any step).
 #include <algorithm>
 #include <map>
 
@@ -53,17 +53,16 @@ void BaselineInterpreter::analyse() {
     if (op.kind == OpKind::BWD || op.kind == OpKind::REC) oi.bwd_input = reads.at(1).kind;
     if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
   }
-  groups_ = op_groups(p_);
+  groups = op_groups(p_);
   build_update_edges();
-  const Ancestry anc(p_, extra_);
+  const Ancestry anc(p_, extra);
   // Which version each read sees (flow_versions.hpp); a resident kind's W and DW are the DeviceState's, ordered by
   // check_resident_updates.
   const bool resident = resident_;
-  versions_ = FlowVersions(
-      p_, anc, [resident](const Key& k) { return !(resident && in_state(k.kind)); },
+  analyse_versions(
+      anc, [resident](const Key& k) { return !(resident && in_state(k.kind)); },
       [this](const Key& k) { return tname(k); });
-  store_ = FlowStore(p_, versions_, qr_);
-  versions_.check_frees(anc);
+  versions.check_frees(anc);
   if (resident_) {
     check_resident_updates(anc);
   } else {
@@ -74,9 +73,9 @@ void BaselineInterpreter::analyse() {
   bool more = false;
   for (std::size_t o = 0; o < n; ++o) {
     more = more || !host_edges_[o].empty();
-    extra_[o].insert(extra_[o].end(), host_edges_[o].begin(), host_edges_[o].end());
+    extra[o].insert(extra[o].end(), host_edges_[o].begin(), host_edges_[o].end());
   }
-  if (more) (void)Ancestry(p_, extra_);  // throws ScheduleViolation on a cycle
+  if (more) (void)Ancestry(p_, extra);  // throws ScheduleViolation on a cycle
 }
 
 std::vector<int> BaselineInterpreter::grad_sources(int l, int dev) const {
@@ -97,7 +96,7 @@ void BaselineInterpreter::build_update_edges() {
     if (op.kind == OpKind::WB) wb_[l].push_back(static_cast<int>(o));
     if (op.kind == OpKind::ARD) replicated_[l] = 1;
   }
-  extra_.assign(p_.ops.size(), {});
+  extra.assign(p_.ops.size(), {});
   // One host gradient per layer (build_update_edges): which dWBs write it, and the edges that order them.
   writes_host_.assign(p_.ops.size(), 0);
   host_edges_.assign(p_.ops.size(), {});
@@ -136,7 +135,7 @@ void BaselineInterpreter::build_update_edges() {
     if (op.kind != OpKind::Update || resident_) continue;
     std::vector<int> more = others(op.layers.first, op.device);
     if (op.layers.first == 0 && head != 0) {
-      extra_[o] = grad_sources(head, op.device);
+      extra[o] = grad_sources(head, op.device);
       for (int g : others(head, op.device)) more.push_back(g);
     }
     host_edges_[o] = std::move(more);
@@ -147,7 +146,7 @@ void BaselineInterpreter::build_update_edges() {
     for (std::size_t x = 0; x < p_.ops.size(); ++x) {  // resident: the head's gradient complete on this device
       const core::Op& xo = p_.ops[x];
       if (xo.device == op.device && xo.layers.first == head && (xo.kind == OpKind::BWD || xo.kind == OpKind::ARD))
-        extra_[o].push_back(static_cast<int>(x));
+        extra[o].push_back(static_cast<int>(x));
     }
   }
 }

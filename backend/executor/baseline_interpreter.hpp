@@ -16,8 +16,7 @@
 #include <vector>
 
 #include "backend/executor/detail.hpp"
-#include "backend/executor/flow_store.hpp"
-#include "backend/executor/flow_versions.hpp"
+#include "backend/executor/flow_interpreter.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/model/device_state.hpp"
 #include "core/program/program_graph.hpp"
@@ -54,41 +53,27 @@ struct OpInfo {
 // resident state (PlanKindSpec::resident_state: resident) keeps its weights, gradients and AdamW state in one
 // DeviceState per device across steps instead: its FWD/BWD read them there, its ARD sums them in place, and its
 // Update runs AdamW on the device; sync_host_state() copies them back into the HostState.
-class BaselineInterpreter final : public Interpreter {
+class BaselineInterpreter final : public FlowInterpreter {
  public:
   BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o);
 
-  const std::vector<std::vector<int>>& extra_deps() const override { return extra_; }
-
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
 
-  std::vector<int> group(int o) const override { return groups_[static_cast<std::size_t>(o)]; }
-
-  // Event ordering (QueueResources, as the Harmony interpreter): the host issues a group once its queues are at
-  // most kRunAhead ops ahead of their devices; an Update waits on the host for its preds' events, the other ops
-  // make their streams wait for them; each member's event is recorded after the group's work.
-  void run(const std::vector<int>& g) override;
-
-  void finished(int o) override;
-
-  void abandon_step() override { store_.clear(); }
-
   double end_step() override;
-
-  void synchronize() override { qr_.synchronize(); }
 
   void sync_host_state() override;
 
  private:
-  bool frees_pending(const Device& device) override { return qr_.frees_pending(device); }
+  // A P2P pair, a collective (ARD, AG, RS) or one op (FlowInterpreter::run issues it).
+  void run_group(const std::vector<int>& g) override;
   // A temporary of op o's work, freed when o's stream has run past it.
-  void release_after(int o, Buffer& b) { qr_.release_after(o, std::move(b)); }
+  void release_after(int o, Buffer& b) { qr.release_after(o, std::move(b)); }
   // Host memory an async copy of op o reads: kept until o's stream has run past the copy.
-  void keep_until_done(int o, std::shared_ptr<void> held) { qr_.release_after(S(o), at(o).device, std::move(held)); }
+  void keep_until_done(int o, std::shared_ptr<void> held) { qr.release_after(S(o), at(o).device, std::move(held)); }
   const core::Op& at(int o) const { return p_.ops[static_cast<std::size_t>(o)]; }
   std::string label(int o) const { return op_name(p_, o); }
   Device& D(int d) { return *devs_[static_cast<std::size_t>(d)]; }
-  Stream& S(int o) { return qr_.stream(o); }  // the stream of op o's queue
+  Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
   // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile: only
   // where the host reads what o's work brought down (grads_down).
   void sync(int o) { wait_unlocked(S(o)); }
@@ -242,21 +227,16 @@ class BaselineInterpreter final : public Interpreter {
   bool sharded_ = false;   // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
   DType dt_ = DType::F32;  // device storage (bf16: weights rounded on the way up, gradients widened back)
   Bytes es_ = 4;           // bytes per device element
-  QueueResources qr_;
   std::vector<OpInfo> info_;
-  std::vector<std::vector<int>> groups_;  // per op: the ops run with it (op_groups)
-  FlowVersions versions_;                 // which version each read sees, the reads per version (analyse)
-  std::vector<std::vector<int>> extra_;
   std::vector<std::vector<int>> dwb_, wb_;            // per layer
   std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)
   bool resident_ = false;                             // PlanKindSpec::resident_state: W, DW and AdamW state in states_
   std::vector<int> state_op_;                         // per device: an op of its compute queue (state_stream)
-  std::vector<std::unique_ptr<DeviceState>> states_;  // per device (resident); after qr_, whose streams they use
+  std::vector<std::unique_ptr<DeviceState>> states_;  // per device (resident); after qr, whose streams they use
   // per step
   std::span<const std::int32_t> in_, tgt_;
   std::vector<float> losses_;
   std::vector<std::uint8_t> loss_written_;  // per sample
-  FlowStore store_;                         // the step's tensor versions (made after analyse, over versions_)
   // Per queue (a device's dWBs are all on its swap-out queue): where a dWB that adds to a host gradient lands
   // first, as large as its largest such dWB; kept across steps (pinned in a real system: one per process).
   struct Bounce {
@@ -265,7 +245,7 @@ class BaselineInterpreter final : public Interpreter {
   };
   std::map<std::size_t, Bounce> bounce_;
   std::vector<char> writes_host_;             // per op: a dWB that writes the host gradient (build_update_edges)
-  std::vector<std::vector<int>> host_edges_;  // per op: the edges ordering those writes (in extra_ after the checks)
+  std::vector<std::vector<int>> host_edges_;  // per op: the edges ordering those writes (in extra after the checks)
   std::set<std::pair<int, int>> written_;     // (layer, device or -1): a dWB wrote it this step (grad_to_host)
   std::vector<char> brought_;                 // per op: the dWB ran this step
   std::vector<char> updated_;

@@ -24,7 +24,7 @@ void BaselineInterpreter::grads_down(int o, int d, float* dst, const void* src, 
     return;
   }
   const std::span<float> to(dst, static_cast<std::size_t>(count));
-  stage_down(qr_.queue(o), D(d), S(o), std::span<const std::span<float>>(&to, 1), src);
+  stage_down(qr.queue(o), D(d), S(o), std::span<const std::span<float>>(&to, 1), src);
 }
 
 void BaselineInterpreter::grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum,
@@ -36,7 +36,7 @@ void BaselineInterpreter::grads_up(int o, int d, void* dst, const std::shared_pt
     return;
   }
   const std::span<const float> from(src, static_cast<std::size_t>(count));
-  stage_up(qr_.queue(o), D(d), S(o), dst, std::span<const std::span<const float>>(&from, 1));
+  stage_up(qr.queue(o), D(d), S(o), dst, std::span<const std::span<const float>>(&from, 1));
 }
 
 void BaselineInterpreter::run_op(int o) {
@@ -107,7 +107,7 @@ void BaselineInterpreter::run_wb(int o) {
   if (dt_ == DType::BF16) {  // the masters rounded to nearest even, staged up
     const std::span<const float> from =
         st_.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
-    stage_up(qr_.queue(o), D(d), S(o), w.data(), std::span<const std::span<const float>>(&from, 1));
+    stage_up(qr.queue(o), D(d), S(o), w.data(), std::span<const std::span<const float>>(&from, 1));
   } else {  // read when the copy runs: the Updates that overwrite the masters wait for this op (host_wait)
     D(d).copy_h2d(S(o), w.data(), st_.weights(l).data() + first, len * kF);
   }
@@ -262,7 +262,7 @@ void BaselineInterpreter::grad_to_host(int o) {
     grads_down(o, d, dst, g.buf.data(), len);
     return;
   }
-  Bounce& b = bounce_[qr_.queue(o)];  // the queue runs one op at a time: its bounce buffer is free
+  Bounce& b = bounce_[qr.queue(o)];  // the queue runs one op at a time: its bounce buffer is free
   if (static_cast<std::int64_t>(b.floats.size()) < len) {
     b.metered.reset();
     b.floats.assign(static_cast<std::size_t>(len), 0.0f);
@@ -292,7 +292,7 @@ void BaselineInterpreter::host_update(int o) {
   if (l == 0 && m_.head_layer() != 0) gather(m_.head_layer());
   if (updated_[static_cast<std::size_t>(l)] != 0) return;
   updated_[static_cast<std::size_t>(l)] = 1;
-  unlocked([&] { note_nonfinite(update_layers(st_, opt_.adamw, l, l, qr_.adamw(o))); });
+  unlocked([&] { note_nonfinite(update_layers(st_, opt_.adamw, l, l, qr.adamw(o))); });
 }
 
 void BaselineInterpreter::run_pair(int send, int recv) {
@@ -336,19 +336,19 @@ void BaselineInterpreter::run_ard(const std::vector<int>& g) {
     std::vector<void*> bufs;
     bufs.reserve(g.size());
     for (const int a : g) bufs.push_back(state_grads(at(a).device, l));
-    if (qr_.device_sums(g)) {
-      qr_.all_reduce(g, bufs, count, dt_);
+    if (qr.device_sums(g)) {
+      qr.all_reduce(g, bufs, count, dt_);
       return;
     }
     const auto sum = summed_dw(g, l, count);
     for (std::size_t r = 0; r < g.size(); ++r) grads_up(g[r], at(g[r]).device, bufs[r], sum, 0, count);
     return;
   }
-  if (qr_.device_sums(g)) {
+  if (qr.device_sums(g)) {
     std::vector<void*> bufs;
     bufs.reserve(g.size());
     for (const int a : g) bufs.push_back(update(a, Key{at(a).device, TK::DW, l, 0, 0}, count * es_).data());
-    qr_.all_reduce(g, bufs, count, dt_);
+    qr.all_reduce(g, bufs, count, dt_);
     return;
   }
   // The host path (no communicator; op_groups makes every collective span the devices in rank order).
@@ -383,20 +383,20 @@ void BaselineInterpreter::run_rs(const std::vector<int>& g) {
   const int l = at(g.front()).layers.first;
   const std::int64_t count = floats(l);
   const auto dw_key = [&](int a) { return Key{at(a).device, TK::DW, l, 0, 0}; };
-  const auto last_reader = [&](int a) { return store_.last_reader(a, p_.dataflow.find(dw_key(a))); };
-  if (qr_.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
+  const auto last_reader = [&](int a) { return store.last_reader(a, p_.dataflow.find(dw_key(a))); };
+  if (qr.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
     std::vector<void*> bufs;
     std::vector<Tensor*> shards;
     bufs.reserve(g.size());
     shards.reserve(g.size());
     for (const int a : g) {
       Tensor& full = get(a, dw_key(a));
-      store_.writable(a, p_.dataflow.find(dw_key(a)));  // true (the last reader): its stream waits
+      store.writable(a, p_.dataflow.find(dw_key(a)));  // true (the last reader): its stream waits
       bufs.push_back(full.data());
       shards.push_back(
           &put(a, Key{at(a).device, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_));
     }
-    qr_.all_reduce(g, bufs, count, dt_);
+    qr.all_reduce(g, bufs, count, dt_);
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int a = g[r], d = at(a).device;
       if (shard_len(l, d) > 0)

@@ -1,7 +1,8 @@
 // The Executor (executor.hpp): its checks of a Program against the model and devices, the choice of interpreter by
 // the kind's dialect, the pinned-memory pre-flight, and the step that drives a step loop and drains a failed step.
 // The loops: step_loops.cpp; per-queue streams and event ordering: queue_resources.cpp; bf16 staging: staging.cpp;
-// the interpreters: harmony_interpreter.cpp / harmony_ops.cpp and baseline*.cpp.
+// what both interpreters share: flow_interpreter.hpp (flow_versions, flow_store, op_groups); their ops:
+// harmony_interpreter.cpp / harmony_ops.cpp and baseline*.cpp.
 #include "backend/executor/executor.hpp"
 
 #include <algorithm>

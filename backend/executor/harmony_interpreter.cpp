@@ -1,7 +1,6 @@
 // The Harmony interpreter's data flow (harmony_interpreter.hpp): construction (the Update owners, the tie's edges,
-// the readers per tensor from the Program's dataflow), the device tensor store with its happens-before checks, the
-// host channels, the release of a tensor after its last reader, and the step's lifecycle and groups. Its ops run in
-// harmony_ops.cpp.
+// the version analysis of its device tensors), device tensors by dataflow id in the shared store, the host channels
+// with their per-sample checks, the step's lifecycle and the dispatch of a group. Its ops run in harmony_ops.cpp.
 #include <algorithm>
 #include <memory>
 
@@ -34,7 +33,7 @@ HC host_chan(core::FlowKind k) {
 
 HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s,
                                        const ExecutorOptions& o)
-    : p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()), qr(prog, devs, o) {
+    : FlowInterpreter(prog, d, o), p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()) {
   if (!p.dataflow.covers(p))
     throw BackendError(
         fmt::format("executor: the {} Program carries no dataflow for its {} ops (lower it with "
@@ -69,10 +68,9 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
   }
   tie_edges();
   anc = Ancestry(p, extra);
-  versions = FlowVersions(
-      p, anc, [](const core::FlowTensor& t) { return !core::on_host(t.kind); },
+  analyse_versions(
+      anc, [](const core::FlowTensor& t) { return !core::on_host(t.kind); },
       [this](const core::FlowTensor& t) { return tname(t); });
-  store = FlowStore(p, versions, qr);
   groups = op_groups(p);
 }
 
@@ -222,20 +220,15 @@ void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::s
   qr.begin_step();
 }
 
-void HarmonyInterpreter::run(const std::vector<int>& g) {
-  const std::shared_ptr<void> range = qr.range(g.front());  // NVTX on CUDA, named like the trace's op
+void HarmonyInterpreter::run_group(const std::vector<int>& g) {
   const core::Op& op = p.ops[static_cast<std::size_t>(g.front())];
-  const bool host = op.kind == OpKind::MSGsX || op.kind == OpKind::MSGY || op.kind == OpKind::Update;
-  qr.await_preds(g, extra, host, [&](auto&& fn) { unlocked(fn); });
-  qr.issue(g, times, host, [&] {
-    if (op.peer >= 0) {
-      run_pair(g[0], g[1]);
-    } else if (op.kind == OpKind::ARD) {
-      run_ard(g);
-    } else {
-      run_op(g.front());
-    }
-  });
+  if (op.peer >= 0) {
+    run_pair(g[0], g[1]);
+  } else if (op.kind == OpKind::ARD) {
+    run_ard(g);
+  } else {
+    run_op(g.front());
+  }
 }
 
 double HarmonyInterpreter::end_step() {

@@ -1,7 +1,6 @@
 // The Harmony interpreter's class (Harmony-PP / Harmony-DP Programs, core::lower_harmony), private to its two files:
-// harmony_interpreter.cpp keeps its data flow (the Program's dataflow as a device tensor store keyed by kind, layer
-// and samples with the producing op, the host channels, the readers that free tensors, the step's lifecycle);
-// harmony_ops.cpp runs its ops.
+// harmony_interpreter.cpp keeps its data flow (device tensors as versions in FlowInterpreter's store, the host
+// channels, the step's lifecycle); harmony_ops.cpp runs its ops.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +12,7 @@
 #include <vector>
 
 #include "backend/executor/detail.hpp"
-#include "backend/executor/flow_store.hpp"
-#include "backend/executor/flow_versions.hpp"
+#include "backend/executor/flow_interpreter.hpp"
 #include "backend/model/describe.hpp"
 #include "core/program/dataflow.hpp"
 #include "core/program/program_graph.hpp"
@@ -37,7 +35,7 @@ struct HostChan {
 // host tensors: device -1). Its device tensors are versions in the shared FlowStore.
 HC host_chan(core::FlowKind k);
 
-class HarmonyInterpreter final : public Interpreter {
+class HarmonyInterpreter final : public FlowInterpreter {
  public:
   const core::Program& p;
   std::vector<Device*> devs;
@@ -47,8 +45,6 @@ class HarmonyInterpreter final : public Interpreter {
   int B = 0, T = 0;
   DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
   Bytes es = 4;           // bytes per device element
-  QueueResources qr;
-  std::vector<std::vector<int>> extra;  // the tie's edges (tie_edges)
   Ancestry anc;
   // Harmony-DP: every replica's Update of a pack sees the same all-reduced gradient, and the shared master is
   // updated once, by the lowest device's Update (update_owner, per layer range); every replica's dWB writes its
@@ -125,7 +121,6 @@ class HarmonyInterpreter final : public Interpreter {
   void keep_until_done(int o, std::shared_ptr<void> held) {
     qr.release_after(S(o), p.ops[static_cast<std::size_t>(o)].device, std::move(held));
   }
-  bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
 
   std::int64_t w_offset(const core::LayerRange& r, int l) const {
     std::int64_t o = 0;
@@ -168,33 +163,17 @@ class HarmonyInterpreter final : public Interpreter {
 
   std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
-  // Which version of each device tensor every op reads, and how many reads each version has (flow_versions.hpp;
-  // the host channels are checked per sample at run time instead), and the step's versions (flow_store.hpp): a
-  // version is freed once its last reader has run, so a device holds what the Program's allocs/frees say it holds
-  // (docs/backend.md, "Executor memory").
-  FlowVersions versions;
-  FlowStore store;
-
-  const std::vector<std::vector<int>>& extra_deps() const override { return extra; }
+  // The versions (FlowInterpreter::versions, store) are the device tensors': the host channels are checked per
+  // sample at run time instead. A version is freed once its last reader has run, so a device holds what the
+  // Program's allocs/frees say it holds (docs/backend.md, "Executor memory").
 
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
 
-  // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order.
-  std::vector<std::vector<int>> groups;  // per op (op_groups)
-  std::vector<int> group(int o) const override { return groups[static_cast<std::size_t>(o)]; }
-
-  // Event ordering (QueueResources): the host issues a group once its queues are at most kRunAhead ops ahead of
-  // their devices; host ops (MSG copies between host channels, Update) wait on the host for their preds' events,
-  // the others make their streams wait for them; each member's event is recorded after the group's work.
-  void run(const std::vector<int>& g) override;
-
-  void finished(int o) override { store.finished(o); }
-
-  void abandon_step() override { store.clear(); }
+  // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order; the
+  // others through run_op (FlowInterpreter::run issues them).
+  void run_group(const std::vector<int>& g) override;
 
   double end_step() override;
-
-  void synchronize() override { qr.synchronize(); }
 };
 
 }  // namespace harmony::backend::detail::harmony_impl
