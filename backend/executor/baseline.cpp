@@ -18,30 +18,23 @@ using core::OpKind;
 
 BaselineInterpreter::BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s,
                                          const ExecutorOptions& o)
-    : FlowInterpreter(prog, d, o), p_(prog), devs_(std::move(d)), st_(s), opt_(o), m_(s.model()) {
-  B_ = p_.graph.plan.minibatch;
-  T_ = opt_.seq_len;
-  R_ = m_.num_layers();
-  N_ = p_.num_devices();
-  pp_ = !p_.graph.plan.kind->data_parallel;  // pp-swap
-  dt_ = opt_.dtype;
-  es_ = dtype_bytes(dt_);
-  staging_chunk_bytes = opt_.staging_chunk_bytes;
-  if (dt_ == DType::BF16)
-    for (Device* dev : devs_) require_bf16(*dev, "executor");
-  resident_ = p_.graph.plan.kind->resident_state;
+    : FlowInterpreter(prog, std::move(d), s, o) {
+  R_ = m.num_layers();
+  N_ = p.num_devices();
+  pp_ = !p.graph.plan.kind->data_parallel;  // pp-swap
+  resident_ = p.graph.plan.kind->resident_state;
   analyse();
   if (resident_) make_states();
 }
 
 void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
-  in_ = inputs;
-  tgt_ = targets;
-  losses_.assign(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_), 0.0f);
-  loss_written_.assign(static_cast<std::size_t>(B_), 0);
+  in = inputs;
+  tgt = targets;
+  losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
+  loss_written_.assign(static_cast<std::size_t>(B), 0);
   store.begin_step();
   written_.clear();
-  brought_.assign(p_.ops.size(), 0);
+  brought_.assign(p.ops.size(), 0);
   updated_.assign(static_cast<std::size_t>(R_), 0);
   gathered_.assign(static_cast<std::size_t>(R_), 0);
   qr.begin_step();
@@ -74,29 +67,29 @@ void BaselineInterpreter::run_group(const std::vector<int>& g) {
 double BaselineInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, every stream-ordered free
   store.clear();
-  for (int s = 0; s < B_; ++s)
+  for (int s = 0; s < B; ++s)
     if (loss_written_[static_cast<std::size_t>(s)] != 1)
       throw BackendError(fmt::format("executor: the Program's head forwards computed the loss of sample {} {} times", s,
                                      static_cast<int>(loss_written_[static_cast<std::size_t>(s)])));
   double total = 0.0;
-  for (const float x : losses_) total += x;
+  for (const float x : losses) total += x;
   // resident: the replicas' updates saw the same all-reduced gradients, so their findings agree: device 0's
   // speaks for the step (every device's flags are cleared)
   for (std::size_t d = 0; d < states_.size(); ++d) {
     const auto found = states_[d]->take_nonfinite(state_stream(static_cast<int>(d)));
     if (d == 0) note_nonfinite(found);
   }
-  return total / static_cast<double>(losses_.size());
+  return total / static_cast<double>(losses.size());
 }
 
 void BaselineInterpreter::sync_host_state() {
   if (states_.empty()) return;
   qr.synchronize();
-  states_.front()->download(state_stream(0), st_);
+  states_.front()->download(state_stream(0), st);
 }
 
 std::string BaselineInterpreter::tname(const Key& k) const {
-  const std::string dev = devs_[static_cast<std::size_t>(k.device)]->name();
+  const std::string dev = devs[static_cast<std::size_t>(k.device)]->name();
   const std::string where = on_host(k.kind) ? "the host of " + dev : dev;
   if (k.n == 0) return fmt::format("{} {} of layer {}", where, tk_name(k.kind), k.layer);
   return fmt::format("{} {} of layer {} samples [{}, {})", where, tk_name(k.kind), k.layer, k.s0, k.s0 + k.n);
@@ -104,35 +97,22 @@ std::string BaselineInterpreter::tname(const Key& k) const {
 
 void BaselineInterpreter::make_states() {
   state_op_.assign(static_cast<std::size_t>(N_), -1);
-  for (const core::OpQueue& q : p_.queues)
+  for (const core::OpQueue& q : p.queues)
     if (q.stream == core::Stream::Compute && !q.ops.empty()) state_op_[static_cast<std::size_t>(q.device)] = q.ops[0];
   for (int d = 0; d < N_; ++d) {
     if (state_op_[static_cast<std::size_t>(d)] < 0)
       throw BackendError(fmt::format("executor: the resident Program has no compute ops on GPU {}", d));
-    states_.push_back(std::make_unique<DeviceState>(D(d), state_stream(d), m_, dt_));
-    states_.back()->upload(state_stream(d), st_);
+    states_.push_back(std::make_unique<DeviceState>(D(d), state_stream(d), m, dt));
+    states_.back()->upload(state_stream(d), st);
   }
 }
 
-Tensor& BaselineInterpreter::get(int o, const Key& k) { return store.get(o, p_.dataflow.find(k)); }
+Tensor& BaselineInterpreter::get(int o, const Key& k) { return store.get(o, p.dataflow.find(k)); }
 
-Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) {
-  Tensor t;
-  if (on_host(k.kind)) {
-    t.mem.resize(static_cast<std::size_t>(bytes));
-    t.metered = MeteredBytes(host_meter, k.kind == TK::HostGrad ? HostUse::Activations : HostUse::Stash, bytes);
-  } else {
-    t.buf = alloc_or_wait(D(k.device), bytes, tname(k));
-  }
-  return store.put(o, p_.dataflow.find(k), std::move(t));
-}
+Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) { return make(o, p.dataflow.find(k), bytes); }
 
 Tensor& BaselineInterpreter::update(int o, const Key& k, Bytes bytes) {
-  if (Tensor* t = store.take(o, p_.dataflow.find(k))) return *t;
-  const void* src = get(o, k).data();
-  Tensor& t = put(o, k, bytes);
-  D(k.device).copy_d2d(S(o), t.data(), src, bytes);
-  return t;
+  return FlowInterpreter::update(o, p.dataflow.find(k), bytes);
 }
 
 }  // namespace baseline_impl

@@ -18,23 +18,23 @@ using core::OpKind;
 std::vector<Key> BaselineInterpreter::keys(const core::TensorIds& ids) const {
   std::vector<Key> r;
   r.reserve(ids.size());
-  for (int id : ids) r.push_back(p_.dataflow.tensor(id));
+  for (int id : ids) r.push_back(p.dataflow.tensor(id));
   return r;
 }
 
 void BaselineInterpreter::analyse() {
-  const std::size_t n = p_.ops.size();
-  if (!p_.dataflow.covers(p_))
+  const std::size_t n = p.ops.size();
+  if (!p.dataflow.covers(p))
     throw BackendError(
         fmt::format("executor: the {} Program carries no dataflow for its {} ops (lower it with "
                     "core::lower_plan)",
-                    p_.graph.plan.kind.name(), n));
+                    p.graph.plan.kind.name(), n));
   info_.resize(n);
-  sharded_ = std::any_of(p_.ops.begin(), p_.ops.end(),
+  sharded_ = std::any_of(p.ops.begin(), p.ops.end(),
                          [](const core::Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
   for (std::size_t o = 0; o < n; ++o) {
-    const core::Op& op = p_.ops[o];
-    const core::OpFlow& f = p_.dataflow.ops[o];
+    const core::Op& op = p.ops[o];
+    const core::OpFlow& f = p.dataflow.ops[o];
     OpInfo& oi = info_[o];
     oi.pass = f.pass;
     oi.layer = f.layers.first;
@@ -53,9 +53,9 @@ void BaselineInterpreter::analyse() {
     if (op.kind == OpKind::BWD || op.kind == OpKind::REC) oi.bwd_input = reads.at(1).kind;
     if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
   }
-  groups = op_groups(p_);
+  groups = op_groups(p);
   build_update_edges();
-  const Ancestry anc(p_, extra);
+  const Ancestry anc(p, extra);
   // Which version each read sees (flow_versions.hpp); a resident kind's W and DW are the DeviceState's, ordered by
   // check_resident_updates.
   const bool resident = resident_;
@@ -75,7 +75,7 @@ void BaselineInterpreter::analyse() {
     more = more || !host_edges_[o].empty();
     extra[o].insert(extra[o].end(), host_edges_[o].begin(), host_edges_[o].end());
   }
-  if (more) (void)Ancestry(p_, extra);  // throws ScheduleViolation on a cycle
+  if (more) (void)Ancestry(p, extra);  // throws ScheduleViolation on a cycle
 }
 
 std::vector<int> BaselineInterpreter::grad_sources(int l, int dev) const {
@@ -89,17 +89,17 @@ void BaselineInterpreter::build_update_edges() {
   dwb_.assign(static_cast<std::size_t>(R_), {});
   wb_.assign(static_cast<std::size_t>(R_), {});
   replicated_.assign(static_cast<std::size_t>(R_), 0);
-  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
-    const core::Op& op = p_.ops[o];
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
     const auto l = static_cast<std::size_t>(op.layers.first);
     if (op.kind == OpKind::dWB) dwb_[l].push_back(static_cast<int>(o));
     if (op.kind == OpKind::WB) wb_[l].push_back(static_cast<int>(o));
     if (op.kind == OpKind::ARD) replicated_[l] = 1;
   }
-  extra.assign(p_.ops.size(), {});
+  extra.assign(p.ops.size(), {});
   // One host gradient per layer (build_update_edges): which dWBs write it, and the edges that order them.
-  writes_host_.assign(p_.ops.size(), 0);
-  host_edges_.assign(p_.ops.size(), {});
+  writes_host_.assign(p.ops.size(), 0);
+  host_edges_.assign(p.ops.size(), {});
   std::vector<std::vector<int>> writers(static_cast<std::size_t>(R_));  // per layer, in (device, queue) order
   for (int l = 0; l < R_; ++l) {
     std::vector<int>& list = dwb_[static_cast<std::size_t>(l)];
@@ -122,7 +122,7 @@ void BaselineInterpreter::build_update_edges() {
   // gradient (HostState::update). core::Model knows no tied weights, so the lowering need not order the head's
   // gradient transfers before Update(0) (pp-swap with the head on another stage does not); the executor waits for
   // them.
-  const int head = m_.head_layer();
+  const int head = m.head_layer();
   const auto others = [&](int l, int device) {
     std::vector<int> r;
     if (replicated_[static_cast<std::size_t>(l)] == 0) return r;
@@ -130,8 +130,8 @@ void BaselineInterpreter::build_update_edges() {
       if (at(o).device != device) r.push_back(o);
     return r;
   };
-  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
-    const core::Op& op = p_.ops[o];
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
     if (op.kind != OpKind::Update || resident_) continue;
     std::vector<int> more = others(op.layers.first, op.device);
     if (op.layers.first == 0 && head != 0) {
@@ -140,11 +140,11 @@ void BaselineInterpreter::build_update_edges() {
     }
     host_edges_[o] = std::move(more);
   }
-  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
-    const core::Op& op = p_.ops[o];
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
     if (op.kind != OpKind::Update || op.layers.first != 0 || head == 0 || !resident_) continue;
-    for (std::size_t x = 0; x < p_.ops.size(); ++x) {  // resident: the head's gradient complete on this device
-      const core::Op& xo = p_.ops[x];
+    for (std::size_t x = 0; x < p.ops.size(); ++x) {  // resident: the head's gradient complete on this device
+      const core::Op& xo = p.ops[x];
       if (xo.device == op.device && xo.layers.first == head && (xo.kind == OpKind::BWD || xo.kind == OpKind::ARD))
         extra[o].push_back(static_cast<int>(x));
     }
@@ -152,10 +152,10 @@ void BaselineInterpreter::build_update_edges() {
 }
 
 void BaselineInterpreter::check_resident_updates(const Ancestry& anc) const {
-  const int head = m_.head_layer();
+  const int head = m.head_layer();
   std::map<std::pair<int, int>, int> upd;  // (device, layer) -> its Update
-  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
-    const core::Op& op = p_.ops[o];
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
     if (op.kind == OpKind::WB || op.kind == OpKind::dWB || op.kind == OpKind::AG || op.kind == OpKind::RS)
       throw BackendError(
           fmt::format("executor: op {}: a resident Program keeps its weights and gradients on the "
@@ -173,8 +173,8 @@ void BaselineInterpreter::check_resident_updates(const Ancestry& anc) const {
     for (int l = 0; l < R_; ++l)
       if (floats(l) > 0 && upd.count({d, l}) == 0)
         throw BackendError(fmt::format("executor: the Program never updates layer {} on GPU {}", l, d));
-  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
-    const core::Op& op = p_.ops[o];
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
     if (op.kind != OpKind::FWD && op.kind != OpKind::REC && op.kind != OpKind::BWD && op.kind != OpKind::ARD) continue;
     const int l = op.layers.first;
     std::vector<int> layers{l};
@@ -191,10 +191,10 @@ void BaselineInterpreter::check_resident_updates(const Ancestry& anc) const {
 }
 
 void BaselineInterpreter::check_updates(const Ancestry& anc) const {
-  const int head = m_.head_layer();
+  const int head = m.head_layer();
   std::vector<char> seen(static_cast<std::size_t>(R_), 0);
-  for (std::size_t o = 0; o < p_.ops.size(); ++o) {
-    const core::Op& op = p_.ops[o];
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
     if (op.kind != OpKind::Update) continue;
     const int u = static_cast<int>(o);
     const int l = op.layers.first;

@@ -66,19 +66,7 @@ class BaselineInterpreter final : public FlowInterpreter {
  private:
   // A P2P pair, a collective (ARD, AG, RS) or one op (FlowInterpreter::run issues it).
   void run_group(const std::vector<int>& g) override;
-  // A temporary of op o's work, freed when o's stream has run past it.
-  void release_after(int o, Buffer& b) { qr.release_after(o, std::move(b)); }
-  // Host memory an async copy of op o reads: kept until o's stream has run past the copy.
-  void keep_until_done(int o, std::shared_ptr<void> held) { qr.release_after(S(o), at(o).device, std::move(held)); }
-  const core::Op& at(int o) const { return p_.ops[static_cast<std::size_t>(o)]; }
-  std::string label(int o) const { return op_name(p_, o); }
-  Device& D(int d) { return *devs_[static_cast<std::size_t>(d)]; }
-  Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
-  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile: only
-  // where the host reads what o's work brought down (grads_down).
-  void sync(int o) { wait_unlocked(S(o)); }
-  Bytes per_sample(int l) const { return m_.input_bytes(l, 1, T_, dt_); }
-  Bytes saved_bytes(int l, int n) const { return m_.act_floats(l, n, T_, dt_) * es_; }  // the forward's act of layer l
+  Bytes saved_bytes(int l, int n) const { return m.act_floats(l, n, T, dt) * es; }  // the forward's act of layer l
   // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened
   // exactly, Interpreter::stage_down), then returns: the host reads the result.
   void grads_down(int o, int d, float* dst, const void* src, std::int64_t count);
@@ -86,7 +74,7 @@ class BaselineInterpreter final : public FlowInterpreter {
   // up), asynchronously: an fp32 copy reads the sum, which lives until o's stream has run it.
   void grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum, std::int64_t first,
                 std::int64_t count);
-  std::int64_t floats(int l) const { return m_.param_floats(l); }
+  std::int64_t floats(int l) const { return m.param_floats(l); }
   // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
   // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
   std::int64_t shard_floats(int l) const { return (floats(l) + N_ - 1) / N_; }
@@ -194,9 +182,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   // other op writes it: the AdamW of different layers (and the tie's lm_head) overlaps safely.
   void host_update(int o);
 
-  // P2P (pp-swap): the sender's activation (Y) or input gradient (dX) copied into the receiver's device.
-  void run_pair(int send, int recv);
-
   // The group's dW of layer l brought down (widened from bf16 when stored so) and summed in fp32 in rank order,
   // as Communicator::all_reduce_sum adds: what ARD writes back to every replica and RS shards.
   std::shared_ptr<std::vector<float>> summed_dw(const std::vector<int>& g, int l, std::int64_t count);
@@ -217,16 +202,9 @@ class BaselineInterpreter final : public FlowInterpreter {
 
   void* state_grads(int d, int l) const;
 
-  const core::Program& p_;
-  std::vector<Device*> devs_;
-  HostState& st_;
-  ExecutorOptions opt_;
-  const Gpt2& m_;
-  int B_ = 0, T_ = 0, R_ = 0, N_ = 0;
-  bool pp_ = false;        // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
-  bool sharded_ = false;   // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
-  DType dt_ = DType::F32;  // device storage (bf16: weights rounded on the way up, gradients widened back)
-  Bytes es_ = 4;           // bytes per device element
+  int R_ = 0, N_ = 0;
+  bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
+  bool sharded_ = false;  // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
   std::vector<OpInfo> info_;
   std::vector<std::vector<int>> dwb_, wb_;            // per layer
   std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)
@@ -234,8 +212,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   std::vector<int> state_op_;                         // per device: an op of its compute queue (state_stream)
   std::vector<std::unique_ptr<DeviceState>> states_;  // per device (resident); after qr, whose streams they use
   // per step
-  std::span<const std::int32_t> in_, tgt_;
-  std::vector<float> losses_;
   std::vector<std::uint8_t> loss_written_;  // per sample
   // Per queue (a device's dWBs are all on its swap-out queue): where a dWB that adds to a host gradient lands
   // first, as large as its largest such dWB; kept across steps (pinned in a real system: one per process).

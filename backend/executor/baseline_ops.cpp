@@ -18,7 +18,7 @@ using core::OpKind;
 
 void BaselineInterpreter::grads_down(int o, int d, float* dst, const void* src, std::int64_t count) {
   if (count == 0) return;
-  if (dt_ == DType::F32) {
+  if (dt == DType::F32) {
     D(d).copy_d2h(S(o), dst, src, count * kF);
     sync(o);
     return;
@@ -30,7 +30,7 @@ void BaselineInterpreter::grads_down(int o, int d, float* dst, const void* src, 
 void BaselineInterpreter::grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum,
                                    std::int64_t first, std::int64_t count) {
   const float* src = sum->data() + first;
-  if (dt_ == DType::F32) {
+  if (dt == DType::F32) {
     D(d).copy_h2d(S(o), dst, src, count * kF);
     keep_until_done(o, sum);
     return;
@@ -50,7 +50,7 @@ void BaselineInterpreter::run_op(int o) {
     case OpKind::X: {
       const Key k = info_[static_cast<std::size_t>(o)].writes.front();
       Tensor& x = put(o, k, Bytes(n) * per_sample(0));
-      D(d).copy_h2d(S(o), x.data(), in_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * per_sample(0));
+      D(d).copy_h2d(S(o), x.data(), in.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * per_sample(0));
       break;
     }
     case OpKind::sX:
@@ -83,7 +83,7 @@ void BaselineInterpreter::run_op(int o) {
       break;
     case OpKind::Update:
       if (resident_) {
-        states_[static_cast<std::size_t>(d)]->update(S(o), opt_.adamw, l, l);
+        states_[static_cast<std::size_t>(d)]->update(S(o), opt.adamw, l, l);
       } else {
         host_update(o);
       }
@@ -101,15 +101,15 @@ void BaselineInterpreter::run_wb(int o) {
   const core::Op& op = at(o);
   const int d = op.device, l = op.layers.first;
   const std::int64_t first = sharded_ ? shard_first(l, d) : 0, len = sharded_ ? shard_len(l, d) : floats(l);
-  Tensor& w = sharded_ ? put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_)
-                       : put(o, Key{d, TK::W, l, 0, 0}, floats(l) * es_);
+  Tensor& w = sharded_ ? put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es)
+                       : put(o, Key{d, TK::W, l, 0, 0}, floats(l) * es);
   if (len == 0) return;
-  if (dt_ == DType::BF16) {  // the masters rounded to nearest even, staged up
+  if (dt == DType::BF16) {  // the masters rounded to nearest even, staged up
     const std::span<const float> from =
-        st_.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
+        st.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
     stage_up(qr.queue(o), D(d), S(o), w.data(), std::span<const std::span<const float>>(&from, 1));
   } else {  // read when the copy runs: the Updates that overwrite the masters wait for this op (host_wait)
-    D(d).copy_h2d(S(o), w.data(), st_.weights(l).data() + first, len * kF);
+    D(d).copy_h2d(S(o), w.data(), st.weights(l).data() + first, len * kF);
   }
 }
 
@@ -145,7 +145,7 @@ LayerArgs<E> BaselineInterpreter::layer_args(int o, TK input) {
   const int d = at(o).device, l = at(o).layers.first;
   LayerArgs<E> a;
   a.B = oi.n;
-  a.T = T_;
+  a.T = T;
   a.w = resident_ ? states_[static_cast<std::size_t>(d)]->weights<E>(l) : get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
   const void* x = get(o, Key{d, input, l, oi.s0, oi.n}).buf.data();
   if (l == 0) {
@@ -157,7 +157,7 @@ LayerArgs<E> BaselineInterpreter::layer_args(int o, TK input) {
 }
 
 void BaselineInterpreter::forward(int o, bool recompute) {
-  if (dt_ == DType::BF16) {
+  if (dt == DType::BF16) {
     forward_as<Bf16>(o, recompute);
   } else {
     forward_as<float>(o, recompute);
@@ -169,19 +169,19 @@ void BaselineInterpreter::forward_as(int o, bool recompute) {
   const core::Op& op = at(o);
   const OpInfo& oi = info_[static_cast<std::size_t>(o)];
   const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  const bool head = m_.kind(l) == LayerKind::Head;
+  const bool head = m.kind(l) == LayerKind::Head;
   LayerArgs<E> a = layer_args<E>(o, recompute ? oi.bwd_input : TK::Act);
   Buffer targets, y, act;
   if (head) {
-    targets = alloc_or_wait(D(d), Bytes(n) * T_ * 4, "targets");
-    D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
+    targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
+    D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
     a.targets = targets.as<std::int32_t>();
   }
   if (head || recompute) {
-    y = alloc_or_wait(D(d), m_.output_bytes(l, n, T_, dt_), head ? "losses" : "y");
+    y = alloc_or_wait(D(d), m.output_bytes(l, n, T, dt), head ? "losses" : "y");
     a.y = y.as<E>();
   } else {
-    a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m_.output_bytes(l, n, T_, dt_)).buf.as<E>();
+    a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m.output_bytes(l, n, T, dt)).buf.as<E>();
   }
   if (recompute || oi.saved) {
     a.act = put(o, Key{d, TK::Saved, l, s0, n}, saved_bytes(l, n)).buf.as<E>();
@@ -190,16 +190,16 @@ void BaselineInterpreter::forward_as(int o, bool recompute) {
     a.act = act.as<E>();
   }
   BasicDeviceOps<E> ops(D(d), S(o));
-  m_.forward(ops, l, a);
+  m.forward(ops, l, a);
   if (head && !recompute) {  // read by end_step, after every stream has run
-    D(d).copy_d2h(S(o), losses_.data() + static_cast<std::size_t>(s0) * T_, a.y, Bytes(n) * T_ * kF);
+    D(d).copy_d2h(S(o), losses.data() + static_cast<std::size_t>(s0) * T, a.y, Bytes(n) * T * kF);
     for (int s = s0; s < s0 + n; ++s) ++loss_written_[static_cast<std::size_t>(s)];
   }
   for (Buffer* b : {&targets, &y, &act}) release_after(o, *b);  // after the kernels, in stream order
 }
 
 void BaselineInterpreter::backward(int o) {
-  if (dt_ == DType::BF16) {
+  if (dt == DType::BF16) {
     backward_as<Bf16>(o);
   } else {
     backward_as<float>(o);
@@ -211,7 +211,7 @@ void BaselineInterpreter::backward_as(int o) {
   const core::Op& op = at(o);
   const OpInfo& oi = info_[static_cast<std::size_t>(o)];
   const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  const bool head = m_.kind(l) == LayerKind::Head;
+  const bool head = m.kind(l) == LayerKind::Head;
   LayerArgs<E> a = layer_args<E>(o, oi.bwd_input);
   const E* dy = l + 1 < R_ ? get(o, Key{d, TK::Grad, l + 1, s0, n}).buf.as<E>() : nullptr;
   const Key dwk{d, TK::DW, l, 0, 0};
@@ -219,20 +219,20 @@ void BaselineInterpreter::backward_as(int o) {
   if (resident_) {
     dw = states_[static_cast<std::size_t>(d)]->grads<E>(l);  // zeroed by begin_step
   } else if (oi.fresh_dw) {
-    Tensor& g = put(o, dwk, floats(l) * es_);
-    D(d).fill_zero(S(o), g.data(), floats(l) * es_);
+    Tensor& g = put(o, dwk, floats(l) * es);
+    D(d).fill_zero(S(o), g.data(), floats(l) * es);
     dw = g.buf.as<E>();
   } else {
-    dw = update(o, dwk, floats(l) * es_).buf.as<E>();
+    dw = update(o, dwk, floats(l) * es).buf.as<E>();
   }
   E* dx = l > 0 ? put(o, Key{d, TK::Grad, l, s0, n}, Bytes(n) * per_sample(l)).buf.as<E>() : nullptr;
   Buffer targets, scratch;
   if (head) {
-    targets = alloc_or_wait(D(d), Bytes(n) * T_ * 4, "targets");
-    D(d).copy_h2d(S(o), targets.data(), tgt_.data() + static_cast<std::size_t>(s0) * T_, Bytes(n) * T_ * 4);
+    targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
+    D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
     a.targets = targets.as<std::int32_t>();
   }
-  scratch = alloc_or_wait(D(d), std::max<std::int64_t>(1, m_.scratch_floats(l, n, T_)) * es_, "scratch");
+  scratch = alloc_or_wait(D(d), std::max<std::int64_t>(1, m.scratch_floats(l, n, T)) * es, "scratch");
   BasicDeviceOps<E> ops(D(d), S(o));
   a.act = get(o, Key{d, TK::Saved, l, s0, n}).buf.as<E>();
   a.y = nullptr;
@@ -240,8 +240,8 @@ void BaselineInterpreter::backward_as(int o) {
   a.dy = dy;
   a.dx = dx;
   a.scratch = scratch.as<E>();
-  a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_));
-  m_.backward(ops, l, a);
+  a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B) * static_cast<std::size_t>(T));
+  m.backward(ops, l, a);
   for (Buffer* b : {&targets, &scratch}) release_after(o, *b);  // after the kernels, in stream order
 }
 
@@ -251,7 +251,7 @@ void BaselineInterpreter::grad_to_host(int o) {
   const std::int64_t first = sharded_ ? shard_first(l, d) : 0;
   const std::int64_t len = sharded_ ? shard_len(l, d) : floats(l);
   const Tensor& g = get(o, Key{d, sharded_ ? TK::DWShard : TK::DW, l, 0, 0});
-  float* dst = st_.grads(l).data() + first;
+  float* dst = st.grads(l).data() + first;
   brought_[static_cast<std::size_t>(o)] = 1;
   // A replicated gradient's replicas each write the same sum (the previous replica's is complete: the edges order
   // them), a sharded one's ranks their own shards; the first dWB of each copies, the later ones add
@@ -289,30 +289,10 @@ void BaselineInterpreter::host_update(int o) {
     gathered_[static_cast<std::size_t>(layer)] = 1;
   };
   gather(l);
-  if (l == 0 && m_.head_layer() != 0) gather(m_.head_layer());
+  if (l == 0 && m.head_layer() != 0) gather(m.head_layer());
   if (updated_[static_cast<std::size_t>(l)] != 0) return;
   updated_[static_cast<std::size_t>(l)] = 1;
-  unlocked([&] { note_nonfinite(update_layers(st_, opt_.adamw, l, l, qr.adamw(o))); });
-}
-
-void BaselineInterpreter::run_pair(int send, int recv) {
-  const core::Op& so = at(send);
-  const core::Op& ro = at(recv);
-  const OpInfo& si = info_[static_cast<std::size_t>(send)];
-  const OpInfo& ri = info_[static_cast<std::size_t>(recv)];
-  const bool fwd = so.kind == OpKind::Y;
-  const int l = fwd ? so.layers.last + 1 : so.layers.first;
-  const Key src_key{so.device, fwd ? TK::Act : TK::Grad, l, si.s0, si.n};
-  const Key dst_key{ro.device, fwd ? TK::Act : TK::Grad, l, ri.s0, ri.n};
-  if (ri.writes.empty() || !(ri.writes.front() == dst_key))
-    throw ScheduleViolation(fmt::format("executor: P2P {} -> {} moves {} into {}", label(send), label(recv),
-                                        tname(src_key),
-                                        ri.writes.empty() ? std::string("nothing") : tname(ri.writes.front())));
-  const Bytes b = Bytes(si.n) * per_sample(l);
-  const void* src = get(send, src_key).buf.data();
-  Tensor& dst = put(recv, dst_key, b);
-  D(so.device).copy_d2d(S(send), dst.data(), src, b, &D(ro.device));
-  dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
+  unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, l, l, qr.adamw(o))); });
 }
 
 std::shared_ptr<std::vector<float>> BaselineInterpreter::summed_dw(const std::vector<int>& g, int l,
@@ -337,7 +317,7 @@ void BaselineInterpreter::run_ard(const std::vector<int>& g) {
     bufs.reserve(g.size());
     for (const int a : g) bufs.push_back(state_grads(at(a).device, l));
     if (qr.device_sums(g)) {
-      qr.all_reduce(g, bufs, count, dt_);
+      qr.all_reduce(g, bufs, count, dt);
       return;
     }
     const auto sum = summed_dw(g, l, count);
@@ -347,15 +327,15 @@ void BaselineInterpreter::run_ard(const std::vector<int>& g) {
   if (qr.device_sums(g)) {
     std::vector<void*> bufs;
     bufs.reserve(g.size());
-    for (const int a : g) bufs.push_back(update(a, Key{at(a).device, TK::DW, l, 0, 0}, count * es_).data());
-    qr.all_reduce(g, bufs, count, dt_);
+    for (const int a : g) bufs.push_back(update(a, Key{at(a).device, TK::DW, l, 0, 0}, count * es).data());
+    qr.all_reduce(g, bufs, count, dt);
     return;
   }
   // The host path (no communicator; op_groups makes every collective span the devices in rank order).
   const auto sum = summed_dw(g, l, count);
   for (int a : g) {
     const int d = at(a).device;
-    Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * es_);
+    Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * es);
     grads_up(a, d, t.data(), sum, 0, count);
   }
 }
@@ -364,7 +344,7 @@ void BaselineInterpreter::run_ag(const std::vector<int>& g) {
   const int l = at(g.front()).layers.first;
   std::vector<Tensor*> full;
   full.reserve(g.size());
-  for (int a : g) full.push_back(&put(a, Key{at(a).device, TK::W, l, 0, 0}, floats(l) * es_));
+  for (int a : g) full.push_back(&put(a, Key{at(a).device, TK::W, l, 0, 0}, floats(l) * es));
   // Each rank's stream copies its shard into every rank's copy; every member's stream then waits for the others
   // (record_group), so what reads a full copy follows all the copies into it.
   for (int a : g) {
@@ -373,7 +353,7 @@ void BaselineInterpreter::run_ag(const std::vector<int>& g) {
     const void* src = get(a, Key{r, TK::WShard, l, 0, 0}).buf.data();
     for (std::size_t q = 0; q < g.size(); ++q) {
       const int dq = at(g[q]).device;
-      D(r).copy_d2d(S(a), full[q]->buf.as<std::byte>() + shard_first(l, r) * es_, src, shard_len(l, r) * es_, &D(dq));
+      D(r).copy_d2d(S(a), full[q]->buf.as<std::byte>() + shard_first(l, r) * es, src, shard_len(l, r) * es, &D(dq));
       full[q]->users.push_back(a);
     }
   }
@@ -383,7 +363,7 @@ void BaselineInterpreter::run_rs(const std::vector<int>& g) {
   const int l = at(g.front()).layers.first;
   const std::int64_t count = floats(l);
   const auto dw_key = [&](int a) { return Key{at(a).device, TK::DW, l, 0, 0}; };
-  const auto last_reader = [&](int a) { return store.last_reader(a, p_.dataflow.find(dw_key(a))); };
+  const auto last_reader = [&](int a) { return store.last_reader(a, p.dataflow.find(dw_key(a))); };
   if (qr.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
     std::vector<void*> bufs;
     std::vector<Tensor*> shards;
@@ -391,31 +371,31 @@ void BaselineInterpreter::run_rs(const std::vector<int>& g) {
     shards.reserve(g.size());
     for (const int a : g) {
       Tensor& full = get(a, dw_key(a));
-      store.writable(a, p_.dataflow.find(dw_key(a)));  // true (the last reader): its stream waits
+      store.writable(a, p.dataflow.find(dw_key(a)));  // true (the last reader): its stream waits
       bufs.push_back(full.data());
       shards.push_back(
-          &put(a, Key{at(a).device, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_));
+          &put(a, Key{at(a).device, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es));
     }
-    qr.all_reduce(g, bufs, count, dt_);
+    qr.all_reduce(g, bufs, count, dt);
     for (std::size_t r = 0; r < g.size(); ++r) {
       const int a = g[r], d = at(a).device;
       if (shard_len(l, d) > 0)
-        D(d).copy_d2d(S(a), shards[r]->data(), static_cast<std::byte*>(bufs[r]) + shard_first(l, d) * es_,
-                      shard_len(l, d) * es_);
+        D(d).copy_d2d(S(a), shards[r]->data(), static_cast<std::byte*>(bufs[r]) + shard_first(l, d) * es,
+                      shard_len(l, d) * es);
     }
     return;
   }
   const auto sum = summed_dw(g, l, count);
   for (int a : g) {
     const int d = at(a).device;
-    Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es_);
+    Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es);
     if (shard_len(l, d) > 0) grads_up(a, d, t.data(), sum, shard_first(l, d), shard_len(l, d));
   }
 }
 
 void* BaselineInterpreter::state_grads(int d, int l) const {
-  auto& st = *states_[static_cast<std::size_t>(d)];
-  return dt_ == DType::BF16 ? static_cast<void*>(st.grads<Bf16>(l)) : static_cast<void*>(st.grads<float>(l));
+  auto& ds = *states_[static_cast<std::size_t>(d)];
+  return dt == DType::BF16 ? static_cast<void*>(ds.grads<Bf16>(l)) : static_cast<void*>(ds.grads<float>(l));
 }
 
 }  // namespace harmony::backend::detail::baseline_impl

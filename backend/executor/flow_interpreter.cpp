@@ -1,15 +1,77 @@
-// FlowInterpreter (flow_interpreter.hpp): the issue of a group, the same for every kind.
+// FlowInterpreter (flow_interpreter.hpp): the state both interpreters share, the issue of a group, tensors made and
+// updated in the store, and the P2P pair — the same for every kind.
 #include "backend/executor/flow_interpreter.hpp"
 
 #include <memory>
+#include <utility>
+
+#include <fmt/format.h>
 
 namespace harmony::backend::detail {
 
+FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Device*> devices, HostState& state,
+                                 const ExecutorOptions& options)
+    : p(program),
+      devs(std::move(devices)),
+      st(state),
+      opt(options),
+      m(state.model()),
+      B(program.graph.plan.minibatch),
+      T(options.seq_len),
+      dt(options.dtype),
+      es(dtype_bytes(options.dtype)),
+      qr(program, devs, options) {
+  staging_chunk_bytes = opt.staging_chunk_bytes;
+  if (dt == DType::BF16)
+    for (Device* d : devs) require_bf16(*d, "executor");
+}
+
 void FlowInterpreter::run(const std::vector<int>& g) {
   const std::shared_ptr<void> range = qr.range(g.front());  // NVTX on CUDA, named like the trace's op
-  const bool host = program_.ops[static_cast<std::size_t>(g.front())].stream == core::Stream::Cpu;
+  const bool host = p.ops[static_cast<std::size_t>(g.front())].stream == core::Stream::Cpu;
   qr.await_preds(g, extra, host, [&](auto&& fn) { unlocked(fn); });
   qr.issue(g, times, host, [&] { run_group(g); });
+}
+
+FlowData& FlowInterpreter::make(int o, int id, Bytes bytes) {
+  const core::FlowTensor& t = p.dataflow.tensor(id);
+  FlowData data;
+  if (core::on_host(t.kind)) {
+    data.mem.resize(static_cast<std::size_t>(bytes));
+    data.metered =
+        MeteredBytes(host_meter, t.kind == core::FlowKind::HostGrad ? HostUse::Activations : HostUse::Stash, bytes);
+  } else {
+    data.buf = alloc_or_wait(D(t.device), bytes, versions.name(id));
+  }
+  return store.put(o, id, std::move(data));
+}
+
+FlowData& FlowInterpreter::update(int o, int id, Bytes bytes) {
+  if (FlowData* in_place = store.take(o, id)) return *in_place;
+  const void* src = store.get(o, id).data();
+  FlowData& t = make(o, id, bytes);
+  D(p.dataflow.tensor(id).device).copy_d2d(S(o), t.data(), src, bytes);
+  return t;
+}
+
+void FlowInterpreter::run_pair(int send, int recv) {
+  const std::vector<FlowVersion>& r = versions.reads(send);
+  const std::vector<int>& w = versions.writes(recv);
+  if (r.empty()) throw ScheduleViolation(fmt::format("executor: P2P {} -> {} sends nothing", label(send), label(recv)));
+  const int src_id = r.front().tensor;
+  const core::FlowTensor& a = p.dataflow.tensor(src_id);
+  const auto same = [&](const core::FlowTensor& b) {
+    return b.kind == a.kind && b.layer == a.layer && b.s0 == a.s0 && b.n == a.n;
+  };
+  if (w.empty() || !same(p.dataflow.tensor(w.front())))
+    throw ScheduleViolation(fmt::format("executor: P2P {} -> {} moves {} into {}", label(send), label(recv),
+                                        versions.name(src_id),
+                                        w.empty() ? std::string("nothing") : versions.name(w.front())));
+  const Bytes bytes = Bytes(a.n) * per_sample(a.layer);
+  const void* src = store.get(send, src_id).data();
+  FlowData& dst = make(recv, w.front(), bytes);
+  D(at(send).device).copy_d2d(S(send), dst.data(), src, bytes, &D(at(recv).device));
+  dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
 }
 
 }  // namespace harmony::backend::detail

@@ -4,18 +4,25 @@
 // CPU stream) waited for on the host. The ops themselves are the derived interpreter's (run_group).
 #pragma once
 
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/executor/detail.hpp"
 #include "backend/executor/flow_store.hpp"
 #include "backend/executor/flow_versions.hpp"
+#include "backend/model/describe.hpp"
 
 namespace harmony::backend::detail {
 
 class FlowInterpreter : public Interpreter {
  public:
-  FlowInterpreter(const core::Program& program, const std::vector<Device*>& devices, const ExecutorOptions& options)
-      : qr(program, devices, options), program_(program) {}
+  // The Program, its devices (one per GPU), the HostState the steps read and write, the options; refuses bf16 on a
+  // device without bf16 kernels.
+  FlowInterpreter(const core::Program& program, std::vector<Device*> devices, HostState& state,
+                  const ExecutorOptions& options);
 
   const std::vector<std::vector<int>>& extra_deps() const override { return extra; }
   std::vector<int> group(int o) const override { return groups[static_cast<std::size_t>(o)]; }
@@ -35,18 +42,52 @@ class FlowInterpreter : public Interpreter {
   // The version analysis over the Program's dataflow and the happens-before order `anc` (its deps, queue order and
   // `extra`), and the store over it.
   void analyse_versions(const Ancestry& anc, FlowVersions::Tracked tracked, FlowVersions::Name name) {
-    versions = FlowVersions(program_, anc, std::move(tracked), std::move(name));
-    store = FlowStore(program_, versions, qr);
+    versions = FlowVersions(p, anc, std::move(tracked), std::move(name));
+    store = FlowStore(p, versions, qr);
   }
 
-  QueueResources qr;                     // per queue: its stream, events, AdamW pool
+  // ---- tensors (versions in `store`) ----
+  // Op o's version of tensor `id`: device memory on the tensor's device, or host memory on the host meter (a
+  // swapped-out input gradient as activations, the other host tensors as stash).
+  FlowData& make(int o, int id, Bytes bytes);
+  // Op o reads `id` and writes its next version: in place where o is the last reader of the old one, else a copy.
+  FlowData& update(int o, int id, Bytes bytes);
+  // A P2P pair (send first): what the sender reads (Y: the activation, dX: the input gradient) copied device to
+  // device, on the sender's stream, into the version the receiver writes; ScheduleViolation where the receiver
+  // writes another tensor.
+  void run_pair(int send, int recv);
+
+  // ---- helpers ----
+  const core::Op& at(int o) const { return p.ops[static_cast<std::size_t>(o)]; }
+  std::string label(int o) const { return op_name(p, o); }
+  Device& D(int d) { return *devs[static_cast<std::size_t>(d)]; }
+  Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
+  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile: only
+  // where the host reads what o's work brought down.
+  void sync(int o) { wait_unlocked(S(o)); }
+  // A temporary of op o's work, freed when o's stream has run past it.
+  void release_after(int o, Buffer& b) { qr.release_after(o, std::move(b)); }
+  // Host memory an async copy of op o reads (a bf16 staging buffer, a host sum): kept until o's stream has run past
+  // the copy.
+  void keep_until_done(int o, std::shared_ptr<void> held) { qr.release_after(S(o), at(o).device, std::move(held)); }
+  Bytes per_sample(int l) const { return m.input_bytes(l, 1, T, dt); }  // a layer's input, one sample
+
+  const core::Program& p;
+  std::vector<Device*> devs;
+  HostState& st;
+  ExecutorOptions opt;
+  const Gpt2& m;
+  int B = 0, T = 0;       // minibatch, sequence length
+  DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
+  Bytes es = 4;           // bytes per device element
+  QueueResources qr;      // per queue: its stream, events, AdamW pool
   std::vector<std::vector<int>> extra;   // per op: the executor's added edges (extra_deps)
   FlowVersions versions;                 // which version each read sees, the reads per version
   FlowStore store;                       // the step's tensor versions
   std::vector<std::vector<int>> groups;  // per op: the ops run with it (op_groups)
-
- private:
-  const core::Program& program_;
+  // per step
+  std::span<const std::int32_t> in, tgt;  // the step's inputs and targets
+  std::vector<float> losses;              // per token: the head's losses
 };
 
 }  // namespace harmony::backend::detail

@@ -33,19 +33,12 @@ HC host_chan(core::FlowKind k) {
 
 HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s,
                                        const ExecutorOptions& o)
-    : FlowInterpreter(prog, d, o), p(prog), devs(std::move(d)), st(s), opt(o), m(s.model()) {
+    : FlowInterpreter(prog, std::move(d), s, o) {
   if (!p.dataflow.covers(p))
     throw BackendError(
         fmt::format("executor: the {} Program carries no dataflow for its {} ops (lower it with "
                     "core::lower_harmony)",
                     p.graph.plan.kind.name(), p.ops.size()));
-  B = p.graph.plan.minibatch;
-  T = opt.seq_len;
-  dt = opt.dtype;
-  es = dtype_bytes(dt);
-  staging_chunk_bytes = opt.staging_chunk_bytes;
-  if (dt == DType::BF16)
-    for (Device* dev_ptr : devs) require_bf16(*dev_ptr, "executor");
   if (p.graph.plan.kind->data_parallel && static_cast<int>(p.devices.size()) != p.num_devices())
     throw BackendError(fmt::format("executor: {} Program lowered for GPU 0 only (set dp_first_gpu_only = false)",
                                    p.graph.plan.kind.name()));
@@ -162,21 +155,6 @@ std::string HarmonyInterpreter::tname(const core::FlowTensor& t) const {
   const bool task = t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW;
   return fmt::format("{} {} {} samples [{}, {})", devs[static_cast<std::size_t>(t.device)]->name(),
                      core::flow_kind_name(t.kind), task ? t.owner : t.layer, t.s0, t.s0 + t.n);
-}
-
-FlowData& HarmonyInterpreter::make(int o, int id, Bytes bytes) {
-  const core::FlowTensor& t = tensor(id);
-  FlowData data;
-  data.buf = alloc_or_wait(D(t.device), bytes, tname(t));
-  return store.put(o, id, std::move(data));
-}
-
-FlowData& HarmonyInterpreter::update(int o, int id, Bytes bytes) {
-  if (FlowData* in_place = store.take(o, id)) return *in_place;
-  const void* src = store.get(o, id).data();
-  FlowData& t = make(o, id, bytes);
-  D(tensor(id).device).copy_d2d(S(o), t.data(), src, bytes);
-  return t;
 }
 
 HostChan& HarmonyInterpreter::chan(HC c, int l) {

@@ -37,22 +37,12 @@ HC host_chan(core::FlowKind k);
 
 class HarmonyInterpreter final : public FlowInterpreter {
  public:
-  const core::Program& p;
-  std::vector<Device*> devs;
-  HostState& st;
-  ExecutorOptions opt;
-  const Gpt2& m;
-  int B = 0, T = 0;
-  DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
-  Bytes es = 4;           // bytes per device element
   Ancestry anc;
   // Harmony-DP: every replica's Update of a pack sees the same all-reduced gradient, and the shared master is
   // updated once, by the lowest device's Update (update_owner, per layer range); every replica's dWB writes its
   // (equal) gradient into HostState::grads, one after another (tie_edges).
   std::map<std::pair<int, int>, int> update_owner;
   std::map<std::pair<HC, int>, HostChan> host;
-  std::vector<float> losses;
-  std::span<const std::int32_t> in, tgt;
 
   HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o);
 
@@ -87,11 +77,9 @@ class HarmonyInterpreter final : public FlowInterpreter {
   Bytes chan_bytes(int l) const { return Bytes(B) * per_sample(l); }
   Bytes host_bytes() const override;
   void allocate_host() override;
-  std::string label(int op) const { return op_name(p, op); }
 
   // Samples [first, first + n) of an op's microbatch (its dataflow's).
   std::pair<int, int> samples(int o) const { return {flow(o).s0, flow(o).n}; }
-  Bytes per_sample(int l) const { return m.input_bytes(l, 1, T, dt); }
 
   // ---- device tensors (versions in `store`) ----
   // The dataflow id of a device tensor of op o's device: kind, layer and samples; a task's weights or gradient (W,
@@ -99,28 +87,11 @@ class HarmonyInterpreter final : public FlowInterpreter {
   int tid(int o, core::FlowKind k, int l, int s0, int n) const;
   int task_tid(int o, core::FlowKind k) const;
   std::string tname(const core::FlowTensor& t) const;
-  // Op o's version of tensor `id`, allocated on the tensor's device.
-  FlowData& make(int o, int id, Bytes bytes);
-  // Op o reads `id` and writes its next version: in place where o is the last reader of the old one, else a copy.
-  FlowData& update(int o, int id, Bytes bytes);
 
   // ---- host channels ----
   HostChan& chan(HC c, int l);
   std::byte* host_read(int o, HC c, int l, int s0, int n);
   std::byte* host_write(int o, HC c, int l, int s0, int n);
-
-  Device& D(int d) { return *devs[static_cast<std::size_t>(d)]; }
-  Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
-  // Waits for op o's stream with the interpreter's lock released, so other queues' ops proceed meanwhile: only
-  // where the host reads what o's work brought down (a bf16 gradient to widen, the ARD's host sum).
-  void sync(int o) { wait_unlocked(S(o)); }
-  // A temporary of op o's work, freed when o's stream has run past it.
-  void release_after(int o, Buffer& b) { qr.release_after(o, std::move(b)); }
-  // Host memory an async copy of op o reads (a bf16 staging buffer, the ARD's sum): kept until o's stream has run
-  // past the copy.
-  void keep_until_done(int o, std::shared_ptr<void> held) {
-    qr.release_after(S(o), p.ops[static_cast<std::size_t>(o)].device, std::move(held));
-  }
 
   std::int64_t w_offset(const core::LayerRange& r, int l) const {
     std::int64_t o = 0;
@@ -153,9 +124,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
   void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
   void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
   void run_del(int o);                         // drops the task's W and dW (the op's frees)
-
-  // P2P pair: the send side's device tensor is copied into the receive side's device.
-  void run_pair(int send, int recv);
 
   // ARD group: the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written back to all. With
   // ExecutorOptions::communicator, on the devices: each member's dW all-reduced in place on its own stream.

@@ -316,22 +316,6 @@ void HarmonyInterpreter::run_del(int o) {
   for (const int id : flow(o).frees) store.drop_all(id);
 }
 
-void HarmonyInterpreter::run_pair(int send, int recv) {
-  const core::Op& so = p.ops[static_cast<std::size_t>(send)];
-  const core::Op& ro = p.ops[static_cast<std::size_t>(recv)];
-  const auto [s0, n] = samples(send);
-  const auto [r0, rn] = samples(recv);
-  const bool fwd = so.kind == OpKind::Y;
-  const int l = fwd ? so.layers.last + 1 : so.layers.first;
-  if (r0 != s0 || rn != n)
-    throw ScheduleViolation(fmt::format("executor: P2P {} -> {} moves different samples", label(send), label(recv)));
-  const core::FlowKind k = fwd ? core::FlowKind::Act : core::FlowKind::Grad;
-  const FlowData& src = store.get(send, tid(send, k, l, s0, n));
-  FlowData& dst = make(recv, tid(recv, k, l, s0, n), Bytes(n) * per_sample(l));
-  D(so.device).copy_d2d(S(send), dst.buf.data(), src.buf.data(), Bytes(n) * per_sample(l), &D(ro.device));
-  dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
-}
-
 void HarmonyInterpreter::run_ard(const std::vector<int>& group) {
   const core::Op& o0 = p.ops[static_cast<std::size_t>(group.front())];
   const std::int64_t count = w_floats(o0.layers);
