@@ -104,13 +104,9 @@ void BaselineInterpreter::run_wb(int o) {
   Tensor& w = sharded_ ? put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es)
                        : put(o, Key{d, TK::W, l, 0, 0}, floats(l) * es);
   if (len == 0) return;
-  if (dt == DType::BF16) {  // the masters rounded to nearest even, staged up
-    const std::span<const float> from =
-        st.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
-    stage_up(qr.queue(o), D(d), S(o), w.data(), std::span<const std::span<const float>>(&from, 1));
-  } else {  // read when the copy runs: the Updates that overwrite the masters wait for this op (host_wait)
-    D(d).copy_h2d(S(o), w.data(), st.weights(l).data() + first, len * kF);
-  }
+  const std::span<const float> from =
+      st.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
+  weights_up(o, w.data(), std::span<const std::span<const float>>(&from, 1));
 }
 
 void BaselineInterpreter::run_sx(int o) {

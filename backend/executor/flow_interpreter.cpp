@@ -54,6 +54,19 @@ FlowData& FlowInterpreter::update(int o, int id, Bytes bytes) {
   return t;
 }
 
+void FlowInterpreter::weights_up(int o, void* dst, std::span<const std::span<const float>> src) {
+  Device& d = D(at(o).device);
+  if (dt == DType::BF16) {
+    stage_up(qr.queue(o), d, S(o), dst, src);
+    return;
+  }
+  auto* out = static_cast<float*>(dst);
+  for (const std::span<const float> s : src) {
+    d.copy_h2d(S(o), out, s.data(), Bytes(s.size()) * kF);
+    out += s.size();
+  }
+}
+
 void FlowInterpreter::run_pair(int send, int recv) {
   const std::vector<FlowVersion>& r = versions.reads(send);
   const std::vector<int>& w = versions.writes(recv);

@@ -57,6 +57,11 @@ class FlowInterpreter : public Interpreter {
   // writes another tensor.
   void run_pair(int send, int recv);
 
+  // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory
+  // `dst` on o's stream — bf16: rounded to nearest even on the host and staged up; fp32: copied, read when the copy
+  // runs (the Updates that overwrite the masters wait for o's event).
+  void weights_up(int o, void* dst, std::span<const std::span<const float>> src);
+
   // ---- helpers ----
   const core::Op& at(int o) const { return p.ops[static_cast<std::size_t>(o)]; }
   std::string label(int o) const { return op_name(p, o); }

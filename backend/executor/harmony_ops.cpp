@@ -184,19 +184,11 @@ void HarmonyInterpreter::run_op(int o) {
 }
 
 void HarmonyInterpreter::run_wb(int o, const core::Op& op) {
-  const int d = op.device;
   const int lf = op.layers.first, ll = op.layers.last;
   FlowData& w = make(o, task_tid(o, core::FlowKind::W), w_floats(op.layers) * es);
-  if (dt == DType::BF16) {  // the fp32 masters rounded to nearest even on the host, staged up
-    std::vector<std::span<const float>> src;
-    for (int l = lf; l <= ll; ++l) src.push_back(st.weights(l));
-    stage_up(qr.queue(o), D(d), S(o), w.buf.data(), src);
-    return;
-  }
-  // The host masters are read when the copy runs: the Updates that overwrite them wait for this op's event
-  // (they follow it, host_wait).
-  for (int l = lf; l <= ll; ++l)
-    D(d).copy_h2d(S(o), w.buf.as<float>() + w_offset(op.layers, l), st.weights(l).data(), m.param_floats(l) * kF);
+  std::vector<std::span<const float>> src;  // the pack's layers, one after another
+  for (int l = lf; l <= ll; ++l) src.push_back(st.weights(l));
+  weights_up(o, w.buf.data(), src);
 }
 
 void HarmonyInterpreter::run_x(int o, const core::Op& op) {
