@@ -43,24 +43,16 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   for (std::size_t d = 0; d < states_.size(); ++d) states_[d]->zero_grads(state_stream(static_cast<int>(d)));
 }
 
-void BaselineInterpreter::run_group(const std::vector<int>& g) {
-  const core::Op& op = at(g.front());
-  if (op.peer >= 0) {
-    run_pair(g[0], g[1]);
-    return;
-  }
-  switch (op.kind) {
+void BaselineInterpreter::run_collective(const std::vector<int>& g) {
+  switch (at(g.front()).kind) {
     case OpKind::ARD:
       run_ard(g);
       break;
     case OpKind::AG:
       run_ag(g);
       break;
-    case OpKind::RS:
-      run_rs(g);
-      break;
     default:
-      run_op(g.front());
+      run_rs(g);
   }
 }
 

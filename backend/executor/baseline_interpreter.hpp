@@ -64,8 +64,8 @@ class BaselineInterpreter final : public FlowInterpreter {
   void sync_host_state() override;
 
  private:
-  // A P2P pair, a collective (ARD, AG, RS) or one op (FlowInterpreter::run issues it).
-  void run_group(const std::vector<int>& g) override;
+  // ARD, AG or RS (FlowInterpreter::run_group dispatches it).
+  void run_collective(const std::vector<int>& g) override;
   Bytes saved_bytes(int l, int n) const { return m.act_floats(l, n, T, dt) * es; }  // the forward's act of layer l
   // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened
   // exactly, Interpreter::stage_down), then returns: the host reads the result.
@@ -143,7 +143,7 @@ class BaselineInterpreter final : public FlowInterpreter {
   // ---------------------------------------------------------------------------------------------------------
   // Ops.
 
-  void run_op(int o);
+  void run_op(int o) override;
   // WB: the layer's weights (zero-infinity: this rank's shard) up from the host masters (bf16: rounded, staged).
   void run_wb(int o);
   // sX: a stash (the layer's input) or, under keep, the saved activations swapped out to the host or back in.

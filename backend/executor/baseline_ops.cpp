@@ -47,12 +47,9 @@ void BaselineInterpreter::run_op(int o) {
     case OpKind::WB:
       run_wb(o);
       break;
-    case OpKind::X: {
-      const Key k = info_[static_cast<std::size_t>(o)].writes.front();
-      Tensor& x = put(o, k, Bytes(n) * per_sample(0));
-      D(d).copy_h2d(S(o), x.data(), in.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * per_sample(0));
+    case OpKind::X:
+      tokens_in(o, p.dataflow.find(info_[static_cast<std::size_t>(o)].writes.front()), s0, n);
       break;
-    }
     case OpKind::sX:
       run_sx(o);
       break;

@@ -54,6 +54,23 @@ FlowData& FlowInterpreter::update(int o, int id, Bytes bytes) {
   return t;
 }
 
+void FlowInterpreter::run_group(const std::vector<int>& g) {
+  const core::Op& op = at(g.front());
+  if (op.peer >= 0) {
+    run_pair(g[0], g[1]);
+  } else if (op.kind == core::OpKind::ARD || op.kind == core::OpKind::AG || op.kind == core::OpKind::RS) {
+    run_collective(g);
+  } else {
+    run_op(g.front());
+  }
+}
+
+void FlowInterpreter::tokens_in(int o, int id, int s0, int n) {
+  const Bytes bytes = Bytes(n) * per_sample(0);
+  FlowData& x = make(o, id, bytes);
+  D(at(o).device).copy_h2d(S(o), x.data(), in.data() + static_cast<std::size_t>(s0) * T, bytes);
+}
+
 void FlowInterpreter::weights_up(int o, void* dst, std::span<const std::span<const float>> src) {
   Device& d = D(at(o).device);
   if (dt == DType::BF16) {

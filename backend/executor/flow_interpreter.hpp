@@ -1,7 +1,8 @@
 // What both interpreters share over a Program's dataflow, whatever its kind: the per-queue streams and events
 // (QueueResources), the executor's added edges, the version analysis (FlowVersions), the step's tensor store
 // (FlowStore), the groups (op_groups), and the issue of a group: ordered after its preds, a host group (ops on the
-// CPU stream) waited for on the host. The ops themselves are the derived interpreter's (run_group).
+// CPU stream) waited for on the host, and its dispatch: a P2P pair here, a collective or one op to the derived
+// interpreter (run_collective, run_op), whose ops they are.
 #pragma once
 
 #include <memory>
@@ -29,15 +30,20 @@ class FlowInterpreter : public Interpreter {
   // Event ordering (QueueResources): the host issues a group once its queues are at most run_ahead ops ahead of their
   // devices; a host group (its ops on the CPU stream: host Updates, copies between host channels) waits on the host
   // for its preds' events, the others make their streams wait for them; each member's event is recorded after the
-  // group's work (run_group).
+  // group's work.
   void run(const std::vector<int>& g) override;
   void finished(int o) override { store.finished(o); }
   void abandon_step() override { store.clear(); }
   void synchronize() override { qr.synchronize(); }
 
  protected:
-  // The group's work (a P2P pair, a collective, or one op), enqueued on its members' streams.
-  virtual void run_group(const std::vector<int>& g) = 0;
+  // The group's work, enqueued on its members' streams: a P2P pair (run_pair), a collective (ARD, AG, RS:
+  // run_collective, its members in device order) or one op (run_op).
+  void run_group(const std::vector<int>& g);
+  virtual void run_collective(const std::vector<int>& g) = 0;
+  virtual void run_op(int o) = 0;
+  // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
+  void tokens_in(int o, int id, int s0, int n);
   bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
   // The version analysis over the Program's dataflow and the happens-before order `anc` (its deps, queue order and
   // `extra`), and the store over it.

@@ -198,15 +198,12 @@ void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::s
   qr.begin_step();
 }
 
-void HarmonyInterpreter::run_group(const std::vector<int>& g) {
-  const core::Op& op = p.ops[static_cast<std::size_t>(g.front())];
-  if (op.peer >= 0) {
-    run_pair(g[0], g[1]);
-  } else if (op.kind == OpKind::ARD) {
-    run_ard(g);
-  } else {
-    run_op(g.front());
+void HarmonyInterpreter::run_collective(const std::vector<int>& g) {
+  if (at(g.front()).kind != OpKind::ARD) {
+    run_op(g.front());  // refuses the kind
+    return;
   }
+  run_ard(g);
 }
 
 double HarmonyInterpreter::end_step() {

@@ -114,7 +114,7 @@ class HarmonyInterpreter final : public FlowInterpreter {
   void run_bwd(int o, const core::Op& op);
 
   // Runs op o (not of a pair or an ARD group) through the run_* step of its kind.
-  void run_op(int o);
+  void run_op(int o) override;
   void run_wb(int o, const core::Op& op);      // the pack's weights up (bf16: rounded, staged)
   void run_x(int o, const core::Op& op);       // the input: tokens, or a host channel's
   void run_sx(int o, const core::Op& op);      // stash out (forward task) or in
@@ -137,9 +137,8 @@ class HarmonyInterpreter final : public FlowInterpreter {
 
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
 
-  // A P2P pair runs as one copy (send first); the replicas' ARD ops of a pack run together, in device order; the
-  // others through run_op (FlowInterpreter::run issues them).
-  void run_group(const std::vector<int>& g) override;
+  // The replicas' ARD ops of a pack run together, in device order (FlowInterpreter::run_group dispatches them).
+  void run_collective(const std::vector<int>& g) override;
 
   double end_step() override;
 };

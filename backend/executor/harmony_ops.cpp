@@ -196,8 +196,7 @@ void HarmonyInterpreter::run_x(int o, const core::Op& op) {
   const auto [s0, n] = samples(o);
   const Bytes b = Bytes(n) * per_sample(lf);
   if (flow(o).layers.first == 0) {  // the task with layer 0: the tokens
-    FlowData& x = make(o, tid(o, core::FlowKind::Act, 0, s0, n), b);
-    D(d).copy_h2d(S(o), x.buf.data(), in.data() + static_cast<std::size_t>(s0) * T, b);
+    tokens_in(o, tid(o, core::FlowKind::Act, 0, s0, n), s0, n);
   } else if (const core::FlowTensor* h = host_in(o)) {  // a CPU message's or a swap's channel
     const std::byte* src = host_read(o, host_chan(h->kind), lf, s0, n);
     FlowData& x = make(o, tid(o, core::FlowKind::Act, lf, s0, n), b);
