@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -73,33 +74,31 @@ void report_host_resource_failure(const std::string& failure, const std::string&
                            why + host_limit_hint(limit));
 }
 
-// NOLINTNEXTLINE(readability-function-size): 114 lines, over the 80 the house holds; to split
-int run_cli(int argc, char** argv) {
-  CLI::App app{"harmony-run: train a GPT model with a Harmony schedule on capped devices (docs/backend.md)"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "harmony-run 0.1.0");
-  Cli cli;
-  auto add_common = [&](CLI::App* sub) {
-    sub->add_option("config", cli.config, "YAML configuration (configs/run/, docs/config.md)")->required();
-    sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=2 (repeatable)");
-    sub->add_option("--dtype", cli.dtype,
-                    "device storage: fp32 (default) or bf16 (mixed precision: bf16 weights, activations and "
-                    "gradients on the devices, fp32 master weights and AdamW on the host; train.dtype)")
-        ->check(CLI::IsMember({"fp32", "bf16"}));
-    sub->add_option("--gpu-memory", cli.gpu_memory, "each device's memory, e.g. 2MiB (machine.gpu_memory)");
-    sub->add_flag("--tf32", cli.device_flags.tf32,
-                  "device: cuda: fp32 GEMMs on TF32 tensor cores (faster; ~1e-3 relative error)");
-    sub->add_flag("--exact", cli.device_flags.exact,
-                  "strict-order reductions: bias and norm gradients summed row by row, bf16 exact kernels (the CPU "
-                  "device's bits; slower on cuda, where parallel tree sums are the default)");
-    sub->add_flag("--tree-sums", cli.device_flags.tree_sums,
-                  "device: cuda: parallel tree sums for bias and norm gradients (the default there; refused with "
-                  "--exact)");
-    sub->add_flag("--poison", cli.device_flags.poison,
-                  "fill fresh device memory with NaN to catch reads before writes (default only in debug builds)");
-  };
+// The options every command shares: the config, --set, the dtype, the device memory and the device flags.
+void add_common_options(CLI::App* sub, Cli& cli) {
+  sub->add_option("config", cli.config, "YAML configuration (configs/run/, docs/config.md)")->required();
+  sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=2 (repeatable)");
+  sub->add_option("--dtype", cli.dtype,
+                  "device storage: fp32 (default) or bf16 (mixed precision: bf16 weights, activations and "
+                  "gradients on the devices, fp32 master weights and AdamW on the host; train.dtype)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  sub->add_option("--gpu-memory", cli.gpu_memory, "each device's memory, e.g. 2MiB (machine.gpu_memory)");
+  sub->add_flag("--tf32", cli.device_flags.tf32,
+                "device: cuda: fp32 GEMMs on TF32 tensor cores (faster; ~1e-3 relative error)");
+  sub->add_flag("--exact", cli.device_flags.exact,
+                "strict-order reductions: bias and norm gradients summed row by row, bf16 exact kernels (the CPU "
+                "device's bits; slower on cuda, where parallel tree sums are the default)");
+  sub->add_flag("--tree-sums", cli.device_flags.tree_sums,
+                "device: cuda: parallel tree sums for bias and norm gradients (the default there; refused with "
+                "--exact)");
+  sub->add_flag("--poison", cli.device_flags.poison,
+                "fill fresh device memory with NaN to catch reads before writes (default only in debug builds)");
+}
+
+// `train` and its options.
+CLI::App* add_train_command(CLI::App& app, Cli& cli) {
   auto* train = app.add_subcommand("train", "train for train.steps steps, printing loss, samples/s and ETA");
-  add_common(train);
+  add_common_options(train, cli);
   train->footer(
       "Exit codes: 0 trained; 1 a failed write to stdout; 2 bad input, or a run refused up front (host memory, a "
       "checkpoint folder another run "
@@ -136,26 +135,23 @@ int run_cli(int argc, char** argv) {
                   "sum data-parallel replicas' gradients on the host (each replica's copied down, added in rank "
                   "order, the sum copied back up: the reference path) instead of on the devices with a "
                   "communicator (the default; the same bits on CPU devices)");
+  return train;
+}
+
+// `profile` and its options.
+CLI::App* add_profile_command(CLI::App& app, Cli& cli) {
   auto* profile = app.add_subcommand("profile", "measure per-layer times and memory into a harmony-sim profile");
-  add_common(profile);
+  add_common_options(profile, cli);
   profile->add_option("--out", cli.out, "profile JSON to write")->required();
   profile->add_option("--ubatch", cli.ubatch, "microbatch sizes (default 1..plan.minibatch)")->delimiter(',');
   profile->add_option("--repeats", cli.repeats, "timed repetitions per measurement (median)")->check(kPositiveInt);
-  apps::ProbeCli probe_cli;
-  auto* probe = apps::add_probe_command(app, probe_cli);  // apps/harmony_run_probe.cpp
+  return profile;
+}
+
+// The error ladder: runs the command and turns what it throws into a message on stderr and an exit code.
+int run_reporting_errors(const Cli& cli, const std::function<int()>& command) {
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    const std::vector<CLI::App*> subs = app.get_subcommands();
-    std::cerr << core::command_line_error("harmony-run", e.what(), subs.empty() ? "" : subs.front()->get_name())
-              << "\n";
-    return kExitBadInput;
-  }
-  try {
-    if (*profile) return cmd_profile(cli);
-    if (*probe) return apps::cmd_probe(probe_cli);
-    return cmd_train(cli);
+    return command();
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";
     return kExitBadInput;
@@ -188,6 +184,31 @@ int run_cli(int argc, char** argv) {
     std::cerr << "harmony-run: internal error: " << e.what() << "\n";
     return 1;
   }
+}
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"harmony-run: train a GPT model with a Harmony schedule on capped devices (docs/backend.md)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "harmony-run 0.1.0");
+  Cli cli;
+  add_train_command(app, cli);
+  auto* profile = add_profile_command(app, cli);
+  apps::ProbeCli probe_cli;
+  auto* probe = apps::add_probe_command(app, probe_cli);  // apps/harmony_run_probe.cpp
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    const std::vector<CLI::App*> subs = app.get_subcommands();
+    std::cerr << core::command_line_error("harmony-run", e.what(), subs.empty() ? "" : subs.front()->get_name())
+              << "\n";
+    return kExitBadInput;
+  }
+  return run_reporting_errors(cli, [&] {
+    if (*profile) return cmd_profile(cli);
+    if (*probe) return apps::cmd_probe(probe_cli);
+    return cmd_train(cli);
+  });
 }
 
 }  // namespace

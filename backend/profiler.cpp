@@ -109,8 +109,45 @@ class LayerProfiler {
     return opt_.dtype == DType::BF16 ? measure_as<Bf16>(l, phase, u) : measure_as<float>(l, phase, u);
   }
 
+  // The layer's arguments over the device buffers, for a microbatch of u sequences of T tokens (n_tok in all).
+  template <class E>
+  static LayerArgs<E> layer_args(const std::array<Buffer, kSlotNames.size()>& buf, int u, int T, std::size_t n_tok) {
+    const auto fptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].as<E>(); };
+    LayerArgs<E> a;
+    a.B = u;
+    a.T = T;
+    a.w = fptr(Slot::W);
+    a.tokens = buf[static_cast<std::size_t>(Slot::Tokens)].as<std::int32_t>();
+    a.targets = buf[static_cast<std::size_t>(Slot::Targets)].as<std::int32_t>();
+    a.x = fptr(Slot::X);
+    a.y = fptr(Slot::Y);
+    a.act = fptr(Slot::Act);
+    a.dw = fptr(Slot::dW);
+    a.dy = fptr(Slot::dY);
+    a.dx = fptr(Slot::dX);
+    a.scratch = fptr(Slot::Scratch);
+    a.loss_scale = 1.0f / static_cast<float>(n_tok);
+    return a;
+  }
+
+  // The median over opt_.repeats timed runs (after opt_.warmup untimed ones) of the layer's forward, and backward
+  // when `bwd`, each up to the stream's synchronize.
+  template <class E>
+  double median_time(BasicDeviceOps<E>& ops, int l, const LayerArgs<E>& a, bool bwd) {
+    Stream& s = *stream_;
+    std::vector<double> times;
+    for (int i = 0; i < opt_.warmup + opt_.repeats; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      m_.forward(ops, l, a);
+      if (bwd) m_.backward(ops, l, a);
+      s.synchronize();
+      const double t = seconds_since(t0);
+      if (i >= opt_.warmup) times.push_back(t);
+    }
+    return median(std::move(times));
+  }
+
   // E: the device element (float, or Bf16: synthetic data and weights rounded to nearest even on the host).
-  // NOLINTNEXTLINE(readability-function-size): 85 lines, over the 80 the house holds; to split
   template <class E>
   Measurement measure_as(int l, core::Phase phase, int u) {
     const DType dt = opt_.dtype;
@@ -159,7 +196,6 @@ class LayerProfiler {
     }
     const SyncOnExit sync(s);
     const auto ptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].data(); };
-    const auto fptr = [&](Slot slot) { return buf[static_cast<std::size_t>(slot)].as<E>(); };
 
     std::vector<E> w_host(state_.weights(l).size());
     std::transform(state_.weights(l).begin(), state_.weights(l).end(), w_host.begin(), elem);
@@ -171,32 +207,10 @@ class LayerProfiler {
     if (bwd) dev_.fill_zero(s, ptr(Slot::dW), m_.param_floats(l) * Bytes(sizeof(E)));
     s.synchronize();
 
-    LayerArgs<E> a;
-    a.B = u;
-    a.T = T;
-    a.w = fptr(Slot::W);
-    a.tokens = buf[static_cast<std::size_t>(Slot::Tokens)].as<std::int32_t>();
-    a.targets = buf[static_cast<std::size_t>(Slot::Targets)].as<std::int32_t>();
-    a.x = fptr(Slot::X);
-    a.y = fptr(Slot::Y);
-    a.act = fptr(Slot::Act);
-    a.dw = fptr(Slot::dW);
-    a.dy = fptr(Slot::dY);
-    a.dx = fptr(Slot::dX);
-    a.scratch = fptr(Slot::Scratch);
-    a.loss_scale = 1.0f / static_cast<float>(n_tok);
-
+    const LayerArgs<E> a = layer_args<E>(buf, u, T, n_tok);
     BasicDeviceOps<E> ops(dev_, s);
-    std::vector<double> times;
-    for (int i = 0; i < opt_.warmup + opt_.repeats; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      m_.forward(ops, l, a);
-      if (bwd) m_.backward(ops, l, a);
-      s.synchronize();
-      const double t = seconds_since(t0);
-      if (i >= opt_.warmup) times.push_back(t);
-    }
-    return {median(std::move(times)), dev_.memory().peak - base, bwd ? transient : 0};
+    const double time_s = median_time(ops, l, a, bwd);
+    return {time_s, dev_.memory().peak - base, bwd ? transient : 0};
   }
 
  private:

@@ -283,10 +283,8 @@ void pread_exact(int fd, const std::string& path, std::uint64_t offset, void* ds
   }
 }
 
-// Every check that needs no state: magic, version, lengths against the file size, the checksum over the whole
-// file, the header's fields and their consistency with the payload length and the model they describe.
-// NOLINTNEXTLINE(readability-function-size): 84 lines, over the 80 the house holds; to split
-Verified open_and_verify(const std::string& path) {
+// The checkpoint file opened for reading (a regular file), and its size in *size.
+Fd open_checkpoint(const std::string& path, std::uint64_t* size) {
   std::string problem;
   Fd fd(core::open_input_file(path, &problem));  // folders, FIFOs and devices refused, never blocks
   if (fd.get() < 0) {
@@ -300,10 +298,12 @@ Verified open_and_verify(const std::string& path) {
     throw CheckpointError(path, fmt::format("cannot stat: {}", errno_message(errno)), "check the file");
   if (!S_ISREG(st.st_mode))
     throw CheckpointError(path, "not a regular file", "pass a .hckpt file written by harmony-run");
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  *size = static_cast<std::uint64_t>(st.st_size);
+  return fd;
+}
 
-  std::array<unsigned char, kFixedBytes> fixed{};
-  pread_exact(fd.get(), path, 0, fixed.data(), std::min<std::uint64_t>(size, kFixedBytes));
+// The file starts with the magic (as far as it goes: a shorter file is named by what it holds).
+void check_magic(const std::string& path, const std::array<unsigned char, kFixedBytes>& fixed, std::uint64_t size) {
   const std::size_t magic_seen = static_cast<std::size_t>(std::min<std::uint64_t>(size, kMagic.size()));
   if (std::memcmp(fixed.data(), kMagic.data(), magic_seen) != 0) {
     std::string shown;
@@ -314,14 +314,12 @@ Verified open_and_verify(const std::string& path) {
     throw CheckpointError(path, fmt::format("not a harmony checkpoint: it starts with \"{}\", not \"HRMYCKPT\"", shown),
                           "pass a .hckpt file written by harmony-run's --checkpoint-dir");
   }
-  if (size < kFixedBytes)
-    throw CheckpointError(path,
-                          fmt::format("truncated: {} bytes, shorter than the {}-byte fixed header", size, kFixedBytes),
-                          damaged_hint(path));
-  const std::uint32_t version = load_le32(fixed.data() + 8);
-  const std::uint32_t flags = load_le32(fixed.data() + 12);
-  const std::uint64_t header_bytes = load_le64(fixed.data() + 16);
-  const std::uint64_t payload_bytes = load_le64(fixed.data() + 24);
+}
+
+// The fixed header's version and flags (ones this build reads), and its lengths, whose sum with the fixed header
+// and the trailer (returned) must be the file's size.
+std::uint64_t checked_file_bytes(const std::string& path, std::uint32_t version, std::uint32_t flags,
+                                 std::uint64_t header_bytes, std::uint64_t payload_bytes, std::uint64_t size) {
   if (version > kCheckpointVersion)
     throw CheckpointError(
         path, fmt::format("format version {} is newer than this build reads ({})", version, kCheckpointVersion),
@@ -346,11 +344,16 @@ Verified open_and_verify(const std::string& path) {
         path,
         fmt::format("corrupt: {} bytes follow the checksum at byte {}", size - expected, expected - kTrailerBytes),
         damaged_hint(path));
+  return expected;
+}
 
-  // Pass 1: the checksum over everything before the trailer.
+// Pass 1: the XXH64 over everything before the trailer (the first `expected` - trailer bytes, the fixed header
+// already read) against the trailer's.
+void verify_checksum(const Fd& fd, const std::string& path, const std::array<unsigned char, kFixedBytes>& fixed,
+                     std::uint64_t expected) {
   XxHash64 hash;
   hash.update(fixed.data(), kFixedBytes);
-  std::vector<unsigned char> chunk(static_cast<std::size_t>(std::min<std::uint64_t>(kIoChunkBytes, size)));
+  std::vector<unsigned char> chunk(static_cast<std::size_t>(std::min<std::uint64_t>(kIoChunkBytes, expected)));
   for (std::uint64_t at = kFixedBytes; at < expected - kTrailerBytes;) {
     const std::uint64_t n = std::min<std::uint64_t>(chunk.size(), expected - kTrailerBytes - at);
     pread_exact(fd.get(), path, at, chunk.data(), n);
@@ -365,7 +368,26 @@ Verified open_and_verify(const std::string& path) {
     throw CheckpointError(
         path, fmt::format("corrupt: checksum mismatch (stored XXH64 {:016x}, computed {:016x})", stored, computed),
         damaged_hint(path));
+}
 
+// Every check that needs no state: magic, version, lengths against the file size, the checksum over the whole
+// file, the header's fields and their consistency with the payload length and the model they describe.
+Verified open_and_verify(const std::string& path) {
+  std::uint64_t size = 0;
+  Fd fd = open_checkpoint(path, &size);
+  std::array<unsigned char, kFixedBytes> fixed{};
+  pread_exact(fd.get(), path, 0, fixed.data(), std::min<std::uint64_t>(size, kFixedBytes));
+  check_magic(path, fixed, size);
+  if (size < kFixedBytes)
+    throw CheckpointError(path,
+                          fmt::format("truncated: {} bytes, shorter than the {}-byte fixed header", size, kFixedBytes),
+                          damaged_hint(path));
+  const std::uint32_t version = load_le32(fixed.data() + 8);
+  const std::uint64_t header_bytes = load_le64(fixed.data() + 16);
+  const std::uint64_t payload_bytes = load_le64(fixed.data() + 24);
+  const std::uint64_t expected =
+      checked_file_bytes(path, version, load_le32(fixed.data() + 12), header_bytes, payload_bytes, size);
+  verify_checksum(fd, path, fixed, expected);
   std::string text(static_cast<std::size_t>(header_bytes), '\0');
   pread_exact(fd.get(), path, kFixedBytes, text.data(), header_bytes);
   Parsed parsed = parse_header(path, text, version, kFixedBytes + header_bytes, payload_bytes);

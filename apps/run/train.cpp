@@ -376,7 +376,85 @@ void print_train_summary(const Setup& s, const RunLog& log, const std::vector<co
     fmt::print("predict  none: {}; measured {:.4f} s/step\n", predicted.why_not, mean_step_s);
 }
 
-// NOLINTNEXTLINE(readability-function-size): 106 lines, over the 80 the house holds; to split
+// The checkpoint directory first (before any search or allocation): one writer at a time, and a fresh run never
+// writes where a run's checkpoints are.
+void lock_checkpoint_dir(const Cli& cli, const core::TrainConfig& cfg,
+                         std::optional<backend::CheckpointDirLock>* lock) {
+  const std::string& ckdir = cfg.checkpoint.dir;
+  if (cli.resume && ckdir.empty())
+    throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0}, "--resume needs a checkpoint directory",
+                            "give --checkpoint-dir DIR or checkpoint.dir in the config");
+  if (!ckdir.empty()) {
+    lock->emplace(ckdir);
+    if (!cli.resume)
+      if (auto latest = backend::latest_checkpoint(ckdir))
+        throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
+                                fmt::format("checkpoint directory {} already holds {}", ckdir, *latest),
+                                "continue that run with --resume, or give an empty --checkpoint-dir (a fresh run "
+                                "never overwrites saved checkpoints)");
+  }
+}
+
+// The run's executor, emplaced in *executor; a kind with resident state whose state does not fit the devices is
+// bad input, named.
+void make_run_executor(const Cli& cli, const Setup& s, const Chosen& chosen, const std::vector<backend::Device*>& devs,
+                       backend::Communicator* comm, std::optional<backend::Executor>* executor) {
+  const auto& cfg = s.cfg;
+  const core::Plan& plan = chosen.plan;
+  try {
+    allocating("the executor's host buffers (stashes and swapped activations)",
+               [&] { executor->emplace(chosen.program, devs, *s.state, executor_options(cli, cfg, comm)); });
+  } catch (const backend::OutOfMemory& e) {
+    if (!plan.kind->resident_state) throw;
+    // a kind with resident state allocates its weights, gradients and AdamW state on every device up front
+    throw core::ConfigError(
+        core::SourceLoc{cfg.file, 0, 0},
+        fmt::format("{} keeps the whole model's weights, gradients and AdamW state on every device ({:.2f} MiB, 16 "
+                    "bytes per parameter) and they do not fit machine.gpu_memory = {}: {}",
+                    plan.kind.name(), static_cast<double>(s.model->param_count() * 16) / (1 << 20),
+                    capacity_text(cfg.machine.gpu_memory_bytes), e.what()),
+        "raise --gpu-memory, or train the model larger than the devices with a kind that swaps (harmony-pp, "
+        "harmony-dp; --plan auto picks a plan that fits)");
+  }
+}
+
+// --resume: the newest checkpoint's state, step and losses (a mismatched or corrupt one is refused); none there
+// starts at step 0.
+void resume_from_checkpoint(const Cli& cli, Setup& s, Checkpoints& ck, RunLog& log) {
+  const bool json = cli.format == "json";
+  const bool quiet = cli.quiet;
+  if (auto latest = backend::latest_checkpoint(ck.dir)) {
+    const backend::CheckpointMeta got = backend::load_checkpoint(*latest, *s.state, &ck.meta);
+    if (const auto bad = nonfinite_tensor(*s.state, true))
+      throw core::ConfigError(core::SourceLoc{*latest, 0, 0}, "the checkpoint cannot continue training: " + *bad,
+                              "move it away and resume from an older checkpoint, or start again in another "
+                              "--checkpoint-dir (harmony-run never saves a step whose loss or gradients are not "
+                              "finite: this one was written by another program or version)");
+    log.start = static_cast<int>(got.step);
+    log.losses = got.losses;
+    ck.newest = *latest;
+    if (!quiet) fmt::print(json ? stderr : stdout, "resumed  {} at step {}\n", *latest, log.start);
+  } else if (!quiet) {
+    fmt::print(json ? stderr : stdout, "resume   no checkpoint in {}: starting at step 0\n", ck.dir);
+  }
+  std::fflush(stdout);
+}
+
+// After the steps: the last checkpoint (unless the last step saved one), --save-weights and --trace.
+void write_run_outputs(const Cli& cli, const Setup& s, const Chosen& chosen, Checkpoints& ck, const RunLog& log) {
+  const auto& cfg = s.cfg;
+  if (!ck.dir.empty() && log.ran > 0 && (cfg.checkpoint.every == 0 || cfg.train.steps % cfg.checkpoint.every != 0))
+    ck.save(cfg.train.steps, log.losses, *s.state, cfg.checkpoint.keep);
+  if (!cli.save_weights.empty()) backend::save_hf_model(cli.save_weights, *s.state);
+  if (!cli.trace.empty() && log.ran > 0) {
+    nlohmann::json doc = core::chrome_trace_json(chosen.program, log.traced.begin, log.traced.end,
+                                                 core::TraceMeta{"harmony-run (" + cfg.device + ")", chosen.title});
+    doc["otherData"]["step"] = log.traced_step;
+    doc["otherData"]["step_time_s"] = log.traced_s;
+    core::write_file_atomic(cli.trace, doc.dump(1) + "\n", "the trace");
+  }
+}
+
 int cmd_train(const Cli& cli) {
   Setup s = make_setup(cli);
   load_run_profile(s);
@@ -385,22 +463,8 @@ int cmd_train(const Cli& cli) {
   const bool json = cli.format == "json";
   const bool quiet = cli.quiet;  // progress on stderr: beside JSON too, as harmony-sim's
   adamw_config(cfg).validate();
-  const std::string& ckdir = cfg.checkpoint.dir;
-  // The checkpoint directory first (before any search or allocation): one writer at a time, and a fresh run never
-  // writes where a run's checkpoints are.
   std::optional<backend::CheckpointDirLock> ck_lock;
-  if (cli.resume && ckdir.empty())
-    throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0}, "--resume needs a checkpoint directory",
-                            "give --checkpoint-dir DIR or checkpoint.dir in the config");
-  if (!ckdir.empty()) {
-    ck_lock.emplace(ckdir);
-    if (!cli.resume)
-      if (auto latest = backend::latest_checkpoint(ckdir))
-        throw core::ConfigError(core::SourceLoc{cfg.file, 0, 0},
-                                fmt::format("checkpoint directory {} already holds {}", ckdir, *latest),
-                                "continue that run with --resume, or give an empty --checkpoint-dir (a fresh run "
-                                "never overwrites saved checkpoints)");
-  }
+  lock_checkpoint_dir(cli, cfg, &ck_lock);
   check_host_state(s, cfg.plan.gpus);
   const Chosen chosen = choose(s, cli, quiet);
   check_host_memory(s, sim::host_account(chosen.program, s.desc), chosen.plan.gpus);
@@ -415,56 +479,17 @@ int cmd_train(const Cli& cli) {
   // In an optional so that it and the devices are released before the prediction profiles on a device of the same
   // capacity (a CUDA device holds its whole block: two at once would not fit the GPU).
   std::optional<backend::Executor> run_executor;
-  try {
-    allocating("the executor's host buffers (stashes and swapped activations)",
-               [&] { run_executor.emplace(program, devs, *s.state, executor_options(cli, cfg, comm.get())); });
-  } catch (const backend::OutOfMemory& e) {
-    if (!plan.kind->resident_state) throw;
-    // a kind with resident state allocates its weights, gradients and AdamW state on every device up front
-    throw core::ConfigError(
-        core::SourceLoc{cfg.file, 0, 0},
-        fmt::format("{} keeps the whole model's weights, gradients and AdamW state on every device ({:.2f} MiB, 16 "
-                    "bytes per parameter) and they do not fit machine.gpu_memory = {}: {}",
-                    plan.kind.name(), static_cast<double>(s.model->param_count() * 16) / (1 << 20),
-                    capacity_text(cfg.machine.gpu_memory_bytes), e.what()),
-        "raise --gpu-memory, or train the model larger than the devices with a kind that swaps (harmony-pp, "
-        "harmony-dp; --plan auto picks a plan that fits)");
-  }
+  make_run_executor(cli, s, chosen, devs, comm.get(), &run_executor);
   if (!json && !quiet) print_header(s, chosen);
 
   // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.
-  Checkpoints ck{ckdir, checkpoint_meta(s, chosen), ""};
+  Checkpoints ck{cfg.checkpoint.dir, checkpoint_meta(s, chosen), ""};
   RunLog log;
-  if (cli.resume) {
-    if (auto latest = backend::latest_checkpoint(ckdir)) {
-      const backend::CheckpointMeta got = backend::load_checkpoint(*latest, *s.state, &ck.meta);
-      if (const auto bad = nonfinite_tensor(*s.state, true))
-        throw core::ConfigError(core::SourceLoc{*latest, 0, 0}, "the checkpoint cannot continue training: " + *bad,
-                                "move it away and resume from an older checkpoint, or start again in another "
-                                "--checkpoint-dir (harmony-run never saves a step whose loss or gradients are not "
-                                "finite: this one was written by another program or version)");
-      log.start = static_cast<int>(got.step);
-      log.losses = got.losses;
-      ck.newest = *latest;
-      if (!quiet) fmt::print(json ? stderr : stdout, "resumed  {} at step {}\n", *latest, log.start);
-    } else if (!quiet) {
-      fmt::print(json ? stderr : stdout, "resume   no checkpoint in {}: starting at step 0\n", ckdir);
-    }
-    std::fflush(stdout);
-  }
+  if (cli.resume) resume_from_checkpoint(cli, s, ck, log);
 
   if (const int stopped = train_steps(cli, s, *run_executor, ck, log); stopped != 0) return stopped;
   run_executor->sync_state();  // a resident kind's weights and moments are on its devices until now
-  if (!ckdir.empty() && log.ran > 0 && (cfg.checkpoint.every == 0 || cfg.train.steps % cfg.checkpoint.every != 0))
-    ck.save(cfg.train.steps, log.losses, *s.state, cfg.checkpoint.keep);
-  if (!cli.save_weights.empty()) backend::save_hf_model(cli.save_weights, *s.state);
-  if (!cli.trace.empty() && log.ran > 0) {
-    nlohmann::json doc = core::chrome_trace_json(program, log.traced.begin, log.traced.end,
-                                                 core::TraceMeta{"harmony-run (" + cfg.device + ")", chosen.title});
-    doc["otherData"]["step"] = log.traced_step;
-    doc["otherData"]["step_time_s"] = log.traced_s;
-    core::write_file_atomic(cli.trace, doc.dump(1) + "\n", "the trace");
-  }
+  write_run_outputs(cli, s, chosen, ck, log);
 
   std::vector<core::Bytes> peaks;
   peaks.reserve(devs.size());

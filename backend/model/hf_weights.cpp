@@ -74,23 +74,23 @@ struct ConfigJson {
   std::string text;
   nlohmann::json json;
 
+  // Returned as a prvalue, built in place: a ConfigJson is never moved (its implicit noexcept move, over
+  // nlohmann::json's, is what clang-tidy's bugprone-exception-escape flags).
   static ConfigJson read(const std::string& path) {
-    ConfigJson c;
-    c.path = path;
     std::string problem;
     auto text = core::try_read_input_file(path, &problem);
     if (!text) throw BackendError(fmt::format("{}: cannot read the model's config.json: {}", path, problem));
-    c.text = std::move(*text);
+    nlohmann::json json;
     try {
-      c.json = nlohmann::json::parse(c.text);
+      json = nlohmann::json::parse(*text);
     } catch (const nlohmann::json::exception& e) {
       throw BackendError(
           fmt::format("{}: not valid JSON ({}); it should be the Hugging Face config.json that "
                       "came with the weights",
                       path, e.what()));
     }
-    if (!c.json.is_object()) throw BackendError(fmt::format("{}:1:1: config.json must be a JSON object", path));
-    return c;
+    if (!json.is_object()) throw BackendError(fmt::format("{}:1:1: config.json must be a JSON object", path));
+    return ConfigJson{path, std::move(*text), std::move(json)};
   }
   std::string loc(const std::string& key) const { return json_loc(path, text, key); }
   // A positive integer under KEY, nullopt when absent or null.
@@ -122,27 +122,8 @@ int metadata_heads(const SafetensorsReader& f) {
   return m;
 }
 
-// The Llama-family shape of config.json (model_type llama, mistral or qwen2): every key that changes the math is
-// read, or refused by name when it asks for something harmony's Llama block does not compute.
-// NOLINTNEXTLINE(readability-function-size): 84 lines, over the 80 the house holds; to split
-Gpt2Config llama_config_from(const ConfigJson& cj, const std::string& model_type) {
-  const bool qwen2 = model_type == "qwen2", mistral = model_type == "mistral";
-  Gpt2Config c;
-  c.arch = Arch::Llama;
-  c.qkv_bias = qwen2;  // Qwen2's q_proj, k_proj and v_proj always carry biases (Qwen2Config has no key for it)
-  auto required = [&](const char* key) {
-    const std::optional<int> v = cj.positive(key);
-    if (!v)
-      throw BackendError(fmt::format("{}:1:1: a Llama config.json needs \"{}\" (a positive integer)", cj.path, key));
-    return *v;
-  };
-  c.vocab_size = required("vocab_size");
-  c.max_seq_len = required("max_position_embeddings");
-  c.n_layer = required("num_hidden_layers");
-  c.n_head = required("num_attention_heads");
-  c.n_embd = required("hidden_size");
-  c.intermediate_size = required("intermediate_size");
-  c.n_kv_head = cj.positive("num_key_value_heads").value_or(0);
+// rms_norm_eps, rope_theta (positive numbers) and tie_word_embeddings, with LlamaConfig's defaults.
+void read_llama_numbers(const ConfigJson& cj, Gpt2Config& c) {
   auto number = [&](const char* key, float& out) {
     const auto it = cj.json.find(key);
     if (it == cj.json.end() || it->is_null()) return;
@@ -161,24 +142,22 @@ Gpt2Config llama_config_from(const ConfigJson& cj, const std::string& model_type
   } else {
     c.tie_embeddings = false;  // LlamaConfig's default
   }
-  cj.must_be("hidden_act", "silu", "harmony's Llama MLP computes SwiGLU with silu");
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (qwen2) break;  // Qwen2Config reads neither: its biases are q, k and v's, always
-    const auto it = cj.json.find(key);
-    if (it != cj.json.end() && !(it->is_boolean() && !it->get<bool>()) && !it->is_null())
-      throw BackendError(fmt::format(
-          "{}: {} is {}, but harmony's Llama block has no biases (only Qwen2's q/k/v biases, model_type qwen2)",
-          cj.loc(key), key, it->dump()));
-  }
-  auto not_modelled = [&](const char* key, const nlohmann::json& value, const std::string& fix) {
-    throw BackendError(
-        fmt::format("{}: {} is {}, which harmony-run does not model (plain RoPE, every token attending "
-                    "to every earlier one); {}",
-                    cj.loc(key), key, value.dump(), fix));
-  };
+}
+
+[[noreturn]] void not_modelled(const ConfigJson& cj, const char* key, const nlohmann::json& value,
+                               const std::string& fix) {
+  throw BackendError(
+      fmt::format("{}: {} is {}, which harmony-run does not model (plain RoPE, every token attending "
+                  "to every earlier one); {}",
+                  cj.loc(key), key, value.dump(), fix));
+}
+
+// Which tokens attend to which: RoPE scaling is refused; a sliding window is kept for Mistral (checked against the
+// run's seq_len), refused for Qwen2 when used, and refused for the other Llama models.
+void read_attention_span(const ConfigJson& cj, bool qwen2, bool mistral, Gpt2Config& c) {
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const auto it = cj.json.find(key);
-    if (it != cj.json.end() && !it->is_null()) not_modelled(key, *it, "remove it or set it to null");
+    if (it != cj.json.end() && !it->is_null()) not_modelled(cj, key, *it, "remove it or set it to null");
   }
   if (const auto it = cj.json.find("sliding_window"); mistral) {
     // MistralConfig: 4096 when absent, null for none. Within T tokens a window of >= T keys is plain causal attention,
@@ -191,13 +170,46 @@ Gpt2Config llama_config_from(const ConfigJson& cj, const std::string& model_type
       if (!use->is_boolean())
         throw BackendError(fmt::format("{}: use_sliding_window must be true or false, got {}",
                                        cj.loc("use_sliding_window"), use->dump()));
-      if (use->get<bool>()) not_modelled("use_sliding_window", *use, "set it to false (Qwen2's default)");
+      if (use->get<bool>()) not_modelled(cj, "use_sliding_window", *use, "set it to false (Qwen2's default)");
     }
   } else if (it != cj.json.end() && !it->is_null()) {
-    not_modelled("sliding_window", *it,
+    not_modelled(cj, "sliding_window", *it,
                  "remove it or set it to null (or use model_type mistral, whose window "
                  "harmony-run checks against seq_len)");
   }
+}
+
+// The Llama-family shape of config.json (model_type llama, mistral or qwen2): every key that changes the math is
+// read, or refused by name when it asks for something harmony's Llama block does not compute.
+Gpt2Config llama_config_from(const ConfigJson& cj, const std::string& model_type) {
+  const bool qwen2 = model_type == "qwen2", mistral = model_type == "mistral";
+  Gpt2Config c;
+  c.arch = Arch::Llama;
+  c.qkv_bias = qwen2;  // Qwen2's q_proj, k_proj and v_proj always carry biases (Qwen2Config has no key for it)
+  auto required = [&](const char* key) {
+    const std::optional<int> v = cj.positive(key);
+    if (!v)
+      throw BackendError(fmt::format("{}:1:1: a Llama config.json needs \"{}\" (a positive integer)", cj.path, key));
+    return *v;
+  };
+  c.vocab_size = required("vocab_size");
+  c.max_seq_len = required("max_position_embeddings");
+  c.n_layer = required("num_hidden_layers");
+  c.n_head = required("num_attention_heads");
+  c.n_embd = required("hidden_size");
+  c.intermediate_size = required("intermediate_size");
+  c.n_kv_head = cj.positive("num_key_value_heads").value_or(0);
+  read_llama_numbers(cj, c);
+  cj.must_be("hidden_act", "silu", "harmony's Llama MLP computes SwiGLU with silu");
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (qwen2) break;  // Qwen2Config reads neither: its biases are q, k and v's, always
+    const auto it = cj.json.find(key);
+    if (it != cj.json.end() && !(it->is_boolean() && !it->get<bool>()) && !it->is_null())
+      throw BackendError(fmt::format(
+          "{}: {} is {}, but harmony's Llama block has no biases (only Qwen2's q/k/v biases, model_type qwen2)",
+          cj.loc(key), key, it->dump()));
+  }
+  read_attention_span(cj, qwen2, mistral, c);
   if (const std::optional<int> hd = cj.positive("head_dim"); hd && c.n_head > 0 && *hd * c.n_head != c.n_embd)
     throw BackendError(
         fmt::format("{}: head_dim = {}, but harmony's Llama block uses hidden_size / "

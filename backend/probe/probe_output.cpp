@@ -161,42 +161,59 @@ std::string yaml_size(Bytes bytes) {
 
 std::string yaml_duration(double seconds) { return fmt::format("{:.1f}us", seconds * 1e6); }
 
-// NOLINTNEXTLINE(readability-function-size): 110 lines, over the 80 the house holds; to split
-std::vector<ProbeMachineKey> probe_machine_keys(const ProbeResult& r, const ProbeBase& base) {
-  const core::MachineSpec& m = base.machine;
-  std::vector<ProbeMachineKey> keys;
-  const auto add = [&](const std::string& key, std::string value, std::string note) {
-    keys.push_back(ProbeMachineKey{key, std::move(value), base_value(key, m), std::move(note)});
-  };
-  const auto rate = [&](const std::string& key, const RateSample& s, const std::string& what) {
-    add(key, yaml_bandwidth(s.best_bytes_per_s), provenance(r, s, what));
-  };
-  rate("cpu_adam.bandwidth", r.adamw_fp32,
-       fmt::format("ParallelAdamW fp32 (the executor's Update) on {} threads, {}", r.threads,
-                   params_text(r.adamw_fp32)));
-  rate("cpu_adam.bandwidth_bf16", r.adamw_bf16,
-       fmt::format("AdamW with bf16 gradients in and bf16 weights out, the casts fused per 16K-element block, on {} "
-                   "threads, {}",
-                   r.threads, params_text(r.adamw_bf16)));
-  rate("cpu_adam.bandwidth_fp16", r.adamw_fp16,
-       fmt::format("AdamW with fp16 gradients in and fp16 weights out ({} casts), fused as bf16's, on {} threads",
-                   r.fp16_isa, r.threads));
-  add("cpu_adam.per_layer", "", "not measured: a fixed cost per layer, not a rate");
-  rate("host_paths.memcpy_one_thread", r.memcpy_one_thread,
-       fmt::format("one memcpy of {} on one thread", mib(r.memcpy_one_thread.work_bytes)));
-  rate("host_paths.bf16_round", r.bf16_round,
-       "round_to_bf16 (stage_up's host part) on up to 16 threads, per bf16 byte written");
-  rate("host_paths.bf16_widen", r.bf16_widen,
-       "widen_from_bf16 (stage_down's host part) on up to 16 threads, per bf16 byte read");
+namespace {
+
+// The machine keys as they are collected, in order: add() one with its value ("" when not written) and its note;
+// rate() one measured as a bandwidth, its note the sample's provenance.
+class KeyList {
+ public:
+  KeyList(const ProbeResult& r, const core::MachineSpec& m) : r_(r), m_(m) {}
+  void add(const std::string& key, std::string value, std::string note) {
+    keys_.push_back(ProbeMachineKey{key, std::move(value), base_value(key, m_), std::move(note)});
+  }
+  void rate(const std::string& key, const RateSample& s, const std::string& what) {
+    add(key, yaml_bandwidth(s.best_bytes_per_s), provenance(r_, s, what));
+  }
+  std::vector<ProbeMachineKey> take() { return std::move(keys_); }
+
+ private:
+  const ProbeResult& r_;
+  const core::MachineSpec& m_;
+  std::vector<ProbeMachineKey> keys_;
+};
+
+// The CPU's rates: AdamW in fp32, bf16 and fp16, and the host paths' memcpy and bf16 casts.
+void add_cpu_keys(KeyList& keys, const ProbeResult& r) {
+  keys.rate("cpu_adam.bandwidth", r.adamw_fp32,
+            fmt::format("ParallelAdamW fp32 (the executor's Update) on {} threads, {}", r.threads,
+                        params_text(r.adamw_fp32)));
+  keys.rate("cpu_adam.bandwidth_bf16", r.adamw_bf16,
+            fmt::format("AdamW with bf16 gradients in and bf16 weights out, the casts fused per 16K-element block, "
+                        "on {} threads, {}",
+                        r.threads, params_text(r.adamw_bf16)));
+  keys.rate("cpu_adam.bandwidth_fp16", r.adamw_fp16,
+            fmt::format("AdamW with fp16 gradients in and fp16 weights out ({} casts), fused as bf16's, on {} threads",
+                        r.fp16_isa, r.threads));
+  keys.add("cpu_adam.per_layer", "", "not measured: a fixed cost per layer, not a rate");
+  keys.rate("host_paths.memcpy_one_thread", r.memcpy_one_thread,
+            fmt::format("one memcpy of {} on one thread", mib(r.memcpy_one_thread.work_bytes)));
+  keys.rate("host_paths.bf16_round", r.bf16_round,
+            "round_to_bf16 (stage_up's host part) on up to 16 threads, per bf16 byte written");
+  keys.rate("host_paths.bf16_widen", r.bf16_widen,
+            "widen_from_bf16 (stage_down's host part) on up to 16 threads, per bf16 byte read");
+}
+
+// The host link's rates (pinned and pageable copies, the bf16 staging), written only when the device pins memory.
+void add_link_keys(KeyList& keys, const ProbeResult& r) {
   const std::string no_link = fmt::format(
       "not written: {} pins nothing, its copies are memcpy between host buffers, not a host link{} (run the probe "
       "with --device cuda on the GPU machine)",
       r.device_name, r.device_note.empty() ? "" : fmt::format("; {}", r.device_note));
   const auto link = [&](const std::string& key, const RateSample& s, const std::string& what) {
     if (r.device_pins) {
-      rate(key, s, what);
+      keys.rate(key, s, what);
     } else {
-      add(key, "", no_link);
+      keys.add(key, "", no_link);
     }
   };
   const std::string pieces = fmt::format("in {} copies", mib(std::min<Bytes>(r.h2d.work_bytes, 64 * core::kMiB)));
@@ -215,63 +232,85 @@ std::vector<ProbeMachineKey> probe_machine_keys(const ProbeResult& r, const Prob
   link("host_paths.bf16_stage_down", r.bf16_stage_down,
        fmt::format("the executor's stage_down on {}: chunks copied down while the last one is widened, per bf16 byte",
                    r.device_name));
+}
+
+constexpr const char* kNoTopology =
+    "not written: the base machine has no topology, and this is a topology key (give --base a machine with one)";
+
+// topology.pinned_limit: what the device could pin, written only when pinning failed under the host's memory.
+void add_pinned_limit_key(KeyList& keys, const ProbeResult& r, const core::MachineSpec& m) {
   const bool topo = m.topology.valid();
-  const std::string no_topo =
-      "not written: the base machine has no topology, and this is a topology key (give --base a machine with one)";
-  if (topo) {
-    rate("topology.host_memcpy", r.memcpy_threaded,
-         fmt::format("memcpy of {} split over {} threads (all CPU copies together)", mib(r.memcpy_threaded.work_bytes),
-                     std::min(16, r.threads)));
-  } else {
-    add("topology.host_memcpy", "", no_topo);
-  }
   const PinnedProbe& p = r.pinned;
   const Bytes host_memory = topo ? m.topology.host_memory_bytes : 0;
   if (!r.device_pins) {
-    add("topology.pinned_limit", "",
-        fmt::format("not written: measured with mlock ({} granted{}), which does not bind {}: it pins nothing",
-                    mib(p.granted_bytes), p.limit_reached ? "" : ", the cap", r.device_name));
+    keys.add("topology.pinned_limit", "",
+             fmt::format("not written: measured with mlock ({} granted{}), which does not bind {}: it pins nothing",
+                         mib(p.granted_bytes), p.limit_reached ? "" : ", the cap", r.device_name));
   } else if (!p.limit_reached) {
-    add("topology.pinned_limit", "",
-        fmt::format("not written: {} pinned with {} without a failure, up to the probe's cap: the limit is higher",
-                    mib(p.granted_bytes), p.method));
+    keys.add("topology.pinned_limit", "",
+             fmt::format("not written: {} pinned with {} without a failure, up to the probe's cap: the limit is higher",
+                         mib(p.granted_bytes), p.method));
   } else if (!topo) {
-    add("topology.pinned_limit", "", no_topo);
+    keys.add("topology.pinned_limit", "", kNoTopology);
   } else if (host_memory > 0 && p.granted_bytes > host_memory) {
-    add("topology.pinned_limit", "",
-        fmt::format("not written: {} pinned exceeds the base's host_memory {}", mib(p.granted_bytes),
-                    mib(host_memory)));
+    keys.add("topology.pinned_limit", "",
+             fmt::format("not written: {} pinned exceeds the base's host_memory {}", mib(p.granted_bytes),
+                         mib(host_memory)));
   } else {
-    add("topology.pinned_limit", yaml_size(p.granted_bytes),
-        fmt::format("{} granted {} in {} chunks, then failed: {}; harmony-run probe on {} at {}", p.method,
-                    mib(p.granted_bytes), mib(p.chunk_bytes), p.failure, r.host, r.date_utc));
+    keys.add("topology.pinned_limit", yaml_size(p.granted_bytes),
+             fmt::format("{} granted {} in {} chunks, then failed: {}; harmony-run probe on {} at {}", p.method,
+                         mib(p.granted_bytes), mib(p.chunk_bytes), p.failure, r.host, r.date_utc));
   }
+}
+
+// The NVMe tier's keys (read, write, capacity, latency), measured in the --path folder.
+void add_nvme_keys(KeyList& keys, const ProbeResult& r, const core::MachineSpec& m) {
   const char* nvme_keys[] = {"topology.nvme.read", "topology.nvme.write", "topology.nvme.capacity",
                              "topology.nvme.latency"};
   if (!r.nvme) {
-    for (const char* k : nvme_keys) add(k, "", "not measured: no --path folder given");
-  } else if (!topo) {
-    for (const char* k : nvme_keys) add(k, "", no_topo);
-  } else {
-    const NvmeProbe& n = *r.nvme;
-    const std::string how = fmt::format("{} {} test file in {} ({}, {}), 4 MiB blocks on 4 threads", mib(n.file_bytes),
-                                        "sequential", n.path, n.filesystem, n.direct_io ? "O_DIRECT" : "buffered");
-    rate("topology.nvme.read", n.read, how);
-    rate("topology.nvme.write", n.write, how + ", fdatasync");
-    add("topology.nvme.capacity", yaml_size(n.free_bytes / core::kMiB * core::kMiB),
-        fmt::format("the free space in {} when probed; harmony-run probe on {} at {}", n.path, r.host, r.date_utc));
-    if (n.latency_s) {
-      add("topology.nvme.latency", yaml_duration(*n.latency_s),
-          fmt::format("median of random 4 KiB O_DIRECT reads; harmony-run probe on {} at {}", r.host, r.date_utc));
-    } else {
-      // nvme: replaces the whole tier, so the base's latency is kept by writing it again
-      const std::string kept = base_value("topology.nvme.latency", m);
-      add("topology.nvme.latency", kept,
-          kept.empty() ? "not measured: without O_DIRECT a read may come from the page cache"
-                       : "the base's value (not measured: without O_DIRECT a read may come from the page cache)");
-    }
+    for (const char* k : nvme_keys) keys.add(k, "", "not measured: no --path folder given");
+    return;
   }
-  return keys;
+  if (!m.topology.valid()) {
+    for (const char* k : nvme_keys) keys.add(k, "", kNoTopology);
+    return;
+  }
+  const NvmeProbe& n = *r.nvme;
+  const std::string how = fmt::format("{} {} test file in {} ({}, {}), 4 MiB blocks on 4 threads", mib(n.file_bytes),
+                                      "sequential", n.path, n.filesystem, n.direct_io ? "O_DIRECT" : "buffered");
+  keys.rate("topology.nvme.read", n.read, how);
+  keys.rate("topology.nvme.write", n.write, how + ", fdatasync");
+  keys.add("topology.nvme.capacity", yaml_size(n.free_bytes / core::kMiB * core::kMiB),
+           fmt::format("the free space in {} when probed; harmony-run probe on {} at {}", n.path, r.host, r.date_utc));
+  if (n.latency_s) {
+    keys.add("topology.nvme.latency", yaml_duration(*n.latency_s),
+             fmt::format("median of random 4 KiB O_DIRECT reads; harmony-run probe on {} at {}", r.host, r.date_utc));
+  } else {
+    // nvme: replaces the whole tier, so the base's latency is kept by writing it again
+    const std::string kept = base_value("topology.nvme.latency", m);
+    keys.add("topology.nvme.latency", kept,
+             kept.empty() ? "not measured: without O_DIRECT a read may come from the page cache"
+                          : "the base's value (not measured: without O_DIRECT a read may come from the page cache)");
+  }
+}
+
+}  // namespace
+
+std::vector<ProbeMachineKey> probe_machine_keys(const ProbeResult& r, const ProbeBase& base) {
+  const core::MachineSpec& m = base.machine;
+  KeyList keys(r, m);
+  add_cpu_keys(keys, r);
+  add_link_keys(keys, r);
+  if (m.topology.valid()) {
+    keys.rate("topology.host_memcpy", r.memcpy_threaded,
+              fmt::format("memcpy of {} split over {} threads (all CPU copies together)",
+                          mib(r.memcpy_threaded.work_bytes), std::min(16, r.threads)));
+  } else {
+    keys.add("topology.host_memcpy", "", kNoTopology);
+  }
+  add_pinned_limit_key(keys, r, m);
+  add_nvme_keys(keys, r, m);
+  return keys.take();
 }
 
 std::string probe_machine_yaml(const ProbeResult& r, const ProbeBase& base, const std::string& command) {

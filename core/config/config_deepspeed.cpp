@@ -422,83 +422,84 @@ void read_batch(const DsFile& f, const json& root, const DeepSpeedContext& ctx, 
   run.accumulation = *accum;
 }
 
-// The closest plan kind, with why, and how it differs (configs/validation/unseen/pricing.json, rules.zero_offload).
-// NOLINTNEXTLINE(readability-function-size): 93 lines, over the 80 the house holds; to split
-void map_to_kind(DeepSpeedRun& run) {
-  const bool param = run.offload_param != "none";
-  const bool optim = run.offload_optimizer != "none";
-  if (run.stage == 3 && param) {
-    run.plan_kind = "zero-infinity";
-    run.offload = run.offload_param == "nvme" || run.offload_optimizer == "nvme" ? "nvme" : "cpu";
-    run.reasoning = fmt::format(
-        "ZeRO-3 with offload_param {}: parameters, gradients and optimizer state partitioned over the GPUs and kept "
-        "in {}, each layer's shard fetched and all-gathered for every forward and backward, CPU Adam after the "
-        "backward: zero-infinity, offload {}",
-        run.offload_param, run.offload_param == "cpu" ? "host memory" : "NVMe", run.offload);
-    if (run.offload_optimizer != run.offload_param) {
-      run.status = "approximate";
-      run.approximation = fmt::format(
-          "offload_optimizer is {} where offload_param is {}: zero-infinity's {} tier keeps the parameters and the "
-          "optimizer state together{}",
-          run.offload_optimizer, run.offload_param, run.offload,
-          run.offload_optimizer == "none" ? ", and runs the optimizer on the CPU" : "");
-    }
-    return;
+// ZeRO-3 with offload_param: zero-infinity on the parameters' tier.
+void map_zero3_offload_param(DeepSpeedRun& run) {
+  run.plan_kind = "zero-infinity";
+  run.offload = run.offload_param == "nvme" || run.offload_optimizer == "nvme" ? "nvme" : "cpu";
+  run.reasoning = fmt::format(
+      "ZeRO-3 with offload_param {}: parameters, gradients and optimizer state partitioned over the GPUs and kept "
+      "in {}, each layer's shard fetched and all-gathered for every forward and backward, CPU Adam after the "
+      "backward: zero-infinity, offload {}",
+      run.offload_param, run.offload_param == "cpu" ? "host memory" : "NVMe", run.offload);
+  if (run.offload_optimizer != run.offload_param) {
+    run.status = "approximate";
+    run.approximation = fmt::format(
+        "offload_optimizer is {} where offload_param is {}: zero-infinity's {} tier keeps the parameters and the "
+        "optimizer state together{}",
+        run.offload_optimizer, run.offload_param, run.offload,
+        run.offload_optimizer == "none" ? ", and runs the optimizer on the CPU" : "");
   }
-  if (optim && run.stage != 3) {  // ZeRO-Offload: parameters resident on the GPUs, optimizer state and step on the CPU
-    run.plan_kind = "zero-offload";
-    run.offload = "";
-    run.reasoning = fmt::format(
-        "ZeRO-{} with offload_optimizer cpu (ZeRO-Offload): parameters stay on every GPU, each rank's gradient "
-        "shard goes to the host in FP32, CPU Adam steps its FP32 masters after the backward and the updated shard "
-        "comes back up before an all-gather: zero-offload",
-        run.stage);
-    if (run.stage == 1 || run.accumulation > 1) {
-      run.status = "approximate";
-      run.approximation =
-          run.accumulation > 1
-              ? fmt::format(
-                    "with {} micro-steps per optimizer step DeepSpeed moves every micro-step's gradients "
-                    "through host memory; zero-offload accumulates them on the GPU and moves them once "
-                    "(docs/baselines.md#zero-offload)",
-                    run.accumulation)
-              : std::string("ZeRO-1 all-reduces the gradients where zero-offload reduce-scatters them");
-    }
-    return;
+}
+
+// ZeRO-Offload (offload_optimizer below stage 3): parameters resident on the GPUs, optimizer state and step on the
+// CPU.
+void map_zero_offload(DeepSpeedRun& run) {
+  run.plan_kind = "zero-offload";
+  run.offload = "";
+  run.reasoning = fmt::format(
+      "ZeRO-{} with offload_optimizer cpu (ZeRO-Offload): parameters stay on every GPU, each rank's gradient "
+      "shard goes to the host in FP32, CPU Adam steps its FP32 masters after the backward and the updated shard "
+      "comes back up before an all-gather: zero-offload",
+      run.stage);
+  if (run.stage == 1 || run.accumulation > 1) {
+    run.status = "approximate";
+    run.approximation = run.accumulation > 1
+                            ? fmt::format(
+                                  "with {} micro-steps per optimizer step DeepSpeed moves every micro-step's gradients "
+                                  "through host memory; zero-offload accumulates them on the GPU and moves them once "
+                                  "(docs/baselines.md#zero-offload)",
+                                  run.accumulation)
+                            : std::string("ZeRO-1 all-reduces the gradients where zero-offload reduce-scatters them");
   }
-  if (optim) {  // ZeRO-3 with the optimizer alone offloaded: the parameters stay partitioned on the GPUs
-    run.plan_kind = "zero-infinity";
-    run.offload = run.offload_optimizer;
-    run.reasoning = fmt::format(
-        "ZeRO-{} with offload_optimizer {} and the parameters partitioned on the GPUs: gradients go to the host and "
-        "CPU Adam steps after the backward; no plan kind keeps partitioned parameters on the GPUs with the optimizer "
-        "on the CPU, the closest is zero-infinity, offload {}",
-        run.stage, run.offload_optimizer, run.offload);
-    if (run.accumulation > 1) {
-      run.status = "inexpressible";
-      run.approximation = fmt::format(
-          "with {} micro-steps per optimizer step zero-infinity would fetch every layer's parameters from the host "
-          "{} times a step where ZeRO-Offload keeps them on the GPU (pricing.json rules.zero_offload); set "
-          "gradient_accumulation_steps to 1 in a copy to price one micro-step",
-          run.accumulation, 2 * run.accumulation);
-    } else {
-      run.status = "approximate";
-      run.approximation =
-          "zero-infinity fetches each layer's parameters from the host for the forward and the backward (hidden under "
-          "compute when compute-bound) where ZeRO-Offload copies the updated parameters up once after the step (not "
-          "priced), and pays ZeRO-3's per-module hook latency (pricing.json rules.zero_offload)";
-    }
-    return;
+}
+
+// ZeRO-3 with the optimizer alone offloaded: the parameters stay partitioned on the GPUs.
+void map_zero3_offload_optimizer(DeepSpeedRun& run) {
+  run.plan_kind = "zero-infinity";
+  run.offload = run.offload_optimizer;
+  run.reasoning = fmt::format(
+      "ZeRO-{} with offload_optimizer {} and the parameters partitioned on the GPUs: gradients go to the host and "
+      "CPU Adam steps after the backward; no plan kind keeps partitioned parameters on the GPUs with the optimizer "
+      "on the CPU, the closest is zero-infinity, offload {}",
+      run.stage, run.offload_optimizer, run.offload);
+  if (run.accumulation > 1) {
+    run.status = "inexpressible";
+    run.approximation = fmt::format(
+        "with {} micro-steps per optimizer step zero-infinity would fetch every layer's parameters from the host "
+        "{} times a step where ZeRO-Offload keeps them on the GPU (pricing.json rules.zero_offload); set "
+        "gradient_accumulation_steps to 1 in a copy to price one micro-step",
+        run.accumulation, 2 * run.accumulation);
+  } else {
+    run.status = "approximate";
+    run.approximation =
+        "zero-infinity fetches each layer's parameters from the host for the forward and the backward (hidden under "
+        "compute when compute-bound) where ZeRO-Offload copies the updated parameters up once after the step (not "
+        "priced), and pays ZeRO-3's per-module hook latency (pricing.json rules.zero_offload)";
   }
-  if (run.stage == 3) {
-    run.plan_kind = "fsdp";
-    run.offload = "";
-    run.reasoning =
-        "ZeRO-3 without offload: parameters, gradients and optimizer state partitioned over the GPUs, each layer "
-        "all-gathered for the forward and the backward, its gradient reduce-scattered every micro-step, Adam on each "
-        "GPU's partition: fsdp";
-    return;
-  }
+}
+
+// ZeRO-3 without offload: fsdp.
+void map_zero3(DeepSpeedRun& run) {
+  run.plan_kind = "fsdp";
+  run.offload = "";
+  run.reasoning =
+      "ZeRO-3 without offload: parameters, gradients and optimizer state partitioned over the GPUs, each layer "
+      "all-gathered for the forward and the backward, its gradient reduce-scattered every micro-step, Adam on each "
+      "GPU's partition: fsdp";
+}
+
+// Stages 0-2 without offload_optimizer: data parallelism, resident (exact for stage 0).
+void map_data_parallel(DeepSpeedRun& run) {
   run.plan_kind = "resident";
   run.offload = "";
   if (run.stage == 0) {
@@ -517,6 +518,23 @@ void map_to_kind(DeepSpeedRun& run) {
       "whole model on each; ZeRO-{} reduce-scatters the gradients and all-gathers the updated parameters, the bytes "
       "of resident's all-reduce",
       run.stage == 2 ? " and gradients" : "", run.stage);
+}
+
+// The closest plan kind, with why, and how it differs (configs/validation/unseen/pricing.json, rules.zero_offload).
+void map_to_kind(DeepSpeedRun& run) {
+  const bool param = run.offload_param != "none";
+  const bool optim = run.offload_optimizer != "none";
+  if (run.stage == 3 && param) {
+    map_zero3_offload_param(run);
+  } else if (optim && run.stage != 3) {
+    map_zero_offload(run);
+  } else if (optim) {
+    map_zero3_offload_optimizer(run);
+  } else if (run.stage == 3) {
+    map_zero3(run);
+  } else {
+    map_data_parallel(run);
+  }
 }
 
 // optimizer.type: the Adam family (what every plan kind's CPU step and optimizer state price); its params are not read.

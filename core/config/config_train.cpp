@@ -107,19 +107,9 @@ Gpt2Shape parse_gpt2_shape(const Entry& e, bool llama) {
   return g;
 }
 
-}  // namespace
-
-// NOLINTNEXTLINE(readability-function-size): 126 lines, over the 80 the house holds; to split
-TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
-                               bool plan_searched, const std::vector<FlagOverride>& flags) {
-  const char* start_hint =
-      "a harmony-run config needs `model: {gpt2: {...}, seq_len: T}`, `plan: {mode: harmony-pp, gpus: N, "
-      "minibatch: B, ...}` and `train: {steps: S}`; see configs/run/default.yaml and docs/config.md";
-  open_root(root, file, overrides, kTrainTopKeys, start_hint, flags);
-  TrainConfig cfg;
-  cfg.file = file;
-  const std::string base_dir = parent_dir(file);
-
+// model: a shape (gpt2 or llama) or weights, with seq_len and the optional n_head, profile and init_seed.
+void parse_train_model(TrainConfig& cfg, const Node& root, const std::string& file, const std::string& base_dir,
+                       const char* start_hint) {
   const Node* model = section_map(root, "model");
   if (!model) fail(SourceLoc{file, 0, 0}, "missing required section 'model'", start_hint);
   const SourceLoc model_loc = find(root, "model")->key_loc;
@@ -157,16 +147,11 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   if (const Entry* e = find(*model, "profile"))
     cfg.model.profile_path = resolve_path(base_dir, get_string(e->value, "model.profile"));
   if (const Entry* e = find(*model, "init_seed")) cfg.model.init_seed = get_u64(e->value, "model.init_seed");
+}
 
-  cfg.machine = parse_machine_section(root, file, base_dir);
-  if (const Entry* e = find(root, "cost_model")) cfg.cost_model = parse_cost_model(*e);
-  cfg.device_loc = SourceLoc{file, 0, 0};
-  if (const Entry* e = find(root, "device")) {
-    // The name is checked against the device registry by harmony-run (backend/registry.hpp), at device_loc.
-    cfg.device = expect_scalar(e->value, "device", "a device kind", "e.g. device: cpu (harmony-run lists the kinds)");
-    cfg.device_loc = e->value.loc;
-  }
-
+// plan, options and search as harmony-run reads them, checked by plan.mode's kind's rules with equal microbatches.
+void parse_train_plan(TrainConfig& cfg, const Node& root, const std::string& file, bool plan_searched,
+                      const char* start_hint) {
   const Node* plan = section_map(root, "plan");
   if (!plan) fail(SourceLoc{file, 0, 0}, "missing required section 'plan'", start_hint);
   PlanLocs plan_locs;
@@ -189,7 +174,31 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
   // plan.mode's kind's rules (a kind without packs on the one microbatch size it runs, plan.u_bwd), with equal
   // microbatches (the runtime's).
   check_plan(as_run, UnequalMicrobatches::Refused, plan_locs, search_locs);
+}
 
+// train.data: a token file's path, or a mapping with a file or a synthetic task's size and seed.
+void parse_train_data(TrainConfig& cfg, const Entry& e, const std::string& base_dir) {
+  cfg.train.data.loc = e.value.loc;
+  const char* data_hint =
+      "write `data: PATH` (llm.c uint16 token file), `data: {file: PATH}` or `data: {synthetic_tokens: 65536, "
+      "seed: 1}` for the synthetic task";
+  if (e.value.kind == Node::Kind::Scalar) {
+    cfg.train.data.path = resolve_path(base_dir, get_string(e.value, "train.data"));
+  } else if (e.value.kind == Node::Kind::Map) {
+    check_keys(e.value, "train.data", kDataKeys);
+    const Entry* f = find(e.value, "file");
+    const Entry* n = find(e.value, "synthetic_tokens");
+    if (f && n) fail(n->key_loc, "train.data.file and train.data.synthetic_tokens are both given", data_hint);
+    if (f) cfg.train.data.path = resolve_path(base_dir, get_string(f->value, "train.data.file"));
+    if (n) cfg.train.data.synthetic_tokens = get_int(n->value, "train.data.synthetic_tokens", 2);
+    if (const Entry* s = find(e.value, "seed")) cfg.train.data.seed = get_u64(s->value, "train.data.seed");
+  } else {
+    fail(e.value.loc, fmt::format("train.data must be a path or a mapping, got {}", describe(e.value)), data_hint);
+  }
+}
+
+// train: steps, AdamW's hyperparameters, the dtype and the data.
+void parse_train_section(TrainConfig& cfg, const Node& root, const std::string& file, const std::string& base_dir) {
   const Node* train = section_map(root, "train");
   if (!train) fail(SourceLoc{file, 0, 0}, "missing required section 'train'", "add `train: {steps: 100}`");
   const SourceLoc train_loc = find(root, "train")->key_loc;
@@ -209,25 +218,32 @@ TrainConfig build_train_config(Node root, const std::string& file, const std::ve
            "host; docs/backend.md)");
   }
   cfg.train.data.loc = train_loc;
-  if (const Entry* e = find(*train, "data")) {
-    cfg.train.data.loc = e->value.loc;
-    const char* data_hint =
-        "write `data: PATH` (llm.c uint16 token file), `data: {file: PATH}` or `data: {synthetic_tokens: 65536, "
-        "seed: 1}` for the synthetic task";
-    if (e->value.kind == Node::Kind::Scalar) {
-      cfg.train.data.path = resolve_path(base_dir, get_string(e->value, "train.data"));
-    } else if (e->value.kind == Node::Kind::Map) {
-      check_keys(e->value, "train.data", kDataKeys);
-      const Entry* f = find(e->value, "file");
-      const Entry* n = find(e->value, "synthetic_tokens");
-      if (f && n) fail(n->key_loc, "train.data.file and train.data.synthetic_tokens are both given", data_hint);
-      if (f) cfg.train.data.path = resolve_path(base_dir, get_string(f->value, "train.data.file"));
-      if (n) cfg.train.data.synthetic_tokens = get_int(n->value, "train.data.synthetic_tokens", 2);
-      if (const Entry* s = find(e->value, "seed")) cfg.train.data.seed = get_u64(s->value, "train.data.seed");
-    } else {
-      fail(e->value.loc, fmt::format("train.data must be a path or a mapping, got {}", describe(e->value)), data_hint);
-    }
+  if (const Entry* e = find(*train, "data")) parse_train_data(cfg, *e, base_dir);
+}
+
+}  // namespace
+
+TrainConfig build_train_config(Node root, const std::string& file, const std::vector<std::string>& overrides,
+                               bool plan_searched, const std::vector<FlagOverride>& flags) {
+  const char* start_hint =
+      "a harmony-run config needs `model: {gpt2: {...}, seq_len: T}`, `plan: {mode: harmony-pp, gpus: N, "
+      "minibatch: B, ...}` and `train: {steps: S}`; see configs/run/default.yaml and docs/config.md";
+  open_root(root, file, overrides, kTrainTopKeys, start_hint, flags);
+  TrainConfig cfg;
+  cfg.file = file;
+  const std::string base_dir = parent_dir(file);
+
+  parse_train_model(cfg, root, file, base_dir, start_hint);
+  cfg.machine = parse_machine_section(root, file, base_dir);
+  if (const Entry* e = find(root, "cost_model")) cfg.cost_model = parse_cost_model(*e);
+  cfg.device_loc = SourceLoc{file, 0, 0};
+  if (const Entry* e = find(root, "device")) {
+    // The name is checked against the device registry by harmony-run (backend/registry.hpp), at device_loc.
+    cfg.device = expect_scalar(e->value, "device", "a device kind", "e.g. device: cpu (harmony-run lists the kinds)");
+    cfg.device_loc = e->value.loc;
   }
+  parse_train_plan(cfg, root, file, plan_searched, start_hint);
+  parse_train_section(cfg, root, file, base_dir);
 
   if (const Node* ck = section_map(root, "checkpoint")) {
     check_keys(*ck, "checkpoint", kCheckpointKeys);

@@ -17,11 +17,83 @@ nlohmann::json packs_to_json(const Packs& packs) {
   return a;
 }
 
-// NOLINTNEXTLINE(readability-function-size): 96 lines, over the 80 the house holds; to split
+namespace {
+
+using nlohmann::json;
+
+// JSON has no infinity: a deadlocked plan reports null times.
+json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+json per_gpu_json(const RunReport& r) {
+  json a = json::array();
+  for (const auto& g : r.per_gpu) {
+    a.push_back({{"gpu", g.gpu},
+                 {"end_time_s", num(g.end_time_s)},
+                 {"compute_time_s", num(g.compute_time_s)},
+                 {"peak_memory_bytes", g.peak_memory_bytes},
+                 {"end_idle", num(g.end_idle)}});
+  }
+  return a;
+}
+
+// The first allocation over a GPU's capacity (native cost model only; null without one).
+json memory_overflow_json(const RunReport& r) {
+  json overflow = nullptr;
+  if (r.native && r.memory_overflow.gpu >= 0) {
+    const auto& o = r.memory_overflow;
+    overflow = {{"gpu", o.gpu},
+                {"op_id", o.op_id},
+                {"op_label", o.op_label},
+                {"excess_bytes", o.bytes_over},
+                {"gpu_capacity_bytes", o.capacity_bytes},
+                {"time_s", o.time_s}};
+  }
+  return overflow;
+}
+
+// The host memory the plan needs, by purpose, with the host's limits (0: unlimited, null).
+json report_host_json(const RunReport& r) {
+  const auto& h = r.host_memory;
+  auto limit = [](Bytes b) { return b > 0 ? json(b) : json(nullptr); };  // 0: unlimited
+  json host = host_breakdown_json(h, kPinnedStagingKey);
+  host["total_bytes"] = h.total_bytes();
+  host["host_capacity_bytes"] = limit(h.capacity_bytes);
+  host["pinned_limit_bytes"] = limit(h.pinned_limit_bytes);
+  return host;
+}
+
+// The swap ledger: bytes per link class and per tensor class, and each link's bytes and busy time.
+json swap_ledger_json(const RunReport& r) {
+  const auto& l = r.ledger;
+  json links = json::array();
+  for (const auto& u : l.links) {
+    links.push_back(
+        {{"name", u.name},
+         {"kind", u.kind},
+         {"capacity_bytes_per_s", u.capacity_bytes_per_s > 0 ? json(u.capacity_bytes_per_s) : json(nullptr)},
+         {"bytes", u.bytes},
+         {"busy_s", u.busy_s}});
+  }
+  return {{"per_link_class",
+           {{"pcie_h2d_bytes", l.pcie_h2d_bytes},
+            {"pcie_d2h_bytes", l.pcie_d2h_bytes},
+            {"p2p_pcie_bytes", l.p2p_pcie_bytes},
+            {"nvlink_bytes", l.nvlink_bytes},
+            {"host_staging_bytes", l.host_staging_bytes},
+            {"cpu_msg_bytes", l.cpu_msg_bytes}}},
+          {"per_tensor_class",
+           {{"weights_bytes", l.weights_bytes},
+            {"weight_grad_bytes", l.weight_grad_bytes},
+            {"optimizer_state_bytes", l.optimizer_state_bytes},
+            {"activation_bytes", l.activation_bytes},
+            {"stash_bytes", l.stash_bytes},
+            {"act_grad_bytes", l.act_grad_bytes}}},
+          {"links", std::move(links)}};
+}
+
+}  // namespace
+
 nlohmann::json report_to_json(const RunReport& r) {
-  using nlohmann::json;
-  // JSON has no infinity: a deadlocked plan reports null times
-  auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
   auto text_or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
   auto native_only = [&](json v) { return r.native ? std::move(v) : json(nullptr); };
   const bool capacity_known = r.gpu_capacity_bytes > 0;
@@ -44,14 +116,7 @@ nlohmann::json report_to_json(const RunReport& r) {
   j["infeasible_reason"] = r.feasible ? json(nullptr) : json(r.infeasible_reason);
   j["iteration_time_s"] = num(r.iteration_time_s);
   j["throughput_samples_per_s"] = num(r.throughput_samples_per_s);
-  j["per_gpu"] = json::array();
-  for (const auto& g : r.per_gpu) {
-    j["per_gpu"].push_back({{"gpu", g.gpu},
-                            {"end_time_s", num(g.end_time_s)},
-                            {"compute_time_s", num(g.compute_time_s)},
-                            {"peak_memory_bytes", g.peak_memory_bytes},
-                            {"end_idle", num(g.end_idle)}});
-  }
+  j["per_gpu"] = per_gpu_json(r);
   j["max_end_idle"] = num(r.max_end_idle);
   j["avg_end_idle"] = num(r.avg_end_idle);
   j["compute_to_global"] = num(r.compute_to_global);
@@ -68,51 +133,11 @@ nlohmann::json report_to_json(const RunReport& r) {
   j["num_ops"] = r.num_ops;
   j["num_streams"] = r.num_streams;
   // native cost model only (null under `reference`)
-  json overflow = nullptr;
-  if (r.native && r.memory_overflow.gpu >= 0) {
-    const auto& o = r.memory_overflow;
-    overflow = {{"gpu", o.gpu},
-                {"op_id", o.op_id},
-                {"op_label", o.op_label},
-                {"excess_bytes", o.bytes_over},
-                {"gpu_capacity_bytes", o.capacity_bytes},
-                {"time_s", o.time_s}};
-  }
-  j["memory_overflow"] = std::move(overflow);
+  j["memory_overflow"] = memory_overflow_json(r);
   j["memory_overflow_ops"] = native_only(r.memory_overflow_ops);
   j["memory_anomalies"] = native_only(r.memory_anomalies);
-  const auto& h = r.host_memory;
-  auto limit = [](Bytes b) { return b > 0 ? json(b) : json(nullptr); };  // 0: unlimited
-  json host = host_breakdown_json(h, kPinnedStagingKey);
-  host["total_bytes"] = h.total_bytes();
-  host["host_capacity_bytes"] = limit(h.capacity_bytes);
-  host["pinned_limit_bytes"] = limit(h.pinned_limit_bytes);
-  j["host_memory"] = native_only(std::move(host));
-  const auto& l = r.ledger;
-  json links = json::array();
-  for (const auto& u : l.links) {
-    links.push_back(
-        {{"name", u.name},
-         {"kind", u.kind},
-         {"capacity_bytes_per_s", u.capacity_bytes_per_s > 0 ? json(u.capacity_bytes_per_s) : json(nullptr)},
-         {"bytes", u.bytes},
-         {"busy_s", u.busy_s}});
-  }
-  j["swap_ledger"] = native_only({{"per_link_class",
-                                   {{"pcie_h2d_bytes", l.pcie_h2d_bytes},
-                                    {"pcie_d2h_bytes", l.pcie_d2h_bytes},
-                                    {"p2p_pcie_bytes", l.p2p_pcie_bytes},
-                                    {"nvlink_bytes", l.nvlink_bytes},
-                                    {"host_staging_bytes", l.host_staging_bytes},
-                                    {"cpu_msg_bytes", l.cpu_msg_bytes}}},
-                                  {"per_tensor_class",
-                                   {{"weights_bytes", l.weights_bytes},
-                                    {"weight_grad_bytes", l.weight_grad_bytes},
-                                    {"optimizer_state_bytes", l.optimizer_state_bytes},
-                                    {"activation_bytes", l.activation_bytes},
-                                    {"stash_bytes", l.stash_bytes},
-                                    {"act_grad_bytes", l.act_grad_bytes}}},
-                                  {"links", std::move(links)}});
+  j["host_memory"] = native_only(report_host_json(r));
+  j["swap_ledger"] = native_only(swap_ledger_json(r));
   return j;
 }
 

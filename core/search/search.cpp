@@ -278,25 +278,64 @@ unsigned search_threads(const SearchSpace& space, std::size_t n) {
   return std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(n / kMinCandidatesPerThread)));
 }
 
-// `bound` (per candidate; empty: none): a candidate whose bound exceeds the cutoff, or is infinite (it cannot be
-// feasible), is declined unevaluated.
-// NOLINTNEXTLINE(readability-function-size): 88 lines, over the 80 the house holds; to split
-SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchSpace& space,
-                         const std::vector<std::size_t>& order, bool prune, const BoundedEvaluator& evaluate,
-                         const SearchProgressFn& progress, const std::vector<double>& bound = {}) {
+// The paper's fit rule ranks a single pack's time / 1000.
+double fit_scale(const SearchSpace& space, const Candidate& c) {
+  return space.spec.fit_rule && c.plan.packs_bwd.size() == 1 ? 1000.0 : 1.0;
+}
+
+// A report that names why its plan does not fit.
+bool names_miss(const RunReport& r) { return !r.feasible && !r.infeasible_reason.empty(); }
+
+// The search's result from the evaluated candidates' reports (evaluated[i]: candidate i was; the others were
+// declined): the counts, the first miss in enumeration order, and the feasible plans ranked by time (the fit rule's
+// scale applied), the top_k first.
+SearchResult rank_reports(const std::vector<Candidate>& candidates, const SearchSpace& space,
+                          std::vector<RunReport>& reports, const std::vector<char>& evaluated,
+                          const std::vector<double>& bound) {
+  const double inf = std::numeric_limits<double>::infinity();
   SearchResult res;
   const std::size_t n = candidates.size();
   res.num_candidates = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!evaluated[i]) {
+      ++res.num_pruned;
+      continue;
+    }
+    // a candidate with an infinite bound cannot be feasible whatever its packs: its GPU miss says nothing of packing
+    if (exceeds_gpu_memory(reports[i]) && (bound.empty() || bound[i] != inf)) ++res.num_gpu_memory_misses;
+    if (names_miss(reports[i]) && res.first_miss == static_cast<std::size_t>(-1)) {
+      res.first_miss = i;
+      res.first_miss_reason = reports[i].infeasible_reason;
+    }
+    if (reports[i].deadlock) {
+      ++res.num_deadlocked;
+      continue;
+    }
+    if (!reports[i].feasible) {
+      ++res.num_infeasible;
+      continue;
+    }
+    res.ranked.push_back(
+        RankedResult{i, reports[i].iteration_time_s / fit_scale(space, candidates[i]), std::move(reports[i])});
+  }
+  std::stable_sort(res.ranked.begin(), res.ranked.end(),
+                   [](const RankedResult& a, const RankedResult& b) { return a.rank_time_s < b.rank_time_s; });
+  if (space.spec.top_k >= 0 && res.ranked.size() > static_cast<std::size_t>(space.spec.top_k)) {
+    res.ranked.resize(static_cast<std::size_t>(space.spec.top_k));
+  }
+  return res;
+}
+
+// `bound` (per candidate; empty: none): a candidate whose bound exceeds the cutoff, or is infinite (it cannot be
+// feasible), is declined unevaluated.
+SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchSpace& space,
+                         const std::vector<std::size_t>& order, bool prune, const BoundedEvaluator& evaluate,
+                         const SearchProgressFn& progress, const std::vector<double>& bound = {}) {
+  const std::size_t n = candidates.size();
   std::vector<RunReport> reports(n);
   const unsigned threads = search_threads(space, n);
-  // the paper's fit rule ranks a single pack's time / 1000
-  auto fit_scale = [&](std::size_t i) {
-    return space.spec.fit_rule && candidates[i].plan.packs_bwd.size() == 1 ? 1000.0 : 1.0;
-  };
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<char> evaluated(n, 0);
-  // a report that names why its plan does not fit
-  auto miss = [&](std::size_t i) { return !reports[i].feasible && !reports[i].infeasible_reason.empty(); };
   auto evaluate_one = [&](std::size_t i, double cutoff_s) {
     std::optional<RunReport> r = evaluate(candidates[i].plan, cutoff_s);
     if (!r) return false;
@@ -325,14 +364,14 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
         if (prune) best.finish(k, key);
       }
     } done{best, k, key, prune};
-    const double threshold_s = prune ? best.threshold(k) * fit_scale(i) : inf;
+    const double threshold_s = prune ? best.threshold(k) * fit_scale(space, candidates[i]) : inf;
     // cannot enter the top_k (an infinite bound: cannot be feasible, cutoff or not): never evaluated here
     if (!bound.empty() && (bound[i] > threshold_s || bound[i] == inf)) {
       ticker.tick();
       return;
     }
     if (evaluate_one(i, threshold_s) && prune && !reports[i].deadlock && reports[i].feasible)
-      key = reports[i].iteration_time_s / fit_scale(i);
+      key = reports[i].iteration_time_s / fit_scale(space, candidates[i]);
     ticker.tick();
   });
   ticker.finish();
@@ -341,36 +380,10 @@ SearchResult search_impl(const std::vector<Candidate>& candidates, const SearchS
   const auto unfit = static_cast<std::size_t>(std::find(bound.begin(), bound.end(), inf) - bound.begin());
   if (unfit < bound.size()) {
     bool earlier_miss = false;
-    for (std::size_t i = 0; i < unfit && !earlier_miss; ++i) earlier_miss = evaluated[i] && miss(i);
+    for (std::size_t i = 0; i < unfit && !earlier_miss; ++i) earlier_miss = evaluated[i] && names_miss(reports[i]);
     if (!earlier_miss) evaluate_one(unfit, inf);
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!evaluated[i]) {
-      ++res.num_pruned;
-      continue;
-    }
-    // a candidate with an infinite bound cannot be feasible whatever its packs: its GPU miss says nothing of packing
-    if (exceeds_gpu_memory(reports[i]) && (bound.empty() || bound[i] != inf)) ++res.num_gpu_memory_misses;
-    if (miss(i) && res.first_miss == static_cast<std::size_t>(-1)) {
-      res.first_miss = i;
-      res.first_miss_reason = reports[i].infeasible_reason;
-    }
-    if (reports[i].deadlock) {
-      ++res.num_deadlocked;
-      continue;
-    }
-    if (!reports[i].feasible) {
-      ++res.num_infeasible;
-      continue;
-    }
-    res.ranked.push_back(RankedResult{i, reports[i].iteration_time_s / fit_scale(i), std::move(reports[i])});
-  }
-  std::stable_sort(res.ranked.begin(), res.ranked.end(),
-                   [](const RankedResult& a, const RankedResult& b) { return a.rank_time_s < b.rank_time_s; });
-  if (space.spec.top_k >= 0 && res.ranked.size() > static_cast<std::size_t>(space.spec.top_k)) {
-    res.ranked.resize(static_cast<std::size_t>(space.spec.top_k));
-  }
-  return res;
+  return rank_reports(candidates, space, reports, evaluated, bound);
 }
 
 }  // namespace

@@ -198,83 +198,89 @@ int print_calibration(const CalibrateCli& cli, const sim::Calibration& c) {
   return 0;
 }
 
-}  // namespace
+std::string file_name(const std::string& p) { return std::filesystem::path(p).filename().string(); }
 
-// NOLINTNEXTLINE(readability-function-size): 85 lines, over the 80 the house holds; to split
-int cmd_calibrate(const CalibrateCli& cli) {
-  if (!cli.check && cli.out.empty()) {
-    fmt::print(stderr,
-               "harmony-sim calibrate: error: --out FILE is required (or --check to predict without fitting)\n");
-    return kExitBadInput;
+// CONFIG,TRACE[,RUN_JSON] split at its commas.
+std::vector<std::string> split_at_commas(const std::string& spec) {
+  std::vector<std::string> parts;
+  std::size_t at = 0;
+  while (true) {
+    const auto comma = spec.find(',', at);
+    parts.push_back(spec.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
   }
-  if (!cli.check) core::check_output_file(cli.out, "the calibrated machine (--out)");
-  const std::string machine_text = core::read_input_file(cli.machine, "the machine file");
-  const core::MachineSpec base = core::load_machine_file(cli.machine);
+  return parts;
+}
+
+// The measured runs and what they point to (the models and Programs live here, the runs point into them), with
+// each run's provenance line for the calibrated machine's header.
+struct LoadedRuns {
   std::vector<std::unique_ptr<core::Model>> models;
   std::vector<std::unique_ptr<core::Program>> programs;
   std::vector<sim::CalibrationRun> runs;
   std::vector<std::string> provenance;
-  auto file_name = [](const std::string& p) { return std::filesystem::path(p).filename().string(); };
-  for (const std::string& spec : cli.runs) {
-    std::vector<std::string> parts;
-    std::size_t at = 0;
-    while (true) {
-      const auto comma = spec.find(',', at);
-      parts.push_back(spec.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-      if (comma == std::string::npos) break;
-      at = comma + 1;
+};
+
+// Which files a run was read from, with their fingerprints.
+std::string run_provenance(std::size_t number, const std::vector<std::string>& parts, const core::TrainConfig& cfg,
+                           const std::string& trace_text) {
+  std::string line = fmt::format("run {}: config {} ({})", number, file_name(parts[0]),
+                                 sim::fingerprint(core::read_input_file(parts[0], "the config")));
+  if (!cfg.model.profile_path.empty())
+    line += fmt::format(", profile {} ({})", file_name(cfg.model.profile_path),
+                        sim::fingerprint(core::read_input_file(cfg.model.profile_path, "the profile")));
+  line += fmt::format(", trace {} ({})", file_name(parts[1]), sim::fingerprint(trace_text));
+  if (parts.size() == 3)
+    line += fmt::format(", run {} ({})", file_name(parts[2]),
+                        sim::fingerprint(core::read_input_file(parts[2], "the measured run")));
+  return line;
+}
+
+// One --run CONFIG,TRACE[,RUN_JSON]: its profiled model, the Program its trace measured (the first candidate the
+// trace matches; none: the first candidate's error) and the measured step time, added to `loaded`.
+void load_calibration_run(const std::vector<std::string>& parts, const core::MachineSpec& base, LoadedRuns& loaded) {
+  const auto cfg = core::load_train_config(parts[0]);
+  if (cfg.model.profile_path.empty())
+    throw core::ConfigError(cfg.model.loc, "calibrate needs the run's measured profile in model.profile",
+                            "add `profile: FILE` (written by harmony-run profile) under model:");
+  loaded.models.push_back(std::make_unique<core::Model>(core::load_profile(cfg.model.profile_path)));
+  const core::Model& model = *loaded.models.back();
+  sim::CalibrationRun r;
+  r.name = file_name(parts[0]);
+  r.model = &model;
+  r.machine = base;
+  r.machine.gpu_memory_bytes = cfg.machine.gpu_memory_bytes;
+  const std::string trace_text = core::read_input_file(parts[1], "the measured trace");
+  const auto candidates = candidate_programs(cfg, model, trace_text);
+  std::optional<core::ConfigError> first_error;
+  for (const auto& p : candidates) {
+    try {
+      r.measured = sim::read_measured_trace(parts[1], trace_text, p);
+    } catch (const core::ConfigError& e) {
+      if (!first_error) first_error = e;
+      continue;
     }
-    if (parts.size() < 2 || parts.size() > 3 || parts[0].empty() || parts[1].empty()) {
-      fmt::print(stderr, "harmony-sim calibrate: error: --run '{}' is not CONFIG,TRACE[,RUN_JSON]\n", spec);
-      return kExitBadInput;
-    }
-    const auto cfg = core::load_train_config(parts[0]);
-    if (cfg.model.profile_path.empty())
-      throw core::ConfigError(cfg.model.loc, "calibrate needs the run's measured profile in model.profile",
-                              "add `profile: FILE` (written by harmony-run profile) under model:");
-    models.push_back(std::make_unique<core::Model>(core::load_profile(cfg.model.profile_path)));
-    const core::Model& model = *models.back();
-    sim::CalibrationRun r;
-    r.name = file_name(parts[0]);
-    r.model = &model;
-    r.machine = base;
-    r.machine.gpu_memory_bytes = cfg.machine.gpu_memory_bytes;
-    const std::string trace_text = core::read_input_file(parts[1], "the measured trace");
-    // the first candidate the trace matches; none: the first candidate's error
-    const auto candidates = candidate_programs(cfg, model, trace_text);
-    std::optional<core::ConfigError> first_error;
-    for (const auto& p : candidates) {
-      try {
-        r.measured = sim::read_measured_trace(parts[1], trace_text, p);
-      } catch (const core::ConfigError& e) {
-        if (!first_error) first_error = e;
-        continue;
-      }
-      programs.push_back(std::make_unique<core::Program>(p));
-      break;
-    }
-    if (programs.size() != runs.size() + 1) throw *first_error;
-    r.program = programs.back().get();
-    r.measured_step_s = parts.size() == 3 ? measured_step_s(parts[2], cfg) : r.measured.span_s;
-    std::string line = fmt::format("run {}: config {} ({})", runs.size() + 1, r.name,
-                                   sim::fingerprint(core::read_input_file(parts[0], "the config")));
-    if (!cfg.model.profile_path.empty())
-      line += fmt::format(", profile {} ({})", file_name(cfg.model.profile_path),
-                          sim::fingerprint(core::read_input_file(cfg.model.profile_path, "the profile")));
-    line += fmt::format(", trace {} ({})", file_name(parts[1]), sim::fingerprint(trace_text));
-    if (parts.size() == 3)
-      line += fmt::format(", run {} ({})", file_name(parts[2]),
-                          sim::fingerprint(core::read_input_file(parts[2], "the measured run")));
-    provenance.push_back(line);
-    runs.push_back(std::move(r));
+    loaded.programs.push_back(std::make_unique<core::Program>(p));
+    break;
   }
-  if (cli.check) return print_calibration(cli, sim::check_machine(runs));
-  const sim::Calibration c = sim::calibrate(runs);
+  if (loaded.programs.size() != loaded.runs.size() + 1) throw *first_error;
+  r.program = loaded.programs.back().get();
+  r.measured_step_s = parts.size() == 3 ? measured_step_s(parts[2], cfg) : r.measured.span_s;
+  loaded.provenance.push_back(run_provenance(loaded.runs.size() + 1, parts, cfg, trace_text));
+  loaded.runs.push_back(std::move(r));
+}
+
+// The calibrated machine: the machine file's text with the fitted keys, under a header naming its inputs and fit;
+// read back to check it.
+void write_calibrated_machine(const CalibrateCli& cli, const std::string& machine_text, const sim::Calibration& c,
+                              const LoadedRuns& loaded) {
+  const auto& runs = loaded.runs;
   std::vector<std::string> header = {
       fmt::format("fitted by `harmony-sim calibrate` (docs/validation.md#calibrate) on {} from {} measured run{} "
                   "(fingerprints: FNV-1a 64 of each input file):",
                   file_name(cli.machine), runs.size(), runs.size() == 1 ? "" : "s")};
-  header.insert(header.end(), provenance.begin(), provenance.end());
+  header.insert(header.end(), loaded.provenance.begin(), loaded.provenance.end());
   for (const auto& r : c.runs)
     header.push_back(fmt::format("{}: {} ops, measured {:.4f} s/step, predicted {:.4f} s/step ({:+.1f}%)", r.name,
                                  r.ops, r.measured_step_s, r.predicted_step_s,
@@ -285,6 +291,31 @@ int cmd_calibrate(const CalibrateCli& cli) {
   const core::MachineSpec check = core::load_machine_file(cli.out);  // what was written reads back
   if (check.compute.units != c.compute.units)
     throw core::InternalError(fmt::format("the calibrated machine {} does not read back its fitted units", cli.out));
+}
+
+}  // namespace
+
+int cmd_calibrate(const CalibrateCli& cli) {
+  if (!cli.check && cli.out.empty()) {
+    fmt::print(stderr,
+               "harmony-sim calibrate: error: --out FILE is required (or --check to predict without fitting)\n");
+    return kExitBadInput;
+  }
+  if (!cli.check) core::check_output_file(cli.out, "the calibrated machine (--out)");
+  const std::string machine_text = core::read_input_file(cli.machine, "the machine file");
+  const core::MachineSpec base = core::load_machine_file(cli.machine);
+  LoadedRuns loaded;
+  for (const std::string& spec : cli.runs) {
+    const std::vector<std::string> parts = split_at_commas(spec);
+    if (parts.size() < 2 || parts.size() > 3 || parts[0].empty() || parts[1].empty()) {
+      fmt::print(stderr, "harmony-sim calibrate: error: --run '{}' is not CONFIG,TRACE[,RUN_JSON]\n", spec);
+      return kExitBadInput;
+    }
+    load_calibration_run(parts, base, loaded);
+  }
+  if (cli.check) return print_calibration(cli, sim::check_machine(loaded.runs));
+  const sim::Calibration c = sim::calibrate(loaded.runs);
+  write_calibrated_machine(cli, machine_text, c, loaded);
   return print_calibration(cli, c);
 }
 

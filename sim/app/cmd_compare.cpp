@@ -42,9 +42,138 @@ std::optional<sim::Evaluation> winner_of(const sim::CompareResult& res, const co
   return sim::evaluate_plan(*engine, model, *win->plan, lower);
 }
 
+// compare --trace: writes the fastest kind's best plan's trace; the line that says so (or why none was written).
+std::string write_winner_trace(const Cli& cli, const sim::CompareResult& res, const core::Model& model,
+                               const core::RunConfig& cfg, bool* trace_written) {
+  if (const auto win = winner_of(res, model, cfg)) {
+    write_trace(cli.trace, *win, core::report_title(win->report));
+    *trace_written = true;
+    return fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan.kind.name(), cli.trace);
+  }
+  return "no trace written: no plan kind fits";
+}
+
+// One kind's entry in compare's JSON results.
+nlohmann::json kind_json(const sim::KindResult& k, const sim::CompareResult& res) {
+  nlohmann::json j;
+  j["plan_kind"] = core::plan_kind_name(k.kind);
+  j["role"] = core::kind_role_name(k.kind->role);
+  j["feasible"] = k.feasible;
+  j["num_candidates"] = k.candidates;
+  j["num_pruned"] = k.pruned;
+  j["reason"] = k.feasible ? nlohmann::json(nullptr) : nlohmann::json(k.reason);
+  j["speedup_over_best_baseline"] = k.feasible && std::isfinite(res.best_baseline_time_s)
+                                        ? nlohmann::json(k.speedup_over_best_baseline)
+                                        : nlohmann::json(nullptr);
+  j["fraction_of_ceiling"] = k.fraction_of_ceiling > 0 ? nlohmann::json(k.fraction_of_ceiling) : nullptr;
+  // kinds with the activations knob: both policies are searched; the winner is best.plan.knobs.activation_policy
+  nlohmann::json pol = nullptr;
+  if (k.kind.has_knob(core::Knob::Activations)) {
+    pol = nlohmann::json::object();
+    for (const std::string& name : core::activation_policy_names()) {
+      const auto it = k.policy_best_time_s.find(name);
+      pol[name] = it == k.policy_best_time_s.end() ? nlohmann::json(nullptr) : nlohmann::json(it->second);
+    }
+  }
+  j["policy_best_time_s"] = std::move(pol);
+  j["offload"] = k.offload.empty() ? nlohmann::json(nullptr) : nlohmann::json(k.offload);
+  j["best"] = k.feasible ? core::report_to_json(k.best) : nlohmann::json(nullptr);
+  return j;
+}
+
+// The columns shared by compare's rows that have no plan; `why` ends the line.
+void print_planless_row(const std::string& label, std::size_t candidates, const std::string& why) {
+  fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", label, candidates, "-",
+             "-", "-", "-", "-", "-", "-", "-", "-", why);
+}
+
+// One row of compare's table; `label` names it (the kind, or the DeepSpeed run), `note` opens its plan column.
+void print_compare_row(const std::string& label, const sim::KindResult& k, const std::string& note,
+                       const sim::CompareResult& res) {
+  if (!k.feasible) {
+    print_planless_row(label, k.candidates, note + "does not fit: " + k.reason);
+    return;
+  }
+  const auto& r = k.best;
+  const std::string r_policy = core::activation_policy_name(r.plan.knobs.activation_policy);
+  std::string plan = !k.kind->packs ? fmt::format("u {}, {}", r.plan.u_bwd, r_policy)
+                                    : fmt::format("fwd {} bwd {}, {}", core::packs_to_string(r.plan.packs_fwd),
+                                                  core::packs_to_string(r.plan.packs_bwd), r_policy);
+  for (const auto& [policy, t] : k.policy_best_time_s)
+    if (policy != r_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
+  if (!k.offload.empty()) plan += fmt::format(", offload {}", k.offload);
+  if (r.plan.knobs.swap == core::SwapTiming::OnDemand) plan += ", on-demand swap";
+  if (k.max_packs_grown > 0) plan += fmt::format(", pack bound grew to {}", k.max_packs_grown);
+  const std::string fit = r.fits ? std::string()
+                                 : fmt::format("DOES NOT FIT: peak {:.0f} MiB > {:.0f} MiB by {} bytes; ",
+                                               mib(r.peak_memory_bytes), mib(r.gpu_capacity_bytes), r.excess_bytes);
+  const std::string host =
+      r.native
+          ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes()) / static_cast<double>(core::kGiB))
+          : std::string("-");
+  const double speedup = std::isfinite(res.best_baseline_time_s) ? res.best_baseline_time_s / r.iteration_time_s
+                                                                 : k.speedup_over_best_baseline;
+  fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f} {:>8}  {}\n",
+             label, k.candidates, r.iteration_time_s, r.throughput_samples_per_s, speedup,
+             fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd), mib(r.swap_in_bytes + r.swap_out_bytes),
+             mib(r.p2p_bytes), mib(r.collective_bytes), mib(r.peak_memory_bytes), host, note + fit + plan);
+}
+
+// What compare ran and found, as its JSON document.
+struct CompareRun {
+  const core::RunConfig& cfg;
+  const core::Model& model;
+  const sim::CompareResult& res;
+  const std::optional<sim::DeepSpeedSetup>& ds;
+  const std::optional<sim::KindResult>& ds_row;
+  double wall_s;
+};
+
+void print_compare_json(const CompareRun& run, const std::string& trace_path) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& k : run.res.kinds) results.push_back(kind_json(k, run.res));
+  nlohmann::json j = document_head("compare", run.cfg, run.model);
+  j["gpus"] = run.cfg.plan.gpus;
+  j["minibatch"] = run.cfg.plan.minibatch;
+  j["best_baseline_time_s"] = std::isfinite(run.res.best_baseline_time_s) ? nlohmann::json(run.res.best_baseline_time_s)
+                                                                          : nlohmann::json(nullptr);
+  j["results"] = std::move(results);
+  j["trace_path"] = !trace_path.empty() ? nlohmann::json(trace_path) : nlohmann::json(nullptr);
+  j["deepspeed"] = run.ds ? sim::deepspeed_json(*run.ds, run.ds_row, run.res) : nlohmann::json(nullptr);
+  j["wall_time_s"] = run.wall_s;
+  std::cout << j.dump(2) << "\n";
+}
+
+// compare's table: a row per kind (and the DeepSpeed run's), then the notes under it.
+void print_compare_table(const CompareRun& run) {
+  const auto& [cfg, model, res, ds, ds_row, dt] = run;
+  fmt::print("compare: {} on {} ({} GPUs used), minibatch {}, cost model {}; {:.1f} ms\n\n", model.name,
+             cfg.machine.name, cfg.plan.gpus, cfg.plan.minibatch, core::cost_model_name(cfg.cost_model), dt * 1e3);
+  fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", "plan kind", "cands",
+             "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB", "coll MiB", "peak MiB", "host GiB",
+             "plan / reason");
+  for (const auto& k : res.kinds) print_compare_row(core::plan_kind_name(k.kind), k, "", res);
+  if (ds) {
+    const std::string note = fmt::format("your DeepSpeed config: {} -> {}; ", ds->run.summary, ds->run.plan_kind);
+    if (ds_row)
+      print_compare_row("> deepspeed", *ds_row, note, res);
+    else
+      print_planless_row("> deepspeed", 0, note + "not priced: " + ds->run.approximation);
+  }
+  fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
+  for (const auto& line : sim::ceiling_lines(res)) fmt::print("{}\n", line);
+  fmt::print(
+      "activations: checkpoint recomputes each layer's forward in the backward (Harmony always does); keep holds "
+      "or swaps the saved activations. Each baseline is searched under both; the other policy's best time is in "
+      "parentheses.\n");
+  if (ds) {
+    fmt::print("\n");
+    for (const auto& line : sim::deepspeed_lines(*ds, ds_row, res)) fmt::print("{}\n", line);
+  }
+}
+
 }  // namespace
 
-// NOLINTNEXTLINE(readability-function-size): 136 lines, over the 80 the house holds; to split
 int cmd_compare(const Cli& cli) {
   if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
   // --deepspeed: the DeepSpeed run's minibatch and dtype as overrides after the user's
@@ -74,111 +203,13 @@ int cmd_compare(const Cli& cli) {
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string trace_note;
   bool trace_written = false;
-  if (!cli.trace.empty()) {
-    if (const auto win = winner_of(res, model, cfg)) {
-      write_trace(cli.trace, *win, core::report_title(win->report));
-      trace_written = true;
-      trace_note = fmt::format("trace of the fastest plan ({}) written to {}", win->report.plan.kind.name(), cli.trace);
-    } else {
-      trace_note = "no trace written: no plan kind fits";
-    }
-  }
+  if (!cli.trace.empty()) trace_note = write_winner_trace(cli, res, model, cfg, &trace_written);
+  const CompareRun run{cfg, model, res, ds, ds_row, dt};
   if (cli.format == "json") {
-    nlohmann::json results = nlohmann::json::array();
-    for (const auto& k : res.kinds) {
-      nlohmann::json j;
-      j["plan_kind"] = core::plan_kind_name(k.kind);
-      j["role"] = core::kind_role_name(k.kind->role);
-      j["feasible"] = k.feasible;
-      j["num_candidates"] = k.candidates;
-      j["num_pruned"] = k.pruned;
-      j["reason"] = k.feasible ? nlohmann::json(nullptr) : nlohmann::json(k.reason);
-      j["speedup_over_best_baseline"] = k.feasible && std::isfinite(res.best_baseline_time_s)
-                                            ? nlohmann::json(k.speedup_over_best_baseline)
-                                            : nlohmann::json(nullptr);
-      j["fraction_of_ceiling"] = k.fraction_of_ceiling > 0 ? nlohmann::json(k.fraction_of_ceiling) : nullptr;
-      // kinds with the activations knob: both policies are searched; the winner is best.plan.knobs.activation_policy
-      nlohmann::json pol = nullptr;
-      if (k.kind.has_knob(core::Knob::Activations)) {
-        pol = nlohmann::json::object();
-        for (const std::string& name : core::activation_policy_names()) {
-          const auto it = k.policy_best_time_s.find(name);
-          pol[name] = it == k.policy_best_time_s.end() ? nlohmann::json(nullptr) : nlohmann::json(it->second);
-        }
-      }
-      j["policy_best_time_s"] = std::move(pol);
-      j["offload"] = k.offload.empty() ? nlohmann::json(nullptr) : nlohmann::json(k.offload);
-      j["best"] = k.feasible ? core::report_to_json(k.best) : nlohmann::json(nullptr);
-      results.push_back(std::move(j));
-    }
-    nlohmann::json j = document_head("compare", cfg, model);
-    j["gpus"] = cfg.plan.gpus;
-    j["minibatch"] = cfg.plan.minibatch;
-    j["best_baseline_time_s"] =
-        std::isfinite(res.best_baseline_time_s) ? nlohmann::json(res.best_baseline_time_s) : nlohmann::json(nullptr);
-    j["results"] = std::move(results);
-    j["trace_path"] = trace_written ? nlohmann::json(cli.trace) : nlohmann::json(nullptr);
-    j["deepspeed"] = ds ? sim::deepspeed_json(*ds, ds_row, res) : nlohmann::json(nullptr);
-    j["wall_time_s"] = dt;
-    std::cout << j.dump(2) << "\n";
+    print_compare_json(run, trace_written ? cli.trace : std::string());
     return 0;
   }
-  fmt::print("compare: {} on {} ({} GPUs used), minibatch {}, cost model {}; {:.1f} ms\n\n", model.name,
-             cfg.machine.name, cfg.plan.gpus, cfg.plan.minibatch, core::cost_model_name(cfg.cost_model), dt * 1e3);
-  fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", "plan kind", "cands",
-             "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB", "coll MiB", "peak MiB", "host GiB",
-             "plan / reason");
-  // One row; `label` names it (the kind, or the DeepSpeed run), `note` opens its plan column.
-  auto print_row = [&](const std::string& label, const sim::KindResult& k, const std::string& note) {
-    if (!k.feasible) {
-      fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}does not fit: {}\n", label,
-                 k.candidates, "-", "-", "-", "-", "-", "-", "-", "-", "-", note, k.reason);
-      return;
-    }
-    const auto& r = k.best;
-    const std::string r_policy = core::activation_policy_name(r.plan.knobs.activation_policy);
-    std::string plan = !k.kind->packs ? fmt::format("u {}, {}", r.plan.u_bwd, r_policy)
-                                      : fmt::format("fwd {} bwd {}, {}", core::packs_to_string(r.plan.packs_fwd),
-                                                    core::packs_to_string(r.plan.packs_bwd), r_policy);
-    for (const auto& [policy, t] : k.policy_best_time_s)
-      if (policy != r_policy) plan += fmt::format(" ({} {:.3f} s)", policy, t);
-    if (!k.offload.empty()) plan += fmt::format(", offload {}", k.offload);
-    if (r.plan.knobs.swap == core::SwapTiming::OnDemand) plan += ", on-demand swap";
-    if (k.max_packs_grown > 0) plan += fmt::format(", pack bound grew to {}", k.max_packs_grown);
-    const std::string fit = r.fits ? std::string()
-                                   : fmt::format("DOES NOT FIT: peak {:.0f} MiB > {:.0f} MiB by {} bytes; ",
-                                                 mib(r.peak_memory_bytes), mib(r.gpu_capacity_bytes), r.excess_bytes);
-    const std::string host =
-        r.native
-            ? fmt::format("{:.2f}", static_cast<double>(r.host_memory.total_bytes()) / static_cast<double>(core::kGiB))
-            : std::string("-");
-    const double speedup = std::isfinite(res.best_baseline_time_s) ? res.best_baseline_time_s / r.iteration_time_s
-                                                                   : k.speedup_over_best_baseline;
-    fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f} {:>8}  {}\n",
-               label, k.candidates, r.iteration_time_s, r.throughput_samples_per_s, speedup,
-               fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd), mib(r.swap_in_bytes + r.swap_out_bytes),
-               mib(r.p2p_bytes), mib(r.collective_bytes), mib(r.peak_memory_bytes), host, note + fit + plan);
-  };
-  for (const auto& k : res.kinds) print_row(core::plan_kind_name(k.kind), k, "");
-  if (ds) {
-    const std::string note = fmt::format("your DeepSpeed config: {} -> {}; ", ds->run.summary, ds->run.plan_kind);
-    if (ds_row) {
-      print_row("> deepspeed", *ds_row, note);
-    } else {
-      fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}not priced: {}\n",
-                 "> deepspeed", 0, "-", "-", "-", "-", "-", "-", "-", "-", "-", note, ds->run.approximation);
-    }
-  }
-  fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
-  for (const auto& line : sim::ceiling_lines(res)) fmt::print("{}\n", line);
-  fmt::print(
-      "activations: checkpoint recomputes each layer's forward in the backward (Harmony always does); keep holds "
-      "or swaps the saved activations. Each baseline is searched under both; the other policy's best time is in "
-      "parentheses.\n");
-  if (ds) {
-    fmt::print("\n");
-    for (const auto& line : sim::deepspeed_lines(*ds, ds_row, res)) fmt::print("{}\n", line);
-  }
+  print_compare_table(run);
   if (!trace_note.empty()) fmt::print("{}\n", trace_note);
   return 0;
 }

@@ -119,30 +119,32 @@ int cmd_simulate(const Cli& cli) {
   return 0;
 }
 
-// NOLINTNEXTLINE(readability-function-size): 138 lines, over the 80 the house holds; to split
-int cmd_search(const Cli& cli) {
-  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
-  const auto cfg = core::load_config(cli.config, cli.sets);
-  const auto model = core::load_model(cfg.model, cfg.machine);
-  const auto space =
-      core::search_space_for(cfg.plan.kind, cfg.plan.gpus, cfg.plan.minibatch, cfg.machine.search_capacity_bytes(),
-                             cfg.search, cfg.options.unequal_microbatches);
-  const auto lower = lower_options(cfg);
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
+namespace {
+
+// A search's outcome: the grown search's last result, the ops its evaluations lowered, and the fastest evaluation
+// seen (kept for the best plan's trace and bottleneck report: without --trace the search's engine is the one that
+// would evaluate it again).
+struct SearchOutcome {
+  core::GrownSearch grown;
+  std::size_t ops = 0;
+  std::optional<sim::Evaluation> fastest;
+};
+
+// Ranks the space's candidates on `engine`, top_k best: a candidate the engine shows cannot beat the k-th best so
+// far is declined (core::run_search_bounded); kinds with packs: Wide's bound grows while nothing under it fits the
+// GPU memory (core::search_growing_bound).
+SearchOutcome run_ranked_search(const Cli& cli, const core::Model& model, const core::SearchSpace& space,
+                                const core::LowerOptions& lower, const sim::Engine& engine) {
   std::atomic<std::size_t> ops{0};
   sim::ProgressPrinter printer("search", "candidates", cli.quiet, kProgressDelayS);
-  // The fastest evaluation so far, kept for the trace and bottleneck report of the best plan: without --trace the
-  // search's engine is the one that would evaluate it again. Used when it is the ranking's first (the fit rule or a
-  // tie may rank another first; that one is evaluated again).
+  // Used when it is the ranking's first (the fit rule or a tie may rank another first; that one is evaluated again).
   std::mutex fastest_mutex;
   std::optional<sim::Evaluation> fastest;
-  // top_k best: a candidate the engine shows cannot beat the k-th best so far is declined (core::run_search_bounded)
   auto search_once = [&](const std::vector<core::Candidate>& candidates, const core::SearchSpace& sp) {
     return core::run_search_bounded(
         candidates, sp, model,
         [&](const core::Plan& p, double cutoff_s) -> std::optional<core::RunReport> {
-          auto e = sim::evaluate_plan_within(*engine, model, p, lower, cutoff_s);
+          auto e = sim::evaluate_plan_within(engine, model, p, lower, cutoff_s);
           if (!e) return std::nullopt;
           ops += e->program.ops.size();
           core::RunReport r = e->report;
@@ -153,58 +155,70 @@ int cmd_search(const Cli& cli) {
           return r;
         },
         [&](const core::SearchProgress& p) { printer.update(p.done, p.total, p.done == p.total); },
-        [&](const core::Plan& p) { return sim::task_bound_for(*engine, model, p, lower); });
+        [&](const core::Plan& p) { return sim::task_bound_for(engine, model, p, lower); });
   };
-  // kinds with packs: Wide's bound grows while nothing under it fits the GPU memory (core::search_growing_bound)
-  const core::GrownSearch grown = core::search_growing_bound(model, space, search_once);
-  const auto& res = grown.result;
-  const auto& cands = grown.candidates;
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  SearchOutcome out{core::search_growing_bound(model, space, search_once), 0, std::nullopt};
+  out.ops = ops.load();
+  out.fastest = std::move(fastest);
+  return out;
+}
+
+// The ranking's first plan evaluated (the search's fastest evaluation when it is that plan, else evaluated again),
+// its trace written when asked for; nullopt when nothing ranked.
+std::optional<sim::Evaluation> evaluate_best(const Cli& cli, const core::RunConfig& cfg, const core::Model& model,
+                                             const core::LowerOptions& lower, SearchOutcome& s) {
+  const auto& res = s.grown.result;
+  if (res.ranked.empty()) return std::nullopt;
   std::optional<sim::Evaluation> best;
-  std::optional<sim::Bottleneck> best_bottleneck;
-  if (!res.ranked.empty()) {
-    const core::Plan& first = res.ranked.front().report.plan;
-    const auto same = [&](const core::Plan& p) {  // a candidate is its microbatch sizes and packs
-      return p.u_fwd == first.u_fwd && p.u_bwd == first.u_bwd && p.packs_fwd == first.packs_fwd &&
-             p.packs_bwd == first.packs_bwd;
-    };
-    if (fastest && same(fastest->report.plan)) {
-      best = std::move(fastest);
-    } else {
-      const auto traced = sim::make_engine(cfg.cost_model, model, cfg.machine, !cli.trace.empty());
-      best = sim::evaluate_plan(*traced, model, first, lower);
-    }
-    best_bottleneck = bottleneck_of(best->program, model, cfg);
-    if (!cli.trace.empty()) write_trace(cli.trace, *best, core::report_title(best->report));
+  const core::Plan& first = res.ranked.front().report.plan;
+  const auto same = [&](const core::Plan& p) {  // a candidate is its microbatch sizes and packs
+    return p.u_fwd == first.u_fwd && p.u_bwd == first.u_bwd && p.packs_fwd == first.packs_fwd &&
+           p.packs_bwd == first.packs_bwd;
+  };
+  if (s.fastest && same(s.fastest->report.plan)) {
+    best = std::move(s.fastest);
+  } else {
+    const auto traced = sim::make_engine(cfg.cost_model, model, cfg.machine, !cli.trace.empty());
+    best = sim::evaluate_plan(*traced, model, first, lower);
   }
-  if (cli.format == "json") {
-    nlohmann::json results = nlohmann::json::array();
-    for (std::size_t i = 0; i < res.ranked.size(); ++i) {
-      auto j = core::report_to_json(res.ranked[i].report);
-      j["rank"] = i + 1;
-      j["rank_time_s"] = res.ranked[i].rank_time_s;
-      results.push_back(std::move(j));
-    }
-    nlohmann::json j = document_head("search", cfg, model);
-    j["plan_kind"] = core::plan_kind_name(space.kind);
-    j["gpus"] = space.gpus;
-    j["minibatch"] = space.minibatch;
-    j["gpu_capacity_bytes"] = space.capacity_bytes;
-    j["num_candidates"] = res.num_candidates;
-    j["num_deadlocked"] = res.num_deadlocked;
-    j["num_pruned"] = res.num_pruned;
-    j["fit_rule"] = space.spec.fit_rule;
-    j["pack_counts"] = core::pack_counts_name(space.spec.pack_counts);
-    j["max_packs"] = grown.max_packs;
-    j["max_packs_configured"] = grown.configured_max_packs;
-    j["prefetch"] = cfg.options.prefetch;
-    j["results"] = std::move(results);
-    j["best_bottleneck"] =
-        best_bottleneck ? sim::bottleneck_json(best->program, *best_bottleneck) : nlohmann::json(nullptr);
-    j["wall_time_s"] = dt;
-    std::cout << j.dump(2) << "\n";
-    return 0;
+  return best;
+}
+
+void print_search_json(const core::RunConfig& cfg, const core::Model& model, const core::SearchSpace& space,
+                       const core::GrownSearch& grown, const sim::Evaluation* best,
+                       const std::optional<sim::Bottleneck>& best_bottleneck, double dt) {
+  const auto& res = grown.result;
+  nlohmann::json results = nlohmann::json::array();
+  for (std::size_t i = 0; i < res.ranked.size(); ++i) {
+    auto j = core::report_to_json(res.ranked[i].report);
+    j["rank"] = i + 1;
+    j["rank_time_s"] = res.ranked[i].rank_time_s;
+    results.push_back(std::move(j));
   }
+  nlohmann::json j = document_head("search", cfg, model);
+  j["plan_kind"] = core::plan_kind_name(space.kind);
+  j["gpus"] = space.gpus;
+  j["minibatch"] = space.minibatch;
+  j["gpu_capacity_bytes"] = space.capacity_bytes;
+  j["num_candidates"] = res.num_candidates;
+  j["num_deadlocked"] = res.num_deadlocked;
+  j["num_pruned"] = res.num_pruned;
+  j["fit_rule"] = space.spec.fit_rule;
+  j["pack_counts"] = core::pack_counts_name(space.spec.pack_counts);
+  j["max_packs"] = grown.max_packs;
+  j["max_packs_configured"] = grown.configured_max_packs;
+  j["prefetch"] = cfg.options.prefetch;
+  j["results"] = std::move(results);
+  j["best_bottleneck"] =
+      best_bottleneck ? sim::bottleneck_json(best->program, *best_bottleneck) : nlohmann::json(nullptr);
+  j["wall_time_s"] = dt;
+  std::cout << j.dump(2) << "\n";
+}
+
+// The text report's head: what was searched, the pack bound (and whether it grew), the counts and the rate.
+void print_search_head(const core::RunConfig& cfg, const core::Model& model, const core::SearchSpace& space,
+                       const core::GrownSearch& grown, std::size_t ops, double dt) {
+  const auto& res = grown.result;
   fmt::print("search: {} {} GPUs, minibatch {}, capacity {:.0f} MiB per GPU, {} on {}\n",
              core::plan_kind_name(space.kind), space.gpus, space.minibatch, mib(space.capacity_bytes), model.name,
              cfg.machine.name);
@@ -221,17 +235,12 @@ int cmd_search(const Cli& cli) {
              cfg.options.prefetch ? "on" : "off");
   fmt::print("{} candidates ({} deadlocked, {} declined by a lower bound) searched in {:.1f} ms, {:.2f} M ops/s{}\n\n",
              res.num_candidates, res.num_deadlocked, res.num_pruned, dt * 1e3,
-             dt > 0 ? static_cast<double>(ops.load()) / dt / 1e6 : 0.0,
+             dt > 0 ? static_cast<double>(ops) / dt / 1e6 : 0.0,
              space.spec.fit_rule ? "; fit rule ON: single-pack plans ranked at time/1000" : "");
-  if (res.ranked.empty()) {
-    if (res.first_miss < cands.size()) {
-      const auto& c = cands[res.first_miss].plan;
-      fmt::print("no feasible configuration; the first miss, u {}/{}: {}\n", c.u_fwd, c.u_bwd, res.first_miss_reason);
-    } else {
-      fmt::print("no feasible configuration: every candidate deadlocks\n");
-    }
-    return 0;
-  }
+}
+
+// The ranked plans' table, and a note on how many of them are over the GPU capacity.
+void print_ranked_table(const core::SearchResult& res) {
   std::size_t wf = 9;
   std::size_t wb = 9;
   for (const auto& rr : res.ranked) {
@@ -254,6 +263,46 @@ int cmd_search(const Cli& cli) {
         "\n! {} of {} plans do not fit: peak memory above the GPU capacity ({:.0f} MiB); flagged, not "
         "demoted, under the reference model\n",
         over, res.ranked.size(), mib(res.ranked.front().report.gpu_capacity_bytes));
+}
+
+}  // namespace
+
+int cmd_search(const Cli& cli) {
+  if (!cli.trace.empty()) core::check_output_file(cli.trace, "the trace (--trace)");
+  const auto cfg = core::load_config(cli.config, cli.sets);
+  const auto model = core::load_model(cfg.model, cfg.machine);
+  const auto space =
+      core::search_space_for(cfg.plan.kind, cfg.plan.gpus, cfg.plan.minibatch, cfg.machine.search_capacity_bytes(),
+                             cfg.search, cfg.options.unequal_microbatches);
+  const auto lower = lower_options(cfg);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto engine = sim::make_engine(cfg.cost_model, model, cfg.machine);
+  SearchOutcome outcome = run_ranked_search(cli, model, space, lower, *engine);
+  const core::GrownSearch& grown = outcome.grown;
+  const auto& res = grown.result;
+  const auto& cands = grown.candidates;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::optional<sim::Evaluation> best = evaluate_best(cli, cfg, model, lower, outcome);
+  std::optional<sim::Bottleneck> best_bottleneck;
+  if (best) {
+    best_bottleneck = bottleneck_of(best->program, model, cfg);
+    if (!cli.trace.empty()) write_trace(cli.trace, *best, core::report_title(best->report));
+  }
+  if (cli.format == "json") {
+    print_search_json(cfg, model, space, grown, best ? &*best : nullptr, best_bottleneck, dt);
+    return 0;
+  }
+  print_search_head(cfg, model, space, grown, outcome.ops, dt);
+  if (res.ranked.empty()) {
+    if (res.first_miss < cands.size()) {
+      const auto& c = cands[res.first_miss].plan;
+      fmt::print("no feasible configuration; the first miss, u {}/{}: {}\n", c.u_fwd, c.u_bwd, res.first_miss_reason);
+    } else {
+      fmt::print("no feasible configuration: every candidate deadlocks\n");
+    }
+    return 0;
+  }
+  print_ranked_table(res);
   fmt::print("\n{}\n", core::summary_line(res.ranked.front().report, "Top1"));
   fmt::print("\nTop1 {}", sim::bottleneck_text(best->program, *best_bottleneck));
   if (!cli.trace.empty()) fmt::print("trace of the best plan written to {}\n", cli.trace);

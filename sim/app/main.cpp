@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <new>
 
@@ -38,44 +39,53 @@ std::string out_of_memory_message() {
       limit);
 }
 
-// NOLINTNEXTLINE(readability-function-size): 99 lines, over the 80 the house holds; to split
-int run_cli(int argc, char** argv) {
-  CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "harmony-sim 0.1.0");
-  Cli cli;
-  auto add_common = [&](CLI::App* sub) {
-    sub->add_option("config", cli.config, "YAML configuration (see docs/config.md)")->required();
-    sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=4 (repeatable)");
-    sub->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
-    sub->add_option("--trace", cli.trace,
-                    "write a Chrome trace (Perfetto) of the plan (search: the best plan; compare: the fastest kind's)");
-  };
-  auto* sim_cmd = app.add_subcommand("simulate", "simulate one plan (config `plan:` with u_fwd, u_bwd and packs)");
-  add_common(sim_cmd);
-  auto* search_cmd = app.add_subcommand("search", "rank the configurations of the paper's search space");
-  add_common(search_cmd);
-  auto* compare_cmd =
-      app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
-  add_common(compare_cmd);
-  for (auto* sub : {search_cmd, compare_cmd}) sub->add_flag("--quiet", cli.quiet, "no progress on stderr");
-  compare_cmd->add_option("--deepspeed", cli.deepspeed,
-                          "a DeepSpeed JSON config: price that run as its closest plan kind beside Harmony's best plan "
-                          "(docs/comparison.md)");
-  auto* memory_cmd = app.add_subcommand(
+// The options of the commands that read a config: the config, --set, --format and --trace.
+void add_common_options(CLI::App* sub, Cli& cli) {
+  sub->add_option("config", cli.config, "YAML configuration (see docs/config.md)")->required();
+  sub->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=4 (repeatable)");
+  sub->add_option("--format", cli.format, "output: table (default) or json")->check(CLI::IsMember({"table", "json"}));
+  sub->add_option("--trace", cli.trace,
+                  "write a Chrome trace (Perfetto) of the plan (search: the best plan; compare: the fastest kind's)");
+}
+
+// The commands over one config's plans, and `presets`.
+struct PlanCommands {
+  CLI::App* simulate;
+  CLI::App* search;
+  CLI::App* compare;
+  CLI::App* memory;
+  CLI::App* presets;
+};
+
+PlanCommands add_plan_commands(CLI::App& app, Cli& cli) {
+  PlanCommands c{};
+  c.simulate = app.add_subcommand("simulate", "simulate one plan (config `plan:` with u_fwd, u_bwd and packs)");
+  add_common_options(c.simulate, cli);
+  c.search = app.add_subcommand("search", "rank the configurations of the paper's search space");
+  add_common_options(c.search, cli);
+  c.compare = app.add_subcommand("compare", "best plan of every plan kind (Harmony-PP/DP and the swapping baselines)");
+  add_common_options(c.compare, cli);
+  for (auto* sub : {c.search, c.compare}) sub->add_flag("--quiet", cli.quiet, "no progress on stderr");
+  c.compare->add_option("--deepspeed", cli.deepspeed,
+                        "a DeepSpeed JSON config: price that run as its closest plan kind beside Harmony's best plan "
+                        "(docs/comparison.md)");
+  c.memory = app.add_subcommand(
       "memory", "what each plan kind needs of GPU, pinned host, host RAM and NVMe memory, and what binds (no search)");
-  memory_cmd->add_option("config", cli.config, "YAML configuration (see docs/config.md)")->required();
-  memory_cmd->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=4 (repeatable)");
-  memory_cmd->add_option("--format", cli.format, "output: table (default) or json")
+  c.memory->add_option("config", cli.config, "YAML configuration (see docs/config.md)")->required();
+  c.memory->add_option("--set", cli.sets, "override a config key, e.g. --set plan.gpus=4 (repeatable)");
+  c.memory->add_option("--format", cli.format, "output: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));
-  memory_cmd
+  c.memory
       ->add_option("--plan", cli.memory_plan,
                    "best (default): each kind's most promising plan; config: the config's plan: under every kind")
       ->check(CLI::IsMember({"best", "config"}));
-  auto* presets_cmd = app.add_subcommand("presets", "list the built-in machine presets");
-  presets_cmd->add_option("--format", cli.format, "output: table (default) or json")
+  c.presets = app.add_subcommand("presets", "list the built-in machine presets");
+  c.presets->add_option("--format", cli.format, "output: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));
-  ReportCli report_cli;
+  return c;
+}
+
+CLI::App* add_report_command(CLI::App& app, ReportCli& report_cli) {
   auto* report_cmd =
       app.add_subcommand("report", "one self-contained HTML page for a sweep folder or a config (docs/report.md)");
   report_cmd->add_option("results", report_cli.results, "a sweep's --out folder, or a config YAML")->required();
@@ -92,7 +102,10 @@ int run_cli(int argc, char** argv) {
   report_cmd->add_option("--set", report_cli.options.overrides, "config: override a key (repeatable)");
   report_cmd->add_option("--format", report_cli.format, "what was written: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));
-  CalibrateCli calibrate_cli;
+  return report_cmd;
+}
+
+CLI::App* add_calibrate_command(CLI::App& app, CalibrateCli& calibrate_cli) {
   auto* calibrate_cmd = app.add_subcommand(
       "calibrate", "fit a machine file's native-model parameters to measured runs (docs/validation.md#calibrate)");
   calibrate_cmd->add_option("machine", calibrate_cli.machine, "the machine YAML to fit")->required();
@@ -106,21 +119,13 @@ int run_cli(int argc, char** argv) {
                           "no fit: print the machine's predictions of the runs against their measurements");
   calibrate_cmd->add_option("--format", calibrate_cli.format, "output: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));
-  sim::SweepCommands sweep_cmds(app);  // `sweep` and `merge` (sim/app/sweep_cli.cpp)
+  return calibrate_cmd;
+}
+
+// The error ladder: runs the command and turns what it throws into a message on stderr and an exit code.
+int run_reporting_errors(const Cli& cli, const std::function<int()>& command) {
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return sim::print_parse_error(app, e, argc, argv);  // "harmony-sim SUB: error: ..." + hint, exit 2
-  }
-  try {
-    if (*presets_cmd) return cmd_presets(cli);
-    if (sweep_cmds.selected()) return sweep_cmds.run();
-    if (*report_cmd) return cmd_report(report_cli);
-    if (*calibrate_cmd) return cmd_calibrate(calibrate_cli);
-    if (*sim_cmd) return cmd_simulate(cli);
-    if (*compare_cmd) return cmd_compare(cli);
-    if (*memory_cmd) return cmd_memory(cli);
-    return cmd_search(cli);
+    return command();
   } catch (const core::ConfigError& e) {
     std::cerr << e.what() << "\n";
     return kExitBadInput;
@@ -138,6 +143,34 @@ int run_cli(int argc, char** argv) {
     std::cerr << "harmony-sim: internal error: " << e.what() << "\n";
     return 1;
   }
+}
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"harmony-sim: simulate and search Harmony training schedules (VLDB 2022) from measured profiles"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "harmony-sim 0.1.0");
+  Cli cli;
+  const PlanCommands plan_cmds = add_plan_commands(app, cli);
+  ReportCli report_cli;
+  auto* report_cmd = add_report_command(app, report_cli);
+  CalibrateCli calibrate_cli;
+  auto* calibrate_cmd = add_calibrate_command(app, calibrate_cli);
+  sim::SweepCommands sweep_cmds(app);  // `sweep` and `merge` (sim/app/sweep_cli.cpp)
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return sim::print_parse_error(app, e, argc, argv);  // "harmony-sim SUB: error: ..." + hint, exit 2
+  }
+  return run_reporting_errors(cli, [&] {
+    if (*plan_cmds.presets) return cmd_presets(cli);
+    if (sweep_cmds.selected()) return sweep_cmds.run();
+    if (*report_cmd) return cmd_report(report_cli);
+    if (*calibrate_cmd) return cmd_calibrate(calibrate_cli);
+    if (*plan_cmds.simulate) return cmd_simulate(cli);
+    if (*plan_cmds.compare) return cmd_compare(cli);
+    if (*plan_cmds.memory) return cmd_memory(cli);
+    return cmd_search(cli);
+  });
 }
 
 }  // namespace

@@ -218,7 +218,90 @@ std::string device_list(const std::vector<int>& devs) {
   return out;
 }
 
-// NOLINTNEXTLINE(readability-function-size): 96 lines, over the 80 the house holds; to split
+// The memory chart's vertical scale: bytes from 0 at the bottom of the plot to `top` at its top.
+struct MemoryScale {
+  static constexpr double kPlotHeight = 240, kTop = 26;
+  double top;
+  double y(double bytes) const { return kTop + kPlotHeight * (1.0 - bytes / top); }
+};
+
+// The memory chart's GiB grid lines and the GPU capacity's line.
+void memory_grid(std::string& out, const MemoryScale& scale, double capacity_bytes) {
+  const double gstep = nice_step(scale.top / kGiB, 5);
+  for (int i = 0;; ++i) {
+    const double v = i * gstep;
+    if (v * kGiB > scale.top) break;
+    const double y = scale.y(v * kGiB);
+    out += fmt::format(R"(<line x1="{:.0f}" y1="{:.1f}" x2="{:.0f}" y2="{:.1f}" class="grid"/>)", kLabelWidth, y,
+                       kLabelWidth + kPlotWidth, y);
+    out += fmt::format(R"(<text x="{:.0f}" y="{:.1f}" class="tick" text-anchor="end">{:g} GiB</text>)", kLabelWidth - 6,
+                       y + 4, v);
+  }
+  const double cap_y = scale.y(capacity_bytes);
+  out += fmt::format(
+      R"(<line x1="{:.0f}" y1="{:.1f}" x2="{:.0f}" y2="{:.1f}" class="capacity"/><text x="{:.0f}" y="{:.1f}" class="tick">capacity {:.2f} GiB</text>)",
+      kLabelWidth, cap_y, kLabelWidth + kPlotWidth, cap_y, kLabelWidth + 4, cap_y - 4, capacity_bytes / kGiB);
+}
+
+// One device's memory as a step line's points, binned to half a pixel: each bin draws the highest value in it and
+// ends at its last.
+std::string memory_step_points(const std::vector<const MemorySample*>& samples, const TimeAxis& ax,
+                               const MemoryScale& scale) {
+  struct Bin {
+    double x;
+    double max;
+    double last;
+  };
+  std::vector<Bin> bins;
+  for (const auto* sp : samples) {
+    const auto& s = *sp;
+    const double x = std::round(ax.x(s.time_ps) * 2) / 2;
+    const double v = static_cast<double>(s.bytes);
+    if (!bins.empty() && bins.back().x == x) {
+      bins.back().max = std::max(bins.back().max, v);
+      bins.back().last = v;
+    } else {
+      bins.push_back({x, v, v});
+    }
+  }
+  std::string pts = fmt::format("{:.1f},{:.1f}", kLabelWidth, scale.y(0));
+  double prev = 0;
+  for (const auto& bin : bins) {
+    pts += fmt::format(" {:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}", bin.x, scale.y(prev), bin.x, scale.y(bin.max),
+                       bin.x, scale.y(bin.last));
+    prev = bin.last;
+  }
+  pts += fmt::format(" {:.1f},{:.1f}", kLabelWidth + kPlotWidth, scale.y(prev));
+  return pts;
+}
+
+// The distinct memory lines of the first `shown` devices, in order of their first device, with the devices drawing
+// each: devices whose lines are identical (data parallelism: every GPU alike) share one line.
+struct MemoryLines {
+  std::vector<std::string> curves;       // polylines' points
+  std::vector<std::vector<int>> owners;  // the devices drawing each
+};
+
+MemoryLines distinct_memory_lines(const std::vector<MemorySample>& samples, int shown, const TimeAxis& ax,
+                                  const MemoryScale& scale) {
+  MemoryLines lines;
+  std::unordered_map<std::string, std::size_t> curve_of;  // polyline -> its index in curves
+  std::vector<std::vector<const MemorySample*>> by_device(static_cast<std::size_t>(shown));
+  for (const auto& s : samples)  // one pass over the samples (not one per device)
+    if (s.device >= 0 && s.device < shown) by_device[static_cast<std::size_t>(s.device)].push_back(&s);
+  for (int dev = 0; dev < shown; ++dev) {
+    std::string pts = memory_step_points(by_device[static_cast<std::size_t>(dev)], ax, scale);
+    const auto [it, fresh] = curve_of.try_emplace(pts, lines.curves.size());
+    if (fresh) {
+      lines.curves.push_back(std::move(pts));
+      lines.owners.push_back({dev});
+    } else {
+      lines.owners[it->second].push_back(dev);
+    }
+  }
+  return lines;
+}
+
 std::string memory_svg(const BestPlan& b, const std::string& id) {
   const auto& samples = b.native->memory_samples;
   int devices = 0;
@@ -230,72 +313,17 @@ std::string memory_svg(const BestPlan& b, const std::string& id) {
   double top = b.capacity_bytes_per_gpu;
   for (const auto p : b.native->peak_bytes) top = std::max(top, static_cast<double>(p));
   top = std::max(top, 1.0) * 1.08;
-  constexpr double kPlotHeight = 240, kTop = 26;
-  const double height = kTop + kPlotHeight + 30;
+  const MemoryScale scale{top};
+  const double height = MemoryScale::kTop + MemoryScale::kPlotHeight + 30;
   const TimeAxis ax = time_axis(seconds(end), kLabelWidth, kPlotWidth);
-  const auto y_of = [&](double bytes) { return kTop + kPlotHeight * (1.0 - bytes / top); };
 
   std::string out = fmt::format(
       R"(<svg id="{}" class="memory" xmlns="http://www.w3.org/2000/svg" width="{:.0f}" height="{:.0f}" viewBox="0 0 {:.0f} {:.0f}" role="img" aria-label="device memory over time">)",
       id, kLabelWidth + kPlotWidth + 40, height, kLabelWidth + kPlotWidth + 40, height);
-  axis_ticks(out, ax, kTop - 6, kTop + kPlotHeight);
-  const double gstep = nice_step(top / kGiB, 5);
-  for (int i = 0;; ++i) {
-    const double v = i * gstep;
-    if (v * kGiB > top) break;
-    const double y = y_of(v * kGiB);
-    out += fmt::format(R"(<line x1="{:.0f}" y1="{:.1f}" x2="{:.0f}" y2="{:.1f}" class="grid"/>)", kLabelWidth, y,
-                       kLabelWidth + kPlotWidth, y);
-    out += fmt::format(R"(<text x="{:.0f}" y="{:.1f}" class="tick" text-anchor="end">{:g} GiB</text>)", kLabelWidth - 6,
-                       y + 4, v);
-  }
-  const double cap_y = y_of(b.capacity_bytes_per_gpu);
-  out += fmt::format(
-      R"(<line x1="{:.0f}" y1="{:.1f}" x2="{:.0f}" y2="{:.1f}" class="capacity"/><text x="{:.0f}" y="{:.1f}" class="tick">capacity {:.2f} GiB</text>)",
-      kLabelWidth, cap_y, kLabelWidth + kPlotWidth, cap_y, kLabelWidth + 4, cap_y - 4, b.capacity_bytes_per_gpu / kGiB);
-  // Per device a step line, binned to half a pixel: each bin draws the highest value in it and ends at its last.
-  // Devices whose lines are identical (data parallelism: every GPU alike) share one line, labelled with all.
-  std::vector<std::string> curves;                        // distinct polylines, in order of their first device
-  std::vector<std::vector<int>> owners;                   // the devices drawing each
-  std::unordered_map<std::string, std::size_t> curve_of;  // polyline -> its index in curves
+  axis_ticks(out, ax, MemoryScale::kTop - 6, MemoryScale::kTop + MemoryScale::kPlotHeight);
+  memory_grid(out, scale, b.capacity_bytes_per_gpu);
   const int shown = std::min(devices, kDrawnGpus);
-  std::vector<std::vector<const MemorySample*>> by_device(static_cast<std::size_t>(shown));
-  for (const auto& s : samples)  // one pass over the samples (not one per device)
-    if (s.device >= 0 && s.device < shown) by_device[static_cast<std::size_t>(s.device)].push_back(&s);
-  for (int dev = 0; dev < shown; ++dev) {
-    struct Bin {
-      double x;
-      double max;
-      double last;
-    };
-    std::vector<Bin> bins;
-    for (const auto* sp : by_device[static_cast<std::size_t>(dev)]) {
-      const auto& s = *sp;
-      const double x = std::round(ax.x(s.time_ps) * 2) / 2;
-      const double v = static_cast<double>(s.bytes);
-      if (!bins.empty() && bins.back().x == x) {
-        bins.back().max = std::max(bins.back().max, v);
-        bins.back().last = v;
-      } else {
-        bins.push_back({x, v, v});
-      }
-    }
-    std::string pts = fmt::format("{:.1f},{:.1f}", kLabelWidth, y_of(0));
-    double prev = 0;
-    for (const auto& bin : bins) {
-      pts += fmt::format(" {:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}", bin.x, y_of(prev), bin.x, y_of(bin.max), bin.x,
-                         y_of(bin.last));
-      prev = bin.last;
-    }
-    pts += fmt::format(" {:.1f},{:.1f}", kLabelWidth + kPlotWidth, y_of(prev));
-    const auto [it, fresh] = curve_of.try_emplace(pts, curves.size());
-    if (fresh) {
-      curves.push_back(std::move(pts));
-      owners.push_back({dev});
-    } else {
-      owners[it->second].push_back(dev);
-    }
-  }
+  const auto [curves, owners] = distinct_memory_lines(samples, shown, ax, scale);
   const auto peak_of = [&](const std::vector<int>& devs) {
     double peak = 0;
     for (int dev : devs)

@@ -109,24 +109,107 @@ std::string join_lines(const std::vector<std::string>& items) {
   return out;
 }
 
-}  // namespace
-
-// NOLINTNEXTLINE(readability-function-size): 99 lines, over the 80 the house holds; to split
-int SweepCommands::run() {
-  if (*merge_) {
-    const auto m = merge_sweeps(merge_out_, merge_in_);
-    if (format_ == "json") {
-      const nlohmann::ordered_json j = {{"schema_version", core::kOutputSchemaVersion},
-                                        {"command", "merge"},
-                                        {"out_dir", merge_out_},
-                                        {"shards", m.shards},
-                                        {"points", m.points}};
-      fmt::print("{}\n", j.dump(2));
-      return 0;
-    }
-    fmt::print("merged {} shards, {} points into {}\n", m.shards, m.points, merge_out_);
+int run_merge(const std::string& out_dir, const std::vector<std::string>& shard_dirs, const std::string& format) {
+  const auto m = merge_sweeps(out_dir, shard_dirs);
+  if (format == "json") {
+    const nlohmann::ordered_json j = {{"schema_version", core::kOutputSchemaVersion},
+                                      {"command", "merge"},
+                                      {"out_dir", out_dir},
+                                      {"shards", m.shards},
+                                      {"points", m.points}};
+    fmt::print("{}\n", j.dump(2));
     return 0;
   }
+  fmt::print("merged {} shards, {} points into {}\n", m.shards, m.points, out_dir);
+  return 0;
+}
+
+// Runs the sweep with its progress on stderr and the stop signals handled; *signo: the signal that stopped it (0:
+// none).
+SweepSummary run_with_progress(const Sweep& sweep, const SweepRunOptions& o, bool quiet, int* signo) {
+  ProgressPrinter printer("sweep", "points", quiet);
+  ProgressPrinter checking("sweep", "rows", quiet, 1.0);  // a resume's check of the earlier rows, when slow
+  const StopSignals handlers;
+  SweepSummary s = run_sweep(sweep, o, [&](const SweepProgress& p) {
+    if (p.checking) {
+      checking.update(p.checked, p.to_check, false, "rows of the earlier run: re-hashing the files they read");
+      return;
+    }
+    printer.update(p.done, p.total, p.points_per_s, p.eta_s, p.finished);
+  });
+  *signo = g_signal.load();
+  return s;
+}
+
+// A finished (or stopped) sweep as its summary tells it.
+struct SweepOutcome {
+  const SweepSummary& s;
+  const Shard& shard;
+  const std::string& sweep_file;
+  const std::string& out;
+  int signo;             // the signal that stopped it, 0: none
+  std::string stopped;   // what an interrupted run saved and how to go on (stderr, after the summary); empty: none
+  std::string repaired;  // the broken lines --repair dropped; empty: none
+  int stopped_rc;        // the exit code of an interrupted run
+};
+
+int print_sweep_json(const SweepOutcome& r) {
+  const SweepSummary& s = r.s;
+  // Totals over the files (this run's rows and the earlier run's kept ones), then what this run did.
+  nlohmann::ordered_json by_status = nlohmann::ordered_json::object();
+  for (const auto& [status, n] : s.by_status) by_status[status] = n;
+  const nlohmann::ordered_json j = {
+      {"schema_version", core::kOutputSchemaVersion},
+      {"command", "sweep"},
+      {"sweep_file", r.sweep_file},
+      {"out_dir", r.out},
+      {"shard", {{"index", r.shard.index}, {"count", r.shard.count}}},
+      {"points", s.total},
+      {"done", s.done()},
+      {"computed", s.computed},
+      {"resumed", s.resumed},
+      {"recomputed", s.stale},
+      {"repaired", s.repaired},
+      {"by_status", std::move(by_status)},
+      {"invalid_reasons", s.invalid_reasons},
+      {"interrupted", s.interrupted},
+      {"signal", s.interrupted ? nlohmann::ordered_json(signal_name(r.signo)) : nlohmann::ordered_json(nullptr)},
+      {"results_csv", r.out + "/results.csv"},
+      {"results_jsonl", r.out + "/results.jsonl"},
+      {"wall_time_s", s.wall_s}};
+  fmt::print("{}\n", j.dump(2));
+  if (!r.repaired.empty()) fmt::print(stderr, "sweep: repaired: {}\n", r.repaired);
+  if (s.interrupted) fmt::print(stderr, "{}", r.stopped);
+  return s.interrupted ? r.stopped_rc : 0;
+}
+
+int print_sweep_table(const SweepOutcome& r) {
+  const SweepSummary& s = r.s;
+  std::string statuses;
+  for (const auto& [status, n] : s.by_status)
+    statuses += fmt::format("{}{} {}", statuses.empty() ? "" : ", ", status, n);
+  // Totals over the files (this run's rows and the earlier run's kept ones), then what this run did.
+  fmt::print(
+      "sweep: {} points{}, {} done ({} computed in {:.1f} s, {:.1f} points/s{}; {} from an earlier run, skipped as "
+      "already done){}\n",
+      s.total, r.shard.count > 1 ? fmt::format(" in shard {}/{}", r.shard.index, r.shard.count) : std::string(),
+      s.done(), s.computed, s.wall_s, s.wall_s > 0 ? static_cast<double>(s.computed) / s.wall_s : 0.0,
+      s.stale > 0 ? fmt::format(", {} of them recomputed because a file they read changed", s.stale) : std::string(),
+      s.resumed, statuses.empty() ? std::string() : "; " + statuses);
+  for (const auto& reason : s.invalid_reasons) fmt::print("  invalid: {}\n", reason);
+  if (!r.repaired.empty()) fmt::print("repaired: {}\n", r.repaired);
+  if (s.interrupted) {
+    fmt::print(stderr, "{}", r.stopped);
+    return r.stopped_rc;
+  }
+  fmt::print("results: {}/results.csv, {}/results.jsonl\n", r.out, r.out);
+  return 0;
+}
+
+}  // namespace
+
+int SweepCommands::run() {
+  if (*merge_) return run_merge(merge_out_, merge_in_, format_);
   const Shard shard = parse_shard(shard_, "--shard " + shard_);
   const Sweep sweep = load_sweep(sweep_file_);
   SweepRunOptions o;
@@ -136,81 +219,22 @@ int SweepCommands::run() {
   o.stop = &g_stop;
   o.allow_large_grid = allow_large_grid_;
   o.repair = repair_;
-  ProgressPrinter printer("sweep", "points", quiet_);
-  ProgressPrinter checking("sweep", "rows", quiet_, 1.0);  // a resume's check of the earlier rows, when slow
-  SweepSummary s;
   int signo = 0;
-  {
-    const StopSignals handlers;
-    s = run_sweep(sweep, o, [&](const SweepProgress& p) {
-      if (p.checking) {
-        checking.update(p.checked, p.to_check, false, "rows of the earlier run: re-hashing the files they read");
-        return;
-      }
-      printer.update(p.done, p.total, p.points_per_s, p.eta_s, p.finished);
-    });
-    signo = g_signal.load();
-  }
-  // What an interrupted run saved and how to go on (stderr, after the summary).
+  const SweepSummary s = run_with_progress(sweep, o, quiet_, &signo);
   const std::string stopped =
       s.interrupted ? fmt::format(
                           "sweep: interrupted by {} after {} of {} points: the {} rows are saved in {}/results.csv and "
                           "{}/results.jsonl; rerun the same command to resume\n",
                           signal_name(signo), s.done(), s.total, s.done(), out_, out_)
                     : std::string();
-  const int stopped_rc = 128 + (signo != 0 ? signo : SIGINT);
   const std::string repaired = s.repaired > 0
                                    ? fmt::format("{} broken line{} dropped ({}{}); their points were computed again",
                                                  s.repaired, s.repaired == 1 ? "" : "s", join_lines(s.repaired_lines),
                                                  s.repaired > s.repaired_lines.size() ? ", ..." : "")
                                    : std::string();
-  if (format_ == "json") {
-    // Totals over the files (this run's rows and the earlier run's kept ones), then what this run did.
-    nlohmann::ordered_json by_status = nlohmann::ordered_json::object();
-    for (const auto& [status, n] : s.by_status) by_status[status] = n;
-    const nlohmann::ordered_json j = {
-        {"schema_version", core::kOutputSchemaVersion},
-        {"command", "sweep"},
-        {"sweep_file", sweep_file_},
-        {"out_dir", out_},
-        {"shard", {{"index", shard.index}, {"count", shard.count}}},
-        {"points", s.total},
-        {"done", s.done()},
-        {"computed", s.computed},
-        {"resumed", s.resumed},
-        {"recomputed", s.stale},
-        {"repaired", s.repaired},
-        {"by_status", std::move(by_status)},
-        {"invalid_reasons", s.invalid_reasons},
-        {"interrupted", s.interrupted},
-        {"signal", s.interrupted ? nlohmann::ordered_json(signal_name(signo)) : nlohmann::ordered_json(nullptr)},
-        {"results_csv", out_ + "/results.csv"},
-        {"results_jsonl", out_ + "/results.jsonl"},
-        {"wall_time_s", s.wall_s}};
-    fmt::print("{}\n", j.dump(2));
-    if (!repaired.empty()) fmt::print(stderr, "sweep: repaired: {}\n", repaired);
-    if (s.interrupted) fmt::print(stderr, "{}", stopped);
-    return s.interrupted ? stopped_rc : 0;
-  }
-  std::string statuses;
-  for (const auto& [status, n] : s.by_status)
-    statuses += fmt::format("{}{} {}", statuses.empty() ? "" : ", ", status, n);
-  // Totals over the files (this run's rows and the earlier run's kept ones), then what this run did.
-  fmt::print(
-      "sweep: {} points{}, {} done ({} computed in {:.1f} s, {:.1f} points/s{}; {} from an earlier run, skipped as "
-      "already done){}\n",
-      s.total, shard.count > 1 ? fmt::format(" in shard {}/{}", shard.index, shard.count) : std::string(), s.done(),
-      s.computed, s.wall_s, s.wall_s > 0 ? static_cast<double>(s.computed) / s.wall_s : 0.0,
-      s.stale > 0 ? fmt::format(", {} of them recomputed because a file they read changed", s.stale) : std::string(),
-      s.resumed, statuses.empty() ? std::string() : "; " + statuses);
-  for (const auto& r : s.invalid_reasons) fmt::print("  invalid: {}\n", r);
-  if (!repaired.empty()) fmt::print("repaired: {}\n", repaired);
-  if (s.interrupted) {
-    fmt::print(stderr, "{}", stopped);
-    return stopped_rc;
-  }
-  fmt::print("results: {}/results.csv, {}/results.jsonl\n", out_, out_);
-  return 0;
+  const SweepOutcome outcome{s,     shard,   sweep_file_, out_,
+                             signo, stopped, repaired,    128 + (signo != 0 ? signo : SIGINT)};
+  return format_ == "json" ? print_sweep_json(outcome) : print_sweep_table(outcome);
 }
 
 }  // namespace harmony::sim

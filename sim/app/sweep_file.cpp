@@ -163,22 +163,18 @@ Shard parse_shard(std::string_view text, const std::string& where) {
 // ------------------------------------------------------------------------------------------------
 // Loading
 
-// NOLINTNEXTLINE(readability-function-size): 147 lines, over the 80 the house holds; to split
-Sweep load_sweep_text(const std::string& text, const std::string& name) {
-  Sweep s;
-  s.file = name;
-  const YamlNode root = core::parse_yaml_tree(text, name);
-  if (root.kind != YamlNode::Kind::Map) fail(core::SourceLoc{name, 0, 0}, "a sweep file must be a mapping", kSweepHint);
-  check_keys(root, "", kSweepKeys);
-  auto find = [&](const char* key) -> const YamlEntry* {
-    for (const auto& e : root.entries) {
-      if (e.key == key && !is_null(e.value)) return &e;
-    }
-    return nullptr;
-  };
+namespace {
 
-  // base
-  const auto* base = find("base");
+// The entry `key` of the sweep file's top mapping, when it is there and not null.
+const YamlEntry* find_entry(const YamlNode& root, const char* key) {
+  for (const auto& e : root.entries) {
+    if (e.key == key && !is_null(e.value)) return &e;
+  }
+  return nullptr;
+}
+
+// base: the config every point starts from, its path relative to the sweep file's folder; read and parsed.
+void load_base(Sweep& s, const YamlEntry* base, const std::string& name) {
   if (!base)
     fail(core::SourceLoc{name, 0, 0}, "missing `base:`, the harmony-sim config every point starts from", kSweepHint);
   if (!is_scalar(base->value))
@@ -190,117 +186,120 @@ Sweep load_sweep_text(const std::string& text, const std::string& name) {
     s.base_path = p.lexically_normal().generic_string();
   }
   s.base_text = read_file(s.base_path, base->value.loc, "the base config");
-  const std::string& base_text = s.base_text;
-  (void)core::parse_yaml_tree(base_text, s.base_path);  // its syntax errors, located in the base config
+  (void)core::parse_yaml_tree(s.base_text, s.base_path);  // its syntax errors, located in the base config
+}
 
-  // set
-  std::set<std::string> keys_seen;
-  if (const auto* set = find("set")) {
-    if (set->value.kind != YamlNode::Kind::Map)
-      fail(set->value.loc, "set must be a mapping of config keys to values",
-           "e.g. set: {search.ubatch_step: 2, cost_model: native}");
-    for (const YamlEntry& e : set->value.entries) {
-      check_config_key(e, "set");
-      keys_seen.insert(e.key);
-      s.set.push_back(SweepSetting{e.key, core::flow_yaml(e.value), e.key_loc});
-    }
+// set: the overrides every point shares; their keys go into *keys_seen.
+void load_set(Sweep& s, const YamlEntry& set, std::set<std::string>* keys_seen) {
+  if (set.value.kind != YamlNode::Kind::Map)
+    fail(set.value.loc, "set must be a mapping of config keys to values",
+         "e.g. set: {search.ubatch_step: 2, cost_model: native}");
+  for (const YamlEntry& e : set.value.entries) {
+    check_config_key(e, "set");
+    keys_seen->insert(e.key);
+    s.set.push_back(SweepSetting{e.key, core::flow_yaml(e.value), e.key_loc});
   }
+}
 
-  // grid
-  if (const auto* grid = find("grid")) {
-    if (grid->value.kind != YamlNode::Kind::Map)
-      fail(grid->value.loc, "grid must be a mapping of config keys to lists of values",
-           "e.g. grid: {plan.gpus: [1, 2, 4, 8], plan.minibatch: [32, 64]}");
-    for (const YamlEntry& e : grid->value.entries) {
-      check_config_key(e, "grid");
-      if (keys_seen.count(e.key))
-        fail(e.key_loc, fmt::format("'{}' is both in set and in grid", e.key), "keep it in one of them");
-      SweepAxis axis{e.key, {}, e.key_loc};
-      const std::vector<YamlNode> one{e.value};
-      const std::vector<YamlNode>& items = e.value.kind == YamlNode::Kind::Seq ? e.value.items : one;
-      if (items.empty())
-        fail(e.value.loc, fmt::format("grid key '{}' has no values", e.key),
-             "list at least one value; a list-valued config key needs a list of lists, e.g. [[balanced_time]]");
-      for (const auto& item : items) {
-        std::string value = core::flow_yaml(item);
-        if (std::find(axis.values.begin(), axis.values.end(), value) != axis.values.end())
-          fail(item.loc, fmt::format("grid key '{}' lists the value {} twice", e.key, value),
-               "each value once: the same point would be evaluated twice");
-        axis.values.push_back(std::move(value));
-      }
-      s.grid.push_back(std::move(axis));
-    }
-  }
-
-  // kinds
-  if (const auto* kinds = find("kinds")) {
-    const std::vector<YamlNode> one{kinds->value};
-    const std::vector<YamlNode>& items = kinds->value.kind == YamlNode::Kind::Seq ? kinds->value.items : one;
-    if (items.empty()) fail(kinds->value.loc, "kinds lists no plan kind", "leave kinds out for every kind");
+// grid: one axis per config key (not one of set's), each with its distinct values.
+void load_grid(Sweep& s, const YamlEntry& grid, const std::set<std::string>& keys_seen) {
+  if (grid.value.kind != YamlNode::Kind::Map)
+    fail(grid.value.loc, "grid must be a mapping of config keys to lists of values",
+         "e.g. grid: {plan.gpus: [1, 2, 4, 8], plan.minibatch: [32, 64]}");
+  for (const YamlEntry& e : grid.value.entries) {
+    check_config_key(e, "grid");
+    if (keys_seen.count(e.key))
+      fail(e.key_loc, fmt::format("'{}' is both in set and in grid", e.key), "keep it in one of them");
+    SweepAxis axis{e.key, {}, e.key_loc};
+    const std::vector<YamlNode> one{e.value};
+    const std::vector<YamlNode>& items = e.value.kind == YamlNode::Kind::Seq ? e.value.items : one;
+    if (items.empty())
+      fail(e.value.loc, fmt::format("grid key '{}' has no values", e.key),
+           "list at least one value; a list-valued config key needs a list of lists, e.g. [[balanced_time]]");
     for (const auto& item : items) {
-      const std::string hint_tail = "plan kinds: " + join(core::plan_kind_names(), ", ");
-      if (!is_scalar(item)) fail(item.loc, "a plan kind must be a name", hint_tail);
-      const auto kind = core::find_plan_kind(item.scalar);
-      if (!kind) {
-        const std::string best = core::closest_match(item.scalar, core::plan_kind_names());
-        fail(item.loc, fmt::format("unknown plan kind '{}'", item.scalar),
-             (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + hint_tail);
-      }
-      if (std::find(s.kinds.begin(), s.kinds.end(), *kind) != s.kinds.end())
-        fail(item.loc, fmt::format("plan kind '{}' is listed twice", item.scalar), "list each kind once");
-      s.kinds.push_back(*kind);
+      std::string value = core::flow_yaml(item);
+      if (std::find(axis.values.begin(), axis.values.end(), value) != axis.values.end())
+        fail(item.loc, fmt::format("grid key '{}' lists the value {} twice", e.key, value),
+             "each value once: the same point would be evaluated twice");
+      axis.values.push_back(std::move(value));
     }
-  } else {  // Harmony's kinds and the baselines; the in-memory ceiling (resident) only when listed
+    s.grid.push_back(std::move(axis));
+  }
+}
+
+// kinds: the plan kinds listed, each once; without the key, Harmony's kinds and the baselines (the in-memory
+// ceiling, resident, only when listed).
+void load_kinds(Sweep& s, const YamlEntry* kinds) {
+  if (!kinds) {
     for (const core::PlanKind& k : core::plan_kinds())
       if (k->role != core::KindRole::Ceiling) s.kinds.push_back(k);
+    return;
   }
-
-  // budget
-  if (const auto* budget = find("budget")) {
-    const std::string hint = "budget: {samples: N} or {tokens: N, seq_len: T}, optionally bill: machine | gpus";
-    if (budget->value.kind != YamlNode::Kind::Map) fail(budget->value.loc, "budget must be a mapping", hint);
-    check_keys(budget->value, "budget", kBudgetKeys);
-    const YamlNode* samples = nullptr;
-    const YamlNode* tokens = nullptr;
-    const YamlNode* seq_len = nullptr;
-    for (const auto& [k, k_loc, v] : budget->value.entries) {
-      if (k == "samples") samples = &v;
-      if (k == "tokens") tokens = &v;
-      if (k == "seq_len") seq_len = &v;
-      if (k == "bill") {
-        if (!is_scalar(v) || (v.scalar != "machine" && v.scalar != "gpus"))
-          fail(v.loc, "budget.bill must be machine or gpus",
-               "machine: the whole machine's price per hour; gpus: the share of the GPUs the plan uses");
-        s.budget.bill_gpus = v.scalar == "gpus";
-      }
+  const std::vector<YamlNode> one{kinds->value};
+  const std::vector<YamlNode>& items = kinds->value.kind == YamlNode::Kind::Seq ? kinds->value.items : one;
+  if (items.empty()) fail(kinds->value.loc, "kinds lists no plan kind", "leave kinds out for every kind");
+  for (const auto& item : items) {
+    const std::string hint_tail = "plan kinds: " + join(core::plan_kind_names(), ", ");
+    if (!is_scalar(item)) fail(item.loc, "a plan kind must be a name", hint_tail);
+    const auto kind = core::find_plan_kind(item.scalar);
+    if (!kind) {
+      const std::string best = core::closest_match(item.scalar, core::plan_kind_names());
+      fail(item.loc, fmt::format("unknown plan kind '{}'", item.scalar),
+           (best.empty() ? std::string() : fmt::format("did you mean '{}'? ", best)) + hint_tail);
     }
-    if ((samples != nullptr) == (tokens != nullptr))
-      fail(budget->value.loc, "budget needs exactly one of samples and tokens", hint);
-    if (samples) {
-      if (seq_len) fail(seq_len->loc, "budget.seq_len goes with tokens, not samples", hint);
-      s.budget.samples = get_count(*samples, "budget.samples");
-    } else {
-      if (!seq_len) fail(budget->value.loc, "budget.tokens needs budget.seq_len (tokens per sample)", hint);
-      s.budget.tokens = get_count(*tokens, "budget.tokens");
-      s.budget.seq_len = get_count(*seq_len, "budget.seq_len");
-      s.budget.samples = (s.budget.tokens + s.budget.seq_len - 1) / s.budget.seq_len;
+    if (std::find(s.kinds.begin(), s.kinds.end(), *kind) != s.kinds.end())
+      fail(item.loc, fmt::format("plan kind '{}' is listed twice", item.scalar), "list each kind once");
+    s.kinds.push_back(*kind);
+  }
+}
+
+// budget: samples, or tokens with seq_len (rounded up to samples), and how the machine is billed.
+void load_budget(Sweep& s, const YamlEntry& budget) {
+  const std::string hint = "budget: {samples: N} or {tokens: N, seq_len: T}, optionally bill: machine | gpus";
+  if (budget.value.kind != YamlNode::Kind::Map) fail(budget.value.loc, "budget must be a mapping", hint);
+  check_keys(budget.value, "budget", kBudgetKeys);
+  const YamlNode* samples = nullptr;
+  const YamlNode* tokens = nullptr;
+  const YamlNode* seq_len = nullptr;
+  for (const auto& [k, k_loc, v] : budget.value.entries) {
+    if (k == "samples") samples = &v;
+    if (k == "tokens") tokens = &v;
+    if (k == "seq_len") seq_len = &v;
+    if (k == "bill") {
+      if (!is_scalar(v) || (v.scalar != "machine" && v.scalar != "gpus"))
+        fail(v.loc, "budget.bill must be machine or gpus",
+             "machine: the whole machine's price per hour; gpus: the share of the GPUs the plan uses");
+      s.budget.bill_gpus = v.scalar == "gpus";
     }
   }
-
-  // size
-  {
-    double n = static_cast<double>(s.kinds.size());
-    for (const auto& a : s.grid) n *= static_cast<double>(a.values.size());
-    if (n > static_cast<double>(kMaxPoints))
-      fail(core::SourceLoc{name, 0, 0}, fmt::format("the sweep has {:.0f} points, more than {}", n, kMaxPoints),
-           "split it into several sweep files");
+  if ((samples != nullptr) == (tokens != nullptr))
+    fail(budget.value.loc, "budget needs exactly one of samples and tokens", hint);
+  if (samples) {
+    if (seq_len) fail(seq_len->loc, "budget.seq_len goes with tokens, not samples", hint);
+    s.budget.samples = get_count(*samples, "budget.samples");
+  } else {
+    if (!seq_len) fail(budget.value.loc, "budget.tokens needs budget.seq_len (tokens per sample)", hint);
+    s.budget.tokens = get_count(*tokens, "budget.tokens");
+    s.budget.seq_len = get_count(*seq_len, "budget.seq_len");
+    s.budget.samples = (s.budget.tokens + s.budget.seq_len - 1) / s.budget.seq_len;
   }
+}
 
-  // Every key must be one the config knows: try each override alone on the base config.
+// At most kMaxPoints points.
+void check_sweep_size(const Sweep& s, const std::string& name) {
+  double n = static_cast<double>(s.kinds.size());
+  for (const auto& a : s.grid) n *= static_cast<double>(a.values.size());
+  if (n > static_cast<double>(kMaxPoints))
+    fail(core::SourceLoc{name, 0, 0}, fmt::format("the sweep has {:.0f} points, more than {}", n, kMaxPoints),
+         "split it into several sweep files");
+}
+
+// Every key must be one the config knows: each override of set and grid is tried alone on the base config.
+void preflight_keys(const Sweep& s) {
   auto preflight = [&](const std::string& key, const std::string& value, const core::SourceLoc& loc,
                        const char* section) {
     try {
-      (void)core::load_config_text(base_text, s.base_path, {key + "=" + value});
+      (void)core::load_config_text(s.base_text, s.base_path, {key + "=" + value});
     } catch (const core::ConfigError& e) {
       if (is_key_error(e)) fail(loc, fmt::format("{} key '{}': {}", section, key, e.message()), e.hint());
     }
@@ -309,7 +308,25 @@ Sweep load_sweep_text(const std::string& text, const std::string& name) {
   for (const auto& a : s.grid) {
     for (const auto& v : a.values) preflight(a.key, v, a.loc, "grid");
   }
-  s.fingerprint = fingerprint_of(s, base_text);
+}
+
+}  // namespace
+
+Sweep load_sweep_text(const std::string& text, const std::string& name) {
+  Sweep s;
+  s.file = name;
+  const YamlNode root = core::parse_yaml_tree(text, name);
+  if (root.kind != YamlNode::Kind::Map) fail(core::SourceLoc{name, 0, 0}, "a sweep file must be a mapping", kSweepHint);
+  check_keys(root, "", kSweepKeys);
+  load_base(s, find_entry(root, "base"), name);
+  std::set<std::string> keys_seen;
+  if (const auto* set = find_entry(root, "set")) load_set(s, *set, &keys_seen);
+  if (const auto* grid = find_entry(root, "grid")) load_grid(s, *grid, keys_seen);
+  load_kinds(s, find_entry(root, "kinds"));
+  if (const auto* budget = find_entry(root, "budget")) load_budget(s, *budget);
+  check_sweep_size(s, name);
+  preflight_keys(s);
+  s.fingerprint = fingerprint_of(s, s.base_text);
   return s;
 }
 

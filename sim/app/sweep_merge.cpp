@@ -28,57 +28,48 @@ std::optional<std::pair<std::size_t, std::string>> row_key(std::string_view line
   }
 }
 
-}  // namespace
+constexpr const char* kMergeAgainHint =
+    "rerun that shard's `harmony-sim sweep ... --shard I/N --out DIR` (it resumes; add --repair if it reports a "
+    "broken row), then merge";
 
-// NOLINTNEXTLINE(readability-function-size): 130 lines, over the 80 the house holds; to split
-MergeSummary merge_sweeps(const std::string& out_dir, const std::vector<std::string>& shard_dirs) {
-  const std::string again =
-      "rerun that shard's `harmony-sim sweep ... --shard I/N --out DIR` (it resumes; add --repair if it reports a "
-      "broken "
-      "row), then merge";
-  if (shard_dirs.empty())
-    fail(core::SourceLoc{"merge", 0, 0}, "no shard folders given", "harmony-sim merge OUT SHARD_DIR...");
-  struct In {
-    fs::path dir;
-    Shard shard;
-    std::string fingerprint;
-    std::size_t points = 0;
-    std::string identity;  // sweep.json without its shard and sweep file: equal for the shards of one sweep
-    std::string meta_text;
-    std::string csv, jsonl;
-    Lines csv_lines, jsonl_lines;
-  };
-  // Held by pointer: the lines are views into the strings beside them, which must not move.
-  std::vector<std::unique_ptr<In>> held;
-  std::vector<In*> ins;
-  held.reserve(shard_dirs.size());
-  ins.reserve(shard_dirs.size());
-  std::vector<std::unique_ptr<FolderLock>> locks;  // shared on every shard: no sweep writes into one meanwhile
-  for (const auto& d : shard_dirs) {
-    if (fs::is_directory(d)) locks.push_back(std::make_unique<FolderLock>(fs::path(d), LockMode::Read));
-    auto in = std::make_unique<In>();
-    in->dir = d;
-    const fs::path meta_path = in->dir / kMetaFile;
-    if (!fs::exists(meta_path))
-      fail(file_loc(in->dir), "not a sweep output folder (no sweep.json)", "give the --out folders of the shards");
-    auto meta = read_meta(meta_path);
-    in->shard = meta_shard(meta, meta_path);
-    in->fingerprint = meta.at("fingerprint").dump();
-    in->points = meta.at("points").get<std::size_t>();
-    in->meta_text = meta.dump();
-    meta.erase("shard");
-    meta.erase("sweep_file");
-    meta.erase("sweep_file_absolute");
-    in->identity = meta.dump();
-    ins.push_back(in.get());
-    held.push_back(std::move(in));
-  }
-  const In& first = *ins.front();
+// One shard folder as merge reads it.
+struct ShardInput {
+  fs::path dir;
+  Shard shard;
+  std::string fingerprint;
+  std::size_t points = 0;
+  std::string identity;  // sweep.json without its shard and sweep file: equal for the shards of one sweep
+  std::string meta_text;
+  std::string csv, jsonl;
+  Lines csv_lines, jsonl_lines;
+};
+
+// A shard folder's sweep.json (its rows are read later, by read_shard_rows).
+std::unique_ptr<ShardInput> read_shard_meta(const std::string& d) {
+  auto in = std::make_unique<ShardInput>();
+  in->dir = d;
+  const fs::path meta_path = in->dir / kMetaFile;
+  if (!fs::exists(meta_path))
+    fail(file_loc(in->dir), "not a sweep output folder (no sweep.json)", "give the --out folders of the shards");
+  auto meta = read_meta(meta_path);
+  in->shard = meta_shard(meta, meta_path);
+  in->fingerprint = meta.at("fingerprint").dump();
+  in->points = meta.at("points").get<std::size_t>();
+  in->meta_text = meta.dump();
+  meta.erase("shard");
+  meta.erase("sweep_file");
+  meta.erase("sweep_file_absolute");
+  in->identity = meta.dump();
+  return in;
+}
+
+// The shards by their index I of I/N: every one of one sweep and one split, each given once, none missing.
+std::vector<const ShardInput*> shards_by_index(const std::vector<ShardInput*>& ins) {
+  const ShardInput& first = *ins.front();
   const std::size_t count = first.shard.count;
-  const std::size_t points = first.points;
-  std::vector<const In*> by_index(count, nullptr);
-  for (const In* in_ptr : ins) {
-    const In& in = *in_ptr;
+  std::vector<const ShardInput*> by_index(count, nullptr);
+  for (const ShardInput* in_ptr : ins) {
+    const ShardInput& in = *in_ptr;
     const fs::path meta_path = in.dir / kMetaFile;
     if (in.fingerprint != first.fingerprint || in.identity != first.identity)
       fail(file_loc(meta_path),
@@ -104,10 +95,15 @@ MergeSummary merge_sweeps(const std::string& out_dir, const std::vector<std::str
   if (!missing.empty())
     fail(core::SourceLoc{"merge", 0, 0}, fmt::format("missing shard(s) {}", join(missing, ", ")),
          "give the --out folder of every shard 0/N .. N-1/N");
+  return by_index;
+}
 
+// Reads every shard's rows, which must be complete (all its points, no partial line) under the same CSV header;
+// returns that header.
+std::string read_shard_rows(const std::vector<ShardInput*>& ins, std::size_t points, std::size_t count) {
   std::string header;
-  for (In* in_ptr : ins) {
-    In& in = *in_ptr;
+  for (ShardInput* in_ptr : ins) {
+    ShardInput& in = *in_ptr;
     in.csv = slurp(in.dir / kCsvFile);
     in.jsonl = slurp(in.dir / kJsonlFile);
     in.csv_lines = complete_lines(in.csv);
@@ -119,42 +115,82 @@ MergeSummary merge_sweeps(const std::string& out_dir, const std::vector<std::str
       fail(file_loc(in.dir),
            fmt::format("shard {}/{} is incomplete: {} of its {} points", in.shard.index, count,
                        std::min(in.jsonl_lines.lines.size(), csv_rows), want),
-           again);
+           kMergeAgainHint);
     const std::string h(in.csv_lines.lines[0]);
     if (header.empty()) header = h;
-    if (h != header) fail(file_loc(in.dir / kCsvFile, 1), "its columns differ from the other shards'", again);
+    if (h != header) fail(file_loc(in.dir / kCsvFile, 1), "its columns differ from the other shards'", kMergeAgainHint);
   }
+  return header;
+}
 
-  const fs::path out(out_dir);
+// The merge's output folder, created when missing.
+fs::path make_merge_folder(const std::string& out_dir) {
+  fs::path out(out_dir);
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out))
     fail(file_loc(out), "cannot create the output folder", "pick a writable folder for the merged results");
-  const auto refuse_results = [&] {
-    for (const char* f : {kMetaFile, kCsvFile, kJsonlFile}) {
-      if (fs::exists(out / f))
-        fail(file_loc(out / f), "the merge output folder already holds results", "merge into a new, empty folder");
-    }
-  };
-  refuse_results();  // before locking: a shard folder given as the output is named as such
-  // exclusive on the output: a concurrent merge (or sweep) into it is refused naming the holder; checked again
-  // under the lock for one that finished in between
-  const FolderLock out_lock(out);
-  refuse_results();
-  std::string csv = header + "\n";
-  std::string jsonl;
+  return out;
+}
+
+// The merge writes into a folder without results only.
+void refuse_results(const fs::path& out) {
+  for (const char* f : {kMetaFile, kCsvFile, kJsonlFile}) {
+    if (fs::exists(out / f))
+      fail(file_loc(out / f), "the merge output folder already holds results", "merge into a new, empty folder");
+  }
+}
+
+// The shards' rows interleaved in point order (point p is row p / N of shard p % N) into *csv and *jsonl.
+void interleave_rows(const std::vector<const ShardInput*>& by_index, std::size_t points, std::string* csv,
+                     std::string* jsonl) {
+  const std::size_t count = by_index.size();
   for (std::size_t p = 0; p < points; ++p) {
-    const In& in = *by_index[p % count];
+    const ShardInput& in = *by_index[p % count];
     const std::size_t k = p / count;
     const auto key = row_key(in.jsonl_lines.lines[k]);
     if (!key || key->first != p || !starts_with(in.csv_lines.lines[k + 1], fmt::format("{},{},", p, key->second)))
       fail(file_loc(in.dir / kJsonlFile, static_cast<int>(k + 1)), fmt::format("row {} is not point {}", k + 1, p),
-           again);
-    csv += in.csv_lines.lines[k + 1];
-    csv += '\n';
-    jsonl += in.jsonl_lines.lines[k];
-    jsonl += '\n';
+           kMergeAgainHint);
+    *csv += in.csv_lines.lines[k + 1];
+    *csv += '\n';
+    *jsonl += in.jsonl_lines.lines[k];
+    *jsonl += '\n';
   }
+}
+
+}  // namespace
+
+MergeSummary merge_sweeps(const std::string& out_dir, const std::vector<std::string>& shard_dirs) {
+  if (shard_dirs.empty())
+    fail(core::SourceLoc{"merge", 0, 0}, "no shard folders given", "harmony-sim merge OUT SHARD_DIR...");
+  // Held by pointer: the lines are views into the strings beside them, which must not move.
+  std::vector<std::unique_ptr<ShardInput>> held;
+  std::vector<ShardInput*> ins;
+  held.reserve(shard_dirs.size());
+  ins.reserve(shard_dirs.size());
+  std::vector<std::unique_ptr<FolderLock>> locks;  // shared on every shard: no sweep writes into one meanwhile
+  for (const auto& d : shard_dirs) {
+    if (fs::is_directory(d)) locks.push_back(std::make_unique<FolderLock>(fs::path(d), LockMode::Read));
+    auto in = read_shard_meta(d);
+    ins.push_back(in.get());
+    held.push_back(std::move(in));
+  }
+  const ShardInput& first = *ins.front();
+  const std::size_t count = first.shard.count;
+  const std::size_t points = first.points;
+  const std::vector<const ShardInput*> by_index = shards_by_index(ins);
+  const std::string header = read_shard_rows(ins, points, count);
+
+  const fs::path out = make_merge_folder(out_dir);
+  refuse_results(out);  // before locking: a shard folder given as the output is named as such
+  // exclusive on the output: a concurrent merge (or sweep) into it is refused naming the holder; checked again
+  // under the lock for one that finished in between
+  const FolderLock out_lock(out);
+  refuse_results(out);
+  std::string csv = header + "\n";
+  std::string jsonl;
+  interleave_rows(by_index, points, &csv, &jsonl);
   auto meta = nlohmann::ordered_json::parse(first.meta_text);
   meta["shard"] = shard_json(Shard{});
   write_atomically(out / kCsvFile, csv);

@@ -209,123 +209,124 @@ std::string sweep_point_inputs(const Sweep& sweep, std::size_t index, ModelCache
   }
 }
 
-// NOLINTNEXTLINE(readability-function-size): 156 lines, over the 80 the house holds; to split
-SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache* cache) {
-  ModelCache local;
-  if (!cache) cache = &local;
-  const SweepPoint p = sweep_point(sweep, index);
-  const auto columns = sweep_columns(sweep);
-  std::vector<Cell> cells;
-  cells.reserve(columns.size());
-  cells.push_back(int_cell(static_cast<std::int64_t>(index)));
-  cells.push_back(text_cell(p.id));
-  std::optional<std::string> grid_cost_model;  // the grid's value of `cost_model`, when it has that key
-  for (std::size_t a = 0; a < sweep.grid.size(); ++a) {
-    if (grid_key_is_column(sweep.grid[a].key))
-      grid_cost_model = sweep.grid[a].values[p.value_index[a]];
-    else
-      cells.push_back(Cell{Cell::Kind::Yaml, sweep.grid[a].values[p.value_index[a]]});
-  }
-  cells.push_back(text_cell(core::plan_kind_name(p.kind)));
+namespace {
 
+// What evaluating a point found: its config (unless it failed to build), model and best plan of its kind, and
+// the row's status, reason and inputs digest.
+struct PointOutcome {
   std::string status;
   std::string reason;
   std::string inputs;
   std::optional<core::RunConfig> cfg;
   std::shared_ptr<const core::Model> model;
   std::optional<KindResult> kr;
+};
+
+// The model cache's key for a point's config: the profile's path, or (analytic models) the point's model and
+// machine overrides.
+std::string model_cache_key(const core::RunConfig& cfg, const SweepPoint& p) {
+  std::string key = "profile " + cfg.model.profile_path;
+  if (cfg.model.profile_path.empty()) {
+    key = "overrides";
+    for (const auto& o : p.overrides) {
+      if (starts_with(o, "model") || starts_with(o, "machine")) key += "\n" + o;
+    }
+  }
+  return key;
+}
+
+// Builds the point's config and searches the best plan of its kind; a bad config is an invalid row.
+PointOutcome evaluate_point(const Sweep& sweep, const SweepPoint& p, ModelCache* cache) {
+  PointOutcome o;
   try {
     try {
-      cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
+      o.cfg = core::load_config_text(sweep.base_text, sweep.base_path, p.overrides);
     } catch (const core::ConfigError& e) {
-      inputs = inputs_digest(nullptr, config_reason(e), *cache);
+      o.inputs = inputs_digest(nullptr, config_reason(e), *cache);
       throw;
     } catch (const core::ScheduleError& e) {
-      inputs = inputs_digest(nullptr, one_line(e.what()), *cache);
+      o.inputs = inputs_digest(nullptr, one_line(e.what()), *cache);
       throw;
     }
-    inputs = inputs_digest(&*cfg, {}, *cache);
-    std::string key = "profile " + cfg->model.profile_path;
-    if (cfg->model.profile_path.empty()) {
-      key = "overrides";
-      for (const auto& o : p.overrides) {
-        if (starts_with(o, "model") || starts_with(o, "machine")) key += "\n" + o;
-      }
-    }
-    model = cache->get(key, *cfg);
-    kr = best_plan_of_kind(p.kind, *model, cfg->machine, cfg->plan.gpus, cfg->plan.minibatch, cfg->cost_model,
-                           cfg->search, cfg->options);
-    if (kr->feasible) {
-      status = "ok";
+    o.inputs = inputs_digest(&*o.cfg, {}, *cache);
+    o.model = cache->get(model_cache_key(*o.cfg, p), *o.cfg);
+    o.kr = best_plan_of_kind(p.kind, *o.model, o.cfg->machine, o.cfg->plan.gpus, o.cfg->plan.minibatch,
+                             o.cfg->cost_model, o.cfg->search, o.cfg->options);
+    if (o.kr->feasible) {
+      o.status = "ok";
     } else {
-      status = !kr->applicable                                            ? "invalid"
-               : (kr->candidates > 0 && kr->deadlocked == kr->candidates) ? "deadlock"
-                                                                          : "does_not_fit";
-      reason = one_line(kr->reason);
+      o.status = !o.kr->applicable                                                ? "invalid"
+                 : (o.kr->candidates > 0 && o.kr->deadlocked == o.kr->candidates) ? "deadlock"
+                                                                                  : "does_not_fit";
+      o.reason = one_line(o.kr->reason);
     }
   } catch (const core::ConfigError& e) {
-    status = "invalid";
-    reason = config_reason(e);
+    o.status = "invalid";
+    o.reason = config_reason(e);
   } catch (const core::ScheduleError& e) {
-    status = "invalid";
-    reason = one_line(e.what());
+    o.status = "invalid";
+    o.reason = one_line(e.what());
   }
+  return o;
+}
 
-  const bool ok = status == "ok";
-  const core::RunReport* r = ok ? &kr->best : nullptr;
-  auto when = [&](bool have, Cell c) { return have ? std::move(c) : null_cell(); };
-  cells.push_back(when(model != nullptr, text_cell(model ? model->name : "")));
-  cells.push_back(when(cfg.has_value(), text_cell(cfg ? cfg->machine.name : "")));
-  cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.gpus : 0)));
-  cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.minibatch : 0)));
-  if (cfg)
-    cells.push_back(text_cell(core::cost_model_name(cfg->cost_model)));
-  else
-    cells.push_back(grid_cost_model ? Cell{Cell::Kind::Yaml, *grid_cost_model} : null_cell());
-  cells.push_back(text_cell(status));
-  cells.push_back(bool_cell(ok));
-  cells.push_back(ok ? null_cell() : text_cell(reason));
-  cells.push_back(when(kr.has_value(), int_cell(kr ? static_cast<std::int64_t>(kr->candidates) : 0)));
-  if (r) {
-    cells.push_back(num_cell(r->iteration_time_s));
-    cells.push_back(num_cell(r->throughput_samples_per_s));
-    cells.push_back(int_cell(r->plan.u_fwd));
-    cells.push_back(int_cell(r->plan.u_bwd));
-    cells.push_back(Cell{Cell::Kind::Literal, packs_text(r->plan.packs_fwd)});
-    cells.push_back(Cell{Cell::Kind::Literal, packs_text(r->plan.packs_bwd)});
-    cells.push_back(r->method_fwd.empty() ? null_cell() : text_cell(r->method_fwd));
-    cells.push_back(r->method_bwd.empty() ? null_cell() : text_cell(r->method_bwd));
-    if (kr->plan &&
-        core::is_swapping_kind(p.kind)) {  // the swapping kinds' swap decisions (not resident, zero-offload)
-      const auto ds = core::decide_swaps(*kr->plan, *model);
-      cells.push_back(bool_cell(std::any_of(ds.begin(), ds.end(), [](const auto& d) { return d.weights; })));
-      cells.push_back(bool_cell(std::any_of(ds.begin(), ds.end(), [](const auto& d) { return d.activations; })));
-    } else {
-      cells.push_back(null_cell());
-      cells.push_back(null_cell());
-    }
-    // What decided the plan besides its shape: the activation policy (Harmony recomputes by design) and, for the
-    // kinds with offload tiers, where parameters and optimizer state lived (cpu: host memory, nvme: the drives).
-    cells.push_back(text_cell(core::activation_policy_name(r->plan.knobs.activation_policy)));
-    cells.push_back(p.kind->offload_tiers ? text_cell(kr->offload.empty() ? "cpu" : kr->offload) : null_cell());
-    cells.push_back(int_cell(r->swap_in_bytes));
-    cells.push_back(int_cell(r->swap_out_bytes));
-    cells.push_back(int_cell(r->p2p_bytes));
-    cells.push_back(int_cell(r->collective_bytes));
-    cells.push_back(int_cell(r->msg_bytes));
-    // The reference model estimates no memory for the baselines (0): unknown, not zero.
-    cells.push_back(r->peak_memory_bytes > 0 || r->native ? int_cell(r->peak_memory_bytes) : null_cell());
-  } else {
-    for (int i = 0; i < 18; ++i) cells.push_back(null_cell());
+// The point's own cells: its index, id, the grid values (but cost_model's, returned in *grid_cost_model: that
+// column comes later) and its plan kind.
+std::vector<Cell> point_cells(const Sweep& sweep, const SweepPoint& p, std::size_t columns,
+                              std::optional<std::string>* grid_cost_model) {
+  std::vector<Cell> cells;
+  cells.reserve(columns);
+  cells.push_back(int_cell(static_cast<std::int64_t>(p.index)));
+  cells.push_back(text_cell(p.id));
+  for (std::size_t a = 0; a < sweep.grid.size(); ++a) {
+    if (grid_key_is_column(sweep.grid[a].key))
+      *grid_cost_model = sweep.grid[a].values[p.value_index[a]];
+    else
+      cells.push_back(Cell{Cell::Kind::Yaml, sweep.grid[a].values[p.value_index[a]]});
   }
+  cells.push_back(text_cell(core::plan_kind_name(p.kind)));
+  return cells;
+}
+
+// The best plan's 18 cells, from iteration_time_s to peak_memory_bytes (all null without a plan).
+void push_plan_cells(std::vector<Cell>& cells, const core::RunReport* r, const PointOutcome& o, core::PlanKind kind) {
+  if (!r) {
+    for (int i = 0; i < 18; ++i) cells.push_back(null_cell());
+    return;
+  }
+  cells.push_back(num_cell(r->iteration_time_s));
+  cells.push_back(num_cell(r->throughput_samples_per_s));
+  cells.push_back(int_cell(r->plan.u_fwd));
+  cells.push_back(int_cell(r->plan.u_bwd));
+  cells.push_back(Cell{Cell::Kind::Literal, packs_text(r->plan.packs_fwd)});
+  cells.push_back(Cell{Cell::Kind::Literal, packs_text(r->plan.packs_bwd)});
+  cells.push_back(r->method_fwd.empty() ? null_cell() : text_cell(r->method_fwd));
+  cells.push_back(r->method_bwd.empty() ? null_cell() : text_cell(r->method_bwd));
+  if (o.kr->plan && core::is_swapping_kind(kind)) {  // the swapping kinds' swap decisions (not resident, zero-offload)
+    const auto ds = core::decide_swaps(*o.kr->plan, *o.model);
+    cells.push_back(bool_cell(std::any_of(ds.begin(), ds.end(), [](const auto& d) { return d.weights; })));
+    cells.push_back(bool_cell(std::any_of(ds.begin(), ds.end(), [](const auto& d) { return d.activations; })));
+  } else {
+    cells.push_back(null_cell());
+    cells.push_back(null_cell());
+  }
+  // What decided the plan besides its shape: the activation policy (Harmony recomputes by design) and, for the
+  // kinds with offload tiers, where parameters and optimizer state lived (cpu: host memory, nvme: the drives).
+  cells.push_back(text_cell(core::activation_policy_name(r->plan.knobs.activation_policy)));
+  cells.push_back(kind->offload_tiers ? text_cell(o.kr->offload.empty() ? "cpu" : o.kr->offload) : null_cell());
+  cells.push_back(int_cell(r->swap_in_bytes));
+  cells.push_back(int_cell(r->swap_out_bytes));
+  cells.push_back(int_cell(r->p2p_bytes));
+  cells.push_back(int_cell(r->collective_bytes));
+  cells.push_back(int_cell(r->msg_bytes));
+  // The reference model estimates no memory for the baselines (0): unknown, not zero.
+  cells.push_back(r->peak_memory_bytes > 0 || r->native ? int_cell(r->peak_memory_bytes) : null_cell());
+}
+
+// The training budget's cells: samples, iterations, time to train, the machine's price per hour and the cost.
+void push_budget_cells(std::vector<Cell>& cells, const Sweep& sweep, const core::RunReport* r,
+                       const core::RunConfig* cfg) {
   const core::MachineSpec* m = cfg ? &cfg->machine : nullptr;
-  cells.push_back(when(m != nullptr, int_cell(m ? m->search_capacity_bytes() : 0)));
-  // fits / excess_bytes: whether the best plan's peak fits the GPU capacity (null without a plan or a known
-  // peak); the excess is null when it fits.
-  const bool fit_known = r != nullptr && r->gpu_capacity_bytes > 0 && (r->peak_memory_bytes > 0 || r->native);
-  cells.push_back(fit_known ? bool_cell(r->fits) : null_cell());
-  cells.push_back(fit_known && !r->fits ? int_cell(r->excess_bytes) : null_cell());
-  cells.push_back(when(r != nullptr && r->native, int_cell(r ? r->host_memory.total_bytes() : 0)));
   const bool budget = sweep.budget.samples > 0;
   cells.push_back(budget ? int_cell(sweep.budget.samples) : null_cell());
   double time_to_train_s = 0.0;
@@ -349,15 +350,18 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   } else {
     cells.push_back(null_cell());
   }
-  cells.push_back(text_cell(inputs));
+}
 
+// The row's CSV line and JSON line from its cells, one per column.
+SweepRow row_of_cells(std::size_t index, const PointOutcome& o, const std::vector<std::string>& columns,
+                      const std::vector<Cell>& cells) {
   if (cells.size() != columns.size())
     throw std::logic_error(fmt::format("sweep row has {} cells for {} columns", cells.size(), columns.size()));
   SweepRow row;
   row.point = index;
-  row.status = status;
-  row.reason = reason;
-  row.inputs = inputs;
+  row.status = o.status;
+  row.reason = o.reason;
+  row.inputs = o.inputs;
   row.json = fmt::format("{{\"schema_version\":{}", core::kOutputSchemaVersion);
   for (std::size_t i = 0; i < cells.size(); ++i) {
     row.csv += (i ? "," : "") + cell_csv(cells[i]);
@@ -366,6 +370,47 @@ SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache*
   row.csv += "\n";
   row.json += "}\n";
   return row;
+}
+
+}  // namespace
+
+SweepRow evaluate_sweep_point(const Sweep& sweep, std::size_t index, ModelCache* cache) {
+  ModelCache local;
+  if (!cache) cache = &local;
+  const SweepPoint p = sweep_point(sweep, index);
+  const auto columns = sweep_columns(sweep);
+  std::optional<std::string> grid_cost_model;  // the grid's value of `cost_model`, when it has that key
+  std::vector<Cell> cells = point_cells(sweep, p, columns.size(), &grid_cost_model);
+  const PointOutcome o = evaluate_point(sweep, p, cache);
+  const auto& cfg = o.cfg;
+
+  const bool ok = o.status == "ok";
+  const core::RunReport* r = ok ? &o.kr->best : nullptr;
+  auto when = [&](bool have, Cell c) { return have ? std::move(c) : null_cell(); };
+  cells.push_back(when(o.model != nullptr, text_cell(o.model ? o.model->name : "")));
+  cells.push_back(when(cfg.has_value(), text_cell(cfg ? cfg->machine.name : "")));
+  cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.gpus : 0)));
+  cells.push_back(when(cfg.has_value(), int_cell(cfg ? cfg->plan.minibatch : 0)));
+  if (cfg)
+    cells.push_back(text_cell(core::cost_model_name(cfg->cost_model)));
+  else
+    cells.push_back(grid_cost_model ? Cell{Cell::Kind::Yaml, *grid_cost_model} : null_cell());
+  cells.push_back(text_cell(o.status));
+  cells.push_back(bool_cell(ok));
+  cells.push_back(ok ? null_cell() : text_cell(o.reason));
+  cells.push_back(when(o.kr.has_value(), int_cell(o.kr ? static_cast<std::int64_t>(o.kr->candidates) : 0)));
+  push_plan_cells(cells, r, o, p.kind);
+  const core::MachineSpec* m = cfg ? &cfg->machine : nullptr;
+  cells.push_back(when(m != nullptr, int_cell(m ? m->search_capacity_bytes() : 0)));
+  // fits / excess_bytes: whether the best plan's peak fits the GPU capacity (null without a plan or a known
+  // peak); the excess is null when it fits.
+  const bool fit_known = r != nullptr && r->gpu_capacity_bytes > 0 && (r->peak_memory_bytes > 0 || r->native);
+  cells.push_back(fit_known ? bool_cell(r->fits) : null_cell());
+  cells.push_back(fit_known && !r->fits ? int_cell(r->excess_bytes) : null_cell());
+  cells.push_back(when(r != nullptr && r->native, int_cell(r ? r->host_memory.total_bytes() : 0)));
+  push_budget_cells(cells, sweep, r, cfg ? &*cfg : nullptr);
+  cells.push_back(text_cell(o.inputs));
+  return row_of_cells(index, o, columns, cells);
 }
 
 }  // namespace harmony::sim

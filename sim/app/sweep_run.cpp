@@ -288,144 +288,184 @@ void count_row(SweepSummary& summary, const std::string& status, const std::stri
     summary.invalid_reasons.push_back(reason);
 }
 
-}  // namespace
+using Clock = std::chrono::steady_clock;
 
-// NOLINTNEXTLINE(readability-function-size): 271 lines, over the 80 the house holds; to split
-SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const SweepProgressFn& progress) {
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  const Shard shard = options.shard;
+// Seconds on the steady clock since t0.
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The progress callback's cadence.
+std::chrono::duration<double> progress_interval(const SweepRunOptions& options) {
+  return std::chrono::duration<double>(std::max(0.01, options.progress_interval_s));
+}
+
+// What one run_sweep call works from, as its helpers read it.
+struct RunInputs {
+  const Sweep& sweep;
+  const SweepRunOptions& options;
+  const SweepProgressFn& progress;
+  Shard shard;
+  std::size_t total;     // points of the shard
+  unsigned threads;      // workers
+  Clock::time_point t0;  // when the run started
+  bool stop_requested() const { return options.stop != nullptr && options.stop->load(); }
+};
+
+// A sweep of more than kLargeGridPoints points runs only with --allow-large-grid.
+void check_grid_size(const Sweep& sweep, const SweepRunOptions& options) {
   if (sweep.num_points() > kLargeGridPoints && !options.allow_large_grid)
     fail(core::SourceLoc{sweep.file, 0, 0},
          fmt::format("the sweep has {} points, more than {} (grid combinations x {} plan kinds)", sweep.num_points(),
                      kLargeGridPoints, sweep.kinds.size()),
          "pass --allow-large-grid to run it anyway (points stream: memory does not grow with the grid), or shrink "
          "the grid or split it into several sweep files (docs/sweeps.md)");
-  const fs::path dir(options.out_dir);
+}
+
+// The output folder, created when missing.
+fs::path make_out_folder(const std::string& out_dir) {
+  fs::path dir(out_dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
     fail(file_loc(dir), fmt::format("cannot create the output folder: {}", ec ? ec.message() : "not a folder"),
          "pick a writable --out folder");
-  const FolderLock folder_lock(dir);
+  return dir;
+}
+
+// An existing sweep.json must be this sweep's to resume: the same format version, fingerprint and shard.
+void check_resumable_meta(const fs::path& meta_path, const nlohmann::ordered_json& meta, const Shard& shard) {
+  const auto old = read_meta(meta_path);
+  if (const auto v = old.value("version", 0); v != kFormatVersion)
+    fail(file_loc(meta_path),
+         fmt::format("this folder holds results in sweep format {}, written by {} harmony-sim; this one writes format "
+                     "{} (output schema {}, docs/output-schema.md) and cannot resume the older rows",
+                     v, v < kFormatVersion ? "an older" : "a newer", kFormatVersion, core::kOutputSchemaVersion),
+         "rerun the sweep into a new --out folder (or delete this one): every point is computed again");
+  if (old.at("fingerprint") != meta.at("fingerprint"))
+    fail(file_loc(meta_path),
+         fmt::format("this folder holds the results of a different sweep (fingerprint {}, this sweep {}): the "
+                     "sweep file or its base config changed since it was started, or harmony-sim's output format",
+                     old.at("fingerprint").dump(), meta.at("fingerprint").dump()),
+         kFreshHint);
+  const Shard was = meta_shard(old, meta_path);
+  if (was.index != shard.index || was.count != shard.count)
+    fail(file_loc(meta_path),
+         fmt::format("this folder holds shard {}/{} of the sweep, not {}/{}", was.index, was.count, shard.index,
+                     shard.count),
+         "resume a shard with the same --shard I/N, or use a new --out folder");
+}
+
+// sweep.json: checked when the folder has one (a resume), else written (a folder holding results without it is
+// refused).
+void check_or_write_meta(const fs::path& dir, const nlohmann::ordered_json& meta, const Shard& shard) {
   const fs::path meta_path = dir / kMetaFile;
-  const fs::path csv_path = dir / kCsvFile;
-  const fs::path jsonl_path = dir / kJsonlFile;
-  const auto meta =
-      sweep_meta(sweep, options.sweep_file_as_given.empty() ? sweep.file : options.sweep_file_as_given, shard);
   if (fs::exists(meta_path)) {
-    const auto old = read_meta(meta_path);
-    if (const auto v = old.value("version", 0); v != kFormatVersion)
-      fail(
-          file_loc(meta_path),
-          fmt::format("this folder holds results in sweep format {}, written by {} harmony-sim; this one writes format "
-                      "{} (output schema {}, docs/output-schema.md) and cannot resume the older rows",
-                      v, v < kFormatVersion ? "an older" : "a newer", kFormatVersion, core::kOutputSchemaVersion),
-          "rerun the sweep into a new --out folder (or delete this one): every point is computed again");
-    if (old.at("fingerprint") != meta.at("fingerprint"))
-      fail(file_loc(meta_path),
-           fmt::format("this folder holds the results of a different sweep (fingerprint {}, this sweep {}): the "
-                       "sweep file or its base config changed since it was started, or harmony-sim's output format",
-                       old.at("fingerprint").dump(), meta.at("fingerprint").dump()),
-           kFreshHint);
-    const Shard was = meta_shard(old, meta_path);
-    if (was.index != shard.index || was.count != shard.count)
-      fail(file_loc(meta_path),
-           fmt::format("this folder holds shard {}/{} of the sweep, not {}/{}", was.index, was.count, shard.index,
-                       shard.count),
-           "resume a shard with the same --shard I/N, or use a new --out folder");
+    check_resumable_meta(meta_path, meta, shard);
   } else {
-    if (fs::exists(csv_path) || fs::exists(jsonl_path))
+    if (fs::exists(dir / kCsvFile) || fs::exists(dir / kJsonlFile))
       fail(file_loc(dir), "the folder holds results but no sweep.json", kFreshHint);
     write_atomically(meta_path, dump_meta(meta));
   }
+}
 
-  SweepSummary summary;
-  summary.total = shard.size(sweep.num_points());
-  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads) : std::thread::hardware_concurrency();
-  threads = std::max(1u, threads);
-  ModelCache cache;
+unsigned worker_threads(const SweepRunOptions& options) {
+  const unsigned threads =
+      options.threads > 0 ? static_cast<unsigned>(options.threads) : std::thread::hardware_concurrency();
+  return std::max(1u, threads);
+}
 
-  // Rows of an earlier run: kept when the files their point reads are unchanged, else recomputed. The files are
-  // cut after the last row before the first stale one; later kept rows are written again from memory.
-  Resumable old = resumable_rows(sweep, shard, csv_path, jsonl_path, options.repair);
+// Re-hashes the input files of the earlier run's good rows on the workers (fresh[k] = 1: row k's inputs are
+// unchanged) while this thread reports progress (a resume of a million rows takes a while). Returns how many were
+// checked: fewer than `good` when stopped.
+std::size_t check_old_rows(const RunInputs& in, const Resumable& old, std::size_t good, ModelCache* cache,
+                           std::vector<char>* fresh) {
   const std::size_t found = old.rows.size();
-  std::vector<char> fresh(found, 0);
-  std::size_t good = 0;  // rows of the earlier run to check (the others are missing or broken: computed)
-  for (const auto& row : old.rows) good += row.good ? 1 : 0;
-  summary.repaired = old.broken;
-  summary.repaired_lines = old.broken_lines;
-  {
-    // Re-hash on the workers; this thread reports progress (a resume of a million rows takes a while).
-    std::atomic<std::size_t> checked{0};
-    std::atomic<bool> check_finished{false};
-    std::exception_ptr check_error;
-    std::thread checker([&] {
-      try {
-        core::parallel_for(found, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(found, 1))),
-                           [&](std::size_t k) {
-                             if (options.stop != nullptr && options.stop->load()) return;
-                             if (!old.rows[k].good) return;
-                             fresh[k] = sweep_point_inputs(sweep, shard.point(k), &cache) == old.rows[k].inputs ? 1 : 0;
-                             ++checked;
-                           });
-      } catch (...) {
-        check_error = std::current_exception();
-      }
-      check_finished = true;
-    });
-    const auto interval = std::chrono::duration<double>(std::max(0.01, options.progress_interval_s));
-    while (!check_finished.load()) {
-      std::this_thread::sleep_for(std::min(interval, std::chrono::duration<double>(0.05)));
-      if (progress && !check_finished.load()) {
-        SweepProgress pr;
-        pr.total = summary.total;
-        pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
-        pr.checking = true;
-        pr.checked = checked.load();
-        pr.to_check = good;
-        progress(pr);
-      }
+  std::atomic<std::size_t> checked{0};
+  std::atomic<bool> check_finished{false};
+  std::exception_ptr check_error;
+  std::thread checker([&] {
+    try {
+      core::parallel_for(found, std::min<unsigned>(in.threads, static_cast<unsigned>(std::max<std::size_t>(found, 1))),
+                         [&](std::size_t k) {
+                           if (in.stop_requested()) return;
+                           if (!old.rows[k].good) return;
+                           (*fresh)[k] =
+                               sweep_point_inputs(in.sweep, in.shard.point(k), cache) == old.rows[k].inputs ? 1 : 0;
+                           ++checked;
+                         });
+    } catch (...) {
+      check_error = std::current_exception();
     }
-    checker.join();
-    if (check_error) std::rethrow_exception(check_error);
-    if (options.stop != nullptr && options.stop->load() && checked.load() < good) {
-      // Stopped while checking: nothing was changed on disk.
-      summary.resumed = good;
-      for (const auto& row : old.rows)
-        if (row.good) count_row(summary, row.status, row.reason);
-      summary.interrupted = true;
-      summary.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
-      return summary;
+    check_finished = true;
+  });
+  const auto interval = progress_interval(in.options);
+  while (!check_finished.load()) {
+    std::this_thread::sleep_for(std::min(interval, std::chrono::duration<double>(0.05)));
+    if (in.progress && !check_finished.load()) {
+      SweepProgress pr;
+      pr.total = in.total;
+      pr.elapsed_s = seconds_since(in.t0);
+      pr.checking = true;
+      pr.checked = checked.load();
+      pr.to_check = good;
+      in.progress(pr);
     }
   }
-  // The rows kept where they are: up to the first one to compute, and only rows in place (--repair may find rows
-  // out of order or after a dropped line: those are written again, in order).
-  const std::size_t prefix =
-      std::min(old.intact, static_cast<std::size_t>(std::find(fresh.begin(), fresh.end(), 0) - fresh.begin()));
-  for (std::size_t k = 0; k < prefix; ++k) count_row(summary, old.rows[k].status, old.rows[k].reason);
-  const auto truncate = [&](const fs::path& p, std::uint64_t size) {
-    if (!fs::exists(p)) return;
-    fs::resize_file(p, size, ec);
-    if (ec) fail(file_loc(p), fmt::format("cannot truncate the file: {}", ec.message()), "check its permissions");
-  };
-  truncate(csv_path, old.csv_ends[prefix]);
-  truncate(jsonl_path, old.jsonl_ends[prefix]);
-  // Each row goes to both files whole or not at all (core::AppendFile): a failed write (a full disk, the file size
-  // limit) leaves the rows before it, complete, for the rerun to resume from.
-  const std::string rows_hint =
-      "free space or raise the file size limit (ulimit -f), then rerun the same command: the rows written so far "
-      "are kept";
-  core::AppendFile csv(csv_path.string(), "the results", rows_hint);
-  core::AppendFile jsonl(jsonl_path.string(), "the results", rows_hint);
-  if (old.csv_ends[prefix] == 0) csv.append(csv_header(sweep));
+  checker.join();
+  if (check_error) std::rethrow_exception(check_error);
+  return checked.load();
+}
 
-  // The points after the prefix, in order, through a window of slots: a worker takes the next point only when it
-  // is fewer than `window` ahead of the last row written, so memory stays bounded for any grid.
-  const std::size_t todo = summary.total - prefix;
-  const std::size_t window = std::max<std::size_t>(64, std::size_t{8} * threads);
-  std::vector<std::optional<SweepRow>> slots(std::min(window, std::max<std::size_t>(todo, 1)));
-  const std::size_t nslots = slots.size();
+// The summary of a run stopped while it checked the earlier rows: nothing was changed on disk.
+SweepSummary stopped_while_checking(SweepSummary summary, const Resumable& old, std::size_t good,
+                                    Clock::time_point t0) {
+  summary.resumed = good;
+  for (const auto& row : old.rows)
+    if (row.good) count_row(summary, row.status, row.reason);
+  summary.interrupted = true;
+  summary.wall_s = seconds_since(t0);
+  return summary;
+}
+
+// The rows kept where they are: up to the first one to compute, and only rows in place (--repair may find rows
+// out of order or after a dropped line: those are written again, in order).
+std::size_t kept_prefix(const Resumable& old, const std::vector<char>& fresh) {
+  return std::min(old.intact, static_cast<std::size_t>(std::find(fresh.begin(), fresh.end(), 0) - fresh.begin()));
+}
+
+// Cuts a results file, when there is one, to its first `size` bytes.
+void truncate_results(const fs::path& p, std::uint64_t size) {
+  if (!fs::exists(p)) return;
+  std::error_code ec;
+  fs::resize_file(p, size, ec);
+  if (ec) fail(file_loc(p), fmt::format("cannot truncate the file: {}", ec.message()), "check its permissions");
+}
+
+// The points after the kept prefix, in order, through a window of slots: a worker takes the next point only when it
+// is fewer than `nslots` ahead of the last row written, so memory stays bounded for any grid. `mutex` guards the
+// members below it, but `abort`.
+struct RowWindow {
+  RowWindow(const RunInputs& in_, Resumable& old_, const std::vector<char>& fresh_, std::size_t prefix_,
+            ModelCache* cache_)
+      : in(in_),
+        old(old_),
+        fresh(fresh_),
+        cache(cache_),
+        prefix(prefix_),
+        found(old_.rows.size()),
+        todo(in_.total - prefix_),
+        slots(std::min(std::max<std::size_t>(64, std::size_t{8} * in_.threads), std::max<std::size_t>(todo, 1))),
+        nslots(slots.size()) {}
+
+  const RunInputs& in;
+  Resumable& old;  // the workers move the kept rows out
+  const std::vector<char>& fresh;
+  ModelCache* cache;
+  const std::size_t prefix;  // rows kept in place in the files
+  const std::size_t found;   // rows of the earlier run
+  const std::size_t todo;    // points after the prefix
+
+  std::vector<std::optional<SweepRow>> slots;
+  const std::size_t nslots;
   std::mutex mutex;
   std::condition_variable cv;
   std::size_t completed = 0;  // evaluated by this run (not kept rows)
@@ -434,8 +474,29 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
   std::atomic<bool> abort{false};
   std::exception_ptr error;
   std::size_t running = 0;
-  auto stopped = [&] { return abort.load() || (options.stop != nullptr && options.stop->load()); };
-  auto worker = [&] {
+
+  bool stopped() const { return abort.load() || in.stop_requested(); }
+
+  // The row at position k of the shard: the earlier run's when it is kept (moved out of `old`), else evaluated.
+  SweepRow row_at(std::size_t k, bool* evaluated) {
+    SweepRow row;
+    if (k < found && fresh[k]) {
+      row.point = in.shard.point(k);
+      row.csv = std::move(old.rows[k].csv);
+      row.json = std::move(old.rows[k].json);
+      row.status = old.rows[k].status;
+      row.reason = old.rows[k].reason;
+      row.inputs = old.rows[k].inputs;
+      *evaluated = false;
+    } else {
+      row = evaluate_sweep_point(in.sweep, in.shard.point(k), cache);
+    }
+    return row;
+  }
+
+  // One worker: takes the next point while the window has room and puts its row in its slot; the first error
+  // stops every worker.
+  void work() {
     for (;;) {
       std::size_t j = 0;
       {
@@ -445,20 +506,8 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
         j = next++;
       }
       try {
-        const std::size_t k = prefix + j;  // position in the shard
-        SweepRow row;
         bool evaluated = true;
-        if (k < found && fresh[k]) {
-          row.point = shard.point(k);
-          row.csv = std::move(old.rows[k].csv);
-          row.json = std::move(old.rows[k].json);
-          row.status = old.rows[k].status;
-          row.reason = old.rows[k].reason;
-          row.inputs = old.rows[k].inputs;
-          evaluated = false;
-        } else {
-          row = evaluate_sweep_point(sweep, shard.point(k), &cache);
-        }
+        SweepRow row = row_at(prefix + j, &evaluated);  // prefix + j: position in the shard
         const std::lock_guard<std::mutex> lock(mutex);
         slots[j % nslots] = std::move(row);
         if (evaluated) ++completed;
@@ -472,95 +521,186 @@ SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const
     const std::lock_guard<std::mutex> lock(mutex);
     --running;
     cv.notify_all();
-  };
-  const unsigned pool_size = std::min<unsigned>(
-      threads, static_cast<unsigned>(std::min<std::size_t>(std::max<std::size_t>(todo, 1), 1u << 16)));
-  std::vector<std::thread> pool;
-  running = todo > 0 ? pool_size : 0;
-  for (unsigned t = 0; t < running; ++t) pool.emplace_back(worker);
+  }
+};
 
-  std::size_t kept = prefix;  // rows of the earlier run in the files
-  std::size_t computed = 0;
-  auto report = [&](bool finished) {  // with mutex not held
-    if (!progress) return;
+// The window's workers, started (none when there is nothing to compute).
+std::vector<std::thread> start_workers(RowWindow& w) {
+  const unsigned pool_size = std::min<unsigned>(
+      w.in.threads, static_cast<unsigned>(std::min<std::size_t>(std::max<std::size_t>(w.todo, 1), 1u << 16)));
+  std::vector<std::thread> pool;
+  w.running = w.todo > 0 ? pool_size : 0;
+  for (unsigned t = 0; t < w.running; ++t) pool.emplace_back([&w] { w.work(); });
+  return pool;
+}
+
+// The writer (the calling thread): empties the window's slots in order into both results files, counts each row
+// into the summary, and reports progress after every batch written and at least every progress interval.
+class RowWriter {
+ public:
+  RowWriter(RowWindow& w, std::vector<std::thread>& pool, core::AppendFile& csv, core::AppendFile& jsonl,
+            SweepSummary& summary)
+      : w_(w), pool_(pool), csv_(csv), jsonl_(jsonl), summary_(summary), kept_(w.prefix) {}
+
+  // Writes until every point is written, or the workers stopped (an error, `stop`) and the next slot is empty.
+  void run() {
+    report(false);
+    auto last_report = Clock::now();
+    const auto interval = progress_interval(w_.in.options);
+    std::unique_lock<std::mutex> lock(w_.mutex);
+    while (w_.written < w_.todo) {
+      w_.cv.wait_for(lock, interval, [&] { return w_.slots[w_.written % w_.nslots].has_value() || w_.running == 0; });
+      const std::vector<SweepRow> ready = take_ready();
+      const bool done_running = w_.running == 0;
+      lock.unlock();
+      for (std::size_t i = 0; i < ready.size(); ++i) {
+        append_row(ready[i]);
+        count_written(ready[i], w_.prefix + w_.written + i);
+      }
+      lock.lock();
+      w_.written += ready.size();
+      w_.cv.notify_all();  // workers waiting for the window
+      if (!ready.empty() || Clock::now() - last_report >= interval) {
+        lock.unlock();
+        report(false);
+        last_report = Clock::now();
+        lock.lock();
+      }
+      if (done_running && ready.empty() && (w_.written >= w_.todo || !w_.slots[w_.written % w_.nslots].has_value()))
+        break;
+    }
+    lock.unlock();
+  }
+
+  void report(bool finished) {  // with the mutex not held
+    if (!w_.in.progress) return;
     SweepProgress pr;
-    pr.total = summary.total;
-    pr.resumed = kept;
-    pr.computed = computed;
-    pr.done = kept + computed;
-    pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    pr.total = summary_.total;
+    pr.resumed = kept_;
+    pr.computed = computed_;
+    pr.done = kept_ + computed_;
+    pr.elapsed_s = seconds_since(w_.in.t0);
     std::size_t rate_base = 0;
     {
-      const std::lock_guard<std::mutex> lock(mutex);
-      rate_base = std::max(completed, computed);
+      const std::lock_guard<std::mutex> lock(w_.mutex);
+      rate_base = std::max(w_.completed, computed_);
     }
     pr.points_per_s = pr.elapsed_s > 0 ? static_cast<double>(rate_base) / pr.elapsed_s : 0.0;
-    pr.eta_s = pr.points_per_s > 0 ? static_cast<double>(summary.total - pr.done) / pr.points_per_s : -1.0;
+    pr.eta_s = pr.points_per_s > 0 ? static_cast<double>(summary_.total - pr.done) / pr.points_per_s : -1.0;
     pr.finished = finished;
-    progress(pr);
-  };
-  report(false);
-  auto last_report = Clock::now();
-  const auto interval = std::chrono::duration<double>(std::max(0.01, options.progress_interval_s));
-  std::unique_lock<std::mutex> lock(mutex);
-  while (written < todo) {
-    cv.wait_for(lock, interval, [&] { return slots[written % nslots].has_value() || running == 0; });
+    w_.in.progress(pr);
+  }
+
+  std::size_t kept() const { return kept_; }
+  std::size_t computed() const { return computed_; }
+
+ private:
+  // The rows in the slots from the next one to write on, in order, taken out of the window (mutex held).
+  std::vector<SweepRow> take_ready() {
     std::vector<SweepRow> ready;
-    while (written + ready.size() < todo && ready.size() < nslots &&
-           slots[(written + ready.size()) % nslots].has_value()) {
-      auto& slot = slots[(written + ready.size()) % nslots];
+    while (w_.written + ready.size() < w_.todo && ready.size() < w_.nslots &&
+           w_.slots[(w_.written + ready.size()) % w_.nslots].has_value()) {
+      auto& slot = w_.slots[(w_.written + ready.size()) % w_.nslots];
       ready.push_back(std::move(*slot));
       slot.reset();
     }
-    const bool done_running = running == 0;
-    lock.unlock();
-    for (std::size_t i = 0; i < ready.size(); ++i) {
-      const SweepRow& row = ready[i];
+    return ready;
+  }
+
+  // Appends a row to both files whole or to neither; a failed write stops the workers and is rethrown.
+  void append_row(const SweepRow& row) {
+    try {
+      const std::uint64_t csv_before = csv_.size_bytes();
+      csv_.append(row.csv);
       try {
-        const std::uint64_t csv_before = csv.size_bytes();
-        csv.append(row.csv);
-        try {
-          jsonl.append(row.json);
-        } catch (const core::FileError&) {
-          csv.truncate(csv_before);  // the row in neither file
-          throw;
-        }
+        jsonl_.append(row.json);
       } catch (const core::FileError&) {
-        abort = true;
-        cv.notify_all();
-        for (auto& t : pool) t.join();
+        csv_.truncate(csv_before);  // the row in neither file
         throw;
       }
-      count_row(summary, row.status, row.reason);
-      const std::size_t k = prefix + written + i;  // position in the shard
-      if (k < found && fresh[k]) {
-        ++kept;
-      } else {
-        ++computed;
-        if (k < found && old.rows[k].good) ++summary.stale;
-      }
+    } catch (const core::FileError&) {
+      w_.abort = true;
+      w_.cv.notify_all();
+      for (auto& t : pool_) t.join();
+      throw;
     }
-    lock.lock();
-    written += ready.size();
-    cv.notify_all();  // workers waiting for the window
-    if (!ready.empty() || Clock::now() - last_report >= interval) {
-      lock.unlock();
-      report(false);
-      last_report = Clock::now();
-      lock.lock();
-    }
-    if (done_running && ready.empty() && (written >= todo || !slots[written % nslots].has_value())) break;
   }
-  lock.unlock();
-  abort = abort.load() || written < todo;  // interrupted: let the workers stop
-  cv.notify_all();
+
+  // Counts a written row, at position k of the shard, as kept or computed (and stale when it replaced a good row).
+  void count_written(const SweepRow& row, std::size_t k) {
+    count_row(summary_, row.status, row.reason);
+    if (k < w_.found && w_.fresh[k]) {
+      ++kept_;
+    } else {
+      ++computed_;
+      if (k < w_.found && w_.old.rows[k].good) ++summary_.stale;
+    }
+  }
+
+  RowWindow& w_;
+  std::vector<std::thread>& pool_;
+  core::AppendFile& csv_;
+  core::AppendFile& jsonl_;
+  SweepSummary& summary_;
+  std::size_t kept_;  // rows of the earlier run in the files
+  std::size_t computed_ = 0;
+};
+
+}  // namespace
+
+SweepSummary run_sweep(const Sweep& sweep, const SweepRunOptions& options, const SweepProgressFn& progress) {
+  const auto t0 = Clock::now();
+  const Shard shard = options.shard;
+  check_grid_size(sweep, options);
+  const fs::path dir = make_out_folder(options.out_dir);
+  const FolderLock folder_lock(dir);
+  const fs::path csv_path = dir / kCsvFile;
+  const fs::path jsonl_path = dir / kJsonlFile;
+  check_or_write_meta(
+      dir, sweep_meta(sweep, options.sweep_file_as_given.empty() ? sweep.file : options.sweep_file_as_given, shard),
+      shard);
+
+  SweepSummary summary;
+  summary.total = shard.size(sweep.num_points());
+  const RunInputs in{sweep, options, progress, shard, summary.total, worker_threads(options), t0};
+  ModelCache cache;
+
+  // Rows of an earlier run: kept when the files their point reads are unchanged, else recomputed. The files are
+  // cut after the last row before the first stale one; later kept rows are written again from memory.
+  Resumable old = resumable_rows(sweep, shard, csv_path, jsonl_path, options.repair);
+  std::vector<char> fresh(old.rows.size(), 0);
+  std::size_t good = 0;  // rows of the earlier run to check (the others are missing or broken: computed)
+  for (const auto& row : old.rows) good += row.good ? 1 : 0;
+  summary.repaired = old.broken;
+  summary.repaired_lines = old.broken_lines;
+  const std::size_t checked = check_old_rows(in, old, good, &cache, &fresh);
+  if (in.stop_requested() && checked < good) return stopped_while_checking(std::move(summary), old, good, t0);
+  const std::size_t prefix = kept_prefix(old, fresh);
+  for (std::size_t k = 0; k < prefix; ++k) count_row(summary, old.rows[k].status, old.rows[k].reason);
+  truncate_results(csv_path, old.csv_ends[prefix]);
+  truncate_results(jsonl_path, old.jsonl_ends[prefix]);
+  // Each row goes to both files whole or not at all (core::AppendFile): a failed write (a full disk, the file size
+  // limit) leaves the rows before it, complete, for the rerun to resume from.
+  const std::string rows_hint =
+      "free space or raise the file size limit (ulimit -f), then rerun the same command: the rows written so far "
+      "are kept";
+  core::AppendFile csv(csv_path.string(), "the results", rows_hint);
+  core::AppendFile jsonl(jsonl_path.string(), "the results", rows_hint);
+  if (old.csv_ends[prefix] == 0) csv.append(csv_header(sweep));
+
+  RowWindow window(in, old, fresh, prefix, &cache);
+  std::vector<std::thread> pool = start_workers(window);
+  RowWriter writer(window, pool, csv, jsonl, summary);
+  writer.run();
+  window.abort = window.abort.load() || window.written < window.todo;  // interrupted: let the workers stop
+  window.cv.notify_all();
   for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-  summary.resumed = kept;
-  summary.computed = computed;
-  summary.interrupted = written < todo;
-  summary.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  report(true);
+  if (window.error) std::rethrow_exception(window.error);
+  summary.resumed = writer.kept();
+  summary.computed = writer.computed();
+  summary.interrupted = window.written < window.todo;
+  summary.wall_s = seconds_since(t0);
+  writer.report(true);
   return summary;
 }
 

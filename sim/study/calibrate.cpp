@@ -77,8 +77,10 @@ OpClass op_class(const Program& p, int op) {
   }
 }
 
-// NOLINTNEXTLINE(readability-function-size): 85 lines, over the 80 the house holds; to split
-MeasuredOps read_measured_trace(const std::string& path, const std::string& text, const Program& program) {
+namespace {
+
+// A measured trace's JSON: a Chrome trace with a traceEvents array, not one of harmony-sim's predictions.
+nlohmann::json parse_measured_trace(const std::string& path, const std::string& text) {
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
@@ -96,6 +98,44 @@ MeasuredOps read_measured_trace(const std::string& path, const std::string& text
       fail(top, fmt::format("the trace is a prediction ({}), not a measurement", od["source"].get<std::string>()),
            kTraceHint);
   }
+  return doc;
+}
+
+// The Program's op that complete event `e` (named `name`, at `loc`) measured: found by its device (pid) and op id
+// (args.id), and the same op (kind, layers, bytes), else a located error.
+int measured_op(const nlohmann::json& e, const std::string& name, const core::SourceLoc& loc,
+                const std::map<std::pair<int, std::string>, int>& index, const Program& program) {
+  const nlohmann::json args = e.contains("args") && e["args"].is_object() ? e["args"] : nlohmann::json::object();
+  if (!args.contains("id") || !args["id"].is_string() || !e.contains("pid") || !e["pid"].is_number_integer())
+    fail(loc, fmt::format("op '{}' has no device (pid) or op id (args.id)", name), kTraceHint);
+  const int device = e["pid"].get<int>();
+  const std::string id = args["id"].get<std::string>();
+  const auto it = index.find({device, id});
+  if (it == index.end())
+    fail(
+        loc,
+        fmt::format("op {} ('{}') on GPU{} is not in the config's Program: a run of another Program", id, name, device),
+        kTraceHint);
+  const int op = it->second;
+  const core::Op& o = program.ops[z(op)];
+  const auto bytes =
+      args.contains("bytes") && args["bytes"].is_number_integer() ? args["bytes"].get<core::Bytes>() : core::Bytes{0};
+  const bool layers_ok = args.contains("layers") && args["layers"].is_array() && args["layers"].size() == 2 &&
+                         args["layers"][0] == o.layers.first && args["layers"][1] == o.layers.last;
+  if (!layers_ok || bytes != o.bytes || !args.contains("kind") || args["kind"] != core::op_kind_name(o.kind))
+    fail(loc,
+         fmt::format("op {} ('{}') on GPU{} does not match the config's Program ({}, {} bytes): a run of another "
+                     "model or plan",
+                     id, name, device, program.op_label(op), o.bytes),
+         kTraceHint);
+  return op;
+}
+
+}  // namespace
+
+MeasuredOps read_measured_trace(const std::string& path, const std::string& text, const Program& program) {
+  const nlohmann::json doc = parse_measured_trace(path, text);
+  const core::SourceLoc top{path, 1, 1};
   // where each complete ("X") event starts, for located errors: the n-th `"ph": "X"` of the text
   std::vector<std::size_t> x_pos;
   for (std::size_t at = text.find("\"ph\": \"X\""); at != std::string::npos; at = text.find("\"ph\": \"X\"", at + 1))
@@ -118,29 +158,9 @@ MeasuredOps read_measured_trace(const std::string& path, const std::string& text
     if (!e.contains("ts") || !e["ts"].is_number() || !e.contains("dur") || !e["dur"].is_number())
       fail(loc, fmt::format("op '{}' has no timing (ts and dur): a trace without timings cannot be fitted", name),
            kTraceHint);
-    const nlohmann::json args = e.contains("args") && e["args"].is_object() ? e["args"] : nlohmann::json::object();
-    if (!args.contains("id") || !args["id"].is_string() || !e.contains("pid") || !e["pid"].is_number_integer())
-      fail(loc, fmt::format("op '{}' has no device (pid) or op id (args.id)", name), kTraceHint);
-    const int device = e["pid"].get<int>();
-    const std::string id = args["id"].get<std::string>();
-    const auto it = index.find({device, id});
-    if (it == index.end())
-      fail(loc,
-           fmt::format("op {} ('{}') on GPU{} is not in the config's Program: a run of another Program", id, name,
-                       device),
-           kTraceHint);
-    const int op = it->second;
-    const core::Op& o = program.ops[z(op)];
-    const auto bytes =
-        args.contains("bytes") && args["bytes"].is_number_integer() ? args["bytes"].get<core::Bytes>() : core::Bytes{0};
-    const bool layers_ok = args.contains("layers") && args["layers"].is_array() && args["layers"].size() == 2 &&
-                           args["layers"][0] == o.layers.first && args["layers"][1] == o.layers.last;
-    if (!layers_ok || bytes != o.bytes || !args.contains("kind") || args["kind"] != core::op_kind_name(o.kind))
-      fail(loc,
-           fmt::format("op {} ('{}') on GPU{} does not match the config's Program ({}, {} bytes): a run of another "
-                       "model or plan",
-                       id, name, device, program.op_label(op), o.bytes),
-           kTraceHint);
+    const int op = measured_op(e, name, loc, index, program);
+    const std::string id = program.op_id(op);      // the event's args.id
+    const int device = program.ops[z(op)].device;  // the event's pid
     if (m.dur_s[z(op)] >= 0) fail(loc, fmt::format("op {} on GPU{} appears twice", id, device), kTraceHint);
     const double ts = e["ts"].get<double>() * 1e-6;
     const double dur = e["dur"].get<double>() * 1e-6;
@@ -331,98 +351,128 @@ core::MachineSpec with(core::MachineSpec m, const Fitted& f) {
   return m;
 }
 
-// Copy and P2P: y = o_copy [copy] + o_p2p [p2p] + bytes / bw, least squares with o >= 0 and 1/bw > 0 (else
-// the bandwidth is not fitted and each class's overhead is its mean).
-// With host cores, each duration is first divided by its measured slowdown (the fit is of the op's work alone).
-// NOLINTNEXTLINE(readability-function-size): 99 lines, over the 80 the house holds; to split
-void fit_transfers(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fitted& f,
-                   std::vector<std::string>& notes) {
-  struct Row {
-    bool p2p;
-    double bytes, y;
-  };
-  std::vector<Row> rows;
-  bool topology = false;
+// One measured copy or P2P op for the transfer fit: its class, the bytes it moved and its duration (with host cores,
+// divided by its measured slowdown).
+struct TransferRow {
+  bool p2p;
+  double bytes, y;
+};
+
+// The counted copy and P2P ops of every run; *topology: some run's machine has a topology.
+std::vector<TransferRow> transfer_rows(const std::vector<CalibrationRun>& runs, const Sharing& sh, bool* topology) {
+  std::vector<TransferRow> rows;
   for (std::size_t ri = 0; ri < runs.size(); ++ri) {
     const auto& r = runs[ri];
-    topology = topology || r.machine.topology.valid();
+    *topology = *topology || r.machine.topology.valid();
     for (int i = 0; i < static_cast<int>(r.program->ops.size()); ++i) {
       const OpClass c = op_class(*r.program, i);
       if ((c != OpClass::Copy && c != OpClass::P2P) || !counted(*r.program, i)) continue;
       rows.push_back({c == OpClass::P2P, moved_bytes(*r.program, i), r.measured.dur_s[z(i)] / sh.k(ri, i)});
     }
   }
+  return rows;
+}
+
+// Solves the 3 x 3 system a (its 4th column the right-hand side) in place, by Gaussian elimination with partial
+// pivoting: afterwards row i holds x_i's coefficient and its right-hand side alone.
+void eliminate_3x3(std::array<std::array<double, 4>, 3>& a) {
+  for (int c = 0; c < 3; ++c) {
+    int piv = c;
+    for (int r = c + 1; r < 3; ++r) {
+      if (std::abs(a[z(r)][z(c)]) > std::abs(a[z(piv)][z(c)])) piv = r;
+    }
+    std::swap(a[z(c)], a[z(piv)]);
+    if (std::abs(a[z(c)][z(c)]) < 1e-300) continue;
+    for (int r = 0; r < 3; ++r) {
+      if (r == c) continue;
+      const double q = a[z(r)][z(c)] / a[z(c)][z(c)];
+      for (int j = c; j < 4; ++j) a[z(r)][z(j)] -= q * a[z(c)][z(j)];
+    }
+  }
+}
+
+// The transfer fit's coefficients over the columns [copy, p2p, bytes]: on[i] whether column i is fitted.
+struct TransferFit {
+  std::array<bool, 3> on{};
+  std::array<double, 3> beta{};
+  double at(const TransferRow& r) const { return (r.p2p ? beta[1] : beta[0]) + (on[2] ? beta[2] * r.bytes : 0.0); }
+};
+
+// Least squares by the normal equations over the columns that have data (has[0]: copies, has[1]: P2P; bytes
+// without a topology); a column whose coefficient comes out not positive is dropped and the rest refitted.
+TransferFit solve_transfers(const std::vector<TransferRow>& rows, const bool (&has)[2], bool topology) {
+  TransferFit f;
+  auto& on = f.on;
+  auto& beta = f.beta;
+  on = {has[0], has[1], !topology};
+  beta = {0, 0, 0};
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::array<std::array<double, 4>, 3> a{};
+    for (const auto& r : rows) {
+      const std::array<double, 3> x = {r.p2p ? 0.0 : 1.0, r.p2p ? 1.0 : 0.0, r.bytes};
+      for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) a[z(i)][z(j)] += x[z(i)] * x[z(j)];
+        a[z(i)][3] += x[z(i)] * r.y;
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      if (on[z(i)] && a[z(i)][z(i)] > 0) continue;
+      on[z(i)] = false;
+      for (int j = 0; j < 4; ++j) a[z(i)][z(j)] = 0;
+      for (int j = 0; j < 3; ++j) a[z(j)][z(i)] = 0;
+      a[z(i)][z(i)] = 1;
+    }
+    eliminate_3x3(a);
+    for (int i = 0; i < 3; ++i) beta[z(i)] = on[z(i)] && a[z(i)][z(i)] != 0 ? a[z(i)][3] / a[z(i)][z(i)] : 0.0;
+    bool changed = false;
+    for (int i = 0; i < 3; ++i) {
+      if (on[z(i)] && !(beta[z(i)] > 0)) {
+        on[z(i)] = false;
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  return f;
+}
+
+// The rows at most 3 median absolute residuals above the fit.
+std::vector<TransferRow> rows_near_fit(const std::vector<TransferRow>& rows, const TransferFit& fit) {
+  std::vector<double> res;
+  res.reserve(rows.size());
+  for (const auto& r : rows)
+    res.push_back(std::abs(r.y - (r.p2p ? fit.beta[1] : fit.beta[0]) - (fit.on[2] ? fit.beta[2] * r.bytes : 0.0)));
+  std::vector<double> sorted = res;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+  const double mad = sorted[sorted.size() / 2];
+  std::vector<TransferRow> kept;
+  for (const auto& r : rows) {
+    if (r.y - fit.at(r) <= 3.0 * mad) kept.push_back(r);
+  }
+  return kept;
+}
+
+// Copy and P2P: y = o_copy [copy] + o_p2p [p2p] + bytes / bw, least squares with o >= 0 and 1/bw > 0 (else
+// the bandwidth is not fitted and each class's overhead is its mean).
+// With host cores, each duration is first divided by its measured slowdown (the fit is of the op's work alone).
+void fit_transfers(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fitted& f,
+                   std::vector<std::string>& notes) {
+  bool topology = false;
+  std::vector<TransferRow> rows = transfer_rows(runs, sh, &topology);
   bool has[2] = {false, false};
   for (const auto& r : rows) has[r.p2p ? 1 : 0] = true;
   // normal equations over the columns [copy, p2p, bytes] that have data; drop a negative intercept and refit
-  std::array<bool, 3> on{};
-  std::array<double, 3> beta{};
-  auto solve = [&]() {
-    on = {has[0], has[1], !topology};
-    beta = {0, 0, 0};
-    for (int attempt = 0; attempt < 4; ++attempt) {
-      std::array<std::array<double, 4>, 3> a{};
-      for (const auto& r : rows) {
-        const std::array<double, 3> x = {r.p2p ? 0.0 : 1.0, r.p2p ? 1.0 : 0.0, r.bytes};
-        for (int i = 0; i < 3; ++i) {
-          for (int j = 0; j < 3; ++j) a[z(i)][z(j)] += x[z(i)] * x[z(j)];
-          a[z(i)][3] += x[z(i)] * r.y;
-        }
-      }
-      for (int i = 0; i < 3; ++i) {
-        if (on[z(i)] && a[z(i)][z(i)] > 0) continue;
-        on[z(i)] = false;
-        for (int j = 0; j < 4; ++j) a[z(i)][z(j)] = 0;
-        for (int j = 0; j < 3; ++j) a[z(j)][z(i)] = 0;
-        a[z(i)][z(i)] = 1;
-      }
-      // Gaussian elimination with partial pivoting on the 3 x 3 system
-      for (int c = 0; c < 3; ++c) {
-        int piv = c;
-        for (int r = c + 1; r < 3; ++r) {
-          if (std::abs(a[z(r)][z(c)]) > std::abs(a[z(piv)][z(c)])) piv = r;
-        }
-        std::swap(a[z(c)], a[z(piv)]);
-        if (std::abs(a[z(c)][z(c)]) < 1e-300) continue;
-        for (int r = 0; r < 3; ++r) {
-          if (r == c) continue;
-          const double q = a[z(r)][z(c)] / a[z(c)][z(c)];
-          for (int j = c; j < 4; ++j) a[z(r)][z(j)] -= q * a[z(c)][z(j)];
-        }
-      }
-      for (int i = 0; i < 3; ++i) beta[z(i)] = on[z(i)] && a[z(i)][z(i)] != 0 ? a[z(i)][3] / a[z(i)][z(i)] : 0.0;
-      bool changed = false;
-      for (int i = 0; i < 3; ++i) {
-        if (on[z(i)] && !(beta[z(i)] > 0)) {
-          on[z(i)] = false;
-          changed = true;
-        }
-      }
-      if (!changed) break;
-    }
-  };
-  solve();
+  TransferFit fit = solve_transfers(rows, has, topology);
   // With host cores a copy's measured time also holds the wait for a core when every core is busy, a delay of
   // scheduler time slices that processor sharing does not describe: the few ops it hit (a tail 10-50x the
   // median) would set the bandwidth. Drop the rows more than 3 median absolute residuals above the fit, twice.
   for (int pass = 0; pass < (sh.host ? 2 : 0) && rows.size() > 3; ++pass) {
-    std::vector<double> res;
-    res.reserve(rows.size());
-    for (const auto& r : rows)
-      res.push_back(std::abs(r.y - (r.p2p ? beta[1] : beta[0]) - (on[2] ? beta[2] * r.bytes : 0.0)));
-    std::vector<double> sorted = res;
-    std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
-    const double mad = sorted[sorted.size() / 2];
-    std::vector<Row> kept;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const auto& r = rows[i];
-      const double fit = (r.p2p ? beta[1] : beta[0]) + (on[2] ? beta[2] * r.bytes : 0.0);
-      if (r.y - fit <= 3.0 * mad) kept.push_back(r);
-    }
+    std::vector<TransferRow> kept = rows_near_fit(rows, fit);
     if (kept.size() == rows.size() || kept.size() < 3) break;
     rows = std::move(kept);
-    solve();
+    fit = solve_transfers(rows, has, topology);
   }
+  const auto& [on, beta] = fit;
   f.dispatch.copy_s = std::max(0.0, beta[0]);
   f.dispatch.p2p_s = std::max(0.0, beta[1]);
   f.bandwidth = on[2] && beta[2] > 0;
