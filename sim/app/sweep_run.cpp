@@ -529,8 +529,11 @@ std::vector<std::thread> start_workers(RowWindow& w) {
   const unsigned pool_size = std::min<unsigned>(
       w.in.threads, static_cast<unsigned>(std::min<std::size_t>(std::max<std::size_t>(w.todo, 1), 1u << 16)));
   std::vector<std::thread> pool;
-  w.running = w.todo > 0 ? pool_size : 0;
-  for (unsigned t = 0; t < w.running; ++t) pool.emplace_back([&w] { w.work(); });
+  // The count is set before the first worker starts and the loop reads its own copy: a worker that finishes early
+  // decrements `running` under the mutex while this thread is still starting the others.
+  const unsigned workers = w.todo > 0 ? pool_size : 0;
+  w.running = workers;
+  for (unsigned t = 0; t < workers; ++t) pool.emplace_back([&w] { w.work(); });
   return pool;
 }
 
