@@ -62,6 +62,7 @@ int cmd_search(const Cli& cli);              // sim/app/cmd_plan.cpp
 int cmd_compare(const Cli& cli);             // sim/app/cmd_compare.cpp
 int cmd_memory(const Cli& cli);              // sim/app/cmd_compare.cpp
 int cmd_presets(const Cli& cli);             // sim/app/cmd_compare.cpp
+int cmd_kinds(const Cli& cli);               // sim/app/cmd_kinds.cpp
 int cmd_report(ReportCli& cli);              // sim/app/cmd_report.cpp
 int cmd_calibrate(const CalibrateCli& cli);  // sim/app/cmd_calibrate.cpp
 

@@ -1,6 +1,6 @@
 // harmony-sim: the command line of the simulator. It parses the command line, runs one command (sim/app/cmd_*.cpp:
-// simulate, search, compare, memory, presets, report, calibrate; sweep and merge in sim/app/sweep_cli.cpp) and is the
-// only place (with harmony-run's main) that prints errors and chooses exit codes: 0 ok, 2 bad input, 70 a bug.
+// simulate, search, compare, memory, presets, kinds, report, calibrate; sweep and merge in sim/app/sweep_cli.cpp) and
+// is the only place (with harmony-run's main) that prints errors and chooses exit codes: 0 ok, 2 bad input, 70 a bug.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -48,13 +48,14 @@ void add_common_options(CLI::App* sub, Cli& cli) {
                   "write a Chrome trace (Perfetto) of the plan (search: the best plan; compare: the fastest kind's)");
 }
 
-// The commands over one config's plans, and `presets`.
+// The commands over one config's plans, and the listings `presets` and `kinds`.
 struct PlanCommands {
   CLI::App* simulate;
   CLI::App* search;
   CLI::App* compare;
   CLI::App* memory;
   CLI::App* presets;
+  CLI::App* kinds;
 };
 
 PlanCommands add_plan_commands(CLI::App& app, Cli& cli) {
@@ -81,6 +82,10 @@ PlanCommands add_plan_commands(CLI::App& app, Cli& cli) {
       ->check(CLI::IsMember({"best", "config"}));
   c.presets = app.add_subcommand("presets", "list the built-in machine presets");
   c.presets->add_option("--format", cli.format, "output: table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
+  c.kinds =
+      app.add_subcommand("kinds", "list the plan kinds: role, whether harmony-run trains it, its plan.<knob> keys");
+  c.kinds->add_option("--format", cli.format, "output: table (default) or json")
       ->check(CLI::IsMember({"table", "json"}));
   return c;
 }
@@ -163,6 +168,7 @@ int run_cli(int argc, char** argv) {
   }
   return run_reporting_errors(cli, [&] {
     if (*plan_cmds.presets) return cmd_presets(cli);
+    if (*plan_cmds.kinds) return cmd_kinds(cli);
     if (sweep_cmds.selected()) return sweep_cmds.run();
     if (*report_cmd) return cmd_report(report_cli);
     if (*calibrate_cmd) return cmd_calibrate(calibrate_cli);

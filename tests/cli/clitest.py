@@ -18,11 +18,14 @@ SANITIZED = os.environ.get("HARMONY_SANITIZED") == "1"
 # against the registry (so a new kind changes no list here).
 with open(os.path.join(ROOT, "schemas", "common.schema.json")) as _f:
     PLAN_KINDS = json.load(_f)["definitions"]["plan_kind"]["enum"]
-# The kinds harmony-sim prices but harmony-run does not train (PlanKindSpec::trains false; docs/config.md's plan row
-# names them, checked by tests/core/test_plan_kinds.cpp).
-SIM_ONLY_KINDS = ["fsdp"]
-# The kinds harmony-run trains, in listing order.
-TRAINED_KINDS = [k for k in PLAN_KINDS if k not in SIM_ONLY_KINDS]
+
+
+def trained_kinds(sim):
+    """The kinds harmony-run trains, in listing order, as `harmony-sim kinds --format json` (the registry) says:
+    PlanKindSpec::trains; the others harmony-sim prices and harmony-run refuses at plan.mode."""
+    r = subprocess.run([sim, "kinds", "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       check=True)
+    return [k["name"] for k in json.loads(r.stdout)["kinds"] if k["trains"]]
 
 failures = []  # "name: detail" of each failed check; a test reads it, never rebinds it
 passed = 0  # read it as clitest.passed: `from clitest import passed` copies the number once

@@ -13,14 +13,14 @@ import sys
 import tempfile
 
 import clitest
-from clitest import PLAN_KINDS, ROOT, TRAINED_KINDS, check, summary
+from clitest import PLAN_KINDS, ROOT, check, summary
 
 SIM = sys.argv[1]
 RUN = sys.argv[2]
 DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 LLAMA = os.path.join(ROOT, "configs/examples/llama3_70b_memory.yaml")
 SCHEMA = os.path.join(ROOT, "schemas/memory.schema.json")
-KINDS = TRAINED_KINDS  # the kinds harmony-run measures (the answer lists every kind: PLAN_KINDS)
+KINDS = clitest.trained_kinds(SIM)  # the kinds harmony-run measures (the answer lists every kind: PLAN_KINDS)
 # Every kind's default plan (u 2) trains in it on the CPU device. Not 2 MiB: there pp-swap's last stage (layers 3-9)
 # is at the edge of its swap decision, which both tools make from per-layer peaks, and a profile's peaks count the
 # layer's weights (and in the backward its output) beside what the Program allocates for them, where harmony-run's

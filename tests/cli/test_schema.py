@@ -99,7 +99,7 @@ def main():
             check(f"{name} is a valid draft-07 schema", False, e.message)
         bad = strict(schema)
         check(f"{name} is strict", not bad, bad)
-    for want in ["simulate", "search", "compare", "presets", "sweep-row", "sweep-meta", "sweep-summary",
+    for want in ["simulate", "search", "compare", "presets", "kinds", "sweep-row", "sweep-meta", "sweep-summary",
                  "merge-summary", "report", "harmony-run-train"]:
         check(f"schemas/{want}.schema.json exists", f"{want}.schema.json" in STORE, sorted(STORE))
 
@@ -156,6 +156,15 @@ def main():
     if d:
         check("presets: the built-in machines", any(p["machine_name"] == "paper-1080ti" for p in d["presets"]),
               [p["machine_name"] for p in d["presets"]])
+
+    # --- kinds: the registry in listing order, the outputs' plan_kind enum
+    d = sim_json("kinds.schema.json", "kinds")
+    if d:
+        check("kinds: every registered kind in listing order", [k["name"] for k in d["kinds"]] == PLAN_KINDS,
+              [k["name"] for k in d["kinds"]])
+        roles = {k["name"]: k["role"] for k in d["kinds"]}
+        check("kinds: roles", roles.get("harmony-pp") == "harmony" and roles.get("dp-swap") == "baseline" and
+              roles.get("resident") == "ceiling", roles)
 
     with tempfile.TemporaryDirectory() as tmp:
         # --- sweep: every row and sweep.json (a grid with invalid points and a grid key that is a result column)
