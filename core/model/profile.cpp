@@ -234,6 +234,16 @@ class SimdNode {
   simdjson::dom::element e_;
 };
 
+// The pointer of element i of a layer's array `key` (layer_ptr/key/i), built only when something is wrong.
+std::string element_ptr(const std::string& layer_ptr, const std::string& key, std::size_t i) {
+  std::string p = layer_ptr;
+  p += '/';
+  p += key;
+  p += '/';
+  p += std::to_string(i);
+  return p;
+}
+
 // Reads one document. Pointers are built only for the fields read (a handful per layer); array elements
 // get theirs through a callable, invoked only when something is wrong, so that loading stays allocation-light.
 template <typename Node>
@@ -308,7 +318,7 @@ class Reader {
       if constexpr (!Node::kLocates) {
         throw NeedsLocatedPath{};
       } else {
-        const std::string p = ptr();
+        const std::string& p = ptr();  // a reference: At's ptr() returns one
         fail(p, fmt::format("{} is {}, too large for a 64-bit signed integer", pointer_to_path(p), v.dump()),
              fmt::format("write {} as {} below 2^63, e.g. {}", pointer_to_path(p), e.what, e.example));
       }
@@ -321,14 +331,14 @@ class Reader {
   std::int64_t size(const Node& v, const Ptr& ptr, const Expect& e = kBytes) const {
     const std::int64_t n = integer(v, ptr, e);
     if (n < 0) {
-      const std::string p = ptr();
+      const std::string& p = ptr();  // a reference: At's ptr() returns one
       fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), n, e.what),
            fmt::format("sizes and counts are measured quantities and never negative: correct {} (e.g. {}) or "
                        "re-export the profile",
                        pointer_to_path(p), e.example));
     }
-    if (n > kMaxInputBytes) {  // the bound and its reason: core/base/units.hpp
-      const std::string p = ptr();
+    if (n > kMaxInputBytes) {        // the bound and its reason: core/base/units.hpp
+      const std::string& p = ptr();  // a reference: At's ptr() returns one
       fail(p, fmt::format("{} is {}, too large", pointer_to_path(p), n),
            fmt::format("sizes and counts range from 0 to 2^50 (1125899906842624, 1 PiB of bytes): correct {} (e.g. "
                        "{}) or re-export the profile",
@@ -347,7 +357,7 @@ class Reader {
       if constexpr (!Node::kLocates) {
         throw NeedsLocatedPath{};
       } else {
-        const std::string p = ptr();
+        const std::string& p = ptr();  // a reference: At's ptr() returns one
         if (negative) {
           fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), v.dump(), kSeconds.what),
                fmt::format("times are measured durations and never negative: correct {} (e.g. {}) or re-export "
@@ -421,7 +431,7 @@ class Reader {
     out.reserve(expected);
     for (const Node x : a.elements()) {
       const std::size_t i = out.size();
-      out.push_back(seconds(x, [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
+      out.push_back(seconds(x, [&] { return element_ptr(layer_ptr, key, i); }));
     }
     return out;
   }
@@ -433,7 +443,7 @@ class Reader {
     out.reserve(expected);
     for (const Node x : a.elements()) {
       const std::size_t i = out.size();
-      out.push_back(size(x, [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
+      out.push_back(size(x, [&] { return element_ptr(layer_ptr, key, i); }));
     }
     return out;
   }
