@@ -90,110 +90,126 @@ using namespace analytic_detail;  // NOLINT(google-build-using-namespace): the f
 // LoHan/Fuyou's gpt_model.py checkpoints func1 and func2.
 enum class BlockPart { Whole, Attn, Mlp };
 
+// GPT's attention core: ln_1, c_attn and the attention (eager: Hugging Face's explicit scores, causal mask and
+// softmax; fused: one masked softmax; flash: one kernel); returns the context. Eager also keeps `present`.
+int gpt_attention(Builder& b, const AnalyticSpec& s, int x, int& present) {
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
+  const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh;
+  const int a = b.layernorm("ln_1", x, h);
+  const int qkv = b.linear("c_attn", a, T, h, 3 * h, true);
+  int q = qkv, k = qkv, v = qkv;
+  if (eager) {  // split_heads views; matmul makes them contiguous
+    // Hugging Face GPT-2 (transformers 2.x) also stacks key and value into `present`, kept to the block's end
+    present = b.copy("present", qkv, 2 * T * h);
+    q = b.copy("q.contiguous", qkv, T * h);
+    k = b.copy("k.contiguous", qkv, T * h);
+    v = b.copy("v.contiguous", qkv, T * h);
+  }
+  if (flash) return b.flash_attention("flash_attention", {qkv}, nh, T, d);  // q, k, v: views of the packed qkv
+  const int sc = b.bmm("q@k", q, k, nh, T, T, d);
+  int p = -1;
+  if (eager) {
+    // w = w / sqrt(d); w = w * b - 1e4 * (1 - b), b the registered causal-mask buffer (T x T); the old `w`
+    // lives until the whole expression is assigned
+    b.buffer_bytes += T * T * b.bpe();
+    const int causal = b.tensor(0, b.bpe(), false, T * T);
+    const int w1 = b.scale("scores/sqrt(d)", sc);
+    const int w2 = b.mul("scores*mask", w1, causal);
+    const int one_minus = b.add_scalar("1-mask", causal);
+    const int big = b.scale("1e4*(1-mask)", one_minus);
+    const int w3 = b.add("scores-1e4(1-mask)", w2, big);
+    b.hold(w1, w3);
+    p = b.softmax("softmax", w3);
+  } else {
+    p = b.softmax("scale_mask_softmax", sc);
+  }
+  p = b.dropout("attn_dropout", p);
+  return b.bmm("p@v", p, v, nh, T, d, T);
+}
+
+// BERT's attention core: query, key, value and the attention with the additive mask; returns the context.
+int bert_attention(Builder& b, const AnalyticSpec& s, int x, int mask) {
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
+  const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh;
+  int q = b.linear("query", x, T, h, h, true);
+  int k = b.linear("key", x, T, h, h, true);
+  int v = b.linear("value", x, T, h, h, true);
+  if (eager) {
+    q = b.copy("q.contiguous", q, T * h);
+    k = b.copy("k.contiguous", k, T * h);
+    v = b.copy("v.contiguous", v, T * h);
+  }
+  if (flash) return b.flash_attention("flash_attention", {q, k, v}, nh, T, d);  // the mask's read is negligible
+  const int sc = b.bmm("q@k", q, k, nh, T, T, d);
+  int p = -1;
+  if (eager) {
+    const int w1 = b.scale("scores/sqrt(d)", sc);
+    const int w2 = b.add("scores+mask", w1, mask);
+    p = b.softmax("softmax", w2);
+  } else {
+    p = b.softmax("scale_mask_softmax", sc);  // the mask's read (T per sample) is negligible
+  }
+  p = b.dropout("attn_dropout", p);
+  return b.bmm("p@v", p, v, nh, T, d, T);
+}
+
+// The attention half's end: merge_heads, the output projection and the first residual add (BERT: then its
+// LayerNorm); returns the block's hidden state after the attention half.
+int attention_output(Builder& b, const AnalyticSpec& s, int ctx, int resid) {
+  const bool gpt = s.family == ModelFamily::Gpt;
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const double T = s.seq_len, h = s.hidden;
+  const int merged = b.copy("merge_heads", ctx, T * h);
+  const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
+  if (gpt)
+    return eager ? b.add("residual_1", resid, b.dropout("resid_dropout", o)) : b.dropout_add("dropout_add_1", o, resid);
+  const int r =
+      eager ? b.add("residual_1", b.dropout("attn.dropout", o), resid) : b.dropout_add("dropout_add_1", o, resid);
+  return b.layernorm("attn.LayerNorm", r, h);
+}
+
+// The MLP half from the hidden state x1 (GPT: ln_2 first) to the second residual add (BERT: then its LayerNorm);
+// returns the block's output. GPT's eager `present` lives to here.
+int mlp_half(Builder& b, const AnalyticSpec& s, int x1, int present) {
+  const bool gpt = s.family == ModelFamily::Gpt;
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const double T = s.seq_len, h = s.hidden, f = s.ffn > 0 ? s.ffn : 4.0 * h;
+  const int m_in = gpt ? b.layernorm("ln_2", x1, h) : x1;
+  const int f1 = b.linear(gpt ? "c_fc" : "intermediate.dense", m_in, T, h, f, true);
+  const int g = gelu(b, s, f1, gpt);
+  const int f2 = b.linear(gpt ? "mlp.c_proj" : "output.dense", g, T, f, h, true);
+  if (gpt) {
+    const int y =
+        eager ? b.add("residual_2", x1, b.dropout("mlp_dropout", f2)) : b.dropout_add("dropout_add_2", f2, x1);
+    if (present >= 0) b.hold(present, y);
+    return y;
+  }
+  const int r =
+      eager ? b.add("residual_2", b.dropout("output.dropout", f2), x1) : b.dropout_add("dropout_add_2", f2, x1);
+  return b.layernorm("output.LayerNorm", r, h);
+}
+
 // One transformer block (or a GPT block's half). Inputs: hidden (s x h), and for BERT the additive attention
 // mask; outputs: hidden (and the mask, passed on, when `pass_mask`).
-// NOLINTNEXTLINE(readability-function-size): 105 lines, over the 80 the house holds; to split
 LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask, BlockPart part = BlockPart::Whole) {
   Builder b(s);
   const bool gpt = s.family == ModelFamily::Gpt;
-  const bool eager = s.kernels == KernelStyle::Eager;
-  const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
-  const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh, f = s.ffn > 0 ? s.ffn : 4.0 * h;
+  const double T = s.seq_len, h = s.hidden;
   const int x = b.input(T * h, b.bpe(), true);
   const int mask = gpt ? -1 : b.input(T, b.bpe(), false);
-  int ctx = -1;
   int present = -1;
-  const int resid = x;
-  int x1 = -1;
-  if (part == BlockPart::Mlp) {
-    x1 = x;  // the block's hidden state after the attention half: this layer's input
-  } else if (gpt) {
-    const int a = b.layernorm("ln_1", x, h);
-    const int qkv = b.linear("c_attn", a, T, h, 3 * h, true);
-    int q = qkv, k = qkv, v = qkv;
-    if (eager) {  // split_heads views; matmul makes them contiguous
-      // Hugging Face GPT-2 (transformers 2.x) also stacks key and value into `present`, kept to the block's end
-      present = b.copy("present", qkv, 2 * T * h);
-      q = b.copy("q.contiguous", qkv, T * h);
-      k = b.copy("k.contiguous", qkv, T * h);
-      v = b.copy("v.contiguous", qkv, T * h);
-    }
-    if (flash) {
-      ctx = b.flash_attention("flash_attention", {qkv}, nh, T, d);  // q, k, v: views of the packed qkv
-    } else {
-      const int sc = b.bmm("q@k", q, k, nh, T, T, d);
-      int p = -1;
-      if (eager) {
-        // w = w / sqrt(d); w = w * b - 1e4 * (1 - b), b the registered causal-mask buffer (T x T); the old `w`
-        // lives until the whole expression is assigned
-        b.buffer_bytes += T * T * b.bpe();
-        const int causal = b.tensor(0, b.bpe(), false, T * T);
-        const int w1 = b.scale("scores/sqrt(d)", sc);
-        const int w2 = b.mul("scores*mask", w1, causal);
-        const int one_minus = b.add_scalar("1-mask", causal);
-        const int big = b.scale("1e4*(1-mask)", one_minus);
-        const int w3 = b.add("scores-1e4(1-mask)", w2, big);
-        b.hold(w1, w3);
-        p = b.softmax("softmax", w3);
-      } else {
-        p = b.softmax("scale_mask_softmax", sc);
-      }
-      p = b.dropout("attn_dropout", p);
-      ctx = b.bmm("p@v", p, v, nh, T, d, T);
-    }
-  } else {
-    int q = b.linear("query", x, T, h, h, true);
-    int k = b.linear("key", x, T, h, h, true);
-    int v = b.linear("value", x, T, h, h, true);
-    if (eager) {
-      q = b.copy("q.contiguous", q, T * h);
-      k = b.copy("k.contiguous", k, T * h);
-      v = b.copy("v.contiguous", v, T * h);
-    }
-    if (flash) {
-      ctx = b.flash_attention("flash_attention", {q, k, v}, nh, T, d);  // the mask's read is negligible
-    } else {
-      const int sc = b.bmm("q@k", q, k, nh, T, T, d);
-      int p = -1;
-      if (eager) {
-        const int w1 = b.scale("scores/sqrt(d)", sc);
-        const int w2 = b.add("scores+mask", w1, mask);
-        p = b.softmax("softmax", w2);
-      } else {
-        p = b.softmax("scale_mask_softmax", sc);  // the mask's read (T per sample) is negligible
-      }
-      p = b.dropout("attn_dropout", p);
-      ctx = b.bmm("p@v", p, v, nh, T, d, T);
-    }
-  }
+  int x1 = x;  // with the MLP half alone, the block's hidden state after the attention half: this layer's input
   if (part != BlockPart::Mlp) {
-    const int merged = b.copy("merge_heads", ctx, T * h);
-    const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
-    if (gpt) {
-      x1 = eager ? b.add("residual_1", resid, b.dropout("resid_dropout", o)) : b.dropout_add("dropout_add_1", o, resid);
-    } else {
-      const int r =
-          eager ? b.add("residual_1", b.dropout("attn.dropout", o), resid) : b.dropout_add("dropout_add_1", o, resid);
-      x1 = b.layernorm("attn.LayerNorm", r, h);
-    }
+    const int ctx = gpt ? gpt_attention(b, s, x, present) : bert_attention(b, s, x, mask);
+    x1 = attention_output(b, s, ctx, /*resid=*/x);
   }
   if (part == BlockPart::Attn) {
     if (present >= 0) b.hold(present, x1);  // `present` lives to the end of func1, the half's end
     return finish(b, fmt::format("block{}.attn", index), "block_attn", {x1});
   }
-  const int m_in = gpt ? b.layernorm("ln_2", x1, h) : x1;
-  const int f1 = b.linear(gpt ? "c_fc" : "intermediate.dense", m_in, T, h, f, true);
-  const int g = gelu(b, s, f1, gpt);
-  const int f2 = b.linear(gpt ? "mlp.c_proj" : "output.dense", g, T, f, h, true);
-  int y = -1;
-  if (gpt) {
-    y = eager ? b.add("residual_2", x1, b.dropout("mlp_dropout", f2)) : b.dropout_add("dropout_add_2", f2, x1);
-    if (present >= 0) b.hold(present, y);
-  } else {
-    const int r =
-        eager ? b.add("residual_2", b.dropout("output.dropout", f2), x1) : b.dropout_add("dropout_add_2", f2, x1);
-    y = b.layernorm("output.LayerNorm", r, h);
-  }
+  const int y = mlp_half(b, s, x1, present);
   std::vector<int> outs = {y};
   if (pass_mask) outs.push_back(mask);
   if (part == BlockPart::Mlp) return finish(b, fmt::format("block{}.mlp", index), "block_mlp", outs);
