@@ -61,36 +61,47 @@ double elements(const Model& m, int l) {
 // Buffers (B) are partitioned with the weights. Swap volume per iteration (all GPUs, GW = W + B):
 //   WB = 2 N m sum_l shard(GW_l) (= 2 m GW when N divides every layer's W and B); AG = 2 N m GW;
 //   RS = N m GW; dWB = N m sum_l shard(GW_l); sX and X as in dp-swap.
-// NOLINTNEXTLINE(readability-function-size): 110 lines, over the 80 the house holds; to split
-Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
-  const SwapDecision sd = decide_swaps(plan, model).front();
-  detail::ProgramBuilder b(model, plan);
-  const int R = model.num_layers();
-  const int N = plan.gpus;
-  const int u = plan.u_bwd;
-  const int m = plan.minibatch / N / u;
-  const bool sa = sd.activations;
+// The phases above, in that order, as members over the lowering's shared state (lower_zero_infinity calls them).
+struct ZeroInfinityLowering {
+  const Plan& plan;
+  const Model& model;
+  detail::ProgramBuilder b;
+  int R, N, u, m;
+  bool sa;                    // activations swapped (decide_swaps)
+  bool nvme;                  // offload: nvme
+  std::vector<int> last_out;  // per GPU, its last dWB: the updates wait for every rank's
+
+  ZeroInfinityLowering(const Plan& plan_, const Model& model_, const SwapDecision& sd)
+      : plan(plan_),
+        model(model_),
+        b(model_, plan_),
+        R(model_.num_layers()),
+        N(plan_.gpus),
+        u(plan_.u_bwd),
+        m(plan_.minibatch / plan_.gpus / plan_.u_bwd),
+        sa(sd.activations),
+        nvme(plan_.knobs.offload == OffloadTier::Nvme),
+        last_out(static_cast<std::size_t>(plan_.gpus), -1) {}
+
   // collective keys: (pass, layer, microbatch)
-  auto key = [](int pass, int l, int i) {
+  static std::uint64_t key(int pass, int l, int i) {
     return (static_cast<std::uint64_t>(pass) << 60) | (static_cast<std::uint64_t>(l) << 32) |
            static_cast<std::uint32_t>(i);
-  };
-  std::vector<int> last_out(static_cast<std::size_t>(N), -1);
-  const bool nvme = plan.knobs.offload == OffloadTier::Nvme;
-  auto buckets = [&](int l) {
+  }
+  int buckets(int l) const {
     const double e = elements(model, l);
     return std::max(1, static_cast<int>(std::ceil(e / std::max(1.0, plan.knobs.zero3.bucket_elements))));
-  };
-  auto tensors = [&](int l) { return model.layers[static_cast<std::size_t>(l)].param_tensors_or_default(); };
+  }
+  int tensors(int l) const { return model.layers[static_cast<std::size_t>(l)].param_tensors_or_default(); }
   // the host-side stage-3 work before a FWD (backward: true, before a BWD) of layer l
-  auto charge_module = [&](int op, int l, bool backward) {
+  void charge_module(int op, int l, bool backward) {
     const auto& z = plan.knobs.zero3;
     const double per_tensor_s = z.tensor_latency_s + (backward ? z.grad_tensor_latency_s : 0.0);
     b.set_overhead(op, z.module_latency_s + per_tensor_s * tensors(l));
-  };
+  }
 
   // Gathers layer l's parameters for step k of GPU g; returns the ops the compute waits for.
-  auto gather = [&](int g, int l, int i, int task, int pass, int k) {
+  int gather(int g, int l, int i, int task, int pass, int k) {
     const LayerRange L{l, l};
     const Bytes w = b.wbytes(l);
     const Bytes bb = b.bbytes(l);
@@ -107,70 +118,93 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
     b.free(A, TensorKind::Weights, L, -1, sw + sb);
     b.alloc(A, TensorKind::Weights, L, -1, w + bb);
     return A;
-  };
+  }
 
-  for (int g = 0; g < N; ++g) {
-    for (int i = 0; i < m; ++i) {
-      for (int l = 0; l < R; ++l) {
-        const int k = b.next_step(g);
-        std::vector<int> ins;
-        if (l == 0) {
-          const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
-          ins.push_back(X);
-        }
-        if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
-        const int F = b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true);
-        if (b.has_params(l)) charge_module(F, l, /*backward=*/false);
+  // Microbatch i's forward on GPU g, layers ascending: X (l = 0), each layer's parameters gathered, FWD.
+  void forward(int g, int i) {
+    for (int l = 0; l < R; ++l) {
+      const int k = b.next_step(g);
+      std::vector<int> ins;
+      if (l == 0) {
+        const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
+        ins.push_back(X);
       }
-      for (int l = R - 1; l >= 0; --l) {
-        const LayerRange L{l, l};
-        const int k = b.next_step(g);
-        std::vector<int> ins;
-        if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
-        const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
-        if (!b.has_params(l)) continue;
-        charge_module(Bw, l, /*backward=*/true);
-        b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-        b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-        const Bytes gw = shard_bytes(b.wbytes(l), N);
-        int src = Bw;
-        if (N > 1) {
-          src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
-          b.dep(src, Bw);
-          b.collective(key(2, l, i), src, Bw);
-          b.free(src, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-          b.alloc(src, TensorKind::WeightGrad, L, -1, gw);
-          b.output_of(src, g, k);
-        }
-        const Bytes sw = shard_bytes(b.wbytes(l), N);
-        const Bytes sb = shard_bytes(b.bbytes(l), N);
-        const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
-        b.dep(O, src);
-        // the shard into the pinned buffer and back (summed on the GPU); at the boundary its FP32 copy out
-        const Bytes fp32 = i == m - 1 ? shard_bytes(model.fp32_param_bytes(l), N) : 0;
-        b.set_io(O, tensors(l), 0, nvme ? fp32 : 0);
-        b.set_gradient_path(O, sw + sb, fp32);
-        b.free(O, TensorKind::WeightGrad, L, -1, gw);
-        b.output_of(O, g, k);
-        last_out[static_cast<std::size_t>(g)] = O;
-      }
+      if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
+      const int F = b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true);
+      if (b.has_params(l)) charge_module(F, l, /*backward=*/false);
     }
   }
+
+  // Microbatch i's backward on GPU g, layers descending: the parameters gathered again, BWD, the gradients out.
+  void backward(int g, int i) {
+    for (int l = R - 1; l >= 0; --l) {
+      const int k = b.next_step(g);
+      std::vector<int> ins;
+      if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
+      const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
+      if (!b.has_params(l)) continue;
+      charge_module(Bw, l, /*backward=*/true);
+      gradients_out(g, l, i, k, Bw);
+    }
+  }
+
+  // Layer l's gradients of microbatch i out of GPU g after its BWD (Bw, step k): RS (N > 1), then dWB of g's shard.
+  void gradients_out(int g, int l, int i, int k, int Bw) {
+    const LayerRange L{l, l};
+    b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+    b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+    const Bytes gw = shard_bytes(b.wbytes(l), N);
+    int src = Bw;
+    if (N > 1) {
+      src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
+      b.dep(src, Bw);
+      b.collective(key(2, l, i), src, Bw);
+      b.free(src, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+      b.alloc(src, TensorKind::WeightGrad, L, -1, gw);
+      b.output_of(src, g, k);
+    }
+    const Bytes sw = shard_bytes(b.wbytes(l), N);
+    const Bytes sb = shard_bytes(b.bbytes(l), N);
+    const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
+    b.dep(O, src);
+    // the shard into the pinned buffer and back (summed on the GPU); at the boundary its FP32 copy out
+    const Bytes fp32 = i == m - 1 ? shard_bytes(model.fp32_param_bytes(l), N) : 0;
+    b.set_io(O, tensors(l), 0, nvme ? fp32 : 0);
+    b.set_gradient_path(O, sw + sb, fp32);
+    b.free(O, TensorKind::WeightGrad, L, -1, gw);
+    b.output_of(O, g, k);
+    last_out[static_cast<std::size_t>(g)] = O;
+  }
+
   // CPU Adam after the backward pass of every rank
-  for (int l = R - 1; l >= 0; --l) {
-    if (!b.has_params(l)) continue;
-    const int g = l % N;
-    const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
-    const Bytes fp32 = model.fp32_param_bytes(l);
-    if (nvme) b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
-    // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4)
-    b.set_host_pass(U, 2 * fp32 + fp32 + (model.narrow_weights(l) ? fp32 / 2 : fp32));
-    for (int h = 0; h < N; ++h) {
-      if (last_out[static_cast<std::size_t>(h)] >= 0) b.dep(U, last_out[static_cast<std::size_t>(h)]);
+  void updates() {
+    for (int l = R - 1; l >= 0; --l) {
+      if (!b.has_params(l)) continue;
+      const int g = l % N;
+      const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
+      const Bytes fp32 = model.fp32_param_bytes(l);
+      if (nvme) b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
+      // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4)
+      b.set_host_pass(U, 2 * fp32 + fp32 + (model.narrow_weights(l) ? fp32 / 2 : fp32));
+      for (int h = 0; h < N; ++h) {
+        if (last_out[static_cast<std::size_t>(h)] >= 0) b.dep(U, last_out[static_cast<std::size_t>(h)]);
+      }
     }
   }
-  Program prog = b.finish();
-  prog.cost.offload_nvme = nvme;
+};
+
+Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  const SwapDecision sd = decide_swaps(plan, model).front();
+  ZeroInfinityLowering low(plan, model, sd);
+  for (int g = 0; g < low.N; ++g) {
+    for (int i = 0; i < low.m; ++i) {
+      low.forward(g, i);
+      low.backward(g, i);
+    }
+  }
+  low.updates();
+  Program prog = low.b.finish();
+  prog.cost.offload_nvme = low.nvme;
   return prog;
 }
 

@@ -53,19 +53,30 @@ Bytes estimate_bytes(const Plan& p, const Model& m) {
 // (async_accumulate_grad_in_cpu_via_gpu), which this kind does not price (docs/baselines.md).
 // Swap volume per iteration (all GPUs): WB = N sum_l shard_bytes(FP32_l); AG = N GW; RS = N GW; dWB = N sum_l
 // shard_bytes(FP32_l) (GW = W + B in the GPU dtype; with N = 1 no AG or RS and the shards are whole layers).
-// NOLINTNEXTLINE(readability-function-size): 85 lines, over the 80 the house holds; to split
-Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
-  validate_microbatch_plan(plan, model);
-  detail::ProgramBuilder b(model, plan);
-  const int R = model.num_layers();
-  const int N = plan.gpus;
-  const int u = plan.u_bwd;
-  const int m = plan.minibatch / N / u;
-  auto key = [](int pass, int l) { return (static_cast<std::uint64_t>(pass) << 60) | static_cast<std::uint64_t>(l); };
-  std::vector<int> last_out(static_cast<std::size_t>(N), -1);
+// The phases below are ZeroOffloadLowering's members, called in this order by lower_zero_offload.
+struct ZeroOffloadLowering {
+  const Model& model;
+  detail::ProgramBuilder b;
+  int R, N, u, m;
+  std::vector<int> last_out;  // per GPU, its last gradient transfer (dWB): the updates wait for every rank's
 
-  for (int g = 0; g < N; ++g) {
-    // ---- the parameters up, every layer before the first forward ----
+  ZeroOffloadLowering(const Plan& plan, const Model& model_)
+      : model(model_),
+        b(model_, plan),
+        R(model_.num_layers()),
+        N(plan.gpus),
+        u(plan.u_bwd),
+        m(plan.minibatch / plan.gpus / plan.u_bwd),
+        last_out(static_cast<std::size_t>(plan.gpus), -1) {}
+
+  // a collective's key: the pass (0 the parameters' all-gather, 2 the gradients' reduce-scatter) and the layer
+  static std::uint64_t key(int pass, int l) {
+    return (static_cast<std::uint64_t>(pass) << 60) | static_cast<std::uint64_t>(l);
+  }
+
+  // The parameters up on GPU g, every layer before the first forward: WB of the FP32 shard, then AG (N > 1).
+  // Returns per layer the op its parameters are ready after (-1: a layer without parameters).
+  std::vector<int> parameters_up(int g) {
     std::vector<int> ready(static_cast<std::size_t>(R), -1);
     for (int l = 0; l < R; ++l) {
       if (!b.has_params(l)) continue;
@@ -85,60 +96,88 @@ Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOpti
       b.alloc(A, TensorKind::Weights, L, -1, w + bb);
       ready[static_cast<std::size_t>(l)] = A;
     }
-    for (int i = 0; i < m; ++i) {
-      // ---- forward ----
-      for (int l = 0; l < R; ++l) {
-        const int k = b.next_step(g);
-        std::vector<int> ins;
-        if (l == 0) {
-          ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
-          if (i == 0)
-            for (const int r : ready)
-              if (r >= 0) ins.push_back(r);
-        } else if (i == 0 && ready[static_cast<std::size_t>(l)] >= 0) {
-          ins.push_back(ready[static_cast<std::size_t>(l)]);
-        }
-        b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/false);
+    return ready;
+  }
+
+  // Microbatch i's forward on GPU g, layers ascending; the first microbatch's FWD(0) waits for every layer's
+  // parameters (step() returns after the gather), a later layer's first FWD for its own.
+  void forward(int g, int i, const std::vector<int>& ready) {
+    for (int l = 0; l < R; ++l) {
+      const int k = b.next_step(g);
+      std::vector<int> ins;
+      if (l == 0) {
+        ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
+        if (i == 0)
+          for (const int r : ready)
+            if (r >= 0) ins.push_back(r);
+      } else if (i == 0 && ready[static_cast<std::size_t>(l)] >= 0) {
+        ins.push_back(ready[static_cast<std::size_t>(l)]);
       }
-      // ---- backward ----
-      for (int l = R - 1; l >= 0; --l) {
-        const LayerRange L{l, l};
-        const int k = b.next_step(g);
-        const int Bw = b.backward_layer(g, l, i, u, k, /*stash_activations=*/false, {});
-        if (!b.has_params(l)) continue;
-        const Bytes w = b.wbytes(l), bb = b.bbytes(l);
-        if (i == 0) b.alloc(Bw, TensorKind::WeightGrad, L, -1, w);
-        if (i != m - 1) continue;
-        b.free(Bw, TensorKind::Weights, L, -1, w + bb);
-        const Bytes sw = shard_bytes(w, N), sb = shard_bytes(bb, N);
-        int src = Bw;
-        if (N > 1) {
-          src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), 0, L, w, bb);
-          b.dep(src, Bw);
-          b.collective(key(2, l), src, Bw);
-          b.free(src, TensorKind::WeightGrad, L, -1, w);
-          b.alloc(src, TensorKind::WeightGrad, L, -1, sw);
-          b.output_of(src, g, k);
-        }
-        const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), 0, L, sw, sb);
-        b.dep(O, src);
-        b.set_gradient_path(O, 0, std::max<Bytes>(0, shard_bytes(model.fp32_param_bytes(l), N) - (sw + sb)));
-        b.free(O, TensorKind::WeightGrad, L, -1, sw);
-        b.output_of(O, g, k);
-        last_out[static_cast<std::size_t>(g)] = O;
-      }
+      b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/false);
     }
   }
-  // CPU Adam after the backward pass of every rank, with the unscale pass over the FP32 gradient
-  for (int l = R - 1; l >= 0; --l) {
-    if (!b.has_params(l)) continue;
-    const int g = l % N;
-    const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
-    b.set_host_pass(U, 2 * model.fp32_param_bytes(l));
-    for (const int o : last_out)
-      if (o >= 0) b.dep(U, o);
+
+  // Microbatch i's backward on GPU g, layers descending, the gradient accumulated on the GPU; after the last
+  // microbatch's BWD(l) the gradients go out (gradients_out).
+  void backward(int g, int i) {
+    for (int l = R - 1; l >= 0; --l) {
+      const int k = b.next_step(g);
+      const int Bw = b.backward_layer(g, l, i, u, k, /*stash_activations=*/false, {});
+      if (!b.has_params(l)) continue;
+      if (i == 0) b.alloc(Bw, TensorKind::WeightGrad, LayerRange{l, l}, -1, b.wbytes(l));
+      if (i == m - 1) gradients_out(g, l, k, Bw);
+    }
   }
-  return b.finish();
+
+  // Layer l's gradients out of GPU g after its last BWD (Bw, step k): the parameters freed, RS (N > 1), then dWB
+  // of g's gradient shard as FP32.
+  void gradients_out(int g, int l, int k, int Bw) {
+    const LayerRange L{l, l};
+    const Bytes w = b.wbytes(l), bb = b.bbytes(l);
+    b.free(Bw, TensorKind::Weights, L, -1, w + bb);
+    const Bytes sw = shard_bytes(w, N), sb = shard_bytes(bb, N);
+    int src = Bw;
+    if (N > 1) {
+      src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), 0, L, w, bb);
+      b.dep(src, Bw);
+      b.collective(key(2, l), src, Bw);
+      b.free(src, TensorKind::WeightGrad, L, -1, w);
+      b.alloc(src, TensorKind::WeightGrad, L, -1, sw);
+      b.output_of(src, g, k);
+    }
+    const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), 0, L, sw, sb);
+    b.dep(O, src);
+    b.set_gradient_path(O, 0, std::max<Bytes>(0, shard_bytes(model.fp32_param_bytes(l), N) - (sw + sb)));
+    b.free(O, TensorKind::WeightGrad, L, -1, sw);
+    b.output_of(O, g, k);
+    last_out[static_cast<std::size_t>(g)] = O;
+  }
+
+  // CPU Adam after the backward pass of every rank, with the unscale pass over the FP32 gradient
+  void updates() {
+    for (int l = R - 1; l >= 0; --l) {
+      if (!b.has_params(l)) continue;
+      const int g = l % N;
+      const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
+      b.set_host_pass(U, 2 * model.fp32_param_bytes(l));
+      for (const int o : last_out)
+        if (o >= 0) b.dep(U, o);
+    }
+  }
+};
+
+Program lower_zero_offload(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  validate_microbatch_plan(plan, model);
+  ZeroOffloadLowering low(plan, model);
+  for (int g = 0; g < low.N; ++g) {
+    const std::vector<int> ready = low.parameters_up(g);
+    for (int i = 0; i < low.m; ++i) {
+      low.forward(g, i, ready);
+      low.backward(g, i);
+    }
+  }
+  low.updates();
+  return low.b.finish();
 }
 
 // Per activation policy, ascending u; with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits.

@@ -90,110 +90,126 @@ using namespace analytic_detail;  // NOLINT(google-build-using-namespace): the f
 // LoHan/Fuyou's gpt_model.py checkpoints func1 and func2.
 enum class BlockPart { Whole, Attn, Mlp };
 
+// GPT's attention core: ln_1, c_attn and the attention (eager: Hugging Face's explicit scores, causal mask and
+// softmax; fused: one masked softmax; flash: one kernel); returns the context. Eager also keeps `present`.
+int gpt_attention(Builder& b, const AnalyticSpec& s, int x, int& present) {
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
+  const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh;
+  const int a = b.layernorm("ln_1", x, h);
+  const int qkv = b.linear("c_attn", a, T, h, 3 * h, true);
+  int q = qkv, k = qkv, v = qkv;
+  if (eager) {  // split_heads views; matmul makes them contiguous
+    // Hugging Face GPT-2 (transformers 2.x) also stacks key and value into `present`, kept to the block's end
+    present = b.copy("present", qkv, 2 * T * h);
+    q = b.copy("q.contiguous", qkv, T * h);
+    k = b.copy("k.contiguous", qkv, T * h);
+    v = b.copy("v.contiguous", qkv, T * h);
+  }
+  if (flash) return b.flash_attention("flash_attention", {qkv}, nh, T, d);  // q, k, v: views of the packed qkv
+  const int sc = b.bmm("q@k", q, k, nh, T, T, d);
+  int p = -1;
+  if (eager) {
+    // w = w / sqrt(d); w = w * b - 1e4 * (1 - b), b the registered causal-mask buffer (T x T); the old `w`
+    // lives until the whole expression is assigned
+    b.buffer_bytes += T * T * b.bpe();
+    const int causal = b.tensor(0, b.bpe(), false, T * T);
+    const int w1 = b.scale("scores/sqrt(d)", sc);
+    const int w2 = b.mul("scores*mask", w1, causal);
+    const int one_minus = b.add_scalar("1-mask", causal);
+    const int big = b.scale("1e4*(1-mask)", one_minus);
+    const int w3 = b.add("scores-1e4(1-mask)", w2, big);
+    b.hold(w1, w3);
+    p = b.softmax("softmax", w3);
+  } else {
+    p = b.softmax("scale_mask_softmax", sc);
+  }
+  p = b.dropout("attn_dropout", p);
+  return b.bmm("p@v", p, v, nh, T, d, T);
+}
+
+// BERT's attention core: query, key, value and the attention with the additive mask; returns the context.
+int bert_attention(Builder& b, const AnalyticSpec& s, int x, int mask) {
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
+  const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh;
+  int q = b.linear("query", x, T, h, h, true);
+  int k = b.linear("key", x, T, h, h, true);
+  int v = b.linear("value", x, T, h, h, true);
+  if (eager) {
+    q = b.copy("q.contiguous", q, T * h);
+    k = b.copy("k.contiguous", k, T * h);
+    v = b.copy("v.contiguous", v, T * h);
+  }
+  if (flash) return b.flash_attention("flash_attention", {q, k, v}, nh, T, d);  // the mask's read is negligible
+  const int sc = b.bmm("q@k", q, k, nh, T, T, d);
+  int p = -1;
+  if (eager) {
+    const int w1 = b.scale("scores/sqrt(d)", sc);
+    const int w2 = b.add("scores+mask", w1, mask);
+    p = b.softmax("softmax", w2);
+  } else {
+    p = b.softmax("scale_mask_softmax", sc);  // the mask's read (T per sample) is negligible
+  }
+  p = b.dropout("attn_dropout", p);
+  return b.bmm("p@v", p, v, nh, T, d, T);
+}
+
+// The attention half's end: merge_heads, the output projection and the first residual add (BERT: then its
+// LayerNorm); returns the block's hidden state after the attention half.
+int attention_output(Builder& b, const AnalyticSpec& s, int ctx, int resid) {
+  const bool gpt = s.family == ModelFamily::Gpt;
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const double T = s.seq_len, h = s.hidden;
+  const int merged = b.copy("merge_heads", ctx, T * h);
+  const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
+  if (gpt)
+    return eager ? b.add("residual_1", resid, b.dropout("resid_dropout", o)) : b.dropout_add("dropout_add_1", o, resid);
+  const int r =
+      eager ? b.add("residual_1", b.dropout("attn.dropout", o), resid) : b.dropout_add("dropout_add_1", o, resid);
+  return b.layernorm("attn.LayerNorm", r, h);
+}
+
+// The MLP half from the hidden state x1 (GPT: ln_2 first) to the second residual add (BERT: then its LayerNorm);
+// returns the block's output. GPT's eager `present` lives to here.
+int mlp_half(Builder& b, const AnalyticSpec& s, int x1, int present) {
+  const bool gpt = s.family == ModelFamily::Gpt;
+  const bool eager = s.kernels == KernelStyle::Eager;
+  const double T = s.seq_len, h = s.hidden, f = s.ffn > 0 ? s.ffn : 4.0 * h;
+  const int m_in = gpt ? b.layernorm("ln_2", x1, h) : x1;
+  const int f1 = b.linear(gpt ? "c_fc" : "intermediate.dense", m_in, T, h, f, true);
+  const int g = gelu(b, s, f1, gpt);
+  const int f2 = b.linear(gpt ? "mlp.c_proj" : "output.dense", g, T, f, h, true);
+  if (gpt) {
+    const int y =
+        eager ? b.add("residual_2", x1, b.dropout("mlp_dropout", f2)) : b.dropout_add("dropout_add_2", f2, x1);
+    if (present >= 0) b.hold(present, y);
+    return y;
+  }
+  const int r =
+      eager ? b.add("residual_2", b.dropout("output.dropout", f2), x1) : b.dropout_add("dropout_add_2", f2, x1);
+  return b.layernorm("output.LayerNorm", r, h);
+}
+
 // One transformer block (or a GPT block's half). Inputs: hidden (s x h), and for BERT the additive attention
 // mask; outputs: hidden (and the mask, passed on, when `pass_mask`).
-// NOLINTNEXTLINE(readability-function-size): 105 lines, over the 80 the house holds; to split
 LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask, BlockPart part = BlockPart::Whole) {
   Builder b(s);
   const bool gpt = s.family == ModelFamily::Gpt;
-  const bool eager = s.kernels == KernelStyle::Eager;
-  const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
-  const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh, f = s.ffn > 0 ? s.ffn : 4.0 * h;
+  const double T = s.seq_len, h = s.hidden;
   const int x = b.input(T * h, b.bpe(), true);
   const int mask = gpt ? -1 : b.input(T, b.bpe(), false);
-  int ctx = -1;
   int present = -1;
-  const int resid = x;
-  int x1 = -1;
-  if (part == BlockPart::Mlp) {
-    x1 = x;  // the block's hidden state after the attention half: this layer's input
-  } else if (gpt) {
-    const int a = b.layernorm("ln_1", x, h);
-    const int qkv = b.linear("c_attn", a, T, h, 3 * h, true);
-    int q = qkv, k = qkv, v = qkv;
-    if (eager) {  // split_heads views; matmul makes them contiguous
-      // Hugging Face GPT-2 (transformers 2.x) also stacks key and value into `present`, kept to the block's end
-      present = b.copy("present", qkv, 2 * T * h);
-      q = b.copy("q.contiguous", qkv, T * h);
-      k = b.copy("k.contiguous", qkv, T * h);
-      v = b.copy("v.contiguous", qkv, T * h);
-    }
-    if (flash) {
-      ctx = b.flash_attention("flash_attention", {qkv}, nh, T, d);  // q, k, v: views of the packed qkv
-    } else {
-      const int sc = b.bmm("q@k", q, k, nh, T, T, d);
-      int p = -1;
-      if (eager) {
-        // w = w / sqrt(d); w = w * b - 1e4 * (1 - b), b the registered causal-mask buffer (T x T); the old `w`
-        // lives until the whole expression is assigned
-        b.buffer_bytes += T * T * b.bpe();
-        const int causal = b.tensor(0, b.bpe(), false, T * T);
-        const int w1 = b.scale("scores/sqrt(d)", sc);
-        const int w2 = b.mul("scores*mask", w1, causal);
-        const int one_minus = b.add_scalar("1-mask", causal);
-        const int big = b.scale("1e4*(1-mask)", one_minus);
-        const int w3 = b.add("scores-1e4(1-mask)", w2, big);
-        b.hold(w1, w3);
-        p = b.softmax("softmax", w3);
-      } else {
-        p = b.softmax("scale_mask_softmax", sc);
-      }
-      p = b.dropout("attn_dropout", p);
-      ctx = b.bmm("p@v", p, v, nh, T, d, T);
-    }
-  } else {
-    int q = b.linear("query", x, T, h, h, true);
-    int k = b.linear("key", x, T, h, h, true);
-    int v = b.linear("value", x, T, h, h, true);
-    if (eager) {
-      q = b.copy("q.contiguous", q, T * h);
-      k = b.copy("k.contiguous", k, T * h);
-      v = b.copy("v.contiguous", v, T * h);
-    }
-    if (flash) {
-      ctx = b.flash_attention("flash_attention", {q, k, v}, nh, T, d);  // the mask's read is negligible
-    } else {
-      const int sc = b.bmm("q@k", q, k, nh, T, T, d);
-      int p = -1;
-      if (eager) {
-        const int w1 = b.scale("scores/sqrt(d)", sc);
-        const int w2 = b.add("scores+mask", w1, mask);
-        p = b.softmax("softmax", w2);
-      } else {
-        p = b.softmax("scale_mask_softmax", sc);  // the mask's read (T per sample) is negligible
-      }
-      p = b.dropout("attn_dropout", p);
-      ctx = b.bmm("p@v", p, v, nh, T, d, T);
-    }
-  }
+  int x1 = x;  // with the MLP half alone, the block's hidden state after the attention half: this layer's input
   if (part != BlockPart::Mlp) {
-    const int merged = b.copy("merge_heads", ctx, T * h);
-    const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
-    if (gpt) {
-      x1 = eager ? b.add("residual_1", resid, b.dropout("resid_dropout", o)) : b.dropout_add("dropout_add_1", o, resid);
-    } else {
-      const int r =
-          eager ? b.add("residual_1", b.dropout("attn.dropout", o), resid) : b.dropout_add("dropout_add_1", o, resid);
-      x1 = b.layernorm("attn.LayerNorm", r, h);
-    }
+    const int ctx = gpt ? gpt_attention(b, s, x, present) : bert_attention(b, s, x, mask);
+    x1 = attention_output(b, s, ctx, /*resid=*/x);
   }
   if (part == BlockPart::Attn) {
     if (present >= 0) b.hold(present, x1);  // `present` lives to the end of func1, the half's end
     return finish(b, fmt::format("block{}.attn", index), "block_attn", {x1});
   }
-  const int m_in = gpt ? b.layernorm("ln_2", x1, h) : x1;
-  const int f1 = b.linear(gpt ? "c_fc" : "intermediate.dense", m_in, T, h, f, true);
-  const int g = gelu(b, s, f1, gpt);
-  const int f2 = b.linear(gpt ? "mlp.c_proj" : "output.dense", g, T, f, h, true);
-  int y = -1;
-  if (gpt) {
-    y = eager ? b.add("residual_2", x1, b.dropout("mlp_dropout", f2)) : b.dropout_add("dropout_add_2", f2, x1);
-    if (present >= 0) b.hold(present, y);
-  } else {
-    const int r =
-        eager ? b.add("residual_2", b.dropout("output.dropout", f2), x1) : b.dropout_add("dropout_add_2", f2, x1);
-    y = b.layernorm("output.LayerNorm", r, h);
-  }
+  const int y = mlp_half(b, s, x1, present);
   std::vector<int> outs = {y};
   if (pass_mask) outs.push_back(mask);
   if (part == BlockPart::Mlp) return finish(b, fmt::format("block{}.mlp", index), "block_mlp", outs);
@@ -477,67 +493,82 @@ struct BackwardPeak {
   double transient = 0;
 };
 
-// Peak bytes alive of a forward with grad (saved tensors kept) followed by the backward, which allocates
-// input gradients (shared through pass-through ops) and weight gradients and frees what it has consumed.
-// NOLINTNEXTLINE(readability-function-size): 101 lines, over the 80 the house holds; to split
-BackwardPeak peak_backward(const Graph& g, double u) {
-  const std::size_t n = g.tensors.size();
-  std::vector<double> size(n);
-  std::vector<int> last_use(n, -1), saved_until(n, -1);
-  std::vector<char> alive(n, 0), keep(n, 0);
-  for (std::size_t t = 0; t < n; ++t) size[t] = g.tensors[t].bytes(u);
-  for (std::size_t i = 0; i < g.ops.size(); ++i) {
-    for (int t : g.ops[i].inputs) last_use[static_cast<std::size_t>(t)] = static_cast<int>(i);
-    for (int t : g.ops[i].saved) {
-      int& s = saved_until[static_cast<std::size_t>(t)];
-      if (s < 0) s = static_cast<int>(i);  // freed after the backward of the first op that saves it
-    }
-  }
-  std::vector<char> is_output(n, 0);
-  for (int t : g.inputs) keep[static_cast<std::size_t>(t)] = 1;
-  for (int t : g.outputs) keep[static_cast<std::size_t>(t)] = is_output[static_cast<std::size_t>(t)] = 1;
+// The walk of peak_backward over one layer's graph at microbatch u: each tensor's size and lifetime, what is alive,
+// and the bytes alive now (cur).
+struct BackwardWalk {
+  const Graph& g;
+  std::size_t n;
+  std::vector<double> size;
+  std::vector<int> last_use, saved_until;
+  std::vector<char> alive, keep, is_output;
   double cur = 0;
-  for (int t : g.inputs) {
-    alive[static_cast<std::size_t>(t)] = 1;
-    cur += size[static_cast<std::size_t>(t)];
-  }
-  double peak = cur;
-  // forward with grad
-  for (std::size_t i = 0; i < g.ops.size(); ++i) {
-    const Op& op = g.ops[i];
-    const auto born = [&](int t) {
-      auto& a = alive[static_cast<std::size_t>(t)];
-      if (!a) cur += size[static_cast<std::size_t>(t)];
-      a = 1;
-    };
-    if (!op.inplace) born(op.output);
-    for (int t : op.extras) born(t);
-    peak = std::max(peak, cur);
-    const auto maybe_free = [&](int t) {
-      const auto k = static_cast<std::size_t>(t);
-      if (alive[k] && !keep[k] && saved_until[k] < 0 && last_use[k] <= static_cast<int>(i)) {
-        alive[k] = 0;
-        cur -= size[k];
-      }
-    };
-    for (int t : op.inputs) maybe_free(t);
-    maybe_free(op.output);
-    for (int t : op.extras) maybe_free(t);
-  }
   // backward: gradient buffers with reference counts (pass-through ops share one buffer)
-  std::vector<int> grad_buf(n, -1);
+  std::vector<int> grad_buf;
   std::vector<double> buf_size;
   std::vector<int> buf_refs;
   double grads = 0;  // bytes of the gradient buffers alive (within cur)
-  BackwardPeak result{peak, 0};
-  const auto new_buf = [&](std::size_t t) {
+
+  BackwardWalk(const Graph& graph, double u)
+      : g(graph),
+        n(graph.tensors.size()),
+        size(n),
+        last_use(n, -1),
+        saved_until(n, -1),
+        alive(n, 0),
+        keep(n, 0),
+        is_output(n, 0),
+        grad_buf(n, -1) {
+    for (std::size_t t = 0; t < n; ++t) size[t] = g.tensors[t].bytes(u);
+    for (std::size_t i = 0; i < g.ops.size(); ++i) {
+      for (int t : g.ops[i].inputs) last_use[static_cast<std::size_t>(t)] = static_cast<int>(i);
+      for (int t : g.ops[i].saved) {
+        int& s = saved_until[static_cast<std::size_t>(t)];
+        if (s < 0) s = static_cast<int>(i);  // freed after the backward of the first op that saves it
+      }
+    }
+    for (int t : g.inputs) keep[static_cast<std::size_t>(t)] = 1;
+    for (int t : g.outputs) keep[static_cast<std::size_t>(t)] = is_output[static_cast<std::size_t>(t)] = 1;
+    for (int t : g.inputs) {
+      alive[static_cast<std::size_t>(t)] = 1;
+      cur += size[static_cast<std::size_t>(t)];
+    }
+  }
+
+  // forward with grad: the saved tensors stay; returns the peak (from the inputs alone up)
+  double forward_with_grad() {
+    double peak = cur;
+    for (std::size_t i = 0; i < g.ops.size(); ++i) {
+      const Op& op = g.ops[i];
+      const auto born = [&](int t) {
+        auto& a = alive[static_cast<std::size_t>(t)];
+        if (!a) cur += size[static_cast<std::size_t>(t)];
+        a = 1;
+      };
+      if (!op.inplace) born(op.output);
+      for (int t : op.extras) born(t);
+      peak = std::max(peak, cur);
+      const auto maybe_free = [&](int t) {
+        const auto k = static_cast<std::size_t>(t);
+        if (alive[k] && !keep[k] && saved_until[k] < 0 && last_use[k] <= static_cast<int>(i)) {
+          alive[k] = 0;
+          cur -= size[k];
+        }
+      };
+      for (int t : op.inputs) maybe_free(t);
+      maybe_free(op.output);
+      for (int t : op.extras) maybe_free(t);
+    }
+    return peak;
+  }
+
+  void new_buf(std::size_t t) {
     buf_size.push_back(size[t]);
     buf_refs.push_back(1);
     cur += size[t];
     grads += size[t];
     grad_buf[t] = static_cast<int>(buf_size.size()) - 1;
-  };
-  const auto release = [&](std::size_t t) {
+  }
+  void release(std::size_t t) {
     const int b = grad_buf[t];
     if (b < 0) return;
     grad_buf[t] = -1;
@@ -545,42 +576,60 @@ BackwardPeak peak_backward(const Graph& g, double u) {
       cur -= buf_size[static_cast<std::size_t>(b)];
       grads -= buf_size[static_cast<std::size_t>(b)];
     }
-  };
-  for (int t : g.outputs) {
-    if (g.tensors[static_cast<std::size_t>(t)].needs_grad && grad_buf[static_cast<std::size_t>(t)] < 0)
-      new_buf(static_cast<std::size_t>(t));  // dY, given by the caller
   }
-  for (std::size_t i = g.ops.size(); i-- > 0;) {
-    const Op& op = g.ops[i];
+
+  // op's input gradients: a new buffer, the output's shared (pass-through), or a second one summed into the first;
+  // returns the bytes live only during the op's backward (its transient gradient)
+  double input_gradients(const Op& op) {
     const auto out = static_cast<std::size_t>(op.output);
-    cur += op.weight_grad_bytes;
     double transient = 0;
-    if (op.inplace) {
-      transient += size[out];  // dX is a new tensor; dY is dropped after
-    } else {
-      for (const GradInput& gi : op.grads) {
-        const auto in = static_cast<std::size_t>(gi.tensor);
-        if (grad_buf[in] >= 0) {
-          transient += size[in];  // a second gradient, summed into the first
-        } else if (gi.passthrough && grad_buf[out] >= 0 && size[in] == size[out]) {
-          grad_buf[in] = grad_buf[out];
-          ++buf_refs[static_cast<std::size_t>(grad_buf[out])];
-        } else {
-          new_buf(in);
+    if (op.inplace) return transient + size[out];  // dX is a new tensor; dY is dropped after
+    for (const GradInput& gi : op.grads) {
+      const auto in = static_cast<std::size_t>(gi.tensor);
+      if (grad_buf[in] >= 0) {
+        transient += size[in];  // a second gradient, summed into the first
+      } else if (gi.passthrough && grad_buf[out] >= 0 && size[in] == size[out]) {
+        grad_buf[in] = grad_buf[out];
+        ++buf_refs[static_cast<std::size_t>(grad_buf[out])];
+      } else {
+        new_buf(in);
+      }
+    }
+    return transient;
+  }
+
+  // the backward, ops in reverse, after the forward's peak: weight and input gradients in, consumed ones out
+  BackwardPeak backward(double forward_peak) {
+    BackwardPeak result{forward_peak, 0};
+    for (int t : g.outputs) {
+      if (g.tensors[static_cast<std::size_t>(t)].needs_grad && grad_buf[static_cast<std::size_t>(t)] < 0)
+        new_buf(static_cast<std::size_t>(t));  // dY, given by the caller
+    }
+    for (std::size_t i = g.ops.size(); i-- > 0;) {
+      const Op& op = g.ops[i];
+      const auto out = static_cast<std::size_t>(op.output);
+      cur += op.weight_grad_bytes;
+      const double transient = input_gradients(op);
+      if (cur + transient > result.peak) result = {cur + transient, grads + transient};
+      if (!op.inplace && !is_output[out]) release(out);
+      for (int t : op.saved) {
+        const auto k = static_cast<std::size_t>(t);
+        if (saved_until[k] == static_cast<int>(i) && alive[k] && !keep[k]) {
+          alive[k] = 0;
+          cur -= size[k];
         }
       }
     }
-    if (cur + transient > result.peak) result = {cur + transient, grads + transient};
-    if (!op.inplace && !is_output[out]) release(out);
-    for (int t : op.saved) {
-      const auto k = static_cast<std::size_t>(t);
-      if (saved_until[k] == static_cast<int>(i) && alive[k] && !keep[k]) {
-        alive[k] = 0;
-        cur -= size[k];
-      }
-    }
+    return result;
   }
-  return result;
+};
+
+// Peak bytes alive of a forward with grad (saved tensors kept) followed by the backward, which allocates
+// input gradients (shared through pass-through ops) and weight gradients and frees what it has consumed.
+BackwardPeak peak_backward(const Graph& g, double u) {
+  BackwardWalk walk(g, u);
+  const double peak = walk.forward_with_grad();
+  return walk.backward(peak);
 }
 
 struct LayerCosts {

@@ -234,6 +234,16 @@ class SimdNode {
   simdjson::dom::element e_;
 };
 
+// The pointer of element i of a layer's array `key` (layer_ptr/key/i), built only when something is wrong.
+std::string element_ptr(const std::string& layer_ptr, const std::string& key, std::size_t i) {
+  std::string p = layer_ptr;
+  p += '/';
+  p += key;
+  p += '/';
+  p += std::to_string(i);
+  return p;
+}
+
 // Reads one document. Pointers are built only for the fields read (a handful per layer); array elements
 // get theirs through a callable, invoked only when something is wrong, so that loading stays allocation-light.
 template <typename Node>
@@ -308,7 +318,7 @@ class Reader {
       if constexpr (!Node::kLocates) {
         throw NeedsLocatedPath{};
       } else {
-        const std::string p = ptr();
+        const std::string& p = ptr();  // a reference: At's ptr() returns one
         fail(p, fmt::format("{} is {}, too large for a 64-bit signed integer", pointer_to_path(p), v.dump()),
              fmt::format("write {} as {} below 2^63, e.g. {}", pointer_to_path(p), e.what, e.example));
       }
@@ -321,14 +331,14 @@ class Reader {
   std::int64_t size(const Node& v, const Ptr& ptr, const Expect& e = kBytes) const {
     const std::int64_t n = integer(v, ptr, e);
     if (n < 0) {
-      const std::string p = ptr();
+      const std::string& p = ptr();  // a reference: At's ptr() returns one
       fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), n, e.what),
            fmt::format("sizes and counts are measured quantities and never negative: correct {} (e.g. {}) or "
                        "re-export the profile",
                        pointer_to_path(p), e.example));
     }
-    if (n > kMaxInputBytes) {  // the bound and its reason: core/base/units.hpp
-      const std::string p = ptr();
+    if (n > kMaxInputBytes) {        // the bound and its reason: core/base/units.hpp
+      const std::string& p = ptr();  // a reference: At's ptr() returns one
       fail(p, fmt::format("{} is {}, too large", pointer_to_path(p), n),
            fmt::format("sizes and counts range from 0 to 2^50 (1125899906842624, 1 PiB of bytes): correct {} (e.g. "
                        "{}) or re-export the profile",
@@ -347,7 +357,7 @@ class Reader {
       if constexpr (!Node::kLocates) {
         throw NeedsLocatedPath{};
       } else {
-        const std::string p = ptr();
+        const std::string& p = ptr();  // a reference: At's ptr() returns one
         if (negative) {
           fail(p, fmt::format("{} is {}, but it must be {}", pointer_to_path(p), v.dump(), kSeconds.what),
                fmt::format("times are measured durations and never negative: correct {} (e.g. {}) or re-export "
@@ -421,7 +431,7 @@ class Reader {
     out.reserve(expected);
     for (const Node x : a.elements()) {
       const std::size_t i = out.size();
-      out.push_back(seconds(x, [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
+      out.push_back(seconds(x, [&] { return element_ptr(layer_ptr, key, i); }));
     }
     return out;
   }
@@ -433,7 +443,7 @@ class Reader {
     out.reserve(expected);
     for (const Node x : a.elements()) {
       const std::size_t i = out.size();
-      out.push_back(size(x, [&] { return layer_ptr + "/" + key + "/" + std::to_string(i); }));
+      out.push_back(size(x, [&] { return element_ptr(layer_ptr, key, i); }));
     }
     return out;
   }
@@ -467,13 +477,9 @@ std::string parse_hint(std::string_view message) {
          "(JSON allows no comments and no trailing commas)";
 }
 
-// NOLINTNEXTLINE(readability-function-size): 151 lines, over the 80 the house holds; to split
+// format and version first: a different file type should not be reported field by field
 template <typename Node>
-Model read_model(const Node& doc, Reader<Node>& r) {
-  const std::string root;
-  r.expect_object(doc, root);
-
-  // format and version first: a different file type should not be reported field by field
+void check_format(const Node& doc, Reader<Node>& r, const std::string& root) {
   {
     const std::string ptr = "/format";
     const std::string format = r.text(r.member(doc, root, "format", kText, top_level_keys()), ptr);
@@ -492,8 +498,11 @@ Model read_model(const Node& doc, Reader<Node>& r) {
              fmt::format("convert the profile to \"format_version\": {} (see {})", kFormatVersion, kSchemaDoc));
     }
   }
+}
 
-  Model m;
+// The model's name (model, then _variant when given) and dtype into m.
+template <typename Node>
+void read_identity(const Node& doc, Reader<Node>& r, const std::string& root, Model& m) {
   m.name = r.text(r.member(doc, root, "model", kText, top_level_keys()), "/model");
   if (m.name.empty()) r.fail("/model", "model is empty", "name the model, e.g. \"model\": \"bert_large\"");
   if (const auto variant = r.optional_member(doc, "variant"); variant && !variant->is_null()) {
@@ -507,19 +516,38 @@ Model read_model(const Node& doc, Reader<Node>& r) {
     if (m.dtype != "fp32" && m.dtype != "bf16")
       r.fail("/dtype", fmt::format("unknown dtype \"{}\"", m.dtype), "use \"fp32\" or \"bf16\"");
   }
+}
 
+// What the layers' arrays are read against: ubatch_sizes' pointers and its optional inputs list.
+struct UbatchSizes {
+  std::string fwd_ptr, bwd_ptr, inputs_ptr;
+  bool inputs_given = false;  // ubatch_sizes.inputs is present
+  std::vector<int> inputs;
+};
+
+// ubatch_sizes: the fwd and bwd lists into m; returns the pointers and the inputs list.
+template <typename Node>
+UbatchSizes read_ubatch_sizes(const Node& doc, Reader<Node>& r, const std::string& root, Model& m) {
   const std::string ub_ptr = "/ubatch_sizes";
   const Node ub = r.member(doc, root, "ubatch_sizes", kObject, top_level_keys());
   r.expect_object(ub, ub_ptr);
-  const std::string fwd_ptr = ub_ptr + "/fwd", bwd_ptr = ub_ptr + "/bwd", inputs_ptr = ub_ptr + "/inputs";
-  m.ubatch_fwd = r.ubatch_list(
-      r.member(ub, ub_ptr, "fwd", Expect{"an array of microbatch sizes", "[1, 2, 4, 8]"}, ubatch_keys()), fwd_ptr);
-  m.ubatch_bwd = r.ubatch_list(
-      r.member(ub, ub_ptr, "bwd", Expect{"an array of microbatch sizes", "[1, 2, 4, 8]"}, ubatch_keys()), bwd_ptr);
-  std::vector<int> ubatch_inputs;
+  UbatchSizes sizes;
+  sizes.fwd_ptr = ub_ptr + "/fwd", sizes.bwd_ptr = ub_ptr + "/bwd", sizes.inputs_ptr = ub_ptr + "/inputs";
+  m.ubatch_fwd =
+      r.ubatch_list(r.member(ub, ub_ptr, "fwd", Expect{"an array of microbatch sizes", "[1, 2, 4, 8]"}, ubatch_keys()),
+                    sizes.fwd_ptr);
+  m.ubatch_bwd =
+      r.ubatch_list(r.member(ub, ub_ptr, "bwd", Expect{"an array of microbatch sizes", "[1, 2, 4, 8]"}, ubatch_keys()),
+                    sizes.bwd_ptr);
   const std::optional<Node> inputs_json = r.optional_member(ub, "inputs");
-  if (inputs_json) ubatch_inputs = r.ubatch_list(*inputs_json, inputs_ptr);
+  sizes.inputs_given = inputs_json.has_value();
+  if (inputs_json) sizes.inputs = r.ubatch_list(*inputs_json, sizes.inputs_ptr);
+  return sizes;
+}
 
+// The layers array, checked against num_layers and criterion_layer.
+template <typename Node>
+Node read_layers_array(const Node& doc, Reader<Node>& r, const std::string& root) {
   const std::string num_ptr = "/num_layers", layers_ptr = "/layers";
   const std::int64_t num_layers = r.integer(r.member(doc, root, "num_layers", kCount, top_level_keys()), At{num_ptr},
                                             Expect{"a positive integer (layers incl. the loss)", "28"});
@@ -545,78 +573,102 @@ Model read_model(const Node& doc, Reader<Node>& r) {
              fmt::format("set \"criterion_layer\": {} (num_layers - 1)", n_layers - 1));
     }
   }
+  return layers;
+}
 
+// input_bytes is redundant (always u * input_bytes_per_sample); check it when present
+template <typename Node>
+void check_input_bytes(const Node& lj, const std::string& lp, const Layer& l, const UbatchSizes& ub, Reader<Node>& r) {
+  if (!r.optional_member(lj, "input_bytes")) return;
+  const std::string p = lp + "/" + "input_bytes";
+  if (!ub.inputs_given) {
+    r.fail(
+        p,
+        fmt::format("{} is given but ubatch_sizes.inputs, the sizes it is measured at, is missing", pointer_to_path(p)),
+        "add \"inputs\": [...] to ubatch_sizes (one size per input_bytes entry), or drop input_bytes");
+  }
+  const std::vector<Bytes> in = r.bytes_array(lj, lp, "input_bytes", ub.inputs.size(), ub.inputs_ptr);
+  for (std::size_t j = 0; j < in.size(); ++j) {
+    const Bytes u = ub.inputs[j];
+    Bytes expected = 0;
+    const bool overflow = __builtin_mul_overflow(u, l.input_bytes_per_sample, &expected);
+    if (overflow || in[j] != expected) {
+      const std::string ep = p + "/" + std::to_string(j);
+      r.fail(ep,
+             fmt::format("{} is {}, but ubatch_sizes.inputs[{}] x input_bytes_per_sample = {} x {} = {}",
+                         pointer_to_path(ep), in[j], j, u, l.input_bytes_per_sample,
+                         overflow ? std::string("(overflow)") : std::to_string(expected)),
+             "input bytes are exact (u x input_bytes_per_sample): correct input_bytes_per_sample or this entry");
+    }
+  }
+}
+
+// layers[i] of n_layers, its arrays read against m's microbatch sizes.
+template <typename Node>
+Layer read_layer(const Node& lj, std::size_t i, std::size_t n_layers, const Model& m, const UbatchSizes& ub,
+                 Reader<Node>& r) {
+  const std::string lp = std::string("/layers") + "/" + std::to_string(i);
+  r.expect_object(lj, lp);
+  const auto field = [&](const char* key, const Expect& e) -> Node { return r.member(lj, lp, key, e, layer_keys()); };
+  const auto ptr_of = [&](const char* key) { return lp + "/" + key; };
+
+  {
+    const std::string p = ptr_of("index");
+    const std::int64_t index = r.integer(field("index", kInteger), At{p}, kInteger);
+    if (index != static_cast<std::int64_t>(i)) {
+      r.fail(p, fmt::format("layers[{}] has index {}; layers must be listed in order 0..{}", i, index, n_layers - 1),
+             fmt::format("set \"index\": {} or move this layer to position {}", i, index));
+    }
+  }
+  Layer l;
+  l.name = r.text(field("name", kText), ptr_of("name"));
+  {
+    const std::string p = ptr_of("is_criterion");
+    l.is_criterion = r.boolean(field("is_criterion", kBool), p);
+    if (l.is_criterion && i + 1 != n_layers) {
+      r.fail(p,
+             fmt::format("layers[{}] ({}) is marked as the criterion but is not the last layer (the last is {})", i,
+                         l.name, n_layers - 1),
+             "only the loss may have \"is_criterion\": true, and it must be the last entry of layers: set this "
+             "one to false or move the loss to the end");
+    }
+    if (!l.is_criterion && i + 1 == n_layers) {
+      r.fail(p, fmt::format("the last layer, layers[{}] ({}), is not marked as the criterion", i, l.name),
+             "the last entry of layers must be the loss layer with \"is_criterion\": true");
+    }
+  }
+  l.weight_bytes = r.size(field("weight_bytes", kBytes), At{ptr_of("weight_bytes")});
+  l.buffer_bytes = r.size(field("buffer_bytes", kBytes), At{ptr_of("buffer_bytes")});
+  l.optimizer_state_bytes = r.size(field("optimizer_state_bytes", kBytes), At{ptr_of("optimizer_state_bytes")});
+  l.param_count = r.size(field("param_count", kCount), At{ptr_of("param_count")}, kCount);
+  l.update_time_cpu_s = r.seconds(field("update_time_cpu", kSeconds), At{ptr_of("update_time_cpu")});
+  l.input_bytes_per_sample = r.size(field("input_bytes_per_sample", kBytes), At{ptr_of("input_bytes_per_sample")});
+  l.fwd_time_s = r.time_array(lj, lp, "fwd_time", m.ubatch_fwd.size(), ub.fwd_ptr);
+  l.bwd_time_s = r.time_array(lj, lp, "bwd_time", m.ubatch_bwd.size(), ub.bwd_ptr);
+  l.fwd_peak_bytes = r.bytes_array(lj, lp, "fwd_peak_memory", m.ubatch_fwd.size(), ub.fwd_ptr);
+  l.bwd_peak_bytes = r.bytes_array(lj, lp, "bwd_peak_memory", m.ubatch_bwd.size(), ub.bwd_ptr);
+  if (r.optional_member(lj, "bwd_transient_memory"))
+    l.bwd_transient_bytes = r.bytes_array(lj, lp, "bwd_transient_memory", m.ubatch_bwd.size(), ub.bwd_ptr);
+  check_input_bytes(lj, lp, l, ub, r);
+  return l;
+}
+
+// The whole profile, in the order the located path reports problems: format, identity, ubatch_sizes, the layer
+// count, then each layer.
+template <typename Node>
+Model read_model(const Node& doc, Reader<Node>& r) {
+  const std::string root;
+  r.expect_object(doc, root);
+  check_format(doc, r, root);
+  Model m;
+  read_identity(doc, r, root, m);
+  const UbatchSizes ub = read_ubatch_sizes(doc, r, root, m);
+  const Node layers = read_layers_array(doc, r, root);
+  const std::size_t n_layers = layers.size();
   m.layers.reserve(n_layers);
   std::size_t i = 0;
   for (const Node lj : layers.elements()) {
-    const std::string lp = layers_ptr + "/" + std::to_string(i);
-    r.expect_object(lj, lp);
-    const auto field = [&](const char* key, const Expect& e) -> Node { return r.member(lj, lp, key, e, layer_keys()); };
-    const auto ptr_of = [&](const char* key) { return lp + "/" + key; };
-
-    {
-      const std::string p = ptr_of("index");
-      const std::int64_t index = r.integer(field("index", kInteger), At{p}, kInteger);
-      if (index != static_cast<std::int64_t>(i)) {
-        r.fail(p, fmt::format("layers[{}] has index {}; layers must be listed in order 0..{}", i, index, n_layers - 1),
-               fmt::format("set \"index\": {} or move this layer to position {}", i, index));
-      }
-    }
-    Layer l;
-    l.name = r.text(field("name", kText), ptr_of("name"));
-    {
-      const std::string p = ptr_of("is_criterion");
-      l.is_criterion = r.boolean(field("is_criterion", kBool), p);
-      if (l.is_criterion && i + 1 != n_layers) {
-        r.fail(p,
-               fmt::format("layers[{}] ({}) is marked as the criterion but is not the last layer (the last is {})", i,
-                           l.name, n_layers - 1),
-               "only the loss may have \"is_criterion\": true, and it must be the last entry of layers: set this "
-               "one to false or move the loss to the end");
-      }
-      if (!l.is_criterion && i + 1 == n_layers) {
-        r.fail(p, fmt::format("the last layer, layers[{}] ({}), is not marked as the criterion", i, l.name),
-               "the last entry of layers must be the loss layer with \"is_criterion\": true");
-      }
-    }
-    l.weight_bytes = r.size(field("weight_bytes", kBytes), At{ptr_of("weight_bytes")});
-    l.buffer_bytes = r.size(field("buffer_bytes", kBytes), At{ptr_of("buffer_bytes")});
-    l.optimizer_state_bytes = r.size(field("optimizer_state_bytes", kBytes), At{ptr_of("optimizer_state_bytes")});
-    l.param_count = r.size(field("param_count", kCount), At{ptr_of("param_count")}, kCount);
-    l.update_time_cpu_s = r.seconds(field("update_time_cpu", kSeconds), At{ptr_of("update_time_cpu")});
-    l.input_bytes_per_sample = r.size(field("input_bytes_per_sample", kBytes), At{ptr_of("input_bytes_per_sample")});
-    l.fwd_time_s = r.time_array(lj, lp, "fwd_time", m.ubatch_fwd.size(), fwd_ptr);
-    l.bwd_time_s = r.time_array(lj, lp, "bwd_time", m.ubatch_bwd.size(), bwd_ptr);
-    l.fwd_peak_bytes = r.bytes_array(lj, lp, "fwd_peak_memory", m.ubatch_fwd.size(), fwd_ptr);
-    l.bwd_peak_bytes = r.bytes_array(lj, lp, "bwd_peak_memory", m.ubatch_bwd.size(), bwd_ptr);
-    if (r.optional_member(lj, "bwd_transient_memory"))
-      l.bwd_transient_bytes = r.bytes_array(lj, lp, "bwd_transient_memory", m.ubatch_bwd.size(), bwd_ptr);
-
-    // input_bytes is redundant (always u * input_bytes_per_sample); check it when present
-    if (r.optional_member(lj, "input_bytes")) {
-      const std::string p = ptr_of("input_bytes");
-      if (!inputs_json) {
-        r.fail(p,
-               fmt::format("{} is given but ubatch_sizes.inputs, the sizes it is measured at, is missing",
-                           pointer_to_path(p)),
-               "add \"inputs\": [...] to ubatch_sizes (one size per input_bytes entry), or drop input_bytes");
-      }
-      const std::vector<Bytes> in = r.bytes_array(lj, lp, "input_bytes", ubatch_inputs.size(), inputs_ptr);
-      for (std::size_t j = 0; j < in.size(); ++j) {
-        const Bytes u = ubatch_inputs[j];
-        Bytes expected = 0;
-        const bool overflow = __builtin_mul_overflow(u, l.input_bytes_per_sample, &expected);
-        if (overflow || in[j] != expected) {
-          const std::string ep = p + "/" + std::to_string(j);
-          r.fail(ep,
-                 fmt::format("{} is {}, but ubatch_sizes.inputs[{}] x input_bytes_per_sample = {} x {} = {}",
-                             pointer_to_path(ep), in[j], j, u, l.input_bytes_per_sample,
-                             overflow ? std::string("(overflow)") : std::to_string(expected)),
-                 "input bytes are exact (u x input_bytes_per_sample): correct input_bytes_per_sample or this entry");
-        }
-      }
-    }
-    m.layers.push_back(std::move(l));
+    m.layers.push_back(read_layer(lj, i, n_layers, m, ub, r));
     ++i;
   }
   return m;
