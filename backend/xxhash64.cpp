@@ -1,5 +1,5 @@
 // XXH64, streaming (see xxhash64.hpp): the four-lane round, merge and avalanche of the reference
-// implementation; checked against its published digests in tests/backend/test_train_checkpoint.cpp.
+// implementation; checked against its published digests in backend/train_checkpoint_test.cpp.
 #include "backend/xxhash64.hpp"
 
 #include <algorithm>

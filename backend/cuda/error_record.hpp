@@ -1,5 +1,5 @@
 // The kernels' error record and its protocol, shared by the device code (kernels.cu: report) and the host
-// (CudaStream: consume), and compiled for the CPU by tests/backend/test_cuda_error_record.cpp. A record lives in
+// (CudaStream: consume), and compiled for the CPU by backend/cuda/error_record_test.cpp. A record lives in
 // mapped pinned host memory, one per stream, so a report surfaces on the stream whose kernel made it.
 #pragma once
 

@@ -2,7 +2,7 @@
 // them once the context has failed (a sticky error), so their closures (a stream-ordered free, a counter a
 // waiter watches) would never be destroyed and a waiter on them would wait forever: abandon() destroys them
 // without running them. Each call is claimed once, by the trampoline (run) or by abandon. No CUDA here, so the
-// protocol is tested on the CPU (tests/backend/test_cuda_host_calls.cpp).
+// protocol is tested on the CPU (backend/cuda/host_calls_test.cpp).
 #pragma once
 
 #include <atomic>

@@ -277,7 +277,7 @@ void report(const std::string& what, const Bf16Run& r) {
 // statistics put them at 3.0e-3; bound 3e-4. (Microbatched, dW rounds once per microbatch: 1.1e-3 there, unchecked.)
 // The bf16 rounding itself moves our results by as much as the rest (fp32 storage against this oracle: 0.80%,
 // 8.3e-5 and 5.8%), so this test checks that the bf16 path trains like torch's bf16 within bf16 noise, not the
-// rounding points: tests/backend/test_device.cpp checks every bf16 kernel bit-exactly against round(fp32
+// rounding points: backend/cpu/cpu_device_test.cpp checks every bf16 kernel bit-exactly against round(fp32
 // kernel(widened inputs)) and the rounding function against its definition. A real bug moves far more: a sign,
 // scale or missing gradient contribution moves a tensor's gradient by >= 100%; a lost weight decay moves a weight
 // update by lr * wd * |w| / lr ~ 13% for |w| = 0.02.
