@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Checks every relative Markdown link in the tracked *.md files: the target file exists and, for `file.md#anchor`,
 # the anchor is one of its headings (GitHub's slug: lower case, punctuation dropped, spaces to hyphens). Code
-# blocks are skipped. Prints `FILE:LINE: what` per broken link and exits 1 if any; run by scripts/test.sh (checks).
+# blocks are skipped. Also refuses a heading repeated under the same parent heading (a section pasted twice, as
+# docs/validation.md once had). With FILE arguments checks only those. Prints `FILE:LINE: what` per problem and exits 1 if any; run by scripts/test.sh.
 import os
 import re
 import subprocess
@@ -27,13 +28,41 @@ def headings(path: str, cache: dict) -> set:
     return cache[path]
 
 
+def repeated_sections(name: str) -> list:
+    """(line, first line, heading) for each heading that repeats an earlier one under the same parent headings."""
+    found, seen, parents, in_code = [], {}, [], False
+    with open(name, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.startswith("```"):
+                in_code = not in_code
+                continue
+            match = None if in_code else re.match(r"(#+) (.*)", line)
+            if not match:
+                continue
+            level, title = len(match.group(1)), match.group(2).strip()
+            parents = [p for p in parents if p[0] < level]
+            key = (tuple(p[1] for p in parents), title)
+            if key in seen:
+                found.append((number, seen[key], title))
+            seen[key] = number
+            parents.append((level, title))
+    return found
+
+
 def main() -> int:
-    root = subprocess.check_output(["git", "rev-parse", "--show-toplevel"], text=True).strip()
-    os.chdir(root)
-    files = subprocess.check_output(["git", "ls-files", "*.md"], text=True).split()
+    if len(sys.argv) > 1:  # the files named (a test's copies); otherwise every tracked *.md from the root
+        files = sys.argv[1:]
+    else:
+        root = subprocess.check_output(["git", "rev-parse", "--show-toplevel"], text=True).strip()
+        os.chdir(root)
+        files = subprocess.check_output(["git", "ls-files", "*.md"], text=True).split()
     cache: dict = {}
     broken = 0
     for name in files:
+        for number, first, title in repeated_sections(name):
+            print(f"{name}:{number}: the heading {title!r} repeats line {first}'s under the same parent; "
+                  "merge the two sections or rename one")
+            broken += 1
         in_code = False
         with open(name, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -54,7 +83,7 @@ def main() -> int:
                     elif anchor and resolved.endswith(".md") and anchor not in headings(resolved, cache):
                         print(f"{name}:{number}: no heading for the anchor: {target} (headings of {resolved})")
                         broken += 1
-    print(f"check-doc-links: {len(files)} files, {broken} broken links")
+    print(f"check-doc-links: {len(files)} files, {broken} broken links or repeated sections")
     return 1 if broken else 0
 
 

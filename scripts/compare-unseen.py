@@ -110,6 +110,10 @@ def main():
             print(f"compare-unseen: {args.check_docs} has no compare-unseen block (markers {BEGIN!r} ... {END!r})",
                   file=sys.stderr)
             return 2
+        if doc.count(BEGIN) != 1 or doc.count(END) != 1:
+            print(f"compare-unseen: {args.check_docs} has {doc.count(BEGIN)} begin and {doc.count(END)} end markers; "
+                  "keep exactly one compare-unseen block", file=sys.stderr)
+            return 1
         block = doc.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
         if block != text:
             print(f"compare-unseen: {args.check_docs}'s comparison is not what the committed predictions and "

@@ -106,6 +106,25 @@ try:
     run = subprocess.run([sys.executable, COMPARE, "--check-docs", edited], capture_output=True, text=True)
     if run.returncode != 1 or "not what the committed predictions" not in run.stderr:
         failures.append(f"compare-unseen --check-docs on an edited block: exit {run.returncode} (expected 1)")
+    # A second, stale copy of the block after the current one (docs/validation.md carried one for a session) fails
+    # even though the first block is current.
+    doubled = os.path.join(tmp, "doubled.md")
+    with open(doubled, "w") as f:
+        f.write(text + "\n" + block + "<!-- compare-unseen:end -->\n")
+    run = subprocess.run([sys.executable, COMPARE, "--check-docs", doubled], capture_output=True, text=True)
+    if run.returncode != 1 or "exactly one" not in run.stderr:
+        failures.append(f"compare-unseen --check-docs with two blocks: exit {run.returncode} (expected 1)")
+    # The same paste is refused by the doc check too: its sections' headings repeat under the same parent.
+    pasted = os.path.join(tmp, "pasted.md")
+    with open(pasted, "w") as f:
+        f.write(text + "\n## Unseen published runs: predictions committed before comparison\n\nagain\n")
+    links = os.path.join(ROOT, "scripts", "check-doc-links.py")
+    run = subprocess.run([sys.executable, links, pasted], capture_output=True, text=True)
+    if run.returncode != 1 or "repeats line" not in run.stdout:
+        failures.append(f"check-doc-links on a pasted section: exit {run.returncode} (expected 1), {run.stdout!r}")
+    run = subprocess.run([sys.executable, links, doc], capture_output=True, text=True)
+    if run.returncode != 0:
+        failures.append(f"check-doc-links on docs/validation.md: exit {run.returncode}, {run.stdout!r}")
     summary = subprocess.run([sys.executable, COMPARE], capture_output=True, text=True)
     if summary.returncode != 0 or "median |error|" not in summary.stdout:
         failures.append(f"compare-unseen: exit {summary.returncode}, {summary.stderr!r}")
