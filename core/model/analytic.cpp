@@ -440,50 +440,6 @@ double kernel_time_s(const Kernel& k, double u, const Rates& r) {
   return std::max(t, r.floor_s);
 }
 
-// Peak bytes alive (activations and gradients; weights and buffers excluded) of a no-grad forward.
-double peak_nograd(const Graph& g, double u, std::vector<double>& size, std::vector<int>& last_use,
-                   std::vector<char>& alive, std::vector<char>& keep) {
-  const std::size_t n = g.tensors.size();
-  size.assign(n, 0.0);
-  last_use.assign(n, -1);
-  alive.assign(n, 0);
-  keep.assign(n, 0);
-  for (std::size_t t = 0; t < n; ++t) size[t] = g.tensors[t].bytes(u);
-  for (std::size_t i = 0; i < g.ops.size(); ++i) {
-    for (int t : g.ops[i].inputs) last_use[static_cast<std::size_t>(t)] = static_cast<int>(i);
-  }
-  for (int t : g.inputs) keep[static_cast<std::size_t>(t)] = 1;
-  for (int t : g.outputs) keep[static_cast<std::size_t>(t)] = 1;
-  double cur = 0;
-  for (int t : g.inputs) {
-    alive[static_cast<std::size_t>(t)] = 1;
-    cur += size[static_cast<std::size_t>(t)];
-  }
-  double peak = cur;
-  for (std::size_t i = 0; i < g.ops.size(); ++i) {
-    const Op& op = g.ops[i];
-    const auto born = [&](int t) {
-      auto& a = alive[static_cast<std::size_t>(t)];
-      if (!a) cur += size[static_cast<std::size_t>(t)];
-      a = 1;
-    };
-    if (!op.inplace) born(op.output);
-    for (int t : op.extras) born(t);
-    peak = std::max(peak, cur);
-    const auto maybe_free = [&](int t) {
-      const auto k = static_cast<std::size_t>(t);
-      if (alive[k] && !keep[k] && last_use[k] <= static_cast<int>(i)) {
-        alive[k] = 0;
-        cur -= size[k];
-      }
-    };
-    for (int t : op.inputs) maybe_free(t);
-    maybe_free(op.output);
-    for (int t : op.extras) maybe_free(t);
-  }
-  return peak;
-}
-
 // The backward walk's answer: its peak and, of that peak, the activation gradients live at that moment (dY, the
 // inner gradients, dX and the op's transient gradient) — the part live only while this layer's backward runs, the
 // profile's bwd_transient_memory (weight gradients are not in it: the Program allocates them). 0 when the peak
@@ -493,9 +449,10 @@ struct BackwardPeak {
   double transient = 0;
 };
 
-// The walk of peak_backward over one layer's graph at microbatch u: each tensor's size and lifetime, what is alive,
-// and the bytes alive now (cur).
-struct BackwardWalk {
+// The memory walk over one layer's graph at microbatch u (activations and gradients; weights and buffers excluded):
+// each tensor's size and lifetime, what is alive, and the bytes alive now (cur). One forward serves the no-grad
+// forward and the forward with grad (which keeps the saved tensors for the backward).
+struct MemoryWalk {
   const Graph& g;
   std::size_t n;
   std::vector<double> size;
@@ -508,7 +465,7 @@ struct BackwardWalk {
   std::vector<int> buf_refs;
   double grads = 0;  // bytes of the gradient buffers alive (within cur)
 
-  BackwardWalk(const Graph& graph, double u)
+  MemoryWalk(const Graph& graph, double u)
       : g(graph),
         n(graph.tensors.size()),
         size(n),
@@ -534,8 +491,9 @@ struct BackwardWalk {
     }
   }
 
-  // forward with grad: the saved tensors stay; returns the peak (from the inputs alone up)
-  double forward_with_grad() {
+  // the forward, ops in order; with grad the saved tensors stay for the backward; returns the peak (from the inputs
+  // alone up)
+  double forward(bool with_grad) {
     double peak = cur;
     for (std::size_t i = 0; i < g.ops.size(); ++i) {
       const Op& op = g.ops[i];
@@ -549,7 +507,7 @@ struct BackwardWalk {
       peak = std::max(peak, cur);
       const auto maybe_free = [&](int t) {
         const auto k = static_cast<std::size_t>(t);
-        if (alive[k] && !keep[k] && saved_until[k] < 0 && last_use[k] <= static_cast<int>(i)) {
+        if (alive[k] && !keep[k] && (!with_grad || saved_until[k] < 0) && last_use[k] <= static_cast<int>(i)) {
           alive[k] = 0;
           cur -= size[k];
         }
@@ -627,10 +585,13 @@ struct BackwardWalk {
 // Peak bytes alive of a forward with grad (saved tensors kept) followed by the backward, which allocates
 // input gradients (shared through pass-through ops) and weight gradients and frees what it has consumed.
 BackwardPeak peak_backward(const Graph& g, double u) {
-  BackwardWalk walk(g, u);
-  const double peak = walk.forward_with_grad();
+  MemoryWalk walk(g, u);
+  const double peak = walk.forward(/*with_grad=*/true);
   return walk.backward(peak);
 }
+
+// Peak bytes alive of a no-grad forward: every tensor freed after its last use.
+double peak_nograd(const Graph& g, double u) { return MemoryWalk(g, u).forward(/*with_grad=*/false); }
 
 struct LayerCosts {
   std::vector<double> fwd_s, bwd_s;
@@ -640,9 +601,6 @@ struct LayerCosts {
 LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const Rates& r, const GpuRates& gpu,
                        double resident_bytes) {
   LayerCosts c;
-  std::vector<double> size;
-  std::vector<int> last_use;
-  std::vector<char> alive, keep;
   for (int ui : sizes) {
     const auto u = static_cast<double>(ui);
     double fwd = gpu.forward_overhead_s;
@@ -653,7 +611,7 @@ LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const R
     }
     c.fwd_s.push_back(fwd);
     c.bwd_s.push_back(fwd + bwd);  // the profile's backward includes the recomputed forward
-    const double f = peak_nograd(d.graph, u, size, last_use, alive, keep);
+    const double f = peak_nograd(d.graph, u);
     const BackwardPeak b = peak_backward(d.graph, u);
     c.fwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + f)));
     c.bwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + b.peak)));
