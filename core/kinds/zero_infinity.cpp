@@ -8,6 +8,7 @@
 
 #include "core/kinds/microbatch_sizes.hpp"
 #include "core/kinds/swapping.hpp"
+#include "core/kinds/zero_updates.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program_builder.hpp"
@@ -180,15 +181,11 @@ struct ZeroInfinityLowering {
   void updates() {
     for (int l = R - 1; l >= 0; --l) {
       if (!b.has_params(l)) continue;
-      const int g = l % N;
-      const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
+      const int U = detail::zero_cpu_update(b, l, N, last_out);
       const Bytes fp32 = model.fp32_param_bytes(l);
       if (nvme) b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
       // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4)
       b.set_host_pass(U, 2 * fp32 + fp32 + (model.narrow_weights(l) ? fp32 / 2 : fp32));
-      for (int h = 0; h < N; ++h) {
-        if (last_out[static_cast<std::size_t>(h)] >= 0) b.dep(U, last_out[static_cast<std::size_t>(h)]);
-      }
     }
   }
 };

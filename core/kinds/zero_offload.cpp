@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/kinds/microbatch_sizes.hpp"
+#include "core/kinds/zero_updates.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program_builder.hpp"
@@ -157,11 +158,8 @@ struct ZeroOffloadLowering {
   void updates() {
     for (int l = R - 1; l >= 0; --l) {
       if (!b.has_params(l)) continue;
-      const int g = l % N;
-      const int U = b.op(g, Stream::Cpu, OpKind::Update, b.upd_task(g, l), 0, LayerRange{l, l}, 0, 0);
+      const int U = detail::zero_cpu_update(b, l, N, last_out);
       b.set_host_pass(U, 2 * model.fp32_param_bytes(l));
-      for (const int o : last_out)
-        if (o >= 0) b.dep(U, o);
     }
   }
 };
