@@ -27,7 +27,8 @@ struct ModelSpec {
   // Whether `analytic:` named its dtype. If not, load_model picks mixed precision (bf16) on a machine whose
   // gpu_rates have a tensor-core rate above the FP32 one, else fp32 (docs/config.md, "model").
   bool analytic_dtype_given = false;
-  SourceLoc loc;  // where `profile:` or `analytic:` was written, for errors about it
+  SourceLoc loc;                 // where `profile:` or `analytic:` was written, for errors about it
+  SourceLoc master_weights_loc;  // where `master_weights` was written (load_model's check against the dtype)
 };
 
 // The plan section. mode/gpus/minibatch are needed by every command; the rest by the commands that run one plan.

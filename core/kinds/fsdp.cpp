@@ -94,8 +94,7 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
   }
   Program prog = b.finish();
   for (Op& op : prog.ops)
-    if (op.kind == OpKind::Update)
-      op.bytes = kDeviceAdamWBytesPerParam * shard_bytes(model.fp32_param_bytes(op.layers.first) / 4, N);
+    if (op.kind == OpKind::Update) op.bytes = device_adamw_bytes(model, op.layers.first, N);
   return prog;
 }
 

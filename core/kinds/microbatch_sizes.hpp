@@ -41,10 +41,22 @@ std::vector<Candidate> enumerate_microbatch_plans(const Model& model, const Sear
 // bf16 gradient, m and v and writes the master, m, v and the bf16 working copy: 28 bytes either way,
 // backend/model/device_state.hpp's layout).
 inline constexpr Bytes kDeviceAdamWBytesPerParam = 28;
+// Pure 2-byte training (Model::fp32_optimizer false): reads the 2-byte parameter, gradient, m and v and writes the
+// parameter, m and v, 7 x 2 bytes.
+inline constexpr Bytes kDevicePureAdamWBytesPerParam = 14;
 
 // One rank's part of `bytes` split over `ranks` (ZeRO and FSDP pad their partitions to equal sizes): ceil(bytes /
 // ranks); the whole when ranks is 1.
 inline Bytes shard_bytes(Bytes bytes, int ranks) { return (bytes + ranks - 1) / ranks; }
+
+// The HBM bytes of one GPU's AdamW step over its shard of layer l (the whole layer when shards is 1): its share of
+// the layer's parameters times kDeviceAdamWBytesPerParam, or kDevicePureAdamWBytesPerParam under pure 2-byte
+// training.
+inline Bytes device_adamw_bytes(const Model& model, int layer, int shards) {
+  const bool fp32 = model.fp32_optimizer;
+  const Bytes params = model.optimizer_param_bytes(layer) / (fp32 ? 4 : 2);
+  return (fp32 ? kDeviceAdamWBytesPerParam : kDevicePureAdamWBytesPerParam) * shard_bytes(params, shards);
+}
 
 // What one GPU keeps of layer l for the whole run when the state is split into `shards` equal, padded parts (1: all
 // of it): ceil(bytes / shards) of the weights and buffers, of the gradient, and of the optimizer state (AdamW's

@@ -68,7 +68,7 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
   }
   Program prog = b.finish();
   for (Op& op : prog.ops)
-    if (op.kind == OpKind::Update) op.bytes = kDeviceAdamWBytesPerParam * (model.fp32_param_bytes(op.layers.first) / 4);
+    if (op.kind == OpKind::Update) op.bytes = device_adamw_bytes(model, op.layers.first, 1);
   return prog;
 }
 

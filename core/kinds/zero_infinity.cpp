@@ -169,7 +169,7 @@ struct ZeroInfinityLowering {
     const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
     b.dep(O, src);
     // the shard into the pinned buffer and back (summed on the GPU); at the boundary its FP32 copy out
-    const Bytes fp32 = i == m - 1 ? shard_bytes(model.fp32_param_bytes(l), N) : 0;
+    const Bytes fp32 = i == m - 1 ? shard_bytes(model.optimizer_param_bytes(l), N) : 0;
     b.set_io(O, tensors(l), 0, nvme ? fp32 : 0);
     b.set_gradient_path(O, sw + sb, fp32);
     b.free(O, TensorKind::WeightGrad, L, -1, gw);
@@ -182,7 +182,7 @@ struct ZeroInfinityLowering {
     for (int l = R - 1; l >= 0; --l) {
       if (!b.has_params(l)) continue;
       const int U = detail::zero_cpu_update(b, l, N, last_out);
-      const Bytes fp32 = model.fp32_param_bytes(l);
+      const Bytes fp32 = model.optimizer_param_bytes(l);
       if (nvme) b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
       // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4)
       b.set_host_pass(U, 2 * fp32 + fp32 + (model.narrow_weights(l) ? fp32 / 2 : fp32));

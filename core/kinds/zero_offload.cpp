@@ -87,7 +87,7 @@ struct ZeroOffloadLowering {
       const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.fwd_task(g, l), 0, L, sw, sb);
       b.alloc(W, TensorKind::Weights, L, -1, sw + sb);
       // the FP32 shard crosses the link; it is narrowed on the GPU (the transfer's extra bytes)
-      b.set_gradient_path(W, 0, std::max<Bytes>(0, shard_bytes(model.fp32_param_bytes(l), N) - (sw + sb)));
+      b.set_gradient_path(W, 0, std::max<Bytes>(0, shard_bytes(model.optimizer_param_bytes(l), N) - (sw + sb)));
       ready[static_cast<std::size_t>(l)] = W;
       if (N == 1) continue;
       const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, b.fwd_task(g, l), 0, L, w, bb);
@@ -148,7 +148,7 @@ struct ZeroOffloadLowering {
     }
     const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), 0, L, sw, sb);
     b.dep(O, src);
-    b.set_gradient_path(O, 0, std::max<Bytes>(0, shard_bytes(model.fp32_param_bytes(l), N) - (sw + sb)));
+    b.set_gradient_path(O, 0, std::max<Bytes>(0, shard_bytes(model.optimizer_param_bytes(l), N) - (sw + sb)));
     b.free(O, TensorKind::WeightGrad, L, -1, sw);
     b.output_of(O, g, k);
     last_out[static_cast<std::size_t>(g)] = O;
@@ -159,7 +159,7 @@ struct ZeroOffloadLowering {
     for (int l = R - 1; l >= 0; --l) {
       if (!b.has_params(l)) continue;
       const int U = detail::zero_cpu_update(b, l, N, last_out);
-      b.set_host_pass(U, 2 * model.fp32_param_bytes(l));
+      b.set_host_pass(U, 2 * model.optimizer_param_bytes(l));
     }
   }
 };

@@ -624,15 +624,20 @@ LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const R
 constexpr double kDefaultAdamBytesPerS = 3.6e9;
 constexpr double kDefaultAdamLayerS = 340e-6;
 
+// Whether the optimizer steps FP32 parameters and state (FP32, or 2-byte weights with FP32 masters).
+bool fp32_optimizer(const AnalyticSpec& s) { return s.dtype == DType::Fp32 || s.master_weights; }
+
 // Optimizer state bytes per parameter (CPU side) and the step's cost relative to Adam's (memory traffic:
-// Adam reads and writes the parameter and two moments and reads the gradient, 7 x 4 bytes).
+// Adam reads and writes the parameter and two moments and reads the gradient, 7 x 4 bytes). Mixed precision adds
+// the FP32 master; pure 2-byte training keeps the moments in the weights' 2 bytes and no master.
 double state_bytes_per_param(const AnalyticSpec& s) {
-  const double master = s.dtype == DType::Fp32 ? 0.0 : 4.0;
+  const double master = s.dtype == DType::Fp32 || !s.master_weights ? 0.0 : 4.0;
+  const double moment = fp32_optimizer(s) ? 4.0 : 2.0;
   switch (s.optimizer) {
     case OptimizerKind::Adam:
-      return 8.0 + master;
+      return 2 * moment + master;
     case OptimizerKind::Momentum:
-      return 4.0 + master;
+      return moment + master;
     case OptimizerKind::Sgd:
       return master;
   }
@@ -844,6 +849,9 @@ std::vector<AnalyticLayerInfo> analytic_layer_info(const AnalyticSpec& spec) {
 
 Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAdam& cpu) {
   if (const std::string p = analytic_spec_problem(spec); !p.empty()) throw ScheduleError("analytic model: " + p);
+  // (not a spec problem: the config's dtype may be chosen by the machine after parsing; load_model locates it)
+  if (!spec.master_weights && spec.dtype == DType::Fp32)
+    throw ScheduleError("analytic model: master_weights: false (pure 2-byte training) needs dtype fp16 or bf16");
   if (!gpu.valid())
     throw ScheduleError("analytic model: the machine has no gpu_rates (matrix_fp32 and memory are required)");
   Rates r;
@@ -860,11 +868,15 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   r.mem_bw = gpu.memory_bytes_per_s;
   r.vec_eff = gpu.vector_efficiency > 0 ? gpu.vector_efficiency : 1.0;
   r.floor_s = gpu.kernel_floor_s;
-  // A 2-byte model's step takes its gradients in and hands its weights out in that type: the rate measured with
-  // those casts fused (cpu_adam.bandwidth_bf16 / _fp16, `harmony-run probe`) where the machine gives one.
-  const double cast_bps = spec.dtype == DType::Bf16   ? cpu.bf16_bytes_per_s
+  // A mixed-precision model's step takes its gradients in and hands its weights out in the 2-byte type: the rate
+  // measured with those casts fused (cpu_adam.bandwidth_bf16 / _fp16, `harmony-run probe`) where the machine gives
+  // one. A pure 2-byte step casts nothing: the plain rate over its 2-byte tensors (half the FP32 step's bytes).
+  const bool casts = fp32_optimizer(spec);
+  const double cast_bps = !casts                      ? 0.0
+                          : spec.dtype == DType::Bf16 ? cpu.bf16_bytes_per_s
                           : spec.dtype == DType::Fp16 ? cpu.fp16_bytes_per_s
                                                       : 0.0;
+  const double step_bytes_per_param = fp32_optimizer(spec) ? 4.0 : 2.0;
   const double adam_bps = cast_bps > 0 ? cast_bps : cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
   const double adam_layer_s = cpu.per_layer_s > 0 ? cpu.per_layer_s : kDefaultAdamLayerS;
   const double bpe = dtype_bytes(spec.dtype);
@@ -872,6 +884,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   Model m;
   m.name = spec.name.empty() ? derived_name(spec) : spec.name;
   m.source = "analytic";
+  m.fp32_optimizer = fp32_optimizer(spec);
   m.ubatch_fwd = spec.ubatch_sizes;
   m.ubatch_bwd = spec.ubatch_sizes;
 
@@ -893,10 +906,10 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
     l.buffer_bytes = static_cast<Bytes>(std::llround(d.buffer_bytes));
     l.optimizer_state_bytes =
         static_cast<Bytes>(std::llround(static_cast<double>(d.owned_params) * state_bytes_per_param(spec)));
-    l.update_time_cpu_s =
-        d.owned_params > 0
-            ? static_cast<double>(d.owned_params) * 4.0 / adam_bps * step_cost_vs_adam(spec.optimizer) + adam_layer_s
-            : 0.0;
+    l.update_time_cpu_s = d.owned_params > 0 ? static_cast<double>(d.owned_params) * step_bytes_per_param / adam_bps *
+                                                       step_cost_vs_adam(spec.optimizer) +
+                                                   adam_layer_s
+                                             : 0.0;
     double in_bytes = 0;
     for (int t : d.graph.inputs) in_bytes += d.graph.tensors[static_cast<std::size_t>(t)].bytes(1.0);
     l.input_bytes_per_sample = static_cast<Bytes>(std::llround(in_bytes));

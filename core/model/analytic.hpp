@@ -67,6 +67,9 @@ struct AnalyticSpec {
   int image_size = 224;                // resnet
   int classes = 1000;                  // resnet
   DType dtype = DType::Fp32;           // activations and GPU weights; fp16/bf16 keep FP32 masters on the CPU
+  // fp16/bf16: FP32 masters and moments on the optimizer's side (mixed precision); false: pure 2-byte training, no
+  // master and the moments in dtype (Model::fp32_optimizer). Must be true for fp32.
+  bool master_weights = true;
   OptimizerKind optimizer = OptimizerKind::Adam;
   KernelStyle kernels = KernelStyle::Eager;
   bool dropout = true;       // dropout layers are present (training mode)

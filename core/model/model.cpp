@@ -97,17 +97,18 @@ Bytes Model::master_bytes(int first, int last) const {
   for (int l = first; l <= last; ++l) {
     const Layer& L = layers[static_cast<std::size_t>(l)];
     if (narrow_weights(l)) continue;  // in the optimizer state
-    s += L.param_count > 0 ? 4 * L.param_count : L.weight_bytes + L.buffer_bytes;
+    s += L.param_count > 0 ? optimizer_param_bytes(l) : L.weight_bytes + L.buffer_bytes;
   }
   return s;
 }
-Bytes Model::fp32_param_bytes(int l) const {
+Bytes Model::optimizer_param_bytes(int l) const {
   const Layer& L = layers[static_cast<std::size_t>(l)];
-  return L.param_count > 0 ? 4 * L.param_count : L.weight_bytes;
+  if (L.param_count <= 0) return L.weight_bytes;
+  return (fp32_optimizer ? 4 : 2) * L.param_count;
 }
 bool Model::narrow_weights(int l) const {
   const Layer& L = layers[static_cast<std::size_t>(l)];
-  return L.param_count > 0 && L.weight_bytes < 3 * L.param_count;
+  return fp32_optimizer && L.param_count > 0 && L.weight_bytes < 3 * L.param_count;
 }
 
 void Model::validate() const {

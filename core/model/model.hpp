@@ -42,8 +42,13 @@ struct Layer {
 class Model {
  public:
   std::string name;
-  std::string source;           // where it came from (profile path), for messages
-  std::string dtype = "fp32";   // element type the device byte counts assume: "fp32" or "bf16" (mixed precision)
+  std::string source;          // where it came from (profile path), for messages
+  std::string dtype = "fp32";  // element type the device byte counts assume: "fp32" or "bf16" (mixed precision)
+  // Whether the optimizer keeps FP32 parameters and state: FP32 training, or mixed precision's FP32 masters and
+  // moments beside 2-byte device weights (every measured profile). false: pure 2-byte training (torchtune's bf16,
+  // LLaMA-Factory's pure_bf16, torchao's bf16 optimizer states): no master, the moments in the weights' dtype
+  // (model.analytic.master_weights: false; docs/config.md).
+  bool fp32_optimizer = true;
   std::vector<int> ubatch_fwd;  // measured forward microbatch sizes, strictly ascending
   std::vector<int> ubatch_bwd;  // measured backward microbatch sizes, strictly ascending
   std::vector<Layer> layers;    // R layers; layers.back() is the criterion
@@ -71,11 +76,13 @@ class Model {
   // weights 0, since mixed-precision optimizer state includes the masters (analytic models and bf16 profiles
   // record 12 bytes per parameter for Adam). What an offloaded optimizer step reads and writes besides the state.
   Bytes master_bytes(int first, int last) const;
-  // Layer l's parameters at 4 bytes each (FP32): 4 x its parameter count, or its weight bytes when the profile has
-  // no parameter count. What an AdamW step reads and writes per FP32 tensor of the layer.
-  Bytes fp32_param_bytes(int l) const;
-  // Whether layer l's device weights are narrower than its FP32 masters (fp16/bf16: under 3 bytes a parameter),
-  // so the update writes a converted device copy beside the masters.
+  // Layer l's parameters at the optimizer's precision: 4 bytes each (FP32 training, or mixed precision's FP32
+  // masters), or its weight bytes when the profile has no parameter count; 2 bytes each under pure 2-byte training
+  // (fp32_optimizer false). What an AdamW step reads and writes per tensor of the layer (masters, gradient).
+  Bytes optimizer_param_bytes(int l) const;
+  // Whether layer l's device weights are narrower than its FP32 masters (fp16/bf16 under mixed precision: under 3
+  // bytes a parameter), so the update writes a converted device copy beside the masters. Never under pure 2-byte
+  // training: the optimizer steps the 2-byte weights themselves.
   bool narrow_weights(int l) const;
 
   // Checks internal consistency (sizes aligned, ascending ubatch lists, criterion last).

@@ -271,7 +271,7 @@ double ActivityBuilder::update_traffic_bytes(int a) const {
   const Op& o = p_.ops[z(a)];
   double t = 0;
   for (int l = o.layers.first; l <= o.layers.last; ++l) {
-    const double fp32 = static_cast<double>(m_.fp32_param_bytes(l));
+    const double fp32 = static_cast<double>(m_.optimizer_param_bytes(l));
     t += 3.0 * fp32 + 2.0 * static_cast<double>(m_.layers[z(l)].optimizer_state_bytes);
   }
   t += conversion_bytes(a);

@@ -24,6 +24,7 @@ using core::Stream;
 using engine_detail::z;
 
 bool mixed_precision(const core::Model& m) {
+  if (!m.fp32_optimizer) return false;  // pure 2-byte training: the host holds the 2-byte weights and state as they are
   if (m.dtype == "bf16") return true;
   for (int l = 0; l < m.num_layers(); ++l) {
     if (m.narrow_weights(l)) return true;

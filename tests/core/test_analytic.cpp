@@ -843,6 +843,61 @@ TEST_CASE("a bf16 / fp16 model's CPU update is priced at cpu_adam's rate with th
   CHECK(update(DType::Fp16, plain) == doctest::Approx(1 / 4e9));
 }
 
+TEST_CASE("master_weights false: pure 2-byte training keeps no FP32 master, 2-byte moments, a cast-free step") {
+  CpuAdam adam;
+  adam.bytes_per_s = 4e9;
+  adam.per_layer_s = 100e-6;
+  adam.bf16_bytes_per_s = 2e9;  // the mixed step's rate with casts: not the pure step's
+  AnalyticSpec s = preset("gpt2-small");
+  s.ubatch_sizes = {1};
+  s.dtype = DType::Bf16;
+  const Model mixed = analytic_model(s, paper_rates(), adam);
+  s.master_weights = false;
+  const Model pure = analytic_model(s, paper_rates(), adam);
+  CHECK(mixed.fp32_optimizer);
+  CHECK_FALSE(pure.fp32_optimizer);
+  const Layer& m = mixed.layers[1];
+  const Layer& p = pure.layers[1];
+  CHECK(p.weight_bytes == m.weight_bytes);  // the device side is the same
+  CHECK(p.fwd_time_s == m.fwd_time_s);
+  CHECK(m.optimizer_state_bytes == 12 * m.param_count);  // FP32 master + two FP32 moments
+  CHECK(p.optimizer_state_bytes == 4 * p.param_count);   // two bf16 moments
+  CHECK(pure.optimizer_param_bytes(1) == 2 * p.param_count);
+  CHECK(mixed.optimizer_param_bytes(1) == 4 * m.param_count);
+  CHECK(mixed.narrow_weights(1));
+  CHECK_FALSE(pure.narrow_weights(1));  // no converted copy: the step updates the bf16 weights themselves
+  CHECK(pure.master_bytes(1, 1) == 2 * p.param_count);  // what the offloaded step reads and writes besides state
+  CHECK(mixed.master_bytes(1, 1) == 0);                 // in the state
+  // the step: 2 bytes a parameter at the plain rate (no casts) against the mixed step's 4 at the cast rate
+  CHECK((p.update_time_cpu_s - adam.per_layer_s) / static_cast<double>(p.param_count) == doctest::Approx(2 / 4e9));
+  CHECK((m.update_time_cpu_s - adam.per_layer_s) / static_cast<double>(m.param_count) == doctest::Approx(4 / 2e9));
+  s.dtype = DType::Fp32;  // nothing to be pure about
+  CHECK_THROWS_AS(analytic_model(s, paper_rates(), adam), ScheduleError);
+}
+
+TEST_CASE("model.analytic.master_weights: parsed beside dtype; false with an fp32 model is a located error") {
+  const auto load = [](const std::string& model, const std::string& machine) {
+    const RunConfig c = load_config_text(
+        "model: " + model + "\nmachine: " + machine + "\nplan: {mode: zero-offload, gpus: 1, minibatch: 8}\n",
+        "bad.yaml");
+    return load_model(c.model, c.machine);
+  };
+  CHECK_FALSE(load("{analytic: {preset: gpt2-small, master_weights: false}}", "a100-pcie-8x").fp32_optimizer);
+  CHECK(load("{analytic: {preset: gpt2-small, master_weights: true}}", "a100-pcie-8x").fp32_optimizer);
+  CHECK(load("{analytic: gpt2-small}", "a100-pcie-8x").fp32_optimizer);
+  try {
+    (void)load("{analytic: {preset: gpt2-small,\n  master_weights: false}}", "paper-1080ti");  // fp32 by default
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    check_at(e, 2, 19);
+    CHECK(contains(e.message(), "needs a 2-byte dtype"));
+    CHECK(contains(e.message(), "paper-1080ti"));
+    CHECK(contains(e.hint(), "dtype: bf16"));
+  }
+  ConfigError e = config_error("model: {analytic: {preset: gpt2-small, master_weights: maybe}}\n" + kPlan);
+  check_at(e, 1, 56);
+}
+
 TEST_CASE("model.analytic: a preset name, a preset with overrides, or a full shape") {
   RunConfig c = load_config_text("model: {analytic: gpt2-medium}\n" + kPlan, "run.yaml");
   REQUIRE(c.model.analytic.has_value());

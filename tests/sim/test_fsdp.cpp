@@ -119,6 +119,30 @@ TEST_CASE("fsdp: every microbatch gathers each layer twice and reduce-scatters i
   }
 }
 
+TEST_CASE("pure 2-byte training: AdamW on the GPU moves 14 bytes a parameter, not 28 (fsdp and resident)") {
+  core::Model m = tiny_model();  // 250 parameters a layer
+  m.fp32_optimizer = false;      // model.analytic.master_weights: false
+  for (core::Layer& L : m.layers) {
+    L.weight_bytes = 2 * L.param_count;
+    L.optimizer_state_bytes = 4 * L.param_count;  // two bf16 moments
+  }
+  int updates = 0;
+  for (const core::Op& op : core::lower_plan(plan_of("fsdp", 2, 8, 2), m).ops) {
+    if (op.kind != OpKind::Update) continue;
+    CHECK(op.bytes == 14 * 125);  // the rank's 125-parameter shard
+    ++updates;
+  }
+  for (const core::Op& op : core::lower_plan(plan_of("resident", 1, 4, 2), m).ops) {
+    if (op.kind != OpKind::Update) continue;
+    CHECK(op.bytes == 14 * 250);
+    ++updates;
+  }
+  CHECK(updates == 2 * 2 + 2);
+  m.fp32_optimizer = true;  // the same 2-byte weights in mixed precision: FP32 masters and moments, 28 bytes
+  for (const core::Op& op : core::lower_plan(plan_of("resident", 1, 4, 2), m).ops)
+    if (op.kind == OpKind::Update) CHECK(op.bytes == 28 * 250);
+}
+
 TEST_CASE("fsdp on one GPU is resident: no collectives, the same time and peak memory") {
   const core::Model m = tiny_model();
   const core::Program f = core::lower_plan(plan_of("fsdp", 1, 4, 2), m);

@@ -957,6 +957,18 @@ TEST_CASE("host memory: mixed precision counts fp32 masters, gradients and bounc
   CHECK(core::staging_ring_bytes(b.p, false, 200) == 2 * 200 + 2 * 200);  // chunked: a buffer holds one chunk
   const sim::HostAccount h = sim::host_account(b.p, bf16);
   CHECK(h.staging_bytes == 2 * 350 + 2 * 300 + 2 * 250);
+  // pure 2-byte training (model.analytic.master_weights: false): no FP32 copy anywhere; the host holds the bf16
+  // weights, the bf16 gradient and the two bf16 moments (4 bytes a parameter), 8 bytes a parameter where mixed
+  // precision holds 4 + 4 + 8 (+ the bf16 copy the executor keeps beside)
+  core::Model pure = bf16;
+  pure.fp32_optimizer = false;
+  for (core::Layer& L : pure.layers) L.optimizer_state_bytes = 4 * 500;
+  CHECK_FALSE(sim::mixed_precision(pure));
+  const sim::HostAccount pure_state = sim::host_state(pure, false);
+  CHECK(pure_state.master_weights_bytes == 2 * (1000 + 10));
+  CHECK(pure_state.gradient_bytes == 2 * 1000);
+  CHECK(pure_state.optimizer_state_bytes == 2 * 4 * 500);
+  CHECK(pure_state.total_bytes() == 2 * (1000 + 10 + 1000 + 2000));
   CHECK(h.total_bytes() == state.total_bytes() + h.staging_bytes);
   // a collective stages only when the replicas sum on the host
   on(b.add(1, Stream::Compute, OpKind::ARD, 400), 1);

@@ -399,8 +399,8 @@ TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer s
   CHECK(model.master_bytes(0, 1) == 0);
   CHECK(two_layers().master_bytes(0, 1) == 8000);  // fp32: the weights are the masters
   // 4 bytes a parameter whatever the device dtype; without a parameter count, the (fp32) weight bytes
-  CHECK(model.fp32_param_bytes(0) == 4000);
-  CHECK(two_layers(1e-3, 4002, 0).fp32_param_bytes(1) == 4002);
+  CHECK(model.optimizer_param_bytes(0) == 4000);
+  CHECK(two_layers(1e-3, 4002, 0).optimizer_param_bytes(1) == 4002);
   core::Plan p = plan_of("zero-infinity", 1, 1);
   p.knobs.offload = core::OffloadTier::Nvme;
   int updates = 0;
