@@ -53,6 +53,10 @@ def convert(entry, seconds, minibatch):
         return 8.0 * ps_params(entry["shape"]) * minibatch / entry["data_parallel"] * entry["shape"]["seq"] / seconds / 1e12
     if metric == "tokens_per_s":  # all GPUs' tokens: the iteration's samples x the point's sequence length
         return minibatch * entry["seq"] / seconds
+    if metric == "seconds_per_micro":  # one training-loop iteration: the optimizer step over its micro-steps
+        return seconds / entry["grad_accum"]
+    if metric == "epoch_seconds":  # an epoch of `steps` optimizer steps
+        return seconds * entry["steps"]
     if metric == "tflops_megatron_nohead":  # summed over GPUs
         flops = vp.flops_per_sample({"flops": "megatron-nohead", "shape": entry["shape"], "name": entry["id"]})
         return flops * minibatch / seconds / 1e12
