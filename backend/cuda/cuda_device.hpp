@@ -54,6 +54,12 @@ struct CudaDeviceOptions {
   // it. The registry's devices (harmony-run, the conformance suite) set it to !DeviceOptions::tree_sums
   // (cuda_module.cpp).
   bool bf16_exact = false;
+  // The fused kernels (docs/backend.md, "Fused kernels"): the residual add and the LayerNorm that reads it in one
+  // kernel (fp32 and bf16; the unfused bits), and on the bf16 fast path the MLP's matmuls with cuBLASLt's GELU
+  // epilogues (bias + GELU into c_fc's matmul, the GELU gradient and c_fc's bias gradient into c_proj's backward),
+  // each falling back to the unfused kernels where cuBLASLt refuses the shape. Off: the kernels of before (harmony-run
+  // turns it off with --exact and --no-fuse; the registry's devices have it only when DeviceOptions::fused asks).
+  bool fused_epilogues = true;
   // Synchronize after every enqueued operation and check for errors, so an asynchronous fault (an illegal
   // address in a kernel) is reported against the operation that caused it. Slow; for debugging.
   bool sync_debug = sync_debug_from_environment();

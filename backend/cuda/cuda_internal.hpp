@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_arena.hpp"
 #include "backend/cuda/cuda_device.hpp"
+#include "backend/cuda/epilogue.hpp"
 #include "backend/cuda/host_calls.hpp"
 #include "backend/cuda/kernels.hpp"
 
@@ -197,6 +198,13 @@ class CudaKernels final : public Kernels<S> {
                         int V) override;
   void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
              std::int64_t n) override;
+  // Fused where the device's options say (epilogue.hpp), else Kernels<S>' composition.
+  void matmul_gelu_fwd(Stream& s, S* out, S* pre, const S* in, const S* w, const S* bias, int N, int IC, int OC,
+                       WeightLayout layout) override;
+  bool matmul_gelu_bwd(Stream& s, S* din, S* dw, S* dbias, S* dpre_bias, const S* dout, const S* in, const S* w,
+                       const S* pre, int N, int IC, int OC, WeightLayout layout) override;
+  void add_layernorm_fwd(Stream& s, S* res, S* out, float* mean, float* rstd, const S* a, const S* b, const S* w,
+                         const S* bias, int N, int C, float eps) override;
 
  private:
   CudaDevice& dev_;
@@ -339,6 +347,15 @@ class CudaDevice final : public Device {
                            int V);
   template <class S>
   void adamw_as(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t, std::int64_t n);
+  // The fused entry points (CudaKernels<S> calls them only when fusion() says so).
+  epi::FusionMode fusion() const { return {.fused = options_.fused_epilogues, .bf16_fast = !options_.bf16_exact}; }
+  void matmul_gelu_fwd_bf16(Stream& s, Bf16* out, Bf16* pre, const Bf16* in, const Bf16* w, const Bf16* bias, int N,
+                            int IC, int OC, WeightLayout layout);
+  void matmul_gelu_bwd_bf16(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* dpre_bias, const Bf16* dout,
+                            const Bf16* in, const Bf16* w, const Bf16* pre, int N, int IC, int OC, WeightLayout layout);
+  template <class S>
+  void add_layernorm_fwd_as(Stream& s, S* res, S* out, float* mean, float* rstd, const S* a, const S* b, const S* w,
+                            const S* bias, int N, int C, float eps);
 
   // For the streams and the communicator.
   CudaStream& own(Stream& s, const char* op);
@@ -386,5 +403,10 @@ void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* 
 void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H);
 void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
                    int C, int H);
+// The fused MLP matmuls of the bf16 fast path (cuBLASLt's GELU epilogues, each falling back to the unfused kernels).
+void matmul_gelu_fwd(StreamContext& c, Bf16* out, Bf16* pre, const Bf16* in, const Bf16* w, const Bf16* bias, int N,
+                     int IC, int OC, WeightLayout layout);
+void matmul_gelu_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* dpre_bias, const Bf16* dout,
+                     const Bf16* in, const Bf16* w, const Bf16* pre, int N, int IC, int OC, WeightLayout layout);
 
 }  // namespace harmony::backend::cuda::detail
