@@ -349,6 +349,8 @@ class CudaDevice final : public Device {
   void adamw_as(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t, std::int64_t n);
   // The fused entry points (CudaKernels<S> calls them only when fusion() says so).
   epi::FusionMode fusion() const { return {.fused = options_.fused_epilogues, .bf16_fast = !options_.bf16_exact}; }
+  void matmul_bwd_fused_bf16(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
+                             const Bf16* w, int N, int IC, int OC, WeightLayout layout);
   void matmul_gelu_fwd_bf16(Stream& s, Bf16* out, Bf16* pre, const Bf16* in, const Bf16* w, const Bf16* bias, int N,
                             int IC, int OC, WeightLayout layout);
   void matmul_gelu_bwd_bf16(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* dpre_bias, const Bf16* dout,
@@ -403,7 +405,10 @@ void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* 
 void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H);
 void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
                    int C, int H);
-// The fused MLP matmuls of the bf16 fast path (cuBLASLt's GELU epilogues, each falling back to the unfused kernels).
+// The bf16 fast path's fused matmuls (cuBLASLt's GELU and bias-gradient epilogues, each falling back to the unfused
+// kernels).
+void matmul_bwd_fused(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
+                      const Bf16* w, int N, int IC, int OC, WeightLayout layout);
 void matmul_gelu_fwd(StreamContext& c, Bf16* out, Bf16* pre, const Bf16* in, const Bf16* w, const Bf16* bias, int N,
                      int IC, int OC, WeightLayout layout);
 void matmul_gelu_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* dpre_bias, const Bf16* dout,

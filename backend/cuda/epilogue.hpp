@@ -24,9 +24,10 @@ struct FusionMode {
   bool bf16_fast = false;
 };
 
-// The GELU epilogues change rounding (the GELU of the fp32 sum, not of the rounded pre-activation; the bias gradient
-// of the unrounded GELU gradient): bf16 fast path only. fp32 storage keeps cuBLAS's GEMMs and the separate kernels.
-inline bool fuse_gelu(FusionMode m, bool bf16_storage) { return m.fused && bf16_storage && m.bf16_fast; }
+// cuBLASLt's epilogues (GELU, GELU gradient, bias gradient) change rounding or summation order (the GELU of the fp32
+// sum, not of the rounded pre-activation; bias gradients summed by cuBLASLt, not by the tree): bf16 fast path only.
+// fp32 storage keeps cuBLAS's GEMMs and the separate kernels.
+inline bool fuse_epilogues(FusionMode m, bool bf16_storage) { return m.fused && bf16_storage && m.bf16_fast; }
 
 // The fused residual add + LayerNorm computes the unfused bits (kernels.hpp), but stays behind the same switch so that
 // --exact and --no-fuse run exactly the kernels they ran before it existed.

@@ -26,12 +26,12 @@ TEST_CASE("alignment_bytes: the largest power of two dividing the address, cappe
   CHECK(epi::alignment_bytes(at(1)) == 1);
 }
 
-TEST_CASE("GELU epilogues: only with the fused option, bf16 storage and the bf16 fast path") {
+TEST_CASE("cuBLASLt epilogues: only with the fused option, bf16 storage and the bf16 fast path") {
   for (const bool fused : {false, true}) {
     for (const bool fast : {false, true}) {
       for (const bool bf16 : {false, true}) {
         INFO("fused " << fused << " bf16_fast " << fast << " bf16 storage " << bf16);
-        CHECK(epi::fuse_gelu({.fused = fused, .bf16_fast = fast}, bf16) == (fused && fast && bf16));
+        CHECK(epi::fuse_epilogues({.fused = fused, .bf16_fast = fast}, bf16) == (fused && fast && bf16));
       }
     }
   }

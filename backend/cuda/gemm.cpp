@@ -6,6 +6,7 @@
 // its probabilities and score gradients in fp32 scratch, the fast one (CudaDeviceOptions::bf16_exact off) is bf16
 // strided-batched GEMMs around the fused bf16 softmax, with no fp32 T x T tensor.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -157,6 +158,8 @@ void lt_prefer(LtDescs& x, const LtCall& g) {
           static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
 }
 
+std::atomic<std::int64_t> lt_no_algorithm{0};  // cublaslt_fallbacks()
+
 // `ws`: kLtWorkspaceBytes of the stream's workspace, not overlapping anything the call reads or writes.
 bool lt_matmul(StreamContext& c, const LtCall& g, void* ws) {
   LtDescs x;
@@ -166,7 +169,10 @@ bool lt_matmul(StreamContext& c, const LtCall& g, void* ws) {
   int returned = 0;
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(c.cublaslt(), x.op, x.a, x.b, x.d, x.d, x.pref, 1, &found, &returned);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0)) return false;
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0)) {
+    lt_no_algorithm.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   HARMONY_CUBLAS_CHECK(st);
   const float alpha = 1.0f, beta = 0.0f;
   HARMONY_CUBLAS_CHECK(cublasLtMatmul(c.cublaslt(), x.op, &alpha, g.A, x.a, g.B, x.b, &beta, g.D, x.d, g.D, x.d,
@@ -323,19 +329,74 @@ void matmul_fwd(StreamContext& c, Bf16* out, const Bf16* in, const Bf16* w, cons
   }
 }
 
+namespace {
+
+// din (N x IC, bf16) = dout . W^T, rounded once.
+void matmul_din_bf16(StreamContext& c, Bf16* din, const Bf16* dout, const Bf16* w, int N, int IC, int OC,
+                     WeightLayout layout) {
+  if (layout == WeightLayout::InOut) {
+    gemm_bf16(c.cublas(), kT, kN, IC, N, OC, w, OC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
+  } else {
+    gemm_bf16(c.cublas(), kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
+  }
+}
+
+// dW (bf16) += in^T . dout and dbias (bf16) += dout's column sums by one cublasLtMatmul into fp32 scratch with the
+// bias-gradient epilogue (CUBLASLT_EPILOGUE_BGRADA where dout is the GEMM's A, InOut; BGRADB where it is its B,
+// OutIn), then each added to its widened gradient and rounded once (add_f32_rounded): the unfused fast path's rounding
+// points, summed in cuBLASLt's order, without bias_grad's pass over dout. False (nothing enqueued) when dW's product
+// exceeds one scratch block (the unfused path splits it) or cuBLASLt offers no algorithm.
+bool dw_bgrad_lt(StreamContext& c, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, int N, int IC, int OC,
+                 WeightLayout layout) {
+  const bool in_out = layout == WeightLayout::InOut;
+  const int m = in_out ? OC : IC, n = in_out ? IC : OC;
+  const std::size_t product_bytes = static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(float);
+  if (N <= 0 || m <= 0 || n <= 0 || product_bytes > kAccumulateScratchBytes) return false;
+  const std::size_t bgrad_bytes = (static_cast<std::size_t>(OC) * sizeof(float) + 255) / 256 * 256;
+  auto* ws = static_cast<unsigned char*>(c.workspace(kLtWorkspaceBytes + bgrad_bytes + product_bytes));
+  auto* bgrad = reinterpret_cast<float*>(ws + kLtWorkspaceBytes);
+  auto* product = reinterpret_cast<float*>(ws + kLtWorkspaceBytes + bgrad_bytes);
+  const LtCall g{.ta = kN,
+                 .tb = kT,
+                 .m = m,
+                 .n = n,
+                 .k = N,
+                 .A = in_out ? dout : in,
+                 .lda = m,
+                 .B = in_out ? in : dout,
+                 .ldb = n,
+                 .D = product,
+                 .d_type = CUDA_R_32F,
+                 .epilogue = in_out ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB,
+                 .bias = bgrad};
+  if (!lt_matmul(c, g, ws)) return false;
+  kern::add_f32_rounded(c.stream(), dw, product, static_cast<std::int64_t>(m) * n);
+  kern::add_f32_rounded(c.stream(), dbias, bgrad, OC);
+  return true;
+}
+
+}  // namespace
+
 // dW += in^T . dout: the fp32 product added to the widened dW and rounded once, as the CPU's bf16 kernel.
 void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w,
                 int N, int IC, int OC, WeightLayout layout) {
   if (N == 0) return;
-  cublasHandle_t h = c.cublas();
+  if (din != nullptr) matmul_din_bf16(c, din, dout, w, N, IC, OC, layout);
   if (layout == WeightLayout::InOut) {
-    if (din != nullptr) gemm_bf16(h, kT, kN, IC, N, OC, w, OC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
     gemm_bf16_accumulate(c, kN, kT, OC, IC, N, dout, OC, in, IC, dw);
   } else {
-    if (din != nullptr) gemm_bf16(h, kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
     gemm_bf16_accumulate(c, kN, kT, IC, OC, N, in, IC, dout, OC, dw);
   }
   if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false, true));
+}
+
+// With fused epilogues (the bf16 fast path): dW and dbias by dw_bgrad_lt where it runs, else as matmul_bwd.
+void matmul_bwd_fused(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
+                      const Bf16* w, int N, int IC, int OC, WeightLayout layout) {
+  if (N == 0) return;
+  if (dbias == nullptr || !dw_bgrad_lt(c, dw, dbias, dout, in, N, IC, OC, layout))
+    return matmul_bwd(c, din, dw, dbias, dout, in, w, N, IC, OC, layout);
+  if (din != nullptr) matmul_din_bf16(c, din, dout, w, N, IC, OC, layout);
 }
 
 // The fused MLP forward (Kernels<Bf16>::matmul_gelu_fwd on the fast path with fused epilogues): out^T = gelu(W^T.in^T
@@ -405,13 +466,12 @@ void matmul_gelu_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* d
                      const Bf16* in, const Bf16* w, const Bf16* pre, int N, int IC, int OC, WeightLayout layout) {
   if (N == 0) return;
   if (!dgelu_din_lt(c, din, dpre_bias, dout, w, pre, N, IC, OC, layout)) {
-    const bool in_out = layout == WeightLayout::InOut;
-    gemm_bf16(c.cublas(), in_out ? kT : kN, kN, IC, N, OC, w, in_out ? OC : IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
+    matmul_din_bf16(c, din, dout, w, N, IC, OC, layout);
     kern::gelu_bwd(c.stream(), din, pre, din, static_cast<std::int64_t>(N) * IC);
     if (dpre_bias != nullptr)
       kern::bias_grad(c.stream(), dpre_bias, din, N, IC, c.column_sums_workspace(N, IC, false, true));
   }
-  matmul_bwd(c, nullptr, dw, dbias, dout, in, w, N, IC, OC, layout);
+  matmul_bwd_fused(c, nullptr, dw, dbias, dout, in, w, N, IC, OC, layout);
 }
 
 namespace {
@@ -534,3 +594,7 @@ void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* q
 }
 
 }  // namespace harmony::backend::cuda::detail
+
+namespace harmony::backend::cuda {
+std::int64_t cublaslt_fallbacks() noexcept { return detail::lt_no_algorithm.load(std::memory_order_relaxed); }
+}  // namespace harmony::backend::cuda
