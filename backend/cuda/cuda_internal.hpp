@@ -10,6 +10,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -100,6 +101,12 @@ class StreamContext {
   bool bf16_fast() const { return !bf16_exact_; }
   cublasHandle_t cublas();      // created on first use, bound to this stream
   cublasLtHandle_t cublaslt();  // created on first use (the bf16 fast path's bias epilogue)
+  // cuBLASLt's heuristic answers on this stream by call shape (found false: none offered), asked once per key.
+  struct LtAlgo {
+    bool found = false;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<epi::LtKey, LtAlgo>& lt_algorithms() { return lt_algorithms_; }
   // At least `bytes` of device scratch, valid for work enqueued from now on (growing synchronizes the stream).
   void* workspace(std::size_t bytes);
 
@@ -113,6 +120,7 @@ class StreamContext {
   kern::ErrorRecord* errors_;
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublaslt_ = nullptr;
+  std::map<epi::LtKey, LtAlgo> lt_algorithms_;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };

@@ -1,9 +1,11 @@
 // When the CUDA device fuses (Kernels<S>::matmul_gelu_fwd / _bwd and add_layernorm_fwd): the options that turn its
 // fused kernels on, and what cuBLASLt's GELU epilogues document they need (checked before asking cuBLASLt for an
-// algorithm; a call that fails a check, or finds no algorithm, takes the unfused path). Host-only and free of CUDA
+// algorithm; a call that fails a check, or finds no algorithm, takes the unfused path), and the key its answers are
+// cached under. Host-only and free of CUDA
 // headers, so CPU tests check every decision (epilogue_test.cpp); gemm.cpp and cuda_device.cpp act on them.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <string_view>
 
@@ -44,5 +46,17 @@ inline std::string_view gelu_epilogue_refusal(int rows, int cols, int k, const v
   if (bias != nullptr && alignment_bytes(bias) < 16) return "the bias vector is not 16-byte aligned";
   return {};
 }
+
+// What cuBLASLt's algorithm choice for one call depends on (every descriptor and preference attribute but the
+// pointers' values, for which only their alignment counts): a stream caches the heuristic's answer under it, so a
+// training step's repeated shapes ask cuBLASLt once (CudaDevice: StreamContext::lt_algorithms).
+struct LtKey {
+  int epilogue = 0;
+  int ta = 0, tb = 0;
+  int m = 0, n = 0, k = 0, lda = 0, ldb = 0;
+  int d_type = 0;
+  std::uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;  // 0: no such operand
+  auto operator<=>(const LtKey&) const = default;
+};
 
 }  // namespace harmony::backend::cuda::epi

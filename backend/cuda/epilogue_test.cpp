@@ -1,10 +1,11 @@
-// The CUDA device's fusion decisions (backend/cuda/epilogue.hpp) on the CPU: which options fuse what, and which
-// shapes and alignments are refused before cuBLASLt is asked for a GELU epilogue. Runs in every build (no CUDA
-// needed); what the fused kernels compute is checked on a GPU (tests/backend/test_cuda_device.cpp).
+// The CUDA device's fusion decisions (backend/cuda/epilogue.hpp) on the CPU: which options fuse what, which shapes
+// and alignments are refused before cuBLASLt is asked for a GELU epilogue, and the key its answers are cached under.
+// Runs in every build (no CUDA needed); what the fused kernels compute is checked on a GPU (test_cuda_device.cpp).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <map>
 #include <string_view>
 
 #include "backend/cuda/epilogue.hpp"
@@ -60,4 +61,44 @@ TEST_CASE("GELU epilogue refusals: cuBLASLt's aux leading dimension and 16-byte 
         "the GELU input's leading dimension (rows) is not a multiple of 8");
   CHECK(epi::gelu_epilogue_refusal(128, 64, 32, at(8), ok) == "the GELU input is not 16-byte aligned");
   CHECK(epi::gelu_epilogue_refusal(128, 64, 32, ok, at(2)) == "the bias vector is not 16-byte aligned");
+}
+
+TEST_CASE("LtKey: cuBLASLt's cached answers are per shape, epilogue, types and alignments") {
+  const epi::LtKey base{.epilogue = 1,
+                        .ta = 0,
+                        .tb = 1,
+                        .m = 4096,
+                        .n = 8192,
+                        .k = 1024,
+                        .lda = 4096,
+                        .ldb = 1024,
+                        .d_type = 14,
+                        .align_a = 256,
+                        .align_b = 256,
+                        .align_d = 256,
+                        .align_bias = 16,
+                        .align_aux = 0};
+  std::map<epi::LtKey, int> cache{{base, 7}};
+  epi::LtKey same = base;
+  CHECK(cache.count(same) == 1);  // the same call shape finds the answer
+  // Every field is part of the key: a call differing in any one of them asks cuBLASLt again.
+  const auto differs = [&](auto change) {
+    epi::LtKey k = base;
+    change(k);
+    return k != base && cache.count(k) == 0;
+  };
+  CHECK(differs([](epi::LtKey& k) { k.epilogue = 2; }));
+  CHECK(differs([](epi::LtKey& k) { k.ta = 1; }));
+  CHECK(differs([](epi::LtKey& k) { k.tb = 0; }));
+  CHECK(differs([](epi::LtKey& k) { k.m = 4095; }));
+  CHECK(differs([](epi::LtKey& k) { k.n = 1; }));
+  CHECK(differs([](epi::LtKey& k) { k.k = 1023; }));
+  CHECK(differs([](epi::LtKey& k) { k.lda = 8192; }));
+  CHECK(differs([](epi::LtKey& k) { k.ldb = 8; }));
+  CHECK(differs([](epi::LtKey& k) { k.d_type = 0; }));
+  CHECK(differs([](epi::LtKey& k) { k.align_a = 2; }));
+  CHECK(differs([](epi::LtKey& k) { k.align_b = 2; }));
+  CHECK(differs([](epi::LtKey& k) { k.align_d = 2; }));
+  CHECK(differs([](epi::LtKey& k) { k.align_bias = 0; }));
+  CHECK(differs([](epi::LtKey& k) { k.align_aux = 16; }));
 }

@@ -160,23 +160,50 @@ void lt_prefer(LtDescs& x, const LtCall& g) {
 
 std::atomic<std::int64_t> lt_no_algorithm{0};  // cublaslt_fallbacks()
 
-// `ws`: kLtWorkspaceBytes of the stream's workspace, not overlapping anything the call reads or writes.
-bool lt_matmul(StreamContext& c, const LtCall& g, void* ws) {
-  LtDescs x;
-  lt_describe(x, g);
+// The heuristic's answer for `g` (described in `x`), asked once per stream and shape (StreamContext::lt_algorithms).
+const StreamContext::LtAlgo& lt_choose(StreamContext& c, LtDescs& x, const LtCall& g) {
+  const auto align_or_0 = [](const void* p) { return p != nullptr ? epi::alignment_bytes(p) : 0u; };
+  const epi::LtKey key{.epilogue = static_cast<int>(g.epilogue),
+                       .ta = static_cast<int>(g.ta),
+                       .tb = static_cast<int>(g.tb),
+                       .m = g.m,
+                       .n = g.n,
+                       .k = g.k,
+                       .lda = g.lda,
+                       .ldb = g.ldb,
+                       .d_type = static_cast<int>(g.d_type),
+                       .align_a = epi::alignment_bytes(g.A),
+                       .align_b = epi::alignment_bytes(g.B),
+                       .align_d = epi::alignment_bytes(g.D),
+                       .align_bias = align_or_0(g.bias),
+                       .align_aux = align_or_0(g.aux)};
+  auto& cache = c.lt_algorithms();
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
   lt_prefer(x, g);
   cublasLtMatmulHeuristicResult_t found{};
   int returned = 0;
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(c.cublaslt(), x.op, x.a, x.b, x.d, x.d, x.pref, 1, &found, &returned);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0)) {
+  StreamContext::LtAlgo choice;
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+    HARMONY_CUBLAS_CHECK(st);
+    choice = {.found = returned > 0, .algo = found.algo};
+  }
+  return cache.emplace(key, choice).first->second;
+}
+
+// `ws`: kLtWorkspaceBytes of the stream's workspace, not overlapping anything the call reads or writes.
+bool lt_matmul(StreamContext& c, const LtCall& g, void* ws) {
+  LtDescs x;
+  lt_describe(x, g);
+  const StreamContext::LtAlgo& choice = lt_choose(c, x, g);
+  if (!choice.found) {
     lt_no_algorithm.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  HARMONY_CUBLAS_CHECK(st);
   const float alpha = 1.0f, beta = 0.0f;
   HARMONY_CUBLAS_CHECK(cublasLtMatmul(c.cublaslt(), x.op, &alpha, g.A, x.a, g.B, x.b, &beta, g.D, x.d, g.D, x.d,
-                                      &found.algo, ws, kLtWorkspaceBytes, c.stream()));
+                                      &choice.algo, ws, kLtWorkspaceBytes, c.stream()));
   return true;
 }
 
