@@ -674,6 +674,9 @@ TEST_SUITE("gpu") {
   // unfused one the GELU of pre rounded to bf16 (relative error <= 2^-8), so they differ by |gelu'(x)| |x| 2^-8 plus a
   // flip of out: for x >= 0, gelu(x) >= x / 2 and gelu' <= 1.13, so <= 2.26 * 2^-8 |out| (rtol 0.009); for x < 0,
   // |x gelu'(x)| <= 0.2 (near x = -1.7), so <= 0.2 * 2^-8 < 8e-4 (atol 1e-3, plus the sum-order term times 1.13).
+  // cuBLASLt's own GELU may evaluate tanh by the hardware's approximation (relative 2^-11): up to 0.5 X 2^-11 more,
+  // X = max |pre| (where 1 + tanh cancels, x < -2, that is as large as the erf GELU's distance from the tanh one, so
+  // no test here tells the two apart: docs/backend.md).
   // Where cuBLASLt is not asked (OC not a multiple of 8, a pre-activation or bias off 16-byte alignment:
   // backend/cuda/epilogue.hpp) or offers no algorithm, the fused call is the unfused one: the same bits.
   TEST_CASE("bf16 kernels: the MLP forward with cuBLASLt's GELU epilogue tracks the unfused fast path") {
@@ -706,8 +709,10 @@ TEST_SUITE("gpu") {
           continue;
         }
         check_close("fused matmul_gelu_fwd pre", pre1, pre0, 1e-5 * std::sqrt(double(IC)), 1e-4 + kFlip);
-        check_close("fused matmul_gelu_fwd out", out1, out0, 1e-3 + 1.13e-5 * std::sqrt(double(IC)),
-                    0.009 + 1e-4 + kFlip);
+        double X = 0;
+        for (const float x : pre0) X = std::max(X, double(std::abs(x)));
+        check_close("fused matmul_gelu_fwd out", out1, out0,
+                    1e-3 + 1.13e-5 * std::sqrt(double(IC)) + 0.5 * X * std::ldexp(1.0, -11), 0.009 + 1e-4 + kFlip);
         // The epilogue really ran on GPT-2-like shapes (every dimension a multiple of 8): cuBLASLt offering no
         // algorithm there would leave the fast path unmeasured.
         if (N % 8 == 0 && IC % 8 == 0)
@@ -723,9 +728,12 @@ TEST_SUITE("gpu") {
   // relative and 1e-5 sqrt(OC) times |gelu'| <= 1.13 absolute. dpre_bias (c_fc's bias gradient, added onto its old
   // value): per column i, with S_i = sum over rows of |din| (the unfused din): the rows' differences (2^-8 + kFlip)
   // S_i, cuBLASLt's bf16 bias gradient rounded once more (kFlip S_i), sum order (1e-4 S_i), and the add's rounding
-  // (kFlip |dpre_bias|). dW and dbias (c_proj's own) by the bias-gradient epilogue: the bounds of "matmul_bwd with
-  // cuBLASLt's bias-gradient epilogue" below. A refused shape (IC not a multiple of 8): din and dpre_bias the unfused
-  // bits. Without dpre_bias the call returns false and leaves it.
+  // (kFlip |dpre_bias|). cuBLASLt's GELU gradient may evaluate tanh by the hardware's approximation (relative 2^-11
+  // in t = tanh(u)): gelu'(x) = (1 + t) / 2 + x (1 - t^2) u' / 2 then moves by up to 2^-11 (1/2 + |x| u'), u' = 0.798
+  // (1 + 0.134 x^2), times the product P = dout . W^T: eg = 2^-11 (1/2 + X u'(X)) max |P| more for din (X = 3, the
+  // largest |pre|), N eg more for dpre_bias. dW and dbias (c_proj's own) by the bias-gradient epilogue: the bounds of
+  // "matmul_bwd with cuBLASLt's bias-gradient epilogue" below. A refused shape (IC not a multiple of 8): din and
+  // dpre_bias the unfused bits. Without dpre_bias the call returns false and leaves it.
   TEST_CASE("bf16 kernels: the MLP backward with cuBLASLt's DGELU_BGRAD epilogue tracks the unfused fast path") {
     struct Shape {
       int N, IC, OC;  // IC = 4C (the GELU's width), OC = C
@@ -773,14 +781,26 @@ TEST_SUITE("gpu") {
           CHECK(same_bits(f.dpre, u.dpre));
           continue;
         }
-        check_close("fused matmul_gelu_bwd din", f.din, u.din, 1.13e-5 * std::sqrt(double(OC)),
+        double P = 0;  // max |dout . W^T| over the N x IC products, in fp64 on the bf16 operands
+        {
+          const auto bf = [](float v) { return double(to_f32(to_bf16(v))); };
+          for (int n = 0; n < N; ++n) {
+            for (int i = 0; i < IC; ++i) {
+              double p = 0;
+              for (int o = 0; o < OC; ++o) p += bf(dout_h[std::size_t(n) * OC + o]) * bf(w_h[std::size_t(i) * OC + o]);
+              P = std::max(P, std::abs(p));
+            }
+          }
+        }
+        const double eg = std::ldexp(1.0, -11) * (0.5 + 3.0 * 0.798 * (1 + 0.134 * 9)) * P;
+        check_close("fused matmul_gelu_bwd din", f.din, u.din, 1.13e-5 * std::sqrt(double(OC)) + eg,
                     1.0 / 256 + 1e-4 + kFlip);
         if (!with_dpre) continue;
         std::size_t failing = 0;
         for (int i = 0; i < IC; ++i) {
           double S = 0;
           for (int n = 0; n < N; ++n) S += std::abs(double(u.din[std::size_t(n) * IC + i]));
-          const double bound = (1.0 / 256 + 2 * kFlip + 1e-4) * S + kFlip * std::abs(double(u.dpre[i])) + 1e-6;
+          const double bound = (1.0 / 256 + 2 * kFlip + 1e-4) * S + kFlip * std::abs(double(u.dpre[i])) + N * eg + 1e-6;
           if (!(std::abs(double(f.dpre[i]) - double(u.dpre[i])) <= bound)) ++failing;
         }
         INFO(failing << " of " << IC << " bias-gradient entries outside their bound");
