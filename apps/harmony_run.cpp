@@ -91,6 +91,9 @@ void add_common_options(CLI::App* sub, Cli& cli) {
   sub->add_flag("--tree-sums", cli.device_flags.tree_sums,
                 "device: cuda: parallel tree sums for bias and norm gradients (the default there; refused with "
                 "--exact)");
+  sub->add_flag("--no-fuse", cli.device_flags.no_fuse,
+                "the unfused kernels: no cuBLASLt GELU epilogues, no fused residual add + LayerNorm (fused is the "
+                "default on cuda, off with --exact; no effect on devices without fused kernels)");
   sub->add_flag("--poison", cli.device_flags.poison,
                 "fill fresh device memory with NaN to catch reads before writes (default only in debug builds)");
 }

@@ -256,6 +256,35 @@ class Kernels {
   // dlogits = (probs - onehot(target)) * scale; may alias probs.
   virtual void crossentropy_bwd(Stream& s, S* dlogits, const S* probs, const std::int32_t* targets, float scale, int N,
                                 int V) = 0;
+  // --- fused entry points (optional). Each default is the composition of the kernels above, in the order the layer
+  // code called them before they existed, so a device that does not override them (the CPU device) keeps its bits;
+  // the CUDA device fuses them on its fast path (docs/backend.md, "Fused kernels").
+  // pre (N,OC) = in x W + bias (bias may be null); out = gelu(pre): the MLP's first matmul and its GELU, pre kept
+  // for the backward.
+  virtual void matmul_gelu_fwd(Stream& s, S* out, S* pre, const S* in, const S* w, const S* bias, int N, int IC, int OC,
+                               WeightLayout layout) {
+    matmul_fwd(s, pre, in, w, bias, N, IC, OC, layout);
+    gelu_fwd(s, out, pre, static_cast<std::int64_t>(N) * OC);
+  }
+  // matmul_bwd of a matmul whose input was in = gelu(pre) (N,IC): din = gelu'(pre) * (dout x W^T) (written, not
+  // null), dw += in^T x dout, dbias += column sums of dout (may be null). Returns true when it also added din's
+  // column sums into dpre_bias (the gradient of the bias that made pre; may be null), false when it left dpre_bias
+  // alone and the caller's matmul_bwd of the matmul that made pre sums them (the default). Decided when the call is
+  // made (the device's options), never by what the enqueued work finds.
+  virtual bool matmul_gelu_bwd(Stream& s, S* din, S* dw, S* dbias, S* dpre_bias, const S* dout, const S* in, const S* w,
+                               const S* pre, int N, int IC, int OC, WeightLayout layout) {
+    (void)dpre_bias;
+    matmul_bwd(s, din, dw, dbias, dout, in, w, N, IC, OC, layout);
+    gelu_bwd(s, din, pre, din, static_cast<std::int64_t>(N) * IC);
+    return false;
+  }
+  // res (N,C) = a + b (may alias either), then out = layernorm(res) as layernorm_fwd (mean, rstd fp32): the residual
+  // add and the LayerNorm that reads it.
+  virtual void add_layernorm_fwd(Stream& s, S* res, S* out, float* mean, float* rstd, const S* a, const S* b,
+                                 const S* w, const S* bias, int N, int C, float eps) {
+    add(s, res, a, b, static_cast<std::int64_t>(N) * C);
+    layernorm_fwd(s, out, mean, rstd, res, w, bias, N, C, eps);
+  }
   // --- the Llama family's kernels (optional: DeviceCaps::llama_kernels). The defaults throw a DeviceError naming the
   // kernel; the CPU device implements them (docs/backend.md, "The Llama family").
   // out = in * rstd * w per row (RMSNorm), rstd = 1 / sqrt(mean(in^2) + eps) (N, fp32 for either S) kept for the

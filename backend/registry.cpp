@@ -47,6 +47,7 @@ const std::vector<const DeviceKind*>& table() {
                                     {.bf16_kernels = true,
                                      .tf32 = true,
                                      .tree_sums = true,
+                                     .fused = true,
                                      .pinned_host_memory = true,
                                      .profiler_ranges = true,
                                      .llama_kernels = true,
@@ -64,7 +65,8 @@ struct OptionCap {
   bool DeviceCaps::*cap;
 };
 constexpr OptionCap kOptionCaps[] = {{"tf32", &DeviceOptions::tf32, &DeviceCaps::tf32},
-                                     {"tree_sums", &DeviceOptions::tree_sums, &DeviceCaps::tree_sums}};
+                                     {"tree_sums", &DeviceOptions::tree_sums, &DeviceCaps::tree_sums},
+                                     {"fused", &DeviceOptions::fused, &DeviceCaps::fused}};
 
 std::string kind_list() {
   std::string out;

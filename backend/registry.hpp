@@ -21,6 +21,7 @@ struct DeviceCaps {
   bool bf16_kernels = false;        // Device::bf16_kernels() (train.dtype: bf16)
   bool tf32 = false;                // DeviceOptions::tf32: fp32 GEMMs on TF32 tensor cores (--tf32)
   bool tree_sums = false;           // DeviceOptions::tree_sums: bias / LayerNorm gradients by tree sums (--tree-sums)
+  bool fused = false;               // DeviceOptions::fused: fused kernels (cuBLASLt GELU epilogues, add + LayerNorm)
   bool pinned_host_memory = false;  // alloc_host / pin_host page-lock, so copies are asynchronous DMA
   bool profiler_ranges = false;     // trace_range names ranges on a profiler's timeline (NVTX)
   bool llama_kernels = false;       // Kernels<S>::rmsnorm_*, rope_qkv_*, swiglu_*: the Llama family trains here
@@ -32,12 +33,14 @@ struct DeviceCaps {
   bool concurrent_executor = false;
 };
 
-// The device-independent options of a device (harmony-run's --gpu-memory, --tf32, --tree-sums, --poison).
+// The device-independent options of a device (harmony-run's --gpu-memory, --tf32, --tree-sums, --poison; fused is
+// on unless --exact or --no-fuse).
 struct DeviceOptions {
   enum class Poison { Default, On, Off };  // Default: the kind's build default (on in debug builds)
   Bytes capacity = 0;                      // device memory; 0: the kind's default
   bool tf32 = false;                       // needs DeviceCaps::tf32
   bool tree_sums = false;                  // needs DeviceCaps::tree_sums
+  bool fused = false;                      // needs DeviceCaps::fused
   Poison poison = Poison::Default;         // fill fresh device memory with NaN bytes
 };
 

@@ -48,6 +48,8 @@ TEST_CASE("the registry lists cpu (always available) and cuda, each with its cap
   CHECK_FALSE(cpu->caps().tf32);
   CHECK(cuda->caps().tf32);
   CHECK(cuda->caps().tree_sums);
+  CHECK(cuda->caps().fused);
+  CHECK_FALSE(cpu->caps().fused);
   CHECK(cuda->caps().pinned_host_memory);
   CHECK(cuda->caps().concurrent_executor);
   CHECK(device_kinds_with(&DeviceCaps::tf32) == std::vector<std::string>{"cuda"});
@@ -95,6 +97,8 @@ TEST_CASE("options a kind lacks are refused by name; the cpu factory takes capac
                        "device 'cpu' has no tf32 option (devices with it: cuda)", DeviceError);
   CHECK_THROWS_WITH_AS(cpu.make_device(0, {.capacity = kMiB, .tree_sums = true}),
                        "device 'cpu' has no tree_sums option (devices with it: cuda)", DeviceError);
+  CHECK_THROWS_WITH_AS(cpu.make_device(0, {.capacity = kMiB, .fused = true}),
+                       "device 'cpu' has no fused option (devices with it: cuda)", DeviceError);
   auto d = cpu.make_device(2, {.capacity = 3 * kMiB, .poison = DeviceOptions::Poison::On});
   CHECK(d->name() == "cpu:2");
   CHECK(d->memory().capacity == 3 * kMiB);

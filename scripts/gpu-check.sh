@@ -19,7 +19,8 @@
 #      fused AdamW, SDPA): throughput and the loss curve; (b32) resident at MINIBATCH in microbatches of UBATCH;
 #      (c) Harmony (--plan auto) at the same minibatch under a quarter of (b32)'s peak, PyTorch at that cap, dp-swap
 #      at that cap; bf16 staging rates from (c)'s trace; (d) harmony-sim's a-priori prediction of (c) from a profile
-#      taken here; (e) `harmony-sim calibrate` fitted on (b) and (c) dp-swap predicts (c) Harmony;
+#      taken here; (e) `harmony-sim calibrate` fitted on (b) and (c) dp-swap predicts (c) Harmony; (b) again with
+#      --no-fuse for UNFUSED_STEPS steps (the fused kernels on and off);
 #   5. losses of every plan kind, CUDA vs the CPU device, fp32 and bf16, --exact, on the serial executor (the CPU device's
 #      allocation order), harmony-pp also on the concurrent one (CUDA's default); the same for the Llama family
 #      (configs/run/llama.yaml, rows llama_KIND);
@@ -29,7 +30,7 @@
 #
 # usage: scripts/gpu-check.sh OUT_DIR            (from a bundle: BUNDLE/scripts/gpu-check.sh OUT_DIR)
 # knobs: GPT2='{vocab_size: 50257, max_seq_len: 1024, n_layer: 24, n_head: 16, n_embd: 1024}' SEQ_LEN=1024
-#        BATCH=8 STEPS=20 MINIBATCH=32 UBATCH=8 CAPPED_STEPS=4 LR=3e-4 JOBS=$(nproc) BUILD_DIR=build-gpu
+#        BATCH=8 STEPS=20 MINIBATCH=32 UBATCH=8 CAPPED_STEPS=4 UNFUSED_STEPS=6 LR=3e-4 JOBS=$(nproc) BUILD_DIR=build-gpu
 #        DEADLINE_S=480 SKIP_BUILD=1 BUNDLE=dir COMPILE_BUDGET_S=120 TORCH_PYTHON=python3
 #        PEAK_BF16_TFLOPS=<dense BF16 peak; default by GPU name> FAST=1 (train (b)-(d) with --tf32; tree sums are the default)
 #        DEVICE=cpu: a dry run of the plumbing on the CPU device (with an nvidia-smi stand-in on PATH and a tiny GPT2;
@@ -62,6 +63,7 @@ steps=${STEPS:-20}
 minibatch=${MINIBATCH:-32}
 ubatch=${UBATCH:-8}
 capped_steps=${CAPPED_STEPS:-4}
+unfused_steps=${UNFUSED_STEPS:-6}
 lr=${LR:-3e-4}
 deadline_s=${DEADLINE_S:-480}
 dev=${DEVICE:-cuda}
@@ -467,6 +469,12 @@ if [[ $calibrated == true && -f $out/c_auto.json && -f $out/c_auto.trace.json ]]
       --run "$out/e_auto.yaml,$out/c_auto.trace.json,$out/c_auto.json" --check --format json &&
     cp "$out/e_predict.out" "$out/e_predict.json"
 fi
+
+# (b) again with --no-fuse (the unfused kernels: no cuBLASLt GELU epilogues, no fused residual add + LayerNorm; issue
+# 34), UNFUSED_STEPS steps (the first is warm-up): the verdict compares its step time and losses with (b)'s.
+echo "== (b) with --no-fuse, $unfused_steps steps"
+step b_unfused 90 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" "${prof[@]}" --steps "$unfused_steps" \
+  --no-fuse --format json --quiet --trace "$out/b_unfused.trace.json" && keep b_unfused
 
 # --- 5. losses ------------------------------------------------------------------------------------------------------
 # --exact on both devices (strict-order reductions, the bf16 exact kernels: the CPU device's bits, which the bounds

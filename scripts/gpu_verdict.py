@@ -250,6 +250,41 @@ def check_training(v, out, steps, env, params):
     return step_s
 
 
+FUSED = "fused kernels: (b) no slower than --no-fuse, same losses"
+FUSED_SLOWER_MAX = 1.05  # the fused run's step time at most 5% over the unfused one's (timing noise)
+FUSED_LOSS_RTOL = 0.02   # the same training, rounded differently in bf16: within the loss curves' 2%
+
+
+def check_fused(v, out, steps):
+    """(b) with the fused kernels (harmony-run's default on CUDA) against (b) with --no-fuse (step b_unfused, fewer
+    steps): the mean step times and the losses of the steps both ran (the warm-up step not timed). No row when the check did not
+    run b_unfused (recorded before issue 34's fused kernels)."""
+    if "b_unfused" not in steps:
+        return
+    b, pb = load_run(out, steps, "b_in_memory", "b.json")
+    u, pu = load_run(out, steps, "b_unfused")
+    if b is None or u is None:
+        v.add(FUSED, "FAILED", f"(b): {pb}" if b is None else f"--no-fuse run: {pu}")
+        return
+    lb, lu = [x["loss"] for x in b["steps"]], [x["loss"] for x in u["steps"]]
+    n = min(len(lb), len(lu))
+    if n == 0 or not all(math.isfinite(x) for x in lb[:n] + lu[:n]):
+        v.add(FUSED, "FAILED", f"no finite losses to compare: (b) {lb[:n]}, --no-fuse {lu[:n]}")
+        return
+    worst = max(abs(lb[i] - lu[i]) / max(abs(lu[i]), 1e-12) for i in range(n))
+    # the same steps of both runs (the first n, without the warm-up step): later steps of the longer run are not
+    # compared with earlier ones of the shorter
+    fb, fu = mean_step_s({"steps": b["steps"][:n]}), mean_step_s({"steps": u["steps"][:n]})
+    problems = []
+    if worst > FUSED_LOSS_RTOL:
+        problems.append(f"losses differ by {worst:.2%} > {FUSED_LOSS_RTOL:.0%}")
+    if fb > fu * FUSED_SLOWER_MAX:
+        problems.append(f"fused is {fb / fu - 1:.1%} slower than unfused")
+    v.add(FUSED, "FAILED" if problems else "PASSED",
+          f"fused {fb:.3f} s/step, --no-fuse {fu:.3f} s/step ({fu / fb:.2f}x); losses within {worst:.2%} over {n} "
+          "steps" + ("; " + "; ".join(problems) if problems else ""))
+
+
 def load_run(out, steps, name, file=None):
     """(the run's JSON, None) when step `name` exited 0 and wrote `file` (NAME.json); else (None, why not)."""
     file = file or f"{name}.json"
@@ -576,6 +611,7 @@ def verdict(out):
     check_staging(v, out, bench, params)
     check_sim(v, out, steps, c)
     check_calibrated(v, out, steps, c)
+    check_fused(v, out, steps)
     check_losses(v, out, steps, bool(params.get("bf16_implemented")), bool(params.get("resident_implemented")))
     elapsed = params.get("elapsed_s")
     if elapsed is None:

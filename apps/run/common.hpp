@@ -78,6 +78,7 @@ struct DeviceFlags {
   bool tree_sums = false;  // --tree-sums (CUDA): tree column sums (the default; kept for command lines that name it)
   bool exact = false;      // --exact: strict-order reductions, the CPU device's bits (tree sums and bf16 fast path off)
   bool poison = false;     // --poison: fill fresh device memory with NaN (by default in debug builds only)
+  bool no_fuse = false;    // --no-fuse: the unfused kernels (fused ones are the default where the kind has them)
 };
 
 struct Cli {

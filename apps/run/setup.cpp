@@ -331,15 +331,17 @@ void check_host_memory(const Setup& s, const sim::HostAccount& h, int devices) {
 void check_host_state(const Setup& s, int devices) { check_host_memory(s, sim::host_state(s.desc, false), devices); }
 
 // Device g of the config's kind (the registry's), capped at machine.gpu_memory, with the command line's --tf32,
-// --exact and --poison; `timing`: never poisoned (the profiler's timings). The fast reductions are the default
-// wherever the kind has them (DeviceCaps::tree_sums: tree column sums, the bf16 fast path); --exact keeps the
-// strict row order, the CPU device's bits (docs/backend.md, "Fast and exact reductions").
+// --exact, --no-fuse and --poison; `timing`: never poisoned (the profiler's timings). The fast reductions and the
+// fused kernels are the default wherever the kind has them (DeviceCaps::tree_sums: tree column sums, the bf16 fast
+// path; DeviceCaps::fused); --exact keeps the strict row order, the CPU device's bits, and no fused kernel (docs/
+// backend.md, "Fast and exact reductions", "Fused kernels"); --no-fuse only the latter.
 std::unique_ptr<backend::Device> make_device(const core::TrainConfig& cfg, const DeviceFlags& f, int g, bool timing) {
   using Poison = backend::DeviceOptions::Poison;
   const backend::DeviceKind& kind = device_kind(cfg);
   return kind.make_device(g, {.capacity = cfg.machine.gpu_memory_bytes,
                               .tf32 = f.tf32,
                               .tree_sums = kind.caps().tree_sums && !f.exact,
+                              .fused = kind.caps().fused && !f.exact && !f.no_fuse,
                               .poison = timing     ? Poison::Off
                                         : f.poison ? Poison::On
                                                    : Poison::Default});

@@ -518,6 +518,39 @@ void CudaDevice::adamw_as(Stream& s, const AdamWConfig& config, std::int64_t ste
   });
 }
 
+void CudaDevice::matmul_bwd_fused_bf16(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
+                                       const Bf16* w, int N, int IC, int OC, WeightLayout layout) {
+  check_dims(name_, "matmul_bwd", {N, IC, OC});
+  launch(s, "matmul_bwd",
+         [=](StreamContext& c) { detail::matmul_bwd_fused(c, din, dw, dbias, dout, in, w, N, IC, OC, layout); });
+}
+
+void CudaDevice::matmul_gelu_fwd_bf16(Stream& s, Bf16* out, Bf16* pre, const Bf16* in, const Bf16* w, const Bf16* bias,
+                                      int N, int IC, int OC, WeightLayout layout) {
+  check_dims(name_, "matmul_gelu_fwd", {N, IC, OC});
+  launch(s, "matmul_gelu_fwd",
+         [=](StreamContext& c) { detail::matmul_gelu_fwd(c, out, pre, in, w, bias, N, IC, OC, layout); });
+}
+
+void CudaDevice::matmul_gelu_bwd_bf16(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* dpre_bias, const Bf16* dout,
+                                      const Bf16* in, const Bf16* w, const Bf16* pre, int N, int IC, int OC,
+                                      WeightLayout layout) {
+  check_dims(name_, "matmul_gelu_bwd", {N, IC, OC});
+  if (din == nullptr) throw DeviceError(fmt::format("{}: matmul_gelu_bwd: din is null", name_));
+  launch(s, "matmul_gelu_bwd", [=](StreamContext& c) {
+    detail::matmul_gelu_bwd(c, din, dw, dbias, dpre_bias, dout, in, w, pre, N, IC, OC, layout);
+  });
+}
+
+template <class S>
+void CudaDevice::add_layernorm_fwd_as(Stream& s, S* res, S* out, float* mean, float* rstd, const S* a, const S* b,
+                                      const S* w, const S* bias, int N, int C, float eps) {
+  check_dims(name_, "add_layernorm_fwd", {N, C});
+  launch(s, "add_layernorm_fwd", [=](StreamContext& c) {
+    kern::add_layernorm_fwd(c.stream(), res, out, mean, rstd, a, b, w, bias, N, C, eps);
+  });
+}
+
 // Kernels<float> and Kernels<Bf16>: the same templates.
 template <class S>
 void CudaKernels<S>::embedding_fwd(Stream& s, S* out, const std::int32_t* ids, const S* wte, const S* wpe, int B, int T,
@@ -547,7 +580,38 @@ void CudaKernels<S>::matmul_fwd(Stream& s, S* out, const S* in, const S* w, cons
 template <class S>
 void CudaKernels<S>::matmul_bwd(Stream& s, S* din, S* dw, S* dbias, const S* dout, const S* in, const S* w, int N,
                                 int IC, int OC, WeightLayout layout) {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    if (epi::fuse_epilogues(dev_.fusion(), true))
+      return dev_.matmul_bwd_fused_bf16(s, din, dw, dbias, dout, in, w, N, IC, OC, layout);
+  }
   dev_.matmul_bwd_as(s, din, dw, dbias, dout, in, w, N, IC, OC, layout);
+}
+template <class S>
+void CudaKernels<S>::matmul_gelu_fwd(Stream& s, S* out, S* pre, const S* in, const S* w, const S* bias, int N, int IC,
+                                     int OC, WeightLayout layout) {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    if (epi::fuse_epilogues(dev_.fusion(), true))
+      return dev_.matmul_gelu_fwd_bf16(s, out, pre, in, w, bias, N, IC, OC, layout);
+  }
+  Kernels<S>::matmul_gelu_fwd(s, out, pre, in, w, bias, N, IC, OC, layout);
+}
+template <class S>
+bool CudaKernels<S>::matmul_gelu_bwd(Stream& s, S* din, S* dw, S* dbias, S* dpre_bias, const S* dout, const S* in,
+                                     const S* w, const S* pre, int N, int IC, int OC, WeightLayout layout) {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    if (epi::fuse_epilogues(dev_.fusion(), true)) {
+      dev_.matmul_gelu_bwd_bf16(s, din, dw, dbias, dpre_bias, dout, in, w, pre, N, IC, OC, layout);
+      return dpre_bias != nullptr;
+    }
+  }
+  return Kernels<S>::matmul_gelu_bwd(s, din, dw, dbias, dpre_bias, dout, in, w, pre, N, IC, OC, layout);
+}
+template <class S>
+void CudaKernels<S>::add_layernorm_fwd(Stream& s, S* res, S* out, float* mean, float* rstd, const S* a, const S* b,
+                                       const S* w, const S* bias, int N, int C, float eps) {
+  if (epi::fuse_add_layernorm(dev_.fusion()))
+    return dev_.add_layernorm_fwd_as(s, res, out, mean, rstd, a, b, w, bias, N, C, eps);
+  Kernels<S>::add_layernorm_fwd(s, res, out, mean, rstd, a, b, w, bias, N, C, eps);
 }
 template <class S>
 void CudaKernels<S>::attention_fwd(Stream& s, S* out, S* att, const S* qkv, int B, int T, int C, int H) {

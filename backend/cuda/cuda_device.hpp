@@ -5,6 +5,7 @@
 // module's factory (cuda_module.cpp); tests and benchmarks link it directly.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -54,6 +55,13 @@ struct CudaDeviceOptions {
   // it. The registry's devices (harmony-run, the conformance suite) set it to !DeviceOptions::tree_sums
   // (cuda_module.cpp).
   bool bf16_exact = false;
+  // The fused kernels (docs/backend.md, "Fused kernels"): the residual add and the LayerNorm that reads it in one
+  // kernel (fp32 and bf16; the unfused bits), and on the bf16 fast path cuBLASLt's epilogues: bias + GELU into c_fc's
+  // matmul, the GELU gradient and c_fc's bias gradient into c_proj's backward, every biased matmul's bias gradient
+  // into its dW GEMM; each falling back to the unfused kernels where cuBLASLt refuses the shape. Off: the kernels of
+  // before (harmony-run turns it off with --exact and --no-fuse; the registry's devices have it only when
+  // DeviceOptions::fused asks).
+  bool fused_epilogues = true;
   // Synchronize after every enqueued operation and check for errors, so an asynchronous fault (an illegal
   // address in a kernel) is reported against the operation that caused it. Slow; for debugging.
   bool sync_debug = sync_debug_from_environment();
@@ -66,6 +74,10 @@ struct CudaDeviceOptions {
   // (b, h) pairs that fit; at least one T x T tile) and the embedding backward's sort buffers.
   Bytes attention_workspace = 64 * core::kMiB;
 };
+
+// How many cuBLASLt epilogue calls (the bf16 fast path's bias, GELU, GELU-gradient and bias-gradient epilogues) found
+// no algorithm in this process and ran the unfused kernels instead (shapes refused before asking are not counted).
+std::int64_t cublaslt_fallbacks() noexcept;
 
 // Whether a CUDA GPU is usable: the runtime finds a driver and at least one device. Never throws.
 bool cuda_available() noexcept;

@@ -10,6 +10,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -23,6 +24,7 @@
 
 #include "backend/cuda/cuda_arena.hpp"
 #include "backend/cuda/cuda_device.hpp"
+#include "backend/cuda/epilogue.hpp"
 #include "backend/cuda/host_calls.hpp"
 #include "backend/cuda/kernels.hpp"
 
@@ -99,6 +101,12 @@ class StreamContext {
   bool bf16_fast() const { return !bf16_exact_; }
   cublasHandle_t cublas();      // created on first use, bound to this stream
   cublasLtHandle_t cublaslt();  // created on first use (the bf16 fast path's bias epilogue)
+  // cuBLASLt's heuristic answers on this stream by call shape (found false: none offered), asked once per key.
+  struct LtAlgo {
+    bool found = false;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<epi::LtKey, LtAlgo>& lt_algorithms() { return lt_algorithms_; }
   // At least `bytes` of device scratch, valid for work enqueued from now on (growing synchronizes the stream).
   void* workspace(std::size_t bytes);
 
@@ -112,6 +120,7 @@ class StreamContext {
   kern::ErrorRecord* errors_;
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublaslt_ = nullptr;
+  std::map<epi::LtKey, LtAlgo> lt_algorithms_;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };
@@ -197,6 +206,13 @@ class CudaKernels final : public Kernels<S> {
                         int V) override;
   void adamw(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t,
              std::int64_t n) override;
+  // Fused where the device's options say (epilogue.hpp), else Kernels<S>' composition.
+  void matmul_gelu_fwd(Stream& s, S* out, S* pre, const S* in, const S* w, const S* bias, int N, int IC, int OC,
+                       WeightLayout layout) override;
+  bool matmul_gelu_bwd(Stream& s, S* din, S* dw, S* dbias, S* dpre_bias, const S* dout, const S* in, const S* w,
+                       const S* pre, int N, int IC, int OC, WeightLayout layout) override;
+  void add_layernorm_fwd(Stream& s, S* res, S* out, float* mean, float* rstd, const S* a, const S* b, const S* w,
+                         const S* bias, int N, int C, float eps) override;
 
  private:
   CudaDevice& dev_;
@@ -339,6 +355,17 @@ class CudaDevice final : public Device {
                            int V);
   template <class S>
   void adamw_as(Stream& s, const AdamWConfig& config, std::int64_t step, const AdamWTensors<S>& t, std::int64_t n);
+  // The fused entry points (CudaKernels<S> calls them only when fusion() says so).
+  epi::FusionMode fusion() const { return {.fused = options_.fused_epilogues, .bf16_fast = !options_.bf16_exact}; }
+  void matmul_bwd_fused_bf16(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
+                             const Bf16* w, int N, int IC, int OC, WeightLayout layout);
+  void matmul_gelu_fwd_bf16(Stream& s, Bf16* out, Bf16* pre, const Bf16* in, const Bf16* w, const Bf16* bias, int N,
+                            int IC, int OC, WeightLayout layout);
+  void matmul_gelu_bwd_bf16(Stream& s, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* dpre_bias, const Bf16* dout,
+                            const Bf16* in, const Bf16* w, const Bf16* pre, int N, int IC, int OC, WeightLayout layout);
+  template <class S>
+  void add_layernorm_fwd_as(Stream& s, S* res, S* out, float* mean, float* rstd, const S* a, const S* b, const S* w,
+                            const S* bias, int N, int C, float eps);
 
   // For the streams and the communicator.
   CudaStream& own(Stream& s, const char* op);
@@ -386,5 +413,13 @@ void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* 
 void attention_fwd(StreamContext& c, Bf16* out, Bf16* att, const Bf16* qkv, int B, int T, int C, int H);
 void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* att, int B, int T,
                    int C, int H);
+// The bf16 fast path's fused matmuls (cuBLASLt's GELU and bias-gradient epilogues, each falling back to the unfused
+// kernels).
+void matmul_bwd_fused(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
+                      const Bf16* w, int N, int IC, int OC, WeightLayout layout);
+void matmul_gelu_fwd(StreamContext& c, Bf16* out, Bf16* pre, const Bf16* in, const Bf16* w, const Bf16* bias, int N,
+                     int IC, int OC, WeightLayout layout);
+void matmul_gelu_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* dpre_bias, const Bf16* dout,
+                     const Bf16* in, const Bf16* w, const Bf16* pre, int N, int IC, int OC, WeightLayout layout);
 
 }  // namespace harmony::backend::cuda::detail

@@ -14,8 +14,8 @@ class CudaFactory final : public DeviceFactory {
   std::string unavailable_reason() const override {
     return cuda_available() ? std::string() : "no usable GPU: " + cuda_unavailable_reason();
   }
-  // DeviceOptions -> CudaDeviceOptions (tree_sums also selects the bf16 fast path); the rest (gpu: index % the GPUs,
-  // reserve, sync_debug from the environment, attention_workspace) keep their defaults.
+  // DeviceOptions -> CudaDeviceOptions (tree_sums also selects the bf16 fast path, fused the fused kernels); the rest
+  // (gpu: index % the GPUs, reserve, sync_debug from the environment, attention_workspace) keep their defaults.
   std::unique_ptr<Device> make_device(int index, const DeviceOptions& options) const override {
     CudaDeviceOptions o;
     o.capacity = options.capacity;
@@ -24,6 +24,7 @@ class CudaFactory final : public DeviceFactory {
     // The registry's callers compare bf16 runs with the CPU device (the conformance suite, gpu-check's loss rows):
     // they keep the exact bf16 kernels unless --tree-sums asks for the fast ones.
     o.bf16_exact = !options.tree_sums;
+    o.fused_epilogues = options.fused;  // harmony-run asks for it unless --exact or --no-fuse
     if (options.poison != DeviceOptions::Poison::Default) o.poison = options.poison == DeviceOptions::Poison::On;
     return make_cuda_device(index, o);
   }

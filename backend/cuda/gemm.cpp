@@ -6,11 +6,13 @@
 // its probabilities and score gradients in fp32 scratch, the fast one (CudaDeviceOptions::bf16_exact off) is bf16
 // strided-batched GEMMs around the fused bf16 softmax, with no fp32 T x T tensor.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/cuda_internal.hpp"
+#include "backend/cuda/epilogue.hpp"
 
 namespace harmony::backend::cuda::detail {
 namespace {
@@ -73,83 +75,157 @@ void gemm_bf16_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t
                                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// The bf16 fast path's biased matmul: D (bf16, m x n, ld m) = op(A) B + bias (bias[i] added to row i) by one
-// cublasLtMatmul with CUBLASLT_EPILOGUE_BIAS: products summed in fp32, the bf16 bias added in fp32 in the epilogue,
-// one rounding to bf16; split-K partials only in fp32 (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), as the cuBLAS
-// handle's CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. No fp32 pass over the output. False (nothing
-// enqueued) when cuBLASLt offers no algorithm for the shape: the caller then takes the exact path.
+// One cublasLtMatmul on bf16 operands, products summed in fp32: D (d_type, m x n, ld m) = op(A) op(B) through
+// `epilogue`, with its vector `bias` (the bias it adds, or the bias gradient it writes: m entries of D's type) and its
+// `aux` matrix (the GELU input, m x n, ld m, bf16: written by GELU_AUX_BIAS, read by DGELU_BGRAD) where the epilogue
+// has them. Split-K partials only in fp32 (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), as the cuBLAS handle's
+// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. False (nothing enqueued) when cuBLASLt offers no algorithm: the
+// caller then takes its unfused path.
 constexpr std::size_t kLtWorkspaceBytes = std::size_t{4} << 20;
-bool gemm_bf16_bias_lt(StreamContext& c, cublasOperation_t ta, int m, int n, int k, const Bf16* A, int lda,
-                       const Bf16* B, int ldb, const Bf16* bias, Bf16* D) {
-  struct Descs {
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
-    Descs() = default;
-    Descs(const Descs&) = delete;
-    Descs& operator=(const Descs&) = delete;
-    ~Descs() {
-      if (pref != nullptr) (void)cublasLtMatmulPreferenceDestroy(pref);
-      if (d != nullptr) (void)cublasLtMatrixLayoutDestroy(d);
-      if (b != nullptr) (void)cublasLtMatrixLayoutDestroy(b);
-      if (a != nullptr) (void)cublasLtMatrixLayoutDestroy(a);
-      if (op != nullptr) (void)cublasLtMatmulDescDestroy(op);
-    }
-  } x;
-  const cublasOperation_t tb = kN;
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  const cudaDataType_t bias_type = CUDA_R_16BF;
-  const void* bias_ptr = bias;
+struct LtCall {
+  cublasOperation_t ta = kN, tb = kN;
+  int m = 0, n = 0, k = 0;
+  const Bf16* A = nullptr;
+  int lda = 0;
+  const Bf16* B = nullptr;
+  int ldb = 0;
+  void* D = nullptr;
+  cudaDataType_t d_type = CUDA_R_16BF;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  const void* aux = nullptr;
+};
+
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtDescs() = default;
+  LtDescs(const LtDescs&) = delete;
+  LtDescs& operator=(const LtDescs&) = delete;
+  ~LtDescs() {
+    if (pref != nullptr) (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (d != nullptr) (void)cublasLtMatrixLayoutDestroy(d);
+    if (b != nullptr) (void)cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) (void)cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) (void)cublasLtMatmulDescDestroy(op);
+  }
+};
+
+template <class T>
+void lt_set(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  HARMONY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, attr, &value, sizeof(value)));
+}
+template <class T>
+void lt_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
+  HARMONY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+}
+
+// The operation's descriptor: transposes, epilogue, its vector (typed as D's elements) and aux matrix.
+void lt_describe(LtDescs& x, const LtCall& g) {
   HARMONY_CUBLAS_CHECK(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  HARMONY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  HARMONY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  HARMONY_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  HARMONY_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
-  HARMONY_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-  // Stored shapes (column-major): A is m x k (k x m when transposed), B is k x n, D is m x n.
+  lt_set(x.op, CUBLASLT_MATMUL_DESC_TRANSA, g.ta);
+  lt_set(x.op, CUBLASLT_MATMUL_DESC_TRANSB, g.tb);
+  lt_set(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
+  if (g.bias != nullptr) {
+    lt_set(x.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+    lt_set(x.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, g.d_type);
+  }
+  if (g.aux != nullptr) {
+    lt_set(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+    lt_set(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(g.m));
+  }
+  // Stored shapes (column-major): A is m x k (k x m when transposed), B is k x n (n x k when transposed), D is m x n.
   const auto u64 = [](int v) { return static_cast<std::uint64_t>(v); };
-  HARMONY_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&x.a, CUDA_R_16BF, ta == kN ? u64(m) : u64(k), ta == kN ? u64(k) : u64(m), lda));
-  HARMONY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.b, CUDA_R_16BF, u64(k), u64(n), ldb));
-  HARMONY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.d, CUDA_R_16BF, u64(m), u64(n), m));
+  HARMONY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.a, CUDA_R_16BF, g.ta == kN ? u64(g.m) : u64(g.k),
+                                                  g.ta == kN ? u64(g.k) : u64(g.m), g.lda));
+  HARMONY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.b, CUDA_R_16BF, g.tb == kN ? u64(g.k) : u64(g.n),
+                                                  g.tb == kN ? u64(g.n) : u64(g.k), g.ldb));
+  HARMONY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.d, g.d_type, u64(g.m), u64(g.n), g.m));
+}
+
+// The search preferences: the workspace, the operands' alignment (cuBLASLt assumes 256 bytes unless told), fp32
+// split-K reductions only.
+void lt_prefer(LtDescs& x, const LtCall& g) {
   HARMONY_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&x.pref));
-  const std::uint64_t ws_bytes = kLtWorkspaceBytes;
-  HARMONY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                            sizeof(ws_bytes)));
-  // The operands' alignment (cuBLASLt assumes 256 bytes unless told); the bias must be 16-byte aligned.
-  const auto align = [](const void* p) {
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    std::uint32_t bytes = 256;
-    while (bytes > 1 && a % bytes != 0) bytes /= 2;
-    return bytes;
-  };
-  if (align(bias) < 16) return false;
-  const std::uint32_t align_a = align(A), align_b = align(B), align_d = align(D);
-  HARMONY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                            &align_a, sizeof(align_a)));
-  HARMONY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                            &align_b, sizeof(align_b)));
-  HARMONY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                            &align_d, sizeof(align_d)));
-  HARMONY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                            &align_d, sizeof(align_d)));
-  const std::uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  HARMONY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                            &reductions, sizeof(reductions)));
+  lt_pref(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(kLtWorkspaceBytes));
+  const std::uint32_t align_d = epi::alignment_bytes(g.D);
+  lt_pref(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, epi::alignment_bytes(g.A));
+  lt_pref(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, epi::alignment_bytes(g.B));
+  lt_pref(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+  lt_pref(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+  lt_pref(x.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+          static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+}
+
+std::atomic<std::int64_t> lt_no_algorithm{0};  // cublaslt_fallbacks()
+
+// The heuristic's answer for `g` (described in `x`), asked once per stream and shape (StreamContext::lt_algorithms).
+const StreamContext::LtAlgo& lt_choose(StreamContext& c, LtDescs& x, const LtCall& g) {
+  const auto align_or_0 = [](const void* p) { return p != nullptr ? epi::alignment_bytes(p) : 0u; };
+  const epi::LtKey key{.epilogue = static_cast<int>(g.epilogue),
+                       .ta = static_cast<int>(g.ta),
+                       .tb = static_cast<int>(g.tb),
+                       .m = g.m,
+                       .n = g.n,
+                       .k = g.k,
+                       .lda = g.lda,
+                       .ldb = g.ldb,
+                       .d_type = static_cast<int>(g.d_type),
+                       .align_a = epi::alignment_bytes(g.A),
+                       .align_b = epi::alignment_bytes(g.B),
+                       .align_d = epi::alignment_bytes(g.D),
+                       .align_bias = align_or_0(g.bias),
+                       .align_aux = align_or_0(g.aux)};
+  auto& cache = c.lt_algorithms();
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  lt_prefer(x, g);
   cublasLtMatmulHeuristicResult_t found{};
   int returned = 0;
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(c.cublaslt(), x.op, x.a, x.b, x.d, x.d, x.pref, 1, &found, &returned);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0)) return false;
-  HARMONY_CUBLAS_CHECK(st);
-  void* ws = c.workspace(kLtWorkspaceBytes);
+  StreamContext::LtAlgo choice;
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+    HARMONY_CUBLAS_CHECK(st);
+    choice = {.found = returned > 0, .algo = found.algo};
+  }
+  return cache.emplace(key, choice).first->second;
+}
+
+// `ws`: kLtWorkspaceBytes of the stream's workspace, not overlapping anything the call reads or writes.
+bool lt_matmul(StreamContext& c, const LtCall& g, void* ws) {
+  LtDescs x;
+  lt_describe(x, g);
+  const StreamContext::LtAlgo& choice = lt_choose(c, x, g);
+  if (!choice.found) {
+    lt_no_algorithm.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   const float alpha = 1.0f, beta = 0.0f;
-  HARMONY_CUBLAS_CHECK(cublasLtMatmul(c.cublaslt(), x.op, &alpha, A, x.a, B, x.b, &beta, D, x.d, D, x.d, &found.algo,
-                                      ws, kLtWorkspaceBytes, c.stream()));
+  HARMONY_CUBLAS_CHECK(cublasLtMatmul(c.cublaslt(), x.op, &alpha, g.A, x.a, g.B, x.b, &beta, g.D, x.d, g.D, x.d,
+                                      &choice.algo, ws, kLtWorkspaceBytes, c.stream()));
   return true;
+}
+
+// The bf16 fast path's biased matmul: D (bf16, m x n, ld m) = op(A) B + bias (bias[i] added to row i) by one
+// cublasLtMatmul with CUBLASLT_EPILOGUE_BIAS: the bf16 bias added in fp32 in the epilogue, one rounding to bf16. No
+// fp32 pass over the output. False (nothing enqueued) when the bias is not 16-byte aligned or cuBLASLt offers no
+// algorithm for the shape: the caller then takes the exact path.
+bool gemm_bf16_bias_lt(StreamContext& c, cublasOperation_t ta, int m, int n, int k, const Bf16* A, int lda,
+                       const Bf16* B, int ldb, const Bf16* bias, Bf16* D) {
+  if (epi::alignment_bytes(bias) < 16) return false;
+  const LtCall g{.ta = ta,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .A = A,
+                 .lda = lda,
+                 .B = B,
+                 .ldb = ldb,
+                 .D = D,
+                 .epilogue = CUBLASLT_EPILOGUE_BIAS,
+                 .bias = bias};
+  return lt_matmul(c, g, c.workspace(kLtWorkspaceBytes));
 }
 
 // (b, h) pairs per chunk of the attention's T x T fp32 tiles: as many as attention_workspace holds, 1 to H.
@@ -280,19 +356,149 @@ void matmul_fwd(StreamContext& c, Bf16* out, const Bf16* in, const Bf16* w, cons
   }
 }
 
+namespace {
+
+// din (N x IC, bf16) = dout . W^T, rounded once.
+void matmul_din_bf16(StreamContext& c, Bf16* din, const Bf16* dout, const Bf16* w, int N, int IC, int OC,
+                     WeightLayout layout) {
+  if (layout == WeightLayout::InOut) {
+    gemm_bf16(c.cublas(), kT, kN, IC, N, OC, w, OC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
+  } else {
+    gemm_bf16(c.cublas(), kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
+  }
+}
+
+// dW (bf16) += in^T . dout and dbias (bf16) += dout's column sums by one cublasLtMatmul into fp32 scratch with the
+// bias-gradient epilogue (CUBLASLT_EPILOGUE_BGRADA where dout is the GEMM's A, InOut; BGRADB where it is its B,
+// OutIn), then each added to its widened gradient and rounded once (add_f32_rounded): the unfused fast path's rounding
+// points, summed in cuBLASLt's order, without bias_grad's pass over dout. False (nothing enqueued) when dW's product
+// exceeds one scratch block (the unfused path splits it) or cuBLASLt offers no algorithm.
+bool dw_bgrad_lt(StreamContext& c, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, int N, int IC, int OC,
+                 WeightLayout layout) {
+  const bool in_out = layout == WeightLayout::InOut;
+  const int m = in_out ? OC : IC, n = in_out ? IC : OC;
+  const std::size_t product_bytes = static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(float);
+  if (N <= 0 || m <= 0 || n <= 0 || product_bytes > kAccumulateScratchBytes) return false;
+  const std::size_t bgrad_bytes = (static_cast<std::size_t>(OC) * sizeof(float) + 255) / 256 * 256;
+  auto* ws = static_cast<unsigned char*>(c.workspace(kLtWorkspaceBytes + bgrad_bytes + product_bytes));
+  auto* bgrad = reinterpret_cast<float*>(ws + kLtWorkspaceBytes);
+  auto* product = reinterpret_cast<float*>(ws + kLtWorkspaceBytes + bgrad_bytes);
+  const LtCall g{.ta = kN,
+                 .tb = kT,
+                 .m = m,
+                 .n = n,
+                 .k = N,
+                 .A = in_out ? dout : in,
+                 .lda = m,
+                 .B = in_out ? in : dout,
+                 .ldb = n,
+                 .D = product,
+                 .d_type = CUDA_R_32F,
+                 .epilogue = in_out ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB,
+                 .bias = bgrad};
+  if (!lt_matmul(c, g, ws)) return false;
+  kern::add_f32_rounded(c.stream(), dw, product, static_cast<std::int64_t>(m) * n);
+  kern::add_f32_rounded(c.stream(), dbias, bgrad, OC);
+  return true;
+}
+
+}  // namespace
+
 // dW += in^T . dout: the fp32 product added to the widened dW and rounded once, as the CPU's bf16 kernel.
 void matmul_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in, const Bf16* w,
                 int N, int IC, int OC, WeightLayout layout) {
   if (N == 0) return;
-  cublasHandle_t h = c.cublas();
+  if (din != nullptr) matmul_din_bf16(c, din, dout, w, N, IC, OC, layout);
   if (layout == WeightLayout::InOut) {
-    if (din != nullptr) gemm_bf16(h, kT, kN, IC, N, OC, w, OC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
     gemm_bf16_accumulate(c, kN, kT, OC, IC, N, dout, OC, in, IC, dw);
   } else {
-    if (din != nullptr) gemm_bf16(h, kN, kN, IC, N, OC, w, IC, dout, OC, 0.0f, din, CUDA_R_16BF, IC);
     gemm_bf16_accumulate(c, kN, kT, IC, OC, N, in, IC, dout, OC, dw);
   }
   if (dbias != nullptr) kern::bias_grad(c.stream(), dbias, dout, N, OC, c.column_sums_workspace(N, OC, false, true));
+}
+
+// With fused epilogues (the bf16 fast path): dW and dbias by dw_bgrad_lt where it runs, else as matmul_bwd.
+void matmul_bwd_fused(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, const Bf16* dout, const Bf16* in,
+                      const Bf16* w, int N, int IC, int OC, WeightLayout layout) {
+  if (N == 0) return;
+  if (dbias == nullptr || !dw_bgrad_lt(c, dw, dbias, dout, in, N, IC, OC, layout))
+    return matmul_bwd(c, din, dw, dbias, dout, in, w, N, IC, OC, layout);
+  if (din != nullptr) matmul_din_bf16(c, din, dout, w, N, IC, OC, layout);
+}
+
+// The fused MLP forward (Kernels<Bf16>::matmul_gelu_fwd on the fast path with fused epilogues): out^T = gelu(W^T.in^T
+// + bias) and pre^T = W^T.in^T + bias by one cublasLtMatmul with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_AUX without a
+// bias): pre rounded once to bf16 as the unfused path stores it, but out the GELU of the unrounded fp32 sum, rounded
+// once (the unfused path rounds pre first, then its GELU). Refused shapes (epilogue.hpp) and no algorithm: the unfused
+// path, matmul_fwd then the GELU kernel (its bits).
+void matmul_gelu_fwd(StreamContext& c, Bf16* out, Bf16* pre, const Bf16* in, const Bf16* w, const Bf16* bias, int N,
+                     int IC, int OC, WeightLayout layout) {
+  if (N == 0 || OC == 0) return;
+  const cublasOperation_t ta = layout == WeightLayout::InOut ? kN : kT;
+  const int lda = layout == WeightLayout::InOut ? OC : IC;
+  if (epi::gelu_epilogue_refusal(OC, N, IC, pre, bias).empty()) {
+    const LtCall g{.ta = ta,
+                   .m = OC,
+                   .n = N,
+                   .k = IC,
+                   .A = w,
+                   .lda = lda,
+                   .B = in,
+                   .ldb = IC,
+                   .D = out,
+                   .epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
+                   .bias = bias,
+                   .aux = pre};
+    if (lt_matmul(c, g, c.workspace(kLtWorkspaceBytes))) return;
+  }
+  matmul_fwd(c, pre, in, w, bias, N, IC, OC, layout);
+  kern::gelu_fwd(c.stream(), out, pre, static_cast<std::int64_t>(N) * OC);
+}
+
+namespace {
+
+// din^T (IC x N) = gelu'(pre^T) * (op(W^T) . dout^T) by one cublasLtMatmul with CUBLASLT_EPILOGUE_DGELU_BGRAD (DGELU
+// when dpre_bias is null): the product's GELU gradient rounded once into din, and din's row sums over the N columns
+// (the gradient of the bias that made pre, in bf16: D's type) into workspace scratch, then added to dpre_bias with one
+// more rounding. False (nothing enqueued) when refused or cuBLASLt has no algorithm.
+bool dgelu_din_lt(StreamContext& c, Bf16* din, Bf16* dpre_bias, const Bf16* dout, const Bf16* w, const Bf16* pre, int N,
+                  int IC, int OC, WeightLayout layout) {
+  auto* ws = static_cast<unsigned char*>(c.workspace(kLtWorkspaceBytes + static_cast<std::size_t>(IC) * sizeof(Bf16)));
+  Bf16* bgrad = dpre_bias != nullptr ? reinterpret_cast<Bf16*>(ws + kLtWorkspaceBytes) : nullptr;
+  if (!epi::gelu_epilogue_refusal(IC, N, OC, pre, bgrad).empty()) return false;
+  const bool in_out = layout == WeightLayout::InOut;
+  const LtCall g{.ta = in_out ? kT : kN,
+                 .m = IC,
+                 .n = N,
+                 .k = OC,
+                 .A = w,
+                 .lda = in_out ? OC : IC,
+                 .B = dout,
+                 .ldb = OC,
+                 .D = din,
+                 .epilogue = bgrad != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
+                 .bias = bgrad,
+                 .aux = pre};
+  if (!lt_matmul(c, g, ws)) return false;
+  if (bgrad != nullptr) kern::add(c.stream(), dpre_bias, dpre_bias, bgrad, IC);
+  return true;
+}
+
+}  // namespace
+
+// The fused MLP backward (Kernels<Bf16>::matmul_gelu_bwd on the fast path with fused epilogues): din by dgelu_din_lt,
+// or else as the unfused path computes it (the GEMM, the GELU backward kernel, then dpre_bias += din's column sums
+// by bias_grad, the call the unfused c_fc matmul_bwd makes: the same bits); then dW and dbias as matmul_bwd.
+void matmul_gelu_bwd(StreamContext& c, Bf16* din, Bf16* dw, Bf16* dbias, Bf16* dpre_bias, const Bf16* dout,
+                     const Bf16* in, const Bf16* w, const Bf16* pre, int N, int IC, int OC, WeightLayout layout) {
+  if (N == 0) return;
+  if (!dgelu_din_lt(c, din, dpre_bias, dout, w, pre, N, IC, OC, layout)) {
+    matmul_din_bf16(c, din, dout, w, N, IC, OC, layout);
+    kern::gelu_bwd(c.stream(), din, pre, din, static_cast<std::int64_t>(N) * IC);
+    if (dpre_bias != nullptr)
+      kern::bias_grad(c.stream(), dpre_bias, din, N, IC, c.column_sums_workspace(N, IC, false, true));
+  }
+  matmul_bwd_fused(c, nullptr, dw, dbias, dout, in, w, N, IC, OC, layout);
 }
 
 namespace {
@@ -415,3 +621,7 @@ void attention_bwd(StreamContext& c, Bf16* dqkv, const Bf16* dout, const Bf16* q
 }
 
 }  // namespace harmony::backend::cuda::detail
+
+namespace harmony::backend::cuda {
+std::int64_t cublaslt_fallbacks() noexcept { return detail::lt_no_algorithm.load(std::memory_order_relaxed); }
+}  // namespace harmony::backend::cuda

@@ -190,12 +190,12 @@ SortLayout sort_layout(int N) {
 
 // --- LayerNorm: one warp per row for the row statistics and din; one thread per column for dw, db ---
 
+// Row r of LayerNorm by the warp whose lane this is: statistics in fp32 (lane-strided sums, a warp tree), the output
+// rounded once, mean and rstd stored in fp32. layernorm_fwd_kernel and add_layernorm_fwd_kernel both call it, so the
+// fused kernel's LayerNorm is this code on the same stored input (--fmad=false: no contraction differs).
 template <class D>
-__global__ void layernorm_fwd_kernel(D* out, float* mean, float* rstd, const D* in, const D* w, const D* b, int N,
-                                     int C, float eps) {
-  const int lane = threadIdx.x % 32;
-  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (r >= N) return;
+__device__ __forceinline__ void layernorm_row(D* out, float* mean, float* rstd, const D* in, const D* w, const D* b,
+                                              std::int64_t r, int C, float eps, int lane) {
   const D* x = in + idx::at(r, C, 0);
   float sum = 0.0f;
   for (int c = lane; c < C; c += 32) sum += ld(x[c]);
@@ -213,6 +213,30 @@ __global__ void layernorm_fwd_kernel(D* out, float* mean, float* rstd, const D* 
     mean[r] = m;
     rstd[r] = s;
   }
+}
+
+template <class D>
+__global__ void layernorm_fwd_kernel(D* out, float* mean, float* rstd, const D* in, const D* w, const D* b, int N,
+                                     int C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= N) return;
+  layernorm_row(out, mean, rstd, in, w, b, r, C, eps, lane);
+}
+
+// The residual add and the LayerNorm that reads it (add_layernorm_fwd): each lane stores res = round(a + b) for its
+// columns c = lane, lane + 32, ... (add_kernel's arithmetic), then layernorm_row reads them back: every lane reads
+// only what it wrote itself, so no barrier is needed, and a or b may alias res. One pass over a and b instead of
+// add_kernel's pass plus LayerNorm's; the same bits as add then layernorm_fwd.
+template <class D>
+__global__ void add_layernorm_fwd_kernel(D* res, D* out, float* mean, float* rstd, const D* a, const D* b, const D* w,
+                                         const D* bias, int N, int C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= N) return;
+  const std::int64_t row = idx::at(r, C, 0);
+  for (int c = lane; c < C; c += 32) st(res[row + c], ld(a[row + c]) + ld(b[row + c]));
+  layernorm_row(out, mean, rstd, res, w, bias, r, C, eps, lane);
 }
 
 template <class D>
@@ -723,6 +747,15 @@ void layernorm_fwd(cudaStream_t stream, S* out, float* mean, float* rstd, const 
   HARMONY_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
 }
 
+template <class S>
+void add_layernorm_fwd(cudaStream_t stream, S* res, S* out, float* mean, float* rstd, const S* a, const S* b,
+                       const S* w, const S* bias, int N, int C, float eps) {
+  if (N == 0 || C == 0) return;
+  add_layernorm_fwd_kernel<<<blocks_exact(N, kWarps), kThreads, 0, stream>>>(dev(res), dev(out), mean, rstd, dev(a),
+                                                                             dev(b), dev(w), dev(bias), N, C, eps);
+  HARMONY_CUDA_CHECK_LAUNCH("add_layernorm_fwd_kernel");
+}
+
 std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm) {
   const std::int64_t parts = idx::column_parts(N, C);
   return static_cast<std::size_t>(parts * C * (layernorm ? 2 : 1)) * sizeof(float);
@@ -948,6 +981,8 @@ void convert_rows(cudaStream_t stream, Dst* dst, std::int64_t ld_dst, const Src*
   template void embedding_bwd<S>(cudaStream_t, ErrorRecord*, void*, std::size_t, S*, S*, const S*,                    \
                                  const std::int32_t*, int, int, int, int);                                            \
   template void layernorm_fwd<S>(cudaStream_t, S*, float*, float*, const S*, const S*, const S*, int, int, float);    \
+  template void add_layernorm_fwd<S>(cudaStream_t, S*, S*, float*, float*, const S*, const S*, const S*, const S*,    \
+                                     int, int, float);                                                                \
   template void layernorm_bwd<S>(cudaStream_t, S*, S*, S*, const S*, const S*, const S*, const float*, const float*,  \
                                  int, int, void*);                                                                    \
   template void rmsnorm_fwd<S>(cudaStream_t, S*, float*, const S*, const S*, int, int, float);                        \

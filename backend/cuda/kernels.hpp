@@ -31,6 +31,11 @@ void embedding_bwd(cudaStream_t stream, ErrorRecord* err, void* workspace, std::
 template <class S>
 void layernorm_fwd(cudaStream_t stream, S* out, float* mean, float* rstd, const S* in, const S* w, const S* b, int N,
                    int C, float eps);
+// res = a + b (a or b may alias res), then out = LayerNorm(res) as layernorm_fwd, by one kernel: the same bits as add
+// then layernorm_fwd (the same row code on the same stored res), one pass over the inputs fewer.
+template <class S>
+void add_layernorm_fwd(cudaStream_t stream, S* res, S* out, float* mean, float* rstd, const S* a, const S* b,
+                       const S* w, const S* bias, int N, int C, float eps);
 // Scratch of the tree column sums (idx::column_parts) over N rows of C columns: one output (bias) or two
 // (LayerNorm's dw and db).
 std::size_t column_sums_workspace_bytes(int N, int C, bool layernorm);

@@ -316,11 +316,10 @@ void Gpt2::forward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& a
       ops.matmul_fwd(act + s.qkv, act + s.ln1, w + p.attn_w, w + p.attn_b, N, C, 3 * C, WeightLayout::InOut);
       ops.attention_fwd(act + s.atty, act + s.att, act + s.qkv, B, T, C, H);
       ops.matmul_fwd(a.y, act + s.atty, w + p.proj_w, w + p.proj_b, N, C, C, WeightLayout::InOut);
-      ops.add(act + s.res1, a.x, a.y, NC);
-      ops.layernorm_fwd(act + s.ln2, stats_at<Stat>(act, s.ln2_mean), stats_at<Stat>(act, s.ln2_rstd), act + s.res1,
-                        w + p.ln2_w, w + p.ln2_b, N, C, eps);
-      ops.matmul_fwd(act + s.fch, act + s.ln2, w + p.fc_w, w + p.fc_b, N, C, 4 * C, WeightLayout::InOut);
-      ops.gelu_fwd(act + s.fchg, act + s.fch, 4 * NC);
+      ops.add_layernorm_fwd(act + s.res1, act + s.ln2, stats_at<Stat>(act, s.ln2_mean), stats_at<Stat>(act, s.ln2_rstd),
+                            a.x, a.y, w + p.ln2_w, w + p.ln2_b, N, C, eps);
+      ops.matmul_gelu_fwd(act + s.fchg, act + s.fch, act + s.ln2, w + p.fc_w, w + p.fc_b, N, C, 4 * C,
+                          WeightLayout::InOut);
       ops.matmul_fwd(a.y, act + s.fchg, w + p.fcp_w, w + p.fcp_b, N, 4 * C, C, WeightLayout::InOut);
       ops.add(a.y, act + s.res1, a.y, NC);
       return;
@@ -370,10 +369,11 @@ void Gpt2::backward(Ops& ops, int layer, const LayerArgs<typename Ops::Scalar>& 
       S* dbig = dtmp + NC;       // (B, T, 4C): dfchg, dfch, then dqkv (B, T, 3C)
       // y = res1 + c_proj(gelu(c_fc(ln_2(res1))))
       ops.copy(dres1, a.dy, NC);
-      ops.matmul_bwd(dbig, dw + p.fcp_w, dw + p.fcp_b, a.dy, act + s.fchg, w + p.fcp_w, N, 4 * C, C,
-                     WeightLayout::InOut);
-      ops.gelu_bwd(dbig, act + s.fch, dbig, 4 * NC);
-      ops.matmul_bwd(dtmp, dw + p.fc_w, dw + p.fc_b, dbig, act + s.ln2, w + p.fc_w, N, C, 4 * C, WeightLayout::InOut);
+      // dfch = gelu'(fch) * dfchg; c_fc's bias gradient there too when the device fuses it (else c_fc's matmul_bwd)
+      const bool fc_bias_summed = ops.matmul_gelu_bwd(dbig, dw + p.fcp_w, dw + p.fcp_b, dw + p.fc_b, a.dy, act + s.fchg,
+                                                      w + p.fcp_w, act + s.fch, N, 4 * C, C, WeightLayout::InOut);
+      ops.matmul_bwd(dtmp, dw + p.fc_w, fc_bias_summed ? nullptr : dw + p.fc_b, dbig, act + s.ln2, w + p.fc_w, N, C,
+                     4 * C, WeightLayout::InOut);
       ops.layernorm_bwd(dres1, dw + p.ln2_w, dw + p.ln2_b, dtmp, act + s.res1, w + p.ln2_w,
                         stats_at<Stat>(act, s.ln2_mean), stats_at<Stat>(act, s.ln2_rstd), N, C);
       // res1 = x + c_proj(attention(c_attn(ln_1(x))))

@@ -48,6 +48,18 @@ class BasicDeviceOps {
                   WeightLayout layout) {
     k_.matmul_bwd(s_, din, dw, dbias, dout, in, w, N, IC, OC, layout);
   }
+  void matmul_gelu_fwd(S* out, S* pre, const S* in, const S* w, const S* bias, int N, int IC, int OC,
+                       WeightLayout layout) {
+    k_.matmul_gelu_fwd(s_, out, pre, in, w, bias, N, IC, OC, layout);
+  }
+  bool matmul_gelu_bwd(S* din, S* dw, S* dbias, S* dpre_bias, const S* dout, const S* in, const S* w, const S* pre,
+                       int N, int IC, int OC, WeightLayout layout) {
+    return k_.matmul_gelu_bwd(s_, din, dw, dbias, dpre_bias, dout, in, w, pre, N, IC, OC, layout);
+  }
+  void add_layernorm_fwd(S* res, S* out, float* mean, float* rstd, const S* a, const S* b, const S* w, const S* bias,
+                         int N, int C, float eps) {
+    k_.add_layernorm_fwd(s_, res, out, mean, rstd, a, b, w, bias, N, C, eps);
+  }
   void attention_fwd(S* out, S* att, const S* qkv, int B, int T, int C, int H) {
     k_.attention_fwd(s_, out, att, qkv, B, T, C, H);
   }
@@ -113,6 +125,23 @@ class HostOps {
   void matmul_bwd(T* din, T* dw, T* dbias, const T* dout, const T* in, const T* w, int N, int IC, int OC,
                   WeightLayout layout) {
     cpu::matmul_bwd<T>(din, dw, dbias, dout, in, w, N, IC, OC, layout);
+  }
+  // The fused entry points as Kernels<S>' defaults: the composition (nothing fused on the host).
+  void matmul_gelu_fwd(T* out, T* pre, const T* in, const T* w, const T* bias, int N, int IC, int OC,
+                       WeightLayout layout) {
+    matmul_fwd(pre, in, w, bias, N, IC, OC, layout);
+    gelu_fwd(out, pre, std::int64_t(N) * OC);
+  }
+  bool matmul_gelu_bwd(T* din, T* dw, T* dbias, T* /*dpre_bias*/, const T* dout, const T* in, const T* w, const T* pre,
+                       int N, int IC, int OC, WeightLayout layout) {
+    matmul_bwd(din, dw, dbias, dout, in, w, N, IC, OC, layout);
+    gelu_bwd(din, pre, din, std::int64_t(N) * IC);
+    return false;
+  }
+  void add_layernorm_fwd(T* res, T* out, T* mean, T* rstd, const T* a, const T* b, const T* w, const T* bias, int N,
+                         int C, T eps) {
+    add(res, a, b, std::int64_t(N) * C);
+    layernorm_fwd(out, mean, rstd, res, w, bias, N, C, eps);
   }
   void attention_fwd(T* out, T* att, const T* qkv, int B, int T_, int C, int H) {
     cpu::attention_fwd<T>(out, att, qkv, B, T_, C, H);

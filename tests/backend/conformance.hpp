@@ -156,6 +156,15 @@ class Pair {
         ref_(reference_device_kind().make_device(1, test_options(capacity))),
         ds_(dut_->create_stream("dut")),
         rs_(ref_->create_stream("ref")) {}
+  // Devices made with the given options, the "reference" one of `ref_kind` (the fused entry points: a kind with its
+  // fused kernels on against the same kind with them off).
+  Pair(const DeviceKind& kind, const DeviceOptions& dut_options, const DeviceKind& ref_kind,
+       const DeviceOptions& ref_options)
+      : kind_(kind),
+        dut_(kind.make_device(0, dut_options)),
+        ref_(ref_kind.make_device(1, ref_options)),
+        ds_(dut_->create_stream("dut")),
+        rs_(ref_->create_stream("ref")) {}
   const DeviceKind& kind() const { return kind_; }
   Device& dut() { return *dut_; }
   Stream& dut_stream() { return *ds_; }

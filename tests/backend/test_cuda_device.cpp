@@ -1,12 +1,11 @@
 // Tests of what only the CUDA device has, beside the CPU reference device: its modes (tree column sums, the bf16 fast
-// path against the exact bf16 kernels, TF32, the attention's workspace chunks, HARMONY_SYNC_DEBUG), the Llama family's
-// kernels in each mode against the CPU device's (fp32, bf16, grouped-query shapes), logical devices
-// sharing a GPU, NCCL on 2+ GPUs, and training steps of the plain trainer and of Harmony-PP and Harmony-DP Programs
-// through the Executor. The Device contract
-// itself (every kernel, copy, stream, event and collective against the CPU device, with derived bounds) is the
-// conformance suite's, which covers the CUDA device through the registry (test_device_conformance*.cpp). Host-only
-// cases (the arena's bookkeeping, the pinned-memory pre-flight) always run; without a usable GPU the binary then exits
-// 77, which Meson reports as SKIP.
+// path against the exact bf16 kernels, the fused kernels against the unfused ones, TF32, the attention's workspace
+// chunks, HARMONY_SYNC_DEBUG), the Llama family's kernels in each mode against the CPU device's (fp32, bf16,
+// grouped-query shapes), logical devices sharing a GPU, NCCL on 2+ GPUs, and training steps of the plain trainer and of
+// Harmony-PP and Harmony-DP Programs through the Executor. The Device contract itself (every kernel, copy, stream,
+// event and collective against the CPU device, with derived bounds) is the conformance suite's, which covers the CUDA
+// device through the registry (test_device_conformance*.cpp). Host-only cases (the arena's bookkeeping, the
+// pinned-memory pre-flight) always run; without a usable GPU the binary then exits 77, which Meson reports as SKIP.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -488,7 +487,9 @@ TEST_SUITE("gpu") {
       std::tie(g.dbias, g.cpu_dbias) = t.down16(dbias);
       return g;
     };
-    const Grads fast = run({.capacity = 256 * kMiB});
+    // fused_epilogues off: with it, a biased matmul_bwd sums its bias gradient in cuBLASLt's epilogue, not by the tree
+    // ("matmul_bwd with cuBLASLt's bias-gradient epilogue" below)
+    const Grads fast = run({.capacity = 256 * kMiB, .fused_epilogues = false});
     const Grads tree = run({.capacity = 256 * kMiB, .tree_sums = true, .bf16_exact = true});
     const Grads exact = run({.capacity = 256 * kMiB, .bf16_exact = true});
     CHECK(same_bits(fast.dw, tree.dw));
@@ -661,6 +662,237 @@ TEST_SUITE("gpu") {
           const auto exact = run({.capacity = 64 * kMiB, .bf16_exact = true});
           const auto fast = run({.capacity = 64 * kMiB});
           check_close("fast bf16 matmul_fwd with bias", fast, exact, 1e-5 * std::sqrt(double(IC)), 1e-4 + kFlip);
+        }
+      }
+    }
+  }
+
+  // The fused MLP forward (matmul_gelu_fwd: cuBLASLt's GELU_AUX_BIAS epilogue; CudaDeviceOptions::fused_epilogues on,
+  // the default) against the unfused fast path (fused_epilogues off: the bias epilogue, then the GELU kernel) on the
+  // same GPU. pre: both sum IC products and the bias in fp32 and round once: the biased matmul's bound above (sum
+  // order 1e-5 sqrt(IC) absolute, 1e-4 relative, plus kFlip). out: the fused path takes the GELU of the fp32 sum, the
+  // unfused one the GELU of pre rounded to bf16 (relative error <= 2^-8), so they differ by |gelu'(x)| |x| 2^-8 plus a
+  // flip of out: for x >= 0, gelu(x) >= x / 2 and gelu' <= 1.13, so <= 2.26 * 2^-8 |out| (rtol 0.009); for x < 0,
+  // |x gelu'(x)| <= 0.2 (near x = -1.7), so <= 0.2 * 2^-8 < 8e-4 (atol 1e-3, plus the sum-order term times 1.13).
+  // cuBLASLt's own GELU may evaluate tanh by the hardware's approximation (relative 2^-11): up to 0.5 X 2^-11 more,
+  // X = max |pre| (where 1 + tanh cancels, x < -2, that is as large as the erf GELU's distance from the tanh one, so
+  // no test here tells the two apart: docs/backend.md).
+  // Where cuBLASLt is not asked (OC not a multiple of 8, a pre-activation or bias off 16-byte alignment:
+  // backend/cuda/epilogue.hpp) or offers no algorithm, the fused call is the unfused one: the same bits.
+  TEST_CASE("bf16 kernels: the MLP forward with cuBLASLt's GELU epilogue tracks the unfused fast path") {
+    struct Shape {
+      int N, IC, OC;
+    };
+    for (const Shape sh : {Shape{64, 256, 1024}, Shape{67, 96, 384}, Shape{1, 768, 3072}, Shape{64, 40, 777}}) {
+      for (const int offset : {0, 1}) {  // 1: the bias and pre 2 bytes off 16-byte alignment: not asked
+        const int N = sh.N, IC = sh.IC, OC = sh.OC;
+        INFO("N " << N << " IC " << IC << " OC " << OC << " offset " << offset);
+        const auto in_h = random_floats(N * IC, 71), w_h = random_floats(IC * OC, 72, 0.1f),
+                   b_h = random_floats(OC + 1, 73, 0.5f);
+        const auto run = [&](bool fused) {
+          Twin t({.capacity = 64 * kMiB, .fused_epilogues = fused});
+          auto in = t.up16(in_h), w = t.up16(w_h), bias = t.up16(b_h);
+          auto pre = t.up16(random_floats(N * OC + 1, 74)), out = t.up16(random_floats(N * OC, 75));  // overwritten
+          t.gk16().matmul_gelu_fwd(*t.gs, out.gb(), pre.gb() + offset, in.gb(), w.gb(), bias.gb() + offset, N, IC, OC,
+                                   WeightLayout::InOut);
+          auto p = t.down16(pre).first;
+          p.erase(p.begin(), p.begin() + offset);
+          p.resize(static_cast<std::size_t>(N) * OC);
+          return std::pair{p, t.down16(out).first};
+        };
+        const auto [pre0, out0] = run(false);
+        const std::int64_t fallbacks = cuda::cublaslt_fallbacks();
+        const auto [pre1, out1] = run(true);
+        if (offset == 1 || OC % 8 != 0) {  // refused: the unfused kernels
+          CHECK(same_bits(pre1, pre0));
+          CHECK(same_bits(out1, out0));
+          continue;
+        }
+        check_close("fused matmul_gelu_fwd pre", pre1, pre0, 1e-5 * std::sqrt(double(IC)), 1e-4 + kFlip);
+        double X = 0;
+        for (const float x : pre0) X = std::max(X, double(std::abs(x)));
+        check_close("fused matmul_gelu_fwd out", out1, out0,
+                    1e-3 + 1.13e-5 * std::sqrt(double(IC)) + 0.5 * X * std::ldexp(1.0, -11), 0.009 + 1e-4 + kFlip);
+        // The epilogue really ran on GPT-2-like shapes (every dimension a multiple of 8): cuBLASLt offering no
+        // algorithm there would leave the fast path unmeasured.
+        if (N % 8 == 0 && IC % 8 == 0)
+          CHECK_MESSAGE(cuda::cublaslt_fallbacks() == fallbacks, "cuBLASLt offered no GELU_AUX_BIAS algorithm");
+      }
+    }
+  }
+
+  // The fused MLP backward (matmul_gelu_bwd: c_proj's din GEMM with cuBLASLt's DGELU_BGRAD epilogue, DGELU without a
+  // bias gradient) against the unfused fast path (the GEMM rounded to bf16, the GELU backward kernel, then c_fc's bias
+  // gradient by the next matmul_bwd's tree column sums). din: the fused path multiplies gelu'(pre) by the fp32 product,
+  // the unfused one by the product rounded to bf16 (2^-8 relative), then both round once (kFlip); sum order 1e-4
+  // relative and 1e-5 sqrt(OC) times |gelu'| <= 1.13 absolute. dpre_bias (c_fc's bias gradient, added onto its old
+  // value): per column i, with S_i = sum over rows of |din| (the unfused din): the rows' differences (2^-8 + kFlip)
+  // S_i, cuBLASLt's bf16 bias gradient rounded once more (kFlip S_i), sum order (1e-4 S_i), and the add's rounding
+  // (kFlip |dpre_bias|). cuBLASLt's GELU gradient may evaluate tanh by the hardware's approximation (relative 2^-11
+  // in t = tanh(u)): gelu'(x) = (1 + t) / 2 + x (1 - t^2) u' / 2 then moves by up to 2^-11 (1/2 + |x| u'), u' = 0.798
+  // (1 + 0.134 x^2), times the product P = dout . W^T: eg = 2^-11 (1/2 + X u'(X)) max |P| more for din (X = 3, the
+  // largest |pre|), N eg more for dpre_bias. dW and dbias (c_proj's own) by the bias-gradient epilogue: the bounds of
+  // "matmul_bwd with cuBLASLt's bias-gradient epilogue" below. A refused shape (IC not a multiple of 8): din and
+  // dpre_bias the unfused bits. Without dpre_bias the call returns false and leaves it.
+  TEST_CASE("bf16 kernels: the MLP backward with cuBLASLt's DGELU_BGRAD epilogue tracks the unfused fast path") {
+    struct Shape {
+      int N, IC, OC;  // IC = 4C (the GELU's width), OC = C
+    };
+    for (const Shape sh : {Shape{64, 1024, 256}, Shape{67, 384, 96}, Shape{64, 777, 40}}) {
+      for (const bool with_dpre : {true, false}) {
+        const int N = sh.N, IC = sh.IC, OC = sh.OC, K = 8;
+        INFO("N " << N << " IC " << IC << " OC " << OC << " dpre_bias " << with_dpre);
+        const auto dout_h = random_floats(N * OC, 81), w_h = random_floats(IC * OC, 82, 0.1f),
+                   pre_h = random_floats(N * IC, 83, 3.0f), in_h = random_floats(N * IC, 84),
+                   dw_h = random_floats(IC * OC, 85), db_h = random_floats(OC, 86), dpre_h = random_floats(IC, 87),
+                   x_h = random_floats(N * K, 88);
+        struct Out {
+          std::vector<float> din, dw, db, dpre;
+        };
+        const auto run = [&](bool fused) {
+          Twin t({.capacity = 64 * kMiB, .fused_epilogues = fused});
+          auto dout = t.up16(dout_h), w = t.up16(w_h), pre = t.up16(pre_h), in = t.up16(in_h), dw = t.up16(dw_h),
+               db = t.up16(db_h), dpre = t.up16(dpre_h), x = t.up16(x_h);
+          auto din = t.up16(random_floats(N * IC, 89)), dwx = t.empty16(std::size_t(K) * IC);
+          const bool summed =
+              t.gk16().matmul_gelu_bwd(*t.gs, din.gb(), dw.gb(), db.gb(), with_dpre ? dpre.gb() : nullptr, dout.gb(),
+                                       in.gb(), w.gb(), pre.gb(), N, IC, OC, WeightLayout::InOut);
+          CHECK(summed == (fused && with_dpre));
+          // What the GPT-2 block does when the call left c_fc's bias gradient: c_fc's matmul_bwd sums din's columns.
+          if (with_dpre && !summed)
+            t.gk16().matmul_bwd(*t.gs, nullptr, dwx.gb(), dpre.gb(), din.gb(), x.gb(), w.gb(), N, K, IC,
+                                WeightLayout::InOut);
+          return Out{t.down16(din).first, t.down16(dw).first, t.down16(db).first, t.down16(dpre).first};
+        };
+        const Out u = run(false);
+        const std::int64_t fallbacks = cuda::cublaslt_fallbacks();
+        const Out f = run(true);
+        if (N % 8 == 0 && IC % 8 == 0 && OC % 8 == 0)  // GPT-2's shapes: the epilogues must really run
+          CHECK_MESSAGE(cuda::cublaslt_fallbacks() == fallbacks, "cuBLASLt offered no DGELU / bias-gradient algorithm");
+        check_close("fused matmul_gelu_bwd dw", f.dw, u.dw, 1e-5 * std::sqrt(double(N)), 1e-4 + kFlip);
+        check_close("fused matmul_gelu_bwd dbias", f.db, u.db, 2e-7 * N * N, kFlip);
+        if (!with_dpre) {
+          std::vector<float> dpre0(dpre_h.size());
+          for (std::size_t i = 0; i < dpre0.size(); ++i) dpre0[i] = to_f32(to_bf16(dpre_h[i]));
+          CHECK(same_bits(f.dpre, dpre0));
+        }
+        if (IC % 8 != 0) {  // refused: the unfused kernels
+          CHECK(same_bits(f.din, u.din));
+          CHECK(same_bits(f.dpre, u.dpre));
+          continue;
+        }
+        double P = 0;  // max |dout . W^T| over the N x IC products, in fp64 on the bf16 operands
+        {
+          const auto bf = [](float v) { return double(to_f32(to_bf16(v))); };
+          for (int n = 0; n < N; ++n) {
+            for (int i = 0; i < IC; ++i) {
+              double p = 0;
+              for (int o = 0; o < OC; ++o) p += bf(dout_h[std::size_t(n) * OC + o]) * bf(w_h[std::size_t(i) * OC + o]);
+              P = std::max(P, std::abs(p));
+            }
+          }
+        }
+        const double eg = std::ldexp(1.0, -11) * (0.5 + 3.0 * 0.798 * (1 + 0.134 * 9)) * P;
+        check_close("fused matmul_gelu_bwd din", f.din, u.din, 1.13e-5 * std::sqrt(double(OC)) + eg,
+                    1.0 / 256 + 1e-4 + kFlip);
+        if (!with_dpre) continue;
+        std::size_t failing = 0;
+        for (int i = 0; i < IC; ++i) {
+          double S = 0;
+          for (int n = 0; n < N; ++n) S += std::abs(double(u.din[std::size_t(n) * IC + i]));
+          const double bound = (1.0 / 256 + 2 * kFlip + 1e-4) * S + kFlip * std::abs(double(u.dpre[i])) + N * eg + 1e-6;
+          if (!(std::abs(double(f.dpre[i]) - double(u.dpre[i])) <= bound)) ++failing;
+        }
+        INFO(failing << " of " << IC << " bias-gradient entries outside their bound");
+        CHECK(failing == 0);
+      }
+    }
+  }
+
+  // matmul_bwd with cuBLASLt's bias-gradient epilogue (fused_epilogues on: dW's fp32 product and dout's column sums by
+  // one cublasLtMatmul, BGRADA for InOut, BGRADB for OutIn) against the unfused fast path (the product by GemmEx, the
+  // column sums by the tree), on the same GPU. Both sum in fp32 and round each accumulated gradient once, so they
+  // differ by summation order only, plus a flip: dW within 1e-5 sqrt(N) + (1e-4 + kFlip)|x| (|in|, |dout| <= 1, as
+  // the biased matmul's bound), dbias within 2 gamma(N) sum |dout| <= 2 (N u32) N < 2e-7 N^2 (u32 = 2^-24) plus kFlip
+  // |x|; din is the same GemmEx call: the same bits. Without a bias the unfused kernels: the same bits. On GPT-2-like
+  // shapes (every dimension a multiple of 8) cuBLASLt must offer an algorithm (cublaslt_fallbacks unchanged).
+  TEST_CASE("bf16 kernels: matmul_bwd with cuBLASLt's bias-gradient epilogue tracks the unfused fast path") {
+    struct Shape {
+      int N, IC, OC;
+    };
+    for (const Shape sh : {Shape{64, 256, 768}, Shape{67, 96, 40}, Shape{512, 1024, 4096}}) {
+      for (const WeightLayout layout : {WeightLayout::InOut, WeightLayout::OutIn}) {
+        for (const bool with_bias : {true, false}) {
+          const int N = sh.N, IC = sh.IC, OC = sh.OC;
+          INFO("N " << N << " IC " << IC << " OC " << OC << " layout "
+                    << (layout == WeightLayout::InOut ? "InOut" : "OutIn") << " bias " << with_bias);
+          const auto dout_h = random_floats(N * OC, 101), in_h = random_floats(N * IC, 102),
+                     w_h = random_floats(IC * OC, 103, 0.1f), dw_h = random_floats(IC * OC, 104),
+                     db_h = random_floats(OC, 105);
+          const auto run = [&](bool fused) {
+            Twin t({.capacity = 256 * kMiB, .fused_epilogues = fused});
+            auto dout = t.up16(dout_h), in = t.up16(in_h), w = t.up16(w_h), dw = t.up16(dw_h), db = t.up16(db_h);
+            auto din = t.up16(random_floats(N * IC, 106));  // overwritten
+            t.gk16().matmul_bwd(*t.gs, din.gb(), dw.gb(), with_bias ? db.gb() : nullptr, dout.gb(), in.gb(), w.gb(), N,
+                                IC, OC, layout);
+            return std::tuple{t.down16(din).first, t.down16(dw).first, t.down16(db).first};
+          };
+          const auto [din0, dw0, db0] = run(false);
+          const std::int64_t fallbacks = cuda::cublaslt_fallbacks();
+          const auto [din1, dw1, db1] = run(true);
+          CHECK(same_bits(din1, din0));
+          if (!with_bias) {
+            CHECK(same_bits(dw1, dw0));
+            CHECK(same_bits(db1, db0));
+            continue;
+          }
+          if (N % 8 == 0 && IC % 8 == 0 && OC % 8 == 0)
+            CHECK_MESSAGE(cuda::cublaslt_fallbacks() == fallbacks, "cuBLASLt offered no bias-gradient algorithm");
+          check_close("fused matmul_bwd dw", dw1, dw0, 1e-5 * std::sqrt(double(N)), 1e-4 + kFlip);
+          check_close("fused matmul_bwd dbias", db1, db0, 2e-7 * double(N) * N, kFlip);
+        }
+      }
+    }
+  }
+
+  // The fused residual add + LayerNorm (add_layernorm_fwd: one kernel, layernorm_fwd's row code on the stored sum)
+  // against the add kernel then layernorm_fwd, fp32 and bf16, on the bf16 fast path and on the exact kernels: the same
+  // bits (kernels.cu builds with --fmad=false, so the shared row code cannot contract differently), also in place.
+  TEST_CASE("kernels: the fused residual add + LayerNorm gives the unfused bits (fp32, bf16)") {
+    for (const bool exact : {false, true}) {
+      for (const int C : {64, 777, 1024}) {
+        const int N = 67;
+        INFO("C " << C << " bf16_exact " << exact);
+        const auto a_h = random_floats(N * C, 91, 2.0f), b_h = random_floats(N * C, 92), w_h = random_floats(C, 93),
+                   bias_h = random_floats(C, 94);
+        const auto run = [&](bool fused, bool in_place) {
+          Twin t({.capacity = 64 * kMiB, .bf16_exact = exact, .fused_epilogues = fused});
+          auto a = t.up(a_h), b = t.up(b_h), w = t.up(w_h), bias = t.up(bias_h), res = t.empty(N * C),
+               out = t.empty(N * C), mean = t.empty(N), rstd = t.empty(N);
+          auto a16 = t.up16(a_h), b16 = t.up16(b_h), w16 = t.up16(w_h), bias16 = t.up16(bias_h),
+               res16 = t.empty16(N * C), out16 = t.empty16(N * C);
+          auto mean16 = t.empty(N), rstd16 = t.empty(N);
+          Kernels<float>& k = t.gpu->kernels();
+          k.add_layernorm_fwd(*t.gs, in_place ? a.gf() : res.gf(), out.gf(), mean.gf(), rstd.gf(), a.gf(), b.gf(),
+                              w.gf(), bias.gf(), N, C, 1e-5f);
+          t.gk16().add_layernorm_fwd(*t.gs, in_place ? a16.gb() : res16.gb(), out16.gb(), mean16.gf(), rstd16.gf(),
+                                     a16.gb(), b16.gb(), w16.gb(), bias16.gb(), N, C, 1e-5f);
+          std::vector<std::vector<float>> got = {t.down(in_place ? a : res).first,
+                                                 t.down(out).first,
+                                                 t.down(mean).first,
+                                                 t.down(rstd).first,
+                                                 t.down16(in_place ? a16 : res16).first,
+                                                 t.down16(out16).first,
+                                                 t.down(mean16).first,
+                                                 t.down(rstd16).first};
+          return got;
+        };
+        for (const bool in_place : {false, true}) {
+          const auto unfused = run(false, in_place), fused = run(true, in_place);
+          for (std::size_t i = 0; i < fused.size(); ++i) {
+            INFO("output " << i << " (res, out, mean, rstd; fp32 then bf16) in place " << in_place);
+            CHECK(same_bits(fused[i], unfused[i]));
+          }
         }
       }
     }

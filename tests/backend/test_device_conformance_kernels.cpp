@@ -398,6 +398,82 @@ TEST_CASE_TEMPLATE("kernels: results are identical run to run", E, float, Bf16) 
   }
 }
 
+// The fused entry points (Kernels<S>::matmul_gelu_fwd / _bwd, add_layernorm_fwd) on each kind with its fused kernels
+// on (DeviceOptions::fused where the kind has it: the CUDA device's fused residual add + LayerNorm) against the same
+// kind with them off (the composition of the separate kernels, Kernels<S>' defaults): the same bits, as the registry
+// makes the devices (strict reductions: no GELU epilogue, whose fast-path bounds are test_cuda_device.cpp's). A
+// matmul_gelu_bwd that returns false leaves the pre-activation's bias gradient to the caller's next matmul_bwd, as
+// the GPT-2 block does; the result must not depend on which side summed it.
+TEST_CASE_TEMPLATE("kernels: the fused entry points give the composition's bits", E, float, Bf16) {
+  for (const DeviceKind* kind : kernel_subjects<E>()) {
+    CAPTURE(kind->name());
+    DeviceOptions fused = test_options(64 * kMiB);
+    fused.fused = kind->caps().fused;
+    Pair p(*kind, fused, *kind, test_options(64 * kMiB));
+    const int N = 37, C = 48, IC = C, OC = 4 * C;
+    const std::string t = type_name<E>();
+    // res = a + b, LayerNorm(res); a aliased by res on the second pass.
+    auto a = p.up<E>(random_floats(N * C, 81, 2.0f)), b = p.up<E>(random_floats(N * C, 82));
+    auto w = p.up<E>(random_floats(C, 83)), bias = p.up<E>(random_floats(C, 84));
+    auto res = p.zeros<E>(N * C), out = p.zeros<E>(N * C);
+    auto mean = p.zeros<float>(N), rstd = p.zeros<float>(N);
+    p.run<E>([&](auto& k, Stream& s, Side x) {
+      if (x == Side::Dut) {
+        k.add_layernorm_fwd(s, res.at(x), out.at(x), mean.at(x), rstd.at(x), a.at(x), b.at(x), w.at(x), bias.at(x), N,
+                            C, 1e-5f);
+      } else {
+        k.add(s, res.at(x), a.at(x), b.at(x), std::int64_t(N) * C);
+        k.layernorm_fwd(s, out.at(x), mean.at(x), rstd.at(x), res.at(x), w.at(x), bias.at(x), N, C, 1e-5f);
+      }
+    });
+    p.check(named("add_layernorm_fwd res", t), res, Bound{});
+    p.check(named("add_layernorm_fwd out", t), out, Bound{});
+    p.check(named("add_layernorm_fwd mean", t), mean, Bound{});
+    p.check(named("add_layernorm_fwd rstd", t), rstd, Bound{});
+    p.run<E>([&](auto& k, Stream& s, Side x) {  // in place: res aliases a
+      k.add_layernorm_fwd(s, a.at(x), out.at(x), mean.at(x), rstd.at(x), a.at(x), b.at(x), w.at(x), bias.at(x), N, C,
+                          1e-5f);
+    });
+    p.check(named("add_layernorm_fwd res in place", t), a, Bound{});
+    p.check(named("add_layernorm_fwd out in place", t), out, Bound{});
+    // The MLP: pre = in . W_fc + b_fc, g = gelu(pre); backward through W_proj (OC x C) into din, dpre_bias.
+    auto in = p.up<E>(random_floats(N * IC, 85)), wfc = p.up<E>(random_floats(IC * OC, 86, 0.2f));
+    auto bfc = p.up<E>(random_floats(OC, 87)), pre = p.zeros<E>(N * OC), g = p.zeros<E>(N * OC);
+    p.run<E>([&](auto& k, Stream& s, Side x) {
+      if (x == Side::Dut) {
+        k.matmul_gelu_fwd(s, g.at(x), pre.at(x), in.at(x), wfc.at(x), bfc.at(x), N, IC, OC, WeightLayout::InOut);
+      } else {
+        k.matmul_fwd(s, pre.at(x), in.at(x), wfc.at(x), bfc.at(x), N, IC, OC, WeightLayout::InOut);
+        k.gelu_fwd(s, g.at(x), pre.at(x), std::int64_t(N) * OC);
+      }
+    });
+    p.check(named("matmul_gelu_fwd pre", t), pre, Bound{});
+    p.check(named("matmul_gelu_fwd out", t), g, Bound{});
+    auto wproj = p.up<E>(random_floats(OC * C, 88, 0.2f)), dout = p.up<E>(random_floats(N * C, 89));
+    auto dg = p.zeros<E>(N * OC), dwproj = p.up<E>(random_floats(OC * C, 90)), dbproj = p.up<E>(random_floats(C, 91));
+    auto dbfc = p.up<E>(random_floats(OC, 92)), dwfc = p.up<E>(random_floats(IC * OC, 93)), dx = p.zeros<E>(N * IC);
+    p.run<E>([&](auto& k, Stream& s, Side x) {
+      bool summed = false;
+      if (x == Side::Dut) {
+        summed = k.matmul_gelu_bwd(s, dg.at(x), dwproj.at(x), dbproj.at(x), dbfc.at(x), dout.at(x), g.at(x),
+                                   wproj.at(x), pre.at(x), N, OC, C, WeightLayout::InOut);
+      } else {
+        k.matmul_bwd(s, dg.at(x), dwproj.at(x), dbproj.at(x), dout.at(x), g.at(x), wproj.at(x), N, OC, C,
+                     WeightLayout::InOut);
+        k.gelu_bwd(s, dg.at(x), pre.at(x), dg.at(x), std::int64_t(N) * OC);
+      }
+      k.matmul_bwd(s, dx.at(x), dwfc.at(x), summed ? nullptr : dbfc.at(x), dg.at(x), in.at(x), wfc.at(x), N, IC, OC,
+                   WeightLayout::InOut);
+    });
+    p.check(named("matmul_gelu_bwd din", t), dg, Bound{});
+    p.check(named("matmul_gelu_bwd dw", t), dwproj, Bound{});
+    p.check(named("matmul_gelu_bwd dbias", t), dbproj, Bound{});
+    p.check(named("matmul_gelu_bwd dpre_bias", t), dbfc, Bound{});
+    p.check(named("matmul_gelu_bwd then matmul_bwd dw", t), dwfc, Bound{});
+    p.check(named("matmul_gelu_bwd then matmul_bwd din", t), dx, Bound{});
+  }
+}
+
 // ---- the bounds themselves --------------------------------------------------------------------------------------
 
 // A legitimate other implementation must meet every non-exact bound, and a faulty one must not. The reference loops

@@ -27,6 +27,7 @@ TORCH_CAP = "PyTorch at Harmony's cap: out of memory"
 CAPPED = "Harmony under 25% of resident memory >= 85% of resident throughput (same minibatch)"
 WB = "bf16 staging WB (weights up) >= 50% of pinned H2D"
 DWB = "bf16 staging dWB (gradients down) >= 50% of pinned D2H"
+FUSED = "fused kernels: (b) no slower than --no-fuse, same losses"
 
 
 def verdict(out, *extra):
@@ -64,6 +65,21 @@ def edit_step(d, step, **fields):
             x.update(fields)
     with open(p, "w") as f:
         f.writelines(json.dumps(x) + "\n" for x in lines)
+
+
+def add_unfused(d, time_scale=1.25, loss_scale=1.0, rc=0):
+    """gpu-check's (b) --no-fuse run (issue 34's fused kernels), made from the recorded (b): its first 6 steps, step
+    times times `time_scale`, losses times `loss_scale`, exit code `rc`."""
+    with open(os.path.join(d, "b.json")) as f:
+        b = json.load(f)
+    b["steps"] = b["steps"][:6]
+    for x in b["steps"]:
+        x["step_time_s"] *= time_scale
+        x["loss"] *= loss_scale
+    with open(os.path.join(d, "b_unfused.json"), "w") as f:
+        json.dump(b, f)
+    with open(os.path.join(d, "steps.jsonl"), "a") as f:
+        f.write(json.dumps({"name": "b_unfused", "rc": rc, "s": 20.0, "deadline": False}) + "\n")
 
 
 def expect_failure(tmp, name, change, row, words):
@@ -118,6 +134,19 @@ def main():
         adamw = rows.get("host AdamW (best thread count)", ("", ""))[1]
         check("pass: AdamW in GB/s of parameters and of traffic, not mixed up",
               "33.6 GB/s of fp32 parameters" in adamw and "235.0 GB/s of memory traffic" in adamw, adamw)
+
+        # --- the fused kernels on and off (issue 34): no row without the --no-fuse run (recorded before it), PASSED
+        # when the fused run is no slower and trains the same, FAILED otherwise or when the --no-fuse run failed
+        check("pass: no fused-kernels row without the --no-fuse run", FUSED not in rows, sorted(rows))
+        r, rows = verdict(variant(tmp, "fused-measured", add_unfused))
+        fu = rows.get(FUSED, ("", ""))
+        check("fused-measured: PASSED with the speed-up", r.returncode == 0 and fu[0] == "PASSED" and "(1.25x)" in fu[1]
+              and "over 6 steps" in fu[1], r.stdout)
+        expect_failure(tmp, "fused-slower", lambda d: add_unfused(d, time_scale=0.8), FUSED,
+                       ["slower than unfused", "(0.80x)"])
+        expect_failure(tmp, "fused-losses-differ", lambda d: add_unfused(d, loss_scale=1.05), FUSED,
+                       ["losses differ by", "> 2%"])
+        expect_failure(tmp, "fused-unfused-failed", lambda d: add_unfused(d, rc=2), FUSED, ["--no-fuse run: exit 2"])
 
         # --- recorded on a machine without a GPU: the environment row fails and nothing else runs
         r, rows = verdict(os.path.join(DATA, "no-gpu"))

@@ -155,6 +155,10 @@ with tempfile.TemporaryDirectory() as tmp:
     rx, dx = train_json(DEFAULT, "--steps", str(SHORT), "--quiet", "--gpu-memory", "2MiB", "--exact")
     check("--exact on device: cpu: the same losses bit for bit", rx.returncode == 0 and d1 and dx and
           d1["summary"]["losses"] == dx["summary"]["losses"], rx.stderr)
+    # --no-fuse (the unfused kernels) is every device's: the CPU device fuses nothing, so the same losses bit for bit
+    rn, dn = train_json(DEFAULT, "--steps", str(SHORT), "--quiet", "--gpu-memory", "2MiB", "--no-fuse")
+    check("--no-fuse on device: cpu: the same losses bit for bit", rn.returncode == 0 and d1 and dn and
+          d1["summary"]["losses"] == dn["summary"]["losses"], rn.stderr)
     r = run("train", DEFAULT, "--steps", "1", "--exact", "--tree-sums")
     check("--exact with --tree-sums refused", r.returncode == 2 and "--exact and --tree-sums" in r.stderr,
           (r.returncode, r.stderr))
