@@ -53,7 +53,7 @@ void BaselineInterpreter::analyse() {
     if (op.kind == OpKind::BWD || op.kind == OpKind::REC) oi.bwd_input = reads.at(1).kind;
     if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
   }
-  groups = op_groups(p);
+  groups = detail::op_groups(p);
   build_update_edges();
   const Ancestry anc(p, extra);
   // Which version each read sees (flow_versions.hpp); a resident kind's W and DW are the DeviceState's, ordered by

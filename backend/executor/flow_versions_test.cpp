@@ -209,14 +209,15 @@ TEST_CASE("op_groups: pairs send first, collectives one member per GPU in device
   add(core::OpKind::ARD, 1, -1);  // 2
   add(core::OpKind::ARD, 0, -1);  // 3
   add(core::OpKind::FWD, 0, -1);  // 4
-  const auto g = op_groups(p);
+  const auto g = harmony::backend::detail::op_groups(p);
   CHECK(g[0] == std::vector<int>{1, 0});
   CHECK(g[1] == std::vector<int>{1, 0});
   CHECK(g[2] == std::vector<int>{3, 2});
   CHECK(g[3] == std::vector<int>{3, 2});
   CHECK(g[4] == std::vector<int>{4});
   p.ops[2].layers = core::LayerRange{1, 1};  // now two collectives of one member each
-  CHECK_THROWS_WITH_AS(op_groups(p), doctest::Contains("has 1 members for 2 GPUs"), BackendError);
+  CHECK_THROWS_WITH_AS(harmony::backend::detail::op_groups(p), doctest::Contains("has 1 members for 2 GPUs"),
+                       BackendError);
 }
 
 }  // namespace

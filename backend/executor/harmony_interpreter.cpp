@@ -64,7 +64,7 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
   analyse_versions(
       anc, [](const core::FlowTensor& t) { return !core::on_host(t.kind); },
       [this](const core::FlowTensor& t) { return tname(t); });
-  groups = op_groups(p);
+  groups = detail::op_groups(p);
 }
 
 void HarmonyInterpreter::tie_edges() {
