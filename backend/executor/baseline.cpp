@@ -44,15 +44,10 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
 }
 
 void BaselineInterpreter::run_collective(const std::vector<int>& g) {
-  switch (at(g.front()).kind) {
-    case OpKind::ARD:
-      run_ard(g);
-      break;
-    case OpKind::AG:
-      run_ag(g);
-      break;
-    default:
-      run_rs(g);
+  if (at(g.front()).kind == OpKind::AG) {
+    run_ag(g);
+  } else {
+    run_rs(g);
   }
 }
 

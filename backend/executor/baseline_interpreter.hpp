@@ -64,16 +64,9 @@ class BaselineInterpreter final : public FlowInterpreter {
   void sync_host_state() override;
 
  private:
-  // ARD, AG or RS (FlowInterpreter::run_group dispatches it).
+  // AG or RS (FlowInterpreter::run_group dispatches it; ARD is FlowInterpreter::run_ard).
   void run_collective(const std::vector<int>& g) override;
   Bytes saved_bytes(int l, int n) const { return m.act_floats(l, n, T, dt) * es; }  // the forward's act of layer l
-  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened
-  // exactly, Interpreter::stage_down), then returns: the host reads the result.
-  void grads_down(int o, int d, float* dst, const void* src, std::int64_t count);
-  // Copies `count` fp32 host gradient elements from (*sum)[first...] to device memory (bf16: rounded once, staged
-  // up), asynchronously: an fp32 copy reads the sum, which lives until o's stream has run it.
-  void grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum, std::int64_t first,
-                std::int64_t count);
   std::int64_t floats(int l) const { return m.param_floats(l); }
   // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
   // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
@@ -182,14 +175,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   // other op writes it: the AdamW of different layers (and the tie's lm_head) overlaps safely.
   void host_update(int o);
 
-  // The group's dW of layer l brought down (widened from bf16 when stored so) and summed in fp32 in rank order,
-  // as Communicator::all_reduce_sum adds: what ARD writes back to every replica and RS shards.
-  std::shared_ptr<std::vector<float>> summed_dw(const std::vector<int>& g, int l, std::int64_t count);
-
-  // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all. With
-  // ExecutorOptions::communicator, on the devices: each member's next dW version all-reduced in place on its stream.
-  void run_ard(const std::vector<int>& g);
-
   // AG (zero-infinity): every rank's shard copied into every rank's full copy of the layer.
   void run_ag(const std::vector<int>& g);
 
@@ -200,7 +185,8 @@ class BaselineInterpreter final : public FlowInterpreter {
   // otherwise (a later BWD would accumulate into the sum) the host path.
   void run_rs(const std::vector<int>& g);
 
-  void* state_grads(int d, int l) const;
+  // A resident kind's gradient of op o's device and layer (its DeviceState); nullptr otherwise.
+  void* state_grads(int o) override;
 
   int R_ = 0, N_ = 0;
   bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)

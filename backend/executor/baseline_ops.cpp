@@ -1,7 +1,7 @@
 // The baseline interpreter's ops (baseline_interpreter.hpp): weights, inputs, stashes and saved activations moved
 // between host and device, the per-layer forward, recompute and backward, gradients to the host and the host AdamW
-// update (or the device's, for a resident kind), P2P pairs, and the collectives ARD, AG and RS, on the devices or
-// on the host.
+// update (or the device's, for a resident kind), and the sharded collectives AG and RS, on the devices or on the
+// host (P2P pairs and ARD are FlowInterpreter's).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -9,35 +9,11 @@
 #include <fmt/format.h>
 
 #include "backend/executor/baseline_interpreter.hpp"
-#include "backend/rank_sum.hpp"
 #include "core/program/program_builder.hpp"
 
 namespace harmony::backend::detail::baseline_impl {
 
 using core::OpKind;
-
-void BaselineInterpreter::grads_down(int o, int d, float* dst, const void* src, std::int64_t count) {
-  if (count == 0) return;
-  if (dt == DType::F32) {
-    D(d).copy_d2h(S(o), dst, src, count * kF);
-    sync(o);
-    return;
-  }
-  const std::span<float> to(dst, static_cast<std::size_t>(count));
-  stage_down(qr.queue(o), D(d), S(o), std::span<const std::span<float>>(&to, 1), src);
-}
-
-void BaselineInterpreter::grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum,
-                                   std::int64_t first, std::int64_t count) {
-  const float* src = sum->data() + first;
-  if (dt == DType::F32) {
-    D(d).copy_h2d(S(o), dst, src, count * kF);
-    keep_until_done(o, sum);
-    return;
-  }
-  const std::span<const float> from(src, static_cast<std::size_t>(count));
-  stage_up(qr.queue(o), D(d), S(o), dst, std::span<const std::span<const float>>(&from, 1));
-}
 
 void BaselineInterpreter::run_op(int o) {
   const core::Op& op = at(o);
@@ -288,51 +264,6 @@ void BaselineInterpreter::host_update(int o) {
   unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, l, l, qr.adamw(o))); });
 }
 
-std::shared_ptr<std::vector<float>> BaselineInterpreter::summed_dw(const std::vector<int>& g, int l,
-                                                                   std::int64_t count) {
-  auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
-  std::vector<float> part(static_cast<std::size_t>(count));
-  const MeteredBytes metered(host_meter, HostUse::Staging, 2 * count * kF);
-  for (std::size_t r = 0; r < g.size(); ++r) {
-    const int d = at(g[r]).device;
-    const void* src = resident_ ? state_grads(d, l) : get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data();
-    grads_down(g[r], d, part.data(), src, count);
-    add_in_rank_order(*sum, part, r);
-  }
-  return sum;
-}
-
-void BaselineInterpreter::run_ard(const std::vector<int>& g) {
-  const int l = at(g.front()).layers.first;
-  const std::int64_t count = floats(l);
-  if (resident_) {  // in place in every device's state (its stream orders the BWDs before and the Update after)
-    std::vector<void*> bufs;
-    bufs.reserve(g.size());
-    for (const int a : g) bufs.push_back(state_grads(at(a).device, l));
-    if (qr.device_sums(g)) {
-      qr.all_reduce(g, bufs, count, dt);
-      return;
-    }
-    const auto sum = summed_dw(g, l, count);
-    for (std::size_t r = 0; r < g.size(); ++r) grads_up(g[r], at(g[r]).device, bufs[r], sum, 0, count);
-    return;
-  }
-  if (qr.device_sums(g)) {
-    std::vector<void*> bufs;
-    bufs.reserve(g.size());
-    for (const int a : g) bufs.push_back(update(a, Key{at(a).device, TK::DW, l, 0, 0}, count * es).data());
-    qr.all_reduce(g, bufs, count, dt);
-    return;
-  }
-  // The host path (no communicator; op_groups makes every collective span the devices in rank order).
-  const auto sum = summed_dw(g, l, count);
-  for (int a : g) {
-    const int d = at(a).device;
-    Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * es);
-    grads_up(a, d, t.data(), sum, 0, count);
-  }
-}
-
 void BaselineInterpreter::run_ag(const std::vector<int>& g) {
   const int l = at(g.front()).layers.first;
   std::vector<Tensor*> full;
@@ -378,7 +309,7 @@ void BaselineInterpreter::run_rs(const std::vector<int>& g) {
     }
     return;
   }
-  const auto sum = summed_dw(g, l, count);
+  const auto sum = summed_dw(g, count);
   for (int a : g) {
     const int d = at(a).device;
     Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es);
@@ -386,8 +317,10 @@ void BaselineInterpreter::run_rs(const std::vector<int>& g) {
   }
 }
 
-void* BaselineInterpreter::state_grads(int d, int l) const {
-  auto& ds = *states_[static_cast<std::size_t>(d)];
+void* BaselineInterpreter::state_grads(int o) {
+  if (!resident_) return nullptr;
+  auto& ds = *states_[static_cast<std::size_t>(at(o).device)];
+  const int l = at(o).layers.first;
   return dt == DType::BF16 ? static_cast<void*>(ds.grads<Bf16>(l)) : static_cast<void*>(ds.grads<float>(l));
 }
 

@@ -1,15 +1,18 @@
 // What both interpreters share over a Program's dataflow, whatever its kind: the per-queue streams and events
 // (QueueResources), the executor's added edges, the version analysis (FlowVersions), the step's tensor store
 // (FlowStore), the groups (op_groups), and the issue of a group: ordered after its preds, a host group (ops on the
-// CPU stream) waited for on the host, and its dispatch: a P2P pair here, a collective or one op to the derived
-// interpreter (run_collective, run_op), whose ops they are.
+// CPU stream) waited for on the host, and its dispatch: a P2P pair and an all-reduce (ARD) here, a sharded collective
+// or one op to the derived interpreter (run_collective, run_op), whose ops they are.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "backend/executor/detail.hpp"
 #include "backend/executor/flow_store.hpp"
@@ -37,10 +40,13 @@ class FlowInterpreter : public Interpreter {
   void synchronize() override { qr.synchronize(); }
 
  protected:
-  // The group's work, enqueued on its members' streams: a P2P pair (run_pair), a collective (ARD, AG, RS:
-  // run_collective, its members in device order) or one op (run_op).
+  // The group's work, enqueued on its members' streams: a P2P pair (run_pair), an all-reduce (run_ard), a sharded
+  // collective (AG, RS: run_collective, its members in device order) or one op (run_op).
   void run_group(const std::vector<int>& g);
-  virtual void run_collective(const std::vector<int>& g) = 0;
+  virtual void run_collective(const std::vector<int>& g) {
+    throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(g.front()),
+                                   core::op_kind_name(at(g.front()).kind)));
+  }
   virtual void run_op(int o) = 0;
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
   void tokens_in(int o, int id, int s0, int n);
@@ -62,6 +68,30 @@ class FlowInterpreter : public Interpreter {
   // device, on the sender's stream, into the version the receiver writes; ScheduleViolation where the receiver
   // writes another tensor.
   void run_pair(int send, int recv);
+
+  // ---- weight gradients (what ARD, RS and dWB move) ----
+  // The weight gradient op o reads, as its dataflow names it (the first DW it reads: a Harmony task's, a layer's): in
+  // `store`, or where the interpreter keeps it outside (state_grads).
+  int dw_id(int o) const;
+  void* dw_data(int o);
+  // A resident kind's weight gradient of op o's device and layers (its DeviceState), else nullptr (the gradient is a
+  // version in `store`).
+  virtual void* state_grads(int /*o*/) { return nullptr; }
+  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened exactly,
+  // Interpreter::stage_down), then returns: the host reads the result.
+  void grads_down(int o, int d, float* dst, const void* src, std::int64_t count);
+  // Copies `count` fp32 host gradient elements from (*sum)[first...] to device memory (bf16: rounded once, staged
+  // up), asynchronously: an fp32 copy reads the sum, which lives until o's stream has run it.
+  void grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum, std::int64_t first,
+                std::int64_t count);
+  // The group's weight gradients (dw_data) brought down (widened from bf16 when stored so) and summed in fp32 in rank
+  // order, as Communicator::all_reduce_sum adds: what ARD writes back to every replica and RS shards.
+  std::shared_ptr<std::vector<float>> summed_dw(const std::vector<int>& g, std::int64_t count);
+  // ARD, for every kind: the replicas' weight gradients (each member reads and writes one: a Harmony task's, a layer's,
+  // or a resident kind's in its DeviceState) summed in rank order (as Communicator::all_reduce_sum) and written back
+  // to all. With ExecutorOptions::communicator, on the devices: each member's gradient all-reduced in place on its
+  // own stream; otherwise through the host.
+  void run_ard(const std::vector<int>& g);
 
   // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory
   // `dst` on o's stream — bf16: rounded to nearest even on the host and staged up; fp32: copied, read when the copy

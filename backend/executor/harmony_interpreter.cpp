@@ -198,14 +198,6 @@ void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::s
   qr.begin_step();
 }
 
-void HarmonyInterpreter::run_collective(const std::vector<int>& g) {
-  if (at(g.front()).kind != OpKind::ARD) {
-    run_op(g.front());  // refuses the kind
-    return;
-  }
-  run_ard(g);
-}
-
 double HarmonyInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, the last updates' inputs, every stream-ordered free
   store.clear();

@@ -125,10 +125,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
   void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
   void run_del(int o);                         // drops the task's W and dW (the op's frees)
 
-  // ARD group: the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written back to all. With
-  // ExecutorOptions::communicator, on the devices: each member's dW all-reduced in place on its own stream.
-  void run_ard(const std::vector<int>& group);
-
   std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
   // The versions (FlowInterpreter::versions, store) are the device tensors': the host channels are checked per
@@ -136,9 +132,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
   // Program's allocs/frees say it holds (docs/backend.md, "Executor memory").
 
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
-
-  // The replicas' ARD ops of a pack run together, in device order (FlowInterpreter::run_group dispatches them).
-  void run_collective(const std::vector<int>& g) override;
 
   double end_step() override;
 };

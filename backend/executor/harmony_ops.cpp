@@ -1,6 +1,6 @@
 // The Harmony interpreter's ops (harmony_interpreter.hpp): a run_* step per op kind (weights up, inputs and stashes
 // in and out, host messages, the forward and recompute over a task's layers, the backward, gradients down, the host
-// AdamW update, deletes), the P2P pair and the replicas' gradient all-reduce (ARD), on the devices or on the host.
+// AdamW update, deletes); the P2P pair and the replicas' gradient all-reduce (ARD) are FlowInterpreter's.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -9,7 +9,6 @@
 
 #include "backend/bf16_convert.hpp"
 #include "backend/executor/harmony_interpreter.hpp"
-#include "backend/rank_sum.hpp"
 
 namespace harmony::backend::detail::harmony_impl {
 
@@ -170,8 +169,6 @@ void HarmonyInterpreter::run_op(int o) {
         run_bwd<float>(o, op);
       }
       return;
-    case OpKind::ARD:
-      return;  // run as a group (run_ard)
     case OpKind::dWB:
       return run_dwb(o, op);
     case OpKind::Update:
@@ -305,51 +302,6 @@ void HarmonyInterpreter::run_update(int o, const core::Op& op) {
 
 void HarmonyInterpreter::run_del(int o) {
   for (const int id : flow(o).frees) store.drop_all(id);
-}
-
-void HarmonyInterpreter::run_ard(const std::vector<int>& group) {
-  const core::Op& o0 = p.ops[static_cast<std::size_t>(group.front())];
-  const std::int64_t count = w_floats(o0.layers);
-  if (qr.device_sums(group)) {
-    std::vector<void*> bufs;
-    bufs.reserve(group.size());
-    for (const int a : group) {
-      bufs.push_back(update(a, task_tid(a, core::FlowKind::DW), count * es).buf.data());
-    }
-    qr.all_reduce(group, bufs, count, dt);
-    return;
-  }
-  // The host path (no communicator, or a group that does not span the communicator's ranks in order).
-  // The host sums what each replica's copy brought (it waits for that replica's stream: the host reads the
-  // data); the sum goes up by async copies, so its buffers live until every replica's stream has run them.
-  auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
-  std::vector<float> part(dt == DType::BF16 ? 0 : static_cast<std::size_t>(count));
-  auto raw = std::make_shared<std::vector<Bf16>>(dt == DType::BF16 ? static_cast<std::size_t>(count) : 0);
-  for (std::size_t r = 0; r < group.size(); ++r) {
-    const core::Op& op = p.ops[static_cast<std::size_t>(group[r])];
-    const FlowData& g = store.get(group[r], task_tid(group[r], core::FlowKind::DW));
-    if (dt == DType::BF16) {
-      D(op.device).copy_d2h(S(group[r]), raw->data(), g.buf.data(), count * es);
-      sync(group[r]);
-      add_in_rank_order<Bf16>(*sum, *raw, r);  // widened, as all_reduce_sum_bf16 adds
-    } else {
-      D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
-      sync(group[r]);
-      add_in_rank_order(*sum, part, r);
-    }
-  }
-  if (dt == DType::BF16) store_sum(*raw, *sum);  // the fp32 sum rounded once
-  for (int a : group) {
-    const core::Op& op = p.ops[static_cast<std::size_t>(a)];
-    FlowData& g = update(a, task_tid(a, core::FlowKind::DW), count * es);
-    if (dt == DType::BF16) {
-      D(op.device).copy_h2d(S(a), g.buf.data(), raw->data(), count * es);
-      keep_until_done(a, raw);
-    } else {
-      D(op.device).copy_h2d(S(a), g.buf.data(), sum->data(), count * kF);
-      keep_until_done(a, sum);
-    }
-  }
 }
 
 }  // namespace harmony::backend::detail::harmony_impl
