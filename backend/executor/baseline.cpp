@@ -31,7 +31,7 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   in = inputs;
   tgt = targets;
   losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
-  loss_written_.assign(static_cast<std::size_t>(B), 0);
+  loss_written.assign(static_cast<std::size_t>(B), 0);
   store.begin_step();
   written_.clear();
   brought_.assign(p.ops.size(), 0);
@@ -54,19 +54,14 @@ void BaselineInterpreter::run_collective(const std::vector<int>& g) {
 double BaselineInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, every stream-ordered free
   store.clear();
-  for (int s = 0; s < B; ++s)
-    if (loss_written_[static_cast<std::size_t>(s)] != 1)
-      throw BackendError(fmt::format("executor: the Program's head forwards computed the loss of sample {} {} times", s,
-                                     static_cast<int>(loss_written_[static_cast<std::size_t>(s)])));
-  double total = 0.0;
-  for (const float x : losses) total += x;
+  const double loss = mean_loss();
   // resident: the replicas' updates saw the same all-reduced gradients, so their findings agree: device 0's
   // speaks for the step (every device's flags are cleared)
   for (std::size_t d = 0; d < states_.size(); ++d) {
     const auto found = states_[d]->take_nonfinite(state_stream(static_cast<int>(d)));
     if (d == 0) note_nonfinite(found);
   }
-  return total / static_cast<double>(losses.size());
+  return loss;
 }
 
 void BaselineInterpreter::sync_host_state() {

@@ -147,14 +147,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   template <class E>
   LayerArgs<E> layer_args(int o, TK input);
 
-  // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1), the head writing the per-token losses; the
-  // forward's activations are kept as Saved(l) when the FWD keeps them (keep), else dropped. REC(l), the
-  // checkpoint policy's recompute: the same forward from the backward's input (Stash or Act), writing Saved(l)
-  // only (its output and the head's losses are not used).
-  void forward(int o, bool recompute);
-  template <class E>
-  void forward_as(int o, bool recompute);
-
   // BWD(l): the backward from the layer's input and the forward's activations (Saved(l), of the REC or the FWD):
   // dW accumulated (from zero where the op allocates the gradient), dX = Grad(l) written (l > 0).
   void backward(int o);
@@ -187,6 +179,8 @@ class BaselineInterpreter final : public FlowInterpreter {
 
   // A resident kind's gradient of op o's device and layer (its DeviceState); nullptr otherwise.
   void* state_grads(int o) override;
+  // A resident kind's weights of op o's device and layer (its DeviceState); nullptr otherwise.
+  const void* state_weights(int o) override;
 
   int R_ = 0, N_ = 0;
   bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
@@ -198,7 +192,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   std::vector<int> state_op_;                         // per device: an op of its compute queue (state_stream)
   std::vector<std::unique_ptr<DeviceState>> states_;  // per device (resident); after qr, whose streams they use
   // per step
-  std::vector<std::uint8_t> loss_written_;  // per sample
   // Per queue (a device's dWBs are all on its swap-out queue): where a dWB that adds to a host gradient lands
   // first, as large as its largest such dWB; kept across steps (pinned in a real system: one per process).
   struct Bounce {

@@ -43,10 +43,8 @@ void BaselineInterpreter::run_op(int o) {
       break;
     }
     case OpKind::FWD:
-      forward(o, false);
-      break;
     case OpKind::REC:
-      forward(o, true);
+      forward(o);
       break;
     case OpKind::BWD:
       backward(o);
@@ -123,48 +121,6 @@ LayerArgs<E> BaselineInterpreter::layer_args(int o, TK input) {
     a.x = static_cast<const E*>(x);
   }
   return a;
-}
-
-void BaselineInterpreter::forward(int o, bool recompute) {
-  if (dt == DType::BF16) {
-    forward_as<Bf16>(o, recompute);
-  } else {
-    forward_as<float>(o, recompute);
-  }
-}
-
-template <class E>
-void BaselineInterpreter::forward_as(int o, bool recompute) {
-  const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  const bool head = m.kind(l) == LayerKind::Head;
-  LayerArgs<E> a = layer_args<E>(o, recompute ? oi.bwd_input : TK::Act);
-  Buffer targets, y, act;
-  if (head) {
-    targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
-    D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
-    a.targets = targets.as<std::int32_t>();
-  }
-  if (head || recompute) {
-    y = alloc_or_wait(D(d), m.output_bytes(l, n, T, dt), head ? "losses" : "y");
-    a.y = y.as<E>();
-  } else {
-    a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m.output_bytes(l, n, T, dt)).buf.as<E>();
-  }
-  if (recompute || oi.saved) {
-    a.act = put(o, Key{d, TK::Saved, l, s0, n}, saved_bytes(l, n)).buf.as<E>();
-  } else {
-    act = alloc_or_wait(D(d), saved_bytes(l, n), "act");
-    a.act = act.as<E>();
-  }
-  BasicDeviceOps<E> ops(D(d), S(o));
-  m.forward(ops, l, a);
-  if (head && !recompute) {  // read by end_step, after every stream has run
-    D(d).copy_d2h(S(o), losses.data() + static_cast<std::size_t>(s0) * T, a.y, Bytes(n) * T * kF);
-    for (int s = s0; s < s0 + n; ++s) ++loss_written_[static_cast<std::size_t>(s)];
-  }
-  for (Buffer* b : {&targets, &y, &act}) release_after(o, *b);  // after the kernels, in stream order
 }
 
 void BaselineInterpreter::backward(int o) {
@@ -315,6 +271,14 @@ void BaselineInterpreter::run_rs(const std::vector<int>& g) {
     Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es);
     if (shard_len(l, d) > 0) grads_up(a, d, t.data(), sum, shard_first(l, d), shard_len(l, d));
   }
+}
+
+const void* BaselineInterpreter::state_weights(int o) {
+  if (!resident_) return nullptr;
+  auto& ds = *states_[static_cast<std::size_t>(at(o).device)];
+  const int l = at(o).layers.first;
+  return dt == DType::BF16 ? static_cast<const void*>(ds.weights<Bf16>(l))
+                           : static_cast<const void*>(ds.weights<float>(l));
 }
 
 void* BaselineInterpreter::state_grads(int o) {

@@ -93,6 +93,30 @@ class FlowInterpreter : public Interpreter {
   // own stream; otherwise through the host.
   void run_ard(const std::vector<int>& g);
 
+  // ---- compute (flow_compute.cpp) ----
+  // FWD or REC over op o's layers, for every kind: from its input (the dataflow's second read: the activation, or a
+  // REC's stash) with its pack's weights (the first read, or a resident kind's state_weights), layer after layer;
+  // writes what the dataflow says it writes (the next input Act, the saved activations Saved or RecAct, a REC's
+  // inputs RecX), the rest temporaries; the head's losses into `losses` where copies_losses.
+  void forward(int o);
+  template <class E>
+  void forward_as(int o);
+  // A resident kind's weights of op o's device and layer (its DeviceState), else nullptr (a version in `store`).
+  virtual const void* state_weights(int /*o*/) { return nullptr; }
+  // The tensor of kind k and layer `layer` op o writes (its dataflow's id), or -1.
+  int written(int o, core::FlowKind k, int layer) const;
+  // Whether op o (running the head) writes the step's losses: every FWD; a REC where no FWD of the Program runs the
+  // head (Harmony's criterion task recomputes its forward in the backward).
+  bool copies_losses(int o) const;
+  // The step's mean loss; BackendError where a sample's loss was not written exactly once.
+  double mean_loss() const;
+  // The offset of layer l's parameters in the weights of layer range r (a pack's, one layer's: 0).
+  std::int64_t w_offset(const core::LayerRange& r, int l) const {
+    std::int64_t off = 0;
+    for (int k = r.first; k < l; ++k) off += m.param_floats(k);
+    return off;
+  }
+
   // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory
   // `dst` on o's stream — bf16: rounded to nearest even on the host and staged up; fp32: copied, read when the copy
   // runs (the Updates that overwrite the masters wait for o's event).
@@ -100,6 +124,8 @@ class FlowInterpreter : public Interpreter {
 
   // ---- helpers ----
   const core::Op& at(int o) const { return p.ops[static_cast<std::size_t>(o)]; }
+  // Op o's dataflow (Program::dataflow): its pass, layers, samples and tensors.
+  const core::OpFlow& flow(int o) const { return p.dataflow.ops[static_cast<std::size_t>(o)]; }
   std::string label(int o) const { return op_name(p, o); }
   Device& D(int d) { return *devs[static_cast<std::size_t>(d)]; }
   Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
@@ -127,8 +153,9 @@ class FlowInterpreter : public Interpreter {
   FlowStore store;                       // the step's tensor versions
   std::vector<std::vector<int>> groups;  // per op: the ops run with it (op_groups)
   // per step
-  std::span<const std::int32_t> in, tgt;  // the step's inputs and targets
-  std::vector<float> losses;              // per token: the head's losses
+  std::span<const std::int32_t> in, tgt;   // the step's inputs and targets
+  std::vector<float> losses;               // per token: the head's losses
+  std::vector<std::uint8_t> loss_written;  // per sample: how many ops wrote its losses
 };
 
 }  // namespace harmony::backend::detail

@@ -192,6 +192,7 @@ void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::s
   in = inputs;
   tgt = targets;
   losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
+  loss_written.assign(static_cast<std::size_t>(B), 0);
   for (auto& [k, h] : host) h.producer.assign(static_cast<std::size_t>(B), -1);
   store.begin_step();
   grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
@@ -201,9 +202,7 @@ void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::s
 double HarmonyInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, the last updates' inputs, every stream-ordered free
   store.clear();
-  double total = 0.0;
-  for (const float x : losses) total += x;
-  return total / static_cast<double>(losses.size());
+  return mean_loss();
 }
 
 }  // namespace harmony_impl

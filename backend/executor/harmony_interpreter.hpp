@@ -59,8 +59,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
     return it == update_owner.end() || it->second == op.device;
   }
 
-  // Op o's dataflow (Program::dataflow): its pass, pack, samples and tensors.
-  const core::OpFlow& flow(int o) const { return p.dataflow.ops[static_cast<std::size_t>(o)]; }
   const core::FlowTensor& tensor(int id) const { return p.dataflow.tensor(id); }
   // The host channel op o reads (or writes), as the dataflow names it; nullptr when none. A message between tasks
   // of one rank (core::lower_harmony gives its MSGsX / MSGY no bytes: the backward task reads the stash or activation
@@ -93,20 +91,7 @@ class HarmonyInterpreter final : public FlowInterpreter {
   std::byte* host_read(int o, HC c, int l, int s0, int n);
   std::byte* host_write(int o, HC c, int l, int s0, int n);
 
-  std::int64_t w_offset(const core::LayerRange& r, int l) const {
-    std::int64_t o = 0;
-    for (int k = r.first; k < l; ++k) o += m.param_floats(k);
-    return o;
-  }
   std::int64_t w_floats(const core::LayerRange& r) const { return w_offset(r, r.last + 1); }
-
-  // Forward of layers [a, b] of the task's weights over n samples from x; keeps every input and act when
-  // `keep` (REC), else writes the result to out. Returns nothing; losses of the head go to `losses`.
-  void forward_range(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b, int s0, int n,
-                     const void* x0, int out_id, bool keep);
-  template <class E>
-  void forward_range_as(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b, int s0, int n,
-                        const void* x0, int out_id, bool keep);
 
   // Recompute inputs were kept by REC; the backward of the task's layers [lf, ll] over one microbatch, in the
   // device dtype S (dW accumulated across microbatches in S).
@@ -120,7 +105,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
   void run_sx(int o, const core::Op& op);      // stash out (forward task) or in
   void run_msg(int o, const core::Op& op);     // MSGsX, MSGY: host channel to host channel
   void run_swap(int o, const core::Op& op);    // Y, dX out to the host; dY in from it
-  void run_fwd(int o, const core::Op& op);     // FWD, or REC keeping every input and act
   void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
   void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
   void run_del(int o);                         // drops the task's W and dW (the op's frees)

@@ -1,5 +1,5 @@
 // The Harmony interpreter's ops (harmony_interpreter.hpp): a run_* step per op kind (weights up, inputs and stashes
-// in and out, host messages, the forward and recompute over a task's layers, the backward, gradients down, the host
+// in and out, host messages, the backward over a task's layers, gradients down, the host
 // AdamW update, deletes); the P2P pair and the replicas' gradient all-reduce (ARD) are FlowInterpreter's.
 #include <algorithm>
 #include <cstring>
@@ -13,75 +13,6 @@
 namespace harmony::backend::detail::harmony_impl {
 
 using core::OpKind;
-
-void HarmonyInterpreter::forward_range(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b,
-                                       int s0, int n, const void* x0, int out_id, bool keep) {
-  if (dt == DType::BF16) {
-    forward_range_as<Bf16>(o, d, wr, W, a, b, s0, n, x0, out_id, keep);
-  } else {
-    forward_range_as<float>(o, d, wr, W, a, b, s0, n, x0, out_id, keep);
-  }
-}
-
-template <class E>
-void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b,
-                                          int s0, int n, const void* x0, int out_id, bool keep) {
-  BasicDeviceOps<E> ops(D(d), S(o));
-  const void* x = x0;
-  Buffer tmp_y, tmp_act, prev, targets;
-  for (int l = a; l <= b; ++l) {
-    LayerArgs<E> args;
-    args.B = n;
-    args.T = T;
-    args.w = W.buf.as<E>() + w_offset(wr, l);
-    if (l == 0) {
-      args.tokens = static_cast<const std::int32_t*>(x);
-    } else {
-      args.x = static_cast<const E*>(x);
-    }
-    if (m.kind(l) == LayerKind::Head) {
-      release_after(o, targets);
-      targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
-      D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
-      args.targets = targets.as<std::int32_t>();
-    }
-    Buffer y;
-    if (l == b && !keep) {
-      args.y = make(o, out_id, m.output_bytes(l, n, T, dt)).buf.as<E>();
-    } else {
-      y = alloc_or_wait(D(d), m.output_bytes(l, n, T, dt), "y");
-      args.y = y.as<E>();
-    }
-    E* act = nullptr;
-    if (keep) {
-      act = make(o, tid(o, core::FlowKind::RecAct, l, s0, n), m.act_floats(l, n, T, dt) * es).buf.as<E>();
-    } else {
-      Buffer next_act = alloc_or_wait(D(d), m.act_floats(l, n, T, dt) * es, "act");
-      release_after(o, tmp_act);  // the previous layer's, after its kernels
-      tmp_act = std::move(next_act);
-      act = tmp_act.as<E>();
-    }
-    args.act = act;
-    m.forward(ops, l, args);
-    if (m.kind(l) == LayerKind::Head) {  // read by end_step, after every stream has run
-      D(d).copy_d2h(S(o), losses.data() + static_cast<std::size_t>(s0) * T, args.y, Bytes(n) * T * kF);
-    }
-    if (l < b) {
-      if (keep) {
-        FlowData& nx = make(o, tid(o, core::FlowKind::RecX, l + 1, s0, n), m.output_bytes(l, n, T, dt));
-        D(d).copy_d2d(S(o), nx.buf.data(), y.data(), m.output_bytes(l, n, T, dt));
-        x = nx.buf.data();
-      } else {
-        release_after(o, prev);
-        prev = std::move(y);
-        x = prev.data();
-      }
-    }
-    release_after(o, y);
-  }
-  // No host wait: the temporaries are freed after the kernels that use them, in stream order.
-  for (Buffer* b : {&tmp_y, &tmp_act, &prev, &targets}) release_after(o, *b);
-}
 
 template <class E>
 void HarmonyInterpreter::run_bwd(int o, const core::Op& op) {
@@ -161,7 +92,7 @@ void HarmonyInterpreter::run_op(int o) {
       return run_swap(o, op);
     case OpKind::FWD:
     case OpKind::REC:
-      return run_fwd(o, op);
+      return forward(o);
     case OpKind::BWD:
       if (dt == DType::BF16) {
         run_bwd<Bf16>(o, op);
@@ -249,21 +180,6 @@ void HarmonyInterpreter::run_swap(int o, const core::Op& op) {
       return;
     }
   }
-}
-
-void HarmonyInterpreter::run_fwd(int o, const core::Op& op) {
-  const int d = op.device;
-  const int lf = op.layers.first, ll = op.layers.last;
-  const auto [s0, n] = samples(o);
-  const core::LayerRange pack = flow(o).layers;
-  const FlowData& W = store.get(o, task_tid(o, core::FlowKind::W));
-  if (op.kind == OpKind::REC) {  // from the stash, or (the task with the criterion) the activation it received
-    const FlowData& x = store.get(o, flow(o).reads[1]);
-    forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), -1, true);
-    return;
-  }
-  const FlowData& x = store.get(o, tid(o, core::FlowKind::Act, lf, s0, n));
-  forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), tid(o, core::FlowKind::Act, ll + 1, s0, n), false);
 }
 
 void HarmonyInterpreter::run_dwb(int o, const core::Op& op) {
