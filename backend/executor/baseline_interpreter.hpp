@@ -142,17 +142,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   // sX: a stash (the layer's input) or, under keep, the saved activations swapped out to the host or back in.
   void run_sx(int o);
 
-  // The layer arguments FWD, REC and BWD share: op o's microbatch, its layer's weights (the DeviceState's when
-  // resident) and its input read from `input` (layer 0: the token ids).
-  template <class E>
-  LayerArgs<E> layer_args(int o, TK input);
-
-  // BWD(l): the backward from the layer's input and the forward's activations (Saved(l), of the REC or the FWD):
-  // dW accumulated (from zero where the op allocates the gradient), dX = Grad(l) written (l > 0).
-  void backward(int o);
-  template <class E>
-  void backward_as(int o);
-
   // dWB: the gradient (zero-infinity: this rank's shard) into the layer's host gradient (build_update_edges).
   void grad_to_host(int o);
 

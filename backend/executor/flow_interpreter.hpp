@@ -101,6 +101,17 @@ class FlowInterpreter : public Interpreter {
   void forward(int o);
   template <class E>
   void forward_as(int o);
+  // BWD over op o's layers (last to first), for every kind: from its input (the dataflow's second read) and the
+  // forward's activations it reads (Saved, or a REC's RecAct and RecX), the output gradient it reads (none where the
+  // op runs the head); adds into its weight gradient (backward_dw) and writes its input gradient Grad (layer > 0).
+  void backward(int o);
+  template <class E>
+  void backward_as(int o);
+  // The weight gradient op o (a BWD) adds to: a resident kind's state_grads, else the DW the dataflow says it
+  // writes — started at zero where it reads none (the step's first), else updated.
+  void* backward_dw(int o);
+  // The tensor of kind k and layer `layer` op o reads (its dataflow's id), or -1.
+  int read_of(int o, core::FlowKind k, int layer) const;
   // A resident kind's weights of op o's device and layer (its DeviceState), else nullptr (a version in `store`).
   virtual const void* state_weights(int /*o*/) { return nullptr; }
   // The tensor of kind k and layer `layer` op o writes (its dataflow's id), or -1.

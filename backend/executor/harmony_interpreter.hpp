@@ -93,11 +93,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
 
   std::int64_t w_floats(const core::LayerRange& r) const { return w_offset(r, r.last + 1); }
 
-  // Recompute inputs were kept by REC; the backward of the task's layers [lf, ll] over one microbatch, in the
-  // device dtype S (dW accumulated across microbatches in S).
-  template <class E>
-  void run_bwd(int o, const core::Op& op);
-
   // Runs op o (not of a pair or an ARD group) through the run_* step of its kind.
   void run_op(int o) override;
   void run_wb(int o, const core::Op& op);      // the pack's weights up (bf16: rounded, staged)

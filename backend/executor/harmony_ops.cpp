@@ -1,6 +1,6 @@
 // The Harmony interpreter's ops (harmony_interpreter.hpp): a run_* step per op kind (weights up, inputs and stashes
-// in and out, host messages, the backward over a task's layers, gradients down, the host
-// AdamW update, deletes); the P2P pair and the replicas' gradient all-reduce (ARD) are FlowInterpreter's.
+// in and out, host messages, gradients down, the host AdamW update, deletes); the compute ops (FWD, REC, BWD), the P2P
+// pair and the replicas' gradient all-reduce (ARD) are FlowInterpreter's.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -13,66 +13,6 @@
 namespace harmony::backend::detail::harmony_impl {
 
 using core::OpKind;
-
-template <class E>
-void HarmonyInterpreter::run_bwd(int o, const core::Op& op) {
-  const int d = op.device;
-  const int lf = op.layers.first, ll = op.layers.last;
-  const auto [s0, n] = samples(o);
-  const core::LayerRange pack = flow(o).layers;
-  const FlowData& W = store.get(o, task_tid(o, core::FlowKind::W));
-  // the input: the stash brought back, or (the task with the criterion) the activation it received
-  const int in = flow(o).reads[1];
-  const bool criterion = tensor(in).kind == core::FlowKind::Act;
-  const FlowData& x0 = store.get(o, in);
-  // the gradient: the first microbatch starts it (the dataflow: it reads none), the others add to it
-  const int dwk = task_tid(o, core::FlowKind::DW);
-  const bool adds = std::find(flow(o).reads.begin(), flow(o).reads.end(), dwk) != flow(o).reads.end();
-  FlowData* g = adds ? &update(o, dwk, w_floats(pack) * es) : &make(o, dwk, w_floats(pack) * es);
-  if (!adds) D(d).fill_zero(S(o), g->buf.data(), g->buf.bytes());
-  E* dw = g->buf.as<E>();
-  const E* dy = criterion ? nullptr : store.get(o, tid(o, core::FlowKind::Grad, ll + 1, s0, n)).buf.as<E>();
-  std::int64_t scratch = 0;
-  for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
-  Buffer scr = alloc_or_wait(D(d), scratch * es, "scratch"), targets, g_a, g_b;
-  // the input gradients passed between the pack's layers, in two buffers used in turn: none for a one-layer pack
-  // (its dX is the Grad tensor it makes), one for two layers
-  const Bytes gb = Bytes(n) * T * m.config().n_embd * es;
-  if (ll - lf >= 1) g_a = alloc_or_wait(D(d), gb, "dx a");
-  if (ll - lf >= 2) g_b = alloc_or_wait(D(d), gb, "dx b");
-  if (criterion) {
-    targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
-    D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
-  }
-  BasicDeviceOps<E> ops(D(d), S(o));
-  E* spare = g_a.as<E>();
-  E* other = g_b.as<E>();
-  for (int l = ll; l >= lf; --l) {
-    LayerArgs<E> a;
-    a.B = n;
-    a.T = T;
-    a.w = W.buf.as<E>() + w_offset(pack, l);
-    a.dw = dw + w_offset(pack, l);
-    const void* x = l == lf ? x0.buf.data() : store.get(o, tid(o, core::FlowKind::RecX, l, s0, n)).buf.data();
-    if (l == 0) {
-      a.tokens = static_cast<const std::int32_t*>(x);
-    } else {
-      a.x = static_cast<const E*>(x);
-    }
-    a.targets = targets.as<std::int32_t>();
-    a.act = store.get(o, tid(o, core::FlowKind::RecAct, l, s0, n)).buf.as<E>();
-    a.dy = dy;
-    a.scratch = scr.as<E>();
-    a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B) * static_cast<std::size_t>(T));
-    E* dx = nullptr;
-    if (l > 0) dx = l == lf ? make(o, tid(o, core::FlowKind::Grad, lf, s0, n), gb).buf.as<E>() : spare;
-    a.dx = dx;
-    m.backward(ops, l, a);
-    dy = dx;
-    std::swap(spare, other);
-  }
-  for (Buffer* b : {&scr, &targets, &g_a, &g_b}) release_after(o, *b);  // after the kernels, in stream order
-}
 
 void HarmonyInterpreter::run_op(int o) {
   const core::Op& op = p.ops[static_cast<std::size_t>(o)];
@@ -94,12 +34,7 @@ void HarmonyInterpreter::run_op(int o) {
     case OpKind::REC:
       return forward(o);
     case OpKind::BWD:
-      if (dt == DType::BF16) {
-        run_bwd<Bf16>(o, op);
-      } else {
-        run_bwd<float>(o, op);
-      }
-      return;
+      return backward(o);
     case OpKind::dWB:
       return run_dwb(o, op);
     case OpKind::Update:
