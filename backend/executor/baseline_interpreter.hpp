@@ -68,13 +68,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   void run_collective(const std::vector<int>& g) override;
   Bytes saved_bytes(int l, int n) const { return m.act_floats(l, n, T, dt) * es; }  // the forward's act of layer l
   std::int64_t floats(int l) const { return m.param_floats(l); }
-  // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
-  // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
-  std::int64_t shard_floats(int l) const { return (floats(l) + N_ - 1) / N_; }
-  std::int64_t shard_first(int l, int r) const { return std::min(floats(l), r * shard_floats(l)); }
-  std::int64_t shard_len(int l, int r) const {
-    return std::min(floats(l), (r + 1) * shard_floats(l)) - shard_first(l, r);
-  }
 
   std::string tname(const Key& k) const;
 
@@ -137,8 +130,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   // Ops.
 
   void run_op(int o) override;
-  // WB: the layer's weights (zero-infinity: this rank's shard) up from the host masters (bf16: rounded, staged).
-  void run_wb(int o);
   // sX: a stash (the layer's input) or, under keep, the saved activations swapped out to the host or back in.
   void run_sx(int o);
 

@@ -68,18 +68,6 @@ void BaselineInterpreter::run_op(int o) {
   // No host wait: run() records the op's event after its work; what follows waits for that.
 }
 
-void BaselineInterpreter::run_wb(int o) {
-  const core::Op& op = at(o);
-  const int d = op.device, l = op.layers.first;
-  const std::int64_t first = sharded_ ? shard_first(l, d) : 0, len = sharded_ ? shard_len(l, d) : floats(l);
-  Tensor& w = sharded_ ? put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es)
-                       : put(o, Key{d, TK::W, l, 0, 0}, floats(l) * es);
-  if (len == 0) return;
-  const std::span<const float> from =
-      st.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
-  weights_up(o, w.data(), std::span<const std::span<const float>>(&from, 1));
-}
-
 void BaselineInterpreter::run_sx(int o) {
   const core::Op& op = at(o);
   const OpInfo& oi = info_[static_cast<std::size_t>(o)];

@@ -88,6 +88,25 @@ void FlowInterpreter::weights_up(int o, void* dst, std::span<const std::span<con
   }
 }
 
+void FlowInterpreter::run_wb(int o) {
+  const core::Op& op = at(o);
+  if (flow(o).writes.empty()) throw core::InternalError(fmt::format("executor: op {} writes no weights", label(o)));
+  const int id = flow(o).writes[0];
+  std::vector<std::span<const float>> src;  // the layers' masters, one after another (a shard: its part of one)
+  if (p.dataflow.tensor(id).kind == core::FlowKind::WShard) {
+    const int l = op.layers.first;
+    FlowData& w = make(o, id, std::max<std::int64_t>(1, shard_floats(l)) * es);
+    if (shard_len(l, op.device) == 0) return;
+    src.push_back(st.weights(l).subspan(static_cast<std::size_t>(shard_first(l, op.device)),
+                                        static_cast<std::size_t>(shard_len(l, op.device))));
+    weights_up(o, w.data(), src);
+    return;
+  }
+  FlowData& w = make(o, id, w_offset(op.layers, op.layers.last + 1) * es);
+  for (int l = op.layers.first; l <= op.layers.last; ++l) src.push_back(st.weights(l));
+  weights_up(o, w.data(), src);
+}
+
 void FlowInterpreter::run_pair(int send, int recv) {
   const std::vector<FlowVersion>& r = versions.reads(send);
   const std::vector<int>& w = versions.writes(recv);

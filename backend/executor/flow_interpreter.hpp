@@ -5,6 +5,7 @@
 // or one op to the derived interpreter (run_collective, run_op), whose ops they are.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -126,6 +127,17 @@ class FlowInterpreter : public Interpreter {
     std::int64_t off = 0;
     for (int k = r.first; k < l; ++k) off += m.param_floats(k);
     return off;
+  }
+
+  // WB, for every kind: the host master weights of the op's layers up (bf16: rounded, staged) into what its dataflow
+  // says it writes: the weights of its pack or layer (W), or this rank's shard of its layer (WShard).
+  void run_wb(int o);
+  // A sharded layer (zero-infinity): rank r's shard is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
+  // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
+  std::int64_t shard_floats(int l) const { return (m.param_floats(l) + p.num_devices() - 1) / p.num_devices(); }
+  std::int64_t shard_first(int l, int r) const { return std::min(m.param_floats(l), r * shard_floats(l)); }
+  std::int64_t shard_len(int l, int r) const {
+    return std::min(m.param_floats(l), (r + 1) * shard_floats(l)) - shard_first(l, r);
   }
 
   // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory

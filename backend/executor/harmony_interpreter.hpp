@@ -95,7 +95,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
 
   // Runs op o (not of a pair or an ARD group) through the run_* step of its kind.
   void run_op(int o) override;
-  void run_wb(int o, const core::Op& op);      // the pack's weights up (bf16: rounded, staged)
   void run_x(int o, const core::Op& op);       // the input: tokens, or a host channel's
   void run_sx(int o, const core::Op& op);      // stash out (forward task) or in
   void run_msg(int o, const core::Op& op);     // MSGsX, MSGY: host channel to host channel

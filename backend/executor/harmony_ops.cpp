@@ -18,7 +18,7 @@ void HarmonyInterpreter::run_op(int o) {
   const core::Op& op = p.ops[static_cast<std::size_t>(o)];
   switch (op.kind) {
     case OpKind::WB:
-      return run_wb(o, op);
+      return run_wb(o);
     case OpKind::X:
       return run_x(o, op);
     case OpKind::sX:
@@ -44,14 +44,6 @@ void HarmonyInterpreter::run_op(int o) {
     default:
       throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(o), core::op_kind_name(op.kind)));
   }
-}
-
-void HarmonyInterpreter::run_wb(int o, const core::Op& op) {
-  const int lf = op.layers.first, ll = op.layers.last;
-  FlowData& w = make(o, task_tid(o, core::FlowKind::W), w_floats(op.layers) * es);
-  std::vector<std::span<const float>> src;  // the pack's layers, one after another
-  for (int l = lf; l <= ll; ++l) src.push_back(st.weights(l));
-  weights_up(o, w.buf.data(), src);
 }
 
 void HarmonyInterpreter::run_x(int o, const core::Op& op) {
