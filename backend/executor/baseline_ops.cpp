@@ -59,8 +59,6 @@ void BaselineInterpreter::run_op(int o) {
         host_update(o);
       }
       break;
-    case OpKind::DEL:  // every tensor was released after its last reader
-      break;
     default:
       throw BackendError(fmt::format("executor: op {}: kind {} not supported in a baseline Program", label(o),
                                      core::op_kind_name(op.kind)));

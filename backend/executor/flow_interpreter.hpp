@@ -42,7 +42,8 @@ class FlowInterpreter : public Interpreter {
 
  protected:
   // The group's work, enqueued on its members' streams: a P2P pair (run_pair), an all-reduce (run_ard), a sharded
-  // collective (AG, RS: run_collective, its members in device order) or one op (run_op).
+  // collective (AG, RS: run_collective, its members in device order), a DEL (the versions it frees dropped) or one op
+  // (run_op).
   void run_group(const std::vector<int>& g);
   virtual void run_collective(const std::vector<int>& g) {
     throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(g.front()),

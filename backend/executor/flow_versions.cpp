@@ -28,6 +28,20 @@ FlowVersions::FlowVersions(const core::Program& program, const Ancestry& anc, Tr
       reads_[o].push_back(v);
       ++readers_[v];
     }
+  freed_.assign(n, {});
+  for (std::size_t o = 0; o < n; ++o)
+    for (const int id : df.ops[o].frees) {
+      if (!tracked_(df.tensor(id))) continue;
+      const auto& w = writes_[o];
+      if (std::find(w.begin(), w.end(), id) != w.end()) {
+        freed_[o].push_back(FlowVersion{id, static_cast<int>(o)});
+        continue;
+      }
+      try {
+        freed_[o].push_back(FlowVersion{id, reaching(anc, static_cast<int>(o), id)});
+      } catch (const ScheduleViolation&) {  // NOLINT(bugprone-empty-catch): check_frees reports it where asked
+      }
+    }
   check_dead_versions(anc);
 }
 

@@ -40,6 +40,9 @@ class FlowVersions {
   const std::vector<FlowVersion>& reads(int o) const { return reads_[static_cast<std::size_t>(o)]; }
   // Op o's tracked writes (tensor ids), in its dataflow's order.
   const std::vector<int>& writes(int o) const { return writes_[static_cast<std::size_t>(o)]; }
+  // The versions op o's frees name (tracked tensors): the one o writes, else the one it would read; a free whose
+  // version cannot be resolved (no producer among o's ancestors) names none (check_frees reports it).
+  const std::vector<FlowVersion>& freed(int o) const { return freed_[static_cast<std::size_t>(o)]; }
   // How many reads (over all ops, a tensor read twice by one op counted twice) see version v.
   int readers(const FlowVersion& v) const;
   // Per version: its reads (what a step counts down to free a version after its last read).
@@ -71,6 +74,7 @@ class FlowVersions {
   std::vector<std::vector<int>> producers_;  // per tensor id: the ops that write it
   std::vector<std::vector<FlowVersion>> reads_;
   std::vector<std::vector<int>> writes_;
+  std::vector<std::vector<FlowVersion>> freed_;
   std::map<FlowVersion, int> readers_;
 };
 

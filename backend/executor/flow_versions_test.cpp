@@ -81,6 +81,21 @@ TEST_CASE("a read sees the latest write among its ancestors; each version counts
   CHECK_NOTHROW(v.check_frees(anc));
 }
 
+TEST_CASE("a free names the version its op writes, else the one it would read, else none") {
+  Fixture f;
+  const int w1 = f.op({}, false, true);
+  const int w2 = f.op({}, false, true);              // unordered with the first free
+  const int del1 = f.op({w1}, false, false, true);   // frees the version of w1
+  const int both = f.op({del1}, false, true, true);  // writes a version and frees it
+  const int del0 = f.op({}, false, false, true);     // no producer among its ancestors
+  const Ancestry anc(f.p, {});
+  const FlowVersions v = f.versions(anc);
+  CHECK(v.freed(del1) == std::vector<FlowVersion>{{f.act, w1}});
+  CHECK(v.freed(both) == std::vector<FlowVersion>{{f.act, both}});
+  CHECK(v.freed(del0).empty());
+  CHECK(v.freed(w2).empty());
+}
+
 TEST_CASE("untracked tensors are left out") {
   Fixture f;
   const int w = f.op({}, false, true);

@@ -101,7 +101,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
   void run_swap(int o, const core::Op& op);    // Y, dX out to the host; dY in from it
   void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
   void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
-  void run_del(int o);                         // drops the task's W and dW (the op's frees)
 
   std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 

@@ -1,6 +1,6 @@
-// The Harmony interpreter's ops (harmony_interpreter.hpp): a run_* step per op kind (weights up, inputs and stashes
-// in and out, host messages, gradients down, the host AdamW update, deletes); the compute ops (FWD, REC, BWD), the P2P
-// pair and the replicas' gradient all-reduce (ARD) are FlowInterpreter's.
+// The Harmony interpreter's ops (harmony_interpreter.hpp): a run_* step per op kind it still runs itself (inputs and
+// stashes in and out through its host channels, host messages, gradients down, the host AdamW update); weights up,
+// the compute ops, deletes, the P2P pair and the all-reduce are FlowInterpreter's.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -39,8 +39,6 @@ void HarmonyInterpreter::run_op(int o) {
       return run_dwb(o, op);
     case OpKind::Update:
       return run_update(o, op);
-    case OpKind::DEL:
-      return run_del(o);
     default:
       throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(o), core::op_kind_name(op.kind)));
   }
@@ -141,10 +139,6 @@ void HarmonyInterpreter::run_update(int o, const core::Op& op) {
   // gradients and moments; for layer 0 also the head's lm_head gradient and weight) no other op touches
   // until the next step — the deps order the pack's WBs and dWBs before it, tie_edges the head's dWB.
   if (owns_update(op)) unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, lf, ll, qr.adamw(o))); });
-}
-
-void HarmonyInterpreter::run_del(int o) {
-  for (const int id : flow(o).frees) store.drop_all(id);
 }
 
 }  // namespace harmony::backend::detail::harmony_impl
