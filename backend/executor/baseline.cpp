@@ -93,10 +93,6 @@ Tensor& BaselineInterpreter::get(int o, const Key& k) { return store.get(o, p.da
 
 Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) { return make(o, p.dataflow.find(k), bytes); }
 
-Tensor& BaselineInterpreter::update(int o, const Key& k, Bytes bytes) {
-  return FlowInterpreter::update(o, p.dataflow.find(k), bytes);
-}
-
 }  // namespace baseline_impl
 
 std::unique_ptr<Interpreter> make_baseline_interpreter(const core::Program& program, std::vector<Device*> devices,

@@ -32,19 +32,6 @@ inline const char* tk_name(TK k) { return core::flow_kind_name(k); }
 
 using Tensor = FlowData;  // one version of a tensor (flow_store.hpp)
 
-using core::Pass;
-
-// An op's dataflow (Program::dataflow) as the interpreter runs it: its tensors resolved to Keys and versions.
-struct OpInfo {
-  Pass pass = Pass::Fwd;
-  int layer = 0;            // the pseudo task's layer
-  int s0 = 0, n = 0;        // the op's microbatch (ubs > 0)
-  std::vector<Key> writes;  // tensors it produces
-  bool fresh_dw = false;    // BWD: starts the weight gradient at zero (the op allocates it)
-  TK bwd_input = TK::Act;   // REC, BWD: Stash if the input was brought back, else Act
-  bool saved = false;       // FWD: keeps its saved activations (keep); sX: moves saved activations, not an input
-};
-
 // The executor's interpreter of the swapping kinds' Programs (ExecutorDialect::Swapping: dp-swap, pp-swap,
 // zero-infinity, l2l, lohan): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op
 // that produced them; which version an op reads (the latest producer among its ancestors) and every host gradient and
@@ -66,7 +53,6 @@ class BaselineInterpreter final : public FlowInterpreter {
  private:
   // AG or RS (FlowInterpreter::run_group dispatches it; ARD is FlowInterpreter::run_ard).
   void run_collective(const std::vector<int>& g) override;
-  Bytes saved_bytes(int l, int n) const { return m.act_floats(l, n, T, dt) * es; }  // the forward's act of layer l
   std::int64_t floats(int l) const { return m.param_floats(l); }
 
   std::string tname(const Key& k) const;
@@ -76,9 +62,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   // version each read sees), the groups, the checks.
 
   void analyse();
-
-  // Op o's dataflow tensors as Keys.
-  std::vector<Key> keys(const core::TensorIds& ids) const;
 
   // Which dWB ops bring the gradient an Update(l) on device `dev` uses: its own replica's when the gradient was
   // all-reduced on the GPUs (ARD: every replica's process holds the sum), else every GPU's (l2l's parameter
@@ -123,15 +106,11 @@ class BaselineInterpreter final : public FlowInterpreter {
 
   Tensor& get(int o, const Key& k);
   Tensor& put(int o, const Key& k, Bytes bytes);
-  // Op o reads k and writes its next version: in place when o is the last reader of the old one, else a copy.
-  Tensor& update(int o, const Key& k, Bytes bytes);
 
   // ---------------------------------------------------------------------------------------------------------
   // Ops.
 
   void run_op(int o) override;
-  // sX: a stash (the layer's input) or, under keep, the saved activations swapped out to the host or back in.
-  void run_sx(int o);
 
   // dWB: the gradient (zero-infinity: this rank's shard) into the layer's host gradient (build_update_edges).
   void grad_to_host(int o);
@@ -165,7 +144,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   int R_ = 0, N_ = 0;
   bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
   bool sharded_ = false;  // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
-  std::vector<OpInfo> info_;
   std::vector<std::vector<int>> dwb_, wb_;            // per layer
   std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)
   bool resident_ = false;                             // PlanKindSpec::resident_state: W, DW and AdamW state in states_

@@ -17,31 +17,11 @@ using core::OpKind;
 
 void BaselineInterpreter::run_op(int o) {
   const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
+  const int d = op.device, l = op.layers.first;
   switch (op.kind) {
     case OpKind::WB:
       run_wb(o);
       break;
-    case OpKind::X:
-      tokens_in(o, p.dataflow.find(info_[static_cast<std::size_t>(o)].writes.front()), s0, n);
-      break;
-    case OpKind::sX:
-      run_sx(o);
-      break;
-    case OpKind::dX: {  // to the host (l2l); a P2P dX runs as a pair
-      const Bytes b = Bytes(n) * per_sample(l);
-      const Tensor& g = get(o, Key{d, TK::Grad, l, s0, n});
-      D(d).copy_d2h(S(o), put(o, Key{d, TK::HostGrad, l, s0, n}, b).data(), g.buf.data(), b);
-      break;
-    }
-    case OpKind::dY: {  // from the host (l2l); a P2P dY runs as a pair
-      const int g = op.layers.last + 1;
-      const Bytes b = Bytes(n) * per_sample(g);
-      const void* src = get(o, Key{d, TK::HostGrad, g, s0, n}).data();
-      D(d).copy_h2d(S(o), put(o, Key{d, TK::Grad, g, s0, n}, b).data(), src, b);
-      break;
-    }
     case OpKind::FWD:
     case OpKind::REC:
       forward(o);
@@ -64,32 +44,6 @@ void BaselineInterpreter::run_op(int o) {
                                      core::op_kind_name(op.kind)));
   }
   // No host wait: run() records the op's event after its work; what follows waits for that.
-}
-
-void BaselineInterpreter::run_sx(int o) {
-  const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  if (oi.saved) {
-    const Bytes b = saved_bytes(l, n);
-    const bool out = op.stream == core::Stream::SwapOut;
-    const void* src = get(o, Key{d, out ? TK::Saved : TK::HostSaved, l, s0, n}).data();
-    void* dst = put(o, Key{d, out ? TK::HostSaved : TK::Saved, l, s0, n}, b).data();
-    if (out) {
-      D(d).copy_d2h(S(o), dst, src, b);
-    } else {
-      D(d).copy_h2d(S(o), dst, src, b);
-    }
-    return;
-  }
-  const Bytes b = Bytes(n) * per_sample(l);
-  if (op.stream == core::Stream::SwapOut) {
-    const Tensor& x = get(o, Key{d, TK::Act, l, s0, n});
-    D(d).copy_d2h(S(o), put(o, Key{d, TK::HostStash, l, s0, n}, b).data(), x.buf.data(), b);
-  } else {
-    const void* src = get(o, Key{d, TK::HostStash, l, s0, n}).data();
-    D(d).copy_h2d(S(o), put(o, info_[static_cast<std::size_t>(o)].writes.front(), b).data(), src, b);
-  }
 }
 
 void BaselineInterpreter::grad_to_host(int o) {

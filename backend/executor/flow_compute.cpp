@@ -38,6 +38,8 @@ template <class E>
 void FlowInterpreter::forward_as(int o) {
   const core::Op& op = at(o);
   const core::OpFlow& f = flow(o);
+  if (f.reads.size() < 2)
+    throw core::InternalError(fmt::format("executor: op {} reads no weights and input", label(o)));
   const int d = op.device, a = op.layers.first, b = op.layers.last, s0 = f.s0, n = f.n;
   // the weights of the op's pack (its dataflow's first read, or a resident kind's state) and its input (the second:
   // the activation, or a REC's stash)
@@ -139,6 +141,8 @@ template <class E>
 void FlowInterpreter::backward_as(int o) {
   const core::Op& op = at(o);
   const core::OpFlow& f = flow(o);
+  if (f.reads.size() < 2)
+    throw core::InternalError(fmt::format("executor: op {} reads no weights and input", label(o)));
   const int d = op.device, lf = op.layers.first, ll = op.layers.last, s0 = f.s0, n = f.n;
   const void* state = state_weights(o);
   const E* w = static_cast<const E*>(state != nullptr ? state : store.get(o, f.reads[0]).data());

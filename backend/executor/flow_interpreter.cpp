@@ -64,6 +64,8 @@ void FlowInterpreter::run_group(const std::vector<int>& g) {
     run_ard(g);
   } else if (op.kind == core::OpKind::AG || op.kind == core::OpKind::RS) {
     run_collective(g);
+  } else if (is_move(op.kind)) {
+    run_move(g.front());
   } else if (op.kind == core::OpKind::DEL) {  // what it frees, if still stored (its versions' last reads free them)
     store.drop_freed(g.front());
   } else {

@@ -42,8 +42,8 @@ class FlowInterpreter : public Interpreter {
 
  protected:
   // The group's work, enqueued on its members' streams: a P2P pair (run_pair), an all-reduce (run_ard), a sharded
-  // collective (AG, RS: run_collective, its members in device order), a DEL (the versions it frees dropped) or one op
-  // (run_op).
+  // collective (AG, RS: run_collective, its members in device order), a move (run_move), a DEL (the versions it frees
+  // dropped) or one op (run_op).
   void run_group(const std::vector<int>& g);
   virtual void run_collective(const std::vector<int>& g) {
     throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(g.front()),
@@ -94,6 +94,19 @@ class FlowInterpreter : public Interpreter {
   // to all. With ExecutorOptions::communicator, on the devices: each member's gradient all-reduced in place on its
   // own stream; otherwise through the host.
   void run_ard(const std::vector<int>& g);
+
+  // ---- moves (flow_moves.cpp) ----
+  // X, sX, Y, dX, dY, MSGsX, MSGY (not of a P2P pair): the op's one read copied into its one write, host to device,
+  // device to host, or host to host (nothing to copy where both are the same memory: a Harmony message within one
+  // rank); an input that reads nothing takes the step's tokens (layer 0).
+  static bool is_move(core::OpKind k);
+  void run_move(int o);
+  // A tensor's bytes: a forward's saved activations, or a layer's input (or its gradient) over its samples.
+  Bytes tensor_bytes(int id) const;
+  // Where a host tensor op o reads lives, and where one it writes goes: a version in `store` (made on the host meter),
+  // or where the interpreter keeps it (Harmony's host channels, per sample).
+  virtual const void* host_src(int o, int id) { return store.get(o, id).data(); }
+  virtual void* host_dst(int o, int id, Bytes bytes) { return make(o, id, bytes).data(); }
 
   // ---- compute (flow_compute.cpp) ----
   // FWD or REC over op o's layers, for every kind: from its input (the dataflow's second read: the activation, or a

@@ -188,6 +188,16 @@ std::byte* HarmonyInterpreter::host_write(int o, HC c, int l, int s0, int n) {
   return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
 }
 
+const void* HarmonyInterpreter::host_src(int o, int id) {
+  const core::FlowTensor& t = tensor(id);
+  return host_read(o, host_chan(t.kind), t.layer, t.s0, t.n);
+}
+
+void* HarmonyInterpreter::host_dst(int o, int id, Bytes /*bytes*/) {
+  const core::FlowTensor& t = tensor(id);
+  return host_write(o, host_chan(t.kind), t.layer, t.s0, t.n);
+}
+
 void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
   in = inputs;
   tgt = targets;

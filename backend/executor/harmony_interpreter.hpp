@@ -90,15 +90,14 @@ class HarmonyInterpreter final : public FlowInterpreter {
   HostChan& chan(HC c, int l);
   std::byte* host_read(int o, HC c, int l, int s0, int n);
   std::byte* host_write(int o, HC c, int l, int s0, int n);
+  // The moves' host side (FlowInterpreter::run_move): the host channel of the tensor, at its samples.
+  const void* host_src(int o, int id) override;
+  void* host_dst(int o, int id, Bytes bytes) override;
 
   std::int64_t w_floats(const core::LayerRange& r) const { return w_offset(r, r.last + 1); }
 
   // Runs op o (not of a pair or an ARD group) through the run_* step of its kind.
   void run_op(int o) override;
-  void run_x(int o, const core::Op& op);       // the input: tokens, or a host channel's
-  void run_sx(int o, const core::Op& op);      // stash out (forward task) or in
-  void run_msg(int o, const core::Op& op);     // MSGsX, MSGY: host channel to host channel
-  void run_swap(int o, const core::Op& op);    // Y, dX out to the host; dY in from it
   void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
   void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
 
