@@ -55,8 +55,9 @@ class FlowInterpreter : public Interpreter {
   bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
   // The version analysis over the Program's dataflow and the happens-before order `anc` (its deps, queue order and
   // `extra`), and the store over it.
-  void analyse_versions(const Ancestry& anc, FlowVersions::Tracked tracked, FlowVersions::Name name) {
-    versions = FlowVersions(p, anc, std::move(tracked), std::move(name));
+  void analyse_versions(const Ancestry& anc, FlowVersions::Tracked tracked, FlowVersions::Name name,
+                        const FlowVersions::Ranged& ranged = nullptr) {
+    versions = FlowVersions(p, anc, std::move(tracked), std::move(name), ranged);
     store = FlowStore(p, versions, qr);
   }
 

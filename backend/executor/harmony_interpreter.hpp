@@ -19,7 +19,8 @@
 
 namespace harmony::backend::detail::harmony_impl {
 
-// Host channels (per boundary layer, the whole minibatch, per-sample producer).
+// Host channels (per boundary layer, the whole minibatch; who writes which samples is resolved when the executor is
+// built: FlowVersions::sample_reads).
 enum class HC : std::uint8_t { YSwap, YMsg, Stash, StashMsg, DXSwap };
 inline const char* hc_name(HC k) {
   constexpr const char* n[] = {"host Y", "host Y msg", "host stash", "host stash msg", "host dX"};
@@ -27,9 +28,8 @@ inline const char* hc_name(HC k) {
 }
 
 struct HostChan {
-  HostBuffer data;            // the whole minibatch; kept across steps (pinned where the devices pin)
-  MeteredBytes metered;       // on the host meter (stash or activations)
-  std::vector<int> producer;  // per sample, this step
+  HostBuffer data;       // the whole minibatch; kept across steps (pinned where the devices pin)
+  MeteredBytes metered;  // on the host meter (stash or activations)
 };
 // The Program's host tensors (core/program/dataflow.hpp) as the interpreter keeps them: a host channel (Harmony's
 // host tensors: device -1). Its device tensors are versions in the shared FlowStore.
@@ -88,8 +88,8 @@ class HarmonyInterpreter final : public FlowInterpreter {
 
   // ---- host channels ----
   HostChan& chan(HC c, int l);
-  std::byte* host_read(int o, HC c, int l, int s0, int n);
-  std::byte* host_write(int o, HC c, int l, int s0, int n);
+  // Sample s0 of host channel (c, l).
+  std::byte* chan_at(HC c, int l, int s0);
   // The moves' host side (FlowInterpreter::run_move): the host channel of the tensor, at its samples.
   const void* host_src(int o, int id) override;
   void* host_dst(int o, int id, Bytes bytes) override;
@@ -103,9 +103,10 @@ class HarmonyInterpreter final : public FlowInterpreter {
 
   std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
-  // The versions (FlowInterpreter::versions, store) are the device tensors': the host channels are checked per
-  // sample at run time instead. A version is freed once its last reader has run, so a device holds what the
-  // Program's allocs/frees say it holds (docs/backend.md, "Executor memory").
+  // The versions (FlowInterpreter::versions, store) are the device tensors'; the host channels' reads are resolved per
+  // sample by the same analysis (FlowVersions::sample_reads), their memory one buffer per channel. A version is freed
+  // once its last reader has run, so a device holds what the Program's allocs/frees say it holds (docs/backend.md,
+  // "Executor memory").
 
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
 
