@@ -43,14 +43,6 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   for (std::size_t d = 0; d < states_.size(); ++d) states_[d]->zero_grads(state_stream(static_cast<int>(d)));
 }
 
-void BaselineInterpreter::run_collective(const std::vector<int>& g) {
-  if (at(g.front()).kind == OpKind::AG) {
-    run_ag(g);
-  } else {
-    run_rs(g);
-  }
-}
-
 double BaselineInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, every stream-ordered free
   store.clear();

@@ -51,8 +51,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   void sync_host_state() override;
 
  private:
-  // AG or RS (FlowInterpreter::run_group dispatches it; ARD is FlowInterpreter::run_ard).
-  void run_collective(const std::vector<int>& g) override;
   std::int64_t floats(int l) const { return m.param_floats(l); }
 
   std::string tname(const Key& k) const;
@@ -125,16 +123,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   // the replicas' sums are equal, the other sources the same), so an Update running unlocked reads it while no
   // other op writes it: the AdamW of different layers (and the tie's lm_head) overlaps safely.
   void host_update(int o);
-
-  // AG (zero-infinity): every rank's shard copied into every rank's full copy of the layer.
-  void run_ag(const std::vector<int>& g);
-
-  // RS (zero-infinity): the ranks' full dW summed in rank order; rank q keeps shard q of the sum. With
-  // ExecutorOptions::communicator, on the devices: the full dW all-reduced in place on every rank, then each rank's
-  // stream copies its shard of the sum into its dW shard (exact, but it moves N times a reduce-scatter's bytes).
-  // In place needs the RS to be the last reader of every member's dW (every RS zero-infinity's lowering makes);
-  // otherwise (a later BWD would accumulate into the sum) the host path.
-  void run_rs(const std::vector<int>& g);
 
   // A resident kind's gradient of op o's device and layer (its DeviceState); nullptr otherwise.
   void* state_grads(int o) override;

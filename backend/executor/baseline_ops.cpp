@@ -1,7 +1,6 @@
 // The baseline interpreter's ops (baseline_interpreter.hpp): weights, inputs, stashes and saved activations moved
 // between host and device, the per-layer forward, recompute and backward, gradients to the host and the host AdamW
-// update (or the device's, for a resident kind), and the sharded collectives AG and RS, on the devices or on the
-// host (P2P pairs and ARD are FlowInterpreter's).
+// update (or the device's, for a resident kind).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -94,59 +93,6 @@ void BaselineInterpreter::host_update(int o) {
   if (updated_[static_cast<std::size_t>(l)] != 0) return;
   updated_[static_cast<std::size_t>(l)] = 1;
   unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, l, l, qr.adamw(o))); });
-}
-
-void BaselineInterpreter::run_ag(const std::vector<int>& g) {
-  const int l = at(g.front()).layers.first;
-  std::vector<Tensor*> full;
-  full.reserve(g.size());
-  for (int a : g) full.push_back(&put(a, Key{at(a).device, TK::W, l, 0, 0}, floats(l) * es));
-  // Each rank's stream copies its shard into every rank's copy; every member's stream then waits for the others
-  // (record_group), so what reads a full copy follows all the copies into it.
-  for (int a : g) {
-    const int r = at(a).device;
-    if (shard_len(l, r) == 0) continue;
-    const void* src = get(a, Key{r, TK::WShard, l, 0, 0}).buf.data();
-    for (std::size_t q = 0; q < g.size(); ++q) {
-      const int dq = at(g[q]).device;
-      D(r).copy_d2d(S(a), full[q]->buf.as<std::byte>() + shard_first(l, r) * es, src, shard_len(l, r) * es, &D(dq));
-      full[q]->users.push_back(a);
-    }
-  }
-}
-
-void BaselineInterpreter::run_rs(const std::vector<int>& g) {
-  const int l = at(g.front()).layers.first;
-  const std::int64_t count = floats(l);
-  const auto dw_key = [&](int a) { return Key{at(a).device, TK::DW, l, 0, 0}; };
-  const auto last_reader = [&](int a) { return store.last_reader(a, p.dataflow.find(dw_key(a))); };
-  if (qr.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
-    std::vector<void*> bufs;
-    std::vector<Tensor*> shards;
-    bufs.reserve(g.size());
-    shards.reserve(g.size());
-    for (const int a : g) {
-      Tensor& full = get(a, dw_key(a));
-      store.writable(a, p.dataflow.find(dw_key(a)));  // true (the last reader): its stream waits
-      bufs.push_back(full.data());
-      shards.push_back(
-          &put(a, Key{at(a).device, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es));
-    }
-    qr.all_reduce(g, bufs, count, dt);
-    for (std::size_t r = 0; r < g.size(); ++r) {
-      const int a = g[r], d = at(a).device;
-      if (shard_len(l, d) > 0)
-        D(d).copy_d2d(S(a), shards[r]->data(), static_cast<std::byte*>(bufs[r]) + shard_first(l, d) * es,
-                      shard_len(l, d) * es);
-    }
-    return;
-  }
-  const auto sum = summed_dw(g, count);
-  for (int a : g) {
-    const int d = at(a).device;
-    Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es);
-    if (shard_len(l, d) > 0) grads_up(a, d, t.data(), sum, shard_first(l, d), shard_len(l, d));
-  }
 }
 
 const void* BaselineInterpreter::state_weights(int o) {

@@ -62,8 +62,10 @@ void FlowInterpreter::run_group(const std::vector<int>& g) {
     run_pair(g[0], g[1]);
   } else if (op.kind == core::OpKind::ARD) {
     run_ard(g);
-  } else if (op.kind == core::OpKind::AG || op.kind == core::OpKind::RS) {
-    run_collective(g);
+  } else if (op.kind == core::OpKind::AG) {
+    run_ag(g);
+  } else if (op.kind == core::OpKind::RS) {
+    run_rs(g);
   } else if (is_move(op.kind)) {
     run_move(g.front());
   } else if (op.kind == core::OpKind::DEL) {  // what it frees, if still stored (its versions' last reads free them)

@@ -1,8 +1,8 @@
 // What both interpreters share over a Program's dataflow, whatever its kind: the per-queue streams and events
 // (QueueResources), the executor's added edges, the version analysis (FlowVersions), the step's tensor store
-// (FlowStore), the groups (op_groups), and the issue of a group: ordered after its preds, a host group (ops on the
-// CPU stream) waited for on the host, and its dispatch: a P2P pair and an all-reduce (ARD) here, a sharded collective
-// or one op to the derived interpreter (run_collective, run_op), whose ops they are.
+// (FlowStore), the groups (op_groups), the issue of a group (ordered after its preds; a host group, its ops on the
+// CPU stream, waited for on the host), and every op whose work its dataflow says: weights up, moves, P2P pairs,
+// compute, collectives, deletes; the rest (gradients down, Updates) to the derived interpreter (run_op).
 #pragma once
 
 #include <algorithm>
@@ -41,14 +41,9 @@ class FlowInterpreter : public Interpreter {
   void synchronize() override { qr.synchronize(); }
 
  protected:
-  // The group's work, enqueued on its members' streams: a P2P pair (run_pair), an all-reduce (run_ard), a sharded
-  // collective (AG, RS: run_collective, its members in device order), a move (run_move), a DEL (the versions it frees
-  // dropped) or one op (run_op).
+  // The group's work, enqueued on its members' streams: a P2P pair (run_pair), a collective (run_ard, run_ag, run_rs:
+  // its members in device order), a move (run_move), a DEL (the versions it frees dropped) or one op (run_op).
   void run_group(const std::vector<int>& g);
-  virtual void run_collective(const std::vector<int>& g) {
-    throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(g.front()),
-                                   core::op_kind_name(at(g.front()).kind)));
-  }
   virtual void run_op(int o) = 0;
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
   void tokens_in(int o, int id, int s0, int n);
@@ -154,6 +149,14 @@ class FlowInterpreter : public Interpreter {
   std::int64_t shard_len(int l, int r) const {
     return std::min(m.param_floats(l), (r + 1) * shard_floats(l)) - shard_first(l, r);
   }
+
+  // AG (zero-infinity): every rank's shard (what each member reads) copied into every rank's full copy of the layer
+  // (what each writes). RS: the ranks' full gradients (dw_id) summed in rank order; rank q keeps shard q (what it
+  // writes). With ExecutorOptions::communicator, on the devices: the full gradient all-reduced in place on every rank,
+  // then each rank's stream copies its shard of the sum (exact, but N times a reduce-scatter's bytes); in place needs
+  // the RS to be the last reader of every member's gradient, otherwise (a later BWD would add into the sum) the host.
+  void run_ag(const std::vector<int>& g);
+  void run_rs(const std::vector<int>& g);
 
   // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory
   // `dst` on o's stream — bf16: rounded to nearest even on the host and staged up; fp32: copied, read when the copy
