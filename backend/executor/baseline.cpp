@@ -38,28 +38,15 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   updated_.assign(static_cast<std::size_t>(R_), 0);
   gathered_.assign(static_cast<std::size_t>(R_), 0);
   qr.begin_step();
-  // resident: every BWD adds into the device gradient, which starts each step at zero (on the stream that runs
-  // the device's BWD, ARD and Update ops, after the previous step's Updates)
-  for (std::size_t d = 0; d < states_.size(); ++d) states_[d]->zero_grads(state_stream(static_cast<int>(d)));
+  zero_state_grads();  // resident: every BWD adds into the device gradient
 }
 
 double BaselineInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, every stream-ordered free
   store.clear();
   const double loss = mean_loss();
-  // resident: the replicas' updates saw the same all-reduced gradients, so their findings agree: device 0's
-  // speaks for the step (every device's flags are cleared)
-  for (std::size_t d = 0; d < states_.size(); ++d) {
-    const auto found = states_[d]->take_nonfinite(state_stream(static_cast<int>(d)));
-    if (d == 0) note_nonfinite(found);
-  }
+  note_state_nonfinite();
   return loss;
-}
-
-void BaselineInterpreter::sync_host_state() {
-  if (states_.empty()) return;
-  qr.synchronize();
-  states_.front()->download(state_stream(0), st);
 }
 
 std::string BaselineInterpreter::tname(const Key& k) const {
@@ -67,18 +54,6 @@ std::string BaselineInterpreter::tname(const Key& k) const {
   const std::string where = on_host(k.kind) ? "the host of " + dev : dev;
   if (k.n == 0) return fmt::format("{} {} of layer {}", where, tk_name(k.kind), k.layer);
   return fmt::format("{} {} of layer {} samples [{}, {})", where, tk_name(k.kind), k.layer, k.s0, k.s0 + k.n);
-}
-
-void BaselineInterpreter::make_states() {
-  state_op_.assign(static_cast<std::size_t>(N_), -1);
-  for (const core::OpQueue& q : p.queues)
-    if (q.stream == core::Stream::Compute && !q.ops.empty()) state_op_[static_cast<std::size_t>(q.device)] = q.ops[0];
-  for (int d = 0; d < N_; ++d) {
-    if (state_op_[static_cast<std::size_t>(d)] < 0)
-      throw BackendError(fmt::format("executor: the resident Program has no compute ops on GPU {}", d));
-    states_.push_back(std::make_unique<DeviceState>(D(d), state_stream(d), m, dt));
-    states_.back()->upload(state_stream(d), st);
-  }
 }
 
 Tensor& BaselineInterpreter::get(int o, const Key& k) { return store.get(o, p.dataflow.find(k)); }

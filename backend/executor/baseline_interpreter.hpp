@@ -39,7 +39,7 @@ using Tensor = FlowData;  // one version of a tensor (flow_store.hpp)
 // Ops of different queues run on their own streams and worker threads (detail.hpp's lock discipline). A kind with
 // resident state (PlanKindSpec::resident_state: resident) keeps its weights, gradients and AdamW state in one
 // DeviceState per device across steps instead: its FWD/BWD read them there, its ARD sums them in place, and its
-// Update runs AdamW on the device; sync_host_state() copies them back into the HostState.
+// Update runs AdamW on the device; sync_host_state() copies them back into the HostState (FlowInterpreter's).
 class BaselineInterpreter final : public FlowInterpreter {
  public:
   BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o);
@@ -47,8 +47,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
 
   double end_step() override;
-
-  void sync_host_state() override;
 
  private:
   std::int64_t floats(int l) const { return m.param_floats(l); }
@@ -82,13 +80,6 @@ class BaselineInterpreter final : public FlowInterpreter {
 
   // W and DW of a resident kind live in the DeviceState, not in the store (no versions, no producers).
   static bool in_state(TK k) { return k == TK::W || k == TK::DW; }
-
-  // The stream a device's state work runs on: its compute queue's (every FWD, BWD, ARD and Update of a resident
-  // Program is there), so zeroing the gradients, accumulating, summing and updating follow each other in stream order.
-  Stream& state_stream(int d) { return S(state_op_[static_cast<std::size_t>(d)]); }
-
-  // One DeviceState per device, filled from the HostState (bf16: masters exact, working copies rounded).
-  void make_states();
 
   // A resident Program moves no weights or gradients to or from the host, and on every device updates each layer with
   // parameters exactly once, on the device (not on the CPU), after every op of that device that reads the layer's
@@ -124,19 +115,12 @@ class BaselineInterpreter final : public FlowInterpreter {
   // other op writes it: the AdamW of different layers (and the tie's lm_head) overlaps safely.
   void host_update(int o);
 
-  // A resident kind's gradient of op o's device and layer (its DeviceState); nullptr otherwise.
-  void* state_grads(int o) override;
-  // A resident kind's weights of op o's device and layer (its DeviceState); nullptr otherwise.
-  const void* state_weights(int o) override;
-
   int R_ = 0, N_ = 0;
   bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
   bool sharded_ = false;  // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
-  std::vector<std::vector<int>> dwb_, wb_;            // per layer
-  std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)
-  bool resident_ = false;                             // PlanKindSpec::resident_state: W, DW and AdamW state in states_
-  std::vector<int> state_op_;                         // per device: an op of its compute queue (state_stream)
-  std::vector<std::unique_ptr<DeviceState>> states_;  // per device (resident); after qr, whose streams they use
+  std::vector<std::vector<int>> dwb_, wb_;  // per layer
+  std::vector<char> replicated_;            // per layer: the gradient is all-reduced on the GPUs (ARD)
+  bool resident_ = false;  // PlanKindSpec::resident_state: W, DW and AdamW state in FlowInterpreter::states
   // per step
   // Per queue (a device's dWBs are all on its swap-out queue): where a dWB that adds to a host gradient lands
   // first, as large as its largest such dWB; kept across steps (pinned in a real system: one per process).

@@ -16,7 +16,6 @@ using core::OpKind;
 
 void BaselineInterpreter::run_op(int o) {
   const core::Op& op = at(o);
-  const int d = op.device, l = op.layers.first;
   switch (op.kind) {
     case OpKind::WB:
       run_wb(o);
@@ -33,7 +32,7 @@ void BaselineInterpreter::run_op(int o) {
       break;
     case OpKind::Update:
       if (resident_) {
-        states_[static_cast<std::size_t>(d)]->update(S(o), opt.adamw, l, l);
+        state_update(o);
       } else {
         host_update(o);
       }
@@ -93,21 +92,6 @@ void BaselineInterpreter::host_update(int o) {
   if (updated_[static_cast<std::size_t>(l)] != 0) return;
   updated_[static_cast<std::size_t>(l)] = 1;
   unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, l, l, qr.adamw(o))); });
-}
-
-const void* BaselineInterpreter::state_weights(int o) {
-  if (!resident_) return nullptr;
-  auto& ds = *states_[static_cast<std::size_t>(at(o).device)];
-  const int l = at(o).layers.first;
-  return dt == DType::BF16 ? static_cast<const void*>(ds.weights<Bf16>(l))
-                           : static_cast<const void*>(ds.weights<float>(l));
-}
-
-void* BaselineInterpreter::state_grads(int o) {
-  if (!resident_) return nullptr;
-  auto& ds = *states_[static_cast<std::size_t>(at(o).device)];
-  const int l = at(o).layers.first;
-  return dt == DType::BF16 ? static_cast<void*>(ds.grads<Bf16>(l)) : static_cast<void*>(ds.grads<float>(l));
 }
 
 }  // namespace harmony::backend::detail::baseline_impl

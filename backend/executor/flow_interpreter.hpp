@@ -19,6 +19,7 @@
 #include "backend/executor/flow_store.hpp"
 #include "backend/executor/flow_versions.hpp"
 #include "backend/model/describe.hpp"
+#include "backend/model/device_state.hpp"
 
 namespace harmony::backend::detail {
 
@@ -72,9 +73,9 @@ class FlowInterpreter : public Interpreter {
   // `store`, or where the interpreter keeps it outside (state_grads).
   int dw_id(int o) const;
   void* dw_data(int o);
-  // A resident kind's weight gradient of op o's device and layers (its DeviceState), else nullptr (the gradient is a
+  // A resident kind's weight gradient of op o's device and layer (its DeviceState), else nullptr (the gradient is a
   // version in `store`).
-  virtual void* state_grads(int /*o*/) { return nullptr; }
+  void* state_grads(int o);
   // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened exactly,
   // Interpreter::stage_down), then returns: the host reads the result.
   void grads_down(int o, int d, float* dst, const void* src, std::int64_t count);
@@ -124,7 +125,7 @@ class FlowInterpreter : public Interpreter {
   // The tensor of kind k and layer `layer` op o reads (its dataflow's id), or -1.
   int read_of(int o, core::FlowKind k, int layer) const;
   // A resident kind's weights of op o's device and layer (its DeviceState), else nullptr (a version in `store`).
-  virtual const void* state_weights(int /*o*/) { return nullptr; }
+  const void* state_weights(int o);
   // The tensor of kind k and layer `layer` op o writes (its dataflow's id), or -1.
   int written(int o, core::FlowKind k, int layer) const;
   // Whether op o (running the head) writes the step's losses: every FWD; a REC where no FWD of the Program runs the
@@ -158,6 +159,24 @@ class FlowInterpreter : public Interpreter {
   void run_ag(const std::vector<int>& g);
   void run_rs(const std::vector<int>& g);
 
+  // ---- resident state (flow_state.cpp) ----
+  // A kind with resident state (PlanKindSpec::resident_state) keeps its weights, gradients and AdamW state in one
+  // DeviceState per device across steps (`states`, empty otherwise): make_states fills them from the HostState
+  // (bf16: masters exact, working copies rounded); the compute ops and ARD read them (state_weights, state_grads);
+  // each step zeroes the gradients first (zero_state_grads) and reports non-finite updates last (note_state_nonfinite);
+  // an Update on a device runs AdamW there (state_update); sync_host_state copies device 0's back to the HostState.
+  void make_states();
+  // The stream a device's state work runs on: its compute queue's (every FWD, BWD, ARD and Update of a resident
+  // Program is there), so zeroing the gradients, accumulating, summing and updating follow each other in stream order.
+  Stream& state_stream(int d) { return S(state_op[static_cast<std::size_t>(d)]); }
+  void zero_state_grads();
+  void note_state_nonfinite();
+  void state_update(int o);
+
+ public:
+  void sync_host_state() override;
+
+ protected:
   // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory
   // `dst` on o's stream — bf16: rounded to nearest even on the host and staged up; fp32: copied, read when the copy
   // runs (the Updates that overwrite the masters wait for o's event).
@@ -189,10 +208,12 @@ class FlowInterpreter : public Interpreter {
   DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
   Bytes es = 4;           // bytes per device element
   QueueResources qr;      // per queue: its stream, events, AdamW pool
-  std::vector<std::vector<int>> extra;   // per op: the executor's added edges (extra_deps)
-  FlowVersions versions;                 // which version each read sees, the reads per version
-  FlowStore store;                       // the step's tensor versions
-  std::vector<std::vector<int>> groups;  // per op: the ops run with it (op_groups)
+  std::vector<std::vector<int>> extra;               // per op: the executor's added edges (extra_deps)
+  FlowVersions versions;                             // which version each read sees, the reads per version
+  FlowStore store;                                   // the step's tensor versions
+  std::vector<std::vector<int>> groups;              // per op: the ops run with it (op_groups)
+  std::vector<int> state_op;                         // resident: per device, an op of its compute queue (state_stream)
+  std::vector<std::unique_ptr<DeviceState>> states;  // resident: per device; after qr, whose streams they use
   // per step
   std::span<const std::int32_t> in, tgt;   // the step's inputs and targets
   std::vector<float> losses;               // per token: the head's losses
