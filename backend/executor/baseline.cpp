@@ -31,53 +31,22 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   in = inputs;
   tgt = targets;
   losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
-  loss_written_.assign(static_cast<std::size_t>(B), 0);
+  loss_written.assign(static_cast<std::size_t>(B), 0);
   store.begin_step();
   written_.clear();
   brought_.assign(p.ops.size(), 0);
   updated_.assign(static_cast<std::size_t>(R_), 0);
   gathered_.assign(static_cast<std::size_t>(R_), 0);
   qr.begin_step();
-  // resident: every BWD adds into the device gradient, which starts each step at zero (on the stream that runs
-  // the device's BWD, ARD and Update ops, after the previous step's Updates)
-  for (std::size_t d = 0; d < states_.size(); ++d) states_[d]->zero_grads(state_stream(static_cast<int>(d)));
-}
-
-void BaselineInterpreter::run_collective(const std::vector<int>& g) {
-  switch (at(g.front()).kind) {
-    case OpKind::ARD:
-      run_ard(g);
-      break;
-    case OpKind::AG:
-      run_ag(g);
-      break;
-    default:
-      run_rs(g);
-  }
+  zero_state_grads();  // resident: every BWD adds into the device gradient
 }
 
 double BaselineInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, every stream-ordered free
   store.clear();
-  for (int s = 0; s < B; ++s)
-    if (loss_written_[static_cast<std::size_t>(s)] != 1)
-      throw BackendError(fmt::format("executor: the Program's head forwards computed the loss of sample {} {} times", s,
-                                     static_cast<int>(loss_written_[static_cast<std::size_t>(s)])));
-  double total = 0.0;
-  for (const float x : losses) total += x;
-  // resident: the replicas' updates saw the same all-reduced gradients, so their findings agree: device 0's
-  // speaks for the step (every device's flags are cleared)
-  for (std::size_t d = 0; d < states_.size(); ++d) {
-    const auto found = states_[d]->take_nonfinite(state_stream(static_cast<int>(d)));
-    if (d == 0) note_nonfinite(found);
-  }
-  return total / static_cast<double>(losses.size());
-}
-
-void BaselineInterpreter::sync_host_state() {
-  if (states_.empty()) return;
-  qr.synchronize();
-  states_.front()->download(state_stream(0), st);
+  const double loss = mean_loss();
+  note_state_nonfinite();
+  return loss;
 }
 
 std::string BaselineInterpreter::tname(const Key& k) const {
@@ -87,25 +56,9 @@ std::string BaselineInterpreter::tname(const Key& k) const {
   return fmt::format("{} {} of layer {} samples [{}, {})", where, tk_name(k.kind), k.layer, k.s0, k.s0 + k.n);
 }
 
-void BaselineInterpreter::make_states() {
-  state_op_.assign(static_cast<std::size_t>(N_), -1);
-  for (const core::OpQueue& q : p.queues)
-    if (q.stream == core::Stream::Compute && !q.ops.empty()) state_op_[static_cast<std::size_t>(q.device)] = q.ops[0];
-  for (int d = 0; d < N_; ++d) {
-    if (state_op_[static_cast<std::size_t>(d)] < 0)
-      throw BackendError(fmt::format("executor: the resident Program has no compute ops on GPU {}", d));
-    states_.push_back(std::make_unique<DeviceState>(D(d), state_stream(d), m, dt));
-    states_.back()->upload(state_stream(d), st);
-  }
-}
-
 Tensor& BaselineInterpreter::get(int o, const Key& k) { return store.get(o, p.dataflow.find(k)); }
 
 Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) { return make(o, p.dataflow.find(k), bytes); }
-
-Tensor& BaselineInterpreter::update(int o, const Key& k, Bytes bytes) {
-  return FlowInterpreter::update(o, p.dataflow.find(k), bytes);
-}
 
 }  // namespace baseline_impl
 

@@ -15,13 +15,6 @@ namespace harmony::backend::detail::baseline_impl {
 
 using core::OpKind;
 
-std::vector<Key> BaselineInterpreter::keys(const core::TensorIds& ids) const {
-  std::vector<Key> r;
-  r.reserve(ids.size());
-  for (int id : ids) r.push_back(p.dataflow.tensor(id));
-  return r;
-}
-
 void BaselineInterpreter::analyse() {
   const std::size_t n = p.ops.size();
   if (!p.dataflow.covers(p))
@@ -29,31 +22,9 @@ void BaselineInterpreter::analyse() {
         fmt::format("executor: the {} Program carries no dataflow for its {} ops (lower it with "
                     "core::lower_plan)",
                     p.graph.plan.kind.name(), n));
-  info_.resize(n);
   sharded_ = std::any_of(p.ops.begin(), p.ops.end(),
                          [](const core::Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
-  for (std::size_t o = 0; o < n; ++o) {
-    const core::Op& op = p.ops[o];
-    const core::OpFlow& f = p.dataflow.ops[o];
-    OpInfo& oi = info_[o];
-    oi.pass = f.pass;
-    oi.layer = f.layers.first;
-    oi.s0 = f.s0;
-    oi.n = f.n;
-    oi.writes = keys(f.writes);
-    const std::vector<Key> reads = keys(f.reads);
-    const auto names = [](const std::vector<Key>& ks, TK a, TK b) {
-      return std::any_of(ks.begin(), ks.end(), [&](const Key& k) { return k.kind == a || k.kind == b; });
-    };
-    // What the op does with its tensors, as the dataflow names them: a FWD that keeps its saved activations, an sX
-    // that moves them, a BWD that starts its weight gradient (reads none), a REC's or BWD's input (Stash or Act).
-    if (op.kind == OpKind::FWD || op.kind == OpKind::sX)
-      oi.saved = names(oi.writes, TK::Saved, TK::HostSaved) || names(reads, TK::Saved, TK::HostSaved);
-    if (op.kind == OpKind::BWD) oi.fresh_dw = !names(reads, TK::DW, TK::DW);
-    if (op.kind == OpKind::BWD || op.kind == OpKind::REC) oi.bwd_input = reads.at(1).kind;
-    if (resident_) std::erase_if(oi.writes, [](const Key& k) { return in_state(k.kind); });
-  }
-  groups = op_groups(p);
+  groups = detail::op_groups(p);
   build_update_edges();
   const Ancestry anc(p, extra);
   // Which version each read sees (flow_versions.hpp); a resident kind's W and DW are the DeviceState's, ordered by

@@ -32,19 +32,6 @@ inline const char* tk_name(TK k) { return core::flow_kind_name(k); }
 
 using Tensor = FlowData;  // one version of a tensor (flow_store.hpp)
 
-using core::Pass;
-
-// An op's dataflow (Program::dataflow) as the interpreter runs it: its tensors resolved to Keys and versions.
-struct OpInfo {
-  Pass pass = Pass::Fwd;
-  int layer = 0;            // the pseudo task's layer
-  int s0 = 0, n = 0;        // the op's microbatch (ubs > 0)
-  std::vector<Key> writes;  // tensors it produces
-  bool fresh_dw = false;    // BWD: starts the weight gradient at zero (the op allocates it)
-  TK bwd_input = TK::Act;   // REC, BWD: Stash if the input was brought back, else Act
-  bool saved = false;       // FWD: keeps its saved activations (keep); sX: moves saved activations, not an input
-};
-
 // The executor's interpreter of the swapping kinds' Programs (ExecutorDialect::Swapping: dp-swap, pp-swap,
 // zero-infinity, l2l, lohan): per-layer ops with pseudo task ids and no Harmony tasks. Tensors are versioned by the op
 // that produced them; which version an op reads (the latest producer among its ancestors) and every host gradient and
@@ -52,7 +39,7 @@ struct OpInfo {
 // Ops of different queues run on their own streams and worker threads (detail.hpp's lock discipline). A kind with
 // resident state (PlanKindSpec::resident_state: resident) keeps its weights, gradients and AdamW state in one
 // DeviceState per device across steps instead: its FWD/BWD read them there, its ARD sums them in place, and its
-// Update runs AdamW on the device; sync_host_state() copies them back into the HostState.
+// Update runs AdamW on the device; sync_host_state() copies them back into the HostState (FlowInterpreter's).
 class BaselineInterpreter final : public FlowInterpreter {
  public:
   BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o);
@@ -61,27 +48,8 @@ class BaselineInterpreter final : public FlowInterpreter {
 
   double end_step() override;
 
-  void sync_host_state() override;
-
  private:
-  // ARD, AG or RS (FlowInterpreter::run_group dispatches it).
-  void run_collective(const std::vector<int>& g) override;
-  Bytes saved_bytes(int l, int n) const { return m.act_floats(l, n, T, dt) * es; }  // the forward's act of layer l
-  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened
-  // exactly, Interpreter::stage_down), then returns: the host reads the result.
-  void grads_down(int o, int d, float* dst, const void* src, std::int64_t count);
-  // Copies `count` fp32 host gradient elements from (*sum)[first...] to device memory (bf16: rounded once, staged
-  // up), asynchronously: an fp32 copy reads the sum, which lives until o's stream has run it.
-  void grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum, std::int64_t first,
-                std::int64_t count);
   std::int64_t floats(int l) const { return m.param_floats(l); }
-  // zero-infinity: rank r's shard of a layer is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
-  // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
-  std::int64_t shard_floats(int l) const { return (floats(l) + N_ - 1) / N_; }
-  std::int64_t shard_first(int l, int r) const { return std::min(floats(l), r * shard_floats(l)); }
-  std::int64_t shard_len(int l, int r) const {
-    return std::min(floats(l), (r + 1) * shard_floats(l)) - shard_first(l, r);
-  }
 
   std::string tname(const Key& k) const;
 
@@ -90,9 +58,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   // version each read sees), the groups, the checks.
 
   void analyse();
-
-  // Op o's dataflow tensors as Keys.
-  std::vector<Key> keys(const core::TensorIds& ids) const;
 
   // Which dWB ops bring the gradient an Update(l) on device `dev` uses: its own replica's when the gradient was
   // all-reduced on the GPUs (ARD: every replica's process holds the sum), else every GPU's (l2l's parameter
@@ -116,13 +81,6 @@ class BaselineInterpreter final : public FlowInterpreter {
   // W and DW of a resident kind live in the DeviceState, not in the store (no versions, no producers).
   static bool in_state(TK k) { return k == TK::W || k == TK::DW; }
 
-  // The stream a device's state work runs on: its compute queue's (every FWD, BWD, ARD and Update of a resident
-  // Program is there), so zeroing the gradients, accumulating, summing and updating follow each other in stream order.
-  Stream& state_stream(int d) { return S(state_op_[static_cast<std::size_t>(d)]); }
-
-  // One DeviceState per device, filled from the HostState (bf16: masters exact, working copies rounded).
-  void make_states();
-
   // A resident Program moves no weights or gradients to or from the host, and on every device updates each layer with
   // parameters exactly once, on the device (not on the CPU), after every op of that device that reads the layer's
   // weights or adds to its gradient (layer 0's also after the head's: the tied lm_head gradient joins wte's update).
@@ -137,36 +95,11 @@ class BaselineInterpreter final : public FlowInterpreter {
 
   Tensor& get(int o, const Key& k);
   Tensor& put(int o, const Key& k, Bytes bytes);
-  // Op o reads k and writes its next version: in place when o is the last reader of the old one, else a copy.
-  Tensor& update(int o, const Key& k, Bytes bytes);
 
   // ---------------------------------------------------------------------------------------------------------
   // Ops.
 
   void run_op(int o) override;
-  // WB: the layer's weights (zero-infinity: this rank's shard) up from the host masters (bf16: rounded, staged).
-  void run_wb(int o);
-  // sX: a stash (the layer's input) or, under keep, the saved activations swapped out to the host or back in.
-  void run_sx(int o);
-
-  // The layer arguments FWD, REC and BWD share: op o's microbatch, its layer's weights (the DeviceState's when
-  // resident) and its input read from `input` (layer 0: the token ids).
-  template <class E>
-  LayerArgs<E> layer_args(int o, TK input);
-
-  // FWD(l) over the op's microbatch: the input Act(l) -> Act(l + 1), the head writing the per-token losses; the
-  // forward's activations are kept as Saved(l) when the FWD keeps them (keep), else dropped. REC(l), the
-  // checkpoint policy's recompute: the same forward from the backward's input (Stash or Act), writing Saved(l)
-  // only (its output and the head's losses are not used).
-  void forward(int o, bool recompute);
-  template <class E>
-  void forward_as(int o, bool recompute);
-
-  // BWD(l): the backward from the layer's input and the forward's activations (Saved(l), of the REC or the FWD):
-  // dW accumulated (from zero where the op allocates the gradient), dX = Grad(l) written (l > 0).
-  void backward(int o);
-  template <class E>
-  void backward_as(int o);
 
   // dWB: the gradient (zero-infinity: this rank's shard) into the layer's host gradient (build_update_edges).
   void grad_to_host(int o);
@@ -182,37 +115,13 @@ class BaselineInterpreter final : public FlowInterpreter {
   // other op writes it: the AdamW of different layers (and the tie's lm_head) overlaps safely.
   void host_update(int o);
 
-  // The group's dW of layer l brought down (widened from bf16 when stored so) and summed in fp32 in rank order,
-  // as Communicator::all_reduce_sum adds: what ARD writes back to every replica and RS shards.
-  std::shared_ptr<std::vector<float>> summed_dw(const std::vector<int>& g, int l, std::int64_t count);
-
-  // ARD (dp-swap): the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written to all. With
-  // ExecutorOptions::communicator, on the devices: each member's next dW version all-reduced in place on its stream.
-  void run_ard(const std::vector<int>& g);
-
-  // AG (zero-infinity): every rank's shard copied into every rank's full copy of the layer.
-  void run_ag(const std::vector<int>& g);
-
-  // RS (zero-infinity): the ranks' full dW summed in rank order; rank q keeps shard q of the sum. With
-  // ExecutorOptions::communicator, on the devices: the full dW all-reduced in place on every rank, then each rank's
-  // stream copies its shard of the sum into its dW shard (exact, but it moves N times a reduce-scatter's bytes).
-  // In place needs the RS to be the last reader of every member's dW (every RS zero-infinity's lowering makes);
-  // otherwise (a later BWD would accumulate into the sum) the host path.
-  void run_rs(const std::vector<int>& g);
-
-  void* state_grads(int d, int l) const;
-
   int R_ = 0, N_ = 0;
   bool pp_ = false;       // pp-swap: every stage sees all samples; else rank r owns samples [r D/N, (r+1) D/N)
   bool sharded_ = false;  // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
-  std::vector<OpInfo> info_;
-  std::vector<std::vector<int>> dwb_, wb_;            // per layer
-  std::vector<char> replicated_;                      // per layer: the gradient is all-reduced on the GPUs (ARD)
-  bool resident_ = false;                             // PlanKindSpec::resident_state: W, DW and AdamW state in states_
-  std::vector<int> state_op_;                         // per device: an op of its compute queue (state_stream)
-  std::vector<std::unique_ptr<DeviceState>> states_;  // per device (resident); after qr, whose streams they use
+  std::vector<std::vector<int>> dwb_, wb_;  // per layer
+  std::vector<char> replicated_;            // per layer: the gradient is all-reduced on the GPUs (ARD)
+  bool resident_ = false;  // PlanKindSpec::resident_state: W, DW and AdamW state in FlowInterpreter::states
   // per step
-  std::vector<std::uint8_t> loss_written_;  // per sample
   // Per queue (a device's dWBs are all on its swap-out queue): where a dWB that adds to a host gradient lands
   // first, as large as its largest such dWB; kept across steps (pinned in a real system: one per process).
   struct Bounce {

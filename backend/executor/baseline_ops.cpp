@@ -1,7 +1,6 @@
 // The baseline interpreter's ops (baseline_interpreter.hpp): weights, inputs, stashes and saved activations moved
 // between host and device, the per-layer forward, recompute and backward, gradients to the host and the host AdamW
-// update (or the device's, for a resident kind), P2P pairs, and the collectives ARD, AG and RS, on the devices or
-// on the host.
+// update (or the device's, for a resident kind).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -9,68 +8,21 @@
 #include <fmt/format.h>
 
 #include "backend/executor/baseline_interpreter.hpp"
-#include "backend/rank_sum.hpp"
 #include "core/program/program_builder.hpp"
 
 namespace harmony::backend::detail::baseline_impl {
 
 using core::OpKind;
 
-void BaselineInterpreter::grads_down(int o, int d, float* dst, const void* src, std::int64_t count) {
-  if (count == 0) return;
-  if (dt == DType::F32) {
-    D(d).copy_d2h(S(o), dst, src, count * kF);
-    sync(o);
-    return;
-  }
-  const std::span<float> to(dst, static_cast<std::size_t>(count));
-  stage_down(qr.queue(o), D(d), S(o), std::span<const std::span<float>>(&to, 1), src);
-}
-
-void BaselineInterpreter::grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum,
-                                   std::int64_t first, std::int64_t count) {
-  const float* src = sum->data() + first;
-  if (dt == DType::F32) {
-    D(d).copy_h2d(S(o), dst, src, count * kF);
-    keep_until_done(o, sum);
-    return;
-  }
-  const std::span<const float> from(src, static_cast<std::size_t>(count));
-  stage_up(qr.queue(o), D(d), S(o), dst, std::span<const std::span<const float>>(&from, 1));
-}
-
 void BaselineInterpreter::run_op(int o) {
   const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
   switch (op.kind) {
     case OpKind::WB:
       run_wb(o);
       break;
-    case OpKind::X:
-      tokens_in(o, p.dataflow.find(info_[static_cast<std::size_t>(o)].writes.front()), s0, n);
-      break;
-    case OpKind::sX:
-      run_sx(o);
-      break;
-    case OpKind::dX: {  // to the host (l2l); a P2P dX runs as a pair
-      const Bytes b = Bytes(n) * per_sample(l);
-      const Tensor& g = get(o, Key{d, TK::Grad, l, s0, n});
-      D(d).copy_d2h(S(o), put(o, Key{d, TK::HostGrad, l, s0, n}, b).data(), g.buf.data(), b);
-      break;
-    }
-    case OpKind::dY: {  // from the host (l2l); a P2P dY runs as a pair
-      const int g = op.layers.last + 1;
-      const Bytes b = Bytes(n) * per_sample(g);
-      const void* src = get(o, Key{d, TK::HostGrad, g, s0, n}).data();
-      D(d).copy_h2d(S(o), put(o, Key{d, TK::Grad, g, s0, n}, b).data(), src, b);
-      break;
-    }
     case OpKind::FWD:
-      forward(o, false);
-      break;
     case OpKind::REC:
-      forward(o, true);
+      forward(o);
       break;
     case OpKind::BWD:
       backward(o);
@@ -80,162 +32,16 @@ void BaselineInterpreter::run_op(int o) {
       break;
     case OpKind::Update:
       if (resident_) {
-        states_[static_cast<std::size_t>(d)]->update(S(o), opt.adamw, l, l);
+        state_update(o);
       } else {
         host_update(o);
       }
-      break;
-    case OpKind::DEL:  // every tensor was released after its last reader
       break;
     default:
       throw BackendError(fmt::format("executor: op {}: kind {} not supported in a baseline Program", label(o),
                                      core::op_kind_name(op.kind)));
   }
   // No host wait: run() records the op's event after its work; what follows waits for that.
-}
-
-void BaselineInterpreter::run_wb(int o) {
-  const core::Op& op = at(o);
-  const int d = op.device, l = op.layers.first;
-  const std::int64_t first = sharded_ ? shard_first(l, d) : 0, len = sharded_ ? shard_len(l, d) : floats(l);
-  Tensor& w = sharded_ ? put(o, Key{d, TK::WShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es)
-                       : put(o, Key{d, TK::W, l, 0, 0}, floats(l) * es);
-  if (len == 0) return;
-  const std::span<const float> from =
-      st.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(len));
-  weights_up(o, w.data(), std::span<const std::span<const float>>(&from, 1));
-}
-
-void BaselineInterpreter::run_sx(int o) {
-  const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  if (oi.saved) {
-    const Bytes b = saved_bytes(l, n);
-    const bool out = op.stream == core::Stream::SwapOut;
-    const void* src = get(o, Key{d, out ? TK::Saved : TK::HostSaved, l, s0, n}).data();
-    void* dst = put(o, Key{d, out ? TK::HostSaved : TK::Saved, l, s0, n}, b).data();
-    if (out) {
-      D(d).copy_d2h(S(o), dst, src, b);
-    } else {
-      D(d).copy_h2d(S(o), dst, src, b);
-    }
-    return;
-  }
-  const Bytes b = Bytes(n) * per_sample(l);
-  if (op.stream == core::Stream::SwapOut) {
-    const Tensor& x = get(o, Key{d, TK::Act, l, s0, n});
-    D(d).copy_d2h(S(o), put(o, Key{d, TK::HostStash, l, s0, n}, b).data(), x.buf.data(), b);
-  } else {
-    const void* src = get(o, Key{d, TK::HostStash, l, s0, n}).data();
-    D(d).copy_h2d(S(o), put(o, info_[static_cast<std::size_t>(o)].writes.front(), b).data(), src, b);
-  }
-}
-
-template <class E>
-LayerArgs<E> BaselineInterpreter::layer_args(int o, TK input) {
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = at(o).device, l = at(o).layers.first;
-  LayerArgs<E> a;
-  a.B = oi.n;
-  a.T = T;
-  a.w = resident_ ? states_[static_cast<std::size_t>(d)]->weights<E>(l) : get(o, Key{d, TK::W, l, 0, 0}).buf.as<E>();
-  const void* x = get(o, Key{d, input, l, oi.s0, oi.n}).buf.data();
-  if (l == 0) {
-    a.tokens = static_cast<const std::int32_t*>(x);
-  } else {
-    a.x = static_cast<const E*>(x);
-  }
-  return a;
-}
-
-void BaselineInterpreter::forward(int o, bool recompute) {
-  if (dt == DType::BF16) {
-    forward_as<Bf16>(o, recompute);
-  } else {
-    forward_as<float>(o, recompute);
-  }
-}
-
-template <class E>
-void BaselineInterpreter::forward_as(int o, bool recompute) {
-  const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  const bool head = m.kind(l) == LayerKind::Head;
-  LayerArgs<E> a = layer_args<E>(o, recompute ? oi.bwd_input : TK::Act);
-  Buffer targets, y, act;
-  if (head) {
-    targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
-    D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
-    a.targets = targets.as<std::int32_t>();
-  }
-  if (head || recompute) {
-    y = alloc_or_wait(D(d), m.output_bytes(l, n, T, dt), head ? "losses" : "y");
-    a.y = y.as<E>();
-  } else {
-    a.y = put(o, Key{d, TK::Act, l + 1, s0, n}, m.output_bytes(l, n, T, dt)).buf.as<E>();
-  }
-  if (recompute || oi.saved) {
-    a.act = put(o, Key{d, TK::Saved, l, s0, n}, saved_bytes(l, n)).buf.as<E>();
-  } else {
-    act = alloc_or_wait(D(d), saved_bytes(l, n), "act");
-    a.act = act.as<E>();
-  }
-  BasicDeviceOps<E> ops(D(d), S(o));
-  m.forward(ops, l, a);
-  if (head && !recompute) {  // read by end_step, after every stream has run
-    D(d).copy_d2h(S(o), losses.data() + static_cast<std::size_t>(s0) * T, a.y, Bytes(n) * T * kF);
-    for (int s = s0; s < s0 + n; ++s) ++loss_written_[static_cast<std::size_t>(s)];
-  }
-  for (Buffer* b : {&targets, &y, &act}) release_after(o, *b);  // after the kernels, in stream order
-}
-
-void BaselineInterpreter::backward(int o) {
-  if (dt == DType::BF16) {
-    backward_as<Bf16>(o);
-  } else {
-    backward_as<float>(o);
-  }
-}
-
-template <class E>
-void BaselineInterpreter::backward_as(int o) {
-  const core::Op& op = at(o);
-  const OpInfo& oi = info_[static_cast<std::size_t>(o)];
-  const int d = op.device, l = op.layers.first, s0 = oi.s0, n = oi.n;
-  const bool head = m.kind(l) == LayerKind::Head;
-  LayerArgs<E> a = layer_args<E>(o, oi.bwd_input);
-  const E* dy = l + 1 < R_ ? get(o, Key{d, TK::Grad, l + 1, s0, n}).buf.as<E>() : nullptr;
-  const Key dwk{d, TK::DW, l, 0, 0};
-  E* dw = nullptr;
-  if (resident_) {
-    dw = states_[static_cast<std::size_t>(d)]->grads<E>(l);  // zeroed by begin_step
-  } else if (oi.fresh_dw) {
-    Tensor& g = put(o, dwk, floats(l) * es);
-    D(d).fill_zero(S(o), g.data(), floats(l) * es);
-    dw = g.buf.as<E>();
-  } else {
-    dw = update(o, dwk, floats(l) * es).buf.as<E>();
-  }
-  E* dx = l > 0 ? put(o, Key{d, TK::Grad, l, s0, n}, Bytes(n) * per_sample(l)).buf.as<E>() : nullptr;
-  Buffer targets, scratch;
-  if (head) {
-    targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
-    D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
-    a.targets = targets.as<std::int32_t>();
-  }
-  scratch = alloc_or_wait(D(d), std::max<std::int64_t>(1, m.scratch_floats(l, n, T)) * es, "scratch");
-  BasicDeviceOps<E> ops(D(d), S(o));
-  a.act = get(o, Key{d, TK::Saved, l, s0, n}).buf.as<E>();
-  a.y = nullptr;
-  a.dw = dw;
-  a.dy = dy;
-  a.dx = dx;
-  a.scratch = scratch.as<E>();
-  a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B) * static_cast<std::size_t>(T));
-  m.backward(ops, l, a);
-  for (Buffer* b : {&targets, &scratch}) release_after(o, *b);  // after the kernels, in stream order
 }
 
 void BaselineInterpreter::grad_to_host(int o) {
@@ -286,109 +92,6 @@ void BaselineInterpreter::host_update(int o) {
   if (updated_[static_cast<std::size_t>(l)] != 0) return;
   updated_[static_cast<std::size_t>(l)] = 1;
   unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, l, l, qr.adamw(o))); });
-}
-
-std::shared_ptr<std::vector<float>> BaselineInterpreter::summed_dw(const std::vector<int>& g, int l,
-                                                                   std::int64_t count) {
-  auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
-  std::vector<float> part(static_cast<std::size_t>(count));
-  const MeteredBytes metered(host_meter, HostUse::Staging, 2 * count * kF);
-  for (std::size_t r = 0; r < g.size(); ++r) {
-    const int d = at(g[r]).device;
-    const void* src = resident_ ? state_grads(d, l) : get(g[r], Key{d, TK::DW, l, 0, 0}).buf.data();
-    grads_down(g[r], d, part.data(), src, count);
-    add_in_rank_order(*sum, part, r);
-  }
-  return sum;
-}
-
-void BaselineInterpreter::run_ard(const std::vector<int>& g) {
-  const int l = at(g.front()).layers.first;
-  const std::int64_t count = floats(l);
-  if (resident_) {  // in place in every device's state (its stream orders the BWDs before and the Update after)
-    std::vector<void*> bufs;
-    bufs.reserve(g.size());
-    for (const int a : g) bufs.push_back(state_grads(at(a).device, l));
-    if (qr.device_sums(g)) {
-      qr.all_reduce(g, bufs, count, dt);
-      return;
-    }
-    const auto sum = summed_dw(g, l, count);
-    for (std::size_t r = 0; r < g.size(); ++r) grads_up(g[r], at(g[r]).device, bufs[r], sum, 0, count);
-    return;
-  }
-  if (qr.device_sums(g)) {
-    std::vector<void*> bufs;
-    bufs.reserve(g.size());
-    for (const int a : g) bufs.push_back(update(a, Key{at(a).device, TK::DW, l, 0, 0}, count * es).data());
-    qr.all_reduce(g, bufs, count, dt);
-    return;
-  }
-  // The host path (no communicator; op_groups makes every collective span the devices in rank order).
-  const auto sum = summed_dw(g, l, count);
-  for (int a : g) {
-    const int d = at(a).device;
-    Tensor& t = update(a, Key{d, TK::DW, l, 0, 0}, count * es);
-    grads_up(a, d, t.data(), sum, 0, count);
-  }
-}
-
-void BaselineInterpreter::run_ag(const std::vector<int>& g) {
-  const int l = at(g.front()).layers.first;
-  std::vector<Tensor*> full;
-  full.reserve(g.size());
-  for (int a : g) full.push_back(&put(a, Key{at(a).device, TK::W, l, 0, 0}, floats(l) * es));
-  // Each rank's stream copies its shard into every rank's copy; every member's stream then waits for the others
-  // (record_group), so what reads a full copy follows all the copies into it.
-  for (int a : g) {
-    const int r = at(a).device;
-    if (shard_len(l, r) == 0) continue;
-    const void* src = get(a, Key{r, TK::WShard, l, 0, 0}).buf.data();
-    for (std::size_t q = 0; q < g.size(); ++q) {
-      const int dq = at(g[q]).device;
-      D(r).copy_d2d(S(a), full[q]->buf.as<std::byte>() + shard_first(l, r) * es, src, shard_len(l, r) * es, &D(dq));
-      full[q]->users.push_back(a);
-    }
-  }
-}
-
-void BaselineInterpreter::run_rs(const std::vector<int>& g) {
-  const int l = at(g.front()).layers.first;
-  const std::int64_t count = floats(l);
-  const auto dw_key = [&](int a) { return Key{at(a).device, TK::DW, l, 0, 0}; };
-  const auto last_reader = [&](int a) { return store.last_reader(a, p.dataflow.find(dw_key(a))); };
-  if (qr.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
-    std::vector<void*> bufs;
-    std::vector<Tensor*> shards;
-    bufs.reserve(g.size());
-    shards.reserve(g.size());
-    for (const int a : g) {
-      Tensor& full = get(a, dw_key(a));
-      store.writable(a, p.dataflow.find(dw_key(a)));  // true (the last reader): its stream waits
-      bufs.push_back(full.data());
-      shards.push_back(
-          &put(a, Key{at(a).device, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es));
-    }
-    qr.all_reduce(g, bufs, count, dt);
-    for (std::size_t r = 0; r < g.size(); ++r) {
-      const int a = g[r], d = at(a).device;
-      if (shard_len(l, d) > 0)
-        D(d).copy_d2d(S(a), shards[r]->data(), static_cast<std::byte*>(bufs[r]) + shard_first(l, d) * es,
-                      shard_len(l, d) * es);
-    }
-    return;
-  }
-  const auto sum = summed_dw(g, l, count);
-  for (int a : g) {
-    const int d = at(a).device;
-    Tensor& t = put(a, Key{d, TK::DWShard, l, 0, 0}, std::max<std::int64_t>(1, shard_floats(l)) * es);
-    if (shard_len(l, d) > 0) grads_up(a, d, t.data(), sum, shard_first(l, d), shard_len(l, d));
-  }
-}
-
-void* BaselineInterpreter::state_grads(int d, int l) const {
-  auto& ds = *states_[static_cast<std::size_t>(d)];
-  return dt == DType::BF16 ? static_cast<void*>(ds.grads<Bf16>(l)) : static_cast<void*>(ds.grads<float>(l));
 }
 
 }  // namespace harmony::backend::detail::baseline_impl

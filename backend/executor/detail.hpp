@@ -46,9 +46,9 @@ class Ancestry {
 // "t3 BWD L2 mb0 u1 (3.0.0.Compute.BWD)": the label and the reference id, for messages.
 std::string op_name(const core::Program& program, int op);
 
-// Per op, the ops that run with it (Interpreter::group), the same for every kind: a P2P pair (send first); a
-// collective (ARD, AG, RS) per kind, AG's pass (the dataflow's), layers and microbatch, one member per GPU in device
-// order; every other op alone. BackendError naming a collective without one member per GPU (op_groups.cpp).
+// Per op, the ops that run with it (Interpreter::group), the same for every kind: core::op_groups (a P2P pair, send
+// first; a collective's members, the k-th of each device per (kind, layers, microbatch), in device order; every other
+// op alone), and BackendError naming a collective without one member per GPU (op_groups.cpp).
 std::vector<std::vector<int>> op_groups(const core::Program& program);
 
 // One step's per-op times (StepResult::begin/end, ps since t0 on the steady clock), set by the step loops for the

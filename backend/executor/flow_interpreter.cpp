@@ -1,11 +1,13 @@
 // FlowInterpreter (flow_interpreter.hpp): the state both interpreters share, the issue of a group, tensors made and
-// updated in the store, and the P2P pair — the same for every kind.
+// updated in the store, the P2P pair, and the gradients' all-reduce (ARD) — the same for every kind.
 #include "backend/executor/flow_interpreter.hpp"
 
 #include <memory>
 #include <utility>
 
 #include <fmt/format.h>
+
+#include "backend/rank_sum.hpp"
 
 namespace harmony::backend::detail {
 
@@ -58,8 +60,16 @@ void FlowInterpreter::run_group(const std::vector<int>& g) {
   const core::Op& op = at(g.front());
   if (op.peer >= 0) {
     run_pair(g[0], g[1]);
-  } else if (op.kind == core::OpKind::ARD || op.kind == core::OpKind::AG || op.kind == core::OpKind::RS) {
-    run_collective(g);
+  } else if (op.kind == core::OpKind::ARD) {
+    run_ard(g);
+  } else if (op.kind == core::OpKind::AG) {
+    run_ag(g);
+  } else if (op.kind == core::OpKind::RS) {
+    run_rs(g);
+  } else if (is_move(op.kind)) {
+    run_move(g.front());
+  } else if (op.kind == core::OpKind::DEL) {  // what it frees, if still stored (its versions' last reads free them)
+    store.drop_freed(g.front());
   } else {
     run_op(g.front());
   }
@@ -84,6 +94,25 @@ void FlowInterpreter::weights_up(int o, void* dst, std::span<const std::span<con
   }
 }
 
+void FlowInterpreter::run_wb(int o) {
+  const core::Op& op = at(o);
+  if (flow(o).writes.empty()) throw core::InternalError(fmt::format("executor: op {} writes no weights", label(o)));
+  const int id = flow(o).writes[0];
+  std::vector<std::span<const float>> src;  // the layers' masters, one after another (a shard: its part of one)
+  if (p.dataflow.tensor(id).kind == core::FlowKind::WShard) {
+    const int l = op.layers.first;
+    FlowData& w = make(o, id, std::max<std::int64_t>(1, shard_floats(l)) * es);
+    if (shard_len(l, op.device) == 0) return;
+    src.push_back(st.weights(l).subspan(static_cast<std::size_t>(shard_first(l, op.device)),
+                                        static_cast<std::size_t>(shard_len(l, op.device))));
+    weights_up(o, w.data(), src);
+    return;
+  }
+  FlowData& w = make(o, id, w_offset(op.layers, op.layers.last + 1) * es);
+  for (int l = op.layers.first; l <= op.layers.last; ++l) src.push_back(st.weights(l));
+  weights_up(o, w.data(), src);
+}
+
 void FlowInterpreter::run_pair(int send, int recv) {
   const std::vector<FlowVersion>& r = versions.reads(send);
   const std::vector<int>& w = versions.writes(recv);
@@ -102,6 +131,70 @@ void FlowInterpreter::run_pair(int send, int recv) {
   FlowData& dst = make(recv, w.front(), bytes);
   D(at(send).device).copy_d2d(S(send), dst.data(), src, bytes, &D(at(recv).device));
   dst.users.push_back(send);  // written by the sender's stream; the receiver's stream waits for it (record_group)
+}
+
+int FlowInterpreter::dw_id(int o) const {
+  for (const int id : p.dataflow.ops[static_cast<std::size_t>(o)].reads)
+    if (p.dataflow.tensor(id).kind == core::FlowKind::DW) return id;
+  throw core::InternalError(fmt::format("executor: op {} reads no weight gradient", label(o)));
+}
+
+void* FlowInterpreter::dw_data(int o) {
+  if (void* state = state_grads(o)) return state;
+  return store.get(o, dw_id(o)).data();
+}
+
+void FlowInterpreter::grads_down(int o, int d, float* dst, const void* src, std::int64_t count) {
+  if (count == 0) return;
+  if (dt == DType::F32) {
+    D(d).copy_d2h(S(o), dst, src, count * kF);
+    sync(o);
+    return;
+  }
+  const std::span<float> to(dst, static_cast<std::size_t>(count));
+  stage_down(qr.queue(o), D(d), S(o), std::span<const std::span<float>>(&to, 1), src);
+}
+
+void FlowInterpreter::grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum,
+                               std::int64_t first, std::int64_t count) {
+  const float* src = sum->data() + first;
+  if (dt == DType::F32) {
+    D(d).copy_h2d(S(o), dst, src, count * kF);
+    keep_until_done(o, sum);
+    return;
+  }
+  const std::span<const float> from(src, static_cast<std::size_t>(count));
+  stage_up(qr.queue(o), D(d), S(o), dst, std::span<const std::span<const float>>(&from, 1));
+}
+
+std::shared_ptr<std::vector<float>> FlowInterpreter::summed_dw(const std::vector<int>& g, std::int64_t count) {
+  auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
+  std::vector<float> part(static_cast<std::size_t>(count));
+  const MeteredBytes metered(host_meter, HostUse::Staging, 2 * count * kF);
+  for (std::size_t r = 0; r < g.size(); ++r) {
+    grads_down(g[r], at(g[r]).device, part.data(), dw_data(g[r]), count);
+    add_in_rank_order(*sum, part, r);
+  }
+  return sum;
+}
+
+void FlowInterpreter::run_ard(const std::vector<int>& g) {
+  std::int64_t count = 0;
+  for (int l = at(g.front()).layers.first; l <= at(g.front()).layers.last; ++l) count += m.param_floats(l);
+  // in place where the gradient is a resident kind's state (its stream orders the BWDs before and the Update after),
+  // else each member's next version of it
+  const bool in_state = state_grads(g.front()) != nullptr;
+  const auto next = [&](int a) { return in_state ? state_grads(a) : update(a, dw_id(a), count * es).data(); };
+  if (qr.device_sums(g)) {
+    std::vector<void*> bufs;
+    bufs.reserve(g.size());
+    for (const int a : g) bufs.push_back(next(a));
+    qr.all_reduce(g, bufs, count, dt);
+    return;
+  }
+  // The host path (no communicator; op_groups makes every collective span the devices in rank order).
+  const auto sum = summed_dw(g, count);
+  for (const int a : g) grads_up(a, at(a).device, next(a), sum, 0, count);
 }
 
 }  // namespace harmony::backend::detail

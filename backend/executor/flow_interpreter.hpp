@@ -1,20 +1,25 @@
 // What both interpreters share over a Program's dataflow, whatever its kind: the per-queue streams and events
 // (QueueResources), the executor's added edges, the version analysis (FlowVersions), the step's tensor store
-// (FlowStore), the groups (op_groups), and the issue of a group: ordered after its preds, a host group (ops on the
-// CPU stream) waited for on the host, and its dispatch: a P2P pair here, a collective or one op to the derived
-// interpreter (run_collective, run_op), whose ops they are.
+// (FlowStore), the groups (op_groups), the issue of a group (ordered after its preds; a host group, its ops on the
+// CPU stream, waited for on the host), and every op whose work its dataflow says: weights up, moves, P2P pairs,
+// compute, collectives, deletes; the rest (gradients down, Updates) to the derived interpreter (run_op).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "backend/executor/detail.hpp"
 #include "backend/executor/flow_store.hpp"
 #include "backend/executor/flow_versions.hpp"
 #include "backend/model/describe.hpp"
+#include "backend/model/device_state.hpp"
 
 namespace harmony::backend::detail {
 
@@ -37,18 +42,18 @@ class FlowInterpreter : public Interpreter {
   void synchronize() override { qr.synchronize(); }
 
  protected:
-  // The group's work, enqueued on its members' streams: a P2P pair (run_pair), a collective (ARD, AG, RS:
-  // run_collective, its members in device order) or one op (run_op).
+  // The group's work, enqueued on its members' streams: a P2P pair (run_pair), a collective (run_ard, run_ag, run_rs:
+  // its members in device order), a move (run_move), a DEL (the versions it frees dropped) or one op (run_op).
   void run_group(const std::vector<int>& g);
-  virtual void run_collective(const std::vector<int>& g) = 0;
   virtual void run_op(int o) = 0;
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
   void tokens_in(int o, int id, int s0, int n);
   bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
   // The version analysis over the Program's dataflow and the happens-before order `anc` (its deps, queue order and
   // `extra`), and the store over it.
-  void analyse_versions(const Ancestry& anc, FlowVersions::Tracked tracked, FlowVersions::Name name) {
-    versions = FlowVersions(p, anc, std::move(tracked), std::move(name));
+  void analyse_versions(const Ancestry& anc, FlowVersions::Tracked tracked, FlowVersions::Name name,
+                        const FlowVersions::Ranged& ranged = nullptr) {
+    versions = FlowVersions(p, anc, std::move(tracked), std::move(name), ranged);
     store = FlowStore(p, versions, qr);
   }
 
@@ -63,6 +68,115 @@ class FlowInterpreter : public Interpreter {
   // writes another tensor.
   void run_pair(int send, int recv);
 
+  // ---- weight gradients (what ARD, RS and dWB move) ----
+  // The weight gradient op o reads, as its dataflow names it (the first DW it reads: a Harmony task's, a layer's): in
+  // `store`, or where the interpreter keeps it outside (state_grads).
+  int dw_id(int o) const;
+  void* dw_data(int o);
+  // A resident kind's weight gradient of op o's device and layer (its DeviceState), else nullptr (the gradient is a
+  // version in `store`).
+  void* state_grads(int o);
+  // Copies `count` gradient elements of device memory to fp32 host memory (bf16: staged down and widened exactly,
+  // Interpreter::stage_down), then returns: the host reads the result.
+  void grads_down(int o, int d, float* dst, const void* src, std::int64_t count);
+  // Copies `count` fp32 host gradient elements from (*sum)[first...] to device memory (bf16: rounded once, staged
+  // up), asynchronously: an fp32 copy reads the sum, which lives until o's stream has run it.
+  void grads_up(int o, int d, void* dst, const std::shared_ptr<std::vector<float>>& sum, std::int64_t first,
+                std::int64_t count);
+  // The group's weight gradients (dw_data) brought down (widened from bf16 when stored so) and summed in fp32 in rank
+  // order, as Communicator::all_reduce_sum adds: what ARD writes back to every replica and RS shards.
+  std::shared_ptr<std::vector<float>> summed_dw(const std::vector<int>& g, std::int64_t count);
+  // ARD, for every kind: the replicas' weight gradients (each member reads and writes one: a Harmony task's, a layer's,
+  // or a resident kind's in its DeviceState) summed in rank order (as Communicator::all_reduce_sum) and written back
+  // to all. With ExecutorOptions::communicator, on the devices: each member's gradient all-reduced in place on its
+  // own stream; otherwise through the host.
+  void run_ard(const std::vector<int>& g);
+
+  // ---- moves (flow_moves.cpp) ----
+  // X, sX, Y, dX, dY, MSGsX, MSGY (not of a P2P pair): the op's one read copied into its one write, host to device,
+  // device to host, or host to host (nothing to copy where both are the same memory: a Harmony message within one
+  // rank); an input that reads nothing takes the step's tokens (layer 0).
+  static bool is_move(core::OpKind k);
+  void run_move(int o);
+  // A tensor's bytes: a forward's saved activations, or a layer's input (or its gradient) over its samples.
+  Bytes tensor_bytes(int id) const;
+  // Where a host tensor op o reads lives, and where one it writes goes: a version in `store` (made on the host meter),
+  // or where the interpreter keeps it (Harmony's host channels, per sample).
+  virtual const void* host_src(int o, int id) { return store.get(o, id).data(); }
+  virtual void* host_dst(int o, int id, Bytes bytes) { return make(o, id, bytes).data(); }
+
+  // ---- compute (flow_compute.cpp) ----
+  // FWD or REC over op o's layers, for every kind: from its input (the dataflow's second read: the activation, or a
+  // REC's stash) with its pack's weights (the first read, or a resident kind's state_weights), layer after layer;
+  // writes what the dataflow says it writes (the next input Act, the saved activations Saved or RecAct, a REC's
+  // inputs RecX), the rest temporaries; the head's losses into `losses` where copies_losses.
+  void forward(int o);
+  template <class E>
+  void forward_as(int o);
+  // BWD over op o's layers (last to first), for every kind: from its input (the dataflow's second read) and the
+  // forward's activations it reads (Saved, or a REC's RecAct and RecX), the output gradient it reads (none where the
+  // op runs the head); adds into its weight gradient (backward_dw) and writes its input gradient Grad (layer > 0).
+  void backward(int o);
+  template <class E>
+  void backward_as(int o);
+  // The weight gradient op o (a BWD) adds to: a resident kind's state_grads, else the DW the dataflow says it
+  // writes — started at zero where it reads none (the step's first), else updated.
+  void* backward_dw(int o);
+  // The tensor of kind k and layer `layer` op o reads (its dataflow's id), or -1.
+  int read_of(int o, core::FlowKind k, int layer) const;
+  // A resident kind's weights of op o's device and layer (its DeviceState), else nullptr (a version in `store`).
+  const void* state_weights(int o);
+  // The tensor of kind k and layer `layer` op o writes (its dataflow's id), or -1.
+  int written(int o, core::FlowKind k, int layer) const;
+  // Whether op o (running the head) writes the step's losses: every FWD; a REC where no FWD of the Program runs the
+  // head (Harmony's criterion task recomputes its forward in the backward).
+  bool copies_losses(int o) const;
+  // The step's mean loss; BackendError where a sample's loss was not written exactly once.
+  double mean_loss() const;
+  // The offset of layer l's parameters in the weights of layer range r (a pack's, one layer's: 0).
+  std::int64_t w_offset(const core::LayerRange& r, int l) const {
+    std::int64_t off = 0;
+    for (int k = r.first; k < l; ++k) off += m.param_floats(k);
+    return off;
+  }
+
+  // WB, for every kind: the host master weights of the op's layers up (bf16: rounded, staged) into what its dataflow
+  // says it writes: the weights of its pack or layer (W), or this rank's shard of its layer (WShard).
+  void run_wb(int o);
+  // A sharded layer (zero-infinity): rank r's shard is floats [r S, min(F, (r+1) S)), S = ceil(F / N) (ZeRO pads the
+  // partitions to equal sizes; the Program's shard bytes ceil(bytes / N) round the same sizes in bytes).
+  std::int64_t shard_floats(int l) const { return (m.param_floats(l) + p.num_devices() - 1) / p.num_devices(); }
+  std::int64_t shard_first(int l, int r) const { return std::min(m.param_floats(l), r * shard_floats(l)); }
+  std::int64_t shard_len(int l, int r) const {
+    return std::min(m.param_floats(l), (r + 1) * shard_floats(l)) - shard_first(l, r);
+  }
+
+  // AG (zero-infinity): every rank's shard (what each member reads) copied into every rank's full copy of the layer
+  // (what each writes). RS: the ranks' full gradients (dw_id) summed in rank order; rank q keeps shard q (what it
+  // writes). With ExecutorOptions::communicator, on the devices: the full gradient all-reduced in place on every rank,
+  // then each rank's stream copies its shard of the sum (exact, but N times a reduce-scatter's bytes); in place needs
+  // the RS to be the last reader of every member's gradient, otherwise (a later BWD would add into the sum) the host.
+  void run_ag(const std::vector<int>& g);
+  void run_rs(const std::vector<int>& g);
+
+  // ---- resident state (flow_state.cpp) ----
+  // A kind with resident state (PlanKindSpec::resident_state) keeps its weights, gradients and AdamW state in one
+  // DeviceState per device across steps (`states`, empty otherwise): make_states fills them from the HostState
+  // (bf16: masters exact, working copies rounded); the compute ops and ARD read them (state_weights, state_grads);
+  // each step zeroes the gradients first (zero_state_grads) and reports non-finite updates last (note_state_nonfinite);
+  // an Update on a device runs AdamW there (state_update); sync_host_state copies device 0's back to the HostState.
+  void make_states();
+  // The stream a device's state work runs on: its compute queue's (every FWD, BWD, ARD and Update of a resident
+  // Program is there), so zeroing the gradients, accumulating, summing and updating follow each other in stream order.
+  Stream& state_stream(int d) { return S(state_op[static_cast<std::size_t>(d)]); }
+  void zero_state_grads();
+  void note_state_nonfinite();
+  void state_update(int o);
+
+ public:
+  void sync_host_state() override;
+
+ protected:
   // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory
   // `dst` on o's stream — bf16: rounded to nearest even on the host and staged up; fp32: copied, read when the copy
   // runs (the Updates that overwrite the masters wait for o's event).
@@ -70,6 +184,8 @@ class FlowInterpreter : public Interpreter {
 
   // ---- helpers ----
   const core::Op& at(int o) const { return p.ops[static_cast<std::size_t>(o)]; }
+  // Op o's dataflow (Program::dataflow): its pass, layers, samples and tensors.
+  const core::OpFlow& flow(int o) const { return p.dataflow.ops[static_cast<std::size_t>(o)]; }
   std::string label(int o) const { return op_name(p, o); }
   Device& D(int d) { return *devs[static_cast<std::size_t>(d)]; }
   Stream& S(int o) { return qr.stream(o); }  // the stream of op o's queue
@@ -92,13 +208,16 @@ class FlowInterpreter : public Interpreter {
   DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
   Bytes es = 4;           // bytes per device element
   QueueResources qr;      // per queue: its stream, events, AdamW pool
-  std::vector<std::vector<int>> extra;   // per op: the executor's added edges (extra_deps)
-  FlowVersions versions;                 // which version each read sees, the reads per version
-  FlowStore store;                       // the step's tensor versions
-  std::vector<std::vector<int>> groups;  // per op: the ops run with it (op_groups)
+  std::vector<std::vector<int>> extra;               // per op: the executor's added edges (extra_deps)
+  FlowVersions versions;                             // which version each read sees, the reads per version
+  FlowStore store;                                   // the step's tensor versions
+  std::vector<std::vector<int>> groups;              // per op: the ops run with it (op_groups)
+  std::vector<int> state_op;                         // resident: per device, an op of its compute queue (state_stream)
+  std::vector<std::unique_ptr<DeviceState>> states;  // resident: per device; after qr, whose streams they use
   // per step
-  std::span<const std::int32_t> in, tgt;  // the step's inputs and targets
-  std::vector<float> losses;              // per token: the head's losses
+  std::span<const std::int32_t> in, tgt;   // the step's inputs and targets
+  std::vector<float> losses;               // per token: the head's losses
+  std::vector<std::uint8_t> loss_written;  // per sample: how many ops wrote its losses
 };
 
 }  // namespace harmony::backend::detail

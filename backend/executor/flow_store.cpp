@@ -78,12 +78,4 @@ void FlowStore::drop(const FlowVersion& v) {
   store_.erase(it);
 }
 
-void FlowStore::drop_all(int id) {
-  for (auto it = store_.lower_bound(FlowVersion{id, -1}); it != store_.end() && it->first.tensor == id;) {
-    const FlowVersion v = it->first;
-    ++it;
-    drop(v);
-  }
-}
-
 }  // namespace harmony::backend::detail

@@ -51,8 +51,10 @@ class FlowStore {
   FlowData* take(int o, int id);
   // After op o ran: drops the versions whose last read it was, and the versions it wrote that nobody reads.
   void finished(int o);
-  // Drops every stored version of `id` (an op that frees it).
-  void drop_all(int id);
+  // Drops the versions op o's frees name (FlowVersions::freed) that are still stored (DEL).
+  void drop_freed(int o) {
+    for (const FlowVersion& v : v_->freed(o)) drop(v);
+  }
 
  private:
   void drop(const FlowVersion& v);

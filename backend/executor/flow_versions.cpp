@@ -3,12 +3,15 @@
 #include "backend/executor/flow_versions.hpp"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 
 namespace harmony::backend::detail {
 
-FlowVersions::FlowVersions(const core::Program& program, const Ancestry& anc, Tracked tracked, Name name)
+FlowVersions::FlowVersions(const core::Program& program, const Ancestry& anc, Tracked tracked, Name name,
+                           const Ranged& ranged)
     : p_(&program), tracked_(std::move(tracked)), name_(std::move(name)) {
   const core::Dataflow& df = program.dataflow;
   const std::size_t n = program.ops.size();
@@ -28,7 +31,69 @@ FlowVersions::FlowVersions(const core::Program& program, const Ancestry& anc, Tr
       reads_[o].push_back(v);
       ++readers_[v];
     }
+  freed_.assign(n, {});
+  for (std::size_t o = 0; o < n; ++o)
+    for (const int id : df.ops[o].frees) {
+      if (!tracked_(df.tensor(id))) continue;
+      const auto& w = writes_[o];
+      if (std::find(w.begin(), w.end(), id) != w.end()) {
+        freed_[o].push_back(FlowVersion{id, static_cast<int>(o)});
+        continue;
+      }
+      try {
+        freed_[o].push_back(FlowVersion{id, reaching(anc, static_cast<int>(o), id)});
+      } catch (const ScheduleViolation&) {  // NOLINT(bugprone-empty-catch): check_frees reports it where asked
+      }
+    }
   check_dead_versions(anc);
+  sample_reads_.assign(n, {});
+  if (ranged) resolve_ranged(anc, ranged);
+}
+
+void FlowVersions::resolve_ranged(const Ancestry& anc, const Ranged& ranged) {
+  const core::Dataflow& df = p_->dataflow;
+  using Channel = std::tuple<int, core::FlowKind, int, int>;
+  const auto channel = [](const core::FlowTensor& t) { return Channel{t.device, t.kind, t.layer, t.owner}; };
+  std::map<Channel, std::vector<std::pair<int, int>>> writers;  // per channel: (op, tensor) of every write
+  for (std::size_t o = 0; o < df.ops.size(); ++o)
+    for (const int id : df.ops[o].writes)
+      if (ranged(df.tensor(id))) writers[channel(df.tensor(id))].emplace_back(static_cast<int>(o), id);
+  for (std::size_t ro = 0; ro < df.ops.size(); ++ro) {
+    const int o = static_cast<int>(ro);
+    for (const int id : df.ops[ro].reads) {
+      const core::FlowTensor& t = df.tensor(id);
+      if (!ranged(t)) continue;
+      const auto& ws = writers[channel(t)];
+      for (int s = t.s0; s < t.s0 + t.n; ++s) {
+        int best = -1;
+        for (const auto& [c, wid] : ws) {
+          const core::FlowTensor& w = df.tensor(wid);
+          if (c == o || s < w.s0 || s >= w.s0 + w.n) continue;
+          if (anc.before(c, o)) {
+            if (best >= 0 && !anc.before(best, c) && !anc.before(c, best))
+              throw ScheduleViolation(fmt::format(
+                  "executor: op {} reads {} sample {}, written by both op {} and op {}, which are not ordered",
+                  label(o), tname(id), s, label(best), label(c)));
+            if (best < 0 || anc.before(best, c)) best = c;
+          } else if (!anc.before(o, c)) {
+            throw ScheduleViolation(fmt::format(
+                "executor: op {} reads {} sample {}, which op {} may write first: neither depends on the other",
+                label(o), tname(id), s, label(c)));
+          }
+        }
+        if (best < 0)
+          throw ScheduleViolation(
+              fmt::format("executor: op {} reads {} sample {}, which no op writes before it", label(o), tname(id), s));
+        auto& runs = sample_reads_[ro];
+        if (!runs.empty() && runs.back().tensor == id && runs.back().producer == best &&
+            runs.back().s0 + runs.back().n == s) {
+          ++runs.back().n;
+        } else {
+          runs.push_back(SampleRun{id, s, 1, best});
+        }
+      }
+    }
+  }
 }
 
 void FlowVersions::check_dead_versions(const Ancestry& anc) const {

@@ -6,7 +6,10 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "backend/cpu/cpu_device.hpp"
 #include "backend/executor/detail.hpp"
@@ -79,6 +82,91 @@ TEST_CASE("a read sees the latest write among its ancestors; each version counts
   CHECK(v.writes(acc) == std::vector<int>{f.act});
   CHECK(v.writes(r2).empty());
   CHECK_NOTHROW(v.check_frees(anc));
+}
+
+TEST_CASE("a free names the version its op writes, else the one it would read, else none") {
+  Fixture f;
+  const int w1 = f.op({}, false, true);
+  const int w2 = f.op({}, false, true);              // unordered with the first free
+  const int del1 = f.op({w1}, false, false, true);   // frees the version of w1
+  const int both = f.op({del1}, false, true, true);  // writes a version and frees it
+  const int del0 = f.op({}, false, false, true);     // no producer among its ancestors
+  const Ancestry anc(f.p, {});
+  const FlowVersions v = f.versions(anc);
+  CHECK(v.freed(del1) == std::vector<FlowVersion>{{f.act, w1}});
+  CHECK(v.freed(both) == std::vector<FlowVersion>{{f.act, both}});
+  CHECK(v.freed(del0).empty());
+  CHECK(v.freed(w2).empty());
+}
+
+// A channel (Harmony's host channels) written two samples at a time and read at other sizes: ops in one chain.
+struct Ranges {
+  core::Program p;
+  int add(const std::vector<int>& deps, std::vector<core::FlowTensor> reads, std::vector<core::FlowTensor> writes) {
+    const int o = static_cast<int>(p.ops.size());
+    core::Op x;
+    x.task = o;
+    x.kind = core::OpKind::sX;
+    for (const int d : deps) x.deps.push_back(d);
+    x.queue = static_cast<int>(p.queues.size());
+    x.queue_pos = 0;
+    p.ops.push_back(x);
+    p.queues.push_back(core::OpQueue{0, core::Stream::Cpu, {o}});
+    core::OpFlow f;
+    for (const auto& t : reads) f.reads.push_back(p.dataflow.intern(t));
+    for (const auto& t : writes) f.writes.push_back(p.dataflow.intern(t));
+    p.dataflow.ops.push_back(f);
+    return o;
+  }
+  static core::FlowTensor chan(int s0, int n) { return core::FlowTensor{-1, core::FlowKind::HostStash, 3, s0, n, -1}; }
+  FlowVersions versions() const {
+    const Ancestry anc(p, {});
+    return FlowVersions(
+        p, anc, [](const core::FlowTensor&) { return false; },
+        [](const core::FlowTensor& t) { return fmt::format("stash {}", t.layer); },
+        [](const core::FlowTensor& t) { return core::on_host(t.kind); });
+  }
+  std::string refusal() const {
+    try {
+      (void)versions();
+    } catch (const ScheduleViolation& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+TEST_CASE("ranged tensors: each sample a read covers resolves to its latest writer among the reader's ancestors") {
+  Ranges r;
+  const int w0 = r.add({}, {}, {Ranges::chan(0, 2)});
+  const int w1 = r.add({w0}, {}, {Ranges::chan(2, 2)});
+  const int mid = r.add({w1}, {Ranges::chan(1, 2)}, {});                       // samples 1 and 2: two writers
+  const int again = r.add({mid}, {Ranges::chan(2, 2)}, {Ranges::chan(2, 2)});  // reads and rewrites 2, 3 in place
+  const int all = r.add({again}, {Ranges::chan(0, 4)}, {});
+  const FlowVersions v = r.versions();
+  using Run = std::tuple<int, int, int>;  // s0, n, producer
+  const auto runs = [&](int o) {
+    std::vector<Run> out;
+    for (const auto& x : v.sample_reads(o)) out.emplace_back(x.s0, x.n, x.producer);
+    return out;
+  };
+  CHECK(runs(mid) == std::vector<Run>{{1, 1, w0}, {2, 1, w1}});
+  CHECK(runs(again) == std::vector<Run>{{2, 2, w1}});
+  CHECK(runs(all) == std::vector<Run>{{0, 2, w0}, {2, 2, again}});
+  CHECK(v.sample_reads(w0).empty());
+}
+
+TEST_CASE("ranged tensors: a sample nobody writes before the read, or a writer unordered with it, is refused") {
+  Ranges none;
+  (void)none.add({}, {}, {Ranges::chan(0, 2)});
+  (void)none.add({0}, {Ranges::chan(1, 2)}, {});  // sample 2 is never written
+  CHECK(none.refusal().find("reads stash 3 sample 2, which no op writes before it") != std::string::npos);
+  Ranges race;
+  (void)race.add({}, {}, {Ranges::chan(0, 2)});
+  (void)race.add({0}, {Ranges::chan(0, 2)}, {});
+  (void)race.add({0}, {}, {Ranges::chan(1, 1)});  // rewrites sample 1, unordered with the reader
+  CHECK(race.refusal().find("which op") != std::string::npos);
+  CHECK(race.refusal().find("may write first") != std::string::npos);
 }
 
 TEST_CASE("untracked tensors are left out") {
@@ -209,14 +297,15 @@ TEST_CASE("op_groups: pairs send first, collectives one member per GPU in device
   add(core::OpKind::ARD, 1, -1);  // 2
   add(core::OpKind::ARD, 0, -1);  // 3
   add(core::OpKind::FWD, 0, -1);  // 4
-  const auto g = op_groups(p);
+  const auto g = harmony::backend::detail::op_groups(p);
   CHECK(g[0] == std::vector<int>{1, 0});
   CHECK(g[1] == std::vector<int>{1, 0});
   CHECK(g[2] == std::vector<int>{3, 2});
   CHECK(g[3] == std::vector<int>{3, 2});
   CHECK(g[4] == std::vector<int>{4});
   p.ops[2].layers = core::LayerRange{1, 1};  // now two collectives of one member each
-  CHECK_THROWS_WITH_AS(op_groups(p), doctest::Contains("has 1 members for 2 GPUs"), BackendError);
+  CHECK_THROWS_WITH_AS(harmony::backend::detail::op_groups(p), doctest::Contains("has 1 members for 2 GPUs"),
+                       BackendError);
 }
 
 }  // namespace

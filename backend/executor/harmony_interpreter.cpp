@@ -61,10 +61,13 @@ HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<De
   }
   tie_edges();
   anc = Ancestry(p, extra);
+  // Device tensors in versions; the host channels per sample (each read's samples resolved to their writers, and
+  // refused where a writer is unordered with the reader), so a missing dependency is refused before any step.
   analyse_versions(
       anc, [](const core::FlowTensor& t) { return !core::on_host(t.kind); },
-      [this](const core::FlowTensor& t) { return tname(t); });
-  groups = op_groups(p);
+      [this](const core::FlowTensor& t) { return tname(t); },
+      [](const core::FlowTensor& t) { return core::on_host(t.kind); });
+  groups = detail::op_groups(p);
 }
 
 void HarmonyInterpreter::tie_edges() {
@@ -130,7 +133,6 @@ void HarmonyInterpreter::allocate_host() {
     HostChan& h = host[{c, l}];
     h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
     h.metered = MeteredBytes(host_meter, chan_use(c), chan_bytes(l));
-    h.producer.assign(static_cast<std::size_t>(B), -1);
   }
 }
 
@@ -152,6 +154,7 @@ int HarmonyInterpreter::task_tid(int o, core::FlowKind k) const {
 }
 
 std::string HarmonyInterpreter::tname(const core::FlowTensor& t) const {
+  if (t.device < 0) return fmt::format("{} {}", hc_name(host_chan(t.kind)), t.layer);  // a host channel
   const bool task = t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW;
   return fmt::format("{} {} {} samples [{}, {})", devs[static_cast<std::size_t>(t.device)]->name(),
                      core::flow_kind_name(t.kind), task ? t.owner : t.layer, t.s0, t.s0 + t.n);
@@ -162,56 +165,38 @@ HostChan& HarmonyInterpreter::chan(HC c, int l) {
   if (h.data.bytes() == 0) {  // a channel allocate_host did not foresee
     h.data = D(0).alloc_host(chan_bytes(l), fmt::format("{} {}", hc_name(c), l));
     h.metered = MeteredBytes(host_meter, chan_use(c), chan_bytes(l));
-    h.producer.assign(static_cast<std::size_t>(B), -1);
   }
   return h;
 }
 
-std::byte* HarmonyInterpreter::host_read(int o, HC c, int l, int s0, int n) {
-  HostChan& h = chan(c, l);
-  for (int s = s0; s < s0 + n; ++s) {
-    const int pr = h.producer[static_cast<std::size_t>(s)];
-    if (pr < 0)
-      throw ScheduleViolation(fmt::format("executor: op {} reads {} {} sample {}, which no op has produced yet",
-                                          label(o), hc_name(c), l, s));
-    if (!happens_before(pr, o))
-      throw ScheduleViolation(
-          fmt::format("executor: op {} reads {} {} sample {}, produced by op {}, on which it does not depend", label(o),
-                      hc_name(c), l, s, label(pr)));
-  }
-  return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
+std::byte* HarmonyInterpreter::chan_at(HC c, int l, int s0) {
+  return chan(c, l).data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
 }
 
-std::byte* HarmonyInterpreter::host_write(int o, HC c, int l, int s0, int n) {
-  HostChan& h = chan(c, l);
-  for (int s = s0; s < s0 + n; ++s) h.producer[static_cast<std::size_t>(s)] = o;
-  return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(l));
+const void* HarmonyInterpreter::host_src(int /*o*/, int id) {  // its writers resolved when the executor was built
+  const core::FlowTensor& t = tensor(id);
+  return chan_at(host_chan(t.kind), t.layer, t.s0);
+}
+
+void* HarmonyInterpreter::host_dst(int /*o*/, int id, Bytes /*bytes*/) {
+  const core::FlowTensor& t = tensor(id);
+  return chan_at(host_chan(t.kind), t.layer, t.s0);
 }
 
 void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
   in = inputs;
   tgt = targets;
   losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
-  for (auto& [k, h] : host) h.producer.assign(static_cast<std::size_t>(B), -1);
+  loss_written.assign(static_cast<std::size_t>(B), 0);
   store.begin_step();
   grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
   qr.begin_step();
 }
 
-void HarmonyInterpreter::run_collective(const std::vector<int>& g) {
-  if (at(g.front()).kind != OpKind::ARD) {
-    run_op(g.front());  // refuses the kind
-    return;
-  }
-  run_ard(g);
-}
-
 double HarmonyInterpreter::end_step() {
   qr.synchronize();  // the losses' copies, the last updates' inputs, every stream-ordered free
   store.clear();
-  double total = 0.0;
-  for (const float x : losses) total += x;
-  return total / static_cast<double>(losses.size());
+  return mean_loss();
 }
 
 }  // namespace harmony_impl

@@ -19,7 +19,8 @@
 
 namespace harmony::backend::detail::harmony_impl {
 
-// Host channels (per boundary layer, the whole minibatch, per-sample producer).
+// Host channels (per boundary layer, the whole minibatch; who writes which samples is resolved when the executor is
+// built: FlowVersions::sample_reads).
 enum class HC : std::uint8_t { YSwap, YMsg, Stash, StashMsg, DXSwap };
 inline const char* hc_name(HC k) {
   constexpr const char* n[] = {"host Y", "host Y msg", "host stash", "host stash msg", "host dX"};
@@ -27,9 +28,8 @@ inline const char* hc_name(HC k) {
 }
 
 struct HostChan {
-  HostBuffer data;            // the whole minibatch; kept across steps (pinned where the devices pin)
-  MeteredBytes metered;       // on the host meter (stash or activations)
-  std::vector<int> producer;  // per sample, this step
+  HostBuffer data;       // the whole minibatch; kept across steps (pinned where the devices pin)
+  MeteredBytes metered;  // on the host meter (stash or activations)
 };
 // The Program's host tensors (core/program/dataflow.hpp) as the interpreter keeps them: a host channel (Harmony's
 // host tensors: device -1). Its device tensors are versions in the shared FlowStore.
@@ -59,8 +59,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
     return it == update_owner.end() || it->second == op.device;
   }
 
-  // Op o's dataflow (Program::dataflow): its pass, pack, samples and tensors.
-  const core::OpFlow& flow(int o) const { return p.dataflow.ops[static_cast<std::size_t>(o)]; }
   const core::FlowTensor& tensor(int id) const { return p.dataflow.tensor(id); }
   // The host channel op o reads (or writes), as the dataflow names it; nullptr when none. A message between tasks
   // of one rank (core::lower_harmony gives its MSGsX / MSGY no bytes: the backward task reads the stash or activation
@@ -90,55 +88,27 @@ class HarmonyInterpreter final : public FlowInterpreter {
 
   // ---- host channels ----
   HostChan& chan(HC c, int l);
-  std::byte* host_read(int o, HC c, int l, int s0, int n);
-  std::byte* host_write(int o, HC c, int l, int s0, int n);
+  // Sample s0 of host channel (c, l).
+  std::byte* chan_at(HC c, int l, int s0);
+  // The moves' host side (FlowInterpreter::run_move): the host channel of the tensor, at its samples.
+  const void* host_src(int o, int id) override;
+  void* host_dst(int o, int id, Bytes bytes) override;
 
-  std::int64_t w_offset(const core::LayerRange& r, int l) const {
-    std::int64_t o = 0;
-    for (int k = r.first; k < l; ++k) o += m.param_floats(k);
-    return o;
-  }
   std::int64_t w_floats(const core::LayerRange& r) const { return w_offset(r, r.last + 1); }
-
-  // Forward of layers [a, b] of the task's weights over n samples from x; keeps every input and act when
-  // `keep` (REC), else writes the result to out. Returns nothing; losses of the head go to `losses`.
-  void forward_range(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b, int s0, int n,
-                     const void* x0, int out_id, bool keep);
-  template <class E>
-  void forward_range_as(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b, int s0, int n,
-                        const void* x0, int out_id, bool keep);
-
-  // Recompute inputs were kept by REC; the backward of the task's layers [lf, ll] over one microbatch, in the
-  // device dtype S (dW accumulated across microbatches in S).
-  template <class E>
-  void run_bwd(int o, const core::Op& op);
 
   // Runs op o (not of a pair or an ARD group) through the run_* step of its kind.
   void run_op(int o) override;
-  void run_wb(int o, const core::Op& op);      // the pack's weights up (bf16: rounded, staged)
-  void run_x(int o, const core::Op& op);       // the input: tokens, or a host channel's
-  void run_sx(int o, const core::Op& op);      // stash out (forward task) or in
-  void run_msg(int o, const core::Op& op);     // MSGsX, MSGY: host channel to host channel
-  void run_swap(int o, const core::Op& op);    // Y, dX out to the host; dY in from it
-  void run_fwd(int o, const core::Op& op);     // FWD, or REC keeping every input and act
   void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
   void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
-  void run_del(int o);                         // drops the task's W and dW (the op's frees)
-
-  // ARD group: the replicas' dW summed in rank order (as Communicator::all_reduce_sum), written back to all. With
-  // ExecutorOptions::communicator, on the devices: each member's dW all-reduced in place on its own stream.
-  void run_ard(const std::vector<int>& group);
 
   std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
-  // The versions (FlowInterpreter::versions, store) are the device tensors': the host channels are checked per
-  // sample at run time instead. A version is freed once its last reader has run, so a device holds what the
-  // Program's allocs/frees say it holds (docs/backend.md, "Executor memory").
+  // The versions (FlowInterpreter::versions, store) are the device tensors'; the host channels' reads are resolved per
+  // sample by the same analysis (FlowVersions::sample_reads), their memory one buffer per channel. A version is freed
+  // once its last reader has run, so a device holds what the Program's allocs/frees say it holds (docs/backend.md,
+  // "Executor memory").
 
   void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
-
-  // The replicas' ARD ops of a pack run together, in device order (FlowInterpreter::run_group dispatches them).
-  void run_collective(const std::vector<int>& g) override;
 
   double end_step() override;
 };

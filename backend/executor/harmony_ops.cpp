@@ -1,6 +1,6 @@
-// The Harmony interpreter's ops (harmony_interpreter.hpp): a run_* step per op kind (weights up, inputs and stashes
-// in and out, host messages, the forward and recompute over a task's layers, the backward, gradients down, the host
-// AdamW update, deletes), the P2P pair and the replicas' gradient all-reduce (ARD), on the devices or on the host.
+// The Harmony interpreter's ops (harmony_interpreter.hpp): a run_* step per op kind it still runs itself (inputs and
+// stashes in and out through its host channels, host messages, gradients down, the host AdamW update); weights up,
+// the compute ops, deletes, the P2P pair and the all-reduce are FlowInterpreter's.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -9,264 +9,28 @@
 
 #include "backend/bf16_convert.hpp"
 #include "backend/executor/harmony_interpreter.hpp"
-#include "backend/rank_sum.hpp"
 
 namespace harmony::backend::detail::harmony_impl {
 
 using core::OpKind;
 
-void HarmonyInterpreter::forward_range(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b,
-                                       int s0, int n, const void* x0, int out_id, bool keep) {
-  if (dt == DType::BF16) {
-    forward_range_as<Bf16>(o, d, wr, W, a, b, s0, n, x0, out_id, keep);
-  } else {
-    forward_range_as<float>(o, d, wr, W, a, b, s0, n, x0, out_id, keep);
-  }
-}
-
-template <class E>
-void HarmonyInterpreter::forward_range_as(int o, int d, const core::LayerRange& wr, const FlowData& W, int a, int b,
-                                          int s0, int n, const void* x0, int out_id, bool keep) {
-  BasicDeviceOps<E> ops(D(d), S(o));
-  const void* x = x0;
-  Buffer tmp_y, tmp_act, prev, targets;
-  for (int l = a; l <= b; ++l) {
-    LayerArgs<E> args;
-    args.B = n;
-    args.T = T;
-    args.w = W.buf.as<E>() + w_offset(wr, l);
-    if (l == 0) {
-      args.tokens = static_cast<const std::int32_t*>(x);
-    } else {
-      args.x = static_cast<const E*>(x);
-    }
-    if (m.kind(l) == LayerKind::Head) {
-      release_after(o, targets);
-      targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
-      D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
-      args.targets = targets.as<std::int32_t>();
-    }
-    Buffer y;
-    if (l == b && !keep) {
-      args.y = make(o, out_id, m.output_bytes(l, n, T, dt)).buf.as<E>();
-    } else {
-      y = alloc_or_wait(D(d), m.output_bytes(l, n, T, dt), "y");
-      args.y = y.as<E>();
-    }
-    E* act = nullptr;
-    if (keep) {
-      act = make(o, tid(o, core::FlowKind::RecAct, l, s0, n), m.act_floats(l, n, T, dt) * es).buf.as<E>();
-    } else {
-      Buffer next_act = alloc_or_wait(D(d), m.act_floats(l, n, T, dt) * es, "act");
-      release_after(o, tmp_act);  // the previous layer's, after its kernels
-      tmp_act = std::move(next_act);
-      act = tmp_act.as<E>();
-    }
-    args.act = act;
-    m.forward(ops, l, args);
-    if (m.kind(l) == LayerKind::Head) {  // read by end_step, after every stream has run
-      D(d).copy_d2h(S(o), losses.data() + static_cast<std::size_t>(s0) * T, args.y, Bytes(n) * T * kF);
-    }
-    if (l < b) {
-      if (keep) {
-        FlowData& nx = make(o, tid(o, core::FlowKind::RecX, l + 1, s0, n), m.output_bytes(l, n, T, dt));
-        D(d).copy_d2d(S(o), nx.buf.data(), y.data(), m.output_bytes(l, n, T, dt));
-        x = nx.buf.data();
-      } else {
-        release_after(o, prev);
-        prev = std::move(y);
-        x = prev.data();
-      }
-    }
-    release_after(o, y);
-  }
-  // No host wait: the temporaries are freed after the kernels that use them, in stream order.
-  for (Buffer* b : {&tmp_y, &tmp_act, &prev, &targets}) release_after(o, *b);
-}
-
-template <class E>
-void HarmonyInterpreter::run_bwd(int o, const core::Op& op) {
-  const int d = op.device;
-  const int lf = op.layers.first, ll = op.layers.last;
-  const auto [s0, n] = samples(o);
-  const core::LayerRange pack = flow(o).layers;
-  const FlowData& W = store.get(o, task_tid(o, core::FlowKind::W));
-  // the input: the stash brought back, or (the task with the criterion) the activation it received
-  const int in = flow(o).reads[1];
-  const bool criterion = tensor(in).kind == core::FlowKind::Act;
-  const FlowData& x0 = store.get(o, in);
-  // the gradient: the first microbatch starts it (the dataflow: it reads none), the others add to it
-  const int dwk = task_tid(o, core::FlowKind::DW);
-  const bool adds = std::find(flow(o).reads.begin(), flow(o).reads.end(), dwk) != flow(o).reads.end();
-  FlowData* g = adds ? &update(o, dwk, w_floats(pack) * es) : &make(o, dwk, w_floats(pack) * es);
-  if (!adds) D(d).fill_zero(S(o), g->buf.data(), g->buf.bytes());
-  E* dw = g->buf.as<E>();
-  const E* dy = criterion ? nullptr : store.get(o, tid(o, core::FlowKind::Grad, ll + 1, s0, n)).buf.as<E>();
-  std::int64_t scratch = 0;
-  for (int l = lf; l <= ll; ++l) scratch = std::max(scratch, m.scratch_floats(l, n, T));
-  Buffer scr = alloc_or_wait(D(d), scratch * es, "scratch"), targets, g_a, g_b;
-  // the input gradients passed between the pack's layers, in two buffers used in turn: none for a one-layer pack
-  // (its dX is the Grad tensor it makes), one for two layers
-  const Bytes gb = Bytes(n) * T * m.config().n_embd * es;
-  if (ll - lf >= 1) g_a = alloc_or_wait(D(d), gb, "dx a");
-  if (ll - lf >= 2) g_b = alloc_or_wait(D(d), gb, "dx b");
-  if (criterion) {
-    targets = alloc_or_wait(D(d), Bytes(n) * T * 4, "targets");
-    D(d).copy_h2d(S(o), targets.data(), tgt.data() + static_cast<std::size_t>(s0) * T, Bytes(n) * T * 4);
-  }
-  BasicDeviceOps<E> ops(D(d), S(o));
-  E* spare = g_a.as<E>();
-  E* other = g_b.as<E>();
-  for (int l = ll; l >= lf; --l) {
-    LayerArgs<E> a;
-    a.B = n;
-    a.T = T;
-    a.w = W.buf.as<E>() + w_offset(pack, l);
-    a.dw = dw + w_offset(pack, l);
-    const void* x = l == lf ? x0.buf.data() : store.get(o, tid(o, core::FlowKind::RecX, l, s0, n)).buf.data();
-    if (l == 0) {
-      a.tokens = static_cast<const std::int32_t*>(x);
-    } else {
-      a.x = static_cast<const E*>(x);
-    }
-    a.targets = targets.as<std::int32_t>();
-    a.act = store.get(o, tid(o, core::FlowKind::RecAct, l, s0, n)).buf.as<E>();
-    a.dy = dy;
-    a.scratch = scr.as<E>();
-    a.loss_scale = 1.0f / static_cast<float>(static_cast<std::size_t>(B) * static_cast<std::size_t>(T));
-    E* dx = nullptr;
-    if (l > 0) dx = l == lf ? make(o, tid(o, core::FlowKind::Grad, lf, s0, n), gb).buf.as<E>() : spare;
-    a.dx = dx;
-    m.backward(ops, l, a);
-    dy = dx;
-    std::swap(spare, other);
-  }
-  for (Buffer* b : {&scr, &targets, &g_a, &g_b}) release_after(o, *b);  // after the kernels, in stream order
-}
-
 void HarmonyInterpreter::run_op(int o) {
   const core::Op& op = p.ops[static_cast<std::size_t>(o)];
   switch (op.kind) {
     case OpKind::WB:
-      return run_wb(o, op);
-    case OpKind::X:
-      return run_x(o, op);
-    case OpKind::sX:
-      return run_sx(o, op);
-    case OpKind::MSGsX:
-    case OpKind::MSGY:
-      return run_msg(o, op);
-    case OpKind::Y:
-    case OpKind::dX:
-    case OpKind::dY:
-      return run_swap(o, op);
+      return run_wb(o);
     case OpKind::FWD:
     case OpKind::REC:
-      return run_fwd(o, op);
+      return forward(o);
     case OpKind::BWD:
-      if (dt == DType::BF16) {
-        run_bwd<Bf16>(o, op);
-      } else {
-        run_bwd<float>(o, op);
-      }
-      return;
-    case OpKind::ARD:
-      return;  // run as a group (run_ard)
+      return backward(o);
     case OpKind::dWB:
       return run_dwb(o, op);
     case OpKind::Update:
       return run_update(o, op);
-    case OpKind::DEL:
-      return run_del(o);
     default:
       throw BackendError(fmt::format("executor: op {}: kind {} not supported", label(o), core::op_kind_name(op.kind)));
   }
-}
-
-void HarmonyInterpreter::run_wb(int o, const core::Op& op) {
-  const int lf = op.layers.first, ll = op.layers.last;
-  FlowData& w = make(o, task_tid(o, core::FlowKind::W), w_floats(op.layers) * es);
-  std::vector<std::span<const float>> src;  // the pack's layers, one after another
-  for (int l = lf; l <= ll; ++l) src.push_back(st.weights(l));
-  weights_up(o, w.buf.data(), src);
-}
-
-void HarmonyInterpreter::run_x(int o, const core::Op& op) {
-  const int d = op.device, lf = op.layers.first;
-  const auto [s0, n] = samples(o);
-  const Bytes b = Bytes(n) * per_sample(lf);
-  if (flow(o).layers.first == 0) {  // the task with layer 0: the tokens
-    tokens_in(o, tid(o, core::FlowKind::Act, 0, s0, n), s0, n);
-  } else if (const core::FlowTensor* h = host_in(o)) {  // a CPU message's or a swap's channel
-    const std::byte* src = host_read(o, host_chan(h->kind), lf, s0, n);
-    FlowData& x = make(o, tid(o, core::FlowKind::Act, lf, s0, n), b);
-    D(d).copy_h2d(S(o), x.buf.data(), src, b);
-  } else {
-    throw BackendError(fmt::format("executor: op {}: unsupported input medium", label(o)));
-  }
-}
-
-void HarmonyInterpreter::run_sx(int o, const core::Op& op) {
-  const int d = op.device, lf = op.layers.first;
-  const auto [s0, n] = samples(o);
-  const Bytes b = Bytes(n) * per_sample(lf);
-  if (flow(o).pass == core::Pass::Fwd) {  // stash out
-    const FlowData& x = store.get(o, tid(o, core::FlowKind::Act, lf, s0, n));
-    D(d).copy_d2h(S(o), host_write(o, host_chan(host_out(o)->kind), lf, s0, n), x.buf.data(), b);
-  } else {  // stash in (the message's channel, or the stash's where the message stayed on its rank)
-    const std::byte* src = host_read(o, host_chan(host_in(o)->kind), lf, s0, n);
-    FlowData& x = make(o, tid(o, core::FlowKind::Stash, lf, s0, n), b);
-    D(d).copy_h2d(S(o), x.buf.data(), src, b);
-  }
-}
-
-void HarmonyInterpreter::run_msg(int o, const core::Op& op) {
-  const auto [s0, n] = samples(o);
-  const int l = op.kind == OpKind::MSGsX ? op.layers.first : op.layers.last + 1;
-  const HC from = host_chan(host_in(o)->kind);
-  const HC to = host_chan(host_out(o)->kind);
-  const std::byte* src = host_read(o, from, l, s0, n);
-  std::byte* dst = host_write(o, to, l, s0, n);  // within one rank the same channel (the dataflow's): nothing to copy
-  if (dst != src) std::memcpy(dst, src, static_cast<std::size_t>(Bytes(n) * per_sample(l)));
-}
-
-void HarmonyInterpreter::run_swap(int o, const core::Op& op) {
-  const int d = op.device;
-  const int lf = op.layers.first, ll = op.layers.last;
-  const auto [s0, n] = samples(o);
-  switch (op.kind) {
-    case OpKind::Y: {  // swap out (P2P runs as a pair)
-      const FlowData& y = store.get(o, tid(o, core::FlowKind::Act, ll + 1, s0, n));
-      D(d).copy_d2h(S(o), host_write(o, HC::YSwap, ll + 1, s0, n), y.buf.data(), Bytes(n) * per_sample(ll + 1));
-      return;
-    }
-    case OpKind::dX: {
-      const FlowData& g = store.get(o, tid(o, core::FlowKind::Grad, lf, s0, n));
-      D(d).copy_d2h(S(o), host_write(o, HC::DXSwap, lf, s0, n), g.buf.data(), Bytes(n) * per_sample(lf));
-      return;
-    }
-    default: {  // dY
-      const std::byte* src = host_read(o, HC::DXSwap, ll + 1, s0, n);
-      FlowData& g = make(o, tid(o, core::FlowKind::Grad, ll + 1, s0, n), Bytes(n) * per_sample(ll + 1));
-      D(d).copy_h2d(S(o), g.buf.data(), src, Bytes(n) * per_sample(ll + 1));
-      return;
-    }
-  }
-}
-
-void HarmonyInterpreter::run_fwd(int o, const core::Op& op) {
-  const int d = op.device;
-  const int lf = op.layers.first, ll = op.layers.last;
-  const auto [s0, n] = samples(o);
-  const core::LayerRange pack = flow(o).layers;
-  const FlowData& W = store.get(o, task_tid(o, core::FlowKind::W));
-  if (op.kind == OpKind::REC) {  // from the stash, or (the task with the criterion) the activation it received
-    const FlowData& x = store.get(o, flow(o).reads[1]);
-    forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), -1, true);
-    return;
-  }
-  const FlowData& x = store.get(o, tid(o, core::FlowKind::Act, lf, s0, n));
-  forward_range(o, d, pack, W, lf, ll, s0, n, x.buf.data(), tid(o, core::FlowKind::Act, ll + 1, s0, n), false);
 }
 
 void HarmonyInterpreter::run_dwb(int o, const core::Op& op) {
@@ -301,55 +65,6 @@ void HarmonyInterpreter::run_update(int o, const core::Op& op) {
   // gradients and moments; for layer 0 also the head's lm_head gradient and weight) no other op touches
   // until the next step — the deps order the pack's WBs and dWBs before it, tie_edges the head's dWB.
   if (owns_update(op)) unlocked([&] { note_nonfinite(update_layers(st, opt.adamw, lf, ll, qr.adamw(o))); });
-}
-
-void HarmonyInterpreter::run_del(int o) {
-  for (const int id : flow(o).frees) store.drop_all(id);
-}
-
-void HarmonyInterpreter::run_ard(const std::vector<int>& group) {
-  const core::Op& o0 = p.ops[static_cast<std::size_t>(group.front())];
-  const std::int64_t count = w_floats(o0.layers);
-  if (qr.device_sums(group)) {
-    std::vector<void*> bufs;
-    bufs.reserve(group.size());
-    for (const int a : group) {
-      bufs.push_back(update(a, task_tid(a, core::FlowKind::DW), count * es).buf.data());
-    }
-    qr.all_reduce(group, bufs, count, dt);
-    return;
-  }
-  // The host path (no communicator, or a group that does not span the communicator's ranks in order).
-  // The host sums what each replica's copy brought (it waits for that replica's stream: the host reads the
-  // data); the sum goes up by async copies, so its buffers live until every replica's stream has run them.
-  auto sum = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count));
-  std::vector<float> part(dt == DType::BF16 ? 0 : static_cast<std::size_t>(count));
-  auto raw = std::make_shared<std::vector<Bf16>>(dt == DType::BF16 ? static_cast<std::size_t>(count) : 0);
-  for (std::size_t r = 0; r < group.size(); ++r) {
-    const core::Op& op = p.ops[static_cast<std::size_t>(group[r])];
-    const FlowData& g = store.get(group[r], task_tid(group[r], core::FlowKind::DW));
-    if (dt == DType::BF16) {
-      D(op.device).copy_d2h(S(group[r]), raw->data(), g.buf.data(), count * es);
-      sync(group[r]);
-      add_in_rank_order<Bf16>(*sum, *raw, r);  // widened, as all_reduce_sum_bf16 adds
-    } else {
-      D(op.device).copy_d2h(S(group[r]), part.data(), g.buf.data(), count * kF);
-      sync(group[r]);
-      add_in_rank_order(*sum, part, r);
-    }
-  }
-  if (dt == DType::BF16) store_sum(*raw, *sum);  // the fp32 sum rounded once
-  for (int a : group) {
-    const core::Op& op = p.ops[static_cast<std::size_t>(a)];
-    FlowData& g = update(a, task_tid(a, core::FlowKind::DW), count * es);
-    if (dt == DType::BF16) {
-      D(op.device).copy_h2d(S(a), g.buf.data(), raw->data(), count * es);
-      keep_until_done(a, raw);
-    } else {
-      D(op.device).copy_h2d(S(a), g.buf.data(), sum->data(), count * kF);
-      keep_until_done(a, sum);
-    }
-  }
 }
 
 }  // namespace harmony::backend::detail::harmony_impl

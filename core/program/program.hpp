@@ -155,6 +155,12 @@ struct Program {
 inline constexpr Bytes kStagingChunkBytes = Bytes{32} << 20;  // the executor's default chunk
 Bytes staging_ring_bytes(const Program& program, bool host_sums, Bytes chunk_bytes = kStagingChunkBytes);
 
+// The ops run together with each op (per op, the group it belongs to): a P2P pair, send first (Y, dX before their
+// receivers); the collectives (ARD, AG, RS), the k-th of each device per (kind, layers, microbatch) together, in device
+// order; every other op alone. From the ops alone (a Program lowered without its dataflow too): harmony-run's executor
+// runs the groups (and checks one member per GPU), harmony-sim's serial replay predicts its peak with them.
+std::vector<std::vector<int>> op_groups(const Program& program);
+
 // Structural checks: dependency indices in range, peers symmetric, every queue position consistent,
 // and no cycle through dependencies and queue order (ProgramGraph). Throws ScheduleError naming ops.
 void validate_program(const Program& program);

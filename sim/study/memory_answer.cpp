@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
 #include <numeric>
-#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -31,41 +29,13 @@ std::size_t z(int i) { return static_cast<std::size_t>(i); }
 // candidates fits is answered with the one nearest to fitting.
 constexpr std::size_t kMaxLowered = 8;
 
-// The ops the serial executor runs together with `o`: a P2P pair (send first), or a collective's members (ARD, AG,
-// RS of the same layers and microbatch, the k-th such op of each device together), in device order.
-std::vector<std::vector<int>> op_groups(const core::Program& p) {
-  using core::OpKind;
-  std::vector<std::vector<int>> groups(p.ops.size());
-  std::map<std::tuple<int, int, int, int, int>, int> occurrence;  // (kind, first, ui, device, -) -> count so far
-  std::map<std::tuple<int, int, int, int>, std::vector<int>> coll;
-  for (std::size_t o = 0; o < p.ops.size(); ++o) {
-    const core::Op& op = p.ops[o];
-    const int oo = static_cast<int>(o);
-    if (op.peer >= 0) {
-      const bool send = op.kind == OpKind::Y || op.kind == OpKind::dX;
-      groups[o] = send ? std::vector<int>{oo, op.peer} : std::vector<int>{op.peer, oo};
-    } else if (op.kind == OpKind::ARD || op.kind == OpKind::AG || op.kind == OpKind::RS) {
-      const int k = occurrence[{static_cast<int>(op.kind), op.layers.first, op.ui, op.device, 0}]++;
-      coll[{static_cast<int>(op.kind), op.layers.first, op.ui, k}].push_back(oo);
-    } else {
-      groups[o] = {oo};
-    }
-  }
-  for (auto& [key, members] : coll) {
-    std::stable_sort(members.begin(), members.end(),
-                     [&](int a, int b) { return p.ops[z(a)].device < p.ops[z(b)].device; });
-    for (int a : members) groups[z(a)] = members;
-  }
-  return groups;
-}
-
 }  // namespace
 
 std::optional<std::vector<core::Bytes>> serial_peak_bytes(const core::Program& p) {
   int devices = std::max(p.num_devices(), 1);
   for (const core::Op& op : p.ops) devices = std::max(devices, op.device + 1);
   std::vector<core::Bytes> mem(z(devices), 0), peak(z(devices), 0);
-  const std::vector<std::vector<int>> groups = op_groups(p);
+  const std::vector<std::vector<int>> groups = core::op_groups(p);  // as harmony-run's executor groups them
   std::vector<char> done(p.ops.size(), 0);
   std::vector<std::size_t> head(p.queues.size(), 0);
   auto ready = [&](int o) {

@@ -1,0 +1,62 @@
+// FlowInterpreter's sharded collectives for every kind (flow_interpreter.hpp): the all-gather of a layer's weights
+// from its ranks' shards (AG) and the reduce-scatter of its gradient into them (RS), each member's tensors as its
+// dataflow names them, on the devices or through the host.
+#include <algorithm>
+
+#include "backend/executor/flow_interpreter.hpp"
+
+namespace harmony::backend::detail {
+
+void FlowInterpreter::run_ag(const std::vector<int>& g) {
+  const int l = at(g.front()).layers.first;
+  std::vector<FlowData*> full;  // every member's copy of the layer (what it writes)
+  full.reserve(g.size());
+  for (const int a : g) full.push_back(&make(a, flow(a).writes[0], m.param_floats(l) * es));
+  // Each rank's stream copies its shard (what it reads) into every rank's copy; every member's stream then waits for
+  // the others (record_group), so what reads a full copy follows all the copies into it.
+  for (const int a : g) {
+    const int r = at(a).device;
+    if (shard_len(l, r) == 0) continue;
+    const void* src = store.get(a, flow(a).reads[0]).data();
+    for (std::size_t q = 0; q < g.size(); ++q) {
+      const int dq = at(g[q]).device;
+      D(r).copy_d2d(S(a), full[q]->buf.as<std::byte>() + shard_first(l, r) * es, src, shard_len(l, r) * es, &D(dq));
+      full[q]->users.push_back(a);
+    }
+  }
+}
+
+void FlowInterpreter::run_rs(const std::vector<int>& g) {
+  const int l = at(g.front()).layers.first;
+  const std::int64_t count = m.param_floats(l);
+  const Bytes shard_bytes = std::max<std::int64_t>(1, shard_floats(l)) * es;
+  const auto last_reader = [&](int a) { return store.last_reader(a, dw_id(a)); };
+  if (qr.device_sums(g) && std::all_of(g.begin(), g.end(), last_reader)) {
+    std::vector<void*> bufs;
+    std::vector<FlowData*> shards;
+    bufs.reserve(g.size());
+    shards.reserve(g.size());
+    for (const int a : g) {
+      FlowData& full = store.get(a, dw_id(a));
+      store.writable(a, dw_id(a));  // true (the last reader): its stream waits
+      bufs.push_back(full.data());
+      shards.push_back(&make(a, flow(a).writes[0], shard_bytes));
+    }
+    qr.all_reduce(g, bufs, count, dt);
+    for (std::size_t r = 0; r < g.size(); ++r) {
+      const int a = g[r], d = at(a).device;
+      if (shard_len(l, d) > 0)
+        D(d).copy_d2d(S(a), shards[r]->data(), static_cast<std::byte*>(bufs[r]) + shard_first(l, d) * es,
+                      shard_len(l, d) * es);
+    }
+    return;
+  }
+  const auto sum = summed_dw(g, count);
+  for (const int a : g) {
+    const int d = at(a).device;
+    FlowData& t = make(a, flow(a).writes[0], shard_bytes);
+    if (shard_len(l, d) > 0) grads_up(a, d, t.data(), sum, shard_first(l, d), shard_len(l, d));
+  }
+}
+
+}  // namespace harmony::backend::detail
