@@ -871,12 +871,12 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   // A mixed-precision model's step takes its gradients in and hands its weights out in the 2-byte type: the rate
   // measured with those casts fused (cpu_adam.bandwidth_bf16 / _fp16, `harmony-run probe`) where the machine gives
   // one. A pure 2-byte step casts nothing: the plain rate over its 2-byte tensors (half the FP32 step's bytes).
-  const bool casts = fp32_optimizer(spec);
-  const double cast_bps = !casts                      ? 0.0
+  const bool fp32_step = fp32_optimizer(spec);
+  const double cast_bps = !fp32_step                  ? 0.0
                           : spec.dtype == DType::Bf16 ? cpu.bf16_bytes_per_s
                           : spec.dtype == DType::Fp16 ? cpu.fp16_bytes_per_s
                                                       : 0.0;
-  const double step_bytes_per_param = fp32_optimizer(spec) ? 4.0 : 2.0;
+  const double step_bytes_per_param = fp32_step ? 4.0 : 2.0;
   const double adam_bps = cast_bps > 0 ? cast_bps : cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
   const double adam_layer_s = cpu.per_layer_s > 0 ? cpu.per_layer_s : kDefaultAdamLayerS;
   const double bpe = dtype_bytes(spec.dtype);
@@ -884,7 +884,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   Model m;
   m.name = spec.name.empty() ? derived_name(spec) : spec.name;
   m.source = "analytic";
-  m.fp32_optimizer = fp32_optimizer(spec);
+  m.fp32_optimizer = fp32_step;
   m.ubatch_fwd = spec.ubatch_sizes;
   m.ubatch_bwd = spec.ubatch_sizes;
 
