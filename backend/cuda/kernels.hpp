@@ -1,5 +1,5 @@
-// Host launchers of the CUDA device's own kernels (backend/cuda/kernels.cu): everything but the GEMMs, which
-// are cuBLAS calls (gemm.cpp). Plain C++ so the device code stays in one nvcc unit. Every launcher enqueues
+// Host launchers of the CUDA device's own kernels (backend/cuda/kernels.cu, llama_kernels.cu): everything but the
+// GEMMs, which are cuBLAS calls (gemm.cpp). Plain C++, so only the nvcc units see device code. Every launcher enqueues
 // on `stream` and checks the launch; bad token ids are reported through the stream's ErrorRecord (error_record.hpp).
 // The tensor launchers are templates over the storage type S, instantiated for float and Bf16 (stored as __nv_bfloat16:
 // loads widen to fp32, every kernel computes in fp32, stores round to nearest even once).
