@@ -38,7 +38,7 @@ const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "n
 const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
 const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
-const std::vector<std::string> kKernelStyles = {"eager", "fused", "flash"};
+const std::vector<std::string> kKernelStyles = {"eager", "fused", "flash", "sdpa"};  // KernelStyle order
 const std::vector<std::string> kBertHeads = {"mlm", "classifier"};
 const std::vector<std::string> kGptHeads = {"lm", "none"};
 

@@ -54,9 +54,9 @@ LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int>
   return d;
 }
 
-// GELU: eager runs the Python formula op by op; fused (and flash) is one kernel.
+// GELU: eager (and sdpa) runs the Python formula op by op; fused (and flash) is one kernel.
 int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form) {
-  if (s.kernels != KernelStyle::Eager) return b.unary("gelu", x, 1, {3});
+  if (!eager_ops(s)) return b.unary("gelu", x, 1, {3});
   if (tanh_form) {
     // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  (Hugging Face gelu_new)
     const int half = b.scale("gelu.0.5x", x);
@@ -91,10 +91,12 @@ using namespace analytic_detail;  // NOLINT(google-build-using-namespace): the f
 enum class BlockPart { Whole, Attn, Mlp };
 
 // GPT's attention core: ln_1, c_attn and the attention (eager: Hugging Face's explicit scores, causal mask and
-// softmax; fused: one masked softmax; flash: one kernel); returns the context. Eager also keeps `present`.
+// softmax; fused: one masked softmax; flash: one kernel; sdpa: eager's copies, then one kernel on them); returns the
+// context. Eager (and sdpa) also keeps `present`.
 int gpt_attention(Builder& b, const AnalyticSpec& s, int x, int& present) {
-  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool eager = eager_ops(s);
   const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
+  const bool sdpa = s.kernels == KernelStyle::Sdpa;    // eager, with the attention core one SDPA kernel
   const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh;
   const int a = b.layernorm("ln_1", x, h);
   const int qkv = b.linear("c_attn", a, T, h, 3 * h, true);
@@ -107,6 +109,8 @@ int gpt_attention(Builder& b, const AnalyticSpec& s, int x, int& present) {
     v = b.copy("v.contiguous", qkv, T * h);
   }
   if (flash) return b.flash_attention("flash_attention", {qkv}, nh, T, d);  // q, k, v: views of the packed qkv
+  // is_causal: no mask tensor and no registered mask buffer counted
+  if (sdpa) return b.flash_attention("sdpa_attention", {q, k, v}, nh, T, d);
   const int sc = b.bmm("q@k", q, k, nh, T, T, d);
   int p = -1;
   if (eager) {
@@ -130,8 +134,9 @@ int gpt_attention(Builder& b, const AnalyticSpec& s, int x, int& present) {
 
 // BERT's attention core: query, key, value and the attention with the additive mask; returns the context.
 int bert_attention(Builder& b, const AnalyticSpec& s, int x, int mask) {
-  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool eager = eager_ops(s);
   const bool flash = s.kernels == KernelStyle::Flash;  // fused, with the attention core one FlashAttention kernel
+  const bool sdpa = s.kernels == KernelStyle::Sdpa;    // eager, with the attention core one SDPA kernel
   const double T = s.seq_len, h = s.hidden, nh = s.heads, d = h / nh;
   int q = b.linear("query", x, T, h, h, true);
   int k = b.linear("key", x, T, h, h, true);
@@ -142,6 +147,7 @@ int bert_attention(Builder& b, const AnalyticSpec& s, int x, int mask) {
     v = b.copy("v.contiguous", v, T * h);
   }
   if (flash) return b.flash_attention("flash_attention", {q, k, v}, nh, T, d);  // the mask's read is negligible
+  if (sdpa) return b.flash_attention("sdpa_attention", {q, k, v}, nh, T, d);    // the mask's read is negligible
   const int sc = b.bmm("q@k", q, k, nh, T, T, d);
   int p = -1;
   if (eager) {
@@ -159,7 +165,7 @@ int bert_attention(Builder& b, const AnalyticSpec& s, int x, int mask) {
 // LayerNorm); returns the block's hidden state after the attention half.
 int attention_output(Builder& b, const AnalyticSpec& s, int ctx, int resid) {
   const bool gpt = s.family == ModelFamily::Gpt;
-  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool eager = eager_ops(s);
   const double T = s.seq_len, h = s.hidden;
   const int merged = b.copy("merge_heads", ctx, T * h);
   const int o = b.linear(gpt ? "c_proj" : "attn.dense", merged, T, h, h, true);
@@ -174,7 +180,7 @@ int attention_output(Builder& b, const AnalyticSpec& s, int ctx, int resid) {
 // returns the block's output. GPT's eager `present` lives to here.
 int mlp_half(Builder& b, const AnalyticSpec& s, int x1, int present) {
   const bool gpt = s.family == ModelFamily::Gpt;
-  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool eager = eager_ops(s);
   const double T = s.seq_len, h = s.hidden, f = s.ffn > 0 ? s.ffn : 4.0 * h;
   const int m_in = gpt ? b.layernorm("ln_2", x1, h) : x1;
   const int f1 = b.linear(gpt ? "c_fc" : "intermediate.dense", m_in, T, h, f, true);
@@ -269,7 +275,7 @@ std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
     const int logits = b.input(T * V, b.bpe(), true);
     int x = logits;
     double rows = T;
-    if (s.kernels == KernelStyle::Eager) {  // logits[..., :-1, :].contiguous()
+    if (eager_ops(s)) {  // logits[..., :-1, :].contiguous()
       rows = T - 1;
       x = b.slice_copy("shift_logits", logits, rows * V);
     }

@@ -34,6 +34,8 @@ enum class KernelStyle {
   Eager,  // op by op as PyTorch eager runs the Hugging Face code the bundled profiles measured
   Fused,  // fused scale-mask-softmax, GELU and bias-dropout-residual kernels (Megatron style); no flash attention
   Flash,  // as Fused, with the attention core (q k^T, softmax, dropout, p v) one FlashAttention (v1) kernel
+  Sdpa,   // as Eager, with the attention core one torch.nn.functional.scaled_dot_product_attention kernel (Hugging
+          // Face attn_implementation="sdpa", transformers' default since 4.36): no T x T tensor, a recomputing backward
 };
 enum class BertHead { Mlm, Classifier };
 enum class AttnBias {
@@ -43,7 +45,7 @@ enum class AttnBias {
 };
 enum class MlpActivation {
   Gelu,     // one GELU kernel in every kernel style (PyTorch's gelu, exact or tanh)
-  GeluNew,  // eager: GPT-2's Python tanh formula, 8 elementwise kernels; fused and flash: one kernel
+  GeluNew,  // eager and sdpa: GPT-2's Python tanh formula, 8 elementwise kernels; fused and flash: one kernel
 };
 enum class GptHead {
   Lm,    // LM head (vocabulary projection) and cross-entropy over the vocabulary

@@ -89,6 +89,12 @@ constexpr double kMaskBytes = 1;  // bool dropout masks
 
 inline double dtype_bytes(DType d) { return d == DType::Fp32 ? 4.0 : 2.0; }
 
+// Whether the ops outside the attention core run op by op as PyTorch eager runs the Hugging Face code: the eager
+// style, and sdpa (which differs from it only in the attention core).
+inline bool eager_ops(const AnalyticSpec& s) {
+  return s.kernels == KernelStyle::Eager || s.kernels == KernelStyle::Sdpa;
+}
+
 // Builds one layer's graph; `bpe` is the activation and weight element size.
 class Builder {
  public:
@@ -318,7 +324,7 @@ class Builder {
 
   // LayerNorm over the last dimension `h`: saves its input (and per-row statistics, ignored). Eager is
   // PyTorch 1.x's kernels: row moments, then normalise; backward: per-row sums, dX, then dgamma/dbeta.
-  // Fused is one pass forward, two backward (Apex style).
+  // Fused is one pass forward, two backward (Apex style). Sdpa runs eager's kernels.
   int layernorm(const char* name, int x, double h) {
     params += static_cast<std::int64_t>(2 * h);
     param_tensors += 2;  // weight, bias
@@ -329,7 +335,7 @@ class Builder {
     op.saved = {x};
     op.weight_grad_bytes = 2 * h * bpe_;
     const double n = ps_bytes(x);
-    if (spec_.kernels == KernelStyle::Eager) {
+    if (eager_ops(spec_)) {
       op.fwd = {mem(n), mem(2 * n)};                  // moments (read X); normalise (read X, write Y)
       op.bwd = {mem(2 * n), mem(3 * n), mem(2 * n)};  // row sums of dY, dY*X; dX; dgamma, dbeta
     } else {
@@ -526,8 +532,8 @@ class Builder {
 // The layer `b` built: its graph with `outputs` (the backward of ops that feed no output dropped), parameters, buffers.
 LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int> outputs);
 
-// GELU: eager runs the Python formula op by op (`tanh_form`: GPT-2's gelu_new; else BERT's erf form); fused and
-// flash one kernel.
+// GELU: eager and sdpa run the Python formula op by op (`tanh_form`: GPT-2's gelu_new; else BERT's erf form); fused
+// and flash one kernel.
 int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form);
 
 // ---- analytic_llama.cpp: the Llama family (Llama, Mistral, Qwen2) and GPT-NeoX

@@ -1,7 +1,7 @@
 // The analytic models of today's decoders: the Llama family (Llama 2 and 3, Mistral, Qwen2: RMSNorm, rotary
 // positions, grouped-query attention, SwiGLU, optional biases and a sliding window) and GPT-NeoX (Pythia: LayerNorm,
 // partial rotary positions, parallel attention and GELU MLP), each layer a graph on analytic_graph.hpp's Builder in
-// the three kernel styles, and their named shapes. docs/validation.md ("The Llama family and GPT-NeoX") has the
+// the four kernel styles, and their named shapes. docs/validation.md ("The Llama family and GPT-NeoX") has the
 // formulas.
 #include <algorithm>
 #include <string>
@@ -100,10 +100,10 @@ int gain(Builder& b, const char* name, int x, double h) {
 
 // RMSNorm over h with `rows` rows per sample. Eager is Hugging Face's LlamaRMSNorm op by op: x.to(fp32),
 // pow(2), mean, + eps, rsqrt, x * rsqrt, .to(dtype), weight * x (8 kernels; the casts vanish in fp32), keeping
-// the FP32 input copy, the row rsqrt and the normalised x for the backward. Fused is one kernel that saves x and
-// the row rsqrt (FP32); its backward two (dX, then dweight), as the fused LayerNorm.
+// the FP32 input copy, the row rsqrt and the normalised x for the backward (sdpa the same). Fused is one kernel that
+// saves x and the row rsqrt (FP32); its backward two (dX, then dweight), as the fused LayerNorm.
 int rmsnorm(Builder& b, const AnalyticSpec& s, const char* name, int x, double rows, double h) {
-  if (s.kernels != KernelStyle::Eager) {
+  if (!eager_ops(s)) {
     b.params += static_cast<std::int64_t>(h);
     ++b.param_tensors;
     Op op;
@@ -141,12 +141,12 @@ int rmsnorm(Builder& b, const AnalyticSpec& s, const char* name, int x, double r
 // possibly a view into a packed qkv); `cs` holds cos and sin. Eager is Hugging Face's apply_rotary_pos_emb on the
 // rotated part: rotate_half (the negated second half, then a cat), x * cos, rotate_half(x) * sin, their sum (5
 // kernels; the backward's 4 are the two products', the negation's and the halves' scatter into dX), then (rd < d,
-// GPT-NeoX) a cat with the part that passes. Fused is one kernel that reads x, cos and sin and writes the result
-// (apex / Megatron fused RoPE); its backward one. Neither saves more than cos and sin.
+// GPT-NeoX) a cat with the part that passes (sdpa the same). Fused is one kernel that reads x, cos and sin and
+// writes the result (apex / Megatron fused RoPE); its backward one. Neither saves more than cos and sin.
 int rope(Builder& b, const AnalyticSpec& s, const char* name, int x, double T, double heads, double d, double rd,
          int cs) {
   const double full = T * heads * d, rot = T * heads * rd;
-  if (s.kernels != KernelStyle::Eager) {
+  if (!eager_ops(s)) {
     Op op;
     op.name = name;
     op.inputs = {x, cs};
@@ -200,10 +200,12 @@ int repeat_kv(Builder& b, const char* name, int x, double T, double kvh, double 
 // + mask) v over nh query heads sharing kvh key/value heads, each query against Tk keys (T, or the window), in one
 // kernel that never writes the scores. As analytic_graph's flash_attention (v1) otherwise: forward 2 GEMMs (2 nh T
 // Tk d each), backward 5; reads q, k, v, writes o and the log-sum-exp; saves q, k, v, o and the log-sum-exp. The
-// causal (or banded) tiles it skips are counted, as the fused style's bmms count them.
-int flash_attention(Builder& b, const std::vector<int>& qkv, double nh, double kvh, double T, double Tk, double d) {
+// causal (or banded) tiles it skips are counted, as the fused style's bmms count them. `name`: flash_attention, or
+// sdpa_attention (PyTorch's scaled_dot_product_attention on its flash or memory-efficient backend: the same costs).
+int flash_attention(Builder& b, const char* name, const std::vector<int>& qkv, double nh, double kvh, double T,
+                    double Tk, double d) {
   Op op;
-  op.name = "flash_attention";
+  op.name = name;
   op.inputs = qkv;
   op.output = b.act(T * nh * d);
   const int lse = b.tensor(T * nh, 4, false);
@@ -264,10 +266,14 @@ int norm(Builder& b, const AnalyticSpec& s, const char* name, int x, const Shape
 // GQA), scores = q k^T (every key: a sliding window is only in the mask), * 1/sqrt(d), + the causal mask, softmax in
 // FP32 (casts around it in fp16/bf16), p v, heads merged, o_proj. Fused: one packed qkv GEMM, fused RoPE, k and v
 // repeated, scores, one scale-mask-softmax kernel, p v, heads merged, o_proj. Flash: packed qkv, fused RoPE, one
-// FlashAttention-2 kernel over the kv heads (the window's keys only), o_proj on its [T, heads, d] output.
+// FlashAttention-2 kernel over the kv heads (the window's keys only), o_proj on its [T, heads, d] output. Sdpa: eager
+// up to the scores (q made contiguous; k and v repeated to all heads by repeat_kv, as transformers' SDPA path does
+// whenever it passes a mask or runs on torch < 2.5, and up to 4.47 always; else copied contiguous), then one SDPA
+// kernel over all heads and every key (a sliding window is a T x T mask the kernel reads), heads merged, o_proj.
 int attention(Builder& b, const AnalyticSpec& s, int a, const Shape& z) {
-  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool eager = eager_ops(s);
   const bool flash = s.kernels == KernelStyle::Flash;
+  const bool sdpa = s.kernels == KernelStyle::Sdpa;
   const bool qkv_bias = s.attn_bias != AttnBias::None, o_bias = s.attn_bias == AttnBias::All;
   const double q_n = z.nh * z.d, kv_n = z.kvh * z.d;
   int q = -1, k = -1, v = -1;
@@ -293,7 +299,7 @@ int attention(Builder& b, const AnalyticSpec& s, int a, const Shape& z) {
     for (int t : {k, v}) {
       if (std::find(in.begin(), in.end(), t) == in.end()) in.push_back(t);
     }
-    ctx = flash_attention(b, in, z.nh, z.kvh, z.T, z.Tk, z.d);
+    ctx = flash_attention(b, "flash_attention", in, z.nh, z.kvh, z.T, z.Tk, z.d);
   } else {
     if (eager) q = b.copy("q.contiguous", q, z.T * q_n);
     const bool gqa = z.kvh < z.nh;
@@ -304,17 +310,30 @@ int attention(Builder& b, const AnalyticSpec& s, int a, const Shape& z) {
       k = b.copy("k.contiguous", k, z.T * kv_n);
       v = b.copy("v.contiguous", v, z.T * kv_n);
     }
-    const int sc = b.bmm("q@k", q, k, z.nh, z.T, z.T, z.d);
-    int p = -1;
-    if (eager) {
-      const int mask = constant(b, "causal_mask", z.T * z.T);
-      const int w = with_const(b, "scores+mask", b.scale("scores*scaling", sc), z.nh * z.T * z.T, mask, true);
-      const int w32 = cast(b, "scores.to_fp32", w, 4);
-      p = cast(b, "probs.to_dtype", elementwise(b, "softmax", w32, z.nh * z.T * z.T, 4, 2, {3}), b.bpe());
+    if (sdpa) {
+      // a sliding window is a T x T mask (the memory-efficient backend), read by the kernel and saved for its backward
+      const int mask = s.sliding_window > 0 ? constant(b, "window_mask", z.T * z.T) : -1;
+      ctx = flash_attention(b, "sdpa_attention", {q, k, v}, z.nh, z.nh, z.T, z.T, z.d);
+      if (mask >= 0) {
+        Op& core = b.graph.ops.back();
+        core.inputs.push_back(mask);
+        core.saved.push_back(mask);
+        core.fwd[0].fixed_bytes += b.fixed_bytes(mask);
+        core.bwd[0].fixed_bytes += b.fixed_bytes(mask);
+      }
     } else {
-      p = b.softmax("scale_mask_softmax", sc);
+      const int sc = b.bmm("q@k", q, k, z.nh, z.T, z.T, z.d);
+      int p = -1;
+      if (eager) {
+        const int mask = constant(b, "causal_mask", z.T * z.T);
+        const int w = with_const(b, "scores+mask", b.scale("scores*scaling", sc), z.nh * z.T * z.T, mask, true);
+        const int w32 = cast(b, "scores.to_fp32", w, 4);
+        p = cast(b, "probs.to_dtype", elementwise(b, "softmax", w32, z.nh * z.T * z.T, 4, 2, {3}), b.bpe());
+      } else {
+        p = b.softmax("scale_mask_softmax", sc);
+      }
+      ctx = b.bmm("p@v", p, v, z.nh, z.T, z.d, z.T);
     }
-    ctx = b.bmm("p@v", p, v, z.nh, z.T, z.d, z.T);
     ctx = b.copy("merge_heads", ctx, z.T * q_n);
   }
   return b.linear(z.llama ? "o_proj" : "dense", ctx, z.T, q_n, z.h, o_bias);
@@ -330,7 +349,7 @@ int mlp(Builder& b, const AnalyticSpec& s, int a, const Shape& z) {
     return b.linear("dense_4h_to_h", g, z.T, z.f, z.h, s.mlp_bias);
   }
   int m = -1;
-  if (s.kernels == KernelStyle::Eager) {
+  if (eager_ops(s)) {
     const int gate = b.linear("gate_proj", a, z.T, z.h, z.f, s.mlp_bias);
     const int up = b.linear("up_proj", a, z.T, z.h, z.f, s.mlp_bias);
     m = b.mul("act*up", b.unary("silu", gate, 1, {3}), up);
@@ -389,7 +408,7 @@ std::vector<LayerDef> decoder_layers(const AnalyticSpec& s) {
   }
   AnalyticSpec fp32 = s;  // the eager criterion computes in FP32
   fp32.dtype = DType::Fp32;
-  const bool eager = s.kernels == KernelStyle::Eager;
+  const bool eager = eager_ops(s);
   Builder b(eager ? fp32 : s);
   const int logits = b.input(z.T * V, dtype_bytes(s.dtype), true);
   int x = logits;

@@ -424,6 +424,89 @@ TEST_CASE("flash: BERT's three projections feed one FlashAttention kernel") {
         nh * T * T * (2 * 4 + 1) - T * h * 4 - 4 * T * nh);
 }
 
+// ------------------------------------------------------------------------------------------------
+// kernels: sdpa (Hugging Face attn_implementation="sdpa": eager's ops, the attention core one SDPA kernel)
+
+TEST_CASE("sdpa: eager's forward FLOPs and ops, no T x T tensor, the attention core's saved tensors FlashAttention's") {
+  AnalyticSpec s = preset("gpt2-medium");  // h 1024, 16 heads of 64, T 1024, fp32
+  s.ubatch_sizes = {8};
+  const std::vector<AnalyticLayerInfo> eager_info = analytic_layer_info(s);
+  const Model eager = analytic_model(s, paper_rates());
+  s.kernels = KernelStyle::Sdpa;
+  const std::vector<AnalyticLayerInfo> sdpa_info = analytic_layer_info(s);
+  const Model sdpa = analytic_model(s, paper_rates());
+  const double h = 1024, T = 1024, nh = 16, u = 8, bpe = 4;
+  REQUIRE(sdpa_info.size() == eager_info.size());
+  for (std::size_t i = 0; i < eager_info.size(); ++i) {
+    CHECK(sdpa_info[i].fwd_flops_per_sample == doctest::Approx(eager_info[i].fwd_flops_per_sample).epsilon(1e-12));
+    CHECK(sdpa_info[i].param_count == eager_info[i].param_count);
+  }
+  CHECK(sdpa_info[1].fwd_flops_per_sample == doctest::Approx(24 * h * h * T + 4 * T * T * h).epsilon(1e-12));
+  // No causal-mask buffer (is_causal), no scores: both peaks drop by at least one score tensor.
+  CHECK(eager.layers[1].buffer_bytes == static_cast<Bytes>(T * T * bpe));
+  CHECK(sdpa.layers[1].buffer_bytes == 0);
+  const double scores = u * nh * T * T * bpe;
+  CHECK(static_cast<double>(eager.layers[1].fwd_peak_bytes[0] - sdpa.layers[1].fwd_peak_bytes[0]) >= scores);
+  CHECK(static_cast<double>(eager.layers[1].bwd_peak_bytes[0] - sdpa.layers[1].bwd_peak_bytes[0]) >= scores);
+  // Saved for the backward: both keep q, k, v (the contiguous copies, 3 T h). Eager adds the scaled scores, the
+  // probabilities, the dropout mask (bytes) and the dropped probabilities (heads T^2 each); sdpa the kernel's output
+  // o (T h) and the log-sum-exp (T heads FP32). Everything else is eager's.
+  CHECK(eager_info[1].saved_bytes_per_sample - sdpa_info[1].saved_bytes_per_sample ==
+        doctest::Approx(nh * T * T * (3 * bpe + 1) - T * h * bpe - 4 * T * nh));
+  // The layers around the blocks are eager's, kernel for kernel.
+  for (std::size_t i : {std::size_t{0}, std::size_t{25}, std::size_t{26}, std::size_t{27}}) {
+    CHECK(sdpa.layers[i].fwd_time_s == eager.layers[i].fwd_time_s);
+    CHECK(sdpa.layers[i].bwd_time_s == eager.layers[i].bwd_time_s);
+    CHECK(sdpa.layers[i].bwd_peak_bytes == eager.layers[i].bwd_peak_bytes);
+  }
+  // And eager's elementwise kernels (8-kernel GELU, LayerNorm's two passes) stay: sdpa's block is slower than flash's.
+  s.kernels = KernelStyle::Flash;
+  CHECK(sdpa.layers[1].fwd_time_s[0] > analytic_model(s, paper_rates()).layers[1].fwd_time_s[0]);
+}
+
+TEST_CASE("sdpa: the backward recomputes the scores, as flash's attention core (compute-bound rates)") {
+  AnalyticSpec s = preset("gpt3-13b");  // 40 heads of 128, T 2048
+  s.layers = 2;
+  s.dtype = DType::Fp16;
+  s.ubatch_sizes = {4};
+  GpuRates r = machine_preset("h100-sxm-8x").gpu_rates;
+  r.memory_bytes_per_s = 1e21;  // memory-bound kernels take ~0: only the GEMMs count
+  r.kernel_floor_s = 0;
+  std::vector<Model> m;
+  for (KernelStyle k : {KernelStyle::Eager, KernelStyle::Sdpa, KernelStyle::Fused, KernelStyle::Flash}) {
+    s.kernels = k;
+    m.push_back(analytic_model(s, r));
+  }
+  // One attention GEMM is a = 2 heads T^2 d u FLOPs. Eager: 2 forward + 4 backward GEMMs; sdpa one forward kernel of
+  // 2a and one backward kernel of 5a, as flash against fused: the same difference, (a - 4 F_half) / rate.
+  const double a = 2.0 * 40 * 2048 * 2048 * 128 * 4;
+  const double gemm_s = r.matrix_fp16_flops_per_s * r.gemm_efficiency_max;
+  CHECK(m[1].layers[1].bwd_time_s[0] - m[0].layers[1].bwd_time_s[0] ==
+        doctest::Approx((a - 4 * r.gemm_half_flops) / gemm_s).epsilon(1e-3));
+  CHECK(m[1].layers[1].bwd_time_s[0] - m[0].layers[1].bwd_time_s[0] ==
+        doctest::Approx(m[3].layers[1].bwd_time_s[0] - m[2].layers[1].bwd_time_s[0]).epsilon(1e-6));
+  CHECK(m[0].layers[1].fwd_time_s[0] - m[1].layers[1].fwd_time_s[0] ==
+        doctest::Approx(r.gemm_half_flops / gemm_s).epsilon(1e-3));
+}
+
+TEST_CASE("sdpa: BERT's three projections (made contiguous) feed one SDPA kernel") {
+  AnalyticSpec s = preset("bert-base");
+  s.ubatch_sizes = {8};
+  const std::vector<AnalyticLayerInfo> eager_info = analytic_layer_info(s);
+  const Model eager = analytic_model(s, paper_rates());
+  s.kernels = KernelStyle::Sdpa;
+  const std::vector<AnalyticLayerInfo> sdpa_info = analytic_layer_info(s);
+  const Model sdpa = analytic_model(s, paper_rates());
+  CHECK(sdpa_info[1].fwd_flops_per_sample == doctest::Approx(eager_info[1].fwd_flops_per_sample).epsilon(1e-12));
+  const double T = 512, h = 768, nh = 12;
+  CHECK(static_cast<double>(eager.layers[1].bwd_peak_bytes[0] - sdpa.layers[1].bwd_peak_bytes[0]) >=
+        8.0 * nh * T * T * 4);
+  // Eager keeps the scaled scores + mask (the add saves nothing), the probabilities, the dropout mask and the dropped
+  // probabilities: heads T^2 (2 x 4 + 1) bytes; sdpa o and the log-sum-exp.
+  CHECK(eager_info[1].saved_bytes_per_sample - sdpa_info[1].saved_bytes_per_sample ==
+        doctest::Approx(nh * T * T * (2 * 4 + 1) - T * h * 4 - 4 * T * nh));
+}
+
 TEST_CASE("head none: embedding, blocks, final norm, an MSE criterion that does not scale with the vocabulary") {
   AnalyticSpec s = preset("gpt2-medium");
   s.ubatch_sizes = {1, 8};
@@ -1034,7 +1117,13 @@ TEST_CASE("model.analytic: kernels flash and head none; tied_head with head none
   e = config_error("model: {analytic: {preset: gpt2-small, kernels: flsh}}\n" + kPlan);
   check_at(e, 1, 49);
   CHECK(contains(e.hint(), "did you mean 'flash'"));
-  CHECK(contains(e.hint(), "eager, fused, flash"));
+  CHECK(contains(e.hint(), "eager, fused, flash, sdpa"));
+  e = config_error("model: {analytic: {preset: gpt2-small, kernels: spda}}\n" + kPlan);
+  check_at(e, 1, 49);
+  CHECK(contains(e.message(), "'spda'"));
+  CHECK(contains(e.hint(), "did you mean 'sdpa'"));
+  c = load_config_text("model: {analytic: {preset: bert-base, kernels: sdpa}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->kernels == KernelStyle::Sdpa);
 }
 
 TEST_CASE("model.analytic.layers_per_block: 1 or 2, gpt only") {

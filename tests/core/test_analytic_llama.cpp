@@ -193,7 +193,7 @@ TEST_CASE("FLOPs: the projections, SwiGLU and attention GEMMs of the shape formu
     const double d = h / nh, kv = s.kv_heads > 0 ? s.kv_heads : nh;
     // per sample: 2 T (h q + 2 h k + q h + 3 h f) in the projections, 4 T^2 q in q k^T and p v; 2 T h V in the head
     const double block = 2 * T * (h * nh * d + 2 * h * kv * d + nh * d * h + 3 * h * f) + 4 * T * T * nh * d;
-    for (KernelStyle k : {KernelStyle::Eager, KernelStyle::Fused, KernelStyle::Flash}) {
+    for (KernelStyle k : {KernelStyle::Eager, KernelStyle::Fused, KernelStyle::Flash, KernelStyle::Sdpa}) {
       INFO(name, " style ", static_cast<int>(k));
       s.kernels = k;
       const std::vector<AnalyticLayerInfo> info = analytic_layer_info(s);
@@ -239,7 +239,7 @@ TEST_CASE("grouped-query attention: smaller k and v projections, no repeat in fl
   const double h = 4096;
   CHECK(analytic_layer_info(mha)[1].param_count - analytic_layer_info(s)[1].param_count ==
         static_cast<std::int64_t>(2 * h * (4096 - 1024)));
-  for (KernelStyle k : {KernelStyle::Eager, KernelStyle::Fused, KernelStyle::Flash}) {
+  for (KernelStyle k : {KernelStyle::Eager, KernelStyle::Fused, KernelStyle::Flash, KernelStyle::Sdpa}) {
     INFO("style ", static_cast<int>(k));
     s.kernels = mha.kernels = k;
     const Model g = analytic_model(s, h100());
@@ -254,6 +254,59 @@ TEST_CASE("grouped-query attention: smaller k and v projections, no repeat in fl
   const double T = 1024, kvd = 1024;
   CHECK(analytic_layer_info(mha)[1].saved_bytes_per_sample - analytic_layer_info(s)[1].saved_bytes_per_sample ==
         doctest::Approx(2 * T * (h - kvd) * (1 + 2)));
+}
+
+TEST_CASE("sdpa: eager's block but the attention core, k and v repeated for it; eager's FLOPs, no T x T tensor") {
+  AnalyticSpec s = preset("llama3-8b");  // 32 query heads of 128, 8 key/value heads
+  s.seq_len = 1024;
+  s.dtype = DType::Bf16;
+  s.ubatch_sizes = {1, 2};
+  const std::vector<AnalyticLayerInfo> eager_info = analytic_layer_info(s);
+  const Model eager = analytic_model(s, h100());
+  s.kernels = KernelStyle::Sdpa;
+  const std::vector<AnalyticLayerInfo> sdpa_info = analytic_layer_info(s);
+  const Model sdpa = analytic_model(s, h100());
+  s.kernels = KernelStyle::Flash;
+  const std::vector<AnalyticLayerInfo> flash_info = analytic_layer_info(s);
+  const double T = 1024, nh = 32, q = 4096, kv = 1024, bpe = 2;
+  for (std::size_t i = 0; i < eager_info.size(); ++i) {
+    CHECK(sdpa_info[i].fwd_flops_per_sample == doctest::Approx(eager_info[i].fwd_flops_per_sample).epsilon(1e-12));
+    CHECK(sdpa_info[i].param_count == eager_info[i].param_count);
+  }
+  // Eager keeps the FP32 probabilities (softmax's output) and the bf16 ones (p v's input): heads T^2 (4 + 2) bytes;
+  // sdpa its output o (T q) and the log-sum-exp (T heads FP32). Both keep q and the repeated k and v.
+  CHECK(eager_info[1].saved_bytes_per_sample - sdpa_info[1].saved_bytes_per_sample ==
+        doctest::Approx(nh * T * T * (4 + 2) - T * q * bpe - 4 * T * nh));
+  // Against flash: eager's RMSNorm copies, the rotary halves and the separate projections are kept, and k and v
+  // are saved at every query head (repeat_kv) where FlashAttention-2 reads the kv heads.
+  CHECK(sdpa_info[1].saved_bytes_per_sample > flash_info[1].saved_bytes_per_sample + 2 * T * (q - kv) * bpe);
+  for (std::size_t u = 0; u < 2; ++u) {
+    CHECK(sdpa.layers[1].bwd_peak_bytes[u] + static_cast<Bytes>((u + 1) * nh * T * T * 4) <=
+          eager.layers[1].bwd_peak_bytes[u]);
+    CHECK(sdpa.layers[1].fwd_time_s[u] < eager.layers[1].fwd_time_s[u]);
+  }
+  // embedding, final norm, head and the FP32 criterion are eager's
+  for (std::size_t i : {std::size_t{0}, std::size_t{33}, std::size_t{34}, std::size_t{35}}) {
+    CHECK(sdpa.layers[i].fwd_time_s == eager.layers[i].fwd_time_s);
+    CHECK(sdpa.layers[i].bwd_time_s == eager.layers[i].bwd_time_s);
+    CHECK(sdpa.layers[i].fwd_peak_bytes == eager.layers[i].fwd_peak_bytes);
+  }
+}
+
+TEST_CASE("sdpa with a sliding window: every key, as eager (the window is a mask the kernel reads and keeps)") {
+  AnalyticSpec s = preset("mistral-7b");  // window 4096
+  s.seq_len = 8192;
+  s.kernels = KernelStyle::Sdpa;
+  const double T = 8192, q = 4096;
+  const double dense = 2 * T * (4096.0 * q + 2 * 4096.0 * 1024 + q * 4096 + 3 * 4096.0 * 14336);
+  CHECK(analytic_layer_info(s)[1].fwd_flops_per_sample == doctest::Approx(dense + 4 * T * T * q).epsilon(1e-12));
+  s.ubatch_sizes = {1};
+  s.dtype = DType::Bf16;
+  const Model windowed = analytic_model(s, h100());
+  s.sliding_window = 0;
+  const Model full = analytic_model(s, h100());
+  CHECK(windowed.layers[1].fwd_time_s[0] > full.layers[1].fwd_time_s[0]);  // the mask's read
+  CHECK(windowed.layers[1].bwd_peak_bytes[0] - full.layers[1].bwd_peak_bytes[0] == static_cast<Bytes>(T * T * 2));
 }
 
 TEST_CASE("flash block: exactly the tensors FlashAttention-2, fused RMSNorm and fused SwiGLU keep") {
@@ -889,6 +942,7 @@ TEST_CASE("error: model.hf_config in the config file: exclusive, run keys only b
   e = yaml_error("model: {hf_config: " + source_dir() + "/configs/models/qwen2-7b/config.json, kernels: flsh}\n" +
                  kPlan);
   CHECK(contains(e.hint(), "did you mean 'flash'"));
+  CHECK(contains(e.hint(), "eager, fused, flash, sdpa"));
   // A relative path is taken from the config file's folder; --set reaches the run keys.
   TempDir dir;
   dir.write("models/tiny/config.json", kLlama2);
