@@ -3,11 +3,9 @@
 
 #include <algorithm>
 
-namespace harmony::core {
+#include "core/base/index.hpp"
 
-namespace {
-std::size_t z(int i) { return static_cast<std::size_t>(i); }
-}  // namespace
+namespace harmony::core {
 
 ProgramGraph::ProgramGraph(const Program& p, const std::vector<std::vector<int>>& extra) {
   const std::size_t n = p.ops.size();
@@ -18,7 +16,7 @@ ProgramGraph::ProgramGraph(const Program& p, const std::vector<std::vector<int>>
     if (i < extra.size()) k += extra[i].size();
     pred_begin_[i + 1] = pred_begin_[i] + static_cast<int>(k);
   }
-  preds_.resize(z(pred_begin_[n]));
+  preds_.resize(ix(pred_begin_[n]));
   for (std::size_t i = 0; i < n; ++i) {
     const Op& o = p.ops[i];
     int* out = preds_.data() + pred_begin_[i];
@@ -28,12 +26,13 @@ ProgramGraph::ProgramGraph(const Program& p, const std::vector<std::vector<int>>
   }
   // successors: op i is appended to each of its predecessors' rows, in ascending i and predecessor order
   succ_begin_.assign(n + 1, 0);
-  for (int d : preds_) ++succ_begin_[z(d) + 1];
+  for (int d : preds_) ++succ_begin_[ix(d) + 1];
   for (std::size_t i = 0; i < n; ++i) succ_begin_[i + 1] += succ_begin_[i];
   succs_.resize(preds_.size());
   std::vector<int> fill(succ_begin_.begin(), succ_begin_.end() - 1);
   for (std::size_t i = 0; i < n; ++i) {
-    for (int k = pred_begin_[i]; k < pred_begin_[i + 1]; ++k) succs_[z(fill[z(preds_[z(k)])]++)] = static_cast<int>(i);
+    for (int k = pred_begin_[i]; k < pred_begin_[i + 1]; ++k)
+      succs_[ix(fill[ix(preds_[ix(k)])]++)] = static_cast<int>(i);
   }
 }
 
@@ -47,7 +46,7 @@ std::vector<int> ProgramGraph::topological_order() const {
   }
   for (std::size_t head = 0; head < order.size(); ++head) {
     for (int s : successors(order[head]))
-      if (--indeg[z(s)] == 0) order.push_back(s);
+      if (--indeg[ix(s)] == 0) order.push_back(s);
   }
   return order;
 }

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/index.hpp"
 #include "core/base/parallel.hpp"
 #include "core/program/program_graph.hpp"
 
@@ -21,7 +22,7 @@ using core::Op;
 using core::OpKind;
 using core::Stream;
 
-std::size_t z(int i) { return static_cast<std::size_t>(i); }
+using core::ix;
 double secs(core::TimePs ps) { return static_cast<double>(ps) / static_cast<double>(core::kPsPerSecond); }
 
 // The ops that must end before `o` may begin: its deps, its stream predecessor and, for one side of a P2P
@@ -29,12 +30,12 @@ double secs(core::TimePs ps) { return static_cast<double>(ps) / static_cast<doub
 std::vector<int> gates_of(const core::Program& p, int o) {
   std::vector<int> g;
   auto add = [&](int x) {
-    const Op& op = p.ops[z(x)];
+    const Op& op = p.ops[ix(x)];
     g.insert(g.end(), op.deps.begin(), op.deps.end());
     if (const int pred = core::queue_predecessor(p, x); pred >= 0) g.push_back(pred);
   };
   add(o);
-  if (p.ops[z(o)].peer >= 0) add(p.ops[z(o)].peer);
+  if (p.ops[ix(o)].peer >= 0) add(p.ops[ix(o)].peer);
   g.erase(std::remove(g.begin(), g.end(), o), g.end());
   return g;
 }
@@ -43,8 +44,9 @@ std::vector<int> gates_of(const core::Program& p, int o) {
 int last_gate(const core::Program& p, const Timeline& t, int o) {
   int best = -1;
   for (int g : gates_of(p, o)) {
-    if (t.end_ps[z(g)] < 0) continue;
-    if (best < 0 || t.end_ps[z(g)] > t.end_ps[z(best)] || (t.end_ps[z(g)] == t.end_ps[z(best)] && g < best)) best = g;
+    if (t.end_ps[ix(g)] < 0) continue;
+    if (best < 0 || t.end_ps[ix(g)] > t.end_ps[ix(best)] || (t.end_ps[ix(g)] == t.end_ps[ix(best)] && g < best))
+      best = g;
   }
   return best;
 }
@@ -92,17 +94,17 @@ Bottleneck analyze_run(const core::Program& program, const NativeResult& result)
   // Critical path: from the op that ends last, back through the gate that ended last.
   int cur = -1;
   for (std::size_t o = 0; o < program.ops.size(); ++o)
-    if (cur < 0 || t.end_ps[o] > t.end_ps[z(cur)]) cur = static_cast<int>(o);
+    if (cur < 0 || t.end_ps[o] > t.end_ps[ix(cur)]) cur = static_cast<int>(o);
   std::vector<CriticalStep> path;
   while (cur >= 0) {
     const int gate = last_gate(program, t, cur);
-    const core::TimePs ready = gate >= 0 ? t.end_ps[z(gate)] : 0;
-    path.push_back({cur, secs(std::max<core::TimePs>(0, t.begin_ps[z(cur)] - ready)), secs(t.duration_ps[z(cur)])});
+    const core::TimePs ready = gate >= 0 ? t.end_ps[ix(gate)] : 0;
+    path.push_back({cur, secs(std::max<core::TimePs>(0, t.begin_ps[ix(cur)] - ready)), secs(t.duration_ps[ix(cur)])});
     cur = gate;
   }
   std::reverse(path.begin(), path.end());
   for (const CriticalStep& s : path) {
-    const Op& op = program.ops[z(s.op)];
+    const Op& op = program.ops[ix(s.op)];
     b.path_wait_s += s.wait_s;
     if (core::is_compute(op.kind)) {
       b.path_compute_s += s.run_s;
@@ -124,12 +126,12 @@ Bottleneck analyze_run(const core::Program& program, const NativeResult& result)
     for (const core::OpQueue& q : program.queues) {
       if (q.device != g || q.stream != Stream::Compute) continue;
       for (int o : q.ops) {
-        if (t.begin_ps[z(o)] < 0) continue;
-        const Op& op = program.ops[z(o)];
-        const double gap = secs(std::max<core::TimePs>(0, t.begin_ps[z(o)] - cursor));
+        if (t.begin_ps[ix(o)] < 0) continue;
+        const Op& op = program.ops[ix(o)];
+        const double gap = secs(std::max<core::TimePs>(0, t.begin_ps[ix(o)] - cursor));
         if (gap > 0) {
           const int gate = last_gate(program, t, o);
-          const Op* go = gate >= 0 ? &program.ops[z(gate)] : nullptr;
+          const Op* go = gate >= 0 ? &program.ops[ix(gate)] : nullptr;
           if (go == nullptr || core::is_compute(go->kind) || go->kind == OpKind::DEL) {
             gb.idle_s += gap;
           } else if (go->stream == Stream::Cpu) {
@@ -140,7 +142,7 @@ Bottleneck analyze_run(const core::Program& program, const NativeResult& result)
             gb.wait_swap_s += gap;
           }
         }
-        const double run = secs(t.duration_ps[z(o)]);
+        const double run = secs(t.duration_ps[ix(o)]);
         if (core::is_compute(op.kind)) {
           gb.compute_s += run;
         } else if (is_collective(op.kind)) {
@@ -148,7 +150,7 @@ Bottleneck analyze_run(const core::Program& program, const NativeResult& result)
         } else {
           gb.idle_s += run;
         }
-        cursor = std::max(cursor, t.end_ps[z(o)]);
+        cursor = std::max(cursor, t.end_ps[ix(o)]);
       }
     }
     gb.idle_s += secs(std::max<core::TimePs>(0, end - cursor));
@@ -295,8 +297,8 @@ nlohmann::json bottleneck_json(const core::Program& program, const Bottleneck& b
                         {"other_s", b.path_other_s},     {"ops", nlohmann::json::array()}};
   for (const CriticalStep& s : b.critical_path)
     j["critical_path"]["ops"].push_back({{"op", program.op_label(s.op)},
-                                         {"gpu", program.ops[z(s.op)].device},
-                                         {"stream", core::stream_name(program.ops[z(s.op)].stream)},
+                                         {"gpu", program.ops[ix(s.op)].device},
+                                         {"stream", core::stream_name(program.ops[ix(s.op)].stream)},
                                          {"wait_s", s.wait_s},
                                          {"run_s", s.run_s}});
   return j;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
+#include "core/base/index.hpp"
 #include "sim/engine/engine.hpp"
 #include "sim/engine/native_engine.hpp"  // profiled_compute_s, profiled_update_s
 
@@ -24,7 +25,7 @@ using core::Stream;
 
 namespace {
 
-std::size_t z(int i) { return static_cast<std::size_t>(i); }
+using core::ix;
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 constexpr const char* kTraceHint =
@@ -58,7 +59,7 @@ const char* op_class_name(OpClass c) {
 }
 
 OpClass op_class(const Program& p, int op) {
-  const core::Op& o = p.ops[z(op)];
+  const core::Op& o = p.ops[ix(op)];
   switch (o.kind) {
     case OpKind::FWD:
     case OpKind::REC:
@@ -117,7 +118,7 @@ int measured_op(const nlohmann::json& e, const std::string& name, const core::So
         fmt::format("op {} ('{}') on GPU{} is not in the config's Program: a run of another Program", id, name, device),
         kTraceHint);
   const int op = it->second;
-  const core::Op& o = program.ops[z(op)];
+  const core::Op& o = program.ops[ix(op)];
   const auto bytes =
       args.contains("bytes") && args["bytes"].is_number_integer() ? args["bytes"].get<core::Bytes>() : core::Bytes{0};
   const bool layers_ok = args.contains("layers") && args["layers"].is_array() && args["layers"].size() == 2 &&
@@ -142,7 +143,7 @@ MeasuredOps read_measured_trace(const std::string& path, const std::string& text
     x_pos.push_back(at);
   std::map<std::pair<int, std::string>, int> index;
   for (int i = 0; i < static_cast<int>(program.ops.size()); ++i)
-    index.emplace(std::pair{program.ops[z(i)].device, program.op_id(i)}, i);
+    index.emplace(std::pair{program.ops[ix(i)].device, program.op_id(i)}, i);
   MeasuredOps m;
   m.begin_s.assign(program.ops.size(), -1.0);
   m.dur_s.assign(program.ops.size(), -1.0);
@@ -159,27 +160,27 @@ MeasuredOps read_measured_trace(const std::string& path, const std::string& text
       fail(loc, fmt::format("op '{}' has no timing (ts and dur): a trace without timings cannot be fitted", name),
            kTraceHint);
     const int op = measured_op(e, name, loc, index, program);
-    const std::string id = program.op_id(op);      // the event's args.id
-    const int device = program.ops[z(op)].device;  // the event's pid
-    if (m.dur_s[z(op)] >= 0) fail(loc, fmt::format("op {} on GPU{} appears twice", id, device), kTraceHint);
+    const std::string id = program.op_id(op);       // the event's args.id
+    const int device = program.ops[ix(op)].device;  // the event's pid
+    if (m.dur_s[ix(op)] >= 0) fail(loc, fmt::format("op {} on GPU{} appears twice", id, device), kTraceHint);
     const double ts = e["ts"].get<double>() * 1e-6;
     const double dur = e["dur"].get<double>() * 1e-6;
     if (!std::isfinite(ts) || !std::isfinite(dur) || dur < 0)
       fail(loc, fmt::format("op {} has an invalid timing (ts {}, dur {})", id, ts, dur), kTraceHint);
-    m.begin_s[z(op)] = ts;
-    m.dur_s[z(op)] = dur;
+    m.begin_s[ix(op)] = ts;
+    m.dur_s[ix(op)] = dur;
     first = any ? std::min(first, ts) : ts;
     last = any ? std::max(last, ts + dur) : ts + dur;
     any = true;
   }
   if (!any) fail(top, "the trace has no timed ops (no \"X\" events)", kTraceHint);
   for (int i = 0; i < static_cast<int>(program.ops.size()); ++i) {
-    if (m.dur_s[z(i)] < 0)
+    if (m.dur_s[ix(i)] < 0)
       fail(top,
            fmt::format("the trace lacks op {} ({}) on GPU{} of the config's Program: a run of another Program",
-                       program.op_id(i), program.op_label(i), program.ops[z(i)].device),
+                       program.op_id(i), program.op_label(i), program.ops[ix(i)].device),
            kTraceHint);
-    m.begin_s[z(i)] -= first;
+    m.begin_s[ix(i)] -= first;
   }
   m.span_s = last - first;
   return m;
@@ -217,13 +218,13 @@ std::pair<double, double> fit_line(const std::vector<Sample>& s) {
 // The time-averaged max(1, n(t) x per_op / units) over op i's measured interval, n(t) = ops of `set` running
 // (i included); units <= 0: the plain count n(t) (uncapped processor sharing, as CPU updates).
 double slowdown(const MeasuredOps& m, const std::vector<int>& set, int i, double units, double per_op) {
-  const double b = m.begin_s[z(i)];
-  const double e = b + m.dur_s[z(i)];
+  const double b = m.begin_s[ix(i)];
+  const double e = b + m.dur_s[ix(i)];
   if (!(e > b)) return 1.0;
   std::vector<double> cuts{b, e};
   for (int j : set) {
-    const double bj = m.begin_s[z(j)];
-    const double ej = bj + m.dur_s[z(j)];
+    const double bj = m.begin_s[ix(j)];
+    const double ej = bj + m.dur_s[ix(j)];
     if (ej <= b || bj >= e) continue;
     if (bj > b) cuts.push_back(bj);
     if (ej < e) cuts.push_back(ej);
@@ -237,8 +238,8 @@ double slowdown(const MeasuredOps& m, const std::vector<int>& set, int i, double
     const double mid = 0.5 * (lo + hi);
     int n = 0;
     for (int j : set) {
-      const double bj = m.begin_s[z(j)];
-      if (bj <= mid && mid < bj + m.dur_s[z(j)]) ++n;
+      const double bj = m.begin_s[ix(j)];
+      if (bj <= mid && mid < bj + m.dur_s[ix(j)]) ++n;
     }
     n = std::max(n, 1);
     const double f = units > 0 ? std::max(1.0, n * per_op / units) : static_cast<double>(n);
@@ -248,31 +249,31 @@ double slowdown(const MeasuredOps& m, const std::vector<int>& set, int i, double
 }
 
 // Ops counted once: a P2P pair by its sender.
-bool counted(const Program& p, int op) { return !(p.ops[z(op)].peer >= 0 && p.ops[z(op)].stream == Stream::P2PIn); }
+bool counted(const Program& p, int op) { return !(p.ops[ix(op)].peer >= 0 && p.ops[ix(op)].stream == Stream::P2PIn); }
 
 }  // namespace
 
 // As the engine shares its pool; one sweep over the run's op boundaries.
 std::vector<double> host_slowdowns(const Program& p, const MeasuredOps& m, double units) {
   const int n = static_cast<int>(p.ops.size());
-  std::vector<double> want(z(n), 0.0);
+  std::vector<double> want(ix(n), 0.0);
   std::vector<double> cuts;
   for (int i = 0; i < n; ++i) {
     const OpClass c = op_class(p, i);
-    if (c == OpClass::Del || !counted(p, i) || !(m.dur_s[z(i)] > 0)) continue;
-    want[z(i)] = c == OpClass::Update ? units : 1.0;
-    cuts.push_back(m.begin_s[z(i)]);
-    cuts.push_back(m.begin_s[z(i)] + m.dur_s[z(i)]);
+    if (c == OpClass::Del || !counted(p, i) || !(m.dur_s[ix(i)] > 0)) continue;
+    want[ix(i)] = c == OpClass::Update ? units : 1.0;
+    cuts.push_back(m.begin_s[ix(i)]);
+    cuts.push_back(m.begin_s[ix(i)] + m.dur_s[ix(i)]);
   }
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   // ops sorted by begin; `running` holds those begun and not yet ended at a segment's midpoint
   std::vector<int> order;
   for (int i = 0; i < n; ++i) {
-    if (want[z(i)] > 0) order.push_back(i);
+    if (want[ix(i)] > 0) order.push_back(i);
   }
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return m.begin_s[z(a)] < m.begin_s[z(b)]; });
-  std::vector<double> acc(z(n), 0.0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return m.begin_s[ix(a)] < m.begin_s[ix(b)]; });
+  std::vector<double> acc(ix(n), 0.0);
   std::vector<int> running;
   std::vector<double> wants;
   std::size_t next = 0;
@@ -280,17 +281,17 @@ std::vector<double> host_slowdowns(const Program& p, const MeasuredOps& m, doubl
     const double lo = cuts[c];
     const double hi = cuts[c + 1];
     const double mid = 0.5 * (lo + hi);
-    while (next < order.size() && m.begin_s[z(order[next])] <= mid) running.push_back(order[next++]);
+    while (next < order.size() && m.begin_s[ix(order[next])] <= mid) running.push_back(order[next++]);
     running.erase(
-        std::remove_if(running.begin(), running.end(), [&](int j) { return m.begin_s[z(j)] + m.dur_s[z(j)] <= mid; }),
+        std::remove_if(running.begin(), running.end(), [&](int j) { return m.begin_s[ix(j)] + m.dur_s[ix(j)] <= mid; }),
         running.end());
     if (running.empty()) continue;
     // water-filling: the level L with sum min(want, L) = units (no level while the wants fit)
     wants.clear();
     double total = 0;
     for (int j : running) {
-      wants.push_back(want[z(j)]);
-      total += want[z(j)];
+      wants.push_back(want[ix(j)]);
+      total += want[ix(j)];
     }
     double level = kInfinity;
     if (total > units) {
@@ -305,11 +306,11 @@ std::vector<double> host_slowdowns(const Program& p, const MeasuredOps& m, doubl
         left -= wants[k];
       }
     }
-    for (int j : running) acc[z(j)] += want[z(j)] / std::min(want[z(j)], level) * (hi - lo);
+    for (int j : running) acc[ix(j)] += want[ix(j)] / std::min(want[ix(j)], level) * (hi - lo);
   }
-  std::vector<double> k(z(n), 1.0);
+  std::vector<double> k(ix(n), 1.0);
   for (int i = 0; i < n; ++i) {
-    if (want[z(i)] > 0) k[z(i)] = std::max(1.0, acc[z(i)] / m.dur_s[z(i)]);
+    if (want[ix(i)] > 0) k[ix(i)] = std::max(1.0, acc[ix(i)] / m.dur_s[ix(i)]);
   }
   return k;
 }
@@ -318,7 +319,7 @@ namespace {
 
 // The bytes an op's transfer moves through the engine (what its bandwidth term divides).
 double moved_bytes(const Program& p, int op) {
-  const core::Op& o = p.ops[z(op)];
+  const core::Op& o = p.ops[ix(op)];
   const double bytes = static_cast<double>(o.bytes);
   if (o.kind == OpKind::ARD || o.kind == OpKind::AG || o.kind == OpKind::RS) {
     const double k = std::max(1, p.cost.bandwidth_sharers);
@@ -334,7 +335,7 @@ struct Sharing {
   double units = 0;
   bool host = false;
   std::vector<std::vector<double>> slow;  // per run, per op
-  double k(std::size_t run, int op) const { return host ? slow[run][z(op)] : 1.0; }
+  double k(std::size_t run, int op) const { return host ? slow[run][ix(op)] : 1.0; }
 };
 
 struct Fitted {
@@ -367,7 +368,7 @@ std::vector<TransferRow> transfer_rows(const std::vector<CalibrationRun>& runs, 
     for (int i = 0; i < static_cast<int>(r.program->ops.size()); ++i) {
       const OpClass c = op_class(*r.program, i);
       if ((c != OpClass::Copy && c != OpClass::P2P) || !counted(*r.program, i)) continue;
-      rows.push_back({c == OpClass::P2P, moved_bytes(*r.program, i), r.measured.dur_s[z(i)] / sh.k(ri, i)});
+      rows.push_back({c == OpClass::P2P, moved_bytes(*r.program, i), r.measured.dur_s[ix(i)] / sh.k(ri, i)});
     }
   }
   return rows;
@@ -379,14 +380,14 @@ void eliminate_3x3(std::array<std::array<double, 4>, 3>& a) {
   for (int c = 0; c < 3; ++c) {
     int piv = c;
     for (int r = c + 1; r < 3; ++r) {
-      if (std::abs(a[z(r)][z(c)]) > std::abs(a[z(piv)][z(c)])) piv = r;
+      if (std::abs(a[ix(r)][ix(c)]) > std::abs(a[ix(piv)][ix(c)])) piv = r;
     }
-    std::swap(a[z(c)], a[z(piv)]);
-    if (std::abs(a[z(c)][z(c)]) < 1e-300) continue;
+    std::swap(a[ix(c)], a[ix(piv)]);
+    if (std::abs(a[ix(c)][ix(c)]) < 1e-300) continue;
     for (int r = 0; r < 3; ++r) {
       if (r == c) continue;
-      const double q = a[z(r)][z(c)] / a[z(c)][z(c)];
-      for (int j = c; j < 4; ++j) a[z(r)][z(j)] -= q * a[z(c)][z(j)];
+      const double q = a[ix(r)][ix(c)] / a[ix(c)][ix(c)];
+      for (int j = c; j < 4; ++j) a[ix(r)][ix(j)] -= q * a[ix(c)][ix(j)];
     }
   }
 }
@@ -411,23 +412,23 @@ TransferFit solve_transfers(const std::vector<TransferRow>& rows, const bool (&h
     for (const auto& r : rows) {
       const std::array<double, 3> x = {r.p2p ? 0.0 : 1.0, r.p2p ? 1.0 : 0.0, r.bytes};
       for (int i = 0; i < 3; ++i) {
-        for (int j = 0; j < 3; ++j) a[z(i)][z(j)] += x[z(i)] * x[z(j)];
-        a[z(i)][3] += x[z(i)] * r.y;
+        for (int j = 0; j < 3; ++j) a[ix(i)][ix(j)] += x[ix(i)] * x[ix(j)];
+        a[ix(i)][3] += x[ix(i)] * r.y;
       }
     }
     for (int i = 0; i < 3; ++i) {
-      if (on[z(i)] && a[z(i)][z(i)] > 0) continue;
-      on[z(i)] = false;
-      for (int j = 0; j < 4; ++j) a[z(i)][z(j)] = 0;
-      for (int j = 0; j < 3; ++j) a[z(j)][z(i)] = 0;
-      a[z(i)][z(i)] = 1;
+      if (on[ix(i)] && a[ix(i)][ix(i)] > 0) continue;
+      on[ix(i)] = false;
+      for (int j = 0; j < 4; ++j) a[ix(i)][ix(j)] = 0;
+      for (int j = 0; j < 3; ++j) a[ix(j)][ix(i)] = 0;
+      a[ix(i)][ix(i)] = 1;
     }
     eliminate_3x3(a);
-    for (int i = 0; i < 3; ++i) beta[z(i)] = on[z(i)] && a[z(i)][z(i)] != 0 ? a[z(i)][3] / a[z(i)][z(i)] : 0.0;
+    for (int i = 0; i < 3; ++i) beta[ix(i)] = on[ix(i)] && a[ix(i)][ix(i)] != 0 ? a[ix(i)][3] / a[ix(i)][ix(i)] : 0.0;
     bool changed = false;
     for (int i = 0; i < 3; ++i) {
-      if (on[z(i)] && !(beta[z(i)] > 0)) {
-        on[z(i)] = false;
+      if (on[ix(i)] && !(beta[ix(i)] > 0)) {
+        on[ix(i)] = false;
         changed = true;
       }
     }
@@ -497,11 +498,11 @@ void fit_updates(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fit
       if (op_class(*r.program, i) == OpClass::Update) ups.push_back(i);
     }
     for (int i : ups) {
-      const double w = profiled_update_s(r.program->ops[z(i)], *r.model);
+      const double w = profiled_update_s(r.program->ops[ix(i)], *r.model);
       if (sh.host) {
-        s.push_back({w, r.measured.dur_s[z(i)] / sh.k(ri, i)});
+        s.push_back({w, r.measured.dur_s[ix(i)] / sh.k(ri, i)});
       } else {
-        s.push_back({w * slowdown(r.measured, ups, i, 0.0, 1.0), r.measured.dur_s[z(i)]});
+        s.push_back({w * slowdown(r.measured, ups, i, 0.0, 1.0), r.measured.dur_s[ix(i)]});
       }
     }
   }
@@ -525,12 +526,12 @@ void fit_compute(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fit
       if (op_class(*r.program, i) == OpClass::Compute) ops.push_back(i);
     }
     for (int i : ops) {
-      const double t = profiled_compute_s(r.program->ops[z(i)], *r.model);
+      const double t = profiled_compute_s(r.program->ops[ix(i)], *r.model);
       if (sh.host) {
-        s.push_back({t, r.measured.dur_s[z(i)] / sh.k(ri, i)});
+        s.push_back({t, r.measured.dur_s[ix(i)] / sh.k(ri, i)});
       } else {
         const double k = sh.units > 0 ? slowdown(r.measured, ops, i, sh.units, 1.0) : 1.0;
-        s.push_back({t * k, r.measured.dur_s[z(i)]});
+        s.push_back({t * k, r.measured.dur_s[ix(i)]});
       }
     }
   }
@@ -567,7 +568,7 @@ void add_to(ClassResidual& c, double measured, double predicted) {
 // Per run and per class: the measured against the engine's durations on the machine with `f`.
 void fill_residuals(const std::vector<CalibrationRun>& runs, const Fitted& f, Calibration& c) {
   c.classes.assign(kNumOpClasses, ClassResidual{});
-  for (int k = 0; k < kNumOpClasses; ++k) c.classes[z(k)].cls = static_cast<OpClass>(k);
+  for (int k = 0; k < kNumOpClasses; ++k) c.classes[ix(k)].cls = static_cast<OpClass>(k);
   for (const auto& r : runs) {
     const EngineResult res = predict(r, f);
     RunResidual rr;
@@ -576,13 +577,13 @@ void fill_residuals(const std::vector<CalibrationRun>& runs, const Fitted& f, Ca
     rr.measured_step_s = r.measured_step_s;
     rr.predicted_step_s = res.report.iteration_time_s;
     std::vector<ClassResidual> per(kNumOpClasses);
-    for (int k = 0; k < kNumOpClasses; ++k) per[z(k)].cls = static_cast<OpClass>(k);
+    for (int k = 0; k < kNumOpClasses; ++k) per[ix(k)].cls = static_cast<OpClass>(k);
     for (int i = 0; i < rr.ops; ++i) {
       if (!counted(*r.program, i)) continue;
-      const auto k = z(static_cast<int>(op_class(*r.program, i)));
-      const double predicted = core::ps_to_seconds(res.timeline.duration_ps[z(i)]);
-      add_to(per[k], r.measured.dur_s[z(i)], predicted);
-      add_to(c.classes[k], r.measured.dur_s[z(i)], predicted);
+      const auto k = ix(static_cast<int>(op_class(*r.program, i)));
+      const double predicted = core::ps_to_seconds(res.timeline.duration_ps[ix(i)]);
+      add_to(per[k], r.measured.dur_s[ix(i)], predicted);
+      add_to(c.classes[k], r.measured.dur_s[ix(i)], predicted);
     }
     for (auto& p : per) {
       if (p.ops == 0) continue;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
+#include "core/base/index.hpp"
 #include "core/kinds/kinds.hpp"
 #include "core/output/host_memory.hpp"
 #include "core/output/report.hpp"
@@ -22,7 +23,7 @@ namespace harmony::sim {
 
 namespace {
 
-std::size_t z(int i) { return static_cast<std::size_t>(i); }
+using core::ix;
 
 // At most this many candidates of a kind (per offload tier) are lowered and replayed: the packers and swap
 // decisions already fit their estimates to the GPU, so the first almost always fits; a kind none of whose first
@@ -34,14 +35,14 @@ constexpr std::size_t kMaxLowered = 8;
 std::optional<std::vector<core::Bytes>> serial_peak_bytes(const core::Program& p) {
   int devices = std::max(p.num_devices(), 1);
   for (const core::Op& op : p.ops) devices = std::max(devices, op.device + 1);
-  std::vector<core::Bytes> mem(z(devices), 0), peak(z(devices), 0);
+  std::vector<core::Bytes> mem(ix(devices), 0), peak(ix(devices), 0);
   const std::vector<std::vector<int>> groups = core::op_groups(p);  // as harmony-run's executor groups them
   std::vector<char> done(p.ops.size(), 0);
   std::vector<std::size_t> head(p.queues.size(), 0);
   auto ready = [&](int o) {
-    const core::Op& op = p.ops[z(o)];
-    if (op.queue < 0 || head[z(op.queue)] != z(op.queue_pos)) return false;
-    return std::all_of(op.deps.begin(), op.deps.end(), [&](int d) { return done[z(d)] != 0; });
+    const core::Op& op = p.ops[ix(o)];
+    if (op.queue < 0 || head[ix(op.queue)] != ix(op.queue_pos)) return false;
+    return std::all_of(op.deps.begin(), op.deps.end(), [&](int d) { return done[ix(d)] != 0; });
   };
   std::size_t left = p.ops.size();
   while (left > 0) {
@@ -49,30 +50,30 @@ std::optional<std::vector<core::Bytes>> serial_peak_bytes(const core::Program& p
     for (std::size_t q = 0; q < p.queues.size(); ++q) {
       if (head[q] >= p.queues[q].ops.size()) continue;
       const int o = p.queues[q].ops[head[q]];
-      const std::vector<int>& group = groups[z(o)];
+      const std::vector<int>& group = groups[ix(o)];
       if (!std::all_of(group.begin(), group.end(), ready)) continue;
       for (int g : group) {  // allocations and workspace when the op begins
-        const core::Op& op = p.ops[z(g)];
+        const core::Op& op = p.ops[ix(g)];
         core::Bytes b = op.workspace_bytes;
         for (const auto& t : op.allocs) b += t.bytes;
-        mem[z(op.device)] += b;
-        peak[z(op.device)] = std::max(peak[z(op.device)], mem[z(op.device)]);
+        mem[ix(op.device)] += b;
+        peak[ix(op.device)] = std::max(peak[ix(op.device)], mem[ix(op.device)]);
       }
       for (int g : group) {  // frees and workspace back when it ends (clamped at 0, as the engine does)
-        const core::Op& op = p.ops[z(g)];
+        const core::Op& op = p.ops[ix(g)];
         core::Bytes b = op.workspace_bytes;
         for (const auto& t : op.frees) b += t.bytes;
-        core::Bytes& m = mem[z(op.device)];
+        core::Bytes& m = mem[ix(op.device)];
         m = b > m ? 0 : m - b;
-        done[z(g)] = 1;
-        ++head[z(op.queue)];
+        done[ix(g)] = 1;
+        ++head[ix(op.queue)];
       }
       left -= group.size();
       progress = true;
     }
     if (!progress) return std::nullopt;
   }
-  peak.resize(z(std::max(p.num_devices(), 1)));
+  peak.resize(ix(std::max(p.num_devices(), 1)));
   return peak;
 }
 

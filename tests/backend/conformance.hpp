@@ -252,4 +252,15 @@ const char* type_name() {
   return std::is_same_v<E, Bf16> ? "bf16" : "fp32";
 }
 
+// A check's name: the op, then what distinguishes it (a tensor, the element type).
+inline std::string named(const char* op, const std::string& detail = {}) {
+  return detail.empty() ? std::string(op) : std::string(op) + " " + detail;
+}
+
+// Host copies of what the reference device computed (for measured magnitudes in the bounds).
+template <class E>
+std::vector<float> ref_of(Pair& p, const Tensor<E>& t) {
+  return p.down(t).second;
+}
+
 }  // namespace conformance

@@ -24,10 +24,6 @@ std::vector<const DeviceKind*> kernel_subjects() {
   return out;
 }
 
-std::string named(const char* op, const std::string& detail = {}) {
-  return detail.empty() ? std::string(op) : std::string(op) + " " + detail;
-}
-
 // ---- bounds (fp32; stored<E> adds bf16's rounding). Inputs are uniform in [-1, 1] unless an op says otherwise. ----
 
 // matmul_fwd: out = bias + sum_{i < IC} in * w: IC + 1 terms of magnitude <= 1 each, so twice gamma_n(IC + 1) (IC + 1).
@@ -119,12 +115,6 @@ Bound crossentropy_loss_bound(int V, double L) {
 //   probs = exp(l - max) * (1 / sum): the exp's 2Lu + 4u, the sum's the same plus gamma_n(V), the reciprocal's and the
 //   product's u each: relative.
 Bound crossentropy_probs_bound(int V, double L) { return {0, 2 * (4 * L * kU + 10 * kU + gamma_n(V))}; }
-
-// Host copies of what the reference device computed, for the measured magnitudes above.
-template <class E>
-std::vector<float> ref_of(Pair& p, const Tensor<E>& t) {
-  return p.down(t).second;
-}
 
 }  // namespace
 

@@ -25,8 +25,6 @@ std::vector<const DeviceKind*> llama_subjects() {
   return out;
 }
 
-std::string named(const char* op, const std::string& detail) { return std::string(op) + " " + detail; }
-
 // ---- bounds (fp32; stored<E> adds bf16's rounding) ----------------------------------------------------------------
 
 // RMSNorm over C columns, |x| <= X, |w| <= 1, |dout| <= 1; R = the largest rstd of the reference's rows (measured).
@@ -62,12 +60,6 @@ Bound swiglu_fwd_bound() { return {0, 2 * 7 * kU}; }
 //   (|.| <= X) within 8u X, 1 + that (<= 1 + X) within 8u X + u (1 + X), times sig (<= 1 + X) within 8u (1 + X) +
 //   8u X; dout up (<= X) rounds by u X and the last product (<= X (1 + X)) by u X (1 + X): X u (10 (1 + X) + 8 X).
 Bound swiglu_bwd_bound(double X) { return {2 * kU * X * (10 * (1 + X) + 8 * X), 2 * 8 * kU}; }
-
-// Host copies of what the reference device computed.
-template <class E>
-std::vector<float> ref_of(Pair& p, const Tensor<E>& t) {
-  return p.down(t).second;
-}
 
 }  // namespace
 
