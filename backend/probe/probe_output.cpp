@@ -67,6 +67,7 @@ std::string base_value(const std::string& key, const core::MachineSpec& m) {
   if (key == "cpu_adam.bandwidth_bf16") return bw(m.cpu_adam.bf16_bytes_per_s);
   if (key == "cpu_adam.bandwidth_fp16") return bw(m.cpu_adam.fp16_bytes_per_s);
   if (key == "cpu_adam.per_layer") return m.cpu_adam.per_layer_s > 0 ? yaml_duration(m.cpu_adam.per_layer_s) : "";
+  if (key == "cpu_adam.bandwidth_torch") return bw(m.cpu_adam.torch_bytes_per_s);
   if (!t.valid()) return {};
   if (key == "topology.host_memcpy") return bw(t.host_memcpy_bytes_per_s);
   if (key == "topology.pinned_limit") return t.pinned_limit_bytes > 0 ? yaml_size(t.pinned_limit_bytes) : "";
@@ -195,6 +196,9 @@ void add_cpu_keys(KeyList& keys, const ProbeResult& r) {
             fmt::format("AdamW with fp16 gradients in and fp16 weights out ({} casts), fused as bf16's, on {} threads",
                         r.fp16_isa, r.threads));
   keys.add("cpu_adam.per_layer", "", "not measured: a fixed cost per layer, not a rate");
+  keys.add("cpu_adam.bandwidth_torch", "",
+           "not measured: torch.optim.AdamW runs in Python (scripts/torch-adamw-vs-host.py times it against this "
+           "probe's AdamW); the default is cpu_adam.bandwidth / 5");
   keys.rate("host_paths.memcpy_one_thread", r.memcpy_one_thread,
             fmt::format("one memcpy of {} on one thread", mib(r.memcpy_one_thread.work_bytes)));
   keys.rate("host_paths.bf16_round", r.bf16_round,

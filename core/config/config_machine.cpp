@@ -211,7 +211,8 @@ const std::vector<std::string> kGpuRatesKeys = {
     "matrix_fp32", "matrix_fp16", "memory", "gemm_efficiency", "gemm_efficiency_fp32", "vector_efficiency", "overhead"};
 const std::vector<std::string> kGemmEfficiencyKeys = {"max", "half"};
 const std::vector<std::string> kOverheadKeys = {"kernel", "forward", "backward"};
-const std::vector<std::string> kCpuAdamKeys = {"bandwidth", "per_layer", "bandwidth_bf16", "bandwidth_fp16"};
+const std::vector<std::string> kCpuAdamKeys = {"bandwidth", "per_layer", "bandwidth_bf16", "bandwidth_fp16",
+                                               "bandwidth_torch"};
 
 constexpr const char* kFlopsHint =
     "write a rate with a unit, e.g. 11.3TFLOP/s, 312 TFLOP/s or 500GFLOP/s (prefixes k, M, G, T, P; case-sensitive)";
@@ -321,6 +322,8 @@ void apply_cpu_adam(CpuAdam& c, const Entry& e, const std::string& what) {
     c.bf16_bytes_per_s = get_link_bandwidth(x->value, what + ".bandwidth_bf16");
   if (const Entry* x = find(map, "bandwidth_fp16"))
     c.fp16_bytes_per_s = get_link_bandwidth(x->value, what + ".bandwidth_fp16");
+  if (const Entry* x = find(map, "bandwidth_torch"))
+    c.torch_bytes_per_s = get_link_bandwidth(x->value, what + ".bandwidth_torch");
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -88,11 +88,15 @@ struct GpuRates {
 // bf16_bytes_per_s / fp16_bytes_per_s: the same step when the gradients arrive and the updated weights leave in
 // that 2-byte type, the casts fused into the step (DeepSpeed's CPU Adam; `harmony-run probe` measures them), in FP32
 // parameter bytes per second; 0 = not given (bytes_per_s prices such a layer, as before).
+// torch_bytes_per_s: the step as PyTorch's own torch.optim.AdamW runs it on CPU tensors (a model with cpu_optimizer:
+// torch), FP32 parameter bytes per second whatever the model's dtype (its casts run on the GPU); 0 = bytes_per_s (or
+// its default) / kTorchCpuAdamSlowdown (core/model/analytic.hpp).
 struct CpuAdam {
   double bytes_per_s = 0;
   double per_layer_s = 0;
   double bf16_bytes_per_s = 0;
   double fp16_bytes_per_s = 0;
+  double torch_bytes_per_s = 0;
 };
 
 // Measured rates of the ways data crosses between host memory and a GPU, and of the host-only passes of the bf16

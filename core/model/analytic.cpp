@@ -853,6 +853,27 @@ std::vector<AnalyticLayerInfo> analytic_layer_info(const AnalyticSpec& spec) {
   return out;
 }
 
+namespace {
+
+// The CPU step's rate, in bytes of its parameters per second. A mixed-precision model's step takes its gradients in and
+// hands its weights out in the 2-byte type: the rate measured with those casts fused (cpu_adam.bandwidth_bf16 / _fp16,
+// `harmony-run probe`) where the machine gives one. A pure 2-byte step casts nothing: the plain rate over its 2-byte
+// tensors (half the FP32 step's bytes). PyTorch's own optimizer on CPU tensors (cpu_optimizer: torch): FSDP casts on
+// the GPU, so its step has no fused casts to price; its rate, or the plain rate over the published gap
+// (kTorchCpuAdamSlowdown).
+double cpu_step_bytes_per_s(const AnalyticSpec& spec, const CpuAdam& cpu) {
+  const double plain_bps = cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
+  if (spec.cpu_optimizer == CpuOptimizerImpl::Torch)
+    return cpu.torch_bytes_per_s > 0 ? cpu.torch_bytes_per_s : plain_bps / kTorchCpuAdamSlowdown;
+  const double cast_bps = !fp32_optimizer(spec)       ? 0.0
+                          : spec.dtype == DType::Bf16 ? cpu.bf16_bytes_per_s
+                          : spec.dtype == DType::Fp16 ? cpu.fp16_bytes_per_s
+                                                      : 0.0;
+  return cast_bps > 0 ? cast_bps : plain_bps;
+}
+
+}  // namespace
+
 Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAdam& cpu) {
   if (const std::string p = analytic_spec_problem(spec); !p.empty()) throw ScheduleError("analytic model: " + p);
   // (not a spec problem: the config's dtype may be chosen by the machine after parsing; load_model locates it)
@@ -874,16 +895,9 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   r.mem_bw = gpu.memory_bytes_per_s;
   r.vec_eff = gpu.vector_efficiency > 0 ? gpu.vector_efficiency : 1.0;
   r.floor_s = gpu.kernel_floor_s;
-  // A mixed-precision model's step takes its gradients in and hands its weights out in the 2-byte type: the rate
-  // measured with those casts fused (cpu_adam.bandwidth_bf16 / _fp16, `harmony-run probe`) where the machine gives
-  // one. A pure 2-byte step casts nothing: the plain rate over its 2-byte tensors (half the FP32 step's bytes).
   const bool fp32_step = fp32_optimizer(spec);
-  const double cast_bps = !fp32_step                  ? 0.0
-                          : spec.dtype == DType::Bf16 ? cpu.bf16_bytes_per_s
-                          : spec.dtype == DType::Fp16 ? cpu.fp16_bytes_per_s
-                                                      : 0.0;
   const double step_bytes_per_param = fp32_step ? 4.0 : 2.0;
-  const double adam_bps = cast_bps > 0 ? cast_bps : cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
+  const double adam_bps = cpu_step_bytes_per_s(spec, cpu);
   const double adam_layer_s = cpu.per_layer_s > 0 ? cpu.per_layer_s : kDefaultAdamLayerS;
   const double bpe = dtype_bytes(spec.dtype);
 

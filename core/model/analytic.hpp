@@ -30,6 +30,18 @@ enum class OptimizerKind {
   Sgd,       // no state
   Momentum,  // SGD with momentum: 1 FP32 buffer per parameter
 };
+// Which implementation runs the CPU optimizer step (docs/config.md, `cpu_optimizer`): the machine's cpu_adam rates
+// are those of a vectorised, multi-threaded, one-pass CPU Adam; PyTorch's own torch.optim.AdamW on CPU tensors (FSDP's
+// CPUOffload(offload_params=True), torchtune's and Accelerate's FSDP CPU offload) is several times slower.
+enum class CpuOptimizerImpl {
+  Deepspeed,  // DeepSpeedCPUAdam, Colossal-AI's HybridAdam / CPUAdam, harmony-run's ParallelAdamW: cpu_adam.bandwidth
+  Torch,      // torch.optim.AdamW / Adam / SGD stepping CPU tensors (foreach or for-loop): cpu_adam.bandwidth_torch
+};
+// cpu_adam.bandwidth_torch's default: cpu_adam.bandwidth divided by this. DeepSpeed documents its CPU Adam as "between
+// 5x to 7x" faster than torch.optim.Adam(W) (deepspeed/ops/adam/cpu_adam.py, DeepSpeedCPUAdam's docstring; the
+// ZeRO-Offload tutorial: "5X-7X faster than the standard PyTorch implementation"); the low end, as
+// scripts/torch-adamw-vs-host.py measured a smaller gap on a 2-vCPU VM (docs/benchmarks.md).
+inline constexpr double kTorchCpuAdamSlowdown = 5.0;
 enum class KernelStyle {
   Eager,  // op by op as PyTorch eager runs the Hugging Face code the bundled profiles measured
   Fused,  // fused scale-mask-softmax, GELU and bias-dropout-residual kernels (Megatron style); no flash attention
@@ -73,6 +85,7 @@ struct AnalyticSpec {
   // master and the moments in dtype (Model::fp32_optimizer). Must be true for fp32.
   bool master_weights = true;
   OptimizerKind optimizer = OptimizerKind::Adam;
+  CpuOptimizerImpl cpu_optimizer = CpuOptimizerImpl::Deepspeed;  // which implementation prices the CPU step
   KernelStyle kernels = KernelStyle::Eager;
   bool dropout = true;       // dropout layers are present (training mode)
   int layers_per_block = 1;  // gpt: 1, one layer a block; 2, its attention and MLP halves (block{i}.attn, .mlp)

@@ -926,6 +926,65 @@ TEST_CASE("a bf16 / fp16 model's CPU update is priced at cpu_adam's rate with th
   CHECK(update(DType::Fp16, plain) == doctest::Approx(1 / 4e9));
 }
 
+TEST_CASE("cpu_optimizer: torch prices the CPU step at cpu_adam.bandwidth_torch, by default bandwidth / 5") {
+  CpuAdam adam;
+  adam.bytes_per_s = 4e9;
+  adam.per_layer_s = 100e-6;
+  adam.bf16_bytes_per_s = 2e9;  // DeepSpeed's fused casts: not torch's step (FSDP casts on the GPU)
+  const auto step = [&](DType dtype, CpuOptimizerImpl impl, const CpuAdam& cpu) {
+    AnalyticSpec s = preset("gpt2-small");
+    s.dtype = dtype;
+    s.cpu_optimizer = impl;
+    s.ubatch_sizes = {1};
+    const Layer block = analytic_model(s, paper_rates(), cpu).layers[1];
+    return block.update_time_cpu_s - cpu.per_layer_s;  // the rate's part; the fixed cost is the same
+  };
+  const double ds = step(DType::Fp32, CpuOptimizerImpl::Deepspeed, adam);
+  CHECK(kTorchCpuAdamSlowdown == 5.0);
+  CHECK(step(DType::Fp32, CpuOptimizerImpl::Torch, adam) == doctest::Approx(ds * kTorchCpuAdamSlowdown));
+  // a bf16 model's torch step is the fp32 one (not the fused-cast rate over 5)
+  CHECK(step(DType::Bf16, CpuOptimizerImpl::Torch, adam) == doctest::Approx(ds * kTorchCpuAdamSlowdown));
+  CHECK(step(DType::Bf16, CpuOptimizerImpl::Deepspeed, adam) == doctest::Approx(ds * 2));
+  // a measured torch rate replaces the factor
+  CpuAdam measured = adam;
+  measured.torch_bytes_per_s = 1e9;
+  CHECK(step(DType::Fp32, CpuOptimizerImpl::Torch, measured) == doctest::Approx(ds * 4));
+  CHECK(step(DType::Fp32, CpuOptimizerImpl::Deepspeed, measured) == doctest::Approx(ds));  // deepspeed: untouched
+  // no rate at all: the documented default (3.6 GB/s) over 5
+  const CpuAdam none;
+  AnalyticSpec s = preset("gpt2-small");
+  s.ubatch_sizes = {1};
+  const Layer d = analytic_model(s, paper_rates(), none).layers[1];
+  s.cpu_optimizer = CpuOptimizerImpl::Torch;
+  const Layer t = analytic_model(s, paper_rates(), none).layers[1];
+  CHECK(t.update_time_cpu_s - 340e-6 == doctest::Approx((d.update_time_cpu_s - 340e-6) * 5));
+}
+
+TEST_CASE("cpu_optimizer and cpu_adam.bandwidth_torch in a config: parsed, and bad values located with the fix") {
+  const std::string torch_model = "model: {analytic: {preset: gpt2-small, cpu_optimizer: torch}}\n";
+  RunConfig c = load_config_text(torch_model + kPlan, "run.yaml");
+  CHECK(c.model.analytic->cpu_optimizer == CpuOptimizerImpl::Torch);
+  c = load_config_text("model: {analytic: gpt2-small}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->cpu_optimizer == CpuOptimizerImpl::Deepspeed);  // the default: outputs as before
+  c = load_config_text(torch_model + "machine: {preset: paper-1080ti, cpu_adam: {bandwidth_torch: 0.7GB/s}}\n" + kPlan,
+                       "run.yaml");
+  CHECK(c.machine.cpu_adam.torch_bytes_per_s == doctest::Approx(0.7e9));
+  CHECK(c.machine.cpu_adam.bytes_per_s == doctest::Approx(3.6e9));        // the base's
+  CHECK(machine_preset("a100-pcie-8x").cpu_adam.torch_bytes_per_s == 0);  // presets: bandwidth / 5
+
+  ConfigError e = config_error("model: {analytic: {preset: gpt2-small, cpu_optimizer: pytorch}}\n" + kPlan);
+  check_at(e, 1, 55);
+  CHECK(contains(e.message(), "unknown model.analytic.cpu_optimizer 'pytorch'"));
+  CHECK(contains(e.hint(), "torch"));
+  e = config_error(
+      "model: {analytic: gpt2-small}\nmachine: {preset: paper-1080ti, cpu_adam: {bandwidth_torch: 0.7}}\n" + kPlan);
+  check_at(e, 2, 61);
+  CHECK(contains(e.message(), "no unit"));
+  e = config_error(
+      "model: {analytic: gpt2-small}\nmachine: {preset: paper-1080ti, cpu_adam: {bandwidth_trch: 1GB/s}}\n" + kPlan);
+  CHECK(contains(e.hint(), "did you mean 'bandwidth_torch'"));
+}
+
 TEST_CASE("master_weights false: pure 2-byte training keeps no FP32 master, 2-byte moments, a cast-free step") {
   CpuAdam adam;
   adam.bytes_per_s = 4e9;

@@ -12,6 +12,7 @@
 
 #include "core/base/error.hpp"
 #include "core/kinds/kinds.hpp"
+#include "core/model/analytic.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/task_graph.hpp"
 #include "sim/engine/cost_native.hpp"
@@ -188,6 +189,30 @@ TEST_CASE("host memory bandwidth: the optimizer's DRAM traffic bounds it and it 
   CHECK(r.timeline.end_ps[z(u)] == 1400 * kUs);
   CHECK(r.timeline.end_ps[z(wb)] == 1700 * kUs);
   CHECK(r.link_stats[z(r.graph.host_memory)].bytes == 68'000);
+}
+
+TEST_CASE("cpu_optimizer: torch: the native model's host update of an analytic block takes 5x its rate's time") {
+  // A gpt2-small block's update on the CPU stream (no host memory bandwidth: CPU time only) ends at the layer's
+  // update_time_cpu_s: per_layer + params x 4 / rate. torch's rate is cpu_adam.bandwidth / kTorchCpuAdamSlowdown.
+  core::CpuAdam adam;
+  adam.bytes_per_s = 8e9;
+  adam.per_layer_s = 100e-6;
+  core::AnalyticSpec s = *core::analytic_preset("gpt2-small");
+  s.ubatch_sizes = {1};
+  core::GpuRates gpu;
+  gpu.matrix_fp32_flops_per_s = 10e12;
+  gpu.memory_bytes_per_s = 500e9;
+  const core::Model ds = core::analytic_model(s, gpu, adam);
+  s.cpu_optimizer = core::CpuOptimizerImpl::Torch;
+  const core::Model torch = core::analytic_model(s, gpu, adam);
+  const auto update_s = [&](const core::Model& model) {
+    Builder b;
+    const int u = b.add(Stream::Cpu, OpKind::Update, 0, 1);
+    return static_cast<double>(sim::run_native(b.p, model, box()).timeline.end_ps[z(u)]) * 1e-12;
+  };
+  const double params = static_cast<double>(ds.layers[1].param_count);
+  CHECK(update_s(ds) == doctest::Approx(100e-6 + params * 4 / 8e9));
+  CHECK(update_s(torch) - 100e-6 == doctest::Approx((update_s(ds) - 100e-6) * core::kTorchCpuAdamSlowdown));
 }
 
 TEST_CASE("host gradient sums cost host memcpy time after the D2H copy") {
