@@ -1,6 +1,5 @@
-// The baseline interpreter (baseline_interpreter.hpp): construction, the step's lifecycle, the dispatch of a group,
-// resident state, and tensors at run time; its static analysis is in baseline_analysis.cpp, its ops in
-// baseline_ops.cpp.
+// The baseline interpreter (baseline_interpreter.hpp): construction (FlowInterpreter::analyse over its tensors), the
+// step's lifecycle and its tensors' names; its ops are FlowInterpreter's.
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -19,12 +18,12 @@ using core::OpKind;
 BaselineInterpreter::BaselineInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s,
                                          const ExecutorOptions& o)
     : FlowInterpreter(prog, std::move(d), s, o) {
-  R_ = m.num_layers();
-  N_ = p.num_devices();
-  pp_ = !p.graph.plan.kind->data_parallel;  // pp-swap
-  resident_ = p.graph.plan.kind->resident_state;
-  analyse();
-  if (resident_) make_states();
+  // Which version each read sees (flow_versions.hpp); a resident kind's W and DW are the DeviceState's, ordered by
+  // check_resident_updates.
+  const bool resident = p.graph.plan.kind->resident_state;
+  analyse([resident](const Key& k) { return !(resident && in_state(k.kind)); },
+          [this](const Key& k) { return tname(k); });
+  if (resident) make_states();
 }
 
 void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
@@ -33,10 +32,7 @@ void BaselineInterpreter::begin_step(std::span<const std::int32_t> inputs, std::
   losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
   loss_written.assign(static_cast<std::size_t>(B), 0);
   store.begin_step();
-  written_.clear();
-  brought_.assign(p.ops.size(), 0);
-  updated_.assign(static_cast<std::size_t>(R_), 0);
-  gathered_.assign(static_cast<std::size_t>(R_), 0);
+  begin_updates();
   qr.begin_step();
   zero_state_grads();  // resident: every BWD adds into the device gradient
 }
@@ -55,10 +51,6 @@ std::string BaselineInterpreter::tname(const Key& k) const {
   if (k.n == 0) return fmt::format("{} {} of layer {}", where, tk_name(k.kind), k.layer);
   return fmt::format("{} {} of layer {} samples [{}, {})", where, tk_name(k.kind), k.layer, k.s0, k.s0 + k.n);
 }
-
-Tensor& BaselineInterpreter::get(int o, const Key& k) { return store.get(o, p.dataflow.find(k)); }
-
-Tensor& BaselineInterpreter::put(int o, const Key& k, Bytes bytes) { return make(o, p.dataflow.find(k), bytes); }
 
 }  // namespace baseline_impl
 

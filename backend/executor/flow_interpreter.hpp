@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -45,7 +47,8 @@ class FlowInterpreter : public Interpreter {
   // The group's work, enqueued on its members' streams: a P2P pair (run_pair), a collective (run_ard, run_ag, run_rs:
   // its members in device order), a move (run_move), a DEL (the versions it frees dropped) or one op (run_op).
   void run_group(const std::vector<int>& g);
-  virtual void run_op(int o) = 0;
+  // One op of no group: WB (run_wb), FWD and REC (forward), BWD (backward), dWB (run_dwb), Update (run_update).
+  void run_op(int o);
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
   void tokens_in(int o, int id, int s0, int n);
   bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
@@ -159,6 +162,45 @@ class FlowInterpreter : public Interpreter {
   void run_ag(const std::vector<int>& g);
   void run_rs(const std::vector<int>& g);
 
+  // ---- gradients out and Updates (flow_update.cpp) ----
+  // The analysis every kind runs when the executor is built: the Program's dataflow present, the groups, the host
+  // gradients' writers and the Updates' edges (plan_updates), the versions over the Program's order and the tie (the
+  // edges that order the writers would hide a missing dependency), the Program's frees and Updates checked, then the
+  // writers' edges joined (ScheduleViolation on a cycle).
+  void analyse(FlowVersions::Tracked tracked, FlowVersions::Name name, const FlowVersions::Ranged& ranged = nullptr);
+  // The host gradient policy, one for every kind: a layer has one host gradient (HostState::grads), written by the
+  // dWBs of its layer range (a pack's layers, or a rank's shard: what the dWB reads, DW or DWShard). An all-reduced
+  // range (ARD: every replica brings the same sum) is written by its lowest replica's dWBs alone; the other replicas'
+  // land in their queue's bounce buffer, unused, and wait for nobody (ordering them after each other would hold their
+  // device gradients longer). A sharded range's (RS) ranks write their own shards. The first writer of a range (per
+  // rank, sharded) copies straight into it; the later ones add through their queue's bounce buffer, each after the
+  // previous writer (writers in (device, queue) order; a sharded range's ranks write disjoint shards and do not wait
+  // for each other). Each range is updated once, by its lowest device's Update (the owner), after every writer of the
+  // range; the tie: the Update of layer 0 also reads the head's lm_head gradient (HostState::update), so it waits for
+  // the head's writers too (core::Model cannot express it). A resident kind's Update of layer 0 waits for the head's
+  // BWD and ARD on its device instead. harmony-sim's host account counts the same bounce buffers
+  // (sim::accumulate_bounce_bytes).
+  void plan_updates();
+  // The dWBs whose gradient Update u needs, the tie's included: its own device's for an all-reduced range
+  // (the Program orders them), else every one of the range.
+  std::vector<int> update_sources(int u) const;
+  // Every Update comes after the dWBs of update_sources and every WB that reads the host weights it overwrites
+  // (its layers; layer 0 also the head's tied lm_head); every layer with parameters is updated.
+  void check_updates(const Ancestry& anc) const;
+  // A resident Program moves no weights or gradients to or from the host, and on every device updates each layer with
+  // parameters exactly once, on the device, after every op of that device that reads the layer's weights or adds to
+  // its gradient (layer 0's also after the head's: the tied lm_head gradient joins wte's update).
+  void check_resident_updates(const Ancestry& anc) const;
+  // dWB: the gradient op o reads into its part of the host gradient (plan_updates' policy).
+  void run_dwb(int o);
+  // Update: AdamW on the host masters of the op's layers, by the range's owner once its sources brought this step's
+  // gradients (the others do nothing: the replicas' Updates see the same sum); a resident kind's on the device.
+  void run_update(int o);
+  // The tensor of weight gradient op o (a dWB) reads: DW, or a rank's DWShard.
+  int grad_read(int o) const;
+  // Per step: nothing brought to the host yet.
+  void begin_updates() { brought.assign(p.ops.size(), 0); }
+
   // ---- resident state (flow_state.cpp) ----
   // A kind with resident state (PlanKindSpec::resident_state) keeps its weights, gradients and AdamW state in one
   // DeviceState per device across steps (`states`, empty otherwise): make_states fills them from the HostState
@@ -214,10 +256,26 @@ class FlowInterpreter : public Interpreter {
   std::vector<std::vector<int>> groups;              // per op: the ops run with it (op_groups)
   std::vector<int> state_op;                         // resident: per device, an op of its compute queue (state_stream)
   std::vector<std::unique_ptr<DeviceState>> states;  // resident: per device; after qr, whose streams they use
+  // plan_updates: per layer range, its dWBs in (device, queue) order; the ranges all-reduced or sharded
+  std::map<std::pair<int, int>, std::vector<int>> range_dwbs;
+  std::set<std::pair<int, int>> replicated, sharded;
+  std::map<std::pair<int, int>, std::vector<int>> range_writers;  // per layer range: the dWBs that write it
+  std::vector<char> writes;                                       // per op: a dWB that writes the host gradient
+  std::vector<char> first_write;              // per op: a writer that copies into it (the others add)
+  std::vector<char> owner;                    // per op: an Update that runs AdamW (its range's lowest device's)
+  std::vector<std::vector<int>> write_edges;  // per op: the edges ordering the writers (joined into extra last)
+  // Per queue: where a dWB that adds to a host gradient lands first, as large as its largest such dWB; kept across
+  // steps (pinned in a real system: one per process), metered as staging.
+  struct Bounce {
+    std::vector<float> floats;
+    MeteredBytes metered;
+  };
+  std::map<std::size_t, Bounce> bounce;
   // per step
   std::span<const std::int32_t> in, tgt;   // the step's inputs and targets
   std::vector<float> losses;               // per token: the head's losses
   std::vector<std::uint8_t> loss_written;  // per sample: how many ops wrote its losses
+  std::vector<char> brought;               // per op: the dWB ran this step
 };
 
 }  // namespace harmony::backend::detail

@@ -158,6 +158,7 @@ void FlowVersions::check_frees(const Ancestry& anc) const {
       if (!tracked_(df.tensor(id))) continue;
       const auto& w = writes_[f];
       int v = std::find(w.begin(), w.end(), id) != w.end() ? fo : -1;
+      if (v < 0 && producers_[static_cast<std::size_t>(id)].empty()) continue;  // nothing ever written: nothing to free
       if (v < 0) {
         try {
           v = reaching(anc, fo, id);

@@ -70,7 +70,8 @@ class FlowVersions {
 
   // The Program's frees are honoured: every read of a version happens before each op that frees that version (or
   // is that op: an op frees at its end). The version a free names is the one the op writes, else the one it would
-  // read. Frees of untracked tensors are not checked.
+  // read. Frees of untracked tensors, and of tensors no op writes (a Harmony task's DEL names its gradient whether or
+  // not the task makes one), are not checked.
   void check_frees(const Ancestry& anc) const;
 
   // Tensor `id`'s name, for messages.

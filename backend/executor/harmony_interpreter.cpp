@@ -1,6 +1,6 @@
-// The Harmony interpreter's data flow (harmony_interpreter.hpp): construction (the Update owners, the tie's edges,
-// the version analysis of its device tensors), device tensors by dataflow id in the shared store, the host channels
-// with their per-sample checks, the step's lifecycle and the dispatch of a group. Its ops run in harmony_ops.cpp.
+// The Harmony interpreter's data flow (harmony_interpreter.hpp): construction (FlowInterpreter::analyse over its
+// device tensors and host channels), device tensors by dataflow id, the host channels with their per-sample checks and
+// the step's lifecycle. Its ops are FlowInterpreter's.
 #include <algorithm>
 #include <memory>
 
@@ -34,66 +34,14 @@ HC host_chan(core::FlowKind k) {
 HarmonyInterpreter::HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s,
                                        const ExecutorOptions& o)
     : FlowInterpreter(prog, std::move(d), s, o) {
-  if (!p.dataflow.covers(p))
-    throw BackendError(
-        fmt::format("executor: the {} Program carries no dataflow for its {} ops (lower it with "
-                    "core::lower_harmony)",
-                    p.graph.plan.kind.name(), p.ops.size()));
   if (p.graph.plan.kind->data_parallel && static_cast<int>(p.devices.size()) != p.num_devices())
     throw BackendError(fmt::format("executor: {} Program lowered for GPU 0 only (set dp_first_gpu_only = false)",
                                    p.graph.plan.kind.name()));
-  for (std::size_t o = 0; o < p.ops.size(); ++o) {
-    const core::Op& op = p.ops[o];
-    if (op.kind != OpKind::Update) continue;
-    const std::pair<int, int> r{op.layers.first, op.layers.last};
-    auto [it, fresh] = update_owner.emplace(r, op.device);
-    if (!fresh) it->second = std::min(it->second, op.device);
-  }
-  for (std::size_t o = 0; o < p.ops.size(); ++o) {  // the owner's dWB is the one that fills HostState::grads
-    const core::Op& op = p.ops[o];
-    if (op.kind != OpKind::Update || !owns_update(op)) continue;
-    const bool local = std::any_of(p.ops.begin(), p.ops.end(), [&](const core::Op& g) {
-      return g.kind == OpKind::dWB && g.device == op.device && g.layers == op.layers;
-    });
-    if (!local)
-      throw BackendError(
-          fmt::format("executor: op {} updates a pack whose dWB is on another GPU", label(static_cast<int>(o))));
-  }
-  tie_edges();
-  anc = Ancestry(p, extra);
   // Device tensors in versions; the host channels per sample (each read's samples resolved to their writers, and
   // refused where a writer is unordered with the reader), so a missing dependency is refused before any step.
-  analyse_versions(
-      anc, [](const core::FlowTensor& t) { return !core::on_host(t.kind); },
-      [this](const core::FlowTensor& t) { return tname(t); },
-      [](const core::FlowTensor& t) { return core::on_host(t.kind); });
-  groups = detail::op_groups(p);
-}
-
-void HarmonyInterpreter::tie_edges() {
-  extra.assign(p.ops.size(), {});
-  // the dWBs of each pack, in rank order (one per replica under Harmony-DP)
-  std::map<std::pair<int, int>, std::vector<int>> dwbs;
-  for (std::size_t g = 0; g < p.ops.size(); ++g) {
-    const core::Op& gp = p.ops[g];
-    if (gp.kind == OpKind::dWB) dwbs[{gp.layers.first, gp.layers.last}].push_back(static_cast<int>(g));
-  }
-  for (auto& [range, list] : dwbs) {
-    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
-      return p.ops[static_cast<std::size_t>(a)].device < p.ops[static_cast<std::size_t>(b)].device;
-    });
-    for (std::size_t i = 1; i < list.size(); ++i) extra[static_cast<std::size_t>(list[i])].push_back(list[i - 1]);
-  }
-  const int head = m.head_layer();
-  for (std::size_t u = 0; u < p.ops.size(); ++u) {
-    const core::Op& up = p.ops[u];
-    if (up.kind != OpKind::Update || !owns_update(up)) continue;
-    for (const auto& [range, list] : dwbs) {
-      const bool own = range == std::pair{up.layers.first, up.layers.last};
-      const bool tie = head != 0 && up.layers.first == 0 && range.first <= head && head <= range.second;
-      if (own || tie) extra[u].insert(extra[u].end(), list.begin(), list.end());
-    }
-  }
+  analyse([](const core::FlowTensor& t) { return !core::on_host(t.kind); },
+          [this](const core::FlowTensor& t) { return tname(t); },
+          [](const core::FlowTensor& t) { return core::on_host(t.kind); });
 }
 
 const core::FlowTensor* HarmonyInterpreter::host_in(int o) const {
@@ -189,7 +137,7 @@ void HarmonyInterpreter::begin_step(std::span<const std::int32_t> inputs, std::s
   losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
   loss_written.assign(static_cast<std::size_t>(B), 0);
   store.begin_step();
-  grad_producer.assign(devs.size(), std::vector<int>(static_cast<std::size_t>(m.num_layers()), -1));
+  begin_updates();
   qr.begin_step();
 }
 

@@ -1,6 +1,5 @@
-// The Harmony interpreter's class (Harmony-PP / Harmony-DP Programs, core::lower_harmony), private to its two files:
-// harmony_interpreter.cpp keeps its data flow (device tensors as versions in FlowInterpreter's store, the host
-// channels, the step's lifecycle); harmony_ops.cpp runs its ops.
+// The Harmony interpreter's class (Harmony-PP / Harmony-DP Programs, core::lower_harmony), private to
+// harmony_interpreter.cpp: its host channels and the step's lifecycle; every op is FlowInterpreter's.
 #pragma once
 
 #include <cstdint>
@@ -37,27 +36,9 @@ HC host_chan(core::FlowKind k);
 
 class HarmonyInterpreter final : public FlowInterpreter {
  public:
-  Ancestry anc;
-  // Harmony-DP: every replica's Update of a pack sees the same all-reduced gradient, and the shared master is
-  // updated once, by the lowest device's Update (update_owner, per layer range); every replica's dWB writes its
-  // (equal) gradient into HostState::grads, one after another (tie_edges).
-  std::map<std::pair<int, int>, int> update_owner;
-  std::map<std::pair<HC, int>, HostChan> host;
-
   HarmonyInterpreter(const core::Program& prog, std::vector<Device*> d, HostState& s, const ExecutorOptions& o);
 
-  bool happens_before(int a, int b) const { return anc.before(a, b); }
-
-  // The executor-added edges (also in `anc`). The tie: the Update of the pack holding layer 0 also reads the head's
-  // lm_head gradient (HostState::update), a dependency core::Model cannot express; the owning Update waits for the
-  // dWBs of the head's pack. Harmony-DP: every replica's dWB of a pack brings the same all-reduced gradient into the
-  // one host gradient (HostState::grads), in rank order (each waits for the previous replica's), and the owning
-  // Update waits for all of them: one host gradient however many replicas, as harmony-sim's host account has it.
-  void tie_edges();
-  bool owns_update(const core::Op& op) const {
-    auto it = update_owner.find({op.layers.first, op.layers.last});
-    return it == update_owner.end() || it->second == op.device;
-  }
+  std::map<std::pair<HC, int>, HostChan> host;  // per channel and boundary layer
 
   const core::FlowTensor& tensor(int id) const { return p.dataflow.tensor(id); }
   // The host channel op o reads (or writes), as the dataflow names it; nullptr when none. A message between tasks
@@ -93,15 +74,6 @@ class HarmonyInterpreter final : public FlowInterpreter {
   // The moves' host side (FlowInterpreter::run_move): the host channel of the tensor, at its samples.
   const void* host_src(int o, int id) override;
   void* host_dst(int o, int id, Bytes bytes) override;
-
-  std::int64_t w_floats(const core::LayerRange& r) const { return w_offset(r, r.last + 1); }
-
-  // Runs op o (not of a pair or an ARD group) through the run_* step of its kind.
-  void run_op(int o) override;
-  void run_dwb(int o, const core::Op& op);     // the pack's gradient down (a non-owner's into scratch)
-  void run_update(int o, const core::Op& op);  // AdamW on the host masters, by the pack's owner
-
-  std::vector<std::vector<int>> grad_producer;  // per device, per layer: the dWB that brought it this step
 
   // The versions (FlowInterpreter::versions, store) are the device tensors'; the host channels' reads are resolved per
   // sample by the same analysis (FlowVersions::sample_reads), their memory one buffer per channel. A version is freed

@@ -447,12 +447,18 @@ TEST_CASE("host memory: the HostState once, one host gradient per layer, a bounc
     int bounces;  // GPUs with a bounce buffer
   };
   // dp-swap, weights swapped: a dWB per microbatch on both replicas; replica 0 copies its first and adds its second,
-  // replica 1's land in its bounce. l2l: one dWB per layer and GPU; GPU 0 copies, GPU 1 adds.
-  for (const Case& c : {Case{"dp-swap", core::SwapChoice::Swap, 2}, Case{"l2l", core::SwapChoice::Keep, 1}}) {
+  // replica 1's land in its bounce. dp-swap, weights kept: one dWB per layer and replica; replica 0 copies, replica 1's
+  // land in its bounce. Harmony-DP, one-layer packs: the same, whatever the kind (issue 33: its replicas used to write
+  // the same sum one after another, each copying, and kept no bounce). l2l: one dWB per layer and GPU; GPU 0 copies,
+  // GPU 1 adds.
+  for (const Case& c : {Case{"dp-swap", core::SwapChoice::Swap, 2}, Case{"dp-swap", core::SwapChoice::Keep, 1},
+                        Case{"harmony-dp", core::SwapChoice::Keep, 1}, Case{"l2l", core::SwapChoice::Keep, 1}}) {
     CAPTURE(std::string(c.kind));
     Setup s(2);
     const core::Program prog =
-        lower_swapping_plan(*s.model, swapping_plan(plan_kind(c.kind), 2, 1, c.weights, core::SwapChoice::Keep));
+        plan_kind(c.kind)->packs
+            ? lower_harmony_plan(*s.model, plan_kind(c.kind), 2, 1, 1, 1, false)
+            : lower_swapping_plan(*s.model, swapping_plan(plan_kind(c.kind), 2, 1, c.weights, core::SwapChoice::Keep));
     // replica sums on the devices, as harmony-run's (the host path's sum is a transient of its own)
     Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .communicator = s.comm.get()});
     const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
