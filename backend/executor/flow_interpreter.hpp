@@ -1,8 +1,9 @@
 // What both interpreters share over a Program's dataflow, whatever its kind: the per-queue streams and events
 // (QueueResources), the executor's added edges, the version analysis (FlowVersions), the step's tensor store
 // (FlowStore), the groups (op_groups), the issue of a group (ordered after its preds; a host group, its ops on the
-// CPU stream, waited for on the host), and every op whose work its dataflow says: weights up, moves, P2P pairs,
-// compute, collectives, deletes; the rest (gradients down, Updates) to the derived interpreter (run_op).
+// CPU stream, waited for on the host), and every op, for every kind: weights up, moves (host channels included),
+// P2P pairs, compute, collectives, gradients down, Updates, deletes; what still differs (tensor names, the step's
+// lifecycle) to the derived interpreter.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -103,10 +105,30 @@ class FlowInterpreter : public Interpreter {
   void run_move(int o);
   // A tensor's bytes: a forward's saved activations, or a layer's input (or its gradient) over its samples.
   Bytes tensor_bytes(int id) const;
-  // Where a host tensor op o reads lives, and where one it writes goes: a version in `store` (made on the host meter),
-  // or where the interpreter keeps it (Harmony's host channels, per sample).
-  virtual const void* host_src(int o, int id) { return store.get(o, id).data(); }
-  virtual void* host_dst(int o, int id, Bytes bytes) { return make(o, id, bytes).data(); }
+  // Where a host tensor op o reads lives, and where one it writes goes: a version in `store` — made on the host meter,
+  // or, for a ranged tensor, a view of its samples in its channel's buffer; a ranged read's samples come from the
+  // versions its sample runs name (FlowVersions::sample_reads), each checked to be still stored.
+  const void* host_src(int o, int id);
+  void* host_dst(int o, int id, Bytes bytes);
+
+  // ---- ranged host tensors (flow_moves.cpp) ----
+  // A host tensor of no device (Harmony's host channels: activations and stashes swapped out, the copies messages
+  // make) is ranged: written a microbatch at a time and read at other microbatch sizes, its reads resolved per sample
+  // (FlowVersions::sample_reads). Its versions view one buffer per channel (device, kind, layer, owner) for the whole
+  // minibatch, kept across steps (pinned where the devices pin) and on the host meter as harmony-sim's host account
+  // has them: the stashes swapped out as stash, the rest as activations.
+  static bool ranged(const core::FlowTensor& t) { return core::on_host(t.kind) && t.device < 0; }
+  using Channel = std::tuple<int, core::FlowKind, int, int>;
+  static Channel channel_of(const core::FlowTensor& t) { return Channel{t.device, t.kind, t.layer, t.owner}; }
+  // A channel's name by its kind ("host stash", "host dX", ...), for allocations and messages.
+  static const char* channel_name(core::FlowKind k);
+  // The channels the Program's ranged tensors use, and their bytes (the whole minibatch each).
+  std::set<Channel> channels() const;
+  Bytes channel_bytes(const Channel& c) const { return Bytes(B) * per_sample(std::get<2>(c)); }
+  Bytes host_bytes() const override;
+  void allocate_host() override;
+  // Sample s0 of tensor t's channel (allocated here if allocate_host did not foresee it).
+  std::byte* channel_at(const core::FlowTensor& t, int s0);
 
   // ---- compute (flow_compute.cpp) ----
   // FWD or REC over op o's layers, for every kind: from its input (the dataflow's second read: the activation, or a
@@ -271,6 +293,11 @@ class FlowInterpreter : public Interpreter {
     MeteredBytes metered;
   };
   std::map<std::size_t, Bounce> bounce;
+  struct ChannelMemory {
+    HostBuffer data;       // the whole minibatch; kept across steps
+    MeteredBytes metered;  // on the host meter
+  };
+  std::map<Channel, ChannelMemory> channel_mem;  // per channel of the ranged tensors
   // per step
   std::span<const std::int32_t> in, tgt;   // the step's inputs and targets
   std::vector<float> losses;               // per token: the head's losses
