@@ -1,9 +1,9 @@
-// What both interpreters share over a Program's dataflow, whatever its kind: the per-queue streams and events
+// The executor's one interpreter, over a Program's dataflow, whatever its kind: the per-queue streams and events
 // (QueueResources), the executor's added edges, the version analysis (FlowVersions), the step's tensor store
 // (FlowStore), the groups (op_groups), the issue of a group (ordered after its preds; a host group, its ops on the
 // CPU stream, waited for on the host), and every op, for every kind: weights up, moves (host channels included),
-// P2P pairs, compute, collectives, gradients down, Updates, deletes; what still differs (tensor names, the step's
-// lifecycle) to the derived interpreter.
+// P2P pairs, compute, collectives, gradients down, Updates, deletes, a resident kind's device state. Its parts:
+// flow_interpreter.cpp, flow_compute.cpp, flow_moves.cpp, flow_collectives.cpp, flow_state.cpp, flow_update.cpp.
 #pragma once
 
 #include <algorithm>
@@ -27,12 +27,24 @@
 
 namespace harmony::backend::detail {
 
-class FlowInterpreter : public Interpreter {
+// The executor's one interpreter: it runs every kind's Program from the Program's dataflow (what each op reads,
+// writes and frees, its samples), which it resolves to versions and checks when it is built, so a missing dependency
+// is refused before any step. Ops of different queues run on their own streams and worker threads (detail.hpp's lock
+// discipline). A kind with resident state (PlanKindSpec::resident_state) keeps its weights, gradients and AdamW state
+// in one DeviceState per device across steps: its FWD/BWD read them there, its ARD sums them in place, its Update runs
+// AdamW on the device; sync_host_state() copies them back into the HostState.
+class FlowInterpreter final : public Interpreter {
  public:
   // The Program, its devices (one per GPU), the HostState the steps read and write, the options; refuses bf16 on a
-  // device without bf16 kernels.
+  // device without bf16 kernels, a Program without its dataflow, and a data-parallel Program lowered for GPU 0 only;
+  // analyses the dataflow (analyse) and makes a resident kind's DeviceStates.
   FlowInterpreter(const core::Program& program, std::vector<Device*> devices, HostState& state,
                   const ExecutorOptions& options);
+
+  void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
+  // Waits for every stream (the losses' copies, the last updates' inputs, every stream-ordered free), releases the
+  // step's tensors, reports a resident kind's non-finite updates; the step's mean loss.
+  double end_step() override;
 
   const std::vector<std::vector<int>>& extra_deps() const override { return extra; }
   std::vector<int> group(int o) const override { return groups[static_cast<std::size_t>(o)]; }
@@ -45,20 +57,30 @@ class FlowInterpreter : public Interpreter {
   void abandon_step() override { store.clear(); }
   void synchronize() override { qr.synchronize(); }
 
- protected:
+ private:
   // The group's work, enqueued on its members' streams: a P2P pair (run_pair), a collective (run_ard, run_ag, run_rs:
   // its members in device order), a move (run_move), a DEL (the versions it frees dropped) or one op (run_op).
   void run_group(const std::vector<int>& g);
   // One op of no group: WB (run_wb), FWD and REC (forward), BWD (backward), dWB (run_dwb), Update (run_update).
   void run_op(int o);
+  // A tensor's name, for messages and allocations: a host channel's ("host stash 3"), else its device (or the host
+  // of it), kind and layer, a task's own (W, DW of a Harmony task) and its samples where it has some.
+  std::string tname(const core::FlowTensor& t) const;
+  // What the analysis follows as versions: every tensor but a ranged one (resolved per sample) and a resident kind's
+  // W and DW (its DeviceState's).
+  bool tracked(const core::FlowTensor& t) const {
+    const bool in_state = resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
+    return !ranged(t) && !in_state;
+  }
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
   void tokens_in(int o, int id, int s0, int n);
   bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
   // The version analysis over the Program's dataflow and the happens-before order `anc` (its deps, queue order and
-  // `extra`), and the store over it.
-  void analyse_versions(const Ancestry& anc, FlowVersions::Tracked tracked, FlowVersions::Name name,
-                        const FlowVersions::Ranged& ranged = nullptr) {
-    versions = FlowVersions(p, anc, std::move(tracked), std::move(name), ranged);
+  // `extra`): tracked tensors as versions, ranged ones per sample; and the store over it.
+  void analyse_versions(const Ancestry& anc) {
+    versions = FlowVersions(
+        p, anc, [this](const core::FlowTensor& t) { return tracked(t); },
+        [this](const core::FlowTensor& t) { return tname(t); }, [](const core::FlowTensor& t) { return ranged(t); });
     store = FlowStore(p, versions, qr);
   }
 
@@ -189,7 +211,7 @@ class FlowInterpreter : public Interpreter {
   // gradients' writers and the Updates' edges (plan_updates), the versions over the Program's order and the tie (the
   // edges that order the writers would hide a missing dependency), the Program's frees and Updates checked, then the
   // writers' edges joined (ScheduleViolation on a cycle).
-  void analyse(FlowVersions::Tracked tracked, FlowVersions::Name name, const FlowVersions::Ranged& ranged = nullptr);
+  void analyse();
   // The host gradient policy, one for every kind: a layer has one host gradient (HostState::grads), written by the
   // dWBs of its layer range (a pack's layers, or a rank's shard: what the dWB reads, DW or DWShard). An all-reduced
   // range (ARD: every replica brings the same sum) is written by its lowest replica's dWBs alone; the other replicas'
@@ -240,7 +262,7 @@ class FlowInterpreter : public Interpreter {
  public:
   void sync_host_state() override;
 
- protected:
+ private:
   // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory
   // `dst` on o's stream — bf16: rounded to nearest even on the host and staged up; fp32: copied, read when the copy
   // runs (the Updates that overwrite the masters wait for o's event).
@@ -271,6 +293,7 @@ class FlowInterpreter : public Interpreter {
   int B = 0, T = 0;       // minibatch, sequence length
   DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
   Bytes es = 4;           // bytes per device element
+  bool resident = false;  // PlanKindSpec::resident_state: W, DW and AdamW state in `states`
   QueueResources qr;      // per queue: its stream, events, AdamW pool
   std::vector<std::vector<int>> extra;               // per op: the executor's added edges (extra_deps)
   FlowVersions versions;                             // which version each read sees, the reads per version

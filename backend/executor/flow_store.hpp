@@ -1,4 +1,4 @@
-// The step's tensors as both interpreters keep them: one entry per version of a dataflow tensor (flow_versions.hpp),
+// The step's tensors as the interpreter keeps them: one entry per version of a dataflow tensor (flow_versions.hpp),
 // made by the op that writes it, handed to the ops that read it, updated in place by its last reader, and freed
 // after its last read (stream-ordered, QueueResources::retire). No plan kind is named here.
 #pragma once

@@ -21,8 +21,7 @@ namespace {
 std::pair<int, int> range_of(const core::Op& op) { return {op.layers.first, op.layers.last}; }
 }  // namespace
 
-void FlowInterpreter::analyse(FlowVersions::Tracked tracked, FlowVersions::Name name,
-                              const FlowVersions::Ranged& ranged) {
+void FlowInterpreter::analyse() {
   if (!p.dataflow.covers(p))
     throw BackendError(
         fmt::format("executor: the {} Program carries no dataflow for its {} ops (lower it with "
@@ -31,9 +30,9 @@ void FlowInterpreter::analyse(FlowVersions::Tracked tracked, FlowVersions::Name 
   groups = detail::op_groups(p);
   plan_updates();
   const Ancestry anc(p, extra);
-  analyse_versions(anc, std::move(tracked), std::move(name), ranged);
+  analyse_versions(anc);
   versions.check_frees(anc);
-  if (p.graph.plan.kind->resident_state) {
+  if (resident) {
     check_resident_updates(anc);
   } else {
     // A collective group runs once every member's preds have run (run): its members follow each other's preds, which
@@ -95,7 +94,7 @@ void FlowInterpreter::plan_updates() {
   for (std::size_t u = 0; u < n; ++u) {
     const core::Op& up = p.ops[u];
     if (up.kind != OpKind::Update || up.layers.first != 0 || head == 0) continue;
-    if (p.graph.plan.kind->resident_state) {  // the head's gradient complete on this device
+    if (resident) {  // the head's gradient complete on this device
       for (std::size_t x = 0; x < n; ++x) {
         const core::Op& xo = p.ops[x];
         if (xo.device == up.device && xo.layers.first == head && (xo.kind == OpKind::BWD || xo.kind == OpKind::ARD))
@@ -107,7 +106,7 @@ void FlowInterpreter::plan_updates() {
       if (at(g).layers.first != up.layers.first) extra[u].push_back(g);
   }
   for (std::size_t u = 0; u < n; ++u) {  // the owner also waits for every writer of what it reads
-    if (owner[u] == 0 || p.graph.plan.kind->resident_state) continue;
+    if (owner[u] == 0 || resident) continue;
     for (const auto& [range, list] : range_writers) {
       const bool own = range == range_of(p.ops[u]);
       const bool tie = head != 0 && p.ops[u].layers.first == 0 && range.first <= head && head <= range.second;

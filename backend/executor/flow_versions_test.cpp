@@ -1,4 +1,4 @@
-// FlowVersions (backend/executor/flow_versions.hpp), the version analysis both interpreters share, on hand-made
+// FlowVersions (backend/executor/flow_versions.hpp), the interpreter's kind-free version analysis, on hand-made
 // Programs: which write each read sees, the reads per version, and the refusals (no producer, a producer the reader
 // does not depend on, two unordered producers, a dead later version, a free before a read); FlowStore
 // (flow_store.hpp): a version is freed after its last read and updated in place by its last reader; and op_groups.

@@ -337,8 +337,8 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
   }
 }
 
-// The executor picks its interpreter by the Program's kind and refuses a Program whose task graph contradicts it
-// (a baseline kind with Harmony tasks, a Harmony kind without): it used to guess the dialect from the tasks alone.
+// The executor refuses a Program whose task graph contradicts its kind's packs (a baseline kind with Harmony tasks, a
+// Harmony kind without): one interpreter runs both shapes from the dataflow, and a malformed Program is not guessed at.
 TEST_CASE("a Program whose kind and task graph disagree is refused") {
   {
     Setup s(2);
