@@ -309,8 +309,9 @@ class FlowInterpreter final : public Interpreter {
   std::vector<char> first_write;              // per op: a writer that copies into it (the others add)
   std::vector<char> owner;                    // per op: an Update that runs AdamW (its range's lowest device's)
   std::vector<std::vector<int>> write_edges;  // per op: the edges ordering the writers (joined into extra last)
-  // Per queue: where a dWB that adds to a host gradient lands first, as large as its largest such dWB; kept across
-  // steps (pinned in a real system: one per process), metered as staging.
+  // Per queue: where a dWB that adds to a host gradient (or a replica's that does not write) lands first, chunk by
+  // chunk: as large as its largest such dWB in fp32, at most staging_chunk_bytes; kept across steps (pinned in a real
+  // system), metered as staging.
   struct Bounce {
     std::vector<float> floats;
     MeteredBytes metered;

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/bf16.hpp"
 #include "backend/executor/flow_interpreter.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/program_builder.hpp"
@@ -243,19 +244,42 @@ void FlowInterpreter::run_dwb(int o) {
     down(dst);  // no wait: what reads the host gradient next waits for this op's event
     return;
   }
+  // The rest lands in the queue's bounce buffer chunk by chunk, widened to fp32: as many elements as one
+  // staging_chunk_bytes of the gradient's own type holds (the staging rings' chunk in bf16): a writer adds each chunk
+  // into its part of the host gradient, a replica that does not write drops it.
+  const Bytes elem_bytes = dt == DType::BF16 ? Bytes{2} : kF;
+  const std::int64_t cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(staging_chunk_bytes / elem_bytes));
+  const std::int64_t chunk = std::min(total, cap);
   Bounce& b = bounce[qr.queue(o)];  // the queue runs one op at a time: its bounce buffer is free
-  if (static_cast<std::int64_t>(b.floats.size()) < total) {
+  if (static_cast<std::int64_t>(b.floats.size()) < chunk) {
     b.metered.reset();
-    b.floats.assign(static_cast<std::size_t>(total), 0.0f);
-    b.metered = MeteredBytes(host_meter, HostUse::Staging, total * kF);
+    b.floats.assign(static_cast<std::size_t>(chunk), 0.0f);
+    b.metered = MeteredBytes(host_meter, HostUse::Staging, chunk * kF);
   }
-  const std::span<float> landed(b.floats.data(), static_cast<std::size_t>(total));
-  down(std::span<const std::span<float>>(&landed, 1));
-  if (dt == DType::F32) sync(o);  // the bounce buffer is the queue's next dWB's too
-  if (!writes_host) return;       // another replica's copy of the sum the writer brings
-  std::size_t at_b = 0;
-  for (const std::span<float> s : dst)
-    for (float& x : s) x += b.floats[at_b++];
+  std::size_t k = 0, off = 0;  // where the next chunk adds: dst[k] from element off
+  for (std::int64_t c0 = 0; c0 < total; c0 += chunk) {
+    const std::int64_t n = std::min(chunk, total - c0);
+    const std::span<float> landed(b.floats.data(), static_cast<std::size_t>(n));
+    if (dt == DType::BF16) {  // staged down chunk by chunk, widened exactly on the host
+      stage_down(qr.queue(o), D(d), S(o), std::span<const std::span<float>>(&landed, 1),
+                 static_cast<const Bf16*>(src) + c0);
+    } else {
+      D(d).copy_d2h(S(o), landed.data(), static_cast<const float*>(src) + c0, Bytes(n) * kF);
+      sync(o);  // the bounce buffer is the next chunk's, and the queue's next dWB's
+    }
+    if (!writes_host) continue;  // another replica's copy of the sum the writer brings
+    for (std::size_t i = 0; i < landed.size();) {
+      if (off == dst[k].size()) {
+        ++k;
+        off = 0;
+        continue;
+      }
+      const std::size_t take = std::min(landed.size() - i, dst[k].size() - off);
+      for (std::size_t j = 0; j < take; ++j) dst[k][off + j] += landed[i + j];
+      i += take;
+      off += take;
+    }
+  }
 }
 
 void FlowInterpreter::run_update(int o) {

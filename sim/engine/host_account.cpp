@@ -114,7 +114,7 @@ std::vector<std::string> host_limit_reasons(const HostAccount& h, const core::To
   return reasons;
 }
 
-Bytes accumulate_bounce_bytes(const Program& p) {
+Bytes accumulate_bounce_bytes(const Program& p, bool mixed, Bytes chunk_bytes) {
   // A layer's gradient is one host tensor. A dWB that writes it first copies straight into it; one that adds to what
   // an earlier dWB of the step wrote (a later microbatch's, or another GPU's under l2l) cannot: its DMA lands in a
   // pinned buffer the CPU then adds from, one per process, as large as its largest such dWB. An all-reduced (ARD)
@@ -143,7 +143,11 @@ Bytes accumulate_bounce_bytes(const Program& p) {
       const Op& op = p.ops[z(o)];
       const bool writes = replicated.count(layer) == 0 || op.device == lowest;
       const bool copies = writes && written.insert(own ? op.device : -1).second;
-      if (!copies && z(op.device) < largest.size()) largest[z(op.device)] = std::max(largest[z(op.device)], op.bytes);
+      // the copy lands chunk by chunk: at most chunk_bytes of the gradient's whole elements, widened to fp32 (twice a
+      // 2-byte gradient's bytes)
+      const Bytes elem = mixed ? 2 : 4;
+      const Bytes landed = (mixed ? 2 : 1) * std::min(op.bytes, std::max(elem, chunk_bytes / elem * elem));
+      if (!copies && z(op.device) < largest.size()) largest[z(op.device)] = std::max(largest[z(op.device)], landed);
     }
   }
   Bytes total = 0;
@@ -184,7 +188,7 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   // mixed precision: the bounces hold fp32 sums of 2-byte gradients, and the masters go up and the gradients come
   // back through the staging rings (core::staging_ring_bytes)
   const bool mixed = mixed_precision(m);
-  h.staging_bytes += (mixed ? 2 : 1) * accumulate_bounce_bytes(p);
+  h.staging_bytes += accumulate_bounce_bytes(p, mixed);
   if (mixed && !p.graph.plan.kind->resident_state) h.staging_bytes += core::staging_ring_bytes(p, false);
   if (p.cost.offload_nvme) {
     // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer

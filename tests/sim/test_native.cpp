@@ -912,9 +912,14 @@ TEST_CASE("host memory: a dWB that adds to a host gradient lands in a bounce buf
       for (int g = 0; g < 2; ++g) on(b.add(g, Stream::Compute, *collective), 1);
     return b;
   };
-  CHECK(sim::accumulate_bounce_bytes(build(std::nullopt).p) == 100 + 250);
-  CHECK(sim::accumulate_bounce_bytes(build(OpKind::ARD).p) == 100 + 250);
-  CHECK(sim::accumulate_bounce_bytes(build(OpKind::RS).p) == 100);
+  CHECK(sim::accumulate_bounce_bytes(build(std::nullopt).p, false) == 100 + 250);
+  CHECK(sim::accumulate_bounce_bytes(build(OpKind::ARD).p, false) == 100 + 250);
+  CHECK(sim::accumulate_bounce_bytes(build(OpKind::RS).p, false) == 100);
+  // fp32 sums of 2-byte gradients in mixed precision; the copy lands chunk by chunk, at most chunk_bytes of the
+  // gradient's whole elements (the executor's staging chunk), widened
+  CHECK(sim::accumulate_bounce_bytes(build(std::nullopt).p, true) == 200 + 500);
+  CHECK(sim::accumulate_bounce_bytes(build(std::nullopt).p, false, 130) == 100 + 128);
+  CHECK(sim::accumulate_bounce_bytes(build(std::nullopt).p, true, 131) == 200 + 2 * 130);
   const Builder adds = build(std::nullopt);
   const auto h = sim::host_account(adds.p, tiny_model());
   CHECK(h.staging_bytes == 350);
