@@ -1,7 +1,6 @@
-// The executor's internals, shared by its two interpreters, not public: the happens-before relation of a Program
-// (Ancestry), the Interpreter interface (one Program dialect's ops, the lock guarding its bookkeeping), the step loops
-// (step_loops.cpp), the per-queue resources (queue_resources.cpp) and bf16 staging (staging.cpp). The interpreters:
-// harmony_interpreter.hpp (Harmony Programs) and baseline_interpreter.hpp (the swapping kinds' Programs).
+// The executor's internals, not public: the happens-before relation of a Program (Ancestry), the Interpreter interface
+// (a Program's ops, the lock guarding its bookkeeping), the step loops (step_loops.cpp), the per-queue resources
+// (queue_resources.cpp) and bf16 staging (staging.cpp). The interpreter, one for every kind: flow_interpreter.hpp.
 #pragma once
 
 #include <array>
@@ -65,7 +64,7 @@ struct StepTimes {
   }
 };
 
-// One Program dialect. A step calls begin_step, then run() per ready group and finished() per op of it, then
+// A Program's interpreter. A step calls begin_step, then run() per ready group and finished() per op of it, then
 // end_step. With concurrent queues, run() and finished() of different groups are called from different worker
 // threads: the step loops call them with mutex() held, and an interpreter releases it only where it waits
 // for device work (wait_unlocked) or does long host work that touches nothing another op may touch at the
@@ -261,14 +260,11 @@ class WorkerPool {
   std::vector<std::thread> threads_;
 };
 
-// Harmony-PP / Harmony-DP Programs (core::lower_harmony, every replica lowered).
-std::unique_ptr<Interpreter> make_harmony_interpreter(const core::Program& program, std::vector<Device*> devices,
-                                                      HostState& state, const ExecutorOptions& options);
-// The swapping kinds' Programs (PlanKindSpec::dialect Swapping: dp-swap, pp-swap, zero-infinity, l2l, lohan).
-std::unique_ptr<Interpreter> make_baseline_interpreter(const core::Program& program, std::vector<Device*> devices,
-                                                       HostState& state, const ExecutorOptions& options);
+// The executor's interpreter of a Program of any kind (flow_interpreter.hpp).
+std::unique_ptr<Interpreter> make_interpreter(const core::Program& program, std::vector<Device*> devices,
+                                              HostState& state, const ExecutorOptions& options);
 
-// What both interpreters keep per Program queue: a stream on the queue's device (so a device's compute, swap-in,
+// What the interpreter keeps per Program queue: a stream on the queue's device (so a device's compute, swap-in,
 // swap-out and P2P queues are separate streams and their work overlaps), an AdamW pool where the queue has
 // Update ops (concurrently running Updates each need their own), and per op its trace label for the device's
 // profiler ranges (NVTX on CUDA; the same names as core::write_chrome_trace).
@@ -302,7 +298,7 @@ class QueueResources {
   // ExecutorOptions::run_ahead = k > 0: the host blocks until, for each pred of op, the op k - 1 before it in its
   // queue has run (call unlocked). Nothing for k = 0.
   void throttle(int op, const std::vector<std::vector<int>>& extra);
-  // What every group does before its work, in both interpreters: collect finished frees, throttle each member
+  // What every group does before its work: collect finished frees, throttle each member
   // (run_ahead), then a host group waits on the host for its members' preds, a device group makes each member's
   // stream wait for every member's preds. `unlocked(fn)` runs fn with the interpreter's lock released.
   template <class Unlocked>

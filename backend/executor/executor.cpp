@@ -1,8 +1,7 @@
-// The Executor (executor.hpp): its checks of a Program against the model and devices, the choice of interpreter by
-// the kind's dialect, the pinned-memory pre-flight, and the step that drives a step loop and drains a failed step.
-// The loops: step_loops.cpp; per-queue streams and event ordering: queue_resources.cpp; bf16 staging: staging.cpp;
-// what both interpreters share: flow_interpreter.hpp (flow_versions, flow_store, op_groups); their ops:
-// harmony_interpreter.cpp / harmony_ops.cpp and baseline*.cpp.
+// The Executor (executor.hpp): its checks of a Program against the model and devices, its interpreter, the
+// pinned-memory pre-flight, and the step that drives a step loop and drains a failed step. The loops: step_loops.cpp;
+// per-queue streams and event ordering: queue_resources.cpp; bf16 staging: staging.cpp; the interpreter, one for
+// every kind: flow_interpreter.hpp (flow_versions, flow_store, op_groups; its ops in the flow_*.cpp files).
 #include "backend/executor/executor.hpp"
 
 #include <algorithm>
@@ -32,18 +31,15 @@ struct Executor::Impl {
 };
 
 namespace {
-// Which interpreter runs a Program: its kind's dialect says (PlanKindSpec::dialect). Swapping Programs carry no
-// Harmony tasks (their ops have pseudo task ids) and Harmony Programs do: a Program whose task graph contradicts its
-// kind is malformed and refused, not guessed at.
-core::ExecutorDialect dialect_of(const core::Program& p) {
-  const core::ExecutorDialect dialect = p.graph.plan.kind->dialect;
-  const bool swapping = dialect == core::ExecutorDialect::Swapping;
+// A kind whose plans have packs (PlanKindSpec::packs: Harmony's) lowers them to a task graph, the others to ops with
+// pseudo task ids: a Program whose task graph contradicts its kind is malformed and refused, not guessed at.
+void check_tasks(const core::Program& p) {
+  const bool packs = p.graph.plan.kind->packs;
   const bool no_tasks = p.graph.tasks.empty() && std::all_of(p.graph.rank_tasks.begin(), p.graph.rank_tasks.end(),
                                                              [](const auto& r) { return r.empty(); });
-  if (swapping != no_tasks)
+  if (packs == no_tasks)
     throw BackendError(fmt::format("executor: a {} Program {} Harmony tasks: its kind and its task graph disagree",
-                                   p.graph.plan.kind.name(), swapping ? "with" : "without"));
-  return dialect;
+                                   p.graph.plan.kind.name(), packs ? "without" : "with"));
 }
 }  // namespace
 
@@ -75,9 +71,8 @@ Executor::Executor(const core::Program& program, std::vector<Device*> devices, H
                                        c->device(r).name(), r, devices[static_cast<std::size_t>(r)]->name()));
   }
   Device& first = *devices.at(0);
-  auto interpreter = dialect_of(program) == core::ExecutorDialect::Swapping
-                         ? detail::make_baseline_interpreter(program, devices, state, options)
-                         : detail::make_harmony_interpreter(program, devices, state, options);
+  check_tasks(program);
+  auto interpreter = detail::make_interpreter(program, devices, state, options);
   // Pinned host memory (CUDA; nothing on the CPU device): HostState's weights (every WB reads them) and gradients
   // (every dWB writes them), the interpreter's stash/swap channels and its bf16 staging, checked once as a total so a
   // plan that cannot pin is refused with the numbers before anything is pinned. The AdamW moments never cross the bus:

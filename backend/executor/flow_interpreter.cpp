@@ -1,13 +1,16 @@
-// FlowInterpreter (flow_interpreter.hpp): the state both interpreters share, the issue of a group, tensors made and
-// updated in the store, the P2P pair, and the gradients' all-reduce (ARD) — the same for every kind.
+// FlowInterpreter (flow_interpreter.hpp), the executor's one interpreter: construction, the step's lifecycle, the
+// issue of a group, tensors' names, tensors made and updated in the store, the P2P pair, and the gradients'
+// all-reduce (ARD) — the same for every kind.
 #include "backend/executor/flow_interpreter.hpp"
 
 #include <memory>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "backend/rank_sum.hpp"
+#include "core/plan/plan_kind.hpp"
 
 namespace harmony::backend::detail {
 
@@ -22,10 +25,50 @@ FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Devic
       T(options.seq_len),
       dt(options.dtype),
       es(dtype_bytes(options.dtype)),
+      resident(program.graph.plan.kind->resident_state),
       qr(program, devs, options) {
   staging_chunk_bytes = opt.staging_chunk_bytes;
   if (dt == DType::BF16)
     for (Device* d : devs) require_bf16(*d, "executor");
+  if (p.graph.plan.kind->data_parallel && static_cast<int>(p.devices.size()) != p.num_devices())
+    throw BackendError(fmt::format("executor: {} Program lowered for GPU 0 only (set dp_first_gpu_only = false)",
+                                   p.graph.plan.kind.name()));
+  analyse();
+  if (resident) make_states();
+}
+
+void FlowInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
+  in = inputs;
+  tgt = targets;
+  losses.assign(static_cast<std::size_t>(B) * static_cast<std::size_t>(T), 0.0f);
+  loss_written.assign(static_cast<std::size_t>(B), 0);
+  store.begin_step();
+  begin_updates();
+  qr.begin_step();
+  zero_state_grads();  // resident: every BWD adds into the device gradient
+}
+
+double FlowInterpreter::end_step() {
+  qr.synchronize();  // the losses' copies, the last updates' inputs, every stream-ordered free
+  store.clear();
+  const double loss = mean_loss();
+  note_state_nonfinite();
+  return loss;
+}
+
+std::string FlowInterpreter::tname(const core::FlowTensor& t) const {
+  if (t.device < 0) return fmt::format("{} {}", channel_name(t.kind), t.layer);  // a host channel
+  const std::string dev = devs[static_cast<std::size_t>(t.device)]->name();
+  const std::string where = core::on_host(t.kind) ? "the host of " + dev : dev;
+  const std::string task = t.owner >= 0 ? fmt::format(" of task {}", t.owner) : std::string();
+  if (t.n == 0) return fmt::format("{} {} of layer {}{}", where, core::flow_kind_name(t.kind), t.layer, task);
+  return fmt::format("{} {} of layer {}{} samples [{}, {})", where, core::flow_kind_name(t.kind), t.layer, task, t.s0,
+                     t.s0 + t.n);
+}
+
+std::unique_ptr<Interpreter> make_interpreter(const core::Program& program, std::vector<Device*> devices,
+                                              HostState& state, const ExecutorOptions& options) {
+  return std::make_unique<FlowInterpreter>(program, std::move(devices), state, options);
 }
 
 void FlowInterpreter::run(const std::vector<int>& g) {

@@ -1,15 +1,19 @@
-// What both interpreters share over a Program's dataflow, whatever its kind: the per-queue streams and events
+// The executor's one interpreter, over a Program's dataflow, whatever its kind: the per-queue streams and events
 // (QueueResources), the executor's added edges, the version analysis (FlowVersions), the step's tensor store
 // (FlowStore), the groups (op_groups), the issue of a group (ordered after its preds; a host group, its ops on the
-// CPU stream, waited for on the host), and every op whose work its dataflow says: weights up, moves, P2P pairs,
-// compute, collectives, deletes; the rest (gradients down, Updates) to the derived interpreter (run_op).
+// CPU stream, waited for on the host), and every op, for every kind: weights up, moves (host channels included),
+// P2P pairs, compute, collectives, gradients down, Updates, deletes, a resident kind's device state. Its parts:
+// flow_interpreter.cpp, flow_compute.cpp, flow_moves.cpp, flow_collectives.cpp, flow_state.cpp, flow_update.cpp.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,12 +27,24 @@
 
 namespace harmony::backend::detail {
 
-class FlowInterpreter : public Interpreter {
+// The executor's one interpreter: it runs every kind's Program from the Program's dataflow (what each op reads,
+// writes and frees, its samples), which it resolves to versions and checks when it is built, so a missing dependency
+// is refused before any step. Ops of different queues run on their own streams and worker threads (detail.hpp's lock
+// discipline). A kind with resident state (PlanKindSpec::resident_state) keeps its weights, gradients and AdamW state
+// in one DeviceState per device across steps: its FWD/BWD read them there, its ARD sums them in place, its Update runs
+// AdamW on the device; sync_host_state() copies them back into the HostState.
+class FlowInterpreter final : public Interpreter {
  public:
   // The Program, its devices (one per GPU), the HostState the steps read and write, the options; refuses bf16 on a
-  // device without bf16 kernels.
+  // device without bf16 kernels, a Program without its dataflow, and a data-parallel Program lowered for GPU 0 only;
+  // analyses the dataflow (analyse) and makes a resident kind's DeviceStates.
   FlowInterpreter(const core::Program& program, std::vector<Device*> devices, HostState& state,
                   const ExecutorOptions& options);
+
+  void begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) override;
+  // Waits for every stream (the losses' copies, the last updates' inputs, every stream-ordered free), releases the
+  // step's tensors, reports a resident kind's non-finite updates; the step's mean loss.
+  double end_step() override;
 
   const std::vector<std::vector<int>>& extra_deps() const override { return extra; }
   std::vector<int> group(int o) const override { return groups[static_cast<std::size_t>(o)]; }
@@ -41,19 +57,30 @@ class FlowInterpreter : public Interpreter {
   void abandon_step() override { store.clear(); }
   void synchronize() override { qr.synchronize(); }
 
- protected:
+ private:
   // The group's work, enqueued on its members' streams: a P2P pair (run_pair), a collective (run_ard, run_ag, run_rs:
   // its members in device order), a move (run_move), a DEL (the versions it frees dropped) or one op (run_op).
   void run_group(const std::vector<int>& g);
-  virtual void run_op(int o) = 0;
+  // One op of no group: WB (run_wb), FWD and REC (forward), BWD (backward), dWB (run_dwb), Update (run_update).
+  void run_op(int o);
+  // A tensor's name, for messages and allocations: a host channel's ("host stash 3"), else its device (or the host
+  // of it), kind and layer, a task's own (W, DW of a Harmony task) and its samples where it has some.
+  std::string tname(const core::FlowTensor& t) const;
+  // What the analysis follows as versions: every tensor but a ranged one (resolved per sample) and a resident kind's
+  // W and DW (its DeviceState's).
+  bool tracked(const core::FlowTensor& t) const {
+    const bool in_state = resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
+    return !ranged(t) && !in_state;
+  }
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
   void tokens_in(int o, int id, int s0, int n);
   bool frees_pending(const Device& device) override { return qr.frees_pending(device); }
   // The version analysis over the Program's dataflow and the happens-before order `anc` (its deps, queue order and
-  // `extra`), and the store over it.
-  void analyse_versions(const Ancestry& anc, FlowVersions::Tracked tracked, FlowVersions::Name name,
-                        const FlowVersions::Ranged& ranged = nullptr) {
-    versions = FlowVersions(p, anc, std::move(tracked), std::move(name), ranged);
+  // `extra`): tracked tensors as versions, ranged ones per sample; and the store over it.
+  void analyse_versions(const Ancestry& anc) {
+    versions = FlowVersions(
+        p, anc, [this](const core::FlowTensor& t) { return tracked(t); },
+        [this](const core::FlowTensor& t) { return tname(t); }, [](const core::FlowTensor& t) { return ranged(t); });
     store = FlowStore(p, versions, qr);
   }
 
@@ -100,10 +127,30 @@ class FlowInterpreter : public Interpreter {
   void run_move(int o);
   // A tensor's bytes: a forward's saved activations, or a layer's input (or its gradient) over its samples.
   Bytes tensor_bytes(int id) const;
-  // Where a host tensor op o reads lives, and where one it writes goes: a version in `store` (made on the host meter),
-  // or where the interpreter keeps it (Harmony's host channels, per sample).
-  virtual const void* host_src(int o, int id) { return store.get(o, id).data(); }
-  virtual void* host_dst(int o, int id, Bytes bytes) { return make(o, id, bytes).data(); }
+  // Where a host tensor op o reads lives, and where one it writes goes: a version in `store` — made on the host meter,
+  // or, for a ranged tensor, a view of its samples in its channel's buffer; a ranged read's samples come from the
+  // versions its sample runs name (FlowVersions::sample_reads), each checked to be still stored.
+  const void* host_src(int o, int id);
+  void* host_dst(int o, int id, Bytes bytes);
+
+  // ---- ranged host tensors (flow_moves.cpp) ----
+  // A host tensor of no device (Harmony's host channels: activations and stashes swapped out, the copies messages
+  // make) is ranged: written a microbatch at a time and read at other microbatch sizes, its reads resolved per sample
+  // (FlowVersions::sample_reads). Its versions view one buffer per channel (device, kind, layer, owner) for the whole
+  // minibatch, kept across steps (pinned where the devices pin) and on the host meter as harmony-sim's host account
+  // has them: the stashes swapped out as stash, the rest as activations.
+  static bool ranged(const core::FlowTensor& t) { return core::on_host(t.kind) && t.device < 0; }
+  using Channel = std::tuple<int, core::FlowKind, int, int>;
+  static Channel channel_of(const core::FlowTensor& t) { return Channel{t.device, t.kind, t.layer, t.owner}; }
+  // A channel's name by its kind ("host stash", "host dX", ...), for allocations and messages.
+  static const char* channel_name(core::FlowKind k);
+  // The channels the Program's ranged tensors use, and their bytes (the whole minibatch each).
+  std::set<Channel> channels() const;
+  Bytes channel_bytes(const Channel& c) const { return Bytes(B) * per_sample(std::get<2>(c)); }
+  Bytes host_bytes() const override;
+  void allocate_host() override;
+  // Sample s0 of tensor t's channel (allocated here if allocate_host did not foresee it).
+  std::byte* channel_at(const core::FlowTensor& t, int s0);
 
   // ---- compute (flow_compute.cpp) ----
   // FWD or REC over op o's layers, for every kind: from its input (the dataflow's second read: the activation, or a
@@ -159,6 +206,45 @@ class FlowInterpreter : public Interpreter {
   void run_ag(const std::vector<int>& g);
   void run_rs(const std::vector<int>& g);
 
+  // ---- gradients out and Updates (flow_update.cpp) ----
+  // The analysis every kind runs when the executor is built: the Program's dataflow present, the groups, the host
+  // gradients' writers and the Updates' edges (plan_updates), the versions over the Program's order and the tie (the
+  // edges that order the writers would hide a missing dependency), the Program's frees and Updates checked, then the
+  // writers' edges joined (ScheduleViolation on a cycle).
+  void analyse();
+  // The host gradient policy, one for every kind: a layer has one host gradient (HostState::grads), written by the
+  // dWBs of its layer range (a pack's layers, or a rank's shard: what the dWB reads, DW or DWShard). An all-reduced
+  // range (ARD: every replica brings the same sum) is written by its lowest replica's dWBs alone; the other replicas'
+  // land in their queue's bounce buffer, unused, and wait for nobody (ordering them after each other would hold their
+  // device gradients longer). A sharded range's (RS) ranks write their own shards. The first writer of a range (per
+  // rank, sharded) copies straight into it; the later ones add through their queue's bounce buffer, each after the
+  // previous writer (writers in (device, queue) order; a sharded range's ranks write disjoint shards and do not wait
+  // for each other). Each range is updated once, by its lowest device's Update (the owner), after every writer of the
+  // range; the tie: the Update of layer 0 also reads the head's lm_head gradient (HostState::update), so it waits for
+  // the head's writers too (core::Model cannot express it). A resident kind's Update of layer 0 waits for the head's
+  // BWD and ARD on its device instead. harmony-sim's host account counts the same bounce buffers
+  // (sim::accumulate_bounce_bytes).
+  void plan_updates();
+  // The dWBs whose gradient Update u needs, the tie's included: its own device's for an all-reduced range
+  // (the Program orders them), else every one of the range.
+  std::vector<int> update_sources(int u) const;
+  // Every Update comes after the dWBs of update_sources and every WB that reads the host weights it overwrites
+  // (its layers; layer 0 also the head's tied lm_head); every layer with parameters is updated.
+  void check_updates(const Ancestry& anc) const;
+  // A resident Program moves no weights or gradients to or from the host, and on every device updates each layer with
+  // parameters exactly once, on the device, after every op of that device that reads the layer's weights or adds to
+  // its gradient (layer 0's also after the head's: the tied lm_head gradient joins wte's update).
+  void check_resident_updates(const Ancestry& anc) const;
+  // dWB: the gradient op o reads into its part of the host gradient (plan_updates' policy).
+  void run_dwb(int o);
+  // Update: AdamW on the host masters of the op's layers, by the range's owner once its sources brought this step's
+  // gradients (the others do nothing: the replicas' Updates see the same sum); a resident kind's on the device.
+  void run_update(int o);
+  // The tensor of weight gradient op o (a dWB) reads: DW, or a rank's DWShard.
+  int grad_read(int o) const;
+  // Per step: nothing brought to the host yet.
+  void begin_updates() { brought.assign(p.ops.size(), 0); }
+
   // ---- resident state (flow_state.cpp) ----
   // A kind with resident state (PlanKindSpec::resident_state) keeps its weights, gradients and AdamW state in one
   // DeviceState per device across steps (`states`, empty otherwise): make_states fills them from the HostState
@@ -176,7 +262,7 @@ class FlowInterpreter : public Interpreter {
  public:
   void sync_host_state() override;
 
- protected:
+ private:
   // Host master weights up for op o (WB): `src` (fp32 spans of HostState::weights, concatenated) into device memory
   // `dst` on o's stream — bf16: rounded to nearest even on the host and staged up; fp32: copied, read when the copy
   // runs (the Updates that overwrite the masters wait for o's event).
@@ -207,6 +293,7 @@ class FlowInterpreter : public Interpreter {
   int B = 0, T = 0;       // minibatch, sequence length
   DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
   Bytes es = 4;           // bytes per device element
+  bool resident = false;  // PlanKindSpec::resident_state: W, DW and AdamW state in `states`
   QueueResources qr;      // per queue: its stream, events, AdamW pool
   std::vector<std::vector<int>> extra;               // per op: the executor's added edges (extra_deps)
   FlowVersions versions;                             // which version each read sees, the reads per version
@@ -214,10 +301,32 @@ class FlowInterpreter : public Interpreter {
   std::vector<std::vector<int>> groups;              // per op: the ops run with it (op_groups)
   std::vector<int> state_op;                         // resident: per device, an op of its compute queue (state_stream)
   std::vector<std::unique_ptr<DeviceState>> states;  // resident: per device; after qr, whose streams they use
+  // plan_updates: per layer range, its dWBs in (device, queue) order; the ranges all-reduced or sharded
+  std::map<std::pair<int, int>, std::vector<int>> range_dwbs;
+  std::set<std::pair<int, int>> replicated, sharded;
+  std::map<std::pair<int, int>, std::vector<int>> range_writers;  // per layer range: the dWBs that write it
+  std::vector<char> writes;                                       // per op: a dWB that writes the host gradient
+  std::vector<char> first_write;              // per op: a writer that copies into it (the others add)
+  std::vector<char> owner;                    // per op: an Update that runs AdamW (its range's lowest device's)
+  std::vector<std::vector<int>> write_edges;  // per op: the edges ordering the writers (joined into extra last)
+  // Per queue: where a dWB that adds to a host gradient (or a replica's that does not write) lands first, chunk by
+  // chunk: as large as its largest such dWB in fp32, at most staging_chunk_bytes; kept across steps (pinned in a real
+  // system), metered as staging.
+  struct Bounce {
+    std::vector<float> floats;
+    MeteredBytes metered;
+  };
+  std::map<std::size_t, Bounce> bounce;
+  struct ChannelMemory {
+    HostBuffer data;       // the whole minibatch; kept across steps
+    MeteredBytes metered;  // on the host meter
+  };
+  std::map<Channel, ChannelMemory> channel_mem;  // per channel of the ranged tensors
   // per step
   std::span<const std::int32_t> in, tgt;   // the step's inputs and targets
   std::vector<float> losses;               // per token: the head's losses
   std::vector<std::uint8_t> loss_written;  // per sample: how many ops wrote its losses
+  std::vector<char> brought;               // per op: the dWB ran this step
 };
 
 }  // namespace harmony::backend::detail

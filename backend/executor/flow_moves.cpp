@@ -2,6 +2,7 @@
 // host and device or host and host (X, sX, Y, dX, dY, MSGsX, MSGY when not a P2P pair), driven by what the op's
 // dataflow says it reads and writes; the step's tokens for an input that reads nothing.
 #include <cstring>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -20,6 +21,89 @@ Bytes FlowInterpreter::tensor_bytes(int id) const {
   if (t.kind == core::FlowKind::Saved || t.kind == core::FlowKind::HostSaved)
     return m.act_floats(t.layer, t.n, T, dt) * es;  // a forward's activations
   return Bytes(t.n) * per_sample(t.layer);          // a layer's input (or its gradient) over the samples
+}
+
+const char* FlowInterpreter::channel_name(core::FlowKind k) {
+  switch (k) {
+    case core::FlowKind::HostY:
+      return "host Y";
+    case core::FlowKind::HostYMsg:
+      return "host Y msg";
+    case core::FlowKind::HostStash:
+      return "host stash";
+    case core::FlowKind::HostStashMsg:
+      return "host stash msg";
+    case core::FlowKind::HostGrad:
+      return "host dX";
+    default:
+      return core::flow_kind_name(k);
+  }
+}
+
+std::set<FlowInterpreter::Channel> FlowInterpreter::channels() const {
+  std::set<Channel> r;
+  const auto add = [&](int id) {
+    if (ranged(p.dataflow.tensor(id))) r.insert(channel_of(p.dataflow.tensor(id)));
+  };
+  for (const core::OpFlow& f : p.dataflow.ops) {
+    for (const int id : f.reads) add(id);
+    for (const int id : f.writes) add(id);
+  }
+  return r;
+}
+
+Bytes FlowInterpreter::host_bytes() const {
+  Bytes total = 0;
+  for (const Channel& c : channels()) total += channel_bytes(c);
+  return total;
+}
+
+void FlowInterpreter::allocate_host() {
+  for (const Channel& c : channels()) {
+    ChannelMemory& h = channel_mem[c];
+    const core::FlowKind k = std::get<1>(c);
+    h.data = D(0).alloc_host(channel_bytes(c), fmt::format("{} {}", channel_name(k), std::get<2>(c)));
+    h.metered = MeteredBytes(host_meter, k == core::FlowKind::HostStash ? HostUse::Stash : HostUse::Activations,
+                             channel_bytes(c));
+  }
+}
+
+std::byte* FlowInterpreter::channel_at(const core::FlowTensor& t, int s0) {
+  const Channel c = channel_of(t);
+  ChannelMemory& h = channel_mem[c];
+  if (h.data.bytes() == 0) {  // a channel allocate_host did not foresee
+    h.data = D(0).alloc_host(channel_bytes(c), fmt::format("{} {}", channel_name(t.kind), t.layer));
+    h.metered = MeteredBytes(host_meter, t.kind == core::FlowKind::HostStash ? HostUse::Stash : HostUse::Activations,
+                             channel_bytes(c));
+  }
+  return h.data.as<std::byte>() + static_cast<std::size_t>(s0) * static_cast<std::size_t>(per_sample(t.layer));
+}
+
+const void* FlowInterpreter::host_src(int o, int id) {
+  const core::FlowTensor& t = p.dataflow.tensor(id);
+  if (!ranged(t)) return store.get(o, id).data();
+  // The runs of samples o reads, each from the version that wrote it; all views of one channel, so the read's samples
+  // lie one after another in its buffer.
+  const void* first = nullptr;
+  for (const FlowVersions::SampleRun& r : versions.sample_reads(o)) {
+    if (r.tensor != id) continue;
+    const core::FlowTensor& w = p.dataflow.tensor(r.source);
+    const std::byte* at = static_cast<const std::byte*>(store.get_run(o, r).data()) +
+                          static_cast<std::size_t>(r.s0 - w.s0) * static_cast<std::size_t>(per_sample(t.layer));
+    if (first == nullptr) first = at;
+  }
+  if (first == nullptr)
+    throw core::InternalError(
+        fmt::format("executor: op {} reads {}, whose samples were not resolved", label(o), versions.name(id)));
+  return first;
+}
+
+void* FlowInterpreter::host_dst(int o, int id, Bytes bytes) {
+  const core::FlowTensor& t = p.dataflow.tensor(id);
+  if (!ranged(t)) return make(o, id, bytes).data();
+  FlowData view;
+  view.view = channel_at(t, t.s0);
+  return store.put(o, id, std::move(view)).data();
 }
 
 void FlowInterpreter::run_move(int o) {

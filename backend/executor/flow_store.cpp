@@ -34,9 +34,19 @@ FlowData& FlowStore::get(int o, int id) {
   return it->second;
 }
 
+FlowData& FlowStore::get_run(int o, const FlowVersions::SampleRun& run) {
+  auto it = store_.find(FlowVersion{run.source, run.producer});
+  if (it == store_.end())
+    throw core::InternalError(fmt::format("executor: op {} reads {} samples [{}, {}) of op {}, which are gone",
+                                          label(o), v_->name(run.tensor), run.s0, run.s0 + run.n, label(run.producer)));
+  it->second.users.push_back(o);
+  return it->second;
+}
+
 FlowData& FlowStore::put(int o, int id, FlowData data) {
   const auto& w = v_->writes(o);
-  if (std::find(w.begin(), w.end(), id) == w.end())
+  const auto& rw = v_->ranged_writes(o);
+  if (std::find(w.begin(), w.end(), id) == w.end() && std::find(rw.begin(), rw.end(), id) == rw.end())
     throw core::InternalError(
         fmt::format("executor: op {} writes {}, which it does not declare", label(o), v_->name(id)));
   data.users.push_back(o);
@@ -61,18 +71,26 @@ FlowData* FlowStore::take(int o, int id) {
   return &store_.insert(std::move(node)).position->second;
 }
 
+void FlowStore::count_down(const FlowVersion& v) {
+  auto it = left_.find(v);
+  if (it != left_.end() && --it->second == 0) drop(v);
+}
+
 void FlowStore::finished(int o) {
-  for (const FlowVersion& v : v_->reads(o)) {
-    auto it = left_.find(v);
-    if (it != left_.end() && --it->second == 0) drop(v);
-  }
-  for (const int id : v_->writes(o))
-    if (v_->readers(FlowVersion{id, o}) == 0) drop(FlowVersion{id, o});
+  for (const FlowVersion& v : v_->reads(o)) count_down(v);
+  for (const FlowVersions::SampleRun& r : v_->sample_reads(o)) count_down(FlowVersion{r.source, r.producer});
+  for (const std::vector<int>* ws : {&v_->writes(o), &v_->ranged_writes(o)})
+    for (const int id : *ws)
+      if (v_->readers(FlowVersion{id, o}) == 0) drop(FlowVersion{id, o});
 }
 
 void FlowStore::drop(const FlowVersion& v) {
   auto it = store_.find(v);
   if (it == store_.end()) return;
+  if (it->second.view != nullptr) {  // its channel's memory, kept across steps: nothing to free
+    store_.erase(it);
+    return;
+  }
   const std::vector<int> users = std::move(it->second.users);
   qr_->retire(p_->dataflow.tensor(v.tensor).device, users, std::make_shared<FlowData>(std::move(it->second)));
   store_.erase(it);

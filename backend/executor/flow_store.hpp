@@ -1,4 +1,4 @@
-// The step's tensors as both interpreters keep them: one entry per version of a dataflow tensor (flow_versions.hpp),
+// The step's tensors as the interpreter keeps them: one entry per version of a dataflow tensor (flow_versions.hpp),
 // made by the op that writes it, handed to the ops that read it, updated in place by its last reader, and freed
 // after its last read (stream-ordered, QueueResources::retire). No plan kind is named here.
 #pragma once
@@ -13,14 +13,19 @@
 
 namespace harmony::backend::detail {
 
-// One version's memory: device memory (buf) or host memory (mem, on the host meter), and the ops whose work used it
-// this step (it is freed after their events).
+// One version's memory: device memory (buf), host memory (mem, on the host meter), or, for a ranged tensor, its
+// samples in its channel's buffer (view: kept across steps, FlowInterpreter::channel_at); and the ops whose work used
+// it this step (it is freed after their events).
 struct FlowData {
   Buffer buf;
   std::vector<std::byte> mem;
+  void* view = nullptr;
   MeteredBytes metered;
   std::vector<int> users;
-  void* data() { return buf ? buf.data() : static_cast<void*>(mem.data()); }
+  void* data() {
+    if (view != nullptr) return view;
+    return buf ? buf.data() : static_cast<void*>(mem.data());
+  }
 };
 
 class FlowStore {
@@ -37,6 +42,9 @@ class FlowStore {
   // The version of tensor `id` op o reads (o joins its users). InternalError where o does not read id, or the
   // version is gone.
   FlowData& get(int o, int id);
+  // The version holding a run of samples op o reads of a ranged tensor (FlowVersions::sample_reads; o joins its
+  // users). InternalError where the version is gone.
+  FlowData& get_run(int o, const FlowVersions::SampleRun& run);
   // Op o's new version of `id` (o joins its users). InternalError where o does not write id.
   FlowData& put(int o, int id, FlowData data);
   // Whether op o is the last reader of the version of `id` it reads.
@@ -49,7 +57,8 @@ class FlowStore {
   // o's in place (o's stream waits for the events of its other users: readers on other streams whose work may still
   // be queued) and is returned; otherwise nullptr (the caller puts a new version and copies).
   FlowData* take(int o, int id);
-  // After op o ran: drops the versions whose last read it was, and the versions it wrote that nobody reads.
+  // After op o ran: drops the versions whose last read it was (a ranged read: once per sample run), and the versions
+  // it wrote that nobody reads.
   void finished(int o);
   // Drops the versions op o's frees name (FlowVersions::freed) that are still stored (DEL).
   void drop_freed(int o) {
@@ -58,6 +67,7 @@ class FlowStore {
 
  private:
   void drop(const FlowVersion& v);
+  void count_down(const FlowVersion& v);
   int version(int o, int id) const;  // the producer of the version of id that o reads, or -1
   std::string label(int o) const { return op_name(*p_, o); }
 

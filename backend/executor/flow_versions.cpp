@@ -47,7 +47,10 @@ FlowVersions::FlowVersions(const core::Program& program, const Ancestry& anc, Tr
     }
   check_dead_versions(anc);
   sample_reads_.assign(n, {});
+  ranged_writes_.assign(n, {});
   if (ranged) resolve_ranged(anc, ranged);
+  for (const auto& runs : sample_reads_)
+    for (const SampleRun& r : runs) ++readers_[FlowVersion{r.source, r.producer}];
 }
 
 void FlowVersions::resolve_ranged(const Ancestry& anc, const Ranged& ranged) {
@@ -57,7 +60,10 @@ void FlowVersions::resolve_ranged(const Ancestry& anc, const Ranged& ranged) {
   std::map<Channel, std::vector<std::pair<int, int>>> writers;  // per channel: (op, tensor) of every write
   for (std::size_t o = 0; o < df.ops.size(); ++o)
     for (const int id : df.ops[o].writes)
-      if (ranged(df.tensor(id))) writers[channel(df.tensor(id))].emplace_back(static_cast<int>(o), id);
+      if (ranged(df.tensor(id))) {
+        writers[channel(df.tensor(id))].emplace_back(static_cast<int>(o), id);
+        ranged_writes_[o].push_back(id);
+      }
   for (std::size_t ro = 0; ro < df.ops.size(); ++ro) {
     const int o = static_cast<int>(ro);
     for (const int id : df.ops[ro].reads) {
@@ -65,7 +71,7 @@ void FlowVersions::resolve_ranged(const Ancestry& anc, const Ranged& ranged) {
       if (!ranged(t)) continue;
       const auto& ws = writers[channel(t)];
       for (int s = t.s0; s < t.s0 + t.n; ++s) {
-        int best = -1;
+        int best = -1, source = -1;
         for (const auto& [c, wid] : ws) {
           const core::FlowTensor& w = df.tensor(wid);
           if (c == o || s < w.s0 || s >= w.s0 + w.n) continue;
@@ -74,7 +80,10 @@ void FlowVersions::resolve_ranged(const Ancestry& anc, const Ranged& ranged) {
               throw ScheduleViolation(fmt::format(
                   "executor: op {} reads {} sample {}, written by both op {} and op {}, which are not ordered",
                   label(o), tname(id), s, label(best), label(c)));
-            if (best < 0 || anc.before(best, c)) best = c;
+            if (best < 0 || anc.before(best, c)) {
+              best = c;
+              source = wid;
+            }
           } else if (!anc.before(o, c)) {
             throw ScheduleViolation(fmt::format(
                 "executor: op {} reads {} sample {}, which op {} may write first: neither depends on the other",
@@ -85,11 +94,11 @@ void FlowVersions::resolve_ranged(const Ancestry& anc, const Ranged& ranged) {
           throw ScheduleViolation(
               fmt::format("executor: op {} reads {} sample {}, which no op writes before it", label(o), tname(id), s));
         auto& runs = sample_reads_[ro];
-        if (!runs.empty() && runs.back().tensor == id && runs.back().producer == best &&
+        if (!runs.empty() && runs.back().tensor == id && runs.back().producer == best && runs.back().source == source &&
             runs.back().s0 + runs.back().n == s) {
           ++runs.back().n;
         } else {
-          runs.push_back(SampleRun{id, s, 1, best});
+          runs.push_back(SampleRun{id, s, 1, best, source});
         }
       }
     }
@@ -158,6 +167,7 @@ void FlowVersions::check_frees(const Ancestry& anc) const {
       if (!tracked_(df.tensor(id))) continue;
       const auto& w = writes_[f];
       int v = std::find(w.begin(), w.end(), id) != w.end() ? fo : -1;
+      if (v < 0 && producers_[static_cast<std::size_t>(id)].empty()) continue;  // nothing ever written: nothing to free
       if (v < 0) {
         try {
           v = reaching(anc, fo, id);

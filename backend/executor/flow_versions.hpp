@@ -34,11 +34,13 @@ class FlowVersions {
   // minibatch, written a microbatch at a time and read at other microbatch sizes): a tensor's channel is its device,
   // kind, layer and owner, its samples [s0, s0 + n).
   using Ranged = std::function<bool(const core::FlowTensor&)>;
-  // A run of samples [s0, s0 + n) of a ranged tensor an op reads, and the op that wrote them.
+  // A run of samples [s0, s0 + n) of a ranged tensor an op reads, and the version that holds them: the op that wrote
+  // them and the tensor it wrote (`source`: the same channel, other samples possibly).
   struct SampleRun {
     int tensor = -1;
     int s0 = 0, n = 0;
     int producer = -1;
+    int source = -1;
   };
 
   FlowVersions() = default;
@@ -56,10 +58,13 @@ class FlowVersions {
   const std::vector<FlowVersion>& reads(int o) const { return reads_[static_cast<std::size_t>(o)]; }
   // Op o's tracked writes (tensor ids), in its dataflow's order.
   const std::vector<int>& writes(int o) const { return writes_[static_cast<std::size_t>(o)]; }
+  // Op o's ranged writes (tensor ids): versions too, whose reads are the sample runs that name them.
+  const std::vector<int>& ranged_writes(int o) const { return ranged_writes_[static_cast<std::size_t>(o)]; }
   // The versions op o's frees name (tracked tensors): the one o writes, else the one it would read; a free whose
   // version cannot be resolved (no producer among o's ancestors) names none (check_frees reports it).
   const std::vector<FlowVersion>& freed(int o) const { return freed_[static_cast<std::size_t>(o)]; }
-  // How many reads (over all ops, a tensor read twice by one op counted twice) see version v.
+  // How many reads (over all ops, a tensor read twice by one op counted twice; a ranged read once per sample run)
+  // see version v.
   int readers(const FlowVersion& v) const;
   // Per version: its reads (what a step counts down to free a version after its last read).
   const std::map<FlowVersion, int>& reader_counts() const { return readers_; }
@@ -70,7 +75,8 @@ class FlowVersions {
 
   // The Program's frees are honoured: every read of a version happens before each op that frees that version (or
   // is that op: an op frees at its end). The version a free names is the one the op writes, else the one it would
-  // read. Frees of untracked tensors are not checked.
+  // read. Frees of untracked tensors, and of tensors no op writes (a Harmony task's DEL names its gradient whether or
+  // not the task makes one), are not checked.
   void check_frees(const Ancestry& anc) const;
 
   // Tensor `id`'s name, for messages.
@@ -96,6 +102,7 @@ class FlowVersions {
   std::vector<std::vector<int>> writes_;
   std::vector<std::vector<FlowVersion>> freed_;
   std::vector<std::vector<SampleRun>> sample_reads_;
+  std::vector<std::vector<int>> ranged_writes_;
   std::map<FlowVersion, int> readers_;
 };
 

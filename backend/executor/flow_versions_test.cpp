@@ -1,4 +1,4 @@
-// FlowVersions (backend/executor/flow_versions.hpp), the version analysis both interpreters share, on hand-made
+// FlowVersions (backend/executor/flow_versions.hpp), the interpreter's kind-free version analysis, on hand-made
 // Programs: which write each read sees, the reads per version, and the refusals (no producer, a producer the reader
 // does not depend on, two unordered producers, a dead later version, a free before a read); FlowStore
 // (flow_store.hpp): a version is freed after its last read and updated in place by its last reader; and op_groups.
@@ -154,6 +154,15 @@ TEST_CASE("ranged tensors: each sample a read covers resolves to its latest writ
   CHECK(runs(again) == std::vector<Run>{{2, 2, w1}});
   CHECK(runs(all) == std::vector<Run>{{0, 2, w0}, {2, 2, again}});
   CHECK(v.sample_reads(w0).empty());
+  // Each run names the version that holds it (the writer's tensor), and counts as one read of it: the store keeps a
+  // ranged version until its last run has been read (FlowStore::finished).
+  const core::Dataflow& df = r.p.dataflow;
+  CHECK(v.sample_reads(mid)[0].source == df.find(Ranges::chan(0, 2)));
+  CHECK(v.sample_reads(mid)[1].source == df.find(Ranges::chan(2, 2)));
+  CHECK(v.ranged_writes(w1) == std::vector<int>{df.find(Ranges::chan(2, 2))});
+  CHECK(v.readers(FlowVersion{df.find(Ranges::chan(0, 2)), w0}) == 2);     // mid's sample 1, all's 0 and 1
+  CHECK(v.readers(FlowVersion{df.find(Ranges::chan(2, 2)), w1}) == 2);     // mid's sample 2, again's 2 and 3
+  CHECK(v.readers(FlowVersion{df.find(Ranges::chan(2, 2)), again}) == 1);  // all's 2 and 3
 }
 
 TEST_CASE("ranged tensors: a sample nobody writes before the read, or a writer unordered with it, is refused") {

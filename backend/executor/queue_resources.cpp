@@ -1,4 +1,4 @@
-// QueueResources (detail.hpp): what both interpreters keep per Program queue (a stream, an AdamW pool, per op an
+// QueueResources (detail.hpp): what the interpreter keeps per Program queue (a stream, an AdamW pool, per op an
 // event and a trace label) and the event ordering built on them: device-side waits on predecessors' events, host
 // waits, the run-ahead throttle, group records, device all-reduces and the stream-ordered (deferred) frees.
 #include <algorithm>

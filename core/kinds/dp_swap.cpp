@@ -102,7 +102,6 @@ const PlanKindSpec kSpec{
     .listing_order = 30,
     .role = KindRole::Baseline,
     .color = "#d62728",
-    .dialect = ExecutorDialect::Swapping,
     .data_parallel = true,
     .even_split = true,
     .knobs = {Knob::Activations, Knob::Swap},

@@ -120,7 +120,6 @@ const PlanKindSpec kSpec{
     .listing_order = 85,
     .role = KindRole::Baseline,
     .color = "#17becf",
-    .dialect = ExecutorDialect::Swapping,
     .data_parallel = true,
     .even_split = true,
     .resident_state = true,

@@ -13,7 +13,6 @@ const PlanKindSpec kHarmonyDP{
     .listing_order = 20,
     .role = KindRole::Harmony,
     .color = "#17becf",
-    .dialect = ExecutorDialect::Harmony,
     .packs = true,
     .data_parallel = true,
     .unequal_microbatches = true,

@@ -13,7 +13,6 @@ const PlanKindSpec kHarmonyPP{
     .listing_order = 10,
     .role = KindRole::Harmony,
     .color = "#1f77b4",
-    .dialect = ExecutorDialect::Harmony,
     .packs = true,
     .unequal_microbatches = true,
     .offload_tiers = true,

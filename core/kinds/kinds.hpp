@@ -20,11 +20,12 @@ namespace harmony::core {
 inline void validate_plan(const Plan& plan, const Model& model) { plan.kind->validate(plan, model); }
 
 // The Program of a plan (validated first; PlanKindSpec::lower). `options` shape Harmony's lowering (prefetch, the
-// lowered GPUs, NVMe offload); the swapping kinds read their knobs instead. With options.dataflow (the default) the
-// Program carries its dataflow: lower_harmony fills a Harmony Program's, swapping_dataflow a swapping kind's.
+// lowered GPUs, NVMe offload); the swapping kinds read their knobs instead. With options.dataflow (the default) every
+// kind's Program carries its dataflow: lower_harmony fills a Harmony Program's from its task graph, and a Program its
+// lowering left without one (a swapping kind's, built op by op) gets swapping_dataflow's.
 inline Program lower_plan(const Plan& plan, const Model& model, const LowerOptions& options = {}) {
   Program p = plan.kind->lower(plan, model, options);
-  if (options.dataflow && plan.kind->dialect == ExecutorDialect::Swapping) p.dataflow = swapping_dataflow(p);
+  if (options.dataflow && !p.dataflow.covers(p)) p.dataflow = swapping_dataflow(p);
   return p;
 }
 

@@ -197,7 +197,6 @@ const PlanKindSpec kSpec{
     .listing_order = 60,
     .role = KindRole::Baseline,
     .color = "#7f7f7f",
-    .dialect = ExecutorDialect::Swapping,
     .data_parallel = true,
     .even_split = true,
     .knobs = {Knob::Activations},

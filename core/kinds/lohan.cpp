@@ -89,7 +89,6 @@ const PlanKindSpec kSpec{
     .listing_order = 70,
     .role = KindRole::Baseline,
     .color = "#bcbd22",
-    .dialect = ExecutorDialect::Swapping,
     .data_parallel = true,
     .even_split = true,
     .one_microbatch = true,

@@ -261,7 +261,6 @@ const PlanKindSpec kSpec{
     .listing_order = 40,
     .role = KindRole::Baseline,
     .color = "#9467bd",
-    .dialect = ExecutorDialect::Swapping,
     .stage_per_gpu = true,
     .knobs = {Knob::Activations, Knob::Swap},
     .validate = validate_swapping_plan,

@@ -90,7 +90,6 @@ const PlanKindSpec kSpec{
     .listing_order = 90,
     .role = KindRole::Ceiling,
     .color = "#7f7f7f",
-    .dialect = ExecutorDialect::Swapping,
     .data_parallel = true,
     .even_split = true,
     .resident_state = true,

@@ -212,7 +212,6 @@ const PlanKindSpec kSpec{
     .listing_order = 50,
     .role = KindRole::Baseline,
     .color = "#8c564b",
-    .dialect = ExecutorDialect::Swapping,
     .data_parallel = true,
     .even_split = true,
     .offload_tiers = true,

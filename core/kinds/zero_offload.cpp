@@ -194,7 +194,6 @@ const PlanKindSpec kSpec{
     .listing_order = 55,
     .role = KindRole::Baseline,
     .color = "#bcbd22",
-    .dialect = ExecutorDialect::Swapping,
     .data_parallel = true,
     .even_split = true,
     .knobs = {Knob::Activations},

@@ -32,10 +32,6 @@ enum class KindRole {
 };
 const char* kind_role_name(KindRole r);  // "harmony", "baseline", "ceiling"
 
-// Which of harmony-run's executor interpreters runs the kind's Programs (backend/executor/: until the one
-// interpreter replaces both): Harmony's task-based one or the op-by-op one of the swapping baselines.
-enum class ExecutorDialect { Harmony, Swapping };
-
 // A kind's file names only the fields that differ from these defaults (designated initializers, in this order).
 struct PlanKindSpec {
   const char* name = "";                  // as configs and outputs spell it: "harmony-pp", "dp-swap", ...
@@ -44,7 +40,6 @@ struct PlanKindSpec {
   int listing_order = 0;                  // position in listings, compare's table and sweeps' default kinds (ascending)
   KindRole role = KindRole::Baseline;
   const char* color = "#bcbd22";  // the report's chart colour
-  ExecutorDialect dialect = ExecutorDialect::Swapping;
 
   // ---- properties shared code reads (plan rules, search, compare, config, executor) ----
   // Layer packs at two microbatch sizes (plan.u_fwd for the forward packs, plan.u_bwd for the backward ones, the

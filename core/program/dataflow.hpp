@@ -85,13 +85,13 @@ class Dataflow {
   std::map<FlowTensor, int> ids_;
 };
 
-// The dataflow of a swapping kind's Program (ExecutorDialect::Swapping: per-layer ops with pseudo task ids, built by
+// The dataflow of a swapping kind's Program (a kind without packs: per-layer ops with pseudo task ids, built by
 // detail::ProgramBuilder; core::lower_plan fills it). Throws ScheduleError naming the op where an op does not fit
 // the swapping ops' shapes (a task that is not a pseudo task of its GPU, a microbatch not in the GPU's list, an op
 // over several layers, a Harmony-only op).
 Dataflow swapping_dataflow(const Program& p);
 
-// The dataflow of a Harmony Program (ExecutorDialect::Harmony, core::lower_harmony fills it from the task graph):
+// The dataflow of a Harmony Program (a kind with packs: core::lower_harmony fills it from the task graph):
 // activations, stashes, input gradients, the recompute's inputs and activations, each task's weights and weight
 // gradients, and the host channels (swap, CPU messages: a message between tasks of one rank reads and writes its
 // source channel, as no copy is needed). Samples: rank r's share starts at the sum of the earlier ranks' backward

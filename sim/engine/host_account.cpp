@@ -114,15 +114,13 @@ std::vector<std::string> host_limit_reasons(const HostAccount& h, const core::To
   return reasons;
 }
 
-Bytes accumulate_bounce_bytes(const Program& p) {
+Bytes accumulate_bounce_bytes(const Program& p, bool mixed, Bytes chunk_bytes) {
   // A layer's gradient is one host tensor. A dWB that writes it first copies straight into it; one that adds to what
   // an earlier dWB of the step wrote (a later microbatch's, or another GPU's under l2l) cannot: its DMA lands in a
   // pinned buffer the CPU then adds from, one per process, as large as its largest such dWB. An all-reduced (ARD)
-  // gradient: a Harmony Program's replicas have one dWB of a pack each and write the same sum into it one after
-  // another (per GPU: its dWB copies); a swapping Program keeps the lowest replica's dWBs and the others' land in
+  // gradient, whatever the kind, is written by the lowest replica's dWBs; the other replicas' (the same sum) land in
   // their bounce buffers. A rank of a sharded gradient (RS) writes its own shard. (harmony-run's executor does the
   // same: docs/backend.md.)
-  const bool harmony = p.graph.plan.kind->dialect == core::ExecutorDialect::Harmony;
   std::set<int> replicated, sharded;
   std::map<int, std::vector<int>> dwbs;  // per first layer, in (GPU, queue) order
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
@@ -138,17 +136,18 @@ Bytes accumulate_bounce_bytes(const Program& p) {
       const Op& y = p.ops[z(b)];
       return std::pair{x.device, x.queue_pos} < std::pair{y.device, y.queue_pos};
     });
-    std::map<int, int> per_gpu;
-    for (int o : list) ++per_gpu[p.ops[z(o)].device];
-    const bool one_each = std::all_of(per_gpu.begin(), per_gpu.end(), [](const auto& e) { return e.second == 1; });
     const bool own = replicated.count(layer) != 0 || sharded.count(layer) != 0;
     const int lowest = p.ops[z(list.front())].device;
     std::set<int> written;  // GPU, or -1 for the whole layer
     for (int o : list) {
       const Op& op = p.ops[z(o)];
-      const bool writes = replicated.count(layer) == 0 || (one_each && harmony) || op.device == lowest;
+      const bool writes = replicated.count(layer) == 0 || op.device == lowest;
       const bool copies = writes && written.insert(own ? op.device : -1).second;
-      if (!copies && z(op.device) < largest.size()) largest[z(op.device)] = std::max(largest[z(op.device)], op.bytes);
+      // the copy lands chunk by chunk: at most chunk_bytes of the gradient's whole elements, widened to fp32 (twice a
+      // 2-byte gradient's bytes)
+      const Bytes elem = mixed ? 2 : 4;
+      const Bytes landed = (mixed ? 2 : 1) * std::min(op.bytes, std::max(elem, chunk_bytes / elem * elem));
+      if (!copies && z(op.device) < largest.size()) largest[z(op.device)] = std::max(largest[z(op.device)], landed);
     }
   }
   Bytes total = 0;
@@ -189,7 +188,7 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
   // mixed precision: the bounces hold fp32 sums of 2-byte gradients, and the masters go up and the gradients come
   // back through the staging rings (core::staging_ring_bytes)
   const bool mixed = mixed_precision(m);
-  h.staging_bytes += (mixed ? 2 : 1) * accumulate_bounce_bytes(p);
+  h.staging_bytes += accumulate_bounce_bytes(p, mixed);
   if (mixed && !p.graph.plan.kind->resident_state) h.staging_bytes += core::staging_ring_bytes(p, false);
   if (p.cost.offload_nvme) {
     // each process double-buffers its largest NVMe I/O (a layer's parameter shard or bucket, or a layer's optimizer

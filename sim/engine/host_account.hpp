@@ -23,8 +23,8 @@ namespace harmony::sim {
 //   activation_bytes       Y / dX swapped out, CPU-message copies
 //   staging_bytes          pinned: p2p: host only: per GPU, a double buffer of its largest P2P send; offload: nvme:
 //                          also the NVMe swap buffers (two largest reads); per GPU, a bounce for its largest dWB
-//                          that adds to a host gradient (accumulate_bounce_bytes; fp32: twice it in mixed
-//                          precision); mixed precision: the staging rings (core::staging_ring_bytes)
+//                          that adds to a host gradient or is a replica's that does not write it
+//                          (accumulate_bounce_bytes); mixed precision: the staging rings (core::staging_ring_bytes)
 struct HostAccount : core::HostMemoryReport {
   core::Bytes nvme_bytes = 0;           // offload: nvme: master weights and optimizer state on the NVMe tier
   core::Bytes nvme_capacity_bytes = 0;  // topology.nvme.capacity (0: unlimited)
@@ -35,10 +35,13 @@ struct HostAccount : core::HostMemoryReport {
 // (P2PMode::Host without NVLink), which count as staging buffers.
 HostAccount host_account(const core::Program& program, const core::Model& model, bool p2p_staged = false);
 
-// Per GPU, its largest dWB that adds to a layer's host gradient an earlier dWB of the step wrote (a later
-// microbatch's, or another GPU's under l2l; not a replica of an all-reduced gradient or a rank's shard): the pinned
-// buffer its copy lands in before the CPU adds it. Summed over the GPUs.
-core::Bytes accumulate_bounce_bytes(const core::Program& program);
+// Per GPU, the pinned buffer where a dWB that does not copy straight into a layer's host gradient lands, chunk by
+// chunk, before the CPU adds it (one that adds to what an earlier dWB of the step wrote: a later microbatch's, or
+// another GPU's under l2l) or drops it (a replica of an all-reduced gradient that the lowest replica writes): its
+// largest such dWB, at most chunk_bytes of its whole elements (the executor's staging chunk), widened to fp32 (twice
+// a 2-byte gradient's bytes when `mixed`). Summed over the GPUs.
+core::Bytes accumulate_bounce_bytes(const core::Program& program, bool mixed,
+                                    core::Bytes chunk_bytes = core::kStagingChunkBytes);
 
 // Whether `model` trains in mixed precision: a bf16 profile, or 2-byte device weights (Model::narrow_weights).
 bool mixed_precision(const core::Model& model);

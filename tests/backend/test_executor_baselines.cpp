@@ -337,8 +337,8 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
   }
 }
 
-// The executor picks its interpreter by the Program's kind and refuses a Program whose task graph contradicts it
-// (a baseline kind with Harmony tasks, a Harmony kind without): it used to guess the dialect from the tasks alone.
+// The executor refuses a Program whose task graph contradicts its kind's packs (a baseline kind with Harmony tasks, a
+// Harmony kind without): one interpreter runs both shapes from the dataflow, and a malformed Program is not guessed at.
 TEST_CASE("a Program whose kind and task graph disagree is refused") {
   {
     Setup s(2);
@@ -447,12 +447,18 @@ TEST_CASE("host memory: the HostState once, one host gradient per layer, a bounc
     int bounces;  // GPUs with a bounce buffer
   };
   // dp-swap, weights swapped: a dWB per microbatch on both replicas; replica 0 copies its first and adds its second,
-  // replica 1's land in its bounce. l2l: one dWB per layer and GPU; GPU 0 copies, GPU 1 adds.
-  for (const Case& c : {Case{"dp-swap", core::SwapChoice::Swap, 2}, Case{"l2l", core::SwapChoice::Keep, 1}}) {
+  // replica 1's land in its bounce. dp-swap, weights kept: one dWB per layer and replica; replica 0 copies, replica 1's
+  // land in its bounce. Harmony-DP, one-layer packs: the same, whatever the kind (issue 33: its replicas used to write
+  // the same sum one after another, each copying, and kept no bounce). l2l: one dWB per layer and GPU; GPU 0 copies,
+  // GPU 1 adds.
+  for (const Case& c : {Case{"dp-swap", core::SwapChoice::Swap, 2}, Case{"dp-swap", core::SwapChoice::Keep, 1},
+                        Case{"harmony-dp", core::SwapChoice::Keep, 1}, Case{"l2l", core::SwapChoice::Keep, 1}}) {
     CAPTURE(std::string(c.kind));
     Setup s(2);
     const core::Program prog =
-        lower_swapping_plan(*s.model, swapping_plan(plan_kind(c.kind), 2, 1, c.weights, core::SwapChoice::Keep));
+        plan_kind(c.kind)->packs
+            ? lower_harmony_plan(*s.model, plan_kind(c.kind), 2, 1, 1, 1, false)
+            : lower_swapping_plan(*s.model, swapping_plan(plan_kind(c.kind), 2, 1, c.weights, core::SwapChoice::Keep));
     // replica sums on the devices, as harmony-run's (the host path's sum is a transient of its own)
     Executor ex(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW, .communicator = s.comm.get()});
     const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
@@ -474,5 +480,51 @@ TEST_CASE("host memory: the HostState once, one host gradient per layer, a bounc
     CHECK(h.peak.gradient_bytes == all);               // not one per replica
     CHECK(h.peak.staging_bytes == c.bounces * largest);
     CHECK(h.in_use_bytes <= h.peak_bytes());
+  }
+}
+
+// The bounce buffers land their copies chunk by chunk, at most staging_chunk_bytes of fp32 each: Harmony-DP's replicas
+// of a 100B model's packs would otherwise keep one whole-pack fp32 buffer per GPU (121 GB on 8 GPUs). The same bits
+// as one whole-gradient chunk, in fp32 and bf16, for a kind whose bounce adds (dp-swap, weights swapped: a replica's
+// second microbatch) and one whose bounce drops (Harmony-DP's second replica); the metered staging is the chunk.
+TEST_CASE("host memory: the bounce buffer is at most one staging chunk, and chunking changes no bit") {
+  constexpr Bytes kSmall = 4096;  // smaller than every layer's gradient but the LayerNorms'
+  for (const char* kind : {"dp-swap", "harmony-dp"}) {
+    for (const DType dt : {DType::F32, DType::BF16}) {
+      CAPTURE(std::string(kind));
+      CAPTURE(static_cast<int>(dt));
+      const auto program = [&](Setup& s) {
+        return plan_kind(kind)->packs
+                   ? lower_harmony_plan(*s.model, plan_kind(kind), 2, 1, 1, 1, false)
+                   : lower_swapping_plan(*s.model, swapping_plan(plan_kind(kind), 2, 1, core::SwapChoice::Swap,
+                                                                 core::SwapChoice::Keep));
+      };
+      Setup whole(2), chunked(2);
+      const core::Program pa = program(whole), pb = program(chunked);
+      const Result a = run(pa, whole, nullptr, true, dt, 1, whole.comm.get());
+      const Result b = run(pb, chunked, nullptr, true, dt, 1, chunked.comm.get(), nullptr, kSmall);
+      CHECK(a.losses == b.losses);
+      CHECK(a.weights == b.weights);
+      CHECK(a.moments == b.moments);
+      Setup s(2);
+      const core::Program prog = program(s);  // the executor keeps a reference
+      Executor ex(
+          prog, s.ptrs, *s.state,
+          {.seq_len = kT, .adamw = kAdamW, .dtype = dt, .staging_chunk_bytes = kSmall, .communicator = s.comm.get()});
+      const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
+      std::vector<std::int32_t> in, tgt;
+      tokens.batch(0, kB, kT, in, tgt);
+      (void)ex.step(in, tgt);
+      // one bounce per GPU that needs one (dp-swap: both, harmony-dp: the second replica), each one chunk; bf16 adds
+      // its staging rings (two chunks per queue that moves weights or gradients)
+      // (bf16: one chunk of bf16 elements, widened: twice the chunk)
+      const int bounces = std::string(kind) == "dp-swap" ? 2 : 1;
+      const Bytes staging = ex.host_memory().peak.staging_bytes;
+      if (dt == DType::F32) {
+        CHECK(staging == bounces * kSmall);
+      } else {
+        CHECK(staging == bounces * 2 * kSmall + core::staging_ring_bytes(prog, false, kSmall));
+      }
+    }
   }
 }
