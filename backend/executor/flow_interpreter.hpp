@@ -24,6 +24,7 @@
 #include "backend/executor/flow_versions.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/model/device_state.hpp"
+#include "core/program/host_gradients.hpp"
 
 namespace harmony::backend::detail {
 
@@ -222,8 +223,8 @@ class FlowInterpreter final : public Interpreter {
   // for each other). Each range is updated once, by its lowest device's Update (the owner), after every writer of the
   // range; the tie: the Update of layer 0 also reads the head's lm_head gradient (HostState::update), so it waits for
   // the head's writers too (core::Model cannot express it). A resident kind's Update of layer 0 waits for the head's
-  // BWD and ARD on its device instead. harmony-sim's host account counts the same bounce buffers
-  // (sim::accumulate_bounce_bytes).
+  // BWD and ARD on its device instead. The writers and the bounces are core::host_gradients, the rule harmony-sim's
+  // host account counts the same bounce buffers by (sim::accumulate_bounce_bytes).
   void plan_updates();
   // The dWBs whose gradient Update u needs, the tie's included: its own device's for an all-reduced range
   // (the Program orders them), else every one of the range.
@@ -301,14 +302,9 @@ class FlowInterpreter final : public Interpreter {
   std::vector<std::vector<int>> groups;              // per op: the ops run with it (op_groups)
   std::vector<int> state_op;                         // resident: per device, an op of its compute queue (state_stream)
   std::vector<std::unique_ptr<DeviceState>> states;  // resident: per device; after qr, whose streams they use
-  // plan_updates: per layer range, its dWBs in (device, queue) order; the ranges all-reduced or sharded
-  std::map<std::pair<int, int>, std::vector<int>> range_dwbs;
-  std::set<std::pair<int, int>> replicated, sharded;
-  std::map<std::pair<int, int>, std::vector<int>> range_writers;  // per layer range: the dWBs that write it
-  std::vector<char> writes;                                       // per op: a dWB that writes the host gradient
-  std::vector<char> first_write;              // per op: a writer that copies into it (the others add)
-  std::vector<char> owner;                    // per op: an Update that runs AdamW (its range's lowest device's)
-  std::vector<std::vector<int>> write_edges;  // per op: the edges ordering the writers (joined into extra last)
+  core::HostGradients hg;                            // plan_updates: which dWBs write the host gradients, and how
+  std::vector<char> owner;                           // per op: an Update that runs AdamW (its range's lowest device's)
+  std::vector<std::vector<int>> write_edges;         // per op: the edges ordering the writers (joined into extra last)
   // Per queue: where a dWB that adds to a host gradient (or a replica's that does not write) lands first, chunk by
   // chunk: as large as its largest such dWB in fp32, at most staging_chunk_bytes; kept across steps (pinned in a real
   // system), metered as staging.

@@ -59,37 +59,21 @@ void FlowInterpreter::plan_updates() {
   const std::size_t n = p.ops.size();
   extra.assign(n, {});
   write_edges.assign(n, {});
-  writes.assign(n, 0);
-  first_write.assign(n, 0);
   owner.assign(n, 0);
+  hg = core::host_gradients(p);
   std::map<std::pair<int, int>, int> lowest;  // per range: its lowest device's Update
   for (std::size_t o = 0; o < n; ++o) {
     const core::Op& op = p.ops[o];
-    if (op.kind == OpKind::dWB) range_dwbs[range_of(op)].push_back(static_cast<int>(o));
-    if (op.kind == OpKind::ARD) replicated.insert(range_of(op));
-    if (op.kind == OpKind::RS) sharded.insert(range_of(op));
     if (op.kind != OpKind::Update) continue;
     const auto [it, fresh] = lowest.emplace(range_of(op), static_cast<int>(o));
     if (!fresh && op.device < at(it->second).device) it->second = static_cast<int>(o);
   }
   for (const auto& [range, u] : lowest) owner[static_cast<std::size_t>(u)] = 1;
-  for (auto& [range, list] : range_dwbs) {
-    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
-      return std::pair{at(a).device, at(a).queue_pos} < std::pair{at(b).device, at(b).queue_pos};
-    });
-    std::vector<int>& w = range_writers[range];  // an all-reduced range: the lowest replica's dWBs alone
-    for (const int o : list)
-      if (replicated.count(range) == 0 || at(o).device == at(list.front()).device) w.push_back(o);
-    const bool per_rank = sharded.count(range) != 0;
-    std::set<int> written;  // per device for a sharded range, else -1 for the whole range
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      const int o = w[i];
-      writes[static_cast<std::size_t>(o)] = 1;
-      const int who = per_rank ? at(o).device : -1;
-      first_write[static_cast<std::size_t>(o)] = written.insert(who).second ? 1 : 0;
-      if (i > 0 && (!per_rank || at(o).device == at(w[i - 1]).device))  // a sharded range's ranks: disjoint shards
-        write_edges[static_cast<std::size_t>(o)].push_back(w[i - 1]);
-    }
+  for (const auto& [range, w] : hg.writers) {  // each writer after the previous one (a sharded range's ranks: disjoint)
+    const bool per_rank = hg.sharded.count(range) != 0;
+    for (std::size_t i = 1; i < w.size(); ++i)
+      if (!per_rank || at(w[i]).device == at(w[i - 1]).device)
+        write_edges[static_cast<std::size_t>(w[i])].push_back(w[i - 1]);
   }
   const int head = m.head_layer();
   for (std::size_t u = 0; u < n; ++u) {
@@ -108,7 +92,7 @@ void FlowInterpreter::plan_updates() {
   }
   for (std::size_t u = 0; u < n; ++u) {  // the owner also waits for every writer of what it reads
     if (owner[u] == 0 || resident) continue;
-    for (const auto& [range, list] : range_writers) {
+    for (const auto& [range, list] : hg.writers) {
       const bool own = range == range_of(p.ops[u]);
       const bool tie = head != 0 && p.ops[u].layers.first == 0 && range.first <= head && head <= range.second;
       if (own || tie) write_edges[u].insert(write_edges[u].end(), list.begin(), list.end());
@@ -120,12 +104,12 @@ std::vector<int> FlowInterpreter::update_sources(int u) const {
   const core::Op& up = at(u);
   const int head = m.head_layer();
   std::vector<int> r;
-  for (const auto& [range, list] : range_dwbs) {
+  for (const auto& [range, list] : hg.dwbs) {
     const bool own = range == range_of(up);
     const bool tie = head != 0 && up.layers.first == 0 && range.first <= head && head <= range.second;
     if (!own && !tie) continue;
     for (const int o : list)
-      if (replicated.count(range) == 0 || at(o).device == up.device) r.push_back(o);
+      if (hg.replicated.count(range) == 0 || at(o).device == up.device) r.push_back(o);
   }
   return r;
 }
@@ -239,17 +223,16 @@ void FlowInterpreter::run_dwb(int o) {
       off += static_cast<std::int64_t>(s.size());
     }
   };
-  const bool writes_host = writes[static_cast<std::size_t>(o)] != 0;
-  if (writes_host && first_write[static_cast<std::size_t>(o)] != 0) {
+  const core::GradWrite how = hg.write[static_cast<std::size_t>(o)];
+  const bool writes_host = how != core::GradWrite::Drop;
+  if (how == core::GradWrite::Copy) {
     down(dst);  // no wait: what reads the host gradient next waits for this op's event
     return;
   }
   // The rest lands in the queue's bounce buffer chunk by chunk, widened to fp32: as many elements as one
   // staging_chunk_bytes of the gradient's own type holds (the staging rings' chunk in bf16): a writer adds each chunk
   // into its part of the host gradient, a replica that does not write drops it.
-  const Bytes elem_bytes = dt == DType::BF16 ? Bytes{2} : kF;
-  const std::int64_t cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(staging_chunk_bytes / elem_bytes));
-  const std::int64_t chunk = std::min(total, cap);
+  const std::int64_t chunk = core::bounce_chunk_elements(total, dt == DType::BF16 ? Bytes{2} : kF, staging_chunk_bytes);
   Bounce& b = bounce[qr.queue(o)];  // the queue runs one op at a time: its bounce buffer is free
   if (static_cast<std::int64_t>(b.floats.size()) < chunk) {
     b.metered.reset();

@@ -4,13 +4,12 @@
 #include "sim/engine/host_account.hpp"
 
 #include <algorithm>
-#include <map>
-#include <set>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "core/plan/plan_kind.hpp"
+#include "core/program/host_gradients.hpp"
 #include "sim/engine/size_index.hpp"
 
 namespace harmony::sim {
@@ -115,40 +114,18 @@ std::vector<std::string> host_limit_reasons(const HostAccount& h, const core::To
 }
 
 Bytes accumulate_bounce_bytes(const Program& p, bool mixed, Bytes chunk_bytes) {
-  // A layer's gradient is one host tensor. A dWB that writes it first copies straight into it; one that adds to what
-  // an earlier dWB of the step wrote (a later microbatch's, or another GPU's under l2l) cannot: its DMA lands in a
-  // pinned buffer the CPU then adds from, one per process, as large as its largest such dWB. An all-reduced (ARD)
-  // gradient, whatever the kind, is written by the lowest replica's dWBs; the other replicas' (the same sum) land in
-  // their bounce buffers. A rank of a sharded gradient (RS) writes its own shard. (harmony-run's executor does the
-  // same: docs/backend.md.)
-  std::set<int> replicated, sharded;
-  std::map<int, std::vector<int>> dwbs;  // per first layer, in (GPU, queue) order
-  for (std::size_t o = 0; o < p.ops.size(); ++o) {
-    const Op& op = p.ops[o];
-    if (op.kind == OpKind::ARD) replicated.insert(op.layers.first);
-    if (op.kind == OpKind::RS) sharded.insert(op.layers.first);
-    if (op.kind == OpKind::dWB) dwbs[op.layers.first].push_back(static_cast<int>(o));
-  }
+  // Which dWBs copy straight into a layer's host gradient and which land in their process's bounce buffer (to be added,
+  // or dropped: another replica's copy of an all-reduced sum) is core::host_gradients, the rule harmony-run's executor
+  // runs (docs/backend.md). A bounce is as large as its process's largest such dWB's chunk, widened to fp32.
+  const core::HostGradients hg = core::host_gradients(p);
+  const Bytes elem = mixed ? 2 : 4;
   std::vector<Bytes> largest(z(std::max(p.num_devices(), 1)), 0);
-  for (auto& [layer, list] : dwbs) {
-    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
-      const Op& x = p.ops[z(a)];
-      const Op& y = p.ops[z(b)];
-      return std::pair{x.device, x.queue_pos} < std::pair{y.device, y.queue_pos};
-    });
-    const bool own = replicated.count(layer) != 0 || sharded.count(layer) != 0;
-    const int lowest = p.ops[z(list.front())].device;
-    std::set<int> written;  // GPU, or -1 for the whole layer
-    for (int o : list) {
-      const Op& op = p.ops[z(o)];
-      const bool writes = replicated.count(layer) == 0 || op.device == lowest;
-      const bool copies = writes && written.insert(own ? op.device : -1).second;
-      // the copy lands chunk by chunk: at most chunk_bytes of the gradient's whole elements, widened to fp32 (twice a
-      // 2-byte gradient's bytes)
-      const Bytes elem = mixed ? 2 : 4;
-      const Bytes landed = (mixed ? 2 : 1) * std::min(op.bytes, std::max(elem, chunk_bytes / elem * elem));
-      if (!copies && z(op.device) < largest.size()) largest[z(op.device)] = std::max(largest[z(op.device)], landed);
-    }
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::GradWrite w = hg.write[o];
+    if (w != core::GradWrite::Add && w != core::GradWrite::Drop) continue;
+    const Op& op = p.ops[o];
+    const Bytes landed = 4 * core::bounce_chunk_elements((op.bytes + elem - 1) / elem, elem, chunk_bytes);
+    if (z(op.device) < largest.size()) largest[z(op.device)] = std::max(largest[z(op.device)], landed);
   }
   Bytes total = 0;
   for (Bytes b : largest) total += b;

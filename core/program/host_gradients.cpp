@@ -1,0 +1,49 @@
+// host_gradients and bounce_chunk_elements (host_gradients.hpp): one pass over a Program's dWBs, ARDs and RSs.
+#include "core/program/host_gradients.hpp"
+
+#include <algorithm>
+
+namespace harmony::core {
+
+HostGradients host_gradients(const Program& p) {
+  HostGradients h;
+  h.write.assign(p.ops.size(), GradWrite::None);
+  const auto span_of = [&](int o) {
+    return LayerSpan{p.ops[static_cast<std::size_t>(o)].layers.first, p.ops[static_cast<std::size_t>(o)].layers.last};
+  };
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const OpKind k = p.ops[o].kind;
+    const int i = static_cast<int>(o);
+    if (k == OpKind::dWB) h.dwbs[span_of(i)].push_back(i);
+    if (k == OpKind::ARD) h.replicated.insert(span_of(i));
+    if (k == OpKind::RS) h.sharded.insert(span_of(i));
+  }
+  const auto dev = [&](int o) { return p.ops[static_cast<std::size_t>(o)].device; };
+  for (auto& [range, list] : h.dwbs) {
+    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
+      return std::pair{dev(a), p.ops[static_cast<std::size_t>(a)].queue_pos} <
+             std::pair{dev(b), p.ops[static_cast<std::size_t>(b)].queue_pos};
+    });
+    const bool all_reduced = h.replicated.count(range) != 0;
+    const bool per_rank = h.sharded.count(range) != 0;
+    std::vector<int>& w = h.writers[range];
+    std::set<int> written;  // per rank for a sharded range, else -1 for the whole range
+    for (const int o : list) {
+      if (all_reduced && dev(o) != dev(list.front())) {
+        h.write[static_cast<std::size_t>(o)] = GradWrite::Drop;
+        continue;
+      }
+      w.push_back(o);
+      const bool first = written.insert(per_rank ? dev(o) : -1).second;
+      h.write[static_cast<std::size_t>(o)] = first ? GradWrite::Copy : GradWrite::Add;
+    }
+  }
+  return h;
+}
+
+std::int64_t bounce_chunk_elements(std::int64_t gradient_elements, Bytes element_bytes, Bytes chunk_bytes) {
+  const std::int64_t cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(chunk_bytes / element_bytes));
+  return std::min(gradient_elements, cap);
+}
+
+}  // namespace harmony::core

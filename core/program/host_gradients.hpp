@@ -1,0 +1,46 @@
+// The one rule for a Program's host weight gradients, read by harmony-sim's host account and harmony-run's executor
+// alike: which dWBs write each layer range's host gradient, which of them copy straight into it, which add to it
+// through a pinned bounce buffer, and which (another replica's copy of an all-reduced sum) land there and are dropped;
+// and how large one chunk of that bounce is.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "core/program/program.hpp"
+
+namespace harmony::core {
+
+using LayerSpan = std::pair<int, int>;  // an op's layers, first and last
+
+// What a dWB does with the host gradient of its layer range.
+enum class GradWrite : std::uint8_t {
+  None,  // not a dWB
+  Copy,  // the range's first writer (per rank, for a sharded range): copies straight into the host gradient
+  Add,   // a later writer: lands in its queue's bounce buffer, the CPU adds it into the host gradient
+  Drop,  // a replica of an all-reduced range other than the lowest: lands in its bounce buffer, unused
+};
+
+struct HostGradients {
+  std::map<LayerSpan, std::vector<int>> dwbs;     // per range: every dWB, in (device, queue position) order
+  std::map<LayerSpan, std::vector<int>> writers;  // per range: the dWBs that write it, in that order
+  std::set<LayerSpan> replicated;                 // ranges all-reduced on the devices (ARD)
+  std::set<LayerSpan> sharded;                    // ranges reduce-scattered (RS): each rank writes its own shard
+  std::vector<GradWrite> write;                   // per op
+};
+
+// A range all-reduced on the devices is written by its lowest replica's dWBs (the others carry the same sum); a
+// sharded range's ranks each write their own shard; any other range by every dWB. The first writer (per rank, sharded)
+// copies, the later ones add, in (device, queue position) order.
+HostGradients host_gradients(const Program& program);
+
+// The elements of one bounce-buffer chunk of a gradient of `gradient_elements` elements of `element_bytes` each: as
+// many whole elements as `chunk_bytes` holds (at least one), at most the gradient's. The bounce holds them widened to
+// fp32 (4 bytes each), whatever the gradient's element size.
+std::int64_t bounce_chunk_elements(std::int64_t gradient_elements, Bytes element_bytes,
+                                   Bytes chunk_bytes = kStagingChunkBytes);
+
+}  // namespace harmony::core
