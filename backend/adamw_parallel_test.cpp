@@ -2,7 +2,6 @@
 // adamw_update's over several steps, for sizes around the vector widths and the thread split, unaligned
 // pointers, 1..8 threads and pools reused across calls, the tied pair's fused pass; invalid steps are rejected
 // before any write.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

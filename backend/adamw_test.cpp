@@ -1,7 +1,6 @@
 // Tests of AdamW (two steps against values worked out by hand from torch.optim.AdamW's formulas) and of
 // the host state's pack updates: the tied wte is updated once with the embedding and head gradients
 // summed, the head's copy follows, and updating a pack without layer 0 leaves the tie alone.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -4,7 +4,6 @@
 // mean no limit; a container's cgroup missing from the mount falls back to the mount's root; the tightest limit
 // is the one with the least headroom; unreadable sources are left out. (RLIMIT_AS / RLIMIT_DATA are tested end
 // to end, under setrlimit, by tests/cli/test_run_faults.py.) Also the peak resident set (VmHWM).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <unistd.h>

@@ -1,6 +1,5 @@
 // backend::OffsetAllocator, the allocation policy both device arenas share: best fit, granularity, coalescing on
 // both sides, out-of-memory reporting, foreign and double frees. Host-only bookkeeping, so every case is exact.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "backend/offset_allocator.hpp"

@@ -2,7 +2,6 @@
 // harmony-run reports for an unknown or unavailable `device:`, options checked against capabilities, and a module
 // kind whose module is missing or not a module (availability with the reason, the loader's messages). The devices'
 // behaviour is the conformance suite's (test_device_conformance*.cpp).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdlib>

@@ -2,7 +2,6 @@
 // bit-exact round trip of weights, moments, step counts and meta (a Llama model's whole shape too; version-1 files
 // read as GPT-2), keep-N pruning and the file set after each save, latest_checkpoint's choice, every corruption and
 // mismatch refused with a message naming the problem, and failed saves that leave the previous checkpoint intact.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <unistd.h>

@@ -3,7 +3,6 @@
 // bit-exact against round(fp32 reference loop), the emulation every other device's bf16 kernels are checked
 // against), and a device without bf16 kernels. The Device contract itself (memory, copies, streams, events,
 // kernels, collectives) is the conformance suite's, on every registered kind (test_device_conformance*.cpp).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <bit>

@@ -1,7 +1,6 @@
 // The CUDA device's fusion decisions (backend/cuda/epilogue.hpp) on the CPU: which options fuse what, which shapes
 // and alignments are refused before cuBLASLt is asked for a GELU epilogue, and the key its answers are cached under.
 // Runs in every build (no CUDA needed); what the fused kernels compute is checked on a GPU (test_cuda_device.cpp).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstddef>

@@ -1,6 +1,5 @@
 // The CUDA kernels' error record protocol (backend/cuda/error_record.hpp) on the CPU: writer threads stand in for
 // kernels, the consumer for the stream's check. Runs in every build (no CUDA needed).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <atomic>

@@ -1,7 +1,6 @@
 // The CUDA stream's pending host functions (backend/cuda/host_calls.hpp) on the CPU: after a sticky error CUDA
 // never runs them, and abandon() must still destroy their closures (release_after's frees, the executor's
 // pending-free counters), exactly once, racing the trampoline. Runs in every build (no CUDA needed).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <atomic>

@@ -1,7 +1,6 @@
 // The CUDA kernels' index arithmetic (backend/cuda/index.hpp) on the CPU, at sizes past 2^31 elements that no
 // test could allocate: GPT-2's logits (B*T = 65536 rows x V = 50257), a LayerNorm/bias gradient over
 // 2^21 rows x 1600 columns, the attention's B*H*T rows of T scores. Runs in every build (no CUDA needed).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

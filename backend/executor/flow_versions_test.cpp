@@ -2,7 +2,6 @@
 // Programs: which write each read sees, the reads per version, and the refusals (no producer, a producer the reader
 // does not depend on, two unordered producers, a dead later version, a free before a read); FlowStore
 // (flow_store.hpp): a version is freed after its last read and updated in place by its last reader; and op_groups.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <string>

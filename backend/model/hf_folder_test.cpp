@@ -2,7 +2,6 @@
 // a model.safetensors.index.json loads bit for bit as the single model.safetensors does, and every way a sharded set
 // can be broken (a missing shard, a tensor the index puts in a shard that lacks it, a tensor stored twice or listed
 // twice, a tensor the index does not list, a malformed index) is an error naming the file and the fix.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstring>

@@ -2,7 +2,6 @@
 // same file (flock locks belong to the open file, so a second open in one process contends like another process)
 // is Busy and reads that record; a shared lock of a missing file is Absent, of a held one Busy; a released or
 // destroyed lock can be taken again; a lock file that cannot be created is OpenFailed with errno; moves transfer it.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <unistd.h>

@@ -2,7 +2,6 @@
 // symlinks written through, folders/FIFOs refused with the OS's reason and nothing created, a failed write
 // (file size limit) keeps the previous file and removes the temp and names the limit; appends all or nothing;
 // the up-front output checks; the input gate.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <sys/resource.h>

@@ -1,6 +1,5 @@
 // Tests of core/base/units.cpp: the size, bandwidth and duration parsers (accepted forms, case-sensitive
 // units, rejection of negatives, garbage and overflow), the human-readable formatters, and core/base/parallel.hpp.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <atomic>

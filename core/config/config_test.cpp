@@ -1,7 +1,6 @@
 // Tests of the config loader (core/config/): every shipped config loads with the expected values, machine presets and
 // machine files, --set overrides, and one case per kind of bad input checking the exact file:line:column
 // and that the error carries a hint (a suggestion where one applies).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

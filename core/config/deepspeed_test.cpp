@@ -2,7 +2,6 @@
 // ZeRO stage and offload devices to a plan kind and status, DeepSpeed's batch inference and its consistency error
 // (naming all three values, at train_batch_size's line:column), "auto" from the harmony config, the keys listed as
 // not priced, and every refused key at its line:column; the shipped examples in configs/deepspeed/.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

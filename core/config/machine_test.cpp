@@ -1,7 +1,6 @@
 // Tests of the machine model in YAML (core/config/config_machine.cpp, docs/machines.md): the four built-in presets and
 // their topologies, the list and mapping forms of topology.gpus, inheritance from a base machine, and one
 // case per kind of bad topology, checking the exact file:line:column and that the error carries a hint.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

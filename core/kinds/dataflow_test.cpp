@@ -2,7 +2,6 @@
 // Harmony's): on small hand-checkable Programs (a 4-layer synthetic model, 1 or 2 GPUs), which op writes which tensor
 // and which ops read it, each op's pass, layers and samples, the interning, and the refusal of an op a swapping
 // Program cannot hold.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -2,7 +2,6 @@
 // (core/base/json_locate.cpp): the bundled paper profiles load with the values the JSON holds, interpolation
 // at unmeasured sizes matches hand-derived numbers, and every kind of bad input is a ConfigError at the
 // right line:column with a hint.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

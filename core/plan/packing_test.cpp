@@ -1,7 +1,6 @@
 // Tests of core/packing: the reference's packing test vectors on the bert_large profile, and a
 // small synthetic model per method with the expected packs derived by hand (derivations inline),
 // covering the strict/non-strict capacity tests, remainder placement, empty-pack skips and errors.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdlib>

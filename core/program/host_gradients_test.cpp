@@ -1,7 +1,6 @@
 // core::host_gradients on hand-built Programs: the writers of a layer range's host gradient in (device, queue)
 // order whatever the ops' order, the first copying and the later adding; an all-reduced range's other replicas
 // dropped; a sharded range's ranks each copying their own shard first. And the bounce's chunk in whole elements.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <vector>

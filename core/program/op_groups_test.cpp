@@ -1,7 +1,6 @@
 // core::op_groups on hand-built Programs without a dataflow (as harmony-sim lowers them): a P2P pair send first, the
 // collectives grouped by occurrence (the k-th of each device per kind, layers and microbatch, in device order), and
 // collectives of other layers or microbatches apart.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <vector>

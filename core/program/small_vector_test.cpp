@@ -1,6 +1,5 @@
 // core::SmallVector against std::vector on the same operations: inline up to N, on the heap beyond, and across
 // copies, moves (inline and heap), inserts, erases and resizes, the elements and their order always std::vector's.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

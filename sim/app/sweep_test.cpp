@@ -2,7 +2,6 @@
 // shards partitioning the points, CSV quoting, rows of invalid and unfit points, and the runner's files:
 // identical for 1 and 2 threads, after a resume from a truncated file and after merging shards; a resume
 // recomputes the rows whose files changed; the folder lock; the large-grid guard.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <atomic>

@@ -1,7 +1,6 @@
 // The native engine's fair-share solver (sim/engine/fair_share.hpp) on its own: max-min fair allocations computed by
 // hand in each case (one link split, a flow bottlenecked elsewhere, three flows over two links, rate caps,
 // coefficients, unlimited links, no contention) and the solver's buffers reused across calls of different shapes.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <limits>

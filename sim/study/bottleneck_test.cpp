@@ -1,7 +1,6 @@
 // The bottleneck report: the per-GPU breakdown adds up to the iteration, the critical path spans it, and the
 // binding resource is the one whose doubling helps most — compute for a fast link, the host link for a slow
 // one, memory for a plan that does not fit.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdlib>

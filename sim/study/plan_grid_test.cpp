@@ -2,7 +2,6 @@
 // queues and dependencies are consistent and acyclic, never deadlocks, charges every GPU's weights
 // exactly once per pack and pass (the JIT pin is not credited, as in the reference), and moves the
 // same total activation bytes out as in.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "core/model/profile.hpp"

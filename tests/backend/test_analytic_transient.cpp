@@ -1,7 +1,6 @@
 // The analytic models' backward transient (Layer::bwd_transient_bytes: dY, dX and the backward's gradient scratch)
 // against harmony-run's own description of the same shape (describe_gpt2, which the CPU profiler's measured
 // bwd_transient_memory equals): GPT-2 and Llama blocks, fp32 and bf16, within the tolerance docs/validation.md gives.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <string>

@@ -1,7 +1,6 @@
 // Tests of the v1 executor: Harmony-PP and Harmony-DP Programs (1, 2 and 4 GPUs, equal and re-sized
 // microbatches, packs of one and of several layers and one pack of all, prefetch on and off) train the tiny GPT-2 to
 // the same weights as the PlainTrainer, and a Program with a dependency removed is rejected by the read check.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

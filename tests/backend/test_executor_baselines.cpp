@@ -3,7 +3,6 @@
 // the tiny GPT-2 to the PlainTrainer's weights (bit for bit where the summation order is the same), and Programs
 // with a dependency removed are refused with ScheduleViolation before any op runs. Also the host memory the
 // executor meters (one host gradient per layer).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -2,7 +2,6 @@
 // bits as the serial loop for every plan kind of the executor grids (Harmony-PP, Harmony-DP, dp-swap, pp-swap,
 // zero-infinity, l2l), the same bits on every one of many repeated runs (a race detector by repetition; run it
 // under ThreadSanitizer too), and an OutOfMemory inside a worker reported with the serial loop's message, not hung.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <atomic>

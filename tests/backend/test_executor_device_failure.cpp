@@ -1,7 +1,6 @@
 // The executor's memory waits after the device has failed (issue 34: harmony-run hung after a sticky CUDA error in
 // tight memory): the deferred frees alloc_or_wait waits for never come once CUDA stops running host functions, so
 // every wait must ask the device (Device::check_alive) and end with its error. A CPU device stands in for the GPU.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <atomic>

@@ -2,7 +2,6 @@
 // groups (Harmony-DP, dp-swap, zero-infinity on N > 1 GPUs), fp32 and bf16, trains to the host path's bits (losses,
 // weights, AdamW moments) with a CPU communicator while copying no replica's gradient to the host and back (counted
 // by devices that wrap the CPU device), and a communicator that does not span the devices is refused.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -2,7 +2,6 @@
 // gradients and AdamW state live in one DeviceState per device across steps, the Update runs on the device, and the
 // run trains the tiny GPT-2 to the PlainTrainer's weights and moments (bit for bit on one GPU, fp32 and bf16; within
 // the replica-sum bound on two and four); sync_state() hands the state back so a run can stop and resume exactly.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

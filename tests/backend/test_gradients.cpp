@@ -2,7 +2,6 @@
 // and the head against central finite differences, the whole chain with the tied wte (embedding + head
 // contributions summed), the layer chain as a core::Model, and the device path (DeviceOps on a CPU device, float)
 // bit-identical to the host reference loops (HostOps<float>).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -2,7 +2,6 @@
 // FormatError with file and byte offset, never a crash; F16/BF16 widened exactly), GPT-2 weights under HF names (config
 // inference, the transformer. prefix, the tied lm_head, ignored mask buffers, save/load round trip) and llm.c token
 // files (with and without the 1024-byte header, odd sizes, bad headers, step slicing and wrap-around).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <bit>

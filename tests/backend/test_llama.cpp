@@ -3,7 +3,6 @@
 // the plain trainer's step-0 gradients, per-step losses and final weights after 5 AdamW steps within the GPT-2
 // oracle's bounds (test_oracle.cpp), every plan kind's losses within the same loss bound, finite-difference
 // gradients of every layer in double, the config.json errors, and bf16 against tests/data/llama_tiny_bf16.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <unistd.h>

@@ -2,7 +2,6 @@
 // 1.13): from the same initial weights (HF safetensors) and llm.c token file, the plain trainer on a CPU device must
 // reproduce torch's step-0 gradients, its per-step losses over 5 AdamW steps and its final weights within the
 // tolerances below (reasons in docs/backend.md, "Tolerances" and "Mixed precision"), in fp32 and in bf16.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

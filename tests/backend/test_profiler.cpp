@@ -2,7 +2,6 @@
 // device has describe_gpt2's sizes, positive times, peaks equal to the documented buffers, round-trips
 // through core::load_profile_text field for field and feeds the search; sizes that do not fit are dropped;
 // the bundled paper profiles survive write -> read exactly. No assertion depends on how long anything took.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

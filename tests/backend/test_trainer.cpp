@@ -1,7 +1,6 @@
 // Tests of the plain trainer, the reference for Harmony's schedules: microbatched gradient accumulation is
 // bit-identical to the whole minibatch (losses, gradients and weights after several AdamW steps, for
 // every split), training lowers the loss, and a device too small says what did not fit.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>

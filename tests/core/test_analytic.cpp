@@ -3,7 +3,6 @@
 // monotonicity in the microbatch size, the fp16 path, gpu_rates / model.analytic parsing and errors, and the
 // calibration against the bundled profiles.
 // HARMONY_ANALYTIC_TABLE=1 prints the error table of docs/validation.md (scripts/analytic-vs-profile.py).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -3,7 +3,6 @@
 // published ones, FLOPs against the shape formulas, what grouped-query attention, biases, tied heads, the sliding
 // window and the kernel styles change, Hugging Face config.json files of every supported model_type, and every
 // bad input located at its file:line:column.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -2,7 +2,6 @@
 // on a small synthetic model, Harmony's weight traffic against dp-swap's on bert_large, enumeration rules, GPipe's
 // balanced split, and a grid of bert_large plans that validate, balance their memory ledger and run without deadlock
 // under the reference cost model. Links sim/ for the timeline.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

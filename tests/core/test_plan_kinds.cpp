@@ -1,7 +1,6 @@
 // The plan-kind registry (core/plan/plan_kind.hpp) against every list of kinds kept outside it: the JSON schemas'
 // plan_kind enums, docs/config.md's plan.mode lists, and the choices each tool's plan.mode offers in its errors. A new
 // kind is a registry row and its own code; this test names each list that was not brought along.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdlib>

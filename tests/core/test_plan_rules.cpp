@@ -1,7 +1,6 @@
 // The plan rules (core/plan/plan_rules): per kind, which (gpus, minibatch, microbatch) combinations pass, the
 // problem each failing one gets (field, message, hint, valid values), and that the search's filter
 // (microbatch_fits) agrees with the errors (microbatch_problem) on every combination of a small grid.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <string>

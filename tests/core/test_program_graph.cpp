@@ -1,7 +1,6 @@
 // ProgramGraph on a hand-built Program: predecessor order (deps, queue predecessor, extra edges), successor
 // order (ascending op, then predecessor order: the order both simulators rely on to be bit-identical),
 // queue_predecessor, the topological order, and the cycle verdicts of the graph and of validate_program.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <vector>

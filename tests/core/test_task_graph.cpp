@@ -1,7 +1,6 @@
 // The task graph against the paper's composer: placement and order of §5.3's worked example, the
 // channels and patches of §5.4 (JIT pin, last-forward message), Harmony-DP replication, the
 // microbatch converter examples of §6.1, manual packing and plan validation errors.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "core/base/error.hpp"

@@ -1,6 +1,5 @@
 // The fsdp kind (core/kinds/fsdp.cpp) lowered and priced: its Program's collectives, shards and GPU updates counted
 // against closed forms, one GPU priced as resident, and the memory and time it trades against resident on several.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

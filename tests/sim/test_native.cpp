@@ -2,7 +2,6 @@
 // in the test), latency, copy engines, CPU cores, P2P rendezvous, memory overflow and host-memory
 // infeasibility, determinism; the 42 bert_large oracles against the reference model; a Harmony-PP plan
 // on a paper-1080ti-like topology (feasible at 10 GiB, infeasible at 4 GiB); ledger and trace counters.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <filesystem>

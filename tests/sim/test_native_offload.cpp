@@ -3,7 +3,6 @@
 // buckets), host memory bandwidth shared byte for byte by DMA and the CPU optimizer, host gradient sums, dtype
 // conversions at the update, ZeRO-3's per-module and per-parameter-tensor costs, zero-infinity's and Harmony's
 // offload: nvme and compare's fallback.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -1,7 +1,6 @@
 // The 42 fixed configurations the paper's own simulator ran on bert_large
 // (tests/data/reference/oracles_bert_large.json): iteration time and per-GPU end times within 1e-6
 // relative, the memory estimate exact to the byte, idle and compute ratios within 1e-6.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <fstream>

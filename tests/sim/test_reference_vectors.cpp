@@ -1,7 +1,6 @@
 // Event-level agreement with the paper's simulator: the four vectors in tests/data/reference/vectors
 // (bert_large; vPP and vDP, prefetch on and off, u_fwd == u_bwd and !=). Same events on the same
 // streams in the same order, same dependencies and bytes, begin and duration within 1 ns.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>

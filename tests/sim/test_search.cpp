@@ -1,7 +1,6 @@
 // The search against the paper's scheduler outputs on bert_large (README of the reference data):
 // the three published Top1 configurations, the candidate count, the opt-in "/1000" fit rule, and
 // determinism of the ranking across thread counts.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

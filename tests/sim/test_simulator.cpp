@@ -1,7 +1,6 @@
 // The discrete-event engine on hand-built Programs (timing rule, rendezvous, deadlock report,
 // cycle detection), cross-checked against a one-pass topological evaluation on real plans, and
 // the Chrome trace export (valid JSON, one complete event per op, pid = GPU, tid = stream).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <sstream>
