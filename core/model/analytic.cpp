@@ -637,7 +637,8 @@ bool fp32_optimizer(const AnalyticSpec& s) { return s.dtype == DType::Fp32 || s.
 // Adam reads and writes the parameter and two moments and reads the gradient, 7 x 4 bytes). Mixed precision adds
 // the FP32 master; pure 2-byte training keeps the moments in the weights' 2 bytes and no master.
 double state_bytes_per_param(const AnalyticSpec& s) {
-  const double master = s.dtype == DType::Fp32 || !s.master_weights ? 0.0 : 4.0;
+  // (autocast: the FP32 parameters on the GPU are the masters; the state holds the moments only)
+  const double master = s.dtype == DType::Fp32 || !s.master_weights || s.autocast ? 0.0 : 4.0;
   const double moment = fp32_optimizer(s) ? 4.0 : 2.0;
   switch (s.optimizer) {
     case OptimizerKind::Adam:
@@ -860,15 +861,15 @@ namespace {
 // `harmony-run probe`) where the machine gives one. A pure 2-byte step casts nothing: the plain rate over its 2-byte
 // tensors (half the FP32 step's bytes). PyTorch's own optimizer on CPU tensors (cpu_optimizer: torch): FSDP casts on
 // the GPU, so its step has no fused casts to price; its rate, or the plain rate over the published gap
-// (kTorchCpuAdamSlowdown).
+// (kTorchCpuAdamSlowdown). Under autocast the gradients and weights cross in FP32: nothing to cast, the plain rate.
 double cpu_step_bytes_per_s(const AnalyticSpec& spec, const CpuAdam& cpu) {
   const double plain_bps = cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
   if (spec.cpu_optimizer == CpuOptimizerImpl::Torch)
     return cpu.torch_bytes_per_s > 0 ? cpu.torch_bytes_per_s : plain_bps / kTorchCpuAdamSlowdown;
-  const double cast_bps = !fp32_optimizer(spec)       ? 0.0
-                          : spec.dtype == DType::Bf16 ? cpu.bf16_bytes_per_s
-                          : spec.dtype == DType::Fp16 ? cpu.fp16_bytes_per_s
-                                                      : 0.0;
+  const double cast_bps = !fp32_optimizer(spec) || spec.autocast ? 0.0
+                          : spec.dtype == DType::Bf16            ? cpu.bf16_bytes_per_s
+                          : spec.dtype == DType::Fp16            ? cpu.fp16_bytes_per_s
+                                                                 : 0.0;
   return cast_bps > 0 ? cast_bps : plain_bps;
 }
 
@@ -879,6 +880,11 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   // (not a spec problem: the config's dtype may be chosen by the machine after parsing; load_model locates it)
   if (!spec.master_weights && spec.dtype == DType::Fp32)
     throw ScheduleError("analytic model: master_weights: false (pure 2-byte training) needs dtype fp16 or bf16");
+  if (spec.autocast && spec.dtype == DType::Fp32)
+    throw ScheduleError("analytic model: autocast (FP32 parameters, GEMMs in a 2-byte type) needs dtype fp16 or bf16");
+  if (spec.autocast && !spec.master_weights)
+    throw ScheduleError(
+        "analytic model: autocast keeps FP32 parameters, and master_weights: false (pure 2-byte training) has none");
   if (!gpu.valid())
     throw ScheduleError("analytic model: the machine has no gpu_rates (matrix_fp32 and memory are required)");
   Rates r;
@@ -899,7 +905,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   const double step_bytes_per_param = fp32_step ? 4.0 : 2.0;
   const double adam_bps = cpu_step_bytes_per_s(spec, cpu);
   const double adam_layer_s = cpu.per_layer_s > 0 ? cpu.per_layer_s : kDefaultAdamLayerS;
-  const double bpe = dtype_bytes(spec.dtype);
+  const double bpe = param_bytes(spec);  // the device weights' element size
 
   Model m;
   m.name = spec.name.empty() ? derived_name(spec) : spec.name;

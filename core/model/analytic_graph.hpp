@@ -88,6 +88,8 @@ constexpr double kIdBytes = 8;    // int64 token ids, labels, pooling indices
 constexpr double kMaskBytes = 1;  // bool dropout masks
 
 inline double dtype_bytes(DType d) { return d == DType::Fp32 ? 4.0 : 2.0; }
+// Bytes per element of the parameters (and their gradients) on the GPU: dtype's, or FP32 under torch.autocast.
+inline double param_bytes(const AnalyticSpec& s) { return s.autocast ? 4.0 : dtype_bytes(s.dtype); }
 
 // Whether the ops outside the attention core run op by op as PyTorch eager runs the Hugging Face code: the eager
 // style, and sdpa (which differs from it only in the attention core).
@@ -98,7 +100,8 @@ inline bool eager_ops(const AnalyticSpec& s) {
 // Builds one layer's graph; `bpe` is the activation and weight element size.
 class Builder {
  public:
-  explicit Builder(const AnalyticSpec& spec) : bpe_(dtype_bytes(spec.dtype)), spec_(spec) {}
+  explicit Builder(const AnalyticSpec& spec)
+      : bpe_(dtype_bytes(spec.dtype)), pbpe_(param_bytes(spec)), autocast_(spec.autocast), spec_(spec) {}
 
   Graph graph;
   std::int64_t params = 0;  // parameters of the ops built (weights + biases + norms)
@@ -117,6 +120,21 @@ class Builder {
   }
   const Tensor& t(int id) const { return graph.tensors[static_cast<std::size_t>(id)]; }
   double bpe() const { return bpe_; }
+  double param_bpe() const { return pbpe_; }  // parameters and their gradients (FP32 under autocast)
+
+  // torch.autocast's cast of an FP32 weight (and bias) of `w_elems` elements to the compute dtype, before `op`'s
+  // GEMM (nothing without autocast). Forward: one kernel reading the FP32 copy and writing the 2-byte one, which the
+  // GEMM saves for its backward (autocast's cast cache lives only inside one forward region: every forward and every
+  // recompute casts again). Backward: the GEMM's 2-byte weight gradient cast to FP32 (ToCopyBackward) before it
+  // accumulates into the FP32 .grad. PyTorch: aten/src/ATen/autocast_mode.cpp, cached_cast.
+  void weight_cast(Op& op, double w_elems) {
+    if (!autocast_) return;
+    const int copy = tensor(0, bpe_, false, w_elems);
+    op.extras.push_back(copy);
+    op.saved.push_back(copy);
+    op.fwd.push_back(mem(0, w_elems * (pbpe_ + bpe_)));
+    op.bwd.push_back(mem(0, w_elems * (bpe_ + pbpe_)));
+  }
 
   // A memory-bound kernel reading and writing `per_sample_bytes` per sample, plus `fixed_bytes`.
   static Kernel mem(double per_sample_bytes, double fixed_bytes = 0) {
@@ -166,8 +184,9 @@ class Builder {
     const double w_elems = k * n + (bias ? n : 0.0);
     params += static_cast<std::int64_t>(w_elems);
     param_tensors += bias ? 2 : 1;
-    op.weight_grad_bytes = w_elems * bpe_;
+    op.weight_grad_bytes = w_elems * pbpe_;
     const double a = rows * k * bpe_, c = rows * n * bpe_, w = w_elems * bpe_;
+    weight_cast(op, w_elems);
     op.fwd.push_back(gemm({1, rows, n, k}, 1, a + c, w));
     if (t(x).needs_grad) op.bwd.push_back(gemm({1, rows, k, n}, 1, a + c, w));  // dX = dY W^T
     op.bwd.push_back(gemm({1, k, n, rows}, 3, a + c, w));                       // dW = X^T dY
@@ -333,7 +352,7 @@ class Builder {
     op.inputs = {x};
     op.output = act(t(x).per_sample);
     op.saved = {x};
-    op.weight_grad_bytes = 2 * h * bpe_;
+    op.weight_grad_bytes = 2 * h * pbpe_;
     const double n = ps_bytes(x);
     if (eager_ops(spec_)) {
       op.fwd = {mem(n), mem(2 * n)};                  // moments (read X); normalise (read X, write Y)
@@ -393,10 +412,10 @@ class Builder {
     op.saved = {ids};
     params += static_cast<std::int64_t>(vocab * h);
     param_tensors += 1;
-    op.weight_grad_bytes = vocab * h * bpe_;
+    op.weight_grad_bytes = vocab * h * pbpe_;
     const double out = rows * h * bpe_;
     op.fwd.push_back(mem(2 * out + ps_bytes(ids), fixed_bytes(ids)));
-    op.bwd.push_back(mem(0, vocab * h * bpe_));                      // zero the dense gradient
+    op.bwd.push_back(mem(0, vocab * h * pbpe_));                     // zero the dense gradient
     op.bwd.push_back(mem(2 * ps_bytes(ids), 2 * fixed_bytes(ids)));  // sort the ids
     op.bwd.push_back(mem(3 * out));                                  // accumulate rows
     return push(std::move(op));
@@ -453,8 +472,9 @@ class Builder {
     const double w_elems = cout * cin * k * k;
     params += static_cast<std::int64_t>(w_elems);
     param_tensors += 1;
-    op.weight_grad_bytes = w_elems * bpe_;
+    op.weight_grad_bytes = w_elems * pbpe_;
     const double io = ps_bytes(x) + cout * out_hw * bpe_, w = w_elems * bpe_;
+    weight_cast(op, w_elems);
     op.fwd.push_back(gemm({1, out_hw, cout, cin * k * k}, 1, io, w));
     if (t(x).needs_grad) op.bwd.push_back(gemm({1, out_hw, cin * k * k, cout}, 1, io, w));  // dgrad
     op.bwd.push_back(gemm({1, cout, cin * k * k, out_hw}, 3, io, w));                       // wgrad
@@ -472,7 +492,7 @@ class Builder {
     op.inputs = {x};
     op.output = act(t(x).per_sample);
     op.saved = {x};
-    op.weight_grad_bytes = 2 * channels * bpe_;
+    op.weight_grad_bytes = 2 * channels * pbpe_;
     const double n = ps_bytes(x);
     op.fwd.push_back(mem(n));      // statistics
     op.fwd.push_back(mem(2 * n));  // normalise
@@ -526,6 +546,8 @@ class Builder {
 
  private:
   double bpe_;
+  double pbpe_;
+  bool autocast_;
   const AnalyticSpec& spec_;
 };
 
