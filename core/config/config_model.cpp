@@ -23,18 +23,18 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // model: {profile: PATH}, {analytic: NAME | {...}} or {hf_config: PATH, ...} (docs/config.md, "model")
 // The keys beside hf_config: how the model described by the file is run (they change no parameter).
-const std::vector<std::string> kHfRunKeys = {"name",    "seq_len",      "dtype",          "optimizer",
-                                             "kernels", "ubatch_sizes", "master_weights", "cpu_optimizer"};
-const std::vector<std::string> kModelKeys = {"profile",      "analytic",       "hf_config",    "name",
-                                             "seq_len",      "dtype",          "optimizer",    "kernels",
-                                             "ubatch_sizes", "master_weights", "cpu_optimizer"};
+const std::vector<std::string> kHfRunKeys = {"name",         "seq_len",        "dtype",         "optimizer", "kernels",
+                                             "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast"};
+const std::vector<std::string> kModelKeys = {"profile",      "analytic",       "hf_config",     "name",
+                                             "seq_len",      "dtype",          "optimizer",     "kernels",
+                                             "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast"};
 const std::vector<std::string> kAnalyticKeys = {
     "preset",       "family",           "name",           "layers",    "hidden",    "heads",
     "ffn",          "seq_len",          "vocab",          "tied_head", "head",      "labels",
     "image_size",   "classes",          "dtype",          "optimizer", "kernels",   "dropout",
     "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",  "qk_norm",
     "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims", "parallel_residual",
-    "act",          "master_weights",   "cpu_optimizer"};
+    "act",          "master_weights",   "cpu_optimizer",  "autocast"};
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "neox"};
 const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
@@ -60,11 +60,12 @@ std::size_t get_choice(const Node& v, const std::string& what, const std::vector
            "; or describe the shape: {family: gpt, layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
 }
 
-// name, dtype, optimizer, cpu_optimizer, kernels, ubatch_sizes, master_weights: the keys of both model.analytic and the
-// run keys beside model.hf_config (`what` is the mapping's path for messages).
+// name, dtype, optimizer, cpu_optimizer, kernels, ubatch_sizes, master_weights, autocast: the keys of both
+// model.analytic and the run keys beside model.hf_config (`what` is the mapping's path for messages).
 void apply_run_keys(const Node& map, const std::string& what, AnalyticSpec& spec) {
   if (const Entry* x = find(map, "name")) spec.name = get_string(x->value, what + ".name");
   if (const Entry* x = find(map, "master_weights")) spec.master_weights = get_bool(x->value, what + ".master_weights");
+  if (const Entry* x = find(map, "autocast")) spec.autocast = get_bool(x->value, what + ".autocast");
   if (const Entry* x = find(map, "dtype"))
     spec.dtype = static_cast<DType>(get_choice(x->value, what + ".dtype", kDTypes, "dtypes"));
   if (const Entry* x = find(map, "optimizer"))
@@ -352,6 +353,7 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
     spec.analytic = parse_hf_model(model, *hf, base_dir);
     spec.analytic_dtype_given = find(model, "dtype") != nullptr;
     if (const Entry* x = find(model, "master_weights")) spec.master_weights_loc = x->value.loc;
+    if (const Entry* x = find(model, "autocast")) spec.autocast_loc = x->value.loc;
     spec.loc = hf->value.loc;
     return spec;
   }
@@ -361,6 +363,7 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
     spec.analytic_dtype_given = map && find(analytic->value, "dtype") != nullptr;
     if (const Entry* x = map ? find(analytic->value, "master_weights") : nullptr)
       spec.master_weights_loc = x->value.loc;
+    if (const Entry* x = map ? find(analytic->value, "autocast") : nullptr) spec.autocast_loc = x->value.loc;
     spec.loc = analytic->value.loc;
     return spec;
   }
@@ -416,6 +419,20 @@ Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
                                                             "above its FP32 one)",
                                                             machine.name)),
         "set dtype: bf16 (or fp16) beside it, or remove master_weights");
+  if (a.autocast && a.dtype == DType::Fp32)
+    throw ConfigError(spec.autocast_loc,
+                      fmt::format("autocast: true (FP32 parameters, GEMMs cast to a 2-byte type) needs a 2-byte dtype, "
+                                  "and the model's is fp32{}",
+                                  spec.analytic_dtype_given ? ""
+                                                            : fmt::format(" (machine '{}' has no tensor-core rate "
+                                                                          "above its FP32 one)",
+                                                                          machine.name)),
+                      "set dtype: bf16 (or fp16) beside it: the type autocast computes in");
+  if (a.autocast && !a.master_weights)
+    throw ConfigError(spec.autocast_loc,
+                      "autocast: true keeps FP32 parameters, gradients and optimizer state; master_weights: false "
+                      "(pure 2-byte training) keeps none",
+                      "remove master_weights: false (autocast), or remove autocast (pure 2-byte training)");
   return analytic_model(a, machine.gpu_rates, machine.cpu_adam);
 }
 

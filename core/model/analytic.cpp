@@ -60,7 +60,8 @@ int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form) {
   if (tanh_form) {
     // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  (Hugging Face gelu_new)
     const int half = b.scale("gelu.0.5x", x);
-    const int cube = b.unary("gelu.pow3", x, 1, {2, 2, 3});  // grad * 3 * x.pow(2): three kernels
+    // grad * 3 * x.pow(2): three kernels; pow is on autocast's FP32 list, and what follows promotes to it
+    const int cube = b.unary("gelu.pow3", b.upper(x), 1, {2, 2, 3});
     const int c1 = b.scale("gelu.0.044715", cube);
     const int c2 = b.add("gelu.add", x, c1);
     const int c3 = b.scale("gelu.sqrt2/pi", c2);
@@ -203,8 +204,8 @@ LayerDef transformer_block(const AnalyticSpec& s, int index, bool pass_mask, Blo
   Builder b(s);
   const bool gpt = s.family == ModelFamily::Gpt;
   const double T = s.seq_len, h = s.hidden;
-  const int x = b.input(T * h, b.bpe(), true);
-  const int mask = gpt ? -1 : b.input(T, b.bpe(), false);
+  const int x = b.input(T * h, b.stream_bpe(), true);
+  const int mask = gpt ? -1 : b.input(T, b.stream_bpe(), false);  // HF casts it to the parameters' type
   int present = -1;
   int x1 = x;  // with the MLP half alone, the block's hidden state after the attention half: this layer's input
   if (part != BlockPart::Mlp) {
@@ -248,14 +249,14 @@ std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
   }
   {
     Builder b(s);
-    const int x = b.input(T * h, b.bpe(), true);
+    const int x = b.input(T * h, b.stream_bpe(), true);
     out.push_back(finish(b, "final_norm", "final_norm", {b.layernorm("ln_f", x, h)}));
   }
   if (s.gpt_head == GptHead::None) {
     // No LM head (LoHan/Fuyou's benchmark GPT): MSE between the final hidden states and a random target of
     // their shape; nothing here scales with the vocabulary, whose table stays the embedding's.
     Builder b(s);
-    const int x = b.input(T * h, b.bpe(), true);
+    const int x = b.input(T * h, b.stream_bpe(), true);
     const int target = b.input(T * h, b.bpe(), false);
     LayerDef d = finish(b, "criterion", "criterion", {b.mse_loss(x, target)});
     d.is_criterion = true;
@@ -264,7 +265,7 @@ std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
   }
   {
     Builder b(s);
-    const int x = b.input(T * h, b.bpe(), true);
+    const int x = b.input(T * h, b.stream_bpe(), true);
     const int y = s.tied_head ? b.tied_linear("lm_head", x, T, h, V) : b.linear("lm_head", x, T, h, V, false);
     LayerDef d = finish(b, "lm_head", "lm_head", {y});
     if (s.tied_head) d.resident_params = static_cast<std::int64_t>(V * h);
@@ -293,7 +294,7 @@ std::vector<LayerDef> bert_layers(const AnalyticSpec& s) {
     Builder b(s);
     const int ids = b.input(T, kIdBytes, false);
     const int types = b.input(T, kIdBytes, false);
-    const int mask = b.input(T, b.bpe(), false);
+    const int mask = b.input(T, b.stream_bpe(), false);
     const int pos = b.tensor(0, kIdBytes, false, T);
     const int we = b.embedding("word_embeddings", ids, T, V, h);
     const int pe = b.embedding("position_embeddings", pos, T, T, h);
@@ -311,7 +312,7 @@ std::vector<LayerDef> bert_layers(const AnalyticSpec& s) {
   if (s.bert_head == BertHead::Classifier) {
     {
       Builder b(s);
-      const int x = b.input(T * h, b.bpe(), true);
+      const int x = b.input(T * h, b.stream_bpe(), true);
       const int first = b.slice_copy("first_token", x, h);
       const int d = b.linear("pooler.dense", first, 1, h, h, true);
       out.push_back(finish(b, "pooler", "pooler", {b.unary("tanh", d, 2, {3})}));
@@ -330,7 +331,7 @@ std::vector<LayerDef> bert_layers(const AnalyticSpec& s) {
   }
   {
     Builder b(s);
-    const int x = b.input(T * h, b.bpe(), true);
+    const int x = b.input(T * h, b.stream_bpe(), true);
     const int t = b.linear("transform.dense", x, T, h, h, true);
     const int g = gelu(b, s, t, false);
     const int n = b.layernorm("transform.LayerNorm", g, h);
@@ -363,7 +364,7 @@ std::vector<LayerDef> resnet_layers(const AnalyticSpec& s) {
   double hw = s.image_size;  // spatial side
   {
     Builder b(s);
-    const int img = b.input(3 * hw * hw, b.bpe(), false);
+    const int img = b.input(3 * hw * hw, s.autocast ? 4.0 : b.bpe(), false);  // autocast: FP32 data
     hw = std::floor((hw + 2 * 3 - 7) / 2 + 1);
     const int c = b.conv("conv1", img, 3, 64, 7, hw * hw);
     const int n = b.batchnorm("bn1", c, 64);
@@ -637,7 +638,8 @@ bool fp32_optimizer(const AnalyticSpec& s) { return s.dtype == DType::Fp32 || s.
 // Adam reads and writes the parameter and two moments and reads the gradient, 7 x 4 bytes). Mixed precision adds
 // the FP32 master; pure 2-byte training keeps the moments in the weights' 2 bytes and no master.
 double state_bytes_per_param(const AnalyticSpec& s) {
-  const double master = s.dtype == DType::Fp32 || !s.master_weights ? 0.0 : 4.0;
+  // (autocast: the FP32 parameters on the GPU are the masters; the state holds the moments only)
+  const double master = s.dtype == DType::Fp32 || !s.master_weights || s.autocast ? 0.0 : 4.0;
   const double moment = fp32_optimizer(s) ? 4.0 : 2.0;
   switch (s.optimizer) {
     case OptimizerKind::Adam:
@@ -860,15 +862,15 @@ namespace {
 // `harmony-run probe`) where the machine gives one. A pure 2-byte step casts nothing: the plain rate over its 2-byte
 // tensors (half the FP32 step's bytes). PyTorch's own optimizer on CPU tensors (cpu_optimizer: torch): FSDP casts on
 // the GPU, so its step has no fused casts to price; its rate, or the plain rate over the published gap
-// (kTorchCpuAdamSlowdown).
+// (kTorchCpuAdamSlowdown). Under autocast the gradients and weights cross in FP32: nothing to cast, the plain rate.
 double cpu_step_bytes_per_s(const AnalyticSpec& spec, const CpuAdam& cpu) {
   const double plain_bps = cpu.bytes_per_s > 0 ? cpu.bytes_per_s : kDefaultAdamBytesPerS;
   if (spec.cpu_optimizer == CpuOptimizerImpl::Torch)
     return cpu.torch_bytes_per_s > 0 ? cpu.torch_bytes_per_s : plain_bps / kTorchCpuAdamSlowdown;
-  const double cast_bps = !fp32_optimizer(spec)       ? 0.0
-                          : spec.dtype == DType::Bf16 ? cpu.bf16_bytes_per_s
-                          : spec.dtype == DType::Fp16 ? cpu.fp16_bytes_per_s
-                                                      : 0.0;
+  const double cast_bps = !fp32_optimizer(spec) || spec.autocast ? 0.0
+                          : spec.dtype == DType::Bf16            ? cpu.bf16_bytes_per_s
+                          : spec.dtype == DType::Fp16            ? cpu.fp16_bytes_per_s
+                                                                 : 0.0;
   return cast_bps > 0 ? cast_bps : plain_bps;
 }
 
@@ -879,6 +881,11 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   // (not a spec problem: the config's dtype may be chosen by the machine after parsing; load_model locates it)
   if (!spec.master_weights && spec.dtype == DType::Fp32)
     throw ScheduleError("analytic model: master_weights: false (pure 2-byte training) needs dtype fp16 or bf16");
+  if (spec.autocast && spec.dtype == DType::Fp32)
+    throw ScheduleError("analytic model: autocast (FP32 parameters, GEMMs in a 2-byte type) needs dtype fp16 or bf16");
+  if (spec.autocast && !spec.master_weights)
+    throw ScheduleError(
+        "analytic model: autocast keeps FP32 parameters, and master_weights: false (pure 2-byte training) has none");
   if (!gpu.valid())
     throw ScheduleError("analytic model: the machine has no gpu_rates (matrix_fp32 and memory are required)");
   Rates r;
@@ -899,7 +906,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   const double step_bytes_per_param = fp32_step ? 4.0 : 2.0;
   const double adam_bps = cpu_step_bytes_per_s(spec, cpu);
   const double adam_layer_s = cpu.per_layer_s > 0 ? cpu.per_layer_s : kDefaultAdamLayerS;
-  const double bpe = dtype_bytes(spec.dtype);
+  const double bpe = param_bytes(spec);  // the device weights' element size
 
   Model m;
   m.name = spec.name.empty() ? derived_name(spec) : spec.name;

@@ -84,6 +84,13 @@ struct AnalyticSpec {
   // fp16/bf16: FP32 masters and moments on the optimizer's side (mixed precision); false: pure 2-byte training, no
   // master and the moments in dtype (Model::fp32_optimizer). Must be true for fp32.
   bool master_weights = true;
+  // fp16/bf16 under torch.autocast (docs/config.md, `autocast`): the parameters, their gradients and the optimizer
+  // stay FP32 on the GPU (4 bytes each, no separate master), and every GEMM casts its FP32 weight (and bias) to dtype
+  // on each forward call (autocast caches the cast within one forward region only: a recompute casts again) and keeps
+  // that copy for its backward, whose 2-byte weight gradient is cast back to FP32. gpt, bert and resnet activations
+  // follow autocast's op rules (Builder::autocast_to: GEMM inputs cast to dtype, FP32-list ops' inputs to FP32, others
+  // in their widest input's type); llama and neox keep mixed precision's. Needs dtype fp16/bf16, master_weights true.
+  bool autocast = false;
   OptimizerKind optimizer = OptimizerKind::Adam;
   CpuOptimizerImpl cpu_optimizer = CpuOptimizerImpl::Deepspeed;  // which implementation prices the CPU step
   KernelStyle kernels = KernelStyle::Eager;

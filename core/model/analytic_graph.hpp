@@ -3,6 +3,7 @@
 // that writes one, and the helpers the families share. Nothing outside core/model includes it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -88,6 +89,8 @@ constexpr double kIdBytes = 8;    // int64 token ids, labels, pooling indices
 constexpr double kMaskBytes = 1;  // bool dropout masks
 
 inline double dtype_bytes(DType d) { return d == DType::Fp32 ? 4.0 : 2.0; }
+// Bytes per element of the parameters (and their gradients) on the GPU: dtype's, or FP32 under torch.autocast.
+inline double param_bytes(const AnalyticSpec& s) { return s.autocast ? 4.0 : dtype_bytes(s.dtype); }
 
 // Whether the ops outside the attention core run op by op as PyTorch eager runs the Hugging Face code: the eager
 // style, and sdpa (which differs from it only in the attention core).
@@ -98,7 +101,13 @@ inline bool eager_ops(const AnalyticSpec& s) {
 // Builds one layer's graph; `bpe` is the activation and weight element size.
 class Builder {
  public:
-  explicit Builder(const AnalyticSpec& spec) : bpe_(dtype_bytes(spec.dtype)), spec_(spec) {}
+  explicit Builder(const AnalyticSpec& spec)
+      : bpe_(dtype_bytes(spec.dtype)),
+        pbpe_(param_bytes(spec)),
+        autocast_(spec.autocast),
+        op_casts_(spec.autocast && (spec.family == ModelFamily::Gpt || spec.family == ModelFamily::Bert ||
+                                    spec.family == ModelFamily::Resnet)),
+        spec_(spec) {}
 
   Graph graph;
   std::int64_t params = 0;  // parameters of the ops built (weights + biases + norms)
@@ -117,6 +126,45 @@ class Builder {
   }
   const Tensor& t(int id) const { return graph.tensors[static_cast<std::size_t>(id)]; }
   double bpe() const { return bpe_; }
+  double param_bpe() const { return pbpe_; }  // parameters and their gradients (FP32 under autocast)
+  // The element size of the hidden state between transformer layers: dtype's, or FP32 where autocast's op rules apply
+  // (gpt, bert: the FP32 embedding and LayerNorm outputs, and the residual adds that promote to them).
+  double stream_bpe() const { return op_casts_ && spec_.family != ModelFamily::Resnet ? 4.0 : bpe_; }
+
+  // x in `bpe` bytes an element: itself, or (autocast's op rules) a copy made by a cast kernel reading x and writing
+  // the copy, whose backward casts the gradient back. autocast casts the inputs of its lower-precision ops (GEMMs)
+  // to dtype and those of its FP32 ops (layer_norm, log_softmax in cross_entropy, pow, the losses; softmax: below) to
+  // FP32; every other op
+  // runs in its widest input's type (PyTorch's autocast op reference). Applies to gpt, bert and resnet; llama and
+  // neox keep mixed precision's activations (their explicit casts are written per op).
+  int autocast_to(int x, double bpe) {
+    if (!op_casts_ || t(x).bpe == bpe) return x;
+    Op op;
+    op.name = "autocast.to";
+    op.inputs = {x};
+    op.output = tensor(t(x).per_sample, bpe, t(x).needs_grad, t(x).fixed);
+    const double ps = t(x).per_sample * (t(x).bpe + bpe), fx = t(x).fixed * (t(x).bpe + bpe);
+    op.fwd.push_back(mem(ps, fx));
+    if (t(x).needs_grad) op.bwd.push_back(mem(ps, fx));
+    add_grad(op, x);
+    return push(std::move(op));
+  }
+  int lower(int x) { return autocast_to(x, bpe_); }  // a GEMM's input
+  int upper(int x) { return autocast_to(x, 4); }     // an input of an op on autocast's FP32 list
+
+  // torch.autocast's cast of an FP32 weight (and bias) of `w_elems` elements to the compute dtype, before `op`'s
+  // GEMM (nothing without autocast). Forward: one kernel reading the FP32 copy and writing the 2-byte one, which the
+  // GEMM saves for its backward (autocast's cast cache lives only inside one forward region: every forward and every
+  // recompute casts again). Backward: the GEMM's 2-byte weight gradient cast to FP32 (ToCopyBackward) before it
+  // accumulates into the FP32 .grad. PyTorch: aten/src/ATen/autocast_mode.cpp, cached_cast.
+  void weight_cast(Op& op, double w_elems) {
+    if (!autocast_) return;
+    const int copy = tensor(0, bpe_, false, w_elems);
+    op.extras.push_back(copy);
+    op.saved.push_back(copy);
+    op.fwd.push_back(mem(0, w_elems * (pbpe_ + bpe_)));
+    op.bwd.push_back(mem(0, w_elems * (bpe_ + pbpe_)));
+  }
 
   // A memory-bound kernel reading and writing `per_sample_bytes` per sample, plus `fixed_bytes`.
   static Kernel mem(double per_sample_bytes, double fixed_bytes = 0) {
@@ -158,6 +206,7 @@ class Builder {
 
   // y = x W (+ b): x is rows x k per sample, W is k x n.
   int linear(const char* name, int x, double rows, double k, double n, bool bias) {
+    x = lower(x);
     Op op;
     op.name = name;
     op.inputs = {x};
@@ -166,8 +215,9 @@ class Builder {
     const double w_elems = k * n + (bias ? n : 0.0);
     params += static_cast<std::int64_t>(w_elems);
     param_tensors += bias ? 2 : 1;
-    op.weight_grad_bytes = w_elems * bpe_;
+    op.weight_grad_bytes = w_elems * pbpe_;
     const double a = rows * k * bpe_, c = rows * n * bpe_, w = w_elems * bpe_;
+    weight_cast(op, w_elems);
     op.fwd.push_back(gemm({1, rows, n, k}, 1, a + c, w));
     if (t(x).needs_grad) op.bwd.push_back(gemm({1, rows, k, n}, 1, a + c, w));  // dX = dY W^T
     op.bwd.push_back(gemm({1, k, n, rows}, 3, a + c, w));                       // dW = X^T dY
@@ -185,6 +235,8 @@ class Builder {
 
   // C = A B per (batch) matrix: m x k times k x n; `batch` per sample.
   int bmm(const char* name, int a, int b, double batch, double m, double n, double k) {
+    a = lower(a);
+    b = lower(b);
     Op op;
     op.name = name;
     op.inputs = {a, b};
@@ -211,7 +263,8 @@ class Builder {
   // dK = dS^T Q: 5 GEMMs of the same dims, 2.5 x the forward's FLOPs; traffic: reads q, k, v, o, dO and
   // L, writes dq, dk, dv (8 T h elements). The causal tiles FlashAttention skips are counted, as the fused
   // style's bmms count them: the FLOPs of causal attention are an upper bound.
-  int flash_attention(const char* name, const std::vector<int>& qkv, double heads, double T, double d) {
+  int flash_attention(const char* name, std::vector<int> qkv, double heads, double T, double d) {
+    for (int& x : qkv) x = lower(x);
     Op op;
     op.name = name;
     op.inputs = qkv;
@@ -233,9 +286,9 @@ class Builder {
     Op op;
     op.name = name;
     op.inputs = {x};
-    op.output = act(elems);
-    op.fwd.push_back(mem(2 * elems * bpe_));
-    op.bwd.push_back(mem(2 * elems * bpe_));
+    op.output = tensor(elems, t(x).bpe, true);
+    op.fwd.push_back(mem(2 * elems * t(x).bpe));
+    op.bwd.push_back(mem(2 * elems * t(x).bpe));
     add_grad(op, x);
     return push(std::move(op));
   }
@@ -244,7 +297,7 @@ class Builder {
   int slice_copy(const char* name, int x, double elems) {
     const int y = copy(name, x, elems);
     Op& op = graph.ops.back();
-    op.bwd = {mem(ps_bytes(x)), mem(2 * elems * bpe_)};
+    op.bwd = {mem(ps_bytes(x)), mem(2 * elems * t(x).bpe)};
     return y;
   }
 
@@ -312,7 +365,7 @@ class Builder {
     Op op;
     op.name = name;
     op.inputs = {x};
-    op.output = act(t(x).per_sample);
+    op.output = tensor(t(x).per_sample, t(x).bpe, true);
     if (save == 1) op.saved = {x};
     if (save == 2) op.saved = {op.output};
     const double n = ps_bytes(x);
@@ -326,14 +379,15 @@ class Builder {
   // PyTorch 1.x's kernels: row moments, then normalise; backward: per-row sums, dX, then dgamma/dbeta.
   // Fused is one pass forward, two backward (Apex style). Sdpa runs eager's kernels.
   int layernorm(const char* name, int x, double h) {
+    x = upper(x);
     params += static_cast<std::int64_t>(2 * h);
     param_tensors += 2;  // weight, bias
     Op op;
     op.name = name;
     op.inputs = {x};
-    op.output = act(t(x).per_sample);
+    op.output = tensor(t(x).per_sample, t(x).bpe, true);
     op.saved = {x};
-    op.weight_grad_bytes = 2 * h * bpe_;
+    op.weight_grad_bytes = 2 * h * pbpe_;
     const double n = ps_bytes(x);
     if (eager_ops(spec_)) {
       op.fwd = {mem(n), mem(2 * n)};                  // moments (read X); normalise (read X, write Y)
@@ -347,7 +401,17 @@ class Builder {
   }
 
   // Softmax over the last dimension: saves its output; backward reads Y and dY, writes dX.
-  int softmax(const char* name, int x) { return unary(name, x, 2, {3}); }
+  // Under autocast's op rules softmax runs with dtype FP32 (autocast's fp32_set_opt_dtype: no separate cast): it reads
+  // x in its own type and writes an FP32 output; the backward reads dY and Y in FP32 and writes dX in x's type.
+  int softmax(const char* name, int x) {
+    if (!op_casts_ || t(x).bpe == 4) return unary(name, x, 2, {3});
+    const int y = unary(name, x, 2, {});
+    Op& op = graph.ops.back();
+    graph.tensors[static_cast<std::size_t>(y)].bpe = 4;
+    op.fwd = {mem(ps_bytes(x) + ps_bytes(y))};
+    op.bwd = {mem(2 * ps_bytes(y) + ps_bytes(x))};
+    return y;
+  }
 
   // Dropout (training mode): writes its output and a bool mask, which the backward reads.
   int dropout(const char* name, int x) {
@@ -355,7 +419,7 @@ class Builder {
     Op op;
     op.name = name;
     op.inputs = {x};
-    op.output = act(t(x).per_sample);
+    op.output = tensor(t(x).per_sample, t(x).bpe, true);
     const int mask = tensor(t(x).per_sample, kMaskBytes, false);
     op.extras = {mask};
     op.saved = {mask};
@@ -372,12 +436,13 @@ class Builder {
     Op op;
     op.name = name;
     op.inputs = {y, residual};
-    op.output = act(t(y).per_sample);
+    op.output = tensor(t(y).per_sample, std::max(t(y).bpe, t(residual).bpe), true);  // the wider (autocast)
     const int mask = tensor(t(y).per_sample, kMaskBytes, false);
     op.extras = {mask};
     op.saved = {mask};
-    op.fwd.push_back(mem(3 * ps_bytes(y) + ps_bytes(mask)));
-    op.bwd.push_back(mem(2 * ps_bytes(y) + ps_bytes(mask)));
+    const double out = ps_bytes(op.output);
+    op.fwd.push_back(mem(ps_bytes(y) + ps_bytes(residual) + out + ps_bytes(mask)));
+    op.bwd.push_back(mem(out + ps_bytes(y) + ps_bytes(mask)));
     add_grad(op, y);
     add_grad(op, residual, true);
     return push(std::move(op));
@@ -389,14 +454,14 @@ class Builder {
     Op op;
     op.name = name;
     op.inputs = {ids};
-    op.output = act(rows * h);
+    op.output = tensor(rows * h, stream_bpe(), true);  // autocast: a lookup in the FP32 table, not on its lists
     op.saved = {ids};
     params += static_cast<std::int64_t>(vocab * h);
     param_tensors += 1;
-    op.weight_grad_bytes = vocab * h * bpe_;
-    const double out = rows * h * bpe_;
+    op.weight_grad_bytes = vocab * h * pbpe_;
+    const double out = ps_bytes(op.output);
     op.fwd.push_back(mem(2 * out + ps_bytes(ids), fixed_bytes(ids)));
-    op.bwd.push_back(mem(0, vocab * h * bpe_));                      // zero the dense gradient
+    op.bwd.push_back(mem(0, vocab * h * pbpe_));                     // zero the dense gradient
     op.bwd.push_back(mem(2 * ps_bytes(ids), 2 * fixed_bytes(ids)));  // sort the ids
     op.bwd.push_back(mem(3 * out));                                  // accumulate rows
     return push(std::move(op));
@@ -405,11 +470,12 @@ class Builder {
   // Cross-entropy over `classes` for `rows` per sample: log-softmax (reads its input three times: max, sum
   // and output) and the NLL gather; the backward zero-fills and scatters dLogP, then log-softmax backward.
   int cross_entropy(int logits, double rows, double classes) {
-    const double n = rows * classes * bpe_;
+    logits = upper(logits);
+    const double n = rows * classes * t(logits).bpe;
     Op ls;
     ls.name = "log_softmax";
     ls.inputs = {logits};
-    ls.output = act(rows * classes);
+    ls.output = tensor(rows * classes, t(logits).bpe, true);
     ls.saved = {ls.output};
     ls.fwd.push_back(mem(4 * n));  // max, sum of exp, then write: three reads and a write
     ls.bwd.push_back(mem(4 * n));  // dX = dY - exp(Y) sum(dY): reads dY twice and Y, writes dX
@@ -422,9 +488,9 @@ class Builder {
     const int labels = tensor(rows, kIdBytes, false);
     nll.extras = {labels};
     nll.saved = {labels};
-    nll.fwd.push_back(mem(rows * (kIdBytes + bpe_)));
-    nll.bwd.push_back(mem(n));                         // zero-fill dLogP
-    nll.bwd.push_back(mem(rows * (kIdBytes + bpe_)));  // scatter -1/N
+    nll.fwd.push_back(mem(rows * (kIdBytes + t(logp).bpe)));
+    nll.bwd.push_back(mem(n));                                // zero-fill dLogP
+    nll.bwd.push_back(mem(rows * (kIdBytes + t(logp).bpe)));  // scatter -1/N
     add_grad(nll, logp);
     return push(std::move(nll));
   }
@@ -432,6 +498,8 @@ class Builder {
   // Mean squared error between x and `target`, a tensor of x's shape the caller gives (no gradient): the
   // forward reads both and writes a scalar; the backward reads both again and writes dX = 2 (x - target) / n.
   int mse_loss(int x, int target) {
+    x = upper(x);
+    target = upper(target);
     Op op;
     op.name = "mse_loss";
     op.inputs = {x, target};
@@ -445,6 +513,7 @@ class Builder {
 
   // Convolution as an implicit GEMM: M = output pixels, N = cout, K = cin x k x k; no bias.
   int conv(const char* name, int x, double cin, double cout, double k, double out_hw) {
+    x = lower(x);
     Op op;
     op.name = name;
     op.inputs = {x};
@@ -453,8 +522,9 @@ class Builder {
     const double w_elems = cout * cin * k * k;
     params += static_cast<std::int64_t>(w_elems);
     param_tensors += 1;
-    op.weight_grad_bytes = w_elems * bpe_;
+    op.weight_grad_bytes = w_elems * pbpe_;
     const double io = ps_bytes(x) + cout * out_hw * bpe_, w = w_elems * bpe_;
+    weight_cast(op, w_elems);
     op.fwd.push_back(gemm({1, out_hw, cout, cin * k * k}, 1, io, w));
     if (t(x).needs_grad) op.bwd.push_back(gemm({1, out_hw, cin * k * k, cout}, 1, io, w));  // dgrad
     op.bwd.push_back(gemm({1, cout, cin * k * k, out_hw}, 3, io, w));                       // wgrad
@@ -470,9 +540,9 @@ class Builder {
     Op op;
     op.name = name;
     op.inputs = {x};
-    op.output = act(t(x).per_sample);
+    op.output = tensor(t(x).per_sample, t(x).bpe, true);
     op.saved = {x};
-    op.weight_grad_bytes = 2 * channels * bpe_;
+    op.weight_grad_bytes = 2 * channels * pbpe_;
     const double n = ps_bytes(x);
     op.fwd.push_back(mem(n));      // statistics
     op.fwd.push_back(mem(2 * n));  // normalise
@@ -501,7 +571,7 @@ class Builder {
     Op op;
     op.name = name;
     op.inputs = {x};
-    op.output = act(channels * out_hw);
+    op.output = tensor(channels * out_hw, t(x).bpe, true);
     const int idx = tensor(channels * out_hw, kIdBytes, false);
     op.extras = {idx};
     op.saved = {x, idx};
@@ -517,7 +587,7 @@ class Builder {
     Op op;
     op.name = name;
     op.inputs = {x};
-    op.output = act(channels);
+    op.output = tensor(channels, t(x).bpe, true);
     op.fwd.push_back(mem(ps_bytes(x)));
     op.bwd.push_back(mem(ps_bytes(x)));
     add_grad(op, x);
@@ -526,6 +596,9 @@ class Builder {
 
  private:
   double bpe_;
+  double pbpe_;
+  bool autocast_;
+  bool op_casts_;  // autocast's op rules on the activations (gpt, bert, resnet)
   const AnalyticSpec& spec_;
 };
 

@@ -89,11 +89,11 @@ int gain(Builder& b, const char* name, int x, double h) {
   op.saved = {x};
   b.params += static_cast<std::int64_t>(h);
   ++b.param_tensors;
-  op.weight_grad_bytes = h * b.bpe();
+  op.weight_grad_bytes = h * b.param_bpe();
   const double n = b.ps_bytes(x);
-  op.fwd.push_back(Builder::mem(2 * n, h * b.bpe()));
-  op.bwd.push_back(Builder::mem(2 * n, h * b.bpe()));  // dX
-  op.bwd.push_back(Builder::mem(2 * n, h * b.bpe()));  // dw: reads dY and x
+  op.fwd.push_back(Builder::mem(2 * n, h * b.param_bpe()));
+  op.bwd.push_back(Builder::mem(2 * n, h * b.param_bpe()));  // dX
+  op.bwd.push_back(Builder::mem(2 * n, h * b.param_bpe()));  // dw: reads dY and x
   b.add_grad(op, x);
   return b.push(std::move(op));
 }
@@ -113,7 +113,7 @@ int rmsnorm(Builder& b, const AnalyticSpec& s, const char* name, int x, double r
     const int rstd = b.tensor(rows, 4, false);
     op.extras = {rstd};
     op.saved = {x, rstd};
-    op.weight_grad_bytes = h * b.bpe();
+    op.weight_grad_bytes = h * b.param_bpe();
     const double n = b.ps_bytes(x);
     op.fwd = {Builder::mem(2 * n + b.ps_bytes(rstd))};
     op.bwd = {Builder::mem(3 * n + b.ps_bytes(rstd)), Builder::mem(2 * n)};

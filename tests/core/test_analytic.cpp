@@ -1016,6 +1016,127 @@ TEST_CASE("master_weights false: pure 2-byte training keeps no FP32 master, 2-by
   CHECK_THROWS_AS(analytic_model(s, paper_rates(), adam), ScheduleError);
 }
 
+// A GPU on which every kernel is memory-bound at 1 TB/s with no floor or overhead: a layer's time x 1e12 is the bytes
+// its kernels move.
+GpuRates bytes_only_rates() {
+  GpuRates r;
+  r.matrix_fp32_flops_per_s = r.matrix_fp16_flops_per_s = 1e30;
+  r.memory_bytes_per_s = 1e12;
+  r.gemm_efficiency_max = 1.0;
+  r.vector_efficiency = 1.0;
+  return r;
+}
+
+TEST_CASE("autocast: FP32 weights and gradients, a weight cast per GEMM call and back in the backward, same FLOPs") {
+  // ResNet's bottlenecks run conv, batch_norm, relu and add on bf16 activations under autocast as under mixed
+  // precision: the only bytes that differ are the weight casts
+  AnalyticSpec s = preset("resnet50");
+  s.ubatch_sizes = {1, 4};
+  s.dtype = DType::Bf16;
+  CpuAdam adam;
+  adam.bytes_per_s = 4e9;
+  adam.per_layer_s = 100e-6;
+  adam.bf16_bytes_per_s = 2e9;  // the mixed step's cast-fused rate: autocast's FP32 step has no casts
+  const Model mixed = analytic_model(s, bytes_only_rates(), adam);
+  const std::vector<AnalyticLayerInfo> mixed_info = analytic_layer_info(s);
+  s.autocast = true;
+  const Model ac = analytic_model(s, bytes_only_rates(), adam);
+  const std::vector<AnalyticLayerInfo> ac_info = analytic_layer_info(s);
+  REQUIRE(ac.num_layers() == mixed.num_layers());
+  for (std::size_t l = 0; l < ac_info.size(); ++l)
+    CHECK(ac_info[l].fwd_flops_per_sample == mixed_info[l].fwd_flops_per_sample);  // the same GEMMs
+  const int l = 2;  // block1: the first stage's second bottleneck (256 -> 64 -> 64 -> 256, no downsample)
+  const double convs = 256 * 64 + 64 * 64 * 9 + 64 * 256;
+  const Layer& m = mixed.layers[l];
+  const Layer& a = ac.layers[l];
+  REQUIRE(a.param_count == static_cast<std::int64_t>(convs + 2 * (64 + 64 + 256)));  // and the batch norms
+  CHECK(a.input_bytes_per_sample == m.input_bytes_per_sample);
+  CHECK(ac_info[l].saved_bytes_per_sample == mixed_info[l].saved_bytes_per_sample);
+  for (std::size_t i = 0; i < s.ubatch_sizes.size(); ++i) {
+    // the forward casts each conv's FP32 weight to bf16 (read 4, write 2 bytes a parameter); the backward's
+    // recomputed forward casts again, and each 2-byte weight gradient is cast to FP32 (read 2, write 4)
+    CHECK((a.fwd_time_s[i] - m.fwd_time_s[i]) * 1e12 == doctest::Approx(6 * convs));
+    CHECK((a.bwd_time_s[i] - m.bwd_time_s[i]) * 1e12 == doctest::Approx(12 * convs));
+  }
+  // memory: FP32 weights and gradients on the GPU (4 + 4 bytes), the two FP32 moments (8; the weights are the masters)
+  // against mixed's 2 + 2 + 12: the same 16 bytes a parameter for the whole run ...
+  const auto P = static_cast<double>(a.param_count);
+  CHECK(a.weight_bytes == 4 * a.param_count);
+  CHECK(m.weight_bytes == 2 * m.param_count);
+  CHECK(a.optimizer_state_bytes == 8 * a.param_count);
+  CHECK(m.optimizer_state_bytes == 12 * m.param_count);
+  CHECK(ac.fp32_optimizer);
+  CHECK_FALSE(ac.narrow_weights(l));                  // no converted device copy written by the step
+  CHECK(ac.master_bytes(l, l) == 4 * a.param_count);  // what an offloaded step reads and writes besides the state
+  // ... and, while the layer runs, the bf16 copies of its conv weights: the no-grad forward holds one at a time
+  // (conv2's, the largest); the forward with grad saves all three for the backward, whose peak also holds the FP32
+  // gradients written so far (at most all: 2 bytes a parameter over mixed's)
+  for (std::size_t i = 0; i < s.ubatch_sizes.size(); ++i) {
+    const auto fwd_extra = static_cast<double>(a.fwd_peak_bytes[i] - m.fwd_peak_bytes[i]);
+    CHECK(fwd_extra >= 2 * P);
+    CHECK(fwd_extra <= 2 * P + 2 * 64 * 64 * 9);
+    const auto bwd_extra = static_cast<double>(a.bwd_peak_bytes[i] - m.bwd_peak_bytes[i]);
+    CHECK(bwd_extra >= 2 * P + 2 * convs);
+    CHECK(bwd_extra <= 2 * P + 2 * convs + 2 * P);
+  }
+  // the CPU step (an offloaded optimizer): FP32 gradients in, FP32 weights out, nothing to cast: the plain rate
+  CHECK((a.update_time_cpu_s - adam.per_layer_s) / P == doctest::Approx(4 / 4e9));
+  CHECK((m.update_time_cpu_s - adam.per_layer_s) / P == doctest::Approx(4 / 2e9));
+  s.dtype = DType::Fp32;  // nothing to cast to
+  CHECK_THROWS_AS(analytic_model(s, bytes_only_rates(), adam), ScheduleError);
+  s.dtype = DType::Bf16;
+  s.master_weights = false;  // no FP32 parameters to keep
+  CHECK_THROWS_AS(analytic_model(s, bytes_only_rates(), adam), ScheduleError);
+}
+
+TEST_CASE("autocast on a GPT: an FP32 residual stream, FP32 norms and softmax, GEMM inputs cast to bf16") {
+  AnalyticSpec s = preset("gpt2-small");
+  s.ubatch_sizes = {1, 4};
+  s.dtype = DType::Bf16;
+  const Model mixed = analytic_model(s, bytes_only_rates());
+  const std::vector<AnalyticLayerInfo> mixed_info = analytic_layer_info(s);
+  s.autocast = true;
+  const Model ac = analytic_model(s, bytes_only_rates());
+  const std::vector<AnalyticLayerInfo> ac_info = analytic_layer_info(s);
+  for (std::size_t l = 0; l < ac_info.size(); ++l)
+    CHECK(ac_info[l].fwd_flops_per_sample == mixed_info[l].fwd_flops_per_sample);
+  const double T = s.seq_len, h = s.hidden, nh = s.heads;
+  const double gemm_params = 12 * h * h + 9 * h;  // c_attn, c_proj, c_fc, mlp.c_proj with biases
+  const Layer& m = mixed.layers[1];
+  const Layer& a = ac.layers[1];
+  CHECK(a.weight_bytes == 4 * a.param_count);
+  CHECK(a.optimizer_state_bytes == 8 * a.param_count);
+  // the hidden state between blocks is FP32 (the FP32 embedding lookup, residual adds promoting to it); the logits
+  // the head's GEMM writes are bf16
+  CHECK(a.input_bytes_per_sample == 2 * m.input_bytes_per_sample);
+  CHECK(ac.layers.back().input_bytes_per_sample == mixed.layers.back().input_bytes_per_sample);
+  // the softmax runs in FP32 and saves its FP32 output (and p @ v saves the bf16 copy it casts): at least the T x T
+  // probabilities' 2 extra bytes a head
+  CHECK(ac_info[1].saved_bytes_per_sample - mixed_info[1].saved_bytes_per_sample >= 2 * nh * T * T);
+  // more bytes than the weight casts alone: the FP32 norms, GELU's pow and the casts of the GEMMs' inputs
+  for (std::size_t i = 0; i < s.ubatch_sizes.size(); ++i)
+    CHECK((a.fwd_time_s[i] - m.fwd_time_s[i]) * 1e12 > 6 * gemm_params + 2 * nh * T * T * s.ubatch_sizes[i]);
+}
+
+TEST_CASE("autocast on a Llama: FP32 parameters and weight casts, activations as mixed precision's") {
+  AnalyticSpec s = preset("llama2-7b");
+  s.layers = 2;
+  s.seq_len = 256;
+  s.ubatch_sizes = {1};
+  s.dtype = DType::Bf16;
+  const Model mixed = analytic_model(s, bytes_only_rates());
+  const std::vector<AnalyticLayerInfo> mixed_info = analytic_layer_info(s);
+  s.autocast = true;
+  const Model ac = analytic_model(s, bytes_only_rates());
+  const std::vector<AnalyticLayerInfo> ac_info = analytic_layer_info(s);
+  for (std::size_t l = 0; l < ac_info.size(); ++l) {
+    CHECK(ac.layers[l].input_bytes_per_sample == mixed.layers[l].input_bytes_per_sample);
+    CHECK(ac_info[l].saved_bytes_per_sample == mixed_info[l].saved_bytes_per_sample);
+    CHECK(ac.layers[l].weight_bytes == 2 * mixed.layers[l].weight_bytes);
+  }
+  CHECK(ac.layers[1].fwd_time_s[0] > mixed.layers[1].fwd_time_s[0]);  // the weight casts
+}
+
 TEST_CASE("model.analytic.master_weights: parsed beside dtype; false with an fp32 model is a located error") {
   const auto load = [](const std::string& model, const std::string& machine) {
     const RunConfig c = load_config_text(
@@ -1037,6 +1158,44 @@ TEST_CASE("model.analytic.master_weights: parsed beside dtype; false with an fp3
   }
   ConfigError e = config_error("model: {analytic: {preset: gpt2-small, master_weights: maybe}}\n" + kPlan);
   check_at(e, 1, 56);
+}
+
+TEST_CASE("model.analytic.autocast: parsed; with an fp32 model or master_weights false a located error") {
+  const auto load = [](const std::string& model, const std::string& machine) {
+    const RunConfig c = load_config_text(
+        "model: " + model + "\nmachine: " + machine + "\nplan: {mode: resident, gpus: 1, minibatch: 8}\n", "bad.yaml");
+    return load_model(c.model, c.machine);
+  };
+  const Model ac = load("{analytic: {preset: gpt2-small, autocast: true, ubatch_sizes: [1]}}", "a100-pcie-8x");
+  const Model mixed = load("{analytic: {preset: gpt2-small, ubatch_sizes: [1]}}", "a100-pcie-8x");
+  CHECK(ac.layers[1].weight_bytes == 2 * mixed.layers[1].weight_bytes);  // FP32 parameters on the GPU
+  CHECK(ac.layers[1].fwd_time_s[0] > mixed.layers[1].fwd_time_s[0]);     // the weight casts
+  CHECK(load("{analytic: {preset: gpt2-small, autocast: false, ubatch_sizes: [1]}}", "a100-pcie-8x")
+            .layers[1]
+            .weight_bytes == mixed.layers[1].weight_bytes);
+  try {
+    (void)load("{analytic: {preset: gpt2-small,\n  autocast: true}}", "paper-1080ti");  // fp32 by default
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    check_at(e, 2, 13);
+    CHECK(contains(e.message(), "needs a 2-byte dtype"));
+    CHECK(contains(e.message(), "paper-1080ti"));
+    CHECK(contains(e.hint(), "dtype: bf16"));
+  }
+  try {
+    (void)load("{analytic: {preset: gpt2-small, dtype: bf16, master_weights: false,\n  autocast: true}}",
+               "a100-pcie-8x");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    check_at(e, 2, 13);
+    CHECK(contains(e.message(), "master_weights: false"));
+    CHECK(contains(e.hint(), "remove"));
+  }
+  ConfigError e = config_error("model: {analytic: {preset: gpt2-small, autocast: maybe}}\n" + kPlan);
+  check_at(e, 1, 50);
+  e = config_error("model: {analytic: {preset: gpt2-small, autocst: true}}\n" + kPlan);
+  check_at(e, 1, 40);
+  CHECK(contains(e.hint(), "did you mean 'autocast'"));
 }
 
 TEST_CASE("model.analytic: a preset name, a preset with overrides, or a full shape") {

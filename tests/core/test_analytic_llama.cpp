@@ -599,6 +599,22 @@ TEST_CASE("hf_config: the bundled Qwen2-7B config.json is the qwen2-7b shape at 
   CHECK(c.model.analytic->seq_len == 131072);
   CHECK(c.model.analytic->sliding_window == 0);  // use_sliding_window false
   CHECK_FALSE(c.model.analytic_dtype_given);
+  CHECK_FALSE(c.model.analytic->autocast);
+  // autocast beside hf_config: read as in model.analytic, and its checks located at the key
+  c = load_config_text("model: {hf_config: " + dir + "/config.json, seq_len: 512, autocast: true}\n" + kPlan,
+                       "run.yaml");
+  CHECK(c.model.analytic->autocast);
+  c = load_config_text(
+      "model: {hf_config: " + dir + "/config.json, seq_len: 512, dtype: fp32,\n  autocast: true}\n" + kPlan,
+      "run.yaml");
+  try {
+    (void)load_model(c.model, c.machine);
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(e.loc().line == 2);
+    CHECK(e.loc().column == 13);
+    CHECK(e.message().find("needs a 2-byte dtype") != std::string::npos);
+  }
 }
 
 TEST_CASE("hf_config: Qwen3, whose head_dim is not hidden / heads, has its published parameter count") {
