@@ -7,10 +7,11 @@
 #   2. release      build/      -Dbuildtype=release (-Werror from meson.build); meson test
 #   3. notebooks    scripts/run-notebooks.sh build out/notebooks: the bundled GPT sweep with build/'s harmony-sim,
 #                   then every notebooks/*.ipynb executed headless (figures in out/notebooks/figures; ~1 min)
-#   4. sanitizers   build-san/  ASan + UBSan, debugoptimized (-O2 -g, asserts on: the sanitizers catch the same
-#                   bugs at -O2; tests ~9 min instead of ~16 at -O0, but a cold compile ~5x -O0's: docs/history/
-#                   benchmarks-journal.md, "CI"), -Dcuda=disabled (nvcc and the sanitizers do not mix; the
-#                   release build compiles the CUDA device); meson test (detect_leaks=1, halt_on_error=1).
+#   4. sanitizers   build-san/  ASan + UBSan, debugoptimized (-O2 -g1, the test files themselves -O1; asserts on:
+#                   the sanitizers catch the same bugs at -O2; tests ~9 min instead of ~16 at -O0, but a cold compile
+#                   ~5x -O0's: docs/history/benchmarks-journal.md, "CI"), -Dcuda=disabled (nvcc and the sanitizers
+#                   do not mix; the release build compiles the CUDA device); meson test (detect_leaks=1,
+#                   halt_on_error=1).
 #                   tests/meson.build sets HARMONY_SANITIZED=1 there: the CLI tests run their long cases on
 #                   fewer steps / smaller grids (same checks), and the longest tests start first (priority)
 #   5. fuzz         build-fuzz/ clang, -Dfuzz=enabled; each libFuzzer target for HARMONY_FUZZ_SECONDS
@@ -120,8 +121,11 @@ else
   fi
   export ASAN_OPTIONS="detect_leaks=$leaks"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  # -g1: line tables only (the sanitizers' reports keep function, file and line; no variables): a third less compile
+  # time than -g at -O2 (docs/benchmarks.md, "Cold CI").
   build_and_test sanitizers build-san --timeout-multiplier 4 -- \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dfuzz=disabled -Dcuda=disabled
+    -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dfuzz=disabled -Dcuda=disabled \
+    -Dcpp_args=-g1
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
 stage_done sanitizers
