@@ -220,3 +220,30 @@ TEST_CASE("fsdp's streams are ordered: jittered devices train to the same bits")
     check_same_bits(calm, jittered);
   }
 }
+
+// A non-finite gradient is reported as resident reports it (update_layers' rule: the highest layer's first such
+// parameter, how many): the ranks' flags ORed, a parameter split over two shards counted once.
+TEST_CASE("fsdp reports a non-finite gradient as resident does") {
+  for (const int gpus : {2, 4}) {
+    CAPTURE(gpus);
+    Setup a(gpus), b(gpus);
+    const int l = 2;  // a NaN in one block's weights: every gradient from the loss down is NaN
+    a.state->weights(l)[5] = std::nanf("");
+    b.state->weights(l)[5] = std::nanf("");
+    const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
+    std::vector<std::int32_t> in, tgt;
+    tokens.batch(0, kB, kT, in, tgt);
+    const core::Program pf = lower_kind("fsdp", *a.model, gpus, 1, DType::F32);  // the executors keep a reference
+    const core::Program pr = lower_kind("resident", *b.model, gpus, 1, DType::F32);
+    Executor fsdp(pf, a.ptrs, *a.state, {.seq_len = kT, .adamw = kAdamW});
+    Executor resident(pr, b.ptrs, *b.state, {.seq_len = kT, .adamw = kAdamW});
+    const auto ours = fsdp.step(in, tgt).nonfinite_gradient;
+    const auto theirs = resident.step(in, tgt).nonfinite_gradient;
+    REQUIRE(ours.has_value());
+    REQUIRE(theirs.has_value());
+    CHECK(ours->layer == theirs->layer);
+    CHECK(ours->param == theirs->param);
+    CHECK(ours->params == theirs->params);
+    CHECK(ours->params > 1);
+  }
+}
