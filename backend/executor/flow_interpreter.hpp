@@ -280,6 +280,9 @@ class FlowInterpreter final : public Interpreter {
   // (bf16: masters exact, working copies rounded); the compute ops and ARD read them (state_weights, state_grads);
   // each step zeroes the gradients first (zero_state_grads) and reports non-finite updates last (note_state_nonfinite);
   // an Update on a device runs AdamW there (state_update); sync_host_state copies device 0's back to the HostState.
+  // Sharded (sharded_state): one ShardState per device in `shards` instead (make_shards), the same entry points
+  // clearing its reduce-scatters' first-of-step marks, ORing every rank's non-finite flags, updating the rank's shard
+  // and copying every rank's part back.
   void make_states();
   // The stream a device's state work runs on: its compute queue's (every FWD, BWD, ARD and Update of a resident
   // Program is there), so zeroing the gradients, accumulating, summing and updating follow each other in stream order.
