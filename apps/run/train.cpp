@@ -406,15 +406,22 @@ void make_run_executor(const Cli& cli, const Setup& s, const Chosen& chosen, con
                [&] { executor->emplace(chosen.program, devs, *s.state, executor_options(cli, cfg, comm)); });
   } catch (const backend::OutOfMemory& e) {
     if (!plan.kind->resident_state) throw;
-    // a kind with resident state allocates its weights, gradients and AdamW state on every device up front
+    // a kind with resident state allocates its weights, gradients and AdamW state on every device up front (fsdp
+    // over several devices: each device its 1/N shard of them)
+    const bool sharded = plan.kind.name() == std::string("fsdp") && plan.gpus > 1;
+    const double state_mib = static_cast<double>(s.model->param_count() * 16) / (1 << 20);
     throw core::ConfigError(
         core::SourceLoc{cfg.file, 0, 0},
-        fmt::format("{} keeps the whole model's weights, gradients and AdamW state on every device ({:.2f} MiB, 16 "
-                    "bytes per parameter) and they do not fit machine.gpu_memory = {}: {}",
-                    plan.kind.name(), static_cast<double>(s.model->param_count() * 16) / (1 << 20),
-                    capacity_text(cfg.machine.gpu_memory_bytes), e.what()),
-        "raise --gpu-memory, or train the model larger than the devices with a kind that swaps (harmony-pp, "
-        "harmony-dp; --plan auto picks a plan that fits)");
+        fmt::format(
+            "{} keeps {} ({:.2f} MiB, 16 bytes per parameter{}) and they do not fit machine.gpu_memory = {}: {}",
+            plan.kind.name(),
+            sharded ? fmt::format("1/{} of the model's weights, gradients and AdamW state on each device", plan.gpus)
+                    : std::string("the whole model's weights, gradients and AdamW state on every device"),
+            sharded ? state_mib / plan.gpus : state_mib, sharded ? fmt::format(" / {}", plan.gpus) : "",
+            capacity_text(cfg.machine.gpu_memory_bytes), e.what()),
+        fmt::format("raise --gpu-memory{}, or train the model larger than the devices with a kind that swaps "
+                    "(harmony-pp, harmony-dp; --plan auto picks a plan that fits)",
+                    sharded ? " or shard over more devices (plan.gpus)" : ""));
   }
 }
 
@@ -485,7 +492,15 @@ int cmd_train(const Cli& cli) {
   // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.
   Checkpoints ck{cfg.checkpoint.dir, checkpoint_meta(s, chosen), ""};
   RunLog log;
-  if (cli.resume) resume_from_checkpoint(cli, s, ck, log);
+  if (cli.resume) {
+    resume_from_checkpoint(cli, s, ck, log);
+    // a kind with resident state (resident, fsdp) copied the host state onto its devices when its executor was
+    // built, before the checkpoint was read into it: build it again from the checkpoint's weights and moments
+    if (plan.kind->resident_state && !ck.newest.empty()) {
+      run_executor.reset();
+      make_run_executor(cli, s, chosen, devs, comm.get(), &run_executor);
+    }
+  }
 
   if (const int stopped = train_steps(cli, s, *run_executor, ck, log); stopped != 0) return stopped;
   run_executor->sync_state();  // a resident kind's weights and moments are on its devices until now

@@ -26,6 +26,7 @@ FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Devic
       dt(options.dtype),
       es(dtype_bytes(options.dtype)),
       resident(program.graph.plan.kind->resident_state),
+      sharded_state(shards_state(program)),
       qr(program, devs, options) {
   staging_chunk_bytes = opt.staging_chunk_bytes;
   if (dt == DType::BF16)

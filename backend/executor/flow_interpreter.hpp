@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "backend/executor/detail.hpp"
+#include "backend/executor/flow_shard.hpp"
 #include "backend/executor/flow_store.hpp"
 #include "backend/executor/flow_versions.hpp"
 #include "backend/model/describe.hpp"
@@ -33,7 +34,8 @@ namespace harmony::backend::detail {
 // is refused before any step. Ops of different queues run on their own streams and worker threads (detail.hpp's lock
 // discipline). A kind with resident state (PlanKindSpec::resident_state) keeps its weights, gradients and AdamW state
 // in one DeviceState per device across steps: its FWD/BWD read them there, its ARD sums them in place, its Update runs
-// AdamW on the device; sync_host_state() copies them back into the HostState.
+// AdamW on the device; sync_host_state() copies them back into the HostState. A resident kind that shards its state
+// (fsdp over N > 1 GPUs: its Program all-gathers and reduce-scatters) keeps one ShardState per device instead.
 class FlowInterpreter final : public Interpreter {
  public:
   // The Program, its devices (one per GPU), the HostState the steps read and write, the options; refuses bf16 on a
@@ -68,9 +70,11 @@ class FlowInterpreter final : public Interpreter {
   // of it), kind and layer, a task's own (W, DW of a Harmony task) and its samples where it has some.
   std::string tname(const core::FlowTensor& t) const;
   // What the analysis follows as versions: every tensor but a ranged one (resolved per sample) and a resident kind's
-  // W and DW (its DeviceState's).
+  // W and DW (its DeviceState's), or a sharded resident kind's WShard and DWShard (its ShardState's; its gathered W
+  // and full DW are versions).
   bool tracked(const core::FlowTensor& t) const {
-    const bool in_state = resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
+    const bool in_state = sharded_state ? (t.kind == core::FlowKind::WShard || t.kind == core::FlowKind::DWShard)
+                                        : resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
     return !ranged(t) && !in_state;
   }
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
@@ -204,8 +208,33 @@ class FlowInterpreter final : public Interpreter {
   // writes). With ExecutorOptions::communicator, on the devices: the full gradient all-reduced in place on every rank,
   // then each rank's stream copies its shard of the sum (exact, but N times a reduce-scatter's bytes); in place needs
   // the RS to be the last reader of every member's gradient, otherwise (a later BWD would add into the sum) the host.
+  // A sharded resident kind (fsdp): AG reads each rank's ShardState, and the head's tied lm_head comes from the ranks'
+  // wte (gather_twin); RS writes each rank's ShardState gradient (reduced_into_shard).
   void run_ag(const std::vector<int>& g);
   void run_rs(const std::vector<int>& g);
+
+  // ---- sharded resident state (flow_shard_ops.cpp) ----
+  // Whether a resident Program shards its state: it all-gathers or reduce-scatters (fsdp over N > 1 GPUs).
+  static bool shards_state(const core::Program& program);
+  // Makes one ShardState per device (state_op filled) and uploads each rank's part of the HostState.
+  void make_shards();
+  // How many elements of rank r's shard of layer l the all-gather copies from the shard itself: all of it, but where
+  // the head's tied lm_head starts (gather_twin brings that part).
+  std::int64_t gathered_len(int l, int r) const;
+  // AG op a of the head (a tied model): rank r's part of wte, from its layer-0 shard, into every member's copy of
+  // the head's lm_head (`full`, of group g's members in order).
+  void gather_twin(int a, int r, const std::vector<int>& g, const std::vector<FlowData*>& full);
+  // RS op a of layer l on device d: the reduced gradient — `full` (device memory of d, the whole sum) or, when null,
+  // `sum` (fp32 host) — copied into the rank's shard gradient (the step's first RS of the layer) or added to it; for
+  // the head of a tied model, its lm_head over the rank's wte range into the tie's gradient likewise.
+  void reduced_into_shard(int a, int l, int d, const void* full, const std::shared_ptr<std::vector<float>>& sum);
+  // dst (n elements of device d) = its own value + [from, from + n) of the sum (copied when fresh).
+  void shard_put(int a, int d, void* dst, std::int64_t from, std::int64_t n, bool fresh, const void* full,
+                 const std::shared_ptr<std::vector<float>>& sum);
+  // A sharded Program moves no weights or gradients to or from the host and all-reduces none; on every device it
+  // updates each layer with parameters once, on the device, after every AG (which reads the shard) and RS (which
+  // writes its gradient) of the layer on that device (layer 0 of a tied model: also the head's).
+  void check_shard_updates(const Ancestry& anc) const;
 
   // ---- gradients out and Updates (flow_update.cpp) ----
   // The analysis every kind runs when the executor is built: the Program's dataflow present, the groups, the host
@@ -252,6 +281,9 @@ class FlowInterpreter final : public Interpreter {
   // (bf16: masters exact, working copies rounded); the compute ops and ARD read them (state_weights, state_grads);
   // each step zeroes the gradients first (zero_state_grads) and reports non-finite updates last (note_state_nonfinite);
   // an Update on a device runs AdamW there (state_update); sync_host_state copies device 0's back to the HostState.
+  // Sharded (sharded_state): one ShardState per device in `shards` instead (make_shards), the same entry points
+  // clearing its reduce-scatters' first-of-step marks, ORing every rank's non-finite flags, updating the rank's shard
+  // and copying every rank's part back.
   void make_states();
   // The stream a device's state work runs on: its compute queue's (every FWD, BWD, ARD and Update of a resident
   // Program is there), so zeroing the gradients, accumulating, summing and updating follow each other in stream order.
@@ -291,17 +323,19 @@ class FlowInterpreter final : public Interpreter {
   HostState& st;
   ExecutorOptions opt;
   const Gpt2& m;
-  int B = 0, T = 0;       // minibatch, sequence length
-  DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
-  Bytes es = 4;           // bytes per device element
-  bool resident = false;  // PlanKindSpec::resident_state: W, DW and AdamW state in `states`
-  QueueResources qr;      // per queue: its stream, events, AdamW pool
+  int B = 0, T = 0;            // minibatch, sequence length
+  DType dt = DType::F32;       // device storage; bf16: the host rounds weights on their way up, widens gradients back
+  Bytes es = 4;                // bytes per device element
+  bool resident = false;       // PlanKindSpec::resident_state: W, DW and AdamW state in `states`
+  bool sharded_state = false;  // resident and sharded (shards_state): the state in `shards`
+  QueueResources qr;           // per queue: its stream, events, AdamW pool
   std::vector<std::vector<int>> extra;               // per op: the executor's added edges (extra_deps)
   FlowVersions versions;                             // which version each read sees, the reads per version
   FlowStore store;                                   // the step's tensor versions
   std::vector<std::vector<int>> groups;              // per op: the ops run with it (op_groups)
   std::vector<int> state_op;                         // resident: per device, an op of its compute queue (state_stream)
   std::vector<std::unique_ptr<DeviceState>> states;  // resident: per device; after qr, whose streams they use
+  std::vector<std::unique_ptr<ShardState>> shards;   // sharded resident: per device (rank), likewise
   core::HostGradients hg;                            // plan_updates: which dWBs write the host gradients, and how
   std::vector<char> owner;                           // per op: an Update that runs AdamW (its range's lowest device's)
   std::vector<std::vector<int>> write_edges;         // per op: the edges ordering the writers (joined into extra last)

@@ -1,7 +1,9 @@
 // FlowInterpreter's resident state (flow_interpreter.hpp): for a Program that keeps its weights, gradients and AdamW
 // state on the devices across steps (a kind with resident state), one DeviceState per device — made and uploaded
-// once, read by the compute ops and the all-reduce, zeroed, updated and checked per step, downloaded on request.
+// once, read by the compute ops and the all-reduce, zeroed, updated and checked per step, downloaded on request; or,
+// sharded (fsdp over N > 1 GPUs), one ShardState per device (flow_shard_ops.cpp) through the same entry points.
 #include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,9 +15,14 @@ void FlowInterpreter::make_states() {
   state_op.assign(static_cast<std::size_t>(p.num_devices()), -1);
   for (const core::OpQueue& q : p.queues)
     if (q.stream == core::Stream::Compute && !q.ops.empty()) state_op[static_cast<std::size_t>(q.device)] = q.ops[0];
-  for (int d = 0; d < p.num_devices(); ++d) {
+  for (int d = 0; d < p.num_devices(); ++d)
     if (state_op[static_cast<std::size_t>(d)] < 0)
       throw BackendError(fmt::format("executor: the resident Program has no compute ops on GPU {}", d));
+  if (sharded_state) {
+    make_shards();
+    return;
+  }
+  for (int d = 0; d < p.num_devices(); ++d) {
     states.push_back(std::make_unique<DeviceState>(D(d), state_stream(d), m, dt));
     states.back()->upload(state_stream(d), st);
   }
@@ -37,12 +44,19 @@ void* FlowInterpreter::state_grads(int o) {
 }
 
 void FlowInterpreter::zero_state_grads() {
+  for (auto& sh : shards) sh->begin_step();  // sharded: each step's first reduce-scatter of a layer copies
   // every BWD adds into the device gradient, which starts each step at zero (on the stream that runs the device's
   // BWD, ARD and Update ops, after the previous step's Updates)
   for (std::size_t d = 0; d < states.size(); ++d) states[d]->zero_grads(state_stream(static_cast<int>(d)));
 }
 
 void FlowInterpreter::note_state_nonfinite() {
+  if (!shards.empty()) {  // the ranks updated disjoint shards: any rank's finding is the step's
+    std::vector<std::int32_t> any;
+    for (std::size_t d = 0; d < shards.size(); ++d) shards[d]->take_flags(state_stream(static_cast<int>(d)), any);
+    note_nonfinite(nonfinite_of(m, any));
+    return;
+  }
   // the replicas' updates saw the same all-reduced gradients, so their findings agree: device 0's speaks for the
   // step (every device's flags are cleared)
   for (std::size_t d = 0; d < states.size(); ++d) {
@@ -52,6 +66,12 @@ void FlowInterpreter::note_state_nonfinite() {
 }
 
 void FlowInterpreter::sync_host_state() {
+  if (!shards.empty()) {  // every rank its part, then the tied lm_head made wte's copy
+    qr.synchronize();
+    for (std::size_t d = 0; d < shards.size(); ++d) shards[d]->download(state_stream(static_cast<int>(d)), st);
+    st.sync_tied();
+    return;
+  }
   if (states.empty()) return;
   qr.synchronize();
   states.front()->download(state_stream(0), st);
@@ -59,6 +79,11 @@ void FlowInterpreter::sync_host_state() {
 
 void FlowInterpreter::state_update(int o) {
   const core::Op& op = at(o);
+  if (!shards.empty()) {
+    for (int l = op.layers.first; l <= op.layers.last; ++l)
+      shards[static_cast<std::size_t>(op.device)]->update(S(o), opt.adamw, l);
+    return;
+  }
   states[static_cast<std::size_t>(op.device)]->update(S(o), opt.adamw, op.layers.first, op.layers.last);
 }
 

@@ -33,7 +33,9 @@ void FlowInterpreter::analyse() {
   const Ancestry anc(p, extra);
   analyse_versions(anc);
   versions.check_frees(anc);
-  if (resident) {
+  if (sharded_state) {
+    check_shard_updates(anc);
+  } else if (resident) {
     check_resident_updates(anc);
   } else {
     // A collective group runs once every member's preds have run (run): its members follow each other's preds, which
@@ -266,7 +268,7 @@ void FlowInterpreter::run_dwb(int o) {
 }
 
 void FlowInterpreter::run_update(int o) {
-  if (!states.empty()) {
+  if (resident) {
     state_update(o);
     return;
   }

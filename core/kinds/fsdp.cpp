@@ -123,7 +123,7 @@ const PlanKindSpec kSpec{
     .data_parallel = true,
     .even_split = true,
     .resident_state = true,
-    .trains = false,
+    .trains = true,
     .knobs = {Knob::Activations},
     .validate = validate_microbatch_plan,
     .lower = lower_fsdp,

@@ -191,16 +191,3 @@ TEST_CASE("a resident Program that does not fit a device, or updates on the host
     }
   CHECK_THROWS(Executor(host, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}));
 }
-
-TEST_CASE("an fsdp Program (a kind harmony-sim prices and the executor does not run) is refused before any step") {
-  Setup s(2);
-  core::Plan plan;
-  plan.kind = core::plan_kind("fsdp");
-  plan.gpus = 2;
-  plan.minibatch = kB;
-  plan.u_fwd = plan.u_bwd = 1;
-  REQUIRE_FALSE(plan.kind->trains);
-  const core::Program prog = core::lower_plan(plan, describe_gpt2(*s.model, kT, {1, 2, 3, 4}));
-  CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
-                       doctest::Contains("plan kind fsdp is priced by harmony-sim only"), BackendError);
-}

@@ -183,6 +183,15 @@ def main():
                               "resident plan kind (plan.mode=resident)",
                               ["unknown plan.mode 'resident'", "Harmony-PP with one pack"])
         check("no-resident: no resident loss rows", not any("losses resident" in k for k in rows), sorted(rows))
+        # a check that ran fsdp's loss rows (params fsdp_rows, gpu-check.sh since fsdp trains) is judged on them: the
+        # recorded runs predate them, so each is missing; without the flag there are none
+        rows = expect_failure(tmp, "fsdp-rows-missing",
+                              lambda d: edit_json(d, "params.json", lambda p: p.update(fsdp_rows=True)),
+                              "losses fsdp: finite, CUDA = CPU over 3 steps", [])
+        check("fsdp-rows-missing: the Llama and bf16 fsdp rows too", all(
+            rows.get(k, ("",))[0] == "FAILED" for k in ["losses Llama fsdp: finite, CUDA = CPU over 3 steps",
+                                                       "losses fsdp in bf16: finite, CUDA = CPU (bf16) over 3 steps"]),
+              sorted(rows))
         expect_failure(tmp, "dry-run", lambda d: edit_json(d, "params.json", lambda p: p.update(device="cpu")),
                        "device", ["DEVICE=cpu", "dry run"])
         expect_failure(tmp, "test-skipped-on-gpu", lambda d: edit_step(d, "test_backend_cuda_device", rc=77),

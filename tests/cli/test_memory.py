@@ -21,6 +21,9 @@ DEFAULT = os.path.join(ROOT, "configs/run/default.yaml")
 LLAMA = os.path.join(ROOT, "configs/examples/llama3_70b_memory.yaml")
 SCHEMA = os.path.join(ROOT, "schemas/memory.schema.json")
 KINDS = clitest.trained_kinds(SIM)  # the kinds harmony-run measures (the answer lists every kind: PLAN_KINDS)
+# the kinds that keep their state on the devices (resident; fsdp, sharded): nothing of the model on the host
+RESIDENT_STATE = {k["name"] for k in json.loads(clitest.run(SIM, "kinds", "--format", "json").stdout)["kinds"]
+                  if k["resident_state"]}
 # Every kind's default plan (u 2) trains in it on the CPU device. Not 2 MiB: there pp-swap's last stage (layers 3-9)
 # is at the edge of its swap decision, which both tools make from per-layer peaks, and a profile's peaks count the
 # layer's weights (and in the backward its output) beside what the Program allocates for them, where harmony-run's
@@ -152,8 +155,8 @@ def test_against_harmony_run(tmp):
                                                     "stash_bytes", "activation_bytes", "pinned_staging_bytes"]), n)
         check(f"{kind}: pinned = host RAM less the optimizer state (the CPU Adam's, never a DMA target)",
               n["pinned_host_bytes"] == n["host_bytes"] - h["optimizer_state_bytes"], n)
-        if kind == "resident":  # nothing of the model on the host: only the token ids cross
-            check("resident: no host memory for the model", n["host_bytes"] == 0, n)
+        if kind in RESIDENT_STATE:  # nothing of the model on the host: only the token ids cross
+            check(f"{kind}: no host memory for the model", n["host_bytes"] == 0, n)
     # the config's plan under a kind whose rules refuse it: not applicable, with the rule
     d = memory_json(cfg, "--plan", "config", "--set", "plan.minibatch=6")
     k = by_kind(d).get("dp-swap", {})
@@ -163,7 +166,7 @@ def test_against_harmony_run(tmp):
 
 
 def check_host_memory(kind, needs, measured):
-    resident = kind.split()[-1] == "resident"
+    resident = kind.split()[-1] in RESIDENT_STATE
     """The answer's host RAM against what harmony-run's executor held on the host for the same plan (its peak), and
     part by part against each category's peak (the answer is a static account: nothing freed within the step)."""
     predicted = needs["host_bytes"]

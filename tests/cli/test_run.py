@@ -281,6 +281,31 @@ with tempfile.TemporaryDirectory() as tmp:
     if d and hp:
         a, b = d["summary"]["losses"], hp["summary"]["losses"]
         check("resident losses match Harmony-PP", all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
+    # fsdp (weights, gradients and AdamW state sharded over the devices, docs/baselines.md#fsdp): resident's losses —
+    # bit for bit with one microbatch per GPU (u = D/N: the same sums in the same order), within the reduction-order
+    # bound with two (each microbatch's gradient reduce-scattered into the shard)
+    for u, exact in (("2", False), ("4", True)):
+        plan = ["--set", "plan.gpus=2", "--set", f"plan.u_fwd={u}", "--set", f"plan.u_bwd={u}", "--gpu-memory", "16MiB"]
+        r, f = train_json(DEFAULT, "--steps", str(SHORT), "--set", "plan.mode=fsdp", *plan)
+        check(f"fsdp u {u} trains", r.returncode == 0 and f is not None and f["plan"]["plan_kind"] == "fsdp", r.stderr)
+        r, res = (r, d) if u == "2" else train_json(DEFAULT, "--steps", str(SHORT), "--set", "plan.mode=resident", *plan)
+        if f and res:
+            a, b = f["summary"]["losses"], res["summary"]["losses"]
+            check(f"fsdp u {u}: resident's losses{' bit for bit' if exact else ''}",
+                  a == b if exact else all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
+    # a kind with resident state stopped at a checkpoint and resumed: the straight run's losses and weights, bit for
+    # bit (the executor holds the state on its devices: it is rebuilt from the checkpoint, not from the initial one)
+    for kind in ("resident", "fsdp"):
+        plan = ["--set", f"plan.mode={kind}", "--set", "plan.gpus=2", "--gpu-memory", "16MiB"]
+        ck, w0, w1 = (os.path.join(tmp, f"{kind}_{x}") for x in ("ck", "straight.safetensors", "resumed.safetensors"))
+        r0, straight = train_json(DEFAULT, "--steps", "4", *plan, "--save-weights", w0)
+        r1 = run("train", DEFAULT, "--steps", "2", *plan, "--checkpoint-dir", ck, "--checkpoint-every", "2", "--quiet")
+        r2, resumed = train_json(DEFAULT, "--steps", "4", *plan, "--checkpoint-dir", ck, "--resume", "--save-weights", w1)
+        ok = straight is not None and resumed is not None and r1.returncode == 0
+        check(f"{kind} resumed from a checkpoint: the straight run's losses and weights", ok and
+              straight["summary"]["losses"] == resumed["summary"]["losses"] and
+              open(w0, "rb").read() == open(w1, "rb").read(),
+              (r0.stderr, r1.stderr, r2.stderr, ok and (straight["summary"]["losses"], resumed["summary"]["losses"])))
     r = run("train", DEFAULT, "--steps", "1", "--set", "plan.mode=resident", "--gpu-memory", "4MiB")
     check("resident over the devices' memory refused", r.returncode == 2 and "default.yaml" in r.stderr and
           "keeps the whole model's weights" in r.stderr and "raise --gpu-memory" in r.stderr, r.stderr)

@@ -257,23 +257,20 @@ def test_messages(tmp):
     check("missing profile: the hint names the config's folder", r.returncode == 2 and
           "configs/run/no_such_profile.json" in r.stderr and "the folder of the config" in r.stderr and
           "current directory" not in r.stderr, (r.returncode, r.stderr))
-    # --- a kind harmony-sim prices but harmony-run does not train (fsdp) is refused at plan.mode, in the file or
-    # on the command line, before anything is allocated, naming the kinds that train
+    # --- fsdp (sharded over the GPUs) named in the config file trains; its shards too large for the devices are a
+    # located error naming the 1/N it keeps on each and the fix
     cfg = os.path.join(tmp, "fsdp.yaml")
     text = open(DEFAULT).read()
     mode = re.search(r"mode: *([a-z-]+)", text)
     with open(cfg, "w") as f:  # the machine as its preset: the copy is not beside configs/machines/
         f.write(text.replace(mode.group(0), "mode: fsdp", 1).replace("file: ../machines/cpu-4x.yaml", "preset: cpu-4x"))
-    line = text[:mode.start()].count("\n") + 1
-    col = mode.start() - (text.rfind("\n", 0, mode.start()) + 1) + 1 + len("mode: ")
-    r = run("train", cfg, "--steps", "1")
-    check("plan.mode fsdp in the file: exit 2 at its line and column, the kinds that train", r.returncode == 2 and
-          f"{cfg}:{line}:{col}: error: plan.mode fsdp: harmony-run does not train this kind yet" in r.stderr and
-          "mode: resident" in r.stderr, (r.returncode, r.stderr))
-    r = run("train", DEFAULT, "--steps", "1", "--set", "plan.mode=fsdp")
-    check("--set plan.mode=fsdp: exit 2 naming the --set", r.returncode == 2 and "plan.mode=fsdp" in r.stderr and
-          "does not train this kind yet" in r.stderr, (r.returncode, r.stderr))
-
+    r = run("train", cfg, "--steps", "2", "--gpu-memory", "16MiB")
+    check("plan.mode fsdp in the file trains", r.returncode == 0 and "fsdp N4" in r.stdout + r.stderr,
+          (r.returncode, r.stdout, r.stderr))
+    r = run("train", cfg, "--steps", "1", "--set", "plan.gpus=2", "--gpu-memory", "2MiB")
+    check("fsdp shards over the devices' memory: exit 2 naming the shard and the fix", r.returncode == 2 and
+          f"{cfg}: error: fsdp keeps 1/2 of the model's weights" in r.stderr and "plan.gpus" in r.stderr,
+          (r.returncode, r.stderr))
 
 def test_output(tmp):
     # --- --format json: progress on stderr, one JSON document on stdout
