@@ -191,3 +191,21 @@ TEST_CASE("a resident Program that does not fit a device, or updates on the host
     }
   CHECK_THROWS(Executor(host, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}));
 }
+
+TEST_CASE("a Program of a kind harmony-sim prices and the executor does not run is refused before any step") {
+  // Every registered kind trains today; the refusal stays for the next one that does not (PlanKindSpec::trains). A
+  // copy of resident's spec with trains = false stands in for it.
+  Setup s(2);
+  core::Plan plan;
+  plan.kind = core::plan_kind("resident");
+  plan.gpus = 2;
+  plan.minibatch = kB;
+  plan.u_fwd = plan.u_bwd = 1;
+  core::Program prog = core::lower_plan(plan, describe_gpt2(*s.model, kT, {1, 2, 3, 4}));
+  static core::PlanKindSpec priced_only = plan.kind.spec();
+  priced_only.name = "priced-only";
+  priced_only.trains = false;
+  prog.graph.plan.kind = core::PlanKind(priced_only);
+  CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
+                       doctest::Contains("plan kind priced-only is priced by harmony-sim only"), BackendError);
+}
