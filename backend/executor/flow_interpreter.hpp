@@ -265,6 +265,9 @@ class FlowInterpreter final : public Interpreter {
   // parameters exactly once, on the device, after every op of that device that reads the layer's weights or adds to
   // its gradient (layer 0's also after the head's: the tied lm_head gradient joins wte's update).
   void check_resident_updates(const Ancestry& anc) const;
+  // A resident or sharded Program's Updates per (device, layer): each layer with parameters updated exactly once on
+  // every device (BackendError naming the op updating a second time, or the layer and GPU never updated).
+  std::map<std::pair<int, int>, int> device_updates() const;
   // dWB: the gradient op o reads into its part of the host gradient (plan_updates' policy).
   void run_dwb(int o);
   // Update: AdamW on the host masters of the op's layers, by the range's owner once its sources brought this step's

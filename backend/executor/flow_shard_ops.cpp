@@ -87,7 +87,6 @@ void FlowInterpreter::reduced_into_shard(int a, int l, int d, const void* full,
 
 void FlowInterpreter::check_shard_updates(const Ancestry& anc) const {
   const int head = m.head_layer();
-  std::map<std::pair<int, int>, int> upd;  // (device, layer) -> its Update
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
     const core::Op& op = p.ops[o];
     if (op.kind == OpKind::WB || op.kind == OpKind::dWB || op.kind == OpKind::ARD)
@@ -100,20 +99,13 @@ void FlowInterpreter::check_shard_updates(const Ancestry& anc) const {
           fmt::format("executor: op {}: a sharded resident Program gathers and reduces one layer at a "
                       "time",
                       label(static_cast<int>(o))));
-    if (op.kind != OpKind::Update) continue;
-    if (core::host_update(op) || op.layers.first != op.layers.last)
+    if (op.kind == OpKind::Update && (core::host_update(op) || op.layers.first != op.layers.last))
       throw BackendError(
           fmt::format("executor: op {}: a sharded resident Program updates one layer's shard on the "
                       "device",
                       label(static_cast<int>(o))));
-    if (!upd.emplace(std::pair{op.device, op.layers.first}, static_cast<int>(o)).second)
-      throw BackendError(fmt::format("executor: op {} updates layer {} of GPU {} a second time",
-                                     label(static_cast<int>(o)), op.layers.first, op.device));
   }
-  for (int d = 0; d < p.num_devices(); ++d)
-    for (int l = 0; l < m.num_layers(); ++l)
-      if (m.param_floats(l) > 0 && upd.count({d, l}) == 0)
-        throw BackendError(fmt::format("executor: the Program never updates layer {} on GPU {}", l, d));
+  const std::map<std::pair<int, int>, int> upd = device_updates();
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
     const core::Op& op = p.ops[o];
     if (op.kind != OpKind::AG && op.kind != OpKind::RS) continue;

@@ -153,20 +153,11 @@ void FlowInterpreter::check_updates(const Ancestry& anc) const {
       throw BackendError(fmt::format("executor: the Program never updates layer {}", l));
 }
 
-void FlowInterpreter::check_resident_updates(const Ancestry& anc) const {
-  const int head = m.head_layer();
+std::map<std::pair<int, int>, int> FlowInterpreter::device_updates() const {
   std::map<std::pair<int, int>, int> upd;  // (device, layer) -> its Update
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
     const core::Op& op = p.ops[o];
-    if (op.kind == OpKind::WB || op.kind == OpKind::dWB || op.kind == OpKind::AG || op.kind == OpKind::RS)
-      throw BackendError(
-          fmt::format("executor: op {}: a resident Program keeps its weights and gradients on the "
-                      "devices and moves none",
-                      label(static_cast<int>(o))));
     if (op.kind != OpKind::Update) continue;
-    if (core::host_update(op))
-      throw BackendError(fmt::format("executor: op {}: a resident Program updates on the device, not the CPU",
-                                     label(static_cast<int>(o))));
     if (!upd.emplace(std::pair{op.device, op.layers.first}, static_cast<int>(o)).second)
       throw BackendError(fmt::format("executor: op {} updates layer {} of GPU {} a second time",
                                      label(static_cast<int>(o)), op.layers.first, op.device));
@@ -175,6 +166,23 @@ void FlowInterpreter::check_resident_updates(const Ancestry& anc) const {
     for (int l = 0; l < m.num_layers(); ++l)
       if (m.param_floats(l) > 0 && upd.count({d, l}) == 0)
         throw BackendError(fmt::format("executor: the Program never updates layer {} on GPU {}", l, d));
+  return upd;
+}
+
+void FlowInterpreter::check_resident_updates(const Ancestry& anc) const {
+  const int head = m.head_layer();
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
+    if (op.kind == OpKind::WB || op.kind == OpKind::dWB || op.kind == OpKind::AG || op.kind == OpKind::RS)
+      throw BackendError(
+          fmt::format("executor: op {}: a resident Program keeps its weights and gradients on the "
+                      "devices and moves none",
+                      label(static_cast<int>(o))));
+    if (op.kind == OpKind::Update && core::host_update(op))
+      throw BackendError(fmt::format("executor: op {}: a resident Program updates on the device, not the CPU",
+                                     label(static_cast<int>(o))));
+  }
+  const std::map<std::pair<int, int>, int> upd = device_updates();
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
     const core::Op& op = p.ops[o];
     if (op.kind != OpKind::FWD && op.kind != OpKind::REC && op.kind != OpKind::BWD && op.kind != OpKind::ARD) continue;

@@ -209,3 +209,27 @@ TEST_CASE("a Program of a kind harmony-sim prices and the executor does not run 
   CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
                        doctest::Contains("plan kind priced-only is priced by harmony-sim only"), BackendError);
 }
+
+TEST_CASE("a resident or fsdp Program whose device updates a layer twice, or never, is refused") {
+  // FlowInterpreter::device_updates, shared by both kinds' checks: an Update relabelled from layer 1 to layer 2 on
+  // GPU 1 updates layer 2 there twice (and layer 1 never).
+  for (const char* kind : {"resident", "fsdp"}) {
+    CAPTURE(kind);
+    Setup s(2);
+    core::Plan plan;
+    plan.kind = core::plan_kind(kind);
+    plan.gpus = 2;
+    plan.minibatch = kB;
+    plan.u_fwd = plan.u_bwd = 1;
+    core::Program prog = core::lower_plan(plan, describe_gpt2(*s.model, kT, {1, 2, 3, 4}));
+    bool relabelled = false;
+    for (core::Op& op : prog.ops)
+      if (op.kind == core::OpKind::Update && op.device == 1 && op.layers.first == 1) {
+        op.layers = core::LayerRange{2, 2};
+        relabelled = true;
+      }
+    REQUIRE(relabelled);
+    CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
+                         doctest::Contains("updates layer 2 of GPU 1 a second time"), BackendError);
+  }
+}
