@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -145,6 +146,13 @@ inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* 
     r.moments.emplace_back(s.state->exp_avg_sq(l).begin(), s.state->exp_avg_sq(l).end());
   }
   return r;
+}
+
+// The largest |a[i] - b[i]| (the replica runs' weight bound: at most 2 * kSteps * lr from the reference).
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - double(b[i])));
+  return worst;
 }
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {

@@ -283,10 +283,7 @@ TEST_CASE("bf16: Harmony Programs train like the bf16 PlainTrainer; the Program 
       if (exact) {
         CHECK(same_bits(r.weights[l], ref.weights[l]));
       } else {
-        double worst = 0;
-        for (std::size_t i = 0; i < ref.weights[l].size(); ++i)
-          worst = std::max(worst, std::abs(double(r.weights[l][i]) - double(ref.weights[l][i])));
-        CHECK(worst <= 2 * kSteps * kAdamW.lr);
+        CHECK(max_abs_diff(r.weights[l], ref.weights[l]) <= 2 * kSteps * kAdamW.lr);
       }
     }
   }

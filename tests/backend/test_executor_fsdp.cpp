@@ -161,10 +161,7 @@ TEST_CASE("fsdp trains like resident on the same plan") {
             if (dtype == DType::BF16) {
               CHECK(std::abs(ours.losses[1] - theirs.losses[1]) <= 2e-4 * std::abs(theirs.losses[1]));
               for (std::size_t l = 0; l < theirs.weights.size(); ++l) {
-                double worst = 0;
-                for (std::size_t i = 0; i < theirs.weights[l].size(); ++i)
-                  worst = std::max(worst, std::abs(double(ours.weights[l][i]) - double(theirs.weights[l][i])));
-                CHECK(worst <= 2 * kSteps * kAdamW.lr);
+                CHECK(max_abs_diff(ours.weights[l], theirs.weights[l]) <= 2 * kSteps * kAdamW.lr);
               }
               continue;
             }

@@ -132,10 +132,7 @@ TEST_CASE("resident Programs train like the PlainTrainer") {
             if (gpus > 1 && bf16) {  // the bf16 baselines' replica bounds (test_executor_baselines.cpp)
               CHECK(std::abs(ours.losses[1] - plain.losses[1]) <= 2e-4 * std::abs(plain.losses[1]));
               for (std::size_t l = 0; l < plain.weights.size(); ++l) {
-                double worst = 0;
-                for (std::size_t i = 0; i < plain.weights[l].size(); ++i)
-                  worst = std::max(worst, std::abs(double(ours.weights[l][i]) - double(plain.weights[l][i])));
-                CHECK(worst <= 2 * kSteps * kAdamW.lr);
+                CHECK(max_abs_diff(ours.weights[l], plain.weights[l]) <= 2 * kSteps * kAdamW.lr);
               }
               continue;
             }
