@@ -486,21 +486,14 @@ int cmd_train(const Cli& cli) {
   // In an optional so that it and the devices are released before the prediction profiles on a device of the same
   // capacity (a CUDA device holds its whole block: two at once would not fit the GPU).
   std::optional<backend::Executor> run_executor;
-  make_run_executor(cli, s, chosen, devs, comm.get(), &run_executor);
   if (!json && !quiet) print_header(s, chosen);
 
-  // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused.
+  // Checkpoints: resume from the newest one when asked; a mismatched or corrupt one is refused. Before the executor
+  // is built: a kind with resident state (resident, fsdp) copies the host state onto its devices then.
   Checkpoints ck{cfg.checkpoint.dir, checkpoint_meta(s, chosen), ""};
   RunLog log;
-  if (cli.resume) {
-    resume_from_checkpoint(cli, s, ck, log);
-    // a kind with resident state (resident, fsdp) copied the host state onto its devices when its executor was
-    // built, before the checkpoint was read into it: build it again from the checkpoint's weights and moments
-    if (plan.kind->resident_state && !ck.newest.empty()) {
-      run_executor.reset();
-      make_run_executor(cli, s, chosen, devs, comm.get(), &run_executor);
-    }
-  }
+  if (cli.resume) resume_from_checkpoint(cli, s, ck, log);
+  make_run_executor(cli, s, chosen, devs, comm.get(), &run_executor);
 
   if (const int stopped = train_steps(cli, s, *run_executor, ck, log); stopped != 0) return stopped;
   run_executor->sync_state();  // a resident kind's weights and moments are on its devices until now
