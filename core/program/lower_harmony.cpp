@@ -34,51 +34,16 @@ std::uint64_t pack_key(int task, int ui, int spi, Stream s, OpKind k) {
 // Lowered with the Harmony-PP event rules (Program::cost.pp_rules).
 bool pp_rules_of(const Plan& p) { return !p.kind->data_parallel && p.gpus > 1; }
 
-class Lowerer {
- public:
-  // The Program keeps the task graph it was lowered from (`g`, moved in when the caller gives it away); the
-  // lowering reads it there.
-  Lowerer(TaskGraph g, const Model& m, const LowerOptions& o)
-      : g_(prog_.graph), m_(m), pf_(o.prefetch), buffers_(std::max(2, o.prefetch_buffers)), nvme_(o.offload_nvme) {
-    prog_.graph = std::move(g);
-    prog_.cost.prefetch = pf_;
-    prog_.cost.offload_nvme = nvme_;
-    const Plan& p = g_.plan;
-    prog_.cost.pp_rules = pp_rules_of(p);
-    prog_.cost.bandwidth_sharers = std::max(1, g_.non_empty_ranks());
-    prog_.devices = lowered_ranks(g_, o);
-    if (p.u_fwd != p.u_bwd) {
-      // rank 0's lists (every rank has the same lists in Harmony-PP)
-      conv_ = make_ubatch_converter(g_.ubatch_fwd[0], g_.ubatch_bwd[0], p.u_bwd);
-      has_conv_ = true;
-    }
-  }
-
-  Program run() {
-    std::size_t estimate = 0;  // ops per task: a handful per microbatch (+ stash traffic) and per pack
-    for (int r : prog_.devices) {
-      for (int idx : g_.rank_tasks[static_cast<std::size_t>(r)]) {
-        const Task& t = task(idx);
-        estimate += t.ubatch_sizes.size() * (6 + 3 * t.stashes.size()) + 4;
-      }
-    }
+// The Program under construction as a table of ops: creation keyed by (task, microbatch, sub-pack, stream, kind),
+// dependencies by key (resolved at once when the op exists, else once every op does), stream queues, the P2P
+// rendezvous. It knows nothing of the paper's building blocks; the Lowerer below speaks through it.
+class OpTable {
+ protected:
+  void reserve_ops(std::size_t estimate) {
     prog_.ops.reserve(estimate);
     peer_key_.reserve(estimate);
     has_peer_.reserve(estimate);
     index_.reserve(estimate);
-    for (int r : prog_.devices) lower_rank(r);
-    resolve();
-    return std::move(prog_);
-  }
-
- private:
-  const Task& task(int idx) const { return g_.tasks[static_cast<std::size_t>(idx)]; }
-  int last_spi(const Task& t) const { return g_.num_subpacks(t) - 1; }
-  OpKind compute_kind(const Task& t) const { return t.type == TaskType::Fwd ? OpKind::FWD : OpKind::BWD; }
-  int nu(const Task& t) const { return static_cast<int>(t.ubatch_sizes.size()); }
-
-  std::uint64_t key(const Task& t, int ui, int spi, Stream s, OpKind k) const {
-    return pack_key(t.idx, ui, spi < 0 ? last_spi(t) : spi, s, k);
   }
 
   int make(const Task& t, int ui, int spi, Stream s, OpKind k, LayerRange layers, int ubs, Bytes bytes) {
@@ -139,7 +104,75 @@ class Lowerer {
     prog_.queues[static_cast<std::size_t>(q)].ops.push_back(op);
   }
 
-  Bytes xbytes(int u, int layer) const { return m_.input_bytes(u, layer); }
+  void alloc(int op, TensorKind k, LayerRange layers, int mb, Bytes b) {
+    prog_.ops[static_cast<std::size_t>(op)].allocs.push_back(TensorRef{k, layers, mb, b});
+  }
+  void free_(int op, TensorKind k, LayerRange layers, int mb, Bytes b) {
+    prog_.ops[static_cast<std::size_t>(op)].frees.push_back(TensorRef{k, layers, mb, b});
+  }
+
+  // Dependencies by id -> op indices, then the reference's solve_peer, in creation order.
+  void resolve() {
+    auto& ops = prog_.ops;
+    auto find = [&](std::uint64_t k, int from) {
+      const int* id = index_.find(k);
+      if (id == nullptr) {
+        const Op& o = ops[static_cast<std::size_t>(from)];
+        throw InternalError("op t" + std::to_string(o.task) + " " + op_kind_name(o.kind) +
+                            " depends on an op that was never created");
+      }
+      return *id;
+    };
+    // Fill the placeholders; a list that had one keeps the first of any repeats, as adding them in turn would.
+    std::vector<int> touched;
+    for (const PendingDep& pd : pending_) {
+      ops[static_cast<std::size_t>(pd.op)].deps[static_cast<std::size_t>(pd.pos)] = find(pd.key, pd.op);
+      if (touched.empty() || touched.back() != pd.op) touched.push_back(pd.op);
+    }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (const int op : touched) {
+      OpDeps& deps = ops[static_cast<std::size_t>(op)].deps;
+      std::size_t kept = 0;
+      for (std::size_t j = 0; j < deps.size(); ++j) {
+        if (std::find(deps.begin(), deps.begin() + static_cast<std::ptrdiff_t>(kept), deps[j]) ==
+            deps.begin() + static_cast<std::ptrdiff_t>(kept))
+          deps[kept++] = deps[j];
+      }
+      deps.resize(kept);
+    }
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (has_peer_[i]) ops[i].peer = find(peer_key_[i], static_cast<int>(i));
+    }
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].peer < 0) continue;
+      const Op& p = ops[static_cast<std::size_t>(ops[i].peer)];
+      OpDeps& merged = ops[i].deps;
+      merged.reserve(merged.size() + p.deps.size() + 1);
+      merged.insert(merged.end(), p.deps.begin(), p.deps.end());
+      if (const int pred = queue_predecessor(prog_, ops[i].peer); pred >= 0) merged.push_back(pred);
+      std::sort(merged.begin(), merged.end());
+      merged.erase(std::unique(merged.begin(), merged.end()), merged.end());
+    }
+  }
+
+  Program prog_;          // built here; the Lowerer's graph reference points into it, so it comes first
+  FlatTable<int> index_;  // op key -> op id
+  struct PendingDep {
+    int op;             // the op that waits ...
+    int pos;            // ... (the placeholder's index in its deps) ...
+    std::uint64_t key;  // ... for the op with this key, not created yet when the dependency was added
+  };
+  std::vector<PendingDep> pending_;
+  std::vector<std::uint64_t> peer_key_;
+  std::vector<bool> has_peer_;
+  std::array<int, kNumStreams> queue_of_{};
+};
+
+// Transient workspace bytes of a compute op, memoized per (phase, microbatch size, layers).
+class WorkspaceMemo {
+ public:
+  explicit WorkspaceMemo(const Model& m) : m_(m) {}
 
   // Transient memory of a compute op beyond the tensors the Program allocates explicitly: the
   // profiled peaks of its layers (minus inner inputs, as the reference's memory_of_pack) less the
@@ -147,19 +180,21 @@ class Lowerer {
   // layers' backwards one after another, so each layer's transient part (dY, dX, scratch: the profile's
   // bwd_transient_memory) counts once, the largest of them, not summed over the pack.
   // Memoized: every microbatch of a pack at the same size asks again.
-  Bytes workspace(Phase ph, int u, LayerRange l) {
+  Bytes operator()(Phase ph, int u, LayerRange l) {
     constexpr int kBits = 20;
     const bool memo = u >= 0 && u < (1 << kBits) && l.first >= 0 && l.last < (1 << kBits) && l.first <= l.last;
     const std::uint64_t mk = (static_cast<std::uint64_t>(ph == Phase::Bwd) << (3 * kBits)) |
                              (static_cast<std::uint64_t>(u) << (2 * kBits)) |
                              (static_cast<std::uint64_t>(l.first) << kBits) | static_cast<std::uint64_t>(l.last);
     if (memo) {
-      if (const Bytes* b = workspace_memo_.find(mk)) return *b;
+      if (const Bytes* b = memo_.find(mk)) return *b;
     }
     const Bytes w = workspace_of(ph, u, l);
-    if (memo) workspace_memo_.insert(mk, w);
+    if (memo) memo_.insert(mk, w);
     return w;
   }
+
+ private:
   Bytes workspace_of(Phase ph, int u, LayerRange l) const {
     Bytes peak = 0, transient_max = 0;
     for (int k = l.first; k <= l.last; ++k) {
@@ -172,21 +207,70 @@ class Lowerer {
       }
     }
     peak += transient_max;
-    Bytes own = m_.weight_bytes(l.first, l.last) + m_.buffer_bytes(l.first, l.last) + xbytes(u, l.first) +
-                xbytes(u, l.last + 1);
-    if (ph == Phase::Bwd) own += m_.weight_bytes(l.first, l.last) + (l.first != 0 ? xbytes(u, l.first) : 0);
+    Bytes own = m_.weight_bytes(l.first, l.last) + m_.buffer_bytes(l.first, l.last) + m_.input_bytes(u, l.first) +
+                m_.input_bytes(u, l.last + 1);
+    if (ph == Phase::Bwd) own += m_.weight_bytes(l.first, l.last) + (l.first != 0 ? m_.input_bytes(u, l.first) : 0);
     return std::max<Bytes>(0, peak - own);
   }
-  void set_workspace(int op, Phase ph) {
-    Op& o = prog_.ops[static_cast<std::size_t>(op)];
-    o.workspace_bytes = workspace(ph, o.ubs, o.layers);
+
+  const Model& m_;
+  FlatTable<Bytes> memo_;  // (phase, u, layers) -> workspace bytes
+};
+
+class Lowerer : private OpTable {
+ public:
+  // The Program keeps the task graph it was lowered from (`g`, moved in when the caller gives it away); the
+  // lowering reads it there.
+  Lowerer(TaskGraph g, const Model& m, const LowerOptions& o)
+      : g_(prog_.graph),
+        m_(m),
+        pf_(o.prefetch),
+        buffers_(std::max(2, o.prefetch_buffers)),
+        nvme_(o.offload_nvme),
+        workspace_(m) {
+    prog_.graph = std::move(g);
+    prog_.cost.prefetch = pf_;
+    prog_.cost.offload_nvme = nvme_;
+    const Plan& p = g_.plan;
+    prog_.cost.pp_rules = pp_rules_of(p);
+    prog_.cost.bandwidth_sharers = std::max(1, g_.non_empty_ranks());
+    prog_.devices = lowered_ranks(g_, o);
+    if (p.u_fwd != p.u_bwd) {
+      // rank 0's lists (every rank has the same lists in Harmony-PP)
+      conv_ = make_ubatch_converter(g_.ubatch_fwd[0], g_.ubatch_bwd[0], p.u_bwd);
+      has_conv_ = true;
+    }
   }
 
-  void alloc(int op, TensorKind k, LayerRange layers, int mb, Bytes b) {
-    prog_.ops[static_cast<std::size_t>(op)].allocs.push_back(TensorRef{k, layers, mb, b});
+  Program run() {
+    std::size_t estimate = 0;  // ops per task: a handful per microbatch (+ stash traffic) and per pack
+    for (int r : prog_.devices) {
+      for (int idx : g_.rank_tasks[static_cast<std::size_t>(r)]) {
+        const Task& t = task(idx);
+        estimate += t.ubatch_sizes.size() * (6 + 3 * t.stashes.size()) + 4;
+      }
+    }
+    reserve_ops(estimate);
+    for (int r : prog_.devices) lower_rank(r);
+    resolve();
+    return std::move(prog_);
   }
-  void free_(int op, TensorKind k, LayerRange layers, int mb, Bytes b) {
-    prog_.ops[static_cast<std::size_t>(op)].frees.push_back(TensorRef{k, layers, mb, b});
+
+ private:
+  const Task& task(int idx) const { return g_.tasks[static_cast<std::size_t>(idx)]; }
+  int last_spi(const Task& t) const { return g_.num_subpacks(t) - 1; }
+  OpKind compute_kind(const Task& t) const { return t.type == TaskType::Fwd ? OpKind::FWD : OpKind::BWD; }
+  int nu(const Task& t) const { return static_cast<int>(t.ubatch_sizes.size()); }
+
+  std::uint64_t key(const Task& t, int ui, int spi, Stream s, OpKind k) const {
+    return pack_key(t.idx, ui, spi < 0 ? last_spi(t) : spi, s, k);
+  }
+
+  Bytes xbytes(int u, int layer) const { return m_.input_bytes(u, layer); }
+
+  void set_workspace(int op, Phase ph) {
+    Op& o = prog_.ops[static_cast<std::size_t>(op)];
+    o.workspace_bytes = workspace_(ph, o.ubs, o.layers);
   }
 
   // ---- the reference's building blocks (SEMANTICS.md §6.3) ----
@@ -598,52 +682,6 @@ class Lowerer {
     for (int idx : g_.rank_tasks[static_cast<std::size_t>(r)]) lower_task(task(idx));
   }
 
-  // Dependencies by id -> op indices, then the reference's solve_peer, in creation order.
-  void resolve() {
-    auto& ops = prog_.ops;
-    auto find = [&](std::uint64_t k, int from) {
-      const int* id = index_.find(k);
-      if (id == nullptr) {
-        const Op& o = ops[static_cast<std::size_t>(from)];
-        throw InternalError("op t" + std::to_string(o.task) + " " + op_kind_name(o.kind) +
-                            " depends on an op that was never created");
-      }
-      return *id;
-    };
-    // Fill the placeholders; a list that had one keeps the first of any repeats, as adding them in turn would.
-    std::vector<int> touched;
-    for (const PendingDep& pd : pending_) {
-      ops[static_cast<std::size_t>(pd.op)].deps[static_cast<std::size_t>(pd.pos)] = find(pd.key, pd.op);
-      if (touched.empty() || touched.back() != pd.op) touched.push_back(pd.op);
-    }
-    std::sort(touched.begin(), touched.end());
-    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-    for (const int op : touched) {
-      OpDeps& deps = ops[static_cast<std::size_t>(op)].deps;
-      std::size_t kept = 0;
-      for (std::size_t j = 0; j < deps.size(); ++j) {
-        if (std::find(deps.begin(), deps.begin() + static_cast<std::ptrdiff_t>(kept), deps[j]) ==
-            deps.begin() + static_cast<std::ptrdiff_t>(kept))
-          deps[kept++] = deps[j];
-      }
-      deps.resize(kept);
-    }
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (has_peer_[i]) ops[i].peer = find(peer_key_[i], static_cast<int>(i));
-    }
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (ops[i].peer < 0) continue;
-      const Op& p = ops[static_cast<std::size_t>(ops[i].peer)];
-      OpDeps& merged = ops[i].deps;
-      merged.reserve(merged.size() + p.deps.size() + 1);
-      merged.insert(merged.end(), p.deps.begin(), p.deps.end());
-      if (const int pred = queue_predecessor(prog_, ops[i].peer); pred >= 0) merged.push_back(pred);
-      std::sort(merged.begin(), merged.end());
-      merged.erase(std::unique(merged.begin(), merged.end()), merged.end());
-    }
-  }
-
-  Program prog_;  // before g_, which refers to its graph
   const TaskGraph& g_;
   const Model& m_;
   bool pf_;
@@ -651,17 +689,7 @@ class Lowerer {
   bool nvme_;
   UbatchConverter conv_;
   bool has_conv_ = false;
-  FlatTable<int> index_;             // op key -> op id
-  FlatTable<Bytes> workspace_memo_;  // (phase, u, layers) -> workspace bytes
-  struct PendingDep {
-    int op;             // the op that waits ...
-    int pos;            // ... (the placeholder's index in its deps) ...
-    std::uint64_t key;  // ... for the op with this key, not created yet when the dependency was added
-  };
-  std::vector<PendingDep> pending_;
-  std::vector<std::uint64_t> peer_key_;
-  std::vector<bool> has_peer_;
-  std::array<int, kNumStreams> queue_of_{};
+  WorkspaceMemo workspace_;
   const Task* L_ = nullptr;
   const Task* L2_ = nullptr;
 };
