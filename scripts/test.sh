@@ -3,7 +3,8 @@
 # the last line is "N passed, N failed[, N skipped]" over every meson test of every build plus each
 # check and fuzzer (and each build that failed, whose tests could not run). Exit 1 if anything failed.
 #
-#   1. checks       scripts/check-format.sh, scripts/check-layering.sh, scripts/check-doc-links.py (seconds)
+#   1. checks       scripts/check-format.sh, scripts/check-layering.sh, scripts/check-sizes.py,
+#                   scripts/check-doc-links.py (seconds)
 #   2. release      build/      -Dbuildtype=release (-Werror from meson.build); meson test
 #   3. notebooks    scripts/run-notebooks.sh build out/notebooks: the bundled GPT sweep with build/'s harmony-sim,
 #                   then every notebooks/*.ipynb executed headless (figures in out/notebooks/figures; ~1 min)
@@ -85,9 +86,10 @@ section "install dependencies"
 bash scripts/install-deps.sh || { record FAIL install-deps; echo "---- FAILED: install-deps"; }
 stage_done deps
 
-section "checks: format, layering, doc links"
+section "checks: format, layering, sizes, doc links"
 run_step check-format bash scripts/check-format.sh
 run_step check-layering bash scripts/check-layering.sh
+run_step check-sizes python3 scripts/check-sizes.py
 run_step check-doc-links python3 scripts/check-doc-links.py
 stage_done checks
 
