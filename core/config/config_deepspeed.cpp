@@ -463,29 +463,15 @@ void map_zero_offload(DeepSpeedRun& run) {
   }
 }
 
-// ZeRO-3 with the optimizer alone offloaded: the parameters stay partitioned on the GPUs.
+// ZeRO-3 with the optimizer alone offloaded: the parameters stay partitioned on the GPUs (zero3-opt-offload).
 void map_zero3_offload_optimizer(DeepSpeedRun& run) {
-  run.plan_kind = "zero-infinity";
+  run.plan_kind = "zero3-opt-offload";
   run.offload = run.offload_optimizer;
   run.reasoning = fmt::format(
-      "ZeRO-{} with offload_optimizer {} and the parameters partitioned on the GPUs: gradients go to the host and "
-      "CPU Adam steps after the backward; no plan kind keeps partitioned parameters on the GPUs with the optimizer "
-      "on the CPU, the closest is zero-infinity, offload {}",
+      "ZeRO-{} with offload_optimizer {} and the parameters partitioned on the GPUs: each layer all-gathered from "
+      "the GPUs' shards for the forward and the backward, every micro-step's gradient shard through host memory, CPU "
+      "Adam after the backward and each GPU's updated shard copied back up: zero3-opt-offload, offload {}",
       run.stage, run.offload_optimizer, run.offload);
-  if (run.accumulation > 1) {
-    run.status = "inexpressible";
-    run.approximation = fmt::format(
-        "with {} micro-steps per optimizer step zero-infinity would fetch every layer's parameters from the host "
-        "{} times a step where ZeRO-Offload keeps them on the GPU (pricing.json rules.zero_offload); set "
-        "gradient_accumulation_steps to 1 in a copy to price one micro-step",
-        run.accumulation, 2 * run.accumulation);
-  } else {
-    run.status = "approximate";
-    run.approximation =
-        "zero-infinity fetches each layer's parameters from the host for the forward and the backward (hidden under "
-        "compute when compute-bound) where ZeRO-Offload copies the updated parameters up once after the step (not "
-        "priced), and pays ZeRO-3's per-module hook latency (pricing.json rules.zero_offload)";
-  }
 }
 
 // ZeRO-3 without offload: fsdp.

@@ -996,8 +996,8 @@ TEST_CASE("harmony-run plan.activations: a baseline's activation policy, located
   // Harmony recomputes by design: the key is refused on a Harmony mode
   const ConfigError harmony = train_error(kTrain, {"plan.activations=keep"});
   CHECK(contains(harmony.what(),
-                 "plan.activations applies to plan.mode: dp-swap, pp-swap, zero-infinity, zero-offload, l2l, lohan, "
-                 "fsdp or resident only"));
+                 "plan.activations applies to plan.mode: dp-swap, pp-swap, zero-infinity, zero3-opt-offload, "
+                 "zero-offload, l2l, lohan, fsdp or resident only"));
 }
 
 TEST_CASE("search.offload: auto by default, cpu or nvme when given, a located error otherwise") {

@@ -97,6 +97,14 @@ SpanMemory span_memory(const Model& m, LayerRange span, int u, int alive, bool k
   return s;
 }
 
+// One GPU's shards of the span's W+B (ceil(bytes / N) each, as the kinds allocate them).
+Bytes shards(const Model& m, LayerRange span, int gpus) {
+  Bytes total = 0;
+  for (int l = span.first; l <= span.last; ++l)
+    total += shard_bytes(m.weight_bytes(l, l), gpus) + shard_bytes(m.buffer_bytes(l, l), gpus);
+  return total;
+}
+
 SwapDecision decide(const Plan& p, const SwapRules& rules, const Model& m, LayerRange span) {
   const int mb = microbatches(p);
   const KindKnobs& k = p.knobs;
@@ -119,7 +127,7 @@ SwapDecision decide(const Plan& p, const SwapRules& rules, const Model& m, Layer
       d.weights =
           k.weights == SwapChoice::Swap || (k.weights == SwapChoice::Auto && s.resident + window + s.peak > cap);
     }
-    const Bytes w = d.weights ? s.streamed : s.resident;
+    const Bytes w = (d.weights ? s.streamed : s.resident) + (rules.resident_param_shards ? shards(m, span, p.gpus) : 0);
     d.activations = rules.swap_activations || k.activations == SwapChoice::Swap ||
                     (k.activations == SwapChoice::Auto && w + s.stash + s.peak > cap);
     d.estimate_bytes = w + (d.activations ? window : s.stash) + s.peak;

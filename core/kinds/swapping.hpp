@@ -23,6 +23,8 @@ struct SwapRules {
   // activations at the current layer's boundary go through the host (l2l's layer-at-a-time schedule).
   bool stash_on_host = false;
   bool all_microbatches_alive = false;  // a stage holds every microbatch's stash until the backward (GPipe)
+  // Every GPU keeps its 1/N shard of every layer's W+B across the step (zero3-opt-offload): added to the estimate.
+  bool resident_param_shards = false;
 };
 
 // Registers a swapping kind: its spec (register_plan_kind) and its rules (swap_rules). Returns true.

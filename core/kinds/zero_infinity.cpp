@@ -1,8 +1,9 @@
-// zero-infinity: ZeRO stage 3 with CPU offload (DeepSpeed ZeRO-Offload / ZeRO-Infinity, CPU tier).
-// Parameters, gradients and optimizer state are partitioned across the N data-parallel ranks and live
-// in host memory; each layer's parameters are gathered for every forward and backward of every
-// microbatch, gradients are reduce-scattered and their shards sent to the host, CPU Adam runs after
-// the backward pass.
+// zero-infinity and zero3-opt-offload: ZeRO stage 3 with CPU (or NVMe) offload, DeepSpeed's two stage-3 offload
+// configurations. zero-infinity (offload_param and offload_optimizer): parameters, gradients and optimizer state are
+// partitioned across the N data-parallel ranks and live in host memory; each layer's parameters are fetched and
+// gathered for every forward and backward of every microbatch, gradients are reduce-scattered and their shards sent to
+// the host, CPU Adam runs after the backward pass. zero3-opt-offload (offload_optimizer only): the same, but each GPU
+// keeps its parameter shard, gathered from the peers' shards, and gets it back from the host after the CPU Adam.
 #include <algorithm>
 #include <cmath>
 
@@ -56,6 +57,14 @@ double elements(const Model& m, int l) {
 //     FP32 gradient, 8 bytes read and written per parameter) and _reassign_or_swap_out_partitioned_parameters
 //     (lines 2069-2076: the GPU-dtype partition `copy_` of the FP32 masters, 4 bytes read and 2 written per
 //     parameter, 4 and 4 when FP32).
+// zero3-opt-offload (DeepSpeed stage 3 with offload_optimizer and no offload_param; stage3.py at 38327e07): every
+// GPU keeps its shard of every layer's parameters in its own memory (an OptState tensor of ceil(W/N) + ceil(B/N),
+// allocated by layer l's first FWD, never freed; the whole layer when N = 1), so there is no WB before a gather: the
+// AG(l) reads the resident shards (nothing at all when N = 1) and is windowed and joined like fsdp's. The gradient path
+// (RS, the dWB of the shard into the pinned host buffer and back, the FP32 copy at the boundary, NVMe swaps) and the
+// CPU Adam are zero-infinity's; after Update(l), every GPU's WB(l) copies its updated GPU-dtype shard up
+// (_reassign_or_swap_out_partitioned_parameters: the fp16 partition on the GPU `copy_` of the FP32 master on the host),
+// one flat transfer; the host pass of the update keeps its reads, and its GPU-dtype write crosses PCIe instead.
 // Parameters and gradients are always streamed (the defining trait); activations follow decide_swaps
 // (ZeRO-Infinity's activation offload); plan.knobs.activation_policy decides between recomputing each layer
 // (checkpoint: REC before BWD, as DeepSpeed's activation checkpointing) and keeping its saved activations.
@@ -70,9 +79,10 @@ struct ZeroInfinityLowering {
   int R, N, u, m;
   bool sa;                    // activations swapped (decide_swaps)
   bool nvme;                  // offload: nvme
+  bool params_on_gpu;         // zero3-opt-offload: every GPU keeps its parameter shard
   std::vector<int> last_out;  // per GPU, its last dWB: the updates wait for every rank's
 
-  ZeroInfinityLowering(const Plan& plan_, const Model& model_, const SwapDecision& sd)
+  ZeroInfinityLowering(const Plan& plan_, const Model& model_, const SwapDecision& sd, bool params_on_gpu_)
       : plan(plan_),
         model(model_),
         b(model_, plan_),
@@ -82,6 +92,7 @@ struct ZeroInfinityLowering {
         m(plan_.minibatch / plan_.gpus / plan_.u_bwd),
         sa(sd.activations),
         nvme(plan_.knobs.offload == OffloadTier::Nvme),
+        params_on_gpu(params_on_gpu_),
         last_out(static_cast<std::size_t>(plan_.gpus), -1) {}
 
   // collective keys: (pass, layer, microbatch)
@@ -101,9 +112,11 @@ struct ZeroInfinityLowering {
     b.set_overhead(op, z.module_latency_s + per_tensor_s * tensors(l));
   }
 
-  // Gathers layer l's parameters for step k of GPU g; returns the ops the compute waits for.
+  // Gathers layer l's parameters for step k of GPU g; returns the op the compute waits for (-1: none, the whole layer
+  // is resident).
   int gather(int g, int l, int i, int task, int pass, int k) {
     const LayerRange L{l, l};
+    if (params_on_gpu) return gather_resident(g, l, i, task, pass, k);
     const Bytes w = b.wbytes(l);
     const Bytes bb = b.bbytes(l);
     const Bytes sw = shard_bytes(w, N);
@@ -121,6 +134,21 @@ struct ZeroInfinityLowering {
     return A;
   }
 
+  // zero3-opt-offload's AG of layer l from the GPUs' resident shards (N > 1), windowed like fsdp's: the members start
+  // together, each waiting for the compute step the others' gathers are windowed to.
+  int gather_resident(int g, int l, int i, int task, int pass, int k) {
+    if (N == 1) return -1;
+    const LayerRange L{l, l};
+    const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, b.wbytes(l), b.bbytes(l));
+    b.set_io(A, buckets(l), 0, 0);
+    b.window(A, g, k);
+    if (const int ready = k - 2; ready >= 0) b.collective(key(pass, l, i), A, b.step_op(g, ready));
+    b.alloc(A, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+    return A;
+  }
+  // Whether the compute of layer l frees gathered parameters (not when a single GPU keeps the whole layer).
+  bool gathered(int l) const { return b.has_params(l) && (!params_on_gpu || N > 1); }
+
   // Microbatch i's forward on GPU g, layers ascending: X (l = 0), each layer's parameters gathered, FWD.
   void forward(int g, int i) {
     for (int l = 0; l < R; ++l) {
@@ -130,9 +158,15 @@ struct ZeroInfinityLowering {
         const int X = b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation);
         ins.push_back(X);
       }
-      if (b.has_params(l)) ins.push_back(gather(g, l, i, b.fwd_task(g, l), 0, k));
-      const int F = b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/true);
-      if (b.has_params(l)) charge_module(F, l, /*backward=*/false);
+      if (b.has_params(l)) {
+        if (const int A = gather(g, l, i, b.fwd_task(g, l), 0, k); A >= 0) ins.push_back(A);
+      }
+      const int F = b.forward_layer(g, l, i, u, k, sa, ins, /*free_weights=*/gathered(l));
+      if (!b.has_params(l)) continue;
+      charge_module(F, l, /*backward=*/false);
+      if (params_on_gpu && i == 0)
+        b.alloc(F, TensorKind::OptState, LayerRange{l, l}, -1,
+                shard_bytes(b.wbytes(l), N) + shard_bytes(b.bbytes(l), N));
     }
   }
 
@@ -141,7 +175,9 @@ struct ZeroInfinityLowering {
     for (int l = R - 1; l >= 0; --l) {
       const int k = b.next_step(g);
       std::vector<int> ins;
-      if (b.has_params(l)) ins.push_back(gather(g, l, i, b.bwd_task(g, l), 1, k));
+      if (b.has_params(l)) {
+        if (const int A = gather(g, l, i, b.bwd_task(g, l), 1, k); A >= 0) ins.push_back(A);
+      }
       const int Bw = b.backward_layer(g, l, i, u, k, sa, ins);
       if (!b.has_params(l)) continue;
       charge_module(Bw, l, /*backward=*/true);
@@ -152,7 +188,7 @@ struct ZeroInfinityLowering {
   // Layer l's gradients of microbatch i out of GPU g after its BWD (Bw, step k): RS (N > 1), then dWB of g's shard.
   void gradients_out(int g, int l, int i, int k, int Bw) {
     const LayerRange L{l, l};
-    b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
+    if (gathered(l)) b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
     b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
     const Bytes gw = shard_bytes(b.wbytes(l), N);
     int src = Bw;
@@ -184,15 +220,29 @@ struct ZeroInfinityLowering {
       const int U = detail::zero_cpu_update(b, l, N, last_out);
       const Bytes fp32 = model.optimizer_param_bytes(l);
       if (nvme) b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
-      // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4)
-      b.set_host_pass(U, 2 * fp32 + fp32 + (model.narrow_weights(l) ? fp32 / 2 : fp32));
+      // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4: to
+      // host memory, or over PCIe into the GPUs' resident shards)
+      const Bytes gpu_dtype = model.narrow_weights(l) ? fp32 / 2 : fp32;
+      b.set_host_pass(U, 2 * fp32 + fp32 + (params_on_gpu ? 0 : gpu_dtype));
+      if (params_on_gpu) shards_up(U, l);
+    }
+  }
+
+  // zero3-opt-offload: every GPU's updated shard of layer l up after the update U (one flat copy each).
+  void shards_up(int U, int l) {
+    const LayerRange L{l, l};
+    const Bytes sw = shard_bytes(b.wbytes(l), N);
+    const Bytes sb = shard_bytes(b.bbytes(l), N);
+    for (int g = 0; g < N; ++g) {
+      const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.upd_task(g, l), 0, L, sw, sb);
+      b.dep(W, U);
     }
   }
 };
 
-Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+Program lower_stage3(const Plan& plan, const Model& model, bool params_on_gpu) {
   const SwapDecision sd = decide_swaps(plan, model).front();
-  ZeroInfinityLowering low(plan, model, sd);
+  ZeroInfinityLowering low(plan, model, sd, params_on_gpu);
   for (int g = 0; g < low.N; ++g) {
     for (int i = 0; i < low.m; ++i) {
       low.forward(g, i);
@@ -203,6 +253,13 @@ Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOpt
   Program prog = low.b.finish();
   prog.cost.offload_nvme = low.nvme;
   return prog;
+}
+
+Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  return lower_stage3(plan, model, /*params_on_gpu=*/false);
+}
+Program lower_zero3_opt_offload(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  return lower_stage3(plan, model, /*params_on_gpu=*/true);
 }
 
 const PlanKindSpec kSpec{
@@ -225,6 +282,29 @@ const PlanKindSpec kSpec{
 const SwapRules kRules{.stream_weights = true};
 
 HARMONY_REGISTER_SWAPPING_KIND(kSpec, kRules);
+
+const PlanKindSpec kOptOffloadSpec{
+    .name = "zero3-opt-offload",
+    .description =
+        "ZeRO stage 3 with only the optimizer offloaded: parameter shards on the GPUs, gathered per layer; gradients "
+        "and optimizer state on the host (or NVMe), CPU Adam",
+    .listing_order = 52,
+    .role = KindRole::Baseline,
+    .color = "#c49c94",
+    .data_parallel = true,
+    .even_split = true,
+    .offload_tiers = true,
+    .trains = false,
+    .knobs = {Knob::Activations, Knob::Offload, Knob::Zero3},
+    .validate = validate_swapping_plan,
+    .lower = lower_zero3_opt_offload,
+    .enumerate = enumerate_swapping_plans,
+    .describe = describe_swapping_plan,
+};
+
+const SwapRules kOptOffloadRules{.stream_weights = true, .resident_param_shards = true};
+
+[[maybe_unused]] const bool zero3_opt_offload_registered = register_swapping_kind(kOptOffloadSpec, kOptOffloadRules);
 
 }  // namespace
 }  // namespace harmony::core

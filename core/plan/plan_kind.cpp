@@ -34,6 +34,7 @@ const std::vector<PlanKind>& sorted_kinds() {
     std::stable_sort(specs.begin(), specs.end(),
                      [](const PlanKindSpec* a, const PlanKindSpec* b) { return a->listing_order < b->listing_order; });
     std::vector<PlanKind> out;
+    out.reserve(specs.size());
     for (const PlanKindSpec* s : specs) out.emplace_back(*s);
     if (out.empty()) throw InternalError("no plan kind is registered (core/kinds/ not linked whole)");
     return out;
@@ -108,6 +109,12 @@ PlanKind plan_kind(std::string_view name) {
 }
 
 const char* plan_kind_name(PlanKind k) { return k.name(); }
+
+int kind_column_width() {
+  std::size_t width = 14;
+  for (const std::string& name : plan_kind_names()) width = std::max(width, name.size());
+  return static_cast<int>(width);
+}
 
 std::vector<std::string> plan_kind_names(KindRole role) {
   std::vector<std::string> v;

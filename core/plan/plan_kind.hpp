@@ -103,6 +103,8 @@ PlanKind plan_kind(std::string_view name);
 const char* plan_kind_name(PlanKind k);
 // The names of the kinds of a role, in listing order.
 std::vector<std::string> plan_kind_names(KindRole role);
+// The width of a text table's kind column: the longest registered name, at least 14 ("plan kind" and the paper's).
+int kind_column_width();
 // The names of the kinds that list knob k, in listing order.
 std::vector<std::string> plan_kind_names(Knob k);
 

@@ -15,6 +15,7 @@
 #include "core/base/error.hpp"
 #include "core/config/config.hpp"
 #include "core/kinds/kinds.hpp"
+#include "core/plan/plan_kind.hpp"
 #include "core/search/search.hpp"
 #include "sim/app/progress_cli.hpp"
 #include "sim/engine/cost_native.hpp"
@@ -83,8 +84,8 @@ nlohmann::json kind_json(const sim::KindResult& k, const sim::CompareResult& res
 
 // The columns shared by compare's rows that have no plan; `why` ends the line.
 void print_planless_row(const std::string& label, std::size_t candidates, const std::string& why) {
-  fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", label, candidates, "-",
-             "-", "-", "-", "-", "-", "-", "-", "-", why);
+  fmt::print("{:<{}} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", label,
+             core::kind_column_width(), candidates, "-", "-", "-", "-", "-", "-", "-", "-", "-", why);
 }
 
 // One row of compare's table; `label` names it (the kind, or the DeepSpeed run), `note` opens its plan column.
@@ -113,8 +114,8 @@ void print_compare_row(const std::string& label, const sim::KindResult& k, const
           : std::string("-");
   const double speedup = std::isfinite(res.best_baseline_time_s) ? res.best_baseline_time_s / r.iteration_time_s
                                                                  : k.speedup_over_best_baseline;
-  fmt::print("{:<14} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f} {:>8}  {}\n",
-             label, k.candidates, r.iteration_time_s, r.throughput_samples_per_s, speedup,
+  fmt::print("{:<{}} {:>6} {:>10.3f} {:>10.3f} {:>7.2f}x {:>7} {:>10.0f} {:>10.0f} {:>10.0f} {:>9.0f} {:>8}  {}\n",
+             label, core::kind_column_width(), k.candidates, r.iteration_time_s, r.throughput_samples_per_s, speedup,
              fmt::format("{}/{}", r.plan.u_fwd, r.plan.u_bwd), mib(r.swap_in_bytes + r.swap_out_bytes),
              mib(r.p2p_bytes), mib(r.collective_bytes), mib(r.peak_memory_bytes), host, note + fit + plan);
 }
@@ -149,9 +150,9 @@ void print_compare_table(const CompareRun& run) {
   const auto& [cfg, model, res, ds, ds_row, dt] = run;
   fmt::print("compare: {} on {} ({} GPUs used), minibatch {}, cost model {}; {:.1f} ms\n\n", model.name,
              cfg.machine.name, cfg.plan.gpus, cfg.plan.minibatch, core::cost_model_name(cfg.cost_model), dt * 1e3);
-  fmt::print("{:<14} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", "plan kind", "cands",
-             "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB", "coll MiB", "peak MiB", "host GiB",
-             "plan / reason");
+  fmt::print("{:<{}} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}  {}\n", "plan kind",
+             core::kind_column_width(), "cands", "time (s)", "samples/s", "speedup", "u f/b", "swap MiB", "p2p MiB",
+             "coll MiB", "peak MiB", "host GiB", "plan / reason");
   for (const auto& k : res.kinds) print_compare_row(core::plan_kind_name(k.kind), k, "", res);
   if (ds) {
     const std::string note = fmt::format("your DeepSpeed config: {} -> {}; ", ds->run.summary, ds->run.plan_kind);

@@ -496,12 +496,13 @@ void print_memory_table(const MemoryAnswer& a, const std::string& model_name, co
              a.minibatch, wall_s * 1e3);
   fmt::print("limits: GPU {} each, pinned host {}, host RAM {}, NVMe {}\n\n", size_text(l.gpu_bytes),
              lim(l.pinned_bytes), lim(l.host_bytes), l.nvme_present ? lim(l.nvme_bytes) : std::string("none"));
-  fmt::print("{:<14} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}\n", "plan kind", "fits", "GPU peak", "pinned",
-             "host RAM", "NVMe", "binds", "plan / reason");
+  fmt::print("{:<{}} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}\n", "plan kind", core::kind_column_width(), "fits",
+             "GPU peak", "pinned", "host RAM", "NVMe", "binds", "plan / reason");
   for (const KindMemory& k : a.kinds) {
     const std::string name = core::plan_kind_name(k.kind);
     if (!k.has_plan) {
-      fmt::print("{:<14} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}\n", name, "-", "-", "-", "-", "-",
+      fmt::print("{:<{}} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}\n", name, core::kind_column_width(), "-", "-",
+                 "-", "-", "-",
                  !k.applicable       ? "not applicable"
                  : k.binding.empty() ? "no plan"
                                      : k.binding + " (no plan)",
@@ -517,10 +518,13 @@ void print_memory_table(const MemoryAnswer& a, const std::string& model_name, co
                                          p.u_fwd, p.u_bwd, p.packs_fwd.size(), p.packs_bwd.size())
                            : k.title;
     if (!k.offload.empty()) plan += ", offload " + k.offload;
-    fmt::print("{:<14} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}{}\n", name, k.fits ? "yes" : "NO",
-               size_text(n.gpu_max_bytes), size_text(n.pinned_bytes), size_text(n.host.total_bytes()),
-               n.host.nvme_bytes > 0 ? size_text(n.host.nvme_bytes) : std::string("-"), binds, plan,
-               k.fits ? std::string() : "\n" + std::string(16, ' ') + "does not fit: " + k.reason);
+    fmt::print("{:<{}} {:>5} {:>12} {:>12} {:>12} {:>12}  {:<26} {}{}\n", name, core::kind_column_width(),
+               k.fits ? "yes" : "NO", size_text(n.gpu_max_bytes), size_text(n.pinned_bytes),
+               size_text(n.host.total_bytes()), n.host.nvme_bytes > 0 ? size_text(n.host.nvme_bytes) : std::string("-"),
+               binds, plan,
+               k.fits ? std::string()
+                      : "\n" + std::string(static_cast<std::size_t>(core::kind_column_width()) + 2, ' ') +
+                            "does not fit: " + k.reason);
   }
   fmt::print(
       "\nGPU peak: the most any GPU holds with the plan's ops issued one at a time (harmony-run's serial order); "

@@ -191,7 +191,8 @@ inline core::Plan swapping_plan(core::PlanKind kind, int gpus, int u, core::Swap
 inline std::vector<core::PlanKind> swapping_kinds() {
   std::vector<core::PlanKind> out;
   for (const core::PlanKind& k : core::plan_kinds())
-    if (core::is_swapping_kind(k)) out.push_back(k);  // zero-offload is a baseline that never swaps
+    if (core::is_swapping_kind(k) && k->trains)
+      out.push_back(k);  // zero-offload never swaps; zero3-opt-offload: sim only
   return out;
 }
 

@@ -271,6 +271,19 @@ def test_messages(tmp):
     check("fsdp shards over the devices' memory: exit 2 naming the shard and the fix", r.returncode == 2 and
           f"{cfg}: error: fsdp keeps 1/2 of the model's weights" in r.stderr and "plan.gpus" in r.stderr,
           (r.returncode, r.stderr))
+    # --- a kind harmony-sim prices and harmony-run does not train (zero3-opt-offload): exit 2 at plan.mode's
+    # file:line:column, the fix, and no output written
+    cfg = os.path.join(tmp, "z3o.yaml")
+    with open(cfg, "w") as f:
+        f.write(text.replace(mode.group(0), "mode: zero3-opt-offload", 1)
+                .replace("file: ../machines/cpu-4x.yaml", "preset: cpu-4x"))
+    line = text[:mode.start()].count("\n") + 1
+    saved = os.path.join(tmp, "z3o-weights.safetensors")
+    r = run("train", cfg, "--steps", "1", "--save-weights", saved)
+    check("zero3-opt-offload: refused at plan.mode (exit 2, file:line, the fix), nothing written",
+          r.returncode == 2 and f"{cfg}:{line}:" in r.stderr and
+          "plan.mode zero3-opt-offload: harmony-run does not train this kind yet" in r.stderr and
+          "harmony-sim" in r.stderr and not os.path.exists(saved), (r.returncode, r.stderr))
 
 def test_output(tmp):
     # --- --format json: progress on stderr, one JSON document on stdout

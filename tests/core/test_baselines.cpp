@@ -105,7 +105,8 @@ sim::Timeline run(const core::Program& p, const core::Model& model) {
   return t;
 }
 
-// Every allocation is freed once, on the same device, with the same tensor identity and size.
+// Every allocation is freed once, on the same device, with the same tensor identity and size; but a kind's persistent
+// state (OptState: zero3-opt-offload's parameter shards), which lives across steps and is never freed.
 void check_ledger(const core::Program& p) {
   std::map<std::tuple<int, int, int, int, int, Bytes>, int> live;
   for (const auto& o : p.ops) {
@@ -115,6 +116,10 @@ void check_ledger(const core::Program& p) {
       --live[{o.device, static_cast<int>(t.kind), t.layers.first, t.layers.last, t.microbatch, t.bytes}];
   }
   for (const auto& [key, n] : live) {
+    if (static_cast<core::TensorKind>(std::get<1>(key)) == core::TensorKind::OptState) {
+      CHECK(n == 1);  // allocated once, kept
+      continue;
+    }
     CAPTURE(std::get<0>(key));
     CAPTURE(core::tensor_kind_name(static_cast<core::TensorKind>(std::get<1>(key))));
     CAPTURE(std::get<2>(key));
@@ -196,15 +201,16 @@ core::Plan make_plan(PlanKind kind, int n, int d, int u, SwapChoice w, SwapChoic
 }  // namespace
 
 TEST_CASE("the swapping kinds' properties (their PlanKindSpecs)") {
-  CHECK(swapping_kinds().size() == 5);
+  CHECK(swapping_kinds().size() == 6);
   CHECK(core::closest_match("zero_infinity", core::plan_kind_names()) == "zero-infinity");
   for (const PlanKind& k : core::plan_kinds()) {
     CAPTURE(k.name());
     // data-parallel: all but pp-swap and harmony-pp (each GPU takes D/N)
     CHECK(k->data_parallel == (k != plan_kind("pp-swap") && k != plan_kind("harmony-pp")));
-    // NVMe tiers: Harmony's two modes, zero-infinity and lohan; one microbatch: lohan only
+    // NVMe tiers: Harmony's two modes, the two ZeRO-3 offload kinds and lohan; one microbatch: lohan only
     CHECK(k->offload_tiers == (k == plan_kind("harmony-pp") || k == plan_kind("harmony-dp") ||
-                               k == plan_kind("zero-infinity") || k == plan_kind("lohan")));
+                               k == plan_kind("zero-infinity") || k == plan_kind("zero3-opt-offload") ||
+                               k == plan_kind("lohan")));
     CHECK(k->one_microbatch == (k == plan_kind("lohan")));
   }
 }
@@ -327,6 +333,48 @@ TEST_CASE("zero-infinity swap bytes equal the closed form") {
       if (o.kind == OpKind::Update) CHECK(o.device == o.layers.first % N);
     }
     check_ledger(p);
+    run(p, model);
+  }
+}
+
+// zero3-opt-offload, m = D/(N u) per GPU: zero-infinity's gradient path with the parameter shards kept on the GPUs:
+//   WB = N (GW / N) = GW (each GPU's updated shard up once, after its layer's Update, never before a gather),
+//   AG = N m 2 GW (N > 1), RS = N m GW (N > 1), dWB = m GW; each GPU allocates its shards (GW / N; the whole layers
+//   when N = 1) as OptState once and never frees them; with N = 1 no AG and no gathered weights to free.
+TEST_CASE(
+    "zero3-opt-offload: resident parameter shards, zero-infinity's gradient path, the shards up after the update") {
+  const auto& model = synthetic();
+  const int D = 16;
+  const int u = 2;
+  const PlanKind kind = plan_kind("zero3-opt-offload");
+  for (int N : {1, 2, 4}) {
+    CAPTURE(N);
+    const Bytes m = D / N / u;
+    const auto plan = make_plan(kind, N, D, u, SwapChoice::Auto, SwapChoice::Swap);
+    const auto p = core::lower_plan(plan, model);
+    CHECK(moved(p, OpKind::WB, Stream::SwapIn) == kGW);
+    CHECK(moved(p, OpKind::AG, Stream::P2PIn) == (N > 1 ? N * m * 2 * kGW : 0));
+    CHECK(moved(p, OpKind::RS, Stream::P2POut) == (N > 1 ? N * m * kGW : 0));
+    CHECK(moved(p, OpKind::dWB, Stream::SwapOut) == m * kGW);
+    CHECK(count(p, OpKind::Update) == 3);
+    CHECK(count(p, OpKind::WB) == 3 * N);
+    std::vector<Bytes> state(static_cast<std::size_t>(N), 0);
+    for (const auto& o : p.ops) {
+      if (o.kind == OpKind::WB) {  // after its layer's update, on every GPU
+        bool after_update = false;
+        for (const int d : o.deps) after_update |= p.ops[static_cast<std::size_t>(d)].kind == OpKind::Update;
+        CHECK(after_update);
+      }
+      for (const auto& t : o.allocs)
+        if (t.kind == core::TensorKind::OptState) state[static_cast<std::size_t>(o.device)] += t.bytes;
+      for (const auto& t : o.frees) CHECK(t.kind != core::TensorKind::OptState);
+    }
+    for (int g = 0; g < N; ++g) CHECK(state[static_cast<std::size_t>(g)] == kGW / N);
+    // the decision's estimate counts the shards: above zero-infinity's by exactly GW / N
+    auto zi = plan;
+    zi.kind = plan_kind("zero-infinity");
+    CHECK(core::decide_swaps(plan, model).front().estimate_bytes ==
+          core::decide_swaps(zi, model).front().estimate_bytes + kGW / N);
     run(p, model);
   }
 }
@@ -559,7 +607,7 @@ TEST_CASE("every baseline validates and runs without deadlock on bert_large, N =
       }
     }
   }
-  CHECK(programs == 5 * 3 * 3 * 4);
+  CHECK(programs == 6 * 3 * 3 * 4);
 }
 
 TEST_CASE("streaming keeps the simulated memory ledger within the decision's estimate (bert_large)") {
@@ -961,9 +1009,9 @@ TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defau
   CHECK(error(head + nvme + plan + ", offload: nvm" + tail).find("unknown plan.offload 'nvm'") != std::string::npos);
   CHECK(error(head + plan + ", zero3: {latency: 1us}" + tail).find("latency") != std::string::npos);
   CHECK(error(head + "plan: {mode: dp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, offload: cpu" + tail)
-            .find("zero-infinity or lohan only") != std::string::npos);
+            .find("zero-infinity, zero3-opt-offload or lohan only") != std::string::npos);
   CHECK(error(head + "plan: {mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4, zero3: {bucket: 1e6}" + tail)
-            .find("plan.zero3 applies to plan.mode: zero-infinity only") != std::string::npos);
+            .find("plan.zero3 applies to plan.mode: zero-infinity or zero3-opt-offload only") != std::string::npos);
   const auto lo =
       load(head + nvme + "plan: {mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4, offload: nvme" + tail);
   CHECK(lo.plan.knobs.offload == core::OffloadTier::Nvme);
