@@ -219,7 +219,14 @@ struct ZeroInfinityLowering {
       if (!b.has_params(l)) continue;
       const int U = detail::zero_cpu_update(b, l, N, last_out);
       const Bytes fp32 = model.optimizer_param_bytes(l);
-      if (nvme) b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
+      if (nvme && params_on_gpu) {
+        // the optimizer state and FP32 masters in and out, the FP32 gradients in; the GPU-dtype parameters stay on the
+        // GPUs, so none of them is written to NVMe (stage3.py 957-976 writes them only under offload_param: nvme)
+        const Bytes state = model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
+        b.set_io(U, 1, state + fp32, state);
+      } else if (nvme) {
+        b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
+      }
       // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4: to
       // host memory, or over PCIe into the GPUs' resident shards)
       const Bytes gpu_dtype = model.narrow_weights(l) ? fp32 / 2 : fp32;

@@ -438,6 +438,26 @@ TEST_CASE("offload: nvme with 2-byte weights: the masters are in the optimizer s
   CHECK(updates == 2);
 }
 
+TEST_CASE("zero3-opt-offload with nvme: the state in and out, the FP32 gradient in, no device copy written") {
+  // as above, but the parameters stay on the GPUs: DeepSpeed writes the GPU-dtype copy to NVMe only under
+  // offload_param: nvme (stage3.py 957-976), so the update writes the 12000 of state alone
+  auto model = two_layers(1e-3, 2000, 1000);
+  for (auto& L : model.layers) L.optimizer_state_bytes = 12000;
+  core::Plan p = plan_of("zero3-opt-offload", 1, 1);
+  p.knobs.offload = core::OffloadTier::Nvme;
+  int updates = 0;
+  const core::Program prog = core::lower_plan(p, model);
+  for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+    const auto& c = prog.cost.op(static_cast<int>(i));
+    if (prog.ops[i].kind == OpKind::WB) CHECK(c.nvme_read_bytes == 0);  // the updated shard up from host memory
+    if (prog.ops[i].kind != OpKind::Update) continue;
+    ++updates;
+    CHECK(c.nvme_read_bytes == 16000);
+    CHECK(c.nvme_write_bytes == 12000);
+  }
+  CHECK(updates == 2);
+}
+
 // Harmony-PP on one GPU, two fp32 layers (W = 4000, state 8000 each), minibatch 2 at u = 1, backward packs
 // [[0], [1]] and forward pack [[0]].
 core::Program harmony_two_packs(const core::Model& model, bool nvme) {
