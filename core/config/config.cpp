@@ -166,7 +166,7 @@ RunConfig build_config(Node root, const std::string& file, const std::vector<std
   cfg.options = parse_options(section_map(root, "options"), native);
   SearchLocs search_locs;
   cfg.search = parse_search(section_map(root, "search"), search_locs, native ? PackCounts::Wide : PackCounts::Minimum,
-                            cfg.plan.knobs.swap);
+                            cfg.plan.knobs.swap, cfg.plan.knobs.zero3);
 
   // plan.mode's kind's rules; a kind without packs on the one microbatch size it runs (plan.u_bwd, search.u_bwd),
   // with equal microbatches unless the kind may run unequal ones (as harmony-run checks it).

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -233,6 +234,12 @@ std::string read_offload(const DsFile& f, const json& zero, const std::string& n
     } else if (key == "ratio" && v.is_number() && v.get<double>() < 1.0) {
       f.unmodelled(kptr, kname + " = " + v.dump(),
                    "ZeRO-Offload++ keeps part of the optimizer on the GPU; every plan kind steps all of it on the CPU");
+    } else if (key == "pipeline_read" || key == "pipeline_write") {
+      // offload_optimizer's pipelined swap (offload_config.py DeepSpeedZeroOffloadOptimizerConfig; used with the
+      // nvme device only): read here, applied by the caller once the device is known
+      (key == "pipeline_read" ? run.pipeline_read : run.pipeline_write) = f.boolean(v, kptr, kname);
+    } else if (key == "pipeline") {
+      run.not_priced.push_back(kname + " (DeepSpeed derives it from pipeline_read / pipeline_write)");
     } else if (key == "pin_memory") {
       const bool pinned = f.boolean(v, kptr, kname);
       run.not_priced.push_back(kname + (pinned ? " (true: the priced host buffers are pinned)"
@@ -284,6 +291,21 @@ void read_zero(const DsFile& f, const json& root, DeepSpeedRun& run) {
   }
   run.offload_param = read_offload(f, zero, "offload_param", kOffloadParamKeys, run);
   run.offload_optimizer = read_offload(f, zero, "offload_optimizer", kOffloadOptimizerKeys, run);
+  for (auto [flag, key] : {std::pair{&run.pipeline_read, "pipeline_read"}, {&run.pipeline_write, "pipeline_write"}}) {
+    if (!*flag) continue;
+    if (run.offload_optimizer == "nvme") {
+      run.notes.push_back(
+          fmt::format("offload_optimizer.{}: the update's NVMe {} overlaps its CPU Adam "
+                      "(search.zero3.{}: true)",
+                      key, flag == &run.pipeline_read ? "read" : "write", key));
+    } else {  // DeepSpeed swaps optimizer state, pipelined or not, only with the nvme device
+      run.not_priced.push_back(
+          fmt::format("zero_optimization.offload_optimizer.{} (true: used with the nvme device "
+                      "only; the optimizer is {})",
+                      key, run.offload_optimizer));
+      *flag = false;
+    }
+  }
   if (run.offload_param != "none" && run.stage != 3)
     fail(f.value_at("/zero_optimization/offload_param/device"),
          fmt::format("offload_param.device {} with ZeRO stage {}: parameter offload needs stage 3", run.offload_param,
@@ -589,6 +611,10 @@ DeepSpeedRun read_deepspeed_config(const std::string& path, const DeepSpeedConte
   run.summary = fmt::format("ZeRO-{}", run.stage);
   if (run.offload_param != "none") run.summary += ", offload_param " + run.offload_param;
   if (run.offload_optimizer != "none") run.summary += ", offload_optimizer " + run.offload_optimizer;
+  if (run.pipeline_read || run.pipeline_write)
+    run.summary += run.pipeline_read && run.pipeline_write ? " (pipelined read and write)"
+                   : run.pipeline_read                     ? " (pipelined read)"
+                                                           : " (pipelined write)";
   run.summary += fmt::format(", micro {} x accum {} x {} GPU{}", run.micro_batch, run.accumulation, run.gpus,
                              run.gpus == 1 ? "" : "s");
   run.summary += ", " + (run.dtype.empty() ? ctx.dtype + " (auto)" : run.dtype);

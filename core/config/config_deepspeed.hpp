@@ -26,9 +26,12 @@ struct DeepSpeedRun {
   int stage = 0;                           // zero_optimization.stage (0 without the section)
   std::string offload_param = "none";      // zero_optimization.offload_param.device: none, cpu, nvme
   std::string offload_optimizer = "none";  // zero_optimization.offload_optimizer.device
-  int micro_batch = 1;                     // train_micro_batch_size_per_gpu
-  int accumulation = 1;                    // gradient_accumulation_steps
-  int train_batch = 1;                     // train_batch_size = micro_batch × accumulation × gpus
+  // offload_optimizer.pipeline_read / pipeline_write under the nvme device (false otherwise): plan.zero3's knobs
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  int micro_batch = 1;   // train_micro_batch_size_per_gpu
+  int accumulation = 1;  // gradient_accumulation_steps
+  int train_batch = 1;   // train_batch_size = micro_batch × accumulation × gpus
   int gpus = 1;
   // fp16, bf16 or fp32 from fp16/bf16.enabled; "" when "auto" (the harmony model's dtype stays)
   std::string dtype;

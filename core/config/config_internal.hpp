@@ -162,7 +162,8 @@ struct SearchLocs {
 PlanSpec parse_plan(const Node& map, const SourceLoc& plan_key_loc, PlanLocs& locs, const MachineSpec& machine);
 Options parse_options(const Node* map, bool prefetch_default);
 // `swap_default`: search.swap when not given (plan.swap, which a mode without the knob leaves scheduled).
-SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default, SwapTiming swap_default);
+SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default, SwapTiming swap_default,
+                        const Zero3Overheads& zero3_default = {});
 
 // The plan rules (core/plan/plan_rules) for plan.mode's kind, each problem located at the key it is about:
 // plan.gpus, plan.minibatch, or the microbatch key or search entry that breaks it. A kind without packs runs one

@@ -35,7 +35,7 @@ std::vector<std::string> plan_keys() {
 const std::vector<std::string> kOptionKeys = {"prefetch", "prefetch_buffers", "unequal_microbatches"};
 const std::vector<std::string> kSearchKeys = {"packing_fwd",   "packing_bwd", "top_k", "ubatch_step", "smaller_ufwd",
                                               "fit_rule",      "u_fwd",       "u_bwd", "threads",     "pack_counts",
-                                              "packs_per_gpu", "offload",     "swap"};
+                                              "packs_per_gpu", "offload",     "swap",  "zero3"};
 // "a, b or c"
 std::string join_or(const std::vector<std::string>& names) {
   if (names.size() < 2) return join(names);
@@ -95,27 +95,45 @@ void parse_offload(const Entry& e, KindKnobs& knobs, const MachineSpec& machine)
   knobs.offload = tier;
 }
 
-// plan.zero3: {module_latency: DURATION, bucket: ELEMENTS, tensor_latency: DURATION, grad_tensor_latency: DURATION}
-// (ZeRO-3's overheads, docs/baselines.md).
-void parse_zero3(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/) {
-  const std::string what = "plan.zero3";
+// A zero3 mapping (plan.zero3, search.zero3): {module_latency: DURATION, bucket: ELEMENTS, tensor_latency: DURATION,
+// grad_tensor_latency: DURATION, pipeline_read: BOOL, pipeline_write: BOOL} over `z` (ZeRO-3's overheads and
+// DeepSpeed's pipelined optimizer swap, docs/baselines.md).
+Zero3Overheads parse_zero3_map(const Node& v, const std::string& what, Zero3Overheads z) {
   const std::string hint =
-      "write zero3: {module_latency: 200us, bucket: 5e7, tensor_latency: 20us, grad_tensor_latency: 45us} (the "
-      "per-module hook cost, the prefetch bucket in parameter elements (DeepSpeed's stage3_prefetch_bucket_size), "
-      "the per-parameter-tensor fetch/release cost and the per-parameter-tensor gradient cost)";
-  if (e.value.kind != Node::Kind::Map) fail(e.value.loc, fmt::format("{} must be a mapping", what), hint);
-  check_keys(e.value, what, {"module_latency", "bucket", "tensor_latency", "grad_tensor_latency"});
-  if (const Entry* m = find(e.value, "module_latency"))
-    knobs.zero3.module_latency_s = get_topology_duration(m->value, what + ".module_latency", "us");
-  if (const Entry* b = find(e.value, "bucket")) {
-    const double v = get_positive_double(b->value, what + ".bucket");
-    if (v < 1) fail(b->value.loc, fmt::format("{}.bucket must be at least 1 element, got {}", what, v), hint);
-    knobs.zero3.bucket_elements = v;
+      "write " + what.substr(what.find('.') + 1) +
+      ": {module_latency: 200us, bucket: 5e7, tensor_latency: 20us, grad_tensor_latency: 45us, pipeline_read: false, "
+      "pipeline_write: false} (the per-module hook cost, the prefetch bucket in parameter elements (DeepSpeed's "
+      "stage3_prefetch_bucket_size), the per-parameter-tensor fetch/release cost, the per-parameter-tensor gradient "
+      "cost, and DeepSpeed's offload_optimizer pipeline_read / pipeline_write)";
+  if (v.kind != Node::Kind::Map) fail(v.loc, fmt::format("{} must be a mapping", what), hint);
+  check_keys(v, what,
+             {"module_latency", "bucket", "tensor_latency", "grad_tensor_latency", "pipeline_read", "pipeline_write"});
+  if (const Entry* m = find(v, "module_latency"))
+    z.module_latency_s = get_topology_duration(m->value, what + ".module_latency", "us");
+  if (const Entry* b = find(v, "bucket")) {
+    const double x = get_positive_double(b->value, what + ".bucket");
+    if (x < 1) fail(b->value.loc, fmt::format("{}.bucket must be at least 1 element, got {}", what, x), hint);
+    z.bucket_elements = x;
   }
-  if (const Entry* t = find(e.value, "tensor_latency"))
-    knobs.zero3.tensor_latency_s = get_topology_duration(t->value, what + ".tensor_latency", "us");
-  if (const Entry* g = find(e.value, "grad_tensor_latency"))
-    knobs.zero3.grad_tensor_latency_s = get_topology_duration(g->value, what + ".grad_tensor_latency", "us");
+  if (const Entry* t = find(v, "tensor_latency"))
+    z.tensor_latency_s = get_topology_duration(t->value, what + ".tensor_latency", "us");
+  if (const Entry* g = find(v, "grad_tensor_latency"))
+    z.grad_tensor_latency_s = get_topology_duration(g->value, what + ".grad_tensor_latency", "us");
+  if (const Entry* r = find(v, "pipeline_read")) z.pipeline_read = get_bool(r->value, what + ".pipeline_read");
+  if (const Entry* w = find(v, "pipeline_write")) z.pipeline_write = get_bool(w->value, what + ".pipeline_write");
+  return z;
+}
+
+// plan.zero3 (ZeRO-3's overheads and pipelined optimizer swap; after plan.offload, which all_knobs() parses first).
+void parse_zero3(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/) {
+  knobs.zero3 = parse_zero3_map(e.value, "plan.zero3", knobs.zero3);
+  if ((knobs.zero3.pipeline_read || knobs.zero3.pipeline_write) && knobs.offload != OffloadTier::Nvme) {
+    const Entry* key = find(e.value, knobs.zero3.pipeline_read ? "pipeline_read" : "pipeline_write");
+    fail(key->value.loc,
+         fmt::format("plan.zero3.{} swaps the optimizer state with the NVMe tier, but plan.offload is cpu", key->key),
+         "set plan.offload: nvme (DeepSpeed reads pipeline_read / pipeline_write only with offload_optimizer on "
+         "nvme), or remove the key");
+  }
 }
 
 // plan.swap: scheduled | on-demand (dp-swap's and pp-swap's swap timing, docs/baselines.md "Swap timing").
@@ -317,10 +335,12 @@ Options parse_options(const Node* map, bool prefetch_default) {
 
 // `pack_counts_default`: the value when search.pack_counts is not given (harmony-sim: wide with the native cost
 // model, the paper's minimum with the reference model; harmony-run: minimum).
-SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default, SwapTiming swap_default) {
+SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_counts_default, SwapTiming swap_default,
+                        const Zero3Overheads& zero3_default) {
   SearchSpec s;
   s.pack_counts = pack_counts_default;
   s.swap = swap_default;
+  s.zero3 = zero3_default;
   if (!map) return s;
   check_keys(*map, "search", kSearchKeys);
   if (const Entry* e = find(*map, "pack_counts")) {
@@ -347,6 +367,7 @@ SearchSpec parse_search(const Node* map, SearchLocs& locs, PackCounts pack_count
     s.swap = parse_enum_key(e->value, "search.swap", "a swap timing", "swap: scheduled or on-demand", parse_swap_timing,
                             swap_timing_names(), "swap timings");
   }
+  if (const Entry* e = find(*map, "zero3")) s.zero3 = parse_zero3_map(e->value, "search.zero3", s.zero3);
   if (const Entry* e = find(*map, "packs_per_gpu")) s.packs_per_gpu = get_int(e->value, "search.packs_per_gpu", 0);
   if (const Entry* e = find(*map, "packing_fwd")) s.packing_fwd = parse_methods(*e, "search.packing_fwd", true);
   if (const Entry* e = find(*map, "packing_bwd")) s.packing_bwd = parse_methods(*e, "search.packing_bwd", false);

@@ -1038,3 +1038,23 @@ TEST_CASE("plan.swap and search.swap: dp-swap's and pp-swap's swap timing, searc
   CHECK(e.loc().line == 4);
   CHECK(contains(e.what(), "unknown search.swap 'lazy'"));
 }
+
+TEST_CASE("search.zero3: compare's and sweeps' ZeRO-3 knobs, defaulting to plan.zero3, located errors") {
+  const std::string plan = "plan: {mode: harmony-pp, gpus: 1, minibatch: 8}\n";
+  const SearchSpec d = load_config_text(kModel + plan, "a.yaml").search;
+  CHECK_FALSE(d.zero3.pipeline_read);
+  CHECK(d.zero3.module_latency_s == doctest::Approx(200e-6));
+  const SearchSpec s =
+      load_config_text(kModel + plan + "search: {zero3: {pipeline_read: true, pipeline_write: true, bucket: 1e6}}\n",
+                       "b.yaml")
+          .search;
+  CHECK(s.zero3.pipeline_read);
+  CHECK(s.zero3.pipeline_write);
+  CHECK(s.zero3.bucket_elements == doctest::Approx(1e6));
+  // --set reaches it (compare --deepspeed's rows set it from offload_optimizer.pipeline_read / pipeline_write)
+  CHECK(load_config_text(kModel + plan, "c.yaml", {"search.zero3.pipeline_write=true"}).search.zero3.pipeline_write);
+  const ConfigError e = config_error(kModel + plan + "search: {zero3: {pipeline: true}}\n");
+  CHECK(e.loc().line == 4);
+  CHECK(contains(e.what(), "search.zero3"));
+  CHECK(contains(e.hint(), "pipeline_read"));
+}

@@ -160,7 +160,8 @@ void parse_train_plan(TrainConfig& cfg, const Node& root, const std::string& fil
   // choices stay as they were; both keys can be set.
   cfg.options = parse_options(section_map(root, "options"), false);
   SearchLocs search_locs;
-  cfg.search = parse_search(section_map(root, "search"), search_locs, PackCounts::Minimum, cfg.plan.knobs.swap);
+  cfg.search = parse_search(section_map(root, "search"), search_locs, PackCounts::Minimum, cfg.plan.knobs.swap,
+                            cfg.plan.knobs.zero3);
   if (cfg.options.unequal_microbatches)
     fail(find(*section_map(root, "options"), "unequal_microbatches")->value.loc,
          "options.unequal_microbatches is not supported by harmony-run", "remove it: the runtime needs D % u == 0");

@@ -132,6 +132,38 @@ TEST_CASE(
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}})");
   CHECK(nvme3.plan_kind == "zero3-opt-offload");
   CHECK(nvme3.offload == "nvme");
+  CHECK_FALSE(nvme3.pipeline_read);  // DeepSpeed's default
+  CHECK_FALSE(nvme3.pipeline_write);
+}
+
+TEST_CASE("offload_optimizer pipeline_read / pipeline_write: read under nvme, listed as not priced otherwise") {
+  const auto piped = read(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/n", "pipeline_read": true, "pipeline_write": true,
+                          "pipeline": true}}})");
+  CHECK(piped.pipeline_read);
+  CHECK(piped.pipeline_write);
+  CHECK(has(piped.notes, "offload_optimizer.pipeline_read: the update's NVMe read overlaps its CPU Adam"));
+  CHECK(has(piped.notes, "offload_optimizer.pipeline_write: the update's NVMe write overlaps its CPU Adam"));
+  CHECK_FALSE(has(piped.not_priced, "offload_optimizer.pipeline_read"));
+  CHECK(has(piped.not_priced, "offload_optimizer.pipeline (DeepSpeed derives it"));
+  CHECK(contains(piped.summary, "offload_optimizer nvme (pipelined read and write)"));
+  const auto one = read(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+    "offload_param": {"device": "nvme", "nvme_path": "/n"},
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/n", "pipeline_read": false, "pipeline_write": true}}})");
+  CHECK(one.plan_kind == "zero-infinity");
+  CHECK_FALSE(one.pipeline_read);
+  CHECK(one.pipeline_write);
+  CHECK(contains(one.summary, "offload_optimizer nvme (pipelined write)"));
+  // on the host tier DeepSpeed swaps nothing: not priced, and off
+  const auto cpu = read(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "cpu", "pipeline_read": true}}})");
+  CHECK_FALSE(cpu.pipeline_read);
+  CHECK(has(cpu.not_priced, "offload_optimizer.pipeline_read (true: used with the nvme device only"));
+  // a boolean, at its line:column
+  CHECK(contains(error_at(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/n", "pipeline_read": "yes"}}})",
+                          2, 81),
+                 "must be true or false"));
 }
 
 TEST_CASE("without offload: ZeRO-3 is fsdp, ZeRO-0 resident, ZeRO-1/2 approximate resident") {

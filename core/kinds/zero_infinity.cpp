@@ -219,14 +219,20 @@ struct ZeroInfinityLowering {
       if (!b.has_params(l)) continue;
       const int U = detail::zero_cpu_update(b, l, N, last_out);
       const Bytes fp32 = model.optimizer_param_bytes(l);
+      const Bytes state = model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
       if (nvme && params_on_gpu) {
         // the optimizer state and FP32 masters in and out, the FP32 gradients in; the GPU-dtype parameters stay on the
         // GPUs, so none of them is written to NVMe (stage3.py 957-976 writes them only under offload_param: nvme)
-        const Bytes state = model.optimizer_state_bytes(l, l) + model.master_bytes(l, l);
         b.set_io(U, 1, state + fp32, state);
       } else if (nvme) {
         b.nvme_update_io(U, l, fp32);  // the FP32 gradients the backward swapped out
       }
+      // plan.zero3.pipeline_read / pipeline_write: the optimizer swapper's read (state, masters and gradients: one aio
+      // batch) and its write of the state and masters overlap the step; the GPU-dtype parameters' write (zero-infinity
+      // on narrow weights) is the parameter swapper's, after the step, and stays in series
+      const auto& z = plan.knobs.zero3;
+      if (nvme && (z.pipeline_read || z.pipeline_write))
+        b.set_io_overlap(U, z.pipeline_read ? state + fp32 : 0, z.pipeline_write ? state : 0);
       // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4: to
       // host memory, or over PCIe into the GPUs' resident shards)
       const Bytes gpu_dtype = model.narrow_weights(l) ? fp32 / 2 : fp32;

@@ -71,6 +71,14 @@ struct Zero3Overheads {
   // at the presets' assumed 5 us kernel floor plus one host-device synchronisation at the presets' assumed 10 us
   // transfer latency (topology.latency). Paid on the compute stream by every BWD, times Layer::param_tensors.
   static constexpr double kDefaultGradTensorLatencyS = 45e-6;
+  // DeepSpeed's offload_optimizer pipeline_read / pipeline_write (default off; deepspeed/runtime/swap_tensor/
+  // pipelined_optimizer_swapper.py, PipelinedOptimizerSwapper): with the optimizer on NVMe, the next sub-group's
+  // optimizer-state read (pipeline_read) and the previous one's write (pipeline_write) are in flight on their own aio
+  // handles while this sub-group's CPU Adam runs, so an update costs about the longest of its read, its write and its
+  // host work rather than their sum. Under plan.offload: nvme only; the native cost model prices it
+  // (docs/native-model.md "Offload tiers and host work").
+  bool pipeline_read = false;
+  bool pipeline_write = false;
   double module_latency_s = kDefaultModuleLatencyS;
   double bucket_elements = kDefaultBucketElements;
   double tensor_latency_s = kDefaultTensorLatencyS;
@@ -83,7 +91,7 @@ struct Zero3Overheads {
 enum class Knob {
   Activations,  // plan.activations: checkpoint | keep (KindKnobs::activation_policy)
   Offload,      // plan.offload: cpu | nvme (KindKnobs::offload)
-  Zero3,        // plan.zero3: {module_latency, bucket} (KindKnobs::zero3)
+  Zero3,        // plan.zero3: {module_latency, bucket, ..., pipeline_read, pipeline_write} (KindKnobs::zero3)
   Swap,         // plan.swap: scheduled | on-demand (KindKnobs::swap)
 };
 const char* knob_name(Knob k);  // "activations", "offload", "zero3", "swap"

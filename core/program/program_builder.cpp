@@ -313,6 +313,15 @@ void ProgramBuilder::set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_wr
   o.nvme_write_bytes = nvme_write;
 }
 
+void ProgramBuilder::set_io_overlap(int op, Bytes read, Bytes write) {
+  NativeOpCosts& o = prog_.cost.edit(op);
+  if (read < 0 || write < 0 || read > o.nvme_read_bytes || write > o.nvme_write_bytes)
+    throw InternalError(fmt::format("op {}: overlapped NVMe bytes {} / {} beyond its own {} / {}", op, read, write,
+                                    o.nvme_read_bytes, o.nvme_write_bytes));
+  o.nvme_read_overlap_bytes = read;
+  o.nvme_write_overlap_bytes = write;
+}
+
 void ProgramBuilder::alloc(int op, TensorKind kind, LayerRange layers, int mb, Bytes bytes) {
   if (bytes > 0) prog_.ops[static_cast<std::size_t>(op)].allocs.push_back(TensorRef{kind, layers, mb, bytes});
 }

@@ -120,6 +120,9 @@ class ProgramBuilder {
   // Native-model costs of an op (core::NativeOpCosts, in Program::cost): its I/O count and NVMe bytes, its host
   // gradient sum and passes, its overhead.
   void set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_write);
+  // Of the op's NVMe bytes, `read` and `write` overlap its host work (a pipelined optimizer swapper; at most the
+  // op's own NVMe bytes).
+  void set_io_overlap(int op, Bytes read, Bytes write);
   void set_host_sum(int op, Bytes bytes) { prog_.cost.edit(op).host_sum_bytes = bytes; }
   void set_host_pass(int op, Bytes bytes) { prog_.cost.edit(op).host_pass_bytes = bytes; }
   // A dWB's round trip: `return_bytes` copied back to the device after it, `extra_out_bytes` more to the host.

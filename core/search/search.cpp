@@ -54,6 +54,7 @@ SearchSpace search_space_for(PlanKind kind, int gpus, int minibatch, Bytes capac
   space.spec = spec;
   space.knobs.gpu_capacity_bytes = capacity_bytes;
   if (kind.has_knob(Knob::Swap)) space.knobs.swap = spec.swap;
+  if (kind.has_knob(Knob::Zero3)) space.knobs.zero3 = spec.zero3;
   return space;
 }
 

@@ -47,6 +47,9 @@ struct SearchSpec {
   // dp-swap's and pp-swap's swap timing in compare, sweeps and harmony-run's --plan auto (the kinds with the swap
   // knob; docs/baselines.md "Swap timing"): the baselines at their best (scheduled) or as virtualized memory.
   SwapTiming swap = SwapTiming::Scheduled;
+  // zero-infinity's and zero3-opt-offload's ZeRO-3 knobs in compare, sweeps and --plan auto (search.zero3, as
+  // plan.zero3: the hook costs, the bucket, DeepSpeed's pipelined optimizer swap under the NVMe tier).
+  Zero3Overheads zero3;
 };
 
 // One plan a search evaluates, with the packing methods that produced its packs ("" for kinds without packs, and

@@ -125,7 +125,8 @@ class ActivityBuilder {
   void add_host_memory(Stage& x, double coef) const;
   Stage host_stage(int link, double volume, double mem_coef, core::TimePs latency) const;
   Stage return_stage(const core::Op& o, const core::NativeOpCosts& c) const;
-  void add_host_work(Activity& x) const;     // x.a's op
+  void add_host_work(Activity& x) const;  // x.a's op
+  void overlap_io(const std::vector<Stage*>& work, double read_bytes, double write_bytes) const;
   double conversion_bytes(int a) const;      // op a's
   double update_traffic_bytes(int a) const;  // op a's
   bool host_pool() const;

@@ -85,6 +85,9 @@ DeepSpeedSetup setup_deepspeed(const std::string& config, const std::vector<std:
   }
   s.row_overrides = {fmt::format("search.u_bwd=[{}]", s.run.micro_batch)};
   if (!s.run.offload.empty()) s.row_overrides.push_back("search.offload=" + s.run.offload);
+  // the pipelined optimizer swap (an NVMe optimizer only): search.zero3's, which the ZeRO-3 kinds' candidates take
+  if (s.run.pipeline_read) s.row_overrides.emplace_back("search.zero3.pipeline_read=true");
+  if (s.run.pipeline_write) s.row_overrides.emplace_back("search.zero3.pipeline_write=true");
   return s;
 }
 

@@ -1004,6 +1004,21 @@ TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defau
   CHECK(c.plan.knobs.zero3.bucket_elements == doctest::Approx(1e6));
   CHECK(c.plan.knobs.zero3.tensor_latency_s == doctest::Approx(3e-6));
   CHECK(c.plan.knobs.zero3.grad_tensor_latency_s == 0);
+  CHECK_FALSE(c.plan.knobs.zero3.pipeline_read);  // DeepSpeed's default: the optimizer swap in series
+  CHECK_FALSE(c.plan.knobs.zero3.pipeline_write);
+  const core::TrainConfig pl =
+      load(head + nvme + plan + ", offload: nvme, zero3: {pipeline_read: true, pipeline_write: true}" + tail);
+  CHECK(pl.plan.knobs.zero3.pipeline_read);
+  CHECK(pl.plan.knobs.zero3.pipeline_write);
+  CHECK(pl.search.zero3.pipeline_read);  // --plan auto searches under the plan's knobs
+  // the pipelined swap moves the NVMe tier: refused on the host tier, at the value, before the tier is known to be
+  // wrong for it; and a boolean
+  const std::string on_cpu = error(head + plan + ", zero3: {pipeline_write: true}" + tail);
+  CHECK(
+      on_cpu.find("plan.zero3.pipeline_write swaps the optimizer state with the NVMe tier, but plan.offload is cpu") !=
+      std::string::npos);
+  CHECK(error(head + nvme + plan + ", offload: nvme, zero3: {pipeline_read: 2}" + tail).find("pipeline_read") !=
+        std::string::npos);
   // errors: nvme without drives, an unknown tier, an unknown zero3 key, another kind
   CHECK(error(head + plan + ", offload: nvme" + tail).find("needs a machine with an NVMe tier") != std::string::npos);
   CHECK(error(head + nvme + plan + ", offload: nvm" + tail).find("unknown plan.offload 'nvm'") != std::string::npos);

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -161,6 +162,51 @@ TEST_CASE("an update with NVMe state reads it, steps, and writes it back in turn
   const auto r = sim::run_native(b.p, two_layers(), with_nvme(box(), 5e8, 4e8, 0));
   CHECK(r.timeline.end_ps[z(u)] == 8 * kMs);
   CHECK(r.link_stats[z(r.graph.nvme_write)].bytes == 2'000'000);
+}
+
+// |a - b| <= 1 ps: a fused flow's end is a rate's quotient, rounded up to the picosecond
+bool within_1ps(TimePs a, TimePs b) { return (a > b ? a - b : b - a) <= 1; }
+
+TEST_CASE("a pipelined update overlaps its NVMe read and write with its CPU work") {
+  // The update above (1 ms of CPU work, 1e6 bytes read at 5e8 B/s: 2 ms, 2e6 written at 4e8 B/s: 5 ms) with DeepSpeed's
+  // pipelined optimizer swap: both overlapped, max(1, 2, 5) = 5 ms; the read alone, max(1, 2) + 5 = 7 ms; the write
+  // alone, 2 + max(1, 5) = 7 ms. The drives move the same bytes each way.
+  const auto run = [](Bytes read_overlap, Bytes write_overlap) {
+    Builder b;
+    const int u = b.add(Stream::Cpu, OpKind::Update);
+    b.cost(u).nvme_read_bytes = 1'000'000;
+    b.cost(u).nvme_write_bytes = 2'000'000;
+    b.cost(u).nvme_read_overlap_bytes = read_overlap;
+    b.cost(u).nvme_write_overlap_bytes = write_overlap;
+    const auto r = sim::run_native(b.p, two_layers(), with_nvme(box(), 5e8, 4e8, 0));
+    CHECK(r.link_stats[z(r.graph.nvme_read)].bytes == 1'000'000);
+    CHECK(r.link_stats[z(r.graph.nvme_write)].bytes == 2'000'000);
+    return r.timeline.end_ps[z(u)];
+  };
+  CHECK(run(0, 0) == 8 * kMs);
+  CHECK(within_1ps(run(1'000'000, 2'000'000), 5 * kMs));
+  CHECK(within_1ps(run(1'000'000, 0), 7 * kMs));
+  CHECK(within_1ps(run(0, 2'000'000), 7 * kMs));
+  // Half the write overlapped (as DeepSpeed's parameter write stays after the step): max(1, 2, 2.5) + 2.5 = 5 ms; and
+  // with the read in series too: 2 + max(1, 2.5) + 2.5 = 7 ms.
+  CHECK(within_1ps(run(1'000'000, 1'000'000), 5 * kMs));
+  CHECK(within_1ps(run(0, 1'000'000), 7 * kMs));
+}
+
+TEST_CASE("a pipelined update's I/O overlaps its host passes too, and the CPU side binds when it is longer") {
+  // 1 ms of CPU work, then host passes of 4e6 bytes (2e6 copied at the memcpy rate 2e9: 1 ms): 2 ms of host work in
+  // series. Overlapped with 1.5e6 bytes read at 5e8 (3 ms) and 4e5 written at 4e8 (1 ms): max(2, 3, 1) = 3 ms, not
+  // 6 in series. With 1e5 bytes read (0.2 ms) the host work binds: 2 ms, not 3.2.
+  const auto run = [](Bytes read) {
+    Builder b;
+    const int u = b.add(Stream::Cpu, OpKind::Update);
+    b.cost(u).host_pass_bytes = 4'000'000;
+    b.cost(u).nvme_read_bytes = b.cost(u).nvme_read_overlap_bytes = read;
+    b.cost(u).nvme_write_bytes = b.cost(u).nvme_write_overlap_bytes = 400'000;
+    return sim::run_native(b.p, two_layers(), with_nvme(box(), 5e8, 4e8, 0)).timeline.end_ps[z(u)];
+  };
+  CHECK(within_1ps(run(1'500'000), 3 * kMs));
+  CHECK(within_1ps(run(100'000), 2 * kMs));
 }
 
 TEST_CASE("host memory bandwidth: the optimizer's DRAM traffic bounds it and it shares DRAM with DMA") {
@@ -456,6 +502,57 @@ TEST_CASE("zero3-opt-offload with nvme: the state in and out, the FP32 gradient 
     CHECK(c.nvme_write_bytes == 12000);
   }
   CHECK(updates == 2);
+}
+
+TEST_CASE("plan.zero3.pipeline_read / pipeline_write: the optimizer swapper's I/O overlaps the step, no more") {
+  // zero3-opt-offload: the whole read (state, masters, FP32 gradient: 16000) and the state's write (12000) overlap.
+  // zero-infinity on 2-byte weights: the read (16000: state 12000 with the masters, FP32 gradient 4000) overlaps, and
+  // of the write (14000) the state's 12000; the GPU-dtype parameters (2000) are the parameter swapper's, after it.
+  auto model = two_layers(1e-3, 2000, 1000);
+  for (auto& L : model.layers) L.optimizer_state_bytes = 12000;
+  for (const char* kind : {"zero3-opt-offload", "zero-infinity"}) {
+    CAPTURE(kind);
+    core::Plan p = plan_of(kind, 1, 1);
+    p.knobs.offload = core::OffloadTier::Nvme;
+    p.knobs.zero3.pipeline_read = true;
+    p.knobs.zero3.pipeline_write = true;
+    const core::Program prog = core::lower_plan(p, model);
+    p.knobs.zero3.pipeline_write = false;
+    const core::Program read_only = core::lower_plan(p, model);
+    p.knobs.offload = core::OffloadTier::Cpu;  // no NVMe tier: nothing to overlap
+    p.knobs.zero3.pipeline_write = true;
+    const core::Program cpu = core::lower_plan(p, model);
+    int updates = 0;
+    for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+      const auto& c = prog.cost.op(static_cast<int>(i));
+      const auto& r = read_only.cost.op(static_cast<int>(i));
+      CHECK(cpu.cost.op(static_cast<int>(i)).nvme_read_overlap_bytes == 0);
+      CHECK(cpu.cost.op(static_cast<int>(i)).nvme_write_overlap_bytes == 0);
+      if (prog.ops[i].kind != OpKind::Update) {
+        CHECK(c.nvme_read_overlap_bytes + c.nvme_write_overlap_bytes == 0);
+        continue;
+      }
+      ++updates;
+      CHECK(c.nvme_read_overlap_bytes == 16000);
+      CHECK(c.nvme_write_overlap_bytes == 12000);
+      CHECK(c.nvme_write_bytes == (std::string(kind) == "zero-infinity" ? 14000 : 12000));
+      CHECK(r.nvme_read_overlap_bytes == 16000);
+      CHECK(r.nvme_write_overlap_bytes == 0);
+    }
+    CHECK(updates == 2);
+    // priced: the pipelined step is shorter, and the drives move the same bytes
+    const auto m = with_nvme(box(), 1e6, 1e6, 0);
+    const auto serial_p = [&] {
+      core::Plan q = plan_of(kind, 1, 1);
+      q.knobs.offload = core::OffloadTier::Nvme;
+      return core::lower_plan(q, model);
+    }();
+    const auto a = sim::run_native(serial_p, model, m);
+    const auto b2 = sim::run_native(prog, model, m);
+    CHECK(makespan(b2) < makespan(a));
+    CHECK(b2.link_stats[z(b2.graph.nvme_read)].bytes == a.link_stats[z(a.graph.nvme_read)].bytes);
+    CHECK(b2.link_stats[z(b2.graph.nvme_write)].bytes == a.link_stats[z(a.graph.nvme_write)].bytes);
+  }
 }
 
 // Harmony-PP on one GPU, two fp32 layers (W = 4000, state 8000 each), minibatch 2 at u = 1, backward packs
