@@ -39,11 +39,11 @@ struct DeepSpeedRun {
   std::string activations;
   std::string plan_kind;  // the closest plan kind: zero-infinity or dp-swap
   std::string offload;    // the kind's offload tier (zero-infinity): cpu or nvme; "" for dp-swap
-  // priced: the kind runs what DeepSpeed runs; approximate: the closest kind, `approximation` says how it differs;
-  // inexpressible: no kind runs it (not priced; `approximation` says why)
+  // priced: the kind runs what DeepSpeed runs; approximate: the closest kind, `approximation` says how it differs.
+  // (A run no kind can price is refused by the reader, at its key, as a ConfigError.)
   std::string status = "priced";
   std::string reasoning;                // why this kind
-  std::string approximation;            // how the kind differs (approximate, inexpressible)
+  std::string approximation;            // how the kind differs (approximate)
   std::vector<std::string> notes;       // "auto" and inferred values, and where they came from
   std::vector<std::string> not_priced;  // keys read but not priced: "zero_optimization.overlap_comm", ...
   std::string summary;  // "ZeRO-3, offload_param cpu, offload_optimizer cpu, micro 4 × accum 2 × 2 GPUs"

@@ -48,13 +48,7 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
   // The all-gather of layer l for step k of GPU g (pass 0 forward, 1 backward); -1 with one GPU.
   auto gather = [&](int g, int l, int i, int task, int pass, int k) {
     if (N == 1 || !b.has_params(l)) return -1;
-    const LayerRange L{l, l};
-    const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, b.wbytes(l), b.bbytes(l));
-    b.window(A, g, k);
-    // the members start together: each waits for the compute step the others' gathers are windowed to
-    if (const int ready = k - 2; ready >= 0) b.collective(key(pass, l, i), A, b.step_op(g, ready));
-    b.alloc(A, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-    return A;
+    return b.gather_resident(g, l, task, i, k, key(pass, l, i));
   };
   for (int g = 0; g < N; ++g) {
     std::vector<int> last(static_cast<std::size_t>(R), -1);  // per layer: the op its Update follows

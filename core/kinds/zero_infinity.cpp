@@ -138,12 +138,8 @@ struct ZeroInfinityLowering {
   // together, each waiting for the compute step the others' gathers are windowed to.
   int gather_resident(int g, int l, int i, int task, int pass, int k) {
     if (N == 1) return -1;
-    const LayerRange L{l, l};
-    const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, b.wbytes(l), b.bbytes(l));
+    const int A = b.gather_resident(g, l, task, i, k, key(pass, l, i));
     b.set_io(A, buckets(l), 0, 0);
-    b.window(A, g, k);
-    if (const int ready = k - 2; ready >= 0) b.collective(key(pass, l, i), A, b.step_op(g, ready));
-    b.alloc(A, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
     return A;
   }
   // Whether the compute of layer l frees gathered parameters (not when a single GPU keeps the whole layer).

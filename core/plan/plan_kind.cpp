@@ -111,9 +111,13 @@ PlanKind plan_kind(std::string_view name) {
 const char* plan_kind_name(PlanKind k) { return k.name(); }
 
 int kind_column_width() {
-  std::size_t width = 14;
-  for (const std::string& name : plan_kind_names()) width = std::max(width, name.size());
-  return static_cast<int>(width);
+  // the registry is complete before main: computed once, on the first table row
+  static const int width = [] {
+    std::size_t w = 14;
+    for (const std::string& name : plan_kind_names()) w = std::max(w, name.size());
+    return static_cast<int>(w);
+  }();
+  return width;
 }
 
 std::vector<std::string> plan_kind_names(KindRole role) {

@@ -313,6 +313,15 @@ void ProgramBuilder::set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_wr
   o.nvme_write_bytes = nvme_write;
 }
 
+int ProgramBuilder::gather_resident(int device, int l, int task, int ui, int k, std::uint64_t key) {
+  const LayerRange L{l, l};
+  const int A = weight_op(device, Stream::P2PIn, OpKind::AG, task, ui, L, wbytes(l), bbytes(l));
+  window(A, device, k);
+  if (const int ready = k - 2; ready >= 0) collective(key, A, step_op(device, ready));
+  alloc(A, TensorKind::Weights, L, -1, wbytes(l) + bbytes(l));
+  return A;
+}
+
 void ProgramBuilder::set_io_overlap(int op, Bytes read, Bytes write) {
   NativeOpCosts& o = prog_.cost.edit(op);
   if (read < 0 || write < 0 || read > o.nvme_read_bytes || write > o.nvme_write_bytes)

@@ -57,6 +57,11 @@ class ProgramBuilder {
   // of their layers; ARD is priced by bytes (w + b). Step k depends on outputs registered to step k-2.
   int compute(int device, OpKind kind, int task, int ui, LayerRange layers, int ubs, Bytes w = 0, Bytes b = 0);
   int next_step(int device) const;  // the step index the next compute op of `device` gets
+  // Layer l's parameters all-gathered from the GPUs' resident shards for step k of GPU `device` (fsdp,
+  // zero3-opt-offload; more than one GPU): an AG of the whole W+B on P2PIn, windowed to step k (prefetched at most
+  // two compute steps ahead) and joined as collective `key`, whose members start together (each waits for the compute
+  // step the others' gathers are windowed to); it allocates the gathered weights. Returns the AG.
+  int gather_resident(int device, int l, int task, int ui, int k, std::uint64_t key);
   int step_op(int device, int k) const { return steps_[static_cast<std::size_t>(device)][static_cast<std::size_t>(k)]; }
 
   // The per-layer streaming blocks dp-swap, zero-infinity and lohan share:

@@ -140,7 +140,7 @@ void print_compare_json(const CompareRun& run, const std::string& trace_path) {
                                                                           : nlohmann::json(nullptr);
   j["results"] = std::move(results);
   j["trace_path"] = !trace_path.empty() ? nlohmann::json(trace_path) : nlohmann::json(nullptr);
-  j["deepspeed"] = run.ds ? sim::deepspeed_json(*run.ds, run.ds_row, run.res) : nlohmann::json(nullptr);
+  j["deepspeed"] = run.ds ? sim::deepspeed_json(*run.ds, *run.ds_row, run.res) : nlohmann::json(nullptr);
   j["wall_time_s"] = run.wall_s;
   std::cout << j.dump(2) << "\n";
 }
@@ -156,10 +156,7 @@ void print_compare_table(const CompareRun& run) {
   for (const auto& k : res.kinds) print_compare_row(core::plan_kind_name(k.kind), k, "", res);
   if (ds) {
     const std::string note = fmt::format("your DeepSpeed config: {} -> {}; ", ds->run.summary, ds->run.plan_kind);
-    if (ds_row)
-      print_compare_row("> deepspeed", *ds_row, note, res);
-    else
-      print_planless_row("> deepspeed", 0, note + "not priced: " + ds->run.approximation);
+    print_compare_row("> deepspeed", *ds_row, note, res);
   }
   fmt::print("\nspeedup: best baseline time / this kind's time (best baseline: {:.3f} s)\n", res.best_baseline_time_s);
   for (const auto& line : sim::ceiling_lines(res)) fmt::print("{}\n", line);
@@ -169,7 +166,7 @@ void print_compare_table(const CompareRun& run) {
       "parentheses.\n");
   if (ds) {
     fmt::print("\n");
-    for (const auto& line : sim::deepspeed_lines(*ds, ds_row, res)) fmt::print("{}\n", line);
+    for (const auto& line : sim::deepspeed_lines(*ds, *ds_row, res)) fmt::print("{}\n", line);
   }
 }
 
@@ -200,7 +197,9 @@ int cmd_compare(const Cli& cli) {
   };
   const auto res = sim::compare_plan_kinds(model, cfg.machine, cfg.plan.gpus, cfg.plan.minibatch, cfg.cost_model,
                                            cfg.search, cfg.options, on_progress);
-  const std::optional<sim::KindResult> ds_row = ds ? sim::price_deepspeed(*ds, cli.config, sets, model) : std::nullopt;
+  // with --deepspeed, its row (ds and ds_row are set together)
+  std::optional<sim::KindResult> ds_row;
+  if (ds) ds_row = sim::price_deepspeed(*ds, cli.config, sets, model);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string trace_note;
   bool trace_written = false;

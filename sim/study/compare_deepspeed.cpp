@@ -91,9 +91,8 @@ DeepSpeedSetup setup_deepspeed(const std::string& config, const std::vector<std:
   return s;
 }
 
-std::optional<KindResult> price_deepspeed(const DeepSpeedSetup& setup, const std::string& config,
-                                          const std::vector<std::string>& sets, const core::Model& model) {
-  if (setup.run.status == "inexpressible") return std::nullopt;
+KindResult price_deepspeed(const DeepSpeedSetup& setup, const std::string& config, const std::vector<std::string>& sets,
+                           const core::Model& model) {
   std::vector<std::string> all = sets;
   all.insert(all.end(), setup.overrides.begin(), setup.overrides.end());
   all.insert(all.end(), setup.row_overrides.begin(), setup.row_overrides.end());
@@ -130,16 +129,15 @@ const KindResult* harmony_best(const CompareResult& res) {
 
 namespace {
 // The DeepSpeed run's time over Harmony's best, when both fit.
-std::optional<double> time_ratio(const std::optional<KindResult>& row, const KindResult* harmony) {
-  if (!row || !row->feasible || !harmony) return std::nullopt;
-  return row->best.iteration_time_s / harmony->best.iteration_time_s;
+std::optional<double> time_ratio(const KindResult& row, const KindResult* harmony) {
+  if (!row.feasible || !harmony) return std::nullopt;
+  return row.best.iteration_time_s / harmony->best.iteration_time_s;
 }
 
 nlohmann::json text_or_null(const std::string& s) { return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s); }
 }  // namespace
 
-nlohmann::json deepspeed_json(const DeepSpeedSetup& setup, const std::optional<KindResult>& row,
-                              const CompareResult& res) {
+nlohmann::json deepspeed_json(const DeepSpeedSetup& setup, const KindResult& row, const CompareResult& res) {
   const auto& r = setup.run;
   const KindResult* harmony = harmony_best(res);
   const auto ratio = time_ratio(row, harmony);
@@ -163,10 +161,9 @@ nlohmann::json deepspeed_json(const DeepSpeedSetup& setup, const std::optional<K
                       {"not_priced", r.not_priced},
                       {"overrides", setup.overrides},
                       {"row_overrides", setup.row_overrides}};
-  j["feasible"] = row && row->feasible;
-  j["reason"] =
-      !row ? nlohmann::json(r.approximation) : (row->feasible ? nlohmann::json(nullptr) : nlohmann::json(row->reason));
-  j["best"] = row && row->feasible ? core::report_to_json(row->best) : nlohmann::json(nullptr);
+  j["feasible"] = row.feasible;
+  j["reason"] = row.feasible ? nlohmann::json(nullptr) : nlohmann::json(row.reason);
+  j["best"] = row.feasible ? core::report_to_json(row.best) : nlohmann::json(nullptr);
   j["harmony_best"] = harmony ? nlohmann::json{{"plan_kind", core::plan_kind_name(harmony->kind)},
                                                {"iteration_time_s", harmony->best.iteration_time_s}}
                               : nlohmann::json(nullptr);
@@ -174,8 +171,7 @@ nlohmann::json deepspeed_json(const DeepSpeedSetup& setup, const std::optional<K
   return j;
 }
 
-std::vector<std::string> deepspeed_lines(const DeepSpeedSetup& setup, const std::optional<KindResult>& row,
-                                         const CompareResult& res) {
+std::vector<std::string> deepspeed_lines(const DeepSpeedSetup& setup, const KindResult& row, const CompareResult& res) {
   const auto& r = setup.run;
   std::vector<std::string> out;
   out.push_back(fmt::format("your DeepSpeed config ({}): {} -> {}{} ({})", r.path, r.summary, r.plan_kind,
@@ -191,16 +187,16 @@ std::vector<std::string> deepspeed_lines(const DeepSpeedSetup& setup, const std:
   const KindResult* harmony = harmony_best(res);
   if (!harmony) {
     out.push_back("  Harmony's best plan: no Harmony plan fits this machine");
-  } else if (!row || !row->feasible) {
-    out.push_back(fmt::format("  Harmony's best plan on the same machine: {} {:.3f} s; the DeepSpeed run {}",
-                              core::plan_kind_name(harmony->kind), harmony->best.iteration_time_s,
-                              row ? "does not fit: " + row->reason : "is not priced"));
+  } else if (!row.feasible) {
+    out.push_back(
+        fmt::format("  Harmony's best plan on the same machine: {} {:.3f} s; the DeepSpeed run does not fit: {}",
+                    core::plan_kind_name(harmony->kind), harmony->best.iteration_time_s, row.reason));
   } else {
     const double ratio = *time_ratio(row, harmony);
     out.push_back(fmt::format(
         "  Harmony's best plan on the same machine: {} {:.3f} s against {:.3f} s: the DeepSpeed run takes {:.2f}x "
         "Harmony's time ({})",
-        core::plan_kind_name(harmony->kind), harmony->best.iteration_time_s, row->best.iteration_time_s, ratio,
+        core::plan_kind_name(harmony->kind), harmony->best.iteration_time_s, row.best.iteration_time_s, ratio,
         ratio > 1.0 ? fmt::format("Harmony is {:.2f}x faster", ratio)
                     : fmt::format("the DeepSpeed run is {:.2f}x faster", 1.0 / ratio)));
   }

@@ -27,19 +27,18 @@ struct DeepSpeedSetup {
 DeepSpeedSetup setup_deepspeed(const std::string& config, const std::vector<std::string>& sets,
                                const std::string& deepspeed_path);
 
-// The DeepSpeed row: its kind's best plan at its microbatch and offload tier (nullopt when inexpressible).
-std::optional<KindResult> price_deepspeed(const DeepSpeedSetup& setup, const std::string& config,
-                                          const std::vector<std::string>& sets, const core::Model& model);
+// The DeepSpeed row: its kind's best plan at its microbatch and offload tier (every config the reader accepts maps to a
+// kind; one it cannot is a ConfigError there).
+KindResult price_deepspeed(const DeepSpeedSetup& setup, const std::string& config, const std::vector<std::string>& sets,
+                           const core::Model& model);
 
 // The fastest Harmony kind's result in a compare (nullptr when none fits).
 const KindResult* harmony_best(const CompareResult& res);
 
 // The `deepspeed` object of compare --format json (schemas/compare.schema.json).
-nlohmann::json deepspeed_json(const DeepSpeedSetup& setup, const std::optional<KindResult>& row,
-                              const CompareResult& res);
+nlohmann::json deepspeed_json(const DeepSpeedSetup& setup, const KindResult& row, const CompareResult& res);
 
 // The lines printed under the compare table: what the config is, why this kind, how it differs, the ratio.
-std::vector<std::string> deepspeed_lines(const DeepSpeedSetup& setup, const std::optional<KindResult>& row,
-                                         const CompareResult& res);
+std::vector<std::string> deepspeed_lines(const DeepSpeedSetup& setup, const KindResult& row, const CompareResult& res);
 
 }  // namespace harmony::sim

@@ -144,7 +144,7 @@ def main():
         check("compare 64 MiB: nothing fits, best null with a reason",
               all(not x["feasible"] and x["best"] is None and x["reason"] for x in d["results"]), d["results"])
 
-    # --- compare --deepspeed: the deepspeed object, priced and inexpressible (tests/cli/test_deepspeed.py: the rest)
+    # --- compare --deepspeed: the deepspeed object (tests/cli/test_deepspeed.py: the rest)
     d = sim_json("compare.schema.json", "compare", "configs/deepspeed/gpt2_medium.yaml", "--deepspeed",
                  "configs/deepspeed/zero3_offload_cpu.json")
     if d:
