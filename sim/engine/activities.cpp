@@ -225,10 +225,8 @@ void ActivityBuilder::add_host_work(Activity& x) const {
   if (read_serial > 0) before.push_back(host_stage(g.nvme_read, static_cast<double>(read_serial), 1.0, nvme_lat));
   if (o.return_bytes > 0) after.push_back(return_stage(p_.ops[z(x.a)], o));
   if (o.host_sum_bytes > 0) after.push_back(host_stage(g.host_memcpy, static_cast<double>(o.host_sum_bytes), 3.0, 0));
-  // passes over host tensors (ZeRO-3's unscale and dtype copy): memory-bound, at the memcpy rate, where a copied
-  // byte is one read and one write
-  if (o.host_pass_bytes > 0)
-    after.push_back(host_stage(g.host_memcpy, 0.5 * static_cast<double>(o.host_pass_bytes), 2.0, 0));
+  // passes over host tensors (ZeRO-3's unscale and dtype copy): multi-threaded and memory-bound (pass_stage)
+  if (o.host_pass_bytes > 0) after.push_back(pass_stage(static_cast<double>(o.host_pass_bytes)));
   if (overlap) {
     std::vector<Stage*> work = {&x};
     for (Stage& st : after) work.push_back(&st);
@@ -332,42 +330,61 @@ double ActivityBuilder::update_traffic_bytes(int a) const {
 // An Update's stage: AdamW on the GPU (resident state) at its HBM traffic's time; under the reference settings its
 // profiled time; else its CPU work on the host cores (or compute.host_cores' pool), sharing host memory bandwidth.
 void ActivityBuilder::set_update_stage(Activity& x, const Op& o) const {
-  const auto& g = graph_;
   const bool ref = opt_.reference_bandwidths;
   if (gpu_update(o, mach_)) {  // AdamW on the GPU (resident state): its HBM traffic, on the compute stream
     x.fixed_ps = core::seconds_to_ps(device_update_s(o, mach_));
   } else if (ref) {
     x.fixed_ps = core::seconds_to_ps(profiled_update_s(o, m_));
-  } else if (const double w = update_work_s(o, m_, mach_); w > 0 && host_pool()) {
-    // compute.host_cores: the optimizer's threads run on the pool's C units, all of them when alone (w x C
-    // unit-seconds, at most C at a time), and share them with compute, copies and dispatch
-    const double units = mach_.compute.units;
-    x.kind = ActKind::Flow;
-    x.volume = x.remaining = w * units;
-    x.path = {g.compute};
-    x.cap = units;
-    if (const double t = update_traffic_bytes(x.a); g.host_memory >= 0 && t > 0) {
-      x.path.push_back(g.host_memory);
-      x.coef = {1.0, t / (w * units)};
-    }
-  } else if (w > 0) {
-    // update_time_cpu_s is the whole machine's time (cpu_adam: the multi-threaded rate of every
-    // core): w * cores core-seconds, with no per-update cap, so one update alone takes w and the
-    // updates of all GPUs' processes running at once share the cores (processor sharing).
-    const double cores = std::max(1, topo_.cpu_cores);
-    x.kind = ActKind::Flow;
-    x.volume = x.remaining = w * cores;
-    x.path = {g.cpu};
-    x.cap = 0.0;  // no per-update cap: an update alone uses every core
-    if (const double t = update_traffic_bytes(x.a); g.host_memory >= 0 && t > 0) {
-      // with a host memory bandwidth the update is t bytes of DRAM traffic, each byte w * cores / t
-      // core-seconds: alone it still takes w (or t / bandwidth if that is longer), and it shares DRAM
-      // with the DMA byte for byte
-      x.volume = x.remaining = t;
-      x.path = {g.cpu, g.host_memory};
-      x.coef = {w * cores / t, 1.0};
-    }
+  } else if (const double w = update_work_s(o, m_, mach_); w > 0) {
+    cpu_work(x, w, update_traffic_bytes(x.a));
+    x.remaining = x.volume;
   }
+}
+
+// Multi-threaded host work of `w` seconds alone with the whole CPU, moving `dram_bytes` of host memory, as a flow of
+// `st`. compute.host_cores: the threads run on the pool's C units, all of them when alone (w x C unit-seconds, at most
+// C at a time), and share them with compute, copies and dispatch. Else w x cores core-seconds on the CPU with no cap
+// (cpu_adam and the passes' rate are the whole machine's: one such op alone takes w, and the ops of all GPUs'
+// processes running at once share the cores: processor sharing). With a host memory bandwidth the flow is its DRAM
+// bytes t, each w x cores / t core-seconds: alone it still takes w (or t / bandwidth if that is longer), and it shares
+// DRAM with the DMA byte for byte.
+void ActivityBuilder::cpu_work(Stage& st, double w, double dram_bytes) const {
+  const auto& g = graph_;
+  st.kind = ActKind::Flow;
+  if (host_pool()) {
+    const double units = mach_.compute.units;
+    st.volume = w * units;
+    st.path = {g.compute};
+    st.cap = units;
+    if (g.host_memory >= 0 && dram_bytes > 0) {
+      st.path.push_back(g.host_memory);
+      st.coef = {1.0, dram_bytes / (w * units)};
+    }
+    return;
+  }
+  const double cores = std::max(1, topo_.cpu_cores);
+  st.volume = w * cores;
+  st.path = {g.cpu};
+  st.cap = 0.0;
+  if (g.host_memory >= 0 && dram_bytes > 0) {
+    st.volume = dram_bytes;
+    st.path = {g.cpu, g.host_memory};
+    st.coef = {w * cores / dram_bytes, 1.0};
+  }
+}
+
+// A CPU optimizer's host passes over tensors after its step (ZeRO-3's unscale and GPU-dtype copy, `bytes` of DRAM
+// read and written): PyTorch CPU tensor ops, which run on the process's intra-op threads, every core it has. Memory-
+// bound: priced as multi-threaded host work at the DRAM rate the machine's cpu_adam implies (a DeepSpeed-style CPU
+// Adam moves 28 bytes of DRAM per parameter, 7 per byte of its FP32 parameters, so its rate B is 7 B of DRAM traffic)
+// on the CPU the updates use, scaled like them by compute.update_time_scale. Without a cpu_adam rate: one thread's
+// copy, half the bytes over the host memcpy link (a copied byte is a read and a write), as before session 14.
+Stage ActivityBuilder::pass_stage(double bytes) const {
+  const double adam = mach_.cpu_adam.bytes_per_s;
+  if (!(adam > 0)) return host_stage(graph_.host_memcpy, 0.5 * bytes, 2.0, 0);
+  Stage st;
+  cpu_work(st, bytes / (kAdamDramBytesPerFp32Byte * adam) * mach_.compute.update_time_scale, bytes);
+  return st;
 }
 
 // The activity of op `a` (with its rendezvous peer `b`, or -1) into a default one: its stages, paths and copy

@@ -59,6 +59,11 @@ using Path = SmallVec<int>;
 
 enum class ActKind : std::uint8_t { Fixed, Flow };
 
+// DRAM bytes a DeepSpeed-style CPU Adam moves per byte of the FP32 parameters it steps: 28 per parameter (FP32
+// masters read and written, the gradient read, two moments read and written) over 4 (ActivityBuilder's
+// update_traffic_bytes counts the same 28).
+constexpr double kAdamDramBytesPerFp32Byte = 7.0;
+
 // One stage of an activity: a fixed delay, or a fluid flow over a path after a latency. Most ops are one
 // stage; with the native model's host work an op runs several in turn (an NVMe read before a swap-in, a
 // host gradient sum after a swap-out, NVMe I/O and dtype conversions around a CPU update).
@@ -120,6 +125,8 @@ class ActivityBuilder {
   double compute_s(const core::Op& o) const;
   void set_compute_stage(Stage& x, const core::Op& o) const;
   void set_update_stage(Activity& x, const core::Op& o) const;
+  void cpu_work(Stage& st, double w, double dram_bytes) const;
+  Stage pass_stage(double bytes) const;
   void set_flow(Activity& x, double volume, const Path& path, double cap, TransferClass cls, core::Bytes ledger,
                 core::TensorKind tensor, int engine) const;
   void add_host_memory(Stage& x, double coef) const;

@@ -290,6 +290,28 @@ TEST_CASE("ZeRO-3's gradient round trip and FP32 copy, and the step's host passe
   CHECK(r.link_stats[z(r.graph.host_memcpy)].bytes == 2 * B);
 }
 
+TEST_CASE("host passes run on the CPU optimizer's cores at the DRAM rate cpu_adam implies, after the step") {
+  // cpu_adam 1e9 B/s of FP32 parameters: a DeepSpeed-style Adam moves 7 B of DRAM per such byte, so the passes run
+  // at 7e9 B/s of DRAM traffic on the whole CPU: 14e6 bytes (read and written) take 2 ms, after the update's 1 ms:
+  // 3 ms. Without a cpu_adam rate (the test above) they are one thread's copy over the host memcpy link.
+  Builder b;
+  const int u = b.add(Stream::Cpu, OpKind::Update);
+  b.cost(u).host_pass_bytes = 14'000'000;
+  auto m = box();
+  m.cpu_adam.bytes_per_s = 1e9;
+  auto r = sim::run_native(b.p, two_layers(), m);
+  CHECK(within_1ps(r.timeline.end_ps[z(u)], 3 * kMs));
+  CHECK(r.link_stats[z(r.graph.host_memcpy)].bytes == 0);
+  // compute.update_time_scale slows them as it slows the update: x2, 6 ms
+  m.compute.update_time_scale = 2.0;
+  CHECK(within_1ps(sim::run_native(b.p, two_layers(), m).timeline.end_ps[z(u)], 6 * kMs));
+  // with host memory bandwidth 3.5e9 B/s the passes' 14e6 bytes are DRAM-bound: 4 ms after the update's 1 ms
+  m.compute.update_time_scale = 1.0;
+  m.topology.host_memory_bytes_per_s = 3.5e9;
+  r = sim::run_native(b.p, two_layers(), m);
+  CHECK(within_1ps(r.timeline.end_ps[z(u)], 5 * kMs));
+}
+
 TEST_CASE("an update with its own host passes converts nothing inside the step (ZeRO-3: no double count)") {
   // 1e6 bf16 parameters, 2 ms of CPU time, DRAM at 1e10 B/s: the fused-cast update moves 36 bytes per parameter
   // (3.6 ms, the test below). With ZeRO-3's passes (host_pass_bytes 14e6) the step moves only 28 (2.8 ms), then the
