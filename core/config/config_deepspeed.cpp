@@ -86,40 +86,29 @@ const std::vector<std::string> kTopUnmodelled = {"pipeline",
                                                  "weight_quantization"};
 
 const std::vector<std::string> kZeroRead = {"stage", "offload_param", "offload_optimizer"};
-const std::vector<std::string> kZeroNotPriced = {"allgather_partitions",
-                                                 "allgather_bucket_size",
-                                                 "overlap_comm",
-                                                 "reduce_scatter",
-                                                 "reduce_bucket_size",
-                                                 "contiguous_gradients",
-                                                 "load_from_fp32_weights",
-                                                 "elastic_checkpoint",
-                                                 "grad_hooks",
-                                                 "round_robin_gradients",
-                                                 "stage3_max_live_parameters",
-                                                 "stage3_max_reuse_distance",
-                                                 "stage3_prefetch_bucket_size",
-                                                 "stage3_param_persistence_threshold",
-                                                 "stage3_model_persistence_threshold",
-                                                 "stage3_gather_16bit_weights_on_model_save",
-                                                 "stage3_gather_fp16_weights_on_model_save",
-                                                 "sub_group_size",
-                                                 "ignore_unused_parameters",
-                                                 "legacy_stage1",
-                                                 "memory_efficient_linear",
-                                                 "use_multi_rank_bucket_allreduce",
-                                                 "log_trace_cache_warnings",
-                                                 "zero_quantized_weights",
-                                                 "zero_quantized_nontrainable_weights",
-                                                 "zero_quantized_gradients",
-                                                 "zero_hpz_partition_size",
-                                                 "mics_shard_size",
-                                                 "mics_hierarchical_params_gather"};
+const std::vector<std::string> kZeroNotPriced = {
+    "allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
+    "contiguous_gradients", "load_from_fp32_weights", "elastic_checkpoint", "grad_hooks", "round_robin_gradients",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold", "stage3_model_persistence_threshold",
+    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save", "sub_group_size",
+    "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear", "use_multi_rank_bucket_allreduce",
+    "log_trace_cache_warnings", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+    "zero_quantized_gradients", "zero_hpz_partition_size", "mics_shard_size", "mics_hierarchical_params_gather",
+    // DeepSpeed 0.16-0.18 (deepspeed/runtime/zero/config.py): fetch and
+    // partition variants, checks, and the stage-3 names without their
+    // "stage3_" prefix (pydantic aliases, accepted either way)
+    "stage3_use_all_reduce_for_fetch_params", "stage3_module_granularity_threshold", "stage3_allgather_sequential",
+    "stage3_partition_stream_chunk_size", "use_all_reduce_for_fetch_params", "module_granularity_threshold",
+    "allgather_sequential", "partition_stream_chunk_size", "prefetch_bucket_size", "param_persistence_threshold",
+    "model_persistence_threshold", "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
+    "zeropp_loco_param", "pipeline_loading_checkpoint", "override_module_apply", "enable_sanity_checks",
+    "save_muon_momentum_buffer_in_memory", "leaf_module", "zenflow"};
 const std::vector<std::string> kOffloadParamKeys = {"device",       "nvme_path",   "pin_memory",
                                                     "buffer_count", "buffer_size", "max_in_cpu"};
-const std::vector<std::string> kOffloadOptimizerKeys = {"device",        "nvme_path",      "pin_memory",
-                                                        "buffer_count",  "fast_init",      "ratio",
-                                                        "pipeline_read", "pipeline_write", "pipeline"};
+const std::vector<std::string> kOffloadOptimizerKeys = {
+    "device",        "nvme_path",      "pin_memory", "buffer_count",  "fast_init",         "ratio",
+    "pipeline_read", "pipeline_write", "pipeline",   "super_offload", "cpuadam_cores_perc"};
 const std::vector<std::string> kFp16Keys = {"enabled",
                                             "auto_cast",
                                             "loss_scale",
@@ -238,6 +227,10 @@ std::string read_offload(const DsFile& f, const json& zero, const std::string& n
       // offload_optimizer's pipelined swap (offload_config.py DeepSpeedZeroOffloadOptimizerConfig; used with the
       // nvme device only): read here, applied by the caller once the device is known
       (key == "pipeline_read" ? run.pipeline_read : run.pipeline_write) = f.boolean(v, kptr, kname);
+    } else if (key == "super_offload" && f.boolean(v, kptr, kname)) {
+      f.unmodelled(kptr, kname + " = true",
+                   "SuperOffload (Superchips: speculative CPU updates, GPU/CPU optimizer split) steps the optimizer in "
+                   "a way no plan kind prices");
     } else if (key == "pipeline") {
       run.not_priced.push_back(kname + " (DeepSpeed derives it from pipeline_read / pipeline_write)");
     } else if (key == "pin_memory") {
@@ -263,9 +256,10 @@ void read_zero(const DsFile& f, const json& root, DeepSpeedRun& run) {
     const std::string ptr = "/zero_optimization/" + json_pointer_token(key);
     const std::string name = "zero_optimization." + key;
     if (listed(kZeroRead, key)) continue;
-    if (key == "cpu_offload")
-      fail(f.key_at(ptr), "zero_optimization.cpu_offload is DeepSpeed's deprecated spelling",
-           R"(write "offload_optimizer": {"device": "cpu"} (and "offload_param" for stage 3), as DeepSpeed now does)");
+    if (key == "cpu_offload" || key == "cpu_offload_param" || key == "cpu_offload_use_pin_memory")
+      fail(f.key_at(ptr), fmt::format("zero_optimization.{} is DeepSpeed's deprecated spelling", key),
+           R"(write "offload_optimizer": {"device": "cpu"} (and "offload_param" for stage 3), with "pin_memory" )"
+           R"(inside them, as DeepSpeed now does)");
     if (!listed(kZeroNotPriced, key)) {
       std::vector<std::string> valid = kZeroRead;
       valid.insert(valid.end(), kZeroNotPriced.begin(), kZeroNotPriced.end());
@@ -276,6 +270,10 @@ void read_zero(const DsFile& f, const json& root, DeepSpeedRun& run) {
                             key == "zero_quantized_gradients") &&
                            v.is_boolean() && v.get<bool>();
     if (quantized) f.unmodelled(ptr, name, "ZeRO++ quantized communication moves fewer bytes than any plan kind");
+    if (key == "zenflow" && !v.is_null() && !(v.is_object() && v.empty()))
+      f.unmodelled(ptr, name,
+                   "ZenFlow updates the important gradients' parameters on the GPU and the rest asynchronously on the "
+                   "CPU, a step no plan kind prices");
     if (key == "zero_hpz_partition_size" && v.is_number_integer() && v.get<std::int64_t>() > 1)
       f.unmodelled(ptr, name + " = " + v.dump(), "ZeRO++ hierarchical partitioning keeps a secondary copy per node");
     if (key == "mics_shard_size" && v.is_number_integer() && v.get<std::int64_t>() > 0)

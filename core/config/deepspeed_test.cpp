@@ -259,6 +259,35 @@ TEST_CASE("precision and activation checkpointing") {
            2, 49);
 }
 
+TEST_CASE("DeepSpeed 0.16-0.18 keys: read as not priced, or refused where they change the step") {
+  // a current ZeRO-3 config (the keys of deepspeed/runtime/zero/config.py and offload_config.py at 0.18) reads
+  const auto r = read(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+    "stage3_use_all_reduce_for_fetch_params": false, "stage3_module_granularity_threshold": 0,
+    "stage3_allgather_sequential": false, "stage3_partition_stream_chunk_size": 0, "max_live_parameters": 1e9,
+    "prefetch_bucket_size": 5e7, "param_persistence_threshold": 1e5, "override_module_apply": true,
+    "enable_sanity_checks": false, "save_muon_momentum_buffer_in_memory": false, "leaf_module": {},
+    "zenflow": null, "pipeline_loading_checkpoint": false,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true, "super_offload": false, "cpuadam_cores_perc": 0.9}}})");
+  CHECK(r.plan_kind == "zero3-opt-offload");
+  CHECK(r.status == "priced");
+  for (const char* key : {"stage3_module_granularity_threshold", "prefetch_bucket_size", "leaf_module",
+                          "offload_optimizer.super_offload", "offload_optimizer.cpuadam_cores_perc"})
+    CHECK(has(r.not_priced, key));
+  // SuperOffload and ZenFlow step the optimizer in ways no kind prices: refused at the key
+  CHECK(contains(error_at(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "cpu", "super_offload": true}}})",
+                          2, 44),
+                 "super_offload = true is not modelled"));
+  CHECK(contains(error_at(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2,
+    "zenflow": {"topk_ratio": 0.1}}})",
+                          2, 5),
+                 "zenflow is not modelled"));
+  // the deprecated spellings point to the current ones
+  CHECK(contains(
+      error_at(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"cpu_offload_param": true}})", 1, 61),
+      "cpu_offload_param is DeepSpeed's deprecated spelling"));
+}
+
 TEST_CASE("refused keys, each at its line:column") {
   // unknown top-level key, with the closest known key
   CHECK(contains(error_at(R"({"train_micro_batch_size_per_gpu": 4,
