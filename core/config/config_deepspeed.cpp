@@ -504,26 +504,30 @@ void map_zero3(DeepSpeedRun& run) {
       "GPU's partition: fsdp";
 }
 
-// Stages 0-2 without offload_optimizer: data parallelism, resident (exact for stage 0).
+// Stage 0 without offload: plain data parallelism, resident.
 void map_data_parallel(DeepSpeedRun& run) {
   run.plan_kind = "resident";
   run.offload = "";
-  if (run.stage == 0) {
-    run.reasoning =
-        "ZeRO stage 0: plain data parallelism (every GPU holds the whole model, its gradients and Adam state, "
-        "all-reduces the gradients and steps Adam on the GPU): resident";
-    return;
-  }
-  run.status = "approximate";
+  run.reasoning =
+      "ZeRO stage 0: plain data parallelism (every GPU holds the whole model, its gradients and Adam state, "
+      "all-reduces the gradients and steps Adam on the GPU): resident";
+}
+
+// Stages 1-2 without offload_optimizer: zero2 (exact for stage 2).
+void map_zero2(DeepSpeedRun& run) {
+  run.plan_kind = "zero2";
+  run.offload = "";
   run.reasoning = fmt::format(
-      "ZeRO-{} without offload: data parallelism with the optimizer state{} partitioned over the GPUs, Adam on the "
-      "GPUs: resident",
+      "ZeRO-{} without offload: the whole model's weights on every GPU, the optimizer state{} partitioned over the "
+      "GPUs, gradients reduce-scattered into the partitions, Adam on each GPU's partition, the updated weights "
+      "all-gathered: zero2",
       run.stage, run.stage == 2 ? " and gradients" : "");
-  run.approximation = fmt::format(
-      "resident keeps the whole optimizer state{} on every GPU (its memory is an upper bound) and steps Adam over the "
-      "whole model on each; ZeRO-{} reduce-scatters the gradients and all-gathers the updated parameters, the bytes "
-      "of resident's all-reduce",
-      run.stage == 2 ? " and gradients" : "", run.stage);
+  if (run.stage == 1) {
+    run.status = "approximate";
+    run.approximation =
+        "ZeRO-1 keeps every GPU's whole gradient (zero2 partitions it: its memory is a lower bound by (N-1)/N of the "
+        "gradient) and reduces it once per optimizer step, where zero2 reduce-scatters every micro-step's";
+  }
 }
 
 // The closest plan kind, with why, and how it differs (configs/validation/unseen/pricing.json, rules.zero_offload).
@@ -538,6 +542,8 @@ void map_to_kind(DeepSpeedRun& run) {
     map_zero3_offload_optimizer(run);
   } else if (run.stage == 3) {
     map_zero3(run);
+  } else if (run.stage > 0) {
+    map_zero2(run);
   } else {
     map_data_parallel(run);
   }

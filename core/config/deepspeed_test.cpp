@@ -166,7 +166,7 @@ TEST_CASE("offload_optimizer pipeline_read / pipeline_write: read under nvme, li
                  "must be true or false"));
 }
 
-TEST_CASE("without offload: ZeRO-3 is fsdp, ZeRO-0 resident, ZeRO-1/2 approximate resident") {
+TEST_CASE("without offload: ZeRO-3 is fsdp, ZeRO-0 resident, ZeRO-2 zero2, ZeRO-1 approximate zero2") {
   const auto z3 = read(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}})");
   CHECK(z3.plan_kind == "fsdp");
   CHECK(z3.offload.empty());
@@ -180,14 +180,15 @@ TEST_CASE("without offload: ZeRO-3 is fsdp, ZeRO-0 resident, ZeRO-1/2 approximat
     CHECK(r.status == "priced");
     CHECK(contains(r.reasoning, "stage 0"));
   }
-  for (const std::string zero : {R"(, "zero_optimization": {"stage": 1})",
-                                 R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}})"}) {
-    const auto r = read(R"({"train_micro_batch_size_per_gpu": 4)" + zero + "}");
-    CAPTURE(zero);
-    CHECK(r.plan_kind == "resident");
-    CHECK(r.status == "approximate");
-    CHECK(contains(r.approximation, "its memory is an upper bound"));
-  }
+  const auto z2 = read(
+      R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}})");
+  CHECK(z2.plan_kind == "zero2");
+  CHECK(z2.status == "priced");
+  CHECK(contains(z2.reasoning, "optimizer state and gradients partitioned"));
+  const auto z1 = read(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}})");
+  CHECK(z1.plan_kind == "zero2");
+  CHECK(z1.status == "approximate");
+  CHECK(contains(z1.approximation, "its memory is a lower bound"));
 }
 
 TEST_CASE("batch sizes: DeepSpeed's inference over plan.gpus, and the consistency error naming all three") {

@@ -104,18 +104,18 @@ const std::string kTrainModel =
 
 }  // namespace
 
-TEST_CASE("the registry generates the eleven kinds in listing order, each a complete module") {
+TEST_CASE("the registry generates the twelve kinds in listing order, each a complete module") {
   CHECK(plan_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity",
-                                                      "zero3-opt-offload", "zero-offload", "l2l", "lohan", "fsdp",
-                                                      "resident"});
+                                                      "zero3-opt-offload", "zero-offload", "l2l", "lohan", "zero2",
+                                                      "fsdp", "resident"});
   CHECK(harmony_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp"});
   CHECK(plan_kind_names(KindRole::Baseline) == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity",
                                                                         "zero3-opt-offload", "zero-offload", "l2l",
-                                                                        "lohan", "fsdp"});
+                                                                        "lohan", "zero2", "fsdp"});
   CHECK(plan_kind_names(KindRole::Ceiling) == std::vector<std::string>{"resident"});
   CHECK(plan_kind_names(Knob::Activations) == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity",
                                                                        "zero3-opt-offload", "zero-offload", "l2l",
-                                                                       "lohan", "fsdp", "resident"});
+                                                                       "lohan", "zero2", "fsdp", "resident"});
   CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload", "lohan"});
   CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload"});
   CHECK(plan_kind_names(Knob::Swap) == std::vector<std::string>{"dp-swap", "pp-swap"});
@@ -142,13 +142,14 @@ TEST_CASE("the registry generates the eleven kinds in listing order, each a comp
   CHECK(harmony_kind_names().size() + plan_kind_names(KindRole::Baseline).size() +
             plan_kind_names(KindRole::Ceiling).size() ==
         plan_kinds().size());
-  // the ceiling keeps its state on the devices; so does fsdp (sharded); harmony-run trains every kind but
-  // zero3-opt-offload (harmony-sim prices it; its resident parameter shards have no executor state yet)
+  // the ceiling keeps its state on the devices; so do fsdp and zero2 (partitioned); harmony-run trains every kind
+  // but zero3-opt-offload and zero2 (harmony-sim prices them; their partitions have no executor state yet)
   for (const PlanKind& k : plan_kinds()) {
     INFO(k.name());
     if (k->role == KindRole::Ceiling) CHECK(k->resident_state);
-    CHECK(k->resident_state == (k.name() == std::string("resident") || k.name() == std::string("fsdp")));
-    CHECK(k->trains == (k.name() != std::string("zero3-opt-offload")));
+    CHECK(k->resident_state ==
+          (k.name() == std::string("resident") || k.name() == std::string("fsdp") || k.name() == std::string("zero2")));
+    CHECK(k->trains == (k.name() != std::string("zero3-opt-offload") && k.name() != std::string("zero2")));
   }
   CHECK_FALSE(find_plan_kind("vPP").has_value());  // an alias of plan.mode, not a kind's name
   CHECK(find_plan_kind("vPP", /*with_aliases=*/true) == plan_kind("harmony-pp"));
