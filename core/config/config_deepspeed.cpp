@@ -95,9 +95,8 @@ const std::vector<std::string> kZeroNotPriced = {
     "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear", "use_multi_rank_bucket_allreduce",
     "log_trace_cache_warnings", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
     "zero_quantized_gradients", "zero_hpz_partition_size", "mics_shard_size", "mics_hierarchical_params_gather",
-    // DeepSpeed 0.16-0.18 (deepspeed/runtime/zero/config.py): fetch and
-    // partition variants, checks, and the stage-3 names without their
-    // "stage3_" prefix (pydantic aliases, accepted either way)
+    // DeepSpeed 0.16-0.18 (deepspeed/runtime/zero/config.py): fetch and partition variants, checks, and the stage-3
+    // names without their "stage3_" prefix (pydantic aliases, accepted either way)
     "stage3_use_all_reduce_for_fetch_params", "stage3_module_granularity_threshold", "stage3_allgather_sequential",
     "stage3_partition_stream_chunk_size", "use_all_reduce_for_fetch_params", "module_granularity_threshold",
     "allgather_sequential", "partition_stream_chunk_size", "prefetch_bucket_size", "param_persistence_threshold",

@@ -76,19 +76,26 @@ Bytes device_state_bytes(const Model& model, int layer, int shards) {
          part(model.optimizer_state_bytes(l, l));
 }
 
-Bytes device_state_estimate_bytes(const Plan& plan, const Model& model, bool sharded) {
+Bytes microbatch_working_bytes(const Plan& plan, const Model& model) {
   const int u = plan.u_bwd;
-  const int shards = sharded ? plan.gpus : 1;
   const bool keep = plan.knobs.activation_policy == ActivationPolicy::Keep;
-  Bytes state = 0, stash = 0, peak = 0, gathered = 0;
+  Bytes stash = 0, peak = 0;
   for (int l = 0; l < model.num_layers(); ++l) {
-    state += device_state_bytes(model, l, shards);
     stash += model.input_bytes(u, l) + (keep ? saved_activation_bytes(model, u, l) : 0);
     const Bytes own = model.weight_bytes(l, l) + model.buffer_bytes(l, l) + model.input_bytes(u, l);
     peak = std::max({peak, model.peak_bytes(Phase::Fwd, u, l) - own, model.peak_bytes(Phase::Bwd, u, l) - own});
+  }
+  return stash + std::max<Bytes>(0, peak);
+}
+
+Bytes device_state_estimate_bytes(const Plan& plan, const Model& model, bool sharded) {
+  const int shards = sharded ? plan.gpus : 1;
+  Bytes state = 0, gathered = 0;
+  for (int l = 0; l < model.num_layers(); ++l) {
+    state += device_state_bytes(model, l, shards);
     gathered = std::max(gathered, model.weight_bytes(l, l) + model.buffer_bytes(l, l));
   }
-  return state + stash + std::max<Bytes>(0, peak) + (shards > 1 ? 3 * gathered : 0);
+  return state + microbatch_working_bytes(plan, model) + (shards > 1 ? 3 * gathered : 0);
 }
 
 }  // namespace harmony::core

@@ -63,6 +63,11 @@ inline Bytes device_adamw_bytes(const Model& model, int layer, int shards) {
 // moments; with weights narrower than fp32 the profile's optimizer state also holds the fp32 masters).
 Bytes device_state_bytes(const Model& model, int layer, int shards);
 
+// What one microbatch at plan.u_bwd adds to a GPU that keeps its state (device_state_estimate_bytes, zero2's estimate):
+// every layer's input (under keep also its saved activations: the backward starts after the last forward) and the
+// largest layer peak beyond its own weights and input.
+Bytes microbatch_working_bytes(const Plan& plan, const Model& model);
+
 // One GPU's peak estimate of such a kind at plan.u_bwd (the search's drop_infeasible): every layer's
 // device_state_bytes over plan.gpus shards (1 for a replicating kind), every layer's input for one microbatch (under
 // keep also its saved activations: the backward starts after the last forward), the largest layer peak beyond its

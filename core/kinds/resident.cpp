@@ -37,11 +37,7 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
     std::vector<int> last(static_cast<std::size_t>(R), -1);  // per layer: the op the Update follows
     for (int i = 0; i < m; ++i) {
       for (int l = 0; l < R; ++l) {
-        const int k = b.next_step(g);
-        std::vector<int> ins;
-        if (l == 0)
-          ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
-        const int F = b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/false);
+        const int F = b.forward_resident(g, l, i, u);
         if (i == 0) {
           const LayerRange L{l, l};
           b.alloc(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));

@@ -24,21 +24,16 @@ Bytes state_bytes(const Model& model, int l, int N) {
 }
 
 // One GPU's peak estimate at plan.u_bwd (the search's drop_infeasible): every layer's state_bytes, one microbatch's
-// inputs (under keep its saved activations too), the largest layer transient and, with several GPUs, one layer's full
-// gradient before its reduce-scatter.
+// working memory (microbatch_working_bytes) and, with several GPUs, one layer's full gradient before its
+// reduce-scatter.
 Bytes estimate_bytes(const Plan& plan, const Model& model) {
   const int N = plan.gpus;
-  const int u = plan.u_bwd;
-  const bool keep = plan.knobs.activation_policy == ActivationPolicy::Keep;
-  Bytes state = 0, stash = 0, peak = 0, grad = 0;
+  Bytes state = 0, grad = 0;
   for (int l = 0; l < model.num_layers(); ++l) {
     state += state_bytes(model, l, N);
-    stash += model.input_bytes(u, l) + (keep ? saved_activation_bytes(model, u, l) : 0);
-    const Bytes own = model.weight_bytes(l, l) + model.buffer_bytes(l, l) + model.input_bytes(u, l);
-    peak = std::max({peak, model.peak_bytes(Phase::Fwd, u, l) - own, model.peak_bytes(Phase::Bwd, u, l) - own});
     grad = std::max(grad, model.weight_bytes(l, l));
   }
-  return state + stash + std::max<Bytes>(0, peak) + (N > 1 ? grad : 0);
+  return state + microbatch_working_bytes(plan, model) + (N > 1 ? grad : 0);
 }
 
 // Collective keys: (pass, layer, microbatch); pass 2 the gradient's reduce-scatter, 3 the updated weights' all-gather.
@@ -68,11 +63,7 @@ Program lower_zero2(const Plan& plan, const Model& model, const LowerOptions& /*
     std::vector<int> last(static_cast<std::size_t>(R), -1);  // per layer: the op its Update follows
     for (int i = 0; i < m; ++i) {
       for (int l = 0; l < R; ++l) {
-        const int k = b.next_step(g);
-        std::vector<int> ins;
-        if (l == 0)
-          ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
-        const int F = b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/false);
+        const int F = b.forward_resident(g, l, i, u);
         if (i == 0) {
           const LayerRange L{l, l};
           b.alloc(F, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));

@@ -313,6 +313,14 @@ void ProgramBuilder::set_io(int op, int io_count, Bytes nvme_read, Bytes nvme_wr
   o.nvme_write_bytes = nvme_write;
 }
 
+int ProgramBuilder::forward_resident(int device, int l, int i, int u) {
+  const int k = next_step(device);
+  std::vector<int> ins;
+  if (l == 0)
+    ins.push_back(input_in(device, Stream::SwapIn, OpKind::X, fwd_task(device, 0), 0, i, u, k, TensorKind::Activation));
+  return forward_layer(device, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/false);
+}
+
 int ProgramBuilder::gather_resident(int device, int l, int task, int ui, int k, std::uint64_t key) {
   const LayerRange L{l, l};
   const int A = weight_op(device, Stream::P2PIn, OpKind::AG, task, ui, L, wbytes(l), bbytes(l));

@@ -95,6 +95,9 @@ class ProgramBuilder {
   // to `stash_out`; the data of layer 0 stays on the host). Under keep the FWD also allocates the
   // layer's saved activations, swapped out by their own sX (id to `saved_out`) when `stash_activations`
   // and l < R-1 (the criterion's backward follows its forward at once). Returns the FWD op.
+  // Layer l's forward for microbatch i on `device` over weights that stay on it (resident, zero2): its own step, the
+  // data X in before layer 0, then forward_layer keeping the weights. Returns the FWD op.
+  int forward_resident(int device, int l, int i, int u);
   int forward_layer(int device, int l, int i, int u, int k, bool stash_activations, const std::vector<int>& ins,
                     bool free_weights);
   // keep: the sX pair of layer l's saved activations for microbatch i, out after `fwd` (registered as an

@@ -336,8 +336,7 @@ void ActivityBuilder::set_update_stage(Activity& x, const Op& o) const {
   } else if (ref) {
     x.fixed_ps = core::seconds_to_ps(profiled_update_s(o, m_));
   } else if (const double w = update_work_s(o, m_, mach_); w > 0) {
-    cpu_work(x, w, update_traffic_bytes(x.a));
-    x.remaining = x.volume;
+    cpu_work(x, w, update_traffic_bytes(x.a));  // build() sets x.remaining from the volume, after the host work
   }
 }
 
