@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 
+import clitest
 from clitest import ROOT, SANITIZED, check, finish, run as run_in_root
 
 RUN = sys.argv[1]
@@ -271,19 +272,24 @@ def test_messages(tmp):
     check("fsdp shards over the devices' memory: exit 2 naming the shard and the fix", r.returncode == 2 and
           f"{cfg}: error: fsdp keeps 1/2 of the model's weights" in r.stderr and "plan.gpus" in r.stderr,
           (r.returncode, r.stderr))
-    # --- a kind harmony-sim prices and harmony-run does not train (zero3-opt-offload): exit 2 at plan.mode's
-    # file:line:column, the fix, and no output written
-    cfg = os.path.join(tmp, "z3o.yaml")
-    with open(cfg, "w") as f:
-        f.write(text.replace(mode.group(0), "mode: zero3-opt-offload", 1)
-                .replace("file: ../machines/cpu-4x.yaml", "preset: cpu-4x"))
+    # --- every kind harmony-sim prices and harmony-run does not train (zero3-opt-offload, zero2: the registry's
+    # trains = false): exit 2 at plan.mode's file:line:column, the fix, and no output written
+    refused = [k for k in clitest.PLAN_KINDS if k not in clitest.trained_kinds(SIM)]
+    check("the kinds harmony-run refuses include zero3-opt-offload and zero2",
+          {"zero3-opt-offload", "zero2"} <= set(refused), refused)
     line = text[:mode.start()].count("\n") + 1
-    saved = os.path.join(tmp, "z3o-weights.safetensors")
-    r = run("train", cfg, "--steps", "1", "--save-weights", saved)
-    check("zero3-opt-offload: refused at plan.mode (exit 2, file:line, the fix), nothing written",
-          r.returncode == 2 and f"{cfg}:{line}:" in r.stderr and
-          "plan.mode zero3-opt-offload: harmony-run does not train this kind yet" in r.stderr and
-          "harmony-sim" in r.stderr and not os.path.exists(saved), (r.returncode, r.stderr))
+    for kind in refused:
+        cfg = os.path.join(tmp, f"{kind}.yaml")
+        with open(cfg, "w") as f:
+            f.write(text.replace(mode.group(0), f"mode: {kind}", 1)
+                    .replace("file: ../machines/cpu-4x.yaml", "preset: cpu-4x"))
+        saved = os.path.join(tmp, f"{kind}-weights.safetensors")
+        r = run("train", cfg, "--steps", "1", "--save-weights", saved)
+        check(f"{kind}: refused at plan.mode (exit 2, file:line, the fix), nothing written",
+              r.returncode == 2 and f"{cfg}:{line}:" in r.stderr and
+              f"plan.mode {kind}: harmony-run does not train this kind yet" in r.stderr and
+              "harmony-sim" in r.stderr and not os.path.exists(saved), (r.returncode, r.stderr))
+
 
 def test_output(tmp):
     # --- --format json: progress on stderr, one JSON document on stdout
