@@ -493,14 +493,14 @@ void map_zero3_offload_optimizer(DeepSpeedRun& run) {
       run.stage, run.offload_optimizer, run.offload);
 }
 
-// ZeRO-3 without offload: fsdp.
+// ZeRO-3 without offload: zero3.
 void map_zero3(DeepSpeedRun& run) {
-  run.plan_kind = "fsdp";
+  run.plan_kind = "zero3";
   run.offload = "";
   run.reasoning =
       "ZeRO-3 without offload: parameters, gradients and optimizer state partitioned over the GPUs, each layer "
       "all-gathered for the forward and the backward, its gradient reduce-scattered every micro-step, Adam on each "
-      "GPU's partition: fsdp";
+      "GPU's partition, and stage 3's fetch and release hooks on every module and parameter: zero3";
 }
 
 // Stage 0 without offload: plain data parallelism, resident.

@@ -125,15 +125,21 @@ Zero3Overheads parse_zero3_map(const Node& v, const std::string& what, Zero3Over
 }
 
 // plan.zero3 (ZeRO-3's overheads and pipelined optimizer swap; after plan.offload, which all_knobs() parses first).
-void parse_zero3(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/) {
+void parse_zero3(const Entry& e, PlanKind kind, KindKnobs& knobs) {
   knobs.zero3 = parse_zero3_map(e.value, "plan.zero3", knobs.zero3);
-  if ((knobs.zero3.pipeline_read || knobs.zero3.pipeline_write) && knobs.offload != OffloadTier::Nvme) {
-    const Entry* key = find(e.value, knobs.zero3.pipeline_read ? "pipeline_read" : "pipeline_write");
+  if (!knobs.zero3.pipeline_read && !knobs.zero3.pipeline_write) return;
+  const Entry* key = find(e.value, knobs.zero3.pipeline_read ? "pipeline_read" : "pipeline_write");
+  if (!kind.has_knob(Knob::Offload))
+    fail(key->value.loc,
+         fmt::format("plan.zero3.{} swaps the optimizer state with the NVMe tier, but {} keeps it on the GPUs",
+                     key->key, kind.name()),
+         fmt::format("remove the key, or set plan.mode to a kind with plan.offload ({})",
+                     join_or(plan_kind_names(Knob::Offload))));
+  if (knobs.offload != OffloadTier::Nvme)
     fail(key->value.loc,
          fmt::format("plan.zero3.{} swaps the optimizer state with the NVMe tier, but plan.offload is cpu", key->key),
          "set plan.offload: nvme (DeepSpeed reads pipeline_read / pipeline_write only with offload_optimizer on "
          "nvme), or remove the key");
-  }
 }
 
 // plan.swap: scheduled | on-demand (dp-swap's and pp-swap's swap timing, docs/baselines.md "Swap timing").
@@ -146,14 +152,14 @@ void parse_swap(const Entry& e, KindKnobs& knobs, const MachineSpec& /*machine*/
 }
 
 // The parser of each knob's `plan.<knob>` key.
-void parse_knob(Knob k, const Entry& e, KindKnobs& knobs, const MachineSpec& machine) {
+void parse_knob(Knob k, const Entry& e, PlanKind kind, KindKnobs& knobs, const MachineSpec& machine) {
   switch (k) {
     case Knob::Activations:
       return parse_activations(e, knobs, machine);
     case Knob::Offload:
       return parse_offload(e, knobs, machine);
     case Knob::Zero3:
-      return parse_zero3(e, knobs, machine);
+      return parse_zero3(e, kind, knobs);
     case Knob::Swap:
       return parse_swap(e, knobs, machine);
   }
@@ -169,7 +175,7 @@ void parse_knobs(const Node& map, PlanKind kind, KindKnobs& knobs, const Machine
       fail(e->key_loc, fmt::format("plan.{} applies to plan.mode: {} only", knob_name(k), kinds),
            fmt::format("remove the key, or set mode: {}", kinds));
     }
-    parse_knob(k, *e, knobs, machine);
+    parse_knob(k, *e, kind, knobs, machine);
   }
 }
 

@@ -166,9 +166,10 @@ TEST_CASE("offload_optimizer pipeline_read / pipeline_write: read under nvme, li
                  "must be true or false"));
 }
 
-TEST_CASE("without offload: ZeRO-3 is fsdp, ZeRO-0 resident, ZeRO-2 zero2, ZeRO-1 approximate zero2") {
+TEST_CASE("without offload: ZeRO-3 is zero3, ZeRO-0 resident, ZeRO-2 zero2, ZeRO-1 approximate zero2") {
   const auto z3 = read(R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}})");
-  CHECK(z3.plan_kind == "fsdp");
+  CHECK(z3.plan_kind == "zero3");
+  CHECK(contains(z3.reasoning, "hooks on every module"));
   CHECK(z3.offload.empty());
   CHECK(z3.status == "priced");
   CHECK(contains(z3.reasoning, "reduce-scattered every micro-step"));

@@ -1,23 +1,27 @@
-// fsdp: fully sharded data parallelism with the state on the GPUs (PyTorch FSDP FULL_SHARD, DeepSpeed ZeRO-3 without
-// offload, Colossal-AI Gemini with cuda placement). Each GPU keeps 1/N of every layer's parameters, gradient and AdamW
-// state; a layer's parameters are all-gathered before each forward and each backward, its gradient is reduce-scattered
-// after each backward, and every GPU steps AdamW on its own shard on the GPU. Nothing crosses the host link but data.
+// fsdp: fully sharded data parallelism with the state on the GPUs (PyTorch FSDP FULL_SHARD, Colossal-AI Gemini with
+// cuda placement; DeepSpeed ZeRO-3 without offload is the zero3 kind: this Program plus stage 3's hook work). Each GPU
+// keeps 1/N of every layer's parameters, gradient and AdamW state; a layer's parameters are all-gathered before each
+// forward and each backward, its gradient is reduce-scattered after each backward, and every GPU steps AdamW on its own
+// shard on the GPU. Nothing crosses the host link but data.
 #include <algorithm>
 
 #include <fmt/format.h>
 
+#include "core/kinds/fsdp.hpp"
 #include "core/kinds/microbatch_sizes.hpp"
+#include "core/kinds/zero3_hooks.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program_builder.hpp"
 #include "core/search/search.hpp"
 
 namespace harmony::core {
-namespace {
 
-// One GPU's peak estimate (microbatch_sizes.hpp): its shards, one microbatch's inputs, the largest layer transient and
-// three layers' gathered weights or gradient.
-Bytes estimate_bytes(const Plan& p, const Model& m) { return device_state_estimate_bytes(p, m, /*sharded=*/true); }
+Bytes sharded_estimate_bytes(const Plan& p, const Model& m) {
+  return device_state_estimate_bytes(p, m, /*sharded=*/true);
+}
+
+namespace {
 
 // Collective keys: (pass, layer, microbatch); pass 0 the forward's all-gather, 1 the backward's, 2 the reduce-scatter.
 std::uint64_t key(int pass, int l, int i) {
@@ -37,8 +41,11 @@ std::uint64_t key(int pass, int l, int i) {
 //   Update(l), l descending, on the compute stream after the whole backward: AdamW on the GPU over the rank's shard,
 //   its `bytes` the HBM traffic (28 per parameter of the shard).
 // With one GPU there is nothing to gather or reduce: the parameters and the gradient stay whole in the state, as
-// resident's.
-Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+// resident's. With stage3_hooks (the zero3 kind) every FWD and BWD of a layer with parameters also carries DeepSpeed
+// stage 3's hook work (zero3_hooks.hpp, the optimizer on the GPUs), with any number of GPUs.
+}  // namespace
+
+Program lower_sharded(const Plan& plan, const Model& model, bool stage3_hooks) {
   validate_microbatch_plan(plan, model);
   detail::ProgramBuilder b(model, plan);
   const int R = model.num_layers();
@@ -50,6 +57,12 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
     if (N == 1 || !b.has_params(l)) return -1;
     return b.gather_resident(g, l, task, i, k, key(pass, l, i));
   };
+  // stage 3's hooks before op (a FWD or BWD of layer l)
+  auto charge = [&](int op, int l, bool backward) {
+    if (!stage3_hooks || !b.has_params(l)) return;
+    b.set_overhead(op, detail::zero3_hook_seconds(plan.knobs.zero3, model.layers[static_cast<std::size_t>(l)], backward,
+                                                  /*optimizer_offloaded=*/false));
+  };
   for (int g = 0; g < N; ++g) {
     std::vector<int> last(static_cast<std::size_t>(R), -1);  // per layer: the op its Update follows
     for (int i = 0; i < m; ++i) {
@@ -60,6 +73,7 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
           ins.push_back(b.input_in(g, Stream::SwapIn, OpKind::X, b.fwd_task(g, 0), 0, i, u, k, TensorKind::Activation));
         if (const int A = gather(g, l, i, b.fwd_task(g, l), 0, k); A >= 0) ins.push_back(A);
         const int F = b.forward_layer(g, l, i, u, k, /*stash_activations=*/false, ins, /*free_weights=*/N > 1);
+        charge(F, l, /*backward=*/false);
         if (i == 0) b.alloc(F, TensorKind::OptState, LayerRange{l, l}, -1, device_state_bytes(model, l, N));
       }
       for (int l = R - 1; l >= 0; --l) {
@@ -68,6 +82,7 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
         std::vector<int> ins;
         if (const int A = gather(g, l, i, b.bwd_task(g, l), 1, k); A >= 0) ins.push_back(A);
         const int Bw = b.backward_layer(g, l, i, u, k, /*stash_activations=*/false, ins);
+        charge(Bw, l, /*backward=*/true);
         last[static_cast<std::size_t>(l)] = Bw;
         if (N == 1 || !b.has_params(l)) continue;
         b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
@@ -92,9 +107,15 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
   return prog;
 }
 
+namespace {
+
+Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  return lower_sharded(plan, model, /*stage3_hooks=*/false);
+}
+
 // Per activation policy, ascending u; with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits.
 std::vector<Candidate> enumerate_fsdp(const Model& model, const SearchSpace& space) {
-  return enumerate_microbatch_plans(model, space, estimate_bytes);
+  return enumerate_microbatch_plans(model, space, sharded_estimate_bytes);
 }
 
 std::string describe_fsdp(const Plan& p, const Model& model) {
@@ -109,7 +130,7 @@ std::string describe_fsdp(const Plan& p, const Model& model) {
 const PlanKindSpec kSpec{
     .name = "fsdp",
     .description =
-        "fully sharded data parallel on the GPUs (PyTorch FSDP, ZeRO-3 without offload): all-gather per "
+        "fully sharded data parallel on the GPUs (PyTorch FSDP, Colossal-AI Gemini on cuda): all-gather per "
         "layer, reduce-scatter, AdamW on each GPU's shard",
     .listing_order = 85,
     .role = KindRole::Baseline,

@@ -11,6 +11,7 @@
 
 #include "core/base/error.hpp"
 #include "core/kinds/microbatch_sizes.hpp"
+#include "core/kinds/zero3_hooks.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/program_builder.hpp"
 
@@ -166,11 +167,7 @@ void validate_swapping_plan(const Plan& p, const Model& m) {
     throw ScheduleError(
         fmt::format("{}: on-demand swap applies to {} only (the kind's own swap timing is fixed)", name, kinds));
   }
-  const Zero3Overheads& z = p.knobs.zero3;
-  if (!(z.module_latency_s >= 0) || !std::isfinite(z.module_latency_s) || !(z.bucket_elements >= 1) ||
-      !std::isfinite(z.bucket_elements))
-    throw ScheduleError(fmt::format("{}: zero3 module latency ({} s) must be >= 0 and bucket ({} elements) >= 1", name,
-                                    z.module_latency_s, z.bucket_elements));
+  detail::validate_zero3_overheads(name, p.knobs.zero3);
   // The kind's rules on N, D and u (core/plan/plan_rules): N divides D and u divides D/N (one-microbatch kinds:
   // u = D/N) for the data-parallel kinds; a layer per stage, u divides D for the kinds with stages.
   const int R = m.num_layers();

@@ -9,6 +9,7 @@
 
 #include "core/kinds/microbatch_sizes.hpp"
 #include "core/kinds/swapping.hpp"
+#include "core/kinds/zero3_hooks.hpp"
 #include "core/kinds/zero_updates.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
@@ -36,16 +37,16 @@ double elements(const Model& m, int l) {
 //   Update(l) (CPU Adam) after the backward pass: every GPU's last dWB. The reference prices Update
 //   by whole layers, so layer l's update runs on the CPU of rank l mod N: the N processes share the
 //   same total optimizer work ZeRO spreads over them by shards.
-// Native-model extras (the reference ignores them): ZeRO-3's overheads (plan.knobs.zero3) put module_latency plus
-// tensor_latency per parameter tensor (Layer::param_tensors) on every FWD and BWD of a layer with parameters, and
-// grad_tensor_latency per parameter tensor on every BWD; each WB is max(ceil(elements / bucket), tensors) transfers
-// (DeepSpeed copies each parameter's partition to the GPU by itself: partition_parameters.py
-// NoGatherCoalescedHandle / all_gather_coalesced, commit 38327e07), each AG ceil(elements / bucket), and each dWB
-// one transfer per tensor (stage3.py partition_grads copies each parameter's gradient to the host by itself). With
-// offload: nvme the WB first reads g's shard from NVMe, and Update(l) reads the layer's optimizer state and FP32
-// masters from NVMe and writes them back (plus the GPU-dtype parameters when they are not FP32: the next fetch reads
-// those). The gradient path and the step's host passes, as DeepSpeed's stage 3 runs them with offload_optimizer
-// (deepspeed/runtime/zero/stage3.py at commit 38327e07; docs/baselines.md "ZeRO-3 overheads"):
+// Native-model extras (the reference ignores them): ZeRO-3's overheads (plan.knobs.zero3) put module_latency per module
+// it gathers (Layer::gathered_modules) plus tensor_latency per parameter tensor (Layer::param_tensors) on every
+// FWD and BWD of a layer with parameters, and grad_tensor_latency per parameter tensor on every BWD (zero3_hooks.hpp);
+// each WB is max(ceil(elements / bucket), tensors) transfers (DeepSpeed copies each parameter's partition to the GPU by
+// itself: partition_parameters.py NoGatherCoalescedHandle / all_gather_coalesced, commit 38327e07), each AG
+// ceil(elements / bucket), and each dWB one transfer per tensor (stage3.py partition_grads copies each parameter's
+// gradient to the host by itself). With offload: nvme the WB first reads g's shard from NVMe, and Update(l) reads the
+// layer's optimizer state and FP32 masters from NVMe and writes them back (plus the GPU-dtype parameters when they are
+// not FP32: the next fetch reads those). The gradient path and the step's host passes, as DeepSpeed's stage 3 runs them
+// with offload_optimizer (deepspeed/runtime/zero/stage3.py at commit 38327e07; docs/baselines.md "ZeRO-3 overheads"):
 //   - every dWB copies g's GPU-dtype shard into the pinned host gradient buffer and back to the GPU (partition_grads,
 //     lines 1481-1496: `grad_buffer.copy_(grad_partition)` then `.to(device)`; from the second microbatch on the
 //     buffer goes up first, is added to on the GPU ("adding directly to cpu is very slow") and comes back down): a
@@ -105,11 +106,10 @@ struct ZeroInfinityLowering {
     return std::max(1, static_cast<int>(std::ceil(e / std::max(1.0, plan.knobs.zero3.bucket_elements))));
   }
   int tensors(int l) const { return model.layers[static_cast<std::size_t>(l)].param_tensors_or_default(); }
-  // the host-side stage-3 work before a FWD (backward: true, before a BWD) of layer l
+  // the host-side stage-3 work before a FWD (backward: true, before a BWD) of layer l (the optimizer is offloaded)
   void charge_module(int op, int l, bool backward) {
-    const auto& z = plan.knobs.zero3;
-    const double per_tensor_s = z.tensor_latency_s + (backward ? z.grad_tensor_latency_s : 0.0);
-    b.set_overhead(op, z.module_latency_s + per_tensor_s * tensors(l));
+    b.set_overhead(op, detail::zero3_hook_seconds(plan.knobs.zero3, model.layers[static_cast<std::size_t>(l)], backward,
+                                                  /*optimizer_offloaded=*/true));
   }
 
   // Gathers layer l's parameters for step k of GPU g; returns the op the compute waits for (-1: none, the whole layer

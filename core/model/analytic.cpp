@@ -49,6 +49,7 @@ LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int>
   prune_backward(d.graph);
   d.owned_params = b.params;
   d.param_tensors = b.param_tensors;
+  d.gathered_modules = b.gathered_modules;
   d.resident_params = b.params;
   d.buffer_bytes = b.buffer_bytes;
   return d;
@@ -341,6 +342,7 @@ std::vector<LayerDef> bert_layers(const AnalyticSpec& s) {
     y = b.add("decoder.bias", y, b.tensor(0, b.bpe(), false, V));
     b.params += static_cast<std::int64_t>(V);
     ++b.param_tensors;
+    if (V > Layer::kZero3PersistenceElements) ++b.gathered_modules;
     LayerDef d = finish(b, "mlm_head", "mlm_head", {y});
     if (s.tied_head) d.resident_params = owned + static_cast<std::int64_t>(V) + static_cast<std::int64_t>(V * h);
     out.push_back(std::move(d));
@@ -929,6 +931,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
     l.is_criterion = d.is_criterion;
     l.param_count = d.owned_params;
     l.param_tensors = d.param_tensors;
+    l.gathered_modules = d.gathered_modules;
     l.weight_bytes = static_cast<Bytes>(std::llround(static_cast<double>(d.resident_params) * bpe));
     l.buffer_bytes = static_cast<Bytes>(std::llround(d.buffer_bytes));
     l.optimizer_state_bytes =

@@ -70,6 +70,7 @@ struct LayerDef {
   Graph graph;
   std::int64_t owned_params = 0;     // parameters it owns (its optimizer state, its update)
   int param_tensors = 0;             // the parameter tensors those are (Layer::param_tensors)
+  int gathered_modules = 0;          // the modules ZeRO-3 gathers (Layer::gathered_modules)
   std::int64_t resident_params = 0;  // parameters on the GPU while it runs (a tied head's are the embedding's)
   double buffer_bytes = 0;
   bool is_criterion = false;
@@ -110,8 +111,9 @@ class Builder {
         spec_(spec) {}
 
   Graph graph;
-  std::int64_t params = 0;  // parameters of the ops built (weights + biases + norms)
-  int param_tensors = 0;    // the nn.Parameter tensors they are (a Linear's weight and bias are two)
+  std::int64_t params = 0;   // parameters of the ops built (weights + biases + norms)
+  int param_tensors = 0;     // the nn.Parameter tensors they are (a Linear's weight and bias are two)
+  int gathered_modules = 0;  // the nn.Modules of those ZeRO-3 fetches and releases (Layer::gathered_modules)
   double buffer_bytes = 0;
 
   int input(double per_sample, double bpe, bool needs_grad) {
@@ -215,6 +217,7 @@ class Builder {
     const double w_elems = k * n + (bias ? n : 0.0);
     params += static_cast<std::int64_t>(w_elems);
     param_tensors += bias ? 2 : 1;
+    if (k * n > Layer::kZero3PersistenceElements) ++gathered_modules;
     op.weight_grad_bytes = w_elems * pbpe_;
     const double a = rows * k * bpe_, c = rows * n * bpe_, w = w_elems * bpe_;
     weight_cast(op, w_elems);
@@ -458,6 +461,7 @@ class Builder {
     op.saved = {ids};
     params += static_cast<std::int64_t>(vocab * h);
     param_tensors += 1;
+    if (vocab * h > Layer::kZero3PersistenceElements) ++gathered_modules;
     op.weight_grad_bytes = vocab * h * pbpe_;
     const double out = ps_bytes(op.output);
     op.fwd.push_back(mem(2 * out + ps_bytes(ids), fixed_bytes(ids)));
@@ -522,6 +526,7 @@ class Builder {
     const double w_elems = cout * cin * k * k;
     params += static_cast<std::int64_t>(w_elems);
     param_tensors += 1;
+    if (w_elems > Layer::kZero3PersistenceElements) ++gathered_modules;
     op.weight_grad_bytes = w_elems * pbpe_;
     const double io = ps_bytes(x) + cout * out_hw * bpe_, w = w_elems * bpe_;
     weight_cast(op, w_elems);

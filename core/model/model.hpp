@@ -26,6 +26,14 @@ struct Layer {
   int param_tensors = 0;
   int param_tensors_or_default() const { return param_tensors > 0 ? param_tensors : kDefaultParamTensors; }
   static constexpr int kDefaultParamTensors = 2;
+  // The nn.Modules among those whose parameters DeepSpeed stage 3 fetches and releases around every use: the ones
+  // holding a tensor above its default stage3_param_persistence_threshold (kZero3PersistenceElements; smaller tensors,
+  // a norm's gain or a bias, stay whole on every GPU: parameter_offload.py mark_persistent_parameters). Stage 3 hooks
+  // every submodule (_register_deepspeed_module), and these pay its fetch and release. Analytic models derive it;
+  // -1 = unknown (profiles do not record it), and gathered_modules_or_default() assumes one such module per layer.
+  int gathered_modules = -1;
+  int gathered_modules_or_default() const { return gathered_modules >= 0 ? gathered_modules : 1; }
+  static constexpr double kZero3PersistenceElements = 1e5;  // DeepSpeed zero/config.py param_persistence_threshold
   double update_time_cpu_s = 0.0;
   Bytes input_bytes_per_sample = 0;  // X[l] per sample: the previous layer's output (data for l = 0)
   // Aligned with Model::ubatch_fwd / Model::ubatch_bwd.

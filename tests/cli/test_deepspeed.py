@@ -2,7 +2,8 @@
 """End-to-end tests of `harmony-sim compare CONFIG --deepspeed ds_config.json`: the README's command on the shipped
 DeepSpeed examples (configs/deepspeed/: exit 0, the marked row and its reasoning in the table, the `deepspeed` object
 of --format json valid against schemas/compare.schema.json and consistent with the table's kinds), ZeRO-3 with only
-the optimizer offloaded under gradient accumulation (zero3-opt-offload, priced), and bad files: exit 2 with the DeepSpeed
+the optimizer offloaded under gradient accumulation (zero3-opt-offload, priced), ZeRO-3 without offload (zero3, slower
+than fsdp by its hooks), and bad files: exit 2 with the DeepSpeed
 config's file:line:column and a hint."""
 import json
 import os
@@ -110,6 +111,19 @@ with tempfile.TemporaryDirectory() as tmp:
     d = doc.get("deepspeed") or {}
     check("stage 3 optimizer offload json: priced, with a plan", d.get("plan_kind") == "zero3-opt-offload" and
           d.get("status") == "priced" and d.get("best") is not None, d)
+
+    # --- ZeRO-3 without offload: zero3, priced with stage 3's hooks: slower than fsdp's row (the same Program without
+    # them) in the same compare, and its table row present
+    p = write("z3.json", '{"train_micro_batch_size_per_gpu": 2,\n "zero_optimization": {"stage": 3}}\n')
+    r = run("compare", CFG, "--deepspeed", p, "--quiet", "--format", "json")
+    doc = json.loads(r.stdout) if r.returncode == 0 else {}
+    check("stage 3 without offload: exit 0, valid", r.returncode == 0 and not validate(doc), r.stderr + validate(doc))
+    d = doc.get("deepspeed") or {}
+    check("stage 3 without offload: zero3, priced, the hooks in the reasoning", d.get("plan_kind") == "zero3" and
+          d.get("status") == "priced" and "hooks" in (d.get("reasoning") or ""), d)
+    by_kind = {k.get("plan_kind"): k for k in doc.get("results", [])}
+    t = [((by_kind.get(k) or {}).get("best") or {}).get("iteration_time_s") for k in ("fsdp", "zero3")]
+    check("zero3 is fsdp plus host work: slower", None not in t and t[1] > t[0], t)
 
     # --- the pipelined optimizer swap (offload_optimizer pipeline_read / pipeline_write, NVMe only): the row takes
     # search.zero3's knobs, says so in its notes, and is faster than the same config swapping in series, on a

@@ -243,7 +243,7 @@ def test_best_and_binding(cfg):
     doc = memory_json(LLAMA, *host)
     validate("memory llama3-70b on 1 TiB", doc)
     for kind, k in by_kind(doc).items():
-        if kind in ("resident", "fsdp", "zero2"):  # 1.1 TB of state per GPU (fsdp: an eighth, 140 GB): GPU memory
+        if kind in ("resident", "fsdp", "zero2", "zero3"):  # 1.1 TB of state per GPU (fsdp, zero3: an eighth): GPU memory
             # binds; the host holds nothing of the model
             check(f"1 TiB host {kind}: GPU memory binds", not k["fits"] and k["binding"] == "gpu_memory" and
                   k["needs"]["host_bytes"] == 0, k)

@@ -225,6 +225,11 @@ TEST_CASE("GPT-2 Medium analytic model: sizes, state and input bytes follow the 
   CHECK(block.param_tensors == 12);
   CHECK(m.layers[0].param_tensors == 2);   // wte, wpe
   CHECK(m.layers[25].param_tensors == 2);  // ln_f w/b
+  // the modules whose parameters ZeRO-3 gathers (a tensor above 1e5 elements): c_attn, c_proj, c_fc, mlp.c_proj (the
+  // LayerNorms are persistent); wte and wpe (1024 x 1024); none in ln_f
+  CHECK(block.gathered_modules == 4);
+  CHECK(m.layers[0].gathered_modules == 2);
+  CHECK(m.layers[25].gathered_modules == 0);
   CHECK(block.weight_bytes == 4 * block.param_count);
   CHECK(block.buffer_bytes == 4 * 1024 * 1024);                 // the causal mask, as in the profile
   CHECK(block.optimizer_state_bytes == 8 * block.param_count);  // Adam: two FP32 moments

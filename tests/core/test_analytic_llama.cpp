@@ -138,6 +138,25 @@ std::string llama2_with(const std::string& key, const std::string& line) {
 // ------------------------------------------------------------------------------------------------
 // Named shapes: parameter counts exact against the checkpoints
 
+TEST_CASE("ZeRO-3's gathered modules: a Llama block's seven projections in eager kernels, four when packed") {
+  // Hugging Face's LlamaDecoderLayer: q, k, v, o, gate, up, down (Linears above DeepSpeed's 1e5-element persistence
+  // threshold) and two RMSNorms of 4096 gains (persistent); fused and flash kernels pack qkv and gate_up
+  AnalyticSpec s = preset("llama3-8b");
+  s.seq_len = 256;
+  s.ubatch_sizes = {1};
+  s.kernels = KernelStyle::Eager;
+  const Model eager = analytic_model(s, h100());
+  CHECK(eager.layers[1].gathered_modules == 7);
+  CHECK(eager.layers[1].param_tensors == 9);
+  CHECK(eager.layers[0].gathered_modules == 1);   // the embedding
+  CHECK(eager.layers[33].gathered_modules == 0);  // the final norm
+  CHECK(eager.layers[34].gathered_modules == 1);  // lm_head
+  s.kernels = KernelStyle::Fused;
+  const Model fused = analytic_model(s, h100());
+  CHECK(fused.layers[1].gathered_modules == 4);
+  CHECK(fused.layers[1].param_tensors == 6);
+}
+
 TEST_CASE("named shapes: each parameter count is the shape formula's and the published checkpoint's") {
   struct Published {
     const char* preset;

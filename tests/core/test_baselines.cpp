@@ -1026,7 +1026,17 @@ TEST_CASE("harmony-run plan.offload and plan.zero3: zero-infinity's knobs, defau
   CHECK(error(head + "plan: {mode: dp-swap, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2, offload: cpu" + tail)
             .find("zero-infinity, zero3-opt-offload or lohan only") != std::string::npos);
   CHECK(error(head + "plan: {mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4, zero3: {bucket: 1e6}" + tail)
-            .find("plan.zero3 applies to plan.mode: zero-infinity or zero3-opt-offload only") != std::string::npos);
+            .find("plan.zero3 applies to plan.mode: zero-infinity, zero3-opt-offload or zero3 only") !=
+        std::string::npos);
+  // zero3 (DeepSpeed ZeRO-3 on the GPUs) takes the hook costs, not the optimizer swap (it has none) nor an offload tier
+  const std::string z3 = "plan: {mode: zero3, gpus: 2, minibatch: 8, u_fwd: 2, u_bwd: 2";
+  CHECK(load(head + z3 + ", zero3: {module_latency: 70us, tensor_latency: 4us}" + tail)
+            .plan.knobs.zero3.module_latency_s == doctest::Approx(70e-6));
+  const std::string z3_pipe = error(head + nvme + z3 + ", zero3: {pipeline_read: true}" + tail);
+  CHECK(z3_pipe.find("run.yaml:") != std::string::npos);
+  CHECK(z3_pipe.find("plan.zero3.pipeline_read swaps the optimizer state with the NVMe tier, but zero3 keeps it on the "
+                     "GPUs") != std::string::npos);
+  CHECK(error(head + z3 + ", offload: cpu" + tail).find("plan.offload applies to plan.mode") != std::string::npos);
   const auto lo =
       load(head + nvme + "plan: {mode: lohan, gpus: 2, minibatch: 8, u_fwd: 4, u_bwd: 4, offload: nvme" + tail);
   CHECK(lo.plan.knobs.offload == core::OffloadTier::Nvme);

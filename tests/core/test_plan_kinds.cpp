@@ -104,20 +104,20 @@ const std::string kTrainModel =
 
 }  // namespace
 
-TEST_CASE("the registry generates the twelve kinds in listing order, each a complete module") {
+TEST_CASE("the registry generates the thirteen kinds in listing order, each a complete module") {
   CHECK(plan_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity",
                                                       "zero3-opt-offload", "zero-offload", "l2l", "lohan", "zero2",
-                                                      "fsdp", "resident"});
+                                                      "fsdp", "zero3", "resident"});
   CHECK(harmony_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp"});
   CHECK(plan_kind_names(KindRole::Baseline) == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity",
                                                                         "zero3-opt-offload", "zero-offload", "l2l",
-                                                                        "lohan", "zero2", "fsdp"});
+                                                                        "lohan", "zero2", "fsdp", "zero3"});
   CHECK(plan_kind_names(KindRole::Ceiling) == std::vector<std::string>{"resident"});
   CHECK(plan_kind_names(Knob::Activations) == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity",
                                                                        "zero3-opt-offload", "zero-offload", "l2l",
-                                                                       "lohan", "zero2", "fsdp", "resident"});
+                                                                       "lohan", "zero2", "fsdp", "zero3", "resident"});
   CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload", "lohan"});
-  CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload"});
+  CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload", "zero3"});
   CHECK(plan_kind_names(Knob::Swap) == std::vector<std::string>{"dp-swap", "pp-swap"});
   CHECK(PlanKind() == plan_kind("harmony-pp"));  // a default Plan's kind
   std::set<std::string> names;
@@ -142,14 +142,14 @@ TEST_CASE("the registry generates the twelve kinds in listing order, each a comp
   CHECK(harmony_kind_names().size() + plan_kind_names(KindRole::Baseline).size() +
             plan_kind_names(KindRole::Ceiling).size() ==
         plan_kinds().size());
-  // the ceiling keeps its state on the devices; so do fsdp and zero2 (partitioned); harmony-run trains every kind
-  // but zero3-opt-offload and zero2 (harmony-sim prices them; their partitions have no executor state yet)
+  // the ceiling keeps its state on the devices; so do fsdp, zero2 and zero3 (partitioned); harmony-run trains every
+  // kind but zero3-opt-offload, zero2 and zero3 (harmony-sim prices them; their partitions have no executor state yet)
   for (const PlanKind& k : plan_kinds()) {
     INFO(k.name());
     if (k->role == KindRole::Ceiling) CHECK(k->resident_state);
-    CHECK(k->resident_state ==
-          (k.name() == std::string("resident") || k.name() == std::string("fsdp") || k.name() == std::string("zero2")));
-    CHECK(k->trains == (k.name() != std::string("zero3-opt-offload") && k.name() != std::string("zero2")));
+    const std::string n = k.name();
+    CHECK(k->resident_state == (n == "resident" || n == "fsdp" || n == "zero2" || n == "zero3"));
+    CHECK(k->trains == (n != "zero3-opt-offload" && n != "zero2" && n != "zero3"));
   }
   CHECK_FALSE(find_plan_kind("vPP").has_value());  // an alias of plan.mode, not a kind's name
   CHECK(find_plan_kind("vPP", /*with_aliases=*/true) == plan_kind("harmony-pp"));

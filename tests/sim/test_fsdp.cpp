@@ -1,6 +1,6 @@
-// The fsdp and zero2 kinds (core/kinds/fsdp.cpp, zero2.cpp) lowered and priced: their Programs' collectives, shards
-// and GPU updates counted against closed forms, one GPU priced as resident, and the memory and time they trade
-// against resident on several.
+// The fsdp, zero2 and zero3 kinds (core/kinds/fsdp.cpp, zero2.cpp, zero3.cpp) lowered and priced: their Programs'
+// collectives, shards, GPU updates and stage-3 hook work counted against closed forms, one GPU priced as resident, and
+// the memory and time they trade against resident on several.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/base/error.hpp"
 #include "core/kinds/kinds.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program.hpp"
@@ -265,6 +266,100 @@ TEST_CASE("fsdp is a baseline harmony-sim prices and harmony-run trains") {
   CHECK(k->resident_state);
   CHECK(k->trains);
   CHECK(k->data_parallel);
+}
+
+TEST_CASE("zero3: fsdp's Program with stage 3's hook work on every FWD and BWD, per gathered module and tensor") {
+  // Layers of T = 3 parameter tensors in M = 2 gathered modules; module_latency 1 ms, tensor_latency 0.1 ms: each FWD
+  // carries M x 1 + T x 0.1 = 2.3 ms, each BWD M x 1 + 2 T x 0.1 = 2.6 ms (the gradient's path without the optimizer
+  // offloaded is another tensor_latency per tensor; grad_tensor_latency is the offload kinds').
+  core::Model m = tiny_model();
+  for (auto& L : m.layers) {
+    L.param_tensors = 3;
+    L.gathered_modules = 2;
+  }
+  core::Plan z = plan_of("zero3", 2, 8, 2);
+  z.knobs.zero3.module_latency_s = 1e-3;
+  z.knobs.zero3.tensor_latency_s = 1e-4;
+  z.knobs.zero3.grad_tensor_latency_s = 5.0;  // not read by zero3
+  const core::Program pz = core::lower_plan(z, m);
+  const core::Program pf = core::lower_plan(plan_of("fsdp", 2, 8, 2), m);
+  REQUIRE(pz.ops.size() == pf.ops.size());
+  int fwd = 0, bwd = 0;
+  for (std::size_t i = 0; i < pz.ops.size(); ++i) {
+    CAPTURE(i);
+    const core::Op& a = pz.ops[i];
+    const core::Op& b = pf.ops[i];
+    CHECK(a.kind == b.kind);  // the same ops, bytes and order: only the host work differs
+    CHECK(a.bytes == b.bytes);
+    CHECK(a.device == b.device);
+    CHECK(pf.cost.op(static_cast<int>(i)).overhead_s == 0.0);
+    const double o = pz.cost.op(static_cast<int>(i)).overhead_s;
+    if (a.kind == OpKind::FWD) {
+      CHECK(o == doctest::Approx(2.3e-3).epsilon(1e-12));
+      ++fwd;
+    } else if (a.kind == OpKind::BWD) {
+      CHECK(o == doctest::Approx(2.6e-3).epsilon(1e-12));
+      ++bwd;
+    } else {
+      CHECK(o == 0.0);
+    }
+  }
+  CHECK(fwd == 2 * 2 * 2);  // 2 GPUs x 2 microbatches x 2 layers
+  CHECK(bwd == 2 * 2 * 2);
+  // zero latencies: fsdp's time and memory exactly
+  const auto mach = one_switch(2);
+  core::Plan z0 = plan_of("zero3", 2, 8, 2);
+  z0.knobs.zero3.module_latency_s = z0.knobs.zero3.tensor_latency_s = 0;
+  const auto r0 = sim::run_native(core::lower_plan(z0, m), m, mach, quiet());
+  const auto rf = sim::run_native(pf, m, mach, quiet());
+  CHECK(iteration_ps(r0) == iteration_ps(rf));
+  CHECK(r0.peak_bytes == rf.peak_bytes);
+  // a profile's layer (no module count) is one gathered module
+  for (auto& L : m.layers) L.gathered_modules = -1;
+  for (std::size_t i = 0; i < pz.ops.size(); ++i)
+    if (pz.ops[i].kind == OpKind::FWD)
+      CHECK(core::lower_plan(z, m).cost.op(static_cast<int>(i)).overhead_s == doctest::Approx(1.3e-3).epsilon(1e-12));
+}
+
+TEST_CASE("zero3 on one GPU: resident's Program and collectives-free, slower by exactly its hooks") {
+  // One GPU, two microbatches of 2 (D = 4): the compute stream runs FWD0 FWD1 BWD1 BWD0 twice, each op after its
+  // host work, so the iteration is resident's plus 2 microbatches x 2 layers x (2.3 + 2.6) ms = 19.6 ms.
+  core::Model m = tiny_model();
+  for (auto& L : m.layers) {
+    L.param_tensors = 3;
+    L.gathered_modules = 2;
+  }
+  core::Plan z = plan_of("zero3", 1, 4, 2);
+  z.knobs.zero3.module_latency_s = 1e-3;
+  z.knobs.zero3.tensor_latency_s = 1e-4;
+  const core::Program pz = core::lower_plan(z, m);
+  for (const core::Op& op : pz.ops) CHECK((op.kind != OpKind::AG && op.kind != OpKind::RS));
+  const auto mach = one_switch(1);
+  const auto rz = sim::run_native(pz, m, mach, quiet());
+  const auto rr = sim::run_native(core::lower_plan(plan_of("resident", 1, 4, 2), m), m, mach, quiet());
+  CHECK(core::ps_to_seconds(iteration_ps(rz) - iteration_ps(rr)) == doctest::Approx(19.6e-3).epsilon(1e-9));
+  CHECK(rz.peak_bytes == rr.peak_bytes);
+  CHECK(rz.host.total_bytes() == 0);
+}
+
+TEST_CASE("zero3 refuses hook costs no config could give") {
+  const core::Model m = tiny_model();
+  core::Plan z = plan_of("zero3", 2, 8, 2);
+  z.knobs.zero3.tensor_latency_s = -1e-6;
+  CHECK_THROWS_AS(core::lower_plan(z, m), core::ScheduleError);
+  z.knobs.zero3.tensor_latency_s = 0;
+  z.knobs.zero3.bucket_elements = 0.5;
+  CHECK_THROWS_AS(core::lower_plan(z, m), core::ScheduleError);
+}
+
+TEST_CASE("zero3 is a baseline harmony-sim prices and harmony-run refuses, with plan.zero3") {
+  const core::PlanKind k = core::plan_kind("zero3");
+  CHECK(k->role == core::KindRole::Baseline);
+  CHECK(k->resident_state);
+  CHECK_FALSE(k->trains);
+  CHECK(k->data_parallel);
+  CHECK(k.has_knob(core::Knob::Zero3));
+  CHECK_FALSE(k.has_knob(core::Knob::Offload));
 }
 
 }  // namespace harmony

@@ -438,6 +438,26 @@ TEST_CASE("zero-infinity: ZeRO-3's per-parameter-tensor costs, paid at batch 1 a
   CHECK(lat12 > lat1 + 11e-3);  // at least layer 0's forward fetch, 11 more latencies, is on the critical path
 }
 
+TEST_CASE("zero-infinity: module_latency is paid per gathered module, not per layer") {
+  // One GPU, one microbatch, fast links, no transfer latency: FWD0 FWD1 BWD1 BWD0 is the critical path. With
+  // module_latency 1 ms and no per-tensor costs, a layer of M gathered modules adds M ms before each FWD and each BWD:
+  // from M = 1 to M = 4 the iteration grows by 2 layers x 2 passes x 3 ms = 12 ms. DeepSpeed hooks every submodule
+  // (parameter_offload.py); until session 14 the model paid the latency once per layer whatever its modules.
+  auto m = fast_box();
+  core::Plan p = plan_of("zero-infinity", 1, 1);
+  p.knobs.zero3.module_latency_s = 1e-3;
+  p.knobs.zero3.tensor_latency_s = 0;
+  p.knobs.zero3.grad_tensor_latency_s = 0;
+  auto time_with = [&](int modules) {
+    auto model = two_layers();
+    for (auto& L : model.layers) L.gathered_modules = modules;
+    return sim::simulate_native(core::lower_plan(p, model), model, m).iteration_time_s;
+  };
+  CHECK(time_with(4) - time_with(1) == doctest::Approx(12e-3).epsilon(1e-9));
+  CHECK(time_with(-1) == doctest::Approx(time_with(1)).epsilon(1e-12));       // unknown: one module a layer
+  CHECK(time_with(1) - time_with(0) == doctest::Approx(4e-3).epsilon(1e-9));  // none gathered: no module latency
+}
+
 TEST_CASE("zero-infinity offload: nvme moves masters and state to the drives and reads them per fetch and step") {
   // Two fp32 layers of 1000 parameters: W = 4000, optimizer state 8000, masters 4000 bytes per layer. Two
   // microbatches on one GPU: every WB reads its 4000 bytes from NVMe (2 passes x 2 microbatches x 2 layers =
