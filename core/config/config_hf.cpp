@@ -374,6 +374,9 @@ void read_layer_types(HfConfig& c, AnalyticSpec& s) {
 // Qwen3ForCausalLM).
 void read_llama(HfConfig& c, const std::string& type, bool seq_len_given, AnalyticSpec& s) {
   s.family = ModelFamily::Llama;
+  // transformers' modelling code keeps q_proj, k_proj, v_proj, gate_proj and up_proj apart with every attention
+  // implementation and kernel style (the GEMMs priced, and the modules ZeRO-3 gathers)
+  s.projections = Projections::Separate;
   read_dims(c, {"num_hidden_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"}, type,
             seq_len_given, s);
   s.ffn = c.req_int("intermediate_size", 1, 4 * kMaxDim, type);

@@ -29,18 +29,19 @@ const std::vector<std::string> kModelKeys = {"profile",      "analytic",       "
                                              "seq_len",      "dtype",          "optimizer",     "kernels",
                                              "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast"};
 const std::vector<std::string> kAnalyticKeys = {
-    "preset",       "family",           "name",           "layers",    "hidden",    "heads",
-    "ffn",          "seq_len",          "vocab",          "tied_head", "head",      "labels",
-    "image_size",   "classes",          "dtype",          "optimizer", "kernels",   "dropout",
-    "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",  "qk_norm",
-    "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims", "parallel_residual",
-    "act",          "master_weights",   "cpu_optimizer",  "autocast"};
+    "preset",       "family",           "name",           "layers",    "hidden",     "heads",
+    "ffn",          "seq_len",          "vocab",          "tied_head", "head",       "labels",
+    "image_size",   "classes",          "dtype",          "optimizer", "kernels",    "dropout",
+    "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",   "qk_norm",
+    "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims",  "parallel_residual",
+    "act",          "master_weights",   "cpu_optimizer",  "autocast",  "projections"};
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "neox"};
 const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
 const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
 const std::vector<std::string> kCpuOptimizers = {"deepspeed", "torch"};              // CpuOptimizerImpl order
 const std::vector<std::string> kKernelStyles = {"eager", "fused", "flash", "sdpa"};  // KernelStyle order
+const std::vector<std::string> kProjections = {"auto", "separate", "packed"};        // Projections order
 const std::vector<std::string> kBertHeads = {"mlm", "classifier"};
 const std::vector<std::string> kGptHeads = {"lm", "none"};
 
@@ -161,6 +162,7 @@ void check_family_keys(const Node& map, const std::string& what, ModelFamily fam
   only_for("kv_heads", llama, "llama");
   only_for("head_dim", llama, "llama");
   only_for("qk_norm", llama, "llama");
+  only_for("projections", llama, "llama");
   only_for("sliding_window", llama, "llama");
   only_for("rope_dims", neox, "neox");
   only_for("parallel_residual", neox, "neox");
@@ -200,6 +202,9 @@ void parse_decoder_keys(const Node& map, const std::string& what, AnalyticSpec& 
   const Entry* kv_heads = int_key("kv_heads", spec.kv_heads, 1);
   int_key("head_dim", spec.head_dim, 1);
   if (const Entry* x = find(map, "qk_norm")) spec.qk_norm = get_bool(x->value, what + ".qk_norm");
+  if (const Entry* x = find(map, "projections"))
+    spec.projections =
+        static_cast<Projections>(get_choice(x->value, what + ".projections", kProjections, "projection layouts"));
   int_key("sliding_window", spec.sliding_window, 1);
   const Entry* rope_dims = int_key("rope_dims", spec.rope_dims, 2);
   if (const Entry* x = find(map, "attn_bias"))

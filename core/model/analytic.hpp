@@ -49,6 +49,12 @@ enum class KernelStyle {
   Sdpa,   // as Eager, with the attention core one torch.nn.functional.scaled_dot_product_attention kernel (Hugging
           // Face attn_implementation="sdpa", transformers' default since 4.36): no T x T tensor, a recomputing backward
 };
+// llama: how the code lays out the q/k/v and the MLP's gate/up projections. Auto follows the kernel style: eager and
+// sdpa separate (Hugging Face's modelling code), fused and flash packed (one qkv and one gate_up GEMM, the fused
+// kernels' layout). Separate and Packed say what the model's code does whatever its kernels: Hugging Face's Llama,
+// Mistral and Qwen with FlashAttention-2 or Liger, torchtitan and torchtune keep q, k, v, gate and up apart; Phi-3 and
+// Megatron pack them. The GEMMs' shapes and the modules ZeRO-3 gathers (Layer::gathered_modules) follow it.
+enum class Projections { Auto, Separate, Packed };
 enum class BertHead { Mlm, Classifier };
 enum class AttnBias {
   None,
@@ -94,7 +100,8 @@ struct AnalyticSpec {
   OptimizerKind optimizer = OptimizerKind::Adam;
   CpuOptimizerImpl cpu_optimizer = CpuOptimizerImpl::Deepspeed;  // which implementation prices the CPU step
   KernelStyle kernels = KernelStyle::Eager;
-  bool dropout = true;       // dropout layers are present (training mode)
+  Projections projections = Projections::Auto;  // llama only
+  bool dropout = true;                          // dropout layers are present (training mode)
   int layers_per_block = 1;  // gpt: 1, one layer a block; 2, its attention and MLP halves (block{i}.attn, .mlp)
   int positions = 0;         // gpt: rows of the position table (Hugging Face n_positions), >= seq_len; 0: seq_len
   // llama and neox (the config loader's defaults for neox: attn_bias All, mlp_bias true)

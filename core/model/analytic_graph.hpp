@@ -99,6 +99,11 @@ inline bool eager_ops(const AnalyticSpec& s) {
   return s.kernels == KernelStyle::Eager || s.kernels == KernelStyle::Sdpa;
 }
 
+// llama: q/k/v and gate/up as one packed GEMM each (AnalyticSpec::projections; Auto: the fused kernel styles').
+inline bool packed_projections(const AnalyticSpec& s) {
+  return s.projections == Projections::Auto ? !eager_ops(s) : s.projections == Projections::Packed;
+}
+
 // Builds one layer's graph; `bpe` is the activation and weight element size.
 class Builder {
  public:

@@ -220,18 +220,19 @@ int flash_attention(Builder& b, const char* name, const std::vector<int>& qkv, d
   return b.push(std::move(op));
 }
 
-// Fused SwiGLU: silu(gate) * up from the packed [gate, up] projection (2 f per row) in one kernel that saves its
-// input; the backward one kernel reading it and dY, writing d[gate, up].
-int swiglu_fused(Builder& b, int gu, double T, double f) {
+// Fused SwiGLU: silu(gate) * up in one kernel that saves its input — the packed [gate, up] projection (2 f per row),
+// or the two projections' outputs (separate projections: Liger's silu-mul takes them apart); the backward one kernel
+// reading them and dY, writing d gate and d up. The same bytes either way.
+int swiglu_fused(Builder& b, const std::vector<int>& in, double T, double f) {
   Op op;
   op.name = "swiglu";
-  op.inputs = {gu};
+  op.inputs = in;
   op.output = b.act(T * f);
-  op.saved = {gu};
+  op.saved = in;
   const double n = T * f * b.bpe();
   op.fwd.push_back(Builder::mem(3 * n));
   op.bwd.push_back(Builder::mem(5 * n));
-  b.add_grad(op, gu);
+  for (const int x : in) b.add_grad(op, x);
   return b.push(std::move(op));
 }
 
@@ -277,7 +278,7 @@ int attention(Builder& b, const AnalyticSpec& s, int a, const Shape& z) {
   const bool qkv_bias = s.attn_bias != AttnBias::None, o_bias = s.attn_bias == AttnBias::All;
   const double q_n = z.nh * z.d, kv_n = z.kvh * z.d;
   int q = -1, k = -1, v = -1;
-  if (eager && z.llama) {
+  if (z.llama && !packed_projections(s)) {
     q = b.linear("q_proj", a, z.T, z.h, q_n, qkv_bias);
     k = b.linear("k_proj", a, z.T, z.h, kv_n, qkv_bias);
     v = b.linear("v_proj", a, z.T, z.h, kv_n, qkv_bias);
@@ -349,12 +350,12 @@ int mlp(Builder& b, const AnalyticSpec& s, int a, const Shape& z) {
     return b.linear("dense_4h_to_h", g, z.T, z.f, z.h, s.mlp_bias);
   }
   int m = -1;
-  if (eager_ops(s)) {
+  if (!packed_projections(s)) {
     const int gate = b.linear("gate_proj", a, z.T, z.h, z.f, s.mlp_bias);
     const int up = b.linear("up_proj", a, z.T, z.h, z.f, s.mlp_bias);
-    m = b.mul("act*up", b.unary("silu", gate, 1, {3}), up);
+    m = eager_ops(s) ? b.mul("act*up", b.unary("silu", gate, 1, {3}), up) : swiglu_fused(b, {gate, up}, z.T, z.f);
   } else {
-    m = swiglu_fused(b, b.linear("gate_up_proj", a, z.T, z.h, 2 * z.f, s.mlp_bias), z.T, z.f);
+    m = swiglu_fused(b, {b.linear("gate_up_proj", a, z.T, z.h, 2 * z.f, s.mlp_bias)}, z.T, z.f);
   }
   return b.linear("down_proj", m, z.T, z.f, z.h, s.mlp_bias);
 }

@@ -157,6 +157,36 @@ TEST_CASE("ZeRO-3's gathered modules: a Llama block's seven projections in eager
   CHECK(fused.layers[1].param_tensors == 6);
 }
 
+TEST_CASE("projections: the code's q/k/v and gate/up layout whatever the kernels, the same parameters and FLOPs") {
+  AnalyticSpec s = preset("llama3-8b");
+  s.seq_len = 256;
+  s.ubatch_sizes = {1};
+  const auto block = [](const AnalyticSpec& x) { return analytic_layer_info(x)[1]; };
+  for (KernelStyle k : {KernelStyle::Eager, KernelStyle::Fused, KernelStyle::Flash, KernelStyle::Sdpa}) {
+    INFO(static_cast<int>(k));
+    s.kernels = k;
+    s.projections = Projections::Auto;
+    const bool packed_by_default = k == KernelStyle::Fused || k == KernelStyle::Flash;
+    const AnalyticLayerInfo base = block(s);
+    for (Projections p : {Projections::Separate, Projections::Packed}) {
+      s.projections = p;
+      const AnalyticLayerInfo b = block(s);
+      CHECK(b.param_count == base.param_count);
+      CHECK(b.fwd_flops_per_sample == doctest::Approx(base.fwd_flops_per_sample).epsilon(1e-12));
+      const Model m = analytic_model(s, h100());
+      const bool packed = p == Projections::Packed;
+      CHECK(m.layers[1].gathered_modules == (packed ? 4 : 7));
+      CHECK(m.layers[1].param_tensors == (packed ? 6 : 9));
+      if (packed == packed_by_default) {  // Auto's layout: the same graph, the same times
+        s.projections = Projections::Auto;
+        const Model a = analytic_model(s, h100());
+        CHECK(a.layers[1].fwd_time_s == m.layers[1].fwd_time_s);
+        CHECK(a.layers[1].bwd_time_s == m.layers[1].bwd_time_s);
+      }
+    }
+  }
+}
+
 TEST_CASE("named shapes: each parameter count is the shape formula's and the published checkpoint's") {
   struct Published {
     const char* preset;
@@ -677,6 +707,24 @@ TEST_CASE("hf_config: Qwen3, whose head_dim is not hidden / heads, has its publi
           kPlan,
       "run.yaml");
   CHECK(total_params(*c.model.analytic) == 596'049'920);
+  // projections: the code's layout (llama only), located errors for a bad value and another family
+  c = load_config_text("model:\n  analytic: {preset: llama3-8b, kernels: flash, projections: separate}\n" + kPlan,
+                       "run.yaml");
+  CHECK(c.model.analytic->projections == Projections::Separate);
+  CHECK(c.model.analytic->kernels == KernelStyle::Flash);
+  const auto error_of = [](const std::string& text) {
+    try {
+      load_config_text(text, "run.yaml");
+    } catch (const ConfigError& e) {
+      return std::string(e.what()) + " | " + e.hint();
+    }
+    return std::string("no error");
+  };
+  const std::string bad = error_of("model:\n  analytic: {preset: llama3-8b, projections: fused}\n" + kPlan);
+  CHECK(bad.find("run.yaml:2:") != std::string::npos);
+  CHECK(bad.find("separate") != std::string::npos);
+  const std::string gpt = error_of("model:\n  analytic: {preset: gpt2-medium, projections: packed}\n" + kPlan);
+  CHECK(gpt.find("projections is a key of llama models only") != std::string::npos);
 }
 
 TEST_CASE("hf_config: Llama 2 and 3, Mistral, GPT-2 and GPT-NeoX files give the published shapes") {
@@ -703,6 +751,7 @@ TEST_CASE("hf_config: Llama 2 and 3, Mistral, GPT-2 and GPT-NeoX files give the 
   CHECK(l3.seq_len == 8192);
   CHECK(l3.dtype == DType::Bf16);
   CHECK(l3.kernels == KernelStyle::Fused);
+  CHECK(l3.projections == Projections::Separate);  // transformers' code, whatever the kernels
   CHECK(l3.optimizer == OptimizerKind::Sgd);
   CHECK(l3.name == "l3");
   CHECK(l3.ubatch_sizes == std::vector<int>{1, 2});
