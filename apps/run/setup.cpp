@@ -161,9 +161,9 @@ Setup make_setup(const Cli& cli) {
     throw core::ConfigError(
         cfg.plan.mode_loc,
         fmt::format("plan.mode {}: harmony-run does not train this kind yet; harmony-sim prices it", kind.name()),
-        fmt::format("price it with harmony-sim (simulate, compare); to train, use mode: resident (the in-memory "
-                    "trainer) or a kind that offloads (zero-offload, zero-infinity) (docs/baselines.md#{})",
-                    kind.name()));
+        fmt::format("price it with harmony-sim (simulate, compare); to train the same updates, use mode: {} "
+                    "(docs/baselines.md#{})",
+                    kind->trains_as, kind.name()));
   const backend::Gpt2Config gc = gpt2_config(cfg);
   if (gc.arch == backend::Arch::Llama) {
     const backend::DeviceKind& kind = device_kind(cfg);

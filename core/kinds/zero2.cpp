@@ -131,6 +131,7 @@ const PlanKindSpec kSpec{
     .even_split = true,
     .resident_state = true,
     .trains = false,
+    .trains_as = "resident",  // AdamW over the same summed gradients, partitioned or not
     .knobs = {Knob::Activations},
     .validate = validate_microbatch_plan,
     .lower = lower_zero2,

@@ -54,6 +54,7 @@ const PlanKindSpec kSpec{
     .even_split = true,
     .resident_state = true,
     .trains = false,
+    .trains_as = "fsdp",  // the same Program: stage 3's hooks are host time only
     .knobs = {Knob::Activations, Knob::Zero3},
     .validate = validate_zero3,
     .lower = lower_zero3,

@@ -304,6 +304,7 @@ const PlanKindSpec kOptOffloadSpec{
     .even_split = true,
     .offload_tiers = true,
     .trains = false,
+    .trains_as = "zero-infinity",  // the same CPU Adam on the same gradients; the parameters live elsewhere
     .knobs = {Knob::Activations, Knob::Offload, Knob::Zero3},
     .validate = validate_swapping_plan,
     .lower = lower_zero3_opt_offload,

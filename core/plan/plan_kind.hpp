@@ -58,6 +58,10 @@ struct PlanKindSpec {
   // harmony-run's executor trains its Programs. false: a kind harmony-sim prices but harmony-run refuses (plan.mode
   // names it; --plan auto never offers it), said in docs/baselines.md.
   bool trains = true;
+  // A kind harmony-sim prices and harmony-run refuses (trains false) names the trained kind whose Programs make the
+  // same updates (what differs is only where state lives or what host work the system adds): harmony-run's refusal
+  // offers it. nullptr for the kinds that train.
+  const char* trains_as = nullptr;
   std::vector<Knob> knobs = {};  // the plan.<knob> keys it reads (Plan::knobs)
 
   // ---- the kind's functions (core/kinds/<kind>.cpp) ----

@@ -289,6 +289,12 @@ def test_messages(tmp):
               r.returncode == 2 and f"{cfg}:{line}:" in r.stderr and
               f"plan.mode {kind}: harmony-run does not train this kind yet" in r.stderr and
               "harmony-sim" in r.stderr and not os.path.exists(saved), (r.returncode, r.stderr))
+    # the hint offers the trained kind with the same updates, and that kind trains the same config
+    same = {"zero3": "fsdp", "zero2": "resident", "zero3-opt-offload": "zero-infinity"}
+    for kind, instead in same.items():
+        r = run("train", os.path.join(tmp, f"{kind}.yaml"), "--steps", "1")
+        check(f"{kind}: the hint names mode: {instead}", f"to train the same updates, use mode: {instead}" in r.stderr,
+              r.stderr)
 
 
 def test_output(tmp):

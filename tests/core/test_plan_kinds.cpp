@@ -150,6 +150,12 @@ TEST_CASE("the registry generates the thirteen kinds in listing order, each a co
     const std::string n = k.name();
     CHECK(k->resident_state == (n == "resident" || n == "fsdp" || n == "zero2" || n == "zero3"));
     CHECK(k->trains == (n != "zero3-opt-offload" && n != "zero2" && n != "zero3"));
+    // a refused kind names the trained kind that makes its updates; a trained kind names none
+    CHECK((k->trains_as == nullptr) == k->trains);
+    if (k->trains_as != nullptr) {
+      REQUIRE(find_plan_kind(k->trains_as).has_value());
+      CHECK((*find_plan_kind(k->trains_as))->trains);
+    }
   }
   CHECK_FALSE(find_plan_kind("vPP").has_value());  // an alias of plan.mode, not a kind's name
   CHECK(find_plan_kind("vPP", /*with_aliases=*/true) == plan_kind("harmony-pp"));
