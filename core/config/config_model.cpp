@@ -23,23 +23,25 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // model: {profile: PATH}, {analytic: NAME | {...}} or {hf_config: PATH, ...} (docs/config.md, "model")
 // The keys beside hf_config: how the model described by the file is run (they change no parameter).
-const std::vector<std::string> kHfRunKeys = {"name",         "seq_len",        "dtype",         "optimizer", "kernels",
-                                             "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast"};
-const std::vector<std::string> kModelKeys = {"profile",      "analytic",       "hf_config",     "name",
-                                             "seq_len",      "dtype",          "optimizer",     "kernels",
-                                             "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast"};
+const std::vector<std::string> kHfRunKeys = {"name",     "seq_len",      "dtype",          "optimizer",
+                                             "kernels",  "ubatch_sizes", "master_weights", "cpu_optimizer",
+                                             "autocast", "gpu_optimizer"};
+const std::vector<std::string> kModelKeys = {
+    "profile", "analytic",     "hf_config",      "name",          "seq_len",  "dtype",        "optimizer",
+    "kernels", "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast", "gpu_optimizer"};
 const std::vector<std::string> kAnalyticKeys = {
-    "preset",       "family",           "name",           "layers",    "hidden",     "heads",
-    "ffn",          "seq_len",          "vocab",          "tied_head", "head",       "labels",
-    "image_size",   "classes",          "dtype",          "optimizer", "kernels",    "dropout",
-    "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",   "qk_norm",
-    "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims",  "parallel_residual",
-    "act",          "master_weights",   "cpu_optimizer",  "autocast",  "projections"};
+    "preset",       "family",           "name",           "layers",    "hidden",      "heads",
+    "ffn",          "seq_len",          "vocab",          "tied_head", "head",        "labels",
+    "image_size",   "classes",          "dtype",          "optimizer", "kernels",     "dropout",
+    "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",    "qk_norm",
+    "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims",   "parallel_residual",
+    "act",          "master_weights",   "cpu_optimizer",  "autocast",  "projections", "gpu_optimizer"};
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "neox"};
 const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
 const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
 const std::vector<std::string> kCpuOptimizers = {"deepspeed", "torch"};              // CpuOptimizerImpl order
+const std::vector<std::string> kGpuOptimizers = {"fused", "foreach"};                // GpuOptimizerImpl order
 const std::vector<std::string> kKernelStyles = {"eager", "fused", "flash", "sdpa"};  // KernelStyle order
 const std::vector<std::string> kProjections = {"auto", "separate", "packed"};        // Projections order
 const std::vector<std::string> kBertHeads = {"mlm", "classifier"};
@@ -61,8 +63,8 @@ std::size_t get_choice(const Node& v, const std::string& what, const std::vector
            "; or describe the shape: {family: gpt, layers: 24, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257}");
 }
 
-// name, dtype, optimizer, cpu_optimizer, kernels, ubatch_sizes, master_weights, autocast: the keys of both
-// model.analytic and the run keys beside model.hf_config (`what` is the mapping's path for messages).
+// name, dtype, optimizer, cpu_optimizer, gpu_optimizer, kernels, ubatch_sizes, master_weights, autocast: the keys of
+// both model.analytic and the run keys beside model.hf_config (`what` is the mapping's path for messages).
 void apply_run_keys(const Node& map, const std::string& what, AnalyticSpec& spec) {
   if (const Entry* x = find(map, "name")) spec.name = get_string(x->value, what + ".name");
   if (const Entry* x = find(map, "master_weights")) spec.master_weights = get_bool(x->value, what + ".master_weights");
@@ -74,6 +76,9 @@ void apply_run_keys(const Node& map, const std::string& what, AnalyticSpec& spec
   if (const Entry* x = find(map, "cpu_optimizer"))
     spec.cpu_optimizer = static_cast<CpuOptimizerImpl>(
         get_choice(x->value, what + ".cpu_optimizer", kCpuOptimizers, "CPU optimizer implementations"));
+  if (const Entry* x = find(map, "gpu_optimizer"))
+    spec.gpu_optimizer = static_cast<GpuOptimizerImpl>(
+        get_choice(x->value, what + ".gpu_optimizer", kGpuOptimizers, "GPU optimizer implementations"));
   if (const Entry* x = find(map, "kernels"))
     spec.kernels = static_cast<KernelStyle>(get_choice(x->value, what + ".kernels", kKernelStyles, "kernel styles"));
   if (const Entry* x = find(map, "ubatch_sizes")) {

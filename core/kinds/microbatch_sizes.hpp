@@ -50,12 +50,15 @@ inline constexpr Bytes kDevicePureAdamWBytesPerParam = 14;
 inline Bytes shard_bytes(Bytes bytes, int ranks) { return (bytes + ranks - 1) / ranks; }
 
 // The HBM bytes of one GPU's AdamW step over its shard of layer l (the whole layer when shards is 1): its share of
-// the layer's parameters times kDeviceAdamWBytesPerParam, or kDevicePureAdamWBytesPerParam under pure 2-byte
-// training.
+// the layer's parameters times Model::device_adamw_bytes_per_param (torch's foreach step), else
+// kDeviceAdamWBytesPerParam, or kDevicePureAdamWBytesPerParam under pure 2-byte training.
 inline Bytes device_adamw_bytes(const Model& model, int layer, int shards) {
   const bool fp32 = model.fp32_optimizer;
   const Bytes params = model.optimizer_param_bytes(layer) / (fp32 ? 4 : 2);
-  return (fp32 ? kDeviceAdamWBytesPerParam : kDevicePureAdamWBytesPerParam) * shard_bytes(params, shards);
+  const Bytes per_param = model.device_adamw_bytes_per_param > 0 ? model.device_adamw_bytes_per_param
+                          : fp32                                 ? kDeviceAdamWBytesPerParam
+                                                                 : kDevicePureAdamWBytesPerParam;
+  return per_param * shard_bytes(params, shards);
 }
 
 // What one GPU keeps of layer l for the whole run when the state is split into `shards` equal, padded parts (1: all

@@ -876,6 +876,19 @@ double cpu_step_bytes_per_s(const AnalyticSpec& spec, const CpuAdam& cpu) {
   return cast_bps > 0 ? cast_bps : plain_bps;
 }
 
+// torch.optim.AdamW's foreach step on the GPU (gpu_optimizer: foreach; 0 for the fused default), in HBM bytes per
+// parameter, counted from torch/optim/adam.py _multi_tensor_adam with decoupled weight decay, each _foreach_ op reading
+// and writing whole tensors: mul_(params) 2, lerp_(exp_avgs, grads) 3, mul_(exp_avg_sqs) 2, addcmul_(exp_avg_sqs,
+// grads, grads) 3, sqrt(exp_avg_sqs) 2, div_ 2, add_(eps) 2, addcdiv_(params, exp_avgs, denom) 4: 20 tensor passes of
+// the state's element size (80 bytes in FP32, 40 in pure 2-byte training). With 2-byte weights and FP32 masters (not
+// autocast) the updated masters are also copied into the working weights (4 read, 2 written).
+std::int64_t foreach_adamw_bytes_per_param(const AnalyticSpec& spec) {
+  if (spec.gpu_optimizer != GpuOptimizerImpl::Foreach) return 0;
+  if (!fp32_optimizer(spec)) return 40;
+  const bool two_byte_weights = spec.dtype != DType::Fp32 && !spec.autocast;
+  return 80 + (two_byte_weights ? 6 : 0);
+}
+
 }  // namespace
 
 Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAdam& cpu) {
@@ -914,6 +927,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
   m.name = spec.name.empty() ? derived_name(spec) : spec.name;
   m.source = "analytic";
   m.fp32_optimizer = fp32_step;
+  m.device_adamw_bytes_per_param = foreach_adamw_bytes_per_param(spec);
   m.ubatch_fwd = spec.ubatch_sizes;
   m.ubatch_bwd = spec.ubatch_sizes;
 

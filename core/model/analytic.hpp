@@ -37,6 +37,15 @@ enum class CpuOptimizerImpl {
   Deepspeed,  // DeepSpeedCPUAdam, Colossal-AI's HybridAdam / CPUAdam, harmony-run's ParallelAdamW: cpu_adam.bandwidth
   Torch,      // torch.optim.AdamW / Adam / SGD stepping CPU tensors (foreach or for-loop): cpu_adam.bandwidth_torch
 };
+// Which implementation runs the GPU optimizer step of the kinds that keep their state on the GPUs (resident, fsdp,
+// zero2, zero3; docs/config.md, `gpu_optimizer`): a fused one-pass AdamW (torch's fused=True, Apex/DeepSpeed FusedAdam,
+// harmony-run's kernel), or torch.optim.AdamW's default on CUDA tensors, the foreach implementation, whose eight
+// _foreach_ passes move about three times the bytes (Model::device_adamw_bytes_per_param).
+enum class GpuOptimizerImpl {
+  Fused,    // one pass: 28 bytes a parameter with FP32 state, 14 in pure 2-byte training
+  Foreach,  // torch.optim.Adam(W) foreach (torch >= 2.0's CUDA default) or for-loop: 80 bytes (+6 with 2-byte weights),
+            // 40
+};
 // cpu_adam.bandwidth_torch's default: cpu_adam.bandwidth divided by this. DeepSpeed documents its CPU Adam as "between
 // 5x to 7x" faster than torch.optim.Adam(W) (deepspeed/ops/adam/cpu_adam.py, DeepSpeedCPUAdam's docstring; the
 // ZeRO-Offload tutorial: "5X-7X faster than the standard PyTorch implementation"); the low end, as
@@ -99,6 +108,7 @@ struct AnalyticSpec {
   bool autocast = false;
   OptimizerKind optimizer = OptimizerKind::Adam;
   CpuOptimizerImpl cpu_optimizer = CpuOptimizerImpl::Deepspeed;  // which implementation prices the CPU step
+  GpuOptimizerImpl gpu_optimizer = GpuOptimizerImpl::Fused;      // which implementation prices the GPU step
   KernelStyle kernels = KernelStyle::Eager;
   Projections projections = Projections::Auto;  // llama only
   bool dropout = true;                          // dropout layers are present (training mode)

@@ -57,6 +57,9 @@ class Model {
   // LLaMA-Factory's pure_bf16, torchao's bf16 optimizer states): no master, the moments in the weights' dtype
   // (model.analytic.master_weights: false; docs/config.md).
   bool fp32_optimizer = true;
+  // HBM bytes a parameter of one AdamW step on the GPU (the kinds with resident_state); 0: a fused one-pass step
+  // (device_adamw_bytes: 28, or 14 in pure 2-byte training). Analytic models set it for gpu_optimizer: foreach.
+  std::int64_t device_adamw_bytes_per_param = 0;
   std::vector<int> ubatch_fwd;  // measured forward microbatch sizes, strictly ascending
   std::vector<int> ubatch_bwd;  // measured backward microbatch sizes, strictly ascending
   std::vector<Layer> layers;    // R layers; layers.back() is the criterion

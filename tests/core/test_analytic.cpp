@@ -989,6 +989,29 @@ TEST_CASE("cpu_optimizer and cpu_adam.bandwidth_torch in a config: parsed, and b
   CHECK(contains(e.hint(), "did you mean 'bandwidth_torch'"));
 }
 
+TEST_CASE("gpu_optimizer: foreach prices torch's AdamW passes on the GPU, fused the one-pass step") {
+  AnalyticSpec s = preset("gpt2-small");
+  s.ubatch_sizes = {1};
+  CHECK(analytic_model(s, paper_rates()).device_adamw_bytes_per_param == 0);  // fused: the kinds' 28 / 14
+  s.gpu_optimizer = GpuOptimizerImpl::Foreach;
+  CHECK(analytic_model(s, paper_rates()).device_adamw_bytes_per_param == 80);  // fp32: 20 passes of 4 bytes
+  s.dtype = DType::Bf16;
+  CHECK(analytic_model(s, paper_rates()).device_adamw_bytes_per_param == 86);  // + the masters copied to bf16
+  s.autocast = true;
+  CHECK(analytic_model(s, paper_rates()).device_adamw_bytes_per_param == 80);  // FP32 parameters: no copy
+  s.autocast = false;
+  s.master_weights = false;
+  CHECK(analytic_model(s, paper_rates()).device_adamw_bytes_per_param == 40);  // pure bf16: 20 passes of 2 bytes
+  // in a config, with a located error naming the choices
+  RunConfig c =
+      load_config_text("model: {analytic: {preset: gpt2-small, gpu_optimizer: foreach}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->gpu_optimizer == GpuOptimizerImpl::Foreach);
+  ConfigError e = config_error("model: {analytic: {preset: gpt2-small, gpu_optimizer: apex}}\n" + kPlan);
+  check_at(e, 1, 55);
+  CHECK(contains(e.message(), "unknown model.analytic.gpu_optimizer 'apex'"));
+  CHECK(contains(e.hint(), "foreach"));
+}
+
 TEST_CASE("master_weights false: pure 2-byte training keeps no FP32 master, 2-byte moments, a cast-free step") {
   CpuAdam adam;
   adam.bytes_per_s = 4e9;

@@ -162,6 +162,22 @@ TEST_CASE("pure 2-byte training: AdamW on the GPU moves 14 bytes a parameter, no
     if (op.kind == OpKind::Update) CHECK(op.bytes == 28 * 250);
 }
 
+TEST_CASE("torch's foreach AdamW on the GPU: the Update moves the model's bytes a parameter (resident, fsdp, zero2)") {
+  core::Model m = tiny_model();  // 250 fp32 parameters a layer
+  m.device_adamw_bytes_per_param = 80;
+  for (const char* kind : {"resident", "fsdp", "zero2", "zero3"}) {
+    CAPTURE(kind);
+    const int gpus = std::string(kind) == "resident" ? 1 : 2;
+    int updates = 0;
+    for (const core::Op& op : core::lower_plan(plan_of(kind, gpus, 4, 2), m).ops) {
+      if (op.kind != OpKind::Update) continue;
+      CHECK(op.bytes == 80 * ((250 + gpus - 1) / gpus));  // the rank's ceil(250 / N) parameters
+      ++updates;
+    }
+    CHECK(updates == 2 * gpus);
+  }
+}
+
 TEST_CASE("fsdp on one GPU is resident: no collectives, the same time and peak memory") {
   const core::Model m = tiny_model();
   const core::Program f = core::lower_plan(plan_of("fsdp", 1, 4, 2), m);
