@@ -1,6 +1,7 @@
 // harmony-sim kinds: the plan kinds the registry holds (core/plan/plan_kind.hpp), as a table or a JSON document
-// (schemas/kinds.schema.json): name, aliases, role, whether harmony-run trains it, the plan.<knob> keys it reads and
-// the properties shared code reads. What a user asks before writing plan.mode, and what the CLI tests list from.
+// (schemas/kinds.schema.json): name, aliases, role, whether harmony-run trains it (or which kind trains its updates),
+// the plan.<knob> keys it reads and the properties shared code reads. What a user asks before writing plan.mode, and
+// what the CLI tests list from.
 #include <algorithm>
 #include <iostream>
 #include <string>
@@ -29,6 +30,7 @@ nlohmann::json kind_json(const core::PlanKind& k) {
           {"role", core::kind_role_name(s.role)},
           {"description", s.description},
           {"trains", s.trains},
+          {"trains_as", s.trains_as != nullptr ? nlohmann::json(s.trains_as) : nlohmann::json(nullptr)},
           {"knobs", knob_names(k)},
           {"packs", s.packs},
           {"data_parallel", s.data_parallel},
@@ -44,9 +46,10 @@ void print_table(const std::vector<core::PlanKind>& kinds) {
   fmt::print("{:<{}} {:<9} {:<6} {}\n", "kind", width + 1, "role", "trains", "description");
   for (const auto& k : kinds) {
     const std::vector<std::string> knobs = knob_names(k);
-    fmt::print("{:<{}} {:<9} {:<6} {}{}\n", k.name(), width + 1, core::kind_role_name(k->role),
+    fmt::print("{:<{}} {:<9} {:<6} {}{}{}\n", k.name(), width + 1, core::kind_role_name(k->role),
                k->trains ? "yes" : "no", k->description,
-               knobs.empty() ? std::string() : fmt::format(" (plan.{})", fmt::join(knobs, ", plan.")));
+               knobs.empty() ? std::string() : fmt::format(" (plan.{})", fmt::join(knobs, ", plan.")),
+               k->trains_as != nullptr ? fmt::format("; harmony-run trains its updates as {}", k->trains_as) : "");
   }
 }
 

@@ -165,6 +165,12 @@ def main():
         roles = {k["name"]: k["role"] for k in d["kinds"]}
         check("kinds: roles", roles.get("harmony-pp") == "harmony" and roles.get("dp-swap") == "baseline" and
               roles.get("resident") == "ceiling", roles)
+        # a refused kind names the trained kind with its updates (harmony-run's hint); a trained kind names none
+        trains = {k["name"]: k["trains"] for k in d["kinds"]}
+        trains_as = {k["name"]: k["trains_as"] for k in d["kinds"]}
+        check("kinds: trains_as names a kind that trains, for the refused kinds only",
+              all((trains_as[n] is None) == trains[n] and (trains_as[n] is None or trains.get(trains_as[n]))
+                  for n in trains) and trains_as.get("zero3") == "fsdp", trains_as)
 
     with tempfile.TemporaryDirectory() as tmp:
         # --- sweep: every row and sweep.json (a grid with invalid points and a grid key that is a result column)
