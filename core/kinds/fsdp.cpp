@@ -21,6 +21,16 @@ Bytes sharded_estimate_bytes(const Plan& p, const Model& m) {
   return device_state_estimate_bytes(p, m, /*sharded=*/true);
 }
 
+std::vector<Candidate> enumerate_sharded(const Model& model, const SearchSpace& space) {
+  return enumerate_microbatch_plans(model, space, sharded_estimate_bytes);
+}
+
+Bytes sharded_state_bytes(const Plan& plan, const Model& model) {
+  Bytes state = 0;
+  for (int l = 0; l < model.num_layers(); ++l) state += device_state_bytes(model, l, plan.gpus);
+  return state;
+}
+
 namespace {
 
 // Collective keys: (pass, layer, microbatch); pass 0 the forward's all-gather, 1 the backward's, 2 the reduce-scatter.
@@ -113,18 +123,12 @@ Program lower_fsdp(const Plan& plan, const Model& model, const LowerOptions& /*o
   return lower_sharded(plan, model, /*stage3_hooks=*/false);
 }
 
-// Per activation policy, ascending u; with space.drop_infeasible only the plans whose estimate (estimate_bytes) fits.
-std::vector<Candidate> enumerate_fsdp(const Model& model, const SearchSpace& space) {
-  return enumerate_microbatch_plans(model, space, sharded_estimate_bytes);
-}
-
 std::string describe_fsdp(const Plan& p, const Model& model) {
-  Bytes state = 0;
-  for (int l = 0; l < model.num_layers(); ++l) state += device_state_bytes(model, l, p.gpus);
   return fmt::format(
       "fsdp N{} D{} u {} (weights, gradients and AdamW state sharded over the GPUs: {} on each; layers all-gathered "
       "for forward and backward, gradients reduce-scattered; {})",
-      p.gpus, p.minibatch, p.u_bwd, format_bytes(state), activation_policy_name(p.knobs.activation_policy));
+      p.gpus, p.minibatch, p.u_bwd, format_bytes(sharded_state_bytes(p, model)),
+      activation_policy_name(p.knobs.activation_policy));
 }
 
 const PlanKindSpec kSpec{
@@ -142,7 +146,7 @@ const PlanKindSpec kSpec{
     .knobs = {Knob::Activations},
     .validate = validate_microbatch_plan,
     .lower = lower_fsdp,
-    .enumerate = enumerate_fsdp,
+    .enumerate = enumerate_sharded,
     .describe = describe_fsdp,
 };
 

@@ -25,21 +25,14 @@ Program lower_zero3(const Plan& plan, const Model& model, const LowerOptions& /*
   return lower_sharded(plan, model, /*stage3_hooks=*/true);
 }
 
-// Per activation policy, ascending u; with space.drop_infeasible only the plans whose estimate fits (fsdp's).
-std::vector<Candidate> enumerate_zero3(const Model& model, const SearchSpace& space) {
-  return enumerate_microbatch_plans(model, space, sharded_estimate_bytes);
-}
-
 std::string describe_zero3(const Plan& p, const Model& model) {
-  Bytes state = 0;
-  for (int l = 0; l < model.num_layers(); ++l) state += device_state_bytes(model, l, p.gpus);
   const Zero3Overheads& z = p.knobs.zero3;
   return fmt::format(
       "zero3 N{} D{} u {} (DeepSpeed ZeRO-3 on the GPUs: weights, gradients and AdamW state partitioned, {} on each; "
       "layers all-gathered for forward and backward, gradients reduce-scattered; hooks {:.0f} us a module, {:.0f} us a "
       "parameter tensor; {})",
-      p.gpus, p.minibatch, p.u_bwd, format_bytes(state), z.module_latency_s * 1e6, z.tensor_latency_s * 1e6,
-      activation_policy_name(p.knobs.activation_policy));
+      p.gpus, p.minibatch, p.u_bwd, format_bytes(sharded_state_bytes(p, model)), z.module_latency_s * 1e6,
+      z.tensor_latency_s * 1e6, activation_policy_name(p.knobs.activation_policy));
 }
 
 const PlanKindSpec kSpec{
@@ -58,7 +51,7 @@ const PlanKindSpec kSpec{
     .knobs = {Knob::Activations, Knob::Zero3},
     .validate = validate_zero3,
     .lower = lower_zero3,
-    .enumerate = enumerate_zero3,
+    .enumerate = enumerate_sharded,
     .describe = describe_zero3,
 };
 
