@@ -31,13 +31,18 @@ Bytes sharded_state_bytes(const Plan& plan, const Model& model) {
   return state;
 }
 
-namespace {
-
-// Collective keys: (pass, layer, microbatch); pass 0 the forward's all-gather, 1 the backward's, 2 the reduce-scatter.
-std::uint64_t key(int pass, int l, int i) {
-  return (static_cast<std::uint64_t>(pass) << 60) | (static_cast<std::uint64_t>(l) << 32) |
-         static_cast<std::uint32_t>(i);
+int reduce_scatter_gradient(detail::ProgramBuilder& b, int g, int l, int i, int k, int after) {
+  const LayerRange L{l, l};
+  b.alloc(after, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+  const int S = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
+  b.dep(S, after);
+  b.collective(layer_collective_key(2, l, i), S, after);
+  b.free(S, TensorKind::WeightGrad, L, -1, b.wbytes(l));
+  b.output_of(S, g, k);
+  return S;
 }
+
+namespace {
 
 // Per iteration, on every GPU g (m = D/(N u) microbatches, layers l = 0..R-1):
 //   FWD(l, i = 0) allocates layer l's persistent shard (OptState: W+B, gradient and AdamW state, each ceil(bytes / N)),
@@ -65,7 +70,7 @@ Program lower_sharded(const Plan& plan, const Model& model, bool stage3_hooks) {
   // The all-gather of layer l for step k of GPU g (pass 0 forward, 1 backward); -1 with one GPU.
   auto gather = [&](int g, int l, int i, int task, int pass, int k) {
     if (N == 1 || !b.has_params(l)) return -1;
-    return b.gather_resident(g, l, task, i, k, key(pass, l, i));
+    return b.gather_resident(g, l, task, i, k, layer_collective_key(pass, l, i));
   };
   // stage 3's hooks before op (a FWD or BWD of layer l)
   auto charge = [&](int op, int l, bool backward) {
@@ -96,13 +101,7 @@ Program lower_sharded(const Plan& plan, const Model& model, bool stage3_hooks) {
         last[static_cast<std::size_t>(l)] = Bw;
         if (N == 1 || !b.has_params(l)) continue;
         b.free(Bw, TensorKind::Weights, L, -1, b.wbytes(l) + b.bbytes(l));
-        b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-        const int S = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
-        b.dep(S, Bw);
-        b.collective(key(2, l, i), S, Bw);
-        b.free(S, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-        b.output_of(S, g, k);
-        last[static_cast<std::size_t>(l)] = S;
+        last[static_cast<std::size_t>(l)] = reduce_scatter_gradient(b, g, l, i, k, Bw);
       }
     }
     for (int l = R - 1; l >= 0; --l) {
@@ -112,8 +111,7 @@ Program lower_sharded(const Plan& plan, const Model& model, bool stage3_hooks) {
     }
   }
   Program prog = b.finish();
-  for (Op& op : prog.ops)
-    if (op.kind == OpKind::Update) op.bytes = device_adamw_bytes(model, op.layers.first, N);
+  price_device_adamw(prog, model, N);
   return prog;
 }
 

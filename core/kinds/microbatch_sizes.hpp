@@ -7,6 +7,7 @@
 
 #include "core/model/model.hpp"
 #include "core/plan/plan.hpp"
+#include "core/program/program.hpp"
 #include "core/search/search.hpp"
 
 namespace harmony::core {
@@ -59,6 +60,13 @@ inline Bytes device_adamw_bytes(const Model& model, int layer, int shards) {
                           : fp32                                 ? kDeviceAdamWBytesPerParam
                                                                  : kDevicePureAdamWBytesPerParam;
   return per_param * shard_bytes(params, shards);
+}
+
+// Every Update op of `prog` priced as one GPU's AdamW over its shard (device_adamw_bytes over `shards`): the kinds
+// whose Updates run on the GPUs (resident, fsdp, zero2, zero3).
+inline void price_device_adamw(Program& prog, const Model& model, int shards) {
+  for (Op& op : prog.ops)
+    if (op.kind == OpKind::Update) op.bytes = device_adamw_bytes(model, op.layers.first, shards);
 }
 
 // What one GPU keeps of layer l for the whole run when the state is split into `shards` equal, padded parts (1: all

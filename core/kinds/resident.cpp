@@ -63,8 +63,7 @@ Program lower_resident(const Plan& plan, const Model& model, const LowerOptions&
     }
   }
   Program prog = b.finish();
-  for (Op& op : prog.ops)
-    if (op.kind == OpKind::Update) op.bytes = device_adamw_bytes(model, op.layers.first, 1);
+  price_device_adamw(prog, model, 1);
   return prog;
 }
 

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "core/kinds/fsdp.hpp"
 #include "core/kinds/microbatch_sizes.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
@@ -34,12 +35,6 @@ Bytes estimate_bytes(const Plan& plan, const Model& model) {
     grad = std::max(grad, model.weight_bytes(l, l));
   }
   return state + microbatch_working_bytes(plan, model) + (N > 1 ? grad : 0);
-}
-
-// Collective keys: (pass, layer, microbatch); pass 2 the gradient's reduce-scatter, 3 the updated weights' all-gather.
-std::uint64_t key(int pass, int l, int i) {
-  return (static_cast<std::uint64_t>(pass) << 60) | (static_cast<std::uint64_t>(l) << 32) |
-         static_cast<std::uint32_t>(i);
 }
 
 // Per iteration, on every GPU g (m = D/(N u) microbatches, layers l = 0..R-1):
@@ -74,18 +69,11 @@ Program lower_zero2(const Plan& plan, const Model& model, const LowerOptions& /*
         }
       }
       for (int l = R - 1; l >= 0; --l) {
-        const LayerRange L{l, l};
         const int k = b.next_step(g);
         const int Bw = b.backward_layer(g, l, i, u, k, /*stash_activations=*/false, {});
         last[static_cast<std::size_t>(l)] = Bw;
         if (N == 1 || !b.has_params(l)) continue;
-        b.alloc(Bw, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-        const int S = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
-        b.dep(S, Bw);
-        b.collective(key(2, l, i), S, Bw);
-        b.free(S, TensorKind::WeightGrad, L, -1, b.wbytes(l));
-        b.output_of(S, g, k);
-        last[static_cast<std::size_t>(l)] = S;
+        last[static_cast<std::size_t>(l)] = reduce_scatter_gradient(b, g, l, i, k, Bw);
       }
     }
     for (int l = R - 1; l >= 0; --l) {
@@ -96,12 +84,11 @@ Program lower_zero2(const Plan& plan, const Model& model, const LowerOptions& /*
       if (N == 1) continue;
       const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, b.upd_task(g, l), 0, L, b.wbytes(l), b.bbytes(l));
       b.dep(A, U);
-      b.collective(key(3, l, 0), A, U);
+      b.collective(layer_collective_key(3, l, 0), A, U);
     }
   }
   Program prog = b.finish();
-  for (Op& op : prog.ops)
-    if (op.kind == OpKind::Update) op.bytes = device_adamw_bytes(model, op.layers.first, N);
+  price_device_adamw(prog, model, N);
   return prog;
 }
 

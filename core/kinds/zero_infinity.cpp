@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/kinds/fsdp.hpp"
 #include "core/kinds/microbatch_sizes.hpp"
 #include "core/kinds/swapping.hpp"
 #include "core/kinds/zero3_hooks.hpp"
@@ -96,11 +97,6 @@ struct ZeroInfinityLowering {
         params_on_gpu(params_on_gpu_),
         last_out(static_cast<std::size_t>(plan_.gpus), -1) {}
 
-  // collective keys: (pass, layer, microbatch)
-  static std::uint64_t key(int pass, int l, int i) {
-    return (static_cast<std::uint64_t>(pass) << 60) | (static_cast<std::uint64_t>(l) << 32) |
-           static_cast<std::uint32_t>(i);
-  }
   int buckets(int l) const {
     const double e = elements(model, l);
     return std::max(1, static_cast<int>(std::ceil(e / std::max(1.0, plan.knobs.zero3.bucket_elements))));
@@ -128,7 +124,7 @@ struct ZeroInfinityLowering {
     b.set_io(A, buckets(l), 0, 0);
     b.dep(A, W);
     b.window(A, g, k);
-    b.collective(key(pass, l, i), A, W);
+    b.collective(layer_collective_key(pass, l, i), A, W);
     b.free(A, TensorKind::Weights, L, -1, sw + sb);
     b.alloc(A, TensorKind::Weights, L, -1, w + bb);
     return A;
@@ -138,7 +134,7 @@ struct ZeroInfinityLowering {
   // together, each waiting for the compute step the others' gathers are windowed to.
   int gather_resident(int g, int l, int i, int task, int pass, int k) {
     if (N == 1) return -1;
-    const int A = b.gather_resident(g, l, task, i, k, key(pass, l, i));
+    const int A = b.gather_resident(g, l, task, i, k, layer_collective_key(pass, l, i));
     b.set_io(A, buckets(l), 0, 0);
     return A;
   }
@@ -191,7 +187,7 @@ struct ZeroInfinityLowering {
     if (N > 1) {
       src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, b.wbytes(l), b.bbytes(l));
       b.dep(src, Bw);
-      b.collective(key(2, l, i), src, Bw);
+      b.collective(layer_collective_key(2, l, i), src, Bw);
       b.free(src, TensorKind::WeightGrad, L, -1, b.wbytes(l));
       b.alloc(src, TensorKind::WeightGrad, L, -1, gw);
       b.output_of(src, g, k);
