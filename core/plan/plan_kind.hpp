@@ -52,6 +52,7 @@ struct PlanKindSpec {
   bool one_microbatch = false;        // runs each GPU's share as one microbatch (no gradient accumulation): u = D/N
   bool unequal_microbatches = false;  // may run microbatches that do not divide a share (options.unequal_microbatches)
   bool offload_tiers = false;         // its parameters and optimizer state may live on NVMe (search.offload)
+  bool one_gpu = false;               // runs on one GPU only (plan.gpus: 1; split_problem says so otherwise)
   // Weights, gradients and AdamW state live on every GPU for the whole run and its Update ops run there (on the
   // compute stream, `bytes` their HBM traffic): the executor keeps a DeviceState per device across steps.
   bool resident_state = false;

@@ -26,6 +26,7 @@ enum class Verdict { Ok, Split, NotPositive, TooLarge, NotDividing, NotTheShare 
 
 bool split_fails(PlanKind kind, int gpus, int minibatch) {
   if (gpus < 1 || minibatch < 1) return true;
+  if (kind->one_gpu && gpus != 1) return true;
   if (kind->data_parallel && minibatch < gpus) return true;
   return kind->even_split && minibatch % gpus != 0;
 }
@@ -70,6 +71,11 @@ std::optional<PlanProblem> size_problem(int gpus, int minibatch) {
 std::optional<PlanProblem> split_problem(PlanKind kind, int gpus, int minibatch) {
   if (auto p = size_problem(gpus, minibatch)) return p;
   const char* name = plan_kind_name(kind);
+  if (kind->one_gpu && gpus != 1)
+    return PlanProblem{PlanField::Gpus,
+                       fmt::format("{} runs on one GPU: plan.gpus is {}", name, gpus),
+                       "use plan.gpus: 1, or a kind that runs on several GPUs (`harmony-sim kinds`)",
+                       {1}};
   if (kind->data_parallel && minibatch < gpus)
     return PlanProblem{
         PlanField::Minibatch,

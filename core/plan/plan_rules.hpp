@@ -36,7 +36,8 @@ std::optional<PlanProblem> size_problem(int gpus, int minibatch);
 
 // How the minibatch splits over the GPUs: harmony-dp needs a sample per GPU (D >= N; shares per
 // core::minibatch_shares); the data-parallel baselines split evenly (N divides D); harmony-pp and pp-swap run all D
-// samples through every stage (no rule). Includes size_problem.
+// samples through every stage (no rule); a one-GPU kind (PlanKindSpec::one_gpu: host-stream) needs N = 1. Includes
+// size_problem.
 std::optional<PlanProblem> split_problem(PlanKind kind, int gpus, int minibatch);
 
 // Kinds with one stage per GPU (pp-swap) need a layer per stage: N <= R.

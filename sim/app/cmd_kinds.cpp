@@ -37,7 +37,8 @@ nlohmann::json kind_json(const core::PlanKind& k) {
           {"stage_per_gpu", s.stage_per_gpu},
           {"one_microbatch", s.one_microbatch},
           {"offload_tiers", s.offload_tiers},
-          {"resident_state", s.resident_state}};
+          {"resident_state", s.resident_state},
+          {"one_gpu", s.one_gpu}};
 }
 
 void print_table(const std::vector<core::PlanKind>& kinds) {

@@ -132,6 +132,41 @@ Bytes accumulate_bounce_bytes(const Program& p, bool mixed, Bytes chunk_bytes) {
   return total;
 }
 
+Bytes live_stash_peak_bytes(const Program& p) {
+  // A stash (sX out) lives on the host from its swap-out to the last swap-in on the same device that reads it back
+  // (an sX in depending on it; l2l reads a boundary activation twice, in the next layer's forward and in the
+  // backward); one read by another device's op, or by none, lives to the end of the iteration. Each device's ops run
+  // in Program order, so the peak of one device's live stashes is taken in that order: one microbatch's stash for the
+  // kinds that finish a microbatch's backward before the next one's forward (dp-swap, pp-swap's stages, host-stream),
+  // every microbatch's for those that run a layer or pack over all microbatches first (Harmony, l2l).
+  const std::size_t nd = z(std::max(p.num_devices(), 1));
+  std::vector<int> last_read(p.ops.size(), -1);  // per sX out: the index of the last same-device sX in reading it
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const Op& o = p.ops[i];
+    if (o.kind != OpKind::sX || o.stream != Stream::SwapIn) continue;
+    for (const int d : o.deps) {
+      const Op& out = p.ops[z(d)];
+      if (out.kind == OpKind::sX && out.stream == Stream::SwapOut && out.device == o.device)
+        last_read[z(d)] = std::max(last_read[z(d)], static_cast<int>(i));
+    }
+  }
+  std::vector<Bytes> released(p.ops.size(), 0);  // per op: the stash bytes freed after it
+  for (std::size_t i = 0; i < p.ops.size(); ++i)
+    if (last_read[i] >= 0) released[z(last_read[i])] += p.ops[i].bytes;
+  std::vector<Bytes> live(nd, 0), peak(nd, 0);
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const Op& o = p.ops[i];
+    const std::size_t d = z(o.device);
+    if (d >= nd) continue;
+    if (o.kind == OpKind::sX && o.stream == Stream::SwapOut) live[d] += o.bytes;
+    peak[d] = std::max(peak[d], live[d]);
+    live[d] -= released[i];
+  }
+  Bytes total = 0;
+  for (const Bytes b : peak) total += b;
+  return total;
+}
+
 HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged) {
   HostAccount h = host_floor(m, p.graph.plan.kind, p.cost.offload_nvme);
   // Swaps are DMA copies straight from and into the host tensors (the time model prices them at the PCIe
@@ -146,7 +181,6 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
     if (d >= nd) continue;
     switch (o.stream) {
       case Stream::SwapOut:
-        if (o.kind == OpKind::sX) h.stash_bytes += o.bytes;
         if (o.kind == OpKind::Y || o.kind == OpKind::dX) h.activation_bytes += o.bytes;
         break;
       case Stream::P2POut:
@@ -159,6 +193,7 @@ HostAccount host_account(const Program& p, const core::Model& m, bool p2p_staged
         break;
     }
   }
+  h.stash_bytes = live_stash_peak_bytes(p);
   if (p2p_staged) {
     for (std::size_t d = 0; d < nd; ++d) h.staging_bytes += 2 * max_p2p[d];
   }

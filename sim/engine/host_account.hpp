@@ -34,6 +34,9 @@ struct HostAccount : core::HostMemoryReport {
 // tensors (pinned; no staging buffers); `p2p_staged`: P2P copies go through pinned host buffers
 // (P2PMode::Host without NVLink), which count as staging buffers.
 HostAccount host_account(const core::Program& program, const core::Model& model, bool p2p_staged = false);
+// The most stash bytes (sX swapped out and not yet read back) the host holds at once: per device in Program order,
+// a stash released by the last of the same device's swap-ins that depend on it, summed over the devices.
+core::Bytes live_stash_peak_bytes(const core::Program& program);
 
 // Per GPU, the pinned buffer where a dWB that does not copy straight into a layer's host gradient lands, chunk by
 // chunk, before the CPU adds it (one that adds to what an earlier dWB of the step wrote: a later microbatch's, or

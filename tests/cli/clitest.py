@@ -27,6 +27,13 @@ def trained_kinds(sim):
                        check=True)
     return [k["name"] for k in json.loads(r.stdout)["kinds"] if k["trains"]]
 
+def one_gpu_kinds(sim):
+    """The kinds that run on one GPU only (PlanKindSpec::one_gpu), as `harmony-sim kinds --format json` says."""
+    r = subprocess.run([sim, "kinds", "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       check=True)
+    return [k["name"] for k in json.loads(r.stdout)["kinds"] if k["one_gpu"]]
+
+
 failures = []  # "name: detail" of each failed check; a test reads it, never rebinds it
 passed = 0  # read it as clitest.passed: `from clitest import passed` copies the number once
 

@@ -225,7 +225,12 @@ def test_best_and_binding(cfg):
     """--plan best (the default): a plan per kind that fits, or what binds when none does."""
     doc = memory_json(cfg)
     validate("memory (best)", doc)
+    one_gpu = clitest.one_gpu_kinds(SIM)
     for kind, k in by_kind(doc).items():
+        if kind in one_gpu:  # host-stream on this config's 4 GPUs: not applicable, the rule says why
+            check(f"best {kind}: not applicable on 4 GPUs, with the one-GPU rule", not k["applicable"] and
+                  not k["fits"] and f"{kind} runs on one GPU" in (k["reason"] or ""), k)
+            continue
         if kind in ("resident", "zero2"):  # resident's state alone is 8.1 MiB per GPU; zero2's whole weights and
             # its partitions of the gradient and AdamW state 3.3 MiB
             check(f"best {kind}: does not fit {CAP}, GPU memory binds", not k["fits"] and
@@ -236,7 +241,17 @@ def test_best_and_binding(cfg):
     validate("memory (nothing fits)", doc)
     for kind, k in by_kind(doc).items():
         check(f"64 KiB {kind}: does not fit, GPU memory binds, with why", not k["fits"] and k["reason"] and
-              k["binding"] == "gpu_memory", k)
+              (k["binding"] == "gpu_memory" or kind in one_gpu), k)
+    # on one GPU the one-GPU kinds answer like the others: a plan at the capacity, GPU memory binding below it
+    one = ["--set", "plan.gpus=1", "--set", "machine.gpus=1"]
+    for kind, k in by_kind(memory_json(cfg, *one)).items():
+        if kind in one_gpu:
+            check(f"best {kind} on 1 GPU: fits {CAP} with a plan", k["applicable"] and k["fits"] and
+                  k["plan"] is not None and k["num_lowered"] >= 1, k)
+    for kind, k in by_kind(memory_json(cfg, *one, "--set", "machine.gpu_memory=64KiB")).items():
+        if kind in one_gpu:
+            check(f"64 KiB {kind} on 1 GPU: does not fit, GPU memory binds", not k["fits"] and
+                  k["binding"] == "gpu_memory", k)
     # host RAM binds a 70B model's every plan on a 1 TiB host; an NVMe tier takes the Harmony kinds' and
     # zero-infinity's masters and optimizer state, and they fit
     host = ["--set", "machine.topology.host_memory=1TiB", "--set", "machine.topology.pinned_limit=1TiB"]
@@ -250,6 +265,8 @@ def test_best_and_binding(cfg):
         elif kind == "zero-offload":  # 70B of bf16 parameters on every GPU: GPU memory binds first, host too
             check("1 TiB host zero-offload: GPU memory binds, host memory over as well",
                   not k["fits"] and k["binding"] == "gpu_memory" and "host_memory needs" in (k["reason"] or ""), k)
+        elif kind in clitest.one_gpu_kinds(SIM):  # on 8 GPUs: not applicable
+            check(f"1 TiB host {kind}: not applicable on 8 GPUs", not k["applicable"], k)
         elif kind != "lohan":  # lohan runs each GPU's 8 samples as one microbatch: GPU memory binds first
             check(f"1 TiB host {kind}: host memory binds", not k["fits"] and k["binding"] == "host_memory" and
                   "host_memory needs" in (k["reason"] or ""), k)

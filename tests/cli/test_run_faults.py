@@ -278,11 +278,18 @@ def test_messages(tmp):
     check("the kinds harmony-run refuses include zero3-opt-offload and zero2",
           {"zero3-opt-offload", "zero2"} <= set(refused), refused)
     line = text[:mode.start()].count("\n") + 1
+    one_gpu = clitest.one_gpu_kinds(SIM)
     for kind in refused:
         cfg = os.path.join(tmp, f"{kind}.yaml")
-        with open(cfg, "w") as f:
-            f.write(text.replace(mode.group(0), f"mode: {kind}", 1)
-                    .replace("file: ../machines/cpu-4x.yaml", "preset: cpu-4x"))
+        body = text.replace(mode.group(0), f"mode: {kind}", 1).replace("file: ../machines/cpu-4x.yaml", "preset: cpu-4x")
+        if kind in one_gpu:  # on several GPUs the one-GPU rule answers first, at plan.gpus (checked below)
+            r = run("train", clitest.write(cfg, body), "--steps", "1")
+            check(f"{kind} on several GPUs: exit 2 at plan.gpus naming the rule and the fix", r.returncode == 2 and
+                  f"{kind} runs on one GPU: plan.gpus is" in r.stderr and "use plan.gpus: 1" in r.stderr,
+                  (r.returncode, r.stderr))
+            at = body.index(f"mode: {kind}")  # plan.gpus, after plan.mode (the machine's stays)
+            body = body[:at] + re.sub(r"gpus: *[0-9]+", "gpus: 1", body[at:], count=1)
+        clitest.write(cfg, body)
         saved = os.path.join(tmp, f"{kind}-weights.safetensors")
         r = run("train", cfg, "--steps", "1", "--save-weights", saved)
         check(f"{kind}: refused at plan.mode (exit 2, file:line, the fix), nothing written",
@@ -290,7 +297,7 @@ def test_messages(tmp):
               f"plan.mode {kind}: harmony-run does not train this kind yet" in r.stderr and
               "harmony-sim" in r.stderr and not os.path.exists(saved), (r.returncode, r.stderr))
     # the hint offers the trained kind with the same updates, and that kind trains the same config
-    same = {"zero3": "fsdp", "zero2": "resident", "zero3-opt-offload": "zero-infinity"}
+    same = {"zero3": "fsdp", "zero2": "resident", "zero3-opt-offload": "zero-infinity", "host-stream": "dp-swap"}
     for kind, instead in same.items():
         r = run("train", os.path.join(tmp, f"{kind}.yaml"), "--steps", "1")
         check(f"{kind}: the hint names mode: {instead}", f"to train the same updates, use mode: {instead}" in r.stderr,

@@ -104,18 +104,18 @@ const std::string kTrainModel =
 
 }  // namespace
 
-TEST_CASE("the registry generates the thirteen kinds in listing order, each a complete module") {
+TEST_CASE("the registry generates the fourteen kinds in listing order, each a complete module") {
   CHECK(plan_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity",
                                                       "zero3-opt-offload", "zero-offload", "l2l", "lohan", "zero2",
-                                                      "fsdp", "zero3", "resident"});
+                                                      "fsdp", "zero3", "host-stream", "resident"});
   CHECK(harmony_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp"});
-  CHECK(plan_kind_names(KindRole::Baseline) == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity",
-                                                                        "zero3-opt-offload", "zero-offload", "l2l",
-                                                                        "lohan", "zero2", "fsdp", "zero3"});
+  CHECK(plan_kind_names(KindRole::Baseline) ==
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero3-opt-offload", "zero-offload", "l2l",
+                                 "lohan", "zero2", "fsdp", "zero3", "host-stream"});
   CHECK(plan_kind_names(KindRole::Ceiling) == std::vector<std::string>{"resident"});
-  CHECK(plan_kind_names(Knob::Activations) == std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity",
-                                                                       "zero3-opt-offload", "zero-offload", "l2l",
-                                                                       "lohan", "zero2", "fsdp", "zero3", "resident"});
+  CHECK(plan_kind_names(Knob::Activations) ==
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero3-opt-offload", "zero-offload", "l2l",
+                                 "lohan", "zero2", "fsdp", "zero3", "host-stream", "resident"});
   CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload", "lohan"});
   CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload", "zero3"});
   CHECK(plan_kind_names(Knob::Swap) == std::vector<std::string>{"dp-swap", "pp-swap"});
@@ -143,13 +143,15 @@ TEST_CASE("the registry generates the thirteen kinds in listing order, each a co
             plan_kind_names(KindRole::Ceiling).size() ==
         plan_kinds().size());
   // the ceiling keeps its state on the devices; so do fsdp, zero2 and zero3 (partitioned); harmony-run trains every
-  // kind but zero3-opt-offload, zero2 and zero3 (harmony-sim prices them; their partitions have no executor state yet)
+  // kind but zero3-opt-offload, zero2, zero3 and host-stream (harmony-sim prices them; their partitions and
+  // host-stream's GPU update over streamed state have no executor state yet); only host-stream runs on one GPU alone
   for (const PlanKind& k : plan_kinds()) {
     INFO(k.name());
     if (k->role == KindRole::Ceiling) CHECK(k->resident_state);
     const std::string n = k.name();
     CHECK(k->resident_state == (n == "resident" || n == "fsdp" || n == "zero2" || n == "zero3"));
-    CHECK(k->trains == (n != "zero3-opt-offload" && n != "zero2" && n != "zero3"));
+    CHECK(k->trains == (n != "zero3-opt-offload" && n != "zero2" && n != "zero3" && n != "host-stream"));
+    CHECK(k->one_gpu == (n == "host-stream"));
     // a refused kind names the trained kind that makes its updates; a trained kind names none
     CHECK((k->trains_as == nullptr) == k->trains);
     if (k->trains_as != nullptr) {
