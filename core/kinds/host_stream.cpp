@@ -215,7 +215,7 @@ const PlanKindSpec kSpec{
         "(ml_dataflow; llmq's offloaded optimizer)",
     .listing_order = 87,
     .role = KindRole::Baseline,
-    .color = "#8c564b",
+    .color = "#f7b6d2",
     .data_parallel = true,
     .even_split = true,
     .one_gpu = true,  // the systems it prices stream one GPU's state (ml_dataflow; llmq's offloaded optimizer)
