@@ -31,6 +31,26 @@ bool host_bound(const core::RunReport& r) {
 }  // namespace
 
 namespace {
+// At most this many plans of a kind are simulated when none fits its memory estimate (search_unpacked).
+constexpr std::size_t kMaxBeyondEstimate = 4;
+
+// The candidates of space's kind (core::enumerate_plans). When none fits the kind's memory estimate, a bound: the
+// plans nearest to fitting (the smallest microbatches, at most kMaxBeyondEstimate), with *beyond_estimate set, to be
+// judged by their simulated peak as `harmony-sim memory` judges them by their Program's, so that the two commands
+// agree on what fits.
+std::vector<core::Candidate> enumerate_or_nearest(const core::Model& model, core::SearchSpace space,
+                                                  bool* beyond_estimate) {
+  std::vector<core::Candidate> cands = core::enumerate_plans(model, space);
+  if (!cands.empty() || !space.drop_infeasible) return cands;
+  space.drop_infeasible = false;
+  cands = core::enumerate_plans(model, space);
+  std::stable_sort(cands.begin(), cands.end(),
+                   [](const core::Candidate& a, const core::Candidate& b) { return a.plan.u_bwd < b.plan.u_bwd; });
+  if (cands.size() > kMaxBeyondEstimate) cands.resize(kMaxBeyondEstimate);
+  *beyond_estimate = !cands.empty();
+  return cands;
+}
+
 // A kind without packs on one tier (space.offloads): every candidate (per activation policy, ascending u) evaluated
 // with core::run_search on the calling thread and ranked by iteration time, so each policy's best time is known.
 void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model& model, const Engine& engine,
@@ -38,8 +58,9 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
   const core::PlanKind kind = space.kind;
   space.spec.top_k = -1;
   std::vector<core::Candidate> cands;
+  bool beyond_estimate = false;
   try {
-    cands = core::enumerate_plans(model, space);
+    cands = enumerate_or_nearest(model, space, &beyond_estimate);
   } catch (const core::ScheduleError& e) {
     kr.reason = e.what();
   }
@@ -61,6 +82,12 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
         cands, space,
         [&](const core::Plan& p) {
           core::RunReport r = evaluate_plan(engine, model, p, lower).report;  // the kind reads its knobs
+          if (beyond_estimate && r.feasible && !r.fits) {  // beyond the estimate only a peak that fits counts
+            r.feasible = false;                            // (the reference model does not enforce it itself)
+            r.infeasible_reason =
+                fmt::format("peak {} exceeds the GPU memory {}", core::format_bytes(r.peak_memory_bytes),
+                            core::format_bytes(r.gpu_capacity_bytes));
+          }
           if (!r.feasible && host_bound(r)) host_miss = true;
           return r;
         },
@@ -83,6 +110,11 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
               ? fmt::format("; first: u {}: {}", cands[res.first_miss].plan.u_bwd, res.first_miss_reason)
               : std::string();
       kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", num_plans, miss);
+      if (beyond_estimate && res.num_gpu_memory_misses == num_plans)
+        kr.reason = fmt::format(
+            "no microbatch size lets it fit {:.0f} MiB per GPU (the kind's estimate, and the "
+            "simulated peak of its {} nearest plans)",
+            static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB), num_plans);
     }
   } else if (kr.reason.empty() && kind->one_microbatch) {
     const int share = space.minibatch / space.gpus;
