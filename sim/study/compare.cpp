@@ -18,6 +18,7 @@
 #include "sim/engine/cost_reference.hpp"
 #include "sim/engine/native_engine.hpp"
 #include "sim/study/evaluate.hpp"
+#include "sim/study/memory_answer.hpp"
 
 namespace harmony::sim {
 
@@ -31,24 +32,31 @@ bool host_bound(const core::RunReport& r) {
 }  // namespace
 
 namespace {
-// At most this many plans of a kind are simulated when none fits its memory estimate (search_unpacked).
-constexpr std::size_t kMaxBeyondEstimate = 4;
-
-// The candidates of space's kind (core::enumerate_plans). When none fits the kind's memory estimate, a bound: the
-// plans nearest to fitting (the smallest microbatches, at most kMaxBeyondEstimate), with *beyond_estimate set, to be
-// judged by their simulated peak as `harmony-sim memory` judges them by their Program's, so that the two commands
-// agree on what fits.
+// The candidates of space's kind (core::enumerate_plans). When none fits a streaming kind's memory estimate, a bound:
+// of the plans nearest to fitting (each activation policy's and tier's smallest microbatch), those whose Program peaks
+// within the capacity when its ops run one at a time (serial_peak_bytes, what `harmony-sim memory` reports), so that
+// the two commands agree on what fits; *beyond_estimate says the estimate dropped them all.
 std::vector<core::Candidate> enumerate_or_nearest(const core::Model& model, core::SearchSpace space,
-                                                  bool* beyond_estimate) {
+                                                  const core::LowerOptions& lower, bool* beyond_estimate) {
   std::vector<core::Candidate> cands = core::enumerate_plans(model, space);
-  if (!cands.empty() || !space.drop_infeasible) return cands;
+  // a kind that keeps its state on the GPUs estimates that state, which its Program holds whole: nothing to gain
+  if (!cands.empty() || !space.drop_infeasible || space.kind->resident_state) return cands;
+  *beyond_estimate = true;
   space.drop_infeasible = false;
-  cands = core::enumerate_plans(model, space);
-  std::stable_sort(cands.begin(), cands.end(),
-                   [](const core::Candidate& a, const core::Candidate& b) { return a.plan.u_bwd < b.plan.u_bwd; });
-  if (cands.size() > kMaxBeyondEstimate) cands.resize(kMaxBeyondEstimate);
-  *beyond_estimate = !cands.empty();
-  return cands;
+  std::vector<core::Candidate> nearest;
+  std::vector<core::Candidate> tried;  // each policy's and tier's smallest microbatch
+  for (core::Candidate& c : core::enumerate_plans(model, space)) {
+    const bool later = std::any_of(tried.begin(), tried.end(), [&](const core::Candidate& n) {
+      return n.plan.knobs.activation_policy == c.plan.knobs.activation_policy &&
+             n.plan.knobs.offload == c.plan.knobs.offload && n.plan.u_bwd <= c.plan.u_bwd;
+    });
+    if (later) continue;
+    tried.push_back(c);
+    const auto peaks = serial_peak_bytes(core::lower_plan(c.plan, model, lower));
+    if (peaks && !peaks->empty() && *std::max_element(peaks->begin(), peaks->end()) <= space.capacity_bytes)
+      nearest.push_back(std::move(c));
+  }
+  return nearest;
 }
 
 // A kind without packs on one tier (space.offloads): every candidate (per activation policy, ascending u) evaluated
@@ -60,7 +68,7 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
   std::vector<core::Candidate> cands;
   bool beyond_estimate = false;
   try {
-    cands = enumerate_or_nearest(model, space, &beyond_estimate);
+    cands = enumerate_or_nearest(model, space, lower, &beyond_estimate);
   } catch (const core::ScheduleError& e) {
     kr.reason = e.what();
   }
@@ -112,9 +120,9 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
       kr.reason = fmt::format("all {} plans exceed a capacity or deadlock{}", num_plans, miss);
       if (beyond_estimate && res.num_gpu_memory_misses == num_plans)
         kr.reason = fmt::format(
-            "no microbatch size lets it fit {:.0f} MiB per GPU (the kind's estimate, and the "
-            "simulated peak of its {} nearest plans)",
-            static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB), num_plans);
+            "no microbatch size lets it fit {:.0f} MiB per GPU (by its estimate, nor its nearest "
+            "plans by their simulated peak)",
+            static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB));
     }
   } else if (kr.reason.empty() && kind->one_microbatch) {
     const int share = space.minibatch / space.gpus;
@@ -127,8 +135,9 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
                           kind.name(), share,
                           static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB));
   } else if (kr.reason.empty()) {
-    kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU",
-                            static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB));
+    kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU{}",
+                            static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB),
+                            beyond_estimate ? " (by its estimate, nor its nearest plans by their peak)" : "");
   }
   if (all_host_bound) *all_host_bound = !kr.feasible && any_host_bound;
 }
