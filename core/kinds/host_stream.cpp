@@ -28,41 +28,60 @@ struct Layout {
   bool fits = false;         // estimate_bytes <= knobs.gpu_capacity_bytes
 };
 
-// What the layer's backward needs of one microbatch: its input, and under keep its saved activations.
-Bytes activation_bytes(const Plan& p, const Model& m, int l) {
-  const bool keep = p.knobs.activation_policy == ActivationPolicy::Keep;
-  return m.input_bytes(p.u_bwd, l) + (keep ? saved_activation_bytes(m, p.u_bwd, l) : 0);
-}
-
 // What the update of layer l brings in beside its weights and gradient: AdamW's moments and, under mixed precision,
 // the FP32 masters (the profile's optimizer state holds them; FP32 and pure 2-byte training step the weights
 // themselves).
 Bytes state_bytes(const Model& m, int l) { return m.optimizer_state_bytes(l, l); }
 
-// The peak of a layout: the training phase holds the resident layers' W+B and gradients, the activations kept on the
-// GPU, one streamed layer's W+B and gradient, one activation transfer in flight and the largest layer peak beyond its
-// own weights and input (the Program's transfers are windowed to the steps that use them, so a second streamed layer
-// overlaps a working set already freed); the update phase (after the backward, the activations gone) holds the
-// resident layers' W+B and gradients and two layers' streamed update inputs.
-Bytes layout_peak(const Plan& p, const Model& m, const Layout& lay) {
-  const int R = m.num_layers();
-  Bytes resident = 0, kept = 0, stream = 0, act_window = 0, working = 0, update = 0;
-  for (int l = 0; l < R; ++l) {
-    const Bytes wb = m.weight_bytes(l, l) + m.buffer_bytes(l, l);
-    const Bytes g = m.weight_bytes(l, l);
-    const auto z = static_cast<std::size_t>(l);
-    if (lay.weights_on_gpu[z] != 0)
-      resident += wb + g;
-    else
-      stream = std::max(stream, wb + g);
-    if (lay.activations_on_gpu[z] != 0)
-      kept += activation_bytes(p, m, l);
-    else
-      act_window = std::max(act_window, activation_bytes(p, m, l));
-    const Bytes own = wb + m.input_bytes(p.u_bwd, l);
+// Layer l's sizes at plan.u_bwd, read from the model once per decision (decide_layout tries a layout per layer).
+struct LayerSizes {
+  Bytes wbg = 0;         // W+B and the gradient
+  Bytes activation = 0;  // what its backward needs of one microbatch: its input, under keep its saved activations
+  Bytes state = 0;       // state_bytes
+};
+
+std::vector<LayerSizes> layer_sizes(const Plan& p, const Model& m) {
+  const bool keep = p.knobs.activation_policy == ActivationPolicy::Keep;
+  std::vector<LayerSizes> sizes(static_cast<std::size_t>(m.num_layers()));
+  for (int l = 0; l < m.num_layers(); ++l) {
+    LayerSizes& s = sizes[static_cast<std::size_t>(l)];
+    s.wbg = 2 * m.weight_bytes(l, l) + m.buffer_bytes(l, l);
+    s.activation = m.input_bytes(p.u_bwd, l) + (keep ? saved_activation_bytes(m, p.u_bwd, l) : 0);
+    s.state = state_bytes(m, l);
+  }
+  return sizes;
+}
+
+// The largest layer peak beyond the layer's own weights and input (forward or backward), whatever the layout.
+Bytes working_bytes(const Plan& p, const Model& m) {
+  Bytes working = 0;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    const Bytes own = m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.input_bytes(p.u_bwd, l);
     working =
         std::max({working, m.peak_bytes(Phase::Fwd, p.u_bwd, l) - own, m.peak_bytes(Phase::Bwd, p.u_bwd, l) - own});
-    update = std::max(update, state_bytes(m, l) + (lay.weights_on_gpu[z] != 0 ? 0 : wb + g));
+  }
+  return working;
+}
+
+// The peak of a layout: the training phase holds the resident layers' W+B and gradients, the activations kept on the
+// GPU, one streamed layer's W+B and gradient, one activation transfer in flight and the largest layer peak beyond its
+// own weights and input (`working`; the Program's transfers are windowed to the steps that use them, so a second
+// streamed layer overlaps a working set already freed); the update phase (after the backward, the activations gone)
+// holds the resident layers' W+B and gradients and two layers' streamed update inputs.
+Bytes layout_peak(const std::vector<LayerSizes>& sizes, Bytes working, const Layout& lay) {
+  Bytes resident = 0, kept = 0, stream = 0, act_window = 0, update = 0;
+  for (std::size_t z = 0; z < sizes.size(); ++z) {
+    const LayerSizes& s = sizes[z];
+    const bool on_gpu = lay.weights_on_gpu[z] != 0;
+    if (on_gpu)
+      resident += s.wbg;
+    else
+      stream = std::max(stream, s.wbg);
+    if (lay.activations_on_gpu[z] != 0)
+      kept += s.activation;
+    else
+      act_window = std::max(act_window, s.activation);
+    update = std::max(update, s.state + (on_gpu ? 0 : s.wbg));
   }
   const Bytes train = resident + kept + stream + act_window + std::max<Bytes>(0, working);
   return std::max(train, resident + 2 * update);
@@ -80,13 +99,15 @@ Layout decide_layout(const Plan& p, const Model& m) {
   lay.weights_on_gpu.assign(static_cast<std::size_t>(R), 0);
   lay.activations_on_gpu.assign(static_cast<std::size_t>(R), 0);
   const Bytes cap = p.knobs.gpu_capacity_bytes;
+  const std::vector<LayerSizes> sizes = layer_sizes(p, m);
+  const Bytes working = working_bytes(p, m);
   std::vector<int> order{0};
   if (R > 1) order.push_back(R - 1);
   for (int l = 1; l < R - 1; ++l) order.push_back(l);
   for (const int l : order) {
     const auto z = static_cast<std::size_t>(l);
     lay.weights_on_gpu[z] = lay.activations_on_gpu[z] = 1;
-    if (layout_peak(p, m, lay) > cap) {  // a layer that does not fit streams; a smaller one after it may fit
+    if (layout_peak(sizes, working, lay) > cap) {  // a layer that does not fit streams; a smaller one after it may fit
       lay.weights_on_gpu[z] = lay.activations_on_gpu[z] = 0;
       continue;
     }
@@ -97,13 +118,13 @@ Layout decide_layout(const Plan& p, const Model& m) {
     const auto z = static_cast<std::size_t>(l);
     if (lay.activations_on_gpu[z] != 0) continue;
     lay.activations_on_gpu[z] = 1;
-    if (layout_peak(p, m, lay) > cap) {
+    if (layout_peak(sizes, working, lay) > cap) {
       lay.activations_on_gpu[z] = 0;
       continue;
     }
     ++lay.resident_activations;
   }
-  lay.estimate_bytes = layout_peak(p, m, lay);
+  lay.estimate_bytes = layout_peak(sizes, working, lay);
   lay.fits = lay.estimate_bytes <= cap;
   return lay;
 }

@@ -16,6 +16,7 @@
 #include "core/program/lower.hpp"
 #include "core/search/search.hpp"
 #include "sim/engine/cost_reference.hpp"
+#include "sim/engine/engine.hpp"
 #include "sim/engine/native_engine.hpp"
 #include "sim/study/evaluate.hpp"
 #include "sim/study/memory_answer.hpp"
@@ -90,12 +91,8 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
         cands, space,
         [&](const core::Plan& p) {
           core::RunReport r = evaluate_plan(engine, model, p, lower).report;  // the kind reads its knobs
-          if (beyond_estimate && r.feasible && !r.fits) {  // beyond the estimate only a peak that fits counts
-            r.feasible = false;                            // (the reference model does not enforce it itself)
-            r.infeasible_reason =
-                fmt::format("peak {} exceeds the GPU memory {}", core::format_bytes(r.peak_memory_bytes),
-                            core::format_bytes(r.gpu_capacity_bytes));
-          }
+          // beyond the estimate only a peak that fits counts (the reference model does not demote by itself)
+          if (beyond_estimate) apply_capacity(r, r.gpu_capacity_bytes, /*demote=*/true);
           if (!r.feasible && host_bound(r)) host_miss = true;
           return r;
         },

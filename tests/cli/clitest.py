@@ -20,18 +20,28 @@ with open(os.path.join(ROOT, "schemas", "common.schema.json")) as _f:
     PLAN_KINDS = json.load(_f)["definitions"]["plan_kind"]["enum"]
 
 
+_KINDS = {}  # per harmony-sim binary: its `kinds --format json` listing, read once
+
+
+def registered_kinds(sim):
+    """The registry as `harmony-sim kinds --format json` lists it (each kind's name and properties), read once per
+    binary."""
+    if sim not in _KINDS:
+        r = subprocess.run([sim, "kinds", "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           check=True)
+        _KINDS[sim] = json.loads(r.stdout)["kinds"]
+    return _KINDS[sim]
+
+
 def trained_kinds(sim):
-    """The kinds harmony-run trains, in listing order, as `harmony-sim kinds --format json` (the registry) says:
-    PlanKindSpec::trains; the others harmony-sim prices and harmony-run refuses at plan.mode."""
-    r = subprocess.run([sim, "kinds", "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                       check=True)
-    return [k["name"] for k in json.loads(r.stdout)["kinds"] if k["trains"]]
+    """The kinds harmony-run trains, in listing order (PlanKindSpec::trains); the others harmony-sim prices and
+    harmony-run refuses at plan.mode."""
+    return [k["name"] for k in registered_kinds(sim) if k["trains"]]
+
 
 def one_gpu_kinds(sim):
-    """The kinds that run on one GPU only (PlanKindSpec::one_gpu), as `harmony-sim kinds --format json` says."""
-    r = subprocess.run([sim, "kinds", "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                       check=True)
-    return [k["name"] for k in json.loads(r.stdout)["kinds"] if k["one_gpu"]]
+    """The kinds that run on one GPU only (PlanKindSpec::one_gpu)."""
+    return [k["name"] for k in registered_kinds(sim) if k["one_gpu"]]
 
 
 failures = []  # "name: detail" of each failed check; a test reads it, never rebinds it

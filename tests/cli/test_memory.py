@@ -265,7 +265,7 @@ def test_best_and_binding(cfg):
         elif kind == "zero-offload":  # 70B of bf16 parameters on every GPU: GPU memory binds first, host too
             check("1 TiB host zero-offload: GPU memory binds, host memory over as well",
                   not k["fits"] and k["binding"] == "gpu_memory" and "host_memory needs" in (k["reason"] or ""), k)
-        elif kind in clitest.one_gpu_kinds(SIM):  # on 8 GPUs: not applicable
+        elif kind in one_gpu:  # on 8 GPUs: not applicable
             check(f"1 TiB host {kind}: not applicable on 8 GPUs", not k["applicable"], k)
         elif kind != "lohan":  # lohan runs each GPU's 8 samples as one microbatch: GPU memory binds first
             check(f"1 TiB host {kind}: host memory binds", not k["fits"] and k["binding"] == "host_memory" and
