@@ -395,6 +395,43 @@ void lock_checkpoint_dir(const Cli& cli, const core::TrainConfig& cfg,
   }
 }
 
+// What a kind with resident state allocates on each device up front, for the message when it does not fit: over
+// several devices a Program that gathers and reduce-scatters shards it (fsdp, zero3: each device 1/N of the weights,
+// gradients and AdamW state; zero2, gathering after its updates: the whole weights and 1/N of the rest).
+struct ResidentState {
+  bool sharded = false;
+  std::string what, per;
+  double mib = 0;
+};
+
+ResidentState resident_state(const core::Program& prog, const core::Plan& plan, std::int64_t params,
+                             const std::string& dtype) {
+  bool whole_weights = false;
+  ResidentState r;
+  for (std::size_t o = 0; plan.gpus > 1 && o < prog.ops.size(); ++o) {
+    const core::OpKind k = prog.ops[o].kind;
+    r.sharded = r.sharded || k == core::OpKind::AG || k == core::OpKind::RS;
+    whole_weights = whole_weights || (k == core::OpKind::AG && prog.dataflow.ops[o].pass == core::Pass::Update);
+  }
+  const double param_mib = static_cast<double>(params) / (1 << 20);
+  const double w = dtype == "bf16" ? 2 : 4;  // the working copy's bytes per parameter
+  const int n = plan.gpus;
+  if (whole_weights) {
+    r.what = fmt::format("the whole model's weights and 1/{} of its gradients and AdamW state on each device", n);
+    r.per = fmt::format("{:.0f} + {:.0f} / {} bytes per parameter", w, 16 - w, n);
+    r.mib = param_mib * (w + (16 - w) / n);
+  } else if (r.sharded) {
+    r.what = fmt::format("1/{} of the model's weights, gradients and AdamW state on each device", n);
+    r.per = fmt::format("16 bytes per parameter / {}", n);
+    r.mib = param_mib * 16 / n;
+  } else {
+    r.what = "the whole model's weights, gradients and AdamW state on every device";
+    r.per = "16 bytes per parameter";
+    r.mib = param_mib * 16;
+  }
+  return r;
+}
+
 // The run's executor, emplaced in *executor; a kind with resident state whose state does not fit the devices is
 // bad input, named.
 void make_run_executor(const Cli& cli, const Setup& s, const Chosen& chosen, const std::vector<backend::Device*>& devs,
@@ -406,22 +443,14 @@ void make_run_executor(const Cli& cli, const Setup& s, const Chosen& chosen, con
                [&] { executor->emplace(chosen.program, devs, *s.state, executor_options(cli, cfg, comm)); });
   } catch (const backend::OutOfMemory& e) {
     if (!plan.kind->resident_state) throw;
-    // a kind with resident state allocates its weights, gradients and AdamW state on every device up front (fsdp
-    // over several devices: each device its 1/N shard of them)
-    const bool sharded = plan.kind.name() == std::string("fsdp") && plan.gpus > 1;
-    const double state_mib = static_cast<double>(s.model->param_count() * 16) / (1 << 20);
+    const ResidentState rs = resident_state(chosen.program, plan, s.model->param_count(), cfg.train.dtype);
     throw core::ConfigError(
         core::SourceLoc{cfg.file, 0, 0},
-        fmt::format(
-            "{} keeps {} ({:.2f} MiB, 16 bytes per parameter{}) and they do not fit machine.gpu_memory = {}: {}",
-            plan.kind.name(),
-            sharded ? fmt::format("1/{} of the model's weights, gradients and AdamW state on each device", plan.gpus)
-                    : std::string("the whole model's weights, gradients and AdamW state on every device"),
-            sharded ? state_mib / plan.gpus : state_mib, sharded ? fmt::format(" / {}", plan.gpus) : "",
-            capacity_text(cfg.machine.gpu_memory_bytes), e.what()),
+        fmt::format("{} keeps {} ({:.2f} MiB, {}) and they do not fit machine.gpu_memory = {}: {}", plan.kind.name(),
+                    rs.what, rs.mib, rs.per, capacity_text(cfg.machine.gpu_memory_bytes), e.what()),
         fmt::format("raise --gpu-memory{}, or train the model larger than the devices with a kind that swaps "
                     "(harmony-pp, harmony-dp; --plan auto picks a plan that fits)",
-                    sharded ? " or shard over more devices (plan.gpus)" : ""));
+                    rs.sharded ? " or shard over more devices (plan.gpus)" : ""));
   }
 }
 

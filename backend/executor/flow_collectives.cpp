@@ -9,6 +9,10 @@ namespace harmony::backend::detail {
 
 void FlowInterpreter::run_ag(const std::vector<int>& g) {
   const int l = at(g.front()).layers.first;
+  if (whole_weights) {  // into the ShardStates' whole copies, which the next step reads (nothing made in `store`)
+    for (const int a : g) gather_whole(a, l, at(a).device, g);
+    return;
+  }
   std::vector<FlowData*> full;  // every member's copy of the layer (what it writes)
   full.reserve(g.size());
   for (const int a : g) full.push_back(&make(a, flow(a).writes[0], m.param_floats(l) * es));

@@ -27,6 +27,7 @@ FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Devic
       es(dtype_bytes(options.dtype)),
       resident(program.graph.plan.kind->resident_state),
       sharded_state(shards_state(program)),
+      whole_weights(sharded_state && gathers_after_update(program)),
       qr(program, devs, options) {
   staging_chunk_bytes = opt.staging_chunk_bytes;
   if (dt == DType::BF16)

@@ -35,7 +35,8 @@ namespace harmony::backend::detail {
 // discipline). A kind with resident state (PlanKindSpec::resident_state) keeps its weights, gradients and AdamW state
 // in one DeviceState per device across steps: its FWD/BWD read them there, its ARD sums them in place, its Update runs
 // AdamW on the device; sync_host_state() copies them back into the HostState. A resident kind that shards its state
-// (fsdp over N > 1 GPUs: its Program all-gathers and reduce-scatters) keeps one ShardState per device instead.
+// (fsdp and zero3 over N > 1 GPUs: its Program all-gathers and reduce-scatters) keeps one ShardState per device
+// instead; one that gathers after its Updates (zero2) keeps the whole working weights in it too.
 class FlowInterpreter final : public Interpreter {
  public:
   // The Program, its devices (one per GPU), the HostState the steps read and write, the options; refuses bf16 on a
@@ -73,7 +74,8 @@ class FlowInterpreter final : public Interpreter {
   // W and DW (its DeviceState's), or a sharded resident kind's WShard and DWShard (its ShardState's; its gathered W
   // and full DW are versions).
   bool tracked(const core::FlowTensor& t) const {
-    const bool in_state = sharded_state ? (t.kind == core::FlowKind::WShard || t.kind == core::FlowKind::DWShard)
+    const bool in_state = sharded_state ? (t.kind == core::FlowKind::WShard || t.kind == core::FlowKind::DWShard ||
+                                           (whole_weights && t.kind == core::FlowKind::W))
                                         : resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
     return !ranged(t) && !in_state;
   }
@@ -209,13 +211,25 @@ class FlowInterpreter final : public Interpreter {
   // then each rank's stream copies its shard of the sum (exact, but N times a reduce-scatter's bytes); in place needs
   // the RS to be the last reader of every member's gradient, otherwise (a later BWD would add into the sum) the host.
   // A sharded resident kind (fsdp): AG reads each rank's ShardState, and the head's tied lm_head comes from the ranks'
-  // wte (gather_twin); RS writes each rank's ShardState gradient (reduced_into_shard).
+  // wte (gather_twin); RS writes each rank's ShardState gradient (reduced_into_shard). With whole weights (zero2) AG
+  // copies each rank's updated slice into the other ranks' whole copies (gather_whole).
   void run_ag(const std::vector<int>& g);
   void run_rs(const std::vector<int>& g);
 
   // ---- sharded resident state (flow_shard_ops.cpp) ----
-  // Whether a resident Program shards its state: it all-gathers or reduce-scatters (fsdp over N > 1 GPUs).
+  // Whether a resident Program shards its state: it all-gathers or reduce-scatters (fsdp, zero3, zero2 over N > 1
+  // GPUs).
   static bool shards_state(const core::Program& program);
+  // Whether a sharded Program keeps whole working weights: its all-gathers run in the update pass, after the Updates,
+  // into the copies the next step's compute reads (zero2), not before each use (fsdp).
+  static bool gathers_after_update(const core::Program& program);
+  // AG op a of layer l with whole weights: rank r's updated slice of its whole copy into every other member's whole
+  // copy; for layer 0 of a tied model also the rank's part of wte into every member's (its own too) head lm_head,
+  // which the head's AG leaves alone (it gathers before layer 0's update).
+  void gather_whole(int a, int l, int r, const std::vector<int>& g);
+  // The whole-weights order (zero2): every AG of a layer after its own device's Update of the layer and after every
+  // op on any device that reads the layer's weights (layer 0's of a tied model: also the head's readers).
+  void check_whole_gathers(const Ancestry& anc) const;
   // Makes one ShardState per device (state_op filled) and uploads each rank's part of the HostState.
   void make_shards();
   // How many elements of rank r's shard of layer l the all-gather copies from the shard itself: all of it, but where
@@ -331,6 +345,7 @@ class FlowInterpreter final : public Interpreter {
   Bytes es = 4;                // bytes per device element
   bool resident = false;       // PlanKindSpec::resident_state: W, DW and AdamW state in `states`
   bool sharded_state = false;  // resident and sharded (shards_state): the state in `shards`
+  bool whole_weights = false;  // sharded, gathering after the Updates (gathers_after_update): W in the ShardStates
   QueueResources qr;           // per queue: its stream, events, AdamW pool
   std::vector<std::vector<int>> extra;               // per op: the executor's added edges (extra_deps)
   FlowVersions versions;                             // which version each read sees, the reads per version

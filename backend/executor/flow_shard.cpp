@@ -34,28 +34,30 @@ std::pair<std::int64_t, std::int64_t> ShardState::tie_range(const Gpt2& model, i
   return {lo, std::max<std::int64_t>(0, hi - lo)};
 }
 
-Bytes ShardState::total_bytes(const Gpt2& model, DType dtype, int rank, int ranks) {
+Bytes ShardState::total_bytes(const Gpt2& model, DType dtype, int rank, int ranks, Weights weights) {
   const Bytes e = dtype_bytes(dtype);
   Bytes total = 0;
   std::int64_t params = 0;
   for (int l = 0; l < model.num_layers(); ++l) {
     const std::int64_t s = std::max<std::int64_t>(1, shard_floats(model, l, ranks));
-    total += floats_bytes(s, 2 * e + 8 + (dtype == DType::BF16 ? 4 : 0));
+    const std::int64_t w = weights == Weights::Whole ? std::max<std::int64_t>(1, model.param_floats(l)) : s;
+    total += floats_bytes(w, e) + floats_bytes(s, e + 8 + (dtype == DType::BF16 ? 4 : 0));
     params += static_cast<std::int64_t>(model.params(l).size());
   }
   total += floats_bytes(tie_range(model, rank, ranks).second, e);
   return total + floats_bytes(params, sizeof(std::int32_t));
 }
 
-ShardState::ShardState(Device& device, Stream& stream, const Gpt2& model, DType dtype, int rank, int ranks)
-    : device_(device), model_(model), dtype_(dtype), rank_(rank), ranks_(ranks) {
-  if (dtype_ == DType::BF16) require_bf16(device_, "fsdp shard state");
+ShardState::ShardState(Device& device, Stream& stream, const Gpt2& model, DType dtype, int rank, int ranks,
+                       Weights weights)
+    : device_(device), model_(model), dtype_(dtype), rank_(rank), ranks_(ranks), whole_(weights == Weights::Whole) {
+  if (dtype_ == DType::BF16) require_bf16(device_, fmt::format("{} shard state", owner()));
   const Bytes e = dtype_bytes(dtype_);
   for (int l = 0; l < model_.num_layers(); ++l) {
     const std::int64_t s = std::max<std::int64_t>(1, shard_floats(model_, l, ranks_));
-    const auto name = [&](const char* what) { return fmt::format("fsdp {} L{} rank {}", what, l, rank_); };
+    const auto name = [&](const char* what) { return fmt::format("{} {} L{} rank {}", owner(), what, l, rank_); };
     Layer L;
-    L.w = device_.alloc(floats_bytes(s, e), name("W"));
+    L.w = device_.alloc(floats_bytes(whole_ ? std::max<std::int64_t>(1, model_.param_floats(l)) : s, e), name("W"));
     L.g = device_.alloc(floats_bytes(s, e), name("dW"));
     if (dtype_ == DType::BF16) L.master = device_.alloc(floats_bytes(s, 4), name("master"));
     L.m = device_.alloc(floats_bytes(s, 4), name("exp_avg"));
@@ -65,8 +67,9 @@ ShardState::ShardState(Device& device, Stream& stream, const Gpt2& model, DType 
     layers_.push_back(std::move(L));
   }
   std::tie(tie_first_, tie_len_) = tie_range(model_, rank_, ranks_);
-  if (tie_len_ > 0) tie_g_ = device_.alloc(floats_bytes(tie_len_, e), fmt::format("fsdp tied dW rank {}", rank_));
-  flags_ = device_.alloc(floats_bytes(flag_count_, sizeof(std::int32_t)), "fsdp non-finite flags");
+  if (tie_len_ > 0)
+    tie_g_ = device_.alloc(floats_bytes(tie_len_, e), fmt::format("{} tied dW rank {}", owner(), rank_));
+  flags_ = device_.alloc(floats_bytes(flag_count_, sizeof(std::int32_t)), fmt::format("{} non-finite flags", owner()));
   device_.fill_zero(stream, flags_.data(), flags_.bytes());
   stream.synchronize();
   fresh_.assign(static_cast<std::size_t>(model_.num_layers()) + 1, 1);
@@ -74,13 +77,18 @@ ShardState::ShardState(Device& device, Stream& stream, const Gpt2& model, DType 
 
 const ShardState::Layer& ShardState::layer(int l) const {
   if (l < 0 || l >= model_.num_layers())
-    throw BackendError(fmt::format("fsdp shard state: layer {} outside 0..{}", l, model_.num_layers() - 1));
+    throw BackendError(fmt::format("{} shard state: layer {} outside 0..{}", owner(), l, model_.num_layers() - 1));
   return layers_[static_cast<std::size_t>(l)];
+}
+
+void* ShardState::weights(int l) const {
+  std::byte* w = layer(l).w.as<std::byte>();
+  return whole_ ? w + floats_bytes(first(l), dtype_bytes(dtype_)) : w;
 }
 
 float* ShardState::master(int l) const {
   const Layer& L = layer(l);
-  return dtype_ == DType::BF16 ? L.master.as<float>() : L.w.as<float>();
+  return dtype_ == DType::BF16 ? L.master.as<float>() : static_cast<float*>(weights(l));
 }
 
 bool ShardState::take_fresh(int l) {
@@ -92,23 +100,25 @@ bool ShardState::take_fresh(int l) {
 
 void ShardState::upload(Stream& s, const HostState& host) {
   if (!(host.model().config() == model_.config()))
-    throw BackendError("fsdp shard state: upload from a host state of another model");
+    throw BackendError(fmt::format("{} shard state: upload from a host state of another model", owner()));
   std::vector<Bf16> staging;
   for (int l = 0; l < model_.num_layers(); ++l) {
     Layer& L = layers_[static_cast<std::size_t>(l)];
     L.steps = host.steps(l);
     const std::int64_t a = first(l), n = len(l);
-    if (n == 0) continue;
-    const float* w = host.weights(l).data() + a;
-    if (dtype_ == DType::BF16) {
-      device_.copy_h2d(s, L.master.data(), w, floats_bytes(n, 4));
-      staging.resize(static_cast<std::size_t>(n));
-      std::transform(w, w + n, staging.begin(), [](float x) { return to_bf16(x); });
-      device_.copy_h2d(s, L.w.data(), staging.data(), floats_bytes(n, 2));
+    // the working copy: the shard's part, or with whole weights the whole layer (bf16: rounded to nearest even)
+    const std::int64_t wa = whole_ ? 0 : a, wn = whole_ ? model_.param_floats(l) : n;
+    const float* w = host.weights(l).data() + wa;
+    if (wn > 0 && dtype_ == DType::BF16) {
+      staging.resize(static_cast<std::size_t>(wn));
+      std::transform(w, w + wn, staging.begin(), [](float x) { return to_bf16(x); });
+      device_.copy_h2d(s, L.w.data(), staging.data(), floats_bytes(wn, 2));
       s.synchronize();  // staging is reused by the next layer
-    } else {
-      device_.copy_h2d(s, L.w.data(), w, floats_bytes(n, 4));
+    } else if (wn > 0) {
+      device_.copy_h2d(s, L.w.data(), w, floats_bytes(wn, 4));
     }
+    if (n == 0) continue;
+    if (dtype_ == DType::BF16) device_.copy_h2d(s, L.master.data(), host.weights(l).data() + a, floats_bytes(n, 4));
     // the moments of the owned prefix (a tied twin has none: its part of the shard is never updated)
     const std::int64_t owned = DeviceState::owned_floats(model_, l);
     device_.fill_zero(s, L.m.data(), L.m.bytes());
@@ -123,7 +133,7 @@ void ShardState::upload(Stream& s, const HostState& host) {
 
 void ShardState::download(Stream& s, HostState& host) const {
   if (!(host.model().config() == model_.config()))
-    throw BackendError("fsdp shard state: download into a host state of another model");
+    throw BackendError(fmt::format("{} shard state: download into a host state of another model", owner()));
   for (int l = 0; l < model_.num_layers(); ++l) {
     const Layer& L = layers_[static_cast<std::size_t>(l)];
     const std::int64_t a = first(l), k = std::min(a + len(l), DeviceState::owned_floats(model_, l)) - a;
@@ -138,7 +148,7 @@ void ShardState::download(Stream& s, HostState& host) const {
 
 template <class S>
 void ShardState::update_as(Stream& s, const AdamWConfig& config, int l) {
-  Kernels<S>& k = kernels_of<S>(device_, "fsdp shard state");
+  Kernels<S>& k = kernels_of<S>(device_, whole_ ? "zero2 shard state" : "fsdp shard state");
   Layer& L = layers_[static_cast<std::size_t>(l)];
   const std::int64_t step = ++L.steps;
   const std::int64_t a = first(l), n = len(l);
@@ -151,7 +161,7 @@ void ShardState::update_as(Stream& s, const AdamWConfig& config, int l) {
     const std::int64_t at = lo - a;  // within the shard
     AdamWTensors<S> t;
     t.param = master(l) + at;
-    if constexpr (std::is_same_v<S, Bf16>) t.working = L.w.as<S>() + at;
+    if constexpr (std::is_same_v<S, Bf16>) t.working = static_cast<S*>(weights(l)) + at;
     t.grad = L.g.as<S>() + at;
     t.exp_avg = L.m.as<float>() + at;
     t.exp_avg_sq = L.v.as<float>() + at;

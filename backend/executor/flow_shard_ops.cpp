@@ -19,9 +19,16 @@ bool FlowInterpreter::shards_state(const core::Program& program) {
                      [](const core::Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
 }
 
+bool FlowInterpreter::gathers_after_update(const core::Program& program) {
+  for (std::size_t o = 0; o < program.ops.size(); ++o)
+    if (program.ops[o].kind == OpKind::AG && program.dataflow.ops[o].pass == core::Pass::Update) return true;
+  return false;
+}
+
 void FlowInterpreter::make_shards() {
+  const auto layout = whole_weights ? ShardState::Weights::Whole : ShardState::Weights::Shard;
   for (int d = 0; d < p.num_devices(); ++d) {
-    shards.push_back(std::make_unique<ShardState>(D(d), state_stream(d), m, dt, d, p.num_devices()));
+    shards.push_back(std::make_unique<ShardState>(D(d), state_stream(d), m, dt, d, p.num_devices(), layout));
     shards.back()->upload(state_stream(d), st);
   }
 }
@@ -42,6 +49,26 @@ void FlowInterpreter::gather_twin(int a, int r, const std::vector<int>& g, const
     D(r).copy_d2d(S(a), full[q]->buf.as<std::byte>() + at_head * es, src, sh.tie_len() * es, &D(at(g[q]).device));
     full[q]->users.push_back(a);
   }
+}
+
+void FlowInterpreter::gather_whole(int a, int l, int r, const std::vector<int>& g) {
+  const ShardState& sh = *shards[static_cast<std::size_t>(r)];
+  const auto at_of = [&](int q, int layer, std::int64_t element) {
+    return static_cast<std::byte*>(shards[static_cast<std::size_t>(at(q).device)]->whole_weights(layer)) + element * es;
+  };
+  if (const std::int64_t n = gathered_len(l, r); n > 0) {
+    for (const int q : g) {
+      if (at(q).device == r) continue;  // the update wrote the rank's own slice in place
+      D(r).copy_d2d(S(a), at_of(q, l, sh.first(l)), sh.weights(l), n * es, &D(at(q).device));
+    }
+  }
+  if (l != 0 || !m.tied() || sh.tie_len() == 0) return;
+  // the head's lm_head, wte's twin: element j of lm_head is wte's element j
+  const int head = m.head_layer();
+  const std::int64_t wte = m.params(0).front().offset, twin = m.params(head).back().offset;
+  const std::byte* src = at_of(a, 0, sh.tie_first());
+  for (const int q : g)
+    D(r).copy_d2d(S(a), at_of(q, head, twin + (sh.tie_first() - wte)), src, sh.tie_len() * es, &D(at(q).device));
 }
 
 void FlowInterpreter::shard_put(int a, int d, void* dst, std::int64_t from, std::int64_t n, bool fresh,
@@ -105,6 +132,10 @@ void FlowInterpreter::check_shard_updates(const Ancestry& anc) const {
                       "device",
                       label(static_cast<int>(o))));
   }
+  if (whole_weights) {
+    check_whole_gathers(anc);
+    return;
+  }
   const std::map<std::pair<int, int>, int> upd = device_updates();
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
     const core::Op& op = p.ops[o];
@@ -118,6 +149,48 @@ void FlowInterpreter::check_shard_updates(const Ancestry& anc) const {
       throw ScheduleViolation(
           fmt::format("executor: op {} updates layer {}'s shard without waiting for op {}, which {}", label(it->second),
                       t, label(static_cast<int>(o)), op.kind == OpKind::AG ? "reads it" : "writes its gradient"));
+    }
+  }
+}
+
+void FlowInterpreter::check_whole_gathers(const Ancestry& anc) const {
+  const int head = m.head_layer();
+  const std::map<std::pair<int, int>, int> upd = device_updates();
+  std::vector<std::vector<int>> readers(static_cast<std::size_t>(m.num_layers()));  // per layer: the ops reading W
+  std::vector<std::vector<int>> gathers(static_cast<std::size_t>(m.num_layers()));  // per layer: its AGs
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const core::Op& op = p.ops[o];
+    const int l = op.layers.first;
+    if (op.kind == OpKind::FWD || op.kind == OpKind::REC || op.kind == OpKind::BWD)
+      readers[static_cast<std::size_t>(l)].push_back(static_cast<int>(o));
+    if (op.kind == OpKind::AG) gathers[static_cast<std::size_t>(l)].push_back(static_cast<int>(o));
+    if (op.kind == OpKind::RS) {  // the Update reads the gradient the reduce-scatter writes (the tie's: layer 0's)
+      for (const int t : {l, m.tied() && l == head ? 0 : l}) {
+        const auto it = upd.find({op.device, t});
+        if (it != upd.end() && !anc.before(static_cast<int>(o), it->second))
+          throw ScheduleViolation(
+              fmt::format("executor: op {} updates layer {}'s shard without waiting for op {}, "
+                          "which writes its gradient",
+                          label(it->second), t, label(static_cast<int>(o))));
+      }
+    }
+  }
+  for (int l = 0; l < m.num_layers(); ++l) {
+    for (const int a : gathers[static_cast<std::size_t>(l)]) {
+      const auto it = upd.find({at(a).device, l});
+      if (it != upd.end() && !anc.before(it->second, a))
+        throw ScheduleViolation(
+            fmt::format("executor: op {} gathers layer {}'s whole weights before op {} updates them", label(a), l,
+                        label(it->second)));
+      std::vector<int> layers{l};
+      if (l == 0 && m.tied()) layers.push_back(head);  // it writes the head's lm_head too
+      for (const int t : layers)
+        for (const int r : readers[static_cast<std::size_t>(t)])
+          if (!anc.before(r, a))
+            throw ScheduleViolation(
+                fmt::format("executor: op {} overwrites layer {}'s weights while op {} may still "
+                            "read them",
+                            label(a), t, label(r)));
     }
   }
 }

@@ -1,7 +1,8 @@
 // FlowInterpreter's resident state (flow_interpreter.hpp): for a Program that keeps its weights, gradients and AdamW
 // state on the devices across steps (a kind with resident state), one DeviceState per device — made and uploaded
 // once, read by the compute ops and the all-reduce, zeroed, updated and checked per step, downloaded on request; or,
-// sharded (fsdp over N > 1 GPUs), one ShardState per device (flow_shard_ops.cpp) through the same entry points.
+// sharded (fsdp, zero3, zero2 over N > 1 GPUs), one ShardState per device (flow_shard_ops.cpp) through the same entry
+// points (zero2's with the whole working weights its compute ops read).
 #include <memory>
 #include <vector>
 
@@ -29,6 +30,7 @@ void FlowInterpreter::make_states() {
 }
 
 const void* FlowInterpreter::state_weights(int o) {
+  if (whole_weights) return shards[static_cast<std::size_t>(at(o).device)]->whole_weights(at(o).layers.first);
   if (states.empty()) return nullptr;
   auto& ds = *states[static_cast<std::size_t>(at(o).device)];
   const int l = at(o).layers.first;

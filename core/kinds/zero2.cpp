@@ -1,8 +1,8 @@
 // zero2: data parallelism with the gradients and optimizer state partitioned over the GPUs (DeepSpeed ZeRO stage 2
 // without offload; ZeRO-1 and PyTorch's ZeroRedundancyOptimizer partition only the optimizer state). Every GPU keeps
 // the whole model's weights, runs its share of the minibatch, reduce-scatters each layer's gradient into its partition,
-// steps AdamW on its partition on the GPU and all-gathers the updated weights. harmony-sim prices it; harmony-run has
-// no executor state for it (trains = false).
+// steps AdamW on its partition on the GPU and all-gathers the updated weights. harmony-sim prices it; harmony-run
+// trains it (the executor's ShardState with whole weights: backend/executor/flow_shard.hpp).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -117,8 +117,7 @@ const PlanKindSpec kSpec{
     .data_parallel = true,
     .even_split = true,
     .resident_state = true,
-    .trains = false,
-    .trains_as = "resident",  // AdamW over the same summed gradients, partitioned or not
+    .trains = true,
     .knobs = {Knob::Activations},
     .validate = validate_microbatch_plan,
     .lower = lower_zero2,

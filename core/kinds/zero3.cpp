@@ -2,7 +2,8 @@
 // (each GPU keeps 1/N of every layer's parameters, gradient and AdamW state; all-gather before each forward and
 // backward, reduce-scatter after each backward, AdamW on the shard on the GPU) plus the host-side work stage 3 does in
 // its hooks on every module and parameter (plan.zero3, zero3_hooks.hpp), paid on the compute stream at any GPU count.
-// harmony-sim prices it; harmony-run has no executor state for it (trains = false; fsdp trains the same numbers).
+// harmony-run trains it as it trains fsdp (the same Program and dataflow: stage 3's hooks are host time the simulator
+// prices, which the executor does not spend).
 #include <fmt/format.h>
 
 #include "core/kinds/fsdp.hpp"
@@ -46,8 +47,7 @@ const PlanKindSpec kSpec{
     .data_parallel = true,
     .even_split = true,
     .resident_state = true,
-    .trains = false,
-    .trains_as = "fsdp",  // the same Program: stage 3's hooks are host time only
+    .trains = true,
     .knobs = {Knob::Activations, Knob::Zero3},
     .validate = validate_zero3,
     .lower = lower_zero3,

@@ -1,9 +1,9 @@
-// Tests of the fsdp kind's Programs (core/kinds/fsdp.cpp) through the executor on CPU devices: over N > 1 GPUs each
-// keeps one ShardState (1/N of every layer's weights, gradient and AdamW state), all-gathers a layer before its
-// forward and backward, reduce-scatters its gradient into the shard and steps AdamW on the shard on the device; it
-// trains like resident on the same plan (bit for bit with one microbatch per GPU, fp32 and bf16, host or device
-// sums; within the reduction-order bounds with several), holds only its shards between steps, and stops and resumes
-// through the HostState exactly. On one GPU it is resident.
+// Tests of the fsdp kind's Programs (core/kinds/fsdp.cpp; zero3's are the same, zero2's gather after the update)
+// through the executor on CPU devices: over N > 1 GPUs each keeps one ShardState (1/N of every layer's weights,
+// gradient and AdamW state), all-gathers a layer before its forward and backward, reduce-scatters its gradient into the
+// shard and steps AdamW on the shard on the device; it trains like resident on the same plan (bit for bit with one
+// microbatch per GPU, fp32 and bf16, host or device sums; within the reduction-order bounds with several), holds only
+// its shards between steps, and stops and resumes through the HostState exactly. On one GPU it is resident.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -179,6 +179,90 @@ TEST_CASE("fsdp trains like resident on the same plan") {
       }
     }
   }
+}
+
+// zero3 lowers fsdp's Program with stage 3's hook time added to its ops' costs (core/kinds/zero3.cpp): the executor
+// runs the same ops over the same dataflow, so it trains fsdp's numbers bit for bit, sharded or on one GPU, with
+// several microbatches per GPU, fp32 and bf16, host or device sums.
+TEST_CASE("zero3 trains fsdp's numbers bit for bit") {
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    for (const int gpus : {1, 2}) {
+      for (const bool device_sums : {false, true}) {
+        if (gpus == 1 && device_sums) continue;
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(gpus);
+        CAPTURE(device_sums);
+        Setup a(gpus), b(gpus);
+        const core::Program z = lower_kind("zero3", *a.model, gpus, 1, dtype);
+        const core::Program f = lower_kind("fsdp", *b.model, gpus, 1, dtype);
+        REQUIRE(z.ops.size() == f.ops.size());
+        RunOptions o{.dtype = dtype, .device_sums = device_sums};
+        for (int r = 0; gpus > 1 && r < gpus; ++r)
+          o.state_bytes.push_back(detail::ShardState::total_bytes(*a.model, dtype, r, gpus));
+        const Result ours = train(z, a, o);
+        o.state_bytes.clear();
+        check_same_bits(ours, train(f, b, o));
+      }
+    }
+  }
+}
+
+// zero2 (core/kinds/zero2.cpp) keeps the whole working weights on every GPU and 1/N of the gradient, master and
+// moments (ShardState with whole weights), reduce-scatters each microbatch's gradient into the partition as fsdp does,
+// updates the partition and all-gathers the updated slices into every GPU's whole copy. Its gradients, sums and AdamW
+// are fsdp's (the same RS order, the same shard update), so it trains fsdp's numbers bit for bit at any microbatch
+// count, fp32 and bf16, host or device sums; between steps each device holds its whole weights and its partition.
+TEST_CASE("zero2 trains fsdp's numbers bit for bit, holding the whole weights and 1/N of the rest") {
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    for (const int gpus : {2, 4}) {
+      for (const int u : {1, 2}) {
+        if ((kB / gpus) % u != 0) continue;
+        for (const bool device_sums : {false, true}) {
+          CAPTURE(dtype_name(dtype));
+          CAPTURE(gpus);
+          CAPTURE(u);
+          CAPTURE(device_sums);
+          Setup a(gpus), b(gpus);
+          RunOptions o{.dtype = dtype, .device_sums = device_sums};
+          for (int r = 0; r < gpus; ++r) {
+            o.state_bytes.push_back(
+                detail::ShardState::total_bytes(*a.model, dtype, r, gpus, detail::ShardState::Weights::Whole));
+            CHECK(o.state_bytes.back() > detail::ShardState::total_bytes(*a.model, dtype, r, gpus));
+          }
+          const Result ours = train(lower_kind("zero2", *a.model, gpus, u, dtype), a, o);
+          o.state_bytes.clear();
+          check_same_bits(ours, train(lower_kind("fsdp", *b.model, gpus, u, dtype), b, o));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a zero2 run stopped and resumed, or on jittered devices, trains the same bits") {
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    CAPTURE(dtype_name(dtype));
+    Setup a(2), b(2), c(2, 16 * kMiB, /*jitter_us=*/200, /*jitter_seed=*/11);
+    const core::Program prog = lower_kind("zero2", *a.model, 2, 1, dtype);
+    const Result straight = train(prog, a, {.dtype = dtype});
+    check_same_bits(straight, train(prog, b, {.dtype = dtype, .sync_after = 1, .resume = true}));
+    check_same_bits(straight, train(prog, c, {.dtype = dtype}));
+  }
+}
+
+// The whole-weights order is checked when the executor is built: a gather that does not wait for its update (it
+// would copy the old weights to the other GPUs) is refused before any step.
+TEST_CASE("a zero2 Program whose all-gather does not wait for its update is refused") {
+  Setup s(2);
+  core::Program prog = lower_kind("zero2", *s.model, 2, 1, DType::F32);
+  int victim = -1;
+  for (const core::OpQueue& q : prog.queues)
+    if (q.device == 0 && !q.ops.empty() && prog.ops[static_cast<std::size_t>(q.ops[0])].kind == core::OpKind::AG)
+      victim = q.ops[0];
+  REQUIRE(victim >= 0);
+  prog.ops[static_cast<std::size_t>(victim)].deps.clear();
+  const std::string want = "executor: op " + prog.op_label(victim);
+  CHECK_THROWS_WITH_AS(Executor(prog, s.ptrs, *s.state, {.seq_len = kT, .adamw = kAdamW}),
+                       doctest::Contains(want.c_str()), ScheduleViolation);
 }
 
 TEST_CASE("fsdp on one GPU is resident, bit for bit") {

@@ -253,13 +253,21 @@ TEST_CASE("llama: every plan kind trains to the oracle's losses") {
       const double loss = ex.step(in, tgt).loss;
       CHECK_MESSAGE(std::fabs(loss - want[k]) <= kLossRtol * std::fabs(want[k]), "step ", k, ": loss ", loss,
                     " vs torch ", want[k]);
-      // every step's tensors released; a resident kind keeps its weights, gradients and AdamW state (fsdp over
-      // several GPUs: its rank's shard of them)
-      const bool sharded = kind.name() == std::string("fsdp") && gpus > 1;
+      // every step's tensors released; a resident kind keeps its weights, gradients and AdamW state (a Program that
+      // gathers and reduce-scatters over several GPUs: its rank's shard of them, fsdp and zero3; with the whole
+      // weights where it gathers after the update, zero2)
+      bool sharded = false, whole = false;
+      for (std::size_t o = 0; o < prog.ops.size(); ++o) {
+        const core::OpKind k = prog.ops[o].kind;
+        sharded = sharded || k == core::OpKind::AG || k == core::OpKind::RS;
+        whole = whole || (k == core::OpKind::AG && prog.dataflow.ops[o].pass == core::Pass::Update);
+      }
+      const auto layout = whole ? detail::ShardState::Weights::Whole : detail::ShardState::Weights::Shard;
       for (auto* d : ptrs) {
         if (kind->resident_state) {
-          CHECK(d->memory().in_use >= (sharded ? detail::ShardState::total_bytes(model, DType::F32, d->index(), gpus)
-                                               : DeviceState::total_bytes(model, DType::F32)));
+          CHECK(d->memory().in_use >=
+                (sharded ? detail::ShardState::total_bytes(model, DType::F32, d->index(), gpus, layout)
+                         : DeviceState::total_bytes(model, DType::F32)));
         } else {
           CHECK(d->memory().in_use == 0);
         }

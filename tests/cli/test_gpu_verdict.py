@@ -192,6 +192,12 @@ def main():
             rows.get(k, ("",))[0] == "FAILED" for k in ["losses Llama fsdp: finite, CUDA = CPU over 3 steps",
                                                        "losses fsdp in bf16: finite, CUDA = CPU (bf16) over 3 steps"]),
               sorted(rows))
+        # likewise zero2's (params zero2_rows, gpu-check.sh since session 17, when zero2 trains)
+        rows = expect_failure(tmp, "zero2-rows-missing",
+                              lambda d: edit_json(d, "params.json", lambda p: p.update(zero2_rows=True)),
+                              "losses zero2: finite, CUDA = CPU over 3 steps", [])
+        check("zero2-rows-missing: the Llama zero2 row too",
+              rows.get("losses Llama zero2: finite, CUDA = CPU over 3 steps", ("",))[0] == "FAILED", sorted(rows))
         expect_failure(tmp, "dry-run", lambda d: edit_json(d, "params.json", lambda p: p.update(device="cpu")),
                        "device", ["DEVICE=cpu", "dry run"])
         expect_failure(tmp, "test-skipped-on-gpu", lambda d: edit_step(d, "test_backend_cuda_device", rc=77),

@@ -31,8 +31,10 @@ RESIDENT_STATE = {k["name"] for k in json.loads(clitest.run(SIM, "kinds", "--for
 # plans (the title names stage 0's decisions only). At 3 MiB both keep them.
 CAP = "3MiB"
 # resident keeps every layer's weights, gradient and AdamW state on each GPU (16 bytes per parameter, 8.1 MiB of the
-# tiny GPT-2): it trains at RESIDENT_CAP, and at CAP it does not fit with GPU memory binding.
+# tiny GPT-2), zero2 the whole weights and 1/4 of the rest: they train at RESIDENT_CAP, and at CAP they do not fit with
+# GPU memory binding.
 RESIDENT_CAP = "16MiB"
+WHOLE_WEIGHTS = ("resident", "zero2")
 HOST_PARTS = ["master_weights_bytes", "optimizer_state_bytes", "gradient_bytes", "stash_bytes", "activation_bytes"]
 
 
@@ -114,7 +116,8 @@ def test_against_harmony_run(tmp):
     validate("memory --plan config", doc)
     kinds = by_kind(doc)
     resident_doc = memory_json(cfg, "--plan", "config", "--set", f"machine.gpu_memory={RESIDENT_CAP}")
-    kinds["resident"] = by_kind(resident_doc).get("resident") if resident_doc else None
+    for kind in WHOLE_WEIGHTS:
+        kinds[kind] = by_kind(resident_doc).get(kind) if resident_doc else None
     check("every registered kind answered, in the registry's order",
           doc is not None and [r["plan_kind"] for r in doc["results"]] == PLAN_KINDS, doc and doc["results"])
     for kind in KINDS:
@@ -122,7 +125,7 @@ def test_against_harmony_run(tmp):
         if not k or not k["needs"]:
             check(f"{kind}: a plan was measured", False, k)
             continue
-        cap = RESIDENT_CAP if kind == "resident" else CAP
+        cap = RESIDENT_CAP if kind in WHOLE_WEIGHTS else CAP
         r = run(RUN, "train", DEFAULT, "--steps", "1", "--quiet", "--format", "json", "--gpu-memory", cap,
                 "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}")
         check(f"{kind}: harmony-run trains the plan", r.returncode == 0, r.stderr)
@@ -203,13 +206,14 @@ def test_bf16_host_memory(tmp):
     cfg = tiny_config(tmp, sim_prof, "bf16")
     kinds = by_kind(memory_json(cfg, "--plan", "config"))
     resident_doc = memory_json(cfg, "--plan", "config", "--set", f"machine.gpu_memory={RESIDENT_CAP}")
-    kinds["resident"] = by_kind(resident_doc).get("resident") if resident_doc else None
+    for kind in WHOLE_WEIGHTS:
+        kinds[kind] = by_kind(resident_doc).get(kind) if resident_doc else None
     for kind in KINDS:
         k = kinds.get(kind)
         if not k or not k["needs"]:
             check(f"bf16 {kind}: a plan was measured", False, k)
             continue
-        cap = RESIDENT_CAP if kind == "resident" else CAP
+        cap = RESIDENT_CAP if kind in WHOLE_WEIGHTS else CAP
         r = run(RUN, "train", DEFAULT, "--steps", "2", "--quiet", "--format", "json", "--gpu-memory", cap,
                 "--dtype", "bf16", "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}")
         check(f"bf16 {kind}: harmony-run trains the plan", r.returncode == 0, r.stderr)

@@ -293,6 +293,13 @@ with tempfile.TemporaryDirectory() as tmp:
             a, b = f["summary"]["losses"], res["summary"]["losses"]
             check(f"fsdp u {u}: resident's losses{' bit for bit' if exact else ''}",
                   a == b if exact else all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b)), (a, b))
+        # zero3 (DeepSpeed ZeRO-3 on the GPUs) trains fsdp's Program, and zero2 (whole weights, partitioned gradients
+        # and AdamW state, gathered after the update) fsdp's sums and updates: their losses bit for bit
+        for kind in ("zero3", "zero2"):
+            r, z = train_json(DEFAULT, "--steps", str(SHORT), "--set", f"plan.mode={kind}", *plan)
+            check(f"{kind} u {u} trains fsdp's losses bit for bit", r.returncode == 0 and z is not None and
+                  f is not None and z["plan"]["plan_kind"] == kind and
+                  z["summary"]["losses"] == f["summary"]["losses"], r.stderr)
     # a kind with resident state stopped at a checkpoint and resumed: the straight run's losses and weights, bit for
     # bit (the executor holds the state on its devices: it is rebuilt from the checkpoint, not from the initial one)
     for kind in ("resident", "fsdp"):

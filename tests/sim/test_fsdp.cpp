@@ -286,11 +286,11 @@ TEST_CASE("zero2: whole weights, partitioned gradients and AdamW state; reduce-s
   CHECK(core::enumerate_plans(m, space).empty());
 }
 
-TEST_CASE("zero2 is a baseline harmony-sim prices and harmony-run refuses") {
+TEST_CASE("zero2 is a baseline harmony-sim prices and harmony-run trains") {
   const core::PlanKind k = core::plan_kind("zero2");
   CHECK(k->role == core::KindRole::Baseline);
   CHECK(k->resident_state);
-  CHECK_FALSE(k->trains);
+  CHECK(k->trains);
   CHECK(k->data_parallel);
 }
 
@@ -375,11 +375,11 @@ TEST_CASE("zero3 refuses hook costs no config could give") {
   CHECK_THROWS_AS(core::lower_plan(z, m), core::ScheduleError);
 }
 
-TEST_CASE("zero3 is a baseline harmony-sim prices and harmony-run refuses, with plan.zero3") {
+TEST_CASE("zero3 is a baseline harmony-sim prices and harmony-run trains (as fsdp's Program), with plan.zero3") {
   const core::PlanKind k = core::plan_kind("zero3");
   CHECK(k->role == core::KindRole::Baseline);
   CHECK(k->resident_state);
-  CHECK_FALSE(k->trains);
+  CHECK(k->trains);
   CHECK(k->data_parallel);
   CHECK(k.has_knob(core::Knob::Zero3));
   CHECK_FALSE(k.has_knob(core::Knob::Offload));
