@@ -514,13 +514,13 @@ def check_calibrated(v, out, steps, c):
           f"{sim:.3f} s predicted on the fitted machine vs {meas:.3f} s measured (fastest step): {err:+.1%}")
 
 
-def check_losses(v, out, steps, bf16, resident, fsdp=False, zero2=False):
-    """Every plan kind (resident too, where harmony-run has it; fsdp and zero2 where the check ran them: params fsdp_rows,
-    zero2_rows) in fp32
+def check_losses(v, out, steps, bf16, resident, extra=()):
+    """Every plan kind (resident too, where harmony-run has it; `extra`, the kinds the check added since the first runs:
+    params fsdp_rows, extra_loss_kinds) in fp32
     on the serial executor, harmony-pp also on the concurrent one, and, when the CUDA device trains bf16 (params
     bf16_implemented), every kind in bf16; then the same for the Llama family (configs/run/llama.yaml, files
     loss_llama_KIND_*), within the GPT-2 rows' bounds."""
-    kinds = PLAN_KINDS + (["fsdp"] if fsdp else []) + (["zero2"] if zero2 else []) + (["resident"] if resident else [])
+    kinds = PLAN_KINDS + list(extra) + (["resident"] if resident else [])
     for kind in kinds:
         check_loss_row(v, out, steps, kind, f"losses {kind}: finite, CUDA = CPU over 3 steps", LOSS_RTOL)
     check_loss_row(v, out, steps, f"concurrent_{CONCURRENT_KIND}",
@@ -615,7 +615,7 @@ def verdict(out):
     check_calibrated(v, out, steps, c)
     check_fused(v, out, steps)
     check_losses(v, out, steps, bool(params.get("bf16_implemented")), bool(params.get("resident_implemented")),
-                 bool(params.get("fsdp_rows")), bool(params.get("zero2_rows")))
+                 (["fsdp"] if params.get("fsdp_rows") else []) + list(params.get("extra_loss_kinds") or []))
     elapsed = params.get("elapsed_s")
     if elapsed is None:
         v.add(f"whole check within {DEADLINE} s", "FAILED", "params.json has no elapsed_s")

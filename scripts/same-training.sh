@@ -3,8 +3,8 @@
 # every plan kind, fp32 and bf16, on 1 and 2 CPU devices (Harmony-PP also on 4), and variants (activations keep,
 # on-demand swap, the serial executor, host sums, another Harmony schedule), with a reference binary and this tree's,
 # and compares per case the per-step losses (as the JSON prints them) and the sha256 of the saved weights. (A reference
-# binary from before fsdp trained exits 2 on the fsdp cases, one from before session 17 on zero2 and zero3: they are
-# listed as differing.)
+# binary from before fsdp trained exits 2 on the fsdp cases, one from before session 17 on zero2, zero3 and
+# zero3-opt-offload: they are listed as differing.)
 #
 #   scripts/same-training.sh REF_RUN [NEW_RUN]   NEW_RUN: this tree's build/apps/harmony-run by default
 #   SAME_TRAINING_DIR=DIR ...                     where the outputs go (default /tmp/harmony-same-training)
@@ -21,7 +21,8 @@ cfg=$PWD/configs/run/default.yaml
 mkdir -p "$work"
 
 cases=()
-for k in harmony-pp harmony-dp dp-swap pp-swap zero-infinity zero-offload l2l lohan fsdp zero3 zero2 resident; do
+for k in harmony-pp harmony-dp dp-swap pp-swap zero-infinity zero3-opt-offload zero-offload l2l lohan fsdp zero3 zero2 \
+  resident; do
   for g in 1 2; do for dt in fp32 bf16; do cases+=("$k|$g|$dt|"); done; done
 done
 cases+=("harmony-pp|4|fp32|" "harmony-pp|4|bf16|"
@@ -33,6 +34,7 @@ cases+=("harmony-pp|4|fp32|" "harmony-pp|4|bf16|"
   "harmony-pp|2|fp32|--executor serial" "zero-infinity|2|bf16|--executor serial"
   "harmony-dp|2|fp32|--host-sums" "zero-infinity|2|fp32|--host-sums" "fsdp|2|fp32|--host-sums"
   "zero2|2|bf16|--set plan.activations=keep" "zero2|2|fp32|--host-sums"
+  "zero3-opt-offload|2|bf16|--set plan.activations=keep" "zero3-opt-offload|2|fp32|--host-sums"
   "harmony-pp|2|fp32|--set plan.u_fwd=4 --set plan.u_bwd=1 --set plan.pack_size=3")
 
 # one_case BIN OUT CASE: prints "NAME rc=0 losses=[...] weights=SHA" (or the exit code and the error's last line)

@@ -28,6 +28,7 @@ FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Devic
       resident(program.graph.plan.kind->resident_state),
       sharded_state(shards_state(program)),
       whole_weights(sharded_state && gathers_after_update(program)),
+      carried(resident ? std::nullopt : carried_kind(program)),
       qr(program, devs, options) {
   staging_chunk_bytes = opt.staging_chunk_bytes;
   if (dt == DType::BF16)
@@ -37,6 +38,7 @@ FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Devic
                                    p.graph.plan.kind.name()));
   analyse();
   if (resident) make_states();
+  if (carried) make_carried();
 }
 
 void FlowInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
@@ -143,6 +145,10 @@ void FlowInterpreter::run_wb(int o) {
   const core::Op& op = at(o);
   if (flow(o).writes.empty()) throw core::InternalError(fmt::format("executor: op {} writes no weights", label(o)));
   const int id = flow(o).writes[0];
+  if (carried && p.dataflow.tensor(id).kind == *carried) {
+    carried_up(o);
+    return;
+  }
   std::vector<std::span<const float>> src;  // the layers' masters, one after another (a shard: its part of one)
   if (p.dataflow.tensor(id).kind == core::FlowKind::WShard) {
     const int l = op.layers.first;

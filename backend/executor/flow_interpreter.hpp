@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -77,7 +78,7 @@ class FlowInterpreter final : public Interpreter {
     const bool in_state = sharded_state ? (t.kind == core::FlowKind::WShard || t.kind == core::FlowKind::DWShard ||
                                            (whole_weights && t.kind == core::FlowKind::W))
                                         : resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
-    return !ranged(t) && !in_state;
+    return !ranged(t) && !in_state && !(carried && t.kind == *carried);
   }
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
   void tokens_in(int o, int id, int s0, int n);
@@ -250,6 +251,27 @@ class FlowInterpreter final : public Interpreter {
   // writes its gradient) of the layer on that device (layer 0 of a tied model: also the head's).
   void check_shard_updates(const Ancestry& anc) const;
 
+  // ---- carried parameters (flow_carried.cpp) ----
+  // A kind without resident state whose Program sends the updated weights up in the update pass, for the next step
+  // (zero3-opt-offload: every GPU keeps its parameter shard, WShard, or over one GPU the whole layer, W), carries
+  // those weights across steps: per device and layer one buffer (`carried_w`), filled from the host masters when the
+  // executor is built (bf16: rounded, as a WB does) and by the update pass's WBs; the AGs (WShard) or the compute ops
+  // (W) read it. The tensor kind carried, none for every other kind.
+  static std::optional<core::FlowKind> carried_kind(const core::Program& program);
+  // Allocates and fills the carried buffers (one per device and layer with parameters), each from its update-pass WB's
+  // op (its stream), and waits for them.
+  void make_carried();
+  // The carried buffer of device d and layer l, or nullptr.
+  void* carried_at(int d, int l);
+  // An update-pass WB (o): the host masters of its layer (its rank's shard) up into the carried buffer; with a tied
+  // model layer 0's WB also refreshes the device's carried part of the head's lm_head, which the host update of layer
+  // 0 rewrote after the head's WB ran.
+  void carried_up(int o);
+  // The carried order, checked when the executor is built: every update-pass WB after its layer's Update and after
+  // every op on any device that reads the layer's carried weights (an AG of the layer, or over one GPU a FWD, REC or
+  // BWD of it; layer 0's also after the head's).
+  void check_carried(const Ancestry& anc) const;
+
   // ---- gradients out and Updates (flow_update.cpp) ----
   // The analysis every kind runs when the executor is built: the Program's dataflow present, the groups, the host
   // gradients' writers and the Updates' edges (plan_updates), the versions over the Program's order and the tie (the
@@ -346,12 +368,14 @@ class FlowInterpreter final : public Interpreter {
   bool resident = false;       // PlanKindSpec::resident_state: W, DW and AdamW state in `states`
   bool sharded_state = false;  // resident and sharded (shards_state): the state in `shards`
   bool whole_weights = false;  // sharded, gathering after the Updates (gathers_after_update): W in the ShardStates
-  QueueResources qr;           // per queue: its stream, events, AdamW pool
-  std::vector<std::vector<int>> extra;               // per op: the executor's added edges (extra_deps)
-  FlowVersions versions;                             // which version each read sees, the reads per version
-  FlowStore store;                                   // the step's tensor versions
-  std::vector<std::vector<int>> groups;              // per op: the ops run with it (op_groups)
-  std::vector<int> state_op;                         // resident: per device, an op of its compute queue (state_stream)
+  std::optional<core::FlowKind> carried;       // carried_kind: W or WShard kept across steps in `carried_w`
+  std::vector<std::vector<Buffer>> carried_w;  // carried: per device, per layer (empty where it has no parameters)
+  QueueResources qr;                           // per queue: its stream, events, AdamW pool
+  std::vector<std::vector<int>> extra;         // per op: the executor's added edges (extra_deps)
+  FlowVersions versions;                       // which version each read sees, the reads per version
+  FlowStore store;                             // the step's tensor versions
+  std::vector<std::vector<int>> groups;        // per op: the ops run with it (op_groups)
+  std::vector<int> state_op;                   // resident: per device, an op of its compute queue (state_stream)
   std::vector<std::unique_ptr<DeviceState>> states;  // resident: per device; after qr, whose streams they use
   std::vector<std::unique_ptr<ShardState>> shards;   // sharded resident: per device (rank), likewise
   core::HostGradients hg;                            // plan_updates: which dWBs write the host gradients, and how

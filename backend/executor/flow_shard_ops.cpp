@@ -20,6 +20,7 @@ bool FlowInterpreter::shards_state(const core::Program& program) {
 }
 
 bool FlowInterpreter::gathers_after_update(const core::Program& program) {
+  if (!program.dataflow.covers(program)) return false;  // analyse() refuses it, naming the fix
   for (std::size_t o = 0; o < program.ops.size(); ++o)
     if (program.ops[o].kind == OpKind::AG && program.dataflow.ops[o].pass == core::Pass::Update) return true;
   return false;

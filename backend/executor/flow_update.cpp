@@ -45,7 +45,9 @@ void FlowInterpreter::analyse() {
       for (const int x : groups[o])
         if (x != static_cast<int>(o))
           for (const int pred : qr.preds(x, extra)) with_groups[o].push_back(pred);
-    check_updates(Ancestry(p, with_groups));
+    const Ancestry with(p, with_groups);
+    check_updates(with);
+    if (carried) check_carried(with);
   }
   // The checks ran on the Program's own order and the tie: the edges that order the writes into the host gradients
   // would hide a missing dependency. They join now, and may not close a cycle.
@@ -139,7 +141,8 @@ void FlowInterpreter::check_updates(const Ancestry& anc) const {
                         label(g)));
     for (std::size_t w = 0; w < p.ops.size(); ++w) {
       const core::Op& wb = p.ops[w];
-      if (wb.kind != OpKind::WB) continue;
+      // an update pass's WB reads the masters the Update wrote (check_carried orders it after)
+      if (wb.kind != OpKind::WB || p.dataflow.ops[w].pass == core::Pass::Update) continue;
       const bool reads = wb.layers.first <= op.layers.last && op.layers.first <= wb.layers.last;
       const bool tied = head != 0 && op.layers.first == 0 && wb.layers.first <= head && head <= wb.layers.last;
       if ((reads || tied) && !anc.before(static_cast<int>(w), u))

@@ -3,7 +3,8 @@
 // partitioned across the N data-parallel ranks and live in host memory; each layer's parameters are fetched and
 // gathered for every forward and backward of every microbatch, gradients are reduce-scattered and their shards sent to
 // the host, CPU Adam runs after the backward pass. zero3-opt-offload (offload_optimizer only): the same, but each GPU
-// keeps its parameter shard, gathered from the peers' shards, and gets it back from the host after the CPU Adam.
+// keeps its parameter shard, gathered from the peers' shards, and gets it back from the host after the CPU Adam
+// (harmony-run carries it across steps: backend/executor/flow_carried.cpp).
 #include <algorithm>
 #include <cmath>
 
@@ -299,8 +300,7 @@ const PlanKindSpec kOptOffloadSpec{
     .data_parallel = true,
     .even_split = true,
     .offload_tiers = true,
-    .trains = false,
-    .trains_as = "zero-infinity",  // the same CPU Adam on the same gradients; the parameters live elsewhere
+    .trains = true,
     .knobs = {Knob::Activations, Knob::Offload, Knob::Zero3},
     .validate = validate_swapping_plan,
     .lower = lower_zero3_opt_offload,

@@ -1,4 +1,5 @@
-// Tests of the executor on the baselines' Programs (core::lower_plan): dp-swap, pp-swap, zero-infinity and l2l
+// Tests of the executor on the baselines' Programs (core::lower_plan): dp-swap, pp-swap, zero-infinity (and
+// zero3-opt-offload, its parameter shards carried on the GPUs across steps) and l2l
 // on 1, 2 and 4 GPUs, every microbatch size that divides the share, weights and activations kept or swapped, train
 // the tiny GPT-2 to the PlainTrainer's weights (bit for bit where the summation order is the same), and Programs
 // with a dependency removed are refused with ScheduleViolation before any op runs. Also the host memory the
@@ -182,6 +183,7 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
               int wb =
                   kind == plan_kind("l2l") ? 2 * R * gpus : replicas * 2 * m * R;  // per layer, pass (and microbatch)
               if (weights_choice && w == SwapChoice::Keep) wb = replicas * R;      // once
+              if (kind == plan_kind("zero3-opt-offload")) wb = gpus * R;  // each GPU's shard up after the update
               CHECK(count_ops(prog, core::OpKind::WB) == wb);
               if (kind == plan_kind("l2l")) {
                 CHECK((count_ops(prog, core::OpKind::dY) > 0) == (a == SwapChoice::Swap));
@@ -228,8 +230,9 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
       }
     }
   }
-  // the grid above, under both policies: 48 dp-swap, 72 pp-swap, 24 zero-infinity, 24 l2l, 12 lohan (u = D/N only)
-  CHECK(checked == 180);
+  // the grid above, under both policies: 48 dp-swap, 72 pp-swap, 24 zero-infinity, 24 zero3-opt-offload, 24 l2l, 12
+  // lohan (u = D/N only)
+  CHECK(checked == 204);
   for (const auto& [name, wst] : worst)
     MESSAGE(
         fmt::format("{}: {} configurations, {} bit-exact; worst weight difference {:.3g} ({:.2g} of the bound), "
@@ -309,6 +312,9 @@ TEST_CASE("a baseline Program missing a dependency is rejected") {
       {"zero-infinity FWD without its all-gather",
        swapping_plan(plan_kind("zero-infinity"), 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::FWD, OpKind::AG,
        Stream::P2PIn, "reads"},
+      {"zero3-opt-offload carried WB without its Update",
+       swapping_plan(plan_kind("zero3-opt-offload"), 2, 1, SwapChoice::Auto, SwapChoice::Keep), OpKind::WB,
+       OpKind::Update, Stream::Cpu, "sends layer"},
       {"zero-infinity dWB without its reduce-scatter",
        swapping_plan(plan_kind("zero-infinity"), 4, 1, SwapChoice::Auto, SwapChoice::Swap), OpKind::dWB, OpKind::RS,
        Stream::P2POut, "reads"},

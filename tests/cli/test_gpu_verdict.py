@@ -192,12 +192,16 @@ def main():
             rows.get(k, ("",))[0] == "FAILED" for k in ["losses Llama fsdp: finite, CUDA = CPU over 3 steps",
                                                        "losses fsdp in bf16: finite, CUDA = CPU (bf16) over 3 steps"]),
               sorted(rows))
-        # likewise zero2's (params zero2_rows, gpu-check.sh since session 17, when zero2 trains)
-        rows = expect_failure(tmp, "zero2-rows-missing",
-                              lambda d: edit_json(d, "params.json", lambda p: p.update(zero2_rows=True)),
+        # likewise the kinds the check added later (params extra_loss_kinds, gpu-check.sh since session 17, when zero2
+        # and zero3-opt-offload train)
+        rows = expect_failure(tmp, "extra-rows-missing",
+                              lambda d: edit_json(d, "params.json",
+                                                  lambda p: p.update(extra_loss_kinds=["zero2", "zero3-opt-offload"])),
                               "losses zero2: finite, CUDA = CPU over 3 steps", [])
-        check("zero2-rows-missing: the Llama zero2 row too",
-              rows.get("losses Llama zero2: finite, CUDA = CPU over 3 steps", ("",))[0] == "FAILED", sorted(rows))
+        check("extra-rows-missing: the Llama rows and zero3-opt-offload's too", all(
+            rows.get(k, ("",))[0] == "FAILED" for k in ["losses Llama zero2: finite, CUDA = CPU over 3 steps",
+                                                       "losses zero3-opt-offload: finite, CUDA = CPU over 3 steps"]),
+              sorted(rows))
         expect_failure(tmp, "dry-run", lambda d: edit_json(d, "params.json", lambda p: p.update(device="cpu")),
                        "device", ["DEVICE=cpu", "dry run"])
         expect_failure(tmp, "test-skipped-on-gpu", lambda d: edit_step(d, "test_backend_cuda_device", rc=77),

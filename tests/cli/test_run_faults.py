@@ -276,11 +276,10 @@ def test_messages(tmp):
     check("zero2 over the devices' memory: exit 2 naming its whole weights and partitions", r.returncode == 2 and
           f"{cfg}: error: zero2 keeps the whole model's weights and 1/2 of its gradients and AdamW state" in r.stderr
           and "4 + 12 / 2 bytes per parameter" in r.stderr, (r.returncode, r.stderr))
-    # --- every kind harmony-sim prices and harmony-run does not train (zero3-opt-offload, host-stream: the registry's
+    # --- every kind harmony-sim prices and harmony-run does not train (host-stream: the registry's
     # trains = false): exit 2 at plan.mode's file:line:column, the fix, and no output written
     refused = [k for k in clitest.PLAN_KINDS if k not in clitest.trained_kinds(SIM)]
-    check("the kinds harmony-run refuses include zero3-opt-offload and host-stream",
-          {"zero3-opt-offload", "host-stream"} <= set(refused), refused)
+    check("the kinds harmony-run refuses include host-stream", {"host-stream"} <= set(refused), refused)
     line = text[:mode.start()].count("\n") + 1
     one_gpu = clitest.one_gpu_kinds(SIM)
     for kind in refused:
@@ -301,7 +300,7 @@ def test_messages(tmp):
               f"plan.mode {kind}: harmony-run does not train this kind yet" in r.stderr and
               "harmony-sim" in r.stderr and not os.path.exists(saved), (r.returncode, r.stderr))
     # the hint offers the trained kind with the same updates, and that kind trains the same config
-    same = {"zero3-opt-offload": "zero-infinity", "host-stream": "dp-swap"}
+    same = {"host-stream": "dp-swap"}
     for kind, instead in same.items():
         r = run("train", os.path.join(tmp, f"{kind}.yaml"), "--steps", "1")
         check(f"{kind}: the hint names mode: {instead}", f"to train the same updates, use mode: {instead}" in r.stderr,
