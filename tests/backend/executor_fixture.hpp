@@ -170,6 +170,21 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Two runs' losses, weights and AdamW moments the same bits (doctest CHECKs, each layer and moment captured).
+inline void check_same_bits(const Result& a, const Result& b) {
+  CHECK(a.losses == b.losses);
+  REQUIRE(a.weights.size() == b.weights.size());
+  for (std::size_t l = 0; l < a.weights.size(); ++l) {
+    CAPTURE(l);
+    CHECK(same_bits(a.weights[l], b.weights[l]));
+  }
+  REQUIRE(a.moments.size() == b.moments.size());
+  for (std::size_t i = 0; i < a.moments.size(); ++i) {
+    CAPTURE(i);
+    CHECK(same_bits(a.moments[i], b.moments[i]));
+  }
+}
+
 // The grids' Programs. Harmony: manual packs of pack_size layers, every replica lowered (as harmony-run does).
 inline core::Program lower_harmony_plan(const Gpt2& model, core::PlanKind mode, int gpus, int u_fwd, int u_bwd,
                                         int pack_size, bool prefetch, DType dtype = DType::F32) {

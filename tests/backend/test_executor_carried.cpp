@@ -26,19 +26,6 @@ core::Program lower_kind(const char* kind, const Gpt2& model, int gpus, int u, c
   return lower_swapping_plan(model, plan, dtype);
 }
 
-void check_same_bits(const Result& a, const Result& b) {
-  CHECK(a.losses == b.losses);
-  REQUIRE(a.weights.size() == b.weights.size());
-  for (std::size_t l = 0; l < a.weights.size(); ++l) {
-    CAPTURE(l);
-    CHECK(same_bits(a.weights[l], b.weights[l]));
-  }
-  for (std::size_t i = 0; i < a.moments.size(); ++i) {
-    CAPTURE(i);
-    CHECK(same_bits(a.moments[i], b.moments[i]));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("zero3-opt-offload trains zero-infinity's numbers bit for bit") {

@@ -78,19 +78,6 @@ Result train(const core::Program& prog, Setup& s, const RunOptions& o) {
   return r;
 }
 
-void check_same_bits(const Result& a, const Result& b) {
-  CHECK(a.losses == b.losses);
-  REQUIRE(a.weights.size() == b.weights.size());
-  for (std::size_t l = 0; l < a.weights.size(); ++l) {
-    CAPTURE(l);
-    CHECK(same_bits(a.weights[l], b.weights[l]));
-  }
-  for (std::size_t i = 0; i < a.moments.size(); ++i) {
-    CAPTURE(i);
-    CHECK(same_bits(a.moments[i], b.moments[i]));
-  }
-}
-
 // Per element |ours - theirs| <= 1e-6 + 1e-4 |theirs| (the replica-sum bound of test_executor_baselines.cpp).
 bool within_sum_bound(const std::vector<float>& ours, const std::vector<float>& theirs) {
   if (ours.size() != theirs.size()) return false;
