@@ -104,9 +104,11 @@ struct NativeOpCosts {
   // optimizer swapper: the next update's read and the previous one's write in flight during this one's step)
   Bytes nvme_read_overlap_bytes = 0;
   Bytes nvme_write_overlap_bytes = 0;
-  Bytes host_sum_bytes = 0;   // gradient bytes the CPU adds into a host accumulator after the op's work
-  Bytes return_bytes = 0;     // a dWB's bytes copied back host -> device after it (ZeRO-3's pinned gradient buffer)
-  Bytes extra_out_bytes = 0;  // a dWB's bytes moved device -> host beyond `bytes` (ZeRO-3's FP32 gradient copy)
+  Bytes host_sum_bytes = 0;  // gradient bytes the CPU adds into a host accumulator after the op's work
+  Bytes return_bytes = 0;    // a dWB's bytes copied back host -> device after it (ZeRO-3's pinned gradient buffer)
+  // bytes a transfer moves beyond `bytes`, in its own direction (ZeRO-3's FP32 gradient copy on a dWB; host-stream's
+  // moments on its update's WB and dWB)
+  Bytes extra_out_bytes = 0;
   Bytes host_pass_bytes = 0;  // host DRAM bytes read and written by passes over tensors after the op's work
   int io_count = 0;           // the op's transfer is this many I/Os (buckets), each paying the latency; 0 = 1
   double overhead_s = 0;      // fixed host-side cost before the op's work (ZeRO-3 module gather/partition)

@@ -223,7 +223,10 @@ void ActivityBuilder::add_host_work(Activity& x) const {
   const Bytes read_serial = o.nvme_read_bytes - (overlap ? o.nvme_read_overlap_bytes : 0);
   const Bytes write_serial = o.nvme_write_bytes - (overlap ? o.nvme_write_overlap_bytes : 0);
   if (read_serial > 0) before.push_back(host_stage(g.nvme_read, static_cast<double>(read_serial), 1.0, nvme_lat));
-  if (o.return_bytes > 0) after.push_back(return_stage(p_.ops[z(x.a)], o));
+  if (o.return_bytes > 0) {
+    after.push_back(return_stage(p_.ops[z(x.a)], o));
+    x.return_ledger_bytes = o.return_bytes;
+  }
   if (o.host_sum_bytes > 0) after.push_back(host_stage(g.host_memcpy, static_cast<double>(o.host_sum_bytes), 3.0, 0));
   // passes over host tensors (ZeRO-3's unscale and dtype copy): multi-threaded and memory-bound (pass_stage)
   if (o.host_pass_bytes > 0) after.push_back(pass_stage(static_cast<double>(o.host_pass_bytes)));
@@ -562,13 +565,13 @@ void ActivityBuilder::transfer(Activity& x, const Op& o, double bytes) const {
   const bool ref = opt_.reference_bandwidths;
   const double swap_cap = ref ? mach_.bw_swap_bytes_per_s / nsim_ : 0;
   switch (o.stream) {
-    case Stream::SwapIn:
-      set_flow(x, bytes, h2d_[z(o.device)], ref ? swap_cap : host_path_cap(o, true), TransferClass::PcieH2D, o.bytes,
-               core::moved_tensor(o.kind), o.device * 2);
+    case Stream::SwapIn:  // the ledger counts what crosses: the op's bytes and any extra it carries (a dWB's FP32 copy)
+      set_flow(x, bytes, h2d_[z(o.device)], ref ? swap_cap : host_path_cap(o, true), TransferClass::PcieH2D,
+               std::llround(bytes), core::moved_tensor(o.kind), o.device * 2);
       break;
     case Stream::SwapOut:
-      set_flow(x, bytes, d2h_[z(o.device)], ref ? swap_cap : host_path_cap(o, false), TransferClass::PcieD2H, o.bytes,
-               core::moved_tensor(o.kind), o.device * 2 + 1);
+      set_flow(x, bytes, d2h_[z(o.device)], ref ? swap_cap : host_path_cap(o, false), TransferClass::PcieD2H,
+               std::llround(bytes), core::moved_tensor(o.kind), o.device * 2 + 1);
       break;
     case Stream::P2PIn:
     case Stream::P2POut:

@@ -87,6 +87,8 @@ struct Activity : Stage {  // the Stage part is the stage running now
   TransferClass cls = TransferClass::None;
   core::TensorKind tensor = core::TensorKind::Activation;
   core::Bytes ledger_bytes = 0;  // payload counted in the swap ledger (0: not a transfer)
+  // a dWB's copy back to its device (its return stage): counted in the ledger as host -> device, of the op's tensor
+  core::Bytes return_ledger_bytes = 0;
   // flow state
   double remaining = 0;
   double rate = -1;

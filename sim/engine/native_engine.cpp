@@ -358,6 +358,10 @@ class FlowEngine {
       r_.class_bytes[static_cast<int>(x.cls)] += x.ledger_bytes;
       r_.tensor_bytes[static_cast<int>(x.tensor)] += x.ledger_bytes;
     }
+    if (x.return_ledger_bytes > 0) {
+      r_.class_bytes[static_cast<int>(TransferClass::PcieH2D)] += x.return_ledger_bytes;
+      r_.tensor_bytes[static_cast<int>(x.tensor)] += x.return_ledger_bytes;
+    }
     for (int op : {x.a, x.b}) {
       if (op < 0) continue;
       r_.timeline.end_ps[z(op)] = now_;

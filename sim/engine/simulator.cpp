@@ -113,13 +113,20 @@ core::RunReport make_report(const Program& p, const Timeline& t, core::CostModel
   r.cost_model = core::cost_model_name(kind);
   r.num_ops = p.ops.size();
   r.num_streams = p.queues.size();
-  for (const auto& o : p.ops) {
+  const bool native = kind == core::CostModelKind::Native;
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const core::Op& o = p.ops[i];
+    // what the native model prices beyond an op's own bytes (core::NativeOpCosts): the extra its transfer carries (a
+    // dWB's FP32 copy, host-stream's moments) and a dWB's copy back to its device
+    const core::NativeOpCosts& c = p.cost.op(static_cast<int>(i));
+    const core::Bytes extra = native ? c.extra_out_bytes : 0;
+    if (native) r.swap_in_bytes += c.return_bytes;
     switch (o.stream) {
       case core::Stream::SwapIn:
-        r.swap_in_bytes += o.bytes;
+        r.swap_in_bytes += o.bytes + extra;
         break;
       case core::Stream::SwapOut:
-        r.swap_out_bytes += o.bytes;
+        r.swap_out_bytes += o.bytes + extra;
         break;
       case core::Stream::P2POut:
         r.p2p_bytes += o.bytes;

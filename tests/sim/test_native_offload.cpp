@@ -355,6 +355,20 @@ TEST_CASE("zero-infinity: gradients go down and back per microbatch, FP32 at the
     }
     CHECK(dwbs == 4);
     CHECK(updates == 2);
+    // what crosses the host link is what the native model prices: the reported swap totals and the ledger count the
+    // returns (4 x w, host -> GPU) and the FP32 copies (2 x 4000, GPU -> host) beside the ops' own bytes (the
+    // reference model, which does not price them, reports the ops' own bytes)
+    Bytes in = 0, out = 0;
+    for (const core::Op& o : prog.ops) {
+      if (o.stream == core::Stream::SwapIn) in += o.bytes;
+      if (o.stream == core::Stream::SwapOut) out += o.bytes;
+    }
+    const core::RunReport r = sim::simulate_native(prog, model, box());
+    CHECK(r.swap_in_bytes == in + 4 * w);
+    CHECK(r.swap_out_bytes == out + 2 * 4000);
+    CHECK(r.ledger.pcie_h2d_bytes == r.swap_in_bytes);
+    CHECK(r.ledger.pcie_d2h_bytes == r.swap_out_bytes);
+    CHECK(r.ledger.weight_grad_bytes == 4 * w + 4 * w + 2 * 4000);  // the dWBs, their returns, the FP32 copies
   }
 }
 
