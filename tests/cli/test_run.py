@@ -308,8 +308,9 @@ with tempfile.TemporaryDirectory() as tmp:
                   f is not None and z["plan"]["plan_kind"] == kind and
                   z["summary"]["losses"] == f["summary"]["losses"], r.stderr)
     # a kind with resident state stopped at a checkpoint and resumed: the straight run's losses and weights, bit for
-    # bit (the executor holds the state on its devices: it is rebuilt from the checkpoint, not from the initial one)
-    for kind in ("resident", "fsdp"):
+    # bit (the executor holds the state on its devices: it is rebuilt from the checkpoint, not from the initial one);
+    # zero2's whole weights and zero3-opt-offload's carried parameter shards likewise
+    for kind in ("resident", "fsdp", "zero2", "zero3-opt-offload"):
         plan = ["--set", f"plan.mode={kind}", "--set", "plan.gpus=2", "--gpu-memory", "16MiB"]
         ck, w0, w1 = (os.path.join(tmp, f"{kind}_{x}") for x in ("ck", "straight.safetensors", "resumed.safetensors"))
         r0, straight = train_json(DEFAULT, "--steps", "4", *plan, "--save-weights", w0)
