@@ -40,6 +40,7 @@
 #include "core/output/trace.hpp"
 #include "core/plan/plan_rules.hpp"
 #include "core/program/lower.hpp"
+#include "core/program/state_layout.hpp"
 #include "core/search/search.hpp"
 #include "sim/engine/cost_native.hpp"
 #include "sim/engine/native_engine.hpp"
@@ -395,40 +396,35 @@ void lock_checkpoint_dir(const Cli& cli, const core::TrainConfig& cfg,
   }
 }
 
-// What a kind with resident state allocates on each device up front, for the message when it does not fit: over
-// several devices a Program that gathers and reduce-scatters shards it (fsdp, zero3: each device 1/N of the weights,
-// gradients and AdamW state; zero2, gathering after its updates: the whole weights and 1/N of the rest).
+// What a kind with resident state keeps on each device, for the message when it does not fit, as core::state_layout
+// reads the Program: over several devices a Program that gathers and reduce-scatters shards it (fsdp, zero3: each
+// device 1/N of the weights, gradients and AdamW state; zero2, gathering after its updates: the whole weights and 1/N
+// of the rest). The MiB are the executor's own account (backend::held_between_steps, the largest device's).
 struct ResidentState {
   bool sharded = false;
   std::string what, per;
   double mib = 0;
 };
 
-ResidentState resident_state(const core::Program& prog, const core::Plan& plan, std::int64_t params,
-                             const std::string& dtype) {
-  bool whole_weights = false;
+ResidentState resident_state(const core::Program& prog, const backend::Gpt2& model, backend::DType dtype) {
+  const core::StateLayout layout = core::state_layout(prog);
+  const int n = prog.num_devices();
   ResidentState r;
-  for (std::size_t o = 0; plan.gpus > 1 && o < prog.ops.size(); ++o) {
-    const core::OpKind k = prog.ops[o].kind;
-    r.sharded = r.sharded || k == core::OpKind::AG || k == core::OpKind::RS;
-    whole_weights = whole_weights || (k == core::OpKind::AG && prog.dataflow.ops[o].pass == core::Pass::Update);
-  }
-  const double param_mib = static_cast<double>(params) / (1 << 20);
-  const double w = dtype == "bf16" ? 2 : 4;  // the working copy's bytes per parameter
-  const int n = plan.gpus;
-  if (whole_weights) {
+  r.sharded = layout.sharded && n > 1;
+  const int w = dtype == backend::DType::BF16 ? 2 : 4;  // the working copy's bytes per parameter
+  if (r.sharded && layout.whole_weights) {
     r.what = fmt::format("the whole model's weights and 1/{} of its gradients and AdamW state on each device", n);
-    r.per = fmt::format("{:.0f} + {:.0f} / {} bytes per parameter", w, 16 - w, n);
-    r.mib = param_mib * (w + (16 - w) / n);
+    r.per = fmt::format("{} + {} / {} bytes per parameter", w, 16 - w, n);
   } else if (r.sharded) {
     r.what = fmt::format("1/{} of the model's weights, gradients and AdamW state on each device", n);
     r.per = fmt::format("16 bytes per parameter / {}", n);
-    r.mib = param_mib * 16 / n;
   } else {
     r.what = "the whole model's weights, gradients and AdamW state on every device";
     r.per = "16 bytes per parameter";
-    r.mib = param_mib * 16;
   }
+  core::Bytes most = 0;
+  for (int d = 0; d < n; ++d) most = std::max(most, backend::held_between_steps(prog, model, dtype, d));
+  r.mib = static_cast<double>(most) / (1 << 20);
   return r;
 }
 
@@ -443,7 +439,7 @@ void make_run_executor(const Cli& cli, const Setup& s, const Chosen& chosen, con
                [&] { executor->emplace(chosen.program, devs, *s.state, executor_options(cli, cfg, comm)); });
   } catch (const backend::OutOfMemory& e) {
     if (!plan.kind->resident_state) throw;
-    const ResidentState rs = resident_state(chosen.program, plan, s.model->param_count(), cfg.train.dtype);
+    const ResidentState rs = resident_state(chosen.program, *s.model, run_dtype(cfg));
     throw core::ConfigError(
         core::SourceLoc{cfg.file, 0, 0},
         fmt::format("{} keeps {} ({:.2f} MiB, {}) and they do not fit machine.gpu_memory = {}: {}", plan.kind.name(),

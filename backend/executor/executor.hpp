@@ -97,6 +97,13 @@ struct ExecutorHostMemory {
   Bytes in_use_bytes = 0;
 };
 
+// What an executor of `program` keeps on device `device` between steps, before the device rounds each allocation
+// (core::state_layout): a resident kind's weights, gradients and AdamW state (DeviceState::total_bytes; sharded: its
+// rank's ShardState::total_bytes, with the whole working weights where it gathers after the update), or the weights a
+// Program carries to the next step (one buffer per layer in StateLayout::carried_layers: its shard or the whole
+// layer); 0 for every other Program. harmony-run's out-of-memory message and the memory tests read it.
+Bytes held_between_steps(const core::Program& program, const Gpt2& model, DType dtype, int device);
+
 class Executor {
  public:
   // devices[g] runs the Program's GPU g. `program` and `state` must outlive the executor. BackendError for a

@@ -15,15 +15,15 @@ namespace harmony::backend::detail {
 
 using core::OpKind;
 
-std::optional<core::FlowKind> FlowInterpreter::carried_kind(const core::Program& program) {
-  if (!program.dataflow.covers(program)) return std::nullopt;  // analyse() refuses it, naming the fix
-  for (std::size_t o = 0; o < program.ops.size(); ++o) {
-    const core::OpFlow& f = program.dataflow.ops[o];
-    if (program.ops[o].kind == OpKind::WB && f.pass == core::Pass::Update && !f.writes.empty())
-      return program.dataflow.tensor(f.writes[0]).kind;
-  }
-  return std::nullopt;
+namespace {
+
+// The elements of layer l a device carries: its rank's shard (WShard; at least one) or the whole layer.
+std::int64_t carried_floats(const Gpt2& model, core::FlowKind kind, int l, int ranks) {
+  return kind == core::FlowKind::WShard ? std::max<std::int64_t>(1, ShardState::shard_floats(model, l, ranks))
+                                        : model.param_floats(l);
 }
+
+}  // namespace
 
 void* FlowInterpreter::carried_at(int d, int l) {
   Buffer& b = carried_w.at(static_cast<std::size_t>(d)).at(static_cast<std::size_t>(l));
@@ -40,8 +40,7 @@ void FlowInterpreter::make_carried() {
     const core::Op& op = p.ops[o];
     if (op.kind != OpKind::WB || flow(static_cast<int>(o)).pass != core::Pass::Update) continue;
     const int d = op.device, l = op.layers.first;
-    const std::int64_t n =
-        *carried == core::FlowKind::WShard ? std::max<std::int64_t>(1, shard_floats(l)) : m.param_floats(l);
+    const std::int64_t n = carried_floats(m, *carried, l, p.num_devices());
     carried_w[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] =
         alloc_or_wait(D(d), n * es, fmt::format("carried W L{} on {}", l, D(d).name()));
     filled.push_back(static_cast<int>(o));
@@ -115,3 +114,22 @@ void FlowInterpreter::check_carried(const Ancestry& anc) const {
 }
 
 }  // namespace harmony::backend::detail
+
+namespace harmony::backend {
+
+Bytes held_between_steps(const core::Program& program, const Gpt2& model, DType dtype, int device) {
+  const core::StateLayout s = core::state_layout(program);
+  const int ranks = program.num_devices();
+  if (s.sharded) {
+    const auto weights = s.whole_weights ? detail::ShardState::Weights::Whole : detail::ShardState::Weights::Shard;
+    return detail::ShardState::total_bytes(model, dtype, device, ranks, weights);
+  }
+  if (s.resident) return DeviceState::total_bytes(model, dtype);
+  Bytes held = 0;
+  if (s.carried)
+    for (const int l : s.carried_layers.at(static_cast<std::size_t>(device)))
+      held += detail::carried_floats(model, *s.carried, l, ranks) * static_cast<Bytes>(dtype_bytes(dtype));
+  return held;
+}
+
+}  // namespace harmony::backend

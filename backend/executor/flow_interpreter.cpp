@@ -26,9 +26,10 @@ FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Devic
       dt(options.dtype),
       es(dtype_bytes(options.dtype)),
       resident(program.graph.plan.kind->resident_state),
-      sharded_state(shards_state(program)),
-      whole_weights(sharded_state && gathers_after_update(program)),
-      carried(resident ? std::nullopt : carried_kind(program)),
+      layout(core::state_layout(program)),
+      sharded_state(layout.sharded),
+      whole_weights(layout.whole_weights),
+      carried(layout.carried),
       qr(program, devs, options) {
   staging_chunk_bytes = opt.staging_chunk_bytes;
   if (dt == DType::BF16)

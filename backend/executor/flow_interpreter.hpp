@@ -27,6 +27,7 @@
 #include "backend/model/describe.hpp"
 #include "backend/model/device_state.hpp"
 #include "core/program/host_gradients.hpp"
+#include "core/program/state_layout.hpp"
 
 namespace harmony::backend::detail {
 
@@ -218,12 +219,6 @@ class FlowInterpreter final : public Interpreter {
   void run_rs(const std::vector<int>& g);
 
   // ---- sharded resident state (flow_shard_ops.cpp) ----
-  // Whether a resident Program shards its state: it all-gathers or reduce-scatters (fsdp, zero3, zero2 over N > 1
-  // GPUs).
-  static bool shards_state(const core::Program& program);
-  // Whether a sharded Program keeps whole working weights: its all-gathers run in the update pass, after the Updates,
-  // into the copies the next step's compute reads (zero2), not before each use (fsdp).
-  static bool gathers_after_update(const core::Program& program);
   // AG op a of layer l with whole weights: rank r's updated slice of its whole copy into every other member's whole
   // copy; for layer 0 of a tied model also the rank's part of wte into every member's (its own too) head lm_head,
   // which the head's AG leaves alone (it gathers before layer 0's update).
@@ -256,8 +251,7 @@ class FlowInterpreter final : public Interpreter {
   // (zero3-opt-offload: every GPU keeps its parameter shard, WShard, or over one GPU the whole layer, W), carries
   // those weights across steps: per device and layer one buffer (`carried_w`), filled from the host masters when the
   // executor is built (bf16: rounded, as a WB does) and by the update pass's WBs; the AGs (WShard) or the compute ops
-  // (W) read it. The tensor kind carried, none for every other kind.
-  static std::optional<core::FlowKind> carried_kind(const core::Program& program);
+  // (W) read it. core::state_layout says which Program does.
   // Allocates and fills the carried buffers (one per device and layer with parameters), each from its update-pass WB's
   // op (its stream), and waits for them.
   void make_carried();
@@ -366,9 +360,10 @@ class FlowInterpreter final : public Interpreter {
   DType dt = DType::F32;       // device storage; bf16: the host rounds weights on their way up, widens gradients back
   Bytes es = 4;                // bytes per device element
   bool resident = false;       // PlanKindSpec::resident_state: W, DW and AdamW state in `states`
-  bool sharded_state = false;  // resident and sharded (shards_state): the state in `shards`
-  bool whole_weights = false;  // sharded, gathering after the Updates (gathers_after_update): W in the ShardStates
-  std::optional<core::FlowKind> carried;       // carried_kind: W or WShard kept across steps in `carried_w`
+  core::StateLayout layout;    // core::state_layout(p)
+  bool sharded_state = false;  // layout.sharded: the resident state in `shards`
+  bool whole_weights = false;  // layout.whole_weights: W in the ShardStates, gathered after the Updates
+  std::optional<core::FlowKind> carried;       // layout.carried: W or WShard kept across steps in `carried_w`
   std::vector<std::vector<Buffer>> carried_w;  // carried: per device, per layer (empty where it has no parameters)
   QueueResources qr;                           // per queue: its stream, events, AdamW pool
   std::vector<std::vector<int>> extra;         // per op: the executor's added edges (extra_deps)

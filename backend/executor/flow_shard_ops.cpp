@@ -13,19 +13,6 @@ namespace harmony::backend::detail {
 
 using core::OpKind;
 
-bool FlowInterpreter::shards_state(const core::Program& program) {
-  return program.graph.plan.kind->resident_state &&
-         std::any_of(program.ops.begin(), program.ops.end(),
-                     [](const core::Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
-}
-
-bool FlowInterpreter::gathers_after_update(const core::Program& program) {
-  if (!program.dataflow.covers(program)) return false;  // analyse() refuses it, naming the fix
-  for (std::size_t o = 0; o < program.ops.size(); ++o)
-    if (program.ops[o].kind == OpKind::AG && program.dataflow.ops[o].pass == core::Pass::Update) return true;
-  return false;
-}
-
 void FlowInterpreter::make_shards() {
   const auto layout = whole_weights ? ShardState::Weights::Whole : ShardState::Weights::Shard;
   for (int d = 0; d < p.num_devices(); ++d) {

@@ -1,7 +1,7 @@
 // Tests of the Program's dataflow (core/program/dataflow.hpp) as the lowerings fill it (the swapping kinds' and
 // Harmony's): on small hand-checkable Programs (a 4-layer synthetic model, 1 or 2 GPUs), which op writes which tensor
 // and which ops read it, each op's pass, layers and samples, the interning, and the refusal of an op a swapping
-// Program cannot hold.
+// Program cannot hold. And core::state_layout over every kind that keeps state between steps.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "core/program/dataflow.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program.hpp"
+#include "core/program/state_layout.hpp"
 #include "core/program/task_graph.hpp"
 
 using namespace harmony;
@@ -444,4 +445,52 @@ TEST_CASE("LowerOptions::dataflow off leaves the dataflow out (the engines read 
   const core::Program hp = core::lower_harmony(core::compose_task_graph(h, 4), model4(), off);
   CHECK(hp.dataflow.ops.empty());
   CHECK_FALSE(hp.ops.empty());
+}
+
+// core::state_layout: what each kind's Program keeps between steps, read from its ops and passes alone.
+core::Program lower_every_gpu(const char* kind, int gpus, core::LowerOptions options = {}) {
+  core::Plan p;
+  p.kind = core::plan_kind(kind);
+  p.gpus = gpus;
+  p.minibatch = 2 * gpus;
+  p.u_fwd = p.u_bwd = p.kind->one_microbatch ? 2 : 1;
+  options.dp_first_gpu_only = false;
+  return core::lower_plan(p, model4(), options);
+}
+
+TEST_CASE("state_layout: resident, sharded, whole weights and carried weights from the Program's ops") {
+  for (const char* kind : {"resident", "fsdp", "zero2", "zero3"}) {
+    CAPTURE(kind);
+    const core::StateLayout one = core::state_layout(lower_every_gpu(kind, 1));
+    CHECK(one.resident);
+    CHECK_FALSE(one.carried);
+    const core::StateLayout two = core::state_layout(lower_every_gpu(kind, 2));
+    CHECK(two.resident);
+    CHECK(two.sharded == (std::string(kind) != "resident"));
+    CHECK(two.whole_weights == (std::string(kind) == "zero2"));  // zero2 all-gathers in the update pass
+    CHECK_FALSE(two.carried);
+    CHECK(two.carried_layers.empty());
+  }
+  for (const char* kind : {"dp-swap", "zero-infinity", "zero-offload", "l2l"}) {
+    CAPTURE(kind);
+    const core::StateLayout s = core::state_layout(lower_every_gpu(kind, 2));
+    CHECK_FALSE(s.resident);
+    CHECK_FALSE(s.sharded);
+    CHECK_FALSE(s.carried);
+  }
+  // zero3-opt-offload sends each GPU's updated shard up for the next step's all-gathers (over one GPU: the whole layer)
+  const core::StateLayout two = core::state_layout(lower_every_gpu("zero3-opt-offload", 2));
+  CHECK_FALSE(two.resident);
+  CHECK(two.carried == FlowKind::WShard);
+  REQUIRE(two.carried_layers.size() == 2);
+  for (const auto& layers : two.carried_layers)
+    CHECK(std::set<int>(layers.begin(), layers.end()) == std::set{0, 1, 2, 3});
+  const core::StateLayout one = core::state_layout(lower_every_gpu("zero3-opt-offload", 1));
+  CHECK(one.carried == FlowKind::W);
+  // without a dataflow only what the ops alone say
+  core::LowerOptions off;
+  off.dataflow = false;
+  CHECK_FALSE(core::state_layout(lower_every_gpu("zero3-opt-offload", 2, off)).carried);
+  CHECK_FALSE(core::state_layout(lower_every_gpu("zero2", 2, off)).whole_weights);
+  CHECK(core::state_layout(lower_every_gpu("zero2", 2, off)).sharded);
 }

@@ -24,6 +24,7 @@
 #include "core/kinds/kinds.hpp"
 #include "core/kinds/swapping.hpp"
 #include "core/program/lower.hpp"
+#include "core/program/state_layout.hpp"
 
 namespace executor_fixture {
 
@@ -133,10 +134,8 @@ inline Result run(const core::Program& prog, Setup& s, std::vector<StepResult>* 
                .communicator = comm});
   Result r;
   // what the executor holds across steps: nothing, but a Program that sends updated weights up for the next step
-  // (zero3-opt-offload: an update pass's WB) carries them from when it is built
-  bool carries = false;
-  for (std::size_t o = 0; o < prog.ops.size(); ++o)
-    carries = carries || (prog.ops[o].kind == core::OpKind::WB && prog.dataflow.ops[o].pass == core::Pass::Update);
+  // (zero3-opt-offload: an update pass's WB) carries them from when it is built (core::state_layout)
+  const bool carries = core::state_layout(prog).carried.has_value();
   std::vector<Bytes> held;
   for (auto* d : s.ptrs) {
     held.push_back(d->memory().in_use);

@@ -17,15 +17,14 @@
 
 #include "backend/cpu/cpu_device.hpp"
 #include "backend/executor/executor.hpp"
-#include "backend/executor/flow_shard.hpp"
 #include "backend/model/describe.hpp"
-#include "backend/model/device_state.hpp"
 #include "backend/model/hf_weights.hpp"
 #include "backend/tokens.hpp"
 #include "backend/trainer.hpp"
 #include "core/kinds/kinds.hpp"
 #include "core/plan/plan_kind.hpp"
 #include "core/program/lower.hpp"
+#include "core/program/state_layout.hpp"
 
 using namespace harmony::backend;
 namespace core = harmony::core;
@@ -257,29 +256,15 @@ TEST_CASE("llama: every plan kind trains to the oracle's losses") {
       // gathers and reduce-scatters over several GPUs: its rank's shard of them, fsdp and zero3; with the whole
       // weights where it gathers after the update, zero2); a Program that sends the updated weights up for the next
       // step carries them (zero3-opt-offload: each GPU its shards, the update pass's WB bytes, each allocation rounded)
-      bool sharded = false, whole = false;
-      std::vector<Bytes> carried(static_cast<std::size_t>(gpus), 0);
-      int carried_buffers = 0;
-      for (std::size_t o = 0; o < prog.ops.size(); ++o) {
-        const core::Op& op = prog.ops[o];
-        const bool update_pass = prog.dataflow.ops[o].pass == core::Pass::Update;
-        sharded = sharded || op.kind == core::OpKind::AG || op.kind == core::OpKind::RS;
-        whole = whole || (op.kind == core::OpKind::AG && update_pass);
-        if (op.kind == core::OpKind::WB && update_pass) {
-          carried[static_cast<std::size_t>(op.device)] += op.bytes;
-          ++carried_buffers;
-        }
-      }
-      const auto layout = whole ? detail::ShardState::Weights::Whole : detail::ShardState::Weights::Shard;
+      const core::StateLayout layout = core::state_layout(prog);
       for (auto* d : ptrs) {
-        if (kind->resident_state) {
-          CHECK(d->memory().in_use >=
-                (sharded ? detail::ShardState::total_bytes(model, DType::F32, d->index(), gpus, layout)
-                         : DeviceState::total_bytes(model, DType::F32)));
-        } else {
-          const Bytes c = carried[static_cast<std::size_t>(d->index())];
-          CHECK(d->memory().in_use >= c);
-          CHECK(d->memory().in_use <= c + 256 * carried_buffers);
+        const Bytes held = held_between_steps(prog, model, DType::F32, d->index());
+        CHECK(d->memory().in_use >= held);
+        CHECK((held > 0) == (layout.resident || layout.carried.has_value()));
+        if (!layout.resident) {  // nothing but the carried buffers, each allocation rounded up to 256 bytes
+          const auto buffers =
+              layout.carried ? layout.carried_layers.at(static_cast<std::size_t>(d->index())).size() : 0;
+          CHECK(d->memory().in_use <= held + 256 * static_cast<Bytes>(buffers));
         }
       }
     }
