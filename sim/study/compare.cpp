@@ -5,7 +5,10 @@
 #include <atomic>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -34,30 +37,56 @@ bool host_bound(const core::RunReport& r) {
 
 namespace {
 // The candidates of space's kind (core::enumerate_plans). When none fits a streaming kind's memory estimate, a bound:
-// of the plans nearest to fitting (each activation policy's and tier's smallest microbatch), those whose Program peaks
-// within the capacity when its ops run one at a time (serial_peak_bytes, what `harmony-sim memory` reports), so that
-// the two commands agree on what fits; *beyond_estimate says the estimate dropped them all.
-std::vector<core::Candidate> enumerate_or_nearest(const core::Model& model, core::SearchSpace space,
-                                                  const core::LowerOptions& lower, bool* beyond_estimate) {
+// of its nearest plans (nearest_plans, as `harmony-sim memory` takes them), those whose Program peaks within the
+// capacity when its ops run one at a time (serial_peak_bytes, what `memory` reports), so that the two commands agree
+// on what fits; *beyond_estimate says the estimate dropped them all, and *lowered keeps each such plan's Program,
+// lowered as evaluate_plan lowers it on `engine`, for the search to run instead of lowering it again.
+struct Nearest {
+  core::Plan plan;
+  core::Program program;
+};
+std::vector<core::Candidate> enumerate_or_nearest(const core::Model& model, const core::SearchSpace& space,
+                                                  const Engine& engine, const core::LowerOptions& lower,
+                                                  bool* beyond_estimate, std::vector<Nearest>* lowered) {
   std::vector<core::Candidate> cands = core::enumerate_plans(model, space);
   // a kind that keeps its state on the GPUs estimates that state, which its Program holds whole: nothing to gain
   if (!cands.empty() || !space.drop_infeasible || space.kind->resident_state) return cands;
   *beyond_estimate = true;
-  space.drop_infeasible = false;
-  std::vector<core::Candidate> nearest;
-  std::vector<core::Candidate> tried;  // each policy's and tier's smallest microbatch
-  for (core::Candidate& c : core::enumerate_plans(model, space)) {
-    const bool later = std::any_of(tried.begin(), tried.end(), [&](const core::Candidate& n) {
-      return n.plan.knobs.activation_policy == c.plan.knobs.activation_policy &&
-             n.plan.knobs.offload == c.plan.knobs.offload && n.plan.u_bwd <= c.plan.u_bwd;
-    });
-    if (later) continue;
-    tried.push_back(c);
-    const auto peaks = serial_peak_bytes(core::lower_plan(c.plan, model, lower));
-    if (peaks && !peaks->empty() && *std::max_element(peaks->begin(), peaks->end()) <= space.capacity_bytes)
-      nearest.push_back(std::move(c));
+  std::vector<core::Candidate> fitting;
+  for (core::Candidate& c : nearest_plans(model, space)) {
+    core::Program program = lower_plan_for(engine, model, c.plan, lower);
+    const auto peaks = serial_peak_bytes(program);
+    if (!peaks || peaks->empty() || *std::max_element(peaks->begin(), peaks->end()) > space.capacity_bytes) continue;
+    lowered->push_back({c.plan, std::move(program)});
+    fitting.push_back(std::move(c));
   }
-  return nearest;
+  return fitting;
+}
+
+// The Program `lowered` keeps for `plan` (the same kind, policy, tier and microbatch), taken out; nullopt if none.
+std::optional<core::Program> take_lowered(std::vector<Nearest>& lowered, const core::Plan& plan) {
+  for (Nearest& n : lowered) {
+    if (n.plan.u_bwd == plan.u_bwd && n.plan.knobs.activation_policy == plan.knobs.activation_policy &&
+        n.plan.knobs.offload == plan.knobs.offload && !n.program.ops.empty())
+      return std::exchange(n.program, core::Program{});
+  }
+  return std::nullopt;
+}
+
+// Why a kind without packs has no candidate (none fits by its estimate, nor, beyond_estimate, by its nearest plans'
+// peaks): a one-microbatch kind names its microbatch, the others the capacity.
+std::string no_candidate_reason(const core::Model& model, const core::SearchSpace& space, bool beyond_estimate) {
+  const double cap_mib = static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB);
+  if (!space.kind->one_microbatch)
+    return fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU{}", cap_mib,
+                       beyond_estimate ? " (by its estimate, nor its nearest plans by their peak)" : "");
+  const int share = space.minibatch / space.gpus;
+  const int hi = std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd));
+  if (share > hi || !model.ubatch_in_range(core::Phase::Bwd, share))
+    return fmt::format("{} runs each GPU's {} samples as one microbatch, outside the profiled sizes (up to {})",
+                       space.kind.name(), share, hi);
+  return fmt::format("{} runs each GPU's {} samples as one microbatch, which does not fit {:.0f} MiB per GPU",
+                     space.kind.name(), share, cap_mib);
 }
 
 // A kind without packs on one tier (space.offloads): every candidate (per activation policy, ascending u) evaluated
@@ -68,8 +97,10 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
   space.spec.top_k = -1;
   std::vector<core::Candidate> cands;
   bool beyond_estimate = false;
+  std::vector<Nearest> lowered;  // beyond the estimate: the nearest plans' Programs, lowered once
+  std::mutex lowered_mutex;
   try {
-    cands = enumerate_or_nearest(model, space, lower, &beyond_estimate);
+    cands = enumerate_or_nearest(model, space, engine, lower, &beyond_estimate, &lowered);
   } catch (const core::ScheduleError& e) {
     kr.reason = e.what();
   }
@@ -90,7 +121,14 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
     const auto res = core::run_search(
         cands, space,
         [&](const core::Plan& p) {
-          core::RunReport r = evaluate_plan(engine, model, p, lower).report;  // the kind reads its knobs
+          std::optional<core::Program> program;
+          if (beyond_estimate) {
+            const std::lock_guard lock(lowered_mutex);
+            program = take_lowered(lowered, p);
+          }
+          core::RunReport r = (program ? evaluate_program(engine, std::move(*program))
+                                       : evaluate_plan(engine, model, p, lower))  // the kind reads its knobs
+                                  .report;
           // beyond the estimate only a peak that fits counts (the reference model does not demote by itself)
           if (beyond_estimate) apply_capacity(r, r.gpu_capacity_bytes, /*demote=*/true);
           if (!r.feasible && host_bound(r)) host_miss = true;
@@ -121,20 +159,8 @@ void search_unpacked(KindResult& kr, core::SearchSpace space, const core::Model&
             "plans by their simulated peak)",
             static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB));
     }
-  } else if (kr.reason.empty() && kind->one_microbatch) {
-    const int share = space.minibatch / space.gpus;
-    const int hi = std::min(model.ubatch_max(core::Phase::Fwd), model.ubatch_max(core::Phase::Bwd));
-    kr.reason =
-        share > hi || !model.ubatch_in_range(core::Phase::Bwd, share)
-            ? fmt::format("{} runs each GPU's {} samples as one microbatch, outside the profiled sizes (up to {})",
-                          kind.name(), share, hi)
-            : fmt::format("{} runs each GPU's {} samples as one microbatch, which does not fit {:.0f} MiB per GPU",
-                          kind.name(), share,
-                          static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB));
   } else if (kr.reason.empty()) {
-    kr.reason = fmt::format("no microbatch size lets it fit {:.0f} MiB per GPU{}",
-                            static_cast<double>(space.capacity_bytes) / static_cast<double>(core::kMiB),
-                            beyond_estimate ? " (by its estimate, nor its nearest plans by their peak)" : "");
+    kr.reason = no_candidate_reason(model, space, beyond_estimate);
   }
   if (all_host_bound) *all_host_bound = !kr.feasible && any_host_bound;
 }

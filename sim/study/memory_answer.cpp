@@ -32,6 +32,19 @@ constexpr std::size_t kMaxLowered = 8;
 
 }  // namespace
 
+std::vector<core::Candidate> nearest_plans(const core::Model& model, core::SearchSpace space) {
+  space.drop_infeasible = false;
+  std::vector<core::Candidate> nearest;
+  for (core::Candidate& c : core::enumerate_plans(model, space)) {
+    const bool later = std::any_of(nearest.begin(), nearest.end(), [&](const core::Candidate& n) {
+      return n.plan.knobs.activation_policy == c.plan.knobs.activation_policy &&
+             n.plan.knobs.offload == c.plan.knobs.offload && n.plan.u_bwd <= c.plan.u_bwd;
+    });
+    if (!later) nearest.push_back(std::move(c));
+  }
+  return nearest;
+}
+
 std::optional<std::vector<core::Bytes>> serial_peak_bytes(const core::Program& p) {
   int devices = std::max(p.num_devices(), 1);
   for (const core::Op& op : p.ops) devices = std::max(devices, op.device + 1);
@@ -308,10 +321,8 @@ void answer_tier(KindMemory& kr, const core::Model& model, const core::MachineSp
     cands.push_back(std::move(c));
   } else {
     cands = core::enumerate_plans(model, space);
-    if (cands.empty() && !kind->packs) {  // none fits the swap decisions' estimate: the nearest of them, and why
-      space.drop_infeasible = false;
-      cands = core::enumerate_plans(model, space);
-    }
+    // none fits the swap decisions' estimate: the nearest of them (compare judges the same ones), and why
+    if (cands.empty() && !kind->packs) cands = nearest_plans(model, space);
   }
   kr.candidates += cands.size();
   std::vector<Cand> order;

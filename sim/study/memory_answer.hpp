@@ -26,6 +26,12 @@ namespace harmony::sim {
 // keeps, without its clock. nullopt when the order deadlocks.
 std::optional<std::vector<core::Bytes>> serial_peak_bytes(const core::Program& program);
 
+// The plans of a kind without packs nearest to fitting, for when its memory estimate drops every plan
+// (core::enumerate_plans with drop_infeasible off): per activation policy and offload tier, its smallest microbatch
+// (the least memory of that policy and tier). `compare` simulates those whose serial peak fits and `memory` answers
+// from them, so the two commands judge the same plans.
+std::vector<core::Candidate> nearest_plans(const core::Model& model, core::SearchSpace space);
+
 // The memory tiers, in the order a verdict names them.
 enum class MemoryTier { Gpu, Pinned, Host, Nvme };
 const char* memory_tier_name(MemoryTier t);  // "gpu_memory", "pinned_host_memory", "host_memory", "nvme"
