@@ -4,7 +4,7 @@
 # on-demand swap, the serial executor, host sums, another Harmony schedule), with a reference binary and this tree's,
 # and compares per case the per-step losses (as the JSON prints them) and the sha256 of the saved weights. (A reference
 # binary from before fsdp trained exits 2 on the fsdp cases, one from before session 17 on zero2, zero3 and
-# zero3-opt-offload: they are listed as differing.)
+# zero3-opt-offload, one from before session 18 on host-stream: they are listed as differing.)
 #
 #   scripts/same-training.sh REF_RUN [NEW_RUN]   NEW_RUN: this tree's build/apps/harmony-run by default
 #   SAME_TRAINING_DIR=DIR ...                     where the outputs go (default /tmp/harmony-same-training)
@@ -35,7 +35,9 @@ cases+=("harmony-pp|4|fp32|" "harmony-pp|4|bf16|"
   "harmony-dp|2|fp32|--host-sums" "zero-infinity|2|fp32|--host-sums" "fsdp|2|fp32|--host-sums"
   "zero2|2|bf16|--set plan.activations=keep" "zero2|2|fp32|--host-sums"
   "zero3-opt-offload|2|bf16|--set plan.activations=keep" "zero3-opt-offload|2|fp32|--host-sums"
-  "harmony-pp|2|fp32|--set plan.u_fwd=4 --set plan.u_bwd=1 --set plan.pack_size=3")
+  "harmony-pp|2|fp32|--set plan.u_fwd=4 --set plan.u_bwd=1 --set plan.pack_size=3"
+  "host-stream|1|fp32|" "host-stream|1|bf16|" "host-stream|1|fp32|--set plan.u_fwd=8 --set plan.u_bwd=8"
+  "host-stream|1|fp32|--set plan.activations=keep" "host-stream|1|bf16|--executor serial")
 
 # one_case BIN OUT CASE: prints "NAME rc=0 losses=[...] weights=SHA" (or the exit code and the error's last line)
 one_case() {

@@ -38,8 +38,10 @@ void FlowInterpreter::make_carried() {
   std::vector<int> filled;
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
     const core::Op& op = p.ops[o];
+    // each carried buffer is filled through its layer's update-pass WB (its queue's staging)
     if (op.kind != OpKind::WB || flow(static_cast<int>(o)).pass != core::Pass::Update) continue;
     const int d = op.device, l = op.layers.first;
+    if (!carries(d, l)) continue;
     const std::int64_t n = carried_floats(m, *carried, l, p.num_devices());
     carried_w[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] =
         alloc_or_wait(D(d), n * es, fmt::format("carried W L{} on {}", l, D(d).name()));
@@ -67,9 +69,9 @@ void FlowInterpreter::carried_up(int o) {
         st.weights(l).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(n))};
     weights_up(o, carried_at(d, l), src);
   }
-  if (l != 0 || !m.tied()) return;
-  // the tied lm_head (the head's last parameter, wte's twin), which layer 0's host update rewrote
   const int head = m.head_layer();
+  if (l != 0 || !m.tied() || !carries(d, head)) return;
+  // the tied lm_head (the head's last parameter, wte's twin), which layer 0's host update rewrote
   const ParamSpec& twin = m.params(head).back();
   const auto [first, n] = part(head);
   const std::int64_t lo = std::max(first, twin.offset), hi = std::min(first + n, twin.offset + twin.numel);
@@ -97,6 +99,13 @@ void FlowInterpreter::check_carried(const Ancestry& anc) const {
     const core::Op& op = p.ops[o];
     if (op.kind != OpKind::WB || p.dataflow.ops[o].pass != core::Pass::Update) continue;
     const int w = static_cast<int>(o), l = op.layers.first;
+    // only a WB that writes the carried weights (host-stream's Update rewrites its own: check_streamed_updates)
+    const auto& writes = p.dataflow.ops[o].writes;
+    if (std::none_of(writes.begin(), writes.end(), [&](int id) {
+          const core::FlowTensor& t = p.dataflow.tensor(id);
+          return t.kind == *carried && carries(t.device, t.layer);
+        }))
+      continue;
     for (const int u : updates[static_cast<std::size_t>(l)])
       if (!anc.before(u, w))
         throw ScheduleViolation(

@@ -24,7 +24,7 @@ void FlowInterpreter::run_ag(const std::vector<int>& g) {
     if (!shards.empty() && m.tied() && l == m.head_layer()) gather_twin(a, r, g, full);
     if (gathered_len(l, r) == 0) continue;
     const void* src = !shards.empty() ? shards[static_cast<std::size_t>(r)]->weights(l)
-                      : carried       ? carried_at(r, l)
+                      : carries(r, l) ? carried_at(r, l)
                                       : store.get(a, flow(a).reads[0]).data();
     for (std::size_t q = 0; q < g.size(); ++q) {
       const int dq = at(g[q]).device;

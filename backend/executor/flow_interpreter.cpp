@@ -146,7 +146,11 @@ void FlowInterpreter::run_wb(int o) {
   const core::Op& op = at(o);
   if (flow(o).writes.empty()) throw core::InternalError(fmt::format("executor: op {} writes no weights", label(o)));
   const int id = flow(o).writes[0];
-  if (carried && p.dataflow.tensor(id).kind == *carried) {
+  if (layout.device_update && flow(o).pass == core::Pass::Update) {
+    stream_state_in(o);
+    return;
+  }
+  if (carried && p.dataflow.tensor(id).kind == *carried && carries(op.device, op.layers.first)) {
     carried_up(o);
     return;
   }

@@ -79,7 +79,13 @@ class FlowInterpreter final : public Interpreter {
     const bool in_state = sharded_state ? (t.kind == core::FlowKind::WShard || t.kind == core::FlowKind::DWShard ||
                                            (whole_weights && t.kind == core::FlowKind::W))
                                         : resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
-    return !ranged(t) && !in_state && !(carried && t.kind == *carried);
+    return !ranged(t) && !in_state && !(carried && t.kind == *carried && carries(t.device, t.layer));
+  }
+  // Whether device d carries its tensor of kind `carried` for layer l (core::StateLayout::carried_layers).
+  bool carries(int d, int l) const {
+    if (!carried || d < 0 || static_cast<std::size_t>(d) >= layout.carried_layers.size()) return false;
+    const std::vector<int>& ls = layout.carried_layers[static_cast<std::size_t>(d)];
+    return std::binary_search(ls.begin(), ls.end(), l);
   }
   // X of layer 0 (op o): samples [s0, s0 + n) of the step's token ids into op o's version of tensor `id`.
   void tokens_in(int o, int id, int s0, int n);
@@ -266,6 +272,32 @@ class FlowInterpreter final : public Interpreter {
   // BWD of it; layer 0's also after the head's).
   void check_carried(const Ancestry& anc) const;
 
+  // ---- device updates over host state (flow_streamed.cpp; host-stream) ----
+  // A Program without resident state whose Updates run on the GPUs (core::StateLayout::device_update): the update
+  // pass's WB brings layer l's AdamW state into a device block (Opt: exp_avg, exp_avg_sq, bf16's fp32 masters, one
+  // non-finite flag per parameter tensor, and for layer 0 of a tied model whose head streams, the head's lm_head
+  // gradient from the host) and, for a layer whose weights stream, its masters (W) and summed host gradient (DW); the
+  // Update runs Kernels<S>::adamw over them (a carried layer's weights in place, layer 0's tie with the head's
+  // gradient and carried lm_head on the GPU); the update pass's dWB takes the masters and moments home (the head's
+  // tied lm_head left to layer 0's, which makes it wte's again on the host, HostState::sync_tied).
+  struct OptBlock {
+    Bytes m = 0, v = 0, master = 0, flags = 0, tie = 0, total = 0;  // byte offsets in the block, and its size
+    std::int64_t tie_numel = 0;                                     // the tie's gradient elements (0: none)
+  };
+  OptBlock opt_block(int d, int l) const;
+  int written_or_throw(int o, core::FlowKind k) const;
+  void stream_state_in(int o);
+  void device_update(int o);
+  template <class E>
+  void device_update_as(int o);
+  void stream_state_out(int o);
+  // Checked when the executor is built: every layer with parameters updated once on its GPU between an update-pass
+  // WB and dWB; the update after every op of its GPU that reads the carried weights it rewrites (layer 0's: the head's
+  // too); the dWB after every WB of the forward and backward that reads the host masters it overwrites; the WB after
+  // every writer of the host gradient it brings; layer 0's update of a tied model whose head is carried reads the
+  // head's gradient as its last BWD left it, before the head's update (`tie_grad`).
+  void check_streamed_updates(const Ancestry& anc);
+
   // ---- gradients out and Updates (flow_update.cpp) ----
   // The analysis every kind runs when the executor is built: the Program's dataflow present, the groups, the host
   // gradients' writers and the Updates' edges (plan_updates), the versions over the Program's order and the tie (the
@@ -364,7 +396,8 @@ class FlowInterpreter final : public Interpreter {
   bool sharded_state = false;  // layout.sharded: the resident state in `shards`
   bool whole_weights = false;  // layout.whole_weights: W in the ShardStates, gathered after the Updates
   std::optional<core::FlowKind> carried;       // layout.carried: W or WShard kept across steps in `carried_w`
-  std::vector<std::vector<Buffer>> carried_w;  // carried: per device, per layer (empty where it has no parameters)
+  std::vector<std::vector<Buffer>> carried_w;  // carried: per device, per layer (empty where it carries none)
+  std::vector<FlowVersion> tie_grad;           // device updates: per layer 0's Update, the head's gradient it adds
   QueueResources qr;                           // per queue: its stream, events, AdamW pool
   std::vector<std::vector<int>> extra;         // per op: the executor's added edges (extra_deps)
   FlowVersions versions;                       // which version each read sees, the reads per version

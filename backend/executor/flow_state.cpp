@@ -31,7 +31,8 @@ void FlowInterpreter::make_states() {
 
 const void* FlowInterpreter::state_weights(int o) {
   if (whole_weights) return shards[static_cast<std::size_t>(at(o).device)]->whole_weights(at(o).layers.first);
-  if (carried == core::FlowKind::W) return carried_at(at(o).device, at(o).layers.first);
+  if (carried == core::FlowKind::W && carries(at(o).device, at(o).layers.first))
+    return carried_at(at(o).device, at(o).layers.first);
   if (states.empty()) return nullptr;
   auto& ds = *states[static_cast<std::size_t>(at(o).device)];
   const int l = at(o).layers.first;

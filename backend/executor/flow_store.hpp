@@ -47,6 +47,12 @@ class FlowStore {
   FlowData& get_run(int o, const FlowVersions::SampleRun& run);
   // Op o's new version of `id` (o joins its users). InternalError where o does not write id.
   FlowData& put(int o, int id, FlowData data);
+  // Version v if it is stored, else nullptr: for a read the dataflow cannot name (a tied model's second gradient, which
+  // the interpreter checked is read after by an op that does name it, so it is not freed before).
+  FlowData* peek(const FlowVersion& v) {
+    const auto it = store_.find(v);
+    return it == store_.end() ? nullptr : &it->second;
+  }
   // Whether op o is the last reader of the version of `id` it reads.
   bool last_reader(int o, int id) const;
   // Whether op o may overwrite the version of `id` it reads: o is its last reader. Then o's stream waits for the

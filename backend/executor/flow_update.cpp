@@ -46,7 +46,11 @@ void FlowInterpreter::analyse() {
         if (x != static_cast<int>(o))
           for (const int pred : qr.preds(x, extra)) with_groups[o].push_back(pred);
     const Ancestry with(p, with_groups);
-    check_updates(with);
+    if (layout.device_update) {
+      check_streamed_updates(with);
+    } else {
+      check_updates(with);
+    }
     if (carried) check_carried(with);
   }
   // The checks ran on the Program's own order and the tie: the edges that order the writes into the host gradients
@@ -212,6 +216,10 @@ int FlowInterpreter::grad_read(int o) const {
 }
 
 void FlowInterpreter::run_dwb(int o) {
+  if (layout.device_update && flow(o).pass == core::Pass::Update) {
+    stream_state_out(o);
+    return;
+  }
   const core::Op& op = at(o);
   const int d = op.device, id = grad_read(o);
   const bool shard = p.dataflow.tensor(id).kind == core::FlowKind::DWShard;
@@ -281,6 +289,10 @@ void FlowInterpreter::run_dwb(int o) {
 void FlowInterpreter::run_update(int o) {
   if (resident) {
     state_update(o);
+    return;
+  }
+  if (layout.device_update) {
+    device_update(o);
     return;
   }
   if (owner[static_cast<std::size_t>(o)] == 0) return;  // the range's owner updates the shared masters

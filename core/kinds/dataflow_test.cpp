@@ -12,6 +12,7 @@
 #include "core/base/error.hpp"
 #include "core/kinds/kinds.hpp"
 #include "core/program/dataflow.hpp"
+#include "core/program/host_gradients.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/program.hpp"
 #include "core/program/state_layout.hpp"
@@ -447,6 +448,60 @@ TEST_CASE("LowerOptions::dataflow off leaves the dataflow out (the engines read 
   CHECK_FALSE(hp.ops.empty());
 }
 
+// host-stream (one GPU, D 2 in microbatches of 1): every layer kept on the GPU (the default capacity) or every layer
+// streamed (none fits). The update pass brings Opt (and a streamed layer's W and summed DW), the device Update reads W,
+// DW and Opt and writes W and Opt, the update pass's dWB takes W and Opt home; a kept layer's W is written only by its
+// update (carried across steps), and its first microbatch's dWB is a round trip the host gradient never sees.
+core::Program lower_host_stream(core::Bytes capacity) {
+  core::Plan p;
+  p.kind = core::plan_kind("host-stream");
+  p.gpus = 1;
+  p.minibatch = 2;
+  p.u_fwd = p.u_bwd = 1;
+  p.knobs.gpu_capacity_bytes = capacity;
+  return core::lower_plan(p, model4());
+}
+
+TEST_CASE("host-stream: a device update over state brought from the host and taken back") {
+  const FlowTensor opt0{0, FlowKind::Opt, 0, 0, 0, -1};
+  for (const bool kept : {true, false}) {
+    CAPTURE(kept);
+    const core::Program p = lower_host_stream(kept ? core::KindKnobs{}.gpu_capacity_bytes : 0);
+    check_closed(p);
+    const core::HostGradients hg = core::host_gradients(p);
+    for (int l = 0; l < 4; ++l) {
+      CAPTURE(l);
+      const FlowTensor opt{0, FlowKind::Opt, l, 0, 0, -1};
+      const int in = find_op(p, OpKind::WB, 0, l, Pass::Update), up = find_op(p, OpKind::Update, 0, l, Pass::Update),
+                out = find_op(p, OpKind::dWB, 0, l, Pass::Update);
+      CHECK(writes(p, in) ==
+            (kept ? std::vector<FlowTensor>{opt} : std::vector<FlowTensor>{opt, weights(0, l), dw(0, l)}));
+      CHECK(reads(p, up) == std::vector<FlowTensor>{weights(0, l), dw(0, l), opt});
+      CHECK(writes(p, up) == std::vector<FlowTensor>{weights(0, l), opt});
+      CHECK(reads(p, out) == std::vector<FlowTensor>{weights(0, l), opt});
+      CHECK(hg.write[static_cast<std::size_t>(out)] == core::GradWrite::None);  // moves state, not a gradient
+      if (kept) CHECK(writers(p, weights(0, l)) == std::vector<int>{up});
+      // the first microbatch's gradient: a round trip while kept (the second stays for the update), else copied
+      std::vector<core::GradWrite> bwd;  // the backward's dWBs of the layer, by microbatch
+      for (std::size_t o = 0; o < p.ops.size(); ++o)
+        if (p.ops[o].kind == OpKind::dWB && p.dataflow.ops[o].pass == Pass::Bwd && p.ops[o].layers.first == l)
+          bwd.push_back(hg.write[o]);
+      CHECK(bwd ==
+            (kept ? std::vector{core::GradWrite::Drop} : std::vector{core::GradWrite::Copy, core::GradWrite::Add}));
+    }
+    CHECK(writers(p, opt0).size() == 2);  // its WB, its update
+    const core::StateLayout s = core::state_layout(p);
+    CHECK(s.device_update);
+    CHECK_FALSE(s.resident);
+    if (kept) {
+      CHECK(s.carried == FlowKind::W);
+      CHECK(s.carried_layers == std::vector<std::vector<int>>{{0, 1, 2, 3}});
+    } else {
+      CHECK_FALSE(s.carried);
+    }
+  }
+}
+
 // core::state_layout: what each kind's Program keeps between steps, read from its ops and passes alone.
 core::Program lower_every_gpu(const char* kind, int gpus, core::LowerOptions options = {}) {
   core::Plan p;
@@ -477,6 +532,7 @@ TEST_CASE("state_layout: resident, sharded, whole weights and carried weights fr
     CHECK_FALSE(s.resident);
     CHECK_FALSE(s.sharded);
     CHECK_FALSE(s.carried);
+    CHECK_FALSE(s.device_update);
   }
   // zero3-opt-offload sends each GPU's updated shard up for the next step's all-gathers (over one GPU: the whole layer)
   const core::StateLayout two = core::state_layout(lower_every_gpu("zero3-opt-offload", 2));

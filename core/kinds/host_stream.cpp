@@ -1,7 +1,8 @@
 // host-stream: one GPU training a model whose weights, gradients and AdamW state live in pinned host memory and
 // stream over the host link, with AdamW run on the GPU over state streamed in and back (ml_dataflow's engine; llmq's
 // offloaded optimizer). As many layers as fit stay on the GPU; the rest stream in for every microbatch's forward and
-// backward; gradients accumulate through the host. harmony-sim prices it; harmony-run trains its updates as dp-swap.
+// backward; gradients accumulate through the host. harmony-sim prices it; harmony-run trains it (its device updates:
+// backend/executor/flow_streamed.cpp).
 #include <algorithm>
 #include <vector>
 
@@ -240,8 +241,7 @@ const PlanKindSpec kSpec{
     .data_parallel = true,
     .even_split = true,
     .one_gpu = true,  // the systems it prices stream one GPU's state (ml_dataflow; llmq's offloaded optimizer)
-    .trains = false,
-    .trains_as = "dp-swap",  // AdamW over the microbatches' summed gradients; only where the state lives differs
+    .trains = true,   // backend/executor/flow_streamed.cpp: AdamW on the GPU over state streamed from the host
     .knobs = {Knob::Activations},
     .validate = validate_microbatch_plan,
     .lower = lower_host_stream,

@@ -21,9 +21,9 @@ const char* pass_name(Pass p) {
 }
 
 const char* flow_kind_name(FlowKind k) {
-  constexpr const char* n[] = {"Act",        "Stash",         "dX",    "W",          "W shard", "dW",     "dW shard",
-                               "host stash", "host dX",       "saved", "host saved", "RecX",    "RecAct", "host Y",
-                               "host Y msg", "host stash msg"};
+  constexpr const char* n[] = {
+      "Act",   "Stash",      "dX",   "W",      "W shard", "dW",         "dW shard",       "host stash", "host dX",
+      "saved", "host saved", "RecX", "RecAct", "host Y",  "host Y msg", "host stash msg", "opt state"};
   return n[static_cast<int>(k)];
 }
 
@@ -60,6 +60,7 @@ class SwappingFlow {
   explicit SwappingFlow(const Program& p) : p_(p), R_(p.graph.num_layers), N_(p.num_devices()) {
     sharded_ = std::any_of(p_.ops.begin(), p_.ops.end(),
                            [](const Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
+    device_update_ = updates_on_device_over_host_state(p_);
     const bool pp = !p_.graph.plan.kind->data_parallel;  // pp-swap: every stage sees all samples
     offset_.assign(static_cast<std::size_t>(N_), 0);
     for (int r = 0, off = 0; r < N_; ++r) {
@@ -86,7 +87,14 @@ class SwappingFlow {
 
   const Program& p_;
   int R_ = 0, N_ = 0;
-  bool sharded_ = false;     // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
+  bool sharded_ = false;  // zero-infinity with N > 1: WB brings a shard, AG gathers, RS reduce-scatters
+  // host-stream: the Updates run on the GPUs over state kept in host memory. The update pass's WB brings a layer's
+  // AdamW state (Opt) and, for a layer whose weights stream (a WB of the forward or backward brings them: `streamed_`),
+  // its weights and host gradient; the Update reads W, DW and Opt and writes W and Opt; the update pass's dWB takes W
+  // and Opt home. A layer whose weights stay on the GPU has no writer of W but its Update (carried across steps).
+  bool device_update_ = false;
+  std::set<std::pair<int, int>> streamed_;  // (device, layer) with a WB outside the update pass
+  bool streamed(int d, int l) const { return streamed_.count({d, l}) != 0; }
   std::vector<int> offset_;  // per device: its first sample
   Dataflow df_;
   std::vector<Facts> facts_;
@@ -136,8 +144,11 @@ Dataflow SwappingFlow::derive() {
   for (std::size_t o = 0; o < n; ++o) {
     const Op& op = p_.ops[o];
     decode(static_cast<int>(o), df_.ops[o]);
+    if (op.kind == OpKind::WB && df_.ops[o].pass != Pass::Update) streamed_.emplace(op.device, op.layers.first);
     if (op.kind == OpKind::FWD) facts_[o].saved = names_saved(op.allocs);
     if (op.kind == OpKind::sX) facts_[o].saved = names_saved(op.stream == Stream::SwapOut ? op.frees : op.allocs);
+  }
+  for (std::size_t o = 0; o < n; ++o) {  // after streamed_ is known
     writes[o] = writes_of(static_cast<int>(o));
     produced.insert(writes[o].begin(), writes[o].end());
   }
@@ -197,7 +208,14 @@ Keys SwappingFlow::writes_of(int o) const {
       return w;
     }
     case OpKind::WB:
+      if (device_update_ && f.pass == Pass::Update) {
+        if (!streamed(d, l)) return {FlowTensor{d, K::Opt, l, 0, 0}};
+        return {FlowTensor{d, K::Opt, l, 0, 0}, FlowTensor{d, K::W, l, 0, 0}, FlowTensor{d, K::DW, l, 0, 0}};
+      }
       return {FlowTensor{d, sharded_ ? K::WShard : K::W, l, 0, 0}};
+    case OpKind::Update:
+      if (device_update_ && !host_update(op)) return {FlowTensor{d, K::W, l, 0, 0}, FlowTensor{d, K::Opt, l, 0, 0}};
+      return {};
     case OpKind::AG:
       return {FlowTensor{d, K::W, l, 0, 0}};
     case OpKind::ARD:
@@ -241,7 +259,13 @@ Keys SwappingFlow::reads_of(int o) const {
     case OpKind::RS:
       return {FlowTensor{d, K::DW, l, 0, 0}};
     case OpKind::dWB:
+      if (device_update_ && f.pass == Pass::Update)
+        return {FlowTensor{d, K::W, l, 0, 0}, FlowTensor{d, K::Opt, l, 0, 0}};
       return {FlowTensor{d, sharded_ ? K::DWShard : K::DW, l, 0, 0}};
+    case OpKind::Update:
+      if (device_update_ && !host_update(op))
+        return {FlowTensor{d, K::W, l, 0, 0}, FlowTensor{d, K::DW, l, 0, 0}, FlowTensor{d, K::Opt, l, 0, 0}};
+      return {};
     default:
       return {};
   }
@@ -270,6 +294,9 @@ std::optional<FlowTensor> SwappingFlow::freed(int o, const TensorRef& r) const {
       return FlowTensor{d, op.kind == OpKind::AG ? K::WShard : K::W, l, 0, 0};
     case TensorKind::WeightGrad:
       return FlowTensor{d, op.kind == OpKind::dWB && sharded_ ? K::DWShard : K::DW, l, 0, 0};
+    case TensorKind::OptState:  // a device update's AdamW state (host-stream); the other kinds' is not a tensor here
+      if (device_update_) return FlowTensor{d, K::Opt, l, 0, 0};
+      return std::nullopt;
     default:
       return std::nullopt;
   }

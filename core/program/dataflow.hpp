@@ -26,7 +26,9 @@ const char* pass_name(Pass p);  // "fwd", "bwd", "update"
 // or kept by the FWD under keep); Harmony's recompute: a layer's input inside a pack (RecX) and its activations
 // (RecAct), which the REC keeps for the BWD. Host: a swapped-out stash (HostStash), a swapped-out input gradient
 // (HostGrad: l2l, Harmony's dX swap), swapped-out saved activations (HostSaved, keep), and Harmony's host channels: a
-// swapped-out output (HostY), the copies CPU messages make of it and of a stash (HostYMsg, HostStashMsg).
+// swapped-out output (HostY), the copies CPU messages make of it and of a stash (HostYMsg, HostStashMsg). A device
+// Update over host state (host-stream: not a resident kind, its Update on a GPU): a layer's AdamW state brought to the
+// device for it (Opt: the moments, bf16's fp32 masters and the update's non-finite flags).
 enum class FlowKind : std::uint8_t {
   Act,
   Stash,
@@ -44,6 +46,7 @@ enum class FlowKind : std::uint8_t {
   HostY,
   HostYMsg,
   HostStashMsg,
+  Opt,
 };
 const char* flow_kind_name(FlowKind k);  // "Act", "Stash", "dX", "W", ...
 bool on_host(FlowKind k);                // HostStash, HostGrad, HostSaved, HostY, HostYMsg, HostStashMsg

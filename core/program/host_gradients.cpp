@@ -11,9 +11,24 @@ HostGradients host_gradients(const Program& p) {
   const auto span_of = [&](int o) {
     return LayerSpan{p.ops[static_cast<std::size_t>(o)].layers.first, p.ops[static_cast<std::size_t>(o)].layers.last};
   };
+  // A device update over host state (not a resident kind, an Update on a GPU: host-stream): a dWB that follows an
+  // Update (depends on it) takes the updated weights and state home, no gradient; one that keeps the gradient it reads
+  // on the device (a later backward adds to it and the device Update reads it) sends a round trip nobody reads.
+  const bool device_update = updates_on_device_over_host_state(p);
+  const auto names = [](const TensorRefs& refs, TensorKind k) {
+    return std::any_of(refs.begin(), refs.end(), [&](const TensorRef& r) { return r.kind == k; });
+  };
+  std::vector<char> round_trip(p.ops.size(), 0);
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
     const OpKind k = p.ops[o].kind;
     const int i = static_cast<int>(o);
+    if (k == OpKind::dWB && device_update) {
+      const auto& deps = p.ops[o].deps;
+      if (std::any_of(deps.begin(), deps.end(),
+                      [&](int d) { return p.ops[static_cast<std::size_t>(d)].kind == OpKind::Update; }))
+        continue;
+      round_trip[o] = names(p.ops[o].frees, TensorKind::WeightGrad) ? 0 : 1;
+    }
     if (k == OpKind::dWB) h.dwbs[span_of(i)].push_back(i);
     if (k == OpKind::ARD) h.replicated.insert(span_of(i));
     if (k == OpKind::RS) h.sharded.insert(span_of(i));
@@ -29,7 +44,7 @@ HostGradients host_gradients(const Program& p) {
     std::vector<int>& w = h.writers[range];
     std::set<int> written;  // per rank for a sharded range, else -1 for the whole range
     for (const int o : list) {
-      if (all_reduced && dev(o) != dev(list.front())) {
+      if ((all_reduced && dev(o) != dev(list.front())) || round_trip[static_cast<std::size_t>(o)] != 0) {
         h.write[static_cast<std::size_t>(o)] = GradWrite::Drop;
         continue;
       }

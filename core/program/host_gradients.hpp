@@ -21,7 +21,8 @@ enum class GradWrite : std::uint8_t {
   None,  // not a dWB
   Copy,  // the range's first writer (per rank, for a sharded range): copies straight into the host gradient
   Add,   // a later writer: lands in its queue's bounce buffer, the CPU adds it into the host gradient
-  Drop,  // a replica of an all-reduced range other than the lowest: lands in its bounce buffer, unused
+  Drop,  // a replica of an all-reduced range other than the lowest, or a round trip of a gradient a device update
+         // reads on the device (host-stream): lands in its bounce buffer, unused
 };
 
 struct HostGradients {
@@ -33,7 +34,9 @@ struct HostGradients {
 };
 
 // A range all-reduced on the devices is written by its lowest replica's dWBs (the others carry the same sum); a
-// sharded range's ranks each write their own shard; any other range by every dWB. The first writer (per rank, sharded)
+// sharded range's ranks each write their own shard; any other range by every dWB. A Program that updates on the GPUs
+// without resident state (host-stream): a dWB after an Update (its dependency) moves no gradient (None, in no list),
+// and one that keeps the gradient it reads on the device is a round trip (Drop). The first writer (per rank, sharded)
 // copies, the later ones add, in (device, queue position) order.
 HostGradients host_gradients(const Program& program);
 

@@ -75,6 +75,12 @@ std::string Program::op_id(int op) const {
   return fmt::format("{}.{}.{}.{}.{}", o.task, o.ui, o.spi, stream_name(o.stream), op_kind_name(o.kind));
 }
 
+bool updates_on_device_over_host_state(const Program& p) {
+  return !p.graph.plan.kind->resident_state && std::any_of(p.ops.begin(), p.ops.end(), [](const Op& op) {
+    return op.kind == OpKind::Update && !host_update(op);
+  });
+}
+
 std::string Program::op_label(int op) const {
   const Op& o = ops[static_cast<std::size_t>(op)];
   std::string layers = o.layers.first == o.layers.last ? fmt::format("L{}", o.layers.first)

@@ -167,6 +167,11 @@ Bytes staging_ring_bytes(const Program& program, bool host_sums, Bytes chunk_byt
 // runs the groups (and checks one member per GPU), harmony-sim's serial replay predicts its peak with them.
 std::vector<std::vector<int>> op_groups(const Program& program);
 
+// A Program that updates on its GPUs without resident state (host-stream): an Update on a device queue in a kind whose
+// weights, gradients and AdamW state live in host memory, so the update pass brings that state to the GPU and takes it
+// home (core::swapping_dataflow's Opt tensors, core::host_gradients, core::state_layout, the executor).
+bool updates_on_device_over_host_state(const Program& program);
+
 // Structural checks: dependency indices in range, peers symmetric, every queue position consistent,
 // and no cycle through dependencies and queue order (ProgramGraph). Throws ScheduleError naming ops.
 void validate_program(const Program& program);

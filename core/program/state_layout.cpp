@@ -1,33 +1,57 @@
-// core::state_layout: a Program's state between steps from its ops (AG, RS, WB) and their passes.
+// core::state_layout: a Program's state between steps from its ops (AG, RS, Update) and its dataflow's passes.
 #include "core/program/state_layout.hpp"
 
+#include <algorithm>
 #include <cstddef>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/base/error.hpp"
 
 namespace harmony::core {
+
+namespace {
+
+// The device tensors written only in the update pass and read outside it (fwd, bwd): (device, layer) per kind.
+void find_carried(const Program& p, StateLayout& s) {
+  std::vector<char> written_outside(p.dataflow.tensors.size(), 0), written_in(p.dataflow.tensors.size(), 0),
+      read_outside(p.dataflow.tensors.size(), 0);
+  for (const OpFlow& f : p.dataflow.ops) {
+    const bool update = f.pass == Pass::Update;
+    for (const int id : f.writes) (update ? written_in : written_outside)[static_cast<std::size_t>(id)] = 1;
+    if (!update)
+      for (const int id : f.reads) read_outside[static_cast<std::size_t>(id)] = 1;
+  }
+  std::set<std::pair<int, int>> found;
+  for (std::size_t id = 0; id < p.dataflow.tensors.size(); ++id) {
+    const FlowTensor& t = p.dataflow.tensors[id];
+    if (on_host(t.kind) || t.device < 0 || !written_in[id] || written_outside[id] || !read_outside[id]) continue;
+    if (s.carried && *s.carried != t.kind)
+      throw ScheduleError(fmt::format("state layout: a Program carries {} and {} across steps; one kind only",
+                                      flow_kind_name(*s.carried), flow_kind_name(t.kind)));
+    s.carried = t.kind;
+    found.emplace(t.device, t.layer);
+  }
+  if (!s.carried) return;
+  s.carried_layers.resize(static_cast<std::size_t>(p.num_devices()));
+  for (const auto& [d, l] : found) s.carried_layers.at(static_cast<std::size_t>(d)).push_back(l);
+}
+
+}  // namespace
 
 StateLayout state_layout(const Program& p) {
   StateLayout s;
   s.resident = p.graph.plan.kind->resident_state;
-  const bool flows = p.dataflow.covers(p);
-  bool gathers_in_update = false;
-  std::optional<FlowKind> written_up;
-  for (std::size_t o = 0; o < p.ops.size(); ++o) {
-    const Op& op = p.ops[o];
-    s.sharded = s.sharded || op.kind == OpKind::AG || op.kind == OpKind::RS;
-    if (!flows) continue;
-    const OpFlow& f = p.dataflow.ops[o];
-    if (f.pass != Pass::Update) continue;
-    gathers_in_update = gathers_in_update || op.kind == OpKind::AG;
-    if (op.kind == OpKind::WB && !f.writes.empty() && !written_up) written_up = p.dataflow.tensor(f.writes[0]).kind;
-  }
-  s.sharded = s.resident && s.sharded;
-  s.whole_weights = s.sharded && gathers_in_update;
-  if (s.resident || !written_up) return s;
-  s.carried = written_up;
-  s.carried_layers.resize(static_cast<std::size_t>(p.num_devices()));
+  s.sharded = s.resident && std::any_of(p.ops.begin(), p.ops.end(),
+                                        [](const Op& op) { return op.kind == OpKind::AG || op.kind == OpKind::RS; });
+  s.device_update = updates_on_device_over_host_state(p);
+  if (!p.dataflow.covers(p)) return s;
   for (std::size_t o = 0; o < p.ops.size(); ++o)
-    if (p.ops[o].kind == OpKind::WB && p.dataflow.ops[o].pass == Pass::Update)
-      s.carried_layers.at(static_cast<std::size_t>(p.ops[o].device)).push_back(p.ops[o].layers.first);
+    s.whole_weights =
+        s.whole_weights || (s.sharded && p.ops[o].kind == OpKind::AG && p.dataflow.ops[o].pass == Pass::Update);
+  if (!s.resident) find_carried(p, s);
   return s;
 }
 

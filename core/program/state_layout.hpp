@@ -22,15 +22,21 @@ struct StateLayout {
   // Sharded, and an all-gather runs in the update pass (after its layer's Update): every device keeps the whole
   // working weights beside its shard of the gradients, masters and moments (zero2).
   bool whole_weights = false;
-  // Not resident, and an update pass's WB sends the updated weights up for the next step: the tensor kind it writes
-  // (W: each device the whole layer; WShard: its rank's shard), kept on the devices across steps (zero3-opt-offload).
+  // Not resident, and a device tensor is written only in the update pass and read in the forward or backward: it is
+  // kept on the devices across steps, written for the next step (zero3-opt-offload: the update pass's WB sends the
+  // updated weights up, W on one GPU or each rank's WShard; host-stream: the device Update of a layer whose weights
+  // never stream rewrites them in place). The tensor kind (one per Program).
   std::optional<FlowKind> carried;
-  // With `carried`: per device, the layers an update-pass WB on it writes, in the Program's order.
+  // With `carried`: per device, the layers whose tensor of that kind is carried, ascending.
   std::vector<std::vector<int>> carried_layers;
+  // Not resident, and an Update runs on a GPU (host-stream): the update pass brings each layer's AdamW state from the
+  // host to the device (FlowKind::Opt), updates there and takes the state home.
+  bool device_update = false;
 };
 
 // The layout of `p`. A Program whose dataflow does not cover it (LowerOptions::dataflow off) has none of the
-// dataflow-derived parts (whole_weights, carried): the executor refuses such a Program when it analyses it.
+// dataflow-derived parts (whole_weights, carried): the executor refuses such a Program when it analyses it. A
+// Program whose carried tensors are of two kinds is refused (ScheduleError).
 StateLayout state_layout(const Program& p);
 
 }  // namespace harmony::core

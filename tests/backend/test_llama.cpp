@@ -208,7 +208,7 @@ TEST_CASE("llama: every plan kind trains to the oracle's losses") {
   const int B = oracle.at("batch_size"), T = oracle.at("seq_len");
   const AdamWConfig adamw = adamw_of(oracle.at("adamw"));
   const std::vector<double> want = oracle.at("losses");
-  const int gpus = 2;
+  const int two = 2;  // GPUs, but for a one-GPU kind (host-stream)
   // The plain trainer's weights after the same two steps: each kind's must equal them within the baseline tests'
   // bound (test_executor_baselines.cpp: |ours - plain| <= 1e-6 + 1e-4 |plain|; partial sums add in another order).
   std::vector<std::vector<float>> plain;
@@ -228,6 +228,7 @@ TEST_CASE("llama: every plan kind trains to the oracle's losses") {
   for (const core::PlanKind kind : core::plan_kinds()) {
     if (!kind->trains) continue;  // priced by harmony-sim only (the executor refuses it: test_executor_baselines)
     CAPTURE(kind.name());
+    const int gpus = kind->one_gpu ? 1 : two;
     const Gpt2 model(gpt2_config_at(data_dir()));
     HostState state(model);
     load_gpt2_weights_at(data_dir(), state);

@@ -35,6 +35,7 @@ CAP = "3MiB"
 # GPU memory binding.
 RESIDENT_CAP = "16MiB"
 WHOLE_WEIGHTS = ("resident", "zero2")
+ONE_GPU = clitest.one_gpu_kinds(SIM)  # host-stream: measured on one GPU (the others on the config's 4)
 HOST_PARTS = ["master_weights_bytes", "optimizer_state_bytes", "gradient_bytes", "stash_bytes", "activation_bytes"]
 
 
@@ -118,6 +119,9 @@ def test_against_harmony_run(tmp):
     resident_doc = memory_json(cfg, "--plan", "config", "--set", f"machine.gpu_memory={RESIDENT_CAP}")
     for kind in WHOLE_WEIGHTS:
         kinds[kind] = by_kind(resident_doc).get(kind) if resident_doc else None
+    one_doc = memory_json(cfg, "--plan", "config", "--set", "plan.gpus=1")
+    for kind in ONE_GPU:
+        kinds[kind] = by_kind(one_doc).get(kind) if one_doc else None
     check("every registered kind answered, in the registry's order",
           doc is not None and [r["plan_kind"] for r in doc["results"]] == PLAN_KINDS, doc and doc["results"])
     for kind in KINDS:
@@ -126,8 +130,9 @@ def test_against_harmony_run(tmp):
             check(f"{kind}: a plan was measured", False, k)
             continue
         cap = RESIDENT_CAP if kind in WHOLE_WEIGHTS else CAP
+        gpus = ["--set", "plan.gpus=1"] if kind in ONE_GPU else []
         r = run(RUN, "train", DEFAULT, "--steps", "1", "--quiet", "--format", "json", "--gpu-memory", cap,
-                "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}")
+                "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}", *gpus)
         check(f"{kind}: harmony-run trains the plan", r.returncode == 0, r.stderr)
         if r.returncode != 0:
             continue
@@ -208,14 +213,18 @@ def test_bf16_host_memory(tmp):
     resident_doc = memory_json(cfg, "--plan", "config", "--set", f"machine.gpu_memory={RESIDENT_CAP}")
     for kind in WHOLE_WEIGHTS:
         kinds[kind] = by_kind(resident_doc).get(kind) if resident_doc else None
+    one_doc = memory_json(cfg, "--plan", "config", "--set", "plan.gpus=1")
+    for kind in ONE_GPU:
+        kinds[kind] = by_kind(one_doc).get(kind) if one_doc else None
     for kind in KINDS:
         k = kinds.get(kind)
         if not k or not k["needs"]:
             check(f"bf16 {kind}: a plan was measured", False, k)
             continue
         cap = RESIDENT_CAP if kind in WHOLE_WEIGHTS else CAP
+        gpus = ["--set", "plan.gpus=1"] if kind in ONE_GPU else []
         r = run(RUN, "train", DEFAULT, "--steps", "2", "--quiet", "--format", "json", "--gpu-memory", cap,
-                "--dtype", "bf16", "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}")
+                "--dtype", "bf16", "--set", f"model.profile={prof}", "--set", f"plan.mode={kind}", *gpus)
         check(f"bf16 {kind}: harmony-run trains the plan", r.returncode == 0, r.stderr)
         if r.returncode != 0:
             continue

@@ -170,7 +170,9 @@ def main():
         trains_as = {k["name"]: k["trains_as"] for k in d["kinds"]}
         check("kinds: trains_as names a kind that trains, for the refused kinds only",
               all((trains_as[n] is None) == trains[n] and (trains_as[n] is None or trains.get(trains_as[n]))
-                  for n in trains) and trains_as.get("host-stream") == "dp-swap", trains_as)
+                  for n in trains), trains_as)
+        check("kinds: harmony-run trains host-stream (its device updates over host state)",
+              trains.get("host-stream") is True, trains)
 
     with tempfile.TemporaryDirectory() as tmp:
         # --- sweep: every row and sweep.json (a grid with invalid points and a grid key that is a result column)

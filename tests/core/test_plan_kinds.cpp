@@ -143,14 +143,14 @@ TEST_CASE("the registry generates the fourteen kinds in listing order, each a co
             plan_kind_names(KindRole::Ceiling).size() ==
         plan_kinds().size());
   // the ceiling keeps its state on the devices; so do fsdp, zero2 and zero3 (partitioned); harmony-run trains every
-  // kind but host-stream (harmony-sim prices it; its GPU update over state streamed from the host has no executor
-  // state yet), which alone runs on one GPU only
+  // kind (host-stream's GPU update over state streamed from the host: backend/executor/flow_streamed.cpp), and
+  // host-stream alone runs on one GPU only
   for (const PlanKind& k : plan_kinds()) {
     INFO(k.name());
     if (k->role == KindRole::Ceiling) CHECK(k->resident_state);
     const std::string n = k.name();
     CHECK(k->resident_state == (n == "resident" || n == "fsdp" || n == "zero2" || n == "zero3"));
-    CHECK(k->trains == (n != "host-stream"));
+    CHECK(k->trains);
     CHECK(k->one_gpu == (n == "host-stream"));
     // a refused kind names the trained kind that makes its updates; a trained kind names none
     CHECK((k->trains_as == nullptr) == k->trains);
