@@ -313,6 +313,8 @@ void answer_tier(KindMemory& kr, const core::Model& model, const core::MachineSp
     c.plan.kind = kind;
     c.plan.knobs = space.knobs;
     c.plan.knobs.offload = space.offloads.front();
+    // the config's activation policy (plan.activations) for every kind that takes one: the plan asked about
+    if (kind.has_knob(core::Knob::Activations)) c.plan.knobs.activation_policy = config_plan->knobs.activation_policy;
     if (!kind->packs) {  // one microbatch size (u_bwd), as harmony-run runs such a kind
       c.plan.u_fwd = c.plan.u_bwd;
       c.plan.packs_fwd.clear();
@@ -418,7 +420,7 @@ KindMemory answer_kind(core::PlanKind kind, const core::Model& model, const core
   // search.swap is for the tools that search (docs/config.md): the answer prices the scheduled swappers.
   space.knobs.swap = core::SwapTiming::Scheduled;
   // Activation checkpointing only (the factory's default): the swapping runtimes' default and harmony-run's; keep
-  // holds more at every u.
+  // holds more at every u. With --plan config, the config's plan.activations (answer_tier).
   return offload_tiers(kind, search.offload, limits, machine, [&](KindMemory k, bool nvme) {
     answer_tier(k, model, machine, space, options, nvme, limits, config_plan);
     return k;

@@ -184,6 +184,29 @@ inline void check_same_bits(const Result& a, const Result& b) {
   }
 }
 
+// A run stopped and restarted every step (a new executor each step, on `b`'s devices and state) trains `straight`'s
+// losses, weights and first moments bit for bit: whatever an executor keeps across steps it rebuilds from the
+// HostState, which every step leaves current.
+inline void check_restarted(const core::Program& prog, Setup& b, const Result& straight, DType dtype) {
+  const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
+  const ExecutorOptions opts{.seq_len = kT, .adamw = kAdamW, .dtype = dtype};
+  std::vector<double> losses;
+  std::vector<std::int32_t> in, tgt;
+  for (int k = 0; k < kSteps; ++k) {
+    Executor ex(prog, b.ptrs, *b.state, opts);
+    tokens.batch(k, kB, kT, in, tgt);
+    losses.push_back(ex.step(in, tgt).loss);
+  }
+  CHECK(losses == straight.losses);
+  for (int l = 0; l < b.model->num_layers(); ++l) {
+    CAPTURE(l);
+    CHECK(same_bits({b.state->weights(l).begin(), b.state->weights(l).end()},
+                    straight.weights[static_cast<std::size_t>(l)]));
+    CHECK(same_bits({b.state->exp_avg(l).begin(), b.state->exp_avg(l).end()},
+                    straight.moments[2 * static_cast<std::size_t>(l)]));
+  }
+}
+
 // The grids' Programs. Harmony: manual packs of pack_size layers, every replica lowered (as harmony-run does).
 inline core::Program lower_harmony_plan(const Gpt2& model, core::PlanKind mode, int gpus, int u_fwd, int u_bwd,
                                         int pack_size, bool prefetch, DType dtype = DType::F32) {

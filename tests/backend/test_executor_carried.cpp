@@ -64,20 +64,6 @@ TEST_CASE("a zero3-opt-offload run stopped and restarted, or on jittered devices
     const core::Program prog = lower_kind("zero3-opt-offload", *a.model, 2, 1, policy, dtype);
     const Result straight = run(prog, a, nullptr, true, dtype);
     check_same_bits(straight, run(prog, c, nullptr, true, dtype));
-    const TokenFile tokens = TokenFile::load(data_dir() + "tokens.bin");
-    const ExecutorOptions opts{.seq_len = kT, .adamw = kAdamW, .dtype = dtype};
-    std::vector<double> losses;
-    std::vector<std::int32_t> in, tgt;
-    for (int k = 0; k < kSteps; ++k) {
-      Executor ex(prog, b.ptrs, *b.state, opts);  // a new executor every step: a stop and restart
-      tokens.batch(k, kB, kT, in, tgt);
-      losses.push_back(ex.step(in, tgt).loss);
-    }
-    CHECK(losses == straight.losses);
-    for (int l = 0; l < b.model->num_layers(); ++l) {
-      CAPTURE(l);
-      CHECK(same_bits({b.state->weights(l).begin(), b.state->weights(l).end()},
-                      straight.weights[static_cast<std::size_t>(l)]));
-    }
+    check_restarted(prog, b, straight, dtype);  // a new executor every step: a stop and restart
   }
 }

@@ -294,6 +294,24 @@ def test_best_and_binding(cfg):
           "binds" in r.stdout and "gpu_memory" in r.stdout, r.stdout + r.stderr)
 
 
+def test_config_policy(cfg):
+    """--plan config answers for the config's plan.activations, for every kind that takes the knob (keep holds or
+    swaps the saved activations checkpoint recomputes); it used to answer checkpoint whatever the config said."""
+    base = ["--plan", "config", "--set", "plan.mode=dp-swap"]
+    ckpt, keep = memory_json(cfg, *base), memory_json(cfg, *base, "--set", "plan.activations=keep")
+    if ckpt is None or keep is None:
+        check("memory --plan config with plan.activations: answered", False, (ckpt, keep))
+        return
+    for kind in ("dp-swap", "pp-swap", "zero-infinity", "l2l"):
+        a, b = by_kind(ckpt).get(kind), by_kind(keep).get(kind)
+        ok = a and b and a["plan"] and b["plan"]
+        check(f"--plan config, {kind}: the config's activation policy", ok and
+              a["plan"]["activation_policy"] == "checkpoint" and b["plan"]["activation_policy"] == "keep", (a, b))
+        # keep's Program holds (or swaps: l2l sends its saved activations home) what checkpoint recomputes
+        check(f"--plan config, {kind}: keep's own Program, another account", ok and a["needs"] != b["needs"],
+              (a and a["needs"], b and b["needs"]))
+
+
 def test_bad_input(tmp):
     bad = os.path.join(tmp, "bad.yaml")
     with open(bad, "w") as f:
@@ -340,6 +358,7 @@ def main():
         cfg = test_against_harmony_run(tmp)
         test_bf16_host_memory(tmp)
         test_best_and_binding(cfg)
+        test_config_policy(cfg)
         test_bad_input(tmp)
     test_agrees_with_compare()
     return summary("test_memory: ")

@@ -265,6 +265,14 @@ with tempfile.TemporaryDirectory() as tmp:
     check("zero3-opt-offload trains zero-infinity's losses bit for bit", r.returncode == 0 and d is not None and
           d["plan"]["plan_kind"] == "zero3-opt-offload" and d["summary"]["losses"] == baseline_losses.get("zero-infinity"),
           r.stderr)
+    # host-stream on one GPU (AdamW on the GPU over state brought from the host; in 4 MiB some layers stay, some
+    # stream): dp-swap's losses bit for bit at one microbatch
+    one = ["--set", "plan.gpus=1", "--set", "plan.u_fwd=8", "--set", "plan.u_bwd=8", "--gpu-memory", "4MiB"]
+    r, d = train_json(DEFAULT, "--steps", str(SHORT), "--set", "plan.mode=host-stream", *one)
+    r2, d2 = train_json(DEFAULT, "--steps", str(SHORT), "--set", "plan.mode=dp-swap", *one)
+    check("host-stream trains dp-swap's losses bit for bit at one microbatch", r.returncode == 0 and d is not None and
+          d2 is not None and d["plan"]["plan_kind"] == "host-stream" and
+          d["summary"]["losses"] == d2["summary"]["losses"], (r.stderr, r2.stderr))
     # on-demand swap (docs/baselines.md#swap-timing) changes when transfers run, not what is computed: bit-identical
     for kind in ["dp-swap", "pp-swap"]:
         r, d = train_json(DEFAULT, "--steps", str(SHORT), "--set", f"plan.mode={kind}", "--set", "plan.gpus=2",
@@ -309,9 +317,10 @@ with tempfile.TemporaryDirectory() as tmp:
                   z["summary"]["losses"] == f["summary"]["losses"], r.stderr)
     # a kind with resident state stopped at a checkpoint and resumed: the straight run's losses and weights, bit for
     # bit (the executor holds the state on its devices: it is rebuilt from the checkpoint, not from the initial one);
-    # zero2's whole weights and zero3-opt-offload's carried parameter shards likewise
-    for kind in ("resident", "fsdp", "zero2", "zero3-opt-offload"):
-        plan = ["--set", f"plan.mode={kind}", "--set", "plan.gpus=2", "--gpu-memory", "16MiB"]
+    # zero2's whole weights, zero3-opt-offload's carried parameter shards and host-stream's kept layers likewise
+    for kind in ("resident", "fsdp", "zero2", "zero3-opt-offload", "host-stream"):
+        gpus, mem = ("1", "4MiB") if kind == "host-stream" else ("2", "16MiB")
+        plan = ["--set", f"plan.mode={kind}", "--set", f"plan.gpus={gpus}", "--gpu-memory", mem]
         ck, w0, w1 = (os.path.join(tmp, f"{kind}_{x}") for x in ("ck", "straight.safetensors", "resumed.safetensors"))
         r0, straight = train_json(DEFAULT, "--steps", "4", *plan, "--save-weights", w0)
         r1 = run("train", DEFAULT, "--steps", "2", *plan, "--checkpoint-dir", ck, "--checkpoint-every", "2", "--quiet")
@@ -332,6 +341,10 @@ with tempfile.TemporaryDirectory() as tmp:
                       *AUTO_D, "--gpu-memory", "4MiB")
     check("--plan auto for a baseline", r.returncode == 0 and d is not None and d["plan"]["plan_kind"] == "dp-swap",
           r.stderr)
+    r, d = train_json(DEFAULT, "--steps", "1", "--plan", "auto", "--set", "plan.mode=host-stream", "--set",
+                      "plan.gpus=1", *AUTO_D, "--gpu-memory", "4MiB")
+    check("--plan auto for host-stream", r.returncode == 0 and d is not None and
+          d["plan"]["plan_kind"] == "host-stream", r.stderr)
 
     # --- kill at a random step, resume: the same final parameters and losses, bit for bit
     steps = CKPT
