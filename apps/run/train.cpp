@@ -181,6 +181,24 @@ int stop_nonfinite(const Setup& s, const Cli& cli, const Checkpoints& ck, int st
   return kExitNonFinite;
 }
 
+// What to change when a step runs out of device memory, in the terms of the run's kind (packs only for a kind that has
+// them; a one-microbatch kind's microbatch is its share of the minibatch; keep's saved activations), and what of the
+// run is saved.
+std::string out_of_memory_hint(const core::PlanSpec& plan, const Checkpoints& ck) {
+  const core::PlanKind kind = plan.kind;
+  std::string change = kind->packs ? "use smaller packs (plan.pack_size) or microbatches (plan.u_fwd, plan.u_bwd)"
+                       : kind->one_microbatch
+                           ? "use a smaller minibatch or more GPUs (its one microbatch is each GPU's "
+                             "share)"
+                           : "use a smaller microbatch (plan.u_bwd)";
+  if (kind.has_knob(core::Knob::Activations) && plan.knobs.activation_policy == core::ActivationPolicy::Keep)
+    change += ", recompute the activations (plan.activations: checkpoint)";
+  const std::string saved = ck.newest.empty() ? "no checkpoint was written by this run"
+                                              : fmt::format("the newest checkpoint, {} (step {}), is kept as it was",
+                                                            ck.newest, ck.newest_step);
+  return fmt::format("raise --gpu-memory, {}, or let --plan auto pick a plan that fits; {}", change, saved);
+}
+
 // Steps log.start+1 .. train.steps with progress (stderr: a bar on a terminal, otherwise the first, the last and
 // one line per 10 s), checkpoints, a warning when the loss diverges, and the stops: 0 when every step ran, else
 // the exit code (a stop signal: 128 + its number, after a checkpoint; a non-finite loss or gradient:
@@ -214,8 +232,7 @@ int train_steps(const Cli& cli, Setup& s, backend::Executor& executor, Checkpoin
           core::SourceLoc{cfg.file, 0, 0},
           fmt::format("the plan does not fit the devices' memory (machine.gpu_memory = {}) at step {}: {}",
                       capacity_text(cfg.machine.gpu_memory_bytes), step + 1, e.what()),
-          "raise --gpu-memory, use smaller packs (plan.pack_size) or microbatches, or let --plan auto pick a plan "
-          "that fits; no checkpoint was written by this run");
+          out_of_memory_hint(cfg.plan, ck));
     }
     if (!std::isfinite(last.loss) || last.nonfinite_gradient) {
       end_bar();
@@ -465,6 +482,7 @@ void resume_from_checkpoint(const Cli& cli, Setup& s, Checkpoints& ck, RunLog& l
     log.start = static_cast<int>(got.step);
     log.losses = got.losses;
     ck.newest = *latest;
+    ck.newest_step = got.step;
     if (!quiet) fmt::print(json ? stderr : stdout, "resumed  {} at step {}\n", *latest, log.start);
   } else if (!quiet) {
     fmt::print(json ? stderr : stdout, "resume   no checkpoint in {}: starting at step 0\n", ck.dir);

@@ -189,8 +189,9 @@ def test_nonfinite(tmp):
     check("NaN loss: no success summary", "done " not in r.stdout, r.stdout)
     # the kept checkpoint resumes (and diverges again: the same steps with the same settings)
     r = run("train", DEFAULT, "--steps", "5", "--set", "train.lr=1e20", "--checkpoint-dir", ck, "--resume", "--quiet")
-    check("resuming it repeats the divergence: exit 3 at step 2 again", r.returncode == 3 and
-          "stopped at step 2" in r.stderr, (r.returncode, r.stderr))
+    check("resuming it repeats the divergence: exit 3 at step 2 again, naming the checkpoint it resumed from",
+          r.returncode == 3 and "stopped at step 2" in r.stderr and "step-000001.hckpt (step 1), is kept" in r.stderr,
+          (r.returncode, r.stderr))
     # --format json: no document on stdout, the same exit code
     r = run("train", DEFAULT, "--steps", "5", "--set", "train.lr=1e20", "--format", "json")
     check("NaN loss with --format json: exit 3, stdout empty", r.returncode == 3 and r.stdout == "",
@@ -214,6 +215,33 @@ train: {{steps: 3, lr: 1e-3, data: {TINY}/tokens.bin}}
     check("NaN weight: exit 2 at load naming the tensor", r.returncode == 2 and
           "tensor h.0.attn.c_attn.weight holds NaN at element 3" in r.stderr and nan in r.stderr and
           error_format(r, nan), (r.returncode, r.stderr))
+
+
+def test_out_of_memory(tmp):
+    """A step out of device memory: exit 2 at the config, the allocation, and a hint in the terms of the run's kind
+    (packs only where the kind has them; keep's saved activations), naming the checkpoint the run keeps."""
+    r = run("train", DEFAULT, "--steps", "2", "--gpu-memory", "600KiB")
+    check("Harmony-PP out of memory: exit 2, the hint names packs", r.returncode == 2 and
+          "does not fit the devices' memory" in r.stderr and "use smaller packs (plan.pack_size)" in r.stderr and
+          "no checkpoint was written by this run" in r.stderr and error_format(r, DEFAULT), (r.returncode, r.stderr))
+    r = run("train", DEFAULT, "--steps", "2", "--set", "plan.mode=dp-swap", "--set", "plan.gpus=1",
+            "--gpu-memory", "400KiB")
+    check("dp-swap out of memory: the hint names its microbatch, not packs", r.returncode == 2 and
+          "use a smaller microbatch (plan.u_bwd)" in r.stderr and "pack" not in r.stderr, (r.returncode, r.stderr))
+    # host-stream checkpointed at step 2, resumed under keep in 1 MiB: out of memory at step 3, the checkpoint kept
+    ck = os.path.join(tmp, "oom_ck")
+    one = ["--set", "plan.mode=host-stream", "--set", "plan.gpus=1", "--checkpoint-dir", ck]
+    r = run("train", DEFAULT, "--steps", "2", *one, "--gpu-memory", "4MiB", "--checkpoint-every", "1", "--quiet")
+    check("host-stream checkpointed at step 2", r.returncode == 0, r.stderr)
+    r = run("train", DEFAULT, "--steps", "4", *one, "--set", "plan.activations=keep", "--gpu-memory", "1MiB",
+            "--resume")
+    check("host-stream under keep out of memory after a resume: the step, keep's fix and the checkpoint kept",
+          r.returncode == 2 and "at step 3:" in r.stderr and "plan.activations: checkpoint" in r.stderr and
+          "step-000002.hckpt (step 2), is kept as it was" in r.stderr and "pack" not in r.stderr,
+          (r.returncode, r.stderr))
+    check("host-stream out of memory: the checkpoints as they were", checkpoints(ck) == ["step-000001.hckpt",
+                                                                                          "step-000002.hckpt"],
+          checkpoints(ck))
 
 
 def test_messages(tmp):
@@ -347,6 +375,7 @@ def test_output(tmp):
 
 with tempfile.TemporaryDirectory() as tmp:
     test_messages(tmp)
+    test_out_of_memory(tmp)
     test_output(tmp)
     if SANITIZED:
         print("SKIP the RLIMIT_AS / RLIMIT_DATA cases: a sanitizer build cannot start under those limits")
