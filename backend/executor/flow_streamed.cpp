@@ -141,7 +141,10 @@ void FlowInterpreter::stream_state_out(int o) {
     ++found->params;
   }
   note_nonfinite(found);
-  if (l == 0 && m.tied()) st.sync_tied();  // the head's lm_head master is wte's again, as update_layers leaves it
+  // the head's lm_head master is wte's again, as update_layers leaves it: a copy of the embedding (150 MB for GPT-2's)
+  // made with the interpreter's lock released, as no other op touches either until the next step (the head's update
+  // pass WB reads its block less lm_head; check_streamed_updates orders the WBs that read all of it before this op)
+  if (l == 0 && m.tied()) unlocked([&] { st.sync_tied(); });
 }
 
 void FlowInterpreter::check_streamed_updates(const Ancestry& anc) {
