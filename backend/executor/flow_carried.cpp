@@ -42,7 +42,7 @@ void FlowInterpreter::make_carried() {
     if (op.kind != OpKind::WB || flow(static_cast<int>(o)).pass != core::Pass::Update) continue;
     const int d = op.device, l = op.layers.first;
     if (!carries(d, l)) continue;
-    const std::int64_t n = carried_floats(m, *carried, l, p.num_devices());
+    const std::int64_t n = carried_floats(m, *layout.carried, l, p.num_devices());
     carried_w[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] =
         alloc_or_wait(D(d), n * es, fmt::format("carried W L{} on {}", l, D(d).name()));
     filled.push_back(static_cast<int>(o));
@@ -58,7 +58,7 @@ void FlowInterpreter::make_carried() {
 
 void FlowInterpreter::carried_up(int o) {
   const int d = at(o).device, l = at(o).layers.first;
-  const bool shard = *carried == core::FlowKind::WShard;
+  const bool shard = *layout.carried == core::FlowKind::WShard;
   // the part of layer `layer`'s block device d carries: its shard, or all of it
   const auto part = [&](int layer) {
     return shard ? std::pair{shard_first(layer, d), shard_len(layer, d)}
@@ -83,7 +83,7 @@ void FlowInterpreter::carried_up(int o) {
 
 void FlowInterpreter::check_carried(const Ancestry& anc) const {
   const int head = m.head_layer();
-  const bool shard = *carried == core::FlowKind::WShard;
+  const bool shard = *layout.carried == core::FlowKind::WShard;
   std::vector<std::vector<int>> readers(static_cast<std::size_t>(m.num_layers()));  // per layer: carried readers
   std::vector<std::vector<int>> updates(static_cast<std::size_t>(m.num_layers()));  // per layer: its Updates
   for (std::size_t o = 0; o < p.ops.size(); ++o) {
@@ -103,7 +103,7 @@ void FlowInterpreter::check_carried(const Ancestry& anc) const {
     const auto& writes = p.dataflow.ops[o].writes;
     if (std::none_of(writes.begin(), writes.end(), [&](int id) {
           const core::FlowTensor& t = p.dataflow.tensor(id);
-          return t.kind == *carried && carries(t.device, t.layer);
+          return t.kind == *layout.carried && carries(t.device, t.layer);
         }))
       continue;
     for (const int u : updates[static_cast<std::size_t>(l)])

@@ -9,7 +9,8 @@ namespace harmony::backend::detail {
 
 void FlowInterpreter::run_ag(const std::vector<int>& g) {
   const int l = at(g.front()).layers.first;
-  if (whole_weights) {  // into the ShardStates' whole copies, which the next step reads (nothing made in `store`)
+  if (layout
+          .whole_weights) {  // into the ShardStates' whole copies, which the next step reads (nothing made in `store`)
     for (const int a : g) gather_whole(a, l, at(a).device, g);
     return;
   }

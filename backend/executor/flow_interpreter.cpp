@@ -25,11 +25,7 @@ FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Devic
       T(options.seq_len),
       dt(options.dtype),
       es(dtype_bytes(options.dtype)),
-      resident(program.graph.plan.kind->resident_state),
       layout(core::state_layout(program)),
-      sharded_state(layout.sharded),
-      whole_weights(layout.whole_weights),
-      carried(layout.carried),
       qr(program, devs, options) {
   staging_chunk_bytes = opt.staging_chunk_bytes;
   if (dt == DType::BF16)
@@ -38,8 +34,8 @@ FlowInterpreter::FlowInterpreter(const core::Program& program, std::vector<Devic
     throw BackendError(fmt::format("executor: {} Program lowered for GPU 0 only (set dp_first_gpu_only = false)",
                                    p.graph.plan.kind.name()));
   analyse();
-  if (resident) make_states();
-  if (carried) make_carried();
+  if (layout.resident) make_states();
+  if (layout.carried) make_carried();
 }
 
 void FlowInterpreter::begin_step(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
@@ -150,7 +146,7 @@ void FlowInterpreter::run_wb(int o) {
     stream_state_in(o);
     return;
   }
-  if (carried && p.dataflow.tensor(id).kind == *carried && carries(op.device, op.layers.first)) {
+  if (layout.carried && p.dataflow.tensor(id).kind == *layout.carried && carries(op.device, op.layers.first)) {
     carried_up(o);
     return;
   }

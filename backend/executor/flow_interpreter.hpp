@@ -76,14 +76,15 @@ class FlowInterpreter final : public Interpreter {
   // W and DW (its DeviceState's), or a sharded resident kind's WShard and DWShard (its ShardState's; its gathered W
   // and full DW are versions).
   bool tracked(const core::FlowTensor& t) const {
-    const bool in_state = sharded_state ? (t.kind == core::FlowKind::WShard || t.kind == core::FlowKind::DWShard ||
-                                           (whole_weights && t.kind == core::FlowKind::W))
-                                        : resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
-    return !ranged(t) && !in_state && !(carried && t.kind == *carried && carries(t.device, t.layer));
+    const bool in_state = layout.sharded
+                              ? (t.kind == core::FlowKind::WShard || t.kind == core::FlowKind::DWShard ||
+                                 (layout.whole_weights && t.kind == core::FlowKind::W))
+                              : layout.resident && (t.kind == core::FlowKind::W || t.kind == core::FlowKind::DW);
+    return !ranged(t) && !in_state && !(layout.carried && t.kind == *layout.carried && carries(t.device, t.layer));
   }
   // Whether device d carries its tensor of kind `carried` for layer l (core::StateLayout::carried_layers).
   bool carries(int d, int l) const {
-    if (!carried || d < 0 || static_cast<std::size_t>(d) >= layout.carried_layers.size()) return false;
+    if (!layout.carried || d < 0 || static_cast<std::size_t>(d) >= layout.carried_layers.size()) return false;
     const std::vector<int>& ls = layout.carried_layers[static_cast<std::size_t>(d)];
     return std::binary_search(ls.begin(), ls.end(), l);
   }
@@ -346,7 +347,7 @@ class FlowInterpreter final : public Interpreter {
   // (bf16: masters exact, working copies rounded); the compute ops and ARD read them (state_weights, state_grads);
   // each step zeroes the gradients first (zero_state_grads) and reports non-finite updates last (note_state_nonfinite);
   // an Update on a device runs AdamW there (state_update); sync_host_state copies device 0's back to the HostState.
-  // Sharded (sharded_state): one ShardState per device in `shards` instead (make_shards), the same entry points
+  // Sharded (layout.sharded): one ShardState per device in `shards` instead (make_shards), the same entry points
   // clearing its reduce-scatters' first-of-step marks, ORing every rank's non-finite flags, updating the rank's shard
   // and copying every rank's part back.
   void make_states();
@@ -388,14 +389,13 @@ class FlowInterpreter final : public Interpreter {
   HostState& st;
   ExecutorOptions opt;
   const Gpt2& m;
-  int B = 0, T = 0;            // minibatch, sequence length
-  DType dt = DType::F32;       // device storage; bf16: the host rounds weights on their way up, widens gradients back
-  Bytes es = 4;                // bytes per device element
-  bool resident = false;       // PlanKindSpec::resident_state: W, DW and AdamW state in `states`
-  core::StateLayout layout;    // core::state_layout(p)
-  bool sharded_state = false;  // layout.sharded: the resident state in `shards`
-  bool whole_weights = false;  // layout.whole_weights: W in the ShardStates, gathered after the Updates
-  std::optional<core::FlowKind> carried;       // layout.carried: W or WShard kept across steps in `carried_w`
+  int B = 0, T = 0;       // minibatch, sequence length
+  DType dt = DType::F32;  // device storage; bf16: the host rounds weights on their way up, widens gradients back
+  Bytes es = 4;           // bytes per device element
+  // what the Program keeps between steps (core::state_layout): resident (W, DW and AdamW state in `states`, or
+  // sharded in `shards`), whole weights (W in the ShardStates, gathered after the Updates), carried (W or WShard kept
+  // across steps in `carried_w`), device updates over host state
+  const core::StateLayout layout;
   std::vector<std::vector<Buffer>> carried_w;  // carried: per device, per layer (empty where it carries none)
   std::vector<FlowVersion> tie_grad;           // device updates: per layer 0's Update, the head's gradient it adds
   QueueResources qr;                           // per queue: its stream, events, AdamW pool

@@ -14,9 +14,9 @@ namespace harmony::backend::detail {
 using core::OpKind;
 
 void FlowInterpreter::make_shards() {
-  const auto layout = whole_weights ? ShardState::Weights::Whole : ShardState::Weights::Shard;
+  const auto weights = layout.whole_weights ? ShardState::Weights::Whole : ShardState::Weights::Shard;
   for (int d = 0; d < p.num_devices(); ++d) {
-    shards.push_back(std::make_unique<ShardState>(D(d), state_stream(d), m, dt, d, p.num_devices(), layout));
+    shards.push_back(std::make_unique<ShardState>(D(d), state_stream(d), m, dt, d, p.num_devices(), weights));
     shards.back()->upload(state_stream(d), st);
   }
 }
@@ -120,7 +120,7 @@ void FlowInterpreter::check_shard_updates(const Ancestry& anc) const {
                       "device",
                       label(static_cast<int>(o))));
   }
-  if (whole_weights) {
+  if (layout.whole_weights) {
     check_whole_gathers(anc);
     return;
   }

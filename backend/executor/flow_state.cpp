@@ -19,7 +19,7 @@ void FlowInterpreter::make_states() {
   for (int d = 0; d < p.num_devices(); ++d)
     if (state_op[static_cast<std::size_t>(d)] < 0)
       throw BackendError(fmt::format("executor: the resident Program has no compute ops on GPU {}", d));
-  if (sharded_state) {
+  if (layout.sharded) {
     make_shards();
     return;
   }
@@ -30,8 +30,8 @@ void FlowInterpreter::make_states() {
 }
 
 const void* FlowInterpreter::state_weights(int o) {
-  if (whole_weights) return shards[static_cast<std::size_t>(at(o).device)]->whole_weights(at(o).layers.first);
-  if (carried == core::FlowKind::W && carries(at(o).device, at(o).layers.first))
+  if (layout.whole_weights) return shards[static_cast<std::size_t>(at(o).device)]->whole_weights(at(o).layers.first);
+  if (layout.carried == core::FlowKind::W && carries(at(o).device, at(o).layers.first))
     return carried_at(at(o).device, at(o).layers.first);
   if (states.empty()) return nullptr;
   auto& ds = *states[static_cast<std::size_t>(at(o).device)];

@@ -41,7 +41,13 @@ void FlowInterpreter::stream_state_in(int o) {
   const auto owned = static_cast<std::size_t>(DeviceState::owned_floats(m, l));
   auto* opt_state = static_cast<std::byte*>(make(o, written_or_throw(o, core::FlowKind::Opt), b.total).data());
   Device& dev = D(d);
-  dev.fill_zero(S(o), opt_state, b.total);  // the head's tied part of the moments stays zero, as on the host
+  // only what no copy below writes is zeroed: the flags, and the head's tied part of the moments (zero, as on the
+  // host; no update reads it and the dWB takes the owned part home)
+  dev.fill_zero(S(o), opt_state + b.flags, b.tie - b.flags);
+  if (const Bytes tail = (m.param_floats(l) - static_cast<std::int64_t>(owned)) * kF; tail > 0) {
+    dev.fill_zero(S(o), opt_state + b.m + Bytes(owned) * kF, tail);
+    dev.fill_zero(S(o), opt_state + b.v + Bytes(owned) * kF, tail);
+  }
   dev.copy_h2d(S(o), opt_state + b.m, st.exp_avg(l).data(), Bytes(owned) * kF);
   dev.copy_h2d(S(o), opt_state + b.v, st.exp_avg_sq(l).data(), Bytes(owned) * kF);
   if (dt == DType::BF16) dev.copy_h2d(S(o), opt_state + b.master, st.weights(l).data(), Bytes(owned) * kF);

@@ -33,9 +33,9 @@ void FlowInterpreter::analyse() {
   const Ancestry anc(p, extra);
   analyse_versions(anc);
   versions.check_frees(anc);
-  if (sharded_state) {
+  if (layout.sharded) {
     check_shard_updates(anc);
-  } else if (resident) {
+  } else if (layout.resident) {
     check_resident_updates(anc);
   } else {
     // A collective group runs once every member's preds have run (run): its members follow each other's preds, which
@@ -51,7 +51,7 @@ void FlowInterpreter::analyse() {
     } else {
       check_updates(with);
     }
-    if (carried) check_carried(with);
+    if (layout.carried) check_carried(with);
   }
   // The checks ran on the Program's own order and the tie: the edges that order the writes into the host gradients
   // would hide a missing dependency. They join now, and may not close a cycle.
@@ -87,7 +87,7 @@ void FlowInterpreter::plan_updates() {
   for (std::size_t u = 0; u < n; ++u) {
     const core::Op& up = p.ops[u];
     if (up.kind != OpKind::Update || up.layers.first != 0 || head == 0) continue;
-    if (resident) {  // the head's gradient complete on this device
+    if (layout.resident) {  // the head's gradient complete on this device
       for (std::size_t x = 0; x < n; ++x) {
         const core::Op& xo = p.ops[x];
         if (xo.device == up.device && xo.layers.first == head && (xo.kind == OpKind::BWD || xo.kind == OpKind::ARD))
@@ -99,7 +99,7 @@ void FlowInterpreter::plan_updates() {
       if (at(g).layers.first != up.layers.first) extra[u].push_back(g);
   }
   for (std::size_t u = 0; u < n; ++u) {  // the owner also waits for every writer of what it reads
-    if (owner[u] == 0 || resident) continue;
+    if (owner[u] == 0 || layout.resident) continue;
     for (const auto& [range, list] : hg.writers) {
       const bool own = range == range_of(p.ops[u]);
       const bool tie = head != 0 && p.ops[u].layers.first == 0 && range.first <= head && head <= range.second;
@@ -287,7 +287,7 @@ void FlowInterpreter::run_dwb(int o) {
 }
 
 void FlowInterpreter::run_update(int o) {
-  if (resident) {
+  if (layout.resident) {
     state_update(o);
     return;
   }
