@@ -393,7 +393,8 @@ core::Model measured_profile(const Setup& s, const std::vector<int>& sizes, bool
 
 // The model harmony-sim prices the run's Programs on: the profile's times with the run's exact byte sizes (s.desc,
 // which the executed Program is lowered from), so the search's memory ledger is the Program the executor runs
-// and not the profiler's per-layer peaks (which count a layer's weights in its forward too).
+// and not the profiler's per-layer peaks (the same buffers, each rounded to the device's allocation granule, and the
+// head's targets).
 core::Model priced_model(const Setup& s, core::Model prof) {
   const core::Model& exact = s.desc;
   for (int l = 0; l < prof.num_layers(); ++l) {
@@ -411,6 +412,14 @@ core::Model priced_model(const Setup& s, core::Model prof) {
       for (std::size_t i = 0; i < sizes.size(); ++i)
         if (exact.ubatch_in_range(ph, sizes[i])) peaks[i] = exact.peak_bytes(ph, sizes[i], l);
     }
+    // the saved activations exactly as the executor keeps them (a profile written before they were recorded has
+    // none; one whose sizes the description does not cover keeps its own)
+    std::vector<core::Bytes> saved;
+    for (const int u : prof.ubatch_bwd) {
+      if (!exact.ubatch_in_range(core::Phase::Bwd, u) || exact.recorded_saved_bytes(u, l) < 0) break;
+      saved.push_back(exact.recorded_saved_bytes(u, l));
+    }
+    if (saved.size() == prof.ubatch_bwd.size()) L.saved_bytes = std::move(saved);
   }
   return prof;
 }

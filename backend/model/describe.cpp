@@ -15,7 +15,8 @@ double forward_flops(const Gpt2& model, int layer, int B, int T) {
       if (model.is_llama()) {
         // q|k|v, o_proj, gate|up, down_proj, then scores and the weighted sum over T keys.
         const auto& c = model.config();
-        const double KV = double(c.kv_heads()) * (c.n_embd / c.n_head), I = c.intermediate_size;
+        const int head_dim = c.n_embd / c.n_head;  // whole: n_head divides n_embd
+        const double KV = double(c.kv_heads()) * head_dim, I = c.intermediate_size;
         return 2 * N * (C * (C + 2 * KV) + C * C + 3 * C * I) + 4 * double(B) * T * T * C;
       }
       // c_attn, c_proj, c_fc, mlp c_proj, then scores and the weighted sum over T keys.
@@ -61,8 +62,11 @@ core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>
       const Bytes dx = l == 0 ? 0 : x, dy = layer.is_criterion ? 0 : y;
       layer.fwd_time_s.push_back(fwd);
       layer.bwd_time_s.push_back(3 * fwd);
-      layer.fwd_peak_bytes.push_back(x + y + act);
-      layer.bwd_peak_bytes.push_back(x + act + scratch + dy + dx + layer.weight_bytes);
+      // The peaks in core's (the paper's) convention: everything the layer's pass holds, its weights included and,
+      // backward, its whole weight gradient (core subtracts both to find the workspace).
+      layer.fwd_peak_bytes.push_back(layer.weight_bytes + x + y + act);
+      layer.bwd_peak_bytes.push_back(2 * layer.weight_bytes + x + act + scratch + dy + dx);
+      layer.saved_bytes.push_back(act);  // what the executor keeps from a forward with grad for the backward
       layer.bwd_transient_bytes.push_back(scratch + dy + dx);  // live only while this layer's backward runs
     }
     m.layers.push_back(std::move(layer));

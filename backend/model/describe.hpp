@@ -26,8 +26,9 @@ struct DescribeOptions {
 // Layer l of the result is layer l of `model` (the head is the criterion); ubatch_sizes (strictly
 // ascending) serve as both the forward and backward sizes. Per layer: weight_bytes = its block (the head's
 // includes its copy of wte), optimizer_state_bytes = AdamW's m and v of the parameters it owns (+ their
-// fp32 masters in bf16; the tied wte's belong to layer 0), input_bytes_per_sample = input_bytes(l, 1, T), fwd peak = x
-// + y + act, bwd peak = x + act + scratch + dy + dx + dW.
+// fp32 masters in bf16; the tied wte's belong to layer 0), input_bytes_per_sample = input_bytes(l, 1, T), fwd peak =
+// W + x + y + act, bwd peak = W + dW + x + act + scratch + dy + dx (core's convention: what the pass holds, its
+// weights included), bwd transient = scratch + dy + dx, saved = act (what a forward with grad keeps).
 core::Model describe_gpt2(const Gpt2& model, int seq_len, const std::vector<int>& ubatch_sizes,
                           const DescribeOptions& options = {});
 

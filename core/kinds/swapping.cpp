@@ -67,7 +67,8 @@ struct SpanMemory {
   Bytes x_window = 0;      // four largest layer inputs in flight (l2l's boundaries through the host)
   Bytes boundary = 0;      // l2l: all microbatches' activations at the current layer's two boundaries
   Bytes saved_window = 0;  // l2l under keep: four layers' saved activations in flight to and from the host
-  Bytes peak = 0;          // the largest per-layer profiled peak (forward or backward)
+  Bytes peak = 0;          // the largest per-layer profiled peak (forward or backward) beyond the layer's own
+                           // weights and input, which resident/streamed and the stash count
 };
 
 SpanMemory span_memory(const Model& m, LayerRange span, int u, int alive, bool keep) {
@@ -88,7 +89,8 @@ SpanMemory span_memory(const Model& m, LayerRange span, int u, int alive, bool k
     kept_max = std::max(kept_max, m.input_bytes(u, l) + saved);
     saved_max = std::max(saved_max, saved);
     s.stash += static_cast<Bytes>(alive) * (m.input_bytes(u, l) + saved);
-    s.peak = std::max({s.peak, m.peak_bytes(Phase::Fwd, u, l), m.peak_bytes(Phase::Bwd, u, l)});
+    const Bytes own = gw + m.input_bytes(u, l);
+    s.peak = std::max({s.peak, m.peak_bytes(Phase::Fwd, u, l) - own, m.peak_bytes(Phase::Bwd, u, l) - own});
   }
   s.streamed = 2 * gw_max + 2 * w_max;
   s.window = 4 * std::max(x_max, kept_max);

@@ -71,6 +71,13 @@ Bytes Model::bwd_transient_bytes(int u, int layer) const {
   return std::min(t, peak_bytes(Phase::Bwd, u, layer));
 }
 
+Bytes Model::recorded_saved_bytes(int u, int layer) const {
+  const Layer& l = layers[static_cast<std::size_t>(layer)];
+  if (l.saved_bytes.empty()) return -1;
+  check_range(*this, Phase::Bwd, u);
+  return static_cast<Bytes>(interp(sizes_of(*this, Phase::Bwd), l.saved_bytes, u));
+}
+
 Bytes Model::input_bytes(int u, int layer) const {
   if (layer >= num_layers()) return 0;
   return static_cast<Bytes>(u) * layers[static_cast<std::size_t>(layer)].input_bytes_per_sample;
@@ -133,7 +140,8 @@ void Model::validate() const {
                       l.name, l.is_criterion ? "is" : "is not"));
     if (l.fwd_time_s.size() != ubatch_fwd.size() || l.fwd_peak_bytes.size() != ubatch_fwd.size() ||
         l.bwd_time_s.size() != ubatch_bwd.size() || l.bwd_peak_bytes.size() != ubatch_bwd.size() ||
-        (!l.bwd_transient_bytes.empty() && l.bwd_transient_bytes.size() != ubatch_bwd.size()))
+        (!l.bwd_transient_bytes.empty() && l.bwd_transient_bytes.size() != ubatch_bwd.size()) ||
+        (!l.saved_bytes.empty() && l.saved_bytes.size() != ubatch_bwd.size()))
       throw ScheduleError(
           fmt::format("model {}: layer {} has per-size arrays not aligned with the microbatch sizes", name, i));
     if (l.weight_bytes < 0 || l.buffer_bytes < 0 || l.optimizer_state_bytes < 0 || l.input_bytes_per_sample < 0)

@@ -45,6 +45,11 @@ struct Layer {
   // this layer's backward runs (its dY, dX and scratch). A pack's backward holds one layer's at a time, so a pack
   // of several layers charges the largest of these once, not their sum (docs/native-model.md, "Memory").
   std::vector<Bytes> bwd_transient_bytes;
+  // Optional, aligned with ubatch_bwd (empty = not recorded): the activations this layer's forward with grad keeps
+  // for its backward — what a keep-policy forward holds — where the model's maker knows them exactly (harmony-run's
+  // description and profiler). Not recorded, saved_activation_bytes derives them from bwd_peak_bytes as the paper's
+  // scheduler does (an estimate, docs/baselines.md, "Saved activations").
+  std::vector<Bytes> saved_bytes;
 };
 
 class Model {
@@ -76,6 +81,8 @@ class Model {
   Bytes peak_bytes(Phase p, int u, int layer) const;
   // Layer::bwd_transient_bytes at u (interpolated, truncated; 0 when not recorded), never above the bwd peak.
   Bytes bwd_transient_bytes(int u, int layer) const;
+  // Layer::saved_bytes at u (interpolated, truncated), or -1 when not recorded.
+  Bytes recorded_saved_bytes(int u, int layer) const;
   // Bytes of X[layer] (the input of `layer`) at microbatch u; 0 for layer == R (after the loss).
   Bytes input_bytes(int u, int layer) const;
   // W + B of layers [first, last].

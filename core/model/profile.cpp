@@ -85,6 +85,7 @@ const std::vector<std::string>& layer_keys() {
                                                 "fwd_peak_memory",
                                                 "bwd_peak_memory",
                                                 "bwd_transient_memory",
+                                                "saved_activation_memory",
                                                 "output_bytes_per_sample"};
   return keys;
 }
@@ -649,6 +650,8 @@ Layer read_layer(const Node& lj, std::size_t i, std::size_t n_layers, const Mode
   l.bwd_peak_bytes = r.bytes_array(lj, lp, "bwd_peak_memory", m.ubatch_bwd.size(), ub.bwd_ptr);
   if (r.optional_member(lj, "bwd_transient_memory"))
     l.bwd_transient_bytes = r.bytes_array(lj, lp, "bwd_transient_memory", m.ubatch_bwd.size(), ub.bwd_ptr);
+  if (r.optional_member(lj, "saved_activation_memory"))
+    l.saved_bytes = r.bytes_array(lj, lp, "saved_activation_memory", m.ubatch_bwd.size(), ub.bwd_ptr);
   check_input_bytes(lj, lp, l, ub, r);
   return l;
 }

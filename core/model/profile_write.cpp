@@ -45,6 +45,7 @@ ordered layer_json(const Layer& l, int index) {
   for (const Bytes b : l.fwd_peak_bytes) check_size(l, index, "fwd_peak_memory", b);
   for (const Bytes b : l.bwd_peak_bytes) check_size(l, index, "bwd_peak_memory", b);
   for (const Bytes b : l.bwd_transient_bytes) check_size(l, index, "bwd_transient_memory", b);
+  for (const Bytes b : l.saved_bytes) check_size(l, index, "saved_activation_memory", b);
 
   ordered j = ordered::object();
   j["index"] = index;
@@ -61,6 +62,7 @@ ordered layer_json(const Layer& l, int index) {
   j["fwd_peak_memory"] = l.fwd_peak_bytes;
   j["bwd_peak_memory"] = l.bwd_peak_bytes;
   if (!l.bwd_transient_bytes.empty()) j["bwd_transient_memory"] = l.bwd_transient_bytes;
+  if (!l.saved_bytes.empty()) j["saved_activation_memory"] = l.saved_bytes;
   return j;
 }
 

@@ -15,6 +15,7 @@
 namespace harmony::core {
 
 Bytes saved_activation_bytes(const Model& model, int u, int l) {
+  if (const Bytes recorded = model.recorded_saved_bytes(u, l); recorded >= 0) return recorded;
   const Bytes w = model.weight_bytes(l, l);
   const Bytes x = model.input_bytes(u, l);
   const Bytes own = w + model.buffer_bytes(l, l) + w + x + model.input_bytes(u, l + 1) + (l != 0 ? x : 0);
@@ -147,9 +148,14 @@ void ProgramBuilder::nvme_update_io(int update, int l, Bytes extra_read) {
 
 // FWD: the profiled forward peak less the layer's weights, input and output (under keep also less the saved
 // activations the FWD allocates: its temporaries are what it saves). BWD: the backward peak less the weights,
-// gradient, input, dY and dX is exactly the saved activations (REC or FWD allocates them), so nothing is left.
+// gradient, input, dY, dX and the saved activations (REC or FWD allocates them): the backward's own scratch. Where
+// the saved activations are derived from that peak (a paper profile) nothing is left; where the model records them
+// (harmony-run's description), the scratch its backward allocates.
 Bytes ProgramBuilder::workspace(Phase ph, int u, int l) const {
-  if (ph == Phase::Bwd) return 0;
+  if (ph == Phase::Bwd) {
+    const Bytes own = 2 * wbytes(l) + bbytes(l) + xbytes(u, l) + xbytes(u, l + 1) + (l != 0 ? xbytes(u, l) : 0);
+    return std::max<Bytes>(0, model_.peak_bytes(ph, u, l) - own - sbytes(u, l));
+  }
   const Bytes own = wbytes(l) + bbytes(l) + xbytes(u, l) + xbytes(u, l + 1) + (keep() ? sbytes(u, l) : 0);
   return std::max<Bytes>(0, model_.peak_bytes(ph, u, l) - own);
 }

@@ -16,10 +16,12 @@
 
 namespace harmony::core {
 
-// The bytes a keep-policy forward holds for layer l's backward at microbatch u: the layer's profiled
-// backward peak less its weights, weight gradient, input, output (= dY) and input gradient — the part
-// of the backward's memory the ledger otherwise charges as the BWD's transient workspace. The profile
-// does not separate the saved tensors from the backward's own temporaries, so this is an upper bound.
+// The bytes a keep-policy forward holds for layer l's backward at microbatch u: the model's recorded saved
+// activations (Layer::saved_bytes: harmony-run's description and profiler know them exactly), else, as the
+// paper's scheduler derives them, the layer's profiled backward peak less its weights, weight gradient, input,
+// output (= dY) and input gradient — the part of the backward's memory the ledger otherwise charges as the BWD's
+// transient workspace. A paper profile does not separate the saved tensors from the backward's own temporaries
+// (and its peak may fall before every weight gradient exists), so for it that is an estimate.
 Bytes saved_activation_bytes(const Model& model, int u, int layer);
 
 // GPipe's time-balanced contiguous split of the R layers into `stages` ranges, minimizing the largest

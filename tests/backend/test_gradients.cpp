@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_device.hpp"
 #include "backend/model/describe.hpp"
 #include "backend/model/gpt2.hpp"
+#include "core/program/program_builder.hpp"
 
 using namespace harmony::backend;
 
@@ -380,8 +381,20 @@ TEST_CASE("describe_gpt2: the layer chain as the core schedules it") {
   CHECK(model.layers[0].optimizer_state_bytes == 2 * m.param_floats(0) * 4);
   CHECK(model.input_bytes(1, 0) == kT * 4);                    // layer 0 reads (1, T) int32 ids
   CHECK(model.input_bytes(2, 2) == 2 * kT * kCfg.n_embd * 4);  // u = 2 sequences of (T, C) floats
+  // Peaks in core's convention (the layer's weights in both, its whole weight gradient in the backward), so that
+  // core's workspace and keep accounts find the executor's buffers: the saved activations are its act block.
+  const Bytes W1 = model.layers[1].weight_bytes;
   CHECK(model.layers[1].fwd_peak_bytes[2] ==
-        m.input_bytes(1, 4, kT) + m.output_bytes(1, 4, kT) + m.act_floats(1, 4, kT) * 4);
+        W1 + m.input_bytes(1, 4, kT) + m.output_bytes(1, 4, kT) + m.act_floats(1, 4, kT) * 4);
+  CHECK(model.layers[1].bwd_peak_bytes[2] == 2 * W1 + 2 * m.input_bytes(1, 4, kT) + m.output_bytes(1, 4, kT) +
+                                                 (m.act_floats(1, 4, kT) + m.scratch_floats(1, 4, kT)) * 4);
+  for (int u : {1, 2, 4}) {
+    for (int l = 0; l < m.num_layers(); ++l) {
+      CAPTURE(u);
+      CAPTURE(l);
+      CHECK(harmony::core::saved_activation_bytes(model, u, l) == m.act_floats(l, u, kT) * 4);
+    }
+  }
   CHECK(model.time_s(harmony::core::Phase::Fwd, 2, 1) == doctest::Approx(forward_flops(m, 1, 2, kT) * 1e-9));
   CHECK(model.time_s(harmony::core::Phase::Bwd, 2, 1) == doctest::Approx(3 * forward_flops(m, 1, 2, kT) * 1e-9));
   CHECK_THROWS_AS(describe_gpt2(m, kCfg.max_seq_len + 1, {1}), BackendError);

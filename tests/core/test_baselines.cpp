@@ -849,6 +849,77 @@ TEST_CASE("saved activation bytes are the backward peak less the layer's own ten
   CHECK(core::saved_activation_bytes(synthetic(), 4, 0) == 0);  // 5 * 400 + 1024 < 4000: clamped at zero
 }
 
+// A model that records its saved activations (harmony-run's description and profiler do): they are used as given,
+// and a BWD's workspace is then what its peak holds beyond them (the backward's scratch), where it is nothing when
+// they are derived from that peak. Failed before session 19 (the recorded size did not exist, the derivation
+// subtracted weights harmony-run's peaks left out).
+TEST_CASE("recorded saved activations replace the derivation; a BWD's workspace is the peak beyond them") {
+  core::Model recorded = synthetic();
+  constexpr Bytes kRecorded[] = {10, 20, 30, 40};  // per layer, times u
+  for (int l = 0; l < kR; ++l) {
+    for (int u : recorded.ubatch_bwd)
+      recorded.layers[static_cast<std::size_t>(l)].saved_bytes.push_back(kRecorded[l] * u);
+  }
+  recorded.validate();
+  for (int l = 0; l < kR; ++l) {
+    CAPTURE(l);
+    CHECK(core::saved_activation_bytes(recorded, 2, l) == 2 * kRecorded[l]);
+    CHECK(core::saved_activation_bytes(recorded, 3, l) == 3 * kRecorded[l]);  // interpolated as the peaks are
+  }
+  const int u = 2;
+  const auto plan = with_policy(make_plan(plan_kind("dp-swap"), 1, 4, u, SwapChoice::Keep, SwapChoice::Keep),
+                                core::ActivationPolicy::Keep);
+  const auto own_bwd = [&](int l) { return 2 * kW[l] + kB[l] + X(u, l) + X(u, l + 1) + (l != 0 ? X(u, l) : 0); };
+  const auto own_fwd = [&](int l) { return kW[l] + kB[l] + X(u, l) + X(u, l + 1); };
+  for (const core::Model* m : {&synthetic(), static_cast<const core::Model*>(&recorded)}) {
+    const auto p = core::lower_plan(plan, *m);
+    int bwds = 0;
+    for (const auto& o : p.ops) {
+      if (o.kind != OpKind::BWD && o.kind != OpKind::FWD) continue;
+      const int l = o.layers.first;
+      CAPTURE(l);
+      const Bytes saved = core::saved_activation_bytes(*m, u, l);
+      if (o.kind == OpKind::BWD) {
+        ++bwds;
+        // the derivation leaves nothing; the recorded size leaves the peak's remainder
+        CHECK(o.workspace_bytes == (m == &recorded ? m->peak_bytes(core::Phase::Bwd, u, l) - own_bwd(l) - saved : 0));
+      } else {
+        CHECK(o.workspace_bytes == std::max<Bytes>(0, m->peak_bytes(core::Phase::Fwd, u, l) - own_fwd(l) - saved));
+      }
+    }
+    CHECK(bwds == 2 * kR);
+    check_ledger(p);
+  }
+  // misaligned with the backward sizes: the model is refused
+  core::Model bad = recorded;
+  bad.layers[1].saved_bytes.pop_back();
+  CHECK_THROWS_AS(bad.validate(), core::ScheduleError);
+}
+
+// The decision's estimate counts each layer's weights (resident) and input (stash) once: the largest layer peak is
+// taken beyond them, as every other kind's estimate does (it counted them twice before session 19, and swapped
+// weights that fit). dp-swap, N 1, u 2, checkpoint: resident = sum (W + B) + sum W, stash = sum X_l(2) (one
+// microbatch alive), peak beyond = max_l (2 W + B + 12 X_l + 1024 - W - B - 2 X_l) = layer 2's W + 10 X + 1024.
+TEST_CASE("a swap decision counts a layer's weights and input once") {
+  const auto& model = synthetic();
+  auto plan = make_plan(plan_kind("dp-swap"), 1, 4, 2, SwapChoice::Auto, SwapChoice::Auto);
+  const Bytes resident = kGW + (4096 + 8192 + 12288);
+  const Bytes stash = 2 * (100 + 1000 + 2000 + 3000);
+  const Bytes beyond = 12288 + 10 * 2000 + 1024;
+  plan.knobs.gpu_capacity_bytes = resident + stash + beyond;
+  auto d = core::decide_swaps(plan, model).front();
+  CHECK_FALSE(d.weights);
+  CHECK_FALSE(d.activations);
+  CHECK(d.estimate_bytes == resident + stash + beyond);
+  CHECK(d.fits);
+  // the simulated ledger of that plan stays within the estimate
+  const auto p = core::lower_plan(plan, model);
+  CHECK(ledger_peak(p, run(p, model), 0) <= d.estimate_bytes);
+  plan.knobs.gpu_capacity_bytes -= 1;
+  d = core::decide_swaps(plan, model).front();
+  CHECK(d.weights);
+}
+
 TEST_CASE("the default activation policy is checkpoint, and the names round-trip") {
   CHECK(core::Plan{}.knobs.activation_policy == core::ActivationPolicy::Checkpoint);
   for (const std::string& name : core::activation_policy_names()) {
