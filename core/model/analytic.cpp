@@ -456,6 +456,7 @@ double kernel_time_s(const Kernel& k, double u, const Rates& r) {
 struct BackwardPeak {
   double peak = 0;
   double transient = 0;
+  double saved = 0;  // what the forward with grad left alive beyond the layer's inputs and outputs
 };
 
 // The memory walk over one layer's graph at microbatch u (activations and gradients; weights and buffers excluded):
@@ -528,6 +529,15 @@ struct MemoryWalk {
     return peak;
   }
 
+  // Bytes alive beyond the layer's inputs and outputs (after a forward with grad: the tensors saved for the backward).
+  double retained() const {
+    double bytes = 0;
+    for (std::size_t t = 0; t < n; ++t) {
+      if (alive[t] && !keep[t]) bytes += size[t];
+    }
+    return bytes;
+  }
+
   void new_buf(std::size_t t) {
     buf_size.push_back(size[t]);
     buf_refs.push_back(1);
@@ -596,7 +606,10 @@ struct MemoryWalk {
 BackwardPeak peak_backward(const Graph& g, double u) {
   MemoryWalk walk(g, u);
   const double peak = walk.forward(/*with_grad=*/true);
-  return walk.backward(peak);
+  const double saved = walk.retained();
+  BackwardPeak b = walk.backward(peak);
+  b.saved = saved;
+  return b;
 }
 
 // Peak bytes alive of a no-grad forward: every tensor freed after its last use.
@@ -604,7 +617,7 @@ double peak_nograd(const Graph& g, double u) { return MemoryWalk(g, u).forward(/
 
 struct LayerCosts {
   std::vector<double> fwd_s, bwd_s;
-  std::vector<Bytes> fwd_peak, bwd_peak, bwd_transient;
+  std::vector<Bytes> fwd_peak, bwd_peak, bwd_transient, saved;
 };
 
 LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const Rates& r, const GpuRates& gpu,
@@ -625,6 +638,7 @@ LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const R
     c.fwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + f)));
     c.bwd_peak.push_back(static_cast<Bytes>(std::llround(resident_bytes + b.peak)));
     c.bwd_transient.push_back(static_cast<Bytes>(std::llround(b.transient)));
+    c.saved.push_back(static_cast<Bytes>(std::llround(b.saved)));
   }
   return c;
 }
@@ -964,6 +978,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
     l.fwd_peak_bytes = c.fwd_peak;
     l.bwd_peak_bytes = c.bwd_peak;
     l.bwd_transient_bytes = c.bwd_transient;
+    l.saved_bytes = c.saved;
     m.layers.push_back(std::move(l));
   }
   m.validate();
