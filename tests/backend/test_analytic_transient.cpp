@@ -61,8 +61,8 @@ void check_blocks(const Pair& p, int n_layer) {
       CHECK(a->bwd_transient_bytes[i] < a->bwd_peak_bytes[i]);
       // The saved activations (what a keep forward holds): the walk's tensors saved for the backward against
       // harmony-run's act block, within 15% (GPT -1.4%, Llama -10%: harmony-run's block keeps more than eager
-      // autograd saves, its layout is not autograd's). Derived from the peak, as they were before the analytic models recorded them,
-      // they were 1.6-2x (the backward's gradients counted as saved).
+      // autograd saves, its layout is not autograd's). Derived from the peak, as they were before the analytic models
+      // recorded them, they were 1.6-2x (the backward's gradients counted as saved).
       REQUIRE(a->saved_bytes.size() == kSizes.size());
       const double as = static_cast<double>(a->saved_bytes[i]), ds = static_cast<double>(d.saved_bytes[i]);
       MESSAGE("saved: analytic ", as, " described ", ds, " (", 100 * (as - ds) / ds, "%)");
