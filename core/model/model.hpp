@@ -46,9 +46,10 @@ struct Layer {
   // of several layers charges the largest of these once, not their sum (docs/native-model.md, "Memory").
   std::vector<Bytes> bwd_transient_bytes;
   // Optional, aligned with ubatch_bwd (empty = not recorded): the activations this layer's forward with grad keeps
-  // for its backward — what a keep-policy forward holds — where the model's maker knows them exactly (harmony-run's
-  // description and profiler). Not recorded, saved_activation_bytes derives them from bwd_peak_bytes as the paper's
-  // scheduler does (an estimate, docs/baselines.md, "Saved activations").
+  // for its backward — what a keep-policy forward holds — where the model's maker knows them (harmony-run's
+  // description and profiler exactly; the analytic models from their memory walk). Not recorded, saved_activation_bytes
+  // derives them from bwd_peak_bytes as the paper's scheduler does (an estimate, docs/baselines.md, "Saved
+  // activations").
   std::vector<Bytes> saved_bytes;
 };
 

@@ -150,7 +150,7 @@ void ProgramBuilder::nvme_update_io(int update, int l, Bytes extra_read) {
 // activations the FWD allocates: its temporaries are what it saves). BWD: the backward peak less the weights,
 // gradient, input, dY, dX and the saved activations (REC or FWD allocates them): the backward's own scratch. Where
 // the saved activations are derived from that peak (a paper profile) nothing is left; where the model records them
-// (harmony-run's description), the scratch its backward allocates.
+// (harmony-run's description, the analytic models), the scratch and gradients its backward allocates.
 Bytes ProgramBuilder::workspace(Phase ph, int u, int l) const {
   if (ph == Phase::Bwd) {
     const Bytes own = 2 * wbytes(l) + bbytes(l) + xbytes(u, l) + xbytes(u, l + 1) + (l != 0 ? xbytes(u, l) : 0);

@@ -17,7 +17,7 @@
 namespace harmony::core {
 
 // The bytes a keep-policy forward holds for layer l's backward at microbatch u: the model's recorded saved
-// activations (Layer::saved_bytes: harmony-run's description and profiler know them exactly), else, as the
+// activations (Layer::saved_bytes: harmony-run's description and profiler, the analytic models), else, as the
 // paper's scheduler derives them, the layer's profiled backward peak less its weights, weight gradient, input,
 // output (= dY) and input gradient — the part of the backward's memory the ledger otherwise charges as the BWD's
 // transient workspace. A paper profile does not separate the saved tensors from the backward's own temporaries
