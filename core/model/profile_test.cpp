@@ -419,6 +419,27 @@ TEST_CASE("a fwd_time array not aligned with ubatch_sizes.fwd") {
   check_error(error_of(edit("[10, 40]", "[10]")), 19, 22, "ubatch_sizes.inputs lists 2");
 }
 
+TEST_CASE("saved_activation_memory: optional, aligned with ubatch_sizes.bwd, read as recorded; bad values located") {
+  // Inserted after layer 0's bwd_peak_memory as line 24 `      "saved_activation_memory": [40, 160],`: '[' at
+  // 7 + len("\"saved_activation_memory\"") + 2 = 34, element 1 at 34 + len("[40, ") = 39.
+  const std::string peak = "\"bwd_peak_memory\": [300, 700],";
+  const auto with = [&](const std::string& saved) {
+    return edit(peak, peak + "\n      \"saved_activation_memory\": " + saved + ",");
+  };
+  const Model m = load_profile_text(with("[40, 160]"), "mini.json");
+  CHECK(m.layers[0].saved_bytes == std::vector<Bytes>{40, 160});
+  CHECK(m.recorded_saved_bytes(1, 0) == 40);
+  CHECK(m.recorded_saved_bytes(2, 0) == 80);  // interpolated as the peaks are
+  CHECK(m.recorded_saved_bytes(1, 1) == -1);  // not recorded: derived from the backward peak by its user
+  CHECK(load_profile_text(kMini, "mini.json").layers[0].saved_bytes.empty());
+  CHECK_THROWS_AS(m.recorded_saved_bytes(5, 0), ScheduleError);
+  check_error(error_of(with("[40, -5]")), 24, 39, "layers[0].saved_activation_memory[1] is -5");
+  check_error(error_of(with("[40]")), 24, 34,
+              "layers[0].saved_activation_memory has 1 entries but ubatch_sizes.bwd lists 2 microbatch sizes");
+  check_error(error_of(with("[40, 1.5]")), 24, 39, "layers[0].saved_activation_memory[1] must be");
+  check_error(error_of(with("\"40\"")), 24, 34, "layers[0].saved_activation_memory");
+}
+
 TEST_CASE("microbatch sizes that are not strictly ascending, or not positive") {
   // Line 7 `  "ubatch_sizes": {"fwd": [4, 1], ...`: '[' at column 27, element 1 at 27 + len("[4, ") = 31.
   const auto e = error_of(edit("\"fwd\": [1, 4]", "\"fwd\": [4, 1]"));
