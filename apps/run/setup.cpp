@@ -416,8 +416,9 @@ core::Model priced_model(const Setup& s, core::Model prof) {
     // none; one whose sizes the description does not cover keeps its own)
     std::vector<core::Bytes> saved;
     for (const int u : prof.ubatch_bwd) {
-      if (!exact.ubatch_in_range(core::Phase::Bwd, u) || exact.recorded_saved_bytes(u, l) < 0) break;
-      saved.push_back(exact.recorded_saved_bytes(u, l));
+      const core::Bytes b = exact.ubatch_in_range(core::Phase::Bwd, u) ? exact.recorded_saved_bytes(u, l) : -1;
+      if (b < 0) break;
+      saved.push_back(b);
     }
     if (saved.size() == prof.ubatch_bwd.size()) L.saved_bytes = std::move(saved);
   }

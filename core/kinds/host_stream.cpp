@@ -57,9 +57,7 @@ std::vector<LayerSizes> layer_sizes(const Plan& p, const Model& m) {
 Bytes working_bytes(const Plan& p, const Model& m) {
   Bytes working = 0;
   for (int l = 0; l < m.num_layers(); ++l) {
-    const Bytes own = m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.input_bytes(p.u_bwd, l);
-    working =
-        std::max({working, m.peak_bytes(Phase::Fwd, p.u_bwd, l) - own, m.peak_bytes(Phase::Bwd, p.u_bwd, l) - own});
+    working = std::max(working, m.peak_beyond_own_bytes(p.u_bwd, l));
   }
   return working;
 }

@@ -82,8 +82,7 @@ Bytes microbatch_working_bytes(const Plan& plan, const Model& model) {
   Bytes stash = 0, peak = 0;
   for (int l = 0; l < model.num_layers(); ++l) {
     stash += model.input_bytes(u, l) + (keep ? saved_activation_bytes(model, u, l) : 0);
-    const Bytes own = model.weight_bytes(l, l) + model.buffer_bytes(l, l) + model.input_bytes(u, l);
-    peak = std::max({peak, model.peak_bytes(Phase::Fwd, u, l) - own, model.peak_bytes(Phase::Bwd, u, l) - own});
+    peak = std::max(peak, model.peak_beyond_own_bytes(u, l));
   }
   return stash + std::max<Bytes>(0, peak);
 }

@@ -89,8 +89,7 @@ SpanMemory span_memory(const Model& m, LayerRange span, int u, int alive, bool k
     kept_max = std::max(kept_max, m.input_bytes(u, l) + saved);
     saved_max = std::max(saved_max, saved);
     s.stash += static_cast<Bytes>(alive) * (m.input_bytes(u, l) + saved);
-    const Bytes own = gw + m.input_bytes(u, l);
-    s.peak = std::max({s.peak, m.peak_bytes(Phase::Fwd, u, l) - own, m.peak_bytes(Phase::Bwd, u, l) - own});
+    s.peak = std::max(s.peak, m.peak_beyond_own_bytes(u, l));
   }
   s.streamed = 2 * gw_max + 2 * w_max;
   s.window = 4 * std::max(x_max, kept_max);

@@ -28,8 +28,7 @@ Bytes estimate_bytes(const Plan& p, const Model& m) {
     params += m.weight_bytes(l, l) + m.buffer_bytes(l, l);
     grads = accumulate ? grads + m.weight_bytes(l, l) : std::max(grads, m.weight_bytes(l, l));
     stash += m.input_bytes(u, l) + (keep ? saved_activation_bytes(m, u, l) : 0);
-    const Bytes own = m.weight_bytes(l, l) + m.buffer_bytes(l, l) + m.input_bytes(u, l);
-    peak = std::max({peak, m.peak_bytes(Phase::Fwd, u, l) - own, m.peak_bytes(Phase::Bwd, u, l) - own});
+    peak = std::max(peak, m.peak_beyond_own_bytes(u, l));
   }
   return params + grads + stash + std::max<Bytes>(0, peak);
 }

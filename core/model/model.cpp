@@ -78,6 +78,11 @@ Bytes Model::recorded_saved_bytes(int u, int layer) const {
   return static_cast<Bytes>(interp(sizes_of(*this, Phase::Bwd), l.saved_bytes, u));
 }
 
+Bytes Model::peak_beyond_own_bytes(int u, int layer) const {
+  const Bytes own = weight_bytes(layer, layer) + buffer_bytes(layer, layer) + input_bytes(u, layer);
+  return std::max(peak_bytes(Phase::Fwd, u, layer), peak_bytes(Phase::Bwd, u, layer)) - own;
+}
+
 Bytes Model::input_bytes(int u, int layer) const {
   if (layer >= num_layers()) return 0;
   return static_cast<Bytes>(u) * layers[static_cast<std::size_t>(layer)].input_bytes_per_sample;

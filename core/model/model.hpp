@@ -84,6 +84,9 @@ class Model {
   Bytes bwd_transient_bytes(int u, int layer) const;
   // Layer::saved_bytes at u (interpolated, truncated), or -1 when not recorded.
   Bytes recorded_saved_bytes(int u, int layer) const;
+  // The larger of the layer's forward and backward peaks at u beyond its own weights, buffers and input (which the
+  // kinds' memory estimates count elsewhere); may be negative for a profile whose peaks do not hold them.
+  Bytes peak_beyond_own_bytes(int u, int layer) const;
   // Bytes of X[layer] (the input of `layer`) at microbatch u; 0 for layer == R (after the loss).
   Bytes input_bytes(int u, int layer) const;
   // W + B of layers [first, last].

@@ -14,12 +14,22 @@
 
 namespace harmony::core {
 
-Bytes saved_activation_bytes(const Model& model, int u, int l) {
-  if (const Bytes recorded = model.recorded_saved_bytes(u, l); recorded >= 0) return recorded;
+namespace {
+
+// The layer's backward peak less what the Program allocates for it apart: weights, weight gradient, buffers, input,
+// dY (the next layer's input) and dX.
+Bytes backward_peak_beyond_own(const Model& model, int u, int l) {
   const Bytes w = model.weight_bytes(l, l);
   const Bytes x = model.input_bytes(u, l);
   const Bytes own = w + model.buffer_bytes(l, l) + w + x + model.input_bytes(u, l + 1) + (l != 0 ? x : 0);
-  return std::max<Bytes>(0, model.peak_bytes(Phase::Bwd, u, l) - own);
+  return model.peak_bytes(Phase::Bwd, u, l) - own;
+}
+
+}  // namespace
+
+Bytes saved_activation_bytes(const Model& model, int u, int l) {
+  if (const Bytes recorded = model.recorded_saved_bytes(u, l); recorded >= 0) return recorded;
+  return std::max<Bytes>(0, backward_peak_beyond_own(model, u, l));
 }
 
 // ---- GPipe's balanced split ----
@@ -152,10 +162,7 @@ void ProgramBuilder::nvme_update_io(int update, int l, Bytes extra_read) {
 // the saved activations are derived from that peak (a paper profile) nothing is left; where the model records them
 // (harmony-run's description, the analytic models), the scratch and gradients its backward allocates.
 Bytes ProgramBuilder::workspace(Phase ph, int u, int l) const {
-  if (ph == Phase::Bwd) {
-    const Bytes own = 2 * wbytes(l) + bbytes(l) + xbytes(u, l) + xbytes(u, l + 1) + (l != 0 ? xbytes(u, l) : 0);
-    return std::max<Bytes>(0, model_.peak_bytes(ph, u, l) - own - sbytes(u, l));
-  }
+  if (ph == Phase::Bwd) return std::max<Bytes>(0, backward_peak_beyond_own(model_, u, l) - sbytes(u, l));
   const Bytes own = wbytes(l) + bbytes(l) + xbytes(u, l) + xbytes(u, l + 1) + (keep() ? sbytes(u, l) : 0);
   return std::max<Bytes>(0, model_.peak_bytes(ph, u, l) - own);
 }
