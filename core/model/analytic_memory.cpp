@@ -132,10 +132,13 @@ struct MemoryWalk {
       if (g.tensors[static_cast<std::size_t>(t)].needs_grad && grad_buf[static_cast<std::size_t>(t)] < 0)
         new_buf(static_cast<std::size_t>(t));  // dY, given by the caller
     }
+    // The layer's weight gradients are alive for the whole backward: the Program allocates them at the layer's
+    // first backward and accumulates into them over the microbatches (as PyTorch does into a kept .grad), so
+    // every microbatch after the first finds them all allocated, whichever op's gradient comes first.
+    for (const Op& op : g.ops) cur += op.weight_grad_bytes;
     for (std::size_t i = g.ops.size(); i-- > 0;) {
       const Op& op = g.ops[i];
       const auto out = static_cast<std::size_t>(op.output);
-      cur += op.weight_grad_bytes;
       const double transient = input_gradients(op);
       if (cur + transient > result.peak) result = {cur + transient, grads + transient};
       if (!op.inplace && !is_output[out]) release(out);
