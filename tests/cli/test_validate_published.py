@@ -4,6 +4,7 @@ scripts/validate-published.py --check against the built binary (exit 1 names the
 every validation config is listed in configs/validation/published.json with a source, so that no config is
 silently left out of the table; a copy of the doc with one predicted number changed must fail --check, and
 regenerating that copy must restore the committed table byte for byte."""
+import importlib.util
 import json
 import os
 import shutil
@@ -26,9 +27,34 @@ if listed != on_disk:
     failures.append(f"configs/validation: not in published.json: {sorted(on_disk - listed)}; "
                     f"listed but missing: {sorted(listed - on_disk)}")
 for e in entries:
-    for key in ("source", "hardware", "precision", "published", "shape", "batch"):
+    for key in ("source", "source_group", "preset", "hardware", "precision", "published", "shape", "batch"):
         if key not in e:
             failures.append(f"{e.get('name')}: no '{key}'")
+for e in pub["points"]:
+    if not isinstance(e.get("offloading"), bool):
+        failures.append(f"{e.get('name')}: 'offloading' must be true or false (the summary reports the two apart)")
+    with open(os.path.join(VALID, e["config"])) as f:
+        if f"preset: {e.get('preset')}" not in f.read():
+            failures.append(f"{e['name']}: preset {e.get('preset')!r} is not the one its config {e['config']} names")
+
+# A source that calibrates a preset validates nothing on it (issue 35): such a point is "not independent", reported
+# apart from the headline; the same source on another preset, or another source on that preset, is a validation point.
+spec = importlib.util.spec_from_file_location("validate_published", os.path.join(ROOT, "scripts", "validate-published.py"))
+vp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(vp)
+cal = {"name": "c", "preset": "p1", "source_group": "g"}
+synthetic = {"calibration": [cal], "points": []}
+for point, want in (({"preset": "p1", "source_group": "g"}, "not independent"), ({"preset": "p1", "source_group": "h"}, ""),
+                    ({"preset": "p2", "source_group": "g"}, ""), ({"preset": "p1", "source_group": "g", "pending": "x"}, "pending"),
+                    (cal, "calibration")):
+    got = vp.role_of(point, synthetic)
+    if got != want:
+        failures.append(f"role_of({point}) = {got!r}, expected {want!r}")
+with open(os.path.join(ROOT, "docs", "validation.md")) as f:
+    doc = f.read()
+for e in pub["points"]:
+    if vp.role_of(e, pub) == "not independent" and f"| `{e['name']}` (not independent) |" not in doc:
+        failures.append(f"docs/validation.md does not mark {e['name']} (its preset's calibration source) not independent")
 SCRIPT = [sys.executable, os.path.join(ROOT, "scripts", "validate-published.py"), "--sim", SIM]
 DOC = os.path.join(ROOT, "docs", "validation.md")
 run = subprocess.run(SCRIPT + ["--check"], capture_output=True, text=True)
