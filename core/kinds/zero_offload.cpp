@@ -38,21 +38,25 @@ Bytes estimate_bytes(const Plan& p, const Model& m) {
 //   partition to the GPU, `fp32_partition.to(device)`, lines 1880-1882, then all_gather_dp_groups, line 1930):
 //   WB(l) of g's FP32 shard (the transfer's bytes; it lands as the GPU-dtype shard) | AG(l) (N > 1) of the
 //   GPU-dtype parameters. FWD(0) waits for every layer's: step() returns after the gather.
-//   for each microbatch i: X (data) | FWD(l) ascending | [REC(l)] BWD(l) descending, the gradient accumulated on
-//   the GPU; the parameters stay until the last microbatch's BWD(l).
-//   after the last microbatch's BWD(l): RS(l) (N > 1) | dWB(l) of g's gradient shard as FP32
-//   (async_inplace_copy_grad_to_fp32_buffer_from_gpu, lines 1268-1284: `.float()` on the GPU, then the copy into
-//   the pinned FP32 buffer; 4 bytes per parameter of the shard).
+//   for each microbatch i: X (data) | FWD(l) ascending | [REC(l)] BWD(l) descending; the parameters stay until the
+//   last microbatch's BWD(l). After every microbatch's BWD(l) (reduce_ipg_grads runs in every backward:
+//   stage 2 reduces every micro-step): RS(l) (N > 1) | dWB(l) of g's gradient shard S (copy_grads_in_partition).
+//   With gradient accumulation (m > 1) the running sum lives in host memory in the GPU dtype and is summed on the
+//   GPU (async_accumulate_grad_in_cpu_via_gpu): microbatch i > 0 first brings it up (the dWB's return, S bytes up)
+//   and adds it in, and every microbatch but the last sends the sum down (the dWB's S bytes); the last, at the
+//   accumulation boundary, sends it as FP32 instead (async_inplace_copy_grad_to_fp32_buffer_from_gpu, lines
+//   1268-1284: `.float()` on the GPU, then the copy into the pinned FP32 buffer; 4 bytes per parameter of the
+//   shard: the dWB's S plus the extra FP32 bytes). One microbatch: that FP32 copy alone. The gradient leaves the GPU
+//   with every microbatch's dWB (zero_grad(set_to_none) ends every backward).
 //   Update(l) (CPU Adam) after every rank's backward, on the CPU of rank l mod N (the N processes share the total
 //   ZeRO spreads over them by shards, as zero-infinity), with one host pass: unscale_and_clip_grads over the FP32
 //   gradient (lines 1865-1866, 8 bytes read and written per parameter). The narrowing to the GPU dtype runs on
 //   the GPU after the upload.
 // Activations stay on the GPU (DeepSpeed's cpu_checkpointing is off by default); plan.knobs.activation_policy picks
-// recompute (checkpoint) or keep. Gradient accumulation (m > 1) is priced as accumulation on the GPU with one
-// transfer at the boundary; DeepSpeed moves every micro-step's gradients through host memory
-// (async_accumulate_grad_in_cpu_via_gpu), which this kind does not price (docs/baselines.md).
-// Swap volume per iteration (all GPUs): WB = N sum_l shard_bytes(FP32_l); AG = N GW; RS = N GW; dWB = N sum_l
-// shard_bytes(FP32_l) (GW = W + B in the GPU dtype; with N = 1 no AG or RS and the shards are whole layers).
+// recompute (checkpoint) or keep.
+// Swap volume per iteration (all GPUs; S_l = shard_bytes(W_l + B_l), F_l = shard_bytes(FP32_l)): WB = N sum_l F_l;
+// AG = N GW; RS = N m GW; dWB = N sum_l ((m - 1) S_l + F_l) down and N (m - 1) sum_l S_l back up (GW = W + B in the
+// GPU dtype; with N = 1 no AG or RS and the shards are whole layers).
 // The phases below are ZeroOffloadLowering's members, called in this order by lower_zero_offload.
 struct ZeroOffloadLowering {
   const Model& model;
@@ -69,9 +73,11 @@ struct ZeroOffloadLowering {
         m(plan.minibatch / plan.gpus / plan.u_bwd),
         last_out(static_cast<std::size_t>(plan.gpus), -1) {}
 
-  // a collective's key: the pass (0 the parameters' all-gather, 2 the gradients' reduce-scatter) and the layer
-  static std::uint64_t key(int pass, int l) {
-    return (static_cast<std::uint64_t>(pass) << 60) | static_cast<std::uint64_t>(l);
+  // a collective's key: the pass (0 the parameters' all-gather, 2 the gradients' reduce-scatter), the microbatch and
+  // the layer
+  static std::uint64_t key(int pass, int l, int i = 0) {
+    return (static_cast<std::uint64_t>(pass) << 60) | (static_cast<std::uint64_t>(i) << 32) |
+           static_cast<std::uint64_t>(l);
   }
 
   // The parameters up on GPU g, every layer before the first forward: WB of the FP32 shard, then AG (N > 1).
@@ -117,40 +123,41 @@ struct ZeroOffloadLowering {
     }
   }
 
-  // Microbatch i's backward on GPU g, layers descending, the gradient accumulated on the GPU; after the last
-  // microbatch's BWD(l) the gradients go out (gradients_out).
+  // Microbatch i's backward on GPU g, layers descending; after each BWD(l) the gradient goes out (gradients_out).
   void backward(int g, int i) {
     for (int l = R - 1; l >= 0; --l) {
       const int k = b.next_step(g);
       const int Bw = b.backward_layer(g, l, i, u, k, /*stash_activations=*/false, {});
       if (!b.has_params(l)) continue;
-      if (i == 0) b.alloc(Bw, TensorKind::WeightGrad, LayerRange{l, l}, -1, b.wbytes(l));
-      if (i == m - 1) gradients_out(g, l, k, Bw);
+      b.alloc(Bw, TensorKind::WeightGrad, LayerRange{l, l}, -1, b.wbytes(l));
+      gradients_out(g, l, i, k, Bw);
     }
   }
 
-  // Layer l's gradients out of GPU g after its last BWD (Bw, step k): the parameters freed, RS (N > 1), then dWB
-  // of g's gradient shard as FP32.
-  void gradients_out(int g, int l, int k, int Bw) {
+  // Layer l's gradient of microbatch i out of GPU g after its BWD (Bw, step k): RS (N > 1), then dWB of g's shard:
+  // the running sum brought up first (i > 0) and sent down in the GPU dtype, or, at the boundary (the last
+  // microbatch), as FP32. The last microbatch also frees the parameters.
+  void gradients_out(int g, int l, int i, int k, int Bw) {
     const LayerRange L{l, l};
     const Bytes w = b.wbytes(l), bb = b.bbytes(l);
-    b.free(Bw, TensorKind::Weights, L, -1, w + bb);
+    if (i == m - 1) b.free(Bw, TensorKind::Weights, L, -1, w + bb);
     const Bytes sw = shard_bytes(w, N), sb = shard_bytes(bb, N);
     int src = Bw;
     if (N > 1) {
-      src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), 0, L, w, bb);
+      src = b.weight_op(g, Stream::P2POut, OpKind::RS, b.bwd_task(g, l), i, L, w, bb);
       b.dep(src, Bw);
-      b.collective(key(2, l), src, Bw);
+      b.collective(key(2, l, i), src, Bw);
       b.free(src, TensorKind::WeightGrad, L, -1, w);
       b.alloc(src, TensorKind::WeightGrad, L, -1, sw);
       b.output_of(src, g, k);
     }
-    const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), 0, L, sw, sb);
+    const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
     b.dep(O, src);
-    b.set_gradient_path(O, 0, std::max<Bytes>(0, shard_bytes(model.optimizer_param_bytes(l), N) - (sw + sb)));
+    const Bytes fp32 = i == m - 1 ? std::max<Bytes>(0, shard_bytes(model.optimizer_param_bytes(l), N) - (sw + sb)) : 0;
+    b.set_gradient_path(O, i > 0 ? sw + sb : 0, fp32);
     b.free(O, TensorKind::WeightGrad, L, -1, sw);
     b.output_of(O, g, k);
-    last_out[static_cast<std::size_t>(g)] = O;
+    if (i == m - 1) last_out[static_cast<std::size_t>(g)] = O;
   }
 
   // CPU Adam after the backward pass of every rank, with the unscale pass over the FP32 gradient

@@ -87,9 +87,11 @@ int remove_dep(core::Program& prog, core::OpKind victim, core::OpKind on, core::
 // or replica moves weights by ~lr = 3e-3). Losses: step 0 is bit-exact everywhere (the forward does not depend on
 // the schedule), step 1 within 1e-6 relative.
 // zero-offload (core/kinds/zero_offload.cpp): the parameters uploaded once per step (a shard and an all-gather with
-// N > 1), every microbatch's gradient accumulated on the GPU, one reduce-scatter and one gradient shard to the host
-// at the end, CPU Adam on rank l mod N. Bit-exact on one GPU (one device buffer over all B samples in sample order,
-// at any u); with replicas the rank-order sum of the reduce-scatter, within the bounds above.
+// N > 1), every microbatch's gradient reduce-scattered (N > 1) and its shard sent to the host, where the microbatches
+// add up (DeepSpeed's stage 2 with cpu_offload moves every micro-step's gradient through host memory), CPU Adam on
+// rank l mod N. Bit-exact with one microbatch on one GPU (one device buffer over all B samples in sample order);
+// with several microbatches the host's sum of their gradients, with replicas the rank-order sum of the
+// reduce-scatter, within the bounds above.
 TEST_CASE("zero-offload Programs train like the PlainTrainer") {
   const Result& ref = reference();
   const core::PlanKind kind = core::plan_kind("zero-offload");
@@ -107,11 +109,12 @@ TEST_CASE("zero-offload Programs train like the PlainTrainer") {
         plan.knobs.activation_policy = policy;
         const core::Program prog = lower_swapping_plan(*s.model, plan);
         const int R = s.model->num_layers();
-        // the parameters go up once a step, the gradients down once, whatever the microbatch count
+        // the parameters go up once a step, the gradients down every microbatch
+        const int m = kB / gpus / u;
         CHECK(count_ops(prog, core::OpKind::WB) == gpus * R);
-        CHECK(count_ops(prog, core::OpKind::dWB) == gpus * R);
+        CHECK(count_ops(prog, core::OpKind::dWB) == gpus * R * m);
         CHECK(count_ops(prog, core::OpKind::AG) == (gpus > 1 ? gpus * R : 0));
-        CHECK(count_ops(prog, core::OpKind::RS) == (gpus > 1 ? gpus * R : 0));
+        CHECK(count_ops(prog, core::OpKind::RS) == (gpus > 1 ? gpus * R * m : 0));
         CHECK(count_ops(prog, core::OpKind::sX) == 0);  // activations never leave the GPU
         const Result r = run(prog, s);
         ++checked;
@@ -129,7 +132,7 @@ TEST_CASE("zero-offload Programs train like the PlainTrainer") {
             }
           }
         }
-        if (gpus == 1) CHECK(all_same);
+        if (gpus == 1 && m == 1) CHECK(all_same);
         exact += all_same ? 1 : 0;
       }
     }

@@ -372,6 +372,39 @@ TEST_CASE("zero-infinity: gradients go down and back per microbatch, FP32 at the
   }
 }
 
+TEST_CASE("zero-offload: every microbatch's gradient goes down, the running sum comes back up, FP32 at the boundary") {
+  // DeepSpeed stage_1_and_2.py (38327e07) copy_grads_in_partition with cpu_offload: every micro-step's backward sends
+  // the gradient partition down; the running sum lives on the host in the GPU dtype and is summed on the GPU
+  // (async_accumulate_grad_in_cpu_via_gpu: a later micro-step brings it up first); the boundary sends FP32 instead.
+  // bf16 layers of 1000 parameters (W = 2000, FP32 4000): microbatch 0 sends 2000 bytes, 1 and 2 bring 2000 back and
+  // send 2000, the last (3) brings 2000 back and sends 2000 + 2000 more as FP32. One microbatch: the FP32 copy alone.
+  auto model = two_layers(1e-3, 2000, 1000);
+  for (auto& L : model.layers) L.optimizer_state_bytes = 12000;
+  for (const int m : {1, 4}) {
+    CAPTURE(m);
+    const core::Program prog = core::lower_plan(plan_of("zero-offload", 1, m), model);
+    int dwbs = 0;
+    Bytes returned = 0, extra = 0;
+    for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+      const core::Op& o = prog.ops[i];
+      if (o.kind != OpKind::dWB) continue;
+      const core::NativeOpCosts& c = prog.cost.op(static_cast<int>(i));
+      ++dwbs;
+      CHECK(o.bytes == 2000);
+      CHECK(c.return_bytes == (o.ui > 0 ? 2000 : 0));
+      CHECK(c.extra_out_bytes == (o.ui == m - 1 ? 2000 : 0));
+      CHECK(c.host_sum_bytes == 0);  // summed on the GPU, not on the host
+      returned += c.return_bytes;
+      extra += c.extra_out_bytes;
+    }
+    CHECK(dwbs == 2 * m);
+    CHECK(returned == 2 * (m - 1) * 2000);
+    CHECK(extra == 2 * 2000);
+    const core::RunReport r = sim::simulate_native(prog, model, box());
+    CHECK(r.ledger.weight_grad_bytes == 2 * m * 2000 + returned + extra);
+  }
+}
+
 TEST_CASE("bf16 weights: the conversion is DRAM traffic of the update, not a pass of its own") {
   // 1e6 parameters, w = 2 ms of CPU time. Without a host memory bandwidth bf16 and fp32 updates both take the
   // CPU time, 2 ms (the conversion is fused into the multi-threaded step). With one, the fp32 update moves
