@@ -997,7 +997,7 @@ TEST_CASE("harmony-run plan.activations: a baseline's activation policy, located
   const ConfigError harmony = train_error(kTrain, {"plan.activations=keep"});
   CHECK(contains(harmony.what(),
                  "plan.activations applies to plan.mode: dp-swap, pp-swap, zero-infinity, zero3-opt-offload, "
-                 "zero-offload, l2l, lohan, zero2, fsdp, zero3, host-stream or resident only"));
+                 "fsdp-offload, zero-offload, l2l, lohan, zero2, fsdp, zero3, host-stream or resident only"));
 }
 
 TEST_CASE("search.offload: auto by default, cpu or nvme when given, a located error otherwise") {

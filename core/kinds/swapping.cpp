@@ -130,8 +130,8 @@ SwapDecision decide(const Plan& p, const SwapRules& rules, const Model& m, Layer
           k.weights == SwapChoice::Swap || (k.weights == SwapChoice::Auto && s.resident + window + s.peak > cap);
     }
     const Bytes w = (d.weights ? s.streamed : s.resident) + (rules.resident_param_shards ? shards(m, span, p.gpus) : 0);
-    d.activations = rules.swap_activations || k.activations == SwapChoice::Swap ||
-                    (k.activations == SwapChoice::Auto && w + s.stash + s.peak > cap);
+    d.activations = !rules.keep_activations && (rules.swap_activations || k.activations == SwapChoice::Swap ||
+                                                (k.activations == SwapChoice::Auto && w + s.stash + s.peak > cap));
     d.estimate_bytes = w + (d.activations ? window : s.stash) + s.peak;
   }
   d.fits = d.estimate_bytes <= cap;

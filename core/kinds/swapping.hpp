@@ -19,6 +19,7 @@ namespace harmony::core {
 struct SwapRules {
   bool stream_weights = false;    // always streams every layer's weights in per use (knobs.weights ignored)
   bool swap_activations = false;  // always sends its checkpoints to host memory (knobs.activations ignored)
+  bool keep_activations = false;  // never sends activations to host memory (fsdp-offload; knobs.activations ignored)
   // The stash always lives on the host and weights always stream; knobs.activations chooses whether the
   // activations at the current layer's boundary go through the host (l2l's layer-at-a-time schedule).
   bool stash_on_host = false;

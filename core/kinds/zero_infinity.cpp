@@ -1,10 +1,11 @@
-// zero-infinity and zero3-opt-offload: ZeRO stage 3 with CPU (or NVMe) offload, DeepSpeed's two stage-3 offload
-// configurations. zero-infinity (offload_param and offload_optimizer): parameters, gradients and optimizer state are
-// partitioned across the N data-parallel ranks and live in host memory; each layer's parameters are fetched and
+// zero-infinity, zero3-opt-offload and fsdp-offload: fully sharded data parallelism with the optimizer on the CPU.
+// zero-infinity (DeepSpeed stage 3 with offload_param and offload_optimizer): parameters, gradients and optimizer state
+// are partitioned across the N data-parallel ranks and live in host memory; each layer's parameters are fetched and
 // gathered for every forward and backward of every microbatch, gradients are reduce-scattered and their shards sent to
 // the host, CPU Adam runs after the backward pass. zero3-opt-offload (offload_optimizer only): the same, but each GPU
 // keeps its parameter shard, gathered from the peers' shards, and gets it back from the host after the CPU Adam
-// (harmony-run carries it across steps: backend/executor/flow_carried.cpp).
+// (harmony-run carries it across steps: backend/executor/flow_carried.cpp). fsdp-offload (PyTorch FSDP with
+// CPUOffload(offload_params=True)): zero-infinity's data path without DeepSpeed's stage-3 work (below).
 #include <algorithm>
 #include <cmath>
 
@@ -19,6 +20,9 @@
 
 namespace harmony::core {
 namespace {
+
+// Which system's stage-3 offload a lowering prices (the header).
+enum class Stage3Flavor { ZeroInfinity, ZeroOptOffload, FsdpOffload };
 
 // Parameter elements of layer l (the profile's count; W+B over 4 bytes when it has none).
 double elements(const Model& m, int l) {
@@ -68,6 +72,15 @@ double elements(const Model& m, int l) {
 // CPU Adam are zero-infinity's; after Update(l), every GPU's WB(l) copies its updated GPU-dtype shard up
 // (_reassign_or_swap_out_partitioned_parameters: the fp16 partition on the GPU `copy_` of the FP32 master on the host),
 // one flat transfer; the host pass of the update keeps its reads, and its GPU-dtype write crosses PCIe instead.
+// fsdp-offload (torch/distributed/fsdp at 2.5: _runtime_utils.py _unshard / _post_backward_hook, _flat_param.py): the
+// zero-infinity Program with each layer one FSDP unit of one flat parameter, so none of DeepSpeed's stage-3 work: no
+// hook, module or per-tensor latency (plan.zero3 is not read), one transfer per WB, AG and dWB (the flat shard, pinned:
+// `_local_shard.to(device, non_blocking=True)` up, `_cpu_grad.copy_(..., non_blocking=True)` down); the shard crosses
+// in the optimizer's parameter dtype (FP32 under mixed precision with FP32 masters: the transfer's extra bytes, cast on
+// the GPU; the GPU dtype in pure 2-byte training); no return of the gradient to the GPU, no FP32 copy at the boundary
+// and no host passes: the optimizer steps the flat CPU shard in place (its rate: model.analytic.cpu_optimizer).
+// ASSUMED: a later microbatch's gradient shard is added into the host's on the CPU (the host sum), as FSDP does not
+// keep it on the GPU under CPU offload. Activations never leave the GPU (FSDP has no activation offload).
 // Parameters and gradients are always streamed (the defining trait); activations follow decide_swaps
 // (ZeRO-Infinity's activation offload); plan.knobs.activation_policy decides between recomputing each layer
 // (checkpoint: REC before BWD, as DeepSpeed's activation checkpointing) and keeping its saved activations.
@@ -83,9 +96,10 @@ struct ZeroInfinityLowering {
   bool sa;                    // activations swapped (decide_swaps)
   bool nvme;                  // offload: nvme
   bool params_on_gpu;         // zero3-opt-offload: every GPU keeps its parameter shard
+  bool fsdp;                  // fsdp-offload: one flat parameter per layer, none of stage 3's work
   std::vector<int> last_out;  // per GPU, its last dWB: the updates wait for every rank's
 
-  ZeroInfinityLowering(const Plan& plan_, const Model& model_, const SwapDecision& sd, bool params_on_gpu_)
+  ZeroInfinityLowering(const Plan& plan_, const Model& model_, const SwapDecision& sd, Stage3Flavor flavor)
       : plan(plan_),
         model(model_),
         b(model_, plan_),
@@ -95,18 +109,28 @@ struct ZeroInfinityLowering {
         m(plan_.minibatch / plan_.gpus / plan_.u_bwd),
         sa(sd.activations),
         nvme(plan_.knobs.offload == OffloadTier::Nvme),
-        params_on_gpu(params_on_gpu_),
+        params_on_gpu(flavor == Stage3Flavor::ZeroOptOffload),
+        fsdp(flavor == Stage3Flavor::FsdpOffload),
         last_out(static_cast<std::size_t>(plan_.gpus), -1) {}
 
   int buckets(int l) const {
+    if (fsdp) return 1;
     const double e = elements(model, l);
     return std::max(1, static_cast<int>(std::ceil(e / std::max(1.0, plan.knobs.zero3.bucket_elements))));
   }
-  int tensors(int l) const { return model.layers[static_cast<std::size_t>(l)].param_tensors_or_default(); }
+  int tensors(int l) const { return fsdp ? 1 : model.layers[static_cast<std::size_t>(l)].param_tensors_or_default(); }
   // the host-side stage-3 work before a FWD (backward: true, before a BWD) of layer l (the optimizer is offloaded)
   void charge_module(int op, int l, bool backward) {
+    if (fsdp) return;
     b.set_overhead(op, detail::zero3_hook_seconds(plan.knobs.zero3, model.layers[static_cast<std::size_t>(l)], backward,
                                                   /*optimizer_offloaded=*/true));
+  }
+  // fsdp-offload: the bytes a shard of layer l carries beyond its GPU-dtype bytes (FP32 on the host, narrowed on the
+  // GPU under mixed precision)
+  Bytes wide_extra(int l) const {
+    if (!fsdp) return 0;
+    const Bytes gpu = shard_bytes(b.wbytes(l), N) + shard_bytes(b.bbytes(l), N);
+    return std::max<Bytes>(0, shard_bytes(model.optimizer_param_bytes(l), N) - gpu);
   }
 
   // Gathers layer l's parameters for step k of GPU g; returns the op the compute waits for (-1: none, the whole layer
@@ -120,6 +144,7 @@ struct ZeroInfinityLowering {
     const Bytes sb = shard_bytes(bb, N);
     const int W = b.fetch_weights(g, l, task, i, k, sw, sb, /*windowed=*/true);
     b.set_io(W, std::max(buckets(l), tensors(l)), nvme ? sw + sb : 0, 0);
+    if (fsdp) b.set_gradient_path(W, 0, wide_extra(l));
     if (N == 1) return W;
     const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, w, bb);
     b.set_io(A, buckets(l), 0, 0);
@@ -197,10 +222,14 @@ struct ZeroInfinityLowering {
     const Bytes sb = shard_bytes(b.bbytes(l), N);
     const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
     b.dep(O, src);
-    // the shard into the pinned buffer and back (summed on the GPU); at the boundary its FP32 copy out
-    const Bytes fp32 = i == m - 1 ? shard_bytes(model.optimizer_param_bytes(l), N) : 0;
-    b.set_io(O, tensors(l), 0, nvme ? fp32 : 0);
-    b.set_gradient_path(O, sw + sb, fp32);
+    if (fsdp) {  // the flat gradient shard into the host's, in the optimizer's dtype; later microbatches add on the CPU
+      b.set_gradient_path(O, 0, wide_extra(l));
+      if (i > 0) b.set_host_sum(O, shard_bytes(model.optimizer_param_bytes(l), N));
+    } else {  // the shard into the pinned buffer and back (summed on the GPU); at the boundary its FP32 copy out
+      const Bytes fp32 = i == m - 1 ? shard_bytes(model.optimizer_param_bytes(l), N) : 0;
+      b.set_io(O, tensors(l), 0, nvme ? fp32 : 0);
+      b.set_gradient_path(O, sw + sb, fp32);
+    }
     b.free(O, TensorKind::WeightGrad, L, -1, gw);
     b.output_of(O, g, k);
     last_out[static_cast<std::size_t>(g)] = O;
@@ -229,7 +258,7 @@ struct ZeroInfinityLowering {
       // unscale (read and write the FP32 gradient), then the GPU-dtype copy of the masters (read 4, write 2 or 4: to
       // host memory, or over PCIe into the GPUs' resident shards)
       const Bytes gpu_dtype = model.narrow_weights(l) ? fp32 / 2 : fp32;
-      b.set_host_pass(U, 2 * fp32 + fp32 + (params_on_gpu ? 0 : gpu_dtype));
+      if (!fsdp) b.set_host_pass(U, 2 * fp32 + fp32 + (params_on_gpu ? 0 : gpu_dtype));
       if (params_on_gpu) shards_up(U, l);
     }
   }
@@ -246,9 +275,9 @@ struct ZeroInfinityLowering {
   }
 };
 
-Program lower_stage3(const Plan& plan, const Model& model, bool params_on_gpu) {
+Program lower_stage3(const Plan& plan, const Model& model, Stage3Flavor flavor) {
   const SwapDecision sd = decide_swaps(plan, model).front();
-  ZeroInfinityLowering low(plan, model, sd, params_on_gpu);
+  ZeroInfinityLowering low(plan, model, sd, flavor);
   for (int g = 0; g < low.N; ++g) {
     for (int i = 0; i < low.m; ++i) {
       low.forward(g, i);
@@ -262,10 +291,13 @@ Program lower_stage3(const Plan& plan, const Model& model, bool params_on_gpu) {
 }
 
 Program lower_zero_infinity(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
-  return lower_stage3(plan, model, /*params_on_gpu=*/false);
+  return lower_stage3(plan, model, Stage3Flavor::ZeroInfinity);
 }
 Program lower_zero3_opt_offload(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
-  return lower_stage3(plan, model, /*params_on_gpu=*/true);
+  return lower_stage3(plan, model, Stage3Flavor::ZeroOptOffload);
+}
+Program lower_fsdp_offload(const Plan& plan, const Model& model, const LowerOptions& /*options*/) {
+  return lower_stage3(plan, model, Stage3Flavor::FsdpOffload);
 }
 
 const PlanKindSpec kSpec{
@@ -311,6 +343,29 @@ const PlanKindSpec kOptOffloadSpec{
 const SwapRules kOptOffloadRules{.stream_weights = true, .resident_param_shards = true};
 
 [[maybe_unused]] const bool zero3_opt_offload_registered = register_swapping_kind(kOptOffloadSpec, kOptOffloadRules);
+
+const PlanKindSpec kFsdpOffloadSpec{
+    .name = "fsdp-offload",
+    .description =
+        "PyTorch FSDP with CPUOffload(offload_params=True): flat parameter shards on the host, fetched and gathered "
+        "per "
+        "layer, gradient shards to the host, the optimizer on the CPU",
+    .listing_order = 53,
+    .role = KindRole::Baseline,
+    .color = "#9edae5",
+    .data_parallel = true,
+    .even_split = true,
+    .trains = true,
+    .knobs = {Knob::Activations},
+    .validate = validate_swapping_plan,
+    .lower = lower_fsdp_offload,
+    .enumerate = enumerate_swapping_plans,
+    .describe = describe_swapping_plan,
+};
+
+const SwapRules kFsdpOffloadRules{.stream_weights = true, .keep_activations = true};
+
+[[maybe_unused]] const bool fsdp_offload_registered = register_swapping_kind(kFsdpOffloadSpec, kFsdpOffloadRules);
 
 }  // namespace
 }  // namespace harmony::core

@@ -114,7 +114,7 @@ TEST_CASE("values: scalars are one value, lists of lists for list-valued keys, c
   CHECK(s.grid[0].values == std::vector<std::string>{"[balanced_time]", "[balanced_time, reuse]"});
   CHECK(s.grid[1].values == std::vector<std::string>{"{preset: rtx4090-4x, price_per_hour: 2.4}"});
   CHECK(s.grid[2].values == std::vector<std::string>{"8GiB", "\"12GiB\""});
-  CHECK(s.kinds.size() == 13);  // default: every kind but the in-memory ceiling (resident)
+  CHECK(s.kinds.size() == 14);  // default: every kind but the in-memory ceiling (resident)
   CHECK(sim::sweep_point(s, 0).overrides.front() == "search.ubatch_step=2");
 }
 

@@ -192,6 +192,8 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
                 CHECK((count_ops(prog, core::OpKind::dY) > 0) == (a == SwapChoice::Swap));
               } else if (kind == plan_kind("lohan")) {
                 CHECK(count_ops(prog, core::OpKind::sX) > 0);  // its checkpoints always go to the host
+              } else if (kind == plan_kind("fsdp-offload")) {
+                CHECK(count_ops(prog, core::OpKind::sX) == 0);  // FSDP keeps its activations on the GPU
               } else {
                 CHECK((count_ops(prog, core::OpKind::sX) > 0) == (a == SwapChoice::Swap));
               }
@@ -233,9 +235,9 @@ TEST_CASE("baseline Programs train like the PlainTrainer") {
       }
     }
   }
-  // the grid above, under both policies: 48 dp-swap, 72 pp-swap, 24 zero-infinity, 24 zero3-opt-offload, 24 l2l, 12
-  // lohan (u = D/N only)
-  CHECK(checked == 204);
+  // the grid above, under both policies: 48 dp-swap, 72 pp-swap, 24 zero-infinity, 24 zero3-opt-offload, 24
+  // fsdp-offload, 24 l2l, 12 lohan (u = D/N only)
+  CHECK(checked == 228);
   for (const auto& [name, wst] : worst)
     MESSAGE(
         fmt::format("{}: {} configurations, {} bit-exact; worst weight difference {:.3g} ({:.2g} of the bound), "

@@ -134,7 +134,7 @@ def kind_of(r):
     return r.get("plan_kind", r.get("kind"))
 
 
-BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "zero3-opt-offload", "zero-offload", "l2l", "lohan", "zero2", "fsdp", "zero3"}
+BASELINES = {"dp-swap", "pp-swap", "zero-infinity", "zero3-opt-offload", "fsdp-offload", "zero-offload", "l2l", "lohan", "zero2", "fsdp", "zero3"}
 
 
 def expected_best_kinds(rows):

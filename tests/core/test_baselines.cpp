@@ -201,7 +201,7 @@ core::Plan make_plan(PlanKind kind, int n, int d, int u, SwapChoice w, SwapChoic
 }  // namespace
 
 TEST_CASE("the swapping kinds' properties (their PlanKindSpecs)") {
-  CHECK(swapping_kinds().size() == 6);
+  CHECK(swapping_kinds().size() == 7);
   CHECK(core::closest_match("zero_infinity", core::plan_kind_names()) == "zero-infinity");
   for (const PlanKind& k : core::plan_kinds()) {
     CAPTURE(k.name());
@@ -607,7 +607,7 @@ TEST_CASE("every baseline validates and runs without deadlock on bert_large, N =
       }
     }
   }
-  CHECK(programs == 6 * 3 * 3 * 4);
+  CHECK(programs == 7 * 3 * 3 * 4);
 }
 
 TEST_CASE("streaming keeps the simulated memory ledger within the decision's estimate (bert_large)") {
@@ -1015,6 +1015,11 @@ TEST_CASE("compare searches both activation policies for every baseline and repo
     auto both = one;
     both.activation_policies = {core::ActivationPolicy::Checkpoint, core::ActivationPolicy::Keep};
     CHECK(kr.candidates == swapping_plans(kind, model, 2, 32, capacity, both).size());
+    if (core::swap_rules(kind).keep_activations && kr.policy_best_time_s.size() == 1) {
+      // fsdp-offload never sends activations home: its keep plans do not fit this GPU beside the streamed layers
+      CHECK(kr.policy_best_time_s.count("checkpoint") == 1);
+      continue;
+    }
     CHECK(kr.candidates > swapping_plans(kind, model, 2, 32, capacity, one).size());
     REQUIRE(kr.policy_best_time_s.size() == 2);
     const double ck = kr.policy_best_time_s.at("checkpoint");

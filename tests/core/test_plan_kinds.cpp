@@ -104,18 +104,18 @@ const std::string kTrainModel =
 
 }  // namespace
 
-TEST_CASE("the registry generates the fourteen kinds in listing order, each a complete module") {
+TEST_CASE("the registry generates the fifteen kinds in listing order, each a complete module") {
   CHECK(plan_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp", "dp-swap", "pp-swap", "zero-infinity",
-                                                      "zero3-opt-offload", "zero-offload", "l2l", "lohan", "zero2",
-                                                      "fsdp", "zero3", "host-stream", "resident"});
+                                                      "zero3-opt-offload", "fsdp-offload", "zero-offload", "l2l",
+                                                      "lohan", "zero2", "fsdp", "zero3", "host-stream", "resident"});
   CHECK(harmony_kind_names() == std::vector<std::string>{"harmony-pp", "harmony-dp"});
   CHECK(plan_kind_names(KindRole::Baseline) ==
-        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero3-opt-offload", "zero-offload", "l2l",
-                                 "lohan", "zero2", "fsdp", "zero3", "host-stream"});
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero3-opt-offload", "fsdp-offload",
+                                 "zero-offload", "l2l", "lohan", "zero2", "fsdp", "zero3", "host-stream"});
   CHECK(plan_kind_names(KindRole::Ceiling) == std::vector<std::string>{"resident"});
   CHECK(plan_kind_names(Knob::Activations) ==
-        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero3-opt-offload", "zero-offload", "l2l",
-                                 "lohan", "zero2", "fsdp", "zero3", "host-stream", "resident"});
+        std::vector<std::string>{"dp-swap", "pp-swap", "zero-infinity", "zero3-opt-offload", "fsdp-offload",
+                                 "zero-offload", "l2l", "lohan", "zero2", "fsdp", "zero3", "host-stream", "resident"});
   CHECK(plan_kind_names(Knob::Offload) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload", "lohan"});
   CHECK(plan_kind_names(Knob::Zero3) == std::vector<std::string>{"zero-infinity", "zero3-opt-offload", "zero3"});
   CHECK(plan_kind_names(Knob::Swap) == std::vector<std::string>{"dp-swap", "pp-swap"});

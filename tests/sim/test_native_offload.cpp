@@ -12,6 +12,7 @@
 
 #include "core/base/error.hpp"
 #include "core/kinds/kinds.hpp"
+#include "core/kinds/swapping.hpp"
 #include "core/model/analytic.hpp"
 #include "core/program/lower.hpp"
 #include "core/program/task_graph.hpp"
@@ -403,6 +404,51 @@ TEST_CASE("zero-offload: every microbatch's gradient goes down, the running sum 
     const core::RunReport r = sim::simulate_native(prog, model, box());
     CHECK(r.ledger.weight_grad_bytes == 2 * m * 2000 + returned + extra);
   }
+}
+
+TEST_CASE("fsdp-offload: zero-infinity's data path without DeepSpeed's stage-3 work") {
+  // PyTorch FSDP with CPUOffload(offload_params=True): one flat parameter per unit, so one transfer per WB, AG and dWB;
+  // the gradient shard goes to the host and stays (no return, no FP32 copy at the boundary), later microbatches add
+  // on the CPU; the optimizer steps the CPU shard in place (no host pass); no hook, module or per-tensor latency.
+  // bf16 layers of 1000 parameters with FP32 masters (W = 2000, FP32 4000): the shard crosses in FP32 both ways.
+  auto model = two_layers(1e-3, 2000, 1000);
+  for (auto& L : model.layers) {
+    L.optimizer_state_bytes = 12000;
+    L.param_tensors = 7;
+  }
+  const core::Program prog = core::lower_plan(plan_of("fsdp-offload", 1, 2), model);
+  int wbs = 0, dwbs = 0;
+  for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+    const core::Op& o = prog.ops[i];
+    const core::NativeOpCosts& c = prog.cost.op(static_cast<int>(i));
+    CHECK(c.overhead_s == 0);
+    if (o.kind == OpKind::WB) {
+      ++wbs;
+      CHECK(c.io_count == 1);
+      CHECK(o.bytes + c.extra_out_bytes == 4000);
+    }
+    if (o.kind == OpKind::dWB) {
+      ++dwbs;
+      CHECK(c.io_count <= 1);
+      CHECK(c.return_bytes == 0);
+      CHECK(o.bytes + c.extra_out_bytes == 4000);
+      CHECK(c.host_sum_bytes == (o.ui > 0 ? 4000 : 0));
+    }
+    if (o.kind == OpKind::Update) CHECK(c.host_pass_bytes == 0);
+    CHECK(o.kind != OpKind::sX);
+  }
+  CHECK(wbs == 2 * 2 * 2);  // every layer, pass and microbatch
+  CHECK(dwbs == 2 * 2);
+  // activations stay on the GPU even where a plan asks to swap them (FSDP has no activation offload)
+  core::Plan forced = plan_of("fsdp-offload", 1, 2);
+  forced.knobs.activations = core::SwapChoice::Swap;
+  CHECK_FALSE(core::decide_swaps(forced, model).front().activations);
+  for (const core::Op& o : core::lower_plan(forced, model).ops) CHECK(o.kind != OpKind::sX);
+  // zero-infinity on the same plan pays the stage-3 work on top: slower on the same box
+  const auto time_of = [&](const char* kind) {
+    return sim::simulate_native(core::lower_plan(plan_of(kind, 1, 2), model), model, box()).iteration_time_s;
+  };
+  CHECK(time_of("fsdp-offload") < time_of("zero-infinity"));
 }
 
 TEST_CASE("bf16 weights: the conversion is DRAM traffic of the update, not a pass of its own") {
