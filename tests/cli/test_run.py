@@ -244,7 +244,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # the same per-device summation order; the data-parallel kinds add replica gradients, rel 1e-6)
     r, hp = train_json(DEFAULT, "--steps", str(SHORT), "--set", "plan.gpus=2", "--gpu-memory", "4MiB")
     baseline_losses = {}
-    for kind in ["pp-swap", "dp-swap", "zero-infinity", "l2l", "lohan"]:
+    for kind in ["pp-swap", "dp-swap", "zero-infinity", "fsdp-offload", "l2l", "lohan"]:
         one = ["--set", "plan.u_fwd=4", "--set", "plan.u_bwd=4"] if kind == "lohan" else []  # lohan: u = D/N
         r, d = train_json(DEFAULT, "--steps", str(SHORT), "--set", f"plan.mode={kind}", "--set", "plan.gpus=2", *one,
                           "--gpu-memory", "4MiB")
