@@ -23,19 +23,20 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // model: {profile: PATH}, {analytic: NAME | {...}} or {hf_config: PATH, ...} (docs/config.md, "model")
 // The keys beside hf_config: how the model described by the file is run (they change no parameter).
-const std::vector<std::string> kHfRunKeys = {"name",     "seq_len",      "dtype",          "optimizer",
-                                             "kernels",  "ubatch_sizes", "master_weights", "cpu_optimizer",
-                                             "autocast", "gpu_optimizer"};
+const std::vector<std::string> kHfRunKeys = {"name",     "seq_len",       "dtype",          "optimizer",
+                                             "kernels",  "ubatch_sizes",  "master_weights", "cpu_optimizer",
+                                             "autocast", "gpu_optimizer", "loss_chunks"};
 const std::vector<std::string> kModelKeys = {
-    "profile", "analytic",     "hf_config",      "name",          "seq_len",  "dtype",        "optimizer",
-    "kernels", "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast", "gpu_optimizer"};
+    "profile", "analytic",     "hf_config",      "name",          "seq_len",  "dtype",         "optimizer",
+    "kernels", "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast", "gpu_optimizer", "loss_chunks"};
 const std::vector<std::string> kAnalyticKeys = {
     "preset",       "family",           "name",           "layers",    "hidden",      "heads",
     "ffn",          "seq_len",          "vocab",          "tied_head", "head",        "labels",
     "image_size",   "classes",          "dtype",          "optimizer", "kernels",     "dropout",
     "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",    "qk_norm",
     "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims",   "parallel_residual",
-    "act",          "master_weights",   "cpu_optimizer",  "autocast",  "projections", "gpu_optimizer"};
+    "act",          "master_weights",   "cpu_optimizer",  "autocast",  "projections", "gpu_optimizer",
+    "loss_chunks"};
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "neox"};
 const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
@@ -81,6 +82,7 @@ void apply_run_keys(const Node& map, const std::string& what, AnalyticSpec& spec
         get_choice(x->value, what + ".gpu_optimizer", kGpuOptimizers, "GPU optimizer implementations"));
   if (const Entry* x = find(map, "kernels"))
     spec.kernels = static_cast<KernelStyle>(get_choice(x->value, what + ".kernels", kKernelStyles, "kernel styles"));
+  if (const Entry* x = find(map, "loss_chunks")) spec.loss_chunks = get_int(x->value, what + ".loss_chunks", 1);
   if (const Entry* x = find(map, "ubatch_sizes")) {
     spec.ubatch_sizes.clear();
     const std::string w = what + ".ubatch_sizes";

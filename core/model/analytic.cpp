@@ -56,6 +56,13 @@ LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int>
   return d;
 }
 
+void chunk_logits(LayerDef& d, double logit_elements, int chunks) {
+  if (chunks <= 1) return;
+  for (Tensor& t : d.graph.tensors) {
+    if (t.per_sample >= logit_elements) t.per_sample /= chunks;
+  }
+}
+
 // GELU: eager (and sdpa) runs the Python formula op by op; fused (and flash) is one kernel.
 int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form) {
   if (!eager_ops(s)) return b.unary("gelu", x, 1, {3});
@@ -271,6 +278,7 @@ std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
     const int y = s.tied_head ? b.tied_linear("lm_head", x, T, h, V) : b.linear("lm_head", x, T, h, V, false);
     LayerDef d = finish(b, "lm_head", "lm_head", {y});
     if (s.tied_head) d.resident_params = static_cast<std::int64_t>(V * h);
+    chunk_logits(d, (T - 1) * V, s.loss_chunks);
     out.push_back(std::move(d));
   }
   {
@@ -284,6 +292,7 @@ std::vector<LayerDef> gpt_layers(const AnalyticSpec& s) {
     }
     LayerDef d = finish(b, "criterion", "criterion", {b.cross_entropy(x, rows, V)});
     d.is_criterion = true;
+    chunk_logits(d, (T - 1) * V, s.loss_chunks);
     out.push_back(std::move(d));
   }
   return out;
@@ -641,6 +650,10 @@ std::string analytic_spec_problem(const AnalyticSpec& s) {
   }
   if (s.layers_per_block != 1 && s.layers_per_block != 2)
     return fmt::format("layers_per_block must be 1 or 2, got {}", s.layers_per_block);
+  if (s.loss_chunks < 1) return fmt::format("loss_chunks must be at least 1, got {}", s.loss_chunks);
+  if (s.loss_chunks > 1 && (s.family == ModelFamily::Bert || s.family == ModelFamily::Resnet ||
+                            (s.family == ModelFamily::Gpt && s.gpt_head == GptHead::None)))
+    return "loss_chunks applies to a language model's LM head and loss (gpt with head lm, llama, neox)";
   if (s.layers_per_block == 2 && s.family != ModelFamily::Gpt)
     return "layers_per_block 2 (a block's attention and MLP halves) is for the gpt family only";
   const bool decoder = s.family == ModelFamily::Llama || s.family == ModelFamily::Neox;

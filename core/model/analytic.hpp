@@ -126,6 +126,10 @@ struct AnalyticSpec {
   bool parallel_residual = true;            // neox: x + attn(ln_1 x) + mlp(ln_2 x); false: one after the other
   MlpActivation act = MlpActivation::Gelu;  // neox
   std::vector<int> ubatch_sizes = {1, 2, 4, 8, 16, 32};  // the sizes costs are computed at, ascending
+  // gpt (head lm), llama and neox: the LM head and its loss run over loss_chunks chunks of the tokens (Liger's fused
+  // linear cross-entropy, torchtune's CEWithChunkedOutputLoss, llm.q's --lmhead-chunks): one chunk's logits, their
+  // copies and their gradient are alive at a time. FLOPs and bytes moved are the whole head's; only memory shrinks.
+  int loss_chunks = 1;
 };
 
 // Named shapes (gpt2-small..xl, gpt3-1.3b..175b, bert-base, bert-large, resnet50/101/152, llama2-7b/13b/70b,

@@ -615,6 +615,12 @@ class Builder {
 // The layer `b` built: its graph with `outputs` (the backward of ops that feed no output dropped), parameters, buffers.
 LayerDef finish(Builder& b, std::string name, std::string kind, std::vector<int> outputs);
 
+// loss_chunks (AnalyticSpec): the LM head and its loss over `chunks` chunks of the tokens. Every tensor of layer `d`
+// the size of the logits (at least `logit_elements` a sample: the logits, their shifted or FP32 copies, the
+// log-probabilities) holds one chunk at a time: its memory (and, as the criterion's input, the bytes a plan keeps or
+// moves for it) divided by `chunks`. The kernels keep their FLOPs and bytes: every chunk is computed.
+void chunk_logits(LayerDef& d, double logit_elements, int chunks);
+
 // GELU: eager and sdpa run the Python formula op by op (`tanh_form`: GPT-2's gelu_new; else BERT's erf form); fused
 // and flash one kernel.
 int gelu(Builder& b, const AnalyticSpec& s, int x, bool tanh_form);

@@ -405,6 +405,7 @@ std::vector<LayerDef> decoder_layers(const AnalyticSpec& s) {
     const int y = s.tied_head ? b.tied_linear(name, x, z.T, z.h, V) : b.linear(name, x, z.T, z.h, V, false);
     LayerDef d = finish(b, "lm_head", "lm_head", {y});
     if (s.tied_head) d.resident_params = static_cast<std::int64_t>(V * z.h);
+    chunk_logits(d, (z.T - 1) * V, s.loss_chunks);
     out.push_back(std::move(d));
   }
   AnalyticSpec fp32 = s;  // the eager criterion computes in FP32
@@ -420,6 +421,7 @@ std::vector<LayerDef> decoder_layers(const AnalyticSpec& s) {
   }
   LayerDef d = finish(b, "criterion", "criterion", {b.cross_entropy(x, rows, V)});
   d.is_criterion = true;
+  chunk_logits(d, (z.T - 1) * V, s.loss_chunks);
   out.push_back(std::move(d));
   return out;
 }

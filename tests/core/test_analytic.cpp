@@ -1036,6 +1036,60 @@ TEST_CASE("cpu_optimizer and cpu_adam.bandwidth_torch in a config: parsed, and b
   CHECK(contains(e.hint(), "did you mean 'bandwidth_torch'"));
 }
 
+TEST_CASE("loss_chunks: the LM head and loss hold one chunk's logits; FLOPs, times and parameters unchanged") {
+  for (const char* name : {"gpt2-small", "llama3-8b"}) {
+    CAPTURE(name);
+    AnalyticSpec s = preset(name);
+    s.seq_len = 512;
+    s.dtype = DType::Bf16;
+    s.ubatch_sizes = {1, 4};
+    const Model whole = analytic_model(s, machine_preset("h100-sxm-8x").gpu_rates);
+    s.loss_chunks = 8;
+    const Model chunked = analytic_model(s, machine_preset("h100-sxm-8x").gpu_rates);
+    REQUIRE(whole.num_layers() == chunked.num_layers());
+    const int R = whole.num_layers();
+    const Layer& crit_w = whole.layers[static_cast<std::size_t>(R - 1)];
+    const Layer& crit_c = chunked.layers[static_cast<std::size_t>(R - 1)];
+    REQUIRE(crit_c.is_criterion);
+    // the criterion's input, the logits, is one chunk: a plan stashes or moves an eighth of it
+    CHECK(crit_c.input_bytes_per_sample * 8 == doctest::Approx(static_cast<double>(crit_w.input_bytes_per_sample)));
+    for (int l = 0; l < R; ++l) {
+      CAPTURE(whole.layers[static_cast<std::size_t>(l)].name);
+      const Layer& a = whole.layers[static_cast<std::size_t>(l)];
+      const Layer& b = chunked.layers[static_cast<std::size_t>(l)];
+      CHECK(a.fwd_time_s == b.fwd_time_s);  // every chunk is computed: the same kernels
+      CHECK(a.bwd_time_s == b.bwd_time_s);
+      CHECK(a.weight_bytes == b.weight_bytes);
+      if (l < R - 2) CHECK(a.bwd_peak_bytes == b.bwd_peak_bytes);  // the blocks do not move
+    }
+    // the head and the loss peak far lower: a chunk's logits, FP32 copy and gradient instead of the whole
+    for (int l : {R - 2, R - 1}) {
+      const Layer& a = whole.layers[static_cast<std::size_t>(l)];
+      const Layer& b = chunked.layers[static_cast<std::size_t>(l)];
+      CHECK(b.bwd_peak_bytes[1] < a.bwd_peak_bytes[1]);
+      CHECK(b.fwd_peak_bytes[1] < a.fwd_peak_bytes[1]);
+    }
+  }
+  AnalyticSpec bad = preset("gpt2-small");
+  bad.loss_chunks = 0;
+  CHECK(contains(analytic_spec_problem(bad), "at least 1"));
+  bad = preset("bert-base");
+  bad.loss_chunks = 4;
+  CHECK(contains(analytic_spec_problem(bad), "LM head"));
+}
+
+TEST_CASE("model.analytic.loss_chunks in a config: parsed beside the shape and beside hf_config; bad values located") {
+  RunConfig c = load_config_text("model: {analytic: {preset: llama3-8b, loss_chunks: 8}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->loss_chunks == 8);
+  c = load_config_text("model: {analytic: llama3-8b}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->loss_chunks == 1);  // the default: the logits whole, outputs as before
+  ConfigError e = config_error("model: {analytic: {preset: llama3-8b, loss_chunks: 0}}\n" + kPlan);
+  check_at(e, 1, 52);
+  CHECK(contains(e.message(), "loss_chunks"));
+  e = config_error("model: {analytic: {preset: bert-base, loss_chunks: 4}}\n" + kPlan);
+  CHECK(contains(e.message(), "LM head"));
+}
+
 TEST_CASE("gpu_optimizer: foreach prices torch's AdamW passes on the GPU, fused the one-pass step") {
   AnalyticSpec s = preset("gpt2-small");
   s.ubatch_sizes = {1};
