@@ -111,7 +111,7 @@ json.dump({"gpt2": g, "seq_len": int(T), "batch": int(B), "peak_bf16_tflops": fl
            "elapsed_s": int(elapsed), "deadline_s": int(deadline), "bf16_implemented": bf16 == "true",
            "binaries": binaries, "device": device, "resident_implemented": {"true": True, "false": False}.get(resident),
            "minibatch": int(minibatch), "ubatch": int(ubatch), "steps": int(steps), "fsdp_rows": True,
-           "extra_loss_kinds": ["zero2", "zero3-opt-offload", "host-stream"],
+           "extra_loss_kinds": ["zero2", "zero3-opt-offload", "host-stream", "fsdp-offload"],
            "cap_bytes": int(cap) * 1024 if cap else None}, open(f"{out}/params.json", "w"), indent=1)
 PY
   echo
@@ -485,7 +485,8 @@ step b_unfused 90 "$run" train "$out/gpt.yaml" "${fast[@]}" "${dtype[@]}" "${pro
 # the Llama family (configs/run/llama.yaml: RMSNorm, rotary embeddings over grouped-query heads, SwiGLU), tagged
 # llama_KIND: the CUDA device's Llama kernels against the CPU device's.
 echo "== losses of every plan kind, CUDA vs CPU (3 steps, serial executor, strict fp32; then bf16; GPT-2, then Llama)"
-kinds=(harmony-pp harmony-dp pp-swap dp-swap zero-infinity zero-offload l2l lohan fsdp zero2 zero3-opt-offload host-stream)
+kinds=(harmony-pp harmony-dp pp-swap dp-swap zero-infinity zero-offload l2l lohan fsdp zero2 zero3-opt-offload host-stream
+  fsdp-offload)
 [[ $resident == true ]] && kinds+=(resident)
 loss_run() {  # loss_run TAG KIND cuda|cpu EXECUTOR gpt2|llama PREC_ARGS...
   local tag=$1 kind=$2 dev_=$3 ex=$4 family=$5
