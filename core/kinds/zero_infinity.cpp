@@ -125,13 +125,6 @@ struct ZeroInfinityLowering {
     b.set_overhead(op, detail::zero3_hook_seconds(plan.knobs.zero3, model.layers[static_cast<std::size_t>(l)], backward,
                                                   /*optimizer_offloaded=*/true));
   }
-  // fsdp-offload: the bytes a shard of layer l carries beyond its GPU-dtype bytes (FP32 on the host, narrowed on the
-  // GPU under mixed precision)
-  Bytes wide_extra(int l) const {
-    if (!fsdp) return 0;
-    const Bytes gpu = shard_bytes(b.wbytes(l), N) + shard_bytes(b.bbytes(l), N);
-    return std::max<Bytes>(0, shard_bytes(model.optimizer_param_bytes(l), N) - gpu);
-  }
 
   // Gathers layer l's parameters for step k of GPU g; returns the op the compute waits for (-1: none, the whole layer
   // is resident).
@@ -144,7 +137,7 @@ struct ZeroInfinityLowering {
     const Bytes sb = shard_bytes(bb, N);
     const int W = b.fetch_weights(g, l, task, i, k, sw, sb, /*windowed=*/true);
     b.set_io(W, std::max(buckets(l), tensors(l)), nvme ? sw + sb : 0, 0);
-    if (fsdp) b.set_gradient_path(W, 0, wide_extra(l));
+    if (fsdp) b.set_gradient_path(W, 0, detail::wide_shard_extra_bytes(model, l, N));
     if (N == 1) return W;
     const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, task, i, L, w, bb);
     b.set_io(A, buckets(l), 0, 0);
@@ -223,7 +216,7 @@ struct ZeroInfinityLowering {
     const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
     b.dep(O, src);
     if (fsdp) {  // the flat gradient shard into the host's, in the optimizer's dtype; later microbatches add on the CPU
-      b.set_gradient_path(O, 0, wide_extra(l));
+      b.set_gradient_path(O, 0, detail::wide_shard_extra_bytes(model, l, N));
       if (i > 0) b.set_host_sum(O, shard_bytes(model.optimizer_param_bytes(l), N));
     } else {  // the shard into the pinned buffer and back (summed on the GPU); at the boundary its FP32 copy out
       const Bytes fp32 = i == m - 1 ? shard_bytes(model.optimizer_param_bytes(l), N) : 0;

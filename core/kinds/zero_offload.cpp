@@ -92,7 +92,7 @@ struct ZeroOffloadLowering {
       const int W = b.weight_op(g, Stream::SwapIn, OpKind::WB, b.fwd_task(g, l), 0, L, sw, sb);
       b.alloc(W, TensorKind::Weights, L, -1, sw + sb);
       // the FP32 shard crosses the link; it is narrowed on the GPU (the transfer's extra bytes)
-      b.set_gradient_path(W, 0, std::max<Bytes>(0, shard_bytes(model.optimizer_param_bytes(l), N) - (sw + sb)));
+      b.set_gradient_path(W, 0, detail::wide_shard_extra_bytes(model, l, N));
       ready[static_cast<std::size_t>(l)] = W;
       if (N == 1) continue;
       const int A = b.weight_op(g, Stream::P2PIn, OpKind::AG, b.fwd_task(g, l), 0, L, w, bb);
@@ -153,8 +153,7 @@ struct ZeroOffloadLowering {
     }
     const int O = b.weight_op(g, Stream::SwapOut, OpKind::dWB, b.bwd_task(g, l), i, L, sw, sb);
     b.dep(O, src);
-    const Bytes fp32 = i == m - 1 ? std::max<Bytes>(0, shard_bytes(model.optimizer_param_bytes(l), N) - (sw + sb)) : 0;
-    b.set_gradient_path(O, i > 0 ? sw + sb : 0, fp32);
+    b.set_gradient_path(O, i > 0 ? sw + sb : 0, i == m - 1 ? detail::wide_shard_extra_bytes(model, l, N) : 0);
     b.free(O, TensorKind::WeightGrad, L, -1, sw);
     b.output_of(O, g, k);
     if (i == m - 1) last_out[static_cast<std::size_t>(g)] = O;
