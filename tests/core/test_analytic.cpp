@@ -1083,6 +1083,10 @@ TEST_CASE("model.analytic.loss_chunks in a config: parsed beside the shape and b
   CHECK(c.model.analytic->loss_chunks == 8);
   c = load_config_text("model: {analytic: llama3-8b}\n" + kPlan, "run.yaml");
   CHECK(c.model.analytic->loss_chunks == 1);  // the default: the logits whole, outputs as before
+  // beside hf_config, a run key like kernels or dtype
+  const std::string qwen = source_dir() + "/configs/models/qwen2-7b/config.json";
+  c = load_config_text("model: {hf_config: " + qwen + ", seq_len: 512, loss_chunks: 16}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->loss_chunks == 16);
   ConfigError e = config_error("model: {analytic: {preset: llama3-8b, loss_chunks: 0}}\n" + kPlan);
   check_at(e, 1, 52);
   CHECK(contains(e.message(), "loss_chunks"));
