@@ -30,6 +30,7 @@ struct ModelSpec {
   SourceLoc loc;                 // where `profile:` or `analytic:` was written, for errors about it
   SourceLoc master_weights_loc;  // where `master_weights` was written (load_model's check against the dtype)
   SourceLoc autocast_loc;        // where `autocast` was written (load_model's checks against dtype, master_weights)
+  SourceLoc trainer_loc;         // where `trainer` was written (load_model's check against the machine's gemm_ceiling)
 };
 
 // The plan section. mode/gpus/minibatch are needed by every command; the rest by the commands that run one plan.

@@ -208,7 +208,8 @@ double get_price(const Node& v, const std::string& what) {
 // Compute rates for analytic models (docs/machines.md, `gpu_rates` and `cpu_adam`): key by key over the base's.
 
 const std::vector<std::string> kGpuRatesKeys = {
-    "matrix_fp32", "matrix_fp16", "memory", "gemm_efficiency", "gemm_efficiency_fp32", "vector_efficiency", "overhead"};
+    "matrix_fp32",  "matrix_fp16",       "memory",  "gemm_efficiency", "gemm_efficiency_fp32",
+    "gemm_ceiling", "vector_efficiency", "overhead"};
 const std::vector<std::string> kGemmEfficiencyKeys = {"max", "half"};
 const std::vector<std::string> kOverheadKeys = {"kernel", "forward", "backward"};
 const std::vector<std::string> kCpuAdamKeys = {"bandwidth", "per_layer", "bandwidth_bf16", "bandwidth_fp16",
@@ -296,6 +297,7 @@ void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
       fail(x->key_loc, fmt::format("{} needs both max and half (the machine it starts from has neither)", w),
            "e.g. gemm_efficiency_fp32: {max: 0.79, half: 0.12GFLOP}");
   }
+  if (const Entry* x = find(map, "gemm_ceiling")) r.gemm_ceiling = get_fraction(x->value, what + ".gemm_ceiling");
   if (const Entry* x = find(map, "vector_efficiency"))
     r.vector_efficiency = get_fraction(x->value, what + ".vector_efficiency");
   if (const Entry* x = find(map, "overhead")) {

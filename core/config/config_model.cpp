@@ -25,10 +25,11 @@ namespace {
 // The keys beside hf_config: how the model described by the file is run (they change no parameter).
 const std::vector<std::string> kHfRunKeys = {"name",     "seq_len",       "dtype",          "optimizer",
                                              "kernels",  "ubatch_sizes",  "master_weights", "cpu_optimizer",
-                                             "autocast", "gpu_optimizer", "loss_chunks"};
-const std::vector<std::string> kModelKeys = {
-    "profile", "analytic",     "hf_config",      "name",          "seq_len",  "dtype",         "optimizer",
-    "kernels", "ubatch_sizes", "master_weights", "cpu_optimizer", "autocast", "gpu_optimizer", "loss_chunks"};
+                                             "autocast", "gpu_optimizer", "loss_chunks",    "trainer"};
+const std::vector<std::string> kModelKeys = {"profile",       "analytic",       "hf_config",     "name",
+                                             "seq_len",       "dtype",          "optimizer",     "kernels",
+                                             "ubatch_sizes",  "master_weights", "cpu_optimizer", "autocast",
+                                             "gpu_optimizer", "loss_chunks",    "trainer"};
 const std::vector<std::string> kAnalyticKeys = {
     "preset",       "family",           "name",           "layers",    "hidden",      "heads",
     "ffn",          "seq_len",          "vocab",          "tied_head", "head",        "labels",
@@ -36,7 +37,7 @@ const std::vector<std::string> kAnalyticKeys = {
     "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",    "qk_norm",
     "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims",   "parallel_residual",
     "act",          "master_weights",   "cpu_optimizer",  "autocast",  "projections", "gpu_optimizer",
-    "loss_chunks"};
+    "loss_chunks",  "trainer"};
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "neox"};
 const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
@@ -44,6 +45,7 @@ const std::vector<std::string> kOptimizers = {"adam", "sgd", "momentum"};
 const std::vector<std::string> kCpuOptimizers = {"deepspeed", "torch"};              // CpuOptimizerImpl order
 const std::vector<std::string> kGpuOptimizers = {"fused", "foreach"};                // GpuOptimizerImpl order
 const std::vector<std::string> kKernelStyles = {"eager", "fused", "flash", "sdpa"};  // KernelStyle order
+const std::vector<std::string> kTrainers = {"framework", "engine"};                  // Trainer order
 const std::vector<std::string> kProjections = {"auto", "separate", "packed"};        // Projections order
 const std::vector<std::string> kBertHeads = {"mlm", "classifier"};
 const std::vector<std::string> kGptHeads = {"lm", "none"};
@@ -82,6 +84,8 @@ void apply_run_keys(const Node& map, const std::string& what, AnalyticSpec& spec
         get_choice(x->value, what + ".gpu_optimizer", kGpuOptimizers, "GPU optimizer implementations"));
   if (const Entry* x = find(map, "kernels"))
     spec.kernels = static_cast<KernelStyle>(get_choice(x->value, what + ".kernels", kKernelStyles, "kernel styles"));
+  if (const Entry* x = find(map, "trainer"))
+    spec.trainer = static_cast<Trainer>(get_choice(x->value, what + ".trainer", kTrainers, "trainers"));
   if (const Entry* x = find(map, "loss_chunks")) spec.loss_chunks = get_int(x->value, what + ".loss_chunks", 1);
   if (const Entry* x = find(map, "ubatch_sizes")) {
     spec.ubatch_sizes.clear();
@@ -366,6 +370,7 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
     spec.analytic_dtype_given = find(model, "dtype") != nullptr;
     if (const Entry* x = find(model, "master_weights")) spec.master_weights_loc = x->value.loc;
     if (const Entry* x = find(model, "autocast")) spec.autocast_loc = x->value.loc;
+    if (const Entry* x = find(model, "trainer")) spec.trainer_loc = x->value.loc;
     spec.loc = hf->value.loc;
     return spec;
   }
@@ -376,6 +381,7 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
     if (const Entry* x = map ? find(analytic->value, "master_weights") : nullptr)
       spec.master_weights_loc = x->value.loc;
     if (const Entry* x = map ? find(analytic->value, "autocast") : nullptr) spec.autocast_loc = x->value.loc;
+    if (const Entry* x = map ? find(analytic->value, "trainer") : nullptr) spec.trainer_loc = x->value.loc;
     spec.loc = analytic->value.loc;
     return spec;
   }
@@ -445,6 +451,13 @@ Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
                       "autocast: true keeps FP32 parameters, gradients and optimizer state; master_weights: false "
                       "(pure 2-byte training) keeps none",
                       "remove master_weights: false (autocast), or remove autocast (pure 2-byte training)");
+  if (a.trainer == Trainer::Engine && machine.gpu_rates.gemm_ceiling <= 0)
+    throw ConfigError(spec.trainer_loc,
+                      fmt::format("trainer: engine prices GEMMs at the machine's measured GEMM ceiling, and machine "
+                                  "'{}' has no gpu_rates.gemm_ceiling",
+                                  machine.name),
+                      "add gpu_rates: {gemm_ceiling: F} to the machine, the fraction of matrix_fp16 a GEMM "
+                      "microbenchmark reaches on that GPU (docs/machines.md, gemm_ceiling), or use trainer: framework");
   return analytic_model(a, machine.gpu_rates, machine.cpu_adam);
 }
 

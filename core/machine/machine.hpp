@@ -76,6 +76,9 @@ struct GpuRates {
   // carry (gemm_efficiency_fp32); 0 = gemm_efficiency_max / gemm_half_flops serve both peaks.
   double gemm_fp32_efficiency_max = 0;
   double gemm_fp32_half_flops = 0;
+  // The fraction of matrix_fp16 the best GEMM reaches, measured by a GEMM microbenchmark (the maximum achievable
+  // matmul FLOPS, MAMF); what a hand-written engine's GEMMs reach (AnalyticSpec::trainer Engine). 0 = not measured.
+  double gemm_ceiling = 0;
   double vector_efficiency = 0;    // fraction of memory_bytes_per_s elementwise and reduction kernels reach
   double kernel_floor_s = 0;       // the least time one kernel takes (launch and framework dispatch)
   double forward_overhead_s = 0;   // fixed cost of one layer's forward call

@@ -446,6 +446,7 @@ std::vector<LayerDef> build_layers(const AnalyticSpec& s) {
 
 struct Rates {
   double peak_flops = 0, gemm_max = 0, gemm_half = 0, mem_bw = 0, vec_eff = 0, floor_s = 0;
+  double fwd_overhead_s = 0, bwd_overhead_s = 0;  // a layer's fixed call costs (GpuRates; none for an engine)
 };
 
 double kernel_time_s(const Kernel& k, double u, const Rates& r) {
@@ -464,13 +465,12 @@ struct LayerCosts {
   std::vector<Bytes> fwd_peak, bwd_peak, bwd_transient, saved;
 };
 
-LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const Rates& r, const GpuRates& gpu,
-                       double resident_bytes) {
+LayerCosts layer_costs(const LayerDef& d, const std::vector<int>& sizes, const Rates& r, double resident_bytes) {
   LayerCosts c;
   for (int ui : sizes) {
     const auto u = static_cast<double>(ui);
-    double fwd = gpu.forward_overhead_s;
-    double bwd = gpu.backward_overhead_s;
+    double fwd = r.fwd_overhead_s;
+    double bwd = r.bwd_overhead_s;
     for (const Op& op : d.graph.ops) {
       for (const Kernel& k : op.fwd) fwd += kernel_time_s(k, u, r);
       for (const Kernel& k : op.bwd) bwd += kernel_time_s(k, u, r);
@@ -751,6 +751,34 @@ std::int64_t foreach_adamw_bytes_per_param(const AnalyticSpec& spec) {
   return 80 + (two_byte_weights ? 6 : 0);
 }
 
+// The rates a layer's kernels are priced at: the GPU's peak for the model's dtype, how close GEMMs and elementwise
+// kernels come to it, and the fixed costs, as the trainer (AnalyticSpec::trainer) reaches them.
+Rates rates_for(const AnalyticSpec& spec, const GpuRates& gpu) {
+  Rates r;
+  const bool cuda_cores = spec.dtype == DType::Fp32 || gpu.matrix_fp16_flops_per_s <= 0;
+  r.peak_flops = cuda_cores ? gpu.matrix_fp32_flops_per_s : gpu.matrix_fp16_flops_per_s;
+  r.gemm_max = gpu.gemm_efficiency_max > 0 ? gpu.gemm_efficiency_max : 1.0;
+  r.gemm_half = gpu.gemm_half_flops;
+  // An FP32 model's GEMMs run on the CUDA cores: their own efficiency where the machine gives one (a tensor-core
+  // calibration says nothing of them; docs/machines.md, gemm_efficiency_fp32).
+  if (spec.dtype == DType::Fp32 && gpu.gemm_fp32_efficiency_max > 0) {
+    r.gemm_max = gpu.gemm_fp32_efficiency_max;
+    r.gemm_half = gpu.gemm_fp32_half_flops;
+  }
+  // A hand-written engine's tensor-core GEMMs reach the measured ceiling (AnalyticSpec::trainer); its FP32 GEMMs keep
+  // the CUDA-core efficiency (the ceiling is a tensor-core measurement).
+  const bool engine = spec.trainer == Trainer::Engine;
+  if (engine && gpu.gemm_ceiling <= 0)
+    throw ScheduleError("analytic model: trainer: engine needs the machine's gpu_rates.gemm_ceiling");
+  if (engine && !cuda_cores) r.gemm_max = gpu.gemm_ceiling;
+  r.fwd_overhead_s = engine ? 0.0 : gpu.forward_overhead_s;  // no framework dispatch in an engine's step
+  r.bwd_overhead_s = engine ? 0.0 : gpu.backward_overhead_s;
+  r.mem_bw = gpu.memory_bytes_per_s;
+  r.vec_eff = gpu.vector_efficiency > 0 ? gpu.vector_efficiency : 1.0;
+  r.floor_s = gpu.kernel_floor_s;
+  return r;
+}
+
 }  // namespace
 
 Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAdam& cpu) {
@@ -765,20 +793,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
         "analytic model: autocast keeps FP32 parameters, and master_weights: false (pure 2-byte training) has none");
   if (!gpu.valid())
     throw ScheduleError("analytic model: the machine has no gpu_rates (matrix_fp32 and memory are required)");
-  Rates r;
-  const bool cuda_cores = spec.dtype == DType::Fp32 || gpu.matrix_fp16_flops_per_s <= 0;
-  r.peak_flops = cuda_cores ? gpu.matrix_fp32_flops_per_s : gpu.matrix_fp16_flops_per_s;
-  r.gemm_max = gpu.gemm_efficiency_max > 0 ? gpu.gemm_efficiency_max : 1.0;
-  r.gemm_half = gpu.gemm_half_flops;
-  // An FP32 model's GEMMs run on the CUDA cores: their own efficiency where the machine gives one (a tensor-core
-  // calibration says nothing of them; docs/machines.md, gemm_efficiency_fp32).
-  if (spec.dtype == DType::Fp32 && gpu.gemm_fp32_efficiency_max > 0) {
-    r.gemm_max = gpu.gemm_fp32_efficiency_max;
-    r.gemm_half = gpu.gemm_fp32_half_flops;
-  }
-  r.mem_bw = gpu.memory_bytes_per_s;
-  r.vec_eff = gpu.vector_efficiency > 0 ? gpu.vector_efficiency : 1.0;
-  r.floor_s = gpu.kernel_floor_s;
+  const Rates r = rates_for(spec, gpu);
   const bool fp32_step = fp32_optimizer(spec);
   const double step_bytes_per_param = fp32_step ? 4.0 : 2.0;
   const double adam_bps = cpu_step_bytes_per_s(spec, cpu);
@@ -819,8 +834,7 @@ Model analytic_model(const AnalyticSpec& spec, const GpuRates& gpu, const CpuAda
     double in_bytes = 0;
     for (int t : d.graph.inputs) in_bytes += d.graph.tensors[static_cast<std::size_t>(t)].bytes(1.0);
     l.input_bytes_per_sample = static_cast<Bytes>(std::llround(in_bytes));
-    const LayerCosts c =
-        layer_costs(d, spec.ubatch_sizes, r, gpu, static_cast<double>(l.weight_bytes + l.buffer_bytes));
+    const LayerCosts c = layer_costs(d, spec.ubatch_sizes, r, static_cast<double>(l.weight_bytes + l.buffer_bytes));
     l.fwd_time_s = c.fwd_s;
     l.bwd_time_s = c.bwd_s;
     l.fwd_peak_bytes = c.fwd_peak;

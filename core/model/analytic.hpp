@@ -64,6 +64,12 @@ enum class KernelStyle {
 // Mistral and Qwen with FlashAttention-2 or Liger, torchtitan and torchtune keep q, k, v, gate and up apart; Phi-3 and
 // Megatron pack them. The GEMMs' shapes and the modules ZeRO-3 gathers (Layer::gathered_modules) follow it.
 enum class Projections { Auto, Separate, Packed };
+// What runs the training step (docs/config.md, `trainer`): a Python framework (PyTorch eager or compiled, DeepSpeed,
+// FSDP, Megatron), whose GEMMs the machine's gemm_efficiency prices (calibrated on framework runs) and whose layers pay
+// the per-call dispatch overheads (gpu_rates.overhead forward/backward); or a hand-written C/C++/CUDA engine calling
+// cuBLAS(Lt)/cuDNN directly (llm.c, llm.q, ml_dataflow), whose GEMMs reach the machine's measured ceiling
+// (gpu_rates.gemm_ceiling) and whose layers pay no dispatch overhead (the kernel floor stays).
+enum class Trainer { Framework, Engine };
 enum class BertHead { Mlm, Classifier };
 enum class AttnBias {
   None,
@@ -110,6 +116,7 @@ struct AnalyticSpec {
   CpuOptimizerImpl cpu_optimizer = CpuOptimizerImpl::Deepspeed;  // which implementation prices the CPU step
   GpuOptimizerImpl gpu_optimizer = GpuOptimizerImpl::Fused;      // which implementation prices the GPU step
   KernelStyle kernels = KernelStyle::Eager;
+  Trainer trainer = Trainer::Framework;         // what runs the step: the GEMM rate and dispatch overheads it reaches
   Projections projections = Projections::Auto;  // llama only
   bool dropout = true;                          // dropout layers are present (training mode)
   int layers_per_block = 1;  // gpt: 1, one layer a block; 2, its attention and MLP halves (block{i}.attn, .mlp)

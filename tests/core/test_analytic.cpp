@@ -1094,6 +1094,98 @@ TEST_CASE("model.analytic.loss_chunks in a config: parsed beside the shape and b
   CHECK(contains(e.message(), "LM head"));
 }
 
+TEST_CASE("trainer: engine prices tensor-core GEMMs at the measured ceiling and drops the per-layer dispatch costs") {
+  const GpuRates h100 = machine_preset("h100-sxm-8x").gpu_rates;
+  // the presets with a measured ceiling: a GEMM microbenchmark reaches more than the framework runs they were
+  // calibrated on (the class this key answers)
+  for (const char* name : {"h100-sxm-8x", "a100-pcie-8x"}) {
+    CAPTURE(name);
+    const GpuRates& r = machine_preset(name).gpu_rates;
+    CHECK(r.gemm_ceiling > r.gemm_efficiency_max);
+    CHECK(r.gemm_ceiling < 1.0);
+  }
+  AnalyticSpec s = preset("llama3-8b");
+  s.seq_len = 1024;
+  s.dtype = DType::Bf16;
+  s.ubatch_sizes = {1, 4};
+  const Model framework = analytic_model(s, h100);
+  s.trainer = Trainer::Engine;
+  const Model engine = analytic_model(s, h100);
+  // exactly the framework model on rates whose GEMM max is the ceiling and whose layers have no call overheads
+  GpuRates same = h100;
+  same.gemm_efficiency_max = h100.gemm_ceiling;
+  same.forward_overhead_s = 0;
+  same.backward_overhead_s = 0;
+  s.trainer = Trainer::Framework;
+  const Model reference = analytic_model(s, same);
+  REQUIRE(engine.num_layers() == framework.num_layers());
+  for (int l = 0; l < engine.num_layers(); ++l) {
+    const Layer& e = engine.layers[static_cast<std::size_t>(l)];
+    const Layer& f = framework.layers[static_cast<std::size_t>(l)];
+    const Layer& ref = reference.layers[static_cast<std::size_t>(l)];
+    CAPTURE(e.name);
+    CHECK(e.fwd_time_s == ref.fwd_time_s);
+    CHECK(e.bwd_time_s == ref.bwd_time_s);
+    CHECK(e.fwd_peak_bytes == f.fwd_peak_bytes);  // what the step holds does not change, only how fast it runs
+    CHECK(e.bwd_peak_bytes == f.bwd_peak_bytes);
+    CHECK(e.weight_bytes == f.weight_bytes);
+    CHECK(e.update_time_cpu_s == f.update_time_cpu_s);
+  }
+  // a block is GEMM-bound: faster by most of the ceiling's ratio, never by more
+  const Layer& eb = engine.layers[5];
+  const Layer& fb = framework.layers[5];
+  const double ratio = h100.gemm_efficiency_max / h100.gemm_ceiling;
+  CHECK(eb.fwd_time_s[1] < fb.fwd_time_s[1] * (1.0 + ratio) / 2);
+  CHECK(eb.fwd_time_s[1] >= fb.fwd_time_s[1] * ratio * 0.999);
+  // an FP32 model's GEMMs run on the CUDA cores: the tensor-core ceiling does not reach them, the overheads go
+  s.dtype = DType::Fp32;
+  const Model fp32_framework = analytic_model(s, same);
+  s.trainer = Trainer::Engine;
+  const Model fp32_engine = analytic_model(s, h100);
+  for (int l = 0; l < fp32_engine.num_layers(); ++l)
+    CHECK(fp32_engine.layers[static_cast<std::size_t>(l)].fwd_time_s ==
+          fp32_framework.layers[static_cast<std::size_t>(l)].fwd_time_s);
+  // a machine with no measured ceiling cannot price an engine
+  s.dtype = DType::Bf16;
+  CHECK_THROWS_AS((void)analytic_model(s, machine_preset("rtx4090-4x").gpu_rates), ScheduleError);
+}
+
+TEST_CASE("model.analytic.trainer and gpu_rates.gemm_ceiling in a config: parsed; errors located with the fix") {
+  const auto load = [](const std::string& model, const std::string& machine) {
+    const RunConfig c = load_config_text(
+        "model: " + model + "\nmachine: " + machine + "\nplan: {mode: resident, gpus: 1, minibatch: 8}\n", "bad.yaml");
+    return load_model(c.model, c.machine);
+  };
+  RunConfig c = load_config_text("model: {analytic: {preset: llama3-8b, trainer: engine}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->trainer == Trainer::Engine);
+  c = load_config_text("model: {analytic: llama3-8b}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->trainer == Trainer::Framework);  // the default: outputs as before
+  const std::string qwen = source_dir() + "/configs/models/qwen2-7b/config.json";
+  c = load_config_text("model: {hf_config: " + qwen + ", seq_len: 512, trainer: engine}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->trainer == Trainer::Engine);
+  // an engine on the H100 preset runs faster than the framework; a machine file can give its own ceiling
+  const Model fw = load("{analytic: {preset: gpt2-xl, dtype: bf16}}", "{preset: h100-sxm-8x}");
+  const Model en = load("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}", "{preset: h100-sxm-8x}");
+  CHECK(en.layers[3].fwd_time_s[0] < fw.layers[3].fwd_time_s[0]);
+  const Model ceil = load("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}",
+                          "{preset: rtx4090-4x, gpu_rates: {gemm_ceiling: 0.9}}");
+  CHECK(ceil.layers[3].fwd_time_s[0] > 0);
+  ConfigError e = config_error("model: {analytic: {preset: llama3-8b, trainer: enigne}}\n" + kPlan);
+  check_at(e, 1, 48);
+  CHECK(contains(e.hint(), "did you mean 'engine'"));
+  e = config_error("model: {analytic: llama3-8b}\nmachine: {preset: h100-sxm-8x, gpu_rates: {gemm_ceiling: 1.5}}\n" +
+                   kPlan);
+  CHECK(contains(e.message(), "gemm_ceiling"));
+  try {  // a machine with no measured ceiling: located at the trainer key, naming the machine and the fix
+    (void)load("{analytic: {preset: gpt2-xl,\n  trainer: engine}}", "{preset: rtx4090-4x}");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& err) {
+    check_at(err, 2, 12);
+    CHECK(contains(err.message(), "rtx4090-4x"));
+    CHECK(contains(err.hint(), "gemm_ceiling"));
+  }
+}
+
 TEST_CASE("gpu_optimizer: foreach prices torch's AdamW passes on the GPU, fused the one-pass step") {
   AnalyticSpec s = preset("gpt2-small");
   s.ubatch_sizes = {1};
