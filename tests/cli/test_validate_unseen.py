@@ -106,6 +106,26 @@ try:
     run = subprocess.run([sys.executable, COMPARE, "--check-docs", edited], capture_output=True, text=True)
     if run.returncode != 1 or "not what the committed predictions" not in run.stderr:
         failures.append(f"compare-unseen --check-docs on an edited block: exit {run.returncode} (expected 1)")
+    # A sealed point (its prediction committed, its value kept apart) is left out and named; a predicted point with no
+    # value that is not sealed, and a sealed point that has a value, are errors.
+    with open(os.path.join(ROOT, "configs", "validation", "unseen", "measured.json")) as f:
+        meas = json.load(f)
+    some = sorted(meas["measured"])[0]
+    value = meas["measured"].pop(some)
+    ids = meas.get("sealed", {}).get("ids", []) + [some]  # beside any points sealed now
+    variants = [("no value", dict(meas), 2, "has no value"),
+                ("sealed", dict(meas, sealed={"ids": ids}), 0, f"Sealed: {len(ids)} points"),
+                ("sealed with a value", dict(meas, measured=dict(meas["measured"], **{some: value}),
+                                             sealed={"ids": ids}), 2, "are sealed and have measured values")]
+    for name, content, want_rc, want_text in variants:
+        path = os.path.join(tmp, "measured-" + name.replace(" ", "-") + ".json")
+        with open(path, "w") as f:
+            json.dump(content, f)
+        run = subprocess.run([sys.executable, COMPARE, "--markdown", "--measured", path], capture_output=True,
+                             text=True)
+        if run.returncode != want_rc or want_text not in run.stdout + run.stderr:
+            failures.append(f"compare-unseen with {name}: exit {run.returncode} (expected {want_rc}), "
+                            f"{(run.stdout + run.stderr)[-300:]!r}")
     # A second, stale copy of the block after the current one (docs/validation.md carried one for a session) fails
     # even though the first block is current.
     doubled = os.path.join(tmp, "doubled.md")
