@@ -18,7 +18,7 @@ END = "<!-- compare-unseen:end -->"
 
 
 def is_time(unit):
-    return unit.split()[0] in ("s", "s/it")
+    return unit.split()[0] in ("s", "s/it", "ms")
 
 
 def speed_error(unit, predicted, measured):
@@ -44,8 +44,12 @@ def compare(preds, measured):
         sens = r["sensitivity"] if isinstance(r["sensitivity"], dict) else {}
         sens_err = {k: speed_error(r["unit"], v, m) for k, v in sens.items() if isinstance(v, float)}
         kind = r.get("plan_kind", "compute")
-        rows.append({"id": pid, "source": r["source"], "group": group_of(r), "kind": kind, "gpus": r["gpus"],
-                     "unit": r["unit"], "predicted": r["predicted"], "measured": m, "error": err, "sens": sens_err})
+        # a measured value no GPU could give (measured.json "implausible": why, e.g. above the datasheet peak by the
+        # model's own FLOPs) is shown apart and in no other group's median
+        group = "implausible value" if measured[pid].get("implausible") else group_of(r)
+        rows.append({"id": pid, "source": r["source"], "group": group, "kind": kind, "gpus": r["gpus"],
+                     "unit": r["unit"], "predicted": r["predicted"], "measured": m, "error": err, "sens": sens_err,
+                     "implausible": measured[pid].get("implausible")})
     return rows
 
 
@@ -66,7 +70,7 @@ def markdown(rows, preds):
              "it was). Medians over the points of each group; `n` counts predicted points only.", "",
              "| group | source | n | median \\|error\\| | median error | worst \\|error\\| |",
              "|---|---|---|---|---|---|"]
-    groups = ("non-offloading", "offloading", "approximate kind", "not independent")
+    groups = ("non-offloading", "offloading", "approximate kind", "not independent", "implausible value")
     for g in groups:
         in_g = [r for r in rows if r["group"] == g]
         for src, (n, med_abs, med, worst) in summary(in_g, lambda r: r["source"]).items():
@@ -84,6 +88,7 @@ def markdown(rows, preds):
         s = [pct(r["sens"][k]) if k in r["sens"] else "–" for k in ("cpu_adam_x0.5", "cpu_adam_x2", "h2d_x0.5")]
         lines.append(f"| `{r['id']}` | {r['kind']} | {r['gpus']} | {r['predicted']:.4g} | {r['measured']:.4g} | "
                      f"{r['unit']} | {pct(r['error'])} | {' | '.join(s)} |")
+    lines += [f"\nImplausible value `{r['id']}`: {r['implausible']}" for r in rows if r["group"] == "implausible value"]
     return "\n".join(lines)
 
 

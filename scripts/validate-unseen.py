@@ -45,6 +45,8 @@ def convert(entry, seconds, minibatch):
     metric = entry["metric"]
     if metric == "seconds":
         return seconds
+    if metric == "milliseconds":
+        return seconds * 1e3
     if metric == "samples_per_s":
         return minibatch / seconds
     if metric == "tflops_ps8":  # PatrickStar's pretrain_demo.py: 8 x parameters x tokens, summed over GPUs
@@ -61,6 +63,22 @@ def convert(entry, seconds, minibatch):
         flops = vp.flops_per_sample({"flops": "megatron-nohead", "shape": entry["shape"], "name": entry["id"]})
         return flops * minibatch / seconds / 1e12
     raise SystemExit(f"validate-unseen: unknown metric '{metric}' in {entry['id']}")
+
+
+TIME_UNITS = {"seconds": ("s", "s/it"), "seconds_per_micro": ("s", "s/it"), "epoch_seconds": ("s", "s/it"),
+              "milliseconds": ("ms",)}
+
+
+def unit_problem(entry, unit):
+    """Why a priced entry's metric cannot be the points.json unit it will be compared in, or None: a time metric
+    must name its own unit (compare-unseen reads a unit's first word to tell times from speeds), a speed none."""
+    first = unit.split()[0]
+    want = TIME_UNITS.get(entry["metric"])
+    if want is not None and first not in want:
+        return f"metric {entry['metric']} gives {want[0]}, and the point's unit is '{unit}'"
+    if want is None and any(first in w for w in TIME_UNITS.values()):
+        return f"metric {entry['metric']} is a speed, and the point's unit '{unit}' is a time"
+    return None
 
 
 def run_one(sim, entry, sets):
@@ -256,6 +274,13 @@ def main():
     unknown = sorted(set(args.only) - set(points))
     if unknown:
         print(f"validate-unseen: --only names unknown points {unknown}", file=sys.stderr)
+        return 2
+    bad_units = [f"{e['id']}: {why}" for e in pricing["points"] if "metric" in e
+                 for why in [unit_problem(e, points[e["id"]]["metric"]["unit"])] if why]
+    if bad_units:
+        print("validate-unseen: pricing.json's metric and points.json's unit disagree (a time metric must name the "
+              "unit it is compared in: seconds for 's', milliseconds for 'ms'):\n  " + "\n  ".join(bad_units),
+              file=sys.stderr)
         return 2
     preds = price_all(sim, pricing, points, set(args.only), max(1, args.jobs))
     version = subprocess.run([sim, "--version"], capture_output=True, text=True).stdout.strip()

@@ -126,6 +126,32 @@ try:
         if run.returncode != want_rc or want_text not in run.stdout + run.stderr:
             failures.append(f"compare-unseen with {name}: exit {run.returncode} (expected {want_rc}), "
                             f"{(run.stdout + run.stderr)[-300:]!r}")
+    # A time metric must name the unit it is compared in (compare-unseen tells times from speeds by the unit's first
+    # word): a prediction in seconds under a point's 'ms' unit was read as a speed, its error's sign flipped.
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("validate_unseen", SCRIPT)
+    vu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vu)
+    for metric, unit, bad in [("seconds", "s per step", False), ("seconds", "ms per step", True),
+                              ("milliseconds", "ms per step", False), ("milliseconds", "s per step", True),
+                              ("tokens_per_s", "tokens/s (global)", False), ("samples_per_s", "ms per step", True),
+                              ("epoch_seconds", "s (one epoch)", False)]:
+        if (vu.unit_problem({"metric": metric}, unit) is not None) != bad:
+            failures.append(f"unit_problem({metric}, {unit!r}) should {'' if bad else 'not '}be a problem")
+    # A measured value marked implausible (measured.json) is shown in a group of its own, out of every other median.
+    with open(os.path.join(ROOT, "configs", "validation", "unseen", "measured.json")) as f:
+        meas = json.load(f)
+    some = next(k for k, r in sorted(json.load(open(os.path.join(ROOT, "configs", "validation", "unseen",
+                                                                  "predictions.json")))["predictions"].items())
+                if r["status"] == "predicted" and not meas["measured"][k].get("implausible"))
+    meas["measured"][some] = dict(meas["measured"][some], implausible="a test's reason")
+    path = os.path.join(tmp, "measured-implausible.json")
+    with open(path, "w") as f:
+        json.dump(meas, f)
+    run = subprocess.run([sys.executable, COMPARE, "--markdown", "--measured", path], capture_output=True, text=True)
+    if run.returncode != 0 or f"Implausible value `{some}`: a test's reason" not in run.stdout \
+            or "| **implausible value** | all |" not in run.stdout:
+        failures.append(f"compare-unseen with an implausible value: exit {run.returncode}, {run.stderr[-300:]!r}")
     # A second, stale copy of the block after the current one (docs/validation.md carried one for a session) fails
     # even though the first block is current.
     doubled = os.path.join(tmp, "doubled.md")
