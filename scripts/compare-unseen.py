@@ -61,11 +61,39 @@ def summary(rows, key):
             for k, v in sorted(out.items())}
 
 
+def testbed_key(pid, points, pricing):
+    """Points of one source on the same machine, GPU count and model shape, in the same unit: systems side by side."""
+    p, e = points[pid], pricing[pid]
+    m = p["model"]
+    return (p["source"], e.get("machine"), p["gpus"], p["metric"]["unit"], m.get("layers"), m.get("hidden"),
+            m.get("seq_len"))
+
+
+def ratios(rows, points, pricing):
+    """Issue 35's third target: the ratio between two systems run on the same testbed, predicted against measured.
+    Each testbed's points (testbed_key; implausible values and the not-independent source left out) are set against its first (non-offloaded before
+    offloaded, then by id): error = predicted speed ratio / measured speed ratio - 1. A source's bias common to both
+    systems (its trainer's overhead, its machine's unstated rates) cancels in the ratio; what each system adds does not."""
+    groups = {}
+    for r in rows:
+        if r["group"] not in ("implausible value", "not independent"):
+            groups.setdefault(testbed_key(r["id"], points, pricing), []).append(r)
+    out = []
+    for key in sorted(groups, key=lambda k: tuple(str(x) for x in k)):
+        members = sorted(groups[key], key=lambda r: (points[r["id"]]["offloading"], r["id"]))
+        base = members[0]
+        for r in members[1:]:
+            # (1 + error) is predicted speed / measured speed for each point; the ratio's error divides them
+            err = (1.0 + r["error"]) / (1.0 + base["error"]) - 1.0
+            out.append({"source": key[0], "id": r["id"], "base": base["id"], "error": err})
+    return out
+
+
 def pct(x):
     return f"{100 * x:+.0f}%"
 
 
-def markdown(rows, preds):
+def markdown(rows, preds, ratio_rows=()):
     lines = ["Speed error = predicted speed / measured speed − 1 (positive: harmony-sim predicts the run faster than "
              "it was). Medians over the points of each group; `n` counts predicted points only.", "",
              "| group | source | n | median \\|error\\| | median error | worst \\|error\\| |",
@@ -89,6 +117,14 @@ def markdown(rows, preds):
         lines.append(f"| `{r['id']}` | {r['kind']} | {r['gpus']} | {r['predicted']:.4g} | {r['measured']:.4g} | "
                      f"{r['unit']} | {pct(r['error'])} | {' | '.join(s)} |")
     lines += [f"\nImplausible value `{r['id']}`: {r['implausible']}" for r in rows if r["group"] == "implausible value"]
+    if ratio_rows:
+        errs = [abs(r["error"]) for r in ratio_rows]
+        within = sum(1 for e in errs if e <= 0.25)
+        lines += ["", f"Ratios between systems on the same testbed (same source, machine, GPU count, model and unit; "
+                      f"each set against the testbed's first point; the not-independent source left out): {len(ratio_rows)} ratios, median |error| "
+                      f"{100 * statistics.median(errs):.0f}%, {within} within 25%, worst {100 * max(errs):.0f}%.", "",
+                  "| source | point | against | ratio error |", "|---|---|---|---|"]
+        lines += [f"| `{r['source']}` | `{r['id']}` | `{r['base']}` | {pct(r['error'])} |" for r in ratio_rows]
     return "\n".join(lines)
 
 
@@ -124,7 +160,12 @@ def main():
         return 2
     preds = {k: v for k, v in preds.items() if k not in sealed}
     rows = compare(preds, measured)
-    text = markdown(rows, preds)
+    with open(os.path.join(UNSEEN, "points.json")) as f:
+        points = {p["id"]: p for p in json.load(f)["points"]}
+    with open(os.path.join(UNSEEN, "pricing.json")) as f:
+        pricing = {e["id"]: e for e in json.load(f)["points"]}
+    ratio_rows = ratios(rows, points, pricing)
+    text = markdown(rows, preds, ratio_rows)
     if sealed:
         text += (f"\n\nSealed: {len(sealed)} points are predicted and committed, their measured values not yet opened "
                  f"(measured.json \"sealed\"): {', '.join(f'`{i}`' for i in sorted(sealed))}.")
@@ -159,6 +200,10 @@ def main():
     print()
     for g, (n, med_abs, med, worst) in summary(rows, lambda r: r["group"]).items():
         print(f"{g:17} n={n:3}  median |error| {100 * med_abs:4.0f}%  median {pct(med):>5}  worst {100 * worst:.0f}%")
+    if ratio_rows:
+        errs = [abs(r["error"]) for r in ratio_rows]
+        print(f"same-testbed ratios n={len(errs)}  median |error| {100 * statistics.median(errs):.0f}%  within 25%: "
+              f"{sum(1 for e in errs if e <= 0.25)}  worst {100 * max(errs):.0f}%")
     return 0
 
 

@@ -152,6 +152,21 @@ try:
     if run.returncode != 0 or f"Implausible value `{some}`: a test's reason" not in run.stdout \
             or "| **implausible value** | all |" not in run.stdout:
         failures.append(f"compare-unseen with an implausible value: exit {run.returncode}, {run.stderr[-300:]!r}")
+    # Same-testbed ratios: two systems on one source's machine, GPUs, model and unit; a bias common to both cancels
+    # (both 20% fast: ratio error 0), what one system adds does not; other testbeds and implausible values stay apart.
+    spec = importlib.util.spec_from_file_location("compare_unseen", COMPARE)
+    cu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cu)
+    pts = {i: {"source": "s", "gpus": 1, "offloading": off, "metric": {"unit": "s"},
+               "model": {"layers": 2, "hidden": 8, "seq_len": 4}} for i, off in
+           [("a", False), ("b", True), ("c", True), ("d", True)]}
+    pts["d"]["gpus"] = 2
+    pri = {i: {"machine": "m"} for i in pts}
+    rows_t = [{"id": "a", "group": "non-offloading", "error": 0.2}, {"id": "b", "group": "offloading", "error": 0.2},
+              {"id": "c", "group": "offloading", "error": 0.5}, {"id": "d", "group": "offloading", "error": 0.9}]
+    got = {r["id"]: (r["base"], round(r["error"], 9)) for r in cu.ratios(rows_t, pts, pri)}
+    if got != {"b": ("a", 0.0), "c": ("a", 0.25)}:
+        failures.append(f"compare-unseen ratios: {got}")
     # A second, stale copy of the block after the current one (docs/validation.md carried one for a session) fails
     # even though the first block is current.
     doubled = os.path.join(tmp, "doubled.md")
