@@ -5,6 +5,7 @@
 # prediction's host-rate sensitivity. It prices nothing: the predictions stay what was committed before comparison.
 #   python3 scripts/compare-unseen.py [--markdown] [--check-docs docs/validation.md] [--measured FILE]
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -17,8 +18,15 @@ BEGIN = "<!-- compare-unseen:begin (scripts/compare-unseen.py --markdown; do not
 END = "<!-- compare-unseen:end -->"
 
 
+# The time units (a unit's first word) validate-unseen.py's metrics are checked against: one list for both scripts.
+_spec = importlib.util.spec_from_file_location("validate_unseen", os.path.join(ROOT, "scripts", "validate-unseen.py"))
+_vu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_vu)
+TIME_WORDS = {w for words in _vu.TIME_UNITS.values() for w in words}
+
+
 def is_time(unit):
-    return unit.split()[0] in ("s", "s/it", "ms")
+    return unit.split()[0] in TIME_WORDS
 
 
 def speed_error(unit, predicted, measured):
