@@ -69,6 +69,32 @@ def summary(rows, key):
             for k, v in sorted(out.items())}
 
 
+def host_rate_bound(rows):
+    """How much of the offloading group's error the unknown host CPU rate can explain: for each point, which of
+    cpu_adam halved, as assumed, or doubled predicts it best (a move under 2 points counts as insensitive), and the
+    median |error| if each point had its best of the three. An oracle's bound, not a prediction: no source gives
+    the rate for these testbeds (docs/machines.md, "Host rates: measured or assumed")."""
+    off = [r for r in rows if r["group"] == "offloading"]
+    if not off:
+        return None
+    count = {"halved": 0, "doubled": 0, "neither": 0, "insensitive": 0}
+    best = []
+    for r in off:
+        e = abs(r["error"])
+        h = abs(r["sens"].get("cpu_adam_x0.5", r["error"]))
+        d = abs(r["sens"].get("cpu_adam_x2", r["error"]))
+        if abs(h - e) < 0.02 and abs(d - e) < 0.02:
+            count["insensitive"] += 1
+        elif h < e and h <= d:
+            count["halved"] += 1
+        elif d < e:
+            count["doubled"] += 1
+        else:
+            count["neither"] += 1
+        best.append(min(e, h, d))
+    return len(off), count, statistics.median(best), sum(1 for b in best if b <= 0.35)
+
+
 def testbed_key(pid, points, pricing):
     """Points of one source on the same machine, GPU count and model shape, in the same unit: systems side by side."""
     p, e = points[pid], pricing[pid]
@@ -125,6 +151,14 @@ def markdown(rows, preds, ratio_rows=()):
         lines.append(f"| `{r['id']}` | {r['kind']} | {r['gpus']} | {r['predicted']:.4g} | {r['measured']:.4g} | "
                      f"{r['unit']} | {pct(r['error'])} | {' | '.join(s)} |")
     lines += [f"\nImplausible value `{r['id']}`: {r['implausible']}" for r in rows if r["group"] == "implausible value"]
+    bound = host_rate_bound(rows)
+    if bound:
+        n, c, med, within35 = bound
+        lines += ["", f"The host CPU rate (offloading group, n {n}): {c['halved']} points are predicted better with every "
+                      f"machine's `cpu_adam` halved, {c['doubled']} with it doubled, {c['neither']} with neither, "
+                      f"{c['insensitive']} move by under 2 points. With the best of the three for each point (an "
+                      f"oracle's bound, not a prediction) the median |error| would be {100 * med:.0f}% and {within35} "
+                      f"of {n} within 35%."]
     if ratio_rows:
         errs = [abs(r["error"]) for r in ratio_rows]
         within = sum(1 for e in errs if e <= 0.25)

@@ -167,6 +167,15 @@ try:
     got = {r["id"]: (r["base"], round(r["error"], 9)) for r in cu.ratios(rows_t, pts, pri)}
     if got != {"b": ("a", 0.0), "c": ("a", 0.25)}:
         failures.append(f"compare-unseen ratios: {got}")
+    # The host-rate bound: per offloading point, which cpu_adam variant predicts best, and the median of the best.
+    rows_h = [{"group": "offloading", "error": 0.4, "sens": {"cpu_adam_x0.5": 0.1, "cpu_adam_x2": 0.8}},
+              {"group": "offloading", "error": -0.3, "sens": {"cpu_adam_x0.5": -0.5, "cpu_adam_x2": -0.1}},
+              {"group": "offloading", "error": 0.2, "sens": {"cpu_adam_x0.5": 0.21, "cpu_adam_x2": 0.19}},
+              {"group": "non-offloading", "error": 0.9, "sens": {}}]
+    n_h, c_h, med_h, within_h = cu.host_rate_bound(rows_h)
+    if (n_h, c_h, round(med_h, 9), within_h) != (3, {"halved": 1, "doubled": 1, "neither": 0, "insensitive": 1}, 0.1,
+                                                   3):
+        failures.append(f"compare-unseen host_rate_bound: {(n_h, c_h, med_h, within_h)}")
     # A second, stale copy of the block after the current one (docs/validation.md carried one for a session) fails
     # even though the first block is current.
     doubled = os.path.join(tmp, "doubled.md")
