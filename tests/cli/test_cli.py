@@ -326,6 +326,29 @@ plan: {{mode: harmony-pp, gpus: 2, minibatch: 16, u_fwd: {top["u_fwd"]}, u_bwd: 
     check("search --help: exit 0, the usage", r.returncode == 0 and "Usage:" in r.stdout and "--quiet" in r.stdout,
           r.stdout[:300])
 
+    # model.analytic.trainer (docs/config.md): an engine's GEMMs at the machine's measured ceiling, so the in-memory
+    # trainer runs faster than the framework on the same H100s; on a machine with no ceiling a located error, exit 2
+    eng = write_in(tmp, "engine.yaml", """model:
+  analytic: {preset: gpt2-xl, dtype: bf16, kernels: flash, ubatch_sizes: [8],
+             trainer: engine}
+machine: {preset: h100-sxm-8x}
+cost_model: native
+plan: {mode: resident, gpus: 8, minibatch: 64}
+search: {u_fwd: [8], u_bwd: [8]}
+""")
+    times = {}
+    for trainer in ("engine", "framework"):
+        r = run("compare", eng, "--format", "json", "--quiet", "--set", f"model.analytic.trainer={trainer}")
+        check(f"compare trainer {trainer}: exit 0", r.returncode == 0, r.stderr)
+        if r.returncode == 0:
+            rows = {x["plan_kind"]: x for x in json.loads(r.stdout)["results"]}
+            times[trainer] = rows["resident"]["best"]["iteration_time_s"] if rows["resident"]["feasible"] else None
+    check("trainer engine: the resident step faster than the framework's", len(times) == 2 and None not in
+          times.values() and times["engine"] < times["framework"], times)
+    r = run("compare", eng, "--set", "machine.preset=rtx4090-4x", "--set", "plan.gpus=4")
+    check("trainer engine on a machine without gemm_ceiling: exit 2 at the key, naming the fix", r.returncode == 2 and
+          "engine.yaml:3:23:" in r.stderr and "gemm_ceiling" in r.stderr and "hint:" in r.stderr, r.stderr)
+
     # --quiet: search and compare print no progress (nor anything else) on stderr
     for command in ["search", "compare"]:
         r = run(command, cfg, "--quiet", "--set", "search.packing_fwd=[balanced_time]", "--set",
