@@ -340,9 +340,8 @@ const SwapRules kOptOffloadRules{.stream_weights = true, .resident_param_shards 
 const PlanKindSpec kFsdpOffloadSpec{
     .name = "fsdp-offload",
     .description =
-        "PyTorch FSDP with CPUOffload(offload_params=True): flat parameter shards on the host, fetched and gathered "
-        "per "
-        "layer, gradient shards to the host, the optimizer on the CPU",
+        "PyTorch FSDP with CPUOffload(offload_params=True): flat parameter shards on the host, fetched "
+        "and gathered per layer, gradient shards to the host, the optimizer on the CPU",
     .listing_order = 53,
     .role = KindRole::Baseline,
     .color = "#9edae5",
