@@ -31,6 +31,7 @@ struct ModelSpec {
   SourceLoc master_weights_loc;  // where `master_weights` was written (load_model's check against the dtype)
   SourceLoc autocast_loc;        // where `autocast` was written (load_model's checks against dtype, master_weights)
   SourceLoc trainer_loc;         // where `trainer` was written (load_model's check against the machine's gemm_ceiling)
+  SourceLoc tf32_loc;            // where `tf32` was written (load_model's checks of the dtype and matrix_tf32)
 };
 
 // The plan section. mode/gpus/minibatch are needed by every command; the rest by the commands that run one plan.

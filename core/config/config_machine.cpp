@@ -207,9 +207,9 @@ double get_price(const Node& v, const std::string& what) {
 // ------------------------------------------------------------------------------------------------
 // Compute rates for analytic models (docs/machines.md, `gpu_rates` and `cpu_adam`): key by key over the base's.
 
-const std::vector<std::string> kGpuRatesKeys = {
-    "matrix_fp32",  "matrix_fp16",       "memory",  "gemm_efficiency", "gemm_efficiency_fp32",
-    "gemm_ceiling", "vector_efficiency", "overhead"};
+const std::vector<std::string> kGpuRatesKeys = {"matrix_fp32",  "matrix_fp16",       "matrix_tf32",
+                                                "memory",       "gemm_efficiency",   "gemm_efficiency_fp32",
+                                                "gemm_ceiling", "vector_efficiency", "overhead"};
 const std::vector<std::string> kGemmEfficiencyKeys = {"max", "half"};
 const std::vector<std::string> kOverheadKeys = {"kernel", "forward", "backward"};
 const std::vector<std::string> kCpuAdamKeys = {"bandwidth", "per_layer", "bandwidth_bf16", "bandwidth_fp16",
@@ -280,6 +280,8 @@ void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
     r.matrix_fp32_flops_per_s = get_flops_per_s(x->value, what + ".matrix_fp32");
   if (const Entry* x = find(map, "matrix_fp16"))
     r.matrix_fp16_flops_per_s = get_flops_per_s(x->value, what + ".matrix_fp16");
+  if (const Entry* x = find(map, "matrix_tf32"))
+    r.matrix_tf32_flops_per_s = get_flops_per_s(x->value, what + ".matrix_tf32");
   if (const Entry* x = find(map, "memory")) r.memory_bytes_per_s = get_link_bandwidth(x->value, what + ".memory");
   if (const Entry* x = find(map, "gemm_efficiency")) {
     const std::string w = what + ".gemm_efficiency";

@@ -23,21 +23,52 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // model: {profile: PATH}, {analytic: NAME | {...}} or {hf_config: PATH, ...} (docs/config.md, "model")
 // The keys beside hf_config: how the model described by the file is run (they change no parameter).
-const std::vector<std::string> kHfRunKeys = {"name",     "seq_len",       "dtype",          "optimizer",
-                                             "kernels",  "ubatch_sizes",  "master_weights", "cpu_optimizer",
-                                             "autocast", "gpu_optimizer", "loss_chunks",    "trainer"};
+const std::vector<std::string> kHfRunKeys = {
+    "name",          "seq_len",  "dtype",         "optimizer",   "kernels", "ubatch_sizes", "master_weights",
+    "cpu_optimizer", "autocast", "gpu_optimizer", "loss_chunks", "trainer", "tf32"};
 const std::vector<std::string> kModelKeys = {"profile",       "analytic",       "hf_config",     "name",
                                              "seq_len",       "dtype",          "optimizer",     "kernels",
                                              "ubatch_sizes",  "master_weights", "cpu_optimizer", "autocast",
-                                             "gpu_optimizer", "loss_chunks",    "trainer"};
-const std::vector<std::string> kAnalyticKeys = {
-    "preset",       "family",           "name",           "layers",    "hidden",      "heads",
-    "ffn",          "seq_len",          "vocab",          "tied_head", "head",        "labels",
-    "image_size",   "classes",          "dtype",          "optimizer", "kernels",     "dropout",
-    "ubatch_sizes", "layers_per_block", "positions",      "kv_heads",  "head_dim",    "qk_norm",
-    "attn_bias",    "mlp_bias",         "sliding_window", "rope",      "rope_dims",   "parallel_residual",
-    "act",          "master_weights",   "cpu_optimizer",  "autocast",  "projections", "gpu_optimizer",
-    "loss_chunks",  "trainer"};
+                                             "gpu_optimizer", "loss_chunks",    "trainer",       "tf32"};
+const std::vector<std::string> kAnalyticKeys = {"preset",
+                                                "family",
+                                                "name",
+                                                "layers",
+                                                "hidden",
+                                                "heads",
+                                                "ffn",
+                                                "seq_len",
+                                                "vocab",
+                                                "tied_head",
+                                                "head",
+                                                "labels",
+                                                "image_size",
+                                                "classes",
+                                                "dtype",
+                                                "optimizer",
+                                                "kernels",
+                                                "dropout",
+                                                "ubatch_sizes",
+                                                "layers_per_block",
+                                                "positions",
+                                                "kv_heads",
+                                                "head_dim",
+                                                "qk_norm",
+                                                "attn_bias",
+                                                "mlp_bias",
+                                                "sliding_window",
+                                                "rope",
+                                                "rope_dims",
+                                                "parallel_residual",
+                                                "act",
+                                                "master_weights",
+                                                "cpu_optimizer",
+                                                "autocast",
+                                                "projections",
+                                                "gpu_optimizer",
+                                                "loss_chunks",
+                                                "trainer",
+                                                "tf32"};
 const std::vector<std::string> kFamilies = {"gpt", "bert", "resnet", "llama", "neox"};
 const std::vector<std::string> kActivations = {"gelu", "gelu_new"};
 const std::vector<std::string> kDTypes = {"fp32", "fp16", "bf16"};
@@ -86,6 +117,7 @@ void apply_run_keys(const Node& map, const std::string& what, AnalyticSpec& spec
     spec.kernels = static_cast<KernelStyle>(get_choice(x->value, what + ".kernels", kKernelStyles, "kernel styles"));
   if (const Entry* x = find(map, "trainer"))
     spec.trainer = static_cast<Trainer>(get_choice(x->value, what + ".trainer", kTrainers, "trainers"));
+  if (const Entry* x = find(map, "tf32")) spec.tf32 = get_bool(x->value, what + ".tf32");
   if (const Entry* x = find(map, "loss_chunks")) spec.loss_chunks = get_int(x->value, what + ".loss_chunks", 1);
   if (const Entry* x = find(map, "ubatch_sizes")) {
     spec.ubatch_sizes.clear();
@@ -371,6 +403,7 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
     if (const Entry* x = find(model, "master_weights")) spec.master_weights_loc = x->value.loc;
     if (const Entry* x = find(model, "autocast")) spec.autocast_loc = x->value.loc;
     if (const Entry* x = find(model, "trainer")) spec.trainer_loc = x->value.loc;
+    if (const Entry* x = find(model, "tf32")) spec.tf32_loc = x->value.loc;
     spec.loc = hf->value.loc;
     return spec;
   }
@@ -382,6 +415,7 @@ ModelSpec parse_model(const Node& model, const SourceLoc& model_loc, const std::
       spec.master_weights_loc = x->value.loc;
     if (const Entry* x = map ? find(analytic->value, "autocast") : nullptr) spec.autocast_loc = x->value.loc;
     if (const Entry* x = map ? find(analytic->value, "trainer") : nullptr) spec.trainer_loc = x->value.loc;
+    if (const Entry* x = map ? find(analytic->value, "tf32") : nullptr) spec.tf32_loc = x->value.loc;
     spec.loc = analytic->value.loc;
     return spec;
   }
@@ -409,6 +443,59 @@ CostModelKind parse_cost_model(const Entry& e) {
 
 using namespace config_detail;  // NOLINT(google-build-using-namespace): the loader's own internals
 
+namespace {
+
+// The run keys that depend on the machine or the dtype it chose (load_model), each error at the key written.
+void check_run_keys(const ModelSpec& spec, const AnalyticSpec& a, const MachineSpec& machine) {
+  if (a.tf32 && a.dtype != DType::Fp32)
+    throw ConfigError(
+        spec.tf32_loc,
+        fmt::format("tf32: true runs an FP32 model's GEMMs on TF32 tensor cores, and the model's dtype is "
+                    "{}",
+                    a.dtype == DType::Bf16 ? "bf16" : "fp16"),
+        "remove dtype (tf32 implies fp32) or write dtype: fp32; a 2-byte model's GEMMs are on the tensor "
+        "cores already");
+  if (a.tf32 && machine.gpu_rates.matrix_tf32_flops_per_s <= 0)
+    throw ConfigError(spec.tf32_loc,
+                      fmt::format("tf32: true prices GEMMs at the machine's TF32 tensor-core peak, and machine '{}' "
+                                  "has no gpu_rates.matrix_tf32",
+                                  machine.name),
+                      "add gpu_rates: {matrix_tf32: R} to the machine, its dense TF32 peak from the GPU's spec sheet "
+                      "(Ampere and later; docs/machines.md, matrix_tf32), or remove tf32 (a GPU without TF32 runs FP32 "
+                      "GEMMs on its CUDA cores)");
+  // why an unwritten dtype came out fp32
+  const std::string why_fp32 =
+      spec.analytic_dtype_given ? ""
+      : a.tf32                  ? " (tf32: true makes it fp32)"
+               : fmt::format(" (machine '{}' has no tensor-core rate above its FP32 one)", machine.name);
+  if (!a.master_weights && a.dtype == DType::Fp32)
+    throw ConfigError(spec.master_weights_loc,
+                      fmt::format("master_weights: false (pure 2-byte training) needs a 2-byte dtype, and the model's "
+                                  "is fp32{}",
+                                  why_fp32),
+                      "set dtype: bf16 (or fp16) beside it, or remove master_weights");
+  if (a.autocast && a.dtype == DType::Fp32)
+    throw ConfigError(spec.autocast_loc,
+                      fmt::format("autocast: true (FP32 parameters, GEMMs cast to a 2-byte type) needs a 2-byte dtype, "
+                                  "and the model's is fp32{}",
+                                  why_fp32),
+                      "set dtype: bf16 (or fp16) beside it: the type autocast computes in");
+  if (a.autocast && !a.master_weights)
+    throw ConfigError(spec.autocast_loc,
+                      "autocast: true keeps FP32 parameters, gradients and optimizer state; master_weights: false "
+                      "(pure 2-byte training) keeps none",
+                      "remove master_weights: false (autocast), or remove autocast (pure 2-byte training)");
+  if (a.trainer == Trainer::Engine && machine.gpu_rates.gemm_ceiling <= 0)
+    throw ConfigError(spec.trainer_loc,
+                      fmt::format("trainer: engine prices GEMMs at the machine's measured GEMM ceiling, and machine "
+                                  "'{}' has no gpu_rates.gemm_ceiling",
+                                  machine.name),
+                      "add gpu_rates: {gemm_ceiling: F} to the machine, the fraction of matrix_fp16 a GEMM "
+                      "microbenchmark reaches on that GPU (docs/machines.md, gemm_ceiling), or use trainer: framework");
+}
+
+}  // namespace
+
 Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
   if (!spec.analytic) return load_profile(spec.profile_path);
   if (!machine.gpu_rates.valid()) {
@@ -424,40 +511,12 @@ Model load_model(const ModelSpec& spec, const MachineSpec& machine) {
                     join(with_rates)));
   }
   AnalyticSpec a = *spec.analytic;
+  // tf32 is an FP32 model's option: it fixes the dtype the machine would otherwise choose
   if (!spec.analytic_dtype_given)
-    a.dtype = machine.gpu_rates.matrix_fp16_flops_per_s > machine.gpu_rates.matrix_fp32_flops_per_s ? DType::Bf16
-                                                                                                    : DType::Fp32;
-  if (!a.master_weights && a.dtype == DType::Fp32)
-    throw ConfigError(
-        spec.master_weights_loc,
-        fmt::format("master_weights: false (pure 2-byte training) needs a 2-byte dtype, and the model's is "
-                    "fp32{}",
-                    spec.analytic_dtype_given ? ""
-                                              : fmt::format(" (machine '{}' has no tensor-core rate "
-                                                            "above its FP32 one)",
-                                                            machine.name)),
-        "set dtype: bf16 (or fp16) beside it, or remove master_weights");
-  if (a.autocast && a.dtype == DType::Fp32)
-    throw ConfigError(spec.autocast_loc,
-                      fmt::format("autocast: true (FP32 parameters, GEMMs cast to a 2-byte type) needs a 2-byte dtype, "
-                                  "and the model's is fp32{}",
-                                  spec.analytic_dtype_given ? ""
-                                                            : fmt::format(" (machine '{}' has no tensor-core rate "
-                                                                          "above its FP32 one)",
-                                                                          machine.name)),
-                      "set dtype: bf16 (or fp16) beside it: the type autocast computes in");
-  if (a.autocast && !a.master_weights)
-    throw ConfigError(spec.autocast_loc,
-                      "autocast: true keeps FP32 parameters, gradients and optimizer state; master_weights: false "
-                      "(pure 2-byte training) keeps none",
-                      "remove master_weights: false (autocast), or remove autocast (pure 2-byte training)");
-  if (a.trainer == Trainer::Engine && machine.gpu_rates.gemm_ceiling <= 0)
-    throw ConfigError(spec.trainer_loc,
-                      fmt::format("trainer: engine prices GEMMs at the machine's measured GEMM ceiling, and machine "
-                                  "'{}' has no gpu_rates.gemm_ceiling",
-                                  machine.name),
-                      "add gpu_rates: {gemm_ceiling: F} to the machine, the fraction of matrix_fp16 a GEMM "
-                      "microbenchmark reaches on that GPU (docs/machines.md, gemm_ceiling), or use trainer: framework");
+    a.dtype = a.tf32 || machine.gpu_rates.matrix_fp16_flops_per_s <= machine.gpu_rates.matrix_fp32_flops_per_s
+                  ? DType::Fp32
+                  : DType::Bf16;
+  check_run_keys(spec, a, machine);
   return analytic_model(a, machine.gpu_rates, machine.cpu_adam);
 }
 

@@ -69,9 +69,12 @@ struct Topology {
 struct GpuRates {
   double matrix_fp32_flops_per_s = 0;  // dense FP32 GEMM peak (CUDA cores; no TF32)
   double matrix_fp16_flops_per_s = 0;  // dense FP16/BF16 GEMM peak with FP32 accumulation (tensor cores)
-  double memory_bytes_per_s = 0;       // DRAM bandwidth
-  double gemm_efficiency_max = 0;      // eff_max: the fraction of the peak a large GEMM reaches
-  double gemm_half_flops = 0;          // a GEMM of this many FLOPs reaches eff_max / 2
+  // dense TF32 GEMM peak (tensor cores, FP32 storage and accumulation; Ampere and later): what an FP32 model's GEMMs
+  // run at with TF32 allowed (AnalyticSpec::tf32); 0 = the GPU has none (V100, Pascal)
+  double matrix_tf32_flops_per_s = 0;
+  double memory_bytes_per_s = 0;   // DRAM bandwidth
+  double gemm_efficiency_max = 0;  // eff_max: the fraction of the peak a large GEMM reaches
+  double gemm_half_flops = 0;      // a GEMM of this many FLOPs reaches eff_max / 2
   // The same two for FP32 GEMMs on the CUDA cores (matrix_fp32), where a machine's tensor-core efficiency does not
   // carry (gemm_efficiency_fp32); 0 = gemm_efficiency_max / gemm_half_flops serve both peaks.
   double gemm_fp32_efficiency_max = 0;

@@ -755,13 +755,21 @@ std::int64_t foreach_adamw_bytes_per_param(const AnalyticSpec& spec) {
 // kernels come to it, and the fixed costs, as the trainer (AnalyticSpec::trainer) reaches them.
 Rates rates_for(const AnalyticSpec& spec, const GpuRates& gpu) {
   Rates r;
-  const bool cuda_cores = spec.dtype == DType::Fp32 || gpu.matrix_fp16_flops_per_s <= 0;
-  r.peak_flops = cuda_cores ? gpu.matrix_fp32_flops_per_s : gpu.matrix_fp16_flops_per_s;
+  if (spec.tf32 && spec.dtype != DType::Fp32)
+    throw ScheduleError("analytic model: tf32 (FP32 GEMMs on TF32 tensor cores) needs dtype fp32");
+  if (spec.tf32 && gpu.matrix_tf32_flops_per_s <= 0)
+    throw ScheduleError("analytic model: tf32 needs the machine's gpu_rates.matrix_tf32");
+  // TF32 GEMMs run on the tensor cores, at the tensor-core efficiency (ASSUMED to carry from the 2-byte GEMMs it was
+  // measured on to TF32's own peak; docs/machines.md, matrix_tf32) and, for an engine, the ceiling.
+  const bool cuda_cores = !spec.tf32 && (spec.dtype == DType::Fp32 || gpu.matrix_fp16_flops_per_s <= 0);
+  r.peak_flops = spec.tf32    ? gpu.matrix_tf32_flops_per_s
+                 : cuda_cores ? gpu.matrix_fp32_flops_per_s
+                              : gpu.matrix_fp16_flops_per_s;
   r.gemm_max = gpu.gemm_efficiency_max > 0 ? gpu.gemm_efficiency_max : 1.0;
   r.gemm_half = gpu.gemm_half_flops;
   // An FP32 model's GEMMs run on the CUDA cores: their own efficiency where the machine gives one (a tensor-core
   // calibration says nothing of them; docs/machines.md, gemm_efficiency_fp32).
-  if (spec.dtype == DType::Fp32 && gpu.gemm_fp32_efficiency_max > 0) {
+  if (!spec.tf32 && spec.dtype == DType::Fp32 && gpu.gemm_fp32_efficiency_max > 0) {
     r.gemm_max = gpu.gemm_fp32_efficiency_max;
     r.gemm_half = gpu.gemm_fp32_half_flops;
   }

@@ -116,7 +116,12 @@ struct AnalyticSpec {
   CpuOptimizerImpl cpu_optimizer = CpuOptimizerImpl::Deepspeed;  // which implementation prices the CPU step
   GpuOptimizerImpl gpu_optimizer = GpuOptimizerImpl::Fused;      // which implementation prices the GPU step
   KernelStyle kernels = KernelStyle::Eager;
-  Trainer trainer = Trainer::Framework;         // what runs the step: the GEMM rate and dispatch overheads it reaches
+  Trainer trainer = Trainer::Framework;  // what runs the step: the GEMM rate and dispatch overheads it reaches
+  // dtype fp32 with TF32 allowed (docs/config.md, `tf32`: torch.backends.cuda.matmul.allow_tf32,
+  // set_float32_matmul_precision('high'), CUBLAS_COMPUTE_32F_FAST_TF32, harmony-run --tf32): the GEMMs run on the
+  // tensor cores at GpuRates::matrix_tf32 with the tensor-core efficiency (or the ceiling, for an engine); storage,
+  // memory and every other kernel stay FP32. Needs dtype fp32 and a machine with matrix_tf32.
+  bool tf32 = false;
   Projections projections = Projections::Auto;  // llama only
   bool dropout = true;                          // dropout layers are present (training mode)
   int layers_per_block = 1;  // gpt: 1, one layer a block; 2, its attention and MLP halves (block{i}.attn, .mlp)

@@ -349,6 +349,30 @@ search: {u_fwd: [8], u_bwd: [8]}
     check("trainer engine on a machine without gemm_ceiling: exit 2 at the key, naming the fix", r.returncode == 2 and
           "engine.yaml:3:23:" in r.stderr and "gemm_ceiling" in r.stderr and "hint:" in r.stderr, r.stderr)
 
+    # model.analytic.tf32 (docs/config.md): an fp32 model's GEMMs on TF32 tensor cores, so the same fp32 step runs
+    # faster on the A100s than on their CUDA cores and slower than in bf16; on a GPU without TF32 a located error
+    tf = write_in(tmp, "tf32.yaml", """model:
+  analytic: {preset: gpt2-xl, kernels: flash, ubatch_sizes: [8],
+             tf32: true}
+machine: {preset: a100-pcie-8x}
+cost_model: native
+plan: {mode: resident, gpus: 8, minibatch: 64}
+search: {u_fwd: [8], u_bwd: [8]}
+""")
+    times = {}
+    for name, sets in (("tf32", []), ("fp32", ["--set", "model.analytic.tf32=false", "--set", "model.analytic.dtype=fp32"]),
+                       ("bf16", ["--set", "model.analytic.tf32=false"])):
+        r = run("compare", tf, "--format", "json", "--quiet", *sets)
+        check(f"compare {name}: exit 0", r.returncode == 0, r.stderr)
+        if r.returncode == 0:
+            rows = {x["plan_kind"]: x for x in json.loads(r.stdout)["results"]}
+            times[name] = rows["resident"]["best"]["iteration_time_s"] if rows["resident"]["feasible"] else None
+    check("tf32: the fp32 step between bf16's and the CUDA cores'", len(times) == 3 and None not in times.values() and
+          times["bf16"] < times["tf32"] < times["fp32"], times)
+    r = run("compare", tf, "--set", "machine.preset=v100-dgx2-16x")
+    check("tf32 on a GPU without TF32: exit 2 at the key, naming the machine and the fix", r.returncode == 2 and
+          "tf32.yaml:3:20:" in r.stderr and "v100-dgx2-16x" in r.stderr and "matrix_tf32" in r.stderr, r.stderr)
+
     # --quiet: search and compare print no progress (nor anything else) on stderr
     for command in ["search", "compare"]:
         r = run(command, cfg, "--quiet", "--set", "search.packing_fwd=[balanced_time]", "--set",

@@ -1186,6 +1186,124 @@ TEST_CASE("model.analytic.trainer and gpu_rates.gemm_ceiling in a config: parsed
   }
 }
 
+TEST_CASE("tf32: an FP32 model's GEMMs at the TF32 tensor-core peak and efficiency; storage and the step unchanged") {
+  // the presets with TF32 tensor cores (Ampere and later) give its dense peak, between FP32's and the 2-byte one's
+  for (const char* name : {"a100-pcie-8x", "h100-sxm-8x", "rtx4090-4x"}) {
+    CAPTURE(name);
+    const GpuRates& r = machine_preset(name).gpu_rates;
+    CHECK(r.matrix_tf32_flops_per_s >= r.matrix_fp32_flops_per_s);
+    CHECK(r.matrix_tf32_flops_per_s < r.matrix_fp16_flops_per_s);
+  }
+  for (const char* name : {"v100-dgx2-16x", "paper-1080ti"})
+    CHECK(machine_preset(name).gpu_rates.matrix_tf32_flops_per_s == 0);
+  const GpuRates a100 = machine_preset("a100-pcie-8x").gpu_rates;
+  AnalyticSpec s = preset("gpt2-xl");
+  s.seq_len = 1024;
+  s.ubatch_sizes = {1, 4};
+  REQUIRE(s.dtype == DType::Fp32);
+  const Model fp32 = analytic_model(s, a100);
+  s.tf32 = true;
+  const Model tf32 = analytic_model(s, a100);
+  // exactly the FP32 model on rates whose FP32 peak is the TF32 one, at the tensor cores' efficiency
+  GpuRates same = a100;
+  same.matrix_fp32_flops_per_s = a100.matrix_tf32_flops_per_s;
+  same.gemm_fp32_efficiency_max = a100.gemm_efficiency_max;
+  same.gemm_fp32_half_flops = a100.gemm_half_flops;
+  s.tf32 = false;
+  const Model reference = analytic_model(s, same);
+  REQUIRE(tf32.num_layers() == fp32.num_layers());
+  for (int l = 0; l < tf32.num_layers(); ++l) {
+    const Layer& t = tf32.layers[static_cast<std::size_t>(l)];
+    const Layer& f = fp32.layers[static_cast<std::size_t>(l)];
+    const Layer& ref = reference.layers[static_cast<std::size_t>(l)];
+    CAPTURE(t.name);
+    CHECK(t.fwd_time_s == ref.fwd_time_s);
+    CHECK(t.bwd_time_s == ref.bwd_time_s);
+    CHECK(t.fwd_peak_bytes == f.fwd_peak_bytes);  // FP32 storage: what the step holds and moves does not change
+    CHECK(t.bwd_peak_bytes == f.bwd_peak_bytes);
+    CHECK(t.weight_bytes == f.weight_bytes);
+    CHECK(t.update_time_cpu_s == f.update_time_cpu_s);
+  }
+  // a block of GPT-2 XL on the A100 (its eager attention's FP32 elementwise kernels unchanged): much faster than on
+  // the CUDA cores (19.5 TFLOP/s)
+  CHECK(tf32.layers[3].fwd_time_s[1] * 2 < fp32.layers[3].fwd_time_s[1]);
+  // an engine's TF32 GEMMs reach the measured ceiling, as its 2-byte ones do
+  s.tf32 = true;
+  s.trainer = Trainer::Engine;
+  const Model engine = analytic_model(s, a100);
+  same.gemm_fp32_efficiency_max = a100.gemm_ceiling;
+  same.forward_overhead_s = same.backward_overhead_s = 0;
+  s.tf32 = false;
+  s.trainer = Trainer::Framework;
+  const Model engine_ref = analytic_model(s, same);
+  for (int l = 0; l < engine.num_layers(); ++l)
+    CHECK(engine.layers[static_cast<std::size_t>(l)].fwd_time_s ==
+          engine_ref.layers[static_cast<std::size_t>(l)].fwd_time_s);
+  // a 2-byte model, or a GPU without TF32, cannot take it
+  s.tf32 = true;
+  CHECK_THROWS_AS((void)analytic_model(s, machine_preset("v100-dgx2-16x").gpu_rates), ScheduleError);
+  s.dtype = DType::Bf16;
+  CHECK_THROWS_AS((void)analytic_model(s, a100), ScheduleError);
+}
+
+TEST_CASE(
+    "model.analytic.tf32 and gpu_rates.matrix_tf32 in a config: parsed, fp32 implied; errors located with the fix") {
+  const auto load = [](const std::string& model, const std::string& machine) {
+    const RunConfig c = load_config_text(
+        "model: " + model + "\nmachine: " + machine + "\nplan: {mode: resident, gpus: 1, minibatch: 8}\n", "bad.yaml");
+    return load_model(c.model, c.machine);
+  };
+  RunConfig c = load_config_text("model: {analytic: {preset: gpt2-small, tf32: true}}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->tf32);
+  c = load_config_text("model: {analytic: gpt2-small}\n" + kPlan, "run.yaml");
+  CHECK_FALSE(c.model.analytic->tf32);  // the default: outputs as before
+  const std::string qwen = source_dir() + "/configs/models/qwen2-7b/config.json";
+  c = load_config_text("model: {hf_config: " + qwen + ", seq_len: 512, tf32: true}\n" + kPlan, "run.yaml");
+  CHECK(c.model.analytic->tf32);
+  // on the A100 preset an unwritten dtype would be bf16: tf32 makes it fp32, priced faster than plain fp32
+  const Model bf16 = load("{analytic: {preset: gpt2-xl}}", "{preset: a100-pcie-8x}");
+  const Model plain = load("{analytic: {preset: gpt2-xl, dtype: fp32}}", "{preset: a100-pcie-8x}");
+  const Model tf32 = load("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: a100-pcie-8x}");
+  CHECK(tf32.layers[3].weight_bytes == plain.layers[3].weight_bytes);
+  CHECK(tf32.layers[3].weight_bytes == 2 * bf16.layers[3].weight_bytes);
+  CHECK(tf32.layers[3].fwd_time_s[0] < plain.layers[3].fwd_time_s[0]);
+  CHECK(tf32.layers[3].fwd_time_s[0] > bf16.layers[3].fwd_time_s[0]);
+  // a machine file gives its own TF32 peak
+  const Model own =
+      load("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: v100-dgx2-16x, gpu_rates: {matrix_tf32: 60TFLOP/s}}");
+  CHECK(own.layers[3].fwd_time_s[0] > 0);
+  ConfigError e = config_error("model: {analytic: {preset: gpt2-small, tf32: yes please}}\n" + kPlan);
+  check_at(e, 1, 46);
+  CHECK(contains(e.message(), "tf32"));
+  e = config_error("model: {analytic: gpt2-small}\nmachine: {preset: h100-sxm-8x, gpu_rates: {matrix_tf32: 400}}\n" +
+                   kPlan);
+  CHECK(contains(e.message(), "matrix_tf32"));
+  CHECK(contains(e.hint(), "TFLOP/s"));
+  try {  // a 2-byte dtype: located at the tf32 key
+    (void)load("{analytic: {preset: gpt2-xl, dtype: bf16,\n  tf32: true}}", "{preset: a100-pcie-8x}");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& err) {
+    check_at(err, 2, 9);
+    CHECK(contains(err.message(), "bf16"));
+    CHECK(contains(err.hint(), "fp32"));
+  }
+  try {  // a GPU without TF32: located at the tf32 key, naming the machine and the fix
+    (void)load("{analytic: {preset: gpt2-xl,\n  tf32: true}}", "{preset: v100-dgx2-16x}");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& err) {
+    check_at(err, 2, 9);
+    CHECK(contains(err.message(), "v100-dgx2-16x"));
+    CHECK(contains(err.hint(), "matrix_tf32"));
+  }
+  try {  // an unwritten dtype that tf32 made fp32 says so where a 2-byte key needs another
+    (void)load("{analytic: {preset: gpt2-xl, tf32: true,\n  autocast: true}}", "{preset: a100-pcie-8x}");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& err) {
+    check_at(err, 2, 13);
+    CHECK(contains(err.message(), "tf32: true makes it fp32"));
+  }
+}
+
 TEST_CASE("gpu_optimizer: foreach prices torch's AdamW passes on the GPU, fused the one-pass step") {
   AnalyticSpec s = preset("gpt2-small");
   s.ubatch_sizes = {1};
