@@ -146,6 +146,23 @@ void check_at(const ConfigError& e, int line, int column) {
 
 const std::string kPlan = "plan: {mode: harmony-pp, gpus: 2, minibatch: 16}\n";
 
+// `m` runs at `timed`'s layer times and holds and moves what `held` does (a rate change: the same memory, the same
+// CPU update, other compute times), layer by layer.
+void check_timed_as_held_as(const Model& m, const Model& timed, const Model& held) {
+  REQUIRE(m.num_layers() == timed.num_layers());
+  REQUIRE(m.num_layers() == held.num_layers());
+  for (std::size_t l = 0; l < m.layers.size(); ++l) {
+    const Layer& x = m.layers[l];
+    CAPTURE(x.name);
+    CHECK(x.fwd_time_s == timed.layers[l].fwd_time_s);
+    CHECK(x.bwd_time_s == timed.layers[l].bwd_time_s);
+    CHECK(x.fwd_peak_bytes == held.layers[l].fwd_peak_bytes);
+    CHECK(x.bwd_peak_bytes == held.layers[l].bwd_peak_bytes);
+    CHECK(x.weight_bytes == held.layers[l].weight_bytes);
+    CHECK(x.update_time_cpu_s == held.layers[l].update_time_cpu_s);
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -1118,19 +1135,8 @@ TEST_CASE("trainer: engine prices tensor-core GEMMs at the measured ceiling and 
   same.backward_overhead_s = 0;
   s.trainer = Trainer::Framework;
   const Model reference = analytic_model(s, same);
-  REQUIRE(engine.num_layers() == framework.num_layers());
-  for (int l = 0; l < engine.num_layers(); ++l) {
-    const Layer& e = engine.layers[static_cast<std::size_t>(l)];
-    const Layer& f = framework.layers[static_cast<std::size_t>(l)];
-    const Layer& ref = reference.layers[static_cast<std::size_t>(l)];
-    CAPTURE(e.name);
-    CHECK(e.fwd_time_s == ref.fwd_time_s);
-    CHECK(e.bwd_time_s == ref.bwd_time_s);
-    CHECK(e.fwd_peak_bytes == f.fwd_peak_bytes);  // what the step holds does not change, only how fast it runs
-    CHECK(e.bwd_peak_bytes == f.bwd_peak_bytes);
-    CHECK(e.weight_bytes == f.weight_bytes);
-    CHECK(e.update_time_cpu_s == f.update_time_cpu_s);
-  }
+  // what the step holds does not change, only how fast it runs
+  check_timed_as_held_as(engine, reference, framework);
   // a block is GEMM-bound: faster by most of the ceiling's ratio, never by more
   const Layer& eb = engine.layers[5];
   const Layer& fb = framework.layers[5];
@@ -1211,19 +1217,8 @@ TEST_CASE("tf32: an FP32 model's GEMMs at the TF32 tensor-core peak and efficien
   same.gemm_fp32_half_flops = a100.gemm_half_flops;
   s.tf32 = false;
   const Model reference = analytic_model(s, same);
-  REQUIRE(tf32.num_layers() == fp32.num_layers());
-  for (int l = 0; l < tf32.num_layers(); ++l) {
-    const Layer& t = tf32.layers[static_cast<std::size_t>(l)];
-    const Layer& f = fp32.layers[static_cast<std::size_t>(l)];
-    const Layer& ref = reference.layers[static_cast<std::size_t>(l)];
-    CAPTURE(t.name);
-    CHECK(t.fwd_time_s == ref.fwd_time_s);
-    CHECK(t.bwd_time_s == ref.bwd_time_s);
-    CHECK(t.fwd_peak_bytes == f.fwd_peak_bytes);  // FP32 storage: what the step holds and moves does not change
-    CHECK(t.bwd_peak_bytes == f.bwd_peak_bytes);
-    CHECK(t.weight_bytes == f.weight_bytes);
-    CHECK(t.update_time_cpu_s == f.update_time_cpu_s);
-  }
+  // FP32 storage: what the step holds and moves does not change
+  check_timed_as_held_as(tf32, reference, fp32);
   // a block of GPT-2 XL on the A100 (its eager attention's FP32 elementwise kernels unchanged): much faster than on
   // the CUDA cores (19.5 TFLOP/s)
   CHECK(tf32.layers[3].fwd_time_s[1] * 2 < fp32.layers[3].fwd_time_s[1]);
