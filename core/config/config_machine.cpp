@@ -264,6 +264,21 @@ double get_fraction(const Node& v, const std::string& what) {
   return *n;
 }
 
+// gpu_rates.gemm_ceiling: a measured fraction of matrix_fp16 in (0, kMaxGemmCeiling]. Above 1 where a card's sustained
+// boost clock exceeds the rated boost its datasheet peak is quoted at (GeForce cards: docs/machines.md, gemm_ceiling).
+constexpr double kMaxGemmCeiling = 1.5;
+
+double get_gemm_ceiling(const Node& v, const std::string& what) {
+  const std::string hint =
+      "write the fraction of matrix_fp16 a GEMM microbenchmark reaches, e.g. 0.8 (up to 1.5: a GeForce card boosting "
+      "past its rated clock can exceed its datasheet peak)";
+  const std::string& s = expect_scalar(v, what, "a number", hint);
+  const auto n = plain_number(s);
+  if (!n || starts_negative(s)) fail(v.loc, fmt::format("{} must be a number in (0, 1.5], got '{}'", what, s), hint);
+  if (!(*n > 0.0) || *n > kMaxGemmCeiling) fail(v.loc, fmt::format("{} must be in (0, 1.5], got {}", what, s), hint);
+  return *n;
+}
+
 const Node& sub_map(const Entry& e, const std::string& what, const std::vector<std::string>& keys,
                     const char* example) {
   if (e.value.kind != Node::Kind::Map)
@@ -299,7 +314,7 @@ void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
       fail(x->key_loc, fmt::format("{} needs both max and half (the machine it starts from has neither)", w),
            "e.g. gemm_efficiency_fp32: {max: 0.79, half: 0.12GFLOP}");
   }
-  if (const Entry* x = find(map, "gemm_ceiling")) r.gemm_ceiling = get_fraction(x->value, what + ".gemm_ceiling");
+  if (const Entry* x = find(map, "gemm_ceiling")) r.gemm_ceiling = get_gemm_ceiling(x->value, what + ".gemm_ceiling");
   if (const Entry* x = find(map, "vector_efficiency"))
     r.vector_efficiency = get_fraction(x->value, what + ".vector_efficiency");
   if (const Entry* x = find(map, "overhead")) {
