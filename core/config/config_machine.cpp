@@ -295,8 +295,11 @@ void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
     r.matrix_fp32_flops_per_s = get_flops_per_s(x->value, what + ".matrix_fp32");
   if (const Entry* x = find(map, "matrix_fp16"))
     r.matrix_fp16_flops_per_s = get_flops_per_s(x->value, what + ".matrix_fp16");
+  // The two optional capabilities a base machine may have and this GPU may lack: `none` drops the inherited value
+  // (a machine file for a GPU without TF32, or without a measured ceiling, that starts from a preset with one).
+  const auto is_none = [](const Entry& x) { return x.value.kind == Node::Kind::Scalar && x.value.scalar == "none"; };
   if (const Entry* x = find(map, "matrix_tf32"))
-    r.matrix_tf32_flops_per_s = get_flops_per_s(x->value, what + ".matrix_tf32");
+    r.matrix_tf32_flops_per_s = is_none(*x) ? 0.0 : get_flops_per_s(x->value, what + ".matrix_tf32");
   if (const Entry* x = find(map, "memory")) r.memory_bytes_per_s = get_link_bandwidth(x->value, what + ".memory");
   if (const Entry* x = find(map, "gemm_efficiency")) {
     const std::string w = what + ".gemm_efficiency";
@@ -314,7 +317,8 @@ void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
       fail(x->key_loc, fmt::format("{} needs both max and half (the machine it starts from has neither)", w),
            "e.g. gemm_efficiency_fp32: {max: 0.79, half: 0.12GFLOP}");
   }
-  if (const Entry* x = find(map, "gemm_ceiling")) r.gemm_ceiling = get_gemm_ceiling(x->value, what + ".gemm_ceiling");
+  if (const Entry* x = find(map, "gemm_ceiling"))
+    r.gemm_ceiling = is_none(*x) ? 0.0 : get_gemm_ceiling(x->value, what + ".gemm_ceiling");
   if (const Entry* x = find(map, "vector_efficiency"))
     r.vector_efficiency = get_fraction(x->value, what + ".vector_efficiency");
   if (const Entry* x = find(map, "overhead")) {

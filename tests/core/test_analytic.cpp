@@ -1273,6 +1273,19 @@ TEST_CASE(
   const Model own =
       load("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: v100-dgx2-16x, gpu_rates: {matrix_tf32: 60TFLOP/s}}");
   CHECK(own.layers[3].fwd_time_s[0] > 0);
+  // `none` drops an inherited TF32 peak or GEMM ceiling (a GPU without them described from a preset with them)
+  RunConfig dropped = load_config_text(
+      "model: {analytic: gpt2-small}\nmachine: {preset: a100-pcie-8x, gpu_rates: {matrix_tf32: none, gemm_ceiling: "
+      "none}}\n" +
+          kPlan,
+      "run.yaml");
+  CHECK(dropped.machine.gpu_rates.matrix_tf32_flops_per_s == 0);
+  CHECK(dropped.machine.gpu_rates.gemm_ceiling == 0);
+  CHECK(dropped.machine.gpu_rates.matrix_fp16_flops_per_s ==
+        machine_preset("a100-pcie-8x").gpu_rates.matrix_fp16_flops_per_s);
+  CHECK_THROWS_AS(
+      (void)load("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: a100-pcie-8x, gpu_rates: {matrix_tf32: none}}"),
+      ConfigError);
   ConfigError e = config_error("model: {analytic: {preset: gpt2-small, tf32: yes please}}\n" + kPlan);
   check_at(e, 1, 46);
   CHECK(contains(e.message(), "tf32"));
