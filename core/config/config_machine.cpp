@@ -204,6 +204,10 @@ double get_price(const Node& v, const std::string& what) {
   return *n;
 }
 
+// `none`: the value that drops what a machine inherits from its base (topology: none, topology.nvme: none,
+// gpu_rates.matrix_tf32: none, gpu_rates.gemm_ceiling: none).
+bool is_none(const Node& v) { return v.kind == Node::Kind::Scalar && v.scalar == "none"; }
+
 // ------------------------------------------------------------------------------------------------
 // Compute rates for analytic models (docs/machines.md, `gpu_rates` and `cpu_adam`): key by key over the base's.
 
@@ -297,9 +301,8 @@ void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
     r.matrix_fp16_flops_per_s = get_flops_per_s(x->value, what + ".matrix_fp16");
   // The two optional capabilities a base machine may have and this GPU may lack: `none` drops the inherited value
   // (a machine file for a GPU without TF32, or without a measured ceiling, that starts from a preset with one).
-  const auto is_none = [](const Entry& x) { return x.value.kind == Node::Kind::Scalar && x.value.scalar == "none"; };
   if (const Entry* x = find(map, "matrix_tf32"))
-    r.matrix_tf32_flops_per_s = is_none(*x) ? 0.0 : get_flops_per_s(x->value, what + ".matrix_tf32");
+    r.matrix_tf32_flops_per_s = is_none(x->value) ? 0.0 : get_flops_per_s(x->value, what + ".matrix_tf32");
   if (const Entry* x = find(map, "memory")) r.memory_bytes_per_s = get_link_bandwidth(x->value, what + ".memory");
   if (const Entry* x = find(map, "gemm_efficiency")) {
     const std::string w = what + ".gemm_efficiency";
@@ -318,7 +321,7 @@ void apply_gpu_rates(GpuRates& r, const Entry& e, const std::string& what) {
            "e.g. gemm_efficiency_fp32: {max: 0.79, half: 0.12GFLOP}");
   }
   if (const Entry* x = find(map, "gemm_ceiling"))
-    r.gemm_ceiling = is_none(*x) ? 0.0 : get_gemm_ceiling(x->value, what + ".gemm_ceiling");
+    r.gemm_ceiling = is_none(x->value) ? 0.0 : get_gemm_ceiling(x->value, what + ".gemm_ceiling");
   if (const Entry* x = find(map, "vector_efficiency"))
     r.vector_efficiency = get_fraction(x->value, what + ".vector_efficiency");
   if (const Entry* x = find(map, "overhead")) {
@@ -670,7 +673,7 @@ void parse_nvme(NvmeSpec& out, const Entry& e, const std::string& what) {
   const std::string hint =
       "write nvme: {read: 25GB/s, write: 20GB/s, capacity: 7.6TB, latency: 100us} (the drive array's aggregate "
       "bandwidth per direction, its capacity and the latency of one I/O), or nvme: none";
-  if (e.value.kind == Node::Kind::Scalar && e.value.scalar == "none") {
+  if (is_none(e.value)) {
     out = NvmeSpec{};
     return;
   }
@@ -791,7 +794,7 @@ Topology finish_topology(TopologyDraft d, const std::string& what) {
 void resolve_topology(MachineSpec& m, const Node& map, const std::string& section, const SourceLoc& base_loc) {
   const Entry* topo = find(map, "topology");
   const std::string what = qualify(section, "topology");
-  if (topo && topo->value.kind == Node::Kind::Scalar && topo->value.scalar == "none") {
+  if (topo && is_none(topo->value)) {
     m.topology = Topology{};
     return;
   }

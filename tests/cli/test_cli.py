@@ -336,13 +336,16 @@ cost_model: native
 plan: {mode: resident, gpus: 8, minibatch: 64}
 search: {u_fwd: [8], u_bwd: [8]}
 """)
-    times = {}
-    for trainer in ("engine", "framework"):
-        r = run("compare", eng, "--format", "json", "--quiet", "--set", f"model.analytic.trainer={trainer}")
-        check(f"compare trainer {trainer}: exit 0", r.returncode == 0, r.stderr)
-        if r.returncode == 0:
-            rows = {x["plan_kind"]: x for x in json.loads(r.stdout)["results"]}
-            times[trainer] = rows["resident"]["best"]["iteration_time_s"] if rows["resident"]["feasible"] else None
+    def resident_time(name, config, *sets):
+        """compare's best in-memory (resident) iteration time for `config` with the --set lines, or None."""
+        r = run("compare", config, "--format", "json", "--quiet", *sets)
+        check(f"compare {name}: exit 0", r.returncode == 0, r.stderr)
+        if r.returncode != 0:
+            return None
+        rows = {x["plan_kind"]: x for x in json.loads(r.stdout)["results"]}
+        return rows["resident"]["best"]["iteration_time_s"] if rows["resident"]["feasible"] else None
+
+    times = {t: resident_time(f"trainer {t}", eng, "--set", f"model.analytic.trainer={t}") for t in ("engine", "framework")}
     check("trainer engine: the resident step faster than the framework's", len(times) == 2 and None not in
           times.values() and times["engine"] < times["framework"], times)
     r = run("compare", eng, "--set", "machine.preset=v100-dgx2-16x")
@@ -359,14 +362,9 @@ cost_model: native
 plan: {mode: resident, gpus: 8, minibatch: 64}
 search: {u_fwd: [8], u_bwd: [8]}
 """)
-    times = {}
-    for name, sets in (("tf32", []), ("fp32", ["--set", "model.analytic.tf32=false", "--set", "model.analytic.dtype=fp32"]),
-                       ("bf16", ["--set", "model.analytic.tf32=false"])):
-        r = run("compare", tf, "--format", "json", "--quiet", *sets)
-        check(f"compare {name}: exit 0", r.returncode == 0, r.stderr)
-        if r.returncode == 0:
-            rows = {x["plan_kind"]: x for x in json.loads(r.stdout)["results"]}
-            times[name] = rows["resident"]["best"]["iteration_time_s"] if rows["resident"]["feasible"] else None
+    times = {name: resident_time(name, tf, *sets) for name, sets in (
+        ("tf32", []), ("fp32", ["--set", "model.analytic.tf32=false", "--set", "model.analytic.dtype=fp32"]),
+        ("bf16", ["--set", "model.analytic.tf32=false"]))}
     check("tf32: the fp32 step between bf16's and the CUDA cores'", len(times) == 3 and None not in times.values() and
           times["bf16"] < times["tf32"] < times["fp32"], times)
     r = run("compare", tf, "--set", "machine.preset=v100-dgx2-16x")

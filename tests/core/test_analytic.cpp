@@ -144,6 +144,24 @@ void check_at(const ConfigError& e, int line, int column) {
   CHECK_FALSE(e.hint().empty());
 }
 
+// load_model on `model` (a model: mapping) and `machine` (a machine: mapping or preset name), as the CLI loads them.
+Model load_on(const std::string& model, const std::string& machine) {
+  const RunConfig c = load_config_text(
+      "model: " + model + "\nmachine: " + machine + "\nplan: {mode: resident, gpus: 1, minibatch: 8}\n", "bad.yaml");
+  return load_model(c.model, c.machine);
+}
+
+// The ConfigError load_on raises (config_error's twin for the checks load_model makes against the machine).
+ConfigError load_error(const std::string& model, const std::string& machine) {
+  try {
+    (void)load_on(model, machine);
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError for model " << model << " on machine " << machine);
+  return ConfigError(SourceLoc{}, "");
+}
+
 const std::string kPlan = "plan: {mode: harmony-pp, gpus: 2, minibatch: 16}\n";
 
 // `m` runs at `timed`'s layer times and holds and moves what `held` does (a rate change: the same memory, the same
@@ -1158,11 +1176,6 @@ TEST_CASE("trainer: engine prices tensor-core GEMMs at the measured ceiling and 
 }
 
 TEST_CASE("model.analytic.trainer and gpu_rates.gemm_ceiling in a config: parsed; errors located with the fix") {
-  const auto load = [](const std::string& model, const std::string& machine) {
-    const RunConfig c = load_config_text(
-        "model: " + model + "\nmachine: " + machine + "\nplan: {mode: resident, gpus: 1, minibatch: 8}\n", "bad.yaml");
-    return load_model(c.model, c.machine);
-  };
   RunConfig c = load_config_text("model: {analytic: {preset: llama3-8b, trainer: engine}}\n" + kPlan, "run.yaml");
   CHECK(c.model.analytic->trainer == Trainer::Engine);
   c = load_config_text("model: {analytic: llama3-8b}\n" + kPlan, "run.yaml");
@@ -1171,16 +1184,16 @@ TEST_CASE("model.analytic.trainer and gpu_rates.gemm_ceiling in a config: parsed
   c = load_config_text("model: {hf_config: " + qwen + ", seq_len: 512, trainer: engine}\n" + kPlan, "run.yaml");
   CHECK(c.model.analytic->trainer == Trainer::Engine);
   // an engine on the H100 preset runs faster than the framework; a machine file can give its own ceiling
-  const Model fw = load("{analytic: {preset: gpt2-xl, dtype: bf16}}", "{preset: h100-sxm-8x}");
-  const Model en = load("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}", "{preset: h100-sxm-8x}");
+  const Model fw = load_on("{analytic: {preset: gpt2-xl, dtype: bf16}}", "{preset: h100-sxm-8x}");
+  const Model en = load_on("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}", "{preset: h100-sxm-8x}");
   CHECK(en.layers[3].fwd_time_s[0] < fw.layers[3].fwd_time_s[0]);
-  const Model ceil = load("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}",
-                          "{preset: v100-dgx2-16x, gpu_rates: {gemm_ceiling: 0.9}}");
+  const Model ceil = load_on("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}",
+                             "{preset: v100-dgx2-16x, gpu_rates: {gemm_ceiling: 0.9}}");
   CHECK(ceil.layers[3].fwd_time_s[0] > 0);
   // a GeForce card's measured ceiling may exceed 1 (its sustained boost clock above the rated one): faster still
-  const Model boost = load("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}",
-                           "{preset: rtx4090-4x, gpu_rates: {gemm_ceiling: 1.13}}");
-  const Model rated = load("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}", "{preset: rtx4090-4x}");
+  const Model boost = load_on("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}",
+                              "{preset: rtx4090-4x, gpu_rates: {gemm_ceiling: 1.13}}");
+  const Model rated = load_on("{analytic: {preset: gpt2-xl, dtype: bf16, trainer: engine}}", "{preset: rtx4090-4x}");
   CHECK(boost.layers[3].fwd_time_s[0] < rated.layers[3].fwd_time_s[0]);
   ConfigError e = config_error("model: {analytic: {preset: llama3-8b, trainer: enigne}}\n" + kPlan);
   check_at(e, 1, 48);
@@ -1188,10 +1201,9 @@ TEST_CASE("model.analytic.trainer and gpu_rates.gemm_ceiling in a config: parsed
   e = config_error("model: {analytic: llama3-8b}\nmachine: {preset: h100-sxm-8x, gpu_rates: {gemm_ceiling: 1.6}}\n" +
                    kPlan);
   CHECK(contains(e.message(), "gemm_ceiling"));
-  try {  // a machine with no measured ceiling: located at the trainer key, naming the machine and the fix
-    (void)load("{analytic: {preset: gpt2-xl,\n  trainer: engine}}", "{preset: v100-dgx2-16x}");
-    FAIL("expected a ConfigError");
-  } catch (const ConfigError& err) {
+  // a machine with no measured ceiling: located at the trainer key, naming the machine and the fix
+  {
+    const ConfigError err = load_error("{analytic: {preset: gpt2-xl,\n  trainer: engine}}", "{preset: v100-dgx2-16x}");
     check_at(err, 2, 12);
     CHECK(contains(err.message(), "v100-dgx2-16x"));
     CHECK(contains(err.hint(), "gemm_ceiling"));
@@ -1249,11 +1261,6 @@ TEST_CASE("tf32: an FP32 model's GEMMs at the TF32 tensor-core peak and efficien
 
 TEST_CASE(
     "model.analytic.tf32 and gpu_rates.matrix_tf32 in a config: parsed, fp32 implied; errors located with the fix") {
-  const auto load = [](const std::string& model, const std::string& machine) {
-    const RunConfig c = load_config_text(
-        "model: " + model + "\nmachine: " + machine + "\nplan: {mode: resident, gpus: 1, minibatch: 8}\n", "bad.yaml");
-    return load_model(c.model, c.machine);
-  };
   RunConfig c = load_config_text("model: {analytic: {preset: gpt2-small, tf32: true}}\n" + kPlan, "run.yaml");
   CHECK(c.model.analytic->tf32);
   c = load_config_text("model: {analytic: gpt2-small}\n" + kPlan, "run.yaml");
@@ -1262,16 +1269,16 @@ TEST_CASE(
   c = load_config_text("model: {hf_config: " + qwen + ", seq_len: 512, tf32: true}\n" + kPlan, "run.yaml");
   CHECK(c.model.analytic->tf32);
   // on the A100 preset an unwritten dtype would be bf16: tf32 makes it fp32, priced faster than plain fp32
-  const Model bf16 = load("{analytic: {preset: gpt2-xl}}", "{preset: a100-pcie-8x}");
-  const Model plain = load("{analytic: {preset: gpt2-xl, dtype: fp32}}", "{preset: a100-pcie-8x}");
-  const Model tf32 = load("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: a100-pcie-8x}");
+  const Model bf16 = load_on("{analytic: {preset: gpt2-xl}}", "{preset: a100-pcie-8x}");
+  const Model plain = load_on("{analytic: {preset: gpt2-xl, dtype: fp32}}", "{preset: a100-pcie-8x}");
+  const Model tf32 = load_on("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: a100-pcie-8x}");
   CHECK(tf32.layers[3].weight_bytes == plain.layers[3].weight_bytes);
   CHECK(tf32.layers[3].weight_bytes == 2 * bf16.layers[3].weight_bytes);
   CHECK(tf32.layers[3].fwd_time_s[0] < plain.layers[3].fwd_time_s[0]);
   CHECK(tf32.layers[3].fwd_time_s[0] > bf16.layers[3].fwd_time_s[0]);
   // a machine file gives its own TF32 peak
-  const Model own =
-      load("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: v100-dgx2-16x, gpu_rates: {matrix_tf32: 60TFLOP/s}}");
+  const Model own = load_on("{analytic: {preset: gpt2-xl, tf32: true}}",
+                            "{preset: v100-dgx2-16x, gpu_rates: {matrix_tf32: 60TFLOP/s}}");
   CHECK(own.layers[3].fwd_time_s[0] > 0);
   // `none` drops an inherited TF32 peak or GEMM ceiling (a GPU without them described from a preset with them)
   RunConfig dropped = load_config_text(
@@ -1283,9 +1290,10 @@ TEST_CASE(
   CHECK(dropped.machine.gpu_rates.gemm_ceiling == 0);
   CHECK(dropped.machine.gpu_rates.matrix_fp16_flops_per_s ==
         machine_preset("a100-pcie-8x").gpu_rates.matrix_fp16_flops_per_s);
-  CHECK_THROWS_AS(
-      (void)load("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: a100-pcie-8x, gpu_rates: {matrix_tf32: none}}"),
-      ConfigError);
+  CHECK(contains(
+      load_error("{analytic: {preset: gpt2-xl, tf32: true}}", "{preset: a100-pcie-8x, gpu_rates: {matrix_tf32: none}}")
+          .message(),
+      "no gpu_rates.matrix_tf32"));
   ConfigError e = config_error("model: {analytic: {preset: gpt2-small, tf32: yes please}}\n" + kPlan);
   check_at(e, 1, 46);
   CHECK(contains(e.message(), "tf32"));
@@ -1293,28 +1301,29 @@ TEST_CASE(
                    kPlan);
   CHECK(contains(e.message(), "matrix_tf32"));
   CHECK(contains(e.hint(), "TFLOP/s"));
-  try {  // a 2-byte dtype: located at the tf32 key
-    (void)load("{analytic: {preset: gpt2-xl, dtype: bf16,\n  tf32: true}}", "{preset: a100-pcie-8x}");
-    FAIL("expected a ConfigError");
-  } catch (const ConfigError& err) {
-    check_at(err, 2, 9);
-    CHECK(contains(err.message(), "bf16"));
-    CHECK(contains(err.hint(), "fp32"));
-  }
-  try {  // a GPU without TF32: located at the tf32 key, naming the machine and the fix
-    (void)load("{analytic: {preset: gpt2-xl,\n  tf32: true}}", "{preset: v100-dgx2-16x}");
-    FAIL("expected a ConfigError");
-  } catch (const ConfigError& err) {
-    check_at(err, 2, 9);
-    CHECK(contains(err.message(), "v100-dgx2-16x"));
-    CHECK(contains(err.hint(), "matrix_tf32"));
-  }
-  try {  // an unwritten dtype that tf32 made fp32 says so where a 2-byte key needs another
-    (void)load("{analytic: {preset: gpt2-xl, tf32: true,\n  autocast: true}}", "{preset: a100-pcie-8x}");
-    FAIL("expected a ConfigError");
-  } catch (const ConfigError& err) {
-    check_at(err, 2, 13);
-    CHECK(contains(err.message(), "tf32: true makes it fp32"));
+  // located at the key on its second line, the message naming the conflict and the hint the fix
+  struct Bad {
+    const char* why;
+    const char* model;
+    const char* machine;
+    int column;
+    const char* in_message;
+    const char* in_hint;
+  };
+  for (const Bad& b : {
+           Bad{"a 2-byte dtype", "{analytic: {preset: gpt2-xl, dtype: bf16,\n  tf32: true}}", "{preset: a100-pcie-8x}",
+               9, "bf16", "fp32"},
+           Bad{"a GPU without TF32", "{analytic: {preset: gpt2-xl,\n  tf32: true}}", "{preset: v100-dgx2-16x}", 9,
+               "v100-dgx2-16x", "matrix_tf32"},
+           Bad{"an unwritten dtype tf32 made fp32, where autocast needs a 2-byte one",
+               "{analytic: {preset: gpt2-xl, tf32: true,\n  autocast: true}}", "{preset: a100-pcie-8x}", 13,
+               "tf32: true makes it fp32", "dtype: bf16"},
+       }) {
+    CAPTURE(b.why);
+    const ConfigError err = load_error(b.model, b.machine);
+    check_at(err, 2, b.column);
+    CHECK(contains(err.message(), b.in_message));
+    CHECK(contains(err.hint(), b.in_hint));
   }
 }
 
@@ -1495,19 +1504,12 @@ TEST_CASE("autocast on a Llama: FP32 parameters and weight casts, activations as
 }
 
 TEST_CASE("model.analytic.master_weights: parsed beside dtype; false with an fp32 model is a located error") {
-  const auto load = [](const std::string& model, const std::string& machine) {
-    const RunConfig c = load_config_text(
-        "model: " + model + "\nmachine: " + machine + "\nplan: {mode: zero-offload, gpus: 1, minibatch: 8}\n",
-        "bad.yaml");
-    return load_model(c.model, c.machine);
-  };
-  CHECK_FALSE(load("{analytic: {preset: gpt2-small, master_weights: false}}", "a100-pcie-8x").fp32_optimizer);
-  CHECK(load("{analytic: {preset: gpt2-small, master_weights: true}}", "a100-pcie-8x").fp32_optimizer);
-  CHECK(load("{analytic: gpt2-small}", "a100-pcie-8x").fp32_optimizer);
-  try {
-    (void)load("{analytic: {preset: gpt2-small,\n  master_weights: false}}", "paper-1080ti");  // fp32 by default
-    FAIL("expected a ConfigError");
-  } catch (const ConfigError& e) {
+  CHECK_FALSE(load_on("{analytic: {preset: gpt2-small, master_weights: false}}", "a100-pcie-8x").fp32_optimizer);
+  CHECK(load_on("{analytic: {preset: gpt2-small, master_weights: true}}", "a100-pcie-8x").fp32_optimizer);
+  CHECK(load_on("{analytic: gpt2-small}", "a100-pcie-8x").fp32_optimizer);
+  // fp32 by default
+  {
+    const ConfigError e = load_error("{analytic: {preset: gpt2-small,\n  master_weights: false}}", "paper-1080ti");
     check_at(e, 2, 19);
     CHECK(contains(e.message(), "needs a 2-byte dtype"));
     CHECK(contains(e.message(), "paper-1080ti"));
@@ -1518,32 +1520,24 @@ TEST_CASE("model.analytic.master_weights: parsed beside dtype; false with an fp3
 }
 
 TEST_CASE("model.analytic.autocast: parsed; with an fp32 model or master_weights false a located error") {
-  const auto load = [](const std::string& model, const std::string& machine) {
-    const RunConfig c = load_config_text(
-        "model: " + model + "\nmachine: " + machine + "\nplan: {mode: resident, gpus: 1, minibatch: 8}\n", "bad.yaml");
-    return load_model(c.model, c.machine);
-  };
-  const Model ac = load("{analytic: {preset: gpt2-small, autocast: true, ubatch_sizes: [1]}}", "a100-pcie-8x");
-  const Model mixed = load("{analytic: {preset: gpt2-small, ubatch_sizes: [1]}}", "a100-pcie-8x");
+  const Model ac = load_on("{analytic: {preset: gpt2-small, autocast: true, ubatch_sizes: [1]}}", "a100-pcie-8x");
+  const Model mixed = load_on("{analytic: {preset: gpt2-small, ubatch_sizes: [1]}}", "a100-pcie-8x");
   CHECK(ac.layers[1].weight_bytes == 2 * mixed.layers[1].weight_bytes);  // FP32 parameters on the GPU
   CHECK(ac.layers[1].fwd_time_s[0] > mixed.layers[1].fwd_time_s[0]);     // the weight casts
-  CHECK(load("{analytic: {preset: gpt2-small, autocast: false, ubatch_sizes: [1]}}", "a100-pcie-8x")
+  CHECK(load_on("{analytic: {preset: gpt2-small, autocast: false, ubatch_sizes: [1]}}", "a100-pcie-8x")
             .layers[1]
             .weight_bytes == mixed.layers[1].weight_bytes);
-  try {
-    (void)load("{analytic: {preset: gpt2-small,\n  autocast: true}}", "paper-1080ti");  // fp32 by default
-    FAIL("expected a ConfigError");
-  } catch (const ConfigError& e) {
+  // fp32 by default
+  {
+    const ConfigError e = load_error("{analytic: {preset: gpt2-small,\n  autocast: true}}", "paper-1080ti");
     check_at(e, 2, 13);
     CHECK(contains(e.message(), "needs a 2-byte dtype"));
     CHECK(contains(e.message(), "paper-1080ti"));
     CHECK(contains(e.hint(), "dtype: bf16"));
   }
-  try {
-    (void)load("{analytic: {preset: gpt2-small, dtype: bf16, master_weights: false,\n  autocast: true}}",
-               "a100-pcie-8x");
-    FAIL("expected a ConfigError");
-  } catch (const ConfigError& e) {
+  {
+    const ConfigError e = load_error(
+        "{analytic: {preset: gpt2-small, dtype: bf16, master_weights: false,\n  autocast: true}}", "a100-pcie-8x");
     check_at(e, 2, 13);
     CHECK(contains(e.message(), "master_weights: false"));
     CHECK(contains(e.hint(), "remove"));
