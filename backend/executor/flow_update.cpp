@@ -67,16 +67,8 @@ void FlowInterpreter::plan_updates() {
   const std::size_t n = p.ops.size();
   extra.assign(n, {});
   write_edges.assign(n, {});
-  owner.assign(n, 0);
+  owner = core::update_owners(p);  // the rule harmony-sim's native engine prices the Updates by
   hg = core::host_gradients(p);
-  std::map<std::pair<int, int>, int> lowest;  // per range: its lowest device's Update
-  for (std::size_t o = 0; o < n; ++o) {
-    const core::Op& op = p.ops[o];
-    if (op.kind != OpKind::Update) continue;
-    const auto [it, fresh] = lowest.emplace(range_of(op), static_cast<int>(o));
-    if (!fresh && op.device < at(it->second).device) it->second = static_cast<int>(o);
-  }
-  for (const auto& [range, u] : lowest) owner[static_cast<std::size_t>(u)] = 1;
   for (const auto& [range, w] : hg.writers) {  // each writer after the previous one (a sharded range's ranks: disjoint)
     const bool per_rank = hg.sharded.count(range) != 0;
     for (std::size_t i = 1; i < w.size(); ++i)

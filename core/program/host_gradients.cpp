@@ -1,7 +1,9 @@
-// host_gradients and bounce_chunk_elements (host_gradients.hpp): one pass over a Program's dWBs, ARDs and RSs.
+// host_gradients, bounce_chunk_elements and update_owners (host_gradients.hpp): one pass over a Program's dWBs, ARDs
+// and RSs, and one over its Updates.
 #include "core/program/host_gradients.hpp"
 
 #include <algorithm>
+#include <map>
 
 namespace harmony::core {
 
@@ -59,6 +61,19 @@ HostGradients host_gradients(const Program& p) {
 std::int64_t bounce_chunk_elements(std::int64_t gradient_elements, Bytes element_bytes, Bytes chunk_bytes) {
   const std::int64_t cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(chunk_bytes / element_bytes));
   return std::min(gradient_elements, cap);
+}
+
+std::vector<char> update_owners(const Program& p) {
+  std::vector<char> owner(p.ops.size(), 0);
+  std::map<LayerSpan, int> lowest;  // per range: its lowest device's Update
+  for (std::size_t o = 0; o < p.ops.size(); ++o) {
+    const Op& op = p.ops[o];
+    if (op.kind != OpKind::Update) continue;
+    const auto [it, fresh] = lowest.emplace(LayerSpan{op.layers.first, op.layers.last}, static_cast<int>(o));
+    if (!fresh && op.device < p.ops[static_cast<std::size_t>(it->second)].device) it->second = static_cast<int>(o);
+  }
+  for (const auto& [range, u] : lowest) owner[static_cast<std::size_t>(u)] = 1;
+  return owner;
 }
 
 }  // namespace harmony::core

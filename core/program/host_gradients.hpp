@@ -1,7 +1,7 @@
-// The one rule for a Program's host weight gradients, read by harmony-sim's host account and harmony-run's executor
+// The one rule for a Program's host weight gradients and host updates, read by harmony-sim and harmony-run's executor
 // alike: which dWBs write each layer range's host gradient, which of them copy straight into it, which add to it
 // through a pinned bounce buffer, and which (another replica's copy of an all-reduced sum) land there and are dropped;
-// and how large one chunk of that bounce is.
+// how large one chunk of that bounce is; and which Update of a range updates its host masters.
 #pragma once
 
 #include <cstdint>
@@ -45,5 +45,14 @@ HostGradients host_gradients(const Program& program);
 // fp32 (4 bytes each), whatever the gradient's element size.
 std::int64_t bounce_chunk_elements(std::int64_t gradient_elements, Bytes element_bytes,
                                    Bytes chunk_bytes = kStagingChunkBytes);
+
+// Per op: 1 for the Update that steps its layer range's host masters, 0 for every other op. A layer range has one
+// host master, however many replicas update it: of several Updates of one range (Harmony-DP's and dp-swap's replicas,
+// each with its own Update of the all-reduced gradient), the lowest device's (the first in op order among equals) is
+// the owner, and the others step nothing. harmony-run's executor runs AdamW for the owner alone; harmony-sim's native
+// engine prices the others as free (before session 23 it priced each replica's update on the shared CPU, N times the
+// work the executor does). An Update over device state (resident, host-stream) is per device and is not decided here:
+// its callers read the flag for host updates only.
+std::vector<char> update_owners(const Program& program);
 
 }  // namespace harmony::core

@@ -1,6 +1,7 @@
 // core::host_gradients on hand-built Programs: the writers of a layer range's host gradient in (device, queue)
 // order whatever the ops' order, the first copying and the later adding; an all-reduced range's other replicas
-// dropped; a sharded range's ranks each copying their own shard first. And the bounce's chunk in whole elements.
+// dropped; a sharded range's ranks each copying their own shard first. And the bounce's chunk in whole elements, and
+// which Update of a range steps its host masters.
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -79,6 +80,18 @@ TEST_CASE("bounce_chunk_elements: whole elements of the chunk, at least one, at 
   CHECK(bounce_chunk_elements(10, 4, 4096) == 10);
   CHECK(bounce_chunk_elements(1000, 4, 3) == 1);
   CHECK(bounce_chunk_elements(100 << 20, 4) == (32 << 20) / 4);  // the executor's default chunk
+}
+
+TEST_CASE("update_owners: one Update per layer range steps the masters, the lowest device's, whatever the op order") {
+  Program p;
+  add(p, OpKind::Update, 2, 0, {0, 1});  // 0: a replica of range 0-1
+  add(p, OpKind::Update, 0, 0, {2, 3});  // 1: range 2-3, alone
+  add(p, OpKind::Update, 1, 0, {0, 1});  // 2: the lowest device of range 0-1 so far
+  add(p, OpKind::dWB, 0, 1, {0, 1});     // 3: not an Update
+  add(p, OpKind::Update, 1, 1, {0, 1});  // 4: the same device again: the first one in op order stays
+  add(p, OpKind::Update, 3, 0, {0, 0});  // 5: a different range (a shard of layer 0 alone)
+  CHECK(harmony::core::update_owners(p) == std::vector<char>{0, 1, 1, 0, 0, 1});
+  CHECK(harmony::core::update_owners(Program{}).empty());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <limits>
 #include <utility>
 
+#include "core/program/host_gradients.hpp"
 #include "sim/engine/cost_reference.hpp"
 #include "sim/engine/size_index.hpp"
 
@@ -77,7 +78,7 @@ double compute_time_scale(const core::MachineSpec& machine, const NativeOptions&
 ActivityBuilder::ActivityBuilder(const core::Program& p, const core::Model& m, const core::MachineSpec& mach,
                                  const NativeOptions& opt, const core::Topology& topo, const LinkGraph& graph,
                                  const std::vector<double>& capacity)
-    : p_(p), m_(m), mach_(mach), opt_(opt), topo_(topo), graph_(graph), cap_(capacity) {
+    : p_(p), m_(m), mach_(mach), opt_(opt), topo_(topo), graph_(graph), cap_(capacity), owner_(core::update_owners(p)) {
   nsim_ = static_cast<double>(std::max(1, p.cost.bandwidth_sharers));
   latency_ps_ = opt.latency ? core::seconds_to_ps(topo.transfer_latency_s) : 0;
   for (int g = 0; g < static_cast<int>(topo.gpus.size()); ++g) {
@@ -418,7 +419,7 @@ void ActivityBuilder::build(Activity& x, int a, int b) const {
         x.fixed_ps = core::seconds_to_ps(ref ? mach_.time_del_s : topo_.free_time_s);
         break;
       case OpKind::Update:
-        set_update_stage(x, o);
+        if (!idle_update(a)) set_update_stage(x, o);
         break;
       case OpKind::ARD:
       case OpKind::AG:
@@ -445,9 +446,17 @@ void ActivityBuilder::build(Activity& x, int a, int b) const {
     }
   }
   add_dispatch(x);
-  if (!ref && b < 0) add_host_work(x);
+  if (!ref && b < 0 && !idle_update(a)) add_host_work(x);
   if (host_pool()) share_host_pool(x);
   x.remaining = x.volume;
+}
+
+// A replica's Update of a layer range whose host masters another Update steps (core::update_owners: Harmony-DP's and
+// dp-swap's replicas update one shared master, once, as harmony-run's executor does): it runs nothing, so beyond its
+// dispatch it costs nothing. The reference settings keep the paper's rule (every replica's update on its own CPU).
+bool ActivityBuilder::idle_update(int a) const {
+  const Op& o = p_.ops[z(a)];
+  return !opt_.reference_bandwidths && o.kind == OpKind::Update && core::host_update(o) && owner_[z(a)] == 0;
 }
 
 // machine.compute.host_cores on the native model: the pool of compute units is the host's cores.

@@ -144,6 +144,7 @@ class ActivityBuilder {
   double dispatch_s(const Activity& x) const;
   double host_path_cap(const core::Op& o, bool up) const;
   void transfer(Activity& x, const core::Op& o, double bytes) const;
+  bool idle_update(int a) const;  // op a: a replica's host Update of a range another Update steps (core::update_owners)
 
   const core::Program& p_;
   const core::Model& m_;
@@ -162,6 +163,7 @@ class ActivityBuilder {
   };
   mutable core::FlatTable<P2PRoute> p2p_;
   mutable core::FlatTable<double> compute_memo_;  // compute_s's memo
+  std::vector<char> owner_;                       // per op: core::update_owners
 };
 
 }  // namespace harmony::sim::native_detail

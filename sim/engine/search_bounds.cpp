@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "core/program/lower.hpp"
 #include "sim/engine/simulator.hpp"
@@ -287,7 +288,8 @@ TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>
   // the Update op of an UPD task waits for its BWD task's gradients (the dW swap-out after the last BWD), and with
   // the whole pool takes update_s x update_time_scale (an update alone uses every core or unit; its DRAM traffic
   // and NVMe stages only add). As jobs on the pool (q = 0: the update's end counts), no run beats their Jackson
-  // schedule, nor each rank's updates in its CPU queue's order (the task order) one after another.
+  // schedule, nor each rank's updates in its CPU queue's order (the task order) one after another. A range several
+  // replicas update is one job, its owner's (the native engine prices the others' Updates as free).
   const bool finite = native_detail::on_host_pool(machine, options)
                           ? machine.compute.units > 0
                           : !machine.topology.valid() || machine.topology.cpu_cores > 0;
@@ -296,10 +298,19 @@ TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>
     std::vector<double> queue_free(graph.rank_tasks.size(), 0.0);
     std::vector<char> lowered(graph.rank_tasks.size(), 0);
     for (const int r : ranks) lowered[z(r)] = 1;
+    // one update per layer range: the replicas of a range (Harmony-DP) step one host master, by the lowest rank's UPD
+    // (its device's Update: core::update_owners); the others cost nothing
+    std::map<std::pair<int, int>, int> owner_rank;
+    for (const core::Task& t : graph.tasks) {
+      if (t.type != core::TaskType::Upd || !lowered[z(t.rank)] || t.updates_task < 0) continue;
+      const auto [it, fresh] = owner_rank.emplace(std::pair{t.layers.first, t.layers.last}, t.rank);
+      if (!fresh) it->second = std::min(it->second, t.rank);
+    }
     Op u;
     u.kind = OpKind::Update;
     for (const core::Task& t : graph.tasks) {
       if (t.type != core::TaskType::Upd || !lowered[z(t.rank)] || t.updates_task < 0) continue;
+      if (owner_rank.at(std::pair{t.layers.first, t.layers.last}) != t.rank) continue;
       u.layers = t.layers;
       const double p = native_detail::update_work_s(u, model, machine) * 1e12;
       const double r = chain.task_end_ps[z(t.updates_task)];

@@ -4,6 +4,7 @@
 // on a paper-1080ti-like topology (feasible at 10 GiB, infeasible at 4 GiB); ledger and trace counters.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -76,16 +77,17 @@ struct Builder {
   }
 };
 
-// A two-layer model: forward 1 ms per layer, backward 3 ms, CPU update 0.25 s per layer.
-core::Model tiny_model() {
+// A two-layer model (or `layers` layers, the last the criterion): forward 1 ms per layer, backward 3 ms, CPU update
+// 0.25 s per layer.
+core::Model tiny_model(int layers = 2) {
   core::Model m;
   m.name = "tiny";
   m.ubatch_fwd = {1};
   m.ubatch_bwd = {1};
-  for (int l = 0; l < 2; ++l) {
+  for (int l = 0; l < layers; ++l) {
     core::Layer L;
     L.name = fmt::format("l{}", l);
-    L.is_criterion = l == 1;
+    L.is_criterion = l == layers - 1;
     L.weight_bytes = 1000;
     L.buffer_bytes = 10;
     L.optimizer_state_bytes = 2000;
@@ -340,9 +342,38 @@ TEST_CASE("a bounded run stops when a link owes more work than the cutoff leaves
   CHECK(own->timeline.end_ps == r.timeline.end_ps);
 }
 
+TEST_CASE("replicas' updates of one range step one host master once: the lowest device's (core::update_owners)") {
+  // Harmony-DP's and dp-swap's replicas each have an Update of the same all-reduced layers; harmony-run's executor
+  // runs AdamW for the lowest device's alone (the masters are one host copy). Four such Updates of layers 0-1
+  // (0.5 s of the whole machine): the owner alone on every core, 0.5 s; the others run nothing and end at once.
+  // Before session 23 the native model shared the cores among all four: 2 s each, four times the executor's work.
+  // The reference settings keep the paper's rule: every replica's update at its profiled time, 0.5 s each.
+  Builder b(4);
+  std::vector<int> ups;
+  for (int g = 3; g >= 0; --g) {  // the owner (device 0) last in op order
+    ups.push_back(b.add(g, Stream::Cpu, OpKind::Update));
+    b.p.ops[z(ups.back())].layers = {0, 1};
+  }
+  auto m = one_switch(4, 1e9, 1e9);
+  m.topology.cpu_cores = 8;
+  const auto r = sim::run_native(b.p, tiny_model(), m, quiet());
+  for (int u : ups) {
+    CAPTURE(u);
+    CHECK(r.timeline.end_ps[z(u)] == (b.p.ops[z(u)].device == 0 ? 500 * kMs : 0));
+  }
+  CHECK(*std::max_element(r.timeline.end_ps.begin(), r.timeline.end_ps.end()) == 500 * kMs);
+  // the search's bounds agree: neither counts the idle replicas' work
+  CHECK(sim::native_lower_bound_ps(b.p, tiny_model(), m, quiet()) <= 500 * kMs);
+  CHECK(sim::run_native_within(b.p, tiny_model(), m, quiet(), 500 * kMs).has_value());
+  auto ref = quiet();
+  ref.reference_bandwidths = true;
+  const auto paper = sim::run_native(b.p, tiny_model(), m, ref);
+  for (int u : ups) CHECK(paper.timeline.end_ps[z(u)] == 500 * kMs);
+}
+
 TEST_CASE("CPU updates share the whole machine: cpu_adam is every core's rate (processor sharing)") {
-  // Four updates (one per GPU process), each 2 layers x 0.25 s = 0.5 s of the whole machine (C cores: 0.5 C
-  // core-seconds), all ready at t = 0. They share the C cores: C/4 each, ending at 0.5 C / (C/4) = 2 s for
+  // Four updates (one per GPU process, each of its own 2 layers) x 0.25 s = 0.5 s of the whole machine (C cores:
+  // 0.5 C core-seconds), all ready at t = 0. They share the C cores: C/4 each, ending at 0.5 C / (C/4) = 2 s for
   // any C (the old model capped each at one core and let 8 cores run all four at once in 0.5 s: four
   // machines' worth). A second update in the same process waits for the first (stream FIFO), then runs
   // alone on every core: 0.5 s, 2 s to 2.5 s.
@@ -350,15 +381,15 @@ TEST_CASE("CPU updates share the whole machine: cpu_adam is every core's rate (p
   std::vector<int> ups;
   for (int g = 0; g < 4; ++g) {
     ups.push_back(b.add(g, Stream::Cpu, OpKind::Update));
-    b.p.ops[z(ups.back())].layers = {0, 1};
+    b.p.ops[z(ups.back())].layers = {2 * g, 2 * g + 1};
   }
   const int later = b.add(0, Stream::Cpu, OpKind::Update);
-  b.p.ops[z(later)].layers = {0, 1};
+  b.p.ops[z(later)].layers = {8, 9};
   auto m = one_switch(4, 1e9, 1e9);
   for (int cores : {2, 8}) {
     CAPTURE(cores);
     m.topology.cpu_cores = cores;
-    const auto r = sim::run_native(b.p, tiny_model(), m, quiet());
+    const auto r = sim::run_native(b.p, tiny_model(10), m, quiet());
     for (int u : ups) CHECK(r.timeline.end_ps[z(u)] == 2000 * kMs);
     CHECK(r.timeline.begin_ps[z(later)] == 2000 * kMs);
     CHECK(r.timeline.end_ps[z(later)] == 2500 * kMs);
@@ -366,9 +397,9 @@ TEST_CASE("CPU updates share the whole machine: cpu_adam is every core's rate (p
   // three updates: 1/3 of the machine each, 0.5 / (1/3) = 1.5 s (within a picosecond of rounding)
   Builder c(3);
   for (int g = 0; g < 3; ++g) c.add(g, Stream::Cpu, OpKind::Update);
-  for (auto& op : c.p.ops) op.layers = {0, 1};
+  for (int g = 0; g < 3; ++g) c.p.ops[z(g)].layers = {2 * g, 2 * g + 1};
   m.topology.cpu_cores = 2;
-  const auto r3 = sim::run_native(c.p, tiny_model(), m, quiet());
+  const auto r3 = sim::run_native(c.p, tiny_model(6), m, quiet());
   for (std::size_t i = 0; i < 3; ++i) CHECK(std::llabs(r3.timeline.end_ps[i] - 1500 * kMs) <= 1);
   // one update alone takes its time on any number of cores
   Builder one(1);
