@@ -5,7 +5,9 @@
 #
 #   1. checks       scripts/check-format.sh, scripts/check-layering.sh, scripts/check-sizes.py,
 #                   scripts/check-doc-links.py (seconds)
-#   2. release      build/      -Dbuildtype=release (-Werror from meson.build); meson test
+#   2. release      build/      -Dbuildtype=release (-Werror from meson.build); meson test; then
+#                   scripts/comparison-docs.py: docs/comparison.md's generated tables against build/'s harmony-sim
+#                   (~25 s: the bundled 1,344-point sweep and the paper-regime sweeps)
 #   3. notebooks    scripts/run-notebooks.sh build out/notebooks: the bundled GPT sweep with build/'s harmony-sim,
 #                   then every notebooks/*.ipynb executed headless (figures in out/notebooks/figures; ~1 min)
 #   4. sanitizers   build-san/  ASan + UBSan, debugoptimized (-O2 -g1, the test files themselves -O1; asserts on:
@@ -95,6 +97,7 @@ stage_done checks
 
 section "release build and tests (build/)"
 build_and_test release build -- -Dbuildtype=release -Dwerror=true
+run_step comparison-docs python3 scripts/comparison-docs.py --build build
 stage_done release
 
 if [[ ${HARMONY_NOTEBOOKS:-1} == 0 ]]; then
