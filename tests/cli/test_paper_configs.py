@@ -14,7 +14,8 @@ from clitest import PLAN_KINDS, ROOT, check, finish, runner
 
 BIN = sys.argv[1]
 POINTS = {"fig10.yaml": 2 * 3 * 6, "fig17.yaml": 4 * 4 * 6,   # models x minibatches or GPU counts x kinds
-          "fig10_on_demand.yaml": 2 * 3 * 2, "fig17_on_demand.yaml": 4 * 4 * 2}  # dp-swap, pp-swap on demand
+          "fig10_on_demand.yaml": 2 * 3 * 2, "fig17_on_demand.yaml": 4 * 4 * 2,  # dp-swap, pp-swap on demand
+          "fig17_u1.yaml": 4 * 6, "fig17_u1_on_demand.yaml": 4 * 2}  # GPT-2 40B at u = 1: GPU counts x kinds
 KINDS = set(PLAN_KINDS)
 run = runner(BIN, timeout=120)
 
@@ -58,7 +59,7 @@ for path in configs:
             "swap_timing", "missing") is None, od.get("zero-infinity"))
 
 sweeps = sorted(glob.glob(os.path.join(ROOT, "configs/paper/sweeps/*.yaml")))
-check("configs/paper/sweeps has the four sweep files", len(sweeps) == 4, sweeps)
+check("configs/paper/sweeps has the six sweep files", len(sweeps) == len(POINTS), sweeps)
 with tempfile.TemporaryDirectory() as tmp:
     for i, path in enumerate(sweeps):
         name = os.path.relpath(path, ROOT)
