@@ -259,12 +259,14 @@ double get_flop_count(const Node& v, const std::string& what) {
 }
 
 // A fraction in (0, 1].
-double get_fraction(const Node& v, const std::string& what) {
-  const std::string hint = "write a number in (0, 1], the fraction of the peak reached, e.g. 0.8";
+// A fraction in (0, max] (of a peak; `hint` says which).
+double get_fraction(const Node& v, const std::string& what, double max = 1.0,
+                    const std::string& hint = "write a number in (0, 1], the fraction of the peak reached, e.g. 0.8") {
   const std::string& s = expect_scalar(v, what, "a number", hint);
   const auto n = plain_number(s);
-  if (!n || starts_negative(s)) fail(v.loc, fmt::format("{} must be a number in (0, 1], got '{}'", what, s), hint);
-  if (!(*n > 0.0) || *n > 1.0) fail(v.loc, fmt::format("{} must be in (0, 1], got {}", what, s), hint);
+  if (!n || starts_negative(s))
+    fail(v.loc, fmt::format("{} must be a number in (0, {:g}], got '{}'", what, max, s), hint);
+  if (!(*n > 0.0) || *n > max) fail(v.loc, fmt::format("{} must be in (0, {:g}], got {}", what, max, s), hint);
   return *n;
 }
 
@@ -273,14 +275,9 @@ double get_fraction(const Node& v, const std::string& what) {
 constexpr double kMaxGemmCeiling = 1.5;
 
 double get_gemm_ceiling(const Node& v, const std::string& what) {
-  const std::string hint =
-      "write the fraction of matrix_fp16 a GEMM microbenchmark reaches, e.g. 0.8 (up to 1.5: a GeForce card boosting "
-      "past its rated clock can exceed its datasheet peak)";
-  const std::string& s = expect_scalar(v, what, "a number", hint);
-  const auto n = plain_number(s);
-  if (!n || starts_negative(s)) fail(v.loc, fmt::format("{} must be a number in (0, 1.5], got '{}'", what, s), hint);
-  if (!(*n > 0.0) || *n > kMaxGemmCeiling) fail(v.loc, fmt::format("{} must be in (0, 1.5], got {}", what, s), hint);
-  return *n;
+  return get_fraction(v, what, kMaxGemmCeiling,
+                      "write the fraction of matrix_fp16 a GEMM microbenchmark reaches, e.g. 0.8 (up to 1.5: a "
+                      "GeForce card boosting past its rated clock can exceed its datasheet peak)");
 }
 
 const Node& sub_map(const Entry& e, const std::string& what, const std::vector<std::string>& keys,

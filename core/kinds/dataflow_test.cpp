@@ -1,7 +1,8 @@
 // Tests of the Program's dataflow (core/program/dataflow.hpp) as the lowerings fill it (the swapping kinds' and
 // Harmony's): on small hand-checkable Programs (a 4-layer synthetic model, 1 or 2 GPUs), which op writes which tensor
 // and which ops read it, each op's pass, layers and samples, the interning, and the refusal of an op a swapping
-// Program cannot hold. And core::state_layout over every kind that keeps state between steps.
+// Program cannot hold. And core::state_layout over every kind that keeps state between steps, and the Update owners
+// of a Harmony Program as its task graph gives them.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -422,6 +423,33 @@ TEST_CASE("harmony-dp on two GPUs: each rank's samples, the all-reduce of each t
     CHECK(r[0].kind == FlowKind::DW);
     CHECK(r[0].owner == p.ops[o].task);
     CHECK(writes(p, static_cast<int>(o)) == r);
+  }
+}
+
+TEST_CASE("update_task_owners names the UPD tasks whose lowered Updates update_owners names") {
+  for (const char* kind : {"harmony-dp", "harmony-pp"}) {
+    CAPTURE(kind);
+    const core::Program p = lower_harmony(kind, 2, 4, 1, 1, 1);
+    const std::vector<char> ops = core::update_owners(p);
+    const std::vector<char> tasks = core::update_task_owners(p.graph, {0, 1});
+    std::set<std::pair<int, int>> ranges;
+    int owned = 0;
+    for (std::size_t o = 0; o < p.ops.size(); ++o) {
+      if (p.ops[o].kind != OpKind::Update) continue;
+      ranges.insert({p.ops[o].layers.first, p.ops[o].layers.last});
+      CHECK(ops[o] == tasks[static_cast<std::size_t>(p.ops[o].task)]);
+      owned += ops[o];
+    }
+    CHECK(owned == static_cast<int>(ranges.size()));  // one per range: 2 replicas each under harmony-dp
+    CHECK(std::count(tasks.begin(), tasks.end(), 1) == owned);
+  }
+  // a rank left out of the lowering owns nothing, and its ranges fall to the lowest lowered rank
+  const core::Program dp = lower_harmony("harmony-dp", 2, 4, 1, 1, 1);
+  const std::vector<char> only1 = core::update_task_owners(dp.graph, {1});
+  for (std::size_t t = 0; t < dp.graph.tasks.size(); ++t) {
+    const core::Task& task = dp.graph.tasks[t];
+    const bool upd = task.type == core::TaskType::Upd && task.updates_task >= 0;
+    CHECK(only1[t] == (upd && task.rank == 1 ? 1 : 0));
   }
 }
 

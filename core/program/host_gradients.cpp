@@ -1,9 +1,10 @@
 // host_gradients, bounce_chunk_elements and update_owners (host_gradients.hpp): one pass over a Program's dWBs, ARDs
-// and RSs, and one over its Updates.
+// and RSs, and one rule over its Updates (or its task graph's UPD tasks).
 #include "core/program/host_gradients.hpp"
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 namespace harmony::core {
 
@@ -63,17 +64,43 @@ std::int64_t bounce_chunk_elements(std::int64_t gradient_elements, Bytes element
   return std::min(gradient_elements, cap);
 }
 
-std::vector<char> update_owners(const Program& p) {
-  std::vector<char> owner(p.ops.size(), 0);
-  std::map<LayerSpan, int> lowest;  // per range: its lowest device's Update
-  for (std::size_t o = 0; o < p.ops.size(); ++o) {
-    const Op& op = p.ops[o];
-    if (op.kind != OpKind::Update) continue;
-    const auto [it, fresh] = lowest.emplace(LayerSpan{op.layers.first, op.layers.last}, static_cast<int>(o));
-    if (!fresh && op.device < p.ops[static_cast<std::size_t>(it->second)].device) it->second = static_cast<int>(o);
+namespace {
+
+// The owner rule over `n` items: `range_of(i)` gives item i's layer range and device, or nullopt for an item that
+// updates nothing; per range, the item of the lowest device (the first in index order among equals) gets a 1.
+template <class RangeOf>
+std::vector<char> lowest_per_range(std::size_t n, RangeOf range_of) {
+  std::vector<char> owner(n, 0);
+  std::map<LayerSpan, std::pair<int, std::size_t>> lowest;  // per range: (device, item)
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::optional<std::pair<LayerSpan, int>> r = range_of(i);
+    if (!r) continue;
+    const auto [it, fresh] = lowest.emplace(r->first, std::pair{r->second, i});
+    if (!fresh && r->second < it->second.first) it->second = {r->second, i};
   }
-  for (const auto& [range, u] : lowest) owner[static_cast<std::size_t>(u)] = 1;
+  for (const auto& [range, lo] : lowest) owner[lo.second] = 1;
   return owner;
+}
+
+}  // namespace
+
+std::vector<char> update_owners(const Program& p) {
+  return lowest_per_range(p.ops.size(), [&](std::size_t o) -> std::optional<std::pair<LayerSpan, int>> {
+    const Op& op = p.ops[o];
+    if (op.kind != OpKind::Update) return std::nullopt;
+    return std::pair{LayerSpan{op.layers.first, op.layers.last}, op.device};
+  });
+}
+
+std::vector<char> update_task_owners(const TaskGraph& graph, const std::vector<int>& ranks) {
+  std::vector<char> lowered(graph.rank_tasks.size(), 0);
+  for (const int r : ranks) lowered[static_cast<std::size_t>(r)] = 1;
+  return lowest_per_range(graph.tasks.size(), [&](std::size_t i) -> std::optional<std::pair<LayerSpan, int>> {
+    const Task& t = graph.tasks[i];
+    if (t.type != TaskType::Upd || t.updates_task < 0 || lowered[static_cast<std::size_t>(t.rank)] == 0)
+      return std::nullopt;
+    return std::pair{LayerSpan{t.layers.first, t.layers.last}, t.rank};
+  });
 }
 
 }  // namespace harmony::core

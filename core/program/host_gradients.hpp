@@ -55,4 +55,9 @@ std::int64_t bounce_chunk_elements(std::int64_t gradient_elements, Bytes element
 // its callers read the flag for host updates only.
 std::vector<char> update_owners(const Program& program);
 
+// The same rule before lowering, per task of `graph`: 1 for the UPD task whose lowered Update owns its range (of the
+// UPD tasks of `ranks`, core::lowered_ranks, the lowest rank's per layer range; a Harmony Program's Update of task t
+// runs on device t.rank). The search's task bound counts those updates alone (sim::native_task_bound_ps).
+std::vector<char> update_task_owners(const TaskGraph& graph, const std::vector<int>& ranks);
+
 }  // namespace harmony::core

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 
+#include "core/program/host_gradients.hpp"
 #include "core/program/lower.hpp"
 #include "sim/engine/simulator.hpp"
 #include "sim/engine/size_index.hpp"
@@ -296,21 +296,14 @@ TimePs native_task_bound_ps(const core::TaskGraph& graph, const std::vector<int>
   if (options.contention && !options.serial && !options.reference_bandwidths && finite) {
     std::vector<native_detail::ResourceJob> jobs;
     std::vector<double> queue_free(graph.rank_tasks.size(), 0.0);
-    std::vector<char> lowered(graph.rank_tasks.size(), 0);
-    for (const int r : ranks) lowered[z(r)] = 1;
     // one update per layer range: the replicas of a range (Harmony-DP) step one host master, by the lowest rank's UPD
-    // (its device's Update: core::update_owners); the others cost nothing
-    std::map<std::pair<int, int>, int> owner_rank;
-    for (const core::Task& t : graph.tasks) {
-      if (t.type != core::TaskType::Upd || !lowered[z(t.rank)] || t.updates_task < 0) continue;
-      const auto [it, fresh] = owner_rank.emplace(std::pair{t.layers.first, t.layers.last}, t.rank);
-      if (!fresh) it->second = std::min(it->second, t.rank);
-    }
+    // (core::update_task_owners, the task graph's view of core::update_owners); the others cost nothing
+    const std::vector<char> owner = core::update_task_owners(graph, ranks);
     Op u;
     u.kind = OpKind::Update;
-    for (const core::Task& t : graph.tasks) {
-      if (t.type != core::TaskType::Upd || !lowered[z(t.rank)] || t.updates_task < 0) continue;
-      if (owner_rank.at(std::pair{t.layers.first, t.layers.last}) != t.rank) continue;
+    for (std::size_t i = 0; i < graph.tasks.size(); ++i) {
+      if (owner[i] == 0) continue;
+      const core::Task& t = graph.tasks[i];
       u.layers = t.layers;
       const double p = native_detail::update_work_s(u, model, machine) * 1e12;
       const double r = chain.task_end_ps[z(t.updates_task)];
