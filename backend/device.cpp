@@ -2,9 +2,11 @@
 // error's message, stream-ordered frees, and the default (plain memory, no ranges) host-side services.
 #include "backend/device.hpp"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -64,6 +66,34 @@ void Device::check_pinnable(Bytes bytes, const std::string& what, Bytes limit) {
 std::shared_ptr<void> Device::pin_host(void* /*ptr*/, Bytes /*bytes*/, const std::string& /*what*/) { return nullptr; }
 HostBuffer Device::alloc_host(Bytes bytes, const std::string& /*what*/) { return HostBuffer(bytes); }
 std::shared_ptr<void> Device::trace_range(const std::string& /*name*/) { return nullptr; }
+
+namespace {
+
+// Stream::timer()'s default: the two points as host functions reading the steady clock.
+class HostClockTimer final : public StreamTimer {
+ public:
+  explicit HostClockTimer(Stream& s) : s_(s) {}
+  void start() override {
+    s_.launch_host([t = times_]() { t->first = std::chrono::steady_clock::now(); });
+  }
+  void stop() override {
+    s_.launch_host([t = times_]() { t->second = std::chrono::steady_clock::now(); });
+  }
+  double seconds() override {
+    s_.synchronize();
+    return std::chrono::duration<double>(times_->second - times_->first).count();
+  }
+
+ private:
+  Stream& s_;
+  // shared with the queued functions, which may outlive the timer if the caller drops it before they run
+  std::shared_ptr<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> times_ =
+      std::make_shared<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>>();
+};
+
+}  // namespace
+
+std::unique_ptr<StreamTimer> Stream::timer() { return std::make_unique<HostClockTimer>(*this); }
 
 void Stream::release_after(Buffer buffer) {
   auto held = std::make_shared<Buffer>(std::move(buffer));

@@ -160,6 +160,18 @@ class Event {
   virtual bool query() = 0;        // whether it has
 };
 
+// Device time between two points of one stream, read where the stream's work runs: the host's launch and
+// synchronize latency is not in it, so a batch of work timed this way measures what the device spent on it
+// (the profiler's layer times). start() and stop() enqueue the two points; seconds() blocks until the second has
+// run and returns the time between them. Start, stop, read, in that order; reusable after a read.
+class StreamTimer {
+ public:
+  virtual ~StreamTimer() = default;
+  virtual void start() = 0;
+  virtual void stop() = 0;
+  virtual double seconds() = 0;
+};
+
 // An in-order queue of work on one device. Enqueueing returns at once; work runs in FIFO order.
 class Stream {
  public:
@@ -175,6 +187,10 @@ class Stream {
   virtual void synchronize() = 0;
   // Frees `buffer` when the stream reaches this point (stream-ordered free).
   void release_after(Buffer buffer);
+  // A timer of this stream. The default stamps the host's steady clock from host functions (launch_host) when the
+  // stream reaches each point: exact for a stream whose work runs on a host thread (the CPU device); CUDA times
+  // with events instead, since a host function's own dispatch would be in the interval.
+  virtual std::unique_ptr<StreamTimer> timer();
 };
 
 // How a weight matrix is laid out. InOut: [in, out] row-major, HF Conv1D (GPT-2's c_attn, c_proj, c_fc).

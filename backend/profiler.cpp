@@ -1,6 +1,6 @@
-// Measures a GPT-2's layers on a device (times as medians around synchronized streams, peaks from the
-// device's memory statistics) and the host AdamW per layer, and writes the result with metadata as a
-// harmony-profile-json v1 profile.
+// Measures a GPT-2's layers on a device (times as medians of the device's own stream timers, spread over
+// several passes; peaks from the device's memory statistics) and the host AdamW per layer, and writes the result
+// with metadata as a harmony-profile-json v1 profile.
 #include "backend/profiler.hpp"
 
 #include <algorithm>
@@ -89,7 +89,7 @@ class SyncOnExit {
 };
 
 struct Measurement {
-  double time_s = 0.0;
+  std::vector<double> times_s;  // one per timed run
   Bytes peak_bytes = 0;
   Bytes transient_bytes = 0;  // backward: what dY, dX and scratch take on the device (allocated last)
 };
@@ -105,8 +105,10 @@ class LayerProfiler {
   LayerProfiler(const LayerProfiler&) = delete;
   LayerProfiler& operator=(const LayerProfiler&) = delete;
 
-  Measurement measure(int l, core::Phase phase, int u) {
-    return opt_.dtype == DType::BF16 ? measure_as<Bf16>(l, phase, u) : measure_as<float>(l, phase, u);
+  // `warmup` untimed and `runs` timed runs of layer l at microbatch u (peaks: of the whole measurement).
+  Measurement measure(int l, core::Phase phase, int u, int warmup, int runs) {
+    return opt_.dtype == DType::BF16 ? measure_as<Bf16>(l, phase, u, warmup, runs)
+                                     : measure_as<float>(l, phase, u, warmup, runs);
   }
 
   // The layer's arguments over the device buffers, for a microbatch of u sequences of T tokens (n_tok in all).
@@ -130,26 +132,35 @@ class LayerProfiler {
     return a;
   }
 
-  // The median over opt_.repeats timed runs (after opt_.warmup untimed ones) of the layer's forward, and backward
-  // when `bwd`, each up to the stream's synchronize.
+  // The device time of each of `runs` runs of the layer's forward, and backward when `bwd`, after `warmup` untimed
+  // ones: every run enqueued back to back between its own two stream timer points, read after the last, so that
+  // the stream's queue stays as deep as in a training run and neither the host's launch of the first kernel nor
+  // its synchronize is in a sample (timing each run from the host up to a synchronize put ~45 us of hand-off into
+  // every CPU-device sample: a 1 us embedding measured 47 us).
   template <class E>
-  double median_time(BasicDeviceOps<E>& ops, int l, const LayerArgs<E>& a, bool bwd) {
-    Stream& s = *stream_;
-    std::vector<double> times;
-    for (int i = 0; i < opt_.warmup + opt_.repeats; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> run_times(BasicDeviceOps<E>& ops, int l, const LayerArgs<E>& a, bool bwd, int warmup,
+                                int runs) {
+    for (int i = 0; i < warmup; ++i) {
       m_.forward(ops, l, a);
       if (bwd) m_.backward(ops, l, a);
-      s.synchronize();
-      const double t = seconds_since(t0);
-      if (i >= opt_.warmup) times.push_back(t);
     }
-    return median(std::move(times));
+    Stream& s = *stream_;
+    std::vector<std::unique_ptr<StreamTimer>> timers;
+    for (int i = 0; i < runs; ++i) {
+      timers.push_back(s.timer());
+      timers.back()->start();
+      m_.forward(ops, l, a);
+      if (bwd) m_.backward(ops, l, a);
+      timers.back()->stop();
+    }
+    std::vector<double> times;
+    for (auto& t : timers) times.push_back(t->seconds());
+    return times;
   }
 
   // E: the device element (float, or Bf16: synthetic data and weights rounded to nearest even on the host).
   template <class E>
-  Measurement measure_as(int l, core::Phase phase, int u) {
+  Measurement measure_as(int l, core::Phase phase, int u, int warmup, int runs) {
     const DType dt = opt_.dtype;
     const auto elem = [](float v) {
       if constexpr (std::is_same_v<E, Bf16>) {
@@ -210,11 +221,11 @@ class LayerProfiler {
 
     const LayerArgs<E> a = layer_args<E>(buf, u, T, n_tok);
     BasicDeviceOps<E> ops(dev_, s);
-    const double time_s = median_time(ops, l, a, bwd);
+    std::vector<double> times = run_times(ops, l, a, bwd, warmup, runs);
     // The backward's peak less its output: the timed backward recomputes the forward, whose output this harness
     // must give a buffer, but no executor holds a layer's output while its backward runs (a REC or FWD wrote and
     // released it), and core's accounts (docs/backend.md, "Profiling") do not count it there.
-    return {time_s, dev_.memory().peak - base - (bwd ? output : 0), bwd ? transient : 0};
+    return {std::move(times), dev_.memory().peak - base - (bwd ? output : 0), bwd ? transient : 0};
   }
 
  private:
@@ -266,6 +277,7 @@ void validate(const Gpt2& model, const ProfileOptions& o) {
   }
   if (o.warmup < 0) throw BackendError(fmt::format("profile: warm-up runs {} must be >= 0", o.warmup));
   if (o.repeats < 1) throw BackendError(fmt::format("profile: repeats {} must be >= 1", o.repeats));
+  if (o.rounds < 1) throw BackendError(fmt::format("profile: rounds {} must be >= 1", o.rounds));
   o.adamw.validate();
 }
 
@@ -355,8 +367,13 @@ ProfileResult profile_gpt2(Device& device, HostState& state, const ProfileOption
     l.saved_bytes.clear();
   }
 
+  // The timed runs are spread over `rounds` passes over every size and layer (round r takes repeats / rounds of
+  // them, one more for r < repeats % rounds), so that a slow spell of a shared machine lands in one pass's samples of
+  // every layer, not in every sample of a few layers. The first pass also runs the warm-up, measures the peaks and
+  // finds the sizes that fit; later passes re-measure those.
+  const int rounds = std::min(options.rounds, options.repeats);
   ProfileProgress pg;
-  pg.total_steps = 2 * static_cast<int>(sizes.size()) * R + R;
+  pg.total_steps = rounds * 2 * static_cast<int>(sizes.size()) * R + R;
   const auto report = [&](ProfileStage stage, int layer, int u) {
     ++pg.step;
     if (!progress) return;
@@ -366,38 +383,63 @@ ProfileResult profile_gpt2(Device& device, HostState& state, const ProfileOption
     progress(pg);
   };
 
+  std::array<std::vector<std::vector<std::vector<double>>>, 2> samples;  // [bwd][size index][layer]: run times
   {
     LayerProfiler prof(device, model, state, options);
-    for (const core::Phase phase : {core::Phase::Fwd, core::Phase::Bwd}) {
-      const bool fwd = phase == core::Phase::Fwd;
-      std::vector<int>& measured = fwd ? res.model.ubatch_fwd : res.model.ubatch_bwd;
-      std::vector<int>& dropped = fwd ? res.dropped_fwd : res.dropped_bwd;
-      std::string& reason = fwd ? res.dropped_fwd_reason : res.dropped_bwd_reason;
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        const int u = sizes[i];
-        std::vector<Measurement> column;
-        try {
-          for (int l = 0; l < R; ++l) {
-            report(fwd ? ProfileStage::Forward : ProfileStage::Backward, l, u);
-            column.push_back(prof.measure(l, phase, u));
+    for (int r = 0; r < rounds; ++r) {
+      const int runs = options.repeats / rounds + (r < options.repeats % rounds ? 1 : 0);
+      for (const core::Phase phase : {core::Phase::Fwd, core::Phase::Bwd}) {
+        const bool fwd = phase == core::Phase::Fwd;
+        const ProfileStage stage = fwd ? ProfileStage::Forward : ProfileStage::Backward;
+        std::vector<int>& measured = fwd ? res.model.ubatch_fwd : res.model.ubatch_bwd;
+        auto& times = samples[fwd ? 0 : 1];
+        if (r > 0) {
+          for (std::size_t i = 0; i < measured.size(); ++i) {
+            for (int l = 0; l < R; ++l) {
+              report(stage, l, measured[i]);
+              std::vector<double> t = prof.measure(l, phase, measured[i], 0, runs).times_s;
+              auto& into = times[i][static_cast<std::size_t>(l)];
+              into.insert(into.end(), t.begin(), t.end());
+            }
           }
-        } catch (const OutOfMemory& e) {
-          if (i == 0) throw;  // not even the smallest size fits: nothing to profile
-          dropped.assign(sizes.begin() + static_cast<std::ptrdiff_t>(i), sizes.end());
-          reason = e.what();
-          pg.step += static_cast<int>(sizes.size() - i) * R - static_cast<int>(column.size()) - 1;
-          break;
+          pg.step += static_cast<int>(sizes.size() - measured.size()) * R;
+          continue;
         }
-        measured.push_back(u);
-        for (int l = 0; l < R; ++l) {
-          core::Layer& L = res.model.layers[static_cast<std::size_t>(l)];
-          (fwd ? L.fwd_time_s : L.bwd_time_s).push_back(column[static_cast<std::size_t>(l)].time_s);
-          (fwd ? L.fwd_peak_bytes : L.bwd_peak_bytes).push_back(column[static_cast<std::size_t>(l)].peak_bytes);
-          if (!fwd) L.bwd_transient_bytes.push_back(column[static_cast<std::size_t>(l)].transient_bytes);
-          if (!fwd) L.saved_bytes.push_back(saved[static_cast<std::size_t>(l)][i]);
+        std::vector<int>& dropped = fwd ? res.dropped_fwd : res.dropped_bwd;
+        std::string& reason = fwd ? res.dropped_fwd_reason : res.dropped_bwd_reason;
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          const int u = sizes[i];
+          std::vector<Measurement> column;
+          try {
+            for (int l = 0; l < R; ++l) {
+              report(stage, l, u);
+              column.push_back(prof.measure(l, phase, u, options.warmup, runs));
+            }
+          } catch (const OutOfMemory& e) {
+            if (i == 0) throw;  // not even the smallest size fits: nothing to profile
+            dropped.assign(sizes.begin() + static_cast<std::ptrdiff_t>(i), sizes.end());
+            reason = e.what();
+            pg.step += static_cast<int>(sizes.size() - i) * R - static_cast<int>(column.size()) - 1;
+            break;
+          }
+          measured.push_back(u);
+          times.emplace_back();
+          for (int l = 0; l < R; ++l) {
+            core::Layer& L = res.model.layers[static_cast<std::size_t>(l)];
+            Measurement& c = column[static_cast<std::size_t>(l)];
+            times.back().push_back(std::move(c.times_s));
+            (fwd ? L.fwd_peak_bytes : L.bwd_peak_bytes).push_back(c.peak_bytes);
+            if (!fwd) L.bwd_transient_bytes.push_back(c.transient_bytes);
+            if (!fwd) L.saved_bytes.push_back(saved[static_cast<std::size_t>(l)][i]);
+          }
         }
       }
     }
+  }
+  for (int l = 0; l < R; ++l) {
+    core::Layer& L = res.model.layers[static_cast<std::size_t>(l)];
+    for (const auto& column : samples[0]) L.fwd_time_s.push_back(median(column[static_cast<std::size_t>(l)]));
+    for (const auto& column : samples[1]) L.bwd_time_s.push_back(median(column[static_cast<std::size_t>(l)]));
   }
 
   std::mt19937_64 rng(options.seed ^ 0x9E3779B97F4A7C15ULL);
@@ -435,8 +477,8 @@ std::string profile_json(const ProfileResult& result, const ProfileMeta& meta) {
                     {"ln_eps", static_cast<double>(c.ln_eps)}}},
                   {"seq_len", o.seq_len}};
   md["units"] = {{"time",
-                  "seconds (float; median of the timed repeats after the warm-up, steady_clock around synchronized "
-                  "streams)"},
+                  "seconds (float; median of the timed repeats after the warm-up, each the device time between two "
+                  "points of its stream, the repeats spread over `rounds` passes over every layer and size)"},
                  {"memory",
                   "bytes (int; device peak after reset_peak minus in-use at the layer's start: weights, inputs, "
                   "outputs, activations, gradients and scratch of one layer, each rounded to the allocation "
@@ -445,6 +487,7 @@ std::string profile_json(const ProfileResult& result, const ProfileMeta& meta) {
                  {"ubatch_size", "samples per microbatch"}};
   md["profiler"] = {{"warmup", o.warmup},
                     {"repeats", o.repeats},
+                    {"rounds", std::min(o.rounds, o.repeats)},
                     {"statistic", "median"},
                     {"seed", o.seed},
                     {"adamw",

@@ -22,6 +22,9 @@ struct ProfileOptions {
   std::vector<int> ubatch_sizes;  // microbatch sizes to measure, positive and strictly ascending
   int warmup = 1;                 // untimed runs before the timed ones (>= 0)
   int repeats = 3;                // timed runs; the median is recorded (>= 1)
+  // Passes over every layer and size the timed runs are spread over (>= 1; at most `repeats` are made): a slow
+  // spell of a shared machine then lands in one pass's samples of every layer, not in all samples of a few.
+  int rounds = 3;
   AdamWConfig adamw;              // the optimizer whose host update is timed
   int adamw_threads = 0;          // its thread pool, as the executor's (ExecutorOptions::adamw_threads; <= 0: all)
   std::uint64_t seed = 0;         // synthetic inputs, targets, output gradients and update gradients
@@ -31,7 +34,7 @@ struct ProfileOptions {
 };
 
 // What the profiler is doing, for a progress display. `step` counts from 1 to at most `total_steps`
-// (2 x sizes x layers + layers); steps of sizes dropped for memory are skipped.
+// (rounds x 2 x sizes x layers + layers); steps of sizes dropped for memory are skipped.
 enum class ProfileStage : std::uint8_t { Forward, Backward, Update };
 struct ProfileProgress {
   ProfileStage stage = ProfileStage::Forward;
@@ -57,15 +60,17 @@ struct ProfileResult {
 
 // Profiles `model` on `device` layer by layer. Per microbatch size u (ascending) and layer l, with every
 // buffer of profile_buffers(l, phase, u) allocated on an otherwise idle device:
-//   fwd_time_s      median over `repeats` of one no-grad forward of layer l over u samples of T tokens (the
-//                   same kernels as the recompute: the layers have one forward, writing `act`, which a FWD
+//   fwd_time_s      median over `repeats` runs of one no-grad forward of layer l over u samples of T tokens
+//                   (the same kernels as the recompute: the layers have one forward, writing `act`, which a FWD
 //                   task keeps in one reused buffer)
 //   bwd_time_s      median of one forward-with-grad (the recompute) + backward of layer l, timed together
 //   fwd/bwd_peak    Device::memory().peak after reset_peak(), minus in_use when the layer started (0 on an
 //                   empty device): all of the layer's buffers at once, each rounded up to the device's
 //                   allocation granularity (256 bytes on the CPU device)
-// Times are std::chrono::steady_clock around the enqueued work, the stream synchronized before and after,
-// after `warmup` untimed runs. Weights come from state.weights(l); inputs, targets and output gradients
+// Each run's time is the device's own (Stream::timer: CUDA events, the CPU stream thread's clock), the runs of
+// one measurement enqueued back to back, so the host's launch and synchronize latency is in none of them. The
+// `repeats` runs are split over min(rounds, repeats) passes over every size and layer (each pass allocates and
+// fills the layer's buffers again); the first pass runs `warmup` untimed runs first and measures the peaks. Weights come from state.weights(l); inputs, targets and output gradients
 // are synthetic (seeded). Per layer, update_time_cpu_s is the median time of state.update(adamw, l, l)
 // (AdamW on the host over the parameters the layer owns; layer 0 updates the tied wte with both gradient
 // contributions and copies it into the head) with synthetic gradients. Sizes: weight_bytes = the layer's

@@ -104,6 +104,7 @@ struct Cli {
   std::string out;
   std::vector<int> ubatch;
   int repeats = 3;
+  int rounds = 3;  // ProfileOptions::rounds
 };
 
 struct Setup {

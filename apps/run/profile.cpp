@@ -54,6 +54,7 @@ int cmd_profile(const Cli& cli) {
   po.seq_len = cfg.model.seq_len;
   po.ubatch_sizes = cli.ubatch.empty() ? s.desc.ubatch_fwd : cli.ubatch;
   po.repeats = cli.repeats;
+  po.rounds = cli.rounds;
   po.dtype = run_dtype(cfg);
   check_host_state(s, 1);
   allocating(fmt::format("the host model state (fp32 weights, gradients and AdamW moments: {:.2f} GiB)",

@@ -233,6 +233,8 @@ class CudaStream final : public Stream {
   void record(Event& event) override;
   void wait(Event& event) override;
   void synchronize() override;
+  // Times with two timing-enabled CUDA events recorded on the stream (cudaEventElapsedTime).
+  std::unique_ptr<StreamTimer> timer() override;
 
   // Enqueues `work` for the submission thread; `op` names it in errors (a string literal).
   void submit(const char* op, Work work);

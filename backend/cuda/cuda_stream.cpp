@@ -286,6 +286,56 @@ void CudaStream::synchronize() {
   if (auto e = finish()) std::rethrow_exception(e);
 }
 
+namespace {
+
+// CudaStream::timer(): two events with timing, recorded by the submission thread in stream order. Shared with the
+// queued records, which may outlive the timer.
+struct TimerEvents {
+  int gpu = 0;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  explicit TimerEvents(int g) : gpu(g) {
+    DeviceGuard guard(gpu);
+    HARMONY_CUDA_CHECK(cudaEventCreate(&start));
+    const cudaError_t e = cudaEventCreate(&stop);
+    if (e != cudaSuccess) {
+      if (cudaEventDestroy(start) != cudaSuccess) (void)cudaGetLastError();
+      HARMONY_CUDA_CHECK(e);
+    }
+  }
+  TimerEvents(const TimerEvents&) = delete;
+  TimerEvents& operator=(const TimerEvents&) = delete;
+  ~TimerEvents() {
+    if (cudaEventDestroy(start) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaEventDestroy(stop) != cudaSuccess) (void)cudaGetLastError();
+  }
+};
+
+class CudaStreamTimer final : public StreamTimer {
+ public:
+  explicit CudaStreamTimer(CudaStream& s) : s_(s), ev_(std::make_shared<TimerEvents>(s.cuda_device().gpu())) {}
+  void start() override {
+    s_.submit("timer start", [ev = ev_](StreamContext& c) { HARMONY_CUDA_CHECK(cudaEventRecord(ev->start, c.stream())); });
+  }
+  void stop() override {
+    s_.submit("timer stop", [ev = ev_](StreamContext& c) { HARMONY_CUDA_CHECK(cudaEventRecord(ev->stop, c.stream())); });
+  }
+  double seconds() override {
+    s_.synchronize();
+    DeviceGuard guard(ev_->gpu);
+    float ms = 0.0f;
+    HARMONY_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_->start, ev_->stop));
+    return static_cast<double>(ms) * 1e-3;
+  }
+
+ private:
+  CudaStream& s_;
+  std::shared_ptr<TimerEvents> ev_;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamTimer> CudaStream::timer() { return std::make_unique<CudaStreamTimer>(*this); }
+
 void CudaStream::launch_host(std::function<void()> fn) {
   // Registered now, so a failed context drops it even while it is still queued for the submission thread.
   std::shared_ptr<HostCalls::Call> call = host_calls_->add(std::move(fn));

@@ -199,15 +199,26 @@ TEST_CASE("a tiny GPT-2 profiled on the CPU device: sizes, times, peaks, progres
   CHECK(names(R - 1, Phase::Bwd) == std::vector<std::string>{"W", "dW", "X", "targets", "Y", "act", "dX", "scratch"});
   CHECK_THROWS_AS(profile_buffers(t.model, R, Phase::Fwd, 1, kT), BackendError);
 
-  // Progress: every step once, in order.
-  const int total = 2 * static_cast<int>(kSizes.size()) * R + R;
+  // Progress: every step once, in order: three passes (rounds 3, one of the 3 repeats each) over every size and
+  // layer, forward then backward, then the updates.
+  const int pass = 2 * static_cast<int>(kSizes.size()) * R;
+  const int total = 3 * pass + R;
   REQUIRE(seen.size() == static_cast<std::size_t>(total));
   for (std::size_t i = 0; i < seen.size(); ++i) {
     CHECK(seen[i].step == static_cast<int>(i) + 1);
     CHECK(seen[i].total_steps == total);
   }
-  CHECK(seen.front().stage == ProfileStage::Forward);
-  CHECK(seen[static_cast<std::size_t>(kSizes.size()) * R].stage == ProfileStage::Backward);
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    const auto at = [&](int k) { return seen[static_cast<std::size_t>(r * pass + k)]; };
+    CHECK(at(0).stage == ProfileStage::Forward);
+    CHECK(at(0).layer == 0);
+    CHECK(at(0).ubatch == kSizes.front());
+    CHECK(at(pass / 2 - 1).stage == ProfileStage::Forward);
+    CHECK(at(pass / 2).stage == ProfileStage::Backward);
+    CHECK(at(pass - 1).stage == ProfileStage::Backward);
+    CHECK(at(pass - 1).ubatch == kSizes.back());
+  }
   CHECK(seen.back().stage == ProfileStage::Update);
   CHECK(seen.back().layer == R - 1);
 
@@ -257,6 +268,7 @@ TEST_CASE("the profile JSON round-trips, carries its metadata and feeds the sear
   CHECK(j["profiler"]["warmup"] == 1);
   CHECK(j["profiler"]["repeats"] == 3);
   CHECK(j["profiler"]["statistic"] == "median");
+  CHECK(j["profiler"]["rounds"] == 3);
   CHECK(j["profiler"]["requested_ubatch_sizes"] == kSizes);
   CHECK(j["profiler"]["dropped_bwd"].empty());
   CHECK(j.contains("units"));
@@ -307,7 +319,17 @@ TEST_CASE("sizes that do not fit in device memory end the list; the smallest not
   REQUIRE(bwd4 > capacity);  // the backward at u = 4 cannot fit, everything else can
 
   auto dev = cpu::make_cpu_device(0, {.capacity = capacity});
-  const ProfileResult res = profile_gpt2(*dev, t.state, options());
+  std::vector<ProfileProgress> seen;
+  const ProfileResult res =
+      profile_gpt2(*dev, t.state, options(), [&](const ProfileProgress& p) { seen.push_back(p); });
+  // The later passes measure only what fitted in the first; the steps of the dropped size are skipped in each.
+  REQUIRE(!seen.empty());
+  CHECK(seen.back().step == seen.back().total_steps);
+  const int pass = 2 * static_cast<int>(kSizes.size()) * R;
+  CHECK(seen.back().total_steps == 3 * pass + R);
+  for (const ProfileProgress& p : seen) {
+    if (p.stage == ProfileStage::Backward && p.ubatch == 4) CHECK(p.step <= pass);
+  }
   CHECK(res.model.ubatch_fwd == kSizes);
   CHECK(res.model.ubatch_bwd == std::vector<int>{1, 2});
   CHECK(res.dropped_fwd.empty());
@@ -337,6 +359,23 @@ TEST_CASE("sizes that do not fit in device memory end the list; the smallest not
   }
 }
 
+TEST_CASE("more rounds than repeats: one pass per timed run") {
+  Tiny t;
+  auto dev = cpu::make_cpu_device(0, {.capacity = 16 * kMiB});
+  ProfileOptions o = options();
+  o.repeats = 2;
+  o.rounds = 5;
+  int total = 0;
+  const ProfileResult res = profile_gpt2(*dev, t.state, o, [&](const ProfileProgress& p) { total = p.total_steps; });
+  const int R = t.model.num_layers();
+  CHECK(total == 2 * (2 * static_cast<int>(kSizes.size()) * R) + R);
+  CHECK(nlohmann::json::parse(profile_json(res))["profiler"]["rounds"] == 2);
+  for (const core::Layer& l : res.model.layers) {
+    for (const double v : l.fwd_time_s) CHECK(v > 0.0);
+    for (const double v : l.bwd_time_s) CHECK(v > 0.0);
+  }
+}
+
 TEST_CASE("invalid profiler options are refused") {
   Tiny t;
   auto dev = cpu::make_cpu_device(0, {.capacity = 16 * kMiB});
@@ -352,6 +391,7 @@ TEST_CASE("invalid profiler options are refused") {
   fails([](ProfileOptions& o) { o.ubatch_sizes = {0, 1}; });
   fails([](ProfileOptions& o) { o.repeats = 0; });
   fails([](ProfileOptions& o) { o.warmup = -1; });
+  fails([](ProfileOptions& o) { o.rounds = 0; });
   fails([](ProfileOptions& o) { o.adamw.lr = -1.0; });
 }
 
