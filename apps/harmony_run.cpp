@@ -148,8 +148,9 @@ CLI::App* add_profile_command(CLI::App& app, Cli& cli) {
   profile->add_option("--out", cli.out, "profile JSON to write")->required();
   profile->add_option("--ubatch", cli.ubatch, "microbatch sizes (default 1..plan.minibatch)")->delimiter(',');
   profile->add_option("--repeats", cli.repeats, "timed repetitions per measurement (median)")->check(kPositiveInt);
-  profile->add_option("--rounds", cli.rounds,
-                      "passes over all layers and sizes the repetitions are spread over (default 3, at most --repeats)")
+  profile
+      ->add_option("--rounds", cli.rounds,
+                   "passes over all layers and sizes the repetitions are spread over (default 3, at most --repeats)")
       ->check(kPositiveInt);
   return profile;
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -138,8 +139,7 @@ class LayerProfiler {
   // its synchronize is in a sample (timing each run from the host up to a synchronize put ~45 us of hand-off into
   // every CPU-device sample: a 1 us embedding measured 47 us).
   template <class E>
-  std::vector<double> run_times(BasicDeviceOps<E>& ops, int l, const LayerArgs<E>& a, bool bwd, int warmup,
-                                int runs) {
+  std::vector<double> run_times(BasicDeviceOps<E>& ops, int l, const LayerArgs<E>& a, bool bwd, int warmup, int runs) {
     for (int i = 0; i < warmup; ++i) {
       m_.forward(ops, l, a);
       if (bwd) m_.backward(ops, l, a);
@@ -154,6 +154,7 @@ class LayerProfiler {
       timers.back()->stop();
     }
     std::vector<double> times;
+    times.reserve(timers.size());
     for (auto& t : timers) times.push_back(t->seconds());
     return times;
   }
@@ -260,6 +261,66 @@ class LayerProfiler {
   std::vector<std::byte> x_noise_, dy_noise_;  // noise<E>()'s caches (one dtype per profile)
   std::unique_ptr<Stream> stream_;
 };
+
+// The run times of every pass (profile_gpt2): [0 forward, 1 backward][size index][layer].
+using Samples = std::array<std::vector<std::vector<std::vector<double>>>, 2>;
+using ReportFn = std::function<void(ProfileStage, int, int)>;
+
+// The first pass over one phase: every requested size (ascending) and layer, after the warm-up, until a size does
+// not fit (it and the larger ones are dropped, with the reason; the smallest not fitting rethrows). Records the
+// sizes measured, their peaks and saved bytes in res and their run times in samples. Returns the progress steps
+// skipped by the drop.
+int first_pass(LayerProfiler& prof, core::Phase phase, int runs, const ProfileOptions& o,
+               const std::vector<std::vector<core::Bytes>>& saved, ProfileResult& res, Samples& samples,
+               const ReportFn& report) {
+  const bool fwd = phase == core::Phase::Fwd;
+  const auto& sizes = o.ubatch_sizes;
+  const int R = static_cast<int>(res.model.layers.size());
+  std::vector<int>& measured = fwd ? res.model.ubatch_fwd : res.model.ubatch_bwd;
+  auto& times = samples[fwd ? 0 : 1];
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const int u = sizes[i];
+    std::vector<Measurement> column;
+    try {
+      for (int l = 0; l < R; ++l) {
+        report(fwd ? ProfileStage::Forward : ProfileStage::Backward, l, u);
+        column.push_back(prof.measure(l, phase, u, o.warmup, runs));
+      }
+    } catch (const OutOfMemory& e) {
+      if (i == 0) throw;  // not even the smallest size fits: nothing to profile
+      (fwd ? res.dropped_fwd : res.dropped_bwd).assign(sizes.begin() + static_cast<std::ptrdiff_t>(i), sizes.end());
+      (fwd ? res.dropped_fwd_reason : res.dropped_bwd_reason) = e.what();
+      return static_cast<int>(sizes.size() - i) * R - static_cast<int>(column.size()) - 1;
+    }
+    measured.push_back(u);
+    times.emplace_back();
+    for (int l = 0; l < R; ++l) {
+      core::Layer& L = res.model.layers[static_cast<std::size_t>(l)];
+      Measurement& c = column[static_cast<std::size_t>(l)];
+      times.back().push_back(std::move(c.times_s));
+      (fwd ? L.fwd_peak_bytes : L.bwd_peak_bytes).push_back(c.peak_bytes);
+      if (!fwd) L.bwd_transient_bytes.push_back(c.transient_bytes);
+      if (!fwd) L.saved_bytes.push_back(saved[static_cast<std::size_t>(l)][i]);
+    }
+  }
+  return 0;
+}
+
+// A later pass over one phase: the sizes the first measured, every layer, `runs` more run times each.
+void later_pass(LayerProfiler& prof, core::Phase phase, int runs, const ProfileResult& res, Samples& samples,
+                const ReportFn& report) {
+  const bool fwd = phase == core::Phase::Fwd;
+  const std::vector<int>& measured = fwd ? res.model.ubatch_fwd : res.model.ubatch_bwd;
+  auto& times = samples[fwd ? 0 : 1];
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    for (int l = 0; l < static_cast<int>(res.model.layers.size()); ++l) {
+      report(fwd ? ProfileStage::Forward : ProfileStage::Backward, l, measured[i]);
+      const std::vector<double> t = prof.measure(l, phase, measured[i], 0, runs).times_s;
+      auto& into = times[i][static_cast<std::size_t>(l)];
+      into.insert(into.end(), t.begin(), t.end());
+    }
+  }
+}
 
 void validate(const Gpt2& model, const ProfileOptions& o) {
   if (o.seq_len <= 0 || o.seq_len > model.config().max_seq_len)
@@ -383,55 +444,18 @@ ProfileResult profile_gpt2(Device& device, HostState& state, const ProfileOption
     progress(pg);
   };
 
-  std::array<std::vector<std::vector<std::vector<double>>>, 2> samples;  // [bwd][size index][layer]: run times
+  Samples samples;
   {
     LayerProfiler prof(device, model, state, options);
     for (int r = 0; r < rounds; ++r) {
       const int runs = options.repeats / rounds + (r < options.repeats % rounds ? 1 : 0);
       for (const core::Phase phase : {core::Phase::Fwd, core::Phase::Bwd}) {
-        const bool fwd = phase == core::Phase::Fwd;
-        const ProfileStage stage = fwd ? ProfileStage::Forward : ProfileStage::Backward;
-        std::vector<int>& measured = fwd ? res.model.ubatch_fwd : res.model.ubatch_bwd;
-        auto& times = samples[fwd ? 0 : 1];
-        if (r > 0) {
-          for (std::size_t i = 0; i < measured.size(); ++i) {
-            for (int l = 0; l < R; ++l) {
-              report(stage, l, measured[i]);
-              std::vector<double> t = prof.measure(l, phase, measured[i], 0, runs).times_s;
-              auto& into = times[i][static_cast<std::size_t>(l)];
-              into.insert(into.end(), t.begin(), t.end());
-            }
-          }
+        if (r == 0) {
+          pg.step += first_pass(prof, phase, runs, options, saved, res, samples, report);
+        } else {
+          later_pass(prof, phase, runs, res, samples, report);
+          const auto& measured = phase == core::Phase::Fwd ? res.model.ubatch_fwd : res.model.ubatch_bwd;
           pg.step += static_cast<int>(sizes.size() - measured.size()) * R;
-          continue;
-        }
-        std::vector<int>& dropped = fwd ? res.dropped_fwd : res.dropped_bwd;
-        std::string& reason = fwd ? res.dropped_fwd_reason : res.dropped_bwd_reason;
-        for (std::size_t i = 0; i < sizes.size(); ++i) {
-          const int u = sizes[i];
-          std::vector<Measurement> column;
-          try {
-            for (int l = 0; l < R; ++l) {
-              report(stage, l, u);
-              column.push_back(prof.measure(l, phase, u, options.warmup, runs));
-            }
-          } catch (const OutOfMemory& e) {
-            if (i == 0) throw;  // not even the smallest size fits: nothing to profile
-            dropped.assign(sizes.begin() + static_cast<std::ptrdiff_t>(i), sizes.end());
-            reason = e.what();
-            pg.step += static_cast<int>(sizes.size() - i) * R - static_cast<int>(column.size()) - 1;
-            break;
-          }
-          measured.push_back(u);
-          times.emplace_back();
-          for (int l = 0; l < R; ++l) {
-            core::Layer& L = res.model.layers[static_cast<std::size_t>(l)];
-            Measurement& c = column[static_cast<std::size_t>(l)];
-            times.back().push_back(std::move(c.times_s));
-            (fwd ? L.fwd_peak_bytes : L.bwd_peak_bytes).push_back(c.peak_bytes);
-            if (!fwd) L.bwd_transient_bytes.push_back(c.transient_bytes);
-            if (!fwd) L.saved_bytes.push_back(saved[static_cast<std::size_t>(l)][i]);
-          }
         }
       }
     }

@@ -25,9 +25,9 @@ struct ProfileOptions {
   // Passes over every layer and size the timed runs are spread over (>= 1; at most `repeats` are made): a slow
   // spell of a shared machine then lands in one pass's samples of every layer, not in all samples of a few.
   int rounds = 3;
-  AdamWConfig adamw;              // the optimizer whose host update is timed
-  int adamw_threads = 0;          // its thread pool, as the executor's (ExecutorOptions::adamw_threads; <= 0: all)
-  std::uint64_t seed = 0;         // synthetic inputs, targets, output gradients and update gradients
+  AdamWConfig adamw;       // the optimizer whose host update is timed
+  int adamw_threads = 0;   // its thread pool, as the executor's (ExecutorOptions::adamw_threads; <= 0: all)
+  std::uint64_t seed = 0;  // synthetic inputs, targets, output gradients and update gradients
   // Device storage of weights, activations and gradients: the layers run in this dtype and every byte count is
   // in its elements; the written profile records it ("dtype": "bf16"; nothing for fp32, which old profiles are).
   DType dtype = DType::F32;
@@ -70,12 +70,12 @@ struct ProfileResult {
 // Each run's time is the device's own (Stream::timer: CUDA events, the CPU stream thread's clock), the runs of
 // one measurement enqueued back to back, so the host's launch and synchronize latency is in none of them. The
 // `repeats` runs are split over min(rounds, repeats) passes over every size and layer (each pass allocates and
-// fills the layer's buffers again); the first pass runs `warmup` untimed runs first and measures the peaks. Weights come from state.weights(l); inputs, targets and output gradients
-// are synthetic (seeded). Per layer, update_time_cpu_s is the median time of state.update(adamw, l, l)
-// (AdamW on the host over the parameters the layer owns; layer 0 updates the tied wte with both gradient
-// contributions and copies it into the head) with synthetic gradients. Sizes: weight_bytes = the layer's
-// block (the head's includes its wte copy), param_count and optimizer_state_bytes (AdamW's m and v) count
-// the parameters it owns, input_bytes_per_sample = input_bytes(l, 1, T), buffer_bytes = 0; all equal
+// fills the layer's buffers again); the first pass runs `warmup` untimed runs first and measures the peaks. Weights
+// come from state.weights(l); inputs, targets and output gradients are synthetic (seeded). Per layer, update_time_cpu_s
+// is the median time of state.update(adamw, l, l) (AdamW on the host over the parameters the layer owns; layer 0
+// updates the tied wte with both gradient contributions and copies it into the head) with synthetic gradients. Sizes:
+// weight_bytes = the layer's block (the head's includes its wte copy), param_count and optimizer_state_bytes (AdamW's m
+// and v) count the parameters it owns, input_bytes_per_sample = input_bytes(l, 1, T), buffer_bytes = 0; all equal
 // describe_gpt2's. The head is the criterion.
 //
 // `state` is left as it was: the update timing restores each layer's weights, gradients, moments and step

@@ -105,7 +105,7 @@ if REUSE and os.path.exists(steal_path):
 if not REUSE:
     t0 = cpu_jiffies()
     sh(RUN, "profile", os.path.join(ROOT, "configs/run/default.yaml"), "--out", profile, "--gpu-memory", "64MiB",
-       "--repeats", str(REPEATS))
+       "--repeats", str(REPEATS), "--rounds", str(REPEATS))
     steal["profile"] = steal_since(t0)
 runs = []  # (name, role, config, trace, run json, fastest step, median step, ops)
 for i, (name, role, plan, mem) in enumerate(PROGRAMS):

@@ -314,10 +314,12 @@ class CudaStreamTimer final : public StreamTimer {
  public:
   explicit CudaStreamTimer(CudaStream& s) : s_(s), ev_(std::make_shared<TimerEvents>(s.cuda_device().gpu())) {}
   void start() override {
-    s_.submit("timer start", [ev = ev_](StreamContext& c) { HARMONY_CUDA_CHECK(cudaEventRecord(ev->start, c.stream())); });
+    s_.submit("timer start",
+              [ev = ev_](StreamContext& c) { HARMONY_CUDA_CHECK(cudaEventRecord(ev->start, c.stream())); });
   }
   void stop() override {
-    s_.submit("timer stop", [ev = ev_](StreamContext& c) { HARMONY_CUDA_CHECK(cudaEventRecord(ev->stop, c.stream())); });
+    s_.submit("timer stop",
+              [ev = ev_](StreamContext& c) { HARMONY_CUDA_CHECK(cudaEventRecord(ev->stop, c.stream())); });
   }
   double seconds() override {
     s_.synchronize();

@@ -295,6 +295,7 @@ train: {{steps: 1, data: {tiny}/tokens.bin}}
     # --- 8. numeric flag ranges read as finite bounds, not DBL_MAX's 309 digits; quantities name their range
     for args, binary in [(("train", DEFAULT, "--steps", "-5"), RUN), (("train", DEFAULT, "--checkpoint-every", "-1"), RUN),
                          (("profile", DEFAULT, "--out", "/tmp/unused.json", "--repeats", "0"), RUN),
+                         (("profile", DEFAULT, "--out", "/tmp/unused.json", "--rounds", "0"), RUN),
                          (("sweep", "x.yaml", "--out", "/tmp/unused", "--threads", "-1"), SIM)]:
         r = run(*args, binary=binary)
         longest = max((len(w) for w in r.stderr.replace(".", " ").split()), default=0)

@@ -443,6 +443,12 @@ with tempfile.TemporaryDirectory() as tmp:
         pj = json.load(open(prof))
         check("profile format", pj.get("format") == "harmony-profile-json", list(pj)[:10])
         check("profile has 10 layers", pj.get("num_layers") == 10, pj.get("num_layers"))
+        check("profile: --repeats 1 makes one pass", pj.get("profiler", {}).get("rounds") == 1, pj.get("profiler"))
+        prof2 = os.path.join(tmp, "cpu_profile_rounds.json")
+        r = run("profile", DEFAULT, "--out", prof2, "--ubatch", "1", "--repeats", "4", "--rounds", "2")
+        check("profile --rounds 2: exit 0, recorded", r.returncode == 0 and os.path.exists(prof2) and
+              json.load(open(prof2)).get("profiler", {}).get("rounds") == 2 and
+              json.load(open(prof2)).get("profiler", {}).get("repeats") == 4, r.stderr)
         simcfg = write_in(tmp, "sim.yaml", f"""model: {{profile: {prof}}}
 machine: {{file: {os.path.join(ROOT, 'configs/machines/cpu-4x.yaml')}, gpu_memory: 1MiB}}
 cost_model: native
