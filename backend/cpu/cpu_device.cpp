@@ -3,6 +3,7 @@
 // enqueued as closures over the float reference loops, and a rendezvous-based communicator.
 #include "backend/cpu/cpu_device.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -733,7 +734,7 @@ class CpuCommunicator final : public Communicator {
     return rank;
   }
   // Both all-reduces: element-wise sum in fp32 in rank order 0, 1, ..., n-1 (bf16 widened, rounded once when
-  // stored), then the same result written to every rank. One sequence of calls per rank for both kinds.
+  // stored), then the same result written to every rank; each member's stream thread sums one slice. One sequence of calls per rank for both kinds.
   template <class E>
   void all_reduce(int rank, Stream& s, E* buf, std::int64_t count, const char* op) {
     CpuDevice& d = *devices_[check_rank(rank, op)];
@@ -748,7 +749,7 @@ class CpuCommunicator final : public Communicator {
     cs.launch_host([this, rank, seq, buf, count, op]() {
       const int n = size();
       std::unique_lock lock(mu_);
-      Collective& c = reduces_[seq];
+      Collective& c = reduces_[seq];  // a std::map node: stays put while other collectives come and go
       if (c.bufs.empty()) {
         c.bufs.assign(n, nullptr);
         c.counts.assign(n, -1);
@@ -765,16 +766,29 @@ class CpuCommunicator final : public Communicator {
             c.error = fmt::format("{} {}: rank {} reduces {} {}, rank 0 {}", op, seq, r, c.counts[r],
                                   std::is_same_v<E, float> ? "floats" : "bf16 values", c.counts[0]);
         }
-        if (c.error.empty()) {
-          std::vector<float> sum(static_cast<std::size_t>(count));
-          for (int r = 0; r < n; ++r)
-            add_in_rank_order<E>(sum, {static_cast<const E*>(c.bufs[r]), sum.size()}, static_cast<std::size_t>(r));
-          for (int r = 0; r < n; ++r) store_sum(std::span<E>(static_cast<E*>(c.bufs[r]), sum.size()), sum);
-        }
+        c.ready = true;
+        cv_.notify_all();
+      } else {
+        cv_.wait(lock, [&]() { return c.ready; });
+      }
+      if (c.error.empty()) {
+        // Every member sums its own slice of the elements over all ranks, in rank order (all_reduce_slice): the
+        // n stream threads share the work, and each element's bits are those of one thread summing it all.
+        std::vector<E*> bufs(static_cast<std::size_t>(n));
+        for (int r = 0; r < n; ++r) bufs[static_cast<std::size_t>(r)] = static_cast<E*>(c.bufs[r]);
+        const auto total = static_cast<std::size_t>(count);
+        const std::size_t per = (total / static_cast<std::size_t>(n) + 16) / 16 * 16;  // whole cache lines
+        const std::size_t lo = std::min(total, per * static_cast<std::size_t>(rank));
+        const std::size_t hi = std::min(total, lo + per);
+        lock.unlock();
+        all_reduce_slice<E>(bufs, lo, hi);
+        lock.lock();
+      }
+      if (++c.summed == n) {
         c.done = true;
         cv_.notify_all();
       } else {
-        cv_.wait(lock, [&]() { return c.done; });
+        cv_.wait(lock, [&]() { return c.done; });  // the other slices of this rank's buffer are written
       }
       const std::string error = c.error;
       if (++c.left == n) reduces_.erase(seq);
@@ -794,8 +808,10 @@ class CpuCommunicator final : public Communicator {
     std::vector<std::int64_t> counts;
     std::vector<const char*> ops;  // which all-reduce each rank called
     int arrived = 0;
+    int summed = 0;  // members whose slice is written
     int left = 0;
-    bool done = false;
+    bool ready = false;  // every member arrived (and the calls were checked)
+    bool done = false;   // every slice written
     std::string error;
   };
 
