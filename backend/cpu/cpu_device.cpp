@@ -734,7 +734,8 @@ class CpuCommunicator final : public Communicator {
     return rank;
   }
   // Both all-reduces: element-wise sum in fp32 in rank order 0, 1, ..., n-1 (bf16 widened, rounded once when
-  // stored), then the same result written to every rank; each member's stream thread sums one slice. One sequence of calls per rank for both kinds.
+  // stored), then the same result written to every rank; each member's stream thread sums one slice. One sequence of
+  // calls per rank for both kinds.
   template <class E>
   void all_reduce(int rank, Stream& s, E* buf, std::int64_t count, const char* op) {
     CpuDevice& d = *devices_[check_rank(rank, op)];
