@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <bit>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <future>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "backend/rank_sum.hpp"
 #include "tests/backend/conformance.hpp"
@@ -310,6 +312,35 @@ TEST_CASE("streams run in FIFO order; events order work across streams; a never-
     CHECK(b_saw_done.load());
     CHECK(e->query());
     dev->synchronize();
+  }
+}
+
+TEST_CASE("stream timers read the work between their points where the stream runs it, nothing queued before") {
+  for (const DeviceKind* kind : subjects()) {
+    CAPTURE(kind->name());
+    auto dev = kind->make_device(0, test_options(1 * kMiB));
+    auto s = dev->create_stream("timed");
+    auto timer = s->timer();
+    // Work between the points is in the interval (a host function holds the stream, CUDA's too).
+    timer->start();
+    s->launch_host([]() { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+    timer->stop();
+    CHECK(timer->seconds() >= 0.019);
+    // Work queued before the first point is not, though the host enqueued both points while it still ran (a host
+    // clock from the enqueue to a synchronize would read 200 ms): two adjacent points read microseconds.
+    s->launch_host([]() { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+    timer->start();
+    timer->stop();
+    const double empty = timer->seconds();
+    CHECK(empty >= 0.0);
+    CHECK(empty < 0.100);
+    // A timer dropped before its points have run: they still run, harmlessly.
+    auto dropped = s->timer();
+    dropped->start();
+    s->launch_host([]() { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+    dropped->stop();
+    dropped.reset();
+    s->synchronize();
   }
 }
 
