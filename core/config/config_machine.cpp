@@ -382,8 +382,8 @@ void apply_host_paths(HostPaths& h, const Entry& e, const std::string& what) {
 // ------------------------------------------------------------------------------------------------
 // Shared compute and dispatch overheads for the native model (docs/machines.md, `compute` and `dispatch`).
 
-const std::vector<std::string> kComputeKeys = {"units", "units_per_op", "time_scale", "update_time_scale",
-                                               "host_cores"};
+const std::vector<std::string> kComputeKeys = {"units",      "units_per_op", "time_scale", "update_time_scale",
+                                               "host_cores", "wake"};
 const std::vector<std::string> kDispatchKeys = {"compute", "copy", "p2p", "update"};
 
 // A plain number in [lo, hi] (lo itself only when `lo_inclusive`).
@@ -417,6 +417,17 @@ void apply_compute(ComputeSharing& c, const Entry& e, const std::string& what) {
     c.update_time_scale = get_number_in(x->value, what + ".update_time_scale", 0.0, false, 1000.0,
                                         "a factor in (0, 1000] on every profiled CPU update time, e.g. 0.9");
   if (const Entry* x = find(map, "host_cores")) c.host_cores = get_bool(x->value, what + ".host_cores");
+  if (const Entry* x = find(map, "wake")) {
+    c.wake_s = get_topology_duration(x->value, what + ".wake", "us");
+    if (c.wake_s > 1.0)
+      fail(x->value.loc, fmt::format("{}.wake = '{}' is too long", what, x->value.scalar),
+           "the wait from an op becoming ready to its thread starting it, from 0 to 1s, e.g. 300us (harmony-sim "
+           "calibrate "
+           "measures it)");
+    if (c.wake_s > 0 && !c.host_cores)
+      fail(x->key_loc, fmt::format("{}.wake is set but {}.host_cores is not true", what, what),
+           "wake is the delay of an op's host thread: give it with compute: {units: 2, host_cores: true, wake: 300us}");
+  }
   if (c.host_cores && !c.shared())
     fail(e.key_loc, fmt::format("{}.host_cores is true but {}.units is 0", what, what),
          "host_cores says the pool is the host's cores: give their number, e.g. compute: {units: 2, host_cores: true}");

@@ -138,6 +138,10 @@ struct ComputeSharing {
   double time_scale = 1;         // multiplies every profiled FWD/REC/BWD time
   double update_time_scale = 1;  // multiplies every profiled CPU update time (the optimizer's rate)
   bool host_cores = false;       // copies (one unit each), updates (every unit) and dispatch share the pool too
+  // host_cores only: how long after an op becomes ready its stream thread starts it (the executor's hand-off and the
+  // thread's wake-up, a wait on a core's availability, not work on one), which fluid processor sharing does not
+  // have. `harmony-sim calibrate` measures it from the fit runs' traces; 0: none.
+  double wake_s = 0;
   bool shared() const { return units > 0; }
 };
 

@@ -43,7 +43,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kPs = 1e12;
 using engine_detail::z;
 
-enum class EvKind : std::uint8_t { FixedEnd, LatencyEnd, FlowEnd };
+enum class EvKind : std::uint8_t { FixedEnd, LatencyEnd, FlowEnd, WakeEnd };
 
 struct Event {
   TimePs t = 0;
@@ -122,6 +122,7 @@ class FlowEngine {
       engines_.push_back(CopyEngine{std::max(1, gs.copy_engines_d2h), 0, {}});
     }
     init_readiness();
+    if (native_detail::on_host_pool(mach, opt)) wake_ps_ = core::seconds_to_ps(mach.compute.wake_s);
     acts_.reserve(p.ops.size());  // at most one activity per op (a rendezvous pair shares one): never moved
   }
 
@@ -264,6 +265,17 @@ class FlowEngine {
   void push(TimePs t, int act, EvKind k, std::uint64_t version = 0) { heap_.push(Event{t, seq_++, act, k, version}); }
 
   void begin(int act) {
+    // compute.wake (host cores): the op's stream thread starts it that long after it could begin, a wait that takes
+    // no core (the executor's hand-off and the thread's wake-up; docs/machines.md). The op begins then, as the
+    // measured trace stamps it where its stream runs it.
+    if (wake_ps_ > 0) {
+      push(now_ + wake_ps_, act, EvKind::WakeEnd);
+      return;
+    }
+    start_now(act);
+  }
+
+  void start_now(int act) {
     Activity& x = acts_[z(act)];
     for (int op : {x.a, x.b}) {
       if (op < 0) continue;
@@ -303,6 +315,9 @@ class FlowEngine {
         break;
       case EvKind::LatencyEnd:
         activate(e.act);
+        break;
+      case EvKind::WakeEnd:
+        start_now(e.act);
         break;
       case EvKind::FlowEnd:
         if (!x.active || x.version != e.version) return;  // superseded by a rate change
@@ -494,6 +509,7 @@ class FlowEngine {
   std::vector<Activity> acts_;
   std::vector<int> active_;
   std::vector<int> to_start_;
+  TimePs wake_ps_ = 0;           // compute.wake on the host-core pool (0: none)
   std::deque<int> serial_wait_;  // NativeOptions::serial: ready activities not yet begun
   bool serial_running_ = false;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> heap_;

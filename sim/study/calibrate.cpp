@@ -14,6 +14,7 @@
 
 #include "core/base/error.hpp"
 #include "core/base/index.hpp"
+#include "core/program/program_graph.hpp"
 #include "sim/engine/engine.hpp"
 #include "sim/engine/native_engine.hpp"  // profiled_compute_s, profiled_update_s
 
@@ -329,11 +330,35 @@ double moved_bytes(const Program& p, int op) {
   return bytes;
 }
 
+// compute.wake from measured runs: per op with predecessors, the gap from the last one's measured end to its own
+// measured begin (the executor's hand-off to the op's stream thread and that thread's wait for a core); their mean
+// over every run. Ops begun before their last predecessor's end (the stamps' rounding) say nothing and are left out.
+double measured_wake_s(const std::vector<CalibrationRun>& runs) {
+  double sum = 0;
+  int count = 0;
+  for (const CalibrationRun& r : runs) {
+    const Program& p = *r.program;
+    const MeasuredOps& m = r.measured;
+    const core::ProgramGraph g(p);
+    for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+      if (!counted(p, i) || g.predecessor_count(i) == 0) continue;
+      double ready = -kInfinity;
+      for (const int j : g.predecessors(i)) ready = std::max(ready, m.begin_s[ix(j)] + m.dur_s[ix(j)]);
+      const double gap = m.begin_s[ix(i)] - ready;
+      if (!(gap >= 0)) continue;
+      sum += gap;
+      ++count;
+    }
+  }
+  return count > 0 ? sum / count : 0.0;
+}
+
 // The sharing a candidate fit assumes: compute units (0: not shared) and whether they are the host's cores,
 // with each run's measured host slowdowns in that case (host_slowdowns; empty otherwise).
 struct Sharing {
   double units = 0;
   bool host = false;
+  double wake_s = 0;                      // host: compute.wake as the runs measure it (measured_wake_s)
   std::vector<std::vector<double>> slow;  // per run, per op
   double k(std::size_t run, int op) const { return host ? slow[run][ix(op)] : 1.0; }
 };
@@ -540,6 +565,7 @@ void fit_compute(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fit
   f.compute.units = sh.units;
   f.compute.units_per_op = 1;
   f.compute.host_cores = sh.host;
+  f.compute.wake_s = sh.host ? sh.wake_s : 0.0;
   f.compute.time_scale = std::clamp(b > 0 ? b : 1.0, 0.01, 100.0);
 }
 
@@ -616,8 +642,9 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
   // so more units than devices still matter)
   std::vector<Sharing> candidates;
   const core::ComputeSharing& given = runs.front().machine.compute;
+  const double wake_s = measured_wake_s(runs);  // the runs' own hand-off waits (host cores only)
   auto add_host = [&](double units) {
-    Sharing sh{units, true, {}};
+    Sharing sh{units, true, wake_s, {}};
     for (const auto& r : runs) sh.slow.push_back(host_slowdowns(*r.program, r.measured, units));
     candidates.push_back(std::move(sh));
   };
@@ -625,7 +652,7 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
     add_host(given.units);  // the machine says how many cores: a fact, not a free parameter
   } else {
     for (int units = 0; units < max_devices; ++units)
-      candidates.push_back(Sharing{static_cast<double>(units), false, {}});
+      candidates.push_back(Sharing{static_cast<double>(units), false, 0.0, {}});
     for (int units = 1; units <= std::max(2, max_devices); ++units) add_host(units);
   }
   Fitted best;
@@ -712,9 +739,10 @@ std::string calibrated_machine_text(const std::string& original, const Calibrati
   out += "\n";
   for (const auto& p : provenance) out += "# calibrate: " + p + "\n";
   auto us = [](double s) { return fmt::format("{:.1f}us", s * 1e6); };
-  out += fmt::format("compute: {{units: {}, units_per_op: {}, time_scale: {:.4f}, update_time_scale: {:.4f}{}}}\n",
+  out += fmt::format("compute: {{units: {}, units_per_op: {}, time_scale: {:.4f}, update_time_scale: {:.4f}{}{}}}\n",
                      c.compute.units, c.compute.units_per_op, c.compute.time_scale, c.compute.update_time_scale,
-                     c.compute.host_cores ? ", host_cores: true" : "");
+                     c.compute.host_cores ? ", host_cores: true" : "",
+                     c.compute.wake_s > 0 ? ", wake: " + us(c.compute.wake_s) : "");
   out += fmt::format("dispatch: {{compute: {}, copy: {}, p2p: {}, update: {}}}\n", us(c.dispatch.compute_s),
                      us(c.dispatch.copy_s), us(c.dispatch.p2p_s), us(c.dispatch.update_s));
   if (c.bandwidth_fitted) {

@@ -81,7 +81,8 @@ struct Calibration {
 // slowdown among all host work, and copies more than 3 median residuals above the fit are dropped (twice);
 // (2) the sharing (host cores with the machine's units when it gives them, else the candidates of calibrate.cpp),
 // a factor on time_scale (2^(k/20), k = -20..20) and one on dispatch.compute (0, 0.5, .., 3) that minimise the
-// sum over runs of the squared relative step error (first minimum in that order).
+// sum over runs of the squared relative step error (first minimum in that order). With host cores compute.wake is
+// measured, not fitted: the mean gap from an op's last predecessor's end to its begin over the runs' traces.
 // Deterministic; throws core::ConfigError when no run is given.
 Calibration calibrate(const std::vector<CalibrationRun>& runs);
 

@@ -103,8 +103,10 @@ with tempfile.TemporaryDirectory(prefix="harmony-calibrate-") as tmp:
           hdoc["values"]["compute"]["host_cores"] is True, r.stdout)
     validate("calibrate --format json (host cores)", hdoc)
     htext = open(host_fit).read() if os.path.exists(host_fit) else ""
-    check("host cores: written to the machine file", "host_cores: true}" in htext and htext.count("\ncompute:") == 1,
-          htext)
+    wake = hdoc.get("values", {}).get("compute", {}).get("wake_s", 0)
+    check("host cores: the runs' hand-off wait measured (compute.wake, seconds)", 0 < wake < 0.1, r.stdout)
+    check("host cores: written to the machine file", "host_cores: true, wake: " in htext and
+          htext.count("\ncompute:") == 1, htext)
     r = run(SIM, "calibrate", host_fit, "--run", a, "--check", "--format", "json")
     check("host cores: the fitted file predicts", r.returncode == 0 and
           json.loads(r.stdout)["runs"][0]["predicted_step_time_s"] > 0, r.stderr)

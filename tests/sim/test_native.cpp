@@ -537,6 +537,70 @@ TEST_CASE("host cores: copies, updates and dispatch share the compute pool (the 
         sim::run_native(b.p, tiny_model(), one_switch(2, 1e9, 1e9), ref).timeline.end_ps);
 }
 
+TEST_CASE("compute.wake: on the host's cores an op starts that long after it could, a wait that takes no core") {
+  // One unit (a core), wake 1 ms. Device 0: FWD a (2 unit-ms), then FWD b after it. Device 1: FWD c (2 unit-ms), ready
+  // at 0. a and c begin at 1 ms (both waits at once: a wait is no work on the pool), share the unit: end at 5 ms; b
+  // begins at 6 ms and runs alone: 8 ms. Without the wake: a and c end at 4 ms, b at 6 ms.
+  Builder w(2);
+  const int a = w.add(0, Stream::Compute, OpKind::FWD);
+  const int bq = w.add(0, Stream::Compute, OpKind::FWD);
+  const int c = w.add(1, Stream::Compute, OpKind::FWD);
+  for (auto& op : w.p.ops) op.layers = {0, 1};
+  w.p.ops[z(bq)].deps = {a};
+  auto m = one_switch(2, 1e9, 1e9);
+  m.compute.units = 1;
+  m.compute.host_cores = true;
+  const auto plain = sim::run_native(w.p, tiny_model(), m, quiet());
+  CHECK(std::llabs(plain.timeline.end_ps[z(a)] - 4 * kMs) <= 1);
+  CHECK(std::llabs(plain.timeline.end_ps[z(bq)] - 6 * kMs) <= 1);
+  m.compute.wake_s = 1e-3;
+  const auto waited = sim::run_native(w.p, tiny_model(), m, quiet());
+  CHECK(waited.timeline.begin_ps[z(a)] == 1 * kMs);  // the op begins when its thread runs it, as the trace stamps it
+  CHECK(waited.timeline.begin_ps[z(c)] == 1 * kMs);
+  CHECK(std::llabs(waited.timeline.end_ps[z(a)] - 5 * kMs) <= 1);
+  CHECK(std::llabs(waited.timeline.end_ps[z(c)] - 5 * kMs) <= 1);
+  CHECK(std::llabs(waited.timeline.begin_ps[z(bq)] - 6 * kMs) <= 1);
+  CHECK(std::llabs(waited.timeline.end_ps[z(bq)] - 8 * kMs) <= 1);
+  // not the host's cores (a GPU server's ops are not host threads), or the reference settings: no wait
+  auto gpus = m;
+  gpus.compute.host_cores = false;
+  CHECK(sim::run_native(w.p, tiny_model(), gpus, quiet()).timeline.begin_ps[z(a)] == 0);
+  auto ref = quiet();
+  ref.reference_bandwidths = true;
+  CHECK(sim::run_native(w.p, tiny_model(), m, ref).timeline.begin_ps[z(a)] == 0);
+}
+
+TEST_CASE("calibrate measures compute.wake on the host's cores: the runs' mean gap from ready to begin") {
+  // Device 0: FWD a, then b after it, then c after b. Run one measures a over [0, 2) ms, b over [2.5, 4.5), c over [5,
+  // 7): gaps 0.5 and 0.5 ms; run two b at 2.1 ms and c right after it: 0.1 and 0 ms. The mean of the four: 0.275 ms.
+  Builder w(1);
+  const int a = w.add(0, Stream::Compute, OpKind::FWD);
+  const int bq = w.add(0, Stream::Compute, OpKind::FWD);
+  const int c = w.add(0, Stream::Compute, OpKind::FWD);
+  for (auto& op : w.p.ops) op.layers = {0, 1};
+  w.p.ops[z(bq)].deps = {a};
+  w.p.ops[z(c)].deps = {bq};
+  auto m = one_switch(1, 1e9, 1e9);
+  m.compute.units = 1;
+  m.compute.host_cores = true;
+  const core::Model model = tiny_model();
+  sim::CalibrationRun r1{"one", &w.p, &model, m, {}, 0.0};
+  r1.measured.begin_s = {0, 2.5e-3, 5e-3};
+  r1.measured.dur_s = {2e-3, 2e-3, 2e-3};
+  r1.measured.span_s = 7e-3;
+  r1.measured_step_s = 7e-3;
+  sim::CalibrationRun r2 = r1;
+  r2.name = "two";
+  r2.measured.begin_s = {0, 2.1e-3, 4.1e-3};
+  r2.measured.span_s = 6.1e-3;
+  r2.measured_step_s = 6.1e-3;
+  const sim::Calibration fit = sim::calibrate({r1, r2});
+  CHECK(fit.compute.host_cores);
+  CHECK(fit.compute.wake_s == doctest::Approx((0.5e-3 + 0.5e-3 + 0.1e-3 + 0.0) / 4));
+  // the calibrated machine file says it
+  CHECK(sim::calibrated_machine_text("gpus: 1\n", fit, {}).find("wake: 275.0us") != std::string::npos);
+}
+
 TEST_CASE("calibrate's host slowdowns: each op's measured want / fair rate, time-averaged (hand-derived)") {
   // Two units. A and B compute over [0, 4) ms, C compute over [2, 4): alone-or-fitting until 2 ms (factor 1),
   // then three single-unit wants on two units, 2/3 each (factor 1.5): A and B average (2 x 1 + 2 x 1.5) / 4 =
@@ -676,6 +740,16 @@ TEST_CASE("compute and dispatch keys in a machine file: read with units, range-c
   CHECK(no_units.find("units") != std::string::npos);
   CHECK(error("i.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {units: 2, host_cores: 2}\n").find("true or false") !=
         std::string::npos);
+  // wake: a duration, only with host_cores, at most 1 s
+  CHECK(core::load_machine_file(write("w.yaml",
+                                      "gpus: 4\ngpu_memory: 1MiB\ncompute: {units: 2, host_cores: true, wake: "
+                                      "300us}\n"))
+            .compute.wake_s == doctest::Approx(300e-6));
+  const std::string no_host = error("x.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {units: 2, wake: 300us}\n");
+  CHECK(no_host.find("x.yaml:3:") != std::string::npos);
+  CHECK(no_host.find("host_cores") != std::string::npos);
+  CHECK(error("y.yaml", "gpus: 2\ngpu_memory: 1MiB\ncompute: {units: 2, host_cores: true, wake: 2s}\n")
+            .find("too long") != std::string::npos);
   std::filesystem::remove_all(dir, ec);
 }
 
