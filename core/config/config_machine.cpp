@@ -422,8 +422,7 @@ void apply_compute(ComputeSharing& c, const Entry& e, const std::string& what) {
     if (c.wake_s > 1.0)
       fail(x->value.loc, fmt::format("{}.wake = '{}' is too long", what, x->value.scalar),
            "the wait from an op becoming ready to its thread starting it, from 0 to 1s, e.g. 300us (harmony-sim "
-           "calibrate "
-           "measures it)");
+           "calibrate measures it)");
     if (c.wake_s > 0 && !c.host_cores)
       fail(x->key_loc, fmt::format("{}.wake is set but {}.host_cores is not true", what, what),
            "wake is the delay of an op's host thread: give it with compute: {units: 2, host_cores: true, wake: 300us}");
