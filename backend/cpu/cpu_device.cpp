@@ -778,7 +778,8 @@ class CpuCommunicator final : public Communicator {
         std::vector<E*> bufs(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) bufs[static_cast<std::size_t>(r)] = static_cast<E*>(c.bufs[r]);
         const auto total = static_cast<std::size_t>(count);
-        const std::size_t per = (total / static_cast<std::size_t>(n) + 16) / 16 * 16;  // whole cache lines
+        const auto members = static_cast<std::size_t>(n);
+        const std::size_t per = ((total + members - 1) / members + 15) / 16 * 16;  // a share, in whole cache lines
         const std::size_t lo = std::min(total, per * static_cast<std::size_t>(rank));
         const std::size_t hi = std::min(total, lo + per);
         lock.unlock();

@@ -358,7 +358,6 @@ double measured_wake_s(const std::vector<CalibrationRun>& runs) {
 struct Sharing {
   double units = 0;
   bool host = false;
-  double wake_s = 0;                      // host: compute.wake as the runs measure it (measured_wake_s)
   std::vector<std::vector<double>> slow;  // per run, per op
   double k(std::size_t run, int op) const { return host ? slow[run][ix(op)] : 1.0; }
 };
@@ -565,7 +564,6 @@ void fit_compute(const std::vector<CalibrationRun>& runs, const Sharing& sh, Fit
   f.compute.units = sh.units;
   f.compute.units_per_op = 1;
   f.compute.host_cores = sh.host;
-  f.compute.wake_s = sh.host ? sh.wake_s : 0.0;
   f.compute.time_scale = std::clamp(b > 0 ? b : 1.0, 0.01, 100.0);
 }
 
@@ -644,7 +642,7 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
   const core::ComputeSharing& given = runs.front().machine.compute;
   const double wake_s = measured_wake_s(runs);  // the runs' own hand-off waits (host cores only)
   auto add_host = [&](double units) {
-    Sharing sh{units, true, wake_s, {}};
+    Sharing sh{units, true, {}};
     for (const auto& r : runs) sh.slow.push_back(host_slowdowns(*r.program, r.measured, units));
     candidates.push_back(std::move(sh));
   };
@@ -652,7 +650,7 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
     add_host(given.units);  // the machine says how many cores: a fact, not a free parameter
   } else {
     for (int units = 0; units < max_devices; ++units)
-      candidates.push_back(Sharing{static_cast<double>(units), false, 0.0, {}});
+      candidates.push_back(Sharing{static_cast<double>(units), false, {}});
     for (int units = 1; units <= std::max(2, max_devices); ++units) add_host(units);
   }
   Fitted best;
@@ -665,6 +663,7 @@ Calibration calibrate(const std::vector<CalibrationRun>& runs) {
     fit_transfers(runs, sh, f, notes);
     fit_updates(runs, sh, f, notes);
     fit_compute(runs, sh, f);
+    if (sh.host) f.compute.wake_s = wake_s;  // measured, the same for every host candidate
     const double scale = f.compute.time_scale;
     const double launch = f.dispatch.compute_s;
     // the whole step: time_scale x 2^(g/20), g = -20..20 (x0.5..x2), and dispatch.compute x {0, 0.5, .., 3}
